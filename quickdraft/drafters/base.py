@@ -1,0 +1,72 @@
+"""The drafter interface: propose γ tokens that the target will verify in one pass."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.errors import ConfigError
+from quickdraft.runtime.base import Runtime
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    """Drafted tokens and the distributions they were drawn from."""
+
+    token_ids: torch.Tensor  # [B, γ] int64; γ may be smaller than asked (even 0)
+    probs: torch.Tensor | None  # [B, γ, V] draft distribution q, or None: deterministic (one-hot q)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[1])
+
+    @classmethod
+    def empty(cls, batch_size: int) -> DraftProposal:
+        return cls(token_ids=torch.empty(batch_size, 0, dtype=torch.long), probs=None)
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """Settings of the drafters; each drafter reads the ones it uses."""
+
+    prompt_lookup_max_ngram: int = 3
+    prompt_lookup_min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:
+            raise ConfigError(
+                "prompt lookup n-gram sizes need 1 <= min <= max, got "
+                f"min {self.prompt_lookup_min_ngram}, max {self.prompt_lookup_max_ngram}"
+            )
+
+
+class Drafter(ABC):
+    """Proposes continuations of the committed tokens; created by name from ``DRAFTERS``."""
+
+    needs_draft_model: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> Drafter:
+        """Build the drafter for ``target`` (``draft`` is given when ``needs_draft_model``)."""
+
+    def prefill(self, prompt_ids: list[list[int]]) -> None:  # noqa: B027 - optional hook
+        """Start new requests (B rows of prompt ids); drafters with state reset it here."""
+
+    @abstractmethod
+    def propose(
+        self,
+        context_ids: list[list[int]],
+        num_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal:
+        """Propose up to ``num_tokens`` tokens following each row of committed ``context_ids``.
+
+        The committed context may have dropped tokens this drafter proposed earlier
+        (rejections): a drafter with a cache rolls it back to the common prefix.
+        """

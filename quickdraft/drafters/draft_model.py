@@ -1,0 +1,90 @@
+"""``draft-model``: a separate small LM with the same tokenizer drafts autoregressively.
+
+Its KV cache follows the committed tokens lazily: before drafting, the cache is rolled back
+to the longest prefix it shares with the committed context (dropping rejected drafts) and
+the tokens it has not seen yet are fed in one forward (catching up on the target's token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
+from quickdraft.errors import ConfigError
+from quickdraft.runtime.base import KVCache, Runtime
+from quickdraft.sampling import logits_to_probs, sample
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+class DraftModelDrafter(Drafter):
+    needs_draft_model = True
+
+    def __init__(self, draft: Runtime, target_vocab_size: int) -> None:
+        self.draft = draft
+        self.target_vocab_size = target_vocab_size
+        self.cache: KVCache = draft.new_cache(1)
+        self.cached_ids: list[int] = []  # the tokens whose keys/values are in the cache
+
+    @classmethod
+    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> DraftModelDrafter:
+        if draft is None:
+            raise ConfigError("the draft-model drafter needs a draft model (--draft)")
+        return cls(draft, target.vocab_size)
+
+    def prefill(self, prompt_ids: list[list[int]]) -> None:
+        if len(prompt_ids) != 1:
+            raise NotImplementedError("the draft-model drafter drafts for one row at a time")
+        self.cache = self.draft.new_cache(1)
+        self.cached_ids = []
+        self._feed(prompt_ids[0], last_only=True)
+
+    def propose(
+        self,
+        context_ids: list[list[int]],
+        num_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal:
+        (context,) = context_ids
+        num_tokens = min(num_tokens, self.draft.max_context - len(context))
+        if num_tokens <= 0:
+            return DraftProposal.empty(1)
+        # 1. roll back to the prefix shared with the committed tokens; keep >= 1 token to feed
+        keep = min(common_prefix_length(self.cached_ids, context), len(context) - 1)
+        self.cache.truncate(keep)
+        del self.cached_ids[keep:]
+        # 2. catch up on the committed tokens the cache has not seen
+        logits = self._feed(context[keep:], last_only=True)[:, -1]  # [1, V_draft]
+        # 3. draft autoregressively
+        drafted: list[torch.Tensor] = []
+        draft_probs: list[torch.Tensor] = []
+        for step in range(num_tokens):
+            probs = self._to_target_vocab(logits_to_probs(logits, sampling))  # [1, V]
+            token = probs.argmax(dim=-1) if sampling.is_greedy else sample(probs, generator)  # [1]
+            drafted.append(token)
+            draft_probs.append(probs)
+            if step + 1 < num_tokens:
+                logits = self._feed(token.tolist(), last_only=True)[:, -1]
+        token_ids = torch.stack(drafted, dim=1)  # [1, γ]
+        return DraftProposal(token_ids=token_ids, probs=torch.stack(draft_probs, dim=1))  # probs [1, γ, V]
+
+    def _feed(self, token_ids: list[int], last_only: bool) -> torch.Tensor:
+        logits = self.draft.forward(torch.tensor([token_ids], dtype=torch.long), self.cache, last_only=last_only)
+        self.cached_ids.extend(token_ids)
+        return logits
+
+    def _to_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """Draft and target logits may be padded to different widths; ids beyond either are never drawn."""
+        width = probs.shape[-1]
+        if width >= self.target_vocab_size:
+            return probs[..., : self.target_vocab_size]
+        return torch.nn.functional.pad(probs, (0, self.target_vocab_size - width))

@@ -1,0 +1,24 @@
+"""``none``: propose nothing, so every step is one plain target step (the baseline)."""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
+from quickdraft.runtime.base import Runtime
+
+
+class NoDrafter(Drafter):
+    @classmethod
+    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> NoDrafter:
+        return cls()
+
+    def propose(
+        self,
+        context_ids: list[list[int]],
+        num_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal:
+        return DraftProposal.empty(len(context_ids))

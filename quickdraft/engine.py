@@ -1,0 +1,162 @@
+"""The speculative decoding loop: draft, verify in one target pass, accept, roll back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.drafters.base import Drafter
+from quickdraft.errors import PromptError
+from quickdraft.runtime.base import Runtime
+from quickdraft.sampling import logits_to_probs, make_generator, sample
+from quickdraft.stats import GenerationStats
+from quickdraft.text import IncrementalDecoder
+from quickdraft.verify import VerificationResult, greedy_verify, rejection_sample
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # new tokens only, an end-of-sequence token included
+    finish_reason: str  # "eos" | "length" | "stop"
+    stats: GenerationStats
+
+
+class GenerationStream:
+    """Iterates over text deltas as tokens are committed; ``result`` is set at the end."""
+
+    def __init__(self, steps: Generator[str, None, GenerationResult]) -> None:
+        self._steps = steps
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.result = yield from self._steps
+
+    def finish(self) -> GenerationResult:
+        """Run to the end without reading the deltas."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+
+class SpeculativeEngine:
+    """Decodes one request (B = 1) with a target runtime and a drafter."""
+
+    def __init__(self, target: Runtime, drafter: Drafter, tokenizer: Any, eos_token_ids: frozenset[int]) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationResult:
+        return self.stream(prompt_ids, config).finish()
+
+    def stream(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationStream:
+        self.check_prompt(prompt_ids, config)  # fail at the call, not at the first next()
+        return GenerationStream(self._run(list(prompt_ids), config))
+
+    def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
+        if not prompt_ids:
+            raise PromptError("the prompt is empty: give some text to continue")
+        needed = len(prompt_ids) + config.max_new_tokens
+        if needed > self.target.max_context:
+            raise PromptError(
+                f"the prompt has {len(prompt_ids)} tokens and max_new_tokens is {config.max_new_tokens}: "
+                f"{needed} positions, but the model's context holds {self.target.max_context}; "
+                f"shorten the prompt or lower max_new_tokens"
+            )
+
+    def _run(self, prompt_ids: list[int], config: GenerationConfig) -> Generator[str, None, GenerationResult]:
+        sampling = config.sampling
+        generator = make_generator(sampling.seed)
+        stats = GenerationStats()
+        decoder = IncrementalDecoder(self.tokenizer, config.stop)
+        committed = list(prompt_ids)  # prompt + new tokens; the target's cache holds all but the last
+        new_token_ids: list[int] = []
+        clock = time.perf_counter
+        started = clock()
+
+        # 1. Prefill: target and drafter read the prompt; the target's last position gives token 1.
+        cache = self.target.new_cache(1)
+        logits = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)  # [1, 1, V]
+        first_token = int(self._choose(logits[:, -1], sampling, generator)[0])
+        self.drafter.prefill([prompt_ids])
+        stats.target_forwards += 1
+        stats.prefill_s = clock() - started
+        step_tokens = [first_token]
+
+        while True:
+            # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget.
+            finish_reason = None
+            for token in step_tokens:
+                committed.append(token)
+                new_token_ids.append(token)
+                decoder.add(token)
+                if token in self.eos_token_ids:
+                    finish_reason = "eos"
+                elif decoder.stopped:
+                    finish_reason = "stop"
+                elif len(new_token_ids) == config.max_new_tokens:
+                    finish_reason = "length"
+                if finish_reason:
+                    break
+            stats.new_tokens = len(new_token_ids)
+            if finish_reason:
+                break
+            if delta := decoder.release():
+                yield delta
+
+            # 3. Draft γ tokens after the last committed one (never past the token budget).
+            tick = clock()
+            num_drafts = min(config.num_draft_tokens, config.max_new_tokens - len(new_token_ids) - 1)
+            proposal = self.drafter.propose([committed], num_drafts, sampling, generator)
+            draft_token_ids = proposal.token_ids  # [1, γ]
+            stats.draft_s += clock() - tick
+
+            # 4. Score the last committed token and the γ drafts in one target forward.
+            tick = clock()
+            block = torch.cat([torch.tensor([[committed[-1]]]), draft_token_ids], dim=1)  # [1, γ + 1]
+            target_logits = self.target.forward(block, cache)  # [1, γ + 1, V]
+            stats.target_forwards += 1
+
+            # 5. Accept the longest correct prefix of drafts plus one token of the target's own.
+            result = self._verify(draft_token_ids, proposal.probs, target_logits, sampling, generator)
+            num_accepted = int(result.num_accepted[0])
+            stats.draft_tokens_proposed += proposal.num_tokens
+            stats.draft_tokens_accepted += num_accepted
+
+            # 6. Roll the target's cache back past the rejected drafts (the drafter rolls back lazily).
+            cache.truncate(len(committed) + num_accepted)
+            stats.verify_s += clock() - tick
+            step_tokens = result.committed_token_ids(draft_token_ids)
+
+        stats.wall_time_s = clock() - started
+        if delta := decoder.release(final=True):
+            yield delta
+        return GenerationResult(text=decoder.text, token_ids=new_token_ids, finish_reason=finish_reason, stats=stats)
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+        """One token per row from ``[B, V]`` logits, as plain decoding would choose it."""
+        if sampling.is_greedy:
+            return logits.argmax(dim=-1)
+        return sample(logits_to_probs(logits, sampling), generator)
+
+    @staticmethod
+    def _verify(
+        draft_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> VerificationResult:
+        if sampling.is_greedy:
+            return greedy_verify(draft_token_ids, target_logits)
+        target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
+        return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)

@@ -1,0 +1,35 @@
+"""Errors that carry a message meant for the user.
+
+Every failure caused by input (arguments, model files, prompts) raises a subclass of
+:class:`QuickdraftError`. The CLI prints its message on one line and exits non-zero;
+anything else reaching the top level is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class QuickdraftError(Exception):
+    """Base class: the message is complete and says how to fix the problem."""
+
+
+class ConfigError(QuickdraftError, ValueError):
+    """An invalid generation or drafter setting (max_new_tokens, temperature, ...)."""
+
+
+class PromptError(QuickdraftError, ValueError):
+    """The prompt is empty or does not fit into the model's context."""
+
+
+class ModelFilesError(QuickdraftError):
+    """Model files are missing, incomplete or corrupt."""
+
+
+class TokenizerMismatchError(QuickdraftError):
+    """Draft and target models do not share one tokenizer."""
+
+
+class UnknownNameError(QuickdraftError, KeyError):
+    """A registry lookup with a name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])

@@ -1,0 +1,78 @@
+"""Resolve a model argument to a local transformers directory and load it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quickdraft.errors import ModelFilesError, TokenizerMismatchError
+from quickdraft.models.catalog import KNOWN_MODELS, cache_root, file_sha256, prepare
+from quickdraft.models.convert import convert_gguf, is_converted
+
+
+def resolve_model(spec: str | Path, progress: bool = True) -> Path:
+    """A packaged model name, a transformers directory or a ``.gguf`` file -> directory."""
+    if str(spec) in KNOWN_MODELS:
+        return prepare(KNOWN_MODELS[str(spec)], progress=progress)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelFilesError(f"{path} is not a transformers model directory: it has no config.json")
+        return path.resolve()
+    if path.is_file() and path.suffix == ".gguf":
+        sha256 = file_sha256(path, progress)
+        hf_dir = cache_root() / "converted" / sha256[:16] / "hf"
+        if not is_converted(hf_dir, sha256):
+            convert_gguf(path.resolve(), hf_dir, source_sha256=sha256, progress=progress)
+        return hf_dir
+    known = ", ".join(KNOWN_MODELS)
+    if path.exists():
+        raise ModelFilesError(f"{path} is neither a model directory nor a .gguf file")
+    raise ModelFilesError(f"model {str(spec)!r} not found: give a directory, a .gguf file or one of: {known}")
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as error:  # tokenizers and transformers raise many types here
+        raise _unreadable(path, error) from error
+
+
+def load_hf_model(path: Path) -> Any:
+    """Load a causal LM in fp32 for CPU inference, turning file problems into clear errors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except Exception as error:  # safetensors, json and transformers raise many types here
+        raise _unreadable(path, error) from error
+    return model.eval()
+
+
+def _unreadable(path: Path, error: Exception) -> ModelFilesError:
+    return ModelFilesError(
+        f"cannot load the model in {path}: {type(error).__name__}: {error}. If it is in quickdraft's cache, "
+        f"delete that directory and run `quickdraft models` to rebuild it"
+    )
+
+
+def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """Speculation compares token ids, so both models must map text to the same ids."""
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        only_target = sorted(set(target_vocab.items()) - set(draft_vocab.items()))
+        only_draft = sorted(set(draft_vocab.items()) - set(target_vocab.items()))
+        example = (only_target or only_draft)[0]
+        raise TokenizerMismatchError(
+            f"draft and target tokenizers differ: vocabulary sizes {len(draft_vocab)} vs {len(target_vocab)}, "
+            f"{len(only_target)} target entries not in the draft and {len(only_draft)} draft entries not in "
+            f"the target (e.g. {example[0]!r} -> {example[1]}); pick a draft model from the target's family"
+        )
+    if target_tokenizer.eos_token_id != draft_tokenizer.eos_token_id:
+        raise TokenizerMismatchError(
+            f"draft and target tokenizers differ in their end-of-sequence token: "
+            f"{draft_tokenizer.eos_token!r} vs {target_tokenizer.eos_token!r}"
+        )

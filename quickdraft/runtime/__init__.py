@@ -1,0 +1,10 @@
+"""Runtimes by name: ``RUNTIMES.get(name).load(path)``."""
+
+from quickdraft.registry import Registry
+from quickdraft.runtime.base import KVCache, Runtime
+from quickdraft.runtime.hf import HFRuntime
+
+RUNTIMES: Registry[type[Runtime]] = Registry("runtime")
+RUNTIMES.register("transformers")(HFRuntime)
+
+__all__ = ["RUNTIMES", "HFRuntime", "KVCache", "Runtime"]

@@ -1,0 +1,62 @@
+"""Runtime over any transformers causal LM whose cache can be cropped (``DynamicCache``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quickdraft.models.loading import load_hf_model
+from quickdraft.runtime.base import KVCache, Runtime
+
+
+class HFCache(KVCache):
+    def __init__(self, batch_size: int) -> None:
+        from transformers import DynamicCache
+
+        self.batch_size = batch_size
+        self.kv = DynamicCache()
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return torch.full((self.batch_size,), self.kv.get_seq_length(), dtype=torch.long)
+
+    def truncate(self, lengths: torch.Tensor | int) -> None:
+        lengths = torch.as_tensor(lengths).expand(self.batch_size)
+        if not bool((lengths == lengths[0]).all()):
+            raise NotImplementedError("the transformers runtime keeps one length for all rows")
+        to_remove = self.kv.get_seq_length() - int(lengths[0])
+        if to_remove < 0:
+            raise ValueError(f"cannot truncate a cache of {self.kv.get_seq_length()} tokens to {int(lengths[0])}")
+        if to_remove:
+            self.kv.crop(-to_remove)  # a negative count removes tokens in transformers 4 and 5 alike
+
+
+class HFRuntime(Runtime):
+    """Wraps a ``PreTrainedModel``; fp32 eager/SDPA, whatever the model was loaded with."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        config = model.config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
+        self.device = model.device
+
+    @classmethod
+    def load(cls, path: Path) -> HFRuntime:
+        return cls(load_hf_model(path))
+
+    def new_cache(self, batch_size: int = 1) -> HFCache:
+        return HFCache(batch_size)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        assert isinstance(cache, HFCache), "a cache belongs to the runtime that made it"
+        output = self.model(
+            input_ids=token_ids.to(self.device),
+            past_key_values=cache.kv,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return output.logits.float()  # [B, K, V]

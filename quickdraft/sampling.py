@@ -1,0 +1,48 @@
+"""Turn logits into the distribution a token is drawn from (temperature, top-k, top-p).
+
+The same function processes target and draft logits: lossless rejection sampling is
+exact for whatever distribution the target would sample from, provided the draft's q
+is the distribution the drafted token was actually drawn from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.config import SamplingParams
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``[..., V]`` logits -> ``[..., V]`` probabilities after temperature, top-k and top-p.
+
+    Greedy (temperature 0) gives the one-hot distribution of the argmax.
+    """
+    logits = logits.float()
+    if params.is_greedy:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if params.top_p < 1:
+        sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., V] mass of strictly better tokens
+        drop_sorted = mass_before >= params.top_p  # keeps the smallest prefix reaching top_p, never the top token
+        drop = drop_sorted.scatter(-1, sorted_index, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row: ``[B, V]`` probabilities -> ``[B]`` token ids."""
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator

@@ -1,0 +1,53 @@
+"""Token ids -> text, incrementally: streaming deltas and stop strings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_INCOMPLETE = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence to
+
+
+class IncrementalDecoder:
+    """Decodes committed tokens one at a time and finds stop strings.
+
+    Text is decoded over a short window of recent tokens (so the cost per token stays
+    constant) and released only when it cannot change any more: not while it ends in a
+    partial UTF-8 sequence, and not while its tail could still start a stop string.
+    """
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.token_ids: list[int] = []
+        self.text = ""  # all decoded text, cut before a stop string once one is found
+        self.stopped = False
+        self._prefix_offset = 0  # window start: tokens before it are in self.text for good
+        self._read_offset = 0  # tokens up to here are in self.text
+        self._released = 0  # characters of self.text handed out by release()
+        self._hold = max((len(s) for s in stop), default=1) - 1
+
+    def add(self, token_id: int) -> None:
+        """Append one committed token; sets ``stopped`` when a stop string is complete."""
+        self.token_ids.append(token_id)
+        window_before = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+        window_now = self._decode(self.token_ids[self._prefix_offset :])
+        if len(window_now) <= len(window_before) or window_now.endswith(_INCOMPLETE):
+            return
+        searched_from = max(0, len(self.text) - self._hold)
+        self.text += window_now[len(window_before) :]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+        for stop in self.stop:
+            index = self.text.find(stop, searched_from)
+            if index >= 0:
+                self.text = self.text[:index]
+                self.stopped = True
+
+    def release(self, final: bool = False) -> str:
+        """Text that is safe to show now and was not released before."""
+        end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._hold)
+        delta = self.text[self._released : end]
+        self._released = end
+        return delta
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)

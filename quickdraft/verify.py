@@ -1,0 +1,94 @@
+"""Verification: decide which drafted tokens the target accepts. Pure functions.
+
+Both rules take ``draft_token_ids [B, γ]`` and the target's scores for the γ + 1 positions
+that follow the last committed token (position i scores the token after draft i - 1, the
+last one is the bonus position). Each returns how many drafts every row accepts and the
+one token the target contributes after them, so every step commits ``num_accepted + 1``
+tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.sampling import sample
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    num_accepted: torch.Tensor  # [B] int64: drafts accepted, 0..γ
+    next_token_ids: torch.Tensor  # [B] int64: the target's token after them (correction or bonus)
+
+    def committed_token_ids(self, draft_token_ids: torch.Tensor, row: int = 0) -> list[int]:
+        """The tokens row ``row`` commits this step: accepted drafts, then the target's token."""
+        num_accepted = int(self.num_accepted[row])
+        return [*draft_token_ids[row, :num_accepted].tolist(), int(self.next_token_ids[row])]
+
+
+def greedy_verify(draft_token_ids: torch.Tensor, target_logits: torch.Tensor) -> VerificationResult:
+    """Accept the longest prefix of drafts equal to the target's argmax, then its next argmax.
+
+    draft_token_ids: [B, γ]; target_logits: [B, γ + 1, V].
+    """
+    num_drafts = draft_token_ids.shape[1]
+    target_token_ids = target_logits.argmax(dim=-1)  # [B, γ + 1]
+    matches = draft_token_ids == target_token_ids[:, :num_drafts]  # [B, γ]
+    num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
+    next_token_ids = target_token_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
+    return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
+
+
+def acceptance_probs(
+    draft_token_ids: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+) -> torch.Tensor:
+    """min(1, p(x) / q(x)) for each drafted token x (Leviathan et al. 2023, p = target, q = draft).
+
+    draft_token_ids: [B, γ]; draft_probs: [B, γ, V]; target_probs: [B, γ(+1), V] -> [B, γ].
+    """
+    num_drafts = draft_token_ids.shape[1]
+    index = draft_token_ids[..., None]  # [B, γ, 1]
+    target_prob_of_draft = target_probs[:, :num_drafts].gather(-1, index).squeeze(-1)  # [B, γ]
+    draft_prob_of_draft = draft_probs.gather(-1, index).squeeze(-1)  # [B, γ]
+    ratio = target_prob_of_draft / draft_prob_of_draft.clamp(min=torch.finfo(draft_probs.dtype).tiny)
+    return ratio.clamp(max=1.0)
+
+
+def residual_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): where to sample after a rejection. ``[B, γ, V]`` each.
+
+    The residual mass is zero only when p == q, where a rejection cannot happen; p is
+    returned there so the result is always a distribution.
+    """
+    residual = (target_probs - draft_probs).clamp(min=0)  # [B, γ, V]
+    mass = residual.sum(dim=-1, keepdim=True)  # [B, γ, 1]
+    return torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(residual.dtype).tiny), target_probs)
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> VerificationResult:
+    """Lossless speculative sampling: the committed tokens are distributed exactly as p.
+
+    draft_token_ids: [B, γ]; draft_probs: [B, γ, V] (None for a drafter without
+    probabilities: q is one-hot on the drafted token); target_probs: [B, γ + 1, V].
+    Draft i is accepted with probability min(1, p(x)/q(x)); at the first rejection the
+    target's token is sampled from norm(max(0, p - q)); if all γ pass, from p at the bonus
+    position.
+    """
+    batch_size, num_drafts = draft_token_ids.shape
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(draft_token_ids, target_probs.shape[-1]).to(target_probs.dtype)
+    accept = acceptance_probs(draft_token_ids, draft_probs, target_probs)  # [B, γ]
+    uniform = torch.rand(accept.shape, generator=generator, device=accept.device)  # [B, γ]
+    num_accepted = (uniform < accept).long().cumprod(dim=1).sum(dim=1)  # [B]
+    next_token_dists = torch.cat(
+        [residual_probs(target_probs[:, :num_drafts], draft_probs), target_probs[:, num_drafts:]], dim=1
+    )  # [B, γ + 1, V]: residual at a rejection, p at the bonus position
+    rows = torch.arange(batch_size, device=num_accepted.device)
+    next_token_ids = sample(next_token_dists[rows, num_accepted], generator)  # [B]
+    return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)

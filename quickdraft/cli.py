@@ -16,7 +16,7 @@ from typing import Any
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
-from quickdraft.errors import ConfigError, QuickdraftError
+from quickdraft.errors import ConfigError, PromptError, QuickdraftError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, prepare
 from quickdraft.runtime import RUNTIMES
 
@@ -97,7 +97,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is None:
         raise ConfigError("no prompt given: pass the prompt text, or - to read it from standard input")
-    return sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise PromptError("the prompt is empty: give some text to continue")
+    return prompt
 
 
 def draft_for(args: argparse.Namespace, drafters: Sequence[str]) -> str | None:
@@ -171,6 +174,9 @@ def run_models(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # loading a converted model takes seconds; conversion has its own bar
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)

@@ -107,7 +107,8 @@ def run_sweep(args: argparse.Namespace) -> None:
         result = pipeline.engine(drafter).generate(prompt_ids, config)
         return result.token_ids, result.stats
 
-    encoded = {name: pipeline.encode(PROMPTS[name], chat=True) for name in prompt_names}
+    chat = bool(getattr(pipeline.tokenizer, "chat_template", None))
+    encoded = {name: pipeline.encode(PROMPTS[name], chat=chat) for name in prompt_names}
     for method, gamma in tqdm(methods, desc="warm-up", file=sys.stderr):
         timed_run(encoded[prompt_names[0]], method, gamma, 4)
 

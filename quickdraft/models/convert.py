@@ -33,8 +33,7 @@ def convert_gguf(gguf_path: Path, hf_dir: Path, source_sha256: str, progress: bo
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    if not progress:
-        hf_logging.disable_progress_bar()
+    (hf_logging.enable_progress_bar if progress else hf_logging.disable_progress_bar)()
     started = time.perf_counter()
     if progress:
         print(f"converting {gguf_path.name} once into {hf_dir} (takes a few minutes) ...", file=sys.stderr, flush=True)

@@ -1,0 +1,147 @@
+"""Shared fixtures: tiny random Qwen2 models built from a config (no download) and a tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from quickdraft.api import Pipeline
+from quickdraft.runtime import HFRuntime, KVCache, Runtime
+
+EOS = "<eos>"
+
+
+def tiny_model(vocab_size: int, seed: int, logit_scale: float = 1.0, num_layers: int = 2) -> torch.nn.Module:
+    """A random Qwen2 causal LM; ``logit_scale`` sharpens its distributions."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=vocab_size - 1,
+        pad_token_id=vocab_size - 1,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+def word_tokenizer(vocab_size: int, prefix: str = "w"):  # -> PreTrainedTokenizerFast
+    """Words ``w0 .. w{V-2}`` and an end-of-sequence token, split on spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"{prefix}{i}": i for i in range(vocab_size - 1)} | {EOS: vocab_size - 1}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=f"{prefix}0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS)
+
+
+def tiny_pipeline(vocab_size: int = 32, logit_scale: float = 1.0, draft_seed: int = 1) -> Pipeline:
+    tokenizer = word_tokenizer(vocab_size)
+    return Pipeline(
+        target=HFRuntime(tiny_model(vocab_size, seed=0, logit_scale=logit_scale)),
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        draft=HFRuntime(tiny_model(vocab_size, seed=draft_seed, logit_scale=logit_scale, num_layers=1)),
+    )
+
+
+def save_tiny_model_dir(path: Path, vocab_size: int, seed: int, prefix: str = "w") -> Path:
+    """A local model directory of another family (OLMo 2), whose AutoTokenizer is the generic one."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Olmo2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=vocab_size - 1,
+        pad_token_id=vocab_size - 1,
+        bos_token_id=None,
+    )
+    Olmo2ForCausalLM(config).save_pretrained(path)
+    word_tokenizer(vocab_size, prefix).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pipeline() -> Pipeline:
+    return tiny_pipeline()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Local transformers directories: a target, a draft sharing its tokenizer, one that does not."""
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "target": save_tiny_model_dir(root / "target", 32, seed=0),
+        "draft": save_tiny_model_dir(root / "draft", 32, seed=1),
+        "other": save_tiny_model_dir(root / "other", 32, seed=2, prefix="x"),
+    }
+
+
+class TokenCache(KVCache):
+    """The 'cache' of a table model is just the tokens it has seen."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return torch.tensor([len(self.token_ids)])
+
+    def truncate(self, lengths: torch.Tensor | int) -> None:
+        del self.token_ids[int(torch.as_tensor(lengths).reshape(-1)[0]) :]
+
+
+class BigramTableRuntime(Runtime):
+    """A tiny random language model: logits of the next token = table[previous, current].
+
+    Microseconds per forward, so statistical tests can afford tens of thousands of runs
+    through the real engine, drafters and verification.
+    """
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table  # [V, V, V]
+        self.vocab_size = table.shape[-1]
+        self.max_context = 1024
+        self.device = torch.device("cpu")
+
+    @classmethod
+    def random(cls, vocab_size: int, seed: int, scale: float) -> BigramTableRuntime:
+        generator = torch.Generator().manual_seed(seed)
+        return cls(scale * torch.randn(vocab_size, vocab_size, vocab_size, generator=generator))
+
+    @classmethod
+    def load(cls, path: Path) -> BigramTableRuntime:
+        raise NotImplementedError
+
+    def new_cache(self, batch_size: int = 1) -> TokenCache:
+        return TokenCache()
+
+    def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        assert isinstance(cache, TokenCache)
+        start = len(cache.token_ids)
+        cache.token_ids.extend(token_ids[0].tolist())
+        history = torch.tensor([0, *cache.token_ids])  # a virtual token 0 before the first
+        current = history[start + 1 :]
+        previous = history[start:-1]
+        logits = self.table[previous, current][None]  # [1, K, V]
+        return logits[:, -1:] if last_only else logits

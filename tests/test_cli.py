@@ -1,0 +1,129 @@
+"""The CLI contract: JSON output, streaming, and one clear error line for each bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from quickdraft.cli import main
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main(args)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.fixture
+def model_args(tiny_model_dirs: dict[str, Path]) -> list[str]:
+    return ["--target", str(tiny_model_dirs["target"]), "--draft", str(tiny_model_dirs["draft"])]
+
+
+def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    status, out, _ = run(["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--json"], capsys)
+    assert status == 0
+    result = json.loads(out)
+    assert set(result) == {"text", "token_ids", "finish_reason", "stats", "target", "draft"}
+    assert len(result["token_ids"]) == result["stats"]["new_tokens"] == 6
+    assert result["target"] == str(tiny_model_dirs["target"].resolve())
+    assert result["draft"] == str(tiny_model_dirs["draft"].resolve())
+    assert set(result["stats"]) == {
+        "new_tokens",
+        "target_forwards",
+        "draft_tokens_proposed",
+        "draft_tokens_accepted",
+        "acceptance_rate",
+        "mean_accepted_tokens",
+        "wall_time_s",
+        "tokens_per_s",
+        "prefill_s",
+        "draft_s",
+        "verify_s",
+        "other_s",
+    }
+
+
+def test_generate_streams_text_then_statistics(
+    model_args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("w4 w5 w6"))
+    status, out, err = run(
+        ["generate", "-", *model_args, "--drafter", "prompt-lookup", "--max-new-tokens", "5"], capsys
+    )
+    assert status == 0 and out.strip().startswith("w")
+    assert "tokens in" in err and "τ" in err and "note: --draft is not used" in err
+
+
+def test_prompt_lookup_needs_no_draft(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    args = ["generate", "w1 w2 w1 w2", "--target", str(tiny_model_dirs["target"]), "--drafter", "prompt-lookup"]
+    status, out, _ = run([*args, "--max-new-tokens", "4", "--json"], capsys)
+    assert status == 0 and json.loads(out)["draft"] is None
+
+
+BAD_INPUTS = {
+    "empty prompt": (["generate", "  "], "prompt is empty"),
+    "no prompt": (["generate"], "no prompt given"),
+    "max_new_tokens 0": (["generate", "w1", "--max-new-tokens", "0"], "max_new_tokens must be a positive"),
+    "negative temperature": (["generate", "w1", "--temperature", "-0.1"], "temperature must be"),
+    "top_p 0": (["generate", "w1", "--top-p", "0"], "top_p must be in"),
+    "top_p above 1": (["generate", "w1", "--top-p", "1.5"], "top_p must be in"),
+    "negative top_k": (["generate", "w1", "--top-k", "-2"], "top_k must be"),
+    "unknown drafter": (["generate", "w1", "--drafter", "magic"], "unknown drafter 'magic'"),
+    "unknown runtime": (["generate", "w1", "--runtime", "magic"], "unknown runtime 'magic'"),
+    "bad n-gram sizes": (["generate", "w1", "--prompt-lookup-min-ngram", "4"], "n-gram sizes"),
+    "prompt too long": (["generate", " ".join(["w1"] * 600)], "context holds 512"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_gives_one_clear_line(case: str, model_args: list[str], capsys: pytest.CaptureFixture) -> None:
+    args, message = BAD_INPUTS[case]
+    status, out, err = run([*args, *model_args], capsys)
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("quickdraft: error:") and message in err
+    assert "Traceback" not in err
+
+
+def test_missing_and_corrupt_models(tmp_path: Path, tiny_model_dirs: dict[str, Path], capsys) -> None:
+    status, _, err = run(["generate", "w1", "--target", str(tmp_path / "nope")], capsys)
+    assert status == 1 and "not found" in err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    status, _, err = run(["generate", "w1", "--target", str(broken), "--drafter", "none"], capsys)
+    assert status == 1 and err.startswith("quickdraft: error: cannot load the model") and "Traceback" not in err
+
+
+def test_tokenizer_mismatch(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    args = ["generate", "w1", "--target", str(tiny_model_dirs["target"]), "--draft", str(tiny_model_dirs["other"])]
+    status, _, err = run(args, capsys)
+    assert status == 1 and "tokenizers differ" in err and err.count("\n") == 1
+
+
+def test_sweep_on_tiny_models(model_args: list[str], capsys: pytest.CaptureFixture) -> None:
+    args = ["sweep", *model_args, "--gammas", "1,2", "--prompts", "code", "--max-new-tokens", "4", "--json"]
+    status, out, _ = run(args, capsys)
+    assert status == 0
+    report = json.loads(out)
+    methods = [(m["method"], m["num_draft_tokens"]) for m in report["measurements"]]
+    assert methods == [
+        ("baseline", None),
+        ("hf-generate", None),
+        ("draft-model", 1),
+        ("draft-model", 2),
+        ("prompt-lookup", 1),
+        ("prompt-lookup", 2),
+    ]
+    assert all(m["lossless"] for m in report["measurements"])
+
+
+def test_help_explains_the_commands(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ["--drafter", "--num-draft-tokens", "--json", "--chat", "--target", "--draft", "--seed"]:
+        assert option in out

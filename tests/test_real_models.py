@@ -1,0 +1,105 @@
+"""Greedy equality and rollback on the shipped default pair (Qwen2.5-Coder 1.5B target, 0.5B draft).
+
+These load real weights (prepared once into the cache: a few minutes the first time) and
+run a few short generations; `make test-fast` skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quickdraft.api import Pipeline
+from quickdraft.bench.prompts import PROMPTS
+from quickdraft.config import GenerationConfig
+
+pytestmark = pytest.mark.real_model
+
+NEW_TOKENS = 48
+CASES = [  # (prompt, chat template?, γ for draft-model, γ for prompt-lookup)
+    ("Write a Python function that merges two sorted lists into one sorted list.", True, 1, 4),
+    ('def quicksort(arr):\n    """Sort a list of numbers with quicksort."""\n', False, 2, 3),
+    ("What are three good habits for staying productive when working from home?", True, 3, 2),
+    (PROMPTS["summarization"], True, 4, 1),
+    (PROMPTS["code-edit"], True, 3, 4),
+    ("Explain what a hash table is and why its lookups are fast on average.", True, 2, 3),
+]
+
+
+@pytest.fixture(scope="module")
+def pair() -> Pipeline:
+    return Pipeline.load()
+
+
+def transformers_greedy(pair: Pipeline, prompt_ids: list[int]) -> list[int]:
+    input_ids = torch.tensor([prompt_ids])
+    output = pair.target.model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=sorted(pair.eos_token_ids),
+        pad_token_id=pair.tokenizer.pad_token_id,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
+    return output[0, len(prompt_ids) :].tolist()
+
+
+@pytest.mark.parametrize(("prompt", "chat", "draft_gamma", "lookup_gamma"), CASES)
+def test_greedy_speculation_equals_plain_decoding(
+    pair: Pipeline, prompt: str, chat: bool, draft_gamma: int, lookup_gamma: int
+) -> None:
+    prompt_ids = pair.encode(prompt, chat=chat)
+    plain = pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=NEW_TOKENS))
+    assert len(plain.token_ids) == NEW_TOKENS or plain.finish_reason == "eos"
+    assert plain.token_ids == transformers_greedy(pair, prompt_ids)
+    for drafter, gamma in [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]:
+        config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=gamma)
+        result = pair.engine(drafter).generate(prompt_ids, config)
+        assert result.token_ids == plain.token_ids, f"{drafter} γ={gamma} diverged"
+        assert result.text == plain.text
+
+
+def test_rollback_matches_fresh_prefill(pair: Pipeline) -> None:
+    prompt_ids = pair.encode("Write a haiku about caches.", chat=True)
+    for runtime in (pair.target, pair.draft):
+        assert runtime is not None
+        cache = runtime.new_cache(1)
+        runtime.forward(torch.tensor([prompt_ids]), cache)
+        runtime.forward(torch.tensor([[785, 6119, 374, 264]]), cache)  # a verify block, then 2 rejections
+        cache.truncate(len(prompt_ids) + 2)
+        after_rollback = runtime.forward(torch.tensor([[13]]), cache)[0, -1]
+        fresh = runtime.forward(torch.tensor([[*prompt_ids, 785, 6119, 13]]), runtime.new_cache(1))[0, -1]
+        torch.testing.assert_close(after_rollback, fresh, rtol=1e-4, atol=2e-3)
+        assert int(after_rollback.argmax()) == int(fresh.argmax())
+
+
+def test_cli_json_on_the_default_pair() -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "quickdraft",
+        "generate",
+        "Say hello.",
+        "--chat",
+        "--max-new-tokens",
+        "8",
+        "--json",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(completed.stdout)
+    assert result["stats"]["new_tokens"] == len(result["token_ids"]) > 0
+    assert result["target"].endswith("qwen2.5-coder-1.5b-instruct/hf")
+    assert result["draft"].endswith("qwen2.5-coder-0.5b-instruct/hf")
+
+
+def test_models_command_lists_prepared_models() -> None:
+    command = [sys.executable, "-m", "quickdraft", "models", "--json"]
+    rows = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=600, check=True).stdout)
+    assert [row["name"] for row in rows] == ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
+from quickdraft.engine import GenerationResult
 from quickdraft.errors import ConfigError, PromptError, QuickdraftError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, prepare
 from quickdraft.runtime import RUNTIMES
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="draft-model",
         help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: draft-model; none = plain decoding)",
     )
-    generate.add_argument("--num-draft-tokens", type=int, default=3, metavar="K", help="drafts per step γ (default 3)")
+    generate.add_argument("--num-draft-tokens", type=int, default=4, metavar="K", help="drafts per step γ (default 4)")
     generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token budget (default 128)")
     generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     generate.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1]")
@@ -58,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     generate.add_argument("--prompt-lookup-max-ngram", type=int, default=3, metavar="N", help="default 3")
     generate.add_argument("--prompt-lookup-min-ngram", type=int, default=1, metavar="N", help="default 1")
+    generate.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run plain decoding (--drafter none) on the same request and report the speedup and "
+        "whether the tokens are identical",
+    )
     generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, paths")
     generate.set_defaults(handler=run_generate)
 
@@ -125,28 +132,50 @@ def run_generate(args: argparse.Namespace) -> None:
     prompt = read_prompt(args)
     draft = draft_for(args, [args.drafter])
     pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
-    stream = pipeline.stream(prompt, config, drafter=args.drafter, chat=args.chat, options=options)
+    prompt_ids = pipeline.encode(prompt, chat=args.chat)
+    engine = pipeline.engine(args.drafter, options)
+    plain_engine = pipeline.engine("none") if args.compare else None
+    if plain_engine is not None:  # warm both paths up so neither run pays first-call costs
+        for warm in (engine, plain_engine):
+            warm.generate(prompt_ids, GenerationConfig(max_new_tokens=2, sampling=config.sampling))
+    stream = engine.stream(prompt_ids, config)
+    if not args.json:
+        for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    result = stream.finish()
+    plain = None if plain_engine is None else plain_engine.generate(prompt_ids, config)
     if args.json:
-        result = stream.finish()
-        print(
-            json.dumps(
-                {
-                    "text": result.text,
-                    "token_ids": result.token_ids,
-                    "finish_reason": result.finish_reason,
-                    "stats": result.stats.to_dict(),
-                    "target": str(pipeline.target_path),
-                    "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
-                }
-            )
-        )
+        output: dict[str, Any] = {
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason,
+            "stats": result.stats.to_dict(),
+            "target": str(pipeline.target_path),
+            "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
+        }
+        if plain is not None:
+            output["compare"] = {
+                "plain_stats": plain.stats.to_dict(),
+                "speedup": speedup(result, plain),
+                "identical_tokens": result.token_ids == plain.token_ids,
+            }
+        print(json.dumps(output))
         return
-    for delta in stream:
-        sys.stdout.write(delta)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    assert stream.result is not None
-    print(f"[{args.drafter}, finish: {stream.result.finish_reason}] {stream.result.stats.summary()}", file=sys.stderr)
+    print(f"[{args.drafter}, finish: {result.finish_reason}] {result.stats.summary()}", file=sys.stderr)
+    if plain is not None:
+        print(f"[none (plain decoding)] {plain.stats.summary()}", file=sys.stderr)
+        same = "yes" if result.token_ids == plain.token_ids else "no"
+        if not config.sampling.is_greedy:
+            same += " (sampled: equal distributions, not equal tokens, are what is guaranteed)"
+        ratio = speedup(result, plain)
+        print(f"speedup over plain decoding: {ratio:.2f}x | identical tokens: {same}", file=sys.stderr)
+
+
+def speedup(speculative: GenerationResult, plain: GenerationResult) -> float:
+    """Ratio of tokens/s (sampled runs may stop at different lengths)."""
+    return (speculative.stats.tokens_per_s or 0.0) / (plain.stats.tokens_per_s or float("inf"))
 
 
 def run_models(args: argparse.Namespace) -> None:

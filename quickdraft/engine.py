@@ -35,10 +35,11 @@ class GenerationStream:
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        self.result = yield from self._steps
+        if self.result is None:  # a finished stream yields nothing more and keeps its result
+            self.result = yield from self._steps
 
     def finish(self) -> GenerationResult:
-        """Run to the end without reading the deltas."""
+        """Run to the end (reading no further deltas) and return the result."""
         for _ in self:
             pass
         assert self.result is not None

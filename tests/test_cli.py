@@ -127,3 +127,13 @@ def test_help_explains_the_commands(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     for option in ["--drafter", "--num-draft-tokens", "--json", "--chat", "--target", "--draft", "--seed"]:
         assert option in out
+
+
+def test_compare_reports_speedup_and_identity(model_args: list[str], capsys: pytest.CaptureFixture) -> None:
+    args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--compare"]
+    status, _, err = run(args, capsys)
+    assert status == 0 and "speedup over plain decoding" in err and "identical tokens: yes" in err
+    status, out, _ = run([*args, "--json"], capsys)
+    compare = json.loads(out)["compare"]
+    assert compare["identical_tokens"] is True and compare["speedup"] > 0
+    assert compare["plain_stats"]["draft_tokens_proposed"] == 0

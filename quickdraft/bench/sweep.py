@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from quickdraft.bench.prompts import PROMPTS
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
+from quickdraft.stats import GenerationStats
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,12 @@ class Measurement:
     acceptance_rate: float | None
     mean_accepted_tokens: float | None
     lossless: bool
+
+
+class Run(NamedTuple):
+    token_ids: list[int]
+    tokens_per_s: float
+    stats: GenerationStats | None  # None for hf-generate
 
 
 def add_sweep_command(commands: Any) -> None:
@@ -86,7 +93,7 @@ def run_sweep(args: argparse.Namespace) -> None:
     methods += [("hf-generate", None)] if hf_model is not None else []
     methods += [(name, gamma) for name in drafters for gamma in gammas]
 
-    def timed_run(prompt_ids: list[int], method: str, gamma: int | None, max_new_tokens: int) -> tuple[list[int], Any]:
+    def timed_run(prompt_ids: list[int], method: str, gamma: int | None, max_new_tokens: int) -> Run:
         if method == "hf-generate":
             input_ids = torch.tensor([prompt_ids])
             started = time.perf_counter()
@@ -101,11 +108,12 @@ def run_sweep(args: argparse.Namespace) -> None:
                 top_p=None,
                 top_k=None,
             )
-            return output[0, len(prompt_ids) :].tolist(), time.perf_counter() - started
+            token_ids = output[0, len(prompt_ids) :].tolist()
+            return Run(token_ids, len(token_ids) / (time.perf_counter() - started), None)
         drafter = "none" if method == "baseline" else method
         config = GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=gamma or 0)
         result = pipeline.engine(drafter).generate(prompt_ids, config)
-        return result.token_ids, result.stats
+        return Run(result.token_ids, result.stats.tokens_per_s or 0.0, result.stats)
 
     chat = bool(getattr(pipeline.tokenizer, "chat_template", None))
     encoded = {name: pipeline.encode(PROMPTS[name], chat=chat) for name in prompt_names}
@@ -116,15 +124,9 @@ def run_sweep(args: argparse.Namespace) -> None:
     runs = [(p, m, g) for p in prompt_names for (m, g) in methods]
     baseline: dict[str, tuple[list[int], float]] = {}
     for prompt_name, method, gamma in tqdm(runs, desc="sweep", file=sys.stderr):
-        speeds, stats, token_ids = [], None, []
-        for _ in range(args.repeats):
-            token_ids, outcome = timed_run(encoded[prompt_name], method, gamma, args.max_new_tokens)
-            if isinstance(outcome, float):  # hf-generate reports its wall time only
-                speeds.append(len(token_ids) / outcome)
-            else:
-                stats = outcome
-                speeds.append(outcome.tokens_per_s)
-        tokens_per_s = statistics.median(speeds)
+        repeats = [timed_run(encoded[prompt_name], method, gamma, args.max_new_tokens) for _ in range(args.repeats)]
+        tokens_per_s = statistics.median(run.tokens_per_s for run in repeats)
+        token_ids, stats = repeats[-1].token_ids, repeats[-1].stats
         if method == "baseline":
             baseline[prompt_name] = (token_ids, tokens_per_s)
         base_ids, base_speed = baseline[prompt_name]

@@ -11,6 +11,7 @@ from scipy.stats import chi2
 
 import quickdraft.engine
 from quickdraft.api import Pipeline
+from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter
@@ -22,16 +23,10 @@ PROMPTS = [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [7] * 12, [3, 1, 4, 1, 5, 9, 2, 6, 
 
 
 def hf_greedy(pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    input_ids = torch.tensor([prompt_ids])
-    output = pipeline.target.model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=sorted(pipeline.eos_token_ids),
-        pad_token_id=pipeline.tokenizer.eos_token_id,
+    model = pipeline.target.model
+    return hf_greedy_generate(
+        model, prompt_ids, max_new_tokens, pipeline.eos_token_ids, pipeline.tokenizer.eos_token_id
     )
-    return output[0, len(prompt_ids) :].tolist()
 
 
 @pytest.mark.parametrize("prompt_ids", PROMPTS)

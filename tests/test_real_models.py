@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from quickdraft.api import Pipeline
+from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.bench.prompts import PROMPTS
 from quickdraft.config import GenerationConfig
 
@@ -36,19 +37,8 @@ def pair() -> Pipeline:
 
 
 def transformers_greedy(pair: Pipeline, prompt_ids: list[int]) -> list[int]:
-    input_ids = torch.tensor([prompt_ids])
-    output = pair.target.model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=sorted(pair.eos_token_ids),
-        pad_token_id=pair.tokenizer.pad_token_id,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-    )
-    return output[0, len(prompt_ids) :].tolist()
+    model = pair.target.model
+    return hf_greedy_generate(model, prompt_ids, NEW_TOKENS, pair.eos_token_ids, pair.tokenizer.pad_token_id)
 
 
 @pytest.mark.parametrize(("prompt", "chat", "draft_gamma", "lookup_gamma"), CASES)

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
+from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.bench.prompts import PROMPTS
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
@@ -95,20 +96,10 @@ def run_sweep(args: argparse.Namespace) -> None:
 
     def timed_run(prompt_ids: list[int], method: str, gamma: int | None, max_new_tokens: int) -> Run:
         if method == "hf-generate":
-            input_ids = torch.tensor([prompt_ids])
             started = time.perf_counter()
-            output = hf_model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=sorted(pipeline.eos_token_ids),
-                pad_token_id=pipeline.tokenizer.pad_token_id,
-                temperature=None,
-                top_p=None,
-                top_k=None,
+            token_ids = hf_greedy_generate(
+                hf_model, prompt_ids, max_new_tokens, pipeline.eos_token_ids, pipeline.tokenizer.pad_token_id
             )
-            token_ids = output[0, len(prompt_ids) :].tolist()
             return Run(token_ids, len(token_ids) / (time.perf_counter() - started), None)
         drafter = "none" if method == "baseline" else method
         config = GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=gamma or 0)

@@ -145,7 +145,14 @@ def run_generate(args: argparse.Namespace) -> None:
             sys.stdout.flush()
         sys.stdout.write("\n")
     result = stream.finish()
-    plain = None if plain_engine is None else plain_engine.generate(prompt_ids, config)
+    comparison = None
+    if plain_engine is not None:
+        plain = plain_engine.generate(prompt_ids, config)
+        comparison = {
+            "plain_stats": plain.stats.to_dict(),
+            "speedup": speedup(result, plain),
+            "identical_tokens": result.token_ids == plain.token_ids,
+        }
     if args.json:
         output: dict[str, Any] = {
             "text": result.text,
@@ -155,22 +162,17 @@ def run_generate(args: argparse.Namespace) -> None:
             "target": str(pipeline.target_path),
             "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
         }
-        if plain is not None:
-            output["compare"] = {
-                "plain_stats": plain.stats.to_dict(),
-                "speedup": speedup(result, plain),
-                "identical_tokens": result.token_ids == plain.token_ids,
-            }
+        if comparison is not None:
+            output["compare"] = comparison
         print(json.dumps(output))
         return
     print(f"[{args.drafter}, finish: {result.finish_reason}] {result.stats.summary()}", file=sys.stderr)
-    if plain is not None:
+    if comparison is not None:
         print(f"[none (plain decoding)] {plain.stats.summary()}", file=sys.stderr)
-        same = "yes" if result.token_ids == plain.token_ids else "no"
+        same = "yes" if comparison["identical_tokens"] else "no"
         if not config.sampling.is_greedy:
             same += " (sampled: equal distributions, not equal tokens, are what is guaranteed)"
-        ratio = speedup(result, plain)
-        print(f"speedup over plain decoding: {ratio:.2f}x | identical tokens: {same}", file=sys.stderr)
+        print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
 
 
 def speedup(speculative: GenerationResult, plain: GenerationResult) -> float:

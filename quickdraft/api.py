@@ -66,13 +66,15 @@ class Pipeline:
         if not prompt.strip():
             raise PromptError("the prompt is empty: give some text to continue")
         if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise PromptError("this model has no chat template; run without --chat")
-            prompt = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            return list(self.tokenizer(prompt, add_special_tokens=False).input_ids)
+            return self.encode_chat([{"role": "user", "content": prompt}])
         return list(self.tokenizer(prompt).input_ids)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """A conversation (``role``/``content`` dicts) through the chat template, ready for the assistant's turn."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise PromptError("this model has no chat template; run without --chat")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def stream(
         self,

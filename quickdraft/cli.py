@@ -1,4 +1,4 @@
-"""Command line: ``quickdraft generate | models | sweep``.
+"""Command line: ``quickdraft generate | models | bench | profile | sweep``.
 
 Bad input exits with status 1 (2 for malformed arguments) and one line on stderr.
 Machine-readable output (``--json``) goes to stdout alone; progress and statistics of
@@ -77,8 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true", help="print a JSON list")
     models.set_defaults(handler=run_models)
 
+    from quickdraft.bench.profile import add_profile_command
+    from quickdraft.bench.run import add_bench_command
     from quickdraft.bench.sweep import add_sweep_command
 
+    add_bench_command(commands)
+    add_profile_command(commands)
     add_sweep_command(commands)
     return parser
 
@@ -96,6 +100,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"draft model for the draft-model drafter, same forms as --target (default {DEFAULT_DRAFT})",
     )
+    add_runtime_argument(parser)
+
+
+def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtime", default="transformers", help=f"model runtime: {', '.join(RUNTIMES.names())} (default transformers)"
     )

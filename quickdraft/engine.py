@@ -95,6 +95,7 @@ class SpeculativeEngine:
         while True:
             # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget.
             finish_reason = None
+            num_before = len(new_token_ids)
             for token in step_tokens:
                 committed.append(token)
                 new_token_ids.append(token)
@@ -108,6 +109,8 @@ class SpeculativeEngine:
                 if finish_reason:
                     break
             stats.new_tokens = len(new_token_ids)
+            stats.step_sizes.append(stats.new_tokens - num_before)
+            stats.step_times_s.append(clock() - started)
             if finish_reason:
                 break
             if delta := decoder.release():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -16,6 +16,9 @@ class GenerationStats:
     prefill_s: float = 0.0  # target and draft reading the prompt
     draft_s: float = 0.0
     verify_s: float = 0.0  # target forwards over drafts and the acceptance rule
+    # One entry per target forward that committed tokens, the prefill's first token included:
+    step_sizes: list[int] = field(default_factory=list)  # tokens committed by the step (accepted drafts + 1)
+    step_times_s: list[float] = field(default_factory=list)  # seconds from the start to the step's commit
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -36,6 +39,7 @@ class GenerationStats:
         return max(0.0, self.wall_time_s - self.prefill_s - self.draft_s - self.verify_s)
 
     def to_dict(self) -> dict[str, Any]:
+        """The scalar statistics (the per-step lists stay out of JSON output)."""
         return {
             "new_tokens": self.new_tokens,
             "target_forwards": self.target_forwards,

@@ -1,0 +1,170 @@
+"""Benchmark methods by name: our decoding with each drafter, and transformers' peers.
+
+A method spec is ``NAME`` or ``NAME:γ``: ``baseline`` (our plain decoding), any drafter
+(``draft-model:2``, ``prompt-lookup``; γ defaults to 4) and the peers ``hf-generate``,
+``hf-assisted``, ``hf-assisted-tuned`` and ``hf-prompt-lookup`` (transformers ``generate``
+on the same weights, measured, never quoted). Every method runs one turn greedily and
+reports a :class:`TurnResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from quickdraft.api import Pipeline
+from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
+from quickdraft.config import GenerationConfig
+from quickdraft.drafters import DRAFTERS
+from quickdraft.errors import ConfigError
+from quickdraft.registry import Registry
+
+DEFAULT_NUM_DRAFT_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    token_ids: list[int]  # new tokens, an end-of-sequence token included
+    wall_time_s: float  # the whole call, prefill included
+    step_sizes: list[int]  # tokens appended per target step (the prefill's first token is a step)
+    step_times_s: list[float]  # seconds from the call's start to each step's tokens
+    draft_tokens_proposed: int | None = None  # None: the method does not report it
+    draft_tokens_accepted: int | None = None
+
+
+class Method(ABC):
+    name: str
+    num_draft_tokens: int | None = None  # γ, for the theory check; None: not a fixed-γ method of ours
+    uses_draft_model: bool = False
+
+    @abstractmethod
+    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+        """Generate greedily after ``prompt_ids``; time the whole call."""
+
+
+class EngineMethod(Method):
+    """Our engine with one drafter at a fixed γ (``none`` with γ = 0 is the baseline)."""
+
+    def __init__(self, name: str, drafter: str, num_draft_tokens: int) -> None:
+        self.name = name
+        self.drafter = drafter
+        self.num_draft_tokens = num_draft_tokens if drafter != "none" else None
+        self.uses_draft_model = DRAFTERS.get(drafter).needs_draft_model
+        self._gamma = num_draft_tokens
+
+    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+        engine = pipeline.engine(self.drafter)
+        config = GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=self._gamma)
+        started = time.perf_counter()
+        result = engine.generate(prompt_ids, config)
+        wall_time_s = time.perf_counter() - started
+        stats = result.stats
+        speculative = self.drafter != "none"
+        return TurnResult(
+            token_ids=result.token_ids,
+            wall_time_s=wall_time_s,
+            step_sizes=list(stats.step_sizes),
+            step_times_s=list(stats.step_times_s),
+            draft_tokens_proposed=stats.draft_tokens_proposed if speculative else None,
+            draft_tokens_accepted=stats.draft_tokens_accepted if speculative else None,
+        )
+
+
+class PeerMethod(Method):
+    """transformers ``generate`` with the peer's settings on the pipeline's weights."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.settings = dict(PEER_SETTINGS[name])
+        self.uses_draft_model = bool(self.settings.pop("assistant", False))
+
+    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+        model = transformers_model(pipeline, "target")
+        assistant = transformers_model(pipeline, "draft") if self.uses_draft_model else None
+        clock = StepClock()
+        token_ids = hf_generate(
+            model,
+            prompt_ids,
+            max_new_tokens,
+            pipeline.eos_token_ids,
+            pipeline.tokenizer.pad_token_id,
+            assistant_model=assistant,
+            streamer=clock,
+            **self.settings,
+        )
+        wall_time_s = time.perf_counter() - clock.started
+        return TurnResult(
+            token_ids=token_ids,
+            wall_time_s=wall_time_s,
+            step_sizes=[count for _, count in clock.events],
+            step_times_s=[seconds for seconds, _ in clock.events],
+        )
+
+
+def transformers_model(pipeline: Pipeline, role: str) -> Any:
+    """The transformers model behind the pipeline's target or draft runtime."""
+    runtime = pipeline.target if role == "target" else pipeline.draft
+    if runtime is None:
+        raise ConfigError(f"this method needs a {role} model, and none is loaded")
+    model = getattr(runtime, "model", None)
+    if model is None:
+        raise ConfigError(f"the hf-* peers need the transformers runtime for the {role} model")
+    return model
+
+
+MethodFactory = Callable[[str, "int | None"], Method]
+METHODS: Registry[MethodFactory] = Registry("benchmark method")
+
+
+def _no_gamma(name: str, factory: Callable[[], Method]) -> MethodFactory:
+    def make(spec: str, num_draft_tokens: int | None) -> Method:
+        if num_draft_tokens is not None:
+            raise ConfigError(f"method {spec!r}: {name} takes no number of draft tokens")
+        return factory()
+
+    return make
+
+
+def _drafter_method(drafter: str) -> MethodFactory:
+    def make(spec: str, num_draft_tokens: int | None) -> Method:
+        gamma = DEFAULT_NUM_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens
+        if gamma < 1:
+            raise ConfigError(f"method {spec!r}: the number of draft tokens must be >= 1")
+        return EngineMethod(f"{drafter}:{gamma}", drafter, gamma)
+
+    return make
+
+
+METHODS.register("baseline")(_no_gamma("baseline", lambda: EngineMethod("baseline", "none", 0)))
+for _drafter in DRAFTERS.names():
+    if _drafter != "none":
+        METHODS.register(_drafter)(_drafter_method(_drafter))
+for _peer in PEER_SETTINGS:
+    METHODS.register(_peer)(_no_gamma(_peer, lambda peer=_peer: PeerMethod(peer)))
+
+
+def make_method(spec: str) -> Method:
+    """``NAME`` or ``NAME:γ`` -> a method; drafters are named with their γ (``draft-model:4``)."""
+    name, _, gamma_text = spec.strip().partition(":")
+    gamma = None
+    if gamma_text:
+        try:
+            gamma = int(gamma_text)
+        except ValueError:
+            raise ConfigError(f"method {spec!r}: expected NAME or NAME:γ with an integer γ") from None
+    return METHODS.get(name)(spec, gamma)
+
+
+def parse_methods(text: str) -> list[Method]:
+    """Comma-separated specs; ``baseline`` is always measured first (speedups are relative to it)."""
+    methods = [make_method(spec) for spec in text.split(",") if spec.strip()]
+    names = [method.name for method in methods]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigError(f"--methods names {', '.join(duplicates)} more than once")
+    if "baseline" not in names:
+        methods.insert(0, make_method("baseline"))
+    return sorted(methods, key=lambda method: method.name != "baseline")

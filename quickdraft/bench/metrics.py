@@ -1,0 +1,197 @@
+"""Benchmark records and their aggregation, computed as Spec-Bench does (pure functions).
+
+Per question, tokens/s = new tokens of all its turns ÷ wall time of all its turns (prefill
+included). A method's speedup over a group of questions = mean per-question tokens/s of the
+method ÷ that of the baseline, per run on the questions both finished, then averaged over
+runs. τ (mean accepted tokens) is the mean over every target step of the tokens it appended.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+METRIC_KEYS = (
+    "speedup",
+    "tokens_per_s",
+    "mean_accepted_tokens",
+    "acceptance_rate",
+    "lossless_fraction",
+    "efficiency",
+    "n_questions",
+    "latency_p50_ms",
+    "latency_p90_ms",
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One method on one question (all its turns) in one run."""
+
+    method: str
+    question_id: str
+    category: str
+    run: int
+    new_tokens: int
+    wall_time_s: float
+    token_ids: list[int]  # all turns' new tokens, concatenated
+    step_sizes: list[int]  # tokens appended per target step, all turns
+    token_latencies_s: list[float]  # per new token: its step's time since the previous step ÷ the step's tokens
+    draft_tokens_proposed: int | None = None
+    draft_tokens_accepted: int | None = None
+    answers: list[str] = field(default_factory=list)  # decoded text per turn
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.method, self.question_id, self.run)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> Entry:
+        return cls(**row)
+
+
+def token_latencies(step_times_s: list[float], step_sizes: list[int]) -> list[float]:
+    """Spread each step's time since the previous one (the first: since the call began) over its tokens."""
+    latencies: list[float] = []
+    previous = 0.0
+    for seconds, count in zip(step_times_s, step_sizes, strict=True):
+        if count:
+            latencies += [(seconds - previous) / count] * count
+        previous = seconds
+    return latencies
+
+
+def predicted_speedup(
+    acceptance_rate: float, num_draft_tokens: int, draft_ms: float, target_ms: Mapping[int, float]
+) -> float | None:
+    """Leviathan et al.'s expected speedup with a measured cost curve.
+
+    E[tokens/step] = (1 − α^(γ+1)) / (1 − α); time/step = γ·t_draft + t_target(γ+1);
+    speedup = E[tokens/step] · t_target(1) / time/step. None if the curve lacks γ+1.
+    """
+    gamma = num_draft_tokens
+    if 1 not in target_ms or gamma + 1 not in target_ms:
+        return None
+    alpha = acceptance_rate
+    expected_tokens = gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return expected_tokens * target_ms[1] / (gamma * draft_ms + target_ms[gamma + 1])
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Linear-interpolated percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(
+    entries: list[Entry],
+    baseline: list[Entry],
+    reference_ids: Mapping[str, list[int]],
+    num_draft_tokens: int | None = None,
+    draft_ms: float | None = None,
+    target_ms: Mapping[int, float] | None = None,
+) -> dict[str, Any]:
+    """The metrics of ``entries`` (one method, one group of questions) against the baseline's."""
+    if not entries:
+        return dict.fromkeys(METRIC_KEYS) | {"n_questions": 0}
+    proposed = [e.draft_tokens_proposed for e in entries if e.draft_tokens_proposed is not None]
+    accepted = [e.draft_tokens_accepted for e in entries if e.draft_tokens_accepted is not None]
+    acceptance_rate = sum(accepted) / sum(proposed) if proposed and sum(proposed) else None
+    steps = [size for e in entries for size in e.step_sizes]
+    latencies = [latency for e in entries for latency in e.token_latencies_s]
+    compared = [e for e in entries if e.question_id in reference_ids]
+    speedup = _speedup(entries, baseline)
+    efficiency = None
+    if speedup is not None and acceptance_rate is not None and num_draft_tokens and target_ms:
+        predicted = predicted_speedup(acceptance_rate, num_draft_tokens, draft_ms or 0.0, target_ms)
+        efficiency = speedup / predicted if predicted else None
+    p50, p90 = percentile(latencies, 0.5), percentile(latencies, 0.9)
+    return {
+        "speedup": speedup,
+        "tokens_per_s": statistics.fmean(e.tokens_per_s for e in entries),
+        "mean_accepted_tokens": sum(steps) / len(steps) if steps else None,
+        "acceptance_rate": acceptance_rate,
+        "lossless_fraction": (
+            sum(e.token_ids == reference_ids[e.question_id] for e in compared) / len(compared) if compared else None
+        ),
+        "efficiency": efficiency,
+        "n_questions": len({e.question_id for e in entries}),
+        "latency_p50_ms": None if p50 is None else 1000 * p50,
+        "latency_p90_ms": None if p90 is None else 1000 * p90,
+    }
+
+
+def _speedup(entries: list[Entry], baseline: list[Entry]) -> float | None:
+    """Mean over runs of (mean tokens/s of the method ÷ the baseline's) on the questions both finished."""
+    ratios = []
+    for run in sorted({e.run for e in entries}):
+        ours = {e.question_id: e.tokens_per_s for e in entries if e.run == run}
+        theirs = {e.question_id: e.tokens_per_s for e in baseline if e.run == run}
+        common = sorted(ours.keys() & theirs.keys())
+        base = statistics.fmean(theirs[q] for q in common) if common else 0.0
+        if base > 0:
+            ratios.append(statistics.fmean(ours[q] for q in common) / base)
+    return statistics.fmean(ratios) if ratios else None
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    num_draft_tokens: int | None = None
+    uses_draft_model: bool = False
+
+
+def aggregate(
+    entries: Iterable[Entry],
+    methods: Mapping[str, MethodInfo],
+    categories: list[str],
+    cost_curves: Mapping[str, Mapping[int, float]] | None = None,
+) -> dict[str, Any]:
+    """``{NAME: {"overall": {...}, "categories": {CATEGORY: {...}}, ...}}`` for every method in ``methods``.
+
+    ``cost_curves`` maps "target"/"draft" to milliseconds per forward of k tokens.
+    """
+    entries = list(entries)
+    baseline = [e for e in entries if e.method == "baseline"]
+    reference_ids: dict[str, list[int]] = {}
+    for e in sorted(baseline, key=lambda e: -e.run):  # the lowest run wins
+        reference_ids[e.question_id] = e.token_ids
+    curves = cost_curves or {}
+    target_ms = curves.get("target")
+    results: dict[str, Any] = {}
+    for name, info in methods.items():
+        mine = [e for e in entries if e.method == name]
+        draft_curve = curves.get("draft") or {}
+        draft_ms = draft_curve.get(1) if info.uses_draft_model else 0.0
+        theory = {"num_draft_tokens": info.num_draft_tokens, "draft_ms": draft_ms, "target_ms": target_ms}
+        if info.uses_draft_model and draft_ms is None:
+            theory["num_draft_tokens"] = None
+        results[name] = {
+            "overall": summarize(mine, baseline, reference_ids, **theory),
+            "categories": {
+                category: summarize(
+                    [e for e in mine if e.category == category],
+                    [e for e in baseline if e.category == category],
+                    reference_ids,
+                    **theory,
+                )
+                for category in categories
+            },
+            "num_draft_tokens": info.num_draft_tokens,
+            "step_size_counts": dict(sorted(Counter(size for e in mine for size in e.step_sizes).items())),
+        }
+    return results

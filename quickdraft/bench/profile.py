@@ -1,0 +1,114 @@
+"""``quickdraft profile``: the forward time of k new tokens after a context, for k = 1..max-k.
+
+This cost curve is what speculation trades on: γ drafts pay off only if t(γ+1) is not much
+more than t(1). Each k is timed ``repeats`` times after ``warmup`` untimed runs, rolling the
+cache back to the context in between, and the median is reported in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from quickdraft.errors import ConfigError
+from quickdraft.runtime.base import Runtime
+
+
+def measure_cost_curve(
+    runtime: Runtime,
+    ks: Iterable[int],
+    context: int,
+    repeats: int = 3,
+    warmup: int = 1,
+    progress: bool = False,
+    label: str = "profile",
+) -> dict[int, float]:
+    """Median milliseconds of a forward over k new tokens with ``context`` tokens cached."""
+    ks = sorted(set(ks))
+    if context < 1 or not ks or ks[0] < 1 or repeats < 1 or warmup < 0:
+        raise ConfigError("profile needs context >= 1, k >= 1, repeats >= 1 and warmup >= 0")
+    if context + ks[-1] > runtime.max_context:
+        raise ConfigError(
+            f"context {context} + {ks[-1]} new tokens exceeds the model's {runtime.max_context} positions"
+        )
+    generator = torch.Generator().manual_seed(0)
+    cache = runtime.new_cache(1)
+    runtime.forward(torch.randint(0, runtime.vocab_size, (1, context), generator=generator), cache, last_only=True)
+    curve: dict[int, float] = {}
+    for k in tqdm(ks, desc=label, unit="k", disable=not progress, file=sys.stderr):
+        token_ids = torch.randint(0, runtime.vocab_size, (1, k), generator=generator)  # [1, k]
+        times = []
+        for _ in range(warmup + repeats):
+            started = time.perf_counter()
+            runtime.forward(token_ids, cache)
+            times.append(time.perf_counter() - started)
+            cache.truncate(context)
+        curve[k] = 1000 * statistics.median(times[warmup:])
+    return curve
+
+
+def curve_to_json(curve: dict[int, float]) -> dict[str, float]:
+    return {str(k): round(ms, 3) for k, ms in sorted(curve.items())}
+
+
+def curve_from_json(data: dict[str, float]) -> dict[int, float]:
+    return {int(k): float(ms) for k, ms in data.items()}
+
+
+def add_profile_command(commands: Any) -> None:
+    from quickdraft.cli import add_runtime_argument
+
+    profile = commands.add_parser(
+        "profile",
+        help="measure a model's forward time for k = 1..max-k new tokens",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    profile.add_argument(
+        "--model",
+        default="target",
+        metavar="MODEL",
+        help="target or draft (the default pair), a packaged name, a transformers directory or a .gguf file "
+        "(default target)",
+    )
+    add_runtime_argument(profile)
+    profile.add_argument("--max-k", type=int, default=16, metavar="K", help="largest number of new tokens (default 16)")
+    profile.add_argument("--context", type=int, default=512, metavar="N", help="cached tokens first (default 512)")
+    profile.add_argument("--repeats", type=int, default=5, metavar="R", help="timed runs per k, median (default 5)")
+    profile.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed runs per k first (default 1)")
+    profile.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (a saved profile for later use)")
+    profile.add_argument("--json", action="store_true", help="print only the JSON object")
+    profile.set_defaults(handler=run_profile)
+
+
+def run_profile(args: argparse.Namespace) -> None:
+    from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    from quickdraft.runtime import RUNTIMES
+
+    if args.max_k < 1:
+        raise ConfigError(f"--max-k must be >= 1, got {args.max_k}")
+    runtime_cls = RUNTIMES.get(args.runtime)
+    model = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}.get(args.model, args.model)
+    path = resolve_model(model, progress=not args.json)
+    runtime = runtime_cls.load(path)
+    curve = measure_cost_curve(runtime, range(1, args.max_k + 1), args.context, args.repeats, args.warmup, True)
+    report = {"model": str(model), "path": str(path), "runtime": args.runtime, "context": args.context}
+    report |= {"threads": torch.get_num_threads(), "t_ms": curve_to_json(curve)}
+    text = json.dumps(report, indent=None if args.json else 2)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as file:
+            file.write(text + "\n")
+    if args.json:
+        print(text)
+        return
+    print(f"{model} ({args.runtime}), {args.context} tokens of context, median of {args.repeats}:")
+    for k, ms in sorted(curve.items()):
+        print(f"  k={k:>3}  {ms:9.1f} ms   t(k)/t(1) = {ms / curve[1]:.2f}")

@@ -1,0 +1,113 @@
+"""Benchmark prompt sets: Spec-Bench / MT-Bench, HumanEval and GSM8K files, read where they lie.
+
+Every format becomes a list of :class:`Question`. Spec-Bench groups the eight MT-Bench
+categories into one subtask, ``mt_bench``; so do we when a file holds Spec-Bench subtasks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quickdraft.errors import ConfigError
+
+MT_BENCH_CATEGORIES = frozenset(
+    {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+)
+SPEC_BENCH_SUBTASKS = frozenset({"translation", "summarization", "qa", "math_reasoning", "rag"})
+DEFAULT_QUESTIONS = Path("shared") / "data" / "spec_bench" / "question.jsonl"  # beside the repository
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: str
+    category: str
+    turns: tuple[str, ...]  # user turns, answered one after another with the model's own answers in the history
+    chat: bool = True  # False: complete the text as is (HumanEval), no chat template
+
+    def __post_init__(self) -> None:
+        if not self.turns or any(not isinstance(turn, str) or not turn.strip() for turn in self.turns):
+            raise ConfigError(f"question {self.question_id} has an empty or missing turn")
+
+
+def default_questions_path() -> Path | None:
+    """``../shared/data/spec_bench/question.jsonl`` seen from the working directory or from the repository."""
+    for base in (Path.cwd().parent, Path(__file__).resolve().parents[3]):
+        candidate = base / DEFAULT_QUESTIONS
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_questions(path: str | Path) -> list[Question]:
+    """Read a question file; the format is recognised per line (``turns``, ``question`` or ``prompt``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--questions: no such file: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    questions: list[Question] = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    questions.append(_parse_row(_json_row(line, path, number), path, number))
+    except (OSError, UnicodeDecodeError, EOFError) as error:
+        raise ConfigError(f"--questions: cannot read {path}: {error}") from None
+    if not questions:
+        raise ConfigError(f"--questions: {path} holds no questions")
+    if SPEC_BENCH_SUBTASKS & {q.category for q in questions}:
+        questions = [_group_mt_bench(q) for q in questions]
+    return questions
+
+
+def sample_questions(questions: list[Question], per_category: int | None, seed: int) -> list[Question]:
+    """A seeded, stratified sample of ``per_category`` questions per category (all if None), in file order."""
+    if per_category is None:
+        return list(questions)
+    if per_category < 1:
+        raise ConfigError(f"--per-category must be >= 1, got {per_category}")
+    rng = random.Random(seed)
+    by_category: dict[str, list[int]] = {}
+    for index, question in enumerate(questions):
+        by_category.setdefault(question.category, []).append(index)
+    chosen: set[int] = set()
+    for indices in by_category.values():
+        chosen.update(rng.sample(indices, min(per_category, len(indices))))
+    return [questions[i] for i in sorted(chosen)]
+
+
+def _json_row(line: str, path: Path, number: int) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--questions: line {number} of {path} is not valid JSON ({error.msg})") from None
+    if not isinstance(row, dict):
+        raise ConfigError(f"--questions: line {number} of {path} is not a JSON object")
+    return row
+
+
+def _parse_row(row: dict[str, Any], path: Path, number: int) -> Question:
+    where = f"line {number} of {path}"
+    if "turns" in row:  # Spec-Bench / MT-Bench
+        turns = row["turns"]
+        if not isinstance(turns, list) or "category" not in row:
+            raise ConfigError(f"--questions: {where}: 'turns' must be a list and 'category' present")
+        return Question(str(row.get("question_id", number)), str(row["category"]), tuple(turns))
+    if "prompt" in row and "task_id" in row:  # HumanEval: complete the function
+        return Question(str(row["task_id"]), "humaneval", (row["prompt"],), chat=False)
+    if "question" in row:  # GSM8K
+        return Question(str(row.get("id", number)), "gsm8k", (row["question"],))
+    raise ConfigError(
+        f"--questions: {where}: unknown format; expected Spec-Bench/MT-Bench rows (question_id, category, turns), "
+        f"HumanEval rows (task_id, prompt) or GSM8K rows (question)"
+    )
+
+
+def _group_mt_bench(question: Question) -> Question:
+    if question.category in MT_BENCH_CATEGORIES:
+        return Question(question.question_id, "mt_bench", question.turns, question.chat)
+    return question

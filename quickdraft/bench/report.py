@@ -1,0 +1,124 @@
+"""Benchmark outputs: ``report.md`` (tables) and the plots ``speedup.png``, ``accept_hist.png``, ``cost_curve.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("speedup", "speedup", "{:.2f}×"),
+    ("tokens_per_s", "tokens/s", "{:.2f}"),
+    ("mean_accepted_tokens", "τ", "{:.2f}"),
+    ("acceptance_rate", "α", "{:.2f}"),
+    ("lossless_fraction", "lossless", "{:.2f}"),
+    ("efficiency", "efficiency", "{:.2f}"),
+    ("latency_p50_ms", "p50 ms/token", "{:.0f}"),
+    ("latency_p90_ms", "p90 ms/token", "{:.0f}"),
+    ("n_questions", "questions", "{}"),
+)
+
+
+def cell(value: Any, pattern: str) -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def metrics_table(rows: dict[str, dict[str, Any]], first_column: str) -> list[str]:
+    lines = [
+        f"| {first_column} | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for label, metrics in rows.items():
+        lines.append(f"| {label} | " + " | ".join(cell(metrics[key], fmt) for key, _, fmt in COLUMNS) + " |")
+    return lines
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    config, machine, methods = results["config"], results["machine"], results["methods"]
+    categories = config["categories"]
+    lines = [
+        "# quickdraft bench",
+        "",
+        f"Questions: `{config['questions']}`, {config['n_questions']} questions "
+        f"({config['per_category'] or 'all'} per category, seed {config['seed']}); "
+        f"max_new_tokens {config['max_new_tokens']}; greedy; runs {config['runs']}, warm-up {config['warmup']}.",
+        f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}.",
+        f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
+        f"transformers {machine.get('transformers')}, {machine.get('threads')} threads.",
+        "",
+        "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench). τ = tokens per target step. "
+        "α = accepted ÷ proposed drafts. lossless = share of questions whose tokens equal the baseline's. "
+        "efficiency = measured speedup ÷ the speedup predicted from α, γ and the measured cost curves.",
+        "",
+        "## Speedup per category",
+        "",
+        "| method | " + " | ".join(categories) + " | overall |",
+        "|---|" + "---|" * (len(categories) + 1),
+    ]
+    for name, result in methods.items():
+        row = [cell(result["categories"][c]["speedup"], "{:.2f}×") for c in categories]
+        lines.append(f"| {name} | " + " | ".join(row) + f" | {cell(result['overall']['speedup'], '{:.2f}×')} |")
+    lines += ["", "## Overall", "", *metrics_table({n: r["overall"] for n, r in methods.items()}, "method")]
+    for category in categories:
+        rows = {name: result["categories"][category] for name, result in methods.items()}
+        lines += ["", f"## {category}", "", *metrics_table(rows, "method")]
+    curves = results.get("cost_curves") or {}
+    if curves:
+        lines += ["", f"## Cost curves (ms per forward of k new tokens, {config['profile_context']} cached)", ""]
+        ks = sorted({int(k) for curve in curves.values() for k in curve})
+        lines += ["| model | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        for role, curve in curves.items():
+            lines.append(f"| {role} | " + " | ".join(cell(curve.get(str(k)), "{:.1f}") for k in ks) + " |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_plots(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = results["methods"]
+    categories = [*results["config"]["categories"], "overall"]
+    names = [name for name in methods if name != "baseline"]
+
+    figure, axes = plt.subplots(figsize=(max(8, 1.2 * len(categories) * max(1, len(names)) / 3), 5))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        values = [
+            (methods[name]["overall"] if c == "overall" else methods[name]["categories"][c])["speedup"] or 0.0
+            for c in categories
+        ]
+        axes.bar([x + i * width - 0.4 + width / 2 for x in range(len(categories))], values, width, label=name)
+    axes.axhline(1.0, color="black", linewidth=1, linestyle="--", label="baseline")
+    axes.set_xticks(range(len(categories)), categories, rotation=20)
+    axes.set_ylabel("speedup over our plain decoding")
+    axes.legend(fontsize="small", ncol=2)
+    figure.tight_layout()
+    figure.savefig(out / "speedup.png", dpi=120)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for name in methods:
+        counts = {int(size): count for size, count in methods[name]["step_size_counts"].items()}
+        total = sum(counts.values())
+        if total and max(counts) > 1:
+            sizes = range(1, max(counts) + 1)
+            axes.plot(sizes, [counts.get(s, 0) / total for s in sizes], marker="o", label=name)
+    axes.set_xlabel("tokens appended per target step (accepted drafts + 1)")
+    axes.set_ylabel("share of steps")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(out / "accept_hist.png", dpi=120)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for role, curve in (results.get("cost_curves") or {}).items():
+        ks = sorted(int(k) for k in curve)
+        axes.plot(ks, [curve[str(k)] for k in ks], marker="o", label=role)
+    axes.set_xlabel("new tokens k in one forward")
+    axes.set_ylabel("ms per forward")
+    axes.set_ylim(bottom=0)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(out / "cost_curve.png", dpi=120)
+    plt.close(figure)

@@ -1,0 +1,313 @@
+"""``quickdraft bench``: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
+
+Every method runs greedily in this one process on the same questions; multi-turn questions
+run turn by turn with the method's own previous answers in the chat history. Runs are
+interleaved question by question, so slow drift of the machine hits every method alike.
+Wall time covers each whole generate call (prefill included). Each finished (method,
+question, run) is appended to OUT/entries.jsonl at once; rerunning with the same --out
+resumes and only runs what is missing. Outputs: results.json, report.md, speedup.png,
+accept_hist.png, cost_curve.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from quickdraft.bench.methods import DEFAULT_NUM_DRAFT_TOKENS, METHODS, Method, parse_methods
+from quickdraft.bench.metrics import Entry, MethodInfo, aggregate, token_latencies
+from quickdraft.bench.profile import curve_from_json, curve_to_json, measure_cost_curve
+from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
+from quickdraft.bench.report import write_markdown, write_plots
+from quickdraft.config import GenerationConfig
+from quickdraft.errors import ConfigError
+
+DEFAULT_METHODS = "baseline,draft-model:2,draft-model:4,prompt-lookup,hf-generate,hf-assisted,hf-assisted-tuned"
+DEFAULT_METHODS += ",hf-prompt-lookup"
+WARMUP_TOKENS = 16
+# What a resumed run must share with the entries already in OUT (methods and runs may grow).
+FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "runtime")
+
+
+def add_bench_command(commands: Any) -> None:
+    from quickdraft.cli import add_model_arguments
+
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark methods and transformers peers on Spec-Bench, MT-Bench, HumanEval or GSM8K",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument(
+        "--questions",
+        metavar="PATH",
+        help="question file: Spec-Bench/MT-Bench .jsonl (question_id, category, turns), HumanEval .jsonl.gz, "
+        "GSM8K .jsonl (default ../shared/data/spec_bench/question.jsonl when it exists)",
+    )
+    bench.add_argument("--per-category", type=int, default=5, metavar="N", help="questions per category (default 5)")
+    bench.add_argument("--all-questions", action="store_true", help="every question (ignores --per-category)")
+    bench.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="per turn (default 128)")
+    bench.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        metavar="A,B,C",
+        help=f"comma-separated NAME or NAME:γ among {', '.join(METHODS.names())}; drafters default to "
+        f"γ={DEFAULT_NUM_DRAFT_TOKENS}; baseline is always included (default {DEFAULT_METHODS})",
+    )
+    bench.add_argument("--runs", type=int, default=1, metavar="R", help="timed runs of every question (default 1)")
+    bench.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="W",
+        help=f"untimed {WARMUP_TOKENS}-token generations per method before timing (default 1)",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="seed of the per-category sample (default 0)")
+    bench.add_argument(
+        "--profile-context",
+        type=int,
+        default=512,
+        metavar="N",
+        help="cached tokens when measuring the cost curves for the theory check (default 512)",
+    )
+    bench.add_argument("--out", default="bench-results", metavar="DIR", help="output directory (default bench-results)")
+    add_model_arguments(bench)
+    bench.add_argument("--json", action="store_true", help="print results.json to stdout instead of a table")
+    bench.set_defaults(handler=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> None:
+    from quickdraft.models import DEFAULT_DRAFT
+
+    questions_path = Path(args.questions) if args.questions else default_questions_path()
+    if questions_path is None:
+        raise ConfigError("no question file: pass --questions PATH (no ../shared/data/spec_bench/question.jsonl)")
+    per_category = None if args.all_questions else args.per_category
+    questions = sample_questions(load_questions(questions_path), per_category, args.seed)
+    methods = parse_methods(args.methods)
+    GenerationConfig(max_new_tokens=args.max_new_tokens)  # validate before loading anything
+    if args.runs < 1 or args.warmup < 0 or args.profile_context < 1:
+        raise ConfigError("--runs and --profile-context must be >= 1 and --warmup >= 0")
+    needs_draft = any(method.uses_draft_model for method in methods)
+    categories = list(dict.fromkeys(question.category for question in questions))
+    config = {
+        "questions": str(questions_path.resolve()),
+        "question_ids": [question.question_id for question in questions],
+        "n_questions": len(questions),
+        "categories": categories,
+        "per_category": per_category,
+        "seed": args.seed,
+        "max_new_tokens": args.max_new_tokens,
+        "methods": [method.name for method in methods],
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "target": args.target,
+        "draft": (args.draft or DEFAULT_DRAFT) if needs_draft else None,
+        "runtime": args.runtime,
+        "profile_context": args.profile_context,
+        "greedy": True,
+    }
+    store = ResultStore(Path(args.out), config)
+    todo = [
+        (run, question, method)
+        for run in range(args.runs)
+        for question in questions
+        for method in methods
+        if (method.name, question.question_id, run) not in store.done
+    ]
+    if todo or store.cost_curves is None:
+        measure(store, todo, methods, questions, args)
+    results = {
+        "config": config,
+        "machine": store.machine,
+        "cost_curves": store.cost_curves,
+        "methods": aggregate(
+            store.entries_for(config["methods"], config["question_ids"]),
+            {m.name: MethodInfo(m.num_draft_tokens, m.uses_draft_model) for m in methods},
+            categories,
+            {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
+        ),
+    }
+    store.write_json("results.json", results)
+    write_markdown(results, store.out / "report.md")
+    write_plots(results, store.out)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print((store.out / "report.md").read_text(encoding="utf-8").split("\n## Overall")[0])
+    print(f"wrote {store.out}/results.json, report.md, speedup.png, accept_hist.png, cost_curve.png", file=sys.stderr)
+
+
+def measure(
+    store: ResultStore,
+    todo: list[tuple[int, Question, Method]],
+    methods: list[Method],
+    questions: list[Question],
+    args: argparse.Namespace,
+) -> None:
+    from quickdraft.api import Pipeline
+
+    pipeline = Pipeline.load(target=args.target, draft=store.config["draft"], runtime=args.runtime)
+    store.machine = store.machine or machine_info()
+    store.write_json("machine.json", store.machine)
+    if store.cost_curves is None:
+        gammas = [m.num_draft_tokens for m in methods if m.num_draft_tokens]
+        ks = range(1, max([*gammas, DEFAULT_NUM_DRAFT_TOKENS]) + 2)
+        curves = {"target": measure_cost_curve(pipeline.target, ks, args.profile_context, 3, 1, True, "profile target")}
+        if pipeline.draft is not None:
+            curves["draft"] = measure_cost_curve(pipeline.draft, ks, args.profile_context, 3, 1, True, "profile draft")
+        store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
+        store.write_json("cost_curves.json", store.cost_curves)
+    pending_methods = list(dict.fromkeys(method for _, _, method in todo))
+    first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
+    for method in tqdm(pending_methods * args.warmup, desc="warm-up", file=sys.stderr):
+        method.run(pipeline, first_prompt, min(WARMUP_TOKENS, args.max_new_tokens))
+    total = args.runs * len(questions) * len(methods)
+    with tqdm(total=total, initial=total - len(todo), desc="bench", unit="run", file=sys.stderr) as bar:
+        for run, question, method in todo:
+            bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
+            store.add(run_question(pipeline, method, question, run, args.max_new_tokens))
+            bar.update()
+
+
+def encode_turns(pipeline: Any, question: Question, answers: list[str]) -> list[list[int]]:
+    """Prompt ids of the next turn (after ``answers``): chat history, or the raw text for completions."""
+    turn = len(answers)
+    if not question.chat:
+        return [pipeline.encode(question.turns[turn])]
+    messages: list[dict[str, str]] = []
+    for user, answer in zip(question.turns, [*answers, None], strict=False):
+        messages.append({"role": "user", "content": user})
+        if answer is None:
+            break
+        messages.append({"role": "assistant", "content": answer})
+    return [pipeline.encode_chat(messages)]
+
+
+def run_question(pipeline: Any, method: Method, question: Question, run: int, max_new_tokens: int) -> Entry:
+    """All turns of ``question``, each answered by ``method`` with its own previous answers in the history."""
+    token_ids: list[int] = []
+    step_sizes: list[int] = []
+    latencies: list[float] = []
+    answers: list[str] = []
+    wall_time_s = 0.0
+    proposed: int | None = None
+    accepted: int | None = None
+    for _ in question.turns:
+        prompt_ids = encode_turns(pipeline, question, answers)[0]
+        result = method.run(pipeline, prompt_ids, max_new_tokens)
+        answers.append(pipeline.tokenizer.decode(result.token_ids, skip_special_tokens=True))
+        token_ids += result.token_ids
+        step_sizes += result.step_sizes
+        latencies += token_latencies(result.step_times_s, result.step_sizes)
+        wall_time_s += result.wall_time_s
+        if result.draft_tokens_proposed is not None:
+            proposed = (proposed or 0) + result.draft_tokens_proposed
+            accepted = (accepted or 0) + (result.draft_tokens_accepted or 0)
+    return Entry(
+        method=method.name,
+        question_id=question.question_id,
+        category=question.category,
+        run=run,
+        new_tokens=len(token_ids),
+        wall_time_s=wall_time_s,
+        token_ids=token_ids,
+        step_sizes=step_sizes,
+        token_latencies_s=latencies,
+        draft_tokens_proposed=proposed,
+        draft_tokens_accepted=accepted,
+        answers=answers,
+    )
+
+
+def machine_info() -> dict[str, Any]:
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+class ResultStore:
+    """OUT/: config.json (what the entries were measured with), entries.jsonl, machine.json, cost_curves.json."""
+
+    def __init__(self, out: Path, config: dict[str, Any]) -> None:
+        self.out = out
+        self.config = config
+        out.mkdir(parents=True, exist_ok=True)
+        saved = self._read_json("config.json")
+        if saved is not None:
+            different = [key for key in FINGERPRINT_KEYS if saved.get(key) != config.get(key)]
+            if different:
+                raise ConfigError(
+                    f"--out {out} holds results measured with a different {', '.join(different)}; "
+                    f"use another --out directory (or delete this one) to start afresh"
+                )
+        self.write_json("config.json", config)
+        self.entries: dict[tuple[str, str, int], Entry] = {}
+        self._read_entries()
+        self.machine: dict[str, Any] | None = self._read_json("machine.json")
+        self.cost_curves: dict[str, dict[str, float]] | None = self._read_json("cost_curves.json")
+
+    @property
+    def done(self) -> set[tuple[str, str, int]]:
+        return set(self.entries)
+
+    def add(self, entry: Entry) -> None:
+        self.entries[entry.key] = entry
+        with open(self.out / "entries.jsonl", "a", encoding="utf-8") as file:
+            file.write(json.dumps(entry.to_dict()) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+
+    def entries_for(self, methods: list[str], question_ids: list[str]) -> list[Entry]:
+        wanted_methods, wanted_questions = set(methods), set(question_ids)
+        return [e for e in self.entries.values() if e.method in wanted_methods and e.question_id in wanted_questions]
+
+    def write_json(self, name: str, data: Any) -> None:
+        (self.out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+    def _read_json(self, name: str) -> Any:
+        path = self.out / name
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            raise ConfigError(f"--out {self.out}: {name} is corrupt; use another --out directory") from None
+
+    def _read_entries(self) -> None:
+        path = self.out / "entries.jsonl"
+        if not path.is_file():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, start=1):
+            try:
+                entry = Entry.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError):
+                if number < len(lines):
+                    raise ConfigError(f"--out {self.out}: line {number} of entries.jsonl is corrupt") from None
+                # a run killed while writing its last entry: drop the fragment, measure that entry again
+                path.write_text("".join(f"{kept}\n" for kept in lines[:-1]), encoding="utf-8")
+                break
+            self.entries[entry.key] = entry

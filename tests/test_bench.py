@@ -1,0 +1,299 @@
+"""The benchmark harness on tiny models: question files, methods, aggregation, outputs, resume."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from quickdraft.bench.methods import make_method, parse_methods
+from quickdraft.bench.metrics import METRIC_KEYS, Entry, MethodInfo, aggregate, predicted_speedup, token_latencies
+from quickdraft.bench.profile import measure_cost_curve
+from quickdraft.bench.questions import load_questions, sample_questions
+from quickdraft.cli import main
+from quickdraft.errors import ConfigError, QuickdraftError
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+SPEC_ROWS = [
+    {"question_id": 1, "category": "writing", "turns": ["w1 w2 w3", "w4 w5"]},
+    {"question_id": 2, "category": "coding", "turns": ["w6 w7", "w8"]},
+    {"question_id": 3, "category": "translation", "turns": ["w9 w10 w11"]},
+    {"question_id": 4, "category": "translation", "turns": ["w12 w13"]},
+    {"question_id": 5, "category": "summarization", "turns": ["w3 w4 w5 w6 w3 w4 w5"]},
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_model_dirs(tiny_model_dirs: dict[str, Path]) -> dict[str, Path]:
+    """The tiny target/draft directories with a chat template (multi-turn questions need one)."""
+    from transformers import AutoTokenizer
+
+    for role in ("target", "draft"):
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs[role])
+        tokenizer.chat_template = CHAT_TEMPLATE
+        tokenizer.save_pretrained(tiny_model_dirs[role])
+    return tiny_model_dirs
+
+
+def bench_args(dirs: dict[str, Path], questions: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "bench",
+        "--questions",
+        str(questions),
+        "--target",
+        str(dirs["target"]),
+        "--draft",
+        str(dirs["draft"]),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "6",
+        "--per-category",
+        "2",
+        "--profile-context",
+        "16",
+        *extra,
+    ]
+
+
+# --- question files ---------------------------------------------------------------------------
+
+
+def test_spec_bench_groups_mt_bench_categories(tmp_path: Path) -> None:
+    questions = load_questions(write_jsonl(tmp_path / "q.jsonl", SPEC_ROWS))
+    assert [q.category for q in questions] == ["mt_bench", "mt_bench", "translation", "translation", "summarization"]
+    assert questions[0].turns == ("w1 w2 w3", "w4 w5") and questions[0].question_id == "1"
+
+
+def test_mt_bench_alone_keeps_its_categories(tmp_path: Path) -> None:
+    questions = load_questions(write_jsonl(tmp_path / "q.jsonl", SPEC_ROWS[:2]))
+    assert [q.category for q in questions] == ["writing", "coding"]
+
+
+def test_humaneval_and_gsm8k_formats(tmp_path: Path) -> None:
+    path = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        file.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "x"}) + "\n")
+    (humaneval,) = load_questions(path)
+    assert (humaneval.category, humaneval.chat, humaneval.turns) == ("humaneval", False, ("def f():\n",))
+    gsm = load_questions(write_jsonl(tmp_path / "test.jsonl", [{"question": "2+2?", "answer": "4"}] * 2))
+    assert [q.category for q in gsm] == ["gsm8k", "gsm8k"] and gsm[1].question_id == "2"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"question_id": 1, "category": "qa", "turns": ["hi"]}\n{"broken\n', "line 2 of"),
+        ('{"x": 1}\n', "unknown format"),
+        ("[1, 2]\n", "not a JSON object"),
+        ('{"question_id": 1, "category": "qa", "turns": [""]}\n', "empty"),
+        ("", "no questions"),
+    ],
+)
+def test_bad_question_files_give_clear_errors(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "q.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        load_questions(path)
+
+
+def test_missing_question_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_questions(tmp_path / "absent.jsonl")
+
+
+def test_stratified_sample_is_seeded_and_per_category(tmp_path: Path) -> None:
+    rows = [{"question_id": i, "category": f"c{i % 3}", "turns": ["w1"]} for i in range(30)]
+    questions = load_questions(write_jsonl(tmp_path / "q.jsonl", rows))
+    first = sample_questions(questions, 4, seed=7)
+    assert first == sample_questions(questions, 4, seed=7)
+    assert first != sample_questions(questions, 4, seed=8)
+    assert sorted(q.category for q in first) == ["c0"] * 4 + ["c1"] * 4 + ["c2"] * 4
+    assert len(sample_questions(questions, 50, seed=0)) == 30
+    with pytest.raises(ConfigError):
+        sample_questions(questions, 0, seed=0)
+
+
+# --- methods ------------------------------------------------------------------------------------
+
+
+def test_method_specs() -> None:
+    methods = parse_methods("draft-model:2,prompt-lookup,hf-generate")
+    assert [m.name for m in methods] == ["baseline", "draft-model:2", "prompt-lookup:4", "hf-generate"]
+    assert [m.num_draft_tokens for m in methods] == [None, 2, 4, None]
+    assert [m.uses_draft_model for m in methods] == [False, True, False, False]
+    assert make_method("hf-assisted").uses_draft_model
+    for bad in ("nope", "draft-model:x", "draft-model:0", "hf-generate:3", "baseline,baseline"):
+        with pytest.raises(QuickdraftError):
+            parse_methods(bad)
+
+
+# --- aggregation -------------------------------------------------------------------------------
+
+
+def entry(method: str, question: str, category: str, tokens: int, seconds: float, **kw) -> Entry:
+    defaults = {"run": 0, "token_ids": [1] * tokens, "step_sizes": [1] * tokens, "token_latencies_s": []}
+    return Entry(method, question, category, new_tokens=tokens, wall_time_s=seconds, **(defaults | kw))
+
+
+def test_aggregation_matches_hand_computed_numbers() -> None:
+    entries = [
+        entry("baseline", "q1", "a", 10, 5.0),  # 2 tok/s
+        entry("baseline", "q2", "a", 10, 2.5),  # 4 tok/s
+        entry("baseline", "q3", "b", 8, 8.0, token_latencies_s=[0.5, 1.0, 1.5, 2.0]),  # 1 tok/s
+        entry(
+            "spec", "q1", "a", 10, 2.5, step_sizes=[1, 3, 3, 3], draft_tokens_proposed=12, draft_tokens_accepted=6
+        ),  # 4 tok/s
+        entry(
+            "spec", "q2", "a", 10, 2.0, token_ids=[2] * 10, step_sizes=[1, 4, 5],
+            draft_tokens_proposed=8, draft_tokens_accepted=7,
+        ),  # 5 tok/s, different tokens
+        entry("spec", "q3", "b", 8, 4.0, step_sizes=[1, 1, 2, 4], draft_tokens_proposed=4, draft_tokens_accepted=4),
+    ]  # fmt: skip
+    target_ms = {1: 100.0, 2: 110.0, 3: 120.0}
+    results = aggregate(
+        entries,
+        {"baseline": MethodInfo(), "spec": MethodInfo(num_draft_tokens=2, uses_draft_model=True)},
+        ["a", "b"],
+        {"target": target_ms, "draft": {1: 10.0}},
+    )
+    spec = results["spec"]
+    a = spec["categories"]["a"]
+    assert a["speedup"] == pytest.approx((4 + 5) / 2 / ((2 + 4) / 2))  # 1.5
+    assert a["tokens_per_s"] == pytest.approx(4.5)
+    assert a["acceptance_rate"] == pytest.approx(13 / 20)
+    assert a["mean_accepted_tokens"] == pytest.approx(20 / 7)
+    assert a["lossless_fraction"] == pytest.approx(0.5)
+    assert a["n_questions"] == 2
+    alpha = 13 / 20
+    predicted = (1 - alpha**3) / (1 - alpha) * 100.0 / (2 * 10.0 + 120.0)
+    assert a["efficiency"] == pytest.approx(1.5 / predicted)
+    overall = spec["overall"]
+    assert overall["speedup"] == pytest.approx((4 + 5 + 2) / 3 / ((2 + 4 + 1) / 3))
+    assert overall["acceptance_rate"] == pytest.approx(17 / 24)
+    assert overall["n_questions"] == 3
+    baseline = results["baseline"]
+    assert baseline["overall"]["speedup"] == pytest.approx(1.0)
+    assert baseline["overall"]["mean_accepted_tokens"] == 1.0
+    assert baseline["overall"]["acceptance_rate"] is None and baseline["overall"]["efficiency"] is None
+    assert baseline["categories"]["b"]["latency_p50_ms"] == pytest.approx(1250.0)
+    assert baseline["categories"]["b"]["latency_p90_ms"] == pytest.approx(1850.0)
+    assert spec["step_size_counts"] == {1: 4, 2: 1, 3: 3, 4: 2, 5: 1}
+    assert set(a) == set(METRIC_KEYS)
+
+
+def test_speedup_averages_per_run_ratios_over_common_questions() -> None:
+    entries = [
+        entry("baseline", "q1", "a", 10, 5.0, run=0),  # 2
+        entry("baseline", "q1", "a", 10, 2.5, run=1),  # 4
+        entry("spec", "q1", "a", 10, 2.5, run=0),  # 4 -> 2.0
+        entry("spec", "q1", "a", 10, 2.0, run=1),  # 5 -> 1.25
+        entry("spec", "q2", "a", 10, 1.0, run=1),  # no baseline for q2: left out of the ratio
+    ]
+    results = aggregate(entries, {"baseline": MethodInfo(), "spec": MethodInfo()}, ["a"])
+    assert results["spec"]["overall"]["speedup"] == pytest.approx((2.0 + 1.25) / 2)
+    assert results["spec"]["overall"]["lossless_fraction"] == 1.0  # q1's tokens, compared with baseline run 0
+
+
+def test_predicted_speedup() -> None:
+    curve = {1: 100.0, 3: 150.0}
+    assert predicted_speedup(0.0, 2, 0.0, curve) == pytest.approx(100 / 150)
+    assert predicted_speedup(1.0, 2, 25.0, curve) == pytest.approx(3 * 100 / 200)
+    assert predicted_speedup(0.5, 2, 0.0, curve) == pytest.approx(1.75 * 100 / 150)
+    assert predicted_speedup(0.5, 4, 0.0, curve) is None
+
+
+def test_token_latencies_spread_step_time_over_its_tokens() -> None:
+    assert token_latencies([0.4, 0.5, 0.8], [1, 1, 3]) == pytest.approx([0.4, 0.1, 0.1, 0.1, 0.1])
+
+
+# --- cost profile ---------------------------------------------------------------------------------
+
+
+def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:
+    curve = measure_cost_curve(pipeline.target, range(1, 4), context=10, repeats=2)
+    assert sorted(curve) == [1, 2, 3] and all(ms > 0 for ms in curve.values())
+    with pytest.raises(ConfigError, match="exceeds"):
+        measure_cost_curve(pipeline.target, [8], context=pipeline.target.max_context)
+
+
+def test_profile_command_prints_json(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    args = ["profile", "--model", str(tiny_model_dirs["target"]), "--max-k", "3", "--context", "8", "--json"]
+    assert main([*args, "--repeats", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runtime"] == "transformers" and report["context"] == 8
+    assert sorted(report["t_ms"]) == ["1", "2", "3"]
+
+
+# --- the whole command -------------------------------------------------------------------------------
+
+
+def test_bench_end_to_end_and_resume(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    out = tmp_path / "out"
+    methods = "draft-model:2,prompt-lookup:3,hf-generate,hf-assisted-tuned,hf-prompt-lookup"
+    assert main(bench_args(chat_model_dirs, questions, out, "--methods", methods, "--json")) == 0
+    results = json.loads(capsys.readouterr().out)
+    for name in ("results.json", "report.md", "speedup.png", "accept_hist.png", "cost_curve.png", "entries.jsonl"):
+        assert (out / name).stat().st_size > 0, name
+    assert json.loads((out / "results.json").read_text()) == results
+    assert results["config"]["categories"] == ["mt_bench", "translation", "summarization"]
+    assert results["config"]["n_questions"] == 5
+    assert set(results["cost_curves"]) == {"target", "draft"} and "1" in results["cost_curves"]["target"]
+    names = ["baseline", "draft-model:2", "prompt-lookup:3", "hf-generate", "hf-assisted-tuned", "hf-prompt-lookup"]
+    assert list(results["methods"]) == names
+    for name, result in results["methods"].items():
+        for group in [result["overall"], *result["categories"].values()]:
+            assert set(METRIC_KEYS) <= set(group), name
+    for name in ("baseline", "draft-model:2", "prompt-lookup:3", "hf-generate"):
+        assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
+    assert results["methods"]["baseline"]["overall"]["speedup"] == pytest.approx(1.0)
+    assert results["methods"]["draft-model:2"]["overall"]["efficiency"] is not None
+    assert results["methods"]["hf-generate"]["overall"]["acceptance_rate"] is None
+    lines = (out / "entries.jsonl").read_text().splitlines()
+    assert len(lines) == 5 * 6
+    first = json.loads(lines[0])
+    assert first["method"] == "baseline" and len(first["answers"]) == 2  # both turns of a multi-turn question
+    assert first["new_tokens"] == len(first["token_ids"]) == sum(first["step_sizes"])
+
+    # Resume: a finished run loads no model and measures nothing again; a new method adds only its entries.
+    import quickdraft.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a finished benchmark must not load models")
+
+    monkeypatch.setattr(quickdraft.api.Pipeline, "load", no_loading)
+    assert main(bench_args(chat_model_dirs, questions, out, "--methods", methods)) == 0
+    assert "Speedup per category" in capsys.readouterr().out
+    assert len((out / "entries.jsonl").read_text().splitlines()) == 30
+    monkeypatch.undo()
+
+    with open(out / "entries.jsonl", "a", encoding="utf-8") as file:
+        file.write('{"method": "draft-model:4", "quest')  # a run killed while writing
+    assert main(bench_args(chat_model_dirs, questions, out, "--methods", f"{methods},draft-model:4")) == 0
+    lines = (out / "entries.jsonl").read_text().splitlines()
+    assert len(lines) == 35 and all(json.loads(line) for line in lines)
+    assert "draft-model:4" in json.loads((out / "results.json").read_text())["methods"]
+
+    # A different configuration in the same directory is refused, not mixed in.
+    capsys.readouterr()
+    assert main([*bench_args(chat_model_dirs, questions, out, "--methods", methods), "--max-new-tokens", "7"]) == 1
+    assert "different max_new_tokens" in capsys.readouterr().err
+
+
+def test_bench_bad_questions_exit_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\nnot json\n', encoding="utf-8")
+    for path, message in [(tmp_path / "absent.jsonl", "no such file"), (bad, "line 2")]:
+        assert main(["bench", "--questions", str(path), "--out", str(tmp_path / "o")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("quickdraft: error: --questions") and message in err

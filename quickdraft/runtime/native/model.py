@@ -1,0 +1,230 @@
+"""A Llama-family decoder (Llama, Qwen2, Mistral without sliding windows) written for bit-exactness.
+
+Every operation gives a token's row the same bits whatever else is in the call:
+- linear layers are :class:`Int8Linear` (exact integer GEMM, per-row activation scales);
+- RMSNorm, RoPE, SiLU and residual adds are row-wise or element-wise;
+- attention runs query by query: the query at position p attends to exactly p + 1 cached
+  keys with the same shapes and strides whether it comes alone (decode), inside a verify block
+  at any offset, or again after a rollback.
+So a position's logits are bitwise identical in a 1-token step and in a k-token block, which
+makes greedy speculative decoding equal to greedy decoding by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quickdraft.runtime.native.kernels import attention_kernel
+from quickdraft.runtime.native.linear import Int8Linear
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> DecoderConfig:
+        """Read a transformers ``config.json``; raises ValueError for what this runtime does not support."""
+        model_type = config.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model type {model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}")
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"RoPE scaling {rope_type!r} is not supported")
+        if config.get("use_sliding_window") or (model_type == "mistral" and config.get("sliding_window")):
+            raise ValueError("sliding-window attention is not supported")
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"activation {config.get('hidden_act')!r} is not supported")
+        num_heads = int(config["num_attention_heads"])
+        hidden_size = int(config["hidden_size"])
+        return cls(
+            model_type=model_type,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden_size,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+            head_dim=int(config.get("head_dim") or hidden_size // num_heads),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+        )
+
+    @classmethod
+    def from_dir(cls, path: Path) -> DecoderConfig:
+        return cls.from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")))
+
+
+@dataclass
+class DecoderLayer:
+    input_norm: torch.Tensor  # [H]
+    qkv: Int8Linear  # H -> (heads + 2·kv_heads)·head_dim
+    out: Int8Linear  # heads·head_dim -> H
+    post_norm: torch.Tensor  # [H]
+    gate_up: Int8Linear  # H -> 2·intermediate
+    down: Int8Linear  # intermediate -> H
+
+
+class StaticKVCache:
+    """Preallocated keys and values ``[layers, B, kv_heads, capacity, head_dim]``; rollback moves a length."""
+
+    def __init__(self, config: DecoderConfig, batch_size: int, capacity: int) -> None:
+        shape = (config.num_layers, batch_size, config.num_kv_heads, capacity, config.head_dim)
+        self.keys = torch.zeros(shape)
+        self.values = torch.zeros(shape)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]
+        self.capacity = capacity
+
+
+class Decoder:
+    """Weights plus ``forward(token_ids, cache)``; see the module docstring for why it is bit-exact."""
+
+    def __init__(
+        self,
+        config: DecoderConfig,
+        embedding: torch.Tensor,
+        layers: list[DecoderLayer],
+        final_norm: torch.Tensor,
+        lm_head: Int8Linear,
+        capacity: int,
+    ) -> None:
+        self.config = config
+        self.embedding = embedding  # [V, H] float32
+        self.layers = layers
+        self.final_norm = final_norm
+        self.lm_head = lm_head
+        self.capacity = capacity
+        half = config.head_dim // 2
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / config.head_dim))
+        angles = torch.outer(torch.arange(capacity, dtype=torch.float64), inv_freq)  # [C, D/2]
+        self.rope_cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [C, D]
+        self.rope_sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # [C, D]
+        self.attention_scale = 1.0 / math.sqrt(config.head_dim)
+        self.use_kernel = True  # the compiled attention kernel when it builds (False: the PyTorch path)
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        config: DecoderConfig,
+        tensors: dict[str, torch.Tensor],
+        capacity: int,
+        activation_bits: int = 14,
+        down_bits: int | None = None,
+    ) -> Decoder:
+        """Quantize the transformers-named weights (``model.layers.{i}.self_attn.q_proj.weight``, …).
+
+        ``tensors`` is consumed (entries are deleted as they are packed) to keep peak memory low.
+        """
+
+        def take(name: str) -> torch.Tensor:
+            return tensors.pop(name).float()
+
+        def linear(weights: list[str], biases: list[str] | None = None, bits: int = activation_bits) -> Int8Linear:
+            weight = torch.cat([take(name) for name in weights])
+            bias = torch.cat([take(name) for name in biases]) if biases else None
+            return Int8Linear.from_float(weight, bias, bits)
+
+        layers = []
+        for i in range(config.num_layers):
+            prefix = f"model.layers.{i}."
+            attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
+            layers.append(
+                DecoderLayer(
+                    input_norm=take(f"{prefix}input_layernorm.weight"),
+                    qkv=linear(
+                        [f"{name}.weight" for name in attention],
+                        [f"{name}.bias" for name in attention] if config.attention_bias else None,
+                    ),
+                    out=linear([f"{prefix}self_attn.o_proj.weight"]),
+                    post_norm=take(f"{prefix}post_attention_layernorm.weight"),
+                    gate_up=linear([f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"]),
+                    down=linear([f"{prefix}mlp.down_proj.weight"], bits=down_bits or activation_bits),
+                )
+            )
+        embedding = take("model.embed_tokens.weight")
+        head_weight = embedding if config.tie_word_embeddings else take("lm_head.weight")
+        lm_head = Int8Linear.from_float(head_weight, None, activation_bits)
+        return cls(config, embedding, layers, take("model.norm.weight"), lm_head, capacity)
+
+    def new_cache(self, batch_size: int) -> StaticKVCache:
+        return StaticKVCache(self.config, batch_size, self.capacity)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(dim=-1, keepdim=True)
+        return weight * (x * torch.rsqrt(variance + self.config.rms_norm_eps))
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int]) -> torch.Tensor:
+        """Causal attention of ``q [B, K, heads, D]`` over the cache, query by query -> ``[B, K, heads·D]``."""
+        if self.use_kernel and (kernel := attention_kernel()) is not None:
+            return kernel.attend(q, keys, values, starts, self.attention_scale)
+        batch, num_new, heads, head_dim = q.shape
+        kv_heads = keys.shape[1]
+        attended = torch.empty(batch, num_new, heads * head_dim)
+        for row, start in enumerate(starts):
+            for i in range(num_new):
+                length = start + i + 1  # the query at position start + i sees positions 0 .. start + i
+                query = q[row, i].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
+                scores = torch.matmul(query, keys[row, :, :length].transpose(-1, -2))  # [kv, G, length]
+                weights = torch.softmax(scores, dim=-1)
+                attended[row, i] = torch.matmul(weights, values[row, :, :length]).reshape(-1)  # [heads·D]
+        return attended
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, cache: StaticKVCache, last_only: bool = False) -> torch.Tensor:
+        """Append ``token_ids [B, K]`` to ``cache``; float32 logits ``[B, K, V]`` (``[B, 1, V]`` if last_only)."""
+        config = self.config
+        batch, num_new = token_ids.shape
+        starts = cache.lengths.tolist()
+        if max(starts) + num_new > cache.capacity:
+            raise ValueError(f"the cache holds {cache.capacity} positions; {max(starts) + num_new} needed")
+        positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
+        cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]  # [B, K, 1, D]
+        heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        x = self.embedding[token_ids]  # [B, K, H]
+        for index, layer in enumerate(self.layers):
+            qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [B, K, (heads + 2·kv_heads)·D]
+            q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+            q = self._rotate(q.reshape(batch, num_new, heads, head_dim), cos, sin)  # [B, K, heads, D]
+            k = self._rotate(k.reshape(batch, num_new, kv_heads, head_dim), cos, sin)  # [B, K, kv_heads, D]
+            v = v.reshape(batch, num_new, kv_heads, head_dim)
+            keys, values = cache.keys[index], cache.values[index]  # [B, kv_heads, C, D]
+            for row, start in enumerate(starts):
+                keys[row, :, start : start + num_new] = k[row].transpose(0, 1)
+                values[row, :, start : start + num_new] = v[row].transpose(0, 1)
+            x = x + layer.out(self._attend(q, keys, values, starts))
+            gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [B, K, I] each
+            x = x + layer.down(torch.nn.functional.silu(gate) * up)
+        cache.lengths += num_new
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self._rms_norm(x, self.final_norm))  # [B, K or 1, V]

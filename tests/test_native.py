@@ -1,0 +1,174 @@
+"""The native runtime: exact row-invariant int8 linears, bit-exact logits across block sizes, rollback."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import tiny_model, word_tokenizer
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig
+from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.kernels import attention_kernel
+from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
+from quickdraft.runtime.native.model import Decoder, DecoderConfig
+
+
+def native_from_hf(model: torch.nn.Module, activation_bits: int = 14, capacity: int = 256) -> NativeRuntime:
+    config = DecoderConfig.from_hf(model.config.to_dict())
+    tensors = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    return NativeRuntime(Decoder.from_state_dict(config, tensors, capacity, activation_bits))
+
+
+@pytest.fixture(scope="module", params=[(7, True), (14, True), (14, False)], ids=["a7", "a14", "a14-torch-attention"])
+def runtime(request: pytest.FixtureRequest) -> NativeRuntime:
+    bits, use_kernel = request.param
+    runtime = native_from_hf(tiny_model(64, seed=3), bits)
+    runtime.decoder.use_kernel = use_kernel
+    return runtime
+
+
+# --- int8 linear ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [7, 14])
+def test_int8_linear_is_row_invariant_and_exact(bits: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 80, generator=generator), torch.randn(96, generator=generator)
+    linear = Int8Linear.from_float(weight, bias, bits)
+    x = torch.randn(17, 80, generator=generator) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scale
+    full = linear(x)
+    for rows in (1, 2, 5, 16):
+        assert torch.equal(linear(x[:rows]), full[:rows])
+    for row in range(17):
+        assert torch.equal(linear(x[row : row + 1])[0], full[row])
+        assert torch.equal(linear(torch.cat([torch.randn(3, 80), x[row : row + 1]]))[-1], full[row])
+
+    # Against exact arithmetic on the same quantized integers.
+    weight_int8, weight_scale = quantize_weight(weight)
+    levels = 2 ** (bits - 1) - 1
+    row_scale = x.abs().amax(1, keepdim=True) / levels
+    x_int = torch.round(x / row_scale).clamp(-levels - 1, levels)
+    exact = (x_int.double() @ weight_int8.double().T) * weight_scale.double() * row_scale.double() + bias.double()
+    assert torch.allclose(full.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    # And close to the float layer (the quantization error itself).
+    relative = (full - (x @ weight.T + bias)).norm() / (x @ weight.T).norm()
+    assert relative < (0.02 if bits == 7 else 0.01)
+
+
+def test_int8_linear_handles_zero_rows() -> None:
+    linear = Int8Linear.from_float(torch.randn(8, 4), torch.ones(8))
+    assert torch.equal(linear(torch.zeros(2, 4)), torch.ones(2, 8))
+
+
+# --- the decoder ------------------------------------------------------------------------------------
+
+
+def test_config_rejects_unsupported_models() -> None:
+    base = tiny_model(64, seed=3).config.to_dict()
+    DecoderConfig.from_hf(base)
+    for change in ({"model_type": "gpt2"}, {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}):
+        with pytest.raises(ValueError):
+            DecoderConfig.from_hf(base | change)
+
+
+def test_logits_close_to_transformers_fp32() -> None:
+    model = tiny_model(64, seed=3)
+    runtime = native_from_hf(model)
+    token_ids = torch.tensor([[5, 9, 2, 33, 7, 1, 60, 12]])
+    native = runtime.forward(token_ids, runtime.new_cache())
+    with torch.no_grad():
+        reference = model(token_ids).logits
+    assert (native - reference).abs().max() < 0.02 * reference.abs().max()
+    assert torch.equal(native.argmax(-1), reference.argmax(-1))
+
+
+def test_logits_are_bitwise_equal_across_block_sizes_and_offsets(runtime: NativeRuntime) -> None:
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 64, (1, 40), generator=generator)
+    reference = torch.cat([runtime.forward(tokens[:, :1], cache := runtime.new_cache())] +
+                          [runtime.forward(tokens[:, i : i + 1], cache) for i in range(1, 40)], dim=1)  # fmt: skip
+    for split in ([40], [7, 33], [3, 1, 16, 4, 16], [12, 5, 5, 5, 13]):
+        cache, start, pieces = runtime.new_cache(), 0, []
+        for size in split:
+            pieces.append(runtime.forward(tokens[:, start : start + size], cache))
+            start += size
+        assert torch.equal(torch.cat(pieces, dim=1), reference), split
+
+
+def test_rollback_and_recompute_is_bitwise_equal(runtime: NativeRuntime) -> None:
+    tokens = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7]])
+    cache = runtime.new_cache()
+    runtime.forward(tokens[:, :6], cache)
+    first = runtime.forward(tokens[:, 6:], cache)  # [1, 4, V]
+    cache.truncate(6)
+    assert cache.lengths.tolist() == [6]
+    runtime.forward(torch.tensor([[1, 2, 3]]), cache)  # a rejected draft block overwrites those positions
+    cache.truncate(6)
+    again = runtime.forward(tokens[:, 6:], cache)
+    assert torch.equal(first, again)
+    with pytest.raises(ValueError):
+        cache.truncate(11)
+
+
+def test_rows_of_a_batch_are_independent(runtime: NativeRuntime) -> None:
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42], [1, 2, 3, 4, 5, 6]])
+    batched = runtime.forward(tokens, runtime.new_cache(2))
+    for row in range(2):
+        alone = runtime.forward(tokens[row : row + 1], runtime.new_cache(1))
+        assert torch.equal(batched[row : row + 1], alone)
+
+
+def test_last_only_matches_the_full_logits(runtime: NativeRuntime) -> None:
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    full = runtime.forward(tokens, runtime.new_cache())
+    last = runtime.forward(tokens, runtime.new_cache(), last_only=True)
+    assert torch.equal(last, full[:, -1:])
+
+
+def test_cache_capacity_is_enforced() -> None:
+    runtime = native_from_hf(tiny_model(64, seed=3), capacity=8)
+    assert runtime.max_context == 8
+    with pytest.raises(ValueError, match="holds 8"):
+        runtime.forward(torch.zeros(1, 9, dtype=torch.long), runtime.new_cache())
+
+
+def test_attention_kernel_matches_the_pytorch_path() -> None:
+    runtime = native_from_hf(tiny_model(64, seed=3))
+    decoder = runtime.decoder
+    assert attention_kernel() is not None, "the C++ kernel should build on the test machines"
+    generator = torch.Generator().manual_seed(2)
+    cache = decoder.new_cache(2)
+    cache.keys.normal_(generator=generator)
+    cache.values.normal_(generator=generator)
+    q = torch.randn(2, 5, 4, 8, generator=generator)
+    starts = [3, 11]
+    keys, values = cache.keys[0], cache.values[0]
+    decoder.use_kernel = True
+    compiled = decoder._attend(q, keys, values, starts)
+    decoder.use_kernel = False
+    reference = decoder._attend(q, keys, values, starts)
+    assert torch.allclose(compiled, reference, atol=1e-6, rtol=1e-5)
+
+
+def native_pipeline() -> Pipeline:
+    """Tiny target and draft on the native runtime; sharp logits so drafts are often accepted."""
+    tokenizer = word_tokenizer(64)
+    return Pipeline(
+        target=native_from_hf(tiny_model(64, seed=3, logit_scale=8.0)),
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        draft=native_from_hf(tiny_model(64, seed=4, logit_scale=8.0, num_layers=1)),
+    )
+
+
+@pytest.mark.parametrize("prompt_ids", [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])
+def test_greedy_speculation_on_the_native_runtime_equals_plain(prompt_ids: list[int]) -> None:
+    pipeline = native_pipeline()
+    plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+    for drafter, gamma in itertools.product(["draft-model", "prompt-lookup"], [1, 3, 6]):
+        config = GenerationConfig(max_new_tokens=32, num_draft_tokens=gamma)
+        result = pipeline.engine(drafter).generate(prompt_ids, config)
+        assert result.token_ids == plain.token_ids, (drafter, gamma)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,9 @@ from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
-from quickdraft.runtime import RUNTIMES, Runtime
+from quickdraft.models.loading import load_hf_model
+from quickdraft.policy import AcceptanceRecord, CostModel
+from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
 
 
 @dataclass
@@ -24,6 +26,10 @@ class Pipeline:
     target_path: Path | None = None
     draft: Runtime | None = None
     draft_path: Path | None = None
+    # what adaptive policies learn and measure, kept across requests: per drafter name
+    acceptance_records: dict[str, AcceptanceRecord] = field(default_factory=dict)
+    cost_models: dict[str, CostModel] = field(default_factory=dict)
+    _transformers_models: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(
@@ -35,18 +41,21 @@ class Pipeline:
     ) -> Pipeline:
         """Resolve and load models: packaged names, transformers directories or GGUF files.
 
+        ``runtime`` names one (``transformers``, ``native``) or ``auto``: native where it applies.
+
         ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding).
         """
-        runtime_cls = RUNTIMES.get(runtime)
+        if runtime != AUTO:
+            RUNTIMES.get(runtime)  # an unknown name fails before any model work
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)
         draft_path = draft_runtime = None
         if draft is not None:
             draft_path = resolve_model(draft, progress)
             check_same_tokenizer(tokenizer, load_tokenizer(draft_path))
-            draft_runtime = runtime_cls.load(draft_path)
+            draft_runtime = runtime_for(runtime, draft_path).load(draft_path)
         return cls(
-            target=runtime_cls.load(target_path),
+            target=runtime_for(runtime, target_path).load(target_path),
             tokenizer=tokenizer,
             eos_token_ids=eos_token_ids(target_path, tokenizer),
             target_path=target_path,
@@ -59,7 +68,45 @@ class Pipeline:
         if drafter_cls.needs_draft_model and self.draft is None:
             raise ConfigError(f"the {drafter} drafter needs a draft model, and none is loaded")
         instance = drafter_cls.create(self.target, self.draft, options or DrafterOptions())
-        return SpeculativeEngine(self.target, instance, self.tokenizer, self.eos_token_ids)
+        return SpeculativeEngine(
+            self.target,
+            instance,
+            self.tokenizer,
+            self.eos_token_ids,
+            cost_model=self.cost_models.get(drafter),
+            acceptance=self.acceptance_records.setdefault(drafter, AcceptanceRecord()),
+        )
+
+    def transformers_model(self, role: str) -> Any:
+        """The transformers model of the target or draft (for peers and references): the runtime's own
+        when it is the transformers runtime, else loaded once in fp32 from the model's directory."""
+        runtime, path = (self.target, self.target_path) if role == "target" else (self.draft, self.draft_path)
+        if runtime is None:
+            raise ConfigError(f"a {role} model is needed, and none is loaded")
+        model = getattr(runtime, "model", None)
+        if model is not None:
+            return model
+        if path is None:
+            raise ConfigError(f"the transformers copy of the {role} model needs its directory")
+        if role not in self._transformers_models:
+            self._transformers_models[role] = load_hf_model(path)
+        return self._transformers_models[role]
+
+    def calibrate(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> CostModel:
+        """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
+
+        Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
+        tokens (after a warm-up); the draft model's 1-token forward if the drafter uses one, else 0.
+        """
+        from quickdraft.bench.profile import measure_cost_curve
+
+        ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
+        target_ms = measure_cost_curve(self.target, ks, context, repeats=1, warmup=1)
+        draft_ms = 0.0
+        if DRAFTERS.get(drafter).needs_draft_model and self.draft is not None:
+            draft_ms = measure_cost_curve(self.draft, [1], context, repeats=3, warmup=1)[1]
+        self.cost_models[drafter] = CostModel(target_ms, draft_ms)
+        return self.cost_models[drafter]
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""

@@ -50,7 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="draft-model",
         help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: draft-model; none = plain decoding)",
     )
-    generate.add_argument("--num-draft-tokens", type=int, default=4, metavar="K", help="drafts per step γ (default 4)")
+    generate.add_argument(
+        "--num-draft-tokens", type=int, default=4, metavar="K", help="drafts per step γ of the fixed policy (default 4)"
+    )
+    generate.add_argument(
+        "--policy",
+        default="fixed",
+        metavar="NAME",
+        help="how γ is chosen before each step: fixed[:K] (default), heuristic (+2 after a fully accepted block, "
+        "-1 otherwise), confidence[:T] (stop drafting when the draft's top probability < T), goodput (the γ, "
+        "0 included, with the most expected tokens per second from measured costs and the observed acceptance)",
+    )
+    generate.add_argument(
+        "--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ of adaptive policies (default 16)"
+    )
     generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token budget (default 128)")
     generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     generate.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1]")
@@ -105,7 +118,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--runtime", default="transformers", help=f"model runtime: {', '.join(RUNTIMES.names())} (default transformers)"
+        "--runtime",
+        default="transformers",
+        help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (native where it applies; default transformers)",
     )
 
 
@@ -135,12 +150,23 @@ def run_generate(args: argparse.Namespace) -> None:
         num_draft_tokens=args.num_draft_tokens,
         sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
         stop=tuple(args.stop),
+        policy=args.policy,
+        max_draft_tokens=args.max_draft_tokens,
     )
     options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram)
     prompt = read_prompt(args)
     draft = draft_for(args, [args.drafter])
     pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
+    if config.policy.startswith("goodput") and args.drafter != "none":
+        costs = pipeline.calibrate(args.drafter, config.max_draft_tokens)
+        if not args.json:
+            print(
+                f"[goodput] calibrated: target {costs.target(1):.0f} ms for 1 token, "
+                f"{costs.target(config.max_draft_tokens + 1):.0f} ms for {config.max_draft_tokens + 1}; "
+                f"{costs.draft_ms:.0f} ms per drafted token",
+                file=sys.stderr,
+            )
     engine = pipeline.engine(args.drafter, options)
     plain_engine = pipeline.engine("none") if args.compare else None
     if plain_engine is not None:  # warm both paths up so neither run pays first-call costs

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from quickdraft.errors import ConfigError
+from quickdraft.policy import check_policy_spec
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,14 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """One request: how many tokens, how many drafts per step, sampling and stop strings."""
+    """One request: how many tokens, how drafts per step are chosen, sampling and stop strings."""
 
     max_new_tokens: int = 256
-    num_draft_tokens: int = 4
+    num_draft_tokens: int = 4  # γ of the fixed policy; where the heuristic policy starts
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
+    policy: str = "fixed"  # how γ is chosen per step: fixed[:K], heuristic, confidence[:T], goodput
+    max_draft_tokens: int = 16  # the largest γ an adaptive policy may choose
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -50,3 +53,8 @@ class GenerationConfig:
             raise ConfigError(f"num_draft_tokens must be an integer >= 0, got {self.num_draft_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if not isinstance(self.max_draft_tokens, int) or self.max_draft_tokens < 1:
+            raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens}")
+        if not isinstance(self.policy, str):
+            raise ConfigError(f"policy must be a name such as 'fixed' or 'goodput', got {self.policy!r}")
+        check_policy_spec(self.policy)

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.base import Drafter, DraftProposal
 from quickdraft.errors import PromptError
+from quickdraft.policy import AcceptanceRecord, CostModel, Policy, PolicyContext, make_policy
 from quickdraft.runtime.base import Runtime
 from quickdraft.sampling import logits_to_probs, make_generator, sample
 from quickdraft.stats import GenerationStats
@@ -49,18 +50,30 @@ class GenerationStream:
 class SpeculativeEngine:
     """Decodes one request (B = 1) with a target runtime and a drafter."""
 
-    def __init__(self, target: Runtime, drafter: Drafter, tokenizer: Any, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        target: Runtime,
+        drafter: Drafter,
+        tokenizer: Any,
+        eos_token_ids: frozenset[int],
+        cost_model: CostModel | None = None,
+        acceptance: AcceptanceRecord | None = None,
+    ) -> None:
         self.target = target
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        self.cost_model = cost_model  # measured step costs, for the goodput policy
+        self.acceptance = acceptance if acceptance is not None else AcceptanceRecord()  # across requests
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationResult:
         return self.stream(prompt_ids, config).finish()
 
     def stream(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationStream:
         self.check_prompt(prompt_ids, config)  # fail at the call, not at the first next()
-        return GenerationStream(self._run(list(prompt_ids), config))
+        context = PolicyContext(config.num_draft_tokens, config.max_draft_tokens, self.cost_model, self.acceptance)
+        policy = make_policy(config.policy, context)
+        return GenerationStream(self._run(list(prompt_ids), config, policy))
 
     def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
         if not prompt_ids:
@@ -73,7 +86,9 @@ class SpeculativeEngine:
                 f"shorten the prompt or lower max_new_tokens"
             )
 
-    def _run(self, prompt_ids: list[int], config: GenerationConfig) -> Generator[str, None, GenerationResult]:
+    def _run(
+        self, prompt_ids: list[int], config: GenerationConfig, policy: Policy
+    ) -> Generator[str, None, GenerationResult]:
         sampling = config.sampling
         generator = make_generator(sampling.seed)
         stats = GenerationStats()
@@ -116,11 +131,17 @@ class SpeculativeEngine:
             if delta := decoder.release():
                 yield delta
 
-            # 3. Draft γ tokens after the last committed one (never past the token budget).
+            # 3. The policy chooses γ (0 = a plain step); draft up to γ tokens after the last committed one.
             tick = clock()
-            num_drafts = min(config.num_draft_tokens, config.max_new_tokens - len(new_token_ids) - 1)
-            proposal = self.drafter.propose([committed], num_drafts, sampling, generator)
+            num_drafts = min(policy.choose(), config.max_new_tokens - len(new_token_ids) - 1)
+            stats.gamma_per_step.append(num_drafts)
+            proposal = (
+                self.drafter.propose([committed], num_drafts, sampling, generator, policy.keep_drafting)
+                if num_drafts > 0
+                else DraftProposal.empty(1)
+            )
             draft_token_ids = proposal.token_ids  # [1, γ]
+            stats.proposed_per_step.append(proposal.num_tokens)
             stats.draft_s += clock() - tick
 
             # 4. Score the last committed token and the γ drafts in one target forward.
@@ -134,6 +155,7 @@ class SpeculativeEngine:
             num_accepted = int(result.num_accepted[0])
             stats.draft_tokens_proposed += proposal.num_tokens
             stats.draft_tokens_accepted += num_accepted
+            policy.observe(proposal.num_tokens, num_accepted)
 
             # 6. Roll the target's cache back past the rejected drafts (the drafter rolls back lazily).
             cache.truncate(len(committed) + num_accepted)

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from quickdraft.bench.methods import make_method, parse_methods
-from quickdraft.bench.metrics import METRIC_KEYS, Entry, MethodInfo, aggregate, predicted_speedup, token_latencies
+from quickdraft.bench.metrics import (
+    METRIC_KEYS,
+    Entry,
+    MethodInfo,
+    aggregate,
+    oracle,
+    predicted_speedup,
+    token_latencies,
+)
 from quickdraft.bench.profile import measure_cost_curve
 from quickdraft.bench.questions import load_questions, sample_questions
 from quickdraft.cli import main
@@ -130,7 +138,18 @@ def test_method_specs() -> None:
     assert [m.num_draft_tokens for m in methods] == [None, 2, 4, None]
     assert [m.uses_draft_model for m in methods] == [False, True, False, False]
     assert make_method("hf-assisted").uses_draft_model
-    for bad in ("nope", "draft-model:x", "draft-model:0", "hf-generate:3", "baseline,baseline"):
+    policy = make_method("prompt-lookup+confidence:0.5")
+    assert (policy.name, policy.num_draft_tokens, policy.max_draft_tokens) == ("prompt-lookup+confidence:0.5", None, 16)
+    for bad in (
+        "nope",
+        "draft-model:x",
+        "draft-model:0",
+        "hf-generate:3",
+        "baseline,baseline",
+        "baseline+goodput",
+        "draft-model+oracle",
+        "draft-model+fixed:x",
+    ):
         with pytest.raises(QuickdraftError):
             parse_methods(bad)
 
@@ -202,6 +221,25 @@ def test_speedup_averages_per_run_ratios_over_common_questions() -> None:
     assert results["spec"]["overall"]["lossless_fraction"] == 1.0  # q1's tokens, compared with baseline run 0
 
 
+def test_oracle_is_the_best_fixed_gamma_per_category() -> None:
+    def group(speedup):
+        return {"speedup": speedup}
+
+    methods = {
+        "baseline": {"overall": group(1.0), "categories": {"a": group(1.0), "b": group(1.0)}},
+        "dm:2": {"overall": group(1.1), "categories": {"a": group(1.3), "b": group(0.9)}},
+        "dm:4": {"overall": group(1.2), "categories": {"a": group(1.1), "b": group(None)}},
+        "dm+goodput": {"overall": group(5.0), "categories": {"a": group(5.0), "b": group(5.0)}},
+    }
+    assert oracle(methods, ["a", "b"]) == {
+        "dm": {
+            "a": {"method": "dm:2", "speedup": 1.3},
+            "b": {"method": "dm:2", "speedup": 0.9},
+            "overall": {"method": "dm:4", "speedup": 1.2},
+        }
+    }
+
+
 def test_predicted_speedup() -> None:
     curve = {1: 100.0, 3: 150.0}
     assert predicted_speedup(0.0, 2, 0.0, curve) == pytest.approx(100 / 150)
@@ -240,7 +278,7 @@ def test_bench_end_to_end_and_resume(
 ) -> None:
     questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
     out = tmp_path / "out"
-    methods = "draft-model:2,prompt-lookup:3,hf-generate,hf-assisted-tuned,hf-prompt-lookup"
+    methods = "draft-model:2,prompt-lookup:3,hf-generate,hf-assisted-tuned,hf-prompt-lookup,prompt-lookup+goodput"
     assert main(bench_args(chat_model_dirs, questions, out, "--methods", methods, "--json")) == 0
     results = json.loads(capsys.readouterr().out)
     for name in ("results.json", "report.md", "speedup.png", "accept_hist.png", "cost_curve.png", "entries.jsonl"):
@@ -250,7 +288,13 @@ def test_bench_end_to_end_and_resume(
     assert results["config"]["n_questions"] == 5
     assert set(results["cost_curves"]) == {"target", "draft"} and "1" in results["cost_curves"]["target"]
     names = ["baseline", "draft-model:2", "prompt-lookup:3", "hf-generate", "hf-assisted-tuned", "hf-prompt-lookup"]
+    names.append("prompt-lookup+goodput")
     assert list(results["methods"]) == names
+    assert set(results["oracle"]) == {"draft-model", "prompt-lookup"}
+    assert results["oracle"]["prompt-lookup"]["overall"]["method"] == "prompt-lookup:3"
+    assert results["methods"]["prompt-lookup+goodput"]["overall"]["lossless_fraction"] == 1.0
+    assert results["methods"]["prompt-lookup+goodput"]["gamma_counts"]
+    assert "oracle" in (out / "report.md").read_text()
     for name, result in results["methods"].items():
         for group in [result["overall"], *result["categories"].values()]:
             assert set(METRIC_KEYS) <= set(group), name
@@ -260,7 +304,7 @@ def test_bench_end_to_end_and_resume(
     assert results["methods"]["draft-model:2"]["overall"]["efficiency"] is not None
     assert results["methods"]["hf-generate"]["overall"]["acceptance_rate"] is None
     lines = (out / "entries.jsonl").read_text().splitlines()
-    assert len(lines) == 5 * 6
+    assert len(lines) == 5 * 7
     first = json.loads(lines[0])
     assert first["method"] == "baseline" and len(first["answers"]) == 2  # both turns of a multi-turn question
     assert first["new_tokens"] == len(first["token_ids"]) == sum(first["step_sizes"])
@@ -274,14 +318,14 @@ def test_bench_end_to_end_and_resume(
     monkeypatch.setattr(quickdraft.api.Pipeline, "load", no_loading)
     assert main(bench_args(chat_model_dirs, questions, out, "--methods", methods)) == 0
     assert "Speedup per category" in capsys.readouterr().out
-    assert len((out / "entries.jsonl").read_text().splitlines()) == 30
+    assert len((out / "entries.jsonl").read_text().splitlines()) == 35
     monkeypatch.undo()
 
     with open(out / "entries.jsonl", "a", encoding="utf-8") as file:
         file.write('{"method": "draft-model:4", "quest')  # a run killed while writing
     assert main(bench_args(chat_model_dirs, questions, out, "--methods", f"{methods},draft-model:4")) == 0
     lines = (out / "entries.jsonl").read_text().splitlines()
-    assert len(lines) == 35 and all(json.loads(line) for line in lines)
+    assert len(lines) == 40 and all(json.loads(line) for line in lines)
     assert "draft-model:4" in json.loads((out / "results.json").read_text())["methods"]
 
     # A different configuration in the same directory is refused, not mixed in.

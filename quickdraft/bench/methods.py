@@ -1,7 +1,8 @@
 """Benchmark methods by name: our decoding with each drafter, and transformers' peers.
 
-A method spec is ``NAME`` or ``NAME:γ``: ``baseline`` (our plain decoding), any drafter
-(``draft-model:2``, ``prompt-lookup``; γ defaults to 4) and the peers ``hf-generate``,
+A method spec is ``NAME``, ``NAME:γ`` or ``NAME+POLICY``: ``baseline`` (our plain decoding), any
+drafter at a fixed γ (``draft-model:2``, ``prompt-lookup``; γ defaults to 4) or with an adaptive
+policy (``draft-model+goodput``, ``prompt-lookup+confidence:0.4``), and the peers ``hf-generate``,
 ``hf-assisted``, ``hf-assisted-tuned`` and ``hf-prompt-lookup`` (transformers ``generate``
 on the same weights, measured, never quoted). Every method runs one turn greedily and
 reports a :class:`TurnResult`.
@@ -11,15 +12,15 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
+from quickdraft.policy import CostModel, check_policy_spec
 from quickdraft.registry import Registry
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
@@ -33,12 +34,17 @@ class TurnResult:
     step_times_s: list[float]  # seconds from the call's start to each step's tokens
     draft_tokens_proposed: int | None = None  # None: the method does not report it
     draft_tokens_accepted: int | None = None
+    gammas: list[int] = field(default_factory=list)  # γ chosen at each verify step (our speculative methods)
 
 
 class Method(ABC):
     name: str
     num_draft_tokens: int | None = None  # γ, for the theory check; None: not a fixed-γ method of ours
+    max_draft_tokens: int = 0  # the largest γ it may use: the cost curves are measured up to it + 1
     uses_draft_model: bool = False
+
+    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
+        """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
 
     @abstractmethod
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
@@ -46,18 +52,26 @@ class Method(ABC):
 
 
 class EngineMethod(Method):
-    """Our engine with one drafter at a fixed γ (``none`` with γ = 0 is the baseline)."""
+    """Our engine with one drafter at a fixed γ or with a policy (``none`` with γ = 0 is the baseline)."""
 
-    def __init__(self, name: str, drafter: str, num_draft_tokens: int) -> None:
+    def __init__(self, name: str, drafter: str, num_draft_tokens: int, policy: str = "fixed") -> None:
         self.name = name
         self.drafter = drafter
-        self.num_draft_tokens = num_draft_tokens if drafter != "none" else None
+        self.policy = policy
+        self.num_draft_tokens = num_draft_tokens if drafter != "none" and policy == "fixed" else None
+        self.max_draft_tokens = num_draft_tokens if policy == "fixed" else GenerationConfig().max_draft_tokens
         self.uses_draft_model = DRAFTERS.get(drafter).needs_draft_model
         self._gamma = num_draft_tokens
 
+    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+        """Adaptive policies plan with the curves the bench measured (no separate calibration)."""
+        if self.drafter != "none" and "target" in cost_curves:
+            draft_ms = cost_curves.get("draft", {}).get(1, 0.0) if self.uses_draft_model else 0.0
+            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms)
+
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
         engine = pipeline.engine(self.drafter)
-        config = GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=self._gamma)
+        config = GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=self._gamma, policy=self.policy)
         started = time.perf_counter()
         result = engine.generate(prompt_ids, config)
         wall_time_s = time.perf_counter() - started
@@ -70,6 +84,7 @@ class EngineMethod(Method):
             step_times_s=list(stats.step_times_s),
             draft_tokens_proposed=stats.draft_tokens_proposed if speculative else None,
             draft_tokens_accepted=stats.draft_tokens_accepted if speculative else None,
+            gammas=list(stats.gamma_per_step) if speculative else [],
         )
 
 
@@ -82,8 +97,8 @@ class PeerMethod(Method):
         self.uses_draft_model = bool(self.settings.pop("assistant", False))
 
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
-        model = transformers_model(pipeline, "target")
-        assistant = transformers_model(pipeline, "draft") if self.uses_draft_model else None
+        model = pipeline.transformers_model("target")
+        assistant = pipeline.transformers_model("draft") if self.uses_draft_model else None
         clock = StepClock()
         token_ids = hf_generate(
             model,
@@ -102,17 +117,6 @@ class PeerMethod(Method):
             step_sizes=[count for _, count in clock.events],
             step_times_s=[seconds for seconds, _ in clock.events],
         )
-
-
-def transformers_model(pipeline: Pipeline, role: str) -> Any:
-    """The transformers model behind the pipeline's target or draft runtime."""
-    runtime = pipeline.target if role == "target" else pipeline.draft
-    if runtime is None:
-        raise ConfigError(f"this method needs a {role} model, and none is loaded")
-    model = getattr(runtime, "model", None)
-    if model is None:
-        raise ConfigError(f"the hf-* peers need the transformers runtime for the {role} model")
-    return model
 
 
 MethodFactory = Callable[[str, "int | None"], Method]
@@ -138,6 +142,13 @@ def _drafter_method(drafter: str) -> MethodFactory:
     return make
 
 
+def _policy_method(drafter: str, policy: str, spec: str) -> Method:
+    if drafter in ("baseline", "none") or drafter not in DRAFTERS.names():
+        raise ConfigError(f"method {spec!r}: a policy needs a drafter ({', '.join(DRAFTERS.names())})")
+    check_policy_spec(policy)
+    return EngineMethod(f"{drafter}+{policy}", drafter, DEFAULT_NUM_DRAFT_TOKENS, policy)
+
+
 METHODS.register("baseline")(_no_gamma("baseline", lambda: EngineMethod("baseline", "none", 0)))
 for _drafter in DRAFTERS.names():
     if _drafter != "none":
@@ -147,7 +158,10 @@ for _peer in PEER_SETTINGS:
 
 
 def make_method(spec: str) -> Method:
-    """``NAME`` or ``NAME:γ`` -> a method; drafters are named with their γ (``draft-model:4``)."""
+    """``NAME``, ``NAME:γ`` or ``DRAFTER+POLICY`` -> a method; fixed-γ drafters are named with their γ."""
+    drafter, plus, policy = spec.strip().partition("+")
+    if plus:
+        return _policy_method(drafter, policy, spec)
     name, _, gamma_text = spec.strip().partition(":")
     gamma = None
     if gamma_text:

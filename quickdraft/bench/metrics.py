@@ -43,6 +43,7 @@ class Entry:
     draft_tokens_proposed: int | None = None
     draft_tokens_accepted: int | None = None
     answers: list[str] = field(default_factory=list)  # decoded text per turn
+    gammas: list[int] = field(default_factory=list)  # γ chosen per verify step (our speculative methods)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -193,5 +194,25 @@ def aggregate(
             },
             "num_draft_tokens": info.num_draft_tokens,
             "step_size_counts": dict(sorted(Counter(size for e in mine for size in e.step_sizes).items())),
+            "gamma_counts": dict(sorted(Counter(gamma for e in mine for gamma in e.gammas).items())),
         }
     return results
+
+
+def oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[str, dict[str, Any]]:
+    """Per drafter and category, the best fixed-γ method in hindsight: ``{drafter: {category: {method, speedup}}}``.
+
+    Fixed-γ methods are named ``DRAFTER:γ``; the oracle is what an adaptive policy is measured against.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    for name, result in methods.items():
+        drafter, colon, gamma = name.partition(":")
+        if not colon or not gamma.isdigit():
+            continue
+        for category in [*categories, "overall"]:
+            group = result["overall"] if category == "overall" else result["categories"][category]
+            speedup = group["speedup"]
+            current = best.setdefault(drafter, {}).get(category)
+            if speedup is not None and (current is None or speedup > current["speedup"]):
+                best[drafter][category] = {"method": name, "speedup": speedup}
+    return best

@@ -57,6 +57,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     for name, result in methods.items():
         row = [cell(result["categories"][c]["speedup"], "{:.2f}×") for c in categories]
         lines.append(f"| {name} | " + " | ".join(row) + f" | {cell(result['overall']['speedup'], '{:.2f}×')} |")
+    lines += oracle_section(results, categories)
     lines += ["", "## Overall", "", *metrics_table({n: r["overall"] for n, r in methods.items()}, "method")]
     for category in categories:
         rows = {name: result["categories"][category] for name, result in methods.items()}
@@ -69,6 +70,44 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         for role, curve in curves.items():
             lines.append(f"| {role} | " + " | ".join(cell(curve.get(str(k)), "{:.1f}") for k in ks) + " |")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def oracle_section(results: dict[str, Any], categories: list[str]) -> list[str]:
+    """The best fixed γ per drafter and category in hindsight, each adaptive method against it, and its γ."""
+    best, methods = results.get("oracle") or {}, results["methods"]
+    adaptive = [name for name in methods if "+" in name]
+    if not best:
+        return []
+    lines = [
+        "",
+        "## Best fixed γ in hindsight (oracle) and adaptive policies",
+        "",
+        "| drafter / method | " + " | ".join(categories) + " | overall |",
+        "|---|" + "---|" * (len(categories) + 1),
+    ]
+    for drafter, by_category in best.items():
+        row = [by_category.get(c) for c in [*categories, "overall"]]
+        cells = ["–" if o is None else f"{o['speedup']:.2f}× (γ={o['method'].split(':')[1]})" for o in row]
+        lines.append(f"| {drafter} oracle | " + " | ".join(cells) + " |")
+        for name in (n for n in adaptive if n.split("+")[0] == drafter):
+            cells = []
+            for category in [*categories, "overall"]:
+                group = methods[name]["overall"] if category == "overall" else methods[name]["categories"][category]
+                reference = by_category.get(category)
+                share = (
+                    f" ({group['speedup'] / reference['speedup']:.0%} of oracle)"
+                    if group["speedup"] is not None and reference
+                    else ""
+                )
+                cells.append(cell(group["speedup"], "{:.2f}×") + share)
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name in adaptive:
+        counts = methods[name].get("gamma_counts") or {}
+        total = sum(counts.values())
+        if total:
+            shares = ", ".join(f"γ={g}: {n / total:.0%}" for g, n in counts.items())
+            lines.append(f"\nγ chosen by {name}: {shares}")
+    return lines
 
 
 def write_plots(results: dict[str, Any], out: Path) -> None:

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from quickdraft.bench.methods import DEFAULT_NUM_DRAFT_TOKENS, METHODS, Method, parse_methods
-from quickdraft.bench.metrics import Entry, MethodInfo, aggregate, token_latencies
+from quickdraft.bench.metrics import Entry, MethodInfo, aggregate, oracle, token_latencies
 from quickdraft.bench.profile import curve_from_json, curve_to_json, measure_cost_curve
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
@@ -125,16 +125,18 @@ def run_bench(args: argparse.Namespace) -> None:
     ]
     if todo or store.cost_curves is None:
         measure(store, todo, methods, questions, args)
+    summaries = aggregate(
+        store.entries_for(config["methods"], config["question_ids"]),
+        {m.name: MethodInfo(m.num_draft_tokens, m.uses_draft_model) for m in methods},
+        categories,
+        {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
+    )
     results = {
         "config": config,
         "machine": store.machine,
         "cost_curves": store.cost_curves,
-        "methods": aggregate(
-            store.entries_for(config["methods"], config["question_ids"]),
-            {m.name: MethodInfo(m.num_draft_tokens, m.uses_draft_model) for m in methods},
-            categories,
-            {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
-        ),
+        "methods": summaries,
+        "oracle": oracle(summaries, categories),
     }
     store.write_json("results.json", results)
     write_markdown(results, store.out / "report.md")
@@ -159,13 +161,15 @@ def measure(
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
     if store.cost_curves is None:
-        gammas = [m.num_draft_tokens for m in methods if m.num_draft_tokens]
-        ks = range(1, max([*gammas, DEFAULT_NUM_DRAFT_TOKENS]) + 2)
+        ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
         curves = {"target": measure_cost_curve(pipeline.target, ks, args.profile_context, 3, 1, True, "profile target")}
         if pipeline.draft is not None:
             curves["draft"] = measure_cost_curve(pipeline.draft, ks, args.profile_context, 3, 1, True, "profile draft")
         store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
         store.write_json("cost_curves.json", store.cost_curves)
+    curves = {role: curve_from_json(curve) for role, curve in store.cost_curves.items()}
+    for method in methods:
+        method.prepare(pipeline, curves)
     pending_methods = list(dict.fromkeys(method for _, _, method in todo))
     first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
     for method in tqdm(pending_methods * args.warmup, desc="warm-up", file=sys.stderr):
@@ -201,6 +205,7 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
     wall_time_s = 0.0
     proposed: int | None = None
     accepted: int | None = None
+    gammas: list[int] = []
     for _ in question.turns:
         prompt_ids = encode_turns(pipeline, question, answers)[0]
         result = method.run(pipeline, prompt_ids, max_new_tokens)
@@ -209,6 +214,7 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
         step_sizes += result.step_sizes
         latencies += token_latencies(result.step_times_s, result.step_sizes)
         wall_time_s += result.wall_time_s
+        gammas += result.gammas
         if result.draft_tokens_proposed is not None:
             proposed = (proposed or 0) + result.draft_tokens_proposed
             accepted = (accepted or 0) + (result.draft_tokens_accepted or 0)
@@ -225,6 +231,7 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
         draft_tokens_proposed=proposed,
         draft_tokens_accepted=accepted,
         answers=answers,
+        gammas=gammas,
     )
 
 

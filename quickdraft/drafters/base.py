@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -11,6 +12,10 @@ import torch
 from quickdraft.config import SamplingParams
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import Runtime
+
+# Called after each drafted token with the draft logits it came from ([B, V]) and the number
+# drafted so far; False stops drafting (confidence-based policies). Drafters without a model ignore it.
+KeepDrafting = Callable[[torch.Tensor, int], bool]
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class Drafter(ABC):
         num_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
     ) -> DraftProposal:
         """Propose up to ``num_tokens`` tokens following each row of committed ``context_ids``.
 

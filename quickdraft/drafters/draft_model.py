@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.sampling import logits_to_probs, sample
@@ -53,6 +53,7 @@ class DraftModelDrafter(Drafter):
         num_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
     ) -> DraftProposal:
         (context,) = context_ids
         num_tokens = min(num_tokens, self.draft.max_context - len(context))
@@ -72,6 +73,8 @@ class DraftModelDrafter(Drafter):
             token = probs.argmax(dim=-1) if sampling.is_greedy else sample(probs, generator)  # [1]
             drafted.append(token)
             draft_probs.append(probs)
+            if keep_drafting is not None and not keep_drafting(logits, step + 1):
+                break
             if step + 1 < num_tokens:
                 logits = self._feed(token.tolist(), last_only=True)[:, -1]
         token_ids = torch.stack(drafted, dim=1)  # [1, γ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
 from quickdraft.runtime.base import Runtime
 
 
@@ -20,5 +20,6 @@ class NoDrafter(Drafter):
         num_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
     ) -> DraftProposal:
         return DraftProposal.empty(len(context_ids))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
 from quickdraft.runtime.base import Runtime
 
 
@@ -42,6 +42,7 @@ class PromptLookupDrafter(Drafter):
         num_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
     ) -> DraftProposal:
         rows = [lookup_continuation(ids, num_tokens, self.max_ngram, self.min_ngram) for ids in context_ids]
         shortest = min(len(row) for row in rows)  # one γ for the whole batch

@@ -1,4 +1,6 @@
-"""Runtimes by name: ``RUNTIMES.get(name).load(path)``."""
+"""Runtimes by name: ``RUNTIMES.get(name).load(path)``; ``runtime_for("auto", path)`` picks one."""
+
+from pathlib import Path
 
 from quickdraft.registry import Registry
 from quickdraft.runtime.base import KVCache, Runtime
@@ -8,5 +10,14 @@ from quickdraft.runtime.native import NativeRuntime
 RUNTIMES: Registry[type[Runtime]] = Registry("runtime")
 RUNTIMES.register("transformers")(HFRuntime)
 RUNTIMES.register("native")(NativeRuntime)
+AUTO = "auto"
 
-__all__ = ["RUNTIMES", "HFRuntime", "KVCache", "NativeRuntime", "Runtime"]
+
+def runtime_for(name: str, path: Path) -> type[Runtime]:
+    """The runtime class called ``name``; ``auto`` = native for the families it implements, else transformers."""
+    if name == AUTO:
+        return NativeRuntime if NativeRuntime.supports(path) else HFRuntime
+    return RUNTIMES.get(name)
+
+
+__all__ = ["AUTO", "RUNTIMES", "HFRuntime", "KVCache", "NativeRuntime", "Runtime", "runtime_for"]

@@ -1,0 +1,261 @@
+"""How many tokens to draft: a policy chooses γ before every step (0 = a plain step).
+
+A policy lives for one request. Before each step the engine asks :meth:`Policy.choose` for γ;
+while the drafter drafts, :meth:`Policy.keep_drafting` may stop it early (confidence-based
+policies); after verification :meth:`Policy.observe` learns how many drafts were accepted.
+Policies never affect which tokens are produced, only how fast: every γ is lossless.
+
+Registry names (``NAME`` or ``NAME:ARG``):
+- ``fixed:K`` — always K (``fixed`` alone uses the request's ``num_draft_tokens``);
+- ``heuristic`` — transformers' rule: start at ``num_draft_tokens``, +2 after a fully accepted
+  block, −1 otherwise (at least 1);
+- ``confidence:T`` — draft up to the maximum, stopping when the draft's top probability < T;
+- ``goodput`` — γ = argmax over 0..γmax of expected tokens per millisecond under the measured
+  cost model and an online estimate of the acceptance rate α (SmartSpec-style).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from quickdraft.errors import ConfigError
+from quickdraft.registry import Registry
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured costs: a target forward over k new tokens, and one drafted token, in milliseconds."""
+
+    target_ms: Mapping[int, float]
+    draft_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if 1 not in self.target_ms or any(k < 1 or ms <= 0 for k, ms in self.target_ms.items()):
+            raise ConfigError("a cost model needs positive target times including k = 1")
+        if self.draft_ms < 0:
+            raise ConfigError(f"the draft cost must be >= 0 ms, got {self.draft_ms}")
+
+    def target(self, num_tokens: int) -> float:
+        """t_target(k): measured, else linear between the nearest measured points (extrapolated past the last)."""
+        if num_tokens in self.target_ms:
+            return float(self.target_ms[num_tokens])
+        ks = sorted(self.target_ms)
+        below = max((k for k in ks if k < num_tokens), default=ks[0])
+        above = min((k for k in ks if k > num_tokens), default=None)
+        if above is None:  # past the last point: continue the last segment's slope
+            if len(ks) == 1:
+                return float(self.target_ms[ks[0]]) * num_tokens
+            below, above = ks[-2], ks[-1]
+        slope = (self.target_ms[above] - self.target_ms[below]) / (above - below)
+        return float(self.target_ms[below] + slope * (num_tokens - below))
+
+    def step_ms(self, num_draft_tokens: int) -> float:
+        """Time of one step: γ drafted tokens plus a target forward over γ + 1 tokens."""
+        return num_draft_tokens * self.draft_ms + self.target(num_draft_tokens + 1)
+
+    def goodput(self, acceptance_rate: float, num_draft_tokens: int) -> float:
+        """Expected committed tokens per millisecond (Leviathan et al. with this cost curve)."""
+        return expected_tokens(acceptance_rate, num_draft_tokens) / self.step_ms(num_draft_tokens)
+
+    def best_num_draft_tokens(self, acceptance_rate: float, max_draft_tokens: int) -> int:
+        """argmax over γ in 0..max of the goodput; ties go to the smaller γ."""
+        goodputs = [self.goodput(acceptance_rate, gamma) for gamma in range(max_draft_tokens + 1)]
+        return max(range(len(goodputs)), key=lambda gamma: (goodputs[gamma], -gamma))
+
+
+def expected_tokens(acceptance_rate: float, num_draft_tokens: int) -> float:
+    """E[tokens per step] = (1 − α^(γ+1)) / (1 − α) when each draft is accepted with probability α."""
+    alpha, gamma = acceptance_rate, num_draft_tokens
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may use: the request's γ settings, the cost model, the drafter's shared acceptance record."""
+
+    num_draft_tokens: int = 4
+    max_draft_tokens: int = 16
+    cost_model: CostModel | None = None
+    acceptance: AcceptanceRecord | None = None
+
+
+@dataclass
+class AcceptanceRecord:
+    """Acceptance seen by one drafter across requests: the prior of each new request's estimate."""
+
+    accepted: float = 0.0
+    rejected: float = 0.0
+
+    def add(self, accepted: int, rejected: int) -> None:
+        self.accepted += accepted
+        self.rejected += rejected
+
+
+class Policy(ABC):
+    @abstractmethod
+    def choose(self) -> int:
+        """γ for the next step (0 = a plain step)."""
+
+    def keep_drafting(self, draft_logits: torch.Tensor, num_drafted: int) -> bool:
+        """After drafting token ``num_drafted`` from ``draft_logits [B, V]``: draft another one?"""
+        return True
+
+    def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
+        """The step proposed ``proposed`` drafts and the target accepted the first ``accepted``."""
+
+
+class FixedPolicy(Policy):
+    def __init__(self, num_draft_tokens: int) -> None:
+        self.num_draft_tokens = num_draft_tokens
+
+    def choose(self) -> int:
+        return self.num_draft_tokens
+
+
+class HeuristicPolicy(Policy):
+    """transformers' schedule: +2 after a fully accepted block, −1 (down to 1) after a rejection."""
+
+    def __init__(self, start: int, maximum: int) -> None:
+        self.num_draft_tokens = max(1, min(start, maximum))
+        self.maximum = maximum
+
+    def choose(self) -> int:
+        return self.num_draft_tokens
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        if accepted == proposed:
+            self.num_draft_tokens = min(self.maximum, self.num_draft_tokens + 2)
+        else:
+            self.num_draft_tokens = max(1, self.num_draft_tokens - 1)
+
+
+class ConfidencePolicy(Policy):
+    """Draft while the draft model's top probability (temperature 1) stays at or above the threshold."""
+
+    def __init__(self, threshold: float, maximum: int) -> None:
+        self.threshold = threshold
+        self.maximum = maximum
+
+    def choose(self) -> int:
+        return self.maximum
+
+    def keep_drafting(self, draft_logits: torch.Tensor, num_drafted: int) -> bool:
+        top_probability = torch.softmax(draft_logits.float(), dim=-1).amax(dim=-1)  # [B]
+        return bool((top_probability >= self.threshold).all())
+
+
+@dataclass
+class GoodputPolicy(Policy):
+    """γ maximising expected tokens per millisecond for the request's estimated acceptance rate.
+
+    α is the mean of a Beta posterior over per-draft acceptance: each accepted draft is a success,
+    the first rejected one a failure; older evidence decays by ``decay`` per observed draft. The
+    prior is the drafter's record across requests with the weight of ``prior_strength`` drafts
+    (Beta(1, 1) before there is a record). After ``probe_after`` plain steps in a row it drafts one
+    token to re-measure α, so a request whose text turns predictable is noticed.
+    """
+
+    cost_model: CostModel
+    maximum: int
+    record: AcceptanceRecord | None = None
+    decay: float = 0.92
+    prior_strength: float = 8.0
+    probe_after: int = 16
+    accepted: float = field(default=0.0, init=False)
+    rejected: float = field(default=0.0, init=False)
+    plain_steps: int = field(default=0, init=False)
+    prior: tuple[float, float] = field(default=(1.0, 1.0), init=False)  # Beta pseudo-counts
+
+    def __post_init__(self) -> None:
+        record = self.record
+        if record is not None and record.accepted + record.rejected > 0:  # a snapshot: this request's own
+            prior_mean = record.accepted / (record.accepted + record.rejected)  # outcomes only count once
+            self.prior = (0.5 + self.prior_strength * prior_mean, 0.5 + self.prior_strength * (1.0 - prior_mean))
+
+    def acceptance_rate(self) -> float:
+        prior_accepted, prior_rejected = self.prior
+        return (prior_accepted + self.accepted) / (prior_accepted + prior_rejected + self.accepted + self.rejected)
+
+    def choose(self) -> int:
+        gamma = self.cost_model.best_num_draft_tokens(self.acceptance_rate(), self.maximum)
+        if gamma == 0 and self.plain_steps >= self.probe_after:
+            gamma = 1
+        self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
+        return gamma
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        rejected = 1 if accepted < proposed else 0
+        for outcome in [1] * accepted + [0] * rejected:  # each observed draft discounts older evidence
+            self.accepted = self.decay * self.accepted + outcome
+            self.rejected = self.decay * self.rejected + (1 - outcome)
+        if self.record is not None:
+            self.record.add(accepted, rejected)
+
+
+PolicyFactory = Callable[[str | None, PolicyContext], Policy]
+POLICIES: Registry[PolicyFactory] = Registry("speculation policy")
+
+
+def _number(spec: str | None, kind: type, what: str, low: float, high: float) -> float | int | None:
+    if spec is None:
+        return None
+    try:
+        value = kind(spec)
+    except ValueError:
+        raise ConfigError(f"{what} must be a {kind.__name__}, got {spec!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{what} must be in [{low}, {high}], got {value}")
+    return value
+
+
+@POLICIES.register("fixed")
+def _fixed(arg: str | None, context: PolicyContext) -> Policy:
+    value = _number(arg, int, "fixed:K", 0, 1024)
+    return FixedPolicy(context.num_draft_tokens if value is None else int(value))
+
+
+@POLICIES.register("heuristic")
+def _heuristic(arg: str | None, context: PolicyContext) -> Policy:
+    if arg is not None:
+        raise ConfigError("the heuristic policy takes no argument")
+    return HeuristicPolicy(context.num_draft_tokens, context.max_draft_tokens)
+
+
+@POLICIES.register("confidence")
+def _confidence(arg: str | None, context: PolicyContext) -> Policy:
+    threshold = _number(arg, float, "confidence:T", 0.0, 1.0)
+    return ConfidencePolicy(0.4 if threshold is None else float(threshold), context.max_draft_tokens)
+
+
+@POLICIES.register("goodput")
+def _goodput(arg: str | None, context: PolicyContext) -> Policy:
+    if arg is not None:
+        raise ConfigError("the goodput policy takes no argument")
+    if context.cost_model is None:
+        raise ConfigError("the goodput policy needs a cost model (a saved `quickdraft profile` or a calibration)")
+    return GoodputPolicy(context.cost_model, context.max_draft_tokens, context.acceptance)
+
+
+def check_policy_spec(spec: str) -> None:
+    """Validate ``NAME[:ARG]`` without building the policy (which may need a cost model)."""
+    name, _, arg = spec.partition(":")
+    factory = POLICIES.get(name)
+    if name != "goodput":
+        factory(arg or None, PolicyContext())
+    elif arg:
+        raise ConfigError("the goodput policy takes no argument")
+
+
+def make_policy(spec: str, context: PolicyContext) -> Policy:
+    name, _, arg = spec.partition(":")
+    return POLICIES.get(name)(arg or None, context)

@@ -1,0 +1,168 @@
+"""Policies choosing γ: decisions on synthetic cost curves and acceptance streams."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig
+from quickdraft.errors import ConfigError, UnknownNameError
+from quickdraft.policy import (
+    AcceptanceRecord,
+    CostModel,
+    GoodputPolicy,
+    PolicyContext,
+    expected_tokens,
+    make_policy,
+)
+
+FLAT = CostModel({1: 100.0, 2: 101.0, 4: 103.0, 8: 107.0, 17: 116.0}, draft_ms=1.0)  # verification nearly free
+STEEP = CostModel({1: 100.0, 2: 190.0, 4: 370.0, 8: 730.0}, draft_ms=1.0)  # each verified token costs a step
+EXPENSIVE_DRAFT = CostModel(FLAT.target_ms, draft_ms=60.0)
+MODERATE = CostModel({1: 100.0, 2: 110.0, 4: 125.0, 8: 160.0, 17: 240.0}, draft_ms=5.0)
+
+
+def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0) -> list[int]:
+    """Run ``steps`` steps where each draft is accepted with probability ``alpha``; the γ chosen."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(steps):
+        gamma = policy.choose()
+        chosen.append(gamma)
+        accepted = 0
+        while accepted < gamma and rng.random() < alpha:
+            accepted += 1
+        policy.observe(gamma, accepted)
+    return chosen
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_cost_model_interpolates_and_extrapolates() -> None:
+    assert FLAT.target(4) == 103.0
+    assert FLAT.target(3) == pytest.approx(102.0)
+    assert STEEP.target(10) == pytest.approx(730.0 + 2 * 90.0)
+    assert FLAT.step_ms(3) == pytest.approx(3 * 1.0 + 103.0)
+    with pytest.raises(ConfigError):
+        CostModel({2: 10.0})
+
+
+def test_best_gamma_from_the_cost_model() -> None:
+    assert FLAT.best_num_draft_tokens(0.0, 16) == 0  # nothing is ever accepted: never draft
+    assert FLAT.best_num_draft_tokens(0.9, 16) >= 10  # cheap drafts, free verification, high α: draft long
+    assert STEEP.best_num_draft_tokens(0.9, 16) <= 1  # verification costs as much as decoding: barely draft
+    assert EXPENSIVE_DRAFT.best_num_draft_tokens(0.6, 16) <= 2
+    assert 0 < EXPENSIVE_DRAFT.best_num_draft_tokens(0.95, 16) < FLAT.best_num_draft_tokens(0.95, 16)
+
+
+def test_goodput_stops_drafting_when_nothing_is_accepted() -> None:
+    policy = GoodputPolicy(MODERATE, maximum=16)
+    chosen = feed(policy, alpha=0.0, steps=60)
+    assert chosen[-30:].count(0) >= 28  # plain steps, apart from rare probes
+    assert 1 in chosen[-30:]  # the probe re-measures α now and then
+    assert max(chosen[-30:]) == 1
+
+
+def test_goodput_drafts_long_for_a_predictable_request() -> None:
+    chosen = feed(GoodputPolicy(FLAT, maximum=16), alpha=0.95, steps=40)
+    assert min(chosen[-20:]) >= 10
+
+
+def test_goodput_drafts_short_when_verification_is_expensive() -> None:
+    chosen = feed(GoodputPolicy(STEEP, maximum=16), alpha=0.8, steps=40)
+    assert max(chosen[-20:]) <= 1
+
+
+def test_goodput_adapts_when_the_text_changes() -> None:
+    policy = GoodputPolicy(MODERATE, maximum=16)
+    feed(policy, alpha=0.95, steps=30)
+    assert policy.choose() >= 6
+    chosen = feed(policy, alpha=0.0, steps=40, seed=1)
+    assert chosen[-10:].count(0) >= 9
+
+
+def test_goodput_prior_comes_from_the_drafters_record() -> None:
+    good, bad = AcceptanceRecord(accepted=900, rejected=100), AcceptanceRecord(accepted=10, rejected=990)
+    assert GoodputPolicy(MODERATE, 16, good).choose() > GoodputPolicy(MODERATE, 16, bad).choose() == 0
+    record = AcceptanceRecord()
+    feed(GoodputPolicy(FLAT, 16, record), alpha=0.9, steps=20)
+    assert record.accepted > record.rejected > 0
+
+
+def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection() -> None:
+    policy = make_policy("heuristic", PolicyContext(num_draft_tokens=4, max_draft_tokens=9))
+    assert policy.choose() == 4
+    policy.observe(4, 4)
+    assert policy.choose() == 6
+    policy.observe(6, 6)
+    policy.observe(8, 8)
+    assert policy.choose() == 9  # capped
+    for _ in range(12):
+        policy.observe(policy.choose(), 0)
+    assert policy.choose() == 1  # never below 1
+    policy.observe(0, 0)  # nothing proposed: no change
+    assert policy.choose() == 1
+
+
+def test_confidence_stops_drafting_below_the_threshold() -> None:
+    policy = make_policy("confidence:0.6", PolicyContext(max_draft_tokens=12))
+    assert policy.choose() == 12
+    assert policy.keep_drafting(torch.tensor([[4.0, 0.0, 0.0]]), 1)  # top probability 0.96
+    assert not policy.keep_drafting(torch.tensor([[1.0, 1.0, 0.0]]), 2)  # top probability 0.42
+
+
+def test_fixed_policy_and_specs() -> None:
+    assert make_policy("fixed", PolicyContext(num_draft_tokens=3)).choose() == 3
+    assert make_policy("fixed:0", PolicyContext()).choose() == 0
+    with pytest.raises(ConfigError, match="cost model"):
+        make_policy("goodput", PolicyContext())
+    for bad in ("fixed:x", "fixed:-1", "confidence:2", "heuristic:3", "goodput:1"):
+        with pytest.raises(ConfigError):
+            GenerationConfig(policy=bad)
+    with pytest.raises(UnknownNameError):
+        GenerationConfig(policy="oracle")
+    GenerationConfig(policy="goodput")  # needs a cost model only when a request runs
+
+
+# --- through the engine --------------------------------------------------------------------------
+
+PROMPTS = [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
+
+
+@pytest.mark.parametrize("policy", ["fixed:3", "heuristic", "confidence:0.3", "goodput"])
+@pytest.mark.parametrize("drafter", ["draft-model", "prompt-lookup"])
+def test_every_policy_is_lossless(pipeline: Pipeline, policy: str, drafter: str) -> None:
+    pipeline.cost_models.setdefault(drafter, MODERATE)
+    for prompt_ids in PROMPTS:
+        plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=24))
+        result = pipeline.engine(drafter).generate(prompt_ids, GenerationConfig(max_new_tokens=24, policy=policy))
+        assert result.token_ids == plain.token_ids, (policy, drafter, prompt_ids)
+        assert len(result.stats.proposed_per_step) == result.stats.target_forwards - 1
+
+
+def test_goodput_falls_back_to_plain_steps_when_drafts_fail(pipeline: Pipeline) -> None:
+    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
+    fresh.cost_models["prompt-lookup"] = STEEP  # verification as dear as decoding: drafting never pays
+    result = fresh.engine("prompt-lookup").generate(PROMPTS[1], GenerationConfig(max_new_tokens=24, policy="goodput"))
+    assert sum(result.stats.proposed_per_step) <= 2  # at most a probe
+
+
+def test_confidence_policy_drafts_variable_lengths(pipeline: Pipeline) -> None:
+    config = GenerationConfig(max_new_tokens=32, policy="confidence:0.5", max_draft_tokens=8)
+    result = pipeline.engine("draft-model").generate(PROMPTS[2], config)
+    assert len(set(result.stats.proposed_per_step)) > 1
+
+
+def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
+    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
+    model = fresh.calibrate("draft-model", max_draft_tokens=4)
+    assert sorted(model.target_ms) == [1, 2, 4, 5] and model.draft_ms > 0
+    assert fresh.calibrate("prompt-lookup", max_draft_tokens=4).draft_ms == 0.0
+    assert fresh.engine("draft-model").cost_model is model

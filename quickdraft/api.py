@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quickdraft.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
@@ -29,6 +30,7 @@ class Pipeline:
     # what adaptive policies learn and measure, kept across requests: per drafter name
     acceptance_records: dict[str, AcceptanceRecord] = field(default_factory=dict)
     cost_models: dict[str, CostModel] = field(default_factory=dict)
+    acceptance_heads: dict[str, AcceptanceHead] = field(default_factory=dict)  # for specdec++
     _transformers_models: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -75,7 +77,16 @@ class Pipeline:
             self.eos_token_ids,
             cost_model=self.cost_models.get(drafter),
             acceptance=self.acceptance_records.setdefault(drafter, AcceptanceRecord()),
+            acceptance_head=self.acceptance_heads.get(drafter),
         )
+
+    def load_acceptance_head(self, drafter: str, path: Path | None = None) -> AcceptanceHead:
+        """The SpecDec++ head for ``drafter`` (from ``path``, else the draft model's default location)."""
+        if self.draft_path is None and path is None:
+            raise ConfigError("an acceptance head belongs to a draft model, and none is loaded")
+        head = AcceptanceHead.load(path or default_head_path(self.draft_path))  # type: ignore[arg-type]
+        self.acceptance_heads[drafter] = head
+        return head
 
     def transformers_model(self, role: str) -> Any:
         """The transformers model of the target or draft (for peers and references): the runtime's own
@@ -96,15 +107,18 @@ class Pipeline:
         """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
 
         Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
-        tokens (after a warm-up); the draft model's 1-token forward if the drafter uses one, else 0.
+        tokens (after a warm-up); the draft model's 1-token forward if the drafter uses one, the
+        drafter's share of a target step if the target drafts itself, else 0.
         """
         from quickdraft.bench.profile import measure_cost_curve
 
         ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
         target_ms = measure_cost_curve(self.target, ks, context, repeats=1, warmup=1)
-        draft_ms = 0.0
-        if DRAFTERS.get(drafter).needs_draft_model and self.draft is not None:
+        drafter_cls, draft_ms = DRAFTERS.get(drafter), 0.0
+        if drafter_cls.needs_draft_model and self.draft is not None:
             draft_ms = measure_cost_curve(self.draft, [1], context, repeats=3, warmup=1)[1]
+        elif drafter_cls.target_cost_fraction is not None:
+            draft_ms = drafter_cls.target_cost_fraction * target_ms[1]
         self.cost_models[drafter] = CostModel(target_ms, draft_ms)
         return self.cost_models[drafter]
 

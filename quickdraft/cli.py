@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from quickdraft.config import GenerationConfig, SamplingParams
@@ -59,10 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="how γ is chosen before each step: fixed[:K] (default), heuristic (+2 after a fully accepted block, "
         "-1 otherwise), confidence[:T] (stop drafting when the draft's top probability < T), goodput (the γ, "
-        "0 included, with the most expected tokens per second from measured costs and the observed acceptance)",
+        "0 included, with the most expected tokens per second from measured costs and the observed acceptance), "
+        "specdec++[:T] (stop when a trained head puts P(a rejection in the block) above T)",
     )
     generate.add_argument(
         "--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ of adaptive policies (default 16)"
+    )
+    generate.add_argument(
+        "--acceptance-head",
+        metavar="FILE",
+        help="SpecDec++ head for --policy specdec++[:T] (default: the one train-acceptance-head wrote for the draft)",
     )
     generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token budget (default 128)")
     generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
@@ -93,10 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     from quickdraft.bench.profile import add_profile_command
     from quickdraft.bench.run import add_bench_command
     from quickdraft.bench.sweep import add_sweep_command
+    from quickdraft.train_acceptance import add_train_command
 
     add_bench_command(commands)
     add_profile_command(commands)
     add_sweep_command(commands)
+    add_train_command(commands)
     return parser
 
 
@@ -158,6 +167,8 @@ def run_generate(args: argparse.Namespace) -> None:
     draft = draft_for(args, [args.drafter])
     pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
+    if config.policy.startswith("specdec++"):
+        pipeline.load_acceptance_head(args.drafter, Path(args.acceptance_head) if args.acceptance_head else None)
     if config.policy.startswith("goodput") and args.drafter != "none":
         costs = pipeline.calibrate(args.drafter, config.max_draft_tokens)
         if not args.json:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters.base import Drafter, DraftProposal
 from quickdraft.errors import PromptError
@@ -58,6 +59,7 @@ class SpeculativeEngine:
         eos_token_ids: frozenset[int],
         cost_model: CostModel | None = None,
         acceptance: AcceptanceRecord | None = None,
+        acceptance_head: AcceptanceHead | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -65,14 +67,21 @@ class SpeculativeEngine:
         self.eos_token_ids = eos_token_ids
         self.cost_model = cost_model  # measured step costs, for the goodput policy
         self.acceptance = acceptance if acceptance is not None else AcceptanceRecord()  # across requests
+        self.acceptance_head = acceptance_head  # for the specdec++ policy
 
-    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationResult:
-        return self.stream(prompt_ids, config).finish()
+    def generate(
+        self, prompt_ids: list[int], config: GenerationConfig, policy: Policy | None = None
+    ) -> GenerationResult:
+        return self.stream(prompt_ids, config, policy).finish()
 
-    def stream(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationStream:
+    def stream(self, prompt_ids: list[int], config: GenerationConfig, policy: Policy | None = None) -> GenerationStream:
+        """Decode ``prompt_ids``; ``policy`` overrides ``config.policy`` with a ready instance (e.g. to record)."""
         self.check_prompt(prompt_ids, config)  # fail at the call, not at the first next()
-        context = PolicyContext(config.num_draft_tokens, config.max_draft_tokens, self.cost_model, self.acceptance)
-        policy = make_policy(config.policy, context)
+        if policy is None:
+            context = PolicyContext(
+                config.num_draft_tokens, config.max_draft_tokens, self.cost_model, self.acceptance, self.acceptance_head
+            )
+            policy = make_policy(config.policy, context)
         return GenerationStream(self._run(list(prompt_ids), config, policy))
 
     def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
@@ -103,6 +112,7 @@ class SpeculativeEngine:
         logits = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)  # [1, 1, V]
         first_token = int(self._choose(logits[:, -1], sampling, generator)[0])
         self.drafter.prefill([prompt_ids])
+        self.drafter.bind(cache, self.cost_model)
         stats.target_forwards += 1
         stats.prefill_s = clock() - started
         step_tokens = [first_token]
@@ -156,6 +166,7 @@ class SpeculativeEngine:
             stats.draft_tokens_proposed += proposal.num_tokens
             stats.draft_tokens_accepted += num_accepted
             policy.observe(proposal.num_tokens, num_accepted)
+            self.drafter.observe(proposal.num_tokens, num_accepted)
 
             # 6. Roll the target's cache back past the rejected drafts (the drafter rolls back lazily).
             cache.truncate(len(committed) + num_accepted)

@@ -11,7 +11,9 @@ Registry names (``NAME`` or ``NAME:ARG``):
   block, −1 otherwise (at least 1);
 - ``confidence:T`` — draft up to the maximum, stopping when the draft's top probability < T;
 - ``goodput`` — γ = argmax over 0..γmax of expected tokens per millisecond under the measured
-  cost model and an online estimate of the acceptance rate α (SmartSpec-style).
+  cost model and an online estimate of the acceptance rate α (SmartSpec-style);
+- ``specdec++:T`` — draft up to the maximum, stopping when a trained acceptance head puts
+  P(at least one rejection in the block) above T (SpecDec++).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.errors import ConfigError
 from quickdraft.registry import Registry
 
@@ -76,6 +79,15 @@ def expected_tokens(acceptance_rate: float, num_draft_tokens: int) -> float:
 
 
 @dataclass(frozen=True)
+class DraftStep:
+    """What a drafter knows right after drafting a token: what a policy may stop drafting on."""
+
+    logits: torch.Tensor  # [B, V] the draft distribution's logits (temperature 1)
+    hidden: torch.Tensor | None  # [B, H] the draft model's last hidden state, if the runtime gives it
+    num_drafted: int  # tokens drafted so far in this step, this one included
+
+
+@dataclass(frozen=True)
 class PolicyContext:
     """What a policy may use: the request's γ settings, the cost model, the drafter's shared acceptance record."""
 
@@ -83,6 +95,7 @@ class PolicyContext:
     max_draft_tokens: int = 16
     cost_model: CostModel | None = None
     acceptance: AcceptanceRecord | None = None
+    acceptance_head: AcceptanceHead | None = None  # for specdec++
 
 
 @dataclass
@@ -102,8 +115,8 @@ class Policy(ABC):
     def choose(self) -> int:
         """γ for the next step (0 = a plain step)."""
 
-    def keep_drafting(self, draft_logits: torch.Tensor, num_drafted: int) -> bool:
-        """After drafting token ``num_drafted`` from ``draft_logits [B, V]``: draft another one?"""
+    def keep_drafting(self, step: DraftStep) -> bool:
+        """After drafting a token: draft another one?"""
         return True
 
     def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
@@ -147,8 +160,8 @@ class ConfidencePolicy(Policy):
     def choose(self) -> int:
         return self.maximum
 
-    def keep_drafting(self, draft_logits: torch.Tensor, num_drafted: int) -> bool:
-        top_probability = torch.softmax(draft_logits.float(), dim=-1).amax(dim=-1)  # [B]
+    def keep_drafting(self, step: DraftStep) -> bool:
+        top_probability = torch.softmax(step.logits.float(), dim=-1).amax(dim=-1)  # [B]
         return bool((top_probability >= self.threshold).all())
 
 
@@ -202,6 +215,30 @@ class GoodputPolicy(Policy):
             self.record.add(accepted, rejected)
 
 
+class SpecDecPolicy(Policy):
+    """SpecDec++: draft up to the maximum while P(at least one rejection in the block) stays ≤ T.
+
+    The acceptance head predicts each drafted token's acceptance from the draft's hidden state;
+    the chance that the whole block so far is accepted is the product of those predictions.
+    """
+
+    def __init__(self, head: AcceptanceHead, threshold: float, maximum: int) -> None:
+        self.head = head
+        self.threshold = threshold
+        self.maximum = maximum
+        self.all_accepted = 1.0
+
+    def choose(self) -> int:
+        self.all_accepted = 1.0
+        return self.maximum
+
+    def keep_drafting(self, step: DraftStep) -> bool:
+        if step.hidden is None:
+            return True  # a drafter without hidden states: the head cannot judge, draft on to the maximum
+        self.all_accepted *= float(self.head.predict(step.hidden, step.logits).min())
+        return 1.0 - self.all_accepted <= self.threshold
+
+
 PolicyFactory = Callable[[str | None, PolicyContext], Policy]
 POLICIES: Registry[PolicyFactory] = Registry("speculation policy")
 
@@ -246,14 +283,32 @@ def _goodput(arg: str | None, context: PolicyContext) -> Policy:
     return GoodputPolicy(context.cost_model, context.max_draft_tokens, context.acceptance)
 
 
+@POLICIES.register("specdec++")
+def _specdec(arg: str | None, context: PolicyContext) -> Policy:
+    threshold = _number(arg, float, "specdec++:T", 0.0, 1.0)
+    if context.acceptance_head is None:
+        raise ConfigError(
+            "the specdec++ policy needs an acceptance head: train one with `quickdraft train-acceptance-head` "
+            "and pass it with --acceptance-head FILE"
+        )
+    return SpecDecPolicy(
+        context.acceptance_head, 0.7 if threshold is None else float(threshold), context.max_draft_tokens
+    )
+
+
+NEEDS_MEASUREMENTS = {"goodput", "specdec++"}  # built per request from a cost model or a trained head
+
+
 def check_policy_spec(spec: str) -> None:
-    """Validate ``NAME[:ARG]`` without building the policy (which may need a cost model)."""
+    """Validate ``NAME[:ARG]`` without building the policy (which may need a cost model or a head)."""
     name, _, arg = spec.partition(":")
     factory = POLICIES.get(name)
-    if name != "goodput":
+    if name not in NEEDS_MEASUREMENTS:
         factory(arg or None, PolicyContext())
-    elif arg:
+    elif name == "goodput" and arg:
         raise ConfigError("the goodput policy takes no argument")
+    elif name == "specdec++":
+        _number(arg or None, float, "specdec++:T", 0.0, 1.0)
 
 
 def make_policy(spec: str, context: PolicyContext) -> Policy:

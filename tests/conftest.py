@@ -118,6 +118,8 @@ class BigramTableRuntime(Runtime):
     through the real engine, drafters and verification.
     """
 
+    name = "bigram-table"
+
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table  # [V, V, V]
         self.vocab_size = table.shape[-1]

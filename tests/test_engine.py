@@ -144,7 +144,7 @@ def test_draft_cache_rollback_matches_fresh_prefill(pipeline: Pipeline) -> None:
 
 
 def test_drafters_are_found_by_name() -> None:
-    assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "none"}
+    assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "early-exit", "none"}
     assert DRAFTERS.get("draft-model").needs_draft_model
     assert not DRAFTERS.get("prompt-lookup").needs_draft_model
 

@@ -9,17 +9,20 @@ import torch
 from conftest import tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
-from quickdraft.config import GenerationConfig
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.errors import ConfigError
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.kernels import attention_kernel
 from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
-from quickdraft.runtime.native.model import Decoder, DecoderConfig
+from quickdraft.runtime.native.model import Decoder, DecoderConfig, quantize_state_dict
 
 
 def native_from_hf(model: torch.nn.Module, activation_bits: int = 14, capacity: int = 256) -> NativeRuntime:
     config = DecoderConfig.from_hf(model.config.to_dict())
     tensors = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    return NativeRuntime(Decoder.from_state_dict(config, tensors, capacity, activation_bits))
+    return NativeRuntime(
+        Decoder.from_native_state(config, quantize_state_dict(config, tensors), capacity, activation_bits)
+    )
 
 
 @pytest.fixture(scope="module", params=[(7, True), (14, True), (14, False)], ids=["a7", "a14", "a14-torch-attention"])
@@ -172,3 +175,58 @@ def test_greedy_speculation_on_the_native_runtime_equals_plain(prompt_ids: list[
         config = GenerationConfig(max_new_tokens=32, num_draft_tokens=gamma)
         result = pipeline.engine(drafter).generate(prompt_ids, config)
         assert result.token_ids == plain.token_ids, (drafter, gamma)
+
+
+def test_load_caches_the_int8_weights(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import quickdraft.runtime.native.runtime as native_runtime
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "tiny"
+    tiny_model(64, seed=3).save_pretrained(model_dir)
+    assert NativeRuntime.supports(model_dir)
+    first = NativeRuntime.load(model_dir)
+    assert (native_runtime.native_cache_dir(model_dir) / "weights.safetensors").is_file()
+
+    def no_quantizing(*args, **kwargs):
+        raise AssertionError("the cached int8 weights should be used")
+
+    monkeypatch.setattr(native_runtime, "quantize_state_dict", no_quantizing)
+    second = NativeRuntime.load(model_dir)
+    tokens = torch.tensor([[1, 5, 9, 13]])
+    assert torch.equal(first.forward(tokens, first.new_cache()), second.forward(tokens, second.new_cache()))
+
+
+def test_load_errors_are_clear(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quickdraft.errors import ModelFilesError
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "tiny"
+    tiny_model(64, seed=3).save_pretrained(model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelFilesError, match="cannot load the weights"):
+        NativeRuntime.load(model_dir)
+    config = model_dir / "config.json"
+    config.write_text(config.read_text().replace('"qwen2"', '"gpt2"'))
+    assert not NativeRuntime.supports(model_dir)
+    with pytest.raises(ModelFilesError, match="--runtime transformers"):
+        NativeRuntime.load(model_dir)
+
+
+@pytest.mark.parametrize("prompt_ids", [[1, 2, 3], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])
+def test_early_exit_drafting_equals_plain_decoding(prompt_ids: list[int]) -> None:
+    pipeline = native_pipeline()
+    plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+    engine = pipeline.engine("early-exit")
+    for gamma in (1, 3, 6):
+        result = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=32, num_draft_tokens=gamma))
+        assert result.token_ids == plain.token_ids, gamma
+        assert result.stats.draft_tokens_proposed > 0
+    drafter = engine.drafter
+    assert set(drafter.tries) == set(drafter.candidates) and min(drafter.tries.values()) >= 2  # all were tried
+    sampled = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=16, sampling=SamplingParams(1.0, seed=3)))
+    assert len(sampled.token_ids) == 16
+
+
+def test_early_exit_needs_a_runtime_that_exits_early(pipeline: Pipeline) -> None:
+    with pytest.raises(ConfigError, match="--runtime native"):
+        pipeline.engine("early-exit")

@@ -13,6 +13,7 @@ from quickdraft.errors import ConfigError, UnknownNameError
 from quickdraft.policy import (
     AcceptanceRecord,
     CostModel,
+    DraftStep,
     GoodputPolicy,
     PolicyContext,
     expected_tokens,
@@ -114,8 +115,8 @@ def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection() -> 
 def test_confidence_stops_drafting_below_the_threshold() -> None:
     policy = make_policy("confidence:0.6", PolicyContext(max_draft_tokens=12))
     assert policy.choose() == 12
-    assert policy.keep_drafting(torch.tensor([[4.0, 0.0, 0.0]]), 1)  # top probability 0.96
-    assert not policy.keep_drafting(torch.tensor([[1.0, 1.0, 0.0]]), 2)  # top probability 0.42
+    assert policy.keep_drafting(DraftStep(torch.tensor([[4.0, 0.0, 0.0]]), None, 1))  # top probability 0.96
+    assert not policy.keep_drafting(DraftStep(torch.tensor([[1.0, 1.0, 0.0]]), None, 2))  # top probability 0.42
 
 
 def test_fixed_policy_and_specs() -> None:

@@ -93,3 +93,67 @@ def test_models_command_lists_prepared_models() -> None:
     command = [sys.executable, "-m", "quickdraft", "models", "--json"]
     rows = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=600, check=True).stdout)
     assert [row["name"] for row in rows] == ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]
+
+
+# --- the native runtime on the default pair ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def native_pair() -> Pipeline:
+    return Pipeline.load(runtime="native")
+
+
+@pytest.mark.parametrize(("prompt", "chat", "draft_gamma", "lookup_gamma"), CASES[:4])
+def test_native_greedy_speculation_equals_plain_decoding(
+    native_pair: Pipeline, prompt: str, chat: bool, draft_gamma: int, lookup_gamma: int
+) -> None:
+    prompt_ids = native_pair.encode(prompt, chat=chat)
+    plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=NEW_TOKENS))
+    for drafter, gamma in [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]:
+        config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=gamma)
+        result = native_pair.engine(drafter).generate(prompt_ids, config)
+        assert result.token_ids == plain.token_ids, f"{drafter} γ={gamma} diverged"
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "confidence:0.4", "goodput"])
+def test_every_policy_equals_plain_decoding_on_real_prompts(native_pair: Pipeline, policy: str) -> None:
+    for drafter in ("draft-model", "prompt-lookup"):
+        if policy == "goodput" and drafter not in native_pair.cost_models:
+            native_pair.calibrate(drafter)
+        for prompt, chat, _, _ in CASES[:2]:
+            prompt_ids = native_pair.encode(prompt, chat=chat)
+            plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+            config = GenerationConfig(max_new_tokens=32, policy=policy)
+            result = native_pair.engine(drafter).generate(prompt_ids, config)
+            assert result.token_ids == plain.token_ids, f"{drafter} with {policy} diverged"
+
+
+def test_native_logits_are_bitwise_equal_in_steps_and_blocks(native_pair: Pipeline) -> None:
+    prompt_ids = native_pair.encode("Write a haiku about caches.", chat=True)
+    block = [785, 6119, 374, 264, 13, 576]
+    for runtime in (native_pair.target, native_pair.draft):
+        assert runtime is not None
+        stepped_cache, block_cache = runtime.new_cache(1), runtime.new_cache(1)
+        runtime.forward(torch.tensor([prompt_ids]), stepped_cache, last_only=True)
+        runtime.forward(torch.tensor([prompt_ids[:-3]]), block_cache, last_only=True)
+        runtime.forward(torch.tensor([prompt_ids[-3:]]), block_cache)  # the same prefix, cut differently
+        stepped = torch.cat([runtime.forward(torch.tensor([[token]]), stepped_cache) for token in block], dim=1)
+        in_block = runtime.forward(torch.tensor([block]), block_cache)
+        assert torch.equal(stepped, in_block)
+        block_cache.truncate(len(prompt_ids) + 2)  # roll back, recompute
+        assert torch.equal(runtime.forward(torch.tensor([block[2:]]), block_cache), in_block[:, 2:])
+
+
+def test_native_perplexity_is_within_3_percent_of_transformers_fp32(pair: Pipeline, native_pair: Pipeline) -> None:
+    text = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
+    token_ids = torch.tensor([pair.tokenizer(text).input_ids])  # [1, T]
+
+    def perplexity(logits: torch.Tensor) -> float:
+        log_probs = torch.log_softmax(logits[0, :-1].double(), dim=-1)
+        return float(torch.exp(-log_probs.gather(1, token_ids[0, 1:, None]).mean()))
+
+    with torch.no_grad():
+        reference = perplexity(pair.target.model(token_ids).logits)
+    native = perplexity(native_pair.target.forward(token_ids, native_pair.target.new_cache()))
+    assert token_ids.shape[1] > 250
+    assert abs(native / reference - 1) < 0.03, (native, reference)

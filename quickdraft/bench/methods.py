@@ -42,6 +42,7 @@ class Method(ABC):
     num_draft_tokens: int | None = None  # γ, for the theory check; None: not a fixed-γ method of ours
     max_draft_tokens: int = 0  # the largest γ it may use: the cost curves are measured up to it + 1
     uses_draft_model: bool = False
+    target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
 
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
         """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
@@ -61,13 +62,18 @@ class EngineMethod(Method):
         self.num_draft_tokens = num_draft_tokens if drafter != "none" and policy == "fixed" else None
         self.max_draft_tokens = num_draft_tokens if policy == "fixed" else GenerationConfig().max_draft_tokens
         self.uses_draft_model = DRAFTERS.get(drafter).needs_draft_model
+        self.target_cost_fraction = DRAFTERS.get(drafter).target_cost_fraction
         self._gamma = num_draft_tokens
 
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
         """Adaptive policies plan with the curves the bench measured (no separate calibration)."""
         if self.drafter != "none" and "target" in cost_curves:
             draft_ms = cost_curves.get("draft", {}).get(1, 0.0) if self.uses_draft_model else 0.0
+            if self.target_cost_fraction is not None:
+                draft_ms = self.target_cost_fraction * cost_curves["target"][1]
             pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms)
+        if self.policy.startswith("specdec++") and self.drafter not in pipeline.acceptance_heads:
+            pipeline.load_acceptance_head(self.drafter)  # the one train-acceptance-head wrote for this draft
 
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
         engine = pipeline.engine(self.drafter)

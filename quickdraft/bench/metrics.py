@@ -154,6 +154,7 @@ def _speedup(entries: list[Entry], baseline: list[Entry]) -> float | None:
 class MethodInfo:
     num_draft_tokens: int | None = None
     uses_draft_model: bool = False
+    target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
 
 
 def aggregate(
@@ -178,6 +179,8 @@ def aggregate(
         mine = [e for e in entries if e.method == name]
         draft_curve = curves.get("draft") or {}
         draft_ms = draft_curve.get(1) if info.uses_draft_model else 0.0
+        if info.target_cost_fraction is not None and target_ms and 1 in target_ms:
+            draft_ms = info.target_cost_fraction * target_ms[1]
         theory = {"num_draft_tokens": info.num_draft_tokens, "draft_ms": draft_ms, "target_ms": target_ms}
         if info.uses_draft_model and draft_ms is None:
             theory["num_draft_tokens"] = None

@@ -91,16 +91,19 @@ def add_profile_command(commands: Any) -> None:
 
 def run_profile(args: argparse.Namespace) -> None:
     from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
-    from quickdraft.runtime import RUNTIMES
+    from quickdraft.runtime import AUTO, RUNTIMES, runtime_for
 
     if args.max_k < 1:
         raise ConfigError(f"--max-k must be >= 1, got {args.max_k}")
-    runtime_cls = RUNTIMES.get(args.runtime)
+    if args.runtime != AUTO:
+        RUNTIMES.get(args.runtime)
     model = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}.get(args.model, args.model)
     path = resolve_model(model, progress=not args.json)
+    runtime_cls = runtime_for(args.runtime, path)
     runtime = runtime_cls.load(path)
     curve = measure_cost_curve(runtime, range(1, args.max_k + 1), args.context, args.repeats, args.warmup, True)
-    report = {"model": str(model), "path": str(path), "runtime": args.runtime, "context": args.context}
+    runtime_name = runtime_cls.name
+    report = {"model": str(model), "path": str(path), "runtime": runtime_name, "context": args.context}
     report |= {"threads": torch.get_num_threads(), "t_ms": curve_to_json(curve)}
     text = json.dumps(report, indent=None if args.json else 2)
     if args.out:
@@ -109,6 +112,6 @@ def run_profile(args: argparse.Namespace) -> None:
     if args.json:
         print(text)
         return
-    print(f"{model} ({args.runtime}), {args.context} tokens of context, median of {args.repeats}:")
+    print(f"{model} ({runtime_name}), {args.context} tokens of context, median of {args.repeats}:")
     for k, ms in sorted(curve.items()):
         print(f"  k={k:>3}  {ms:9.1f} ms   t(k)/t(1) = {ms / curve[1]:.2f}")

@@ -110,8 +110,12 @@ def oracle_section(results: dict[str, Any], categories: list[str]) -> list[str]:
     return lines
 
 
-def write_plots(results: dict[str, Any], out: Path) -> None:
-    import matplotlib
+def write_plots(results: dict[str, Any], out: Path) -> bool:
+    """The three plots; False (and none written) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -161,3 +165,4 @@ def write_plots(results: dict[str, Any], out: Path) -> None:
     figure.tight_layout()
     figure.savefig(out / "cost_curve.png", dpi=120)
     plt.close(figure)
+    return True

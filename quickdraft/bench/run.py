@@ -127,7 +127,7 @@ def run_bench(args: argparse.Namespace) -> None:
         measure(store, todo, methods, questions, args)
     summaries = aggregate(
         store.entries_for(config["methods"], config["question_ids"]),
-        {m.name: MethodInfo(m.num_draft_tokens, m.uses_draft_model) for m in methods},
+        {m.name: MethodInfo(m.num_draft_tokens, m.uses_draft_model, m.target_cost_fraction) for m in methods},
         categories,
         {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
     )
@@ -140,12 +140,13 @@ def run_bench(args: argparse.Namespace) -> None:
     }
     store.write_json("results.json", results)
     write_markdown(results, store.out / "report.md")
-    write_plots(results, store.out)
+    plotted = write_plots(results, store.out)
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print((store.out / "report.md").read_text(encoding="utf-8").split("\n## Overall")[0])
-    print(f"wrote {store.out}/results.json, report.md, speedup.png, accept_hist.png, cost_curve.png", file=sys.stderr)
+    plots = ", speedup.png, accept_hist.png, cost_curve.png" if plotted else " (no plots: pip install matplotlib)"
+    print(f"wrote {store.out}/results.json, report.md{plots}", file=sys.stderr)
 
 
 def measure(

@@ -11,11 +11,12 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.errors import ConfigError
-from quickdraft.runtime.base import Runtime
+from quickdraft.policy import CostModel, DraftStep
+from quickdraft.runtime.base import KVCache, Runtime
 
-# Called after each drafted token with the draft logits it came from ([B, V]) and the number
-# drafted so far; False stops drafting (confidence-based policies). Drafters without a model ignore it.
-KeepDrafting = Callable[[torch.Tensor, int], bool]
+# Called after each drafted token with what the drafter knows about it; False stops drafting
+# (confidence-based policies). Drafters without a model never call it.
+KeepDrafting = Callable[[DraftStep], bool]
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class Drafter(ABC):
     """Proposes continuations of the committed tokens; created by name from ``DRAFTERS``."""
 
     needs_draft_model: ClassVar[bool] = False
+    # A drafted token's cost as a fraction of a 1-token target step when the target drafts itself
+    # (self-speculation); None: a draft model's measured step, or ~0 for model-free drafters.
+    target_cost_fraction: ClassVar[float | None] = None
 
     @classmethod
     @abstractmethod
@@ -61,6 +65,12 @@ class Drafter(ABC):
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:  # noqa: B027 - optional hook
         """Start new requests (B rows of prompt ids); drafters with state reset it here."""
+
+    def bind(self, target_cache: KVCache, cost_model: CostModel | None) -> None:  # noqa: B027 - optional hook
+        """The request's target cache (self-speculation drafts into it) and the measured costs, if any."""
+
+    def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
+        """After verification: of ``proposed`` drafts the target accepted the first ``accepted``."""
 
     @abstractmethod
     def propose(

@@ -12,6 +12,7 @@ import torch
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
 from quickdraft.errors import ConfigError
+from quickdraft.policy import DraftStep
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.sampling import logits_to_probs, sample
 
@@ -45,7 +46,7 @@ class DraftModelDrafter(Drafter):
             raise NotImplementedError("the draft-model drafter drafts for one row at a time")
         self.cache = self.draft.new_cache(1)
         self.cached_ids = []
-        self._feed(prompt_ids[0], last_only=True)
+        self._feed(prompt_ids[0])
 
     def propose(
         self,
@@ -64,7 +65,7 @@ class DraftModelDrafter(Drafter):
         self.cache.truncate(keep)
         del self.cached_ids[keep:]
         # 2. catch up on the committed tokens the cache has not seen
-        logits = self._feed(context[keep:], last_only=True)[:, -1]  # [1, V_draft]
+        logits, hidden = self._feed(context[keep:])  # [1, V_draft], [1, H] or None
         # 3. draft autoregressively
         drafted: list[torch.Tensor] = []
         draft_probs: list[torch.Tensor] = []
@@ -73,17 +74,23 @@ class DraftModelDrafter(Drafter):
             token = probs.argmax(dim=-1) if sampling.is_greedy else sample(probs, generator)  # [1]
             drafted.append(token)
             draft_probs.append(probs)
-            if keep_drafting is not None and not keep_drafting(logits, step + 1):
+            if keep_drafting is not None and not keep_drafting(DraftStep(logits, hidden, step + 1)):
                 break
             if step + 1 < num_tokens:
-                logits = self._feed(token.tolist(), last_only=True)[:, -1]
+                logits, hidden = self._feed(token.tolist())
         token_ids = torch.stack(drafted, dim=1)  # [1, γ]
         return DraftProposal(token_ids=token_ids, probs=torch.stack(draft_probs, dim=1))  # probs [1, γ, V]
 
-    def _feed(self, token_ids: list[int], last_only: bool) -> torch.Tensor:
-        logits = self.draft.forward(torch.tensor([token_ids], dtype=torch.long), self.cache, last_only=last_only)
+    def _feed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Append tokens to the draft cache: the last position's logits ``[1, V_draft]`` and hidden state."""
+        token_tensor = torch.tensor([token_ids], dtype=torch.long)
+        if self.draft.provides_hidden:
+            logits, hidden = self.draft.forward_with_hidden(token_tensor, self.cache, last_only=True)
+            hidden = hidden[:, -1]  # [1, H]
+        else:
+            logits, hidden = self.draft.forward(token_tensor, self.cache, last_only=True), None
         self.cached_ids.extend(token_ids)
-        return logits
+        return logits[:, -1], hidden
 
     def _to_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """Draft and target logits may be padded to different widths; ids beyond either are never drawn."""

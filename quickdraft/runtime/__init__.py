@@ -8,8 +8,8 @@ from quickdraft.runtime.hf import HFRuntime
 from quickdraft.runtime.native import NativeRuntime
 
 RUNTIMES: Registry[type[Runtime]] = Registry("runtime")
-RUNTIMES.register("transformers")(HFRuntime)
-RUNTIMES.register("native")(NativeRuntime)
+RUNTIMES.register(HFRuntime.name)(HFRuntime)
+RUNTIMES.register(NativeRuntime.name)(NativeRuntime)
 AUTO = "auto"
 
 

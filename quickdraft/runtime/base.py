@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -32,6 +33,7 @@ class KVCache(ABC):
 class Runtime(ABC):
     """A causal LM: forward(new token ids, cache) -> logits of every new position."""
 
+    name: ClassVar[str]  # its registry name
     vocab_size: int  # width of the logits
     max_context: int  # positions the model supports
     device: torch.device
@@ -44,6 +46,24 @@ class Runtime(ABC):
     @abstractmethod
     def new_cache(self, batch_size: int = 1) -> KVCache:
         """An empty cache for ``batch_size`` rows."""
+
+    num_layers: int = 0  # decoder layers; > 0 when ``forward_early_exit`` is supported
+    supports_early_exit: ClassVar[bool] = False
+    provides_hidden: ClassVar[bool] = False  # ``forward_with_hidden`` is available
+
+    def forward_with_hidden(
+        self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` plus the last hidden state (after the final norm) ``[B, K or 1, H]``."""
+        raise NotImplementedError(f"the {self.name} runtime does not expose hidden states")
+
+    def forward_early_exit(self, token_ids: torch.Tensor, cache: KVCache, start: int, exit_layer: int) -> torch.Tensor:
+        """Logits ``[1, K, V]`` of the first ``exit_layer`` layers plus the final norm and LM head.
+
+        Writes those layers' keys and values at positions ``start``.. of ``cache`` without changing
+        its length (a later full forward over the same positions overwrites them).
+        """
+        raise NotImplementedError(f"the {self.name} runtime cannot exit early")
 
     @abstractmethod
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:

@@ -36,6 +36,9 @@ class HFCache(KVCache):
 class HFRuntime(Runtime):
     """Wraps a ``PreTrainedModel``; fp32 eager/SDPA, whatever the model was loaded with."""
 
+    name = "transformers"
+    provides_hidden = True
+
     def __init__(self, model: Any) -> None:
         self.model = model
         config = model.config
@@ -52,11 +55,22 @@ class HFRuntime(Runtime):
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        return self._run(token_ids, cache, last_only, hidden=False).logits.float()  # [B, K, V]
+
+    @torch.inference_mode()
+    def forward_with_hidden(
+        self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        output = self._run(token_ids, cache, last_only, hidden=True)
+        hidden = output.hidden_states[-1]  # [B, K, H] after the final norm
+        return output.logits.float(), (hidden[:, -1:] if last_only else hidden).float()
+
+    def _run(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool, hidden: bool) -> Any:
         assert isinstance(cache, HFCache), "a cache belongs to the runtime that made it"
-        output = self.model(
+        return self.model(
             input_ids=token_ids.to(self.device),
             past_key_values=cache.kv,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            output_hidden_states=hidden,
         )
-        return output.logits.float()  # [B, K, V]

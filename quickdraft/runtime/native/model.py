@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from quickdraft.runtime.native.kernels import attention_kernel
-from quickdraft.runtime.native.linear import Int8Linear
+from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -127,48 +127,28 @@ class Decoder:
         self.use_kernel = True  # the compiled attention kernel when it builds (False: the PyTorch path)
 
     @classmethod
-    def from_state_dict(
-        cls,
-        config: DecoderConfig,
-        tensors: dict[str, torch.Tensor],
-        capacity: int,
-        activation_bits: int = 14,
-        down_bits: int | None = None,
+    def from_native_state(
+        cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int, activation_bits: int = 14
     ) -> Decoder:
-        """Quantize the transformers-named weights (``model.layers.{i}.self_attn.q_proj.weight``, …).
+        """Build from :func:`quantize_state_dict`'s layout (int8 weights, scales, float norms and biases)."""
 
-        ``tensors`` is consumed (entries are deleted as they are packed) to keep peak memory low.
-        """
-
-        def take(name: str) -> torch.Tensor:
-            return tensors.pop(name).float()
-
-        def linear(weights: list[str], biases: list[str] | None = None, bits: int = activation_bits) -> Int8Linear:
-            weight = torch.cat([take(name) for name in weights])
-            bias = torch.cat([take(name) for name in biases]) if biases else None
-            return Int8Linear.from_float(weight, bias, bits)
-
-        layers = []
-        for i in range(config.num_layers):
-            prefix = f"model.layers.{i}."
-            attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
-            layers.append(
-                DecoderLayer(
-                    input_norm=take(f"{prefix}input_layernorm.weight"),
-                    qkv=linear(
-                        [f"{name}.weight" for name in attention],
-                        [f"{name}.bias" for name in attention] if config.attention_bias else None,
-                    ),
-                    out=linear([f"{prefix}self_attn.o_proj.weight"]),
-                    post_norm=take(f"{prefix}post_attention_layernorm.weight"),
-                    gate_up=linear([f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"]),
-                    down=linear([f"{prefix}mlp.down_proj.weight"], bits=down_bits or activation_bits),
-                )
+        def linear(name: str) -> Int8Linear:
+            return Int8Linear(
+                state[f"{name}.weight"], state[f"{name}.scale"], state.get(f"{name}.bias"), activation_bits
             )
-        embedding = take("model.embed_tokens.weight")
-        head_weight = embedding if config.tie_word_embeddings else take("lm_head.weight")
-        lm_head = Int8Linear.from_float(head_weight, None, activation_bits)
-        return cls(config, embedding, layers, take("model.norm.weight"), lm_head, capacity)
+
+        layers = [
+            DecoderLayer(
+                input_norm=state[f"layers.{i}.input_norm"],
+                qkv=linear(f"layers.{i}.qkv"),
+                out=linear(f"layers.{i}.out"),
+                post_norm=state[f"layers.{i}.post_norm"],
+                gate_up=linear(f"layers.{i}.gate_up"),
+                down=linear(f"layers.{i}.down"),
+            )
+            for i in range(config.num_layers)
+        ]
+        return cls(config, state["embedding"], layers, state["final_norm"], linear("lm_head"), capacity)
 
     def new_cache(self, batch_size: int) -> StaticKVCache:
         return StaticKVCache(self.config, batch_size, self.capacity)
@@ -200,18 +180,33 @@ class Decoder:
         return attended
 
     @torch.inference_mode()
-    def forward(self, token_ids: torch.Tensor, cache: StaticKVCache, last_only: bool = False) -> torch.Tensor:
-        """Append ``token_ids [B, K]`` to ``cache``; float32 logits ``[B, K, V]`` (``[B, 1, V]`` if last_only)."""
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        cache: StaticKVCache,
+        last_only: bool = False,
+        exit_layer: int | None = None,
+        starts: list[int] | None = None,
+        return_hidden: bool = False,
+    ) -> Any:
+        """Append ``token_ids [B, K]`` to ``cache``; float32 logits ``[B, K, V]`` (``[B, 1, V]`` if last_only).
+
+        ``exit_layer = L`` runs only the first L layers, then the final norm and LM head (self-speculative
+        drafting): it writes those layers' keys and values at positions ``starts`` onwards and leaves the
+        cache's lengths alone, so the next full forward over the same positions overwrites them.
+        ``return_hidden`` also returns the hidden state after the final norm, ``[B, K or 1, H]``.
+        """
         config = self.config
         batch, num_new = token_ids.shape
-        starts = cache.lengths.tolist()
+        if starts is None:
+            starts = cache.lengths.tolist()
         if max(starts) + num_new > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} positions; {max(starts) + num_new} needed")
         positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
         cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]  # [B, K, 1, D]
         heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         x = self.embedding[token_ids]  # [B, K, H]
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.layers[:exit_layer]):
             qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [B, K, (heads + 2·kv_heads)·D]
             q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
             q = self._rotate(q.reshape(batch, num_new, heads, head_dim), cos, sin)  # [B, K, heads, D]
@@ -224,7 +219,49 @@ class Decoder:
             x = x + layer.out(self._attend(q, keys, values, starts))
             gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [B, K, I] each
             x = x + layer.down(torch.nn.functional.silu(gate) * up)
-        cache.lengths += num_new
+        if exit_layer is None:
+            cache.lengths += num_new
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self._rms_norm(x, self.final_norm))  # [B, K or 1, V]
+        hidden = self._rms_norm(x, self.final_norm)  # [B, K or 1, H]
+        logits = self.lm_head(hidden)  # [B, K or 1, V]
+        return (logits, hidden) if return_hidden else logits
+
+
+def quantize_state_dict(config: DecoderConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
+
+    Linear layers become ``NAME.weight`` (int8, per-output-channel symmetric), ``NAME.scale`` and
+    ``NAME.bias``; q/k/v and gate/up are fused. ``tensors`` is consumed to keep peak memory low.
+    """
+    state: dict[str, torch.Tensor] = {}
+
+    def take(name: str) -> torch.Tensor:
+        return tensors.pop(name).float().contiguous()
+
+    def linear(name: str, weights: list[str], biases: list[str] | None = None) -> None:
+        weight_int8, scale = quantize_weight(torch.cat([take(w) for w in weights]))
+        state[f"{name}.weight"], state[f"{name}.scale"] = weight_int8, scale
+        if biases:
+            state[f"{name}.bias"] = torch.cat([take(b) for b in biases])
+
+    for i in range(config.num_layers):
+        prefix = f"model.layers.{i}."
+        attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
+        state[f"layers.{i}.input_norm"] = take(f"{prefix}input_layernorm.weight")
+        linear(
+            f"layers.{i}.qkv",
+            [f"{name}.weight" for name in attention],
+            [f"{name}.bias" for name in attention] if config.attention_bias else None,
+        )
+        linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"])
+        state[f"layers.{i}.post_norm"] = take(f"{prefix}post_attention_layernorm.weight")
+        linear(f"layers.{i}.gate_up", [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
+        linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
+    state["embedding"] = take("model.embed_tokens.weight")
+    if config.tie_word_embeddings:
+        state["lm_head.weight"], state["lm_head.scale"] = quantize_weight(state["embedding"])
+    else:
+        linear("lm_head", ["lm_head.weight"])
+    state["final_norm"] = take("model.norm.weight")
+    return state

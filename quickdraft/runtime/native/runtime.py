@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import torch
 
 from quickdraft.errors import ModelFilesError
+from quickdraft.models.catalog import cache_root
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache
+from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache, quantize_state_dict
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
+NATIVE_FORMAT = "int8-per-channel-v1"  # bump when the cached layout changes
 
 
 class NativeCache(KVCache):
@@ -32,10 +35,15 @@ class NativeCache(KVCache):
 class NativeRuntime(Runtime):
     """int8 weights on fbgemm, fp32 activations, bit-exact logits whatever the block size (CPU)."""
 
+    name = "native"
+    supports_early_exit = True
+    provides_hidden = True
+
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.vocab_size = decoder.config.vocab_size
         self.max_context = decoder.capacity
+        self.num_layers = decoder.config.num_layers
         self.device = torch.device("cpu")
 
     @staticmethod
@@ -49,8 +57,7 @@ class NativeRuntime(Runtime):
 
     @classmethod
     def load(cls, path: Path, capacity: int = DEFAULT_CAPACITY, activation_bits: int = 14) -> NativeRuntime:
-        from safetensors.torch import load_file
-
+        """Load a transformers directory; its int8 form is cached so later loads skip quantization."""
         try:
             config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError) as error:
@@ -59,20 +66,10 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise ModelFilesError(f"{path} has no .safetensors weights for the native runtime")
-        tensors: dict[str, torch.Tensor] = {}
-        try:
-            for file in files:
-                tensors.update(load_file(file))
-            decoder = Decoder.from_state_dict(
-                config, tensors, min(capacity, config.max_position_embeddings), activation_bits
-            )
-        except KeyError as error:
-            raise ModelFilesError(f"{path}: weight {error} is missing") from None
-        except Exception as error:  # safetensors raises several types for damaged files
-            raise ModelFilesError(f"cannot load the weights in {path}: {type(error).__name__}: {error}") from error
+        state = load_native_state(path, config)
+        decoder = Decoder.from_native_state(
+            config, state, min(capacity, config.max_position_embeddings), activation_bits
+        )
         return cls(decoder)
 
     def new_cache(self, batch_size: int = 1) -> NativeCache:
@@ -81,3 +78,57 @@ class NativeRuntime(Runtime):
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"
         return self.decoder.forward(token_ids.cpu(), cache.static, last_only)
+
+    def forward_with_hidden(
+        self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"
+        return self.decoder.forward(token_ids.cpu(), cache.static, last_only, return_hidden=True)
+
+    def forward_early_exit(self, token_ids: torch.Tensor, cache: KVCache, start: int, exit_layer: int) -> torch.Tensor:
+        assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"
+        if not 1 <= exit_layer < self.num_layers:
+            raise ValueError(f"the exit layer must be in 1..{self.num_layers - 1}, got {exit_layer}")
+        return self.decoder.forward(token_ids.cpu(), cache.static, exit_layer=exit_layer, starts=[start])
+
+
+def native_cache_dir(path: Path) -> Path:
+    """Where the int8 form of the model in ``path`` is kept: keyed by its config and weight files."""
+    digest = hashlib.sha256(f"{NATIVE_FORMAT}|{path.resolve()}".encode())
+    digest.update((path / "config.json").read_bytes())
+    for file in sorted(path.glob("*.safetensors")):
+        stat = file.stat()
+        digest.update(f"|{file.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return cache_root() / "native" / digest.hexdigest()[:16]
+
+
+def load_native_state(path: Path, config: DecoderConfig) -> dict[str, torch.Tensor]:
+    """The quantized weights: from the cache, or quantized from the float weights and cached."""
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelFilesError(f"{path} has no .safetensors weights for the native runtime")
+    cached = native_cache_dir(path) / "weights.safetensors"
+    if cached.is_file():
+        try:
+            return load_file(cached)
+        except Exception:  # a damaged cache entry is rebuilt below
+            cached.unlink()
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        for file in files:
+            tensors.update(load_file(file))
+        state = quantize_state_dict(config, tensors)
+    except KeyError as error:
+        raise ModelFilesError(f"{path}: weight {error} is missing") from None
+    except Exception as error:  # safetensors raises several types for damaged files
+        raise ModelFilesError(f"cannot load the weights in {path}: {type(error).__name__}: {error}") from error
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".partial")
+        save_file(state, partial)
+        partial.replace(cached)  # atomic: a killed run never leaves a half-written cache entry
+    except OSError:
+        pass  # a read-only cache only costs the quantization next time
+    return state

@@ -1,0 +1,124 @@
+"""SpecDec++'s acceptance-prediction head: P(the target accepts this draft token), from the draft's state.
+
+A logistic model over the draft model's last hidden state plus two summaries of its
+distribution (top probability and entropy), standardised with the training set's mean and
+spread. ``specdec++:T`` multiplies the predicted acceptance of the tokens drafted so far and
+stops drafting once P(at least one rejection in the block) = 1 − Π p_i exceeds T.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quickdraft.errors import ConfigError, ModelFilesError
+
+
+def head_features(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``[B, H]`` hidden and ``[B, V]`` logits -> ``[B, H + 2]`` features."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
+    top_probability = log_probs.amax(dim=-1, keepdim=True).exp()  # [B, 1]
+    entropy = -(log_probs.exp() * log_probs).nan_to_num().sum(dim=-1, keepdim=True)  # [B, 1]
+    return torch.cat([hidden.float(), top_probability, entropy], dim=-1)
+
+
+@dataclass
+class AcceptanceHead:
+    weight: torch.Tensor  # [F]
+    bias: torch.Tensor  # [] scalar
+    mean: torch.Tensor  # [F]
+    scale: torch.Tensor  # [F]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def probability(self, features: torch.Tensor) -> torch.Tensor:
+        """``[N, F]`` features -> ``[N]`` acceptance probabilities."""
+        standardised = (features.float() - self.mean) / self.scale
+        return torch.sigmoid(standardised @ self.weight + self.bias)
+
+    def predict(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return self.probability(head_features(hidden, logits))
+
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {"weight": self.weight, "bias": self.bias.reshape(1), "mean": self.mean, "scale": self.scale}
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path, {"quickdraft": json.dumps(self.metadata)})
+
+    @classmethod
+    def load(cls, path: Path) -> AcceptanceHead:
+        from safetensors import safe_open
+
+        if not path.is_file():
+            raise ModelFilesError(
+                f"no acceptance head at {path}: train one with `quickdraft train-acceptance-head --out {path}`"
+            )
+        try:
+            with safe_open(str(path), "pt") as file:
+                tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 - not a dict
+                metadata = json.loads((file.metadata() or {}).get("quickdraft", "{}"))
+            return cls(tensors["weight"], tensors["bias"][0], tensors["mean"], tensors["scale"], metadata)
+        except Exception as error:  # safetensors raises its own error type for damaged files
+            raise ModelFilesError(f"{path} is not a quickdraft acceptance head: {error}") from None
+
+
+def fit_head(
+    features: torch.Tensor, labels: torch.Tensor, weight_decay: float = 1e-3, steps: int = 300
+) -> AcceptanceHead:
+    """Logistic regression by full-batch L-BFGS on standardised features; ``labels`` are 0/1."""
+    if features.shape[0] < 2 or labels.min() == labels.max():
+        raise ConfigError("training an acceptance head needs both accepted and rejected draft tokens")
+    features = features.float()
+    mean = features.mean(dim=0)
+    scale = features.std(dim=0).clamp_min(1e-6)
+    standardised = (features - mean) / scale
+    weight = torch.zeros(features.shape[1], requires_grad=True)
+    bias = torch.zeros((), requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=steps, line_search_fn="strong_wolfe")
+    targets = labels.float()
+
+    def loss() -> torch.Tensor:
+        optimizer.zero_grad()
+        logits = standardised @ weight + bias
+        value = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
+        value = value + weight_decay * weight.pow(2).sum()
+        value.backward()
+        return value
+
+    optimizer.step(loss)
+    return AcceptanceHead(weight.detach(), bias.detach(), mean, scale)
+
+
+def calibration(head: AcceptanceHead, features: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> dict[str, Any]:
+    """Brier score, expected calibration error, accuracy and per-bin reliability on ``features``."""
+    predicted = head.probability(features)
+    observed = labels.float()
+    edges = torch.linspace(0, 1, bins + 1)
+    reliability, error = [], 0.0
+    for low, high in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+        inside = (predicted >= low) & ((predicted < high) if high < 1 else (predicted <= high))
+        count = int(inside.sum())
+        if count:
+            mean_predicted, mean_observed = float(predicted[inside].mean()), float(observed[inside].mean())
+            error += count / len(predicted) * abs(mean_predicted - mean_observed)
+            reliability.append({"bin": [low, high], "n": count, "predicted": mean_predicted, "observed": mean_observed})
+    return {
+        "n": len(predicted),
+        "brier": float((predicted - observed).pow(2).mean()),
+        "ece": error,
+        "accuracy": float(((predicted >= 0.5).float() == observed).float().mean()),
+        "base_rate": float(observed.mean()),
+        "reliability": reliability,
+    }
+
+
+def default_head_path(draft_path: Path) -> Path:
+    """Where `train-acceptance-head` puts the head for ``draft_path`` by default, and where it is looked up."""
+    from quickdraft.models.catalog import cache_root
+
+    name = draft_path.parent.name if draft_path.name == "hf" else draft_path.name
+    return cache_root() / "acceptance-heads" / f"{name}.safetensors"

@@ -1,0 +1,114 @@
+"""SpecDec++: the acceptance head, its training command and the specdec++ policy."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from quickdraft.acceptance_head import AcceptanceHead, calibration, fit_head, head_features
+from quickdraft.api import Pipeline
+from quickdraft.cli import main
+from quickdraft.config import GenerationConfig
+from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.policy import DraftStep, PolicyContext, make_policy
+from quickdraft.train_acceptance import RecordingPolicy
+
+
+def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features whose first coordinate decides acceptance (noisily)."""
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(n, 6, generator=generator)
+    labels = (features[:, 0] + 0.3 * torch.randn(n, generator=generator) > 0).long()
+    return features, labels
+
+
+def test_fit_learns_and_is_calibrated_on_held_out_data(tmp_path: Path) -> None:
+    head = fit_head(*synthetic(600, seed=0))
+    report = calibration(head, *synthetic(400, seed=1))
+    assert report["accuracy"] > 0.85 and report["ece"] < 0.08 and report["brier"] < 0.12
+    assert sum(row["n"] for row in report["reliability"]) == 400
+    head.metadata = {"note": "test"}
+    head.save(tmp_path / "head.safetensors")
+    loaded = AcceptanceHead.load(tmp_path / "head.safetensors")
+    features = synthetic(5, seed=2)[0]
+    assert torch.equal(loaded.probability(features), head.probability(features))
+    assert loaded.metadata == {"note": "test"}
+
+
+def test_fit_and_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="both accepted and rejected"):
+        fit_head(torch.randn(10, 3), torch.ones(10))
+    with pytest.raises(ModelFilesError, match="train-acceptance-head"):
+        AcceptanceHead.load(tmp_path / "absent.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(b"nonsense")
+    with pytest.raises(ModelFilesError):
+        AcceptanceHead.load(tmp_path / "bad.safetensors")
+
+
+def constant_head(probability: float, width: int) -> AcceptanceHead:
+    logit = torch.logit(torch.tensor(probability))
+    return AcceptanceHead(torch.zeros(width + 2), logit, torch.zeros(width + 2), torch.ones(width + 2))
+
+
+def test_specdec_stops_when_a_rejection_becomes_likely() -> None:
+    head = constant_head(0.9, width=4)
+    policy = make_policy("specdec++:0.3", PolicyContext(max_draft_tokens=16, acceptance_head=head))
+    assert policy.choose() == 16
+    step = DraftStep(torch.zeros(1, 10), torch.zeros(1, 4), 1)
+    decisions = [policy.keep_drafting(step) for _ in range(5)]
+    # P(no rejection) = 0.9, 0.81, 0.729, 0.656: stop once 1 - that > 0.3
+    assert decisions == [True, True, True, False, False]
+    policy.choose()  # a new block starts afresh
+    assert policy.keep_drafting(step)
+    with pytest.raises(ConfigError, match="acceptance head"):
+        make_policy("specdec++", PolicyContext())
+    GenerationConfig(policy="specdec++:0.5")
+    with pytest.raises(ConfigError):
+        GenerationConfig(policy="specdec++:3")
+
+
+def test_recording_policy_labels_up_to_the_first_rejection() -> None:
+    recorder = RecordingPolicy(block=5)
+    assert recorder.choose() == 5
+    for i in range(5):
+        recorder.keep_drafting(DraftStep(torch.zeros(1, 10), torch.full((1, 4), float(i)), i + 1))
+    recorder.observe(5, 2)
+    assert recorder.labels == [1, 1, 0] and len(recorder.features) == 3
+    assert torch.equal(recorder.features[2], head_features(torch.full((1, 4), 2.0), torch.zeros(1, 10))[0])
+    recorder.choose()
+    for i in range(3):
+        recorder.keep_drafting(DraftStep(torch.zeros(1, 10), torch.zeros(1, 4), i + 1))
+    recorder.observe(3, 3)  # all accepted: no rejection label
+    assert recorder.labels == [1, 1, 0, 1, 1, 1]
+
+
+def test_train_command_and_specdec_policy_on_tiny_models(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    questions = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(questions, "wt", encoding="utf-8") as file:
+        for i in range(8):
+            words = " ".join(f"w{(i * 7 + j * 3) % 30}" for j in range(6))
+            file.write(json.dumps({"task_id": f"t{i}", "prompt": words}) + "\n")
+    out = tmp_path / "head.safetensors"
+    args = ["train-acceptance-head", "--questions", str(questions), "--out", str(out), "--per-category", "8"]
+    args += ["--target", str(tiny_model_dirs["target"]), "--draft", str(tiny_model_dirs["draft"])]
+    args += ["--max-new-tokens", "24", "--block", "4", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n_questions"] == {"train": 6, "holdout": 2}
+    assert report["holdout"]["n"] > 0 and 0 <= report["holdout"]["brier"] <= 1
+    head = AcceptanceHead.load(out)
+    assert head.metadata["holdout"]["n"] == report["holdout"]["n"]
+
+    pipeline = Pipeline.load(target=tiny_model_dirs["target"], draft=tiny_model_dirs["draft"], progress=False)
+    pipeline.load_acceptance_head("draft-model", out)
+    prompt_ids = pipeline.encode("w1 w2 w3 w4")
+    plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=24))
+    config = GenerationConfig(max_new_tokens=24, policy="specdec++:0.5", max_draft_tokens=6)
+    assert pipeline.engine("draft-model").generate(prompt_ids, config).token_ids == plain.token_ids

@@ -7,6 +7,7 @@ categories into one subtask, ``mt_bench``; so do we when a file holds Spec-Bench
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -65,19 +66,23 @@ def load_questions(path: str | Path) -> list[Question]:
 
 
 def sample_questions(questions: list[Question], per_category: int | None, seed: int) -> list[Question]:
-    """A seeded, stratified sample of ``per_category`` questions per category (all if None), in file order."""
-    if per_category is None:
-        return list(questions)
-    if per_category < 1:
+    """A seeded, stratified sample of ``per_category`` questions per category (all if None).
+
+    The sample is ordered round-robin over the categories (file order within each), so a run that
+    is stopped part-way, and resumed later, has covered every category alike.
+    """
+    if per_category is not None and per_category < 1:
         raise ConfigError(f"--per-category must be >= 1, got {per_category}")
     rng = random.Random(seed)
     by_category: dict[str, list[int]] = {}
     for index, question in enumerate(questions):
         by_category.setdefault(question.category, []).append(index)
-    chosen: set[int] = set()
-    for indices in by_category.values():
-        chosen.update(rng.sample(indices, min(per_category, len(indices))))
-    return [questions[i] for i in sorted(chosen)]
+    columns = [
+        indices if per_category is None else sorted(rng.sample(indices, min(per_category, len(indices))))
+        for indices in by_category.values()
+    ]
+    rounds = itertools.zip_longest(*columns)
+    return [questions[i] for round_ in rounds for i in round_ if i is not None]
 
 
 def _json_row(line: str, path: Path, number: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from quickdraft.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters import DRAFTERS, DrafterOptions
+from quickdraft.drafters import DRAFTERS, Drafter, DrafterOptions
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
@@ -32,18 +32,20 @@ class Pipeline:
     cost_models: dict[str, CostModel] = field(default_factory=dict)
     acceptance_heads: dict[str, AcceptanceHead] = field(default_factory=dict)  # for specdec++
     _transformers_models: dict[str, Any] = field(default_factory=dict, repr=False)
+    _drafters: dict[tuple[str, DrafterOptions], Drafter] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(
         cls,
         target: str | Path = DEFAULT_TARGET,
         draft: str | Path | None = DEFAULT_DRAFT,
-        runtime: str = "transformers",
+        runtime: str = AUTO,
         progress: bool = True,
     ) -> Pipeline:
         """Resolve and load models: packaged names, transformers directories or GGUF files.
 
-        ``runtime`` names one (``transformers``, ``native``) or ``auto``: native where it applies.
+        ``runtime`` names one (``transformers``, ``native``) or is ``auto`` (the default): native for
+        the model families it runs, transformers for the rest.
 
         ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding).
         """
@@ -66,10 +68,15 @@ class Pipeline:
         )
 
     def engine(self, drafter: str = "draft-model", options: DrafterOptions | None = None) -> SpeculativeEngine:
+        """An engine with ``drafter``; drafters are kept per (name, options), so what one learns (e.g.
+        early-exit's per-layer acceptance) carries over to later requests. One request at a time."""
         drafter_cls = DRAFTERS.get(drafter)
         if drafter_cls.needs_draft_model and self.draft is None:
             raise ConfigError(f"the {drafter} drafter needs a draft model, and none is loaded")
-        instance = drafter_cls.create(self.target, self.draft, options or DrafterOptions())
+        options = options or DrafterOptions()
+        instance = self._drafters.get((drafter, options))
+        if instance is None:
+            instance = self._drafters[(drafter, options)] = drafter_cls.create(self.target, self.draft, options)
         return SpeculativeEngine(
             self.target,
             instance,

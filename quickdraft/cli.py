@@ -128,8 +128,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtime",
-        default="transformers",
-        help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (native where it applies; default transformers)",
+        default="auto",
+        help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (default: native for the Llama/Qwen2/Mistral "
+        "families, transformers for the rest)",
     )
 
 
@@ -206,6 +207,7 @@ def run_generate(args: argparse.Namespace) -> None:
             "stats": result.stats.to_dict(),
             "target": str(pipeline.target_path),
             "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
+            "runtime": pipeline.target.name,
         }
         if comparison is not None:
             output["compare"] = comparison

@@ -81,6 +81,43 @@ def save_tiny_model_dir(path: Path, vocab_size: int, seed: int, prefix: str = "w
     return path
 
 
+def save_tiny_llama_dir(path: Path, vocab_size: int, seed: int, num_layers: int = 4) -> Path:
+    """A local Llama directory: a family the native runtime runs, with a toy tokenizer AutoTokenizer loads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=vocab_size - 1,
+        pad_token_id=vocab_size - 1,
+        bos_token_id=None,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)  # sharp distributions: drafts get accepted
+    model.save_pretrained(path)
+    tokenizer = word_tokenizer(vocab_size)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def native_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny Llama target and draft directories (the native runtime's families) sharing a tokenizer."""
+    root = tmp_path_factory.mktemp("llama")
+    return {
+        "target": save_tiny_llama_dir(root / "target", 32, seed=0),
+        "draft": save_tiny_llama_dir(root / "draft", 32, seed=1, num_layers=1),
+    }
+
+
 @pytest.fixture(scope="session")
 def pipeline() -> Pipeline:
     return tiny_pipeline()

@@ -26,7 +26,7 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
     status, out, _ = run(["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--json"], capsys)
     assert status == 0
     result = json.loads(out)
-    assert set(result) == {"text", "token_ids", "finish_reason", "stats", "target", "draft"}
+    assert set(result) == {"text", "token_ids", "finish_reason", "stats", "target", "draft", "runtime"}
     assert len(result["token_ids"]) == result["stats"]["new_tokens"] == 6
     assert result["target"] == str(tiny_model_dirs["target"].resolve())
     assert result["draft"] == str(tiny_model_dirs["draft"].resolve())
@@ -137,3 +137,12 @@ def test_compare_reports_speedup_and_identity(model_args: list[str], capsys: pyt
     compare = json.loads(out)["compare"]
     assert compare["identical_tokens"] is True and compare["speedup"] > 0
     assert compare["plain_stats"]["draft_tokens_proposed"] == 0
+
+
+def test_auto_runtime_picks_native_for_llama_family(native_model_dirs, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(native_model_dirs["target"].parent / "cache"))
+    args = ["generate", "w1 w2 w3", "--target", str(native_model_dirs["target"]), "--drafter", "early-exit"]
+    assert main([*args, "--runtime", "auto", "--max-new-tokens", "6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runtime"] == "native"
+    assert main([*args, "--runtime", "transformers", "--max-new-tokens", "6"]) == 1
+    assert "--runtime native" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.native import NativeRuntime
-from quickdraft.runtime.native.kernels import attention_kernel
+from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, quantize_state_dict
 
@@ -59,6 +59,17 @@ def test_int8_linear_is_row_invariant_and_exact(bits: int) -> None:
     # And close to the float layer (the quantization error itself).
     relative = (full - (x @ weight.T + bias)).norm() / (x @ weight.T).norm()
     assert relative < (0.02 if bits == 7 else 0.01)
+
+
+@pytest.mark.parametrize("bits", [7, 14])
+def test_int8_linear_kernels_equal_the_pytorch_ops_bitwise(bits: int) -> None:
+    generator = torch.Generator().manual_seed(5)
+    linear = Int8Linear.from_float(torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator), bits)
+    x = torch.randn(9, 24, generator=generator) * 3
+    assert native_kernels() is not None
+    fused = linear(x)
+    linear.use_kernel = False
+    assert torch.equal(fused, linear(x))
 
 
 def test_int8_linear_handles_zero_rows() -> None:
@@ -138,10 +149,10 @@ def test_cache_capacity_is_enforced() -> None:
         runtime.forward(torch.zeros(1, 9, dtype=torch.long), runtime.new_cache())
 
 
-def test_attention_kernel_matches_the_pytorch_path() -> None:
+def test_native_kernels_matches_the_pytorch_path() -> None:
     runtime = native_from_hf(tiny_model(64, seed=3))
     decoder = runtime.decoder
-    assert attention_kernel() is not None, "the C++ kernel should build on the test machines"
+    assert native_kernels() is not None, "the C++ kernel should build on the test machines"
     generator = torch.Generator().manual_seed(2)
     cache = decoder.new_cache(2)
     cache.keys.normal_(generator=generator)

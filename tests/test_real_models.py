@@ -33,7 +33,7 @@ CASES = [  # (prompt, chat template?, γ for draft-model, γ for prompt-lookup)
 
 @pytest.fixture(scope="module")
 def pair() -> Pipeline:
-    return Pipeline.load()
+    return Pipeline.load(runtime="transformers")
 
 
 def transformers_greedy(pair: Pipeline, prompt_ids: list[int]) -> list[int]:
@@ -86,6 +86,7 @@ def test_cli_json_on_the_default_pair() -> None:
     result = json.loads(completed.stdout)
     assert result["stats"]["new_tokens"] == len(result["token_ids"]) > 0
     assert result["target"].endswith("qwen2.5-coder-1.5b-instruct/hf")
+    assert result["runtime"] == "native"  # the default for this family
     assert result["draft"].endswith("qwen2.5-coder-0.5b-instruct/hf")
 
 

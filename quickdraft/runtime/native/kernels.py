@@ -15,20 +15,20 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]  # no fused multiply-add: 
 
 
 @functools.cache
-def attention_kernel() -> Any | None:
-    """The compiled ``attend`` module, or None when it cannot be built here."""
+def native_kernels() -> Any | None:
+    """The compiled module (``attend``, ``quantize_rows``, ``combine_rows``), or None when it cannot be built."""
     try:
         from torch.utils.cpp_extension import load
 
         return load(
-            name="quickdraft_attention",
-            sources=[str(Path(__file__).with_name("attention.cpp"))],
+            name="quickdraft_native",
+            sources=[str(Path(__file__).with_name("kernels.cpp"))],
             extra_cflags=FLAGS,
             verbose=False,
         )
     except Exception as error:  # a missing compiler or ninja surfaces as many exception types
         warnings.warn(
-            f"quickdraft: the native attention kernel could not be compiled ({type(error).__name__}: {error}); "
+            f"quickdraft: the native runtime's kernels could not be compiled ({type(error).__name__}: {error}); "
             f"using the slower PyTorch path",
             stacklevel=2,
         )

@@ -20,6 +20,8 @@ import warnings
 
 import torch
 
+from quickdraft.runtime.native.kernels import native_kernels
+
 SENTINEL_LOW, SENTINEL_HIGH = -64.0, 63.0
 
 
@@ -49,6 +51,7 @@ class Int8Linear:
                 weight_int8, weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0
             )
             self.packed = torch.ops.quantized.linear_prepack(quantized, None)
+        self.use_kernel = True  # the compiled quantize/combine kernels when they build (False: PyTorch ops)
         self._sentinel = torch.zeros(1, self.in_features)  # pins fbgemm's per-tensor range to [−64, 63]
         self._sentinel[0, :2] = torch.tensor([SENTINEL_LOW, SENTINEL_HIGH])
 
@@ -67,6 +70,12 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.in_features).float()  # [M, K]
+        if self.use_kernel and (kernels := native_kernels()) is not None:  # the same arithmetic, fused
+            rows, row_scale = kernels.quantize_rows(x, self.activation_bits)  # [M+1 or 2M+1, K], [M, 1]
+            out = torch.ops.quantized.linear_dynamic(rows, self.packed, True)  # [.., N]
+            bias = self.bias if self.bias is not None else torch.empty(0)
+            y = kernels.combine_rows(out, row_scale, self.low_offset, bias, self.activation_bits)
+            return y.reshape(*shape[:-1], self.out_features)
         levels = 2.0 ** (self.activation_bits - 1) - 1.0  # 63 or 8191
         row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / levels  # [M, 1]
         x_int = torch.round(x / row_scale).clamp_(-levels - 1.0, levels)  # [M, K]

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from quickdraft.runtime.native.kernels import attention_kernel
+from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
@@ -165,7 +165,7 @@ class Decoder:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int]) -> torch.Tensor:
         """Causal attention of ``q [B, K, heads, D]`` over the cache, query by query -> ``[B, K, heads·D]``."""
-        if self.use_kernel and (kernel := attention_kernel()) is not None:
+        if self.use_kernel and (kernel := native_kernels()) is not None:
             return kernel.attend(q, keys, values, starts, self.attention_scale)
         batch, num_new, heads, head_dim = q.shape
         kv_heads = keys.shape[1]

@@ -13,12 +13,9 @@ from quickdraft.runtime import HFRuntime, KVCache, Runtime
 EOS = "<eos>"
 
 
-def tiny_model(vocab_size: int, seed: int, logit_scale: float = 1.0, num_layers: int = 2) -> torch.nn.Module:
-    """A random Qwen2 causal LM; ``logit_scale`` sharpens its distributions."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
+def tiny_config(config_cls: type, vocab_size: int, num_layers: int, **extra: object):  # -> PretrainedConfig
+    """A 32-wide config of any family; the last token id is end-of-sequence."""
+    return config_cls(
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
@@ -26,12 +23,19 @@ def tiny_model(vocab_size: int, seed: int, logit_scale: float = 1.0, num_layers:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        tie_word_embeddings=False,
         eos_token_id=vocab_size - 1,
         pad_token_id=vocab_size - 1,
         bos_token_id=None,
+        **extra,
     )
-    model = Qwen2ForCausalLM(config).eval()
+
+
+def tiny_model(vocab_size: int, seed: int, logit_scale: float = 1.0, num_layers: int = 2) -> torch.nn.Module:
+    """A random Qwen2 causal LM; ``logit_scale`` sharpens its distributions."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(tiny_config(Qwen2Config, vocab_size, num_layers, tie_word_embeddings=False)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
     return model
@@ -64,19 +68,7 @@ def save_tiny_model_dir(path: Path, vocab_size: int, seed: int, prefix: str = "w
     from transformers import Olmo2Config, Olmo2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Olmo2Config(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=vocab_size - 1,
-        pad_token_id=vocab_size - 1,
-        bos_token_id=None,
-    )
-    Olmo2ForCausalLM(config).save_pretrained(path)
+    Olmo2ForCausalLM(tiny_config(Olmo2Config, vocab_size, num_layers=2)).save_pretrained(path)
     word_tokenizer(vocab_size, prefix).save_pretrained(path)
     return path
 
@@ -86,19 +78,7 @@ def save_tiny_llama_dir(path: Path, vocab_size: int, seed: int, num_layers: int 
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=vocab_size - 1,
-        pad_token_id=vocab_size - 1,
-        bos_token_id=None,
-    )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(tiny_config(LlamaConfig, vocab_size, num_layers))
     with torch.no_grad():
         model.lm_head.weight.mul_(6.0)  # sharp distributions: drafts get accepted
     model.save_pretrained(path)

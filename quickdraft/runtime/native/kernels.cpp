@@ -5,8 +5,8 @@
 // inside a verify block at any offset.
 //
 // attend:          causal attention over a static KV cache, one (row, query, head) at a time.
-// quantize_rows:   per-row activation scales and the integer rows fed to fbgemm (with the sentinel).
-// combine_rows:    fbgemm's output back to floats: the 14-bit halves recombined, row scale, bias.
+// quantize_rows:   per-row 8-bit activation scales and the integer rows fed to fbgemm (with the sentinel).
+// combine_rows:    fbgemm's output back to floats: row scale, bias.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -85,17 +85,16 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
   return out;
 }
 
-// x: [M, K] float32. Returns (rows, row_scale): rows [M + 1, K] (7-bit) or [2M + 1, K] (14-bit: the
-// high halves, then the low halves minus 64), the last row being the sentinel (-64, 63, 0, ...);
-// row_scale [M, 1] = max(max|x|, 1e-30) / (2^(bits-1) - 1). The same arithmetic as the PyTorch path.
-std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t bits) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && (bits == 7 || bits == 14));
+// x: [M, K] float32. Returns (rows, row_scale): rows [M + 1, K] holds round(x / s) in [-127, 127],
+// the last row being the sentinel (-128, 127, 0, ...); row_scale [M, 1] = max(max|x|, 1e-30) / 127.
+// The same arithmetic as the PyTorch path in linear.py.
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2);
   x = x.contiguous();
   const int64_t rows = x.size(0), width = x.size(1);
   TORCH_CHECK(width >= 2);
-  const float levels = bits == 7 ? 63.0f : 8191.0f;
-  const int64_t halves = bits == 7 ? 1 : 2;
-  auto out = torch::zeros({halves * rows + 1, width}, x.options());
+  constexpr float kLevels = 127.0f;
+  auto out = torch::empty({rows + 1, width}, x.options());
   auto scale = torch::empty({rows, 1}, x.options());
   const float* x_data = x.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
@@ -105,51 +104,38 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t bits) {
       const float* row = x_data + r * width;
       float amax = 0.0f;
       for (int64_t k = 0; k < width; ++k) amax = std::max(amax, std::fabs(row[k]));
-      const float s = std::max(amax, 1e-30f) / levels;
+      const float s = std::max(amax, 1e-30f) / kLevels;
       scale_data[r] = s;
-      float* high = out_data + r * width;
-      float* low = out_data + (rows + r) * width;
-      for (int64_t k = 0; k < width; ++k) {
-        float q = std::nearbyint(row[k] / s);
-        q = std::min(std::max(q, -levels - 1.0f), levels);
-        if (halves == 1) {
-          high[k] = q;
-        } else {
-          const float h = std::floor(q / 128.0f);
-          high[k] = h;
-          low[k] = q - 128.0f * h - 64.0f;
-        }
-      }
+      float* dst = out_data + r * width;
+      for (int64_t k = 0; k < width; ++k) dst[k] = std::min(std::max(std::nearbyint(row[k] / s), -kLevels), kLevels);
     }
   });
-  float* sentinel = out_data + halves * rows * width;
-  sentinel[0] = -64.0f;
-  sentinel[1] = 63.0f;
+  float* sentinel = out_data + rows * width;
+  std::fill(sentinel, sentinel + width, 0.0f);
+  sentinel[0] = -128.0f;
+  sentinel[1] = 127.0f;
   return {out, scale};
 }
 
-// out: [R, N] fbgemm output (R = M + 1 or 2M + 1, the sentinel's row last); row_scale [M, 1];
-// low_offset [N]; bias [N] or empty. Returns y [M, N]: (128·high + low + low_offset)·s + bias
-// for 14 bits, out·s + bias for 7 — operation by operation as in the PyTorch path.
-torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor low_offset, torch::Tensor bias,
-                           int64_t bits) {
+// out: [M + 1, N] fbgemm output (the sentinel's row last); row_scale [M, 1]; bias [N] or empty.
+// Returns y [M, N] = out * s + bias, operation by operation as in the PyTorch path.
+torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias) {
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous());
   const int64_t rows = row_scale.size(0), width = out.size(1);
   auto y = torch::empty({rows, width}, out.options());
   const float* o = out.data_ptr<float>();
-  const float* s = row_scale.contiguous().data_ptr<float>();
-  const float* offset = low_offset.contiguous().data_ptr<float>();
+  row_scale = row_scale.contiguous();
+  const float* s = row_scale.data_ptr<float>();
   const bool has_bias = bias.numel() > 0;
-  const float* b = has_bias ? bias.contiguous().data_ptr<float>() : nullptr;
+  if (has_bias) bias = bias.contiguous();
+  const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* high = o + r * width;
-      const float* low = o + (rows + r) * width;
+      const float* src = o + r * width;
       float* dst = y_data + r * width;
       for (int64_t n = 0; n < width; ++n) {
-        float v = bits == 7 ? high[n] : 128.0f * high[n] + low[n] + offset[n];
-        v = v * s[r];
+        const float v = src[n] * s[r];
         dst[n] = has_bias ? v + b[n] : v;
       }
     }

@@ -127,15 +127,11 @@ class Decoder:
         self.use_kernel = True  # the compiled attention kernel when it builds (False: the PyTorch path)
 
     @classmethod
-    def from_native_state(
-        cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int, activation_bits: int = 14
-    ) -> Decoder:
+    def from_native_state(cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int) -> Decoder:
         """Build from :func:`quantize_state_dict`'s layout (int8 weights, scales, float norms and biases)."""
 
         def linear(name: str) -> Int8Linear:
-            return Int8Linear(
-                state[f"{name}.weight"], state[f"{name}.scale"], state.get(f"{name}.bias"), activation_bits
-            )
+            return Int8Linear(state[f"{name}.weight"], state[f"{name}.scale"], state.get(f"{name}.bias"))
 
         layers = [
             DecoderLayer(
@@ -231,7 +227,7 @@ class Decoder:
 def quantize_state_dict(config: DecoderConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
 
-    Linear layers become ``NAME.weight`` (int8, per-output-channel symmetric), ``NAME.scale`` and
+    Linear layers become ``NAME.weight`` (int8 holding 7-bit values, per-output-channel symmetric), ``NAME.scale`` and
     ``NAME.bias``; q/k/v and gate/up are fused. ``tensors`` is consumed to keep peak memory low.
     """
     state: dict[str, torch.Tensor] = {}

@@ -14,7 +14,7 @@ from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache, quantize_state_dict
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
-NATIVE_FORMAT = "int8-per-channel-v1"  # bump when the cached layout changes
+NATIVE_FORMAT = "int7-per-channel-v2"  # bump when the cached layout changes
 
 
 class NativeCache(KVCache):
@@ -33,7 +33,7 @@ class NativeCache(KVCache):
 
 
 class NativeRuntime(Runtime):
-    """int8 weights on fbgemm, fp32 activations, bit-exact logits whatever the block size (CPU)."""
+    """7-bit weights and per-row 8-bit activations on fbgemm, bit-exact logits whatever the block size (CPU)."""
 
     name = "native"
     supports_early_exit = True
@@ -56,7 +56,7 @@ class NativeRuntime(Runtime):
         return any(path.glob("*.safetensors"))
 
     @classmethod
-    def load(cls, path: Path, capacity: int = DEFAULT_CAPACITY, activation_bits: int = 14) -> NativeRuntime:
+    def load(cls, path: Path, capacity: int = DEFAULT_CAPACITY) -> NativeRuntime:
         """Load a transformers directory; its int8 form is cached so later loads skip quantization."""
         try:
             config = DecoderConfig.from_dir(path)
@@ -67,9 +67,7 @@ class NativeRuntime(Runtime):
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
         state = load_native_state(path, config)
-        decoder = Decoder.from_native_state(
-            config, state, min(capacity, config.max_position_embeddings), activation_bits
-        )
+        decoder = Decoder.from_native_state(config, state, min(capacity, config.max_position_embeddings))
         return cls(decoder)
 
     def new_cache(self, batch_size: int = 1) -> NativeCache:

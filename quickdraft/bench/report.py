@@ -124,14 +124,16 @@ def write_plots(results: dict[str, Any], out: Path) -> bool:
     categories = [*results["config"]["categories"], "overall"]
     names = [name for name in methods if name != "baseline"]
 
-    figure, axes = plt.subplots(figsize=(max(8, 1.2 * len(categories) * max(1, len(names)) / 3), 5))
+    figure, axes = plt.subplots(figsize=(min(16, max(8, 0.25 * len(categories) * max(1, len(names)))), 5))
     width = 0.8 / max(1, len(names))
+    colors = plt.get_cmap("tab20").colors  # distinct colours for up to 20 methods
     for i, name in enumerate(names):
         values = [
             (methods[name]["overall"] if c == "overall" else methods[name]["categories"][c])["speedup"] or 0.0
             for c in categories
         ]
-        axes.bar([x + i * width - 0.4 + width / 2 for x in range(len(categories))], values, width, label=name)
+        positions = [x + i * width - 0.4 + width / 2 for x in range(len(categories))]
+        axes.bar(positions, values, width, label=name, color=colors[i % len(colors)])
     axes.axhline(1.0, color="black", linewidth=1, linestyle="--", label="baseline")
     axes.set_xticks(range(len(categories)), categories, rotation=20)
     axes.set_ylabel("speedup over our plain decoding")

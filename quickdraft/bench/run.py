@@ -80,6 +80,11 @@ def add_bench_command(commands: Any) -> None:
     )
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="output directory (default bench-results)")
     add_model_arguments(bench)
+    bench.add_argument(
+        "--report-only",
+        action="store_true",
+        help="measure nothing: write the report from the entries already in --out (e.g. of a stopped run)",
+    )
     bench.add_argument("--json", action="store_true", help="print results.json to stdout instead of a table")
     bench.set_defaults(handler=run_bench)
 
@@ -123,7 +128,13 @@ def run_bench(args: argparse.Namespace) -> None:
         for method in methods
         if (method.name, question.question_id, run) not in store.done
     ]
-    if todo or store.cost_curves is None:
+    if args.report_only:
+        if not store.entries:
+            raise ConfigError(f"--report-only: {store.out} holds no measured entries yet")
+        finished = {question_id for _, question_id, _ in store.done}
+        print(f"report only: {len(finished)} of {len(questions)} questions have entries, {len(todo)} runs missing",
+              file=sys.stderr)  # fmt: skip
+    elif todo or store.cost_curves is None:
         measure(store, todo, methods, questions, args)
     summaries = aggregate(
         store.entries_for(config["methods"], config["question_ids"]),

@@ -75,6 +75,14 @@ def test_int8_linear_kernels_equal_the_pytorch_ops_bitwise() -> None:
     assert torch.equal(fused, linear(x))
 
 
+def test_int8_linear_refuses_weights_outside_7_bits() -> None:
+    for value in (64, -64, -128):  # fbgemm's 16-bit pair sums could saturate
+        weight = torch.zeros(4, 8, dtype=torch.int8)
+        weight[1, 2] = value
+        with pytest.raises(ValueError, match=r"\[-63, 63\]"):
+            Int8Linear(weight, torch.ones(4), None)
+
+
 def test_int8_linear_handles_zero_rows() -> None:
     linear = Int8Linear.from_float(torch.randn(8, 4), torch.ones(8))
     assert torch.equal(linear(torch.zeros(2, 4)), torch.ones(2, 8))

@@ -39,7 +39,8 @@ class Int8Linear:
     """``y = x @ W.T + b`` with 7-bit weights and per-row 8-bit activations, bit-exact per row."""
 
     def __init__(self, weight_int8: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        if int(weight_int8.abs().max()) > WEIGHT_LEVELS:
+        low, high = torch.aminmax(weight_int8)  # not abs(): int8 abs(-128) stays -128
+        if int(low) < -WEIGHT_LEVELS or int(high) > WEIGHT_LEVELS:
             raise ValueError("weights must be quantized to [-63, 63] (quantize_weight)")
         self.out_features, self.in_features = weight_int8.shape
         self.bias = None if bias is None else bias.float().contiguous()

@@ -44,6 +44,7 @@ class Int8Linear:
             raise ValueError("weights must be quantized to [-63, 63] (quantize_weight)")
         self.out_features, self.in_features = weight_int8.shape
         self.bias = None if bias is None else bias.float().contiguous()
+        self._kernel_bias = self.bias if self.bias is not None else torch.empty(0)  # the kernel's "no bias"
         with warnings.catch_warnings():  # quantized tensor constructors are deprecated in torch 2.13, not removed
             warnings.simplefilter("ignore")
             quantized = torch._make_per_channel_quantized_tensor(
@@ -65,8 +66,7 @@ class Int8Linear:
         if self.use_kernel and (kernels := native_kernels()) is not None:  # the same arithmetic, fused
             rows, row_scale = kernels.quantize_rows(x)  # [M + 1, K] with the sentinel last, [M, 1]
             out = torch.ops.quantized.linear_dynamic(rows, self.packed, False)  # [M + 1, N]
-            bias = self.bias if self.bias is not None else torch.empty(0)
-            return kernels.combine_rows(out, row_scale, bias).reshape(*shape[:-1], self.out_features)
+            return kernels.combine_rows(out, row_scale, self._kernel_bias).reshape(*shape[:-1], self.out_features)
         row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / ACTIVATION_LEVELS  # [M, 1]
         x_int = torch.round(x / row_scale).clamp_(-ACTIVATION_LEVELS, ACTIVATION_LEVELS)  # [M, K]
         rows = torch.cat([x_int, self._sentinel])  # [M + 1, K]

@@ -13,7 +13,7 @@ from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters.base import Drafter, DraftProposal
 from quickdraft.errors import PromptError
-from quickdraft.policy import AcceptanceRecord, CostModel, Policy, PolicyContext, make_policy
+from quickdraft.policy import AcceptanceRecord, CostModel, Policy, PolicyContext, StepState, make_policy
 from quickdraft.runtime.base import Runtime
 from quickdraft.sampling import logits_to_probs, make_generator, sample
 from quickdraft.stats import GenerationStats
@@ -107,7 +107,8 @@ class SpeculativeEngine:
         clock = time.perf_counter
         started = clock()
 
-        # 1. Prefill: target and drafter read the prompt; the target's last position gives token 1.
+        # 1. Prefill: the target reads the prompt (its last position gives token 1); the drafter starts
+        #    the request (a draft model reads the prompt lazily, at its first draft).
         cache = self.target.new_cache(1)
         logits = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)  # [1, 1, V]
         first_token = int(self._choose(logits[:, -1], sampling, generator)[0])
@@ -143,7 +144,9 @@ class SpeculativeEngine:
 
             # 3. The policy chooses γ (0 = a plain step); draft up to γ tokens after the last committed one.
             tick = clock()
-            num_drafts = min(policy.choose(), config.max_new_tokens - len(new_token_ids) - 1)
+            remaining = config.max_new_tokens - len(new_token_ids)
+            state = StepState(remaining_tokens=remaining, drafter_backlog=self.drafter.backlog([committed]))
+            num_drafts = min(policy.choose(state), remaining - 1)
             stats.gamma_per_step.append(num_drafts)
             proposal = (
                 self.drafter.propose([committed], num_drafts, sampling, generator, policy.keep_drafting)

@@ -143,6 +143,25 @@ def test_draft_cache_rollback_matches_fresh_prefill(pipeline: Pipeline) -> None:
     assert drafter.cached_ids == accepted
 
 
+def test_draft_model_reads_the_prompt_only_when_it_first_drafts(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fed: list[int] = []  # tokens per draft-model forward
+    forward = pipeline.draft.forward_with_hidden
+
+    def counting_forward(token_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
+        fed.append(int(token_ids.shape[1]))
+        return forward(token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
+    engine, prompt_ids = pipeline.engine("draft-model"), PROMPTS[3]
+    engine.generate(prompt_ids, GenerationConfig(max_new_tokens=6, policy="fixed:0"))
+    assert fed == []  # plain steps only: the draft model never ran
+    assert engine.drafter.backlog([[*prompt_ids, 1]]) == len(prompt_ids) + 1
+    engine.generate(prompt_ids, GenerationConfig(max_new_tokens=6, num_draft_tokens=2))
+    assert fed[0] == len(prompt_ids) + 1  # the prompt and the target's first token, in one forward
+
+
 def test_drafters_are_found_by_name() -> None:
     assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "early-exit", "none"}
     assert DRAFTERS.get("draft-model").needs_draft_model

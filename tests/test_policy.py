@@ -16,6 +16,7 @@ from quickdraft.policy import (
     DraftStep,
     GoodputPolicy,
     PolicyContext,
+    StepState,
     expected_tokens,
     make_policy,
 )
@@ -24,6 +25,7 @@ FLAT = CostModel({1: 100.0, 2: 101.0, 4: 103.0, 8: 107.0, 17: 116.0}, draft_ms=1
 STEEP = CostModel({1: 100.0, 2: 190.0, 4: 370.0, 8: 730.0}, draft_ms=1.0)  # each verified token costs a step
 EXPENSIVE_DRAFT = CostModel(FLAT.target_ms, draft_ms=60.0)
 MODERATE = CostModel({1: 100.0, 2: 110.0, 4: 125.0, 8: 160.0, 17: 240.0}, draft_ms=5.0)
+READS_SLOWLY = CostModel(MODERATE.target_ms, draft_ms=5.0, draft_read_ms=10.0)  # a draft model reading a prompt
 
 
 def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0) -> list[int]:
@@ -95,6 +97,33 @@ def test_goodput_prior_comes_from_the_drafters_record() -> None:
     record = AcceptanceRecord()
     feed(GoodputPolicy(FLAT, 16, record), alpha=0.9, steps=20)
     assert record.accepted > record.rejected > 0
+
+
+def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
+    good = AcceptanceRecord(accepted=900, rejected=100)
+    policy = GoodputPolicy(READS_SLOWLY, 16, good)
+    assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=2000)) == 0  # long document, short answer
+    assert policy.choose(StepState(remaining_tokens=5000, drafter_backlog=2000)) > 0  # a long answer repays it
+    assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=1)) > 0  # already read: just draft
+    assert policy.choose(StepState(remaining_tokens=None, drafter_backlog=2000)) > 0  # no budget known: draft
+    assert GoodputPolicy(MODERATE, 16, good).choose(StepState(20, 2000)) > 0  # reading is free in this model
+
+
+def test_goodput_probes_only_when_the_drafter_is_nearly_caught_up() -> None:
+    bad = AcceptanceRecord(accepted=0, rejected=100)
+    caught_up, far_behind = GoodputPolicy(READS_SLOWLY, 16, bad), GoodputPolicy(READS_SLOWLY, 16, bad)
+    chosen = [caught_up.choose(StepState(remaining_tokens=100, drafter_backlog=1)) for _ in range(17)]
+    assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps
+    assert all(far_behind.choose(StepState(remaining_tokens=100, drafter_backlog=2000)) == 0 for _ in range(40))
+
+
+def test_step_state_rejects_negative_counts() -> None:
+    with pytest.raises(ConfigError):
+        StepState(remaining_tokens=-1)
+    with pytest.raises(ConfigError):
+        StepState(drafter_backlog=-1)
+    with pytest.raises(ConfigError):
+        CostModel({1: 1.0}, draft_read_ms=-1.0)
 
 
 def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection() -> None:

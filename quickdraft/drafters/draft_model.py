@@ -3,6 +3,8 @@
 Its KV cache follows the committed tokens lazily: before drafting, the cache is rolled back
 to the longest prefix it shares with the committed context (dropping rejected drafts) and
 the tokens it has not seen yet are fed in one forward (catching up on the target's token).
+The prompt, too, is read only at the first draft: a request a policy decodes plainly (γ = 0
+throughout, e.g. a long document with a short answer) never pays the draft model's prefill.
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ class DraftModelDrafter(Drafter):
         return cls(draft, target.vocab_size)
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
+        """Start a request with an empty cache; the prompt is read at the first draft."""
         if len(prompt_ids) != 1:
             raise NotImplementedError("the draft-model drafter drafts for one row at a time")
         self.cache = self.draft.new_cache(1)
         self.cached_ids = []
-        self._feed(prompt_ids[0])
+
+    def backlog(self, context_ids: list[list[int]]) -> int:
+        (context,) = context_ids
+        return len(context) - self._reusable_length(context)
 
     def propose(
         self,
@@ -61,7 +67,7 @@ class DraftModelDrafter(Drafter):
         if num_tokens <= 0:
             return DraftProposal.empty(1)
         # 1. roll back to the prefix shared with the committed tokens; keep >= 1 token to feed
-        keep = min(common_prefix_length(self.cached_ids, context), len(context) - 1)
+        keep = self._reusable_length(context)
         self.cache.truncate(keep)
         del self.cached_ids[keep:]
         # 2. catch up on the committed tokens the cache has not seen
@@ -80,6 +86,10 @@ class DraftModelDrafter(Drafter):
                 logits, hidden = self._feed(token.tolist())
         token_ids = torch.stack(drafted, dim=1)  # [1, γ]
         return DraftProposal(token_ids=token_ids, probs=torch.stack(draft_probs, dim=1))  # probs [1, γ, V]
+
+    def _reusable_length(self, context: list[int]) -> int:
+        """Cached tokens that stay: the prefix shared with ``context``, leaving at least one token to feed."""
+        return min(common_prefix_length(self.cached_ids, context), len(context) - 1)
 
     def _feed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append tokens to the draft cache: the last position's logits ``[1, V_draft]`` and hidden state."""

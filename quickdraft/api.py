@@ -14,7 +14,9 @@ from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.loading import load_hf_model
 from quickdraft.policy import AcceptanceRecord, CostModel
-from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
+from quickdraft.runtime import AUTO, RUNTIMES, HFRuntime, Runtime, runtime_for
+
+READ_BLOCK = 16  # tokens per forward when timing how fast a draft model reads a prompt
 
 
 @dataclass
@@ -87,6 +89,33 @@ class Pipeline:
             acceptance_head=self.acceptance_heads.get(drafter),
         )
 
+    def on_runtime(self, runtime: str) -> Pipeline:
+        """The same models, tokenizer and end-of-sequence ids on another runtime (to compare runtimes).
+
+        The transformers runtime wraps the fp32 models :meth:`transformers_model` keeps (the ones the
+        benchmark's peers use), so comparing costs no second copy of the weights.
+        """
+        runtime_cls = RUNTIMES.get(runtime)
+        if runtime_cls.name == self.target.name:
+            return self
+
+        def load(role: str, path: Path | None) -> Runtime:
+            if runtime_cls is HFRuntime:
+                return HFRuntime(self.transformers_model(role))
+            if path is None:
+                raise ConfigError(f"the {runtime} runtime needs the {role} model's directory")
+            return runtime_cls.load(path)
+
+        return Pipeline(
+            target=load("target", self.target_path),
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            target_path=self.target_path,
+            draft=load("draft", self.draft_path) if self.draft is not None else None,
+            draft_path=self.draft_path,
+            _transformers_models=self._transformers_models,
+        )
+
     def load_acceptance_head(self, drafter: str, path: Path | None = None) -> AcceptanceHead:
         """The SpecDec++ head for ``drafter`` (from ``path``, else the draft model's default location)."""
         if self.draft_path is None and path is None:
@@ -114,19 +143,21 @@ class Pipeline:
         """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
 
         Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
-        tokens (after a warm-up); the draft model's 1-token forward if the drafter uses one, the
+        tokens (after a warm-up); the draft model's 1-token forward (and, per token, a
+        ``READ_BLOCK``-token forward: what reading a prompt costs it) if the drafter uses one, the
         drafter's share of a target step if the target drafts itself, else 0.
         """
         from quickdraft.bench.profile import measure_cost_curve
 
         ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
         target_ms = measure_cost_curve(self.target, ks, context, repeats=1, warmup=1)
-        drafter_cls, draft_ms = DRAFTERS.get(drafter), 0.0
+        drafter_cls, draft_ms, read_ms = DRAFTERS.get(drafter), 0.0, 0.0
         if drafter_cls.needs_draft_model and self.draft is not None:
-            draft_ms = measure_cost_curve(self.draft, [1], context, repeats=3, warmup=1)[1]
+            draft_curve = measure_cost_curve(self.draft, [1, READ_BLOCK], context, repeats=3, warmup=1)
+            draft_ms, read_ms = draft_curve[1], draft_curve[READ_BLOCK] / READ_BLOCK
         elif drafter_cls.target_cost_fraction is not None:
             draft_ms = drafter_cls.target_cost_fraction * target_ms[1]
-        self.cost_models[drafter] = CostModel(target_ms, draft_ms)
+        self.cost_models[drafter] = CostModel(target_ms, draft_ms, read_ms)
         return self.cost_models[drafter]
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:

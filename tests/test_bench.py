@@ -221,6 +221,36 @@ def test_speedup_averages_per_run_ratios_over_common_questions() -> None:
     assert results["spec"]["overall"]["lossless_fraction"] == 1.0  # q1's tokens, compared with baseline run 0
 
 
+def test_methods_on_another_runtime_are_compared_with_that_runtimes_baseline() -> None:
+    entries = [
+        entry("baseline", "q1", "a", 10, 1.0),  # 10 tok/s
+        entry("baseline@slow", "q1", "a", 10, 4.0, token_ids=[3] * 10),  # 2.5 tok/s, other tokens
+        entry("spec@slow", "q1", "a", 10, 2.0, token_ids=[3] * 10),  # 5 tok/s, the slow baseline's tokens
+    ]
+    methods = {
+        "baseline": MethodInfo(),
+        "baseline@slow": MethodInfo(),
+        "spec@slow": MethodInfo(baseline="baseline@slow"),
+    }
+    results = aggregate(entries, methods, ["a"])
+    assert results["spec@slow"]["overall"]["speedup"] == pytest.approx(2.0)
+    assert results["spec@slow"]["overall"]["lossless_fraction"] == 1.0
+    assert results["baseline@slow"]["overall"]["speedup"] == pytest.approx(0.25)
+    assert results["baseline@slow"]["overall"]["lossless_fraction"] == 0.0
+
+
+def test_method_specs_on_another_runtime() -> None:
+    methods = parse_methods("draft-model:2@transformers,prompt-lookup+goodput@transformers,hf-generate")
+    names = [m.name for m in methods]
+    assert names == ["baseline", "baseline@transformers", "draft-model:2@transformers",
+                     "prompt-lookup+goodput@transformers", "hf-generate"]  # fmt: skip
+    assert [m.baseline for m in methods[:3]] == ["baseline", "baseline", "baseline@transformers"]
+    assert methods[2].runtime == "transformers" and methods[2].num_draft_tokens is None  # no theory check
+    for bad in ("draft-model:2@nope", "hf-generate@native", "baseline@"):
+        with pytest.raises(QuickdraftError):
+            parse_methods(bad)
+
+
 def test_oracle_is_the_best_fixed_gamma_per_category() -> None:
     def group(speedup):
         return {"speedup": speedup}
@@ -358,11 +388,15 @@ def test_bench_on_the_native_runtime(
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
     methods = "draft-model:2,early-exit:2,prompt-lookup+goodput,early-exit+heuristic,hf-generate"
+    methods += ",draft-model:2@transformers,prompt-lookup+goodput@transformers"
     args = bench_args(native_model_dirs, questions, tmp_path / "out", "--methods", methods, "--runtime", "native")
     assert main([*args, "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
     for name in ("draft-model:2", "early-exit:2", "prompt-lookup+goodput", "early-exit+heuristic"):
         assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
+    for name in ("draft-model:2@transformers", "prompt-lookup+goodput@transformers"):  # vs baseline@transformers
+        assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
+        assert results["methods"][name]["overall"]["n_questions"] == 5, name
     # transformers runs the float weights, the native runtime its integer form: their tokens may differ.
     assert results["methods"]["hf-generate"]["overall"]["n_questions"] == 5
     assert results["methods"]["early-exit:2"]["overall"]["efficiency"] is not None

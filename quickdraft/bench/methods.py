@@ -6,6 +6,9 @@ policy (``draft-model+goodput``, ``prompt-lookup+confidence:0.4``), and the peer
 ``hf-assisted``, ``hf-assisted-tuned`` and ``hf-prompt-lookup`` (transformers ``generate``
 on the same weights, measured, never quoted). Every method runs one turn greedily and
 reports a :class:`TurnResult`.
+
+Our methods take ``@RUNTIME`` to run on another runtime than the bench's (``draft-model:2@transformers``):
+their speedup is over ``baseline@RUNTIME``, whose own speedup is over the bench's ``baseline``.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from quickdraft.api import Pipeline
+from quickdraft.bench.metrics import MethodInfo
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
 from quickdraft.policy import CostModel, check_policy_spec
 from quickdraft.registry import Registry
+from quickdraft.runtime import RUNTIMES
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
 
@@ -43,6 +48,16 @@ class Method(ABC):
     max_draft_tokens: int = 0  # the largest γ it may use: the cost curves are measured up to it + 1
     uses_draft_model: bool = False
     target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
+    runtime: str | None = None  # another runtime than the bench's (spec suffix @RUNTIME)
+    baseline: str = "baseline"  # the method its speedup and lossless fraction are measured against
+
+    def info(self) -> MethodInfo:
+        """What the aggregation needs to know of this method."""
+        return MethodInfo(self.num_draft_tokens, self.uses_draft_model, self.target_cost_fraction, self.baseline)
+
+    def on_runtime(self, runtime: str) -> None:
+        """Run on ``runtime`` instead of the bench's; only our own methods can."""
+        raise ConfigError(f"method {self.name!r} cannot take @{runtime}: only our methods run on a chosen runtime")
 
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
         """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
@@ -65,13 +80,25 @@ class EngineMethod(Method):
         self.target_cost_fraction = DRAFTERS.get(drafter).target_cost_fraction
         self._gamma = num_draft_tokens
 
+    def on_runtime(self, runtime: str) -> None:
+        self.name, self.runtime = f"{self.name}@{runtime}", runtime
+        self.baseline = "baseline" if self.drafter == "none" else f"baseline@{runtime}"
+        self.num_draft_tokens = None  # no theory check: the bench's cost curves are its own runtime's
+
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
-        """Adaptive policies plan with the curves the bench measured (no separate calibration)."""
-        if self.drafter != "none" and "target" in cost_curves:
-            draft_ms = cost_curves.get("draft", {}).get(1, 0.0) if self.uses_draft_model else 0.0
+        """Adaptive policies plan with the curves the bench measured (no separate calibration), or, on
+        another runtime, with a calibration of that runtime."""
+        if self.runtime is not None:
+            if self.drafter != "none" and self.policy != "fixed":
+                pipeline.calibrate(self.drafter, self.max_draft_tokens)
+        elif self.drafter != "none" and "target" in cost_curves:
+            draft_ms = read_ms = 0.0
+            if self.uses_draft_model and (draft_curve := cost_curves.get("draft")):
+                longest = max(draft_curve)  # its per-token cost is what reading a prompt costs the draft
+                draft_ms, read_ms = draft_curve[1], draft_curve[longest] / longest
             if self.target_cost_fraction is not None:
                 draft_ms = self.target_cost_fraction * cost_curves["target"][1]
-            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms)
+            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms, read_ms)
         if self.policy.startswith("specdec++") and self.drafter not in pipeline.acceptance_heads:
             pipeline.load_acceptance_head(self.drafter)  # the one train-acceptance-head wrote for this draft
 
@@ -164,7 +191,19 @@ for _peer in PEER_SETTINGS:
 
 
 def make_method(spec: str) -> Method:
-    """``NAME``, ``NAME:γ`` or ``DRAFTER+POLICY`` -> a method; fixed-γ drafters are named with their γ."""
+    """``NAME``, ``NAME:γ`` or ``DRAFTER+POLICY``, each optionally ``@RUNTIME`` -> a method; fixed-γ
+    drafters are named with their γ."""
+    text, at, runtime = spec.strip().partition("@")
+    if not at:
+        return _make_method(text)
+    if runtime not in RUNTIMES.names():
+        raise ConfigError(f"method {spec!r}: unknown runtime {runtime!r} (known: {', '.join(RUNTIMES.names())})")
+    method = _make_method(text)
+    method.on_runtime(runtime)
+    return method
+
+
+def _make_method(spec: str) -> Method:
     drafter, plus, policy = spec.strip().partition("+")
     if plus:
         return _policy_method(drafter, policy, spec)
@@ -179,12 +218,13 @@ def make_method(spec: str) -> Method:
 
 
 def parse_methods(text: str) -> list[Method]:
-    """Comma-separated specs; ``baseline`` is always measured first (speedups are relative to it)."""
+    """Comma-separated specs; ``baseline`` is always measured first (speedups are relative to it), and
+    ``baseline@RUNTIME`` is added for methods on another runtime."""
     methods = [make_method(spec) for spec in text.split(",") if spec.strip()]
     names = [method.name for method in methods]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ConfigError(f"--methods names {', '.join(duplicates)} more than once")
-    if "baseline" not in names:
-        methods.insert(0, make_method("baseline"))
+    baselines = dict.fromkeys(["baseline", *(method.baseline for method in methods)])
+    methods[:0] = [make_method(baseline) for baseline in baselines if baseline not in names]
     return sorted(methods, key=lambda method: method.name != "baseline")

@@ -155,6 +155,7 @@ class MethodInfo:
     num_draft_tokens: int | None = None
     uses_draft_model: bool = False
     target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
+    baseline: str = "baseline"  # the method whose speed and tokens it is compared with
 
 
 def aggregate(
@@ -163,20 +164,21 @@ def aggregate(
     categories: list[str],
     cost_curves: Mapping[str, Mapping[int, float]] | None = None,
 ) -> dict[str, Any]:
-    """``{NAME: {"overall": {...}, "categories": {CATEGORY: {...}}, ...}}`` for every method in ``methods``.
+    """``{NAME: {"overall": {...}, "categories": {CATEGORY: {...}}, ...}}`` for every method in ``methods``,
+    each compared with its ``MethodInfo.baseline`` (speedup, lossless fraction).
 
     ``cost_curves`` maps "target"/"draft" to milliseconds per forward of k tokens.
     """
     entries = list(entries)
-    baseline = [e for e in entries if e.method == "baseline"]
-    reference_ids: dict[str, list[int]] = {}
-    for e in sorted(baseline, key=lambda e: -e.run):  # the lowest run wins
-        reference_ids[e.question_id] = e.token_ids
     curves = cost_curves or {}
     target_ms = curves.get("target")
     results: dict[str, Any] = {}
     for name, info in methods.items():
         mine = [e for e in entries if e.method == name]
+        baseline = [e for e in entries if e.method == info.baseline]
+        reference_ids: dict[str, list[int]] = {}
+        for e in sorted(baseline, key=lambda e: -e.run):  # the lowest run wins
+            reference_ids[e.question_id] = e.token_ids
         draft_curve = curves.get("draft") or {}
         draft_ms = draft_curve.get(1) if info.uses_draft_model else 0.0
         if info.target_cost_fraction is not None and target_ms and 1 in target_ms:

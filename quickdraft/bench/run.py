@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from quickdraft.bench.methods import DEFAULT_NUM_DRAFT_TOKENS, METHODS, Method, parse_methods
-from quickdraft.bench.metrics import Entry, MethodInfo, aggregate, oracle, token_latencies
+from quickdraft.bench.metrics import Entry, aggregate, oracle, token_latencies
 from quickdraft.bench.profile import curve_from_json, curve_to_json, measure_cost_curve
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
@@ -59,8 +59,10 @@ def add_bench_command(commands: Any) -> None:
         "--methods",
         default=DEFAULT_METHODS,
         metavar="A,B,C",
-        help=f"comma-separated NAME or NAME:γ among {', '.join(METHODS.names())}; drafters default to "
-        f"γ={DEFAULT_NUM_DRAFT_TOKENS}; baseline is always included (default {DEFAULT_METHODS})",
+        help=f"comma-separated NAME or NAME:γ among {', '.join(METHODS.names())}, or DRAFTER+POLICY "
+        f"(draft-model+goodput); drafters default to γ={DEFAULT_NUM_DRAFT_TOKENS}; our methods take @RUNTIME "
+        f"to run on another runtime (draft-model:2@transformers, compared with baseline@RUNTIME); "
+        f"baseline is always included (default {DEFAULT_METHODS})",
     )
     bench.add_argument("--runs", type=int, default=1, metavar="R", help="timed runs of every question (default 1)")
     bench.add_argument(
@@ -138,7 +140,7 @@ def run_bench(args: argparse.Namespace) -> None:
         measure(store, todo, methods, questions, args)
     summaries = aggregate(
         store.entries_for(config["methods"], config["question_ids"]),
-        {m.name: MethodInfo(m.num_draft_tokens, m.uses_draft_model, m.target_cost_fraction) for m in methods},
+        {method.name: method.info() for method in methods},
         categories,
         {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
     )
@@ -180,17 +182,21 @@ def measure(
         store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
         store.write_json("cost_curves.json", store.cost_curves)
     curves = {role: curve_from_json(curve) for role, curve in store.cost_curves.items()}
+    pipelines = {method.runtime: pipeline for method in methods}  # None: the bench's runtime
+    for runtime in pipelines:
+        if runtime is not None:
+            pipelines[runtime] = pipeline.on_runtime(runtime)
     for method in methods:
-        method.prepare(pipeline, curves)
+        method.prepare(pipelines[method.runtime], curves)
     pending_methods = list(dict.fromkeys(method for _, _, method in todo))
     first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
     for method in tqdm(pending_methods * args.warmup, desc="warm-up", file=sys.stderr):
-        method.run(pipeline, first_prompt, min(WARMUP_TOKENS, args.max_new_tokens))
+        method.run(pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, args.max_new_tokens))
     total = args.runs * len(questions) * len(methods)
     with tqdm(total=total, initial=total - len(todo), desc="bench", unit="run", file=sys.stderr) as bar:
         for run, question, method in todo:
             bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
-            store.add(run_question(pipeline, method, question, run, args.max_new_tokens))
+            store.add(run_question(pipelines[method.runtime], method, question, run, args.max_new_tokens))
             bar.update()
 
 

@@ -14,9 +14,7 @@ from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.loading import load_hf_model
 from quickdraft.policy import AcceptanceRecord, CostModel
-from quickdraft.runtime import AUTO, RUNTIMES, HFRuntime, Runtime, runtime_for
-
-READ_BLOCK = 16  # tokens per forward when timing how fast a draft model reads a prompt
+from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
 
 
 @dataclass
@@ -93,18 +91,16 @@ class Pipeline:
         """The same models, tokenizer and end-of-sequence ids on another runtime (to compare runtimes).
 
         The transformers runtime wraps the fp32 models :meth:`transformers_model` keeps (the ones the
-        benchmark's peers use), so comparing costs no second copy of the weights.
+        benchmark's peers use), so it costs no second fp32 copy of the weights.
         """
         runtime_cls = RUNTIMES.get(runtime)
         if runtime_cls.name == self.target.name:
-            return self
+            raise ConfigError(f"the models already run on the {runtime} runtime")
 
         def load(role: str, path: Path | None) -> Runtime:
-            if runtime_cls is HFRuntime:
-                return HFRuntime(self.transformers_model(role))
             if path is None:
                 raise ConfigError(f"the {runtime} runtime needs the {role} model's directory")
-            return runtime_cls.load(path)
+            return runtime_cls.load_sharing(path, lambda: self.transformers_model(role))
 
         return Pipeline(
             target=load("target", self.target_path),
@@ -143,9 +139,10 @@ class Pipeline:
         """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
 
         Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
-        tokens (after a warm-up); the draft model's 1-token forward (and, per token, a
-        ``READ_BLOCK``-token forward: what reading a prompt costs it) if the drafter uses one, the
-        drafter's share of a target step if the target drafts itself, else 0.
+        tokens (after a warm-up); the draft model's 1-token forward (and, per token, its (max + 1)-token
+        forward, as the bench takes it from its draft curve: what reading a prompt costs it, an upper
+        estimate since every position pays the LM head) if the drafter uses one, the drafter's share
+        of a target step if the target drafts itself, else 0.
         """
         from quickdraft.bench.profile import measure_cost_curve
 
@@ -153,8 +150,9 @@ class Pipeline:
         target_ms = measure_cost_curve(self.target, ks, context, repeats=1, warmup=1)
         drafter_cls, draft_ms, read_ms = DRAFTERS.get(drafter), 0.0, 0.0
         if drafter_cls.needs_draft_model and self.draft is not None:
-            draft_curve = measure_cost_curve(self.draft, [1, READ_BLOCK], context, repeats=3, warmup=1)
-            draft_ms, read_ms = draft_curve[1], draft_curve[READ_BLOCK] / READ_BLOCK
+            block = max_draft_tokens + 1
+            draft_curve = measure_cost_curve(self.draft, [1, block], context, repeats=3, warmup=1)
+            draft_ms, read_ms = draft_curve[1], draft_curve[block] / block
         elif drafter_cls.target_cost_fraction is not None:
             draft_ms = drafter_cls.target_cost_fraction * target_ms[1]
         self.cost_models[drafter] = CostModel(target_ms, draft_ms, read_ms)

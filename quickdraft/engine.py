@@ -144,9 +144,9 @@ class SpeculativeEngine:
 
             # 3. The policy chooses γ (0 = a plain step); draft up to γ tokens after the last committed one.
             tick = clock()
-            remaining = config.max_new_tokens - len(new_token_ids)
-            state = StepState(remaining_tokens=remaining, drafter_backlog=self.drafter.backlog([committed]))
-            num_drafts = min(policy.choose(state), remaining - 1)
+            remaining_tokens = config.max_new_tokens - len(new_token_ids)
+            state = StepState(remaining_tokens=remaining_tokens, drafter_backlog=self.drafter.backlog([committed]))
+            num_drafts = min(policy.choose(state), remaining_tokens - 1)
             stats.gamma_per_step.append(num_drafts)
             proposal = (
                 self.drafter.propose([committed], num_drafts, sampling, generator, policy.keep_drafting)

@@ -100,12 +100,12 @@ class DraftStep:
 class StepState:
     """What the engine tells a policy before a step, besides the policy's own history."""
 
-    remaining_tokens: int | None = None  # new tokens the request may still produce; None: unbounded
-    drafter_backlog: int = 0  # committed tokens the drafter must read before its first draft
+    remaining_tokens: int | None = None  # new tokens the request may still produce (a bound); None: unbounded
+    drafter_backlog: int = 0  # committed tokens the drafter must read before its next draft
 
     def __post_init__(self) -> None:
         if (self.remaining_tokens is not None and self.remaining_tokens < 0) or self.drafter_backlog < 0:
-            raise ConfigError(f"a step state needs counts >= 0, got {self}")
+            raise ValueError(f"a step state needs counts >= 0, got {self}")
 
 
 UNKNOWN_STATE = StepState()
@@ -200,10 +200,11 @@ class GoodputPolicy(Policy):
     token to re-measure α, so a request whose text turns predictable is noticed.
 
     A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
-    draft): that one-time cost, ``drafter_backlog`` × the cost model's ``draft_read_ms``, is paid only
-    when the expected saving over the request's remaining tokens exceeds it, so a long document
-    with a short answer is decoded plainly. A probe never pays more than the plain steps since the
-    last draft (backlog ≤ ``probe_after`` + 1).
+    draft): that cost, ``drafter_backlog`` × the cost model's ``draft_read_ms``, is paid only when
+    the expected saving over the tokens the request may still produce exceeds it, so a long
+    document is decoded plainly unless the budget is long enough to repay reading it (the budget
+    is an upper bound: an answer that ends early repays less). A probe pays at most as much
+    reading as the ``probe_after`` plain steps before it cost.
     """
 
     cost_model: CostModel
@@ -232,18 +233,22 @@ class GoodputPolicy(Policy):
         gamma = self.cost_model.best_num_draft_tokens(acceptance_rate, self.maximum)
         if gamma > 0 and not self._reading_pays(acceptance_rate, gamma, state):
             gamma = 0
-        elif gamma == 0 and self.plain_steps >= self.probe_after and state.drafter_backlog <= self.probe_after + 1:
-            gamma = 1
+        elif gamma == 0 and self.plain_steps >= self.probe_after:
+            # a probe may cost as much reading as the plain steps before it took
+            gamma = 1 if self._reading_ms(state) <= self.probe_after * self.cost_model.target(1) else 0
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         return gamma
 
+    def _reading_ms(self, state: StepState) -> float:
+        """The drafter's catch-up beyond the one token every step's draft cost already includes."""
+        return max(0, state.drafter_backlog - 1) * self.cost_model.draft_read_ms
+
     def _reading_pays(self, acceptance_rate: float, gamma: int, state: StepState) -> bool:
-        """Is drafting worth the drafter's backlog? One token of catch-up is part of every step's draft cost."""
-        extra_tokens = state.drafter_backlog - 1
-        if extra_tokens <= 0 or self.cost_model.draft_read_ms == 0 or state.remaining_tokens is None:
+        """Is drafting worth the drafter's backlog over the tokens the request may still produce?"""
+        reading_ms = self._reading_ms(state)
+        if reading_ms == 0 or state.remaining_tokens is None:
             return True
-        read_ms = extra_tokens * self.cost_model.draft_read_ms
-        return self.cost_model.saving_ms(acceptance_rate, gamma, state.remaining_tokens) > read_ms
+        return self.cost_model.saving_ms(acceptance_rate, gamma, state.remaining_tokens) > reading_ms
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

@@ -13,7 +13,7 @@ class GenerationStats:
     draft_tokens_proposed: int = 0
     draft_tokens_accepted: int = 0
     wall_time_s: float = 0.0
-    prefill_s: float = 0.0  # target and draft reading the prompt
+    prefill_s: float = 0.0  # the target reading the prompt (a draft model reads it within draft_s)
     draft_s: float = 0.0
     verify_s: float = 0.0  # target forwards over drafts and the acceptance rule
     # One entry per target forward that committed tokens, the prefill's first token included:

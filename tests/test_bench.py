@@ -403,6 +403,16 @@ def test_bench_on_the_native_runtime(
     assert results["config"]["runtime"] == "native"
 
 
+def test_bench_refuses_a_method_on_its_own_runtime(
+    native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    args = bench_args(native_model_dirs, questions, tmp_path / "out", "--methods", "draft-model:2@native")
+    assert main([*args, "--runtime", "native"]) == 1
+    assert "already run on the native runtime" in capsys.readouterr().err
+
+
 def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path], capsys, monkeypatch) -> None:
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(Path(str(native_model_dirs["target"])).parent / "cache"))
     args = ["profile", "--model", str(native_model_dirs["target"]), "--runtime", "auto", "--max-k", "3", "--json"]

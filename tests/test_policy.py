@@ -109,18 +109,26 @@ def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
     assert GoodputPolicy(MODERATE, 16, good).choose(StepState(20, 2000)) > 0  # reading is free in this model
 
 
-def test_goodput_probes_only_when_the_drafter_is_nearly_caught_up() -> None:
+def test_goodput_probes_unless_the_drafter_would_read_a_long_document_first() -> None:
     bad = AcceptanceRecord(accepted=0, rejected=100)
-    caught_up, far_behind = GoodputPolicy(READS_SLOWLY, 16, bad), GoodputPolicy(READS_SLOWLY, 16, bad)
-    chosen = [caught_up.choose(StepState(remaining_tokens=100, drafter_backlog=1)) for _ in range(17)]
-    assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps
-    assert all(far_behind.choose(StepState(remaining_tokens=100, drafter_backlog=2000)) == 0 for _ in range(40))
+    short_prompt, long_prompt = GoodputPolicy(READS_SLOWLY, 16, bad), GoodputPolicy(READS_SLOWLY, 16, bad)
+    chosen = [short_prompt.choose(StepState(remaining_tokens=100, drafter_backlog=120)) for _ in range(17)]
+    assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps: reading 120 tokens is cheap enough
+    assert all(long_prompt.choose(StepState(remaining_tokens=100, drafter_backlog=2000)) == 0 for _ in range(40))
+
+
+def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
+    """No record, costs where the prior α = 0.5 gives γ = 0: the draft model must still get a probe."""
+    policy = GoodputPolicy(CostModel({1: 106.0, 2: 119.0, 4: 127.0}, draft_ms=50.0, draft_read_ms=7.0), 3)
+    # a 100-token prompt the draft model has not read, and one more plain-decoded token per step
+    chosen = [policy.choose(StepState(remaining_tokens=128 - step, drafter_backlog=100 + step)) for step in range(20)]
+    assert chosen[0] == 0 and 1 in chosen
 
 
 def test_step_state_rejects_negative_counts() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         StepState(remaining_tokens=-1)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         StepState(drafter_backlog=-1)
     with pytest.raises(ConfigError):
         CostModel({1: 1.0}, draft_read_ms=-1.0)

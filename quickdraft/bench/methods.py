@@ -86,10 +86,12 @@ class EngineMethod(Method):
         self.num_draft_tokens = None  # no theory check: the bench's cost curves are its own runtime's
 
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
-        """Adaptive policies plan with the curves the bench measured (no separate calibration), or, on
-        another runtime, with a calibration of that runtime."""
+        """Build the drafter now (one that cannot run on this runtime fails before anything is timed).
+        Adaptive policies plan with the curves the bench measured (no separate calibration), or, on
+        another runtime, with goodput's start-up calibration of that runtime."""
+        pipeline.engine(self.drafter)
         if self.runtime is not None:
-            if self.drafter != "none" and self.policy != "fixed":
+            if self.drafter != "none" and self.policy.startswith("goodput"):
                 pipeline.calibrate(self.drafter, self.max_draft_tokens)
         elif self.drafter != "none" and "target" in cost_curves:
             draft_ms = read_ms = 0.0

@@ -45,8 +45,9 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
         f"transformers {machine.get('transformers')}, {machine.get('threads')} threads.",
         "",
-        "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench). τ = tokens per target step. "
-        "α = accepted ÷ proposed drafts. lossless = share of questions whose tokens equal the baseline's. "
+        "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench; for METHOD@RUNTIME, baseline@RUNTIME's). "
+        "τ = tokens per target step. "
+        "α = accepted ÷ proposed drafts. lossless = share of questions whose tokens equal that baseline's. "
         "efficiency = measured speedup ÷ the speedup predicted from α, γ and the measured cost curves.",
         "",
         "## Speedup per category",
@@ -89,7 +90,7 @@ def oracle_section(results: dict[str, Any], categories: list[str]) -> list[str]:
         row = [by_category.get(c) for c in [*categories, "overall"]]
         cells = ["–" if o is None else f"{o['speedup']:.2f}× (γ={o['method'].split(':')[1]})" for o in row]
         lines.append(f"| {drafter} oracle | " + " | ".join(cells) + " |")
-        for name in (n for n in adaptive if n.split("+")[0] == drafter):
+        for name in (n for n in adaptive if n.split("+")[0] == drafter and "@" not in n):  # same runtime only
             cells = []
             for category in [*categories, "overall"]:
                 group = methods[name]["overall"] if category == "overall" else methods[name]["categories"][category]
@@ -136,7 +137,7 @@ def write_plots(results: dict[str, Any], out: Path) -> bool:
         axes.bar(positions, values, width, label=name, color=colors[i % len(colors)])
     axes.axhline(1.0, color="black", linewidth=1, linestyle="--", label="baseline")
     axes.set_xticks(range(len(categories)), categories, rotation=20)
-    axes.set_ylabel("speedup over our plain decoding")
+    axes.set_ylabel("speedup over our plain decoding (@RUNTIME: on that runtime)")
     axes.legend(fontsize="small", ncol=2)
     figure.tight_layout()
     figure.savefig(out / "speedup.png", dpi=120)

@@ -182,13 +182,11 @@ def measure(
         store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
         store.write_json("cost_curves.json", store.cost_curves)
     curves = {role: curve_from_json(curve) for role, curve in store.cost_curves.items()}
-    pipelines = {method.runtime: pipeline for method in methods}  # None: the bench's runtime
-    for runtime in pipelines:
-        if runtime is not None:
-            pipelines[runtime] = pipeline.on_runtime(runtime)
-    for method in methods:
-        method.prepare(pipelines[method.runtime], curves)
     pending_methods = list(dict.fromkeys(method for _, _, method in todo))
+    other_runtimes = {method.runtime for method in pending_methods if method.runtime is not None}
+    pipelines = {None: pipeline} | {runtime: pipeline.on_runtime(runtime) for runtime in sorted(other_runtimes)}
+    for method in pending_methods:
+        method.prepare(pipelines[method.runtime], curves)
     first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
     for method in tqdm(pending_methods * args.warmup, desc="warm-up", file=sys.stderr):
         method.run(pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, args.max_new_tokens))

@@ -11,8 +11,9 @@ Shapes keep a batch dimension: B rows, each with its own cache length.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -42,6 +43,12 @@ class Runtime(ABC):
     @abstractmethod
     def load(cls, path: Path) -> Runtime:
         """Load the model in the transformers directory ``path``."""
+
+    @classmethod
+    def load_sharing(cls, path: Path, transformers_model: Callable[[], Any]) -> Runtime:
+        """Load ``path`` where an fp32 transformers copy of it is at hand (``transformers_model()``
+        returns it, loading it once); runtimes that can run that copy use it instead of loading again."""
+        return cls.load(path)
 
     @abstractmethod
     def new_cache(self, batch_size: int = 1) -> KVCache:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,10 @@ class HFRuntime(Runtime):
     @classmethod
     def load(cls, path: Path) -> HFRuntime:
         return cls(load_hf_model(path))
+
+    @classmethod
+    def load_sharing(cls, path: Path, transformers_model: Callable[[], Any]) -> HFRuntime:
+        return cls(transformers_model())
 
     def new_cache(self, batch_size: int = 1) -> HFCache:
         return HFCache(batch_size)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.acceptance_head import calibration, default_head_path, fit_head, head_features
+from quickdraft.acceptance_head import WEIGHT_DECAYS, calibration, default_head_path, fit_head, head_features
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 from quickdraft.policy import UNKNOWN_STATE, DraftStep, Policy, StepState
@@ -114,10 +114,11 @@ def run_train(args: argparse.Namespace) -> None:
         "target": str(pipeline.target_path),
         "questions": str(path),
         "n_questions": {"train": len(shuffled) - num_holdout, "holdout": num_holdout},
+        "weight_decay": head.metadata["weight_decay"],
         "train": calibration(head, *tensors["train"]),
         "holdout": calibration(head, *tensors["holdout"]),
     }
-    head.metadata = {key: report[key] for key in ("draft", "target", "questions", "n_questions")}
+    head.metadata = {key: report[key] for key in ("draft", "target", "questions", "n_questions", "weight_decay")}
     head.metadata["holdout"] = {k: v for k, v in report["holdout"].items() if k != "reliability"}
     head.save(out)
     if args.json:
@@ -129,6 +130,8 @@ def run_train(args: argparse.Namespace) -> None:
             f"{split}: {numbers['n']} draft tokens, accepted {numbers['base_rate']:.2f}, "
             f"Brier {numbers['brier']:.3f}, ECE {numbers['ece']:.3f}, accuracy {numbers['accuracy']:.3f}"
         )
+    tried = ", ".join(map(str, WEIGHT_DECAYS))
+    print(f"L2 weight decay {report['weight_decay']:g} (the best of {tried} on held-back training tokens)")
     print("held-out reliability (predicted -> observed acceptance):")
     for row in report["holdout"]["reliability"]:
         low, high = row["bin"]

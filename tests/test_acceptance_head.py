@@ -39,6 +39,18 @@ def test_fit_learns_and_is_calibrated_on_held_out_data(tmp_path: Path) -> None:
     assert loaded.metadata == {"note": "test"}
 
 
+def test_fit_chooses_a_strong_penalty_when_features_outnumber_the_signal() -> None:
+    """300 noise features beside one informative one and 240 rows: a weak penalty would fit noise."""
+    generator = torch.Generator().manual_seed(0)
+    signal = torch.randn(400, 1, generator=generator)
+    features = torch.cat([signal, torch.randn(400, 300, generator=generator)], dim=1)
+    labels = (signal[:, 0] + 0.5 * torch.randn(400, generator=generator) > 0).long()
+    head = fit_head(features[:240], labels[:240])
+    assert head.metadata["weight_decay"] > 1e-3
+    held_out = calibration(head, features[240:], labels[240:])
+    assert held_out["accuracy"] > 0.7
+
+
 def test_fit_and_load_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="both accepted and rejected"):
         fit_head(torch.randn(10, 3), torch.ones(10))

@@ -139,23 +139,19 @@ class Pipeline:
         """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
 
         Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
-        tokens (after a warm-up); the draft model's 1-token forward (and, per token, its (max + 1)-token
-        forward, as the bench takes it from its draft curve: what reading a prompt costs it, an upper
-        estimate since every position pays the LM head) if the drafter uses one, the drafter's share
-        of a target step if the target drafts itself, else 0.
+        tokens (after a warm-up); the draft model's 1-token forward if the drafter uses one, the
+        drafter's share of a target step if the target drafts itself, else 0.
         """
         from quickdraft.bench.profile import measure_cost_curve
 
         ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
         target_ms = measure_cost_curve(self.target, ks, context, repeats=1, warmup=1)
-        drafter_cls, draft_ms, read_ms = DRAFTERS.get(drafter), 0.0, 0.0
+        drafter_cls, draft_ms = DRAFTERS.get(drafter), 0.0
         if drafter_cls.needs_draft_model and self.draft is not None:
-            block = max_draft_tokens + 1
-            draft_curve = measure_cost_curve(self.draft, [1, block], context, repeats=3, warmup=1)
-            draft_ms, read_ms = draft_curve[1], draft_curve[block] / block
+            draft_ms = measure_cost_curve(self.draft, [1], context, repeats=3, warmup=1)[1]
         elif drafter_cls.target_cost_fraction is not None:
             draft_ms = drafter_cls.target_cost_fraction * target_ms[1]
-        self.cost_models[drafter] = CostModel(target_ms, draft_ms, read_ms)
+        self.cost_models[drafter] = CostModel(target_ms, draft_ms)
         return self.cost_models[drafter]
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:

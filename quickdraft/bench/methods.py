@@ -94,13 +94,10 @@ class EngineMethod(Method):
             if self.drafter != "none" and self.policy.startswith("goodput"):
                 pipeline.calibrate(self.drafter, self.max_draft_tokens)
         elif self.drafter != "none" and "target" in cost_curves:
-            draft_ms = read_ms = 0.0
-            if self.uses_draft_model and (draft_curve := cost_curves.get("draft")):
-                longest = max(draft_curve)  # its per-token cost is what reading a prompt costs the draft
-                draft_ms, read_ms = draft_curve[1], draft_curve[longest] / longest
+            draft_ms = cost_curves.get("draft", {}).get(1, 0.0) if self.uses_draft_model else 0.0
             if self.target_cost_fraction is not None:
                 draft_ms = self.target_cost_fraction * cost_curves["target"][1]
-            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms, read_ms)
+            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms)
         if self.policy.startswith("specdec++") and self.drafter not in pipeline.acceptance_heads:
             pipeline.load_acceptance_head(self.drafter)  # the one train-acceptance-head wrote for this draft
 

@@ -63,7 +63,7 @@ class DraftModelDrafter(Drafter):
         if num_tokens <= 0:
             return DraftProposal.empty(1)
         # 1. roll back to the prefix shared with the committed tokens; keep >= 1 token to feed
-        keep = self._reusable_length(context)
+        keep = min(common_prefix_length(self.cached_ids, context), len(context) - 1)
         self.cache.truncate(keep)
         del self.cached_ids[keep:]
         # 2. catch up on the committed tokens the cache has not seen
@@ -82,10 +82,6 @@ class DraftModelDrafter(Drafter):
                 logits, hidden = self._feed(token.tolist())
         token_ids = torch.stack(drafted, dim=1)  # [1, γ]
         return DraftProposal(token_ids=token_ids, probs=torch.stack(draft_probs, dim=1))  # probs [1, γ, V]
-
-    def _reusable_length(self, context: list[int]) -> int:
-        """Cached tokens that stay: the prefix shared with ``context``, leaving at least one token to feed."""
-        return min(common_prefix_length(self.cached_ids, context), len(context) - 1)
 
     def _feed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append tokens to the draft cache: the last position's logits ``[1, V_draft]`` and hidden state."""

@@ -139,19 +139,26 @@ class Pipeline:
         """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
 
         Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
-        tokens (after a warm-up); the draft model's 1-token forward if the drafter uses one, the
-        drafter's share of a target step if the target drafts itself, else 0.
+        tokens (after a warm-up); the draft model's 1-token forward and what reading 128 and 512 tokens
+        costs it if the drafter uses one, the drafter's share of a target step if the target drafts
+        itself, else 0.
         """
-        from quickdraft.bench.profile import measure_cost_curve
+        from quickdraft.bench.profile import (
+            PREFILL_LENGTHS,
+            measure_cost_curve,
+            measure_prefill_curve,
+            prefill_lengths,
+        )
 
         ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
         target_ms = measure_cost_curve(self.target, ks, context, repeats=1, warmup=1)
-        drafter_cls, draft_ms = DRAFTERS.get(drafter), 0.0
+        drafter_cls, draft_ms, prefill_ms = DRAFTERS.get(drafter), 0.0, {}
         if drafter_cls.needs_draft_model and self.draft is not None:
             draft_ms = measure_cost_curve(self.draft, [1], context, repeats=3, warmup=1)[1]
+            prefill_ms = measure_prefill_curve(self.draft, prefill_lengths(self.draft, PREFILL_LENGTHS[:2]))
         elif drafter_cls.target_cost_fraction is not None:
             draft_ms = drafter_cls.target_cost_fraction * target_ms[1]
-        self.cost_models[drafter] = CostModel(target_ms, draft_ms)
+        self.cost_models[drafter] = CostModel(target_ms, draft_ms, prefill_ms)
         return self.cost_models[drafter]
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:

@@ -13,7 +13,7 @@ from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters.base import Drafter, DraftProposal
 from quickdraft.errors import PromptError
-from quickdraft.policy import AcceptanceRecord, CostModel, Policy, PolicyContext, make_policy
+from quickdraft.policy import AcceptanceRecord, CostModel, Policy, PolicyContext, StepState, make_policy
 from quickdraft.runtime.base import Runtime
 from quickdraft.sampling import logits_to_probs, make_generator, sample
 from quickdraft.stats import GenerationStats
@@ -144,7 +144,9 @@ class SpeculativeEngine:
 
             # 3. The policy chooses γ (0 = a plain step); draft up to γ tokens after the last committed one.
             tick = clock()
-            num_drafts = min(policy.choose(), config.max_new_tokens - len(new_token_ids) - 1)
+            remaining_tokens = config.max_new_tokens - len(new_token_ids)
+            state = StepState(remaining_tokens=remaining_tokens, drafter_backlog=self.drafter.backlog([committed]))
+            num_drafts = min(policy.choose(state), remaining_tokens - 1)
             stats.gamma_per_step.append(num_drafts)
             proposal = (
                 self.drafter.propose([committed], num_drafts, sampling, generator, policy.keep_drafting)

@@ -1,6 +1,8 @@
 """How many tokens to draft: a policy chooses γ before every step (0 = a plain step).
 
-A policy lives for one request. Before each step the engine asks :meth:`Policy.choose` for γ;
+A policy lives for one request. Before each step the engine asks :meth:`Policy.choose` for γ
+(telling it, in a :class:`StepState`, how many tokens the request may still produce and how many
+the drafter must read before it can draft);
 while the drafter drafts, :meth:`Policy.keep_drafting` may stop it early (confidence-based
 policies); after verification :meth:`Policy.observe` learns how many drafts were accepted.
 Policies never affect which tokens are produced, only how fast: every γ is lossless.
@@ -29,32 +31,46 @@ from quickdraft.errors import ConfigError
 from quickdraft.registry import Registry
 
 
+def interpolate(curve: Mapping[int, float], num_tokens: int) -> float:
+    """A measured cost at ``num_tokens``, else linear between the nearest measured points
+    (the first segment's slope below them, the last one's past them; one point: proportional)."""
+    if num_tokens in curve:
+        return float(curve[num_tokens])
+    ks = sorted(curve)
+    if len(ks) == 1:
+        return float(curve[ks[0]]) * num_tokens / ks[0]
+    below = max((k for k in ks[:-1] if k < num_tokens), default=ks[0])
+    above = ks[ks.index(below) + 1]
+    slope = (curve[above] - curve[below]) / (above - below)
+    return float(curve[below] + slope * (num_tokens - below))
+
+
 @dataclass(frozen=True)
 class CostModel:
-    """Measured costs: a target forward over k new tokens, and one drafted token, in milliseconds."""
+    """Measured costs in milliseconds: a target forward over k new tokens, one drafted token, and
+    the drafter reading n tokens before it can draft (a draft model's prefill; empty: free)."""
 
     target_ms: Mapping[int, float]
     draft_ms: float = 0.0
+    draft_prefill_ms: Mapping[int, float] = field(default_factory=dict)  # n tokens read -> ms
 
     def __post_init__(self) -> None:
         if 1 not in self.target_ms or any(k < 1 or ms <= 0 for k, ms in self.target_ms.items()):
             raise ConfigError("a cost model needs positive target times including k = 1")
         if self.draft_ms < 0:
             raise ConfigError(f"the draft cost must be >= 0 ms, got {self.draft_ms}")
+        if any(n < 1 or ms < 0 for n, ms in self.draft_prefill_ms.items()):
+            raise ConfigError("a draft prefill curve needs n >= 1 tokens and times >= 0 ms")
 
     def target(self, num_tokens: int) -> float:
-        """t_target(k): measured, else linear between the nearest measured points (extrapolated past the last)."""
-        if num_tokens in self.target_ms:
-            return float(self.target_ms[num_tokens])
-        ks = sorted(self.target_ms)
-        below = max((k for k in ks if k < num_tokens), default=ks[0])
-        above = min((k for k in ks if k > num_tokens), default=None)
-        if above is None:  # past the last point: continue the last segment's slope
-            if len(ks) == 1:
-                return float(self.target_ms[ks[0]]) * num_tokens
-            below, above = ks[-2], ks[-1]
-        slope = (self.target_ms[above] - self.target_ms[below]) / (above - below)
-        return float(self.target_ms[below] + slope * (num_tokens - below))
+        """t_target(k), interpolated between the measured k."""
+        return interpolate(self.target_ms, num_tokens)
+
+    def draft_read(self, num_tokens: int) -> float:
+        """What reading ``num_tokens`` costs the drafter before it drafts (0 without a prefill curve)."""
+        if num_tokens <= 0 or not self.draft_prefill_ms:
+            return 0.0
+        return interpolate({0: 0.0, **self.draft_prefill_ms}, num_tokens)
 
     def step_ms(self, num_draft_tokens: int) -> float:
         """Time of one step: γ drafted tokens plus a target forward over γ + 1 tokens."""
@@ -68,6 +84,11 @@ class CostModel:
         """argmax over γ in 0..max of the goodput; ties go to the smaller γ."""
         goodputs = [self.goodput(acceptance_rate, gamma) for gamma in range(max_draft_tokens + 1)]
         return max(range(len(goodputs)), key=lambda gamma: (goodputs[gamma], -gamma))
+
+    def saving_ms(self, acceptance_rate: float, num_draft_tokens: int, num_tokens: int) -> float:
+        """Expected time saved over ``num_tokens`` new tokens by drafting γ per step instead of plain steps."""
+        per_token_ms = self.step_ms(num_draft_tokens) / expected_tokens(acceptance_rate, num_draft_tokens)
+        return num_tokens * (self.target(1) - per_token_ms)
 
 
 def expected_tokens(acceptance_rate: float, num_draft_tokens: int) -> float:
@@ -85,6 +106,21 @@ class DraftStep:
     logits: torch.Tensor  # [B, V] the draft distribution's logits (temperature 1)
     hidden: torch.Tensor | None  # [B, H] the draft model's last hidden state, if the runtime gives it
     num_drafted: int  # tokens drafted so far in this step, this one included
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What the engine tells a policy before a step, besides the policy's own history."""
+
+    remaining_tokens: int | None = None  # new tokens the request may still produce (a bound); None: unbounded
+    drafter_backlog: int = 0  # committed tokens the drafter must read before its next draft
+
+    def __post_init__(self) -> None:
+        if (self.remaining_tokens is not None and self.remaining_tokens < 0) or self.drafter_backlog < 0:
+            raise ValueError(f"a step state needs counts >= 0, got {self}")
+
+
+UNKNOWN_STATE = StepState()
 
 
 @dataclass(frozen=True)
@@ -112,7 +148,7 @@ class AcceptanceRecord:
 
 class Policy(ABC):
     @abstractmethod
-    def choose(self) -> int:
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         """γ for the next step (0 = a plain step)."""
 
     def keep_drafting(self, step: DraftStep) -> bool:
@@ -127,7 +163,7 @@ class FixedPolicy(Policy):
     def __init__(self, num_draft_tokens: int) -> None:
         self.num_draft_tokens = num_draft_tokens
 
-    def choose(self) -> int:
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         return self.num_draft_tokens
 
 
@@ -138,7 +174,7 @@ class HeuristicPolicy(Policy):
         self.num_draft_tokens = max(1, min(start, maximum))
         self.maximum = maximum
 
-    def choose(self) -> int:
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         return self.num_draft_tokens
 
     def observe(self, proposed: int, accepted: int) -> None:
@@ -157,7 +193,7 @@ class ConfidencePolicy(Policy):
         self.threshold = threshold
         self.maximum = maximum
 
-    def choose(self) -> int:
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         return self.maximum
 
     def keep_drafting(self, step: DraftStep) -> bool:
@@ -174,6 +210,13 @@ class GoodputPolicy(Policy):
     prior is the drafter's record across requests with the weight of ``prior_strength`` drafts
     (Beta(1, 1) before there is a record). After ``probe_after`` plain steps in a row it drafts one
     token to re-measure α, so a request whose text turns predictable is noticed.
+
+    A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
+    draft): that cost, read from the cost model's measured draft prefill curve, is paid only when
+    the expected saving over the tokens the request may still produce exceeds it, so a long
+    document is decoded plainly unless the budget is long enough to repay reading it (the budget
+    is an upper bound: an answer that ends early repays less). A probe pays at most as much
+    reading as the ``probe_after`` plain steps before it cost.
     """
 
     cost_model: CostModel
@@ -197,12 +240,27 @@ class GoodputPolicy(Policy):
         prior_accepted, prior_rejected = self.prior
         return (prior_accepted + self.accepted) / (prior_accepted + prior_rejected + self.accepted + self.rejected)
 
-    def choose(self) -> int:
-        gamma = self.cost_model.best_num_draft_tokens(self.acceptance_rate(), self.maximum)
-        if gamma == 0 and self.plain_steps >= self.probe_after:
-            gamma = 1
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        acceptance_rate = self.acceptance_rate()
+        gamma = self.cost_model.best_num_draft_tokens(acceptance_rate, self.maximum)
+        if gamma > 0 and not self._reading_pays(acceptance_rate, gamma, state):
+            gamma = 0
+        elif gamma == 0 and self.plain_steps >= self.probe_after:
+            # a probe may cost as much reading as the plain steps before it took
+            gamma = 1 if self._reading_ms(state) <= self.probe_after * self.cost_model.target(1) else 0
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         return gamma
+
+    def _reading_ms(self, state: StepState) -> float:
+        """The drafter's catch-up beyond the one token every step's draft cost already includes."""
+        return self.cost_model.draft_read(state.drafter_backlog - 1)
+
+    def _reading_pays(self, acceptance_rate: float, gamma: int, state: StepState) -> bool:
+        """Is drafting worth the drafter's backlog over the tokens the request may still produce?"""
+        reading_ms = self._reading_ms(state)
+        if reading_ms == 0 or state.remaining_tokens is None:
+            return True
+        return self.cost_model.saving_ms(acceptance_rate, gamma, state.remaining_tokens) > reading_ms
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
@@ -228,7 +286,7 @@ class SpecDecPolicy(Policy):
         self.maximum = maximum
         self.all_accepted = 1.0
 
-    def choose(self) -> int:
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.all_accepted = 1.0
         return self.maximum
 

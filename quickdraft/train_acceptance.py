@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from quickdraft.acceptance_head import WEIGHT_DECAYS, calibration, default_head_path, fit_head, head_features
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
-from quickdraft.policy import DraftStep, Policy
+from quickdraft.policy import UNKNOWN_STATE, DraftStep, Policy, StepState
 
 
 class RecordingPolicy(Policy):
@@ -34,7 +34,7 @@ class RecordingPolicy(Policy):
         self.features: list[torch.Tensor] = []
         self.labels: list[int] = []
 
-    def choose(self) -> int:
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.pending = []
         return self.block
 

@@ -16,6 +16,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.errors import PromptError
+from quickdraft.policy import AcceptanceRecord, CostModel
 from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.verify import VerificationResult
 
@@ -157,8 +158,33 @@ def test_draft_model_reads_the_prompt_only_when_it_first_drafts(
     engine, prompt_ids = pipeline.engine("draft-model"), PROMPTS[3]
     engine.generate(prompt_ids, GenerationConfig(max_new_tokens=6, policy="fixed:0"))
     assert fed == []  # plain steps only: the draft model never ran
+    assert engine.drafter.backlog([[*prompt_ids, 1]]) == len(prompt_ids) + 1
     engine.generate(prompt_ids, GenerationConfig(max_new_tokens=6, num_draft_tokens=2))
     assert fed[0] == len(prompt_ids) + 1  # the prompt and the target's first token, in one forward
+
+
+def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fed: list[int] = []
+    forward = pipeline.draft.forward_with_hidden
+
+    def counting_forward(token_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
+        fed.append(int(token_ids.shape[1]))
+        return forward(token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
+    cheap_verify = {1: 100.0, 2: 101.0, 4: 102.0, 8: 104.0, 17: 108.0}
+    plain = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=8)).token_ids
+    for prefill_ms, drafts in (({1: 1e6}, False), ({1: 1.0}, True)):  # a token costs 1000 s / 1 ms to read
+        cost_model = CostModel(cheap_verify, draft_ms=1.0, draft_prefill_ms=prefill_ms)
+        monkeypatch.setitem(pipeline.cost_models, "draft-model", cost_model)
+        monkeypatch.setitem(pipeline.acceptance_records, "draft-model", AcceptanceRecord(accepted=99, rejected=1))
+        fed.clear()
+        config = GenerationConfig(max_new_tokens=8, policy="goodput")
+        result = pipeline.engine("draft-model").generate(PROMPTS[3], config)
+        assert bool(fed) == drafts
+        assert result.token_ids == plain
 
 
 def test_drafters_are_found_by_name() -> None:

@@ -16,6 +16,7 @@ from quickdraft.policy import (
     DraftStep,
     GoodputPolicy,
     PolicyContext,
+    StepState,
     expected_tokens,
     make_policy,
 )
@@ -24,6 +25,8 @@ FLAT = CostModel({1: 100.0, 2: 101.0, 4: 103.0, 8: 107.0, 17: 116.0}, draft_ms=1
 STEEP = CostModel({1: 100.0, 2: 190.0, 4: 370.0, 8: 730.0}, draft_ms=1.0)  # each verified token costs a step
 EXPENSIVE_DRAFT = CostModel(FLAT.target_ms, draft_ms=60.0)
 MODERATE = CostModel({1: 100.0, 2: 110.0, 4: 125.0, 8: 160.0, 17: 240.0}, draft_ms=5.0)
+# a draft model reading a prompt: 10 ms a token
+READS_SLOWLY = CostModel(MODERATE.target_ms, draft_ms=5.0, draft_prefill_ms={100: 1000.0})
 
 
 def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0) -> list[int]:
@@ -53,6 +56,15 @@ def test_cost_model_interpolates_and_extrapolates() -> None:
     assert FLAT.step_ms(3) == pytest.approx(3 * 1.0 + 103.0)
     with pytest.raises(ConfigError):
         CostModel({2: 10.0})
+
+
+def test_draft_read_follows_the_prefill_curve() -> None:
+    prefill = CostModel({1: 100.0}, draft_prefill_ms={128: 256.0, 512: 1280.0})
+    assert prefill.draft_read(0) == 0.0
+    assert prefill.draft_read(64) == pytest.approx(128.0)  # below the first point: from (0, 0)
+    assert prefill.draft_read(320) == pytest.approx(768.0)
+    assert prefill.draft_read(1024) == pytest.approx(2645.333, rel=1e-4)  # the last segment's slope
+    assert MODERATE.draft_read(5000) == 0.0  # no prefill curve: reading is free
 
 
 def test_best_gamma_from_the_cost_model() -> None:
@@ -95,6 +107,43 @@ def test_goodput_prior_comes_from_the_drafters_record() -> None:
     record = AcceptanceRecord()
     feed(GoodputPolicy(FLAT, 16, record), alpha=0.9, steps=20)
     assert record.accepted > record.rejected > 0
+
+
+def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
+    good = AcceptanceRecord(accepted=900, rejected=100)
+    policy = GoodputPolicy(READS_SLOWLY, 16, good)
+    assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=2000)) == 0  # long document, short answer
+    assert policy.choose(StepState(remaining_tokens=5000, drafter_backlog=2000)) > 0  # a long answer repays it
+    assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=1)) > 0  # already read: just draft
+    assert policy.choose(StepState(remaining_tokens=None, drafter_backlog=2000)) > 0  # no budget known: draft
+    assert GoodputPolicy(MODERATE, 16, good).choose(StepState(20, 2000)) > 0  # reading is free in this model
+
+
+def test_goodput_probes_unless_the_drafter_would_read_a_long_document_first() -> None:
+    bad = AcceptanceRecord(accepted=0, rejected=100)
+    short_prompt, long_prompt = GoodputPolicy(READS_SLOWLY, 16, bad), GoodputPolicy(READS_SLOWLY, 16, bad)
+    chosen = [short_prompt.choose(StepState(remaining_tokens=100, drafter_backlog=120)) for _ in range(17)]
+    assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps: reading 120 tokens is cheap enough
+    assert all(long_prompt.choose(StepState(remaining_tokens=100, drafter_backlog=2000)) == 0 for _ in range(40))
+
+
+def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
+    """No record, costs where the prior α = 0.5 gives γ = 0: the draft model must still get a probe."""
+    policy = GoodputPolicy(CostModel({1: 106.0, 2: 119.0, 4: 127.0}, draft_ms=50.0, draft_prefill_ms={128: 900.0}), 3)
+    # a 100-token prompt the draft model has not read, and one more plain-decoded token per step
+    chosen = [policy.choose(StepState(remaining_tokens=128 - step, drafter_backlog=100 + step)) for step in range(20)]
+    assert chosen[0] == 0 and 1 in chosen
+
+
+def test_step_state_rejects_negative_counts() -> None:
+    with pytest.raises(ValueError):
+        StepState(remaining_tokens=-1)
+    with pytest.raises(ValueError):
+        StepState(drafter_backlog=-1)
+    with pytest.raises(ConfigError):
+        CostModel({1: 1.0}, draft_prefill_ms={0: 1.0})
+    with pytest.raises(ConfigError):
+        CostModel({1: 1.0}, draft_prefill_ms={10: -1.0})
 
 
 def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection() -> None:

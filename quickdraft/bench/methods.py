@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from quickdraft.api import Pipeline
 from quickdraft.bench.metrics import MethodInfo
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
+from quickdraft.bench.profile import DRAFT_PREFILL
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
@@ -95,9 +96,10 @@ class EngineMethod(Method):
                 pipeline.calibrate(self.drafter, self.max_draft_tokens)
         elif self.drafter != "none" and "target" in cost_curves:
             draft_ms = cost_curves.get("draft", {}).get(1, 0.0) if self.uses_draft_model else 0.0
+            prefill_ms = cost_curves.get(DRAFT_PREFILL, {}) if self.uses_draft_model else {}
             if self.target_cost_fraction is not None:
                 draft_ms = self.target_cost_fraction * cost_curves["target"][1]
-            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms)
+            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms, prefill_ms)
         if self.policy.startswith("specdec++") and self.drafter not in pipeline.acceptance_heads:
             pipeline.load_acceptance_head(self.drafter)  # the one train-acceptance-head wrote for this draft
 

@@ -21,6 +21,14 @@ from tqdm.auto import tqdm
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import Runtime
 
+PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
+DRAFT_PREFILL = "draft_prefill"  # the bench's name for that curve (n tokens -> ms), beside "target" and "draft"
+
+
+def prefill_lengths(runtime: Runtime, lengths: Iterable[int] = PREFILL_LENGTHS) -> list[int]:
+    """``lengths`` capped at what the runtime's context holds."""
+    return sorted({min(n, runtime.max_context) for n in lengths})
+
 
 def measure_cost_curve(
     runtime: Runtime,
@@ -52,6 +60,28 @@ def measure_cost_curve(
             times.append(time.perf_counter() - started)
             cache.truncate(context)
         curve[k] = 1000 * statistics.median(times[warmup:])
+    return curve
+
+
+def measure_prefill_curve(
+    runtime: Runtime, lengths: Iterable[int], repeats: int = 1, warmup: int = 1
+) -> dict[int, float]:
+    """Median milliseconds of reading n tokens into an empty cache (last position's logits only):
+    what a drafter pays to catch up on a prompt before its first draft."""
+    lengths = sorted(set(lengths))
+    if not lengths or lengths[0] < 1 or lengths[-1] > runtime.max_context or repeats < 1 or warmup < 0:
+        raise ConfigError(f"a prefill curve needs 1 <= n <= {runtime.max_context}, repeats >= 1 and warmup >= 0")
+    generator = torch.Generator().manual_seed(0)
+    curve: dict[int, float] = {}
+    for n in lengths:
+        token_ids = torch.randint(0, runtime.vocab_size, (1, n), generator=generator)  # [1, n]
+        times = []
+        for _ in range(warmup + repeats):
+            cache = runtime.new_cache(1)
+            started = time.perf_counter()
+            runtime.forward(token_ids, cache, last_only=True)
+            times.append(time.perf_counter() - started)
+        curve[n] = 1000 * statistics.median(times[warmup:])
     return curve
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quickdraft.bench.profile import DRAFT_PREFILL
+
 COLUMNS = (
     ("speedup", "speedup", "{:.2f}×"),
     ("tokens_per_s", "tokens/s", "{:.2f}"),
@@ -63,13 +65,17 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     for category in categories:
         rows = {name: result["categories"][category] for name, result in methods.items()}
         lines += ["", f"## {category}", "", *metrics_table(rows, "method")]
-    curves = results.get("cost_curves") or {}
+    curves = dict(results.get("cost_curves") or {})
+    prefill = curves.pop(DRAFT_PREFILL, None)
     if curves:
         lines += ["", f"## Cost curves (ms per forward of k new tokens, {config['profile_context']} cached)", ""]
         ks = sorted({int(k) for curve in curves.values() for k in curve})
         lines += ["| model | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
         for role, curve in curves.items():
             lines.append(f"| {role} | " + " | ".join(cell(curve.get(str(k)), "{:.1f}") for k in ks) + " |")
+    if prefill:
+        reads = ", ".join(f"{n} tokens {ms:.0f} ms" for n, ms in sorted((int(n), ms) for n, ms in prefill.items()))
+        lines += ["", f"Draft model reading a prompt into an empty cache (goodput weighs it): {reads}."]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -159,6 +165,8 @@ def write_plots(results: dict[str, Any], out: Path) -> bool:
 
     figure, axes = plt.subplots(figsize=(8, 5))
     for role, curve in (results.get("cost_curves") or {}).items():
+        if role == DRAFT_PREFILL:
+            continue
         ks = sorted(int(k) for k in curve)
         axes.plot(ks, [curve[str(k)] for k in ks], marker="o", label=role)
     axes.set_xlabel("new tokens k in one forward")

@@ -24,7 +24,14 @@ from tqdm.auto import tqdm
 
 from quickdraft.bench.methods import DEFAULT_NUM_DRAFT_TOKENS, METHODS, Method, parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, oracle, token_latencies
-from quickdraft.bench.profile import curve_from_json, curve_to_json, measure_cost_curve
+from quickdraft.bench.profile import (
+    DRAFT_PREFILL,
+    curve_from_json,
+    curve_to_json,
+    measure_cost_curve,
+    measure_prefill_curve,
+    prefill_lengths,
+)
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.config import GenerationConfig
@@ -180,7 +187,10 @@ def measure(
         if pipeline.draft is not None:
             curves["draft"] = measure_cost_curve(pipeline.draft, ks, args.profile_context, 3, 1, True, "profile draft")
         store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
-        store.write_json("cost_curves.json", store.cost_curves)
+    if pipeline.draft is not None and DRAFT_PREFILL not in store.cost_curves:  # older results lack it
+        prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))
+        store.cost_curves[DRAFT_PREFILL] = curve_to_json(prefill)
+    store.write_json("cost_curves.json", store.cost_curves)
     curves = {role: curve_from_json(curve) for role, curve in store.cost_curves.items()}
     pending_methods = list(dict.fromkeys(method for _, _, method in todo))
     other_runtimes = {method.runtime for method in pending_methods if method.runtime is not None}

@@ -72,6 +72,11 @@ class Drafter(ABC):
     def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
         """After verification: of ``proposed`` drafts the target accepted the first ``accepted``."""
 
+    def backlog(self, context_ids: list[list[int]]) -> int:
+        """Committed tokens this drafter must read before it can draft after ``context_ids`` (policies
+        weigh that cost); 0 for drafters without a model of their own."""
+        return 0
+
     @abstractmethod
     def propose(
         self,

@@ -4,7 +4,7 @@ Its KV cache follows the committed tokens lazily: before drafting, the cache is 
 to the longest prefix it shares with the committed context (dropping rejected drafts) and
 the tokens it has not seen yet are fed in one forward (catching up on the target's token).
 The prompt, too, is read only at the first draft: a request a policy decodes plainly (γ = 0
-throughout) never pays the draft model's prefill.
+throughout, e.g. a long document with a short answer) never pays the draft model's prefill.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class DraftModelDrafter(Drafter):
             raise NotImplementedError("the draft-model drafter drafts for one row at a time")
         self.cache = self.draft.new_cache(1)
         self.cached_ids = []
+
+    def backlog(self, context_ids: list[list[int]]) -> int:
+        (context,) = context_ids
+        return len(context) - min(common_prefix_length(self.cached_ids, context), len(context) - 1)
 
     def propose(
         self,

@@ -18,7 +18,7 @@ from quickdraft.bench.metrics import (
     predicted_speedup,
     token_latencies,
 )
-from quickdraft.bench.profile import measure_cost_curve
+from quickdraft.bench.profile import measure_cost_curve, measure_prefill_curve, prefill_lengths
 from quickdraft.bench.questions import load_questions, sample_questions
 from quickdraft.cli import main
 from quickdraft.errors import ConfigError, QuickdraftError
@@ -290,6 +290,14 @@ def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:
     assert sorted(curve) == [1, 2, 3] and all(ms > 0 for ms in curve.values())
     with pytest.raises(ConfigError, match="exceeds"):
         measure_cost_curve(pipeline.target, [8], context=pipeline.target.max_context)
+
+
+def test_prefill_curve_reads_into_empty_caches(pipeline) -> None:
+    draft = pipeline.draft
+    curve = measure_prefill_curve(draft, prefill_lengths(draft, (16, 4, 10**6)), repeats=2)
+    assert sorted(curve) == [4, 16, draft.max_context] and all(ms > 0 for ms in curve.values())
+    with pytest.raises(ConfigError, match="prefill curve"):
+        measure_prefill_curve(draft, [draft.max_context + 1])
 
 
 def test_profile_command_prints_json(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:

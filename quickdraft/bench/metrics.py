@@ -173,12 +173,15 @@ def aggregate(
     curves = cost_curves or {}
     target_ms = curves.get("target")
     results: dict[str, Any] = {}
+    references: dict[str, dict[str, list[int]]] = {}  # baseline name -> question -> its tokens
     for name, info in methods.items():
         mine = [e for e in entries if e.method == name]
         baseline = [e for e in entries if e.method == info.baseline]
-        reference_ids: dict[str, list[int]] = {}
-        for e in sorted(baseline, key=lambda e: -e.run):  # the lowest run wins
-            reference_ids[e.question_id] = e.token_ids
+        if info.baseline not in references:
+            references[info.baseline] = {}
+            for e in sorted(baseline, key=lambda e: -e.run):  # the lowest run wins
+                references[info.baseline][e.question_id] = e.token_ids
+        reference_ids = references[info.baseline]
         draft_curve = curves.get("draft") or {}
         draft_ms = draft_curve.get(1) if info.uses_draft_model else 0.0
         if info.target_cost_fraction is not None and target_ms and 1 in target_ms:

@@ -173,10 +173,14 @@ def run_generate(args: argparse.Namespace) -> None:
     if config.policy.startswith("goodput") and args.drafter != "none":
         costs = pipeline.calibrate(args.drafter, config.max_draft_tokens)
         if not args.json:
+            reading = ""
+            if costs.draft_prefill_ms:
+                longest = max(costs.draft_prefill_ms)
+                reading = f"; reading {longest} prompt tokens costs the draft {costs.draft_read(longest):.0f} ms"
             print(
                 f"[goodput] calibrated: target {costs.target(1):.0f} ms for 1 token, "
                 f"{costs.target(config.max_draft_tokens + 1):.0f} ms for {config.max_draft_tokens + 1}; "
-                f"{costs.draft_ms:.0f} ms per drafted token",
+                f"{costs.draft_ms:.0f} ms per drafted token{reading}",
                 file=sys.stderr,
             )
     engine = pipeline.engine(args.drafter, options)

@@ -57,6 +57,13 @@ def test_generate_streams_text_then_statistics(
     assert "tokens in" in err and "τ" in err and "note: --draft is not used" in err
 
 
+def test_goodput_reports_its_calibration(model_args: list[str], capsys: pytest.CaptureFixture) -> None:
+    args = ["generate", "w1 w2 w3", *model_args, "--policy", "goodput", "--max-new-tokens", "5"]
+    status, out, err = run(args, capsys)
+    assert status == 0 and out.strip()
+    assert "[goodput] calibrated: target" in err and "prompt tokens costs the draft" in err
+
+
 def test_prompt_lookup_needs_no_draft(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     args = ["generate", "w1 w2 w1 w2", "--target", str(tiny_model_dirs["target"]), "--drafter", "prompt-lookup"]
     status, out, _ = run([*args, "--max-new-tokens", "4", "--json"], capsys)

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.api import Pipeline
 from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.bench.prompts import PROMPTS
@@ -124,6 +125,26 @@ def test_every_policy_equals_plain_decoding_on_real_prompts(native_pair: Pipelin
         for prompt, chat, _, _ in CASES[:2]:
             prompt_ids = native_pair.encode(prompt, chat=chat)
             plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+            config = GenerationConfig(max_new_tokens=32, policy=policy)
+            result = native_pair.engine(drafter).generate(prompt_ids, config)
+            assert result.token_ids == plain.token_ids, f"{drafter} with {policy} diverged"
+
+
+def test_specdec_and_early_exit_equal_plain_decoding_on_real_prompts(native_pair: Pipeline) -> None:
+    """The remaining policy and drafter of issue 5 on the real pair. The acceptance head is made up
+    (every draft accepted with probability 0.88): a head changes how long blocks are, never the tokens."""
+    assert native_pair.draft_path is not None
+    features = json.loads((native_pair.draft_path / "config.json").read_text())["hidden_size"] + 2
+    native_pair.acceptance_heads["draft-model"] = AcceptanceHead(
+        weight=torch.zeros(features), bias=torch.tensor(2.0), mean=torch.zeros(features), scale=torch.ones(features)
+    )
+    if "early-exit" not in native_pair.cost_models:
+        native_pair.calibrate("early-exit")
+    runs = [("draft-model", "specdec++"), ("early-exit", "fixed"), ("early-exit", "goodput")]
+    for prompt, chat, _, _ in CASES[:2]:
+        prompt_ids = native_pair.encode(prompt, chat=chat)
+        plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+        for drafter, policy in runs:
             config = GenerationConfig(max_new_tokens=32, policy=policy)
             result = native_pair.engine(drafter).generate(prompt_ids, config)
             assert result.token_ids == plain.token_ids, f"{drafter} with {policy} diverged"

@@ -14,7 +14,7 @@ from quickdraft.api import Pipeline
 from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
-from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.draft_model import DraftModelDrafter, common_prefix_length
 from quickdraft.errors import PromptError
 from quickdraft.policy import AcceptanceRecord, CostModel
 from quickdraft.sampling import logits_to_probs, sample
@@ -185,6 +185,12 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
         result = pipeline.engine("draft-model").generate(PROMPTS[3], config)
         assert bool(fed) == drafts
         assert result.token_ids == plain
+
+
+def test_common_prefix_length() -> None:
+    assert common_prefix_length([1, 2, 3], [1, 2, 3, 4]) == 3  # a cache trailing the context
+    assert common_prefix_length([1, 2, 9, 9], [1, 2, 3]) == 2  # rejected drafts in the cache
+    assert common_prefix_length([], [1]) == 0 and common_prefix_length([5], [6]) == 0
 
 
 def test_drafters_are_found_by_name() -> None:

@@ -20,6 +20,9 @@ from quickdraft.sampling import logits_to_probs, sample
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
+    shorter = min(len(a), len(b))
+    if a[:shorter] == b[:shorter]:  # the usual case (the cache trails the committed tokens), compared in C
+        return shorter
     length = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -52,7 +55,7 @@ class DraftModelDrafter(Drafter):
 
     def backlog(self, context_ids: list[list[int]]) -> int:
         (context,) = context_ids
-        return len(context) - min(common_prefix_length(self.cached_ids, context), len(context) - 1)
+        return len(context) - self._reusable_length(context)
 
     def propose(
         self,
@@ -67,7 +70,7 @@ class DraftModelDrafter(Drafter):
         if num_tokens <= 0:
             return DraftProposal.empty(1)
         # 1. roll back to the prefix shared with the committed tokens; keep >= 1 token to feed
-        keep = min(common_prefix_length(self.cached_ids, context), len(context) - 1)
+        keep = self._reusable_length(context)
         self.cache.truncate(keep)
         del self.cached_ids[keep:]
         # 2. catch up on the committed tokens the cache has not seen
@@ -86,6 +89,10 @@ class DraftModelDrafter(Drafter):
                 logits, hidden = self._feed(token.tolist())
         token_ids = torch.stack(drafted, dim=1)  # [1, γ]
         return DraftProposal(token_ids=token_ids, probs=torch.stack(draft_probs, dim=1))  # probs [1, γ, V]
+
+    def _reusable_length(self, context: list[int]) -> int:
+        """Cached tokens that stay: the prefix shared with ``context``, leaving at least one token to feed."""
+        return min(common_prefix_length(self.cached_ids, context), len(context) - 1)
 
     def _feed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append tokens to the draft cache: the last position's logits ``[1, V_draft]`` and hidden state."""

@@ -94,7 +94,12 @@ def test_int8_linear_handles_zero_rows() -> None:
 def test_config_rejects_unsupported_models() -> None:
     base = tiny_model(64, seed=3).config.to_dict()
     DecoderConfig.from_hf(base)
-    for change in ({"model_type": "gpt2"}, {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}):
+    unsupported = (
+        {"model_type": "gpt2"},
+        {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}},
+        {"mlp_bias": True},
+    )
+    for change in unsupported:
         with pytest.raises(ValueError):
             DecoderConfig.from_hf(base | change)
 
@@ -108,6 +113,25 @@ def test_logits_close_to_transformers_fp32() -> None:
         reference = model(token_ids).logits
     assert (native - reference).abs().max() < 0.02 * reference.abs().max()
     assert torch.equal(native.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
+def test_llama_attention_biases_are_all_loaded(use_kernel: bool) -> None:
+    from conftest import tiny_config
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(tiny_config(LlamaConfig, 64, 2, attention_bias=True)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.bias.normal_()  # o_proj's bias too: dropping it would be silently wrong
+    runtime = native_from_hf(model)
+    runtime.decoder.use_kernel = use_kernel
+    token_ids = torch.tensor([[5, 9, 2, 33, 7, 1, 60, 12]])
+    native = runtime.forward(token_ids, runtime.new_cache())
+    with torch.no_grad():
+        reference = model(token_ids).logits
+    assert (native - reference).abs().max() < 0.02 * reference.abs().max()
 
 
 def test_logits_are_bitwise_equal_across_block_sizes_and_offsets(runtime: NativeRuntime) -> None:
@@ -176,6 +200,69 @@ def test_native_kernels_matches_the_pytorch_path() -> None:
     decoder.use_kernel = False
     reference = decoder._attend(q, keys, values, starts)
     assert torch.allclose(compiled, reference, atol=1e-6, rtol=1e-5)
+
+
+def test_layer_kernels_equal_the_reference_operations() -> None:
+    """Each fused kernel against the PyTorch operations of ``Decoder._layer`` on the same inputs: bitwise where
+    both sides do the same float operations (RoPE, cache writes, residual adds), to float error for RMSNorm's
+    sum and SiLU's exp."""
+    kernels = native_kernels()
+    assert kernels is not None
+    decoder = native_from_hf(tiny_model(64, seed=3)).decoder
+    config, generator = decoder.config, torch.Generator().manual_seed(6)
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    layer, starts, num_new = decoder.layers[0], [3, 11], 4
+    rows = len(starts) * num_new
+    x = torch.randn(rows, config.hidden_size, generator=generator) * 2  # [B·K, H]
+
+    normed = kernels.rms_norm(x, layer.input_norm, config.rms_norm_eps)
+    assert torch.allclose(normed, decoder._rms_norm(x, layer.input_norm), rtol=1e-5, atol=1e-6)
+    quantized, row_scale = kernels.rms_norm_quantize(x, layer.input_norm, config.rms_norm_eps)
+    expected_quantized, expected_scale = kernels.quantize_rows(normed)
+    assert torch.equal(quantized, expected_quantized) and torch.equal(row_scale, expected_scale)
+
+    gemm_out = layer.qkv.matmul_rows(quantized)  # [B·K + 1, (heads + 2·kv_heads)·D]
+    cache = decoder.new_cache(len(starts))
+    q = kernels.qkv_rope_cache(
+        gemm_out, row_scale, layer.qkv.kernel_bias, decoder.rope_cos, decoder.rope_sin,
+        cache.keys[0], cache.values[0], starts, heads,
+    )  # fmt: skip
+    projected = kernels.combine_rows(gemm_out, row_scale, layer.qkv.kernel_bias).reshape(len(starts), num_new, -1)
+    q_ref, k_ref, v_ref = projected.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
+    cos, sin = decoder.rope_cos[positions][:, :, None], decoder.rope_sin[positions][:, :, None]
+    assert torch.equal(q, decoder._rotate(q_ref.reshape(len(starts), num_new, heads, head_dim), cos, sin))
+    k_ref = decoder._rotate(k_ref.reshape(len(starts), num_new, kv_heads, head_dim), cos, sin)
+    for row, start in enumerate(starts):
+        assert torch.equal(cache.keys[0, row, :, start : start + num_new], k_ref[row].transpose(0, 1))
+        expected_values = v_ref[row].reshape(num_new, kv_heads, head_dim).transpose(0, 1)
+        assert torch.equal(cache.values[0, row, :, start : start + num_new], expected_values)
+    assert not cache.keys[0, 0, :, start + num_new :].any()  # nothing written past the block
+
+    gemm_out = torch.randn(rows + 1, config.hidden_size, generator=generator) * 50
+    bias = torch.randn(config.hidden_size, generator=generator)
+    for kernel_bias in (torch.empty(0), bias):
+        combined = kernels.combine_residual(gemm_out, row_scale, kernel_bias, x)
+        assert torch.equal(combined, x + kernels.combine_rows(gemm_out, row_scale, kernel_bias))
+
+    gate_up = torch.randn(rows + 1, 2 * config.intermediate_size, generator=generator) * 50
+    quantized, scale = kernels.silu_mul_quantize(gate_up, row_scale)
+    gate, up = (gate_up[:-1] * row_scale).chunk(2, dim=-1)
+    activated = torch.nn.functional.silu(gate) * up  # [B·K, I]
+    assert torch.allclose(scale, activated.abs().amax(1, keepdim=True) / 127, rtol=1e-5)
+    assert (quantized[:-1] * scale - activated).abs().le(scale * 0.5 * (1 + 1e-3)).all()  # within half a level
+    assert quantized[-1, :2].tolist() == [-128.0, 127.0]  # the sentinel row
+
+
+def test_fused_layers_are_close_to_the_reference_path() -> None:
+    runtime = native_from_hf(tiny_model(64, seed=3))
+    tokens = torch.tensor([[5, 9, 2, 33, 7, 1, 60, 12], [3, 3, 4, 40, 41, 2, 9, 9]])
+    fused, hidden = runtime.forward_with_hidden(tokens, runtime.new_cache(2))
+    runtime.decoder.use_kernel = False
+    reference, reference_hidden = runtime.forward_with_hidden(tokens, runtime.new_cache(2))
+    assert torch.allclose(hidden, reference_hidden, rtol=1e-3, atol=1e-3)
+    assert (fused - reference).abs().max() < 1e-3 * reference.abs().max()
+    assert torch.equal(fused.argmax(-1), reference.argmax(-1))
 
 
 def native_pipeline() -> Pipeline:

@@ -4,9 +4,16 @@
 // share the call. That makes a token's result bitwise identical whether it is decoded alone or
 // inside a verify block at any offset.
 //
-// attend:          causal attention over a static KV cache, one (row, query, head) at a time.
-// quantize_rows:   per-row 8-bit activation scales and the integer rows fed to fbgemm (with the sentinel).
-// combine_rows:    fbgemm's output back to floats: row scale, bias.
+// attend:             causal attention over a static KV cache, one (row, query, head) at a time.
+// quantize_rows:      per-row 8-bit activation scales and the integer rows fed to fbgemm (with the sentinel).
+// combine_rows:       fbgemm's output back to floats: row scale, bias.
+// The fused steps of a decoder layer, so that a layer is 12 calls instead of ~45 small PyTorch ops
+// (on a 1-token step the ops' dispatch, not their arithmetic, is what costs):
+// rms_norm:           RMSNorm of each row.
+// rms_norm_quantize:  RMSNorm, then quantize_rows.
+// qkv_rope_cache:     combine_rows of the q/k/v projection, RoPE on q and k, k and v written into the cache.
+// combine_residual:   residual + combine_rows (no bias).
+// silu_mul_quantize:  combine_rows of gate/up, silu(gate) * up, then quantize_rows.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -27,6 +34,43 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float total = 0.0f;
   for (int64_t l = 0; l < kLanes; ++l) total += partial[l];
   return total;
+}
+
+constexpr float kLevels = 127.0f;  // 8-bit activations
+
+// Quantizes one row to integers in [-127, 127] (as floats); returns its scale max(max|x|, 1e-30) / 127.
+inline float quantize_row(const float* row, float* dst, int64_t width) {
+  float amax = 0.0f;
+  for (int64_t k = 0; k < width; ++k) amax = std::max(amax, std::fabs(row[k]));
+  const float s = std::max(amax, 1e-30f) / kLevels;
+  for (int64_t k = 0; k < width; ++k) dst[k] = std::min(std::max(std::nearbyint(row[k] / s), -kLevels), kLevels);
+  return s;
+}
+
+// The row after the M quantized rows that pins fbgemm's per-tensor range to [-128, 127].
+inline void write_sentinel(float* row, int64_t width) {
+  std::fill(row, row + width, 0.0f);
+  row[0] = -128.0f;
+  row[1] = 127.0f;
+}
+
+// dst = weight * (x * 1 / sqrt(mean(x^2) + eps)).
+inline void rms_norm_row(const float* x, const float* weight, float* dst, int64_t width, float eps) {
+  const float variance = dot(x, x, width) / static_cast<float>(width);
+  const float inverse = 1.0f / std::sqrt(variance + eps);
+  for (int64_t k = 0; k < width; ++k) dst[k] = weight[k] * (x[k] * inverse);
+}
+
+// dst = x * cos + rotate_half(x) * sin with rotate_half(x) = (-x[half:], x[:half]); dst may not alias x.
+inline void rope_row(const float* x, const float* cos, const float* sin, float* dst, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for (int64_t d = 0; d < half; ++d) dst[d] = x[d] * cos[d] + (-x[d + half]) * sin[d];
+  for (int64_t d = half; d < head_dim; ++d) dst[d] = x[d] * cos[d] + x[d - half] * sin[d];
+}
+
+torch::Tensor float_tensor(torch::Tensor t, const char* name) {
+  TORCH_CHECK(t.dtype() == torch::kFloat32, name, " must be float32");
+  return t.contiguous();
 }
 
 }  // namespace
@@ -93,27 +137,15 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
   x = x.contiguous();
   const int64_t rows = x.size(0), width = x.size(1);
   TORCH_CHECK(width >= 2);
-  constexpr float kLevels = 127.0f;
   auto out = torch::empty({rows + 1, width}, x.options());
   auto scale = torch::empty({rows, 1}, x.options());
   const float* x_data = x.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
   float* scale_data = scale.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = x_data + r * width;
-      float amax = 0.0f;
-      for (int64_t k = 0; k < width; ++k) amax = std::max(amax, std::fabs(row[k]));
-      const float s = std::max(amax, 1e-30f) / kLevels;
-      scale_data[r] = s;
-      float* dst = out_data + r * width;
-      for (int64_t k = 0; k < width; ++k) dst[k] = std::min(std::max(std::nearbyint(row[k] / s), -kLevels), kLevels);
-    }
+    for (int64_t r = begin; r < end; ++r) scale_data[r] = quantize_row(x_data + r * width, out_data + r * width, width);
   });
-  float* sentinel = out_data + rows * width;
-  std::fill(sentinel, sentinel + width, 0.0f);
-  sentinel[0] = -128.0f;
-  sentinel[1] = 127.0f;
+  write_sentinel(out_data + rows * width, width);
   return {out, scale};
 }
 
@@ -143,8 +175,149 @@ torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Te
   return y;
 }
 
+// x: [M, H]; weight: [H]. Returns [M, H].
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  x = float_tensor(x, "x");
+  weight = float_tensor(weight, "weight");
+  const int64_t rows = x.size(0), width = x.size(1);
+  auto y = torch::empty({rows, width}, x.options());
+  const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
+  float* y_data = y.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      rms_norm_row(x_data + r * width, w, y_data + r * width, width, static_cast<float>(eps));
+  });
+  return y;
+}
+
+// x: [M, H]; weight: [H]. Returns quantize_rows(rms_norm(x)): rows [M + 1, H], row_scale [M, 1].
+std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps) {
+  x = float_tensor(x, "x");
+  weight = float_tensor(weight, "weight");
+  const int64_t rows = x.size(0), width = x.size(1);
+  TORCH_CHECK(width >= 2);
+  auto out = torch::empty({rows + 1, width}, x.options());
+  auto scale = torch::empty({rows, 1}, x.options());
+  const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
+  float *out_data = out.data_ptr<float>(), *scale_data = scale.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> normed(width);
+    for (int64_t r = begin; r < end; ++r) {
+      rms_norm_row(x_data + r * width, w, normed.data(), width, static_cast<float>(eps));
+      scale_data[r] = quantize_row(normed.data(), out_data + r * width, width);
+    }
+  });
+  write_sentinel(out_data + rows * width, width);
+  return {out, scale};
+}
+
+// out: [B·K + 1, (H + 2·KVH)·D] fbgemm output of the q/k/v projection; row_scale [B·K, 1]; bias [(H + 2·KVH)·D]
+// or empty; cos, sin: [C, D] RoPE tables; keys, values: [B, KVH, C, D] one layer's caches; starts [B].
+// Row b·K + i is position starts[b] + i: its k and v are written there. Returns q [B, K, H, D] with RoPE.
+torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor cos,
+                             torch::Tensor sin, torch::Tensor keys, torch::Tensor values, std::vector<int64_t> starts,
+                             int64_t heads) {
+  out = float_tensor(out, "out");
+  row_scale = float_tensor(row_scale, "row_scale");
+  cos = float_tensor(cos, "cos");
+  sin = float_tensor(sin, "sin");
+  TORCH_CHECK(keys.dtype() == torch::kFloat32 && values.dtype() == torch::kFloat32);
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "the caches must be contiguous");
+  const int64_t batch = keys.size(0), kv_heads = keys.size(1), capacity = keys.size(2), head_dim = keys.size(3);
+  TORCH_CHECK(static_cast<int64_t>(starts.size()) == batch);
+  const int64_t num_rows = row_scale.size(0), num_new = num_rows / batch, width = out.size(1);
+  TORCH_CHECK(num_rows == batch * num_new && width == (heads + 2 * kv_heads) * head_dim);
+  const bool has_bias = bias.numel() > 0;
+  if (has_bias) bias = float_tensor(bias, "bias");
+  const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
+  for (int64_t row = 0; row < batch; ++row) TORCH_CHECK(starts[row] + num_new <= capacity);
+  auto q = torch::empty({batch, num_new, heads, head_dim}, out.options());
+  const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
+  const float *cos_data = cos.data_ptr<float>(), *sin_data = sin.data_ptr<float>();
+  float *q_data = q.data_ptr<float>(), *k_data = keys.data_ptr<float>(), *v_data = values.data_ptr<float>();
+  at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> projected(width);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t row = r / num_new, position = starts[row] + r % num_new;
+      const float* src = o + r * width;
+      for (int64_t n = 0; n < width; ++n) {
+        const float v = src[n] * s[r];
+        projected[n] = has_bias ? v + b[n] : v;
+      }
+      const float* c = cos_data + position * head_dim;
+      const float* si = sin_data + position * head_dim;
+      for (int64_t h = 0; h < heads; ++h) rope_row(projected.data() + h * head_dim, c, si, q_data + (r * heads + h) * head_dim, head_dim);
+      const float* k = projected.data() + heads * head_dim;
+      const float* v = k + kv_heads * head_dim;
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t slot = ((row * kv_heads + g) * capacity + position) * head_dim;
+        rope_row(k + g * head_dim, c, si, k_data + slot, head_dim);
+        std::copy(v + g * head_dim, v + (g + 1) * head_dim, v_data + slot);
+      }
+    }
+  });
+  return q;
+}
+
+// out: [M + 1, N] fbgemm output; row_scale [M, 1]; bias [N] or empty; residual [M, N].
+// Returns residual + combine_rows(out, row_scale, bias).
+torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor residual) {
+  out = float_tensor(out, "out");
+  row_scale = float_tensor(row_scale, "row_scale");
+  residual = float_tensor(residual, "residual");
+  const int64_t rows = row_scale.size(0), width = out.size(1);
+  TORCH_CHECK(residual.size(0) == rows && residual.size(1) == width);
+  const bool has_bias = bias.numel() > 0;
+  if (has_bias) bias = float_tensor(bias, "bias");
+  const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
+  auto y = torch::empty({rows, width}, out.options());
+  const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>(), *x = residual.data_ptr<float>();
+  float* y_data = y.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t n = 0; n < width; ++n) {
+        const float v = o[r * width + n] * s[r];
+        y_data[r * width + n] = x[r * width + n] + (has_bias ? v + b[n] : v);
+      }
+    }
+  });
+  return y;
+}
+
+// out: [M + 1, 2·I] fbgemm output of the fused gate/up projection; row_scale [M, 1].
+// Returns quantize_rows(silu(gate) * up): rows [M + 1, I], row_scale [M, 1].
+std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor row_scale) {
+  out = float_tensor(out, "out");
+  row_scale = float_tensor(row_scale, "row_scale");
+  const int64_t rows = row_scale.size(0), width = out.size(1) / 2;
+  TORCH_CHECK(width >= 2);
+  auto quantized = torch::empty({rows + 1, width}, out.options());
+  auto scale = torch::empty({rows, 1}, out.options());
+  const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
+  float *q_data = quantized.data_ptr<float>(), *scale_data = scale.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> activated(width);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = o + r * 2 * width;
+      const float* up = gate + width;
+      for (int64_t n = 0; n < width; ++n) {
+        const float g = gate[n] * s[r];
+        activated[n] = g / (1.0f + std::exp(-g)) * (up[n] * s[r]);
+      }
+      scale_data[r] = quantize_row(activated.data(), q_data + r * width, width);
+    }
+  });
+  write_sentinel(q_data + rows * width, width);
+  return {quantized, scale};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "bit-stable causal attention over a static cache");
   m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the int8 GEMM");
   m.def("combine_rows", &combine_rows, "the int8 GEMM's output back to floats");
+  m.def("rms_norm", &rms_norm, "RMSNorm per row");
+  m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization");
+  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache");
+  m.def("combine_residual", &combine_residual, "residual + the int8 GEMM's output");
+  m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization");
 }

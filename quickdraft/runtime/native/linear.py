@@ -44,7 +44,7 @@ class Int8Linear:
             raise ValueError("weights must be quantized to [-63, 63] (quantize_weight)")
         self.out_features, self.in_features = weight_int8.shape
         self.bias = None if bias is None else bias.float().contiguous()
-        self._kernel_bias = self.bias if self.bias is not None else torch.empty(0)  # the kernel's "no bias"
+        self.kernel_bias = self.bias if self.bias is not None else torch.empty(0)  # the kernels' "no bias"
         with warnings.catch_warnings():  # quantized tensor constructors are deprecated in torch 2.13, not removed
             warnings.simplefilter("ignore")
             quantized = torch._make_per_channel_quantized_tensor(
@@ -60,17 +60,22 @@ class Int8Linear:
         weight_int8, scale = quantize_weight(weight)
         return cls(weight_int8, scale, bias)
 
+    def matmul_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The exact integer GEMM: quantized rows ``[M + 1, K]`` (the sentinel last) -> ``[M + 1, N]``, before
+        the activation scale and the bias (the native kernels fuse those into the next step)."""
+        return torch.ops.quantized.linear_dynamic(rows, self.packed, False)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.in_features).float()  # [M, K]
         if self.use_kernel and (kernels := native_kernels()) is not None:  # the same arithmetic, fused
             rows, row_scale = kernels.quantize_rows(x)  # [M + 1, K] with the sentinel last, [M, 1]
-            out = torch.ops.quantized.linear_dynamic(rows, self.packed, False)  # [M + 1, N]
-            return kernels.combine_rows(out, row_scale, self._kernel_bias).reshape(*shape[:-1], self.out_features)
+            out = self.matmul_rows(rows)  # [M + 1, N]
+            return kernels.combine_rows(out, row_scale, self.kernel_bias).reshape(*shape[:-1], self.out_features)
         row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / ACTIVATION_LEVELS  # [M, 1]
         x_int = torch.round(x / row_scale).clamp_(-ACTIVATION_LEVELS, ACTIVATION_LEVELS)  # [M, K]
         rows = torch.cat([x_int, self._sentinel])  # [M + 1, K]
-        y = torch.ops.quantized.linear_dynamic(rows, self.packed, False)[:-1] * row_scale  # [M, N]
+        y = self.matmul_rows(rows)[:-1] * row_scale  # [M, N]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)

@@ -8,6 +8,10 @@ Every operation gives a token's row the same bits whatever else is in the call:
   at any offset, or again after a rollback.
 So a position's logits are bitwise identical in a 1-token step and in a k-token block, which
 makes greedy speculative decoding equal to greedy decoding by construction.
+
+A layer runs as 12 calls of the compiled kernels (:meth:`Decoder._fused_layer`) or, when they
+cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the readable reference the tests
+compare the kernels with). Both are row-wise; their bits differ only in RMSNorm's sum and SiLU's exp.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class DecoderConfig:
             raise ValueError(f"RoPE scaling {rope_type!r} is not supported")
         if config.get("use_sliding_window") or (model_type == "mistral" and config.get("sliding_window")):
             raise ValueError("sliding-window attention is not supported")
+        if config.get("mlp_bias"):
+            raise ValueError("MLP biases are not supported")
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"activation {config.get('hidden_act')!r} is not supported")
         num_heads = int(config["num_attention_heads"])
@@ -83,7 +89,7 @@ class DecoderConfig:
 class DecoderLayer:
     input_norm: torch.Tensor  # [H]
     qkv: Int8Linear  # H -> (heads + 2·kv_heads)·head_dim
-    out: Int8Linear  # heads·head_dim -> H
+    out: Int8Linear  # heads·head_dim -> H (with a bias when the model has attention biases and o_proj has one)
     post_norm: torch.Tensor  # [H]
     gate_up: Int8Linear  # H -> 2·intermediate
     down: Int8Linear  # intermediate -> H
@@ -124,7 +130,7 @@ class Decoder:
         self.rope_cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [C, D]
         self.rope_sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # [C, D]
         self.attention_scale = 1.0 / math.sqrt(config.head_dim)
-        self.use_kernel = True  # the compiled attention kernel when it builds (False: the PyTorch path)
+        self.use_kernel = True  # the compiled kernels when they build (False: the PyTorch reference path)
 
     @classmethod
     def from_native_state(cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int) -> Decoder:
@@ -175,6 +181,62 @@ class Decoder:
                 attended[row, i] = torch.matmul(weights, values[row, :, :length]).reshape(-1)  # [heads·D]
         return attended
 
+    def _layer(
+        self,
+        layer: DecoderLayer,
+        x: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        starts: list[int],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """One decoder layer in PyTorch operations: ``x [B, K, H]`` -> ``[B, K, H]``, keys and values cached."""
+        batch, num_new, _ = x.shape
+        heads, kv_heads, head_dim = self.config.num_heads, self.config.num_kv_heads, self.config.head_dim
+        qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [B, K, (heads + 2·kv_heads)·D]
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q = self._rotate(q.reshape(batch, num_new, heads, head_dim), cos, sin)  # [B, K, heads, D]
+        k = self._rotate(k.reshape(batch, num_new, kv_heads, head_dim), cos, sin)  # [B, K, kv_heads, D]
+        v = v.reshape(batch, num_new, kv_heads, head_dim)
+        for row, start in enumerate(starts):
+            keys[row, :, start : start + num_new] = k[row].transpose(0, 1)
+            values[row, :, start : start + num_new] = v[row].transpose(0, 1)
+        x = x + layer.out(self._attend(q, keys, values, starts))
+        gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [B, K, I] each
+        return x + layer.down(torch.nn.functional.silu(gate) * up)
+
+    def _fused_layer(
+        self,
+        kernels: Any,
+        layer: DecoderLayer,
+        x: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        starts: list[int],
+    ) -> torch.Tensor:
+        """:meth:`_layer` as 12 kernel calls (4 of them the integer GEMMs): ``x [B·K, H]`` -> ``[B·K, H]``."""
+        eps = self.config.rms_norm_eps
+        # rows: quantized activations [B·K + 1, width] with fbgemm's sentinel last; row_scale [B·K, 1]
+        rows, row_scale = kernels.rms_norm_quantize(x, layer.input_norm, eps)
+        q = kernels.qkv_rope_cache(
+            layer.qkv.matmul_rows(rows),
+            row_scale,
+            layer.qkv.kernel_bias,
+            self.rope_cos,
+            self.rope_sin,
+            keys,
+            values,
+            starts,
+            self.config.num_heads,
+        )  # [B, K, heads, D]; k and v went into the cache
+        attended = kernels.attend(q, keys, values, starts, self.attention_scale)  # [B, K, heads·D]
+        rows, row_scale = kernels.quantize_rows(attended.reshape(x.shape[0], -1))
+        x = kernels.combine_residual(layer.out.matmul_rows(rows), row_scale, layer.out.kernel_bias, x)  # [B·K, H]
+        rows, row_scale = kernels.rms_norm_quantize(x, layer.post_norm, eps)
+        rows, row_scale = kernels.silu_mul_quantize(layer.gate_up.matmul_rows(rows), row_scale)  # [B·K + 1, I]
+        return kernels.combine_residual(layer.down.matmul_rows(rows), row_scale, layer.down.kernel_bias, x)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -192,34 +254,33 @@ class Decoder:
         cache's lengths alone, so the next full forward over the same positions overwrites them.
         ``return_hidden`` also returns the hidden state after the final norm, ``[B, K or 1, H]``.
         """
-        config = self.config
         batch, num_new = token_ids.shape
         if starts is None:
             starts = cache.lengths.tolist()
         if max(starts) + num_new > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} positions; {max(starts) + num_new} needed")
-        positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
-        cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]  # [B, K, 1, D]
-        heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        kernels = native_kernels() if self.use_kernel else None
+        layers = list(enumerate(self.layers[:exit_layer]))  # keys and values of layer i: cache.keys[i]
         x = self.embedding[token_ids]  # [B, K, H]
-        for index, layer in enumerate(self.layers[:exit_layer]):
-            qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [B, K, (heads + 2·kv_heads)·D]
-            q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-            q = self._rotate(q.reshape(batch, num_new, heads, head_dim), cos, sin)  # [B, K, heads, D]
-            k = self._rotate(k.reshape(batch, num_new, kv_heads, head_dim), cos, sin)  # [B, K, kv_heads, D]
-            v = v.reshape(batch, num_new, kv_heads, head_dim)
-            keys, values = cache.keys[index], cache.values[index]  # [B, kv_heads, C, D]
-            for row, start in enumerate(starts):
-                keys[row, :, start : start + num_new] = k[row].transpose(0, 1)
-                values[row, :, start : start + num_new] = v[row].transpose(0, 1)
-            x = x + layer.out(self._attend(q, keys, values, starts))
-            gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [B, K, I] each
-            x = x + layer.down(torch.nn.functional.silu(gate) * up)
+        if kernels is not None:
+            x = x.reshape(batch * num_new, -1)  # [B·K, H]
+            for index, layer in layers:
+                x = self._fused_layer(kernels, layer, x, cache.keys[index], cache.values[index], starts)
+            x = x.reshape(batch, num_new, -1)  # [B, K, H]
+        else:
+            positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
+            cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]  # [B, K, 1, D]
+            for index, layer in layers:
+                x = self._layer(layer, x, cache.keys[index], cache.values[index], starts, cos, sin)
         if exit_layer is None:
             cache.lengths += num_new
         if last_only:
             x = x[:, -1:]
-        hidden = self._rms_norm(x, self.final_norm)  # [B, K or 1, H]
+        if kernels is not None:
+            hidden = kernels.rms_norm(x.reshape(-1, x.shape[-1]), self.final_norm, self.config.rms_norm_eps)
+            hidden = hidden.reshape(x.shape)  # [B, K or 1, H]
+        else:
+            hidden = self._rms_norm(x, self.final_norm)  # [B, K or 1, H]
         logits = self.lm_head(hidden)  # [B, K or 1, V]
         return (logits, hidden) if return_hidden else logits
 
@@ -250,7 +311,8 @@ def quantize_state_dict(config: DecoderConfig, tensors: dict[str, torch.Tensor])
             [f"{name}.weight" for name in attention],
             [f"{name}.bias" for name in attention] if config.attention_bias else None,
         )
-        linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"])
+        out_bias = f"{prefix}self_attn.o_proj.bias"  # Llama's attention_bias covers o_proj too; Qwen2 has none
+        linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"], [out_bias] if out_bias in tensors else None)
         state[f"layers.{i}.post_norm"] = take(f"{prefix}post_attention_layernorm.weight")
         linear(f"layers.{i}.gate_up", [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
         linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])

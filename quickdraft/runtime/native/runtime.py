@@ -14,7 +14,7 @@ from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache, quantize_state_dict
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
-NATIVE_FORMAT = "int7-per-channel-v2"  # bump when the cached layout changes
+NATIVE_FORMAT = "int7-per-channel-v3"  # bump when the cached layout changes (v3: o_proj biases)
 
 
 class NativeCache(KVCache):

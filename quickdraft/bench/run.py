@@ -41,6 +41,7 @@ DEFAULT_METHODS = "baseline,draft-model:2,draft-model:4,prompt-lookup,hf-generat
 DEFAULT_METHODS += ",hf-prompt-lookup"
 WARMUP_TOKENS = 16
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
+PROFILE_REPEATS, PROFILE_WARMUP = 5, 2  # the cost curves goodput trades on: medians of 5 (3 swung by ±15 % here)
 FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "runtime")
 
 
@@ -183,9 +184,13 @@ def measure(
     store.write_json("machine.json", store.machine)
     if store.cost_curves is None:
         ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
-        curves = {"target": measure_cost_curve(pipeline.target, ks, args.profile_context, 3, 1, True, "profile target")}
-        if pipeline.draft is not None:
-            curves["draft"] = measure_cost_curve(pipeline.draft, ks, args.profile_context, 3, 1, True, "profile draft")
+        roles = {"target": pipeline.target} | ({"draft": pipeline.draft} if pipeline.draft is not None else {})
+        curves = {
+            role: measure_cost_curve(
+                runtime, ks, args.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True, f"profile {role}"
+            )
+            for role, runtime in roles.items()
+        }
         store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
     if pipeline.draft is not None and DRAFT_PREFILL not in store.cost_curves:  # older results lack it
         prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))

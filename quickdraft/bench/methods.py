@@ -56,10 +56,6 @@ class Method(ABC):
         """What the aggregation needs to know of this method."""
         return MethodInfo(self.num_draft_tokens, self.uses_draft_model, self.target_cost_fraction, self.baseline)
 
-    def on_runtime(self, runtime: str) -> None:
-        """Run on ``runtime`` instead of the bench's; only our own methods can."""
-        raise ConfigError(f"method {self.name!r} cannot take @{runtime}: only our methods run on a chosen runtime")
-
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
         """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
 
@@ -71,20 +67,22 @@ class Method(ABC):
 class EngineMethod(Method):
     """Our engine with one drafter at a fixed γ or with a policy (``none`` with γ = 0 is the baseline)."""
 
-    def __init__(self, name: str, drafter: str, num_draft_tokens: int, policy: str = "fixed") -> None:
-        self.name = name
+    def __init__(
+        self, name: str, drafter: str, num_draft_tokens: int, policy: str = "fixed", runtime: str | None = None
+    ) -> None:
+        self.name = name if runtime is None else f"{name}@{runtime}"
         self.drafter = drafter
         self.policy = policy
-        self.num_draft_tokens = num_draft_tokens if drafter != "none" and policy == "fixed" else None
+        self.runtime = runtime
+        if runtime is not None and drafter != "none":
+            self.baseline = f"baseline@{runtime}"
+        # γ for the theory check: fixed-γ speculation on the bench's own runtime, whose cost curves it measured
+        checked = drafter != "none" and policy == "fixed" and runtime is None
+        self.num_draft_tokens = num_draft_tokens if checked else None
         self.max_draft_tokens = num_draft_tokens if policy == "fixed" else GenerationConfig().max_draft_tokens
         self.uses_draft_model = DRAFTERS.get(drafter).needs_draft_model
         self.target_cost_fraction = DRAFTERS.get(drafter).target_cost_fraction
         self._gamma = num_draft_tokens
-
-    def on_runtime(self, runtime: str) -> None:
-        self.name, self.runtime = f"{self.name}@{runtime}", runtime
-        self.baseline = "baseline" if self.drafter == "none" else f"baseline@{runtime}"
-        self.num_draft_tokens = None  # no theory check: the bench's cost curves are its own runtime's
 
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
         """Build the drafter now (one that cannot run on this runtime fails before anything is timed).
@@ -153,61 +151,65 @@ class PeerMethod(Method):
         )
 
 
-MethodFactory = Callable[[str, "int | None"], Method]
+MethodFactory = Callable[[str, "int | None", "str | None"], Method]  # (spec, γ, @runtime) -> method
 METHODS: Registry[MethodFactory] = Registry("benchmark method")
 
 
-def _no_gamma(name: str, factory: Callable[[], Method]) -> MethodFactory:
-    def make(spec: str, num_draft_tokens: int | None) -> Method:
+def _baseline(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
+    if num_draft_tokens is not None:
+        raise ConfigError(f"method {spec!r}: baseline takes no number of draft tokens")
+    return EngineMethod("baseline", "none", 0, runtime=runtime)
+
+
+def _peer_method(peer: str) -> MethodFactory:
+    def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
         if num_draft_tokens is not None:
-            raise ConfigError(f"method {spec!r}: {name} takes no number of draft tokens")
-        return factory()
+            raise ConfigError(f"method {spec!r}: {peer} takes no number of draft tokens")
+        if runtime is not None:
+            raise ConfigError(f"method {peer!r} cannot take @{runtime}: only our methods run on a chosen runtime")
+        return PeerMethod(peer)
 
     return make
 
 
 def _drafter_method(drafter: str) -> MethodFactory:
-    def make(spec: str, num_draft_tokens: int | None) -> Method:
+    def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
         gamma = DEFAULT_NUM_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens
         if gamma < 1:
             raise ConfigError(f"method {spec!r}: the number of draft tokens must be >= 1")
-        return EngineMethod(f"{drafter}:{gamma}", drafter, gamma)
+        return EngineMethod(f"{drafter}:{gamma}", drafter, gamma, runtime=runtime)
 
     return make
 
 
-def _policy_method(drafter: str, policy: str, spec: str) -> Method:
+def _policy_method(drafter: str, policy: str, spec: str, runtime: str | None) -> Method:
     if drafter in ("baseline", "none") or drafter not in DRAFTERS.names():
         raise ConfigError(f"method {spec!r}: a policy needs a drafter ({', '.join(DRAFTERS.names())})")
     check_policy_spec(policy)
-    return EngineMethod(f"{drafter}+{policy}", drafter, DEFAULT_NUM_DRAFT_TOKENS, policy)
+    return EngineMethod(f"{drafter}+{policy}", drafter, DEFAULT_NUM_DRAFT_TOKENS, policy, runtime)
 
 
-METHODS.register("baseline")(_no_gamma("baseline", lambda: EngineMethod("baseline", "none", 0)))
+METHODS.register("baseline")(_baseline)
 for _drafter in DRAFTERS.names():
     if _drafter != "none":
         METHODS.register(_drafter)(_drafter_method(_drafter))
 for _peer in PEER_SETTINGS:
-    METHODS.register(_peer)(_no_gamma(_peer, lambda peer=_peer: PeerMethod(peer)))
+    METHODS.register(_peer)(_peer_method(_peer))
 
 
 def make_method(spec: str) -> Method:
     """``NAME``, ``NAME:γ`` or ``DRAFTER+POLICY``, each optionally ``@RUNTIME`` -> a method; fixed-γ
     drafters are named with their γ."""
     text, at, runtime = spec.strip().partition("@")
-    if not at:
-        return _make_method(text)
-    if runtime not in RUNTIMES.names():
+    if at and runtime not in RUNTIMES.names():
         raise ConfigError(f"method {spec!r}: unknown runtime {runtime!r} (known: {', '.join(RUNTIMES.names())})")
-    method = _make_method(text)
-    method.on_runtime(runtime)
-    return method
+    return _make_method(text, runtime if at else None)
 
 
-def _make_method(spec: str) -> Method:
+def _make_method(spec: str, runtime: str | None) -> Method:
     drafter, plus, policy = spec.strip().partition("+")
     if plus:
-        return _policy_method(drafter, policy, spec)
+        return _policy_method(drafter, policy, spec, runtime)
     name, _, gamma_text = spec.strip().partition(":")
     gamma = None
     if gamma_text:
@@ -215,7 +217,7 @@ def _make_method(spec: str) -> Method:
             gamma = int(gamma_text)
         except ValueError:
             raise ConfigError(f"method {spec!r}: expected NAME or NAME:γ with an integer γ") from None
-    return METHODS.get(name)(spec, gamma)
+    return METHODS.get(name)(spec, gamma, runtime)
 
 
 def parse_methods(text: str) -> list[Method]:

@@ -34,6 +34,12 @@ def metrics_table(rows: dict[str, dict[str, Any]], first_column: str) -> list[st
     return lines
 
 
+def split_cost_curves(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The per-step cost curves (target, draft: k new tokens -> ms) and the draft's prefill curve, if any."""
+    curves = dict(results.get("cost_curves") or {})
+    return curves, curves.pop(DRAFT_PREFILL, None)
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     config, machine, methods = results["config"], results["machine"], results["methods"]
     categories = config["categories"]
@@ -65,8 +71,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     for category in categories:
         rows = {name: result["categories"][category] for name, result in methods.items()}
         lines += ["", f"## {category}", "", *metrics_table(rows, "method")]
-    curves = dict(results.get("cost_curves") or {})
-    prefill = curves.pop(DRAFT_PREFILL, None)
+    curves, prefill = split_cost_curves(results)
     if curves:
         lines += ["", f"## Cost curves (ms per forward of k new tokens, {config['profile_context']} cached)", ""]
         ks = sorted({int(k) for curve in curves.values() for k in curve})
@@ -164,9 +169,7 @@ def write_plots(results: dict[str, Any], out: Path) -> bool:
     plt.close(figure)
 
     figure, axes = plt.subplots(figsize=(8, 5))
-    for role, curve in (results.get("cost_curves") or {}).items():
-        if role == DRAFT_PREFILL:
-            continue
+    for role, curve in split_cost_curves(results)[0].items():
         ks = sorted(int(k) for k in curve)
         axes.plot(ks, [curve[str(k)] for k in ks], marker="o", label=role)
     axes.set_xlabel("new tokens k in one forward")

@@ -69,7 +69,8 @@ class Pipeline:
 
     def engine(self, drafter: str = "draft-model", options: DrafterOptions | None = None) -> SpeculativeEngine:
         """An engine with ``drafter``; drafters are kept per (name, options), so what one learns (e.g.
-        early-exit's per-layer acceptance) carries over to later requests. One request at a time."""
+        early-exit's per-layer acceptance) and what a draft model has read (a chat's earlier turns)
+        carry over to later requests. One request at a time."""
         drafter_cls = DRAFTERS.get(drafter)
         if drafter_cls.needs_draft_model and self.draft is None:
             raise ConfigError(f"the {drafter} drafter needs a draft model, and none is loaded")

@@ -292,6 +292,17 @@ def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:
         measure_cost_curve(pipeline.target, [8], context=pipeline.target.max_context)
 
 
+def test_each_question_starts_a_new_conversation(pipeline) -> None:
+    """Methods share a drafter: one must not find the prompt another method (or the warm-up) just read."""
+    method = make_method("draft-model:2")
+    method.run(pipeline, [3, 1, 4, 1, 5], max_new_tokens=4)
+    drafter = pipeline.engine("draft-model").drafter
+    assert drafter.cached_ids[:5] == [3, 1, 4, 1, 5]
+    method.start_conversation(pipeline)
+    assert drafter.cached_ids == []
+    make_method("prompt-lookup:2").start_conversation(pipeline)  # drafters without a conversation: a no-op
+
+
 def test_prefill_curve_reads_into_empty_caches(pipeline) -> None:
     draft = pipeline.draft
     curve = measure_prefill_curve(draft, prefill_lengths(draft, (16, 4, 10**6)), repeats=2)

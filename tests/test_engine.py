@@ -156,11 +156,35 @@ def test_draft_model_reads_the_prompt_only_when_it_first_drafts(
 
     monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
     engine, prompt_ids = pipeline.engine("draft-model"), PROMPTS[3]
+    engine.drafter.forget()  # another test's conversation
     engine.generate(prompt_ids, GenerationConfig(max_new_tokens=6, policy="fixed:0"))
     assert fed == []  # plain steps only: the draft model never ran
     assert engine.drafter.backlog([[*prompt_ids, 1]]) == len(prompt_ids) + 1
     engine.generate(prompt_ids, GenerationConfig(max_new_tokens=6, num_draft_tokens=2))
     assert fed[0] == len(prompt_ids) + 1  # the prompt and the target's first token, in one forward
+
+
+def test_draft_model_reads_only_what_a_next_turn_adds(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    fed: list[int] = []  # tokens per draft-model forward
+    forward = pipeline.draft.forward_with_hidden
+
+    def counting_forward(token_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
+        fed.append(int(token_ids.shape[1]))
+        return forward(token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
+    engine, config = pipeline.engine("draft-model"), GenerationConfig(max_new_tokens=6, num_draft_tokens=2)
+    engine.drafter.forget()
+    first_turn = engine.generate(PROMPTS[3], config).token_ids
+    next_turn = [*PROMPTS[3], *first_turn, 7, 8, 9]  # the conversation so far and a new message
+    plain = pipeline.engine("none").generate(next_turn, config).token_ids
+    fed.clear()
+    assert engine.generate(next_turn, config).token_ids == plain
+    assert 0 < fed[0] <= len(first_turn) + 3 + 1  # not the first turn's prompt again
+    engine.drafter.forget()
+    fed.clear()
+    assert engine.generate(next_turn, config).token_ids == plain
+    assert fed[0] == len(next_turn) + 1  # a forgotten conversation is read whole
 
 
 def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
@@ -174,6 +198,7 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
         return forward(token_ids, *args, **kwargs)
 
     monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
+    pipeline.engine("draft-model").drafter.forget()
     cheap_verify = {1: 100.0, 2: 101.0, 4: 102.0, 8: 104.0, 17: 108.0}
     plain = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=8)).token_ids
     for prefill_ms, drafts in (({1: 1e6}, False), ({1: 1.0}, True)):  # a token costs 1000 s / 1 ms to read

@@ -59,6 +59,9 @@ class Method(ABC):
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
         """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
 
+    def start_conversation(self, pipeline: Pipeline) -> None:  # noqa: B027
+        """Before a question's first turn: nothing carried over from another question or method."""
+
     @abstractmethod
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
         """Generate greedily after ``prompt_ids``; time the whole call."""
@@ -100,6 +103,10 @@ class EngineMethod(Method):
             pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms, prefill_ms)
         if self.policy.startswith("specdec++") and self.drafter not in pipeline.acceptance_heads:
             pipeline.load_acceptance_head(self.drafter)  # the one train-acceptance-head wrote for this draft
+
+    def start_conversation(self, pipeline: Pipeline) -> None:
+        """Methods share a drafter: without this one could reuse the prompt another just read."""
+        pipeline.engine(self.drafter).drafter.forget()
 
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
         engine = pipeline.engine(self.drafter)

@@ -237,6 +237,7 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
     proposed: int | None = None
     accepted: int | None = None
     gammas: list[int] = []
+    method.start_conversation(pipeline)
     for _ in question.turns:
         prompt_ids = encode_turns(pipeline, question, answers)[0]
         result = method.run(pipeline, prompt_ids, max_new_tokens)

@@ -64,7 +64,11 @@ class Drafter(ABC):
         """Build the drafter for ``target`` (``draft`` is given when ``needs_draft_model``)."""
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:  # noqa: B027 - optional hook
-        """Start new requests (B rows of prompt ids); drafters with state reset it here."""
+        """Start new requests (B rows of prompt ids); drafters with per-request state reset it here."""
+
+    def forget(self) -> None:  # noqa: B027 - optional hook
+        """Drop the previous conversation (a draft model's cache of it); what was learned, such as
+        acceptance statistics, stays."""
 
     def bind(self, target_cache: KVCache, cost_model: CostModel | None) -> None:  # noqa: B027 - optional hook
         """The request's target cache (self-speculation drafts into it) and the measured costs, if any."""

@@ -5,6 +5,8 @@ to the longest prefix it shares with the committed context (dropping rejected dr
 the tokens it has not seen yet are fed in one forward (catching up on the target's token).
 The prompt, too, is read only at the first draft: a request a policy decodes plainly (γ = 0
 throughout, e.g. a long document with a short answer) never pays the draft model's prefill.
+The cache outlives a request: the next one rolls it back to their common prefix, so a chat's
+next turn reads only what is new (the user's message), not the whole conversation again.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ class DraftModelDrafter(Drafter):
         return cls(draft, target.vocab_size)
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
-        """Start a request with an empty cache; the prompt is read at the first draft."""
+        """Start a request; the prompt is read at the first draft, after the prefix still cached."""
         if len(prompt_ids) != 1:
             raise NotImplementedError("the draft-model drafter drafts for one row at a time")
+
+    def forget(self) -> None:
         self.cache = self.draft.new_cache(1)
         self.cached_ids = []
 

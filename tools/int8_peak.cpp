@@ -10,25 +10,33 @@
 static const long ITERS = 200000000 / 8;
 static int sink;
 void int8_loop() {
-  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
-  __m256i acc[8];
-  for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
+  __m256i a = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  __m256i b[8], acc[8];
+  for (int i = 0; i < 8; i++) b[i] = _mm256_set1_epi8(static_cast<char>(i + 1)), acc[i] = _mm256_setzero_si256();
   for (long it = 0; it < ITERS; it++) {
+    // a is opaque to the compiler each iteration but depends on nothing: the 8 products (distinct b's,
+    // so none is shared) cannot be hoisted, and the only dependency chains are the 8 accumulators.
+    // (Earlier versions fed acc[0] back into a and used one b: the 8 products were computed once
+    // and each iteration waited for the previous one, so neither the count nor the time was right.)
+    asm volatile("" : "+x"(a));
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
-      __m256i pairs = _mm256_maddubs_epi16(a, b);  // 32 u8*s8 products -> 16 s16
+      __m256i pairs = _mm256_maddubs_epi16(a, b[i]);  // 32 u8*s8 products -> 16 s16
       acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(pairs, ones));
     }
-    a = _mm256_xor_si256(a, acc[0]);  // keep the compiler honest
   }
   int s = 0; for (int i = 0; i < 8; i++) s += _mm256_extract_epi32(acc[i], 0);
   sink += s;
 }
 void fma_loop() {
-  __m256 a = _mm256_set1_ps(1.0001f), b = _mm256_set1_ps(0.9999f);
-  __m256 acc[10];
-  for (int i = 0; i < 10; i++) acc[i] = _mm256_setzero_ps();
-  for (long it = 0; it < ITERS; it++)
-    for (int i = 0; i < 10; i++) acc[i] = _mm256_fmadd_ps(a, b, acc[i]);
+  __m256 a = _mm256_set1_ps(1.0001f);
+  __m256 b[10], acc[10];
+  for (int i = 0; i < 10; i++) b[i] = _mm256_set1_ps(0.9999f - 0.0001f * i), acc[i] = _mm256_setzero_ps();
+  for (long it = 0; it < ITERS; it++) {
+    asm volatile("" : "+x"(a));
+#pragma GCC unroll 10
+    for (int i = 0; i < 10; i++) acc[i] = _mm256_fmadd_ps(a, b[i], acc[i]);
+  }
   float s = 0; for (int i = 0; i < 10; i++) s += acc[i][0];
   sink += (int)s;
 }

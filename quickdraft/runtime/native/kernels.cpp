@@ -12,7 +12,7 @@
 // rms_norm:           RMSNorm of each row.
 // rms_norm_quantize:  RMSNorm, then quantize_rows.
 // qkv_rope_cache:     combine_rows of the q/k/v projection, RoPE on q and k, k and v written into the cache.
-// combine_residual:   residual + combine_rows (no bias).
+// combine_residual:   residual + combine_rows.
 // silu_mul_quantize:  combine_rows of gate/up, silu(gate) * up, then quantize_rows.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -71,6 +71,37 @@ inline void rope_row(const float* x, const float* cos, const float* sin, float* 
 torch::Tensor float_tensor(torch::Tensor t, const char* name) {
   TORCH_CHECK(t.dtype() == torch::kFloat32, name, " must be float32");
   return t.contiguous();
+}
+
+// An optional bias's data, nullptr when it is empty; bias is made contiguous in place so the pointer stays valid.
+inline const float* bias_data(torch::Tensor& bias) {
+  if (bias.numel() == 0) return nullptr;
+  bias = float_tensor(bias, "bias");
+  return bias.data_ptr<float>();
+}
+
+// One element of combine_rows: fbgemm's integer result times the row's scale, plus the bias if any.
+inline float combined(float out, float row_scale, const float* bias, int64_t n) {
+  const float v = out * row_scale;
+  return bias != nullptr ? v + bias[n] : v;
+}
+
+// rows [M + 1, width] of quantized activations with the sentinel last, and row_scale [M, 1].
+// activations(r, buffer) returns row r's floats: computed into buffer (width floats), or found elsewhere.
+template <typename Activations>
+std::vector<torch::Tensor> quantized_rows(int64_t rows, int64_t width, const torch::TensorOptions& options,
+                                          Activations activations) {
+  TORCH_CHECK(width >= 2);
+  auto out = torch::empty({rows + 1, width}, options);
+  auto scale = torch::empty({rows, 1}, options);
+  float *out_data = out.data_ptr<float>(), *scale_data = scale.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(width);
+    for (int64_t r = begin; r < end; ++r)
+      scale_data[r] = quantize_row(activations(r, buffer.data()), out_data + r * width, width);
+  });
+  write_sentinel(out_data + rows * width, width);
+  return {out, scale};
 }
 
 }  // namespace
@@ -135,18 +166,9 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2);
   x = x.contiguous();
-  const int64_t rows = x.size(0), width = x.size(1);
-  TORCH_CHECK(width >= 2);
-  auto out = torch::empty({rows + 1, width}, x.options());
-  auto scale = torch::empty({rows, 1}, x.options());
+  const int64_t width = x.size(1);
   const float* x_data = x.data_ptr<float>();
-  float* out_data = out.data_ptr<float>();
-  float* scale_data = scale.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) scale_data[r] = quantize_row(x_data + r * width, out_data + r * width, width);
-  });
-  write_sentinel(out_data + rows * width, width);
-  return {out, scale};
+  return quantized_rows(x.size(0), width, x.options(), [&](int64_t r, float*) { return x_data + r * width; });
 }
 
 // out: [M + 1, N] fbgemm output (the sentinel's row last); row_scale [M, 1]; bias [N] or empty.
@@ -158,18 +180,11 @@ torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Te
   const float* o = out.data_ptr<float>();
   row_scale = row_scale.contiguous();
   const float* s = row_scale.data_ptr<float>();
-  const bool has_bias = bias.numel() > 0;
-  if (has_bias) bias = bias.contiguous();
-  const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
+  const float* b = bias_data(bias);
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* src = o + r * width;
-      float* dst = y_data + r * width;
-      for (int64_t n = 0; n < width; ++n) {
-        const float v = src[n] * s[r];
-        dst[n] = has_bias ? v + b[n] : v;
-      }
+      for (int64_t n = 0; n < width; ++n) y_data[r * width + n] = combined(o[r * width + n], s[r], b, n);
     }
   });
   return y;
@@ -194,21 +209,12 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps) {
   x = float_tensor(x, "x");
   weight = float_tensor(weight, "weight");
-  const int64_t rows = x.size(0), width = x.size(1);
-  TORCH_CHECK(width >= 2);
-  auto out = torch::empty({rows + 1, width}, x.options());
-  auto scale = torch::empty({rows, 1}, x.options());
+  const int64_t width = x.size(1);
   const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
-  float *out_data = out.data_ptr<float>(), *scale_data = scale.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> normed(width);
-    for (int64_t r = begin; r < end; ++r) {
-      rms_norm_row(x_data + r * width, w, normed.data(), width, static_cast<float>(eps));
-      scale_data[r] = quantize_row(normed.data(), out_data + r * width, width);
-    }
+  return quantized_rows(x.size(0), width, x.options(), [&](int64_t r, float* normed) {
+    rms_norm_row(x_data + r * width, w, normed, width, static_cast<float>(eps));
+    return normed;
   });
-  write_sentinel(out_data + rows * width, width);
-  return {out, scale};
 }
 
 // out: [B·K + 1, (H + 2·KVH)·D] fbgemm output of the q/k/v projection; row_scale [B·K, 1]; bias [(H + 2·KVH)·D]
@@ -227,9 +233,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   TORCH_CHECK(static_cast<int64_t>(starts.size()) == batch);
   const int64_t num_rows = row_scale.size(0), num_new = num_rows / batch, width = out.size(1);
   TORCH_CHECK(num_rows == batch * num_new && width == (heads + 2 * kv_heads) * head_dim);
-  const bool has_bias = bias.numel() > 0;
-  if (has_bias) bias = float_tensor(bias, "bias");
-  const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
+  const float* b = bias_data(bias);
   for (int64_t row = 0; row < batch; ++row) TORCH_CHECK(starts[row] + num_new <= capacity);
   auto q = torch::empty({batch, num_new, heads, head_dim}, out.options());
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
@@ -239,14 +243,11 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
     std::vector<float> projected(width);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t row = r / num_new, position = starts[row] + r % num_new;
-      const float* src = o + r * width;
-      for (int64_t n = 0; n < width; ++n) {
-        const float v = src[n] * s[r];
-        projected[n] = has_bias ? v + b[n] : v;
-      }
+      for (int64_t n = 0; n < width; ++n) projected[n] = combined(o[r * width + n], s[r], b, n);
       const float* c = cos_data + position * head_dim;
       const float* si = sin_data + position * head_dim;
-      for (int64_t h = 0; h < heads; ++h) rope_row(projected.data() + h * head_dim, c, si, q_data + (r * heads + h) * head_dim, head_dim);
+      for (int64_t h = 0; h < heads; ++h)
+        rope_row(projected.data() + h * head_dim, c, si, q_data + (r * heads + h) * head_dim, head_dim);
       const float* k = projected.data() + heads * head_dim;
       const float* v = k + kv_heads * head_dim;
       for (int64_t g = 0; g < kv_heads; ++g) {
@@ -267,18 +268,14 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
   residual = float_tensor(residual, "residual");
   const int64_t rows = row_scale.size(0), width = out.size(1);
   TORCH_CHECK(residual.size(0) == rows && residual.size(1) == width);
-  const bool has_bias = bias.numel() > 0;
-  if (has_bias) bias = float_tensor(bias, "bias");
-  const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
+  const float* b = bias_data(bias);
   auto y = torch::empty({rows, width}, out.options());
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>(), *x = residual.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t n = 0; n < width; ++n) {
-        const float v = o[r * width + n] * s[r];
-        y_data[r * width + n] = x[r * width + n] + (has_bias ? v + b[n] : v);
-      }
+      for (int64_t n = 0; n < width; ++n)
+        y_data[r * width + n] = x[r * width + n] + combined(o[r * width + n], s[r], b, n);
     }
   });
   return y;
@@ -289,26 +286,17 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
 std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor row_scale) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
-  const int64_t rows = row_scale.size(0), width = out.size(1) / 2;
-  TORCH_CHECK(width >= 2);
-  auto quantized = torch::empty({rows + 1, width}, out.options());
-  auto scale = torch::empty({rows, 1}, out.options());
+  const int64_t width = out.size(1) / 2;
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
-  float *q_data = quantized.data_ptr<float>(), *scale_data = scale.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> activated(width);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* gate = o + r * 2 * width;
-      const float* up = gate + width;
-      for (int64_t n = 0; n < width; ++n) {
-        const float g = gate[n] * s[r];
-        activated[n] = g / (1.0f + std::exp(-g)) * (up[n] * s[r]);
-      }
-      scale_data[r] = quantize_row(activated.data(), q_data + r * width, width);
+  return quantized_rows(row_scale.size(0), width, out.options(), [&](int64_t r, float* activated) {
+    const float* gate = o + r * 2 * width;
+    const float* up = gate + width;
+    for (int64_t n = 0; n < width; ++n) {
+      const float g = gate[n] * s[r];
+      activated[n] = g / (1.0f + std::exp(-g)) * (up[n] * s[r]);
     }
+    return activated;
   });
-  write_sentinel(q_data + rows * width, width);
-  return {quantized, scale};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -144,19 +144,24 @@ def test_draft_cache_rollback_matches_fresh_prefill(pipeline: Pipeline) -> None:
     assert drafter.cached_ids == accepted
 
 
-def test_draft_model_reads_the_prompt_only_when_it_first_drafts(
-    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fed: list[int] = []  # tokens per draft-model forward
+@pytest.fixture
+def fed(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Tokens per draft-model forward, recorded while the test runs; the draft model starts with no
+    conversation cached (another test's would be reused)."""
+    pipeline.engine("draft-model").drafter.forget()
+    sizes: list[int] = []
     forward = pipeline.draft.forward_with_hidden
 
     def counting_forward(token_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
-        fed.append(int(token_ids.shape[1]))
+        sizes.append(int(token_ids.shape[1]))
         return forward(token_ids, *args, **kwargs)
 
     monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
+    return sizes
+
+
+def test_draft_model_reads_the_prompt_only_when_it_first_drafts(pipeline: Pipeline, fed: list[int]) -> None:
     engine, prompt_ids = pipeline.engine("draft-model"), PROMPTS[3]
-    engine.drafter.forget()  # another test's conversation
     engine.generate(prompt_ids, GenerationConfig(max_new_tokens=6, policy="fixed:0"))
     assert fed == []  # plain steps only: the draft model never ran
     assert engine.drafter.backlog([[*prompt_ids, 1]]) == len(prompt_ids) + 1
@@ -164,17 +169,8 @@ def test_draft_model_reads_the_prompt_only_when_it_first_drafts(
     assert fed[0] == len(prompt_ids) + 1  # the prompt and the target's first token, in one forward
 
 
-def test_draft_model_reads_only_what_a_next_turn_adds(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    fed: list[int] = []  # tokens per draft-model forward
-    forward = pipeline.draft.forward_with_hidden
-
-    def counting_forward(token_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
-        fed.append(int(token_ids.shape[1]))
-        return forward(token_ids, *args, **kwargs)
-
-    monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
+def test_draft_model_reads_only_what_a_next_turn_adds(pipeline: Pipeline, fed: list[int]) -> None:
     engine, config = pipeline.engine("draft-model"), GenerationConfig(max_new_tokens=6, num_draft_tokens=2)
-    engine.drafter.forget()
     first_turn = engine.generate(PROMPTS[3], config).token_ids
     next_turn = [*PROMPTS[3], *first_turn, 7, 8, 9]  # the conversation so far and a new message
     plain = pipeline.engine("none").generate(next_turn, config).token_ids
@@ -188,17 +184,8 @@ def test_draft_model_reads_only_what_a_next_turn_adds(pipeline: Pipeline, monkey
 
 
 def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
-    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, fed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fed: list[int] = []
-    forward = pipeline.draft.forward_with_hidden
-
-    def counting_forward(token_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
-        fed.append(int(token_ids.shape[1]))
-        return forward(token_ids, *args, **kwargs)
-
-    monkeypatch.setattr(pipeline.draft, "forward_with_hidden", counting_forward)
-    pipeline.engine("draft-model").drafter.forget()
     cheap_verify = {1: 100.0, 2: 101.0, 4: 102.0, 8: 104.0, 17: 108.0}
     plain = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=8)).token_ids
     for prefill_ms, drafts in (({1: 1e6}, False), ({1: 1.0}, True)):  # a token costs 1000 s / 1 ms to read

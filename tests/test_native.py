@@ -237,7 +237,7 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
         assert torch.equal(cache.keys[0, row, :, start : start + num_new], k_ref[row].transpose(0, 1))
         expected_values = v_ref[row].reshape(num_new, kv_heads, head_dim).transpose(0, 1)
         assert torch.equal(cache.values[0, row, :, start : start + num_new], expected_values)
-    assert not cache.keys[0, 0, :, start + num_new :].any()  # nothing written past the block
+        assert not cache.keys[0, row, :, start + num_new :].any()  # nothing written past the block
 
     gemm_out = torch.randn(rows + 1, config.hidden_size, generator=generator) * 50
     bias = torch.randn(config.hidden_size, generator=generator)

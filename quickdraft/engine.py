@@ -112,6 +112,7 @@ class SpeculativeEngine:
         cache = self.target.new_cache(1)
         logits = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)  # [1, 1, V]
         first_token = int(self._choose(logits[:, -1], sampling, generator)[0])
+        policy.observe_plain(logits[:, -1])
         self.drafter.prefill([prompt_ids])
         self.drafter.bind(cache, self.cost_model)
         stats.target_forwards += 1
@@ -169,6 +170,8 @@ class SpeculativeEngine:
             stats.draft_tokens_proposed += proposal.num_tokens
             stats.draft_tokens_accepted += num_accepted
             policy.observe(proposal.num_tokens, num_accepted)
+            if proposal.num_tokens == 0:
+                policy.observe_plain(target_logits[:, -1])
             self.drafter.observe(proposal.num_tokens, num_accepted)
 
             # 6. Roll the target's cache back past the rejected drafts (the drafter rolls back lazily).

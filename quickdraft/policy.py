@@ -45,14 +45,35 @@ def interpolate(curve: Mapping[int, float], num_tokens: int) -> float:
     return float(curve[below] + slope * (num_tokens - below))
 
 
+def monotone_fit(curve: Mapping[int, float]) -> dict[int, float]:
+    """The closest non-decreasing curve (least squares; pool-adjacent-violators): a forward over
+    more tokens does the same work and more, so a measured dip (t(5) < t(4)) is noise, and a
+    policy trading on it would favour the dip's γ for no reason. Runs that fall are replaced by
+    their mean; every other point is kept as measured."""
+    pools: list[tuple[float, int]] = []  # (mean, points pooled), in order of k
+    for k in sorted(curve):
+        mean, count = float(curve[k]), 1
+        while pools and pools[-1][0] > mean:
+            pooled_mean, pooled_count = pools.pop()
+            mean, count = (pooled_mean * pooled_count + mean * count) / (pooled_count + count), pooled_count + count
+        pools.append((mean, count))
+    values = [mean for mean, count in pools for _ in range(count)]
+    return dict(zip(sorted(curve), values, strict=True))
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Measured costs in milliseconds: a target forward over k new tokens, one drafted token, and
-    the drafter reading n tokens before it can draft (a draft model's prefill; empty: free)."""
+    the drafter reading n tokens before it can draft (a draft model's prefill; empty: free).
 
-    target_ms: Mapping[int, float]
+    The target curve is used through its :func:`monotone_fit`, so noise in the measurement cannot make
+    a longer block look cheaper than a shorter one.
+    """
+
+    target_ms: Mapping[int, float]  # as measured
     draft_ms: float = 0.0
     draft_prefill_ms: Mapping[int, float] = field(default_factory=dict)  # n tokens read -> ms
+    fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if 1 not in self.target_ms or any(k < 1 or ms <= 0 for k, ms in self.target_ms.items()):
@@ -61,10 +82,11 @@ class CostModel:
             raise ConfigError(f"the draft cost must be >= 0 ms, got {self.draft_ms}")
         if any(n < 1 or ms < 0 for n, ms in self.draft_prefill_ms.items()):
             raise ConfigError("a draft prefill curve needs n >= 1 tokens and times >= 0 ms")
+        object.__setattr__(self, "fitted_target_ms", monotone_fit(self.target_ms))
 
     def target(self, num_tokens: int) -> float:
-        """t_target(k), interpolated between the measured k."""
-        return interpolate(self.target_ms, num_tokens)
+        """t_target(k) on the fitted curve, interpolated between the measured k."""
+        return interpolate(self.fitted_target_ms, num_tokens)
 
     def draft_read(self, num_tokens: int) -> float:
         """What reading ``num_tokens`` costs the drafter before it drafts (0 without a prefill curve)."""
@@ -158,6 +180,10 @@ class Policy(ABC):
     def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
         """The step proposed ``proposed`` drafts and the target accepted the first ``accepted``."""
 
+    def observe_plain(self, target_logits: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """A token was chosen without drafts (the prompt's last position or a plain step), from these
+        ``[B, V]`` target logits (temperature 1)."""
+
 
 class FixedPolicy(Policy):
     def __init__(self, num_draft_tokens: int) -> None:
@@ -217,6 +243,13 @@ class GoodputPolicy(Policy):
     document is decoded plainly unless the budget is long enough to repay reading it (the budget
     is an upper bound: an answer that ends early repays less). A probe pays at most as much
     reading as the ``probe_after`` plain steps before it cost.
+
+    Before paying for reading, it looks at the target for ``look_steps`` plain steps: the target's
+    top probability on the tokens it chooses tracks how often a draft model agrees with it (measured
+    per question on Spec-Bench: 0.65–0.77 on translation where drafts matched 50–67 % of the time,
+    0.83–0.96 on math where they matched 78–100 %; ``tools/target_confidence.py``). Each looked-at
+    token counts as that fraction of an accepted draft, in the estimate that decides the reading
+    only: once the drafter has read, real acceptances decide γ.
     """
 
     cost_model: CostModel
@@ -225,8 +258,12 @@ class GoodputPolicy(Policy):
     decay: float = 0.92
     prior_strength: float = 8.0
     probe_after: int = 16
+    look_steps: int = 4
     accepted: float = field(default=0.0, init=False)
     rejected: float = field(default=0.0, init=False)
+    looked: int = field(default=0, init=False)  # plain tokens whose target confidence was seen
+    confident: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
+    unconfident: float = field(default=0.0, init=False)  # and of the rest
     plain_steps: int = field(default=0, init=False)
     prior: tuple[float, float] = field(default=(1.0, 1.0), init=False)  # Beta pseudo-counts
 
@@ -242,6 +279,11 @@ class GoodputPolicy(Policy):
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         acceptance_rate = self.acceptance_rate()
+        if self._reading_ms(state) > 0 and state.remaining_tokens is not None:
+            if self.looked < self.look_steps:
+                self.plain_steps += 1
+                return 0  # look at the target before paying for the reading
+            acceptance_rate = self._acceptance_rate_seen_from_target()
         gamma = self.cost_model.best_num_draft_tokens(acceptance_rate, self.maximum)
         if gamma > 0 and not self._reading_pays(acceptance_rate, gamma, state):
             gamma = 0
@@ -261,6 +303,18 @@ class GoodputPolicy(Policy):
         if reading_ms == 0 or state.remaining_tokens is None:
             return True
         return self.cost_model.saving_ms(acceptance_rate, gamma, state.remaining_tokens) > reading_ms
+
+    def _acceptance_rate_seen_from_target(self) -> float:
+        """The acceptance estimate with the looked-at tokens' target confidence as partial acceptances."""
+        prior_accepted, prior_rejected = self.prior
+        accepted = prior_accepted + self.accepted + self.confident
+        return accepted / (accepted + prior_rejected + self.rejected + self.unconfident)
+
+    def observe_plain(self, target_logits: torch.Tensor) -> None:
+        top_probability = float(torch.softmax(target_logits.float(), dim=-1).amax(dim=-1).min())
+        self.looked += 1
+        self.confident = self.decay * self.confident + top_probability
+        self.unconfident = self.decay * self.unconfident + 1.0 - top_probability
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

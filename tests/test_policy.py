@@ -19,6 +19,7 @@ from quickdraft.policy import (
     StepState,
     expected_tokens,
     make_policy,
+    monotone_fit,
 )
 
 FLAT = CostModel({1: 100.0, 2: 101.0, 4: 103.0, 8: 107.0, 17: 116.0}, draft_ms=1.0)  # verification nearly free
@@ -27,6 +28,8 @@ EXPENSIVE_DRAFT = CostModel(FLAT.target_ms, draft_ms=60.0)
 MODERATE = CostModel({1: 100.0, 2: 110.0, 4: 125.0, 8: 160.0, 17: 240.0}, draft_ms=5.0)
 # a draft model reading a prompt: 10 ms a token
 READS_SLOWLY = CostModel(MODERATE.target_ms, draft_ms=5.0, draft_prefill_ms={100: 1000.0})
+# the default pair on the 2-core bench machine: a draft token costs 0.42 of a plain step
+DEFAULT_PAIR = CostModel({1: 71.3, 2: 84.7, 3: 96.4, 4: 110.9}, draft_ms=30.1, draft_prefill_ms={128: 602.3})
 
 
 def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0) -> list[int]:
@@ -40,6 +43,22 @@ def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0) -> list
         while accepted < gamma and rng.random() < alpha:
             accepted += 1
         policy.observe(gamma, accepted)
+    return chosen
+
+
+def target_logits(top_probability: float, vocab: int = 8) -> torch.Tensor:
+    """``[1, V]`` logits whose top probability is ``top_probability`` (the rest spread evenly)."""
+    rest = (1.0 - top_probability) / (vocab - 1)
+    return torch.tensor([[top_probability] + [rest] * (vocab - 1)]).log()
+
+
+def choose_plainly_observed(policy: GoodputPolicy, states: list[StepState], top_probability: float) -> list[int]:
+    """Choose γ for each state; after every plain step the policy sees the target's logits, as in the engine."""
+    chosen = []
+    for state in states:
+        chosen.append(policy.choose(state))
+        if chosen[-1] == 0:
+            policy.observe_plain(target_logits(top_probability))
     return chosen
 
 
@@ -112,6 +131,7 @@ def test_goodput_prior_comes_from_the_drafters_record() -> None:
 def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
     good = AcceptanceRecord(accepted=900, rejected=100)
     policy = GoodputPolicy(READS_SLOWLY, 16, good)
+    choose_plainly_observed(policy, [StepState(5000, 2000)] * policy.look_steps, top_probability=0.9)
     assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=2000)) == 0  # long document, short answer
     assert policy.choose(StepState(remaining_tokens=5000, drafter_backlog=2000)) > 0  # a long answer repays it
     assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=1)) > 0  # already read: just draft
@@ -122,17 +142,40 @@ def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
 def test_goodput_probes_unless_the_drafter_would_read_a_long_document_first() -> None:
     bad = AcceptanceRecord(accepted=0, rejected=100)
     short_prompt, long_prompt = GoodputPolicy(READS_SLOWLY, 16, bad), GoodputPolicy(READS_SLOWLY, 16, bad)
-    chosen = [short_prompt.choose(StepState(remaining_tokens=100, drafter_backlog=120)) for _ in range(17)]
+    chosen = choose_plainly_observed(short_prompt, [StepState(100, 120)] * 17, top_probability=0.1)
     assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps: reading 120 tokens is cheap enough
-    assert all(long_prompt.choose(StepState(remaining_tokens=100, drafter_backlog=2000)) == 0 for _ in range(40))
+    assert choose_plainly_observed(long_prompt, [StepState(100, 2000)] * 40, top_probability=0.1) == [0] * 40
 
 
 def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
     """No record, costs where the prior α = 0.5 gives γ = 0: the draft model must still get a probe."""
     policy = GoodputPolicy(CostModel({1: 106.0, 2: 119.0, 4: 127.0}, draft_ms=50.0, draft_prefill_ms={128: 900.0}), 3)
     # a 100-token prompt the draft model has not read, and one more plain-decoded token per step
-    chosen = [policy.choose(StepState(remaining_tokens=128 - step, drafter_backlog=100 + step)) for step in range(20)]
+    states = [StepState(remaining_tokens=128 - step, drafter_backlog=100 + step) for step in range(20)]
+    chosen = choose_plainly_observed(policy, states, top_probability=0.5)
     assert chosen[0] == 0 and 1 in chosen
+
+
+def test_goodput_looks_at_the_target_before_paying_for_the_reading() -> None:
+    """A good record says draft; the target's confidence on the first plain tokens decides the reading."""
+    good = AcceptanceRecord(accepted=800, rejected=200)
+    short_prompt = StepState(remaining_tokens=120, drafter_backlog=60)  # reading costs 277 ms
+    unsure, sure = GoodputPolicy(DEFAULT_PAIR, 16, good), GoodputPolicy(DEFAULT_PAIR, 16, good)
+    assert choose_plainly_observed(unsure, [short_prompt] * 4, top_probability=0.4) == [0] * 4  # looking
+    assert choose_plainly_observed(sure, [short_prompt] * 4, top_probability=0.98) == [0] * 4
+    assert unsure.choose(short_prompt) == 0 and sure.choose(short_prompt) > 0
+    no_reading = GoodputPolicy(DEFAULT_PAIR, 16, good)
+    assert no_reading.choose(StepState(remaining_tokens=120, drafter_backlog=1)) > 0  # nothing to read: no look
+    assert GoodputPolicy(MODERATE, 16, good).choose(short_prompt) > 0  # reading is free in this model
+
+
+def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:
+    assert monotone_fit({1: 71.0, 4: 122.0, 5: 110.0, 6: 125.0}) == {1: 71.0, 4: 116.0, 5: 116.0, 6: 125.0}
+    assert monotone_fit({1: 5.0}) == {1: 5.0}
+    dipped = CostModel({1: 70.0, 2: 85.0, 3: 96.0, 4: 122.0, 5: 110.0, 6: 140.0}, draft_ms=0.0)
+    assert dipped.target_ms[5] == 110.0  # kept as measured
+    assert dipped.target(4) == dipped.target(5) == 116.0
+    assert all(dipped.step_ms(gamma) <= dipped.step_ms(gamma + 1) for gamma in range(8))
 
 
 def test_step_state_rejects_negative_counts() -> None:

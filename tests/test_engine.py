@@ -16,7 +16,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter, common_prefix_length
 from quickdraft.errors import PromptError
-from quickdraft.policy import AcceptanceRecord, CostModel
+from quickdraft.policy import UNKNOWN_STATE, AcceptanceRecord, CostModel, FixedPolicy, StepState
 from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.verify import VerificationResult
 
@@ -197,6 +197,35 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
         result = pipeline.engine("draft-model").generate(PROMPTS[3], config)
         assert bool(fed) == drafts
         assert result.token_ids == plain
+
+
+class AlternatingPolicy(FixedPolicy):
+    """γ = 0, 2, 0, 2, …; records which tokens it saw as plain and how many drafts each step proposed."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.chosen: list[int] = []
+        self.proposed: list[int] = []
+        self.plain_logits: list[torch.Tensor] = []
+
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        self.chosen.append(0 if len(self.chosen) % 2 == 0 else 2)
+        return self.chosen[-1]
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        self.proposed.append(proposed)
+
+    def observe_plain(self, target_logits: torch.Tensor) -> None:
+        self.plain_logits.append(target_logits)
+
+
+def test_policy_sees_the_target_logits_of_every_plain_token(pipeline: Pipeline) -> None:
+    """The prompt's last position and each step that proposed nothing; never a step with drafts."""
+    policy = AlternatingPolicy()
+    pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=10), policy)
+    assert policy.chosen[:4] == [0, 2, 0, 2] and policy.proposed[:4] == [0, 2, 0, 2]
+    assert len(policy.plain_logits) == 1 + policy.proposed.count(0)
+    assert all(logits.shape == (1, pipeline.target.vocab_size) for logits in policy.plain_logits)
 
 
 def test_common_prefix_length() -> None:

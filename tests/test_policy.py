@@ -164,6 +164,12 @@ def test_goodput_looks_at_the_target_before_paying_for_the_reading() -> None:
     assert choose_plainly_observed(unsure, [short_prompt] * 4, top_probability=0.4) == [0] * 4  # looking
     assert choose_plainly_observed(sure, [short_prompt] * 4, top_probability=0.98) == [0] * 4
     assert unsure.choose(short_prompt) == 0 and sure.choose(short_prompt) > 0
+    sure.observe(2, 2)  # it read and drafted: from now on only real acceptances count
+    assert sure.acceptance_rate() == pytest.approx((6.9 + 0.92 + 1.0) / (9.0 + 0.92 + 1.0))
+    seen = sure.top_probability_sum
+    sure.observe_plain(target_logits(0.01))
+    assert sure.top_probability_sum == seen  # a later plain step is not evidence
+    assert sure.choose(StepState(remaining_tokens=100, drafter_backlog=30)) > 0  # no second look
     no_reading = GoodputPolicy(DEFAULT_PAIR, 16, good)
     assert no_reading.choose(StepState(remaining_tokens=120, drafter_backlog=1)) > 0  # nothing to read: no look
     assert GoodputPolicy(MODERATE, 16, good).choose(short_prompt) > 0  # reading is free in this model
@@ -172,6 +178,9 @@ def test_goodput_looks_at_the_target_before_paying_for_the_reading() -> None:
 def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:
     assert monotone_fit({1: 71.0, 4: 122.0, 5: 110.0, 6: 125.0}) == {1: 71.0, 4: 116.0, 5: 116.0, 6: 125.0}
     assert monotone_fit({1: 5.0}) == {1: 5.0}
+    assert monotone_fit({1: 3.0, 2: 2.0, 3: 1.0}) == {1: 2.0, 2: 2.0, 3: 2.0}  # one pool
+    ends_low = CostModel({1: 70.0, 2: 90.0, 3: 80.0})  # a dip at the end pools it flat
+    assert ends_low.target(3) == 85.0 and ends_low.target(5) == pytest.approx(85.0 + 2 * 7.5)  # not free past it
     dipped = CostModel({1: 70.0, 2: 85.0, 3: 96.0, 4: 122.0, 5: 110.0, 6: 140.0}, draft_ms=0.0)
     assert dipped.target_ms[5] == 110.0  # kept as measured
     assert dipped.target(4) == dipped.target(5) == 116.0

@@ -282,9 +282,10 @@ class GoodputPolicy(Policy):
             prior_mean = record.accepted / (record.accepted + record.rejected)  # outcomes only count once
             self.prior = (0.5 + self.prior_strength * prior_mean, 0.5 + self.prior_strength * (1.0 - prior_mean))
 
-    def acceptance_rate(self) -> float:
-        prior_accepted, prior_rejected = self.prior
-        return (prior_accepted + self.accepted) / (prior_accepted + prior_rejected + self.accepted + self.rejected)
+    def acceptance_rate(self, partially_accepted: float = 0.0, partially_rejected: float = 0.0) -> float:
+        """The posterior mean, with optional extra pseudo-counts (the target's confidence before a first draft)."""
+        accepted = self.prior[0] + self.accepted + partially_accepted
+        return accepted / (accepted + self.prior[1] + self.rejected + partially_rejected)
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         acceptance_rate = self.acceptance_rate()
@@ -292,7 +293,7 @@ class GoodputPolicy(Policy):
             if self.plain_tokens_seen < self.look_steps:
                 self.plain_steps += 1
                 return 0  # look at the target before paying for the reading
-            acceptance_rate = self._acceptance_rate_seen_from_target()
+            acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
         gamma = self.cost_model.best_num_draft_tokens(acceptance_rate, self.maximum)
         if gamma > 0 and not self._reading_pays(acceptance_rate, gamma, state):
             gamma = 0
@@ -312,12 +313,6 @@ class GoodputPolicy(Policy):
         if reading_ms == 0 or state.remaining_tokens is None:
             return True
         return self.cost_model.saving_ms(acceptance_rate, gamma, state.remaining_tokens) > reading_ms
-
-    def _acceptance_rate_seen_from_target(self) -> float:
-        """The acceptance estimate with the plain tokens' target top probabilities as partial acceptances."""
-        prior_accepted, prior_rejected = self.prior
-        accepted = prior_accepted + self.top_probability_sum
-        return accepted / (accepted + prior_rejected + self.rest_probability_sum)
 
     def observe_plain(self, target_logits: torch.Tensor) -> None:
         if self.drafted:

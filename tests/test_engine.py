@@ -16,7 +16,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter, common_prefix_length
 from quickdraft.errors import PromptError
-from quickdraft.policy import UNKNOWN_STATE, AcceptanceRecord, CostModel, FixedPolicy, StepState
+from quickdraft.policy import UNKNOWN_STATE, AcceptanceRecord, CostModel, Policy, StepState
 from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.verify import VerificationResult
 
@@ -199,11 +199,10 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
         assert result.token_ids == plain
 
 
-class AlternatingPolicy(FixedPolicy):
+class AlternatingPolicy(Policy):
     """γ = 0, 2, 0, 2, …; records which tokens it saw as plain and how many drafts each step proposed."""
 
     def __init__(self) -> None:
-        super().__init__(2)
         self.chosen: list[int] = []
         self.proposed: list[int] = []
         self.plain_logits: list[torch.Tensor] = []

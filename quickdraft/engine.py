@@ -146,7 +146,11 @@ class SpeculativeEngine:
             # 3. The policy chooses γ (0 = a plain step); draft up to γ tokens after the last committed one.
             tick = clock()
             remaining_tokens = config.max_new_tokens - len(new_token_ids)
-            state = StepState(remaining_tokens=remaining_tokens, drafter_backlog=self.drafter.backlog([committed]))
+            state = StepState(
+                remaining_tokens=remaining_tokens,
+                drafter_backlog=self.drafter.backlog([committed]),
+                generated_tokens=len(new_token_ids),
+            )
             num_drafts = min(policy.choose(state), remaining_tokens - 1)
             stats.gamma_per_step.append(num_drafts)
             proposal = (

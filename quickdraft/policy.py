@@ -142,10 +142,25 @@ class StepState:
 
     remaining_tokens: int | None = None  # new tokens the request may still produce (a bound); None: unbounded
     drafter_backlog: int = 0  # committed tokens the drafter must read before its next draft
+    generated_tokens: int | None = None  # new tokens the request has produced so far; None: not known
 
     def __post_init__(self) -> None:
-        if (self.remaining_tokens is not None and self.remaining_tokens < 0) or self.drafter_backlog < 0:
+        counts = [self.remaining_tokens, self.drafter_backlog, self.generated_tokens]
+        if any(count is not None and count < 0 for count in counts):
             raise ValueError(f"a step state needs counts >= 0, got {self}")
+
+    def expected_remaining_tokens(self) -> int | None:
+        """How many more tokens the answer is expected to run: as many as it has run so far, within the budget.
+
+        Answer lengths are scale-free (one short, the next hundreds of tokens), and an answer that has
+        run m tokens is guessed to run about m more. Trading on this guess is the ski-rental rule: pay
+        for a drafter's reading once the plain steps have forgone as much as the reading costs.
+        """
+        if self.generated_tokens is None:
+            return self.remaining_tokens
+        if self.remaining_tokens is None:
+            return self.generated_tokens
+        return min(self.remaining_tokens, self.generated_tokens)
 
 
 UNKNOWN_STATE = StepState()
@@ -245,15 +260,18 @@ class GoodputPolicy(Policy):
 
     A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
     draft): that cost, read from the cost model's measured draft prefill curve, is paid only when
-    the expected saving over the tokens the request may still produce exceeds it, so a long
-    document is decoded plainly unless the budget is long enough to repay reading it (the budget
-    is an upper bound: an answer that ends early repays less). A probe pays at most as much
-    reading as the ``probe_after`` plain steps before it cost.
+    the expected saving over the tokens the answer is expected still to run exceeds it
+    (:meth:`StepState.expected_remaining_tokens`: as many as it has run so far, within the budget).
+    So a long document is decoded plainly unless the answer runs long enough to repay reading it,
+    and a short answer (a translation, a one-line fact) ends before the reading is paid for. With
+    α known, this loses at most twice what knowing the answer's length would have (ski rental).
+    A probe pays at most as much reading as the ``probe_after`` plain steps before it cost.
 
     Before a request's first draft, when the drafter has to read first, it looks at the target's
-    first ``look_steps`` tokens (the prefill's token and the plain steps after it) and counts the
-    target's top probability on each as that fraction of an accepted draft, in the estimate that
-    chooses the first γ and decides whether the reading pays. Once the drafter has drafted, only
+    first ``look_steps`` tokens at least (the prefill's token and the plain steps after it) and
+    counts the target's top probability on each plain token as that fraction of an accepted draft,
+    in the estimate that chooses the first γ and decides whether the reading pays (recent tokens
+    weigh more, by ``decay`` per token). Once the drafter has drafted, only
     real acceptances count. The relation is loose: over the first 32 tokens of the Spec-Bench
     questions, mean top probability 0.65–0.77 went with 50–67 % draft agreement on translation,
     0.73–0.86 with 75–94 % on qa and 0.83–0.96 with 78–100 % on math
@@ -308,11 +326,12 @@ class GoodputPolicy(Policy):
         return self.cost_model.draft_read(state.drafter_backlog - 1)
 
     def _reading_pays(self, acceptance_rate: float, gamma: int, state: StepState) -> bool:
-        """Is drafting worth the drafter's backlog over the tokens the request may still produce?"""
+        """Is drafting worth the drafter's backlog over the tokens the answer is expected still to run?"""
         reading_ms = self._reading_ms(state)
-        if reading_ms == 0 or state.remaining_tokens is None:
+        horizon = state.expected_remaining_tokens()
+        if reading_ms == 0 or horizon is None:
             return True
-        return self.cost_model.saving_ms(acceptance_rate, gamma, state.remaining_tokens) > reading_ms
+        return self.cost_model.saving_ms(acceptance_rate, gamma, horizon) > reading_ms
 
     def observe_plain(self, target_logits: torch.Tensor) -> None:
         if self.drafted:

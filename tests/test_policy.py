@@ -175,6 +175,40 @@ def test_goodput_looks_at_the_target_before_paying_for_the_reading() -> None:
     assert GoodputPolicy(MODERATE, 16, good).choose(short_prompt) > 0  # reading is free in this model
 
 
+def reading_steps(policy: GoodputPolicy, prompt_tokens: int, budget: int, top_probability: float) -> list[int]:
+    """γ per step of a request whose drafter has not read its prompt, as the engine reports it."""
+    chosen: list[int] = []
+    for generated in range(1, budget):
+        state = StepState(budget - generated, drafter_backlog=prompt_tokens + generated, generated_tokens=generated)
+        chosen += choose_plainly_observed(policy, [state], top_probability)
+        if chosen[-1] > 0:
+            break
+    return chosen
+
+
+def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_costs() -> None:
+    """Ski rental: read once the plain tokens so far, drafted, would have saved what the reading costs."""
+    good = AcceptanceRecord(accepted=800, rejected=200)
+    chosen = reading_steps(GoodputPolicy(DEFAULT_PAIR, 16, good), prompt_tokens=60, budget=1000, top_probability=0.95)
+    generated = len(chosen)  # the request's tokens before its first draft: the prefill's and the plain steps'
+    policy = GoodputPolicy(DEFAULT_PAIR, 16, good)
+    chosen_again = reading_steps(policy, prompt_tokens=60, budget=1000, top_probability=0.95)
+    assert chosen_again == chosen and chosen[:-1] == [0] * (generated - 1) and chosen[-1] > 0
+    alpha = policy.acceptance_rate(policy.top_probability_sum, policy.rest_probability_sum)
+    reading_ms = DEFAULT_PAIR.draft_read(60 + generated - 1)
+    assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated) > reading_ms  # it has paid for itself by now
+    assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated - 1) <= DEFAULT_PAIR.draft_read(60 + generated - 2)
+    assert policy.look_steps < generated < 128
+    unsure = GoodputPolicy(DEFAULT_PAIR, 16, good)  # a translation's confidence: the reading never pays
+    assert reading_steps(unsure, prompt_tokens=60, budget=128, top_probability=0.65) == [0] * 127
+    no_length = GoodputPolicy(DEFAULT_PAIR, 16, good)  # without the answer's length, the budget is the horizon
+    choose_plainly_observed(no_length, [StepState(1000, 60)] * no_length.look_steps, top_probability=0.95)
+    assert no_length.choose(StepState(remaining_tokens=1000, drafter_backlog=64)) > 0
+    assert StepState(100, 5, generated_tokens=30).expected_remaining_tokens() == 30
+    assert StepState(10, 5, generated_tokens=30).expected_remaining_tokens() == 10
+    assert StepState(None, 5, generated_tokens=30).expected_remaining_tokens() == 30
+
+
 def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:
     assert monotone_fit({1: 71.0, 4: 122.0, 5: 110.0, 6: 125.0}) == {1: 71.0, 4: 116.0, 5: 116.0, 6: 125.0}
     assert monotone_fit({1: 5.0}) == {1: 5.0}
@@ -192,6 +226,8 @@ def test_step_state_rejects_negative_counts() -> None:
         StepState(remaining_tokens=-1)
     with pytest.raises(ValueError):
         StepState(drafter_backlog=-1)
+    with pytest.raises(ValueError):
+        StepState(generated_tokens=-1)
     with pytest.raises(ConfigError):
         CostModel({1: 1.0}, draft_prefill_ms={0: 1.0})
     with pytest.raises(ConfigError):

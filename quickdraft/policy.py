@@ -307,7 +307,7 @@ class GoodputPolicy(Policy):
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         acceptance_rate = self.acceptance_rate()
-        if not self.drafted and self._reading_ms(state) > 0 and state.remaining_tokens is not None:
+        if not self.drafted and self._reading_ms(state) > 0 and state.expected_remaining_tokens() is not None:
             if self.plain_tokens_seen < self.look_steps:
                 self.plain_steps += 1
                 return 0  # look at the target before paying for the reading

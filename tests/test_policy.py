@@ -207,6 +207,10 @@ def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_cost
     assert StepState(100, 5, generated_tokens=30).expected_remaining_tokens() == 30
     assert StepState(10, 5, generated_tokens=30).expected_remaining_tokens() == 10
     assert StepState(None, 5, generated_tokens=30).expected_remaining_tokens() == 30
+    unbounded = GoodputPolicy(DEFAULT_PAIR, 16, good)  # no budget, a known length: it looks, and what it saw counts
+    looks = [StepState(None, drafter_backlog=60 + generated, generated_tokens=generated) for generated in range(1, 5)]
+    assert choose_plainly_observed(unbounded, looks, top_probability=0.3) == [0] * 4
+    assert unbounded.choose(StepState(None, drafter_backlog=260, generated_tokens=200)) == 0
 
 
 def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from quickdraft.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.config import GenerationConfig
@@ -12,6 +19,7 @@ from quickdraft.drafters import DRAFTERS, Drafter, DrafterOptions
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
+from quickdraft.models.catalog import cache_root
 from quickdraft.models.loading import load_hf_model
 from quickdraft.policy import AcceptanceRecord, CostModel
 from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
@@ -86,6 +94,7 @@ class Pipeline:
             cost_model=self.cost_models.get(drafter),
             acceptance=self.acceptance_records.setdefault(drafter, AcceptanceRecord()),
             acceptance_head=self.acceptance_heads.get(drafter),
+            calibrate=lambda max_draft_tokens: self.calibrate(drafter, max_draft_tokens),
         )
 
     def on_runtime(self, runtime: str) -> Pipeline:
@@ -136,14 +145,28 @@ class Pipeline:
             self._transformers_models[role] = load_hf_model(path)
         return self._transformers_models[role]
 
-    def calibrate(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> CostModel:
+    def calibrate(
+        self, drafter: str, max_draft_tokens: int = 16, context: int = 64, use_saved: bool = True
+    ) -> CostModel:
         """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
 
         Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
         tokens (after a warm-up); the draft model's 1-token forward and what reading 128 and 512 tokens
         costs it if the drafter uses one, the drafter's share of a target step if the target drafts
         itself, else 0.
+
+        Models loaded from a path save the measurement in :meth:`calibration_file` and, with
+        ``use_saved``, load it from there instead of measuring again (a file that does not parse is
+        measured anew and replaced).
         """
+        path = self.calibration_file(drafter, max_draft_tokens, context)
+        if use_saved and path is not None and path.exists():
+            try:
+                saved = json.loads(path.read_text(encoding="utf-8"))
+                self.cost_models[drafter] = CostModel.from_dict(saved["cost_model"])
+                return self.cost_models[drafter]
+            except (OSError, ValueError, KeyError, TypeError, ConfigError):
+                pass  # measured anew below
         from quickdraft.bench.profile import (
             PREFILL_LENGTHS,
             measure_cost_curve,
@@ -160,7 +183,36 @@ class Pipeline:
         elif drafter_cls.target_cost_fraction is not None:
             draft_ms = drafter_cls.target_cost_fraction * target_ms[1]
         self.cost_models[drafter] = CostModel(target_ms, draft_ms, prefill_ms)
+        if path is not None:
+            with contextlib.suppress(OSError):  # a cache that cannot be written only costs a later re-measure
+                path.parent.mkdir(parents=True, exist_ok=True)
+                record = {"key": self._calibration_key(drafter, max_draft_tokens, context)}
+                path.write_text(json.dumps(record | {"cost_model": self.cost_models[drafter].to_dict()}, indent=2))
         return self.cost_models[drafter]
+
+    def calibration_file(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> Path | None:
+        """Where :meth:`calibrate` saves its measurement: one file per models, runtime, thread count,
+        machine and drafter in :func:`calibrations_dir`; None for models without a path."""
+        if self.target_path is None or (DRAFTERS.get(drafter).needs_draft_model and self.draft_path is None):
+            return None
+        key = json.dumps(self._calibration_key(drafter, max_draft_tokens, context), sort_keys=True)
+        return calibrations_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+    def _calibration_key(self, drafter: str, max_draft_tokens: int, context: int) -> dict[str, Any]:
+        from quickdraft import __version__
+
+        uses_draft = DRAFTERS.get(drafter).needs_draft_model
+        return {
+            "target": str(self.target_path),
+            "draft": str(self.draft_path) if uses_draft else None,
+            "runtime": self.target.name,
+            "drafter": drafter,
+            "max_draft_tokens": max_draft_tokens,
+            "context": context,
+            "threads": torch.get_num_threads(),
+            "machine": [platform.machine(), platform.processor(), os.cpu_count()],
+            "quickdraft": __version__,
+        }
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
@@ -196,6 +248,11 @@ class Pipeline:
         options: DrafterOptions | None = None,
     ) -> GenerationResult:
         return self.stream(prompt, config, drafter, chat, options).finish()
+
+
+def calibrations_dir() -> Path:
+    """Where measured cost models are saved: ``$QUICKDRAFT_CACHE/calibrations``."""
+    return cache_root() / "calibrations"
 
 
 def eos_token_ids(model_path: Path, tokenizer: Any) -> frozenset[int]:

@@ -20,6 +20,7 @@ from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult
 from quickdraft.errors import ConfigError, PromptError, QuickdraftError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, prepare
+from quickdraft.policy import needs_cost_model
 from quickdraft.runtime import RUNTIMES
 
 DESCRIPTION = """\
@@ -52,16 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: draft-model; none = plain decoding)",
     )
     generate.add_argument(
-        "--num-draft-tokens", type=int, default=4, metavar="K", help="drafts per step γ of the fixed policy (default 4)"
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="drafts per step γ of the fixed policy, where the heuristic one starts (default 4); "
+        "given without --policy it means --policy fixed",
     )
     generate.add_argument(
         "--policy",
-        default="fixed",
+        default=None,
         metavar="NAME",
-        help="how γ is chosen before each step: fixed[:K] (default), heuristic (+2 after a fully accepted block, "
-        "-1 otherwise), confidence[:T] (stop drafting when the draft's top probability < T), goodput (the γ, "
-        "0 included, with the most expected tokens per second from measured costs and the observed acceptance), "
-        "specdec++[:T] (stop when a trained head puts P(a rejection in the block) above T)",
+        help="how γ is chosen before each step: goodput (the default: the γ, 0 included, with the most expected "
+        "tokens per second from measured costs and the observed acceptance; it measures the costs the first time, "
+        "a few seconds, and saves them), fixed[:K], heuristic (+2 after a fully accepted block, -1 otherwise), "
+        "confidence[:T] (stop drafting when the draft's top probability < T), specdec++[:T] (stop when a trained "
+        "head puts P(a rejection in the block) above T)",
+    )
+    generate.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure goodput's costs again instead of loading the saved ones (after a hardware or code change)",
     )
     generate.add_argument(
         "--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ of adaptive policies (default 16)"
@@ -168,17 +180,21 @@ def run_generate(args: argparse.Namespace) -> None:
     draft = draft_for(args, [args.drafter])
     pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
+    pipeline.engine(args.drafter, options).check_prompt(prompt_ids, config)  # before any measuring
     if config.policy.startswith("specdec++"):
         pipeline.load_acceptance_head(args.drafter, Path(args.acceptance_head) if args.acceptance_head else None)
-    if config.policy.startswith("goodput") and args.drafter != "none":
-        costs = pipeline.calibrate(args.drafter, config.max_draft_tokens)
+    if needs_cost_model(config.policy) and DRAFTERS.get(args.drafter).proposes_drafts:
+        saved = pipeline.calibration_file(args.drafter, config.max_draft_tokens)
+        loading = saved is not None and saved.exists() and not args.recalibrate
+        costs = pipeline.calibrate(args.drafter, config.max_draft_tokens, use_saved=not args.recalibrate)
         if not args.json:
             reading = ""
             if costs.draft_prefill_ms:
                 longest = max(costs.draft_prefill_ms)
                 reading = f"; reading {longest} prompt tokens costs the draft {costs.draft_read(longest):.0f} ms"
+            source = f"loaded from {saved}" if loading else "calibrated" + (f", saved to {saved}" if saved else "")
             print(
-                f"[goodput] calibrated: target {costs.target(1):.0f} ms for 1 token, "
+                f"[goodput] {source}: target {costs.target(1):.0f} ms for 1 token, "
                 f"{costs.target(config.max_draft_tokens + 1):.0f} ms for {config.max_draft_tokens + 1}; "
                 f"{costs.draft_ms:.0f} ms per drafted token{reading}",
                 file=sys.stderr,
@@ -186,8 +202,10 @@ def run_generate(args: argparse.Namespace) -> None:
     engine = pipeline.engine(args.drafter, options)
     plain_engine = pipeline.engine("none") if args.compare else None
     if plain_engine is not None:  # warm both paths up so neither run pays first-call costs
+        warm_up = GenerationConfig(max_new_tokens=2, num_draft_tokens=1, sampling=config.sampling)  # drafts once
         for warm in (engine, plain_engine):
-            warm.generate(prompt_ids, GenerationConfig(max_new_tokens=2, sampling=config.sampling))
+            warm.generate(prompt_ids, warm_up)
+        engine.drafter.forget()  # the timed run reads the prompt itself, as the plain one does
     stream = engine.stream(prompt_ids, config)
     if not args.json:
         for delta in stream:

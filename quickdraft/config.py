@@ -35,18 +35,31 @@ class SamplingParams:
         return self.temperature == 0
 
 
+DEFAULT_POLICY = "goodput"
+DEFAULT_NUM_DRAFT_TOKENS = 4
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
-    """One request: how many tokens, how drafts per step are chosen, sampling and stop strings."""
+    """One request: how many tokens, how drafts per step are chosen, sampling and stop strings.
+
+    The policy defaults to ``goodput`` (γ per step from measured costs and the observed acceptance),
+    except that a request which gives ``num_draft_tokens`` without a policy asked for that many
+    drafts per step and gets ``fixed``. Both fields hold the resolved values after construction.
+    """
 
     max_new_tokens: int = 256
-    num_draft_tokens: int = 4  # γ of the fixed policy; where the heuristic policy starts
+    num_draft_tokens: int | None = None  # γ of the fixed policy; where the heuristic policy starts (default 4)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
-    policy: str = "fixed"  # how γ is chosen per step: fixed[:K], heuristic, confidence[:T], goodput
+    policy: str | None = None  # fixed[:K], heuristic, confidence[:T], goodput, specdec++[:T] (see above)
     max_draft_tokens: int = 16  # the largest γ an adaptive policy may choose
 
     def __post_init__(self) -> None:
+        if self.policy is None:
+            object.__setattr__(self, "policy", "fixed" if self.num_draft_tokens is not None else DEFAULT_POLICY)
+        if self.num_draft_tokens is None:
+            object.__setattr__(self, "num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 0:

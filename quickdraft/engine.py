@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,16 @@ from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters.base import Drafter, DraftProposal
 from quickdraft.errors import PromptError
-from quickdraft.policy import AcceptanceRecord, CostModel, Policy, PolicyContext, StepState, make_policy
+from quickdraft.policy import (
+    AcceptanceRecord,
+    CostModel,
+    FixedPolicy,
+    Policy,
+    PolicyContext,
+    StepState,
+    make_policy,
+    needs_cost_model,
+)
 from quickdraft.runtime.base import Runtime
 from quickdraft.sampling import logits_to_probs, make_generator, sample
 from quickdraft.stats import GenerationStats
@@ -60,6 +69,7 @@ class SpeculativeEngine:
         cost_model: CostModel | None = None,
         acceptance: AcceptanceRecord | None = None,
         acceptance_head: AcceptanceHead | None = None,
+        calibrate: Callable[[int], CostModel] | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -68,6 +78,7 @@ class SpeculativeEngine:
         self.cost_model = cost_model  # measured step costs, for the goodput policy
         self.acceptance = acceptance if acceptance is not None else AcceptanceRecord()  # across requests
         self.acceptance_head = acceptance_head  # for the specdec++ policy
+        self.calibrate = calibrate  # measures a cost model (up to γmax) when a policy needs one and none is given
 
     def generate(
         self, prompt_ids: list[int], config: GenerationConfig, policy: Policy | None = None
@@ -77,12 +88,18 @@ class SpeculativeEngine:
     def stream(self, prompt_ids: list[int], config: GenerationConfig, policy: Policy | None = None) -> GenerationStream:
         """Decode ``prompt_ids``; ``policy`` overrides ``config.policy`` with a ready instance (e.g. to record)."""
         self.check_prompt(prompt_ids, config)  # fail at the call, not at the first next()
-        if policy is None:
-            context = PolicyContext(
-                config.num_draft_tokens, config.max_draft_tokens, self.cost_model, self.acceptance, self.acceptance_head
-            )
-            policy = make_policy(config.policy, context)
-        return GenerationStream(self._run(list(prompt_ids), config, policy))
+        return GenerationStream(self._run(list(prompt_ids), config, policy or self.make_policy(config)))
+
+    def make_policy(self, config: GenerationConfig) -> Policy:
+        """The request's policy; a drafter that never drafts gets plain steps whatever the policy."""
+        if not self.drafter.proposes_drafts:
+            return FixedPolicy(0)
+        if self.cost_model is None and self.calibrate is not None and needs_cost_model(config.policy):
+            self.cost_model = self.calibrate(config.max_draft_tokens)
+        context = PolicyContext(
+            config.num_draft_tokens, config.max_draft_tokens, self.cost_model, self.acceptance, self.acceptance_head
+        )
+        return make_policy(config.policy, context)
 
     def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
         if not prompt_ids:

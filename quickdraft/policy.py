@@ -23,6 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -83,6 +84,26 @@ class CostModel:
         if any(n < 1 or ms < 0 for n, ms in self.draft_prefill_ms.items()):
             raise ConfigError("a draft prefill curve needs n >= 1 tokens and times >= 0 ms")
         object.__setattr__(self, "fitted_target_ms", monotone_fit(self.target_ms))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The measured costs as JSON-ready data (curve keys become strings)."""
+        return {
+            "target_ms": {str(k): ms for k, ms in sorted(self.target_ms.items())},
+            "draft_ms": self.draft_ms,
+            "draft_prefill_ms": {str(n): ms for n, ms in sorted(self.draft_prefill_ms.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
+        """The inverse of :meth:`to_dict`; malformed data raises ``ConfigError``."""
+        try:
+            return cls(
+                {int(k): float(ms) for k, ms in data["target_ms"].items()},
+                float(data["draft_ms"]),
+                {int(n): float(ms) for n, ms in data["draft_prefill_ms"].items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(f"not a saved cost model: {error!r}") from None
 
     def target(self, num_tokens: int) -> float:
         """t_target(k) on the fitted curve, interpolated between the measured k; past the last one it
@@ -436,6 +457,11 @@ def _specdec(arg: str | None, context: PolicyContext) -> Policy:
 
 
 NEEDS_MEASUREMENTS = {"goodput", "specdec++"}  # built per request from a cost model or a trained head
+
+
+def needs_cost_model(spec: str) -> bool:
+    """Does the policy ``NAME[:ARG]`` plan with measured costs (so a caller should calibrate first)?"""
+    return spec.partition(":")[0] == "goodput"
 
 
 def check_policy_spec(spec: str) -> None:

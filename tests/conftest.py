@@ -98,6 +98,14 @@ def native_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
     }
 
 
+@pytest.fixture(autouse=True)
+def calibrations_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Tests measure costs on a busy machine: never save them where a user's goodput would load them."""
+    directory = tmp_path / "calibrations"
+    monkeypatch.setattr("quickdraft.api.calibrations_dir", lambda: directory)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def pipeline() -> Pipeline:
     return tiny_pipeline()

@@ -332,7 +332,8 @@ def test_early_exit_drafting_equals_plain_decoding(prompt_ids: list[int]) -> Non
         assert result.stats.draft_tokens_proposed > 0
     drafter = engine.drafter
     assert set(drafter.tries) == set(drafter.candidates) and min(drafter.tries.values()) >= 2  # all were tried
-    sampled = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=16, sampling=SamplingParams(1.0, seed=3)))
+    config = GenerationConfig(max_new_tokens=16, num_draft_tokens=4, sampling=SamplingParams(1.0, seed=3))
+    sampled = engine.generate(prompt_ids, config)
     assert len(sampled.token_ids) == 16
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -273,6 +275,24 @@ def test_fixed_policy_and_specs() -> None:
     GenerationConfig(policy="goodput")  # needs a cost model only when a request runs
 
 
+def test_goodput_is_the_default_unless_the_request_gives_a_gamma() -> None:
+    default = GenerationConfig()
+    assert (default.policy, default.num_draft_tokens) == ("goodput", 4)
+    asked = GenerationConfig(num_draft_tokens=2)  # "draft 2 per step" is a fixed policy
+    assert (asked.policy, asked.num_draft_tokens) == ("fixed", 2)
+    heuristic = GenerationConfig(policy="heuristic")
+    assert (heuristic.policy, heuristic.num_draft_tokens) == ("heuristic", 4)
+    assert GenerationConfig(num_draft_tokens=3, policy="goodput").policy == "goodput"
+
+
+def test_a_cost_model_survives_its_json_form() -> None:
+    assert CostModel.from_dict(json.loads(json.dumps(READS_SLOWLY.to_dict()))) == READS_SLOWLY
+    broken_forms = [{}, {"target_ms": {"x": 1}, "draft_ms": 0, "draft_prefill_ms": {}}, {"target_ms": []}]
+    for broken in broken_forms:
+        with pytest.raises(ConfigError, match="not a saved cost model"):
+            CostModel.from_dict(broken)
+
+
 # --- through the engine --------------------------------------------------------------------------
 
 PROMPTS = [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -300,6 +320,48 @@ def test_confidence_policy_drafts_variable_lengths(pipeline: Pipeline) -> None:
     config = GenerationConfig(max_new_tokens=32, policy="confidence:0.5", max_draft_tokens=8)
     result = pipeline.engine("draft-model").generate(PROMPTS[2], config)
     assert len(set(result.stats.proposed_per_step)) > 1
+
+
+def test_the_default_policy_calibrates_at_the_first_request(pipeline: Pipeline) -> None:
+    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
+    plain = fresh.engine("none").generate(PROMPTS[2], GenerationConfig(max_new_tokens=12))
+    assert fresh.cost_models == {}  # plain decoding has no γ to choose, so nothing to measure
+    result = fresh.engine("draft-model").generate(PROMPTS[2], GenerationConfig(max_new_tokens=12))
+    assert result.token_ids == plain.token_ids
+    assert sorted(fresh.cost_models) == ["draft-model"] and fresh.cost_models["draft-model"].draft_ms > 0
+
+
+def test_a_calibration_is_saved_and_loaded_for_the_same_models(
+    pipeline: Pipeline, tmp_path: Path, calibrations_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def with_paths(target: str, draft: str) -> Pipeline:
+        return Pipeline(
+            pipeline.target,
+            pipeline.tokenizer,
+            pipeline.eos_token_ids,
+            target_path=tmp_path / target,
+            draft=pipeline.draft,
+            draft_path=tmp_path / draft,
+        )
+
+    first = with_paths("target", "draft")
+    measured = first.calibrate("draft-model", max_draft_tokens=4)
+    saved = first.calibration_file("draft-model", max_draft_tokens=4)
+    assert saved is not None and saved.parent == calibrations_in_tmp and saved.exists()
+    assert first.calibration_file("prompt-lookup", 4) != saved  # per drafter
+    assert with_paths("target", "other draft").calibration_file("draft-model", 4) != saved  # per models
+
+    def no_measuring(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured although a saved calibration exists")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("quickdraft.bench.profile.measure_cost_curve", no_measuring)
+        assert with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4) == measured
+        with pytest.raises(AssertionError, match="measured although"):  # unless asked to measure again
+            with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4, use_saved=False)
+    saved.write_text("{not json")  # a damaged file is measured anew and replaced
+    assert with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4).draft_ms > 0
+    assert CostModel.from_dict(json.loads(saved.read_text())["cost_model"]).draft_ms > 0
 
 
 def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:

@@ -22,14 +22,12 @@ from quickdraft.api import Pipeline
 from quickdraft.bench.metrics import MethodInfo
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
 from quickdraft.bench.profile import DRAFT_PREFILL
-from quickdraft.config import GenerationConfig
+from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
 from quickdraft.policy import CostModel, check_policy_spec
 from quickdraft.registry import Registry
 from quickdraft.runtime import RUNTIMES
-
-DEFAULT_NUM_DRAFT_TOKENS = 4
 
 
 @dataclass(frozen=True)

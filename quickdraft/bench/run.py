@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.bench.methods import DEFAULT_NUM_DRAFT_TOKENS, METHODS, Method, parse_methods
+from quickdraft.bench.methods import METHODS, Method, parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, oracle, token_latencies
 from quickdraft.bench.profile import (
     DRAFT_PREFILL,
@@ -34,7 +34,7 @@ from quickdraft.bench.profile import (
 )
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
-from quickdraft.config import GenerationConfig
+from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
 from quickdraft.errors import ConfigError
 
 DEFAULT_METHODS = "baseline,draft-model:2,draft-model:4,prompt-lookup,hf-generate,hf-assisted,hf-assisted-tuned"

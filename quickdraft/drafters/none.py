@@ -10,6 +10,8 @@ from quickdraft.runtime.base import Runtime
 
 
 class NoDrafter(Drafter):
+    proposes_drafts = False
+
     @classmethod
     def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> NoDrafter:
         return cls()

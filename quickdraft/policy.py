@@ -276,8 +276,11 @@ class GoodputPolicy(Policy):
     α is the mean of a Beta posterior over per-draft acceptance: each accepted draft is a success,
     the first rejected one a failure; older evidence decays by ``decay`` per observed draft. The
     prior is the drafter's record across requests with the weight of ``prior_strength`` drafts
-    (Beta(1, 1) before there is a record). After ``probe_after`` plain steps in a row it drafts one
-    token to re-measure α, so a request whose text turns predictable is noticed.
+    (Beta(1, 1) before there is a record). It is the oldest evidence and decays with the rest, so a
+    request whose drafts keep being accepted drives α toward 1 (with a prior that did not decay,
+    the estimate would stay below (1 + 1/(1 − decay)) / (2 + 1/(1 − decay)) = 0.93 at 0.92).
+    After ``probe_after`` plain steps in a row it drafts one token to re-measure α, so a request
+    whose text turns predictable is noticed.
 
     A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
     draft): that cost, read from the cost model's measured draft prefill curve, is paid only when
@@ -306,25 +309,25 @@ class GoodputPolicy(Policy):
     prior_strength: float = 8.0
     probe_after: int = 16
     look_steps: int = 4
-    accepted: float = field(default=0.0, init=False)
-    rejected: float = field(default=0.0, init=False)
+    accepted: float = field(default=1.0, init=False)  # decayed evidence, the prior's pseudo-counts included
+    rejected: float = field(default=1.0, init=False)
     drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
     plain_tokens_seen: int = field(default=0, init=False)  # plain tokens whose target logits were seen
     top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
     plain_steps: int = field(default=0, init=False)
-    prior: tuple[float, float] = field(default=(1.0, 1.0), init=False)  # Beta pseudo-counts
 
     def __post_init__(self) -> None:
         record = self.record
         if record is not None and record.accepted + record.rejected > 0:  # a snapshot: this request's own
             prior_mean = record.accepted / (record.accepted + record.rejected)  # outcomes only count once
-            self.prior = (0.5 + self.prior_strength * prior_mean, 0.5 + self.prior_strength * (1.0 - prior_mean))
+            self.accepted = 0.5 + self.prior_strength * prior_mean
+            self.rejected = 0.5 + self.prior_strength * (1.0 - prior_mean)
 
     def acceptance_rate(self, partially_accepted: float = 0.0, partially_rejected: float = 0.0) -> float:
         """The posterior mean, with optional extra pseudo-counts (the target's confidence before a first draft)."""
-        accepted = self.prior[0] + self.accepted + partially_accepted
-        return accepted / (accepted + self.prior[1] + self.rejected + partially_rejected)
+        accepted = self.accepted + partially_accepted
+        return accepted / (accepted + self.rejected + partially_rejected)
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         acceptance_rate = self.acceptance_rate()

@@ -109,6 +109,14 @@ def test_goodput_drafts_long_for_a_predictable_request() -> None:
     assert min(chosen[-20:]) >= 10
 
 
+def test_goodput_estimate_reaches_past_the_prior_when_every_draft_is_accepted() -> None:
+    policy = GoodputPolicy(MODERATE, maximum=16, record=AcceptanceRecord(accepted=50, rejected=50))
+    feed(policy, alpha=1.0, steps=20)
+    assert policy.acceptance_rate() > 0.99  # the prior decays with the oldest evidence
+    policy.observe(4, 3)
+    assert 0.9 < policy.acceptance_rate() < 0.95  # one rejection among ~12 drafts' worth of evidence
+
+
 def test_goodput_drafts_short_when_verification_is_expensive() -> None:
     chosen = feed(GoodputPolicy(STEEP, maximum=16), alpha=0.8, steps=40)
     assert max(chosen[-20:]) <= 1
@@ -167,7 +175,7 @@ def test_goodput_looks_at_the_target_before_paying_for_the_reading() -> None:
     assert choose_plainly_observed(sure, [short_prompt] * 4, top_probability=0.98) == [0] * 4
     assert unsure.choose(short_prompt) == 0 and sure.choose(short_prompt) > 0
     sure.observe(2, 2)  # it read and drafted: from now on only real acceptances count
-    assert sure.acceptance_rate() == pytest.approx((6.9 + 0.92 + 1.0) / (9.0 + 0.92 + 1.0))
+    assert sure.acceptance_rate() == pytest.approx((0.92**2 * 6.9 + 0.92 + 1.0) / (0.92**2 * 9.0 + 0.92 + 1.0))
     seen = sure.top_probability_sum
     sure.observe_plain(target_logits(0.01))
     assert sure.top_probability_sum == seen  # a later plain step is not evidence

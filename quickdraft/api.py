@@ -169,16 +169,20 @@ class Pipeline:
                 pass  # measured anew below
         from quickdraft.bench.profile import (
             PREFILL_LENGTHS,
-            measure_cost_curve,
+            measure_cost_curves,
             measure_prefill_curve,
             prefill_lengths,
         )
 
         ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
-        target_ms = measure_cost_curve(self.target, ks, context, repeats=1, warmup=1)
         drafter_cls, draft_ms, prefill_ms = DRAFTERS.get(drafter), 0.0, {}
+        runtimes, wanted = {"target": self.target}, {"target": ks}
         if drafter_cls.needs_draft_model and self.draft is not None:
-            draft_ms = measure_cost_curve(self.draft, [1], context, repeats=3, warmup=1)[1]
+            runtimes["draft"], wanted["draft"] = self.draft, [1]
+        curves = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)  # target and draft in turn
+        target_ms = curves["target"]
+        if "draft" in curves:
+            draft_ms = curves["draft"][1]
             prefill_ms = measure_prefill_curve(self.draft, prefill_lengths(self.draft, PREFILL_LENGTHS[:2]))
         elif drafter_cls.target_cost_fraction is not None:
             draft_ms = drafter_cls.target_cost_fraction * target_ms[1]

@@ -18,7 +18,7 @@ from quickdraft.bench.metrics import (
     predicted_speedup,
     token_latencies,
 )
-from quickdraft.bench.profile import measure_cost_curve, measure_prefill_curve, prefill_lengths
+from quickdraft.bench.profile import measure_cost_curve, measure_cost_curves, measure_prefill_curve, prefill_lengths
 from quickdraft.bench.questions import load_questions, sample_questions
 from quickdraft.cli import main
 from quickdraft.errors import ConfigError, QuickdraftError
@@ -290,6 +290,35 @@ def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:
     assert sorted(curve) == [1, 2, 3] and all(ms > 0 for ms in curve.values())
     with pytest.raises(ConfigError, match="exceeds"):
         measure_cost_curve(pipeline.target, [8], context=pipeline.target.max_context)
+
+
+def test_cost_curves_take_turns_and_keep_the_fastest_run(pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow spell must slow one repeat of every curve, not one whole curve (it skews their ratio)."""
+    calls: list[tuple[str, int]] = []
+    for role, runtime in (("target", pipeline.target), ("draft", pipeline.draft)):
+        forward = runtime.forward
+
+        def recorded(token_ids, cache, last_only=False, role=role, forward=forward):
+            calls.append((role, int(token_ids.shape[1])))
+            return forward(token_ids, cache, last_only)
+
+        monkeypatch.setattr(runtime, "forward", recorded)
+    runtimes = {"target": pipeline.target, "draft": pipeline.draft}
+    curves = measure_cost_curves(runtimes, {"target": [1, 2], "draft": [1]}, context=10, repeats=2, warmup=1)
+    assert sorted(curves["target"]) == [1, 2] and sorted(curves["draft"]) == [1]
+    one_repeat = [("target", 1), ("draft", 1), ("target", 2)]
+    assert calls == [("target", 10), ("draft", 10)] + one_repeat * 3  # the contexts, then warm-up and 2 repeats
+    times = iter([5.0, 1.0, 5.0, 9.0, 2.0, 9.0, 3.0, 3.0, 3.0])  # seconds per timed call, in order
+    clock = {"now": 0.0}
+
+    def fake_clock() -> float:
+        clock["now"] += next(times) if clock.setdefault("started", False) else 0.0
+        clock["started"] = not clock["started"]
+        return clock["now"]
+
+    monkeypatch.setattr("quickdraft.bench.profile.time.perf_counter", fake_clock)
+    curves = measure_cost_curves(runtimes, {"target": [1, 2], "draft": [1]}, context=10, repeats=2, warmup=1)
+    assert curves == {"target": {1: 3000.0, 2: 3000.0}, "draft": {1: 2000.0}}  # the warm-up's 5, 1, 5 s dropped
 
 
 def test_each_question_starts_a_new_conversation(pipeline) -> None:

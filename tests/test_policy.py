@@ -363,7 +363,7 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
         raise AssertionError("measured although a saved calibration exists")
 
     with monkeypatch.context() as patch:
-        patch.setattr("quickdraft.bench.profile.measure_cost_curve", no_measuring)
+        patch.setattr("quickdraft.bench.profile.measure_cost_curves", no_measuring)
         assert with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4) == measured
         with pytest.raises(AssertionError, match="measured although"):  # unless asked to measure again
             with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4, use_saved=False)

@@ -2,17 +2,17 @@
 
 This cost curve is what speculation trades on: γ drafts pay off only if t(γ+1) is not much
 more than t(1). Each k is timed ``repeats`` times after ``warmup`` untimed runs, rolling the
-cache back to the context in between, and the median is reported in milliseconds.
+cache back to the context in between, and the fastest run is reported in milliseconds (other
+work on the machine only adds time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -39,35 +39,66 @@ def measure_cost_curve(
     progress: bool = False,
     label: str = "profile",
 ) -> dict[int, float]:
-    """Median milliseconds of a forward over k new tokens with ``context`` tokens cached."""
-    ks = sorted(set(ks))
-    if context < 1 or not ks or ks[0] < 1 or repeats < 1 or warmup < 0:
+    """Milliseconds of a forward over k new tokens with ``context`` tokens cached (fastest of ``repeats``)."""
+    return measure_cost_curves({label: runtime}, {label: ks}, context, repeats, warmup, progress)[label]
+
+
+def measure_cost_curves(
+    runtimes: Mapping[str, Runtime],
+    ks: Mapping[str, Iterable[int]],
+    context: int,
+    repeats: int = 3,
+    warmup: int = 1,
+    progress: bool = False,
+) -> dict[str, dict[int, float]]:
+    """Per runtime (e.g. target and draft), milliseconds of a forward over k new tokens after ``context``
+    cached tokens: the fastest of ``repeats`` timed runs after ``warmup`` untimed ones.
+
+    The runtimes and k take turns within every repeat, and the fastest run is kept: on a shared machine
+    other work only ever adds time, and a slow spell then slows one repeat of every curve instead of one
+    whole curve. What policies trade on is the ratio between the curves (a draft token against a
+    target step), and two curves measured one after the other measured that ratio at 0.40 in one bench
+    and 0.51 in the next.
+    """
+    wanted = {role: sorted(set(ks[role])) for role in runtimes}
+    if context < 1 or any(not k or k[0] < 1 for k in wanted.values()) or repeats < 1 or warmup < 0:
         raise ConfigError("profile needs context >= 1, k >= 1, repeats >= 1 and warmup >= 0")
-    if context + ks[-1] > runtime.max_context:
-        raise ConfigError(
-            f"context {context} + {ks[-1]} new tokens exceeds the model's {runtime.max_context} positions"
-        )
+    for role, runtime in runtimes.items():
+        if context + wanted[role][-1] > runtime.max_context:
+            raise ConfigError(
+                f"context {context} + {wanted[role][-1]} new tokens exceeds the model's {runtime.max_context} positions"
+            )
     generator = torch.Generator().manual_seed(0)
-    cache = runtime.new_cache(1)
-    runtime.forward(torch.randint(0, runtime.vocab_size, (1, context), generator=generator), cache, last_only=True)
-    curve: dict[int, float] = {}
-    for k in tqdm(ks, desc=label, unit="k", disable=not progress, file=sys.stderr):
-        token_ids = torch.randint(0, runtime.vocab_size, (1, k), generator=generator)  # [1, k]
-        times = []
-        for _ in range(warmup + repeats):
-            started = time.perf_counter()
-            runtime.forward(token_ids, cache)
-            times.append(time.perf_counter() - started)
-            cache.truncate(context)
-        curve[k] = 1000 * statistics.median(times[warmup:])
-    return curve
+    caches = {}
+    for role, runtime in runtimes.items():
+        caches[role] = runtime.new_cache(1)
+        prompt = torch.randint(0, runtime.vocab_size, (1, context), generator=generator)  # [1, context]
+        runtime.forward(prompt, caches[role], last_only=True)
+    token_ids = {  # [1, k] per role and k
+        role: {k: torch.randint(0, runtimes[role].vocab_size, (1, k), generator=generator) for k in wanted[role]}
+        for role in runtimes
+    }
+    times: dict[str, dict[int, list[float]]] = {role: {k: [] for k in wanted[role]} for role in runtimes}
+    steps = [(role, k) for k in sorted(set().union(*wanted.values())) for role in runtimes if k in wanted[role]]
+    label = "profile " + " and ".join(runtimes)
+    with tqdm(total=(warmup + repeats) * len(steps), desc=label, disable=not progress, file=sys.stderr) as bar:
+        for repeat in range(warmup + repeats):
+            for role, k in steps:
+                started = time.perf_counter()
+                runtimes[role].forward(token_ids[role][k], caches[role])
+                elapsed = time.perf_counter() - started
+                caches[role].truncate(context)
+                if repeat >= warmup:
+                    times[role][k].append(elapsed)
+                bar.update()
+    return {role: {k: 1000 * min(samples) for k, samples in curve.items()} for role, curve in times.items()}
 
 
 def measure_prefill_curve(
     runtime: Runtime, lengths: Iterable[int], repeats: int = 1, warmup: int = 1
 ) -> dict[int, float]:
-    """Median milliseconds of reading n tokens into an empty cache (last position's logits only):
-    what a drafter pays to catch up on a prompt before its first draft."""
+    """Milliseconds of reading n tokens into an empty cache (last position's logits only; fastest of
+    ``repeats``): what a drafter pays to catch up on a prompt before its first draft."""
     lengths = sorted(set(lengths))
     if not lengths or lengths[0] < 1 or lengths[-1] > runtime.max_context or repeats < 1 or warmup < 0:
         raise ConfigError(f"a prefill curve needs 1 <= n <= {runtime.max_context}, repeats >= 1 and warmup >= 0")
@@ -81,7 +112,7 @@ def measure_prefill_curve(
             started = time.perf_counter()
             runtime.forward(token_ids, cache, last_only=True)
             times.append(time.perf_counter() - started)
-        curve[n] = 1000 * statistics.median(times[warmup:])
+        curve[n] = 1000 * min(times[warmup:])
     return curve
 
 
@@ -112,7 +143,9 @@ def add_profile_command(commands: Any) -> None:
     add_runtime_argument(profile)
     profile.add_argument("--max-k", type=int, default=16, metavar="K", help="largest number of new tokens (default 16)")
     profile.add_argument("--context", type=int, default=512, metavar="N", help="cached tokens first (default 512)")
-    profile.add_argument("--repeats", type=int, default=5, metavar="R", help="timed runs per k, median (default 5)")
+    profile.add_argument(
+        "--repeats", type=int, default=5, metavar="R", help="timed runs per k, the fastest kept (default 5)"
+    )
     profile.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed runs per k first (default 1)")
     profile.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (a saved profile for later use)")
     profile.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -142,6 +175,6 @@ def run_profile(args: argparse.Namespace) -> None:
     if args.json:
         print(text)
         return
-    print(f"{model} ({runtime_name}), {args.context} tokens of context, median of {args.repeats}:")
+    print(f"{model} ({runtime_name}), {args.context} tokens of context, fastest of {args.repeats}:")
     for k, ms in sorted(curve.items()):
         print(f"  k={k:>3}  {ms:9.1f} ms   t(k)/t(1) = {ms / curve[1]:.2f}")

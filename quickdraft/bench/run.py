@@ -28,7 +28,7 @@ from quickdraft.bench.profile import (
     DRAFT_PREFILL,
     curve_from_json,
     curve_to_json,
-    measure_cost_curve,
+    measure_cost_curves,
     measure_prefill_curve,
     prefill_lengths,
 )
@@ -41,7 +41,7 @@ DEFAULT_METHODS = "baseline,draft-model:2,draft-model:4,prompt-lookup,hf-generat
 DEFAULT_METHODS += ",hf-prompt-lookup"
 WARMUP_TOKENS = 16
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
-PROFILE_REPEATS, PROFILE_WARMUP = 5, 2  # the cost curves goodput trades on: medians of 5 (3 swung by ±15 % here)
+PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fastest of 5, target and draft in turn
 FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "runtime")
 
 
@@ -185,12 +185,9 @@ def measure(
     if store.cost_curves is None:
         ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
         roles = {"target": pipeline.target} | ({"draft": pipeline.draft} if pipeline.draft is not None else {})
-        curves = {
-            role: measure_cost_curve(
-                runtime, ks, args.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True, f"profile {role}"
-            )
-            for role, runtime in roles.items()
-        }
+        curves = measure_cost_curves(
+            roles, dict.fromkeys(roles, ks), args.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True
+        )
         store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
     if pipeline.draft is not None and DRAFT_PREFILL not in store.cost_curves:  # older results lack it
         prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -186,13 +187,16 @@ def run_generate(args: argparse.Namespace) -> None:
     if needs_cost_model(config.policy) and DRAFTERS.get(args.drafter).proposes_drafts:
         saved = pipeline.calibration_file(args.drafter, config.max_draft_tokens)
         loading = saved is not None and saved.exists() and not args.recalibrate
+        started = time.perf_counter()
         costs = pipeline.calibrate(args.drafter, config.max_draft_tokens, use_saved=not args.recalibrate)
+        measured_s = time.perf_counter() - started
         if not args.json:
             reading = ""
             if costs.draft_prefill_ms:
                 longest = max(costs.draft_prefill_ms)
                 reading = f"; reading {longest} prompt tokens costs the draft {costs.draft_read(longest):.0f} ms"
-            source = f"loaded from {saved}" if loading else "calibrated" + (f", saved to {saved}" if saved else "")
+            source = f"loaded from {saved}" if loading else f"calibrated in {measured_s:.1f} s"
+            source += f", saved to {saved}" if saved and not loading else ""
             print(
                 f"[goodput] {source}: target {costs.target(1):.0f} ms for 1 token, "
                 f"{costs.target(config.max_draft_tokens + 1):.0f} ms for {config.max_draft_tokens + 1}; "

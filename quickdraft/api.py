@@ -21,7 +21,7 @@ from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.loading import load_hf_model
-from quickdraft.policy import AcceptanceRecord, CostModel
+from quickdraft.policy import AcceptanceRecord, CostModel, StepTimeRecord
 from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
 
 
@@ -37,6 +37,7 @@ class Pipeline:
     draft_path: Path | None = None
     # what adaptive policies learn and measure, kept across requests: per drafter name
     acceptance_records: dict[str, AcceptanceRecord] = field(default_factory=dict)
+    step_times: StepTimeRecord = field(default_factory=StepTimeRecord)  # the engines' step overhead
     cost_models: dict[str, CostModel] = field(default_factory=dict)
     acceptance_heads: dict[str, AcceptanceHead] = field(default_factory=dict)  # for specdec++
     _transformers_models: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -95,6 +96,7 @@ class Pipeline:
             acceptance=self.acceptance_records.setdefault(drafter, AcceptanceRecord()),
             acceptance_head=self.acceptance_heads.get(drafter),
             calibrate=lambda max_draft_tokens: self.calibrate(drafter, max_draft_tokens),
+            step_times=self.step_times,
         )
 
     def on_runtime(self, runtime: str) -> Pipeline:

@@ -20,6 +20,7 @@ from quickdraft.policy import (
     Policy,
     PolicyContext,
     StepState,
+    StepTimeRecord,
     make_policy,
     needs_cost_model,
 )
@@ -70,6 +71,7 @@ class SpeculativeEngine:
         acceptance: AcceptanceRecord | None = None,
         acceptance_head: AcceptanceHead | None = None,
         calibrate: Callable[[int], CostModel] | None = None,
+        step_times: StepTimeRecord | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -79,6 +81,7 @@ class SpeculativeEngine:
         self.acceptance = acceptance if acceptance is not None else AcceptanceRecord()  # across requests
         self.acceptance_head = acceptance_head  # for the specdec++ policy
         self.calibrate = calibrate  # measures a cost model (up to γmax) when a policy needs one and none is given
+        self.step_times = step_times if step_times is not None else StepTimeRecord()  # across requests
 
     def generate(
         self, prompt_ids: list[int], config: GenerationConfig, policy: Policy | None = None
@@ -97,7 +100,12 @@ class SpeculativeEngine:
         if self.cost_model is None and self.calibrate is not None and needs_cost_model(config.policy):
             self.cost_model = self.calibrate(config.max_draft_tokens)
         context = PolicyContext(
-            config.num_draft_tokens, config.max_draft_tokens, self.cost_model, self.acceptance, self.acceptance_head
+            config.num_draft_tokens,
+            config.max_draft_tokens,
+            self.cost_model,
+            self.acceptance,
+            self.acceptance_head,
+            self.step_times,
         )
         return make_policy(config.policy, context)
 
@@ -135,6 +143,7 @@ class SpeculativeEngine:
         stats.target_forwards += 1
         stats.prefill_s = clock() - started
         step_tokens = [first_token]
+        step_started, num_proposed = None, 0  # the step being committed: when it began, drafts it proposed
 
         while True:
             # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget.
@@ -155,13 +164,15 @@ class SpeculativeEngine:
             stats.new_tokens = len(new_token_ids)
             stats.step_sizes.append(stats.new_tokens - num_before)
             stats.step_times_s.append(clock() - started)
+            if step_started is not None:
+                policy.observe_step_time(num_proposed, 1000 * (clock() - step_started))
             if finish_reason:
                 break
             if delta := decoder.release():
                 yield delta
 
             # 3. The policy chooses γ (0 = a plain step); draft up to γ tokens after the last committed one.
-            tick = clock()
+            tick = step_started = clock()
             remaining_tokens = config.max_new_tokens - len(new_token_ids)
             state = StepState(
                 remaining_tokens=remaining_tokens,
@@ -177,6 +188,7 @@ class SpeculativeEngine:
             )
             draft_token_ids = proposal.token_ids  # [1, γ]
             stats.proposed_per_step.append(proposal.num_tokens)
+            num_proposed = proposal.num_tokens
             stats.draft_s += clock() - tick
 
             # 4. Score the last committed token and the γ drafts in one target forward.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -68,12 +68,16 @@ class CostModel:
     the drafter reading n tokens before it can draft (a draft model's prefill; empty: free).
 
     The target curve is used through its :func:`monotone_fit`, so noise in the measurement cannot make
-    a longer block look cheaper than a shorter one.
+    a longer block look cheaper than a shorter one. ``step_overhead_ms`` is what every step costs
+    beyond its forwards (committing and detokenizing tokens, verifying, the request's own context):
+    a profile times bare forwards, so it is measured online from the engine's plain steps
+    (:class:`StepTimeRecord`) and is not saved with the curves.
     """
 
     target_ms: Mapping[int, float]  # as measured
     draft_ms: float = 0.0
     draft_prefill_ms: Mapping[int, float] = field(default_factory=dict)  # n tokens read -> ms
+    step_overhead_ms: float = 0.0
     fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +87,8 @@ class CostModel:
             raise ConfigError(f"the draft cost must be >= 0 ms, got {self.draft_ms}")
         if any(n < 1 or ms < 0 for n, ms in self.draft_prefill_ms.items()):
             raise ConfigError("a draft prefill curve needs n >= 1 tokens and times >= 0 ms")
+        if self.step_overhead_ms < 0:
+            raise ConfigError(f"a step's overhead must be >= 0 ms, got {self.step_overhead_ms}")
         object.__setattr__(self, "fitted_target_ms", monotone_fit(self.target_ms))
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,9 +127,13 @@ class CostModel:
             return 0.0
         return interpolate({0: 0.0, **self.draft_prefill_ms}, num_tokens)
 
+    def with_overhead(self, step_overhead_ms: float) -> CostModel:
+        """The same curves with this per-step overhead (negative measurements count as none)."""
+        return replace(self, step_overhead_ms=max(0.0, step_overhead_ms))
+
     def step_ms(self, num_draft_tokens: int) -> float:
-        """Time of one step: γ drafted tokens plus a target forward over γ + 1 tokens."""
-        return num_draft_tokens * self.draft_ms + self.target(num_draft_tokens + 1)
+        """Time of one step: γ drafted tokens, a target forward over γ + 1 tokens and the step's overhead."""
+        return num_draft_tokens * self.draft_ms + self.target(num_draft_tokens + 1) + self.step_overhead_ms
 
     def goodput(self, acceptance_rate: float, num_draft_tokens: int) -> float:
         """Expected committed tokens per millisecond (Leviathan et al. with this cost curve)."""
@@ -137,7 +147,7 @@ class CostModel:
     def saving_ms(self, acceptance_rate: float, num_draft_tokens: int, num_tokens: int) -> float:
         """Expected time saved over ``num_tokens`` new tokens by drafting γ per step instead of plain steps."""
         per_token_ms = self.step_ms(num_draft_tokens) / expected_tokens(acceptance_rate, num_draft_tokens)
-        return num_tokens * (self.target(1) - per_token_ms)
+        return num_tokens * (self.step_ms(0) - per_token_ms)
 
 
 def expected_tokens(acceptance_rate: float, num_draft_tokens: int) -> float:
@@ -196,6 +206,7 @@ class PolicyContext:
     cost_model: CostModel | None = None
     acceptance: AcceptanceRecord | None = None
     acceptance_head: AcceptanceHead | None = None  # for specdec++
+    step_times: StepTimeRecord | None = None  # the engine's measured step overhead, for goodput
 
 
 @dataclass
@@ -208,6 +219,25 @@ class AcceptanceRecord:
     def add(self, accepted: int, rejected: int) -> None:
         self.accepted += accepted
         self.rejected += rejected
+
+
+@dataclass
+class StepTimeRecord:
+    """How much longer the engine's plain steps take than the cost model's bare target forward:
+    the per-step overhead a profile leaves out, measured across requests.
+
+    A running mean over the first ``window`` plain steps, then an exponential moving average with
+    weight 1 / ``window``, so it follows a change of context length or machine load.
+    """
+
+    overhead_ms: float = 0.0
+    num_steps: int = 0
+    window: int = 16
+
+    def add(self, measured_ms: float, modelled_ms: float) -> None:
+        self.num_steps += 1
+        weight = 1.0 / min(self.num_steps, self.window)
+        self.overhead_ms += weight * (measured_ms - modelled_ms - self.overhead_ms)
 
 
 class Policy(ABC):
@@ -225,6 +255,9 @@ class Policy(ABC):
     def observe_plain(self, target_logits: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """A token was chosen without drafts (the prompt's last position or a step that proposed
         nothing), from these ``[B, V]`` target logits (temperature 1, before any sampling processing)."""
+
+    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:  # noqa: B027 - optional hook
+        """A whole step (choosing, drafting ``proposed`` tokens, verifying, committing) took ``elapsed_ms``."""
 
 
 class FixedPolicy(Policy):
@@ -291,6 +324,12 @@ class GoodputPolicy(Policy):
     α known, this loses at most twice what knowing the answer's length would have (ski rental).
     A probe pays at most as much reading as the ``probe_after`` plain steps before it cost.
 
+    The cost model's curves time bare forwards; what a real step costs beyond them (committing and
+    detokenizing, verifying, building tensors: 7 ms of a 70 ms plain step for the default pair on the
+    2-core machine) is measured from the engine's plain steps (:class:`StepTimeRecord`) and added to
+    every step, drafting or not. Left out, it makes a plain step look cheaper than it is, against
+    drafts that spread it over several tokens.
+
     Before a request's first draft, when the drafter has to read first, it looks at the target's
     first ``look_steps`` tokens at least (the prefill's token and the plain steps after it) and
     counts the target's top probability on each plain token as that fraction of an accepted draft,
@@ -309,6 +348,7 @@ class GoodputPolicy(Policy):
     prior_strength: float = 8.0
     probe_after: int = 16
     look_steps: int = 4
+    step_times: StepTimeRecord | None = None  # shared by the engine's requests; None: this request's own
     accepted: float = field(default=1.0, init=False)  # decayed evidence, the prior's pseudo-counts included
     rejected: float = field(default=1.0, init=False)
     drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
@@ -318,6 +358,8 @@ class GoodputPolicy(Policy):
     plain_steps: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
+        if self.step_times is None:
+            self.step_times = StepTimeRecord()
         record = self.record
         if record is not None and record.accepted + record.rejected > 0:  # a snapshot: this request's own
             prior_mean = record.accepted / (record.accepted + record.rejected)  # outcomes only count once
@@ -336,26 +378,37 @@ class GoodputPolicy(Policy):
                 self.plain_steps += 1
                 return 0  # look at the target before paying for the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
-        gamma = self.cost_model.best_num_draft_tokens(acceptance_rate, self.maximum)
-        if gamma > 0 and not self._reading_pays(acceptance_rate, gamma, state):
+        costs = self.costs()
+        gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum)
+        if gamma > 0 and not self._reading_pays(costs, acceptance_rate, gamma, state):
             gamma = 0
         elif gamma == 0 and self.plain_steps >= self.probe_after:
             # a probe may cost as much reading as the plain steps before it took
-            gamma = 1 if self._reading_ms(state) <= self.probe_after * self.cost_model.target(1) else 0
+            gamma = 1 if self._reading_ms(state) <= self.probe_after * costs.step_ms(0) else 0
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         return gamma
+
+    def costs(self) -> CostModel:
+        """The measured curves plus the step overhead measured so far."""
+        assert self.step_times is not None
+        return self.cost_model.with_overhead(self.step_times.overhead_ms)
 
     def _reading_ms(self, state: StepState) -> float:
         """The drafter's catch-up beyond the one token every step's draft cost already includes."""
         return self.cost_model.draft_read(state.drafter_backlog - 1)
 
-    def _reading_pays(self, acceptance_rate: float, gamma: int, state: StepState) -> bool:
+    def _reading_pays(self, costs: CostModel, acceptance_rate: float, gamma: int, state: StepState) -> bool:
         """Is drafting worth the drafter's backlog over the tokens the answer is expected still to run?"""
         reading_ms = self._reading_ms(state)
         horizon = state.expected_remaining_tokens()
         if reading_ms == 0 or horizon is None:
             return True
-        return self.cost_model.saving_ms(acceptance_rate, gamma, horizon) > reading_ms
+        return costs.saving_ms(acceptance_rate, gamma, horizon) > reading_ms
+
+    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
+        if proposed == 0:  # a plain step: the drafter did nothing, so the excess is the step's overhead
+            assert self.step_times is not None
+            self.step_times.add(elapsed_ms, self.cost_model.step_ms(0))
 
     def observe_plain(self, target_logits: torch.Tensor) -> None:
         if self.drafted:
@@ -443,7 +496,9 @@ def _goodput(arg: str | None, context: PolicyContext) -> Policy:
         raise ConfigError("the goodput policy takes no argument")
     if context.cost_model is None:
         raise ConfigError("the goodput policy needs a cost model (a saved `quickdraft profile` or a calibration)")
-    return GoodputPolicy(context.cost_model, context.max_draft_tokens, context.acceptance)
+    return GoodputPolicy(
+        context.cost_model, context.max_draft_tokens, context.acceptance, step_times=context.step_times
+    )
 
 
 @POLICIES.register("specdec++")

@@ -206,6 +206,7 @@ class AlternatingPolicy(Policy):
         self.chosen: list[int] = []
         self.proposed: list[int] = []
         self.plain_logits: list[torch.Tensor] = []
+        self.step_times: list[tuple[int, float]] = []
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.chosen.append(0 if len(self.chosen) % 2 == 0 else 2)
@@ -217,6 +218,9 @@ class AlternatingPolicy(Policy):
     def observe_plain(self, target_logits: torch.Tensor) -> None:
         self.plain_logits.append(target_logits)
 
+    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
+        self.step_times.append((proposed, elapsed_ms))
+
 
 def test_policy_sees_the_target_logits_of_every_plain_token(pipeline: Pipeline) -> None:
     """The prompt's last position and each step that proposed nothing; never a step with drafts."""
@@ -225,6 +229,13 @@ def test_policy_sees_the_target_logits_of_every_plain_token(pipeline: Pipeline) 
     assert policy.chosen[:4] == [0, 2, 0, 2] and policy.proposed[:4] == [0, 2, 0, 2]
     assert len(policy.plain_logits) == 1 + policy.proposed.count(0)
     assert all(logits.shape == (1, pipeline.target.vocab_size) for logits in policy.plain_logits)
+
+
+def test_policy_is_told_how_long_each_step_took(pipeline: Pipeline) -> None:
+    policy = AlternatingPolicy()
+    pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=10), policy)
+    assert [proposed for proposed, _ in policy.step_times] == policy.proposed  # every step, once it is committed
+    assert all(elapsed_ms > 0 for _, elapsed_ms in policy.step_times)
 
 
 def test_common_prefix_length() -> None:

@@ -19,6 +19,7 @@ from quickdraft.policy import (
     GoodputPolicy,
     PolicyContext,
     StepState,
+    StepTimeRecord,
     expected_tokens,
     make_policy,
     monotone_fit,
@@ -221,6 +222,32 @@ def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_cost
     looks = [StepState(None, drafter_backlog=60 + generated, generated_tokens=generated) for generated in range(1, 5)]
     assert choose_plainly_observed(unbounded, looks, top_probability=0.3) == [0] * 4
     assert unbounded.choose(StepState(None, drafter_backlog=260, generated_tokens=200)) == 0
+
+
+def test_step_time_record_averages_then_follows_the_recent_steps() -> None:
+    record = StepTimeRecord(window=4)
+    for measured_ms in [107.0, 109.0, 104.0, 108.0]:
+        record.add(measured_ms, modelled_ms=100.0)
+    assert record.overhead_ms == pytest.approx(7.0)  # the mean excess over the bare forward
+    for _ in range(40):
+        record.add(120.0, modelled_ms=100.0)  # the machine got busier
+    assert record.overhead_ms == pytest.approx(20.0, abs=0.01)
+
+
+def test_goodput_counts_the_step_overhead_measured_on_plain_steps() -> None:
+    """A plain step's overhead is paid per step, so drafts that commit several tokens a step spread it."""
+    costs = CostModel({1: 60.0, 2: 75.0, 4: 105.0}, draft_ms=35.0)
+    good = AcceptanceRecord(accepted=80, rejected=20)
+    assert GoodputPolicy(costs, 4, good).choose() == 0  # bare forwards: a draft token costs too much
+    shared = StepTimeRecord()
+    measured = GoodputPolicy(costs, 4, good, step_times=shared)
+    for _ in range(8):
+        measured.observe_step_time(0, 90.0)  # plain steps take 30 ms beyond the target's forward
+    measured.observe_step_time(2, 500.0)  # a drafting step says nothing about the overhead
+    assert shared.overhead_ms == pytest.approx(30.0)
+    assert measured.choose() > 0
+    assert GoodputPolicy(costs, 4, good, step_times=shared).choose() > 0  # the next request starts knowing it
+    assert costs.with_overhead(-5.0).step_overhead_ms == 0.0  # faster than profiled: no overhead, not a credit
 
 
 def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:

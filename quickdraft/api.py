@@ -37,7 +37,7 @@ class Pipeline:
     draft_path: Path | None = None
     # what adaptive policies learn and measure, kept across requests: per drafter name
     acceptance_records: dict[str, AcceptanceRecord] = field(default_factory=dict)
-    step_times: StepTimeRecord = field(default_factory=StepTimeRecord)  # the engines' step overhead
+    step_times: dict[str, StepTimeRecord] = field(default_factory=dict)  # what their steps took in the engine
     cost_models: dict[str, CostModel] = field(default_factory=dict)
     acceptance_heads: dict[str, AcceptanceHead] = field(default_factory=dict)  # for specdec++
     _transformers_models: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -96,7 +96,7 @@ class Pipeline:
             acceptance=self.acceptance_records.setdefault(drafter, AcceptanceRecord()),
             acceptance_head=self.acceptance_heads.get(drafter),
             calibrate=lambda max_draft_tokens: self.calibrate(drafter, max_draft_tokens),
-            step_times=self.step_times,
+            step_times=self.step_times.setdefault(drafter, StepTimeRecord()),
         )
 
     def on_runtime(self, runtime: str) -> Pipeline:

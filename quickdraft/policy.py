@@ -68,16 +68,14 @@ class CostModel:
     the drafter reading n tokens before it can draft (a draft model's prefill; empty: free).
 
     The target curve is used through its :func:`monotone_fit`, so noise in the measurement cannot make
-    a longer block look cheaper than a shorter one. ``step_overhead_ms`` is what every step costs
-    beyond its forwards (committing and detokenizing tokens, verifying, the request's own context):
-    a profile times bare forwards, so it is measured online from the engine's plain steps
-    (:class:`StepTimeRecord`) and is not saved with the curves.
+    a longer block look cheaper than a shorter one. A profile times bare forwards at one context
+    length, and the machine's speed drifts; :meth:`with_measurements` corrects the model with what
+    the engine's own steps took (:class:`StepTimeRecord`).
     """
 
     target_ms: Mapping[int, float]  # as measured
     draft_ms: float = 0.0
     draft_prefill_ms: Mapping[int, float] = field(default_factory=dict)  # n tokens read -> ms
-    step_overhead_ms: float = 0.0
     fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,8 +85,6 @@ class CostModel:
             raise ConfigError(f"the draft cost must be >= 0 ms, got {self.draft_ms}")
         if any(n < 1 or ms < 0 for n, ms in self.draft_prefill_ms.items()):
             raise ConfigError("a draft prefill curve needs n >= 1 tokens and times >= 0 ms")
-        if self.step_overhead_ms < 0:
-            raise ConfigError(f"a step's overhead must be >= 0 ms, got {self.step_overhead_ms}")
         object.__setattr__(self, "fitted_target_ms", monotone_fit(self.target_ms))
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,13 +123,26 @@ class CostModel:
             return 0.0
         return interpolate({0: 0.0, **self.draft_prefill_ms}, num_tokens)
 
-    def with_overhead(self, step_overhead_ms: float) -> CostModel:
-        """The same curves with this per-step overhead (negative measurements count as none)."""
-        return replace(self, step_overhead_ms=max(0.0, step_overhead_ms))
+    def with_measurements(self, plain_step_ms: float | None, draft_token_ms: float | None) -> CostModel:
+        """This model corrected by what real steps took (None: not measured yet).
+
+        ``plain_step_ms`` shifts the whole target curve so that t(1) is a measured plain step: a step
+        spends the same time beyond its forward (committing and detokenizing, verifying, attending to
+        the request's own context) whatever its size, while the profile's curve keeps saying what each
+        further token adds. ``draft_token_ms`` replaces the draft's per-token cost.
+        """
+        if plain_step_ms is None and draft_token_ms is None:
+            return self
+        shift = 0.0 if plain_step_ms is None else plain_step_ms - self.target(1)
+        return replace(
+            self,
+            target_ms={k: ms + shift for k, ms in self.fitted_target_ms.items()},
+            draft_ms=self.draft_ms if draft_token_ms is None else draft_token_ms,
+        )
 
     def step_ms(self, num_draft_tokens: int) -> float:
-        """Time of one step: γ drafted tokens, a target forward over γ + 1 tokens and the step's overhead."""
-        return num_draft_tokens * self.draft_ms + self.target(num_draft_tokens + 1) + self.step_overhead_ms
+        """Time of one step: γ drafted tokens plus a target forward over γ + 1 tokens."""
+        return num_draft_tokens * self.draft_ms + self.target(num_draft_tokens + 1)
 
     def goodput(self, acceptance_rate: float, num_draft_tokens: int) -> float:
         """Expected committed tokens per millisecond (Leviathan et al. with this cost curve)."""
@@ -223,21 +232,38 @@ class AcceptanceRecord:
 
 @dataclass
 class StepTimeRecord:
-    """How much longer the engine's plain steps take than the cost model's bare target forward:
-    the per-step overhead a profile leaves out, measured across requests.
+    """What one drafter's steps took in the engine, across requests: a plain step, a drafted token
+    and reading a backlog (against the profile).
 
-    A running mean over the first ``window`` plain steps, then an exponential moving average with
-    weight 1 / ``window``, so it follows a change of context length or machine load.
+    Each is a running mean over its first ``window`` samples, then an exponential moving average
+    with weight 1 / ``window``, so it follows a change of context length or machine load.
     """
 
-    overhead_ms: float = 0.0
-    num_steps: int = 0
+    plain_step_ms: float | None = None
+    draft_token_ms: float | None = None
+    reading_scale: float = 1.0  # a backlog's measured reading time ÷ the profiled prefill curve's
+    num_plain_steps: int = 0
+    num_drafting_steps: int = 0
+    num_readings: int = 0
     window: int = 16
 
-    def add(self, measured_ms: float, modelled_ms: float) -> None:
-        self.num_steps += 1
-        weight = 1.0 / min(self.num_steps, self.window)
-        self.overhead_ms += weight * (measured_ms - modelled_ms - self.overhead_ms)
+    def add_plain_step(self, elapsed_ms: float) -> None:
+        self.num_plain_steps += 1
+        self.plain_step_ms = self._average(self.plain_step_ms, elapsed_ms, self.num_plain_steps)
+
+    def add_draft_token_cost(self, per_token_ms: float) -> None:
+        self.num_drafting_steps += 1
+        self.draft_token_ms = self._average(self.draft_token_ms, per_token_ms, self.num_drafting_steps)
+
+    def add_reading(self, measured_ms: float, profiled_ms: float) -> None:
+        self.num_readings += 1
+        scale = min(4.0, max(0.25, measured_ms / profiled_ms))  # one step's noise must not freeze the choice
+        self.reading_scale = self._average(self.reading_scale, scale, self.num_readings)
+
+    def _average(self, current: float | None, sample: float, count: int) -> float:
+        if current is None or count == 1:
+            return sample
+        return current + (sample - current) / min(count, self.window)
 
 
 class Policy(ABC):
@@ -302,6 +328,9 @@ class ConfidencePolicy(Policy):
         return bool((top_probability >= self.threshold).all())
 
 
+MEASURED_BACKLOG = 2  # a drafter catching up on at most this many tokens: a draft model after a fully accepted block
+
+
 @dataclass
 class GoodputPolicy(Policy):
     """γ maximising expected tokens per millisecond for the request's estimated acceptance rate.
@@ -324,11 +353,14 @@ class GoodputPolicy(Policy):
     α known, this loses at most twice what knowing the answer's length would have (ski rental).
     A probe pays at most as much reading as the ``probe_after`` plain steps before it cost.
 
-    The cost model's curves time bare forwards; what a real step costs beyond them (committing and
-    detokenizing, verifying, building tensors: 7 ms of a 70 ms plain step for the default pair on the
-    2-core machine) is measured from the engine's plain steps (:class:`StepTimeRecord`) and added to
-    every step, drafting or not. Left out, it makes a plain step look cheaper than it is, against
-    drafts that spread it over several tokens.
+    The cost model's curves time bare forwards at one context length, and on a shared machine they
+    are off by tens of percent either way (the 1.5B target's 1-token forward profiled at 63 ms with
+    real plain steps taking 70, and at 93 ms with real steps taking 75). So the policy plans with what
+    the engine's steps take (:class:`StepTimeRecord`, :meth:`CostModel.with_measurements`): every
+    plain step measures t(1); every drafting step whose drafter had at most ``MEASURED_BACKLOG``
+    tokens to catch up on measures a drafted token's cost, as the step's time less the corrected target
+    forward, per draft; a step that read a longer backlog first measures the reading against the
+    profiled prefill curve. The decision to draft at all rests on exactly these ratios.
 
     Before a request's first draft, when the drafter has to read first, it looks at the target's
     first ``look_steps`` tokens at least (the prefill's token and the plain steps after it) and
@@ -356,6 +388,7 @@ class GoodputPolicy(Policy):
     top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
     plain_steps: int = field(default=0, init=False)
+    last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -372,6 +405,7 @@ class GoodputPolicy(Policy):
         return accepted / (accepted + self.rejected + partially_rejected)
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        self.last_backlog = state.drafter_backlog
         acceptance_rate = self.acceptance_rate()
         if not self.drafted and self._reading_ms(state) > 0 and state.expected_remaining_tokens() is not None:
             if self.plain_tokens_seen < self.look_steps:
@@ -389,13 +423,15 @@ class GoodputPolicy(Policy):
         return gamma
 
     def costs(self) -> CostModel:
-        """The measured curves plus the step overhead measured so far."""
+        """The profiled cost model, corrected by the step times measured so far."""
         assert self.step_times is not None
-        return self.cost_model.with_overhead(self.step_times.overhead_ms)
+        return self.cost_model.with_measurements(self.step_times.plain_step_ms, self.step_times.draft_token_ms)
 
     def _reading_ms(self, state: StepState) -> float:
-        """The drafter's catch-up beyond the one token every step's draft cost already includes."""
-        return self.cost_model.draft_read(state.drafter_backlog - 1)
+        """The drafter's catch-up beyond the one token every step's draft cost already includes
+        (the profiled prefill curve, scaled by what earlier readings took against it)."""
+        assert self.step_times is not None
+        return self.step_times.reading_scale * self.cost_model.draft_read(state.drafter_backlog - 1)
 
     def _reading_pays(self, costs: CostModel, acceptance_rate: float, gamma: int, state: StepState) -> bool:
         """Is drafting worth the drafter's backlog over the tokens the answer is expected still to run?"""
@@ -406,9 +442,16 @@ class GoodputPolicy(Policy):
         return costs.saving_ms(acceptance_rate, gamma, horizon) > reading_ms
 
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
-        if proposed == 0:  # a plain step: the drafter did nothing, so the excess is the step's overhead
-            assert self.step_times is not None
-            self.step_times.add(elapsed_ms, self.cost_model.step_ms(0))
+        assert self.step_times is not None
+        if proposed == 0:
+            self.step_times.add_plain_step(elapsed_ms)
+            return
+        costs = self.costs()
+        drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
+        if self.last_backlog <= MEASURED_BACKLOG:
+            self.step_times.add_draft_token_cost(drafting_ms / proposed)
+        elif (profiled_ms := self.cost_model.draft_read(self.last_backlog - 1)) > 0:  # it read a backlog first
+            self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
 
     def observe_plain(self, target_logits: torch.Tensor) -> None:
         if self.drafted:

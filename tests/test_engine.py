@@ -16,7 +16,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter, common_prefix_length
 from quickdraft.errors import PromptError
-from quickdraft.policy import UNKNOWN_STATE, AcceptanceRecord, CostModel, Policy, StepState
+from quickdraft.policy import UNKNOWN_STATE, AcceptanceRecord, CostModel, Policy, StepState, StepTimeRecord
 from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.verify import VerificationResult
 
@@ -186,12 +186,13 @@ def test_draft_model_reads_only_what_a_next_turn_adds(pipeline: Pipeline, fed: l
 def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
     pipeline: Pipeline, fed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cheap_verify = {1: 100.0, 2: 101.0, 4: 102.0, 8: 104.0, 17: 108.0}
+    cheap_verify = {1: 100.0, 2: 100.01, 4: 100.02, 8: 100.04, 17: 100.08}  # shifted to the tiny model's real step
     plain = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=8)).token_ids
-    for prefill_ms, drafts in (({1: 1e6}, False), ({1: 1.0}, True)):  # a token costs 1000 s / 1 ms to read
-        cost_model = CostModel(cheap_verify, draft_ms=1.0, draft_prefill_ms=prefill_ms)
+    for prefill_ms, drafts in (({1: 1e6}, False), ({1: 1e-3}, True)):  # a token costs 1000 s / 1 µs to read
+        cost_model = CostModel(cheap_verify, draft_ms=0.001, draft_prefill_ms=prefill_ms)
         monkeypatch.setitem(pipeline.cost_models, "draft-model", cost_model)
         monkeypatch.setitem(pipeline.acceptance_records, "draft-model", AcceptanceRecord(accepted=99, rejected=1))
+        monkeypatch.setitem(pipeline.step_times, "draft-model", StepTimeRecord())  # no other test's timings
         fed.clear()
         config = GenerationConfig(max_new_tokens=8, policy="goodput")
         result = pipeline.engine("draft-model").generate(PROMPTS[3], config)

@@ -226,28 +226,45 @@ def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_cost
 
 def test_step_time_record_averages_then_follows_the_recent_steps() -> None:
     record = StepTimeRecord(window=4)
-    for measured_ms in [107.0, 109.0, 104.0, 108.0]:
-        record.add(measured_ms, modelled_ms=100.0)
-    assert record.overhead_ms == pytest.approx(7.0)  # the mean excess over the bare forward
+    assert record.plain_step_ms is None and record.draft_token_ms is None  # nothing measured yet
+    for elapsed_ms in [107.0, 109.0, 104.0, 108.0]:
+        record.add_plain_step(elapsed_ms)
+    assert record.plain_step_ms == pytest.approx(107.0)  # the mean of the first window
     for _ in range(40):
-        record.add(120.0, modelled_ms=100.0)  # the machine got busier
-    assert record.overhead_ms == pytest.approx(20.0, abs=0.01)
+        record.add_plain_step(120.0)  # the machine got busier
+    assert record.plain_step_ms == pytest.approx(120.0, abs=0.01)
+    record.add_draft_token_cost(30.0)
+    assert record.draft_token_ms == 30.0 and record.plain_step_ms == pytest.approx(120.0, abs=0.01)
 
 
-def test_goodput_counts_the_step_overhead_measured_on_plain_steps() -> None:
-    """A plain step's overhead is paid per step, so drafts that commit several tokens a step spread it."""
-    costs = CostModel({1: 60.0, 2: 75.0, 4: 105.0}, draft_ms=35.0)
+def test_measurements_shift_the_target_curve_and_replace_the_draft_cost() -> None:
+    corrected = MODERATE.with_measurements(plain_step_ms=130.0, draft_token_ms=12.0)
+    assert [corrected.target(k) for k in (1, 2, 4)] == [130.0, 140.0, 155.0]  # each token adds what it did
+    assert corrected.draft_ms == 12.0
+    assert MODERATE.with_measurements(None, None) is MODERATE
+    assert MODERATE.with_measurements(None, 12.0).target(4) == MODERATE.target(4)
+
+
+def test_goodput_plans_with_what_the_engines_steps_took() -> None:
+    """A profile that overstates the draft (or understates a plain step) must not stop drafting for good."""
+    profiled = CostModel({1: 60.0, 2: 75.0, 4: 105.0}, draft_ms=35.0)
     good = AcceptanceRecord(accepted=80, rejected=20)
-    assert GoodputPolicy(costs, 4, good).choose() == 0  # bare forwards: a draft token costs too much
+    assert GoodputPolicy(profiled, 4, good).choose() == 0  # on the profile alone a draft token costs too much
     shared = StepTimeRecord()
-    measured = GoodputPolicy(costs, 4, good, step_times=shared)
+    measured = GoodputPolicy(profiled, 4, good, step_times=shared)
     for _ in range(8):
-        measured.observe_step_time(0, 90.0)  # plain steps take 30 ms beyond the target's forward
-    measured.observe_step_time(2, 500.0)  # a drafting step says nothing about the overhead
-    assert shared.overhead_ms == pytest.approx(30.0)
+        measured.observe_step_time(0, 90.0)  # real plain steps take 90 ms
+    assert shared.plain_step_ms == pytest.approx(90.0)
     assert measured.choose() > 0
-    assert GoodputPolicy(costs, 4, good, step_times=shared).choose() > 0  # the next request starts knowing it
-    assert costs.with_overhead(-5.0).step_overhead_ms == 0.0  # faster than profiled: no overhead, not a credit
+    assert GoodputPolicy(profiled, 4, good, step_times=shared).choose() > 0  # the next request starts knowing it
+    measured.choose(StepState(drafter_backlog=2))
+    measured.observe_step_time(2, 90.0 + 30.0 + 2 * 20.0)  # t(3) = t(1) + 30 ms, then two drafts of 20 ms
+    assert shared.draft_token_ms == pytest.approx(20.0)
+    reads_slowly = GoodputPolicy(READS_SLOWLY, 4, good, step_times=shared)
+    reads_slowly.choose(StepState(drafter_backlog=101))  # 100 tokens to read first: profiled at 1000 ms
+    reads_slowly.observe_step_time(1, 90.0 + 10.0 + 20.0 + 1500.0)  # t(2), a draft, and the reading took 1500 ms
+    assert shared.draft_token_ms == pytest.approx(20.0)  # a step that read a prompt first says nothing of a draft
+    assert shared.reading_scale == pytest.approx(1.5)
 
 
 def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:

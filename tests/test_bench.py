@@ -374,6 +374,9 @@ def test_bench_end_to_end_and_resume(
     assert results["oracle"]["prompt-lookup"]["overall"]["method"] == "prompt-lookup:3"
     assert results["methods"]["prompt-lookup+goodput"]["overall"]["lossless_fraction"] == 1.0
     assert results["methods"]["prompt-lookup+goodput"]["gamma_counts"]
+    step_times = json.loads((out / "step_times.json").read_text())
+    measured = step_times["prompt-lookup"]
+    assert list(step_times) == ["prompt-lookup"] and measured["num_plain_steps"] + measured["num_drafting_steps"] > 0
     assert "oracle" in (out / "report.md").read_text()
     for name, result in results["methods"].items():
         for group in [result["overall"], *result["categories"].values()]:

@@ -6,7 +6,8 @@ interleaved question by question, so slow drift of the machine hits every method
 Wall time covers each whole generate call (prefill included). Each finished (method,
 question, run) is appended to OUT/entries.jsonl at once; rerunning with the same --out
 resumes and only runs what is missing. Outputs: results.json, report.md, speedup.png,
-accept_hist.png, cost_curve.png.
+accept_hist.png, cost_curve.png, and step_times.json (what goodput measured of the engine's
+steps, per drafter, against the profiled cost curves).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +210,13 @@ def measure(
             bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
             store.add(run_question(pipelines[method.runtime], method, question, run, args.max_new_tokens))
             bar.update()
+    measured = {  # what adaptive policies measured of the engine's steps (this invocation's runs)
+        drafter if runtime is None else f"{drafter}@{runtime}": asdict(record)
+        for runtime, runtime_pipeline in pipelines.items()
+        for drafter, record in runtime_pipeline.step_times.items()
+        if record.num_plain_steps or record.num_drafting_steps
+    }
+    store.write_json("step_times.json", measured)
 
 
 def encode_turns(pipeline: Any, question: Question, answers: list[str]) -> list[list[int]]:

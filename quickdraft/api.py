@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS, Drafter, DrafterOptions
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from quickdraft.errors import ConfigError, PromptError
+from quickdraft.machine import cpu_description
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.loading import load_hf_model
@@ -216,7 +215,7 @@ class Pipeline:
             "max_draft_tokens": max_draft_tokens,
             "context": context,
             "threads": torch.get_num_threads(),
-            "machine": [platform.machine(), platform.processor(), os.cpu_count()],
+            "machine": cpu_description(),
             "quickdraft": __version__,
         }
 

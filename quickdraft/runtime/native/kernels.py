@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from quickdraft.machine import cpu_fingerprint
+
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]  # no fused multiply-add: the same bits on every path
 
 
@@ -20,8 +22,8 @@ def native_kernels() -> Any | None:
     try:
         from torch.utils.cpp_extension import load
 
-        return load(
-            name="quickdraft_native",
+        return load(  # -march=native: a build per processor kind, never one compiled for another CPU
+            name=f"quickdraft_native_{cpu_fingerprint()}",
             sources=[str(Path(__file__).with_name("kernels.cpp"))],
             extra_cflags=FLAGS,
             verbose=False,

@@ -221,6 +221,22 @@ def test_speedup_averages_per_run_ratios_over_common_questions() -> None:
     assert results["spec"]["overall"]["lossless_fraction"] == 1.0  # q1's tokens, compared with baseline run 0
 
 
+def test_speedup_interval_resamples_questions_with_their_runs() -> None:
+    entries = []
+    for question, ratio in (("q1", 1.0), ("q2", 1.2), ("q3", 1.4)):
+        for run in (0, 1):
+            entries.append(entry("baseline", question, "a", 10, 1.0, run=run))
+            entries.append(entry("spec", question, "a", 10, 1.0 / ratio, run=run))
+    results = aggregate(entries, {"baseline": MethodInfo(), "spec": MethodInfo()}, ["a"])
+    low, high = results["spec"]["overall"]["speedup_ci95"]
+    assert low == pytest.approx(1.0, abs=0.07) and high == pytest.approx(1.4, abs=0.07)  # mostly one question thrice
+    assert results["spec"]["overall"]["speedup"] == pytest.approx(1.2)
+    assert low < 1.2 < high
+    assert results["baseline"]["overall"]["speedup_ci95"] == pytest.approx((1.0, 1.0))
+    one = aggregate(entries[:4], {"baseline": MethodInfo(), "spec": MethodInfo()}, ["a"])
+    assert one["spec"]["overall"]["speedup_ci95"] is None  # one question: no interval
+
+
 def test_methods_on_another_runtime_are_compared_with_that_runtimes_baseline() -> None:
     entries = [
         entry("baseline", "q1", "a", 10, 1.0),  # 10 tok/s
@@ -391,6 +407,8 @@ def test_bench_end_to_end_and_resume(
     first = json.loads(lines[0])
     assert first["method"] == "baseline" and len(first["answers"]) == 2  # both turns of a multi-turn question
     assert first["new_tokens"] == len(first["token_ids"]) == sum(first["step_sizes"])
+    turns = [[json.loads(line)["method"] for line in lines[start : start + 7]] for start in (0, 7, 14)]
+    assert turns == [names, names[1:] + names[:1], names[2:] + names[:2]]  # each question starts one further along
 
     # Resume: a finished run loads no model and measures nothing again; a new method adds only its entries.
     import quickdraft.api

@@ -8,14 +8,18 @@ runs. τ (mean accepted tokens) is the mean over every target step of the tokens
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+BOOTSTRAP_RESAMPLES = 2000
+
 METRIC_KEYS = (
     "speedup",
+    "speedup_ci95",
     "tokens_per_s",
     "mean_accepted_tokens",
     "acceptance_rate",
@@ -124,6 +128,7 @@ def summarize(
     p50, p90 = percentile(latencies, 0.5), percentile(latencies, 0.9)
     return {
         "speedup": speedup,
+        "speedup_ci95": speedup_interval(entries, baseline) if speedup is not None else None,
         "tokens_per_s": statistics.fmean(e.tokens_per_s for e in entries),
         "mean_accepted_tokens": sum(steps) / len(steps) if steps else None,
         "acceptance_rate": acceptance_rate,
@@ -139,15 +144,48 @@ def summarize(
 
 def _speedup(entries: list[Entry], baseline: list[Entry]) -> float | None:
     """Mean over runs of (mean tokens/s of the method ÷ the baseline's) on the questions both finished."""
-    ratios = []
+    return _speedup_of(_paired_rates(entries, baseline), None)
+
+
+def _paired_rates(entries: list[Entry], baseline: list[Entry]) -> dict[int, dict[str, tuple[float, float]]]:
+    """Per run, per question both finished: (the method's tokens/s, the baseline's)."""
+    paired: dict[int, dict[str, tuple[float, float]]] = {}
     for run in sorted({e.run for e in entries}):
         ours = {e.question_id: e.tokens_per_s for e in entries if e.run == run}
         theirs = {e.question_id: e.tokens_per_s for e in baseline if e.run == run}
-        common = sorted(ours.keys() & theirs.keys())
-        base = statistics.fmean(theirs[q] for q in common) if common else 0.0
+        paired[run] = {q: (ours[q], theirs[q]) for q in sorted(ours.keys() & theirs.keys())}
+    return paired
+
+
+def _speedup_of(paired: dict[int, dict[str, tuple[float, float]]], question_ids: list[str] | None) -> float | None:
+    """:func:`_speedup` over ``question_ids`` (repeats count repeatedly; None: every paired question)."""
+    ratios = []
+    for rates in paired.values():
+        chosen = [q for q in (question_ids if question_ids is not None else rates) if q in rates]
+        base = statistics.fmean(rates[q][1] for q in chosen) if chosen else 0.0
         if base > 0:
-            ratios.append(statistics.fmean(ours[q] for q in common) / base)
+            ratios.append(statistics.fmean(rates[q][0] for q in chosen) / base)
     return statistics.fmean(ratios) if ratios else None
+
+
+def speedup_interval(
+    entries: list[Entry], baseline: list[Entry], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
+    """A 95 % percentile-bootstrap interval of :func:`_speedup`: the questions are drawn again with
+    replacement, each keeping all its runs (paired with the baseline's), so the interval covers both
+    which questions were asked and the machine's noise from run to run. None with fewer than 2 questions."""
+    paired = _paired_rates(entries, baseline)
+    questions = sorted({q for rates in paired.values() for q in rates})
+    if len(questions) < 2:
+        return None
+    rng = random.Random(seed)
+    draws = sorted(
+        value
+        for _ in range(resamples)
+        if (value := _speedup_of(paired, rng.choices(questions, k=len(questions)))) is not None
+    )
+    low, high = percentile(draws, 0.025), percentile(draws, 0.975)
+    return None if low is None or high is None else (low, high)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from quickdraft.bench.profile import DRAFT_PREFILL
 
 COLUMNS = (
     ("speedup", "speedup", "{:.2f}×"),
+    ("speedup_ci95", "95 % interval", "{0[0]:.2f}–{0[1]:.2f}×"),
     ("tokens_per_s", "tokens/s", "{:.2f}"),
     ("mean_accepted_tokens", "τ", "{:.2f}"),
     ("acceptance_rate", "α", "{:.2f}"),
@@ -66,6 +67,21 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     for name, result in methods.items():
         row = [cell(result["categories"][c]["speedup"], "{:.2f}×") for c in categories]
         lines.append(f"| {name} | " + " | ".join(row) + f" | {cell(result['overall']['speedup'], '{:.2f}×')} |")
+    lines += [
+        "",
+        "## Speedup intervals (95 %, bootstrap over questions)",
+        "",
+        "Each question is drawn again with replacement, keeping all its runs paired with the baseline's: "
+        "an interval that excludes 1.00× says the method is faster (or slower) than its baseline beyond "
+        "this sample's question-to-question and run-to-run noise.",
+        "",
+        "| method | " + " | ".join(categories) + " | overall |",
+        "|---|" + "---|" * (len(categories) + 1),
+    ]
+    for name, result in methods.items():
+        groups = [result["categories"][c] for c in categories] + [result["overall"]]
+        row = [cell(group["speedup_ci95"], "{0[0]:.2f}–{0[1]:.2f}") for group in groups]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += oracle_section(results, categories)
     lines += ["", "## Overall", "", *metrics_table({n: r["overall"] for n, r in methods.items()}, "method")]
     for category in categories:

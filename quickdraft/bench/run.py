@@ -2,7 +2,8 @@
 
 Every method runs greedily in this one process on the same questions; multi-turn questions
 run turn by turn with the method's own previous answers in the chat history. Runs are
-interleaved question by question, so slow drift of the machine hits every method alike.
+interleaved question by question, so slow drift of the machine hits every method alike, and the
+order of the methods rotates from one question to the next, so none always runs in the same place.
 Wall time covers each whole generate call (prefill included). Each finished (method,
 question, run) is appended to OUT/entries.jsonl at once; rerunning with the same --out
 resumes and only runs what is missing. Outputs: results.json, report.md, speedup.png,
@@ -38,6 +39,7 @@ from quickdraft.bench.questions import Question, default_questions_path, load_qu
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
 from quickdraft.errors import ConfigError
+from quickdraft.machine import cpu_description
 
 DEFAULT_METHODS = "baseline,draft-model:2,draft-model:4,prompt-lookup,hf-generate,hf-assisted,hf-assisted-tuned"
 DEFAULT_METHODS += ",hf-prompt-lookup"
@@ -136,8 +138,8 @@ def run_bench(args: argparse.Namespace) -> None:
     todo = [
         (run, question, method)
         for run in range(args.runs)
-        for question in questions
-        for method in methods
+        for index, question in enumerate(questions)
+        for method in rotated(methods, index + run)
         if (method.name, question.question_id, run) not in store.done
     ]
     if args.report_only:
@@ -170,6 +172,13 @@ def run_bench(args: argparse.Namespace) -> None:
     print((store.out / "report.md").read_text(encoding="utf-8").split("\n## Overall")[0])
     plots = ", speedup.png, accept_hist.png, cost_curve.png" if plotted else " (no plots: pip install matplotlib)"
     print(f"wrote {store.out}/results.json, report.md{plots}", file=sys.stderr)
+
+
+def rotated(methods: list[Method], shift: int) -> list[Method]:
+    """The methods in turn order for one question: each question starts one further along, so no
+    method always runs first (e.g. right after a long prefill) or always right after the same other."""
+    shift %= len(methods)
+    return methods[shift:] + methods[:shift]
 
 
 def measure(
@@ -276,16 +285,13 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
 def machine_info() -> dict[str, Any]:
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_description()
     return {
         "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
+        "cpu": cpu["name"],
+        "cpu_family_model": f"{cpu['family']}/{cpu['model']}",
+        "isa": cpu["isa"],
+        "cpu_count": cpu["cpu_count"],
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -14,6 +14,7 @@ import torch
 from quickdraft.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS, Drafter, DrafterOptions
+from quickdraft.drafters.draft_model import common_prefix_length
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.machine import cpu_description
@@ -233,6 +234,14 @@ class Pipeline:
             raise PromptError("this model has no chat template; run without --chat")
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def chat_prefix(self) -> list[int]:
+        """The tokens every chat request starts with (the template's system prompt and the user turn's
+        opening): what a serving draft model keeps cached from one conversation to the next."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return []
+        first, second = (self.encode_chat([{"role": "user", "content": text}]) for text in ("0", "1"))
+        return [] if first == second else first[: common_prefix_length(first, second)]
 
     def stream(
         self,

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import word_tokenizer
 
+from quickdraft.api import Pipeline
 from quickdraft.bench.methods import make_method, parse_methods
 from quickdraft.bench.metrics import (
     METRIC_KEYS,
@@ -338,14 +340,27 @@ def test_cost_curves_take_turns_and_keep_the_fastest_run(pipeline, monkeypatch: 
 
 
 def test_each_question_starts_a_new_conversation(pipeline) -> None:
-    """Methods share a drafter: one must not find the prompt another method (or the warm-up) just read."""
+    """Methods share a drafter: one must not find the prompt another method (or the warm-up) just read,
+    only the start that every request shares (the chat template's system prompt), as far as it was read."""
     method = make_method("draft-model:2")
     method.run(pipeline, [3, 1, 4, 1, 5], max_new_tokens=4)
     drafter = pipeline.engine("draft-model").drafter
     assert drafter.cached_ids[:5] == [3, 1, 4, 1, 5]
+    method.start_conversation(pipeline, [3, 1, 7])
+    assert drafter.cached_ids == [3, 1] and int(drafter.cache.lengths[0]) == 2
     method.start_conversation(pipeline)
-    assert drafter.cached_ids == []
+    assert drafter.cached_ids == [] and int(drafter.cache.lengths[0]) == 0
     make_method("prompt-lookup:2").start_conversation(pipeline)  # drafters without a conversation: a no-op
+
+
+def test_chat_prefix_is_what_every_chat_request_starts_with() -> None:
+    tokenizer = word_tokenizer(16, prefix="")  # words "0" .. "14"
+    pipeline = Pipeline(target=None, tokenizer=tokenizer, eos_token_ids=frozenset())
+    tokenizer.chat_template = "5 6 {% for m in messages %}{{ m['content'] }} {% endfor %}"
+    assert pipeline.chat_prefix() == [5, 6]
+    assert pipeline.encode_chat([{"role": "user", "content": "9 9"}]) == [5, 6, 9, 9]
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    assert pipeline.chat_prefix() == []
 
 
 def test_prefill_curve_reads_into_empty_caches(pipeline) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quickdraft.api import Pipeline
@@ -57,8 +57,9 @@ class Method(ABC):
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
         """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
 
-    def start_conversation(self, pipeline: Pipeline) -> None:  # noqa: B027
-        """Before a question's first turn: nothing carried over from another question or method."""
+    def start_conversation(self, pipeline: Pipeline, keep: Sequence[int] = ()) -> None:  # noqa: B027
+        """Before a question's first turn: nothing carried over from another question or method but the
+        start ``keep`` that every request shares (the chat template's system prompt)."""
 
     @abstractmethod
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
@@ -102,9 +103,10 @@ class EngineMethod(Method):
         if self.policy.startswith("specdec++") and self.drafter not in pipeline.acceptance_heads:
             pipeline.load_acceptance_head(self.drafter)  # the one train-acceptance-head wrote for this draft
 
-    def start_conversation(self, pipeline: Pipeline) -> None:
-        """Methods share a drafter: without this one could reuse the prompt another just read."""
-        pipeline.engine(self.drafter).drafter.forget()
+    def start_conversation(self, pipeline: Pipeline, keep: Sequence[int] = ()) -> None:
+        """Methods share a drafter: without this one could reuse the prompt another just read. A serving
+        draft model keeps what every request starts with; so does this one, for every method alike."""
+        pipeline.engine(self.drafter).drafter.forget(keep)
 
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
         engine = pipeline.engine(self.drafter)

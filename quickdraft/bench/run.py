@@ -252,7 +252,7 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
     proposed: int | None = None
     accepted: int | None = None
     gammas: list[int] = []
-    method.start_conversation(pipeline)
+    method.start_conversation(pipeline, pipeline.chat_prefix() if question.chat else [])
     for _ in question.turns:
         prompt_ids = encode_turns(pipeline, question, answers)[0]
         result = method.run(pipeline, prompt_ids, max_new_tokens)

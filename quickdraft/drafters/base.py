@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -67,9 +67,10 @@ class Drafter(ABC):
     def prefill(self, prompt_ids: list[list[int]]) -> None:  # noqa: B027 - optional hook
         """Start new requests (B rows of prompt ids); drafters with per-request state reset it here."""
 
-    def forget(self) -> None:  # noqa: B027 - optional hook
-        """Drop the previous conversation (a draft model's cache of it); what was learned, such as
-        acceptance statistics, stays."""
+    def forget(self, keep: Sequence[int] = ()) -> None:  # noqa: B027 - optional hook
+        """Drop the previous conversation (a draft model's cache of it) but the start it shares with
+        ``keep``, a prefix every request begins with (the chat template's system prompt); what was
+        learned, such as acceptance statistics, stays."""
 
     def bind(self, target_cache: KVCache, cost_model: CostModel | None) -> None:  # noqa: B027 - optional hook
         """The request's target cache (self-speculation drafts into it) and the measured costs, if any."""

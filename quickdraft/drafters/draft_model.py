@@ -11,6 +11,8 @@ next turn reads only what is new (the user's message), not the whole conversatio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from quickdraft.config import SamplingParams
@@ -53,9 +55,10 @@ class DraftModelDrafter(Drafter):
         if len(prompt_ids) != 1:
             raise NotImplementedError("the draft-model drafter drafts for one row at a time")
 
-    def forget(self) -> None:
-        self.cache = self.draft.new_cache(1)
-        self.cached_ids = []
+    def forget(self, keep: Sequence[int] = ()) -> None:
+        kept = common_prefix_length(self.cached_ids, list(keep))
+        self.cache.truncate(kept)
+        del self.cached_ids[kept:]
 
     def backlog(self, context_ids: list[list[int]]) -> int:
         (context,) = context_ids

@@ -246,9 +246,11 @@ def aggregate(
 
 
 def oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[str, dict[str, Any]]:
-    """Per drafter and category, the best fixed-γ method in hindsight: ``{drafter: {category: {method, speedup}}}``.
+    """Per drafter and category, the best fixed γ in hindsight: ``{drafter: {category: {method, gamma, speedup}}}``.
 
-    Fixed-γ methods are named ``DRAFTER:γ``; the oracle is what an adaptive policy is measured against.
+    Fixed-γ methods are named ``DRAFTER:γ``. γ = 0 is a fixed γ too: plain decoding, the baseline
+    itself (1.00× by definition), so where every measured γ loses the oracle is not to draft. The
+    oracle is what an adaptive policy, which may choose γ = 0, is measured against.
     """
     best: dict[str, dict[str, Any]] = {}
     for name, result in methods.items():
@@ -260,5 +262,10 @@ def oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[str, dict[
             speedup = group["speedup"]
             current = best.setdefault(drafter, {}).get(category)
             if speedup is not None and (current is None or speedup > current["speedup"]):
-                best[drafter][category] = {"method": name, "speedup": speedup}
+                best[drafter][category] = {"method": name, "gamma": int(gamma), "speedup": speedup}
+    plain = {"method": "baseline", "gamma": 0, "speedup": 1.0}
+    for by_category in best.values():
+        for category, current in by_category.items():
+            if current["speedup"] < plain["speedup"]:
+                by_category[category] = dict(plain)
     return best

@@ -110,12 +110,14 @@ def oracle_section(results: dict[str, Any], categories: list[str]) -> list[str]:
         "",
         "## Best fixed γ in hindsight (oracle) and adaptive policies",
         "",
+        "γ = 0 is plain decoding, the baseline itself (1.00×): the oracle where every measured γ loses.",
+        "",
         "| drafter / method | " + " | ".join(categories) + " | overall |",
         "|---|" + "---|" * (len(categories) + 1),
     ]
     for drafter, by_category in best.items():
         row = [by_category.get(c) for c in [*categories, "overall"]]
-        cells = ["–" if o is None else f"{o['speedup']:.2f}× (γ={o['method'].split(':')[1]})" for o in row]
+        cells = ["–" if o is None else f"{o['speedup']:.2f}× (γ={o['gamma']})" for o in row]
         lines.append(f"| {drafter} oracle | " + " | ".join(cells) + " |")
         for name in (n for n in adaptive if n.split("+")[0] == drafter and "@" not in n):  # same runtime only
             cells = []

@@ -21,7 +21,7 @@ from quickdraft.machine import cpu_description
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.loading import load_hf_model
-from quickdraft.policy import AcceptanceRecord, CostModel, StepTimeRecord
+from quickdraft.policy import AcceptanceRecord, AnswerLengthRecord, CostModel, StepTimeRecord
 from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
 
 
@@ -38,6 +38,7 @@ class Pipeline:
     # what adaptive policies learn and measure, kept across requests: per drafter name
     acceptance_records: dict[str, AcceptanceRecord] = field(default_factory=dict)
     step_times: dict[str, StepTimeRecord] = field(default_factory=dict)  # what their steps took in the engine
+    answer_lengths: dict[str, AnswerLengthRecord] = field(default_factory=dict)  # how long their answers ran
     cost_models: dict[str, CostModel] = field(default_factory=dict)
     acceptance_heads: dict[str, AcceptanceHead] = field(default_factory=dict)  # for specdec++
     _transformers_models: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -97,7 +98,14 @@ class Pipeline:
             acceptance_head=self.acceptance_heads.get(drafter),
             calibrate=lambda max_draft_tokens: self.calibrate(drafter, max_draft_tokens),
             step_times=self.step_times.setdefault(drafter, StepTimeRecord()),
+            answer_lengths=self.answer_lengths.setdefault(drafter, AnswerLengthRecord()),
         )
+
+    def forget_answers(self) -> None:
+        """Drop what adaptive policies learned of earlier answers (acceptance rates, answer lengths);
+        what steps cost on this machine stays measured."""
+        self.acceptance_records.clear()
+        self.answer_lengths.clear()
 
     def on_runtime(self, runtime: str) -> Pipeline:
         """The same models, tokenizer and end-of-sequence ids on another runtime (to compare runtimes).

@@ -15,6 +15,7 @@ from quickdraft.drafters.base import Drafter, DraftProposal
 from quickdraft.errors import PromptError
 from quickdraft.policy import (
     AcceptanceRecord,
+    AnswerLengthRecord,
     CostModel,
     FixedPolicy,
     Policy,
@@ -72,6 +73,7 @@ class SpeculativeEngine:
         acceptance_head: AcceptanceHead | None = None,
         calibrate: Callable[[int], CostModel] | None = None,
         step_times: StepTimeRecord | None = None,
+        answer_lengths: AnswerLengthRecord | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -82,6 +84,7 @@ class SpeculativeEngine:
         self.acceptance_head = acceptance_head  # for the specdec++ policy
         self.calibrate = calibrate  # measures a cost model (up to γmax) when a policy needs one and none is given
         self.step_times = step_times if step_times is not None else StepTimeRecord()  # across requests
+        self.answer_lengths = answer_lengths if answer_lengths is not None else AnswerLengthRecord()  # across requests
 
     def generate(
         self, prompt_ids: list[int], config: GenerationConfig, policy: Policy | None = None
@@ -106,6 +109,7 @@ class SpeculativeEngine:
             self.acceptance,
             self.acceptance_head,
             self.step_times,
+            self.answer_lengths,
         )
         return make_policy(config.policy, context)
 
@@ -213,6 +217,7 @@ class SpeculativeEngine:
             step_tokens = result.committed_token_ids(draft_token_ids)
 
         stats.wall_time_s = clock() - started
+        policy.observe_end(len(new_token_ids))
         if delta := decoder.release(final=True):
             yield delta
         return GenerationResult(text=decoder.text, token_ids=new_token_ids, finish_reason=finish_reason, stats=stats)

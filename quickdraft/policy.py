@@ -153,7 +153,7 @@ class CostModel:
         goodputs = [self.goodput(acceptance_rate, gamma) for gamma in range(max_draft_tokens + 1)]
         return max(range(len(goodputs)), key=lambda gamma: (goodputs[gamma], -gamma))
 
-    def saving_ms(self, acceptance_rate: float, num_draft_tokens: int, num_tokens: int) -> float:
+    def saving_ms(self, acceptance_rate: float, num_draft_tokens: int, num_tokens: float) -> float:
         """Expected time saved over ``num_tokens`` new tokens by drafting γ per step instead of plain steps."""
         per_token_ms = self.step_ms(num_draft_tokens) / expected_tokens(acceptance_rate, num_draft_tokens)
         return num_tokens * (self.step_ms(0) - per_token_ms)
@@ -216,6 +216,7 @@ class PolicyContext:
     acceptance: AcceptanceRecord | None = None
     acceptance_head: AcceptanceHead | None = None  # for specdec++
     step_times: StepTimeRecord | None = None  # the engine's measured step overhead, for goodput
+    answer_lengths: AnswerLengthRecord | None = None  # how long the drafter's earlier answers ran, for goodput
 
 
 @dataclass
@@ -228,6 +229,30 @@ class AcceptanceRecord:
     def add(self, accepted: int, rejected: int) -> None:
         self.accepted += accepted
         self.rejected += rejected
+
+
+@dataclass
+class AnswerLengthRecord:
+    """How many new tokens one drafter's earlier answers ran (an answer cut by its budget counts as
+    ending there): what an answer that has run m tokens is expected still to run.
+
+    Before any answer is recorded the guess is the ski-rental one (as many more as it has run,
+    :meth:`StepState.expected_remaining_tokens`), and it keeps the weight of ``prior_weight``
+    answers: the record takes over as answers accumulate.
+    """
+
+    lengths: list[int] = field(default_factory=list)
+    prior_weight: float = 2.0
+
+    def add(self, num_tokens: int) -> None:
+        self.lengths.append(num_tokens)
+
+    def expected_remaining(self, generated: int, remaining: int | None, ski_rental: float) -> float:
+        """E[min(L − m, remaining)] over the recorded answers that ran longer than m = ``generated``,
+        blended with the ski-rental guess."""
+        cap = float("inf") if remaining is None else remaining
+        longer = [min(length - generated, cap) for length in self.lengths if length > generated]
+        return (self.prior_weight * ski_rental + sum(longer)) / (self.prior_weight + len(longer))
 
 
 @dataclass
@@ -284,6 +309,9 @@ class Policy(ABC):
 
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:  # noqa: B027 - optional hook
         """A whole step (choosing, drafting ``proposed`` tokens, verifying, committing) took ``elapsed_ms``."""
+
+    def observe_end(self, num_tokens: int) -> None:  # noqa: B027 - optional hook
+        """The request ended after ``num_tokens`` new tokens."""
 
 
 class FixedPolicy(Policy):
@@ -347,10 +375,12 @@ class GoodputPolicy(Policy):
     A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
     draft): that cost, read from the cost model's measured draft prefill curve, is paid only when
     the expected saving over the tokens the answer is expected still to run exceeds it
-    (:meth:`StepState.expected_remaining_tokens`: as many as it has run so far, within the budget).
-    So a long document is decoded plainly unless the answer runs long enough to repay reading it,
-    and a short answer (a translation, a one-line fact) ends before the reading is paid for. With
-    α known, this loses at most twice what knowing the answer's length would have (ski rental).
+    (:meth:`horizon`). With no earlier answers that is as many as it has run so far, within the
+    budget: ski rental, which with α known loses at most twice what knowing the answer's length
+    would have, whatever the budget. As the drafter's answers accumulate in ``answer_lengths``,
+    the expectation over the earlier answers that ran longer than this one has so far takes over.
+    So a long document is decoded plainly unless answers run long enough to repay reading it, and
+    where answers usually run long enough to repay a short prompt's reading, it is read at once.
     A probe pays at most as much reading as the ``probe_after`` plain steps before it cost.
 
     The cost model's curves time bare forwards at one context length, and on a shared machine they
@@ -362,11 +392,10 @@ class GoodputPolicy(Policy):
     forward, per draft; a step that read a longer backlog first measures the reading against the
     profiled prefill curve. The decision to draft at all rests on exactly these ratios.
 
-    Before a request's first draft, when the drafter has to read first, it looks at the target's
-    first ``look_steps`` tokens at least (the prefill's token and the plain steps after it) and
-    counts the target's top probability on each plain token as that fraction of an accepted draft,
-    in the estimate that chooses the first γ and decides whether the reading pays (recent tokens
-    weigh more, by ``decay`` per token). Once the drafter has drafted, only
+    Before a request's first draft, when the drafter has to read first, the target's top
+    probability on each plain token so far (the prefill's token at least) counts as that fraction
+    of an accepted draft, in the estimate that chooses the first γ and decides whether the reading
+    pays (recent tokens weigh more, by ``decay`` per token). Once the drafter has drafted, only
     real acceptances count. The relation is loose: over the first 32 tokens of the Spec-Bench
     questions, mean top probability 0.65–0.77 went with 50–67 % draft agreement on translation,
     0.73–0.86 with 75–94 % on qa and 0.83–0.96 with 78–100 % on math
@@ -379,12 +408,11 @@ class GoodputPolicy(Policy):
     decay: float = 0.92
     prior_strength: float = 8.0
     probe_after: int = 16
-    look_steps: int = 4
     step_times: StepTimeRecord | None = None  # shared by the engine's requests; None: this request's own
+    answer_lengths: AnswerLengthRecord | None = None  # shared by the engine's requests; None: ski rental only
     accepted: float = field(default=1.0, init=False)  # decayed evidence, the prior's pseudo-counts included
     rejected: float = field(default=1.0, init=False)
     drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
-    plain_tokens_seen: int = field(default=0, init=False)  # plain tokens whose target logits were seen
     top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
     plain_steps: int = field(default=0, init=False)
@@ -406,21 +434,27 @@ class GoodputPolicy(Policy):
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.last_backlog = state.drafter_backlog
+        reading_ms = self._reading_ms(state)
         acceptance_rate = self.acceptance_rate()
-        if not self.drafted and self._reading_ms(state) > 0 and state.expected_remaining_tokens() is not None:
-            if self.plain_tokens_seen < self.look_steps:
-                self.plain_steps += 1
-                return 0  # look at the target before paying for the reading
+        if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
         costs = self.costs()
         gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum)
-        if gamma > 0 and not self._reading_pays(costs, acceptance_rate, gamma, state):
+        if gamma > 0 and not self._reading_pays(costs, acceptance_rate, gamma, reading_ms, self.horizon(state)):
             gamma = 0
         elif gamma == 0 and self.plain_steps >= self.probe_after:
             # a probe may cost as much reading as the plain steps before it took
-            gamma = 1 if self._reading_ms(state) <= self.probe_after * costs.step_ms(0) else 0
+            gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         return gamma
+
+    def horizon(self, state: StepState) -> float | None:
+        """How many more tokens the answer is expected to run: the ski-rental guess, blended with the
+        drafter's earlier answers that ran longer than this one so far (None: unbounded, unknown)."""
+        ski_rental = state.expected_remaining_tokens()
+        if ski_rental is None or self.answer_lengths is None or state.generated_tokens is None:
+            return ski_rental
+        return self.answer_lengths.expected_remaining(state.generated_tokens, state.remaining_tokens, ski_rental)
 
     def costs(self) -> CostModel:
         """The profiled cost model, corrected by the step times measured so far."""
@@ -433,10 +467,11 @@ class GoodputPolicy(Policy):
         assert self.step_times is not None
         return self.step_times.reading_scale * self.cost_model.draft_read(state.drafter_backlog - 1)
 
-    def _reading_pays(self, costs: CostModel, acceptance_rate: float, gamma: int, state: StepState) -> bool:
+    @staticmethod
+    def _reading_pays(
+        costs: CostModel, acceptance_rate: float, gamma: int, reading_ms: float, horizon: float | None
+    ) -> bool:
         """Is drafting worth the drafter's backlog over the tokens the answer is expected still to run?"""
-        reading_ms = self._reading_ms(state)
-        horizon = state.expected_remaining_tokens()
         if reading_ms == 0 or horizon is None:
             return True
         return costs.saving_ms(acceptance_rate, gamma, horizon) > reading_ms
@@ -458,7 +493,6 @@ class GoodputPolicy(Policy):
             return
         top_probabilities = torch.softmax(target_logits.float(), dim=-1).amax(dim=-1)  # [B]
         top_probability = float(top_probabilities.min())  # the least confident row speaks for the batch
-        self.plain_tokens_seen += 1
         self.top_probability_sum = self.decay * self.top_probability_sum + top_probability
         self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - top_probability
 
@@ -472,6 +506,10 @@ class GoodputPolicy(Policy):
             self.rejected = self.decay * self.rejected + (1 - outcome)
         if self.record is not None:
             self.record.add(accepted, rejected)
+
+    def observe_end(self, num_tokens: int) -> None:
+        if self.answer_lengths is not None:
+            self.answer_lengths.add(num_tokens)
 
 
 class SpecDecPolicy(Policy):
@@ -540,7 +578,11 @@ def _goodput(arg: str | None, context: PolicyContext) -> Policy:
     if context.cost_model is None:
         raise ConfigError("the goodput policy needs a cost model (a saved `quickdraft profile` or a calibration)")
     return GoodputPolicy(
-        context.cost_model, context.max_draft_tokens, context.acceptance, step_times=context.step_times
+        context.cost_model,
+        context.max_draft_tokens,
+        context.acceptance,
+        step_times=context.step_times,
+        answer_lengths=context.answer_lengths,
     )
 
 

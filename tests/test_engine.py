@@ -16,7 +16,15 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter, common_prefix_length
 from quickdraft.errors import PromptError
-from quickdraft.policy import UNKNOWN_STATE, AcceptanceRecord, CostModel, Policy, StepState, StepTimeRecord
+from quickdraft.policy import (
+    UNKNOWN_STATE,
+    AcceptanceRecord,
+    AnswerLengthRecord,
+    CostModel,
+    Policy,
+    StepState,
+    StepTimeRecord,
+)
 from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.verify import VerificationResult
 
@@ -193,6 +201,7 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
         monkeypatch.setitem(pipeline.cost_models, "draft-model", cost_model)
         monkeypatch.setitem(pipeline.acceptance_records, "draft-model", AcceptanceRecord(accepted=99, rejected=1))
         monkeypatch.setitem(pipeline.step_times, "draft-model", StepTimeRecord())  # no other test's timings
+        monkeypatch.setitem(pipeline.answer_lengths, "draft-model", AnswerLengthRecord())  # nor answers
         fed.clear()
         config = GenerationConfig(max_new_tokens=8, policy="goodput")
         result = pipeline.engine("draft-model").generate(PROMPTS[3], config)
@@ -208,6 +217,7 @@ class AlternatingPolicy(Policy):
         self.proposed: list[int] = []
         self.plain_logits: list[torch.Tensor] = []
         self.step_times: list[tuple[int, float]] = []
+        self.ends: list[int] = []
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.chosen.append(0 if len(self.chosen) % 2 == 0 else 2)
@@ -221,6 +231,9 @@ class AlternatingPolicy(Policy):
 
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
         self.step_times.append((proposed, elapsed_ms))
+
+    def observe_end(self, num_tokens: int) -> None:
+        self.ends.append(num_tokens)
 
 
 def test_policy_sees_the_target_logits_of_every_plain_token(pipeline: Pipeline) -> None:
@@ -237,6 +250,18 @@ def test_policy_is_told_how_long_each_step_took(pipeline: Pipeline) -> None:
     pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=10), policy)
     assert [proposed for proposed, _ in policy.step_times] == policy.proposed  # every step, once it is committed
     assert all(elapsed_ms > 0 for _, elapsed_ms in policy.step_times)
+
+
+def test_policy_is_told_how_long_the_answer_ran(pipeline: Pipeline) -> None:
+    policy = AlternatingPolicy()
+    result = pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=10), policy)
+    assert policy.ends == [len(result.token_ids)]
+    lengths = pipeline.answer_lengths.setdefault("draft-model", AnswerLengthRecord())
+    recorded = len(lengths.lengths)
+    result = pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=7, policy="goodput"))
+    assert lengths.lengths[recorded:] == [len(result.token_ids)]  # goodput keeps its answers' lengths
+    pipeline.forget_answers()
+    assert pipeline.answer_lengths == {} and pipeline.acceptance_records == {}
 
 
 def test_common_prefix_length() -> None:

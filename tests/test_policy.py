@@ -14,6 +14,7 @@ from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError, UnknownNameError
 from quickdraft.policy import (
     AcceptanceRecord,
+    AnswerLengthRecord,
     CostModel,
     DraftStep,
     GoodputPolicy,
@@ -63,6 +64,12 @@ def choose_plainly_observed(policy: GoodputPolicy, states: list[StepState], top_
         if chosen[-1] == 0:
             policy.observe_plain(target_logits(top_probability))
     return chosen
+
+
+def seen_plainly(policy: GoodputPolicy, count: int, top_probability: float) -> None:
+    """The policy sees the target's logits of ``count`` plain tokens (the prefill's and plain steps')."""
+    for _ in range(count):
+        policy.observe_plain(target_logits(top_probability))
 
 
 def test_expected_tokens() -> None:
@@ -142,7 +149,7 @@ def test_goodput_prior_comes_from_the_drafters_record() -> None:
 def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
     good = AcceptanceRecord(accepted=900, rejected=100)
     policy = GoodputPolicy(READS_SLOWLY, 16, good)
-    choose_plainly_observed(policy, [StepState(5000, 2000)] * policy.look_steps, top_probability=0.9)
+    seen_plainly(policy, 4, top_probability=0.9)
     assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=2000)) == 0  # long document, short answer
     assert policy.choose(StepState(remaining_tokens=5000, drafter_backlog=2000)) > 0  # a long answer repays it
     assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=1)) > 0  # already read: just draft
@@ -167,22 +174,25 @@ def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
     assert chosen[0] == 0 and 1 in chosen
 
 
-def test_goodput_looks_at_the_target_before_paying_for_the_reading() -> None:
-    """A good record says draft; the target's confidence on the first plain tokens decides the reading."""
+def test_goodput_counts_the_targets_confidence_before_paying_for_the_reading() -> None:
+    """A good record says draft; the target's confidence on the plain tokens so far decides the reading."""
     good = AcceptanceRecord(accepted=800, rejected=200)
     short_prompt = StepState(remaining_tokens=120, drafter_backlog=60)  # reading costs 277 ms
     unsure, sure = GoodputPolicy(DEFAULT_PAIR, 16, good), GoodputPolicy(DEFAULT_PAIR, 16, good)
-    assert choose_plainly_observed(unsure, [short_prompt] * 4, top_probability=0.4) == [0] * 4  # looking
-    assert choose_plainly_observed(sure, [short_prompt] * 4, top_probability=0.98) == [0] * 4
+    seen_plainly(unsure, 4, top_probability=0.4)
+    seen_plainly(sure, 4, top_probability=0.98)
     assert unsure.choose(short_prompt) == 0 and sure.choose(short_prompt) > 0
     sure.observe(2, 2)  # it read and drafted: from now on only real acceptances count
     assert sure.acceptance_rate() == pytest.approx((0.92**2 * 6.9 + 0.92 + 1.0) / (0.92**2 * 9.0 + 0.92 + 1.0))
     seen = sure.top_probability_sum
     sure.observe_plain(target_logits(0.01))
     assert sure.top_probability_sum == seen  # a later plain step is not evidence
-    assert sure.choose(StepState(remaining_tokens=100, drafter_backlog=30)) > 0  # no second look
+    assert sure.choose(StepState(remaining_tokens=100, drafter_backlog=30)) > 0
+    at_once = GoodputPolicy(DEFAULT_PAIR, 16, good)
+    seen_plainly(at_once, 1, top_probability=0.98)  # the prefill's token only: no forced plain steps to look
+    assert at_once.choose(short_prompt) > 0
     no_reading = GoodputPolicy(DEFAULT_PAIR, 16, good)
-    assert no_reading.choose(StepState(remaining_tokens=120, drafter_backlog=1)) > 0  # nothing to read: no look
+    assert no_reading.choose(StepState(remaining_tokens=120, drafter_backlog=1)) > 0  # nothing to read
     assert GoodputPolicy(MODERATE, 16, good).choose(short_prompt) > 0  # reading is free in this model
 
 
@@ -209,19 +219,47 @@ def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_cost
     reading_ms = DEFAULT_PAIR.draft_read(60 + generated - 1)
     assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated) > reading_ms  # it has paid for itself by now
     assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated - 1) <= DEFAULT_PAIR.draft_read(60 + generated - 2)
-    assert policy.look_steps < generated < 128
+    assert 1 < generated < 128
     unsure = GoodputPolicy(DEFAULT_PAIR, 16, good)  # a translation's confidence: the reading never pays
     assert reading_steps(unsure, prompt_tokens=60, budget=128, top_probability=0.65) == [0] * 127
     no_length = GoodputPolicy(DEFAULT_PAIR, 16, good)  # without the answer's length, the budget is the horizon
-    choose_plainly_observed(no_length, [StepState(1000, 60)] * no_length.look_steps, top_probability=0.95)
+    seen_plainly(no_length, 4, top_probability=0.95)
     assert no_length.choose(StepState(remaining_tokens=1000, drafter_backlog=64)) > 0
     assert StepState(100, 5, generated_tokens=30).expected_remaining_tokens() == 30
     assert StepState(10, 5, generated_tokens=30).expected_remaining_tokens() == 10
     assert StepState(None, 5, generated_tokens=30).expected_remaining_tokens() == 30
-    unbounded = GoodputPolicy(DEFAULT_PAIR, 16, good)  # no budget, a known length: it looks, and what it saw counts
+    unbounded = GoodputPolicy(DEFAULT_PAIR, 16, good)  # no budget, a known length: ski rental, and what it saw counts
     looks = [StepState(None, drafter_backlog=60 + generated, generated_tokens=generated) for generated in range(1, 5)]
     assert choose_plainly_observed(unbounded, looks, top_probability=0.3) == [0] * 4
     assert unbounded.choose(StepState(None, drafter_backlog=260, generated_tokens=200)) == 0
+
+
+def test_answer_lengths_take_over_from_ski_rental() -> None:
+    record = AnswerLengthRecord()
+    assert record.expected_remaining(generated=5, remaining=100, ski_rental=5) == 5  # nothing recorded yet
+    for length in [10] * 8 + [128] * 8:  # short answers and answers cut at a budget of 128
+        record.add(length)
+    assert record.expected_remaining(2, 126, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 126) / 18)
+    assert record.expected_remaining(20, 108, ski_rental=20) == pytest.approx((2 * 20 + 8 * 108) / 10)
+    assert record.expected_remaining(130, None, ski_rental=130) == 130  # longer than any: ski rental again
+    assert record.expected_remaining(2, 30, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 30) / 18)  # capped
+
+
+def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() -> None:
+    """With the drafter's earlier answers known, a short prompt is read at the first step if answers
+    usually repay it, and a prompt is never read if they usually end before they could."""
+    good = AcceptanceRecord(accepted=800, rejected=200)
+    long_answers, short_answers = AnswerLengthRecord([128] * 10), AnswerLengthRecord([12] * 20)
+    ski_rental = GoodputPolicy(DEFAULT_PAIR, 16, good)
+    informed = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers)
+    assert informed.horizon(StepState(127, 61, generated_tokens=1)) == pytest.approx((2 * 1 + 10 * 127) / 12)
+    chosen = reading_steps(informed, prompt_tokens=60, budget=128, top_probability=0.95)
+    assert len(chosen) == 1 and chosen[0] > 0  # it drafts at the first step
+    assert len(reading_steps(ski_rental, prompt_tokens=60, budget=128, top_probability=0.95)) > 1  # it waits
+    wary = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=short_answers)
+    assert reading_steps(wary, prompt_tokens=60, budget=128, top_probability=0.95)[:11] == [0] * 11
+    informed.observe_end(40)
+    assert long_answers.lengths[-1] == 40
 
 
 def test_step_time_record_averages_then_follows_the_recent_steps() -> None:

@@ -4,6 +4,8 @@ Every method runs greedily in this one process on the same questions; multi-turn
 run turn by turn with the method's own previous answers in the chat history. Runs are
 interleaved question by question, so slow drift of the machine hits every method alike, and the
 order of the methods rotates from one question to the next, so none always runs in the same place.
+What adaptive policies learn of answers (acceptance, lengths) is dropped at the start of every run,
+so each run is an independent replicate in which a question's earlier runs teach nothing.
 Wall time covers each whole generate call (prefill included). Each finished (method,
 question, run) is appended to OUT/entries.jsonl at once; rerunning with the same --out
 resumes and only runs what is missing. Outputs: results.json, report.md, speedup.png,
@@ -215,7 +217,12 @@ def measure(
         method.run(pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, args.max_new_tokens))
     total = args.runs * len(questions) * len(methods)
     with tqdm(total=total, initial=total - len(todo), desc="bench", unit="run", file=sys.stderr) as bar:
+        current_run = None
         for run, question, method in todo:
+            if run != current_run:  # each run learns afresh what answers are like: independent replicates
+                current_run = run
+                for runtime_pipeline in pipelines.values():
+                    runtime_pipeline.forget_answers()
             bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
             store.add(run_question(pipelines[method.runtime], method, question, run, args.max_new_tokens))
             bar.update()

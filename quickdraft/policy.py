@@ -21,6 +21,7 @@ Registry names (``NAME`` or ``NAME:ARG``):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -241,8 +242,12 @@ class AnswerLengthRecord:
     answers: the record takes over as answers accumulate.
     """
 
-    lengths: list[int] = field(default_factory=list)
+    lengths: deque[int] = field(default_factory=deque)
     prior_weight: float = 2.0
+    capacity: int = 256  # the most recent answers: what is served now, and a bounded cost per step
+
+    def __post_init__(self) -> None:
+        self.lengths = deque(self.lengths, maxlen=self.capacity)
 
     def add(self, num_tokens: int) -> None:
         self.lengths.append(num_tokens)

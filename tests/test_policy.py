@@ -243,6 +243,10 @@ def test_answer_lengths_take_over_from_ski_rental() -> None:
     assert record.expected_remaining(20, 108, ski_rental=20) == pytest.approx((2 * 20 + 8 * 108) / 10)
     assert record.expected_remaining(130, None, ski_rental=130) == 130  # longer than any: ski rental again
     assert record.expected_remaining(2, 30, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 30) / 18)  # capped
+    recent = AnswerLengthRecord([5] * 3, capacity=4)
+    recent.add(50)
+    recent.add(60)
+    assert list(recent.lengths) == [5, 5, 50, 60]  # only the most recent answers count
 
 
 def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() -> None:

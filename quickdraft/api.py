@@ -228,6 +228,57 @@ class Pipeline:
             "quickdraft": __version__,
         }
 
+    def learned_file(self, drafter: str) -> Path | None:
+        """Where :meth:`save_learned` keeps what goodput learned of ``drafter``'s answers on these models
+        and runtime, in :func:`calibrations_dir` (not per machine: acceptance and answer lengths do not
+        depend on it); None for models without a path."""
+        uses_draft = DRAFTERS.get(drafter).needs_draft_model
+        if self.target_path is None or (uses_draft and self.draft_path is None):
+            return None
+        key = {
+            "target": str(self.target_path),
+            "draft": str(self.draft_path) if uses_draft else None,
+            "runtime": self.target.name,
+            "drafter": drafter,
+        }
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return calibrations_dir() / f"{digest}.learned.json"
+
+    def load_learned(self, drafter: str) -> int:
+        """Start ``drafter``'s acceptance record and answer lengths from :meth:`learned_file`, so a process
+        that serves one request (the CLI) begins where earlier ones left off; how many answers it held
+        (0: none yet, or a file that does not parse, which the next save replaces)."""
+        path = self.learned_file(drafter)
+        if path is None or not path.exists():
+            return 0
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            accepted, rejected = float(saved["acceptance"]["accepted"]), float(saved["acceptance"]["rejected"])
+            lengths = [int(length) for length in saved["answer_lengths"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+        if accepted < 0 or rejected < 0 or any(length < 0 for length in lengths):
+            return 0
+        self.acceptance_records[drafter] = AcceptanceRecord(accepted, rejected)
+        self.answer_lengths[drafter] = AnswerLengthRecord(lengths)
+        return len(self.answer_lengths[drafter].lengths)
+
+    def save_learned(self, drafter: str) -> None:
+        """Write what goodput learned of ``drafter``'s answers to :meth:`learned_file` (a file that cannot
+        be written only means the next process starts knowing less)."""
+        path = self.learned_file(drafter)
+        if path is None:
+            return
+        acceptance = self.acceptance_records.get(drafter, AcceptanceRecord())
+        lengths = self.answer_lengths.get(drafter, AnswerLengthRecord())
+        data = {
+            "acceptance": {"accepted": acceptance.accepted, "rejected": acceptance.rejected},
+            "answer_lengths": list(lengths.lengths),
+        }
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data), encoding="utf-8")
+
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
         if not prompt.strip():

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--recalibrate",
         action="store_true",
-        help="measure goodput's costs again instead of loading the saved ones (after a hardware or code change)",
+        help="measure goodput's costs again instead of loading the saved ones (after a hardware or code change), "
+        "and forget the acceptance and answer lengths it learned from earlier runs",
     )
     generate.add_argument(
         "--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ of adaptive policies (default 16)"
@@ -184,12 +185,14 @@ def run_generate(args: argparse.Namespace) -> None:
     pipeline.engine(args.drafter, options).check_prompt(prompt_ids, config)  # before any measuring
     if config.policy.startswith("specdec++"):
         pipeline.load_acceptance_head(args.drafter, Path(args.acceptance_head) if args.acceptance_head else None)
-    if needs_cost_model(config.policy) and DRAFTERS.get(args.drafter).proposes_drafts:
+    learns = needs_cost_model(config.policy) and DRAFTERS.get(args.drafter).proposes_drafts
+    if learns:
         saved = pipeline.calibration_file(args.drafter, config.max_draft_tokens)
         loading = saved is not None and saved.exists() and not args.recalibrate
         started = time.perf_counter()
         costs = pipeline.calibrate(args.drafter, config.max_draft_tokens, use_saved=not args.recalibrate)
         measured_s = time.perf_counter() - started
+        earlier_answers = 0 if args.recalibrate else pipeline.load_learned(args.drafter)
         if not args.json:
             reading = ""
             if costs.draft_prefill_ms:
@@ -200,7 +203,8 @@ def run_generate(args: argparse.Namespace) -> None:
             print(
                 f"[goodput] {source}: target {costs.target(1):.0f} ms for 1 token, "
                 f"{costs.target(config.max_draft_tokens + 1):.0f} ms for {config.max_draft_tokens + 1}; "
-                f"{costs.draft_ms:.0f} ms per drafted token{reading}",
+                f"{costs.draft_ms:.0f} ms per drafted token{reading}; "
+                f"learned from {earlier_answers} earlier answer{'' if earlier_answers == 1 else 's'}",
                 file=sys.stderr,
             )
     engine = pipeline.engine(args.drafter, options)
@@ -217,6 +221,8 @@ def run_generate(args: argparse.Namespace) -> None:
             sys.stdout.flush()
         sys.stdout.write("\n")
     result = stream.finish()
+    if learns:
+        pipeline.save_learned(args.drafter)
     comparison = None
     if plain_engine is not None:
         plain = plain_engine.generate(prompt_ids, config)

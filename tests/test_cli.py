@@ -63,10 +63,28 @@ def test_goodput_reports_its_calibration(model_args: list[str], capsys: pytest.C
     status, out, err = run(args, capsys)
     assert status == 0 and out.strip()
     assert re.search(r"\[goodput\] calibrated in [0-9.]+ s, saved to", err) and "prompt tokens costs the draft" in err
-    status, _, err = run(args, capsys)  # the next run loads what the first one measured
-    assert status == 0 and "[goodput] loaded from" in err
+    assert "learned from 0 earlier answers" in err
+    status, _, err = run(args, capsys)  # the next run loads what the first one measured and learned
+    assert status == 0 and "[goodput] loaded from" in err and "learned from 1 earlier answer" in err
     status, _, err = run([*args, "--recalibrate"], capsys)
-    assert status == 0 and "[goodput] calibrated in" in err
+    assert status == 0 and "[goodput] calibrated in" in err and "learned from 0 earlier answers" in err
+    status, _, err = run(args, capsys)  # --recalibrate started the record afresh: its run is the one answer
+    assert "learned from 1 earlier answer" in err
+
+
+def test_a_corrupt_learned_file_is_ignored_and_replaced(
+    model_args: list[str], calibrations_in_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "5"]
+    assert run(args, capsys)[0] == 0
+    (learned,) = calibrations_in_tmp.glob("*.learned.json")
+    saved = json.loads(learned.read_text())
+    assert saved["answer_lengths"] == [5] and set(saved["acceptance"]) == {"accepted", "rejected"}
+    for corrupt in ("{not json", json.dumps({"acceptance": {"accepted": -1, "rejected": 0}, "answer_lengths": []})):
+        learned.write_text(corrupt)
+        status, _, err = run(args, capsys)
+        assert status == 0 and "learned from 0 earlier answers" in err
+        assert json.loads(learned.read_text())["answer_lengths"] == [5]
 
 
 def test_prompt_lookup_needs_no_draft(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:

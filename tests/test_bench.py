@@ -140,10 +140,15 @@ def test_method_specs() -> None:
     assert [m.num_draft_tokens for m in methods] == [None, 2, 4, None]
     assert [m.uses_draft_model for m in methods] == [False, True, False, False]
     assert make_method("hf-assisted").uses_draft_model
+    control = parse_methods("control")
+    assert [m.name for m in control] == ["baseline", "control"]  # plain decoding twice: an A/A control
+    assert (control[1].drafter, control[1].policy, control[1].num_draft_tokens) == ("none", "fixed", None)
     policy = make_method("prompt-lookup+confidence:0.5")
     assert (policy.name, policy.num_draft_tokens, policy.max_draft_tokens) == ("prompt-lookup+confidence:0.5", None, 16)
     for bad in (
         "nope",
+        "control:2",
+        "control@transformers",
         "draft-model:x",
         "draft-model:0",
         "hf-generate:3",

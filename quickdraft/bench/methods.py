@@ -1,6 +1,7 @@
 """Benchmark methods by name: our decoding with each drafter, and transformers' peers.
 
-A method spec is ``NAME``, ``NAME:γ`` or ``NAME+POLICY``: ``baseline`` (our plain decoding), any
+A method spec is ``NAME``, ``NAME:γ`` or ``NAME+POLICY``: ``baseline`` (our plain decoding),
+``control`` (plain decoding again as a method of its own: an A/A control of the bench's noise), any
 drafter at a fixed γ (``draft-model:2``, ``prompt-lookup``; γ defaults to 4) or with an adaptive
 policy (``draft-model+goodput``, ``prompt-lookup+confidence:0.4``), and the peers ``hf-generate``,
 ``hf-assisted``, ``hf-assisted-tuned`` and ``hf-prompt-lookup`` (transformers ``generate``
@@ -168,6 +169,14 @@ def _baseline(spec: str, num_draft_tokens: int | None, runtime: str | None) -> M
     return EngineMethod("baseline", "none", 0, runtime=runtime)
 
 
+def _control(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
+    """Plain decoding again, timed as a method of its own: an A/A control whose speedup over the
+    baseline is the bench's own noise (it runs the very same tokens and code)."""
+    if num_draft_tokens is not None or runtime is not None:
+        raise ConfigError(f"method {spec!r}: control takes no number of draft tokens and no runtime")
+    return EngineMethod("control", "none", 0)
+
+
 def _peer_method(peer: str) -> MethodFactory:
     def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
         if num_draft_tokens is not None:
@@ -197,6 +206,7 @@ def _policy_method(drafter: str, policy: str, spec: str, runtime: str | None) ->
 
 
 METHODS.register("baseline")(_baseline)
+METHODS.register("control")(_control)
 for _drafter in DRAFTERS.names():
     if _drafter != "none":
         METHODS.register(_drafter)(_drafter_method(_drafter))

@@ -259,7 +259,7 @@ def test_policy_is_told_how_long_the_answer_ran(pipeline: Pipeline) -> None:
     lengths = pipeline.answer_lengths.setdefault("draft-model", AnswerLengthRecord())
     recorded = len(lengths.lengths)
     result = pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=7, policy="goodput"))
-    assert lengths.lengths[recorded:] == [len(result.token_ids)]  # goodput keeps its answers' lengths
+    assert list(lengths.lengths)[recorded:] == [len(result.token_ids)]  # goodput keeps its answers' lengths
     pipeline.forget_answers()
     assert pipeline.answer_lengths == {} and pipeline.acceptance_records == {}
 

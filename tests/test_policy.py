@@ -125,6 +125,28 @@ def test_goodput_estimate_reaches_past_the_prior_when_every_draft_is_accepted() 
     assert 0.9 < policy.acceptance_rate() < 0.95  # one rejection among ~12 drafts' worth of evidence
 
 
+def draft_step(top_probability: float, num_drafted: int) -> DraftStep:
+    return DraftStep(target_logits(top_probability), None, num_drafted)
+
+
+def test_goodput_stops_a_block_when_the_next_draft_is_not_expected_to_pay() -> None:
+    """MODERATE: a plain step 100 ms, a draft 5 ms, one more verified token 5-10 ms more."""
+    good = AcceptanceRecord(accepted=900, rejected=100)
+    sure = GoodputPolicy(MODERATE, 16, good)
+    assert sure.choose() > 4
+    assert all(sure.keep_drafting(draft_step(0.95, k)) for k in range(1, 5))  # 0.95^4 · 0.9 · 100 ms pays
+    unsure = GoodputPolicy(MODERATE, 16, good)
+    unsure.choose()
+    assert unsure.keep_drafting(draft_step(0.5, 1)) and unsure.keep_drafting(draft_step(0.5, 2))
+    assert not unsure.keep_drafting(draft_step(0.5, 3))  # 0.5^3 · α 0.86 · 100 = 11 ms < 5 + 8.75 ms
+    assert unsure.block_survival == pytest.approx(0.125)
+    unsure.choose()  # a new block starts with nothing drafted
+    assert unsure.block_survival == 1.0 and not unsure.keep_drafting(draft_step(0.1, 1))
+    expensive = GoodputPolicy(EXPENSIVE_DRAFT, 16, good)  # a draft token costs 60 % of a plain step
+    expensive.choose()
+    assert expensive.keep_drafting(draft_step(0.9, 1)) and not expensive.keep_drafting(draft_step(0.7, 2))
+
+
 def test_goodput_drafts_short_when_verification_is_expensive() -> None:
     chosen = feed(GoodputPolicy(STEEP, maximum=16), alpha=0.8, steps=40)
     assert max(chosen[-20:]) <= 1

@@ -81,6 +81,8 @@ def test_cli_json_on_the_default_pair() -> None:
         "--chat",
         "--max-new-tokens",
         "8",
+        "--policy",
+        "fixed:2",  # goodput would save a calibration measured under the tests' load where a user's run loads it
         "--json",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)

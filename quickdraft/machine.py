@@ -20,18 +20,25 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "a
 
 
 @functools.cache
-def cpu_description() -> dict[str, Any]:
-    """The processor as /proc/cpuinfo names it (model name, family, model) and its relevant ISA flags."""
+def _first_processor() -> tuple[tuple[str, str], ...]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none): it speaks for all."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             for line in info:
                 if not line.strip():
-                    break  # the first processor speaks for all
+                    break
                 key, _, value = line.partition(":")
                 fields[key.strip()] = value.strip()
     except OSError:
         pass
+    return tuple(fields.items())
+
+
+def cpu_description() -> dict[str, Any]:
+    """The processor as /proc/cpuinfo names it (model name, family, model), its ISA flags that decide
+    our kernels' speed and the core count: what a measured cost is valid for."""
+    fields = dict(_first_processor())
     flags = set(fields.get("flags", "").split())
     return {
         "name": fields.get("model name") or platform.processor() or platform.machine(),
@@ -44,6 +51,14 @@ def cpu_description() -> dict[str, Any]:
 
 
 def cpu_fingerprint() -> str:
-    """A short stable digest of :func:`cpu_description`: equal on processors that run our kernels alike."""
-    encoded = json.dumps(cpu_description(), sort_keys=True).encode()
-    return hashlib.sha256(encoded).hexdigest()[:12]
+    """A short stable digest of what a ``-march=native`` build depends on: the processor's model and
+    every instruction-set flag it reports (a VM may hide some of a model's flags), not its core count."""
+    fields = dict(_first_processor())
+    build = {
+        "arch": platform.machine(),
+        "name": fields.get("model name"),
+        "family": fields.get("cpu family"),
+        "model": fields.get("model"),
+        "flags": sorted(set(fields.get("flags", "").split())),
+    }
+    return hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest()[:12]

@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
+import os
+import tempfile
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,7 @@ from quickdraft.machine import cpu_description
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.loading import load_hf_model
-from quickdraft.policy import AcceptanceRecord, AnswerLengthRecord, CostModel, StepTimeRecord
+from quickdraft.policy import AcceptanceRecord, AnswerLength, AnswerLengthRecord, CostModel, StepTimeRecord
 from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
 
 
@@ -199,9 +203,11 @@ class Pipeline:
         self.cost_models[drafter] = CostModel(target_ms, draft_ms, prefill_ms)
         if path is not None:
             with contextlib.suppress(OSError):  # a cache that cannot be written only costs a later re-measure
-                path.parent.mkdir(parents=True, exist_ok=True)
-                record = {"key": self._calibration_key(drafter, max_draft_tokens, context)}
-                path.write_text(json.dumps(record | {"cost_model": self.cost_models[drafter].to_dict()}, indent=2))
+                record = {
+                    "key": self._calibration_key(drafter, max_draft_tokens, context),
+                    "cost_model": self.cost_models[drafter].to_dict(),
+                }
+                write_atomically(path, json.dumps(record, indent=2))
         return self.cost_models[drafter]
 
     def calibration_file(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> Path | None:
@@ -228,10 +234,11 @@ class Pipeline:
             "quickdraft": __version__,
         }
 
-    def learned_file(self, drafter: str) -> Path | None:
+    def learned_file(self, drafter: str, chat: bool = False) -> Path | None:
         """Where :meth:`save_learned` keeps what goodput learned of ``drafter``'s answers on these models
         and runtime, in :func:`calibrations_dir` (not per machine: acceptance and answer lengths do not
-        depend on it); None for models without a path."""
+        depend on it), apart for chat turns and plain completions, whose answers run differently; None
+        for models without a path."""
         uses_draft = DRAFTERS.get(drafter).needs_draft_model
         if self.target_path is None or (uses_draft and self.draft_path is None):
             return None
@@ -240,44 +247,46 @@ class Pipeline:
             "draft": str(self.draft_path) if uses_draft else None,
             "runtime": self.target.name,
             "drafter": drafter,
+            "chat": chat,
         }
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         return calibrations_dir() / f"{digest}.learned.json"
 
-    def load_learned(self, drafter: str) -> int:
+    def load_learned(self, drafter: str, chat: bool = False) -> int:
         """Start ``drafter``'s acceptance record and answer lengths from :meth:`learned_file`, so a process
         that serves one request (the CLI) begins where earlier ones left off; how many answers it held
         (0: none yet, or a file that does not parse, which the next save replaces)."""
-        path = self.learned_file(drafter)
+        path = self.learned_file(drafter, chat)
         if path is None or not path.exists():
             return 0
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
             accepted, rejected = float(saved["acceptance"]["accepted"]), float(saved["acceptance"]["rejected"])
-            lengths = [int(length) for length in saved["answer_lengths"]]
-        except (OSError, ValueError, KeyError, TypeError):
+            answers = [AnswerLength(int(num_tokens), cut) for num_tokens, cut in saved["answers"]]
+        except (OSError, ValueError, OverflowError, KeyError, TypeError):
             return 0
-        if accepted < 0 or rejected < 0 or any(length < 0 for length in lengths):
+        counts_ok = all(math.isfinite(count) and count >= 0 for count in (accepted, rejected))
+        answers_ok = all(answer.num_tokens >= 0 and isinstance(answer.cut_by_budget, bool) for answer in answers)
+        if not (counts_ok and answers_ok):
             return 0
         self.acceptance_records[drafter] = AcceptanceRecord(accepted, rejected)
-        self.answer_lengths[drafter] = AnswerLengthRecord(lengths)
-        return len(self.answer_lengths[drafter].lengths)
+        self.answer_lengths[drafter] = AnswerLengthRecord(deque(answers))
+        return len(self.answer_lengths[drafter].answers)
 
-    def save_learned(self, drafter: str) -> None:
+    def save_learned(self, drafter: str, chat: bool = False) -> None:
         """Write what goodput learned of ``drafter``'s answers to :meth:`learned_file` (a file that cannot
         be written only means the next process starts knowing less)."""
-        path = self.learned_file(drafter)
+        path = self.learned_file(drafter, chat)
         if path is None:
             return
         acceptance = self.acceptance_records.get(drafter, AcceptanceRecord())
-        lengths = self.answer_lengths.get(drafter, AnswerLengthRecord())
+        answers = self.answer_lengths.get(drafter, AnswerLengthRecord()).answers
         data = {
             "acceptance": {"accepted": acceptance.accepted, "rejected": acceptance.rejected},
-            "answer_lengths": list(lengths.lengths),
+            "answers": [[answer.num_tokens, answer.cut_by_budget] for answer in answers],
         }
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data), encoding="utf-8")
+            write_atomically(path, json.dumps(data))
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
@@ -321,6 +330,21 @@ class Pipeline:
         options: DrafterOptions | None = None,
     ) -> GenerationResult:
         return self.stream(prompt, config, drafter, chat, options).finish()
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, so a reader (or a process stopped
+    mid-write) sees the old file or the new one, never a cut one; raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def calibrations_dir() -> Path:

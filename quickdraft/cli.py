@@ -192,7 +192,7 @@ def run_generate(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         costs = pipeline.calibrate(args.drafter, config.max_draft_tokens, use_saved=not args.recalibrate)
         measured_s = time.perf_counter() - started
-        earlier_answers = 0 if args.recalibrate else pipeline.load_learned(args.drafter)
+        earlier_answers = 0 if args.recalibrate else pipeline.load_learned(args.drafter, args.chat)
         if not args.json:
             reading = ""
             if costs.draft_prefill_ms:
@@ -222,7 +222,7 @@ def run_generate(args: argparse.Namespace) -> None:
         sys.stdout.write("\n")
     result = stream.finish()
     if learns:
-        pipeline.save_learned(args.drafter)
+        pipeline.save_learned(args.drafter, args.chat)
     comparison = None
     if plain_engine is not None:
         plain = plain_engine.generate(prompt_ids, config)

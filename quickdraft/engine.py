@@ -217,7 +217,7 @@ class SpeculativeEngine:
             step_tokens = result.committed_token_ids(draft_token_ids)
 
         stats.wall_time_s = clock() - started
-        policy.observe_end(len(new_token_ids))
+        policy.observe_end(len(new_token_ids), cut_by_budget=finish_reason == "length")
         if delta := decoder.release(final=True):
             yield delta
         return GenerationResult(text=decoder.text, token_ids=new_token_ids, finish_reason=finish_reason, stats=stats)

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -232,31 +232,46 @@ class AcceptanceRecord:
         self.rejected += rejected
 
 
+class AnswerLength(NamedTuple):
+    num_tokens: int
+    cut_by_budget: bool = False  # it stopped at its max_new_tokens, so it would have run at least that long
+
+
 @dataclass
 class AnswerLengthRecord:
-    """How many new tokens one drafter's earlier answers ran (an answer cut by its budget counts as
-    ending there): what an answer that has run m tokens is expected still to run.
+    """How many new tokens one drafter's earlier answers ran: what an answer that has run m tokens is
+    expected still to run.
 
-    Before any answer is recorded the guess is the ski-rental one (as many more as it has run,
-    :meth:`StepState.expected_remaining_tokens`), and it keeps the weight of ``prior_weight``
-    answers: the record takes over as answers accumulate.
+    An answer cut by its token budget ran at least that long; past m it counts as running on to the
+    current request's budget (where the budgets are equal, as in the bench, exactly what it did; under a
+    larger budget, a guess that what was cut goes on). Before any answer is recorded the guess is the
+    ski-rental one (as many more as it has run, :meth:`StepState.expected_remaining_tokens`), and it
+    keeps the weight of ``prior_weight`` answers: the record takes over as answers accumulate.
     """
 
-    lengths: deque[int] = field(default_factory=deque)
+    answers: deque[AnswerLength] = field(default_factory=deque)
     prior_weight: float = 2.0
     capacity: int = 256  # the most recent answers: what is served now, and a bounded cost per step
 
     def __post_init__(self) -> None:
-        self.lengths = deque(self.lengths, maxlen=self.capacity)
+        if self.capacity < 1:
+            raise ValueError(f"an answer length record needs room for at least one answer, got {self.capacity}")
+        self.answers = deque(self.answers, maxlen=self.capacity)
 
-    def add(self, num_tokens: int) -> None:
-        self.lengths.append(num_tokens)
+    def add(self, num_tokens: int, cut_by_budget: bool = False) -> None:
+        self.answers.append(AnswerLength(num_tokens, cut_by_budget))
 
     def expected_remaining(self, generated: int, remaining: int | None, ski_rental: float) -> float:
         """E[min(L − m, remaining)] over the recorded answers that ran longer than m = ``generated``,
         blended with the ski-rental guess."""
         cap = float("inf") if remaining is None else remaining
-        longer = [min(length - generated, cap) for length in self.lengths if length > generated]
+
+        def still_to_run(answer: AnswerLength) -> float:
+            if answer.cut_by_budget and remaining is not None:
+                return remaining
+            return min(answer.num_tokens - generated, cap)
+
+        longer = [still_to_run(answer) for answer in self.answers if answer.num_tokens > generated]
         return (self.prior_weight * ski_rental + sum(longer)) / (self.prior_weight + len(longer))
 
 
@@ -315,8 +330,8 @@ class Policy(ABC):
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:  # noqa: B027 - optional hook
         """A whole step (choosing, drafting ``proposed`` tokens, verifying, committing) took ``elapsed_ms``."""
 
-    def observe_end(self, num_tokens: int) -> None:  # noqa: B027 - optional hook
-        """The request ended after ``num_tokens`` new tokens."""
+    def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:  # noqa: B027 - optional hook
+        """The request ended after ``num_tokens`` new tokens; ``cut_by_budget``: at its max_new_tokens."""
 
 
 class FixedPolicy(Policy):
@@ -428,6 +443,7 @@ class GoodputPolicy(Policy):
     plain_steps: int = field(default=0, init=False)
     last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
     block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
+    block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -450,7 +466,7 @@ class GoodputPolicy(Policy):
         acceptance_rate = self.acceptance_rate()
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
-        costs = self.costs()
+        costs = self.block_costs = self.costs()
         gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum)
         if gamma > 0 and not self._reading_pays(costs, acceptance_rate, gamma, reading_ms, self.horizon(state)):
             gamma = 0
@@ -466,7 +482,7 @@ class GoodputPolicy(Policy):
         one), and it costs a drafted token plus what one more token adds to the verify forward."""
         confidence = torch.softmax(step.logits.float(), dim=-1).amax(dim=-1).min()  # the least sure row
         self.block_survival *= float(confidence)
-        costs = self.costs()
+        costs = self.block_costs or self.costs()
         k = step.num_drafted
         next_token_ms = costs.draft_ms + costs.target(k + 2) - costs.target(k + 1)
         return self.block_survival * self.acceptance_rate() * costs.target(1) > next_token_ms
@@ -530,9 +546,9 @@ class GoodputPolicy(Policy):
         if self.record is not None:
             self.record.add(accepted, rejected)
 
-    def observe_end(self, num_tokens: int) -> None:
+    def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
         if self.answer_lengths is not None:
-            self.answer_lengths.add(num_tokens)
+            self.answer_lengths.add(num_tokens, cut_by_budget)
 
 
 class SpecDecPolicy(Policy):

@@ -79,12 +79,21 @@ def test_a_corrupt_learned_file_is_ignored_and_replaced(
     assert run(args, capsys)[0] == 0
     (learned,) = calibrations_in_tmp.glob("*.learned.json")
     saved = json.loads(learned.read_text())
-    assert saved["answer_lengths"] == [5] and set(saved["acceptance"]) == {"accepted", "rejected"}
-    for corrupt in ("{not json", json.dumps({"acceptance": {"accepted": -1, "rejected": 0}, "answer_lengths": []})):
+    assert saved["answers"] == [[5, True]] and set(saved["acceptance"]) == {"accepted", "rejected"}  # cut at 5
+    corrupt_files = [
+        "{not json",
+        json.dumps({"acceptance": {"accepted": -1, "rejected": 0}, "answers": []}),
+        '{"acceptance": {"accepted": Infinity, "rejected": 0}, "answers": []}',
+        '{"acceptance": {"accepted": NaN, "rejected": 0}, "answers": []}',
+        json.dumps({"acceptance": {"accepted": 1, "rejected": 0}, "answers": [[3, "no"]]}),
+        json.dumps({"acceptance": {"accepted": 1, "rejected": 0}, "answer_lengths": [3]}),  # an older format
+    ]
+    for corrupt in corrupt_files:
         learned.write_text(corrupt)
         status, _, err = run(args, capsys)
         assert status == 0 and "learned from 0 earlier answers" in err
-        assert json.loads(learned.read_text())["answer_lengths"] == [5]
+        assert json.loads(learned.read_text())["answers"] == [[5, True]]
+    assert [path.name for path in learned.parent.iterdir() if path.suffix == ".tmp"] == []  # no temporary files left
 
 
 def test_prompt_lookup_needs_no_draft(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:

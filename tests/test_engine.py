@@ -19,6 +19,7 @@ from quickdraft.errors import PromptError
 from quickdraft.policy import (
     UNKNOWN_STATE,
     AcceptanceRecord,
+    AnswerLength,
     AnswerLengthRecord,
     CostModel,
     Policy,
@@ -217,7 +218,7 @@ class AlternatingPolicy(Policy):
         self.proposed: list[int] = []
         self.plain_logits: list[torch.Tensor] = []
         self.step_times: list[tuple[int, float]] = []
-        self.ends: list[int] = []
+        self.ends: list[AnswerLength] = []
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.chosen.append(0 if len(self.chosen) % 2 == 0 else 2)
@@ -232,8 +233,8 @@ class AlternatingPolicy(Policy):
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
         self.step_times.append((proposed, elapsed_ms))
 
-    def observe_end(self, num_tokens: int) -> None:
-        self.ends.append(num_tokens)
+    def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
+        self.ends.append(AnswerLength(num_tokens, cut_by_budget))
 
 
 def test_policy_sees_the_target_logits_of_every_plain_token(pipeline: Pipeline) -> None:
@@ -252,14 +253,15 @@ def test_policy_is_told_how_long_each_step_took(pipeline: Pipeline) -> None:
     assert all(elapsed_ms > 0 for _, elapsed_ms in policy.step_times)
 
 
-def test_policy_is_told_how_long_the_answer_ran(pipeline: Pipeline) -> None:
+def test_policy_is_told_how_long_the_answer_ran(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "answer_lengths", {})  # this test's records only: other tests keep theirs
+    monkeypatch.setattr(pipeline, "acceptance_records", {})
     policy = AlternatingPolicy()
     result = pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=10), policy)
-    assert policy.ends == [len(result.token_ids)]
-    lengths = pipeline.answer_lengths.setdefault("draft-model", AnswerLengthRecord())
-    recorded = len(lengths.lengths)
+    assert policy.ends == [AnswerLength(len(result.token_ids), cut_by_budget=result.finish_reason == "length")]
     result = pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=7, policy="goodput"))
-    assert list(lengths.lengths)[recorded:] == [len(result.token_ids)]  # goodput keeps its answers' lengths
+    answers = pipeline.answer_lengths["draft-model"].answers  # goodput keeps its answers' lengths
+    assert list(answers) == [AnswerLength(len(result.token_ids), cut_by_budget=result.finish_reason == "length")]
     pipeline.forget_answers()
     assert pipeline.answer_lengths == {} and pipeline.acceptance_records == {}
 

@@ -14,6 +14,7 @@ from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError, UnknownNameError
 from quickdraft.policy import (
     AcceptanceRecord,
+    AnswerLength,
     AnswerLengthRecord,
     CostModel,
     DraftStep,
@@ -260,22 +261,27 @@ def test_answer_lengths_take_over_from_ski_rental() -> None:
     record = AnswerLengthRecord()
     assert record.expected_remaining(generated=5, remaining=100, ski_rental=5) == 5  # nothing recorded yet
     for length in [10] * 8 + [128] * 8:  # short answers and answers cut at a budget of 128
-        record.add(length)
+        record.add(length, cut_by_budget=length == 128)
     assert record.expected_remaining(2, 126, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 126) / 18)
     assert record.expected_remaining(20, 108, ski_rental=20) == pytest.approx((2 * 20 + 8 * 108) / 10)
     assert record.expected_remaining(130, None, ski_rental=130) == 130  # longer than any: ski rental again
     assert record.expected_remaining(2, 30, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 30) / 18)  # capped
-    recent = AnswerLengthRecord([5] * 3, capacity=4)
+    # under a larger budget, answers cut at 128 are expected to run on to it; those that ended do not
+    assert record.expected_remaining(2, 498, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 498) / 18)
+    recent = AnswerLengthRecord([AnswerLength(5)] * 3, capacity=4)
     recent.add(50)
     recent.add(60)
-    assert list(recent.lengths) == [5, 5, 50, 60]  # only the most recent answers count
+    assert [answer.num_tokens for answer in recent.answers] == [5, 5, 50, 60]  # only the most recent answers count
+    with pytest.raises(ValueError, match="at least one answer"):
+        AnswerLengthRecord(capacity=0)
 
 
 def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() -> None:
     """With the drafter's earlier answers known, a short prompt is read at the first step if answers
     usually repay it, and a prompt is never read if they usually end before they could."""
     good = AcceptanceRecord(accepted=800, rejected=200)
-    long_answers, short_answers = AnswerLengthRecord([128] * 10), AnswerLengthRecord([12] * 20)
+    long_answers = AnswerLengthRecord([AnswerLength(128, cut_by_budget=True)] * 10)
+    short_answers = AnswerLengthRecord([AnswerLength(12)] * 20)
     ski_rental = GoodputPolicy(DEFAULT_PAIR, 16, good)
     informed = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers)
     assert informed.horizon(StepState(127, 61, generated_tokens=1)) == pytest.approx((2 * 1 + 10 * 127) / 12)
@@ -284,8 +290,8 @@ def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() 
     assert len(reading_steps(ski_rental, prompt_tokens=60, budget=128, top_probability=0.95)) > 1  # it waits
     wary = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=short_answers)
     assert reading_steps(wary, prompt_tokens=60, budget=128, top_probability=0.95)[:11] == [0] * 11
-    informed.observe_end(40)
-    assert long_answers.lengths[-1] == 40
+    informed.observe_end(40, cut_by_budget=False)
+    assert long_answers.answers[-1] == AnswerLength(40, cut_by_budget=False)
 
 
 def test_step_time_record_averages_then_follows_the_recent_steps() -> None:
@@ -466,6 +472,10 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
     assert saved is not None and saved.parent == calibrations_in_tmp and saved.exists()
     assert first.calibration_file("prompt-lookup", 4) != saved  # per drafter
     assert with_paths("target", "other draft").calibration_file("draft-model", 4) != saved  # per models
+    first.answer_lengths["draft-model"] = AnswerLengthRecord([AnswerLength(7, cut_by_budget=True)])
+    first.save_learned("draft-model", chat=True)  # what chat turns taught is kept apart from completions
+    assert with_paths("target", "draft").load_learned("draft-model", chat=True) == 1
+    assert with_paths("target", "draft").load_learned("draft-model") == 0
 
     def no_measuring(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured although a saved calibration exists")

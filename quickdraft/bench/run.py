@@ -8,7 +8,8 @@ What adaptive policies learn of answers (acceptance, lengths) is dropped at the 
 so each run is an independent replicate in which a question's earlier runs teach nothing.
 Wall time covers each whole generate call (prefill included). Each finished (method,
 question, run) is appended to OUT/entries.jsonl at once; rerunning with the same --out
-resumes and only runs what is missing. Outputs: results.json, report.md, speedup.png,
+resumes and only runs what is missing (a run resumed part-way learns afresh from where it resumes,
+so its later questions see less of what the run had learned). Outputs: results.json, report.md, speedup.png,
 accept_hist.png, cost_curve.png, and step_times.json (what goodput measured of the engine's
 steps, per drafter, against the profiled cost curves).
 """

@@ -162,6 +162,25 @@ def test_rollback_and_recompute_is_bitwise_equal(runtime: NativeRuntime) -> None
         cache.truncate(11)
 
 
+def test_positions_past_a_rows_length_are_never_read(runtime: NativeRuntime) -> None:
+    """A new cache is uninitialized (no zeroing of 8192 positions per request): whatever lies past the
+    written positions, NaN included, the logits are the same, through prefill, steps, rollback and early exit."""
+
+    def run(fill: float) -> list[torch.Tensor]:
+        cache = runtime.new_cache(1)
+        cache.static.keys.fill_(fill)
+        cache.static.values.fill_(fill)
+        tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+        outputs = [runtime.forward(tokens, cache), runtime.forward(tokens[:, :2], cache)]
+        cache.truncate(7)
+        outputs.append(runtime.forward_early_exit(tokens[:, :3], cache, start=7, exit_layer=1))
+        outputs.append(runtime.forward(tokens[:, 2:5], cache))
+        return outputs
+
+    for clean, poisoned in zip(run(0.0), run(float("nan")), strict=True):
+        assert torch.equal(clean, poisoned)
+
+
 def test_rows_of_a_batch_are_independent(runtime: NativeRuntime) -> None:
     tokens = torch.tensor([[4, 8, 15, 16, 23, 42], [1, 2, 3, 4, 5, 6]])
     batched = runtime.forward(tokens, runtime.new_cache(2))
@@ -223,6 +242,8 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
 
     gemm_out = layer.qkv.matmul_rows(quantized)  # [B·K + 1, (heads + 2·kv_heads)·D]
     cache = decoder.new_cache(len(starts))
+    cache.keys.zero_()  # a new cache is uninitialized: zeros show what the kernel writes
+    cache.values.zero_()
     q = kernels.qkv_rope_cache(
         gemm_out, row_scale, layer.qkv.kernel_bias, decoder.rope_cos, decoder.rope_sin,
         cache.keys[0], cache.values[0], starts, heads,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import tempfile
 from collections import deque
@@ -261,15 +260,13 @@ class Pipeline:
             return 0
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
-            accepted, rejected = float(saved["acceptance"]["accepted"]), float(saved["acceptance"]["rejected"])
+            acceptance = AcceptanceRecord.from_dict(saved["acceptance"])
             answers = [AnswerLength(int(num_tokens), cut) for num_tokens, cut in saved["answers"]]
         except (OSError, ValueError, OverflowError, KeyError, TypeError):
             return 0
-        counts_ok = all(math.isfinite(count) and count >= 0 for count in (accepted, rejected))
-        answers_ok = all(answer.num_tokens >= 0 and isinstance(answer.cut_by_budget, bool) for answer in answers)
-        if not (counts_ok and answers_ok):
+        if not all(answer.num_tokens >= 0 and isinstance(answer.cut_by_budget, bool) for answer in answers):
             return 0
-        self.acceptance_records[drafter] = AcceptanceRecord(accepted, rejected)
+        self.acceptance_records[drafter] = acceptance
         self.answer_lengths[drafter] = AnswerLengthRecord(deque(answers))
         return len(self.answer_lengths[drafter].answers)
 
@@ -282,7 +279,7 @@ class Pipeline:
         acceptance = self.acceptance_records.get(drafter, AcceptanceRecord())
         answers = self.answer_lengths.get(drafter, AnswerLengthRecord()).answers
         data = {
-            "acceptance": {"accepted": acceptance.accepted, "rejected": acceptance.rejected},
+            "acceptance": acceptance.to_dict(),
             "answers": [[answer.num_tokens, answer.cut_by_budget] for answer in answers],
         }
         with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ Registry names (``NAME`` or ``NAME:ARG``):
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -145,27 +146,45 @@ class CostModel:
         """Time of one step: γ drafted tokens plus a target forward over γ + 1 tokens."""
         return num_draft_tokens * self.draft_ms + self.target(num_draft_tokens + 1)
 
-    def goodput(self, acceptance_rate: float, num_draft_tokens: int) -> float:
-        """Expected committed tokens per millisecond (Leviathan et al. with this cost curve)."""
-        return expected_tokens(acceptance_rate, num_draft_tokens) / self.step_ms(num_draft_tokens)
+    def goodput(self, acceptance_rate: float, num_draft_tokens: int, continuation_rate: float | None = None) -> float:
+        """Expected committed tokens per millisecond (Leviathan et al. with this cost curve;
+        ``continuation_rate``: see :func:`expected_tokens`)."""
+        return expected_tokens(acceptance_rate, num_draft_tokens, continuation_rate) / self.step_ms(num_draft_tokens)
 
-    def best_num_draft_tokens(self, acceptance_rate: float, max_draft_tokens: int) -> int:
+    def best_num_draft_tokens(
+        self, acceptance_rate: float, max_draft_tokens: int, continuation_rate: float | None = None
+    ) -> int:
         """argmax over γ in 0..max of the goodput; ties go to the smaller γ."""
-        goodputs = [self.goodput(acceptance_rate, gamma) for gamma in range(max_draft_tokens + 1)]
+        goodputs = [self.goodput(acceptance_rate, gamma, continuation_rate) for gamma in range(max_draft_tokens + 1)]
         return max(range(len(goodputs)), key=lambda gamma: (goodputs[gamma], -gamma))
 
-    def saving_ms(self, acceptance_rate: float, num_draft_tokens: int, num_tokens: float) -> float:
+    def saving_ms(
+        self, acceptance_rate: float, num_draft_tokens: int, num_tokens: float, continuation_rate: float | None = None
+    ) -> float:
         """Expected time saved over ``num_tokens`` new tokens by drafting γ per step instead of plain steps."""
-        per_token_ms = self.step_ms(num_draft_tokens) / expected_tokens(acceptance_rate, num_draft_tokens)
-        return num_tokens * (self.step_ms(0) - per_token_ms)
+        tokens_per_step = expected_tokens(acceptance_rate, num_draft_tokens, continuation_rate)
+        return num_tokens * (self.step_ms(0) - self.step_ms(num_draft_tokens) / tokens_per_step)
 
 
-def expected_tokens(acceptance_rate: float, num_draft_tokens: int) -> float:
-    """E[tokens per step] = (1 − α^(γ+1)) / (1 − α) when each draft is accepted with probability α."""
-    alpha, gamma = acceptance_rate, num_draft_tokens
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+def expected_tokens(acceptance_rate: float, num_draft_tokens: int, continuation_rate: float | None = None) -> float:
+    """E[tokens per step] when a block's first draft is accepted with probability α and each later draft,
+    given that every draft before it was, with probability β (``continuation_rate``):
+    1 + α · (1 − β^γ) / (1 − β). With β = α (None: Leviathan et al.'s independent drafts) this is
+    (1 − α^(γ+1)) / (1 − α)."""
+    alpha, beta, gamma = acceptance_rate, continuation_rate, num_draft_tokens
+    if beta is None:
+        beta = alpha
+    later_drafts = float(gamma) if beta >= 1.0 else (1.0 - beta**gamma) / (1.0 - beta)
+    return 1.0 if gamma == 0 else 1.0 + alpha * later_drafts
+
+
+def draft_outcomes(proposed: int, accepted: int) -> tuple[list[int], list[int]]:
+    """A verified block's draft outcomes (1 accepted, 0 rejected): its first draft's, and those of the
+    later drafts the target judged after an accepted one (drafts past the first rejection tell nothing)."""
+    if proposed == 0:
+        return [], []
+    later = [1] * max(0, accepted - 1) + ([0] if 0 < accepted < proposed else [])
+    return [1 if accepted > 0 else 0], later
 
 
 @dataclass(frozen=True)
@@ -221,15 +240,71 @@ class PolicyContext:
 
 
 @dataclass
-class AcceptanceRecord:
-    """Acceptance seen by one drafter across requests: the prior of each new request's estimate."""
+class BetaCounts:
+    """Successes and failures of a Bernoulli outcome: the pseudo-counts of a Beta posterior."""
 
     accepted: float = 0.0
     rejected: float = 0.0
 
-    def add(self, accepted: int, rejected: int) -> None:
-        self.accepted += accepted
-        self.rejected += rejected
+    @property
+    def total(self) -> float:
+        return self.accepted + self.rejected
+
+    def mean(self, extra_accepted: float = 0.0, extra_rejected: float = 0.0) -> float:
+        """The posterior mean, with optional extra pseudo-counts."""
+        accepted = self.accepted + extra_accepted
+        return accepted / (accepted + self.rejected + extra_rejected)
+
+    def add(self, outcome: int, decay: float = 1.0) -> None:
+        """One outcome (1 accepted, 0 rejected); older evidence is first discounted by ``decay``."""
+        self.accepted = decay * self.accepted + outcome
+        self.rejected = decay * self.rejected + 1 - outcome
+
+    @classmethod
+    def prior(cls, mean: float, strength: float) -> BetaCounts:
+        """Beta(0.5 + strength · mean, 0.5 + strength · (1 − mean)): a mean worth ``strength`` observations."""
+        return cls(0.5 + strength * mean, 0.5 + strength * (1.0 - mean))
+
+
+@dataclass
+class AcceptanceRecord:
+    """Acceptance seen by one drafter across requests, the prior of each new request's estimates: of a
+    block's first draft, and of a later draft whose block was accepted up to it.
+
+    The two differ: a draft that got one token right usually gets the next ones right too (a prompt-lookup
+    match that copies, a draft model past a hard token). On Spec-Bench qa, fixed γ = 3 accepted a
+    draft model's first draft in 73 % of steps and each later one, after an accepted one, in 84–94 %.
+    """
+
+    first: BetaCounts = field(default_factory=BetaCounts)
+    later: BetaCounts = field(default_factory=BetaCounts)
+
+    @classmethod
+    def independent(cls, accepted: float, rejected: float) -> AcceptanceRecord:
+        """A record whose first and later drafts were accepted alike."""
+        return cls(BetaCounts(accepted, rejected), BetaCounts(accepted, rejected))
+
+    def add(self, proposed: int, accepted: int) -> None:
+        """A verified block: ``proposed`` drafts, the first ``accepted`` of them accepted."""
+        first, later = draft_outcomes(proposed, accepted)
+        for outcome in first:
+            self.first.add(outcome)
+        for outcome in later:
+            self.later.add(outcome)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {
+            "first": [self.first.accepted, self.first.rejected],
+            "later": [self.later.accepted, self.later.rejected],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceRecord:
+        """The inverse of :meth:`to_dict`; counts that are not finite and >= 0 raise ``ValueError``."""
+        pairs = [[float(count) for count in data[key]] for key in ("first", "later")]
+        if any(len(pair) != 2 or not all(math.isfinite(count) and count >= 0 for count in pair) for pair in pairs):
+            raise ValueError(f"acceptance counts must be pairs of finite numbers >= 0, got {pairs}")
+        return cls(BetaCounts(*pairs[0]), BetaCounts(*pairs[1]))
 
 
 class AnswerLength(NamedTuple):
@@ -381,14 +456,20 @@ MEASURED_BACKLOG = 2  # a drafter catching up on at most this many tokens: a dra
 
 @dataclass
 class GoodputPolicy(Policy):
-    """γ maximising expected tokens per millisecond for the request's estimated acceptance rate.
+    """γ maximising expected tokens per millisecond for the request's estimated acceptance.
 
-    α is the mean of a Beta posterior over per-draft acceptance: each accepted draft is a success,
-    the first rejected one a failure; older evidence decays by ``decay`` per observed draft. The
-    prior is the drafter's record across requests with the weight of ``prior_strength`` drafts
-    (Beta(1, 1) before there is a record). It is the oldest evidence and decays with the rest, so a
-    request whose drafts keep being accepted drives α toward 1 (with a prior that did not decay,
-    the estimate would stay below (1 + 1/(1 − decay)) / (2 + 1/(1 − decay)) = 0.93 at 0.92).
+    Acceptance is estimated in two parts (:class:`AcceptanceRecord`): α, that a block's first draft is
+    accepted, and β, that a later draft is accepted when every draft before it in the block was
+    (:func:`expected_tokens`). A drafter that copies or has found its footing keeps being right, so β
+    is usually well above α, and a single per-draft rate, measured mostly on short blocks, would keep
+    γ short where long blocks pay (prompt lookup on Spec-Bench qa chose γ = 1 on most steps, while
+    fixed γ = 4 was its best). Each is the mean of a Beta posterior: an accepted draft is a success,
+    the first rejected one a failure, and older evidence decays by ``decay`` per observation of the
+    same kind. The prior is the drafter's record across requests with the weight of ``prior_strength``
+    observations (Beta(1, 1) before there is a record; β's prior is α's until the record has seen a
+    later draft). It is the oldest evidence and decays with the rest, so a request whose drafts keep
+    being accepted drives both toward 1 (with a prior that did not decay, an estimate would stay below
+    (1 + 1/(1 − decay)) / (2 + 1/(1 − decay)) = 0.93 at 0.92).
     After ``probe_after`` plain steps in a row it drafts one token to re-measure α, so a request
     whose text turns predictable is noticed.
 
@@ -405,8 +486,8 @@ class GoodputPolicy(Policy):
 
     γ is the most a step drafts: a drafter with a model stops earlier once the next token is not
     expected to pay for itself (:meth:`keep_drafting`: the chance, by the draft's own top
-    probabilities, that the block so far is accepted, against what one more token costs), so a
-    request whose draft is unsure verifies short blocks before its α estimate has caught up.
+    probabilities, that the block so far is accepted, times β, against what one more token costs), so
+    a request whose draft is unsure verifies short blocks before its estimates have caught up.
 
     The cost model's curves time bare forwards at one context length, and on a shared machine they
     are off by tens of percent either way (the 1.5B target's 1-token forward profiled at 63 ms with
@@ -435,8 +516,8 @@ class GoodputPolicy(Policy):
     probe_after: int = 16
     step_times: StepTimeRecord | None = None  # shared by the engine's requests; None: this request's own
     answer_lengths: AnswerLengthRecord | None = None  # shared by the engine's requests; None: ski rental only
-    accepted: float = field(default=1.0, init=False)  # decayed evidence, the prior's pseudo-counts included
-    rejected: float = field(default=1.0, init=False)
+    first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α's decayed evidence
+    later: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # β's, priors included
     drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
     top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
@@ -449,15 +530,19 @@ class GoodputPolicy(Policy):
         if self.step_times is None:
             self.step_times = StepTimeRecord()
         record = self.record
-        if record is not None and record.accepted + record.rejected > 0:  # a snapshot: this request's own
-            prior_mean = record.accepted / (record.accepted + record.rejected)  # outcomes only count once
-            self.accepted = 0.5 + self.prior_strength * prior_mean
-            self.rejected = 0.5 + self.prior_strength * (1.0 - prior_mean)
+        if record is not None and record.first.total > 0:  # a snapshot: this request's own outcomes only count once
+            self.first = BetaCounts.prior(record.first.mean(), self.prior_strength)
+            later = record.later if record.later.total > 0 else record.first
+            self.later = BetaCounts.prior(later.mean(), self.prior_strength)
 
     def acceptance_rate(self, partially_accepted: float = 0.0, partially_rejected: float = 0.0) -> float:
-        """The posterior mean, with optional extra pseudo-counts (the target's confidence before a first draft)."""
-        accepted = self.accepted + partially_accepted
-        return accepted / (accepted + self.rejected + partially_rejected)
+        """α, that a block's first draft is accepted: the posterior mean, with optional extra pseudo-counts
+        (the target's confidence before a first draft)."""
+        return self.first.mean(partially_accepted, partially_rejected)
+
+    def continuation_rate(self) -> float:
+        """β, that a later draft is accepted when the drafts before it in its block were: the posterior mean."""
+        return self.later.mean()
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.last_backlog = state.drafter_backlog
@@ -466,10 +551,13 @@ class GoodputPolicy(Policy):
         acceptance_rate = self.acceptance_rate()
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
+        continuation_rate = self.continuation_rate()
         costs = self.block_costs = self.costs()
-        gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum)
-        if gamma > 0 and not self._reading_pays(costs, acceptance_rate, gamma, reading_ms, self.horizon(state)):
-            gamma = 0
+        gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
+        if gamma > 0 and reading_ms > 0 and (horizon := self.horizon(state)) is not None:
+            # is drafting worth the drafter's backlog over the tokens the answer is expected still to run?
+            if costs.saving_ms(acceptance_rate, gamma, horizon, continuation_rate) <= reading_ms:
+                gamma = 0
         elif gamma == 0 and self.plain_steps >= self.probe_after:
             # a probe may cost as much reading as the plain steps before it took
             gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
@@ -478,14 +566,14 @@ class GoodputPolicy(Policy):
 
     def keep_drafting(self, step: DraftStep) -> bool:
         """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and
-        every draft before it are accepted (the draft's top probabilities so far, times α for the next
+        every draft before it are accepted (the draft's top probabilities so far, times β for the next
         one), and it costs a drafted token plus what one more token adds to the verify forward."""
         confidence = torch.softmax(step.logits.float(), dim=-1).amax(dim=-1).min()  # the least sure row
         self.block_survival *= float(confidence)
         costs = self.block_costs or self.costs()
         k = step.num_drafted
         next_token_ms = costs.draft_ms + costs.target(k + 2) - costs.target(k + 1)
-        return self.block_survival * self.acceptance_rate() * costs.target(1) > next_token_ms
+        return self.block_survival * self.continuation_rate() * costs.target(1) > next_token_ms
 
     def horizon(self, state: StepState) -> float | None:
         """How many more tokens the answer is expected to run: the ski-rental guess, blended with the
@@ -505,15 +593,6 @@ class GoodputPolicy(Policy):
         (the profiled prefill curve, scaled by what earlier readings took against it)."""
         assert self.step_times is not None
         return self.step_times.reading_scale * self.cost_model.draft_read(state.drafter_backlog - 1)
-
-    @staticmethod
-    def _reading_pays(
-        costs: CostModel, acceptance_rate: float, gamma: int, reading_ms: float, horizon: float | None
-    ) -> bool:
-        """Is drafting worth the drafter's backlog over the tokens the answer is expected still to run?"""
-        if reading_ms == 0 or horizon is None:
-            return True
-        return costs.saving_ms(acceptance_rate, gamma, horizon) > reading_ms
 
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
         assert self.step_times is not None
@@ -539,12 +618,13 @@ class GoodputPolicy(Policy):
         if proposed == 0:
             return
         self.drafted = True
-        rejected = 1 if accepted < proposed else 0
-        for outcome in [1] * accepted + [0] * rejected:  # each observed draft discounts older evidence
-            self.accepted = self.decay * self.accepted + outcome
-            self.rejected = self.decay * self.rejected + (1 - outcome)
+        first, later = draft_outcomes(proposed, accepted)
+        for outcome in first:  # each observation discounts the older evidence of its kind
+            self.first.add(outcome, self.decay)
+        for outcome in later:
+            self.later.add(outcome, self.decay)
         if self.record is not None:
-            self.record.add(accepted, rejected)
+            self.record.add(proposed, accepted)
 
     def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
         if self.answer_lengths is not None:

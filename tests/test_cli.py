@@ -79,14 +79,16 @@ def test_a_corrupt_learned_file_is_ignored_and_replaced(
     assert run(args, capsys)[0] == 0
     (learned,) = calibrations_in_tmp.glob("*.learned.json")
     saved = json.loads(learned.read_text())
-    assert saved["answers"] == [[5, True]] and set(saved["acceptance"]) == {"accepted", "rejected"}  # cut at 5
+    assert saved["answers"] == [[5, True]] and set(saved["acceptance"]) == {"first", "later"}  # cut at 5
     corrupt_files = [
         "{not json",
-        json.dumps({"acceptance": {"accepted": -1, "rejected": 0}, "answers": []}),
-        '{"acceptance": {"accepted": Infinity, "rejected": 0}, "answers": []}',
-        '{"acceptance": {"accepted": NaN, "rejected": 0}, "answers": []}',
-        json.dumps({"acceptance": {"accepted": 1, "rejected": 0}, "answers": [[3, "no"]]}),
-        json.dumps({"acceptance": {"accepted": 1, "rejected": 0}, "answer_lengths": [3]}),  # an older format
+        json.dumps({"acceptance": {"first": [-1, 0], "later": [0, 0]}, "answers": []}),
+        '{"acceptance": {"first": [Infinity, 0], "later": [0, 0]}, "answers": []}',
+        '{"acceptance": {"first": [1, 0], "later": [NaN, 0]}, "answers": []}',
+        json.dumps({"acceptance": {"first": [1, 0, 2], "later": [0]}, "answers": []}),
+        json.dumps({"acceptance": {"first": [1, 0], "later": [0, 0]}, "answers": [[3, "no"]]}),
+        json.dumps({"acceptance": {"accepted": 1, "rejected": 0}, "answers": []}),  # an older format
+        json.dumps({"acceptance": {"accepted": 1, "rejected": 0}, "answer_lengths": [3]}),  # an even older one
     ]
     for corrupt in corrupt_files:
         learned.write_text(corrupt)

@@ -200,7 +200,7 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
     for prefill_ms, drafts in (({1: 1e6}, False), ({1: 1e-3}, True)):  # a token costs 1000 s / 1 µs to read
         cost_model = CostModel(cheap_verify, draft_ms=0.001, draft_prefill_ms=prefill_ms)
         monkeypatch.setitem(pipeline.cost_models, "draft-model", cost_model)
-        monkeypatch.setitem(pipeline.acceptance_records, "draft-model", AcceptanceRecord(accepted=99, rejected=1))
+        monkeypatch.setitem(pipeline.acceptance_records, "draft-model", AcceptanceRecord.independent(99, 1))
         monkeypatch.setitem(pipeline.step_times, "draft-model", StepTimeRecord())  # no other test's timings
         monkeypatch.setitem(pipeline.answer_lengths, "draft-model", AnswerLengthRecord())  # nor answers
         fed.clear()

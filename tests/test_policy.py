@@ -22,6 +22,7 @@ from quickdraft.policy import (
     PolicyContext,
     StepState,
     StepTimeRecord,
+    draft_outcomes,
     expected_tokens,
     make_policy,
     monotone_fit,
@@ -119,11 +120,62 @@ def test_goodput_drafts_long_for_a_predictable_request() -> None:
 
 
 def test_goodput_estimate_reaches_past_the_prior_when_every_draft_is_accepted() -> None:
-    policy = GoodputPolicy(MODERATE, maximum=16, record=AcceptanceRecord(accepted=50, rejected=50))
-    feed(policy, alpha=1.0, steps=20)
-    assert policy.acceptance_rate() > 0.99  # the prior decays with the oldest evidence
+    policy = GoodputPolicy(MODERATE, maximum=16, record=AcceptanceRecord.independent(50, 50))
+    feed(policy, alpha=1.0, steps=60)
+    assert policy.acceptance_rate() > 0.99  # the prior decays with the oldest evidence: one block's first draft
+    assert policy.continuation_rate() > 0.99  # and every later draft, each its own observation
     policy.observe(4, 3)
-    assert 0.9 < policy.acceptance_rate() < 0.95  # one rejection among ~12 drafts' worth of evidence
+    assert policy.acceptance_rate() > 0.99  # the block's first draft was accepted
+    assert 0.9 < policy.continuation_rate() < 0.95  # one rejection among ~12 later drafts' worth of evidence
+
+
+def test_expected_tokens_with_a_continuation_rate() -> None:
+    assert expected_tokens(0.5, 3, continuation_rate=0.5) == pytest.approx(expected_tokens(0.5, 3))
+    assert expected_tokens(0.5, 4, continuation_rate=1.0) == pytest.approx(3.0)  # half the blocks all accepted
+    assert expected_tokens(0.0, 4, continuation_rate=1.0) == 1.0
+    assert expected_tokens(0.9, 0, continuation_rate=0.9) == 1.0
+
+
+def test_block_outcomes_split_into_first_and_later_drafts() -> None:
+    assert draft_outcomes(0, 0) == ([], [])
+    assert draft_outcomes(4, 0) == ([0], [])  # drafts after the first rejection tell nothing
+    assert draft_outcomes(4, 2) == ([1], [1, 0])
+    assert draft_outcomes(4, 4) == ([1], [1, 1, 1])
+    record = AcceptanceRecord()
+    for proposed, accepted in [(4, 0), (4, 2), (4, 4), (1, 1)]:
+        record.add(proposed, accepted)
+    assert (record.first.accepted, record.first.rejected) == (3, 1)
+    assert (record.later.accepted, record.later.rejected) == (4, 1)
+    assert AcceptanceRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    with pytest.raises(ValueError):
+        AcceptanceRecord.from_dict({"first": [1.0, float("nan")], "later": [0, 0]})
+
+
+def correlated_feed(policy: GoodputPolicy, first: float, later: float, steps: int, seed: int = 0) -> list[int]:
+    """Like :func:`feed`, but a block's first draft is accepted with probability ``first`` and each later
+    one, after an accepted one, with probability ``later`` (a prompt lookup match that copies)."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(steps):
+        gamma = policy.choose()
+        chosen.append(gamma)
+        accepted = 0
+        while accepted < gamma and rng.random() < (later if accepted else first):
+            accepted += 1
+        policy.observe(gamma, accepted)
+    return chosen
+
+
+def test_goodput_drafts_long_blocks_when_a_good_start_keeps_being_right() -> None:
+    """A cheap drafter whose first draft is right half the time, and then right on: a single per-draft
+    rate (α = β = 0.5) keeps γ at 1; knowing that later drafts go on being accepted, γ grows."""
+    cheap = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=1.8)  # prompt lookup, measured shape
+    assert cheap.best_num_draft_tokens(0.5, 16) == 1
+    assert cheap.best_num_draft_tokens(0.5, 16, continuation_rate=0.95) >= 4
+    chosen = correlated_feed(GoodputPolicy(cheap, maximum=16), first=0.5, later=0.97, steps=200)
+    assert sum(chosen[-100:]) / 100 >= 4
+    never = correlated_feed(GoodputPolicy(cheap, maximum=16), first=0.05, later=0.97, steps=200)
+    assert never[-100:].count(0) >= 90  # a first draft that is never right: plain steps, however good the rest
 
 
 def draft_step(top_probability: float, num_drafted: int) -> DraftStep:
@@ -132,7 +184,7 @@ def draft_step(top_probability: float, num_drafted: int) -> DraftStep:
 
 def test_goodput_stops_a_block_when_the_next_draft_is_not_expected_to_pay() -> None:
     """MODERATE: a plain step 100 ms, a draft 5 ms, one more verified token 5-10 ms more."""
-    good = AcceptanceRecord(accepted=900, rejected=100)
+    good = AcceptanceRecord.independent(900, 100)
     sure = GoodputPolicy(MODERATE, 16, good)
     assert sure.choose() > 4
     assert all(sure.keep_drafting(draft_step(0.95, k)) for k in range(1, 5))  # 0.95^4 · 0.9 · 100 ms pays
@@ -162,15 +214,15 @@ def test_goodput_adapts_when_the_text_changes() -> None:
 
 
 def test_goodput_prior_comes_from_the_drafters_record() -> None:
-    good, bad = AcceptanceRecord(accepted=900, rejected=100), AcceptanceRecord(accepted=10, rejected=990)
+    good, bad = AcceptanceRecord.independent(900, 100), AcceptanceRecord.independent(10, 990)
     assert GoodputPolicy(MODERATE, 16, good).choose() > GoodputPolicy(MODERATE, 16, bad).choose() == 0
     record = AcceptanceRecord()
     feed(GoodputPolicy(FLAT, 16, record), alpha=0.9, steps=20)
-    assert record.accepted > record.rejected > 0
+    assert record.first.accepted > record.first.rejected > 0 and record.later.accepted > record.later.rejected > 0
 
 
 def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
-    good = AcceptanceRecord(accepted=900, rejected=100)
+    good = AcceptanceRecord.independent(900, 100)
     policy = GoodputPolicy(READS_SLOWLY, 16, good)
     seen_plainly(policy, 4, top_probability=0.9)
     assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=2000)) == 0  # long document, short answer
@@ -181,7 +233,7 @@ def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
 
 
 def test_goodput_probes_unless_the_drafter_would_read_a_long_document_first() -> None:
-    bad = AcceptanceRecord(accepted=0, rejected=100)
+    bad = AcceptanceRecord.independent(0, 100)
     short_prompt, long_prompt = GoodputPolicy(READS_SLOWLY, 16, bad), GoodputPolicy(READS_SLOWLY, 16, bad)
     chosen = choose_plainly_observed(short_prompt, [StepState(100, 120)] * 17, top_probability=0.1)
     assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps: reading 120 tokens is cheap enough
@@ -199,14 +251,15 @@ def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
 
 def test_goodput_counts_the_targets_confidence_before_paying_for_the_reading() -> None:
     """A good record says draft; the target's confidence on the plain tokens so far decides the reading."""
-    good = AcceptanceRecord(accepted=800, rejected=200)
+    good = AcceptanceRecord.independent(800, 200)
     short_prompt = StepState(remaining_tokens=120, drafter_backlog=60)  # reading costs 277 ms
     unsure, sure = GoodputPolicy(DEFAULT_PAIR, 16, good), GoodputPolicy(DEFAULT_PAIR, 16, good)
     seen_plainly(unsure, 4, top_probability=0.4)
     seen_plainly(sure, 4, top_probability=0.98)
     assert unsure.choose(short_prompt) == 0 and sure.choose(short_prompt) > 0
     sure.observe(2, 2)  # it read and drafted: from now on only real acceptances count
-    assert sure.acceptance_rate() == pytest.approx((0.92**2 * 6.9 + 0.92 + 1.0) / (0.92**2 * 9.0 + 0.92 + 1.0))
+    after_one = (0.92 * 6.9 + 1.0) / (0.92 * 9.0 + 1.0)  # the block's first draft, and one later draft
+    assert sure.acceptance_rate() == pytest.approx(after_one) and sure.continuation_rate() == pytest.approx(after_one)
     seen = sure.top_probability_sum
     sure.observe_plain(target_logits(0.01))
     assert sure.top_probability_sum == seen  # a later plain step is not evidence
@@ -232,7 +285,7 @@ def reading_steps(policy: GoodputPolicy, prompt_tokens: int, budget: int, top_pr
 
 def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_costs() -> None:
     """Ski rental: read once the plain tokens so far, drafted, would have saved what the reading costs."""
-    good = AcceptanceRecord(accepted=800, rejected=200)
+    good = AcceptanceRecord.independent(800, 200)
     chosen = reading_steps(GoodputPolicy(DEFAULT_PAIR, 16, good), prompt_tokens=60, budget=1000, top_probability=0.95)
     generated = len(chosen)  # the request's tokens before its first draft: the prefill's and the plain steps'
     policy = GoodputPolicy(DEFAULT_PAIR, 16, good)
@@ -279,7 +332,7 @@ def test_answer_lengths_take_over_from_ski_rental() -> None:
 def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() -> None:
     """With the drafter's earlier answers known, a short prompt is read at the first step if answers
     usually repay it, and a prompt is never read if they usually end before they could."""
-    good = AcceptanceRecord(accepted=800, rejected=200)
+    good = AcceptanceRecord.independent(800, 200)
     long_answers = AnswerLengthRecord([AnswerLength(128, cut_by_budget=True)] * 10)
     short_answers = AnswerLengthRecord([AnswerLength(12)] * 20)
     ski_rental = GoodputPolicy(DEFAULT_PAIR, 16, good)
@@ -318,7 +371,7 @@ def test_measurements_shift_the_target_curve_and_replace_the_draft_cost() -> Non
 def test_goodput_plans_with_what_the_engines_steps_took() -> None:
     """A profile that overstates the draft (or understates a plain step) must not stop drafting for good."""
     profiled = CostModel({1: 60.0, 2: 75.0, 4: 105.0}, draft_ms=35.0)
-    good = AcceptanceRecord(accepted=80, rejected=20)
+    good = AcceptanceRecord.independent(80, 20)
     assert GoodputPolicy(profiled, 4, good).choose() == 0  # on the profile alone a draft token costs too much
     shared = StepTimeRecord()
     measured = GoodputPolicy(profiled, 4, good, step_times=shared)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from quickdraft.bench.metrics import (
 )
 from quickdraft.bench.profile import measure_cost_curve, measure_cost_curves, measure_prefill_curve, prefill_lengths
 from quickdraft.bench.questions import load_questions, sample_questions
+from quickdraft.bench.run import source_revision
 from quickdraft.cli import main
 from quickdraft.errors import ConfigError, QuickdraftError
 
@@ -510,3 +512,12 @@ def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path
     assert main([*args, "--context", "8", "--repeats", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["runtime"] == "native" and sorted(report["t_ms"]) == ["1", "2", "3"]
+
+
+def test_entries_say_which_commit_measured_them() -> None:
+    revision = source_revision()  # the tests run from a git checkout
+    assert revision is not None and re.fullmatch(r"[0-9a-f]{4,40}(\+changes)?", revision)
+    row = entry("baseline", "q1", "qa", 10, 1.0).to_dict()
+    assert Entry.from_dict(row | {"revision": "abc1234"}).revision == "abc1234"
+    older = {key: value for key, value in row.items() if key != "revision"}  # entries measured before it was kept
+    assert Entry.from_dict(older).revision is None

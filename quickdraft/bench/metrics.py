@@ -48,6 +48,7 @@ class Entry:
     draft_tokens_accepted: int | None = None
     answers: list[str] = field(default_factory=list)  # decoded text per turn
     gammas: list[int] = field(default_factory=list)  # γ chosen per verify step (our speculative methods)
+    revision: str | None = None  # the quickdraft commit that measured it (:func:`source_revision`); None: unknown
 
     @property
     def key(self) -> tuple[str, str, int]:

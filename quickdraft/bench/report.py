@@ -43,6 +43,7 @@ def split_cost_curves(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     config, machine, methods = results["config"], results["machine"], results["methods"]
+    revisions = results.get("revisions") or {}
     categories = config["categories"]
     lines = [
         "# quickdraft bench",
@@ -53,6 +54,9 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}.",
         f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
         f"transformers {machine.get('transformers')}, {machine.get('threads')} threads.",
+        "Code (the quickdraft commit of each measured entry): "
+        + (", ".join(f"{revision} ({count} entries)" for revision, count in revisions.items()) or "none recorded")
+        + ".",
         "",
         "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench; for METHOD@RUNTIME, baseline@RUNTIME's). "
         "τ = tokens per target step. "

@@ -17,10 +17,13 @@ steps, per drafter, against the profiled cost curves).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
+import subprocess
 import sys
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -153,8 +156,9 @@ def run_bench(args: argparse.Namespace) -> None:
               file=sys.stderr)  # fmt: skip
     elif todo or store.cost_curves is None:
         measure(store, todo, methods, questions, args)
+    entries = store.entries_for(config["methods"], config["question_ids"])
     summaries = aggregate(
-        store.entries_for(config["methods"], config["question_ids"]),
+        entries,
         {method.name: method.info() for method in methods},
         categories,
         {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
@@ -165,6 +169,7 @@ def run_bench(args: argparse.Namespace) -> None:
         "cost_curves": store.cost_curves,
         "methods": summaries,
         "oracle": oracle(summaries, categories),
+        "revisions": dict(Counter(entry.revision or "unknown" for entry in entries)),  # commit -> entries it measured
     }
     store.write_json("results.json", results)
     write_markdown(results, store.out / "report.md")
@@ -287,7 +292,27 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
         draft_tokens_accepted=accepted,
         answers=answers,
         gammas=gammas,
+        revision=source_revision(),
     )
+
+
+@functools.cache
+def source_revision() -> str | None:
+    """The git commit this quickdraft runs from, "+changes" when tracked files differ from it; None
+    outside a git checkout (an installed package). A resumed bench can span commits: each entry says which."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*command: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *command], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if changed else "")
 
 
 def machine_info() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from quickdraft.bench.metrics import (
     Entry,
     MethodInfo,
     aggregate,
+    held_out_oracle,
     oracle,
     predicted_speedup,
     token_latencies,
@@ -293,6 +294,24 @@ def test_oracle_is_the_best_fixed_gamma_per_category() -> None:
             "overall": {"method": "dm:4", "gamma": 4, "speedup": 1.2},
         }
     }
+
+
+def test_held_out_oracle_chooses_gamma_on_the_other_runs() -> None:
+    """Two fixed γ equally good but noisy: the oracle in hindsight takes the lucky one of each
+    category; the held-out oracle measures each run's choice on the run it was not chosen on."""
+
+    def group(*per_run):
+        return {"speedup_per_run": {str(run): speedup for run, speedup in enumerate(per_run)}}
+
+    methods = {
+        "dm:1": {"overall": group(1.2, 1.0), "categories": {"a": group(1.2, 1.0), "b": group(0.8, 0.9)}},
+        "dm:2": {"overall": group(1.0, 1.2), "categories": {"a": group(1.0, 1.2), "b": group(0.9, 0.95)}},
+        "dm+goodput": {"overall": group(5.0, 5.0), "categories": {"a": group(5.0, 5.0), "b": group(5.0, 5.0)}},
+        "pl:3": {"overall": group(1.1), "categories": {"a": group(1.1), "b": group(1.1)}},  # one run: left out
+    }
+    held_out = held_out_oracle(methods, ["a", "b"])
+    # run 0 takes run 1's best (γ = 2: 1.0 in run 0), run 1 takes run 0's (γ = 1: 1.0 in run 1)
+    assert held_out == {"dm": {"a": pytest.approx(1.0), "b": pytest.approx(1.0), "overall": pytest.approx(1.0)}}
 
 
 def test_predicted_speedup() -> None:

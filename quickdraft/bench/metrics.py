@@ -20,6 +20,7 @@ BOOTSTRAP_RESAMPLES = 2000
 METRIC_KEYS = (
     "speedup",
     "speedup_ci95",
+    "speedup_per_run",
     "tokens_per_s",
     "mean_accepted_tokens",
     "acceptance_rate",
@@ -130,6 +131,7 @@ def summarize(
     return {
         "speedup": speedup,
         "speedup_ci95": speedup_interval(entries, baseline) if speedup is not None else None,
+        "speedup_per_run": _speedup_per_run(entries, baseline),
         "tokens_per_s": statistics.fmean(e.tokens_per_s for e in entries),
         "mean_accepted_tokens": sum(steps) / len(steps) if steps else None,
         "acceptance_rate": acceptance_rate,
@@ -146,6 +148,12 @@ def summarize(
 def _speedup(entries: list[Entry], baseline: list[Entry]) -> float | None:
     """Mean over runs of (mean tokens/s of the method ÷ the baseline's) on the questions both finished."""
     return _speedup_of(_paired_rates(entries, baseline), None)
+
+
+def _speedup_per_run(entries: list[Entry], baseline: list[Entry]) -> dict[str, float]:
+    """:func:`_speedup` of each run alone, by run (a string key, as in JSON)."""
+    per_run = {run: _speedup_of({run: rates}, None) for run, rates in _paired_rates(entries, baseline).items()}
+    return {str(run): speedup for run, speedup in per_run.items() if speedup is not None}
 
 
 def _paired_rates(entries: list[Entry], baseline: list[Entry]) -> dict[int, dict[str, tuple[float, float]]]:
@@ -270,3 +278,40 @@ def oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[str, dict[
             if current["speedup"] < plain["speedup"]:
                 by_category[category] = dict(plain)
     return best
+
+
+def held_out_oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[str, dict[str, float]]:
+    """Per drafter and category, the oracle without its selection bias: in each run, the speedup of the
+    fixed γ (0, plain decoding, included) that was best on the other runs; the mean over runs.
+
+    The oracle in hindsight (:func:`oracle`) is the largest of several noisy estimates, so it is biased
+    upward: among fixed γ whose true speedups are equal it still beats each of them. Choosing γ on
+    some runs and measuring it on another (cross-validation) removes that bias. A drafter and category
+    with fewer than 2 runs of every fixed γ is left out.
+    """
+    by_drafter: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for name, result in methods.items():
+        drafter, colon, gamma = name.partition(":")
+        if colon and gamma.isdigit():
+            by_drafter.setdefault(drafter, {})[int(gamma)] = result
+    held_out: dict[str, dict[str, float]] = {}
+    for drafter, by_gamma in by_drafter.items():
+        for category in [*categories, "overall"]:
+            per_run = {
+                gamma: (result["overall"] if category == "overall" else result["categories"][category]).get(
+                    "speedup_per_run"
+                )
+                or {}
+                for gamma, result in by_gamma.items()
+            }
+            runs = sorted(set.intersection(*(set(speedups) for speedups in per_run.values())))
+            if len(runs) < 2:
+                continue
+            per_run[0] = dict.fromkeys(runs, 1.0)  # γ = 0: the baseline itself
+            measured = []
+            for run in runs:
+                others = [other for other in runs if other != run]
+                chosen = max(per_run, key=lambda g: (statistics.fmean(per_run[g][r] for r in others), -g))
+                measured.append(per_run[chosen][run])
+            held_out.setdefault(drafter, {})[category] = statistics.fmean(measured)
+    return held_out

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from quickdraft.bench.methods import METHODS, Method, parse_methods
-from quickdraft.bench.metrics import Entry, aggregate, oracle, token_latencies
+from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
 from quickdraft.bench.profile import (
     DRAFT_PREFILL,
     curve_from_json,
@@ -169,6 +169,7 @@ def run_bench(args: argparse.Namespace) -> None:
         "cost_curves": store.cost_curves,
         "methods": summaries,
         "oracle": oracle(summaries, categories),
+        "held_out_oracle": held_out_oracle(summaries, categories),
         "revisions": dict(Counter(entry.revision or "unknown" for entry in entries)),  # commit -> entries it measured
     }
     store.write_json("results.json", results)

@@ -257,8 +257,13 @@ class BetaCounts:
 
     def add(self, outcome: int, decay: float = 1.0) -> None:
         """One outcome (1 accepted, 0 rejected); older evidence is first discounted by ``decay``."""
-        self.accepted = decay * self.accepted + outcome
-        self.rejected = decay * self.rejected + 1 - outcome
+        self.discount(decay)
+        self.accepted += outcome
+        self.rejected += 1 - outcome
+
+    def discount(self, factor: float) -> None:
+        self.accepted *= factor
+        self.rejected *= factor
 
     @classmethod
     def prior(cls, mean: float, strength: float) -> BetaCounts:
@@ -463,15 +468,19 @@ class GoodputPolicy(Policy):
     (:func:`expected_tokens`). A drafter that copies or has found its footing keeps being right, so β
     is usually well above α, and a single per-draft rate, measured mostly on short blocks, would keep
     γ short where long blocks pay (prompt lookup on Spec-Bench qa chose γ = 1 on most steps, while
-    fixed γ = 4 was its best). Each is the mean of a Beta posterior: an accepted draft is a success,
-    the first rejected one a failure, and older evidence decays by ``decay`` per observation of the
-    same kind. The prior is the drafter's record across requests with the weight of ``prior_strength``
-    observations (Beta(1, 1) before there is a record; β's prior is α's until the record has seen a
-    later draft). It is the oldest evidence and decays with the rest, so a request whose drafts keep
-    being accepted drives both toward 1 (with a prior that did not decay, an estimate would stay below
-    (1 + 1/(1 − decay)) / (2 + 1/(1 − decay)) = 0.93 at 0.92).
+    fixed γ = 4 was its best). α is the mean of a Beta posterior over first drafts: an accepted one is
+    a success, a rejected one a failure, and older evidence decays by ``decay`` per block. β counts the
+    later drafts the same way (the first rejected one is its failure), shrunk toward α with the weight
+    of ``continuation_shrink`` observations, and its evidence decays by ``decay`` per observed draft of
+    either kind: without evidence of its own β is α, Leviathan et al.'s independent drafts, and
+    evidence that blocks of one draft no longer renew fades back to that. The priors are the
+    drafter's record across requests with the weight of ``prior_strength`` observations (α: Beta(1, 1)
+    before there is a record). A prior is the oldest evidence and decays with the rest, so a request
+    whose drafts keep being accepted drives both toward 1 (with a prior that did not decay, an
+    estimate would stay below (1 + 1/(1 − decay)) / (2 + 1/(1 − decay)) = 0.93 at 0.92).
     After ``probe_after`` plain steps in a row it drafts one token to re-measure α, so a request
-    whose text turns predictable is noticed.
+    whose text turns predictable is noticed; after ``probe_after`` one-draft blocks in a row it
+    drafts up to two, since a block of one never shows whether later drafts are accepted.
 
     A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
     draft): that cost, read from the cost model's measured draft prefill curve, is paid only when
@@ -514,14 +523,16 @@ class GoodputPolicy(Policy):
     decay: float = 0.92
     prior_strength: float = 8.0
     probe_after: int = 16
+    continuation_shrink: float = 2.0
     step_times: StepTimeRecord | None = None  # shared by the engine's requests; None: this request's own
     answer_lengths: AnswerLengthRecord | None = None  # shared by the engine's requests; None: ski rental only
     first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α's decayed evidence
-    later: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # β's, priors included
+    later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β's, the record's prior included
     drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
     top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
     plain_steps: int = field(default=0, init=False)
+    single_steps: int = field(default=0, init=False)  # one-draft blocks in a row
     last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
     block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
     block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
@@ -532,17 +543,20 @@ class GoodputPolicy(Policy):
         record = self.record
         if record is not None and record.first.total > 0:  # a snapshot: this request's own outcomes only count once
             self.first = BetaCounts.prior(record.first.mean(), self.prior_strength)
-            later = record.later if record.later.total > 0 else record.first
-            self.later = BetaCounts.prior(later.mean(), self.prior_strength)
+        if record is not None and record.later.total > 0:
+            mean = record.later.mean()
+            self.later = BetaCounts(self.prior_strength * mean, self.prior_strength * (1.0 - mean))
 
     def acceptance_rate(self, partially_accepted: float = 0.0, partially_rejected: float = 0.0) -> float:
         """α, that a block's first draft is accepted: the posterior mean, with optional extra pseudo-counts
         (the target's confidence before a first draft)."""
         return self.first.mean(partially_accepted, partially_rejected)
 
-    def continuation_rate(self) -> float:
-        """β, that a later draft is accepted when the drafts before it in its block were: the posterior mean."""
-        return self.later.mean()
+    def continuation_rate(self, acceptance_rate: float | None = None) -> float:
+        """β, that a later draft is accepted when the drafts before it in its block were: the later drafts'
+        evidence shrunk toward α (``acceptance_rate``; None: :meth:`acceptance_rate`)."""
+        alpha = self.acceptance_rate() if acceptance_rate is None else acceptance_rate
+        return (self.later.accepted + self.continuation_shrink * alpha) / (self.later.total + self.continuation_shrink)
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         self.last_backlog = state.drafter_backlog
@@ -551,7 +565,7 @@ class GoodputPolicy(Policy):
         acceptance_rate = self.acceptance_rate()
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
-        continuation_rate = self.continuation_rate()
+        continuation_rate = self.continuation_rate(acceptance_rate)
         costs = self.block_costs = self.costs()
         gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
         if gamma > 0 and reading_ms > 0 and (horizon := self.horizon(state)) is not None:
@@ -561,7 +575,10 @@ class GoodputPolicy(Policy):
         elif gamma == 0 and self.plain_steps >= self.probe_after:
             # a probe may cost as much reading as the plain steps before it took
             gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
+        elif gamma == 1 and self.single_steps >= self.probe_after:
+            gamma = min(2, self.maximum)  # a probe of β
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
+        self.single_steps = self.single_steps + 1 if gamma == 1 else 0
         return gamma
 
     def keep_drafting(self, step: DraftStep) -> bool:
@@ -619,8 +636,9 @@ class GoodputPolicy(Policy):
             return
         self.drafted = True
         first, later = draft_outcomes(proposed, accepted)
-        for outcome in first:  # each observation discounts the older evidence of its kind
+        for outcome in first:  # a block's first draft discounts α's older evidence, and β's
             self.first.add(outcome, self.decay)
+            self.later.discount(self.decay)
         for outcome in later:
             self.later.add(outcome, self.decay)
         if self.record is not None:

@@ -16,6 +16,7 @@ from quickdraft.policy import (
     AcceptanceRecord,
     AnswerLength,
     AnswerLengthRecord,
+    BetaCounts,
     CostModel,
     DraftStep,
     GoodputPolicy,
@@ -182,6 +183,29 @@ def draft_step(top_probability: float, num_drafted: int) -> DraftStep:
     return DraftStep(target_logits(top_probability), None, num_drafted)
 
 
+BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
+
+
+def test_goodput_without_evidence_on_later_drafts_takes_them_as_independent() -> None:
+    """β without evidence of its own is α, and a pessimistic record of later drafts fades as blocks of one
+    go on being accepted: the policy lengthens its blocks instead of staying at γ = 1."""
+    fresh = GoodputPolicy(BENCH_DRAFT, 16)
+    assert fresh.continuation_rate() == fresh.acceptance_rate()
+    gloomy = AcceptanceRecord(first=BetaCounts(95, 5), later=BetaCounts(3, 2))  # three of five later drafts
+    policy = GoodputPolicy(BENCH_DRAFT, 16, gloomy)
+    chosen = feed(policy, alpha=1.0, steps=40)
+    assert chosen[0] == 1 and max(chosen[-10:]) >= 4
+
+
+def test_goodput_probes_a_second_draft_after_blocks_of_one() -> None:
+    policy = GoodputPolicy(BENCH_DRAFT, 16)
+    for _ in range(50):  # half the first drafts are accepted: one draft a block pays, two do not
+        policy.observe(1, 1)
+        policy.observe(1, 0)
+    chosen = [policy.choose() for _ in range(34)]
+    assert chosen == ([1] * 16 + [2]) * 2  # every 16 blocks of one, a block of two measures β
+
+
 def test_goodput_stops_a_block_when_the_next_draft_is_not_expected_to_pay() -> None:
     """MODERATE: a plain step 100 ms, a draft 5 ms, one more verified token 5-10 ms more."""
     good = AcceptanceRecord.independent(900, 100)
@@ -258,8 +282,10 @@ def test_goodput_counts_the_targets_confidence_before_paying_for_the_reading() -
     seen_plainly(sure, 4, top_probability=0.98)
     assert unsure.choose(short_prompt) == 0 and sure.choose(short_prompt) > 0
     sure.observe(2, 2)  # it read and drafted: from now on only real acceptances count
-    after_one = (0.92 * 6.9 + 1.0) / (0.92 * 9.0 + 1.0)  # the block's first draft, and one later draft
-    assert sure.acceptance_rate() == pytest.approx(after_one) and sure.continuation_rate() == pytest.approx(after_one)
+    alpha = (0.92 * 6.9 + 1.0) / (0.92 * 9.0 + 1.0)  # the block's first draft was accepted
+    later_accepted, later_rejected = 0.92**2 * 6.4 + 1.0, 0.92**2 * 1.6  # both drafts discount β's prior; one adds
+    beta = (later_accepted + 2.0 * alpha) / (later_accepted + later_rejected + 2.0)  # shrunk toward α
+    assert sure.acceptance_rate() == pytest.approx(alpha) and sure.continuation_rate() == pytest.approx(beta)
     seen = sure.top_probability_sum
     sure.observe_plain(target_logits(0.01))
     assert sure.top_probability_sum == seen  # a later plain step is not evidence
@@ -293,8 +319,9 @@ def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_cost
     assert chosen_again == chosen and chosen[:-1] == [0] * (generated - 1) and chosen[-1] > 0
     alpha = policy.acceptance_rate(policy.top_probability_sum, policy.rest_probability_sum)
     reading_ms = DEFAULT_PAIR.draft_read(60 + generated - 1)
-    assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated) > reading_ms  # it has paid for itself by now
-    assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated - 1) <= DEFAULT_PAIR.draft_read(60 + generated - 2)
+    beta = policy.continuation_rate(alpha)
+    assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated, beta) > reading_ms  # it has paid for itself by now
+    assert DEFAULT_PAIR.saving_ms(alpha, chosen[-1], generated - 1, beta) <= DEFAULT_PAIR.draft_read(60 + generated - 2)
     assert 1 < generated < 128
     unsure = GoodputPolicy(DEFAULT_PAIR, 16, good)  # a translation's confidence: the reading never pays
     assert reading_steps(unsure, prompt_tokens=60, budget=128, top_probability=0.65) == [0] * 127

@@ -39,15 +39,16 @@ READS_SLOWLY = CostModel(MODERATE.target_ms, draft_ms=5.0, draft_prefill_ms={100
 DEFAULT_PAIR = CostModel({1: 71.3, 2: 84.7, 3: 96.4, 4: 110.9}, draft_ms=30.1, draft_prefill_ms={128: 602.3})
 
 
-def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0) -> list[int]:
-    """Run ``steps`` steps where each draft is accepted with probability ``alpha``; the γ chosen."""
+def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0, later: float | None = None) -> list[int]:
+    """Run ``steps`` steps where each draft is accepted with probability ``alpha`` (with ``later``: a block's
+    first draft with ``alpha``, each later one after an accepted one with ``later``); the γ chosen."""
     rng = random.Random(seed)
     chosen = []
     for _ in range(steps):
         gamma = policy.choose()
         chosen.append(gamma)
         accepted = 0
-        while accepted < gamma and rng.random() < alpha:
+        while accepted < gamma and rng.random() < (later if accepted and later is not None else alpha):
             accepted += 1
         policy.observe(gamma, accepted)
     return chosen
@@ -152,30 +153,15 @@ def test_block_outcomes_split_into_first_and_later_drafts() -> None:
         AcceptanceRecord.from_dict({"first": [1.0, float("nan")], "later": [0, 0]})
 
 
-def correlated_feed(policy: GoodputPolicy, first: float, later: float, steps: int, seed: int = 0) -> list[int]:
-    """Like :func:`feed`, but a block's first draft is accepted with probability ``first`` and each later
-    one, after an accepted one, with probability ``later`` (a prompt lookup match that copies)."""
-    rng = random.Random(seed)
-    chosen = []
-    for _ in range(steps):
-        gamma = policy.choose()
-        chosen.append(gamma)
-        accepted = 0
-        while accepted < gamma and rng.random() < (later if accepted else first):
-            accepted += 1
-        policy.observe(gamma, accepted)
-    return chosen
-
-
 def test_goodput_drafts_long_blocks_when_a_good_start_keeps_being_right() -> None:
     """A cheap drafter whose first draft is right half the time, and then right on: a single per-draft
     rate (α = β = 0.5) keeps γ at 1; knowing that later drafts go on being accepted, γ grows."""
     cheap = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=1.8)  # prompt lookup, measured shape
     assert cheap.best_num_draft_tokens(0.5, 16) == 1
     assert cheap.best_num_draft_tokens(0.5, 16, continuation_rate=0.95) >= 4
-    chosen = correlated_feed(GoodputPolicy(cheap, maximum=16), first=0.5, later=0.97, steps=200)
+    chosen = feed(GoodputPolicy(cheap, maximum=16), alpha=0.5, later=0.97, steps=200)
     assert sum(chosen[-100:]) / 100 >= 4
-    never = correlated_feed(GoodputPolicy(cheap, maximum=16), first=0.05, later=0.97, steps=200)
+    never = feed(GoodputPolicy(cheap, maximum=16), alpha=0.05, later=0.97, steps=200)
     assert never[-100:].count(0) >= 90  # a first draft that is never right: plain steps, however good the rest
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -254,6 +254,19 @@ def aggregate(
     return results
 
 
+def category_group(result: Mapping[str, Any], category: str) -> Mapping[str, Any]:
+    """One method's summary for ``category`` (``"overall"``: over every category)."""
+    return result["overall"] if category == "overall" else result["categories"][category]
+
+
+def fixed_gamma_methods(methods: Mapping[str, Any]) -> Iterator[tuple[str, str, int, Mapping[str, Any]]]:
+    """(name, drafter, γ, result) of every fixed-γ method, named ``DRAFTER:γ``."""
+    for name, result in methods.items():
+        drafter, colon, gamma = name.partition(":")
+        if colon and gamma.isdigit():
+            yield name, drafter, int(gamma), result
+
+
 def oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[str, dict[str, Any]]:
     """Per drafter and category, the best fixed γ in hindsight: ``{drafter: {category: {method, gamma, speedup}}}``.
 
@@ -262,16 +275,12 @@ def oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[str, dict[
     oracle is what an adaptive policy, which may choose γ = 0, is measured against.
     """
     best: dict[str, dict[str, Any]] = {}
-    for name, result in methods.items():
-        drafter, colon, gamma = name.partition(":")
-        if not colon or not gamma.isdigit():
-            continue
+    for name, drafter, gamma, result in fixed_gamma_methods(methods):
         for category in [*categories, "overall"]:
-            group = result["overall"] if category == "overall" else result["categories"][category]
-            speedup = group["speedup"]
+            speedup = category_group(result, category)["speedup"]
             current = best.setdefault(drafter, {}).get(category)
             if speedup is not None and (current is None or speedup > current["speedup"]):
-                best[drafter][category] = {"method": name, "gamma": int(gamma), "speedup": speedup}
+                best[drafter][category] = {"method": name, "gamma": gamma, "speedup": speedup}
     plain = {"method": "baseline", "gamma": 0, "speedup": 1.0}
     for by_category in best.values():
         for category, current in by_category.items():
@@ -290,18 +299,13 @@ def held_out_oracle(methods: Mapping[str, Any], categories: list[str]) -> dict[s
     with fewer than 2 runs of every fixed γ is left out.
     """
     by_drafter: dict[str, dict[int, Mapping[str, Any]]] = {}
-    for name, result in methods.items():
-        drafter, colon, gamma = name.partition(":")
-        if colon and gamma.isdigit():
-            by_drafter.setdefault(drafter, {})[int(gamma)] = result
+    for _, drafter, gamma, result in fixed_gamma_methods(methods):
+        by_drafter.setdefault(drafter, {})[gamma] = result
     held_out: dict[str, dict[str, float]] = {}
     for drafter, by_gamma in by_drafter.items():
         for category in [*categories, "overall"]:
             per_run = {
-                gamma: (result["overall"] if category == "overall" else result["categories"][category]).get(
-                    "speedup_per_run"
-                )
-                or {}
+                gamma: category_group(result, category).get("speedup_per_run") or {}
                 for gamma, result in by_gamma.items()
             }
             runs = sorted(set.intersection(*(set(speedups) for speedups in per_run.values())))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quickdraft.bench.metrics import category_group
 from quickdraft.bench.profile import DRAFT_PREFILL
 
 COLUMNS = (
@@ -133,7 +134,7 @@ def oracle_section(results: dict[str, Any], categories: list[str]) -> list[str]:
         for name in (n for n in adaptive if n.split("+")[0] == drafter and "@" not in n):  # same runtime only
             cells = []
             for category in [*categories, "overall"]:
-                group = methods[name]["overall"] if category == "overall" else methods[name]["categories"][category]
+                group = category_group(methods[name], category)
                 reference, unbiased_reference = by_category.get(category), unbiased.get(category)
                 share = (
                     f" ({group['speedup'] / reference['speedup']:.0%} of oracle"
@@ -170,10 +171,7 @@ def write_plots(results: dict[str, Any], out: Path) -> bool:
     width = 0.8 / max(1, len(names))
     colors = plt.get_cmap("tab20").colors  # distinct colours for up to 20 methods
     for i, name in enumerate(names):
-        values = [
-            (methods[name]["overall"] if c == "overall" else methods[name]["categories"][c])["speedup"] or 0.0
-            for c in categories
-        ]
+        values = [category_group(methods[name], c)["speedup"] or 0.0 for c in categories]
         positions = [x + i * width - 0.4 + width / 2 for x in range(len(categories))]
         axes.bar(positions, values, width, label=name, color=colors[i % len(colors)])
     axes.axhline(1.0, color="black", linewidth=1, linestyle="--", label="baseline")

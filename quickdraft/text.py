@@ -36,11 +36,12 @@ class IncrementalDecoder:
         searched_from = max(0, len(self.text) - self._hold)
         self.text += window_now[len(window_before) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
-        for stop in self.stop:
-            index = self.text.find(stop, searched_from)
-            if index >= 0:
-                self.text = self.text[:index]
-                self.stopped = True
+        # The earliest occurrence wins, whatever the order of self.stop: one multi-character
+        # token can complete several stop strings, and cutting at a later one leaks text.
+        found = [index for index in (self.text.find(stop, searched_from) for stop in self.stop) if index >= 0]
+        if found:
+            self.text = self.text[: min(found)]
+            self.stopped = True
 
     def release(self, final: bool = False) -> str:
         """Text that is safe to show now and was not released before."""

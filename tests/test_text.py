@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from quickdraft.text import IncrementalDecoder
 
 
@@ -10,10 +12,29 @@ class ByteTokenizer:
         return bytes(token_ids).decode("utf-8", errors="replace")
 
 
+class PieceTokenizer:
+    """Token i is pieces[i]: one token can add several characters at once."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.pieces[i] for i in token_ids)
+
+
 def feed(decoder: IncrementalDecoder, text: str) -> list[str]:
+    return feed_tokens(decoder, list(text.encode()))
+
+
+def feed_pieces(pieces: list[str], stop: tuple[str, ...]) -> tuple[IncrementalDecoder, list[str]]:
+    decoder = IncrementalDecoder(PieceTokenizer(pieces), stop=stop)
+    return decoder, feed_tokens(decoder, list(range(len(pieces))))
+
+
+def feed_tokens(decoder: IncrementalDecoder, token_ids: list[int]) -> list[str]:
     deltas = []
-    for byte in text.encode():
-        decoder.add(byte)
+    for token_id in token_ids:
+        decoder.add(token_id)
         deltas.append(decoder.release())
         if decoder.stopped:
             break
@@ -39,3 +60,28 @@ def test_earliest_of_several_stop_strings() -> None:
     decoder = IncrementalDecoder(ByteTokenizer(), stop=("zz", "y"))
     feed(decoder, "axyzz")
     assert decoder.text == "ax"
+
+
+BOTH_ORDERS = pytest.mark.parametrize("stop", [("world", "lo w"), ("lo w", "world")])
+
+
+@BOTH_ORDERS
+def test_earliest_stop_wins_when_two_complete_in_one_token(stop: tuple[str, ...]) -> None:
+    decoder, deltas = feed_pieces(["hello", " world"], stop)
+    assert decoder.stopped and decoder.text == "hel"
+    assert "".join(deltas) == "hel"
+
+
+@BOTH_ORDERS
+def test_earliest_stop_spanning_tokens_keeps_all_text_before_it(stop: tuple[str, ...]) -> None:
+    decoder, deltas = feed_pieces(["say hel", "lo", " world", "!"], stop)
+    assert decoder.stopped and decoder.text == "say hel"
+    assert "".join(deltas) == "say hel"
+    assert len(decoder.token_ids) == 3
+
+
+def test_possible_start_of_a_stop_is_held_back_until_the_end() -> None:
+    decoder, deltas = feed_pieces(["hello", " wor"], ("world",))
+    assert not decoder.stopped
+    assert "wor" not in "".join(deltas[:-1])
+    assert "".join(deltas) == decoder.text == "hello wor"

@@ -1,3 +1,5 @@
+"""``python -m quickdraft``: the command line."""
+
 import sys
 
 from quickdraft.cli import main

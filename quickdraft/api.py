@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
-import tempfile
-from collections import deque
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,17 +10,27 @@ from typing import Any
 import torch
 
 from quickdraft.acceptance_head import AcceptanceHead, default_head_path
+from quickdraft.calibration import Calibration, load_calibration, measure_cost_model, save_calibration
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS, Drafter, DrafterOptions
-from quickdraft.drafters.draft_model import common_prefix_length
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.machine import cpu_description
+from quickdraft.memory import DrafterMemory, keyed_file
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
-from quickdraft.models.catalog import cache_root
 from quickdraft.models.loading import load_hf_model
-from quickdraft.policy import AcceptanceRecord, AnswerLength, AnswerLengthRecord, CostModel, StepTimeRecord
+from quickdraft.policies import parse_policy
 from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
+from quickdraft.tokens import common_prefix_length
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """What :meth:`Pipeline.prepare` did for a drafter and a request's policy."""
+
+    calibration: Calibration | None = None  # the cost model's source, if the policy plans with one
+    learned_file: Path | None = None  # where what the policy learns is kept (None: not kept)
+    earlier_answers: int = 0  # answers in the learned file when it was read
 
 
 @dataclass
@@ -38,12 +43,8 @@ class Pipeline:
     target_path: Path | None = None
     draft: Runtime | None = None
     draft_path: Path | None = None
-    # what adaptive policies learn and measure, kept across requests: per drafter name
-    acceptance_records: dict[str, AcceptanceRecord] = field(default_factory=dict)
-    step_times: dict[str, StepTimeRecord] = field(default_factory=dict)  # what their steps took in the engine
-    answer_lengths: dict[str, AnswerLengthRecord] = field(default_factory=dict)  # how long their answers ran
-    cost_models: dict[str, CostModel] = field(default_factory=dict)
-    acceptance_heads: dict[str, AcceptanceHead] = field(default_factory=dict)  # for specdec++
+    memories: dict[str, DrafterMemory] = field(default_factory=dict)  # per drafter name, across requests
+    _learned_from: dict[str, Path] = field(default_factory=dict, repr=False)  # drafter -> learned file read
     _transformers_models: dict[str, Any] = field(default_factory=dict, repr=False)
     _drafters: dict[tuple[str, DrafterOptions], Drafter] = field(default_factory=dict, repr=False)
 
@@ -96,19 +97,58 @@ class Pipeline:
             instance,
             self.tokenizer,
             self.eos_token_ids,
-            cost_model=self.cost_models.get(drafter),
-            acceptance=self.acceptance_records.setdefault(drafter, AcceptanceRecord()),
-            acceptance_head=self.acceptance_heads.get(drafter),
-            calibrate=lambda max_draft_tokens: self.calibrate(drafter, max_draft_tokens),
-            step_times=self.step_times.setdefault(drafter, StepTimeRecord()),
-            answer_lengths=self.answer_lengths.setdefault(drafter, AnswerLengthRecord()),
+            memory=self.memory(drafter),
+            prepare=lambda config: self.prepare(drafter, config),
         )
+
+    def memory(self, drafter: str) -> DrafterMemory:
+        """What ``drafter`` has learned and measured on these models (created empty on first use)."""
+        DRAFTERS.get(drafter)  # an unknown name fails here
+        return self.memories.setdefault(drafter, DrafterMemory())
+
+    def prepare(
+        self,
+        drafter: str,
+        config: GenerationConfig,
+        *,
+        recalibrate: bool = False,
+        acceptance_head: Path | None = None,
+        keep_learning: bool = False,
+        chat: bool = False,
+    ) -> Preparation:
+        """Get ``drafter``'s memory ready for ``config``'s policy, as its registry entry asks: measure (or load)
+        a cost model, load an acceptance head. Cheap when it is ready already; every application calls it
+        before generating, and the engine calls it for every request.
+
+        ``recalibrate`` measures the costs again instead of using a saved calibration and starts learning
+        afresh. ``keep_learning`` starts what the policy learns of answers from :meth:`learned_file` (for
+        chat turns or completions, ``chat``) and lets :meth:`save_learned` write it back: a process that
+        serves one request (the CLI) then begins where earlier ones left off.
+        """
+        kind = parse_policy(config.policy).kind
+        memory = self.memory(drafter)
+        if not DRAFTERS.get(drafter).proposes_drafts:
+            return Preparation()
+        calibration = None
+        if kind.needs_cost_model and (memory.cost_model is None or recalibrate):
+            calibration = self.calibrate(drafter, config.max_draft_tokens, use_saved=not recalibrate)
+        if kind.needs_acceptance_head and (memory.acceptance_head is None or acceptance_head is not None):
+            self.load_acceptance_head(drafter, acceptance_head)
+        learned_file, earlier_answers = None, 0
+        if kind.learns_answers and keep_learning:
+            learned_file = self.learned_file(drafter, chat)
+            if learned_file is not None and self._learned_from.get(drafter) != learned_file:
+                memory.forget_answers()
+                if not recalibrate:
+                    earlier_answers = memory.load_learned(learned_file)
+                self._learned_from[drafter] = learned_file
+        return Preparation(calibration, learned_file, earlier_answers)
 
     def forget_answers(self) -> None:
         """Drop what adaptive policies learned of earlier answers (acceptance rates, answer lengths);
         what steps cost on this machine stays measured."""
-        self.acceptance_records.clear()
-        self.answer_lengths.clear()
+        for memory in self.memories.values():
+            memory.forget_answers()
 
     def on_runtime(self, runtime: str) -> Pipeline:
         """The same models, tokenizer and end-of-sequence ids on another runtime (to compare runtimes).
@@ -140,7 +180,7 @@ class Pipeline:
         if self.draft_path is None and path is None:
             raise ConfigError("an acceptance head belongs to a draft model, and none is loaded")
         head = AcceptanceHead.load(path or default_head_path(self.draft_path))  # type: ignore[arg-type]
-        self.acceptance_heads[drafter] = head
+        self.memory(drafter).acceptance_head = head
         return head
 
     def transformers_model(self, role: str) -> Any:
@@ -160,62 +200,40 @@ class Pipeline:
 
     def calibrate(
         self, drafter: str, max_draft_tokens: int = 16, context: int = 64, use_saved: bool = True
-    ) -> CostModel:
-        """Measure the step costs the goodput policy needs (a few forwards) and keep them for ``drafter``.
+    ) -> Calibration:
+        """Measure the step costs the goodput policy needs (:func:`measure_cost_model`, a few seconds) and
+        keep them in ``drafter``'s memory.
 
-        Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached
-        tokens (after a warm-up); the draft model's 1-token forward and what reading 128 and 512 tokens
-        costs it if the drafter uses one, the drafter's share of a target step if the target drafts
-        itself, else 0.
-
-        Models loaded from a path save the measurement in :meth:`calibration_file` and, with
-        ``use_saved``, load it from there instead of measuring again (a file that does not parse is
-        measured anew and replaced).
+        Models loaded from a path save the measurement in :meth:`calibration_file` and, with ``use_saved``,
+        load it from there instead of measuring again (a file that cannot be used is measured anew and
+        replaced, and the calibration says so).
         """
         path = self.calibration_file(drafter, max_draft_tokens, context)
+        problem = None
         if use_saved and path is not None and path.exists():
             try:
-                saved = json.loads(path.read_text(encoding="utf-8"))
-                self.cost_models[drafter] = CostModel.from_dict(saved["cost_model"])
-                return self.cost_models[drafter]
-            except (OSError, ValueError, KeyError, TypeError, ConfigError):
-                pass  # measured anew below
-        from quickdraft.bench.profile import (
-            PREFILL_LENGTHS,
-            measure_cost_curves,
-            measure_prefill_curve,
-            prefill_lengths,
+                cost_model = load_calibration(path)
+            except ConfigError as error:
+                problem = str(error)
+            else:
+                self.memory(drafter).cost_model = cost_model
+                return Calibration(cost_model, "loaded", path)
+        started = time.perf_counter()
+        cost_model = measure_cost_model(self.target, self.draft, DRAFTERS.get(drafter), max_draft_tokens, context)
+        seconds = time.perf_counter() - started
+        self.memory(drafter).cost_model = cost_model
+        saved = path is not None and save_calibration(
+            path, self._calibration_key(drafter, max_draft_tokens, context), cost_model
         )
-
-        ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
-        drafter_cls, draft_ms, prefill_ms = DRAFTERS.get(drafter), 0.0, {}
-        runtimes, wanted = {"target": self.target}, {"target": ks}
-        if drafter_cls.needs_draft_model and self.draft is not None:
-            runtimes["draft"], wanted["draft"] = self.draft, [1]
-        curves = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)  # target and draft in turn
-        target_ms = curves["target"]
-        if "draft" in curves:
-            draft_ms = curves["draft"][1]
-            prefill_ms = measure_prefill_curve(self.draft, prefill_lengths(self.draft, PREFILL_LENGTHS[:2]))
-        elif drafter_cls.target_cost_fraction is not None:
-            draft_ms = drafter_cls.target_cost_fraction * target_ms[1]
-        self.cost_models[drafter] = CostModel(target_ms, draft_ms, prefill_ms)
-        if path is not None:
-            with contextlib.suppress(OSError):  # a cache that cannot be written only costs a later re-measure
-                record = {
-                    "key": self._calibration_key(drafter, max_draft_tokens, context),
-                    "cost_model": self.cost_models[drafter].to_dict(),
-                }
-                write_atomically(path, json.dumps(record, indent=2))
-        return self.cost_models[drafter]
+        source = "measured" if problem is None else "re-measured"
+        return Calibration(cost_model, source, path, seconds, saved, problem)
 
     def calibration_file(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> Path | None:
         """Where :meth:`calibrate` saves its measurement: one file per models, runtime, thread count,
-        machine and drafter in :func:`calibrations_dir`; None for models without a path."""
+        machine and drafter; None for models without a path."""
         if self.target_path is None or (DRAFTERS.get(drafter).needs_draft_model and self.draft_path is None):
             return None
-        key = json.dumps(self._calibration_key(drafter, max_draft_tokens, context), sort_keys=True)
-        return calibrations_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        return keyed_file(self._calibration_key(drafter, max_draft_tokens, context), ".json")
 
     def _calibration_key(self, drafter: str, max_draft_tokens: int, context: int) -> dict[str, Any]:
         from quickdraft import __version__
@@ -234,10 +252,9 @@ class Pipeline:
         }
 
     def learned_file(self, drafter: str, chat: bool = False) -> Path | None:
-        """Where :meth:`save_learned` keeps what goodput learned of ``drafter``'s answers on these models
-        and runtime, in :func:`calibrations_dir` (not per machine: acceptance and answer lengths do not
-        depend on it), apart for chat turns and plain completions, whose answers run differently; None
-        for models without a path."""
+        """Where what goodput learned of ``drafter``'s answers on these models and runtime is kept (not per
+        machine: acceptance and answer lengths do not depend on it), apart for chat turns and plain
+        completions, whose answers run differently; None for models without a path."""
         uses_draft = DRAFTERS.get(drafter).needs_draft_model
         if self.target_path is None or (uses_draft and self.draft_path is None):
             return None
@@ -248,42 +265,12 @@ class Pipeline:
             "drafter": drafter,
             "chat": chat,
         }
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        return calibrations_dir() / f"{digest}.learned.json"
+        return keyed_file(key, ".learned.json")
 
-    def load_learned(self, drafter: str, chat: bool = False) -> int:
-        """Start ``drafter``'s acceptance record and answer lengths from :meth:`learned_file`, so a process
-        that serves one request (the CLI) begins where earlier ones left off; how many answers it held
-        (0: none yet, or a file that does not parse, which the next save replaces)."""
-        path = self.learned_file(drafter, chat)
-        if path is None or not path.exists():
-            return 0
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            acceptance = AcceptanceRecord.from_dict(saved["acceptance"])
-            answers = [AnswerLength(int(num_tokens), cut) for num_tokens, cut in saved["answers"]]
-        except (OSError, ValueError, OverflowError, KeyError, TypeError):
-            return 0
-        if not all(answer.num_tokens >= 0 and isinstance(answer.cut_by_budget, bool) for answer in answers):
-            return 0
-        self.acceptance_records[drafter] = acceptance
-        self.answer_lengths[drafter] = AnswerLengthRecord(deque(answers))
-        return len(self.answer_lengths[drafter].answers)
-
-    def save_learned(self, drafter: str, chat: bool = False) -> None:
-        """Write what goodput learned of ``drafter``'s answers to :meth:`learned_file` (a file that cannot
-        be written only means the next process starts knowing less)."""
-        path = self.learned_file(drafter, chat)
-        if path is None:
-            return
-        acceptance = self.acceptance_records.get(drafter, AcceptanceRecord())
-        answers = self.answer_lengths.get(drafter, AnswerLengthRecord()).answers
-        data = {
-            "acceptance": acceptance.to_dict(),
-            "answers": [[answer.num_tokens, answer.cut_by_budget] for answer in answers],
-        }
-        with contextlib.suppress(OSError):
-            write_atomically(path, json.dumps(data))
+    def save_learned(self, drafter: str, preparation: Preparation) -> None:
+        """Write what ``drafter``'s policy learned back to the learned file :meth:`prepare` read, if any."""
+        if preparation.learned_file is not None:
+            self.memory(drafter).save_learned(preparation.learned_file)
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
@@ -327,26 +314,6 @@ class Pipeline:
         options: DrafterOptions | None = None,
     ) -> GenerationResult:
         return self.stream(prompt, config, drafter, chat, options).finish()
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, so a reader (or a process stopped
-    mid-write) sees the old file or the new one, never a cut one; raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
-def calibrations_dir() -> Path:
-    """Where measured cost models are saved: ``$QUICKDRAFT_CACHE/calibrations``."""
-    return cache_root() / "calibrations"
 
 
 def eos_token_ids(model_path: Path, tokenizer: Any) -> frozenset[int]:

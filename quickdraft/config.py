@@ -2,37 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from quickdraft.errors import ConfigError
-from quickdraft.policy import check_policy_spec
+from quickdraft.policies import parse_policy
+from quickdraft.sampling import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How a token is chosen from logits; applied identically to target and draft.
-
-    ``temperature == 0`` means greedy decoding (argmax); ``top_k == 0`` and ``top_p == 1``
-    switch those filters off. ``seed`` makes a sampled run reproducible.
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0
+__all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "SamplingParams"]
 
 
 DEFAULT_POLICY = "goodput"
@@ -70,4 +46,4 @@ class GenerationConfig:
             raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens}")
         if not isinstance(self.policy, str):
             raise ConfigError(f"policy must be a name such as 'fixed' or 'goodput', got {self.policy!r}")
-        check_policy_spec(self.policy)
+        parse_policy(self.policy)

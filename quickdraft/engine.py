@@ -9,22 +9,11 @@ from typing import Any
 
 import torch
 
-from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters.base import Drafter, DraftProposal
 from quickdraft.errors import PromptError
-from quickdraft.policy import (
-    AcceptanceRecord,
-    AnswerLengthRecord,
-    CostModel,
-    FixedPolicy,
-    Policy,
-    PolicyContext,
-    StepState,
-    StepTimeRecord,
-    make_policy,
-    needs_cost_model,
-)
+from quickdraft.memory import DrafterMemory
+from quickdraft.policies import FixedPolicy, Policy, StepState, parse_policy
 from quickdraft.runtime.base import Runtime
 from quickdraft.sampling import logits_to_probs, make_generator, sample
 from quickdraft.stats import GenerationStats
@@ -68,23 +57,15 @@ class SpeculativeEngine:
         drafter: Drafter,
         tokenizer: Any,
         eos_token_ids: frozenset[int],
-        cost_model: CostModel | None = None,
-        acceptance: AcceptanceRecord | None = None,
-        acceptance_head: AcceptanceHead | None = None,
-        calibrate: Callable[[int], CostModel] | None = None,
-        step_times: StepTimeRecord | None = None,
-        answer_lengths: AnswerLengthRecord | None = None,
+        memory: DrafterMemory | None = None,
+        prepare: Callable[[GenerationConfig], None] | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
-        self.cost_model = cost_model  # measured step costs, for the goodput policy
-        self.acceptance = acceptance if acceptance is not None else AcceptanceRecord()  # across requests
-        self.acceptance_head = acceptance_head  # for the specdec++ policy
-        self.calibrate = calibrate  # measures a cost model (up to γmax) when a policy needs one and none is given
-        self.step_times = step_times if step_times is not None else StepTimeRecord()  # across requests
-        self.answer_lengths = answer_lengths if answer_lengths is not None else AnswerLengthRecord()  # across requests
+        self.memory = memory if memory is not None else DrafterMemory()  # the drafter's, across requests
+        self.prepare = prepare  # gets the memory ready for a request's policy (e.g. measures a cost model)
 
     def generate(
         self, prompt_ids: list[int], config: GenerationConfig, policy: Policy | None = None
@@ -100,18 +81,9 @@ class SpeculativeEngine:
         """The request's policy; a drafter that never drafts gets plain steps whatever the policy."""
         if not self.drafter.proposes_drafts:
             return FixedPolicy(0)
-        if self.cost_model is None and self.calibrate is not None and needs_cost_model(config.policy):
-            self.cost_model = self.calibrate(config.max_draft_tokens)
-        context = PolicyContext(
-            config.num_draft_tokens,
-            config.max_draft_tokens,
-            self.cost_model,
-            self.acceptance,
-            self.acceptance_head,
-            self.step_times,
-            self.answer_lengths,
-        )
-        return make_policy(config.policy, context)
+        if self.prepare is not None:
+            self.prepare(config)
+        return parse_policy(config.policy).build(self.memory.policy_context(config))
 
     def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
         if not prompt_ids:
@@ -143,7 +115,7 @@ class SpeculativeEngine:
         first_token = int(self._choose(logits[:, -1], sampling, generator)[0])
         policy.observe_plain(logits[:, -1])
         self.drafter.prefill([prompt_ids])
-        self.drafter.bind(cache, self.cost_model)
+        self.drafter.bind(cache, self.memory.cost_model)
         stats.target_forwards += 1
         stats.prefill_s = clock() - started
         step_tokens = [first_token]

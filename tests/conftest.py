@@ -8,9 +8,20 @@ import pytest
 import torch
 
 from quickdraft.api import Pipeline
+from quickdraft.costs import CostModel
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
 
 EOS = "<eos>"
+
+# cost models that policy tests plan with (milliseconds)
+FLAT = CostModel({1: 100.0, 2: 101.0, 4: 103.0, 8: 107.0, 17: 116.0}, draft_ms=1.0)  # verification nearly free
+STEEP = CostModel({1: 100.0, 2: 190.0, 4: 370.0, 8: 730.0}, draft_ms=1.0)  # each verified token costs a step
+EXPENSIVE_DRAFT = CostModel(FLAT.target_ms, draft_ms=60.0)
+MODERATE = CostModel({1: 100.0, 2: 110.0, 4: 125.0, 8: 160.0, 17: 240.0}, draft_ms=5.0)
+# a draft model reading a prompt: 10 ms a token
+READS_SLOWLY = CostModel(MODERATE.target_ms, draft_ms=5.0, draft_prefill_ms={100: 1000.0})
+# the default pair on the 2-core bench machine: a draft token costs 0.42 of a plain step
+DEFAULT_PAIR = CostModel({1: 71.3, 2: 84.7, 3: 96.4, 4: 110.9}, draft_ms=30.1, draft_prefill_ms={128: 602.3})
 
 
 def tiny_config(config_cls: type, vocab_size: int, num_layers: int, **extra: object):  # -> PretrainedConfig
@@ -102,7 +113,7 @@ def native_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
 def calibrations_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Tests measure costs on a busy machine: never save them where a user's goodput would load them."""
     directory = tmp_path / "calibrations"
-    monkeypatch.setattr("quickdraft.api.calibrations_dir", lambda: directory)
+    monkeypatch.setattr("quickdraft.memory.calibrations_dir", lambda: directory)
     return directory
 
 

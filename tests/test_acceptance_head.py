@@ -13,8 +13,9 @@ from quickdraft.acceptance_head import AcceptanceHead, calibration, fit_head, he
 from quickdraft.api import Pipeline
 from quickdraft.cli import main
 from quickdraft.config import GenerationConfig
+from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.policy import DraftStep, PolicyContext, make_policy
+from quickdraft.policies import PolicyContext, make_policy
 from quickdraft.train_acceptance import RecordingPolicy
 
 

@@ -22,7 +22,6 @@ from quickdraft.bench.metrics import (
     predicted_speedup,
     token_latencies,
 )
-from quickdraft.bench.profile import measure_cost_curve, measure_cost_curves, measure_prefill_curve, prefill_lengths
 from quickdraft.bench.questions import load_questions, sample_questions
 from quickdraft.bench.run import source_revision
 from quickdraft.cli import main
@@ -326,45 +325,6 @@ def test_token_latencies_spread_step_time_over_its_tokens() -> None:
     assert token_latencies([0.4, 0.5, 0.8], [1, 1, 3]) == pytest.approx([0.4, 0.1, 0.1, 0.1, 0.1])
 
 
-# --- cost profile ---------------------------------------------------------------------------------
-
-
-def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:
-    curve = measure_cost_curve(pipeline.target, range(1, 4), context=10, repeats=2)
-    assert sorted(curve) == [1, 2, 3] and all(ms > 0 for ms in curve.values())
-    with pytest.raises(ConfigError, match="exceeds"):
-        measure_cost_curve(pipeline.target, [8], context=pipeline.target.max_context)
-
-
-def test_cost_curves_take_turns_and_keep_the_fastest_run(pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A slow spell must slow one repeat of every curve, not one whole curve (it skews their ratio)."""
-    calls: list[tuple[str, int]] = []
-    for role, runtime in (("target", pipeline.target), ("draft", pipeline.draft)):
-        forward = runtime.forward
-
-        def recorded(token_ids, cache, last_only=False, role=role, forward=forward):
-            calls.append((role, int(token_ids.shape[1])))
-            return forward(token_ids, cache, last_only)
-
-        monkeypatch.setattr(runtime, "forward", recorded)
-    runtimes = {"target": pipeline.target, "draft": pipeline.draft}
-    curves = measure_cost_curves(runtimes, {"target": [1, 2], "draft": [1]}, context=10, repeats=2, warmup=1)
-    assert sorted(curves["target"]) == [1, 2] and sorted(curves["draft"]) == [1]
-    one_repeat = [("target", 1), ("draft", 1), ("target", 2)]
-    assert calls == [("target", 10), ("draft", 10)] + one_repeat * 3  # the contexts, then warm-up and 2 repeats
-    times = iter([5.0, 1.0, 5.0, 9.0, 2.0, 9.0, 3.0, 3.0, 3.0])  # seconds per timed call, in order
-    clock = {"now": 0.0}
-
-    def fake_clock() -> float:
-        clock["now"] += next(times) if clock.setdefault("started", False) else 0.0
-        clock["started"] = not clock["started"]
-        return clock["now"]
-
-    monkeypatch.setattr("quickdraft.bench.profile.time.perf_counter", fake_clock)
-    curves = measure_cost_curves(runtimes, {"target": [1, 2], "draft": [1]}, context=10, repeats=2, warmup=1)
-    assert curves == {"target": {1: 3000.0, 2: 3000.0}, "draft": {1: 2000.0}}  # the warm-up's 5, 1, 5 s dropped
-
-
 def test_each_question_starts_a_new_conversation(pipeline) -> None:
     """Methods share a drafter: one must not find the prompt another method (or the warm-up) just read,
     only the start that every request shares (the chat template's system prompt), as far as it was read."""
@@ -387,14 +347,6 @@ def test_chat_prefix_is_what_every_chat_request_starts_with() -> None:
     assert pipeline.encode_chat([{"role": "user", "content": "9 9"}]) == [5, 6, 9, 9]
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     assert pipeline.chat_prefix() == []
-
-
-def test_prefill_curve_reads_into_empty_caches(pipeline) -> None:
-    draft = pipeline.draft
-    curve = measure_prefill_curve(draft, prefill_lengths(draft, (16, 4, 10**6)), repeats=2)
-    assert sorted(curve) == [4, 16, draft.max_context] and all(ms > 0 for ms in curve.values())
-    with pytest.raises(ConfigError, match="prefill curve"):
-        measure_prefill_curve(draft, [draft.max_context + 1])
 
 
 def test_profile_command_prints_json(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:

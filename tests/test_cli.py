@@ -144,23 +144,6 @@ def test_tokenizer_mismatch(tiny_model_dirs: dict[str, Path], capsys: pytest.Cap
     assert status == 1 and "tokenizers differ" in err and err.count("\n") == 1
 
 
-def test_sweep_on_tiny_models(model_args: list[str], capsys: pytest.CaptureFixture) -> None:
-    args = ["sweep", *model_args, "--gammas", "1,2", "--prompts", "code", "--max-new-tokens", "4", "--json"]
-    status, out, _ = run(args, capsys)
-    assert status == 0
-    report = json.loads(out)
-    methods = [(m["method"], m["num_draft_tokens"]) for m in report["measurements"]]
-    assert methods == [
-        ("baseline", None),
-        ("hf-generate", None),
-        ("draft-model", 1),
-        ("draft-model", 2),
-        ("prompt-lookup", 1),
-        ("prompt-lookup", 2),
-    ]
-    assert all(m["lossless"] for m in report["measurements"])
-
-
 def test_help_explains_the_commands(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--help"])

@@ -13,18 +13,17 @@ import quickdraft.engine
 from quickdraft.api import Pipeline
 from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.costs import CostModel
 from quickdraft.drafters import DRAFTERS, DrafterOptions
-from quickdraft.drafters.draft_model import DraftModelDrafter, common_prefix_length
+from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.errors import PromptError
-from quickdraft.policy import (
+from quickdraft.memory import DrafterMemory
+from quickdraft.policies import (
     UNKNOWN_STATE,
     AcceptanceRecord,
     AnswerLength,
-    AnswerLengthRecord,
-    CostModel,
     Policy,
     StepState,
-    StepTimeRecord,
 )
 from quickdraft.sampling import logits_to_probs, sample
 from quickdraft.verify import VerificationResult
@@ -199,10 +198,8 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
     plain = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=8)).token_ids
     for prefill_ms, drafts in (({1: 1e6}, False), ({1: 1e-3}, True)):  # a token costs 1000 s / 1 µs to read
         cost_model = CostModel(cheap_verify, draft_ms=0.001, draft_prefill_ms=prefill_ms)
-        monkeypatch.setitem(pipeline.cost_models, "draft-model", cost_model)
-        monkeypatch.setitem(pipeline.acceptance_records, "draft-model", AcceptanceRecord.independent(99, 1))
-        monkeypatch.setitem(pipeline.step_times, "draft-model", StepTimeRecord())  # no other test's timings
-        monkeypatch.setitem(pipeline.answer_lengths, "draft-model", AnswerLengthRecord())  # nor answers
+        memory = DrafterMemory(acceptance=AcceptanceRecord.independent(99, 1), cost_model=cost_model)
+        monkeypatch.setitem(pipeline.memories, "draft-model", memory)  # no other test's timings nor answers
         fed.clear()
         config = GenerationConfig(max_new_tokens=8, policy="goodput")
         result = pipeline.engine("draft-model").generate(PROMPTS[3], config)
@@ -254,22 +251,16 @@ def test_policy_is_told_how_long_each_step_took(pipeline: Pipeline) -> None:
 
 
 def test_policy_is_told_how_long_the_answer_ran(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline, "answer_lengths", {})  # this test's records only: other tests keep theirs
-    monkeypatch.setattr(pipeline, "acceptance_records", {})
+    memory = DrafterMemory()  # this test's records only: other tests keep theirs
+    monkeypatch.setitem(pipeline.memories, "draft-model", memory)
     policy = AlternatingPolicy()
     result = pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=10), policy)
     assert policy.ends == [AnswerLength(len(result.token_ids), cut_by_budget=result.finish_reason == "length")]
     result = pipeline.engine("draft-model").generate(PROMPTS[3], GenerationConfig(max_new_tokens=7, policy="goodput"))
-    answers = pipeline.answer_lengths["draft-model"].answers  # goodput keeps its answers' lengths
+    answers = memory.answer_lengths.answers  # goodput keeps its answers' lengths
     assert list(answers) == [AnswerLength(len(result.token_ids), cut_by_budget=result.finish_reason == "length")]
     pipeline.forget_answers()
-    assert pipeline.answer_lengths == {} and pipeline.acceptance_records == {}
-
-
-def test_common_prefix_length() -> None:
-    assert common_prefix_length([1, 2, 3], [1, 2, 3, 4]) == 3  # a cache trailing the context
-    assert common_prefix_length([1, 2, 9, 9], [1, 2, 3]) == 2  # rejected drafts in the cache
-    assert common_prefix_length([], [1]) == 0 and common_prefix_length([5], [6]) == 0
+    assert not memory.answer_lengths.answers and memory.acceptance.first.total == 0
 
 
 def test_drafters_are_found_by_name() -> None:

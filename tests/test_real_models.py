@@ -122,8 +122,6 @@ def test_native_greedy_speculation_equals_plain_decoding(
 @pytest.mark.parametrize("policy", ["heuristic", "confidence:0.4", "goodput"])
 def test_every_policy_equals_plain_decoding_on_real_prompts(native_pair: Pipeline, policy: str) -> None:
     for drafter in ("draft-model", "prompt-lookup"):
-        if policy == "goodput" and drafter not in native_pair.cost_models:
-            native_pair.calibrate(drafter)
         for prompt, chat, _, _ in CASES[:2]:
             prompt_ids = native_pair.encode(prompt, chat=chat)
             plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
@@ -137,11 +135,9 @@ def test_specdec_and_early_exit_equal_plain_decoding_on_real_prompts(native_pair
     (every draft accepted with probability 0.88): a head changes how long blocks are, never the tokens."""
     assert native_pair.draft_path is not None
     features = json.loads((native_pair.draft_path / "config.json").read_text())["hidden_size"] + 2
-    native_pair.acceptance_heads["draft-model"] = AcceptanceHead(
+    native_pair.memory("draft-model").acceptance_head = AcceptanceHead(
         weight=torch.zeros(features), bias=torch.tensor(2.0), mean=torch.zeros(features), scale=torch.ones(features)
     )
-    if "early-exit" not in native_pair.cost_models:
-        native_pair.calibrate("early-exit")
     runs = [("draft-model", "specdec++"), ("early-exit", "fixed"), ("early-exit", "goodput")]
     for prompt, chat, _, _ in CASES[:2]:
         prompt_ids = native_pair.encode(prompt, chat=chat)

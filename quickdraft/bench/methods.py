@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from quickdraft.api import Pipeline
 from quickdraft.bench.metrics import MethodInfo
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
-from quickdraft.bench.profile import DRAFT_PREFILL
+from quickdraft.calibration import cost_model_from_curves
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
-from quickdraft.policy import CostModel, check_policy_spec
+from quickdraft.policies import parse_policy
 from quickdraft.registry import Registry
 from quickdraft.runtime import RUNTIMES
 
@@ -92,17 +92,12 @@ class EngineMethod(Method):
         Adaptive policies plan with the curves the bench measured (no separate calibration), or, on
         another runtime, with goodput's start-up calibration of that runtime."""
         pipeline.engine(self.drafter)
-        if self.runtime is not None:
-            if self.drafter != "none" and self.policy.startswith("goodput"):
-                pipeline.calibrate(self.drafter, self.max_draft_tokens)
-        elif self.drafter != "none" and "target" in cost_curves:
-            draft_ms = cost_curves.get("draft", {}).get(1, 0.0) if self.uses_draft_model else 0.0
-            prefill_ms = cost_curves.get(DRAFT_PREFILL, {}) if self.uses_draft_model else {}
-            if self.target_cost_fraction is not None:
-                draft_ms = self.target_cost_fraction * cost_curves["target"][1]
-            pipeline.cost_models[self.drafter] = CostModel(cost_curves["target"], draft_ms, prefill_ms)
-        if self.policy.startswith("specdec++") and self.drafter not in pipeline.acceptance_heads:
-            pipeline.load_acceptance_head(self.drafter)  # the one train-acceptance-head wrote for this draft
+        if self.runtime is None and self.drafter != "none" and "target" in cost_curves:
+            pipeline.memory(self.drafter).cost_model = cost_model_from_curves(cost_curves, DRAFTERS.get(self.drafter))
+        pipeline.prepare(self.drafter, self.config(GenerationConfig().max_new_tokens))
+
+    def config(self, max_new_tokens: int) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=self._gamma, policy=self.policy)
 
     def start_conversation(self, pipeline: Pipeline, keep: Sequence[int] = ()) -> None:
         """Methods share a drafter: without this one could reuse the prompt another just read. A serving
@@ -111,7 +106,7 @@ class EngineMethod(Method):
 
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
         engine = pipeline.engine(self.drafter)
-        config = GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=self._gamma, policy=self.policy)
+        config = self.config(max_new_tokens)
         started = time.perf_counter()
         result = engine.generate(prompt_ids, config)
         wall_time_s = time.perf_counter() - started
@@ -201,7 +196,7 @@ def _drafter_method(drafter: str) -> MethodFactory:
 def _policy_method(drafter: str, policy: str, spec: str, runtime: str | None) -> Method:
     if drafter in ("baseline", "none") or drafter not in DRAFTERS.names():
         raise ConfigError(f"method {spec!r}: a policy needs a drafter ({', '.join(DRAFTERS.names())})")
-    check_policy_spec(policy)
+    parse_policy(policy)  # a bad policy fails before anything is loaded
     return EngineMethod(f"{drafter}+{policy}", drafter, DEFAULT_NUM_DRAFT_TOKENS, policy, runtime)
 
 

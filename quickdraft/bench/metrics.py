@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from quickdraft.calibration import draft_token_ms
+
 BOOTSTRAP_RESAMPLES = 2000
 
 METRIC_KEYS = (
@@ -229,10 +231,7 @@ def aggregate(
             for e in sorted(baseline, key=lambda e: -e.run):  # the lowest run wins
                 references[info.baseline][e.question_id] = e.token_ids
         reference_ids = references[info.baseline]
-        draft_curve = curves.get("draft") or {}
-        draft_ms = draft_curve.get(1) if info.uses_draft_model else 0.0
-        if info.target_cost_fraction is not None and target_ms and 1 in target_ms:
-            draft_ms = info.target_cost_fraction * target_ms[1]
+        draft_ms = draft_token_ms(curves, info.uses_draft_model, info.target_cost_fraction)
         theory = {"num_draft_tokens": info.num_draft_tokens, "draft_ms": draft_ms, "target_ms": target_ms}
         if info.uses_draft_model and draft_ms is None:
             theory["num_draft_tokens"] = None

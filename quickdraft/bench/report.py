@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.metrics import category_group
-from quickdraft.bench.profile import DRAFT_PREFILL
+from quickdraft.calibration import DRAFT_PREFILL
 
 COLUMNS = (
     ("speedup", "speedup", "{:.2f}×"),

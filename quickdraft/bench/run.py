@@ -1,4 +1,43 @@
-"""``quickdraft bench``: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
+"""The bench harness: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
+
+BENCH_DOC (below) is what ``quickdraft bench --help`` shows.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from quickdraft.bench.methods import Method, parse_methods
+from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
+from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
+from quickdraft.bench.report import write_markdown, write_plots
+from quickdraft.calibration import (
+    DRAFT_PREFILL,
+    curve_from_json,
+    curve_to_json,
+    measure_cost_curves,
+    measure_prefill_curve,
+    prefill_lengths,
+)
+from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
+from quickdraft.errors import ConfigError
+from quickdraft.machine import cpu_description
+from quickdraft.models.catalog import DEFAULT_TARGET
+from quickdraft.runtime import AUTO
+
+BENCH_DOC = """``quickdraft bench``: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
 
 Every method runs greedily in this one process on the same questions; multi-turn questions
 run turn by turn with the method's own previous answers in the chat history. Runs are
@@ -14,39 +53,6 @@ accept_hist.png, cost_curve.png, and step_times.json (what goodput measured of t
 steps, per drafter, against the profiled cost curves).
 """
 
-from __future__ import annotations
-
-import argparse
-import functools
-import json
-import os
-import platform
-import subprocess
-import sys
-from collections import Counter
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
-
-import torch
-from tqdm.auto import tqdm
-
-from quickdraft.bench.methods import METHODS, Method, parse_methods
-from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
-from quickdraft.bench.profile import (
-    DRAFT_PREFILL,
-    curve_from_json,
-    curve_to_json,
-    measure_cost_curves,
-    measure_prefill_curve,
-    prefill_lengths,
-)
-from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
-from quickdraft.bench.report import write_markdown, write_plots
-from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
-from quickdraft.errors import ConfigError
-from quickdraft.machine import cpu_description
-
 DEFAULT_METHODS = "baseline,draft-model:2,draft-model:4,prompt-lookup,hf-generate,hf-assisted,hf-assisted-tuned"
 DEFAULT_METHODS += ",hf-prompt-lookup"
 WARMUP_TOKENS = 16
@@ -55,72 +61,42 @@ PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fas
 FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "runtime")
 
 
-def add_bench_command(commands: Any) -> None:
-    from quickdraft.cli import add_model_arguments
+@dataclass(frozen=True)
+class BenchSettings:
+    """One ``quickdraft bench`` invocation (validated before any model is loaded)."""
 
-    bench = commands.add_parser(
-        "bench",
-        help="benchmark methods and transformers peers on Spec-Bench, MT-Bench, HumanEval or GSM8K",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    bench.add_argument(
-        "--questions",
-        metavar="PATH",
-        help="question file: Spec-Bench/MT-Bench .jsonl (question_id, category, turns), HumanEval .jsonl.gz, "
-        "GSM8K .jsonl (default ../shared/data/spec_bench/question.jsonl when it exists)",
-    )
-    bench.add_argument("--per-category", type=int, default=5, metavar="N", help="questions per category (default 5)")
-    bench.add_argument("--all-questions", action="store_true", help="every question (ignores --per-category)")
-    bench.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="per turn (default 128)")
-    bench.add_argument(
-        "--methods",
-        default=DEFAULT_METHODS,
-        metavar="A,B,C",
-        help=f"comma-separated NAME or NAME:γ among {', '.join(METHODS.names())}, or DRAFTER+POLICY "
-        f"(draft-model+goodput); drafters default to γ={DEFAULT_NUM_DRAFT_TOKENS}; our methods take @RUNTIME "
-        f"to run on another runtime (draft-model:2@transformers, compared with baseline@RUNTIME); "
-        f"baseline is always included (default {DEFAULT_METHODS})",
-    )
-    bench.add_argument("--runs", type=int, default=1, metavar="R", help="timed runs of every question (default 1)")
-    bench.add_argument(
-        "--warmup",
-        type=int,
-        default=1,
-        metavar="W",
-        help=f"untimed {WARMUP_TOKENS}-token generations per method before timing (default 1)",
-    )
-    bench.add_argument("--seed", type=int, default=0, help="seed of the per-category sample (default 0)")
-    bench.add_argument(
-        "--profile-context",
-        type=int,
-        default=512,
-        metavar="N",
-        help="cached tokens when measuring the cost curves for the theory check (default 512)",
-    )
-    bench.add_argument("--out", default="bench-results", metavar="DIR", help="output directory (default bench-results)")
-    add_model_arguments(bench)
-    bench.add_argument(
-        "--report-only",
-        action="store_true",
-        help="measure nothing: write the report from the entries already in --out (e.g. of a stopped run)",
-    )
-    bench.add_argument("--json", action="store_true", help="print results.json to stdout instead of a table")
-    bench.set_defaults(handler=run_bench)
+    out: Path = Path("bench-results")
+    questions: Path | None = None  # None: ../shared/data/spec_bench/question.jsonl when it exists
+    per_category: int | None = 5  # None: every question
+    max_new_tokens: int = 128
+    methods: str = DEFAULT_METHODS
+    runs: int = 1
+    warmup: int = 1
+    seed: int = 0
+    profile_context: int = 512
+    target: str = DEFAULT_TARGET
+    draft: str | None = None  # None: the default draft model, if a method uses one
+    runtime: str = AUTO
+    report_only: bool = False
+
+    def __post_init__(self) -> None:
+        GenerationConfig(max_new_tokens=self.max_new_tokens)  # the same check as a request's
+        if self.runs < 1 or self.warmup < 0 or self.profile_context < 1:
+            raise ConfigError("--runs and --profile-context must be >= 1 and --warmup >= 0")
+        if self.per_category is not None and self.per_category < 1:
+            raise ConfigError(f"--per-category must be >= 1, got {self.per_category}")
 
 
-def run_bench(args: argparse.Namespace) -> None:
+def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
+    """Measure what is missing in ``settings.out`` (nothing with ``report_only``) and write results.json,
+    report.md and the plots there; the results and whether the plots were drawn."""
     from quickdraft.models import DEFAULT_DRAFT
 
-    questions_path = Path(args.questions) if args.questions else default_questions_path()
+    questions_path = settings.questions or default_questions_path()
     if questions_path is None:
         raise ConfigError("no question file: pass --questions PATH (no ../shared/data/spec_bench/question.jsonl)")
-    per_category = None if args.all_questions else args.per_category
-    questions = sample_questions(load_questions(questions_path), per_category, args.seed)
-    methods = parse_methods(args.methods)
-    GenerationConfig(max_new_tokens=args.max_new_tokens)  # validate before loading anything
-    if args.runs < 1 or args.warmup < 0 or args.profile_context < 1:
-        raise ConfigError("--runs and --profile-context must be >= 1 and --warmup >= 0")
+    questions = sample_questions(load_questions(questions_path), settings.per_category, settings.seed)
+    methods = parse_methods(settings.methods)
     needs_draft = any(method.uses_draft_model for method in methods)
     categories = list(dict.fromkeys(question.category for question in questions))
     config = {
@@ -128,34 +104,34 @@ def run_bench(args: argparse.Namespace) -> None:
         "question_ids": [question.question_id for question in questions],
         "n_questions": len(questions),
         "categories": categories,
-        "per_category": per_category,
-        "seed": args.seed,
-        "max_new_tokens": args.max_new_tokens,
+        "per_category": settings.per_category,
+        "seed": settings.seed,
+        "max_new_tokens": settings.max_new_tokens,
         "methods": [method.name for method in methods],
-        "runs": args.runs,
-        "warmup": args.warmup,
-        "target": args.target,
-        "draft": (args.draft or DEFAULT_DRAFT) if needs_draft else None,
-        "runtime": args.runtime,
-        "profile_context": args.profile_context,
+        "runs": settings.runs,
+        "warmup": settings.warmup,
+        "target": settings.target,
+        "draft": (settings.draft or DEFAULT_DRAFT) if needs_draft else None,
+        "runtime": settings.runtime,
+        "profile_context": settings.profile_context,
         "greedy": True,
     }
-    store = ResultStore(Path(args.out), config)
+    store = ResultStore(settings.out, config)
     todo = [
         (run, question, method)
-        for run in range(args.runs)
+        for run in range(settings.runs)
         for index, question in enumerate(questions)
         for method in rotated(methods, index + run)
         if (method.name, question.question_id, run) not in store.done
     ]
-    if args.report_only:
+    if settings.report_only:
         if not store.entries:
             raise ConfigError(f"--report-only: {store.out} holds no measured entries yet")
         finished = {question_id for _, question_id, _ in store.done}
         print(f"report only: {len(finished)} of {len(questions)} questions have entries, {len(todo)} runs missing",
               file=sys.stderr)  # fmt: skip
     elif todo or store.cost_curves is None:
-        measure(store, todo, methods, questions, args)
+        measure(store, todo, methods, questions, settings)
     entries = store.entries_for(config["methods"], config["question_ids"])
     summaries = aggregate(
         entries,
@@ -174,13 +150,7 @@ def run_bench(args: argparse.Namespace) -> None:
     }
     store.write_json("results.json", results)
     write_markdown(results, store.out / "report.md")
-    plotted = write_plots(results, store.out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
-    print((store.out / "report.md").read_text(encoding="utf-8").split("\n## Overall")[0])
-    plots = ", speedup.png, accept_hist.png, cost_curve.png" if plotted else " (no plots: pip install matplotlib)"
-    print(f"wrote {store.out}/results.json, report.md{plots}", file=sys.stderr)
+    return results, write_plots(results, store.out)
 
 
 def rotated(methods: list[Method], shift: int) -> list[Method]:
@@ -195,18 +165,18 @@ def measure(
     todo: list[tuple[int, Question, Method]],
     methods: list[Method],
     questions: list[Question],
-    args: argparse.Namespace,
+    settings: BenchSettings,
 ) -> None:
     from quickdraft.api import Pipeline
 
-    pipeline = Pipeline.load(target=args.target, draft=store.config["draft"], runtime=args.runtime)
+    pipeline = Pipeline.load(target=settings.target, draft=store.config["draft"], runtime=settings.runtime)
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
     if store.cost_curves is None:
         ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
         roles = {"target": pipeline.target} | ({"draft": pipeline.draft} if pipeline.draft is not None else {})
         curves = measure_cost_curves(
-            roles, dict.fromkeys(roles, ks), args.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True
+            roles, dict.fromkeys(roles, ks), settings.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True
         )
         store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
     if pipeline.draft is not None and DRAFT_PREFILL not in store.cost_curves:  # older results lack it
@@ -220,9 +190,9 @@ def measure(
     for method in pending_methods:
         method.prepare(pipelines[method.runtime], curves)
     first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
-    for method in tqdm(pending_methods * args.warmup, desc="warm-up", file=sys.stderr):
-        method.run(pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, args.max_new_tokens))
-    total = args.runs * len(questions) * len(methods)
+    for method in tqdm(pending_methods * settings.warmup, desc="warm-up", file=sys.stderr):
+        method.run(pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, settings.max_new_tokens))
+    total = settings.runs * len(questions) * len(methods)
     with tqdm(total=total, initial=total - len(todo), desc="bench", unit="run", file=sys.stderr) as bar:
         current_run = None
         for run, question, method in todo:
@@ -231,13 +201,13 @@ def measure(
                 for runtime_pipeline in pipelines.values():
                     runtime_pipeline.forget_answers()
             bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
-            store.add(run_question(pipelines[method.runtime], method, question, run, args.max_new_tokens))
+            store.add(run_question(pipelines[method.runtime], method, question, run, settings.max_new_tokens))
             bar.update()
     measured = {  # what adaptive policies measured of the engine's steps (this invocation's runs)
         drafter if runtime is None else f"{drafter}@{runtime}": asdict(record)
         for runtime, runtime_pipeline in pipelines.items()
-        for drafter, record in runtime_pipeline.step_times.items()
-        if record.num_plain_steps or record.num_drafting_steps
+        for drafter, memory in runtime_pipeline.memories.items()
+        if (record := memory.step_times).num_plain_steps or record.num_drafting_steps
     }
     store.write_json("step_times.json", measured)
 

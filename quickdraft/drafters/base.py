@@ -9,10 +9,20 @@ from typing import ClassVar
 
 import torch
 
-from quickdraft.config import SamplingParams
+from quickdraft.costs import CostModel
 from quickdraft.errors import ConfigError
-from quickdraft.policy import CostModel, DraftStep
 from quickdraft.runtime.base import KVCache, Runtime
+from quickdraft.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """What a drafter knows right after drafting a token: what a policy may stop drafting on."""
+
+    logits: torch.Tensor  # [B, V] the draft distribution's logits (temperature 1)
+    hidden: torch.Tensor | None  # [B, H] the draft model's last hidden state, if the runtime gives it
+    num_drafted: int  # tokens drafted so far in this step, this one included
+
 
 # Called after each drafted token with what the drafter knows about it; False stops drafting
 # (confidence-based policies). Drafters without a model never call it.

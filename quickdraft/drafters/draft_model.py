@@ -15,24 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
-from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftStep, KeepDrafting
 from quickdraft.errors import ConfigError
-from quickdraft.policy import DraftStep
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import logits_to_probs, sample
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    shorter = min(len(a), len(b))
-    if a[:shorter] == b[:shorter]:  # the usual case (the cache trails the committed tokens), compared in C
-        return shorter
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length
+from quickdraft.sampling import SamplingParams, logits_to_probs, sample
+from quickdraft.tokens import common_prefix_length
 
 
 class DraftModelDrafter(Drafter):

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
+from quickdraft.costs import CostModel
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftStep, KeepDrafting
 from quickdraft.errors import ConfigError
-from quickdraft.policy import CostModel, DraftStep
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.sampling import SamplingParams, logits_to_probs, sample
 
 CANDIDATE_FRACTIONS = (0.25, 0.5, 0.75)  # exit layers tried, as fractions of the target's depth
 TRIES_PER_CANDIDATE = 2

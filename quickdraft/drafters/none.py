@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
 from quickdraft.runtime.base import Runtime
+from quickdraft.sampling import SamplingParams
 
 
 class NoDrafter(Drafter):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
 from quickdraft.runtime.base import Runtime
+from quickdraft.sampling import SamplingParams
 
 
 def lookup_continuation(token_ids: list[int], num_tokens: int, max_ngram: int, min_ngram: int) -> list[int]:

@@ -12,7 +12,7 @@ and activations 8. The float result is acc·w_scale, then ·s (+ bias).
 
 Measured on the default 1.5B target (2 cores, AVX2): the earlier 14-bit activation split (two
 GEMM rows per token, 8-bit weights) cost 1.4–1.7× more at 6–16 tokens per forward for the same
-perplexity within ±3 % on five Spec-Bench prompts (see the README).
+perplexity within ±3 % on five Spec-Bench prompts (see docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,42 +1,26 @@
-"""Policies choosing γ: decisions on synthetic cost curves and acceptance streams."""
+"""goodput's decisions on synthetic cost curves and acceptance streams."""
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEFAULT_PAIR, EXPENSIVE_DRAFT, FLAT, MODERATE, READS_SLOWLY, STEEP
 
-from quickdraft.api import Pipeline
-from quickdraft.config import GenerationConfig
-from quickdraft.errors import ConfigError, UnknownNameError
-from quickdraft.policy import (
+from quickdraft.costs import CostModel
+from quickdraft.drafters.base import DraftStep
+from quickdraft.policies import (
     AcceptanceRecord,
     AnswerLength,
     AnswerLengthRecord,
     BetaCounts,
-    CostModel,
-    DraftStep,
     GoodputPolicy,
-    PolicyContext,
     StepState,
     StepTimeRecord,
-    draft_outcomes,
-    expected_tokens,
-    make_policy,
-    monotone_fit,
 )
 
-FLAT = CostModel({1: 100.0, 2: 101.0, 4: 103.0, 8: 107.0, 17: 116.0}, draft_ms=1.0)  # verification nearly free
-STEEP = CostModel({1: 100.0, 2: 190.0, 4: 370.0, 8: 730.0}, draft_ms=1.0)  # each verified token costs a step
-EXPENSIVE_DRAFT = CostModel(FLAT.target_ms, draft_ms=60.0)
-MODERATE = CostModel({1: 100.0, 2: 110.0, 4: 125.0, 8: 160.0, 17: 240.0}, draft_ms=5.0)
-# a draft model reading a prompt: 10 ms a token
-READS_SLOWLY = CostModel(MODERATE.target_ms, draft_ms=5.0, draft_prefill_ms={100: 1000.0})
-# the default pair on the 2-core bench machine: a draft token costs 0.42 of a plain step
-DEFAULT_PAIR = CostModel({1: 71.3, 2: 84.7, 3: 96.4, 4: 110.9}, draft_ms=30.1, draft_prefill_ms={128: 602.3})
+BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
 
 
 def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0, later: float | None = None) -> list[int]:
@@ -76,38 +60,6 @@ def seen_plainly(policy: GoodputPolicy, count: int, top_probability: float) -> N
         policy.observe_plain(target_logits(top_probability))
 
 
-def test_expected_tokens() -> None:
-    assert expected_tokens(0.0, 5) == 1.0
-    assert expected_tokens(1.0, 5) == 6.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
-
-
-def test_cost_model_interpolates_and_extrapolates() -> None:
-    assert FLAT.target(4) == 103.0
-    assert FLAT.target(3) == pytest.approx(102.0)
-    assert STEEP.target(10) == pytest.approx(730.0 + 2 * 90.0)
-    assert FLAT.step_ms(3) == pytest.approx(3 * 1.0 + 103.0)
-    with pytest.raises(ConfigError):
-        CostModel({2: 10.0})
-
-
-def test_draft_read_follows_the_prefill_curve() -> None:
-    prefill = CostModel({1: 100.0}, draft_prefill_ms={128: 256.0, 512: 1280.0})
-    assert prefill.draft_read(0) == 0.0
-    assert prefill.draft_read(64) == pytest.approx(128.0)  # below the first point: from (0, 0)
-    assert prefill.draft_read(320) == pytest.approx(768.0)
-    assert prefill.draft_read(1024) == pytest.approx(2645.333, rel=1e-4)  # the last segment's slope
-    assert MODERATE.draft_read(5000) == 0.0  # no prefill curve: reading is free
-
-
-def test_best_gamma_from_the_cost_model() -> None:
-    assert FLAT.best_num_draft_tokens(0.0, 16) == 0  # nothing is ever accepted: never draft
-    assert FLAT.best_num_draft_tokens(0.9, 16) >= 10  # cheap drafts, free verification, high α: draft long
-    assert STEEP.best_num_draft_tokens(0.9, 16) <= 1  # verification costs as much as decoding: barely draft
-    assert EXPENSIVE_DRAFT.best_num_draft_tokens(0.6, 16) <= 2
-    assert 0 < EXPENSIVE_DRAFT.best_num_draft_tokens(0.95, 16) < FLAT.best_num_draft_tokens(0.95, 16)
-
-
 def test_goodput_stops_drafting_when_nothing_is_accepted() -> None:
     policy = GoodputPolicy(MODERATE, maximum=16)
     chosen = feed(policy, alpha=0.0, steps=60)
@@ -131,28 +83,6 @@ def test_goodput_estimate_reaches_past_the_prior_when_every_draft_is_accepted() 
     assert 0.9 < policy.continuation_rate() < 0.95  # one rejection among ~12 later drafts' worth of evidence
 
 
-def test_expected_tokens_with_a_continuation_rate() -> None:
-    assert expected_tokens(0.5, 3, continuation_rate=0.5) == pytest.approx(expected_tokens(0.5, 3))
-    assert expected_tokens(0.5, 4, continuation_rate=1.0) == pytest.approx(3.0)  # half the blocks all accepted
-    assert expected_tokens(0.0, 4, continuation_rate=1.0) == 1.0
-    assert expected_tokens(0.9, 0, continuation_rate=0.9) == 1.0
-
-
-def test_block_outcomes_split_into_first_and_later_drafts() -> None:
-    assert draft_outcomes(0, 0) == ([], [])
-    assert draft_outcomes(4, 0) == ([0], [])  # drafts after the first rejection tell nothing
-    assert draft_outcomes(4, 2) == ([1], [1, 0])
-    assert draft_outcomes(4, 4) == ([1], [1, 1, 1])
-    record = AcceptanceRecord()
-    for proposed, accepted in [(4, 0), (4, 2), (4, 4), (1, 1)]:
-        record.add(proposed, accepted)
-    assert (record.first.accepted, record.first.rejected) == (3, 1)
-    assert (record.later.accepted, record.later.rejected) == (4, 1)
-    assert AcceptanceRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
-    with pytest.raises(ValueError):
-        AcceptanceRecord.from_dict({"first": [1.0, float("nan")], "later": [0, 0]})
-
-
 def test_goodput_drafts_long_blocks_when_a_good_start_keeps_being_right() -> None:
     """A cheap drafter whose first draft is right half the time, and then right on: a single per-draft
     rate (α = β = 0.5) keeps γ at 1; knowing that later drafts go on being accepted, γ grows."""
@@ -167,9 +97,6 @@ def test_goodput_drafts_long_blocks_when_a_good_start_keeps_being_right() -> Non
 
 def draft_step(top_probability: float, num_drafted: int) -> DraftStep:
     return DraftStep(target_logits(top_probability), None, num_drafted)
-
-
-BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
 
 
 def test_goodput_without_evidence_on_later_drafts_takes_them_as_independent() -> None:
@@ -323,25 +250,6 @@ def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_cost
     assert unbounded.choose(StepState(None, drafter_backlog=260, generated_tokens=200)) == 0
 
 
-def test_answer_lengths_take_over_from_ski_rental() -> None:
-    record = AnswerLengthRecord()
-    assert record.expected_remaining(generated=5, remaining=100, ski_rental=5) == 5  # nothing recorded yet
-    for length in [10] * 8 + [128] * 8:  # short answers and answers cut at a budget of 128
-        record.add(length, cut_by_budget=length == 128)
-    assert record.expected_remaining(2, 126, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 126) / 18)
-    assert record.expected_remaining(20, 108, ski_rental=20) == pytest.approx((2 * 20 + 8 * 108) / 10)
-    assert record.expected_remaining(130, None, ski_rental=130) == 130  # longer than any: ski rental again
-    assert record.expected_remaining(2, 30, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 30) / 18)  # capped
-    # under a larger budget, answers cut at 128 are expected to run on to it; those that ended do not
-    assert record.expected_remaining(2, 498, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 498) / 18)
-    recent = AnswerLengthRecord([AnswerLength(5)] * 3, capacity=4)
-    recent.add(50)
-    recent.add(60)
-    assert [answer.num_tokens for answer in recent.answers] == [5, 5, 50, 60]  # only the most recent answers count
-    with pytest.raises(ValueError, match="at least one answer"):
-        AnswerLengthRecord(capacity=0)
-
-
 def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() -> None:
     """With the drafter's earlier answers known, a short prompt is read at the first step if answers
     usually repay it, and a prompt is never read if they usually end before they could."""
@@ -358,27 +266,6 @@ def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() 
     assert reading_steps(wary, prompt_tokens=60, budget=128, top_probability=0.95)[:11] == [0] * 11
     informed.observe_end(40, cut_by_budget=False)
     assert long_answers.answers[-1] == AnswerLength(40, cut_by_budget=False)
-
-
-def test_step_time_record_averages_then_follows_the_recent_steps() -> None:
-    record = StepTimeRecord(window=4)
-    assert record.plain_step_ms is None and record.draft_token_ms is None  # nothing measured yet
-    for elapsed_ms in [107.0, 109.0, 104.0, 108.0]:
-        record.add_plain_step(elapsed_ms)
-    assert record.plain_step_ms == pytest.approx(107.0)  # the mean of the first window
-    for _ in range(40):
-        record.add_plain_step(120.0)  # the machine got busier
-    assert record.plain_step_ms == pytest.approx(120.0, abs=0.01)
-    record.add_draft_token_cost(30.0)
-    assert record.draft_token_ms == 30.0 and record.plain_step_ms == pytest.approx(120.0, abs=0.01)
-
-
-def test_measurements_shift_the_target_curve_and_replace_the_draft_cost() -> None:
-    corrected = MODERATE.with_measurements(plain_step_ms=130.0, draft_token_ms=12.0)
-    assert [corrected.target(k) for k in (1, 2, 4)] == [130.0, 140.0, 155.0]  # each token adds what it did
-    assert corrected.draft_ms == 12.0
-    assert MODERATE.with_measurements(None, None) is MODERATE
-    assert MODERATE.with_measurements(None, 12.0).target(4) == MODERATE.target(4)
 
 
 def test_goodput_plans_with_what_the_engines_steps_took() -> None:
@@ -401,164 +288,3 @@ def test_goodput_plans_with_what_the_engines_steps_took() -> None:
     reads_slowly.observe_step_time(1, 90.0 + 10.0 + 20.0 + 1500.0)  # t(2), a draft, and the reading took 1500 ms
     assert shared.draft_token_ms == pytest.approx(20.0)  # a step that read a prompt first says nothing of a draft
     assert shared.reading_scale == pytest.approx(1.5)
-
-
-def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:
-    assert monotone_fit({1: 71.0, 4: 122.0, 5: 110.0, 6: 125.0}) == {1: 71.0, 4: 116.0, 5: 116.0, 6: 125.0}
-    assert monotone_fit({1: 5.0}) == {1: 5.0}
-    assert monotone_fit({1: 3.0, 2: 2.0, 3: 1.0}) == {1: 2.0, 2: 2.0, 3: 2.0}  # one pool
-    ends_low = CostModel({1: 70.0, 2: 90.0, 3: 80.0})  # a dip at the end pools it flat
-    assert ends_low.target(3) == 85.0 and ends_low.target(5) == pytest.approx(85.0 + 2 * 7.5)  # not free past it
-    dipped = CostModel({1: 70.0, 2: 85.0, 3: 96.0, 4: 122.0, 5: 110.0, 6: 140.0}, draft_ms=0.0)
-    assert dipped.target_ms[5] == 110.0  # kept as measured
-    assert dipped.target(4) == dipped.target(5) == 116.0
-    assert all(dipped.step_ms(gamma) <= dipped.step_ms(gamma + 1) for gamma in range(8))
-
-
-def test_step_state_rejects_negative_counts() -> None:
-    with pytest.raises(ValueError):
-        StepState(remaining_tokens=-1)
-    with pytest.raises(ValueError):
-        StepState(drafter_backlog=-1)
-    with pytest.raises(ValueError):
-        StepState(generated_tokens=-1)
-    with pytest.raises(ConfigError):
-        CostModel({1: 1.0}, draft_prefill_ms={0: 1.0})
-    with pytest.raises(ConfigError):
-        CostModel({1: 1.0}, draft_prefill_ms={10: -1.0})
-
-
-def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection() -> None:
-    policy = make_policy("heuristic", PolicyContext(num_draft_tokens=4, max_draft_tokens=9))
-    assert policy.choose() == 4
-    policy.observe(4, 4)
-    assert policy.choose() == 6
-    policy.observe(6, 6)
-    policy.observe(8, 8)
-    assert policy.choose() == 9  # capped
-    for _ in range(12):
-        policy.observe(policy.choose(), 0)
-    assert policy.choose() == 1  # never below 1
-    policy.observe(0, 0)  # nothing proposed: no change
-    assert policy.choose() == 1
-
-
-def test_confidence_stops_drafting_below_the_threshold() -> None:
-    policy = make_policy("confidence:0.6", PolicyContext(max_draft_tokens=12))
-    assert policy.choose() == 12
-    assert policy.keep_drafting(DraftStep(torch.tensor([[4.0, 0.0, 0.0]]), None, 1))  # top probability 0.96
-    assert not policy.keep_drafting(DraftStep(torch.tensor([[1.0, 1.0, 0.0]]), None, 2))  # top probability 0.42
-
-
-def test_fixed_policy_and_specs() -> None:
-    assert make_policy("fixed", PolicyContext(num_draft_tokens=3)).choose() == 3
-    assert make_policy("fixed:0", PolicyContext()).choose() == 0
-    with pytest.raises(ConfigError, match="cost model"):
-        make_policy("goodput", PolicyContext())
-    for bad in ("fixed:x", "fixed:-1", "confidence:2", "heuristic:3", "goodput:1"):
-        with pytest.raises(ConfigError):
-            GenerationConfig(policy=bad)
-    with pytest.raises(UnknownNameError):
-        GenerationConfig(policy="oracle")
-    GenerationConfig(policy="goodput")  # needs a cost model only when a request runs
-
-
-def test_goodput_is_the_default_unless_the_request_gives_a_gamma() -> None:
-    default = GenerationConfig()
-    assert (default.policy, default.num_draft_tokens) == ("goodput", 4)
-    asked = GenerationConfig(num_draft_tokens=2)  # "draft 2 per step" is a fixed policy
-    assert (asked.policy, asked.num_draft_tokens) == ("fixed", 2)
-    heuristic = GenerationConfig(policy="heuristic")
-    assert (heuristic.policy, heuristic.num_draft_tokens) == ("heuristic", 4)
-    assert GenerationConfig(num_draft_tokens=3, policy="goodput").policy == "goodput"
-
-
-def test_a_cost_model_survives_its_json_form() -> None:
-    assert CostModel.from_dict(json.loads(json.dumps(READS_SLOWLY.to_dict()))) == READS_SLOWLY
-    broken_forms = [{}, {"target_ms": {"x": 1}, "draft_ms": 0, "draft_prefill_ms": {}}, {"target_ms": []}]
-    for broken in broken_forms:
-        with pytest.raises(ConfigError, match="not a saved cost model"):
-            CostModel.from_dict(broken)
-
-
-# --- through the engine --------------------------------------------------------------------------
-
-PROMPTS = [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
-
-
-@pytest.mark.parametrize("policy", ["fixed:3", "heuristic", "confidence:0.3", "goodput"])
-@pytest.mark.parametrize("drafter", ["draft-model", "prompt-lookup"])
-def test_every_policy_is_lossless(pipeline: Pipeline, policy: str, drafter: str) -> None:
-    pipeline.cost_models.setdefault(drafter, MODERATE)
-    for prompt_ids in PROMPTS:
-        plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=24))
-        result = pipeline.engine(drafter).generate(prompt_ids, GenerationConfig(max_new_tokens=24, policy=policy))
-        assert result.token_ids == plain.token_ids, (policy, drafter, prompt_ids)
-        assert len(result.stats.proposed_per_step) == result.stats.target_forwards - 1
-
-
-def test_goodput_falls_back_to_plain_steps_when_drafts_fail(pipeline: Pipeline) -> None:
-    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
-    fresh.cost_models["prompt-lookup"] = STEEP  # verification as dear as decoding: drafting never pays
-    result = fresh.engine("prompt-lookup").generate(PROMPTS[1], GenerationConfig(max_new_tokens=24, policy="goodput"))
-    assert sum(result.stats.proposed_per_step) <= 2  # at most a probe
-
-
-def test_confidence_policy_drafts_variable_lengths(pipeline: Pipeline) -> None:
-    config = GenerationConfig(max_new_tokens=32, policy="confidence:0.5", max_draft_tokens=8)
-    result = pipeline.engine("draft-model").generate(PROMPTS[2], config)
-    assert len(set(result.stats.proposed_per_step)) > 1
-
-
-def test_the_default_policy_calibrates_at_the_first_request(pipeline: Pipeline) -> None:
-    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
-    plain = fresh.engine("none").generate(PROMPTS[2], GenerationConfig(max_new_tokens=12))
-    assert fresh.cost_models == {}  # plain decoding has no γ to choose, so nothing to measure
-    result = fresh.engine("draft-model").generate(PROMPTS[2], GenerationConfig(max_new_tokens=12))
-    assert result.token_ids == plain.token_ids
-    assert sorted(fresh.cost_models) == ["draft-model"] and fresh.cost_models["draft-model"].draft_ms > 0
-
-
-def test_a_calibration_is_saved_and_loaded_for_the_same_models(
-    pipeline: Pipeline, tmp_path: Path, calibrations_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def with_paths(target: str, draft: str) -> Pipeline:
-        return Pipeline(
-            pipeline.target,
-            pipeline.tokenizer,
-            pipeline.eos_token_ids,
-            target_path=tmp_path / target,
-            draft=pipeline.draft,
-            draft_path=tmp_path / draft,
-        )
-
-    first = with_paths("target", "draft")
-    measured = first.calibrate("draft-model", max_draft_tokens=4)
-    saved = first.calibration_file("draft-model", max_draft_tokens=4)
-    assert saved is not None and saved.parent == calibrations_in_tmp and saved.exists()
-    assert first.calibration_file("prompt-lookup", 4) != saved  # per drafter
-    assert with_paths("target", "other draft").calibration_file("draft-model", 4) != saved  # per models
-    first.answer_lengths["draft-model"] = AnswerLengthRecord([AnswerLength(7, cut_by_budget=True)])
-    first.save_learned("draft-model", chat=True)  # what chat turns taught is kept apart from completions
-    assert with_paths("target", "draft").load_learned("draft-model", chat=True) == 1
-    assert with_paths("target", "draft").load_learned("draft-model") == 0
-
-    def no_measuring(*args: object, **kwargs: object) -> None:
-        raise AssertionError("measured although a saved calibration exists")
-
-    with monkeypatch.context() as patch:
-        patch.setattr("quickdraft.bench.profile.measure_cost_curves", no_measuring)
-        assert with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4) == measured
-        with pytest.raises(AssertionError, match="measured although"):  # unless asked to measure again
-            with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4, use_saved=False)
-    saved.write_text("{not json")  # a damaged file is measured anew and replaced
-    assert with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4).draft_ms > 0
-    assert CostModel.from_dict(json.loads(saved.read_text())["cost_model"]).draft_ms > 0
-
-
-def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
-    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
-    model = fresh.calibrate("draft-model", max_draft_tokens=4)
-    assert sorted(model.target_ms) == [1, 2, 4, 5] and model.draft_ms > 0
-    assert fresh.calibrate("prompt-lookup", max_draft_tokens=4).draft_ms == 0.0
-    assert fresh.engine("draft-model").cost_model is model

@@ -1,0 +1,219 @@
+"""Calibration: measure what forwards cost on this machine and turn it into a :class:`CostModel`.
+
+The goodput policy needs these costs at run time; ``quickdraft profile`` and the bench print and
+record the same curves. A curve maps k new tokens to the milliseconds of one forward over them after
+a fixed context: each k is timed several times after untimed warm-up runs, rolling the cache back to
+the context in between, and the fastest run is kept (other work on the machine only adds time).
+Calibrations are saved as JSON files (:func:`save_calibration`) keyed by everything they depend on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from quickdraft.costs import CostModel
+from quickdraft.drafters import Drafter
+from quickdraft.errors import ConfigError
+from quickdraft.memory import write_atomically
+from quickdraft.runtime.base import Runtime
+
+PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
+DRAFT_PREFILL = "draft_prefill"  # the bench's name for that curve (n tokens -> ms), beside "target" and "draft"
+
+
+def prefill_lengths(runtime: Runtime, lengths: Iterable[int] = PREFILL_LENGTHS) -> list[int]:
+    """``lengths`` capped at what the runtime's context holds."""
+    return sorted({min(n, runtime.max_context) for n in lengths})
+
+
+def measure_cost_curve(
+    runtime: Runtime,
+    ks: Iterable[int],
+    context: int,
+    repeats: int = 3,
+    warmup: int = 1,
+    progress: bool = False,
+    label: str = "profile",
+) -> dict[int, float]:
+    """Milliseconds of a forward over k new tokens with ``context`` tokens cached (fastest of ``repeats``)."""
+    return measure_cost_curves({label: runtime}, {label: ks}, context, repeats, warmup, progress)[label]
+
+
+def measure_cost_curves(
+    runtimes: Mapping[str, Runtime],
+    ks: Mapping[str, Iterable[int]],
+    context: int,
+    repeats: int = 3,
+    warmup: int = 1,
+    progress: bool = False,
+) -> dict[str, dict[int, float]]:
+    """Per runtime (e.g. target and draft), milliseconds of a forward over k new tokens after ``context``
+    cached tokens: the fastest of ``repeats`` timed runs after ``warmup`` untimed ones.
+
+    The runtimes and k take turns within every repeat, and the fastest run is kept: on a shared machine
+    other work only ever adds time, and a slow spell then slows one repeat of every curve instead of one
+    whole curve. What policies trade on is the ratio between the curves (a draft token against a
+    target step), and two curves measured one after the other measured that ratio at 0.40 in one bench
+    and 0.51 in the next.
+    """
+    wanted = {role: sorted(set(ks[role])) for role in runtimes}
+    if context < 1 or any(not k or k[0] < 1 for k in wanted.values()) or repeats < 1 or warmup < 0:
+        raise ConfigError("profile needs context >= 1, k >= 1, repeats >= 1 and warmup >= 0")
+    for role, runtime in runtimes.items():
+        if context + wanted[role][-1] > runtime.max_context:
+            raise ConfigError(
+                f"context {context} + {wanted[role][-1]} new tokens exceeds the model's {runtime.max_context} positions"
+            )
+    generator = torch.Generator().manual_seed(0)
+    caches = {}
+    for role, runtime in runtimes.items():
+        caches[role] = runtime.new_cache(1)
+        prompt = torch.randint(0, runtime.vocab_size, (1, context), generator=generator)  # [1, context]
+        runtime.forward(prompt, caches[role], last_only=True)
+    token_ids = {  # [1, k] per role and k
+        role: {k: torch.randint(0, runtimes[role].vocab_size, (1, k), generator=generator) for k in wanted[role]}
+        for role in runtimes
+    }
+    times: dict[str, dict[int, list[float]]] = {role: {k: [] for k in wanted[role]} for role in runtimes}
+    steps = [(role, k) for k in sorted(set().union(*wanted.values())) for role in runtimes if k in wanted[role]]
+    label = "profile " + " and ".join(runtimes)
+    with tqdm(total=(warmup + repeats) * len(steps), desc=label, disable=not progress, file=sys.stderr) as bar:
+        for repeat in range(warmup + repeats):
+            for role, k in steps:
+                started = time.perf_counter()
+                runtimes[role].forward(token_ids[role][k], caches[role])
+                elapsed = time.perf_counter() - started
+                caches[role].truncate(context)
+                if repeat >= warmup:
+                    times[role][k].append(elapsed)
+                bar.update()
+    return {role: {k: 1000 * min(samples) for k, samples in curve.items()} for role, curve in times.items()}
+
+
+def measure_prefill_curve(
+    runtime: Runtime, lengths: Iterable[int], repeats: int = 1, warmup: int = 1
+) -> dict[int, float]:
+    """Milliseconds of reading n tokens into an empty cache (last position's logits only; fastest of
+    ``repeats``): what a drafter pays to catch up on a prompt before its first draft."""
+    lengths = sorted(set(lengths))
+    if not lengths or lengths[0] < 1 or lengths[-1] > runtime.max_context or repeats < 1 or warmup < 0:
+        raise ConfigError(f"a prefill curve needs 1 <= n <= {runtime.max_context}, repeats >= 1 and warmup >= 0")
+    generator = torch.Generator().manual_seed(0)
+    curve: dict[int, float] = {}
+    for n in lengths:
+        token_ids = torch.randint(0, runtime.vocab_size, (1, n), generator=generator)  # [1, n]
+        times = []
+        for _ in range(warmup + repeats):
+            cache = runtime.new_cache(1)
+            started = time.perf_counter()
+            runtime.forward(token_ids, cache, last_only=True)
+            times.append(time.perf_counter() - started)
+        curve[n] = 1000 * min(times[warmup:])
+    return curve
+
+
+def curve_to_json(curve: dict[int, float]) -> dict[str, float]:
+    return {str(k): round(ms, 3) for k, ms in sorted(curve.items())}
+
+
+def curve_from_json(data: dict[str, float]) -> dict[int, float]:
+    return {int(k): float(ms) for k, ms in data.items()}
+
+
+def draft_token_ms(
+    curves: Mapping[str, Mapping[int, float]], uses_draft_model: bool, target_cost_fraction: float | None
+) -> float | None:
+    """What one drafted token costs by the measured ``curves`` ("target", "draft"): a share of the target's
+    1-token forward for self-speculation, the draft model's 1-token forward, or 0 for drafters without a
+    model; None when the curve it needs was not measured."""
+    if target_cost_fraction is not None:
+        target_ms = curves.get("target", {}).get(1)
+        return None if target_ms is None else target_cost_fraction * target_ms
+    if uses_draft_model:
+        return curves.get("draft", {}).get(1)
+    return 0.0
+
+
+def cost_model_from_curves(curves: Mapping[str, Mapping[int, float]], drafter_cls: type[Drafter]) -> CostModel:
+    """The cost model of ``drafter_cls``'s steps from measured curves ("target", "draft", ``DRAFT_PREFILL``)."""
+    draft_ms = draft_token_ms(curves, drafter_cls.needs_draft_model, drafter_cls.target_cost_fraction)
+    if draft_ms is None or "target" not in curves:
+        raise ConfigError("the cost curves this drafter needs were not measured")
+    prefill_ms = curves.get(DRAFT_PREFILL, {}) if drafter_cls.needs_draft_model else {}
+    return CostModel(dict(curves["target"]), draft_ms, dict(prefill_ms))
+
+
+def measure_cost_model(
+    target: Runtime, draft: Runtime | None, drafter_cls: type[Drafter], max_draft_tokens: int, context: int = 64
+) -> CostModel:
+    """Measure the step costs the goodput policy needs (a few forwards, a few seconds).
+
+    Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached tokens
+    (the fastest of 3, after a warm-up); the draft model's 1-token forward and what reading 128 and 512
+    tokens costs it if the drafter uses one; the drafter's share of a target step if the target drafts
+    itself; else 0.
+    """
+    ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
+    runtimes, wanted = {"target": target}, {"target": ks}
+    if drafter_cls.needs_draft_model and draft is not None:
+        runtimes["draft"], wanted["draft"] = draft, [1]
+    curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
+    if draft is not None and "draft" in curves:
+        curves[DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
+    return cost_model_from_curves(curves, drafter_cls)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A cost model and where it came from: ``measured``, ``loaded`` from ``path``, or ``re-measured``
+    because the file at ``path`` could not be used (``problem`` says why)."""
+
+    cost_model: CostModel
+    source: str  # "measured" | "loaded" | "re-measured"
+    path: Path | None = None  # the calibration file read or written; None: not saved
+    seconds: float = 0.0  # spent measuring
+    saved: bool = False  # the measurement was written to ``path``
+    problem: str | None = None  # why a saved file was not used
+
+    def describe(self) -> str:
+        """One line for a user: where the costs came from."""
+        if self.source == "loaded":
+            return f"loaded from {self.path}"
+        text = f"calibrated in {self.seconds:.1f} s"
+        if self.problem is not None:
+            text = f"{self.path} {self.problem}, re-{text}"
+        if self.saved:
+            text += f", saved to {self.path}"
+        elif self.path is not None:
+            text += f", not saved ({self.path} cannot be written)"
+        return text
+
+
+def load_calibration(path: Path) -> CostModel:
+    """The cost model saved at ``path``; a missing, unreadable or malformed file raises ``ConfigError``."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        return CostModel.from_dict(saved["cost_model"])
+    except FileNotFoundError:
+        raise ConfigError(f"no calibration at {path}") from None
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as error:
+        raise ConfigError(f"is not a usable calibration ({type(error).__name__})") from None
+
+
+def save_calibration(path: Path, key: Mapping[str, Any], cost_model: CostModel) -> bool:
+    """Write ``cost_model`` with its ``key`` to ``path``; False if it cannot be written (a cache that
+    cannot be written only costs a later re-measure)."""
+    try:
+        write_atomically(path, json.dumps({"key": dict(key), "cost_model": cost_model.to_dict()}, indent=2))
+    except OSError:
+        return False
+    return True

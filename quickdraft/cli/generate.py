@@ -1,0 +1,177 @@
+"""``quickdraft generate``: one request, streamed, with speculative decoding."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quickdraft.cli.common import add_model_arguments, draft_for, read_prompt
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.drafters import DRAFTERS, DrafterOptions
+from quickdraft.engine import GenerationResult
+
+if TYPE_CHECKING:
+    from quickdraft.api import Preparation
+
+
+def add_command(commands: Any) -> None:
+    generate = commands.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        description="Generate a continuation of PROMPT (or of standard input with -). Streams the text "
+        "to stdout and the statistics to stderr; --json prints one JSON object instead.",
+    )
+    generate.add_argument("prompt", nargs="?", help="the prompt text, or - to read it from standard input")
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
+    add_model_arguments(generate)
+    generate.add_argument(
+        "--drafter",
+        default="draft-model",
+        help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: draft-model; none = plain decoding)",
+    )
+    generate.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="drafts per step γ of the fixed policy, where the heuristic one starts (default 4); "
+        "given without --policy it means --policy fixed",
+    )
+    generate.add_argument(
+        "--policy",
+        default=None,
+        metavar="NAME",
+        help="how γ is chosen before each step: goodput (the default: the γ, 0 included, with the most expected "
+        "tokens per second from measured costs and the observed acceptance; it measures the costs the first time, "
+        "a few seconds, and saves them), fixed[:K], heuristic (+2 after a fully accepted block, -1 otherwise), "
+        "confidence[:T] (stop drafting when the draft's top probability < T), specdec++[:T] (stop when a trained "
+        "head puts P(a rejection in the block) above T)",
+    )
+    generate.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure goodput's costs again instead of loading the saved ones (after a hardware or code change), "
+        "and forget the acceptance and answer lengths it learned from earlier runs",
+    )
+    generate.add_argument(
+        "--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ of adaptive policies (default 16)"
+    )
+    generate.add_argument(
+        "--acceptance-head",
+        metavar="FILE",
+        help="SpecDec++ head for --policy specdec++[:T] (default: the one train-acceptance-head wrote for the draft)",
+    )
+    generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token budget (default 128)")
+    generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    generate.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1]")
+    generate.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest (0 = off)")
+    generate.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (reproducible runs)")
+    generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    generate.add_argument("--prompt-lookup-max-ngram", type=int, default=3, metavar="N", help="default 3")
+    generate.add_argument("--prompt-lookup-min-ngram", type=int, default=1, metavar="N", help="default 1")
+    generate.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run plain decoding (--drafter none) on the same request and report the speedup and "
+        "whether the tokens are identical",
+    )
+    generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, paths")
+    generate.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from quickdraft.api import Pipeline
+
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        num_draft_tokens=args.num_draft_tokens,
+        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        stop=tuple(args.stop),
+        policy=args.policy,
+        max_draft_tokens=args.max_draft_tokens,
+    )
+    options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram)
+    prompt = read_prompt(args)
+    draft = draft_for(args, [args.drafter])
+    pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
+    prompt_ids = pipeline.encode(prompt, chat=args.chat)
+    pipeline.engine(args.drafter, options).check_prompt(prompt_ids, config)  # before any measuring
+    preparation = pipeline.prepare(
+        args.drafter,
+        config,
+        recalibrate=args.recalibrate,
+        acceptance_head=Path(args.acceptance_head) if args.acceptance_head else None,
+        keep_learning=True,
+        chat=args.chat,
+    )
+    if preparation.calibration is not None and not args.json:
+        print(f"[{config.policy}] {describe(preparation, config)}", file=sys.stderr)
+    engine = pipeline.engine(args.drafter, options)
+    plain_engine = pipeline.engine("none") if args.compare else None
+    if plain_engine is not None:  # warm both paths up so neither run pays first-call costs
+        warm_up = GenerationConfig(max_new_tokens=2, num_draft_tokens=1, sampling=config.sampling)  # drafts once
+        for warm in (engine, plain_engine):
+            warm.generate(prompt_ids, warm_up)
+        engine.drafter.forget()  # the timed run reads the prompt itself, as the plain one does
+    stream = engine.stream(prompt_ids, config)
+    if not args.json:
+        for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    result = stream.finish()
+    pipeline.save_learned(args.drafter, preparation)
+    comparison = None
+    if plain_engine is not None:
+        plain = plain_engine.generate(prompt_ids, config)
+        comparison = {
+            "plain_stats": plain.stats.to_dict(),
+            "speedup": speedup(result, plain),
+            "identical_tokens": result.token_ids == plain.token_ids,
+        }
+    if args.json:
+        output: dict[str, Any] = {
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason,
+            "stats": result.stats.to_dict(),
+            "target": str(pipeline.target_path),
+            "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
+            "runtime": pipeline.target.name,
+        }
+        if comparison is not None:
+            output["compare"] = comparison
+        print(json.dumps(output))
+        return
+    print(f"[{args.drafter}, finish: {result.finish_reason}] {result.stats.summary()}", file=sys.stderr)
+    if comparison is not None:
+        print(f"[none (plain decoding)] {plain.stats.summary()}", file=sys.stderr)
+        same = "yes" if comparison["identical_tokens"] else "no"
+        if not config.sampling.is_greedy:
+            same += " (sampled: equal distributions, not equal tokens, are what is guaranteed)"
+        print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
+
+
+def describe(preparation: Preparation, config: GenerationConfig) -> str:
+    """Where the policy's costs came from, what they say, and how many earlier answers it starts from."""
+    assert preparation.calibration is not None
+    costs = preparation.calibration.cost_model
+    reading = ""
+    if costs.draft_prefill_ms:
+        longest = max(costs.draft_prefill_ms)
+        reading = f"; reading {longest} prompt tokens costs the draft {costs.draft_read(longest):.0f} ms"
+    answers = preparation.earlier_answers
+    return (
+        f"{preparation.calibration.describe()}: target {costs.target(1):.0f} ms for 1 token, "
+        f"{costs.target(config.max_draft_tokens + 1):.0f} ms for {config.max_draft_tokens + 1}; "
+        f"{costs.draft_ms:.0f} ms per drafted token{reading}; "
+        f"learned from {answers} earlier answer{'' if answers == 1 else 's'}"
+    )
+
+
+def speedup(speculative: GenerationResult, plain: GenerationResult) -> float:
+    """Ratio of tokens/s (sampled runs may stop at different lengths)."""
+    return (speculative.stats.tokens_per_s or 0.0) / (plain.stats.tokens_per_s or float("inf"))

@@ -1,0 +1,77 @@
+"""``quickdraft train-acceptance-head``: arguments and report (the training: :mod:`quickdraft.train_acceptance`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from quickdraft.acceptance_head import WEIGHT_DECAYS
+from quickdraft.cli.common import add_model_arguments
+from quickdraft.errors import ConfigError
+from quickdraft.train_acceptance import TRAIN_DOC, check_training_settings, train_acceptance_head
+
+
+def add_command(commands: Any) -> None:
+    train = commands.add_parser(
+        "train-acceptance-head",
+        help="fit the SpecDec++ acceptance head (for --policy specdec++) from target/draft rollouts",
+        description=TRAIN_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("--questions", metavar="PATH", help="question file, as for bench (default: Spec-Bench)")
+    train.add_argument(
+        "--out",
+        metavar="FILE",
+        help="where to write the head (default: $QUICKDRAFT_CACHE/acceptance-heads/<draft>.safetensors, "
+        "where generate and bench look for it)",
+    )
+    train.add_argument("--per-category", type=int, default=4, metavar="N", help="questions per category (default 4)")
+    train.add_argument("--max-new-tokens", type=int, default=96, metavar="N", help="tokens per rollout (default 96)")
+    train.add_argument("--block", type=int, default=8, metavar="K", help="drafts per step in rollouts (default 8)")
+    train.add_argument("--holdout", type=float, default=0.25, metavar="F", help="held-out share of questions")
+    train.add_argument("--seed", type=int, default=0, help="seed of the sample and the split (default 0)")
+    add_model_arguments(train)
+    train.add_argument("--json", action="store_true", help="print the report as JSON")
+    train.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from quickdraft.api import Pipeline
+    from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
+    from quickdraft.models import DEFAULT_DRAFT
+
+    check_training_settings(args.block, args.holdout)  # before any model is loaded
+    path = Path(args.questions) if args.questions else default_questions_path()
+    if path is None:
+        raise ConfigError("no question file: pass --questions PATH")
+    questions = sample_questions(load_questions(path), args.per_category, args.seed)
+    pipeline = Pipeline.load(target=args.target, draft=args.draft or DEFAULT_DRAFT, runtime=args.runtime)
+    prompts = [pipeline.encode(question.turns[0], chat=question.chat) for question in questions]
+    report = train_acceptance_head(
+        pipeline,
+        prompts,
+        block=args.block,
+        max_new_tokens=args.max_new_tokens,
+        holdout=args.holdout,
+        seed=args.seed,
+        out=Path(args.out) if args.out else None,
+    )
+    report["questions"] = str(path)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    for split in ("train", "holdout"):
+        numbers = report[split]
+        print(
+            f"{split}: {numbers['n']} draft tokens, accepted {numbers['base_rate']:.2f}, "
+            f"Brier {numbers['brier']:.3f}, ECE {numbers['ece']:.3f}, accuracy {numbers['accuracy']:.3f}"
+        )
+    tried = ", ".join(map(str, WEIGHT_DECAYS))
+    print(f"L2 weight decay {report['weight_decay']:g} (the best of {tried} on held-back training tokens)")
+    print("held-out reliability (predicted -> observed acceptance):")
+    for row in report["holdout"]["reliability"]:
+        low, high = row["bin"]
+        print(f"  [{low:.1f}, {high:.1f}) n={row['n']:5d}  {row['predicted']:.2f} -> {row['observed']:.2f}")
+    print(f"wrote {report['out']}")

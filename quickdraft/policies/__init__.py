@@ -1,0 +1,53 @@
+"""How many tokens to draft before each step: policies by name (``make_policy("goodput", context)``).
+
+``base`` holds the interface and the registry; ``simple`` the policies that need no measurements;
+``goodput`` the cost-aware one; ``specdec`` the one with a trained acceptance head. Importing this
+package registers them all.
+"""
+
+from quickdraft.policies import goodput, simple, specdec  # noqa: F401 - each registers its policies
+from quickdraft.policies.base import (
+    POLICIES,
+    UNKNOWN_STATE,
+    Policy,
+    PolicyContext,
+    PolicyKind,
+    PolicySpec,
+    StepState,
+    make_policy,
+    parse_policy,
+)
+from quickdraft.policies.goodput import GoodputPolicy
+from quickdraft.policies.records import (
+    AcceptanceRecord,
+    AnswerLength,
+    AnswerLengthRecord,
+    BetaCounts,
+    StepTimeRecord,
+    draft_outcomes,
+)
+from quickdraft.policies.simple import ConfidencePolicy, FixedPolicy, HeuristicPolicy
+from quickdraft.policies.specdec import SpecDecPolicy
+
+__all__ = [
+    "POLICIES",
+    "UNKNOWN_STATE",
+    "AcceptanceRecord",
+    "AnswerLength",
+    "AnswerLengthRecord",
+    "BetaCounts",
+    "ConfidencePolicy",
+    "FixedPolicy",
+    "GoodputPolicy",
+    "HeuristicPolicy",
+    "Policy",
+    "PolicyContext",
+    "PolicyKind",
+    "PolicySpec",
+    "SpecDecPolicy",
+    "StepState",
+    "StepTimeRecord",
+    "draft_outcomes",
+    "make_policy",
+    "parse_policy",
+]

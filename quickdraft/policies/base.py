@@ -1,0 +1,165 @@
+"""The policy interface and registry: a policy chooses γ before every step (0 = a plain step).
+
+A policy lives for one request. Before each step the engine asks :meth:`Policy.choose` for γ
+(telling it, in a :class:`StepState`, how many tokens the request may still produce and how many
+the drafter must read before it can draft);
+while the drafter drafts, :meth:`Policy.keep_drafting` may stop it early (confidence-based
+policies); after verification :meth:`Policy.observe` learns how many drafts were accepted.
+Policies never affect which tokens are produced, only how fast: every γ is lossless.
+
+Registry names (``NAME`` or ``NAME:ARG``; each entry is a :class:`PolicyKind`):
+- ``fixed:K`` — always K (``fixed`` alone uses the request's ``num_draft_tokens``);
+- ``heuristic`` — transformers' rule: start at ``num_draft_tokens``, +2 after a fully accepted
+  block, −1 otherwise (at least 1);
+- ``confidence:T`` — draft up to the maximum, stopping when the draft's top probability < T;
+- ``goodput`` — γ = argmax over 0..γmax of expected tokens per millisecond under the measured
+  cost model and an online estimate of the acceptance rate α (SmartSpec-style);
+- ``specdec++:T`` — draft up to the maximum, stopping when a trained acceptance head puts
+  P(at least one rejection in the block) above T (SpecDec++).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from quickdraft.acceptance_head import AcceptanceHead
+from quickdraft.costs import CostModel
+from quickdraft.drafters.base import DraftStep
+from quickdraft.errors import ConfigError
+from quickdraft.policies.records import AcceptanceRecord, AnswerLengthRecord, StepTimeRecord
+from quickdraft.registry import Registry
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What the engine tells a policy before a step, besides the policy's own history."""
+
+    remaining_tokens: int | None = None  # new tokens the request may still produce (a bound); None: unbounded
+    drafter_backlog: int = 0  # committed tokens the drafter must read before its next draft
+    generated_tokens: int | None = None  # new tokens the request has produced so far; None: not known
+
+    def __post_init__(self) -> None:
+        counts = [self.remaining_tokens, self.drafter_backlog, self.generated_tokens]
+        if any(count is not None and count < 0 for count in counts):
+            raise ValueError(f"a step state needs counts >= 0, got {self}")
+
+    def expected_remaining_tokens(self) -> int | None:
+        """How many more tokens the answer is expected to run: as many as it has run so far, within the budget.
+
+        Answer lengths are scale-free (one short, the next hundreds of tokens), and an answer that has
+        run m tokens is guessed to run about m more. Trading on this guess is the ski-rental rule: pay
+        for a drafter's reading once the plain steps have forgone as much as the reading costs.
+        """
+        if self.generated_tokens is None:
+            return self.remaining_tokens
+        if self.remaining_tokens is None:
+            return self.generated_tokens
+        return min(self.remaining_tokens, self.generated_tokens)
+
+
+UNKNOWN_STATE = StepState()
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may use: the request's γ settings, the cost model, the drafter's shared acceptance record."""
+
+    num_draft_tokens: int = 4
+    max_draft_tokens: int = 16
+    cost_model: CostModel | None = None
+    acceptance: AcceptanceRecord | None = None
+    acceptance_head: AcceptanceHead | None = None  # for specdec++
+    step_times: StepTimeRecord | None = None  # the engine's measured step overhead, for goodput
+    answer_lengths: AnswerLengthRecord | None = None  # how long the drafter's earlier answers ran, for goodput
+
+
+class Policy(ABC):
+    @abstractmethod
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        """γ for the next step (0 = a plain step)."""
+
+    def keep_drafting(self, step: DraftStep) -> bool:
+        """After drafting a token: draft another one?"""
+        return True
+
+    def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
+        """The step proposed ``proposed`` drafts and the target accepted the first ``accepted``."""
+
+    def observe_plain(self, target_logits: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """A token was chosen without drafts (the prompt's last position or a step that proposed
+        nothing), from these ``[B, V]`` target logits (temperature 1, before any sampling processing)."""
+
+    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:  # noqa: B027 - optional hook
+        """A whole step (choosing, drafting ``proposed`` tokens, verifying, committing) took ``elapsed_ms``."""
+
+    def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:  # noqa: B027 - optional hook
+        """The request ended after ``num_tokens`` new tokens; ``cut_by_budget``: at its max_new_tokens."""
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """A registry entry: how a policy reads its argument, how it is built, and what it needs first."""
+
+    build: Callable[[Any, PolicyContext], Policy]  # (the parsed argument, None if none was given; the context)
+    parse_argument: Callable[[str | None], Any]  # ``ARG`` of ``NAME:ARG`` -> its value; raises ConfigError
+    needs_cost_model: bool = False  # plans with measured costs: calibrate before building it
+    needs_acceptance_head: bool = False  # a trained SpecDec++ head
+    learns_answers: bool = False  # learns acceptance and answer lengths worth keeping across processes
+
+
+POLICIES: Registry[PolicyKind] = Registry("speculation policy")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A parsed ``NAME[:ARG]``: the argument checked once, the entry that builds it."""
+
+    name: str
+    argument: Any
+    kind: PolicyKind
+
+    def build(self, context: PolicyContext) -> Policy:
+        return self.kind.build(self.argument, context)
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """``NAME[:ARG]`` -> a :class:`PolicySpec`; an unknown name or a bad argument raises ``ConfigError``."""
+    name, _, argument = text.partition(":")
+    kind = POLICIES.get(name)
+    return PolicySpec(name, kind.parse_argument(argument or None), kind)
+
+
+def make_policy(text: str, context: PolicyContext) -> Policy:
+    return parse_policy(text).build(context)
+
+
+def no_argument(name: str) -> Callable[[str | None], None]:
+    """The argument parser of a policy that takes none."""
+
+    def parse(argument: str | None) -> None:
+        if argument is not None:
+            raise ConfigError(f"the {name} policy takes no argument")
+
+    return parse
+
+
+def number_argument(kind: type, what: str, low: float, high: float) -> Callable[[str | None], Any]:
+    """The argument parser of a policy that takes an optional ``kind`` in [low, high]."""
+
+    def parse(argument: str | None) -> Any:
+        if argument is None:
+            return None
+        try:
+            value = kind(argument)
+        except ValueError:
+            raise ConfigError(f"{what} must be a {kind.__name__}, got {argument!r}") from None
+        if not low <= value <= high:
+            raise ConfigError(f"{what} must be in [{low}, {high}], got {value}")
+        return value
+
+    return parse

@@ -1,0 +1,222 @@
+"""``goodput``: the γ with the most expected tokens per millisecond under measured costs (SmartSpec-style)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from quickdraft.costs import CostModel
+from quickdraft.drafters.base import DraftStep
+from quickdraft.errors import ConfigError
+from quickdraft.policies.base import POLICIES, UNKNOWN_STATE, Policy, PolicyContext, PolicyKind, StepState, no_argument
+from quickdraft.policies.records import (
+    AcceptanceRecord,
+    AnswerLengthRecord,
+    BetaCounts,
+    StepTimeRecord,
+    draft_outcomes,
+)
+
+MEASURED_BACKLOG = 2  # a drafter catching up on at most this many tokens: a draft model after a fully accepted block
+
+
+@dataclass
+class GoodputPolicy(Policy):
+    """γ maximising expected tokens per millisecond for the request's estimated acceptance.
+
+    Acceptance is estimated in two parts (:class:`AcceptanceRecord`): α, that a block's first draft is
+    accepted, and β, that a later draft is accepted when every draft before it in the block was
+    (:func:`expected_tokens`). A drafter that copies or has found its footing keeps being right, so β is
+    usually well above α, and a single per-draft rate, measured mostly on short blocks, would keep γ
+    short where long blocks pay (``docs/policies.md`` has the measurements). α is the mean of a Beta
+    posterior over first drafts: an accepted one is a success, a rejected one a failure, and older
+    evidence decays by ``decay`` per block. β counts the later drafts the same way (the first rejected
+    one is its failure), shrunk toward α with the weight of ``continuation_shrink`` observations, and
+    its evidence decays by ``decay`` per observed draft of either kind: without evidence of its own β is
+    α, Leviathan et al.'s independent drafts, and evidence that blocks of one draft no longer renew
+    fades back to that. The priors are the drafter's record across requests with the weight of
+    ``prior_strength`` observations (α: Beta(1, 1) before there is a record). A prior is the oldest
+    evidence and decays with the rest, so a request whose drafts keep being accepted drives both toward
+    1 (with a prior that did not decay, an estimate would stay below
+    (1 + 1/(1 − decay)) / (2 + 1/(1 − decay)) = 0.93 at 0.92). After ``probe_after`` plain steps in a row it drafts
+    one token to re-measure α, so a request whose text turns predictable is noticed; after
+    ``probe_after`` one-draft blocks in a row it drafts up to two, since a block of one never shows
+    whether later drafts are accepted.
+
+    A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
+    draft): that cost, read from the cost model's measured draft prefill curve, is paid only when
+    the expected saving over the tokens the answer is expected still to run exceeds it
+    (:meth:`horizon`). With no earlier answers that is as many as it has run so far, within the
+    budget: ski rental, which with α known loses at most twice what knowing the answer's length
+    would have, whatever the budget. As the drafter's answers accumulate in ``answer_lengths``,
+    the expectation over the earlier answers that ran longer than this one has so far takes over.
+    So a long document is decoded plainly unless answers run long enough to repay reading it, and
+    where answers usually run long enough to repay a short prompt's reading, it is read at once.
+    A probe pays at most as much reading as the ``probe_after`` plain steps before it cost.
+
+    γ is the most a step drafts: a drafter with a model stops earlier once the next token is not
+    expected to pay for itself (:meth:`keep_drafting`: the chance, by the draft's own top
+    probabilities, that the block so far is accepted, times β, against what one more token costs), so
+    a request whose draft is unsure verifies short blocks before its estimates have caught up.
+
+    The cost model's curves time bare forwards at one context length, and on a shared machine they
+    are off by tens of percent either way. So the policy plans with what
+    the engine's steps take (:class:`StepTimeRecord`, :meth:`CostModel.with_measurements`): every
+    plain step measures t(1); every drafting step whose drafter had at most ``MEASURED_BACKLOG``
+    tokens to catch up on measures a drafted token's cost, as the step's time less the corrected target
+    forward, per draft; a step that read a longer backlog first measures the reading against the
+    profiled prefill curve. The decision to draft at all rests on exactly these ratios.
+
+    Before a request's first draft, when the drafter has to read first, the target's top
+    probability on each plain token so far (the prefill's token at least) counts as that fraction
+    of an accepted draft, in the estimate that chooses the first γ and decides whether the reading
+    pays (recent tokens weigh more, by ``decay`` per token). Once the drafter has drafted, only
+    real acceptances count. The relation is loose (``docs/policies.md``, ``tools/target_confidence.py``).
+    """
+
+    cost_model: CostModel
+    maximum: int
+    record: AcceptanceRecord | None = None
+    decay: float = 0.92
+    prior_strength: float = 8.0
+    probe_after: int = 16
+    continuation_shrink: float = 2.0
+    step_times: StepTimeRecord | None = None  # shared by the engine's requests; None: this request's own
+    answer_lengths: AnswerLengthRecord | None = None  # shared by the engine's requests; None: ski rental only
+    first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α's decayed evidence
+    later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β's, the record's prior included
+    drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
+    top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
+    rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
+    plain_steps: int = field(default=0, init=False)
+    single_steps: int = field(default=0, init=False)  # one-draft blocks in a row
+    last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
+    block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
+    block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
+
+    def __post_init__(self) -> None:
+        if self.step_times is None:
+            self.step_times = StepTimeRecord()
+        record = self.record
+        if record is not None and record.first.total > 0:  # a snapshot: this request's own outcomes only count once
+            self.first = BetaCounts.prior(record.first.mean(), self.prior_strength)
+        if record is not None and record.later.total > 0:
+            mean = record.later.mean()
+            self.later = BetaCounts(self.prior_strength * mean, self.prior_strength * (1.0 - mean))
+
+    def acceptance_rate(self, partially_accepted: float = 0.0, partially_rejected: float = 0.0) -> float:
+        """α, that a block's first draft is accepted: the posterior mean, with optional extra pseudo-counts
+        (the target's confidence before a first draft)."""
+        return self.first.mean(partially_accepted, partially_rejected)
+
+    def continuation_rate(self, acceptance_rate: float | None = None) -> float:
+        """β, that a later draft is accepted when the drafts before it in its block were: the later drafts'
+        evidence shrunk toward α (``acceptance_rate``; None: :meth:`acceptance_rate`)."""
+        alpha = self.acceptance_rate() if acceptance_rate is None else acceptance_rate
+        return (self.later.accepted + self.continuation_shrink * alpha) / (self.later.total + self.continuation_shrink)
+
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        self.last_backlog = state.drafter_backlog
+        self.block_survival = 1.0
+        reading_ms = self._reading_ms(state)
+        acceptance_rate = self.acceptance_rate()
+        if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
+            acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
+        continuation_rate = self.continuation_rate(acceptance_rate)
+        costs = self.block_costs = self.costs()
+        gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
+        if gamma > 0 and reading_ms > 0 and (horizon := self.horizon(state)) is not None:
+            # is drafting worth the drafter's backlog over the tokens the answer is expected still to run?
+            if costs.saving_ms(acceptance_rate, gamma, horizon, continuation_rate) <= reading_ms:
+                gamma = 0
+        elif gamma == 0 and self.plain_steps >= self.probe_after:
+            # a probe may cost as much reading as the plain steps before it took
+            gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
+        elif gamma == 1 and self.single_steps >= self.probe_after:
+            gamma = min(2, self.maximum)  # a probe of β
+        self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
+        self.single_steps = self.single_steps + 1 if gamma == 1 else 0
+        return gamma
+
+    def keep_drafting(self, step: DraftStep) -> bool:
+        """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and
+        every draft before it are accepted (the draft's top probabilities so far, times β for the next
+        one), and it costs a drafted token plus what one more token adds to the verify forward."""
+        confidence = torch.softmax(step.logits.float(), dim=-1).amax(dim=-1).min()  # the least sure row
+        self.block_survival *= float(confidence)
+        costs = self.block_costs or self.costs()
+        k = step.num_drafted
+        next_token_ms = costs.draft_ms + costs.target(k + 2) - costs.target(k + 1)
+        return self.block_survival * self.continuation_rate() * costs.target(1) > next_token_ms
+
+    def horizon(self, state: StepState) -> float | None:
+        """How many more tokens the answer is expected to run: the ski-rental guess, blended with the
+        drafter's earlier answers that ran longer than this one so far (None: unbounded, unknown)."""
+        ski_rental = state.expected_remaining_tokens()
+        if ski_rental is None or self.answer_lengths is None or state.generated_tokens is None:
+            return ski_rental
+        return self.answer_lengths.expected_remaining(state.generated_tokens, state.remaining_tokens, ski_rental)
+
+    def costs(self) -> CostModel:
+        """The profiled cost model, corrected by the step times measured so far."""
+        assert self.step_times is not None
+        return self.cost_model.with_measurements(self.step_times.plain_step_ms, self.step_times.draft_token_ms)
+
+    def _reading_ms(self, state: StepState) -> float:
+        """The drafter's catch-up beyond the one token every step's draft cost already includes
+        (the profiled prefill curve, scaled by what earlier readings took against it)."""
+        assert self.step_times is not None
+        return self.step_times.reading_scale * self.cost_model.draft_read(state.drafter_backlog - 1)
+
+    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
+        assert self.step_times is not None
+        if proposed == 0:
+            self.step_times.add_plain_step(elapsed_ms)
+            return
+        costs = self.costs()
+        drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
+        if self.last_backlog <= MEASURED_BACKLOG:
+            self.step_times.add_draft_token_cost(drafting_ms / proposed)
+        elif (profiled_ms := self.cost_model.draft_read(self.last_backlog - 1)) > 0:  # it read a backlog first
+            self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
+
+    def observe_plain(self, target_logits: torch.Tensor) -> None:
+        if self.drafted:
+            return
+        top_probabilities = torch.softmax(target_logits.float(), dim=-1).amax(dim=-1)  # [B]
+        top_probability = float(top_probabilities.min())  # the least confident row speaks for the batch
+        self.top_probability_sum = self.decay * self.top_probability_sum + top_probability
+        self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - top_probability
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        self.drafted = True
+        first, later = draft_outcomes(proposed, accepted)
+        for outcome in first:  # a block's first draft discounts α's older evidence, and β's
+            self.first.add(outcome, self.decay)
+            self.later.discount(self.decay)
+        for outcome in later:
+            self.later.add(outcome, self.decay)
+        if self.record is not None:
+            self.record.add(proposed, accepted)
+
+    def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
+        if self.answer_lengths is not None:
+            self.answer_lengths.add(num_tokens, cut_by_budget)
+
+
+def _goodput(_: None, context: PolicyContext) -> Policy:
+    if context.cost_model is None:
+        raise ConfigError("the goodput policy needs a cost model (a saved `quickdraft profile` or a calibration)")
+    return GoodputPolicy(
+        context.cost_model,
+        context.max_draft_tokens,
+        context.acceptance,
+        step_times=context.step_times,
+        answer_lengths=context.answer_lengths,
+    )
+
+
+POLICIES.register("goodput")(PolicyKind(_goodput, no_argument("goodput"), needs_cost_model=True, learns_answers=True))

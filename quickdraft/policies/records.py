@@ -1,0 +1,173 @@
+"""What a policy learns and measures across requests: acceptance counts, answer lengths, step times.
+
+One drafter's records are kept in its :class:`quickdraft.memory.DrafterMemory` and shared by its
+requests; each has ``to_dict``/``from_dict`` where it is saved between processes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+def draft_outcomes(proposed: int, accepted: int) -> tuple[list[int], list[int]]:
+    """A verified block's draft outcomes (1 accepted, 0 rejected): its first draft's, and those of the
+    later drafts the target judged after an accepted one (drafts past the first rejection tell nothing)."""
+    if proposed == 0:
+        return [], []
+    later = [1] * max(0, accepted - 1) + ([0] if 0 < accepted < proposed else [])
+    return [1 if accepted > 0 else 0], later
+
+
+@dataclass
+class BetaCounts:
+    """Successes and failures of a Bernoulli outcome: the pseudo-counts of a Beta posterior."""
+
+    accepted: float = 0.0
+    rejected: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.accepted + self.rejected
+
+    def mean(self, extra_accepted: float = 0.0, extra_rejected: float = 0.0) -> float:
+        """The posterior mean, with optional extra pseudo-counts."""
+        accepted = self.accepted + extra_accepted
+        return accepted / (accepted + self.rejected + extra_rejected)
+
+    def add(self, outcome: int, decay: float = 1.0) -> None:
+        """One outcome (1 accepted, 0 rejected); older evidence is first discounted by ``decay``."""
+        self.discount(decay)
+        self.accepted += outcome
+        self.rejected += 1 - outcome
+
+    def discount(self, factor: float) -> None:
+        self.accepted *= factor
+        self.rejected *= factor
+
+    @classmethod
+    def prior(cls, mean: float, strength: float) -> BetaCounts:
+        """Beta(0.5 + strength · mean, 0.5 + strength · (1 − mean)): a mean worth ``strength`` observations."""
+        return cls(0.5 + strength * mean, 0.5 + strength * (1.0 - mean))
+
+
+@dataclass
+class AcceptanceRecord:
+    """Acceptance seen by one drafter across requests, the prior of each new request's estimates: of a
+    block's first draft, and of a later draft whose block was accepted up to it.
+
+    The two differ: a draft that got one token right usually gets the next ones right too (a prompt-lookup
+    match that copies, a draft model past a hard token); the measurements are in ``docs/policies.md``.
+    """
+
+    first: BetaCounts = field(default_factory=BetaCounts)
+    later: BetaCounts = field(default_factory=BetaCounts)
+
+    @classmethod
+    def independent(cls, accepted: float, rejected: float) -> AcceptanceRecord:
+        """A record whose first and later drafts were accepted alike."""
+        return cls(BetaCounts(accepted, rejected), BetaCounts(accepted, rejected))
+
+    def add(self, proposed: int, accepted: int) -> None:
+        """A verified block: ``proposed`` drafts, the first ``accepted`` of them accepted."""
+        first, later = draft_outcomes(proposed, accepted)
+        for outcome in first:
+            self.first.add(outcome)
+        for outcome in later:
+            self.later.add(outcome)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {
+            "first": [self.first.accepted, self.first.rejected],
+            "later": [self.later.accepted, self.later.rejected],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceRecord:
+        """The inverse of :meth:`to_dict`; counts that are not finite and >= 0 raise ``ValueError``."""
+        pairs = [[float(count) for count in data[key]] for key in ("first", "later")]
+        if any(len(pair) != 2 or not all(math.isfinite(count) and count >= 0 for count in pair) for pair in pairs):
+            raise ValueError(f"acceptance counts must be pairs of finite numbers >= 0, got {pairs}")
+        return cls(BetaCounts(*pairs[0]), BetaCounts(*pairs[1]))
+
+
+class AnswerLength(NamedTuple):
+    num_tokens: int
+    cut_by_budget: bool = False  # it stopped at its max_new_tokens, so it would have run at least that long
+
+
+@dataclass
+class AnswerLengthRecord:
+    """How many new tokens one drafter's earlier answers ran: what an answer that has run m tokens is
+    expected still to run.
+
+    An answer cut by its token budget ran at least that long; past m it counts as running on to the
+    current request's budget (where the budgets are equal, as in the bench, exactly what it did; under a
+    larger budget, a guess that what was cut goes on). Before any answer is recorded the guess is the
+    ski-rental one (as many more as it has run, :meth:`StepState.expected_remaining_tokens`), and it
+    keeps the weight of ``prior_weight`` answers: the record takes over as answers accumulate.
+    """
+
+    answers: deque[AnswerLength] = field(default_factory=deque)
+    prior_weight: float = 2.0
+    capacity: int = 256  # the most recent answers: what is served now, and a bounded cost per step
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"an answer length record needs room for at least one answer, got {self.capacity}")
+        self.answers = deque(self.answers, maxlen=self.capacity)
+
+    def add(self, num_tokens: int, cut_by_budget: bool = False) -> None:
+        self.answers.append(AnswerLength(num_tokens, cut_by_budget))
+
+    def expected_remaining(self, generated: int, remaining: int | None, ski_rental: float) -> float:
+        """E[min(L − m, remaining)] over the recorded answers that ran longer than m = ``generated``,
+        blended with the ski-rental guess."""
+        cap = float("inf") if remaining is None else remaining
+
+        def still_to_run(answer: AnswerLength) -> float:
+            if answer.cut_by_budget and remaining is not None:
+                return remaining
+            return min(answer.num_tokens - generated, cap)
+
+        longer = [still_to_run(answer) for answer in self.answers if answer.num_tokens > generated]
+        return (self.prior_weight * ski_rental + sum(longer)) / (self.prior_weight + len(longer))
+
+
+@dataclass
+class StepTimeRecord:
+    """What one drafter's steps took in the engine, across requests: a plain step, a drafted token
+    and reading a backlog (against the profile).
+
+    Each is a running mean over its first ``window`` samples, then an exponential moving average
+    with weight 1 / ``window``, so it follows a change of context length or machine load.
+    """
+
+    plain_step_ms: float | None = None
+    draft_token_ms: float | None = None
+    reading_scale: float = 1.0  # a backlog's measured reading time ÷ the profiled prefill curve's
+    num_plain_steps: int = 0
+    num_drafting_steps: int = 0
+    num_readings: int = 0
+    window: int = 16
+
+    def add_plain_step(self, elapsed_ms: float) -> None:
+        self.num_plain_steps += 1
+        self.plain_step_ms = self._average(self.plain_step_ms, elapsed_ms, self.num_plain_steps)
+
+    def add_draft_token_cost(self, per_token_ms: float) -> None:
+        self.num_drafting_steps += 1
+        self.draft_token_ms = self._average(self.draft_token_ms, per_token_ms, self.num_drafting_steps)
+
+    def add_reading(self, measured_ms: float, profiled_ms: float) -> None:
+        self.num_readings += 1
+        scale = min(4.0, max(0.25, measured_ms / profiled_ms))  # one step's noise must not freeze the choice
+        self.reading_scale = self._average(self.reading_scale, scale, self.num_readings)
+
+    def _average(self, current: float | None, sample: float, count: int) -> float:
+        if current is None or count == 1:
+            return sample
+        return current + (sample - current) / min(count, self.window)

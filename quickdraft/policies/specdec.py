@@ -1,0 +1,54 @@
+"""``specdec++``: draft while a trained acceptance head expects the whole block to be accepted (SpecDec++)."""
+
+from __future__ import annotations
+
+from quickdraft.acceptance_head import AcceptanceHead
+from quickdraft.drafters.base import DraftStep
+from quickdraft.errors import ConfigError
+from quickdraft.policies.base import (
+    POLICIES,
+    UNKNOWN_STATE,
+    Policy,
+    PolicyContext,
+    PolicyKind,
+    StepState,
+    number_argument,
+)
+
+
+class SpecDecPolicy(Policy):
+    """SpecDec++: draft up to the maximum while P(at least one rejection in the block) stays ≤ T.
+
+    The acceptance head predicts each drafted token's acceptance from the draft's hidden state;
+    the chance that the whole block so far is accepted is the product of those predictions.
+    """
+
+    def __init__(self, head: AcceptanceHead, threshold: float, maximum: int) -> None:
+        self.head = head
+        self.threshold = threshold
+        self.maximum = maximum
+        self.all_accepted = 1.0
+
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        self.all_accepted = 1.0
+        return self.maximum
+
+    def keep_drafting(self, step: DraftStep) -> bool:
+        if step.hidden is None:
+            return True  # a drafter without hidden states: the head cannot judge, draft on to the maximum
+        self.all_accepted *= float(self.head.predict(step.hidden, step.logits).min())
+        return 1.0 - self.all_accepted <= self.threshold
+
+
+def _specdec(threshold: float | None, context: PolicyContext) -> Policy:
+    if context.acceptance_head is None:
+        raise ConfigError(
+            "the specdec++ policy needs an acceptance head: train one with `quickdraft train-acceptance-head` "
+            "and pass it with --acceptance-head FILE"
+        )
+    return SpecDecPolicy(context.acceptance_head, 0.7 if threshold is None else threshold, context.max_draft_tokens)
+
+
+POLICIES.register("specdec++")(
+    PolicyKind(_specdec, number_argument(float, "specdec++:T", 0.0, 1.0), needs_acceptance_head=True)
+)

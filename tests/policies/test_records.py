@@ -1,0 +1,62 @@
+"""Records kept across requests: draft outcomes, answer lengths, step times."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quickdraft.policies import (
+    AcceptanceRecord,
+    AnswerLength,
+    AnswerLengthRecord,
+    StepTimeRecord,
+    draft_outcomes,
+)
+
+
+def test_block_outcomes_split_into_first_and_later_drafts() -> None:
+    assert draft_outcomes(0, 0) == ([], [])
+    assert draft_outcomes(4, 0) == ([0], [])  # drafts after the first rejection tell nothing
+    assert draft_outcomes(4, 2) == ([1], [1, 0])
+    assert draft_outcomes(4, 4) == ([1], [1, 1, 1])
+    record = AcceptanceRecord()
+    for proposed, accepted in [(4, 0), (4, 2), (4, 4), (1, 1)]:
+        record.add(proposed, accepted)
+    assert (record.first.accepted, record.first.rejected) == (3, 1)
+    assert (record.later.accepted, record.later.rejected) == (4, 1)
+    assert AcceptanceRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    with pytest.raises(ValueError):
+        AcceptanceRecord.from_dict({"first": [1.0, float("nan")], "later": [0, 0]})
+
+
+def test_answer_lengths_take_over_from_ski_rental() -> None:
+    record = AnswerLengthRecord()
+    assert record.expected_remaining(generated=5, remaining=100, ski_rental=5) == 5  # nothing recorded yet
+    for length in [10] * 8 + [128] * 8:  # short answers and answers cut at a budget of 128
+        record.add(length, cut_by_budget=length == 128)
+    assert record.expected_remaining(2, 126, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 126) / 18)
+    assert record.expected_remaining(20, 108, ski_rental=20) == pytest.approx((2 * 20 + 8 * 108) / 10)
+    assert record.expected_remaining(130, None, ski_rental=130) == 130  # longer than any: ski rental again
+    assert record.expected_remaining(2, 30, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 30) / 18)  # capped
+    # under a larger budget, answers cut at 128 are expected to run on to it; those that ended do not
+    assert record.expected_remaining(2, 498, ski_rental=2) == pytest.approx((2 * 2 + 8 * 8 + 8 * 498) / 18)
+    recent = AnswerLengthRecord([AnswerLength(5)] * 3, capacity=4)
+    recent.add(50)
+    recent.add(60)
+    assert [answer.num_tokens for answer in recent.answers] == [5, 5, 50, 60]  # only the most recent answers count
+    with pytest.raises(ValueError, match="at least one answer"):
+        AnswerLengthRecord(capacity=0)
+
+
+def test_step_time_record_averages_then_follows_the_recent_steps() -> None:
+    record = StepTimeRecord(window=4)
+    assert record.plain_step_ms is None and record.draft_token_ms is None  # nothing measured yet
+    for elapsed_ms in [107.0, 109.0, 104.0, 108.0]:
+        record.add_plain_step(elapsed_ms)
+    assert record.plain_step_ms == pytest.approx(107.0)  # the mean of the first window
+    for _ in range(40):
+        record.add_plain_step(120.0)  # the machine got busier
+    assert record.plain_step_ms == pytest.approx(120.0, abs=0.01)
+    record.add_draft_token_cost(30.0)
+    assert record.draft_token_ms == 30.0 and record.plain_step_ms == pytest.approx(120.0, abs=0.01)

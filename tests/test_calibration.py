@@ -1,0 +1,103 @@
+"""Calibration: measured cost models, saved and loaded per models and machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quickdraft.api import Pipeline
+from quickdraft.calibration import measure_cost_curve, measure_cost_curves, measure_prefill_curve, prefill_lengths
+from quickdraft.costs import CostModel
+from quickdraft.errors import ConfigError
+
+
+def test_a_calibration_is_saved_and_loaded_for_the_same_models(
+    pipeline: Pipeline, tmp_path: Path, calibrations_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def with_paths(target: str, draft: str) -> Pipeline:
+        return Pipeline(
+            pipeline.target,
+            pipeline.tokenizer,
+            pipeline.eos_token_ids,
+            target_path=tmp_path / target,
+            draft=pipeline.draft,
+            draft_path=tmp_path / draft,
+        )
+
+    first = with_paths("target", "draft")
+    calibration = first.calibrate("draft-model", max_draft_tokens=4)
+    measured = calibration.cost_model
+    saved = first.calibration_file("draft-model", max_draft_tokens=4)
+    assert saved is not None and saved.parent == calibrations_in_tmp and saved.exists()
+    assert (calibration.source, calibration.path, calibration.saved) == ("measured", saved, True)
+    assert first.calibration_file("prompt-lookup", 4) != saved  # per drafter
+    assert with_paths("target", "other draft").calibration_file("draft-model", 4) != saved  # per models
+
+    def no_measuring(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured although a saved calibration exists")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("quickdraft.calibration.measure_cost_curves", no_measuring)
+        loaded = with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4)
+        assert (loaded.cost_model, loaded.source, loaded.describe()) == (measured, "loaded", f"loaded from {saved}")
+        with pytest.raises(AssertionError, match="measured although"):  # unless asked to measure again
+            with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4, use_saved=False)
+    saved.write_text("{not json")  # a damaged file is measured anew and replaced, and the user is told
+    remeasured = with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4)
+    assert remeasured.source == "re-measured" and remeasured.cost_model.draft_ms > 0
+    assert "is not a usable calibration" in remeasured.describe() and "loaded" not in remeasured.describe()
+    assert CostModel.from_dict(json.loads(saved.read_text())["cost_model"]).draft_ms > 0
+
+
+def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
+    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
+    model = fresh.calibrate("draft-model", max_draft_tokens=4).cost_model
+    assert sorted(model.target_ms) == [1, 2, 4, 5] and model.draft_ms > 0
+    assert fresh.calibrate("prompt-lookup", max_draft_tokens=4).cost_model.draft_ms == 0.0
+    assert fresh.engine("draft-model").memory.cost_model is model
+
+
+def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:
+    curve = measure_cost_curve(pipeline.target, range(1, 4), context=10, repeats=2)
+    assert sorted(curve) == [1, 2, 3] and all(ms > 0 for ms in curve.values())
+    with pytest.raises(ConfigError, match="exceeds"):
+        measure_cost_curve(pipeline.target, [8], context=pipeline.target.max_context)
+
+
+def test_cost_curves_take_turns_and_keep_the_fastest_run(pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow spell must slow one repeat of every curve, not one whole curve (it skews their ratio)."""
+    calls: list[tuple[str, int]] = []
+    for role, runtime in (("target", pipeline.target), ("draft", pipeline.draft)):
+        forward = runtime.forward
+
+        def recorded(token_ids, cache, last_only=False, role=role, forward=forward):
+            calls.append((role, int(token_ids.shape[1])))
+            return forward(token_ids, cache, last_only)
+
+        monkeypatch.setattr(runtime, "forward", recorded)
+    runtimes = {"target": pipeline.target, "draft": pipeline.draft}
+    curves = measure_cost_curves(runtimes, {"target": [1, 2], "draft": [1]}, context=10, repeats=2, warmup=1)
+    assert sorted(curves["target"]) == [1, 2] and sorted(curves["draft"]) == [1]
+    one_repeat = [("target", 1), ("draft", 1), ("target", 2)]
+    assert calls == [("target", 10), ("draft", 10)] + one_repeat * 3  # the contexts, then warm-up and 2 repeats
+    times = iter([5.0, 1.0, 5.0, 9.0, 2.0, 9.0, 3.0, 3.0, 3.0])  # seconds per timed call, in order
+    clock = {"now": 0.0}
+
+    def fake_clock() -> float:
+        clock["now"] += next(times) if clock.setdefault("started", False) else 0.0
+        clock["started"] = not clock["started"]
+        return clock["now"]
+
+    monkeypatch.setattr("quickdraft.calibration.time.perf_counter", fake_clock)
+    curves = measure_cost_curves(runtimes, {"target": [1, 2], "draft": [1]}, context=10, repeats=2, warmup=1)
+    assert curves == {"target": {1: 3000.0, 2: 3000.0}, "draft": {1: 2000.0}}  # the warm-up's 5, 1, 5 s dropped
+
+
+def test_prefill_curve_reads_into_empty_caches(pipeline) -> None:
+    draft = pipeline.draft
+    curve = measure_prefill_curve(draft, prefill_lengths(draft, (16, 4, 10**6)), repeats=2)
+    assert sorted(curve) == [4, 16, draft.max_context] and all(ms > 0 for ms in curve.values())
+    with pytest.raises(ConfigError, match="prefill curve"):
+        measure_prefill_curve(draft, [draft.max_context + 1])

@@ -1,0 +1,78 @@
+"""The cost model and the expected tokens of a step: what goodput plans with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import EXPENSIVE_DRAFT, FLAT, MODERATE, READS_SLOWLY, STEEP
+
+from quickdraft.costs import CostModel, expected_tokens, monotone_fit
+from quickdraft.errors import ConfigError
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_cost_model_interpolates_and_extrapolates() -> None:
+    assert FLAT.target(4) == 103.0
+    assert FLAT.target(3) == pytest.approx(102.0)
+    assert STEEP.target(10) == pytest.approx(730.0 + 2 * 90.0)
+    assert FLAT.step_ms(3) == pytest.approx(3 * 1.0 + 103.0)
+    with pytest.raises(ConfigError):
+        CostModel({2: 10.0})
+
+
+def test_draft_read_follows_the_prefill_curve() -> None:
+    prefill = CostModel({1: 100.0}, draft_prefill_ms={128: 256.0, 512: 1280.0})
+    assert prefill.draft_read(0) == 0.0
+    assert prefill.draft_read(64) == pytest.approx(128.0)  # below the first point: from (0, 0)
+    assert prefill.draft_read(320) == pytest.approx(768.0)
+    assert prefill.draft_read(1024) == pytest.approx(2645.333, rel=1e-4)  # the last segment's slope
+    assert MODERATE.draft_read(5000) == 0.0  # no prefill curve: reading is free
+
+
+def test_best_gamma_from_the_cost_model() -> None:
+    assert FLAT.best_num_draft_tokens(0.0, 16) == 0  # nothing is ever accepted: never draft
+    assert FLAT.best_num_draft_tokens(0.9, 16) >= 10  # cheap drafts, free verification, high α: draft long
+    assert STEEP.best_num_draft_tokens(0.9, 16) <= 1  # verification costs as much as decoding: barely draft
+    assert EXPENSIVE_DRAFT.best_num_draft_tokens(0.6, 16) <= 2
+    assert 0 < EXPENSIVE_DRAFT.best_num_draft_tokens(0.95, 16) < FLAT.best_num_draft_tokens(0.95, 16)
+
+
+def test_expected_tokens_with_a_continuation_rate() -> None:
+    assert expected_tokens(0.5, 3, continuation_rate=0.5) == pytest.approx(expected_tokens(0.5, 3))
+    assert expected_tokens(0.5, 4, continuation_rate=1.0) == pytest.approx(3.0)  # half the blocks all accepted
+    assert expected_tokens(0.0, 4, continuation_rate=1.0) == 1.0
+    assert expected_tokens(0.9, 0, continuation_rate=0.9) == 1.0
+
+
+def test_measurements_shift_the_target_curve_and_replace_the_draft_cost() -> None:
+    corrected = MODERATE.with_measurements(plain_step_ms=130.0, draft_token_ms=12.0)
+    assert [corrected.target(k) for k in (1, 2, 4)] == [130.0, 140.0, 155.0]  # each token adds what it did
+    assert corrected.draft_ms == 12.0
+    assert MODERATE.with_measurements(None, None) is MODERATE
+    assert MODERATE.with_measurements(None, 12.0).target(4) == MODERATE.target(4)
+
+
+def test_cost_model_trades_on_a_monotone_fit_of_the_target_curve() -> None:
+    assert monotone_fit({1: 71.0, 4: 122.0, 5: 110.0, 6: 125.0}) == {1: 71.0, 4: 116.0, 5: 116.0, 6: 125.0}
+    assert monotone_fit({1: 5.0}) == {1: 5.0}
+    assert monotone_fit({1: 3.0, 2: 2.0, 3: 1.0}) == {1: 2.0, 2: 2.0, 3: 2.0}  # one pool
+    ends_low = CostModel({1: 70.0, 2: 90.0, 3: 80.0})  # a dip at the end pools it flat
+    assert ends_low.target(3) == 85.0 and ends_low.target(5) == pytest.approx(85.0 + 2 * 7.5)  # not free past it
+    dipped = CostModel({1: 70.0, 2: 85.0, 3: 96.0, 4: 122.0, 5: 110.0, 6: 140.0}, draft_ms=0.0)
+    assert dipped.target_ms[5] == 110.0  # kept as measured
+    assert dipped.target(4) == dipped.target(5) == 116.0
+    assert all(dipped.step_ms(gamma) <= dipped.step_ms(gamma + 1) for gamma in range(8))
+
+
+def test_a_cost_model_survives_its_json_form() -> None:
+    assert CostModel.from_dict(json.loads(json.dumps(READS_SLOWLY.to_dict()))) == READS_SLOWLY
+    broken_forms = [{}, {"target_ms": {"x": 1}, "draft_ms": 0, "draft_prefill_ms": {}}, {"target_ms": []}]
+    for broken in broken_forms:
+        with pytest.raises(ConfigError, match="not a saved cost model"):
+            CostModel.from_dict(broken)

@@ -62,8 +62,7 @@ def measure_cost_curves(
     The runtimes and k take turns within every repeat, and the fastest run is kept: on a shared machine
     other work only ever adds time, and a slow spell then slows one repeat of every curve instead of one
     whole curve. What policies trade on is the ratio between the curves (a draft token against a
-    target step), and two curves measured one after the other measured that ratio at 0.40 in one bench
-    and 0.51 in the next.
+    target step), which curves measured one after the other got wrong by a fifth (``docs/policies.md``).
     """
     wanted = {role: sorted(set(ks[role])) for role in runtimes}
     if context < 1 or any(not k or k[0] < 1 for k in wanted.values()) or repeats < 1 or warmup < 0:

@@ -68,14 +68,26 @@ class Drafter(ABC):
     # A drafted token's cost as a fraction of a 1-token target step when the target drafts itself
     # (self-speculation); None: a draft model's measured step, or ~0 for model-free drafters.
     target_cost_fraction: ClassVar[float | None] = None
+    # Rows (requests) one call may draft for: model-free drafters take any number; a drafter that keeps one
+    # conversation's cache (a draft model, early exit into the target's cache) takes one.
+    max_rows: ClassVar[int | None] = None
 
     @classmethod
     @abstractmethod
     def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> Drafter:
         """Build the drafter for ``target`` (``draft`` is given when ``needs_draft_model``)."""
 
-    def prefill(self, prompt_ids: list[list[int]]) -> None:  # noqa: B027 - optional hook
-        """Start new requests (B rows of prompt ids); drafters with per-request state reset it here."""
+    def prefill(self, prompt_ids: list[list[int]]) -> None:
+        """Start new requests (``prompt_ids``: [B][T_b], B rows of prompt ids); drafters with per-request
+        state reset it here."""
+        self.check_rows(prompt_ids)
+
+    def check_rows(self, rows: Sequence[Sequence[int]]) -> None:
+        """Fail clearly when a call brings more rows than this drafter drafts for."""
+        if self.max_rows is not None and len(rows) > self.max_rows:
+            raise NotImplementedError(
+                f"{type(self).__name__} drafts for {self.max_rows} row(s) at a time, got {len(rows)}"
+            )
 
     def forget(self, keep: Sequence[int] = ()) -> None:  # noqa: B027 - optional hook
         """Drop the previous conversation (a draft model's cache of it) but the start it shares with
@@ -89,7 +101,7 @@ class Drafter(ABC):
         """After verification: of ``proposed`` drafts the target accepted the first ``accepted``."""
 
     def backlog(self, context_ids: list[list[int]]) -> int:
-        """Committed tokens this drafter must read before it can draft after ``context_ids`` (policies
+        """Committed tokens this drafter must read before it can draft after ``context_ids`` ([B][T_b]; policies
         weigh that cost); 0 for drafters without a model of their own."""
         return 0
 
@@ -104,6 +116,8 @@ class Drafter(ABC):
     ) -> DraftProposal:
         """Propose up to ``num_tokens`` tokens following each row of committed ``context_ids``.
 
-        The committed context may have dropped tokens this drafter proposed earlier
-        (rejections): a drafter with a cache rolls it back to the common prefix.
+        ``context_ids``: [B][T_b], the committed tokens of B requests (at most :attr:`max_rows`); the
+        proposal's ``token_ids`` are ``[B, γ]`` and its ``probs`` ``[B, γ, V]``. The committed context may
+        have dropped tokens this drafter proposed earlier (rejections): a drafter with a cache rolls it
+        back to the common prefix.
         """

@@ -24,6 +24,7 @@ from quickdraft.tokens import common_prefix_length
 
 class DraftModelDrafter(Drafter):
     needs_draft_model = True
+    max_rows = 1  # one conversation's cache
 
     def __init__(self, draft: Runtime, target_vocab_size: int) -> None:
         self.draft = draft
@@ -39,8 +40,7 @@ class DraftModelDrafter(Drafter):
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
         """Start a request; the prompt is read at the first draft, after the prefix still cached."""
-        if len(prompt_ids) != 1:
-            raise NotImplementedError("the draft-model drafter drafts for one row at a time")
+        self.check_rows(prompt_ids)
 
     def forget(self, keep: Sequence[int] = ()) -> None:
         kept = common_prefix_length(self.cached_ids, list(keep))
@@ -48,7 +48,8 @@ class DraftModelDrafter(Drafter):
         del self.cached_ids[kept:]
 
     def backlog(self, context_ids: list[list[int]]) -> int:
-        (context,) = context_ids
+        self.check_rows(context_ids)
+        (context,) = context_ids  # [T]
         return len(context) - self._reusable_length(context)
 
     def propose(
@@ -59,7 +60,8 @@ class DraftModelDrafter(Drafter):
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
     ) -> DraftProposal:
-        (context,) = context_ids
+        self.check_rows(context_ids)
+        (context,) = context_ids  # [T]
         num_tokens = min(num_tokens, self.draft.max_context - len(context))
         if num_tokens <= 0:
             return DraftProposal.empty(1)

@@ -25,6 +25,7 @@ TRIES_PER_CANDIDATE = 2
 
 class EarlyExitDrafter(Drafter):
     target_cost_fraction = CANDIDATE_FRACTIONS[1]  # typical: the middle candidate
+    max_rows = 1  # it drafts into the one request's target cache
 
     def __init__(self, target: Runtime, candidate_layers: list[int]) -> None:
         self.target = target
@@ -77,7 +78,8 @@ class EarlyExitDrafter(Drafter):
     ) -> DraftProposal:
         if self.cache is None:
             raise RuntimeError("the early-exit drafter drafts into the target's cache: bind() it first")
-        (context,) = context_ids
+        self.check_rows(context_ids)
+        (context,) = context_ids  # [T]
         num_tokens = min(num_tokens, self.target.max_context - len(context))
         if num_tokens <= 0:
             return DraftProposal.empty(1)

@@ -76,5 +76,8 @@ class Runtime(ABC):
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """Append ``token_ids [B, K]`` to ``cache``; return float32 logits ``[B, K, V]``.
 
+        Row b's logits depend on row b's tokens and cache alone (the native runtime keeps them
+        bit-identical whatever B).
+
         ``last_only`` returns ``[B, 1, V]`` for the last position only (prefill).
         """

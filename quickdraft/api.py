@@ -276,6 +276,7 @@ class Pipeline:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
         if not prompt.strip():
             raise PromptError("the prompt is empty: give some text to continue")
+        require_utf8(prompt, "the prompt")
         if chat:
             return self.encode_chat([{"role": "user", "content": prompt}])
         return list(self.tokenizer(prompt).input_ids)
@@ -284,6 +285,8 @@ class Pipeline:
         """A conversation (``role``/``content`` dicts) through the chat template, ready for the assistant's turn."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise PromptError("this model has no chat template; run without --chat")
+        for message in messages:
+            require_utf8(message["content"], f"the {message['role']} message")
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
@@ -314,6 +317,18 @@ class Pipeline:
         options: DrafterOptions | None = None,
     ) -> GenerationResult:
         return self.stream(prompt, config, drafter, chat, options).finish()
+
+
+def require_utf8(text: str, what: str) -> None:
+    """Text a tokenizer can take: undecodable bytes (which Python keeps in command-line arguments as lone
+    surrogates) raise ``PromptError`` naming the first one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PromptError(
+            f"{what} is not UTF-8 text: character {error.start} is an undecodable byte "
+            f"(0x{ord(text[error.start]) & 0xFF:02x}); convert it first (e.g. iconv -t UTF-8)"
+        ) from None
 
 
 def eos_token_ids(model_path: Path, tokenizer: Any) -> frozenset[int]:

@@ -116,6 +116,9 @@ BAD_INPUTS = {
     "unknown runtime": (["generate", "w1", "--runtime", "magic"], "unknown runtime 'magic'"),
     "bad n-gram sizes": (["generate", "w1", "--prompt-lookup-min-ngram", "4"], "n-gram sizes"),
     "prompt too long": (["generate", " ".join(["w1"] * 600)], "context holds 512"),
+    "prompt not UTF-8": (["generate", "w1 \udcff"], "the prompt is not UTF-8 text: character 3"),  # argv's byte 0xff
+    "train --out unwritable": (["train-acceptance-head", "--out", "/proc/head.safetensors"], "cannot be written"),
+    "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),
 }
 
 
@@ -126,6 +129,28 @@ def test_bad_input_gives_one_clear_line(case: str, model_args: list[str], capsys
     assert status == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("quickdraft: error:") and message in err
     assert "Traceback" not in err
+
+
+def test_a_prompt_on_stdin_that_is_not_utf8_is_refused(
+    model_args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    stdin = io.TextIOWrapper(io.BytesIO(b"w1 w2 \xff w3"))
+    monkeypatch.setattr("sys.stdin", stdin)
+    status, out, err = run(["generate", "-", *model_args, "--drafter", "none"], capsys)
+    assert status == 1 and out == "" and "Traceback" not in err
+    assert err.startswith("quickdraft: error: standard input is not UTF-8 text: byte 0xff at offset 6")
+
+
+def test_output_paths_are_checked_before_any_measuring(
+    tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def no_measuring(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured although the result could not be saved")
+
+    monkeypatch.setattr("quickdraft.cli.profile.measure_cost_curve", no_measuring)
+    for out, message in (("/proc/profile.json", "cannot be written"), ("/", "is a directory")):
+        status, _, err = run(["profile", "--model", str(tiny_model_dirs["target"]), "--out", out], capsys)
+        assert status == 1 and message in err and "Traceback" not in err
 
 
 def test_missing_and_corrupt_models(tmp_path: Path, tiny_model_dirs: dict[str, Path], capsys) -> None:

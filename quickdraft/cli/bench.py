@@ -10,7 +10,7 @@ from typing import Any
 
 from quickdraft.bench.methods import METHODS
 from quickdraft.bench.run import BENCH_DOC, DEFAULT_METHODS, WARMUP_TOKENS, BenchSettings, run_bench
-from quickdraft.cli.common import add_model_arguments
+from quickdraft.cli.common import add_model_arguments, check_output_dir
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 
 
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> None:
         runtime=args.runtime,
         report_only=args.report_only,
     )
+    check_output_dir(settings.out)  # before anything is loaded or measured
     results, plotted = run_bench(settings)
     if args.json:
         print(json.dumps(results, indent=2))

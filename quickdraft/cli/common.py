@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError, PromptError
@@ -40,7 +43,7 @@ def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is None:
         raise ConfigError("no prompt given: pass the prompt text, or - to read it from standard input")
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_stdin() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise PromptError("the prompt is empty: give some text to continue")
     return prompt
@@ -53,3 +56,47 @@ def draft_for(args: argparse.Namespace, drafters: Sequence[str]) -> str | None:
     if args.draft is not None:
         print(f"quickdraft: note: --draft is not used by the {', '.join(drafters)} drafter", file=sys.stderr)
     return None
+
+
+def read_stdin() -> str:
+    """Standard input as UTF-8 text; bytes that are not UTF-8 raise ``PromptError`` (never a guess)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream (tests, embedding): already decoded
+        return sys.stdin.read()
+    data = stream.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PromptError(
+            f"standard input is not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start} "
+            "cannot be decoded; convert it first (e.g. iconv -t UTF-8)"
+        ) from None
+
+
+def check_output_file(path: Path, option: str = "--out") -> None:
+    """Fail before any work if ``path`` cannot be written as a file (the work's result would be lost)."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a directory; give a file path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{option} {path} cannot be written (permission denied)")
+    _check_can_create_in(path.parent, f"{option} {path}")
+
+
+def check_output_dir(path: Path, option: str = "--out") -> None:
+    """Fail before any work if ``path`` is not a directory that can be created and written."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path} is a file; give a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{option} {path} cannot be created: {error.strerror}") from None
+    _check_can_create_in(path, f"{option} {path}")
+
+
+def _check_can_create_in(directory: Path, what: str) -> None:
+    if not directory.is_dir():
+        raise ConfigError(f"{what}: the directory {directory} does not exist")
+    try:
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as error:
+        raise ConfigError(f"{what} cannot be written: {error.strerror or error}") from None

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from quickdraft.calibration import curve_to_json, measure_cost_curve
-from quickdraft.cli.common import add_runtime_argument
+from quickdraft.cli.common import add_runtime_argument, check_output_file
 from quickdraft.errors import ConfigError
 
 
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> None:
 
     if args.max_k < 1:
         raise ConfigError(f"--max-k must be >= 1, got {args.max_k}")
+    if args.out:
+        check_output_file(Path(args.out))  # before measuring, so a measurement is never lost
     if args.runtime != AUTO:
         RUNTIMES.get(args.runtime)
     model = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}.get(args.model, args.model)

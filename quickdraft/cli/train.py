@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.acceptance_head import WEIGHT_DECAYS
-from quickdraft.cli.common import add_model_arguments
+from quickdraft.cli.common import add_model_arguments, check_output_file
 from quickdraft.errors import ConfigError
 from quickdraft.train_acceptance import TRAIN_DOC, check_training_settings, train_acceptance_head
 
@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.models import DEFAULT_DRAFT
 
     check_training_settings(args.block, args.holdout)  # before any model is loaded
+    if args.out:
+        check_output_file(Path(args.out))  # before the rollouts, so a trained head is never lost
     path = Path(args.questions) if args.questions else default_questions_path()
     if path is None:
         raise ConfigError("no question file: pass --questions PATH")

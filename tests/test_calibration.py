@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,23 @@ def test_prefill_curve_reads_into_empty_caches(pipeline) -> None:
     assert sorted(curve) == [4, 16, draft.max_context] and all(ms > 0 for ms in curve.values())
     with pytest.raises(ConfigError, match="prefill curve"):
         measure_prefill_curve(draft, [draft.max_context + 1])
+
+
+@pytest.mark.parametrize("bad_time", ["NaN", "Infinity"])
+def test_a_calibration_file_with_times_that_are_not_finite_is_measured_anew(
+    bad_time: str, pipeline: Pipeline, tmp_path: Path
+) -> None:
+    """JSON allows NaN and Infinity: such a file once loaded as a cost model that never drafts."""
+    located = Pipeline(
+        pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, tmp_path / "target", pipeline.draft, tmp_path
+    )
+    path = located.calibration_file("draft-model", max_draft_tokens=4)
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    cost_model = f'{{"target_ms": {{"1": {bad_time}, "2": 60.0}}, "draft_ms": 5.0, "draft_prefill_ms": {{}}}}'
+    path.write_text(f'{{"key": {{}}, "cost_model": {cost_model}}}')
+    calibration = located.calibrate("draft-model", max_draft_tokens=4)
+    assert calibration.source == "re-measured" and f"{path} is not a usable calibration" in calibration.describe()
+    assert "loaded" not in calibration.describe()
+    assert all(math.isfinite(ms) for ms in calibration.cost_model.target_ms.values())
+    assert located.memory("draft-model").cost_model is calibration.cost_model

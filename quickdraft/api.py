@@ -176,10 +176,12 @@ class Pipeline:
         )
 
     def load_acceptance_head(self, drafter: str, path: Path | None = None) -> AcceptanceHead:
-        """The SpecDec++ head for ``drafter`` (from ``path``, else the draft model's default location)."""
+        """The SpecDec++ head for ``drafter`` (from ``path``, else the draft model's default location); one
+        trained for a draft model of another hidden size raises ``ModelFilesError``."""
         if self.draft_path is None and path is None:
             raise ConfigError("an acceptance head belongs to a draft model, and none is loaded")
-        head = AcceptanceHead.load(path or default_head_path(self.draft_path))  # type: ignore[arg-type]
+        hidden_size = None if self.draft is None else self.draft.hidden_size
+        head = AcceptanceHead.load(path or default_head_path(self.draft_path), hidden_size)  # type: ignore[arg-type]
         self.memory(drafter).acceptance_head = head
         return head
 

@@ -34,6 +34,17 @@ class AcceptanceHead:
     scale: torch.Tensor  # [F]
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        vector = self.weight.shape
+        if len(vector) != 1 or self.mean.shape != vector or self.scale.shape != vector or self.bias.dim() != 0:
+            shapes = [list(tensor.shape) for tensor in (self.weight, self.bias, self.mean, self.scale)]
+            raise ConfigError(f"weight, mean and scale must be [F] vectors and bias a scalar, got shapes {shapes}")
+
+    @property
+    def num_features(self) -> int:
+        """F: the width of the hidden states it reads plus 2 (:func:`head_features`)."""
+        return int(self.weight.shape[0])
+
     def probability(self, features: torch.Tensor) -> torch.Tensor:
         """``[N, F]`` features -> ``[N]`` acceptance probabilities."""
         standardised = (features.float() - self.mean) / self.scale
@@ -50,7 +61,9 @@ class AcceptanceHead:
         save_file({k: v.contiguous() for k, v in tensors.items()}, path, {"quickdraft": json.dumps(self.metadata)})
 
     @classmethod
-    def load(cls, path: Path) -> AcceptanceHead:
+    def load(cls, path: Path, hidden_size: int | None = None) -> AcceptanceHead:
+        """The head saved at ``path``; with ``hidden_size`` (the draft model's), one that reads hidden states
+        of another width (a head trained for another draft model) raises ``ModelFilesError``."""
         from safetensors import safe_open
 
         if not path.is_file():
@@ -61,9 +74,16 @@ class AcceptanceHead:
             with safe_open(str(path), "pt") as file:
                 tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 - not a dict
                 metadata = json.loads((file.metadata() or {}).get("quickdraft", "{}"))
-            return cls(tensors["weight"], tensors["bias"][0], tensors["mean"], tensors["scale"], metadata)
+            head = cls(tensors["weight"], tensors["bias"][0], tensors["mean"], tensors["scale"], metadata)
         except Exception as error:  # safetensors raises its own error type for damaged files
             raise ModelFilesError(f"{path} is not a quickdraft acceptance head: {error}") from None
+        if hidden_size is not None and head.num_features != hidden_size + 2:
+            raise ModelFilesError(
+                f"{path} is an acceptance head for another draft model: it reads {head.num_features} features, "
+                f"and this draft model's hidden size {hidden_size} makes {hidden_size + 2} "
+                "(train one for it with `quickdraft train-acceptance-head`)"
+            )
+        return head
 
 
 WEIGHT_DECAYS = (1e-3, 1e-2, 1e-1, 1.0)  # L2 strengths tried; a draft's hidden state has ~900 features

@@ -10,7 +10,13 @@ from typing import Any
 import torch
 
 from quickdraft.acceptance_head import AcceptanceHead, default_head_path
-from quickdraft.calibration import Calibration, load_calibration, measure_cost_model, save_calibration
+from quickdraft.calibration import (
+    Calibration,
+    calibration_lock,
+    load_calibration,
+    measure_cost_model,
+    save_calibration,
+)
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DRAFTERS, Drafter, DrafterOptions
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
@@ -176,10 +182,12 @@ class Pipeline:
         )
 
     def load_acceptance_head(self, drafter: str, path: Path | None = None) -> AcceptanceHead:
-        """The SpecDec++ head for ``drafter`` (from ``path``, else the draft model's default location)."""
+        """The SpecDec++ head for ``drafter`` (from ``path``, else the draft model's default location); one
+        trained for a draft model of another hidden size raises ``ModelFilesError``."""
         if self.draft_path is None and path is None:
             raise ConfigError("an acceptance head belongs to a draft model, and none is loaded")
-        head = AcceptanceHead.load(path or default_head_path(self.draft_path))  # type: ignore[arg-type]
+        hidden_size = None if self.draft is None else self.draft.hidden_size
+        head = AcceptanceHead.load(path or default_head_path(self.draft_path), hidden_size)  # type: ignore[arg-type]
         self.memory(drafter).acceptance_head = head
         return head
 
@@ -206,27 +214,32 @@ class Pipeline:
 
         Models loaded from a path save the measurement in :meth:`calibration_file` and, with ``use_saved``,
         load it from there instead of measuring again (a file that cannot be used is measured anew and
-        replaced, and the calibration says so).
+        replaced, and the calibration says so). Calibrations are made one at a time (:func:`calibration_lock`),
+        so a run that waited for another one's loads what it saved; a measurement during which the machine's
+        load changed is used, but not saved.
         """
         path = self.calibration_file(drafter, max_draft_tokens, context)
+        with calibration_lock(path):
+            calibration = self._load_or_measure(drafter, max_draft_tokens, context, path, use_saved)
+        self.memory(drafter).cost_model = calibration.cost_model
+        return calibration
+
+    def _load_or_measure(
+        self, drafter: str, max_draft_tokens: int, context: int, path: Path | None, use_saved: bool
+    ) -> Calibration:
         problem = None
         if use_saved and path is not None and path.exists():
             try:
-                cost_model = load_calibration(path)
+                return Calibration(load_calibration(path), "loaded", path)
             except ConfigError as error:
                 problem = str(error)
-            else:
-                self.memory(drafter).cost_model = cost_model
-                return Calibration(cost_model, "loaded", path)
         started = time.perf_counter()
-        cost_model = measure_cost_model(self.target, self.draft, DRAFTERS.get(drafter), max_draft_tokens, context)
+        measured = measure_cost_model(self.target, self.draft, DRAFTERS.get(drafter), max_draft_tokens, context)
         seconds = time.perf_counter() - started
-        self.memory(drafter).cost_model = cost_model
-        saved = path is not None and save_calibration(
-            path, self._calibration_key(drafter, max_draft_tokens, context), cost_model
-        )
+        key = self._calibration_key(drafter, max_draft_tokens, context)
+        saved = path is not None and measured.unsteady is None and save_calibration(path, key, measured.cost_model)
         source = "measured" if problem is None else "re-measured"
-        return Calibration(cost_model, source, path, seconds, saved, problem)
+        return Calibration(measured.cost_model, source, path, seconds, saved, problem, measured.unsteady)
 
     def calibration_file(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> Path | None:
         """Where :meth:`calibrate` saves its measurement: one file per models, runtime, thread count,

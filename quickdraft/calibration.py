@@ -4,11 +4,14 @@ The goodput policy needs these costs at run time; ``quickdraft profile`` and the
 record the same curves. A curve maps k new tokens to the milliseconds of one forward over them after
 a fixed context: each k is timed several times after untimed warm-up runs, rolling the cache back to
 the context in between, and the fastest run is kept (other work on the machine only adds time).
-Calibrations are saved as JSON files (:func:`save_calibration`) keyed by everything they depend on.
+Calibrations are saved as JSON files (:func:`save_calibration`) keyed by everything they depend on, and
+only when the machine's load held steady while measuring (:func:`steadiness_problem`): a saved calibration
+is used by every later run, and one timed while other work came or went would mislead them all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -23,11 +26,13 @@ from tqdm.auto import tqdm
 from quickdraft.costs import CostModel
 from quickdraft.drafters import Drafter
 from quickdraft.errors import ConfigError
-from quickdraft.memory import write_atomically
+from quickdraft.memory import exclusive_lock, write_atomically
 from quickdraft.runtime.base import Runtime
 
 PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
 DRAFT_PREFILL = "draft_prefill"  # the bench's name for that curve (n tokens -> ms), beside "target" and "draft"
+STEADY_TOLERANCE = 0.3  # how far the target's 1-token forward timed again may differ from the curve's (a fraction)
+CALIBRATION_LOCK = "calibrating.lock"  # in the calibrations directory: held while one calibration is made
 
 
 def prefill_lengths(runtime: Runtime, lengths: Iterable[int] = PREFILL_LENGTHS) -> list[int]:
@@ -151,15 +156,24 @@ def cost_model_from_curves(curves: Mapping[str, Mapping[int, float]], drafter_cl
     return CostModel(dict(curves["target"]), draft_ms, dict(prefill_ms))
 
 
+@dataclass(frozen=True)
+class CostMeasurement:
+    """A measured cost model, and why it is not to be saved (None: it may be)."""
+
+    cost_model: CostModel
+    unsteady: str | None = None  # the machine's load changed while measuring (:func:`steadiness_problem`)
+
+
 def measure_cost_model(
     target: Runtime, draft: Runtime | None, drafter_cls: type[Drafter], max_draft_tokens: int, context: int = 64
-) -> CostModel:
+) -> CostMeasurement:
     """Measure the step costs the goodput policy needs (a few forwards, a few seconds).
 
     Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached tokens
     (the fastest of 3, after a warm-up); the draft model's 1-token forward and what reading 128 and 512
     tokens costs it if the drafter uses one; the drafter's share of a target step if the target drafts
-    itself; else 0.
+    itself; else 0. Last, the target's 1-token forward is timed again, to tell whether the machine's load
+    held steady throughout (:func:`steadiness_problem`).
     """
     ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
     runtimes, wanted = {"target": target}, {"target": ks}
@@ -168,13 +182,30 @@ def measure_cost_model(
     curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
     if draft is not None and "draft" in curves:
         curves[DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
-    return cost_model_from_curves(curves, drafter_cls)
+    again_ms = measure_cost_curve(target, [1], context, repeats=3, warmup=1)[1]
+    unsteady = steadiness_problem(curves["target"][1], again_ms)
+    return CostMeasurement(cost_model_from_curves(curves, drafter_cls), unsteady)
+
+
+def steadiness_problem(first_ms: float, again_ms: float) -> str | None:
+    """Why a calibration is not to be saved when the target's 1-token forward took ``first_ms`` in the curves
+    and ``again_ms`` timed again after them (each the fastest of its repeats), or None if they agree within
+    ``STEADY_TOLERANCE``. The fastest of several runs is what the machine gives when nothing else runs, so
+    the two differ when other work came or went while measuring (another run calibrating or generating):
+    both may be off, and a saved calibration misleads every later run."""
+    if abs(again_ms - first_ms) <= STEADY_TOLERANCE * first_ms:
+        return None
+    return (
+        f"the target's 1-token forward took {first_ms:.1f} ms, then {again_ms:.1f} ms: "
+        "the machine's load changed while measuring"
+    )
 
 
 @dataclass(frozen=True)
 class Calibration:
     """A cost model and where it came from: ``measured``, ``loaded`` from ``path``, or ``re-measured``
-    because the file at ``path`` could not be used (``problem`` says why)."""
+    because the file at ``path`` could not be used (``problem`` says why). A measurement is not saved when
+    ``unsteady`` says why it is not to be, or when ``path`` cannot be written."""
 
     cost_model: CostModel
     source: str  # "measured" | "loaded" | "re-measured"
@@ -182,6 +213,11 @@ class Calibration:
     seconds: float = 0.0  # spent measuring
     saved: bool = False  # the measurement was written to ``path``
     problem: str | None = None  # why a saved file was not used
+    unsteady: str | None = None  # why the measurement was not saved (:func:`steadiness_problem`)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("measured", "loaded", "re-measured"):
+            raise ConfigError(f"a calibration is measured, loaded or re-measured, not {self.source!r}")
 
     def describe(self) -> str:
         """One line for a user: where the costs came from."""
@@ -193,8 +229,15 @@ class Calibration:
         if self.saved:
             text += f", saved to {self.path}"
         elif self.path is not None:
-            text += f", not saved ({self.path} cannot be written)"
+            text += f", not saved ({self.unsteady or f'{self.path} cannot be written'})"
         return text
+
+
+def calibration_lock(path: Path | None) -> contextlib.AbstractContextManager[None]:
+    """Held while a calibration to be saved at ``path`` is looked for, measured and saved: calibrations in one
+    directory are made one at a time, since two at once would each time the other's load, and one that
+    waited finds what the other saved (None: not saved, nothing to hold)."""
+    return contextlib.nullcontext() if path is None else exclusive_lock(path.parent / CALIBRATION_LOCK)
 
 
 def load_calibration(path: Path) -> CostModel:

@@ -8,6 +8,7 @@ apart). The goodput policy and the early-exit drafter plan with both; ``calibrat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -62,6 +63,9 @@ class CostModel:
     fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        times = [*self.target_ms.values(), self.draft_ms, *self.draft_prefill_ms.values()]
+        if not all(math.isfinite(ms) for ms in times):  # NaN passes every comparison below
+            raise ConfigError(f"a cost model needs finite times, got {self.to_dict()}")
         if 1 not in self.target_ms or any(k < 1 or ms <= 0 for k, ms in self.target_ms.items()):
             raise ConfigError("a cost model needs positive target times including k = 1")
         if self.draft_ms < 0:

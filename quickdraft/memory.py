@@ -3,18 +3,20 @@
 A :class:`DrafterMemory` bundles a drafter's acceptance record, answer lengths, step times, cost
 model and acceptance head: the pipeline holds one per drafter, the engine takes it, and a policy sees
 it through a :class:`PolicyContext`. Its learned part (acceptance and answer lengths) is saved to a
-*learned file* so a process that serves one request (the CLI) begins where earlier ones left off.
+*learned file* so a process that serves one request (the CLI) begins where earlier ones left off;
+runs that learn at the same time each add what they learned to it, under a lock beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
 import tempfile
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,19 @@ from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
 from quickdraft.models.catalog import cache_root
-from quickdraft.policies import AcceptanceRecord, AnswerLength, AnswerLengthRecord, PolicyContext, StepTimeRecord
+from quickdraft.policies import (
+    AcceptanceRecord,
+    AnswerLength,
+    AnswerLengthRecord,
+    BetaCounts,
+    PolicyContext,
+    StepTimeRecord,
+)
+
+try:
+    import fcntl
+except ImportError:  # Windows: learned files and calibrations are still written atomically, but not locked
+    fcntl = None  # type: ignore[assignment]
 
 
 @dataclass
@@ -35,6 +49,7 @@ class DrafterMemory:
     step_times: StepTimeRecord = field(default_factory=StepTimeRecord)  # what the engine's steps took
     cost_model: CostModel | None = None  # measured forward costs (goodput)
     acceptance_head: AcceptanceHead | None = None  # a trained SpecDec++ head
+    synced: SyncPoint | None = field(default=None, init=False, repr=False)  # None: the learned records continue no file
 
     def policy_context(self, config: GenerationConfig) -> PolicyContext:
         """What a request's policy may use: its γ settings and this memory."""
@@ -50,37 +65,85 @@ class DrafterMemory:
         )
 
     def forget_answers(self) -> None:
-        """Drop what was learned of earlier answers (acceptance, lengths); what steps cost stays measured."""
+        """Drop what was learned of earlier answers (acceptance, lengths); what steps cost stays measured.
+        The next :meth:`save_learned` replaces the learned file instead of adding to it."""
         self.acceptance = AcceptanceRecord()
         self.answer_lengths = AnswerLengthRecord()
+        self.synced = None
 
     def learned(self) -> dict[str, Any]:
         """The learned part as JSON-ready data."""
-        return {
-            "acceptance": self.acceptance.to_dict(),
-            "answers": [[answer.num_tokens, answer.cut_by_budget] for answer in self.answer_lengths.answers],
-        }
+        return learned_json(self.acceptance, list(self.answer_lengths.answers))
 
     def load_learned(self, path: Path) -> int:
         """Start from the learned file at ``path``; how many answers it held (0: none yet, or a file that does
         not parse, which the next save replaces)."""
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            acceptance = AcceptanceRecord.from_dict(saved["acceptance"])
-            answers = [AnswerLength(int(num_tokens), cut) for num_tokens, cut in saved["answers"]]
-        except (OSError, ValueError, OverflowError, KeyError, TypeError):
-            return 0
-        if not all(answer.num_tokens >= 0 and isinstance(answer.cut_by_budget, bool) for answer in answers):
-            return 0
+        acceptance, answers = read_learned(path) or (AcceptanceRecord(), [])
         self.acceptance = acceptance
         self.answer_lengths = AnswerLengthRecord(deque(answers))
+        self.synced = SyncPoint(copy.deepcopy(acceptance), self.answer_lengths.num_added)
         return len(self.answer_lengths.answers)
 
     def save_learned(self, path: Path) -> None:
-        """Write the learned part to ``path`` (a file that cannot be written only means the next process
-        starts knowing less)."""
-        with contextlib.suppress(OSError):
-            write_atomically(path, json.dumps(self.learned()))
+        """Add what was learned since :meth:`load_learned` (or the last save) to the learned file at ``path``,
+        re-read under its lock, so runs that learn at the same time all keep what they learned; learning
+        afresh (:meth:`forget_answers`) replaces the file. A file that cannot be written only means the next
+        process starts knowing less."""
+        with contextlib.suppress(OSError), exclusive_lock(lock_file(path)):
+            write_atomically(path, json.dumps(learned_json(*self._learned_to_save(path))))
+            self.synced = SyncPoint(copy.deepcopy(self.acceptance), self.answer_lengths.num_added)
+
+    def _learned_to_save(self, path: Path) -> tuple[AcceptanceRecord, list[AnswerLength]]:
+        """What the learned file at ``path`` is to hold: what it holds now plus what these records learned since
+        they last agreed with it; these records alone when they do not continue it."""
+        answers = list(self.answer_lengths.answers)
+        if self.synced is None:
+            return self.acceptance, answers
+        on_disk, answers_on_disk = read_learned(path) or (AcceptanceRecord(), [])
+        acceptance = AcceptanceRecord(
+            added_counts(on_disk.first, self.acceptance.first, self.synced.acceptance.first),
+            added_counts(on_disk.later, self.acceptance.later, self.synced.acceptance.later),
+        )
+        answers = answers_on_disk + self.answer_lengths.added_since(self.synced.num_answers_added)
+        return acceptance, answers[-self.answer_lengths.capacity :]
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """Where a memory's learned records last agreed with its learned file: what was learned after it is
+    what the next save adds to the file."""
+
+    acceptance: AcceptanceRecord  # the acceptance counts then
+    num_answers_added: int  # the answer record's ``num_added`` then
+
+
+def added_counts(on_disk: BetaCounts, now: BetaCounts, then: BetaCounts) -> BetaCounts:
+    """``on_disk`` plus what was counted between ``then`` and ``now`` (counts only grow; never below 0)."""
+    return BetaCounts(
+        max(0.0, on_disk.accepted + now.accepted - then.accepted),
+        max(0.0, on_disk.rejected + now.rejected - then.rejected),
+    )
+
+
+def learned_json(acceptance: AcceptanceRecord, answers: list[AnswerLength]) -> dict[str, Any]:
+    """A learned file's content: acceptance counts and answer lengths, oldest first."""
+    return {
+        "acceptance": acceptance.to_dict(),
+        "answers": [[answer.num_tokens, answer.cut_by_budget] for answer in answers],
+    }
+
+
+def read_learned(path: Path) -> tuple[AcceptanceRecord, list[AnswerLength]] | None:
+    """The acceptance counts and answers in the learned file at ``path``; None if it is missing or does not parse."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        acceptance = AcceptanceRecord.from_dict(saved["acceptance"])
+        answers = [AnswerLength(int(num_tokens), cut) for num_tokens, cut in saved["answers"]]
+    except (OSError, ValueError, OverflowError, KeyError, TypeError):
+        return None
+    if not all(answer.num_tokens >= 0 and isinstance(answer.cut_by_budget, bool) for answer in answers):
+        return None
+    return acceptance, answers
 
 
 def calibrations_dir() -> Path:
@@ -92,6 +155,29 @@ def keyed_file(key: Mapping[str, Any], suffix: str) -> Path:
     """A file in :func:`calibrations_dir` named by the hash of everything its content depends on."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return calibrations_dir() / f"{digest}{suffix}"
+
+
+def lock_file(path: Path) -> Path:
+    """The lock file beside ``path``: ``<path>.lock``."""
+    return path.with_name(f"{path.name}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file at ``path`` (made if missing) through the ``with`` block: another
+    process taking it waits until the block ends. Where the lock cannot be had (a read-only directory, a
+    system without ``fcntl``) the block runs unlocked."""
+    handle = None
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        if handle is not None:
+            os.close(handle)  # releases the lock
 
 
 def write_atomically(path: Path, text: str) -> None:

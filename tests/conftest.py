@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,14 @@ def calibrations_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     directory = tmp_path / "calibrations"
     monkeypatch.setattr("quickdraft.memory.calibrations_dir", lambda: directory)
     return directory
+
+
+@pytest.fixture
+def steady_timings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny model's forward takes a millisecond, and on a busy machine some take ten times that: for tests of
+    what is saved and loaded, take every calibration as measured on a steady machine (the check that refuses
+    to save an unsteady one is tested on a fake clock)."""
+    monkeypatch.setattr("quickdraft.calibration.STEADY_TOLERANCE", math.inf)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from quickdraft.acceptance_head import AcceptanceHead, calibration, fit_head, head_features
 from quickdraft.api import Pipeline
@@ -60,11 +61,39 @@ def test_fit_and_load_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.safetensors").write_bytes(b"nonsense")
     with pytest.raises(ModelFilesError):
         AcceptanceHead.load(tmp_path / "bad.safetensors")
+    with pytest.raises(ConfigError, match="vectors"):
+        AcceptanceHead(torch.zeros(6), torch.tensor(0.0), torch.zeros(5), torch.ones(6))
+    mismatched = {"weight": torch.zeros(6), "bias": torch.zeros(1), "mean": torch.zeros(5), "scale": torch.ones(6)}
+    save_file(mismatched, tmp_path / "mismatched.safetensors")
+    with pytest.raises(ModelFilesError, match=r"mismatched\.safetensors is not a quickdraft acceptance head"):
+        AcceptanceHead.load(tmp_path / "mismatched.safetensors")
 
 
 def constant_head(probability: float, width: int) -> AcceptanceHead:
     logit = torch.logit(torch.tensor(probability))
     return AcceptanceHead(torch.zeros(width + 2), logit, torch.zeros(width + 2), torch.ones(width + 2))
+
+
+def test_runtimes_report_the_width_of_their_hidden_states(pipeline: Pipeline) -> None:
+    token_ids = torch.tensor([[1, 2, 3]])
+    for runtime in (pipeline.target, pipeline.draft):
+        hidden = runtime.forward_with_hidden(token_ids, runtime.new_cache())[1]  # [1, 3, H]
+        assert runtime.hidden_size == hidden.shape[-1] == 32
+
+
+def test_a_head_for_another_draft_model_is_refused_when_loaded(pipeline: Pipeline, tmp_path: Path) -> None:
+    """A head of another feature width used to load, then crash at the first draft."""
+    fitting, other = tmp_path / "fitting.safetensors", tmp_path / "other.safetensors"
+    constant_head(0.9, width=32).save(fitting)
+    constant_head(0.9, width=896).save(other)
+    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
+    loaded = fresh.load_acceptance_head("draft-model", fitting)
+    assert loaded.weight.shape == (34,) and fresh.memory("draft-model").acceptance_head is loaded
+    with pytest.raises(ModelFilesError) as error:
+        fresh.load_acceptance_head("draft-model", other)
+    message = str(error.value)
+    assert str(other) in message and "898 features" in message and "34" in message and "\n" not in message
+    assert fresh.memory("draft-model").acceptance_head is loaded  # the refused head replaced nothing
 
 
 def test_specdec_stops_when_a_rejection_becomes_likely() -> None:

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from quickdraft.api import Pipeline
-from quickdraft.calibration import measure_cost_curve, measure_cost_curves, measure_prefill_curve, prefill_lengths
+from quickdraft.calibration import (
+    Calibration,
+    measure_cost_curve,
+    measure_cost_curves,
+    measure_prefill_curve,
+    prefill_lengths,
+)
 from quickdraft.costs import CostModel
 from quickdraft.errors import ConfigError
 
 
+@pytest.mark.usefixtures("steady_timings")
 def test_a_calibration_is_saved_and_loaded_for_the_same_models(
     pipeline: Pipeline, tmp_path: Path, calibrations_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -101,3 +111,114 @@ def test_prefill_curve_reads_into_empty_caches(pipeline) -> None:
     assert sorted(curve) == [4, 16, draft.max_context] and all(ms > 0 for ms in curve.values())
     with pytest.raises(ConfigError, match="prefill curve"):
         measure_prefill_curve(draft, [draft.max_context + 1])
+
+
+@pytest.mark.usefixtures("steady_timings")
+@pytest.mark.parametrize("bad_time", ["NaN", "Infinity"])
+def test_a_calibration_file_with_times_that_are_not_finite_is_measured_anew(
+    bad_time: str, pipeline: Pipeline, tmp_path: Path
+) -> None:
+    """JSON allows NaN and Infinity: such a file once loaded as a cost model that never drafts."""
+    located = located_pipeline(pipeline, tmp_path)
+    path = located.calibration_file("draft-model", max_draft_tokens=4)
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    cost_model = f'{{"target_ms": {{"1": {bad_time}, "2": 60.0}}, "draft_ms": 5.0, "draft_prefill_ms": {{}}}}'
+    path.write_text(f'{{"key": {{}}, "cost_model": {cost_model}}}')
+    calibration = located.calibrate("draft-model", max_draft_tokens=4)
+    assert calibration.source == "re-measured" and f"{path} is not a usable calibration" in calibration.describe()
+    assert "loaded" not in calibration.describe()
+    assert all(math.isfinite(ms) for ms in calibration.cost_model.target_ms.values())
+    assert located.memory("draft-model").cost_model is calibration.cost_model
+    assert calibration.saved and CostModel.from_dict(json.loads(path.read_text())["cost_model"]).target_ms[1] > 0
+
+
+def located_pipeline(pipeline: Pipeline, tmp_path: Path) -> Pipeline:
+    """The tiny models as if loaded from directories: their calibrations are saved."""
+    return Pipeline(
+        pipeline.target,
+        pipeline.tokenizer,
+        pipeline.eos_token_ids,
+        target_path=tmp_path / "target",
+        draft=pipeline.draft,
+        draft_path=tmp_path / "draft",
+    )
+
+
+def on_a_fake_clock(pipeline: Pipeline, load: Callable[[float], float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forwards take 20 ms (target) or 5 ms (draft) plus 1 ms a token of fake time, ``load(now in ms)`` times
+    as long while other work shares the machine."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr("quickdraft.calibration.time.perf_counter", lambda: clock["now"])
+    for runtime, base_ms in ((pipeline.target, 20.0), (pipeline.draft, 5.0)):
+
+        def timed(token_ids, cache, last_only=False, forward=runtime.forward, base_ms=base_ms):
+            clock["now"] += (base_ms + token_ids.shape[1]) * load(1000 * clock["now"]) / 1000
+            return forward(token_ids, cache, last_only)
+
+        monkeypatch.setattr(runtime, "forward", timed)
+
+
+def test_a_calibration_measured_on_a_steady_machine_is_saved(
+    pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_a_fake_clock(pipeline, lambda now_ms: 1.0, monkeypatch)
+    located = located_pipeline(pipeline, tmp_path)
+    calibration = located.calibrate("draft-model", max_draft_tokens=4)
+    assert calibration.saved and calibration.describe().endswith(f"saved to {calibration.path}")
+    assert calibration.cost_model.target_ms == pytest.approx({1: 21.0, 2: 22.0, 4: 24.0, 5: 25.0})
+
+
+@pytest.mark.parametrize(
+    "load",
+    [lambda now_ms: 3.0 if now_ms >= 300 else 1.0, lambda now_ms: 3.0 if now_ms < 1500 else 1.0],
+    ids=["work-that-starts", "work-that-ends"],
+)
+def test_a_calibration_measured_while_the_load_changed_is_used_but_not_saved(
+    load: Callable[[float], float], pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs calibrating at once saved a target 45 times too slow, which then kept every later run from
+    drafting: the target's 1-token forward is timed again at the end, and a calibration whose two timings
+    disagree is used by this run but not saved."""
+    on_a_fake_clock(pipeline, load, monkeypatch)
+    located = located_pipeline(pipeline, tmp_path)
+    calibration = located.calibrate("draft-model", max_draft_tokens=4)
+    assert calibration.source == "measured" and not calibration.saved
+    assert calibration.path is not None and not calibration.path.exists()
+    assert "not saved (" in calibration.describe() and "the machine's load changed" in calibration.describe()
+    assert located.memory("draft-model").cost_model is calibration.cost_model
+    on_a_fake_clock(pipeline, lambda now_ms: 1.0, monkeypatch)
+    again = located.calibrate("draft-model", max_draft_tokens=4)  # the next run measures, on a steady machine
+    assert again.source == "measured" and again.saved
+
+
+@pytest.mark.usefixtures("steady_timings")
+def test_runs_calibrating_at_once_take_turns_and_the_second_loads_the_first(
+    pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second run waits for the first one's calibration (a lock beside the calibrations) instead of
+    measuring while it runs, and then loads what the first one saved."""
+    results: dict[str, Calibration | BaseException] = {}
+
+    def calibrate(name: str) -> None:
+        try:
+            results[name] = located_pipeline(pipeline, tmp_path).calibrate("draft-model", max_draft_tokens=4)
+        except BaseException as error:
+            results[name] = error
+
+    second = threading.Thread(target=calibrate, args=("second",))
+    forward = pipeline.target.forward
+
+    def start_the_second_run_first(token_ids, cache, last_only=False):
+        if not second.is_alive() and "second" not in results:  # in the first run's first forward
+            second.start()
+            second.join(timeout=1.0)  # it runs to its end unless it waits for the first
+        return forward(token_ids, cache, last_only)
+
+    monkeypatch.setattr(pipeline.target, "forward", start_the_second_run_first)
+    calibrate("first")
+    second.join(timeout=120)
+    first, loaded = results["first"], results["second"]
+    assert isinstance(first, Calibration) and first.source == "measured" and first.saved
+    assert isinstance(loaded, Calibration) and loaded.source == "loaded"
+    assert loaded.cost_model == first.cost_model

@@ -58,6 +58,7 @@ def test_generate_streams_text_then_statistics(
     assert "tokens in" in err and "τ" in err and "note: --draft is not used" in err
 
 
+@pytest.mark.usefixtures("steady_timings")
 def test_goodput_reports_its_calibration(model_args: list[str], capsys: pytest.CaptureFixture) -> None:
     args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "5"]  # goodput is the default policy
     status, out, err = run(args, capsys)
@@ -70,6 +71,21 @@ def test_goodput_reports_its_calibration(model_args: list[str], capsys: pytest.C
     assert status == 0 and "[goodput] calibrated in" in err and "learned from 0 earlier answers" in err
     status, _, err = run(args, capsys)  # --recalibrate started the record afresh: its run is the one answer
     assert "learned from 1 earlier answer" in err
+
+
+@pytest.mark.usefixtures("steady_timings")
+def test_a_corrupt_calibration_is_reported_and_measured_anew(
+    model_args: list[str], calibrations_in_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "5"]  # goodput, the default, calibrates
+    assert run(args, capsys)[0] == 0
+    (calibration,) = [path for path in calibrations_in_tmp.glob("*.json") if not path.name.endswith(".learned.json")]
+    calibration.write_text("{not json")
+    status, _, err = run(args, capsys)
+    assert status == 0 and f"[goodput] {calibration} is not a usable calibration" in err
+    assert re.search(r"re-calibrated in [0-9.]+ s, saved to", err) and "loaded from" not in err
+    status, _, err = run(args, capsys)  # the measurement that replaced it is used
+    assert status == 0 and f"[goodput] loaded from {calibration}" in err
 
 
 def test_a_corrupt_learned_file_is_ignored_and_replaced(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from conftest import EXPENSIVE_DRAFT, FLAT, MODERATE, READS_SLOWLY, STEEP
@@ -76,3 +77,26 @@ def test_a_cost_model_survives_its_json_form() -> None:
     for broken in broken_forms:
         with pytest.raises(ConfigError, match="not a saved cost model"):
             CostModel.from_dict(broken)
+
+
+@pytest.mark.parametrize(
+    "costs",
+    [
+        {"target_ms": {1: math.nan}},
+        {"target_ms": {1: 50.0, 2: math.inf}},
+        {"target_ms": {1: 50.0}, "draft_ms": math.nan},
+        {"target_ms": {1: 50.0}, "draft_ms": math.inf},
+        {"target_ms": {1: 50.0}, "draft_prefill_ms": {128: math.nan}},
+        {"target_ms": {1: 50.0}, "draft_prefill_ms": {128: math.inf}},
+    ],
+)
+def test_a_cost_model_rejects_times_that_are_not_finite(costs: dict) -> None:
+    """NaN compares false with everything, so it passed the range checks and silently disabled speculation."""
+    with pytest.raises(ConfigError, match="finite"):
+        CostModel(**costs)
+    saved = {"target_ms": {"1": 50.0}, "draft_ms": 0.0, "draft_prefill_ms": {}} | {
+        name: {str(k): ms for k, ms in value.items()} if isinstance(value, dict) else value
+        for name, value in costs.items()
+    }
+    with pytest.raises(ConfigError, match="not a saved cost model"):
+        CostModel.from_dict(json.loads(json.dumps(saved)))

@@ -196,6 +196,11 @@ def test_last_only_matches_the_full_logits(runtime: NativeRuntime) -> None:
     assert torch.equal(last, full[:, -1:])
 
 
+def test_the_runtime_reports_the_width_of_its_hidden_states(runtime: NativeRuntime) -> None:
+    hidden = runtime.forward_with_hidden(torch.tensor([[1, 2, 3]]), runtime.new_cache())[1]  # [1, 3, H]
+    assert runtime.hidden_size == hidden.shape[-1] == 32
+
+
 def test_cache_capacity_is_enforced() -> None:
     runtime = native_from_hf(tiny_model(64, seed=3), capacity=8)
     assert runtime.max_context == 8

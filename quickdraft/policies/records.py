@@ -114,6 +114,7 @@ class AnswerLengthRecord:
     answers: deque[AnswerLength] = field(default_factory=deque)
     prior_weight: float = 2.0
     capacity: int = 256  # the most recent answers: what is served now, and a bounded cost per step
+    num_added: int = field(default=0, init=False, compare=False)  # answers added since it was made (it may hold fewer)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -122,6 +123,12 @@ class AnswerLengthRecord:
 
     def add(self, num_tokens: int, cut_by_budget: bool = False) -> None:
         self.answers.append(AnswerLength(num_tokens, cut_by_budget))
+        self.num_added += 1
+
+    def added_since(self, num_added: int) -> list[AnswerLength]:
+        """The answers added after the ``num_added``-th that it still holds, oldest first."""
+        count = min(self.num_added - num_added, len(self.answers))
+        return list(self.answers)[len(self.answers) - count :] if count > 0 else []
 
     def expected_remaining(self, generated: int, remaining: int | None, ski_rental: float) -> float:
         """E[min(L − m, remaining)] over the recorded answers that ran longer than m = ``generated``,

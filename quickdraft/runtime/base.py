@@ -36,6 +36,7 @@ class Runtime(ABC):
 
     name: ClassVar[str]  # its registry name
     vocab_size: int  # width of the logits
+    hidden_size: int  # width of the last hidden state (``forward_with_hidden``), what the LM head reads
     max_context: int  # positions the model supports
     device: torch.device
 

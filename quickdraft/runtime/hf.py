@@ -43,7 +43,8 @@ class HFRuntime(Runtime):
     def __init__(self, model: Any) -> None:
         self.model = model
         config = model.config
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        lm_head = model.get_output_embeddings().weight  # [V, H]: it reads the last hidden state
+        self.vocab_size, self.hidden_size = int(lm_head.shape[0]), int(lm_head.shape[1])
         self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
         self.device = model.device
 

@@ -42,6 +42,7 @@ class NativeRuntime(Runtime):
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.vocab_size = decoder.config.vocab_size
+        self.hidden_size = decoder.config.hidden_size
         self.max_context = decoder.capacity
         self.num_layers = decoder.config.num_layers
         self.device = torch.device("cpu")

@@ -14,13 +14,15 @@ import torch
 
 from quickdraft.errors import ConfigError
 
+MAX_SEED = 2**64 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How a token is chosen from logits; applied identically to target and draft.
 
     ``temperature == 0`` means greedy decoding (argmax); ``top_k == 0`` and ``top_p == 1``
-    switch those filters off. ``seed`` makes a sampled run reproducible.
+    switch those filters off. ``seed`` (an integer in [0, 2**64 - 1]) makes a sampled run reproducible.
     """
 
     temperature: float = 0.0
@@ -35,6 +37,10 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not (
+            isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed <= MAX_SEED
+        ):
+            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
 
     @property
     def is_greedy(self) -> bool:

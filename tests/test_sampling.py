@@ -47,6 +47,10 @@ def test_seeded_generator_reproduces_samples() -> None:
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.01}, "top_p"),
         ({"top_k": -1}, "top_k"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": True}, "seed"),
     ],
 )
 def test_bad_sampling_params(kwargs: dict, message: str) -> None:
@@ -66,3 +70,7 @@ def test_bad_sampling_params(kwargs: dict, message: str) -> None:
 def test_bad_generation_config(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         GenerationConfig(**kwargs)
+
+
+def test_seeds_span_64_bits() -> None:
+    assert SamplingParams(seed=0).seed == 0 and SamplingParams(seed=2**64 - 1).seed == 2**64 - 1

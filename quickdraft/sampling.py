@@ -55,7 +55,11 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
-    logits = logits / params.temperature
+    # Divide the gaps to the row's best logit, not the logits: the best stays 0 at any temperature and a
+    # tiny one sends the others to -inf (probability 0), never to inf - inf. Below float32's smallest
+    # normal number a temperature would round to 0 in the division; it acts as that number, as good as 0.
+    temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # [..., V], <= 0
     if 0 < params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))

@@ -121,6 +121,15 @@ def test_seeded_sampling_is_reproducible(pipeline: Pipeline) -> None:
     assert first.token_ids == pipeline.engine("draft-model").generate(PROMPTS[0], config).token_ids
 
 
+@pytest.mark.parametrize("seed", [None, 7])
+def test_a_tiny_temperature_gives_the_greedy_tokens(pipeline: Pipeline, seed: int | None) -> None:
+    greedy = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=12)).token_ids
+    sampling = SamplingParams(temperature=1e-300, seed=seed)
+    for drafter in ("none", "draft-model"):
+        config = GenerationConfig(max_new_tokens=12, num_draft_tokens=3, sampling=sampling)
+        assert pipeline.engine(drafter).generate(PROMPTS[3], config).token_ids == greedy, drafter
+
+
 def test_target_cache_rollback_matches_fresh_prefill(pipeline: Pipeline) -> None:
     target, prefix, drafts = pipeline.target, [3, 1, 4, 1, 5], [9, 2, 6, 5]
     cache = target.new_cache(1)

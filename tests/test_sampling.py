@@ -33,6 +33,12 @@ def test_top_p_keeps_smallest_prefix_reaching_the_mass(top_p: float, kept: list[
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-40, 1e-6])
+@pytest.mark.parametrize("filters", [{}, {"top_k": 2}, {"top_p": 0.5}])
+def test_a_tiny_temperature_concentrates_on_the_argmax(temperature: float, filters: dict) -> None:
+    assert logits_to_probs(LOGITS, SamplingParams(temperature=temperature, **filters)).tolist() == [[0, 1, 0, 0]]
+
+
 def test_seeded_generator_reproduces_samples() -> None:
     probs = torch.full((1, 50), 1 / 50)
     first = [int(sample(probs, make_generator(7))) for _ in range(3)]

@@ -119,10 +119,11 @@ class SpeculativeEngine:
         stats.target_forwards += 1
         stats.prefill_s = clock() - started
         step_tokens = [first_token]
-        step_started, num_proposed = None, 0  # the step being committed: when it began, drafts it proposed
+        step_started, num_proposed, num_accepted = None, 0, 0  # the step being committed: its start and drafts
 
         while True:
-            # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget.
+            # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget. Then account
+            #    for the step's drafts as far as they were committed.
             finish_reason = None
             num_before = len(new_token_ids)
             for token in step_tokens:
@@ -137,10 +138,16 @@ class SpeculativeEngine:
                     finish_reason = "length"
                 if finish_reason:
                     break
+            num_committed = len(new_token_ids) - num_before
             stats.new_tokens = len(new_token_ids)
-            stats.step_sizes.append(stats.new_tokens - num_before)
+            stats.step_sizes.append(num_committed)
             stats.step_times_s.append(clock() - started)
-            if step_started is not None:
+            if step_started is not None:  # a verified step (not the prefill's token)
+                num_judged, num_kept = committed_drafts(num_proposed, num_accepted, num_committed)
+                stats.draft_tokens_proposed += num_proposed
+                stats.draft_tokens_accepted += num_kept
+                policy.observe(num_judged, num_kept)
+                self.drafter.observe(num_judged, num_kept)
                 policy.observe_step_time(num_proposed, 1000 * (clock() - step_started))
             if finish_reason:
                 break
@@ -176,12 +183,8 @@ class SpeculativeEngine:
             # 5. Accept the longest correct prefix of drafts plus one token of the target's own.
             result = self._verify(draft_token_ids, proposal.probs, target_logits, sampling, generator)
             num_accepted = int(result.num_accepted[0])
-            stats.draft_tokens_proposed += proposal.num_tokens
-            stats.draft_tokens_accepted += num_accepted
-            policy.observe(proposal.num_tokens, num_accepted)
             if proposal.num_tokens == 0:
                 policy.observe_plain(target_logits[:, -1])
-            self.drafter.observe(proposal.num_tokens, num_accepted)
 
             # 6. Roll the target's cache back past the rejected drafts (the drafter rolls back lazily).
             cache.truncate(len(committed) + num_accepted)
@@ -213,3 +216,15 @@ class SpeculativeEngine:
             return greedy_verify(draft_token_ids, target_logits)
         target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
         return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+
+
+def committed_drafts(num_proposed: int, num_accepted: int, num_committed: int) -> tuple[int, int]:
+    """(judged, accepted) drafts of a step that committed only its first ``num_committed`` tokens.
+
+    A step commits its accepted drafts, then the target's token. When the answer stops at an accepted
+    draft (end of sequence, a stop string), the drafts after it never reach the answer: like drafts
+    after a rejection, they count as neither judged nor accepted.
+    """
+    if num_committed > num_accepted:  # the target's token was committed: every verdict stands
+        return num_proposed, num_accepted
+    return num_committed, num_committed

@@ -22,6 +22,7 @@ from quickdraft.policies import (
     UNKNOWN_STATE,
     AcceptanceRecord,
     AnswerLength,
+    FixedPolicy,
     Policy,
     StepState,
 )
@@ -367,6 +368,44 @@ def test_speculative_sampling_drafts_were_accepted() -> None:
     config = GenerationConfig(max_new_tokens=40, num_draft_tokens=2, sampling=SamplingParams(1.0, top_p=TOP_P, seed=0))
     stats = pipeline.engine("draft-model").generate([1, 2], config).stats
     assert 0.2 < (stats.acceptance_rate or 0) < 0.95
+
+
+# -- accounting: statistics and learning count what was committed ---------------------------------
+
+
+class RecordingPolicy(FixedPolicy):
+    """γ fixed; records what each step's verification reports."""
+
+    def __init__(self, num_draft_tokens: int) -> None:
+        super().__init__(num_draft_tokens)
+        self.observed: list[tuple[int, int]] = []
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        self.observed.append((proposed, accepted))
+
+
+@pytest.mark.parametrize("finish_reason", ["eos", "stop"])
+def test_drafts_after_the_end_are_not_counted(finish_reason: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft model equal to the target: six drafts pass, but the answer ends at the first of them."""
+    target = BigramTableRuntime.random(VOCAB, seed=0, scale=1.5)
+    tokenizer = word_tokenizer(VOCAB + 1)
+    pipeline = Pipeline(
+        target=target, draft=BigramTableRuntime(target.table), tokenizer=tokenizer, eos_token_ids=frozenset()
+    )
+    plain = pipeline.engine("none").generate([1, 2], GenerationConfig(max_new_tokens=8)).token_ids
+    end_token = plain[1]
+    assert plain[0] != end_token  # the answer can end at its second token
+    engine = pipeline.engine("draft-model")
+    if finish_reason == "eos":
+        engine.eos_token_ids = frozenset({end_token})
+    stop = (pipeline.tokenizer.decode([end_token]),) if finish_reason == "stop" else ()
+    drafter_observed: list[tuple[int, int]] = []
+    monkeypatch.setattr(engine.drafter, "observe", lambda *outcome: drafter_observed.append(outcome))
+    policy = RecordingPolicy(6)
+    result = engine.generate([1, 2], GenerationConfig(max_new_tokens=8, stop=stop), policy)
+    assert result.finish_reason == finish_reason and result.token_ids == plain[:2]
+    assert (result.stats.draft_tokens_proposed, result.stats.draft_tokens_accepted) == (6, 1)
+    assert policy.observed == drafter_observed == [(1, 1)]  # drafts after the end: neither judged nor accepted
 
 
 def test_tiny_pipeline_fixture_is_deterministic() -> None:

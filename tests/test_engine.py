@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
-from conftest import BigramTableRuntime, tiny_pipeline, word_tokenizer
-from scipy.stats import chi2
+from conftest import BigramTableRuntime, chi_square_pvalue, tiny_pipeline, word_tokenizer
 
 import quickdraft.engine
 from quickdraft.api import Pipeline
@@ -280,9 +280,19 @@ def test_drafters_are_found_by_name() -> None:
 
 
 # -- the sampling law, through the real engine on tiny random bigram models ---------------------
+#
+# A run's new tokens 2, 3 and 4 are counted: with max_new_tokens 4 and γ 2, the first step drafts
+# tokens 2 and 3, so the window sees drafts accepted, corrections, and token 4 as the bonus of a
+# step whose drafts all passed. Runs are seeded (seeds 0, 1, ...) or unseeded (drawing from
+# generators seeded 0, 1, 2, ... in turn).
 
-VOCAB, SAMPLES, TOP_P = 6, 12_000, 0.9
-SAMPLING = SamplingParams(temperature=1.0, top_p=TOP_P)
+VOCAB, SAMPLES, TOP_P = 6, 3_000, 0.9
+FITS, REJECTED = 1e-4, 1e-5  # p-values: above FITS the law holds; a negative control must fall below REJECTED
+TOP_P_SAMPLING = SamplingParams(temperature=1.0, top_p=TOP_P)
+TOP_K_SAMPLING = SamplingParams(temperature=1.0, top_k=3)
+WINDOW_CONFIG = GenerationConfig(max_new_tokens=4, num_draft_tokens=2)
+PROMPT_FOR = {"none": [1, 2], "draft-model": [1, 2], "prompt-lookup": [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 1]}
+RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
 
 
 def table_pipeline() -> Pipeline:
@@ -291,39 +301,43 @@ def table_pipeline() -> Pipeline:
     return Pipeline(target=target, draft=draft, tokenizer=word_tokenizer(VOCAB + 1), eos_token_ids=frozenset())
 
 
-def exact_joint(target: BigramTableRuntime, prompt_ids: list[int]) -> torch.Tensor:
-    """P(first three tokens) under plain sampling: p(y1) p(y2 | y1) p(y3 | y1 y2), enumerated."""
-
-    def probs(previous: int, current: int) -> torch.Tensor:
-        return logits_to_probs(target.table[previous, current], SAMPLING).double()
-
-    joint = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
-    p1 = probs(prompt_ids[-2], prompt_ids[-1])
-    for y1, y2 in itertools.product(range(VOCAB), repeat=2):
-        joint[y1, y2] = p1[y1] * probs(prompt_ids[-1], y1)[y2] * probs(y1, y2)
-    return joint
+def window_distribution(target: BigramTableRuntime, prompt_ids: list[int], sampling: SamplingParams) -> torch.Tensor:
+    """P(new tokens 2, 3, 4) ``[V, V, V]`` under plain sampling: p(y1) p(y2 | y1) p(y3 | y1 y2) p(y4 | y2 y3),
+    enumerated and summed over y1."""
+    probs = logits_to_probs(target.table, sampling).double()  # [V, V, V]: p(next | previous, current)
+    first = probs[prompt_ids[-2], prompt_ids[-1]]  # [V]
+    return torch.einsum("a,ab,abc,bcd->bcd", first, probs[prompt_ids[-1]], probs, probs)
 
 
-def sampled_counts(pipeline: Pipeline, drafter: str, prompt_ids: list[int]) -> torch.Tensor:
+def sampled_window(
+    pipeline: Pipeline, drafter: str, prompt_ids: list[int], sampling: SamplingParams, seeded: bool
+) -> torch.Tensor:
+    """Counts ``[V, V, V]`` of new tokens 2, 3, 4 over SAMPLES runs (seeds 0, 1, ... when seeded)."""
     engine = pipeline.engine(drafter, DrafterOptions(prompt_lookup_max_ngram=2))
     counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
-    for seed in range(SAMPLES):
-        sampling = SamplingParams(temperature=1.0, top_p=TOP_P, seed=seed)
-        tokens = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=4, num_draft_tokens=2, sampling=sampling))
-        counts[tuple(tokens.token_ids[:3])] += 1
+    for run in range(SAMPLES):
+        config = replace(WINDOW_CONFIG, sampling=replace(sampling, seed=run if seeded else None))
+        counts[tuple(engine.generate(prompt_ids, config).token_ids[1:4])] += 1
     return counts
 
 
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Goodness of fit; cells expected below 5 are pooled. A count where p = 0 gives 0."""
-    if counts[probs == 0].sum() > 0:
-        return 0.0
-    expected = probs * counts.sum()
-    large = expected >= 5
-    observed_cells = torch.cat([counts[large], counts[~large & (probs > 0)].sum()[None]])
-    expected_cells = torch.cat([expected[large], expected[~large & (probs > 0)].sum()[None]])
-    statistic = float(((observed_cells - expected_cells) ** 2 / expected_cells.clamp(min=1e-12)).sum())
-    return float(chi2.sf(statistic, df=len(observed_cells) - 1))
+def window_pvalue(drafter: str, sampling: SamplingParams, seeded: bool) -> float:
+    pipeline, prompt_ids = table_pipeline(), PROMPT_FOR[drafter]
+    counts = sampled_window(pipeline, drafter, prompt_ids, sampling, seeded)
+    return chi_square_pvalue(counts, window_distribution(pipeline.target, prompt_ids, sampling))
+
+
+@RULES
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_sampled_tokens_follow_the_target_distribution(drafter: str, seeded: bool) -> None:
+    assert window_pvalue(drafter, TOP_P_SAMPLING, seeded) > FITS
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_top_k_sampled_tokens_follow_the_target_distribution(seeded: bool) -> None:
+    assert window_pvalue("draft-model", TOP_K_SAMPLING, seeded) > FITS
 
 
 def wrong_rule(draft_token_ids, draft_probs, target_probs, generator) -> VerificationResult:
@@ -338,17 +352,7 @@ def wrong_rule(draft_token_ids, draft_probs, target_probs, generator) -> Verific
     return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
 
 
-PROMPT_FOR = {"none": [1, 2], "draft-model": [1, 2], "prompt-lookup": [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 1]}
-
-
-@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
-def test_sampled_tokens_follow_the_target_distribution(drafter: str) -> None:
-    pipeline = table_pipeline()
-    prompt_ids = PROMPT_FOR[drafter]
-    counts = sampled_counts(pipeline, drafter, prompt_ids)
-    assert chi_square_pvalue(counts, exact_joint(pipeline.target, prompt_ids)) > 1e-4
-
-
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
 def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: the same test with a wrong rule plugged into the engine must fail.
 
@@ -356,18 +360,39 @@ def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch: pytest.MonkeyPa
     which happens to be right, so the control uses the draft model.)
     """
     monkeypatch.setattr(quickdraft.engine, "rejection_sample", wrong_rule)
-    pipeline = table_pipeline()
-    prompt_ids = PROMPT_FOR["draft-model"]
-    counts = sampled_counts(pipeline, "draft-model", prompt_ids)
-    assert chi_square_pvalue(counts, exact_joint(pipeline.target, prompt_ids)) < 1e-6
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False) < REJECTED
 
 
-def test_speculative_sampling_drafts_were_accepted() -> None:
-    """The law above is not trivially met by rejecting everything."""
-    pipeline = table_pipeline()
-    config = GenerationConfig(max_new_tokens=40, num_draft_tokens=2, sampling=SamplingParams(1.0, top_p=TOP_P, seed=0))
-    stats = pipeline.engine("draft-model").generate([1, 2], config).stats
-    assert 0.2 < (stats.acceptance_rate or 0) < 0.95
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_chi_square_catches_a_wrong_bonus_token(seeded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: every third bonus token (all drafts accepted) replaced by token 0 must fail."""
+    verify = quickdraft.engine.SpeculativeEngine._verify
+    bonuses = itertools.count()
+
+    def bonus_to_token_0(draft_token_ids: torch.Tensor, *args: object) -> VerificationResult:
+        result = verify(draft_token_ids, *args)
+        if 0 < draft_token_ids.shape[1] == int(result.num_accepted[0]) and next(bonuses) % 3 == 0:
+            return VerificationResult(result.num_accepted, torch.zeros_like(result.next_token_ids))
+        return result
+
+    monkeypatch.setattr(quickdraft.engine.SpeculativeEngine, "_verify", staticmethod(bonus_to_token_0))
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded) < REJECTED
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_speculative_sampling_drafts_were_accepted(seeded: bool) -> None:
+    """The law above is not trivially met by rejecting everything, and its window sees bonus tokens."""
+    engine = table_pipeline().engine("draft-model")
+    runs = [
+        engine.generate([1, 2], replace(WINDOW_CONFIG, sampling=replace(TOP_P_SAMPLING, seed=run if seeded else None)))
+        for run in range(200)
+    ]
+    accepted = sum(run.stats.draft_tokens_accepted for run in runs)
+    assert 0.2 < accepted / sum(run.stats.draft_tokens_proposed for run in runs) < 0.95
+    with_bonus = sum(run.stats.step_sizes[1] == 3 for run in runs)  # the first step: two drafts and the bonus
+    assert 0.05 < with_bonus / len(runs) < 0.95
 
 
 # -- accounting: statistics and learning count what was committed ---------------------------------

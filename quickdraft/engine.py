@@ -15,10 +15,10 @@ from quickdraft.errors import PromptError
 from quickdraft.memory import DrafterMemory
 from quickdraft.policies import FixedPolicy, Policy, StepState, parse_policy
 from quickdraft.runtime.base import Runtime
-from quickdraft.sampling import logits_to_probs, make_generator, sample
+from quickdraft.sampling import choose_tokens, logits_to_probs, make_generator, position_noise
 from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDecoder
-from quickdraft.verify import VerificationResult, greedy_verify, rejection_sample
+from quickdraft.verify import VerificationResult, coupled_verify, greedy_verify, rejection_sample
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class SpeculativeEngine:
         self, prompt_ids: list[int], config: GenerationConfig, policy: Policy
     ) -> Generator[str, None, GenerationResult]:
         sampling = config.sampling
-        generator = make_generator(sampling.seed)
+        generator = make_generator(sampling.seed)  # unseeded sampling draws from it; seeded, from position noise
         stats = GenerationStats()
         decoder = IncrementalDecoder(self.tokenizer, config.stop)
         committed = list(prompt_ids)  # prompt + new tokens; the target's cache holds all but the last
@@ -112,7 +112,7 @@ class SpeculativeEngine:
         #    the request (a draft model reads the prompt lazily, at its first draft).
         cache = self.target.new_cache(1)
         logits = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)  # [1, 1, V]
-        first_token = int(self._choose(logits[:, -1], sampling, generator)[0])
+        first_token = int(self._choose(logits[:, -1], sampling, generator, position=len(prompt_ids))[0])
         policy.observe_plain(logits[:, -1])
         self.drafter.prefill([prompt_ids])
         self.drafter.bind(cache, self.memory.cost_model)
@@ -181,7 +181,7 @@ class SpeculativeEngine:
             stats.target_forwards += 1
 
             # 5. Accept the longest correct prefix of drafts plus one token of the target's own.
-            result = self._verify(draft_token_ids, proposal.probs, target_logits, sampling, generator)
+            result = self._verify(draft_token_ids, proposal.probs, target_logits, sampling, generator, len(committed))
             num_accepted = int(result.num_accepted[0])
             if proposal.num_tokens == 0:
                 policy.observe_plain(target_logits[:, -1])
@@ -198,11 +198,11 @@ class SpeculativeEngine:
         return GenerationResult(text=decoder.text, token_ids=new_token_ids, finish_reason=finish_reason, stats=stats)
 
     @staticmethod
-    def _choose(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-        """One token per row from ``[B, V]`` logits, as plain decoding would choose it."""
-        if sampling.is_greedy:
-            return logits.argmax(dim=-1)
-        return sample(logits_to_probs(logits, sampling), generator)
+    def _choose(
+        logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int
+    ) -> torch.Tensor:
+        """One token per row from ``[B, V]`` logits for sequence position ``position``, as plain decoding chooses it."""
+        return choose_tokens(logits_to_probs(logits, sampling), sampling, generator, position)
 
     @staticmethod
     def _verify(
@@ -211,10 +211,21 @@ class SpeculativeEngine:
         target_logits: torch.Tensor,
         sampling: SamplingParams,
         generator: torch.Generator,
+        position: int,
     ) -> VerificationResult:
+        """The request's acceptance rule; ``position``: the sequence position of the first draft.
+
+        Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's
+        Gumbel-max samples under the positions' noise, so the output is seeded plain decoding's whatever
+        γ. Unseeded sampling: Leviathan rejection sampling.
+        """
         if sampling.is_greedy:
             return greedy_verify(draft_token_ids, target_logits)
         target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
+        if sampling.is_seeded:
+            positions = range(position, position + target_probs.shape[1])
+            noise = position_noise(sampling.seed, positions, target_probs.shape[-1])  # [γ + 1, V]
+            return coupled_verify(draft_token_ids, target_probs, noise[None])
         return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import replace
 
 import pytest
@@ -120,6 +121,9 @@ def test_seeded_sampling_is_reproducible(pipeline: Pipeline) -> None:
     config = GenerationConfig(max_new_tokens=12, sampling=SamplingParams(temperature=1.0, top_k=8, seed=3))
     first = pipeline.engine("draft-model").generate(PROMPTS[0], config)
     assert first.token_ids == pipeline.engine("draft-model").generate(PROMPTS[0], config).token_ids
+    other_seeds = [replace(config, sampling=replace(config.sampling, seed=seed)) for seed in (4, 5, 2**64 - 1)]
+    others = {tuple(pipeline.engine("draft-model").generate(PROMPTS[0], other).token_ids) for other in other_seeds}
+    assert len(others | {tuple(first.token_ids)}) == 4
 
 
 @pytest.mark.parametrize("seed", [None, 7])
@@ -273,6 +277,39 @@ def test_policy_is_told_how_long_the_answer_ran(pipeline: Pipeline, monkeypatch:
     assert not memory.answer_lengths.answers and memory.acceptance.first.total == 0
 
 
+class RandomGammaPolicy(Policy):
+    """γ from 0..5 at random each step: as goodput's γ, which follows measured step times, varies between runs."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        return self.rng.randint(0, 5)
+
+
+@pytest.mark.parametrize("prompt_ids", [PROMPTS[0], PROMPTS[3]])
+def test_seeded_sampling_gives_the_same_tokens_whatever_gamma(
+    pipeline: Pipeline, prompt_ids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a seed, speculation gives plain decoding's tokens for any γ schedule (shared-noise coupling)."""
+    config = GenerationConfig(max_new_tokens=24, sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=42))
+    plain = pipeline.engine("none").generate(prompt_ids, config).token_ids
+    draft_model = pipeline.engine("draft-model")
+    runs = {
+        f"fixed:{gamma}": draft_model.generate(prompt_ids, replace(config, policy=f"fixed:{gamma}"))
+        for gamma in (1, 3, 5)
+    }
+    runs["alternating"] = draft_model.generate(prompt_ids, config, AlternatingPolicy())
+    runs |= {f"random γ {seed}": draft_model.generate(prompt_ids, config, RandomGammaPolicy(seed)) for seed in range(3)}
+    runs["prompt-lookup"] = pipeline.engine("prompt-lookup").generate(prompt_ids, replace(config, policy="fixed:3"))
+    cost_model = CostModel({1: 100.0, 2: 100.01, 4: 100.02, 8: 100.04, 17: 100.08}, draft_ms=0.001)
+    monkeypatch.setitem(pipeline.memories, "draft-model", DrafterMemory(cost_model=cost_model))  # no calibrating
+    runs["goodput"] = pipeline.engine("draft-model").generate(prompt_ids, replace(config, policy="goodput"))
+    for name, result in runs.items():
+        assert result.token_ids == plain, name
+    assert sum(result.stats.draft_tokens_accepted for result in runs.values()) > 0
+
+
 def test_drafters_are_found_by_name() -> None:
     assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "early-exit", "none"}
     assert DRAFTERS.get("draft-model").needs_draft_model
@@ -283,8 +320,8 @@ def test_drafters_are_found_by_name() -> None:
 #
 # A run's new tokens 2, 3 and 4 are counted: with max_new_tokens 4 and γ 2, the first step drafts
 # tokens 2 and 3, so the window sees drafts accepted, corrections, and token 4 as the bonus of a
-# step whose drafts all passed. Runs are seeded (seeds 0, 1, ...) or unseeded (drawing from
-# generators seeded 0, 1, 2, ... in turn).
+# step whose drafts all passed. Seeded runs verify by shared-noise coupling, unseeded ones by
+# rejection sampling (from generators seeded 0, 1, 2, ...).
 
 VOCAB, SAMPLES, TOP_P = 6, 3_000, 0.9
 FITS, REJECTED = 1e-4, 1e-5  # p-values: above FITS the law holds; a negative control must fall below REJECTED

@@ -15,10 +15,10 @@ from quickdraft.errors import PromptError
 from quickdraft.memory import DrafterMemory
 from quickdraft.policies import FixedPolicy, Policy, StepState, parse_policy
 from quickdraft.runtime.base import Runtime
-from quickdraft.sampling import logits_to_probs, make_generator, sample
+from quickdraft.sampling import choose_tokens, logits_to_probs, make_generator, position_noise
 from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDecoder
-from quickdraft.verify import VerificationResult, greedy_verify, rejection_sample
+from quickdraft.verify import VerificationResult, coupled_verify, greedy_verify, rejection_sample
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class SpeculativeEngine:
         self, prompt_ids: list[int], config: GenerationConfig, policy: Policy
     ) -> Generator[str, None, GenerationResult]:
         sampling = config.sampling
-        generator = make_generator(sampling.seed)
+        generator = make_generator(sampling.seed)  # unseeded sampling draws from it; seeded, from position noise
         stats = GenerationStats()
         decoder = IncrementalDecoder(self.tokenizer, config.stop)
         committed = list(prompt_ids)  # prompt + new tokens; the target's cache holds all but the last
@@ -112,17 +112,18 @@ class SpeculativeEngine:
         #    the request (a draft model reads the prompt lazily, at its first draft).
         cache = self.target.new_cache(1)
         logits = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)  # [1, 1, V]
-        first_token = int(self._choose(logits[:, -1], sampling, generator)[0])
+        first_token = int(self._choose(logits[:, -1], sampling, generator, position=len(prompt_ids))[0])
         policy.observe_plain(logits[:, -1])
         self.drafter.prefill([prompt_ids])
         self.drafter.bind(cache, self.memory.cost_model)
         stats.target_forwards += 1
         stats.prefill_s = clock() - started
         step_tokens = [first_token]
-        step_started, num_proposed = None, 0  # the step being committed: when it began, drafts it proposed
+        step_started, num_proposed, num_accepted = None, 0, 0  # the step being committed: its start and drafts
 
         while True:
-            # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget.
+            # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget. Then account
+            #    for the step's drafts as far as they were committed.
             finish_reason = None
             num_before = len(new_token_ids)
             for token in step_tokens:
@@ -137,10 +138,16 @@ class SpeculativeEngine:
                     finish_reason = "length"
                 if finish_reason:
                     break
+            num_committed = len(new_token_ids) - num_before
             stats.new_tokens = len(new_token_ids)
-            stats.step_sizes.append(stats.new_tokens - num_before)
+            stats.step_sizes.append(num_committed)
             stats.step_times_s.append(clock() - started)
-            if step_started is not None:
+            if step_started is not None:  # a verified step (not the prefill's token)
+                num_judged, num_kept = committed_drafts(num_proposed, num_accepted, num_committed)
+                stats.draft_tokens_proposed += num_proposed
+                stats.draft_tokens_accepted += num_kept
+                policy.observe(num_judged, num_kept)
+                self.drafter.observe(num_judged, num_kept)
                 policy.observe_step_time(num_proposed, 1000 * (clock() - step_started))
             if finish_reason:
                 break
@@ -174,14 +181,10 @@ class SpeculativeEngine:
             stats.target_forwards += 1
 
             # 5. Accept the longest correct prefix of drafts plus one token of the target's own.
-            result = self._verify(draft_token_ids, proposal.probs, target_logits, sampling, generator)
+            result = self._verify(draft_token_ids, proposal.probs, target_logits, sampling, generator, len(committed))
             num_accepted = int(result.num_accepted[0])
-            stats.draft_tokens_proposed += proposal.num_tokens
-            stats.draft_tokens_accepted += num_accepted
-            policy.observe(proposal.num_tokens, num_accepted)
             if proposal.num_tokens == 0:
                 policy.observe_plain(target_logits[:, -1])
-            self.drafter.observe(proposal.num_tokens, num_accepted)
 
             # 6. Roll the target's cache back past the rejected drafts (the drafter rolls back lazily).
             cache.truncate(len(committed) + num_accepted)
@@ -195,11 +198,11 @@ class SpeculativeEngine:
         return GenerationResult(text=decoder.text, token_ids=new_token_ids, finish_reason=finish_reason, stats=stats)
 
     @staticmethod
-    def _choose(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-        """One token per row from ``[B, V]`` logits, as plain decoding would choose it."""
-        if sampling.is_greedy:
-            return logits.argmax(dim=-1)
-        return sample(logits_to_probs(logits, sampling), generator)
+    def _choose(
+        logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int
+    ) -> torch.Tensor:
+        """One token per row from ``[B, V]`` logits for sequence position ``position``, as plain decoding chooses it."""
+        return choose_tokens(logits_to_probs(logits, sampling), sampling, generator, position)
 
     @staticmethod
     def _verify(
@@ -208,8 +211,31 @@ class SpeculativeEngine:
         target_logits: torch.Tensor,
         sampling: SamplingParams,
         generator: torch.Generator,
+        position: int,
     ) -> VerificationResult:
+        """The request's acceptance rule; ``position``: the sequence position of the first draft.
+
+        Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's
+        Gumbel-max samples under the positions' noise, so the output is seeded plain decoding's whatever
+        γ. Unseeded sampling: Leviathan rejection sampling.
+        """
         if sampling.is_greedy:
             return greedy_verify(draft_token_ids, target_logits)
         target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
+        if sampling.is_seeded:
+            positions = range(position, position + target_probs.shape[1])
+            noise = position_noise(sampling.seed, positions, target_probs.shape[-1])  # [γ + 1, V]
+            return coupled_verify(draft_token_ids, target_probs, noise[None])
         return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+
+
+def committed_drafts(num_proposed: int, num_accepted: int, num_committed: int) -> tuple[int, int]:
+    """(judged, accepted) drafts of a step that committed only its first ``num_committed`` tokens.
+
+    A step commits its accepted drafts, then the target's token. When the answer stops at an accepted
+    draft (end of sequence, a stop string), the drafts after it never reach the answer: like drafts
+    after a rejection, they count as neither judged nor accepted.
+    """
+    if num_committed > num_accepted:  # the target's token was committed: every verdict stands
+        return num_proposed, num_accepted
+    return num_committed, num_committed

@@ -1,18 +1,31 @@
-"""Turn logits into the distribution a token is drawn from (temperature, top-k, top-p).
+"""Turn logits into the distribution a token is drawn from (temperature, top-k, top-p), and draw it.
 
 The same function processes target and draft logits: lossless rejection sampling is
 exact for whatever distribution the target would sample from, provided the draft's q
 is the distribution the drafted token was actually drawn from.
+
+A seeded request draws every token by the Gumbel-max trick, argmax(log p + g), with noise g
+that is a function of (seed, position, purpose) only: never of how many numbers were drawn
+before. Plain decoding, the drafter and the verifier see the same noise at a position, so the
+output is the same whatever γ a policy chooses (see ``coupled_verify``).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from quickdraft.errors import ConfigError
+
+MAX_SEED = 2**64 - 1
+# Noise is asked for at a position by the drafter, then by the verifier, and again by the next step
+# after a rejection: keep the last few positions (4 bytes a vocabulary entry: 24 MB for 152k entries).
+NOISE_CACHE_POSITIONS = 40
 
 
 @dataclass(frozen=True)
@@ -20,7 +33,8 @@ class SamplingParams:
     """How a token is chosen from logits; applied identically to target and draft.
 
     ``temperature == 0`` means greedy decoding (argmax); ``top_k == 0`` and ``top_p == 1``
-    switch those filters off. ``seed`` makes a sampled run reproducible.
+    switch those filters off. ``seed`` (an integer in [0, 2**64 - 1]) makes a sampled run
+    reproducible: the same tokens whatever γ the policy chooses.
     """
 
     temperature: float = 0.0
@@ -35,10 +49,19 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not (
+            isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed <= MAX_SEED
+        ):
+            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def is_seeded(self) -> bool:
+        """Seeded sampling: every token is the Gumbel-max choice under the noise of its position."""
+        return not self.is_greedy and self.seed is not None
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -49,7 +72,11 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
-    logits = logits / params.temperature
+    # Divide the gaps to the row's best logit, not the logits: the best stays 0 at any temperature and a
+    # tiny one sends the others to -inf (probability 0), never to inf - inf. Below float32's smallest
+    # normal number a temperature would round to 0 in the division; it acts as that number, as good as 0.
+    temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # [..., V], <= 0
     if 0 < params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -66,6 +93,50 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Draw one token per row: ``[B, V]`` probabilities -> ``[B]`` token ids."""
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def choose_tokens(
+    probs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, position: int
+) -> torch.Tensor:
+    """One token per row of ``[B, V]`` probabilities for sequence position ``position`` -> ``[B]``.
+
+    Greedy: the argmax. Seeded: the Gumbel-max choice under the position's noise (the same noise
+    for the target and the drafter). Unseeded: a draw from ``generator``.
+    """
+    if sampling.is_greedy:
+        return probs.argmax(dim=-1)
+    if sampling.is_seeded:
+        return gumbel_argmax(probs, seeded_gumbel(sampling.seed, position, probs.shape[-1]))
+    return sample(probs, generator)
+
+
+def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(log p + g) over the last dimension: with Gumbel(0, 1) noise g, an exact sample from p.
+
+    probs: [..., V]; noise: [..., V] (broadcast) -> [...]. Tokens with p = 0 are never chosen.
+    """
+    return (probs.log() + noise).argmax(dim=-1)
+
+
+def position_noise(seed: int, positions: range, vocab_size: int) -> torch.Tensor:
+    """The token noise of consecutive sequence positions: ``[len(positions), V]``."""
+    return torch.stack([seeded_gumbel(seed, position, vocab_size) for position in positions])
+
+
+@functools.lru_cache(maxsize=NOISE_CACHE_POSITIONS)
+def seeded_gumbel(seed: int, position: int, vocab_size: int, purpose: str = "token") -> torch.Tensor:
+    """Gumbel(0, 1) noise ``[V]`` that depends on (seed, position, purpose) only. Shared: do not modify it.
+
+    ``position`` is the absolute position in the sequence (prompt + new tokens) of the token the
+    noise chooses; ``purpose`` keeps the streams of different uses apart. The three are hashed into
+    a 128-bit seed (torch's CPU generator would keep 32 bits of it). The uniforms have 53 random
+    bits, so the noise is resolved far into its upper tail, where unlikely tokens win (float32
+    uniforms would cap it at 16.6: a token 4e-9 as likely as the best could never win).
+    """
+    key = hashlib.blake2b(f"{purpose}:{seed}:{position}".encode(), digest_size=16).digest()
+    uniform = np.random.default_rng(int.from_bytes(key, "little")).random(vocab_size)  # [V] float64 in [0, 1)
+    uniform = torch.from_numpy(uniform).float().clamp(min=2.0**-64, max=1.0 - 2.0**-24)  # keeps the noise finite
+    return -torch.log(-torch.log1p(-uniform))  # [V]: small uniforms, fine in float32, give the large noise
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

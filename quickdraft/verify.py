@@ -1,10 +1,18 @@
 """Verification: decide which drafted tokens the target accepts. Pure functions.
 
-Both rules take ``draft_token_ids [B, γ]`` and the target's scores for the γ + 1 positions
+The rules take ``draft_token_ids [B, γ]`` and the target's scores for the γ + 1 positions
 that follow the last committed token (position i scores the token after draft i - 1, the
 last one is the bonus position). Each returns how many drafts every row accepts and the
 one token the target contributes after them, so every step commits ``num_accepted + 1``
 tokens.
+
+- ``greedy_verify``: greedy decoding.
+- ``coupled_verify``: seeded sampling. The target's token at each position is its Gumbel-max
+  sample under noise fixed by (seed, position); drafts drawn with the same noise are accepted
+  while they equal it. Every committed token is the target's own sample, so the output is
+  seeded plain decoding's, whatever γ.
+- ``rejection_sample``: unseeded sampling (Leviathan et al. 2023); the output at a position
+  depends on whether it was drafted, so it is exact in distribution only.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.sampling import sample
+from quickdraft.sampling import gumbel_argmax, sample
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,27 @@ def greedy_verify(draft_token_ids: torch.Tensor, target_logits: torch.Tensor) ->
 
     draft_token_ids: [B, γ]; target_logits: [B, γ + 1, V].
     """
+    return accept_matching_prefix(draft_token_ids, target_logits.argmax(dim=-1))
+
+
+def coupled_verify(
+    draft_token_ids: torch.Tensor, target_probs: torch.Tensor, noise: torch.Tensor
+) -> VerificationResult:
+    """Accept the longest prefix of drafts equal to the target's Gumbel-max samples, then its next sample.
+
+    draft_token_ids: [B, γ]; target_probs: [B, γ + 1, V]; noise: [B, γ + 1, V], the Gumbel noise of
+    the γ + 1 positions (``sampling.position_noise``), the same the drafter drew its tokens with.
+    Lossless: the token committed at a position is argmax(log p + g), an exact sample from p.
+    """
+    return accept_matching_prefix(draft_token_ids, gumbel_argmax(target_probs, noise))
+
+
+def accept_matching_prefix(draft_token_ids: torch.Tensor, target_token_ids: torch.Tensor) -> VerificationResult:
+    """The drafts up to the first that differs from the target's choice, then the target's choice there.
+
+    draft_token_ids: [B, γ]; target_token_ids: [B, γ + 1], the target's token at each position.
+    """
     num_drafts = draft_token_ids.shape[1]
-    target_token_ids = target_logits.argmax(dim=-1)  # [B, γ + 1]
     matches = draft_token_ids == target_token_ids[:, :num_drafts]  # [B, γ]
     num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
     next_token_ids = target_token_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from scipy.stats import chi2
 
+import quickdraft.engine
 from quickdraft.api import Pipeline
 from quickdraft.costs import CostModel
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
@@ -192,3 +196,34 @@ class BigramTableRuntime(Runtime):
         previous = history[start:-1]
         logits = self.table[previous, current][None]  # [1, K, V]
         return logits[:, -1:] if last_only else logits
+
+
+# -- statistical tests ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tens of thousands of tiny forwards: on a busy machine every multi-threaded op waits for the other core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def numbered_generators(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unseeded requests draw from generators seeded 0, 1, 2, ... in turn: repeatable tests of the unseeded rule."""
+    seeds = itertools.count()
+    monkeypatch.setattr(quickdraft.engine, "make_generator", lambda seed: torch.Generator().manual_seed(next(seeds)))
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit; cells expected below 5 are pooled. A count where p = 0 gives 0."""
+    if counts[probs == 0].sum() > 0:
+        return 0.0
+    expected = probs * counts.sum()
+    large = expected >= 5
+    observed_cells = torch.cat([counts[large], counts[~large & (probs > 0)].sum()[None]])
+    expected_cells = torch.cat([expected[large], expected[~large & (probs > 0)].sum()[None]])
+    statistic = float(((observed_cells - expected_cells) ** 2 / expected_cells.clamp(min=1e-12)).sum())
+    return float(chi2.sf(statistic, df=len(observed_cells) - 1))

@@ -128,6 +128,8 @@ BAD_INPUTS = {
     "top_p 0": (["generate", "w1", "--top-p", "0"], "top_p must be in"),
     "top_p above 1": (["generate", "w1", "--top-p", "1.5"], "top_p must be in"),
     "negative top_k": (["generate", "w1", "--top-k", "-2"], "top_k must be"),
+    "seed beyond 64 bits": (["generate", "w1", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),
+    "negative seed": (["generate", "w1", "--seed", "-1"], "seed must be an integer in [0, 2**64 - 1]"),
     "unknown drafter": (["generate", "w1", "--drafter", "magic"], "unknown drafter 'magic'"),
     "unknown runtime": (["generate", "w1", "--runtime", "magic"], "unknown runtime 'magic'"),
     "bad n-gram sizes": (["generate", "w1", "--prompt-lookup-min-ngram", "4"], "n-gram sizes"),

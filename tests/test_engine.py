@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import random
+from dataclasses import replace
 
 import pytest
 import torch
-from conftest import BigramTableRuntime, tiny_pipeline, word_tokenizer
-from scipy.stats import chi2
+from conftest import BigramTableRuntime, chi_square_pvalue, tiny_pipeline, word_tokenizer
 
 import quickdraft.engine
 from quickdraft.api import Pipeline
@@ -22,6 +23,7 @@ from quickdraft.policies import (
     UNKNOWN_STATE,
     AcceptanceRecord,
     AnswerLength,
+    FixedPolicy,
     Policy,
     StepState,
 )
@@ -119,6 +121,18 @@ def test_seeded_sampling_is_reproducible(pipeline: Pipeline) -> None:
     config = GenerationConfig(max_new_tokens=12, sampling=SamplingParams(temperature=1.0, top_k=8, seed=3))
     first = pipeline.engine("draft-model").generate(PROMPTS[0], config)
     assert first.token_ids == pipeline.engine("draft-model").generate(PROMPTS[0], config).token_ids
+    other_seeds = [replace(config, sampling=replace(config.sampling, seed=seed)) for seed in (4, 5, 2**64 - 1)]
+    others = {tuple(pipeline.engine("draft-model").generate(PROMPTS[0], other).token_ids) for other in other_seeds}
+    assert len(others | {tuple(first.token_ids)}) == 4
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_a_tiny_temperature_gives_the_greedy_tokens(pipeline: Pipeline, seed: int | None) -> None:
+    greedy = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=12)).token_ids
+    sampling = SamplingParams(temperature=1e-300, seed=seed)
+    for drafter in ("none", "draft-model"):
+        config = GenerationConfig(max_new_tokens=12, num_draft_tokens=3, sampling=sampling)
+        assert pipeline.engine(drafter).generate(PROMPTS[3], config).token_ids == greedy, drafter
 
 
 def test_target_cache_rollback_matches_fresh_prefill(pipeline: Pipeline) -> None:
@@ -263,6 +277,39 @@ def test_policy_is_told_how_long_the_answer_ran(pipeline: Pipeline, monkeypatch:
     assert not memory.answer_lengths.answers and memory.acceptance.first.total == 0
 
 
+class RandomGammaPolicy(Policy):
+    """γ from 0..5 at random each step: as goodput's γ, which follows measured step times, varies between runs."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        return self.rng.randint(0, 5)
+
+
+@pytest.mark.parametrize("prompt_ids", [PROMPTS[0], PROMPTS[3]])
+def test_seeded_sampling_gives_the_same_tokens_whatever_gamma(
+    pipeline: Pipeline, prompt_ids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a seed, speculation gives plain decoding's tokens for any γ schedule (shared-noise coupling)."""
+    config = GenerationConfig(max_new_tokens=24, sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=42))
+    plain = pipeline.engine("none").generate(prompt_ids, config).token_ids
+    draft_model = pipeline.engine("draft-model")
+    runs = {
+        f"fixed:{gamma}": draft_model.generate(prompt_ids, replace(config, policy=f"fixed:{gamma}"))
+        for gamma in (1, 3, 5)
+    }
+    runs["alternating"] = draft_model.generate(prompt_ids, config, AlternatingPolicy())
+    runs |= {f"random γ {seed}": draft_model.generate(prompt_ids, config, RandomGammaPolicy(seed)) for seed in range(3)}
+    runs["prompt-lookup"] = pipeline.engine("prompt-lookup").generate(prompt_ids, replace(config, policy="fixed:3"))
+    cost_model = CostModel({1: 100.0, 2: 100.01, 4: 100.02, 8: 100.04, 17: 100.08}, draft_ms=0.001)
+    monkeypatch.setitem(pipeline.memories, "draft-model", DrafterMemory(cost_model=cost_model))  # no calibrating
+    runs["goodput"] = pipeline.engine("draft-model").generate(prompt_ids, replace(config, policy="goodput"))
+    for name, result in runs.items():
+        assert result.token_ids == plain, name
+    assert sum(result.stats.draft_tokens_accepted for result in runs.values()) > 0
+
+
 def test_drafters_are_found_by_name() -> None:
     assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "early-exit", "none"}
     assert DRAFTERS.get("draft-model").needs_draft_model
@@ -270,9 +317,19 @@ def test_drafters_are_found_by_name() -> None:
 
 
 # -- the sampling law, through the real engine on tiny random bigram models ---------------------
+#
+# A run's new tokens 2, 3 and 4 are counted: with max_new_tokens 4 and γ 2, the first step drafts
+# tokens 2 and 3, so the window sees drafts accepted, corrections, and token 4 as the bonus of a
+# step whose drafts all passed. Seeded runs verify by shared-noise coupling, unseeded ones by
+# rejection sampling (from generators seeded 0, 1, 2, ...).
 
-VOCAB, SAMPLES, TOP_P = 6, 12_000, 0.9
-SAMPLING = SamplingParams(temperature=1.0, top_p=TOP_P)
+VOCAB, SAMPLES, TOP_P = 6, 3_000, 0.9
+FITS, REJECTED = 1e-4, 1e-5  # p-values: above FITS the law holds; a negative control must fall below REJECTED
+TOP_P_SAMPLING = SamplingParams(temperature=1.0, top_p=TOP_P)
+TOP_K_SAMPLING = SamplingParams(temperature=1.0, top_k=3)
+WINDOW_CONFIG = GenerationConfig(max_new_tokens=4, num_draft_tokens=2)
+PROMPT_FOR = {"none": [1, 2], "draft-model": [1, 2], "prompt-lookup": [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 1]}
+RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
 
 
 def table_pipeline() -> Pipeline:
@@ -281,39 +338,43 @@ def table_pipeline() -> Pipeline:
     return Pipeline(target=target, draft=draft, tokenizer=word_tokenizer(VOCAB + 1), eos_token_ids=frozenset())
 
 
-def exact_joint(target: BigramTableRuntime, prompt_ids: list[int]) -> torch.Tensor:
-    """P(first three tokens) under plain sampling: p(y1) p(y2 | y1) p(y3 | y1 y2), enumerated."""
-
-    def probs(previous: int, current: int) -> torch.Tensor:
-        return logits_to_probs(target.table[previous, current], SAMPLING).double()
-
-    joint = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
-    p1 = probs(prompt_ids[-2], prompt_ids[-1])
-    for y1, y2 in itertools.product(range(VOCAB), repeat=2):
-        joint[y1, y2] = p1[y1] * probs(prompt_ids[-1], y1)[y2] * probs(y1, y2)
-    return joint
+def window_distribution(target: BigramTableRuntime, prompt_ids: list[int], sampling: SamplingParams) -> torch.Tensor:
+    """P(new tokens 2, 3, 4) ``[V, V, V]`` under plain sampling: p(y1) p(y2 | y1) p(y3 | y1 y2) p(y4 | y2 y3),
+    enumerated and summed over y1."""
+    probs = logits_to_probs(target.table, sampling).double()  # [V, V, V]: p(next | previous, current)
+    first = probs[prompt_ids[-2], prompt_ids[-1]]  # [V]
+    return torch.einsum("a,ab,abc,bcd->bcd", first, probs[prompt_ids[-1]], probs, probs)
 
 
-def sampled_counts(pipeline: Pipeline, drafter: str, prompt_ids: list[int]) -> torch.Tensor:
+def sampled_window(
+    pipeline: Pipeline, drafter: str, prompt_ids: list[int], sampling: SamplingParams, seeded: bool
+) -> torch.Tensor:
+    """Counts ``[V, V, V]`` of new tokens 2, 3, 4 over SAMPLES runs (seeds 0, 1, ... when seeded)."""
     engine = pipeline.engine(drafter, DrafterOptions(prompt_lookup_max_ngram=2))
     counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
-    for seed in range(SAMPLES):
-        sampling = SamplingParams(temperature=1.0, top_p=TOP_P, seed=seed)
-        tokens = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=4, num_draft_tokens=2, sampling=sampling))
-        counts[tuple(tokens.token_ids[:3])] += 1
+    for run in range(SAMPLES):
+        config = replace(WINDOW_CONFIG, sampling=replace(sampling, seed=run if seeded else None))
+        counts[tuple(engine.generate(prompt_ids, config).token_ids[1:4])] += 1
     return counts
 
 
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Goodness of fit; cells expected below 5 are pooled. A count where p = 0 gives 0."""
-    if counts[probs == 0].sum() > 0:
-        return 0.0
-    expected = probs * counts.sum()
-    large = expected >= 5
-    observed_cells = torch.cat([counts[large], counts[~large & (probs > 0)].sum()[None]])
-    expected_cells = torch.cat([expected[large], expected[~large & (probs > 0)].sum()[None]])
-    statistic = float(((observed_cells - expected_cells) ** 2 / expected_cells.clamp(min=1e-12)).sum())
-    return float(chi2.sf(statistic, df=len(observed_cells) - 1))
+def window_pvalue(drafter: str, sampling: SamplingParams, seeded: bool) -> float:
+    pipeline, prompt_ids = table_pipeline(), PROMPT_FOR[drafter]
+    counts = sampled_window(pipeline, drafter, prompt_ids, sampling, seeded)
+    return chi_square_pvalue(counts, window_distribution(pipeline.target, prompt_ids, sampling))
+
+
+@RULES
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_sampled_tokens_follow_the_target_distribution(drafter: str, seeded: bool) -> None:
+    assert window_pvalue(drafter, TOP_P_SAMPLING, seeded) > FITS
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_top_k_sampled_tokens_follow_the_target_distribution(seeded: bool) -> None:
+    assert window_pvalue("draft-model", TOP_K_SAMPLING, seeded) > FITS
 
 
 def wrong_rule(draft_token_ids, draft_probs, target_probs, generator) -> VerificationResult:
@@ -328,17 +389,7 @@ def wrong_rule(draft_token_ids, draft_probs, target_probs, generator) -> Verific
     return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
 
 
-PROMPT_FOR = {"none": [1, 2], "draft-model": [1, 2], "prompt-lookup": [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 1]}
-
-
-@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
-def test_sampled_tokens_follow_the_target_distribution(drafter: str) -> None:
-    pipeline = table_pipeline()
-    prompt_ids = PROMPT_FOR[drafter]
-    counts = sampled_counts(pipeline, drafter, prompt_ids)
-    assert chi_square_pvalue(counts, exact_joint(pipeline.target, prompt_ids)) > 1e-4
-
-
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
 def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: the same test with a wrong rule plugged into the engine must fail.
 
@@ -346,18 +397,77 @@ def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch: pytest.MonkeyPa
     which happens to be right, so the control uses the draft model.)
     """
     monkeypatch.setattr(quickdraft.engine, "rejection_sample", wrong_rule)
-    pipeline = table_pipeline()
-    prompt_ids = PROMPT_FOR["draft-model"]
-    counts = sampled_counts(pipeline, "draft-model", prompt_ids)
-    assert chi_square_pvalue(counts, exact_joint(pipeline.target, prompt_ids)) < 1e-6
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False) < REJECTED
 
 
-def test_speculative_sampling_drafts_were_accepted() -> None:
-    """The law above is not trivially met by rejecting everything."""
-    pipeline = table_pipeline()
-    config = GenerationConfig(max_new_tokens=40, num_draft_tokens=2, sampling=SamplingParams(1.0, top_p=TOP_P, seed=0))
-    stats = pipeline.engine("draft-model").generate([1, 2], config).stats
-    assert 0.2 < (stats.acceptance_rate or 0) < 0.95
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_chi_square_catches_a_wrong_bonus_token(seeded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: every third bonus token (all drafts accepted) replaced by token 0 must fail."""
+    verify = quickdraft.engine.SpeculativeEngine._verify
+    bonuses = itertools.count()
+
+    def bonus_to_token_0(draft_token_ids: torch.Tensor, *args: object) -> VerificationResult:
+        result = verify(draft_token_ids, *args)
+        if 0 < draft_token_ids.shape[1] == int(result.num_accepted[0]) and next(bonuses) % 3 == 0:
+            return VerificationResult(result.num_accepted, torch.zeros_like(result.next_token_ids))
+        return result
+
+    monkeypatch.setattr(quickdraft.engine.SpeculativeEngine, "_verify", staticmethod(bonus_to_token_0))
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded) < REJECTED
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_speculative_sampling_drafts_were_accepted(seeded: bool) -> None:
+    """The law above is not trivially met by rejecting everything, and its window sees bonus tokens."""
+    engine = table_pipeline().engine("draft-model")
+    runs = [
+        engine.generate([1, 2], replace(WINDOW_CONFIG, sampling=replace(TOP_P_SAMPLING, seed=run if seeded else None)))
+        for run in range(200)
+    ]
+    accepted = sum(run.stats.draft_tokens_accepted for run in runs)
+    assert 0.2 < accepted / sum(run.stats.draft_tokens_proposed for run in runs) < 0.95
+    with_bonus = sum(run.stats.step_sizes[1] == 3 for run in runs)  # the first step: two drafts and the bonus
+    assert 0.05 < with_bonus / len(runs) < 0.95
+
+
+# -- accounting: statistics and learning count what was committed ---------------------------------
+
+
+class RecordingPolicy(FixedPolicy):
+    """γ fixed; records what each step's verification reports."""
+
+    def __init__(self, num_draft_tokens: int) -> None:
+        super().__init__(num_draft_tokens)
+        self.observed: list[tuple[int, int]] = []
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        self.observed.append((proposed, accepted))
+
+
+@pytest.mark.parametrize("finish_reason", ["eos", "stop"])
+def test_drafts_after_the_end_are_not_counted(finish_reason: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft model equal to the target: six drafts pass, but the answer ends at the first of them."""
+    target = BigramTableRuntime.random(VOCAB, seed=0, scale=1.5)
+    tokenizer = word_tokenizer(VOCAB + 1)
+    pipeline = Pipeline(
+        target=target, draft=BigramTableRuntime(target.table), tokenizer=tokenizer, eos_token_ids=frozenset()
+    )
+    plain = pipeline.engine("none").generate([1, 2], GenerationConfig(max_new_tokens=8)).token_ids
+    end_token = plain[1]
+    assert plain[0] != end_token  # the answer can end at its second token
+    engine = pipeline.engine("draft-model")
+    if finish_reason == "eos":
+        engine.eos_token_ids = frozenset({end_token})
+    stop = (pipeline.tokenizer.decode([end_token]),) if finish_reason == "stop" else ()
+    drafter_observed: list[tuple[int, int]] = []
+    monkeypatch.setattr(engine.drafter, "observe", lambda *outcome: drafter_observed.append(outcome))
+    policy = RecordingPolicy(6)
+    result = engine.generate([1, 2], GenerationConfig(max_new_tokens=8, stop=stop), policy)
+    assert result.finish_reason == finish_reason and result.token_ids == plain[:2]
+    assert (result.stats.draft_tokens_proposed, result.stats.draft_tokens_accepted) == (6, 1)
+    assert policy.observed == drafter_observed == [(1, 1)]  # drafts after the end: neither judged nor accepted
 
 
 def test_tiny_pipeline_fixture_is_deterministic() -> None:

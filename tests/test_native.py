@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter, defaultdict
 
 import pytest
 import torch
-from conftest import tiny_model, word_tokenizer
+from conftest import chi_square_pvalue, tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
@@ -15,6 +16,7 @@ from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, quantize_state_dict
+from quickdraft.sampling import logits_to_probs
 
 
 def native_from_hf(model: torch.nn.Module, capacity: int = 256) -> NativeRuntime:
@@ -360,7 +362,47 @@ def test_early_exit_drafting_equals_plain_decoding(prompt_ids: list[int]) -> Non
     assert set(drafter.tries) == set(drafter.candidates) and min(drafter.tries.values()) >= 2  # all were tried
     config = GenerationConfig(max_new_tokens=16, num_draft_tokens=4, sampling=SamplingParams(1.0, seed=3))
     sampled = engine.generate(prompt_ids, config)
-    assert len(sampled.token_ids) == 16
+    assert sampled.token_ids == pipeline.engine("none").generate(prompt_ids, config).token_ids  # seeded: plain's
+    assert sampled.stats.draft_tokens_proposed > 0
+
+
+def window_distribution(runtime: NativeRuntime, prompt_ids: list[int], sampling: SamplingParams) -> dict:
+    """P(new tokens 2, 3, 4) under plain sampling, by walking every path of nonzero probability."""
+    distribution: dict[tuple[int, ...], float] = defaultdict(float)
+
+    def walk(token_ids: list[int], probability: float) -> None:
+        if len(token_ids) == len(prompt_ids) + 4:
+            distribution[tuple(token_ids[len(prompt_ids) + 1 :])] += probability
+            return
+        logits = runtime.forward(torch.tensor([token_ids]), runtime.new_cache(1), last_only=True)[0, -1]  # [V]
+        probs = logits_to_probs(logits, sampling).double()  # [V]
+        for token in probs.nonzero().flatten().tolist():
+            walk([*token_ids, token], probability * float(probs[token]))
+
+    walk(prompt_ids, 1.0)
+    return distribution
+
+
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_early_exit_sampled_tokens_follow_the_target_distribution() -> None:
+    """Rejection sampling with early-exit drafts, top-k 3: new tokens 2, 3, 4 (drafts, corrections and bonus
+    tokens) over 2,000 unseeded runs follow the target's law (χ²). Seeded runs give plain decoding's tokens
+    (above), whose law test_engine checks."""
+    pipeline = Pipeline(
+        target=native_from_hf(tiny_model(64, seed=3, logit_scale=2.0)),
+        tokenizer=word_tokenizer(64),
+        eos_token_ids=frozenset(),
+    )
+    sampling, prompt_ids = SamplingParams(temperature=1.0, top_k=3), [1, 2, 3]
+    engine = pipeline.engine("early-exit")
+    config = GenerationConfig(max_new_tokens=4, num_draft_tokens=2, sampling=sampling)
+    windows = Counter(tuple(engine.generate(prompt_ids, config).token_ids[1:4]) for _ in range(2_000))
+    distribution = window_distribution(pipeline.target, prompt_ids, sampling)
+    assert set(windows) <= set(distribution)
+    cells = list(distribution)
+    counts = torch.tensor([float(windows[cell]) for cell in cells], dtype=torch.float64)
+    assert chi_square_pvalue(counts, torch.tensor([distribution[cell] for cell in cells])) > 1e-4
+    assert engine.drafter.tries[engine.drafter.exit_layer] > 0
 
 
 def test_early_exit_needs_a_runtime_that_exits_early(pipeline: Pipeline) -> None:

@@ -2,10 +2,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scipy.stats import chisquare, kstest
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
-from quickdraft.sampling import logits_to_probs, make_generator, sample
+from quickdraft.sampling import (
+    choose_tokens,
+    gumbel_argmax,
+    logits_to_probs,
+    make_generator,
+    position_noise,
+    sample,
+    seeded_gumbel,
+)
 
 LOGITS = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3]]))
 
@@ -33,6 +42,49 @@ def test_top_p_keeps_smallest_prefix_reaching_the_mass(top_p: float, kept: list[
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-40, 1e-6])
+@pytest.mark.parametrize("filters", [{}, {"top_k": 2}, {"top_p": 0.5}])
+def test_a_tiny_temperature_concentrates_on_the_argmax(temperature: float, filters: dict) -> None:
+    assert logits_to_probs(LOGITS, SamplingParams(temperature=temperature, **filters)).tolist() == [[0, 1, 0, 0]]
+
+
+def test_position_noise_depends_on_seed_position_and_purpose_only() -> None:
+    noise = seeded_gumbel(7, 12, 50)  # [V]
+    assert noise.shape == (50,) and torch.isfinite(noise).all()
+    assert torch.equal(seeded_gumbel.__wrapped__(7, 12, 50), noise)  # computed again, not from the cache
+    others = [(8, 12), (7, 13), (7 + 2**32, 12), (7 + 2**63, 12)]  # seeds beyond 32 bits count too
+    assert not any(torch.equal(seeded_gumbel(seed, position, 50), noise) for seed, position in others)
+    assert not torch.equal(seeded_gumbel(7, 12, 50, purpose="other"), noise)
+    assert torch.equal(position_noise(7, range(11, 14), 50)[1], noise)  # [3, V]
+
+
+def test_position_noise_is_gumbel_distributed() -> None:
+    assert kstest(seeded_gumbel(1, 0, 100_000).numpy(), "gumbel_r").pvalue > 1e-3
+
+
+def test_gumbel_max_draws_from_the_distribution() -> None:
+    """argmax(log p + g) over positions' noise: the counts follow p (χ²); p = 0 is never drawn."""
+    probs = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.0, 0.30], dtype=torch.float64)
+    tokens = gumbel_argmax(probs, position_noise(3, range(20_000), 6))  # [20_000]
+    counts = torch.bincount(tokens, minlength=6).double()
+    assert counts[4] == 0
+    keep = probs > 0
+    assert chisquare(counts[keep], 20_000 * probs[keep]).pvalue > 1e-3
+
+
+def test_choose_tokens_by_rule() -> None:
+    """Greedy: the argmax; seeded: the position's Gumbel-max choice, whatever the generator; else the generator's."""
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]] * 2)  # [B, V]
+    assert choose_tokens(probs, SamplingParams(), None, position=5).tolist() == [3, 3]
+    seeded = SamplingParams(temperature=1.0, seed=9)
+    expected = gumbel_argmax(probs, seeded_gumbel(9, 5, 4))
+    for generator in (None, make_generator(0), make_generator(1)):
+        assert torch.equal(choose_tokens(probs, seeded, generator, position=5), expected)
+    unseeded = SamplingParams(temperature=1.0)
+    first = choose_tokens(probs, unseeded, make_generator(2), position=5)
+    assert torch.equal(choose_tokens(probs, unseeded, make_generator(2), position=6), first)
+
+
 def test_seeded_generator_reproduces_samples() -> None:
     probs = torch.full((1, 50), 1 / 50)
     first = [int(sample(probs, make_generator(7))) for _ in range(3)]
@@ -47,6 +99,10 @@ def test_seeded_generator_reproduces_samples() -> None:
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.01}, "top_p"),
         ({"top_k": -1}, "top_k"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": True}, "seed"),
     ],
 )
 def test_bad_sampling_params(kwargs: dict, message: str) -> None:
@@ -66,3 +122,7 @@ def test_bad_sampling_params(kwargs: dict, message: str) -> None:
 def test_bad_generation_config(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         GenerationConfig(**kwargs)
+
+
+def test_seeds_span_64_bits() -> None:
+    assert SamplingParams(seed=0).seed == 0 and SamplingParams(seed=2**64 - 1).seed == 2**64 - 1

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare
 
-from quickdraft.verify import acceptance_probs, greedy_verify, rejection_sample, residual_probs
+from quickdraft.sampling import gumbel_argmax, position_noise
+from quickdraft.verify import acceptance_probs, coupled_verify, greedy_verify, rejection_sample, residual_probs
 
 
 def distributions(vocab_size: int, count: int) -> st.SearchStrategy[torch.Tensor]:
@@ -135,3 +138,84 @@ def test_greedy_verify_batch_rows_are_independent() -> None:
     logits = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3], [1, 2, 3]]), 4).float()
     result = greedy_verify(torch.tensor([[1, 2], [1, 0]]), logits)
     assert result.num_accepted.tolist() == [2, 1] and result.next_token_ids.tolist() == [3, 2]
+
+
+# -- shared-noise coupling (seeded sampling) -------------------------------------------------------
+
+
+def test_coupled_verify_accepts_drafts_equal_to_the_targets_samples() -> None:
+    """Uniform p and noise that singles out tokens 3 1 4 | 0: those are the target's samples."""
+    target_probs = torch.full((1, 4, 5), 0.2)  # [1, γ + 1, V]
+    noise = 10.0 * torch.nn.functional.one_hot(torch.tensor([[3, 1, 4, 0]]), 5)  # [1, γ + 1, V]
+    full = coupled_verify(torch.tensor([[3, 1, 4]]), target_probs, noise)
+    assert full.num_accepted.tolist() == [3] and full.next_token_ids.tolist() == [0]
+    partial = coupled_verify(torch.tensor([[3, 2, 4]]), target_probs, noise)
+    assert partial.num_accepted.tolist() == [1] and partial.next_token_ids.tolist() == [1]
+    plain = coupled_verify(torch.empty(1, 0, dtype=torch.long), target_probs[:, :1], noise[:, :1])
+    assert plain.num_accepted.tolist() == [0] and plain.next_token_ids.tolist() == [3]
+    never = coupled_verify(torch.tensor([[3]]), torch.tensor([[[0.5, 0.5, 0, 0, 0]] * 2]), noise[:, :2])
+    assert never.num_accepted.tolist() == [0] and never.next_token_ids.tolist() in ([0], [1])  # p = 0: never
+
+
+VOCAB = 4
+TABLES = torch.softmax(2.0 * torch.randn(2, 1 + VOCAB, VOCAB, generator=torch.Generator().manual_seed(0)), dim=-1)
+TARGET, DRAFT = TABLES.double()  # [1 + V, V] each: row 0 = the first position, row 1 + x1 = the second after x1
+TARGET[0, 2] = 0.0  # a token the target never chooses first
+TARGET[0] /= TARGET[0].sum()
+
+
+def coupled_tokens(target: torch.Tensor, draft: torch.Tensor, noise: torch.Tensor) -> tuple[list[int], int]:
+    """The first two tokens of γ = 2 speculation by the coupled rule, and the drafts accepted in its first step.
+
+    noise: [3, V], positions 1, 2 and the bonus. A rejection at position 1 is followed by a plain step.
+    """
+    draft_1 = int(gumbel_argmax(draft[0], noise[0]))
+    draft_2 = int(gumbel_argmax(draft[1 + draft_1], noise[1]))
+    draft_token_ids = torch.tensor([[draft_1, draft_2]])  # [1, γ]
+    target_probs = torch.stack([target[0], target[1 + draft_1], target[0]])[None]  # [1, γ + 1, V]; bonus unused
+    result = coupled_verify(draft_token_ids, target_probs, noise[None])
+    tokens = result.committed_token_ids(draft_token_ids)
+    if len(tokens) == 1:
+        tokens.append(int(gumbel_argmax(target[1 + tokens[0]], noise[1])))
+    return tokens[:2], int(result.num_accepted[0])
+
+
+def coupled_joint(noise_of_seed: Callable[[int], torch.Tensor], samples: int = 10_000) -> tuple[torch.Tensor, float]:
+    """Counts ``[V, V]`` of the first two tokens over seeds 0, 1, ...; and the first draft's acceptance rate."""
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    accepted = 0
+    for seed in range(samples):
+        (first, second), num_accepted = coupled_tokens(TARGET, DRAFT, noise_of_seed(seed))
+        counts[first, second] += 1
+        accepted += num_accepted > 0
+    return counts, accepted / samples
+
+
+def joint_pvalue(counts: torch.Tensor) -> float:
+    expected = TARGET[0][:, None] * TARGET[1:]  # [V, V]: p1(y1) p2(y2 | y1)
+    if counts[expected == 0].sum() > 0:
+        return 0.0
+    keep = expected > 0
+    statistic = float(((counts[keep] - counts.sum() * expected[keep]) ** 2 / (counts.sum() * expected[keep])).sum())
+    return float(chi2.sf(statistic, df=int(keep.sum()) - 1))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_coupled_speculation_draws_the_targets_joint_distribution() -> None:
+    """Over 10,000 seeds, the first two committed tokens follow p1·p2 (χ²), though drafts come from q."""
+    counts, first_accepted = coupled_joint(lambda seed: position_noise(seed, range(3), VOCAB))
+    assert joint_pvalue(counts) > 1e-4
+    assert 0.2 < first_accepted < 0.95  # drafts from q were accepted, and rejected
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_coupled_chi_square_catches_noise_shared_between_positions() -> None:
+    """Negative control: one noise for every position (seeded by the seed alone) correlates the tokens."""
+    counts, _ = coupled_joint(lambda seed: position_noise(seed, range(1), VOCAB).expand(3, VOCAB))
+    assert joint_pvalue(counts) < 1e-6
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted_with_shared_noise() -> None:
+    for seed in range(200):
+        _, num_accepted = coupled_tokens(TARGET, TARGET, position_noise(seed, range(3), VOCAB))
+        assert num_accepted == 2

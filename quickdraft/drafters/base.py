@@ -119,5 +119,8 @@ class Drafter(ABC):
         ``context_ids``: [B][T_b], the committed tokens of B requests (at most :attr:`max_rows`); the
         proposal's ``token_ids`` are ``[B, γ]`` and its ``probs`` ``[B, γ, V]``. The committed context may
         have dropped tokens this drafter proposed earlier (rejections): a drafter with a cache rolls it
-        back to the common prefix.
+        back to the common prefix. A drafter that samples chooses each token with
+        ``sampling.choose_tokens`` at the token's sequence position: a seeded request's drafts then use the
+        noise the target's tokens are chosen with there (so they agree as often as the models do);
+        ``generator`` is for unseeded requests.
         """

@@ -18,7 +18,7 @@ import torch
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftStep, KeepDrafting
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import SamplingParams, logits_to_probs, sample
+from quickdraft.sampling import SamplingParams, choose_tokens, logits_to_probs
 from quickdraft.tokens import common_prefix_length
 
 
@@ -76,7 +76,7 @@ class DraftModelDrafter(Drafter):
         draft_probs: list[torch.Tensor] = []
         for step in range(num_tokens):
             probs = self._to_target_vocab(logits_to_probs(logits, sampling))  # [1, V]
-            token = probs.argmax(dim=-1) if sampling.is_greedy else sample(probs, generator)  # [1]
+            token = choose_tokens(probs, sampling, generator, position=len(context) + step)  # [1]
             drafted.append(token)
             draft_probs.append(probs)
             if keep_drafting is not None and not keep_drafting(DraftStep(logits, hidden, step + 1)):

@@ -17,7 +17,7 @@ from quickdraft.costs import CostModel
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftStep, KeepDrafting
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import SamplingParams, logits_to_probs, sample
+from quickdraft.sampling import SamplingParams, choose_tokens, logits_to_probs
 
 CANDIDATE_FRACTIONS = (0.25, 0.5, 0.75)  # exit layers tried, as fractions of the target's depth
 TRIES_PER_CANDIDATE = 2
@@ -91,7 +91,7 @@ class EarlyExitDrafter(Drafter):
         for step in range(num_tokens):
             logits = self.target.forward_early_exit(token, self.cache, position + step, layer)[:, -1]  # [1, V]
             probs = logits_to_probs(logits, sampling)  # [1, V]
-            token = probs.argmax(dim=-1, keepdim=True) if sampling.is_greedy else sample(probs, generator)[:, None]
+            token = choose_tokens(probs, sampling, generator, position=len(context) + step)[:, None]  # [1, 1]
             drafted.append(token[:, 0])
             draft_probs.append(probs)
             if keep_drafting is not None and not keep_drafting(DraftStep(logits, None, step + 1)):

@@ -274,9 +274,11 @@ def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
                         return input_ids[start + size : start + size + self.k]
             return input_ids[:0]
 
-    module = types.ModuleType("llama_cpp")
-    module.Llama, module.LlamaPromptLookupDecoding = FakeLlama, PromptLookup
+    module, speculative = types.ModuleType("llama_cpp"), types.ModuleType("llama_cpp.llama_speculative")
+    module.Llama, speculative.LlamaPromptLookupDecoding = FakeLlama, PromptLookup
+    module.llama_speculative = speculative
     monkeypatch.setitem(sys.modules, "llama_cpp", module)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
     FakeLlama.instances = []
 
 

@@ -113,7 +113,8 @@ class LlamaCppMethod(Method):
             )
 
     def _load(self, n_ctx: int) -> None:
-        from llama_cpp import Llama, LlamaPromptLookupDecoding
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self._llama = None  # free the old context first
         draft = LlamaPromptLookupDecoding(**PROMPT_LOOKUP) if self.prompt_lookup else None

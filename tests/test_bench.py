@@ -350,6 +350,66 @@ def test_llama_cpp_checks_its_gguf_file_and_tokenizer(
         method.prepare(dataclasses.replace(pipeline, target_path=converted_from_gguf(tmp_path)), {})
 
 
+SPECULATIVE_LOG = """0.02.453.016 I common_speculative_init_result: loading draft model 'draft.gguf'
+0.09.624.727 I encoded   11 tokens in    0.250 seconds, speed:   44.000 t/s
+0.09.624.779 I decoded    3 tokens in    0.500 seconds, speed:    6.000 t/s
+0.09.624.826 I
+0.09.624.870 I n_draft   = 3
+0.09.624.914 I n_predict = 3
+0.09.624.957 I n_drafted = 4
+0.09.625.001 I n_accept  = 2
+0.09.625.045 I accept    = 50.000%
+"""
+
+
+def test_llama_cpp_draft_runs_llamas_speculative_tool(
+    pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``llama-cpp-draft`` runs llama.cpp's tool (faked here: nothing is compiled in tests) on both GGUF
+    files and takes its own timing summary; the text it prints is encoded again with our tokenizer."""
+    import subprocess
+
+    import torch
+
+    import quickdraft.bench.llama_cpp as llama_cpp_peer
+
+    for role in ("target", "draft"):
+        (tmp_path / role).mkdir()
+    target, draft = converted_from_gguf(tmp_path / "target"), converted_from_gguf(tmp_path / "draft")
+    pipeline = dataclasses.replace(pipeline, target_path=target, draft_path=draft)
+    monkeypatch.setattr(llama_cpp_peer, "speculative_tool", lambda: tmp_path / "llama-speculative-simple")
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        prompt = Path(command[command.index("-f") + 1]).read_text(encoding="utf-8")
+        return subprocess.CompletedProcess(command, 0, stdout=f"\n\n{prompt} w4 w5\n\n", stderr=SPECULATIVE_LOG)
+
+    monkeypatch.setattr(llama_cpp_peer.subprocess, "run", fake_run)
+    method = make_method("llama-cpp-draft")
+    assert method.uses_draft_model and method.peer and method.num_draft_tokens is None
+    method.prepare(pipeline, {})
+    result = method.run(pipeline, [1, 2, 3], max_new_tokens=8)
+    assert result.token_ids == [4, 5, EOS_ID]  # 3 predicted < 8: it stopped at an end-of-generation token
+    assert result.wall_time_s == pytest.approx(0.75)  # its prefill and decoding, not the process start
+    assert (result.draft_tokens_proposed, result.draft_tokens_accepted) == (4, 2)
+    assert result.step_sizes == result.step_times_s == []  # no per-step times from the tool
+    over = method.run(pipeline, [1, 2, 3], max_new_tokens=2)  # its last step drafted past the budget
+    assert over.token_ids == [4, 5] and over.wall_time_s == pytest.approx(0.25 + 0.5 * 2 / 3)  # prorated
+    command = calls[0]
+    threads = str(torch.get_num_threads())
+    assert command[:5] == [str(tmp_path / "llama-speculative-simple"), "-m", str(tmp_path / "target" / "model.gguf"),
+                           "-md", str(tmp_path / "draft" / "model.gguf")]  # fmt: skip
+    assert command[command.index("--spec-type") + 1] == "draft-simple"  # -md alone does not speculate
+    assert command[command.index("-t") + 1] == command[command.index("-td") + 1] == threads
+    assert command[command.index("--temp") + 1] == "0" and command[command.index("-n") + 1] == "7"
+    for bad in ("llama-cpp-draft:4", "llama-cpp-draft@transformers"):
+        with pytest.raises(QuickdraftError):
+            parse_methods(bad)
+    with pytest.raises(ConfigError, match="no timing summary"):
+        llama_cpp_peer.parse_speculative_log("error: unknown argument")
+
+
 def test_peers_report_agreement_not_losslessness() -> None:
     entries = [
         entry("baseline", "q1", "a", 10, 1.0),

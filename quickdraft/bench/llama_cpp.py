@@ -4,15 +4,24 @@
 ``llama-cpp-prompt-lookup`` the binding's ``LlamaPromptLookupDecoding`` draft. Both read the GGUF
 file the target's transformers directory was converted from (its ``quickdraft-source.json``), after
 checking its sha256, and are fed our prompt token ids (no second tokenization), with the bench's
-token budget, end-of-sequence tokens and thread count. llama.cpp computes with its own kernels,
-so its greedy tokens may differ from ours: how often they agree is reported as agreement, not as
-a lossless check.
+token budget, end-of-sequence tokens and thread count. ``llama-cpp-draft`` is llama.cpp's own
+draft-model speculation (not in the binding): its ``llama-speculative-simple`` tool, built once from
+the binding's sdist into the cache and run once per turn on the target's and the draft's GGUF
+files. llama.cpp computes with its own kernels, so its greedy tokens may differ from ours: how
+often they agree is reported as agreement, not as a lossless check.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +30,7 @@ from typing import Any
 from quickdraft.api import Pipeline
 from quickdraft.bench.methods import Method, TurnResult
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
-from quickdraft.models.catalog import file_sha256
+from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.models.convert import MARKER
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the version of the `peers` extra (llama.cpp is vendored in its sdist)
@@ -193,4 +202,154 @@ class LlamaCppMethod(Method):
             step_times_s=step_times_s,
             draft_tokens_proposed=proposed if draft is not None else None,
             draft_tokens_accepted=accepted if draft is not None else None,
+        )
+
+
+# --- llama.cpp's draft-model speculation: its llama-speculative-simple tool -----------------------------
+
+SPECULATIVE_TOOL = "llama-speculative-simple"
+DRAFT_TOKENS = 3  # llama.cpp's default --spec-draft-n-max (and p_min 0: no confidence cut-off)
+CMAKE_OPTIONS = (  # only what the tool needs: static libraries, CPU, -march=native, no network
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+
+
+def tool_dir() -> Path:
+    return cache_root() / "llama.cpp" / LLAMA_CPP_PYTHON
+
+
+def speculative_tool(progress: bool = True) -> Path:
+    """llama.cpp's ``llama-speculative-simple``, compiled once from the llama.cpp that the pinned
+    llama-cpp-python sdist vendors (fetched with pip) into ``$QUICKDRAFT_CACHE/llama.cpp/VERSION/``."""
+    binary = tool_dir() / "bin" / SPECULATIVE_TOOL
+    if binary.is_file():
+        return binary
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(f"building llama.cpp's {SPECULATIVE_TOOL} needs {' and '.join(missing)}, not found")
+    started = time.perf_counter()
+    if progress:
+        print(f"building llama.cpp's {SPECULATIVE_TOOL} once into {binary.parent} (many minutes) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+    tool_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
+        work = Path(scratch)
+        run_quietly(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)]
+        )  # fmt: skip
+        (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
+            archive.extractall(work, members=members, filter="data")
+        (source,) = work.glob("llama_cpp_python-*/vendor/llama.cpp")
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        run_quietly(["cmake", "-S", str(source), "-B", str(work / "build"), *generator, *CMAKE_OPTIONS])
+        jobs = str(len(os.sched_getaffinity(0)))
+        run_quietly(["cmake", "--build", str(work / "build"), "--target", SPECULATIVE_TOOL, "-j", jobs])
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        building = binary.with_suffix(".building")
+        shutil.copy2(work / "build" / "bin" / SPECULATIVE_TOOL, building)
+        building.replace(binary)
+    if progress:
+        print(f"built {SPECULATIVE_TOOL} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return binary
+
+
+def run_quietly(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        raise ConfigError(f"building llama.cpp's {SPECULATIVE_TOOL} failed at `{' '.join(command[:4])} ...`:\n{tail}")
+
+
+TIMINGS = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
+COUNTS = re.compile(r"\b(n_drafted|n_accept|n_predict)\s*=\s*(\d+)")  # lines may start with a time and level
+
+
+def parse_speculative_log(log: str) -> dict[str, float]:
+    """The tool's summary: prefill and decoding seconds, tokens predicted, drafted and accepted."""
+    timings = {kind: float(seconds) for kind, _, seconds in TIMINGS.findall(log)}
+    counts = {name: float(value) for name, value in COUNTS.findall(log)}
+    if set(timings) != {"encoded", "decoded"} or set(counts) != {"n_drafted", "n_accept", "n_predict"}:
+        raise ConfigError(f"{SPECULATIVE_TOOL} printed no timing summary; its log ends:\n{log[-2000:]}")
+    return {"prefill_s": timings["encoded"], "decode_s": timings["decoded"]} | counts
+
+
+class LlamaCppDraftMethod(Method):
+    """llama.cpp's draft-model speculation: ``llama-speculative-simple`` on the target's and the draft's
+    GGUF files, one process per turn, timed by its own clock (prefill of both models + decoding, not the
+    process start or model loading). It takes text, so the prompt is our ids decoded (special tokens
+    written out, which it parses back); the tokens it prints are encoded again with our tokenizer."""
+
+    peer = True
+    uses_draft_model = True
+
+    def __init__(self, name: str, draft_tokens: int = DRAFT_TOKENS) -> None:
+        self.name = name
+        self.draft_tokens = draft_tokens
+        self._command: list[str] = []
+
+    def check(self) -> None:
+        missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+        if missing and not (tool_dir() / "bin" / SPECULATIVE_TOOL).is_file():
+            raise ConfigError(f"method {self.name!r} builds llama.cpp's {SPECULATIVE_TOOL} once: it needs {missing}")
+
+    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+        import torch
+
+        target, draft = verified_gguf(pipeline.target_path), verified_gguf(pipeline.draft_path, "draft")
+        threads = str(torch.get_num_threads())
+        self._command = [
+            str(speculative_tool()), "-m", str(target), "-md", str(draft),
+            "--spec-type", "draft-simple",  # in this version -md alone does not speculate
+            "--spec-draft-n-max", str(self.draft_tokens),
+            "-t", threads, "-tb", threads, "-td", threads, "-tbd", threads,
+            "--temp", "0", "--repeat-penalty", "1.0", "-ngl", "0", "-ngld", "0",
+            "--no-escape",  # the prompt as written: code's backslashes are not escape sequences
+        ]  # fmt: skip
+
+    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+        if not self._command:
+            raise ConfigError(f"method {self.name!r}: prepare() was not called")
+        prompt = pipeline.tokenizer.decode(prompt_ids)
+        n_ctx = context_size(len(prompt_ids) + max_new_tokens + self.draft_tokens + 2)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as file:
+            file.write(prompt + "\n")  # -f drops a file's last newline: the prompt's own one stays
+            file.flush()
+            # -n one less: the tool stops only once it has predicted more than -n tokens
+            limits = ["-n", str(max_new_tokens - 1), "-c", str(n_ctx), "-b", str(n_ctx)]
+            command = [*self._command, "-f", file.name, *limits]
+            result = subprocess.run(command, capture_output=True, text=True, errors="replace")
+        if result.returncode != 0:
+            raise ConfigError(f"{SPECULATIVE_TOOL} failed ({result.returncode}): {result.stderr[-2000:]}")
+        summary = parse_speculative_log(result.stderr)
+        text = result.stdout.removeprefix("\n\n")
+        if not text.startswith(prompt):
+            raise ConfigError(f"{SPECULATIVE_TOOL} did not echo the prompt as given; its output starts {text[:200]!r}")
+        answer = text[len(prompt) :].removesuffix("\n\n")
+        produced = list(pipeline.tokenizer(answer, add_special_tokens=False).input_ids)
+        predicted = int(summary["n_predict"])  # its end-of-generation token included, which it does not print
+        token_ids = produced[:max_new_tokens]
+        if len(produced) < min(predicted, max_new_tokens):
+            eos = pipeline.tokenizer.eos_token_id
+            token_ids.append(eos if eos in pipeline.eos_token_ids else min(pipeline.eos_token_ids))
+        # Its last step may pass the budget by up to its draft length (it drafts its full n_max): the
+        # decoding time is prorated to the tokens kept.
+        decode_s = summary["decode_s"] * min(1.0, len(token_ids) / predicted) if predicted else summary["decode_s"]
+        return TurnResult(
+            token_ids=token_ids,
+            wall_time_s=summary["prefill_s"] + decode_s,
+            step_sizes=[],  # the tool reports no per-step times: τ and latencies are left out
+            step_times_s=[],
+            draft_tokens_proposed=int(summary["n_drafted"]),
+            draft_tokens_accepted=int(summary["n_accept"]),
         )

@@ -5,9 +5,9 @@ A method spec is ``NAME``, ``NAME:γ`` or ``NAME+POLICY``: ``baseline`` (our pla
 drafter at a fixed γ (``draft-model:2``, ``prompt-lookup``; γ defaults to 4) or with an adaptive
 policy (``draft-model+goodput``, ``prompt-lookup+confidence:0.4``), and the peers ``hf-generate``,
 ``hf-assisted``, ``hf-assisted-tuned`` and ``hf-prompt-lookup`` (transformers ``generate``
-on the same weights) and ``llama-cpp`` and ``llama-cpp-prompt-lookup`` (llama-cpp-python on the
-GGUF file the target was converted from, :mod:`quickdraft.bench.llama_cpp`): measured, never
-quoted. Every method runs one turn greedily and reports a :class:`TurnResult`.
+on the same weights) and ``llama-cpp``, ``llama-cpp-prompt-lookup`` and ``llama-cpp-draft``
+(llama.cpp on the GGUF files the models were converted from, :mod:`quickdraft.bench.llama_cpp`):
+measured, never quoted. Every method runs one turn greedily and reports a :class:`TurnResult`.
 
 Our methods take ``@RUNTIME`` to run on another runtime than the bench's (``draft-model:2@transformers``):
 their speedup is over ``baseline@RUNTIME``, whose own speedup is over the bench's ``baseline``.
@@ -192,16 +192,17 @@ def _peer_method(peer: str) -> MethodFactory:
     return make
 
 
-def _llama_cpp_method(prompt_lookup: bool) -> MethodFactory:
+def _llama_cpp_method(name: str) -> MethodFactory:
     def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
-        from quickdraft.bench.llama_cpp import LlamaCppMethod
+        from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
 
-        name = "llama-cpp-prompt-lookup" if prompt_lookup else "llama-cpp"
         if num_draft_tokens is not None:
             raise ConfigError(f"method {spec!r}: {name} takes no number of draft tokens")
         if runtime is not None:
             raise ConfigError(f"method {name!r} cannot take @{runtime}: only our methods run on a chosen runtime")
-        return LlamaCppMethod(name, prompt_lookup)
+        if name == "llama-cpp-draft":
+            return LlamaCppDraftMethod(name)
+        return LlamaCppMethod(name, prompt_lookup=name == "llama-cpp-prompt-lookup")
 
     return make
 
@@ -230,8 +231,8 @@ for _drafter in DRAFTERS.names():
         METHODS.register(_drafter)(_drafter_method(_drafter))
 for _peer in PEER_SETTINGS:
     METHODS.register(_peer)(_peer_method(_peer))
-METHODS.register("llama-cpp")(_llama_cpp_method(prompt_lookup=False))
-METHODS.register("llama-cpp-prompt-lookup")(_llama_cpp_method(prompt_lookup=True))
+for _name in ("llama-cpp", "llama-cpp-prompt-lookup", "llama-cpp-draft"):
+    METHODS.register(_name)(_llama_cpp_method(_name))
 
 
 def make_method(spec: str) -> Method:

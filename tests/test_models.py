@@ -6,12 +6,13 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from conftest import word_tokenizer
+from conftest import tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
 from quickdraft.models import check_same_tokenizer, load_hf_model, resolve_model
 from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, prepare
+from quickdraft.models.convert import save_configs
 
 
 def fake_parts(root: Path, name: str, contents: list[bytes], version: str = "1.0") -> None:
@@ -129,3 +130,20 @@ def test_pipeline_loads_local_directories(tiny_model_dirs: dict[str, Path]) -> N
     assert pipeline.generate("w1 w2 w3", drafter="draft-model").stats.new_tokens > 0
     with pytest.raises(TokenizerMismatchError):
         Pipeline.load(tiny_model_dirs["target"], tiny_model_dirs["other"], progress=False)
+
+
+def test_converted_config_names_its_architecture(tmp_path: Path) -> None:
+    """A model loaded from GGUF has no ``architectures`` and a GGUF quantization config: the converted
+    config.json names the class (llama.cpp's converter and vLLM need it) and keeps no quantization."""
+    import json
+
+    from transformers import AutoConfig
+
+    model = tiny_model(32, seed=0)
+    model.config.architectures = None  # as transformers leaves it for a GGUF file
+    model.config.quantization_config = {"quant_method": "gguf"}
+    save_configs(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"] and "quantization_config" not in config
+    assert AutoConfig.from_pretrained(tmp_path).architectures == ["Qwen2ForCausalLM"]
+    assert (tmp_path / "generation_config.json").is_file()

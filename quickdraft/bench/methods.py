@@ -5,8 +5,9 @@ A method spec is ``NAME``, ``NAME:γ`` or ``NAME+POLICY``: ``baseline`` (our pla
 drafter at a fixed γ (``draft-model:2``, ``prompt-lookup``; γ defaults to 4) or with an adaptive
 policy (``draft-model+goodput``, ``prompt-lookup+confidence:0.4``), and the peers ``hf-generate``,
 ``hf-assisted``, ``hf-assisted-tuned`` and ``hf-prompt-lookup`` (transformers ``generate``
-on the same weights, measured, never quoted). Every method runs one turn greedily and
-reports a :class:`TurnResult`.
+on the same weights) and ``llama-cpp``, ``llama-cpp-prompt-lookup`` and ``llama-cpp-draft``
+(llama.cpp on the GGUF files the models were converted from, :mod:`quickdraft.bench.llama_cpp`):
+measured, never quoted. Every method runs one turn greedily and reports a :class:`TurnResult`.
 
 Our methods take ``@RUNTIME`` to run on another runtime than the bench's (``draft-model:2@transformers``):
 their speedup is over ``baseline@RUNTIME``, whose own speedup is over the bench's ``baseline``.
@@ -50,10 +51,16 @@ class Method(ABC):
     target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
     runtime: str | None = None  # another runtime than the bench's (spec suffix @RUNTIME)
     baseline: str = "baseline"  # the method its speedup and lossless fraction are measured against
+    peer: bool = False  # another implementation with its own arithmetic: its tokens' agreement, not losslessness
 
     def info(self) -> MethodInfo:
         """What the aggregation needs to know of this method."""
-        return MethodInfo(self.num_draft_tokens, self.uses_draft_model, self.target_cost_fraction, self.baseline)
+        return MethodInfo(
+            self.num_draft_tokens, self.uses_draft_model, self.target_cost_fraction, self.baseline, self.peer
+        )
+
+    def check(self) -> None:  # noqa: B027
+        """Before any model is loaded: fail with a clear error if this method cannot run here."""
 
     def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
         """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
@@ -126,6 +133,8 @@ class EngineMethod(Method):
 class PeerMethod(Method):
     """transformers ``generate`` with the peer's settings on the pipeline's weights."""
 
+    peer = True
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.settings = dict(PEER_SETTINGS[name])
@@ -183,6 +192,21 @@ def _peer_method(peer: str) -> MethodFactory:
     return make
 
 
+def _llama_cpp_method(name: str) -> MethodFactory:
+    def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
+        from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
+
+        if num_draft_tokens is not None:
+            raise ConfigError(f"method {spec!r}: {name} takes no number of draft tokens")
+        if runtime is not None:
+            raise ConfigError(f"method {name!r} cannot take @{runtime}: only our methods run on a chosen runtime")
+        if name == "llama-cpp-draft":
+            return LlamaCppDraftMethod(name)
+        return LlamaCppMethod(name, prompt_lookup=name == "llama-cpp-prompt-lookup")
+
+    return make
+
+
 def _drafter_method(drafter: str) -> MethodFactory:
     def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
         gamma = DEFAULT_NUM_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens
@@ -207,6 +231,8 @@ for _drafter in DRAFTERS.names():
         METHODS.register(_drafter)(_drafter_method(_drafter))
 for _peer in PEER_SETTINGS:
     METHODS.register(_peer)(_peer_method(_peer))
+for _name in ("llama-cpp", "llama-cpp-prompt-lookup", "llama-cpp-draft"):
+    METHODS.register(_name)(_llama_cpp_method(_name))
 
 
 def make_method(spec: str) -> Method:

@@ -4,6 +4,8 @@ Per question, tokens/s = new tokens of all its turns ÷ wall time of all its tur
 included). A method's speedup over a group of questions = mean per-question tokens/s of the
 method ÷ that of the baseline, per run on the questions both finished, then averaged over
 runs. τ (mean accepted tokens) is the mean over every target step of the tokens it appended.
+The share of questions whose tokens equal the baseline's is the lossless fraction of our methods
+and the agreement of peers (other implementations, whose arithmetic differs from ours).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ METRIC_KEYS = (
     "mean_accepted_tokens",
     "acceptance_rate",
     "lossless_fraction",
+    "agreement",
     "efficiency",
     "n_questions",
     "latency_p50_ms",
@@ -114,8 +117,10 @@ def summarize(
     num_draft_tokens: int | None = None,
     draft_ms: float | None = None,
     target_ms: Mapping[int, float] | None = None,
+    peer: bool = False,
 ) -> dict[str, Any]:
-    """The metrics of ``entries`` (one method, one group of questions) against the baseline's."""
+    """The metrics of ``entries`` (one method, one group of questions) against the baseline's; for a
+    ``peer`` the share of questions with the baseline's tokens is its agreement, not a lossless fraction."""
     if not entries:
         return dict.fromkeys(METRIC_KEYS) | {"n_questions": 0}
     proposed = [e.draft_tokens_proposed for e in entries if e.draft_tokens_proposed is not None]
@@ -130,6 +135,7 @@ def summarize(
         predicted = predicted_speedup(acceptance_rate, num_draft_tokens, draft_ms or 0.0, target_ms)
         efficiency = speedup / predicted if predicted else None
     p50, p90 = percentile(latencies, 0.5), percentile(latencies, 0.9)
+    same = sum(e.token_ids == reference_ids[e.question_id] for e in compared) / len(compared) if compared else None
     return {
         "speedup": speedup,
         "speedup_ci95": speedup_interval(entries, baseline) if speedup is not None else None,
@@ -137,9 +143,8 @@ def summarize(
         "tokens_per_s": statistics.fmean(e.tokens_per_s for e in entries),
         "mean_accepted_tokens": sum(steps) / len(steps) if steps else None,
         "acceptance_rate": acceptance_rate,
-        "lossless_fraction": (
-            sum(e.token_ids == reference_ids[e.question_id] for e in compared) / len(compared) if compared else None
-        ),
+        "lossless_fraction": None if peer else same,
+        "agreement": same if peer else None,
         "efficiency": efficiency,
         "n_questions": len({e.question_id for e in entries}),
         "latency_p50_ms": None if p50 is None else 1000 * p50,
@@ -205,6 +210,7 @@ class MethodInfo:
     uses_draft_model: bool = False
     target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
     baseline: str = "baseline"  # the method whose speed and tokens it is compared with
+    peer: bool = False  # another implementation: its tokens' agreement with the baseline's, not a lossless check
 
 
 def aggregate(
@@ -236,13 +242,14 @@ def aggregate(
         if info.uses_draft_model and draft_ms is None:
             theory["num_draft_tokens"] = None
         results[name] = {
-            "overall": summarize(mine, baseline, reference_ids, **theory),
+            "overall": summarize(mine, baseline, reference_ids, **theory, peer=info.peer),
             "categories": {
                 category: summarize(
                     [e for e in mine if e.category == category],
                     [e for e in baseline if e.category == category],
                     reference_ids,
                     **theory,
+                    peer=info.peer,
                 )
                 for category in categories
             },

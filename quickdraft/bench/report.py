@@ -15,6 +15,7 @@ COLUMNS = (
     ("mean_accepted_tokens", "τ", "{:.2f}"),
     ("acceptance_rate", "α", "{:.2f}"),
     ("lossless_fraction", "lossless", "{:.2f}"),
+    ("agreement", "agreement", "{:.2f}"),
     ("efficiency", "efficiency", "{:.2f}"),
     ("latency_p50_ms", "p50 ms/token", "{:.0f}"),
     ("latency_p90_ms", "p90 ms/token", "{:.0f}"),
@@ -54,7 +55,9 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"max_new_tokens {config['max_new_tokens']}; greedy; runs {config['runs']}, warm-up {config['warmup']}.",
         f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}.",
         f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
-        f"transformers {machine.get('transformers')}, {machine.get('threads')} threads.",
+        f"transformers {machine.get('transformers')}"
+        + (f", llama-cpp-python {machine['llama_cpp_python']}" if machine.get("llama_cpp_python") else "")
+        + f", {machine.get('threads')} threads.",
         "Code (the quickdraft commit of each measured entry): "
         + (", ".join(f"{revision} ({count} entries)" for revision, count in revisions.items()) or "none recorded")
         + ".",
@@ -62,6 +65,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench; for METHOD@RUNTIME, baseline@RUNTIME's). "
         "τ = tokens per target step. "
         "α = accepted ÷ proposed drafts. lossless = share of questions whose tokens equal that baseline's. "
+        "agreement = the same share for peers (transformers, llama.cpp), whose arithmetic differs from ours: "
+        "how often their greedy tokens match, not a lossless check. "
         "efficiency = measured speedup ÷ the speedup predicted from α, γ and the measured cost curves.",
         "",
         "## Speedup per category",

@@ -169,6 +169,8 @@ def measure(
 ) -> None:
     from quickdraft.api import Pipeline
 
+    for method in dict.fromkeys(method for _, _, method in todo):
+        method.check()  # e.g. a peer whose package is missing: before any model is loaded
     pipeline = Pipeline.load(target=settings.target, draft=store.config["draft"], runtime=settings.runtime)
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
@@ -287,9 +289,15 @@ def source_revision() -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
+    import importlib.metadata
+
     import transformers
 
     cpu = cpu_description()
+    try:
+        llama_cpp_python = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        llama_cpp_python = None
     return {
         "platform": platform.platform(),
         "cpu": cpu["name"],
@@ -300,6 +308,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "llama_cpp_python": llama_cpp_python,  # None: not installed (no llama.cpp peer can run)
     }
 
 

@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from quickdraft.errors import ModelFilesError
 
@@ -25,6 +26,19 @@ def is_converted(hf_dir: Path, source_sha256: str) -> bool:
         return json.loads(marker.read_text())["sha256"] == source_sha256
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def save_configs(model: Any, directory: Path) -> None:
+    """config.json and generation_config.json of a model loaded from GGUF, as ``save_pretrained`` would
+    write them: without the GGUF's quantization (the weights are saved dequantized) and naming the model
+    class in ``architectures`` (transformers leaves it empty for GGUF; tools such as llama.cpp's
+    ``convert_hf_to_gguf.py`` and vLLM need it)."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(directory)
+    model.generation_config.save_pretrained(directory)
 
 
 def convert_gguf(gguf_path: Path, hf_dir: Path, source_sha256: str, progress: bool = True) -> None:
@@ -48,10 +62,7 @@ def convert_gguf(gguf_path: Path, hf_dir: Path, source_sha256: str, progress: bo
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     save_model(model, str(building / "model.safetensors"))
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.save_pretrained(building)
-    model.generation_config.save_pretrained(building)
+    save_configs(model, building)
     tokenizer.save_pretrained(building)
     (building / MARKER).write_text(json.dumps({"sha256": source_sha256, "source": str(gguf_path)}) + "\n")
     shutil.rmtree(hf_dir, ignore_errors=True)

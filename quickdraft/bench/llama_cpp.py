@@ -1,0 +1,355 @@
+"""llama.cpp as a bench peer: its own 4-bit kernels on the very GGUF files quickdraft ships.
+
+``llama-cpp`` is plain greedy decoding through the Python binding (``llama_cpp.Llama``) and
+``llama-cpp-prompt-lookup`` the binding's ``LlamaPromptLookupDecoding`` draft. Both read the GGUF
+file the target's transformers directory was converted from (its ``quickdraft-source.json``), after
+checking its sha256, and are fed our prompt token ids (no second tokenization), with the bench's
+token budget, end-of-sequence tokens and thread count. ``llama-cpp-draft`` is llama.cpp's own
+draft-model speculation (not in the binding): its ``llama-speculative-simple`` tool, built once from
+the binding's sdist into the cache and run once per turn on the target's and the draft's GGUF
+files. llama.cpp computes with its own kernels, so its greedy tokens may differ from ours: how
+often they agree is reported as agreement, not as a lossless check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from quickdraft.api import Pipeline
+from quickdraft.bench.methods import Method, TurnResult
+from quickdraft.errors import ConfigError, ModelFilesError, PromptError
+from quickdraft.models.catalog import cache_root, file_sha256
+from quickdraft.models.convert import MARKER
+
+LLAMA_CPP_PYTHON = "0.3.36"  # the version of the `peers` extra (llama.cpp is vendored in its sdist)
+INSTALL = f"pip install 'quickdraft[peers]' (llama-cpp-python=={LLAMA_CPP_PYTHON}, compiled from source)"
+PROMPT_LOOKUP = {"max_ngram_size": 2, "num_pred_tokens": 10}  # the binding's defaults (hf-prompt-lookup: 10 too)
+CONTEXT_STEP = 1024  # the context grows in these steps when a prompt needs more (a new context, outside timing)
+MAX_CONTEXT = 32768  # Qwen2.5's trained context
+# A prompt whose ids llama.cpp's own tokenizer must reproduce: the vocabularies must map ids alike.
+TOKENIZER_CHECK = "Write a Python function `fib(n)` returning the n-th Fibonacci number. Größe: 12 × 3 = 36 (日本語)."
+
+
+def require_llama_cpp(method: str) -> None:
+    """A clear error, before anything is loaded or timed, when llama-cpp-python is not installed (or its
+    compiled library does not load)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"method {method!r} needs llama-cpp-python, which is not installed: {INSTALL}") from None
+    except (OSError, RuntimeError) as error:  # the binding raises these when its shared library fails to load
+        raise ConfigError(f"method {method!r}: llama-cpp-python does not load ({error}); {INSTALL}") from None
+
+
+def source_gguf(model_dir: Path | None, role: str = "target") -> tuple[Path, str]:
+    """The GGUF file a converted model directory was made from and its sha256 (from the conversion marker)."""
+    try:
+        marker = json.loads((Path(model_dir or "") / MARKER).read_text(encoding="utf-8"))
+        return Path(marker["source"]), str(marker["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"the llama.cpp peers need the {role} as a GGUF file: {model_dir} was not converted by quickdraft "
+            f"from one (no {MARKER}); pass a packaged model name or a .gguf file"
+        ) from None
+
+
+def verified_gguf(model_dir: Path | None, role: str = "target") -> Path:
+    """:func:`source_gguf`, checked against the digest its conversion recorded."""
+    path, sha256 = source_gguf(model_dir, role)
+    if not path.is_file():
+        raise ModelFilesError(f"{path} ({role}) is missing: run `quickdraft models` to assemble it again")
+    found = file_sha256(path, progress=False)
+    if found != sha256:
+        raise ModelFilesError(
+            f"{path} ({role}) has sha256 {found}, not the {sha256} it was converted from; "
+            f"delete it and run `quickdraft models`"
+        )
+    return path
+
+
+def context_size(needed: int) -> int:
+    """A context of at least ``needed`` tokens, rounded up to :data:`CONTEXT_STEP` (at least 2 steps)."""
+    if needed > MAX_CONTEXT:
+        raise PromptError(f"llama.cpp peers: a prompt and its new tokens need {needed} positions, over {MAX_CONTEXT}")
+    return max(2, math.ceil(needed / CONTEXT_STEP)) * CONTEXT_STEP
+
+
+class LlamaCppMethod(Method):
+    """Greedy decoding by llama-cpp-python on the target's GGUF file, plain or with its prompt lookup."""
+
+    peer = True
+
+    def __init__(self, name: str, prompt_lookup: bool = False) -> None:
+        self.name = name
+        self.prompt_lookup = prompt_lookup
+        self._llama: Any = None
+        self._n_ctx = 0
+        self._gguf: Path | None = None
+        self._threads = 1
+
+    def check(self) -> None:
+        require_llama_cpp(self.name)
+
+    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+        """Find and verify the GGUF file, load it with the bench's thread count, and check that llama.cpp's
+        tokenizer gives our ids for a chat prompt (the ids we feed it must mean the same tokens)."""
+        import torch
+
+        self.check()
+        self._gguf = verified_gguf(pipeline.target_path)
+        self._threads = torch.get_num_threads()
+        self._load(context_size(2048))
+        messages = [{"role": "user", "content": TOKENIZER_CHECK}]
+        ours = pipeline.encode_chat(messages) if pipeline.tokenizer.chat_template else pipeline.encode(TOKENIZER_CHECK)
+        text = pipeline.tokenizer.decode(ours)
+        theirs = list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        if theirs != ours:
+            raise ModelFilesError(
+                f"llama.cpp tokenizes a prompt of {self._gguf.name} differently from quickdraft's tokenizer "
+                f"({len(theirs)} against {len(ours)} tokens): their token ids would not mean the same tokens"
+            )
+
+    def _load(self, n_ctx: int) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self._llama = None  # free the old context first
+        draft = LlamaPromptLookupDecoding(**PROMPT_LOOKUP) if self.prompt_lookup else None
+        self._llama = Llama(
+            model_path=str(self._gguf),
+            n_ctx=n_ctx,
+            n_threads=self._threads,
+            n_threads_batch=self._threads,
+            n_gpu_layers=0,
+            draft_model=draft,
+            logits_all=draft is not None,  # the binding verifies drafts on every position's logits
+            verbose=False,
+        )
+        self._n_ctx = n_ctx
+
+    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+        """Feed ``prompt_ids`` to a context cleared of any earlier prompt (the baseline too reads every
+        prompt whole) and take greedy tokens until an end-of-sequence token or the budget. A target step
+        is one ``eval`` call of the binding: the tokens coming out after it are that step's."""
+        if self._llama is None:
+            raise ConfigError(f"method {self.name!r}: prepare() was not called")
+        needed = len(prompt_ids) + max_new_tokens + PROMPT_LOOKUP["num_pred_tokens"] + 1
+        if needed > self._n_ctx:
+            self._load(context_size(needed))  # before the clock starts
+        llama = self._llama
+        evals = 0
+        evaluate = llama.eval
+
+        def counted_eval(tokens: Any) -> None:
+            nonlocal evals
+            evals += 1
+            evaluate(tokens)
+
+        proposed = 0
+        draft = llama.draft_model
+        if draft is not None:
+
+            def counted_draft(input_ids: Any, /, **kwargs: Any) -> Any:
+                nonlocal proposed
+                tokens = draft(input_ids, **kwargs)
+                proposed += len(tokens)
+                return tokens
+
+            llama.draft_model = counted_draft
+        llama.eval = counted_eval
+        token_ids: list[int] = []
+        step_sizes: list[int] = []
+        step_times_s: list[float] = []
+        seen_evals = 0
+        try:
+            started = time.perf_counter()
+            llama.reset()  # nothing of the previous prompt is reused
+            generator = llama.generate(prompt_ids, temp=0.0, repeat_penalty=1.0, reset=True)
+            for token in generator:
+                now = time.perf_counter() - started
+                token_ids.append(int(token))
+                if evals != seen_evals:  # the first token after a new forward: a new step
+                    seen_evals = evals
+                    step_sizes.append(1)
+                    step_times_s.append(now)
+                else:
+                    step_sizes[-1] += 1
+                    step_times_s[-1] = now
+                if int(token) in pipeline.eos_token_ids or len(token_ids) >= max_new_tokens:
+                    break
+            generator.close()
+            wall_time_s = time.perf_counter() - started
+        finally:
+            del llama.eval  # the class's own again
+            llama.draft_model = draft
+        accepted = sum(size - 1 for size in step_sizes[1:])
+        return TurnResult(
+            token_ids=token_ids,
+            wall_time_s=wall_time_s,
+            step_sizes=step_sizes,
+            step_times_s=step_times_s,
+            draft_tokens_proposed=proposed if draft is not None else None,
+            draft_tokens_accepted=accepted if draft is not None else None,
+        )
+
+
+# --- llama.cpp's draft-model speculation: its llama-speculative-simple tool -----------------------------
+
+SPECULATIVE_TOOL = "llama-speculative-simple"
+DRAFT_TOKENS = 3  # llama.cpp's default --spec-draft-n-max (and p_min 0: no confidence cut-off)
+CMAKE_OPTIONS = (  # only what the tool needs: static libraries, CPU, -march=native, no network
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+
+
+def tool_dir() -> Path:
+    return cache_root() / "llama.cpp" / LLAMA_CPP_PYTHON
+
+
+def speculative_tool(progress: bool = True) -> Path:
+    """llama.cpp's ``llama-speculative-simple``, compiled once from the llama.cpp that the pinned
+    llama-cpp-python sdist vendors (fetched with pip) into ``$QUICKDRAFT_CACHE/llama.cpp/VERSION/``."""
+    binary = tool_dir() / "bin" / SPECULATIVE_TOOL
+    if binary.is_file():
+        return binary
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(f"building llama.cpp's {SPECULATIVE_TOOL} needs {' and '.join(missing)}, not found")
+    started = time.perf_counter()
+    if progress:
+        print(f"building llama.cpp's {SPECULATIVE_TOOL} once into {binary.parent} (many minutes) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+    tool_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
+        work = Path(scratch)
+        run_quietly(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)]
+        )  # fmt: skip
+        (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
+            archive.extractall(work, members=members, filter="data")
+        (source,) = work.glob("llama_cpp_python-*/vendor/llama.cpp")
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        run_quietly(["cmake", "-S", str(source), "-B", str(work / "build"), *generator, *CMAKE_OPTIONS])
+        jobs = str(len(os.sched_getaffinity(0)))
+        run_quietly(["cmake", "--build", str(work / "build"), "--target", SPECULATIVE_TOOL, "-j", jobs])
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        building = binary.with_suffix(".building")
+        shutil.copy2(work / "build" / "bin" / SPECULATIVE_TOOL, building)
+        building.replace(binary)
+    if progress:
+        print(f"built {SPECULATIVE_TOOL} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return binary
+
+
+def run_quietly(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        raise ConfigError(f"building llama.cpp's {SPECULATIVE_TOOL} failed at `{' '.join(command[:4])} ...`:\n{tail}")
+
+
+TIMINGS = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
+COUNTS = re.compile(r"\b(n_drafted|n_accept|n_predict)\s*=\s*(\d+)")  # lines may start with a time and level
+
+
+def parse_speculative_log(log: str) -> dict[str, float]:
+    """The tool's summary: prefill and decoding seconds, tokens predicted, drafted and accepted."""
+    timings = {kind: float(seconds) for kind, _, seconds in TIMINGS.findall(log)}
+    counts = {name: float(value) for name, value in COUNTS.findall(log)}
+    if set(timings) != {"encoded", "decoded"} or set(counts) != {"n_drafted", "n_accept", "n_predict"}:
+        raise ConfigError(f"{SPECULATIVE_TOOL} printed no timing summary; its log ends:\n{log[-2000:]}")
+    return {"prefill_s": timings["encoded"], "decode_s": timings["decoded"]} | counts
+
+
+class LlamaCppDraftMethod(Method):
+    """llama.cpp's draft-model speculation: ``llama-speculative-simple`` on the target's and the draft's
+    GGUF files, one process per turn, timed by its own clock (prefill of both models + decoding, not the
+    process start or model loading). It takes text, so the prompt is our ids decoded (special tokens
+    written out, which it parses back); the tokens it prints are encoded again with our tokenizer."""
+
+    peer = True
+    uses_draft_model = True
+
+    def __init__(self, name: str, draft_tokens: int = DRAFT_TOKENS) -> None:
+        self.name = name
+        self.draft_tokens = draft_tokens
+        self._command: list[str] = []
+
+    def check(self) -> None:
+        missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+        if missing and not (tool_dir() / "bin" / SPECULATIVE_TOOL).is_file():
+            raise ConfigError(f"method {self.name!r} builds llama.cpp's {SPECULATIVE_TOOL} once: it needs {missing}")
+
+    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+        import torch
+
+        target, draft = verified_gguf(pipeline.target_path), verified_gguf(pipeline.draft_path, "draft")
+        threads = str(torch.get_num_threads())
+        self._command = [
+            str(speculative_tool()), "-m", str(target), "-md", str(draft),
+            "--spec-type", "draft-simple",  # in this version -md alone does not speculate
+            "--spec-draft-n-max", str(self.draft_tokens),
+            "-t", threads, "-tb", threads, "-td", threads, "-tbd", threads,
+            "--temp", "0", "--repeat-penalty", "1.0", "-ngl", "0", "-ngld", "0",
+            "--no-escape",  # the prompt as written: code's backslashes are not escape sequences
+        ]  # fmt: skip
+
+    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+        if not self._command:
+            raise ConfigError(f"method {self.name!r}: prepare() was not called")
+        prompt = pipeline.tokenizer.decode(prompt_ids)
+        n_ctx = context_size(len(prompt_ids) + max_new_tokens + self.draft_tokens + 2)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as file:
+            file.write(prompt + "\n")  # -f drops a file's last newline: the prompt's own one stays
+            file.flush()
+            # -n one less: the tool stops only once it has predicted more than -n tokens
+            limits = ["-n", str(max_new_tokens - 1), "-c", str(n_ctx), "-b", str(n_ctx)]
+            command = [*self._command, "-f", file.name, *limits]
+            result = subprocess.run(command, capture_output=True, text=True, errors="replace")
+        if result.returncode != 0:
+            raise ConfigError(f"{SPECULATIVE_TOOL} failed ({result.returncode}): {result.stderr[-2000:]}")
+        summary = parse_speculative_log(result.stderr)
+        text = result.stdout.removeprefix("\n\n")
+        if not text.startswith(prompt):
+            raise ConfigError(f"{SPECULATIVE_TOOL} did not echo the prompt as given; its output starts {text[:200]!r}")
+        answer = text[len(prompt) :].removesuffix("\n\n")
+        produced = list(pipeline.tokenizer(answer, add_special_tokens=False).input_ids)
+        predicted = int(summary["n_predict"])  # its end-of-generation token included, which it does not print
+        token_ids = produced[:max_new_tokens]
+        if len(produced) < min(predicted, max_new_tokens):
+            eos = pipeline.tokenizer.eos_token_id
+            token_ids.append(eos if eos in pipeline.eos_token_ids else min(pipeline.eos_token_ids))
+        # Its last step may pass the budget by up to its draft length (it drafts its full n_max): the
+        # decoding time is prorated to the tokens kept.
+        decode_s = summary["decode_s"] * min(1.0, len(token_ids) / predicted) if predicted else summary["decode_s"]
+        return TurnResult(
+            token_ids=token_ids,
+            wall_time_s=summary["prefill_s"] + decode_s,
+            step_sizes=[],  # the tool reports no per-step times: τ and latencies are left out
+            step_times_s=[],
+            draft_tokens_proposed=int(summary["n_drafted"]),
+            draft_tokens_accepted=int(summary["n_accept"]),
+        )

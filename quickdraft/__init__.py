@@ -7,8 +7,7 @@ from quickdraft.engine import GenerationResult, SpeculativeEngine
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import RUNTIMES
 from quickdraft.stats import GenerationStats
-
-__version__ = "0.1.0"
+from quickdraft.version import __version__
 
 __all__ = [
     "DRAFTERS",
@@ -21,4 +20,5 @@ __all__ = [
     "QuickdraftError",
     "SamplingParams",
     "SpeculativeEngine",
+    "__version__",
 ]

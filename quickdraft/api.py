@@ -28,6 +28,7 @@ from quickdraft.models.loading import load_hf_model
 from quickdraft.policies import parse_policy
 from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
 from quickdraft.tokens import common_prefix_length
+from quickdraft.version import __version__
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,6 @@ class Pipeline:
         return keyed_file(self._calibration_key(drafter, max_draft_tokens, context), ".json")
 
     def _calibration_key(self, drafter: str, max_draft_tokens: int, context: int) -> dict[str, Any]:
-        from quickdraft import __version__
-
         uses_draft = DRAFTERS.get(drafter).needs_draft_model
         return {
             "target": str(self.target_path),

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.api import Pipeline
-from quickdraft.bench.methods import Method, TurnResult
+from quickdraft.bench.base import Method, TurnResult
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.models.convert import MARKER

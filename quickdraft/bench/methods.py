@@ -16,12 +16,12 @@ their speedup is over ``baseline@RUNTIME``, whose own speedup is over the bench'
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from functools import partial
 
 from quickdraft.api import Pipeline
-from quickdraft.bench.metrics import MethodInfo
+from quickdraft.bench.base import Method, TurnResult
+from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
 from quickdraft.calibration import cost_model_from_curves
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
@@ -30,48 +30,6 @@ from quickdraft.errors import ConfigError
 from quickdraft.policies import parse_policy
 from quickdraft.registry import Registry
 from quickdraft.runtime import RUNTIMES
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    token_ids: list[int]  # new tokens, an end-of-sequence token included
-    wall_time_s: float  # the whole call, prefill included
-    step_sizes: list[int]  # tokens appended per target step (the prefill's first token is a step)
-    step_times_s: list[float]  # seconds from the call's start to each step's tokens
-    draft_tokens_proposed: int | None = None  # None: the method does not report it
-    draft_tokens_accepted: int | None = None
-    gammas: list[int] = field(default_factory=list)  # γ chosen at each verify step (our speculative methods)
-
-
-class Method(ABC):
-    name: str
-    num_draft_tokens: int | None = None  # γ, for the theory check; None: not a fixed-γ method of ours
-    max_draft_tokens: int = 0  # the largest γ it may use: the cost curves are measured up to it + 1
-    uses_draft_model: bool = False
-    target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
-    runtime: str | None = None  # another runtime than the bench's (spec suffix @RUNTIME)
-    baseline: str = "baseline"  # the method its speedup and lossless fraction are measured against
-    peer: bool = False  # another implementation with its own arithmetic: its tokens' agreement, not losslessness
-
-    def info(self) -> MethodInfo:
-        """What the aggregation needs to know of this method."""
-        return MethodInfo(
-            self.num_draft_tokens, self.uses_draft_model, self.target_cost_fraction, self.baseline, self.peer
-        )
-
-    def check(self) -> None:  # noqa: B027
-        """Before any model is loaded: fail with a clear error if this method cannot run here."""
-
-    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
-        """Before measuring: the bench's cost curves (ms per forward of k tokens, "target"/"draft")."""
-
-    def start_conversation(self, pipeline: Pipeline, keep: Sequence[int] = ()) -> None:  # noqa: B027
-        """Before a question's first turn: nothing carried over from another question or method but the
-        start ``keep`` that every request shares (the chat template's system prompt)."""
-
-    @abstractmethod
-    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
-        """Generate greedily after ``prompt_ids``; time the whole call."""
 
 
 class EngineMethod(Method):
@@ -181,28 +139,15 @@ def _control(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Me
     return EngineMethod("control", "none", 0)
 
 
-def _peer_method(peer: str) -> MethodFactory:
+def _peer_method(peer: str, build: Callable[[], Method]) -> MethodFactory:
+    """A peer's factory: peers take no γ and run on their own arithmetic, never on one of our runtimes."""
+
     def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
         if num_draft_tokens is not None:
             raise ConfigError(f"method {spec!r}: {peer} takes no number of draft tokens")
         if runtime is not None:
             raise ConfigError(f"method {peer!r} cannot take @{runtime}: only our methods run on a chosen runtime")
-        return PeerMethod(peer)
-
-    return make
-
-
-def _llama_cpp_method(name: str) -> MethodFactory:
-    def make(spec: str, num_draft_tokens: int | None, runtime: str | None) -> Method:
-        from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
-
-        if num_draft_tokens is not None:
-            raise ConfigError(f"method {spec!r}: {name} takes no number of draft tokens")
-        if runtime is not None:
-            raise ConfigError(f"method {name!r} cannot take @{runtime}: only our methods run on a chosen runtime")
-        if name == "llama-cpp-draft":
-            return LlamaCppDraftMethod(name)
-        return LlamaCppMethod(name, prompt_lookup=name == "llama-cpp-prompt-lookup")
+        return build()
 
     return make
 
@@ -229,10 +174,14 @@ METHODS.register("control")(_control)
 for _drafter in DRAFTERS.names():
     if _drafter != "none":
         METHODS.register(_drafter)(_drafter_method(_drafter))
-for _peer in PEER_SETTINGS:
-    METHODS.register(_peer)(_peer_method(_peer))
-for _name in ("llama-cpp", "llama-cpp-prompt-lookup", "llama-cpp-draft"):
-    METHODS.register(_name)(_llama_cpp_method(_name))
+PEERS: dict[str, Callable[[], Method]] = {
+    **{name: partial(PeerMethod, name) for name in PEER_SETTINGS},
+    "llama-cpp": partial(LlamaCppMethod, "llama-cpp"),
+    "llama-cpp-prompt-lookup": partial(LlamaCppMethod, "llama-cpp-prompt-lookup", prompt_lookup=True),
+    "llama-cpp-draft": partial(LlamaCppDraftMethod, "llama-cpp-draft"),
+}
+for _peer, _build in PEERS.items():
+    METHODS.register(_peer)(_peer_method(_peer, _build))
 
 
 def make_method(spec: str) -> Method:

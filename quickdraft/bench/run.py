@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.bench.methods import Method, parse_methods
+from quickdraft.bench.base import Method
+from quickdraft.bench.methods import parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class HFRuntime(Runtime):
         self.vocab_size, self.hidden_size = int(lm_head.shape[0]), int(lm_head.shape[1])
         self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
         self.device = model.device
+        # transformers 5 renamed ``past_key_values`` to ``cache`` (the old name warns, then goes); 4.x has the old one
+        self.cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @classmethod
     def load(cls, path: Path) -> HFRuntime:
@@ -75,8 +78,8 @@ class HFRuntime(Runtime):
         assert isinstance(cache, HFCache), "a cache belongs to the runtime that made it"
         return self.model(
             input_ids=token_ids.to(self.device),
-            past_key_values=cache.kv,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             output_hidden_states=hidden,
+            **{self.cache_argument: cache.kv},
         )

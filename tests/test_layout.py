@@ -1,0 +1,95 @@
+"""The package's shape: imports among quickdraft modules never go round in a circle, modules stay small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import quickdraft
+
+PACKAGE = Path(quickdraft.__file__).parent
+MAX_MODULE_LINES = 400
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package (a package is its ``__init__``)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The quickdraft modules ``name`` imports anywhere in its file (deferred imports inside functions too;
+    only ``if TYPE_CHECKING:`` blocks, which never run, are skipped)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def owner(dotted: str) -> str | None:  # the module that defines ``dotted`` (a module, or a name in one)
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found: set[str | None] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(owner(alias.name) for alias in node.names if alias.name.startswith("quickdraft"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            if source.startswith("quickdraft"):
+                found.update(owner(f"{source}.{alias.name}") for alias in node.names)
+    return {module for module in found if module is not None and module != name}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A list of modules that import each other in a circle, or None (depth-first search)."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" after
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for dependency in sorted(graph[module]):
+            if state.get(dependency) == "open":
+                return [*path[path.index(dependency) :], dependency]
+            if dependency not in state and (cycle := visit(dependency)):
+                return cycle
+        path.pop()
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_quickdraft_modules_import_each_other_in_no_circle() -> None:
+    modules = module_files()
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    assert "quickdraft.api" in graph["quickdraft.cli.generate"]  # the graph sees real imports
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_module_is_longer_than_a_reader_can_hold() -> None:
+    lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in module_files().items()}
+    assert not {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES}

@@ -12,6 +12,7 @@ from conftest import chi_square_pvalue, tiny_model, word_tokenizer
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
+from quickdraft.runtime.base import BatchRow, KVCache
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
@@ -191,6 +192,36 @@ def test_rows_of_a_batch_are_independent(runtime: NativeRuntime) -> None:
         assert torch.equal(batched[row : row + 1], alone)
 
 
+def test_a_batched_forward_gives_every_request_its_own_logits_bitwise(runtime: NativeRuntime) -> None:
+    """Requests of different lengths, at different positions, some reading a prompt and some a verify block:
+    side by side in one pass, each gets bitwise the logits of its own forward alone."""
+    generator = torch.Generator().manual_seed(8)
+    histories = [torch.randint(0, 64, (n,), generator=generator).tolist() for n in (5, 17, 1, 9)]
+    new_tokens = [[7, 3, 9], [11], [4, 4, 4, 4, 4, 4], [2, 60]]
+    last_only = [False, False, True, False]
+
+    def cache_after(history: list[int]) -> KVCache:
+        cache = runtime.new_cache(1)
+        runtime.forward(torch.tensor([history]), cache)
+        return cache
+
+    alone = [
+        runtime.forward(torch.tensor([new]), cache_after(history), last_only)[0]
+        for history, new, last_only in zip(histories, new_tokens, last_only, strict=True)
+    ]
+    caches = [cache_after(history) for history in histories]
+    rows = [BatchRow(cache, new, last) for cache, new, last in zip(caches, new_tokens, last_only, strict=True)]
+    batched = runtime.forward_batch(rows)
+    for expected, got in zip(alone, batched, strict=True):
+        assert torch.equal(got, expected)
+    assert [int(cache.lengths[0]) for cache in caches] == [5 + 3, 17 + 1, 1 + 6, 9 + 2]
+    # and the caches go on from there as if each request had run alone
+    after = runtime.forward_batch([BatchRow(cache, [1]) for cache in caches])
+    for cache_alone, history, new, got in zip(range(4), histories, new_tokens, after, strict=True):
+        expected = runtime.forward(torch.tensor([[1]]), cache_after(history + new))[0]
+        assert torch.equal(got, expected), cache_alone
+
+
 def test_last_only_matches_the_full_logits(runtime: NativeRuntime) -> None:
     tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
     full = runtime.forward(tokens, runtime.new_cache())
@@ -218,13 +249,13 @@ def test_native_kernels_matches_the_pytorch_path() -> None:
     cache = decoder.new_cache(2)
     cache.keys.normal_(generator=generator)
     cache.values.normal_(generator=generator)
-    q = torch.randn(2, 5, 4, 8, generator=generator)
-    starts = [3, 11]
-    keys, values = cache.keys[0], cache.values[0]
+    q = torch.randn(6, 4, 8, generator=generator)  # [R, heads, D]: rows of two slots at various positions
+    row_slot, row_position = [0, 0, 1, 1, 1, 0], [3, 4, 11, 12, 0, 30]
+    keys, values = cache.slots()
     decoder.use_kernel = True
-    compiled = decoder._attend(q, keys, values, starts)
+    compiled = decoder._attend(1, q, keys, values, row_slot, row_position)
     decoder.use_kernel = False
-    reference = decoder._attend(q, keys, values, starts)
+    reference = decoder._attend(1, q, keys, values, row_slot, row_position)
     assert torch.allclose(compiled, reference, atol=1e-6, rtol=1e-5)
 
 
@@ -251,15 +282,19 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
     cache = decoder.new_cache(len(starts))
     cache.keys.zero_()  # a new cache is uninitialized: zeros show what the kernel writes
     cache.values.zero_()
+    keys, values = cache.slots()
+    row_slot = [row for row in range(len(starts)) for _ in range(num_new)]
+    row_position = [start + i for start in starts for i in range(num_new)]
     q = kernels.qkv_rope_cache(
         gemm_out, row_scale, layer.qkv.kernel_bias, decoder.rope_cos, decoder.rope_sin,
-        cache.keys[0], cache.values[0], starts, heads,
+        keys, values, 0, row_slot, row_position, heads,
     )  # fmt: skip
     projected = kernels.combine_rows(gemm_out, row_scale, layer.qkv.kernel_bias).reshape(len(starts), num_new, -1)
     q_ref, k_ref, v_ref = projected.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
     cos, sin = decoder.rope_cos[positions][:, :, None], decoder.rope_sin[positions][:, :, None]
-    assert torch.equal(q, decoder._rotate(q_ref.reshape(len(starts), num_new, heads, head_dim), cos, sin))
+    q_ref = decoder._rotate(q_ref.reshape(len(starts), num_new, heads, head_dim), cos, sin)
+    assert torch.equal(q, q_ref.reshape(rows, heads, head_dim))
     k_ref = decoder._rotate(k_ref.reshape(len(starts), num_new, kv_heads, head_dim), cos, sin)
     for row, start in enumerate(starts):
         assert torch.equal(cache.keys[0, row, :, start : start + num_new], k_ref[row].transpose(0, 1))

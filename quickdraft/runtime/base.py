@@ -11,7 +11,8 @@ Shapes keep a batch dimension: B rows, each with its own cache length.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,6 +30,15 @@ class KVCache(ABC):
     @abstractmethod
     def truncate(self, lengths: torch.Tensor | int) -> None:
         """Roll back: keep the first ``lengths`` tokens of each row (an int applies to all rows)."""
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One request's part of a batched forward (:meth:`Runtime.forward_batch`)."""
+
+    cache: KVCache  # the request's own cache, of one row
+    token_ids: Sequence[int]  # [K] its new tokens, K >= 1
+    last_only: bool = False  # logits of the last new position only (a prompt or a chunk of one)
 
 
 class Runtime(ABC):
@@ -82,3 +92,12 @@ class Runtime(ABC):
 
         ``last_only`` returns ``[B, 1, V]`` for the last position only (prefill).
         """
+
+    def forward_batch(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
+        """One forward over several requests' new tokens (continuous batching); per row its float32 logits
+        ``[K, V]`` (``[1, V]`` if last_only), and each cache advanced by its K tokens.
+
+        A row's logits are what :meth:`forward` gives its cache and tokens alone. This default runs the rows
+        one after another; the native runtime puts them side by side in one pass, bit-identically.
+        """
+        return [self.forward(torch.tensor([list(row.token_ids)]), row.cache, row.last_only)[0] for row in rows]

@@ -4,7 +4,8 @@
 // share the call. That makes a token's result bitwise identical whether it is decoded alone or
 // inside a verify block at any offset.
 //
-// attend:             causal attention over a static KV cache, one (row, query, head) at a time.
+// attend:             causal attention over static KV caches, one (row, head) at a time; rows may belong to
+//                     different caches (requests) at different positions.
 // quantize_rows:      per-row 8-bit activation scales and the integer rows fed to fbgemm (with the sentinel).
 // combine_rows:       fbgemm's output back to floats: row scale, bias.
 // The fused steps of a decoder layer, so that a layer is 12 calls instead of ~45 small PyTorch ops
@@ -104,37 +105,70 @@ std::vector<torch::Tensor> quantized_rows(int64_t rows, int64_t width, const tor
   return {out, scale};
 }
 
+// One layer's keys or values of every cache slot a call touches: slot s's plane for layer l and KV head g starts
+// at base[s] + l * layer_stride[s] + g * capacity * head_dim (each slot a [layers, kv_heads, capacity, head_dim]
+// view whose last three dimensions are contiguous).
+struct CachePlanes {
+  std::vector<float*> base;
+  std::vector<int64_t> layer_stride;
+  int64_t kv_heads = 0, capacity = 0, head_dim = 0;
+
+  CachePlanes(const std::vector<torch::Tensor>& slots) {
+    TORCH_CHECK(!slots.empty(), "no cache slots");
+    for (const auto& t : slots) {
+      TORCH_CHECK(t.dtype() == torch::kFloat32 && t.dim() == 4, "a cache slot is a float32 [layers, kv_heads, C, D]");
+      TORCH_CHECK(t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) == t.size(2) * t.size(3),
+                  "a cache slot's [kv_heads, C, D] must be contiguous");
+      TORCH_CHECK(t.size(1) == slots[0].size(1) && t.size(2) == slots[0].size(2) && t.size(3) == slots[0].size(3));
+      base.push_back(t.data_ptr<float>());
+      layer_stride.push_back(t.stride(0));
+    }
+    kv_heads = slots[0].size(1);
+    capacity = slots[0].size(2);
+    head_dim = slots[0].size(3);
+  }
+  float* plane(int64_t slot, int64_t layer, int64_t g) const {
+    return base[slot] + layer * layer_stride[slot] + g * capacity * head_dim;
+  }
+};
+
+void check_rows(const std::vector<int64_t>& row_slot, const std::vector<int64_t>& row_position, int64_t rows,
+                const CachePlanes& planes) {
+  TORCH_CHECK(static_cast<int64_t>(row_slot.size()) == rows && static_cast<int64_t>(row_position.size()) == rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(row_slot[r] >= 0 && row_slot[r] < static_cast<int64_t>(planes.base.size()), "row slot out of range");
+    TORCH_CHECK(row_position[r] >= 0 && row_position[r] < planes.capacity, "row position outside the cache");
+  }
+}
+
 }  // namespace
 
-// q: [B, K, H, D] float32 (RoPE applied); keys, values: [B, KVH, C, D] float32 caches already
-// holding the K new positions; starts: [B] positions of each row's first new token.
-// Returns [B, K, H * D].
-torch::Tensor attend(torch::Tensor q, torch::Tensor keys, torch::Tensor values, std::vector<int64_t> starts,
-                     double scale) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && keys.dtype() == torch::kFloat32 && values.dtype() == torch::kFloat32);
+// q: [R, H, D] float32 (RoPE applied), one row per new token; keys, values: the cache slots (see CachePlanes),
+// already holding the rows' own keys and values; row r sits in slot row_slot[r] at position row_position[r] and
+// attends to that slot's positions 0..row_position[r] of layer `layer`. Returns [R, H * D].
+torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale) {
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3);
   q = q.contiguous();
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "the caches must be contiguous");
-  const int64_t batch = q.size(0), num_new = q.size(1), heads = q.size(2), head_dim = q.size(3);
-  const int64_t kv_heads = keys.size(1), capacity = keys.size(2);
-  const int64_t group = heads / kv_heads;
-  TORCH_CHECK(static_cast<int64_t>(starts.size()) == batch);
-  auto out = torch::empty({batch, num_new, heads * head_dim}, q.options());
+  const CachePlanes key_planes(keys), value_planes(values);
+  const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  const int64_t group = heads / key_planes.kv_heads;
+  TORCH_CHECK(head_dim == key_planes.head_dim);
+  check_rows(row_slot, row_position, rows, key_planes);
+  auto out = torch::empty({rows, heads * head_dim}, q.options());
   const float* q_data = q.data_ptr<float>();
-  const float* k_data = keys.data_ptr<float>();
-  const float* v_data = values.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
   const float scale_f = static_cast<float>(scale);
 
-  at::parallel_for(0, batch * num_new * heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> weights;
     std::vector<float> accumulator(head_dim);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t h = task % heads, i = (task / heads) % num_new, b = task / (heads * num_new);
-      const int64_t length = starts[b] + i + 1;
-      const int64_t g = h / group;
-      const float* query = q_data + ((b * num_new + i) * heads + h) * head_dim;
-      const float* key = k_data + (b * kv_heads + g) * capacity * head_dim;
-      const float* value = v_data + (b * kv_heads + g) * capacity * head_dim;
+      const int64_t h = task % heads, r = task / heads;
+      const int64_t length = row_position[r] + 1;
+      const float* query = q_data + (r * heads + h) * head_dim;
+      const float* key = key_planes.plane(row_slot[r], layer, h / group);
+      const float* value = value_planes.plane(row_slot[r], layer, h / group);
       weights.resize(length);
       float max_score = -INFINITY;
       for (int64_t j = 0; j < length; ++j) {
@@ -152,7 +186,7 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
         const float* v = value + j * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) accumulator[d] += w * v[d];
       }
-      float* o = out_data + (b * num_new + i) * heads * head_dim + h * head_dim;
+      float* o = out_data + r * heads * head_dim + h * head_dim;
       const float inverse = 1.0f / total;
       for (int64_t d = 0; d < head_dim; ++d) o[d] = accumulator[d] * inverse;
     }
@@ -217,32 +251,31 @@ std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weig
   });
 }
 
-// out: [B·K + 1, (H + 2·KVH)·D] fbgemm output of the q/k/v projection; row_scale [B·K, 1]; bias [(H + 2·KVH)·D]
-// or empty; cos, sin: [C, D] RoPE tables; keys, values: [B, KVH, C, D] one layer's caches; starts [B].
-// Row b·K + i is position starts[b] + i: its k and v are written there. Returns q [B, K, H, D] with RoPE.
+// out: [R + 1, (H + 2·KVH)·D] fbgemm output of the q/k/v projection; row_scale [R, 1]; bias [(H + 2·KVH)·D] or
+// empty; cos, sin: [C, D] RoPE tables; keys, values: the cache slots (see CachePlanes). Row r is position
+// row_position[r] of slot row_slot[r]: its k and v are written there, in layer `layer`. Returns q [R, H, D] with RoPE.
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor cos,
-                             torch::Tensor sin, torch::Tensor keys, torch::Tensor values, std::vector<int64_t> starts,
+                             torch::Tensor sin, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                             int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
                              int64_t heads) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   cos = float_tensor(cos, "cos");
   sin = float_tensor(sin, "sin");
-  TORCH_CHECK(keys.dtype() == torch::kFloat32 && values.dtype() == torch::kFloat32);
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "the caches must be contiguous");
-  const int64_t batch = keys.size(0), kv_heads = keys.size(1), capacity = keys.size(2), head_dim = keys.size(3);
-  TORCH_CHECK(static_cast<int64_t>(starts.size()) == batch);
-  const int64_t num_rows = row_scale.size(0), num_new = num_rows / batch, width = out.size(1);
-  TORCH_CHECK(num_rows == batch * num_new && width == (heads + 2 * kv_heads) * head_dim);
+  const CachePlanes key_planes(keys), value_planes(values);
+  const int64_t kv_heads = key_planes.kv_heads, head_dim = key_planes.head_dim;
+  const int64_t rows = row_scale.size(0), width = out.size(1);
+  TORCH_CHECK(width == (heads + 2 * kv_heads) * head_dim);
+  check_rows(row_slot, row_position, rows, key_planes);
   const float* b = bias_data(bias);
-  for (int64_t row = 0; row < batch; ++row) TORCH_CHECK(starts[row] + num_new <= capacity);
-  auto q = torch::empty({batch, num_new, heads, head_dim}, out.options());
+  auto q = torch::empty({rows, heads, head_dim}, out.options());
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
   const float *cos_data = cos.data_ptr<float>(), *sin_data = sin.data_ptr<float>();
-  float *q_data = q.data_ptr<float>(), *k_data = keys.data_ptr<float>(), *v_data = values.data_ptr<float>();
-  at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
+  float* q_data = q.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> projected(width);
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t row = r / num_new, position = starts[row] + r % num_new;
+      const int64_t position = row_position[r];
       for (int64_t n = 0; n < width; ++n) projected[n] = combined(o[r * width + n], s[r], b, n);
       const float* c = cos_data + position * head_dim;
       const float* si = sin_data + position * head_dim;
@@ -251,9 +284,9 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
       const float* k = projected.data() + heads * head_dim;
       const float* v = k + kv_heads * head_dim;
       for (int64_t g = 0; g < kv_heads; ++g) {
-        const int64_t slot = ((row * kv_heads + g) * capacity + position) * head_dim;
-        rope_row(k + g * head_dim, c, si, k_data + slot, head_dim);
-        std::copy(v + g * head_dim, v + (g + 1) * head_dim, v_data + slot);
+        rope_row(k + g * head_dim, c, si, key_planes.plane(row_slot[r], layer, g) + position * head_dim, head_dim);
+        std::copy(v + g * head_dim, v + (g + 1) * head_dim,
+                  value_planes.plane(row_slot[r], layer, g) + position * head_dim);
       }
     }
   });

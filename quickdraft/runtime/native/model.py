@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values [layers, kv_heads, C, D]
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,11 @@ class StaticKVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]
         self.capacity = capacity
 
+    def slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each row's keys and values as ``[layers, kv_heads, C, D]`` views (what the kernels address by slot)."""
+        rows = range(self.keys.shape[1])
+        return [self.keys[:, row] for row in rows], [self.values[:, row] for row in rows]
+
 
 class Decoder:
     """Weights plus ``forward(token_ids, cache)``; see the module docstring for why it is bit-exact."""
@@ -171,59 +178,66 @@ class Decoder:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int]) -> torch.Tensor:
-        """Causal attention of ``q [B, K, heads, D]`` over the cache, query by query -> ``[B, K, heads·D]``."""
+    def _attend(
+        self, index: int, q: torch.Tensor, keys: Slots, values: Slots, row_slot: list[int], row_position: list[int]
+    ) -> torch.Tensor:
+        """Causal attention of ``q [R, heads, D]`` over layer ``index`` of the rows' cache slots -> ``[R, heads·D]``;
+        row r is position ``row_position[r]`` of slot ``row_slot[r]`` and sees that slot's positions 0 ..
+        row_position[r]."""
         if self.use_kernel and (kernel := native_kernels()) is not None:
-            return kernel.attend(q, keys, values, starts, self.attention_scale)
-        batch, num_new, heads, head_dim = q.shape
-        kv_heads = keys.shape[1]
-        attended = torch.empty(batch, num_new, heads * head_dim)
-        for row, start in enumerate(starts):
-            for i in range(num_new):
-                length = start + i + 1  # the query at position start + i sees positions 0 .. start + i
-                query = q[row, i].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
-                scores = torch.matmul(query, keys[row, :, :length].transpose(-1, -2))  # [kv, G, length]
-                weights = torch.softmax(scores, dim=-1)
-                attended[row, i] = torch.matmul(weights, values[row, :, :length]).reshape(-1)  # [heads·D]
+            return kernel.attend(q, keys, values, index, row_slot, row_position, self.attention_scale)
+        rows, heads, head_dim = q.shape
+        attended = torch.empty(rows, heads * head_dim)
+        for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
+            slot_keys, slot_values = keys[slot][index, :, : position + 1], values[slot][index, :, : position + 1]
+            kv_heads = slot_keys.shape[0]
+            query = q[r].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
+            scores = torch.matmul(query, slot_keys.transpose(-1, -2))  # [kv, G, position + 1]
+            weights = torch.softmax(scores, dim=-1)
+            attended[r] = torch.matmul(weights, slot_values).reshape(-1)  # [heads·D]
         return attended
 
     def _layer(
         self,
+        index: int,
         layer: DecoderLayer,
         x: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        starts: list[int],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        keys: Slots,
+        values: Slots,
+        row_slot: list[int],
+        row_position: list[int],
     ) -> torch.Tensor:
-        """One decoder layer in PyTorch operations: ``x [B, K, H]`` -> ``[B, K, H]``, keys and values cached."""
-        batch, num_new, _ = x.shape
+        """Decoder layer ``index`` in PyTorch operations: ``x [R, H]`` -> ``[R, H]``; rows' keys and values cached."""
+        rows = x.shape[0]
         heads, kv_heads, head_dim = self.config.num_heads, self.config.num_kv_heads, self.config.head_dim
-        qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [B, K, (heads + 2·kv_heads)·D]
+        positions = torch.tensor(row_position)
+        cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]  # [R, 1, D]
+        qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [R, (heads + 2·kv_heads)·D]
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q = self._rotate(q.reshape(batch, num_new, heads, head_dim), cos, sin)  # [B, K, heads, D]
-        k = self._rotate(k.reshape(batch, num_new, kv_heads, head_dim), cos, sin)  # [B, K, kv_heads, D]
-        v = v.reshape(batch, num_new, kv_heads, head_dim)
-        for row, start in enumerate(starts):
-            keys[row, :, start : start + num_new] = k[row].transpose(0, 1)
-            values[row, :, start : start + num_new] = v[row].transpose(0, 1)
-        x = x + layer.out(self._attend(q, keys, values, starts))
-        gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [B, K, I] each
+        q = self._rotate(q.reshape(rows, heads, head_dim), cos, sin)  # [R, heads, D]
+        k = self._rotate(k.reshape(rows, kv_heads, head_dim), cos, sin)  # [R, kv_heads, D]
+        v = v.reshape(rows, kv_heads, head_dim)
+        for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
+            keys[slot][index, :, position] = k[r]
+            values[slot][index, :, position] = v[r]
+        x = x + layer.out(self._attend(index, q, keys, values, row_slot, row_position))
+        gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [R, I] each
         return x + layer.down(torch.nn.functional.silu(gate) * up)
 
     def _fused_layer(
         self,
         kernels: Any,
+        index: int,
         layer: DecoderLayer,
         x: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        starts: list[int],
+        keys: Slots,
+        values: Slots,
+        row_slot: list[int],
+        row_position: list[int],
     ) -> torch.Tensor:
-        """:meth:`_layer` as 12 kernel calls (4 of them the integer GEMMs): ``x [B·K, H]`` -> ``[B·K, H]``."""
+        """:meth:`_layer` as 12 kernel calls (4 of them the integer GEMMs): ``x [R, H]`` -> ``[R, H]``."""
         eps = self.config.rms_norm_eps
-        # rows: quantized activations [B·K + 1, width] with fbgemm's sentinel last; row_scale [B·K, 1]
+        # rows: quantized activations [R + 1, width] with fbgemm's sentinel last; row_scale [R, 1]
         rows, row_scale = kernels.rms_norm_quantize(x, layer.input_norm, eps)
         q = kernels.qkv_rope_cache(
             layer.qkv.matmul_rows(rows),
@@ -233,15 +247,49 @@ class Decoder:
             self.rope_sin,
             keys,
             values,
-            starts,
+            index,
+            row_slot,
+            row_position,
             self.config.num_heads,
-        )  # [B, K, heads, D]; k and v went into the cache
-        attended = kernels.attend(q, keys, values, starts, self.attention_scale)  # [B, K, heads·D]
-        rows, row_scale = kernels.quantize_rows(attended.reshape(x.shape[0], -1))
-        x = kernels.combine_residual(layer.out.matmul_rows(rows), row_scale, layer.out.kernel_bias, x)  # [B·K, H]
+        )  # [R, heads, D]; k and v went into the cache
+        attended = kernels.attend(q, keys, values, index, row_slot, row_position, self.attention_scale)  # [R, heads·D]
+        rows, row_scale = kernels.quantize_rows(attended)
+        x = kernels.combine_residual(layer.out.matmul_rows(rows), row_scale, layer.out.kernel_bias, x)  # [R, H]
         rows, row_scale = kernels.rms_norm_quantize(x, layer.post_norm, eps)
-        rows, row_scale = kernels.silu_mul_quantize(layer.gate_up.matmul_rows(rows), row_scale)  # [B·K + 1, I]
+        rows, row_scale = kernels.silu_mul_quantize(layer.gate_up.matmul_rows(rows), row_scale)  # [R + 1, I]
         return kernels.combine_residual(layer.down.matmul_rows(rows), row_scale, layer.down.kernel_bias, x)
+
+    def _decode_rows(
+        self,
+        token_ids: torch.Tensor,
+        keys: Slots,
+        values: Slots,
+        row_slot: list[int],
+        row_position: list[int],
+        exit_layer: int | None = None,
+    ) -> torch.Tensor:
+        """The decoder layers (the first ``exit_layer`` of them) over rows of new tokens ``token_ids [R]``; row r is
+        position ``row_position[r]`` of cache slot ``row_slot[r]`` (``keys[s]``, ``values[s]``: that slot's
+        ``[layers, kv_heads, C, D]``). Writes the rows' keys and values; returns hidden states ``[R, H]`` before the
+        final norm."""
+        if max(row_position) >= self.capacity:
+            raise ValueError(f"the cache holds {self.capacity} positions; {max(row_position) + 1} needed")
+        kernels = native_kernels() if self.use_kernel else None
+        x = self.embedding[token_ids]  # [R, H]
+        for index, layer in enumerate(self.layers[:exit_layer]):
+            if kernels is not None:
+                x = self._fused_layer(kernels, index, layer, x, keys, values, row_slot, row_position)
+            else:
+                x = self._layer(index, layer, x, keys, values, row_slot, row_position)
+        return x
+
+    def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final norm and LM head: hidden ``x [R, H]`` -> (logits ``[R, V]``, normed hidden ``[R, H]``)."""
+        if self.use_kernel and (kernels := native_kernels()) is not None:
+            hidden = kernels.rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        else:
+            hidden = self._rms_norm(x, self.final_norm)
+        return self.lm_head(hidden), hidden
 
     @torch.inference_mode()
     def forward(
@@ -263,32 +311,51 @@ class Decoder:
         batch, num_new = token_ids.shape
         if starts is None:
             starts = cache.lengths.tolist()
-        if max(starts) + num_new > cache.capacity:
-            raise ValueError(f"the cache holds {cache.capacity} positions; {max(starts) + num_new} needed")
-        kernels = native_kernels() if self.use_kernel else None
-        layers = list(enumerate(self.layers[:exit_layer]))  # keys and values of layer i: cache.keys[i]
-        x = self.embedding[token_ids]  # [B, K, H]
-        if kernels is not None:
-            x = x.reshape(batch * num_new, -1)  # [B·K, H]
-            for index, layer in layers:
-                x = self._fused_layer(kernels, layer, x, cache.keys[index], cache.values[index], starts)
-            x = x.reshape(batch, num_new, -1)  # [B, K, H]
-        else:
-            positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
-            cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]  # [B, K, 1, D]
-            for index, layer in layers:
-                x = self._layer(layer, x, cache.keys[index], cache.values[index], starts, cos, sin)
+        row_slot = [row for row in range(batch) for _ in range(num_new)]
+        row_position = [start + i for start in starts for i in range(num_new)]
+        keys, values = cache.slots()
+        x = self._decode_rows(token_ids.reshape(-1), keys, values, row_slot, row_position, exit_layer)
         if exit_layer is None:
             cache.lengths += num_new
+        x = x.reshape(batch, num_new, -1)
         if last_only:
             x = x[:, -1:]
-        if kernels is not None:
-            hidden = kernels.rms_norm(x.reshape(-1, x.shape[-1]), self.final_norm, self.config.rms_norm_eps)
-            hidden = hidden.reshape(x.shape)  # [B, K or 1, H]
-        else:
-            hidden = self._rms_norm(x, self.final_norm)  # [B, K or 1, H]
-        logits = self.lm_head(hidden)  # [B, K or 1, V]
+        logits, hidden = self._head(x.reshape(-1, x.shape[-1]))
+        logits, hidden = logits.reshape(*x.shape[:2], -1), hidden.reshape(x.shape)  # [B, K or 1, V], [B, K or 1, H]
         return (logits, hidden) if return_hidden else logits
+
+    @torch.inference_mode()
+    def forward_rows(
+        self, requests: Sequence[tuple[StaticKVCache, list[int], bool]]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One forward over several caches' new tokens, their rows side by side in every GEMM.
+
+        ``requests``: (cache of one row, its new token ids, last_only). Returns per request its logits ``[K, V]``
+        (``[1, V]`` if last_only) and its normed hidden states ``[K or 1, H]``: bitwise what :meth:`forward`
+        gives the same cache and tokens alone.
+        """
+        keys, values, row_slot, row_position, token_ids = [], [], [], [], []
+        for slot, (cache, new_ids, _) in enumerate(requests):
+            if cache.keys.shape[1] != 1:
+                raise ValueError("forward_rows takes caches of one row each")
+            if not new_ids:
+                raise ValueError("every request of a batched forward brings at least one token")
+            slot_keys, slot_values = cache.slots()
+            keys += slot_keys
+            values += slot_values
+            start = int(cache.lengths[0])
+            row_slot += [slot] * len(new_ids)
+            row_position += range(start, start + len(new_ids))
+            token_ids += new_ids
+        x = self._decode_rows(torch.tensor(token_ids), keys, values, row_slot, row_position)
+        pieces, wanted, offset = [], [], 0
+        for cache, new_ids, last_only in requests:
+            cache.lengths += len(new_ids)
+            offset += len(new_ids)
+            wanted.append(1 if last_only else len(new_ids))
+            pieces.append(x[offset - wanted[-1] : offset])
+        logits, hidden = self._head(torch.cat(pieces))  # [R', V], [R', H]
+        return list(logits.split(wanted)), list(hidden.split(wanted))
 
 
 def quantize_state_dict(config: DecoderConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

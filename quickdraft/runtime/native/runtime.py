@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from quickdraft.errors import ModelFilesError
 from quickdraft.models.catalog import cache_root
-from quickdraft.runtime.base import KVCache, Runtime
+from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache, quantize_state_dict
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
@@ -83,6 +84,14 @@ class NativeRuntime(Runtime):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"
         return self.decoder.forward(token_ids.cpu(), cache.static, last_only, return_hidden=True)
+
+    def forward_batch(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
+        requests = []
+        for row in rows:
+            assert isinstance(row.cache, NativeCache), "a cache belongs to the runtime that made it"
+            requests.append((row.cache.static, list(row.token_ids), row.last_only))
+        logits, _ = self.decoder.forward_rows(requests)
+        return logits
 
     def forward_early_exit(self, token_ids: torch.Tensor, cache: KVCache, start: int, exit_layer: int) -> torch.Tensor:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"

@@ -1,0 +1,28 @@
+"""The runtime interface's shared behaviour, on the transformers runtime (the native one: test_native.py)."""
+
+from __future__ import annotations
+
+import torch
+from conftest import tiny_model
+
+from quickdraft.runtime import BatchRow, HFRuntime
+
+
+def test_a_batched_forward_runs_each_request_on_its_own_cache() -> None:
+    runtime = HFRuntime(tiny_model(32, seed=0))
+    histories, new_tokens = [[1, 2, 3], [4, 5, 6, 7, 8], [9]], [[10, 11], [12], [13, 14, 15]]
+    caches = []
+    for history in histories:
+        caches.append(cache := runtime.new_cache(1))
+        runtime.forward(torch.tensor([history]), cache)
+    rows = [
+        BatchRow(cache, new, last_only=index == 2)
+        for index, (cache, new) in enumerate(zip(caches, new_tokens, strict=True))
+    ]
+    batched = runtime.forward_batch(rows)
+    for index, (history, new) in enumerate(zip(histories, new_tokens, strict=True)):
+        expected = runtime.forward(torch.tensor([history + new]), runtime.new_cache(1))[0, len(history) :]
+        got = batched[index]
+        assert got.shape == ((1, 32) if index == 2 else (len(new), 32))
+        assert torch.allclose(got, expected[-got.shape[0] :], atol=1e-5)
+        assert int(caches[index].lengths[0]) == len(history) + len(new)

@@ -15,8 +15,8 @@ from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import BatchRow, KVCache
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
-from quickdraft.runtime.native.model import Decoder, DecoderConfig, quantize_state_dict
+from quickdraft.runtime.native.model import Decoder, DecoderConfig
+from quickdraft.runtime.native.weights import quantize_state_dict
 from quickdraft.sampling import logits_to_probs
 
 
@@ -36,59 +36,6 @@ def runtime(request: pytest.FixtureRequest) -> NativeRuntime:
             linear.use_kernel = use_kernel
     runtime.decoder.lm_head.use_kernel = use_kernel
     return runtime
-
-
-# --- int8 linear ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
-def test_int8_linear_is_row_invariant_and_exact(use_kernel: bool) -> None:
-    generator = torch.Generator().manual_seed(0)
-    weight, bias = torch.randn(96, 80, generator=generator), torch.randn(96, generator=generator)
-    weight[3, 7] = 40.0  # an outlier weight: its channel's other weights get few levels
-    linear = Int8Linear.from_float(weight, bias)
-    linear.use_kernel = use_kernel
-    x = torch.randn(17, 80, generator=generator) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scale
-    full = linear(x)
-    for rows in (1, 2, 5, 16):
-        assert torch.equal(linear(x[:rows]), full[:rows])
-    for row in range(17):
-        assert torch.equal(linear(x[row : row + 1])[0], full[row])
-        assert torch.equal(linear(torch.cat([torch.randn(3, 80), x[row : row + 1]]))[-1], full[row])
-
-    # Against exact arithmetic on the same quantized integers.
-    weight_int8, weight_scale = quantize_weight(weight)
-    assert int(weight_int8.abs().max()) == 63  # 7-bit weights: fbgemm's 16-bit pair sums cannot saturate
-    row_scale = x.abs().amax(1, keepdim=True) / 127
-    x_int = torch.round(x / row_scale).clamp(-127, 127)
-    exact = (x_int.double() @ weight_int8.double().T) * weight_scale.double() * row_scale.double() + bias.double()
-    assert torch.allclose(full.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
-    # And close to the float layer (the quantization error itself).
-    relative = (full - (x @ weight.T + bias)).norm() / (x @ weight.T).norm()
-    assert relative < 0.03
-
-
-def test_int8_linear_kernels_equal_the_pytorch_ops_bitwise() -> None:
-    generator = torch.Generator().manual_seed(5)
-    linear = Int8Linear.from_float(torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator))
-    x = torch.randn(9, 24, generator=generator) * 3
-    assert native_kernels() is not None
-    fused = linear(x)
-    linear.use_kernel = False
-    assert torch.equal(fused, linear(x))
-
-
-def test_int8_linear_refuses_weights_outside_7_bits() -> None:
-    for value in (64, -64, -128):  # fbgemm's 16-bit pair sums could saturate
-        weight = torch.zeros(4, 8, dtype=torch.int8)
-        weight[1, 2] = value
-        with pytest.raises(ValueError, match=r"\[-63, 63\]"):
-            Int8Linear(weight, torch.ones(4), None)
-
-
-def test_int8_linear_handles_zero_rows() -> None:
-    linear = Int8Linear.from_float(torch.randn(8, 4), torch.ones(8))
-    assert torch.equal(linear(torch.zeros(2, 4)), torch.ones(2, 8))
 
 
 # --- the decoder ------------------------------------------------------------------------------------
@@ -278,7 +225,7 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
     expected_quantized, expected_scale = kernels.quantize_rows(normed)
     assert torch.equal(quantized, expected_quantized) and torch.equal(row_scale, expected_scale)
 
-    gemm_out = layer.qkv.matmul_rows(quantized)  # [B·K + 1, (heads + 2·kv_heads)·D]
+    gemm_out = layer.qkv.matmul_rows(quantized)  # [B·K, (heads + 2·kv_heads)·D]
     cache = decoder.new_cache(len(starts))
     cache.keys.zero_()  # a new cache is uninitialized: zeros show what the kernel writes
     cache.values.zero_()
@@ -302,19 +249,19 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
         assert torch.equal(cache.values[0, row, :, start : start + num_new], expected_values)
         assert not cache.keys[0, row, :, start + num_new :].any()  # nothing written past the block
 
-    gemm_out = torch.randn(rows + 1, config.hidden_size, generator=generator) * 50
+    gemm_out = torch.randn(rows, config.hidden_size, generator=generator) * 50
     bias = torch.randn(config.hidden_size, generator=generator)
     for kernel_bias in (torch.empty(0), bias):
         combined = kernels.combine_residual(gemm_out, row_scale, kernel_bias, x)
         assert torch.equal(combined, x + kernels.combine_rows(gemm_out, row_scale, kernel_bias))
 
-    gate_up = torch.randn(rows + 1, 2 * config.intermediate_size, generator=generator) * 50
+    gate_up = torch.randn(rows, 2 * config.intermediate_size, generator=generator) * 50
     quantized, scale = kernels.silu_mul_quantize(gate_up, row_scale)
-    gate, up = (gate_up[:-1] * row_scale).chunk(2, dim=-1)
+    gate, up = (gate_up * row_scale).chunk(2, dim=-1)
     activated = torch.nn.functional.silu(gate) * up  # [B·K, I]
+    assert quantized.dtype == torch.int8
     assert torch.allclose(scale, activated.abs().amax(1, keepdim=True) / 127, rtol=1e-5)
-    assert (quantized[:-1] * scale - activated).abs().le(scale * 0.5 * (1 + 1e-3)).all()  # within half a level
-    assert quantized[-1, :2].tolist() == [-128.0, 127.0]  # the sentinel row
+    assert (quantized * scale - activated).abs().le(scale * 0.5 * (1 + 1e-3)).all()  # within half a level
 
 
 def test_fused_layers_are_close_to_the_reference_path() -> None:
@@ -347,41 +294,6 @@ def test_greedy_speculation_on_the_native_runtime_equals_plain(prompt_ids: list[
         config = GenerationConfig(max_new_tokens=32, num_draft_tokens=gamma)
         result = pipeline.engine(drafter).generate(prompt_ids, config)
         assert result.token_ids == plain.token_ids, (drafter, gamma)
-
-
-def test_load_caches_the_int8_weights(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import quickdraft.runtime.native.runtime as native_runtime
-
-    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
-    model_dir = tmp_path / "tiny"
-    tiny_model(64, seed=3).save_pretrained(model_dir)
-    assert NativeRuntime.supports(model_dir)
-    first = NativeRuntime.load(model_dir)
-    assert (native_runtime.native_cache_dir(model_dir) / "weights.safetensors").is_file()
-
-    def no_quantizing(*args, **kwargs):
-        raise AssertionError("the cached int8 weights should be used")
-
-    monkeypatch.setattr(native_runtime, "quantize_state_dict", no_quantizing)
-    second = NativeRuntime.load(model_dir)
-    tokens = torch.tensor([[1, 5, 9, 13]])
-    assert torch.equal(first.forward(tokens, first.new_cache()), second.forward(tokens, second.new_cache()))
-
-
-def test_load_errors_are_clear(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from quickdraft.errors import ModelFilesError
-
-    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
-    model_dir = tmp_path / "tiny"
-    tiny_model(64, seed=3).save_pretrained(model_dir)
-    (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(ModelFilesError, match="cannot load the weights"):
-        NativeRuntime.load(model_dir)
-    config = model_dir / "config.json"
-    config.write_text(config.read_text().replace('"qwen2"', '"gpt2"'))
-    assert not NativeRuntime.supports(model_dir)
-    with pytest.raises(ModelFilesError, match="--runtime transformers"):
-        NativeRuntime.load(model_dir)
 
 
 @pytest.mark.parametrize("prompt_ids", [[1, 2, 3], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])

@@ -6,8 +6,10 @@
 //
 // attend:             causal attention over static KV caches, one (row, head) at a time; rows may belong to
 //                     different caches (requests) at different positions.
-// quantize_rows:      per-row 8-bit activation scales and the integer rows fed to fbgemm (with the sentinel).
-// combine_rows:       fbgemm's output back to floats: row scale, bias.
+// quantize_rows:      per-row 8-bit activation scales and the int8 rows the GEMMs take.
+// int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
+// q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
+// combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer, so that a layer is 12 calls instead of ~45 small PyTorch ops
 // (on a 1-token step the ops' dispatch, not their arithmetic, is what costs):
 // rms_norm:           RMSNorm of each row.
@@ -17,6 +19,8 @@
 // silu_mul_quantize:  combine_rows of gate/up, silu(gate) * up, then quantize_rows.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#include "gemm.h"
 
 #include <cmath>
 #include <vector>
@@ -39,20 +43,14 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 constexpr float kLevels = 127.0f;  // 8-bit activations
 
-// Quantizes one row to integers in [-127, 127] (as floats); returns its scale max(max|x|, 1e-30) / 127.
-inline float quantize_row(const float* row, float* dst, int64_t width) {
+// Quantizes one row to integers in [-127, 127]; returns its scale max(max|x|, 1e-30) / 127.
+inline float quantize_row(const float* row, int8_t* dst, int64_t width) {
   float amax = 0.0f;
   for (int64_t k = 0; k < width; ++k) amax = std::max(amax, std::fabs(row[k]));
   const float s = std::max(amax, 1e-30f) / kLevels;
-  for (int64_t k = 0; k < width; ++k) dst[k] = std::min(std::max(std::nearbyint(row[k] / s), -kLevels), kLevels);
+  for (int64_t k = 0; k < width; ++k)
+    dst[k] = static_cast<int8_t>(std::min(std::max(std::nearbyint(row[k] / s), -kLevels), kLevels));
   return s;
-}
-
-// The row after the M quantized rows that pins fbgemm's per-tensor range to [-128, 127].
-inline void write_sentinel(float* row, int64_t width) {
-  std::fill(row, row + width, 0.0f);
-  row[0] = -128.0f;
-  row[1] = 127.0f;
 }
 
 // dst = weight * (x * 1 / sqrt(mean(x^2) + eps)).
@@ -87,22 +85,35 @@ inline float combined(float out, float row_scale, const float* bias, int64_t n) 
   return bias != nullptr ? v + bias[n] : v;
 }
 
-// rows [M + 1, width] of quantized activations with the sentinel last, and row_scale [M, 1].
+// rows [M, width] int8 of quantized activations and row_scale [M, 1] float.
 // activations(r, buffer) returns row r's floats: computed into buffer (width floats), or found elsewhere.
 template <typename Activations>
 std::vector<torch::Tensor> quantized_rows(int64_t rows, int64_t width, const torch::TensorOptions& options,
                                           Activations activations) {
-  TORCH_CHECK(width >= 2);
-  auto out = torch::empty({rows + 1, width}, options);
+  auto out = torch::empty({rows, width}, options.dtype(torch::kInt8));
   auto scale = torch::empty({rows, 1}, options);
-  float *out_data = out.data_ptr<float>(), *scale_data = scale.data_ptr<float>();
+  int8_t* out_data = out.data_ptr<int8_t>();
+  float* scale_data = scale.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(width);
     for (int64_t r = begin; r < end; ++r)
       scale_data[r] = quantize_row(activations(r, buffer.data()), out_data + r * width, width);
   });
-  write_sentinel(out_data + rows * width, width);
   return {out, scale};
+}
+
+torch::Tensor checked(torch::Tensor t, torch::ScalarType type, const char* name) {
+  TORCH_CHECK(t.scalar_type() == type && t.is_contiguous(), name, " has the wrong type or is not contiguous");
+  return t;
+}
+
+// The GEMMs write columns [column, column + N) of out [M, width]; their n-blocks are shared among the threads.
+template <typename Gemm>
+void blocked_matmul(const torch::Tensor& x, torch::Tensor& out, int64_t column, int64_t n, Gemm gemm) {
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.size(0) == x.size(0));
+  TORCH_CHECK(column % qd::kLanes == 0 && column + n <= out.size(1) && n % qd::kLanes == 0);
+  float* destination = out.data_ptr<float>() + column;
+  at::parallel_for(0, n / qd::kLanes, 1, [&](int64_t begin, int64_t end) { gemm(destination, begin, end); });
 }
 
 // One layer's keys or values of every cache slot a call touches: slot s's plane for layer l and KV head g starts
@@ -194,9 +205,8 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
   return out;
 }
 
-// x: [M, K] float32. Returns (rows, row_scale): rows [M + 1, K] holds round(x / s) in [-127, 127],
-// the last row being the sentinel (-128, 127, 0, ...); row_scale [M, 1] = max(max|x|, 1e-30) / 127.
-// The same arithmetic as the PyTorch path in linear.py.
+// x: [M, K] float32. Returns (rows, row_scale): rows [M, K] int8 holds round(x / s) in [-127, 127];
+// row_scale [M, 1] = max(max|x|, 1e-30) / 127. The same arithmetic as the PyTorch path in linear.py.
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2);
   x = x.contiguous();
@@ -205,7 +215,7 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
   return quantized_rows(x.size(0), width, x.options(), [&](int64_t r, float*) { return x_data + r * width; });
 }
 
-// out: [M + 1, N] fbgemm output (the sentinel's row last); row_scale [M, 1]; bias [N] or empty.
+// out: [M, N] a GEMM's output; row_scale [M, 1]; bias [N] or empty.
 // Returns y [M, N] = out * s + bias, operation by operation as in the PyTorch path.
 torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias) {
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous());
@@ -239,7 +249,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return y;
 }
 
-// x: [M, H]; weight: [H]. Returns quantize_rows(rms_norm(x)): rows [M + 1, H], row_scale [M, 1].
+// x: [M, H]; weight: [H]. Returns quantize_rows(rms_norm(x)): rows [M, H] int8, row_scale [M, 1].
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps) {
   x = float_tensor(x, "x");
   weight = float_tensor(weight, "weight");
@@ -251,7 +261,7 @@ std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weig
   });
 }
 
-// out: [R + 1, (H + 2·KVH)·D] fbgemm output of the q/k/v projection; row_scale [R, 1]; bias [(H + 2·KVH)·D] or
+// out: [R, (H + 2·KVH)·D] the GEMM output of the q/k/v projection; row_scale [R, 1]; bias [(H + 2·KVH)·D] or
 // empty; cos, sin: [C, D] RoPE tables; keys, values: the cache slots (see CachePlanes). Row r is position
 // row_position[r] of slot row_slot[r]: its k and v are written there, in layer `layer`. Returns q [R, H, D] with RoPE.
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor cos,
@@ -293,7 +303,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   return q;
 }
 
-// out: [M + 1, N] fbgemm output; row_scale [M, 1]; bias [N] or empty; residual [M, N].
+// out: [M, N] a GEMM's output; row_scale [M, 1]; bias [N] or empty; residual [M, N].
 // Returns residual + combine_rows(out, row_scale, bias).
 torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor residual) {
   out = float_tensor(out, "out");
@@ -314,8 +324,8 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
   return y;
 }
 
-// out: [M + 1, 2·I] fbgemm output of the fused gate/up projection; row_scale [M, 1].
-// Returns quantize_rows(silu(gate) * up): rows [M + 1, I], row_scale [M, 1].
+// out: [M, 2·I] the GEMM output of the fused gate/up projection; row_scale [M, 1].
+// Returns quantize_rows(silu(gate) * up): rows [M, I] int8, row_scale [M, 1].
 std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor row_scale) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
@@ -332,7 +342,47 @@ std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor ro
   });
 }
 
+// x: [M, K] int8 rows; codes [N/16, K/4, 16, 4] uint8 (w + 64); scale [N]. Writes out[:, column : column + N].
+void int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor out, int64_t column) {
+  checked(x, torch::kInt8, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(scale, torch::kFloat32, "scale").size(0);
+  TORCH_CHECK(checked(codes, torch::kUInt8, "codes").numel() == n * k && k % 4 == 0);
+  const qd::Int8Weights weights{codes.data_ptr<uint8_t>(), scale.data_ptr<float>(), n, k};
+  const int8_t* x_data = x.data_ptr<int8_t>();
+  std::vector<int32_t> sums(rows);
+  for (int64_t r = 0; r < rows; ++r) sums[r] = qd::row_sum(x_data + r * k, k);
+  blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
+    qd::int8_gemm(weights, x_data, rows, sums.data(), destination, out.size(1), begin, end);
+  });
+}
+
+// x: [M, K] int8 rows (K a multiple of 64); codes [N/16, K/32, 4, 16, 4] uint8; sub_scale [N/16, K/32, 16] and
+// sub_min [N/16, K/64, 16, 2] uint8; d, dmin [N/16, S, 16] float (gemm.h). Writes out[:, column : column + N].
+void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor sub_min, torch::Tensor d,
+               torch::Tensor dmin, torch::Tensor out, int64_t column) {
+  checked(x, torch::kInt8, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+  TORCH_CHECK(k % (2 * qd::kGroup) == 0 && codes.numel() * 2 == n * k, "q4 weights need K a multiple of 64");
+  const qd::Q4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, torch::kUInt8, "sub_scale").data_ptr<uint8_t>(),
+                              checked(sub_min, torch::kUInt8, "sub_min").data_ptr<uint8_t>(),
+                              checked(d, torch::kFloat32, "d").data_ptr<float>(),
+                              checked(dmin, torch::kFloat32, "dmin").data_ptr<float>(), n, k};
+  TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers() && dmin.numel() == d.numel());
+  const int8_t* x_data = x.data_ptr<int8_t>();
+  const int64_t pair_count = k / (2 * qd::kGroup);
+  std::vector<int32_t> pairs(rows * pair_count);
+  for (int64_t r = 0; r < rows; ++r) qd::group_sum_pairs(x_data + r * k, k, pairs.data() + r * pair_count);
+  blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
+    qd::q4_gemm(weights, x_data, rows, pairs.data(), destination, out.size(1), begin, end);
+  });
+}
+
+std::string isa() { return qd::kIsa; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)");
+  m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)");
+  m.def("isa", &isa, "the instruction set the GEMMs were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache");
   m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the int8 GEMM");
   m.def("combine_rows", &combine_rows, "the int8 GEMM's output back to floats");

@@ -7,25 +7,34 @@ bit-stable, only slower. A warning says so.
 from __future__ import annotations
 
 import functools
+import hashlib
 import warnings
 from pathlib import Path
 from typing import Any
 
 from quickdraft.machine import cpu_fingerprint
 
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off"]  # no fused multiply-add: the same bits on every path
+# -ffp-contract=off: no fused multiply-adds, the same bits on every path; -fopenmp: at::parallel_for runs the work
+# on torch's threads only when the extension is compiled with OpenMP (without it, every kernel ran on one thread)
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+SOURCES = ("kernels.cpp", "gemm.h")
 
 
 @functools.cache
 def native_kernels() -> Any | None:
-    """The compiled module (``attend``, ``quantize_rows``, ``combine_rows``), or None when it cannot be built."""
+    """The compiled module (the GEMMs, ``attend``, ``quantize_rows``, ...), or None when it cannot be built."""
+    here = Path(__file__).parent
+    # torch rebuilds when kernels.cpp changes, not when the header it includes does: the name carries both
+    sources = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(FLAGS).encode())
+    sources = sources.hexdigest()[:8]
     try:
         from torch.utils.cpp_extension import load
 
         return load(  # -march=native: a build per processor kind, never one compiled for another CPU
-            name=f"quickdraft_native_{cpu_fingerprint()}",
-            sources=[str(Path(__file__).with_name("kernels.cpp"))],
+            name=f"quickdraft_native_{cpu_fingerprint()}_{sources}",
+            sources=[str(here / "kernels.cpp")],
             extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
             verbose=False,
         )
     except Exception as error:  # a missing compiler or ninja surfaces as many exception types

@@ -1,7 +1,7 @@
 """A Llama-family decoder (Llama, Qwen2, Mistral without sliding windows) written for bit-exactness.
 
 Every operation gives a token's row the same bits whatever else is in the call:
-- linear layers are :class:`Int8Linear` (exact integer GEMM, per-row activation scales);
+- linear layers are :class:`QuantizedLinear` (exact integer GEMMs, per-row activation scales);
 - RMSNorm, RoPE, SiLU and residual adds are row-wise or element-wise;
 - attention runs query by query: the query at position p attends to exactly p + 1 cached
   keys with the same shapes and strides whether it comes alone (decode), inside a verify block
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.linear import Int8Linear, quantize_weight
+from quickdraft.runtime.native.linear import QuantizedLinear
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values [layers, kv_heads, C, D]
@@ -90,11 +90,11 @@ class DecoderConfig:
 @dataclass
 class DecoderLayer:
     input_norm: torch.Tensor  # [H]
-    qkv: Int8Linear  # H -> (heads + 2·kv_heads)·head_dim
-    out: Int8Linear  # heads·head_dim -> H (with a bias when the model has attention biases and o_proj has one)
+    qkv: QuantizedLinear  # H -> (heads + 2·kv_heads)·head_dim
+    out: QuantizedLinear  # heads·head_dim -> H (with a bias when the model has attention biases and o_proj has one)
     post_norm: torch.Tensor  # [H]
-    gate_up: Int8Linear  # H -> 2·intermediate
-    down: Int8Linear  # intermediate -> H
+    gate_up: QuantizedLinear  # H -> 2·intermediate
+    down: QuantizedLinear  # intermediate -> H
 
 
 class StaticKVCache:
@@ -128,7 +128,7 @@ class Decoder:
         embedding: torch.Tensor,
         layers: list[DecoderLayer],
         final_norm: torch.Tensor,
-        lm_head: Int8Linear,
+        lm_head: QuantizedLinear,
         capacity: int,
     ) -> None:
         self.config = config
@@ -147,10 +147,10 @@ class Decoder:
 
     @classmethod
     def from_native_state(cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int) -> Decoder:
-        """Build from :func:`quantize_state_dict`'s layout (int8 weights, scales, float norms and biases)."""
+        """Build from :func:`quantize_state_dict`'s layout (packed weight parts, float norms and biases)."""
 
-        def linear(name: str) -> Int8Linear:
-            return Int8Linear(state[f"{name}.weight"], state[f"{name}.scale"], state.get(f"{name}.bias"))
+        def linear(name: str) -> QuantizedLinear:
+            return QuantizedLinear.from_state(name, state)
 
         layers = [
             DecoderLayer(
@@ -356,43 +356,3 @@ class Decoder:
             pieces.append(x[offset - wanted[-1] : offset])
         logits, hidden = self._head(torch.cat(pieces))  # [R', V], [R', H]
         return list(logits.split(wanted)), list(hidden.split(wanted))
-
-
-def quantize_state_dict(config: DecoderConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
-
-    Linear layers become ``NAME.weight`` (int8 holding 7-bit values, per-output-channel symmetric), ``NAME.scale`` and
-    ``NAME.bias``; q/k/v and gate/up are fused. ``tensors`` is consumed to keep peak memory low.
-    """
-    state: dict[str, torch.Tensor] = {}
-
-    def take(name: str) -> torch.Tensor:
-        return tensors.pop(name).float().contiguous()
-
-    def linear(name: str, weights: list[str], biases: list[str] | None = None) -> None:
-        weight_int8, scale = quantize_weight(torch.cat([take(w) for w in weights]))
-        state[f"{name}.weight"], state[f"{name}.scale"] = weight_int8, scale
-        if biases:
-            state[f"{name}.bias"] = torch.cat([take(b) for b in biases])
-
-    for i in range(config.num_layers):
-        prefix = f"model.layers.{i}."
-        attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
-        state[f"layers.{i}.input_norm"] = take(f"{prefix}input_layernorm.weight")
-        linear(
-            f"layers.{i}.qkv",
-            [f"{name}.weight" for name in attention],
-            [f"{name}.bias" for name in attention] if config.attention_bias else None,
-        )
-        out_bias = f"{prefix}self_attn.o_proj.bias"  # Llama's attention_bias covers o_proj too; Qwen2 has none
-        linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"], [out_bias] if out_bias in tensors else None)
-        state[f"layers.{i}.post_norm"] = take(f"{prefix}post_attention_layernorm.weight")
-        linear(f"layers.{i}.gate_up", [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
-        linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
-    state["embedding"] = take("model.embed_tokens.weight")
-    if config.tie_word_embeddings:
-        state["lm_head.weight"], state["lm_head.scale"] = quantize_weight(state["embedding"])
-    else:
-        linear("lm_head", ["lm_head.weight"])
-    state["final_norm"] = take("model.norm.weight")
-    return state

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from quickdraft.errors import ModelFilesError
-from quickdraft.models.catalog import cache_root
+from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
-from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache, quantize_state_dict
+from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache
+from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
-NATIVE_FORMAT = "int7-per-channel-v3"  # bump when the cached layout changes (v3: o_proj biases)
 
 
 class NativeCache(KVCache):
@@ -34,7 +32,8 @@ class NativeCache(KVCache):
 
 
 class NativeRuntime(Runtime):
-    """7-bit weights and per-row 8-bit activations on fbgemm, bit-exact logits whatever the block size (CPU)."""
+    """Integer weights (int8, or Q4_K-structured 4-bit) and per-row 8-bit activations on exact integer GEMMs:
+    bit-exact logits whatever the block size or the batch (CPU)."""
 
     name = "native"
     supports_early_exit = True
@@ -58,8 +57,11 @@ class NativeRuntime(Runtime):
         return any(path.glob("*.safetensors"))
 
     @classmethod
-    def load(cls, path: Path, capacity: int = DEFAULT_CAPACITY) -> NativeRuntime:
-        """Load a transformers directory; its int8 form is cached so later loads skip quantization."""
+    def load(cls, path: Path, capacity: int = DEFAULT_CAPACITY, weights: str = "auto") -> NativeRuntime:
+        """Load a transformers directory; its quantized form (``weights``: one of WEIGHT_FORMATS) is cached so
+        later loads skip quantization."""
+        if weights not in WEIGHT_FORMATS:
+            raise ConfigError(f"unknown weight format {weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
         try:
             config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError) as error:
@@ -68,7 +70,7 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        state = load_native_state(path, config)
+        state = load_native_state(path, config, weights)
         decoder = Decoder.from_native_state(config, state, min(capacity, config.max_position_embeddings))
         return cls(decoder)
 
@@ -98,45 +100,3 @@ class NativeRuntime(Runtime):
         if not 1 <= exit_layer < self.num_layers:
             raise ValueError(f"the exit layer must be in 1..{self.num_layers - 1}, got {exit_layer}")
         return self.decoder.forward(token_ids.cpu(), cache.static, exit_layer=exit_layer, starts=[start])
-
-
-def native_cache_dir(path: Path) -> Path:
-    """Where the int8 form of the model in ``path`` is kept: keyed by its config and weight files."""
-    digest = hashlib.sha256(f"{NATIVE_FORMAT}|{path.resolve()}".encode())
-    digest.update((path / "config.json").read_bytes())
-    for file in sorted(path.glob("*.safetensors")):
-        stat = file.stat()
-        digest.update(f"|{file.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return cache_root() / "native" / digest.hexdigest()[:16]
-
-
-def load_native_state(path: Path, config: DecoderConfig) -> dict[str, torch.Tensor]:
-    """The quantized weights: from the cache, or quantized from the float weights and cached."""
-    from safetensors.torch import load_file, save_file
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelFilesError(f"{path} has no .safetensors weights for the native runtime")
-    cached = native_cache_dir(path) / "weights.safetensors"
-    if cached.is_file():
-        try:
-            return load_file(cached)
-        except Exception:  # a damaged cache entry is rebuilt below
-            cached.unlink()
-    tensors: dict[str, torch.Tensor] = {}
-    try:
-        for file in files:
-            tensors.update(load_file(file))
-        state = quantize_state_dict(config, tensors)
-    except KeyError as error:
-        raise ModelFilesError(f"{path}: weight {error} is missing") from None
-    except Exception as error:  # safetensors raises several types for damaged files
-        raise ModelFilesError(f"cannot load the weights in {path}: {type(error).__name__}: {error}") from error
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(".partial")
-        save_file(state, partial)
-        partial.replace(cached)  # atomic: a killed run never leaves a half-written cache entry
-    except OSError:
-        pass  # a read-only cache only costs the quantization next time
-    return state

@@ -1,0 +1,339 @@
+// The native runtime's integer GEMMs: out[m][n] for quantized activation rows x[m] (int8, values in [-127, 127])
+// against weights in one of two packed formats. Every output element is a function of its own row and column
+// alone, computed with exact integer sums and then a fixed sequence of float operations, so it has the same
+// bits whatever the number of rows in the call, the tile a row lands in, the thread, or the instruction set
+// (AVX-512 VNNI, AVX-VNNI, AVX2 or plain C++): the integer parts are exact on every path and the float parts
+// are the same operations in the same order (compiled with -ffp-contract=off: no fused multiply-adds).
+//
+// Format "int8" (7-bit weights, one scale per output channel):
+//   out[m][n] = float(sum_k x[m][k] * w[n][k]) * scale[n],      w in [-63, 63]
+//   codes hold w + 64 (unsigned bytes, so u8 x s8 pair sums stay below 2^15 on AVX2), as
+//   [N/16][K/4][16 lanes][4 bytes]: one 64-byte vector holds 4 consecutive k of 16 consecutive n.
+//   (This is bitwise what fbgemm's int8 GEMM gave with the sentinel row pinning its quantization.)
+//
+// Format "q4" (4-bit codes in groups of 32 along k, llama.cpp's Q4_K structure):
+//   w[n][k] = d[n][s] * sub_scale[n][g] * code[n][k] + dmin[n][s] * sub_min[n][g]
+//   for k in group g = k / 32 of superblock s = g / 8; codes in [0, 15], sub-scales and sub-mins in [0, 255].
+//   out[m][n] = the float sequence of q4_reference below, over I = sum_{k in g} code * x (exact) and
+//   X[m][g] = sum_{k in g} x[m][k].
+//   codes: [N/16][G][4 vectors][16 lanes][4 bytes], each byte two codes: the low nibble is k = 32g + 4j + i of
+//   lane n0 + l, the high nibble k = 32g + 4(j + 4) + i (vector j, lane l, byte i). sub_scale: [N/16][G][16];
+//   sub_min: [N/16][G/2][16][2] (the two groups of a pair side by side); d, dmin: [N/16][S][16] float.
+//   K must be a multiple of 64.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+// Loops over a tile's rows or a group's vectors run fully unrolled, so their accumulators live in registers.
+#define QD_PRAGMA(x) _Pragma(#x)
+#define QD_UNROLL QD_PRAGMA(GCC unroll 16)
+
+namespace qd {
+
+constexpr int64_t kLanes = 16;          // outputs per block: one 512-bit vector of int32 or float
+constexpr int64_t kGroup = 32;          // q4: weights per group (a sub-scale and a sub-min each)
+constexpr int64_t kGroupsPerSuper = 8;  // q4: groups per superblock (a d and a dmin each)
+constexpr int32_t kInt8Offset = 64;     // int8: codes hold w + 64
+
+struct Int8Weights {
+  const uint8_t* codes;  // [N/16][K/4][16][4]
+  const float* scale;    // [N]
+  int64_t n, k;
+};
+
+struct Q4Weights {
+  const uint8_t* codes;      // [N/16][G][4][16][4] nibbles
+  const uint8_t* sub_scale;  // [N/16][G][16]
+  const uint8_t* sub_min;    // [N/16][G/2][16][2]
+  const float* d;            // [N/16][S][16]
+  const float* dmin;         // [N/16][S][16]
+  int64_t n, k;
+  int64_t groups() const { return k / kGroup; }
+  int64_t supers() const { return (groups() + kGroupsPerSuper - 1) / kGroupsPerSuper; }
+};
+
+// Per-row sums the kernels need besides the rows themselves: int8 wants sum_k x, q4 the sums of each group,
+// as int16 pairs packed in 32 bits (the second group of a pair in the high half) for one multiply-add per pair.
+inline int32_t row_sum(const int8_t* x, int64_t k) {
+  int32_t total = 0;
+  for (int64_t i = 0; i < k; ++i) total += x[i];
+  return total;
+}
+
+inline void group_sum_pairs(const int8_t* x, int64_t k, int32_t* pairs) {
+  for (int64_t p = 0; p < k / (2 * kGroup); ++p) {
+    int32_t low = 0, high = 0;  // |sum| <= 32 * 127 fits in 16 bits
+    for (int64_t i = 0; i < kGroup; ++i) low += x[2 * p * kGroup + i], high += x[(2 * p + 1) * kGroup + i];
+    pairs[p] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(low)) |
+                                    (static_cast<uint32_t>(static_cast<uint16_t>(high)) << 16));
+  }
+}
+
+inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ---- the definitions, one element at a time (the oracle of the tests; also the path without AVX2) ----------
+
+inline uint8_t int8_code(const Int8Weights& w, int64_t n, int64_t k) {
+  return w.codes[((n / kLanes) * (w.k / 4) + k / 4) * 64 + (n % kLanes) * 4 + k % 4];
+}
+
+inline float int8_reference(const Int8Weights& w, const int8_t* x, int64_t n) {
+  int32_t total = 0;
+  for (int64_t k = 0; k < w.k; ++k) total += (static_cast<int32_t>(int8_code(w, n, k)) - kInt8Offset) * x[k];
+  return static_cast<float>(total) * w.scale[n];
+}
+
+inline uint8_t q4_code(const Q4Weights& w, int64_t n, int64_t k) {
+  const int64_t g = k / kGroup, within = k % kGroup, j = (within / 4) % 4, i = within % 4;
+  const uint8_t byte = w.codes[(((n / kLanes) * w.groups() + g) * 4 + j) * 64 + (n % kLanes) * 4 + i];
+  return within < 16 ? byte & 0x0F : byte >> 4;
+}
+
+inline float q4_reference(const Q4Weights& w, const int8_t* x, int64_t n) {
+  const int64_t block = n / kLanes, lane = n % kLanes, groups = w.groups();
+  float acc = 0.0f;
+  for (int64_t s = 0; s < w.supers(); ++s) {
+    int32_t offset = 0;
+    const float d = w.d[(block * w.supers() + s) * kLanes + lane];
+    const float dmin = w.dmin[(block * w.supers() + s) * kLanes + lane];
+    for (int64_t g = s * kGroupsPerSuper; g < groups && g < (s + 1) * kGroupsPerSuper; ++g) {
+      int32_t dot = 0, sum = 0;
+      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += q4_code(w, n, k) * x[k], sum += x[k];
+      const float scale = d * static_cast<float>(w.sub_scale[(block * groups + g) * kLanes + lane]);
+      acc = acc + scale * static_cast<float>(dot);
+      offset += static_cast<int32_t>(w.sub_min[((block * groups + g - g % 2) * kLanes + 2 * lane) + g % 2]) * sum;
+    }
+    acc = acc + dmin * static_cast<float>(offset);
+  }
+  return acc;
+}
+
+// ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+constexpr const char* kIsa = "avx512-vnni";
+
+// A tile of R rows keeps U partial sums per row (U > 1 for few rows, so that consecutive multiply-adds do not wait
+// for each other); integer partial sums add up exactly in any order.
+template <int R>
+constexpr int kPartials = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
+
+template <int R>
+inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* sums, int64_t block,
+                      float* out, int64_t out_stride) {
+  constexpr int U = kPartials<R>;
+  __m512i acc[R][U];
+  QD_UNROLL for (int r = 0; r < R; ++r) QD_UNROLL for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_si512();
+  const uint8_t* codes = w.codes + block * (w.k / 4) * 64;
+  for (int64_t q = 0; q < w.k / 4; q += U) {  // K is a multiple of 64, so of 4 * U
+    QD_UNROLL for (int u = 0; u < U; ++u) {
+      const __m512i c = _mm512_loadu_si512(codes + (q + u) * 64);
+      QD_UNROLL for (int r = 0; r < R; ++r)
+        acc[r][u] = _mm512_dpbusd_epi32(acc[r][u], c, _mm512_set1_epi32(load4(x + r * x_stride + 4 * (q + u))));
+    }
+  }
+  const __m512 scale = _mm512_loadu_ps(w.scale + block * kLanes);
+  QD_UNROLL for (int r = 0; r < R; ++r) {
+    __m512i total = _mm512_set1_epi32(-kInt8Offset * sums[r]);
+    QD_UNROLL for (int u = 0; u < U; ++u) total = _mm512_add_epi32(total, acc[r][u]);
+    _mm512_storeu_ps(out + r * out_stride + block * kLanes, _mm512_mul_ps(_mm512_cvtepi32_ps(total), scale));
+  }
+}
+
+template <int R>
+inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
+                    int64_t block, float* out, int64_t out_stride) {
+  const int64_t groups = w.groups(), supers = w.supers();
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  __m512i offset[R];
+  QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < supers; ++s) {
+    const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
+    const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * supers + s) * kLanes);
+    QD_UNROLL for (int r = 0; r < R; ++r) offset[r] = _mm512_setzero_si512();
+    const int64_t end = s * kGroupsPerSuper + kGroupsPerSuper < groups ? s * kGroupsPerSuper + kGroupsPerSuper : groups;
+    for (int64_t g = s * kGroupsPerSuper; g < end; ++g) {
+      const uint8_t* packed = w.codes + (block * groups + g) * 256;
+      __m512i c[8];
+      QD_UNROLL for (int j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_loadu_si512(packed + j * 64);
+        c[j] = _mm512_and_si512(v, low_nibbles);
+        c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles);
+      }
+      const __m128i sub_scale = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes));
+      const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scale)));
+      QD_UNROLL for (int r = 0; r < R; ++r) {
+        const int8_t* row = x + r * x_stride + g * kGroup;
+        constexpr int U = kPartials<R>;
+        __m512i dot[U];
+        QD_UNROLL for (int u = 0; u < U; ++u) dot[u] = _mm512_setzero_si512();
+        QD_UNROLL for (int j = 0; j < 8; ++j) dot[j % U] = _mm512_dpbusd_epi32(dot[j % U], c[j], _mm512_set1_epi32(load4(row + 4 * j)));
+        QD_UNROLL for (int u = 1; u < U; ++u) dot[0] = _mm512_add_epi32(dot[0], dot[u]);
+        acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[0])));
+      }
+      if (g % 2 == 1) {
+        const __m256i mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_min + (block * groups + g - 1) * kLanes));
+        const __m512i min_pairs = _mm512_cvtepu8_epi16(mins);  // 16 lanes of (min of g - 1, min of g) as int16
+        QD_UNROLL for (int r = 0; r < R; ++r)
+          offset[r] = _mm512_dpwssd_epi32(offset[r], min_pairs, _mm512_set1_epi32(pairs[r * pair_stride + g / 2]));
+      }
+    }
+    QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(offset[r])));
+  }
+  QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
+}
+
+constexpr int kInt8Rows = 16;
+constexpr int kQ4Rows = 8;
+
+#elif defined(__AVX2__)
+#if defined(__AVXVNNI__)
+constexpr const char* kIsa = "avx-vnni";
+inline __m256i dot_bytes(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
+inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
+#else
+constexpr const char* kIsa = "avx2";
+// u8 x s8 products summed in pairs to int16 (exact: our codes keep pair sums below 2^15), then in fours to int32.
+inline __m256i dot_bytes(__m256i acc, __m256i u8, __m256i s8) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+}
+inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+#endif
+
+// Two halves of 8 lanes each: half h covers outputs n0 + 8h .. n0 + 8h + 7 (bytes 32h.. of each 64-byte vector).
+template <int R>
+inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* sums, int64_t block,
+                      float* out, int64_t out_stride) {
+  const uint8_t* codes = w.codes + block * (w.k / 4) * 64;
+  for (int h = 0; h < 2; ++h) {
+    __m256i acc[R];
+    QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < w.k / 4; ++q) {
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 64 + 32 * h));
+      QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = dot_bytes(acc[r], c, _mm256_set1_epi32(load4(x + r * x_stride + 4 * q)));
+    }
+    const __m256 scale = _mm256_loadu_ps(w.scale + block * kLanes + 8 * h);
+    QD_UNROLL for (int r = 0; r < R; ++r) {
+      const __m256i exact = _mm256_sub_epi32(acc[r], _mm256_set1_epi32(kInt8Offset * sums[r]));
+      _mm256_storeu_ps(out + r * out_stride + block * kLanes + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(exact), scale));
+    }
+  }
+}
+
+template <int R>
+inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
+                    int64_t block, float* out, int64_t out_stride) {
+  const int64_t groups = w.groups(), supers = w.supers();
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[R];
+    __m256i offset[R];
+    QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < supers; ++s) {
+      const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
+      const __m256 dmin = _mm256_loadu_ps(w.dmin + (block * supers + s) * kLanes + 8 * h);
+      QD_UNROLL for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
+      const int64_t end = s * kGroupsPerSuper + kGroupsPerSuper < groups ? s * kGroupsPerSuper + kGroupsPerSuper : groups;
+      for (int64_t g = s * kGroupsPerSuper; g < end; ++g) {
+        const uint8_t* packed = w.codes + (block * groups + g) * 256 + 32 * h;
+        const __m128i sub_scale = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h));
+        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sub_scale)));
+        __m256i dot[R];
+        QD_UNROLL for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+        QD_UNROLL for (int j = 0; j < 4; ++j) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j * 64));
+          const __m256i low = _mm256_and_si256(v, low_nibbles);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
+          QD_UNROLL for (int r = 0; r < R; ++r) {
+            const int8_t* row = x + r * x_stride + g * kGroup;
+            dot[r] = dot_bytes(dot[r], low, _mm256_set1_epi32(load4(row + 4 * j)));
+            dot[r] = dot_bytes(dot[r], high, _mm256_set1_epi32(load4(row + 4 * (j + 4))));
+          }
+        }
+        QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(dot[r])));
+        if (g % 2 == 1) {
+          const __m128i mins = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_min + (block * groups + g - 1) * kLanes + 16 * h));
+          const __m256i min_pairs = _mm256_cvtepu8_epi16(mins);
+          QD_UNROLL for (int r = 0; r < R; ++r)
+            offset[r] = dot_words(offset[r], min_pairs, _mm256_set1_epi32(pairs[r * pair_stride + g / 2]));
+        }
+      }
+      QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(offset[r])));
+    }
+    QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride + block * kLanes + 8 * h, acc[r]);
+  }
+}
+
+constexpr int kInt8Rows = 8;
+constexpr int kQ4Rows = 4;
+
+#else
+constexpr const char* kIsa = "scalar";
+
+template <int R>
+inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t block,
+                      float* out, int64_t out_stride) {
+  QD_UNROLL for (int r = 0; r < R; ++r)
+    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = int8_reference(w, x + r * x_stride, n);
+}
+
+template <int R>
+inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
+                    float* out, int64_t out_stride) {
+  QD_UNROLL for (int r = 0; r < R; ++r)
+    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = q4_reference(w, x + r * x_stride, n);
+}
+
+constexpr int kInt8Rows = 1;
+constexpr int kQ4Rows = 1;
+#endif
+
+// Calls tile(first_row, std::integral_constant<int, R>) for rows in tiles of `Max`, then one tile of the rest:
+// tile sizes are compile-time constants, so a tile's accumulators stay in registers.
+template <int R, typename Tile>
+inline void last_tile(int64_t left, int64_t first_row, Tile& tile) {
+  if constexpr (R >= 1) {
+    if (left == R) return tile(first_row, std::integral_constant<int, R>{});
+    last_tile<R - 1>(left, first_row, tile);
+  }
+}
+
+template <int Max, typename Tile>
+inline void for_each_tile(int64_t rows, Tile tile) {
+  int64_t r = 0;
+  for (; r + Max <= rows; r += Max) tile(r, std::integral_constant<int, Max>{});
+  last_tile<Max - 1>(rows - r, r, tile);
+}
+
+// out [rows, N] (row stride out_stride) for n-blocks [block_begin, block_end); x [rows, K] int8; sums [rows].
+inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const int32_t* sums, float* out,
+                      int64_t out_stride, int64_t block_begin, int64_t block_end) {
+  for (int64_t block = block_begin; block < block_end; ++block)
+    for_each_tile<kInt8Rows>(rows, [&](int64_t r, auto tile_rows) {
+      int8_tile<decltype(tile_rows)::value>(w, x + r * w.k, w.k, sums + r, block, out + r * out_stride, out_stride);
+    });
+}
+
+// pairs [rows, K/64] from group_sum_pairs.
+inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
+                    int64_t out_stride, int64_t block_begin, int64_t block_end) {
+  const int64_t pair_stride = w.k / (2 * kGroup);
+  for (int64_t block = block_begin; block < block_end; ++block)
+    for_each_tile<kQ4Rows>(rows, [&](int64_t r, auto tile_rows) {
+      q4_tile<decltype(tile_rows)::value>(w, x + r * w.k, w.k, pairs + r * pair_stride, pair_stride, block,
+                                          out + r * out_stride, out_stride);
+    });
+}
+
+}  // namespace qd

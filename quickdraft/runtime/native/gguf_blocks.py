@@ -1,0 +1,97 @@
+"""A GGUF file's Q4_K tensors as the native runtime's q4 parts, bit for bit (no second quantization).
+
+Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
+6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
+sub_min. That is exactly the q4 format of ``linear.py`` with its ``dmin`` negated. Other tensor types (Q6_K,
+Q5_0, Q8_0, ...) are not read here: the runtime quantizes their float values as usual.
+
+Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
+may reorder rows of some families' projections); a tensor that does not match is left to the usual path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+Q4_K_BLOCK_BYTES = 144
+Q4_K_WEIGHTS = 256
+
+# GGUF tensor names of a Llama-family layer -> transformers names (``model.layers.{i}.`` + this)
+LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+# codes, sub_scale, sub_min, d, dmin
+Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def transformers_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``, ``output.weight`` -> ``lm_head.weight``
+    (None for names without a transformers linear weight)."""
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.weight"
+    return None
+
+
+def decode_q4_k(raw: np.ndarray, rows: int, width: int) -> Blocks:
+    """Raw Q4_K bytes of a ``[rows, width]`` tensor -> (codes [rows, width] uint8 in [0, 15], sub_scale and
+    sub_min [rows, width/32] uint8 in [0, 63], d and dmin [rows, width/256] float32), where
+    weight = d · sub_scale · code − dmin · sub_min."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, Q4_K_BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, S]
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = blocks[..., 4:16].astype(np.uint8)  # [rows, S, 12]
+    low, high, top = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sub_scale = np.concatenate([low & 63, (top & 0x0F) | ((low >> 6) << 4)], axis=-1)  # [rows, S, 8]
+    sub_min = np.concatenate([high & 63, (top >> 4) | ((high >> 6) << 4)], axis=-1)
+    quants = blocks[..., 16:].reshape(rows, width // Q4_K_WEIGHTS, 4, 32)  # 4 chunks of 64 weights
+    codes = np.stack([quants & 0x0F, quants >> 4], axis=3)  # [rows, S, 4, 2, 32]: sub-blocks 2c and 2c + 1
+    return (
+        torch.from_numpy(codes.reshape(rows, width)),
+        torch.from_numpy(sub_scale.reshape(rows, -1)),
+        torch.from_numpy(sub_min.reshape(rows, -1)),
+        torch.from_numpy(d),
+        torch.from_numpy(dmin),
+    )
+
+
+def dequantize(blocks: Blocks) -> torch.Tensor:
+    """The float weights of decoded Q4_K blocks, as ggml computes them (float32: d·sc, dmin·m, then d1·q − m1)."""
+    codes, sub_scale, sub_min, d, dmin = blocks
+    rows, supers = d.shape
+    scale = (d[:, :, None] * sub_scale.reshape(rows, supers, 8).float()).reshape(rows, -1, 1)  # [rows, G, 1]
+    offset = (dmin[:, :, None] * sub_min.reshape(rows, supers, 8).float()).reshape(rows, -1, 1)
+    return (scale * codes.reshape(rows, scale.shape[1], 32).float() - offset).reshape(rows, -1)
+
+
+def exact_q4_blocks(gguf_path: Path, float_weights: dict[str, torch.Tensor]) -> dict[str, Blocks]:
+    """The Q4_K tensors of ``gguf_path`` by transformers name, those whose values equal ``float_weights``' (the
+    model converted from this file) within float32 rounding, checked on 64 rows spread over each tensor."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    found: dict[str, Blocks] = {}
+    for tensor in GGUFReader(gguf_path).tensors:
+        name = transformers_name(tensor.name)
+        if tensor.tensor_type != GGMLQuantizationType.Q4_K or name not in float_weights:
+            continue
+        rows, width = float_weights[name].shape
+        if tuple(int(n) for n in tensor.shape) != (width, rows) or width % Q4_K_WEIGHTS:
+            continue
+        blocks = decode_q4_k(tensor.data, rows, width)
+        sample = torch.arange(0, rows, max(1, rows // 64))  # rows spread over the tensor: any reordering shows
+        values, reference = dequantize(tuple(field[sample] for field in blocks)), float_weights[name][sample].float()
+        if float((values - reference).abs().max()) <= 1e-6 * float(reference.abs().max()):
+            found[name] = blocks
+    return found

@@ -1,0 +1,144 @@
+"""The native runtime's weights: float (and GGUF Q4_K) weights -> packed weight parts, quantized once and cached.
+
+``quantize_state_dict`` turns transformers-named weights into the layout :class:`Decoder` is built from;
+``load_native_state`` does it once per model directory and format and keeps the result in
+``$QUICKDRAFT_CACHE/native/``, so later loads read it back in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quickdraft.errors import ModelFilesError
+from quickdraft.models.catalog import cache_root
+from quickdraft.models.convert import MARKER
+from quickdraft.runtime.native.gguf_blocks import exact_q4_blocks
+from quickdraft.runtime.native.linear import PART_KINDS, Q4Part, QuantizedLinear, WeightPart
+from quickdraft.runtime.native.model import DecoderConfig
+
+NATIVE_FORMAT = "parts-v4"  # bump when the cached layout changes (v4: int8/q4 weight parts packed for gemm.h)
+# How float weights are stored: "auto" keeps a GGUF source's Q4_K tensors exactly (q4) and quantizes the rest to
+# 7-bit int8; "q4" quantizes the rest to 4 bits too (smaller and faster, less exact: for draft models); "int8"
+# quantizes everything to 7-bit int8 from the float weights.
+WEIGHT_FORMATS = ("auto", "q4", "int8")
+
+
+def quantize_state_dict(
+    config: DecoderConfig,
+    tensors: dict[str, torch.Tensor],
+    weights: str = "int8",
+    exact: dict[str, tuple[torch.Tensor, ...]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
+
+    Linear layers become weight parts (:meth:`QuantizedLinear.state`); q/k/v and gate/up are fused. ``weights``
+    is the format float weights are quantized to: ``int8`` (7-bit per channel) or ``q4`` (4-bit in Q4_K's
+    structure, round to nearest; ``int8`` where the width is not a multiple of 64). ``exact`` holds GGUF Q4_K
+    blocks by weight name (``gguf_blocks.exact_q4_blocks``): those weights become q4 parts as they are.
+    ``tensors`` is consumed to keep peak memory low.
+    """
+    exact = {} if exact is None else exact
+    state: dict[str, torch.Tensor] = {}
+
+    def take(name: str) -> torch.Tensor:
+        return tensors.pop(name).float().contiguous()
+
+    def source(name: str) -> tuple[str, Any]:  # (how the weight becomes a part, its data)
+        if name in exact:
+            tensors.pop(name, None)
+            codes, sub_scale, sub_min, d, dmin = exact[name]
+            return "exact", (codes, sub_scale, sub_min, d, -dmin)  # Q4_K subtracts dmin·m; q4 parts add it
+        weight = take(name)
+        return ("q4" if weights == "q4" and weight.shape[1] % 64 == 0 else "int8"), weight
+
+    def part(kind: str, items: list[Any]) -> WeightPart:  # consecutive weights of one kind, concatenated
+        if kind == "exact":
+            return Q4Part.from_blocks(*(torch.cat(field) for field in zip(*items, strict=True)))
+        return PART_KINDS[kind].from_float(torch.cat(items))
+
+    def linear(name: str, weight_names: list[str], biases: list[str] | None = None) -> None:
+        sources = [source(weight) for weight in weight_names]
+        parts = [part(kind, [item for _, item in run]) for kind, run in itertools.groupby(sources, lambda s: s[0])]
+        bias = torch.cat([take(b) for b in biases]) if biases else None
+        state.update(QuantizedLinear(parts, bias).state(name))
+
+    for i in range(config.num_layers):
+        prefix = f"model.layers.{i}."
+        attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
+        state[f"layers.{i}.input_norm"] = take(f"{prefix}input_layernorm.weight")
+        linear(
+            f"layers.{i}.qkv",
+            [f"{name}.weight" for name in attention],
+            [f"{name}.bias" for name in attention] if config.attention_bias else None,
+        )
+        out_bias = f"{prefix}self_attn.o_proj.bias"  # Llama's attention_bias covers o_proj too; Qwen2 has none
+        linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"], [out_bias] if out_bias in tensors else None)
+        state[f"layers.{i}.post_norm"] = take(f"{prefix}post_attention_layernorm.weight")
+        linear(f"layers.{i}.gate_up", [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
+        linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
+    state["embedding"] = take("model.embed_tokens.weight")
+    if config.tie_word_embeddings:
+        tensors["lm_head.weight"] = state["embedding"]
+    linear("lm_head", ["lm_head.weight"])
+    state["final_norm"] = take("model.norm.weight")
+    return state
+
+
+def native_cache_dir(path: Path, weights: str = "auto") -> Path:
+    """Where the quantized form of the model in ``path`` is kept: keyed by its config, weight files and format."""
+    digest = hashlib.sha256(f"{NATIVE_FORMAT}|{weights}|{path.resolve()}".encode())
+    digest.update((path / "config.json").read_bytes())
+    for file in sorted(path.glob("*.safetensors")):
+        stat = file.stat()
+        digest.update(f"|{file.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return cache_root() / "native" / digest.hexdigest()[:16]
+
+
+def source_gguf(path: Path) -> Path | None:
+    """The GGUF file quickdraft converted the directory ``path`` from, if it is still there."""
+    try:
+        source = Path(json.loads((path / MARKER).read_text(encoding="utf-8"))["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if source.is_file() else None
+
+
+def load_native_state(path: Path, config: DecoderConfig, weights: str = "auto") -> dict[str, torch.Tensor]:
+    """The quantized weights: from the cache, or quantized from the float weights (and, for a directory converted
+    from a GGUF file, that file's Q4_K blocks as they are) and cached."""
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelFilesError(f"{path} has no .safetensors weights for the native runtime")
+    cached = native_cache_dir(path, weights) / "weights.safetensors"
+    if cached.is_file():
+        try:
+            return load_file(cached)
+        except Exception:  # a damaged cache entry is rebuilt below
+            cached.unlink()
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        for file in files:
+            tensors.update(load_file(file))
+        gguf = source_gguf(path) if weights != "int8" else None
+        exact = exact_q4_blocks(gguf, tensors) if gguf is not None else {}
+        state = quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
+    except KeyError as error:
+        raise ModelFilesError(f"{path}: weight {error} is missing") from None
+    except Exception as error:  # safetensors raises several types for damaged files
+        raise ModelFilesError(f"cannot load the weights in {path}: {type(error).__name__}: {error}") from error
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".partial")
+        save_file(state, partial)
+        partial.replace(cached)  # atomic: a killed run never leaves a half-written cache entry
+    except OSError:
+        pass  # a read-only cache only costs the quantization next time
+    return state

@@ -1,0 +1,32 @@
+// A C entry point to quickdraft/runtime/native/gemm.h for the tests: they compile it once per instruction set
+// the machine has (e.g. -mavx2 -mno-avx512f beside -march=native) and check that every build gives the bits of
+// the element-by-element definitions.
+#include "gemm.h"
+
+#include <vector>
+
+extern "C" {
+
+const char* isa() { return qd::kIsa; }
+
+// which: 0 the fast path, 1 the element-by-element definition.
+void int8_gemm(const uint8_t* codes, const float* scale, int64_t n, int64_t k, const int8_t* x, int64_t rows,
+               float* out, int which) {
+  const qd::Int8Weights w{codes, scale, n, k};
+  std::vector<int32_t> sums(rows);
+  for (int64_t r = 0; r < rows; ++r) sums[r] = qd::row_sum(x + r * k, k);
+  if (which == 0) return qd::int8_gemm(w, x, rows, sums.data(), out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::int8_reference(w, x + r * k, j);
+}
+
+void q4_gemm(const uint8_t* codes, const uint8_t* sub_scale, const uint8_t* sub_min, const float* d, const float* dmin,
+             int64_t n, int64_t k, const int8_t* x, int64_t rows, float* out, int which) {
+  const qd::Q4Weights w{codes, sub_scale, sub_min, d, dmin, n, k};
+  std::vector<int32_t> pairs(rows * k / (2 * qd::kGroup));
+  for (int64_t r = 0; r < rows; ++r) qd::group_sum_pairs(x + r * k, k, pairs.data() + r * k / (2 * qd::kGroup));
+  if (which == 0) return qd::q4_gemm(w, x, rows, pairs.data(), out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q4_reference(w, x + r * k, j);
+}
+}

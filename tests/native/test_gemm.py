@@ -1,0 +1,99 @@
+"""The integer GEMMs of gemm.h on every instruction set this machine runs: each build (AVX-512 VNNI, AVX-VNNI,
+AVX2, plain C++) must give the bits of the element-by-element definitions, whatever the number of rows."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from quickdraft.machine import cpu_description
+from quickdraft.runtime.native.linear import Int8Part, Q4Part
+
+HERE = Path(__file__).parent
+HEADER_DIR = Path(__file__).parents[2] / "quickdraft" / "runtime" / "native"
+
+
+def isa_builds() -> dict[str, list[str]]:
+    """Compiler flags of each instruction set this machine can run, by the name the build reports."""
+    isa = set(cpu_description()["isa"])
+    builds = {"scalar": ["-march=native", "-mno-avx2", "-mno-avx512f"]}
+    if "avx2" in isa:
+        builds["avx2"] = ["-march=native", "-mno-avx512f", "-mno-avxvnni"]
+    if "avx_vnni" in isa:
+        builds["avx-vnni"] = ["-march=native", "-mno-avx512f"]
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= isa:
+        builds["avx512-vnni"] = ["-march=native"]
+    return builds
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    built = {}
+    for name, flags in isa_builds().items():
+        library = tmp_path_factory.mktemp("gemm") / f"gemm_{name}.so"
+        command = ["g++", "-std=c++17", "-O2", "-ffp-contract=off", *flags, "-shared", "-fPIC", f"-I{HEADER_DIR}"]
+        subprocess.run([*command, str(HERE / "gemm_capi.cpp"), "-o", str(library)], check=True)
+        built[name] = ctypes.CDLL(str(library))
+        built[name].isa.restype = ctypes.c_char_p
+        assert built[name].isa().decode() == name  # the build took the path it was compiled for
+    return built
+
+
+def pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
+    assert tensor.is_contiguous()
+    return ctypes.c_void_p(tensor.data_ptr())
+
+
+def run(library: ctypes.CDLL, part: Int8Part | Q4Part, x: torch.Tensor, which: int) -> torch.Tensor:
+    """which: 0 the fast path, 1 the element-by-element definition."""
+    rows, n, k = x.shape[0], part.padded_rows, part.in_features
+    out = torch.empty(rows, n)
+    size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
+    if isinstance(part, Int8Part):
+        library.int8_gemm(pointer(part.codes), pointer(part.scale), *size)
+    else:
+        library.q4_gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
+    return out[:, : part.rows]
+
+
+@pytest.mark.parametrize("kind", [Int8Part, Q4Part])
+def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
+    generator = torch.Generator().manual_seed(0)
+    part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4: two full superblocks and a short one
+    x = torch.randint(-127, 128, (19, 640), generator=generator, dtype=torch.int8)
+    expected = run(libraries["scalar"], part, x, which=1)
+    assert torch.equal(expected, part.reference(x.float()))  # the C++ definition is the PyTorch one
+    for name, library in libraries.items():
+        whole = run(library, part, x, which=0)
+        assert torch.equal(whole, expected), name
+        for rows in (1, 2, 3, 5, 8, 9, 16, 17):  # every tile size, alone and after others
+            assert torch.equal(run(library, part, x[-rows:].contiguous(), which=0), expected[-rows:]), (name, rows)
+
+
+def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
+    """The largest codes against the largest activations: no 16-bit pair sum saturates, no int32 sum overflows."""
+    width = 8960  # the widest input of the default target (its down projection)
+    int8 = Int8Part.from_int8(torch.full((16, width), 63, dtype=torch.int8), torch.ones(16))
+    q4 = Q4Part.from_blocks(
+        torch.full((16, width), 15, dtype=torch.uint8),
+        torch.full((16, width // 32), 255, dtype=torch.uint8),
+        torch.full((16, width // 32), 255, dtype=torch.uint8),
+        torch.ones(16, width // 256),
+        torch.ones(16, width // 256),
+    )
+    for value in (127, -127):
+        x = torch.full((3, width), value, dtype=torch.int8)
+        for library in libraries.values():
+            assert torch.equal(run(library, int8, x, which=0), torch.full((3, 16), 63.0 * value * width))
+            assert torch.equal(run(library, q4, x, which=0), run(libraries["scalar"], q4, x, which=1))
+        exact = (15 * 255 + 255) * value * width  # every weight d·sc·code + dmin·m = 15·255 + 255; floats round
+        assert torch.allclose(
+            run(libraries["scalar"], q4, x, which=1).double(), torch.full((3, 16), float(exact), dtype=torch.float64)
+        )

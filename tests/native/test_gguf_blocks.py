@@ -1,0 +1,60 @@
+"""Reading a GGUF file's Q4_K tensors as q4 parts: the same weights as gguf's own dequantization, bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from quickdraft.runtime.native.gguf_blocks import decode_q4_k, dequantize, exact_q4_blocks, transformers_name
+from quickdraft.runtime.native.linear import Q4Part
+
+gguf = pytest.importorskip("gguf")
+
+
+def random_q4_k(rows: int, width: int, seed: int = 0) -> np.ndarray:
+    """Raw Q4_K bytes with every field random (float16 d and dmin kept small and positive)."""
+    generator = np.random.default_rng(seed)
+    blocks = generator.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
+    scales = generator.uniform(1e-4, 1e-2, size=(rows, width // 256, 2)).astype(np.float16)
+    blocks[..., 0:4] = scales.view(np.uint8).reshape(rows, width // 256, 4)
+    return blocks.reshape(rows, -1)
+
+
+def test_decoded_blocks_are_ggufs_own_dequantization() -> None:
+    raw = random_q4_k(32, 512)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float32))
+    blocks = decode_q4_k(raw, 32, 512)
+    assert torch.equal(dequantize(blocks), expected)
+    codes, sub_scale, sub_min, d, dmin = blocks
+    assert int(codes.max()) <= 15 and int(sub_scale.max()) <= 63 and int(sub_min.max()) <= 63
+    part = Q4Part.from_blocks(codes, sub_scale, sub_min, d, -dmin)  # q4 parts add dmin·m
+    assert torch.equal(part.dequantize(), expected)
+
+
+def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path) -> None:
+    raw = random_q4_k(32, 512)
+    values = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float32))
+    writer = gguf.GGUFWriter(tmp_path / "model.gguf", "qwen2")
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_norm.weight"):
+        writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.Q4_K)  # [32, 512] from its bytes
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    converted = {
+        "model.layers.0.self_attn.q_proj.weight": values,
+        "model.layers.0.self_attn.k_proj.weight": values.flip(0),  # rows reordered by a converter: not taken
+    }
+    found = exact_q4_blocks(tmp_path / "model.gguf", converted)
+    assert list(found) == ["model.layers.0.self_attn.q_proj.weight"]
+    assert torch.equal(dequantize(found["model.layers.0.self_attn.q_proj.weight"]), values)
+
+
+def test_names_map_to_transformers_weights() -> None:
+    assert transformers_name("blk.12.ffn_down.weight") == "model.layers.12.mlp.down_proj.weight"
+    assert transformers_name("output.weight") == "lm_head.weight"
+    assert transformers_name("blk.0.attn_q.bias") is None
+    assert transformers_name("token_embd.weight") is None

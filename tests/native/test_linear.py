@@ -1,0 +1,120 @@
+"""Quantized linear layers: rows never mix, the kernels equal the PyTorch operations bitwise, both formats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft.runtime.native.kernels import native_kernels
+from quickdraft.runtime.native.linear import Int8Part, Q4Part, QuantizedLinear, quantize_rows, quantize_weight
+
+
+def with_kernels(linear: QuantizedLinear, use_kernel: bool) -> QuantizedLinear:
+    linear.use_kernel = use_kernel
+    return linear
+
+
+@pytest.mark.parametrize("kind", ["int8", "q4"])
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
+def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool) -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 128, generator=generator), torch.randn(96, generator=generator)
+    weight[3, 7] = 40.0  # an outlier weight: its channel's (or group's) other weights get few levels
+    linear = with_kernels(QuantizedLinear.from_float(weight, bias, kind), use_kernel)
+    x = torch.randn(17, 128, generator=generator) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scale
+    full = linear(x)
+    for rows in (1, 2, 5, 16):
+        assert torch.equal(linear(x[:rows]), full[:rows])
+    for row in range(17):
+        assert torch.equal(linear(x[row : row + 1])[0], full[row])
+        assert torch.equal(linear(torch.cat([torch.randn(3, 128), x[row : row + 1]]))[-1], full[row])
+    # close to the float layer: the quantization error itself
+    relative = (full - (x @ weight.T + bias)).norm() / (x @ weight.T).norm()
+    assert float(relative) < (0.03 if kind == "int8" else 0.15)
+
+
+def test_int8_parts_are_exact_integer_arithmetic() -> None:
+    generator = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
+    linear = QuantizedLinear.from_float(weight, bias)
+    x = torch.randn(9, 24, generator=generator) * 3
+    weight_int8, weight_scale = quantize_weight(weight)
+    assert int(weight_int8.abs().max()) == 63  # 7-bit weights: AVX2's 16-bit pair sums cannot saturate
+    rows, row_scale = quantize_rows(x)
+    exact = ((rows.double() @ weight_int8.double().T).float() * weight_scale) * row_scale + bias  # float32 steps
+    assert torch.equal(linear(x), exact)
+
+
+def test_q4_parts_are_exact_integer_group_sums() -> None:
+    """The q4 result against its definition in float64: integer group sums, then the scales."""
+    generator = torch.Generator().manual_seed(2)
+    part = Q4Part.from_float(torch.randn(32, 512, generator=generator))
+    x = torch.randn(5, 512, generator=generator)
+    rows, _ = quantize_rows(x)
+    exact = rows.double() @ part.dequantize().double().T
+    assert torch.allclose(part.reference(rows).double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
+
+
+@pytest.mark.parametrize("kind", ["int8", "q4"])
+def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str) -> None:
+    generator = torch.Generator().manual_seed(5)
+    linear = QuantizedLinear.from_float(
+        torch.randn(40, 64, generator=generator), torch.randn(40, generator=generator), kind
+    )
+    x = torch.randn(9, 64, generator=generator) * 3
+    assert native_kernels() is not None
+    assert torch.equal(with_kernels(linear, True)(x), with_kernels(linear, False)(x))
+
+
+def test_parts_of_both_formats_side_by_side() -> None:
+    """A fused projection whose rows come in two formats (a GGUF file's Q4_K q/k and Q6_K v) and sizes that are not
+    multiples of 16: each part's columns land where they belong."""
+    generator = torch.Generator().manual_seed(3)
+    weights = [torch.randn(rows, 64, generator=generator) for rows in (20, 8, 36)]
+    parts = [Q4Part.from_float(weights[0]), Int8Part.from_float(weights[1]), Q4Part.from_float(weights[2])]
+    linear = QuantizedLinear(parts, torch.randn(64, generator=generator))
+    x = torch.randn(7, 64, generator=generator)
+    y = linear(x)
+    assert y.shape == (7, 64)
+    for part, start, stop in zip(parts, (0, 20, 28), (20, 28, 64), strict=True):
+        alone = QuantizedLinear([part], linear.bias[start:stop])
+        assert torch.equal(y[:, start:stop], alone(x))
+    assert torch.equal(y, with_kernels(linear, False)(x))
+    restored = QuantizedLinear.from_state("proj", linear.state("proj"))
+    assert torch.equal(restored(x), y)
+
+
+def test_q4_blocks_round_trip_through_the_packed_layout() -> None:
+    generator = torch.Generator().manual_seed(4)
+    rows, width = 24, 640  # 20 groups: two full superblocks and one of four groups
+    blocks = (
+        torch.randint(0, 16, (rows, width), generator=generator, dtype=torch.uint8),
+        torch.randint(0, 256, (rows, width // 32), generator=generator, dtype=torch.uint8),
+        torch.randint(0, 256, (rows, width // 32), generator=generator, dtype=torch.uint8),
+        torch.rand(rows, 3, generator=generator),
+        -torch.rand(rows, 3, generator=generator),
+    )
+    part = Q4Part.from_blocks(*blocks)
+    for got, expected in zip(part.blocks(), blocks, strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_weights_outside_7_bits_are_refused() -> None:
+    for value in (64, -64, -128):  # AVX2's 16-bit pair sums could saturate
+        weight = torch.zeros(4, 8, dtype=torch.int8)
+        weight[1, 2] = value
+        with pytest.raises(ValueError, match=r"\[-63, 63\]"):
+            Int8Part.from_int8(weight, torch.ones(4))
+
+
+def test_widths_the_formats_cannot_pack_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of 4"):
+        Int8Part.from_float(torch.randn(4, 6))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        Q4Part.from_float(torch.randn(4, 96))
+
+
+@pytest.mark.parametrize("kind", ["int8", "q4"])
+def test_zero_rows_give_the_bias(kind: str) -> None:
+    linear = QuantizedLinear.from_float(torch.randn(8, 64), torch.ones(8), kind)
+    assert torch.equal(linear(torch.zeros(2, 64)), torch.ones(2, 8))

@@ -4,8 +4,8 @@
 // share the call. That makes a token's result bitwise identical whether it is decoded alone or
 // inside a verify block at any offset.
 //
-// attend:             causal attention over static KV caches, one (row, head) at a time; rows may belong to
-//                     different caches (requests) at different positions.
+// attend:             causal attention over static KV caches (attention.h), one row and KV head's group of query
+//                     heads at a time; rows may belong to different caches (requests) at different positions.
 // quantize_rows:      per-row 8-bit activation scales and the int8 rows the GEMMs take.
 // int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
 // q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
@@ -20,7 +20,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "attention.h"
 #include "gemm.h"
+#include "simd.h"
 
 #include <cmath>
 #include <vector>
@@ -116,30 +118,29 @@ void blocked_matmul(const torch::Tensor& x, torch::Tensor& out, int64_t column, 
   at::parallel_for(0, n / qd::kLanes, 1, [&](int64_t begin, int64_t end) { gemm(destination, begin, end); });
 }
 
-// One layer's keys or values of every cache slot a call touches: slot s's plane for layer l and KV head g starts
-// at base[s] + l * layer_stride[s] + g * capacity * head_dim (each slot a [layers, kv_heads, capacity, head_dim]
-// view whose last three dimensions are contiguous).
+// One layer's keys or values of every cache slot a call touches: slot s's plane for layer l and KV head g starts at
+// base[s] + l * layer_stride[s] + g * head_stride[s]. Values are [layers, kv_heads, C, D] per slot; keys are
+// [layers, kv_heads, C/16, D, 16] (attention.h's blocks). The dimensions after the layer's must be contiguous.
 struct CachePlanes {
   std::vector<float*> base;
-  std::vector<int64_t> layer_stride;
+  std::vector<int64_t> layer_stride, head_stride;
   int64_t kv_heads = 0, capacity = 0, head_dim = 0;
 
-  CachePlanes(const std::vector<torch::Tensor>& slots) {
+  CachePlanes(const std::vector<torch::Tensor>& slots, bool blocked) {
     TORCH_CHECK(!slots.empty(), "no cache slots");
     for (const auto& t : slots) {
-      TORCH_CHECK(t.dtype() == torch::kFloat32 && t.dim() == 4, "a cache slot is a float32 [layers, kv_heads, C, D]");
-      TORCH_CHECK(t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) == t.size(2) * t.size(3),
-                  "a cache slot's [kv_heads, C, D] must be contiguous");
-      TORCH_CHECK(t.size(1) == slots[0].size(1) && t.size(2) == slots[0].size(2) && t.size(3) == slots[0].size(3));
+      TORCH_CHECK(t.dtype() == torch::kFloat32 && t.dim() == (blocked ? 5 : 4), "a cache slot has the wrong shape");
+      TORCH_CHECK(t[0].is_contiguous() && t.sizes() == slots[0].sizes(), "cache slots must match and be contiguous");
       base.push_back(t.data_ptr<float>());
       layer_stride.push_back(t.stride(0));
+      head_stride.push_back(t.stride(1));
     }
     kv_heads = slots[0].size(1);
-    capacity = slots[0].size(2);
+    capacity = blocked ? slots[0].size(2) * qd::kKeyBlock : slots[0].size(2);
     head_dim = slots[0].size(3);
   }
   float* plane(int64_t slot, int64_t layer, int64_t g) const {
-    return base[slot] + layer * layer_stride[slot] + g * capacity * head_dim;
+    return base[slot] + layer * layer_stride[slot] + g * head_stride[slot];
   }
 };
 
@@ -156,50 +157,27 @@ void check_rows(const std::vector<int64_t>& row_slot, const std::vector<int64_t>
 
 // q: [R, H, D] float32 (RoPE applied), one row per new token; keys, values: the cache slots (see CachePlanes),
 // already holding the rows' own keys and values; row r sits in slot row_slot[r] at position row_position[r] and
-// attends to that slot's positions 0..row_position[r] of layer `layer`. Returns [R, H * D].
+// attends to that slot's positions 0..row_position[r] of layer `layer` (attention.h). Returns [R, H * D].
 torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
                      int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale) {
   TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3);
   q = q.contiguous();
-  const CachePlanes key_planes(keys), value_planes(values);
-  const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
-  const int64_t group = heads / key_planes.kv_heads;
-  TORCH_CHECK(head_dim == key_planes.head_dim);
+  const CachePlanes key_planes(keys, true), value_planes(values, false);
+  const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = key_planes.kv_heads;
+  const int64_t group = heads / kv_heads;
+  TORCH_CHECK(head_dim == key_planes.head_dim && heads % kv_heads == 0);
   check_rows(row_slot, row_position, rows, key_planes);
   auto out = torch::empty({rows, heads * head_dim}, q.options());
   const float* q_data = q.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
-  const float scale_f = static_cast<float>(scale);
-
-  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> weights;
-    std::vector<float> accumulator(head_dim);
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t h = task % heads, r = task / heads;
-      const int64_t length = row_position[r] + 1;
-      const float* query = q_data + (r * heads + h) * head_dim;
-      const float* key = key_planes.plane(row_slot[r], layer, h / group);
-      const float* value = value_planes.plane(row_slot[r], layer, h / group);
-      weights.resize(length);
-      float max_score = -INFINITY;
-      for (int64_t j = 0; j < length; ++j) {
-        weights[j] = dot(query, key + j * head_dim, head_dim) * scale_f;
-        max_score = std::max(max_score, weights[j]);
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < length; ++j) {
-        weights[j] = std::exp(weights[j] - max_score);
-        total += weights[j];
-      }
-      std::fill(accumulator.begin(), accumulator.end(), 0.0f);
-      for (int64_t j = 0; j < length; ++j) {
-        const float w = weights[j];
-        const float* v = value + j * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) accumulator[d] += w * v[d];
-      }
-      float* o = out_data + r * heads * head_dim + h * head_dim;
-      const float inverse = 1.0f / total;
-      for (int64_t d = 0; d < head_dim; ++d) o[d] = accumulator[d] * inverse;
+      const int64_t g = task % kv_heads, r = task / kv_heads, length = row_position[r] + 1;
+      scores.resize(8 * qd::key_blocks(length) * qd::kKeyBlock);
+      qd::attend_group(q_data + (r * heads + g * group) * head_dim, group, key_planes.plane(row_slot[r], layer, g),
+                       value_planes.plane(row_slot[r], layer, g), length, head_dim, static_cast<float>(scale),
+                       out_data + (r * heads + g * group) * head_dim, scores.data());
     }
   });
   return out;
@@ -272,7 +250,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   row_scale = float_tensor(row_scale, "row_scale");
   cos = float_tensor(cos, "cos");
   sin = float_tensor(sin, "sin");
-  const CachePlanes key_planes(keys), value_planes(values);
+  const CachePlanes key_planes(keys, true), value_planes(values, false);
   const int64_t kv_heads = key_planes.kv_heads, head_dim = key_planes.head_dim;
   const int64_t rows = row_scale.size(0), width = out.size(1);
   TORCH_CHECK(width == (heads + 2 * kv_heads) * head_dim);
@@ -283,7 +261,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   const float *cos_data = cos.data_ptr<float>(), *sin_data = sin.data_ptr<float>();
   float* q_data = q.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> projected(width);
+    std::vector<float> projected(width), rotated(head_dim);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t position = row_position[r];
       for (int64_t n = 0; n < width; ++n) projected[n] = combined(o[r * width + n], s[r], b, n);
@@ -294,7 +272,9 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
       const float* k = projected.data() + heads * head_dim;
       const float* v = k + kv_heads * head_dim;
       for (int64_t g = 0; g < kv_heads; ++g) {
-        rope_row(k + g * head_dim, c, si, key_planes.plane(row_slot[r], layer, g) + position * head_dim, head_dim);
+        rope_row(k + g * head_dim, c, si, rotated.data(), head_dim);
+        float* key_plane = key_planes.plane(row_slot[r], layer, g);
+        for (int64_t d = 0; d < head_dim; ++d) key_plane[qd::key_offset(position, d, head_dim)] = rotated[d];
         std::copy(v + g * head_dim, v + (g + 1) * head_dim,
                   value_planes.plane(row_slot[r], layer, g) + position * head_dim);
       }
@@ -334,7 +314,16 @@ std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor ro
   return quantized_rows(row_scale.size(0), width, out.options(), [&](int64_t r, float* activated) {
     const float* gate = o + r * 2 * width;
     const float* up = gate + width;
-    for (int64_t n = 0; n < width; ++n) {
+    int64_t n = 0;
+#if defined(__AVX512F__)
+    const __m512 scale = _mm512_set1_ps(s[r]), one = _mm512_set1_ps(1.0f);
+    for (; n + 16 <= width; n += 16) {
+      const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(gate + n), scale);
+      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, qd::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+      _mm512_storeu_ps(activated + n, _mm512_mul_ps(silu, _mm512_mul_ps(_mm512_loadu_ps(up + n), scale)));
+    }
+#endif
+    for (; n < width; ++n) {
       const float g = gate[n] * s[r];
       activated[n] = g / (1.0f + std::exp(-g)) * (up[n] * s[r]);
     }

@@ -29,7 +29,7 @@ from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import QuantizedLinear
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
-Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values [layers, kv_heads, C, D]
+Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values (StaticKVCache.slots)
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,12 @@ class DecoderLayer:
     down: QuantizedLinear  # intermediate -> H
 
 
+KEY_BLOCK = 16  # keys are kept in blocks of 16 positions, transposed (attention.h)
+
+
 class StaticKVCache:
-    """Preallocated keys and values ``[layers, B, kv_heads, capacity, head_dim]``; rollback moves a length.
+    """Preallocated keys ``[layers, B, kv_heads, C/16, head_dim, 16]`` (blocks of 16 positions, transposed) and values
+    ``[layers, B, kv_heads, C, head_dim]``; rollback moves a length.
 
     A row's positions at or past its length are never read (a query at position p attends to 0..p,
     all written before it), so the tensors start uninitialized: the memory of positions no token
@@ -107,16 +111,24 @@ class StaticKVCache:
     """
 
     def __init__(self, config: DecoderConfig, batch_size: int, capacity: int) -> None:
-        shape = (config.num_layers, batch_size, config.num_kv_heads, capacity, config.head_dim)
-        self.keys = torch.empty(shape)
-        self.values = torch.empty(shape)
+        blocks = -(-capacity // KEY_BLOCK)
+        prefix = (config.num_layers, batch_size, config.num_kv_heads)
+        self.keys = torch.empty(*prefix, blocks, config.head_dim, KEY_BLOCK)
+        self.values = torch.empty(*prefix, blocks * KEY_BLOCK, config.head_dim)
         self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]
         self.capacity = capacity
 
     def slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each row's keys and values as ``[layers, kv_heads, C, D]`` views (what the kernels address by slot)."""
+        """Each row's keys ``[layers, kv_heads, C/16, D, 16]`` and values ``[layers, kv_heads, C, D]`` (views: what the
+        kernels address by slot)."""
         rows = range(self.keys.shape[1])
         return [self.keys[:, row] for row in rows], [self.values[:, row] for row in rows]
+
+
+def key_rows(keys: torch.Tensor, length: int) -> torch.Tensor:
+    """One layer's blocked keys ``[kv_heads, C/16, D, 16]`` -> positions 0..length-1, ``[kv_heads, length, D]``."""
+    kv_heads, blocks, head_dim, _ = keys.shape
+    return keys.transpose(-1, -2).reshape(kv_heads, blocks * KEY_BLOCK, head_dim)[:, :length]
 
 
 class Decoder:
@@ -189,7 +201,7 @@ class Decoder:
         rows, heads, head_dim = q.shape
         attended = torch.empty(rows, heads * head_dim)
         for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
-            slot_keys, slot_values = keys[slot][index, :, : position + 1], values[slot][index, :, : position + 1]
+            slot_keys, slot_values = key_rows(keys[slot][index], position + 1), values[slot][index, :, : position + 1]
             kv_heads = slot_keys.shape[0]
             query = q[r].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
             scores = torch.matmul(query, slot_keys.transpose(-1, -2))  # [kv, G, position + 1]
@@ -218,7 +230,7 @@ class Decoder:
         k = self._rotate(k.reshape(rows, kv_heads, head_dim), cos, sin)  # [R, kv_heads, D]
         v = v.reshape(rows, kv_heads, head_dim)
         for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
-            keys[slot][index, :, position] = k[r]
+            keys[slot][index, :, position // KEY_BLOCK, :, position % KEY_BLOCK] = k[r]
             values[slot][index, :, position] = v[r]
         x = x + layer.out(self._attend(index, q, keys, values, row_slot, row_position))
         gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [R, I] each
@@ -269,8 +281,8 @@ class Decoder:
         exit_layer: int | None = None,
     ) -> torch.Tensor:
         """The decoder layers (the first ``exit_layer`` of them) over rows of new tokens ``token_ids [R]``; row r is
-        position ``row_position[r]`` of cache slot ``row_slot[r]`` (``keys[s]``, ``values[s]``: that slot's
-        ``[layers, kv_heads, C, D]``). Writes the rows' keys and values; returns hidden states ``[R, H]`` before the
+        position ``row_position[r]`` of cache slot ``row_slot[r]`` (``keys[s]``, ``values[s]``: that slot's, from
+        :meth:`StaticKVCache.slots`). Writes the rows' keys and values; returns hidden states ``[R, H]`` before the
         final norm."""
         if max(row_position) >= self.capacity:
             raise ValueError(f"the cache holds {self.capacity} positions; {max(row_position) + 1} needed")

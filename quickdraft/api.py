@@ -26,8 +26,8 @@ from quickdraft.memory import DrafterMemory, keyed_file
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.loading import load_hf_model
 from quickdraft.policies import parse_policy
-from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
-from quickdraft.tokens import common_prefix_length
+from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, runtime_for
+from quickdraft.tokens import common_prefix_length, frequent_tokens
 from quickdraft.version import __version__
 
 
@@ -62,13 +62,19 @@ class Pipeline:
         draft: str | Path | None = DEFAULT_DRAFT,
         runtime: str = AUTO,
         progress: bool = True,
+        draft_weights: str | None = None,
+        draft_vocabulary: int | None = None,
     ) -> Pipeline:
         """Resolve and load models: packaged names, transformers directories or GGUF files.
 
         ``runtime`` names one (``transformers``, ``native``) or is ``auto`` (the default): native for
         the model families it runs, transformers for the rest.
 
-        ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding).
+        ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding). ``draft_weights``
+        (``auto``, ``q4``, ``int8``) and ``draft_vocabulary`` (the number of most frequent tokens its LM head
+        computes; 0: all) trade the draft model's precision for speed on the native runtime; they change how
+        often drafts are accepted, never the output. None takes the defaults, :data:`DRAFT_WEIGHTS` and
+        :data:`DRAFT_VOCABULARY`.
         """
         if runtime != AUTO:
             RUNTIMES.get(runtime)  # an unknown name fails before any model work
@@ -78,7 +84,9 @@ class Pipeline:
         if draft is not None:
             draft_path = resolve_model(draft, progress)
             check_same_tokenizer(tokenizer, load_tokenizer(draft_path))
-            draft_runtime = runtime_for(runtime, draft_path).load(draft_path)
+            draft_class = runtime_for(runtime, draft_path)
+            options = draft_load_options(draft_class, tokenizer, draft_weights, draft_vocabulary)
+            draft_runtime = draft_class.load(draft_path, options)
         return cls(
             target=runtime_for(runtime, target_path).load(target_path),
             tokenizer=tokenizer,
@@ -329,6 +337,25 @@ class Pipeline:
         options: DrafterOptions | None = None,
     ) -> GenerationResult:
         return self.stream(prompt, config, drafter, chat, options).finish()
+
+
+# The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
+DRAFT_WEIGHTS = "auto"
+DRAFT_VOCABULARY = 0  # 0: all tokens
+
+
+def draft_load_options(
+    runtime_class: type[Runtime], tokenizer: Any, weights: str | None, vocabulary: int | None
+) -> LoadOptions:
+    """The draft model's load options: what was asked for, else :data:`DRAFT_WEIGHTS` and :data:`DRAFT_VOCABULARY`
+    where the runtime takes load options (a runtime that does not refuses what was asked for explicitly)."""
+    if not runtime_class.takes_load_options and weights is None and vocabulary is None:
+        return LoadOptions()
+    weights = DRAFT_WEIGHTS if weights is None else weights
+    vocabulary = DRAFT_VOCABULARY if vocabulary is None else vocabulary
+    if vocabulary < 0:
+        raise ConfigError(f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}")
+    return LoadOptions(weights, frequent_tokens(tokenizer, vocabulary) if vocabulary else None)
 
 
 def require_utf8(text: str, what: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -16,3 +17,10 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
             break
         length += 1
     return length
+
+
+def frequent_tokens(tokenizer: Any, count: int) -> tuple[int, ...]:
+    """The ``count`` lowest token ids, which a BPE tokenizer gives its earliest, most frequent merges (FR-Spec's
+    frequency-ranked vocabulary without a corpus), plus every special and added token (end of turn, ...)."""
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    return tuple(sorted(set(range(min(count, len(tokenizer)))) | special))

@@ -137,6 +137,8 @@ BAD_INPUTS = {
     "prompt not UTF-8": (["generate", "w1 \udcff"], "the prompt is not UTF-8 text: character 3"),  # argv's byte 0xff
     "train --out unwritable": (["train-acceptance-head", "--out", "/proc/head.safetensors"], "cannot be written"),
     "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),
+    "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "draft vocabulary is a number"),
+    "draft format off native": (["generate", "w1", "--draft-weights", "q4"], "need the native runtime"),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import tiny_model
 
@@ -26,3 +27,14 @@ def test_a_batched_forward_runs_each_request_on_its_own_cache() -> None:
         assert got.shape == ((1, 32) if index == 2 else (len(new), 32))
         assert torch.allclose(got, expected[-got.shape[0] :], atol=1e-5)
         assert int(caches[index].lengths[0]) == len(history) + len(new)
+
+
+def test_the_transformers_runtime_refuses_load_options_it_cannot_honour(tmp_path) -> None:
+    from quickdraft.errors import ConfigError
+    from quickdraft.runtime import LoadOptions
+
+    tiny_model(32, seed=0).save_pretrained(tmp_path)
+    for options in (LoadOptions(weights="q4"), LoadOptions(vocabulary=(0, 1, 2))):
+        with pytest.raises(ConfigError, match="need the native runtime"):
+            HFRuntime.load(tmp_path, options)
+    assert HFRuntime.load(tmp_path, LoadOptions()).vocab_size == 32

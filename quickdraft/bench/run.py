@@ -59,7 +59,8 @@ DEFAULT_METHODS += ",hf-prompt-lookup"
 WARMUP_TOKENS = 16
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
 PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fastest of 5, target and draft in turn
-FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "runtime")
+FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "draft_load", "runtime")
+LEGACY_DRAFT_LOAD = {"weights": "int8", "vocabulary": 0}  # what results folders from before draft_load measured
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class BenchSettings:
     profile_context: int = 512
     target: str = DEFAULT_TARGET
     draft: str | None = None  # None: the default draft model, if a method uses one
+    draft_weights: str | None = None  # None: quickdraft.api.DRAFT_WEIGHTS (native runtime)
+    draft_vocabulary: int | None = None  # None: quickdraft.api.DRAFT_VOCABULARY (native runtime)
     runtime: str = AUTO
     report_only: bool = False
 
@@ -113,6 +116,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "warmup": settings.warmup,
         "target": settings.target,
         "draft": (settings.draft or DEFAULT_DRAFT) if needs_draft else None,
+        "draft_load": draft_load(settings) if needs_draft else None,
         "runtime": settings.runtime,
         "profile_context": settings.profile_context,
         "greedy": True,
@@ -154,6 +158,15 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
     return results, write_plots(results, store.out)
 
 
+def draft_load(settings: BenchSettings) -> dict[str, Any]:
+    """The draft model's weight format and vocabulary as the run asks for them (defaults filled in)."""
+    from quickdraft.api import DRAFT_VOCABULARY, DRAFT_WEIGHTS
+
+    weights = DRAFT_WEIGHTS if settings.draft_weights is None else settings.draft_weights
+    vocabulary = DRAFT_VOCABULARY if settings.draft_vocabulary is None else settings.draft_vocabulary
+    return {"weights": weights, "vocabulary": vocabulary}
+
+
 def rotated(methods: list[Method], shift: int) -> list[Method]:
     """The methods in turn order for one question: each question starts one further along, so no
     method always runs first (e.g. right after a long prefill) or always right after the same other."""
@@ -172,7 +185,13 @@ def measure(
 
     for method in dict.fromkeys(method for _, _, method in todo):
         method.check()  # e.g. a peer whose package is missing: before any model is loaded
-    pipeline = Pipeline.load(target=settings.target, draft=store.config["draft"], runtime=settings.runtime)
+    pipeline = Pipeline.load(
+        settings.target,
+        store.config["draft"],
+        settings.runtime,
+        draft_weights=settings.draft_weights,
+        draft_vocabulary=settings.draft_vocabulary,
+    )
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
     if store.cost_curves is None:
@@ -322,6 +341,7 @@ class ResultStore:
         out.mkdir(parents=True, exist_ok=True)
         saved = self._read_json("config.json")
         if saved is not None:
+            saved.setdefault("draft_load", LEGACY_DRAFT_LOAD if saved.get("draft") else None)
             different = [key for key in FINGERPRINT_KEYS if saved.get(key) != config.get(key)]
             if different:
                 raise ConfigError(

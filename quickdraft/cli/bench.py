@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> None:
         profile_context=args.profile_context,
         target=args.target,
         draft=args.draft,
+        draft_weights=args.draft_weights,
+        draft_vocabulary=args.draft_vocabulary,
         runtime=args.runtime,
         report_only=args.report_only,
     )

@@ -9,10 +9,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from quickdraft.api import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from quickdraft.runtime import RUNTIMES
+from quickdraft.runtime.native.weights import WEIGHT_FORMATS
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +31,30 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"draft model for the draft-model drafter, same forms as --target (default {DEFAULT_DRAFT})",
     )
     add_runtime_argument(parser)
+    add_draft_load_arguments(parser)
+
+
+def add_draft_load_arguments(
+    parser: argparse.ArgumentParser, prefix: str = "--draft-", what: str = "draft model"
+) -> None:
+    """How the draft model is stored (native runtime): it changes how often drafts are accepted, never the output.
+    ``prefix`` "--" gives the same options for the one model a command loads (``profile``)."""
+    parser.add_argument(
+        f"{prefix}weights",
+        choices=WEIGHT_FORMATS,
+        default=None,
+        help=f"{what} weight format on the native runtime: auto keeps a GGUF file's 4-bit tensors and stores the "
+        f"rest in 7-bit int8, q4 stores everything in 4 bits, int8 everything in 7 bits (draft model default "
+        f"{DRAFT_WEIGHTS}, other models auto)",
+    )
+    parser.add_argument(
+        f"{prefix}vocabulary",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"compute the {what}'s logits for its N most frequent tokens only (FR-Spec: the rest are never "
+        f"drafted); 0 = all (draft model default {DRAFT_VOCABULARY}, other models 0)",
+    )
 
 
 def add_runtime_argument(parser: argparse.ArgumentParser) -> None:

@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> None:
     options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram)
     prompt = read_prompt(args)
     draft = draft_for(args, [args.drafter])
-    pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
+    pipeline = Pipeline.load(
+        args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
+    )
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
     pipeline.engine(args.drafter, options).check_prompt(prompt_ids, config)  # before any measuring
     preparation = pipeline.prepare(

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from quickdraft.calibration import curve_to_json, measure_cost_curve
-from quickdraft.cli.common import add_runtime_argument, check_output_file
+from quickdraft.cli.common import add_draft_load_arguments, add_runtime_argument, check_output_file
 from quickdraft.errors import ConfigError
 
 
@@ -35,6 +35,9 @@ def add_command(commands: Any) -> None:
         "(default target)",
     )
     add_runtime_argument(profile)
+    add_draft_load_arguments(
+        profile, prefix="--"
+    )  # --weights, --vocabulary: defaults as a draft model loads for "draft"
     profile.add_argument("--max-k", type=int, default=16, metavar="K", help="largest number of new tokens (default 16)")
     profile.add_argument("--context", type=int, default=512, metavar="N", help="cached tokens first (default 512)")
     profile.add_argument(
@@ -47,7 +50,8 @@ def add_command(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    from quickdraft.api import draft_load_options
+    from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
     from quickdraft.runtime import AUTO, RUNTIMES, runtime_for
 
     if args.max_k < 1:
@@ -59,10 +63,15 @@ def run(args: argparse.Namespace) -> None:
     model = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}.get(args.model, args.model)
     path = resolve_model(model, progress=not args.json)
     runtime_cls = runtime_for(args.runtime, path)
-    runtime = runtime_cls.load(path)
+    if args.model == "draft":  # as the pipeline loads the default draft model
+        options = draft_load_options(runtime_cls, load_tokenizer(path), args.weights, args.vocabulary)
+    else:
+        options = draft_load_options(runtime_cls, load_tokenizer(path), args.weights or "auto", args.vocabulary or 0)
+    runtime = runtime_cls.load(path, options)
     curve = measure_cost_curve(runtime, range(1, args.max_k + 1), args.context, args.repeats, args.warmup, True)
     runtime_name = runtime_cls.name
     report = {"model": str(model), "path": str(path), "runtime": runtime_name, "context": args.context}
+    report |= {"weights": options.weights, "vocabulary": len(options.vocabulary or ()) or None}
     report |= {"threads": torch.get_num_threads(), "t_ms": curve_to_json(curve)}
     text = json.dumps(report, indent=None if args.json else 2)
     if args.out:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from quickdraft.registry import Registry
-from quickdraft.runtime.base import BatchRow, KVCache, Runtime
+from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.hf import HFRuntime
 from quickdraft.runtime.native import NativeRuntime
 
@@ -20,4 +20,14 @@ def runtime_for(name: str, path: Path) -> type[Runtime]:
     return RUNTIMES.get(name)
 
 
-__all__ = ["AUTO", "RUNTIMES", "BatchRow", "HFRuntime", "KVCache", "NativeRuntime", "Runtime", "runtime_for"]
+__all__ = [
+    "AUTO",
+    "RUNTIMES",
+    "BatchRow",
+    "HFRuntime",
+    "KVCache",
+    "LoadOptions",
+    "NativeRuntime",
+    "Runtime",
+    "runtime_for",
+]

@@ -41,6 +41,15 @@ class BatchRow:
     last_only: bool = False  # logits of the last new position only (a prompt or a chunk of one)
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """What a runtime may trade when it loads a model. Worth it for a draft model, whose weights change only how
+    often its drafts are accepted, never the output; the transformers runtime takes only the defaults."""
+
+    weights: str = "auto"  # the native runtime's weight format: auto, q4 or int8 (native/weights.py)
+    vocabulary: tuple[int, ...] | None = None  # the token ids the LM head computes, the rest get logit −inf (None: all)
+
+
 class Runtime(ABC):
     """A causal LM: forward(new token ids, cache) -> logits of every new position."""
 
@@ -52,19 +61,25 @@ class Runtime(ABC):
 
     @classmethod
     @abstractmethod
-    def load(cls, path: Path) -> Runtime:
+    def load(cls, path: Path, options: LoadOptions = LoadOptions()) -> Runtime:
         """Load the model in the transformers directory ``path``."""
 
     @classmethod
-    def load_sharing(cls, path: Path, transformers_model: Callable[[], Any]) -> Runtime:
+    def load_sharing(
+        cls,
+        path: Path,
+        transformers_model: Callable[[], Any],
+        options: LoadOptions = LoadOptions(),
+    ) -> Runtime:
         """Load ``path`` where an fp32 transformers copy of it is at hand (``transformers_model()``
         returns it, loading it once); runtimes that can run that copy use it instead of loading again."""
-        return cls.load(path)
+        return cls.load(path, options)
 
     @abstractmethod
     def new_cache(self, batch_size: int = 1) -> KVCache:
         """An empty cache for ``batch_size`` rows."""
 
+    takes_load_options: ClassVar[bool] = False  # ``load`` honours non-default LoadOptions
     num_layers: int = 0  # decoder layers; > 0 when ``forward_early_exit`` is supported
     supports_early_exit: ClassVar[bool] = False
     provides_hidden: ClassVar[bool] = False  # ``forward_with_hidden`` is available

@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from quickdraft.errors import ConfigError
 from quickdraft.models.loading import load_hf_model
-from quickdraft.runtime.base import KVCache, Runtime
+from quickdraft.runtime.base import KVCache, LoadOptions, Runtime
 
 
 class HFCache(KVCache):
@@ -52,11 +53,18 @@ class HFRuntime(Runtime):
         self.cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @classmethod
-    def load(cls, path: Path) -> HFRuntime:
+    def load(cls, path: Path, options: LoadOptions = LoadOptions()) -> HFRuntime:  # noqa: B008 - frozen, shared
+        check_default(options)
         return cls(load_hf_model(path))
 
     @classmethod
-    def load_sharing(cls, path: Path, transformers_model: Callable[[], Any]) -> HFRuntime:
+    def load_sharing(
+        cls,
+        path: Path,
+        transformers_model: Callable[[], Any],
+        options: LoadOptions = LoadOptions(),  # noqa: B008 - frozen, shared
+    ) -> HFRuntime:
+        check_default(options)
         return cls(transformers_model())
 
     def new_cache(self, batch_size: int = 1) -> HFCache:
@@ -82,4 +90,12 @@ class HFRuntime(Runtime):
             logits_to_keep=1 if last_only else 0,
             output_hidden_states=hidden,
             **{self.cache_argument: cache.kv},
+        )
+
+
+def check_default(options: LoadOptions) -> None:
+    if options != LoadOptions():
+        raise ConfigError(
+            "the transformers runtime runs a model's own float weights: other weight formats and a vocabulary "
+            "subset need the native runtime"
         )

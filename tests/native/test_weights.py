@@ -8,6 +8,7 @@ from conftest import tiny_model
 
 import quickdraft.runtime.native.weights as weights
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.linear import quantize_weight
 from quickdraft.runtime.native.model import DecoderConfig
@@ -52,12 +53,12 @@ def test_weight_formats(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny_model(64, seed=3).save_pretrained(model_dir)
     kinds = {}
     for fmt in ("int8", "q4", "auto"):
-        layer = NativeRuntime.load(model_dir, weights=fmt).decoder.layers[0]
+        layer = NativeRuntime.load(model_dir, LoadOptions(weights=fmt)).decoder.layers[0]
         kinds[fmt] = [part.kind for linear in (layer.qkv, layer.down) for part in linear.parts]
     assert kinds == {"int8": ["int8", "int8"], "q4": ["int8", "q4"], "auto": ["int8", "int8"]}
     assert len({weights.native_cache_dir(model_dir, fmt) for fmt in ("int8", "q4", "auto")}) == 3
     with pytest.raises(ConfigError, match="unknown weight format 'q3'"):
-        NativeRuntime.load(model_dir, weights="q3")
+        NativeRuntime.load(model_dir, LoadOptions(weights="q3"))
 
 
 def test_tied_embeddings_share_the_lm_head_weights() -> None:
@@ -67,3 +68,22 @@ def test_tied_embeddings_share_the_lm_head_weights() -> None:
     del tensors["lm_head.weight"]
     state = weights.quantize_state_dict(config, tensors)
     assert torch.equal(state["lm_head.0.int8.scale"][:64], quantize_weight(state["embedding"])[1])
+
+
+def test_a_vocabulary_subset_keeps_those_logits_bitwise_and_rules_out_the_rest(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "tiny"
+    tiny_model(64, seed=3).save_pretrained(model_dir)
+    full = NativeRuntime.load(model_dir)
+    kept = (0, 1, 2, 5, 17, 40, 63)
+    subset = NativeRuntime.load(model_dir, LoadOptions(vocabulary=kept))
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    expected = full.forward(tokens, full.new_cache())  # [1, 6, 64]
+    got = subset.forward(tokens, subset.new_cache())
+    assert got.shape == expected.shape and subset.vocab_size == 64
+    assert torch.equal(got[..., list(kept)], expected[..., list(kept)])
+    others = [token for token in range(64) if token not in kept]
+    assert bool((got[..., others] == -torch.inf).all())
+    for bad in ((), (3, 64)):
+        with pytest.raises(ConfigError, match=r"token ids in 0\.\.63"):
+            NativeRuntime.load(model_dir, LoadOptions(vocabulary=bad))

@@ -92,6 +92,10 @@ class WeightPart(ABC):
     def dequantize(self) -> torch.Tensor:
         """The float weights this part stands for, ``[rows, K]``."""
 
+    @abstractmethod
+    def select_rows(self, index: torch.Tensor) -> WeightPart:
+        """A part of the rows ``index`` (in that order), with the same weights."""
+
 
 class Int8Part(WeightPart):
     """7-bit weights and a float scale per output channel; packed ``[N/16, K/4, 16, 4]`` as w + 64."""
@@ -141,6 +145,9 @@ class Int8Part(WeightPart):
 
     def dequantize(self) -> torch.Tensor:
         return self.weight_int8().float() * self.scale[: self.rows, None]
+
+    def select_rows(self, index: torch.Tensor) -> Int8Part:
+        return Int8Part.from_int8(self.weight_int8()[index], self.scale[: self.rows][index])
 
 
 class Q4Part(WeightPart):
@@ -255,6 +262,9 @@ class Q4Part(WeightPart):
         offset = (dmin[:, index] * sub_min.float())[..., None]
         return (scale * codes.reshape(self.rows, groups, GROUP).float() + offset).reshape(self.rows, -1)
 
+    def select_rows(self, index: torch.Tensor) -> Q4Part:
+        return Q4Part.from_blocks(*(field[index] for field in self.blocks()))
+
 
 PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in (Int8Part, Q4Part)}
 
@@ -282,6 +292,17 @@ class QuantizedLinear:
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, kind: str = "int8") -> QuantizedLinear:
         return cls([PART_KINDS[kind].from_float(weight)], bias)
+
+    def select_rows(self, index: torch.Tensor) -> QuantizedLinear:
+        """The layer restricted to the output rows ``index`` (sorted, distinct), e.g. an LM head over part of a
+        vocabulary; each row keeps its weights and its bits."""
+        parts, start = [], 0
+        for part in self.parts:
+            inside = index[(index >= start) & (index < start + part.rows)] - start
+            if len(inside):
+                parts.append(part.select_rows(inside))
+            start += part.rows
+        return QuantizedLinear(parts, None if self.bias is None else self.bias[index])
 
     def matmul_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The compiled GEMMs: int8 ``rows [M, K]`` -> ``[M, N]`` before the row scale and the bias (the

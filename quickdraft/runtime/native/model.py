@@ -156,6 +156,7 @@ class Decoder:
         self.rope_sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # [C, D]
         self.attention_scale = 1.0 / math.sqrt(config.head_dim)
         self.use_kernel = True  # the compiled kernels when they build (False: the PyTorch reference path)
+        self.vocabulary: torch.Tensor | None = None  # the token ids the LM head computes (None: all)
 
     @classmethod
     def from_native_state(cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int) -> Decoder:
@@ -295,13 +296,24 @@ class Decoder:
                 x = self._layer(index, layer, x, keys, values, row_slot, row_position)
         return x
 
+    def restrict_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Compute logits for ``token_ids`` only (FR-Spec: a draft model's LM head over the frequent tokens, a large
+        share of its step); every other token gets logit −inf, probability 0. Each kept logit keeps its bits."""
+        self.vocabulary = torch.unique(token_ids)  # sorted
+        self.lm_head = self.lm_head.select_rows(self.vocabulary)
+
     def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Final norm and LM head: hidden ``x [R, H]`` -> (logits ``[R, V]``, normed hidden ``[R, H]``)."""
         if self.use_kernel and (kernels := native_kernels()) is not None:
             hidden = kernels.rms_norm(x, self.final_norm, self.config.rms_norm_eps)
         else:
             hidden = self._rms_norm(x, self.final_norm)
-        return self.lm_head(hidden), hidden
+        logits = self.lm_head(hidden)  # [R, V] or [R, |vocabulary|]
+        if self.vocabulary is None:
+            return logits, hidden
+        full = torch.full((x.shape[0], self.config.vocab_size), -torch.inf)
+        full[:, self.vocabulary] = logits
+        return full, hidden
 
     @torch.inference_mode()
     def forward(

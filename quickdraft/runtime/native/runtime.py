@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.runtime.base import BatchRow, KVCache, Runtime
+from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache
 from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state
 
@@ -36,6 +36,7 @@ class NativeRuntime(Runtime):
     bit-exact logits whatever the block size or the batch (CPU)."""
 
     name = "native"
+    takes_load_options = True
     supports_early_exit = True
     provides_hidden = True
 
@@ -57,11 +58,16 @@ class NativeRuntime(Runtime):
         return any(path.glob("*.safetensors"))
 
     @classmethod
-    def load(cls, path: Path, capacity: int = DEFAULT_CAPACITY, weights: str = "auto") -> NativeRuntime:
-        """Load a transformers directory; its quantized form (``weights``: one of WEIGHT_FORMATS) is cached so
-        later loads skip quantization."""
-        if weights not in WEIGHT_FORMATS:
-            raise ConfigError(f"unknown weight format {weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
+    def load(
+        cls,
+        path: Path,
+        options: LoadOptions = LoadOptions(),  # noqa: B008 - frozen, shared
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> NativeRuntime:
+        """Load a transformers directory; its quantized form (``options.weights``: one of WEIGHT_FORMATS) is
+        cached so later loads skip quantization. ``options.vocabulary`` restricts the LM head to those tokens."""
+        if options.weights not in WEIGHT_FORMATS:
+            raise ConfigError(f"unknown weight format {options.weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
         try:
             config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError) as error:
@@ -70,8 +76,15 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        state = load_native_state(path, config, weights)
+        state = load_native_state(path, config, options.weights)
         decoder = Decoder.from_native_state(config, state, min(capacity, config.max_position_embeddings))
+        if options.vocabulary is not None:
+            if (
+                not options.vocabulary
+                or not 0 <= min(options.vocabulary) <= max(options.vocabulary) < config.vocab_size
+            ):
+                raise ConfigError(f"a vocabulary subset must name token ids in 0..{config.vocab_size - 1}")
+            decoder.restrict_vocabulary(torch.tensor(options.vocabulary))
         return cls(decoder)
 
     def new_cache(self, batch_size: int = 1) -> NativeCache:

@@ -259,8 +259,9 @@ class FakeLlama:
                 pending += [int(t) for t in self.draft_model(np.array([*self.tokens, token], dtype=np.intc))]
 
 
-def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ``llama_cpp`` module with the fake ``Llama`` and the binding's prompt lookup (pure numpy, copied)."""
+def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch, amx: bool = False) -> None:
+    """A ``llama_cpp`` module with the fake ``Llama``, the binding's prompt lookup (pure numpy, copied) and
+    its system info (built with ggml's AMX backend or not)."""
 
     class PromptLookup:
         def __init__(self, max_ngram_size: int, num_pred_tokens: int) -> None:
@@ -276,10 +277,44 @@ def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
 
     module, speculative = types.ModuleType("llama_cpp"), types.ModuleType("llama_cpp.llama_speculative")
     module.Llama, speculative.LlamaPromptLookupDecoding = FakeLlama, PromptLookup
+    module.llama_print_system_info = lambda: f"CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = {int(amx)} | ".encode()
     module.llama_speculative = speculative
     monkeypatch.setitem(sys.modules, "llama_cpp", module)
     monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
     FakeLlama.instances = []
+
+
+def test_llama_cpp_built_with_amx_says_how_to_rebuild_before_loading_models(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ggml's AMX backend crashes on our Q4_K_M files (llama.cpp #20824): such a build is refused up front."""
+    fake_llama_cpp(monkeypatch, amx=True)
+    for name in ("llama-cpp", "llama-cpp-prompt-lookup"):
+        with pytest.raises(ConfigError, match=r"AMX backend.*#20824.*CMAKE_ARGS=.*-mno-amx-int8.*--force-reinstall"):
+            make_method(name).check()
+    import quickdraft.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a method that cannot run must fail before any model is loaded")
+
+    monkeypatch.setattr(quickdraft.api.Pipeline, "load", no_loading)
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    assert main(bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "llama-cpp")) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install --force-reinstall --no-cache-dir 'quickdraft[peers]'" in err
+    fake_llama_cpp(monkeypatch, amx=False)
+    make_method("llama-cpp").check()  # a build without AMX passes
+
+
+def test_llama_speculative_tool_is_built_without_amx_and_cached_by_its_options(monkeypatch) -> None:
+    import quickdraft.bench.llama_cpp as llama_cpp_peer
+
+    flags = [option for option in llama_cpp_peer.CMAKE_OPTIONS if option.startswith("-DCMAKE_C")]
+    assert flags == [f"-DCMAKE_{lang}_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" for lang in ("C", "CXX")]
+    with_flags = llama_cpp_peer.tool_dir()
+    assert with_flags.name.startswith(f"{llama_cpp_peer.LLAMA_CPP_PYTHON}-")
+    monkeypatch.setattr(llama_cpp_peer, "CMAKE_OPTIONS", llama_cpp_peer.CMAKE_OPTIONS[:1])
+    assert llama_cpp_peer.tool_dir() != with_flags  # an older build (with AMX) is not reused
 
 
 def converted_from_gguf(tmp_path: Path, gguf: bytes = b"GGUF fake weights", recorded: str | None = None) -> Path:

@@ -112,13 +112,8 @@ class PeerMethod(Method):
             streamer=clock,
             **self.settings,
         )
-        wall_time_s = time.perf_counter() - clock.started
-        return TurnResult(
-            token_ids=token_ids,
-            wall_time_s=wall_time_s,
-            step_sizes=[count for _, count in clock.events],
-            step_times_s=[seconds for seconds, _ in clock.events],
-        )
+        clock.stop()
+        return clock.turn_result(token_ids)
 
 
 MethodFactory = Callable[[str, "int | None", "str | None"], Method]  # (spec, γ, @runtime) -> method

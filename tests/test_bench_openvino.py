@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from test_bench import EOS_ID, SPEC_ROWS, bench_args, chat_model_dirs, next_word, write_jsonl
+from test_bench import (
+    COUNTING_PROMPT,
+    EOS_ID,
+    SPEC_ROWS,
+    bench_args,
+    bench_error_before_loading,
+    chat_model_dirs,
+    next_word,
+    run_to_budget,
+    write_jsonl,
+)
 
 import quickdraft.bench.openvino as openvino_peer
 from quickdraft.api import Pipeline
@@ -39,17 +49,8 @@ def test_openvino_missing_says_how_to_install_before_loading_models(
     monkeypatch.setitem(sys.modules, "openvino_genai", None)  # as in CI: import openvino_genai raises ImportError
     with pytest.raises(ConfigError, match=r"openvino-genai.*pip install 'quickdraft\[peers\]'"):
         make_method("openvino").check()
-    import quickdraft.api
-
-    def no_loading(*args, **kwargs):
-        raise AssertionError("a method that cannot run must fail before any model is loaded")
-
-    monkeypatch.setattr(quickdraft.api.Pipeline, "load", no_loading)
-    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
-    assert main(bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "openvino-draft")) == 1
-    err = capsys.readouterr().err
+    err = bench_error_before_loading(chat_model_dirs, tmp_path, capsys, monkeypatch, "openvino-draft")
     assert "'openvino-draft' needs openvino-genai" in err and "pip install 'quickdraft[peers]'" in err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 # --- the export -----------------------------------------------------------------------------------
@@ -195,14 +196,8 @@ def test_openvino_turn_results_with_a_fake_genai(
     assert plain_pipe.draft is None and draft_pipe.draft.properties["INFERENCE_NUM_THREADS"] == torch.get_num_threads()
     assert draft_pipe.draft.path == str(openvino_peer.exported_model(tiny_model_dirs["draft"], progress=False))
 
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
-    results = [method.run(pipeline, prompt, max_new_tokens=20) for method in (plain, draft)]
-    expected = [3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4]
-    for result in results:
-        assert result.token_ids == expected  # the budget stops it
-        assert sum(result.step_sizes) == 20 and len(result.step_times_s) == len(result.step_sizes)
-        assert result.step_times_s == sorted(result.step_times_s) and result.wall_time_s >= result.step_times_s[-1]
-    assert plain_pipe.inputs == [prompt]  # our ids, not text
+    results = run_to_budget(pipeline, plain, draft)
+    assert plain_pipe.inputs == [COUNTING_PROMPT]  # our ids, not text
     assert results[0].step_sizes == [1] * 20 and results[0].draft_tokens_proposed is None
     assert max(results[1].step_sizes) == 6 and results[1].draft_tokens_proposed == 5 * len(results[1].step_sizes)
     assert 20 - len(results[1].step_sizes) <= results[1].draft_tokens_accepted <= results[1].draft_tokens_proposed

@@ -47,9 +47,9 @@ TOKENIZER_CHECK = "Write a Python function `fib(n)` returning the n-th Fibonacci
 # ggml's AMX backend crashes in ggml_backend_amx_mul_mat on the first decode of our Q4_K_M files (llama.cpp
 # issue #20824): builds on AMX machines leave it out, as GGML_NATIVE (-march=native) would enable it.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-REINSTALL_WITHOUT_AMX = (
+REINSTALL_WITHOUT_AMX = (  # --no-deps: forcing the whole extra would reinstall torch and the rest as well
     f"CMAKE_ARGS=\"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'\" "
-    "pip install --force-reinstall --no-cache-dir 'quickdraft[peers]'"
+    f"pip install --force-reinstall --no-deps --no-cache-dir 'llama-cpp-python=={LLAMA_CPP_PYTHON}'"
 )
 
 

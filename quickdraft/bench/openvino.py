@@ -100,9 +100,8 @@ def source_identity(model_dir: Path) -> str:
         return "gguf-sha256:" + str(json.loads((model_dir / MARKER).read_text(encoding="utf-8"))["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         files = sorted(path for path in model_dir.iterdir() if path.is_file())
-        return json.dumps(
-            [str(model_dir.resolve())] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
-        )
+        stats = [[path.name, path.stat().st_size, path.stat().st_mtime_ns] for path in files]
+        return json.dumps([str(model_dir.resolve()), *stats])
 
 
 def exported_model(model_dir: Path | None, role: str = "target", progress: bool = True) -> Path:

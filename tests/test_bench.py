@@ -16,6 +16,7 @@ import pytest
 from conftest import word_tokenizer
 
 from quickdraft.api import Pipeline
+from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.methods import make_method, parse_methods
 from quickdraft.bench.metrics import (
     METRIC_KEYS,
@@ -185,12 +186,11 @@ def without_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
 
 
-def test_llama_cpp_missing_says_how_to_install_before_loading_models(
-    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    without_llama_cpp(monkeypatch)
-    with pytest.raises(ConfigError, match=r"llama-cpp-python.*pip install 'quickdraft\[peers\]'"):
-        make_method("llama-cpp").check()
+def bench_error_before_loading(
+    dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, methods: str
+) -> str:
+    """The one error line of a bench naming ``methods`` that cannot run here: it must stop before any model
+    is loaded."""
     import quickdraft.api
 
     def no_loading(*args, **kwargs):
@@ -198,9 +198,19 @@ def test_llama_cpp_missing_says_how_to_install_before_loading_models(
 
     monkeypatch.setattr(quickdraft.api.Pipeline, "load", no_loading)
     questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
-    args = bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "llama-cpp-prompt-lookup")
-    assert main(args) == 1
-    err = capsys.readouterr().err
+    assert main(bench_args(dirs, questions, tmp_path / "out", "--methods", methods)) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err  # one line, no traceback
+    return err
+
+
+def test_llama_cpp_missing_says_how_to_install_before_loading_models(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without_llama_cpp(monkeypatch)
+    with pytest.raises(ConfigError, match=r"llama-cpp-python.*pip install 'quickdraft\[peers\]'"):
+        make_method("llama-cpp").check()
+    err = bench_error_before_loading(chat_model_dirs, tmp_path, capsys, monkeypatch, "llama-cpp-prompt-lookup")
     assert "'llama-cpp-prompt-lookup' needs llama-cpp-python" in err and "pip install 'quickdraft[peers]'" in err
 
 
@@ -259,8 +269,9 @@ class FakeLlama:
                 pending += [int(t) for t in self.draft_model(np.array([*self.tokens, token], dtype=np.intc))]
 
 
-def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ``llama_cpp`` module with the fake ``Llama`` and the binding's prompt lookup (pure numpy, copied)."""
+def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch, amx: bool = False) -> None:
+    """A ``llama_cpp`` module with the fake ``Llama``, the binding's prompt lookup (pure numpy, copied) and
+    its system info (built with ggml's AMX backend or not)."""
 
     class PromptLookup:
         def __init__(self, max_ngram_size: int, num_pred_tokens: int) -> None:
@@ -276,10 +287,50 @@ def fake_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
 
     module, speculative = types.ModuleType("llama_cpp"), types.ModuleType("llama_cpp.llama_speculative")
     module.Llama, speculative.LlamaPromptLookupDecoding = FakeLlama, PromptLookup
+    module.llama_print_system_info = lambda: f"CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = {int(amx)} | ".encode()
     module.llama_speculative = speculative
     monkeypatch.setitem(sys.modules, "llama_cpp", module)
     monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
     FakeLlama.instances = []
+
+
+def test_llama_cpp_built_with_amx_says_how_to_rebuild_before_loading_models(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ggml's AMX backend crashes on our Q4_K_M files (llama.cpp #20824): such a build is refused up front."""
+    fake_llama_cpp(monkeypatch, amx=True)
+    for name in ("llama-cpp", "llama-cpp-prompt-lookup"):
+        with pytest.raises(ConfigError, match=r"AMX backend.*#20824.*CMAKE_ARGS=.*-mno-amx-int8.*--force-reinstall"):
+            make_method(name).check()
+    err = bench_error_before_loading(chat_model_dirs, tmp_path, capsys, monkeypatch, "llama-cpp")
+    assert "pip install --force-reinstall --no-deps --no-cache-dir 'llama-cpp-python==0.3.36'" in err
+    fake_llama_cpp(monkeypatch, amx=False)
+    make_method("llama-cpp").check()  # a build without AMX passes
+
+
+def test_llama_speculative_tool_is_built_without_amx_and_cached_by_its_options(monkeypatch) -> None:
+    import quickdraft.bench.llama_cpp as llama_cpp_peer
+
+    flags = [option for option in llama_cpp_peer.CMAKE_OPTIONS if option.startswith("-DCMAKE_C")]
+    assert flags == [f"-DCMAKE_{lang}_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" for lang in ("C", "CXX")]
+    with_flags = llama_cpp_peer.tool_dir()
+    assert with_flags.name.startswith(f"{llama_cpp_peer.LLAMA_CPP_PYTHON}-")
+    monkeypatch.setattr(llama_cpp_peer, "CMAKE_OPTIONS", llama_cpp_peer.CMAKE_OPTIONS[:1])
+    assert llama_cpp_peer.tool_dir() != with_flags  # an older build (with AMX) is not reused
+
+
+COUNTING_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # the fake peers' models count on: 3, 4, ...
+
+
+def run_to_budget(pipeline: Pipeline, *methods: Method) -> list[TurnResult]:
+    """Each fake peer's turn after :data:`COUNTING_PROMPT` with a budget of 20 tokens, which stops it; its
+    steps add up to its tokens and are timed in order within the call."""
+    results = [method.run(pipeline, COUNTING_PROMPT, max_new_tokens=20) for method in methods]
+    for result in results:
+        assert result.token_ids == [3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4]
+        assert sum(result.step_sizes) == 20 and len(result.step_times_s) == len(result.step_sizes)
+        assert result.step_times_s == sorted(result.step_times_s) and result.wall_time_s >= result.step_times_s[-1]
+    return results
 
 
 def converted_from_gguf(tmp_path: Path, gguf: bytes = b"GGUF fake weights", recorded: str | None = None) -> Path:
@@ -310,17 +361,11 @@ def test_llama_cpp_turn_results_with_a_fake_binding(
     assert plain_llama.draft_model is None and not plain_llama.kwargs["logits_all"]
     assert lookup_llama.kwargs["logits_all"] and lookup_llama.kwargs["n_ctx"] == 2048
 
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
-    results = [method.run(pipeline, prompt, max_new_tokens=20) for method in (plain, lookup)]
-    expected = [3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4]
-    for result in results:
-        assert result.token_ids == expected  # the budget stops it
-        assert sum(result.step_sizes) == 20 and len(result.step_times_s) == len(result.step_sizes)
-        assert result.step_times_s == sorted(result.step_times_s) and result.wall_time_s >= result.step_times_s[-1]
+    results = run_to_budget(pipeline, plain, lookup)
     assert results[0].step_sizes == [1] * 20 and results[0].draft_tokens_proposed is None
     assert results[1].step_sizes[0] == 1 and max(results[1].step_sizes) > 1  # the prompt's cycle is looked up
     assert results[1].draft_tokens_accepted == 20 - len(results[1].step_sizes) <= results[1].draft_tokens_proposed
-    assert plain_llama.evals[0] == prompt and len(plain_llama.evals) == 20  # one forward per step
+    assert plain_llama.evals[0] == COUNTING_PROMPT and len(plain_llama.evals) == 20  # one forward per step
     assert len(lookup_llama.evals) == len(results[1].step_sizes)
     assert "eval" not in vars(lookup_llama) and lookup_llama.draft_model is not None  # unwrapped again
 

@@ -13,6 +13,7 @@ often they agree is reported as agreement, not as a lossless check.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from typing import Any
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.base import Method, TurnResult
+from quickdraft.bench.peers import require_module, run_quietly
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.models.convert import MARKER
@@ -42,15 +44,27 @@ MAX_CONTEXT = 32768  # Qwen2.5's trained context
 TOKENIZER_CHECK = "Write a Python function `fib(n)` returning the n-th Fibonacci number. Größe: 12 × 3 = 36 (日本語)."
 
 
+# ggml's AMX backend crashes in ggml_backend_amx_mul_mat on the first decode of our Q4_K_M files (llama.cpp
+# issue #20824): builds on AMX machines leave it out, as GGML_NATIVE (-march=native) would enable it.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+REINSTALL_WITHOUT_AMX = (  # --no-deps: forcing the whole extra would reinstall torch and the rest as well
+    f"CMAKE_ARGS=\"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'\" "
+    f"pip install --force-reinstall --no-deps --no-cache-dir 'llama-cpp-python=={LLAMA_CPP_PYTHON}'"
+)
+
+
 def require_llama_cpp(method: str) -> None:
-    """A clear error, before anything is loaded or timed, when llama-cpp-python is not installed (or its
-    compiled library does not load)."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"method {method!r} needs llama-cpp-python, which is not installed: {INSTALL}") from None
-    except (OSError, RuntimeError) as error:  # the binding raises these when its shared library fails to load
-        raise ConfigError(f"method {method!r}: llama-cpp-python does not load ({error}); {INSTALL}") from None
+    """A clear error, before anything is loaded or timed, when llama-cpp-python is not installed, does not
+    load, or was built with ggml's AMX backend (which crashes on our files: llama.cpp issue #20824)."""
+    require_module(method, "llama_cpp", "llama-cpp-python", INSTALL)
+    import llama_cpp
+
+    if "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode("utf-8", "replace"):
+        raise ConfigError(
+            f"method {method!r}: llama-cpp-python was built with ggml's AMX backend, which crashes on the first "
+            f"decode of Q4_K_M files on this CPU (llama.cpp issue #20824); rebuild it without AMX: "
+            f"{REINSTALL_WITHOUT_AMX}"
+        )
 
 
 def source_gguf(model_dir: Path | None, role: str = "target") -> tuple[Path, str]:
@@ -209,8 +223,10 @@ class LlamaCppMethod(Method):
 
 SPECULATIVE_TOOL = "llama-speculative-simple"
 DRAFT_TOKENS = 3  # llama.cpp's default --spec-draft-n-max (and p_min 0: no confidence cut-off)
-CMAKE_OPTIONS = (  # only what the tool needs: static libraries, CPU, -march=native, no network
+CMAKE_OPTIONS = (  # only what the tool needs: static libraries, CPU, -march=native without AMX, no network
     "-DCMAKE_BUILD_TYPE=Release",
+    f"-DCMAKE_C_FLAGS={NO_AMX}",
+    f"-DCMAKE_CXX_FLAGS={NO_AMX}",
     "-DBUILD_SHARED_LIBS=OFF",
     "-DGGML_NATIVE=ON",
     "-DLLAMA_BUILD_EXAMPLES=ON",
@@ -223,12 +239,14 @@ CMAKE_OPTIONS = (  # only what the tool needs: static libraries, CPU, -march=nat
 
 
 def tool_dir() -> Path:
-    return cache_root() / "llama.cpp" / LLAMA_CPP_PYTHON
+    """The build's cache, keyed by the version and the CMake options (an older build with AMX is not reused)."""
+    options = hashlib.sha256("\n".join(CMAKE_OPTIONS).encode()).hexdigest()[:12]
+    return cache_root() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-{options}"
 
 
 def speculative_tool(progress: bool = True) -> Path:
     """llama.cpp's ``llama-speculative-simple``, compiled once from the llama.cpp that the pinned
-    llama-cpp-python sdist vendors (fetched with pip) into ``$QUICKDRAFT_CACHE/llama.cpp/VERSION/``."""
+    llama-cpp-python sdist vendors (fetched with pip) into ``$QUICKDRAFT_CACHE/llama.cpp/VERSION-OPTIONS/``."""
     binary = tool_dir() / "bin" / SPECULATIVE_TOOL
     if binary.is_file():
         return binary
@@ -239,12 +257,13 @@ def speculative_tool(progress: bool = True) -> Path:
     if progress:
         print(f"building llama.cpp's {SPECULATIVE_TOOL} once into {binary.parent} (many minutes) ...",
               file=sys.stderr, flush=True)  # fmt: skip
+    what = f"building llama.cpp's {SPECULATIVE_TOOL}"
     tool_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
         work = Path(scratch)
         run_quietly(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)]
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], what
         )  # fmt: skip
         (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
         with tarfile.open(sdist) as archive:
@@ -252,9 +271,9 @@ def speculative_tool(progress: bool = True) -> Path:
             archive.extractall(work, members=members, filter="data")
         (source,) = work.glob("llama_cpp_python-*/vendor/llama.cpp")
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        run_quietly(["cmake", "-S", str(source), "-B", str(work / "build"), *generator, *CMAKE_OPTIONS])
+        run_quietly(["cmake", "-S", str(source), "-B", str(work / "build"), *generator, *CMAKE_OPTIONS], what)
         jobs = str(len(os.sched_getaffinity(0)))
-        run_quietly(["cmake", "--build", str(work / "build"), "--target", SPECULATIVE_TOOL, "-j", jobs])
+        run_quietly(["cmake", "--build", str(work / "build"), "--target", SPECULATIVE_TOOL, "-j", jobs], what)
         binary.parent.mkdir(parents=True, exist_ok=True)
         building = binary.with_suffix(".building")
         shutil.copy2(work / "build" / "bin" / SPECULATIVE_TOOL, building)
@@ -262,13 +281,6 @@ def speculative_tool(progress: bool = True) -> Path:
     if progress:
         print(f"built {SPECULATIVE_TOOL} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return binary
-
-
-def run_quietly(command: list[str]) -> None:
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
-        raise ConfigError(f"building llama.cpp's {SPECULATIVE_TOOL} failed at `{' '.join(command[:4])} ...`:\n{tail}")
 
 
 TIMINGS = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")

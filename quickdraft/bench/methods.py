@@ -5,9 +5,11 @@ A method spec is ``NAME``, ``NAME:γ`` or ``NAME+POLICY``: ``baseline`` (our pla
 drafter at a fixed γ (``draft-model:2``, ``prompt-lookup``; γ defaults to 4) or with an adaptive
 policy (``draft-model+goodput``, ``prompt-lookup+confidence:0.4``), and the peers ``hf-generate``,
 ``hf-assisted``, ``hf-assisted-tuned`` and ``hf-prompt-lookup`` (transformers ``generate``
-on the same weights) and ``llama-cpp``, ``llama-cpp-prompt-lookup`` and ``llama-cpp-draft``
-(llama.cpp on the GGUF files the models were converted from, :mod:`quickdraft.bench.llama_cpp`):
-measured, never quoted. Every method runs one turn greedily and reports a :class:`TurnResult`.
+on the same weights), ``llama-cpp``, ``llama-cpp-prompt-lookup`` and ``llama-cpp-draft``
+(llama.cpp on the GGUF files the models were converted from, :mod:`quickdraft.bench.llama_cpp`) and
+``openvino`` and ``openvino-draft`` (OpenVINO GenAI on int4 exports of the same weights,
+:mod:`quickdraft.bench.openvino`): measured, never quoted. Every method runs one turn greedily and
+reports a :class:`TurnResult`.
 
 Our methods take ``@RUNTIME`` to run on another runtime than the bench's (``draft-model:2@transformers``):
 their speedup is over ``baseline@RUNTIME``, whose own speedup is over the bench's ``baseline``.
@@ -22,6 +24,7 @@ from functools import partial
 from quickdraft.api import Pipeline
 from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
+from quickdraft.bench.openvino import OpenVinoMethod
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
 from quickdraft.calibration import cost_model_from_curves
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
@@ -112,13 +115,8 @@ class PeerMethod(Method):
             streamer=clock,
             **self.settings,
         )
-        wall_time_s = time.perf_counter() - clock.started
-        return TurnResult(
-            token_ids=token_ids,
-            wall_time_s=wall_time_s,
-            step_sizes=[count for _, count in clock.events],
-            step_times_s=[seconds for seconds, _ in clock.events],
-        )
+        clock.stop()
+        return clock.turn_result(token_ids)
 
 
 MethodFactory = Callable[[str, "int | None", "str | None"], Method]  # (spec, γ, @runtime) -> method
@@ -179,6 +177,8 @@ PEERS: dict[str, Callable[[], Method]] = {
     "llama-cpp": partial(LlamaCppMethod, "llama-cpp"),
     "llama-cpp-prompt-lookup": partial(LlamaCppMethod, "llama-cpp-prompt-lookup", prompt_lookup=True),
     "llama-cpp-draft": partial(LlamaCppDraftMethod, "llama-cpp-draft"),
+    "openvino": partial(OpenVinoMethod, "openvino"),
+    "openvino-draft": partial(OpenVinoMethod, "openvino-draft", draft=True),
 }
 for _peer, _build in PEERS.items():
     METHODS.register(_peer)(_peer_method(_peer, _build))

@@ -57,6 +57,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
         f"transformers {machine.get('transformers')}"
         + (f", llama-cpp-python {machine['llama_cpp_python']}" if machine.get("llama_cpp_python") else "")
+        + (f", openvino-genai {machine['openvino_genai']}" if machine.get("openvino_genai") else "")
         + f", {machine.get('threads')} threads.",
         "Code (the quickdraft commit of each measured entry): "
         + (", ".join(f"{revision} ({count} entries)" for revision, count in revisions.items()) or "none recorded")
@@ -65,7 +66,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench; for METHOD@RUNTIME, baseline@RUNTIME's). "
         "τ = tokens per target step. "
         "α = accepted ÷ proposed drafts. lossless = share of questions whose tokens equal that baseline's. "
-        "agreement = the same share for peers (transformers, llama.cpp), whose arithmetic differs from ours: "
+        "agreement = the same share for peers (transformers, llama.cpp, OpenVINO), whose arithmetic differs from ours: "
         "how often their greedy tokens match, not a lossless check. "
         "efficiency = measured speedup ÷ the speedup predicted from α, γ and the measured cost curves.",
         "",

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from quickdraft.bench.base import Method
 from quickdraft.bench.methods import parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
+from quickdraft.bench.peers import package_version
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.calibration import (
@@ -309,15 +310,9 @@ def source_revision() -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
-    import importlib.metadata
-
     import transformers
 
     cpu = cpu_description()
-    try:
-        llama_cpp_python = importlib.metadata.version("llama-cpp-python")
-    except importlib.metadata.PackageNotFoundError:
-        llama_cpp_python = None
     return {
         "platform": platform.platform(),
         "cpu": cpu["name"],
@@ -328,7 +323,8 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "llama_cpp_python": llama_cpp_python,  # None: not installed (no llama.cpp peer can run)
+        "llama_cpp_python": package_version("llama-cpp-python"),  # None: not installed (no llama.cpp peer can run)
+        "openvino_genai": package_version("openvino-genai"),  # None: not installed (no OpenVINO peer can run)
     }
 
 

@@ -17,7 +17,7 @@ from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 def add_command(commands: Any) -> None:
     bench = commands.add_parser(
         "bench",
-        help="benchmark methods and peers (transformers, llama.cpp) on Spec-Bench, MT-Bench, HumanEval or GSM8K",
+        help="benchmark methods and peers (transformers, llama.cpp, OpenVINO) on Spec-Bench/MT-Bench, HumanEval, GSM8K",
         description=BENCH_DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -27,7 +27,9 @@ def isa_builds() -> dict[str, list[str]]:
     if "avx_vnni" in isa:
         builds["avx-vnni"] = ["-march=native", "-mno-avx512f"]
     if {"avx512f", "avx512bw", "avx512_vnni"} <= isa:
-        builds["avx512-vnni"] = ["-march=native"]
+        builds["avx512-vnni"] = ["-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
+        if "amx_int8" in isa:
+            builds["avx512-vnni+amx"] = ["-march=native"]
     return builds
 
 

@@ -30,6 +30,8 @@
 #include <immintrin.h>
 #endif
 
+#include "gemm_amx.h"
+
 // Loops over a tile's rows or a group's vectors run fully unrolled, so their accumulators live in registers.
 #define QD_PRAGMA(x) _Pragma(#x)
 #define QD_UNROLL QD_PRAGMA(GCC unroll 16)
@@ -121,7 +123,11 @@ inline float q4_reference(const Q4Weights& w, const int8_t* x, int64_t n) {
 // ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(QD_AMX)
+constexpr const char* kIsa = "avx512-vnni+amx";
+#else
 constexpr const char* kIsa = "avx512-vnni";
+#endif
 
 // A tile of R rows keeps U partial sums per row (U > 1 for few rows, so that consecutive multiply-adds do not wait
 // for each other); integer partial sums add up exactly in any order.
@@ -319,6 +325,9 @@ inline void for_each_tile(int64_t rows, Tile tile) {
 // out [rows, N] (row stride out_stride) for n-blocks [block_begin, block_end); x [rows, K] int8; sums [rows].
 inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const int32_t* sums, float* out,
                       int64_t out_stride, int64_t block_begin, int64_t block_end) {
+#if defined(QD_AMX)
+  if (int8_amx(w.codes, w.scale, w.k, x, rows, sums, out, out_stride, block_begin, block_end)) return;
+#endif
   for (int64_t block = block_begin; block < block_end; ++block)
     for_each_tile<kInt8Rows>(rows, [&](int64_t r, auto tile_rows) {
       int8_tile<decltype(tile_rows)::value>(w, x + r * w.k, w.k, sums + r, block, out + r * out_stride, out_stride);

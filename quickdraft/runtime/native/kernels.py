@@ -17,7 +17,7 @@ from quickdraft.machine import cpu_fingerprint
 # -ffp-contract=off: no fused multiply-adds, the same bits on every path; -fopenmp: at::parallel_for runs the work
 # on torch's threads only when the extension is compiled with OpenMP (without it, every kernel ran on one thread)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
-SOURCES = ("kernels.cpp", "gemm.h", "attention.h", "simd.h")
+SOURCES = ("kernels.cpp", "gemm.h", "gemm_amx.h", "attention.h", "simd.h")
 
 
 @functools.cache

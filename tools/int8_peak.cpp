@@ -1,33 +1,82 @@
-// The machine's ceiling for the native runtime's GEMM: multiply-accumulates per second of AVX2's
-// int8 sequence (vpmaddubsw + vpmaddwd + vpaddd, fbgemm's inner loop without VNNI) from registers,
-// on 1 and 2 threads; an fp32 FMA loop for comparison. No memory traffic: an upper bound.
-//   g++ -O2 -mavx2 -mfma -pthread tools/int8_peak.cpp -o /tmp/int8_peak && /tmp/int8_peak
+// What is the machine's int8 multiply-accumulate ceiling, the bound on how cheap a k-token verify block can be?
+// Runs each int8 instruction sequence the native GEMMs (quickdraft/runtime/native/gemm.h) can use from registers,
+// on 1 and 2 threads, with no memory traffic (an upper bound): AVX2's vpmaddubsw + vpmaddwd + vpaddd (no VNNI),
+// AVX-512 VNNI's vpdpbusd, and AMX's tdpbusd where the processor and the OS allow them; an fp32 FMA loop beside.
+//   g++ -O2 -march=native -pthread tools/int8_peak.cpp -o /tmp/int8_peak && /tmp/int8_peak
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 #include <vector>
+
 static const long ITERS = 200000000 / 8;
 static int sink;
-void int8_loop() {
+
+// Every loop: 8 independent accumulators (no chain waits on another), an input opaque to the compiler each
+// iteration (asm volatile) so nothing is hoisted, distinct operands so no product is computed once for all.
+void avx2_loop() {
   __m256i a = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
   __m256i b[8], acc[8];
   for (int i = 0; i < 8; i++) b[i] = _mm256_set1_epi8(static_cast<char>(i + 1)), acc[i] = _mm256_setzero_si256();
   for (long it = 0; it < ITERS; it++) {
-    // a is opaque to the compiler each iteration but depends on nothing: the 8 products (distinct b's,
-    // so none is shared) cannot be hoisted, and the only dependency chains are the 8 accumulators.
-    // (Earlier versions fed acc[0] back into a and used one b: the 8 products were computed once
-    // and each iteration waited for the previous one, so neither the count nor the time was right.)
     asm volatile("" : "+x"(a));
 #pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-      __m256i pairs = _mm256_maddubs_epi16(a, b[i]);  // 32 u8*s8 products -> 16 s16
-      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(pairs, ones));
-    }
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b[i]), ones));
   }
-  int s = 0; for (int i = 0; i < 8; i++) s += _mm256_extract_epi32(acc[i], 0);
-  sink += s;
+  for (int i = 0; i < 8; i++) sink += _mm256_extract_epi32(acc[i], 0);
 }
+
+#if defined(__AVX512VNNI__)
+void vnni_loop() {
+  __m512i a = _mm512_set1_epi8(3);
+  __m512i b[8], acc[8];
+  for (int i = 0; i < 8; i++) b[i] = _mm512_set1_epi8(static_cast<char>(i + 1)), acc[i] = _mm512_setzero_si512();
+  for (long it = 0; it < ITERS; it++) {
+    asm volatile("" : "+v"(a));
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b[i]);
+  }
+  for (int i = 0; i < 8; i++) sink += _mm_cvtsi128_si32(_mm512_castsi512_si128(acc[i]));
+}
+#endif
+
+#if defined(__AMX_INT8__)
+struct TileConfig {
+  uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static const long AMX_ITERS = ITERS / 16;
+void amx_loop() {  // 4 accumulator tiles, 16 x 16 int32 each, 16 x 64 bytes from two operand tiles
+  TileConfig config;
+  for (int t = 0; t < 6; t++) config.rows[t] = 16, config.colsb[t] = 64;
+  _tile_loadconfig(&config);
+  alignas(64) static thread_local int8_t data[16 * 64];
+  std::memset(data, 1, sizeof data);
+  _tile_loadd(4, data, 64);
+  _tile_loadd(5, data, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long it = 0; it < AMX_ITERS; it++) {
+    _tile_dpbusd(0, 4, 5);
+    _tile_dpbusd(1, 5, 4);
+    _tile_dpbusd(2, 4, 5);
+    _tile_dpbusd(3, 5, 4);
+  }
+  alignas(64) int32_t c[256];
+  _tile_stored(0, c, 64);
+  sink += c[0];
+  _tile_release();
+}
+#endif
+
 void fma_loop() {
   __m256 a = _mm256_set1_ps(1.0001f);
   __m256 b[10], acc[10];
@@ -37,9 +86,11 @@ void fma_loop() {
 #pragma GCC unroll 10
     for (int i = 0; i < 10; i++) acc[i] = _mm256_fmadd_ps(a, b[i], acc[i]);
   }
-  float s = 0; for (int i = 0; i < 10; i++) s += acc[i][0];
-  sink += (int)s;
+  float s = 0;
+  for (int i = 0; i < 10; i++) s += acc[i][0];
+  sink += static_cast<int>(s);
 }
+
 double run(void (*f)(), int threads) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> ts;
@@ -47,11 +98,21 @@ double run(void (*f)(), int threads) {
   for (auto& t : ts) t.join();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
 int main() {
   for (int threads : {1, 2}) {
-    double s = run(int8_loop, threads);
-    printf("int8 maddubs+madd: %d thread(s): %.1f GMAC/s\n", threads, threads * ITERS * 8.0 * 32 / s / 1e9);
-    s = run(fma_loop, threads);
-    printf("fp32 fma:          %d thread(s): %.1f GMAC/s\n", threads, threads * ITERS * 10.0 * 8 / s / 1e9);
+    printf("int8 AVX2 maddubs+madd: %d thread(s): %6.1f GMAC/s\n", threads,
+           threads * ITERS * 8.0 * 32 / run(avx2_loop, threads) / 1e9);
+#if defined(__AVX512VNNI__)
+    printf("int8 AVX-512 vpdpbusd:  %d thread(s): %6.1f GMAC/s\n", threads,
+           threads * ITERS * 8.0 * 64 / run(vnni_loop, threads) / 1e9);
+#endif
+#if defined(__AMX_INT8__)
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0)
+      printf("int8 AMX tdpbusd:       %d thread(s): %6.1f GMAC/s\n", threads,
+             threads * AMX_ITERS * 4.0 * 16 * 16 * 64 / run(amx_loop, threads) / 1e9);
+#endif
+    printf("fp32 AVX2 fma:          %d thread(s): %6.1f GMAC/s\n", threads,
+           threads * ITERS * 10.0 * 8 / run(fma_loop, threads) / 1e9);
   }
 }

@@ -69,7 +69,7 @@ class Scheduler:
         """Move the oldest waiting requests into free slots; returns the admitted ones."""
         admitted = []
         with self._lock:
-            while self.waiting and len(self.running) < self.settings.max_running:
+            while self.waiting and len(self.running) + len(admitted) < self.settings.max_running:
                 admitted.append(self.waiting.popleft())
         self.running += admitted
         return admitted

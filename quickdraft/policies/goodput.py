@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -237,41 +238,47 @@ def plan_batch(
     t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(requests drafting a p-th token with the
     draft model) + the reading of requests whose drafter must catch up first: one target forward over every
     request's block (and ``other_tokens``, e.g. prompt chunks), one draft-model forward per draft position.
-    A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`), which falls with k, so the
-    best plan with d drafts in all hands them out in order of that gain; the d with the best goodput wins
-    (ties: fewer drafts). When the batch is busy a drafted token adds about a token's work to the target's
-    forward but less than a token to the answer, and every γ falls to 0; at one request with cheap
-    verification the bids stand. A bid that is not negotiable keeps its γ (counted as one expected token:
-    nothing is known of its acceptance). A step of one request and nothing else is the single-request
-    problem its policy solved already, with costs corrected by its measured steps: its bid stands.
+    A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`). Drafts are handed out one
+    at a time, each to the request whose next draft adds the most expected tokens per millisecond it adds to
+    the step (one more token in the target's forward; with a draft model, one more row in that position's draft
+    forward; before a first draft, the reading); of the plans on the way, from no drafts to every bid in full,
+    the one with the best goodput wins (ties: fewer drafts). When the batch is busy a drafted token adds about
+    a token's work to the target's forward but less than a token to the answer, and every γ falls to 0; with
+    few requests and cheap verification the bids stand. A bid that is not negotiable keeps its γ (counted as
+    one expected token: nothing is known of its acceptance). A step of one request and nothing else is the
+    single-request problem its policy solved already, with costs corrected by its measured steps: its bid
+    stands.
     """
     if len(bids) == 1 and other_tokens == 0:
         return [bids[0].num_draft_tokens]
+    target_ms, draft_ms = functools.cache(costs.target), functools.cache(costs.draft)  # few distinct arguments
     gammas = [0 if bid.negotiable else bid.num_draft_tokens for bid in bids]
     rows = Counter(
         position for i, gamma in enumerate(gammas) if uses_draft_model[i] for position in range(1, gamma + 1)
     )
-    tokens = len(bids) + other_tokens + sum(gammas)
-    expected = float(len(bids))
-    drafting_ms = sum(costs.draft(count) for count in rows.values())
-    candidates = [  # (gain, request, k): the k-th draft of request i, in order of k within a request
-        (bid.gain(k), i, k) for i, bid in enumerate(bids) if bid.negotiable for k in range(1, bid.num_draft_tokens + 1)
-    ]
-    candidates.sort(key=lambda candidate: -candidate[0])  # stable: a request's drafts stay in order of k
-    best_goodput, best_count = expected / (costs.target(tokens) + drafting_ms), 0
-    for count, (gain, i, k) in enumerate(candidates, start=1):
-        expected, tokens = expected + gain, tokens + 1
-        if uses_draft_model[i]:
-            rows[k] += 1
-            drafting_ms += costs.draft(rows[k]) - costs.draft(rows[k] - 1)
-        if k == 1:
-            drafting_ms += bids[i].reading_ms
-        goodput = expected / (costs.target(tokens) + drafting_ms)
-        if goodput > best_goodput:
-            best_goodput, best_count = goodput, count
-    for _, i, _ in candidates[:best_count]:
+    tokens, expected = len(bids) + other_tokens + sum(gammas), float(len(bids))
+    drafting_ms = sum(draft_ms(count) for count in rows.values())
+    best_goodput, best_gammas = expected / (target_ms(tokens) + drafting_ms), list(gammas)
+    growing = [i for i, bid in enumerate(bids) if bid.negotiable and bid.num_draft_tokens > 0]
+
+    def drafting_cost(i: int) -> float:  # what the next draft of request i adds to the step's drafting
+        k = gammas[i] + 1
+        model_ms = draft_ms(rows[k] + 1) - draft_ms(rows[k]) if uses_draft_model[i] else 0.0
+        return model_ms + (bids[i].reading_ms if k == 1 else 0.0)
+
+    while growing:
+        verify_ms = target_ms(tokens + 1) - target_ms(tokens)
+        i = max(growing, key=lambda i: bids[i].gain(gammas[i] + 1) / max(verify_ms + drafting_cost(i), 1e-9))
+        drafting_ms += drafting_cost(i)
         gammas[i] += 1
-    return gammas
+        rows[gammas[i]] += uses_draft_model[i]
+        tokens, expected = tokens + 1, expected + bids[i].gain(gammas[i])
+        if gammas[i] == bids[i].num_draft_tokens:
+            growing.remove(i)
+        goodput = expected / (target_ms(tokens) + drafting_ms)
+        if goodput > best_goodput:
+            best_goodput, best_gammas = goodput, list(gammas)
+    return best_gammas
 
 
 def _goodput(_: None, context: PolicyContext) -> Policy:

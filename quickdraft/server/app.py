@@ -102,17 +102,22 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Event] = asyncio.Queue()
         event_loop = asyncio.get_running_loop()
+        track = Tracker(arrival, metrics)
+
+        def deliver(event: Event) -> None:  # on the event loop; timed even after a client went away
+            track.see(event)
+            events.put_nowait(event)
+
         try:
-            loop.submit(api.serve, lambda event: event_loop.call_soon_threadsafe(events.put_nowait, event))
+            loop.submit(api.serve, lambda event: event_loop.call_soon_threadsafe(deliver, event))
         except QueueFull as error:
             raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
         except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...
             raise ApiError(400, str(error)) from None
-        track = Tracker(arrival, metrics)
         if api.stream:
             return StreamingResponse(stream(api, events, track, loop.cancel), media_type="text/event-stream")
         try:
-            result = await collect(request, events, track)
+            result = await collect(request, events)
         finally:
             if not track.done:
                 loop.cancel(api.serve.request_id)
@@ -127,7 +132,6 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
                 yield sse(chunk_body(api, response_id, model, None))
             while True:
                 event = await events.get()
-                track.see(event)
                 if isinstance(event, TokenDelta) and (event.text or api.return_token_ids):
                     yield sse(chunk_body(api, response_id, model, event.text, event.token_ids))
                 elif isinstance(event, RequestFinished):
@@ -143,7 +147,7 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
             if not track.done:  # the client went away: free the request's slot at the next step
                 cancel(api.serve.request_id)
 
-    async def collect(request: Request, events: asyncio.Queue[Event], track: Tracker) -> GenerationResult:
+    async def collect(request: Request, events: asyncio.Queue[Event]) -> GenerationResult:
         while True:
             try:
                 event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
@@ -151,7 +155,6 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
                 if await request.is_disconnected():
                     raise ApiError(499, "the client closed the connection") from None
                 continue
-            track.see(event)
             if isinstance(event, RequestFinished):
                 return event.result
             if isinstance(event, RequestFailed):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from quickdraft.serving import BatchEngine, StepReport
 
@@ -17,6 +17,7 @@ class ServerMetrics:
 
     def __init__(self, engine: BatchEngine) -> None:
         self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
         scheduler = engine.scheduler
         running = Gauge("quickdraft_requests_running", "Requests decoding or reading their prompt", registry=registry)
         running.set_function(lambda: len(scheduler.running))

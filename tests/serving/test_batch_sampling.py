@@ -21,6 +21,7 @@ from test_engine import (
     TOP_P_SAMPLING,
     VOCAB,
     WINDOW_CONFIG,
+    every_third_bonus_to_token_0,
     table_pipeline,
     window_distribution,
     wrong_rule,
@@ -30,7 +31,6 @@ import quickdraft.engine
 import quickdraft.serving.engine
 from quickdraft.sampling import SamplingParams
 from quickdraft.serving import BatchEngine, RequestFinished, SchedulerSettings, ServeRequest
-from quickdraft.verify import VerificationResult
 
 PROMPT = (1, 2)
 AT_ONCE = 100  # requests in flight together
@@ -100,14 +100,6 @@ def test_chi_square_catches_a_wrong_bonus_token_in_the_batched_engine(
     seeded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every third bonus token (all drafts accepted) replaced by token 0."""
-    verify = quickdraft.serving.engine.verify_drafts
-    bonuses = itertools.count()
-
-    def bonus_to_token_0(draft_token_ids: torch.Tensor, *args: object) -> VerificationResult:
-        result = verify(draft_token_ids, *args)
-        if 0 < draft_token_ids.shape[1] == int(result.num_accepted[0]) and next(bonuses) % 3 == 0:
-            return VerificationResult(result.num_accepted, torch.zeros_like(result.next_token_ids))
-        return result
-
-    monkeypatch.setattr(quickdraft.serving.engine, "verify_drafts", bonus_to_token_0)
+    wrong = every_third_bonus_to_token_0(quickdraft.serving.engine.verify_drafts)
+    monkeypatch.setattr(quickdraft.serving.engine, "verify_drafts", wrong)
     assert batched_pvalue(TOP_P_SAMPLING, seeded) < REJECTED

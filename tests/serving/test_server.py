@@ -13,18 +13,16 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from conftest import FLAT, native_pipeline
+from conftest import native_pipeline
+from test_batch_engine import batch_engine
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
-from quickdraft.costs import BatchCostModel
-from quickdraft.memory import DrafterMemory
 from quickdraft.server import ServerDefaults, create_app
-from quickdraft.serving import BatchEngine, SchedulerSettings
+from quickdraft.serving import BatchEngine
 from quickdraft.serving.loop import ServingLoop
 
 MODEL = "tiny"
-CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5})
 TIMEOUT = 60.0
 
 
@@ -50,16 +48,7 @@ class Server:
 @contextlib.contextmanager
 def serving(pipeline: Pipeline, **settings: int) -> Iterator[Server]:
     """A server on 127.0.0.1 (a free port) in a thread, stopped at the end."""
-    memories = {drafter: DrafterMemory(cost_model=FLAT) for drafter in ("draft-model", "prompt-lookup", "none")}
-    engine = BatchEngine(
-        pipeline.target,
-        pipeline.tokenizer,
-        pipeline.eos_token_ids,
-        draft=pipeline.draft,
-        memories=memories,
-        batch_costs=CHEAP_BATCH,
-        settings=SchedulerSettings(**settings),
-    )
+    engine = batch_engine(pipeline, **settings)
     app = create_app(pipeline, ServingLoop(engine), ServerDefaults((MODEL,), max_tokens=12))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

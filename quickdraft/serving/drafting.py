@@ -49,6 +49,7 @@ class BatchDrafter:
         self.target_vocab_size = target_vocab_size
         self.options = options
         self.max_read_tokens = max_read_tokens  # what a draft cache may catch up on in one step (a prompt's chunk)
+        self.only_read: set[RequestState] = set()  # requests whose draft model read a chunk and drafted nothing
 
     def backlog(self, state: RequestState) -> int:
         """Committed tokens the request's drafter must read before its next draft (0 without a draft model)."""
@@ -83,9 +84,11 @@ class BatchDrafter:
     def _draft_with_model(self, rows: list[DraftingRow]) -> list[DraftingRow]:
         """Draft autoregressively for every row, one batched forward per draft position."""
         assert self.draft is not None or not rows
+        self.only_read = set()
         for row in rows:  # a long backlog (a prompt) is read in chunks, and the row drafts once it is read
             if len(row.feed) > self.max_read_tokens:
                 row.feed, row.num_tokens = row.feed[: self.max_read_tokens], 0
+                self.only_read.add(row.state)
         feeding = rows
         while feeding:
             batch = [BatchRow(row.state.draft_cache.cache, row.feed, last_only=True) for row in feeding]  # type: ignore[union-attr]

@@ -246,7 +246,7 @@ class BatchEngine:
         state.stats.draft_tokens_proposed += proposal.num_tokens
         state.stats.draft_tokens_accepted += num_kept
         state.policy.observe(num_judged, num_kept)
-        if single:  # only a step of one request times what the request's own steps cost
+        if single and state not in self.drafter.only_read:  # a step like the single engine's times its steps
             state.policy.observe_step_time(proposal.num_tokens, 1000 * (time.perf_counter() - started))
         return num_kept, num_committed
 

@@ -95,6 +95,13 @@ def write_report(out: Path, results: dict[str, Any]) -> bool:
             f"{fmt(s['throughput_tok_s'], 1)} | {' | '.join(quantiles)} | {lossless} |"
         )
     lines += ["", "## SmartSpec's claims, measured here", "", *claims(results)]
+    if (alone := results.get("single_request")) is not None and "seq" in settings["rates"]:
+        runs = {run["config"]: run["summary"] for run in results["runs"] if run["rate"] == "seq"}
+        lines += ["", "## One user: the server against the single-request engine", ""]
+        lines += ["| config | single-request engine, mean latency | server, 1 user, mean latency |", "|---|---|---|"]
+        for name, single in alone.items():
+            served = runs.get(name, {}).get("e2e_s", {}).get("mean")
+            lines.append(f"| {name} | {fmt(single['e2e_s']['mean'])} s | {fmt(served)} s |")
     if (cut := results.get("disconnects")) is not None:
         s = cut["summary"]
         lines += [

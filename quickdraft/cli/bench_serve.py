@@ -65,6 +65,12 @@ def add_command(commands: Any) -> None:
     )
     bench.add_argument("--url", help="an already running server (http://127.0.0.1:PORT); default: start one")
     bench.add_argument("--no-reference", action="store_true", help="skip the lossless check (no model loaded here)")
+    bench.add_argument(
+        "--single-request",
+        action="store_true",
+        help="first decode every prompt alone with the single-request engine under each configuration (in this "
+        "process, one after another): the latencies the server's one-user run is compared with",
+    )
     bench.add_argument("--out", default="bench-serve-results", metavar="DIR", help="output directory")
     add_model_arguments(bench)
     add_serving_arguments(bench)
@@ -84,12 +90,15 @@ def run(args: argparse.Namespace) -> None:
     check_output_dir(out)
     prompts = spec_bench_prompts(args.questions, args.num_prompts, args.seed)
     references = None if args.no_reference else reference_outputs(args, prompts, out / "references.json")
+    alone = single_request_runs(args, prompts, configs) if args.single_request else None
     server, url = (None, args.url.rstrip("/")) if args.url else start_server(args, out / "server.log")
     settings = {
         "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates, "seed": args.seed,
         "configs": [vars(config) for config in configs], "server": " ".join(server.args[3:]) if server else url,
     }  # fmt: skip
     results: dict[str, Any] = {"settings": settings, "runs": []}
+    if alone is not None:
+        results["single_request"] = alone
     try:
         plotted = asyncio.run(drive(args, url, prompts, configs, rates, references, results, out))
     finally:
@@ -157,6 +166,37 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
             print(f"reference {i}/{len(missing)}: {len(result.token_ids)} tokens", file=sys.stderr)
         path.write_text(json.dumps(saved), encoding="utf-8")
     return saved["outputs"]
+
+
+def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs: list[ServedConfig]) -> dict[str, Any]:
+    """Every prompt decoded alone by the single-request engine under each configuration: latencies per config."""
+    from quickdraft.api import Pipeline
+    from quickdraft.bench.serve_load import distribution
+    from quickdraft.config import GenerationConfig
+
+    draft = args.draft or default_draft_model() if any(c.drafter == "draft-model" for c in configs) else None
+    pipeline = Pipeline.load(target=args.target, draft=draft, runtime=args.runtime)
+    runs = {}
+    for config in configs:
+        settings = GenerationConfig(
+            max_new_tokens=args.max_tokens, policy=config.policy or ("fixed:0" if config.drafter == "none" else None)
+        )
+        pipeline.prepare(config.drafter, settings)
+        engine, latencies = pipeline.engine(config.drafter), []
+        engine.generate(
+            pipeline.encode(prompts[0].text, chat=True), GenerationConfig(max_new_tokens=8, policy=settings.policy)
+        )
+        for prompt in prompts:
+            latencies.append(engine.generate(pipeline.encode(prompt.text, chat=True), settings).stats.wall_time_s)
+        runs[config.name] = {"e2e_s": distribution(latencies)}
+        print(f"single request, {config.name}: mean {runs[config.name]['e2e_s']['mean']:.2f} s", file=sys.stderr)
+    return runs
+
+
+def default_draft_model() -> str:
+    from quickdraft.models import DEFAULT_DRAFT
+
+    return DEFAULT_DRAFT
 
 
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:

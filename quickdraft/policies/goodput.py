@@ -237,7 +237,11 @@ def plan_batch(
 
     t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(requests drafting a p-th token with the
     draft model) + the reading of requests whose drafter must catch up first: one target forward over every
-    request's block (and ``other_tokens``, e.g. prompt chunks), one draft-model forward per draft position.
+    request's block and the step's other work (``other_tokens``: prompt chunks), one draft-model forward per
+    draft position. A prompt token read counts as a token of goodput: it is work every request needs done, as
+    much as a generated one. Counted as nothing, a prompt chunk beside the decoding requests would make their
+    drafts look cheap (the step is long anyway), while a drafted token then costs what a prompt token costs
+    that other requests are waiting on.
     A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`). Drafts are handed out one
     at a time, each to the request whose next draft adds the most expected tokens per millisecond it adds to
     the step (one more token in the target's forward; with a draft model, one more row in that position's draft
@@ -258,6 +262,7 @@ def plan_batch(
     )
     tokens, expected = len(bids) + other_tokens + sum(gammas), float(len(bids))
     drafting_ms = sum(draft_ms(count) for count in rows.values())
+    expected += other_tokens  # prompt tokens read: work done, as generated tokens are
     best_goodput, best_gammas = expected / (target_ms(tokens) + drafting_ms), list(gammas)
     growing = [i for i, bid in enumerate(bids) if bid.negotiable and bid.num_draft_tokens > 0]
 

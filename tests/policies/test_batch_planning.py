@@ -53,6 +53,15 @@ def test_a_small_batch_with_cheap_verification_keeps_speculating() -> None:
     assert plan_batch(bids(2, 0.8), [True, True], MEASURED_SHAPE)[0] >= 1  # memory-bound at two requests
 
 
+def test_drafts_beside_a_prompt_chunk_pay_as_they_would_without_it() -> None:
+    """A prompt chunk in the same forward makes the step compute-bound, and its tokens are work done: a draft
+    there costs what a prompt token costs and adds less than one, so it does not pay; where the forward's cost
+    hardly grows with its tokens, drafts pay beside a prompt as without it."""
+    assert plan_batch(bids(1, 0.6, 5), [True], COMPUTE_BOUND, other_tokens=128) == [0]
+    assert plan_batch(bids(4, 0.8), [False] * 4, MEASURED_SHAPE, other_tokens=128) == [0] * 4
+    assert plan_batch(bids(2, 0.9), [False] * 2, NEARLY_FREE_VERIFY, other_tokens=128)[0] >= 6
+
+
 def test_one_request_alone_keeps_its_policys_choice() -> None:
     """The single-request policy solved this step already, with costs corrected by its measured steps."""
     assert plan_batch([DraftBid(5, 0.6, 0.6)], [True], COMPUTE_BOUND) == [5]

@@ -178,9 +178,11 @@ class BatchEngine:
             kept, committed = self._accept(state, proposals[state], target_logits, started, single)
             proposed, accepted = proposed + proposals[state].num_tokens, accepted + kept
             new_tokens, finished = new_tokens + committed, finished + (state.cache is None)
+
+        # 6. A request whose prompt is now read commits its first token, from the prompt's last position.
         for (state, n), chunk_logits in zip(plan.chunks, logits[len(decoding) :], strict=True):
             state.prefilled += n
-            if state.prefilled == state.prompt_length:  # 6. the prompt is read: its last position gives token 1
+            if state.prefilled == state.prompt_length:
                 new_tokens, finished = new_tokens + 1, finished + self._first_token(state, chunk_logits, started)
         report = StepReport(
             decoding=len(decoding),

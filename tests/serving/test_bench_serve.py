@@ -69,6 +69,7 @@ def test_bench_serve_against_a_server_it_starts(
     args += ["--rates", "seq,inf", "--configs", "plain=none,goodput=draft-model+goodput,fixed=draft-model+fixed:2"]
     args += ["--target", str(native_model_dirs["target"]), "--draft", str(native_model_dirs["draft"])]
     args += ["--out", str(out), "--max-running", "4", "--prefill-tokens-per-step", "16", "--disconnect-fraction", "0.5"]
+    args += ["--single-request"]
     assert main(args) == 0, capsys.readouterr().err
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert [(run["config"], run["rate"]) for run in results["runs"]] == [
@@ -80,6 +81,7 @@ def test_bench_serve_against_a_server_it_starts(
     cut = results["disconnects"]["summary"]
     assert cut["disconnected"] > 0 and cut["completed"] + cut["disconnected"] == 4 and not cut["errors"]
     assert cut["lossless"] == cut["completed"] and results["disconnects"]["running_after"] == 0
+    assert set(results["single_request"]) == {"plain", "goodput", "fixed"}
     report = (out / "report.md").read_text(encoding="utf-8")
-    assert "SmartSpec's claims" in report and "Clients disconnecting" in report
+    assert "SmartSpec's claims" in report and "Clients disconnecting" in report and "single-request engine" in report
     assert (out / "latency.png").is_file()

@@ -245,7 +245,7 @@ class Pipeline:
         started = time.perf_counter()
         measured = measure_cost_model(self.target, self.draft, DRAFTERS.get(drafter), max_draft_tokens, context)
         seconds = time.perf_counter() - started
-        key = self._calibration_key(drafter, max_draft_tokens, context)
+        key = self.calibration_key(drafter, max_draft_tokens, context)
         saved = path is not None and measured.unsteady is None and save_calibration(path, key, measured.cost_model)
         source = "measured" if problem is None else "re-measured"
         return Calibration(measured.cost_model, source, path, seconds, saved, problem, measured.unsteady)
@@ -255,9 +255,9 @@ class Pipeline:
         machine and drafter; None for models without a path."""
         if self.target_path is None or (DRAFTERS.get(drafter).needs_draft_model and self.draft_path is None):
             return None
-        return keyed_file(self._calibration_key(drafter, max_draft_tokens, context), ".json")
+        return keyed_file(self.calibration_key(drafter, max_draft_tokens, context), ".json")
 
-    def _calibration_key(self, drafter: str, max_draft_tokens: int, context: int) -> dict[str, Any]:
+    def calibration_key(self, drafter: str, max_draft_tokens: int, context: int) -> dict[str, Any]:
         uses_draft = DRAFTERS.get(drafter).needs_draft_model
         return {
             "target": str(self.target_path),

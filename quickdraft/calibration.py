@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.costs import CostModel
+from quickdraft.costs import BatchCostModel, CostModel
 from quickdraft.drafters import Drafter
 from quickdraft.errors import ConfigError
 from quickdraft.memory import exclusive_lock, write_atomically
-from quickdraft.runtime.base import Runtime
+from quickdraft.runtime.base import BatchRow, Runtime
 
 PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
 DRAFT_PREFILL = "draft_prefill"  # the bench's name for that curve (n tokens -> ms), beside "target" and "draft"
@@ -185,6 +185,62 @@ def measure_cost_model(
     again_ms = measure_cost_curve(target, [1], context, repeats=3, warmup=1)[1]
     unsteady = steadiness_problem(curves["target"][1], again_ms)
     return CostMeasurement(cost_model_from_curves(curves, drafter_cls), unsteady)
+
+
+def doublings(limit: int) -> list[int]:
+    """1, 2, 4, … up to ``limit``, and ``limit`` itself."""
+    return sorted({2**i for i in range(limit.bit_length()) if 2**i <= limit} | {limit})
+
+
+def measure_batch_cost_model(
+    target: Runtime,
+    draft: Runtime | None,
+    max_rows: int,
+    max_tokens: int,
+    context: int = 8,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> BatchCostModel:
+    """Measure what a continuous-batching step costs (the fastest of ``repeats`` after ``warmup``, taking turns):
+    the target's batched forward over n = 1, 2, 4, … ``max_tokens`` tokens in all, spread over up to ``max_rows``
+    requests of ``context`` cached tokens each, and the draft model's over 1, 2, 4, … ``max_rows`` requests of
+    one token each. What a forward costs depends on its tokens far more than on how they are split between
+    requests (every GEMM has a row per token; attention over short contexts is a small part), so requests are
+    given few cached tokens: filling 128 contexts of hundreds of tokens would take minutes."""
+    if max_rows < 1 or max_tokens < 1 or context < 1 or repeats < 1 or warmup < 0:
+        raise ConfigError("a batch calibration needs max_rows, max_tokens, context and repeats >= 1")
+    generator = torch.Generator().manual_seed(0)
+    runtimes = {"target": target} if draft is None else {"target": target, "draft": draft}
+    caches = {role: [runtime.new_cache(1) for _ in range(max_rows)] for role, runtime in runtimes.items()}
+    for role, runtime in runtimes.items():
+        prompt = torch.randint(0, runtime.vocab_size, (context,), generator=generator).tolist()
+        runtime.forward_batch([BatchRow(cache, prompt, last_only=True) for cache in caches[role]])
+    plans = {("target", n): spread(n, max_rows) for n in doublings(max_tokens)}
+    plans |= {("draft", rows): [1] * rows for rows in doublings(max_rows) if draft is not None}
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in plans}
+    for repeat in range(warmup + repeats):
+        for (role, n), sizes in plans.items():
+            rows = [
+                BatchRow(cache, torch.randint(0, runtimes[role].vocab_size, (size,), generator=generator).tolist())
+                for cache, size in zip(caches[role], sizes, strict=False)
+            ]
+            started = time.perf_counter()
+            runtimes[role].forward_batch(rows)
+            elapsed = time.perf_counter() - started
+            for row in rows:
+                row.cache.truncate(context)
+            if repeat >= warmup:
+                times[(role, n)].append(elapsed)
+    curves: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+    for (role, n), samples in times.items():
+        curves[role][n] = 1000 * min(samples)
+    return BatchCostModel(curves["target"], curves["draft"])
+
+
+def spread(num_tokens: int, max_rows: int) -> list[int]:
+    """``num_tokens`` new tokens over as many requests as there are (up to ``max_rows``), as evenly as can be."""
+    rows = min(num_tokens, max_rows)
+    return [num_tokens // rows + (1 if row < num_tokens % rows else 0) for row in range(rows)]
 
 
 def steadiness_problem(first_ms: float, again_ms: float) -> str | None:

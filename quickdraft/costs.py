@@ -46,6 +46,16 @@ def monotone_fit(curve: Mapping[int, float]) -> dict[int, float]:
     return dict(zip(sorted(curve), values, strict=True))
 
 
+def fitted_value(fitted: Mapping[int, float], num_tokens: int) -> float:
+    """A monotone-fitted curve at ``num_tokens``, interpolated between the measured points; past the last one
+    it rises at the curve's mean slope (a pooled end is flat, and more tokens are not free)."""
+    first, last = min(fitted), max(fitted)
+    if num_tokens <= last or first == last:
+        return interpolate(fitted, num_tokens)
+    mean_slope = (fitted[last] - fitted[first]) / (last - first)
+    return float(fitted[last] + mean_slope * (num_tokens - last))
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Measured costs in milliseconds: a target forward over k new tokens, one drafted token, and
@@ -95,14 +105,8 @@ class CostModel:
             raise ConfigError(f"not a saved cost model: {error!r}") from None
 
     def target(self, num_tokens: int) -> float:
-        """t_target(k) on the fitted curve, interpolated between the measured k; past the last one it
-        rises at the fitted curve's mean slope (a pooled end is flat, and more tokens are not free)."""
-        fitted = self.fitted_target_ms
-        first, last = min(fitted), max(fitted)
-        if num_tokens <= last or first == last:
-            return interpolate(fitted, num_tokens)
-        mean_slope = (fitted[last] - fitted[first]) / (last - first)
-        return float(fitted[last] + mean_slope * (num_tokens - last))
+        """t_target(k) on the fitted curve (:func:`fitted_value`)."""
+        return fitted_value(self.fitted_target_ms, num_tokens)
 
     def draft_read(self, num_tokens: int) -> float:
         """What reading ``num_tokens`` costs the drafter before it drafts (0 without a prefill curve)."""
@@ -161,3 +165,51 @@ def expected_tokens(acceptance_rate: float, num_draft_tokens: int, continuation_
         beta = alpha
     later_drafts = float(gamma) if beta >= 1.0 else (1.0 - beta**gamma) / (1.0 - beta)
     return 1.0 if gamma == 0 else 1.0 + alpha * later_drafts
+
+
+@dataclass(frozen=True)
+class BatchCostModel:
+    """Measured costs of one continuous-batching step, in milliseconds: the target's forward as a function of the
+    tokens of every request in it together, and one draft-model forward as a function of its rows (requests, one
+    token each; empty: no draft model). Used through their monotone fits, like :class:`CostModel`'s curve."""
+
+    target_ms: Mapping[int, float]  # total new tokens in the step -> ms
+    draft_ms: Mapping[int, float] = field(default_factory=dict)  # rows of one draft forward -> ms
+    fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
+    fitted_draft_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        curves = {"target": self.target_ms, "draft": self.draft_ms}
+        if not self.target_ms or any(
+            n < 1 or not (math.isfinite(ms) and ms > 0) for curve in curves.values() for n, ms in curve.items()
+        ):
+            raise ConfigError(f"a batch cost model needs positive finite times at n >= 1, got {self.to_dict()}")
+        object.__setattr__(self, "fitted_target_ms", monotone_fit(self.target_ms))
+        object.__setattr__(self, "fitted_draft_ms", monotone_fit(self.draft_ms) if self.draft_ms else {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target_ms": {str(n): ms for n, ms in sorted(self.target_ms.items())},
+            "draft_ms": {str(n): ms for n, ms in sorted(self.draft_ms.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchCostModel:
+        """The inverse of :meth:`to_dict`; malformed data raises ``ConfigError``."""
+        try:
+            return cls(
+                {int(n): float(ms) for n, ms in data["target_ms"].items()},
+                {int(n): float(ms) for n, ms in data["draft_ms"].items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(f"not a saved batch cost model: {error!r}") from None
+
+    def target(self, num_tokens: int) -> float:
+        """The target's forward over ``num_tokens`` new tokens of all the step's requests (0 tokens: 0 ms)."""
+        return 0.0 if num_tokens <= 0 else fitted_value(self.fitted_target_ms, num_tokens)
+
+    def draft(self, num_rows: int) -> float:
+        """One draft-model forward over ``num_rows`` requests (0 rows, or no draft model: 0 ms)."""
+        if num_rows <= 0 or not self.fitted_draft_ms:
+            return 0.0
+        return fitted_value(self.fitted_draft_ms, num_rows)

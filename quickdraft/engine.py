@@ -48,6 +48,73 @@ class GenerationStream:
         return self.result
 
 
+def check_prompt(prompt_ids: list[int], config: GenerationConfig, max_context: int) -> None:
+    """Raise ``PromptError`` for an empty prompt or one that leaves no room for ``max_new_tokens``."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty: give some text to continue")
+    needed = len(prompt_ids) + config.max_new_tokens
+    if needed > max_context:
+        raise PromptError(
+            f"the prompt has {len(prompt_ids)} tokens and max_new_tokens is {config.max_new_tokens}: "
+            f"{needed} positions, but the model's context holds {max_context}; "
+            f"shorten the prompt or lower max_new_tokens"
+        )
+
+
+def choose_token(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int
+) -> torch.Tensor:
+    """One token per row from ``[B, V]`` logits for sequence position ``position``, as plain decoding chooses it."""
+    return choose_tokens(logits_to_probs(logits, sampling), sampling, generator, position)
+
+
+def verify_drafts(
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator,
+    position: int,
+) -> VerificationResult:
+    """A request's acceptance rule; ``position``: the sequence position of the first draft.
+
+    Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's
+    Gumbel-max samples under the positions' noise, so the output is seeded plain decoding's whatever
+    γ. Unseeded sampling: Leviathan rejection sampling.
+    """
+    if sampling.is_greedy:
+        return greedy_verify(draft_token_ids, target_logits)
+    target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
+    if sampling.is_seeded:
+        positions = range(position, position + target_probs.shape[1])
+        noise = position_noise(sampling.seed, positions, target_probs.shape[-1])  # [γ + 1, V]
+        return coupled_verify(draft_token_ids, target_probs, noise[None])
+    return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+
+
+def commit_tokens(
+    step_tokens: list[int],
+    committed: list[int],
+    new_token_ids: list[int],
+    decoder: IncrementalDecoder,
+    eos_token_ids: frozenset[int],
+    max_new_tokens: int,
+) -> str | None:
+    """Commit a step's tokens one by one (to ``committed``, ``new_token_ids`` and ``decoder``) up to the end of
+    the answer: the finish reason ("eos", "stop", "length") where it ends, None while it goes on."""
+    for token in step_tokens:
+        committed.append(token)
+        new_token_ids.append(token)
+        decoder.add(token)
+        if token in eos_token_ids:
+            return "eos"
+        if decoder.stopped:
+            return "stop"
+        if len(new_token_ids) == max_new_tokens:
+            return "length"
+    return None
+
+
 class SpeculativeEngine:
     """Decodes one request (B = 1) with a target runtime and a drafter."""
 
@@ -86,15 +153,7 @@ class SpeculativeEngine:
         return parse_policy(config.policy).build(self.memory.policy_context(config))
 
     def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
-        if not prompt_ids:
-            raise PromptError("the prompt is empty: give some text to continue")
-        needed = len(prompt_ids) + config.max_new_tokens
-        if needed > self.target.max_context:
-            raise PromptError(
-                f"the prompt has {len(prompt_ids)} tokens and max_new_tokens is {config.max_new_tokens}: "
-                f"{needed} positions, but the model's context holds {self.target.max_context}; "
-                f"shorten the prompt or lower max_new_tokens"
-            )
+        check_prompt(prompt_ids, config, self.target.max_context)
 
     def _run(
         self, prompt_ids: list[int], config: GenerationConfig, policy: Policy
@@ -124,20 +183,10 @@ class SpeculativeEngine:
         while True:
             # 2. Commit the step's tokens; stop at end of sequence, a stop string or the budget. Then account
             #    for the step's drafts as far as they were committed.
-            finish_reason = None
             num_before = len(new_token_ids)
-            for token in step_tokens:
-                committed.append(token)
-                new_token_ids.append(token)
-                decoder.add(token)
-                if token in self.eos_token_ids:
-                    finish_reason = "eos"
-                elif decoder.stopped:
-                    finish_reason = "stop"
-                elif len(new_token_ids) == config.max_new_tokens:
-                    finish_reason = "length"
-                if finish_reason:
-                    break
+            finish_reason = commit_tokens(
+                step_tokens, committed, new_token_ids, decoder, self.eos_token_ids, config.max_new_tokens
+            )
             num_committed = len(new_token_ids) - num_before
             stats.new_tokens = len(new_token_ids)
             stats.step_sizes.append(num_committed)
@@ -197,36 +246,8 @@ class SpeculativeEngine:
             yield delta
         return GenerationResult(text=decoder.text, token_ids=new_token_ids, finish_reason=finish_reason, stats=stats)
 
-    @staticmethod
-    def _choose(
-        logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int
-    ) -> torch.Tensor:
-        """One token per row from ``[B, V]`` logits for sequence position ``position``, as plain decoding chooses it."""
-        return choose_tokens(logits_to_probs(logits, sampling), sampling, generator, position)
-
-    @staticmethod
-    def _verify(
-        draft_token_ids: torch.Tensor,
-        draft_probs: torch.Tensor | None,
-        target_logits: torch.Tensor,
-        sampling: SamplingParams,
-        generator: torch.Generator,
-        position: int,
-    ) -> VerificationResult:
-        """The request's acceptance rule; ``position``: the sequence position of the first draft.
-
-        Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's
-        Gumbel-max samples under the positions' noise, so the output is seeded plain decoding's whatever
-        γ. Unseeded sampling: Leviathan rejection sampling.
-        """
-        if sampling.is_greedy:
-            return greedy_verify(draft_token_ids, target_logits)
-        target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
-        if sampling.is_seeded:
-            positions = range(position, position + target_probs.shape[1])
-            noise = position_noise(sampling.seed, positions, target_probs.shape[-1])  # [γ + 1, V]
-            return coupled_verify(draft_token_ids, target_probs, noise[None])
-        return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+    _choose = staticmethod(choose_token)
+    _verify = staticmethod(verify_drafts)
 
 
 def committed_drafts(num_proposed: int, num_accepted: int, num_committed: int) -> tuple[int, int]:

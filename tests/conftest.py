@@ -15,6 +15,9 @@ import quickdraft.engine
 from quickdraft.api import Pipeline
 from quickdraft.costs import CostModel
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
+from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.model import Decoder, DecoderConfig
+from quickdraft.runtime.native.weights import quantize_state_dict
 
 EOS = "<eos>"
 
@@ -76,6 +79,31 @@ def tiny_pipeline(vocab_size: int = 32, logit_scale: float = 1.0, draft_seed: in
         tokenizer=tokenizer,
         eos_token_ids=frozenset({tokenizer.eos_token_id}),
         draft=HFRuntime(tiny_model(vocab_size, seed=draft_seed, logit_scale=logit_scale, num_layers=1)),
+    )
+
+
+def native_from_hf(model: torch.nn.Module, capacity: int = 256) -> NativeRuntime:
+    """A tiny transformers model on the native runtime (bitwise the same logits whatever the batch)."""
+    config = DecoderConfig.from_hf(model.config.to_dict())
+    tensors = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    return NativeRuntime(Decoder.from_native_state(config, quantize_state_dict(config, tensors), capacity))
+
+
+def native_pipeline(vocab_size: int = 48, draft_noise: float = 0.1) -> Pipeline:
+    """A tiny random target on the native runtime, drafted by a copy of it whose LM head carries noise (of
+    ``draft_noise`` times the weights' scale): its drafts are accepted often, not always. No end-of-sequence
+    token: answers run to their budgets."""
+    tokenizer = word_tokenizer(vocab_size)
+    draft = tiny_model(vocab_size, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        weight = draft.lm_head.weight
+        weight.add_(draft_noise * weight.std() * torch.randn(weight.shape, generator=generator))
+    return Pipeline(
+        target=native_from_hf(tiny_model(vocab_size, seed=0)),
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset(),
+        draft=native_from_hf(draft),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -400,11 +401,8 @@ def test_chi_square_catches_a_wrong_acceptance_rule(monkeypatch: pytest.MonkeyPa
     assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False) < REJECTED
 
 
-@RULES
-@pytest.mark.usefixtures("one_thread", "numbered_generators")
-def test_chi_square_catches_a_wrong_bonus_token(seeded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Negative control: every third bonus token (all drafts accepted) replaced by token 0 must fail."""
-    verify = quickdraft.engine.SpeculativeEngine._verify
+def every_third_bonus_to_token_0(verify: Callable[..., VerificationResult]) -> Callable[..., VerificationResult]:
+    """A wrong rule: ``verify``, but every third bonus token (all drafts accepted) replaced by token 0."""
     bonuses = itertools.count()
 
     def bonus_to_token_0(draft_token_ids: torch.Tensor, *args: object) -> VerificationResult:
@@ -413,7 +411,15 @@ def test_chi_square_catches_a_wrong_bonus_token(seeded: bool, monkeypatch: pytes
             return VerificationResult(result.num_accepted, torch.zeros_like(result.next_token_ids))
         return result
 
-    monkeypatch.setattr(quickdraft.engine.SpeculativeEngine, "_verify", staticmethod(bonus_to_token_0))
+    return bonus_to_token_0
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_chi_square_catches_a_wrong_bonus_token(seeded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: every third bonus token (all drafts accepted) replaced by token 0 must fail."""
+    wrong = every_third_bonus_to_token_0(quickdraft.engine.SpeculativeEngine._verify)
+    monkeypatch.setattr(quickdraft.engine.SpeculativeEngine, "_verify", staticmethod(wrong))
     assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded) < REJECTED
 
 

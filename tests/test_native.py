@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, tiny_model, word_tokenizer
+from conftest import chi_square_pvalue, native_from_hf, tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
@@ -15,15 +15,8 @@ from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import BatchRow, KVCache
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.model import Decoder, DecoderConfig, key_rows
-from quickdraft.runtime.native.weights import quantize_state_dict
+from quickdraft.runtime.native.model import DecoderConfig, key_rows
 from quickdraft.sampling import logits_to_probs
-
-
-def native_from_hf(model: torch.nn.Module, capacity: int = 256) -> NativeRuntime:
-    config = DecoderConfig.from_hf(model.config.to_dict())
-    tensors = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    return NativeRuntime(Decoder.from_native_state(config, quantize_state_dict(config, tensors), capacity))
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["kernels", "torch-ops"])

@@ -177,3 +177,44 @@ def test_native_perplexity_is_within_3_percent_of_transformers_fp32(pair: Pipeli
     native = perplexity(native_pair.target.forward(token_ids, native_pair.target.new_cache()))
     assert token_ids.shape[1] > 250
     assert abs(native / reference - 1) < 0.03, (native, reference)
+
+
+def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair: Pipeline) -> None:
+    """Continuous batching on the default pair: 9 greedy requests of mixed prompts, budgets and drafters, decoded
+    together (prompts read in chunks beside decoding requests) give bitwise single-request plain decoding's tokens."""
+    from quickdraft.serving import BatchEngine, RequestFinished, SchedulerSettings, ServeRequest
+
+    engine = BatchEngine(
+        native_pair.target,
+        native_pair.tokenizer,
+        native_pair.eos_token_ids,
+        draft=native_pair.draft,
+        settings=SchedulerSettings(max_running=9, prefill_tokens_per_step=64),
+    )
+    prompts = [(prompt, chat) for prompt, chat, _, _ in CASES] + [
+        ("def fibonacci(n):", False),
+        ("Translate to German: The cache is warm.", True),
+        ("List three prime numbers.", True),
+    ]
+    drafters = [("draft-model", "fixed:3"), ("prompt-lookup", "fixed:4"), ("none", None)]
+    results: dict[int, list[int]] = {}
+    requests = []
+    for i, (prompt, chat) in enumerate(prompts):
+        drafter, policy = drafters[i % 3]
+        config = GenerationConfig(max_new_tokens=16 + i % 3 * 4, policy=policy)
+        requests.append(ServeRequest(tuple(native_pair.encode(prompt, chat=chat)), config, drafter, str(i)))
+
+    def sink(i: int):  # -> Sink
+        return lambda event: isinstance(event, RequestFinished) and results.setdefault(i, event.result.token_ids)
+
+    for i, request in enumerate(requests):
+        engine.submit(request, sink(i))
+    batch_sizes = []
+    while (report := engine.step()) is not None:
+        batch_sizes.append(report.decoding)
+    assert max(batch_sizes) >= 8
+    for i, request in enumerate(requests):
+        plain = native_pair.engine("none").generate(
+            list(request.prompt_ids), GenerationConfig(request.config.max_new_tokens)
+        )
+        assert results[i] == plain.token_ids, (i, request.drafter)

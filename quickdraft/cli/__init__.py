@@ -1,4 +1,4 @@
-"""Command line: ``quickdraft generate | models | bench | profile | train-acceptance-head``.
+"""Command line: ``quickdraft generate | models | bench | profile | train-acceptance-head | serve | bench-serve``.
 
 Bad input exits with status 1 (2 for malformed arguments) and one line on stderr.
 Machine-readable output (``--json``) goes to stdout alone; progress and statistics of
@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from quickdraft.cli import bench, generate, models, profile, train
+from quickdraft.cli import bench, bench_serve, generate, models, profile, serve, train
 from quickdraft.errors import QuickdraftError
 
 DESCRIPTION = """\
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, models, bench, profile, train):
+    for command in (generate, models, bench, profile, train, serve, bench_serve):
         command.add_command(commands)
     return parser
 

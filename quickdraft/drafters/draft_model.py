@@ -29,8 +29,15 @@ class DraftModelDrafter(Drafter):
     def __init__(self, draft: Runtime, target_vocab_size: int) -> None:
         self.draft = draft
         self.target_vocab_size = target_vocab_size
-        self.cache: KVCache = draft.new_cache(1)
-        self.cached_ids: list[int] = []  # the tokens whose keys/values are in the cache
+        self.conversation = DraftCache(draft.new_cache(1))
+
+    @property
+    def cache(self) -> KVCache:
+        return self.conversation.cache
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return self.conversation.cached_ids
 
     @classmethod
     def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> DraftModelDrafter:
@@ -43,14 +50,12 @@ class DraftModelDrafter(Drafter):
         self.check_rows(prompt_ids)
 
     def forget(self, keep: Sequence[int] = ()) -> None:
-        kept = common_prefix_length(self.cached_ids, list(keep))
-        self.cache.truncate(kept)
-        del self.cached_ids[kept:]
+        self.conversation.roll_back(common_prefix_length(self.cached_ids, list(keep)))
 
     def backlog(self, context_ids: list[list[int]]) -> int:
         self.check_rows(context_ids)
         (context,) = context_ids  # [T]
-        return len(context) - self._reusable_length(context)
+        return self.conversation.backlog(context)
 
     def propose(
         self,
@@ -65,17 +70,14 @@ class DraftModelDrafter(Drafter):
         num_tokens = min(num_tokens, self.draft.max_context - len(context))
         if num_tokens <= 0:
             return DraftProposal.empty(1)
-        # 1. roll back to the prefix shared with the committed tokens; keep >= 1 token to feed
-        keep = self._reusable_length(context)
-        self.cache.truncate(keep)
-        del self.cached_ids[keep:]
+        # 1. roll back to the prefix shared with the committed tokens (keeping >= 1 token to feed), then
         # 2. catch up on the committed tokens the cache has not seen
-        logits, hidden = self._feed(context[keep:])  # [1, V_draft], [1, H] or None
+        logits, hidden = self._feed(self.conversation.catch_up(context))  # [1, V_draft], [1, H] or None
         # 3. draft autoregressively
         drafted: list[torch.Tensor] = []
         draft_probs: list[torch.Tensor] = []
         for step in range(num_tokens):
-            probs = self._to_target_vocab(logits_to_probs(logits, sampling))  # [1, V]
+            probs = to_vocab(logits_to_probs(logits, sampling), self.target_vocab_size)  # [1, V]
             token = choose_tokens(probs, sampling, generator, position=len(context) + step)  # [1]
             drafted.append(token)
             draft_probs.append(probs)
@@ -85,10 +87,6 @@ class DraftModelDrafter(Drafter):
                 logits, hidden = self._feed(token.tolist())
         token_ids = torch.stack(drafted, dim=1)  # [1, γ]
         return DraftProposal(token_ids=token_ids, probs=torch.stack(draft_probs, dim=1))  # probs [1, γ, V]
-
-    def _reusable_length(self, context: list[int]) -> int:
-        """Cached tokens that stay: the prefix shared with ``context``, leaving at least one token to feed."""
-        return min(common_prefix_length(self.cached_ids, context), len(context) - 1)
 
     def _feed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append tokens to the draft cache: the last position's logits ``[1, V_draft]`` and hidden state."""
@@ -101,9 +99,36 @@ class DraftModelDrafter(Drafter):
         self.cached_ids.extend(token_ids)
         return logits[:, -1], hidden
 
-    def _to_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """Draft and target logits may be padded to different widths; ids beyond either are never drawn."""
-        width = probs.shape[-1]
-        if width >= self.target_vocab_size:
-            return probs[..., : self.target_vocab_size]
-        return torch.nn.functional.pad(probs, (0, self.target_vocab_size - width))
+
+class DraftCache:
+    """A draft model's cache of one conversation and the tokens in it, following the committed tokens lazily."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+        self.cached_ids: list[int] = []  # the tokens whose keys/values are in the cache
+
+    def reusable_length(self, context: Sequence[int]) -> int:
+        """Cached tokens that stay: the prefix shared with ``context``, leaving at least one token to feed."""
+        return min(common_prefix_length(self.cached_ids, context), len(context) - 1)
+
+    def backlog(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` to feed before the next draft (the last committed one at least)."""
+        return len(context) - self.reusable_length(context)
+
+    def roll_back(self, length: int) -> None:
+        self.cache.truncate(length)
+        del self.cached_ids[length:]
+
+    def catch_up(self, context: Sequence[int]) -> list[int]:
+        """Roll back to the prefix shared with ``context``; the tokens to feed next (at least one)."""
+        keep = self.reusable_length(context)
+        self.roll_back(keep)
+        return list(context[keep:])
+
+
+def to_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft and target logits may be padded to different widths; ids beyond either are never drawn."""
+    width = probs.shape[-1]
+    if width >= vocab_size:
+        return probs[..., :vocab_size]
+    return torch.nn.functional.pad(probs, (0, vocab_size - width))

@@ -9,6 +9,7 @@ from quickdraft.policies import goodput, simple, specdec  # noqa: F401 - each re
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,
+    DraftBid,
     Policy,
     PolicyContext,
     PolicyKind,
@@ -17,7 +18,7 @@ from quickdraft.policies.base import (
     make_policy,
     parse_policy,
 )
-from quickdraft.policies.goodput import GoodputPolicy
+from quickdraft.policies.goodput import GoodputPolicy, plan_batch
 from quickdraft.policies.records import (
     AcceptanceRecord,
     AnswerLength,
@@ -37,6 +38,7 @@ __all__ = [
     "AnswerLengthRecord",
     "BetaCounts",
     "ConfidencePolicy",
+    "DraftBid",
     "FixedPolicy",
     "GoodputPolicy",
     "HeuristicPolicy",
@@ -50,4 +52,5 @@ __all__ = [
     "draft_outcomes",
     "make_policy",
     "parse_policy",
+    "plan_batch",
 ]

@@ -66,6 +66,36 @@ UNKNOWN_STATE = StepState()
 
 
 @dataclass(frozen=True)
+class DraftBid:
+    """What a request's policy asks of a step it shares with other requests (continuous batching): at most
+    ``num_draft_tokens`` drafts. A bid with acceptance estimates may be given fewer by a batch planner that
+    weighs every request's expected tokens against the whole step's cost (goodput's :func:`plan_batch`); one
+    without gets exactly what it asked for (a fixed γ is a fixed γ)."""
+
+    num_draft_tokens: int
+    acceptance_rate: float | None = None  # α, that the block's first draft is accepted; None: not negotiable
+    continuation_rate: float | None = None  # β, that a later draft is accepted when the drafts before it were
+    reading_ms: float = 0.0  # what the drafter must read before it drafts costs (paid only if it drafts)
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 0 or self.reading_ms < 0:
+            raise ValueError(f"a draft bid needs num_draft_tokens >= 0 and reading_ms >= 0, got {self}")
+        rates = [rate for rate in (self.acceptance_rate, self.continuation_rate) if rate is not None]
+        if any(not 0.0 <= rate <= 1.0 for rate in rates):
+            raise ValueError(f"acceptance estimates are probabilities, got {self}")
+
+    @property
+    def negotiable(self) -> bool:
+        return self.acceptance_rate is not None
+
+    def gain(self, k: int) -> float:
+        """The expected tokens the k-th draft of the block adds: α·β^(k−1) (β = α when not given; 0 without α)."""
+        alpha = self.acceptance_rate or 0.0
+        beta = alpha if self.continuation_rate is None else self.continuation_rate
+        return alpha * beta ** (k - 1)
+
+
+@dataclass(frozen=True)
 class PolicyContext:
     """What a policy may use: the request's γ settings, the cost model, the drafter's shared acceptance record."""
 
@@ -82,6 +112,10 @@ class Policy(ABC):
     @abstractmethod
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         """γ for the next step (0 = a plain step)."""
+
+    def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
+        """γ for the next step when the step is shared with other requests: by default :meth:`choose`'s, fixed."""
+        return DraftBid(self.choose(state))
 
     def keep_drafting(self, step: DraftStep) -> bool:
         """After drafting a token: draft another one?"""

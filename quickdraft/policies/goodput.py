@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from quickdraft.costs import CostModel
+from quickdraft.costs import BatchCostModel, CostModel
 from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
-from quickdraft.policies.base import POLICIES, UNKNOWN_STATE, Policy, PolicyContext, PolicyKind, StepState, no_argument
+from quickdraft.policies.base import (
+    POLICIES,
+    UNKNOWN_STATE,
+    DraftBid,
+    Policy,
+    PolicyContext,
+    PolicyKind,
+    StepState,
+    no_argument,
+)
 from quickdraft.policies.records import (
     AcceptanceRecord,
     AnswerLengthRecord,
@@ -94,6 +106,8 @@ class GoodputPolicy(Policy):
     last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
     block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
     block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
+    chosen_rates: tuple[float, float] = field(default=(0.0, 0.0), init=False)  # (α, β) the last γ was chosen by
+    chosen_reading_ms: float = field(default=0.0, init=False)  # and the reading it weighed
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -124,6 +138,7 @@ class GoodputPolicy(Policy):
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
         continuation_rate = self.continuation_rate(acceptance_rate)
+        self.chosen_rates, self.chosen_reading_ms = (acceptance_rate, continuation_rate), reading_ms
         costs = self.block_costs = self.costs()
         gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
         if gamma > 0 and reading_ms > 0 and (horizon := self.horizon(state)) is not None:
@@ -138,6 +153,13 @@ class GoodputPolicy(Policy):
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         self.single_steps = self.single_steps + 1 if gamma == 1 else 0
         return gamma
+
+    def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
+        """:meth:`choose`'s γ as the most this request drafts in a shared step, with the estimates it was chosen
+        by, so that :func:`plan_batch` may trim it to what pays in the whole batch."""
+        gamma = self.choose(state)
+        acceptance_rate, continuation_rate = self.chosen_rates
+        return DraftBid(gamma, acceptance_rate, continuation_rate, self.chosen_reading_ms)
 
     def keep_drafting(self, step: DraftStep) -> bool:
         """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and
@@ -205,6 +227,63 @@ class GoodputPolicy(Policy):
     def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
         if self.answer_lengths is not None:
             self.answer_lengths.add(num_tokens, cut_by_budget)
+
+
+def plan_batch(
+    bids: Sequence[DraftBid], uses_draft_model: Sequence[bool], costs: BatchCostModel, other_tokens: int = 0
+) -> list[int]:
+    """SmartSpec's goodput for a step shared by several requests: the drafts per request, γ_i ≤ its bid, with the
+    most expected tokens of the whole step per millisecond, Σ_i E[tokens_i | α_i, β_i, γ_i] ÷ t_step.
+
+    t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(requests drafting a p-th token with the
+    draft model) + the reading of requests whose drafter must catch up first: one target forward over every
+    request's block and the step's other work (``other_tokens``: prompt chunks), one draft-model forward per
+    draft position. A prompt token read counts as a token of goodput: it is work every request needs done, as
+    much as a generated one. Counted as nothing, a prompt chunk beside the decoding requests would make their
+    drafts look cheap (the step is long anyway), while a drafted token then costs what a prompt token costs
+    that other requests are waiting on.
+    A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`). Drafts are handed out one
+    at a time, each to the request whose next draft adds the most expected tokens per millisecond it adds to
+    the step (one more token in the target's forward; with a draft model, one more row in that position's draft
+    forward; before a first draft, the reading); of the plans on the way, from no drafts to every bid in full,
+    the one with the best goodput wins (ties: fewer drafts). When the batch is busy a drafted token adds about
+    a token's work to the target's forward but less than a token to the answer, and every γ falls to 0; with
+    few requests and cheap verification the bids stand. A bid that is not negotiable keeps its γ (counted as
+    one expected token: nothing is known of its acceptance). A step of one request and nothing else is the
+    single-request problem its policy solved already, with costs corrected by its measured steps: its bid
+    stands.
+    """
+    if len(bids) == 1 and other_tokens == 0:
+        return [bids[0].num_draft_tokens]
+    target_ms, draft_ms = functools.cache(costs.target), functools.cache(costs.draft)  # few distinct arguments
+    gammas = [0 if bid.negotiable else bid.num_draft_tokens for bid in bids]
+    rows = Counter(
+        position for i, gamma in enumerate(gammas) if uses_draft_model[i] for position in range(1, gamma + 1)
+    )
+    tokens, expected = len(bids) + other_tokens + sum(gammas), float(len(bids))
+    drafting_ms = sum(draft_ms(count) for count in rows.values())
+    expected += other_tokens  # prompt tokens read: work done, as generated tokens are
+    best_goodput, best_gammas = expected / (target_ms(tokens) + drafting_ms), list(gammas)
+    growing = [i for i, bid in enumerate(bids) if bid.negotiable and bid.num_draft_tokens > 0]
+
+    def drafting_cost(i: int) -> float:  # what the next draft of request i adds to the step's drafting
+        k = gammas[i] + 1
+        model_ms = draft_ms(rows[k] + 1) - draft_ms(rows[k]) if uses_draft_model[i] else 0.0
+        return model_ms + (bids[i].reading_ms if k == 1 else 0.0)
+
+    while growing:
+        verify_ms = target_ms(tokens + 1) - target_ms(tokens)
+        i = max(growing, key=lambda i: bids[i].gain(gammas[i] + 1) / max(verify_ms + drafting_cost(i), 1e-9))
+        drafting_ms += drafting_cost(i)
+        gammas[i] += 1
+        rows[gammas[i]] += uses_draft_model[i]
+        tokens, expected = tokens + 1, expected + bids[i].gain(gammas[i])
+        if gammas[i] == bids[i].num_draft_tokens:
+            growing.remove(i)
+        goodput = expected / (target_ms(tokens) + drafting_ms)
+        if goodput > best_goodput:
+            best_goodput, best_gammas = goodput, list(gammas)
+    return best_gammas
 
 
 def _goodput(_: None, context: PolicyContext) -> Policy:

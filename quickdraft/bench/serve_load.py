@@ -1,0 +1,204 @@
+"""The load test of ``quickdraft serve``: the official openai client (AsyncOpenAI), Poisson arrivals, streaming.
+
+A *run* sends the same prompts, with the same arrival times, under one served configuration (a drafter and a
+policy, sent per request as ``extra_body``) at one request rate: ``seq`` is one user who sends the next request
+when the last one ended, ``inf`` sends them all at once, a number is the mean requests per second of Poisson
+arrivals. Every request is greedy and asks for its token ids, which are compared with single-request plain
+decoding (the lossless check). Requests run on loopback only and each is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from quickdraft.bench.metrics import percentile
+from quickdraft.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """``NAME=DRAFTER[+POLICY]``: what every request of a run asks for."""
+
+    name: str
+    drafter: str
+    policy: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ServedConfig:
+        name, equals, spec = text.partition("=")
+        drafter, _, policy = spec.partition("+")
+        if not equals or not name or not drafter:
+            raise ConfigError(
+                f"a configuration is NAME=DRAFTER[+POLICY] (plain=none, fixed=draft-model+fixed:3), got {text!r}"
+            )
+        return cls(name, drafter, policy or None)
+
+    def extra_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"drafter": self.drafter, "return_token_ids": True}
+        if self.policy is not None:
+            body["policy"] = self.policy
+        return body
+
+
+@dataclass(frozen=True)
+class Prompt:
+    question_id: str
+    category: str
+    text: str
+
+
+@dataclass
+class RequestRecord:
+    """One request of a run, as its client saw it (seconds from when it was sent)."""
+
+    index: int
+    question_id: str
+    sent_s: float  # when it was sent, from the run's start
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    disconnected: bool = False  # this client closed its stream on purpose
+
+
+def parse_rate(text: str) -> float:
+    """``seq`` (one user at a time: 0), ``inf`` (all at once) or requests per second."""
+    if text == "seq":
+        return 0.0
+    try:
+        rate = float(text)
+    except ValueError:
+        raise ConfigError(f"a rate is seq, inf or requests per second, got {text!r}") from None
+    if not rate > 0:
+        raise ConfigError(f"a request rate must be > 0, got {text!r}")
+    return rate
+
+
+def arrival_times(count: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start at which the requests are sent: Poisson arrivals at ``rate`` (inf: all at 0)."""
+    if math.isinf(rate):
+        return [0.0] * count
+    rng, now, times = random.Random(seed), 0.0, []
+    for _ in range(count):
+        times.append(now)
+        now += rng.expovariate(rate)
+    return times
+
+
+async def one_request(
+    client: Any,
+    model: str,
+    prompt: Prompt,
+    config: ServedConfig,
+    max_tokens: int,
+    record: RequestRecord,
+    start: float,
+    timeout_s: float,
+    disconnect_after: int | None = None,
+) -> None:
+    """Stream one chat completion into ``record``; ``disconnect_after`` chunks with text, close the stream."""
+    sent = time.perf_counter()
+    record.sent_s = sent - start
+    try:
+        async with asyncio.timeout(timeout_s):
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": prompt.text}],
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                extra_body=config.extra_body(),
+            )
+            chunks = 0
+            async for chunk in stream:
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                token_ids = getattr(choice, "token_ids", None) or []
+                if token_ids and record.ttft_s is None:
+                    record.ttft_s = time.perf_counter() - sent
+                record.token_ids += token_ids
+                record.finish_reason = choice.finish_reason or record.finish_reason
+                chunks += bool(token_ids)
+                if disconnect_after is not None and chunks >= disconnect_after:
+                    record.disconnected = True
+                    await stream.close()
+                    break
+    except Exception as error:  # a failed request is recorded, never lost
+        record.error = f"{type(error).__name__}: {error}"
+    record.e2e_s = time.perf_counter() - sent
+
+
+async def run_load(
+    client: Any,
+    model: str,
+    prompts: Sequence[Prompt],
+    config: ServedConfig,
+    rate: float,
+    max_tokens: int,
+    seed: int,
+    timeout_s: float,
+    disconnect_fraction: float = 0.0,
+) -> tuple[list[RequestRecord], float]:
+    """Send every prompt once under ``config`` at ``rate`` (0: one user at a time); the records and wall time."""
+    rng = random.Random(seed + 1)
+    disconnects = {i for i in range(len(prompts)) if rng.random() < disconnect_fraction}
+    records = [RequestRecord(i, prompt.question_id, 0.0) for i, prompt in enumerate(prompts)]
+    start = time.perf_counter()
+
+    async def send(i: int, at: float) -> None:
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        after = rng.randint(1, 8) if i in disconnects else None
+        await one_request(client, model, prompts[i], config, max_tokens, records[i], start, timeout_s, after)
+
+    if rate == 0:
+        for i in range(len(prompts)):
+            await send(i, 0.0)
+    else:
+        await asyncio.gather(*(send(i, at) for i, at in enumerate(arrival_times(len(prompts), rate, seed))))
+    return records, time.perf_counter() - start
+
+
+def summarize_run(
+    records: list[RequestRecord], wall_s: float, references: dict[str, list[int]] | None
+) -> dict[str, Any]:
+    """Throughput, TTFT, time per output token and end-to-end latency (mean, p50, p90, p99) of the completed
+    requests, how many failed, and how many match single-request plain decoding token for token."""
+    done = [r for r in records if r.error is None and not r.disconnected and r.finish_reason is not None]
+    tokens = sum(len(r.token_ids) for r in done)
+    tpot = [(r.e2e_s - r.ttft_s) / (len(r.token_ids) - 1) for r in done if r.ttft_s and len(r.token_ids) > 1]  # type: ignore[operator]
+    summary: dict[str, Any] = {
+        "requests": len(records),
+        "completed": len(done),
+        "disconnected": sum(r.disconnected for r in records),
+        "errors": [r.error for r in records if r.error is not None],
+        "wall_s": wall_s,
+        "output_tokens": tokens,
+        "throughput_tok_s": tokens / wall_s if wall_s > 0 else None,
+        "ttft_s": distribution([r.ttft_s for r in done if r.ttft_s is not None]),
+        "tpot_s": distribution(tpot),
+        "e2e_s": distribution([r.e2e_s for r in done if r.e2e_s is not None]),
+    }
+    if references is not None:
+        compared = [r for r in done if r.question_id in references]
+        summary["lossless"] = sum(r.token_ids == references[r.question_id] for r in compared)
+        summary["compared"] = len(compared)
+    return summary
+
+
+def distribution(values: list[float]) -> dict[str, float | None]:
+    mean = sum(values) / len(values) if values else None
+    return {"mean": mean, **{f"p{q}": percentile(values, q / 100) for q in (50, 90, 99)}}
+
+
+def record_json(record: RequestRecord) -> dict[str, Any]:
+    data = asdict(record)
+    data["num_tokens"] = len(data.pop("token_ids"))
+    return data

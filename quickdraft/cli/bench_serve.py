@@ -1,0 +1,282 @@
+"""``quickdraft bench-serve``: load-test ``quickdraft serve`` with the openai client (see ``bench/serve_load.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
+from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
+from quickdraft.bench.serve_report import write_report
+from quickdraft.cli.common import add_model_arguments, check_output_dir
+from quickdraft.cli.serve import add_serving_arguments
+from quickdraft.errors import ConfigError
+
+DEFAULT_CONFIGS = (
+    "plain=none,fixed-dm=draft-model+fixed:3,goodput-dm=draft-model+goodput,"
+    "fixed-pl=prompt-lookup+fixed:3,goodput-pl=prompt-lookup+goodput"
+)
+BENCH_SERVE_DOC = """\
+Load-test an OpenAI-compatible quickdraft server with the official openai client (AsyncOpenAI): Spec-Bench
+prompts (first turns, chat, greedy, streamed) sent at each --rates (seq: one user at a time; a number: Poisson
+arrivals, requests per second; inf: all at once) under each --configs (NAME=DRAFTER[+POLICY], sent per request
+in extra_body). Reports throughput, TTFT, time per output token and end-to-end latency (mean, p50, p90, p99),
+checks every response against single-request plain decoding, and ends with a run in which a fraction of the
+clients disconnect mid-stream (is every other request served, and does the server's memory return to idle?).
+Starts `quickdraft serve` on a free loopback port unless --url is given. Writes results.json, report.md and
+latency.png to --out."""
+
+
+def add_command(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench-serve",
+        help="load-test the server (openai client, Poisson arrivals, Spec-Bench)",
+        description=BENCH_SERVE_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument(
+        "--questions", metavar="PATH", help="question file (default ../shared/data/spec_bench/question.jsonl)"
+    )
+    bench.add_argument("--num-prompts", type=int, default=24, metavar="N", help="requests per run (default 24)")
+    bench.add_argument("--max-tokens", type=int, default=96, metavar="N", help="new tokens per request at most (96)")
+    bench.add_argument(
+        "--rates", default="seq,0.5,1,2,inf", metavar="R,R", help="request rates (default seq,0.5,1,2,inf)"
+    )
+    bench.add_argument(
+        "--configs", default=DEFAULT_CONFIGS, metavar="A,B", help=f"configurations (default {DEFAULT_CONFIGS})"
+    )
+    bench.add_argument("--seed", type=int, default=0, help="seed of the prompt sample and the arrivals (default 0)")
+    bench.add_argument("--timeout", type=float, default=900.0, metavar="S", help="seconds a request may take (900)")
+    bench.add_argument(
+        "--disconnect-fraction",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="clients that disconnect in the last run (0.1)",
+    )
+    bench.add_argument("--url", help="an already running server (http://127.0.0.1:PORT); default: start one")
+    bench.add_argument("--no-reference", action="store_true", help="skip the lossless check (no model loaded here)")
+    bench.add_argument(
+        "--single-request",
+        action="store_true",
+        help="first decode every prompt alone with the single-request engine under each configuration (in this "
+        "process, one after another): the latencies the server's one-user run is compared with",
+    )
+    bench.add_argument("--out", default="bench-serve-results", metavar="DIR", help="output directory")
+    add_model_arguments(bench)
+    add_serving_arguments(bench)
+    bench.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    configs = [ServedConfig.parse(text) for text in args.configs.split(",")]
+    rates = args.rates.split(",")
+    for rate in rates:
+        parse_rate(rate)
+    if args.num_prompts < 1 or args.max_tokens < 1 or not 0 <= args.disconnect_fraction < 1:
+        raise ConfigError("--num-prompts and --max-tokens must be >= 1, --disconnect-fraction in [0, 1)")
+    if args.url is not None and not re.match(r"^https?://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
+        raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
+    check_output_dir(out)
+    prompts = spec_bench_prompts(args.questions, args.num_prompts, args.seed)
+    references = None if args.no_reference else reference_outputs(args, prompts, out / "references.json")
+    alone = single_request_runs(args, prompts, configs) if args.single_request else None
+    server, url = (None, args.url.rstrip("/")) if args.url else start_server(args, out / "server.log")
+    settings = {
+        "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates, "seed": args.seed,
+        "configs": [vars(config) for config in configs], "server": " ".join(server.args[3:]) if server else url,
+    }  # fmt: skip
+    results: dict[str, Any] = {"settings": settings, "runs": []}
+    if alone is not None:
+        results["single_request"] = alone
+    try:
+        plotted = asyncio.run(drive(args, url, prompts, configs, rates, references, results, out))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+    print(f"wrote {out}/results.json, report.md{', latency.png' if plotted else ''}", file=sys.stderr)
+
+
+async def drive(
+    args: argparse.Namespace, url: str, prompts: list[Prompt], configs: list[ServedConfig], rates: list[str],
+    references: dict[str, list[int]] | None, results: dict[str, Any], out: Path,
+) -> bool:  # fmt: skip
+    """Every run, with one client; results are saved after each. True if the plot was written."""
+    import openai
+
+    async with openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout
+    ) as client:
+        model = await warm_up(client, configs, prompts[0])
+        for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
+            for config in configs:
+                records, wall_s = await run_load(
+                    client, model, prompts, config, parse_rate(rate), args.max_tokens, args.seed, args.timeout
+                )
+                summary = summarize_run(records, wall_s, references)
+                results["runs"].append({"config": config.name, "rate": rate, "summary": summary,
+                                        "records": [record_json(record) for record in records]})  # fmt: skip
+                mean_s, lossless = summary["e2e_s"]["mean"] or math.nan, summary.get("lossless", "–")
+                print(f"{config.name} @ {rate}: {summary['throughput_tok_s']:.1f} tok/s, mean e2e {mean_s:.2f} s, "
+                      f"lossless {lossless}", file=sys.stderr)  # fmt: skip
+                save(out, results)
+        if args.disconnect_fraction > 0:
+            results["disconnects"] = await disconnect_run(args, client, model, url, prompts, configs, rates, references)
+    return save(out, results)
+
+
+def spec_bench_prompts(path: str | None, count: int, seed: int) -> list[Prompt]:
+    """``count`` first turns of a stratified sample of the questions (round-robin over the categories)."""
+    source = Path(path) if path else default_questions_path()
+    if source is None:
+        raise ConfigError("no question file: pass --questions (Spec-Bench question.jsonl)")
+    questions = load_questions(source)
+    categories = len({question.category for question in questions})
+    sample = sample_questions(questions, math.ceil(count / categories), seed)[:count]
+    return [Prompt(question.question_id, question.category, question.turns[0]) for question in sample]
+
+
+def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Path) -> dict[str, list[int]]:
+    """Single-request plain greedy decoding of every prompt (kept in ``path`` for later runs of the same settings)."""
+    from quickdraft.api import Pipeline
+    from quickdraft.config import GenerationConfig
+
+    key = {"target": args.target, "runtime": args.runtime, "max_tokens": args.max_tokens}
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if saved.get("key") != key:
+        saved = {"key": key, "outputs": {}}
+    missing = [prompt for prompt in prompts if prompt.question_id not in saved["outputs"]]
+    if missing:
+        pipeline = Pipeline.load(target=args.target, draft=None, runtime=args.runtime)
+        engine, config = pipeline.engine("none"), GenerationConfig(max_new_tokens=args.max_tokens)
+        for i, prompt in enumerate(missing, start=1):
+            result = engine.generate(pipeline.encode(prompt.text, chat=True), config)
+            saved["outputs"][prompt.question_id] = result.token_ids
+            print(f"reference {i}/{len(missing)}: {len(result.token_ids)} tokens", file=sys.stderr)
+        path.write_text(json.dumps(saved), encoding="utf-8")
+    return saved["outputs"]
+
+
+def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs: list[ServedConfig]) -> dict[str, Any]:
+    """Every prompt decoded alone by the single-request engine under each configuration: latencies per config."""
+    from quickdraft.api import Pipeline
+    from quickdraft.bench.serve_load import distribution
+    from quickdraft.config import GenerationConfig
+
+    draft = args.draft or default_draft_model() if any(c.drafter == "draft-model" for c in configs) else None
+    pipeline = Pipeline.load(
+        args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
+    )
+    runs = {}
+    for config in configs:
+        settings = GenerationConfig(
+            max_new_tokens=args.max_tokens, policy=config.policy or ("fixed:0" if config.drafter == "none" else None)
+        )
+        pipeline.prepare(config.drafter, settings)
+        engine, latencies = pipeline.engine(config.drafter), []
+        engine.generate(
+            pipeline.encode(prompts[0].text, chat=True), GenerationConfig(max_new_tokens=8, policy=settings.policy)
+        )
+        for prompt in prompts:
+            latencies.append(engine.generate(pipeline.encode(prompt.text, chat=True), settings).stats.wall_time_s)
+        runs[config.name] = {"e2e_s": distribution(latencies)}
+        print(f"single request, {config.name}: mean {runs[config.name]['e2e_s']['mean']:.2f} s", file=sys.stderr)
+    return runs
+
+
+def default_draft_model() -> str:
+    from quickdraft.models import DEFAULT_DRAFT
+
+    return DEFAULT_DRAFT
+
+
+def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``quickdraft serve`` on a free loopback port with the serving arguments; waits until it is healthy."""
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--target", args.target, "--runtime", args.runtime, "--drafter", args.drafter]
+    command += ["--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting)]
+    command += ["--prefill-tokens-per-step", str(args.prefill_tokens_per_step)]
+    command += ["--max-draft-tokens", str(args.max_draft_tokens)] + (["--draft", args.draft] if args.draft else [])
+    command += (["--policy", args.policy] if args.policy else []) + (["--recalibrate"] if args.recalibrate else [])
+    command += ["--draft-weights", args.draft_weights] if args.draft_weights else []
+    command += ["--draft-vocabulary", str(args.draft_vocabulary)] if args.draft_vocabulary is not None else []
+    with log.open("wb") as log_file:
+        server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise ConfigError(f"the server exited with status {server.returncode}; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    server.terminate()
+    raise ConfigError(f"the server did not become healthy in 20 minutes; see {log}")
+
+
+async def warm_up(client: Any, configs: list[ServedConfig], prompt: Prompt) -> str:
+    """One short untimed request per configuration (first calls pay one-off costs); the served model's name."""
+    model = (await client.models.list()).data[0].id
+    for config in configs:
+        await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt.text}], max_tokens=8, temperature=0,
+            extra_body=config.extra_body(),
+        )  # fmt: skip
+    return model
+
+
+def server_state(url: str) -> dict[str, float]:
+    """Resident memory (MB) and running/waiting requests from the server's /metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    value = {name: float(number) for name, number in re.findall(r"^(\w+) ([0-9.e+-]+)$", text, re.MULTILINE)}
+    return {
+        "rss_mb": value.get("process_resident_memory_bytes", math.nan) / 2**20,
+        "busy": value.get("quickdraft_requests_running", 0) + value.get("quickdraft_requests_waiting", 0),
+    }
+
+
+async def disconnect_run(
+    args: argparse.Namespace, client: Any, model: str, url: str, prompts: list[Prompt], configs: list[ServedConfig],
+    rates: list[str], references: dict[str, list[int]] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """At the highest rate, under the first goodput configuration: some clients disconnect mid-stream."""
+    config = next((c for c in configs if c.policy == "goodput"), configs[-1])
+    rate = max(rates, key=parse_rate)
+    before = server_state(url)["rss_mb"]
+    records, wall_s = await run_load(client, model, prompts, config, parse_rate(rate), args.max_tokens,
+                                     args.seed + 7, args.timeout, args.disconnect_fraction)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while (state := server_state(url))["busy"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2.0)  # the last cancelled requests' caches go at the next step
+    state = server_state(url)
+    return {
+        "config": config.name, "rate": rate, "summary": summarize_run(records, wall_s, references),
+        "rss_idle_before_mb": before, "rss_idle_after_mb": state["rss_mb"], "running_after": state["busy"],
+        "records": [record_json(record) for record in records],
+    }  # fmt: skip
+
+
+def save(out: Path, results: dict[str, Any]) -> bool:
+    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    return write_report(out, results)

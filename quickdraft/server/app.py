@@ -1,0 +1,197 @@
+"""``quickdraft serve``'s HTTP side: an OpenAI-compatible FastAPI app over the batched engine's loop.
+
+Handlers parse and validate a request, submit it to the :class:`ServingLoop` (whose one thread runs every
+step) and read its events from an asyncio queue the loop's thread feeds. A streamed request is cancelled
+when its client goes away (Starlette stops the stream); a whole one when its client is found gone while it
+waits. Every error a client can cause is an OpenAI-style JSON error with its status, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from quickdraft.api import Pipeline
+from quickdraft.engine import GenerationResult
+from quickdraft.errors import QuickdraftError
+from quickdraft.server.metrics import ServerMetrics
+from quickdraft.server.protocol import (
+    ApiError,
+    ApiRequest,
+    ServerDefaults,
+    chunk_body,
+    new_id,
+    parse_request,
+    response_body,
+    usage_chunk,
+)
+from quickdraft.serving import Event, QueueFull, RequestFailed, RequestFinished, TokenDelta
+from quickdraft.serving.loop import ServingLoop
+
+DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
+
+
+def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) -> FastAPI:
+    """The app; it starts ``loop`` when the server starts and stops it when the server stops."""
+    metrics = ServerMetrics(loop.engine)
+    loop.engine.on_step = metrics.observe_step
+    model = defaults.model_names[0]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loop.start()
+        yield
+        loop.stop()
+
+    app = FastAPI(title="quickdraft", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse(ApiError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, error: Exception) -> JSONResponse:
+        failure = ApiError(500, f"the server failed on this request: {type(error).__name__}", kind="server_error")
+        return JSONResponse(failure.body(), status_code=500)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not loop.alive:
+            raise ApiError(503, "the engine is not running", kind="server_error")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def encode(prompt: Any, chat: bool) -> list[int]:
+        if chat:
+            return pipeline.encode_chat(prompt)
+        if isinstance(prompt, list):  # token ids
+            if any(not 0 <= token < pipeline.target.vocab_size for token in prompt):
+                raise ApiError(400, f"token ids must be in [0, {pipeline.target.vocab_size})", "prompt")
+            return list(prompt)
+        return pipeline.encode(prompt)
+
+    async def generate(request: Request, chat: bool) -> Response:
+        arrival = time.perf_counter()
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON") from None
+        api = parse_request(body, chat, defaults, encode)
+        if not loop.alive:
+            raise ApiError(503, "the engine is not running", kind="server_error")
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        event_loop = asyncio.get_running_loop()
+        track = Tracker(arrival, metrics)
+
+        def deliver(event: Event) -> None:  # on the event loop; timed even after a client went away
+            track.see(event)
+            events.put_nowait(event)
+
+        try:
+            loop.submit(api.serve, lambda event: event_loop.call_soon_threadsafe(deliver, event))
+        except QueueFull as error:
+            raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
+        except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...
+            raise ApiError(400, str(error)) from None
+        if api.stream:
+            return StreamingResponse(stream(api, events, track, loop.cancel), media_type="text/event-stream")
+        try:
+            result = await collect(request, events)
+        finally:
+            if not track.done:
+                loop.cancel(api.serve.request_id)
+        return JSONResponse(response_body(api, new_id(chat), model, result))
+
+    async def stream(
+        api: ApiRequest, events: asyncio.Queue[Event], track: Tracker, cancel: Callable[[str], None]
+    ) -> AsyncIterator[str]:
+        response_id = new_id(api.chat)
+        try:
+            if api.chat:
+                yield sse(chunk_body(api, response_id, model, None))
+            while True:
+                event = await events.get()
+                if isinstance(event, TokenDelta) and (event.text or api.return_token_ids):
+                    yield sse(chunk_body(api, response_id, model, event.text, event.token_ids))
+                elif isinstance(event, RequestFinished):
+                    yield sse(chunk_body(api, response_id, model, "", (), event.result.finish_reason))
+                    if api.include_usage:
+                        yield sse(usage_chunk(api, response_id, model, len(event.result.token_ids)))
+                    break
+                elif isinstance(event, RequestFailed):
+                    yield sse(ApiError(500, event.message, kind="server_error").body())
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            if not track.done:  # the client went away: free the request's slot at the next step
+                cancel(api.serve.request_id)
+
+    async def collect(request: Request, events: asyncio.Queue[Event]) -> GenerationResult:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    raise ApiError(499, "the client closed the connection") from None
+                continue
+            if isinstance(event, RequestFinished):
+                return event.result
+            if isinstance(event, RequestFailed):
+                raise ApiError(500, event.message, kind="server_error")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    return app
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+class Tracker:
+    """A request's timings for the metrics: arrival, first token, end."""
+
+    def __init__(self, arrival: float, metrics: ServerMetrics) -> None:
+        self.arrival = arrival
+        self.metrics = metrics
+        self.first_token: float | None = None
+        self.done = False
+
+    def see(self, event: Event) -> None:
+        now = time.perf_counter()
+        if isinstance(event, TokenDelta) and event.token_ids and self.first_token is None:
+            self.first_token = now
+        elif isinstance(event, RequestFinished):
+            self.done = True
+            ttft = None if self.first_token is None else self.first_token - self.arrival
+            result = event.result
+            self.metrics.observe_request(result.finish_reason, ttft, now - self.arrival, len(result.token_ids))
+        elif isinstance(event, RequestFailed):
+            self.done = True

@@ -1,0 +1,229 @@
+"""The OpenAI wire format: request bodies in (validated, as the library validates), response bodies out.
+
+Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`` / ``messages``, ``max_tokens``
+(``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
+``stream_options.include_usage`` and ``n`` (1 only). quickdraft's extras, which the openai client sends with
+``extra_body``: ``top_k``, ``drafter`` (``draft-model``, ``prompt-lookup``, ``none``), ``policy``
+(``goodput``, ``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` and ``return_token_ids``.
+Other fields are ignored. A bad value raises :class:`ApiError` with the status and message a client sees.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.engine import GenerationResult
+from quickdraft.errors import QuickdraftError
+from quickdraft.serving import ServeRequest
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    model_names: tuple[str, ...]  # the names ``model`` may take; the first is what responses say
+    drafter: str = "draft-model"
+    policy: str | None = None  # None: the library's default (goodput)
+    max_tokens: int = 256  # when a request gives none
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """A parsed request: what to generate, and how to answer."""
+
+    serve: ServeRequest
+    chat: bool
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+
+def parse_request(
+    body: Any, chat: bool, defaults: ServerDefaults, encode: Callable[[Any, bool], list[int]]
+) -> ApiRequest:
+    """Validate a request body; ``encode(prompt or messages, chat)`` gives the prompt's token ids."""
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model not in defaults.model_names:
+        message = f"the model {model!r} does not exist; this server serves {defaults.model_names[0]!r}"
+        raise ApiError(404, message, "model", code="model_not_found")
+    if body.get("n", 1) != 1:
+        raise ApiError(400, "n must be 1: one choice per request", "n")
+    try:
+        prompt_ids = encode(_messages(body) if chat else _prompt(body), chat)
+        sampling = SamplingParams(
+            temperature=_number(body, "temperature", 1.0),
+            top_k=_field(body, "top_k", 0),
+            top_p=_number(body, "top_p", 1.0),
+            seed=_field(body, "seed", None),
+        )
+        max_tokens = _field(body, "max_completion_tokens", None) if chat else None
+        config = GenerationConfig(
+            max_new_tokens=_field(body, "max_tokens", defaults.max_tokens) if max_tokens is None else max_tokens,
+            num_draft_tokens=_field(body, "num_draft_tokens", None),
+            sampling=sampling,
+            stop=_stop(body),
+            policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
+            max_draft_tokens=_field(body, "max_draft_tokens", 16),
+        )
+        drafter = _field(body, "drafter", defaults.drafter)
+        if not isinstance(drafter, str):
+            raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")
+        serve = ServeRequest(tuple(prompt_ids), config, drafter)
+    except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
+        raise ApiError(400, str(error)) from None
+    options = body.get("stream_options") or {}
+    if not isinstance(options, Mapping):
+        raise ApiError(400, "stream_options must be an object", "stream_options")
+    return ApiRequest(
+        serve,
+        chat,
+        bool(body.get("stream", False)),
+        bool(options.get("include_usage", False)),
+        bool(body.get("return_token_ids", False)),
+    )
+
+
+def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _number(body: Mapping[str, Any], name: str, default: float) -> Any:
+    value = _field(body, name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
+    return value
+
+
+def _prompt(body: Mapping[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # one prompt in a list
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt  # token ids
+    raise ApiError(400, "prompt must be one non-empty string (or one list of token ids)", "prompt")
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+    parsed = []
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ApiError(400, "every message needs a role and a content", "messages")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: the text ones, joined
+            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        if not isinstance(content, str):
+            raise ApiError(400, "a message's content must be text", "messages")
+        parsed.append({"role": message["role"], "content": content})
+    if not any(message["content"].strip() for message in parsed):
+        raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
+    return parsed
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list):
+        return tuple(stop)
+    raise ApiError(400, "stop must be a string or a list of strings", "stop")
+
+
+# -- responses --------------------------------------------------------------------------------------------
+
+
+def new_id(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def finish_reason(reason: str) -> str:
+    """Ours (eos, stop, length) as OpenAI's: the model's end and a stop string are both "stop"."""
+    return "length" if reason == "length" else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def response_body(api: ApiRequest, response_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
+    """A whole (non-streamed) completion or chat completion."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason), "logprobs": None}
+    if api.chat:
+        choice["message"] = {"role": "assistant", "content": result.text}
+    else:
+        choice["text"] = result.text
+    if api.return_token_ids:
+        choice["token_ids"] = result.token_ids
+    stats = result.stats
+    return {
+        "id": response_id,
+        "object": "chat.completion" if api.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(len(api.serve.prompt_ids), len(result.token_ids)),
+        "speculation": {"drafts_proposed": stats.draft_tokens_proposed, "drafts_accepted": stats.draft_tokens_accepted},
+    }
+
+
+def chunk_body(
+    api: ApiRequest,
+    response_id: str,
+    model: str,
+    text: str | None,
+    token_ids: tuple[int, ...] = (),
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk: a text delta (None: the chat's opening role delta), or the end with ``reason``."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": None if reason is None else finish_reason(reason)}
+    if api.chat:
+        choice["delta"] = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
+    else:
+        choice["text"], choice["logprobs"] = text or "", None
+    if api.return_token_ids:
+        choice["token_ids"] = list(token_ids)
+    kind = "chat.completion.chunk" if api.chat else "text_completion"
+    return {"id": response_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def usage_chunk(api: ApiRequest, response_id: str, model: str, completion_tokens: int) -> dict[str, Any]:
+    """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage."""
+    body = chunk_body(api, response_id, model, "")
+    body["choices"] = []
+    body["usage"] = usage(len(api.serve.prompt_ids), completion_tokens)
+    return body

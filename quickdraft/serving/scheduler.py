@@ -1,0 +1,96 @@
+"""Which requests run in the next step: first come, first served, a bounded queue, chunked prefill."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from quickdraft.errors import ConfigError, QuickdraftError
+from quickdraft.serving.request import RequestState
+
+
+class QueueFull(QuickdraftError):
+    """The waiting queue holds as many requests as it may: try again later."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    max_running: int = 32  # requests decoding (and reading their prompts) at once
+    max_waiting: int = 256  # requests queued for a free slot; one more is refused (QueueFull)
+    prefill_tokens_per_step: int = 128  # prompt tokens the target reads per step, beside the decoding requests
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_waiting", "prefill_tokens_per_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+class Scheduler:
+    """Requests wait in arrival order; at each step boundary the oldest take the free slots. A request reads
+    its prompt in chunks, the oldest first, at most ``prefill_tokens_per_step`` tokens a step in all, so a long
+    prompt never stalls the requests that are decoding. Adding and cancelling are safe from other threads;
+    everything else runs on the engine's thread."""
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, state: RequestState) -> None:
+        with self._lock:
+            if len(self.waiting) >= self.settings.max_waiting:
+                raise QueueFull(
+                    f"the server's queue is full ({self.settings.max_waiting} requests waiting); retry later"
+                )
+            self.waiting.append(state)
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a waiting or running request at the next step boundary (unknown ids are ignored)."""
+        with self._lock:
+            self._cancelled.add(request_id)
+
+    def take_cancelled(self) -> list[RequestState]:
+        """Remove the cancelled requests from the queue and the running set, and return them."""
+        with self._lock:
+            if not self._cancelled:
+                return []
+            ids, self._cancelled = self._cancelled, set()
+            removed = [state for state in self.waiting if state.request.request_id in ids]
+            self.waiting = deque(state for state in self.waiting if state.request.request_id not in ids)
+        removed += [state for state in self.running if state.request.request_id in ids]
+        self.running = [state for state in self.running if state.request.request_id not in ids]
+        return removed
+
+    def admit(self) -> list[RequestState]:
+        """Move the oldest waiting requests into free slots; returns the admitted ones."""
+        admitted = []
+        with self._lock:
+            while self.waiting and len(self.running) + len(admitted) < self.settings.max_running:
+                admitted.append(self.waiting.popleft())
+        self.running += admitted
+        return admitted
+
+    def prefill_chunks(self) -> list[tuple[RequestState, int]]:
+        """(request, prompt tokens to read this step) for requests still reading their prompts, oldest first."""
+        budget, chunks = self.settings.prefill_tokens_per_step, []
+        for state in self.running:
+            unread = state.prompt_length - state.prefilled
+            if unread > 0 and budget > 0:
+                chunks.append((state, min(unread, budget)))
+                budget -= chunks[-1][1]
+        return chunks
+
+    def finish(self, state: RequestState) -> None:
+        self.running.remove(state)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting and not self._cancelled

@@ -1,0 +1,257 @@
+"""The batched engine on tiny models: every request's output is what the single-request engine gives it."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import FLAT, native_pipeline
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.costs import BatchCostModel
+from quickdraft.engine import GenerationResult
+from quickdraft.errors import ConfigError, PromptError
+from quickdraft.memory import DrafterMemory
+from quickdraft.serving import (
+    BatchEngine,
+    Event,
+    QueueFull,
+    RequestFinished,
+    SchedulerSettings,
+    ServeRequest,
+    StepReport,
+    TokenDelta,
+)
+
+# a batch whose forward costs little more for more tokens: drafting pays whatever the batch (goodput drafts)
+CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5})
+# a compute-bound batch: every token of the step costs the same, drafted or not
+COMPUTE_BOUND = BatchCostModel({1: 10.0, 2: 20.0, 8: 80.0, 64: 640.0}, {1: 5.0, 64: 320.0})
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return native_pipeline()
+
+
+def batch_engine(pipeline: Pipeline, batch_costs: BatchCostModel = CHEAP_BATCH, **settings: int) -> BatchEngine:
+    memories = {drafter: DrafterMemory(cost_model=FLAT) for drafter in ("draft-model", "prompt-lookup", "none")}
+    return BatchEngine(
+        pipeline.target,
+        pipeline.tokenizer,
+        pipeline.eos_token_ids,
+        draft=pipeline.draft,
+        memories=memories,
+        batch_costs=batch_costs,
+        settings=SchedulerSettings(**settings),
+    )
+
+
+class Collector:
+    """Events per request id, and what each step did."""
+
+    def __init__(self, engine: BatchEngine) -> None:
+        self.events: dict[str, list[Event]] = {}
+        self.reports: list[StepReport] = []
+        engine.on_step = self.reports.append
+
+    def sink(self, request_id: str):  # -> Sink
+        return lambda event: self.events.setdefault(request_id, []).append(event)
+
+    def result(self, request_id: str) -> GenerationResult:
+        last = self.events[request_id][-1]
+        assert isinstance(last, RequestFinished)
+        return last.result
+
+    def streamed(self, request_id: str) -> tuple[str, list[int]]:
+        deltas = [event for event in self.events[request_id] if isinstance(event, TokenDelta)]
+        return "".join(delta.text for delta in deltas), [token for delta in deltas for token in delta.token_ids]
+
+
+def mixed_requests(vocab_size: int, count: int, seed: int = 0) -> list[ServeRequest]:
+    """Prompts of 1 to 40 tokens (some repetitive, for prompt lookup), budgets of 3 to 30 tokens, every drafter."""
+    rng = random.Random(seed)
+    kinds = [("none", None), ("draft-model", "fixed:3"), ("prompt-lookup", "fixed:4"), ("draft-model", "goodput")]
+    kinds += [("prompt-lookup", "goodput"), ("draft-model", "fixed:1")]
+    requests = []
+    for i in range(count):
+        length = rng.choice([1, 2, 5, 13, 40])
+        pattern = [rng.randrange(vocab_size - 1) for _ in range(rng.choice([2, 3, length]))]
+        prompt = tuple((pattern * length)[:length])
+        drafter, policy = kinds[i % len(kinds)]
+        config = GenerationConfig(max_new_tokens=rng.choice([3, 11, 30]), policy=policy)
+        requests.append(ServeRequest(prompt, config, drafter, request_id=f"r{i}"))
+    return requests
+
+
+def test_batched_greedy_equals_single_request_greedy_bitwise(native: Pipeline) -> None:
+    """Requests of every drafter, mixed prompt lengths and budgets, joining and leaving mid-run, prompts read in
+    chunks beside decoding requests: each gets the single-request engine's plain greedy tokens and text."""
+    engine = batch_engine(native, max_running=5, prefill_tokens_per_step=7)
+    collector = Collector(engine)
+    requests = mixed_requests(native.target.vocab_size, 18)
+    arrivals = {step: requests[3 * step : 3 * step + 3] for step in range(6)}  # three join every step
+    step = 0
+    while step in arrivals or not engine.idle:
+        for request in arrivals.get(step, []):
+            engine.submit(request, collector.sink(request.request_id))
+        engine.step()
+        step += 1
+    for request in requests:
+        plain = native.engine("none").generate(list(request.prompt_ids), replace(request.config, policy="fixed:0"))
+        result = collector.result(request.request_id)
+        assert result.token_ids == plain.token_ids, request
+        assert (result.text, result.finish_reason) == (plain.text, plain.finish_reason)
+        assert collector.streamed(request.request_id) == (result.text, result.token_ids)
+    reports = collector.reports
+    assert max(report.decoding for report in reports) == 5  # steps full of requests
+    assert any(report.decoding and report.prefill_tokens for report in reports)  # prompts read beside decoding
+    for drafter in ("draft-model", "prompt-lookup"):  # both drafters' drafts were accepted
+        mine = [collector.result(request.request_id) for request in requests if request.drafter == drafter]
+        assert sum(result.stats.draft_tokens_accepted for result in mine) > 5, drafter
+
+
+def test_seeded_output_does_not_depend_on_the_batch(native: Pipeline) -> None:
+    """A seeded sampled request gives the same tokens alone and among others (other prompts, drafters, γ, seeds,
+    sampling settings), and those are seeded plain decoding's."""
+    sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
+    request = ServeRequest((5, 9, 5, 9, 5), GenerationConfig(max_new_tokens=20, sampling=sampling, policy="fixed:3"))
+    plain = native.engine("none").generate(list(request.prompt_ids), replace(request.config, policy="fixed:0"))
+    for companions in (0, 3, 9):
+        engine = batch_engine(native, prefill_tokens_per_step=4 + companions)
+        collector = Collector(engine)
+        others = mixed_requests(native.target.vocab_size, companions, seed=companions)
+        for i, other in enumerate(others):
+            other_sampling = SamplingParams(temperature=0.7 * (i % 3), top_k=i % 4, seed=i if i % 2 else None)
+            other = replace(other, config=replace(other.config, sampling=other_sampling))
+            engine.submit(other, collector.sink(other.request_id))
+        for drafter in ("draft-model", "prompt-lookup", "none"):
+            mine = replace(request, drafter=drafter, request_id=drafter)
+            engine.submit(mine, collector.sink(drafter))
+        engine.run_until_idle()
+        for drafter in ("draft-model", "prompt-lookup", "none"):
+            assert collector.result(drafter).token_ids == plain.token_ids, (companions, drafter)
+
+
+def test_stop_strings_and_end_of_sequence_as_the_single_engine(native: Pipeline) -> None:
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = native.engine("none").generate(prompt, GenerationConfig(max_new_tokens=16))
+    eos = next(token for i, token in enumerate(plain.token_ids) if i >= 6 and token not in plain.token_ids[:i])
+    stop = " ".join(plain.text.split(" ")[3:5])
+    engine = batch_engine(native)
+    engine.eos_token_ids = frozenset({eos})
+    collector = Collector(engine)
+    configs = {"stop": GenerationConfig(max_new_tokens=16, stop=(stop,), policy="fixed:3")}
+    configs["eos"] = GenerationConfig(max_new_tokens=16, policy="fixed:4")
+    for name, config in configs.items():
+        engine.submit(ServeRequest(tuple(prompt), config, "draft-model", name), collector.sink(name))
+    engine.run_until_idle()
+    single = native.engine("draft-model")
+    single.eos_token_ids = frozenset({eos})
+    for name, config in configs.items():
+        expected = single.generate(prompt, config)
+        result = collector.result(name)
+        assert (result.token_ids, result.text, result.finish_reason) == (
+            expected.token_ids,
+            expected.text,
+            expected.finish_reason,
+        )
+        assert result.finish_reason == name
+        assert collector.streamed(name)[0] == result.text
+
+
+def test_cancelling_frees_the_slot_at_the_next_step(native: Pipeline) -> None:
+    engine = batch_engine(native, max_running=1)
+    collector = Collector(engine)
+    config = GenerationConfig(max_new_tokens=30, policy="fixed:2")
+    for name in ("long", "queued", "next"):
+        engine.submit(ServeRequest((1, 2, 3), config, "draft-model", name), collector.sink(name))
+    for _ in range(3):
+        engine.step()
+    (running,) = engine.scheduler.running
+    assert running.request.request_id == "long" and running.cache is not None and running.draft_cache is not None
+    engine.cancel("long")
+    engine.cancel("queued")
+    engine.step()
+    assert collector.result("long").finish_reason == "cancelled" and running.cache is None
+    assert running.draft_cache is None
+    assert collector.result("queued").finish_reason == "cancelled"
+    assert [state.request.request_id for state in engine.scheduler.running] == ["next"]
+    engine.run_until_idle()
+    assert len(collector.result("next").token_ids) == 30 and engine.idle
+
+
+def test_a_full_queue_refuses_requests(native: Pipeline) -> None:
+    engine = batch_engine(native, max_running=1, max_waiting=2)
+    for name in ("a", "b"):
+        engine.submit(ServeRequest((1, 2), GenerationConfig(max_new_tokens=2), "none", name), lambda _: None)
+    with pytest.raises(QueueFull, match="2 requests waiting"):
+        engine.submit(ServeRequest((1, 2), GenerationConfig(max_new_tokens=2), "none"), lambda _: None)
+    engine.step()  # one is admitted: room again
+    engine.submit(ServeRequest((1, 2), GenerationConfig(max_new_tokens=2), "none"), lambda _: None)
+
+
+def test_bad_requests_are_refused_at_submission(native: Pipeline) -> None:
+    engine = batch_engine(native)
+    with pytest.raises(PromptError, match="empty"):
+        engine.submit(ServeRequest((), GenerationConfig()), lambda _: None)
+    with pytest.raises(PromptError, match="context holds 256"):
+        engine.submit(ServeRequest((1,) * 250, GenerationConfig(max_new_tokens=10)), lambda _: None)
+    with pytest.raises(ConfigError, match="not served"):
+        ServeRequest((1,), GenerationConfig(), "early-exit")
+    no_draft = BatchEngine(native.target, native.tokenizer, native.eos_token_ids)
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        no_draft.submit(ServeRequest((1,), GenerationConfig(max_new_tokens=4, policy="fixed:2")), lambda _: None)
+    with pytest.raises(ConfigError, match="measured costs"):
+        no_draft.submit(ServeRequest((1,), GenerationConfig(max_new_tokens=4), "prompt-lookup"), lambda _: None)
+    assert engine.idle and no_draft.idle
+
+
+def test_goodput_drafts_alone_and_decodes_plainly_in_a_busy_compute_bound_batch(native: Pipeline) -> None:
+    """SmartSpec's point: the same requests speculate while a drafted token is cheap to verify and stop when
+    every token of the step costs as much as any other."""
+    prompt = (5, 9, 5, 9, 5, 9, 5, 9)  # prompt lookup's drafts are accepted here
+    config = GenerationConfig(max_new_tokens=12, policy="goodput")
+    for batch_costs, count, drafts in ((CHEAP_BATCH, 8, True), (COMPUTE_BOUND, 8, False), (COMPUTE_BOUND, 1, True)):
+        engine = batch_engine(native, batch_costs, max_running=8, prefill_tokens_per_step=64)
+        engine.memory("prompt-lookup").acceptance.first.accepted = 50.0  # goodput knows the drafts are good
+        collector = Collector(engine)
+        for i in range(count):
+            engine.submit(ServeRequest(prompt, config, "prompt-lookup", f"r{i}"), collector.sink(f"r{i}"))
+        engine.run_until_idle()
+        gammas = [gamma for report in collector.reports for gamma in report.gammas]
+        assert (sum(gammas) > 0) == drafts, (batch_costs, count, gammas)
+        for i in range(count):  # a lone request decides as the single-request policy does
+            assert collector.result(f"r{i}").token_ids == native.engine("none").generate(list(prompt), config).token_ids
+
+
+def test_a_request_can_decode_plainly_beside_speculating_ones(native: Pipeline) -> None:
+    engine = batch_engine(native)
+    collector = Collector(engine)
+    config = GenerationConfig(max_new_tokens=10, policy="fixed:4")
+    for drafter in ("none", "prompt-lookup"):
+        engine.submit(ServeRequest((7,) * 9, config, drafter, drafter), collector.sink(drafter))
+    engine.run_until_idle()
+    assert collector.result("none").stats.draft_tokens_proposed == 0
+    assert collector.result("prompt-lookup").stats.draft_tokens_accepted > 0
+    assert collector.result("none").token_ids == collector.result("prompt-lookup").token_ids
+
+
+def test_the_step_reports_add_up(native: Pipeline) -> None:
+    engine = batch_engine(native, prefill_tokens_per_step=5)
+    collector = Collector(engine)
+    requests = mixed_requests(native.target.vocab_size, 6, seed=3)
+    for request in requests:
+        engine.submit(request, collector.sink(request.request_id))
+    engine.run_until_idle()
+    results = [collector.result(request.request_id) for request in requests]
+    reports = collector.reports
+    assert sum(report.new_tokens for report in reports) == sum(len(result.token_ids) for result in results)
+    assert sum(report.prefill_tokens for report in reports) == sum(len(request.prompt_ids) for request in requests)
+    assert sum(report.accepted for report in reports) == sum(r.stats.draft_tokens_accepted for r in results)
+    assert sum(report.finished for report in reports) == len(requests)
+    assert all(report.prefill_tokens <= 5 for report in reports)
+    assert torch.tensor([report.seconds for report in reports]).min() > 0

@@ -1,0 +1,254 @@
+"""The OpenAI-compatible server on loopback with tiny native models, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from conftest import native_pipeline
+from test_batch_engine import batch_engine
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig
+from quickdraft.server import ServerDefaults, create_app
+from quickdraft.serving import BatchEngine
+from quickdraft.serving.loop import ServingLoop
+
+MODEL = "tiny"
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    pipeline = native_pipeline()
+    pipeline.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+    return pipeline
+
+
+@dataclass
+class Server:
+    url: str
+    engine: BatchEngine
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+@contextlib.contextmanager
+def serving(pipeline: Pipeline, **settings: int) -> Iterator[Server]:
+    """A server on 127.0.0.1 (a free port) in a thread, stopped at the end."""
+    engine = batch_engine(pipeline, **settings)
+    app = create_app(pipeline, ServingLoop(engine), ServerDefaults((MODEL,), max_tokens=12))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield Server(f"http://127.0.0.1:{port}", engine)
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def server(native: Pipeline) -> Iterator[Server]:
+    with serving(native) as running:
+        yield running
+
+
+def greedy(native: Pipeline, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    return native.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).token_ids
+
+
+def text_of(native: Pipeline, token_ids: list[int]) -> str:
+    return native.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def test_models_health_and_metrics(server: Server) -> None:
+    assert [model.id for model in server.client().models.list()] == [MODEL]
+    assert httpx.get(f"{server.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}
+    server.client().completions.create(model=MODEL, prompt="w1 w2", max_tokens=3, temperature=0)
+    metrics = httpx.get(f"{server.url}/metrics", timeout=TIMEOUT).text
+    for name in (
+        "quickdraft_requests_running",
+        "quickdraft_requests_waiting",
+        "quickdraft_time_to_first_token_seconds_bucket",
+        "quickdraft_time_per_output_token_seconds_bucket",
+        "quickdraft_e2e_request_latency_seconds_bucket",
+        "quickdraft_generation_tokens_total",
+        "quickdraft_draft_tokens_proposed_total",
+        "quickdraft_draft_tokens_accepted_total",
+        "quickdraft_gamma_chosen_bucket",
+        "quickdraft_batch_size_bucket",
+    ):
+        assert name in metrics, name
+    assert 'quickdraft_requests_total{finish_reason="length"}' in metrics
+
+
+def test_completions_whole_and_streamed_are_single_request_greedy(server: Server, native: Pipeline) -> None:
+    client, prompt = server.client(), "w5 w9 w5 w9 w5 w9"
+    expected = greedy(native, native.encode(prompt), 10)
+    whole = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=10, temperature=0, extra_body={"return_token_ids": True}
+    )
+    choice = whole.choices[0]
+    assert choice.token_ids == expected and choice.finish_reason == "length"  # type: ignore[attr-defined]
+    assert choice.text == text_of(native, expected)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (6, 10)  # type: ignore[union-attr]
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"drafter": "prompt-lookup", "policy": "fixed:3"},
+        )
+    )
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == choice.text
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10  # type: ignore[union-attr]
+    token_prompt = client.completions.create(model=MODEL, prompt=native.encode(prompt), max_tokens=10, temperature=0)
+    assert token_prompt.choices[0].text == choice.text
+
+
+def test_chat_completions_whole_and_streamed(server: Server, native: Pipeline) -> None:
+    client = server.client()
+    messages = [{"role": "user", "content": "w3 w1 w4 w1 w5"}]
+    expected = text_of(native, greedy(native, native.encode_chat(messages), 8))
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)  # type: ignore[arg-type]
+    assert whole.choices[0].message.content == expected and whole.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_completion_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == expected
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+
+
+def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, native: Pipeline) -> None:
+    prompts = [f"w{i} w{i + 1} w{i} w{i + 1} w{2 * i}" for i in range(1, 9)]
+    drafters = [{"drafter": "draft-model", "policy": "fixed:3"}, {"drafter": "prompt-lookup"}, {"drafter": "none"}]
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> str:
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompts[i], max_tokens=6 + i, temperature=0, stream=True, extra_body=drafters[i % 3]
+        )
+        return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+
+    async def all_at_once() -> list[str]:
+        async with server.async_client() as client:
+            return await asyncio.gather(*(one(client, i) for i in range(len(prompts))))
+
+    texts = asyncio.run(all_at_once())
+    for i, text in enumerate(texts):
+        assert text == text_of(native, greedy(native, native.encode(prompts[i]), 6 + i)), i
+
+
+BAD_REQUESTS = [  # (path, body, status, words in the message)
+    ("completions", {"model": "gpt-4", "prompt": "w1"}, 404, "does not exist"),
+    ("completions", {"model": MODEL, "prompt": "   "}, 400, "empty"),
+    ("completions", {"model": MODEL, "prompt": "w1 " * 250, "max_tokens": 10}, 400, "context holds 256"),
+    ("completions", {"model": MODEL, "prompt": "w1", "temperature": -1}, 400, "temperature"),
+    ("completions", {"model": MODEL, "prompt": "w1", "temperature": "hot"}, 400, "temperature"),
+    ("completions", {"model": MODEL, "prompt": "w1", "top_p": 0}, 400, "top_p"),
+    ("completions", {"model": MODEL, "prompt": "w1", "max_tokens": 0}, 400, "max_new_tokens"),
+    ("completions", {"model": MODEL, "prompt": "w1", "max_tokens": "many"}, 400, "max_new_tokens"),
+    ("completions", {"model": MODEL, "prompt": "w1", "seed": -3}, 400, "seed"),
+    ("completions", {"model": MODEL, "prompt": "w1", "stop": [""]}, 400, "stop"),
+    ("completions", {"model": MODEL, "prompt": "w1", "n": 2}, 400, "n must be 1"),
+    ("completions", {"model": MODEL, "prompt": [[1], [2]]}, 400, "one non-empty string"),
+    ("completions", {"model": MODEL, "prompt": [999]}, 400, "token ids"),
+    ("completions", {"model": MODEL}, 400, "prompt"),
+    ("completions", {"model": MODEL, "prompt": "w1", "drafter": "magic"}, 400, "unknown drafter"),
+    ("completions", {"model": MODEL, "prompt": "w1", "drafter": "early-exit"}, 400, "not served"),
+    ("completions", {"model": MODEL, "prompt": "w1", "policy": "fixed:x"}, 400, "fixed:K"),
+    ("completions", {"model": MODEL, "prompt": "w1", "top_k": -1}, 400, "top_k"),
+    ("completions", [1, 2], 400, "JSON object"),
+    ("chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": " "}]}, 400, "empty"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 3}]}, 400, "text"),
+    ("nowhere", {}, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "words"), BAD_REQUESTS)
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(
+    server: Server, path: str, body: object, status: int, words: str
+) -> None:
+    response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=TIMEOUT)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert words in error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert server.client().completions.create(model=MODEL, prompt="w1", max_tokens=2).choices[0].text
+
+
+def test_malformed_json_and_the_openai_clients_exceptions(server: Server) -> None:
+    response = httpx.post(f"{server.url}/v1/completions", content=b"{not json", timeout=TIMEOUT)
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    client = server.client()
+    with pytest.raises(openai.NotFoundError) as not_found:
+        client.completions.create(model="gpt-4", prompt="w1")
+    assert not_found.value.body["code"] == "model_not_found"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="empty"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ""}])
+
+
+def test_a_full_queue_answers_429(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    with serving(native, max_running=1, max_waiting=2) as running:
+        gate = threading.Event()
+        step = running.engine.step
+        monkeypatch.setattr(running.engine, "step", lambda: gate.wait(TIMEOUT) and step())  # no step until opened
+
+        async def burst() -> list[object]:
+            async with running.async_client() as client:
+                calls = [client.completions.create(model=MODEL, prompt="w1 w2", max_tokens=4) for _ in range(3)]
+                first_two = [asyncio.ensure_future(call) for call in calls[:2]]
+                while running.engine.scheduler.num_waiting < 2:
+                    await asyncio.sleep(0.01)
+                with pytest.raises(openai.RateLimitError, match="queue is full"):
+                    await calls[2]
+                gate.set()
+                return await asyncio.gather(*first_two)
+
+        assert len(asyncio.run(burst())) == 2
+
+
+def test_a_client_that_disconnects_frees_its_slot(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    with serving(native, max_running=1) as running:
+        forward_batch = native.target.forward_batch
+        monkeypatch.setattr(native.target, "forward_batch", lambda rows: time.sleep(0.02) or forward_batch(rows))
+        body = {"model": MODEL, "prompt": "w1 w2", "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", f"{running.url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # decoding has begun
+        deadline = time.monotonic() + TIMEOUT
+        while running.engine.scheduler.running:  # cancelled at the next step after the disconnect
+            assert time.monotonic() < deadline, "the request kept its slot"
+            time.sleep(0.02)
+        metrics = httpx.get(f"{running.url}/metrics", timeout=TIMEOUT).text
+        assert 'quickdraft_requests_total{finish_reason="cancelled"} 1.0' in metrics
+        after = running.client().completions.create(model=MODEL, prompt="w1 w2", max_tokens=3)
+        assert after.usage is not None and after.usage.completion_tokens == 3

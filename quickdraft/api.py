@@ -263,6 +263,7 @@ class Pipeline:
             "target": str(self.target_path),
             "draft": str(self.draft_path) if uses_draft else None,
             "runtime": self.target.name,
+            "builds": self._builds(uses_draft),
             "drafter": drafter,
             "max_draft_tokens": max_draft_tokens,
             "context": context,
@@ -270,6 +271,11 @@ class Pipeline:
             "machine": cpu_description(),
             "quickdraft": __version__,
         }
+
+    def _builds(self, uses_draft: bool) -> dict[str, str | None]:
+        """What the models' costs and tokens depend on besides their files (e.g. a draft model in 4 bits)."""
+        draft = self.draft.build if uses_draft and self.draft is not None else None
+        return {"target": self.target.build, "draft": draft}
 
     def learned_file(self, drafter: str, chat: bool = False) -> Path | None:
         """Where what goodput learned of ``drafter``'s answers on these models and runtime is kept (not per
@@ -282,6 +288,7 @@ class Pipeline:
             "target": str(self.target_path),
             "draft": str(self.draft_path) if uses_draft else None,
             "runtime": self.target.name,
+            "builds": self._builds(uses_draft),
             "drafter": drafter,
             "chat": chat,
         }

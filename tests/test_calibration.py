@@ -44,6 +44,10 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
     assert (calibration.source, calibration.path, calibration.saved) == ("measured", saved, True)
     assert first.calibration_file("prompt-lookup", 4) != saved  # per drafter
     assert with_paths("target", "other draft").calibration_file("draft-model", 4) != saved  # per models
+    learned = first.learned_file("draft-model")
+    with monkeypatch.context() as patch:  # per build (e.g. a draft model in 4 bits): costs and acceptance change
+        patch.setattr(first.draft, "build", "the same draft model in another weight format")
+        assert first.calibration_file("draft-model", 4) != saved and first.learned_file("draft-model") != learned
 
     def no_measuring(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured although a saved calibration exists")

@@ -58,6 +58,7 @@ class Runtime(ABC):
     hidden_size: int  # width of the last hidden state (``forward_with_hidden``), what the LM head reads
     max_context: int  # positions the model supports
     device: torch.device
+    build: str = ""  # what the speed and logits depend on besides the model files (weight format, kernels, versions)
 
     @classmethod
     @abstractmethod

@@ -49,6 +49,7 @@ class HFRuntime(Runtime):
         self.vocab_size, self.hidden_size = int(lm_head.shape[0]), int(lm_head.shape[1])
         self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
         self.device = model.device
+        self.build = f"transformers {transformers_version()} {model.dtype}"
         # transformers 5 renamed ``past_key_values`` to ``cache`` (the old name warns, then goes); 4.x has the old one
         self.cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -91,6 +92,12 @@ class HFRuntime(Runtime):
             output_hidden_states=hidden,
             **{self.cache_argument: cache.kv},
         )
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def check_default(options: LoadOptions) -> None:

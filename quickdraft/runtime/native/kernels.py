@@ -21,12 +21,20 @@ SOURCES = ("kernels.cpp", "gemm.h", "gemm_amx.h", "attention.h", "simd.h")
 
 
 @functools.cache
+def sources_digest() -> str:
+    """A digest of the kernels' sources and flags: torch rebuilds when kernels.cpp changes, not when a header it
+    includes does, so the module's name carries it; measured costs are keyed by it too."""
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(FLAGS).encode()).hexdigest()[
+        :8
+    ]
+
+
+@functools.cache
 def native_kernels() -> Any | None:
     """The compiled module (the GEMMs, ``attend``, ``quantize_rows``, ...), or None when it cannot be built."""
     here = Path(__file__).parent
-    # torch rebuilds when kernels.cpp changes, not when the header it includes does: the name carries both
-    sources = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(FLAGS).encode())
-    sources = sources.hexdigest()[:8]
+    sources = sources_digest()
     try:
         from torch.utils.cpp_extension import load
 

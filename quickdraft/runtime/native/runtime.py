@@ -10,8 +10,9 @@ import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
+from quickdraft.runtime.native.kernels import sources_digest
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache
-from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state
+from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, load_native_state
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
 
@@ -40,13 +41,15 @@ class NativeRuntime(Runtime):
     supports_early_exit = True
     provides_hidden = True
 
-    def __init__(self, decoder: Decoder) -> None:
+    def __init__(self, decoder: Decoder, weights: str = "auto") -> None:
         self.decoder = decoder
         self.vocab_size = decoder.config.vocab_size
         self.hidden_size = decoder.config.hidden_size
         self.max_context = decoder.capacity
         self.num_layers = decoder.config.num_layers
         self.device = torch.device("cpu")
+        vocabulary = "all" if decoder.vocabulary is None else len(decoder.vocabulary)
+        self.build = f"native {NATIVE_FORMAT} {weights} vocabulary {vocabulary} kernels {sources_digest()}"
 
     @staticmethod
     def supports(path: Path) -> bool:

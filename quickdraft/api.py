@@ -347,7 +347,7 @@ class Pipeline:
 
 
 # The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
-DRAFT_WEIGHTS = "auto"
+DRAFT_WEIGHTS = "q4"
 DRAFT_VOCABULARY = 0  # 0: all tokens
 
 

@@ -322,27 +322,45 @@ inline void for_each_tile(int64_t rows, Tile tile) {
   last_tile<Max - 1>(rows - r, r, tile);
 }
 
+// Many rows (a prompt) go in chunks that stay in the L2 cache while every n-block passes over them; without
+// chunks, each n-block streamed all the rows from memory again (at 1,800 rows of the 8,960-wide down projection,
+// 16 MB per block). A row's arithmetic is the same in any chunk.
+constexpr int64_t kChunkBytes = 512 * 1024;
+
+inline int64_t chunk_rows(int64_t k) { return kChunkBytes / k > 16 ? kChunkBytes / k : 16; }
+
 // out [rows, N] (row stride out_stride) for n-blocks [block_begin, block_end); x [rows, K] int8; sums [rows].
 inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const int32_t* sums, float* out,
                       int64_t out_stride, int64_t block_begin, int64_t block_end) {
+  const int64_t chunk = chunk_rows(w.k);
+  for (int64_t first = 0; first < rows; first += chunk) {
+    const int64_t count = rows - first < chunk ? rows - first : chunk;
+    const int8_t* xs = x + first * w.k;
+    float* outs = out + first * out_stride;
 #if defined(QD_AMX)
-  if (int8_amx(w.codes, w.scale, w.k, x, rows, sums, out, out_stride, block_begin, block_end)) return;
+    if (int8_amx(w.codes, w.scale, w.k, xs, count, sums + first, outs, out_stride, block_begin, block_end)) continue;
 #endif
-  for (int64_t block = block_begin; block < block_end; ++block)
-    for_each_tile<kInt8Rows>(rows, [&](int64_t r, auto tile_rows) {
-      int8_tile<decltype(tile_rows)::value>(w, x + r * w.k, w.k, sums + r, block, out + r * out_stride, out_stride);
-    });
+    for (int64_t block = block_begin; block < block_end; ++block)
+      for_each_tile<kInt8Rows>(count, [&](int64_t r, auto tile_rows) {
+        int8_tile<decltype(tile_rows)::value>(w, xs + r * w.k, w.k, sums + first + r, block, outs + r * out_stride,
+                                              out_stride);
+      });
+  }
 }
 
 // pairs [rows, K/64] from group_sum_pairs.
 inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
-  const int64_t pair_stride = w.k / (2 * kGroup);
-  for (int64_t block = block_begin; block < block_end; ++block)
-    for_each_tile<kQ4Rows>(rows, [&](int64_t r, auto tile_rows) {
-      q4_tile<decltype(tile_rows)::value>(w, x + r * w.k, w.k, pairs + r * pair_stride, pair_stride, block,
-                                          out + r * out_stride, out_stride);
-    });
+  const int64_t pair_stride = w.k / (2 * kGroup), chunk = chunk_rows(w.k);
+  for (int64_t first = 0; first < rows; first += chunk) {
+    const int64_t count = rows - first < chunk ? rows - first : chunk;
+    for (int64_t block = block_begin; block < block_end; ++block)
+      for_each_tile<kQ4Rows>(count, [&](int64_t r, auto tile_rows) {
+        const int64_t row = first + r;
+        q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
+                                            out + row * out_stride, out_stride);
+      });
+  }
 }
 
 }  // namespace qd

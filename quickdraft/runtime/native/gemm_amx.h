@@ -39,45 +39,49 @@ inline void configure_tiles(int64_t rows) {
   _tile_loadconfig(&config);
 }
 
-// Rows [0, rows) (at most 16) against n-blocks [block_begin, block_end): out = float(sum x·(w + 64) − 64·sum x)·scale.
-inline void int8_amx_rows(const uint8_t* codes, const float* scale, int64_t k, const int8_t* x, int64_t rows,
-                          const int32_t* sums, float* out, int64_t out_stride, int64_t block_begin, int64_t block_end) {
+// One or two n-blocks (block, block + 1 if pair) for `rows` rows (at most 16; tiles configured for them):
+// out = float(sum x·(w + 64) − 64·sum x)·scale.
+inline void int8_amx_tile(const uint8_t* codes, const float* scale, int64_t k, const int8_t* x, int64_t rows,
+                          const int32_t* sums, float* out, int64_t out_stride, int64_t block, bool pair) {
   alignas(64) int32_t c[16 * 16];
   const int64_t block_bytes = (k / 4) * 64;
-  for (int64_t block = block_begin; block < block_end; block += 2) {
-    const bool pair = block + 1 < block_end;
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int64_t q = 0; q < k / 64; ++q) {
-      _tile_loadd(2, x + q * 64, k);
-      _tile_loadd(3, codes + block * block_bytes + q * 1024, 64);
-      _tile_dpbsud(0, 2, 3);
-      if (pair) {
-        _tile_loadd(4, codes + (block + 1) * block_bytes + q * 1024, 64);
-        _tile_dpbsud(1, 2, 4);
-      }
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t q = 0; q < k / 64; ++q) {
+    _tile_loadd(2, x + q * 64, k);
+    _tile_loadd(3, codes + block * block_bytes + q * 1024, 64);
+    _tile_dpbsud(0, 2, 3);
+    if (pair) {
+      _tile_loadd(4, codes + (block + 1) * block_bytes + q * 1024, 64);
+      _tile_dpbsud(1, 2, 4);
     }
-    for (int half = 0; half < (pair ? 2 : 1); ++half) {
-      if (half == 0) _tile_stored(0, c, 64);
-      else _tile_stored(1, c, 64);
-      const __m512 lane_scale = _mm512_loadu_ps(scale + (block + half) * 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(c + r * 16), _mm512_set1_epi32(64 * sums[r]));
-        _mm512_storeu_ps(out + r * out_stride + (block + half) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(exact), lane_scale));
-      }
+  }
+  for (int half = 0; half < (pair ? 2 : 1); ++half) {
+    if (half == 0) _tile_stored(0, c, 64);
+    else _tile_stored(1, c, 64);
+    const __m512 lane_scale = _mm512_loadu_ps(scale + (block + half) * 16);
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(c + r * 16), _mm512_set1_epi32(64 * sums[r]));
+      _mm512_storeu_ps(out + r * out_stride + (block + half) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(exact), lane_scale));
     }
   }
 }
 
-// Every row, 16 at a time; false when AMX cannot run here (the caller takes the vector path).
+// Every row of n-blocks [block_begin, block_end), two blocks (one A tile) at a time and, within them, 16 rows at a
+// time (a block's weights stay in cache across the rows); false when AMX cannot run here (the caller takes the
+// vector path). Full 16-row tiles first, then the rest, so the tiles are configured twice at most.
 inline bool int8_amx(const uint8_t* codes, const float* scale, int64_t k, const int8_t* x, int64_t rows,
                      const int32_t* sums, float* out, int64_t out_stride, int64_t block_begin, int64_t block_end) {
   if (rows < kAmxMinRows || k % 64 != 0 || !amx_granted()) return false;
-  for (int64_t first = 0; first < rows; first += 16) {
-    const int64_t count = rows - first < 16 ? rows - first : 16;
+  const int64_t full = rows / 16 * 16;
+  for (const int64_t count : {int64_t{16}, rows - full}) {
+    const int64_t first = count == 16 ? 0 : full, last = count == 16 ? full : rows;
+    if (first == last) continue;
     configure_tiles(count);
-    int8_amx_rows(codes, scale, k, x + first * k, count, sums + first, out + first * out_stride, out_stride,
-                  block_begin, block_end);
+    for (int64_t block = block_begin; block < block_end; block += 2)
+      for (int64_t r = first; r < last; r += count)
+        int8_amx_tile(codes, scale, k, x + r * k, count, sums + r, out + r * out_stride, out_stride, block,
+                      block + 1 < block_end);
   }
   _tile_release();
   return true;

@@ -179,6 +179,18 @@ def test_native_perplexity_is_within_3_percent_of_transformers_fp32(pair: Pipeli
     assert abs(native / reference - 1) < 0.03, (native, reference)
 
 
+def test_the_targets_q4_k_tensors_are_loaded_exactly(pair: Pipeline, native_pair: Pipeline) -> None:
+    """The GGUF file's Q4_K tensors become q4 parts with no second quantization: their weights are exactly the
+    float weights transformers dequantized from the same file (q and k of every layer are Q4_K there)."""
+    weights = pair.target.model.state_dict()
+    for index, layer in enumerate(native_pair.target.decoder.layers):
+        q4 = layer.qkv.parts[0]
+        assert q4.kind == "q4", index
+        prefix = f"model.layers.{index}.self_attn."
+        expected = torch.cat([weights[prefix + "q_proj.weight"], weights[prefix + "k_proj.weight"]])
+        assert torch.equal(q4.dequantize(), expected.float()), index
+
+
 def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair: Pipeline) -> None:
     """Continuous batching on the default pair: 9 greedy requests of mixed prompts, budgets and drafters, decoded
     together (prompts read in chunks beside decoding requests) give bitwise single-request plain decoding's tokens."""

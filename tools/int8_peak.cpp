@@ -1,7 +1,8 @@
-// What is the machine's int8 multiply-accumulate ceiling, the bound on how cheap a k-token verify block can be?
-// Runs each int8 instruction sequence the native GEMMs (quickdraft/runtime/native/gemm.h) can use from registers,
-// on 1 and 2 threads, with no memory traffic (an upper bound): AVX2's vpmaddubsw + vpmaddwd + vpaddd (no VNNI),
-// AVX-512 VNNI's vpdpbusd, and AMX's tdpbusd where the processor and the OS allow them; an fp32 FMA loop beside.
+// What bounds a forward on this machine: how fast can it read memory (a 1-token step streams every weight) and
+// multiply-accumulate int8 (a k-token verify block)? Reads 1 GiB with 256-bit loads, then runs each int8
+// instruction sequence the native GEMMs (quickdraft/runtime/native/gemm.h) can use from registers, with no memory
+// traffic (an upper bound): AVX2's vpmaddubsw + vpmaddwd + vpaddd (no VNNI), AVX-512 VNNI's vpdpbusd, and AMX's
+// tdpbusd where the processor and the OS allow them; an fp32 FMA loop beside. 1 and 2 threads each.
 //   g++ -O2 -march=native -pthread tools/int8_peak.cpp -o /tmp/int8_peak && /tmp/int8_peak
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -91,6 +93,35 @@ void fma_loop() {
   sink += static_cast<int>(s);
 }
 
+static const size_t READ_BYTES = size_t{1} << 30;
+static char* memory;
+static int reader_count;
+void read_loop_part(int part) {
+  const size_t share = READ_BYTES / reader_count;
+  __m256i acc = _mm256_setzero_si256();
+  for (size_t i = part * share; i < (part + 1) * share; i += 128) {
+    acc = _mm256_xor_si256(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(memory + i)));
+    acc = _mm256_xor_si256(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(memory + i + 32)));
+    acc = _mm256_xor_si256(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(memory + i + 64)));
+    acc = _mm256_xor_si256(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(memory + i + 96)));
+  }
+  sink += _mm256_extract_epi32(acc, 0);
+}
+
+double read_memory(int threads) {  // fastest of 5 passes over 1 GiB, split between the threads
+  reader_count = threads;
+  double best = 1e9;
+  for (int pass = 0; pass < 5; pass++) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    for (int i = 0; i < threads; i++) ts.emplace_back(read_loop_part, i);
+    for (auto& t : ts) t.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = seconds < best ? seconds : best;
+  }
+  return READ_BYTES / best / 1e9;
+}
+
 double run(void (*f)(), int threads) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> ts;
@@ -100,6 +131,10 @@ double run(void (*f)(), int threads) {
 }
 
 int main() {
+  memory = static_cast<char*>(std::aligned_alloc(64, READ_BYTES));
+  std::memset(memory, 1, READ_BYTES);
+  for (int threads : {1, 2}) printf("memory read:            %d thread(s): %6.1f GB/s\n", threads, read_memory(threads));
+  std::free(memory);
   for (int threads : {1, 2}) {
     printf("int8 AVX2 maddubs+madd: %d thread(s): %6.1f GMAC/s\n", threads,
            threads * ITERS * 8.0 * 32 / run(avx2_loop, threads) / 1e9);

@@ -10,8 +10,8 @@
 // int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
 // q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
-// The fused steps of a decoder layer, so that a layer is 12 calls instead of ~45 small PyTorch ops
-// (on a 1-token step the ops' dispatch, not their arithmetic, is what costs):
+// The fused steps of a decoder layer (layers.cpp runs a model's layers with them in one call; on a 1-token step
+// dispatching many small operations, not their arithmetic, is what costs):
 // rms_norm:           RMSNorm of each row.
 // rms_norm_quantize:  RMSNorm, then quantize_rows.
 // qkv_rope_cache:     combine_rows of the q/k/v projection, RoPE on q and k, k and v written into the cache.
@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "kernels.h"
 #include "attention.h"
 #include "gemm.h"
 #include "simd.h"
@@ -380,4 +381,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache");
   m.def("combine_residual", &combine_residual, "residual + the int8 GEMM's output");
   m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization");
+  register_layers(m);
 }

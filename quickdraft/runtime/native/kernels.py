@@ -17,7 +17,7 @@ from quickdraft.machine import cpu_fingerprint
 # -ffp-contract=off: no fused multiply-adds, the same bits on every path; -fopenmp: at::parallel_for runs the work
 # on torch's threads only when the extension is compiled with OpenMP (without it, every kernel ran on one thread)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
-SOURCES = ("kernels.cpp", "gemm.h", "gemm_amx.h", "attention.h", "simd.h")
+SOURCES = ("kernels.cpp", "layers.cpp", "kernels.h", "gemm.h", "gemm_amx.h", "attention.h", "simd.h")
 
 
 @functools.cache
@@ -25,9 +25,8 @@ def sources_digest() -> str:
     """A digest of the kernels' sources and flags: torch rebuilds when kernels.cpp changes, not when a header it
     includes does, so the module's name carries it; measured costs are keyed by it too."""
     here = Path(__file__).parent
-    return hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(FLAGS).encode()).hexdigest()[
-        :8
-    ]
+    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(FLAGS).encode())
+    return digest.hexdigest()[:8]
 
 
 @functools.cache
@@ -40,7 +39,7 @@ def native_kernels() -> Any | None:
 
         return load(  # -march=native: a build per processor kind, never one compiled for another CPU
             name=f"quickdraft_native_{cpu_fingerprint()}_{sources}",
-            sources=[str(here / "kernels.cpp")],
+            sources=[str(here / "kernels.cpp"), str(here / "layers.cpp")],
             extra_cflags=FLAGS,
             extra_ldflags=["-fopenmp"],
             verbose=False,

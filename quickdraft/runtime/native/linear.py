@@ -59,6 +59,7 @@ class WeightPart(ABC):
     """A range of a linear layer's output rows in one packed format."""
 
     kind: ClassVar[str]
+    kernel_kind: ClassVar[int]  # its number in layers.cpp's Part
     tensor_names: ClassVar[tuple[str, ...]]
     rows: int  # output rows this part holds (its packed tensors hold them padded to a multiple of 16)
     in_features: int
@@ -101,6 +102,7 @@ class Int8Part(WeightPart):
     """7-bit weights and a float scale per output channel; packed ``[N/16, K/4, 16, 4]`` as w + 64."""
 
     kind = "int8"
+    kernel_kind = 0
     tensor_names = ("codes", "scale")
 
     def __init__(self, rows: int, codes: torch.Tensor, scale: torch.Tensor) -> None:
@@ -154,6 +156,7 @@ class Q4Part(WeightPart):
     """4-bit codes in Q4_K's structure (see the module docstring); packed as ``gemm.h`` describes."""
 
     kind = "q4"
+    kernel_kind = 1
     tensor_names = ("codes", "sub_scale", "sub_min", "d", "dmin")
 
     def __init__(self, rows: int, **tensors: torch.Tensor) -> None:
@@ -312,6 +315,15 @@ class QuantizedLinear:
         for part, column in zip(self.parts, self.columns, strict=True):
             part.matmul_into(kernels, rows, out, column)
         return out if self.real_columns is None else out[:, self.real_columns]
+
+    def kernel_spec(self, kernels: Any) -> Any:
+        """This layer as the compiled layer loop takes it (``layers.cpp``'s Linear; parts by kind number)."""
+        parts = [
+            kernels.Part(part.kernel_kind, column, list(part.tensors().values()))
+            for part, column in zip(self.parts, self.columns, strict=True)
+        ]
+        columns = torch.empty(0, dtype=torch.long) if self.real_columns is None else self.real_columns
+        return kernels.Linear(parts, self.padded_width, columns, self.kernel_bias)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """PyTorch operations, the same arithmetic: float ``x [M, K]`` -> ``[M, N]``."""

@@ -9,9 +9,10 @@ Every operation gives a token's row the same bits whatever else is in the call:
 So a position's logits are bitwise identical in a 1-token step and in a k-token block, which
 makes greedy speculative decoding equal to greedy decoding by construction.
 
-A layer runs as 12 calls of the compiled kernels (:meth:`Decoder._fused_layer`) or, when they
-cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the readable reference the tests
-compare the kernels with). Both are row-wise; their bits differ only in RMSNorm's sum and SiLU's exp.
+The layers run as one call of the compiled kernels (``layers.cpp``: each layer's steps fused into 12
+kernels) or, when they cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the readable
+reference the tests compare the kernels with). Both are row-wise; their bits differ only in RMSNorm's
+sum, attention's and SiLU's exp.
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ class Decoder:
         self.attention_scale = 1.0 / math.sqrt(config.head_dim)
         self.use_kernel = True  # the compiled kernels when they build (False: the PyTorch reference path)
         self.vocabulary: torch.Tensor | None = None  # the token ids the LM head computes (None: all)
+        self._layers_spec: Any = None  # the compiled layer loop, built on first use
 
     @classmethod
     def from_native_state(cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int) -> Decoder:
@@ -237,41 +239,6 @@ class Decoder:
         gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [R, I] each
         return x + layer.down(torch.nn.functional.silu(gate) * up)
 
-    def _fused_layer(
-        self,
-        kernels: Any,
-        index: int,
-        layer: DecoderLayer,
-        x: torch.Tensor,
-        keys: Slots,
-        values: Slots,
-        row_slot: list[int],
-        row_position: list[int],
-    ) -> torch.Tensor:
-        """:meth:`_layer` as 12 kernel calls (4 of them the integer GEMMs): ``x [R, H]`` -> ``[R, H]``."""
-        eps = self.config.rms_norm_eps
-        # rows: quantized activations [R + 1, width] with fbgemm's sentinel last; row_scale [R, 1]
-        rows, row_scale = kernels.rms_norm_quantize(x, layer.input_norm, eps)
-        q = kernels.qkv_rope_cache(
-            layer.qkv.matmul_rows(rows),
-            row_scale,
-            layer.qkv.kernel_bias,
-            self.rope_cos,
-            self.rope_sin,
-            keys,
-            values,
-            index,
-            row_slot,
-            row_position,
-            self.config.num_heads,
-        )  # [R, heads, D]; k and v went into the cache
-        attended = kernels.attend(q, keys, values, index, row_slot, row_position, self.attention_scale)  # [R, heads·D]
-        rows, row_scale = kernels.quantize_rows(attended)
-        x = kernels.combine_residual(layer.out.matmul_rows(rows), row_scale, layer.out.kernel_bias, x)  # [R, H]
-        rows, row_scale = kernels.rms_norm_quantize(x, layer.post_norm, eps)
-        rows, row_scale = kernels.silu_mul_quantize(layer.gate_up.matmul_rows(rows), row_scale)  # [R + 1, I]
-        return kernels.combine_residual(layer.down.matmul_rows(rows), row_scale, layer.down.kernel_bias, x)
-
     def _decode_rows(
         self,
         token_ids: torch.Tensor,
@@ -287,14 +254,30 @@ class Decoder:
         final norm."""
         if max(row_position) >= self.capacity:
             raise ValueError(f"the cache holds {self.capacity} positions; {max(row_position) + 1} needed")
-        kernels = native_kernels() if self.use_kernel else None
+        layers = self.layers[:exit_layer]
         x = self.embedding[token_ids]  # [R, H]
-        for index, layer in enumerate(self.layers[:exit_layer]):
-            if kernels is not None:
-                x = self._fused_layer(kernels, index, layer, x, keys, values, row_slot, row_position)
-            else:
-                x = self._layer(index, layer, x, keys, values, row_slot, row_position)
+        if self.use_kernel and (kernels := native_kernels()) is not None:  # the same operations, in one call
+            return self._compiled_layers(kernels).forward(x, keys, values, row_slot, row_position, len(layers))
+        for index, layer in enumerate(layers):
+            x = self._layer(index, layer, x, keys, values, row_slot, row_position)
         return x
+
+    def _compiled_layers(self, kernels: Any) -> Any:
+        """The layers as ``layers.cpp`` runs them: :meth:`_layer`'s steps as fused kernels, in one call."""
+        if self._layers_spec is None:
+            specs = [
+                kernels.Layer(
+                    layer.input_norm,
+                    layer.post_norm,
+                    *(linear.kernel_spec(kernels) for linear in (layer.qkv, layer.out, layer.gate_up, layer.down)),
+                )
+                for layer in self.layers
+            ]
+            config = self.config
+            self._layers_spec = kernels.Layers(
+                specs, self.rope_cos, self.rope_sin, config.num_heads, config.rms_norm_eps, self.attention_scale
+            )
+        return self._layers_spec
 
     def restrict_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Compute logits for ``token_ids`` only (FR-Spec: a draft model's LM head over the frequent tokens, a large

@@ -1,0 +1,22 @@
+// The kernels of kernels.cpp, for the other sources of the extension (layers.cpp). Shapes are in kernels.cpp.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <vector>
+
+torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale);
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x);
+std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor cos,
+                             torch::Tensor sin, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                             int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
+                             int64_t heads);
+torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor residual);
+std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor row_scale);
+void int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor out, int64_t column);
+void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor sub_min, torch::Tensor d,
+               torch::Tensor dmin, torch::Tensor out, int64_t column);
+
+void register_layers(pybind11::module& m);  // layers.cpp

@@ -1,0 +1,87 @@
+// A decoder's layers in one call: what Decoder._layer does with PyTorch operations, kernel by kernel (kernels.cpp),
+// without going back to Python between them. A forward of the 28-layer target was 336 calls from Python; their
+// arithmetic is the same, so are the bits.
+#include "kernels.h"
+
+#include <utility>
+
+namespace {
+
+// A range of a linear layer's output rows in one packed format (linear.py's WeightPart): kind 0 int8
+// (codes, scale), 1 q4 (codes, sub_scale, sub_min, d, dmin); its outputs start at `column` of the padded output.
+struct Part {
+  int64_t kind = 0, column = 0;
+  std::vector<torch::Tensor> tensors;
+};
+
+// linear.py's QuantizedLinear: parts side by side, the real columns when the parts are padded, the bias.
+struct Linear {
+  std::vector<Part> parts;
+  int64_t padded_width = 0;
+  torch::Tensor real_columns, bias;  // real_columns empty: no padding; bias empty: none
+
+  // int8 rows [M, K] -> [M, N] before the row scale and the bias (QuantizedLinear.matmul_rows).
+  torch::Tensor matmul(const torch::Tensor& rows) const {
+    auto out = torch::empty({rows.size(0), padded_width}, torch::kFloat32);
+    for (const auto& part : parts) {
+      const auto& t = part.tensors;
+      if (part.kind == 0) int8_matmul(rows, t[0], t[1], out, part.column);
+      else q4_matmul(rows, t[0], t[1], t[2], t[3], t[4], out, part.column);
+    }
+    return real_columns.numel() == 0 ? out : out.index_select(1, real_columns).contiguous();
+  }
+};
+
+struct Layer {
+  torch::Tensor input_norm, post_norm;
+  Linear qkv, out, gate_up, down;
+};
+
+class Layers {
+ public:
+  Layers(std::vector<Layer> layers, torch::Tensor rope_cos, torch::Tensor rope_sin, int64_t heads, double eps,
+         double attention_scale)
+      : layers_(std::move(layers)), cos_(std::move(rope_cos)), sin_(std::move(rope_sin)), heads_(heads), eps_(eps),
+        scale_(attention_scale) {}
+
+  // x [R, H] -> [R, H] through the first `count` layers (model.py's _decode_rows; the same arguments).
+  torch::Tensor forward(torch::Tensor x, const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                        const std::vector<int64_t>& row_slot, const std::vector<int64_t>& row_position,
+                        int64_t count) const {
+    TORCH_CHECK(count >= 0 && count <= static_cast<int64_t>(layers_.size()));
+    for (int64_t index = 0; index < count; ++index) {
+      const Layer& layer = layers_[index];
+      auto normed = rms_norm_quantize(x, layer.input_norm, eps_);  // rows [R, H] int8, row_scale [R, 1]
+      auto q = qkv_rope_cache(layer.qkv.matmul(normed[0]), normed[1], bias(layer.qkv), cos_, sin_, keys, values,
+                              index, row_slot, row_position, heads_);  // [R, heads, D]; k, v cached
+      auto attended = quantize_rows(attend(q, keys, values, index, row_slot, row_position, scale_));
+      x = combine_residual(layer.out.matmul(attended[0]), attended[1], bias(layer.out), x);  // [R, H]
+      normed = rms_norm_quantize(x, layer.post_norm, eps_);
+      auto activated = silu_mul_quantize(layer.gate_up.matmul(normed[0]), normed[1]);  // [R, I] int8, [R, 1]
+      x = combine_residual(layer.down.matmul(activated[0]), activated[1], bias(layer.down), x);
+    }
+    return x;
+  }
+
+ private:
+  torch::Tensor bias(const Linear& linear) const { return linear.bias.numel() == 0 ? no_bias_ : linear.bias; }
+
+  std::vector<Layer> layers_;
+  torch::Tensor cos_, sin_, no_bias_ = torch::empty({0}, torch::kFloat32);
+  int64_t heads_;
+  double eps_, scale_;
+};
+
+}  // namespace
+
+void register_layers(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<Part>(m, "Part").def(py::init<int64_t, int64_t, std::vector<torch::Tensor>>());
+  py::class_<Linear>(m, "Linear")
+      .def(py::init<std::vector<Part>, int64_t, torch::Tensor, torch::Tensor>());
+  py::class_<Layer>(m, "Layer")
+      .def(py::init<torch::Tensor, torch::Tensor, Linear, Linear, Linear, Linear>());
+  py::class_<Layers>(m, "Layers")
+      .def(py::init<std::vector<Layer>, torch::Tensor, torch::Tensor, int64_t, double, double>())
+      .def("forward", &Layers::forward, "x [R, H] through the first `count` layers", py::call_guard<py::gil_scoped_release>());
+}

@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/quickdraft generate --chat --compare --max-new-tokens 96 \
-		"Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and a short usage example."
+	$(VENV)/bin/quickdraft generate --chat --compare --max-new-tokens 256 \
+		"Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and a short usage example. Reply with the code only."
 
 test: $(STAMP)
 	$(PYTHON) -m pytest

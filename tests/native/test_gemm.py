@@ -79,6 +79,19 @@ def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[
             assert torch.equal(run(library, part, x[-rows:].contiguous(), which=0), expected[-rows:]), (name, rows)
 
 
+@pytest.mark.parametrize("width", [20, 72, 100])
+def test_int8_widths_that_are_not_a_multiple_of_the_unrolling(libraries: dict[str, ctypes.CDLL], width: int) -> None:
+    """int8 takes any multiple of 4 input features (q4 takes multiples of 64): the vector paths unroll over 16
+    or 8 of them and must handle the rest without reading past a row."""
+    generator = torch.Generator().manual_seed(width)
+    part = Int8Part.from_float(torch.randn(32, width, generator=generator))
+    x = torch.randint(-127, 128, (5, width), generator=generator, dtype=torch.int8)
+    expected = part.reference(x.float())
+    for name, library in libraries.items():
+        for rows in (1, 2, 3, 5):  # 4 partial sums a row for 1-2 rows, 2 for 3-4, 1 beyond
+            assert torch.equal(run(library, part, x[:rows].contiguous(), which=0), expected[:rows]), (name, rows)
+
+
 def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
     """The largest codes against the largest activations: no 16-bit pair sum saturates, no int32 sum overflows."""
     width = 8960  # the widest input of the default target (its down projection)

@@ -51,11 +51,14 @@ def test_weight_formats(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     model_dir = tmp_path / "tiny"
     tiny_model(64, seed=3).save_pretrained(model_dir)
-    kinds = {}
+    kinds, builds = {}, set()
     for fmt in ("int8", "q4", "auto"):
-        layer = NativeRuntime.load(model_dir, LoadOptions(weights=fmt)).decoder.layers[0]
+        runtime = NativeRuntime.load(model_dir, LoadOptions(weights=fmt))
+        layer = runtime.decoder.layers[0]
         kinds[fmt] = [part.kind for linear in (layer.qkv, layer.down) for part in linear.parts]
+        builds.add(runtime.build)  # measured costs and learned acceptance are keyed by it
     assert kinds == {"int8": ["int8", "int8"], "q4": ["int8", "q4"], "auto": ["int8", "int8"]}
+    assert len(builds) == 3
     assert len({weights.native_cache_dir(model_dir, fmt) for fmt in ("int8", "q4", "auto")}) == 3
     with pytest.raises(ConfigError, match="unknown weight format 'q3'"):
         NativeRuntime.load(model_dir, LoadOptions(weights="q3"))

@@ -9,7 +9,7 @@
 //   out[m][n] = float(sum_k x[m][k] * w[n][k]) * scale[n],      w in [-63, 63]
 //   codes hold w + 64 (unsigned bytes, so u8 x s8 pair sums stay below 2^15 on AVX2), as
 //   [N/16][K/4][16 lanes][4 bytes]: one 64-byte vector holds 4 consecutive k of 16 consecutive n.
-//   (This is bitwise what fbgemm's int8 GEMM gave with the sentinel row pinning its quantization.)
+//   (The same bits as the fbgemm GEMM of earlier versions, whose quantization a sentinel row pinned per row.)
 //
 // Format "q4" (4-bit codes in groups of 32 along k, llama.cpp's Q4_K structure):
 //   w[n][k] = d[n][s] * sub_scale[n][g] * code[n][k] + dmin[n][s] * sub_min[n][g]
@@ -141,12 +141,19 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
   __m512i acc[R][U];
   QD_UNROLL for (int r = 0; r < R; ++r) QD_UNROLL for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_si512();
   const uint8_t* codes = w.codes + block * (w.k / 4) * 64;
-  for (int64_t q = 0; q < w.k / 4; q += U) {  // K is a multiple of 64, so of 4 * U
+  const int64_t quads = w.k / 4;  // K is a multiple of 4, not necessarily of 4 * U
+  int64_t q = 0;
+  for (; q + U <= quads; q += U) {
     QD_UNROLL for (int u = 0; u < U; ++u) {
       const __m512i c = _mm512_loadu_si512(codes + (q + u) * 64);
       QD_UNROLL for (int r = 0; r < R; ++r)
         acc[r][u] = _mm512_dpbusd_epi32(acc[r][u], c, _mm512_set1_epi32(load4(x + r * x_stride + 4 * (q + u))));
     }
+  }
+  for (; q < quads; ++q) {  // the last K % (4 * U) inputs
+    const __m512i c = _mm512_loadu_si512(codes + q * 64);
+    QD_UNROLL for (int r = 0; r < R; ++r)
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], c, _mm512_set1_epi32(load4(x + r * x_stride + 4 * q)));
   }
   const __m512 scale = _mm512_loadu_ps(w.scale + block * kLanes);
   QD_UNROLL for (int r = 0; r < R; ++r) {

@@ -82,7 +82,7 @@ inline const float* bias_data(torch::Tensor& bias) {
   return bias.data_ptr<float>();
 }
 
-// One element of combine_rows: fbgemm's integer result times the row's scale, plus the bias if any.
+// One element of combine_rows: the GEMM's float output (gemm.h) times the row's scale, plus the bias if any.
 inline float combined(float out, float row_scale, const float* bias, int64_t n) {
   const float v = out * row_scale;
   return bias != nullptr ? v + bias[n] : v;
@@ -103,6 +103,12 @@ std::vector<torch::Tensor> quantized_rows(int64_t rows, int64_t width, const tor
       scale_data[r] = quantize_row(activations(r, buffer.data()), out_data + r * width, width);
   });
   return {out, scale};
+}
+
+// A GEMM's output [M, N] with its row scales [M, 1] and an optional bias [N]: the shapes the combining kernels read.
+void check_gemm_output(const torch::Tensor& out, const torch::Tensor& row_scale, const torch::Tensor& bias) {
+  TORCH_CHECK(out.dim() == 2 && row_scale.numel() == out.size(0), "a GEMM output needs one row scale per row");
+  TORCH_CHECK(bias.numel() == 0 || bias.numel() == out.size(1), "a bias needs one value per output column");
 }
 
 torch::Tensor checked(torch::Tensor t, torch::ScalarType type, const char* name) {
@@ -127,8 +133,8 @@ struct CachePlanes {
   std::vector<int64_t> layer_stride, head_stride;
   int64_t kv_heads = 0, capacity = 0, head_dim = 0;
 
-  CachePlanes(const std::vector<torch::Tensor>& slots, bool blocked) {
-    TORCH_CHECK(!slots.empty(), "no cache slots");
+  CachePlanes(const std::vector<torch::Tensor>& slots, bool blocked, int64_t layer) {
+    TORCH_CHECK(!slots.empty() && layer >= 0 && layer < slots[0].size(0), "no cache slots, or no such layer");
     for (const auto& t : slots) {
       TORCH_CHECK(t.dtype() == torch::kFloat32 && t.dim() == (blocked ? 5 : 4), "a cache slot has the wrong shape");
       TORCH_CHECK(t[0].is_contiguous() && t.sizes() == slots[0].sizes(), "cache slots must match and be contiguous");
@@ -163,11 +169,13 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
                      int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale) {
   TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3);
   q = q.contiguous();
-  const CachePlanes key_planes(keys, true), value_planes(values, false);
+  const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
   const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = key_planes.kv_heads;
   const int64_t group = heads / kv_heads;
   TORCH_CHECK(head_dim == key_planes.head_dim && heads % kv_heads == 0);
+  TORCH_CHECK(value_planes.kv_heads == kv_heads && value_planes.head_dim == head_dim, "keys and values differ");
   check_rows(row_slot, row_position, rows, key_planes);
+  check_rows(row_slot, row_position, rows, value_planes);
   auto out = torch::empty({rows, heads * head_dim}, q.options());
   const float* q_data = q.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
@@ -198,6 +206,7 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
 // Returns y [M, N] = out * s + bias, operation by operation as in the PyTorch path.
 torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias) {
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous());
+  check_gemm_output(out, row_scale, bias);
   const int64_t rows = row_scale.size(0), width = out.size(1);
   auto y = torch::empty({rows, width}, out.options());
   const float* o = out.data_ptr<float>();
@@ -217,6 +226,7 @@ torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Te
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   x = float_tensor(x, "x");
   weight = float_tensor(weight, "weight");
+  TORCH_CHECK(x.dim() == 2 && weight.numel() == x.size(1), "RMSNorm needs x [M, H] and a weight [H]");
   const int64_t rows = x.size(0), width = x.size(1);
   auto y = torch::empty({rows, width}, x.options());
   const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
@@ -232,6 +242,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps) {
   x = float_tensor(x, "x");
   weight = float_tensor(weight, "weight");
+  TORCH_CHECK(x.dim() == 2 && weight.numel() == x.size(1), "RMSNorm needs x [M, H] and a weight [H]");
   const int64_t width = x.size(1);
   const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
   return quantized_rows(x.size(0), width, x.options(), [&](int64_t r, float* normed) {
@@ -251,11 +262,14 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   row_scale = float_tensor(row_scale, "row_scale");
   cos = float_tensor(cos, "cos");
   sin = float_tensor(sin, "sin");
-  const CachePlanes key_planes(keys, true), value_planes(values, false);
+  const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
   const int64_t kv_heads = key_planes.kv_heads, head_dim = key_planes.head_dim;
   const int64_t rows = row_scale.size(0), width = out.size(1);
   TORCH_CHECK(width == (heads + 2 * kv_heads) * head_dim);
+  check_gemm_output(out, row_scale, bias);
   check_rows(row_slot, row_position, rows, key_planes);
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) == head_dim, "RoPE tables [C, D]");
+  for (const int64_t position : row_position) TORCH_CHECK(position < cos.size(0), "a position past the RoPE tables");
   const float* b = bias_data(bias);
   auto q = torch::empty({rows, heads, head_dim}, out.options());
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
@@ -291,6 +305,7 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
   row_scale = float_tensor(row_scale, "row_scale");
   residual = float_tensor(residual, "residual");
   const int64_t rows = row_scale.size(0), width = out.size(1);
+  check_gemm_output(out, row_scale, bias);
   TORCH_CHECK(residual.size(0) == rows && residual.size(1) == width);
   const float* b = bias_data(bias);
   auto y = torch::empty({rows, width}, out.options());
@@ -310,6 +325,8 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
 std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor row_scale) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
+  check_gemm_output(out, row_scale, torch::Tensor());
+  TORCH_CHECK(out.size(1) % 2 == 0, "gate and up need the same width");
   const int64_t width = out.size(1) / 2;
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
   return quantized_rows(row_scale.size(0), width, out.options(), [&](int64_t r, float* activated) {
@@ -357,7 +374,8 @@ void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, to
                               checked(sub_min, torch::kUInt8, "sub_min").data_ptr<uint8_t>(),
                               checked(d, torch::kFloat32, "d").data_ptr<float>(),
                               checked(dmin, torch::kFloat32, "dmin").data_ptr<float>(), n, k};
-  TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers() && dmin.numel() == d.numel());
+  TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers() && dmin.numel() == d.numel() &&
+              sub_min.numel() == sub_scale.numel());
   const int8_t* x_data = x.data_ptr<int8_t>();
   const int64_t pair_count = k / (2 * qd::kGroup);
   std::vector<int32_t> pairs(rows * pair_count);
@@ -367,19 +385,19 @@ void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, to
   });
 }
 
-std::string isa() { return qd::kIsa; }
+std::string isa() { return std::string(qd::kIsa) + ", attention " + qd::kAttentionIsa; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)");
   m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)");
-  m.def("isa", &isa, "the instruction set the GEMMs were compiled for");
+  m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache");
-  m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the int8 GEMM");
-  m.def("combine_rows", &combine_rows, "the int8 GEMM's output back to floats");
+  m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs");
+  m.def("combine_rows", &combine_rows, "an integer GEMM's output back to floats");
   m.def("rms_norm", &rms_norm, "RMSNorm per row");
   m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization");
   m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache");
-  m.def("combine_residual", &combine_residual, "residual + the int8 GEMM's output");
+  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output");
   m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization");
   register_layers(m);
 }

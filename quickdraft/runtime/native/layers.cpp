@@ -1,6 +1,5 @@
 // A decoder's layers in one call: what Decoder._layer does with PyTorch operations, kernel by kernel (kernels.cpp),
-// without going back to Python between them. A forward of the 28-layer target was 336 calls from Python; their
-// arithmetic is the same, so are the bits.
+// without going back to Python between them (the same kernels, so the same bits, as calling each from Python).
 #include "kernels.h"
 
 #include <utility>
@@ -10,8 +9,14 @@ namespace {
 // A range of a linear layer's output rows in one packed format (linear.py's WeightPart): kind 0 int8
 // (codes, scale), 1 q4 (codes, sub_scale, sub_min, d, dmin); its outputs start at `column` of the padded output.
 struct Part {
-  int64_t kind = 0, column = 0;
+  int64_t kind, column;
   std::vector<torch::Tensor> tensors;
+
+  Part(int64_t kind, int64_t column, std::vector<torch::Tensor> tensors)
+      : kind(kind), column(column), tensors(std::move(tensors)) {
+    TORCH_CHECK((kind == 0 && this->tensors.size() == 2) || (kind == 1 && this->tensors.size() == 5),
+                "a weight part is kind 0 (int8: codes, scale) or 1 (q4: codes, sub_scale, sub_min, d, dmin)");
+  }
 };
 
 // linear.py's QuantizedLinear: parts side by side, the real columns when the parts are padded, the bias.

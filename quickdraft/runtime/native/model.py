@@ -9,10 +9,10 @@ Every operation gives a token's row the same bits whatever else is in the call:
 So a position's logits are bitwise identical in a 1-token step and in a k-token block, which
 makes greedy speculative decoding equal to greedy decoding by construction.
 
-The layers run as one call of the compiled kernels (``layers.cpp``: each layer's steps fused into 12
-kernels) or, when they cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the readable
-reference the tests compare the kernels with). Both are row-wise; their bits differ only in RMSNorm's
-sum, attention's and SiLU's exp.
+The layers run as one call of the compiled kernels (``layers.cpp``: a layer's steps between its GEMMs
+fused into 8 kernels) or, when they cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the
+readable reference the tests compare the kernels with). Both are row-wise; their bits differ only in
+RMSNorm's sum, attention's dot products, sums and exp, and SiLU's exp.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class NativeRuntime(Runtime):
             ):
                 raise ConfigError(f"a vocabulary subset must name token ids in 0..{config.vocab_size - 1}")
             decoder.restrict_vocabulary(torch.tensor(options.vocabulary))
-        return cls(decoder)
+        return cls(decoder, options.weights)
 
     def new_cache(self, batch_size: int = 1) -> NativeCache:
         return NativeCache(self.decoder.new_cache(batch_size))

@@ -334,40 +334,42 @@ inline void for_each_tile(int64_t rows, Tile tile) {
 // 16 MB per block). A row's arithmetic is the same in any chunk.
 constexpr int64_t kChunkBytes = 512 * 1024;
 
-inline int64_t chunk_rows(int64_t k) { return kChunkBytes / k > 16 ? kChunkBytes / k : 16; }
+// chunk(first, count) for consecutive chunks of rows [first, first + count) of width k.
+template <typename Chunk>
+inline void for_each_chunk(int64_t rows, int64_t k, Chunk chunk) {
+  const int64_t size = kChunkBytes / k > 16 ? kChunkBytes / k : 16;
+  for (int64_t first = 0; first < rows; first += size) chunk(first, rows - first < size ? rows - first : size);
+}
 
 // out [rows, N] (row stride out_stride) for n-blocks [block_begin, block_end); x [rows, K] int8; sums [rows].
 inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const int32_t* sums, float* out,
                       int64_t out_stride, int64_t block_begin, int64_t block_end) {
-  const int64_t chunk = chunk_rows(w.k);
-  for (int64_t first = 0; first < rows; first += chunk) {
-    const int64_t count = rows - first < chunk ? rows - first : chunk;
+  for_each_chunk(rows, w.k, [&](int64_t first, int64_t count) {
     const int8_t* xs = x + first * w.k;
     float* outs = out + first * out_stride;
 #if defined(QD_AMX)
-    if (int8_amx(w.codes, w.scale, w.k, xs, count, sums + first, outs, out_stride, block_begin, block_end)) continue;
+    if (int8_amx(w.codes, w.scale, w.k, xs, count, sums + first, outs, out_stride, block_begin, block_end)) return;
 #endif
     for (int64_t block = block_begin; block < block_end; ++block)
       for_each_tile<kInt8Rows>(count, [&](int64_t r, auto tile_rows) {
         int8_tile<decltype(tile_rows)::value>(w, xs + r * w.k, w.k, sums + first + r, block, outs + r * out_stride,
                                               out_stride);
       });
-  }
+  });
 }
 
 // pairs [rows, K/64] from group_sum_pairs.
 inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
-  const int64_t pair_stride = w.k / (2 * kGroup), chunk = chunk_rows(w.k);
-  for (int64_t first = 0; first < rows; first += chunk) {
-    const int64_t count = rows - first < chunk ? rows - first : chunk;
+  const int64_t pair_stride = w.k / (2 * kGroup);
+  for_each_chunk(rows, w.k, [&](int64_t first, int64_t count) {
     for (int64_t block = block_begin; block < block_end; ++block)
       for_each_tile<kQ4Rows>(count, [&](int64_t r, auto tile_rows) {
         const int64_t row = first + r;
         q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
                                             out + row * out_stride, out_stride);
       });
-  }
+  });
 }
 
 }  // namespace qd

@@ -222,11 +222,16 @@ torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Te
   return y;
 }
 
-// x: [M, H]; weight: [H]. Returns [M, H].
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+// RMSNorm's inputs as the kernels read them: x [M, H] and weight [H], float32 and contiguous.
+void norm_inputs(torch::Tensor& x, torch::Tensor& weight) {
   x = float_tensor(x, "x");
   weight = float_tensor(weight, "weight");
   TORCH_CHECK(x.dim() == 2 && weight.numel() == x.size(1), "RMSNorm needs x [M, H] and a weight [H]");
+}
+
+// x: [M, H]; weight: [H]. Returns [M, H].
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  norm_inputs(x, weight);
   const int64_t rows = x.size(0), width = x.size(1);
   auto y = torch::empty({rows, width}, x.options());
   const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
@@ -240,9 +245,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 
 // x: [M, H]; weight: [H]. Returns quantize_rows(rms_norm(x)): rows [M, H] int8, row_scale [M, 1].
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps) {
-  x = float_tensor(x, "x");
-  weight = float_tensor(weight, "weight");
-  TORCH_CHECK(x.dim() == 2 && weight.numel() == x.size(1), "RMSNorm needs x [M, H] and a weight [H]");
+  norm_inputs(x, weight);
   const int64_t width = x.size(1);
   const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
   return quantized_rows(x.size(0), width, x.options(), [&](int64_t r, float* normed) {

@@ -57,22 +57,20 @@ class Layers {
     for (int64_t index = 0; index < count; ++index) {
       const Layer& layer = layers_[index];
       auto normed = rms_norm_quantize(x, layer.input_norm, eps_);  // rows [R, H] int8, row_scale [R, 1]
-      auto q = qkv_rope_cache(layer.qkv.matmul(normed[0]), normed[1], bias(layer.qkv), cos_, sin_, keys, values,
+      auto q = qkv_rope_cache(layer.qkv.matmul(normed[0]), normed[1], layer.qkv.bias, cos_, sin_, keys, values,
                               index, row_slot, row_position, heads_);  // [R, heads, D]; k, v cached
       auto attended = quantize_rows(attend(q, keys, values, index, row_slot, row_position, scale_));
-      x = combine_residual(layer.out.matmul(attended[0]), attended[1], bias(layer.out), x);  // [R, H]
+      x = combine_residual(layer.out.matmul(attended[0]), attended[1], layer.out.bias, x);  // [R, H]
       normed = rms_norm_quantize(x, layer.post_norm, eps_);
       auto activated = silu_mul_quantize(layer.gate_up.matmul(normed[0]), normed[1]);  // [R, I] int8, [R, 1]
-      x = combine_residual(layer.down.matmul(activated[0]), activated[1], bias(layer.down), x);
+      x = combine_residual(layer.down.matmul(activated[0]), activated[1], layer.down.bias, x);
     }
     return x;
   }
 
  private:
-  torch::Tensor bias(const Linear& linear) const { return linear.bias.numel() == 0 ? no_bias_ : linear.bias; }
-
   std::vector<Layer> layers_;
-  torch::Tensor cos_, sin_, no_bias_ = torch::empty({0}, torch::kFloat32);
+  torch::Tensor cos_, sin_;
   int64_t heads_;
   double eps_, scale_;
 };

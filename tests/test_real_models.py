@@ -164,17 +164,18 @@ def test_native_logits_are_bitwise_equal_in_steps_and_blocks(native_pair: Pipeli
         assert torch.equal(runtime.forward(torch.tensor([block[2:]]), block_cache), in_block[:, 2:])
 
 
+def perplexity(logits: torch.Tensor, token_ids: torch.Tensor) -> float:
+    """exp(mean negative log-likelihood) of ``token_ids [1, T]`` under ``logits [1, T, V]``."""
+    log_probs = torch.log_softmax(logits[0, :-1].double(), dim=-1)
+    return float(torch.exp(-log_probs.gather(1, token_ids[0, 1:, None]).mean()))
+
+
 def test_native_perplexity_is_within_3_percent_of_transformers_fp32(pair: Pipeline, native_pair: Pipeline) -> None:
     text = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
     token_ids = torch.tensor([pair.tokenizer(text).input_ids])  # [1, T]
-
-    def perplexity(logits: torch.Tensor) -> float:
-        log_probs = torch.log_softmax(logits[0, :-1].double(), dim=-1)
-        return float(torch.exp(-log_probs.gather(1, token_ids[0, 1:, None]).mean()))
-
     with torch.no_grad():
-        reference = perplexity(pair.target.model(token_ids).logits)
-    native = perplexity(native_pair.target.forward(token_ids, native_pair.target.new_cache()))
+        reference = perplexity(pair.target.model(token_ids).logits, token_ids)
+    native = perplexity(native_pair.target.forward(token_ids, native_pair.target.new_cache()), token_ids)
     assert token_ids.shape[1] > 250
     assert abs(native / reference - 1) < 0.03, (native, reference)
 

@@ -21,13 +21,7 @@ from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from test_real_models import PROMPTS
-
-
-def perplexity(logits: torch.Tensor, token_ids: torch.Tensor) -> float:
-    """exp(mean negative log-likelihood) of ``token_ids [1, T]`` under ``logits [1, T, V]``."""
-    log_probs = torch.log_softmax(logits[0, :-1].double(), dim=-1)
-    return float(torch.exp(-log_probs.gather(1, token_ids[0, 1:, None]).mean()))
+from test_real_models import PROMPTS, perplexity
 
 
 def main() -> None:

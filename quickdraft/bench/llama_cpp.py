@@ -13,7 +13,6 @@ often they agree is reported as agreement, not as a lossless check.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -30,7 +29,7 @@ from typing import Any
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.base import Method, TurnResult
-from quickdraft.bench.peers import require_module, run_quietly
+from quickdraft.bench.peers import require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.models.convert import MARKER
@@ -240,8 +239,7 @@ CMAKE_OPTIONS = (  # only what the tool needs: static libraries, CPU, -march=nat
 
 def tool_dir() -> Path:
     """The build's cache, keyed by the version and the CMake options (an older build with AMX is not reused)."""
-    options = hashlib.sha256("\n".join(CMAKE_OPTIONS).encode()).hexdigest()[:12]
-    return cache_root() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-{options}"
+    return cache_root() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-{settings_key(*CMAKE_OPTIONS)}"
 
 
 def speculative_tool(progress: bool = True) -> Path:

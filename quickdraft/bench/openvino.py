@@ -16,7 +16,6 @@ the pinned :data:`EXPORTER_REQUIREMENTS`; the bench's own environment only needs
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from typing import Any
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.base import Method, TurnResult
-from quickdraft.bench.peers import StepClock, require_module, run_quietly
+from quickdraft.bench.peers import StepClock, require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.convert import MARKER
@@ -62,10 +61,6 @@ def require_openvino(method: str) -> None:
 
 def openvino_root() -> Path:
     return cache_root() / "openvino"
-
-
-def settings_key(*parts: str) -> str:
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def exporter_python(progress: bool = True) -> Path:

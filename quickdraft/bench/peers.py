@@ -3,6 +3,7 @@ step times from a streamer, quiet subprocesses), and transformers' own generatio
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import subprocess
@@ -33,6 +34,11 @@ PEER_SETTINGS: dict[str, dict[str, Any]] = {
     "hf-prompt-lookup": {"prompt_lookup_num_tokens": 10},
 }
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def settings_key(*parts: str) -> str:
+    """A short digest naming a cached build or export by what went into it (versions, options)."""
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def require_module(method: str, module: str, package: str, install: str) -> None:

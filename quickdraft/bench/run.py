@@ -161,10 +161,9 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
 
 def draft_load(settings: BenchSettings) -> dict[str, Any]:
     """The draft model's weight format and vocabulary as the run asks for them (defaults filled in)."""
-    from quickdraft.api import DRAFT_VOCABULARY, DRAFT_WEIGHTS
+    from quickdraft.api import draft_load_defaults
 
-    weights = DRAFT_WEIGHTS if settings.draft_weights is None else settings.draft_weights
-    vocabulary = DRAFT_VOCABULARY if settings.draft_vocabulary is None else settings.draft_vocabulary
+    weights, vocabulary = draft_load_defaults(settings.draft_weights, settings.draft_vocabulary)
     return {"weights": weights, "vocabulary": vocabulary}
 
 

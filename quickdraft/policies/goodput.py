@@ -106,8 +106,6 @@ class GoodputPolicy(Policy):
     last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
     block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
     block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
-    chosen_rates: tuple[float, float] = field(default=(0.0, 0.0), init=False)  # (α, β) the last γ was chosen by
-    chosen_reading_ms: float = field(default=0.0, init=False)  # and the reading it weighed
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -131,6 +129,11 @@ class GoodputPolicy(Policy):
         return (self.later.accepted + self.continuation_shrink * alpha) / (self.later.total + self.continuation_shrink)
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
+        return self.bid(state).num_draft_tokens
+
+    def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
+        """γ as the most this request drafts in a shared step, with the estimates it was chosen by, so that
+        :func:`plan_batch` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone)."""
         self.last_backlog = state.drafter_backlog
         self.block_survival = 1.0
         reading_ms = self._reading_ms(state)
@@ -138,7 +141,6 @@ class GoodputPolicy(Policy):
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
         continuation_rate = self.continuation_rate(acceptance_rate)
-        self.chosen_rates, self.chosen_reading_ms = (acceptance_rate, continuation_rate), reading_ms
         costs = self.block_costs = self.costs()
         gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
         if gamma > 0 and reading_ms > 0 and (horizon := self.horizon(state)) is not None:
@@ -152,14 +154,7 @@ class GoodputPolicy(Policy):
             gamma = min(2, self.maximum)  # a probe of β
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         self.single_steps = self.single_steps + 1 if gamma == 1 else 0
-        return gamma
-
-    def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
-        """:meth:`choose`'s γ as the most this request drafts in a shared step, with the estimates it was chosen
-        by, so that :func:`plan_batch` may trim it to what pays in the whole batch."""
-        gamma = self.choose(state)
-        acceptance_rate, continuation_rate = self.chosen_rates
-        return DraftBid(gamma, acceptance_rate, continuation_rate, self.chosen_reading_ms)
+        return DraftBid(gamma, acceptance_rate, continuation_rate, reading_ms)
 
     def keep_drafting(self, step: DraftStep) -> bool:
         """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and

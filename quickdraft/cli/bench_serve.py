@@ -17,7 +17,7 @@ from typing import Any
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
 from quickdraft.bench.serve_report import write_report
-from quickdraft.cli.common import add_model_arguments, check_output_dir
+from quickdraft.cli.common import add_model_arguments, check_output_dir, draft_for
 from quickdraft.cli.serve import add_serving_arguments
 from quickdraft.errors import ConfigError
 
@@ -174,15 +174,13 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
     from quickdraft.bench.serve_load import distribution
     from quickdraft.config import GenerationConfig
 
-    draft = args.draft or default_draft_model() if any(c.drafter == "draft-model" for c in configs) else None
+    draft = draft_for(args, [config.drafter for config in configs])
     pipeline = Pipeline.load(
         args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
     )
     runs = {}
     for config in configs:
-        settings = GenerationConfig(
-            max_new_tokens=args.max_tokens, policy=config.policy or ("fixed:0" if config.drafter == "none" else None)
-        )
+        settings = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy)
         pipeline.prepare(config.drafter, settings)
         engine, latencies = pipeline.engine(config.drafter), []
         engine.generate(
@@ -193,12 +191,6 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
         runs[config.name] = {"e2e_s": distribution(latencies)}
         print(f"single request, {config.name}: mean {runs[config.name]['e2e_s']['mean']:.2f} s", file=sys.stderr)
     return runs
-
-
-def default_draft_model() -> str:
-    from quickdraft.models import DEFAULT_DRAFT
-
-    return DEFAULT_DRAFT
 
 
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:

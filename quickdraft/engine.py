@@ -210,6 +210,7 @@ class SpeculativeEngine:
                 remaining_tokens=remaining_tokens,
                 drafter_backlog=self.drafter.backlog([committed]),
                 generated_tokens=len(new_token_ids),
+                free_drafts=self.drafter.free_drafts([committed]),
             )
             num_drafts = min(policy.choose(state), remaining_tokens - 1)
             stats.gamma_per_step.append(num_drafts)

@@ -46,7 +46,7 @@ def test_greedy_speculation_equals_plain_and_transformers(pipeline: Pipeline, pr
     plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=24))
     assert plain.stats.mean_accepted_tokens == 1.0
     assert plain.token_ids == hf_greedy(pipeline, prompt_ids, 24)
-    for drafter, gamma in itertools.product(["draft-model", "prompt-lookup"], [1, 2, 4, 7]):
+    for drafter, gamma in itertools.product(["draft-model", "prompt-lookup", "hybrid"], [1, 2, 4, 7]):
         result = pipeline.engine(drafter).generate(
             prompt_ids, GenerationConfig(max_new_tokens=24, num_draft_tokens=gamma)
         )
@@ -63,7 +63,7 @@ def test_speculation_commits_several_tokens_per_target_forward(pipeline: Pipelin
     assert stats.acceptance_rate == stats.draft_tokens_accepted / stats.draft_tokens_proposed
 
 
-@pytest.mark.parametrize(("drafter", "gamma"), [("none", 0), ("draft-model", 3), ("prompt-lookup", 5)])
+@pytest.mark.parametrize(("drafter", "gamma"), [("none", 0), ("draft-model", 3), ("prompt-lookup", 5), ("hybrid", 4)])
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 5])
 def test_token_budget_is_exact(pipeline: Pipeline, drafter: str, gamma: int, max_new_tokens: int) -> None:
     result = pipeline.engine(drafter).generate(
@@ -73,7 +73,7 @@ def test_token_budget_is_exact(pipeline: Pipeline, drafter: str, gamma: int, max
     assert result.finish_reason == "length"
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup", "hybrid"])
 def test_stream_deltas_add_up_to_the_text(pipeline: Pipeline, drafter: str) -> None:
     stream = pipeline.engine(drafter).stream(PROMPTS[3], GenerationConfig(max_new_tokens=16))
     deltas = list(stream)
@@ -81,7 +81,7 @@ def test_stream_deltas_add_up_to_the_text(pipeline: Pipeline, drafter: str) -> N
     assert len(deltas) > 1
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup", "hybrid"])
 def test_end_of_sequence_stops_and_is_kept(pipeline: Pipeline, drafter: str) -> None:
     plain = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=16))
     eos = plain.token_ids[5]
@@ -92,7 +92,7 @@ def test_end_of_sequence_stops_and_is_kept(pipeline: Pipeline, drafter: str) -> 
     assert result.token_ids == plain.token_ids[: plain.token_ids.index(eos) + 1]
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup", "hybrid"])
 def test_stop_string_ends_text_before_it(pipeline: Pipeline, drafter: str) -> None:
     plain = pipeline.engine("none").generate(PROMPTS[3], GenerationConfig(max_new_tokens=16))
     words = plain.text.split(" ")
@@ -312,8 +312,8 @@ def test_seeded_sampling_gives_the_same_tokens_whatever_gamma(
 
 
 def test_drafters_are_found_by_name() -> None:
-    assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "early-exit", "none"}
-    assert DRAFTERS.get("draft-model").needs_draft_model
+    assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "early-exit", "hybrid", "none"}
+    assert DRAFTERS.get("draft-model").needs_draft_model and DRAFTERS.get("hybrid").needs_draft_model
     assert not DRAFTERS.get("prompt-lookup").needs_draft_model
 
 
@@ -330,6 +330,7 @@ TOP_P_SAMPLING = SamplingParams(temperature=1.0, top_p=TOP_P)
 TOP_K_SAMPLING = SamplingParams(temperature=1.0, top_k=3)
 WINDOW_CONFIG = GenerationConfig(max_new_tokens=4, num_draft_tokens=2)
 PROMPT_FOR = {"none": [1, 2], "draft-model": [1, 2], "prompt-lookup": [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 1]}
+PROMPT_FOR["hybrid"] = PROMPT_FOR["prompt-lookup"]  # copies where it repeats, the model elsewhere
 RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
 
 
@@ -366,7 +367,7 @@ def window_pvalue(drafter: str, sampling: SamplingParams, seeded: bool) -> float
 
 
 @RULES
-@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup", "hybrid"])
 @pytest.mark.usefixtures("one_thread", "numbered_generators")
 def test_sampled_tokens_follow_the_target_distribution(drafter: str, seeded: bool) -> None:
     assert window_pvalue(drafter, TOP_P_SAMPLING, seeded) > FITS

@@ -3,6 +3,7 @@
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
+from quickdraft.drafters.hybrid import HybridDrafter
 from quickdraft.drafters.none import NoDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.registry import Registry
@@ -11,6 +12,7 @@ DRAFTERS: Registry[type[Drafter]] = Registry("drafter")
 DRAFTERS.register("draft-model")(DraftModelDrafter)
 DRAFTERS.register("prompt-lookup")(PromptLookupDrafter)
 DRAFTERS.register("early-exit")(EarlyExitDrafter)
+DRAFTERS.register("hybrid")(HybridDrafter)
 DRAFTERS.register("none")(NoDrafter)
 
 __all__ = ["DRAFTERS", "DraftProposal", "Drafter", "DrafterOptions"]

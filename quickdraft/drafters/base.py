@@ -51,6 +51,7 @@ class DrafterOptions:
 
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
+    hybrid_min_ngram: int = 2  # the hybrid copies only after a match this long (a 1-gram copy is a guess)
 
     def __post_init__(self) -> None:
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:
@@ -58,6 +59,8 @@ class DrafterOptions:
                 "prompt lookup n-gram sizes need 1 <= min <= max, got "
                 f"min {self.prompt_lookup_min_ngram}, max {self.prompt_lookup_max_ngram}"
             )
+        if self.hybrid_min_ngram < 1:
+            raise ConfigError(f"the hybrid's n-gram size must be >= 1, got {self.hybrid_min_ngram}")
 
 
 class Drafter(ABC):
@@ -103,6 +106,11 @@ class Drafter(ABC):
     def backlog(self, context_ids: list[list[int]]) -> int:
         """Committed tokens this drafter must read before it can draft after ``context_ids`` ([B][T_b]; policies
         weigh that cost); 0 for drafters without a model of their own."""
+        return 0
+
+    def free_drafts(self, context_ids: list[list[int]]) -> int:
+        """Drafts the next proposal after ``context_ids`` ([B][T_b]) can copy at no cost, with an acceptance of
+        their own (a hybrid's prompt lookup); 0: its drafts cost what the cost model says."""
         return 0
 
     @abstractmethod

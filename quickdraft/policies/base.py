@@ -42,9 +42,10 @@ class StepState:
     remaining_tokens: int | None = None  # new tokens the request may still produce (a bound); None: unbounded
     drafter_backlog: int = 0  # committed tokens the drafter must read before its next draft
     generated_tokens: int | None = None  # new tokens the request has produced so far; None: not known
+    free_drafts: int = 0  # drafts the drafter can copy at no cost this step (a hybrid's lookup); 0: none
 
     def __post_init__(self) -> None:
-        counts = [self.remaining_tokens, self.drafter_backlog, self.generated_tokens]
+        counts = [self.remaining_tokens, self.drafter_backlog, self.generated_tokens, self.free_drafts]
         if any(count is not None and count < 0 for count in counts):
             raise ValueError(f"a step state needs counts >= 0, got {self}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -106,6 +106,9 @@ class GoodputPolicy(Policy):
     last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
     block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
     block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
+    copies_first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α of copied drafts
+    copies_later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β of copied drafts
+    copying: bool = field(default=False, init=False)  # are the last bid's drafts copies (free, their own α)?
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -136,6 +139,9 @@ class GoodputPolicy(Policy):
         :func:`plan_batch` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone)."""
         self.last_backlog = state.drafter_backlog
         self.block_survival = 1.0
+        self.copying = state.free_drafts > 0
+        if self.copying:
+            return self._copy_bid(state.free_drafts)
         reading_ms = self._reading_ms(state)
         acceptance_rate = self.acceptance_rate()
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
@@ -155,6 +161,16 @@ class GoodputPolicy(Policy):
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         self.single_steps = self.single_steps + 1 if gamma == 1 else 0
         return DraftBid(gamma, acceptance_rate, continuation_rate, reading_ms)
+
+    def _copy_bid(self, free_drafts: int) -> DraftBid:
+        """γ for drafts the drafter copies (a hybrid's lookup): no drafting cost, their own α and β."""
+        alpha = self.copies_first.mean()
+        beta = (self.copies_later.accepted + self.continuation_shrink * alpha) / (
+            self.copies_later.total + self.continuation_shrink
+        )
+        costs = self.block_costs = replace(self.costs(), draft_ms=0.0)
+        gamma = min(costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
+        return DraftBid(gamma, alpha, beta)
 
     def keep_drafting(self, step: DraftStep) -> bool:
         """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and
@@ -188,6 +204,8 @@ class GoodputPolicy(Policy):
 
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
         assert self.step_times is not None
+        if self.copying and proposed > 0:  # copies cost no drafting to measure
+            return
         if proposed == 0:
             self.step_times.add_plain_step(elapsed_ms)
             return
@@ -209,19 +227,28 @@ class GoodputPolicy(Policy):
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
+        if self.copying:  # copies have their own estimates; the drafter's record is of its model's drafts
+            learn(self.copies_first, self.copies_later, proposed, accepted, self.decay)
+            return
         self.drafted = True
-        first, later = draft_outcomes(proposed, accepted)
-        for outcome in first:  # a block's first draft discounts α's older evidence, and β's
-            self.first.add(outcome, self.decay)
-            self.later.discount(self.decay)
-        for outcome in later:
-            self.later.add(outcome, self.decay)
+        learn(self.first, self.later, proposed, accepted, self.decay)
         if self.record is not None:
             self.record.add(proposed, accepted)
 
     def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
         if self.answer_lengths is not None:
             self.answer_lengths.add(num_tokens, cut_by_budget)
+
+
+def learn(first: BetaCounts, later: BetaCounts, proposed: int, accepted: int, decay: float) -> None:
+    """Add a verified block to α's (``first``) and β's (``later``) decayed evidence: a block's first draft
+    discounts both, each later draft discounts β's."""
+    first_outcomes, later_outcomes = draft_outcomes(proposed, accepted)
+    for outcome in first_outcomes:
+        first.add(outcome, decay)
+        later.discount(decay)
+    for outcome in later_outcomes:
+        later.add(outcome, decay)
 
 
 def plan_batch(

@@ -288,3 +288,28 @@ def test_goodput_plans_with_what_the_engines_steps_took() -> None:
     reads_slowly.observe_step_time(1, 90.0 + 10.0 + 20.0 + 1500.0)  # t(2), a draft, and the reading took 1500 ms
     assert shared.draft_token_ms == pytest.approx(20.0)  # a step that read a prompt first says nothing of a draft
     assert shared.reading_scale == pytest.approx(1.5)
+
+
+def test_goodput_drafts_copies_with_their_own_acceptance_at_no_drafting_cost() -> None:
+    policy = GoodputPolicy(EXPENSIVE_DRAFT, maximum=8)  # a drafted token costs 60% of a step: the model rarely pays
+    copies = StepState(free_drafts=5)
+    for _ in range(20):  # copies are always right; the model's drafts never
+        assert policy.choose(StepState()) >= 0
+        policy.observe(1, 0)
+    assert policy.choose(StepState()) == 0
+    gamma = policy.choose(copies)
+    assert 1 <= gamma <= 5  # no more than the copy offers
+    for _ in range(10):
+        policy.choose(copies)
+        policy.observe(5, 5)
+    assert policy.choose(copies) == 5
+    assert policy.choose(StepState()) == 0  # the copies' success says nothing of the model's drafts
+    assert policy.copies_first.mean() > 0.9 and policy.acceptance_rate() < 0.2
+
+
+def test_goodput_does_not_time_copies_as_drafted_tokens() -> None:
+    step_times = StepTimeRecord()
+    policy = GoodputPolicy(BENCH_DRAFT, maximum=4, step_times=step_times)
+    policy.choose(StepState(free_drafts=3))
+    policy.observe_step_time(3, BENCH_DRAFT.target(4) + 0.5)
+    assert step_times.draft_token_ms is None

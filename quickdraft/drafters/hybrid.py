@@ -1,0 +1,83 @@
+"""``hybrid``: copy from the context when it repeats itself, otherwise draft with the draft model.
+
+Prompt lookup costs nothing and is right most of the time where an answer quotes its prompt
+(summaries, questions about a document, code edits); the draft model costs a forward per token
+and is right about as often wherever the answer is new text. So each step first looks for the
+last ``hybrid_min_ngram``..``prompt_lookup_max_ngram`` committed tokens earlier in the context:
+with a match, the step's drafts are the tokens that followed it (one-hot q); without one, the draft
+model drafts (its own q). The draft model follows the committed tokens lazily, so copied steps cost
+it nothing until it drafts again, when it reads what it missed in one forward.
+
+Before each step the drafter says how many drafts it can copy (:meth:`free_drafts`): a policy then
+chooses γ for copies with copies' own acceptance and no drafting cost, and for the draft model with
+its acceptance and measured costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.costs import CostModel
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.prompt_lookup import lookup_continuation
+from quickdraft.runtime.base import KVCache, Runtime
+from quickdraft.sampling import SamplingParams
+
+MAX_COPIED = 32  # the most drafts one lookup offers; a policy takes at most its own maximum of them
+
+
+class HybridDrafter(Drafter):
+    needs_draft_model = True
+    max_rows = 1  # the draft model's one conversation
+
+    def __init__(self, model: DraftModelDrafter, max_ngram: int, min_ngram: int) -> None:
+        self.model = model
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._lookup: tuple[tuple[int, int], list[int]] = ((0, -1), [])  # (context length, last token) -> its copy
+
+    @classmethod
+    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> HybridDrafter:
+        model = DraftModelDrafter.create(target, draft, options)
+        min_ngram = max(options.hybrid_min_ngram, options.prompt_lookup_min_ngram)
+        return cls(model, max(options.prompt_lookup_max_ngram, min_ngram), min_ngram)
+
+    def prefill(self, prompt_ids: list[list[int]]) -> None:
+        self.model.prefill(prompt_ids)
+        self._lookup = ((0, -1), [])
+
+    def forget(self, keep: Sequence[int] = ()) -> None:
+        self.model.forget(keep)
+
+    def bind(self, target_cache: KVCache, cost_model: CostModel | None) -> None:
+        self.model.bind(target_cache, cost_model)
+
+    def copy(self, context: list[int]) -> list[int]:
+        """What followed the latest earlier occurrence of the context's last n-gram (empty: no match)."""
+        key = (len(context), context[-1])  # the engine asks for the free drafts, then for the proposal
+        if self._lookup[0] != key:
+            self._lookup = (key, lookup_continuation(context, MAX_COPIED, self.max_ngram, self.min_ngram))
+        return self._lookup[1]
+
+    def free_drafts(self, context_ids: list[list[int]]) -> int:
+        self.check_rows(context_ids)
+        return len(self.copy(context_ids[0]))
+
+    def backlog(self, context_ids: list[list[int]]) -> int:
+        return 0 if self.free_drafts(context_ids) else self.model.backlog(context_ids)
+
+    def propose(
+        self,
+        context_ids: list[list[int]],
+        num_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> DraftProposal:
+        self.check_rows(context_ids)
+        if copied := self.copy(context_ids[0])[:num_tokens]:
+            return DraftProposal(token_ids=torch.tensor([copied], dtype=torch.long), probs=None)  # [1, γ]
+        return self.model.propose(context_ids, num_tokens, sampling, generator, keep_drafting)

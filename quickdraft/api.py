@@ -18,7 +18,7 @@ from quickdraft.calibration import (
     save_calibration,
 )
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters import DRAFTERS, Drafter, DrafterOptions
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, Drafter, DrafterOptions
 from quickdraft.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.machine import cpu_description
@@ -96,7 +96,7 @@ class Pipeline:
             draft_path=draft_path,
         )
 
-    def engine(self, drafter: str = "draft-model", options: DrafterOptions | None = None) -> SpeculativeEngine:
+    def engine(self, drafter: str = DEFAULT_DRAFTER, options: DrafterOptions | None = None) -> SpeculativeEngine:
         """An engine with ``drafter``; drafters are kept per (name, options), so what one learns (e.g.
         early-exit's per-layer acceptance) and what a draft model has read (a chat's earlier turns)
         carry over to later requests. One request at a time."""
@@ -258,13 +258,16 @@ class Pipeline:
         return keyed_file(self.calibration_key(drafter, max_draft_tokens, context), ".json")
 
     def calibration_key(self, drafter: str, max_draft_tokens: int, context: int) -> dict[str, Any]:
-        uses_draft = DRAFTERS.get(drafter).needs_draft_model
+        """What a drafter's measured costs depend on: drafters that cost alike (the hybrid drafts with the draft
+        model) share one calibration."""
+        drafter_cls = DRAFTERS.get(drafter)
+        uses_draft = drafter_cls.needs_draft_model
         return {
             "target": str(self.target_path),
             "draft": str(self.draft_path) if uses_draft else None,
             "runtime": self.target.name,
             "builds": self._builds(uses_draft),
-            "drafter": drafter,
+            "drafter_costs": [uses_draft, drafter_cls.target_cost_fraction],
             "max_draft_tokens": max_draft_tokens,
             "context": context,
             "threads": torch.get_num_threads(),
@@ -329,7 +332,7 @@ class Pipeline:
         self,
         prompt: str,
         config: GenerationConfig | None = None,
-        drafter: str = "draft-model",
+        drafter: str = DEFAULT_DRAFTER,
         chat: bool = False,
         options: DrafterOptions | None = None,
     ) -> GenerationStream:
@@ -339,7 +342,7 @@ class Pipeline:
         self,
         prompt: str,
         config: GenerationConfig | None = None,
-        drafter: str = "draft-model",
+        drafter: str = DEFAULT_DRAFTER,
         chat: bool = False,
         options: DrafterOptions | None = None,
     ) -> GenerationResult:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from quickdraft.cli.common import add_model_arguments, draft_for, read_prompt
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.drafters import DRAFTERS, DrafterOptions
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult
 
 if TYPE_CHECKING:
@@ -29,8 +29,9 @@ def add_command(commands: Any) -> None:
     add_model_arguments(generate)
     generate.add_argument(
         "--drafter",
-        default="draft-model",
-        help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: draft-model; none = plain decoding)",
+        default=DEFAULT_DRAFTER,
+        help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: {DEFAULT_DRAFTER}: copies from the "
+        "context where it repeats, the draft model elsewhere; none = plain decoding)",
     )
     generate.add_argument(
         "--num-draft-tokens",
@@ -73,6 +74,9 @@ def add_command(commands: Any) -> None:
     generate.add_argument("--prompt-lookup-max-ngram", type=int, default=3, metavar="N", help="default 3")
     generate.add_argument("--prompt-lookup-min-ngram", type=int, default=1, metavar="N", help="default 1")
     generate.add_argument(
+        "--hybrid-min-ngram", type=int, default=2, metavar="N", help="the hybrid copies after a match this long (2)"
+    )
+    generate.add_argument(
         "--compare",
         action="store_true",
         help="also run plain decoding (--drafter none) on the same request and report the speedup and "
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> None:
         policy=args.policy,
         max_draft_tokens=args.max_draft_tokens,
     )
-    options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram)
+    options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram, args.hybrid_min_ngram)
     prompt = read_prompt(args)
     draft = draft_for(args, [args.drafter])
     pipeline = Pipeline.load(

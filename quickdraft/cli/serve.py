@@ -8,7 +8,7 @@ from typing import Any
 
 from quickdraft.cli.common import add_model_arguments
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters import DrafterOptions
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
 from quickdraft.errors import ConfigError
 from quickdraft.serving.request import SERVED_DRAFTERS
 from quickdraft.serving.scheduler import SchedulerSettings
@@ -46,9 +46,9 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine's settings, shared with ``bench-serve`` (which starts servers with them)."""
     parser.add_argument(
         "--drafter",
-        default="draft-model",
+        default=DEFAULT_DRAFTER,
         choices=SERVED_DRAFTERS,
-        help="the default drafter of a request (default draft-model; none = plain decoding)",
+        help=f"the default drafter of a request (default {DEFAULT_DRAFTER}; none = plain decoding)",
     )
     parser.add_argument(
         "--policy",
@@ -106,7 +106,7 @@ def default_draft(args: argparse.Namespace) -> str | None:
     """The draft model: the default one unless the server decodes without one by default."""
     from quickdraft.models import DEFAULT_DRAFT
 
-    return DEFAULT_DRAFT if args.drafter == "draft-model" else None
+    return DEFAULT_DRAFT if DRAFTERS.get(args.drafter).needs_draft_model else None
 
 
 def model_names(pipeline: Any, served_name: str | None) -> tuple[str, ...]:

@@ -15,4 +15,7 @@ DRAFTERS.register("early-exit")(EarlyExitDrafter)
 DRAFTERS.register("hybrid")(HybridDrafter)
 DRAFTERS.register("none")(NoDrafter)
 
-__all__ = ["DRAFTERS", "DraftProposal", "Drafter", "DrafterOptions"]
+# what `generate`, the library and the server draft with unless told otherwise (docs/benchmarks.md has the runs)
+DEFAULT_DRAFTER = "hybrid"
+
+__all__ = ["DEFAULT_DRAFTER", "DRAFTERS", "DraftProposal", "Drafter", "DrafterOptions"]

@@ -29,6 +29,17 @@ from quickdraft.sampling import SamplingParams
 MAX_COPIED = 32  # the most drafts one lookup offers; a policy takes at most its own maximum of them
 
 
+def hybrid_ngrams(options: DrafterOptions) -> tuple[int, int]:
+    """(max, min) n-gram sizes the hybrid looks up: at least ``hybrid_min_ngram`` tokens long."""
+    min_ngram = max(options.hybrid_min_ngram, options.prompt_lookup_min_ngram)
+    return max(options.prompt_lookup_max_ngram, min_ngram), min_ngram
+
+
+def copy_from_context(context: list[int], max_ngram: int, min_ngram: int) -> list[int]:
+    """The drafts a hybrid copies after ``context`` ([T] committed ids); empty: the draft model drafts."""
+    return lookup_continuation(context, MAX_COPIED, max_ngram, min_ngram)
+
+
 class HybridDrafter(Drafter):
     needs_draft_model = True
     max_rows = 1  # the draft model's one conversation
@@ -41,9 +52,7 @@ class HybridDrafter(Drafter):
 
     @classmethod
     def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> HybridDrafter:
-        model = DraftModelDrafter.create(target, draft, options)
-        min_ngram = max(options.hybrid_min_ngram, options.prompt_lookup_min_ngram)
-        return cls(model, max(options.prompt_lookup_max_ngram, min_ngram), min_ngram)
+        return cls(DraftModelDrafter.create(target, draft, options), *hybrid_ngrams(options))
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
         self.model.prefill(prompt_ids)
@@ -59,7 +68,7 @@ class HybridDrafter(Drafter):
         """What followed the latest earlier occurrence of the context's last n-gram (empty: no match)."""
         key = (len(context), context[-1])  # the engine asks for the free drafts, then for the proposal
         if self._lookup[0] != key:
-            self._lookup = (key, lookup_continuation(context, MAX_COPIED, self.max_ngram, self.min_ngram))
+            self._lookup = (key, copy_from_context(context, self.max_ngram, self.min_ngram))
         return self._lookup[1]
 
     def free_drafts(self, context_ids: list[list[int]]) -> int:

@@ -3,7 +3,7 @@
 Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`` / ``messages``, ``max_tokens``
 (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
 ``stream_options.include_usage`` and ``n`` (1 only). quickdraft's extras, which the openai client sends with
-``extra_body``: ``top_k``, ``drafter`` (``draft-model``, ``prompt-lookup``, ``none``), ``policy``
+``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``, ``prompt-lookup``, ``none``), ``policy``
 (``goodput``, ``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` and ``return_token_ids``.
 Other fields are ignored. A bad value raises :class:`ApiError` with the status and message a client sees.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.drafters import DEFAULT_DRAFTER
 from quickdraft.engine import GenerationResult
 from quickdraft.errors import QuickdraftError
 from quickdraft.serving import ServeRequest
@@ -44,7 +45,7 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class ServerDefaults:
     model_names: tuple[str, ...]  # the names ``model`` may take; the first is what responses say
-    drafter: str = "draft-model"
+    drafter: str = DEFAULT_DRAFTER
     policy: str | None = None  # None: the library's default (goodput)
     max_tokens: int = 256  # when a request gives none
 

@@ -5,7 +5,8 @@ catches each request's draft cache up on what the target committed since (its pr
 and gives every request's first draft; each later one feeds the requests still drafting their last draft.
 Each request has its own draft cache, its own γ, sampling settings and policy (which may stop its drafting
 early), and each of its drafts is chosen exactly as the single-request drafter chooses it. Prompt lookup
-needs no model and drafts request by request.
+needs no model and drafts request by request; a hybrid request copies from its context when the context
+repeats and drafts with the draft model otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from quickdraft.drafters.base import DrafterOptions, DraftProposal, DraftStep
 from quickdraft.drafters.draft_model import to_vocab
+from quickdraft.drafters.hybrid import copy_from_context, hybrid_ngrams
 from quickdraft.drafters.prompt_lookup import lookup_continuation
 from quickdraft.runtime.base import BatchRow, Runtime
 from quickdraft.sampling import choose_tokens, logits_to_probs
@@ -53,10 +55,26 @@ class BatchDrafter:
 
     def backlog(self, state: RequestState) -> int:
         """Committed tokens the request's drafter must read before its next draft (0 without a draft model)."""
-        return 0 if state.draft_cache is None else state.draft_cache.backlog(state.committed)
+        if state.draft_cache is None or self.free_drafts(state):
+            return 0
+        return state.draft_cache.backlog(state.committed)
 
-    def propose(self, gammas: dict[RequestState, int]) -> dict[RequestState, DraftProposal]:
-        """Up to γ drafts for each request (``gammas``); requests with γ = 0 get an empty proposal."""
+    def free_drafts(self, state: RequestState) -> int:
+        """Drafts a hybrid request can copy from its context this step (0: none, or not a hybrid request)."""
+        return len(self._copy(state))
+
+    def _copy(self, state: RequestState) -> list[int]:
+        if state.request.drafter != "hybrid":
+            return []
+        if state.context_copy is None or state.context_copy[0] != len(state.committed):
+            copied = copy_from_context(state.committed, *hybrid_ngrams(self.options))
+            state.context_copy = (len(state.committed), copied)
+        return state.context_copy[1]
+
+    def propose(self, gammas: dict[RequestState, int], alone: bool = False) -> dict[RequestState, DraftProposal]:
+        """Up to γ drafts for each request (``gammas``); requests with γ = 0 get an empty proposal. ``alone``: the
+        step holds one request and nothing else, so its draft model reads its whole backlog and drafts at once
+        (there is no one for the reading to stall)."""
         proposals = {state: DraftProposal.empty(1) for state in gammas}
         model_rows = []
         for state, gamma in gammas.items():
@@ -64,11 +82,13 @@ class BatchDrafter:
                 continue
             if state.request.drafter == "prompt-lookup":
                 proposals[state] = self._look_up(state, gamma)
+            elif copied := self._copy(state)[:gamma]:
+                proposals[state] = DraftProposal(torch.tensor([copied], dtype=torch.long), None)  # [1, γ]
             elif state.draft_cache is not None and self.draft is not None:
                 gamma = min(gamma, self.draft.max_context - len(state.committed))
                 if gamma > 0:
                     model_rows.append(DraftingRow(state, gamma, [], [], state.draft_cache.catch_up(state.committed)))
-        for row in self._draft_with_model(model_rows):
+        for row in self._draft_with_model(model_rows, None if alone else self.max_read_tokens):
             proposals[row.state] = row.proposal()
         return proposals
 
@@ -81,13 +101,14 @@ class BatchDrafter:
             return DraftProposal.empty(1)
         return DraftProposal(torch.tensor([tokens], dtype=torch.long), None)
 
-    def _draft_with_model(self, rows: list[DraftingRow]) -> list[DraftingRow]:
-        """Draft autoregressively for every row, one batched forward per draft position."""
+    def _draft_with_model(self, rows: list[DraftingRow], max_read_tokens: int | None) -> list[DraftingRow]:
+        """Draft autoregressively for every row, one batched forward per draft position; a backlog longer than
+        ``max_read_tokens`` (None: no limit) is read in chunks, and the row drafts once it is read."""
         assert self.draft is not None or not rows
         self.only_read = set()
-        for row in rows:  # a long backlog (a prompt) is read in chunks, and the row drafts once it is read
-            if len(row.feed) > self.max_read_tokens:
-                row.feed, row.num_tokens = row.feed[: self.max_read_tokens], 0
+        for row in rows:
+            if max_read_tokens is not None and len(row.feed) > max_read_tokens:
+                row.feed, row.num_tokens = row.feed[:max_read_tokens], 0
                 self.only_read.add(row.state)
         feeding = rows
         while feeding:

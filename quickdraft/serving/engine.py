@@ -159,7 +159,8 @@ class BatchEngine:
         plan = self._plan()
 
         # 3. Draft for every decoding request: batched draft-model forwards, prompt lookup per request.
-        proposals = self.drafter.propose(plan.gammas)
+        alone = len(plan.gammas) == 1 and not plan.chunks  # a step like the single-request engine's
+        proposals = self.drafter.propose(plan.gammas, alone)
 
         # 4. One target forward over every decoding request's last token and drafts and every prompt chunk.
         decoding = list(plan.gammas)
@@ -172,10 +173,9 @@ class BatchEngine:
         logits = self.target.forward_batch(rows) if rows else []
 
         # 5. Accept per request, roll its target cache back past rejected drafts; commit and stream.
-        single = len(decoding) == 1 and not plan.chunks  # a step like the single-request engine's
         new_tokens = proposed = accepted = finished = 0
         for state, target_logits in zip(decoding, logits, strict=False):
-            kept, committed = self._accept(state, proposals[state], target_logits, started, single)
+            kept, committed = self._accept(state, proposals[state], target_logits, started, alone)
             proposed, accepted = proposed + proposals[state].num_tokens, accepted + kept
             new_tokens, finished = new_tokens + committed, finished + (state.cache is None)
 
@@ -202,21 +202,23 @@ class BatchEngine:
 
     def _start(self, state: RequestState) -> None:
         state.cache = self.target.new_cache(1)
-        if state.request.drafter == "draft-model" and self.draft is not None:
+        if DRAFTERS.get(state.request.drafter).needs_draft_model and self.draft is not None:
             state.draft_cache = DraftCache(self.draft.new_cache(1))
 
     def _plan(self) -> StepPlan:
         plan = StepPlan(chunks=self.scheduler.prefill_chunks())
         decoding = [state for state in self.scheduler.running if state.decoding]
         bids: list[DraftBid] = []
+        uses_draft_model: list[bool] = []  # drafts with the draft model this step (not copies)
         for state in decoding:
             remaining_tokens = state.request.config.max_new_tokens - len(state.new_token_ids)
-            step_state = StepState(remaining_tokens, self.drafter.backlog(state), len(state.new_token_ids))
+            free_drafts = self.drafter.free_drafts(state)
+            step_state = StepState(remaining_tokens, self.drafter.backlog(state), len(state.new_token_ids), free_drafts)
             bid = state.policy.bid(step_state)  # a step never drafts past the request's budget
             bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
+            uses_draft_model.append(state.draft_cache is not None and free_drafts == 0)
         gammas = [bid.num_draft_tokens for bid in bids]
         if self.batch_costs is not None and any(bid.negotiable for bid in bids):
-            uses_draft_model = [state.draft_cache is not None for state in decoding]
             other_tokens = sum(n for _, n in plan.chunks)
             gammas = plan_batch(bids, uses_draft_model, self.batch_costs, other_tokens)
         plan.gammas = dict(zip(decoding, gammas, strict=True))

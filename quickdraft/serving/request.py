@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters import DRAFTERS
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.drafters.draft_model import DraftCache
 from quickdraft.engine import GenerationResult
 from quickdraft.errors import ConfigError
@@ -19,7 +19,8 @@ from quickdraft.runtime.base import KVCache
 from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDecoder
 
-SERVED_DRAFTERS = ("draft-model", "prompt-lookup", "none")  # early exit drafts into one request's target cache
+# early exit is not served: it drafts into one request's target cache
+SERVED_DRAFTERS = ("hybrid", "draft-model", "prompt-lookup", "none")
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class ServeRequest:
 
     prompt_ids: tuple[int, ...]
     config: GenerationConfig = field(default_factory=GenerationConfig)
-    drafter: str = "draft-model"  # "none": plain decoding for this request, whatever the others do
+    drafter: str = DEFAULT_DRAFTER  # "none": plain decoding for this request, whatever the others do
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
@@ -77,6 +78,7 @@ class RequestState:
     committed: list[int]  # prompt + new tokens; the target's cache holds all but the last once prefilled
     cache: KVCache | None = None  # the target's, from admission until the request ends
     draft_cache: DraftCache | None = None  # the draft model's (draft-model requests), from admission
+    context_copy: tuple[int, list[int]] | None = None  # a hybrid request's (context length, copy from it)
     prefilled: int = 0  # prompt tokens the target has read
     new_token_ids: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)

@@ -18,7 +18,7 @@ class QueueFull(QuickdraftError):
 class SchedulerSettings:
     max_running: int = 32  # requests decoding (and reading their prompts) at once
     max_waiting: int = 256  # requests queued for a free slot; one more is refused (QueueFull)
-    prefill_tokens_per_step: int = 128  # prompt tokens the target reads per step, beside the decoding requests
+    prefill_tokens_per_step: int = 128  # prompt tokens the target reads per step beside decoding requests
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "prefill_tokens_per_step"):
@@ -75,8 +75,14 @@ class Scheduler:
         return admitted
 
     def prefill_chunks(self) -> list[tuple[RequestState, int]]:
-        """(request, prompt tokens to read this step) for requests still reading their prompts, oldest first."""
+        """(request, prompt tokens to read this step) for requests still reading their prompts, oldest first.
+
+        While no request is decoding there is no one for a long prompt to stall: the oldest prompt is read
+        whole, in one forward rather than one per chunk (each reads all the weights again)."""
         budget, chunks = self.settings.prefill_tokens_per_step, []
+        reading = [state for state in self.running if state.prefilled < state.prompt_length]
+        if reading and not any(state.decoding for state in self.running):
+            budget = max(budget, reading[0].prompt_length - reading[0].prefilled)
         for state in self.running:
             unread = state.prompt_length - state.prefilled
             if unread > 0 and budget > 0:

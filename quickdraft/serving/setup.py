@@ -90,7 +90,7 @@ def serving_engine(
     costs loaded or measured), and the batch cost curve is loaded or measured (unless ``batch_costs`` is given),
     up to ``max_running`` requests and as many tokens as a step of them with a prompt chunk holds."""
     notes = []
-    drafters = ["prompt-lookup"] + (["draft-model"] if pipeline.draft is not None else [])
+    drafters = ["prompt-lookup"] + (["hybrid", "draft-model"] if pipeline.draft is not None else [])
     goodput = GenerationConfig(policy="goodput", max_draft_tokens=max_draft_tokens)  # any request may ask for it
     for drafter in drafters:
         preparation = pipeline.prepare(drafter, goodput, recalibrate=recalibrate)

@@ -25,6 +25,7 @@ from quickdraft.serving import (
     StepReport,
     TokenDelta,
 )
+from quickdraft.serving.request import SERVED_DRAFTERS
 
 # a batch whose forward costs little more for more tokens: drafting pays whatever the batch (goodput drafts)
 CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5})
@@ -38,7 +39,7 @@ def native() -> Pipeline:
 
 
 def batch_engine(pipeline: Pipeline, batch_costs: BatchCostModel = CHEAP_BATCH, **settings: int) -> BatchEngine:
-    memories = {drafter: DrafterMemory(cost_model=FLAT) for drafter in ("draft-model", "prompt-lookup", "none")}
+    memories = {drafter: DrafterMemory(cost_model=FLAT) for drafter in SERVED_DRAFTERS}
     return BatchEngine(
         pipeline.target,
         pipeline.tokenizer,
@@ -75,7 +76,7 @@ def mixed_requests(vocab_size: int, count: int, seed: int = 0) -> list[ServeRequ
     """Prompts of 1 to 40 tokens (some repetitive, for prompt lookup), budgets of 3 to 30 tokens, every drafter."""
     rng = random.Random(seed)
     kinds = [("none", None), ("draft-model", "fixed:3"), ("prompt-lookup", "fixed:4"), ("draft-model", "goodput")]
-    kinds += [("prompt-lookup", "goodput"), ("draft-model", "fixed:1")]
+    kinds += [("prompt-lookup", "goodput"), ("draft-model", "fixed:1"), ("hybrid", "goodput"), ("hybrid", "fixed:3")]
     requests = []
     for i in range(count):
         length = rng.choice([1, 2, 5, 13, 40])
@@ -109,7 +110,7 @@ def test_batched_greedy_equals_single_request_greedy_bitwise(native: Pipeline) -
     reports = collector.reports
     assert max(report.decoding for report in reports) == 5  # steps full of requests
     assert any(report.decoding and report.prefill_tokens for report in reports)  # prompts read beside decoding
-    for drafter in ("draft-model", "prompt-lookup"):  # both drafters' drafts were accepted
+    for drafter in ("draft-model", "prompt-lookup", "hybrid"):  # every drafter's drafts were accepted
         mine = [collector.result(request.request_id) for request in requests if request.drafter == drafter]
         assert sum(result.stats.draft_tokens_accepted for result in mine) > 5, drafter
 
@@ -128,11 +129,11 @@ def test_seeded_output_does_not_depend_on_the_batch(native: Pipeline) -> None:
             other_sampling = SamplingParams(temperature=0.7 * (i % 3), top_k=i % 4, seed=i if i % 2 else None)
             other = replace(other, config=replace(other.config, sampling=other_sampling))
             engine.submit(other, collector.sink(other.request_id))
-        for drafter in ("draft-model", "prompt-lookup", "none"):
+        for drafter in ("hybrid", "draft-model", "prompt-lookup", "none"):
             mine = replace(request, drafter=drafter, request_id=drafter)
             engine.submit(mine, collector.sink(drafter))
         engine.run_until_idle()
-        for drafter in ("draft-model", "prompt-lookup", "none"):
+        for drafter in ("hybrid", "draft-model", "prompt-lookup", "none"):
             assert collector.result(drafter).token_ids == plain.token_ids, (companions, drafter)
 
 
@@ -253,5 +254,27 @@ def test_the_step_reports_add_up(native: Pipeline) -> None:
     assert sum(report.prefill_tokens for report in reports) == sum(len(request.prompt_ids) for request in requests)
     assert sum(report.accepted for report in reports) == sum(r.stats.draft_tokens_accepted for r in results)
     assert sum(report.finished for report in reports) == len(requests)
-    assert all(report.prefill_tokens <= 5 for report in reports)
+    assert all(report.prefill_tokens <= 5 for report in reports if report.decoding)  # chunks beside decoding
     assert torch.tensor([report.seconds for report in reports]).min() > 0
+
+
+def test_a_request_alone_reads_its_prompt_in_one_step_and_drafts_at_once(native: Pipeline) -> None:
+    """Chunks keep a long prompt from stalling decoding requests; with none decoding, the oldest prompt is read
+    whole (one forward, not one per chunk), and a request alone in its steps has its draft model read the
+    prompt and draft in the same step. A request arriving while another decodes reads in chunks."""
+    engine = batch_engine(native, prefill_tokens_per_step=5)
+    collector = Collector(engine)
+    prompt = tuple(range(3, 43))  # 40 tokens
+    first = ServeRequest(prompt, GenerationConfig(max_new_tokens=30, policy="fixed:3"), "draft-model", "first")
+    engine.submit(first, collector.sink("first"))
+    engine.step()
+    assert collector.reports[0].prefill_tokens == 40
+    engine.step()
+    assert collector.reports[1].proposed > 0  # read the prompt and drafted in one step
+    second = ServeRequest(prompt[::-1], GenerationConfig(max_new_tokens=4), "none", "second")
+    engine.submit(second, collector.sink("second"))
+    engine.run_until_idle()
+    beside = [report.prefill_tokens for report in collector.reports[2:] if report.decoding]
+    assert beside and max(beside) == 5
+    plain = native.engine("none").generate(list(prompt), replace(first.config, policy="fixed:0"))
+    assert collector.result("first").token_ids == plain.token_ids

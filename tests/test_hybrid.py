@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -57,3 +60,18 @@ def test_greedy_hybrid_under_goodput_equals_plain(pipeline: Pipeline) -> None:
         plain = pipeline.engine("none").generate(prompt_ids, config)
         result = pipeline.engine("hybrid").generate(prompt_ids, config)  # the default policy: goodput
         assert result.token_ids == plain.token_ids
+
+
+def test_a_new_request_gets_its_own_copy(pipeline: Pipeline) -> None:
+    drafter = hybrid(pipeline)
+    first, second = [5, 6, 7, 8, 5, 6], [1, 6, 2, 3, 1, 6]  # same length and last token
+    drafter.prefill([first])
+    assert drafter.copy(first) == [7, 8, 5, 6]
+    drafter.prefill([second])
+    assert drafter.copy(second) == [2, 3, 1, 6]
+
+
+def test_the_hybrid_shares_the_draft_models_calibration(pipeline: Pipeline, tmp_path: Path) -> None:
+    pipeline = replace(pipeline, target_path=tmp_path / "target", draft_path=tmp_path / "draft")
+    assert pipeline.calibration_file("hybrid") == pipeline.calibration_file("draft-model")
+    assert pipeline.calibration_file("hybrid") != pipeline.calibration_file("prompt-lookup")

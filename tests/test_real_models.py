@@ -121,7 +121,7 @@ def test_native_greedy_speculation_equals_plain_decoding(
 
 @pytest.mark.parametrize("policy", ["heuristic", "confidence:0.4", "goodput"])
 def test_every_policy_equals_plain_decoding_on_real_prompts(native_pair: Pipeline, policy: str) -> None:
-    for drafter in ("draft-model", "prompt-lookup"):
+    for drafter in ("hybrid", "draft-model", "prompt-lookup"):
         for prompt, chat, _, _ in CASES[:2]:
             prompt_ids = native_pair.encode(prompt, chat=chat)
             plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
@@ -213,11 +213,11 @@ def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair:
         ("Translate to German: The cache is warm.", True),
         ("List three prime numbers.", True),
     ]
-    drafters = [("draft-model", "fixed:3"), ("prompt-lookup", "fixed:4"), ("none", None)]
+    drafters = [("draft-model", "fixed:3"), ("prompt-lookup", "fixed:4"), ("none", None), ("hybrid", "fixed:3")]
     results: dict[int, list[int]] = {}
     requests = []
     for i, (prompt, chat) in enumerate(prompts):
-        drafter, policy = drafters[i % 3]
+        drafter, policy = drafters[i % len(drafters)]
         config = GenerationConfig(max_new_tokens=16 + i % 3 * 4, policy=policy)
         requests.append(ServeRequest(tuple(native_pair.encode(prompt, chat=chat)), config, drafter, str(i)))
 

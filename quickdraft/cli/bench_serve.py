@@ -22,8 +22,8 @@ from quickdraft.cli.serve import add_serving_arguments
 from quickdraft.errors import ConfigError
 
 DEFAULT_CONFIGS = (
-    "plain=none,fixed-dm=draft-model+fixed:3,goodput-dm=draft-model+goodput,"
-    "fixed-pl=prompt-lookup+fixed:3,goodput-pl=prompt-lookup+goodput"
+    "plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput,"
+    "fixed-dm=draft-model+fixed:3,goodput-dm=draft-model+goodput"
 )
 BENCH_SERVE_DOC = """\
 Load-test an OpenAI-compatible quickdraft server with the official openai client (AsyncOpenAI): Spec-Bench

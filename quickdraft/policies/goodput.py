@@ -31,6 +31,9 @@ from quickdraft.policies.records import (
 )
 
 MEASURED_BACKLOG = 2  # a drafter catching up on at most this many tokens: a draft model after a fully accepted block
+# A shorter reading is not timed: its cost is a few ms within the target's noise, against a prefill curve measured
+# at 128 and 512 tokens (a hybrid's draft model catching up on the tokens it copied, a probe after plain steps).
+MIN_TIMED_READING = 64
 
 
 @dataclass
@@ -109,6 +112,7 @@ class GoodputPolicy(Policy):
     copies_first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α of copied drafts
     copies_later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β of copied drafts
     copying: bool = field(default=False, init=False)  # are the last bid's drafts copies (free, their own α)?
+    plain_copy_steps: int = field(default=0, init=False)  # copies offered and not taken, in a row
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -170,6 +174,9 @@ class GoodputPolicy(Policy):
         )
         costs = self.block_costs = replace(self.costs(), draft_ms=0.0)
         gamma = min(costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
+        if gamma == 0 and self.plain_copy_steps >= self.probe_after:  # re-measure copies that stopped paying
+            gamma = 1
+        self.plain_copy_steps = self.plain_copy_steps + 1 if gamma == 0 else 0
         return DraftBid(gamma, alpha, beta)
 
     def keep_drafting(self, step: DraftStep) -> bool:
@@ -213,7 +220,10 @@ class GoodputPolicy(Policy):
         drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
         if self.last_backlog <= MEASURED_BACKLOG:
             self.step_times.add_draft_token_cost(drafting_ms / proposed)
-        elif (profiled_ms := self.cost_model.draft_read(self.last_backlog - 1)) > 0:  # it read a backlog first
+        elif (
+            self.last_backlog - 1 >= MIN_TIMED_READING
+            and (profiled_ms := self.cost_model.draft_read(self.last_backlog - 1)) > 0
+        ):  # it read a backlog first
             self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
 
     def observe_plain(self, target_logits: torch.Tensor) -> None:

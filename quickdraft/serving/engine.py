@@ -218,6 +218,8 @@ class BatchEngine:
             bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
             uses_draft_model.append(state.draft_cache is not None and free_drafts == 0)
         gammas = [bid.num_draft_tokens for bid in bids]
+        # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
+        # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
         if self.batch_costs is not None and any(bid.negotiable for bid in bids):
             other_tokens = sum(n for _, n in plan.chunks)
             gammas = plan_batch(bids, uses_draft_model, self.batch_costs, other_tokens)

@@ -313,3 +313,15 @@ def test_goodput_does_not_time_copies_as_drafted_tokens() -> None:
     policy.choose(StepState(free_drafts=3))
     policy.observe_step_time(3, BENCH_DRAFT.target(4) + 0.5)
     assert step_times.draft_token_ms is None
+    policy.choose(StepState(drafter_backlog=9))  # the draft model catches up on 8 copied tokens, then drafts
+    policy.observe_step_time(2, BENCH_DRAFT.target(3) + 2 * 18.0 + 6.0)
+    assert step_times.draft_token_ms is None and step_times.reading_scale == 1.0  # too short a reading to time
+
+
+def test_goodput_probes_copies_that_stopped_paying() -> None:
+    policy = GoodputPolicy(BENCH_DRAFT, maximum=8)
+    copies = StepState(free_drafts=4)
+    for _ in range(30):  # every copy is rejected
+        policy.observe(policy.choose(copies), 0)
+    chosen = [policy.choose(copies) for _ in range(2 * 16 + 2)]
+    assert chosen.count(1) >= 2 and set(chosen) <= {0, 1}  # a one-copy probe after 16 plain steps

@@ -16,6 +16,7 @@ import torch
 from conftest import chi_square_pvalue
 from test_engine import (
     FITS,
+    PROMPT_FOR,
     REJECTED,
     SAMPLES,
     TOP_P_SAMPLING,
@@ -45,7 +46,9 @@ def numbered_generators(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def batched_window(sampling: SamplingParams, seeded: bool) -> torch.Tensor:
+def batched_window(
+    sampling: SamplingParams, seeded: bool, drafter: str = "draft-model", prompt: tuple[int, ...] = PROMPT
+) -> torch.Tensor:
     """Counts ``[V, V, V]`` of new tokens 2, 3, 4 over SAMPLES requests, AT_ONCE in flight at a time."""
     pipeline = table_pipeline()
     engine = BatchEngine(
@@ -53,7 +56,9 @@ def batched_window(sampling: SamplingParams, seeded: bool) -> torch.Tensor:
         pipeline.tokenizer,
         pipeline.eos_token_ids,
         draft=pipeline.draft,
-        settings=SchedulerSettings(max_running=AT_ONCE, max_waiting=SAMPLES),
+        settings=SchedulerSettings(  # prompts of a whole batch read in one step
+            max_running=AT_ONCE, max_waiting=SAMPLES, prefill_tokens_per_step=AT_ONCE * len(prompt)
+        ),
     )
     counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
     decoded: list[list[int]] = []
@@ -64,7 +69,7 @@ def batched_window(sampling: SamplingParams, seeded: bool) -> torch.Tensor:
 
     for run in range(SAMPLES):
         config = replace(WINDOW_CONFIG, sampling=replace(sampling, seed=run if seeded else None), policy="fixed:2")
-        engine.submit(ServeRequest(PROMPT, config, "draft-model"), sink)
+        engine.submit(ServeRequest(prompt, config, drafter), sink)
     steps = 0
     while engine.step() is not None:
         steps += 1
@@ -74,9 +79,10 @@ def batched_window(sampling: SamplingParams, seeded: bool) -> torch.Tensor:
     return counts
 
 
-def batched_pvalue(sampling: SamplingParams, seeded: bool) -> float:
-    expected = window_distribution(table_pipeline().target, list(PROMPT), sampling)
-    return chi_square_pvalue(batched_window(sampling, seeded), expected)
+def batched_pvalue(sampling: SamplingParams, seeded: bool, drafter: str = "draft-model") -> float:
+    prompt = PROMPT if drafter == "draft-model" else tuple(PROMPT_FOR[drafter])
+    expected = window_distribution(table_pipeline().target, list(prompt), sampling)
+    return chi_square_pvalue(batched_window(sampling, seeded, drafter, prompt), expected)
 
 
 RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
@@ -84,8 +90,9 @@ RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseede
 
 @RULES
 @pytest.mark.usefixtures("one_thread", "numbered_generators")
-def test_batched_sampling_follows_the_target_distribution(seeded: bool) -> None:
-    assert batched_pvalue(TOP_P_SAMPLING, seeded) > FITS
+@pytest.mark.parametrize("drafter", ["draft-model", "hybrid"])
+def test_batched_sampling_follows_the_target_distribution(seeded: bool, drafter: str) -> None:
+    assert batched_pvalue(TOP_P_SAMPLING, seeded, drafter) > FITS
 
 
 @pytest.mark.usefixtures("one_thread", "numbered_generators")

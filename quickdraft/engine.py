@@ -212,10 +212,11 @@ class SpeculativeEngine:
                 generated_tokens=len(new_token_ids),
                 free_drafts=self.drafter.free_drafts([committed]),
             )
-            num_drafts = min(policy.choose(state), remaining_tokens - 1)
+            bid = policy.bid(state)
+            num_drafts = min(bid.num_draft_tokens, remaining_tokens - 1)
             stats.gamma_per_step.append(num_drafts)
             proposal = (
-                self.drafter.propose([committed], num_drafts, sampling, generator, policy.keep_drafting)
+                self.drafter.propose([committed], num_drafts, sampling, generator, policy.keep_drafting, bid.copies)
                 if num_drafts > 0
                 else DraftProposal.empty(1)
             )

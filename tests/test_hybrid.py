@@ -25,10 +25,12 @@ def test_copies_after_a_repeated_ngram_at_no_cost(pipeline: Pipeline) -> None:
     context = [5, 6, 7, 8, 9, 1, 5, 6]  # "5 6" occurred before, followed by 7 8 9 1 5 6
     drafter.prefill([context])
     assert drafter.free_drafts([context]) == 6
-    assert drafter.backlog([context]) == 0  # the draft model reads nothing for a copy
+    assert drafter.backlog([context]) == len(context)  # what the model would read first, if a policy chose it
     proposal = drafter.propose([context], 3, SamplingParams(), None)
     assert proposal.token_ids.tolist() == [[7, 8, 9]] and proposal.probs is None  # one-hot q
-    assert drafter.model.cached_ids == []
+    assert drafter.model.cached_ids == []  # the draft model reads nothing for a copy
+    declined = drafter.propose([context], 3, SamplingParams(), None, copies=False)
+    assert declined.token_ids.shape == (1, 3) and declined.probs is not None  # the model drafted instead
 
 
 def test_a_single_repeated_token_is_not_copied(pipeline: Pipeline) -> None:

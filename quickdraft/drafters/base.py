@@ -121,8 +121,12 @@ class Drafter(ABC):
         sampling: SamplingParams,
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
+        copies: bool = True,
     ) -> DraftProposal:
         """Propose up to ``num_tokens`` tokens following each row of committed ``context_ids``.
+
+        ``copies``: a drafter that offers free drafts (:meth:`free_drafts`) proposes them; False: the policy
+        chose its model's drafts instead.
 
         ``context_ids``: [B][T_b], the committed tokens of B requests (at most :attr:`max_rows`); the
         proposal's ``token_ids`` are ``[B, γ]`` and its ``probs`` ``[B, γ, V]``. The committed context may

@@ -64,6 +64,7 @@ class DraftModelDrafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
+        copies: bool = True,
     ) -> DraftProposal:
         self.check_rows(context_ids)
         (context,) = context_ids  # [T]

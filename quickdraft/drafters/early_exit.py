@@ -75,6 +75,7 @@ class EarlyExitDrafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
+        copies: bool = True,
     ) -> DraftProposal:
         if self.cache is None:
             raise RuntimeError("the early-exit drafter drafts into the target's cache: bind() it first")

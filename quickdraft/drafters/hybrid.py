@@ -76,7 +76,8 @@ class HybridDrafter(Drafter):
         return len(self.copy(context_ids[0]))
 
     def backlog(self, context_ids: list[list[int]]) -> int:
-        return 0 if self.free_drafts(context_ids) else self.model.backlog(context_ids)
+        """What the draft model must read before it drafts (a policy may prefer its drafts to the copies)."""
+        return self.model.backlog(context_ids)
 
     def propose(
         self,
@@ -85,8 +86,9 @@ class HybridDrafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
+        copies: bool = True,
     ) -> DraftProposal:
         self.check_rows(context_ids)
-        if copied := self.copy(context_ids[0])[:num_tokens]:
+        if copies and (copied := self.copy(context_ids[0])[:num_tokens]):  # else the policy chose the model
             return DraftProposal(token_ids=torch.tensor([copied], dtype=torch.long), probs=None)  # [1, γ]
         return self.model.propose(context_ids, num_tokens, sampling, generator, keep_drafting)

@@ -23,5 +23,6 @@ class NoDrafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
+        copies: bool = True,
     ) -> DraftProposal:
         return DraftProposal.empty(len(context_ids))

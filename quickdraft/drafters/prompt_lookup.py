@@ -43,6 +43,7 @@ class PromptLookupDrafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
         keep_drafting: KeepDrafting | None = None,
+        copies: bool = True,
     ) -> DraftProposal:
         rows = [lookup_continuation(ids, num_tokens, self.max_ngram, self.min_ngram) for ids in context_ids]
         shortest = min(len(row) for row in rows)  # one γ for the whole batch

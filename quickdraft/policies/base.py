@@ -77,6 +77,7 @@ class DraftBid:
     acceptance_rate: float | None = None  # α, that the block's first draft is accepted; None: not negotiable
     continuation_rate: float | None = None  # β, that a later draft is accepted when the drafts before it were
     reading_ms: float = 0.0  # what the drafter must read before it drafts costs (paid only if it drafts)
+    copies: bool = True  # when the drafter offers free drafts (StepState.free_drafts): take them, or its model's
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 0 or self.reading_ms < 0:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from quickdraft.costs import BatchCostModel, CostModel
+from quickdraft.costs import BatchCostModel, CostModel, expected_tokens
 from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
 from quickdraft.policies.base import (
@@ -112,7 +112,7 @@ class GoodputPolicy(Policy):
     copies_first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α of copied drafts
     copies_later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β of copied drafts
     copying: bool = field(default=False, init=False)  # are the last bid's drafts copies (free, their own α)?
-    plain_copy_steps: int = field(default=0, init=False)  # copies offered and not taken, in a row
+    declined_copies: int = field(default=0, init=False)  # copies offered and not taken, in a row
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -140,19 +140,16 @@ class GoodputPolicy(Policy):
 
     def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
         """γ as the most this request drafts in a shared step, with the estimates it was chosen by, so that
-        :func:`plan_batch` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone)."""
+        :func:`plan_batch` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone). When the
+        drafter offers copies, the copies or the model's drafts, whichever promise more tokens per millisecond."""
         self.last_backlog = state.drafter_backlog
         self.block_survival = 1.0
-        self.copying = state.free_drafts > 0
-        if self.copying:
-            return self._copy_bid(state.free_drafts)
-        reading_ms = self._reading_ms(state)
-        acceptance_rate = self.acceptance_rate()
-        if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
-            acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
-        continuation_rate = self.continuation_rate(acceptance_rate)
-        costs = self.block_costs = self.costs()
+        self.copying = False
+        model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state)
+        if state.free_drafts > 0 and (copy_bid := self._copy_bid(state.free_drafts, model)) is not None:
+            return copy_bid
         gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
+        self.block_costs = costs
         if gamma > 0 and reading_ms > 0 and (horizon := self.horizon(state)) is not None:
             # is drafting worth the drafter's backlog over the tokens the answer is expected still to run?
             if costs.saving_ms(acceptance_rate, gamma, horizon, continuation_rate) <= reading_ms:
@@ -164,19 +161,37 @@ class GoodputPolicy(Policy):
             gamma = min(2, self.maximum)  # a probe of β
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         self.single_steps = self.single_steps + 1 if gamma == 1 else 0
-        return DraftBid(gamma, acceptance_rate, continuation_rate, reading_ms)
+        return DraftBid(gamma, acceptance_rate, continuation_rate, reading_ms, copies=False)
 
-    def _copy_bid(self, free_drafts: int) -> DraftBid:
-        """γ for drafts the drafter copies (a hybrid's lookup): no drafting cost, their own α and β."""
+    def _model_estimates(self, state: StepState) -> tuple[float, float, float, CostModel]:
+        """(reading ms, α, β, corrected costs) of the drafter's model drafts."""
+        reading_ms = self._reading_ms(state)
+        acceptance_rate = self.acceptance_rate()
+        if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
+            acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
+        return reading_ms, acceptance_rate, self.continuation_rate(acceptance_rate), self.costs()
+
+    def _copy_bid(self, free_drafts: int, model: tuple[float, float, float, CostModel]) -> DraftBid | None:
+        """The bid for the drafter's copies (a hybrid's lookup: no drafting cost, their own α and β), or None when
+        the model's drafts promise more tokens per millisecond (its reading included). Copies declined
+        ``probe_after`` times in a row are taken once, so that their estimates can recover."""
+        reading_ms, model_alpha, model_beta, costs = model
         alpha = self.copies_first.mean()
         beta = (self.copies_later.accepted + self.continuation_shrink * alpha) / (
             self.copies_later.total + self.continuation_shrink
         )
-        costs = self.block_costs = replace(self.costs(), draft_ms=0.0)
-        gamma = min(costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
-        if gamma == 0 and self.plain_copy_steps >= self.probe_after:  # re-measure copies that stopped paying
-            gamma = 1
-        self.plain_copy_steps = self.plain_copy_steps + 1 if gamma == 0 else 0
+        copy_costs = replace(costs, draft_ms=0.0)
+        gamma = min(copy_costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
+        model_gamma = costs.best_num_draft_tokens(model_alpha, self.maximum, model_beta)
+        model_ms = costs.step_ms(model_gamma) + (reading_ms if model_gamma > 0 else 0.0)
+        model_goodput = expected_tokens(model_alpha, model_gamma, model_beta) / model_ms
+        if self.declined_copies >= self.probe_after:
+            gamma = max(gamma, 1)
+        elif gamma == 0 or copy_costs.goodput(alpha, gamma, beta) < model_goodput:
+            self.declined_copies += 1
+            return None
+        self.declined_copies = 0
+        self.copying, self.block_costs = True, copy_costs
         return DraftBid(gamma, alpha, beta)
 
     def keep_drafting(self, step: DraftStep) -> bool:

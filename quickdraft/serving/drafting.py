@@ -55,9 +55,7 @@ class BatchDrafter:
 
     def backlog(self, state: RequestState) -> int:
         """Committed tokens the request's drafter must read before its next draft (0 without a draft model)."""
-        if state.draft_cache is None or self.free_drafts(state):
-            return 0
-        return state.draft_cache.backlog(state.committed)
+        return 0 if state.draft_cache is None else state.draft_cache.backlog(state.committed)
 
     def free_drafts(self, state: RequestState) -> int:
         """Drafts a hybrid request can copy from its context this step (0: none, or not a hybrid request)."""
@@ -71,8 +69,11 @@ class BatchDrafter:
             state.context_copy = (len(state.committed), copied)
         return state.context_copy[1]
 
-    def propose(self, gammas: dict[RequestState, int], alone: bool = False) -> dict[RequestState, DraftProposal]:
-        """Up to γ drafts for each request (``gammas``); requests with γ = 0 get an empty proposal. ``alone``: the
+    def propose(
+        self, gammas: dict[RequestState, int], copying: set[RequestState], alone: bool = False
+    ) -> dict[RequestState, DraftProposal]:
+        """Up to γ drafts for each request (``gammas``); requests with γ = 0 get an empty proposal, ``copying``
+        ones their copies from the context (a hybrid's, where its policy took them). ``alone``: the
         step holds one request and nothing else, so its draft model reads its whole backlog and drafts at once
         (there is no one for the reading to stall)."""
         proposals = {state: DraftProposal.empty(1) for state in gammas}
@@ -82,7 +83,7 @@ class BatchDrafter:
                 continue
             if state.request.drafter == "prompt-lookup":
                 proposals[state] = self._look_up(state, gamma)
-            elif copied := self._copy(state)[:gamma]:
+            elif state in copying and (copied := self._copy(state)[:gamma]):
                 proposals[state] = DraftProposal(torch.tensor([copied], dtype=torch.long), None)  # [1, γ]
             elif state.draft_cache is not None and self.draft is not None:
                 gamma = min(gamma, self.draft.max_context - len(state.committed))

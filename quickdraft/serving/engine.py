@@ -67,6 +67,7 @@ class StepReport:
 class StepPlan:
     chunks: list[tuple[RequestState, int]] = field(default_factory=list)  # (request, prompt tokens to read)
     gammas: dict[RequestState, int] = field(default_factory=dict)  # decoding requests and their γ
+    copying: set[RequestState] = field(default_factory=set)  # requests whose drafts are copies from their context
 
 
 class BatchEngine:
@@ -160,7 +161,7 @@ class BatchEngine:
 
         # 3. Draft for every decoding request: batched draft-model forwards, prompt lookup per request.
         alone = len(plan.gammas) == 1 and not plan.chunks  # a step like the single-request engine's
-        proposals = self.drafter.propose(plan.gammas, alone)
+        proposals = self.drafter.propose(plan.gammas, plan.copying, alone)
 
         # 4. One target forward over every decoding request's last token and drafts and every prompt chunk.
         decoding = list(plan.gammas)
@@ -216,7 +217,9 @@ class BatchEngine:
             step_state = StepState(remaining_tokens, self.drafter.backlog(state), len(state.new_token_ids), free_drafts)
             bid = state.policy.bid(step_state)  # a step never drafts past the request's budget
             bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
-            uses_draft_model.append(state.draft_cache is not None and free_drafts == 0)
+            if free_drafts > 0 and bid.copies:
+                plan.copying.add(state)
+            uses_draft_model.append(state.draft_cache is not None and state not in plan.copying)
         gammas = [bid.num_draft_tokens for bid in bids]
         # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
         # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.

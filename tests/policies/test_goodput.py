@@ -322,6 +322,25 @@ def test_goodput_probes_copies_that_stopped_paying() -> None:
     policy = GoodputPolicy(BENCH_DRAFT, maximum=8)
     copies = StepState(free_drafts=4)
     for _ in range(30):  # every copy is rejected
-        policy.observe(policy.choose(copies), 0)
-    chosen = [policy.choose(copies) for _ in range(2 * 16 + 2)]
-    assert chosen.count(1) >= 2 and set(chosen) <= {0, 1}  # a one-copy probe after 16 plain steps
+        policy.choose(copies)
+        policy.observe(1 if policy.copying else 0, 0)
+    taken = []
+    for _ in range(2 * 16 + 2):
+        policy.choose(copies)
+        taken.append(policy.copying)
+    assert 2 <= taken.count(True) <= 3  # one copy probe after 16 declined offers
+
+
+def test_goodput_takes_the_models_drafts_when_they_promise_more_than_the_copies() -> None:
+    good_model = AcceptanceRecord.independent(90, 10)
+    policy = GoodputPolicy(BENCH_DRAFT, maximum=8, record=good_model)
+    for _ in range(20):  # copies right a third of the time, one at a time
+        policy.copies_first.add(int(random.Random(_).random() < 0.33), policy.decay)
+    bid = policy.bid(StepState(free_drafts=4, drafter_backlog=1))
+    assert not bid.copies and not policy.copying and bid.num_draft_tokens > 0
+    for _ in range(10):
+        policy.copies_first.add(1, policy.decay)
+        policy.copies_later.add(1, policy.decay)
+    bid = policy.bid(StepState(free_drafts=8, drafter_backlog=1))
+    assert bid.copies and policy.copying and bid.num_draft_tokens == 8  # copies that keep being right: free
+    assert policy.bid(StepState(drafter_backlog=1)).copies is False  # nothing to copy: the model

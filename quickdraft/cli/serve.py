@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from typing import Any
 
 from quickdraft.cli.common import add_model_arguments
@@ -97,9 +99,22 @@ def run(args: argparse.Namespace) -> None:
         print(f"quickdraft: {note}", file=sys.stderr)
     names = model_names(pipeline, args.served_model_name)
     defaults = ServerDefaults(names, args.drafter, args.policy, args.default_max_tokens)
-    app = create_app(pipeline, ServingLoop(engine), defaults)
+    loop = ServingLoop(engine, own_thread=False)  # steps on this, the main thread; HTTP in another
+    app = create_app(pipeline, loop, defaults)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    http = threading.Thread(target=server.run, name="quickdraft-http", daemon=True)
     print(f"quickdraft: serving {names[0]} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    http.start()
+    signal.signal(signal.SIGTERM, lambda *_: loop.stop(timeout=0))
+    watcher = threading.Thread(target=lambda: (http.join(), loop.stop(timeout=0)), daemon=True)
+    watcher.start()  # a server that stops (a port in use) stops the steps too
+    try:
+        loop.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        http.join(timeout=10)
 
 
 def default_draft(args: argparse.Namespace) -> str | None:

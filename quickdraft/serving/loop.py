@@ -13,25 +13,34 @@ IDLE_WAIT_S = 0.5  # how long an idle loop sleeps before it looks again (a submi
 
 
 class ServingLoop:
-    """Runs :meth:`BatchEngine.step` in a daemon thread while there is work, sleeping when idle."""
+    """Runs :meth:`BatchEngine.step` while there is work, sleeping when idle: in a daemon thread of its own
+    (:meth:`start`), or on the caller's thread (:meth:`run`; ``own_thread=False``).
 
-    def __init__(self, engine: BatchEngine) -> None:
+    ``quickdraft serve`` steps on the main thread and serves HTTP from another: on the 2-core Xeon the same
+    generation ran 14–19 % slower from a second thread than from the main one (torch's OpenMP workers), and
+    that was most of the server's time per output token beyond the single-request engine's."""
+
+    def __init__(self, engine: BatchEngine, own_thread: bool = True) -> None:
         self.engine = engine
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="quickdraft-engine", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="quickdraft-engine", daemon=True) if own_thread else None
+        self._running = False
 
     def start(self) -> None:
-        self._thread.start()
+        """Step in a thread of the loop's own; a loop driven by :meth:`run` on another thread starts nothing."""
+        if self._thread is not None:
+            self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
         self._wake.set()
-        self._thread.join(timeout)
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() if self._thread is not None else self._running
 
     def submit(self, request: ServeRequest, sink: Sink) -> None:
         """Queue a request (raises for a bad one or a full queue, see :meth:`BatchEngine.submit`)."""
@@ -42,7 +51,15 @@ class ServingLoop:
         self.engine.cancel(request_id)
         self._wake.set()
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Step until :meth:`stop` (blocking; on the thread that calls it)."""
+        self._running = True
+        try:
+            self._step_until_stopped()
+        finally:
+            self._running = False
+
+    def _step_until_stopped(self) -> None:
         while not self._stopping.is_set():
             try:
                 report = self.engine.step()

@@ -218,7 +218,7 @@ def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair:
     requests = []
     for i, (prompt, chat) in enumerate(prompts):
         drafter, policy = drafters[i % len(drafters)]
-        config = GenerationConfig(max_new_tokens=16 + i % 3 * 4, policy=policy)
+        config = GenerationConfig(max_new_tokens=32 + i % 3 * 4, policy=policy)  # long enough to overlap
         requests.append(ServeRequest(tuple(native_pair.encode(prompt, chat=chat)), config, drafter, str(i)))
 
     def sink(i: int):  # -> Sink

@@ -133,7 +133,7 @@ class GoodputPolicy(Policy):
         """β, that a later draft is accepted when the drafts before it in its block were: the later drafts'
         evidence shrunk toward α (``acceptance_rate``; None: :meth:`acceptance_rate`)."""
         alpha = self.acceptance_rate() if acceptance_rate is None else acceptance_rate
-        return (self.later.accepted + self.continuation_shrink * alpha) / (self.later.total + self.continuation_shrink)
+        return self.later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         return self.bid(state).num_draft_tokens
@@ -177,9 +177,7 @@ class GoodputPolicy(Policy):
         ``probe_after`` times in a row are taken once, so that their estimates can recover."""
         reading_ms, model_alpha, model_beta, costs = model
         alpha = self.copies_first.mean()
-        beta = (self.copies_later.accepted + self.continuation_shrink * alpha) / (
-            self.copies_later.total + self.continuation_shrink
-        )
+        beta = self.copies_later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
         copy_costs = replace(costs, draft_ms=0.0)
         gamma = min(copy_costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
         model_gamma = costs.best_num_draft_tokens(model_alpha, self.maximum, model_beta)

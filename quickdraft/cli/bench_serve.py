@@ -103,8 +103,7 @@ def run(args: argparse.Namespace) -> None:
         plotted = asyncio.run(drive(args, url, prompts, configs, rates, references, results, out))
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(30)
+            stop_server(server, out / "server.log")
     print(f"wrote {out}/results.json, report.md{', latency.png' if plotted else ''}", file=sys.stderr)
 
 
@@ -222,6 +221,20 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
         time.sleep(1)
     server.terminate()
     raise ConfigError(f"the server did not become healthy in 20 minutes; see {log}")
+
+
+def stop_server(server: subprocess.Popen[bytes], log: Path) -> None:
+    """Stop the server as a service manager does, with SIGTERM; say so if it does not exit cleanly."""
+    server.terminate()
+    try:
+        status = server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        print(f"quickdraft: the server did not stop within 30 s of SIGTERM and was killed; see {log}", file=sys.stderr)
+        return
+    if status != 0:
+        print(f"quickdraft: the server exited with status {status} on SIGTERM; see {log}", file=sys.stderr)
 
 
 async def warm_up(client: Any, configs: list[ServedConfig], prompt: Prompt) -> str:

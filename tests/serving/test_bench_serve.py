@@ -71,6 +71,7 @@ def test_bench_serve_against_a_server_it_starts(
     args += ["--out", str(out), "--max-running", "4", "--prefill-tokens-per-step", "16", "--disconnect-fraction", "0.5"]
     args += ["--single-request"]
     assert main(args) == 0, capsys.readouterr().err
+    assert "SIGTERM" not in capsys.readouterr().err  # the server it started stopped cleanly when told to
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert [(run["config"], run["rate"]) for run in results["runs"]] == [
         (config, rate) for rate in ("seq", "inf") for config in ("plain", "goodput", "fixed")

@@ -351,7 +351,7 @@ class Pipeline:
 
 # The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
 DRAFT_WEIGHTS = "q4"
-DRAFT_VOCABULARY = 0  # 0: all tokens
+DRAFT_VOCABULARY = 49152  # the most frequent tokens, plus each request's prompt tokens (0: all tokens)
 
 
 def draft_load_defaults(weights: str | None, vocabulary: int | None) -> tuple[str, int]:

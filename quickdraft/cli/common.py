@@ -52,8 +52,8 @@ def add_draft_load_arguments(
         type=int,
         default=None,
         metavar="N",
-        help=f"compute the {what}'s logits for its N most frequent tokens only (FR-Spec: the rest are never "
-        f"drafted); 0 = all (draft model default {DRAFT_VOCABULARY}, other models 0)",
+        help=f"compute the {what}'s logits for its N most frequent tokens and each request's prompt tokens only "
+        f"(FR-Spec: the rest are never drafted); 0 = all (draft model default {DRAFT_VOCABULARY}, other models 0)",
     )
 
 

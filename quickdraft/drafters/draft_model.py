@@ -46,8 +46,10 @@ class DraftModelDrafter(Drafter):
         return cls(draft, target.vocab_size)
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
-        """Start a request; the prompt is read at the first draft, after the prefix still cached."""
+        """Start a request; the prompt is read at the first draft, after the prefix still cached. A draft model
+        whose LM head computes the frequent tokens only also computes the prompt's."""
         self.check_rows(prompt_ids)
+        self.draft.focus_vocabulary(prompt_ids[0])
 
     def forget(self, keep: Sequence[int] = ()) -> None:
         self.conversation.roll_back(common_prefix_length(self.cached_ids, list(keep)))

@@ -99,6 +99,12 @@ class Runtime(ABC):
         """
         raise NotImplementedError(f"the {self.name} runtime cannot exit early")
 
+    def focus_vocabulary(self, token_ids: Sequence[int]) -> None:
+        """A runtime whose LM head computes part of the vocabulary (``LoadOptions.vocabulary``) computes these
+        tokens too from now on (replacing the previous focus): a draft model focused on a request's prompt can
+        draft the prompt's rare tokens. A runtime that computes every token ignores it."""
+        return None
+
     @abstractmethod
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """Append ``token_ids [B, K]`` to ``cache``; return float32 logits ``[B, K, V]``.

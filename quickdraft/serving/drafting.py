@@ -57,6 +57,13 @@ class BatchDrafter:
         """Committed tokens the request's drafter must read before its next draft (0 without a draft model)."""
         return 0 if state.draft_cache is None else state.draft_cache.backlog(state.committed)
 
+    def focus(self, running: list[RequestState]) -> None:
+        """A draft model whose LM head computes the frequent tokens only also computes the prompt tokens of every
+        running request it drafts for (as the single-request drafter does for its one prompt)."""
+        if self.draft is not None:
+            prompts = [state.request.prompt_ids for state in running if state.draft_cache is not None]
+            self.draft.focus_vocabulary(sorted({token for prompt in prompts for token in prompt}))
+
     def free_drafts(self, state: RequestState) -> int:
         """Drafts a hybrid request can copy from its context this step (0: none, or not a hybrid request)."""
         return len(self._copy(state))

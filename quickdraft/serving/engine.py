@@ -150,8 +150,11 @@ class BatchEngine:
         # 1. Drop cancelled requests (their caches go with them) and admit waiting ones into free slots.
         for state in self.scheduler.take_cancelled():
             self._finish(state, "cancelled")
-        for state in self.scheduler.admit():
+        admitted = self.scheduler.admit()
+        for state in admitted:
             self._start(state)
+        if any(state.draft_cache is not None for state in admitted):
+            self.drafter.focus(self.scheduler.running)
         if not self.scheduler.running:
             return None
 

@@ -118,3 +118,17 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
 def test_zero_rows_give_the_bias(kind: str) -> None:
     linear = QuantizedLinear.from_float(torch.randn(8, 64), torch.ones(8), kind)
     assert torch.equal(linear(torch.zeros(2, 64)), torch.ones(2, 8))
+
+
+@pytest.mark.parametrize("kind", ["int8", "q4"])
+def test_selected_rows_keep_their_weights_and_their_results(kind: str) -> None:
+    """Rows picked from a few 16-row panels of a larger layer (an LM head's focus): each keeps its weights, so
+    its output is bitwise the whole layer's at that row."""
+    torch.manual_seed(4)
+    layer = QuantizedLinear.from_float(torch.randn(100, 128), kind=kind)
+    x = torch.randn(3, 128)
+    for index in ([0], [5, 17, 99], [31, 32, 33, 64, 98], list(range(100))):
+        chosen = layer.select_rows(torch.tensor(index))
+        assert chosen.out_features == len(index)
+        assert torch.equal(chosen.parts[0].dequantize(), layer.parts[0].dequantize()[index])
+        assert torch.equal(chosen(x), layer(x)[:, index])

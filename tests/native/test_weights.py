@@ -90,3 +90,25 @@ def test_a_vocabulary_subset_keeps_those_logits_bitwise_and_rules_out_the_rest(t
     for bad in ((), (3, 64)):
         with pytest.raises(ConfigError, match=r"token ids in 0\.\.63"):
             NativeRuntime.load(model_dir, LoadOptions(vocabulary=bad))
+
+
+def test_a_focus_adds_tokens_to_a_vocabulary_subset_bitwise(tmp_path, monkeypatch) -> None:
+    """A request's prompt tokens beside the frequent ones: their logits are the whole LM head's, bit for bit; a
+    new focus replaces the old one; a runtime that computes every token ignores it."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "tiny"
+    tiny_model(64, seed=3).save_pretrained(model_dir)
+    full = NativeRuntime.load(model_dir)
+    kept = (0, 1, 2, 5)
+    subset = NativeRuntime.load(model_dir, LoadOptions(vocabulary=kept))
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    expected = full.forward(tokens, full.new_cache())  # [1, 6, 64]
+    for focus in ([42, 8, 1, 8, 63], [20], []):
+        subset.focus_vocabulary(focus)
+        got = subset.forward(tokens, subset.new_cache())
+        computed = sorted(set(kept) | set(focus))
+        assert torch.equal(got[..., computed], expected[..., computed])
+        others = [token for token in range(64) if token not in computed]
+        assert bool((got[..., others] == -torch.inf).all())
+    full.focus_vocabulary([3])
+    assert torch.equal(full.forward(tokens, full.new_cache()), expected)

@@ -55,6 +55,13 @@ def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return tensor if extra == 0 else torch.cat([tensor, tensor.new_zeros(extra, *tensor.shape[1:])])
 
 
+def panels_of(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``index`` of a packed part: (the 16-row panels holding them, sorted; each row's place among those
+    panels' rows). Selecting rows unpacks only their panels, so a few rows of a large LM head come quickly."""
+    panel_ids, which = torch.unique(index // LANES, return_inverse=True)
+    return panel_ids, which * LANES + index % LANES
+
+
 class WeightPart(ABC):
     """A range of a linear layer's output rows in one packed format."""
 
@@ -149,7 +156,10 @@ class Int8Part(WeightPart):
         return self.weight_int8().float() * self.scale[: self.rows, None]
 
     def select_rows(self, index: torch.Tensor) -> Int8Part:
-        return Int8Part.from_int8(self.weight_int8()[index], self.scale[: self.rows][index])
+        panel_ids, local = panels_of(index)
+        scale = self.scale.reshape(-1, LANES)[panel_ids].flatten()
+        panels = Int8Part(len(panel_ids) * LANES, self.codes[panel_ids], scale)
+        return Int8Part.from_int8(panels.weight_int8()[local], panels.scale[local])
 
 
 class Q4Part(WeightPart):
@@ -266,7 +276,9 @@ class Q4Part(WeightPart):
         return (scale * codes.reshape(self.rows, groups, GROUP).float() + offset).reshape(self.rows, -1)
 
     def select_rows(self, index: torch.Tensor) -> Q4Part:
-        return Q4Part.from_blocks(*(field[index] for field in self.blocks()))
+        panel_ids, local = panels_of(index)
+        panels = Q4Part(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
+        return Q4Part.from_blocks(*(field[local] for field in panels.blocks()))
 
 
 PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in (Int8Part, Q4Part)}

@@ -158,6 +158,9 @@ class Decoder:
         self.attention_scale = 1.0 / math.sqrt(config.head_dim)
         self.use_kernel = True  # the compiled kernels when they build (False: the PyTorch reference path)
         self.vocabulary: torch.Tensor | None = None  # the token ids the LM head computes (None: all)
+        self.all_rows_head = lm_head  # the LM head over every token (a restricted one selects from it)
+        self.focus: torch.Tensor = torch.empty(0, dtype=torch.long)  # tokens computed beside the vocabulary
+        self.focus_head: Any = None  # the LM head over them (None: no focus)
         self._layers_spec: Any = None  # the compiled layer loop, built on first use
 
     @classmethod
@@ -283,7 +286,21 @@ class Decoder:
         """Compute logits for ``token_ids`` only (FR-Spec: a draft model's LM head over the frequent tokens, a large
         share of its step); every other token gets logit −inf, probability 0. Each kept logit keeps its bits."""
         self.vocabulary = torch.unique(token_ids)  # sorted
-        self.lm_head = self.lm_head.select_rows(self.vocabulary)
+        self.lm_head = self.all_rows_head.select_rows(self.vocabulary)
+        self.focus_vocabulary(torch.empty(0, dtype=torch.long))
+
+    def focus_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """With a restricted vocabulary, also compute logits for ``token_ids`` (a request's prompt: an answer
+        repeats its prompt's rare words, names, code identifiers), replacing the previous focus; bit for bit the
+        logits the whole LM head gives them. Without a restriction every token is computed already."""
+        if self.vocabulary is None:
+            return
+        token_ids = torch.unique(token_ids[(token_ids >= 0) & (token_ids < self.config.vocab_size)])
+        focus = token_ids[~torch.isin(token_ids, self.vocabulary)]  # sorted
+        if torch.equal(focus, self.focus):
+            return
+        self.focus = focus
+        self.focus_head = self.all_rows_head.select_rows(focus) if len(focus) else None
 
     def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Final norm and LM head: hidden ``x [R, H]`` -> (logits ``[R, V]``, normed hidden ``[R, H]``)."""
@@ -296,6 +313,8 @@ class Decoder:
             return logits, hidden
         full = torch.full((x.shape[0], self.config.vocab_size), -torch.inf)
         full[:, self.vocabulary] = logits
+        if self.focus_head is not None:
+            full[:, self.focus] = self.focus_head(hidden)  # [R, |focus|]
         return full, hidden
 
     @torch.inference_mode()

@@ -90,6 +90,9 @@ class NativeRuntime(Runtime):
             decoder.restrict_vocabulary(torch.tensor(options.vocabulary))
         return cls(decoder, options.weights)
 
+    def focus_vocabulary(self, token_ids: Sequence[int]) -> None:
+        self.decoder.focus_vocabulary(torch.tensor(list(token_ids), dtype=torch.long))
+
     def new_cache(self, batch_size: int = 1) -> NativeCache:
         return NativeCache(self.decoder.new_cache(batch_size))
 

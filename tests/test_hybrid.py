@@ -68,9 +68,9 @@ def test_a_new_request_gets_its_own_copy(pipeline: Pipeline) -> None:
     drafter = hybrid(pipeline)
     first, second = [5, 6, 7, 8, 5, 6], [1, 6, 2, 3, 1, 6]  # same length and last token
     drafter.prefill([first])
-    assert drafter.copy(first) == [7, 8, 5, 6]
+    assert drafter.copies.after(first) == [7, 8, 5, 6]
     drafter.prefill([second])
-    assert drafter.copy(second) == [2, 3, 1, 6]
+    assert drafter.copies.after(second) == [2, 3, 1, 6]
 
 
 def test_the_hybrid_shares_the_draft_models_calibration(pipeline: Pipeline, tmp_path: Path) -> None:

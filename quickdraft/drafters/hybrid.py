@@ -35,20 +35,35 @@ def hybrid_ngrams(options: DrafterOptions) -> tuple[int, int]:
     return max(options.prompt_lookup_max_ngram, min_ngram), min_ngram
 
 
-def copy_from_context(context: list[int], max_ngram: int, min_ngram: int) -> list[int]:
-    """The drafts a hybrid copies after ``context`` ([T] committed ids); empty: the draft model drafts."""
-    return lookup_continuation(context, MAX_COPIED, max_ngram, min_ngram)
+class ContextCopies:
+    """What a hybrid copies after one request's committed tokens: the continuation of the latest earlier
+    occurrence of their last ``min_ngram``..``max_ngram`` tokens. Looked up once per step and kept, since a
+    step asks twice (the policy for the free drafts, then the drafter for the drafts)."""
+
+    def __init__(self, max_ngram: int, min_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._key: tuple[int, int] = (0, -1)  # (context length, last token) of the copy kept
+        self._copied: list[int] = []
+
+    def after(self, context: list[int]) -> list[int]:
+        """The drafts to copy after ``context`` ([T] committed ids); empty: no match, the draft model drafts."""
+        key = (len(context), context[-1])
+        if self._key != key:
+            self._key, self._copied = key, lookup_continuation(context, MAX_COPIED, self.max_ngram, self.min_ngram)
+        return self._copied
 
 
 class HybridDrafter(Drafter):
     needs_draft_model = True
+    offers_copies = True
     max_rows = 1  # the draft model's one conversation
 
     def __init__(self, model: DraftModelDrafter, max_ngram: int, min_ngram: int) -> None:
         self.model = model
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self._lookup: tuple[tuple[int, int], list[int]] = ((0, -1), [])  # (context length, last token) -> its copy
+        self.copies = ContextCopies(max_ngram, min_ngram)
 
     @classmethod
     def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> HybridDrafter:
@@ -56,7 +71,7 @@ class HybridDrafter(Drafter):
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
         self.model.prefill(prompt_ids)
-        self._lookup = ((0, -1), [])
+        self.copies = ContextCopies(self.max_ngram, self.min_ngram)
 
     def forget(self, keep: Sequence[int] = ()) -> None:
         self.model.forget(keep)
@@ -64,16 +79,9 @@ class HybridDrafter(Drafter):
     def bind(self, target_cache: KVCache, cost_model: CostModel | None) -> None:
         self.model.bind(target_cache, cost_model)
 
-    def copy(self, context: list[int]) -> list[int]:
-        """What followed the latest earlier occurrence of the context's last n-gram (empty: no match)."""
-        key = (len(context), context[-1])  # the engine asks for the free drafts, then for the proposal
-        if self._lookup[0] != key:
-            self._lookup = (key, copy_from_context(context, self.max_ngram, self.min_ngram))
-        return self._lookup[1]
-
     def free_drafts(self, context_ids: list[list[int]]) -> int:
         self.check_rows(context_ids)
-        return len(self.copy(context_ids[0]))
+        return len(self.copies.after(context_ids[0]))
 
     def backlog(self, context_ids: list[list[int]]) -> int:
         """What the draft model must read before it drafts (a policy may prefer its drafts to the copies)."""
@@ -89,6 +97,6 @@ class HybridDrafter(Drafter):
         copies: bool = True,
     ) -> DraftProposal:
         self.check_rows(context_ids)
-        if copies and (copied := self.copy(context_ids[0])[:num_tokens]):  # else the policy chose the model
+        if copies and (copied := self.copies.after(context_ids[0])[:num_tokens]):  # else the policy chose the model
             return DraftProposal(token_ids=torch.tensor([copied], dtype=torch.long), probs=None)  # [1, γ]
         return self.model.propose(context_ids, num_tokens, sampling, generator, keep_drafting)

@@ -17,7 +17,7 @@ import torch
 
 from quickdraft.drafters.base import DrafterOptions, DraftProposal, DraftStep
 from quickdraft.drafters.draft_model import to_vocab
-from quickdraft.drafters.hybrid import copy_from_context, hybrid_ngrams
+from quickdraft.drafters.hybrid import ContextCopies, hybrid_ngrams
 from quickdraft.drafters.prompt_lookup import lookup_continuation
 from quickdraft.runtime.base import BatchRow, Runtime
 from quickdraft.sampling import choose_tokens, logits_to_probs
@@ -71,10 +71,9 @@ class BatchDrafter:
     def _copy(self, state: RequestState) -> list[int]:
         if state.request.drafter != "hybrid":
             return []
-        if state.context_copy is None or state.context_copy[0] != len(state.committed):
-            copied = copy_from_context(state.committed, *hybrid_ngrams(self.options))
-            state.context_copy = (len(state.committed), copied)
-        return state.context_copy[1]
+        if state.copies is None:
+            state.copies = ContextCopies(*hybrid_ngrams(self.options))
+        return state.copies.after(state.committed)
 
     def propose(
         self, gammas: dict[RequestState, int], copying: set[RequestState], alone: bool = False

@@ -12,6 +12,7 @@ import torch
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.drafters.draft_model import DraftCache
+from quickdraft.drafters.hybrid import ContextCopies
 from quickdraft.engine import GenerationResult
 from quickdraft.errors import ConfigError
 from quickdraft.policies import Policy
@@ -78,7 +79,7 @@ class RequestState:
     committed: list[int]  # prompt + new tokens; the target's cache holds all but the last once prefilled
     cache: KVCache | None = None  # the target's, from admission until the request ends
     draft_cache: DraftCache | None = None  # the draft model's (draft-model requests), from admission
-    context_copy: tuple[int, list[int]] | None = None  # a hybrid request's (context length, copy from it)
+    copies: ContextCopies | None = None  # a hybrid request's copies from its context
     prefilled: int = 0  # prompt tokens the target has read
     new_token_ids: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)

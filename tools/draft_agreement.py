@@ -1,7 +1,7 @@
 """How often does the draft model's greedy choice equal the target's, per weight format and vocabulary size?
 
     .venv/bin/python tools/draft_agreement.py [QUESTIONS.jsonl] [--per-category N] [--tokens N]
-        [--formats auto:0,q4:0,q4:32768,...]
+        [--formats auto:0,q4:0,q4:32768,q4:49152+prompt,...]
 
 A draft model's weights (``--draft-weights``) and the vocabulary its LM head computes (``--draft-vocabulary``)
 change only how often its drafts are accepted, never the output. Under greedy decoding, a draft at position t is
@@ -9,7 +9,8 @@ accepted when the draft model's argmax after the committed tokens equals the tar
 teacher-forced agreement along the target's own greedy answer is the acceptance rate of every draft in a block.
 For each sampled Spec-Bench question (first turn, the bench's seed-0 sample) the target decodes ``--tokens``
 tokens greedily; each draft configuration then reads prompt and answer in one forward and is scored on the
-answer's positions. Prints the agreement per category and overall (tokens pooled).
+answer's positions. Prints the agreement per category and overall (tokens pooled). ``+prompt`` after a vocabulary
+size also computes each question's prompt tokens (``Runtime.focus_vocabulary``, as the drafters do).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("questions", nargs="?", type=Path, default=default_questions_path())
     parser.add_argument("--per-category", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128, help="target tokens per question (default 128)")
-    parser.add_argument("--formats", default="auto:0,int8:0,q4:0,auto:32768,q4:32768,q4:16384")
+    parser.add_argument("--formats", default="q4:0,q4:32768,q4:32768+prompt,q4:49152,q4:49152+prompt")
     args = parser.parse_args()
     pipeline = Pipeline.load(draft=None)
     from quickdraft.models import DEFAULT_DRAFT, resolve_model
@@ -56,10 +57,13 @@ def main() -> None:
     print(f"# {len(questions)} questions, {sum(map(len, answers))} target tokens")
     for spec in args.formats.split(","):
         weights, _, size = spec.partition(":")
+        size, focused, _ = size.partition("+prompt")  # focused: "+prompt" or ""
         vocabulary = frequent_tokens(pipeline.tokenizer, int(size)) if int(size or 0) else None
         draft = NativeRuntime.load(draft_path, LoadOptions(weights, vocabulary))
         matches: dict[str, list[bool]] = defaultdict(list)
         for question, prompt, answer in zip(questions, prompts, answers, strict=True):
+            if focused:
+                draft.focus_vocabulary(prompt)
             context = torch.tensor([prompt + answer[:-1]])
             logits = draft.forward(context, draft.new_cache(1))[0, len(prompt) - 1 :]  # predicts each answer token
             agree = (logits.argmax(-1) == torch.tensor(answer)).tolist()

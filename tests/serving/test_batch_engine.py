@@ -278,3 +278,29 @@ def test_a_request_alone_reads_its_prompt_in_one_step_and_drafts_at_once(native:
     assert beside and max(beside) == 5
     plain = native.engine("none").generate(list(prompt), replace(first.config, policy="fixed:0"))
     assert collector.result("first").token_ids == plain.token_ids
+
+
+def test_a_draft_model_over_part_of_the_vocabulary_also_computes_the_prompts_tokens() -> None:
+    """A draft model whose LM head computes the frequent tokens only also computes the tokens of every running
+    prompt it drafts for (in the single-request engine, its one prompt's); the output stays plain greedy."""
+    pipeline = native_pipeline()
+    decoder = pipeline.draft.decoder  # type: ignore[union-attr]
+    decoder.restrict_vocabulary(torch.arange(8))
+    config = GenerationConfig(max_new_tokens=8, policy="fixed:2")
+    requests = [
+        ServeRequest((20, 21, 20, 21), config, "draft-model", request_id="a"),
+        ServeRequest((30, 3, 30), config, "hybrid", request_id="b"),
+        ServeRequest((40, 41), config, "none", request_id="c"),  # no draft model: not its tokens
+    ]
+    engine = batch_engine(pipeline)
+    collector = Collector(engine)
+    for request in requests:
+        engine.submit(request, collector.sink(request.request_id))
+    engine.step()
+    assert decoder.focus.tolist() == [20, 21, 30]
+    engine.run_until_idle()
+    for request in requests:
+        plain = pipeline.engine("none").generate(list(request.prompt_ids), replace(config, policy="fixed:0"))
+        assert collector.result(request.request_id).token_ids == plain.token_ids
+    pipeline.engine("draft-model").generate([25, 2, 26], config)
+    assert decoder.focus.tolist() == [25, 26]

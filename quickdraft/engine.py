@@ -150,7 +150,7 @@ class SpeculativeEngine:
             return FixedPolicy(0)
         if self.prepare is not None:
             self.prepare(config)
-        return parse_policy(config.policy).build(self.memory.policy_context(config))
+        return parse_policy(config.policy).build(self.memory.policy_context(config, self.drafter.offers_copies))
 
     def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
         check_prompt(prompt_ids, config, self.target.max_context)

@@ -68,6 +68,7 @@ class Drafter(ABC):
 
     needs_draft_model: ClassVar[bool] = False
     proposes_drafts: ClassVar[bool] = True  # False: plain decoding, so no policy has a γ to choose
+    offers_copies: ClassVar[bool] = False  # True: besides its model's drafts it may offer free copies (free_drafts)
     # A drafted token's cost as a fraction of a 1-token target step when the target drafts itself
     # (self-speculation); None: a draft model's measured step, or ~0 for model-free drafters.
     target_cost_fraction: ClassVar[float | None] = None

@@ -108,6 +108,7 @@ class PolicyContext:
     acceptance_head: AcceptanceHead | None = None  # for specdec++
     step_times: StepTimeRecord | None = None  # the engine's measured step overhead, for goodput
     answer_lengths: AnswerLengthRecord | None = None  # how long the drafter's earlier answers ran, for goodput
+    offers_copies: bool = False  # the drafter may offer free copies besides its model's drafts (a hybrid)
 
 
 class Policy(ABC):

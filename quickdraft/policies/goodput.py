@@ -99,6 +99,7 @@ class GoodputPolicy(Policy):
     continuation_shrink: float = 2.0
     step_times: StepTimeRecord | None = None  # shared by the engine's requests; None: this request's own
     answer_lengths: AnswerLengthRecord | None = None  # shared by the engine's requests; None: ski rental only
+    offers_copies: bool = False  # the drafter may offer free copies besides its model's drafts (a hybrid)
     first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α's decayed evidence
     later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β's, the record's prior included
     drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
@@ -113,6 +114,7 @@ class GoodputPolicy(Policy):
     copies_later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β of copied drafts
     copying: bool = field(default=False, init=False)  # are the last bid's drafts copies (free, their own α)?
     declined_copies: int = field(default=0, init=False)  # copies offered and not taken, in a row
+    copy_offers: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with copies on offer (decayed)
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -145,13 +147,14 @@ class GoodputPolicy(Policy):
         self.last_backlog = state.drafter_backlog
         self.block_survival = 1.0
         self.copying = False
+        self.copy_offers.add(int(state.free_drafts > 0), self.decay)
         model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state)
-        if state.free_drafts > 0 and (copy_bid := self._copy_bid(state.free_drafts, model)) is not None:
-            return copy_bid
         gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
+        if state.free_drafts > 0 and (copy_bid := self._copy_bid(state.free_drafts, model, gamma)) is not None:
+            return copy_bid
         self.block_costs = costs
-        if gamma > 0 and reading_ms > 0 and (horizon := self.horizon(state)) is not None:
-            # is drafting worth the drafter's backlog over the tokens the answer is expected still to run?
+        if gamma > 0 and reading_ms > 0 and (horizon := self.model_horizon(state)) is not None:
+            # is drafting worth the drafter's backlog over the tokens its drafts are expected still to serve?
             if costs.saving_ms(acceptance_rate, gamma, horizon, continuation_rate) <= reading_ms:
                 gamma = 0
         elif gamma == 0 and self.plain_steps >= self.probe_after:
@@ -171,16 +174,18 @@ class GoodputPolicy(Policy):
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
         return reading_ms, acceptance_rate, self.continuation_rate(acceptance_rate), self.costs()
 
-    def _copy_bid(self, free_drafts: int, model: tuple[float, float, float, CostModel]) -> DraftBid | None:
+    def _copy_bid(
+        self, free_drafts: int, model: tuple[float, float, float, CostModel], model_gamma: int
+    ) -> DraftBid | None:
         """The bid for the drafter's copies (a hybrid's lookup: no drafting cost, their own α and β), or None when
-        the model's drafts promise more tokens per millisecond (its reading included). Copies declined
-        ``probe_after`` times in a row are taken once, so that their estimates can recover."""
+        the model's drafts (``model_gamma`` of them, by ``model``'s estimates) promise more tokens per millisecond,
+        its reading included. Copies declined ``probe_after`` times in a row are taken once, so that their
+        estimates can recover."""
         reading_ms, model_alpha, model_beta, costs = model
         alpha = self.copies_first.mean()
         beta = self.copies_later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
         copy_costs = replace(costs, draft_ms=0.0)
         gamma = min(copy_costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
-        model_gamma = costs.best_num_draft_tokens(model_alpha, self.maximum, model_beta)
         model_ms = costs.step_ms(model_gamma) + (reading_ms if model_gamma > 0 else 0.0)
         model_goodput = expected_tokens(model_alpha, model_gamma, model_beta) / model_ms
         if self.declined_copies >= self.probe_after:
@@ -210,6 +215,17 @@ class GoodputPolicy(Policy):
         if ski_rental is None or self.answer_lengths is None or state.generated_tokens is None:
             return ski_rental
         return self.answer_lengths.expected_remaining(state.generated_tokens, state.remaining_tokens, ski_rental)
+
+    def model_horizon(self, state: StepState) -> float | None:
+        """The tokens a drafter's model is expected still to draft for. For a drafter that offers copies (a
+        hybrid) the ski-rental guess alone, not earlier answers' lengths, less the share of steps where copies
+        were on offer (decayed per step), which copies serve for free: an answer from a long document starts
+        copying a few tokens in, and reading the document into the draft model at once for the steps left to
+        it rarely pays (it cost 1.2–1.4 s on Spec-Bench's rag questions that then copied nearly every token)."""
+        if not self.offers_copies:
+            return self.horizon(state)
+        ski_rental = state.expected_remaining_tokens()
+        return None if ski_rental is None else ski_rental * (1.0 - self.copy_offers.mean())
 
     def costs(self) -> CostModel:
         """The profiled cost model, corrected by the step times measured so far."""
@@ -340,6 +356,7 @@ def _goodput(_: None, context: PolicyContext) -> Policy:
         context.acceptance,
         step_times=context.step_times,
         answer_lengths=context.answer_lengths,
+        offers_copies=context.offers_copies,
     )
 
 

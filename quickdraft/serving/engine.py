@@ -131,7 +131,7 @@ class BatchEngine:
             raise ConfigError(f"the {spec.name} policy needs the {request.drafter} drafter's measured costs")
         if spec.kind.needs_cost_model and self.batch_costs is None:
             raise ConfigError(f"the {spec.name} policy needs the measured batch costs to share steps")
-        return spec.build(memory.policy_context(request.config))
+        return spec.build(memory.policy_context(request.config, DRAFTERS.get(request.drafter).offers_copies))
 
     @property
     def idle(self) -> bool:

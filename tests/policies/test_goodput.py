@@ -268,6 +268,27 @@ def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() 
     assert long_answers.answers[-1] == AnswerLength(40, cut_by_budget=False)
 
 
+def test_a_hybrids_model_reads_only_once_plain_steps_repay_it_for_the_steps_copies_leave() -> None:
+    """A drafter that offers copies may copy most of the answer (from a document it answers about): earlier answers'
+    lengths do not make its model read at once, and steps with copies on offer shrink what the model's reading
+    could still repay."""
+    good = AcceptanceRecord.independent(800, 200)
+    long_answers = AnswerLengthRecord([AnswerLength(128, cut_by_budget=True)] * 10)
+    hybrid = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers, offers_copies=True)
+    model_only = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers)
+    assert len(reading_steps(model_only, prompt_tokens=60, budget=128, top_probability=0.95)) == 1  # reads at once
+    chosen = reading_steps(hybrid, prompt_tokens=60, budget=128, top_probability=0.95)
+    assert 1 < len(chosen) < 128 and chosen[-1] > 0  # ski rental: it waits, then reads
+    state = StepState(100, drafter_backlog=90, generated_tokens=28)
+    assert hybrid.model_horizon(state) == pytest.approx(28 * (1 - hybrid.copy_offers.mean()))
+    copying = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers, offers_copies=True)
+    for generated in range(1, 40):  # copies on offer at every step: the model is left no steps to repay a reading
+        copying.bid(
+            StepState(128 - generated, drafter_backlog=60 + generated, generated_tokens=generated, free_drafts=8)
+        )
+    assert copying.model_horizon(StepState(88, drafter_backlog=100, generated_tokens=40)) < 1
+
+
 def test_goodput_plans_with_what_the_engines_steps_took() -> None:
     """A profile that overstates the draft (or understates a plain step) must not stop drafting for good."""
     profiled = CostModel({1: 60.0, 2: 75.0, 4: 105.0}, draft_ms=35.0)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft.drafters import DRAFTERS
 from quickdraft.drafters.base import DrafterOptions, DraftProposal, DraftStep
 from quickdraft.drafters.draft_model import to_vocab
 from quickdraft.drafters.hybrid import ContextCopies, hybrid_ngrams
@@ -69,7 +70,7 @@ class BatchDrafter:
         return len(self._copy(state))
 
     def _copy(self, state: RequestState) -> list[int]:
-        if state.request.drafter != "hybrid":
+        if not DRAFTERS.get(state.request.drafter).offers_copies:
             return []
         if state.copies is None:
             state.copies = ContextCopies(*hybrid_ngrams(self.options))

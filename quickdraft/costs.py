@@ -71,6 +71,7 @@ class CostModel:
     draft_ms: float = 0.0
     draft_prefill_ms: Mapping[int, float] = field(default_factory=dict)  # n tokens read -> ms
     fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
+    target_memo: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         times = [*self.target_ms.values(), self.draft_ms, *self.draft_prefill_ms.values()]
@@ -105,8 +106,11 @@ class CostModel:
             raise ConfigError(f"not a saved cost model: {error!r}") from None
 
     def target(self, num_tokens: int) -> float:
-        """t_target(k) on the fitted curve (:func:`fitted_value`)."""
-        return fitted_value(self.fitted_target_ms, num_tokens)
+        """t_target(k) on the fitted curve (:func:`fitted_value`), remembered: a policy asks for the same few k at
+        every step of every request."""
+        if (ms := self.target_memo.get(num_tokens)) is None:
+            ms = self.target_memo[num_tokens] = fitted_value(self.fitted_target_ms, num_tokens)
+        return ms
 
     def draft_read(self, num_tokens: int) -> float:
         """What reading ``num_tokens`` costs the drafter before it drafts (0 without a prefill curve)."""

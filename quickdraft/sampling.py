@@ -71,7 +71,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     """
     logits = logits.float()
     if params.is_greedy:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
+        return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).to(logits.dtype)
     # Divide the gaps to the row's best logit, not the logits: the best stays 0 at any temperature and a
     # tiny one sends the others to -inf (probability 0), never to inf - inf. Below float32's smallest
     # normal number a temperature would round to 0 in the division; it acts as that number, as good as 0.
@@ -104,7 +104,7 @@ def choose_tokens(
     for the target and the drafter). Unseeded: a draw from ``generator``.
     """
     if sampling.is_greedy:
-        return probs.argmax(dim=-1)
+        return argmax(probs)
     if sampling.is_seeded:
         return gumbel_argmax(probs, seeded_gumbel(sampling.seed, position, probs.shape[-1]))
     return sample(probs, generator)
@@ -115,7 +115,26 @@ def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
     probs: [..., V]; noise: [..., V] (broadcast) -> [...]. Tokens with p = 0 are never chosen.
     """
-    return (probs.log() + noise).argmax(dim=-1)
+    return argmax(probs.log() + noise)
+
+
+def argmax(values: torch.Tensor) -> torch.Tensor:
+    """The index of the largest value along the last dimension, ``[..., V]`` -> ``[...]`` (int64), the first on ties.
+
+    ``torch.argmax`` on the CPU reads a 152k-token row about 20 times slower than NumPy's (0.2 ms against
+    0.01 ms, measured here): every greedy token and draft paid it. Both return the first of equal maxima (and
+    of NaNs), so the choice is the same; other devices and dtypes NumPy lacks stay with torch.
+    """
+    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64) or values.requires_grad:
+        return values.argmax(dim=-1)
+    return torch.from_numpy(np.asarray(np.argmax(values.numpy(), axis=-1), dtype=np.int64))
+
+
+def top_probability(logits: torch.Tensor) -> torch.Tensor:
+    """The largest probability of each row's softmax, ``[..., V]`` logits -> ``[...]``: 1 / Σ exp(logit − max), half
+    the work of a softmax (no division over the vocabulary, one array fewer)."""
+    logits = logits.float()
+    return 1.0 / (logits - logits.amax(dim=-1, keepdim=True)).exp().sum(dim=-1)
 
 
 def position_noise(seed: int, positions: range, vocab_size: int) -> torch.Tensor:

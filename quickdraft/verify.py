@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.sampling import gumbel_argmax, sample
+from quickdraft.sampling import argmax, gumbel_argmax, sample
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def greedy_verify(draft_token_ids: torch.Tensor, target_logits: torch.Tensor) ->
 
     draft_token_ids: [B, γ]; target_logits: [B, γ + 1, V].
     """
-    return accept_matching_prefix(draft_token_ids, target_logits.argmax(dim=-1))
+    return accept_matching_prefix(draft_token_ids, argmax(target_logits))
 
 
 def coupled_verify(
@@ -61,6 +61,8 @@ def accept_matching_prefix(draft_token_ids: torch.Tensor, target_token_ids: torc
     draft_token_ids: [B, γ]; target_token_ids: [B, γ + 1], the target's token at each position.
     """
     num_drafts = draft_token_ids.shape[1]
+    if num_drafts == 0:  # a plain step (most steps of a busy batch): the target's token
+        return VerificationResult(torch.zeros_like(target_token_ids[:, 0]), target_token_ids[:, 0])
     matches = draft_token_ids == target_token_ids[:, :num_drafts]  # [B, γ]
     num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
     next_token_ids = target_token_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]

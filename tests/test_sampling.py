@@ -7,6 +7,7 @@ from scipy.stats import chisquare, kstest
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
 from quickdraft.sampling import (
+    argmax,
     choose_tokens,
     gumbel_argmax,
     logits_to_probs,
@@ -14,6 +15,7 @@ from quickdraft.sampling import (
     position_noise,
     sample,
     seeded_gumbel,
+    top_probability,
 )
 
 LOGITS = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3]]))
@@ -21,6 +23,27 @@ LOGITS = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3]]))
 
 def test_greedy_is_one_hot_argmax() -> None:
     assert logits_to_probs(LOGITS, SamplingParams()).tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_is_torchs_first_maximum(dtype: torch.dtype) -> None:
+    values = torch.randn(3, 4, 1000, generator=torch.Generator().manual_seed(0)).to(dtype)  # [B, K, V]
+    values[0, 0, [7, 9]] = 50.0  # a tie: the first wins
+    values[1, 2, 5] = float("nan")  # NaN counts as the largest, as in torch
+    values[2, 1] = float("-inf")  # a row of -inf: index 0
+    values[2, 3, :500] = float("-inf")
+    for view in (values, values[:, 1:3], values[1], values[0, 0], values.transpose(0, 1)):
+        assert torch.equal(argmax(view), view.argmax(dim=-1))
+        assert argmax(view).dtype == torch.int64
+    assert argmax(values)[0, 0] == 7
+
+
+def test_top_probability_is_the_softmaxs_largest_entry() -> None:
+    logits = 5 * torch.randn(2, 3, 1000, generator=torch.Generator().manual_seed(1))  # [B, K, V]
+    logits[0, 0, 3] = float("-inf")
+    expected = torch.softmax(logits, dim=-1).amax(dim=-1)
+    torch.testing.assert_close(top_probability(logits), expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(top_probability(LOGITS), torch.tensor([0.4]))
 
 
 def test_temperature_one_keeps_the_distribution() -> None:

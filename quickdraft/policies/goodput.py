@@ -29,6 +29,7 @@ from quickdraft.policies.records import (
     StepTimeRecord,
     draft_outcomes,
 )
+from quickdraft.sampling import top_probability
 
 MEASURED_BACKLOG = 2  # a drafter catching up on at most this many tokens: a draft model after a fully accepted block
 # A shorter reading is not timed: its cost is a few ms within the target's noise, against a prefill curve measured
@@ -115,6 +116,9 @@ class GoodputPolicy(Policy):
     copying: bool = field(default=False, init=False)  # are the last bid's drafts copies (free, their own α)?
     declined_copies: int = field(default=0, init=False)  # copies offered and not taken, in a row
     copy_offers: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with copies on offer (decayed)
+    corrected: tuple[tuple[float | None, float | None], CostModel, CostModel] | None = field(
+        default=None, init=False, repr=False
+    )  # the step times measured when last corrected, the corrected costs, and the same with free drafts (copies)
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -184,7 +188,7 @@ class GoodputPolicy(Policy):
         reading_ms, model_alpha, model_beta, costs = model
         alpha = self.copies_first.mean()
         beta = self.copies_later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
-        copy_costs = replace(costs, draft_ms=0.0)
+        copy_costs = self._corrected_costs()[1]
         gamma = min(copy_costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
         model_ms = costs.step_ms(model_gamma) + (reading_ms if model_gamma > 0 else 0.0)
         model_goodput = expected_tokens(model_alpha, model_gamma, model_beta) / model_ms
@@ -201,7 +205,7 @@ class GoodputPolicy(Policy):
         """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and
         every draft before it are accepted (the draft's top probabilities so far, times β for the next
         one), and it costs a drafted token plus what one more token adds to the verify forward."""
-        confidence = torch.softmax(step.logits.float(), dim=-1).amax(dim=-1).min()  # the least sure row
+        confidence = top_probability(step.logits).min()  # the least sure row
         self.block_survival *= float(confidence)
         costs = self.block_costs or self.costs()
         k = step.num_drafted
@@ -229,8 +233,17 @@ class GoodputPolicy(Policy):
 
     def costs(self) -> CostModel:
         """The profiled cost model, corrected by the step times measured so far."""
+        return self._corrected_costs()[0]
+
+    def _corrected_costs(self) -> tuple[CostModel, CostModel]:
+        """:meth:`costs`, and the same for drafts that cost no drafting (copies); made again only when a step time
+        measured since changes them (under batching they rarely do, and every request bids at every step)."""
         assert self.step_times is not None
-        return self.cost_model.with_measurements(self.step_times.plain_step_ms, self.step_times.draft_token_ms)
+        measured = (self.step_times.plain_step_ms, self.step_times.draft_token_ms)
+        if self.corrected is None or self.corrected[0] != measured:
+            costs = self.cost_model.with_measurements(*measured)
+            self.corrected = (measured, costs, replace(costs, draft_ms=0.0))
+        return self.corrected[1], self.corrected[2]
 
     def _reading_ms(self, state: StepState) -> float:
         """The drafter's catch-up beyond the one token every step's draft cost already includes
@@ -258,10 +271,9 @@ class GoodputPolicy(Policy):
     def observe_plain(self, target_logits: torch.Tensor) -> None:
         if self.drafted:
             return
-        top_probabilities = torch.softmax(target_logits.float(), dim=-1).amax(dim=-1)  # [B]
-        top_probability = float(top_probabilities.min())  # the least confident row speaks for the batch
-        self.top_probability_sum = self.decay * self.top_probability_sum + top_probability
-        self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - top_probability
+        least_confident = float(top_probability(target_logits).min())  # the least confident row speaks for the batch
+        self.top_probability_sum = self.decay * self.top_probability_sum + least_confident
+        self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - least_confident
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from quickdraft.drafters.base import DraftStep
 from quickdraft.policies.base import (
     POLICIES,
@@ -15,6 +13,7 @@ from quickdraft.policies.base import (
     no_argument,
     number_argument,
 )
+from quickdraft.sampling import top_probability
 
 
 class FixedPolicy(Policy):
@@ -55,8 +54,7 @@ class ConfidencePolicy(Policy):
         return self.maximum
 
     def keep_drafting(self, step: DraftStep) -> bool:
-        top_probability = torch.softmax(step.logits.float(), dim=-1).amax(dim=-1)  # [B]
-        return bool((top_probability >= self.threshold).all())
+        return bool((top_probability(step.logits) >= self.threshold).all())  # every row sure enough
 
 
 def _fixed(value: int | None, context: PolicyContext) -> Policy:

@@ -33,6 +33,7 @@ from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
 from quickdraft.policies.records import AcceptanceRecord, AnswerLengthRecord, StepTimeRecord
 from quickdraft.registry import Registry
+from quickdraft.sampling import top_probability
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,20 @@ class Policy(ABC):
     def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
         """The step proposed ``proposed`` drafts and the target accepted the first ``accepted``."""
 
-    def observe_plain(self, target_logits: torch.Tensor) -> None:  # noqa: B027 - optional hook
+    def observe_plain(self, target_logits: torch.Tensor) -> None:
         """A token was chosen without drafts (the prompt's last position or a step that proposed
-        nothing), from these ``[B, V]`` target logits (temperature 1, before any sampling processing)."""
+        nothing), from these ``[B, V]`` target logits (temperature 1, before any sampling processing).
+        By default a policy that :meth:`wants_confidence` hears the least confident row's top probability."""
+        if self.wants_confidence():
+            self.observe_confidence(float(top_probability(target_logits).min()))
+
+    def wants_confidence(self) -> bool:
+        """Does :meth:`observe_confidence` want the target's confidence after the next plain token? (The batched
+        engine computes it for all its requests in one go.)"""
+        return False
+
+    def observe_confidence(self, probability: float) -> None:  # noqa: B027 - optional hook
+        """After a plain token: ``probability``, the largest of the target's softmax at it."""
 
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:  # noqa: B027 - optional hook
         """A whole step (choosing, drafting ``proposed`` tokens, verifying, committing) took ``elapsed_ms``."""

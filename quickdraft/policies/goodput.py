@@ -7,8 +7,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from quickdraft.costs import BatchCostModel, CostModel, expected_tokens
 from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
@@ -268,12 +266,12 @@ class GoodputPolicy(Policy):
         ):  # it read a backlog first
             self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
 
-    def observe_plain(self, target_logits: torch.Tensor) -> None:
-        if self.drafted:
-            return
-        least_confident = float(top_probability(target_logits).min())  # the least confident row speaks for the batch
-        self.top_probability_sum = self.decay * self.top_probability_sum + least_confident
-        self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - least_confident
+    def wants_confidence(self) -> bool:
+        return not self.drafted  # the target's confidence stands in for α until the first drafts are judged
+
+    def observe_confidence(self, probability: float) -> None:
+        self.top_probability_sum = self.decay * self.top_probability_sum + probability
+        self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - probability
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

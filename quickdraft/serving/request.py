@@ -81,6 +81,7 @@ class RequestState:
     draft_cache: DraftCache | None = None  # the draft model's (draft-model requests), from admission
     copies: ContextCopies | None = None  # a hybrid request's copies from its context
     prefilled: int = 0  # prompt tokens the target has read
+    confidence_step: int = 0  # the engine's step at which its policy last heard the target's confidence
     new_token_ids: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)

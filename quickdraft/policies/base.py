@@ -137,7 +137,7 @@ class Policy(ABC):
 
     def wants_confidence(self) -> bool:
         """Does :meth:`observe_confidence` want the target's confidence after the next plain token? (The batched
-        engine computes it for all its requests in one go.)"""
+        engine computes it for a few requests a step, taking turns.)"""
         return False
 
     def observe_confidence(self, probability: float) -> None:  # noqa: B027 - optional hook

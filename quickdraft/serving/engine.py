@@ -181,22 +181,24 @@ class BatchEngine:
         logits = self.target.forward_batch(rows) if rows else []
 
         # 5. Accept per request, roll its target cache back past rejected drafts; commit and stream.
-        #    Policies that learn from the target's confidence after plain tokens hear it (a few requests a step).
         new_tokens = proposed = accepted = finished = 0
-        confidence_rows: list[tuple[RequestState, torch.Tensor]] = []  # [1, V] each
+        plain_logits: list[tuple[RequestState, torch.Tensor]] = []  # [1, V] each: tokens chosen without drafts
         for state, target_logits in zip(decoding, logits, strict=False):
             kept, committed = self._accept(state, proposals[state], target_logits, started, alone)
             proposed, accepted = proposed + proposals[state].num_tokens, accepted + kept
             new_tokens, finished = new_tokens + committed, finished + (state.cache is None)
-            if proposals[state].num_tokens == 0 and state.cache is not None and state.policy.wants_confidence():
-                confidence_rows.append((state, target_logits[-1:]))
-        self._observe_confidence(confidence_rows)
+            if proposals[state].num_tokens == 0:
+                plain_logits.append((state, target_logits[-1:]))
 
         # 6. A request whose prompt is now read commits its first token, from the prompt's last position.
         for (state, n), chunk_logits in zip(plan.chunks, logits[len(decoding) :], strict=True):
             state.prefilled += n
             if state.prefilled == state.prompt_length:
                 new_tokens, finished = new_tokens + 1, finished + self._first_token(state, chunk_logits, started)
+                plain_logits.append((state, chunk_logits))
+
+        # 7. Policies that learn from the target's confidence after plain tokens hear it, a few requests a step.
+        self._observe_confidence([(state, row) for state, row in plain_logits if state.cache is not None])
         report = StepReport(
             decoding=len(decoding),
             prefill_tokens=sum(n for _, n in plan.chunks),
@@ -270,10 +272,12 @@ class BatchEngine:
         return num_kept, num_committed
 
     def _observe_confidence(self, rows: list[tuple[RequestState, torch.Tensor]]) -> None:
-        """The policies of these requests, which stepped without drafts, hear the target's top probability at their
-        ``[1, V]`` logits: at most :data:`CONFIDENCE_ROWS_PER_STEP` a step, those that heard it longest ago first.
-        Each costs a pass of exp over the vocabulary (about 0.15 ms, 2–3 ms a step for 13 requests at saturation,
-        more than the rest of their policies' work together), for an estimate that steadies over many steps."""
+        """The policies of these requests, whose tokens were chosen without drafts, hear the target's top probability
+        at their ``[1, V]`` logits if they want it: at most :data:`CONFIDENCE_ROWS_PER_STEP` a step, those that
+        heard it longest ago first. Each is a pass of exp over the vocabulary, about 0.14 ms: for every request of
+        a busy batch that was as much as goodput's bids and batch plan together, for an estimate that only steadies
+        over many steps anyway."""
+        rows = [(state, logits) for state, logits in rows if state.policy.wants_confidence()]
         rows = sorted(rows, key=lambda row: row[0].confidence_step)[:CONFIDENCE_ROWS_PER_STEP]
         for state, logits in rows:
             state.confidence_step = self.steps
@@ -283,7 +287,6 @@ class BatchEngine:
         """Commit the first token from the prompt's last position ``[1, V]``; True if the request ended."""
         sampling = state.request.config.sampling
         first_token = int(choose_token(logits, sampling, state.generator, position=state.prompt_length)[0])
-        state.policy.observe_plain(logits)
         state.stats.target_forwards += 1
         state.stats.prefill_s = time.perf_counter() - state.submitted
         self._commit(state, [first_token])

@@ -25,6 +25,7 @@ from quickdraft.serving import (
     StepReport,
     TokenDelta,
 )
+from quickdraft.serving.engine import CONFIDENCE_ROWS_PER_STEP
 from quickdraft.serving.request import SERVED_DRAFTERS
 
 # a batch whose forward costs little more for more tokens: drafting pays whatever the batch (goodput drafts)
@@ -227,6 +228,26 @@ def test_goodput_drafts_alone_and_decodes_plainly_in_a_busy_compute_bound_batch(
         assert (sum(gammas) > 0) == drafts, (batch_costs, count, gammas)
         for i in range(count):  # a lone request decides as the single-request policy does
             assert collector.result(f"r{i}").token_ids == native.engine("none").generate(list(prompt), config).token_ids
+
+
+def test_a_few_requests_a_step_hear_the_targets_confidence_the_longest_unheard_first(native: Pipeline) -> None:
+    """Goodput learns from the target's top probability after plain tokens; in a busy batch only
+    CONFIDENCE_ROWS_PER_STEP requests a step pay the pass over the vocabulary, taking turns."""
+    engine = batch_engine(native, COMPUTE_BOUND, max_running=10, prefill_tokens_per_step=64)
+    collector = Collector(engine)
+    config = GenerationConfig(max_new_tokens=12, policy="goodput")
+    for i in range(10):
+        engine.submit(ServeRequest((3 + i, 4, 5), config, "draft-model", f"r{i}"), collector.sink(f"r{i}"))
+    heard: list[list[tuple[str, float]]] = [[]]  # per step: (request, probability)
+    engine.on_step = lambda report: heard.append([])
+    for state in engine.scheduler.waiting:
+        state.policy.observe_confidence = lambda p, name=state.request.request_id: heard[-1].append((name, p))
+    engine.run_until_idle()
+    assert max(len(step) for step in heard) == CONFIDENCE_ROWS_PER_STEP
+    assert all(0 < p <= 1 for step in heard for _, p in step)
+    full_steps = [sorted(name for name, _ in step) for step in heard if len(step) == CONFIDENCE_ROWS_PER_STEP]
+    assert full_steps[0] != full_steps[1]  # turns, not the same four every step
+    assert {name for step in heard for name, _ in step} == {f"r{i}" for i in range(10)}
 
 
 def test_a_request_can_decode_plainly_beside_speculating_ones(native: Pipeline) -> None:

@@ -88,7 +88,8 @@ class BatchDrafter:
         for state, gamma in gammas.items():
             if gamma <= 0:
                 continue
-            if state.request.drafter == "prompt-lookup":
+            drafter = DRAFTERS.get(state.request.drafter)
+            if not drafter.needs_draft_model:  # a served drafter without a model drafts from the context alone
                 proposals[state] = self._look_up(state, gamma)
             elif state in copying and (copied := self._copy(state)[:gamma]):
                 proposals[state] = DraftProposal(torch.tensor([copied], dtype=torch.long), None)  # [1, γ]

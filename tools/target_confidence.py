@@ -20,6 +20,7 @@ import torch
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
+from quickdraft.sampling import argmax, top_probability
 
 
 def main() -> None:
@@ -44,10 +45,9 @@ def main() -> None:
         draft_logits = pipeline.draft.forward(prompt, draft_cache, last_only=True)[0, -1]  # [V]
         confidences, matches = [], []
         for _ in range(args.tokens):
-            target_probs = torch.softmax(target_logits.float(), dim=-1)
-            token = int(target_probs.argmax())
-            confidences.append(float(target_probs.max()))
-            matches.append(int(draft_logits.argmax()) == token)
+            token = int(argmax(target_logits))
+            confidences.append(float(top_probability(target_logits)))  # what goodput's estimate hears
+            matches.append(int(argmax(draft_logits)) == token)
             if token in pipeline.eos_token_ids:
                 break
             target_logits = pipeline.target.forward(torch.tensor([[token]]), target_cache)[0, -1]

@@ -61,8 +61,6 @@ class HybridDrafter(Drafter):
 
     def __init__(self, model: DraftModelDrafter, max_ngram: int, min_ngram: int) -> None:
         self.model = model
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
         self.copies = ContextCopies(max_ngram, min_ngram)
 
     @classmethod
@@ -71,7 +69,7 @@ class HybridDrafter(Drafter):
 
     def prefill(self, prompt_ids: list[list[int]]) -> None:
         self.model.prefill(prompt_ids)
-        self.copies = ContextCopies(self.max_ngram, self.min_ngram)
+        self.copies = ContextCopies(self.copies.max_ngram, self.copies.min_ngram)  # a new context: nothing kept
 
     def forget(self, keep: Sequence[int] = ()) -> None:
         self.model.forget(keep)

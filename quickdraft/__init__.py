@@ -3,7 +3,7 @@
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
-from quickdraft.engine import GenerationResult, SpeculativeEngine
+from quickdraft.engine import Engine, GenerationResult, Request
 from quickdraft.errors import QuickdraftError
 from quickdraft.runtime import RUNTIMES
 from quickdraft.stats import GenerationStats
@@ -13,12 +13,13 @@ __all__ = [
     "DRAFTERS",
     "RUNTIMES",
     "DrafterOptions",
+    "Engine",
     "GenerationConfig",
     "GenerationResult",
     "GenerationStats",
     "Pipeline",
     "QuickdraftError",
+    "Request",
     "SamplingParams",
-    "SpeculativeEngine",
     "__version__",
 ]

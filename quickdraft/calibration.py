@@ -4,21 +4,19 @@ The goodput policy needs these costs at run time; ``quickdraft profile`` and the
 record the same curves. A curve maps k new tokens to the milliseconds of one forward over them after
 a fixed context: each k is timed several times after untimed warm-up runs, rolling the cache back to
 the context in between, and the fastest run is kept (other work on the machine only adds time).
-Calibrations are saved as JSON files (:func:`save_calibration`) keyed by everything they depend on, and
-only when the machine's load held steady while measuring (:func:`steadiness_problem`): a saved calibration
-is used by every later run, and one timed while other work came or went would mislead them all.
+A measurement says whether the machine's load held steady while it was taken (:func:`steadiness_problem`):
+:mod:`quickdraft.calibration_store` saves only steady ones, since a saved calibration is used by every later
+run, and one timed while other work came or went would mislead them all.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from enum import StrEnum
+from typing import Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -26,13 +24,19 @@ from tqdm.auto import tqdm
 from quickdraft.costs import BatchCostModel, CostModel
 from quickdraft.drafters import Drafter
 from quickdraft.errors import ConfigError
-from quickdraft.memory import exclusive_lock, write_atomically
 from quickdraft.runtime.base import BatchRow, Runtime
 
 PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
-DRAFT_PREFILL = "draft_prefill"  # the bench's name for that curve (n tokens -> ms), beside "target" and "draft"
 STEADY_TOLERANCE = 0.3  # how far the target's 1-token forward timed again may differ from the curve's (a fraction)
-CALIBRATION_LOCK = "calibrating.lock"  # in the calibrations directory: held while one calibration is made
+Costs = TypeVar("Costs", CostModel, BatchCostModel)
+
+
+class CurveRole(StrEnum):
+    """What a measured cost curve times (its name in the bench's JSON results)."""
+
+    TARGET = "target"  # the target's forward over k new tokens
+    DRAFT = "draft"  # the draft model's forward over k new tokens
+    DRAFT_PREFILL = "draft_prefill"  # the draft model reading n tokens into an empty cache
 
 
 def prefill_lengths(runtime: Runtime, lengths: Iterable[int] = PREFILL_LENGTHS) -> list[int]:
@@ -136,37 +140,37 @@ def curve_from_json(data: dict[str, float]) -> dict[int, float]:
 def draft_token_ms(
     curves: Mapping[str, Mapping[int, float]], uses_draft_model: bool, target_cost_fraction: float | None
 ) -> float | None:
-    """What one drafted token costs by the measured ``curves`` ("target", "draft"): a share of the target's
+    """What one drafted token costs by the measured ``curves`` (by :class:`CurveRole`): a share of the target's
     1-token forward for self-speculation, the draft model's 1-token forward, or 0 for drafters without a
     model; None when the curve it needs was not measured."""
     if target_cost_fraction is not None:
-        target_ms = curves.get("target", {}).get(1)
+        target_ms = curves.get(CurveRole.TARGET, {}).get(1)
         return None if target_ms is None else target_cost_fraction * target_ms
     if uses_draft_model:
-        return curves.get("draft", {}).get(1)
+        return curves.get(CurveRole.DRAFT, {}).get(1)
     return 0.0
 
 
 def cost_model_from_curves(curves: Mapping[str, Mapping[int, float]], drafter_cls: type[Drafter]) -> CostModel:
-    """The cost model of ``drafter_cls``'s steps from measured curves ("target", "draft", ``DRAFT_PREFILL``)."""
+    """The cost model of ``drafter_cls``'s steps from measured curves (by :class:`CurveRole`)."""
     draft_ms = draft_token_ms(curves, drafter_cls.needs_draft_model, drafter_cls.target_cost_fraction)
-    if draft_ms is None or "target" not in curves:
+    if draft_ms is None or CurveRole.TARGET not in curves:
         raise ConfigError("the cost curves this drafter needs were not measured")
-    prefill_ms = curves.get(DRAFT_PREFILL, {}) if drafter_cls.needs_draft_model else {}
-    return CostModel(dict(curves["target"]), draft_ms, dict(prefill_ms))
+    prefill_ms = curves.get(CurveRole.DRAFT_PREFILL, {}) if drafter_cls.needs_draft_model else {}
+    return CostModel(dict(curves[CurveRole.TARGET]), draft_ms, dict(prefill_ms))
 
 
 @dataclass(frozen=True)
-class CostMeasurement:
-    """A measured cost model, and why it is not to be saved (None: it may be)."""
+class Measurement(Generic[Costs]):
+    """Measured costs, and why they are not to be saved (None: they may be)."""
 
-    cost_model: CostModel
+    costs: Costs
     unsteady: str | None = None  # the machine's load changed while measuring (:func:`steadiness_problem`)
 
 
 def measure_cost_model(
     target: Runtime, draft: Runtime | None, drafter_cls: type[Drafter], max_draft_tokens: int, context: int = 64
-) -> CostMeasurement:
+) -> Measurement[CostModel]:
     """Measure the step costs the goodput policy needs (a few forwards, a few seconds).
 
     Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached tokens
@@ -176,15 +180,15 @@ def measure_cost_model(
     held steady throughout (:func:`steadiness_problem`).
     """
     ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
-    runtimes, wanted = {"target": target}, {"target": ks}
+    runtimes, wanted = {CurveRole.TARGET: target}, {CurveRole.TARGET: ks}
     if drafter_cls.needs_draft_model and draft is not None:
-        runtimes["draft"], wanted["draft"] = draft, [1]
+        runtimes[CurveRole.DRAFT], wanted[CurveRole.DRAFT] = draft, [1]
     curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
-    if draft is not None and "draft" in curves:
-        curves[DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
+    if draft is not None and CurveRole.DRAFT in curves:
+        curves[CurveRole.DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
     again_ms = measure_cost_curve(target, [1], context, repeats=3, warmup=1)[1]
-    unsteady = steadiness_problem(curves["target"][1], again_ms)
-    return CostMeasurement(cost_model_from_curves(curves, drafter_cls), unsteady)
+    unsteady = steadiness_problem(curves[CurveRole.TARGET][1], again_ms)
+    return Measurement(cost_model_from_curves(curves, drafter_cls), unsteady)
 
 
 def doublings(limit: int) -> list[int]:
@@ -210,14 +214,14 @@ def measure_batch_cost_model(
     if max_rows < 1 or max_tokens < 1 or context < 1 or repeats < 1 or warmup < 0:
         raise ConfigError("a batch calibration needs max_rows, max_tokens, context and repeats >= 1")
     generator = torch.Generator().manual_seed(0)
-    runtimes = {"target": target} if draft is None else {"target": target, "draft": draft}
+    runtimes = {CurveRole.TARGET: target} | ({} if draft is None else {CurveRole.DRAFT: draft})
     caches = {role: [runtime.new_cache(1) for _ in range(max_rows)] for role, runtime in runtimes.items()}
     for role, runtime in runtimes.items():
         prompt = torch.randint(0, runtime.vocab_size, (context,), generator=generator).tolist()
         runtime.forward_batch([BatchRow(cache, prompt, last_only=True) for cache in caches[role]])
-    plans = {("target", n): spread(n, max_rows) for n in doublings(max_tokens)}
-    plans |= {("draft", rows): [1] * rows for rows in doublings(max_rows) if draft is not None}
-    times: dict[tuple[str, int], list[float]] = {key: [] for key in plans}
+    plans = {(CurveRole.TARGET, n): spread(n, max_rows) for n in doublings(max_tokens)}
+    plans |= {(CurveRole.DRAFT, rows): [1] * rows for rows in doublings(max_rows) if draft is not None}
+    times: dict[tuple[CurveRole, int], list[float]] = {key: [] for key in plans}
     for repeat in range(warmup + repeats):
         for (role, n), sizes in plans.items():
             rows = [
@@ -231,10 +235,10 @@ def measure_batch_cost_model(
                 row.cache.truncate(context)
             if repeat >= warmup:
                 times[(role, n)].append(elapsed)
-    curves: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+    curves: dict[CurveRole, dict[int, float]] = {CurveRole.TARGET: {}, CurveRole.DRAFT: {}}
     for (role, n), samples in times.items():
         curves[role][n] = 1000 * min(samples)
-    return BatchCostModel(curves["target"], curves["draft"])
+    return BatchCostModel(curves[CurveRole.TARGET], curves[CurveRole.DRAFT])
 
 
 def spread(num_tokens: int, max_rows: int) -> list[int]:
@@ -255,63 +259,3 @@ def steadiness_problem(first_ms: float, again_ms: float) -> str | None:
         f"the target's 1-token forward took {first_ms:.1f} ms, then {again_ms:.1f} ms: "
         "the machine's load changed while measuring"
     )
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """A cost model and where it came from: ``measured``, ``loaded`` from ``path``, or ``re-measured``
-    because the file at ``path`` could not be used (``problem`` says why). A measurement is not saved when
-    ``unsteady`` says why it is not to be, or when ``path`` cannot be written."""
-
-    cost_model: CostModel
-    source: str  # "measured" | "loaded" | "re-measured"
-    path: Path | None = None  # the calibration file read or written; None: not saved
-    seconds: float = 0.0  # spent measuring
-    saved: bool = False  # the measurement was written to ``path``
-    problem: str | None = None  # why a saved file was not used
-    unsteady: str | None = None  # why the measurement was not saved (:func:`steadiness_problem`)
-
-    def __post_init__(self) -> None:
-        if self.source not in ("measured", "loaded", "re-measured"):
-            raise ConfigError(f"a calibration is measured, loaded or re-measured, not {self.source!r}")
-
-    def describe(self) -> str:
-        """One line for a user: where the costs came from."""
-        if self.source == "loaded":
-            return f"loaded from {self.path}"
-        text = f"calibrated in {self.seconds:.1f} s"
-        if self.problem is not None:
-            text = f"{self.path} {self.problem}, re-{text}"
-        if self.saved:
-            text += f", saved to {self.path}"
-        elif self.path is not None:
-            text += f", not saved ({self.unsteady or f'{self.path} cannot be written'})"
-        return text
-
-
-def calibration_lock(path: Path | None) -> contextlib.AbstractContextManager[None]:
-    """Held while a calibration to be saved at ``path`` is looked for, measured and saved: calibrations in one
-    directory are made one at a time, since two at once would each time the other's load, and one that
-    waited finds what the other saved (None: not saved, nothing to hold)."""
-    return contextlib.nullcontext() if path is None else exclusive_lock(path.parent / CALIBRATION_LOCK)
-
-
-def load_calibration(path: Path) -> CostModel:
-    """The cost model saved at ``path``; a missing, unreadable or malformed file raises ``ConfigError``."""
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        return CostModel.from_dict(saved["cost_model"])
-    except FileNotFoundError:
-        raise ConfigError(f"no calibration at {path}") from None
-    except (OSError, ValueError, KeyError, TypeError, ConfigError) as error:
-        raise ConfigError(f"is not a usable calibration ({type(error).__name__})") from None
-
-
-def save_calibration(path: Path, key: Mapping[str, Any], cost_model: CostModel) -> bool:
-    """Write ``cost_model`` with its ``key`` to ``path``; False if it cannot be written (a cache that
-    cannot be written only costs a later re-measure)."""
-    try:
-        write_atomically(path, json.dumps({"key": dict(key), "cost_model": cost_model.to_dict()}, indent=2))
-    except OSError:
-        return False
-    return True

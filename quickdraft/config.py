@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from quickdraft.errors import ConfigError
-from quickdraft.policies import parse_policy
+from quickdraft.policies import PolicySpec, parse_policy
 from quickdraft.sampling import SamplingParams
 
 __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "SamplingParams"]
@@ -21,14 +21,15 @@ class GenerationConfig:
 
     The policy defaults to ``goodput`` (γ per step from measured costs and the observed acceptance),
     except that a request which gives ``num_draft_tokens`` without a policy asked for that many
-    drafts per step and gets ``fixed``. Both fields hold the resolved values after construction.
+    drafts per step and gets ``fixed``. Both fields hold the resolved values after construction:
+    ``policy`` is parsed here, once, into a :class:`PolicySpec` (its text is ``str(config.policy)``).
     """
 
     max_new_tokens: int = 256
     num_draft_tokens: int | None = None  # γ of the fixed policy; where the heuristic policy starts (default 4)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
-    policy: str | None = None  # fixed[:K], heuristic, confidence[:T], goodput, specdec++[:T] (see above)
+    policy: PolicySpec | str | None = None  # fixed[:K], heuristic, confidence[:T], goodput, specdec++[:T] (see above)
     max_draft_tokens: int = 16  # the largest γ an adaptive policy may choose
 
     def __post_init__(self) -> None:
@@ -44,6 +45,13 @@ class GenerationConfig:
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if not isinstance(self.max_draft_tokens, int) or self.max_draft_tokens < 1:
             raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens}")
-        if not isinstance(self.policy, str):
+        if isinstance(self.policy, str):
+            object.__setattr__(self, "policy", parse_policy(self.policy))
+        if not isinstance(self.policy, PolicySpec):
             raise ConfigError(f"policy must be a name such as 'fixed' or 'goodput', got {self.policy!r}")
-        parse_policy(self.policy)
+
+    @property
+    def policy_spec(self) -> PolicySpec:
+        """The parsed policy (``policy`` after construction, typed)."""
+        assert isinstance(self.policy, PolicySpec)
+        return self.policy

@@ -15,9 +15,8 @@ from tqdm.auto import tqdm
 
 from quickdraft.acceptance_head import calibration, default_head_path, fit_head, head_features
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
-from quickdraft.policies import UNKNOWN_STATE, Policy, StepState
+from quickdraft.policies import UNKNOWN_STATE, DraftStep, Policy, StepState
 
 TRAIN_DOC = """``quickdraft train-acceptance-head``: fit SpecDec++'s acceptance head from target/draft rollouts.
 
@@ -74,14 +73,13 @@ def train_acceptance_head(
     save it to ``out`` (default: where generate and bench look for it); the report of both splits."""
     check_training_settings(block, holdout)
     config = GenerationConfig(max_new_tokens=max_new_tokens)
-    engine = pipeline.engine("draft-model")
     shuffled = list(prompts)
     random.Random(seed).shuffle(shuffled)
     num_holdout = max(1, round(holdout * len(shuffled)))
     splits: dict[str, tuple[list[torch.Tensor], list[int]]] = {"train": ([], []), "holdout": ([], [])}
     for index, prompt_ids in enumerate(tqdm(shuffled, desc="rollouts", file=sys.stderr)):
         recorder = RecordingPolicy(block)
-        engine.generate(prompt_ids, config, policy=recorder)
+        pipeline.generate(prompt_ids, config, drafter="draft-model", policy=recorder)
         features, labels = splits["holdout" if index < num_holdout else "train"]
         features += recorder.features
         labels += recorder.labels

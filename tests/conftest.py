@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import pytest
 import torch
+import uvicorn
 from scipy.stats import chi2
 
-import quickdraft.engine
+import quickdraft.engine.engine
 from quickdraft.api import Pipeline
-from quickdraft.costs import CostModel
+from quickdraft.costs import BatchCostModel, CostModel
+from quickdraft.drafters import DrafterRecords, DraftState, DraftTask
+from quickdraft.engine import Engine, SchedulerSettings
+from quickdraft.policies import KeepDrafting
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.model import Decoder, DecoderConfig
 from quickdraft.runtime.native.weights import quantize_state_dict
+from quickdraft.sampling import SamplingParams
+from quickdraft.server import ServerDefaults, create_app
+from quickdraft.server.loop import ServingLoop
+from quickdraft.server.setup import serving_engine
 
 EOS = "<eos>"
 
@@ -107,6 +120,18 @@ def native_pipeline(vocab_size: int = 48, draft_noise: float = 0.1) -> Pipeline:
     )
 
 
+def sharp_native_pipeline() -> Pipeline:
+    """Tiny target and draft on the native runtime, different models with sharp logits: their drafts are accepted
+    often, and an end-of-sequence token may end an answer."""
+    tokenizer = word_tokenizer(64)
+    return Pipeline(
+        target=native_from_hf(tiny_model(64, seed=3, logit_scale=8.0)),
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        draft=native_from_hf(tiny_model(64, seed=4, logit_scale=8.0, num_layers=1)),
+    )
+
+
 def save_tiny_model_dir(path: Path, vocab_size: int, seed: int, prefix: str = "w") -> Path:
     """A local model directory of another family (OLMo 2), whose AutoTokenizer is the generic one."""
     from transformers import Olmo2Config, Olmo2ForCausalLM
@@ -146,7 +171,7 @@ def native_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
 def calibrations_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Tests measure costs on a busy machine: never save them where a user's goodput would load them."""
     directory = tmp_path / "calibrations"
-    monkeypatch.setattr("quickdraft.memory.calibrations_dir", lambda: directory)
+    monkeypatch.setattr("quickdraft.files.calibrations_dir", lambda: directory)
     return directory
 
 
@@ -156,6 +181,33 @@ def steady_timings(monkeypatch: pytest.MonkeyPatch) -> None:
     what is saved and loaded, take every calibration as measured on a steady machine (the check that refuses
     to save an unsteady one is tested on a fake clock)."""
     monkeypatch.setattr("quickdraft.calibration.STEADY_TOLERANCE", math.inf)
+
+
+def use_records(
+    monkeypatch: pytest.MonkeyPatch, pipeline: Pipeline, drafter: str, records: DrafterRecords | None = None
+) -> DrafterRecords:
+    """Give the drafter called ``drafter`` these records (fresh ones by default) for one test: its name's entry in
+    the pipeline and every drafter of that name already made (a session's pipeline keeps other tests' records)."""
+    records = records if records is not None else DrafterRecords()
+    monkeypatch.setitem(pipeline.records, drafter, records)
+    for (name, _), made in pipeline._drafters.items():
+        if name == drafter:
+            monkeypatch.setattr(made, "records", records)
+    return records
+
+
+def draft_task(
+    state: DraftState,
+    context: list[int],
+    num_tokens: int,
+    sampling: SamplingParams | None = None,
+    generator: torch.Generator | None = None,
+    keep_drafting: KeepDrafting = lambda step: True,
+    copies: bool = True,
+) -> DraftTask:
+    """What the engine asks of a drafter for one request in a step (greedy, drafting to γ, by default)."""
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    return DraftTask(state, context, num_tokens, sampling or SamplingParams(), generator, keep_drafting, copies)
 
 
 @pytest.fixture(scope="session")
@@ -226,6 +278,47 @@ class BigramTableRuntime(Runtime):
         return logits[:, -1:] if last_only else logits
 
 
+# -- a server on loopback ------------------------------------------------------------------------
+
+MODEL = "tiny"
+TIMEOUT = 60.0
+# a batch whose forward costs little more for more tokens: drafting pays whatever the batch (goodput drafts)
+CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5})
+
+
+@dataclass
+class Server:
+    url: str
+    engine: Engine
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+
+@contextlib.contextmanager
+def serving(pipeline: Pipeline, **settings: int) -> Iterator[Server]:
+    """A server on 127.0.0.1 (a free port) in a thread, stopped at the end; its drafters' costs measured as
+    ``quickdraft serve`` measures them, a cheap batch curve given."""
+    engine, _ = serving_engine(pipeline, SchedulerSettings(**settings), batch_costs=CHEAP_BATCH)
+    app = create_app(pipeline, ServingLoop(engine), ServerDefaults((MODEL,), max_tokens=12))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield Server(f"http://127.0.0.1:{port}", engine)
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT)
+
+
 # -- statistical tests ----------------------------------------------------------------------------
 
 
@@ -242,7 +335,9 @@ def one_thread() -> Iterator[None]:
 def numbered_generators(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unseeded requests draw from generators seeded 0, 1, 2, ... in turn: repeatable tests of the unseeded rule."""
     seeds = itertools.count()
-    monkeypatch.setattr(quickdraft.engine, "make_generator", lambda seed: torch.Generator().manual_seed(next(seeds)))
+    monkeypatch.setattr(
+        quickdraft.engine.engine, "make_generator", lambda seed: torch.Generator().manual_seed(next(seeds))
+    )
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -14,9 +14,8 @@ from quickdraft.acceptance_head import AcceptanceHead, calibration, fit_head, he
 from quickdraft.api import Pipeline
 from quickdraft.cli import main
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.policies import PolicyContext, make_policy
+from quickdraft.policies import DraftStep, PolicyContext, make_policy
 from quickdraft.train_acceptance import RecordingPolicy
 
 
@@ -88,12 +87,12 @@ def test_a_head_for_another_draft_model_is_refused_when_loaded(pipeline: Pipelin
     constant_head(0.9, width=896).save(other)
     fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
     loaded = fresh.load_acceptance_head("draft-model", fitting)
-    assert loaded.weight.shape == (34,) and fresh.memory("draft-model").acceptance_head is loaded
+    assert loaded.weight.shape == (34,) and fresh.drafter_records("draft-model").acceptance_head is loaded
     with pytest.raises(ModelFilesError) as error:
         fresh.load_acceptance_head("draft-model", other)
     message = str(error.value)
     assert str(other) in message and "898 features" in message and "34" in message and "\n" not in message
-    assert fresh.memory("draft-model").acceptance_head is loaded  # the refused head replaced nothing
+    assert fresh.drafter_records("draft-model").acceptance_head is loaded  # the refused head replaced nothing
 
 
 def test_specdec_stops_when_a_rejection_becomes_likely() -> None:
@@ -151,6 +150,6 @@ def test_train_command_and_specdec_policy_on_tiny_models(
     pipeline = Pipeline.load(target=tiny_model_dirs["target"], draft=tiny_model_dirs["draft"], progress=False)
     pipeline.load_acceptance_head("draft-model", out)
     prompt_ids = pipeline.encode("w1 w2 w3 w4")
-    plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=24))
+    plain = pipeline.generate(prompt_ids, GenerationConfig(max_new_tokens=24), drafter="none")
     config = GenerationConfig(max_new_tokens=24, policy="specdec++:0.5", max_draft_tokens=6)
-    assert pipeline.engine("draft-model").generate(prompt_ids, config).token_ids == plain.token_ids
+    assert pipeline.generate(prompt_ids, config, drafter="draft-model").token_ids == plain.token_ids

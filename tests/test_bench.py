@@ -31,6 +31,7 @@ from quickdraft.bench.metrics import (
 from quickdraft.bench.questions import load_questions, sample_questions
 from quickdraft.bench.run import source_revision
 from quickdraft.cli import main
+from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.errors import ConfigError, ModelFilesError, QuickdraftError
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -354,7 +355,7 @@ def test_llama_cpp_turn_results_with_a_fake_binding(
     pipeline = dataclasses.replace(pipeline, target_path=converted_from_gguf(tmp_path))
     plain, lookup = make_method("llama-cpp"), make_method("llama-cpp-prompt-lookup")
     for method in (plain, lookup):
-        method.prepare(pipeline, {})
+        method.load(pipeline, {})
     plain_llama, lookup_llama = FakeLlama.instances
     assert plain_llama.model_path == lookup_llama.model_path == str(tmp_path / "model.gguf")
     assert plain_llama.kwargs["n_threads"] == plain_llama.kwargs["n_threads_batch"] == torch.get_num_threads()
@@ -385,14 +386,14 @@ def test_llama_cpp_checks_its_gguf_file_and_tokenizer(
     fake_llama_cpp(monkeypatch)
     method = make_method("llama-cpp")
     with pytest.raises(ConfigError, match="need the target as a GGUF file"):
-        method.prepare(pipeline, {})  # a transformers directory quickdraft did not convert
+        method.load(pipeline, {})  # a transformers directory quickdraft did not convert
     (tmp_path / "tampered").mkdir()
     tampered = dataclasses.replace(pipeline, target_path=converted_from_gguf(tmp_path / "tampered", recorded="0" * 64))
     with pytest.raises(ModelFilesError, match=r"not the 0{64} it was converted from"):
-        method.prepare(tampered, {})
+        method.load(tampered, {})
     monkeypatch.setattr(FakeLlama, "tokenize_differently", True)
     with pytest.raises(ModelFilesError, match=r"tokenizes a prompt .* differently"):
-        method.prepare(dataclasses.replace(pipeline, target_path=converted_from_gguf(tmp_path)), {})
+        method.load(dataclasses.replace(pipeline, target_path=converted_from_gguf(tmp_path)), {})
 
 
 SPECULATIVE_LOG = """0.02.453.016 I common_speculative_init_result: loading draft model 'draft.gguf'
@@ -433,7 +434,7 @@ def test_llama_cpp_draft_runs_llamas_speculative_tool(
     monkeypatch.setattr(llama_cpp_peer.subprocess, "run", fake_run)
     method = make_method("llama-cpp-draft")
     assert method.uses_draft_model and method.peer and method.num_draft_tokens is None
-    method.prepare(pipeline, {})
+    method.load(pipeline, {})
     result = method.run(pipeline, [1, 2, 3], max_new_tokens=8)
     assert result.token_ids == [4, 5, EOS_ID]  # 3 predicted < 8: it stopped at an end-of-generation token
     assert result.wall_time_s == pytest.approx(0.75)  # its prefill and decoding, not the process start
@@ -636,12 +637,13 @@ def test_each_question_starts_a_new_conversation(pipeline) -> None:
     only the start that every request shares (the chat template's system prompt), as far as it was read."""
     method = make_method("draft-model:2")
     method.run(pipeline, [3, 1, 4, 1, 5], max_new_tokens=4)
-    drafter = pipeline.engine("draft-model").drafter
-    assert drafter.cached_ids[:5] == [3, 1, 4, 1, 5]
+    drafter = pipeline.drafter("draft-model")
+    assert isinstance(drafter, DraftModelDrafter)
+    (conversation,) = [kept for kept in drafter.kept if kept.cached_ids[:5] == [3, 1, 4, 1, 5]]
     method.start_conversation(pipeline, [3, 1, 7])
-    assert drafter.cached_ids == [3, 1] and int(drafter.cache.lengths[0]) == 2
+    assert conversation.cached_ids == [3, 1] and int(conversation.cache.lengths[0]) == 2
     method.start_conversation(pipeline)
-    assert drafter.cached_ids == [] and int(drafter.cache.lengths[0]) == 0
+    assert conversation.cached_ids == [] and int(conversation.cache.lengths[0]) == 0
     make_method("prompt-lookup:2").start_conversation(pipeline)  # drafters without a conversation: a no-op
 
 

@@ -187,7 +187,7 @@ def test_openvino_turn_results_with_a_fake_genai(
     pipeline = dataclasses.replace(pipeline, target_path=tiny_model_dirs["target"], draft_path=tiny_model_dirs["draft"])
     plain, draft = make_method("openvino"), make_method("openvino-draft")
     for method in (plain, draft):
-        method.prepare(pipeline, {})
+        method.load(pipeline, {})
     plain_pipe, draft_pipe = FakeLLMPipeline.instances
     target_export = openvino_peer.exported_model(tiny_model_dirs["target"], progress=False)
     assert plain_pipe.path == draft_pipe.path == str(target_export) and plain_pipe.device == "CPU"

@@ -12,12 +12,12 @@ import pytest
 
 from quickdraft.api import Pipeline
 from quickdraft.calibration import (
-    Calibration,
     measure_cost_curve,
     measure_cost_curves,
     measure_prefill_curve,
     prefill_lengths,
 )
+from quickdraft.calibration_store import Calibration, CalibrationSource
 from quickdraft.costs import CostModel
 from quickdraft.errors import ConfigError
 
@@ -39,15 +39,16 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
     first = with_paths("target", "draft")
     calibration = first.calibrate("draft-model", max_draft_tokens=4)
     measured = calibration.cost_model
-    saved = first.calibration_file("draft-model", max_draft_tokens=4)
+    saved = first.calibrations.cost_model_file("draft-model", max_draft_tokens=4)
     assert saved is not None and saved.parent == calibrations_in_tmp and saved.exists()
-    assert (calibration.source, calibration.path, calibration.saved) == ("measured", saved, True)
-    assert first.calibration_file("prompt-lookup", 4) != saved  # per drafter
-    assert with_paths("target", "other draft").calibration_file("draft-model", 4) != saved  # per models
-    learned = first.learned_file("draft-model")
+    assert (calibration.source, calibration.path, calibration.saved) == (CalibrationSource.MEASURED, saved, True)
+    assert first.calibrations.cost_model_file("prompt-lookup", 4) != saved  # per drafter
+    assert with_paths("target", "other draft").calibrations.cost_model_file("draft-model", 4) != saved  # per models
+    learned = first.calibrations.learned_file("draft-model")
     with monkeypatch.context() as patch:  # per build (e.g. a draft model in 4 bits): costs and acceptance change
         patch.setattr(first.draft, "build", "the same draft model in another weight format")
-        assert first.calibration_file("draft-model", 4) != saved and first.learned_file("draft-model") != learned
+        assert first.calibrations.cost_model_file("draft-model", 4) != saved
+        assert first.calibrations.learned_file("draft-model") != learned
 
     def no_measuring(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured although a saved calibration exists")
@@ -55,12 +56,16 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
     with monkeypatch.context() as patch:
         patch.setattr("quickdraft.calibration.measure_cost_curves", no_measuring)
         loaded = with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4)
-        assert (loaded.cost_model, loaded.source, loaded.describe()) == (measured, "loaded", f"loaded from {saved}")
+        assert (loaded.cost_model, loaded.source, loaded.describe()) == (
+            measured,
+            CalibrationSource.LOADED,
+            f"loaded from {saved}",
+        )
         with pytest.raises(AssertionError, match="measured although"):  # unless asked to measure again
             with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4, use_saved=False)
     saved.write_text("{not json")  # a damaged file is measured anew and replaced, and the user is told
     remeasured = with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4)
-    assert remeasured.source == "re-measured" and remeasured.cost_model.draft_ms > 0
+    assert remeasured.source is CalibrationSource.REMEASURED and remeasured.cost_model.draft_ms > 0
     assert "is not a usable calibration" in remeasured.describe() and "loaded" not in remeasured.describe()
     assert CostModel.from_dict(json.loads(saved.read_text())["cost_model"]).draft_ms > 0
 
@@ -70,7 +75,7 @@ def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
     model = fresh.calibrate("draft-model", max_draft_tokens=4).cost_model
     assert sorted(model.target_ms) == [1, 2, 4, 5] and model.draft_ms > 0
     assert fresh.calibrate("prompt-lookup", max_draft_tokens=4).cost_model.draft_ms == 0.0
-    assert fresh.engine("draft-model").memory.cost_model is model
+    assert fresh.drafter("draft-model").records.cost_model is model
 
 
 def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:
@@ -124,16 +129,19 @@ def test_a_calibration_file_with_times_that_are_not_finite_is_measured_anew(
 ) -> None:
     """JSON allows NaN and Infinity: such a file once loaded as a cost model that never drafts."""
     located = located_pipeline(pipeline, tmp_path)
-    path = located.calibration_file("draft-model", max_draft_tokens=4)
+    path = located.calibrations.cost_model_file("draft-model", max_draft_tokens=4)
     assert path is not None
     path.parent.mkdir(parents=True)
     cost_model = f'{{"target_ms": {{"1": {bad_time}, "2": 60.0}}, "draft_ms": 5.0, "draft_prefill_ms": {{}}}}'
     path.write_text(f'{{"key": {{}}, "cost_model": {cost_model}}}')
     calibration = located.calibrate("draft-model", max_draft_tokens=4)
-    assert calibration.source == "re-measured" and f"{path} is not a usable calibration" in calibration.describe()
+    assert (
+        calibration.source is CalibrationSource.REMEASURED
+        and f"{path} is not a usable calibration" in calibration.describe()
+    )
     assert "loaded" not in calibration.describe()
     assert all(math.isfinite(ms) for ms in calibration.cost_model.target_ms.values())
-    assert located.memory("draft-model").cost_model is calibration.cost_model
+    assert located.drafter_records("draft-model").cost_model is calibration.cost_model
     assert calibration.saved and CostModel.from_dict(json.loads(path.read_text())["cost_model"]).target_ms[1] > 0
 
 
@@ -187,13 +195,13 @@ def test_a_calibration_measured_while_the_load_changed_is_used_but_not_saved(
     on_a_fake_clock(pipeline, load, monkeypatch)
     located = located_pipeline(pipeline, tmp_path)
     calibration = located.calibrate("draft-model", max_draft_tokens=4)
-    assert calibration.source == "measured" and not calibration.saved
+    assert calibration.source is CalibrationSource.MEASURED and not calibration.saved
     assert calibration.path is not None and not calibration.path.exists()
     assert "not saved (" in calibration.describe() and "the machine's load changed" in calibration.describe()
-    assert located.memory("draft-model").cost_model is calibration.cost_model
+    assert located.drafter_records("draft-model").cost_model is calibration.cost_model
     on_a_fake_clock(pipeline, lambda now_ms: 1.0, monkeypatch)
     again = located.calibrate("draft-model", max_draft_tokens=4)  # the next run measures, on a steady machine
-    assert again.source == "measured" and again.saved
+    assert again.source is CalibrationSource.MEASURED and again.saved
 
 
 @pytest.mark.usefixtures("steady_timings")
@@ -223,6 +231,6 @@ def test_runs_calibrating_at_once_take_turns_and_the_second_loads_the_first(
     calibrate("first")
     second.join(timeout=120)
     first, loaded = results["first"], results["second"]
-    assert isinstance(first, Calibration) and first.source == "measured" and first.saved
-    assert isinstance(loaded, Calibration) and loaded.source == "loaded"
+    assert isinstance(first, Calibration) and first.source is CalibrationSource.MEASURED and first.saved
+    assert isinstance(loaded, Calibration) and loaded.source is CalibrationSource.LOADED
     assert loaded.cost_model == first.cost_model

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections import Counter, defaultdict
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, native_from_hf, tiny_model, word_tokenizer
+from conftest import native_from_hf, sharp_native_pipeline, tiny_model
 
-from quickdraft.api import Pipeline
-from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.errors import ConfigError
+from quickdraft.config import GenerationConfig
 from quickdraft.runtime.base import BatchRow, KVCache
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.model import DecoderConfig, key_rows
-from quickdraft.sampling import logits_to_probs
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["kernels", "torch-ops"])
@@ -269,83 +265,11 @@ def test_fused_layers_are_close_to_the_reference_path() -> None:
     assert torch.equal(fused.argmax(-1), reference.argmax(-1))
 
 
-def native_pipeline() -> Pipeline:
-    """Tiny target and draft on the native runtime; sharp logits so drafts are often accepted."""
-    tokenizer = word_tokenizer(64)
-    return Pipeline(
-        target=native_from_hf(tiny_model(64, seed=3, logit_scale=8.0)),
-        tokenizer=tokenizer,
-        eos_token_ids=frozenset({tokenizer.eos_token_id}),
-        draft=native_from_hf(tiny_model(64, seed=4, logit_scale=8.0, num_layers=1)),
-    )
-
-
 @pytest.mark.parametrize("prompt_ids", [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])
 def test_greedy_speculation_on_the_native_runtime_equals_plain(prompt_ids: list[int]) -> None:
-    pipeline = native_pipeline()
-    plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+    pipeline = sharp_native_pipeline()
+    plain = pipeline.generate(prompt_ids, GenerationConfig(max_new_tokens=32), drafter="none")
     for drafter, gamma in itertools.product(["draft-model", "prompt-lookup"], [1, 3, 6]):
         config = GenerationConfig(max_new_tokens=32, num_draft_tokens=gamma)
-        result = pipeline.engine(drafter).generate(prompt_ids, config)
+        result = pipeline.generate(prompt_ids, config, drafter=drafter)
         assert result.token_ids == plain.token_ids, (drafter, gamma)
-
-
-@pytest.mark.parametrize("prompt_ids", [[1, 2, 3], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])
-def test_early_exit_drafting_equals_plain_decoding(prompt_ids: list[int]) -> None:
-    pipeline = native_pipeline()
-    plain = pipeline.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
-    engine = pipeline.engine("early-exit")
-    for gamma in (1, 3, 6):
-        result = engine.generate(prompt_ids, GenerationConfig(max_new_tokens=32, num_draft_tokens=gamma))
-        assert result.token_ids == plain.token_ids, gamma
-        assert result.stats.draft_tokens_proposed > 0
-    drafter = engine.drafter
-    assert set(drafter.tries) == set(drafter.candidates) and min(drafter.tries.values()) >= 2  # all were tried
-    config = GenerationConfig(max_new_tokens=16, num_draft_tokens=4, sampling=SamplingParams(1.0, seed=3))
-    sampled = engine.generate(prompt_ids, config)
-    assert sampled.token_ids == pipeline.engine("none").generate(prompt_ids, config).token_ids  # seeded: plain's
-    assert sampled.stats.draft_tokens_proposed > 0
-
-
-def window_distribution(runtime: NativeRuntime, prompt_ids: list[int], sampling: SamplingParams) -> dict:
-    """P(new tokens 2, 3, 4) under plain sampling, by walking every path of nonzero probability."""
-    distribution: dict[tuple[int, ...], float] = defaultdict(float)
-
-    def walk(token_ids: list[int], probability: float) -> None:
-        if len(token_ids) == len(prompt_ids) + 4:
-            distribution[tuple(token_ids[len(prompt_ids) + 1 :])] += probability
-            return
-        logits = runtime.forward(torch.tensor([token_ids]), runtime.new_cache(1), last_only=True)[0, -1]  # [V]
-        probs = logits_to_probs(logits, sampling).double()  # [V]
-        for token in probs.nonzero().flatten().tolist():
-            walk([*token_ids, token], probability * float(probs[token]))
-
-    walk(prompt_ids, 1.0)
-    return distribution
-
-
-@pytest.mark.usefixtures("one_thread", "numbered_generators")
-def test_early_exit_sampled_tokens_follow_the_target_distribution() -> None:
-    """Rejection sampling with early-exit drafts, top-k 3: new tokens 2, 3, 4 (drafts, corrections and bonus
-    tokens) over 2,000 unseeded runs follow the target's law (χ²). Seeded runs give plain decoding's tokens
-    (above), whose law test_engine checks."""
-    pipeline = Pipeline(
-        target=native_from_hf(tiny_model(64, seed=3, logit_scale=2.0)),
-        tokenizer=word_tokenizer(64),
-        eos_token_ids=frozenset(),
-    )
-    sampling, prompt_ids = SamplingParams(temperature=1.0, top_k=3), [1, 2, 3]
-    engine = pipeline.engine("early-exit")
-    config = GenerationConfig(max_new_tokens=4, num_draft_tokens=2, sampling=sampling)
-    windows = Counter(tuple(engine.generate(prompt_ids, config).token_ids[1:4]) for _ in range(2_000))
-    distribution = window_distribution(pipeline.target, prompt_ids, sampling)
-    assert set(windows) <= set(distribution)
-    cells = list(distribution)
-    counts = torch.tensor([float(windows[cell]) for cell in cells], dtype=torch.float64)
-    assert chi_square_pvalue(counts, torch.tensor([distribution[cell] for cell in cells])) > 1e-4
-    assert engine.drafter.tries[engine.drafter.exit_layer] > 0
-
-
-def test_early_exit_needs_a_runtime_that_exits_early(pipeline: Pipeline) -> None:
-    with pytest.raises(ConfigError, match="--runtime native"):
-        pipeline.engine("early-exit")

@@ -47,12 +47,12 @@ def test_greedy_speculation_equals_plain_decoding(
     pair: Pipeline, prompt: str, chat: bool, draft_gamma: int, lookup_gamma: int
 ) -> None:
     prompt_ids = pair.encode(prompt, chat=chat)
-    plain = pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=NEW_TOKENS))
+    plain = pair.generate(prompt_ids, GenerationConfig(max_new_tokens=NEW_TOKENS), drafter="none")
     assert len(plain.token_ids) == NEW_TOKENS or plain.finish_reason == "eos"
     assert plain.token_ids == transformers_greedy(pair, prompt_ids)
     for drafter, gamma in [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]:
         config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=gamma)
-        result = pair.engine(drafter).generate(prompt_ids, config)
+        result = pair.generate(prompt_ids, config, drafter=drafter)
         assert result.token_ids == plain.token_ids, f"{drafter} γ={gamma} diverged"
         assert result.text == plain.text
 
@@ -112,10 +112,10 @@ def test_native_greedy_speculation_equals_plain_decoding(
     native_pair: Pipeline, prompt: str, chat: bool, draft_gamma: int, lookup_gamma: int
 ) -> None:
     prompt_ids = native_pair.encode(prompt, chat=chat)
-    plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=NEW_TOKENS))
+    plain = native_pair.generate(prompt_ids, GenerationConfig(max_new_tokens=NEW_TOKENS), drafter="none")
     for drafter, gamma in [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]:
         config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=gamma)
-        result = native_pair.engine(drafter).generate(prompt_ids, config)
+        result = native_pair.generate(prompt_ids, config, drafter=drafter)
         assert result.token_ids == plain.token_ids, f"{drafter} γ={gamma} diverged"
 
 
@@ -124,9 +124,9 @@ def test_every_policy_equals_plain_decoding_on_real_prompts(native_pair: Pipelin
     for drafter in ("hybrid", "draft-model", "prompt-lookup"):
         for prompt, chat, _, _ in CASES[:2]:
             prompt_ids = native_pair.encode(prompt, chat=chat)
-            plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+            plain = native_pair.generate(prompt_ids, GenerationConfig(max_new_tokens=32), drafter="none")
             config = GenerationConfig(max_new_tokens=32, policy=policy)
-            result = native_pair.engine(drafter).generate(prompt_ids, config)
+            result = native_pair.generate(prompt_ids, config, drafter=drafter)
             assert result.token_ids == plain.token_ids, f"{drafter} with {policy} diverged"
 
 
@@ -135,16 +135,16 @@ def test_specdec_and_early_exit_equal_plain_decoding_on_real_prompts(native_pair
     (every draft accepted with probability 0.88): a head changes how long blocks are, never the tokens."""
     assert native_pair.draft_path is not None
     features = json.loads((native_pair.draft_path / "config.json").read_text())["hidden_size"] + 2
-    native_pair.memory("draft-model").acceptance_head = AcceptanceHead(
+    native_pair.drafter_records("draft-model").acceptance_head = AcceptanceHead(
         weight=torch.zeros(features), bias=torch.tensor(2.0), mean=torch.zeros(features), scale=torch.ones(features)
     )
     runs = [("draft-model", "specdec++"), ("early-exit", "fixed"), ("early-exit", "goodput")]
     for prompt, chat, _, _ in CASES[:2]:
         prompt_ids = native_pair.encode(prompt, chat=chat)
-        plain = native_pair.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=32))
+        plain = native_pair.generate(prompt_ids, GenerationConfig(max_new_tokens=32), drafter="none")
         for drafter, policy in runs:
             config = GenerationConfig(max_new_tokens=32, policy=policy)
-            result = native_pair.engine(drafter).generate(prompt_ids, config)
+            result = native_pair.generate(prompt_ids, config, drafter=drafter)
             assert result.token_ids == plain.token_ids, f"{drafter} with {policy} diverged"
 
 
@@ -199,15 +199,10 @@ def test_the_targets_q4_k_tensors_are_loaded_exactly(pair: Pipeline, native_pair
 def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair: Pipeline) -> None:
     """Continuous batching on the default pair: 9 greedy requests of mixed prompts, budgets and drafters, decoded
     together (prompts read in chunks beside decoding requests) give bitwise single-request plain decoding's tokens."""
-    from quickdraft.serving import BatchEngine, RequestFinished, SchedulerSettings, ServeRequest
+    from quickdraft.engine import Engine, Request, RequestFinished, SchedulerSettings
 
-    engine = BatchEngine(
-        native_pair.target,
-        native_pair.tokenizer,
-        native_pair.eos_token_ids,
-        draft=native_pair.draft,
-        settings=SchedulerSettings(max_running=9, prefill_tokens_per_step=64),
-    )
+    settings = SchedulerSettings(max_running=9, prefill_tokens_per_step=64)
+    engine = Engine(native_pair.target, native_pair.tokenizer, native_pair.eos_token_ids, settings)
     prompts = [(prompt, chat) for prompt, chat, _, _ in CASES] + [
         ("def fibonacci(n):", False),
         ("Translate to German: The cache is warm.", True),
@@ -219,7 +214,8 @@ def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair:
     for i, (prompt, chat) in enumerate(prompts):
         drafter, policy = drafters[i % len(drafters)]
         config = GenerationConfig(max_new_tokens=32 + i % 3 * 4, policy=policy)  # long enough to overlap
-        requests.append(ServeRequest(tuple(native_pair.encode(prompt, chat=chat)), config, drafter, str(i)))
+        prompt_ids = tuple(native_pair.encode(prompt, chat=chat))
+        requests.append(Request(prompt_ids, config, native_pair.drafter(drafter), str(i)))
 
     def sink(i: int):  # -> Sink
         return lambda event: isinstance(event, RequestFinished) and results.setdefault(i, event.result.token_ids)
@@ -231,7 +227,7 @@ def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair:
         batch_sizes.append(report.decoding)
     assert max(batch_sizes) >= 8
     for i, request in enumerate(requests):
-        plain = native_pair.engine("none").generate(
-            list(request.prompt_ids), GenerationConfig(request.config.max_new_tokens)
+        plain = native_pair.generate(
+            list(request.prompt_ids), GenerationConfig(request.config.max_new_tokens), drafter="none"
         )
-        assert results[i] == plain.token_ids, (i, request.drafter)
+        assert results[i] == plain.token_ids, (i, drafters[i % len(drafters)])

@@ -115,7 +115,7 @@ class LlamaCppMethod(Method):
     def check(self) -> None:
         require_llama_cpp(self.name)
 
-    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
         """Find and verify the GGUF file, load it with the bench's thread count, and check that llama.cpp's
         tokenizer gives our ids for a chat prompt (the ids we feed it must mean the same tokens)."""
         import torch
@@ -313,7 +313,7 @@ class LlamaCppDraftMethod(Method):
         if missing and not (tool_dir() / "bin" / SPECULATIVE_TOOL).is_file():
             raise ConfigError(f"method {self.name!r} builds llama.cpp's {SPECULATIVE_TOOL} once: it needs {missing}")
 
-    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
         import torch
 
         target, draft = verified_gguf(pipeline.target_path), verified_gguf(pipeline.draft_path, "draft")

@@ -26,11 +26,10 @@ from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
 from quickdraft.bench.openvino import OpenVinoMethod
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
-from quickdraft.calibration import cost_model_from_curves
+from quickdraft.calibration import CurveRole, cost_model_from_curves
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
-from quickdraft.policies import parse_policy
 from quickdraft.registry import Registry
 from quickdraft.runtime import RUNTIMES
 
@@ -43,26 +42,27 @@ class EngineMethod(Method):
     ) -> None:
         self.name = name if runtime is None else f"{name}@{runtime}"
         self.drafter = drafter
-        self.policy = policy
+        self.policy = GenerationConfig(policy=policy).policy_spec  # parsed once: a bad one fails here
         self.runtime = runtime
         if runtime is not None and drafter != "none":
             self.baseline = f"baseline@{runtime}"
         # γ for the theory check: fixed-γ speculation on the bench's own runtime, whose cost curves it measured
-        checked = drafter != "none" and policy == "fixed" and runtime is None
+        fixed = self.policy.name == "fixed"
+        checked = drafter != "none" and fixed and runtime is None
         self.num_draft_tokens = num_draft_tokens if checked else None
-        self.max_draft_tokens = num_draft_tokens if policy == "fixed" else GenerationConfig().max_draft_tokens
+        self.max_draft_tokens = num_draft_tokens if fixed else GenerationConfig().max_draft_tokens
         self.uses_draft_model = DRAFTERS.get(drafter).needs_draft_model
         self.target_cost_fraction = DRAFTERS.get(drafter).target_cost_fraction
         self._gamma = num_draft_tokens
 
-    def prepare(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
         """Build the drafter now (one that cannot run on this runtime fails before anything is timed).
         Adaptive policies plan with the curves the bench measured (no separate calibration), or, on
         another runtime, with goodput's start-up calibration of that runtime."""
-        pipeline.engine(self.drafter)
-        if self.runtime is None and self.drafter != "none" and "target" in cost_curves:
-            pipeline.memory(self.drafter).cost_model = cost_model_from_curves(cost_curves, DRAFTERS.get(self.drafter))
-        pipeline.prepare(self.drafter, self.config(GenerationConfig().max_new_tokens))
+        drafter = pipeline.drafter(self.drafter)
+        if self.runtime is None and self.drafter != "none" and CurveRole.TARGET in cost_curves:
+            drafter.records.cost_model = cost_model_from_curves(cost_curves, type(drafter))
+        pipeline.setup_policy(self.drafter, self.config(GenerationConfig().max_new_tokens))
 
     def config(self, max_new_tokens: int) -> GenerationConfig:
         return GenerationConfig(max_new_tokens=max_new_tokens, num_draft_tokens=self._gamma, policy=self.policy)
@@ -70,13 +70,12 @@ class EngineMethod(Method):
     def start_conversation(self, pipeline: Pipeline, keep: Sequence[int] = ()) -> None:
         """Methods share a drafter: without this one could reuse the prompt another just read. A serving
         draft model keeps what every request starts with; so does this one, for every method alike."""
-        pipeline.engine(self.drafter).drafter.forget(keep)
+        pipeline.drafter(self.drafter).forget(keep)
 
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
-        engine = pipeline.engine(self.drafter)
         config = self.config(max_new_tokens)
         started = time.perf_counter()
-        result = engine.generate(prompt_ids, config)
+        result = pipeline.generate(prompt_ids, config, drafter=self.drafter)
         wall_time_s = time.perf_counter() - started
         stats = result.stats
         speculative = self.drafter != "none"
@@ -163,7 +162,6 @@ def _drafter_method(drafter: str) -> MethodFactory:
 def _policy_method(drafter: str, policy: str, spec: str, runtime: str | None) -> Method:
     if drafter in ("baseline", "none") or drafter not in DRAFTERS.names():
         raise ConfigError(f"method {spec!r}: a policy needs a drafter ({', '.join(DRAFTERS.names())})")
-    parse_policy(policy)  # a bad policy fails before anything is loaded
     return EngineMethod(f"{drafter}+{policy}", drafter, DEFAULT_NUM_DRAFT_TOKENS, policy, runtime)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from quickdraft.calibration import draft_token_ms
+from quickdraft.calibration import CurveRole, draft_token_ms
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -222,11 +222,11 @@ def aggregate(
     """``{NAME: {"overall": {...}, "categories": {CATEGORY: {...}}, ...}}`` for every method in ``methods``,
     each compared with its ``MethodInfo.baseline`` (speedup, lossless fraction).
 
-    ``cost_curves`` maps "target"/"draft" to milliseconds per forward of k tokens.
+    ``cost_curves`` maps :class:`CurveRole` to milliseconds per forward of k tokens.
     """
     entries = list(entries)
     curves = cost_curves or {}
-    target_ms = curves.get("target")
+    target_ms = curves.get(CurveRole.TARGET)
     results: dict[str, Any] = {}
     references: dict[str, dict[str, list[int]]] = {}  # baseline name -> question -> its tokens
     for name, info in methods.items():

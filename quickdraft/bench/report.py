@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.metrics import category_group
-from quickdraft.calibration import DRAFT_PREFILL
+from quickdraft.calibration import CurveRole
 
 COLUMNS = (
     ("speedup", "speedup", "{:.2f}×"),
@@ -40,7 +40,7 @@ def metrics_table(rows: dict[str, dict[str, Any]], first_column: str) -> list[st
 def split_cost_curves(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The per-step cost curves (target, draft: k new tokens -> ms) and the draft's prefill curve, if any."""
     curves = dict(results.get("cost_curves") or {})
-    return curves, curves.pop(DRAFT_PREFILL, None)
+    return curves, curves.pop(CurveRole.DRAFT_PREFILL, None)
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:

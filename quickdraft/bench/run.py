@@ -26,7 +26,7 @@ from quickdraft.bench.peers import package_version
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.calibration import (
-    DRAFT_PREFILL,
+    CurveRole,
     curve_from_json,
     curve_to_json,
     measure_cost_curves,
@@ -79,8 +79,8 @@ class BenchSettings:
     profile_context: int = 512
     target: str = DEFAULT_TARGET
     draft: str | None = None  # None: the default draft model, if a method uses one
-    draft_weights: str | None = None  # None: quickdraft.api.DRAFT_WEIGHTS (native runtime)
-    draft_vocabulary: int | None = None  # None: quickdraft.api.DRAFT_VOCABULARY (native runtime)
+    draft_weights: str | None = None  # None: quickdraft.runtime.options.DRAFT_WEIGHTS (native runtime)
+    draft_vocabulary: int | None = None  # None: quickdraft.runtime.options.DRAFT_VOCABULARY (native runtime)
     runtime: str = AUTO
     report_only: bool = False
 
@@ -161,7 +161,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
 
 def draft_load(settings: BenchSettings) -> dict[str, Any]:
     """The draft model's weight format and vocabulary as the run asks for them (defaults filled in)."""
-    from quickdraft.api import draft_load_defaults
+    from quickdraft.runtime.options import draft_load_defaults
 
     weights, vocabulary = draft_load_defaults(settings.draft_weights, settings.draft_vocabulary)
     return {"weights": weights, "vocabulary": vocabulary}
@@ -196,21 +196,22 @@ def measure(
     store.write_json("machine.json", store.machine)
     if store.cost_curves is None:
         ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
-        roles = {"target": pipeline.target} | ({"draft": pipeline.draft} if pipeline.draft is not None else {})
+        roles = {CurveRole.TARGET: pipeline.target}
+        roles |= {CurveRole.DRAFT: pipeline.draft} if pipeline.draft is not None else {}
         curves = measure_cost_curves(
             roles, dict.fromkeys(roles, ks), settings.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True
         )
-        store.cost_curves = {role: curve_to_json(curve) for role, curve in curves.items()}
-    if pipeline.draft is not None and DRAFT_PREFILL not in store.cost_curves:  # older results lack it
+        store.cost_curves = {str(role): curve_to_json(curve) for role, curve in curves.items()}
+    if pipeline.draft is not None and CurveRole.DRAFT_PREFILL not in store.cost_curves:  # older results lack it
         prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))
-        store.cost_curves[DRAFT_PREFILL] = curve_to_json(prefill)
+        store.cost_curves[str(CurveRole.DRAFT_PREFILL)] = curve_to_json(prefill)
     store.write_json("cost_curves.json", store.cost_curves)
-    curves = {role: curve_from_json(curve) for role, curve in store.cost_curves.items()}
+    curves = {CurveRole(role): curve_from_json(curve) for role, curve in store.cost_curves.items()}
     pending_methods = list(dict.fromkeys(method for _, _, method in todo))
     other_runtimes = {method.runtime for method in pending_methods if method.runtime is not None}
     pipelines = {None: pipeline} | {runtime: pipeline.on_runtime(runtime) for runtime in sorted(other_runtimes)}
     for method in pending_methods:
-        method.prepare(pipelines[method.runtime], curves)
+        method.load(pipelines[method.runtime], curves)
     first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
     for method in tqdm(pending_methods * settings.warmup, desc="warm-up", file=sys.stderr):
         method.run(pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, settings.max_new_tokens))
@@ -228,8 +229,8 @@ def measure(
     measured = {  # what adaptive policies measured of the engine's steps (this invocation's runs)
         drafter if runtime is None else f"{drafter}@{runtime}": asdict(record)
         for runtime, runtime_pipeline in pipelines.items()
-        for drafter, memory in runtime_pipeline.memories.items()
-        if (record := memory.step_times).num_plain_steps or record.num_drafting_steps
+        for drafter, records in runtime_pipeline.records.items()
+        if (record := records.step_times).num_plain_steps or record.num_drafting_steps
     }
     store.write_json("step_times.json", measured)
 

@@ -68,8 +68,8 @@ def add_command(commands: Any) -> None:
     bench.add_argument(
         "--single-request",
         action="store_true",
-        help="first decode every prompt alone with the single-request engine under each configuration (in this "
-        "process, one after another): the latencies the server's one-user run is compared with",
+        help="first decode every prompt alone with the engine in this process (no server), under each configuration, "
+        "one after another: the latencies the server's one-user run is compared with",
     )
     bench.add_argument("--out", default="bench-serve-results", metavar="DIR", help="output directory")
     add_model_arguments(bench)
@@ -158,9 +158,9 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
     missing = [prompt for prompt in prompts if prompt.question_id not in saved["outputs"]]
     if missing:
         pipeline = Pipeline.load(target=args.target, draft=None, runtime=args.runtime)
-        engine, config = pipeline.engine("none"), GenerationConfig(max_new_tokens=args.max_tokens)
+        config = GenerationConfig(max_new_tokens=args.max_tokens)
         for i, prompt in enumerate(missing, start=1):
-            result = engine.generate(pipeline.encode(prompt.text, chat=True), config)
+            result = pipeline.generate(prompt.text, config, drafter="none", chat=True)
             saved["outputs"][prompt.question_id] = result.token_ids
             print(f"reference {i}/{len(missing)}: {len(result.token_ids)} tokens", file=sys.stderr)
         path.write_text(json.dumps(saved), encoding="utf-8")
@@ -168,7 +168,8 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
 
 
 def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs: list[ServedConfig]) -> dict[str, Any]:
-    """Every prompt decoded alone by the single-request engine under each configuration: latencies per config."""
+    """Every prompt decoded alone (the engine in this process, no server) under each configuration: latencies per
+    config."""
     from quickdraft.api import Pipeline
     from quickdraft.bench.serve_load import distribution
     from quickdraft.config import GenerationConfig
@@ -179,14 +180,12 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
     )
     runs = {}
     for config in configs:
-        settings = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy)
-        pipeline.prepare(config.drafter, settings)
-        engine, latencies = pipeline.engine(config.drafter), []
-        engine.generate(
-            pipeline.encode(prompts[0].text, chat=True), GenerationConfig(max_new_tokens=8, policy=settings.policy)
-        )
+        settings, latencies = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy), []
+        warm_up = GenerationConfig(max_new_tokens=8, policy=settings.policy)
+        pipeline.generate(prompts[0].text, warm_up, drafter=config.drafter, chat=True)
         for prompt in prompts:
-            latencies.append(engine.generate(pipeline.encode(prompt.text, chat=True), settings).stats.wall_time_s)
+            result = pipeline.generate(prompt.text, settings, drafter=config.drafter, chat=True)
+            latencies.append(result.stats.wall_time_s)
         runs[config.name] = {"e2e_s": distribution(latencies)}
         print(f"single request, {config.name}: mean {runs[config.name]['e2e_s']['mean']:.2f} s", file=sys.stderr)
     return runs

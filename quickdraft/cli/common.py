@@ -9,12 +9,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from quickdraft.api import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from quickdraft.runtime import RUNTIMES
 from quickdraft.runtime.native.weights import WEIGHT_FORMATS
+from quickdraft.runtime.options import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

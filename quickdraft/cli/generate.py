@@ -14,7 +14,7 @@ from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult
 
 if TYPE_CHECKING:
-    from quickdraft.api import Preparation
+    from quickdraft.api import PolicySetup
 
 
 def add_command(commands: Any) -> None:
@@ -104,8 +104,9 @@ def run(args: argparse.Namespace) -> None:
         args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
     )
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
-    pipeline.engine(args.drafter, options).check_prompt(prompt_ids, config)  # before any measuring
-    preparation = pipeline.prepare(
+    pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
+    pipeline.engine.check_prompt(prompt_ids, config)
+    setup = pipeline.setup_policy(
         args.drafter,
         config,
         recalibrate=args.recalibrate,
@@ -113,26 +114,24 @@ def run(args: argparse.Namespace) -> None:
         keep_learning=True,
         chat=args.chat,
     )
-    if preparation.calibration is not None and not args.json:
-        print(f"[{config.policy}] {describe(preparation, config)}", file=sys.stderr)
-    engine = pipeline.engine(args.drafter, options)
-    plain_engine = pipeline.engine("none") if args.compare else None
-    if plain_engine is not None:  # warm both paths up so neither run pays first-call costs
+    if setup.calibration is not None and not args.json:
+        print(f"[{config.policy}] {describe(setup, config)}", file=sys.stderr)
+    if args.compare:  # warm both paths up so neither run pays first-call costs
         warm_up = GenerationConfig(max_new_tokens=2, num_draft_tokens=1, sampling=config.sampling)  # drafts once
-        for warm in (engine, plain_engine):
-            warm.generate(prompt_ids, warm_up)
-        engine.drafter.forget()  # the timed run reads the prompt itself, as the plain one does
-    stream = engine.stream(prompt_ids, config)
+        for drafter in (args.drafter, "none"):
+            pipeline.generate(prompt_ids, warm_up, drafter, options=options)
+        pipeline.drafter(args.drafter, options).forget()  # the timed run reads the prompt itself, as the plain one does
+    stream = pipeline.stream(prompt_ids, config, args.drafter, options=options)
     if not args.json:
         for delta in stream:
             sys.stdout.write(delta)
             sys.stdout.flush()
         sys.stdout.write("\n")
     result = stream.finish()
-    pipeline.save_learned(args.drafter, preparation)
+    pipeline.save_learned(args.drafter, setup)
     comparison = None
-    if plain_engine is not None:
-        plain = plain_engine.generate(prompt_ids, config)
+    if args.compare:
+        plain = pipeline.generate(prompt_ids, config, "none")
         comparison = {
             "plain_stats": plain.stats.to_dict(),
             "speedup": speedup(result, plain),
@@ -161,17 +160,17 @@ def run(args: argparse.Namespace) -> None:
         print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
 
 
-def describe(preparation: Preparation, config: GenerationConfig) -> str:
+def describe(setup: PolicySetup, config: GenerationConfig) -> str:
     """Where the policy's costs came from, what they say, and how many earlier answers it starts from."""
-    assert preparation.calibration is not None
-    costs = preparation.calibration.cost_model
+    assert setup.calibration is not None
+    costs = setup.calibration.cost_model
     reading = ""
     if costs.draft_prefill_ms:
         longest = max(costs.draft_prefill_ms)
         reading = f"; reading {longest} prompt tokens costs the draft {costs.draft_read(longest):.0f} ms"
-    answers = preparation.earlier_answers
+    answers = setup.earlier_answers
     return (
-        f"{preparation.calibration.describe()}: target {costs.target(1):.0f} ms for 1 token, "
+        f"{setup.calibration.describe()}: target {costs.target(1):.0f} ms for 1 token, "
         f"{costs.target(config.max_draft_tokens + 1):.0f} ms for {config.max_draft_tokens + 1}; "
         f"{costs.draft_ms:.0f} ms per drafted token{reading}; "
         f"learned from {answers} earlier answer{'' if answers == 1 else 's'}"

@@ -50,9 +50,9 @@ def add_command(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from quickdraft.api import draft_load_options
     from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
     from quickdraft.runtime import AUTO, RUNTIMES, runtime_for
+    from quickdraft.runtime.options import draft_load_options
 
     if args.max_k < 1:
         raise ConfigError(f"--max-k must be >= 1, got {args.max_k}")

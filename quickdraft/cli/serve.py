@@ -10,10 +10,9 @@ from typing import Any
 
 from quickdraft.cli.common import add_model_arguments
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
+from quickdraft.engine import SchedulerSettings
 from quickdraft.errors import ConfigError
-from quickdraft.serving.request import SERVED_DRAFTERS
-from quickdraft.serving.scheduler import SchedulerSettings
 
 SERVE_DOC = """\
 Serve the models over HTTP with OpenAI's API: POST /v1/completions, POST /v1/chat/completions (stream: true
@@ -49,7 +48,7 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafter",
         default=DEFAULT_DRAFTER,
-        choices=SERVED_DRAFTERS,
+        choices=DRAFTERS.names(),
         help=f"the default drafter of a request (default {DEFAULT_DRAFTER}; none = plain decoding)",
     )
     parser.add_argument(
@@ -78,8 +77,8 @@ def run(args: argparse.Namespace) -> None:
 
     from quickdraft.api import Pipeline
     from quickdraft.server import ServerDefaults, create_app
-    from quickdraft.serving.loop import ServingLoop
-    from quickdraft.serving.setup import serving_engine
+    from quickdraft.server.loop import ServingLoop
+    from quickdraft.server.setup import serving_engine
 
     settings = SchedulerSettings(args.max_running, args.max_waiting, args.prefill_tokens_per_step)
     GenerationConfig(policy=args.policy, max_draft_tokens=args.max_draft_tokens)  # a bad policy fails here
@@ -94,7 +93,8 @@ def run(args: argparse.Namespace) -> None:
         draft_weights=args.draft_weights,
         draft_vocabulary=args.draft_vocabulary,
     )
-    engine, notes = serving_engine(pipeline, settings, args.max_draft_tokens, DrafterOptions(), args.recalibrate)
+    pipeline.drafter(args.drafter)  # a default drafter these models cannot run fails here
+    engine, notes = serving_engine(pipeline, settings, args.max_draft_tokens, args.recalibrate)
     for note in notes:
         print(f"quickdraft: {note}", file=sys.stderr)
     names = model_names(pipeline, args.served_model_name)

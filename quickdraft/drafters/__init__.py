@@ -1,11 +1,12 @@
 """Drafters by name: ``DRAFTERS.get(name).create(target, draft, options)``."""
 
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.hybrid import HybridDrafter
 from quickdraft.drafters.none import NoDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.drafters.records import DrafterRecords
 from quickdraft.registry import Registry
 
 DRAFTERS: Registry[type[Drafter]] = Registry("drafter")
@@ -18,4 +19,13 @@ DRAFTERS.register("none")(NoDrafter)
 # what `generate`, the library and the server draft with unless told otherwise (docs/benchmarks.md has the runs)
 DEFAULT_DRAFTER = "hybrid"
 
-__all__ = ["DEFAULT_DRAFTER", "DRAFTERS", "DraftProposal", "Drafter", "DrafterOptions"]
+__all__ = [
+    "DEFAULT_DRAFTER",
+    "DRAFTERS",
+    "DraftProposal",
+    "DraftState",
+    "DraftTask",
+    "Drafter",
+    "DrafterOptions",
+    "DrafterRecords",
+]

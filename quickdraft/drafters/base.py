@@ -1,48 +1,69 @@
-"""The drafter interface: propose γ tokens that the target will verify in one pass."""
+"""The drafter interface: propose up to γ tokens for each request of a step, for the target to verify.
+
+A drafter serves any number of requests. :meth:`Drafter.start` makes a request's own drafting state (a draft
+model's cache, a hybrid's copies, the exit layer early exit drafted with) and the drafter keeps what it learns
+across requests (its :class:`DrafterRecords`, early exit's per-layer acceptance). Each step the engine hands it
+one :class:`DraftTask` per request that drafts; :meth:`Drafter.propose` answers each with a
+:class:`DraftProposal`, drafting for all of them together where it can (a draft model: one batched forward
+per draft position). A request alone is a step of one task.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from quickdraft.costs import CostModel
+from quickdraft.config import GenerationConfig
+from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
+from quickdraft.policies import KeepDrafting, PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
-class DraftStep:
-    """What a drafter knows right after drafting a token: what a policy may stop drafting on."""
-
-    logits: torch.Tensor  # [B, V] the draft distribution's logits (temperature 1)
-    hidden: torch.Tensor | None  # [B, H] the draft model's last hidden state, if the runtime gives it
-    num_drafted: int  # tokens drafted so far in this step, this one included
-
-
-# Called after each drafted token with what the drafter knows about it; False stops drafting
-# (confidence-based policies). Drafters without a model never call it.
-KeepDrafting = Callable[[DraftStep], bool]
-
-
-@dataclass(frozen=True)
 class DraftProposal:
-    """Drafted tokens and the distributions they were drawn from."""
+    """One request's drafted tokens and the distributions they were drawn from."""
 
-    token_ids: torch.Tensor  # [B, γ] int64; γ may be smaller than asked (even 0)
-    probs: torch.Tensor | None  # [B, γ, V] draft distribution q, or None: deterministic (one-hot q)
+    token_ids: torch.Tensor  # [1, γ] int64; γ may be smaller than asked (even 0)
+    probs: torch.Tensor | None  # [1, γ, V] draft distribution q, or None: deterministic (one-hot q)
 
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[1])
 
     @classmethod
-    def empty(cls, batch_size: int) -> DraftProposal:
-        return cls(token_ids=torch.empty(batch_size, 0, dtype=torch.long), probs=None)
+    def empty(cls) -> DraftProposal:
+        return cls(token_ids=torch.empty(1, 0, dtype=torch.long), probs=None)
+
+    @classmethod
+    def copied(cls, token_ids: Sequence[int]) -> DraftProposal:
+        """Drafts that are deterministic (copies from the context): one-hot q."""
+        if not token_ids:
+            return cls.empty()
+        return cls(token_ids=torch.tensor([list(token_ids)], dtype=torch.long), probs=None)
+
+
+class DraftState:
+    """One request's drafting state, made by :meth:`Drafter.start` and read only by its drafter (drafters with
+    per-request state subclass it)."""
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTask:
+    """What one request asks of a step's drafting."""
+
+    state: DraftState  # the request's, from the drafter's start()
+    context: list[int]  # [T] the committed tokens: prompt and answer so far
+    num_tokens: int  # γ >= 1: the most to draft
+    sampling: SamplingParams
+    generator: torch.Generator  # unseeded sampling draws from it; seeded sampling from position noise
+    keep_drafting: KeepDrafting  # the request's policy, after each drafted token: False stops this request's drafting
+    copies: bool = True  # a drafter that offers copies proposes them (False: the policy chose its model's drafts)
 
 
 @dataclass(frozen=True)
@@ -64,7 +85,15 @@ class DrafterOptions:
 
 
 class Drafter(ABC):
-    """Proposes continuations of the committed tokens; created by name from ``DRAFTERS``."""
+    """Proposes continuations of requests' committed tokens; created by name from ``DRAFTERS``.
+
+    Rules every drafter keeps: a proposal holds at most the task's γ tokens; a drafter that samples chooses
+    each token with ``sampling.choose_tokens`` at the token's sequence position, with the task's generator (a
+    seeded request's drafts then use the noise the target's tokens are chosen with there, so they agree as
+    often as the models do), and after each token asks ``keep_drafting``; its ``probs`` are exactly the q it
+    sampled from. The committed context may have dropped tokens it proposed earlier (rejections): a drafter
+    with a cache rolls it back to the common prefix.
+    """
 
     needs_draft_model: ClassVar[bool] = False
     proposes_drafts: ClassVar[bool] = True  # False: plain decoding, so no policy has a γ to choose
@@ -72,68 +101,53 @@ class Drafter(ABC):
     # A drafted token's cost as a fraction of a 1-token target step when the target drafts itself
     # (self-speculation); None: a draft model's measured step, or ~0 for model-free drafters.
     target_cost_fraction: ClassVar[float | None] = None
-    # Rows (requests) one call may draft for: model-free drafters take any number; a drafter that keeps one
-    # conversation's cache (a draft model, early exit into the target's cache) takes one.
-    max_rows: ClassVar[int | None] = None
+
+    def __init__(self, records: DrafterRecords | None = None) -> None:
+        self.records = records if records is not None else DrafterRecords()  # across requests
 
     @classmethod
     @abstractmethod
-    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> Drafter:
-        """Build the drafter for ``target`` (``draft`` is given when ``needs_draft_model``)."""
+    def create(
+        cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
+    ) -> Drafter:
+        """Build the drafter for ``target`` (``draft`` is given when ``needs_draft_model``); ``records``: what its
+        requests learn and measure, shared with other drafters of its name (None: its own)."""
 
-    def prefill(self, prompt_ids: list[list[int]]) -> None:
-        """Start new requests (``prompt_ids``: [B][T_b], B rows of prompt ids); drafters with per-request
-        state reset it here."""
-        self.check_rows(prompt_ids)
+    def policy_context(self, config: GenerationConfig) -> PolicyContext:
+        """What a request's policy may use: its γ settings, this drafter's records, whether it offers copies."""
+        return self.records.policy_context(config, self.offers_copies)
 
-    def check_rows(self, rows: Sequence[Sequence[int]]) -> None:
-        """Fail clearly when a call brings more rows than this drafter drafts for."""
-        if self.max_rows is not None and len(rows) > self.max_rows:
-            raise NotImplementedError(
-                f"{type(self).__name__} drafts for {self.max_rows} row(s) at a time, got {len(rows)}"
-            )
+    def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> DraftState:
+        """A new request's drafting state; ``target_cache`` is its target cache (self-speculation drafts into it)."""
+        return DraftState()
+
+    def finish(self, state: DraftState) -> None:  # noqa: B027 - optional hook
+        """The request ended: release or keep (for a later request) what its state holds."""
+
+    def focus(self, prompts: Sequence[Sequence[int]]) -> None:  # noqa: B027 - optional hook
+        """The prompts of every running request this drafter drafts for (a draft model whose LM head computes
+        part of the vocabulary computes their tokens too)."""
 
     def forget(self, keep: Sequence[int] = ()) -> None:  # noqa: B027 - optional hook
-        """Drop the previous conversation (a draft model's cache of it) but the start it shares with
-        ``keep``, a prefix every request begins with (the chat template's system prompt); what was
-        learned, such as acceptance statistics, stays."""
+        """Drop what is kept of earlier conversations (a draft model's caches) but the start they share with
+        ``keep``, a prefix every request begins with (the chat template's system prompt); what was learned,
+        such as acceptance statistics, stays."""
 
-    def bind(self, target_cache: KVCache, cost_model: CostModel | None) -> None:  # noqa: B027 - optional hook
-        """The request's target cache (self-speculation drafts into it) and the measured costs, if any."""
-
-    def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
-        """After verification: of ``proposed`` drafts the target accepted the first ``accepted``."""
-
-    def backlog(self, context_ids: list[list[int]]) -> int:
-        """Committed tokens this drafter must read before it can draft after ``context_ids`` ([B][T_b]; policies
-        weigh that cost); 0 for drafters without a model of their own."""
+    def backlog(self, state: DraftState, context: Sequence[int]) -> int:
+        """Committed tokens of ``context`` this drafter must read before it can draft after them (policies weigh
+        that cost); 0 for drafters without a model of their own."""
         return 0
 
-    def free_drafts(self, context_ids: list[list[int]]) -> int:
-        """Drafts the next proposal after ``context_ids`` ([B][T_b]) can copy at no cost, with an acceptance of
-        their own (a hybrid's prompt lookup); 0: its drafts cost what the cost model says."""
+    def free_drafts(self, state: DraftState, context: Sequence[int]) -> int:
+        """Drafts the next proposal after ``context`` can copy at no cost, with an acceptance of their own (a
+        hybrid's prompt lookup); 0: its drafts cost what the cost model says."""
         return 0
 
     @abstractmethod
-    def propose(
-        self,
-        context_ids: list[list[int]],
-        num_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-        copies: bool = True,
-    ) -> DraftProposal:
-        """Propose up to ``num_tokens`` tokens following each row of committed ``context_ids``.
+    def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
+        """Up to ``task.num_tokens`` drafts for each task, in the tasks' order. ``max_read_tokens``: the most a
+        request's draft model may read before drafting in this step (a longer backlog is read in chunks over
+        steps, drafting nothing until it is read; None: no limit)."""
 
-        ``copies``: a drafter that offers free drafts (:meth:`free_drafts`) proposes them; False: the policy
-        chose its model's drafts instead.
-
-        ``context_ids``: [B][T_b], the committed tokens of B requests (at most :attr:`max_rows`); the
-        proposal's ``token_ids`` are ``[B, γ]`` and its ``probs`` ``[B, γ, V]``. The committed context may
-        have dropped tokens this drafter proposed earlier (rejections): a drafter with a cache rolls it
-        back to the common prefix. A drafter that samples chooses each token with
-        ``sampling.choose_tokens`` at the token's sequence position: a seeded request's drafts then use the
-        noise the target's tokens are chosen with there (so they agree as often as the models do);
-        ``generator`` is for unseeded requests.
-        """
+    def observe(self, state: DraftState, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
+        """After verification: of ``proposed`` drafts of the request the target accepted the first ``accepted``."""

@@ -1,106 +1,32 @@
-"""``draft-model``: a separate small LM with the same tokenizer drafts autoregressively.
+"""``draft-model``: a separate small LM with the same tokenizer drafts autoregressively, for every request of a
+step together.
 
-Its KV cache follows the committed tokens lazily: before drafting, the cache is rolled back
-to the longest prefix it shares with the committed context (dropping rejected drafts) and
-the tokens it has not seen yet are fed in one forward (catching up on the target's token).
-The prompt, too, is read only at the first draft: a request a policy decodes plainly (γ = 0
-throughout, e.g. a long document with a short answer) never pays the draft model's prefill.
-The cache outlives a request: the next one rolls it back to their common prefix, so a chat's
-next turn reads only what is new (the user's message), not the whole conversation again.
+Each request has its own draft cache, which follows the committed tokens lazily: before drafting, it is rolled
+back to the longest prefix it shares with the committed context (dropping rejected drafts) and the tokens it
+has not seen yet are fed (catching up on the target's token). The prompt, too, is read only at the first draft:
+a request a policy decodes plainly (γ = 0 throughout, e.g. a long document with a short answer) never pays the
+draft model's prefill. One batched forward per draft position drafts for all the step's requests: the first
+catches every cache up and gives each request its first draft, each later one feeds the requests still
+drafting. A request's caches outlive it: the next request that starts with the same tokens (a chat's next turn,
+the chat template's system prompt) takes the cache over and reads only what is new.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftStep, KeepDrafting
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
+from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
-from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import SamplingParams, choose_tokens, logits_to_probs
+from quickdraft.policies import DraftStep
+from quickdraft.runtime.base import BatchRow, KVCache, Runtime
+from quickdraft.sampling import choose_tokens, logits_to_probs
 from quickdraft.tokens import common_prefix_length
 
-
-class DraftModelDrafter(Drafter):
-    needs_draft_model = True
-    max_rows = 1  # one conversation's cache
-
-    def __init__(self, draft: Runtime, target_vocab_size: int) -> None:
-        self.draft = draft
-        self.target_vocab_size = target_vocab_size
-        self.conversation = DraftCache(draft.new_cache(1))
-
-    @property
-    def cache(self) -> KVCache:
-        return self.conversation.cache
-
-    @property
-    def cached_ids(self) -> list[int]:
-        return self.conversation.cached_ids
-
-    @classmethod
-    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> DraftModelDrafter:
-        if draft is None:
-            raise ConfigError("the draft-model drafter needs a draft model (--draft)")
-        return cls(draft, target.vocab_size)
-
-    def prefill(self, prompt_ids: list[list[int]]) -> None:
-        """Start a request; the prompt is read at the first draft, after the prefix still cached. A draft model
-        whose LM head computes the frequent tokens only also computes the prompt's."""
-        self.check_rows(prompt_ids)
-        self.draft.focus_vocabulary(prompt_ids[0])
-
-    def forget(self, keep: Sequence[int] = ()) -> None:
-        self.conversation.roll_back(common_prefix_length(self.cached_ids, list(keep)))
-
-    def backlog(self, context_ids: list[list[int]]) -> int:
-        self.check_rows(context_ids)
-        (context,) = context_ids  # [T]
-        return self.conversation.backlog(context)
-
-    def propose(
-        self,
-        context_ids: list[list[int]],
-        num_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-        copies: bool = True,
-    ) -> DraftProposal:
-        self.check_rows(context_ids)
-        (context,) = context_ids  # [T]
-        num_tokens = min(num_tokens, self.draft.max_context - len(context))
-        if num_tokens <= 0:
-            return DraftProposal.empty(1)
-        # 1. roll back to the prefix shared with the committed tokens (keeping >= 1 token to feed), then
-        # 2. catch up on the committed tokens the cache has not seen
-        logits, hidden = self._feed(self.conversation.catch_up(context))  # [1, V_draft], [1, H] or None
-        # 3. draft autoregressively
-        drafted: list[torch.Tensor] = []
-        draft_probs: list[torch.Tensor] = []
-        for step in range(num_tokens):
-            probs = to_vocab(logits_to_probs(logits, sampling), self.target_vocab_size)  # [1, V]
-            token = choose_tokens(probs, sampling, generator, position=len(context) + step)  # [1]
-            drafted.append(token)
-            draft_probs.append(probs)
-            if keep_drafting is not None and not keep_drafting(DraftStep(logits, hidden, step + 1)):
-                break
-            if step + 1 < num_tokens:
-                logits, hidden = self._feed(token.tolist())
-        token_ids = torch.stack(drafted, dim=1)  # [1, γ]
-        return DraftProposal(token_ids=token_ids, probs=torch.stack(draft_probs, dim=1))  # probs [1, γ, V]
-
-    def _feed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Append tokens to the draft cache: the last position's logits ``[1, V_draft]`` and hidden state."""
-        token_tensor = torch.tensor([token_ids], dtype=torch.long)
-        if self.draft.provides_hidden:
-            logits, hidden = self.draft.forward_with_hidden(token_tensor, self.cache, last_only=True)
-            hidden = hidden[:, -1]  # [1, H]
-        else:
-            logits, hidden = self.draft.forward(token_tensor, self.cache, last_only=True), None
-        self.cached_ids.extend(token_ids)
-        return logits[:, -1], hidden
+KEPT_CACHES = 4  # draft caches of finished requests kept for later ones (the most recent)
 
 
 class DraftCache:
@@ -127,6 +53,115 @@ class DraftCache:
         keep = self.reusable_length(context)
         self.roll_back(keep)
         return list(context[keep:])
+
+
+@dataclass(eq=False)
+class DraftModelState(DraftState):
+    conversation: DraftCache  # the request's draft cache
+
+
+@dataclass(eq=False)
+class DraftingRow:
+    """One request's drafting in this step: what it drafted so far and the distributions they came from."""
+
+    task: DraftTask
+    conversation: DraftCache
+    num_tokens: int  # γ: the most it drafts (0: it only reads its backlog this step)
+    feed: list[int]  # tokens to feed the draft model next
+    token_ids: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)  # [1, V] each
+
+    def proposal(self) -> DraftProposal:
+        if not self.token_ids:
+            return DraftProposal.empty()
+        return DraftProposal(torch.tensor([self.token_ids], dtype=torch.long), torch.stack(self.probs, dim=1))
+
+
+class DraftModelDrafter(Drafter):
+    needs_draft_model = True
+
+    def __init__(self, draft: Runtime, target_vocab_size: int, records: DrafterRecords | None = None) -> None:
+        super().__init__(records)
+        self.draft = draft
+        self.target_vocab_size = target_vocab_size
+        self.kept: list[DraftCache] = []  # caches of finished requests, the most recent last
+
+    @classmethod
+    def create(
+        cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
+    ) -> DraftModelDrafter:
+        if draft is None:
+            raise ConfigError("the draft-model drafter needs a draft model (--draft)")
+        return cls(draft, target.vocab_size, records)
+
+    def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> DraftModelState:
+        """A request takes over the kept cache that shares the longest start with its prompt (the most recent of
+        equals), or a new one; its prompt is read at its first draft."""
+        shared = [common_prefix_length(cache.cached_ids, prompt_ids) for cache in self.kept]
+        if shared and max(shared) > 0:
+            best = max(range(len(shared)), key=lambda i: (shared[i], i))
+            return DraftModelState(self.kept.pop(best))
+        return DraftModelState(DraftCache(self.draft.new_cache(1)))
+
+    def finish(self, state: DraftState) -> None:
+        assert isinstance(state, DraftModelState)
+        self.kept = [*self.kept, state.conversation][-KEPT_CACHES:]
+
+    def focus(self, prompts: Sequence[Sequence[int]]) -> None:
+        """A draft model whose LM head computes the frequent tokens only also computes the prompts' tokens."""
+        self.draft.focus_vocabulary(sorted({token for prompt in prompts for token in prompt}))
+
+    def forget(self, keep: Sequence[int] = ()) -> None:
+        for conversation in self.kept:
+            conversation.roll_back(common_prefix_length(conversation.cached_ids, list(keep)))
+
+    def backlog(self, state: DraftState, context: Sequence[int]) -> int:
+        assert isinstance(state, DraftModelState)
+        return state.conversation.backlog(context)
+
+    def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
+        rows = [self._row(task, max_read_tokens) for task in tasks]
+        feeding = [row for row in rows if row.feed]
+        while feeding:  # one batched forward per draft position
+            batch = [BatchRow(row.conversation.cache, row.feed, last_only=True) for row in feeding]
+            logits, hidden = self._forward(batch)  # per row [1, V_draft], [1, H] or None
+            still_drafting = []
+            for i, row in enumerate(feeding):
+                row.conversation.cached_ids.extend(row.feed)
+                if row.num_tokens > 0 and self._draft_one(row, logits[i], None if hidden is None else hidden[i]):
+                    still_drafting.append(row)
+            feeding = still_drafting
+        return [row.proposal() for row in rows]
+
+    def _row(self, task: DraftTask, max_read_tokens: int | None) -> DraftingRow:
+        """The task's drafting: catch up on the committed tokens, then draft up to γ (what the context holds); a
+        backlog longer than ``max_read_tokens`` is read in part, drafting nothing this step."""
+        assert isinstance(task.state, DraftModelState)
+        conversation = task.state.conversation
+        num_tokens = min(task.num_tokens, self.draft.max_context - len(task.context))
+        if num_tokens <= 0:
+            return DraftingRow(task, conversation, 0, [])
+        feed = conversation.catch_up(task.context)
+        if max_read_tokens is not None and len(feed) > max_read_tokens:
+            return DraftingRow(task, conversation, 0, feed[:max_read_tokens])
+        return DraftingRow(task, conversation, num_tokens, feed)
+
+    def _forward(self, batch: list[BatchRow]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        if self.draft.provides_hidden:  # for policies that stop on the draft's hidden state (specdec++)
+            return self.draft.forward_batch_with_hidden(batch)
+        return self.draft.forward_batch(batch), None
+
+    def _draft_one(self, row: DraftingRow, logits: torch.Tensor, hidden: torch.Tensor | None) -> bool:
+        """Choose the row's next draft from the draft model's ``[1, V_draft]`` logits; True to draft another."""
+        task = row.task
+        probs = to_vocab(logits_to_probs(logits, task.sampling), self.target_vocab_size)  # [1, V]
+        position = len(task.context) + len(row.token_ids)
+        token = int(choose_tokens(probs, task.sampling, task.generator, position)[0])
+        row.token_ids.append(token)
+        row.probs.append(probs)
+        row.feed = [token]
+        keep_drafting = task.keep_drafting(DraftStep(logits, hidden, len(row.token_ids)))
+        return keep_drafting and len(row.token_ids) < row.num_tokens
 
 
 def to_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:

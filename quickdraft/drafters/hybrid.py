@@ -16,15 +16,13 @@ its acceptance and measured costs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-import torch
-
-from quickdraft.costs import CostModel
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.prompt_lookup import lookup_continuation
+from quickdraft.drafters.records import DrafterRecords
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import SamplingParams
 
 MAX_COPIED = 32  # the most drafts one lookup offers; a policy takes at most its own maximum of them
 
@@ -46,55 +44,71 @@ class ContextCopies:
         self._key: tuple[int, int] = (0, -1)  # (context length, last token) of the copy kept
         self._copied: list[int] = []
 
-    def after(self, context: list[int]) -> list[int]:
+    def after(self, context: Sequence[int]) -> list[int]:
         """The drafts to copy after ``context`` ([T] committed ids); empty: no match, the draft model drafts."""
         key = (len(context), context[-1])
         if self._key != key:
-            self._key, self._copied = key, lookup_continuation(context, MAX_COPIED, self.max_ngram, self.min_ngram)
+            self._key = key
+            self._copied = lookup_continuation(list(context), MAX_COPIED, self.max_ngram, self.min_ngram)
         return self._copied
+
+
+@dataclass(eq=False)
+class HybridState(DraftState):
+    model: DraftState  # the draft model's state of the request
+    copies: ContextCopies  # what the request's context offers to copy
 
 
 class HybridDrafter(Drafter):
     needs_draft_model = True
     offers_copies = True
-    max_rows = 1  # the draft model's one conversation
 
     def __init__(self, model: DraftModelDrafter, max_ngram: int, min_ngram: int) -> None:
+        super().__init__(model.records)
         self.model = model
-        self.copies = ContextCopies(max_ngram, min_ngram)
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
 
     @classmethod
-    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> HybridDrafter:
-        return cls(DraftModelDrafter.create(target, draft, options), *hybrid_ngrams(options))
+    def create(
+        cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
+    ) -> HybridDrafter:
+        return cls(DraftModelDrafter.create(target, draft, options, records), *hybrid_ngrams(options))
 
-    def prefill(self, prompt_ids: list[list[int]]) -> None:
-        self.model.prefill(prompt_ids)
-        self.copies = ContextCopies(self.copies.max_ngram, self.copies.min_ngram)  # a new context: nothing kept
+    def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> HybridState:
+        return HybridState(self.model.start(prompt_ids, target_cache), ContextCopies(self.max_ngram, self.min_ngram))
+
+    def finish(self, state: DraftState) -> None:
+        assert isinstance(state, HybridState)
+        self.model.finish(state.model)
+
+    def focus(self, prompts: Sequence[Sequence[int]]) -> None:
+        self.model.focus(prompts)
 
     def forget(self, keep: Sequence[int] = ()) -> None:
         self.model.forget(keep)
 
-    def bind(self, target_cache: KVCache, cost_model: CostModel | None) -> None:
-        self.model.bind(target_cache, cost_model)
+    def free_drafts(self, state: DraftState, context: Sequence[int]) -> int:
+        assert isinstance(state, HybridState)
+        return len(state.copies.after(context))
 
-    def free_drafts(self, context_ids: list[list[int]]) -> int:
-        self.check_rows(context_ids)
-        return len(self.copies.after(context_ids[0]))
-
-    def backlog(self, context_ids: list[list[int]]) -> int:
+    def backlog(self, state: DraftState, context: Sequence[int]) -> int:
         """What the draft model must read before it drafts (a policy may prefer its drafts to the copies)."""
-        return self.model.backlog(context_ids)
+        assert isinstance(state, HybridState)
+        return self.model.backlog(state.model, context)
 
-    def propose(
-        self,
-        context_ids: list[list[int]],
-        num_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-        copies: bool = True,
-    ) -> DraftProposal:
-        self.check_rows(context_ids)
-        if copies and (copied := self.copies.after(context_ids[0])[:num_tokens]):  # else the policy chose the model
-            return DraftProposal(token_ids=torch.tensor([copied], dtype=torch.long), probs=None)  # [1, γ]
-        return self.model.propose(context_ids, num_tokens, sampling, generator, keep_drafting)
+    def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
+        """Copies for the tasks whose policy took them and whose context offers some; the draft model drafts for
+        the others, together."""
+        proposals: dict[int, DraftProposal] = {}
+        model_tasks: dict[int, DraftTask] = {}
+        for i, task in enumerate(tasks):
+            assert isinstance(task.state, HybridState)
+            copied = task.state.copies.after(task.context)[: task.num_tokens] if task.copies else []
+            if copied:
+                proposals[i] = DraftProposal.copied(copied)
+            else:
+                model_tasks[i] = replace(task, state=task.state.model)
+        drafted = self.model.propose(list(model_tasks.values()), max_read_tokens)
+        proposals.update(zip(model_tasks, drafted, strict=True))
+        return [proposals[i] for i in range(len(tasks))]

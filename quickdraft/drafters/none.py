@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Sequence
 
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftTask
+from quickdraft.drafters.records import DrafterRecords
 from quickdraft.runtime.base import Runtime
-from quickdraft.sampling import SamplingParams
 
 
 class NoDrafter(Drafter):
     proposes_drafts = False
 
     @classmethod
-    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> NoDrafter:
-        return cls()
+    def create(
+        cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
+    ) -> NoDrafter:
+        return cls(records)
 
-    def propose(
-        self,
-        context_ids: list[list[int]],
-        num_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-        copies: bool = True,
-    ) -> DraftProposal:
-        return DraftProposal.empty(len(context_ids))
+    def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
+        return [DraftProposal.empty() for _ in tasks]

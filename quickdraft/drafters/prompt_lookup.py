@@ -7,11 +7,11 @@ followed it there. Its proposals are deterministic (one-hot q).
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Sequence
 
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, KeepDrafting
+from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftTask
+from quickdraft.drafters.records import DrafterRecords
 from quickdraft.runtime.base import Runtime
-from quickdraft.sampling import SamplingParams
 
 
 def lookup_continuation(token_ids: list[int], num_tokens: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -28,26 +28,19 @@ def lookup_continuation(token_ids: list[int], num_tokens: int, max_ngram: int, m
 
 
 class PromptLookupDrafter(Drafter):
-    def __init__(self, max_ngram: int, min_ngram: int) -> None:
+    def __init__(self, max_ngram: int, min_ngram: int, records: DrafterRecords | None = None) -> None:
+        super().__init__(records)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
     @classmethod
-    def create(cls, target: Runtime, draft: Runtime | None, options: DrafterOptions) -> PromptLookupDrafter:
-        return cls(options.prompt_lookup_max_ngram, options.prompt_lookup_min_ngram)
+    def create(
+        cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
+    ) -> PromptLookupDrafter:
+        return cls(options.prompt_lookup_max_ngram, options.prompt_lookup_min_ngram, records)
 
-    def propose(
-        self,
-        context_ids: list[list[int]],
-        num_tokens: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-        keep_drafting: KeepDrafting | None = None,
-        copies: bool = True,
-    ) -> DraftProposal:
-        rows = [lookup_continuation(ids, num_tokens, self.max_ngram, self.min_ngram) for ids in context_ids]
-        shortest = min(len(row) for row in rows)  # one γ for the whole batch
-        if shortest == 0:
-            return DraftProposal.empty(len(context_ids))
-        token_ids = torch.tensor([row[:shortest] for row in rows], dtype=torch.long)  # [B, γ]
-        return DraftProposal(token_ids=token_ids, probs=None)
+    def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
+        return [
+            DraftProposal.copied(lookup_continuation(task.context, task.num_tokens, self.max_ngram, self.min_ngram))
+            for task in tasks
+        ]

@@ -29,11 +29,23 @@ import torch
 
 from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.costs import CostModel
-from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
 from quickdraft.policies.records import AcceptanceRecord, AnswerLengthRecord, StepTimeRecord
 from quickdraft.registry import Registry
-from quickdraft.sampling import top_probability
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """What a drafter knows right after drafting a token: what a policy may stop drafting on."""
+
+    logits: torch.Tensor  # [B, V] the draft distribution's logits (temperature 1)
+    hidden: torch.Tensor | None  # [B, H] the draft model's last hidden state, if the runtime gives it
+    num_drafted: int  # tokens drafted so far in this step, this one included
+
+
+# Called after each drafted token with what the drafter knows about it; False stops drafting
+# (confidence-based policies). Drafters without a model never call it.
+KeepDrafting = Callable[[DraftStep], bool]
 
 
 @dataclass(frozen=True)
@@ -128,20 +140,15 @@ class Policy(ABC):
     def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
         """The step proposed ``proposed`` drafts and the target accepted the first ``accepted``."""
 
-    def observe_plain(self, target_logits: torch.Tensor) -> None:
-        """A token was chosen without drafts (the prompt's last position or a step that proposed
-        nothing), from these ``[B, V]`` target logits (temperature 1, before any sampling processing).
-        By default a policy that :meth:`wants_confidence` hears the least confident row's top probability."""
-        if self.wants_confidence():
-            self.observe_confidence(float(top_probability(target_logits).min()))
-
     def wants_confidence(self) -> bool:
-        """Does :meth:`observe_confidence` want the target's confidence after the next plain token? (The batched
-        engine computes it for a few requests a step, taking turns.)"""
+        """Does :meth:`observe_confidence` want the target's confidence after the next token chosen without drafts
+        (the prompt's last position, or a step that proposed nothing)? (The engine computes it for a few requests
+        a step, taking turns.)"""
         return False
 
     def observe_confidence(self, probability: float) -> None:  # noqa: B027 - optional hook
-        """After a plain token: ``probability``, the largest of the target's softmax at it."""
+        """After a token chosen without drafts: ``probability``, the largest of the target's softmax there
+        (temperature 1, before any sampling processing)."""
 
     def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:  # noqa: B027 - optional hook
         """A whole step (choosing, drafting ``proposed`` tokens, verifying, committing) took ``elapsed_ms``."""
@@ -174,6 +181,20 @@ class PolicySpec:
 
     def build(self, context: PolicyContext) -> Policy:
         return self.kind.build(self.argument, context)
+
+    def __str__(self) -> str:
+        return self.name if self.argument is None else f"{self.name}:{self.argument}"
+
+    def __eq__(self, other: object) -> bool:
+        """Specs are equal by name and argument; a spec equals its text (``config.policy == "goodput"``)."""
+        if isinstance(other, str):
+            return str(self) == other
+        if isinstance(other, PolicySpec):
+            return (self.name, self.argument) == (other.name, other.argument)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(str(self))
 
 
 def parse_policy(text: str) -> PolicySpec:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from quickdraft.costs import BatchCostModel, CostModel, expected_tokens
-from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,
     DraftBid,
+    DraftStep,
     Policy,
     PolicyContext,
     PolicyKind,

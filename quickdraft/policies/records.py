@@ -1,6 +1,6 @@
 """What a policy learns and measures across requests: acceptance counts, answer lengths, step times.
 
-One drafter's records are kept in its :class:`quickdraft.memory.DrafterMemory` and shared by its
+One drafter's records are kept in its :class:`quickdraft.drafters.records.DrafterRecords` and shared by its
 requests; each has ``to_dict``/``from_dict`` where it is saved between processes.
 """
 

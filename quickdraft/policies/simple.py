@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from quickdraft.drafters.base import DraftStep
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,
+    DraftStep,
     Policy,
     PolicyContext,
     PolicyKind,

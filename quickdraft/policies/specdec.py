@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from quickdraft.acceptance_head import AcceptanceHead
-from quickdraft.drafters.base import DraftStep
 from quickdraft.errors import ConfigError
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,
+    DraftStep,
     Policy,
     PolicyContext,
     PolicyKind,

@@ -123,3 +123,15 @@ class Runtime(ABC):
         one after another; the native runtime puts them side by side in one pass, bit-identically.
         """
         return [self.forward(torch.tensor([list(row.token_ids)]), row.cache, row.last_only)[0] for row in rows]
+
+    def forward_batch_with_hidden(self, rows: Sequence[BatchRow]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """:meth:`forward_batch` plus each row's last hidden states (after the final norm) ``[K or 1, H]``, for
+        runtimes that :attr:`provides_hidden`. This default runs the rows one after another."""
+        logits, hidden = [], []
+        for row in rows:
+            row_logits, row_hidden = self.forward_with_hidden(
+                torch.tensor([list(row.token_ids)]), row.cache, row.last_only
+            )
+            logits.append(row_logits[0])
+            hidden.append(row_hidden[0])
+        return logits, hidden

@@ -21,8 +21,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from quickdraft.api import Pipeline
-from quickdraft.engine import GenerationResult
+from quickdraft.engine import Event, GenerationResult, QueueFull, RequestFailed, RequestFinished, TokenDelta
 from quickdraft.errors import QuickdraftError
+from quickdraft.server.loop import ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import (
     ApiError,
@@ -34,8 +35,6 @@ from quickdraft.server.protocol import (
     response_body,
     usage_chunk,
 )
-from quickdraft.serving import Event, QueueFull, RequestFailed, RequestFinished, TokenDelta
-from quickdraft.serving.loop import ServingLoop
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 
@@ -97,7 +96,7 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
             body = await request.json()
         except ValueError:
             raise ApiError(400, "the request body is not valid JSON") from None
-        api = parse_request(body, chat, defaults, encode)
+        api = parse_request(body, chat, defaults, encode, pipeline.drafter)
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Event] = asyncio.Queue()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from quickdraft.serving import BatchEngine, StepReport
+from quickdraft.engine import Engine, StepReport
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 TOKEN_TIME_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
@@ -15,7 +15,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 class ServerMetrics:
     """One registry per server (tests run several in a process)."""
 
-    def __init__(self, engine: BatchEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
         scheduler = engine.scheduler

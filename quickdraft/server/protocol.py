@@ -3,8 +3,8 @@
 Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`` / ``messages``, ``max_tokens``
 (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
 ``stream_options.include_usage`` and ``n`` (1 only). quickdraft's extras, which the openai client sends with
-``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``, ``prompt-lookup``, ``none``), ``policy``
-(``goodput``, ``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` and ``return_token_ids``.
+``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``, ``prompt-lookup``, ``early-exit``, ``none``),
+``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` and ``return_token_ids``.
 Other fields are ignored. A bad value raises :class:`ApiError` with the status and message a client sees.
 """
 
@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.drafters import DEFAULT_DRAFTER
-from quickdraft.engine import GenerationResult
+from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
+from quickdraft.engine import GenerationResult, Request
 from quickdraft.errors import QuickdraftError
-from quickdraft.serving import ServeRequest
 
 
 class ApiError(Exception):
@@ -54,7 +53,7 @@ class ServerDefaults:
 class ApiRequest:
     """A parsed request: what to generate, and how to answer."""
 
-    serve: ServeRequest
+    serve: Request
     chat: bool
     stream: bool
     include_usage: bool
@@ -62,9 +61,14 @@ class ApiRequest:
 
 
 def parse_request(
-    body: Any, chat: bool, defaults: ServerDefaults, encode: Callable[[Any, bool], list[int]]
+    body: Any,
+    chat: bool,
+    defaults: ServerDefaults,
+    encode: Callable[[Any, bool], list[int]],
+    drafter_named: Callable[[str], Drafter],
 ) -> ApiRequest:
-    """Validate a request body; ``encode(prompt or messages, chat)`` gives the prompt's token ids."""
+    """Validate a request body; ``encode(prompt or messages, chat)`` gives the prompt's token ids and
+    ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot run)."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
@@ -93,7 +97,7 @@ def parse_request(
         drafter = _field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
             raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")
-        serve = ServeRequest(tuple(prompt_ids), config, drafter)
+        serve = Request(tuple(prompt_ids), config, drafter_named(drafter))
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error)) from None
     options = body.get("stream_options") or {}

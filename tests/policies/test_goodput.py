@@ -9,16 +9,17 @@ import torch
 from conftest import DEFAULT_PAIR, EXPENSIVE_DRAFT, FLAT, MODERATE, READS_SLOWLY, STEEP
 
 from quickdraft.costs import CostModel
-from quickdraft.drafters.base import DraftStep
 from quickdraft.policies import (
     AcceptanceRecord,
     AnswerLength,
     AnswerLengthRecord,
     BetaCounts,
+    DraftStep,
     GoodputPolicy,
     StepState,
     StepTimeRecord,
 )
+from quickdraft.sampling import top_probability as top_probability_of
 
 BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
 
@@ -44,20 +45,26 @@ def target_logits(top_probability: float, vocab: int = 8) -> torch.Tensor:
     return torch.tensor([[top_probability] + [rest] * (vocab - 1)]).log()
 
 
+def observe_plain(policy: GoodputPolicy, probability: float) -> None:
+    """A token chosen without drafts, as the engine tells a policy of it: the target's confidence, if it wants it."""
+    if policy.wants_confidence():
+        policy.observe_confidence(float(top_probability_of(target_logits(probability))))
+
+
 def choose_plainly_observed(policy: GoodputPolicy, states: list[StepState], top_probability: float) -> list[int]:
     """Choose γ for each state; after every plain step the policy sees the target's logits, as in the engine."""
     chosen = []
     for state in states:
         chosen.append(policy.choose(state))
         if chosen[-1] == 0:
-            policy.observe_plain(target_logits(top_probability))
+            observe_plain(policy, top_probability)
     return chosen
 
 
 def seen_plainly(policy: GoodputPolicy, count: int, top_probability: float) -> None:
     """The policy sees the target's logits of ``count`` plain tokens (the prefill's and plain steps')."""
     for _ in range(count):
-        policy.observe_plain(target_logits(top_probability))
+        observe_plain(policy, top_probability)
 
 
 def test_goodput_stops_drafting_when_nothing_is_accepted() -> None:
@@ -200,7 +207,7 @@ def test_goodput_counts_the_targets_confidence_before_paying_for_the_reading() -
     beta = (later_accepted + 2.0 * alpha) / (later_accepted + later_rejected + 2.0)  # shrunk toward α
     assert sure.acceptance_rate() == pytest.approx(alpha) and sure.continuation_rate() == pytest.approx(beta)
     seen = sure.top_probability_sum
-    sure.observe_plain(target_logits(0.01))
+    observe_plain(sure, 0.01)
     assert sure.top_probability_sum == seen  # a later plain step is not evidence
     assert sure.choose(StepState(remaining_tokens=100, drafter_backlog=30)) > 0
     at_once = GoodputPolicy(DEFAULT_PAIR, 16, good)

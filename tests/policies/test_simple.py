@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.drafters.base import DraftStep
 from quickdraft.policies import (
+    DraftStep,
     PolicyContext,
     make_policy,
 )

@@ -107,12 +107,14 @@ class NativeRuntime(Runtime):
         return self.decoder.forward(token_ids.cpu(), cache.static, last_only, return_hidden=True)
 
     def forward_batch(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
+        return self.forward_batch_with_hidden(rows)[0]
+
+    def forward_batch_with_hidden(self, rows: Sequence[BatchRow]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         requests = []
         for row in rows:
             assert isinstance(row.cache, NativeCache), "a cache belongs to the runtime that made it"
             requests.append((row.cache.static, list(row.token_ids), row.last_only))
-        logits, _ = self.decoder.forward_rows(requests)
-        return logits
+        return self.decoder.forward_rows(requests)
 
     def forward_early_exit(self, token_ids: torch.Tensor, cache: KVCache, start: int, exit_layer: int) -> torch.Tensor:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"

@@ -5,22 +5,21 @@ from __future__ import annotations
 import logging
 import threading
 
-from quickdraft.serving.engine import BatchEngine
-from quickdraft.serving.request import RequestFailed, ServeRequest, Sink
+from quickdraft.engine import Engine, Request, RequestFailed, Sink
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5  # how long an idle loop sleeps before it looks again (a submit wakes it at once)
 
 
 class ServingLoop:
-    """Runs :meth:`BatchEngine.step` while there is work, sleeping when idle: in a daemon thread of its own
+    """Runs :meth:`Engine.step` while there is work, sleeping when idle: in a daemon thread of its own
     (:meth:`start`), or on the caller's thread (:meth:`run`; ``own_thread=False``).
 
     ``quickdraft serve`` steps on the main thread and serves HTTP from another: on the 2-core Xeon the same
     generation ran 14–19 % slower from a second thread than from the main one (torch's OpenMP workers), and
     that was most of the server's time per output token beyond the single-request engine's."""
 
-    def __init__(self, engine: BatchEngine, own_thread: bool = True) -> None:
+    def __init__(self, engine: Engine, own_thread: bool = True) -> None:
         self.engine = engine
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -42,8 +41,8 @@ class ServingLoop:
     def alive(self) -> bool:
         return self._thread.is_alive() if self._thread is not None else self._running
 
-    def submit(self, request: ServeRequest, sink: Sink) -> None:
-        """Queue a request (raises for a bad one or a full queue, see :meth:`BatchEngine.submit`)."""
+    def submit(self, request: Request, sink: Sink) -> None:
+        """Queue a request (raises for a bad one or a full queue, see :meth:`Engine.submit`)."""
         self.engine.submit(request, sink)
         self._wake.set()
 
@@ -72,8 +71,5 @@ class ServingLoop:
                 self._wake.clear()
 
     def _fail_running(self, message: str) -> None:
-        scheduler = self.engine.scheduler
-        for state in list(scheduler.running):
-            scheduler.finish(state)
-            state.release()
+        for state in self.engine.fail_running():
             state.sink(RequestFailed(message))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.memory import DrafterMemory
+from quickdraft.drafters import DrafterRecords
 from quickdraft.policies import AnswerLength
 
 
@@ -18,14 +18,14 @@ def learned(path: Path) -> dict:
 
 def test_what_was_learned_survives_the_learned_file(tmp_path: Path) -> None:
     path = tmp_path / "drafter.learned.json"
-    memory = DrafterMemory()
-    memory.acceptance.add(4, 2)  # first accepted; later: 1 accepted, 1 rejected
-    memory.answer_lengths.add(12)
-    memory.answer_lengths.add(40, cut_by_budget=True)
-    memory.save_learned(path)
-    later = DrafterMemory()
+    records = DrafterRecords()
+    records.acceptance.add(4, 2)  # first accepted; later: 1 accepted, 1 rejected
+    records.answer_lengths.add(12)
+    records.answer_lengths.add(40, cut_by_budget=True)
+    records.save_learned(path)
+    later = DrafterRecords()
     assert later.load_learned(path) == 2
-    assert later.acceptance == memory.acceptance
+    assert later.acceptance == records.acceptance
     assert list(later.answer_lengths.answers) == [AnswerLength(12, False), AnswerLength(40, True)]
 
 
@@ -34,21 +34,21 @@ def test_a_missing_or_unreadable_learned_file_holds_no_answers(tmp_path: Path, c
     path = tmp_path / "drafter.learned.json"
     if content is not None:
         path.write_text(content)
-    memory = DrafterMemory()
-    assert memory.load_learned(path) == 0
-    memory.answer_lengths.add(7)
-    memory.save_learned(path)  # replaces what could not be read
+    records = DrafterRecords()
+    assert records.load_learned(path) == 0
+    records.answer_lengths.add(7)
+    records.save_learned(path)  # replaces what could not be read
     assert learned(path)["answers"] == [[7, False]]
 
 
 def test_runs_that_learn_at_the_same_time_both_add_to_the_learned_file(tmp_path: Path) -> None:
     """Two runs read the file, each learns one answer, both write: the second used to drop the first's."""
     path = tmp_path / "drafter.learned.json"
-    earlier = DrafterMemory()
+    earlier = DrafterRecords()
     earlier.acceptance.add(1, 1)
     earlier.answer_lengths.add(10)
     earlier.save_learned(path)
-    runs = [DrafterMemory(), DrafterMemory()]
+    runs = [DrafterRecords(), DrafterRecords()]
     for run in runs:
         assert run.load_learned(path) == 1
     runs[0].acceptance.add(2, 2)  # first accepted, one later accepted
@@ -70,12 +70,12 @@ def test_runs_that_learn_at_the_same_time_both_add_to_the_learned_file(tmp_path:
 
 def test_a_full_learned_file_keeps_the_newest_answers_of_every_run(tmp_path: Path) -> None:
     path = tmp_path / "drafter.learned.json"
-    full = DrafterMemory()
+    full = DrafterRecords()
     capacity = full.answer_lengths.capacity
     for num_tokens in range(capacity):
         full.answer_lengths.add(num_tokens)
     full.save_learned(path)
-    runs = [DrafterMemory(), DrafterMemory()]
+    runs = [DrafterRecords(), DrafterRecords()]
     for num_tokens, run in enumerate(runs, start=1000):
         assert run.load_learned(path) == capacity
         run.answer_lengths.add(num_tokens)  # its record drops the oldest answer, and still holds 256
@@ -88,17 +88,17 @@ def test_a_full_learned_file_keeps_the_newest_answers_of_every_run(tmp_path: Pat
 def test_learning_afresh_replaces_the_learned_file(tmp_path: Path) -> None:
     """--recalibrate forgets earlier answers: what it learns then is the file's whole content."""
     path = tmp_path / "drafter.learned.json"
-    earlier = DrafterMemory()
+    earlier = DrafterRecords()
     earlier.answer_lengths.add(10)
     earlier.save_learned(path)
-    memory = DrafterMemory()
-    memory.load_learned(path)
-    memory.forget_answers()
-    memory.answer_lengths.add(20)
-    memory.save_learned(path)
+    records = DrafterRecords()
+    records.load_learned(path)
+    records.forget_answers()
+    records.answer_lengths.add(20)
+    records.save_learned(path)
     assert learned(path)["answers"] == [[20, False]]
-    memory.answer_lengths.add(30)  # from here on it adds to the file it wrote
-    memory.save_learned(path)
+    records.answer_lengths.add(30)  # from here on it adds to the file it wrote
+    records.save_learned(path)
     assert learned(path)["answers"] == [[20, False], [30, False]]
 
 
@@ -115,9 +115,9 @@ def test_the_learned_file_is_read_and_written_under_its_lock(tmp_path: Path, mon
                 lock_states.append("held")
         target.write_text(text)
 
-    monkeypatch.setattr("quickdraft.memory.write_atomically", write_while_checking_the_lock)
-    memory = DrafterMemory()
-    memory.load_learned(path)
-    memory.answer_lengths.add(5)
-    memory.save_learned(path)
+    monkeypatch.setattr("quickdraft.drafters.records.write_atomically", write_while_checking_the_lock)
+    records = DrafterRecords()
+    records.load_learned(path)
+    records.answer_lengths.add(5)
+    records.save_learned(path)
     assert lock_states == ["held"] and learned(path)["answers"] == [[5, False]]

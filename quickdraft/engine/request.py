@@ -1,4 +1,4 @@
-"""A request of the batched engine: what was asked (frozen), what it hears back, and its state while it runs."""
+"""A request of the engine: what was asked (frozen), what it hears back, and its state while it runs."""
 
 from __future__ import annotations
 
@@ -10,35 +10,31 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import GenerationConfig
-from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
-from quickdraft.drafters.draft_model import DraftCache
-from quickdraft.drafters.hybrid import ContextCopies
-from quickdraft.engine import GenerationResult
-from quickdraft.errors import ConfigError
+from quickdraft.drafters import Drafter, DraftState
 from quickdraft.policies import Policy
 from quickdraft.runtime.base import KVCache
 from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDecoder
 
-# early exit is not served: it drafts into one request's target cache
-SERVED_DRAFTERS = ("hybrid", "draft-model", "prompt-lookup", "none")
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One generation request: prompt token ids, its settings and the drafter that speculates for it (an object,
+    resolved by name at the edge: ``Pipeline.drafter``)."""
+
+    prompt_ids: tuple[int, ...]
+    config: GenerationConfig
+    drafter: Drafter  # a NoDrafter: plain decoding for this request, whatever the others do
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    policy: Policy | None = None  # a ready policy (e.g. one that records); None: config.policy, built at submission
 
 
 @dataclass(frozen=True)
-class ServeRequest:
-    """One generation request: prompt token ids, its settings, and which drafter speculates for it."""
-
-    prompt_ids: tuple[int, ...]
-    config: GenerationConfig = field(default_factory=GenerationConfig)
-    drafter: str = DEFAULT_DRAFTER  # "none": plain decoding for this request, whatever the others do
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-    def __post_init__(self) -> None:
-        DRAFTERS.get(self.drafter)  # an unknown name raises UnknownNameError listing the known ones
-        if self.drafter not in SERVED_DRAFTERS:
-            raise ConfigError(
-                f"the {self.drafter} drafter is not served in batches; choose one of: {', '.join(SERVED_DRAFTERS)}"
-            )
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # new tokens only, an end-of-sequence token included
+    finish_reason: str  # "eos" | "length" | "stop" | "cancelled"
+    stats: GenerationStats
 
 
 @dataclass(frozen=True)
@@ -71,21 +67,19 @@ Sink = Callable[[Event], None]  # called on the engine's thread: hand the event 
 class RequestState:
     """A running request: its caches, the committed tokens, its policy's and decoder's state."""
 
-    request: ServeRequest
+    request: Request
     sink: Sink
     policy: Policy
     generator: torch.Generator  # unseeded sampling draws from it; seeded, from position noise
     decoder: IncrementalDecoder
     committed: list[int]  # prompt + new tokens; the target's cache holds all but the last once prefilled
     cache: KVCache | None = None  # the target's, from admission until the request ends
-    draft_cache: DraftCache | None = None  # the draft model's (draft-model requests), from admission
-    copies: ContextCopies | None = None  # a hybrid request's copies from its context
+    draft_state: DraftState | None = None  # the drafter's state of this request, from admission until it ends
     prefilled: int = 0  # prompt tokens the target has read
     confidence_step: int = 0  # the engine's step at which its policy last heard the target's confidence
     new_token_ids: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
 
     @property
     def prompt_length(self) -> int:
@@ -95,8 +89,3 @@ class RequestState:
     def decoding(self) -> bool:
         """The prompt is read and the first token committed: the request takes part in draft-and-verify steps."""
         return self.prefilled == self.prompt_length and bool(self.new_token_ids)
-
-    def release(self) -> None:
-        """Free the caches (the memory of a finished or cancelled request)."""
-        self.cache = None
-        self.draft_cache = None

@@ -1,22 +1,19 @@
 """What one drafter learns and measures across requests, and where it is kept between processes.
 
-A :class:`DrafterMemory` bundles a drafter's acceptance record, answer lengths, step times, cost
-model and acceptance head: the pipeline holds one per drafter, the engine takes it, and a policy sees
-it through a :class:`PolicyContext`. Its learned part (acceptance and answer lengths) is saved to a
-*learned file* so a process that serves one request (the CLI) begins where earlier ones left off;
-runs that learn at the same time each add what they learned to it, under a lock beside it.
+A :class:`DrafterRecords` bundles a drafter's acceptance record, answer lengths, step times, cost
+model and acceptance head: every drafter holds one (shared by drafters of the same name), and a
+request's policy sees it through a :class:`PolicyContext`. Its learned part (acceptance and answer
+lengths) is saved to a *learned file* so a process that serves one request (the CLI) begins where
+earlier ones left off; runs that learn at the same time each add what they learned to it, under a
+lock beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
-import os
-import tempfile
 from collections import deque
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ from typing import Any
 from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
-from quickdraft.models.catalog import cache_root
+from quickdraft.files import exclusive_lock, lock_file, write_atomically
 from quickdraft.policies import (
     AcceptanceRecord,
     AnswerLength,
@@ -34,15 +31,10 @@ from quickdraft.policies import (
     StepTimeRecord,
 )
 
-try:
-    import fcntl
-except ImportError:  # Windows: learned files and calibrations are still written atomically, but not locked
-    fcntl = None  # type: ignore[assignment]
-
 
 @dataclass
-class DrafterMemory:
-    """One drafter's state shared by its requests: what it learned of answers, what steps cost."""
+class DrafterRecords:
+    """One drafter's records, shared by its requests: what it learned of answers, what its steps cost."""
 
     acceptance: AcceptanceRecord = field(default_factory=AcceptanceRecord)  # first and later drafts accepted
     answer_lengths: AnswerLengthRecord = field(default_factory=AnswerLengthRecord)  # how long answers ran
@@ -52,7 +44,7 @@ class DrafterMemory:
     synced: SyncPoint | None = field(default=None, init=False, repr=False)  # None: the learned records continue no file
 
     def policy_context(self, config: GenerationConfig, offers_copies: bool = False) -> PolicyContext:
-        """What a request's policy may use: its γ settings, this memory and whether its drafter offers copies."""
+        """What a request's policy may use: its γ settings, these records and whether its drafter offers copies."""
         assert config.num_draft_tokens is not None  # resolved by GenerationConfig
         return PolicyContext(
             config.num_draft_tokens,
@@ -111,7 +103,7 @@ class DrafterMemory:
 
 @dataclass(frozen=True)
 class SyncPoint:
-    """Where a memory's learned records last agreed with its learned file: what was learned after it is
+    """Where the learned records last agreed with its learned file: what was learned after it is
     what the next save adds to the file."""
 
     acceptance: AcceptanceRecord  # the acceptance counts then
@@ -145,52 +137,3 @@ def read_learned(path: Path) -> tuple[AcceptanceRecord, list[AnswerLength]] | No
     if not all(answer.num_tokens >= 0 and isinstance(answer.cut_by_budget, bool) for answer in answers):
         return None
     return acceptance, answers
-
-
-def calibrations_dir() -> Path:
-    """Where measured cost models and learned files are saved: ``$QUICKDRAFT_CACHE/calibrations``."""
-    return cache_root() / "calibrations"
-
-
-def keyed_file(key: Mapping[str, Any], suffix: str) -> Path:
-    """A file in :func:`calibrations_dir` named by the hash of everything its content depends on."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return calibrations_dir() / f"{digest}{suffix}"
-
-
-def lock_file(path: Path) -> Path:
-    """The lock file beside ``path``: ``<path>.lock``."""
-    return path.with_name(f"{path.name}.lock")
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the file at ``path`` (made if missing) through the ``with`` block: another
-    process taking it waits until the block ends. Where the lock cannot be had (a read-only directory, a
-    system without ``fcntl``) the block runs unlocked."""
-    handle = None
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
-        if handle is not None:
-            os.close(handle)  # releases the lock
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, so a reader (or a process stopped
-    mid-write) sees the old file or the new one, never a cut one; raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise

@@ -1,49 +1,32 @@
-"""Continuous batching: many requests decoded together, each with its own speculation.
+"""The one speculative decoding loop, for one request and for many: a request alone is a batch of one.
 
-Every step, each running request either reads a chunk of its prompt or drafts γ_i tokens (0 allowed); one
-target forward scores every request's last committed token and drafts side by side with the prompt chunks
-(:meth:`Runtime.forward_batch`), and each request keeps the drafts its own acceptance rule accepts, exactly as
-:class:`quickdraft.engine.SpeculativeEngine` does for one request. On the native runtime a request's logits
-are bitwise those of decoding it alone, so its greedy and seeded output do not depend on what else runs.
-Requests join and leave at step boundaries. Goodput requests' γ are chosen together for the whole step
-(:func:`quickdraft.policies.plan_batch`).
+Every step, each running request either reads a chunk of its prompt or drafts γ_i tokens (0 allowed) with its
+own drafter and policy; one target forward scores every request's last committed token and drafts side by side
+with the prompt chunks (:meth:`Runtime.forward_batch`), and each request keeps the drafts its own acceptance
+rule accepts (:mod:`quickdraft.engine.rules`). On the native runtime a request's logits are bitwise those of
+decoding it alone, so its greedy and seeded output do not depend on what else runs. Requests join and leave at
+step boundaries. Goodput requests' γ are chosen together for the whole step (:func:`plan_batch`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from quickdraft.config import GenerationConfig
 from quickdraft.costs import BatchCostModel
-from quickdraft.drafters import DRAFTERS
-from quickdraft.drafters.base import DrafterOptions, DraftProposal
-from quickdraft.drafters.draft_model import DraftCache
-from quickdraft.engine import (
-    GenerationResult,
-    check_prompt,
-    choose_token,
-    commit_tokens,
-    committed_drafts,
-    verify_drafts,
-)
+from quickdraft.drafters import Drafter, DraftProposal, DraftTask
+from quickdraft.engine.request import GenerationResult, Request, RequestFinished, RequestState, Sink, TokenDelta
+from quickdraft.engine.rules import check_prompt, choose_token, commit_tokens, committed_drafts, verify_drafts
+from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
+from quickdraft.engine.stream import GenerationStream
 from quickdraft.errors import ConfigError
-from quickdraft.memory import DrafterMemory
-from quickdraft.policies import DraftBid, FixedPolicy, StepState, parse_policy, plan_batch
+from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepState, plan_batch
 from quickdraft.runtime.base import BatchRow, Runtime
 from quickdraft.sampling import make_generator, top_probability
-from quickdraft.serving.drafting import BatchDrafter
-from quickdraft.serving.request import (
-    RequestFinished,
-    RequestState,
-    ServeRequest,
-    Sink,
-    TokenDelta,
-)
-from quickdraft.serving.scheduler import Scheduler, SchedulerSettings
 from quickdraft.text import IncrementalDecoder
 
 CONFIDENCE_ROWS_PER_STEP = 4  # requests whose policy hears the target's confidence in a step
@@ -71,70 +54,79 @@ class StepPlan:
     gammas: dict[RequestState, int] = field(default_factory=dict)  # decoding requests and their γ
     copying: set[RequestState] = field(default_factory=set)  # requests whose drafts are copies from their context
 
+    @property
+    def alone(self) -> bool:
+        """One request decodes and nothing else runs: the step is the single-request problem."""
+        return len(self.gammas) == 1 and not self.chunks
 
-class BatchEngine:
-    """Decodes many requests together; :meth:`submit` from any thread, :meth:`step` on one."""
+
+class Engine:
+    """Decodes requests with a target runtime: :meth:`submit` from any thread and :meth:`step` on one, or
+    :meth:`generate` / :meth:`stream` one request on the caller's thread."""
 
     def __init__(
         self,
         target: Runtime,
         tokenizer: Any,
         eos_token_ids: frozenset[int],
-        draft: Runtime | None = None,
-        memories: Mapping[str, DrafterMemory] | None = None,
-        batch_costs: BatchCostModel | None = None,
         settings: SchedulerSettings | None = None,
-        options: DrafterOptions | None = None,
+        batch_costs: BatchCostModel | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
-        self.draft = draft
-        self.memories = dict(memories or {})  # per drafter: acceptance record, answer lengths, cost model
-        self.batch_costs = batch_costs  # the measured batch curve goodput plans shared steps with
+        self.batch_costs = batch_costs  # the measured batch curve goodput plans shared steps with (None: bids stand)
         self.scheduler = Scheduler(settings or SchedulerSettings())
-        self.drafter = BatchDrafter(
-            draft, target.vocab_size, options or DrafterOptions(), self.scheduler.settings.prefill_tokens_per_step
-        )
-        self.on_step: Callable[[StepReport], None] | None = None
+        self.on_step: Any = None  # called with every StepReport
         self.steps = 0  # steps taken
 
     # -- requests --------------------------------------------------------------------------------------
 
-    def submit(self, request: ServeRequest, sink: Sink) -> None:
+    def submit(self, request: Request, sink: Sink) -> None:
         """Queue ``request``; its events go to ``sink`` on the engine's thread. Bad requests raise here
         (``PromptError``, ``ConfigError``), a full queue raises ``QueueFull``."""
-        config = request.config
-        check_prompt(list(request.prompt_ids), config, self.target.max_context)
-        if DRAFTERS.get(request.drafter).needs_draft_model and self.draft is None:
-            raise ConfigError(f"the {request.drafter} drafter needs a draft model, and none is loaded")
-        state = RequestState(
+        self.enqueue(self.new_state(request, sink))
+
+    def new_state(self, request: Request, sink: Sink) -> RequestState:
+        """A checked request's state, its policy built, ready to :meth:`enqueue`; bad requests raise."""
+        check_prompt(list(request.prompt_ids), request.config, self.target.max_context)
+        return RequestState(
             request=request,
             sink=sink,
-            policy=self._make_policy(request),
-            generator=make_generator(config.sampling.seed),
-            decoder=IncrementalDecoder(self.tokenizer, config.stop),
+            policy=request.policy or self._make_policy(request),
+            generator=make_generator(request.config.sampling.seed),
+            decoder=IncrementalDecoder(self.tokenizer, request.config.stop),
             committed=list(request.prompt_ids),
         )
+
+    def enqueue(self, state: RequestState) -> None:
+        state.submitted = time.perf_counter()
         self.scheduler.add(state)
+
+    def stream(self, request: Request) -> GenerationStream:
+        """Decode ``request`` on the caller's thread, stepping whatever else the engine runs too; the stream
+        yields its text deltas. A bad request raises here, not at the first delta."""
+        return GenerationStream(self, request)
+
+    def generate(self, request: Request) -> GenerationResult:
+        return self.stream(request).finish()
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step boundary and free its caches; it ends with finish reason "cancelled"."""
         self.scheduler.cancel(request_id)
 
-    def memory(self, drafter: str) -> DrafterMemory:
-        return self.memories.setdefault(drafter, DrafterMemory())
+    def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
+        check_prompt(prompt_ids, config, self.target.max_context)
 
-    def _make_policy(self, request: ServeRequest) -> Any:
-        if not DRAFTERS.get(request.drafter).proposes_drafts:
+    def _make_policy(self, request: Request) -> Policy:
+        """The request's policy; a drafter that never drafts gets plain steps whatever the policy."""
+        drafter = request.drafter
+        if not drafter.proposes_drafts:
             return FixedPolicy(0)
-        spec = parse_policy(request.config.policy)  # type: ignore[arg-type]
-        memory = self.memory(request.drafter)
-        if spec.kind.needs_cost_model and memory.cost_model is None:
-            raise ConfigError(f"the {spec.name} policy needs the {request.drafter} drafter's measured costs")
-        if spec.kind.needs_cost_model and self.batch_costs is None:
-            raise ConfigError(f"the {spec.name} policy needs the measured batch costs to share steps")
-        return spec.build(memory.policy_context(request.config, DRAFTERS.get(request.drafter).offers_copies))
+        spec = request.config.policy_spec
+        if spec.kind.needs_cost_model and drafter.records.cost_model is None:
+            raise ConfigError(f"the {spec.name} policy needs the drafter's measured costs, and none were measured")
+        return spec.build(drafter.policy_context(request.config))
 
     @property
     def idle(self) -> bool:
@@ -145,20 +137,30 @@ class BatchEngine:
         while self.step() is not None:
             pass
 
+    def fail_running(self) -> list[RequestState]:
+        """Drop every running request after a failed step (their caches may be half-written); returns them."""
+        failed = list(self.scheduler.running)
+        for state in failed:
+            self.scheduler.finish(state)
+            state.cache = state.draft_state = None
+        return failed
+
     # -- the step loop ---------------------------------------------------------------------------------
 
     def step(self) -> StepReport | None:
         """One step for every running request; None when there is nothing to do."""
         started = time.perf_counter()
         self.steps += 1
-        # 1. Drop cancelled requests (their caches go with them) and admit waiting ones into free slots.
+        # 1. Drop cancelled requests (their caches go with them) and admit waiting ones into free slots: each
+        #    gets a target cache and its drafter's state.
         for state in self.scheduler.take_cancelled():
             self._finish(state, "cancelled")
         admitted = self.scheduler.admit()
         for state in admitted:
-            self._start(state)
-        if any(state.draft_cache is not None for state in admitted):
-            self.drafter.focus(self.scheduler.running)
+            state.cache = self.target.new_cache(1)
+            state.draft_state = state.request.drafter.start(state.request.prompt_ids, state.cache)
+        if any(state.request.drafter.needs_draft_model for state in admitted):
+            self._focus()
         if not self.scheduler.running:
             return None
 
@@ -166,25 +168,32 @@ class BatchEngine:
         #    bids trimmed together to what pays in this step.
         plan = self._plan()
 
-        # 3. Draft for every decoding request: batched draft-model forwards, prompt lookup per request.
-        alone = len(plan.gammas) == 1 and not plan.chunks  # a step like the single-request engine's
-        proposals = self.drafter.propose(plan.gammas, plan.copying, alone)
+        # 3. Draft: each drafter proposes for its requests of the step together.
+        tick = time.perf_counter()
+        proposals = self._draft(plan)
+        draft_s = time.perf_counter() - tick
 
-        # 4. One target forward over every decoding request's last token and drafts and every prompt chunk.
+        # 4. Verify: one target forward over every decoding request's last token and drafts and every prompt chunk.
+        tick = time.perf_counter()
         decoding = list(plan.gammas)
         rows = [
-            BatchRow(state.cache, [state.committed[-1], *proposals[state].token_ids[0].tolist()]) for state in decoding
+            BatchRow(state.cache, [state.committed[-1], *proposals[state].token_ids[0].tolist()])  # type: ignore[arg-type]
+            for state in decoding
         ]
         rows += [
-            BatchRow(state.cache, state.committed[state.prefilled :][:n], last_only=True) for state, n in plan.chunks
+            BatchRow(state.cache, state.committed[state.prefilled :][:n], last_only=True)  # type: ignore[arg-type]
+            for state, n in plan.chunks
         ]
         logits = self.target.forward_batch(rows) if rows else []
+        forward_s = time.perf_counter() - tick
 
-        # 5. Accept per request, roll its target cache back past rejected drafts; commit and stream.
+        # 5. Accept per request and roll its target cache back past rejected drafts; commit, stream, learn.
         new_tokens = proposed = accepted = finished = 0
         plain_logits: list[tuple[RequestState, torch.Tensor]] = []  # [1, V] each: tokens chosen without drafts
         for state, target_logits in zip(decoding, logits, strict=False):
-            kept, committed = self._accept(state, proposals[state], target_logits, started, alone)
+            state.stats.draft_s += draft_s
+            kept, committed = self._accept(state, proposals[state], target_logits, started if plan.alone else None)
+            state.stats.verify_s += forward_s
             proposed, accepted = proposed + proposals[state].num_tokens, accepted + kept
             new_tokens, finished = new_tokens + committed, finished + (state.cache is None)
             if proposals[state].num_tokens == 0:
@@ -194,7 +203,7 @@ class BatchEngine:
         for (state, n), chunk_logits in zip(plan.chunks, logits[len(decoding) :], strict=True):
             state.prefilled += n
             if state.prefilled == state.prompt_length:
-                new_tokens, finished = new_tokens + 1, finished + self._first_token(state, chunk_logits, started)
+                new_tokens, finished = new_tokens + 1, finished + self._first_token(state, chunk_logits)
                 plain_logits.append((state, chunk_logits))
 
         # 7. Policies that learn from the target's confidence after plain tokens hear it, a few requests a step.
@@ -215,25 +224,29 @@ class BatchEngine:
             self.on_step(report)
         return report
 
-    def _start(self, state: RequestState) -> None:
-        state.cache = self.target.new_cache(1)
-        if DRAFTERS.get(state.request.drafter).needs_draft_model and self.draft is not None:
-            state.draft_cache = DraftCache(self.draft.new_cache(1))
+    def _focus(self) -> None:
+        """Drafters with a draft model share it: its LM head, where it computes part of the vocabulary, also
+        computes the prompt tokens of every running request that drafts with it."""
+        users = [state for state in self.scheduler.running if state.request.drafter.needs_draft_model]
+        prompts = [state.request.prompt_ids for state in users]
+        for drafter in {id(state.request.drafter): state.request.drafter for state in users}.values():
+            drafter.focus(prompts)
 
     def _plan(self) -> StepPlan:
         plan = StepPlan(chunks=self.scheduler.prefill_chunks())
         decoding = [state for state in self.scheduler.running if state.decoding]
         bids: list[DraftBid] = []
-        uses_draft_model: list[bool] = []  # drafts with the draft model this step (not copies)
+        uses_draft_model: list[bool] = []  # drafts with a draft model this step (not copies)
         for state in decoding:
+            drafter, draft_state = state.request.drafter, state.draft_state
             remaining_tokens = state.request.config.max_new_tokens - len(state.new_token_ids)
-            free_drafts = self.drafter.free_drafts(state)
-            step_state = StepState(remaining_tokens, self.drafter.backlog(state), len(state.new_token_ids), free_drafts)
-            bid = state.policy.bid(step_state)  # a step never drafts past the request's budget
+            free_drafts = drafter.free_drafts(draft_state, state.committed)  # type: ignore[arg-type]
+            backlog = drafter.backlog(draft_state, state.committed)  # type: ignore[arg-type]
+            bid = state.policy.bid(StepState(remaining_tokens, backlog, len(state.new_token_ids), free_drafts))
             bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
             if free_drafts > 0 and bid.copies:
                 plan.copying.add(state)
-            uses_draft_model.append(state.draft_cache is not None and state not in plan.copying)
+            uses_draft_model.append(drafter.needs_draft_model and state not in plan.copying)
         gammas = [bid.num_draft_tokens for bid in bids]
         # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
         # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
@@ -245,11 +258,38 @@ class BatchEngine:
             state.stats.gamma_per_step.append(gamma)
         return plan
 
+    def _draft(self, plan: StepPlan) -> dict[RequestState, DraftProposal]:
+        """Each drafting request's proposal (an empty one for γ = 0). A drafter drafts for all its requests of the
+        step together; a draft model reads at most a prompt chunk's worth of backlog before drafting, unless the
+        request is alone (there is no one for the reading to stall)."""
+        proposals = {state: DraftProposal.empty() for state in plan.gammas}
+        tasks: dict[Drafter, list[tuple[RequestState, DraftTask]]] = {}
+        for state, gamma in plan.gammas.items():
+            if gamma > 0:
+                task = DraftTask(
+                    state.draft_state,  # type: ignore[arg-type]
+                    state.committed,
+                    gamma,
+                    state.request.config.sampling,
+                    state.generator,
+                    state.policy.keep_drafting,
+                    copies=state in plan.copying,
+                )
+                tasks.setdefault(state.request.drafter, []).append((state, task))
+        max_read_tokens = None if plan.alone else self.scheduler.settings.prefill_tokens_per_step
+        for drafter, pairs in tasks.items():
+            drafted = drafter.propose([task for _, task in pairs], max_read_tokens)
+            proposals.update(zip([state for state, _ in pairs], drafted, strict=True))
+        return proposals
+
     def _accept(
-        self, state: RequestState, proposal: DraftProposal, target_logits: torch.Tensor, started: float, single: bool
+        self, state: RequestState, proposal: DraftProposal, target_logits: torch.Tensor, step_started: float | None
     ) -> tuple[int, int]:
-        """Verify a decoding request's drafts and commit; (drafts kept, tokens committed)."""
+        """Verify a decoding request's drafts, commit, let its policy and drafter learn; (drafts kept, tokens
+        committed). ``step_started``: when a step that held this request alone began (its policy learns what
+        such a step takes); None otherwise."""
         config, draft_token_ids = state.request.config, proposal.token_ids  # [1, γ]
+        tick = time.perf_counter()
         result = verify_drafts(
             draft_token_ids,
             proposal.probs,
@@ -260,16 +300,19 @@ class BatchEngine:
         )
         num_accepted = int(result.num_accepted[0])
         state.cache.truncate(len(state.committed) + num_accepted)  # type: ignore[union-attr]
+        state.stats.verify_s += time.perf_counter() - tick
         state.stats.target_forwards += 1
         state.stats.proposed_per_step.append(proposal.num_tokens)
-        num_committed = self._commit(state, result.committed_token_ids(draft_token_ids))
-        num_judged, num_kept = committed_drafts(proposal.num_tokens, num_accepted, num_committed)
+        committed_tokens, finish_reason = self._commit(state, result.committed_token_ids(draft_token_ids))
+        num_judged, num_kept = committed_drafts(proposal.num_tokens, num_accepted, len(committed_tokens))
         state.stats.draft_tokens_proposed += proposal.num_tokens
         state.stats.draft_tokens_accepted += num_kept
         state.policy.observe(num_judged, num_kept)
-        if single and state not in self.drafter.only_read:  # a step like the single engine's times its steps
-            state.policy.observe_step_time(proposal.num_tokens, 1000 * (time.perf_counter() - started))
-        return num_kept, num_committed
+        state.request.drafter.observe(state.draft_state, num_judged, num_kept)  # type: ignore[arg-type]
+        if step_started is not None:
+            state.policy.observe_step_time(proposal.num_tokens, 1000 * (time.perf_counter() - step_started))
+        self._deliver(state, committed_tokens, finish_reason)
+        return num_kept, len(committed_tokens)
 
     def _observe_confidence(self, rows: list[tuple[RequestState, torch.Tensor]]) -> None:
         """The policies of these requests, whose tokens were chosen without drafts, hear the target's top probability
@@ -283,17 +326,17 @@ class BatchEngine:
             state.confidence_step = self.steps
             state.policy.observe_confidence(float(top_probability(logits)))
 
-    def _first_token(self, state: RequestState, logits: torch.Tensor, started: float) -> bool:
+    def _first_token(self, state: RequestState, logits: torch.Tensor) -> bool:
         """Commit the first token from the prompt's last position ``[1, V]``; True if the request ended."""
         sampling = state.request.config.sampling
         first_token = int(choose_token(logits, sampling, state.generator, position=state.prompt_length)[0])
         state.stats.target_forwards += 1
         state.stats.prefill_s = time.perf_counter() - state.submitted
-        self._commit(state, [first_token])
+        self._deliver(state, *self._commit(state, [first_token]))
         return state.cache is None
 
-    def _commit(self, state: RequestState, step_tokens: list[int]) -> int:
-        """Commit a step's tokens and stream them; finish the request at its end. Returns the tokens committed."""
+    def _commit(self, state: RequestState, step_tokens: list[int]) -> tuple[list[int], str | None]:
+        """Commit a step's tokens up to the end of the answer: (the tokens committed, the finish reason or None)."""
         num_before = len(state.new_token_ids)
         finish_reason = commit_tokens(
             step_tokens,
@@ -307,15 +350,20 @@ class BatchEngine:
         state.stats.new_tokens = len(state.new_token_ids)
         state.stats.step_sizes.append(len(committed))
         state.stats.step_times_s.append(time.perf_counter() - state.submitted)
+        return committed, finish_reason
+
+    def _deliver(self, state: RequestState, committed: list[int], finish_reason: str | None) -> None:
+        """Stream what a step committed; finish the request at its end."""
         if finish_reason is not None:
             self.scheduler.finish(state)
             self._finish(state, finish_reason, committed)
         elif committed:
             state.sink(TokenDelta(state.decoder.release(), tuple(committed)))
-        return len(committed)
 
     def _finish(self, state: RequestState, finish_reason: str, last_tokens: list[int] | None = None) -> None:
-        state.release()
+        if state.draft_state is not None:
+            state.request.drafter.finish(state.draft_state)
+        state.cache = state.draft_state = None
         state.stats.wall_time_s = time.perf_counter() - state.submitted
         if finish_reason != "cancelled":
             state.policy.observe_end(len(state.new_token_ids), cut_by_budget=finish_reason == "length")

@@ -1,4 +1,4 @@
-"""The batched engine on tiny models: every request's output is what the single-request engine gives it."""
+"""Many requests in the engine at once, on tiny models: every request's output is what it gets alone."""
 
 from __future__ import annotations
 
@@ -12,21 +12,20 @@ from conftest import FLAT, native_pipeline
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import BatchCostModel
-from quickdraft.engine import GenerationResult
-from quickdraft.errors import ConfigError, PromptError
-from quickdraft.memory import DrafterMemory
-from quickdraft.serving import (
-    BatchEngine,
+from quickdraft.drafters import DRAFTERS, DrafterRecords
+from quickdraft.engine import (
+    CONFIDENCE_ROWS_PER_STEP,
+    Engine,
     Event,
+    GenerationResult,
     QueueFull,
+    Request,
     RequestFinished,
     SchedulerSettings,
-    ServeRequest,
     StepReport,
     TokenDelta,
 )
-from quickdraft.serving.engine import CONFIDENCE_ROWS_PER_STEP
-from quickdraft.serving.request import SERVED_DRAFTERS
+from quickdraft.errors import ConfigError, PromptError
 
 # a batch whose forward costs little more for more tokens: drafting pays whatever the batch (goodput drafts)
 CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5})
@@ -34,28 +33,31 @@ CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5
 COMPUTE_BOUND = BatchCostModel({1: 10.0, 2: 20.0, 8: 80.0, 64: 640.0}, {1: 5.0, 64: 320.0})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def native() -> Pipeline:
-    return native_pipeline()
+    """Tiny native models whose drafters plan with the FLAT cost model (no calibrating) and have learned nothing."""
+    pipeline = native_pipeline()
+    for name in DRAFTERS.names():
+        pipeline.records[name] = DrafterRecords(cost_model=FLAT)
+    return pipeline
 
 
-def batch_engine(pipeline: Pipeline, batch_costs: BatchCostModel = CHEAP_BATCH, **settings: int) -> BatchEngine:
-    memories = {drafter: DrafterMemory(cost_model=FLAT) for drafter in SERVED_DRAFTERS}
-    return BatchEngine(
-        pipeline.target,
-        pipeline.tokenizer,
-        pipeline.eos_token_ids,
-        draft=pipeline.draft,
-        memories=memories,
-        batch_costs=batch_costs,
-        settings=SchedulerSettings(**settings),
+def batch_engine(pipeline: Pipeline, batch_costs: BatchCostModel = CHEAP_BATCH, **settings: int) -> Engine:
+    return Engine(
+        pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, SchedulerSettings(**settings), batch_costs
     )
+
+
+def make_request(
+    pipeline: Pipeline, prompt: tuple[int, ...], config: GenerationConfig, drafter: str = "hybrid", name: str = ""
+) -> Request:
+    return Request(prompt, config, pipeline.drafter(drafter), **({"request_id": name} if name else {}))
 
 
 class Collector:
     """Events per request id, and what each step did."""
 
-    def __init__(self, engine: BatchEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.events: dict[str, list[Event]] = {}
         self.reports: list[StepReport] = []
         engine.on_step = self.reports.append
@@ -73,11 +75,13 @@ class Collector:
         return "".join(delta.text for delta in deltas), [token for delta in deltas for token in delta.token_ids]
 
 
-def mixed_requests(vocab_size: int, count: int, seed: int = 0) -> list[ServeRequest]:
+def mixed_requests(pipeline: Pipeline, count: int, seed: int = 0) -> list[Request]:
     """Prompts of 1 to 40 tokens (some repetitive, for prompt lookup), budgets of 3 to 30 tokens, every drafter."""
+    vocab_size = pipeline.target.vocab_size
     rng = random.Random(seed)
     kinds = [("none", None), ("draft-model", "fixed:3"), ("prompt-lookup", "fixed:4"), ("draft-model", "goodput")]
     kinds += [("prompt-lookup", "goodput"), ("draft-model", "fixed:1"), ("hybrid", "goodput"), ("hybrid", "fixed:3")]
+    kinds += [("early-exit", "fixed:2"), ("hybrid", "heuristic")]
     requests = []
     for i in range(count):
         length = rng.choice([1, 2, 5, 13, 40])
@@ -85,7 +89,7 @@ def mixed_requests(vocab_size: int, count: int, seed: int = 0) -> list[ServeRequ
         prompt = tuple((pattern * length)[:length])
         drafter, policy = kinds[i % len(kinds)]
         config = GenerationConfig(max_new_tokens=rng.choice([3, 11, 30]), policy=policy)
-        requests.append(ServeRequest(prompt, config, drafter, request_id=f"r{i}"))
+        requests.append(make_request(pipeline, prompt, config, drafter, f"r{i}"))
     return requests
 
 
@@ -94,7 +98,7 @@ def test_batched_greedy_equals_single_request_greedy_bitwise(native: Pipeline) -
     chunks beside decoding requests: each gets the single-request engine's plain greedy tokens and text."""
     engine = batch_engine(native, max_running=5, prefill_tokens_per_step=7)
     collector = Collector(engine)
-    requests = mixed_requests(native.target.vocab_size, 18)
+    requests = mixed_requests(native, 18)
     arrivals = {step: requests[3 * step : 3 * step + 3] for step in range(6)}  # three join every step
     step = 0
     while step in arrivals or not engine.idle:
@@ -103,7 +107,7 @@ def test_batched_greedy_equals_single_request_greedy_bitwise(native: Pipeline) -
         engine.step()
         step += 1
     for request in requests:
-        plain = native.engine("none").generate(list(request.prompt_ids), replace(request.config, policy="fixed:0"))
+        plain = native.generate(list(request.prompt_ids), replace(request.config, policy="fixed:0"), drafter="none")
         result = collector.result(request.request_id)
         assert result.token_ids == plain.token_ids, request
         assert (result.text, result.finish_reason) == (plain.text, plain.finish_reason)
@@ -111,50 +115,50 @@ def test_batched_greedy_equals_single_request_greedy_bitwise(native: Pipeline) -
     reports = collector.reports
     assert max(report.decoding for report in reports) == 5  # steps full of requests
     assert any(report.decoding and report.prefill_tokens for report in reports)  # prompts read beside decoding
-    for drafter in ("draft-model", "prompt-lookup", "hybrid"):  # every drafter's drafts were accepted
-        mine = [collector.result(request.request_id) for request in requests if request.drafter == drafter]
-        assert sum(result.stats.draft_tokens_accepted for result in mine) > 5, drafter
+    for drafter in ("draft-model", "prompt-lookup", "hybrid", "early-exit"):  # every drafter drafted, most were right
+        mine = [collector.result(r.request_id) for r in requests if r.drafter is native.drafter(drafter)]
+        assert sum(result.stats.draft_tokens_proposed for result in mine) > 0, drafter
+        assert drafter == "early-exit" or sum(result.stats.draft_tokens_accepted for result in mine) > 5, drafter
 
 
 def test_seeded_output_does_not_depend_on_the_batch(native: Pipeline) -> None:
     """A seeded sampled request gives the same tokens alone and among others (other prompts, drafters, γ, seeds,
     sampling settings), and those are seeded plain decoding's."""
     sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
-    request = ServeRequest((5, 9, 5, 9, 5), GenerationConfig(max_new_tokens=20, sampling=sampling, policy="fixed:3"))
-    plain = native.engine("none").generate(list(request.prompt_ids), replace(request.config, policy="fixed:0"))
+    config = GenerationConfig(max_new_tokens=20, sampling=sampling, policy="fixed:3")
+    prompt = (5, 9, 5, 9, 5)
+    plain = native.generate(list(prompt), replace(config, policy="fixed:0"), drafter="none")
+    drafters = ("hybrid", "draft-model", "prompt-lookup", "early-exit", "none")
     for companions in (0, 3, 9):
         engine = batch_engine(native, prefill_tokens_per_step=4 + companions)
         collector = Collector(engine)
-        others = mixed_requests(native.target.vocab_size, companions, seed=companions)
+        others = mixed_requests(native, companions, seed=companions)
         for i, other in enumerate(others):
             other_sampling = SamplingParams(temperature=0.7 * (i % 3), top_k=i % 4, seed=i if i % 2 else None)
             other = replace(other, config=replace(other.config, sampling=other_sampling))
             engine.submit(other, collector.sink(other.request_id))
-        for drafter in ("hybrid", "draft-model", "prompt-lookup", "none"):
-            mine = replace(request, drafter=drafter, request_id=drafter)
-            engine.submit(mine, collector.sink(drafter))
+        for drafter in drafters:
+            engine.submit(make_request(native, prompt, config, drafter, drafter), collector.sink(drafter))
         engine.run_until_idle()
-        for drafter in ("hybrid", "draft-model", "prompt-lookup", "none"):
+        for drafter in drafters:
             assert collector.result(drafter).token_ids == plain.token_ids, (companions, drafter)
 
 
 def test_stop_strings_and_end_of_sequence_as_the_single_engine(native: Pipeline) -> None:
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    plain = native.engine("none").generate(prompt, GenerationConfig(max_new_tokens=16))
+    plain = native.generate(prompt, GenerationConfig(max_new_tokens=16), drafter="none")
     eos = next(token for i, token in enumerate(plain.token_ids) if i >= 6 and token not in plain.token_ids[:i])
     stop = " ".join(plain.text.split(" ")[3:5])
+    native = replace(native, eos_token_ids=frozenset({eos}))
     engine = batch_engine(native)
-    engine.eos_token_ids = frozenset({eos})
     collector = Collector(engine)
     configs = {"stop": GenerationConfig(max_new_tokens=16, stop=(stop,), policy="fixed:3")}
     configs["eos"] = GenerationConfig(max_new_tokens=16, policy="fixed:4")
     for name, config in configs.items():
-        engine.submit(ServeRequest(tuple(prompt), config, "draft-model", name), collector.sink(name))
+        engine.submit(make_request(native, tuple(prompt), config, "draft-model", name), collector.sink(name))
     engine.run_until_idle()
-    single = native.engine("draft-model")
-    single.eos_token_ids = frozenset({eos})
     for name, config in configs.items():
-        expected = single.generate(prompt, config)
+        expected = native.generate(prompt, config, "draft-model")
         result = collector.result(name)
         assert (result.token_ids, result.text, result.finish_reason) == (
             expected.token_ids,
@@ -170,16 +174,16 @@ def test_cancelling_frees_the_slot_at_the_next_step(native: Pipeline) -> None:
     collector = Collector(engine)
     config = GenerationConfig(max_new_tokens=30, policy="fixed:2")
     for name in ("long", "queued", "next"):
-        engine.submit(ServeRequest((1, 2, 3), config, "draft-model", name), collector.sink(name))
+        engine.submit(make_request(native, (1, 2, 3), config, "draft-model", name), collector.sink(name))
     for _ in range(3):
         engine.step()
     (running,) = engine.scheduler.running
-    assert running.request.request_id == "long" and running.cache is not None and running.draft_cache is not None
+    assert running.request.request_id == "long" and running.cache is not None and running.draft_state is not None
     engine.cancel("long")
     engine.cancel("queued")
     engine.step()
     assert collector.result("long").finish_reason == "cancelled" and running.cache is None
-    assert running.draft_cache is None
+    assert running.draft_state is None
     assert collector.result("queued").finish_reason == "cancelled"
     assert [state.request.request_id for state in engine.scheduler.running] == ["next"]
     engine.run_until_idle()
@@ -188,28 +192,28 @@ def test_cancelling_frees_the_slot_at_the_next_step(native: Pipeline) -> None:
 
 def test_a_full_queue_refuses_requests(native: Pipeline) -> None:
     engine = batch_engine(native, max_running=1, max_waiting=2)
-    for name in ("a", "b"):
-        engine.submit(ServeRequest((1, 2), GenerationConfig(max_new_tokens=2), "none", name), lambda _: None)
+    plain = make_request(native, (1, 2), GenerationConfig(max_new_tokens=2), "none")
+    for _ in range(2):
+        engine.submit(replace(plain, request_id=str(_)), lambda _: None)
     with pytest.raises(QueueFull, match="2 requests waiting"):
-        engine.submit(ServeRequest((1, 2), GenerationConfig(max_new_tokens=2), "none"), lambda _: None)
+        engine.submit(plain, lambda _: None)
     engine.step()  # one is admitted: room again
-    engine.submit(ServeRequest((1, 2), GenerationConfig(max_new_tokens=2), "none"), lambda _: None)
+    engine.submit(plain, lambda _: None)
 
 
 def test_bad_requests_are_refused_at_submission(native: Pipeline) -> None:
     engine = batch_engine(native)
     with pytest.raises(PromptError, match="empty"):
-        engine.submit(ServeRequest((), GenerationConfig()), lambda _: None)
+        engine.submit(make_request(native, (), GenerationConfig()), lambda _: None)
     with pytest.raises(PromptError, match="context holds 256"):
-        engine.submit(ServeRequest((1,) * 250, GenerationConfig(max_new_tokens=10)), lambda _: None)
-    with pytest.raises(ConfigError, match="not served"):
-        ServeRequest((1,), GenerationConfig(), "early-exit")
-    no_draft = BatchEngine(native.target, native.tokenizer, native.eos_token_ids)
+        engine.submit(make_request(native, (1,) * 250, GenerationConfig(max_new_tokens=10)), lambda _: None)
+    no_draft = replace(native, draft=None, records={})
     with pytest.raises(ConfigError, match="needs a draft model"):
-        no_draft.submit(ServeRequest((1,), GenerationConfig(max_new_tokens=4, policy="fixed:2")), lambda _: None)
+        no_draft.drafter("hybrid")
+    uncalibrated = make_request(no_draft, (1,), GenerationConfig(max_new_tokens=4), "prompt-lookup")
     with pytest.raises(ConfigError, match="measured costs"):
-        no_draft.submit(ServeRequest((1,), GenerationConfig(max_new_tokens=4), "prompt-lookup"), lambda _: None)
-    assert engine.idle and no_draft.idle
+        engine.submit(uncalibrated, lambda _: None)
+    assert engine.idle
 
 
 def test_goodput_drafts_alone_and_decodes_plainly_in_a_busy_compute_bound_batch(native: Pipeline) -> None:
@@ -219,15 +223,17 @@ def test_goodput_drafts_alone_and_decodes_plainly_in_a_busy_compute_bound_batch(
     config = GenerationConfig(max_new_tokens=12, policy="goodput")
     for batch_costs, count, drafts in ((CHEAP_BATCH, 8, True), (COMPUTE_BOUND, 8, False), (COMPUTE_BOUND, 1, True)):
         engine = batch_engine(native, batch_costs, max_running=8, prefill_tokens_per_step=64)
-        engine.memory("prompt-lookup").acceptance.first.accepted = 50.0  # goodput knows the drafts are good
+        native.drafter_records("prompt-lookup").acceptance.first.accepted = 50.0  # goodput knows the drafts are good
         collector = Collector(engine)
         for i in range(count):
-            engine.submit(ServeRequest(prompt, config, "prompt-lookup", f"r{i}"), collector.sink(f"r{i}"))
+            engine.submit(make_request(native, prompt, config, "prompt-lookup", f"r{i}"), collector.sink(f"r{i}"))
         engine.run_until_idle()
         gammas = [gamma for report in collector.reports for gamma in report.gammas]
         assert (sum(gammas) > 0) == drafts, (batch_costs, count, gammas)
         for i in range(count):  # a lone request decides as the single-request policy does
-            assert collector.result(f"r{i}").token_ids == native.engine("none").generate(list(prompt), config).token_ids
+            assert (
+                collector.result(f"r{i}").token_ids == native.generate(list(prompt), config, drafter="none").token_ids
+            )
 
 
 def test_a_few_requests_a_step_hear_the_targets_confidence_the_longest_unheard_first(native: Pipeline) -> None:
@@ -237,7 +243,7 @@ def test_a_few_requests_a_step_hear_the_targets_confidence_the_longest_unheard_f
     collector = Collector(engine)
     config = GenerationConfig(max_new_tokens=12, policy="goodput")
     for i in range(10):
-        engine.submit(ServeRequest((3 + i, 4, 5), config, "draft-model", f"r{i}"), collector.sink(f"r{i}"))
+        engine.submit(make_request(native, (3 + i, 4, 5), config, "draft-model", f"r{i}"), collector.sink(f"r{i}"))
     heard: list[list[tuple[str, float]]] = [[]]  # per step: (request, probability)
     engine.on_step = lambda report: heard.append([])
     for state in engine.scheduler.waiting:
@@ -255,7 +261,7 @@ def test_a_request_can_decode_plainly_beside_speculating_ones(native: Pipeline) 
     collector = Collector(engine)
     config = GenerationConfig(max_new_tokens=10, policy="fixed:4")
     for drafter in ("none", "prompt-lookup"):
-        engine.submit(ServeRequest((7,) * 9, config, drafter, drafter), collector.sink(drafter))
+        engine.submit(make_request(native, (7,) * 9, config, drafter, drafter), collector.sink(drafter))
     engine.run_until_idle()
     assert collector.result("none").stats.draft_tokens_proposed == 0
     assert collector.result("prompt-lookup").stats.draft_tokens_accepted > 0
@@ -265,7 +271,7 @@ def test_a_request_can_decode_plainly_beside_speculating_ones(native: Pipeline) 
 def test_the_step_reports_add_up(native: Pipeline) -> None:
     engine = batch_engine(native, prefill_tokens_per_step=5)
     collector = Collector(engine)
-    requests = mixed_requests(native.target.vocab_size, 6, seed=3)
+    requests = mixed_requests(native, 6, seed=3)
     for request in requests:
         engine.submit(request, collector.sink(request.request_id))
     engine.run_until_idle()
@@ -286,42 +292,42 @@ def test_a_request_alone_reads_its_prompt_in_one_step_and_drafts_at_once(native:
     engine = batch_engine(native, prefill_tokens_per_step=5)
     collector = Collector(engine)
     prompt = tuple(range(3, 43))  # 40 tokens
-    first = ServeRequest(prompt, GenerationConfig(max_new_tokens=30, policy="fixed:3"), "draft-model", "first")
+    first = make_request(native, prompt, GenerationConfig(max_new_tokens=30, policy="fixed:3"), "draft-model", "first")
     engine.submit(first, collector.sink("first"))
     engine.step()
     assert collector.reports[0].prefill_tokens == 40
     engine.step()
     assert collector.reports[1].proposed > 0  # read the prompt and drafted in one step
-    second = ServeRequest(prompt[::-1], GenerationConfig(max_new_tokens=4), "none", "second")
+    second = make_request(native, prompt[::-1], GenerationConfig(max_new_tokens=4), "none", "second")
     engine.submit(second, collector.sink("second"))
     engine.run_until_idle()
     beside = [report.prefill_tokens for report in collector.reports[2:] if report.decoding]
     assert beside and max(beside) == 5
-    plain = native.engine("none").generate(list(prompt), replace(first.config, policy="fixed:0"))
+    plain = native.generate(list(prompt), replace(first.config, policy="fixed:0"), drafter="none")
     assert collector.result("first").token_ids == plain.token_ids
 
 
 def test_a_draft_model_over_part_of_the_vocabulary_also_computes_the_prompts_tokens() -> None:
     """A draft model whose LM head computes the frequent tokens only also computes the tokens of every running
-    prompt it drafts for (in the single-request engine, its one prompt's); the output stays plain greedy."""
+    prompt it drafts for (a request alone: its one prompt's); the output stays plain greedy."""
     pipeline = native_pipeline()
     decoder = pipeline.draft.decoder  # type: ignore[union-attr]
     decoder.restrict_vocabulary(torch.arange(8))
     config = GenerationConfig(max_new_tokens=8, policy="fixed:2")
     requests = [
-        ServeRequest((20, 21, 20, 21), config, "draft-model", request_id="a"),
-        ServeRequest((30, 3, 30), config, "hybrid", request_id="b"),
-        ServeRequest((40, 41), config, "none", request_id="c"),  # no draft model: not its tokens
+        make_request(pipeline, (20, 21, 20, 21), config, "draft-model", "a"),
+        make_request(pipeline, (30, 3, 30), config, "hybrid", "b"),
+        make_request(pipeline, (40, 41), config, "none", "c"),  # no draft model: not its tokens
     ]
     engine = batch_engine(pipeline)
     collector = Collector(engine)
-    for request in requests:
-        engine.submit(request, collector.sink(request.request_id))
+    for each in requests:
+        engine.submit(each, collector.sink(each.request_id))
     engine.step()
     assert decoder.focus.tolist() == [20, 21, 30]
     engine.run_until_idle()
-    for request in requests:
-        plain = pipeline.engine("none").generate(list(request.prompt_ids), replace(config, policy="fixed:0"))
-        assert collector.result(request.request_id).token_ids == plain.token_ids
-    pipeline.engine("draft-model").generate([25, 2, 26], config)
+    for each in requests:
+        plain = pipeline.generate(list(each.prompt_ids), replace(config, policy="fixed:0"), drafter="none")
+        assert collector.result(each.request_id).token_ids == plain.token_ids
+    pipeline.generate([25, 2, 26], config, drafter="draft-model")
     assert decoder.focus.tolist() == [25, 26]

@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
-import uvicorn
-from conftest import native_pipeline
-from test_batch_engine import batch_engine
+from conftest import MODEL, TIMEOUT, Server, native_pipeline, serving
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
-from quickdraft.server import ServerDefaults, create_app
-from quickdraft.serving import BatchEngine
-from quickdraft.serving.loop import ServingLoop
-
-MODEL = "tiny"
-TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -33,38 +23,6 @@ def native() -> Pipeline:
     return pipeline
 
 
-@dataclass
-class Server:
-    url: str
-    engine: BatchEngine
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
-
-    def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
-
-
-@contextlib.contextmanager
-def serving(pipeline: Pipeline, **settings: int) -> Iterator[Server]:
-    """A server on 127.0.0.1 (a free port) in a thread, stopped at the end."""
-    engine = batch_engine(pipeline, **settings)
-    app = create_app(pipeline, ServingLoop(engine), ServerDefaults((MODEL,), max_tokens=12))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Server(f"http://127.0.0.1:{port}", engine)
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT)
-
-
 @pytest.fixture(scope="module")
 def server(native: Pipeline) -> Iterator[Server]:
     with serving(native) as running:
@@ -72,7 +30,7 @@ def server(native: Pipeline) -> Iterator[Server]:
 
 
 def greedy(native: Pipeline, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    return native.engine("none").generate(prompt_ids, GenerationConfig(max_new_tokens=max_tokens)).token_ids
+    return native.generate(prompt_ids, GenerationConfig(max_new_tokens=max_tokens), drafter="none").token_ids
 
 
 def text_of(native: Pipeline, token_ids: list[int]) -> str:
@@ -183,7 +141,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": [999]}, 400, "token ids"),
     ("completions", {"model": MODEL}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": "w1", "drafter": "magic"}, 400, "unknown drafter"),
-    ("completions", {"model": MODEL, "prompt": "w1", "drafter": "early-exit"}, 400, "not served"),
+    ("completions", {"model": MODEL, "prompt": "w1", "policy": "specdec++"}, 400, "acceptance head"),
     ("completions", {"model": MODEL, "prompt": "w1", "policy": "fixed:x"}, 400, "fixed:K"),
     ("completions", {"model": MODEL, "prompt": "w1", "top_k": -1}, 400, "top_k"),
     ("completions", [1, 2], 400, "JSON object"),

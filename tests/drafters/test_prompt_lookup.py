@@ -1,8 +1,10 @@
+"""Prompt lookup: the latest earlier occurrence of the longest suffix n-gram, and what followed it."""
+
 from __future__ import annotations
 
-import torch
+from conftest import draft_task
 
-from quickdraft.config import SamplingParams
+from quickdraft.drafters import DraftState
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation
 
 
@@ -29,8 +31,10 @@ def test_continuation_is_cut_at_the_requested_length_and_context_end() -> None:
     assert lookup_continuation([8, 8, 8, 8], 3, max_ngram=2, min_ngram=1) == [8]
 
 
-def test_drafter_proposes_one_hot_tokens() -> None:
+def test_drafter_proposes_one_hot_tokens_per_request() -> None:
     drafter = PromptLookupDrafter(max_ngram=2, min_ngram=1)
-    proposal = drafter.propose([[1, 2, 3, 1, 2]], 2, SamplingParams(), None)
-    assert proposal.token_ids.tolist() == [[3, 1]] and proposal.probs is None
-    assert drafter.propose([[1, 2, 3]], 2, SamplingParams(), None).token_ids.shape == torch.Size([1, 0])
+    copies, none = drafter.propose(
+        [draft_task(DraftState(), [1, 2, 3, 1, 2], 2), draft_task(DraftState(), [1, 2, 3], 2)]
+    )
+    assert copies.token_ids.tolist() == [[3, 1]] and copies.probs is None
+    assert none.num_tokens == 0  # one request's lack of a match does not cut another's drafts

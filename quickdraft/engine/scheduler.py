@@ -6,8 +6,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from quickdraft.engine.request import RequestState
 from quickdraft.errors import ConfigError, QuickdraftError
-from quickdraft.serving.request import RequestState
 
 
 class QueueFull(QuickdraftError):

@@ -1,0 +1,34 @@
+"""The speculative decoding engine: one step loop for one request and for many (``Engine``), its requests and
+events, the rules every request's steps follow, and the scheduler that chooses which requests run."""
+
+from quickdraft.engine.engine import CONFIDENCE_ROWS_PER_STEP, Engine, StepReport
+from quickdraft.engine.request import (
+    Event,
+    GenerationResult,
+    Request,
+    RequestFailed,
+    RequestFinished,
+    RequestState,
+    Sink,
+    TokenDelta,
+)
+from quickdraft.engine.scheduler import QueueFull, Scheduler, SchedulerSettings
+from quickdraft.engine.stream import GenerationStream
+
+__all__ = [
+    "CONFIDENCE_ROWS_PER_STEP",
+    "Engine",
+    "Event",
+    "GenerationResult",
+    "GenerationStream",
+    "QueueFull",
+    "Request",
+    "RequestFailed",
+    "RequestFinished",
+    "RequestState",
+    "Scheduler",
+    "SchedulerSettings",
+    "Sink",
+    "StepReport",
+    "TokenDelta",
+]

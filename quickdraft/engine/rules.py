@@ -1,0 +1,93 @@
+"""The rules of a step that every request follows, whatever else runs beside it: which prompts fit, how a
+token is chosen without drafts, which drafts are accepted, and how a step's tokens are committed up to the end
+of the answer."""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.errors import PromptError
+from quickdraft.sampling import choose_tokens, logits_to_probs, position_noise
+from quickdraft.text import IncrementalDecoder
+from quickdraft.verify import VerificationResult, coupled_verify, greedy_verify, rejection_sample
+
+
+def check_prompt(prompt_ids: list[int], config: GenerationConfig, max_context: int) -> None:
+    """Raise ``PromptError`` for an empty prompt or one that leaves no room for ``max_new_tokens``."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty: give some text to continue")
+    needed = len(prompt_ids) + config.max_new_tokens
+    if needed > max_context:
+        raise PromptError(
+            f"the prompt has {len(prompt_ids)} tokens and max_new_tokens is {config.max_new_tokens}: "
+            f"{needed} positions, but the model's context holds {max_context}; "
+            f"shorten the prompt or lower max_new_tokens"
+        )
+
+
+def choose_token(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int
+) -> torch.Tensor:
+    """One token per row from ``[B, V]`` logits for sequence position ``position``, as plain decoding chooses it."""
+    return choose_tokens(logits_to_probs(logits, sampling), sampling, generator, position)
+
+
+def verify_drafts(
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator,
+    position: int,
+) -> VerificationResult:
+    """A request's acceptance rule; ``position``: the sequence position of the first draft.
+
+    ``draft_token_ids [1, γ]``, ``draft_probs [1, γ, V]`` (None: one-hot), ``target_logits [1, γ + 1, V]``.
+    Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's Gumbel-max
+    samples under the positions' noise, so the output is seeded plain decoding's whatever γ. Unseeded
+    sampling: Leviathan rejection sampling.
+    """
+    if sampling.is_greedy:
+        return greedy_verify(draft_token_ids, target_logits)
+    target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
+    if sampling.is_seeded:
+        positions = range(position, position + target_probs.shape[1])
+        noise = position_noise(sampling.seed, positions, target_probs.shape[-1])  # [γ + 1, V]
+        return coupled_verify(draft_token_ids, target_probs, noise[None])
+    return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+
+
+def commit_tokens(
+    step_tokens: list[int],
+    committed: list[int],
+    new_token_ids: list[int],
+    decoder: IncrementalDecoder,
+    eos_token_ids: frozenset[int],
+    max_new_tokens: int,
+) -> str | None:
+    """Commit a step's tokens one by one (to ``committed``, ``new_token_ids`` and ``decoder``) up to the end of
+    the answer: the finish reason ("eos", "stop", "length") where it ends, None while it goes on."""
+    for token in step_tokens:
+        committed.append(token)
+        new_token_ids.append(token)
+        decoder.add(token)
+        if token in eos_token_ids:
+            return "eos"
+        if decoder.stopped:
+            return "stop"
+        if len(new_token_ids) == max_new_tokens:
+            return "length"
+    return None
+
+
+def committed_drafts(num_proposed: int, num_accepted: int, num_committed: int) -> tuple[int, int]:
+    """(judged, accepted) drafts of a step that committed only its first ``num_committed`` tokens.
+
+    A step commits its accepted drafts, then the target's token. When the answer stops at an accepted
+    draft (end of sequence, a stop string), the drafts after it never reach the answer: like drafts
+    after a rejection, they count as neither judged nor accepted.
+    """
+    if num_committed > num_accepted:  # the target's token was committed: every verdict stands
+        return num_proposed, num_accepted
+    return num_committed, num_committed

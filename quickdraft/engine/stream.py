@@ -1,0 +1,61 @@
+"""One request decoded on the caller's thread: submit it, step the engine until it finishes, hand out its text."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING
+
+from quickdraft.engine.request import Event, GenerationResult, Request, RequestFailed, RequestFinished, TokenDelta
+from quickdraft.errors import QuickdraftError
+
+if TYPE_CHECKING:
+    from quickdraft.engine.engine import Engine
+
+
+class GenerationStream:
+    """Iterates over a request's text deltas as its tokens are committed; ``result`` is set at the end.
+
+    The request is checked (and its policy built) when the stream is made, and queued at the first delta asked
+    for. Each delta asked for steps the engine, and so every request it runs, until this one commits text. A
+    stream left before its end cancels its request.
+    """
+
+    def __init__(self, engine: Engine, request: Request) -> None:
+        self._engine = engine
+        self._events: deque[Event] = deque()
+        self._state = engine.new_state(request, self._events.append)  # a bad request raises here
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        if self.result is None:  # a finished stream yields nothing more and keeps its result
+            self.result = yield from self._run()
+
+    def finish(self) -> GenerationResult:
+        """Run to the end (reading no further deltas) and return the result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def _run(self) -> Generator[str, None, GenerationResult]:
+        engine, request_id = self._engine, self._state.request.request_id
+        engine.enqueue(self._state)
+        finished = False
+        try:
+            while True:
+                while not self._events:
+                    if engine.step() is None:
+                        raise QuickdraftError("the engine stopped before the request finished")
+                event = self._events.popleft()
+                if isinstance(event, TokenDelta) and event.text:
+                    yield event.text
+                elif isinstance(event, RequestFinished):
+                    finished = True
+                    return event.result
+                elif isinstance(event, RequestFailed):
+                    finished = True
+                    raise QuickdraftError(event.message)
+        finally:
+            if not finished:  # left before its end: free its slot at the next step
+                engine.cancel(request_id)

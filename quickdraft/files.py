@@ -1,0 +1,69 @@
+"""Files in quickdraft's cache that runs share: named by what their content depends on, written atomically,
+made one run at a time under a lock."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from quickdraft.models.catalog import cache_root
+
+try:
+    import fcntl
+except ImportError:  # Windows: files are still written atomically, but not locked
+    fcntl = None  # type: ignore[assignment]
+
+
+def calibrations_dir() -> Path:
+    """Where measured cost models and learned files are saved: ``$QUICKDRAFT_CACHE/calibrations``."""
+    return cache_root() / "calibrations"
+
+
+def keyed_file(key: Mapping[str, Any], suffix: str) -> Path:
+    """A file in :func:`calibrations_dir` named by the hash of everything its content depends on."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return calibrations_dir() / f"{digest}{suffix}"
+
+
+def lock_file(path: Path) -> Path:
+    """The lock file beside ``path``: ``<path>.lock``."""
+    return path.with_name(f"{path.name}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file at ``path`` (made if missing) through the ``with`` block: another
+    process taking it waits until the block ends. Where the lock cannot be had (a read-only directory, a
+    system without ``fcntl``) the block runs unlocked."""
+    handle = None
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        if handle is not None:
+            os.close(handle)  # releases the lock
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, so a reader (or a process stopped
+    mid-write) sees the old file or the new one, never a cut one; raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

@@ -1,0 +1,49 @@
+"""Prompt text -> token ids: plain completions and chat conversations through the model's chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quickdraft.errors import PromptError
+from quickdraft.tokens import common_prefix_length
+
+
+def encode(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
+    """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
+    if not prompt.strip():
+        raise PromptError("the prompt is empty: give some text to continue")
+    require_utf8(prompt, "the prompt")
+    if chat:
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    return list(tokenizer(prompt).input_ids)
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation (``role``/``content`` dicts) through the chat template, ready for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptError("this model has no chat template; run without --chat")
+    for message in messages:
+        require_utf8(message["content"], f"the {message['role']} message")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def chat_prefix(tokenizer: Any) -> list[int]:
+    """The tokens every chat request starts with (the template's system prompt and the user turn's opening):
+    what a draft model keeps cached from one conversation to the next."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    first, second = (encode_chat(tokenizer, [{"role": "user", "content": text}]) for text in ("0", "1"))
+    return [] if first == second else first[: common_prefix_length(first, second)]
+
+
+def require_utf8(text: str, what: str) -> None:
+    """Text a tokenizer can take: undecodable bytes (which Python keeps in command-line arguments as lone
+    surrogates) raise ``PromptError`` naming the first one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PromptError(
+            f"{what} is not UTF-8 text: character {error.start} is an undecodable byte "
+            f"(0x{ord(text[error.start]) & 0xFF:02x}); convert it first (e.g. iconv -t UTF-8)"
+        ) from None

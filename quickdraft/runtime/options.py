@@ -1,0 +1,32 @@
+"""How a draft model is loaded: weights and vocabulary traded for speed, never for output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quickdraft.errors import ConfigError
+from quickdraft.runtime.base import LoadOptions, Runtime
+from quickdraft.tokens import frequent_tokens
+
+# The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
+DRAFT_WEIGHTS = "q4"
+DRAFT_VOCABULARY = 49152  # the most frequent tokens, plus each request's prompt tokens (0: all tokens)
+
+
+def draft_load_defaults(weights: str | None, vocabulary: int | None) -> tuple[str, int]:
+    """The draft model's weight format and vocabulary size as asked for, else :data:`DRAFT_WEIGHTS` and
+    :data:`DRAFT_VOCABULARY`."""
+    return (DRAFT_WEIGHTS if weights is None else weights, DRAFT_VOCABULARY if vocabulary is None else vocabulary)
+
+
+def draft_load_options(
+    runtime_class: type[Runtime], tokenizer: Any, weights: str | None, vocabulary: int | None
+) -> LoadOptions:
+    """The draft model's load options: what was asked for, else :data:`DRAFT_WEIGHTS` and :data:`DRAFT_VOCABULARY`
+    where the runtime takes load options (a runtime that does not refuses what was asked for explicitly)."""
+    if not runtime_class.takes_load_options and weights is None and vocabulary is None:
+        return LoadOptions()
+    weights, vocabulary = draft_load_defaults(weights, vocabulary)
+    if vocabulary < 0:
+        raise ConfigError(f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}")
+    return LoadOptions(weights, frequent_tokens(tokenizer, vocabulary) if vocabulary else None)

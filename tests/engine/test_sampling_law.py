@@ -1,0 +1,174 @@
+"""The sampling law through the engine on tiny random bigram models: χ² against the exact distribution, with
+negative controls.
+
+A run's new tokens 2, 3 and 4 are counted: with max_new_tokens 4 and γ 2, the first step drafts tokens 2 and 3,
+so the window sees drafts accepted, corrections, and token 4 as the bonus of a step whose drafts all passed.
+Seeded runs verify by shared-noise coupling, unseeded ones by rejection sampling (from generators seeded 0, 1,
+2, ...). Requests run one at a time (each a batch of one) or 100 at a time (every step verifies many requests
+together); negative controls plug a wrong rule or a wrong bonus token into the one engine, and the same test
+rejects them either way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import BigramTableRuntime, chi_square_pvalue, word_tokenizer
+
+import quickdraft.engine.engine
+import quickdraft.engine.rules
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.drafters import DrafterOptions
+from quickdraft.engine import Engine, Request, RequestFinished, SchedulerSettings
+from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.verify import VerificationResult
+
+VOCAB, SAMPLES, TOP_P = 6, 3_000, 0.9
+FITS, REJECTED = 1e-4, 1e-5  # p-values: above FITS the law holds; a negative control must fall below REJECTED
+TOP_P_SAMPLING = SamplingParams(temperature=1.0, top_p=TOP_P)
+TOP_K_SAMPLING = SamplingParams(temperature=1.0, top_k=3)
+WINDOW_CONFIG = GenerationConfig(max_new_tokens=4, num_draft_tokens=2)
+PROMPT_FOR = {"none": [1, 2], "draft-model": [1, 2], "prompt-lookup": [0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 1]}
+PROMPT_FOR["hybrid"] = PROMPT_FOR["prompt-lookup"]  # copies where it repeats, the model elsewhere
+AT_ONCE = 100  # requests in flight together, batched
+RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+MODES = pytest.mark.parametrize("at_once", [1, AT_ONCE], ids=["alone", "batched"])
+
+
+def table_pipeline() -> Pipeline:
+    target = BigramTableRuntime.random(VOCAB, seed=0, scale=1.5)
+    draft = BigramTableRuntime.random(VOCAB, seed=1, scale=1.5)
+    return Pipeline(target=target, draft=draft, tokenizer=word_tokenizer(VOCAB + 1), eos_token_ids=frozenset())
+
+
+def window_distribution(target: BigramTableRuntime, prompt_ids: list[int], sampling: SamplingParams) -> torch.Tensor:
+    """P(new tokens 2, 3, 4) ``[V, V, V]`` under plain sampling: p(y1) p(y2 | y1) p(y3 | y1 y2) p(y4 | y2 y3),
+    enumerated and summed over y1."""
+    probs = logits_to_probs(target.table, sampling).double()  # [V, V, V]: p(next | previous, current)
+    first = probs[prompt_ids[-2], prompt_ids[-1]]  # [V]
+    return torch.einsum("a,ab,abc,bcd->bcd", first, probs[prompt_ids[-1]], probs, probs)
+
+
+def sampled_window(drafter: str, sampling: SamplingParams, seeded: bool, at_once: int) -> torch.Tensor:
+    """Counts ``[V, V, V]`` of new tokens 2, 3, 4 over SAMPLES requests (seeds 0, 1, ... when seeded), ``at_once``
+    of them in flight together."""
+    pipeline, prompt = table_pipeline(), tuple(PROMPT_FOR[drafter])
+    settings = SchedulerSettings(  # the prompts of a whole batch read in one step
+        max_running=at_once, max_waiting=SAMPLES, prefill_tokens_per_step=at_once * len(prompt)
+    )
+    engine = Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, settings)
+    drafter_object = pipeline.drafter(drafter, DrafterOptions(prompt_lookup_max_ngram=2))
+    decoded: list[list[int]] = []
+
+    def sink(event: object) -> None:
+        if isinstance(event, RequestFinished):
+            decoded.append(event.result.token_ids)
+
+    for run in range(SAMPLES):
+        config = replace(WINDOW_CONFIG, sampling=replace(sampling, seed=run if seeded else None))
+        engine.submit(Request(prompt, config, drafter_object), sink)
+    steps = 0
+    while engine.step() is not None:
+        steps += 1
+    assert len(decoded) == SAMPLES
+    assert at_once == 1 or steps < 4 * SAMPLES / at_once + 4  # many requests per step
+    counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
+    for token_ids in decoded:
+        counts[tuple(token_ids[1:4])] += 1
+    return counts
+
+
+def window_pvalue(drafter: str, sampling: SamplingParams, seeded: bool, at_once: int = 1) -> float:
+    counts = sampled_window(drafter, sampling, seeded, at_once)
+    return chi_square_pvalue(counts, window_distribution(table_pipeline().target, PROMPT_FOR[drafter], sampling))
+
+
+@RULES
+@pytest.mark.parametrize("drafter", ["none", "draft-model", "prompt-lookup", "hybrid"])
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_sampled_tokens_follow_the_target_distribution(drafter: str, seeded: bool) -> None:
+    assert window_pvalue(drafter, TOP_P_SAMPLING, seeded) > FITS
+
+
+@RULES
+@pytest.mark.parametrize("drafter", ["draft-model", "hybrid"])
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_batched_sampled_tokens_follow_the_target_distribution(drafter: str, seeded: bool) -> None:
+    assert window_pvalue(drafter, TOP_P_SAMPLING, seeded, AT_ONCE) > FITS
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_top_k_sampled_tokens_follow_the_target_distribution(seeded: bool) -> None:
+    assert window_pvalue("draft-model", TOP_K_SAMPLING, seeded) > FITS
+
+
+def wrong_rule(draft_token_ids, draft_probs, target_probs, generator) -> VerificationResult:
+    """A plausible but wrong rule: accept when p(x) >= q(x), else resample from p."""
+    batch_size, num_drafts = draft_token_ids.shape
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(draft_token_ids, target_probs.shape[-1]).to(target_probs.dtype)
+    index = draft_token_ids[..., None]
+    accepted = target_probs[:, :num_drafts].gather(-1, index) >= draft_probs.gather(-1, index)
+    num_accepted = accepted.squeeze(-1).long().cumprod(dim=1).sum(dim=1)
+    next_token_ids = sample(target_probs[torch.arange(batch_size), num_accepted], generator)
+    return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
+
+
+@MODES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_chi_square_catches_a_wrong_acceptance_rule(at_once: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: the same test with a wrong rule plugged into the engine must fail.
+
+    (With one-hot drafts the wrong rule only accepts where p(x) = 1 and otherwise samples p,
+    which happens to be right, so the control uses the draft model.)
+    """
+    monkeypatch.setattr(quickdraft.engine.rules, "rejection_sample", wrong_rule)
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False, at_once=at_once) < REJECTED
+
+
+def every_third_bonus_to_token_0(verify: Callable[..., VerificationResult]) -> Callable[..., VerificationResult]:
+    """A wrong rule: ``verify``, but every third bonus token (all drafts accepted) replaced by token 0."""
+    bonuses = itertools.count()
+
+    def bonus_to_token_0(draft_token_ids: torch.Tensor, *args: object) -> VerificationResult:
+        result = verify(draft_token_ids, *args)
+        if 0 < draft_token_ids.shape[1] == int(result.num_accepted[0]) and next(bonuses) % 3 == 0:
+            return VerificationResult(result.num_accepted, torch.zeros_like(result.next_token_ids))
+        return result
+
+    return bonus_to_token_0
+
+
+@RULES
+@MODES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_chi_square_catches_a_wrong_bonus_token(seeded: bool, at_once: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: every third bonus token (all drafts accepted) replaced by token 0 must fail."""
+    wrong = every_third_bonus_to_token_0(quickdraft.engine.engine.verify_drafts)
+    monkeypatch.setattr(quickdraft.engine.engine, "verify_drafts", wrong)
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded, at_once) < REJECTED
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_speculative_sampling_drafts_were_accepted(seeded: bool) -> None:
+    """The law above is not trivially met by rejecting everything, and its window sees bonus tokens."""
+    pipeline = table_pipeline()
+    runs = [
+        pipeline.generate(
+            [1, 2],
+            replace(WINDOW_CONFIG, sampling=replace(TOP_P_SAMPLING, seed=run if seeded else None)),
+            "draft-model",
+        )
+        for run in range(200)
+    ]
+    accepted = sum(run.stats.draft_tokens_accepted for run in runs)
+    assert 0.2 < accepted / sum(run.stats.draft_tokens_proposed for run in runs) < 0.95
+    with_bonus = sum(run.stats.step_sizes[1] == 3 for run in runs)  # the first step: two drafts and the bonus
+    assert 0.05 < with_bonus / len(runs) < 0.95

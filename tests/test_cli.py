@@ -215,3 +215,19 @@ def test_auto_runtime_picks_native_for_llama_family(native_model_dirs, capsys, m
     assert json.loads(capsys.readouterr().out)["runtime"] == "native"
     assert main([*args, "--runtime", "transformers", "--max-new-tokens", "6"]) == 1
     assert "--runtime native" in capsys.readouterr().err
+
+
+def test_profile_command_prints_json(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    args = ["profile", "--model", str(tiny_model_dirs["target"]), "--max-k", "3", "--context", "8", "--json"]
+    assert main([*args, "--repeats", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runtime"] == "transformers" and report["context"] == 8
+    assert sorted(report["t_ms"]) == ["1", "2", "3"]
+
+
+def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path], capsys, monkeypatch) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(Path(str(native_model_dirs["target"])).parent / "cache"))
+    args = ["profile", "--model", str(native_model_dirs["target"]), "--runtime", "auto", "--max-k", "3", "--json"]
+    assert main([*args, "--context", "8", "--repeats", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runtime"] == "native" and sorted(report["t_ms"]) == ["1", "2", "3"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from test_bench import (
+from bench_helpers import (
     COUNTING_PROMPT,
     EOS_ID,
     SPEC_ROWS,

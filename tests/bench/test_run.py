@@ -1,0 +1,145 @@
+"""The ``bench`` command end to end: outputs, resume, bad questions, the native runtime, the commit it records."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from bench_helpers import SPEC_ROWS, bench_args, chat_model_dirs, entry, write_jsonl
+
+from quickdraft.bench.metrics import METRIC_KEYS, Entry
+from quickdraft.bench.run import source_revision
+from quickdraft.cli import main
+
+__all__ = ["chat_model_dirs"]  # the fixture, used here by name
+
+
+def test_bench_end_to_end_and_resume(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    out = tmp_path / "out"
+    methods = "draft-model:2,prompt-lookup:3,hf-generate,hf-assisted-tuned,hf-prompt-lookup,prompt-lookup+goodput"
+    assert main(bench_args(chat_model_dirs, questions, out, "--methods", methods, "--json")) == 0
+    results = json.loads(capsys.readouterr().out)
+    for name in ("results.json", "report.md", "speedup.png", "accept_hist.png", "cost_curve.png", "entries.jsonl"):
+        assert (out / name).stat().st_size > 0, name
+    assert json.loads((out / "results.json").read_text()) == results
+    assert results["config"]["categories"] == ["mt_bench", "translation", "summarization"]
+    assert results["config"]["n_questions"] == 5
+    assert set(results["cost_curves"]) == {"target", "draft", "draft_prefill"}
+    assert "1" in results["cost_curves"]["target"] and results["cost_curves"]["draft_prefill"]
+    assert "Draft model reading a prompt" in (out / "report.md").read_text()
+    names = ["baseline", "draft-model:2", "prompt-lookup:3", "hf-generate", "hf-assisted-tuned", "hf-prompt-lookup"]
+    names.append("prompt-lookup+goodput")
+    assert list(results["methods"]) == names
+    assert set(results["oracle"]) == {"draft-model", "prompt-lookup"}
+    assert results["oracle"]["prompt-lookup"]["overall"]["method"] in ("prompt-lookup:3", "baseline")  # γ 3 or 0
+    assert results["methods"]["prompt-lookup+goodput"]["overall"]["lossless_fraction"] == 1.0
+    assert results["methods"]["prompt-lookup+goodput"]["gamma_counts"]
+    step_times = json.loads((out / "step_times.json").read_text())
+    measured = step_times["prompt-lookup"]
+    assert list(step_times) == ["prompt-lookup"] and measured["num_plain_steps"] + measured["num_drafting_steps"] > 0
+    assert "oracle" in (out / "report.md").read_text()
+    for name, result in results["methods"].items():
+        for group in [result["overall"], *result["categories"].values()]:
+            assert set(METRIC_KEYS) <= set(group), name
+    for name in ("baseline", "draft-model:2", "prompt-lookup:3"):
+        assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
+    assert results["methods"]["hf-generate"]["overall"]["agreement"] == 1.0  # a peer: fp32 here, as ours
+    assert results["methods"]["hf-generate"]["overall"]["lossless_fraction"] is None
+    assert "| agreement |" in (out / "report.md").read_text()
+    assert results["methods"]["baseline"]["overall"]["speedup"] == pytest.approx(1.0)
+    assert results["methods"]["draft-model:2"]["overall"]["efficiency"] is not None
+    assert results["methods"]["hf-generate"]["overall"]["acceptance_rate"] is None
+    lines = (out / "entries.jsonl").read_text().splitlines()
+    assert len(lines) == 5 * 7
+    first = json.loads(lines[0])
+    assert first["method"] == "baseline" and len(first["answers"]) == 2  # both turns of a multi-turn question
+    assert first["new_tokens"] == len(first["token_ids"]) == sum(first["step_sizes"])
+    turns = [[json.loads(line)["method"] for line in lines[start : start + 7]] for start in (0, 7, 14)]
+    assert turns == [names, names[1:] + names[:1], names[2:] + names[:2]]  # each question starts one further along
+
+    # Resume: a finished run loads no model and measures nothing again; a new method adds only its entries.
+    import quickdraft.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a finished benchmark must not load models")
+
+    monkeypatch.setattr(quickdraft.api.Pipeline, "load", no_loading)
+    assert main(bench_args(chat_model_dirs, questions, out, "--methods", methods)) == 0
+    assert "Speedup per category" in capsys.readouterr().out
+    assert len((out / "entries.jsonl").read_text().splitlines()) == 35
+    # --report-only reports what a stopped run measured, even with methods still missing, and measures nothing.
+    assert (
+        main(bench_args(chat_model_dirs, questions, out, "--methods", f"{methods},draft-model:4", "--report-only")) == 0
+    )
+    captured = capsys.readouterr()
+    assert "Speedup per category" in captured.out and "5 runs missing" in captured.err
+    assert len((out / "entries.jsonl").read_text().splitlines()) == 35
+    assert main(bench_args(chat_model_dirs, questions, tmp_path / "empty", "--report-only")) == 1
+    assert "holds no measured entries" in capsys.readouterr().err
+    monkeypatch.undo()
+
+    with open(out / "entries.jsonl", "a", encoding="utf-8") as file:
+        file.write('{"method": "draft-model:4", "quest')  # a run killed while writing
+    assert main(bench_args(chat_model_dirs, questions, out, "--methods", f"{methods},draft-model:4")) == 0
+    lines = (out / "entries.jsonl").read_text().splitlines()
+    assert len(lines) == 40 and all(json.loads(line) for line in lines)
+    assert "draft-model:4" in json.loads((out / "results.json").read_text())["methods"]
+
+    # A different configuration in the same directory is refused, not mixed in.
+    capsys.readouterr()
+    assert main([*bench_args(chat_model_dirs, questions, out, "--methods", methods), "--max-new-tokens", "7"]) == 1
+    assert "different max_new_tokens" in capsys.readouterr().err
+
+
+def test_bench_bad_questions_exit_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\nnot json\n', encoding="utf-8")
+    for path, message in [(tmp_path / "absent.jsonl", "no such file"), (bad, "line 2")]:
+        assert main(["bench", "--questions", str(path), "--out", str(tmp_path / "o")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("quickdraft: error: --questions") and message in err
+
+
+def test_bench_on_the_native_runtime(
+    native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    methods = "draft-model:2,early-exit:2,prompt-lookup+goodput,early-exit+heuristic,hf-generate"
+    methods += ",draft-model:2@transformers,prompt-lookup+goodput@transformers"
+    args = bench_args(native_model_dirs, questions, tmp_path / "out", "--methods", methods, "--runtime", "native")
+    assert main([*args, "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    for name in ("draft-model:2", "early-exit:2", "prompt-lookup+goodput", "early-exit+heuristic"):
+        assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
+    for name in ("draft-model:2@transformers", "prompt-lookup+goodput@transformers"):  # vs baseline@transformers
+        assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
+        assert results["methods"][name]["overall"]["n_questions"] == 5, name
+    # transformers runs the float weights, the native runtime its integer form: their tokens may differ.
+    assert results["methods"]["hf-generate"]["overall"]["n_questions"] == 5
+    assert results["methods"]["early-exit:2"]["overall"]["efficiency"] is not None
+    assert results["config"]["runtime"] == "native"
+
+
+def test_bench_refuses_a_method_on_its_own_runtime(
+    native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    args = bench_args(native_model_dirs, questions, tmp_path / "out", "--methods", "draft-model:2@native")
+    assert main([*args, "--runtime", "native"]) == 1
+    assert "already run on the native runtime" in capsys.readouterr().err
+
+
+def test_entries_say_which_commit_measured_them() -> None:
+    revision = source_revision()  # the tests run from a git checkout
+    assert revision is not None and re.fullmatch(r"[0-9a-f]{4,40}(\+changes)?", revision)
+    row = entry("baseline", "q1", "qa", 10, 1.0).to_dict()
+    assert Entry.from_dict(row | {"revision": "abc1234"}).revision == "abc1234"
+    older = {key: value for key, value in row.items() if key != "revision"}  # entries measured before it was kept
+    assert Entry.from_dict(older).revision is None

@@ -13,8 +13,8 @@ def add_command(commands: Any) -> None:
     models = commands.add_parser(
         "models",
         help="list the known models and prepare them",
-        description="List the packaged models with their local paths, assembling, checking and converting "
-        "them first if needed (a few minutes, once).",
+        description="List the packaged models with their local paths, assembling and checking them first if "
+        "needed (a minute, once).",
     )
     models.add_argument("--json", action="store_true", help="print a JSON list")
     models.set_defaults(handler=run)

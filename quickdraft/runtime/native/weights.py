@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,7 @@ import torch
 
 from quickdraft.errors import ModelFilesError
 from quickdraft.models.catalog import cache_root
-from quickdraft.models.convert import (
-    MARKER,
-    gguf_source,
-    has_fp32_weights,
-    is_gguf_layout,
-    missing_gguf,
-    read_marker,
-)
+from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
 from quickdraft.runtime.native.gguf_blocks import exact_q4_blocks
 from quickdraft.runtime.native.gguf_weights import read_gguf_weights
 from quickdraft.runtime.native.linear import PART_KINDS, Q4Part, QuantizedLinear, WeightPart
@@ -126,14 +118,13 @@ def has_native_weights(path: Path) -> bool:
 def converted_from(path: Path) -> Path | None:
     """The GGUF file quickdraft converted the fp32 directory ``path`` from (before the ``gguf`` layout), if it is
     still there: its Q4_K tensors are taken where they match the converted weights."""
-    try:
-        source = Path(json.loads((path / MARKER).read_text(encoding="utf-8"))["source"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return source if source.is_file() else None
+    marker = read_marker(path)
+    source = None if marker is None else Path(str(marker.get("source")))
+    return source if source is not None and source.is_file() else None
 
 
 def missing_weights(path: Path) -> ModelFilesError:
+    """The error for a directory without weights the native runtime reads."""
     if is_gguf_layout(path):
         return missing_gguf(path)
     return ModelFilesError(f"{path} has no .safetensors weights for the native runtime")

@@ -10,7 +10,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import openai
 import pytest
 import torch
@@ -154,6 +156,74 @@ def save_tiny_llama_dir(path: Path, vocab_size: int, seed: int, num_layers: int 
     tokenizer = word_tokenizer(vocab_size)
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     tokenizer.save_pretrained(path)
+    return path
+
+
+# GGUF tensor types of the tiny GGUF files, by layer: one of each kind the default pair holds, and more
+GGUF_LAYER_TYPES = (
+    {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q5_0", "ffn_gate": "Q4_K", "ffn_up": "Q8_0",
+     "ffn_down": "Q4_K"},
+    {"attn_q": "F16", "attn_k": "BF16", "attn_v": "Q4_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
+     "ffn_down": "Q6_K"},
+)  # fmt: skip
+GGUF_TOKENS = [*"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789", "ab", "<|endoftext|>"]
+
+
+def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int) -> tuple[np.ndarray, Any]:
+    """Random data of a GGUF tensor ``[rows, width]`` of type ``kind`` and the type to write it as (K-quants as
+    random bytes with small positive float16 scales; the rest quantized from random floats)."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    if kind == "F32":
+        return generator.normal(1.0, 0.1, size=(rows, width)).astype(np.float32).squeeze(0), qtype
+    if kind not in ("Q4_K", "Q6_K"):
+        values = generator.normal(0.0, 0.05, size=(rows, width)).astype(np.float32)
+        return gguf.quants.quantize(values, qtype), qtype
+    block, scales = (144, slice(0, 4)) if kind == "Q4_K" else (210, slice(208, 210))
+    data = generator.integers(0, 256, size=(rows, width // 256, block), dtype=np.uint8)
+    half = generator.uniform(1e-4, 1e-3, size=(rows, width // 256, (scales.stop - scales.start) // 2))
+    data[..., scales] = half.astype(np.float16).view(np.uint8)
+    return data.reshape(rows, -1), qtype
+
+
+def write_tiny_gguf(path: Path, architecture: str = "qwen2", tied: bool = False, seed: int = 0) -> Path:
+    """A random two-layer GGUF model (256 wide, vocabulary of 64 byte-level tokens, the last one end-of-sequence)
+    with the tensor types of :data:`GGUF_LAYER_TYPES`: ``qwen2`` with q/k/v biases, or ``llama``; ``tied``
+    leaves out ``output.weight``."""
+    import gguf
+
+    generator = np.random.default_rng(seed)
+    hidden, ffn, widths = 256, 512, {"ffn_down": 512}
+    rows = {"attn_k": 128, "attn_v": 128, "ffn_gate": ffn, "ffn_up": ffn}  # 4 heads of 64, 2 key-value heads
+    writer = gguf.GGUFWriter(path, architecture)
+    for key, value in (("context_length", 512), ("embedding_length", hidden), ("feed_forward_length", ffn),
+                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 2)):  # fmt: skip
+        writer.add_uint32(f"{architecture}.{key}", value)
+    writer.add_float32(f"{architecture}.rope.freq_base", 10000.0)
+    writer.add_float32(f"{architecture}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(GGUF_TOKENS)
+    writer.add_token_types([1] * (len(GGUF_TOKENS) - 1) + [3])
+    writer.add_token_merges(["a b"])
+    writer.add_eos_token_id(len(GGUF_TOKENS) - 1)
+    tensors = {"token_embd.weight": ("Q8_0", len(GGUF_TOKENS), hidden), "output_norm.weight": ("F32", 1, hidden)}
+    if not tied:
+        tensors["output.weight"] = ("Q6_K", len(GGUF_TOKENS), hidden)
+    for layer, types in enumerate(GGUF_LAYER_TYPES):
+        tensors |= {f"blk.{layer}.{norm}.weight": ("F32", 1, hidden) for norm in ("attn_norm", "ffn_norm")}
+        for name, kind in types.items():
+            tensors[f"blk.{layer}.{name}.weight"] = (kind, rows.get(name, hidden), widths.get(name, hidden))
+            if architecture == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                tensors[f"blk.{layer}.{name}.bias"] = ("F32", 1, rows.get(name, hidden))
+    for name, (kind, count, width) in tensors.items():
+        data, qtype = gguf_tensor(generator, kind, count, width)
+        writer.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return path
 
 

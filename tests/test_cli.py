@@ -231,3 +231,36 @@ def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path
     assert main([*args, "--context", "8", "--repeats", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["runtime"] == "native" and sorted(report["t_ms"]) == ["1", "2", "3"]
+
+
+def test_cache_shows_its_entries_and_the_fp32_copies(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    assert run(["cache"], capsys) == (0, f"{tmp_path / 'cache'}: 0.0 MB\n", "")
+    files = {"models/m/m.gguf": 5_000_000, "models/m/hf/config.json": 1000, "native/k/weights.safetensors": 3_000_000}
+    files["models/m/hf/model.safetensors"] = 200_000_000
+    for name, size in files.items():
+        (tmp_path / "cache" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cache" / name).write_bytes(b"\0" * size)
+    status, out, _ = run(["cache", "--json"], capsys)
+    assert status == 0 and json.loads(out) == [
+        {"path": str(tmp_path / "cache/models/m"), "bytes": 205_001_000, "fp32_bytes": 200_000_000},
+        {"path": str(tmp_path / "cache/native"), "bytes": 3_000_000, "fp32_bytes": 0},
+    ]
+    status, out, _ = run(["cache"], capsys)
+    assert "0.21 GB  models/m (fp32 copy for transformers 0.20 GB)" in out and "3.0 MB  native" in out
+    assert f"delete them with rm {tmp_path / 'cache'}/*/*/hf/*.safetensors" in out
+
+
+def test_damaged_gguf_files_give_one_error_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    from conftest import write_tiny_gguf
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file")
+    data = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])  # its metadata whole, its tensors cut short
+    for name in ("junk.gguf", "cut.gguf"):
+        args = ["generate", "abc", "--target", str(tmp_path / name), "--drafter", "none", "--json"]
+        status, _, err = run(args, capsys)
+        message = err.rstrip("\n").split("\n")[-1]  # after the progress bar of the digest
+        assert status == 1 and message.startswith("quickdraft: error: cannot ") and name in message, err
+        assert "Traceback" not in err

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model, word_tokenizer
+import torch
+from conftest import tiny_model, word_tokenizer, write_tiny_gguf
 
+import quickdraft.models.catalog as catalog
+import quickdraft.models.loading as loading
 from quickdraft.api import Pipeline
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
-from quickdraft.models import check_same_tokenizer, load_hf_model, resolve_model
-from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, prepare
-from quickdraft.models.convert import save_configs
+from quickdraft.models import check_same_tokenizer, load_hf_model, load_tokenizer, resolve_model
+from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, unpack
+from quickdraft.models.convert import GGUF_LAYOUT, MARKER, has_fp32_weights, read_marker, save_configs
+from quickdraft.runtime import NativeRuntime, runtime_for
 
 
 def fake_parts(root: Path, name: str, contents: list[bytes], version: str = "1.0") -> None:
@@ -74,21 +80,21 @@ def test_digest_mismatch_names_file_digests_and_fix(tmp_path: Path, monkeypatch:
 def test_missing_parts_say_what_to_install() -> None:
     model = packaged("nosuchparts", [b"x", b"y"])
     with pytest.raises(ModelFilesError, match=r"nosuchparts-part1, nosuchparts-part2.*quickdraft\[models\]"):
-        prepare(model, progress=False)
+        unpack(model, progress=False)
 
 
 def test_wrong_part_version_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_parts(tmp_path / "site", "oldparts", [b"x"], version="0.1")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     with pytest.raises(ModelFilesError, match=r"expected version 1.0.*oldparts-part1==0.1"):
-        prepare(packaged("oldparts", [b"x"]), progress=False)
+        unpack(packaged("oldparts", [b"x"]), progress=False)
 
 
 def test_corrupt_gguf_gives_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_parts(tmp_path / "site", "junkparts", [b"not a gguf file"])
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    with pytest.raises(ModelFilesError, match="cannot convert"):
-        prepare(packaged("junkparts", [b"not a gguf file"]), progress=False)
+    with pytest.raises(ModelFilesError, match=r"cannot read .*junkparts\.Q4_K_M\.gguf as a model"):
+        unpack(packaged("junkparts", [b"not a gguf file"]), progress=False)
 
 
 def test_default_pair_is_pinned() -> None:
@@ -133,17 +139,104 @@ def test_pipeline_loads_local_directories(tiny_model_dirs: dict[str, Path]) -> N
 
 
 def test_converted_config_names_its_architecture(tmp_path: Path) -> None:
-    """A model loaded from GGUF has no ``architectures`` and a GGUF quantization config: the converted
+    """A config read from GGUF has no ``architectures`` and may carry a GGUF quantization config: the written
     config.json names the class (llama.cpp's converter and vLLM need it) and keeps no quantization."""
-    import json
-
     from transformers import AutoConfig
 
-    model = tiny_model(32, seed=0)
-    model.config.architectures = None  # as transformers leaves it for a GGUF file
-    model.config.quantization_config = {"quant_method": "gguf"}
-    save_configs(model, tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["architectures"] == ["Qwen2ForCausalLM"] and "quantization_config" not in config
+    config = tiny_model(32, seed=0).config
+    config.architectures = None  # as transformers leaves it for a GGUF file
+    config.quantization_config = {"quant_method": "gguf"}
+    save_configs(config, tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen2ForCausalLM"] and "quantization_config" not in saved
+    assert saved["dtype"] == "float32"  # what the fp32 copy made for transformers holds
     assert AutoConfig.from_pretrained(tmp_path).architectures == ["Qwen2ForCausalLM"]
     assert (tmp_path / "generation_config.json").is_file()
+
+
+def refuse(*args: object, **kwargs: object) -> None:
+    raise AssertionError("nothing should be rebuilt")
+
+
+def test_a_gguf_file_resolves_to_a_directory_without_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configs, tokenizer and a marker naming the file: the native runtime reads the weights from the file."""
+    gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    directory = resolve_model(gguf_path, progress=False)
+    sha256 = hashlib.sha256(gguf_path.read_bytes()).hexdigest()
+    assert directory.parent.name == sha256[:16] and not has_fp32_weights(directory)
+    assert {"config.json", "generation_config.json", "tokenizer.json", MARKER} <= {p.name for p in directory.iterdir()}
+    assert read_marker(directory) == {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT}
+    assert runtime_for("auto", directory) is NativeRuntime
+    assert load_tokenizer(directory).eos_token == "<|endoftext|>"
+    monkeypatch.setattr(loading, "write_model_dir", refuse)
+    assert resolve_model(gguf_path, progress=False) == directory
+
+
+def test_the_fp32_copy_is_made_once_when_transformers_loads_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = resolve_model(write_tiny_gguf(tmp_path / "tiny.gguf"), progress=False)
+    first = load_hf_model(directory)
+    assert "converting tiny.gguf once into" in capsys.readouterr().err and has_fp32_weights(directory)
+    weights = directory / "model.safetensors"
+    made = weights.stat().st_mtime_ns
+    second = load_hf_model(directory)
+    assert "converting" not in capsys.readouterr().err and weights.stat().st_mtime_ns == made
+    tokens = torch.tensor([[1, 5, 9]])
+    assert torch.equal(first(tokens).logits, second(tokens).logits)
+    assert runtime_for("auto", directory) is NativeRuntime  # the native runtime still reads the GGUF file
+
+
+def test_a_moved_gguf_file_keeps_its_directory(tmp_path: Path) -> None:
+    """Same digest, same directory: only the marker changes, an fp32 copy made meanwhile is kept."""
+    gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    directory = resolve_model(gguf_path, progress=False)
+    load_hf_model(directory, progress=False)
+    moved = gguf_path.rename(tmp_path / "moved.gguf")
+    assert not NativeRuntime.supports(directory)
+    assert resolve_model(moved, progress=False) == directory
+    assert read_marker(directory)["source"] == str(moved.resolve()) and has_fp32_weights(directory)  # type: ignore[index]
+    assert NativeRuntime.supports(directory)
+
+
+def test_a_packaged_model_keeps_its_gguf_file_and_a_directory_without_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    contents = [data[: len(data) // 2], data[len(data) // 2 :]]
+    fake_parts(tmp_path / "site", "ggufparts", contents)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = packaged("ggufparts", contents)
+    directory = unpack(model, progress=False)
+    assert directory == model.hf_dir() and model.gguf_path().read_bytes() == data and not has_fp32_weights(directory)
+    assert read_marker(directory)["source"] == str(model.gguf_path().resolve())  # type: ignore[index]
+    with monkeypatch.context() as patched:
+        patched.setattr(catalog, "assemble", refuse)
+        patched.setattr(catalog, "write_model_dir", refuse)
+        assert unpack(model, progress=False) == directory
+    model.gguf_path().unlink()  # the directory reads its weights from the file: it is assembled again
+    assert unpack(model, progress=False) == directory and model.gguf_path().is_file()
+
+
+def test_directories_converted_before_load_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached directory of the older layout (fp32 weights inside, a marker without ``layout``) is used as it
+    is, even without its GGUF file."""
+    model = packaged("oldlayout", [b"x"])
+    tiny_model(32, seed=0).save_pretrained(model.hf_dir())
+    word_tokenizer(32).save_pretrained(model.hf_dir())
+    (model.hf_dir() / MARKER).write_text(json.dumps({"sha256": model.sha256, "source": str(model.gguf_path())}))
+    with monkeypatch.context() as patched:
+        patched.setattr(catalog, "assemble", refuse)
+        directory = unpack(model, progress=False)
+    assert directory == model.hf_dir() and runtime_for("auto", directory) is NativeRuntime
+    runtime = NativeRuntime.load(directory)
+    assert runtime.forward(torch.tensor([[1, 2]]), runtime.new_cache()).shape == (1, 2, 32)
+    assert load_hf_model(directory, progress=False).config.vocab_size == 32
+    (directory / "model.safetensors").unlink()  # how its fp32 weights are cleaned away: rebuilt without them
+    contents = [write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()]
+    fake_parts(tmp_path / "site", "oldlayout", contents)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = dataclasses.replace(model, size_bytes=len(contents[0]), sha256=hashlib.sha256(contents[0]).hexdigest())
+    (directory / MARKER).write_text(json.dumps({"sha256": model.sha256, "source": str(model.gguf_path())}))
+    assert unpack(model, progress=False) == directory and read_marker(directory)["layout"] == GGUF_LAYOUT  # type: ignore[index]
+    assert NativeRuntime.supports(directory) and not has_fp32_weights(directory)

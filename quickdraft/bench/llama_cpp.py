@@ -157,7 +157,7 @@ class LlamaCppMethod(Method):
         prompt whole) and take greedy tokens until an end-of-sequence token or the budget. A target step
         is one ``eval`` call of the binding: the tokens coming out after it are that step's."""
         if self._llama is None:
-            raise ConfigError(f"method {self.name!r}: prepare() was not called")
+            raise ConfigError(f"method {self.name!r}: load() was not called")
         needed = len(prompt_ids) + max_new_tokens + PROMPT_LOOKUP["num_pred_tokens"] + 1
         if needed > self._n_ctx:
             self._load(context_size(needed))  # before the clock starts
@@ -329,7 +329,7 @@ class LlamaCppDraftMethod(Method):
 
     def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
         if not self._command:
-            raise ConfigError(f"method {self.name!r}: prepare() was not called")
+            raise ConfigError(f"method {self.name!r}: load() was not called")
         prompt = pipeline.tokenizer.decode(prompt_ids)
         n_ctx = context_size(len(prompt_ids) + max_new_tokens + self.draft_tokens + 2)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as file:

@@ -32,7 +32,7 @@ from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.peers import StepClock, require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError
 from quickdraft.models.catalog import cache_root
-from quickdraft.models.convert import MARKER
+from quickdraft.models.convert import MARKER, ensure_fp32_weights
 
 OPENVINO_GENAI = "2026.4.1.0"  # the version of the `peers` extra
 INSTALL = f"pip install 'quickdraft[peers]' (openvino-genai=={OPENVINO_GENAI})"
@@ -109,6 +109,7 @@ def exported_model(model_dir: Path | None, role: str = "target", progress: bool 
     target = openvino_root() / f"{name}-{settings_key(source_identity(model_dir), EXPORTER_TOOL, *EXPORT_ARGS)}"
     if (target / EXPORT_MARKER).is_file():
         return target
+    ensure_fp32_weights(model_dir, progress)  # the exporter reads fp32 weights: made once beside a GGUF's directory
     python = exporter_python(progress)
     started = time.perf_counter()
     if progress:
@@ -179,7 +180,7 @@ class OpenVinoMethod(Method):
         import openvino_genai
 
         if self._pipe is None:
-            raise ConfigError(f"method {self.name!r}: prepare() was not called")
+            raise ConfigError(f"method {self.name!r}: load() was not called")
 
         class Streamer(openvino_genai.StreamerBase):
             def write(self, token: int | list[int]) -> Any:

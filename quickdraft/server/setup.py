@@ -30,7 +30,7 @@ def serving_engine(
     recalibrate: bool = False,
     batch_costs: BatchCostModel | None = None,
 ) -> tuple[Engine, list[str]]:
-    """An engine for the pipeline's models and what was done to prepare it (lines for a user).
+    """An engine for the pipeline's models and what was done to get it ready (lines for a user).
 
     Any request may ask for goodput, so every servable drafter's costs are loaded or measured now (measuring
     while serving would stall every request and time a loaded machine), and a draft model's SpecDec++ head is

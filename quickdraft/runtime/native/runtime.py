@@ -1,4 +1,5 @@
-"""``native``: the runtime interface over :class:`Decoder` (Llama-family models in transformers format)."""
+"""``native``: the runtime interface over :class:`Decoder` (Llama-family models: transformers directories, and
+directories quickdraft made from GGUF files, whose weights it reads from the file)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.native.kernels import sources_digest
 from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache
-from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, load_native_state
+from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
 
@@ -53,12 +54,12 @@ class NativeRuntime(Runtime):
 
     @staticmethod
     def supports(path: Path) -> bool:
-        """Whether the model in ``path`` is a family this runtime implements."""
+        """Whether the model in ``path`` is a family this runtime implements, with weights it can read."""
         try:
             DecoderConfig.from_dir(path)
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
-        return any(path.glob("*.safetensors"))
+        return has_native_weights(path)
 
     @classmethod
     def load(
@@ -67,7 +68,7 @@ class NativeRuntime(Runtime):
         options: LoadOptions = LoadOptions(),  # noqa: B008 - frozen, shared
         capacity: int = DEFAULT_CAPACITY,
     ) -> NativeRuntime:
-        """Load a transformers directory; its quantized form (``options.weights``: one of WEIGHT_FORMATS) is
+        """Load a model directory; its quantized form (``options.weights``: one of WEIGHT_FORMATS) is
         cached so later loads skip quantization. ``options.vocabulary`` restricts the LM head to those tokens."""
         if options.weights not in WEIGHT_FORMATS:
             raise ConfigError(f"unknown weight format {options.weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")

@@ -1,15 +1,16 @@
 """The native runtime's weights: float (and GGUF Q4_K) weights -> packed weight parts, quantized once and cached.
 
 ``quantize_state_dict`` turns transformers-named weights into the layout :class:`Decoder` is built from;
-``load_native_state`` does it once per model directory and format and keeps the result in
-``$QUICKDRAFT_CACHE/native/``, so later loads read it back in seconds.
+``load_native_state`` does it once per model and format and keeps the result in ``$QUICKDRAFT_CACHE/native/``,
+so later loads read it back in seconds. A directory quickdraft made from a GGUF file is read from that file
+(``gguf_weights``); any other directory from its safetensors files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ import torch
 
 from quickdraft.errors import ModelFilesError
 from quickdraft.models.catalog import cache_root
-from quickdraft.models.convert import MARKER
+from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
 from quickdraft.runtime.native.gguf_blocks import exact_q4_blocks
+from quickdraft.runtime.native.gguf_weights import read_gguf_weights
 from quickdraft.runtime.native.linear import PART_KINDS, Q4Part, QuantizedLinear, WeightPart
 from quickdraft.runtime.native.model import DecoderConfig
 
@@ -31,9 +33,9 @@ WEIGHT_FORMATS = ("auto", "q4", "int8")
 
 def quantize_state_dict(
     config: DecoderConfig,
-    tensors: dict[str, torch.Tensor],
+    tensors: MutableMapping[str, torch.Tensor],
     weights: str = "int8",
-    exact: dict[str, tuple[torch.Tensor, ...]] | None = None,
+    exact: Mapping[str, tuple[torch.Tensor, ...]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
 
@@ -91,49 +93,85 @@ def quantize_state_dict(
 
 
 def native_cache_dir(path: Path, weights: str = "auto") -> Path:
-    """Where the quantized form of the model in ``path`` is kept: keyed by its config, weight files and format."""
-    digest = hashlib.sha256(f"{NATIVE_FORMAT}|{weights}|{path.resolve()}".encode())
+    """Where the quantized form of the model in ``path`` is kept: keyed by its config, the format and its weights:
+    the GGUF file it reads them from (digest, size, modification time), else its path and safetensors files
+    (names, sizes, modification times)."""
+    source = gguf_source(path)
+    if source is None:
+        identity, files = str(path.resolve()), sorted(path.glob("*.safetensors"))
+    else:
+        identity, files = f"gguf {(read_marker(path) or {}).get('sha256')}", [source]
+    digest = hashlib.sha256(f"{NATIVE_FORMAT}|{weights}|{identity}".encode())
     digest.update((path / "config.json").read_bytes())
-    for file in sorted(path.glob("*.safetensors")):
+    for file in files:
         stat = file.stat()
         digest.update(f"|{file.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     return cache_root() / "native" / digest.hexdigest()[:16]
 
 
-def source_gguf(path: Path) -> Path | None:
-    """The GGUF file quickdraft converted the directory ``path`` from, if it is still there."""
-    try:
-        source = Path(json.loads((path / MARKER).read_text(encoding="utf-8"))["source"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return source if source.is_file() else None
+def has_native_weights(path: Path) -> bool:
+    """Whether the native runtime finds weights in the directory ``path``: the GGUF file a ``gguf``-layout
+    directory names (an fp32 copy beside it is transformers', not a substitute), else safetensors files."""
+    return gguf_source(path) is not None if is_gguf_layout(path) else has_fp32_weights(path)
+
+
+def converted_from(path: Path) -> Path | None:
+    """The GGUF file quickdraft converted the fp32 directory ``path`` from (before the ``gguf`` layout), if it is
+    still there: its Q4_K tensors are taken where they match the converted weights."""
+    marker = read_marker(path)
+    source = None if marker is None else Path(str(marker.get("source")))
+    return source if source is not None and source.is_file() else None
+
+
+def missing_weights(path: Path) -> ModelFilesError:
+    """The error for a directory without weights the native runtime reads."""
+    if is_gguf_layout(path):
+        return missing_gguf(path)
+    return ModelFilesError(f"{path} has no .safetensors weights for the native runtime")
+
+
+def quantize_gguf(gguf: Path, config: DecoderConfig, weights: str) -> dict[str, torch.Tensor]:
+    """The native state of a GGUF file: its Q4_K tensors as they are (unless ``weights`` is int8), the rest
+    quantized from the float values transformers' loader gives them."""
+    tensors, exact = read_gguf_weights(gguf, config, keep_q4=weights != "int8")
+    return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
+
+
+def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dict[str, torch.Tensor]:
+    """The native state of the fp32 weights in ``path`` (and, for a directory converted from a GGUF file before
+    the ``gguf`` layout, that file's Q4_K tensors where they match)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    if config.tie_word_embeddings and "model.embed_tokens.weight" not in tensors and "lm_head.weight" in tensors:
+        tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
+    gguf = converted_from(path) if weights != "int8" else None
+    exact = exact_q4_blocks(gguf, tensors) if gguf is not None else {}
+    return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
 
 
 def load_native_state(path: Path, config: DecoderConfig, weights: str = "auto") -> dict[str, torch.Tensor]:
-    """The quantized weights: from the cache, or quantized from the float weights (and, for a directory converted
-    from a GGUF file, that file's Q4_K blocks as they are) and cached."""
+    """The quantized weights: from the cache, or quantized from the GGUF file or the float weights and cached."""
     from safetensors.torch import load_file, save_file
 
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelFilesError(f"{path} has no .safetensors weights for the native runtime")
+    if not has_native_weights(path):
+        raise missing_weights(path)
     cached = native_cache_dir(path, weights) / "weights.safetensors"
     if cached.is_file():
         try:
             return load_file(cached)
         except Exception:  # a damaged cache entry is rebuilt below
             cached.unlink()
-    tensors: dict[str, torch.Tensor] = {}
+    gguf = gguf_source(path)
+    source = path if gguf is None else gguf
     try:
-        for file in files:
-            tensors.update(load_file(file))
-        gguf = source_gguf(path) if weights != "int8" else None
-        exact = exact_q4_blocks(gguf, tensors) if gguf is not None else {}
-        state = quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
+        state = quantize_safetensors(path, config, weights) if gguf is None else quantize_gguf(gguf, config, weights)
     except KeyError as error:
-        raise ModelFilesError(f"{path}: weight {error} is missing") from None
-    except Exception as error:  # safetensors raises several types for damaged files
-        raise ModelFilesError(f"cannot load the weights in {path}: {type(error).__name__}: {error}") from error
+        raise ModelFilesError(f"{source}: weight {error} is missing") from None
+    except Exception as error:  # safetensors and gguf raise several types for damaged files
+        raise ModelFilesError(f"cannot load the weights in {source}: {type(error).__name__}: {error}") from error
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(".partial")

@@ -1,0 +1,44 @@
+"""``quickdraft cache``: what the cache holds, entry by entry, and how to shrink it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from quickdraft.models.catalog import cache_root
+from quickdraft.models.usage import cache_usage
+
+
+def add_command(commands: Any) -> None:
+    cache = commands.add_parser(
+        "cache",
+        help="show what $QUICKDRAFT_CACHE holds",
+        description="Show the size of each entry of $QUICKDRAFT_CACHE (default ~/.cache/quickdraft): the packaged "
+        "models (GGUF file and its directory), .gguf files given on the command line, the native runtime's "
+        "packed weights, calibrations, ... and the fp32 copies made only for the transformers runtime.",
+    )
+    cache.add_argument("--json", action="store_true", help="print a JSON list")
+    cache.set_defaults(handler=run)
+
+
+def gigabytes(size_bytes: int) -> str:
+    return f"{size_bytes / 1e9:.2f} GB" if size_bytes >= 100_000_000 else f"{size_bytes / 1e6:.1f} MB"
+
+
+def run(args: argparse.Namespace) -> None:
+    root, entries = cache_root(), cache_usage()
+    if args.json:
+        rows = [{"path": str(e.path), "bytes": e.size_bytes, "fp32_bytes": e.fp32_bytes} for e in entries]
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{root}: {gigabytes(sum(e.size_bytes for e in entries))}")
+    for e in entries:
+        fp32 = f" (fp32 copy for transformers {gigabytes(e.fp32_bytes)})" if e.fp32_bytes else ""
+        print(f"{gigabytes(e.size_bytes):>10}  {e.path.relative_to(root)}{fp32}")
+    fp32_total = sum(e.fp32_bytes for e in entries)
+    if fp32_total:
+        print(
+            f"fp32 copies, made only for the transformers runtime and remade when needed: {gigabytes(fp32_total)}; "
+            f"delete them with rm {root}/*/*/hf/*.safetensors"
+        )

@@ -1,0 +1,133 @@
+"""A GGUF file's tensors under transformers' names, read one at a time: the input of ``quantize_state_dict``.
+
+The float tensors are the values transformers' GGUF loader gives (``modeling_gguf_pytorch_utils``, the loader
+of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor, float16 and bfloat16 widened to
+float32, and for a file of the ``llama`` architecture the q and k projections' rows put back in transformers'
+order (llama.cpp's converter interleaves the two rotary halves of each head; transformers undoes it the same
+way). Qwen2 files need no reordering. So the weights quantized from here are those quantized from the fp32
+directory transformers would save, value for value.
+
+Q4_K linear weights whose rows are not reordered are offered as blocks instead (``gguf_blocks.decode_q4_k``),
+to be kept bit for bit; the rest of the file's tensors are read as floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from quickdraft.runtime.native.gguf_blocks import LAYER_TENSORS, Blocks, decode_q4_k, transformers_name
+from quickdraft.runtime.native.model import DecoderConfig
+
+MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.bias`` -> ``model.layers.3.self_attn.q_proj.bias``, ``token_embd.weight`` ->
+    ``model.embed_tokens.weight``; None for tensors transformers does not load (e.g. ``rope_freqs.weight``)."""
+    if gguf_name in MODEL_TENSORS:
+        return MODEL_TENSORS[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) != 4 or parts[0] != "blk":
+        return None
+    if parts[2] in LAYER_NORMS and parts[3] == "weight":
+        return f"model.layers.{parts[1]}.{LAYER_NORMS[parts[2]]}.weight"
+    if parts[2] in LAYER_TENSORS and parts[3] in ("weight", "bias"):
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    return None
+
+
+def unpermute_rows(values: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's row order of a q or k projection ``[heads·head_dim, ...]`` -> transformers' (each head's rows
+    ``(i, half)`` -> ``(half, i)``), as transformers' ``LlamaTensorProcessor`` computes it."""
+    dim = values.shape[0] // heads // 2
+    return values.reshape(heads, dim, 2, *values.shape[1:]).swapaxes(2, 1).reshape(values.shape)
+
+
+class GGUFTensors(MutableMapping[str, torch.Tensor]):
+    """float32 tensors by transformers name, dequantized when read: ``quantize_state_dict`` pops them one by
+    one, so memory holds one float tensor at a time, not the model. An assigned tensor (the tied LM head)
+    replaces the file's."""
+
+    def __init__(self, sources: dict[str, Any], row_heads: dict[str, int]) -> None:
+        self.sources = sources  # transformers name -> gguf ReaderTensor
+        self.row_heads = row_heads  # transformers name -> heads, for q/k rows to reorder
+        self.assigned: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.assigned:
+            return self.assigned[name]
+        from gguf.quants import dequantize
+
+        tensor = self.sources[name]
+        values = dequantize(tensor.data, tensor.tensor_type)  # [rows, width] or [width]
+        if name in self.row_heads:
+            values = unpermute_rows(values, self.row_heads[name])
+        return torch.from_numpy(np.copy(values)).float()
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self.assigned[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        found = self.assigned.pop(name, None) is not None
+        if self.sources.pop(name, None) is None and not found:
+            raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sources.keys() | self.assigned.keys())
+
+    def __len__(self) -> int:
+        return len(self.sources.keys() | self.assigned.keys())
+
+
+class Q4KTensors(Mapping[str, Blocks]):
+    """Q4_K weights by transformers name, decoded into blocks when read."""
+
+    def __init__(self, sources: dict[str, Any]) -> None:
+        self.sources = sources  # transformers name -> gguf ReaderTensor of type Q4_K
+
+    def __getitem__(self, name: str) -> Blocks:
+        tensor = self.sources[name]
+        width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
+        return decode_q4_k(tensor.data, rows, width)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def read_gguf_weights(path: Path, config: DecoderConfig, keep_q4: bool = True) -> tuple[GGUFTensors, Q4KTensors]:
+    """The tensors of the GGUF file ``path``: floats, and (``keep_q4``) the Q4_K linear weights as blocks.
+
+    A Q4_K weight is a block tensor when transformers keeps its rows in the file's order, a float tensor
+    otherwise (and every weight is a float tensor without ``keep_q4``)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    reader = GGUFReader(path)
+    llama = reader.fields["general.architecture"].contents() == "llama"
+    floats: dict[str, Any] = {}
+    blocks: dict[str, Any] = {}
+    row_heads: dict[str, int] = {}
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            continue
+        if llama and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
+            row_heads[name] = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
+        q4 = keep_q4 and tensor.tensor_type == GGMLQuantizationType.Q4_K
+        if q4 and name not in row_heads and transformers_name(tensor.name) == name:
+            blocks[name] = tensor
+        else:
+            floats[name] = tensor
+    return GGUFTensors(floats, row_heads), Q4KTensors(blocks)

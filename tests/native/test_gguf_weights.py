@@ -1,0 +1,111 @@
+"""The native runtime's weights straight from a GGUF file: the same packed tensors as from the fp32 directory
+transformers converts the file into, without that directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_tiny_gguf
+
+from quickdraft.errors import ModelFilesError
+from quickdraft.models import load_hf_model
+from quickdraft.models.convert import MARKER, ensure_fp32_weights, has_fp32_weights, write_model_dir
+from quickdraft.runtime import LoadOptions, runtime_for
+from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.gguf_weights import hf_tensor_name, unpermute_rows
+from quickdraft.runtime.native.model import DecoderConfig
+from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state, native_cache_dir
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def gguf_dir(tmp_path: Path, architecture: str = "qwen2", tied: bool = False) -> Path:
+    """A tiny GGUF file and the directory quickdraft makes for it (configs, tokenizer, marker; no weights)."""
+    gguf_path = write_tiny_gguf(tmp_path / f"{architecture}.gguf", architecture, tied)
+    write_model_dir(gguf_path, tmp_path / "hf", "0" * 64)
+    return tmp_path / "hf"
+
+
+def as_old_layout(directory: Path, old: Path) -> Path:
+    """A copy of ``directory`` with its fp32 weights as quickdraft converted GGUF files before: a marker without
+    ``layout``, read from the safetensors file (and the GGUF's Q4_K tensors where they match)."""
+    ensure_fp32_weights(directory, progress=False)
+    shutil.copytree(directory, old)
+    marker = json.loads((old / MARKER).read_text())
+    del marker["layout"]
+    (old / MARKER).write_text(json.dumps(marker))
+    return old
+
+
+@pytest.mark.parametrize(("architecture", "tied"), [("qwen2", False), ("llama", True)])
+def test_packed_weights_equal_those_from_the_fp32_directory(tmp_path: Path, architecture: str, tied: bool) -> None:
+    """Every packed tensor equal, in every weight format: the file's Q4_K tensors kept as they are, the rest
+    (Q6_K, Q5_0, Q8_0, F16, BF16, F32; Llama's q/k rows reordered) quantized from the same float values."""
+    directory = gguf_dir(tmp_path, architecture, tied)
+    config = DecoderConfig.from_dir(directory)
+    assert not has_fp32_weights(directory) and NativeRuntime.supports(directory)
+    from_gguf = {fmt: load_native_state(directory, config, fmt) for fmt in WEIGHT_FORMATS}
+    keys = {fmt: native_cache_dir(directory, fmt) for fmt in WEIGHT_FORMATS}
+    old = as_old_layout(directory, tmp_path / "old")
+    assert {fmt: native_cache_dir(directory, fmt) for fmt in WEIGHT_FORMATS} == keys  # the fp32 copy changes no key
+    for fmt in WEIGHT_FORMATS:
+        from_fp32 = load_native_state(old, config, fmt)
+        assert from_fp32.keys() == from_gguf[fmt].keys()
+        assert all(torch.equal(from_fp32[name], from_gguf[fmt][name]) for name in from_fp32), fmt
+    kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.")}
+    assert {"q4", "int8"} <= kinds  # Q4_K tensors kept, the others quantized to int8
+
+
+def test_names_map_to_transformers_tensors() -> None:
+    assert hf_tensor_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert hf_tensor_name("output.weight") == "lm_head.weight"
+    assert hf_tensor_name("output_norm.weight") == "model.norm.weight"
+    assert hf_tensor_name("blk.3.ffn_norm.weight") == "model.layers.3.post_attention_layernorm.weight"
+    assert hf_tensor_name("blk.0.attn_k.bias") == "model.layers.0.self_attn.k_proj.bias"
+    assert hf_tensor_name("blk.0.attn_norm.bias") is None
+    assert hf_tensor_name("rope_freqs.weight") is None
+
+
+def test_llama_rows_are_reordered_as_transformers_does() -> None:
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    values = np.arange(8 * 64 * 3, dtype=np.float32).reshape(8 * 64, 3)  # 8 heads of 64 rows
+    expected = LlamaTensorProcessor()._reverse_permute_weights(values, 8, 2)  # k: 2 key-value heads
+    assert np.array_equal(unpermute_rows(values, 2), expected)
+    assert not np.array_equal(unpermute_rows(values, 8), values)
+
+
+def test_a_missing_or_damaged_gguf_file_gives_clear_errors(tmp_path: Path) -> None:
+    directory = gguf_dir(tmp_path)
+    gguf_path = tmp_path / "qwen2.gguf"
+    gguf_path.write_bytes(gguf_path.read_bytes()[:5000])  # cut short: its tensors are not all there
+    with pytest.raises(ModelFilesError, match=r"cannot load the weights in .*qwen2\.gguf"):
+        NativeRuntime.load(directory)
+    gguf_path.unlink()
+    assert not NativeRuntime.supports(directory)
+    assert runtime_for("auto", directory).name == "transformers"
+    with pytest.raises(ModelFilesError, match=r"reads its weights from .*qwen2\.gguf, which is missing"):
+        NativeRuntime.load(directory, LoadOptions(weights="q4"))
+    with pytest.raises(ModelFilesError, match=r"reads its weights from .*qwen2\.gguf, which is missing"):
+        load_hf_model(directory)  # no fp32 copy to make either
+
+
+def test_a_loaded_gguf_model_runs(tmp_path: Path) -> None:
+    """The runtime built from the file computes the logits of the one built from the fp32 copy, bit for bit."""
+    directory = gguf_dir(tmp_path)
+    runtime = NativeRuntime.load(directory)
+    reference = NativeRuntime.load(as_old_layout(directory, tmp_path / "old"))
+    tokens = torch.tensor([[1, 5, 9, 13]])
+    logits = runtime.forward(tokens, runtime.new_cache())
+    assert logits.shape == (1, 4, 64) and torch.equal(logits, reference.forward(tokens, reference.new_cache()))

@@ -93,7 +93,7 @@ class Engine:
         return RequestState(
             request=request,
             sink=sink,
-            policy=request.policy or self._make_policy(request),
+            policy=self._make_policy(request) if request.policy is None else request.policy,
             generator=make_generator(request.config.sampling.seed),
             decoder=IncrementalDecoder(self.tokenizer, request.config.stop),
             committed=list(request.prompt_ids),

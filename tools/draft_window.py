@@ -22,7 +22,7 @@ import torch
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
-from quickdraft.drafters.draft_model import common_prefix_length
+from quickdraft.tokens import common_prefix_length
 
 
 def agreement(pipeline: Pipeline, read: list[int], follow: list[int]) -> float:

@@ -81,6 +81,7 @@ class BenchSettings:
     draft: str | None = None  # None: the default draft model, if a method uses one
     draft_weights: str | None = None  # None: quickdraft.runtime.options.DRAFT_WEIGHTS (native runtime)
     draft_vocabulary: int | None = None  # None: quickdraft.runtime.options.DRAFT_VOCABULARY (native runtime)
+    draft_head: str | None = None  # the eagle drafters' head (None: the target's default)
     runtime: str = AUTO
     report_only: bool = False
 
@@ -192,6 +193,7 @@ def measure(
         draft_weights=settings.draft_weights,
         draft_vocabulary=settings.draft_vocabulary,
     )
+    pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
     if store.cost_curves is None:

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> None:
         draft=args.draft,
         draft_weights=args.draft_weights,
         draft_vocabulary=args.draft_vocabulary,
+        draft_head=args.draft_head,
         runtime=args.runtime,
         report_only=args.report_only,
     )

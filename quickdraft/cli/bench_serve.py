@@ -206,6 +206,7 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
     command += (["--policy", args.policy] if args.policy else []) + (["--recalibrate"] if args.recalibrate else [])
     command += ["--draft-weights", args.draft_weights] if args.draft_weights else []
     command += ["--draft-vocabulary", str(args.draft_vocabulary)] if args.draft_vocabulary is not None else []
+    command += ["--draft-head", args.draft_head] if args.draft_head else []
     with log.open("wb") as log_file:
         server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 1200

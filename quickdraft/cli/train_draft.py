@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> None:
         if not args.json:
             print(
                 f"shard {report.index}: {report.sequences} conversations, {report.tokens} tokens "
-                f"({report.answer_tokens} in answers), {report.dropped} dropped, {report.seconds} s",
+                f"({report.answer_tokens} in answers), {report.seconds} s",
                 file=sys.stderr,
             )
 

@@ -52,7 +52,7 @@ class CollectSettings:
 
     sequences_per_shard: int = 128
     batch_size: int = 32  # conversations decoded side by side
-    max_user_tokens: int = 256  # a longer user turn is cut there and its conversation dropped
+    max_user_tokens: int = 256  # a longer user turn is cut there, and answered
     max_answer_tokens: int = 320
     user_temperature: float = 1.0
     answer_temperature: float = 0.7
@@ -98,7 +98,6 @@ class ShardReport:
     sequences: int
     tokens: int
     answer_tokens: int
-    dropped: int  # conversations whose user turn ran past max_user_tokens
     seconds: float
 
 
@@ -169,20 +168,19 @@ class Collector:
         reports: list[ShardReport] = []
         running: list[Conversation] = []
         finished: list[Conversation] = []
-        dropped, started = 0, time.perf_counter()
+        started = time.perf_counter()
         with tqdm(total=len(todo) * expected, desc="collect", unit="tok", disable=not progress, file=sys.stderr) as bar:
             while todo:
                 while len(running) < settings.batch_size:
                     running.append(self._start(manifest["next_conversation"]))
                     manifest["next_conversation"] += 1
-                running, done, lost = self._step(running, bar)
+                running, done = self._step(running, bar)
                 finished += done
-                dropped += lost
                 if len(finished) >= settings.sequences_per_shard:
                     index = todo.pop(0)
                     shard, finished = finished[: settings.sequences_per_shard], finished[settings.sequences_per_shard :]
-                    report = self._write(directory, index, shard, dropped, time.perf_counter() - started)
-                    dropped, started = 0, time.perf_counter()
+                    report = self._write(directory, index, shard, time.perf_counter() - started)
+                    started = time.perf_counter()
                     manifest["shards"][str(index)] = asdict(report)
                     write_atomically(directory / MANIFEST, json.dumps(manifest, indent=1))
                     reports.append(report)
@@ -194,38 +192,31 @@ class Collector:
         opener = self.openers[int(torch.randint(len(self.openers), (1,), generator=generator))]
         return Conversation(self.target.new_cache(1), [*self.opening, *opener], generator)
 
-    def _write(
-        self, directory: Path, index: int, conversations: list[Conversation], dropped: int, seconds: float
-    ) -> ShardReport:
+    def _write(self, directory: Path, index: int, conversations: list[Conversation], seconds: float) -> ShardReport:
         data = pack(conversations)
         path = shard_path(directory, index)
         temporary = path.with_name(f".{path.name}.tmp")
         torch.save(data, temporary)
         temporary.replace(path)
         answer_tokens = int((data["lengths"] - data["answer_start"]).sum())
-        return ShardReport(
-            index, len(conversations), int(data["tokens"].numel()), answer_tokens, dropped, round(seconds, 1)
-        )
+        return ShardReport(index, len(conversations), int(data["tokens"].numel()), answer_tokens, round(seconds, 1))
 
-    def _step(self, running: list[Conversation], bar: Any) -> tuple[list[Conversation], list[Conversation], int]:
-        """One batched forward: (still running, finished, dropped count)."""
+    def _step(self, running: list[Conversation], bar: Any) -> tuple[list[Conversation], list[Conversation]]:
+        """One batched forward: (still running, finished)."""
         rows = [BatchRow(conversation.cache, conversation.pending) for conversation in running]
         logits, features = self.target.forward_batch_with_features(rows, self.layers)  # [K, V], [K, C·H] per row
-        still, finished, dropped = [], [], 0
+        still, finished = [], []
         for conversation, row_logits, row_features in zip(running, logits, features, strict=True):
             if bar is not None:
                 bar.update(len(conversation.pending))
-            outcome = self._advance(conversation, row_logits, row_features)
-            if outcome == "running":
-                still.append(conversation)
-            elif outcome == "finished":
+            if self._advance(conversation, row_logits, row_features):
                 finished.append(conversation)
             else:
-                dropped += 1
-        return still, finished, dropped
+                still.append(conversation)
+        return still, finished
 
-    def _advance(self, conversation: Conversation, logits: torch.Tensor, features: torch.Tensor) -> str:
-        """Record a forward's features and labels, choose the next token: "running", "finished" or "dropped"."""
+    def _advance(self, conversation: Conversation, logits: torch.Tensor, features: torch.Tensor) -> bool:
+        """Record a forward's features and labels, choose the next token; True when the conversation ended."""
         settings = self.settings
         conversation.tokens += conversation.pending
         conversation.features.append(features.to(torch.float16))
@@ -242,17 +233,15 @@ class Collector:
         conversation.pending = [token]
         if user:
             conversation.user_tokens += 1
-            if token in self.stop_ids:
+            if token in self.stop_ids or conversation.user_tokens >= settings.max_user_tokens:
+                # the turn ends here (a long one is cut: it is still a request the target answers)
                 conversation.pending = list(self.closing)
                 conversation.phase = Phase.ANSWER
                 conversation.answer_start = len(conversation.tokens) + len(conversation.pending)
-            elif conversation.user_tokens >= settings.max_user_tokens:
-                return "dropped"
-            return "running"
+            return False
         conversation.answer_tokens += 1
-        if token in self.stop_ids or conversation.answer_tokens >= settings.max_answer_tokens:
-            return "finished"  # the last token's own forward is not needed: its label is already recorded
-        return "running"
+        # at the end, the last token's own forward is not needed: its label is already recorded
+        return token in self.stop_ids or conversation.answer_tokens >= settings.max_answer_tokens
 
 
 def pack(conversations: Sequence[Conversation]) -> dict[str, torch.Tensor]:

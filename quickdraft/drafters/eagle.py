@@ -85,9 +85,7 @@ class EagleDrafter(Drafter):
         for _ in range(repeats + 1):
             started = time.perf_counter()
             output = self.head.decode(torch.zeros(1, 1, width), torch.zeros(1, 1, width), cache)
-            logits = torch.full((1, self.vocab_size), -torch.inf)
-            logits[:, self.vocabulary] = self.head.logits(output)[0].float()
-            argmax(logits)
+            argmax(self.head.logits(output)[0].float())
             times.append(time.perf_counter() - started)
             cache.truncate(context)
         return 1000 * min(times[1:])
@@ -118,15 +116,20 @@ class EagleDrafter(Drafter):
         # 2. Draft: each token from the last output; the next row reads that output and the drafted token.
         token_ids, probs = [], []
         while True:
-            logits = torch.full((1, self.vocab_size), -torch.inf)
-            logits[:, self.vocabulary] = self.head.logits(output)[0].float()  # [1, V]
-            token_probs = logits_to_probs(logits, task.sampling)  # [1, V]
-            token = int(choose_tokens(token_probs, task.sampling, task.generator, len(context) + len(token_ids))[0])
+            head_logits = self.head.logits(output)[0].float()  # [1, Vd]
+            if task.sampling.is_greedy:  # the argmax, a one-hot q (the vocabulary is sorted: ties as over V)
+                token = int(self.vocabulary[argmax(head_logits)[0]])
+            else:
+                logits = torch.full((1, self.vocab_size), -torch.inf)
+                logits[:, self.vocabulary] = head_logits  # [1, V]
+                token_probs = logits_to_probs(logits, task.sampling)  # [1, V]: q, exactly what is drawn from
+                token = int(choose_tokens(token_probs, task.sampling, task.generator, len(context) + len(token_ids))[0])
+                probs.append(token_probs)
             token_ids.append(token)
-            probs.append(token_probs)
-            if len(token_ids) >= task.num_tokens or not task.keep_drafting(DraftStep(logits, None, len(token_ids))):
+            drafted = len(token_ids)
+            if drafted >= task.num_tokens or not task.keep_drafting(DraftStep(head_logits, None, drafted)):
                 break
             output = self.head.decode(self.embedding[token][None, None], output, state.cache)
         # 3. Drop the drafted rows: the target's features take their positions once they are verified.
         state.cache.truncate(len(context) - 1)
-        return DraftProposal(torch.tensor([token_ids], dtype=torch.long), torch.stack(probs, dim=1))
+        return DraftProposal(torch.tensor([token_ids], dtype=torch.long), torch.stack(probs, dim=1) if probs else None)

@@ -76,8 +76,8 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def measure_token_ms(self, context: int = 64, repeats: int = 5) -> float:
-        """One drafting step after ``context`` read positions (a row through the head, its logits over the
-        target's vocabulary, the choice): the fastest of ``repeats`` after a warm-up, in ms."""
+        """One greedy drafting step after ``context`` read positions (a row through the head, its logits, the
+        argmax): the fastest of ``repeats`` after a warm-up, in ms."""
         cache = HeadCache(self.head.config)
         width = self.head.config.hidden_size
         self.head.decode(torch.zeros(1, context, width), torch.zeros(1, context, width), cache)

@@ -132,8 +132,14 @@ class DraftHead(nn.Module):
     def train_forward(
         self, features: torch.Tensor, next_embeds: torch.Tensor, valid: torch.Tensor, steps: int
     ) -> list[torch.Tensor]:
-        """Unrolled drafting over whole sequences: per step j, logits ``[B, T, Vd]`` at each position p, predicting
-        the token at p + 2 after j drafting steps (valid where p >= j).
+        """:meth:`unroll`'s outputs as logits ``[B, T, Vd]`` per step."""
+        return [self.logits(output) for output in self.unroll(features, next_embeds, valid, steps)]
+
+    def unroll(
+        self, features: torch.Tensor, next_embeds: torch.Tensor, valid: torch.Tensor, steps: int
+    ) -> list[torch.Tensor]:
+        """Unrolled drafting over whole sequences: per step j, the outputs ``[B, T, H]`` at each position p, whose
+        logits predict the token at p + 2 after j drafting steps (valid where p >= j).
 
         features: [B, T, C·H] the target's, per position; next_embeds: [B, T, H] the embedding of the token at
         p + 1 (the true tokens: teacher forcing); valid: [B, T] bool, real positions.
@@ -169,9 +175,8 @@ class DraftHead(nn.Module):
                 shift = step - i
                 shifted_v = torch.nn.functional.pad(values[i], (0, 0, shift, 0))[:, :, :length]
                 attended = attended + weights[..., length + i - 1 : length + i] * shifted_v
-            output = self.finish(attended, hidden)
-            outputs.append(output)
-        return [self.logits(output) for output in outputs]
+            outputs.append(self.finish(attended, hidden))
+        return outputs
 
     @torch.inference_mode()
     def decode(self, embeds: torch.Tensor, hidden: torch.Tensor, cache: HeadCache) -> torch.Tensor:

@@ -69,23 +69,23 @@ def choose_vocabulary(
     return torch.tensor(sorted(chosen)), coverage
 
 
-def step_loss(head: DraftHead, logits: torch.Tensor, batch: Batch, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed loss, mask ``[B, T]`` of positions trained at this step)."""
+def step_loss(
+    head: DraftHead, output: torch.Tensor, batch: Batch, step: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the outputs ``[B, T, H]`` of unrolled step ``step``: (summed loss, mask ``[B, T]`` of the positions
+    trained at this step, whether the head's top token is the target's ``[M]`` at those positions). Logits are
+    computed at those positions only: the LM head over 32k tokens is most of a step's work."""
     mask = batch.trained.clone()
     mask[:, :step] = False
     index = head.draft_index[batch.label_ids]  # [B, T, k] head index or -1
     logprobs = batch.label_logprobs.masked_fill(index < 0, -torch.inf)
     mask &= torch.isfinite(logprobs).any(-1)  # the target's top-k has a token the head can draft
     target = torch.softmax(logprobs[mask], dim=-1)  # [M, k]
-    predicted = torch.log_softmax(logits[mask].float(), dim=-1)  # [M, Vd]
+    logits = head.logits(output[mask])  # [M, Vd]
+    predicted = torch.log_softmax(logits.float(), dim=-1)
     picked = predicted.gather(-1, index[mask].clamp(min=0))  # [M, k]
-    return -(target * picked.masked_fill(target == 0, 0)).sum(), mask
-
-
-def agreement(head: DraftHead, logits: torch.Tensor, batch: Batch, mask: torch.Tensor) -> tuple[int, int]:
-    """(positions where the head's top token is the target's top token, positions)."""
-    top = head.vocabulary[logits.argmax(-1)]  # [B, T] target ids
-    return int((top == batch.label_ids[..., 0])[mask].sum()), int(mask.sum())
+    agrees = head.vocabulary[logits.argmax(-1)] == batch.label_ids[..., 0][mask]  # [M]
+    return -(target * picked.masked_fill(target == 0, 0)).sum(), mask, agrees
 
 
 def build_head(
@@ -123,15 +123,17 @@ def evaluate(
     agreed_all = counted_all = 0
     for batch in data.batches(held_out, settings.tokens_per_batch, settings.steps, None):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            all_logits = head.train_forward(batch.features, embedding[batch.next_tokens], batch.valid, settings.steps)
-        for step, logits in enumerate(all_logits):
-            step_sum, mask = step_loss(head, logits, batch, step)
-            if step == 0:
-                loss, tokens = loss + float(step_sum), tokens + int(mask.sum())
-                a, c = agreement(head, logits, batch, mask)
-                agreed_all, counted_all = agreed_all + a, counted_all + c
-            a, c = agreement(head, logits, batch, mask & batch.answer)
-            agreed[step], counted[step] = agreed[step] + a, counted[step] + c
+            outputs = head.unroll(batch.features, embedding[batch.next_tokens], batch.valid, settings.steps)
+            for step, output in enumerate(outputs):
+                step_sum, mask, agrees = step_loss(head, output, batch, step)
+                if step == 0:
+                    loss, tokens = loss + float(step_sum), tokens + int(mask.sum())
+                    agreed_all, counted_all = agreed_all + int(agrees.sum()), counted_all + len(agrees)
+                answer = batch.answer[mask]  # [M]
+                agreed[step], counted[step] = (
+                    agreed[step] + int(agrees[answer].sum()),
+                    counted[step] + int(answer.sum()),
+                )
     head.train()
     return Evaluation(
         tokens,
@@ -179,15 +181,13 @@ def train_head(
             for batch in data.batches(train, settings.tokens_per_batch, settings.steps, generator):
                 if done >= total:
                     break
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-                    all_logits = head.train_forward(
-                        batch.features, embedding[batch.next_tokens], batch.valid, settings.steps
-                    )
                 losses, count = [], 0
-                for step, logits in enumerate(all_logits):
-                    step_sum, mask = step_loss(head, logits, batch, step)
-                    losses.append(STEP_WEIGHT**step * step_sum)
-                    count = max(count, int(mask.sum()))
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+                    outputs = head.unroll(batch.features, embedding[batch.next_tokens], batch.valid, settings.steps)
+                    for step, output in enumerate(outputs):
+                        step_sum, mask, _ = step_loss(head, output, batch, step)
+                        losses.append(STEP_WEIGHT**step * step_sum)
+                        count = max(count, int(mask.sum()))
                 loss = torch.stack(losses).sum() / max(count, 1)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,8 @@ from quickdraft.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.calibration_store import Calibration, CalibrationStore
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
+from quickdraft.draft_head.file import default_head_path as default_draft_head_path
+from quickdraft.draft_head.file import head_name
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, Drafter, DrafterOptions, DrafterRecords
 from quickdraft.engine import Engine, GenerationResult, GenerationStream, Request
 from quickdraft.errors import ConfigError
@@ -42,6 +44,7 @@ class Pipeline:
     target_path: Path | None = None
     draft: Runtime | None = None
     draft_path: Path | None = None
+    draft_head: Path | None = None  # the eagle drafters' head (None: the target's default, if it has a path)
     records: dict[str, DrafterRecords] = field(default_factory=dict)  # per drafter name, across requests
     engine: Engine = field(init=False, repr=False)  # the library's engine (a server makes its own)
     _learned_from: dict[str, Path] = field(default_factory=dict, repr=False)  # drafter -> learned file read
@@ -100,9 +103,14 @@ class Pipeline:
         learns (e.g. early-exit's per-layer acceptance) and what its draft model has read (a chat's earlier
         turns) carry over to later requests. An unknown name or one these models cannot run raises."""
         options = options or DrafterOptions()
+        drafter_cls = DRAFTERS.get(name)
+        if drafter_cls.needs_draft_head and options.draft_head is None:
+            head = self.draft_head
+            if head is None and self.target_path is not None:
+                head = default_draft_head_path(head_name(self.target_path))
+            options = replace(options, draft_head=None if head is None else str(head))
         drafter = self._drafters.get((name, options))
         if drafter is None:
-            drafter_cls = DRAFTERS.get(name)
             if drafter_cls.needs_draft_model and self.draft is None:
                 raise ConfigError(f"the {name} drafter needs a draft model, and none is loaded")
             drafter = drafter_cls.create(self.target, self.draft, options, self.drafter_records(name))

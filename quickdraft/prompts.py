@@ -37,6 +37,16 @@ def chat_prefix(tokenizer: Any) -> list[int]:
     return [] if first == second else first[: common_prefix_length(first, second)]
 
 
+def chat_closing(tokenizer: Any) -> list[int]:
+    """The tokens between a user turn's text and the assistant's first token (the end of the user turn and the
+    assistant turn's opening): what a conversation the model writes itself is given after its user turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    first, second = (encode_chat(tokenizer, [{"role": "user", "content": text}]) for text in ("0", "1"))
+    shared = common_prefix_length(first[::-1], second[::-1])
+    return [] if first == second else first[len(first) - shared :]
+
+
 def require_utf8(text: str, what: str) -> None:
     """Text a tokenizer can take: undecodable bytes (which Python keeps in command-line arguments as lone
     surrogates) raise ``PromptError`` naming the first one."""

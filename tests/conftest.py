@@ -134,6 +134,29 @@ def sharp_native_pipeline() -> Pipeline:
     )
 
 
+def random_draft_head(target: Runtime, path: Path, seed: int = 0) -> Path:
+    """An untrained draft head for ``target`` (features after its first layer), saved at ``path``: its drafts are
+    seldom right, which changes how many are accepted, never the output."""
+    from quickdraft.draft_head.file import save_head
+    from quickdraft.draft_head.model import DraftHead, HeadConfig
+
+    decoder = target.decoder  # type: ignore[attr-defined]
+    config = HeadConfig(
+        hidden_size=target.hidden_size,
+        num_heads=decoder.config.num_heads,
+        num_kv_heads=decoder.config.num_kv_heads,
+        head_dim=decoder.config.head_dim,
+        intermediate_size=16,
+        num_features=1,
+        vocabulary_size=target.vocab_size // 2,
+        target_vocab_size=target.vocab_size,
+    )
+    torch.manual_seed(seed)
+    vocabulary = torch.arange(target.vocab_size // 2)
+    save_head(DraftHead(config, vocabulary, target.lm_head_rows(vocabulary)), path, (1,), "random", {})
+    return path
+
+
 def save_tiny_model_dir(path: Path, vocab_size: int, seed: int, prefix: str = "w") -> Path:
     """A local model directory of another family (OLMo 2), whose AutoTokenizer is the generic one."""
     from transformers import Olmo2Config, Olmo2ForCausalLM

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from conftest import MODEL, Server, native_pipeline, serving
+from conftest import MODEL, Server, native_pipeline, random_draft_head, serving
 
 from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.api import Pipeline
@@ -27,7 +27,7 @@ COMBINATIONS = list(itertools.product(DRAFTERS.names(), POLICIES))
 
 
 @pytest.fixture(scope="module")
-def native() -> Pipeline:
+def native(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
     """Tiny native models; every drafter has a made-up SpecDec++ head (a random head over the draft's hidden
     state: it changes how long blocks are, never the tokens)."""
     pipeline = native_pipeline()
@@ -39,6 +39,7 @@ def native() -> Pipeline:
     )
     for name in DRAFTERS.names():
         pipeline.drafter_records(name).acceptance_head = head
+    pipeline.draft_head = random_draft_head(pipeline.target, tmp_path_factory.mktemp("head") / "head.safetensors")
     return pipeline
 
 

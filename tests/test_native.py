@@ -265,6 +265,35 @@ def test_fused_layers_are_close_to_the_reference_path() -> None:
     assert torch.equal(fused.argmax(-1), reference.argmax(-1))
 
 
+def test_features_cost_the_logits_nothing_and_do_not_depend_on_the_batch(runtime: NativeRuntime) -> None:
+    """A draft head's features: capturing them leaves the logits' bits alone, and a position's features are the
+    same bits read in one block, split over steps, or beside another request."""
+    tokens = [5, 9, 2, 33, 7, 1, 60, 12, 4]
+    (plain,) = runtime.forward_batch([BatchRow(runtime.new_cache(1), tokens)])
+    (logits,), (features,) = runtime.forward_batch_with_features([BatchRow(runtime.new_cache(1), tokens)], [1])
+    assert torch.equal(plain, logits) and features.shape == (9, runtime.hidden_size)
+    cache = runtime.new_cache(1)
+    _, (first,) = runtime.forward_batch_with_features([BatchRow(cache, tokens[:4], last_only=True)], [1])
+    _, (second, _) = runtime.forward_batch_with_features(
+        [BatchRow(cache, tokens[4:]), BatchRow(runtime.new_cache(1), [3, 3])], [1]
+    )
+    assert torch.equal(torch.cat([first, second]), features)  # last_only rows still give every position's
+
+
+def test_captured_layers_are_the_hidden_states_after_them() -> None:
+    runtime = native_from_hf(tiny_model(64, seed=3))
+    tokens = torch.tensor([5, 9, 2, 33])
+    keys, values = runtime.new_cache(1).static.slots()
+    *captured, last = runtime.decoder._decode_rows(tokens, keys, values, [0] * 4, list(range(4)), None, [1, 2])
+    reference_keys, reference_values = runtime.new_cache(1).static.slots()
+    runtime.decoder.use_kernel = False
+    after_one = runtime.decoder._decode_rows(tokens, reference_keys, reference_values, [0] * 4, list(range(4)), 1)
+    assert torch.allclose(captured[0], after_one[-1], rtol=1e-3, atol=1e-3)
+    assert torch.equal(captured[1], last)  # the tiny model has two layers
+    with pytest.raises(ValueError, match="ascending"):
+        runtime.decoder._decode_rows(tokens, keys, values, [0] * 4, list(range(4)), None, [2, 1])
+
+
 @pytest.mark.parametrize("prompt_ids", [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])
 def test_greedy_speculation_on_the_native_runtime_equals_plain(prompt_ids: list[int]) -> None:
     pipeline = sharp_native_pipeline()

@@ -1,5 +1,5 @@
-"""What every benchmark method is: one greedy turn in, a :class:`TurnResult` out (:mod:`quickdraft.bench.methods`
-registers them by name)."""
+"""What every benchmark method is: one turn in (greedy, or sampled where the method can), a :class:`TurnResult`
+out (:mod:`quickdraft.bench.methods` registers them by name)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.metrics import MethodInfo
+from quickdraft.sampling import SamplingParams
+
+GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Method(ABC):
     runtime: str | None = None  # another runtime than the bench's (spec suffix @RUNTIME)
     baseline: str = "baseline"  # the method its speedup and lossless fraction are measured against
     peer: bool = False  # another implementation with its own arithmetic: its tokens' agreement, not losslessness
+    samples: bool = False  # it can decode at a temperature (else the bench refuses a sampled run with it)
 
     def info(self) -> MethodInfo:
         """What the aggregation needs to know of this method."""
@@ -50,5 +54,8 @@ class Method(ABC):
         start ``keep`` that every request shares (the chat template's system prompt)."""
 
     @abstractmethod
-    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
-        """Generate greedily after ``prompt_ids``; time the whole call."""
+    def run(
+        self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY
+    ) -> TurnResult:
+        """Generate after ``prompt_ids`` (greedily, or with ``sampling`` if the method :attr:`samples`); time the
+        whole call."""

@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.api import Pipeline
-from quickdraft.bench.base import Method, TurnResult
+from quickdraft.bench.base import GREEDY, Method, TurnResult
 from quickdraft.bench.peers import require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.models.convert import MARKER
+from quickdraft.sampling import SamplingParams
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the version of the `peers` extra (llama.cpp is vendored in its sdist)
 INSTALL = f"pip install 'quickdraft[peers]' (llama-cpp-python=={LLAMA_CPP_PYTHON}, compiled from source)"
@@ -100,13 +101,15 @@ def context_size(needed: int) -> int:
 
 
 class LlamaCppMethod(Method):
-    """Greedy decoding by llama-cpp-python on the target's GGUF file, plain or with its prompt lookup."""
+    """Decoding by llama-cpp-python on the target's GGUF file: plain (greedy or sampled) or greedy with its prompt
+    lookup."""
 
     peer = True
 
     def __init__(self, name: str, prompt_lookup: bool = False) -> None:
         self.name = name
         self.prompt_lookup = prompt_lookup
+        self.samples = not prompt_lookup  # plain decoding samples with llama.cpp's sampler
         self._llama: Any = None
         self._n_ctx = 0
         self._gguf: Path | None = None
@@ -152,10 +155,13 @@ class LlamaCppMethod(Method):
         )
         self._n_ctx = n_ctx
 
-    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+    def run(
+        self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY
+    ) -> TurnResult:
         """Feed ``prompt_ids`` to a context cleared of any earlier prompt (the baseline too reads every
-        prompt whole) and take greedy tokens until an end-of-sequence token or the budget. A target step
-        is one ``eval`` call of the binding: the tokens coming out after it are that step's."""
+        prompt whole) and take greedy tokens (or sampled ones, at ``sampling``'s temperature with llama.cpp's own
+        sampler: its top-k, top-p and min-p off) until an end-of-sequence token or the budget. A target step is
+        one ``eval`` call of the binding: the tokens coming out after it are that step's."""
         if self._llama is None:
             raise ConfigError(f"method {self.name!r}: load() was not called")
         needed = len(prompt_ids) + max_new_tokens + PROMPT_LOOKUP["num_pred_tokens"] + 1
@@ -189,7 +195,11 @@ class LlamaCppMethod(Method):
         try:
             started = time.perf_counter()
             llama.reset()  # nothing of the previous prompt is reused
-            generator = llama.generate(prompt_ids, temp=0.0, repeat_penalty=1.0, reset=True)
+            if sampling.seed is not None:
+                llama.set_seed(sampling.seed % 2**32)
+            generator = llama.generate(
+                prompt_ids, temp=sampling.temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
+            )
             for token in generator:
                 now = time.perf_counter() - started
                 token_ids.append(int(token))
@@ -327,7 +337,9 @@ class LlamaCppDraftMethod(Method):
             "--no-escape",  # the prompt as written: code's backslashes are not escape sequences
         ]  # fmt: skip
 
-    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+    def run(
+        self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY
+    ) -> TurnResult:
         if not self._command:
             raise ConfigError(f"method {self.name!r}: load() was not called")
         prompt = pipeline.tokenizer.decode(prompt_ids)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 
 from quickdraft.api import Pipeline
-from quickdraft.bench.base import Method, TurnResult
+from quickdraft.bench.base import GREEDY, Method, TurnResult
 from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
 from quickdraft.bench.openvino import OpenVinoMethod
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
@@ -32,10 +33,13 @@ from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
 from quickdraft.registry import Registry
 from quickdraft.runtime import RUNTIMES
+from quickdraft.sampling import SamplingParams
 
 
 class EngineMethod(Method):
     """Our engine with one drafter at a fixed γ or with a policy (``none`` with γ = 0 is the baseline)."""
+
+    samples = True
 
     def __init__(
         self, name: str, drafter: str, num_draft_tokens: int, policy: str = "fixed", runtime: str | None = None
@@ -72,8 +76,10 @@ class EngineMethod(Method):
         draft model keeps what every request starts with; so does this one, for every method alike."""
         pipeline.drafter(self.drafter).forget(keep)
 
-    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
-        config = self.config(max_new_tokens)
+    def run(
+        self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY
+    ) -> TurnResult:
+        config = replace(self.config(max_new_tokens), sampling=sampling)
         started = time.perf_counter()
         result = pipeline.generate(prompt_ids, config, drafter=self.drafter)
         wall_time_s = time.perf_counter() - started
@@ -100,7 +106,9 @@ class PeerMethod(Method):
         self.settings = dict(PEER_SETTINGS[name])
         self.uses_draft_model = bool(self.settings.pop("assistant", False))
 
-    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+    def run(
+        self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY
+    ) -> TurnResult:
         model = pipeline.transformers_model("target")
         assistant = pipeline.transformers_model("draft") if self.uses_draft_model else None
         clock = StepClock()

@@ -118,9 +118,11 @@ def summarize(
     draft_ms: float | None = None,
     target_ms: Mapping[int, float] | None = None,
     peer: bool = False,
+    comparable: bool = True,
 ) -> dict[str, Any]:
     """The metrics of ``entries`` (one method, one group of questions) against the baseline's; for a
-    ``peer`` the share of questions with the baseline's tokens is its agreement, not a lossless fraction."""
+    ``peer`` the share of questions with the baseline's tokens is its agreement, not a lossless fraction.
+    ``comparable``: whether equal tokens are expected at all (not for unseeded sampling: both are None then)."""
     if not entries:
         return dict.fromkeys(METRIC_KEYS) | {"n_questions": 0}
     proposed = [e.draft_tokens_proposed for e in entries if e.draft_tokens_proposed is not None]
@@ -136,6 +138,7 @@ def summarize(
         efficiency = speedup / predicted if predicted else None
     p50, p90 = percentile(latencies, 0.5), percentile(latencies, 0.9)
     same = sum(e.token_ids == reference_ids[e.question_id] for e in compared) / len(compared) if compared else None
+    same = same if comparable else None
     return {
         "speedup": speedup,
         "speedup_ci95": speedup_interval(entries, baseline) if speedup is not None else None,
@@ -218,9 +221,11 @@ def aggregate(
     methods: Mapping[str, MethodInfo],
     categories: list[str],
     cost_curves: Mapping[str, Mapping[int, float]] | None = None,
+    comparable: bool = True,
 ) -> dict[str, Any]:
     """``{NAME: {"overall": {...}, "categories": {CATEGORY: {...}}, ...}}`` for every method in ``methods``,
-    each compared with its ``MethodInfo.baseline`` (speedup, lossless fraction).
+    each compared with its ``MethodInfo.baseline`` (speedup, lossless fraction; ``comparable`` False: tokens
+    were sampled without a seed, so no fraction).
 
     ``cost_curves`` maps :class:`CurveRole` to milliseconds per forward of k tokens.
     """
@@ -239,6 +244,7 @@ def aggregate(
         reference_ids = references[info.baseline]
         draft_ms = draft_token_ms(curves, info.uses_draft_model, info.target_cost_fraction)
         theory = {"num_draft_tokens": info.num_draft_tokens, "draft_ms": draft_ms, "target_ms": target_ms}
+        theory["comparable"] = comparable
         if info.uses_draft_model and draft_ms is None:
             theory["num_draft_tokens"] = None
         results[name] = {

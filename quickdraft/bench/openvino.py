@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.api import Pipeline
-from quickdraft.bench.base import Method, TurnResult
+from quickdraft.bench.base import GREEDY, Method, TurnResult
 from quickdraft.bench.peers import StepClock, require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.convert import MARKER, ensure_fp32_weights
+from quickdraft.sampling import SamplingParams
 
 OPENVINO_GENAI = "2026.4.1.0"  # the version of the `peers` extra
 INSTALL = f"pip install 'quickdraft[peers]' (openvino-genai=={OPENVINO_GENAI})"
@@ -172,7 +173,9 @@ class OpenVinoMethod(Method):
             config.num_assistant_tokens = DRAFT_TOKENS
         return config
 
-    def run(self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+    def run(
+        self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY
+    ) -> TurnResult:
         """Our ids in, greedy tokens out until an end-of-sequence token (kept) or the budget; a step is one
         call of the streamer, which GenAI makes with each step's new tokens."""
         import numpy as np

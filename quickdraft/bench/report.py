@@ -43,6 +43,15 @@ def split_cost_curves(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     return curves, curves.pop(CurveRole.DRAFT_PREFILL, None)
 
 
+def decoding(config: dict[str, Any]) -> str:
+    """How the run chose tokens: greedy, or sampled at a temperature (seeded or not)."""
+    if config.get("greedy", True):
+        return "greedy"
+    seed = config.get("sampling_seed")
+    how = f"seed {seed}: our methods' text must equal plain decoding's" if seed is not None else "unseeded"
+    return f"sampled at temperature {config['temperature']} ({how})"
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     config, machine, methods = results["config"], results["machine"], results["methods"]
     revisions = results.get("revisions") or {}
@@ -52,7 +61,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "",
         f"Questions: `{config['questions']}`, {config['n_questions']} questions "
         f"({config['per_category'] or 'all'} per category, seed {config['seed']}); "
-        f"max_new_tokens {config['max_new_tokens']}; greedy; runs {config['runs']}, warm-up {config['warmup']}.",
+        f"max_new_tokens {config['max_new_tokens']}; {decoding(config)}; runs {config['runs']}, "
+        f"warm-up {config['warmup']}.",
         f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}.",
         f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
         f"transformers {machine.get('transformers')}"

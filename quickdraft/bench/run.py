@@ -38,6 +38,7 @@ from quickdraft.errors import ConfigError
 from quickdraft.machine import cpu_description
 from quickdraft.models.catalog import DEFAULT_TARGET
 from quickdraft.runtime import AUTO
+from quickdraft.sampling import SamplingParams
 
 BENCH_DOC = """``quickdraft bench``: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
 
@@ -75,12 +76,15 @@ class BenchSettings:
     methods: str = DEFAULT_METHODS
     runs: int = 1
     warmup: int = 1
-    seed: int = 0
+    seed: int = 0  # of the per-category question sample
+    temperature: float = 0.0  # 0: greedy
+    sampling_seed: int | None = None  # seeded sampling: our methods' text equals plain decoding's
     profile_context: int = 512
     target: str = DEFAULT_TARGET
     draft: str | None = None  # None: the default draft model, if a method uses one
     draft_weights: str | None = None  # None: quickdraft.runtime.options.DRAFT_WEIGHTS (native runtime)
     draft_vocabulary: int | None = None  # None: quickdraft.runtime.options.DRAFT_VOCABULARY (native runtime)
+    draft_head: str | None = None  # the eagle drafters' head (None: the target's default)
     runtime: str = AUTO
     report_only: bool = False
 
@@ -90,6 +94,13 @@ class BenchSettings:
             raise ConfigError("--runs and --profile-context must be >= 1 and --warmup >= 0")
         if self.per_category is not None and self.per_category < 1:
             raise ConfigError(f"--per-category must be >= 1, got {self.per_category}")
+        if self.sampling_seed is not None and self.temperature == 0:
+            raise ConfigError("--seed seeds sampling: give a --temperature above 0 with it")
+        self.sampling  # noqa: B018 - validates the temperature and seed
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, seed=self.sampling_seed)
 
 
 def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
@@ -102,6 +113,12 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         raise ConfigError("no question file: pass --questions PATH (no ../shared/data/spec_bench/question.jsonl)")
     questions = sample_questions(load_questions(questions_path), settings.per_category, settings.seed)
     methods = parse_methods(settings.methods)
+    if not settings.sampling.is_greedy:
+        greedy_only = [method.name for method in methods if not method.samples]
+        if greedy_only:
+            raise ConfigError(
+                f"these methods decode greedily only: {', '.join(greedy_only)}; drop them or --temperature"
+            )
     needs_draft = any(method.uses_draft_model for method in methods)
     categories = list(dict.fromkeys(question.category for question in questions))
     config = {
@@ -120,7 +137,9 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "draft_load": draft_load(settings) if needs_draft else None,
         "runtime": settings.runtime,
         "profile_context": settings.profile_context,
-        "greedy": True,
+        "greedy": settings.sampling.is_greedy,
+        "temperature": settings.temperature,
+        "sampling_seed": settings.sampling_seed,
     }
     store = ResultStore(settings.out, config)
     todo = [
@@ -144,6 +163,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         {method.name: method.info() for method in methods},
         categories,
         {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
+        comparable=settings.sampling.is_greedy or settings.sampling.is_seeded,
     )
     results = {
         "config": config,
@@ -192,6 +212,7 @@ def measure(
         draft_weights=settings.draft_weights,
         draft_vocabulary=settings.draft_vocabulary,
     )
+    pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
     if store.cost_curves is None:
@@ -214,7 +235,9 @@ def measure(
         method.load(pipelines[method.runtime], curves)
     first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
     for method in tqdm(pending_methods * settings.warmup, desc="warm-up", file=sys.stderr):
-        method.run(pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, settings.max_new_tokens))
+        method.run(
+            pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, settings.max_new_tokens), settings.sampling
+        )
     total = settings.runs * len(questions) * len(methods)
     with tqdm(total=total, initial=total - len(todo), desc="bench", unit="run", file=sys.stderr) as bar:
         current_run = None
@@ -224,7 +247,11 @@ def measure(
                 for runtime_pipeline in pipelines.values():
                     runtime_pipeline.forget_answers()
             bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
-            store.add(run_question(pipelines[method.runtime], method, question, run, settings.max_new_tokens))
+            store.add(
+                run_question(
+                    pipelines[method.runtime], method, question, run, settings.max_new_tokens, settings.sampling
+                )
+            )
             bar.update()
     measured = {  # what adaptive policies measured of the engine's steps (this invocation's runs)
         drafter if runtime is None else f"{drafter}@{runtime}": asdict(record)
@@ -249,7 +276,9 @@ def encode_turns(pipeline: Any, question: Question, answers: list[str]) -> list[
     return [pipeline.encode_chat(messages)]
 
 
-def run_question(pipeline: Any, method: Method, question: Question, run: int, max_new_tokens: int) -> Entry:
+def run_question(
+    pipeline: Any, method: Method, question: Question, run: int, max_new_tokens: int, sampling: SamplingParams
+) -> Entry:
     """All turns of ``question``, each answered by ``method`` with its own previous answers in the history."""
     token_ids: list[int] = []
     step_sizes: list[int] = []
@@ -262,7 +291,7 @@ def run_question(pipeline: Any, method: Method, question: Question, run: int, ma
     method.start_conversation(pipeline, pipeline.chat_prefix() if question.chat else [])
     for _ in question.turns:
         prompt_ids = encode_turns(pipeline, question, answers)[0]
-        result = method.run(pipeline, prompt_ids, max_new_tokens)
+        result = method.run(pipeline, prompt_ids, max_new_tokens, sampling)
         answers.append(pipeline.tokenizer.decode(result.token_ids, skip_special_tokens=True))
         token_ids += result.token_ids
         step_sizes += result.step_sizes

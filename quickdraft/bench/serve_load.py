@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from quickdraft.bench.base import GREEDY
 from quickdraft.bench.metrics import percentile
 from quickdraft.errors import ConfigError
+from quickdraft.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ async def one_request(
     start: float,
     timeout_s: float,
     disconnect_after: int | None = None,
+    sampling: SamplingParams = GREEDY,
 ) -> None:
     """Stream one chat completion into ``record``; ``disconnect_after`` chunks with text, close the stream."""
     sent = time.perf_counter()
@@ -112,7 +115,8 @@ async def one_request(
                 model=model,
                 messages=[{"role": "user", "content": prompt.text}],
                 max_tokens=max_tokens,
-                temperature=0,
+                temperature=sampling.temperature,
+                seed=sampling.seed,
                 stream=True,
                 extra_body=config.extra_body(),
             )
@@ -146,6 +150,7 @@ async def run_load(
     seed: int,
     timeout_s: float,
     disconnect_fraction: float = 0.0,
+    sampling: SamplingParams = GREEDY,
 ) -> tuple[list[RequestRecord], float]:
     """Send every prompt once under ``config`` at ``rate`` (0: one user at a time); the records and wall time."""
     rng = random.Random(seed + 1)
@@ -156,7 +161,7 @@ async def run_load(
     async def send(i: int, at: float) -> None:
         await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
         after = rng.randint(1, 8) if i in disconnects else None
-        await one_request(client, model, prompts[i], config, max_tokens, records[i], start, timeout_s, after)
+        await one_request(client, model, prompts[i], config, max_tokens, records[i], start, timeout_s, after, sampling)
 
     if rate == 0:
         for i in range(len(prompts)):

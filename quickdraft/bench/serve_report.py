@@ -71,13 +71,22 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def decoding(settings: dict[str, Any]) -> str:
+    """How the requests chose tokens: greedy, or sampled at a temperature (seeded or not)."""
+    temperature, seed = settings.get("temperature", 0.0), settings.get("sampling_seed")
+    if not temperature:
+        return "greedy"
+    return f"temperature {temperature}, " + (f"seed {seed}" if seed is not None else "unseeded")
+
+
 def write_report(out: Path, results: dict[str, Any]) -> bool:
     """report.md (and latency.png when matplotlib is there); True if the plot was written."""
     settings = results["settings"]
     lines = [
         "# bench-serve",
         "",
-        f"{settings['num_prompts']} Spec-Bench prompts per run (chat, greedy, {settings['max_tokens']} new tokens at "
+        f"{settings['num_prompts']} Spec-Bench prompts per run (chat, {decoding(settings)}, "
+        f"{settings['max_tokens']} new tokens at "
         f"most), streamed by the openai client; server: `{settings['server']}`. Latencies in seconds; TPOT: time "
         "per output token after the first; lossless: responses equal to single-request plain decoding.",
         "",

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from quickdraft.cli import bench, bench_serve, cache, generate, models, profile, serve, train
+from quickdraft.cli import bench, bench_serve, cache, generate, models, profile, serve, train, train_draft
 from quickdraft.errors import QuickdraftError
 
 DESCRIPTION = """\
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, models, cache, bench, profile, train, serve, bench_serve):
+    for command in (generate, models, cache, bench, profile, train, train_draft, serve, bench_serve):
         command.add_command(commands)
     return parser
 

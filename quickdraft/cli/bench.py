@@ -47,7 +47,23 @@ def add_command(commands: Any) -> None:
         metavar="W",
         help=f"untimed {WARMUP_TOKENS}-token generations per method before timing (default 1)",
     )
-    bench.add_argument("--seed", type=int, default=0, help="seed of the per-category sample (default 0)")
+    bench.add_argument(
+        "--question-seed", type=int, default=0, metavar="N", help="seed of the per-category sample (default 0)"
+    )
+    bench.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="decode at this temperature (default 0: greedy); our methods and llama.cpp's plain decoding sample",
+    )
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seed the sampling (with --temperature): our methods then give the same text as our plain decoding, "
+        "which the report's lossless column checks",
+    )
     bench.add_argument(
         "--profile-context",
         type=int,
@@ -75,12 +91,15 @@ def run(args: argparse.Namespace) -> None:
         methods=args.methods,
         runs=args.runs,
         warmup=args.warmup,
-        seed=args.seed,
+        seed=args.question_seed,
+        temperature=args.temperature,
+        sampling_seed=args.seed,
         profile_context=args.profile_context,
         target=args.target,
         draft=args.draft,
         draft_weights=args.draft_weights,
         draft_vocabulary=args.draft_vocabulary,
+        draft_head=args.draft_head,
         runtime=args.runtime,
         report_only=args.report_only,
     )

@@ -20,6 +20,7 @@ from quickdraft.bench.serve_report import write_report
 from quickdraft.cli.common import add_model_arguments, check_output_dir, draft_for
 from quickdraft.cli.serve import add_serving_arguments
 from quickdraft.errors import ConfigError
+from quickdraft.sampling import SamplingParams
 
 DEFAULT_CONFIGS = (
     "plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput,"
@@ -27,11 +28,12 @@ DEFAULT_CONFIGS = (
 )
 BENCH_SERVE_DOC = """\
 Load-test an OpenAI-compatible quickdraft server with the official openai client (AsyncOpenAI): Spec-Bench
-prompts (first turns, chat, greedy, streamed) sent at each --rates (seq: one user at a time; a number: Poisson
-arrivals, requests per second; inf: all at once) under each --configs (NAME=DRAFTER[+POLICY], sent per request
-in extra_body). Reports throughput, TTFT, time per output token and end-to-end latency (mean, p50, p90, p99),
-checks every response against single-request plain decoding, and ends with a run in which a fraction of the
-clients disconnect mid-stream (is every other request served, and does the server's memory return to idle?).
+prompts (first turns, chat, greedy unless --temperature, streamed) sent at each --rates (seq: one user at a time;
+a number: Poisson arrivals, requests per second; inf: all at once) under each --configs (NAME=DRAFTER[+POLICY],
+sent per request in extra_body). Reports throughput, TTFT, time per output token and end-to-end latency (mean,
+p50, p90, p99), checks every response against single-request plain decoding (greedy or seeded), and ends with a
+run in which a fraction of the clients disconnect mid-stream (is every other request served, and does the
+server's memory return to idle?).
 Starts `quickdraft serve` on a free loopback port unless --url is given. Writes results.json, report.md and
 latency.png to --out."""
 
@@ -54,7 +56,17 @@ def add_command(commands: Any) -> None:
     bench.add_argument(
         "--configs", default=DEFAULT_CONFIGS, metavar="A,B", help=f"configurations (default {DEFAULT_CONFIGS})"
     )
-    bench.add_argument("--seed", type=int, default=0, help="seed of the prompt sample and the arrivals (default 0)")
+    bench.add_argument(
+        "--question-seed", type=int, default=0, metavar="N", help="seed of the prompt sample and the arrivals (0)"
+    )
+    bench.add_argument("--temperature", type=float, default=0.0, help="requests' temperature (default 0: greedy)")
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="requests' sampling seed (with --temperature): responses must then equal seeded plain decoding",
+    )
     bench.add_argument("--timeout", type=float, default=900.0, metavar="S", help="seconds a request may take (900)")
     bench.add_argument(
         "--disconnect-fraction",
@@ -87,13 +99,19 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("--num-prompts and --max-tokens must be >= 1, --disconnect-fraction in [0, 1)")
     if args.url is not None and not re.match(r"^https?://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
         raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
+    if args.seed is not None and args.temperature == 0:
+        raise ConfigError("--seed seeds sampling: give a --temperature above 0 with it")
+    args.sampling = SamplingParams(args.temperature, seed=args.seed)
+    if not (args.sampling.is_greedy or args.sampling.is_seeded):
+        args.no_reference = True  # unseeded samples have nothing to equal
     check_output_dir(out)
-    prompts = spec_bench_prompts(args.questions, args.num_prompts, args.seed)
+    prompts = spec_bench_prompts(args.questions, args.num_prompts, args.question_seed)
     references = None if args.no_reference else reference_outputs(args, prompts, out / "references.json")
     alone = single_request_runs(args, prompts, configs) if args.single_request else None
     server, url = (None, args.url.rstrip("/")) if args.url else start_server(args, out / "server.log")
     settings = {
-        "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates, "seed": args.seed,
+        "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates, "seed": args.question_seed,
+        "temperature": args.temperature, "sampling_seed": args.seed,
         "configs": [vars(config) for config in configs], "server": " ".join(server.args[3:]) if server else url,
     }  # fmt: skip
     results: dict[str, Any] = {"settings": settings, "runs": []}
@@ -121,7 +139,15 @@ async def drive(
         for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
             for config in configs:
                 records, wall_s = await run_load(
-                    client, model, prompts, config, parse_rate(rate), args.max_tokens, args.seed, args.timeout
+                    client,
+                    model,
+                    prompts,
+                    config,
+                    parse_rate(rate),
+                    args.max_tokens,
+                    args.question_seed,
+                    args.timeout,
+                    sampling=args.sampling,
                 )
                 summary = summarize_run(records, wall_s, references)
                 results["runs"].append({"config": config.name, "rate": rate, "summary": summary,
@@ -152,13 +178,15 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
     from quickdraft.config import GenerationConfig
 
     key = {"target": args.target, "runtime": args.runtime, "max_tokens": args.max_tokens}
+    if not args.sampling.is_greedy:
+        key |= {"temperature": args.temperature, "seed": args.seed}
     saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     if saved.get("key") != key:
         saved = {"key": key, "outputs": {}}
     missing = [prompt for prompt in prompts if prompt.question_id not in saved["outputs"]]
     if missing:
         pipeline = Pipeline.load(target=args.target, draft=None, runtime=args.runtime)
-        config = GenerationConfig(max_new_tokens=args.max_tokens)
+        config = GenerationConfig(max_new_tokens=args.max_tokens, sampling=args.sampling)
         for i, prompt in enumerate(missing, start=1):
             result = pipeline.generate(prompt.text, config, drafter="none", chat=True)
             saved["outputs"][prompt.question_id] = result.token_ids
@@ -180,7 +208,8 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
     )
     runs = {}
     for config in configs:
-        settings, latencies = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy), []
+        settings = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy, sampling=args.sampling)
+        latencies = []
         warm_up = GenerationConfig(max_new_tokens=8, policy=settings.policy)
         pipeline.generate(prompts[0].text, warm_up, drafter=config.drafter, chat=True)
         for prompt in prompts:
@@ -206,6 +235,7 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
     command += (["--policy", args.policy] if args.policy else []) + (["--recalibrate"] if args.recalibrate else [])
     command += ["--draft-weights", args.draft_weights] if args.draft_weights else []
     command += ["--draft-vocabulary", str(args.draft_vocabulary)] if args.draft_vocabulary is not None else []
+    command += ["--draft-head", args.draft_head] if args.draft_head else []
     with log.open("wb") as log_file:
         server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 1200
@@ -268,7 +298,8 @@ async def disconnect_run(
     rate = max(rates, key=parse_rate)
     before = server_state(url)["rss_mb"]
     records, wall_s = await run_load(client, model, prompts, config, parse_rate(rate), args.max_tokens,
-                                     args.seed + 7, args.timeout, args.disconnect_fraction)  # fmt: skip
+                                     args.question_seed + 7, args.timeout, args.disconnect_fraction,
+                                     args.sampling)  # fmt: skip
     deadline = time.monotonic() + 120
     while (state := server_state(url))["busy"] and time.monotonic() < deadline:
         await asyncio.sleep(0.5)

@@ -30,6 +30,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"draft model for the draft-model drafter, same forms as --target (default {DEFAULT_DRAFT})",
     )
+    parser.add_argument(
+        "--draft-head",
+        default=None,
+        metavar="FILE",
+        help="trained draft head for the eagle drafters (default: the one `quickdraft train-draft` wrote for "
+        "the target, $QUICKDRAFT_CACHE/draft-heads/<target>.safetensors)",
+    )
     add_runtime_argument(parser)
     add_draft_load_arguments(parser)
 

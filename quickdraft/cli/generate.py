@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> None:
     pipeline = Pipeline.load(
         args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
     )
+    pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
     pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
     pipeline.engine.check_prompt(prompt_ids, config)

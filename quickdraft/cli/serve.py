@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from quickdraft.cli.common import add_model_arguments
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> None:
         draft_weights=args.draft_weights,
         draft_vocabulary=args.draft_vocabulary,
     )
+    pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     pipeline.drafter(args.drafter)  # a default drafter these models cannot run fails here
     engine, notes = serving_engine(pipeline, settings, args.max_draft_tokens, args.recalibrate)
     for note in notes:

@@ -73,6 +73,7 @@ class DrafterOptions:
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
     hybrid_min_ngram: int = 2  # the hybrid copies only after a match this long (a 1-gram copy is a guess)
+    draft_head: str | None = None  # the eagle drafter's trained head file (draft_head.file)
 
     def __post_init__(self) -> None:
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:
@@ -96,11 +97,14 @@ class Drafter(ABC):
     """
 
     needs_draft_model: ClassVar[bool] = False
+    needs_draft_head: ClassVar[bool] = False  # a trained draft head (DrafterOptions.draft_head; the target's default)
     proposes_drafts: ClassVar[bool] = True  # False: plain decoding, so no policy has a γ to choose
     offers_copies: ClassVar[bool] = False  # True: besides its model's drafts it may offer free copies (free_drafts)
     # A drafted token's cost as a fraction of a 1-token target step when the target drafts itself
     # (self-speculation); None: a draft model's measured step, or ~0 for model-free drafters.
     target_cost_fraction: ClassVar[float | None] = None
+    # The target layers whose hidden states this drafter reads (observe_features); empty: none.
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(self, records: DrafterRecords | None = None) -> None:
         self.records = records if records is not None else DrafterRecords()  # across requests
@@ -151,3 +155,7 @@ class Drafter(ABC):
 
     def observe(self, state: DraftState, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
         """After verification: of ``proposed`` drafts of the request the target accepted the first ``accepted``."""
+
+    def observe_features(self, state: DraftState, features: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """For a drafter with :attr:`feature_layers`: the target's features ``[K, C·H]`` of the request's next K
+        committed positions, in order from the prompt's first (each position once)."""

@@ -18,8 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import torch
+
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.prompt_lookup import lookup_continuation
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.runtime.base import KVCache, Runtime
@@ -63,9 +66,10 @@ class HybridDrafter(Drafter):
     needs_draft_model = True
     offers_copies = True
 
-    def __init__(self, model: DraftModelDrafter, max_ngram: int, min_ngram: int) -> None:
+    def __init__(self, model: Drafter, max_ngram: int, min_ngram: int) -> None:
         super().__init__(model.records)
         self.model = model
+        self.feature_layers = model.feature_layers
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
@@ -87,6 +91,10 @@ class HybridDrafter(Drafter):
 
     def forget(self, keep: Sequence[int] = ()) -> None:
         self.model.forget(keep)
+
+    def observe_features(self, state: DraftState, features: torch.Tensor) -> None:
+        assert isinstance(state, HybridState)
+        self.model.observe_features(state.model, features)
 
     def free_drafts(self, state: DraftState, context: Sequence[int]) -> int:
         assert isinstance(state, HybridState)
@@ -112,3 +120,17 @@ class HybridDrafter(Drafter):
         drafted = self.model.propose(list(model_tasks.values()), max_read_tokens)
         proposals.update(zip(model_tasks, drafted, strict=True))
         return [proposals[i] for i in range(len(tasks))]
+
+
+class HybridEagleDrafter(HybridDrafter):
+    """``hybrid-eagle``: the same copies, with a trained draft head (:mod:`quickdraft.drafters.eagle`) drafting
+    where the context offers none."""
+
+    needs_draft_model = False
+    needs_draft_head = True
+
+    @classmethod
+    def create(
+        cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
+    ) -> HybridEagleDrafter:
+        return cls(EagleDrafter.create(target, draft, options, records), *hybrid_ngrams(options))

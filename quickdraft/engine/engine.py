@@ -19,6 +19,7 @@ import torch
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import Drafter, DraftProposal, DraftTask
+from quickdraft.engine.features import target_forward
 from quickdraft.engine.request import GenerationResult, Request, RequestFinished, RequestState, Sink, TokenDelta
 from quickdraft.engine.rules import check_prompt, choose_token, commit_tokens, committed_drafts, verify_drafts
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
@@ -184,15 +185,18 @@ class Engine:
             BatchRow(state.cache, state.committed[state.prefilled :][:n], last_only=True)  # type: ignore[arg-type]
             for state, n in plan.chunks
         ]
-        logits = self.target.forward_batch(rows) if rows else []
+        states = [*decoding, *(state for state, _ in plan.chunks)]
+        logits, features = target_forward(self.target, rows, [state.request.drafter for state in states])
         forward_s = time.perf_counter() - tick
 
         # 5. Accept per request and roll its target cache back past rejected drafts; commit, stream, learn.
         new_tokens = proposed = accepted = finished = 0
         plain_logits: list[tuple[RequestState, torch.Tensor]] = []  # [1, V] each: tokens chosen without drafts
-        for state, target_logits in zip(decoding, logits, strict=False):
+        for state, target_logits, row_features in zip(decoding, logits, features, strict=False):
             state.stats.draft_s += draft_s
-            kept, committed = self._accept(state, proposals[state], target_logits, started if plan.alone else None)
+            kept, committed = self._accept(
+                state, proposals[state], target_logits, row_features, started if plan.alone else None
+            )
             state.stats.verify_s += forward_s
             proposed, accepted = proposed + proposals[state].num_tokens, accepted + kept
             new_tokens, finished = new_tokens + committed, finished + (state.cache is None)
@@ -200,8 +204,12 @@ class Engine:
                 plain_logits.append((state, target_logits[-1:]))
 
         # 6. A request whose prompt is now read commits its first token, from the prompt's last position.
-        for (state, n), chunk_logits in zip(plan.chunks, logits[len(decoding) :], strict=True):
+        for (state, n), chunk_logits, chunk_features in zip(
+            plan.chunks, logits[len(decoding) :], features[len(decoding) :], strict=True
+        ):
             state.prefilled += n
+            if chunk_features is not None:
+                state.request.drafter.observe_features(state.draft_state, chunk_features)  # type: ignore[arg-type]
             if state.prefilled == state.prompt_length:
                 new_tokens, finished = new_tokens + 1, finished + self._first_token(state, chunk_logits)
                 plain_logits.append((state, chunk_logits))
@@ -283,11 +291,17 @@ class Engine:
         return proposals
 
     def _accept(
-        self, state: RequestState, proposal: DraftProposal, target_logits: torch.Tensor, step_started: float | None
+        self,
+        state: RequestState,
+        proposal: DraftProposal,
+        target_logits: torch.Tensor,
+        features: torch.Tensor | None,
+        step_started: float | None,
     ) -> tuple[int, int]:
         """Verify a decoding request's drafts, commit, let its policy and drafter learn; (drafts kept, tokens
-        committed). ``step_started``: when a step that held this request alone began (its policy learns what
-        such a step takes); None otherwise."""
+        committed). ``features``: the target's at the row's positions, for a drafter that reads them (it gets
+        those of the positions kept). ``step_started``: when a step that held this request alone began (its
+        policy learns what such a step takes); None otherwise."""
         config, draft_token_ids = state.request.config, proposal.token_ids  # [1, γ]
         tick = time.perf_counter()
         result = verify_drafts(
@@ -300,6 +314,8 @@ class Engine:
         )
         num_accepted = int(result.num_accepted[0])
         state.cache.truncate(len(state.committed) + num_accepted)  # type: ignore[union-attr]
+        if features is not None:  # the last committed token and the accepted drafts were read: their positions
+            state.request.drafter.observe_features(state.draft_state, features[: num_accepted + 1])  # type: ignore[arg-type]
         state.stats.verify_s += time.perf_counter() - tick
         state.stats.target_forwards += 1
         state.stats.proposed_per_step.append(proposal.num_tokens)

@@ -84,6 +84,7 @@ class Runtime(ABC):
     num_layers: int = 0  # decoder layers; > 0 when ``forward_early_exit`` is supported
     supports_early_exit: ClassVar[bool] = False
     provides_hidden: ClassVar[bool] = False  # ``forward_with_hidden`` is available
+    provides_features: ClassVar[bool] = False  # ``forward_batch_with_features`` is available
 
     def forward_with_hidden(
         self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False
@@ -135,3 +136,22 @@ class Runtime(ABC):
             logits.append(row_logits[0])
             hidden.append(row_hidden[0])
         return logits, hidden
+
+    def forward_batch_with_features(
+        self, rows: Sequence[BatchRow], layers: Sequence[int]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """:meth:`forward_batch` plus each row's features ``[K, len(layers)·H]`` at every new position (also for a
+        last_only row): the hidden states after each layer count in ``layers`` (ascending, before any norm), side
+        by side, what a draft head trained on the target's features reads. For runtimes that
+        :attr:`provides_features`."""
+        raise NotImplementedError(f"the {self.name} runtime does not expose its layers' hidden states")
+
+    def token_embeddings(self) -> torch.Tensor:
+        """The input embedding ``[V, H]`` (float32, not a copy: read it, never write it), for a draft head that
+        embeds tokens as the target does. For runtimes that :attr:`provides_features`."""
+        raise NotImplementedError(f"the {self.name} runtime does not expose its embedding")
+
+    def lm_head_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The LM head's weight rows ``[n, H]`` (float32) of ``token_ids [n]`` (sorted, distinct): what a draft head
+        over those tokens starts from. For runtimes that :attr:`provides_features`."""
+        raise NotImplementedError(f"the {self.name} runtime does not expose its LM head")

@@ -69,10 +69,13 @@ class FakeLlama:
         self.evals.append(list(tokens))
         self.tokens += tokens
 
-    def generate(self, tokens: list[int], temp: float, repeat_penalty: float, reset: bool):
+    def generate(
+        self, tokens: list[int], temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, reset: bool
+    ):
         import numpy as np
 
         assert temp == 0.0 and repeat_penalty == 1.0 and self.tokens == []  # greedy, nothing reused
+        assert (top_k, top_p, min_p) == (0, 1.0, 0.0)  # sampling at a temperature means only that
         pending = list(tokens)
         sample_idx = len(pending) - 1  # sample after the prompt's last token, then after each new one
         while True:

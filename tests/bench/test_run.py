@@ -126,6 +126,32 @@ def test_bench_on_the_native_runtime(
     assert results["config"]["runtime"] == "native"
 
 
+def test_bench_samples_at_a_temperature(
+    native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeded: our methods' text equals plain decoding's (lossless 1.0) and the report says how tokens were chosen;
+    unseeded: no lossless fraction; greedy-only methods and a seed without a temperature are refused."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    methods = ("--methods", "draft-model:2,prompt-lookup+goodput", "--runtime", "native")
+    args = bench_args(native_model_dirs, questions, tmp_path / "seeded", *methods)
+    assert main([*args, "--temperature", "0.8", "--seed", "5", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results["config"]["temperature"] == 0.8 and not results["config"]["greedy"]
+    for name in ("draft-model:2", "prompt-lookup+goodput"):
+        assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
+    assert "sampled at temperature 0.8 (seed 5" in (tmp_path / "seeded" / "report.md").read_text()
+    args = bench_args(native_model_dirs, questions, tmp_path / "unseeded", *methods)
+    assert main([*args, "--temperature", "0.8", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results["methods"]["draft-model:2"]["overall"]["lossless_fraction"] is None
+    args = bench_args(native_model_dirs, questions, tmp_path / "refused", "--methods", "hf-generate")
+    assert main([*args, "--temperature", "0.8"]) == 1
+    assert "decode greedily only: hf-generate" in capsys.readouterr().err
+    assert main([*bench_args(native_model_dirs, questions, tmp_path / "refused"), "--seed", "3"]) == 1
+    assert "give a --temperature" in capsys.readouterr().err
+
+
 def test_bench_refuses_a_method_on_its_own_runtime(
     native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -230,7 +230,15 @@ def test_seeded_sampling_gives_the_same_tokens_whatever_gamma(
 
 
 def test_drafters_are_found_by_name() -> None:
-    assert set(DRAFTERS.names()) == {"draft-model", "prompt-lookup", "early-exit", "hybrid", "none"}
+    assert set(DRAFTERS.names()) == {
+        "draft-model",
+        "prompt-lookup",
+        "early-exit",
+        "eagle",
+        "hybrid",
+        "hybrid-eagle",
+        "none",
+    }
     assert DRAFTERS.get("draft-model").needs_draft_model and DRAFTERS.get("hybrid").needs_draft_model
     assert not DRAFTERS.get("prompt-lookup").needs_draft_model
 

@@ -50,6 +50,7 @@ def test_a_run_summary_counts_what_completed_and_what_matched() -> None:
         (["bench-serve", "--rates", "seq,fast"], "rate"),
         (["bench-serve", "--configs", "draft-model"], "NAME=DRAFTER"),
         (["bench-serve", "--url", "http://10.0.0.1:8000"], "loopback"),
+        (["bench-serve", "--seed", "3"], "give a --temperature"),
     ],
 )
 def test_bad_arguments_fail_before_any_work(args: list[str], words: str, capsys: pytest.CaptureFixture) -> None:
@@ -86,3 +87,24 @@ def test_bench_serve_against_a_server_it_starts(
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "SmartSpec's claims" in report and "Clients disconnecting" in report and "single-request engine" in report
     assert (out / "latency.png").is_file()
+
+
+def test_bench_serve_samples_seeded_requests(
+    native_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """At a temperature with a seed, every served response equals seeded single-request plain decoding."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    questions = tmp_path / "questions.jsonl"
+    rows = [{"question_id": i, "category": "qa", "turns": [f"w{i} w{i + 1} w{i} w{i + 1}"]} for i in range(1, 4)]
+    questions.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["bench-serve", "--questions", str(questions), "--num-prompts", "3", "--max-tokens", "6"]
+    args += ["--rates", "seq,inf", "--configs", "plain=none,fixed=draft-model+fixed:2", "--disconnect-fraction", "0"]
+    args += ["--target", str(native_model_dirs["target"]), "--draft", str(native_model_dirs["draft"])]
+    args += ["--out", str(out), "--temperature", "0.9", "--seed", "11"]
+    assert main(args) == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert results["settings"]["temperature"] == 0.9 and results["settings"]["sampling_seed"] == 11
+    for run in results["runs"]:
+        assert run["summary"]["lossless"] == run["summary"]["completed"] == 3
+    assert "temperature 0.9, seed 11" in (out / "report.md").read_text(encoding="utf-8")

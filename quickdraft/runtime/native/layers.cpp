@@ -49,11 +49,16 @@ class Layers {
       : layers_(std::move(layers)), cos_(std::move(rope_cos)), sin_(std::move(rope_sin)), heads_(heads), eps_(eps),
         scale_(attention_scale) {}
 
-  // x [R, H] -> [R, H] through the first `count` layers (model.py's _decode_rows; the same arguments).
-  torch::Tensor forward(torch::Tensor x, const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                        const std::vector<int64_t>& row_slot, const std::vector<int64_t>& row_position,
-                        int64_t count) const {
+  // x [R, H] through the first `count` layers (model.py's _decode_rows; the same arguments). Returns the hidden
+  // states [R, H] after each layer count in `capture` (ascending, 1..count), then after the last layer: keeping a
+  // reference to a tensor each layer makes anyway, so capturing costs nothing.
+  std::vector<torch::Tensor> forward(torch::Tensor x, const std::vector<torch::Tensor>& keys,
+                                     const std::vector<torch::Tensor>& values, const std::vector<int64_t>& row_slot,
+                                     const std::vector<int64_t>& row_position, int64_t count,
+                                     const std::vector<int64_t>& capture) const {
     TORCH_CHECK(count >= 0 && count <= static_cast<int64_t>(layers_.size()));
+    std::vector<torch::Tensor> captured;
+    size_t next = 0;
     for (int64_t index = 0; index < count; ++index) {
       const Layer& layer = layers_[index];
       auto normed = rms_norm_quantize(x, layer.input_norm, eps_);  // rows [R, H] int8, row_scale [R, 1]
@@ -64,8 +69,14 @@ class Layers {
       normed = rms_norm_quantize(x, layer.post_norm, eps_);
       auto activated = silu_mul_quantize(layer.gate_up.matmul(normed[0]), normed[1]);  // [R, I] int8, [R, 1]
       x = combine_residual(layer.down.matmul(activated[0]), activated[1], layer.down.bias, x);
+      if (next < capture.size() && capture[next] == index + 1) {
+        captured.push_back(x);  // combine_residual wrote a new tensor: later layers leave it alone
+        ++next;
+      }
     }
-    return x;
+    TORCH_CHECK(next == capture.size(), "capture names ascending layer counts in 1..count");
+    captured.push_back(x);
+    return captured;
   }
 
  private:
@@ -86,5 +97,6 @@ void register_layers(pybind11::module& m) {
       .def(py::init<torch::Tensor, torch::Tensor, Linear, Linear, Linear, Linear>());
   py::class_<Layers>(m, "Layers")
       .def(py::init<std::vector<Layer>, torch::Tensor, torch::Tensor, int64_t, double, double>())
-      .def("forward", &Layers::forward, "x [R, H] through the first `count` layers", py::call_guard<py::gil_scoped_release>());
+      .def("forward", &Layers::forward, "x [R, H] through the first `count` layers: [captured..., last]",
+           py::call_guard<py::gil_scoped_release>());
 }

@@ -250,20 +250,27 @@ class Decoder:
         row_slot: list[int],
         row_position: list[int],
         exit_layer: int | None = None,
-    ) -> torch.Tensor:
+        capture: Sequence[int] = (),
+    ) -> list[torch.Tensor]:
         """The decoder layers (the first ``exit_layer`` of them) over rows of new tokens ``token_ids [R]``; row r is
         position ``row_position[r]`` of cache slot ``row_slot[r]`` (``keys[s]``, ``values[s]``: that slot's, from
-        :meth:`StaticKVCache.slots`). Writes the rows' keys and values; returns hidden states ``[R, H]`` before the
-        final norm."""
+        :meth:`StaticKVCache.slots`). Writes the rows' keys and values; returns the hidden states ``[R, H]`` after
+        each layer count in ``capture`` (ascending), then after the last layer, all before the final norm."""
         if max(row_position) >= self.capacity:
             raise ValueError(f"the cache holds {self.capacity} positions; {max(row_position) + 1} needed")
         layers = self.layers[:exit_layer]
+        if list(capture) != sorted(set(capture)) or not all(1 <= count <= len(layers) for count in capture):
+            raise ValueError(f"capture names ascending layer counts in 1..{len(layers)}, got {list(capture)}")
         x = self.embedding[token_ids]  # [R, H]
         if self.use_kernel and (kernels := native_kernels()) is not None:  # the same operations, in one call
-            return self._compiled_layers(kernels).forward(x, keys, values, row_slot, row_position, len(layers))
+            compiled = self._compiled_layers(kernels)
+            return compiled.forward(x, keys, values, row_slot, row_position, len(layers), list(capture))
+        captured = []
         for index, layer in enumerate(layers):
             x = self._layer(index, layer, x, keys, values, row_slot, row_position)
-        return x
+            if index + 1 in capture:
+                captured.append(x)
+        return [*captured, x]
 
     def _compiled_layers(self, kernels: Any) -> Any:
         """The layers as ``layers.cpp`` runs them: :meth:`_layer`'s steps as fused kernels, in one call."""
@@ -340,7 +347,7 @@ class Decoder:
         row_slot = [row for row in range(batch) for _ in range(num_new)]
         row_position = [start + i for start in starts for i in range(num_new)]
         keys, values = cache.slots()
-        x = self._decode_rows(token_ids.reshape(-1), keys, values, row_slot, row_position, exit_layer)
+        x = self._decode_rows(token_ids.reshape(-1), keys, values, row_slot, row_position, exit_layer)[-1]
         if exit_layer is None:
             cache.lengths += num_new
         x = x.reshape(batch, num_new, -1)
@@ -352,13 +359,14 @@ class Decoder:
 
     @torch.inference_mode()
     def forward_rows(
-        self, requests: Sequence[tuple[StaticKVCache, list[int], bool]]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        self, requests: Sequence[tuple[StaticKVCache, list[int], bool]], capture: Sequence[int] = ()
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """One forward over several caches' new tokens, their rows side by side in every GEMM.
 
         ``requests``: (cache of one row, its new token ids, last_only). Returns per request its logits ``[K, V]``
         (``[1, V]`` if last_only) and its normed hidden states ``[K or 1, H]``: bitwise what :meth:`forward`
-        gives the same cache and tokens alone.
+        gives the same cache and tokens alone; and its features ``[K, len(capture)·H]``: the hidden states after
+        each layer count of ``capture``, side by side, at every new position (empty ``[K, 0]`` without capture).
         """
         keys, values, row_slot, row_position, token_ids = [], [], [], [], []
         for slot, (cache, new_ids, _) in enumerate(requests):
@@ -373,7 +381,8 @@ class Decoder:
             row_slot += [slot] * len(new_ids)
             row_position += range(start, start + len(new_ids))
             token_ids += new_ids
-        x = self._decode_rows(torch.tensor(token_ids), keys, values, row_slot, row_position)
+        *captured, x = self._decode_rows(torch.tensor(token_ids), keys, values, row_slot, row_position, None, capture)
+        features = torch.cat(captured, dim=-1) if captured else x.new_empty(x.shape[0], 0)  # [R, C·H]
         pieces, wanted, offset = [], [], 0
         for cache, new_ids, last_only in requests:
             cache.lengths += len(new_ids)
@@ -381,4 +390,5 @@ class Decoder:
             wanted.append(1 if last_only else len(new_ids))
             pieces.append(x[offset - wanted[-1] : offset])
         logits, hidden = self._head(torch.cat(pieces))  # [R', V], [R', H]
-        return list(logits.split(wanted)), list(hidden.split(wanted))
+        sizes = [len(new_ids) for _, new_ids, _ in requests]
+        return list(logits.split(wanted)), list(hidden.split(wanted)), list(features.split(sizes))

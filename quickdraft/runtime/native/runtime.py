@@ -41,6 +41,7 @@ class NativeRuntime(Runtime):
     takes_load_options = True
     supports_early_exit = True
     provides_hidden = True
+    provides_features = True
 
     def __init__(self, decoder: Decoder, weights: str = "auto") -> None:
         self.decoder = decoder
@@ -111,11 +112,29 @@ class NativeRuntime(Runtime):
         return self.forward_batch_with_hidden(rows)[0]
 
     def forward_batch_with_hidden(self, rows: Sequence[BatchRow]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        logits, hidden, _ = self.decoder.forward_rows(self._requests(rows))
+        return logits, hidden
+
+    def forward_batch_with_features(
+        self, rows: Sequence[BatchRow], layers: Sequence[int]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        logits, _, features = self.decoder.forward_rows(self._requests(rows), layers)
+        return logits, features
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.decoder.embedding
+
+    def lm_head_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        head = self.decoder.all_rows_head.select_rows(token_ids)
+        return torch.cat([part.dequantize() for part in head.parts])
+
+    @staticmethod
+    def _requests(rows: Sequence[BatchRow]) -> list[tuple[StaticKVCache, list[int], bool]]:
         requests = []
         for row in rows:
             assert isinstance(row.cache, NativeCache), "a cache belongs to the runtime that made it"
             requests.append((row.cache.static, list(row.token_ids), row.last_only))
-        return self.decoder.forward_rows(requests)
+        return requests
 
     def forward_early_exit(self, token_ids: torch.Tensor, cache: KVCache, start: int, exit_layer: int) -> torch.Tensor:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"

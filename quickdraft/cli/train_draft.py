@@ -1,0 +1,139 @@
+"""``quickdraft train-draft``: collect the target's own conversations and features, train a draft head on them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from quickdraft.cli.common import add_runtime_argument
+from quickdraft.errors import ConfigError
+from quickdraft.models import DEFAULT_TARGET
+
+DOC = """\
+Train a draft head for the eagle drafter on the target's own text (nothing from any benchmark).
+
+1. collect: the target writes conversations itself (Magpie: it fills the chat template's user turn, sometimes
+   after a generic opener, then answers), many side by side; each position's hidden states after the head's
+   feature layers and the target's top-k next tokens are saved in shards of --sequences-per-shard
+   conversations. Stopped, it resumes at the first missing shard (shards are seeded by their index).
+2. train: a frequency-ranked vocabulary from the training shards, one decoder layer over the target's
+   features trained to match the target's next-token distribution at --unroll drafting depths; the last
+   --held-out-shards shards measure agreement. Resumes from its checkpoint after each epoch.
+3. writes the head (safetensors, with its settings, data and results as metadata) and prints its sha256.
+"""
+
+
+def add_command(commands: Any) -> None:
+    parser = commands.add_parser(
+        "train-draft",
+        help="train a draft head (the eagle drafter) on the target's own conversations and hidden states",
+        description=DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, metavar="PATH", help=f"target model (default {DEFAULT_TARGET})"
+    )
+    add_runtime_argument(parser)
+    parser.add_argument("--data", metavar="DIR", help="collected data (default $QUICKDRAFT_CACHE/draft-data/<target>)")
+    parser.add_argument(
+        "--out", metavar="FILE", help="the head (default $QUICKDRAFT_CACHE/draft-heads/<target>.safetensors)"
+    )
+    parser.add_argument("--shards", type=int, default=8, metavar="N", help="collect until N shards exist (default 8)")
+    parser.add_argument("--sequences-per-shard", type=int, default=128, metavar="N", help="conversations per shard")
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="conversations written side by side")
+    parser.add_argument("--max-answer-tokens", type=int, default=320, metavar="N", help="answer length cap (320)")
+    parser.add_argument("--collect-only", action="store_true", help="collect, do not train")
+    parser.add_argument("--epochs", type=float, default=2.0, help="passes over the training shards (default 2)")
+    parser.add_argument("--unroll", type=int, default=3, metavar="J", help="drafting depths trained (default 3)")
+    parser.add_argument("--learning-rate", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    parser.add_argument("--intermediate-size", type=int, default=4096, metavar="N", help="the head's MLP width")
+    parser.add_argument("--vocabulary", type=int, default=32768, metavar="N", help="tokens the head drafts (32768)")
+    parser.add_argument("--held-out-shards", type=int, default=1, metavar="N", help="shards kept for measuring (1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthesis and the training (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+
+    from quickdraft.api import Pipeline
+    from quickdraft.draft_head.collect import Collector, CollectSettings
+    from quickdraft.draft_head.data import FeatureData
+    from quickdraft.draft_head.file import default_head_path, head_name, save_head
+    from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabulary, train_head
+    from quickdraft.models.catalog import cache_root
+
+    if args.shards < 1:
+        raise ConfigError(f"--shards must be >= 1, got {args.shards}")
+    collect_settings = CollectSettings(
+        sequences_per_shard=args.sequences_per_shard,
+        batch_size=args.batch_size,
+        max_answer_tokens=args.max_answer_tokens,
+        seed=args.seed,
+    )
+    train_settings = TrainSettings(
+        epochs=args.epochs,
+        steps=args.unroll,
+        learning_rate=args.learning_rate,
+        intermediate_size=args.intermediate_size,
+        vocabulary_size=args.vocabulary,
+        held_out_shards=args.held_out_shards,
+        seed=args.seed,
+    )
+    pipeline = Pipeline.load(args.target, None, args.runtime)
+    name = head_name(Path(pipeline.target_path))
+    data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name
+    collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, name, collect_settings)
+
+    def shard_done(report: Any) -> None:
+        if not args.json:
+            print(
+                f"shard {report.index}: {report.sequences} conversations, {report.tokens} tokens "
+                f"({report.answer_tokens} in answers), {report.seconds} s",
+                file=sys.stderr,
+            )
+
+    collector.collect(data_dir, args.shards, on_shard=shard_done)
+    if args.collect_only:
+        return
+    data = FeatureData(data_dir)
+    train, held_out = data.split(train_settings.held_out_shards)
+    train_shards = sorted({c.shard for c in train})
+    vocabulary, coverage = choose_vocabulary(
+        data, train_shards, train_settings.vocabulary_size, pipeline.target.vocab_size
+    )
+    decoder_config = pipeline.target.decoder.config  # type: ignore[attr-defined]
+    embedding = pipeline.target.token_embeddings()
+    head = build_head(
+        data, tuple(embedding.shape), decoder_config, pipeline.target.lm_head_rows, vocabulary, train_settings
+    )
+    out = Path(args.out) if args.out else default_head_path(name)
+    checkpoint = out.with_name(f".{out.name}.checkpoint")
+
+    def evaluated(record: dict[str, Any]) -> None:
+        if not args.json:
+            print(f"after {record['batches']} batches ({record['seconds']} s): {record['eval']}", file=sys.stderr)
+
+    history = train_head(head, data, train, held_out, embedding, train_settings, checkpoint, on_eval=evaluated)
+    made = {
+        "data": {
+            "directory": str(data_dir),
+            "shards": len(data.shards),
+            "conversations": len(data.conversations),
+            "train_tokens": sum(c.length for c in train),
+            "held_out_tokens": sum(c.length for c in held_out),
+            "collect_settings": asdict(collect_settings),
+            "vocabulary_coverage": round(coverage, 4),
+        },
+        "train_settings": asdict(train_settings),
+        "history": history,
+        "torch": torch.__version__,
+    }
+    sha256 = save_head(head, out, collector.layers, name, made)
+    report = {"head": str(out), "sha256": sha256, **made}
+    print(json.dumps(report, indent=1) if args.json else f"wrote {out} (sha256 {sha256})")

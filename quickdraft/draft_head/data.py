@@ -1,0 +1,122 @@
+"""Collected shards (``collect``) as training batches for the draft head."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quickdraft.draft_head.collect import read_manifest, shard_path
+from quickdraft.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Conversation:
+    shard: int
+    start: int  # offset in its shard's token rows
+    length: int
+    answer_start: int
+
+
+@dataclass
+class Batch:
+    features: torch.Tensor  # [B, T, C·H] float32
+    next_tokens: torch.Tensor  # [B, T] the token at p + 1 (0 past the end)
+    label_ids: torch.Tensor  # [B, T, k] the target's top-k at p + 1, i.e. for the token at p + 2
+    label_logprobs: torch.Tensor  # [B, T, k]
+    valid: torch.Tensor  # [B, T] real positions
+    trained: torch.Tensor  # [B, T] positions with a label (p + 1 < length)
+    answer: torch.Tensor  # [B, T] positions whose predicted token (p + 2) is in the answer
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.trained.sum())
+
+
+class FeatureData:
+    """The shards of a collection directory, opened memory-mapped."""
+
+    def __init__(self, directory: Path) -> None:
+        manifest = read_manifest(directory)
+        if manifest is None:
+            raise ConfigError(f"{directory} holds no collected data (no collection.json): run train-draft collect")
+        self.directory, self.key = directory, manifest["key"]
+        self.shards: dict[int, dict[str, torch.Tensor]] = {}
+        for name in sorted(manifest["shards"], key=int):
+            path = shard_path(directory, int(name))
+            if path.exists():
+                self.shards[int(name)] = torch.load(path, mmap=True, weights_only=True)
+        if not self.shards:
+            raise ConfigError(f"{directory} holds no finished shard yet")
+        self.conversations: list[Conversation] = []
+        for index, shard in self.shards.items():
+            start = 0
+            for length, answer_start in zip(shard["lengths"].tolist(), shard["answer_start"].tolist(), strict=True):
+                self.conversations.append(Conversation(index, start, length, answer_start))
+                start += length
+
+    @property
+    def feature_size(self) -> int:
+        return int(next(iter(self.shards.values()))["features"].shape[1])
+
+    def token_counts(self, shards: Sequence[int]) -> Counter[int]:
+        counts: Counter[int] = Counter()
+        for index in shards:
+            counts.update(self.shards[index]["tokens"].tolist())
+        return counts
+
+    def split(self, held_out_shards: int) -> tuple[list[Conversation], list[Conversation]]:
+        """(training, held-out) conversations: the last ``held_out_shards`` shards are held out."""
+        indices = sorted(self.shards)
+        if held_out_shards >= len(indices):
+            raise ConfigError(f"{len(indices)} shards collected; hold out fewer than that ({held_out_shards} asked)")
+        held = set(indices[len(indices) - held_out_shards :]) if held_out_shards else set()
+        train = [c for c in self.conversations if c.shard not in held]
+        return train, [c for c in self.conversations if c.shard in held]
+
+    def batches(
+        self,
+        conversations: Sequence[Conversation],
+        tokens_per_batch: int,
+        steps: int,
+        generator: torch.Generator | None,
+    ) -> Iterator[Batch]:
+        """Batches of whole conversations, about ``tokens_per_batch`` positions each (padded to the longest),
+        shuffled by ``generator`` (None: in order)."""
+        order = (
+            torch.randperm(len(conversations), generator=generator).tolist() if generator else range(len(conversations))
+        )
+        group: list[Conversation] = []
+        for i in order:
+            group.append(conversations[i])
+            if max(c.length for c in group) * len(group) >= tokens_per_batch:
+                yield self.batch(group, steps)
+                group = []
+        if group:
+            yield self.batch(group, steps)
+
+    def batch(self, group: Sequence[Conversation], steps: int) -> Batch:
+        length = max(c.length for c in group)
+        k = int(next(iter(self.shards.values()))["label_ids"].shape[1])
+        size = len(group)
+        features = torch.zeros(size, length, self.feature_size)
+        next_tokens = torch.zeros(size, length, dtype=torch.long)
+        label_ids = torch.zeros(size, length, k, dtype=torch.long)
+        label_logprobs = torch.full((size, length, k), -torch.inf)
+        valid = torch.zeros(size, length, dtype=torch.bool)
+        answer = torch.zeros(size, length, dtype=torch.bool)
+        for row, c in enumerate(group):
+            shard, rows = self.shards[c.shard], slice(c.start, c.start + c.length)
+            features[row, : c.length] = shard["features"][rows].float()
+            next_tokens[row, : c.length - 1] = shard["tokens"][c.start + 1 : c.start + c.length].long()
+            label_ids[row, : c.length - 1] = shard["label_ids"][c.start + 1 : c.start + c.length].long()
+            label_logprobs[row, : c.length - 1] = shard["label_logprobs"][c.start + 1 : c.start + c.length].float()
+            valid[row, : c.length] = True
+            answer[row, max(0, c.answer_start - 2) : c.length - 1] = True
+        trained = valid.clone()
+        for row, c in enumerate(group):
+            trained[row, c.length - 1 :] = False
+        return Batch(features, next_tokens, label_ids, label_logprobs, valid, trained, answer)

@@ -1,0 +1,111 @@
+"""A trained draft head on disk: one safetensors file with its weights, its vocabulary and, as metadata, its
+shape, the target layers it reads, the target it was trained for and how (data, settings, results).
+
+The target's LM head rows over the head's vocabulary are not stored: they are the target's, read from it at
+load time (frozen in training), which keeps the file small. The file's sha256 names what was measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from quickdraft.draft_head.model import DraftHead, HeadConfig
+from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.models.catalog import cache_root
+from quickdraft.runtime.base import Runtime
+
+FORMAT = "quickdraft-draft-head"
+FORMAT_VERSION = 1
+NOT_STORED = ("lm_head",)
+
+
+def head_name(target_path: Path) -> str:
+    """A model directory's name for its head: the packaged name (``models/<name>/hf``), a GGUF file's digest
+    (``converted/<digest>/hf``) or the directory's own name."""
+    return target_path.parent.name if target_path.name == "hf" else target_path.name
+
+
+def default_head_path(target_name: str) -> Path:
+    """Where ``train-draft`` writes a target's head and the ``eagle`` drafter looks for it."""
+    return cache_root() / "draft-heads" / f"{target_name}.safetensors"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_head(
+    head: DraftHead, path: Path, feature_layers: tuple[int, ...], target: str, training: dict[str, Any]
+) -> str:
+    """Write the head (bfloat16 weights) atomically; returns the file's sha256."""
+    tensors = {
+        name: (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor).contiguous()
+        for name, tensor in head.state_for_file().items()
+        if name not in NOT_STORED
+    }
+    metadata = {
+        "format": FORMAT,
+        "version": str(FORMAT_VERSION),
+        "config": json.dumps(head.config.to_dict()),
+        "feature_layers": json.dumps(list(feature_layers)),
+        "target": target,
+        "training": json.dumps(training),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(temporary), metadata=metadata)
+    temporary.replace(path)
+    return file_sha256(path)
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            metadata = file.metadata() or {}
+    except (OSError, SafetensorError) as error:
+        raise ModelFilesError(f"cannot read the draft head {path}: {error}") from None
+    if metadata.get("format") != FORMAT or metadata.get("version") != str(FORMAT_VERSION):
+        raise ModelFilesError(f"{path} is not a quickdraft draft head of version {FORMAT_VERSION}")
+    return {
+        "config": json.loads(metadata["config"]),
+        "feature_layers": tuple(json.loads(metadata["feature_layers"])),
+        "target": metadata["target"],
+        "training": json.loads(metadata["training"]),
+    }
+
+
+def load_head(path: Path, target: Runtime) -> tuple[DraftHead, tuple[int, ...], dict[str, Any]]:
+    """(the head for ``target``, the target layers it reads, its metadata); clear errors for a file of another
+    shape than the target's."""
+    if not path.is_file():
+        raise ModelFilesError(f"no draft head at {path}: train one with 'quickdraft train-draft'")
+    metadata = read_metadata(path)
+    config = HeadConfig(**metadata["config"])
+    if config.hidden_size != target.hidden_size or config.target_vocab_size != target.vocab_size:
+        raise ConfigError(
+            f"the draft head {path} was trained for a target of width {config.hidden_size} and "
+            f"{config.target_vocab_size} tokens, not this one ({target.hidden_size}, {target.vocab_size})"
+        )
+    if not target.provides_features:
+        raise ConfigError(f"a draft head reads the target's hidden states: the {target.name} runtime gives none")
+    tensors = load_file(str(path))
+    vocabulary = tensors["vocabulary"].long()
+    head = DraftHead(config, vocabulary, target.lm_head_rows(vocabulary))
+    state = {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
+    state["lm_head"] = head.lm_head
+    head.load_state_dict(state)
+    head.eval()
+    return head, metadata["feature_layers"], metadata

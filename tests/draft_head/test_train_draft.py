@@ -1,0 +1,166 @@
+"""Collect → train → file → the eagle drafter, on a tiny native target: lossless, and its drafts get accepted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import native_from_hf, tiny_model, word_tokenizer
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.draft_head.collect import Collector, CollectSettings, read_manifest, shard_path
+from quickdraft.draft_head.data import FeatureData
+from quickdraft.draft_head.file import load_head, save_head
+from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabulary, evaluate, train_head
+from quickdraft.drafters import DrafterOptions
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.runtime.base import BatchRow
+
+VOCAB = 64
+# words "0" .. "62" and an end-of-sequence token; a user turn opens with "60" and closes with "61 62"
+CHAT_TEMPLATE = "{% for m in messages %}60 {{ m['content'] }} 61 62 {% endfor %}"
+
+
+def chat_pipeline() -> Pipeline:
+    tokenizer = word_tokenizer(VOCAB, prefix="")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return Pipeline(
+        target=native_from_hf(tiny_model(VOCAB, seed=3, logit_scale=8.0, num_layers=4), capacity=512),
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+    )
+
+
+SETTINGS = CollectSettings(sequences_per_shard=6, batch_size=4, max_user_tokens=12, max_answer_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pipeline, Path]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny operations: a second thread only waits
+    try:
+        yield train_tiny_head(tmp_path_factory)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_tiny_head(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline, Path]:
+    pipeline = chat_pipeline()
+    directory = tmp_path_factory.mktemp("data")
+    collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", SETTINGS)
+    reports = collector.collect(directory, 4, progress=False, on_shard=lambda report: None)
+    assert [report.index for report in reports] == [0, 1, 2, 3]
+    data = FeatureData(directory)
+    train, held_out = data.split(1)
+    settings = TrainSettings(epochs=6, steps=2, tokens_per_batch=64, learning_rate=3e-3, warmup_batches=2,
+                             intermediate_size=32, vocabulary_size=48, bf16=False)  # fmt: skip
+    vocabulary, coverage = choose_vocabulary(data, sorted({c.shard for c in train}), 48, VOCAB)
+    assert 0.5 < coverage <= 1.0
+    embedding = pipeline.target.token_embeddings()
+    head = build_head(data, tuple(embedding.shape), pipeline.target.decoder.config, pipeline.target.lm_head_rows,
+                      vocabulary, settings)  # fmt: skip
+    before = evaluate(head, data, held_out, embedding, settings)
+    history = train_head(head, data, train, held_out, embedding, settings, progress=False, on_eval=lambda r: None)
+    assert len(history) >= 6  # an evaluation after each pass (batches per pass vary with the shuffle)
+    after = history[-1]["eval"]
+    assert after["loss"] < before.loss and after["agreement_all"] > before.agreement_all + 0.05
+    path = tmp_path_factory.mktemp("head") / "head.safetensors"
+    sha256 = save_head(head, path, collector.layers, "tiny", {"history": history})
+    assert len(sha256) == 64
+    return pipeline, path
+
+
+def test_collection_holds_features_and_labels_of_every_position(trained: tuple[Pipeline, Path], tmp_path: Path) -> None:
+    pipeline, _ = trained
+    collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", SETTINGS)
+    collector.collect(tmp_path, 1, progress=False, on_shard=lambda report: None)
+    shard = torch.load(shard_path(tmp_path, 0))
+    tokens, lengths = shard["tokens"], shard["lengths"]
+    assert int(lengths.sum()) == len(tokens) == len(shard["features"]) == len(shard["label_ids"])
+    assert shard["features"].shape[1] == len(collector.layers) * pipeline.target.hidden_size
+    first = tokens[: int(lengths[0])].tolist()
+    assert first[0] == 60 and first[int(shard["answer_start"][0]) - 2 :][:2] == [61, 62]  # opening, closing
+    # each position's top label is the target's greedy choice there (the same forward, read alone)
+    logits = pipeline.target.forward(torch.tensor([first]), pipeline.target.new_cache(1))[0]  # [T, V]
+    assert torch.equal(shard["label_ids"][: len(first), 0].long(), logits.argmax(-1))
+    # resuming keeps finished shards and refuses other settings
+    assert collector.collect(tmp_path, 1, progress=False) == []
+    other = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", CollectSettings(seed=1))
+    with pytest.raises(ConfigError, match="other settings"):
+        other.collect(tmp_path, 2, progress=False)
+    assert read_manifest(tmp_path)["next_conversation"] >= 6
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "hybrid-eagle"])
+def test_eagle_drafting_is_lossless(trained: tuple[Pipeline, Path], drafter: str) -> None:
+    pipeline, path = trained
+    options = DrafterOptions(draft_head=str(path))
+    prompt = pipeline.encode("5 9 17 3", chat=True)
+    plain = pipeline.generate(prompt, GenerationConfig(max_new_tokens=40), drafter="none")
+    for gamma in (1, 4):
+        config = GenerationConfig(max_new_tokens=40, num_draft_tokens=gamma, policy=f"fixed:{gamma}")
+        result = pipeline.generate(prompt, config, drafter=drafter, options=options)
+        assert result.token_ids == plain.token_ids, gamma
+        assert result.stats.draft_tokens_proposed > 0
+    seeded = GenerationConfig(
+        max_new_tokens=30, num_draft_tokens=3, policy="fixed:3", sampling=SamplingParams(0.8, seed=5)
+    )
+    assert (
+        pipeline.generate(prompt, seeded, drafter=drafter, options=options).token_ids
+        == pipeline.generate(prompt, seeded, drafter="none").token_ids
+    )
+
+
+def test_the_drafter_reads_the_features_of_the_positions_it_drafts_after(
+    trained: tuple[Pipeline, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each first draft is the head's training-forward prediction at the last committed position but one, from
+    the target's features of the whole sequence read at once: the engine hands the drafter the right rows."""
+    pipeline, path = trained
+    drafter = pipeline.drafter("eagle", DrafterOptions(draft_head=str(path)))
+    assert isinstance(drafter, EagleDrafter)
+    drafter.head = load_head(path, pipeline.target)[0]  # float weights: the training forward's arithmetic
+    drafted: list[tuple[int, int]] = []  # (context length, first draft)
+    propose = drafter.propose
+
+    def spy(tasks, max_read_tokens=None):  # type: ignore[no-untyped-def]
+        proposals = propose(tasks, max_read_tokens)
+        drafted.extend((len(t.context), int(p.token_ids[0, 0])) for t, p in zip(tasks, proposals, strict=True))
+        return proposals
+
+    monkeypatch.setattr(drafter, "propose", spy)
+    prompt = pipeline.encode("7 7 21", chat=True)
+    config = GenerationConfig(max_new_tokens=30, num_draft_tokens=2, policy="fixed:2")
+    result = pipeline.generate(prompt, config, "eagle", options=DrafterOptions(draft_head=str(path)))
+    sequence = [*prompt, *result.token_ids]
+    _, features = pipeline.target.forward_batch_with_features(
+        [BatchRow(pipeline.target.new_cache(1), sequence)], drafter.feature_layers
+    )
+    head = drafter.head
+    next_embeds = pipeline.target.token_embeddings()[torch.tensor([*sequence[1:], 0])]
+    with torch.no_grad():
+        logits = head.train_forward(
+            features[0][None], next_embeds[None], torch.ones(1, len(sequence), dtype=torch.bool), 1
+        )[0]
+    predicted = head.vocabulary[logits[0].argmax(-1)]  # [T]: the token at p + 2
+    assert len(drafted) > 5
+    for length, token in drafted:
+        assert token == int(predicted[length - 2]), length
+
+
+def test_head_files_are_checked(trained: tuple[Pipeline, Path], tmp_path: Path) -> None:
+    pipeline, path = trained
+    with pytest.raises(ModelFilesError, match="no draft head"):
+        load_head(tmp_path / "missing.safetensors", pipeline.target)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a head")
+    with pytest.raises(ModelFilesError, match="cannot read"):
+        load_head(tmp_path / "bad.safetensors", pipeline.target)
+    other = native_from_hf(tiny_model(VOCAB + 8, seed=3))
+    with pytest.raises(ConfigError, match="trained for a target"):
+        load_head(path, other)
+    with pytest.raises(ConfigError, match="needs a trained draft head"):
+        pipeline.generate([1, 2], GenerationConfig(max_new_tokens=2), "eagle")

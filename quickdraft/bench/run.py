@@ -1,7 +1,5 @@
-"""The bench harness: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
-
-BENCH_DOC (below) is what ``quickdraft bench --help`` shows.
-"""
+"""The bench harness: methods and peers side by side on real prompt sets (the Spec-Bench protocol); what a run
+is asked to do, and ``quickdraft bench --help``'s text, are in :mod:`quickdraft.bench.settings`."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import platform
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, 
 from quickdraft.bench.peers import package_version
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
+from quickdraft.bench.settings import BenchSettings
 from quickdraft.calibration import (
     CurveRole,
     curve_from_json,
@@ -33,74 +32,16 @@ from quickdraft.calibration import (
     measure_prefill_curve,
     prefill_lengths,
 )
-from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
+from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 from quickdraft.errors import ConfigError
 from quickdraft.machine import cpu_description
-from quickdraft.models.catalog import DEFAULT_TARGET
-from quickdraft.runtime import AUTO
 from quickdraft.sampling import SamplingParams
 
-BENCH_DOC = """``quickdraft bench``: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
-
-Every method runs greedily in this one process on the same questions; multi-turn questions
-run turn by turn with the method's own previous answers in the chat history. Runs are
-interleaved question by question, so slow drift of the machine hits every method alike, and the
-order of the methods rotates from one question to the next, so none always runs in the same place.
-What adaptive policies learn of answers (acceptance, lengths) is dropped at the start of every run,
-so each run is an independent replicate in which a question's earlier runs teach nothing.
-Wall time covers each whole generate call (prefill included). Each finished (method,
-question, run) is appended to OUT/entries.jsonl at once; rerunning with the same --out
-resumes and only runs what is missing (a run resumed part-way learns afresh from where it resumes,
-so its later questions see less of what the run had learned). Outputs: results.json, report.md, speedup.png,
-accept_hist.png, cost_curve.png, and step_times.json (what goodput measured of the engine's
-steps, per drafter, against the profiled cost curves).
-"""
-
-DEFAULT_METHODS = "baseline,draft-model:2,draft-model:4,prompt-lookup,hf-generate,hf-assisted,hf-assisted-tuned"
-DEFAULT_METHODS += ",hf-prompt-lookup"
 WARMUP_TOKENS = 16
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
 PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fastest of 5, target and draft in turn
 FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "draft_load", "runtime")
 LEGACY_DRAFT_LOAD = {"weights": "int8", "vocabulary": 0}  # what results folders from before draft_load measured
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """One ``quickdraft bench`` invocation (validated before any model is loaded)."""
-
-    out: Path = Path("bench-results")
-    questions: Path | None = None  # None: ../shared/data/spec_bench/question.jsonl when it exists
-    per_category: int | None = 5  # None: every question
-    max_new_tokens: int = 128
-    methods: str = DEFAULT_METHODS
-    runs: int = 1
-    warmup: int = 1
-    seed: int = 0  # of the per-category question sample
-    temperature: float = 0.0  # 0: greedy
-    sampling_seed: int | None = None  # seeded sampling: our methods' text equals plain decoding's
-    profile_context: int = 512
-    target: str = DEFAULT_TARGET
-    draft: str | None = None  # None: the default draft model, if a method uses one
-    draft_weights: str | None = None  # None: quickdraft.runtime.options.DRAFT_WEIGHTS (native runtime)
-    draft_vocabulary: int | None = None  # None: quickdraft.runtime.options.DRAFT_VOCABULARY (native runtime)
-    draft_head: str | None = None  # the eagle drafters' head (None: the target's default)
-    runtime: str = AUTO
-    report_only: bool = False
-
-    def __post_init__(self) -> None:
-        GenerationConfig(max_new_tokens=self.max_new_tokens)  # the same check as a request's
-        if self.runs < 1 or self.warmup < 0 or self.profile_context < 1:
-            raise ConfigError("--runs and --profile-context must be >= 1 and --warmup >= 0")
-        if self.per_category is not None and self.per_category < 1:
-            raise ConfigError(f"--per-category must be >= 1, got {self.per_category}")
-        if self.sampling_seed is not None and self.temperature == 0:
-            raise ConfigError("--seed seeds sampling: give a --temperature above 0 with it")
-        self.sampling  # noqa: B018 - validates the temperature and seed
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, seed=self.sampling_seed)
 
 
 def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:

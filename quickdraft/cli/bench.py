@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.methods import METHODS
-from quickdraft.bench.run import BENCH_DOC, DEFAULT_METHODS, WARMUP_TOKENS, BenchSettings, run_bench
+from quickdraft.bench.run import WARMUP_TOKENS, run_bench
+from quickdraft.bench.settings import BENCH_DOC, DEFAULT_METHODS, BenchSettings
 from quickdraft.cli.common import add_model_arguments, check_output_dir
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 

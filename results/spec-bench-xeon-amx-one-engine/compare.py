@@ -1,6 +1,10 @@
 """After ÷ before per question (tokens/s averaged over each version's runs), per method: mean and 95 % bootstrap interval."""
-import json, random, statistics, sys
+import json
+import random
+import statistics
+import sys
 from collections import defaultdict
+
 
 def per_question(path):
     runs = defaultdict(lambda: defaultdict(list))  # method -> question -> [tok/s per run]

@@ -2,12 +2,14 @@
 passes over shards 0-6 (shard 7 held out); writes /work/draft-heads/lr1e-3.safetensors and prints each pass's
 held-out evaluation."""
 import json
+from dataclasses import asdict
 from pathlib import Path
+
 from quickdraft.api import Pipeline
 from quickdraft.draft_head.data import FeatureData
 from quickdraft.draft_head.file import save_head
 from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabulary, train_head
-from dataclasses import asdict
+
 p = Pipeline.load("qwen2.5-coder-1.5b-instruct", None, "native", progress=False)
 data = FeatureData(Path("/work/draft-data/qwen-1.5b"))
 s = TrainSettings(epochs=2.5, steps=2, tokens_per_batch=1024, learning_rate=1e-3, warmup_batches=20)

@@ -47,9 +47,12 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="conversations written side by side")
     parser.add_argument("--max-answer-tokens", type=int, default=320, metavar="N", help="answer length cap (320)")
     parser.add_argument("--collect-only", action="store_true", help="collect, do not train")
-    parser.add_argument("--epochs", type=float, default=2.0, help="passes over the training shards (default 2)")
-    parser.add_argument("--unroll", type=int, default=3, metavar="J", help="drafting depths trained (default 3)")
-    parser.add_argument("--learning-rate", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    parser.add_argument("--epochs", type=float, default=2.5, help="passes over the training shards (default 2.5)")
+    parser.add_argument("--unroll", type=int, default=2, metavar="J", help="drafting depths trained (default 2)")
+    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    parser.add_argument(
+        "--tokens-per-batch", type=int, default=1024, metavar="N", help="positions per training batch (1024)"
+    )
     parser.add_argument("--intermediate-size", type=int, default=4096, metavar="N", help="the head's MLP width")
     parser.add_argument("--vocabulary", type=int, default=32768, metavar="N", help="tokens the head drafts (32768)")
     parser.add_argument("--held-out-shards", type=int, default=1, metavar="N", help="shards kept for measuring (1)")
@@ -80,6 +83,7 @@ def run(args: argparse.Namespace) -> None:
         epochs=args.epochs,
         steps=args.unroll,
         learning_rate=args.learning_rate,
+        tokens_per_batch=args.tokens_per_batch,
         intermediate_size=args.intermediate_size,
         vocabulary_size=args.vocabulary,
         held_out_shards=args.held_out_shards,

@@ -7,18 +7,17 @@ load time (frozen in training), which keeps the file small. The file's sha256 na
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from quickdraft.draft_head.model import DraftHead, HeadConfig
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.models.catalog import cache_root
+from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.runtime.base import Runtime
 
 FORMAT = "quickdraft-draft-head"
@@ -35,14 +34,6 @@ def head_name(target_path: Path) -> str:
 def default_head_path(target_name: str) -> Path:
     """Where ``train-draft`` writes a target's head and the ``eagle`` drafter looks for it."""
     return cache_root() / "draft-heads" / f"{target_name}.safetensors"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_head(
@@ -66,12 +57,10 @@ def save_head(
     temporary = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(temporary), metadata=metadata)
     temporary.replace(path)
-    return file_sha256(path)
+    return file_sha256(path, progress=False)
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as file:
             metadata = file.metadata() or {}

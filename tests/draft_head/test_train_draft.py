@@ -11,6 +11,7 @@ from conftest import native_from_hf, tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.costs import CostModel
 from quickdraft.draft_head.collect import Collector, CollectSettings, read_manifest, shard_path
 from quickdraft.draft_head.data import FeatureData
 from quickdraft.draft_head.file import load_head, save_head
@@ -164,3 +165,16 @@ def test_head_files_are_checked(trained: tuple[Pipeline, Path], tmp_path: Path) 
         load_head(path, other)
     with pytest.raises(ConfigError, match="needs a trained draft head"):
         pipeline.generate([1, 2], GenerationConfig(max_new_tokens=2), "eagle")
+
+
+def test_hybrid_eagle_plans_with_the_heads_measured_step(trained: tuple[Pipeline, Path]) -> None:
+    """Goodput prices a hybrid's model drafts at its model's cost: for hybrid-eagle, the head's measured step
+    (not the free drafts of a drafter without a draft model)."""
+    pipeline, path = trained
+    options = DrafterOptions(draft_head=str(path))
+    hybrid = pipeline.drafter("hybrid-eagle", options)
+    hybrid.records.cost_model = CostModel({1: 100.0, 2: 101.0}, draft_ms=0.0)
+    context = hybrid.policy_context(GenerationConfig())
+    assert isinstance(hybrid.model, EagleDrafter) and hybrid.model.token_ms is not None
+    assert context.cost_model is not None and context.cost_model.draft_ms == hybrid.model.token_ms > 0
+    assert context.offers_copies and not hybrid.model.policy_context(GenerationConfig()).offers_copies

@@ -31,20 +31,25 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 def chat_prefix(tokenizer: Any) -> list[int]:
     """The tokens every chat request starts with (the template's system prompt and the user turn's opening):
     what a draft model keeps cached from one conversation to the next."""
-    if not getattr(tokenizer, "chat_template", None):
-        return []
-    first, second = (encode_chat(tokenizer, [{"role": "user", "content": text}]) for text in ("0", "1"))
+    first, second = _two_user_turns(tokenizer)
     return [] if first == second else first[: common_prefix_length(first, second)]
 
 
 def chat_closing(tokenizer: Any) -> list[int]:
     """The tokens between a user turn's text and the assistant's first token (the end of the user turn and the
     assistant turn's opening): what a conversation the model writes itself is given after its user turn."""
-    if not getattr(tokenizer, "chat_template", None):
-        return []
-    first, second = (encode_chat(tokenizer, [{"role": "user", "content": text}]) for text in ("0", "1"))
+    first, second = _two_user_turns(tokenizer)
     shared = common_prefix_length(first[::-1], second[::-1])
     return [] if first == second else first[len(first) - shared :]
+
+
+def _two_user_turns(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """Two one-turn conversations that differ only in the user's text ("0", "1"), ready for the assistant; two
+    empty lists without a chat template. Where they agree is the template's own."""
+    if not getattr(tokenizer, "chat_template", None):
+        return [], []
+    first, second = (encode_chat(tokenizer, [{"role": "user", "content": text}]) for text in ("0", "1"))
+    return first, second
 
 
 def require_utf8(text: str, what: str) -> None:

@@ -140,17 +140,7 @@ def random_draft_head(target: Runtime, path: Path, seed: int = 0) -> Path:
     from quickdraft.draft_head.file import save_head
     from quickdraft.draft_head.model import DraftHead, HeadConfig
 
-    decoder = target.decoder  # type: ignore[attr-defined]
-    config = HeadConfig(
-        hidden_size=target.hidden_size,
-        num_heads=decoder.config.num_heads,
-        num_kv_heads=decoder.config.num_kv_heads,
-        head_dim=decoder.config.head_dim,
-        intermediate_size=16,
-        num_features=1,
-        vocabulary_size=target.vocab_size // 2,
-        target_vocab_size=target.vocab_size,
-    )
+    config = HeadConfig.for_target(target.decoder.config, 16, 1, target.vocab_size // 2)  # type: ignore[attr-defined]
     torch.manual_seed(seed)
     vocabulary = torch.arange(target.vocab_size // 2)
     save_head(DraftHead(config, vocabulary, target.lm_head_rows(vocabulary)), path, (1,), "random", {})

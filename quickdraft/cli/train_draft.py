@@ -113,9 +113,7 @@ def run(args: argparse.Namespace) -> None:
     )
     decoder_config = pipeline.target.decoder.config  # type: ignore[attr-defined]
     embedding = pipeline.target.token_embeddings()
-    head = build_head(
-        data, tuple(embedding.shape), decoder_config, pipeline.target.lm_head_rows, vocabulary, train_settings
-    )
+    head = build_head(data, decoder_config, pipeline.target.lm_head_rows, vocabulary, train_settings)
     out = Path(args.out) if args.out else default_head_path(name)
     checkpoint = out.with_name(f".{out.name}.checkpoint")
 

@@ -81,7 +81,6 @@ class FeatureData:
         self,
         conversations: Sequence[Conversation],
         tokens_per_batch: int,
-        steps: int,
         generator: torch.Generator | None,
     ) -> Iterator[Batch]:
         """Batches of whole conversations, about ``tokens_per_batch`` positions each (padded to the longest),
@@ -93,12 +92,12 @@ class FeatureData:
         for i in order:
             group.append(conversations[i])
             if max(c.length for c in group) * len(group) >= tokens_per_batch:
-                yield self.batch(group, steps)
+                yield self.batch(group)
                 group = []
         if group:
-            yield self.batch(group, steps)
+            yield self.batch(group)
 
-    def batch(self, group: Sequence[Conversation], steps: int) -> Batch:
+    def batch(self, group: Sequence[Conversation]) -> Batch:
         length = max(c.length for c in group)
         k = int(next(iter(self.shards.values()))["label_ids"].shape[1])
         size = len(group)

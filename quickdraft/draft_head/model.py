@@ -44,6 +44,22 @@ class HeadConfig:
         if not 1 <= self.vocabulary_size <= self.target_vocab_size:
             raise ConfigError(f"the head's vocabulary must hold 1..{self.target_vocab_size} tokens")
 
+    @classmethod
+    def for_target(cls, target: Any, intermediate_size: int, num_features: int, vocabulary_size: int) -> HeadConfig:
+        """A head shaped like ``target``'s layers (its DecoderConfig: width, attention heads, RoPE, norm epsilon)."""
+        return cls(
+            hidden_size=target.hidden_size,
+            num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads,
+            head_dim=target.head_dim,
+            intermediate_size=intermediate_size,
+            num_features=num_features,
+            vocabulary_size=vocabulary_size,
+            target_vocab_size=target.vocab_size,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

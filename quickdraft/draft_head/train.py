@@ -90,25 +90,14 @@ def step_loss(
 
 def build_head(
     data: FeatureData,
-    embedding_size: tuple[int, int],
     target_config: Any,
     lm_head_rows: Callable[[torch.Tensor], torch.Tensor],
     vocabulary: torch.Tensor,
     settings: TrainSettings,
 ) -> DraftHead:
     """A new head for the target (``target_config``: its DecoderConfig) reading ``data``'s features."""
-    config = HeadConfig(
-        hidden_size=target_config.hidden_size,
-        num_heads=target_config.num_heads,
-        num_kv_heads=target_config.num_kv_heads,
-        head_dim=target_config.head_dim,
-        intermediate_size=settings.intermediate_size,
-        num_features=data.feature_size // target_config.hidden_size,
-        vocabulary_size=len(vocabulary),
-        target_vocab_size=embedding_size[0],
-        rms_norm_eps=target_config.rms_norm_eps,
-        rope_theta=target_config.rope_theta,
-    )
+    num_features = data.feature_size // target_config.hidden_size
+    config = HeadConfig.for_target(target_config, settings.intermediate_size, num_features, len(vocabulary))
     torch.manual_seed(settings.seed)
     return DraftHead(config, vocabulary, lm_head_rows(vocabulary))
 
@@ -121,7 +110,7 @@ def evaluate(
     loss, tokens = 0.0, 0
     agreed, counted = [0] * settings.steps, [0] * settings.steps
     agreed_all = counted_all = 0
-    for batch in data.batches(held_out, settings.tokens_per_batch, settings.steps, None):
+    for batch in data.batches(held_out, settings.tokens_per_batch, None):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             outputs = head.unroll(batch.features, embedding[batch.next_tokens], batch.valid, settings.steps)
             for step, output in enumerate(outputs):
@@ -159,7 +148,7 @@ def train_head(
     generator = torch.Generator().manual_seed(settings.seed)
     parameters = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    batches_per_epoch = sum(1 for _ in data.batches(train, settings.tokens_per_batch, settings.steps, None))
+    batches_per_epoch = sum(1 for _ in data.batches(train, settings.tokens_per_batch, None))
     total = max(1, math.ceil(settings.epochs * batches_per_epoch))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -178,7 +167,7 @@ def train_head(
     with tqdm(total=total, initial=done, desc="train", unit="batch", disable=not progress, file=sys.stderr) as bar:
         while done < total:
             epoch_tokens = 0
-            for batch in data.batches(train, settings.tokens_per_batch, settings.steps, generator):
+            for batch in data.batches(train, settings.tokens_per_batch, generator):
                 if done >= total:
                     break
                 losses, count = [], 0

@@ -17,7 +17,7 @@ s = TrainSettings(epochs=2.5, steps=2, tokens_per_batch=1024, learning_rate=1e-3
 train, held = data.split(s.held_out_shards)
 voc, cov = choose_vocabulary(data, sorted({c.shard for c in train}), s.vocabulary_size, p.target.vocab_size)
 E = p.target.token_embeddings()
-h = build_head(data, tuple(E.shape), p.target.decoder.config, p.target.lm_head_rows, voc, s)
+h = build_head(data, p.target.decoder.config, p.target.lm_head_rows, voc, s)
 out = Path("/work/draft-heads/lr1e-3.safetensors")
 history = train_head(
     h, data, train, held, E, s, out.with_name(".lr1e-3.checkpoint"), on_eval=lambda r: print(json.dumps(r), flush=True)

@@ -62,8 +62,7 @@ def train_tiny_head(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline,
     vocabulary, coverage = choose_vocabulary(data, sorted({c.shard for c in train}), 48, VOCAB)
     assert 0.5 < coverage <= 1.0
     embedding = pipeline.target.token_embeddings()
-    head = build_head(data, tuple(embedding.shape), pipeline.target.decoder.config, pipeline.target.lm_head_rows,
-                      vocabulary, settings)  # fmt: skip
+    head = build_head(data, pipeline.target.decoder.config, pipeline.target.lm_head_rows, vocabulary, settings)
     before = evaluate(head, data, held_out, embedding, settings)
     history = train_head(head, data, train, held_out, embedding, settings, progress=False, on_eval=lambda r: None)
     assert len(history) >= 6  # an evaluation after each pass (batches per pass vary with the shuffle)

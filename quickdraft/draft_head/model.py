@@ -203,13 +203,17 @@ class DraftHead(nn.Module):
         cos, sin = self.rope(torch.arange(start, start + length))
         q, k, v = self.qkv(embeds, hidden, cos, sin)  # [1, heads, K, D], [1, kv, K, D] x2
         cache.append(k, v)
-        group = self.config.num_heads // self.config.num_kv_heads
-        keys = cache.keys[:, :, : cache.length].repeat_interleave(group, dim=1)  # [1, heads, S, D]
-        values = cache.values[:, :, : cache.length].repeat_interleave(group, dim=1)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(self.config.head_dim)  # [1, heads, K, S]
-        allowed = torch.arange(cache.length)[None, :] <= torch.arange(start, start + length)[:, None]
-        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-        return self.finish(torch.matmul(weights, values), hidden)
+        c = self.config
+        # The G query heads of a key/value head share its keys: stacked as G·K query rows, they read the cache where
+        # it lies (a copy per query head would copy the whole cache at every drafted token).
+        group = c.num_heads // c.num_kv_heads
+        q = q.reshape(1, c.num_kv_heads, group * length, c.head_dim)  # [1, kv, G·K, D]
+        keys, values = cache.keys[:, :, : cache.length], cache.values[:, :, : cache.length]  # [1, kv, S, D]
+        scores = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(c.head_dim)  # [1, kv, G·K, S]
+        allowed = torch.arange(cache.length)[None, :] <= torch.arange(start, start + length)[:, None]  # [K, S]
+        weights = torch.softmax(scores.masked_fill(~allowed.repeat(group, 1), float("-inf")), dim=-1)
+        attended = torch.matmul(weights, values).view(1, c.num_heads, length, c.head_dim)  # [1, heads, K, D]
+        return self.finish(attended, hidden)
 
     def state_for_file(self) -> dict[str, torch.Tensor]:
         """The trained weights, the vocabulary and the LM head rows (what a head file holds)."""

@@ -9,9 +9,18 @@ from dataclasses import dataclass, field
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.metrics import MethodInfo
+from quickdraft.errors import ConfigError
 from quickdraft.sampling import SamplingParams
 
 GREEDY = SamplingParams()
+
+
+def run_sampling(temperature: float, seed: int | None) -> SamplingParams:
+    """How a benchmark run's tokens are chosen: greedy at temperature 0, else sampled, seeded when ``seed`` is
+    given (which needs a temperature: a greedy run has nothing to seed)."""
+    if seed is not None and temperature == 0:
+        raise ConfigError("--seed seeds sampling: give a --temperature above 0 with it")
+    return SamplingParams(temperature, seed=seed)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from quickdraft.bench.base import run_sampling
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 from quickdraft.models.catalog import DEFAULT_TARGET
@@ -60,10 +61,8 @@ class BenchSettings:
             raise ConfigError("--runs and --profile-context must be >= 1 and --warmup >= 0")
         if self.per_category is not None and self.per_category < 1:
             raise ConfigError(f"--per-category must be >= 1, got {self.per_category}")
-        if self.sampling_seed is not None and self.temperature == 0:
-            raise ConfigError("--seed seeds sampling: give a --temperature above 0 with it")
         self.sampling  # noqa: B018 - validates the temperature and seed
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, seed=self.sampling_seed)
+        return run_sampling(self.temperature, self.sampling_seed)

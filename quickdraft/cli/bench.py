@@ -11,7 +11,7 @@ from typing import Any
 from quickdraft.bench.methods import METHODS
 from quickdraft.bench.run import WARMUP_TOKENS, run_bench
 from quickdraft.bench.settings import BENCH_DOC, DEFAULT_METHODS, BenchSettings
-from quickdraft.cli.common import add_model_arguments, check_output_dir
+from quickdraft.cli.common import add_model_arguments, add_sampling_arguments, check_output_dir
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 
 
@@ -48,21 +48,11 @@ def add_command(commands: Any) -> None:
         metavar="W",
         help=f"untimed {WARMUP_TOKENS}-token generations per method before timing (default 1)",
     )
-    bench.add_argument(
-        "--question-seed", type=int, default=0, metavar="N", help="seed of the per-category sample (default 0)"
-    )
-    bench.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="decode at this temperature (default 0: greedy); our methods and llama.cpp's plain decoding sample",
-    )
-    bench.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        metavar="S",
-        help="seed the sampling (with --temperature): our methods then give the same text as our plain decoding, "
+    add_sampling_arguments(
+        bench,
+        "the per-category sample",
+        "decode at this temperature (default 0: greedy); our methods and llama.cpp's plain decoding sample",
+        "seed the sampling (with --temperature): our methods then give the same text as our plain decoding, "
         "which the report's lossless column checks",
     )
     bench.add_argument(

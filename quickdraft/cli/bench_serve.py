@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quickdraft.bench.base import run_sampling
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
 from quickdraft.bench.serve_report import write_report
-from quickdraft.cli.common import add_model_arguments, check_output_dir, draft_for
+from quickdraft.cli.common import add_model_arguments, add_sampling_arguments, check_output_dir, draft_for
 from quickdraft.cli.serve import add_serving_arguments
 from quickdraft.errors import ConfigError
-from quickdraft.sampling import SamplingParams
 
 DEFAULT_CONFIGS = (
     "plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput,"
@@ -56,16 +56,11 @@ def add_command(commands: Any) -> None:
     bench.add_argument(
         "--configs", default=DEFAULT_CONFIGS, metavar="A,B", help=f"configurations (default {DEFAULT_CONFIGS})"
     )
-    bench.add_argument(
-        "--question-seed", type=int, default=0, metavar="N", help="seed of the prompt sample and the arrivals (0)"
-    )
-    bench.add_argument("--temperature", type=float, default=0.0, help="requests' temperature (default 0: greedy)")
-    bench.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        metavar="S",
-        help="requests' sampling seed (with --temperature): responses must then equal seeded plain decoding",
+    add_sampling_arguments(
+        bench,
+        "the prompt sample and the arrivals",
+        "the requests' temperature (default 0: greedy)",
+        "the requests' sampling seed (with --temperature): responses must then equal seeded plain decoding",
     )
     bench.add_argument("--timeout", type=float, default=900.0, metavar="S", help="seconds a request may take (900)")
     bench.add_argument(
@@ -99,9 +94,7 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("--num-prompts and --max-tokens must be >= 1, --disconnect-fraction in [0, 1)")
     if args.url is not None and not re.match(r"^https?://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
         raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
-    if args.seed is not None and args.temperature == 0:
-        raise ConfigError("--seed seeds sampling: give a --temperature above 0 with it")
-    args.sampling = SamplingParams(args.temperature, seed=args.seed)
+    args.sampling = run_sampling(args.temperature, args.seed)
     if not (args.sampling.is_greedy or args.sampling.is_seeded):
         args.no_reference = True  # unseeded samples have nothing to equal
     check_output_dir(out)

@@ -58,13 +58,21 @@ def test_bad_arguments_fail_before_any_work(args: list[str], words: str, capsys:
     assert words in capsys.readouterr().err
 
 
+def write_questions(tmp_path: Path, count: int) -> Path:
+    """``count`` one-turn questions whose text repeats itself (copies pay), in Spec-Bench's format."""
+    questions = tmp_path / "questions.jsonl"
+    rows = [
+        {"question_id": i, "category": "qa", "turns": [f"w{i} w{i + 1} w{i} w{i + 1}"]} for i in range(1, count + 1)
+    ]
+    questions.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
+    return questions
+
+
 def test_bench_serve_against_a_server_it_starts(
     native_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
-    questions = tmp_path / "questions.jsonl"
-    rows = [{"question_id": i, "category": "qa", "turns": [f"w{i} w{i + 1} w{i} w{i + 1}"]} for i in range(1, 5)]
-    questions.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
+    questions = write_questions(tmp_path, 4)
     out = tmp_path / "out"
     args = ["bench-serve", "--questions", str(questions), "--num-prompts", "4", "--max-tokens", "6"]
     args += ["--rates", "seq,inf", "--configs", "plain=none,goodput=draft-model+goodput,fixed=draft-model+fixed:2"]
@@ -94,9 +102,7 @@ def test_bench_serve_samples_seeded_requests(
 ) -> None:
     """At a temperature with a seed, every served response equals seeded single-request plain decoding."""
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
-    questions = tmp_path / "questions.jsonl"
-    rows = [{"question_id": i, "category": "qa", "turns": [f"w{i} w{i + 1} w{i} w{i + 1}"]} for i in range(1, 4)]
-    questions.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
+    questions = write_questions(tmp_path, 3)
     out = tmp_path / "out"
     args = ["bench-serve", "--questions", str(questions), "--num-prompts", "3", "--max-tokens", "6"]
     args += ["--rates", "seq,inf", "--configs", "plain=none,fixed=draft-model+fixed:2", "--disconnect-fraction", "0"]

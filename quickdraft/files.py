@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +55,18 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, so a reader (or a process stopped
-    mid-write) sees the old file or the new one, never a cut one; raises OSError."""
+    """Write ``text`` to ``path`` atomically (:func:`save_atomically`); raises OSError."""
+    save_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def save_atomically(path: Path, save: Callable[[Path], None]) -> None:
+    """Make ``path`` by ``save``-ing into a temporary file beside it and moving that into place, so a reader (or
+    a process stopped mid-write) sees the old file or the new one, never a cut one; raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
+        save(Path(temporary))
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from quickdraft.draft_head.starters import OPENERS
 from quickdraft.errors import ConfigError
-from quickdraft.files import write_atomically
+from quickdraft.files import save_atomically, write_atomically
 from quickdraft.prompts import chat_closing, chat_prefix
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.sampling import SamplingParams, logits_to_probs, sample
@@ -194,10 +194,7 @@ class Collector:
 
     def _write(self, directory: Path, index: int, conversations: list[Conversation], seconds: float) -> ShardReport:
         data = pack(conversations)
-        path = shard_path(directory, index)
-        temporary = path.with_name(f".{path.name}.tmp")
-        torch.save(data, temporary)
-        temporary.replace(path)
+        save_atomically(shard_path(directory, index), lambda temporary: torch.save(data, temporary))
         answer_tokens = int((data["lengths"] - data["answer_start"]).sum())
         return ShardReport(index, len(conversations), int(data["tokens"].numel()), answer_tokens, round(seconds, 1))
 

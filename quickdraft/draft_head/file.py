@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from quickdraft.draft_head.model import DraftHead, HeadConfig
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.files import save_atomically
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.runtime.base import Runtime
 
@@ -53,10 +54,7 @@ def save_head(
         "target": target,
         "training": json.dumps(training),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(temporary), metadata=metadata)
-    temporary.replace(path)
+    save_atomically(path, lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
     return file_sha256(path, progress=False)
 
 

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from quickdraft.draft_head.data import Batch, Conversation, FeatureData
 from quickdraft.draft_head.model import DraftHead, HeadConfig
 from quickdraft.errors import ConfigError
+from quickdraft.files import save_atomically
 
 STEP_WEIGHT = 0.8
 
@@ -197,18 +198,16 @@ def train_head(
             }
             history.append(record)
             on_eval(record)
-            if checkpoint is not None:
-                torch.save(
-                    {
-                        "settings": asdict(settings),
-                        "head": head.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "schedule": schedule.state_dict(),
-                        "generator": generator.get_state(),
-                        "done": done,
-                        "history": history,
-                    },
-                    checkpoint,
-                )
+            if checkpoint is not None:  # atomically: a run stopped while saving resumes from the last one
+                state = {
+                    "settings": asdict(settings),
+                    "head": head.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict(),
+                    "generator": generator.get_state(),
+                    "done": done,
+                    "history": history,
+                }
+                save_atomically(checkpoint, lambda temporary: torch.save(state, temporary))  # noqa: B023
             started = time.perf_counter()
     return history

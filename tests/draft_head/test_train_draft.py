@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,31 @@ def test_hybrid_eagle_plans_with_the_heads_measured_step(trained: tuple[Pipeline
     assert isinstance(hybrid.model, EagleDrafter) and hybrid.model.token_ms is not None
     assert context.cost_model is not None and context.cost_model.draft_ms == hybrid.model.token_ms > 0
     assert context.offers_copies and not hybrid.model.policy_context(GenerationConfig()).offers_copies
+
+
+def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """A finished run's checkpoint holds its state: training again with the same settings trains no further and
+    keeps the history; other settings start afresh."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pipeline = chat_pipeline()
+        collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", SETTINGS)
+        collector.collect(tmp_path / "data", 2, progress=False, on_shard=lambda report: None)
+        data = FeatureData(tmp_path / "data")
+        conversations, held_out = data.split(1)
+        settings = TrainSettings(epochs=1, steps=1, tokens_per_batch=64, intermediate_size=16, vocabulary_size=48)
+        vocabulary, _ = choose_vocabulary(data, [0], 48, VOCAB)
+        embedding = pipeline.target.token_embeddings()
+
+        def run(run_settings: TrainSettings) -> list[dict]:
+            head = build_head(data, pipeline.target.decoder.config, pipeline.target.lm_head_rows, vocabulary, settings)
+            return train_head(head, data, conversations, held_out, embedding, run_settings, tmp_path / "checkpoint",
+                              progress=False, on_eval=lambda record: None)  # fmt: skip
+
+        first = run(settings)
+        assert (tmp_path / "checkpoint").is_file() and not list(tmp_path.glob(".checkpoint.*"))
+        assert run(settings) == first  # resumed at its end
+        assert len(run(replace(settings, epochs=2))) > len(first)  # other settings: trained afresh
+    finally:
+        torch.set_num_threads(threads)

@@ -14,7 +14,9 @@ from quickdraft.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Conversation:
+class StoredConversation:
+    """Where one collected conversation lies in its shard (the one being written is collect.Conversation)."""
+
     shard: int
     start: int  # offset in its shard's token rows
     length: int
@@ -51,11 +53,11 @@ class FeatureData:
                 self.shards[int(name)] = torch.load(path, mmap=True, weights_only=True)
         if not self.shards:
             raise ConfigError(f"{directory} holds no finished shard yet")
-        self.conversations: list[Conversation] = []
+        self.conversations: list[StoredConversation] = []
         for index, shard in self.shards.items():
             start = 0
             for length, answer_start in zip(shard["lengths"].tolist(), shard["answer_start"].tolist(), strict=True):
-                self.conversations.append(Conversation(index, start, length, answer_start))
+                self.conversations.append(StoredConversation(index, start, length, answer_start))
                 start += length
 
     @property
@@ -68,7 +70,7 @@ class FeatureData:
             counts.update(self.shards[index]["tokens"].tolist())
         return counts
 
-    def split(self, held_out_shards: int) -> tuple[list[Conversation], list[Conversation]]:
+    def split(self, held_out_shards: int) -> tuple[list[StoredConversation], list[StoredConversation]]:
         """(training, held-out) conversations: the last ``held_out_shards`` shards are held out."""
         indices = sorted(self.shards)
         if held_out_shards >= len(indices):
@@ -79,7 +81,7 @@ class FeatureData:
 
     def batches(
         self,
-        conversations: Sequence[Conversation],
+        conversations: Sequence[StoredConversation],
         tokens_per_batch: int,
         generator: torch.Generator | None,
     ) -> Iterator[Batch]:
@@ -88,7 +90,7 @@ class FeatureData:
         order = (
             torch.randperm(len(conversations), generator=generator).tolist() if generator else range(len(conversations))
         )
-        group: list[Conversation] = []
+        group: list[StoredConversation] = []
         for i in order:
             group.append(conversations[i])
             if max(c.length for c in group) * len(group) >= tokens_per_batch:
@@ -97,7 +99,7 @@ class FeatureData:
         if group:
             yield self.batch(group)
 
-    def batch(self, group: Sequence[Conversation]) -> Batch:
+    def batch(self, group: Sequence[StoredConversation]) -> Batch:
         length = max(c.length for c in group)
         k = int(next(iter(self.shards.values()))["label_ids"].shape[1])
         size = len(group)

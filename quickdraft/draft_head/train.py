@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.draft_head.data import Batch, Conversation, FeatureData
+from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation
 from quickdraft.draft_head.model import DraftHead, HeadConfig
 from quickdraft.errors import ConfigError
 from quickdraft.files import save_atomically
@@ -105,7 +105,11 @@ def build_head(
 
 @torch.no_grad()
 def evaluate(
-    head: DraftHead, data: FeatureData, held_out: list[Conversation], embedding: torch.Tensor, settings: TrainSettings
+    head: DraftHead,
+    data: FeatureData,
+    held_out: list[StoredConversation],
+    embedding: torch.Tensor,
+    settings: TrainSettings,
 ) -> Evaluation:
     head.eval()
     loss, tokens = 0.0, 0
@@ -136,8 +140,8 @@ def evaluate(
 def train_head(
     head: DraftHead,
     data: FeatureData,
-    train: list[Conversation],
-    held_out: list[Conversation],
+    train: list[StoredConversation],
+    held_out: list[StoredConversation],
     embedding: torch.Tensor,
     settings: TrainSettings,
     checkpoint: Path | None = None,

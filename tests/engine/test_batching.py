@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import FLAT, native_pipeline
+from conftest import FLAT, native_from_hf, native_pipeline, tiny_model
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import DRAFTERS, DrafterRecords
+from quickdraft.drafters.none import NoDrafter
 from quickdraft.engine import (
     CONFIDENCE_ROWS_PER_STEP,
     Engine,
@@ -25,7 +26,9 @@ from quickdraft.engine import (
     StepReport,
     TokenDelta,
 )
+from quickdraft.engine.features import target_forward
 from quickdraft.errors import ConfigError, PromptError
+from quickdraft.runtime.base import BatchRow
 
 # a batch whose forward costs little more for more tokens: drafting pays whatever the batch (goodput drafts)
 CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5})
@@ -331,3 +334,21 @@ def test_a_draft_model_over_part_of_the_vocabulary_also_computes_the_prompts_tok
         assert collector.result(each.request_id).token_ids == plain.token_ids
     pipeline.generate([25, 2, 26], config, drafter="draft-model")
     assert decoder.focus.tolist() == [25, 26]
+
+
+def test_one_forward_gives_each_drafter_the_layers_it_reads() -> None:
+    """The step's forward captures the union of the layers its requests' drafters read and hands each its own;
+    the logits are the plain forward's."""
+    target = native_from_hf(tiny_model(64, seed=3, num_layers=3))
+    reads_one, reads_two, reads_none = NoDrafter(), NoDrafter(), NoDrafter()
+    reads_one.feature_layers, reads_two.feature_layers = (2,), (1, 2)
+    tokens = [[5, 9, 2], [7, 1], [3]]
+    logits, features = target_forward(
+        target, [BatchRow(target.new_cache(1), ids) for ids in tokens], [reads_one, reads_two, reads_none]
+    )
+    _, alone = target.forward_batch_with_features([BatchRow(target.new_cache(1), ids) for ids in tokens], [1, 2])
+    width = target.hidden_size
+    assert torch.equal(features[0], alone[0][:, width:]) and torch.equal(features[1], alone[1])
+    assert features[2] is None
+    plain = target.forward_batch([BatchRow(target.new_cache(1), ids) for ids in tokens])
+    assert all(torch.equal(a, b) for a, b in zip(logits, plain, strict=True))

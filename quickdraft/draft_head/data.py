@@ -87,17 +87,7 @@ class FeatureData:
     ) -> Iterator[Batch]:
         """Batches of whole conversations, about ``tokens_per_batch`` positions each (padded to the longest),
         shuffled by ``generator`` (None: in order)."""
-        order = (
-            torch.randperm(len(conversations), generator=generator).tolist() if generator else range(len(conversations))
-        )
-        group: list[StoredConversation] = []
-        for i in order:
-            group.append(conversations[i])
-            if max(c.length for c in group) * len(group) >= tokens_per_batch:
-                yield self.batch(group)
-                group = []
-        if group:
-            yield self.batch(group)
+        return (self.batch(group) for group in groups(conversations, tokens_per_batch, generator))
 
     def batch(self, group: Sequence[StoredConversation]) -> Batch:
         length = max(c.length for c in group)
@@ -121,3 +111,18 @@ class FeatureData:
         for row, c in enumerate(group):
             trained[row, c.length - 1 :] = False
         return Batch(features, next_tokens, label_ids, label_logprobs, valid, trained, answer)
+
+
+def groups(
+    conversations: Sequence[StoredConversation], tokens_per_batch: int, generator: torch.Generator | None
+) -> Iterator[list[StoredConversation]]:
+    """The conversations of each batch (:meth:`FeatureData.batches`), without reading their data."""
+    order = torch.randperm(len(conversations), generator=generator).tolist() if generator else range(len(conversations))
+    group: list[StoredConversation] = []
+    for i in order:
+        group.append(conversations[i])
+        if max(c.length for c in group) * len(group) >= tokens_per_batch:
+            yield group
+            group = []
+    if group:
+        yield group

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation
+from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation, groups
 from quickdraft.draft_head.model import DraftHead, HeadConfig
 from quickdraft.errors import ConfigError
 from quickdraft.files import save_atomically
@@ -153,7 +153,7 @@ def train_head(
     generator = torch.Generator().manual_seed(settings.seed)
     parameters = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    batches_per_epoch = sum(1 for _ in data.batches(train, settings.tokens_per_batch, None))
+    batches_per_epoch = sum(1 for _ in groups(train, settings.tokens_per_batch, None))  # counted, not read
     total = max(1, math.ceil(settings.epochs * batches_per_epoch))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

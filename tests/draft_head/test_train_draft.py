@@ -11,6 +11,7 @@ import torch
 from conftest import native_from_hf, tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
+from quickdraft.cli import main
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import CostModel
 from quickdraft.draft_head.collect import Collector, CollectSettings, read_manifest, shard_path
@@ -20,6 +21,7 @@ from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabu
 from quickdraft.drafters import DrafterOptions
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.runtime import HFRuntime
 from quickdraft.runtime.base import BatchRow
 
 VOCAB = 64
@@ -206,3 +208,20 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         assert len(run(replace(settings, epochs=2))) > len(first)  # other settings: trained afresh
     finally:
         torch.set_num_threads(threads)
+
+
+def test_collection_refuses_what_it_cannot_synthesize_from() -> None:
+    pipeline = chat_pipeline()
+    no_template = word_tokenizer(VOCAB, prefix="")
+    with pytest.raises(ConfigError, match="chat template"):
+        Collector(pipeline.target, no_template, pipeline.eos_token_ids, "tiny", SETTINGS)
+    transformers = HFRuntime(tiny_model(VOCAB, seed=3))
+    with pytest.raises(ConfigError, match="--runtime native"):
+        Collector(transformers, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", SETTINGS)
+    with pytest.raises(ConfigError, match="batch size must be >= 1"):
+        CollectSettings(batch_size=0)
+
+
+def test_train_draft_rejects_bad_counts(capsys: pytest.CaptureFixture) -> None:
+    assert main(["train-draft", "--shards", "0"]) == 1
+    assert "--shards must be >= 1" in capsys.readouterr().err

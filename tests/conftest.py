@@ -134,6 +134,23 @@ def sharp_native_pipeline() -> Pipeline:
     )
 
 
+CHAT_VOCAB = 64
+# words "0" .. "62" and an end-of-sequence token; a user turn opens with "60" and closes with "61 62"
+CHAT_TEMPLATE = "{% for m in messages %}60 {{ m['content'] }} 61 62 {% endfor %}"
+
+
+def chat_pipeline() -> Pipeline:
+    """A tiny native target with a chat template, sharp enough that its own text has structure (for collecting
+    training data: train-draft's tests)."""
+    tokenizer = word_tokenizer(CHAT_VOCAB, prefix="")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return Pipeline(
+        target=native_from_hf(tiny_model(CHAT_VOCAB, seed=3, logit_scale=8.0, num_layers=4), capacity=512),
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+    )
+
+
 def random_draft_head(target: Runtime, path: Path, seed: int = 0) -> Path:
     """An untrained draft head for ``target`` (features after its first layer), saved at ``path``: its drafts are
     seldom right, which changes how many are accepted, never the output."""

@@ -1,4 +1,5 @@
-"""``quickdraft train-draft``: collect the target's own conversations and features, train a draft head on them."""
+"""``quickdraft train-draft``: collect the target's own conversations and features, train a draft head on them
+(or distill the draft model on them)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from quickdraft.cli.common import add_runtime_argument
 from quickdraft.errors import ConfigError
-from quickdraft.models import DEFAULT_TARGET
+from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 DOC = """\
 Train a draft head for the eagle drafter on the target's own text (nothing from any benchmark).
@@ -24,6 +25,10 @@ Train a draft head for the eagle drafter on the target's own text (nothing from 
    features trained to match the target's next-token distribution at --unroll drafting depths; the last
    --held-out-shards shards measure agreement. Resumes from its checkpoint after each epoch.
 3. writes the head (safetensors, with its settings, data and results as metadata) and prints its sha256.
+
+With --model draft, step 2 distills the draft model instead: low-rank adapters on its projections learn the
+target's top-k at every position (--epochs 1, --learning-rate 2e-4 by default), merged into a model directory
+(--out, default $QUICKDRAFT_CACHE/distilled/<draft>-for-<target>) to pass as --draft DIR.
 """
 
 
@@ -37,19 +42,34 @@ def add_command(commands: Any) -> None:
     parser.add_argument(
         "--target", default=DEFAULT_TARGET, metavar="PATH", help=f"target model (default {DEFAULT_TARGET})"
     )
+    parser.add_argument(
+        "--model",
+        choices=("head", "draft"),
+        default="head",
+        help="what to train: a draft head for the eagle drafters (default) or the draft model, distilled",
+    )
+    parser.add_argument(
+        "--draft", default=DEFAULT_DRAFT, metavar="PATH", help=f"draft model for --model draft ({DEFAULT_DRAFT})"
+    )
     add_runtime_argument(parser)
     parser.add_argument("--data", metavar="DIR", help="collected data (default $QUICKDRAFT_CACHE/draft-data/<target>)")
     parser.add_argument(
-        "--out", metavar="FILE", help="the head (default $QUICKDRAFT_CACHE/draft-heads/<target>.safetensors)"
+        "--out",
+        metavar="PATH",
+        help="the head (default $QUICKDRAFT_CACHE/draft-heads/<target>.safetensors) or, for --model draft, the "
+        "distilled model's directory",
     )
     parser.add_argument("--shards", type=int, default=8, metavar="N", help="collect until N shards exist (default 8)")
     parser.add_argument("--sequences-per-shard", type=int, default=128, metavar="N", help="conversations per shard")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="conversations written side by side")
     parser.add_argument("--max-answer-tokens", type=int, default=320, metavar="N", help="answer length cap (320)")
     parser.add_argument("--collect-only", action="store_true", help="collect, do not train")
-    parser.add_argument("--epochs", type=float, default=2.5, help="passes over the training shards (default 2.5)")
+    parser.add_argument(
+        "--epochs", type=float, help="passes over the training shards (default 2.5; 1 for --model draft)"
+    )
     parser.add_argument("--unroll", type=int, default=2, metavar="J", help="drafting depths trained (default 2)")
-    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--learning-rate", type=float, help="peak learning rate (1e-3; 2e-4 for --model draft)")
+    parser.add_argument("--rank", type=int, default=16, metavar="R", help="adapter rank for --model draft (16)")
     parser.add_argument(
         "--tokens-per-batch", type=int, default=1024, metavar="N", help="positions per training batch (1024)"
     )
@@ -73,6 +93,17 @@ def run(args: argparse.Namespace) -> None:
 
     if args.shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {args.shards}")
+    if args.model == "draft":
+        from quickdraft.draft_head.distill import DistillSettings
+
+        distill_settings = DistillSettings(
+            epochs=1.0 if args.epochs is None else args.epochs,
+            rank=args.rank,
+            learning_rate=2e-4 if args.learning_rate is None else args.learning_rate,
+            tokens_per_batch=args.tokens_per_batch,
+            held_out_shards=args.held_out_shards,
+            seed=args.seed,
+        )
     collect_settings = CollectSettings(
         sequences_per_shard=args.sequences_per_shard,
         batch_size=args.batch_size,
@@ -80,9 +111,9 @@ def run(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     train_settings = TrainSettings(
-        epochs=args.epochs,
+        epochs=2.5 if args.epochs is None else args.epochs,
         steps=args.unroll,
-        learning_rate=args.learning_rate,
+        learning_rate=1e-3 if args.learning_rate is None else args.learning_rate,
         tokens_per_batch=args.tokens_per_batch,
         intermediate_size=args.intermediate_size,
         vocabulary_size=args.vocabulary,
@@ -106,6 +137,9 @@ def run(args: argparse.Namespace) -> None:
     if args.collect_only:
         return
     data = FeatureData(data_dir)
+    if args.model == "draft":
+        run_distill(args, pipeline, data, data_dir, distill_settings)
+        return
     train, held_out = data.split(train_settings.held_out_shards)
     train_shards = sorted({c.shard for c in train})
     vocabulary, coverage = choose_vocabulary(
@@ -139,3 +173,45 @@ def run(args: argparse.Namespace) -> None:
     sha256 = save_head(head, out, collector.layers, name, made)
     report = {"head": str(out), "sha256": sha256, **made}
     print(json.dumps(report, indent=1) if args.json else f"wrote {out} (sha256 {sha256})")
+
+
+def run_distill(args: argparse.Namespace, pipeline: Any, data: Any, data_dir: Path, settings: Any) -> None:
+    """``--model draft``: distill the draft model on the collected data into a model directory."""
+    import torch
+
+    from quickdraft.draft_head.distill import check_output, distill, save_distilled
+    from quickdraft.draft_head.file import head_name
+    from quickdraft.models import resolve_model
+    from quickdraft.models.catalog import cache_root
+    from quickdraft.models.loading import check_same_tokenizer, load_hf_model, load_tokenizer
+
+    draft_path = resolve_model(args.draft)
+    tokenizer = load_tokenizer(draft_path)
+    check_same_tokenizer(pipeline.tokenizer, tokenizer)
+    model = load_hf_model(draft_path)
+    train, held_out = data.split(settings.held_out_shards)
+    target, draft = head_name(Path(pipeline.target_path)), head_name(draft_path)
+    out = Path(args.out) if args.out else cache_root() / "distilled" / f"{draft}-for-{target}"
+    check_output(out)
+    checkpoint = out.with_name(f".{out.name}.checkpoint")
+
+    def evaluated(record: dict[str, Any]) -> None:
+        if not args.json:
+            print(f"after {record['batches']} batches ({record['seconds']} s): {record['eval']}", file=sys.stderr)
+
+    history = distill(model, data, train, held_out, settings, checkpoint, on_eval=evaluated)
+    made = {
+        "draft": str(draft_path),
+        "target": target,
+        "data": {
+            "directory": str(data_dir),
+            "train_tokens": sum(c.length for c in train),
+            "held_out_tokens": sum(c.length for c in held_out),
+        },
+        "distill_settings": asdict(settings),
+        "history": history,
+        "torch": torch.__version__,
+    }
+    sha256 = save_distilled(model, tokenizer, out, made)
+    report = {"model": str(out), "sha256": sha256, **made}
+    print(json.dumps(report, indent=1) if args.json else f"wrote {out} (weights sha256 {sha256}); use --draft {out}")

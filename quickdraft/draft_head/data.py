@@ -1,4 +1,5 @@
-"""Collected shards (``collect``) as training batches for the draft head."""
+"""Collected shards (``collect``) as training batches: for the draft head (features) and for distilling the draft
+model (tokens and the target's labels only)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,20 @@ class Batch:
     valid: torch.Tensor  # [B, T] real positions
     trained: torch.Tensor  # [B, T] positions with a label (p + 1 < length)
     answer: torch.Tensor  # [B, T] positions whose predicted token (p + 2) is in the answer
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.trained.sum())
+
+
+@dataclass
+class TokenBatch:
+    input_ids: torch.Tensor  # [B, T] the conversation (0 past the end)
+    label_ids: torch.Tensor  # [B, T, k] the target's top-k after p, i.e. for the token at p + 1
+    label_logprobs: torch.Tensor  # [B, T, k]
+    valid: torch.Tensor  # [B, T] real positions
+    trained: torch.Tensor  # [B, T] positions with a next token in the conversation (p + 1 < length)
+    answer: torch.Tensor  # [B, T] positions whose next token is in the answer
 
     @property
     def num_tokens(self) -> int:
@@ -111,6 +126,25 @@ class FeatureData:
         for row, c in enumerate(group):
             trained[row, c.length - 1 :] = False
         return Batch(features, next_tokens, label_ids, label_logprobs, valid, trained, answer)
+
+    def token_batch(self, group: Sequence[StoredConversation]) -> TokenBatch:
+        """``group`` as a language model reads it: its tokens and the target's top-k after each one."""
+        length, size = max(c.length for c in group), len(group)
+        k = int(next(iter(self.shards.values()))["label_ids"].shape[1])
+        input_ids = torch.zeros(size, length, dtype=torch.long)
+        label_ids = torch.zeros(size, length, k, dtype=torch.long)
+        label_logprobs = torch.full((size, length, k), -torch.inf)
+        valid = torch.zeros(size, length, dtype=torch.bool)
+        trained, answer = torch.zeros_like(valid), torch.zeros_like(valid)
+        for row, c in enumerate(group):
+            shard, rows = self.shards[c.shard], slice(c.start, c.start + c.length)
+            input_ids[row, : c.length] = shard["tokens"][rows].long()
+            label_ids[row, : c.length] = shard["label_ids"][rows].long()
+            label_logprobs[row, : c.length] = shard["label_logprobs"][rows].float()
+            valid[row, : c.length] = True
+            trained[row, : c.length - 1] = True
+            answer[row, max(0, c.answer_start - 1) : c.length - 1] = True
+        return TokenBatch(input_ids, label_ids, label_logprobs, valid, trained, answer)
 
 
 def groups(

@@ -2,7 +2,10 @@
 shape, the target layers it reads, the target it was trained for and how (data, settings, results).
 
 The target's LM head rows over the head's vocabulary are not stored: they are the target's, read from it at
-load time (frozen in training), which keeps the file small. The file's sha256 names what was measured.
+load time (frozen in training). The linear layers are stored as the integer kernels draft with them (7-bit codes
+and a scale per output channel: ``<name>.codes`` int8, ``<name>.scale`` float32), the rest in bfloat16, which
+keeps the file about half the size of bfloat16 weights and loses nothing drafting would keep. The file's sha256
+names what was measured.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from quickdraft.draft_head.model import DraftHead, HeadConfig
+from quickdraft.draft_head.native import LINEARS
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.files import save_atomically
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.runtime.base import Runtime
+from quickdraft.runtime.native.linear import quantize_weight
 
 FORMAT = "quickdraft-draft-head"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = ("1", "2")  # 1: every weight in bfloat16
 NOT_STORED = ("lm_head",)
+QUANTIZED = tuple(f"{name}.weight" for name in LINEARS)
 
 
 def head_name(target_path: Path) -> str:
@@ -40,12 +47,17 @@ def default_head_path(target_name: str) -> Path:
 def save_head(
     head: DraftHead, path: Path, feature_layers: tuple[int, ...], target: str, training: dict[str, Any]
 ) -> str:
-    """Write the head (bfloat16 weights) atomically; returns the file's sha256."""
-    tensors = {
-        name: (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor).contiguous()
-        for name, tensor in head.state_for_file().items()
-        if name not in NOT_STORED
-    }
+    """Write the head atomically (linear layers as 7-bit codes, the rest bfloat16); returns the file's sha256."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in head.state_for_file().items():
+        if name in QUANTIZED:
+            codes, scale = quantize_weight(tensor)
+            tensors[f"{name.removesuffix('.weight')}.codes"], tensors[f"{name.removesuffix('.weight')}.scale"] = (
+                codes.contiguous(),
+                scale.contiguous(),
+            )
+        elif name not in NOT_STORED:
+            tensors[name] = (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor).contiguous()
     metadata = {
         "format": FORMAT,
         "version": str(FORMAT_VERSION),
@@ -64,8 +76,8 @@ def read_metadata(path: Path) -> dict[str, Any]:
             metadata = file.metadata() or {}
     except (OSError, SafetensorError) as error:
         raise ModelFilesError(f"cannot read the draft head {path}: {error}") from None
-    if metadata.get("format") != FORMAT or metadata.get("version") != str(FORMAT_VERSION):
-        raise ModelFilesError(f"{path} is not a quickdraft draft head of version {FORMAT_VERSION}")
+    if metadata.get("format") != FORMAT or metadata.get("version") not in READABLE_VERSIONS:
+        raise ModelFilesError(f"{path} is not a quickdraft draft head of version {' or '.join(READABLE_VERSIONS)}")
     return {
         "config": json.loads(metadata["config"]),
         "feature_layers": tuple(json.loads(metadata["feature_layers"])),
@@ -91,7 +103,15 @@ def load_head(path: Path, target: Runtime) -> tuple[DraftHead, tuple[int, ...], 
     tensors = load_file(str(path))
     vocabulary = tensors["vocabulary"].long()
     head = DraftHead(config, vocabulary, target.lm_head_rows(vocabulary))
-    state = {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
+    state = {
+        name: tensor.float() if tensor.is_floating_point() else tensor
+        for name, tensor in tensors.items()
+        if not name.endswith((".codes", ".scale"))
+    }
+    for name in QUANTIZED:
+        stem = name.removesuffix(".weight")
+        if f"{stem}.codes" in tensors:  # [N, K] int8 codes times their channel's scale [N]
+            state[name] = tensors[f"{stem}.codes"].float() * tensors[f"{stem}.scale"].float()[:, None]
     state["lm_head"] = head.lm_head
     head.load_state_dict(state)
     head.eval()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import native_from_hf, tiny_model, word_tokenizer
+from conftest import CHAT_VOCAB as VOCAB
+from conftest import chat_pipeline, native_from_hf, tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.cli import main
@@ -23,21 +24,6 @@ from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.runtime import HFRuntime
 from quickdraft.runtime.base import BatchRow
-
-VOCAB = 64
-# words "0" .. "62" and an end-of-sequence token; a user turn opens with "60" and closes with "61 62"
-CHAT_TEMPLATE = "{% for m in messages %}60 {{ m['content'] }} 61 62 {% endfor %}"
-
-
-def chat_pipeline() -> Pipeline:
-    tokenizer = word_tokenizer(VOCAB, prefix="")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return Pipeline(
-        target=native_from_hf(tiny_model(VOCAB, seed=3, logit_scale=8.0, num_layers=4), capacity=512),
-        tokenizer=tokenizer,
-        eos_token_ids=frozenset({tokenizer.eos_token_id}),
-    )
-
 
 SETTINGS = CollectSettings(sequences_per_shard=6, batch_size=4, max_user_tokens=12, max_answer_tokens=24)
 

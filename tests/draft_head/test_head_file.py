@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 from conftest import native_from_hf, tiny_model
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from quickdraft.draft_head.file import QUANTIZED, load_head, save_head
 from quickdraft.draft_head.model import DraftHead, HeadConfig
@@ -41,3 +42,22 @@ def test_a_head_file_round_trips_the_integer_weights_drafting_uses(tmp_path: Pat
         if name.endswith((".codes", ".scale"))
     )
     assert stored_bytes < 0.6 * as_bfloat16
+
+
+def test_format_1_files_with_every_weight_in_bfloat16_still_load(tmp_path: Path) -> None:
+    target = native_from_hf(tiny_model(64, seed=3))
+    config = HeadConfig.for_target(target.decoder.config, 96, 1, 40)
+    torch.manual_seed(1)
+    head = DraftHead(config, torch.arange(40), target.lm_head_rows(torch.arange(40)))
+    save_head(head, tmp_path / "head.safetensors", (1,), "tiny", {})
+    with safe_open(str(tmp_path / "head.safetensors"), framework="pt") as file:
+        metadata = {**file.metadata(), "version": "1"}
+    tensors = {
+        name: tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        for name, tensor in head.state_dict().items()
+        if name != "lm_head"
+    }
+    save_file(tensors, str(tmp_path / "old.safetensors"), metadata=metadata)
+    loaded = load_head(tmp_path / "old.safetensors", target)[0].state_dict()
+    for name, tensor in tensors.items():
+        assert torch.equal(loaded[name], tensor.float() if tensor.is_floating_point() else tensor), name

@@ -33,6 +33,7 @@ from quickdraft.bench.peers import require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.models.convert import MARKER
+from quickdraft.runtime.native.kernels import NO_AMX_FLAGS
 from quickdraft.sampling import SamplingParams
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the version of the `peers` extra (llama.cpp is vendored in its sdist)
@@ -46,7 +47,7 @@ TOKENIZER_CHECK = "Write a Python function `fib(n)` returning the n-th Fibonacci
 
 # ggml's AMX backend crashes in ggml_backend_amx_mul_mat on the first decode of our Q4_K_M files (llama.cpp
 # issue #20824): builds on AMX machines leave it out, as GGML_NATIVE (-march=native) would enable it.
-NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+NO_AMX = " ".join(NO_AMX_FLAGS)
 REINSTALL_WITHOUT_AMX = (  # --no-deps: forcing the whole extra would reinstall torch and the rest as well
     f"CMAKE_ARGS=\"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'\" "
     f"pip install --force-reinstall --no-deps --no-cache-dir 'llama-cpp-python=={LLAMA_CPP_PYTHON}'"

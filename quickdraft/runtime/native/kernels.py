@@ -1,23 +1,37 @@
 """C++ kernels of the native runtime, compiled once on first use (needs a C++ compiler and ninja).
 
 If compilation fails the runtime falls back to the same algorithm in PyTorch operations: still
-bit-stable, only slower. A warning says so.
+bit-stable, only slower. A warning says so. ``QUICKDRAFT_NATIVE_NO_AMX=1`` builds them without AMX on a
+processor that has it: what a CPU with the same AVX-512 VNNI and no AMX runs (its own build and calibrations).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+from quickdraft.errors import ConfigError
 from quickdraft.machine import cpu_fingerprint
 
 # -ffp-contract=off: no fused multiply-adds, the same bits on every path; -fopenmp: at::parallel_for runs the work
 # on torch's threads only when the extension is compiled with OpenMP (without it, every kernel ran on one thread)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+NO_AMX_FLAGS = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
+NO_AMX_VARIABLE = "QUICKDRAFT_NATIVE_NO_AMX"
 SOURCES = ("kernels.cpp", "layers.cpp", "kernels.h", "gemm.h", "gemm_amx.h", "attention.h", "simd.h")
+
+
+@functools.cache
+def build_flags() -> list[str]:
+    """The compiler flags: :data:`FLAGS`, and :data:`NO_AMX_FLAGS` when ``$QUICKDRAFT_NATIVE_NO_AMX`` is 1."""
+    value = os.environ.get(NO_AMX_VARIABLE, "")
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{NO_AMX_VARIABLE} must be 0 or 1, got {value!r}")
+    return FLAGS + NO_AMX_FLAGS if value == "1" else list(FLAGS)
 
 
 @functools.cache
@@ -25,7 +39,7 @@ def sources_digest() -> str:
     """A digest of the kernels' sources and flags: torch rebuilds when kernels.cpp changes, not when a header it
     includes does, so the module's name carries it; measured costs are keyed by it too."""
     here = Path(__file__).parent
-    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(FLAGS).encode())
+    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(build_flags()).encode())
     return digest.hexdigest()[:8]
 
 
@@ -40,7 +54,7 @@ def native_kernels() -> Any | None:
         return load(  # -march=native: a build per processor kind, never one compiled for another CPU
             name=f"quickdraft_native_{cpu_fingerprint()}_{sources}",
             sources=[str(here / "kernels.cpp"), str(here / "layers.cpp")],
-            extra_cflags=FLAGS,
+            extra_cflags=build_flags(),
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

@@ -1,0 +1,37 @@
+"""QUICKDRAFT_NATIVE_NO_AMX builds the kernels without AMX, as their own build; other values are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from quickdraft.errors import ConfigError
+from quickdraft.runtime.native import kernels
+
+
+@pytest.fixture
+def fresh_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    kernels.build_flags.cache_clear()
+    kernels.sources_digest.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    kernels.build_flags.cache_clear()
+    kernels.sources_digest.cache_clear()
+
+
+def test_no_amx_is_a_build_of_its_own(fresh_flags: pytest.MonkeyPatch) -> None:
+    fresh_flags.delenv(kernels.NO_AMX_VARIABLE, raising=False)
+    usual, usual_digest = kernels.build_flags(), kernels.sources_digest()
+    assert usual == kernels.FLAGS
+    kernels.build_flags.cache_clear()
+    kernels.sources_digest.cache_clear()
+    fresh_flags.setenv(kernels.NO_AMX_VARIABLE, "1")
+    assert kernels.build_flags() == kernels.FLAGS + kernels.NO_AMX_FLAGS
+    assert kernels.sources_digest() != usual_digest  # its own module name and calibrations
+
+
+def test_other_values_are_refused(fresh_flags: pytest.MonkeyPatch) -> None:
+    fresh_flags.setenv(kernels.NO_AMX_VARIABLE, "yes")
+    with pytest.raises(ConfigError, match="must be 0 or 1"):
+        kernels.build_flags()

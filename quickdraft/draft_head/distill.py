@@ -11,8 +11,6 @@ target's, on the answers of held-out shards: what drafting sees.
 from __future__ import annotations
 
 import math
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,11 +18,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from quickdraft.draft_head.data import FeatureData, StoredConversation, TokenBatch, groups
+from quickdraft.draft_head.passes import train_passes
 from quickdraft.errors import ConfigError
-from quickdraft.files import save_atomically
 
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -137,69 +134,40 @@ def distill(
     ``checkpoint``: the adapters and optimizer after each epoch, resumed from with the same settings."""
     torch.manual_seed(settings.seed)
     parameters = add_adapters(model, settings.rank, settings.alpha)
-    generator = torch.Generator().manual_seed(settings.seed)
-    optimizer = torch.optim.AdamW(parameters, lr=settings.learning_rate, weight_decay=0.0)
-    total = max(1, math.ceil(settings.epochs * sum(1 for _ in groups(train, settings.tokens_per_batch, None))))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda i: min(1.0, (i + 1) / settings.warmup_batches) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)),
+
+    def step(group: list[StoredConversation]) -> tuple[torch.Tensor, int]:
+        batch = data.token_batch(group)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+            summed, _ = batch_loss(model, batch, batch.trained)
+        return summed / max(batch.num_tokens, 1), batch.num_tokens
+
+    def evaluated() -> dict[str, Any] | None:
+        if not held_out:
+            return None
+        evaluation = asdict(evaluate_draft(model, data, held_out, settings))
+        model.train()
+        return evaluation
+
+    def restore(saved: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for parameter, value in zip(parameters, saved["adapters"], strict=True):
+                parameter.copy_(value)
+
+    model.train()
+    history = train_passes(
+        parameters,
+        settings,
+        train,
+        step,
+        evaluated,
+        lambda: {"adapters": [p.detach().clone() for p in parameters]},
+        restore,
+        checkpoint=checkpoint,
+        progress=progress,
+        on_eval=on_eval,
+        description="distill",
+        evaluate_first=bool(held_out),
     )
-    done, history = 0, []
-    if checkpoint is not None and checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        if saved["settings"] == asdict(settings):
-            with torch.no_grad():
-                for parameter, value in zip(parameters, saved["adapters"], strict=True):
-                    parameter.copy_(value)
-            optimizer.load_state_dict(saved["optimizer"])
-            schedule.load_state_dict(saved["schedule"])
-            generator.set_state(saved["generator"])
-            done, history = saved["done"], saved["history"]
-    if not history and held_out:
-        history.append({"batches": 0, "seconds": 0.0, "eval": asdict(evaluate_draft(model, data, held_out, settings))})
-        on_eval(history[-1])
-    started = time.perf_counter()
-    with tqdm(total=total, initial=done, desc="distill", unit="batch", disable=not progress, file=sys.stderr) as bar:
-        while done < total:
-            model.train()
-            tokens = 0
-            for group in groups(train, settings.tokens_per_batch, generator):
-                if done >= total:
-                    break
-                batch = data.token_batch(group)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-                    summed, _ = batch_loss(model, batch, batch.trained)
-                loss = summed / max(batch.num_tokens, 1)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-                optimizer.step()
-                schedule.step()
-                done, tokens = done + 1, tokens + batch.num_tokens
-                bar.update(1)
-                speed = tokens / (time.perf_counter() - started)
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", tok_s=f"{speed:.0f}")
-            evaluation = evaluate_draft(model, data, held_out, settings) if held_out else None
-            history.append(
-                {
-                    "batches": done,
-                    "seconds": round(time.perf_counter() - started, 1),
-                    "eval": evaluation and asdict(evaluation),
-                }
-            )
-            on_eval(history[-1])
-            if checkpoint is not None:
-                state = {
-                    "settings": asdict(settings),
-                    "adapters": [p.detach().clone() for p in parameters],
-                    "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(),
-                    "generator": generator.get_state(),
-                    "done": done,
-                    "history": history,
-                }
-                save_atomically(checkpoint, lambda temporary: torch.save(state, temporary))  # noqa: B023
-            started = time.perf_counter()
     merge_adapters(model)
     model.eval()
     return history

@@ -7,21 +7,17 @@ head's top token is the target's, on held-out shards, per step; on answer positi
 
 from __future__ import annotations
 
-import math
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation, groups
+from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation
 from quickdraft.draft_head.model import DraftHead, HeadConfig
+from quickdraft.draft_head.passes import train_passes
 from quickdraft.errors import ConfigError
-from quickdraft.files import save_atomically
 
 STEP_WEIGHT = 0.8
 
@@ -150,68 +146,34 @@ def train_head(
 ) -> list[dict[str, Any]]:
     """Train ``head`` in place; evaluates after each epoch (and at the end). ``checkpoint``: saved after each
     epoch and resumed from when it exists with the same settings."""
-    generator = torch.Generator().manual_seed(settings.seed)
-    parameters = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    batches_per_epoch = sum(1 for _ in groups(train, settings.tokens_per_batch, None))  # counted, not read
-    total = max(1, math.ceil(settings.epochs * batches_per_epoch))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda i: min(1.0, (i + 1) / settings.warmup_batches) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)),
+
+    def step(group: list[StoredConversation]) -> tuple[torch.Tensor, int]:
+        batch = data.batch(group)
+        losses, count = [], 0
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+            outputs = head.unroll(batch.features, embedding[batch.next_tokens], batch.valid, settings.steps)
+            for depth, output in enumerate(outputs):
+                step_sum, mask, _ = step_loss(head, output, batch, depth)
+                losses.append(STEP_WEIGHT**depth * step_sum)
+                count = max(count, int(mask.sum()))
+        return torch.stack(losses).sum() / max(count, 1), batch.num_tokens
+
+    def evaluated() -> dict[str, Any] | None:
+        return asdict(evaluate(head, data, held_out, embedding, settings)) if held_out else None
+
+    def restore(saved: dict[str, Any]) -> None:
+        head.load_state_dict(saved["head"])
+
+    return train_passes(
+        [p for p in head.parameters() if p.requires_grad],
+        settings,
+        train,
+        step,
+        evaluated,
+        lambda: {"head": head.state_dict()},
+        restore,
+        weight_decay=settings.weight_decay,
+        checkpoint=checkpoint,
+        progress=progress,
+        on_eval=on_eval,
     )
-    done, history = 0, []
-    if checkpoint is not None and checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        if saved["settings"] == asdict(settings):
-            head.load_state_dict(saved["head"])
-            optimizer.load_state_dict(saved["optimizer"])
-            schedule.load_state_dict(saved["schedule"])
-            generator.set_state(saved["generator"])
-            done, history = saved["done"], saved["history"]
-    started = time.perf_counter()
-    with tqdm(total=total, initial=done, desc="train", unit="batch", disable=not progress, file=sys.stderr) as bar:
-        while done < total:
-            epoch_tokens = 0
-            for batch in data.batches(train, settings.tokens_per_batch, generator):
-                if done >= total:
-                    break
-                losses, count = [], 0
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-                    outputs = head.unroll(batch.features, embedding[batch.next_tokens], batch.valid, settings.steps)
-                    for step, output in enumerate(outputs):
-                        step_sum, mask, _ = step_loss(head, output, batch, step)
-                        losses.append(STEP_WEIGHT**step * step_sum)
-                        count = max(count, int(mask.sum()))
-                loss = torch.stack(losses).sum() / max(count, 1)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-                optimizer.step()
-                schedule.step()
-                done += 1
-                epoch_tokens += batch.num_tokens
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{float(loss.detach()):.3f}", tok_s=f"{epoch_tokens / (time.perf_counter() - started):.0f}"
-                )
-            evaluation = evaluate(head, data, held_out, embedding, settings) if held_out else None
-            record = {
-                "batches": done,
-                "seconds": round(time.perf_counter() - started, 1),
-                "eval": evaluation and asdict(evaluation),
-            }
-            history.append(record)
-            on_eval(record)
-            if checkpoint is not None:  # atomically: a run stopped while saving resumes from the last one
-                state = {
-                    "settings": asdict(settings),
-                    "head": head.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(),
-                    "generator": generator.get_state(),
-                    "done": done,
-                    "history": history,
-                }
-                save_atomically(checkpoint, lambda temporary: torch.save(state, temporary))  # noqa: B023
-            started = time.perf_counter()
-    return history

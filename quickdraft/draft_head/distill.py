@@ -10,7 +10,10 @@ target's, on the answers of held-out shards: what drafting sees.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from torch import nn
 from quickdraft.draft_head.data import FeatureData, StoredConversation, TokenBatch, groups
 from quickdraft.draft_head.passes import train_passes
 from quickdraft.errors import ConfigError
+from quickdraft.models.catalog import file_sha256
 
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -181,12 +185,8 @@ def check_output(out: Path) -> None:
 
 def save_distilled(model: Any, tokenizer: Any, out: Path, made: dict[str, Any]) -> str:
     """Write the merged model (bfloat16 safetensors), its tokenizer and ``distill.json`` (how it was made) to
-    ``out``; returns the weights' sha256. Written beside ``out`` first, then moved into place."""
-    import json
-    import shutil
-
-    from quickdraft.models.catalog import file_sha256
-
+    ``out``; returns the weights' sha256. Written beside ``out`` first, then moved into place. ``model`` is left
+    in bfloat16."""
     check_output(out)
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -194,8 +194,6 @@ def save_distilled(model: Any, tokenizer: Any, out: Path, made: dict[str, Any]) 
     tokenizer.save_pretrained(staging)
     sha256 = "".join(file_sha256(path, progress=False) for path in sorted(staging.glob("*.safetensors")))
     if len(sha256) > 64:  # several weight files: one digest over theirs
-        import hashlib
-
         sha256 = hashlib.sha256(sha256.encode()).hexdigest()
     (staging / "distill.json").write_text(json.dumps({"weights_sha256": sha256, **made}, indent=1))
     shutil.rmtree(out, ignore_errors=True)

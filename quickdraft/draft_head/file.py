@@ -51,11 +51,9 @@ def save_head(
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in head.state_for_file().items():
         if name in QUANTIZED:
-            codes, scale = quantize_weight(tensor)
-            tensors[f"{name.removesuffix('.weight')}.codes"], tensors[f"{name.removesuffix('.weight')}.scale"] = (
-                codes.contiguous(),
-                scale.contiguous(),
-            )
+            stem = name.removesuffix(".weight")
+            codes, scale = quantize_weight(tensor)  # [N, K] int8, [N] float32
+            tensors[f"{stem}.codes"], tensors[f"{stem}.scale"] = codes.contiguous(), scale.contiguous()
         elif name not in NOT_STORED:
             tensors[name] = (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor).contiguous()
     metadata = {

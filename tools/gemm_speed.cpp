@@ -1,0 +1,146 @@
+// How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h) run for few rows: GMAC/s of the q4 and
+// int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the 1536 -> 151936
+// LM head) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
+// random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
+// decoding step does. Compare with tools/int8_peak.cpp's register-only VNNI rate.
+//   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native \
+//       tools/gemm_speed.cpp -o /tmp/gemm_speed && /tmp/gemm_speed [rows ...]
+// Add -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 for what a CPU without AMX runs.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "gemm.h"
+
+namespace {
+
+std::vector<uint8_t> random_bytes(size_t n, std::mt19937& rng) {
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+struct Q4Copy {
+  std::vector<uint8_t> codes, sub_scale, sub_min;
+  std::vector<float> d, dmin;
+  qd::Q4Weights weights() const {
+    return {codes.data(), sub_scale.data(), sub_min.data(), d.data(), dmin.data(), n, groups * qd::kGroup};
+  }
+  int64_t n = 0, groups = 0, supers = 0;
+};
+
+Q4Copy make_q4(int64_t n, int64_t k, std::mt19937& rng) {
+  Q4Copy c;
+  c.n = n;
+  c.groups = k / qd::kGroup;
+  c.supers = (c.groups + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper;
+  c.codes = random_bytes(n * k / 2, rng);
+  c.sub_scale = random_bytes(n * c.groups, rng);
+  c.sub_min = random_bytes(n * c.groups, rng);
+  c.d.assign(n * c.supers, 1e-3f);
+  c.dmin.assign(n * c.supers, 1e-4f);
+  return c;
+}
+
+struct Int8Copy {
+  std::vector<uint8_t> codes;
+  std::vector<float> scale;
+  int64_t k = 0;
+  qd::Int8Weights weights() const { return {codes.data(), scale.data(), static_cast<int64_t>(scale.size()), k}; }
+};
+
+Int8Copy make_int8(int64_t n, int64_t k, std::mt19937& rng) {
+  Int8Copy c;
+  c.codes = random_bytes(n * k, rng);
+  for (auto& b : c.codes) b = static_cast<uint8_t>(1 + b % 127);  // w + 64 with w in [-63, 63]
+  c.scale.assign(n, 1e-3f);
+  c.k = k;
+  return c;
+}
+
+// Each thread takes a contiguous range of n-blocks, as at::parallel_for(0, N/16, 1) does.
+template <typename Gemm>
+void run_blocks(int64_t blocks, int threads, Gemm gemm) {
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), count = omp_get_num_threads();
+    const int64_t begin = blocks * t / count, end = blocks * (t + 1) / count;
+    if (begin < end) gemm(begin, end);
+  }
+}
+
+template <typename Call>
+double best_seconds(int repeats, Call call) {
+  double best = 1e9;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call(i);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> row_counts = {1, 2, 4, 8, 9, 12, 16, 24, 32};
+  if (argc > 1) {
+    row_counts.clear();
+    for (int i = 1; i < argc; ++i) row_counts.push_back(std::atoll(argv[i]));
+  }
+  std::mt19937 rng(7);
+  constexpr int64_t kStreamBytes = int64_t{1} << 30;  // more than any last-level cache: weights come from memory
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+    bool q4;
+  };
+  const Shape shapes[] = {{"q4   gate+up 1536->17920", 17920, 1536, true},
+                          {"q4   down    8960->1536 ", 1536, 8960, true},
+                          {"int8 down    8960->1536 ", 1536, 8960, false},
+                          {"int8 lm-head 1536->151936", 151936, 1536, false}};
+  std::printf("isa %s; best of 8 calls, weights rotating through 1 GiB; GMAC/s\n", qd::kIsa);
+  std::printf("%-26s %4s %10s %10s %10s %10s\n", "shape", "rows", "1t ms", "1t GMAC/s", "2t ms", "2t GMAC/s");
+  for (const Shape& shape : shapes) {
+    std::vector<Q4Copy> q4;
+    std::vector<Int8Copy> int8;
+    const int64_t bytes = shape.q4 ? shape.n * shape.k * 9 / 16 : shape.n * shape.k;
+    const int copies = static_cast<int>((kStreamBytes + bytes - 1) / bytes);
+    for (int c = 0; c < copies; ++c) {
+      if (shape.q4) q4.push_back(make_q4(shape.n, shape.k, rng));
+      else int8.push_back(make_int8(shape.n, shape.k, rng));
+    }
+    for (int64_t rows : row_counts) {
+      std::vector<int8_t> x(rows * shape.k);
+      for (auto& v : x) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+      std::vector<int32_t> sums(rows), pairs(rows * shape.k / (2 * qd::kGroup));
+      for (int64_t r = 0; r < rows; ++r) {
+        sums[r] = qd::row_sum(x.data() + r * shape.k, shape.k);
+        qd::group_sum_pairs(x.data() + r * shape.k, shape.k, pairs.data() + r * shape.k / (2 * qd::kGroup));
+      }
+      std::vector<float> out(rows * shape.n);
+      double ms[2];
+      int call = 0;
+      for (int threads = 1; threads <= 2; ++threads) {
+        ms[threads - 1] = 1e3 * best_seconds(8, [&](int) {
+          const int i = call++;
+          run_blocks(shape.n / qd::kLanes, threads, [&](int64_t begin, int64_t end) {
+            if (shape.q4)
+              qd::q4_gemm(q4[i % copies].weights(), x.data(), rows, pairs.data(), out.data(), shape.n, begin, end);
+            else
+              qd::int8_gemm(int8[i % copies].weights(), x.data(), rows, sums.data(), out.data(), shape.n, begin, end);
+          });
+        });
+      }
+      const double gmac = 1e-9 * rows * shape.n * shape.k;
+      std::printf("%-26s %4ld %10.3f %10.1f %10.3f %10.1f\n", shape.name, static_cast<long>(rows), ms[0],
+                  gmac / ms[0] * 1e3, ms[1], gmac / ms[1] * 1e3);
+    }
+  }
+  return 0;
+}

@@ -233,6 +233,21 @@ def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path
     assert report["runtime"] == "native" and sorted(report["t_ms"]) == ["1", "2", "3"]
 
 
+def test_profile_times_reading_a_prompt(native_model_dirs: dict[str, Path], capsys, monkeypatch) -> None:
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(Path(str(native_model_dirs["target"])).parent / "cache"))
+    args = ["profile", "--model", str(native_model_dirs["target"]), "--runtime", "auto", "--repeats", "1"]
+    assert main([*args, "--prefill", "12", "--json"]) == 0
+    prefill = json.loads(capsys.readouterr().out)["prefill"]
+    assert prefill["tokens"] == 12 and prefill["quickdraft"]["tokens_per_s"] > 0 and "llama_cpp" not in prefill
+    for bad, message in [
+        (["--prefill", "0"], "--prefill must be >= 1"),
+        (["--against", "llama-cpp"], "give --prefill N too"),
+        (["--prefill", "100000"], "exceeds the model's"),
+    ]:
+        assert main([*args, *bad]) == 1
+        assert message in capsys.readouterr().err
+
+
 def test_cache_shows_its_entries_and_the_fp32_copies(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     assert run(["cache"], capsys) == (0, f"{tmp_path / 'cache'}: 0.0 MB\n", "")

@@ -229,6 +229,32 @@ class LlamaCppMethod(Method):
         )
 
 
+def prompt_reader(gguf: Path, threads: int, n_ctx: int) -> Any:
+    """A function that reads token ids into an emptied llama.cpp context on ``gguf`` (one batch, as llama-bench's
+    ``pp`` test does) and returns the milliseconds it took: llama.cpp's prompt speed, timed in our process."""
+    from llama_cpp import Llama
+
+    require_llama_cpp("llama-cpp")
+    llama = Llama(
+        model_path=str(gguf),
+        n_ctx=n_ctx,
+        n_batch=n_ctx,
+        n_ubatch=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_gpu_layers=0,
+        verbose=False,
+    )
+
+    def read(token_ids: list[int]) -> float:
+        llama.reset()
+        started = time.perf_counter()
+        llama.eval(token_ids)
+        return 1000 * (time.perf_counter() - started)
+
+    return read
+
+
 # --- llama.cpp's draft-model speculation: its llama-speculative-simple tool -----------------------------
 
 SPECULATIVE_TOOL = "llama-speculative-simple"

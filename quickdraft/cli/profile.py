@@ -4,12 +4,17 @@ This cost curve is what speculation trades on: γ drafts pay off only if t(γ+1)
 more than t(1). Each k is timed ``repeats`` times after ``warmup`` untimed runs, rolling the
 cache back to the context in between, and the fastest run is reported in milliseconds (other
 work on the machine only adds time).
+
+With ``--prefill N`` it times reading an N-token prompt into an empty cache instead (prompt
+tokens/s), and ``--against llama-cpp`` times llama.cpp reading the same tokens from the same GGUF
+file in the same process, the two taking turns (llama-bench's ``pp N``; needs llama-cpp-python).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,8 @@ import torch
 from quickdraft.calibration import curve_to_json, measure_cost_curve
 from quickdraft.cli.common import add_draft_load_arguments, add_runtime_argument, check_output_file
 from quickdraft.errors import ConfigError
+
+REGULAR_TOKENS = 150_000  # prompt ids are drawn below this: ordinary tokens of any Qwen2-sized vocabulary
 
 
 def add_command(commands: Any) -> None:
@@ -44,6 +51,14 @@ def add_command(commands: Any) -> None:
         "--repeats", type=int, default=5, metavar="R", help="timed runs per k, the fastest kept (default 5)"
     )
     profile.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed runs per k first (default 1)")
+    profile.add_argument(
+        "--prefill", type=int, metavar="N", help="time reading an N-token prompt instead of the k-token curve"
+    )
+    profile.add_argument(
+        "--against",
+        choices=["llama-cpp"],
+        help="with --prefill: also time llama.cpp reading the same prompt from the same GGUF file",
+    )
     profile.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (a saved profile for later use)")
     profile.add_argument("--json", action="store_true", help="print only the JSON object")
     profile.set_defaults(handler=run)
@@ -56,6 +71,12 @@ def run(args: argparse.Namespace) -> None:
 
     if args.max_k < 1:
         raise ConfigError(f"--max-k must be >= 1, got {args.max_k}")
+    if args.prefill is not None and args.prefill < 1:
+        raise ConfigError(f"--prefill must be >= 1, got {args.prefill}")
+    if args.against and args.prefill is None:
+        raise ConfigError("--against compares prompt reading: give --prefill N too")
+    if args.repeats < 1 or args.warmup < 0:
+        raise ConfigError("--repeats must be >= 1 and --warmup >= 0")
     if args.out:
         check_output_file(Path(args.out))  # before measuring, so a measurement is never lost
     if args.runtime != AUTO:
@@ -67,12 +88,21 @@ def run(args: argparse.Namespace) -> None:
         options = draft_load_options(runtime_cls, load_tokenizer(path), args.weights, args.vocabulary)
     else:
         options = draft_load_options(runtime_cls, load_tokenizer(path), args.weights or "auto", args.vocabulary or 0)
+    reader = None
+    if args.against:  # before loading ours: a missing or unusable binding is a clear error, at once
+        from quickdraft.bench.llama_cpp import prompt_reader, verified_gguf
+
+        reader = prompt_reader(verified_gguf(path), torch.get_num_threads(), args.prefill)
     runtime = runtime_cls.load(path, options)
-    curve = measure_cost_curve(runtime, range(1, args.max_k + 1), args.context, args.repeats, args.warmup, True)
     runtime_name = runtime_cls.name
-    report = {"model": str(model), "path": str(path), "runtime": runtime_name, "context": args.context}
+    report = {"model": str(model), "path": str(path), "runtime": runtime_name}
     report |= {"weights": options.weights, "vocabulary": len(options.vocabulary or ()) or None}
-    report |= {"threads": torch.get_num_threads(), "t_ms": curve_to_json(curve)}
+    report |= {"threads": torch.get_num_threads()}
+    if args.prefill is not None:
+        report |= measure_prefill(runtime, args.prefill, args.repeats, args.warmup, reader)
+    else:
+        curve = measure_cost_curve(runtime, range(1, args.max_k + 1), args.context, args.repeats, args.warmup, True)
+        report |= {"context": args.context, "t_ms": curve_to_json(curve)}
     text = json.dumps(report, indent=None if args.json else 2)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as file:
@@ -80,6 +110,41 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         print(text)
         return
+    if args.prefill is not None:
+        print(f"{model} ({runtime_name}), a {args.prefill}-token prompt, fastest of {args.repeats}:")
+        for name in ("quickdraft", "llama_cpp"):
+            if name in report["prefill"]:
+                ms = report["prefill"][name]["ms"]
+                print(f"  {name:<10} {ms:9.1f} ms  {report['prefill'][name]['tokens_per_s']:8.1f} tokens/s")
+        if "ratio" in report["prefill"]:
+            print(f"  quickdraft reads prompts {report['prefill']['ratio']:.2f}x as fast as llama.cpp")
+        return
     print(f"{model} ({runtime_name}), {args.context} tokens of context, fastest of {args.repeats}:")
     for k, ms in sorted(curve.items()):
         print(f"  k={k:>3}  {ms:9.1f} ms   t(k)/t(1) = {ms / curve[1]:.2f}")
+
+
+def measure_prefill(runtime: Any, tokens: int, repeats: int, warmup: int, reader: Any) -> dict[str, Any]:
+    """Milliseconds (fastest of ``repeats`` after ``warmup``) of reading ``tokens`` random prompt tokens into an
+    empty cache, ours and, with ``reader`` (:func:`quickdraft.bench.llama_cpp.prompt_reader`), llama.cpp's on the
+    same ids, taking turns."""
+    if tokens > runtime.max_context:
+        raise ConfigError(f"--prefill {tokens} exceeds the model's {runtime.max_context} positions")
+    generator = torch.Generator().manual_seed(0)
+    token_ids = torch.randint(0, min(runtime.vocab_size, REGULAR_TOKENS), (1, tokens), generator=generator)
+    times: dict[str, list[float]] = {"quickdraft": []} | ({"llama_cpp": []} if reader else {})
+    for repeat in range(warmup + repeats):
+        started = time.perf_counter()
+        runtime.forward(token_ids, runtime.new_cache(1), last_only=True)
+        ours = 1000 * (time.perf_counter() - started)
+        theirs = reader(token_ids[0].tolist()) if reader else None
+        if repeat >= warmup:
+            times["quickdraft"].append(ours)
+            if theirs is not None:
+                times["llama_cpp"].append(theirs)
+    result: dict[str, Any] = {
+        name: {"ms": round(min(ms), 3), "tokens_per_s": round(tokens / min(ms) * 1000, 1)} for name, ms in times.items()
+    }
+    if reader:
+        result["ratio"] = round(min(times["llama_cpp"]) / min(times["quickdraft"]), 3)
+    return {"prefill": {"tokens": tokens, **result}}

@@ -235,6 +235,11 @@ constexpr int kQ4Rows = 16;
 constexpr const char* kIsa = "avx-vnni";
 inline __m256i dot_bytes(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
 inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
+// A q4 group's sums of code * x: int32 lanes throughout.
+inline __m256i q4_dot(__m256i acc, __m256i low, __m256i high, __m256i x_low, __m256i x_high) {
+  return dot_bytes(dot_bytes(acc, low, x_low), high, x_high);
+}
+inline __m256i q4_dot_total(__m256i acc) { return acc; }
 #else
 constexpr const char* kIsa = "avx2";
 // u8 x s8 products summed in pairs to int16 (exact: our codes keep pair sums below 2^15), then in fours to int32.
@@ -242,6 +247,13 @@ inline __m256i dot_bytes(__m256i acc, __m256i u8, __m256i s8) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
 }
 inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+// A q4 group's sums of code * x in int16 pairs, widened once at the end: with codes <= 15 and |x| <= 127 a pair is
+// at most 2 * 15 * 127 = 3810 and a group's 8 pairs per lane at most 30480 < 2^15, so the int16 sums are exact
+// (not so for the int8 format's 7-bit weights).
+inline __m256i q4_dot(__m256i acc, __m256i low, __m256i high, __m256i x_low, __m256i x_high) {
+  return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(low, x_low), _mm256_maddubs_epi16(high, x_high)));
+}
+inline __m256i q4_dot_total(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 #endif
 
 // Two halves of 8 lanes each: half h covers outputs n0 + 8h .. n0 + 8h + 7 (bytes 32h.. of each 64-byte vector).
@@ -291,11 +303,11 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
           const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
           QD_UNROLL for (int r = 0; r < R; ++r) {
             const int8_t* row = x + r * x_stride + g * kGroup;
-            dot[r] = dot_bytes(dot[r], low, _mm256_set1_epi32(load4(row + 4 * j)));
-            dot[r] = dot_bytes(dot[r], high, _mm256_set1_epi32(load4(row + 4 * (j + 4))));
+            dot[r] = q4_dot(dot[r], low, high, _mm256_set1_epi32(load4(row + 4 * j)), _mm256_set1_epi32(load4(row + 4 * (j + 4))));
           }
         }
-        QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(dot[r])));
+        QD_UNROLL for (int r = 0; r < R; ++r)
+          acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(q4_dot_total(dot[r]))));
       }
       const __m256 dmin = _mm256_loadu_ps(w.dmin + (block * supers + s) * kLanes + 8 * h);
       QD_UNROLL for (int r = 0; r < R; ++r) {

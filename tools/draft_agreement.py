@@ -11,6 +11,8 @@ For each sampled Spec-Bench question (first turn, the bench's seed-0 sample) the
 tokens greedily; each draft configuration then reads prompt and answer in one forward and is scored on the
 answer's positions. Prints the agreement per category and overall (tokens pooled). ``+prompt`` after a vocabulary
 size also computes each question's prompt tokens (``Runtime.focus_vocabulary``, as the drafters do).
+``second`` after them is how often the draft's second choice is the target's token where its first is not: what a
+draft tree's sibling at that position would add.
 """
 
 from __future__ import annotations
@@ -66,9 +68,13 @@ def main() -> None:
                 draft.focus_vocabulary(prompt)
             context = torch.tensor([prompt + answer[:-1]])
             logits = draft.forward(context, draft.new_cache(1))[0, len(prompt) - 1 :]  # predicts each answer token
-            agree = (logits.argmax(-1) == torch.tensor(answer)).tolist()
+            top2 = logits.topk(2, dim=-1).indices  # [T, 2]
+            agree = (top2[:, 0] == torch.tensor(answer)).tolist()
+            runner_up = (top2[:, 1] == torch.tensor(answer)).tolist()
+            second = [hit for first, hit in zip(agree, runner_up, strict=True) if not first]
             matches[question.category] += agree
             matches["overall"] += agree
+            matches["second"] += second
         print(f"{spec:<12} " + "  ".join(f"{name} {sum(m) / len(m):.3f}" for name, m in matches.items()), flush=True)
 
 

@@ -235,16 +235,8 @@ def prompt_reader(gguf: Path, threads: int, n_ctx: int) -> Any:
     from llama_cpp import Llama
 
     require_llama_cpp("llama-cpp")
-    llama = Llama(
-        model_path=str(gguf),
-        n_ctx=n_ctx,
-        n_batch=n_ctx,
-        n_ubatch=n_ctx,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_gpu_layers=0,
-        verbose=False,
-    )
+    sizes = {"n_ctx": n_ctx, "n_batch": n_ctx, "n_ubatch": n_ctx, "n_threads": threads, "n_threads_batch": threads}
+    llama = Llama(model_path=str(gguf), n_gpu_layers=0, verbose=False, **sizes)
 
     def read(token_ids: list[int]) -> float:
         llama.reset()

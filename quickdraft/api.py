@@ -130,17 +130,21 @@ class Pipeline:
         chat: bool = False,
         options: DrafterOptions | None = None,
         policy: Policy | None = None,
+        prediction: str | Sequence[int] | None = None,
     ) -> GenerationStream:
         """Decode ``prompt`` (text, or token ids) through :attr:`engine`, yielding text deltas. The policy is
         ``config.policy``, made ready first (:meth:`setup_policy`: goodput measures its costs on first use), or
-        the ready ``policy`` given."""
+        the ready ``policy`` given. ``prediction``: the answer expected (text or token ids; OpenAI's Predicted
+        Outputs), copied as drafts where the answer follows it; a hybrid drafter's only."""
         config = config or GenerationConfig()
         prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
+        prediction_ids = tuple(self.encode(prediction) if isinstance(prediction, str) else prediction or ())
         drafter_object = self.drafter(drafter, options)
-        self.engine.check_prompt(prompt_ids, config)  # before any measuring
+        request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
+        self.engine.check_request(request)  # before any measuring
         if policy is None:
             self.setup_policy(drafter, config)
-        return self.engine.stream(Request(tuple(prompt_ids), config, drafter_object, policy=policy))
+        return self.engine.stream(request)
 
     def generate(
         self,
@@ -150,8 +154,9 @@ class Pipeline:
         chat: bool = False,
         options: DrafterOptions | None = None,
         policy: Policy | None = None,
+        prediction: str | Sequence[int] | None = None,
     ) -> GenerationResult:
-        return self.stream(prompt, config, drafter, chat, options, policy).finish()
+        return self.stream(prompt, config, drafter, chat, options, policy, prediction).finish()
 
     # -- what policies need ----------------------------------------------------------------------------
 

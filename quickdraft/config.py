@@ -31,6 +31,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     policy: PolicySpec | str | None = None  # fixed[:K], heuristic, confidence[:T], goodput, specdec++[:T] (see above)
     max_draft_tokens: int = 16  # the largest γ an adaptive policy may choose
+    logprobs: int | None = None  # None: none; K: each new token's log-probability and the K likeliest (K <= 20)
 
     def __post_init__(self) -> None:
         if self.policy is None:
@@ -45,6 +46,12 @@ class GenerationConfig:
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if not isinstance(self.max_draft_tokens, int) or self.max_draft_tokens < 1:
             raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens}")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20
+        ):
+            raise ConfigError(
+                f"logprobs must be an integer in [0, 20] (the likeliest tokens to list), got {self.logprobs!r}"
+            )
         if isinstance(self.policy, str):
             object.__setattr__(self, "policy", parse_policy(self.policy))
         if not isinstance(self.policy, PolicySpec):

@@ -12,6 +12,8 @@ class GenerationStats:
     target_forwards: int = 0  # the prefill included
     draft_tokens_proposed: int = 0
     draft_tokens_accepted: int = 0
+    predicted_tokens_accepted: int = 0  # accepted drafts copied from the request's predicted output
+    cached_prompt_tokens: int = 0  # prompt tokens a cached prefix held, not read (prefix caching)
     wall_time_s: float = 0.0
     prefill_s: float = 0.0  # the target reading the prompt (a draft model reads it within draft_s)
     draft_s: float = 0.0
@@ -47,6 +49,8 @@ class GenerationStats:
             "target_forwards": self.target_forwards,
             "draft_tokens_proposed": self.draft_tokens_proposed,
             "draft_tokens_accepted": self.draft_tokens_accepted,
+            "predicted_tokens_accepted": self.predicted_tokens_accepted,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "wall_time_s": self.wall_time_s,

@@ -36,6 +36,8 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
         "target_forwards",
         "draft_tokens_proposed",
         "draft_tokens_accepted",
+        "predicted_tokens_accepted",
+        "cached_prompt_tokens",
         "acceptance_rate",
         "mean_accepted_tokens",
         "wall_time_s",
@@ -45,6 +47,20 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
         "verify_s",
         "other_s",
     }
+
+
+def test_generate_with_a_predicted_output(model_args: list[str], tmp_path: Path, capsys) -> None:
+    args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--json"]
+    status, out, _ = run(args, capsys)
+    plain = json.loads(out)
+    (tmp_path / "expected.txt").write_text(plain["text"], encoding="utf-8")
+    status, out, _ = run([*args, "--prediction", str(tmp_path / "expected.txt")], capsys)
+    assert status == 0 and json.loads(out)["token_ids"] == plain["token_ids"]
+    assert json.loads(out)["stats"]["predicted_tokens_accepted"] > 0
+    status, _, err = run([*args, "--prediction", str(tmp_path / "missing.txt")], capsys)
+    assert status == 1 and "--prediction" in err and "cannot read it" in err
+    status, _, err = run([*args, "--prediction", str(tmp_path / "expected.txt"), "--drafter", "none"], capsys)
+    assert status == 1 and "drafter that copies" in err
 
 
 def test_generate_streams_text_then_statistics(

@@ -5,6 +5,10 @@ policy, sent per request as ``extra_body``) at one request rate: ``seq`` is one 
 when the last one ended, ``inf`` sends them all at once, a number is the mean requests per second of Poisson
 arrivals. Every request is greedy and asks for its token ids, which are compared with single-request plain
 decoding (the lossless check). Requests run on loopback only and each is bounded by a timeout.
+
+Tokens are counted from the standard ``usage`` (``stream_options.include_usage``) and the time to first token
+runs to the first chunk with text, so any OpenAI-compatible server can be load-tested (``--url``); quickdraft's
+token ids serve the lossless check only.
 """
 
 from __future__ import annotations
@@ -64,10 +68,16 @@ class RequestRecord:
     sent_s: float  # when it was sent, from the run's start
     ttft_s: float | None = None
     e2e_s: float | None = None
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # quickdraft's return_token_ids (other servers: none)
+    completion_tokens: int | None = None  # the standard usage's count (stream_options.include_usage)
     finish_reason: str | None = None
     error: str | None = None
     disconnected: bool = False  # this client closed its stream on purpose
+
+
+def output_tokens(record: RequestRecord) -> int:
+    """The request's tokens as the server's usage counts them; quickdraft's token ids where it sent no usage."""
+    return record.completion_tokens if record.completion_tokens is not None else len(record.token_ids)
 
 
 def parse_rate(text: str) -> float:
@@ -118,19 +128,23 @@ async def one_request(
                 temperature=sampling.temperature,
                 seed=sampling.seed,
                 stream=True,
+                stream_options={"include_usage": True},
                 extra_body=config.extra_body(),
             )
             chunks = 0
             async for chunk in stream:
+                if chunk.usage is not None:
+                    record.completion_tokens = chunk.usage.completion_tokens
                 if not chunk.choices:
                     continue
                 choice = chunk.choices[0]
                 token_ids = getattr(choice, "token_ids", None) or []
-                if token_ids and record.ttft_s is None:
+                content = bool(choice.delta.content) if choice.delta is not None else False
+                if (content or token_ids) and record.ttft_s is None:  # the first token's text (any server)
                     record.ttft_s = time.perf_counter() - sent
                 record.token_ids += token_ids
                 record.finish_reason = choice.finish_reason or record.finish_reason
-                chunks += bool(token_ids)
+                chunks += content or bool(token_ids)
                 if disconnect_after is not None and chunks >= disconnect_after:
                     record.disconnected = True
                     await stream.close()
@@ -177,8 +191,8 @@ def summarize_run(
     """Throughput, TTFT, time per output token and end-to-end latency (mean, p50, p90, p99) of the completed
     requests, how many failed, and how many match single-request plain decoding token for token."""
     done = [r for r in records if r.error is None and not r.disconnected and r.finish_reason is not None]
-    tokens = sum(len(r.token_ids) for r in done)
-    tpot = [(r.e2e_s - r.ttft_s) / (len(r.token_ids) - 1) for r in done if r.ttft_s and len(r.token_ids) > 1]  # type: ignore[operator]
+    tokens = sum(output_tokens(r) for r in done)
+    tpot = [(r.e2e_s - r.ttft_s) / (output_tokens(r) - 1) for r in done if r.ttft_s and output_tokens(r) > 1]  # type: ignore[operator]
     summary: dict[str, Any] = {
         "requests": len(records),
         "completed": len(done),
@@ -205,5 +219,6 @@ def distribution(values: list[float]) -> dict[str, float | None]:
 
 def record_json(record: RequestRecord) -> dict[str, Any]:
     data = asdict(record)
-    data["num_tokens"] = len(data.pop("token_ids"))
+    data.pop("token_ids")
+    data["num_tokens"] = output_tokens(record)
     return data

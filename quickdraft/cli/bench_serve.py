@@ -80,7 +80,7 @@ def add_command(commands: Any) -> None:
     )
     bench.add_argument("--out", default="bench-serve-results", metavar="DIR", help="output directory")
     add_model_arguments(bench)
-    add_serving_arguments(bench)
+    add_serving_arguments(bench, prefix_cache_mb=0)  # off: the runs send the same prompts again
     bench.set_defaults(handler=run)
 
 
@@ -224,6 +224,7 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
     command += ["--target", args.target, "--runtime", args.runtime, "--drafter", args.drafter]
     command += ["--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting)]
     command += ["--prefill-tokens-per-step", str(args.prefill_tokens_per_step)]
+    command += ["--prefix-cache-mb", str(args.prefix_cache_mb)]
     command += ["--max-draft-tokens", str(args.max_draft_tokens)] + (["--draft", args.draft] if args.draft else [])
     command += (["--policy", args.policy] if args.policy else []) + (["--recalibrate"] if args.recalibrate else [])
     command += ["--draft-weights", args.draft_weights] if args.draft_weights else []

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from quickdraft.cli.common import add_model_arguments, draft_for, read_prompt
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
-from quickdraft.engine import GenerationResult
+from quickdraft.engine import GenerationResult, Request
+from quickdraft.errors import ConfigError
 
 if TYPE_CHECKING:
     from quickdraft.api import PolicySetup
@@ -77,6 +78,12 @@ def add_command(commands: Any) -> None:
         "--hybrid-min-ngram", type=int, default=2, metavar="N", help="the hybrid copies after a match this long (2)"
     )
     generate.add_argument(
+        "--prediction",
+        metavar="FILE",
+        help="the answer you expect, e.g. the file being edited (OpenAI's Predicted Outputs): the hybrid drafters "
+        "copy it as drafts where the answer follows it; the output is the same",
+    )
+    generate.add_argument(
         "--compare",
         action="store_true",
         help="also run plain decoding (--drafter none) on the same request and report the speedup and "
@@ -105,8 +112,9 @@ def run(args: argparse.Namespace) -> None:
     )
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
-    pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
-    pipeline.engine.check_prompt(prompt_ids, config)
+    prediction_ids = pipeline.encode(read_prediction(args.prediction)) if args.prediction else []
+    drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
+    pipeline.engine.check_request(Request(tuple(prompt_ids), config, drafter, prediction_ids=tuple(prediction_ids)))
     setup = pipeline.setup_policy(
         args.drafter,
         config,
@@ -122,7 +130,7 @@ def run(args: argparse.Namespace) -> None:
         for drafter in (args.drafter, "none"):
             pipeline.generate(prompt_ids, warm_up, drafter, options=options)
         pipeline.drafter(args.drafter, options).forget()  # the timed run reads the prompt itself, as the plain one does
-    stream = pipeline.stream(prompt_ids, config, args.drafter, options=options)
+    stream = pipeline.stream(prompt_ids, config, args.drafter, options=options, prediction=prediction_ids)
     if not args.json:
         for delta in stream:
             sys.stdout.write(delta)
@@ -159,6 +167,13 @@ def run(args: argparse.Namespace) -> None:
         if not config.sampling.is_greedy:
             same += " (sampled: equal distributions, not equal tokens, are what is guaranteed)"
         print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
+
+
+def read_prediction(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--prediction {path}: cannot read it as text ({error})") from None
 
 
 def describe(setup: PolicySetup, config: GenerationConfig) -> str:

@@ -44,7 +44,7 @@ def add_command(commands: Any) -> None:
     serve.set_defaults(handler=run)
 
 
-def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
+def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int = 1024) -> None:
     """The engine's settings, shared with ``bench-serve`` (which starts servers with them)."""
     parser.add_argument(
         "--drafter",
@@ -69,6 +69,14 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
         default=128,
         metavar="N",
         help="prompt tokens read per step beside the decoding requests (chunked prefill; default 128)",
+    )
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=prefix_cache_mb,
+        metavar="MB",
+        help="keys and values of finished requests kept for prompts that start alike: a system prompt, a chat's "
+        f"earlier turns (native runtime; 0 = off; default {prefix_cache_mb})",
     )
     parser.add_argument("--recalibrate", action="store_true", help="measure the costs again instead of loading them")
 
@@ -96,7 +104,11 @@ def run(args: argparse.Namespace) -> None:
     )
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     pipeline.drafter(args.drafter)  # a default drafter these models cannot run fails here
-    engine, notes = serving_engine(pipeline, settings, args.max_draft_tokens, args.recalibrate)
+    if args.prefix_cache_mb < 0:
+        raise ConfigError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    engine, notes = serving_engine(
+        pipeline, settings, args.max_draft_tokens, args.recalibrate, prefix_cache_mb=args.prefix_cache_mb
+    )
     for note in notes:
         print(f"quickdraft: {note}", file=sys.stderr)
     names = model_names(pipeline, args.served_model_name)

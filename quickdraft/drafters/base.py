@@ -31,6 +31,7 @@ class DraftProposal:
 
     token_ids: torch.Tensor  # [1, γ] int64; γ may be smaller than asked (even 0)
     probs: torch.Tensor | None  # [1, γ, V] draft distribution q, or None: deterministic (one-hot q)
+    predicted: bool = False  # copied from the request's predicted output (Drafter.expect)
 
     @property
     def num_tokens(self) -> int:
@@ -41,11 +42,11 @@ class DraftProposal:
         return cls(token_ids=torch.empty(1, 0, dtype=torch.long), probs=None)
 
     @classmethod
-    def copied(cls, token_ids: Sequence[int]) -> DraftProposal:
-        """Drafts that are deterministic (copies from the context): one-hot q."""
+    def copied(cls, token_ids: Sequence[int], predicted: bool = False) -> DraftProposal:
+        """Drafts that are deterministic (copies from the context or the prediction): one-hot q."""
         if not token_ids:
             return cls.empty()
-        return cls(token_ids=torch.tensor([list(token_ids)], dtype=torch.long), probs=None)
+        return cls(token_ids=torch.tensor([list(token_ids)], dtype=torch.long), probs=None, predicted=predicted)
 
 
 class DraftState:
@@ -124,6 +125,11 @@ class Drafter(ABC):
     def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> DraftState:
         """A new request's drafting state; ``target_cache`` is its target cache (self-speculation drafts into it)."""
         return DraftState()
+
+    def expect(self, state: DraftState, prediction: Sequence[int]) -> None:
+        """The request's predicted output (OpenAI's Predicted Outputs) as token ids: a drafter that copies
+        (:attr:`offers_copies`) drafts from it where the answer follows it. Others cannot use one."""
+        raise ConfigError("a predicted output needs a drafter that copies (hybrid or hybrid-eagle)")
 
     def finish(self, state: DraftState) -> None:  # noqa: B027 - optional hook
         """The request ended: release or keep (for a later request) what its state holds."""

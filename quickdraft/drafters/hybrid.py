@@ -8,6 +8,9 @@ with a match, the step's drafts are the tokens that followed it (one-hot q); wit
 model drafts (its own q). The draft model follows the committed tokens lazily, so copied steps cost
 it nothing until it drafts again, when it reads what it missed in one forward.
 
+A request's predicted output (:meth:`HybridDrafter.expect`, OpenAI's Predicted Outputs) is copied first, where
+the answer is on it (:mod:`quickdraft.drafters.prediction`).
+
 Before each step the drafter says how many drafts it can copy (:meth:`free_drafts`): a policy then
 chooses γ for copies with copies' own acceptance and no drafting cost, and for the draft model with
 its acceptance and measured costs.
@@ -24,6 +27,7 @@ from quickdraft.config import GenerationConfig
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.prediction import PredictionCopies
 from quickdraft.drafters.prompt_lookup import lookup_continuation
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.policies import PolicyContext
@@ -62,6 +66,15 @@ class ContextCopies:
 class HybridState(DraftState):
     model: DraftState  # the draft model's state of the request
     copies: ContextCopies  # what the request's context offers to copy
+    prompt_length: int
+    prediction: PredictionCopies | None = None  # the request's predicted output, if it gave one
+
+    def copied(self, context: Sequence[int]) -> tuple[list[int], bool]:
+        """What to copy after ``context`` (prompt + answer so far): the prediction's next tokens where the answer
+        is on it, else the context's; and whether they are the prediction's."""
+        if self.prediction is not None and (predicted := self.prediction.after(context[self.prompt_length :])):
+            return predicted, True
+        return self.copies.after(context), False
 
 
 class HybridDrafter(Drafter):
@@ -82,7 +95,12 @@ class HybridDrafter(Drafter):
         return cls(DraftModelDrafter.create(target, draft, options, records), *hybrid_ngrams(options))
 
     def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> HybridState:
-        return HybridState(self.model.start(prompt_ids, target_cache), ContextCopies(self.max_ngram, self.min_ngram))
+        copies = ContextCopies(self.max_ngram, self.min_ngram)
+        return HybridState(self.model.start(prompt_ids, target_cache), copies, len(prompt_ids))
+
+    def expect(self, state: DraftState, prediction: Sequence[int]) -> None:
+        assert isinstance(state, HybridState)
+        state.prediction = PredictionCopies(prediction, self.max_ngram, self.min_ngram, MAX_COPIED)
 
     def finish(self, state: DraftState) -> None:
         assert isinstance(state, HybridState)
@@ -105,7 +123,7 @@ class HybridDrafter(Drafter):
 
     def free_drafts(self, state: DraftState, context: Sequence[int]) -> int:
         assert isinstance(state, HybridState)
-        return len(state.copies.after(context))
+        return len(state.copied(context)[0])
 
     def backlog(self, state: DraftState, context: Sequence[int]) -> int:
         """What the draft model must read before it drafts (a policy may prefer its drafts to the copies)."""
@@ -119,9 +137,9 @@ class HybridDrafter(Drafter):
         model_tasks: dict[int, DraftTask] = {}
         for i, task in enumerate(tasks):
             assert isinstance(task.state, HybridState)
-            copied = task.state.copies.after(task.context)[: task.num_tokens] if task.copies else []
+            copied, predicted = task.state.copied(task.context) if task.copies else ([], False)
             if copied:
-                proposals[i] = DraftProposal.copied(copied)
+                proposals[i] = DraftProposal.copied(copied[: task.num_tokens], predicted)
             else:
                 model_tasks[i] = replace(task, state=task.state.model)
         drafted = self.model.propose(list(model_tasks.values()), max_read_tokens)

@@ -11,54 +11,28 @@ step boundaries. Goodput requests' γ are chosen together for the whole step (:f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from quickdraft.config import GenerationConfig
 from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import Drafter, DraftProposal, DraftTask
 from quickdraft.engine.features import target_forward
+from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
+from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.engine.request import GenerationResult, Request, RequestFinished, RequestState, Sink, TokenDelta
 from quickdraft.engine.rules import check_prompt, choose_token, commit_tokens, committed_drafts, verify_drafts
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
+from quickdraft.engine.step import StepPlan, StepReport
 from quickdraft.engine.stream import GenerationStream
 from quickdraft.errors import ConfigError
 from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepState, plan_batch
-from quickdraft.runtime.base import BatchRow, Runtime
+from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.sampling import make_generator, top_probability
 from quickdraft.text import IncrementalDecoder
 
 CONFIDENCE_ROWS_PER_STEP = 4  # requests whose policy hears the target's confidence in a step
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one step did (for metrics)."""
-
-    decoding: int  # requests that drafted and verified
-    prefill_tokens: int  # prompt tokens read
-    gammas: tuple[int, ...]  # γ chosen per decoding request
-    proposed: int  # drafts proposed, all requests
-    accepted: int  # drafts committed
-    new_tokens: int  # tokens committed, all requests
-    finished: int
-    running: int
-    waiting: int
-    seconds: float
-
-
-@dataclass
-class StepPlan:
-    chunks: list[tuple[RequestState, int]] = field(default_factory=list)  # (request, prompt tokens to read)
-    gammas: dict[RequestState, int] = field(default_factory=dict)  # decoding requests and their γ
-    copying: set[RequestState] = field(default_factory=set)  # requests whose drafts are copies from their context
-
-    @property
-    def alone(self) -> bool:
-        """One request decodes and nothing else runs: the step is the single-request problem."""
-        return len(self.gammas) == 1 and not self.chunks
 
 
 class Engine:
@@ -72,7 +46,11 @@ class Engine:
         eos_token_ids: frozenset[int],
         settings: SchedulerSettings | None = None,
         batch_costs: BatchCostModel | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
+        if prefix_cache is not None and not target.reusable_prefixes:
+            raise ConfigError(f"prefix caching needs a runtime whose cached prefixes are exact; {target.name} is not")
+        self.prefix_cache = prefix_cache  # finished requests' caches, taken over by prompts that start alike
         self.target = target
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -90,7 +68,7 @@ class Engine:
 
     def new_state(self, request: Request, sink: Sink) -> RequestState:
         """A checked request's state, its policy built, ready to :meth:`enqueue`; bad requests raise."""
-        check_prompt(list(request.prompt_ids), request.config, self.target.max_context)
+        self.check_request(request)
         return RequestState(
             request=request,
             sink=sink,
@@ -116,8 +94,12 @@ class Engine:
         """Stop a request at the next step boundary and free its caches; it ends with finish reason "cancelled"."""
         self.scheduler.cancel(request_id)
 
-    def check_prompt(self, prompt_ids: list[int], config: GenerationConfig) -> None:
-        check_prompt(prompt_ids, config, self.target.max_context)
+    def check_request(self, request: Request) -> None:
+        """Raise for a request that cannot run: its prompt does not fit, or it predicts its output for a drafter
+        that cannot copy it."""
+        check_prompt(list(request.prompt_ids), request.config, self.target.max_context)
+        if request.prediction_ids and not request.drafter.offers_copies:
+            raise ConfigError("a predicted output needs a drafter that copies (hybrid or hybrid-eagle)")
 
     def _make_policy(self, request: Request) -> Policy:
         """The request's policy; a drafter that never drafts gets plain steps whatever the policy."""
@@ -158,8 +140,11 @@ class Engine:
             self._finish(state, "cancelled")
         admitted = self.scheduler.admit()
         for state in admitted:
-            state.cache = self.target.new_cache(1)
+            state.cache, state.prefilled = self._target_cache(state.request)
+            state.stats.cached_prompt_tokens = state.prefilled
             state.draft_state = state.request.drafter.start(state.request.prompt_ids, state.cache)
+            if state.request.prediction_ids:
+                state.request.drafter.expect(state.draft_state, state.request.prediction_ids)
         if any(state.request.drafter.needs_draft_model for state in admitted):
             self._focus()
         if not self.scheduler.running:
@@ -231,6 +216,14 @@ class Engine:
         if self.on_step is not None:
             self.on_step(report)
         return report
+
+    def _target_cache(self, request: Request) -> tuple[KVCache, int]:
+        """A new request's target cache and how many of its prompt tokens it holds: a finished request's with the
+        longest shared start (prefix caching), else an empty one. Not for drafters that read the target's
+        features of every position (they would miss those of the cached ones)."""
+        cached = self.prefix_cache is not None and not request.drafter.feature_layers
+        reused = self.prefix_cache.take(request.prompt_ids) if cached else None  # type: ignore[union-attr]
+        return reused or (self.target.new_cache(1), 0)
 
     def _focus(self) -> None:
         """Drafters with a draft model share it: its LM head, where it computes part of the vocabulary, also
@@ -323,11 +316,13 @@ class Engine:
         num_judged, num_kept = committed_drafts(proposal.num_tokens, num_accepted, len(committed_tokens))
         state.stats.draft_tokens_proposed += proposal.num_tokens
         state.stats.draft_tokens_accepted += num_kept
+        if proposal.predicted:
+            state.stats.predicted_tokens_accepted += num_kept
         state.policy.observe(num_judged, num_kept)
         state.request.drafter.observe(state.draft_state, num_judged, num_kept)  # type: ignore[arg-type]
         if step_started is not None:
             state.policy.observe_step_time(proposal.num_tokens, 1000 * (time.perf_counter() - step_started))
-        self._deliver(state, committed_tokens, finish_reason)
+        self._deliver(state, committed_tokens, finish_reason, target_logits)
         return num_kept, len(committed_tokens)
 
     def _observe_confidence(self, rows: list[tuple[RequestState, torch.Tensor]]) -> None:
@@ -348,43 +343,53 @@ class Engine:
         first_token = int(choose_token(logits, sampling, state.generator, position=state.prompt_length)[0])
         state.stats.target_forwards += 1
         state.stats.prefill_s = time.perf_counter() - state.submitted
-        self._deliver(state, *self._commit(state, [first_token]))
+        self._deliver(state, *self._commit(state, [first_token]), logits)
         return state.cache is None
 
     def _commit(self, state: RequestState, step_tokens: list[int]) -> tuple[list[int], str | None]:
         """Commit a step's tokens up to the end of the answer: (the tokens committed, the finish reason or None)."""
-        num_before = len(state.new_token_ids)
-        finish_reason = commit_tokens(
-            step_tokens,
-            state.committed,
-            state.new_token_ids,
-            state.decoder,
-            self.eos_token_ids,
-            state.request.config.max_new_tokens,
-        )
+        num_before, limit, eos = len(state.new_token_ids), state.request.config.max_new_tokens, self.eos_token_ids
+        reason = commit_tokens(step_tokens, state.committed, state.new_token_ids, state.decoder, eos, limit)
         committed = state.new_token_ids[num_before:]
         state.stats.new_tokens = len(state.new_token_ids)
         state.stats.step_sizes.append(len(committed))
         state.stats.step_times_s.append(time.perf_counter() - state.submitted)
-        return committed, finish_reason
+        return committed, reason
 
-    def _deliver(self, state: RequestState, committed: list[int], finish_reason: str | None) -> None:
-        """Stream what a step committed; finish the request at its end."""
+    def _deliver(
+        self, state: RequestState, committed: list[int], finish_reason: str | None, logits: torch.Tensor
+    ) -> None:
+        """Stream what a step committed (with their log-probabilities from ``logits [≥ n, V]``, the rows of their
+        positions, if the request asked for them); finish the request at its end."""
+        config = state.request.config
+        logprobs = ()
+        if config.logprobs is not None:
+            logprobs = tuple(token_logprobs(logits, committed, config.sampling, config.logprobs))
+            state.logprobs.extend(logprobs)
         if finish_reason is not None:
             self.scheduler.finish(state)
-            self._finish(state, finish_reason, committed)
+            self._finish(state, finish_reason, committed, logprobs)
         elif committed:
-            state.sink(TokenDelta(state.decoder.release(), tuple(committed)))
+            state.sink(TokenDelta(state.decoder.release(), tuple(committed), logprobs))
 
-    def _finish(self, state: RequestState, finish_reason: str, last_tokens: list[int] | None = None) -> None:
+    def _finish(
+        self,
+        state: RequestState,
+        finish_reason: str,
+        last_tokens: list[int] | None = None,
+        last_logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> None:
         if state.draft_state is not None:
             state.request.drafter.finish(state.draft_state)
+        if self.prefix_cache is not None and state.cache is not None:
+            self.prefix_cache.keep(state.committed, state.cache)
         state.cache = state.draft_state = None
         state.stats.wall_time_s = time.perf_counter() - state.submitted
         if finish_reason != "cancelled":
             state.policy.observe_end(len(state.new_token_ids), cut_by_budget=finish_reason == "length")
         final_text = state.decoder.release(final=True)
         if final_text or last_tokens:
-            state.sink(TokenDelta(final_text, tuple(last_tokens or ())))
-        result = GenerationResult(state.decoder.text, state.new_token_ids, finish_reason, state.stats)
+            state.sink(TokenDelta(final_text, tuple(last_tokens or ()), last_logprobs))
+        logprobs = state.logprobs if state.request.config.logprobs is not None else None
+        result = GenerationResult(state.decoder.text, state.new_token_ids, finish_reason, state.stats, logprobs)
         state.sink(RequestFinished(result))

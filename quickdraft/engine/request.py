@@ -11,6 +11,7 @@ import torch
 
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import Drafter, DraftState
+from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.policies import Policy
 from quickdraft.runtime.base import KVCache
 from quickdraft.stats import GenerationStats
@@ -27,6 +28,7 @@ class Request:
     drafter: Drafter  # a NoDrafter: plain decoding for this request, whatever the others do
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     policy: Policy | None = None  # a ready policy (e.g. one that records); None: config.policy, built at submission
+    prediction_ids: tuple[int, ...] = ()  # the answer the user expects (Predicted Outputs): drafts copied from it
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class GenerationResult:
     token_ids: list[int]  # new tokens only, an end-of-sequence token included
     finish_reason: str  # "eos" | "length" | "stop" | "cancelled"
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per new token when the request asked (config.logprobs)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class TokenDelta:
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class RequestState:
     prefilled: int = 0  # prompt tokens the target has read
     confidence_step: int = 0  # the engine's step at which its policy last heard the target's confidence
     new_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the new tokens, if the request asked
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)
 

@@ -85,6 +85,10 @@ class Runtime(ABC):
     supports_early_exit: ClassVar[bool] = False
     provides_hidden: ClassVar[bool] = False  # ``forward_with_hidden`` is available
     provides_features: ClassVar[bool] = False  # ``forward_batch_with_features`` is available
+    # A position's keys and values do not depend on how the tokens before it were read (in one forward, in
+    # chunks, beside other rows), so a cache's prefix can serve another request bit for bit (prefix caching).
+    reusable_prefixes: ClassVar[bool] = False
+    kv_bytes_per_token: int = 0  # memory of one position's keys and values in a cache, all layers
 
     def forward_with_hidden(
         self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False

@@ -30,6 +30,7 @@ from quickdraft.server.protocol import (
     ApiRequest,
     ServerDefaults,
     chunk_body,
+    logprobs_body,
     new_id,
     parse_request,
     response_body,
@@ -81,6 +82,9 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def token_text(token_id: int) -> str:
+        return pipeline.tokenizer.decode([token_id])
+
     def encode(prompt: Any, chat: bool) -> list[int]:
         if chat:
             return pipeline.encode_chat(prompt)
@@ -120,23 +124,28 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
         finally:
             if not track.done:
                 loop.cancel(api.serve.request_id)
-        return JSONResponse(response_body(api, new_id(chat), model, result))
+        return JSONResponse(response_body(api, new_id(chat), model, result, token_text))
 
     async def stream(
         api: ApiRequest, events: asyncio.Queue[Event], track: Tracker, cancel: Callable[[str], None]
     ) -> AsyncIterator[str]:
         response_id = new_id(api.chat)
+        offset = 0  # completions' text_offset: characters of the tokens streamed so far
         try:
             if api.chat:
                 yield sse(chunk_body(api, response_id, model, None))
             while True:
                 event = await events.get()
-                if isinstance(event, TokenDelta) and (event.text or api.return_token_ids):
-                    yield sse(chunk_body(api, response_id, model, event.text, event.token_ids))
+                logprobs = None
+                if isinstance(event, TokenDelta) and event.logprobs:
+                    logprobs = logprobs_body(api, event.logprobs, token_text, offset)
+                    offset += sum(len(token_text(entry.token_id)) for entry in event.logprobs)
+                if isinstance(event, TokenDelta) and (event.text or api.return_token_ids or logprobs):
+                    yield sse(chunk_body(api, response_id, model, event.text, event.token_ids, logprobs=logprobs))
                 elif isinstance(event, RequestFinished):
                     yield sse(chunk_body(api, response_id, model, "", (), event.result.finish_reason))
                     if api.include_usage:
-                        yield sse(usage_chunk(api, response_id, model, len(event.result.token_ids)))
+                        yield sse(usage_chunk(api, response_id, model, event.result))
                     break
                 elif isinstance(event, RequestFailed):
                     yield sse(ApiError(500, event.message, kind="server_error").body())

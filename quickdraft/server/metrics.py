@@ -48,6 +48,15 @@ class ServerMetrics:
         self.batch_size = Histogram(
             "quickdraft_batch_size", "Decoding requests per step", buckets=BATCH_BUCKETS, registry=registry
         )
+        if (prefix_cache := engine.prefix_cache) is not None:
+            stats = prefix_cache.stats
+            for name, text, value in [
+                ("lookups", "Requests that looked for a cached prefix", lambda: stats.lookups),
+                ("hits", "Requests that took a cached prefix over", lambda: stats.hits),
+                ("cached_tokens", "Prompt tokens not read thanks to a cached prefix", lambda: stats.cached_tokens),
+                ("kept_tokens", "Tokens whose keys and values the prefix cache keeps", lambda: prefix_cache.tokens),
+            ]:
+                Gauge(f"quickdraft_prefix_cache_{name}", text, registry=registry).set_function(value)
         self.step_seconds = Histogram(
             "quickdraft_step_seconds", "Time of one batched step", buckets=TOKEN_TIME_BUCKETS, registry=registry
         )

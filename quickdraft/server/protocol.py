@@ -2,9 +2,13 @@
 
 Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`` / ``messages``, ``max_tokens``
 (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
-``stream_options.include_usage`` and ``n`` (1 only). quickdraft's extras, which the openai client sends with
-``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``, ``prompt-lookup``, ``early-exit``, ``none``),
-``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` and ``return_token_ids``.
+``stream_options.include_usage``, ``n`` (1 only), ``logprobs`` and ``top_logprobs`` (chat; for completions
+``logprobs`` is the number of likeliest tokens to list), and ``prediction`` (Predicted Outputs: ``{"type":
+"content", "content": text or text parts}``, copied as drafts by the hybrid drafters;
+``usage.completion_tokens_details`` then counts the accepted and rejected prediction tokens). quickdraft's
+extras, which the openai client sends with ``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``,
+``prompt-lookup``, ``early-exit``, ``none``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
+``max_draft_tokens`` and ``return_token_ids``.
 Other fields are ignored. A bad value raises :class:`ApiError` with the status and message a client sees.
 """
 
@@ -13,13 +17,14 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import GenerationResult, Request
+from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import QuickdraftError
 
 
@@ -86,6 +91,7 @@ def parse_request(
             seed=_field(body, "seed", None),
         )
         max_tokens = _field(body, "max_completion_tokens", None) if chat else None
+        logprobs = _logprobs(body, chat)
         config = GenerationConfig(
             max_new_tokens=_field(body, "max_tokens", defaults.max_tokens) if max_tokens is None else max_tokens,
             num_draft_tokens=_field(body, "num_draft_tokens", None),
@@ -93,11 +99,13 @@ def parse_request(
             stop=_stop(body),
             policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
             max_draft_tokens=_field(body, "max_draft_tokens", 16),
+            logprobs=logprobs,
         )
         drafter = _field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
             raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")
-        serve = Request(tuple(prompt_ids), config, drafter_named(drafter))
+        prediction_ids = encode(_prediction(body), False) if body.get("prediction") is not None else []
+        serve = Request(tuple(prompt_ids), config, drafter_named(drafter), prediction_ids=tuple(prediction_ids))
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error)) from None
     options = body.get("stream_options") or {}
@@ -154,6 +162,32 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     return parsed
 
 
+def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:
+    """How many likeliest tokens to list beside each new token's log-probability; None: no log-probabilities.
+    Chat: ``logprobs`` true and ``top_logprobs`` (0-20); completions: ``logprobs`` is that number."""
+    if not chat:
+        return _field(body, "logprobs", None)
+    wanted, top = _field(body, "logprobs", False), _field(body, "top_logprobs", None)
+    if not isinstance(wanted, bool):
+        raise ApiError(400, f"logprobs must be true or false, got {wanted!r}", "logprobs")
+    if top is not None and not wanted:
+        raise ApiError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+    return (0 if top is None else top) if wanted else None
+
+
+def _prediction(body: Mapping[str, Any]) -> str:
+    """The text of a ``prediction`` object: ``{"type": "content", "content": text or a list of text parts}``."""
+    prediction = body["prediction"]
+    if not isinstance(prediction, Mapping) or prediction.get("type") != "content":
+        raise ApiError(400, 'prediction must be {"type": "content", "content": ...}', "prediction")
+    content = prediction.get("content")
+    if isinstance(content, list) and all(isinstance(part, Mapping) for part in content):
+        content = "".join(str(part.get("text", "")) for part in content if part.get("type", "text") == "text")
+    if not isinstance(content, str):
+        raise ApiError(400, "prediction.content must be text or a list of text parts", "prediction")
+    return content
+
+
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
@@ -177,17 +211,62 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
+    """Token counts; with a prediction, OpenAI's ``completion_tokens_details``: the answer tokens drafted from the
+    prediction and accepted, and the prediction's tokens that did not make it into the answer."""
+    prompt_tokens, completion_tokens = len(api.serve.prompt_ids), len(result.token_ids)
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    body["prompt_tokens_details"] = {"cached_tokens": result.stats.cached_prompt_tokens}
+    if api.serve.prediction_ids:
+        accepted = result.stats.predicted_tokens_accepted
+        body["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": max(0, len(api.serve.prediction_ids) - accepted),
+        }
+    return body
 
 
-def response_body(api: ApiRequest, response_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
+def logprobs_body(
+    api: ApiRequest, logprobs: Sequence[TokenLogprob], token_text: Callable[[int], str], offset: int = 0
+) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` in OpenAI's shape for chat (``content``: token, logprob, bytes, top_logprobs) or
+    completions (tokens, token_logprobs, top_logprobs, text_offset from ``offset``); None when not asked for.
+    Alternatives with probability 0 (excluded by top-k or top-p) are left out: JSON has no -inf."""
+    if api.serve.config.logprobs is None:
+        return None
+    tokens = [token_text(entry.token_id) for entry in logprobs]
+    tops = [[(token_text(token), value) for token, value in entry.top if math.isfinite(value)] for entry in logprobs]
+    if api.chat:
+        return {
+            "content": [
+                {
+                    "token": token,
+                    "logprob": entry.logprob,
+                    "bytes": list(token.encode("utf-8")),
+                    "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in top],
+                }
+                for token, entry, top in zip(tokens, logprobs, tops, strict=True)
+            ]
+        }
+    offsets = [offset + sum(len(token) for token in tokens[:i]) for i in range(len(tokens))]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry.logprob for entry in logprobs],
+        "top_logprobs": [dict(top) for top in tops],
+        "text_offset": offsets,
+    }
+
+
+def response_body(
+    api: ApiRequest, response_id: str, model: str, result: GenerationResult, token_text: Callable[[int], str]
+) -> dict[str, Any]:
     """A whole (non-streamed) completion or chat completion."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason), "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
+    choice["logprobs"] = logprobs_body(api, result.logprobs or [], token_text)
     if api.chat:
         choice["message"] = {"role": "assistant", "content": result.text}
     else:
@@ -201,7 +280,7 @@ def response_body(api: ApiRequest, response_id: str, model: str, result: Generat
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": usage(len(api.serve.prompt_ids), len(result.token_ids)),
+        "usage": usage(api, result),
         "speculation": {"drafts_proposed": stats.draft_tokens_proposed, "drafts_accepted": stats.draft_tokens_accepted},
     }
 
@@ -213,22 +292,25 @@ def chunk_body(
     text: str | None,
     token_ids: tuple[int, ...] = (),
     reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One streamed chunk: a text delta (None: the chat's opening role delta), or the end with ``reason``."""
+    """One streamed chunk: a text delta (None: the chat's opening role delta), or the end with ``reason``;
+    ``logprobs``: the delta's tokens' (:func:`logprobs_body`)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": None if reason is None else finish_reason(reason)}
     if api.chat:
         choice["delta"] = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
     else:
-        choice["text"], choice["logprobs"] = text or "", None
+        choice["text"] = text or ""
+    choice["logprobs"] = logprobs
     if api.return_token_ids:
         choice["token_ids"] = list(token_ids)
     kind = "chat.completion.chunk" if api.chat else "text_completion"
     return {"id": response_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice]}
 
 
-def usage_chunk(api: ApiRequest, response_id: str, model: str, completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(api: ApiRequest, response_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
     """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage."""
     body = chunk_body(api, response_id, model, "")
     body["choices"] = []
-    body["usage"] = usage(len(api.serve.prompt_ids), completion_tokens)
+    body["usage"] = usage(api, result)
     return body

@@ -10,6 +10,7 @@ from quickdraft.config import GenerationConfig
 from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import Engine, SchedulerSettings
+from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.errors import QuickdraftError
 
 
@@ -29,6 +30,7 @@ def serving_engine(
     max_draft_tokens: int = 16,
     recalibrate: bool = False,
     batch_costs: BatchCostModel | None = None,
+    prefix_cache_mb: int = 0,
 ) -> tuple[Engine, list[str]]:
     """An engine for the pipeline's models and what was done to get it ready (lines for a user).
 
@@ -36,7 +38,8 @@ def serving_engine(
     while serving would stall every request and time a loaded machine), and a draft model's SpecDec++ head is
     loaded where one was trained. The batch cost curve goodput plans shared steps with is loaded or measured
     (unless ``batch_costs`` is given), up to ``max_running`` requests and as many tokens as a step of them with
-    a prompt chunk holds."""
+    a prompt chunk holds. ``prefix_cache_mb`` > 0 keeps finished requests' caches for prompts that start alike
+    (where the runtime's cached prefixes are exact)."""
     notes = []
     goodput = GenerationConfig(policy="goodput", max_draft_tokens=max_draft_tokens)
     for name in servable_drafters(pipeline):
@@ -51,7 +54,14 @@ def serving_engine(
         calibration = pipeline.calibrations.batch_cost_model(settings.max_running, max_tokens, not recalibrate)
         batch_costs = calibration.cost_model
         notes.append(f"batch costs {calibration.describe()}: {describe_curve(calibration)}")
-    engine = Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, settings, batch_costs)
+    prefix_cache = None
+    if prefix_cache_mb > 0 and pipeline.target.reusable_prefixes:
+        per_token = pipeline.target.kv_bytes_per_token
+        prefix_cache = PrefixCache(prefix_cache_mb * 2**20, per_token)
+        notes.append(f"prefix cache: {prefix_cache_mb} MB, {prefix_cache_mb * 2**20 // per_token} tokens")
+    elif prefix_cache_mb > 0:
+        notes.append(f"prefix cache off: the {pipeline.target.name} runtime's cached prefixes would not be exact")
+    engine = Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, settings, batch_costs, prefix_cache)
     return engine, notes
 
 

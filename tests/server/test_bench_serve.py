@@ -41,6 +41,17 @@ def test_a_run_summary_counts_what_completed_and_what_matched() -> None:
     assert summary["tpot_s"]["mean"] == pytest.approx((1.0 + 1.0) / 2)  # (2.5 - 0.5) / 2 and (2.0 - 1.0) / 1
 
 
+def test_tokens_of_another_server_are_counted_from_its_usage() -> None:
+    """A server without quickdraft's token ids (llama-server, vLLM): its usage counts the tokens."""
+    records = [
+        RequestRecord(0, "a", 0.0, ttft_s=0.5, e2e_s=2.5, completion_tokens=5, finish_reason="length"),
+        RequestRecord(1, "b", 0.1, ttft_s=1.0, e2e_s=2.0, token_ids=[4, 5], completion_tokens=2, finish_reason="stop"),
+    ]
+    summary = summarize_run(records, wall_s=7.0, references=None)
+    assert summary["output_tokens"] == 7 and summary["throughput_tok_s"] == 1.0
+    assert summary["tpot_s"]["mean"] == pytest.approx((2.0 / 4 + 1.0 / 1) / 2)
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [

@@ -106,6 +106,101 @@ def test_chat_completions_whole_and_streamed(server: Server, native: Pipeline) -
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
 
 
+def test_a_predicted_output_is_drafted_from_and_counted_in_the_usage(server: Server, native: Pipeline) -> None:
+    client = server.client()
+    messages = [{"role": "user", "content": "w3 w1 w4 w1 w5"}]
+    expected = greedy(native, native.encode_chat(messages), 12)
+    edited = text_of(native, [*expected[:4], 3, 3, *expected[6:]])  # the answer the user expects, two tokens off
+    whole = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=12,
+        temperature=0,
+        prediction={"type": "content", "content": edited},
+    )
+    assert whole.choices[0].message.content == text_of(native, expected)
+    details = whole.usage.completion_tokens_details  # type: ignore[union-attr]
+    assert details is not None and details.accepted_prediction_tokens > 0
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == len(native.encode(edited))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="w3 w1 w4 w1 w5",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"prediction": {"type": "content", "content": [{"type": "text", "text": edited}]}},
+        )
+    )
+    assert chunks[-1].usage.completion_tokens_details is not None  # type: ignore[union-attr]
+    plain = client.completions.create(model=MODEL, prompt="w3 w1 w4 w1 w5", max_tokens=12, temperature=0)
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == plain.choices[0].text
+    assert plain.usage.completion_tokens_details is None  # type: ignore[union-attr]
+
+
+def test_logprobs_whole_and_streamed_with_and_without_speculation(server: Server, native: Pipeline) -> None:
+    client = server.client()
+    messages = [{"role": "user", "content": "w3 w1 w4 w1 w5"}]
+    expected = greedy(native, native.encode_chat(messages), 8)
+    answers = {}
+    for drafter in ("none", "draft-model"):
+        whole = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=3,
+            extra_body={"drafter": drafter, "policy": "fixed:3"} if drafter != "none" else {"drafter": "none"},
+        )
+        content = whole.choices[0].logprobs.content  # type: ignore[union-attr]
+        assert [entry.token for entry in content] == [text_of(native, [token]) for token in expected]
+        assert all(len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token for entry in content)
+        answers[drafter] = [(entry.token, entry.logprob) for entry in content]
+    assert answers["none"] == answers["draft-model"]  # speculation changes no log-probability
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            stream=True,
+        )
+    )
+    streamed = [
+        (e.token, e.logprob)
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]  # type: ignore[union-attr]
+    assert streamed == answers["none"]
+    completion = client.completions.create(
+        model=MODEL, prompt="w3 w1 w4 w1 w5", max_tokens=6, temperature=0, logprobs=2
+    )
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None and len(logprobs.tokens) == len(logprobs.token_logprobs) == 6  # type: ignore[arg-type]
+    assert all(len(top) == 2 for top in logprobs.top_logprobs) and logprobs.text_offset[0] == 0  # type: ignore[union-attr]
+    assert client.completions.create(model=MODEL, prompt="w1", max_tokens=2).choices[0].logprobs is None
+
+
+def test_a_chats_later_turns_reuse_the_cached_conversation(native: Pipeline) -> None:
+    messages = [{"role": "user", "content": "w3 w1 w4 w1 w5 w9 w2 w6 w5 w3 w5 w8 w9 w7 w9 w3 w2 w3 w8 w4"}]
+    with serving(native, prefix_cache_mb=64) as cached:
+        client = cached.client()
+        for turn in range(3):
+            answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+            details = answer.usage.prompt_tokens_details  # type: ignore[union-attr]
+            assert (details.cached_tokens > 16) == (turn > 0), turn  # type: ignore[union-attr]
+            expected = greedy(native, native.encode_chat(messages), 6)
+            assert answer.choices[0].message.content == text_of(native, expected)
+            messages += [{"role": "assistant", "content": answer.choices[0].message.content or ""}]
+            messages += [{"role": "user", "content": f"w{turn + 1} w2"}]
+        metrics = httpx.get(f"{cached.url}/metrics", timeout=TIMEOUT).text
+    assert "quickdraft_prefix_cache_hits 2.0" in metrics and "quickdraft_prefix_cache_cached_tokens" in metrics
+
+
 def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, native: Pipeline) -> None:
     prompts = [f"w{i} w{i + 1} w{i} w{i + 1} w{2 * i}" for i in range(1, 9)]
     drafters = [{"drafter": "draft-model", "policy": "fixed:3"}, {"drafter": "prompt-lookup"}, {"drafter": "none"}]
@@ -148,6 +243,22 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": " "}]}, 400, "empty"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 3}]}, 400, "text"),
+    ("completions", {"model": MODEL, "prompt": "w1", "prediction": "w2"}, 400, "prediction must be"),
+    ("completions", {"model": MODEL, "prompt": "w1", "prediction": {"type": "content", "content": 3}}, 400, "text"),
+    (
+        "completions",
+        {"model": MODEL, "prompt": "w1", "prediction": {"type": "content", "content": "w2"}, "drafter": "none"},
+        400,
+        "drafter that copies",
+    ),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "logprobs": 3}, 400, "true"),
+    (
+        "chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "top_logprobs": 2},
+        400,
+        "needs",
+    ),
+    ("completions", {"model": MODEL, "prompt": "w1", "logprobs": 21}, 400, "logprobs"),
     ("nowhere", {}, 404, "Not Found"),
 ]
 

@@ -42,9 +42,12 @@ class NativeRuntime(Runtime):
     supports_early_exit = True
     provides_hidden = True
     provides_features = True
+    reusable_prefixes = True
 
     def __init__(self, decoder: Decoder, weights: str = "auto") -> None:
         self.decoder = decoder
+        config = decoder.config
+        self.kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4  # float32 k, v
         self.vocab_size = decoder.config.vocab_size
         self.hidden_size = decoder.config.hidden_size
         self.max_context = decoder.capacity

@@ -1,0 +1,90 @@
+"""Automatic prefix caching: the target caches of finished requests, kept for new requests whose prompts start
+with the same tokens (a system prompt, the earlier turns of a chat, an agent's growing transcript).
+
+A finished request leaves its cache here with the tokens it holds. A new request takes over the entry that
+shares the longest start with its prompt, at least ``min_tokens`` of it: the cache is rolled back to that start
+(moving a length) and only the rest of the prompt is read. An entry serves one request (the next one to finish
+puts its own cache back), and the least recently stored go first when the kept tokens' keys and values would
+exceed the budget. Only for runtimes whose keys and values of a position do not depend on how the tokens before
+it were read (``Runtime.reusable_prefixes``, the native runtime): there a request's output is the same bits
+whether its prefix was cached or read.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quickdraft.errors import ConfigError
+from quickdraft.runtime.base import KVCache
+
+
+@dataclass
+class PrefixCacheStats:
+    lookups: int = 0  # requests that looked for a cached prefix
+    hits: int = 0  # requests that took one over
+    cached_tokens: int = 0  # prompt tokens those requests did not read
+
+
+class PrefixCache:
+    """Finished requests' caches within ``budget_bytes`` of keys and values (``bytes_per_token`` each)."""
+
+    def __init__(self, budget_bytes: int, bytes_per_token: int, min_tokens: int = 16) -> None:
+        if budget_bytes < 0 or bytes_per_token <= 0 or min_tokens < 1:
+            raise ConfigError("a prefix cache needs a budget >= 0, bytes per token > 0 and min_tokens >= 1")
+        self.budget_bytes, self.bytes_per_token, self.min_tokens = budget_bytes, bytes_per_token, min_tokens
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], KVCache]] = OrderedDict()  # oldest first
+        self._next_key = 0
+        self.stats = PrefixCacheStats()
+
+    @property
+    def tokens(self) -> int:
+        """Tokens whose keys and values are kept."""
+        return sum(len(tokens) for tokens, _ in self._entries.values())
+
+    def take(self, prompt_ids: Sequence[int]) -> tuple[KVCache, int] | None:
+        """The cache sharing the longest start with ``prompt_ids``, rolled back to it, and how many prompt tokens
+        it holds (at most all but the last: that position's logits give the first token); None: no entry shares
+        ``min_tokens``."""
+        self.stats.lookups += 1
+        best_key, best_length = None, 0
+        for key, (tokens, _) in self._entries.items():
+            length = common_start(tokens, prompt_ids)
+            if length > best_length:
+                best_key, best_length = key, length
+        usable = min(best_length, len(prompt_ids) - 1)
+        if best_key is None or usable < self.min_tokens:
+            return None
+        _, cache = self._entries.pop(best_key)
+        cache.truncate(usable)
+        self.stats.hits += 1
+        self.stats.cached_tokens += usable
+        return cache, usable
+
+    def put(self, token_ids: Sequence[int], cache: KVCache) -> None:
+        """Keep ``cache``, which holds ``token_ids`` (from its first position on); the oldest entries leave while
+        the budget is exceeded (an entry larger than the whole budget is not kept)."""
+        if len(token_ids) < self.min_tokens or len(token_ids) * self.bytes_per_token > self.budget_bytes:
+            return
+        self._entries[self._next_key] = (tuple(token_ids), cache)
+        self._next_key += 1
+        while self.tokens * self.bytes_per_token > self.budget_bytes:
+            self._entries.popitem(last=False)
+
+    def keep(self, committed: Sequence[int], cache: KVCache) -> None:
+        """:meth:`put` a finished request's cache with what it holds of its ``committed`` tokens (prompt and
+        answer): up to its length, at most all of them (a step's drafts after an end of sequence go)."""
+        held = min(int(cache.lengths[0]), len(committed))
+        cache.truncate(held)
+        self.put(committed[:held], cache)
+
+
+def common_start(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many tokens the two sequences share from their starts."""
+    length = 0
+    for a, b in zip(first, second, strict=False):
+        if a != b:
+            break
+        length += 1
+    return length

@@ -1,0 +1,60 @@
+"""Log-probabilities of the new tokens: the target's own at each position, the same with and without speculation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import native_pipeline
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.engine.logprobs import token_logprobs
+from quickdraft.errors import ConfigError
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return native_pipeline()
+
+
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=10, seed=5)], ids=["greedy", "seeded"]
+)
+def test_speculation_does_not_change_the_logprobs(native: Pipeline, sampling: SamplingParams) -> None:
+    config = GenerationConfig(max_new_tokens=16, sampling=sampling, logprobs=4)
+    plain = native.generate(PROMPT, config, drafter="none")
+    assert plain.logprobs is not None and [entry.token_id for entry in plain.logprobs] == plain.token_ids
+    for drafter, policy in [("draft-model", "fixed:3"), ("hybrid", "goodput"), ("prompt-lookup", "fixed:5")]:
+        speculative = native.generate(PROMPT, replace(config, policy=policy), drafter)
+        assert speculative.stats.draft_tokens_proposed > 0 or drafter != "draft-model"
+        assert speculative.token_ids == plain.token_ids and speculative.logprobs == plain.logprobs, drafter
+
+
+def test_a_logprob_is_the_targets_distribution_at_its_position(native: Pipeline) -> None:
+    result = native.generate(PROMPT, GenerationConfig(max_new_tokens=6, logprobs=3), drafter="none")
+    context = torch.tensor([PROMPT + result.token_ids[:-1]])
+    logits = native.target.forward(context, native.target.new_cache(1))[0, len(PROMPT) - 1 :]  # [6, V]
+    expected = torch.log_softmax(logits, dim=-1)
+    assert result.logprobs is not None
+    for row, entry in zip(expected, result.logprobs, strict=True):
+        assert entry.logprob == pytest.approx(float(row[entry.token_id]), abs=1e-5)
+        assert entry.top[0][0] == entry.token_id  # greedy: the likeliest
+        assert [token for token, _ in entry.top] == row.topk(3).indices.tolist()
+
+
+def test_sampled_logprobs_come_from_the_distribution_drawn_from() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    (entry,) = token_logprobs(logits, [1], SamplingParams(temperature=0.5, top_k=2), top=3)
+    assert entry.logprob == pytest.approx(float(torch.log_softmax(torch.tensor([4.0, 2.0]), 0)[1]))
+    assert entry.top[2][1] == float("-inf")  # outside top-k: probability 0
+
+
+def test_logprobs_are_off_unless_asked_and_checked() -> None:
+    assert GenerationConfig().logprobs is None
+    for bad in (-1, 21, 2.5, True):
+        with pytest.raises(ConfigError, match="logprobs"):
+            GenerationConfig(logprobs=bad)  # type: ignore[arg-type]

@@ -1,0 +1,89 @@
+"""Prefix caching: finished requests' caches taken over by prompts that start alike, bit for bit the same output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import native_pipeline
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.engine import Engine, Request
+from quickdraft.engine.prefix_cache import PrefixCache
+from quickdraft.errors import ConfigError
+
+
+class FakeCache:
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return torch.tensor([self.length])
+
+    def truncate(self, length: int) -> None:
+        assert 0 <= length <= self.length
+        self.length = length
+
+
+def test_the_longest_shared_start_is_taken_over_and_rolled_back() -> None:
+    store = PrefixCache(budget_bytes=1000, bytes_per_token=10, min_tokens=2)
+    short, long = FakeCache(4), FakeCache(6)
+    store.put([1, 2, 3, 4], short)  # type: ignore[arg-type]
+    store.put([1, 2, 3, 9, 9, 9], long)  # type: ignore[arg-type]
+    assert store.take([5, 6, 7]) is None  # nothing shared
+    assert store.take([1, 2, 3, 4, 8]) == (short, 4) and short.length == 4
+    assert store.take([1, 2, 3, 4, 8]) == (long, 3) and long.length == 3  # an entry serves one request
+    assert store.take([1, 2, 3, 4, 8]) is None
+    whole = FakeCache(3)
+    store.put([1, 2, 3], whole)  # type: ignore[arg-type]
+    assert store.take([1, 2, 3]) == (whole, 2)  # the prompt's last token is read again: its logits give the first
+    assert (store.stats.lookups, store.stats.hits, store.stats.cached_tokens) == (5, 3, 9)
+
+
+def test_the_oldest_entries_leave_when_the_budget_is_exceeded() -> None:
+    store = PrefixCache(budget_bytes=100, bytes_per_token=10, min_tokens=2)
+    for start in range(3):
+        store.put([start, 1, 2, 3], FakeCache(4))  # type: ignore[arg-type]
+    assert store.tokens == 8 and store.take([0, 1, 2, 3, 4]) is None and store.take([2, 1, 2, 3, 4]) is not None
+    store.put(list(range(11)), FakeCache(11))  # type: ignore[arg-type]  # larger than the whole budget: not kept
+    assert store.tokens == 4
+    with pytest.raises(ConfigError):
+        PrefixCache(budget_bytes=-1, bytes_per_token=10)
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return native_pipeline()
+
+
+def engine(native: Pipeline, cached: bool) -> Engine:
+    store = PrefixCache(2**20, native.target.kv_bytes_per_token, min_tokens=4) if cached else None
+    return Engine(native.target, native.tokenizer, native.eos_token_ids, prefix_cache=store)
+
+
+@pytest.mark.parametrize(
+    ("drafter", "sampling"),
+    [
+        ("none", SamplingParams()),
+        ("draft-model", SamplingParams()),
+        ("hybrid", SamplingParams(temperature=0.9, seed=4)),
+    ],
+)
+def test_a_conversations_later_turns_read_only_what_is_new_and_answer_the_same(
+    native: Pipeline, drafter: str, sampling: SamplingParams
+) -> None:
+    config = GenerationConfig(max_new_tokens=10, sampling=sampling, num_draft_tokens=3)
+    with_cache, without = engine(native, True), engine(native, False)
+    conversation = [3, 1, 4, 1, 5, 9, 2, 6]
+    for turn in range(3):
+        request = Request(tuple(conversation), config, native.drafter(drafter))
+        cached, read = with_cache.generate(request), without.generate(request)
+        assert cached.token_ids == read.token_ids, turn  # the same bits with the prefix cached or read
+        assert cached.stats.cached_prompt_tokens == (0 if turn == 0 else len(conversation) - 3 - 1), turn
+        conversation += [*cached.token_ids, 7, 8, 9]  # the answer and the next user turn
+
+
+def test_runtimes_with_inexact_prefixes_refuse_a_prefix_cache(pipeline: Pipeline) -> None:
+    with pytest.raises(ConfigError, match="prefix caching"):
+        Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, prefix_cache=PrefixCache(100, 10))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import KVCache
+from quickdraft.tokens import common_prefix_length
 
 
 @dataclass
@@ -50,7 +51,7 @@ class PrefixCache:
         self.stats.lookups += 1
         best_key, best_length = None, 0
         for key, (tokens, _) in self._entries.items():
-            length = common_start(tokens, prompt_ids)
+            length = common_prefix_length(tokens, prompt_ids)
             if length > best_length:
                 best_key, best_length = key, length
         usable = min(best_length, len(prompt_ids) - 1)
@@ -78,13 +79,3 @@ class PrefixCache:
         held = min(int(cache.lengths[0]), len(committed))
         cache.truncate(held)
         self.put(committed[:held], cache)
-
-
-def common_start(first: Sequence[int], second: Sequence[int]) -> int:
-    """How many tokens the two sequences share from their starts."""
-    length = 0
-    for a, b in zip(first, second, strict=False):
-        if a != b:
-            break
-        length += 1
-    return length

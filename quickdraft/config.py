@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from quickdraft.errors import ConfigError
+from quickdraft.grammar import GrammarSpec
 from quickdraft.policies import PolicySpec, parse_policy
 from quickdraft.sampling import SamplingParams
 
@@ -32,6 +33,7 @@ class GenerationConfig:
     policy: PolicySpec | str | None = None  # fixed[:K], heuristic, confidence[:T], goodput, specdec++[:T] (see above)
     max_draft_tokens: int = 16  # the largest γ an adaptive policy may choose
     logprobs: int | None = None  # None: none; K: each new token's log-probability and the K likeliest (K <= 20)
+    grammar: GrammarSpec | None = None  # structured output: the grammar every answer follows
 
     def __post_init__(self) -> None:
         if self.policy is None:
@@ -52,6 +54,8 @@ class GenerationConfig:
             raise ConfigError(
                 f"logprobs must be an integer in [0, 20] (the likeliest tokens to list), got {self.logprobs!r}"
             )
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise ConfigError(f"grammar must be a GrammarSpec, got {self.grammar!r}")
         if isinstance(self.policy, str):
             object.__setattr__(self, "policy", parse_policy(self.policy))
         if not isinstance(self.policy, PolicySpec):

@@ -22,17 +22,25 @@ from quickdraft.engine.features import target_forward
 from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.engine.request import GenerationResult, Request, RequestFinished, RequestState, Sink, TokenDelta
-from quickdraft.engine.rules import check_prompt, choose_token, commit_tokens, committed_drafts, verify_drafts
+from quickdraft.engine.rules import (
+    check_prompt,
+    choose_token,
+    commit_tokens,
+    committed_drafts,
+    hear_confidence,
+    verify_drafts,
+)
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
 from quickdraft.engine.step import StepPlan, StepReport
 from quickdraft.engine.stream import GenerationStream
 from quickdraft.errors import ConfigError
+from quickdraft.grammar import GrammarCompiler, constrain_step
 from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepState, plan_batch
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
-from quickdraft.sampling import make_generator, top_probability
+from quickdraft.sampling import make_generator
 from quickdraft.text import IncrementalDecoder
 
-CONFIDENCE_ROWS_PER_STEP = 4  # requests whose policy hears the target's confidence in a step
+EMPTY = torch.empty(1, 0, dtype=torch.long)  # no drafts  [1, 0]
 
 
 class Engine:
@@ -51,15 +59,12 @@ class Engine:
         if prefix_cache is not None and not target.reusable_prefixes:
             raise ConfigError(f"prefix caching needs a runtime whose cached prefixes are exact; {target.name} is not")
         self.prefix_cache = prefix_cache  # finished requests' caches, taken over by prompts that start alike
-        self.target = target
-        self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
+        self._grammar_compiler: GrammarCompiler | None = None
+        self.target, self.tokenizer, self.eos_token_ids = target, tokenizer, eos_token_ids
         self.batch_costs = batch_costs  # the measured batch curve goodput plans shared steps with (None: bids stand)
         self.scheduler = Scheduler(settings or SchedulerSettings())
         self.on_step: Any = None  # called with every StepReport
         self.steps = 0  # steps taken
-
-    # -- requests --------------------------------------------------------------------------------------
 
     def submit(self, request: Request, sink: Sink) -> None:
         """Queue ``request``; its events go to ``sink`` on the engine's thread. Bad requests raise here
@@ -69,7 +74,9 @@ class Engine:
     def new_state(self, request: Request, sink: Sink) -> RequestState:
         """A checked request's state, its policy built, ready to :meth:`enqueue`; bad requests raise."""
         self.check_request(request)
+        grammar = request.config.grammar
         return RequestState(
+            constraint=None if grammar is None else self._grammars().constraint(grammar),
             request=request,
             sink=sink,
             policy=self._make_policy(request) if request.policy is None else request.policy,
@@ -100,6 +107,11 @@ class Engine:
         check_prompt(list(request.prompt_ids), request.config, self.target.max_context)
         if request.prediction_ids and not request.drafter.offers_copies:
             raise ConfigError("a predicted output needs a drafter that copies (hybrid or hybrid-eagle)")
+
+    def _grammars(self) -> GrammarCompiler:  # made on the first request with a grammar
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_token_ids)
+        return self._grammar_compiler
 
     def _make_policy(self, request: Request) -> Policy:
         """The request's policy; a drafter that never drafts gets plain steps whatever the policy."""
@@ -200,7 +212,7 @@ class Engine:
                 plain_logits.append((state, chunk_logits))
 
         # 7. Policies that learn from the target's confidence after plain tokens hear it, a few requests a step.
-        self._observe_confidence([(state, row) for state, row in plain_logits if state.cache is not None])
+        hear_confidence([(state, row) for state, row in plain_logits if state.cache is not None], self.steps)
         report = StepReport(
             decoding=len(decoding),
             prefill_tokens=sum(n for _, n in plan.chunks),
@@ -295,11 +307,13 @@ class Engine:
         committed). ``features``: the target's at the row's positions, for a drafter that reads them (it gets
         those of the positions kept). ``step_started``: when a step that held this request alone began (its
         policy learns what such a step takes); None otherwise."""
-        config, draft_token_ids = state.request.config, proposal.token_ids  # [1, γ]
-        tick = time.perf_counter()
+        config, tick = state.request.config, time.perf_counter()
+        draft_token_ids, draft_probs, target_logits = constrain_step(
+            state.constraint, proposal.token_ids, proposal.probs, target_logits
+        )  # [1, γ'], [1, γ', V] or None, [γ' + 1, V]: the drafts a grammar allows, the target masked by it
         result = verify_drafts(
             draft_token_ids,
-            proposal.probs,
+            draft_probs,
             target_logits[None],  # [1, γ + 1, V]
             config.sampling,
             state.generator,
@@ -325,21 +339,9 @@ class Engine:
         self._deliver(state, committed_tokens, finish_reason, target_logits)
         return num_kept, len(committed_tokens)
 
-    def _observe_confidence(self, rows: list[tuple[RequestState, torch.Tensor]]) -> None:
-        """The policies of these requests, whose tokens were chosen without drafts, hear the target's top probability
-        at their ``[1, V]`` logits if they want it: at most :data:`CONFIDENCE_ROWS_PER_STEP` a step, those that
-        heard it longest ago first. Each is a pass of exp over the vocabulary, about 0.14 ms: for every request of
-        a busy batch that was as much as goodput's bids and batch plan together, for an estimate that only steadies
-        over many steps anyway."""
-        rows = [(state, logits) for state, logits in rows if state.policy.wants_confidence()]
-        rows = sorted(rows, key=lambda row: row[0].confidence_step)[:CONFIDENCE_ROWS_PER_STEP]
-        for state, logits in rows:
-            state.confidence_step = self.steps
-            state.policy.observe_confidence(float(top_probability(logits)))
-
     def _first_token(self, state: RequestState, logits: torch.Tensor) -> bool:
         """Commit the first token from the prompt's last position ``[1, V]``; True if the request ended."""
-        sampling = state.request.config.sampling
+        sampling, logits = state.request.config.sampling, constrain_step(state.constraint, EMPTY, None, logits)[2]
         first_token = int(choose_token(logits, sampling, state.generator, position=state.prompt_length)[0])
         state.stats.target_forwards += 1
         state.stats.prefill_s = time.perf_counter() - state.submitted
@@ -351,6 +353,8 @@ class Engine:
         num_before, limit, eos = len(state.new_token_ids), state.request.config.max_new_tokens, self.eos_token_ids
         reason = commit_tokens(step_tokens, state.committed, state.new_token_ids, state.decoder, eos, limit)
         committed = state.new_token_ids[num_before:]
+        if state.constraint is not None:  # the grammar moves past them
+            state.constraint.accept(committed)
         state.stats.new_tokens = len(state.new_token_ids)
         state.stats.step_sizes.append(len(committed))
         state.stats.step_times_s.append(time.perf_counter() - state.submitted)

@@ -12,6 +12,7 @@ import torch
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import Drafter, DraftState
 from quickdraft.engine.logprobs import TokenLogprob
+from quickdraft.grammar import Constraint
 from quickdraft.policies import Policy
 from quickdraft.runtime.base import KVCache
 from quickdraft.stats import GenerationStats
@@ -83,6 +84,7 @@ class RequestState:
     confidence_step: int = 0  # the engine's step at which its policy last heard the target's confidence
     new_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the new tokens, if the request asked
+    constraint: Constraint | None = None  # its place in the grammar its output must follow (config.grammar)
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)
 

@@ -5,15 +5,17 @@ Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`
 ``stream_options.include_usage``, ``n`` (1 only), ``logprobs`` and ``top_logprobs`` (chat; for completions
 ``logprobs`` is the number of likeliest tokens to list), and ``prediction`` (Predicted Outputs: ``{"type":
 "content", "content": text or text parts}``, copied as drafts by the hybrid drafters;
-``usage.completion_tokens_details`` then counts the accepted and rejected prediction tokens). quickdraft's
+``usage.completion_tokens_details`` then counts the accepted and rejected prediction tokens), and
+``response_format`` (``json_object``, ``json_schema``: structured output). quickdraft's
 extras, which the openai client sends with ``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``,
 ``prompt-lookup``, ``early-exit``, ``none``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
-``max_draft_tokens`` and ``return_token_ids``.
+``max_draft_tokens``, ``return_token_ids``, and ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output.
 Other fields are ignored. A bad value raises :class:`ApiError` with the status and message a client sees.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -26,6 +28,7 @@ from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import QuickdraftError
+from quickdraft.grammar import GrammarKind, GrammarSpec
 
 
 class ApiError(Exception):
@@ -100,6 +103,7 @@ def parse_request(
             policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
             max_draft_tokens=_field(body, "max_draft_tokens", 16),
             logprobs=logprobs,
+            grammar=_grammar(body),
         )
         drafter = _field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
@@ -160,6 +164,34 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
     return parsed
+
+
+def _grammar(body: Mapping[str, Any]) -> GrammarSpec | None:
+    """The grammar the output must follow: ``response_format`` (``json_object``, ``json_schema`` with its
+    ``schema``; ``text``: none) or quickdraft's ``regex`` or ``grammar`` (xgrammar's EBNF), at most one of them."""
+    response_format = body.get("response_format") or {"type": "text"}
+    if not isinstance(response_format, Mapping) or response_format.get("type") not in (
+        "text",
+        "json_object",
+        "json_schema",
+    ):
+        raise ApiError(400, "response_format.type must be text, json_object or json_schema", "response_format")
+    specs = []
+    if response_format["type"] == "json_object":
+        specs.append(GrammarSpec(GrammarKind.JSON))
+    elif response_format["type"] == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, Mapping):
+            raise ApiError(400, "response_format.json_schema.schema must be a JSON schema object", "response_format")
+        specs.append(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema)))
+    for name, kind in (("regex", GrammarKind.REGEX), ("grammar", GrammarKind.EBNF)):
+        if body.get(name) is not None:
+            if not isinstance(body[name], str):
+                raise ApiError(400, f"{name} must be a string", name)
+            specs.append(GrammarSpec(kind, body[name]))
+    if len(specs) > 1:
+        raise ApiError(400, "give one of response_format (json), regex and grammar", "response_format")
+    return specs[0] if specs else None
 
 
 def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from conftest import MODEL, TIMEOUT, Server, native_pipeline, serving
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
+from quickdraft.grammar import GrammarKind, GrammarSpec
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +203,25 @@ def test_a_chats_later_turns_reuse_the_cached_conversation(native: Pipeline) -> 
     assert "quickdraft_prefix_cache_hits 2.0" in metrics and "quickdraft_prefix_cache_cached_tokens" in metrics
 
 
+def test_structured_output_is_constrained_plain_decoding(native: Pipeline) -> None:
+    with_end = dataclasses.replace(native, eos_token_ids=frozenset({47}))
+    grammar = GrammarSpec(GrammarKind.REGEX, "w5w9(w1|w2){2,6}")
+    expected = with_end.generate(with_end.encode("w3 w1 w4"), GenerationConfig(12, grammar=grammar), "none")
+    with serving(with_end) as constrained:
+        for drafter in ("none", "draft-model", "prompt-lookup"):
+            answer = constrained.client().completions.create(
+                model=MODEL,
+                prompt="w3 w1 w4",
+                max_tokens=12,
+                temperature=0,
+                extra_body={"regex": "w5w9(w1|w2){2,6}", "drafter": drafter, "return_token_ids": True},
+            )
+            assert answer.choices[0].token_ids == expected.token_ids, drafter  # type: ignore[attr-defined]
+        bad = {"model": MODEL, "prompt": "w1", "regex": "(w1", "max_tokens": 3}
+        response = httpx.post(f"{constrained.url}/v1/completions", json=bad, timeout=TIMEOUT)
+        assert response.status_code == 400 and "does not compile" in response.json()["error"]["message"]
+
+
 def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, native: Pipeline) -> None:
     prompts = [f"w{i} w{i + 1} w{i} w{i + 1} w{2 * i}" for i in range(1, 9)]
     drafters = [{"drafter": "draft-model", "policy": "fixed:3"}, {"drafter": "prompt-lookup"}, {"drafter": "none"}]
@@ -259,6 +280,10 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
         "needs",
     ),
     ("completions", {"model": MODEL, "prompt": "w1", "logprobs": 21}, 400, "logprobs"),
+    ("completions", {"model": MODEL, "prompt": "w1", "response_format": {"type": "xml"}}, 400, "response_format"),
+    ("completions", {"model": MODEL, "prompt": "w1", "response_format": {"type": "json_schema"}}, 400, "schema"),
+    ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1", "grammar": "root ::= 'w1'"}, 400, "one of"),
+    ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1+"}, 400, "end-of-sequence"),
     ("nowhere", {}, 404, "Not Found"),
 ]
 

@@ -1,0 +1,140 @@
+"""Structured output: a request's tokens constrained to a grammar (JSON, a JSON schema, a regex or an EBNF grammar)
+with xgrammar, the engine whose per-token mask cost measured lowest on our CPUs (``tools/grammar_mask_cost.py``).
+
+Under speculation the rule is plain constrained decoding's: at every position the target's distribution is masked
+to the tokens the grammar allows after the tokens before it, then verified as usual. :meth:`Constraint.masks`
+walks a step's drafts through the grammar, giving one mask per verified position and how many drafts the grammar
+allows at all (the others cannot be accepted and are not verified), then returns to where the answer stands. So
+greedy output is constrained plain decoding's token for token, and sampled output has its distribution.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from quickdraft.errors import ConfigError
+
+
+class GrammarKind(enum.Enum):
+    JSON = "json_object"  # any JSON object
+    JSON_SCHEMA = "json_schema"  # text: the schema as JSON
+    REGEX = "regex"
+    EBNF = "grammar"  # xgrammar's EBNF (GBNF-like), root rule ``root``
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: GrammarKind
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, GrammarKind) or not isinstance(self.text, str):
+            raise ConfigError("a grammar is a GrammarKind and its text")
+        if self.kind is GrammarKind.JSON_SCHEMA:
+            try:
+                json.loads(self.text)
+            except ValueError:
+                raise ConfigError("a JSON schema must be valid JSON") from None
+        elif self.kind is not GrammarKind.JSON and not self.text:
+            raise ConfigError(f"a {self.kind.value} constraint needs its text")
+
+
+class GrammarCompiler:
+    """Compiles grammars for one tokenizer (vocabulary of the model's ``vocab_size`` logits, ``stop_token_ids``
+    ending an answer the grammar has completed), keeping what it compiled."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        try:
+            import xgrammar
+        except ImportError:
+            raise ConfigError("structured output needs xgrammar: pip install 'quickdraft[serve]'") from None
+        self._xgr = xgrammar
+        if not stop_token_ids:
+            raise ConfigError("structured output needs end-of-sequence tokens: they end a completed answer")
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
+        )
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+        self.vocab_size = vocab_size
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """The compiled grammar; a grammar xgrammar cannot compile raises ``ConfigError`` saying why."""
+        try:
+            if spec.kind is GrammarKind.JSON:
+                return self._compiler.compile_builtin_json_grammar()
+            if spec.kind is GrammarKind.JSON_SCHEMA:
+                return self._compiler.compile_json_schema(spec.text)
+            if spec.kind is GrammarKind.REGEX:
+                return self._compiler.compile_regex(spec.text)
+            return self._compiler.compile_grammar(spec.text)
+        except (RuntimeError, ValueError) as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(f"the {spec.kind.value} constraint does not compile: {first_line}") from None
+
+    def constraint(self, spec: GrammarSpec) -> Constraint:
+        return Constraint(self._xgr, self.compile(spec), self.vocab_size)
+
+
+class Constraint:
+    """One request's place in its grammar: after its committed answer tokens."""
+
+    def __init__(self, xgr: Any, compiled: Any, vocab_size: int) -> None:
+        self._xgr = xgr
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self.vocab_size = vocab_size
+
+    def masks(self, drafts: Sequence[int]) -> tuple[torch.Tensor, int]:
+        """``(allowed [n + 1, V] bool, n)``: n is how many of ``drafts`` the grammar accepts in a row from here, and
+        row i the tokens it allows after the first i of them. The place is unchanged afterwards."""
+        bitmask = self._xgr.allocate_token_bitmask(len(drafts) + 1, self.vocab_size)  # [n + 1, ⌈V/32⌉] int32
+        accepted = 0
+        for i, token in enumerate([*drafts, None]):
+            if self._matcher.is_terminated():  # an end-of-sequence draft: nothing after it is ever committed
+                bitmask[i] = -1
+                break
+            self._matcher.fill_next_token_bitmask(bitmask, i)
+            if token is None or not self._matcher.accept_token(int(token)):
+                break
+            accepted += 1
+        if accepted:
+            self._matcher.rollback(accepted)
+        allowed = torch.zeros(accepted + 1, self.vocab_size)  # [n + 1, V]
+        self._xgr.apply_token_bitmask_inplace(allowed, bitmask[: accepted + 1], vocab_size=self.vocab_size)
+        return allowed == 0, accepted
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Move past the tokens committed (each allowed by the masks they were chosen under)."""
+        for token in tokens:
+            if not self._matcher.accept_token(int(token)):
+                raise RuntimeError(f"token {token} was committed against the grammar")
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._matcher.is_terminated())
+
+
+def masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``logits [n, V]`` with the tokens not ``allowed [n, V]`` at -inf."""
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def constrain_step(
+    constraint: Constraint | None,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A step's drafts ``[1, γ]`` (their distributions ``[1, γ, V]``) and target logits ``[γ + 1, V]`` under the
+    request's grammar: the drafts up to the first one it forbids, and the target's logits masked at each position
+    (unchanged without a grammar)."""
+    if constraint is None:
+        return draft_token_ids, draft_probs, target_logits
+    allowed, valid = constraint.masks(draft_token_ids[0].tolist())  # [valid + 1, V]
+    draft_probs = None if draft_probs is None else draft_probs[:, :valid]
+    return draft_token_ids[:, :valid], draft_probs, masked(target_logits[: valid + 1], allowed)

@@ -1,0 +1,70 @@
+"""Structured output under speculation: the target masked by the grammar at every verified position, so the output
+is constrained plain decoding's, whatever drafts the drafter proposed."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from conftest import native_pipeline
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.errors import ConfigError
+from quickdraft.grammar import GrammarCompiler, GrammarKind, GrammarSpec
+
+EOS = 47
+REGEXES = ["(w1|w2|w3)+", "w5w9(w1|w2){2,6}", "(w4|w5)(w6|w7)+w8"]  # no token leads to a dead end
+DRAFTERS = [("none", None), ("draft-model", "fixed:3"), ("hybrid", "goodput"), ("prompt-lookup", "fixed:5")]
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return dataclasses.replace(native_pipeline(), eos_token_ids=frozenset({EOS}))
+
+
+def text(native: Pipeline, token_ids: list[int]) -> str:
+    return "".join(native.tokenizer.convert_ids_to_tokens([t for t in token_ids if t != EOS]))
+
+
+@pytest.mark.parametrize("regex", REGEXES)
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(), SamplingParams(temperature=1.0, seed=7)], ids=["greedy", "seeded"]
+)
+def test_every_drafter_gives_constrained_plain_decodings_output(
+    native: Pipeline, regex: str, sampling: SamplingParams
+) -> None:
+    grammar = GrammarSpec(GrammarKind.REGEX, regex)
+    outputs = {}
+    for drafter, policy in DRAFTERS:
+        config = GenerationConfig(max_new_tokens=16, sampling=sampling, grammar=grammar, policy=policy)
+        outputs[drafter] = native.generate([3, 1, 4, 1, 5, 9, 2, 6], config, drafter=drafter).token_ids
+    plain = outputs["none"]
+    assert all(tokens == plain for tokens in outputs.values()), outputs
+    if plain[-1] == EOS:  # the grammar was completed: the whole output matches it
+        assert re.fullmatch(regex, text(native, plain))
+
+
+def test_the_masks_follow_the_drafts_the_grammar_allows_and_leave_the_place(native: Pipeline) -> None:
+    compiler = GrammarCompiler(native.tokenizer, native.target.vocab_size, native.eos_token_ids)
+    constraint = compiler.constraint(GrammarSpec(GrammarKind.REGEX, "w5w9(w1|w2)+"))
+    allowed, valid = constraint.masks([5, 9, 1, 7, 1])  # w7 breaks it
+    assert valid == 3 and allowed.shape == (4, native.target.vocab_size)
+    assert allowed[0].nonzero().flatten().tolist() == [5] and allowed[1].nonzero().flatten().tolist() == [9]
+    assert set(allowed[3].nonzero().flatten().tolist()) == {1, 2, EOS}  # after w5 w9 w1: more, or the end
+    again, _ = constraint.masks([5, 9, 1, 7, 1])
+    assert (again == allowed).all()  # the place did not move
+    constraint.accept([5, 9])
+    assert constraint.masks([1])[0][0].nonzero().flatten().tolist() == [1, 2]
+
+
+def test_bad_grammars_are_clear_errors(native: Pipeline) -> None:
+    with pytest.raises(ConfigError, match="valid JSON"):
+        GrammarSpec(GrammarKind.JSON_SCHEMA, "{not json")
+    with pytest.raises(ConfigError, match="needs its text"):
+        GrammarSpec(GrammarKind.REGEX, "")
+    with pytest.raises(ConfigError, match="does not compile"):
+        native.generate([1, 2], GenerationConfig(4, grammar=GrammarSpec(GrammarKind.REGEX, "(w1")), drafter="none")
+    with pytest.raises(ConfigError, match="end-of-sequence"):
+        GrammarCompiler(native.tokenizer, native.target.vocab_size, frozenset())

@@ -63,6 +63,20 @@ def test_generate_with_a_predicted_output(model_args: list[str], tmp_path: Path,
     assert status == 1 and "drafter that copies" in err
 
 
+def test_generate_with_structured_output(model_args: list[str], tmp_path: Path, capsys) -> None:
+    args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--json"]
+    status, out, _ = run([*args, "--regex", "(w4|w5)+"], capsys)
+    text = json.loads(out)["text"]
+    assert status == 0 and set(text.split()) <= {"w4", "w5"}  # the tiny tokenizer decodes with spaces between
+    (tmp_path / "grammar.ebnf").write_text('root ::= "w7" "w8"', encoding="utf-8")
+    status, out, _ = run([*args, "--grammar", str(tmp_path / "grammar.ebnf")], capsys)
+    assert status == 0 and json.loads(out)["text"].split()[:2] == ["w7", "w8"]
+    status, _, err = run([*args, "--regex", "(w4"], capsys)
+    assert status == 1 and "does not compile" in err
+    status, _, err = run([*args, "--json-schema", str(tmp_path / "missing.json")], capsys)
+    assert status == 1 and "--json-schema" in err and "cannot read it" in err
+
+
 def test_generate_streams_text_then_statistics(
     model_args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

@@ -13,6 +13,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.errors import ConfigError
+from quickdraft.grammar import GrammarKind, GrammarSpec
 
 if TYPE_CHECKING:
     from quickdraft.api import PolicySetup
@@ -72,6 +73,11 @@ def add_command(commands: Any) -> None:
     generate.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest (0 = off)")
     generate.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (reproducible runs)")
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    constraint = generate.add_mutually_exclusive_group()
+    constraint.add_argument("--json-object", action="store_true", help="the answer is a JSON object (structured)")
+    constraint.add_argument("--json-schema", metavar="FILE", help="the answer follows the JSON schema in FILE")
+    constraint.add_argument("--regex", metavar="REGEX", help="the answer matches REGEX")
+    constraint.add_argument("--grammar", metavar="FILE", help="the answer follows the EBNF grammar in FILE")
     generate.add_argument("--prompt-lookup-max-ngram", type=int, default=3, metavar="N", help="default 3")
     generate.add_argument("--prompt-lookup-min-ngram", type=int, default=1, metavar="N", help="default 1")
     generate.add_argument(
@@ -103,6 +109,7 @@ def run(args: argparse.Namespace) -> None:
         stop=tuple(args.stop),
         policy=args.policy,
         max_draft_tokens=args.max_draft_tokens,
+        grammar=grammar_of(args),
     )
     options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram, args.hybrid_min_ngram)
     prompt = read_prompt(args)
@@ -112,7 +119,7 @@ def run(args: argparse.Namespace) -> None:
     )
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
-    prediction_ids = pipeline.encode(read_prediction(args.prediction)) if args.prediction else []
+    prediction_ids = pipeline.encode(read_text("--prediction", args.prediction)) if args.prediction else []
     drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
     pipeline.engine.check_request(Request(tuple(prompt_ids), config, drafter, prediction_ids=tuple(prediction_ids)))
     setup = pipeline.setup_policy(
@@ -169,11 +176,22 @@ def run(args: argparse.Namespace) -> None:
         print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
 
 
-def read_prediction(path: str) -> str:
+def read_text(flag: str, path: str) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"--prediction {path}: cannot read it as text ({error})") from None
+        raise ConfigError(f"{flag} {path}: cannot read it as text ({error})") from None
+
+
+def grammar_of(args: argparse.Namespace) -> GrammarSpec | None:
+    """The structured-output flag given, if any (they exclude each other)."""
+    if args.json_object:
+        return GrammarSpec(GrammarKind.JSON)
+    if args.json_schema:
+        return GrammarSpec(GrammarKind.JSON_SCHEMA, read_text("--json-schema", args.json_schema))
+    if args.regex is not None:
+        return GrammarSpec(GrammarKind.REGEX, args.regex)
+    return GrammarSpec(GrammarKind.EBNF, read_text("--grammar", args.grammar)) if args.grammar else None
 
 
 def describe(setup: PolicySetup, config: GenerationConfig) -> str:

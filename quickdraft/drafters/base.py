@@ -128,8 +128,9 @@ class Drafter(ABC):
 
     def expect(self, state: DraftState, prediction: Sequence[int]) -> None:
         """The request's predicted output (OpenAI's Predicted Outputs) as token ids: a drafter that copies
-        (:attr:`offers_copies`) drafts from it where the answer follows it. Others cannot use one."""
-        raise ConfigError("a predicted output needs a drafter that copies (hybrid or hybrid-eagle)")
+        (:attr:`offers_copies`) drafts from it where the answer follows it. Only those get one: the engine
+        refuses a prediction for any other (``Engine.check_request``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take a predicted output")
 
     def finish(self, state: DraftState) -> None:  # noqa: B027 - optional hook
         """The request ended: release or keep (for a later request) what its state holds."""

@@ -139,7 +139,7 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
                 logprobs = None
                 if isinstance(event, TokenDelta) and event.logprobs:
                     logprobs = logprobs_body(api, event.logprobs, token_text, offset)
-                    offset += sum(len(token_text(entry.token_id)) for entry in event.logprobs)
+                    offset += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
                 if isinstance(event, TokenDelta) and (event.text or api.return_token_ids or logprobs):
                     yield sse(chunk_body(api, response_id, model, event.text, event.token_ids, logprobs=logprobs))
                 elif isinstance(event, RequestFinished):

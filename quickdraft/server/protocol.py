@@ -15,6 +15,7 @@ Other fields are ignored. A bad value raises :class:`ApiError` with the status a
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -170,11 +171,8 @@ def _grammar(body: Mapping[str, Any]) -> GrammarSpec | None:
     """The grammar the output must follow: ``response_format`` (``json_object``, ``json_schema`` with its
     ``schema``; ``text``: none) or quickdraft's ``regex`` or ``grammar`` (xgrammar's EBNF), at most one of them."""
     response_format = body.get("response_format") or {"type": "text"}
-    if not isinstance(response_format, Mapping) or response_format.get("type") not in (
-        "text",
-        "json_object",
-        "json_schema",
-    ):
+    kinds = ("text", "json_object", "json_schema")
+    if not isinstance(response_format, Mapping) or response_format.get("type") not in kinds:
         raise ApiError(400, "response_format.type must be text, json_object or json_schema", "response_format")
     specs = []
     if response_format["type"] == "json_object":
@@ -284,7 +282,7 @@ def logprobs_body(
                 for token, entry, top in zip(tokens, logprobs, tops, strict=True)
             ]
         }
-    offsets = [offset + sum(len(token) for token in tokens[:i]) for i in range(len(tokens))]
+    offsets = list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=offset)) if tokens else []
     return {
         "tokens": tokens,
         "token_logprobs": [entry.logprob for entry in logprobs],

@@ -1,11 +1,14 @@
-"""Structured output: a request's tokens constrained to a grammar (JSON, a JSON schema, a regex or an EBNF grammar)
-with xgrammar, the engine whose per-token mask cost measured lowest on our CPUs (``tools/grammar_mask_cost.py``).
+"""Structured output: a request's tokens constrained to a grammar (JSON, a JSON schema, a regex or an EBNF
+grammar) with xgrammar, the engine whose per-token mask cost measured lowest on our CPUs
+(``tools/grammar_mask_cost.py``).
 
 Under speculation the rule is plain constrained decoding's: at every position the target's distribution is masked
-to the tokens the grammar allows after the tokens before it, then verified as usual. :meth:`Constraint.masks`
-walks a step's drafts through the grammar, giving one mask per verified position and how many drafts the grammar
-allows at all (the others cannot be accepted and are not verified), then returns to where the answer stands. So
-greedy output is constrained plain decoding's token for token, and sampled output has its distribution.
+to the tokens the grammar allows after the tokens before it, then verified as usual. :meth:`Constraint.masks` walks
+a step's drafts through the grammar, giving one mask per verified position and how many drafts the grammar allows
+at all (the others cannot be accepted and are not verified), then returns to where the answer stands. A draft model
+drafts from its distribution masked the same way (:meth:`Constraint.draft_mask`), so its drafts are allowed and
+verification's ratios use what it drew from; copies are cut at the first token the grammar forbids. So greedy
+output is constrained plain decoding's token for token, and sampled output has its distribution.
 """
 
 from __future__ import annotations
@@ -88,6 +91,30 @@ class Constraint:
         self._xgr = xgr
         self._matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
+        self._drafted = 0  # drafts taken by draft_mask/take_draft since the committed place
+
+    def draft_mask(self) -> torch.Tensor | None:
+        """``allowed [V] bool`` after the committed answer and the drafts taken so far; None once the grammar is
+        complete (nothing after its end is ever committed)."""
+        if self._matcher.is_terminated():
+            return None
+        bitmask = self._xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, ⌈V/32⌉] int32
+        self._matcher.fill_next_token_bitmask(bitmask, 0)
+        allowed = torch.zeros(1, self.vocab_size)  # [1, V]
+        self._xgr.apply_token_bitmask_inplace(allowed, bitmask, vocab_size=self.vocab_size)
+        return allowed[0] == 0
+
+    def take_draft(self, token: int) -> None:
+        """Move past a draft chosen under :meth:`draft_mask`, until :meth:`drop_drafts`."""
+        if not self._matcher.accept_token(int(token)):
+            raise RuntimeError(f"draft {token} was chosen against the grammar")
+        self._drafted += 1
+
+    def drop_drafts(self) -> None:
+        """Back to the committed place, before the drafts are verified."""
+        if self._drafted:
+            self._matcher.rollback(self._drafted)
+            self._drafted = 0
 
     def masks(self, drafts: Sequence[int]) -> tuple[torch.Tensor, int]:
         """``(allowed [n + 1, V] bool, n)``: n is how many of ``drafts`` the grammar accepts in a row from here, and

@@ -68,3 +68,49 @@ def test_bad_grammars_are_clear_errors(native: Pipeline) -> None:
         native.generate([1, 2], GenerationConfig(4, grammar=GrammarSpec(GrammarKind.REGEX, "(w1")), drafter="none")
     with pytest.raises(ConfigError, match="end-of-sequence"):
         GrammarCompiler(native.tokenizer, native.target.vocab_size, frozenset())
+
+
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "seeded"]
+)
+def test_a_draft_model_drafts_only_what_the_grammar_allows(native: Pipeline, sampling: SamplingParams) -> None:
+    """Its distribution is masked at each draft position: every draft is allowed, the recorded distributions put no
+    mass elsewhere, and the grammar's place is where the committed answer left it."""
+    import torch
+    from conftest import draft_task
+
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+
+    compiler = GrammarCompiler(native.tokenizer, native.target.vocab_size, native.eos_token_ids)
+    constraint = compiler.constraint(GrammarSpec(GrammarKind.REGEX, "w5w9(w1|w2)+"))
+    constraint.accept([5])
+    drafter = DraftModelDrafter(native.draft, native.target.vocab_size)  # type: ignore[arg-type]
+    context = [3, 1, 4, 1, 5]
+    state = drafter.start(context, target_cache=None)  # type: ignore[arg-type]
+    task = dataclasses.replace(
+        draft_task(state, context, 6, sampling, torch.Generator().manual_seed(0)), constraint=constraint
+    )
+    (proposal,) = drafter.propose([task])
+    drafts = proposal.token_ids[0].tolist()
+    allowed, valid = constraint.masks(drafts)  # from the committed place: the drafts did not move it
+    assert drafts[0] == 9 and valid == len(drafts) >= 2, drafts  # up to 6, or its end-of-sequence
+    assert proposal.probs is not None
+    for i, token in enumerate(drafts):
+        assert proposal.probs[0, i, ~allowed[i]].sum() == 0 and proposal.probs[0, i, token] > 0
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(1, len(drafts)))
+
+
+def test_the_draft_masks_follow_the_drafts_taken_and_drop_back(native: Pipeline) -> None:
+    compiler = GrammarCompiler(native.tokenizer, native.target.vocab_size, native.eos_token_ids)
+    constraint = compiler.constraint(GrammarSpec(GrammarKind.REGEX, "w5w9"))
+    mask = constraint.draft_mask()
+    assert mask is not None and mask.nonzero().flatten().tolist() == [5]
+    constraint.take_draft(5)
+    assert constraint.draft_mask().nonzero().flatten().tolist() == [9]  # type: ignore[union-attr]
+    constraint.take_draft(9)
+    constraint.take_draft(EOS)
+    assert constraint.draft_mask() is None  # complete: nothing after the end
+    with pytest.raises(RuntimeError, match="against the grammar"):
+        constraint.take_draft(5)
+    constraint.drop_drafts()
+    assert constraint.draft_mask().nonzero().flatten().tolist() == [5]  # type: ignore[union-attr]

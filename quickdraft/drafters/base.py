@@ -20,6 +20,7 @@ import torch
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
+from quickdraft.grammar import Constraint
 from quickdraft.policies import KeepDrafting, PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.sampling import SamplingParams
@@ -65,6 +66,7 @@ class DraftTask:
     generator: torch.Generator  # unseeded sampling draws from it; seeded sampling from position noise
     keep_drafting: KeepDrafting  # the request's policy, after each drafted token: False stops this request's drafting
     copies: bool = True  # a drafter that offers copies proposes them (False: the policy chose its model's drafts)
+    constraint: Constraint | None = None  # the request's grammar: a draft model drafts only what it allows
 
 
 @dataclass(frozen=True)

@@ -122,15 +122,20 @@ class DraftModelDrafter(Drafter):
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
         rows = [self._row(task, max_read_tokens) for task in tasks]
         feeding = [row for row in rows if row.feed]
-        while feeding:  # one batched forward per draft position
-            batch = [BatchRow(row.conversation.cache, row.feed, last_only=True) for row in feeding]
-            logits, hidden = self._forward(batch)  # per row [1, V_draft], [1, H] or None
-            still_drafting = []
-            for i, row in enumerate(feeding):
-                row.conversation.cached_ids.extend(row.feed)
-                if row.num_tokens > 0 and self._draft_one(row, logits[i], None if hidden is None else hidden[i]):
-                    still_drafting.append(row)
-            feeding = still_drafting
+        try:
+            while feeding:  # one batched forward per draft position
+                batch = [BatchRow(row.conversation.cache, row.feed, last_only=True) for row in feeding]
+                logits, hidden = self._forward(batch)  # per row [1, V_draft], [1, H] or None
+                still_drafting = []
+                for i, row in enumerate(feeding):
+                    row.conversation.cached_ids.extend(row.feed)
+                    if row.num_tokens > 0 and self._draft_one(row, logits[i], None if hidden is None else hidden[i]):
+                        still_drafting.append(row)
+                feeding = still_drafting
+        finally:
+            for row in rows:
+                if row.task.constraint is not None:
+                    row.task.constraint.drop_drafts()
         return [row.proposal() for row in rows]
 
     def _row(self, task: DraftTask, max_read_tokens: int | None) -> DraftingRow:
@@ -154,14 +159,31 @@ class DraftModelDrafter(Drafter):
     def _draft_one(self, row: DraftingRow, logits: torch.Tensor, hidden: torch.Tensor | None) -> bool:
         """Choose the row's next draft from the draft model's ``[1, V_draft]`` logits; True to draft another."""
         task = row.task
+        if task.constraint is not None:  # drafts from its distribution under the grammar
+            allowed = task.constraint.draft_mask()  # [V] bool, None: the grammar is complete
+            logits = logits.masked_fill(~fit_mask(allowed, logits.shape[-1]), float("-inf"))  # [1, V_draft]
+            if not torch.isfinite(logits).any():  # nothing it allows can be drafted
+                row.feed = []
+                return False
         probs = to_vocab(logits_to_probs(logits, task.sampling), self.target_vocab_size)  # [1, V]
         position = len(task.context) + len(row.token_ids)
         token = int(choose_tokens(probs, task.sampling, task.generator, position)[0])
+        if task.constraint is not None:
+            task.constraint.take_draft(token)
         row.token_ids.append(token)
         row.probs.append(probs)
         row.feed = [token]
         keep_drafting = task.keep_drafting(DraftStep(logits, hidden, len(row.token_ids)))
         return keep_drafting and len(row.token_ids) < row.num_tokens
+
+
+def fit_mask(allowed: torch.Tensor | None, width: int) -> torch.Tensor:
+    """The target's ``allowed [V]`` at the draft's logits width (ids beyond the target's are never allowed)."""
+    if allowed is None:
+        return torch.zeros(width, dtype=torch.bool)
+    if allowed.shape[-1] >= width:
+        return allowed[:width]
+    return torch.nn.functional.pad(allowed, (0, width - allowed.shape[-1]), value=False)
 
 
 def to_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:

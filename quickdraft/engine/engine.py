@@ -286,8 +286,8 @@ class Engine:
                     state.request.config.sampling,
                     state.generator,
                     state.policy.keep_drafting,
-                    copies=state in plan.copying,
-                )
+                    copies=state in plan.copying, constraint=state.constraint,
+                )  # fmt: skip
                 tasks.setdefault(state.request.drafter, []).append((state, task))
         max_read_tokens = None if plan.alone else self.scheduler.settings.prefill_tokens_per_step
         for drafter, pairs in tasks.items():

@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import shutil
 import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Mapping
@@ -29,14 +25,13 @@ from typing import Any
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.base import GREEDY, Method, TurnResult
-from quickdraft.bench.peers import require_module, run_quietly, settings_key
+from quickdraft.bench.llama_tools import LLAMA_CPP_PYTHON, NO_AMX, SPECULATIVE_TOOL, check_tool, llama_tool
+from quickdraft.bench.peers import require_module
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
-from quickdraft.models.catalog import cache_root, file_sha256
+from quickdraft.models.catalog import file_sha256
 from quickdraft.models.convert import MARKER
-from quickdraft.runtime.native.kernels import NO_AMX_FLAGS
 from quickdraft.sampling import SamplingParams
 
-LLAMA_CPP_PYTHON = "0.3.36"  # the version of the `peers` extra (llama.cpp is vendored in its sdist)
 INSTALL = f"pip install 'quickdraft[peers]' (llama-cpp-python=={LLAMA_CPP_PYTHON}, compiled from source)"
 PROMPT_LOOKUP = {"max_ngram_size": 2, "num_pred_tokens": 10}  # the binding's defaults (hf-prompt-lookup: 10 too)
 CONTEXT_STEP = 1024  # the context grows in these steps when a prompt needs more (a new context, outside timing)
@@ -47,7 +42,6 @@ TOKENIZER_CHECK = "Write a Python function `fib(n)` returning the n-th Fibonacci
 
 # ggml's AMX backend crashes in ggml_backend_amx_mul_mat on the first decode of our Q4_K_M files (llama.cpp
 # issue #20824): builds on AMX machines leave it out, as GGML_NATIVE (-march=native) would enable it.
-NO_AMX = " ".join(NO_AMX_FLAGS)
 REINSTALL_WITHOUT_AMX = (  # --no-deps: forcing the whole extra would reinstall torch and the rest as well
     f"CMAKE_ARGS=\"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'\" "
     f"pip install --force-reinstall --no-deps --no-cache-dir 'llama-cpp-python=={LLAMA_CPP_PYTHON}'"
@@ -249,65 +243,7 @@ def prompt_reader(gguf: Path, threads: int, n_ctx: int) -> Any:
 
 # --- llama.cpp's draft-model speculation: its llama-speculative-simple tool -----------------------------
 
-SPECULATIVE_TOOL = "llama-speculative-simple"
 DRAFT_TOKENS = 3  # llama.cpp's default --spec-draft-n-max (and p_min 0: no confidence cut-off)
-CMAKE_OPTIONS = (  # only what the tool needs: static libraries, CPU, -march=native without AMX, no network
-    "-DCMAKE_BUILD_TYPE=Release",
-    f"-DCMAKE_C_FLAGS={NO_AMX}",
-    f"-DCMAKE_CXX_FLAGS={NO_AMX}",
-    "-DBUILD_SHARED_LIBS=OFF",
-    "-DGGML_NATIVE=ON",
-    "-DLLAMA_BUILD_EXAMPLES=ON",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_TOOLS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
-    "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-)
-
-
-def tool_dir() -> Path:
-    """The build's cache, keyed by the version and the CMake options (an older build with AMX is not reused)."""
-    return cache_root() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-{settings_key(*CMAKE_OPTIONS)}"
-
-
-def speculative_tool(progress: bool = True) -> Path:
-    """llama.cpp's ``llama-speculative-simple``, compiled once from the llama.cpp that the pinned
-    llama-cpp-python sdist vendors (fetched with pip) into ``$QUICKDRAFT_CACHE/llama.cpp/VERSION-OPTIONS/``."""
-    binary = tool_dir() / "bin" / SPECULATIVE_TOOL
-    if binary.is_file():
-        return binary
-    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
-    if missing:
-        raise ConfigError(f"building llama.cpp's {SPECULATIVE_TOOL} needs {' and '.join(missing)}, not found")
-    started = time.perf_counter()
-    if progress:
-        print(f"building llama.cpp's {SPECULATIVE_TOOL} once into {binary.parent} (many minutes) ...",
-              file=sys.stderr, flush=True)  # fmt: skip
-    what = f"building llama.cpp's {SPECULATIVE_TOOL}"
-    tool_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
-        work = Path(scratch)
-        run_quietly(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], what
-        )  # fmt: skip
-        (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
-        with tarfile.open(sdist) as archive:
-            members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
-            archive.extractall(work, members=members, filter="data")
-        (source,) = work.glob("llama_cpp_python-*/vendor/llama.cpp")
-        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        run_quietly(["cmake", "-S", str(source), "-B", str(work / "build"), *generator, *CMAKE_OPTIONS], what)
-        jobs = str(len(os.sched_getaffinity(0)))
-        run_quietly(["cmake", "--build", str(work / "build"), "--target", SPECULATIVE_TOOL, "-j", jobs], what)
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        building = binary.with_suffix(".building")
-        shutil.copy2(work / "build" / "bin" / SPECULATIVE_TOOL, building)
-        building.replace(binary)
-    if progress:
-        print(f"built {SPECULATIVE_TOOL} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-    return binary
 
 
 TIMINGS = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
@@ -338,9 +274,7 @@ class LlamaCppDraftMethod(Method):
         self._command: list[str] = []
 
     def check(self) -> None:
-        missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
-        if missing and not (tool_dir() / "bin" / SPECULATIVE_TOOL).is_file():
-            raise ConfigError(f"method {self.name!r} builds llama.cpp's {SPECULATIVE_TOOL} once: it needs {missing}")
+        check_tool(SPECULATIVE_TOOL, f"method {self.name!r}")
 
     def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
         import torch
@@ -348,7 +282,7 @@ class LlamaCppDraftMethod(Method):
         target, draft = verified_gguf(pipeline.target_path), verified_gguf(pipeline.draft_path, "draft")
         threads = str(torch.get_num_threads())
         self._command = [
-            str(speculative_tool()), "-m", str(target), "-md", str(draft),
+            str(llama_tool(SPECULATIVE_TOOL)), "-m", str(target), "-md", str(draft),
             "--spec-type", "draft-simple",  # in this version -md alone does not speculate
             "--spec-draft-n-max", str(self.draft_tokens),
             "-t", threads, "-tb", threads, "-td", threads, "-tbd", threads,

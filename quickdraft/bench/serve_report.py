@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ def rate_label(rate: str) -> str:
 
 def families(configs: list[ServedConfig]) -> dict[str, dict[str, str]]:
     """Per drafter, the names of its fixed-γ and goodput configurations, and plain decoding's (``none``)."""
+    configs = [config for config in configs if not config.is_peer]
     plain = next((c.name for c in configs if c.drafter == "none"), None)
     found: dict[str, dict[str, str]] = {}
     for config in configs:
@@ -67,6 +69,48 @@ def claims(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def against_peers(results: dict[str, Any]) -> list[str]:
+    """quickdraft's default (its first hybrid+goodput configuration, else its first goodput one) against the best
+    llama-server configuration at each rate: mean end-to-end latency, and throughput."""
+    configs = [ServedConfig(**config) for config in results["settings"]["configs"]]
+    goodput = [c for c in configs if not c.is_peer and c.policy == "goodput"]
+    ours = next((c for c in goodput if c.drafter == "hybrid"), goodput[0] if goodput else None)
+    peers = [c.name for c in configs if c.is_peer]
+    if ours is None or not peers:
+        return []
+    runs = {(run["config"], run["rate"]): run["summary"] for run in results["runs"]}
+    lines = [
+        f"quickdraft's `{ours.name}` against the best llama-server configuration at each rate (of {', '.join(peers)}).",
+        "",
+        "| rate | quickdraft mean e2e | best llama-server mean e2e | latency ÷ | quickdraft tok/s | "
+        "best llama-server tok/s | throughput × |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ratios: dict[str, tuple[float, float]] = {}  # rate: (latency ÷, throughput ×)
+    for rate in results["settings"]["rates"]:
+        mine = runs.get((ours.name, rate))
+        theirs = {name: runs[(name, rate)] for name in peers if (name, rate) in runs}
+        if mine is None or not theirs or mine["e2e_s"]["mean"] is None:
+            continue
+        fastest = min(theirs, key=lambda name: theirs[name]["e2e_s"]["mean"] or math.inf)
+        busiest = max(theirs, key=lambda name: theirs[name]["throughput_tok_s"] or 0.0)
+        ratios[rate] = (
+            mine["e2e_s"]["mean"] / (theirs[fastest]["e2e_s"]["mean"] or math.nan),
+            (mine["throughput_tok_s"] or 0.0) / (theirs[busiest]["throughput_tok_s"] or math.nan),
+        )
+        lines.append(
+            f"| {rate_label(rate)} | {fmt(mine['e2e_s']['mean'])} s | {fmt(theirs[fastest]['e2e_s']['mean'])} s "
+            f"(`{fastest}`) | {ratios[rate][0]:.2f} | {fmt(mine['throughput_tok_s'], 1)} | "
+            f"{fmt(theirs[busiest]['throughput_tok_s'], 1)} (`{busiest}`) | {ratios[rate][1]:.2f} |"
+        )
+    if ratios:
+        top = max(ratios, key=parse_rate)
+        faster = all(latency < 1 for latency, _ in ratios.values())
+        lines += ["", f"Lower mean latency at every rate: {'yes' if faster else 'NO'}; higher throughput at "
+                  f"saturation ({rate_label(top)}): {'yes' if ratios[top][1] > 1 else 'NO'}."]  # fmt: skip
+    return lines
+
+
 def fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -104,6 +148,10 @@ def write_report(out: Path, results: dict[str, Any]) -> bool:
             f"{fmt(s['throughput_tok_s'], 1)} | {' | '.join(quantiles)} | {lossless} |"
         )
     lines += ["", "## SmartSpec's claims, measured here", "", *claims(results)]
+    if peer_lines := against_peers(results):
+        lines += ["", "## quickdraft against llama.cpp's server", "", *peer_lines]
+        lines += ["", "llama-server's command lines:", ""]
+        lines += [f"- `{name}`: `{command}`" for name, command in settings.get("peer_servers", {}).items()]
     if (alone := results.get("single_request")) is not None and "seq" in settings["rates"]:
         runs = {run["config"]: run["summary"] for run in results["runs"] if run["rate"] == "seq"}
         lines += ["", "## One user: the server against the single-request engine", ""]

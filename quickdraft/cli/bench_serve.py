@@ -7,7 +7,6 @@ import asyncio
 import json
 import math
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.base import run_sampling
+from quickdraft.bench.llama_server import free_port, gguf_files, server_command
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
 from quickdraft.bench.serve_report import write_report
@@ -24,18 +24,21 @@ from quickdraft.errors import ConfigError
 
 DEFAULT_CONFIGS = (
     "plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput,"
-    "fixed-dm=draft-model+fixed:3,goodput-dm=draft-model+goodput"
+    "fixed-dm=draft-model+fixed:3,goodput-dm=draft-model+goodput,"
+    "llama=llama-server,llama-draft=llama-server:draft,llama-cache=llama-server:cache"
 )
 BENCH_SERVE_DOC = """\
-Load-test an OpenAI-compatible quickdraft server with the official openai client (AsyncOpenAI): Spec-Bench
-prompts (first turns, chat, greedy unless --temperature, streamed) sent at each --rates (seq: one user at a time;
-a number: Poisson arrivals, requests per second; inf: all at once) under each --configs (NAME=DRAFTER[+POLICY],
-sent per request in extra_body). Reports throughput, TTFT, time per output token and end-to-end latency (mean,
-p50, p90, p99), checks every response against single-request plain decoding (greedy or seeded), and ends with a
-run in which a fraction of the clients disconnect mid-stream (is every other request served, and does the
-server's memory return to idle?).
-Starts `quickdraft serve` on a free loopback port unless --url is given. Writes results.json, report.md and
-latency.png to --out."""
+Load-test an OpenAI-compatible quickdraft server with the official openai client (AsyncOpenAI): Spec-Bench prompts
+(first turns, chat, greedy unless --temperature, streamed) sent at each --rates (seq: one user at a time; a number:
+Poisson arrivals, requests per second; inf: all at once) under each --configs (NAME=DRAFTER[+POLICY], sent per
+request in extra_body; or NAME=llama-server[:draft][:cache]: llama.cpp's own server on the same GGUF, started here,
+plain or with its draft-model speculation, prompt cache off or on). Reports throughput, TTFT, time per output token
+and end-to-end latency (mean, p50, p90, p99), checks every response against single-request plain decoding (greedy
+or seeded), and ends with a run in which a fraction of the clients disconnect mid-stream (is every other request
+served, and does the server's memory return to idle?). Starts `quickdraft serve` on a free loopback port unless
+--url is given, and a llama-server per llama-server configuration (built once from the vendored llama.cpp of
+llama-cpp-python, about half an hour on two cores), with as many slots as requests per run. The report puts quickdraft's
+hybrid+goodput beside the best llama-server at every rate. Writes results.json, report.md and latency.png to --out."""
 
 
 def add_command(commands: Any) -> None:
@@ -99,41 +102,82 @@ def run(args: argparse.Namespace) -> None:
         args.no_reference = True  # unseeded samples have nothing to equal
     check_output_dir(out)
     prompts = spec_bench_prompts(args.questions, args.num_prompts, args.question_seed)
-    references = None if args.no_reference else reference_outputs(args, prompts, out / "references.json")
-    alone = single_request_runs(args, prompts, configs) if args.single_request else None
-    server, url = (None, args.url.rstrip("/")) if args.url else start_server(args, out / "server.log")
-    settings = {
-        "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates, "seed": args.question_seed,
-        "temperature": args.temperature, "sampling_seed": args.seed,
-        "configs": [vars(config) for config in configs], "server": " ".join(server.args[3:]) if server else url,
-    }  # fmt: skip
-    results: dict[str, Any] = {"settings": settings, "runs": []}
-    if alone is not None:
-        results["single_request"] = alone
+    ours = [config for config in configs if not config.is_peer]
+    references = None if args.no_reference or not ours else reference_outputs(args, prompts, out / "references.json")
+    alone = single_request_runs(args, prompts, ours) if args.single_request and ours else None
+    servers: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
-        plotted = asyncio.run(drive(args, url, prompts, configs, rates, references, results, out))
+        urls, described = start_servers(args, configs, len(prompts), out, servers)
+        settings = {
+            "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates, "seed": args.question_seed,
+            "temperature": args.temperature, "sampling_seed": args.seed,
+            "configs": [vars(config) for config in configs], "server": described.pop("quickdraft", "–"),
+            "peer_servers": described,
+        }  # fmt: skip
+        results: dict[str, Any] = {"settings": settings, "runs": []}
+        if alone is not None:
+            results["single_request"] = alone
+        plotted = asyncio.run(drive(args, urls, prompts, configs, rates, references, results, out))
     finally:
-        if server is not None:
-            stop_server(server, out / "server.log")
+        for server, log in servers:
+            stop_server(server, log)
     print(f"wrote {out}/results.json, report.md{', latency.png' if plotted else ''}", file=sys.stderr)
 
 
+def start_servers(
+    args: argparse.Namespace, configs: list[ServedConfig], slots: int, out: Path,
+    servers: list[tuple[subprocess.Popen[bytes], Path]],
+) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """Every server the configurations need, healthy (appended to ``servers`` as they start): each
+    configuration's URL, and each server's command line (quickdraft's under "quickdraft")."""
+    urls: dict[str, str] = {}
+    described: dict[str, str] = {}
+    if any(not config.is_peer for config in configs):
+        if args.url:
+            url = args.url.rstrip("/")
+            described["quickdraft"] = url
+        else:
+            command = quickdraft_command(args, port := free_port())
+            servers.append((start_process(command, out / "server.log"), out / "server.log"))
+            url = wait_healthy(servers[-1][0], port, out / "server.log")
+            described["quickdraft"] = " ".join(command[3:])
+        urls |= {config.name: url for config in configs if not config.is_peer}
+    peers = [config for config in configs if config.is_peer]
+    if peers:
+        import torch
+
+        draft = draft_for(args, ["draft-model"]) if any(c.drafter != "none" for c in peers) else None
+        target_gguf, draft_gguf = gguf_files(args.target, draft)
+        for config in peers:
+            log = out / f"{config.name}.log"
+            command = server_command(config, target_gguf, draft_gguf, slots, torch.get_num_threads(), free_port())
+            servers.append((start_process(command, log), log))
+            urls[config.name] = wait_healthy(servers[-1][0], int(command[command.index("--port") + 1]), log)
+            described[config.name] = " ".join([Path(command[0]).name, *command[1:]])
+    return urls, described
+
+
 async def drive(
-    args: argparse.Namespace, url: str, prompts: list[Prompt], configs: list[ServedConfig], rates: list[str],
-    references: dict[str, list[int]] | None, results: dict[str, Any], out: Path,
+    args: argparse.Namespace, urls: dict[str, str], prompts: list[Prompt], configs: list[ServedConfig],
+    rates: list[str], references: dict[str, list[int]] | None, results: dict[str, Any], out: Path,
 ) -> bool:  # fmt: skip
-    """Every run, with one client; results are saved after each. True if the plot was written."""
+    """Every run, with one client per server; results are saved after each. True if the plot was written."""
     import openai
 
-    async with openai.AsyncOpenAI(
-        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout
-    ) as client:
-        model = await warm_up(client, configs, prompts[0])
+    clients = {
+        url: openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
+        for url in set(urls.values())
+    }
+    try:
+        models = {}
+        for config in configs:
+            client = clients[urls[config.name]]
+            models[config.name] = await warm_up(client, config, prompts[0])
         for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
             for config in configs:
                 records, wall_s = await run_load(
-                    client,
-                    model,
+                    clients[urls[config.name]],
+                    models[config.name],
                     prompts,
                     config,
                     parse_rate(rate),
@@ -142,15 +186,22 @@ async def drive(
                     args.timeout,
                     sampling=args.sampling,
                 )
-                summary = summarize_run(records, wall_s, references)
+                summary = summarize_run(records, wall_s, None if config.is_peer else references)
                 results["runs"].append({"config": config.name, "rate": rate, "summary": summary,
                                         "records": [record_json(record) for record in records]})  # fmt: skip
                 mean_s, lossless = summary["e2e_s"]["mean"] or math.nan, summary.get("lossless", "–")
                 print(f"{config.name} @ {rate}: {summary['throughput_tok_s']:.1f} tok/s, mean e2e {mean_s:.2f} s, "
                       f"lossless {lossless}", file=sys.stderr)  # fmt: skip
                 save(out, results)
-        if args.disconnect_fraction > 0:
-            results["disconnects"] = await disconnect_run(args, client, model, url, prompts, configs, rates, references)
+        ours = [config for config in configs if not config.is_peer]
+        if args.disconnect_fraction > 0 and ours:
+            url = urls[ours[0].name]
+            results["disconnects"] = await disconnect_run(
+                args, clients[url], models[ours[0].name], url, prompts, ours, rates, references
+            )
+    finally:
+        for client in clients.values():
+            await client.close()
     return save(out, results)
 
 
@@ -213,13 +264,8 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
     return runs
 
 
-def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``quickdraft serve`` on a free loopback port with the serving arguments; waits until it is healthy."""
-    import httpx
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def quickdraft_command(args: argparse.Namespace, port: int) -> list[str]:
+    """``quickdraft serve`` on loopback ``port`` with the serving arguments."""
     command = [sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--target", args.target, "--runtime", args.runtime, "--drafter", args.drafter]
     command += ["--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting)]
@@ -230,19 +276,28 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
     command += ["--draft-weights", args.draft_weights] if args.draft_weights else []
     command += ["--draft-vocabulary", str(args.draft_vocabulary)] if args.draft_vocabulary is not None else []
     command += ["--draft-head", args.draft_head] if args.draft_head else []
+    return command
+
+
+def start_process(command: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as log_file:
-        server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def wait_healthy(server: subprocess.Popen[bytes], port: int, log: Path) -> str:
+    """The server's URL once its ``/health`` answers 200 (both servers answer 503 while loading)."""
+    import httpx
+
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 1200
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise ConfigError(f"the server exited with status {server.returncode}; see {log}")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return server, url
+                return url
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    server.terminate()
     raise ConfigError(f"the server did not become healthy in 20 minutes; see {log}")
 
 
@@ -260,14 +315,13 @@ def stop_server(server: subprocess.Popen[bytes], log: Path) -> None:
         print(f"quickdraft: the server exited with status {status} on SIGTERM; see {log}", file=sys.stderr)
 
 
-async def warm_up(client: Any, configs: list[ServedConfig], prompt: Prompt) -> str:
-    """One short untimed request per configuration (first calls pay one-off costs); the served model's name."""
+async def warm_up(client: Any, config: ServedConfig, prompt: Prompt) -> str:
+    """One short untimed request (first calls pay one-off costs); the served model's name."""
     model = (await client.models.list()).data[0].id
-    for config in configs:
-        await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": prompt.text}], max_tokens=8, temperature=0,
-            extra_body=config.extra_body(),
-        )  # fmt: skip
+    await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt.text}], max_tokens=8, temperature=0,
+        extra_body=config.extra_body(),
+    )  # fmt: skip
     return model
 
 

@@ -131,15 +131,19 @@ def test_llama_cpp_built_with_amx_says_how_to_rebuild_before_loading_models(
     make_method("llama-cpp").check()  # a build without AMX passes
 
 
-def test_llama_speculative_tool_is_built_without_amx_and_cached_by_its_options(monkeypatch) -> None:
-    import quickdraft.bench.llama_cpp as llama_cpp_peer
+def test_llama_tools_are_built_without_amx_offline_and_cached_by_their_options(monkeypatch) -> None:
+    import quickdraft.bench.llama_tools as llama_tools
 
-    flags = [option for option in llama_cpp_peer.CMAKE_OPTIONS if option.startswith("-DCMAKE_C")]
+    flags = [option for option in llama_tools.CMAKE_OPTIONS if option.startswith("-DCMAKE_C")]
     assert flags == [f"-DCMAKE_{lang}_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" for lang in ("C", "CXX")]
-    with_flags = llama_cpp_peer.tool_dir()
-    assert with_flags.name.startswith(f"{llama_cpp_peer.LLAMA_CPP_PYTHON}-")
-    monkeypatch.setattr(llama_cpp_peer, "CMAKE_OPTIONS", llama_cpp_peer.CMAKE_OPTIONS[:1])
-    assert llama_cpp_peer.tool_dir() != with_flags  # an older build (with AMX) is not reused
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in llama_tools.CMAKE_OPTIONS  # nothing is downloaded at build time
+    assert set(llama_tools.TOOLS) == {"llama-speculative-simple", "llama-server"}
+    with_flags = llama_tools.tool_dir()
+    assert with_flags.name.startswith(f"{llama_tools.LLAMA_CPP_PYTHON}-")
+    monkeypatch.setattr(llama_tools, "CMAKE_OPTIONS", llama_tools.CMAKE_OPTIONS[:1])
+    assert llama_tools.tool_dir() != with_flags  # an older build (with AMX) is not reused
+    with pytest.raises(ValueError, match="unknown llama.cpp tool"):
+        llama_tools.llama_tool("llama-cli")
 
 
 def converted_from_gguf(tmp_path: Path, gguf: bytes = b"GGUF fake weights", recorded: str | None = None) -> Path:
@@ -231,7 +235,7 @@ def test_llama_cpp_draft_runs_llamas_speculative_tool(
         (tmp_path / role).mkdir()
     target, draft = converted_from_gguf(tmp_path / "target"), converted_from_gguf(tmp_path / "draft")
     pipeline = dataclasses.replace(pipeline, target_path=target, draft_path=draft)
-    monkeypatch.setattr(llama_cpp_peer, "speculative_tool", lambda: tmp_path / "llama-speculative-simple")
+    monkeypatch.setattr(llama_cpp_peer, "llama_tool", lambda name: tmp_path / name)
     calls = []
 
     def fake_run(command, **kwargs):

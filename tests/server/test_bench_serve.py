@@ -125,3 +125,82 @@ def test_bench_serve_samples_seeded_requests(
     for run in results["runs"]:
         assert run["summary"]["lossless"] == run["summary"]["completed"] == 3
     assert "temperature 0.9, seed 11" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_llama_server_configurations_parse_into_their_own_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quickdraft.bench import llama_server
+
+    plain, draft = ServedConfig.parse("l=llama-server"), ServedConfig.parse("ld=llama-server:draft:cache")
+    assert (plain.is_peer, plain.drafter, plain.prompt_cache) == (True, "none", False)
+    assert (draft.drafter, draft.prompt_cache, draft.policy) == ("draft-model", True, None)
+    assert plain.extra_body() == {"cache_prompt": False}  # none of quickdraft's extras go to llama-server
+    for bad in ("l=llama-server:fast", "l=llama-server:draft:draft"):
+        with pytest.raises(ConfigError, match=r"llama-server\[:draft\]\[:cache\]"):
+            ServedConfig.parse(bad)
+    monkeypatch.setattr(llama_server, "llama_tool", lambda name: Path("/bin") / name)
+    command = llama_server.server_command(plain, Path("t.gguf"), None, slots=12, threads=2, port=8123)
+    assert command[:3] == ["/bin/llama-server", "-m", "t.gguf"]
+    assert command[command.index("--parallel") + 1] == "12" and "--kv-unified" in command
+    assert command[command.index("-c") + 1] == str(12 * llama_server.CONTEXT_PER_SLOT)
+    assert command[command.index("--cache-ram") + 1] == "0" and "-md" not in command  # cache off: not kept
+    command = llama_server.server_command(draft, Path("t.gguf"), Path("d.gguf"), slots=1, threads=2, port=8123)
+    assert command[command.index("-md") + 1] == "d.gguf" and command[command.index("-td") + 1] == "2"
+    assert command[command.index("--spec-type") + 1] == "draft-simple" and "--cache-ram" not in command
+    with pytest.raises(ConfigError, match="draft model"):
+        llama_server.server_command(draft, Path("t.gguf"), None, slots=1, threads=2, port=8123)
+
+
+def test_bench_serve_starts_a_server_per_peer_and_reports_them_side_by_side(
+    native_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """llama-server stands in here as a second quickdraft server (nothing is compiled in tests): it gets its own
+    process, slots for every request of a run, no quickdraft extras, no lossless check, and a column beside ours."""
+    import sys
+
+    import quickdraft.cli.bench_serve as bench_serve
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    started = []
+
+    def stand_in(config, target, draft, slots, threads, port):
+        started.append((config.name, slots, draft))
+        return [sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1", "--port", str(port),
+                "--target", str(native_model_dirs["target"]), "--drafter", "none"]  # fmt: skip
+
+    monkeypatch.setattr(bench_serve, "gguf_files", lambda target, draft: (Path("t.gguf"), draft and Path("d.gguf")))
+    monkeypatch.setattr(bench_serve, "server_command", stand_in)
+    out = tmp_path / "out"
+    args = ["bench-serve", "--questions", str(write_questions(tmp_path, 3)), "--num-prompts", "3"]
+    args += ["--max-tokens", "5", "--rates", "seq,inf", "--disconnect-fraction", "0", "--out", str(out)]
+    args += ["--configs", "goodput=hybrid+goodput,llama=llama-server,llama-draft=llama-server:draft"]
+    args += ["--target", str(native_model_dirs["target"]), "--draft", str(native_model_dirs["draft"])]
+    assert main(args) == 0, capsys.readouterr().err
+    assert started == [("llama", 3, Path("d.gguf")), ("llama-draft", 3, Path("d.gguf"))]
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert set(results["settings"]["peer_servers"]) == {"llama", "llama-draft"}
+    for run in results["runs"]:
+        assert run["summary"]["completed"] == 3 and not run["summary"]["errors"]
+        assert ("lossless" in run["summary"]) == (run["config"] == "goodput")  # llama.cpp's kernels differ
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "## quickdraft against llama.cpp's server" in report and "Lower mean latency at every rate:" in report
+    assert "| 1 user |" in report and "| all at once |" in report
+
+
+def test_the_side_by_side_verdict_takes_the_best_peer_at_each_rate() -> None:
+    from quickdraft.bench.serve_report import against_peers
+
+    def run(config: str, rate: str, latency: float, throughput: float) -> dict:
+        return {"config": config, "rate": rate, "summary": {"e2e_s": {"mean": latency}, "throughput_tok_s": throughput}}
+
+    configs = [ServedConfig.parse(text) for text in ("qd=hybrid+goodput", "a=llama-server", "b=llama-server:draft")]
+    results = {
+        "settings": {"rates": ["seq", "inf"], "configs": [vars(config) for config in configs]},
+        "runs": [run("qd", "seq", 2.0, 30), run("a", "seq", 3.0, 20), run("b", "seq", 2.5, 25),
+                 run("qd", "inf", 9.0, 60), run("a", "inf", 8.0, 40), run("b", "inf", 12.0, 30)],
+    }  # fmt: skip
+    lines = against_peers(results)
+    assert any(line.startswith("| 1 user | 2.00 s | 2.50 s (`b`) | 0.80 |") for line in lines)
+    assert any(
+        line.startswith("| all at once | 9.00 s | 8.00 s (`a`) | 1.12 | 60.0 | 40.0 (`a`) | 1.50 |") for line in lines
+    )
+    assert lines[-1] == "Lower mean latency at every rate: NO; higher throughput at saturation (all at once): yes."

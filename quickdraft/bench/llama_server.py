@@ -1,0 +1,61 @@
+"""llama.cpp's ``llama-server`` as a ``bench-serve`` peer: started by the bench on the same GGUF files.
+
+Each ``NAME=llama-server[:draft][:cache]`` configuration gets its own server on a free loopback port, built
+from the same vendored llama.cpp as ``llama-cpp-draft`` (``llama_tools.py``), with:
+
+- as many slots as the run can have requests in flight (``--parallel``), in one KV pool sized for every slot's
+  longest prompt plus its new tokens (``--kv-unified``);
+- the bench's thread count for the target and the draft;
+- ``:draft``: its draft-model speculation on the draft's GGUF file (``--spec-type draft-simple``, its default
+  3 drafts);
+- the prompt cache off (``--cache-ram 0`` and ``cache_prompt: false`` per request, so no run reuses an earlier
+  run's prompts), or ``:cache``: on, with llama.cpp's defaults.
+
+Its greedy tokens come from llama.cpp's kernels, so they are not compared with quickdraft's reference.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from quickdraft.bench.llama_cpp import verified_gguf
+from quickdraft.bench.llama_tools import SERVER_TOOL, llama_tool
+from quickdraft.bench.serve_load import ServedConfig
+from quickdraft.errors import ConfigError
+from quickdraft.models import resolve_model
+
+CONTEXT_PER_SLOT = 4096  # Spec-Bench's longest first turn in the chat template and 96 new tokens fit
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def gguf_files(target: str, draft: str | None) -> tuple[Path, Path | None]:
+    """The target's (and the draft's) GGUF files, checked against the digests their conversion recorded."""
+    target_gguf = verified_gguf(resolve_model(target, True))
+    return target_gguf, (verified_gguf(resolve_model(draft, True), "draft") if draft is not None else None)
+
+
+def server_command(
+    config: ServedConfig, target: Path, draft: Path | None, slots: int, threads: int, port: int
+) -> list[str]:
+    """The command line of ``config``'s llama-server (the binary is built on first use)."""
+    if not config.is_peer:
+        raise ValueError(f"{config.name} is not a llama-server configuration")
+    if config.drafter != "none" and draft is None:
+        raise ConfigError(f"configuration {config.name!r} speculates with a draft model, but none was given")
+    command = [
+        str(llama_tool(SERVER_TOOL)), "-m", str(target), "--host", "127.0.0.1", "--port", str(port),
+        "--parallel", str(slots), "--kv-unified", "-c", str(slots * CONTEXT_PER_SLOT),
+        "-t", str(threads), "-tb", str(threads), "-ngl", "0", "--no-webui",
+    ]  # fmt: skip
+    if config.drafter != "none":
+        command += ["-md", str(draft), "--spec-type", "draft-simple", "-ngld", "0"]
+        command += ["-td", str(threads), "-tbd", str(threads)]
+    if not config.prompt_cache:
+        command += ["--cache-ram", "0"]
+    return command

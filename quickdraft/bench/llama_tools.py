@@ -71,7 +71,7 @@ def llama_tool(name: str, progress: bool = True) -> Path:
     check_tool(name, f"using {name}")
     started = time.perf_counter()
     if progress:
-        print(f"building llama.cpp's {' and '.join(TOOLS)} once into {binary.parent} (about half an hour on two "
+        print(f"building llama.cpp's {' and '.join(TOOLS)} once into {binary.parent} (about 7 minutes on two "
               "cores) ...", file=sys.stderr, flush=True)  # fmt: skip
     what = f"building llama.cpp's {' and '.join(TOOLS)}"
     tool_dir().mkdir(parents=True, exist_ok=True)

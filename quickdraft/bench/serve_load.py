@@ -27,37 +27,38 @@ from quickdraft.errors import ConfigError
 from quickdraft.sampling import SamplingParams
 
 PEER_SERVER = "llama-server"
-PEER_OPTIONS = ("draft", "cache")
 
 
 @dataclass(frozen=True)
 class ServedConfig:
-    """``NAME=DRAFTER[+POLICY]``: what every request of a run asks quickdraft's server for; or
+    """``NAME=DRAFTER[+POLICY][:cache]``: what every request of a run asks quickdraft's server for; or
     ``NAME=llama-server[:draft][:cache]``: llama.cpp's server, started for this configuration, plain or with its
-    draft-model speculation (``drafter`` is then ``draft-model``), its prompt cache off or on."""
+    draft-model speculation (``drafter`` is then ``draft-model``). ``:cache``: the requests may reuse cached
+    prompts (``cache_prompt``, both servers' name), which earlier runs of the same prompts left."""
 
     name: str
     drafter: str
     policy: str | None = None
     server: str = "quickdraft"  # or PEER_SERVER
-    prompt_cache: bool = False  # llama-server's cache_prompt and --cache-ram (quickdraft: --prefix-cache-mb)
+    prompt_cache: bool = False
 
     @classmethod
     def parse(cls, text: str) -> ServedConfig:
         name, equals, spec = text.partition("=")
+        spec, cached = (spec.removesuffix(":cache"), True) if spec.endswith(":cache") else (spec, False)
         if equals and name and spec.split(":")[0] == PEER_SERVER:
             options = spec.split(":")[1:]
-            if any(option not in PEER_OPTIONS for option in options) or len(set(options)) < len(options):
+            if options not in ([], ["draft"]):
                 raise ConfigError(f"a llama-server configuration is NAME=llama-server[:draft][:cache], got {text!r}")
-            drafter = "draft-model" if "draft" in options else "none"
-            return cls(name, drafter, server=PEER_SERVER, prompt_cache="cache" in options)
+            drafter = "draft-model" if options else "none"
+            return cls(name, drafter, server=PEER_SERVER, prompt_cache=cached)
         drafter, _, policy = spec.partition("+")
         if not equals or not name or not drafter:
             raise ConfigError(
-                f"a configuration is NAME=DRAFTER[+POLICY] (plain=none, fixed=draft-model+fixed:3) or "
+                f"a configuration is NAME=DRAFTER[+POLICY][:cache] (plain=none, fixed=draft-model+fixed:3) or "
                 f"NAME=llama-server[:draft][:cache], got {text!r}"
             )
-        return cls(name, drafter, policy or None)
+        return cls(name, drafter, policy or None, prompt_cache=cached)
 
     @property
     def is_peer(self) -> bool:
@@ -66,7 +67,7 @@ class ServedConfig:
     def extra_body(self) -> dict[str, Any]:
         if self.is_peer:
             return {"cache_prompt": self.prompt_cache}
-        body: dict[str, Any] = {"drafter": self.drafter, "return_token_ids": True}
+        body: dict[str, Any] = {"drafter": self.drafter, "return_token_ids": True, "cache_prompt": self.prompt_cache}
         if self.policy is not None:
             body["policy"] = self.policy
         return body

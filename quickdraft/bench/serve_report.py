@@ -17,7 +17,7 @@ def rate_label(rate: str) -> str:
 
 def families(configs: list[ServedConfig]) -> dict[str, dict[str, str]]:
     """Per drafter, the names of its fixed-γ and goodput configurations, and plain decoding's (``none``)."""
-    configs = [config for config in configs if not config.is_peer]
+    configs = [config for config in configs if not config.is_peer and not config.prompt_cache]
     plain = next((c.name for c in configs if c.drafter == "none"), None)
     found: dict[str, dict[str, str]] = {}
     for config in configs:
@@ -71,16 +71,24 @@ def claims(results: dict[str, Any]) -> list[str]:
 
 def against_peers(results: dict[str, Any]) -> list[str]:
     """quickdraft's default (its first hybrid+goodput configuration, else its first goodput one) against the best
-    llama-server configuration at each rate: mean end-to-end latency, and throughput."""
+    llama-server configuration at each rate, with prompt caches off, then on (where both ran)."""
     configs = [ServedConfig(**config) for config in results["settings"]["configs"]]
-    goodput = [c for c in configs if not c.is_peer and c.policy == "goodput"]
-    ours = next((c for c in goodput if c.drafter == "hybrid"), goodput[0] if goodput else None)
-    peers = [c.name for c in configs if c.is_peer]
-    if ours is None or not peers:
-        return []
+    lines: list[str] = []
+    for cached in (False, True):
+        alike = [config for config in configs if config.prompt_cache == cached]
+        goodput = [c for c in alike if not c.is_peer and c.policy == "goodput"]
+        ours = next((c for c in goodput if c.drafter == "hybrid"), goodput[0] if goodput else None)
+        peers = [c.name for c in alike if c.is_peer]
+        if ours is not None and peers:
+            lines += ["", "With prompt caches on (`:cache`):" if cached else "With prompt caches off:", ""]
+            lines += side_by_side(results, ours.name, peers)
+    return lines[1:]
+
+
+def side_by_side(results: dict[str, Any], ours: str, peers: list[str]) -> list[str]:
     runs = {(run["config"], run["rate"]): run["summary"] for run in results["runs"]}
     lines = [
-        f"quickdraft's `{ours.name}` against the best llama-server configuration at each rate (of {', '.join(peers)}).",
+        f"quickdraft's `{ours}` against the best llama-server configuration at each rate (of {', '.join(peers)}).",
         "",
         "| rate | quickdraft mean e2e | best llama-server mean e2e | latency ÷ | quickdraft tok/s | "
         "best llama-server tok/s | throughput × |",
@@ -88,7 +96,7 @@ def against_peers(results: dict[str, Any]) -> list[str]:
     ]
     ratios: dict[str, tuple[float, float]] = {}  # rate: (latency ÷, throughput ×)
     for rate in results["settings"]["rates"]:
-        mine = runs.get((ours.name, rate))
+        mine = runs.get((ours, rate))
         theirs = {name: runs[(name, rate)] for name in peers if (name, rate) in runs}
         if mine is None or not theirs or mine["e2e_s"]["mean"] is None:
             continue

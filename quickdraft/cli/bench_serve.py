@@ -25,19 +25,21 @@ from quickdraft.errors import ConfigError
 DEFAULT_CONFIGS = (
     "plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput,"
     "fixed-dm=draft-model+fixed:3,goodput-dm=draft-model+goodput,"
+    "goodput-hy-cache=hybrid+goodput:cache,"
     "llama=llama-server,llama-draft=llama-server:draft,llama-cache=llama-server:cache"
 )
 BENCH_SERVE_DOC = """\
 Load-test an OpenAI-compatible quickdraft server with the official openai client (AsyncOpenAI): Spec-Bench prompts
 (first turns, chat, greedy unless --temperature, streamed) sent at each --rates (seq: one user at a time; a number:
 Poisson arrivals, requests per second; inf: all at once) under each --configs (NAME=DRAFTER[+POLICY], sent per
-request in extra_body; or NAME=llama-server[:draft][:cache]: llama.cpp's own server on the same GGUF, started here,
-plain or with its draft-model speculation, prompt cache off or on). Reports throughput, TTFT, time per output token
+request in extra_body; or NAME=llama-server[:draft]: llama.cpp's own server on the same GGUF, started here, plain or
+with its draft-model speculation; either with :cache, whose requests may reuse the prompts earlier runs left cached,
+cache_prompt in both servers). Reports throughput, TTFT, time per output token
 and end-to-end latency (mean, p50, p90, p99), checks every response against single-request plain decoding (greedy
 or seeded), and ends with a run in which a fraction of the clients disconnect mid-stream (is every other request
 served, and does the server's memory return to idle?). Starts `quickdraft serve` on a free loopback port unless
 --url is given, and a llama-server per llama-server configuration (built once from the vendored llama.cpp of
-llama-cpp-python, about half an hour on two cores), with as many slots as requests per run. The report puts quickdraft's
+llama-cpp-python, about 7 minutes on two cores), with as many slots as requests per run. The report puts quickdraft's
 hybrid+goodput beside the best llama-server at every rate. Writes results.json, report.md and latency.png to --out."""
 
 
@@ -83,7 +85,7 @@ def add_command(commands: Any) -> None:
     )
     bench.add_argument("--out", default="bench-serve-results", metavar="DIR", help="output directory")
     add_model_arguments(bench)
-    add_serving_arguments(bench, prefix_cache_mb=0)  # off: the runs send the same prompts again
+    add_serving_arguments(bench)  # the prefix cache is on; only :cache configurations' requests use it
     bench.set_defaults(handler=run)
 
 

@@ -231,9 +231,9 @@ class Engine:
 
     def _target_cache(self, request: Request) -> tuple[KVCache, int]:
         """A new request's target cache and how many of its prompt tokens it holds: a finished request's with the
-        longest shared start (prefix caching), else an empty one. Not for drafters that read the target's
-        features of every position (they would miss those of the cached ones)."""
-        cached = self.prefix_cache is not None and not request.drafter.feature_layers
+        longest shared start (prefix caching), else an empty one. Not for requests that ask for none, nor drafters
+        that read the target's features of every position (they would miss those of the cached ones)."""
+        cached = self.prefix_cache is not None and request.cache_prompt and not request.drafter.feature_layers
         reused = self.prefix_cache.take(request.prompt_ids) if cached else None  # type: ignore[union-attr]
         return reused or (self.target.new_cache(1), 0)
 
@@ -385,7 +385,7 @@ class Engine:
     ) -> None:
         if state.draft_state is not None:
             state.request.drafter.finish(state.draft_state)
-        if self.prefix_cache is not None and state.cache is not None:
+        if self.prefix_cache is not None and state.cache is not None and state.request.cache_prompt:
             self.prefix_cache.keep(state.committed, state.cache)
         state.cache = state.draft_state = None
         state.stats.wall_time_s = time.perf_counter() - state.submitted

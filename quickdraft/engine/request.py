@@ -30,6 +30,7 @@ class Request:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     policy: Policy | None = None  # a ready policy (e.g. one that records); None: config.policy, built at submission
     prediction_ids: tuple[int, ...] = ()  # the answer the user expects (Predicted Outputs): drafts copied from it
+    cache_prompt: bool = True  # False: no cached prefix is taken for it and its cache is not kept (llama.cpp's)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`
 ``response_format`` (``json_object``, ``json_schema``: structured output). quickdraft's
 extras, which the openai client sends with ``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``,
 ``prompt-lookup``, ``early-exit``, ``none``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
-``max_draft_tokens``, ``return_token_ids``, and ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output.
+``max_draft_tokens``, ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output, and
+``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps nothing of it).
 Other fields are ignored. A bad value raises :class:`ApiError` with the status and message a client sees.
 """
 
@@ -110,7 +111,13 @@ def parse_request(
         if not isinstance(drafter, str):
             raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")
         prediction_ids = encode(_prediction(body), False) if body.get("prediction") is not None else []
-        serve = Request(tuple(prompt_ids), config, drafter_named(drafter), prediction_ids=tuple(prediction_ids))
+        cache_prompt = _field(body, "cache_prompt", True)
+        if not isinstance(cache_prompt, bool):
+            raise ApiError(400, f"cache_prompt must be true or false, got {cache_prompt!r}", "cache_prompt")
+        serve = Request(
+            tuple(prompt_ids), config, drafter_named(drafter), prediction_ids=tuple(prediction_ids),
+            cache_prompt=cache_prompt,
+        )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error)) from None
     options = body.get("stream_options") or {}

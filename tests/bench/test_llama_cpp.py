@@ -142,7 +142,7 @@ def test_llama_tools_are_built_without_amx_offline_and_cached_by_their_options(m
     assert with_flags.name.startswith(f"{llama_tools.LLAMA_CPP_PYTHON}-")
     monkeypatch.setattr(llama_tools, "CMAKE_OPTIONS", llama_tools.CMAKE_OPTIONS[:1])
     assert llama_tools.tool_dir() != with_flags  # an older build (with AMX) is not reused
-    with pytest.raises(ValueError, match="unknown llama.cpp tool"):
+    with pytest.raises(ValueError, match=r"unknown llama\.cpp tool"):
         llama_tools.llama_tool("llama-cli")
 
 

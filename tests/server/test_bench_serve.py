@@ -19,7 +19,11 @@ def test_rates_configs_and_arrivals() -> None:
         with pytest.raises(ConfigError, match="rate"):
             parse_rate(bad)
     assert ServedConfig.parse("g=draft-model+goodput") == ServedConfig("g", "draft-model", "goodput")
-    assert ServedConfig.parse("plain=none").extra_body() == {"drafter": "none", "return_token_ids": True}
+    assert ServedConfig.parse("plain=none").extra_body() == {
+        "drafter": "none", "return_token_ids": True, "cache_prompt": False
+    }  # fmt: skip
+    cached = ServedConfig.parse("c=hybrid+fixed:3:cache")
+    assert (cached.policy, cached.prompt_cache, cached.extra_body()["cache_prompt"]) == ("fixed:3", True, True)
     with pytest.raises(ConfigError, match="NAME=DRAFTER"):
         ServedConfig.parse("draft-model")
     times = arrival_times(2000, 4.0, seed=1)
@@ -134,7 +138,7 @@ def test_llama_server_configurations_parse_into_their_own_servers(monkeypatch: p
     assert (plain.is_peer, plain.drafter, plain.prompt_cache) == (True, "none", False)
     assert (draft.drafter, draft.prompt_cache, draft.policy) == ("draft-model", True, None)
     assert plain.extra_body() == {"cache_prompt": False}  # none of quickdraft's extras go to llama-server
-    for bad in ("l=llama-server:fast", "l=llama-server:draft:draft"):
+    for bad in ("l=llama-server:fast", "l=llama-server:draft:draft", "l=llama-server:cache:draft"):
         with pytest.raises(ConfigError, match=r"llama-server\[:draft\]\[:cache\]"):
             ServedConfig.parse(bad)
     monkeypatch.setattr(llama_server, "llama_tool", lambda name: Path("/bin") / name)
@@ -199,6 +203,7 @@ def test_the_side_by_side_verdict_takes_the_best_peer_at_each_rate() -> None:
                  run("qd", "inf", 9.0, 60), run("a", "inf", 8.0, 40), run("b", "inf", 12.0, 30)],
     }  # fmt: skip
     lines = against_peers(results)
+    assert lines[0] == "With prompt caches off:"
     assert any(line.startswith("| 1 user | 2.00 s | 2.50 s (`b`) | 0.80 |") for line in lines)
     assert any(
         line.startswith("| all at once | 9.00 s | 8.00 s (`a`) | 1.12 | 60.0 | 40.0 (`a`) | 1.50 |") for line in lines

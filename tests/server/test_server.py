@@ -199,6 +199,10 @@ def test_a_chats_later_turns_reuse_the_cached_conversation(native: Pipeline) -> 
             assert answer.choices[0].message.content == text_of(native, expected)
             messages += [{"role": "assistant", "content": answer.choices[0].message.content or ""}]
             messages += [{"role": "user", "content": f"w{turn + 1} w2"}]
+        again = client.chat.completions.create(
+            model=MODEL, messages=messages[:1], max_tokens=6, temperature=0, extra_body={"cache_prompt": False}
+        )  # type: ignore[arg-type]
+        assert again.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]  # llama.cpp's opt-out
         metrics = httpx.get(f"{cached.url}/metrics", timeout=TIMEOUT).text
     assert "quickdraft_prefix_cache_hits 2.0" in metrics and "quickdraft_prefix_cache_cached_tokens" in metrics
 
@@ -252,6 +256,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "max_tokens": "many"}, 400, "max_new_tokens"),
     ("completions", {"model": MODEL, "prompt": "w1", "seed": -3}, 400, "seed"),
     ("completions", {"model": MODEL, "prompt": "w1", "stop": [""]}, 400, "stop"),
+    ("completions", {"model": MODEL, "prompt": "w1", "cache_prompt": "no"}, 400, "cache_prompt must be true or false"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": 2}, 400, "n must be 1"),
     ("completions", {"model": MODEL, "prompt": [[1], [2]]}, 400, "one non-empty string"),
     ("completions", {"model": MODEL, "prompt": [999]}, 400, "token ids"),

@@ -35,7 +35,7 @@ def main() -> None:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
     pipeline.setup_policy("hybrid", config)
     drafter = pipeline.drafter("hybrid")
-    store = PrefixCache(1024 * 2**20, pipeline.target.kv_bytes_per_token)
+    store = PrefixCache(1024 * 2**20, pipeline.target.kv_bytes_per_token, pipeline.target.copy_prefix)
     engines = {
         "cached": Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, prefix_cache=store),
         "uncached": Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids),

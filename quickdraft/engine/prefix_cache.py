@@ -1,11 +1,13 @@
 """Automatic prefix caching: the target caches of finished requests, kept for new requests whose prompts start
 with the same tokens (a system prompt, the earlier turns of a chat, an agent's growing transcript).
 
-A finished request leaves its cache here with the tokens it holds. A new request takes over the entry that
-shares the longest start with its prompt, at least ``min_tokens`` of it: the cache is rolled back to that start
-(moving a length) and only the rest of the prompt is read. An entry serves one request (the next one to finish
-puts its own cache back), and the least recently stored go first when the kept tokens' keys and values would
-exceed the budget. Only for runtimes whose keys and values of a position do not depend on how the tokens before
+A finished request leaves its cache here with the tokens it holds. A new request uses the entry that shares the
+longest start with its prompt, at least ``min_tokens`` of it, and reads only the rest of the prompt. A prompt that
+goes on from the entry's every token (the next turn of its conversation) takes the entry's cache over: the entry
+is gone until that request finishes and leaves its own. A prompt that parts from the entry inside it (another
+question after the same system prompt, the same question asked again) gets a copy of the shared positions and
+leaves the entry for its own conversation. The least recently used entries go first when the kept tokens' keys
+and values would exceed the budget. Only for runtimes whose keys and values of a position do not depend on how the tokens before
 it were read (``Runtime.reusable_prefixes``, the native runtime): there a request's output is the same bits
 whether its prefix was cached or read.
 """
@@ -13,12 +15,15 @@ whether its prefix was cached or read.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import KVCache
 from quickdraft.tokens import common_prefix_length
+
+
+CopyPrefix = Callable[[KVCache, int], KVCache]
 
 
 @dataclass
@@ -31,10 +36,13 @@ class PrefixCacheStats:
 class PrefixCache:
     """Finished requests' caches within ``budget_bytes`` of keys and values (``bytes_per_token`` each)."""
 
-    def __init__(self, budget_bytes: int, bytes_per_token: int, min_tokens: int = 16) -> None:
+    def __init__(
+        self, budget_bytes: int, bytes_per_token: int, copy_prefix: CopyPrefix, min_tokens: int = 16
+    ) -> None:
         if budget_bytes < 0 or bytes_per_token <= 0 or min_tokens < 1:
             raise ConfigError("a prefix cache needs a budget >= 0, bytes per token > 0 and min_tokens >= 1")
         self.budget_bytes, self.bytes_per_token, self.min_tokens = budget_bytes, bytes_per_token, min_tokens
+        self.copy_prefix = copy_prefix  # (cache, n) -> a new cache of its first n positions (Runtime.copy_prefix)
         self._entries: OrderedDict[int, tuple[tuple[int, ...], KVCache]] = OrderedDict()  # oldest first
         self._next_key = 0
         self.stats = PrefixCacheStats()
@@ -45,9 +53,9 @@ class PrefixCache:
         return sum(len(tokens) for tokens, _ in self._entries.values())
 
     def take(self, prompt_ids: Sequence[int]) -> tuple[KVCache, int] | None:
-        """The cache sharing the longest start with ``prompt_ids``, rolled back to it, and how many prompt tokens
-        it holds (at most all but the last: that position's logits give the first token); None: no entry shares
-        ``min_tokens``."""
+        """A cache holding the longest start ``prompt_ids`` shares with an entry, and how many prompt tokens it
+        holds (at most all but the last: that position's logits give the first token): the entry's own cache,
+        rolled back, if the prompt goes on from all its tokens, else a copy; None: no entry shares ``min_tokens``."""
         self.stats.lookups += 1
         best_key, best_length = None, 0
         for key, (tokens, _) in self._entries.items():
@@ -57,8 +65,13 @@ class PrefixCache:
         usable = min(best_length, len(prompt_ids) - 1)
         if best_key is None or usable < self.min_tokens:
             return None
-        _, cache = self._entries.pop(best_key)
-        cache.truncate(usable)
+        tokens, cache = self._entries[best_key]
+        if best_length == len(tokens):  # the conversation goes on: its cache moves to the new request
+            del self._entries[best_key]
+            cache.truncate(usable)
+        else:  # another conversation: the shared start is copied and the entry stays, now the most recent
+            self._entries.move_to_end(best_key)
+            cache = self.copy_prefix(cache, usable)
         self.stats.hits += 1
         self.stats.cached_tokens += usable
         return cache, usable

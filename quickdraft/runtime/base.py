@@ -90,6 +90,11 @@ class Runtime(ABC):
     reusable_prefixes: ClassVar[bool] = False
     kv_bytes_per_token: int = 0  # memory of one position's keys and values in a cache, all layers
 
+    def copy_prefix(self, cache: KVCache, length: int) -> KVCache:
+        """A new one-row cache holding the first ``length`` positions of ``cache``'s (runtimes with
+        ``reusable_prefixes``)."""
+        raise NotImplementedError(f"the {self.name} runtime cannot copy a cache's prefix")
+
     def forward_with_hidden(
         self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,12 @@
-"""The server's engine over a loaded pipeline, with what every drafter's policies need made ready first."""
+"""A server made from its options: the models loaded, the engine over them with what every drafter's policies need
+made ready first, and the app over its loop. ``quickdraft serve`` makes one; each Ray Serve replica makes its own."""
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from quickdraft.api import Pipeline
 from quickdraft.calibration_store import Calibration
@@ -11,7 +15,86 @@ from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import Engine, SchedulerSettings
 from quickdraft.engine.prefix_cache import PrefixCache
-from quickdraft.errors import QuickdraftError
+from quickdraft.errors import ConfigError, QuickdraftError
+from quickdraft.server.loop import ServingLoop
+from quickdraft.server.protocol import ServerDefaults
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What a server serves and how (``quickdraft serve``'s options, checked once at the edge)."""
+
+    target: str
+    draft: str | None  # None: the default draft model where the default drafter needs one
+    runtime: str
+    scheduler: SchedulerSettings
+    drafter: str
+    policy: str | None = None
+    max_draft_tokens: int = 16
+    prefix_cache_mb: int = 1024
+    recalibrate: bool = False
+    draft_weights: str | None = None
+    draft_vocabulary: int | None = None
+    draft_head: str | None = None
+    served_model_name: str | None = None
+    default_max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
+        if self.prefix_cache_mb < 0:
+            raise ConfigError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
+        if self.default_max_tokens < 1:
+            raise ConfigError(f"--default-max-tokens must be >= 1, got {self.default_max_tokens}")
+        if self.drafter not in DRAFTERS.names():
+            raise ConfigError(f"unknown drafter {self.drafter!r}; choose one of: {', '.join(DRAFTERS.names())}")
+
+    @classmethod
+    def from_args(cls, args: Any) -> ServerOptions:
+        settings = SchedulerSettings(args.max_running, args.max_waiting, args.prefill_tokens_per_step)
+        return cls(
+            args.target, args.draft, args.runtime, settings, args.drafter, args.policy, args.max_draft_tokens,
+            args.prefix_cache_mb, args.recalibrate, args.draft_weights, args.draft_vocabulary, args.draft_head,
+            getattr(args, "served_model_name", None), getattr(args, "default_max_tokens", 256),
+        )  # fmt: skip
+
+
+@dataclass
+class Server:
+    app: Any  # the FastAPI app
+    loop: ServingLoop
+    model_names: tuple[str, ...]
+    notes: list[str]  # what was done to get it ready, for a user
+
+
+def build_server(options: ServerOptions, own_thread: bool) -> Server:
+    """Load the models and make the engine, its loop (stepping in a thread of its own, or on the caller's thread
+    through ``loop.run()``) and the app."""
+    from quickdraft.api import Pipeline
+    from quickdraft.models import DEFAULT_DRAFT
+    from quickdraft.server.app import create_app
+
+    draft = options.draft or (DEFAULT_DRAFT if DRAFTERS.get(options.drafter).needs_draft_model else None)
+    pipeline = Pipeline.load(
+        options.target, draft, options.runtime,
+        draft_weights=options.draft_weights, draft_vocabulary=options.draft_vocabulary,
+    )  # fmt: skip
+    pipeline.draft_head = Path(options.draft_head) if options.draft_head else None
+    pipeline.drafter(options.drafter)  # a default drafter these models cannot run fails here
+    engine, notes = serving_engine(
+        pipeline, options.scheduler, options.max_draft_tokens, options.recalibrate,
+        prefix_cache_mb=options.prefix_cache_mb,
+    )  # fmt: skip
+    names = model_names(pipeline, options.served_model_name)
+    defaults = ServerDefaults(names, options.drafter, options.policy, options.default_max_tokens)
+    loop = ServingLoop(engine, own_thread=own_thread)
+    return Server(create_app(pipeline, loop, defaults), loop, names, notes)
+
+
+def model_names(pipeline: Pipeline, served_name: str | None) -> tuple[str, ...]:
+    """What ``model`` may say: the served name first, and the target's directory name (a packaged model's name)."""
+    path = pipeline.target_path
+    name = "target" if path is None else (path.parent.name if path.name == "hf" else path.name)
+    return (served_name, name) if served_name else (name,)
 
 
 def servable_drafters(pipeline: Pipeline) -> list[str]:
@@ -57,7 +140,7 @@ def serving_engine(
     prefix_cache = None
     if prefix_cache_mb > 0 and pipeline.target.reusable_prefixes:
         per_token = pipeline.target.kv_bytes_per_token
-        prefix_cache = PrefixCache(prefix_cache_mb * 2**20, per_token)
+        prefix_cache = PrefixCache(prefix_cache_mb * 2**20, per_token, pipeline.target.copy_prefix)
         notes.append(f"prefix cache: {prefix_cache_mb} MB, {prefix_cache_mb * 2**20 // per_token} tokens")
     elif prefix_cache_mb > 0:
         notes.append(f"prefix cache off: the {pipeline.target.name} runtime's cached prefixes would not be exact")

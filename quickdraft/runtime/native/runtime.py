@@ -12,7 +12,7 @@ import torch
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.native.kernels import sources_digest
-from quickdraft.runtime.native.model import Decoder, DecoderConfig, StaticKVCache
+from quickdraft.runtime.native.model import KEY_BLOCK, Decoder, DecoderConfig, StaticKVCache
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
 
 DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
@@ -100,6 +100,17 @@ class NativeRuntime(Runtime):
 
     def new_cache(self, batch_size: int = 1) -> NativeCache:
         return NativeCache(self.decoder.new_cache(batch_size))
+
+    def copy_prefix(self, cache: KVCache, length: int) -> NativeCache:
+        assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"
+        if not 0 <= length <= int(cache.static.lengths[0]):
+            raise ValueError(f"cannot copy {length} positions of a cache holding {int(cache.static.lengths[0])}")
+        copy = self.new_cache(1)
+        blocks = -(-length // KEY_BLOCK)  # whole blocks of keys: positions past the length are never read
+        copy.static.keys[:, :, :, :blocks].copy_(cache.static.keys[:, :1, :, :blocks])
+        copy.static.values[:, :, :, :length].copy_(cache.static.values[:, :1, :, :length])
+        copy.static.lengths.fill_(length)
+        return copy
 
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from quickdraft.cli.common import add_model_arguments
-from quickdraft.config import GenerationConfig
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
-from quickdraft.engine import SchedulerSettings
 from quickdraft.errors import ConfigError
+from quickdraft.server.setup import ServerOptions
 
 SERVE_DOC = """\
 Serve the models over HTTP with OpenAI's API: POST /v1/completions, POST /v1/chat/completions (stream: true
@@ -41,6 +40,25 @@ def add_command(commands: Any) -> None:
     serve.add_argument(
         "--default-max-tokens", type=int, default=256, metavar="N", help="max_tokens of a request that gives none"
     )
+    replicas = serve.add_argument_group("replicas on Ray Serve (pip install 'quickdraft[ray]')")
+    replicas.add_argument(
+        "--replicas", type=int, default=0, metavar="N",
+        help="run N servers as a Ray Serve deployment behind this one endpoint, a conversation's requests kept on "
+        "one replica (default 0: one server, no Ray)",
+    )  # fmt: skip
+    replicas.add_argument(
+        "--threads-per-replica", type=int, default=None, metavar="T",
+        help="cores each replica reserves and steps on (default: this machine's cores / N, at least 1)",
+    )  # fmt: skip
+    replicas.add_argument(
+        "--max-replicas", type=int, default=None, metavar="M",
+        help="autoscale between N and M replicas by requests in flight (default: N, fixed)",
+    )  # fmt: skip
+    replicas.add_argument(
+        "--ray-address", default=None, metavar="ADDR",
+        help="join this Ray cluster (`ray start --head` prints it; 'auto': the local one) instead of starting Ray "
+        "in this process",
+    )  # fmt: skip
     serve.set_defaults(handler=run)
 
 
@@ -84,40 +102,21 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
 def run(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from quickdraft.api import Pipeline
-    from quickdraft.server import ServerDefaults, create_app
-    from quickdraft.server.loop import ServingLoop
-    from quickdraft.server.setup import serving_engine
+    from quickdraft.server.setup import build_server
 
-    settings = SchedulerSettings(args.max_running, args.max_waiting, args.prefill_tokens_per_step)
-    GenerationConfig(policy=args.policy, max_draft_tokens=args.max_draft_tokens)  # a bad policy fails here
+    options = ServerOptions.from_args(args)
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
-    if args.default_max_tokens < 1:
-        raise ConfigError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
-    pipeline = Pipeline.load(
-        args.target,
-        args.draft or default_draft(args),
-        args.runtime,
-        draft_weights=args.draft_weights,
-        draft_vocabulary=args.draft_vocabulary,
-    )
-    pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
-    pipeline.drafter(args.drafter)  # a default drafter these models cannot run fails here
-    if args.prefix_cache_mb < 0:
-        raise ConfigError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
-    engine, notes = serving_engine(
-        pipeline, settings, args.max_draft_tokens, args.recalibrate, prefix_cache_mb=args.prefix_cache_mb
-    )
-    for note in notes:
+    if args.replicas or args.max_replicas or args.ray_address or args.threads_per_replica:
+        run_replicas(args, options)
+        return
+    server = build_server(options, own_thread=False)  # steps on this, the main thread; HTTP in another
+    for note in server.notes:
         print(f"quickdraft: {note}", file=sys.stderr)
-    names = model_names(pipeline, args.served_model_name)
-    defaults = ServerDefaults(names, args.drafter, args.policy, args.default_max_tokens)
-    loop = ServingLoop(engine, own_thread=False)  # steps on this, the main thread; HTTP in another
-    app = create_app(pipeline, loop, defaults)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
-    http = threading.Thread(target=server.run, name="quickdraft-http", daemon=True)
-    print(f"quickdraft: serving {names[0]} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    loop = server.loop
+    http_server = uvicorn.Server(uvicorn.Config(server.app, host=args.host, port=args.port, log_level="warning"))
+    http = threading.Thread(target=http_server.run, name="quickdraft-http", daemon=True)
+    print(f"quickdraft: serving {server.model_names[0]} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     http.start()
     signal.signal(signal.SIGTERM, lambda *_: loop.stop(timeout=0))
     watcher = threading.Thread(target=lambda: (http.join(), loop.stop(timeout=0)), daemon=True)
@@ -127,19 +126,37 @@ def run(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        server.should_exit = True
+        http_server.should_exit = True
         http.join(timeout=10)
 
 
-def default_draft(args: argparse.Namespace) -> str | None:
-    """The draft model: the default one unless the server decodes without one by default."""
-    from quickdraft.models import DEFAULT_DRAFT
-
-    return DEFAULT_DRAFT if DRAFTERS.get(args.drafter).needs_draft_model else None
-
-
-def model_names(pipeline: Any, served_name: str | None) -> tuple[str, ...]:
-    """What ``model`` may say: the served name first, and the target's directory name (a packaged model's name)."""
-    path = pipeline.target_path
-    name = "target" if path is None else (path.parent.name if path.name == "hf" else path.name)
-    return (served_name, name) if served_name else (name,)
+def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
+    """``--replicas N``: the deployment on Ray Serve (``deploy/ray_serve.py``), until SIGTERM or Ctrl-C."""
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1 with the replica options, got {args.replicas}")
+    if args.max_replicas is not None and args.max_replicas < args.replicas:
+        raise ConfigError(f"--max-replicas ({args.max_replicas}) must be >= --replicas ({args.replicas})")
+    threads = args.threads_per_replica or max(1, len(os.sched_getaffinity(0)) // args.replicas)
+    if threads < 1:
+        raise ConfigError(f"--threads-per-replica must be >= 1, got {threads}")
+    try:
+        from quickdraft.deploy import ray_serve
+    except ImportError as error:
+        raise ConfigError(
+            f"--replicas needs Ray Serve ({error.name} is missing): pip install 'quickdraft[ray]'"
+        ) from None
+    deployment = ray_serve.DeploymentOptions(
+        args.replicas, threads, args.host, args.port, args.ray_address, args.max_replicas,
+        max_ongoing_requests=server.scheduler.max_running,
+    )  # fmt: skip
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"quickdraft: starting {args.replicas} replicas of {threads} thread(s) on Ray Serve ...", file=sys.stderr)
+    try:
+        ray_serve.deploy(server, deployment)
+        print(f"quickdraft: serving on http://{args.host}:{args.port}/v1 ({args.replicas} replicas)", file=sys.stderr)
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray_serve.shutdown()

@@ -7,9 +7,9 @@ goes on from the entry's every token (the next turn of its conversation) takes t
 is gone until that request finishes and leaves its own. A prompt that parts from the entry inside it (another
 question after the same system prompt, the same question asked again) gets a copy of the shared positions and
 leaves the entry for its own conversation. The least recently used entries go first when the kept tokens' keys
-and values would exceed the budget. Only for runtimes whose keys and values of a position do not depend on how the tokens before
-it were read (``Runtime.reusable_prefixes``, the native runtime): there a request's output is the same bits
-whether its prefix was cached or read.
+and values would exceed the budget. Only for runtimes whose keys and values of a position do not depend on how the
+tokens before it were read (``Runtime.reusable_prefixes``, the native runtime): there a request's output is the
+same bits whether its prefix was cached or read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import KVCache
 from quickdraft.tokens import common_prefix_length
-
 
 CopyPrefix = Callable[[KVCache, int], KVCache]
 
@@ -36,9 +35,7 @@ class PrefixCacheStats:
 class PrefixCache:
     """Finished requests' caches within ``budget_bytes`` of keys and values (``bytes_per_token`` each)."""
 
-    def __init__(
-        self, budget_bytes: int, bytes_per_token: int, copy_prefix: CopyPrefix, min_tokens: int = 16
-    ) -> None:
+    def __init__(self, budget_bytes: int, bytes_per_token: int, copy_prefix: CopyPrefix, min_tokens: int = 16) -> None:
         if budget_bytes < 0 or bytes_per_token <= 0 or min_tokens < 1:
             raise ConfigError("a prefix cache needs a budget >= 0, bytes per token > 0 and min_tokens >= 1")
         self.budget_bytes, self.bytes_per_token, self.min_tokens = budget_bytes, bytes_per_token, min_tokens

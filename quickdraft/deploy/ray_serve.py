@@ -1,0 +1,222 @@
+"""``quickdraft serve --replicas N``: N quickdraft servers as a Ray Serve deployment behind one OpenAI endpoint.
+
+Two deployments make the application:
+
+- ``QuickdraftReplica``: a whole quickdraft server (engine, loop, app: ``server/setup.py``), on ``threads`` cores
+  of its own (a Ray actor reserving that many CPUs). N of them, or between N and ``max_replicas`` with Ray's
+  autoscaling. Ray Serve health-checks each (``check_health``: its loop is stepping) and starts a new one for
+  one that dies.
+- ``QuickdraftIngress``: takes HTTP (Ray's proxy, on ``host:port``) and hands each request's method, path and
+  body to a replica, chosen by ``ray_router.ConversationRouter`` from the request's affinity key, then relays
+  the replica's response as it comes (``asgi.py``). So the API, its errors, streaming and cancellation are the
+  single server's. A replica lost before it sent anything is retried once on another; one lost mid-stream ends
+  the stream with an OpenAI-style error event (a whole response: a 503), never a hang.
+
+``/health`` answers 200 while at least one replica runs (its body counts them); ``/metrics`` is the ingress's
+Prometheus text (requests, retries, replica failures, running replicas); each replica's engine metrics are
+Ray's to collect.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from ray import serve
+from ray.exceptions import RayError
+
+from quickdraft.deploy.asgi import ResponseStart, call_app
+from quickdraft.deploy.router import affinity_key
+from quickdraft.server.protocol import ApiError
+from quickdraft.server.setup import ServerOptions, build_server
+
+APP_NAME = "quickdraft"
+REPLICA = "QuickdraftReplica"
+INGRESS_REQUESTS = 4096  # requests the ingress relays at once (the replicas queue them)
+STATUS_TTL_S = 1.0  # how long the ingress trusts what it last read of the replicas' states
+
+
+@dataclass(frozen=True)
+class DeploymentOptions:
+    """How many replicas, on how many cores each, where."""
+
+    replicas: int
+    threads: int  # per replica
+    host: str = "127.0.0.1"
+    port: int = 8000
+    ray_address: str | None = None  # None: a Ray instance of this process's own
+    max_replicas: int | None = None  # autoscaling between ``replicas`` and this
+    target_ongoing_requests: int = 4  # autoscaling's target per replica
+    max_ongoing_requests: int = 32  # a replica's share before Ray sends requests elsewhere (its max_running)
+
+    def autoscaling(self) -> dict[str, Any] | None:
+        if self.max_replicas is None or self.max_replicas == self.replicas:
+            return None
+        return {
+            "min_replicas": self.replicas, "initial_replicas": self.replicas, "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests, "upscale_delay_s": 5, "downscale_delay_s": 30,
+        }  # fmt: skip
+
+
+class EngineReplica:
+    """One quickdraft server in a Ray actor, its steps in a thread of their own."""
+
+    def __init__(self, options: ServerOptions, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.server = build_server(options, own_thread=True)
+        self.server.loop.start()
+
+    async def handle(
+        self, method: str, path: str, body: bytes, key: str | None = None
+    ) -> AsyncIterator[ResponseStart | bytes]:
+        """The server's response to one request: its start, then its body as it is sent (``key``: the router's)."""
+        async for part in call_app(self.server.app, method, path, body):
+            yield part
+
+    def check_health(self) -> None:
+        if not self.server.loop.alive:
+            raise RuntimeError("the replica's engine stopped stepping")
+
+    def __del__(self) -> None:
+        self.server.loop.stop(timeout=1.0)
+
+
+def key_of(body: bytes, chat: bool) -> str | None:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None  # the replica answers the error
+    return affinity_key(parsed, chat) if isinstance(parsed, dict) else None
+
+
+ingress_app = FastAPI(title="quickdraft (Ray Serve)")
+
+
+@ingress_app.exception_handler(ApiError)
+async def api_error(_: Request, error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+@serve.deployment(
+    name="QuickdraftIngress", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_REQUESTS
+)
+@serve.ingress(ingress_app)
+class Ingress:
+    def __init__(self, replicas: Any) -> None:
+        self.replicas = replicas
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "quickdraft_ingress_requests", "requests by outcome", ["outcome"], registry=self.registry
+        )
+        self.retries = Counter("quickdraft_ingress_retries", "requests sent again after a replica failed before "
+                               "answering", registry=self.registry)  # fmt: skip
+        self.failures = Counter("quickdraft_ingress_replica_failures", "replicas lost while serving a request",
+                                registry=self.registry)  # fmt: skip
+        self.running = Gauge("quickdraft_replicas_running", "replicas running", registry=self.registry)
+        self._status: tuple[float, int, int] = (0.0, 0, 0)  # when read, running, target
+
+    def replica_counts(self) -> tuple[int, int]:
+        """(running, wanted) replicas, from Ray Serve's status (read at most once a second)."""
+        read_at, running, wanted = self._status
+        if time.monotonic() - read_at > STATUS_TTL_S:
+            deployment = serve.status().applications[APP_NAME].deployments[REPLICA]
+            running = int(deployment.replica_states.get("RUNNING", 0))
+            wanted = int(getattr(deployment, "target_num_replicas", 0) or running)
+            self._status = (time.monotonic(), running, wanted)
+            self.running.set(running)
+        return running, wanted
+
+    @ingress_app.get("/health")
+    async def health(self) -> JSONResponse:
+        running, wanted = await asyncio.to_thread(self.replica_counts)
+        if running < 1:
+            raise ApiError(503, "no replica is running", kind="server_error")
+        return JSONResponse({"status": "ok", "replicas": running, "target_replicas": wanted})
+
+    @ingress_app.get("/metrics")
+    async def metrics(self) -> Response:
+        await asyncio.to_thread(self.replica_counts)
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @ingress_app.get("/v1/models")
+    async def models(self) -> Response:
+        return await self.forward("GET", "/v1/models", b"", None)
+
+    @ingress_app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        body = await request.body()
+        return await self.forward("POST", "/v1/completions", body, key_of(body, chat=False))
+
+    @ingress_app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        body = await request.body()
+        return await self.forward("POST", "/v1/chat/completions", body, key_of(body, chat=True))
+
+    async def forward(self, method: str, path: str, body: bytes, key: str | None) -> Response:
+        """Send to a replica; once more to another if it is lost before it answers; relay what it sends."""
+        for attempt in (1, 2):
+            parts = self.replicas.options(stream=True).handle.remote(method, path, body, key=key)
+            try:
+                start = await parts.__anext__()
+                break
+            except RayError:
+                self.failures.inc()
+                parts.cancel()
+                if attempt == 2:
+                    self.requests.labels("unavailable").inc()
+                    raise ApiError(503, "no replica could take the request; try again", kind="server_error") from None
+                self.retries.inc()
+        assert isinstance(start, ResponseStart)
+        self.requests.labels(str(start.status)).inc()
+        media_type = start.header("content-type") or "application/json"
+        return StreamingResponse(
+            self.relay(parts, media_type.startswith("text/event-stream")), status_code=start.status,
+            media_type=media_type,
+        )  # fmt: skip
+
+    async def relay(self, parts: Any, streamed: bool) -> AsyncIterator[bytes]:
+        try:
+            async for part in parts:
+                yield part
+        except RayError:
+            self.failures.inc()
+            failure = ApiError(503, "the replica serving this request was lost; send it again", kind="server_error")
+            if streamed:
+                yield f"data: {json.dumps(failure.body())}\n\ndata: [DONE]\n\n".encode()
+        finally:
+            parts.cancel()  # a client gone: the replica's app hears it and cancels the request
+
+
+def deploy(server: ServerOptions, options: DeploymentOptions) -> None:
+    """Start (or join) Ray, then run the application; returns once it is up."""
+    from ray.serve.config import RequestRouterConfig
+
+    ray.init(address=options.ray_address, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    serve.start(http_options={"host": options.host, "port": options.port})
+    replica = serve.deployment(
+        EngineReplica,
+        name=REPLICA,
+        num_replicas=None if options.autoscaling() else options.replicas,
+        autoscaling_config=options.autoscaling(),
+        ray_actor_options={"num_cpus": options.threads},
+        max_ongoing_requests=options.max_ongoing_requests,
+        health_check_period_s=5,
+        health_check_timeout_s=60,
+        request_router_config=RequestRouterConfig(
+            request_router_class="quickdraft.deploy.ray_router:ConversationRouter"
+        ),
+    ).bind(server, options.threads)
+    serve.run(Ingress.bind(replica), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def shutdown() -> None:
+    serve.shutdown()
+    ray.shutdown()

@@ -1,0 +1,51 @@
+"""Which replica takes a request: the one its conversation went to before, unless that one is full.
+
+The ingress gives each request an affinity key: the start of its conversation (the system prompt and the first user
+message of a chat, the start of a completion's prompt), the same for every later turn. Replicas are ranked for a key
+by rendezvous hashing (highest ``hash(key, replica)`` first), so a conversation keeps its replica, and with it that
+replica's prefix cache and draft caches, while the replicas stay the same; when one is added or lost only the keys
+it wins or held move (the router class: ``ray_router.py``). Ray Serve sends a request to the first replica of the
+ranking that has room (``max_ongoing_requests``) and retries dead ones; requests without a key go by Ray's power of
+two choices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+KEY_CHARS = 4000  # a conversation's start, enough to tell conversations apart
+
+
+def affinity_key(body: Mapping[str, Any], chat: bool) -> str | None:
+    """The conversation's start: what every turn of it sends first (None: nothing to keep together)."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        first_user = next((i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"), 0)
+        start = json.dumps(messages[: first_user + 1], sort_keys=True, ensure_ascii=False)
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, (str, list)) or not prompt:
+            return None
+        start = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    return start[:KEY_CHARS]
+
+
+def rendezvous_rank(key: str, replica_ids: list[str]) -> list[str]:
+    """The replicas in the order ``key`` prefers them (the same order wherever it is computed)."""
+
+    def weight(replica_id: str) -> bytes:
+        return hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest()
+
+    return sorted(replica_ids, key=weight, reverse=True)
+
+
+def request_key(pending_request: Any) -> str | None:
+    """The affinity key the ingress passed as the handle call's ``key`` keyword argument."""
+    kwargs = getattr(pending_request, "kwargs", None) or {}
+    key = kwargs.get("key")
+    return key if isinstance(key, str) else None

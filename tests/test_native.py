@@ -195,6 +195,27 @@ def test_native_kernels_matches_the_pytorch_path() -> None:
     assert torch.allclose(compiled, reference, atol=1e-6, rtol=1e-5)
 
 
+def test_rows_attended_together_equal_each_row_attended_alone() -> None:
+    """attend_rows: the rows of a slot (a verify block, a prompt chunk) take turns on each tile of keys and values;
+    every row's result is bitwise what it gets alone, across the tiles of 256 keys and 64 values, the runs of 16
+    rows, and rows of other slots between them."""
+    runtime = native_from_hf(tiny_model(64, seed=3), capacity=512)
+    decoder = runtime.decoder
+    generator = torch.Generator().manual_seed(5)
+    cache = decoder.new_cache(2)
+    cache.keys.normal_(generator=generator)
+    cache.values.normal_(generator=generator)
+    row_slot = [0] * 20 + [1] * 3 + [0] * 2
+    row_position = [*range(300, 320), 5, 63, 64, 400, 511]  # [R]: 20 rows of a verify block, others
+    q = torch.randn(len(row_slot), 4, 8, generator=generator)  # [R, heads, D]
+    keys, values = cache.slots()
+    decoder.use_kernel = True
+    together = decoder._attend(1, q, keys, values, row_slot, row_position)
+    for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
+        alone = decoder._attend(1, q[r : r + 1], keys, values, [slot], [position])
+        assert torch.equal(together[r : r + 1], alone), r
+
+
 def test_layer_kernels_equal_the_reference_operations() -> None:
     """Each fused kernel against the PyTorch operations of ``Decoder._layer`` on the same inputs: bitwise where
     both sides do the same float operations (RoPE, cache writes, residual adds), to float error for RMSNorm's

@@ -1,4 +1,5 @@
-// Causal attention over a static cache, one query row and one KV head's group of query heads at a time.
+// Causal attention over a static cache, one KV head's group of query heads at a time, for one query row or for the
+// rows of one cache slot together (attend_rows: they share the cache's reads).
 //
 // A query at position p attends to the cache's positions 0..p. Its result is computed by one call, in an order of
 // operations fixed by p alone (blocks of 16 keys, dimensions in order, blocks in order), never by how many other
@@ -45,8 +46,8 @@ inline void block_scores(const float* q, const float* keys, int64_t blocks, int6
   }
 }
 
-// softmax(scores[0..length)) · values -> out [D]; scores are overwritten with the weights.
-inline void softmax_values(float* scores, int64_t length, const float* values, int64_t head_dim, float* out) {
+// softmax(scores[0..length)) in place: the unnormalized weights exp(s - max); returns 1 / their sum.
+inline float softmax_weights(float* scores, int64_t length) {
   const int64_t blocks = key_blocks(length);
   const __mmask16 last = static_cast<__mmask16>((1u << (length - (blocks - 1) * kKeyBlock)) - 1u);
   __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -60,21 +61,42 @@ inline void softmax_values(float* scores, int64_t length, const float* values, i
     _mm512_storeu_ps(scores + b * kKeyBlock, e);
     sum = _mm512_add_ps(sum, e);
   }
-  const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
+// acc [D] += Σ_{j in [from, to)} weights[j] · values[j] (j in order: the same sums, in one call or in several).
+inline void add_values(const float* weights, int64_t from, int64_t to, const float* values, int64_t head_dim,
+                       float* acc_out) {
   for (int64_t first = 0; first < head_dim; first += 8 * 16) {  // 8 vectors of the output at a time
     const int64_t vectors = std::min<int64_t>(8, (head_dim - first + 15) / 16);
     const __mmask16 tail = static_cast<__mmask16>(head_dim - first >= 16 * vectors ? 0xFFFF : (1u << ((head_dim - first) % 16)) - 1u);
     __m512 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < length; ++j) {
-      const __m512 w = _mm512_set1_ps(scores[j]);
+    for (int i = 0; i < 8; ++i)
+      if (i < vectors) acc[i] = _mm512_maskz_loadu_ps(i + 1 < vectors ? 0xFFFF : tail, acc_out + first + 16 * i);
+    for (int64_t j = from; j < to; ++j) {
+      const __m512 w = _mm512_set1_ps(weights[j]);
       const float* v = values + j * head_dim + first;
       for (int i = 0; i < 8; ++i)
         if (i < vectors) acc[i] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(i + 1 < vectors ? 0xFFFF : tail, v + 16 * i), acc[i]);
     }
     for (int i = 0; i < 8; ++i)
-      if (i < vectors) _mm512_mask_storeu_ps(out + first + 16 * i, i + 1 < vectors ? 0xFFFF : tail, _mm512_mul_ps(acc[i], inverse));
+      if (i < vectors) _mm512_mask_storeu_ps(acc_out + first + 16 * i, i + 1 < vectors ? 0xFFFF : tail, acc[i]);
   }
+}
+
+inline void scale_values(float* out, int64_t head_dim, float inverse) {
+  for (int64_t d = 0; d < head_dim; d += 16) {
+    const __mmask16 mask = static_cast<__mmask16>(head_dim - d >= 16 ? 0xFFFF : (1u << (head_dim - d)) - 1u);
+    _mm512_mask_storeu_ps(out + d, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, out + d), _mm512_set1_ps(inverse)));
+  }
+}
+
+// softmax(scores[0..length)) · values -> out [D]; scores are overwritten with the weights.
+inline void softmax_values(float* scores, int64_t length, const float* values, int64_t head_dim, float* out) {
+  const float inverse = softmax_weights(scores, length);
+  std::fill(out, out + head_dim, 0.0f);
+  add_values(scores, 0, length, values, head_dim, out);
+  scale_values(out, head_dim, inverse);
 }
 
 template <int H>
@@ -128,6 +150,84 @@ inline void attend_group(const float* q, int64_t heads, const float* keys, const
       default: attend_heads<8>(qs, keys, values, length, head_dim, scale, os, scores); break;
     }
   }
+}
+
+constexpr int64_t kKeyTile = 16;    // key blocks (256 positions, 128 KB at D = 128) the rows of a run score in turn
+constexpr int64_t kValueTile = 64;  // positions (32 KB of values at D = 128) the rows of a run add in turn
+
+// Scratch attend_rows needs for rows of these lengths and `heads` query heads each.
+inline int64_t rows_scratch(const int64_t* lengths, int64_t rows, int64_t heads) {
+  int64_t total = 0, longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    total += heads * key_blocks(lengths[r]) * kKeyBlock;
+    longest = std::max(longest, key_blocks(lengths[r]) * kKeyBlock);
+  }
+  return total + 8 * longest;
+}
+
+// Rows of one cache slot and one KV head's group: row r's heads q[r] [heads][D] at position lengths[r] - 1 ->
+// out[r] [heads][D]. Every row's arithmetic is attend_group's, in the same order (so the same bits); the rows take
+// turns on each tile of keys and then of values while it is in cache, so a verify block of k rows reads the cache
+// about once rather than k times. scores: scratch of rows_scratch(lengths, rows, heads) floats.
+inline void attend_rows(const float* const* q, const int64_t* lengths, int64_t rows, int64_t heads,
+                        const float* keys, const float* values, int64_t head_dim, float scale, float* const* out,
+                        float* scores) {
+#if defined(__AVX512F__)
+  float* row_scores[64];
+  int64_t stride[64];
+  float inverse[64 * 64];
+  if (rows > 64 || heads > 64) {
+    for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, lengths[r], head_dim, scale, out[r], scores);
+    return;
+  }
+  int64_t most_blocks = 0, longest = 0;
+  float* next = scores;
+  for (int64_t r = 0; r < rows; ++r) {
+    stride[r] = key_blocks(lengths[r]) * kKeyBlock;
+    row_scores[r] = next;
+    next += heads * stride[r];
+    most_blocks = std::max(most_blocks, key_blocks(lengths[r]));
+    longest = std::max(longest, lengths[r]);
+  }
+  // 1. Scores: each tile of key blocks, for every row that reaches it.
+  for (int64_t tile = 0; tile < most_blocks; tile += kKeyTile) {
+    const float* tile_keys = keys + tile * head_dim * kKeyBlock;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t blocks = std::min(kKeyTile, key_blocks(lengths[r]) - tile);
+      for (int64_t first = 0; blocks > 0 && first < heads; first += 8) {
+        const float* qs = q[r] + first * head_dim;
+        float* to = row_scores[r] + first * stride[r] + tile * kKeyBlock;
+        switch (std::min<int64_t>(8, heads - first)) {
+          case 1: block_scores<1>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+          case 2: block_scores<2>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+          case 3: block_scores<3>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+          case 4: block_scores<4>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+          case 5: block_scores<5>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+          case 6: block_scores<6>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+          case 7: block_scores<7>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+          default: block_scores<8>(qs, tile_keys, blocks, head_dim, scale, to, stride[r]); break;
+        }
+      }
+    }
+  }
+  // 2. Each row's and head's weights.
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      inverse[r * heads + h] = softmax_weights(row_scores[r] + h * stride[r], lengths[r]);
+      std::fill(out[r] + h * head_dim, out[r] + (h + 1) * head_dim, 0.0f);
+    }
+  // 3. Values: each tile of positions, for every row that reaches it.
+  for (int64_t from = 0; from < longest; from += kValueTile)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t to = std::min(from + kValueTile, lengths[r]);
+      for (int64_t h = 0; from < to && h < heads; ++h)
+        add_values(row_scores[r] + h * stride[r], from, to, values, head_dim, out[r] + h * head_dim);
+    }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h) scale_values(out[r] + h * head_dim, head_dim, inverse[r * heads + h]);
+#else
+  for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, lengths[r], head_dim, scale, out[r], scores);
+#endif
 }
 
 }  // namespace qd

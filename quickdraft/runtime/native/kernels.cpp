@@ -179,14 +179,32 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
   auto out = torch::empty({rows, heads * head_dim}, q.options());
   const float* q_data = q.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // Runs: consecutive rows of one slot (a verify block, a prompt chunk), at most kRunRows, attended together.
+  constexpr int64_t kRunRows = 16;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t r = 0; r < rows;) {
+    int64_t e = r + 1;
+    while (e < rows && row_slot[e] == row_slot[r] && e - r < kRunRows) ++e;
+    runs.emplace_back(r, e);
+    r = e;
+  }
+  at::parallel_for(0, static_cast<int64_t>(runs.size()) * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    const float* qs[kRunRows];
+    float* outs[kRunRows];
+    int64_t lengths[kRunRows];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t g = task % kv_heads, r = task / kv_heads, length = row_position[r] + 1;
-      scores.resize(8 * qd::key_blocks(length) * qd::kKeyBlock);
-      qd::attend_group(q_data + (r * heads + g * group) * head_dim, group, key_planes.plane(row_slot[r], layer, g),
-                       value_planes.plane(row_slot[r], layer, g), length, head_dim, static_cast<float>(scale),
-                       out_data + (r * heads + g * group) * head_dim, scores.data());
+      const int64_t g = task % kv_heads;
+      const auto [first, last] = runs[task / kv_heads];
+      for (int64_t r = first; r < last; ++r) {
+        qs[r - first] = q_data + (r * heads + g * group) * head_dim;
+        outs[r - first] = out_data + (r * heads + g * group) * head_dim;
+        lengths[r - first] = row_position[r] + 1;
+      }
+      scores.resize(qd::rows_scratch(lengths, last - first, group));
+      qd::attend_rows(qs, lengths, last - first, group, key_planes.plane(row_slot[first], layer, g),
+                      value_planes.plane(row_slot[first], layer, g), head_dim, static_cast<float>(scale), outs,
+                      scores.data());
     }
   });
   return out;

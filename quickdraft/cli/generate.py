@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +101,34 @@ def add_command(commands: Any) -> None:
     generate.set_defaults(handler=run)
 
 
+PROGRESS_PROMPT_TOKENS = 4096  # a prompt this long gets a progress bar while it is read (tens of seconds)
+
+
+@contextlib.contextmanager
+def prompt_progress(engine: Any, prompt_tokens: int, show: bool) -> Iterator[None]:
+    """A progress bar (tokens read, rate, time left) on stderr while a long prompt is read."""
+    if not show or prompt_tokens < PROGRESS_PROMPT_TOKENS:
+        yield
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=prompt_tokens, unit="tok", desc="reading the prompt", file=sys.stderr, leave=False)
+    previous = engine.on_step
+
+    def on_step(report: Any) -> None:
+        if report.prefill_tokens and bar.n < bar.total:
+            bar.update(min(report.prefill_tokens, bar.total - bar.n))
+        if previous is not None:
+            previous(report)
+
+    engine.on_step = on_step
+    try:
+        yield
+    finally:
+        engine.on_step = previous
+        bar.close()
+
+
 def run(args: argparse.Namespace) -> None:
     from quickdraft.api import Pipeline
 
@@ -138,12 +168,13 @@ def run(args: argparse.Namespace) -> None:
             pipeline.generate(prompt_ids, warm_up, drafter, options=options)
         pipeline.drafter(args.drafter, options).forget()  # the timed run reads the prompt itself, as the plain one does
     stream = pipeline.stream(prompt_ids, config, args.drafter, options=options, prediction=prediction_ids)
-    if not args.json:
-        for delta in stream:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-    result = stream.finish()
+    with prompt_progress(pipeline.engine, len(prompt_ids), show=not args.json):
+        if not args.json:
+            for delta in stream:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+        result = stream.finish()
     pipeline.save_learned(args.drafter, setup)
     comparison = None
     if args.compare:

@@ -14,6 +14,9 @@ class QueueFull(QuickdraftError):
     """The waiting queue holds as many requests as it may: try again later."""
 
 
+PROMPT_FORWARD_TOKENS = 2048  # the most prompt tokens one forward reads when nothing decodes
+
+
 @dataclass(frozen=True)
 class SchedulerSettings:
     max_running: int = 32  # requests decoding (and reading their prompts) at once
@@ -77,12 +80,13 @@ class Scheduler:
     def prefill_chunks(self) -> list[tuple[RequestState, int]]:
         """(request, prompt tokens to read this step) for requests still reading their prompts, oldest first.
 
-        While no request is decoding there is no one for a long prompt to stall: the oldest prompt is read
-        whole, in one forward rather than one per chunk (each reads all the weights again)."""
+        While no request is decoding there is no one for a long prompt to stall: the oldest prompt is read in
+        forwards of up to ``PROMPT_FORWARD_TOKENS`` (each forward reads all the weights again; longer ones would
+        only hold more activations: a 32k-token prompt read whole would need gigabytes)."""
         budget, chunks = self.settings.prefill_tokens_per_step, []
         reading = [state for state in self.running if state.prefilled < state.prompt_length]
         if reading and not any(state.decoding for state in self.running):
-            budget = max(budget, reading[0].prompt_length - reading[0].prefilled)
+            budget = max(budget, min(PROMPT_FORWARD_TOKENS, reading[0].prompt_length - reading[0].prefilled))
         for state in self.running:
             unread = state.prompt_length - state.prefilled
             if unread > 0 and budget > 0:

@@ -310,6 +310,25 @@ def test_a_request_alone_reads_its_prompt_in_one_step_and_drafts_at_once(native:
     assert collector.result("first").token_ids == plain.token_ids
 
 
+def test_a_long_prompt_alone_is_read_in_forwards_of_bounded_size(
+    native: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt longer than PROMPT_FORWARD_TOKENS, alone, is read in forwards of that many tokens (activations stay
+    bounded: a 32k-token prompt read whole would need gigabytes), and answers as plain decoding does."""
+    import quickdraft.engine.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "PROMPT_FORWARD_TOKENS", 16)
+    engine = batch_engine(native, prefill_tokens_per_step=5)
+    collector = Collector(engine)
+    prompt = tuple(range(3, 43))  # 40 tokens: 16 + 16 + 8
+    request = make_request(native, prompt, GenerationConfig(max_new_tokens=4), "none", "long")
+    engine.submit(request, collector.sink("long"))
+    engine.run_until_idle()
+    assert [report.prefill_tokens for report in collector.reports[:3]] == [16, 16, 8]
+    plain = native.generate(list(prompt), GenerationConfig(max_new_tokens=4), drafter="none")
+    assert collector.result("long").token_ids == plain.token_ids
+
+
 def test_a_draft_model_over_part_of_the_vocabulary_also_computes_the_prompts_tokens() -> None:
     """A draft model whose LM head computes the frequent tokens only also computes the tokens of every running
     prompt it drafts for (a request alone: its one prompt's); the output stays plain greedy."""

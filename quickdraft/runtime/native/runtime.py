@@ -15,8 +15,6 @@ from quickdraft.runtime.native.kernels import sources_digest
 from quickdraft.runtime.native.model import KEY_BLOCK, Decoder, DecoderConfig, StaticKVCache
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
 
-DEFAULT_CAPACITY = 8192  # positions per cache; memory is only touched where tokens are written
-
 
 class NativeCache(KVCache):
     def __init__(self, cache: StaticKVCache) -> None:
@@ -70,7 +68,7 @@ class NativeRuntime(Runtime):
         cls,
         path: Path,
         options: LoadOptions = LoadOptions(),  # noqa: B008 - frozen, shared
-        capacity: int = DEFAULT_CAPACITY,
+        capacity: int | None = None,
     ) -> NativeRuntime:
         """Load a model directory; its quantized form (``options.weights``: one of WEIGHT_FORMATS) is
         cached so later loads skip quantization. ``options.vocabulary`` restricts the LM head to those tokens."""
@@ -85,7 +83,12 @@ class NativeRuntime(Runtime):
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
         state = load_native_state(path, config, options.weights)
-        decoder = Decoder.from_native_state(config, state, min(capacity, config.max_position_embeddings))
+        # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
+        # only touched where tokens are written, so it grows with what a request uses, not with the capacity.
+        positions = (
+            config.max_position_embeddings if capacity is None else min(capacity, config.max_position_embeddings)
+        )
+        decoder = Decoder.from_native_state(config, state, positions)
         if options.vocabulary is not None:
             if (
                 not options.vocabulary

@@ -150,10 +150,10 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         max_ongoing_requests=server.scheduler.max_running,
     )  # fmt: skip
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"quickdraft: starting {args.replicas} replicas of {threads} thread(s) on Ray Serve ...", file=sys.stderr)
     try:
         ray_serve.deploy(server, deployment)
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's start, which sets a handler that aborts
         print(f"quickdraft: serving on http://{args.host}:{args.port}/v1 ({args.replicas} replicas)", file=sys.stderr)
         stop.wait()
     except KeyboardInterrupt:

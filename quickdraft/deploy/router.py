@@ -1,12 +1,13 @@
-"""Which replica takes a request: the one its conversation went to before, unless that one is full.
+"""Which replica takes a request: the one its conversation went to before, unless that one is much busier.
 
 The ingress gives each request an affinity key: the start of its conversation (the system prompt and the first user
 message of a chat, the start of a completion's prompt), the same for every later turn. Replicas are ranked for a key
 by rendezvous hashing (highest ``hash(key, replica)`` first), so a conversation keeps its replica, and with it that
 replica's prefix cache and draft caches, while the replicas stay the same; when one is added or lost only the keys
-it wins or held move (the router class: ``ray_router.py``). Ray Serve sends a request to the first replica of the
-ranking that has room (``max_ongoing_requests``) and retries dead ones; requests without a key go by Ray's power of
-two choices.
+it wins or held move (the router class: ``ray_router.py``). A replica holding more than ``SPILL_SLACK`` requests
+beyond the least busy one yields new requests to it (bounded load: 12 conversations at once on two replicas split
+unevenly by their hashes alone). Ray Serve sends a request to the first replica of the ranking that has room and
+retries dead ones; requests without a key go by Ray's power of two choices.
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ def rendezvous_rank(key: str, replica_ids: list[str]) -> list[str]:
         return hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest()
 
     return sorted(replica_ids, key=weight, reverse=True)
+
+
+SPILL_SLACK = 2  # requests a conversation's replica may hold beyond the least busy one before new ones go elsewhere
+
+
+def bounded_rank(ranked: list[str], queue_lengths: dict[str, int | None], slack: int = SPILL_SLACK) -> list[str]:
+    """``ranked`` (a key's rendezvous order), unless its first replica holds more than ``slack`` requests beyond the
+    least busy one: then the least busy first (rendezvous order among equals). So a burst of new conversations that
+    hash alike is spread, and a conversation stays where its caches are while load allows."""
+    known = {replica: length for replica, length in queue_lengths.items() if length is not None}
+    if ranked[0] not in known or not known or known[ranked[0]] <= min(known.values()) + slack:
+        return ranked
+    return sorted(ranked, key=lambda replica: (known.get(replica, 0), ranked.index(replica)))
 
 
 def request_key(pending_request: Any) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from quickdraft.deploy.router import affinity_key, rendezvous_rank, request_key
+from quickdraft.deploy.router import affinity_key, bounded_rank, rendezvous_rank, request_key
 
 
 def test_every_turn_of_a_conversation_has_its_first_turns_key() -> None:
@@ -37,3 +37,10 @@ def test_the_router_reads_the_key_the_ingress_passed() -> None:
     import types
 
     assert request_key(types.SimpleNamespace(kwargs={"key": "k"})) == "k" and request_key(None) is None
+
+
+def test_a_busy_replica_yields_new_conversations_to_the_least_busy() -> None:
+    ranked = ["a", "b", "c"]
+    assert bounded_rank(ranked, {"a": 3, "b": 1, "c": 2}) == ranked  # within the slack: the conversation's own
+    assert bounded_rank(ranked, {"a": 6, "b": 1, "c": 1}) == ["b", "c", "a"]  # beyond it: least busy first
+    assert bounded_rank(ranked, {"a": None, "b": 0, "c": 9}) == ranked  # its length unknown: no reason to move

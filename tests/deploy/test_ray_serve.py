@@ -22,6 +22,7 @@ from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+pytestmark = pytest.mark.ray
 REPLICA_PROCESS = "ServeReplica:quickdraft:QuickdraftReplica"
 TIMEOUT = 120.0
 LONG = 200  # new tokens per request (prompts whose greedy answers run that long: streams long enough to be cut)

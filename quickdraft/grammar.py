@@ -100,9 +100,7 @@ class Constraint:
             return None
         bitmask = self._xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, ⌈V/32⌉] int32
         self._matcher.fill_next_token_bitmask(bitmask, 0)
-        allowed = torch.zeros(1, self.vocab_size)  # [1, V]
-        self._xgr.apply_token_bitmask_inplace(allowed, bitmask, vocab_size=self.vocab_size)
-        return allowed[0] == 0
+        return self._allowed(bitmask)[0]
 
     def take_draft(self, token: int) -> None:
         """Move past a draft chosen under :meth:`draft_mask`, until :meth:`drop_drafts`."""
@@ -131,9 +129,13 @@ class Constraint:
             accepted += 1
         if accepted:
             self._matcher.rollback(accepted)
-        allowed = torch.zeros(accepted + 1, self.vocab_size)  # [n + 1, V]
-        self._xgr.apply_token_bitmask_inplace(allowed, bitmask[: accepted + 1], vocab_size=self.vocab_size)
-        return allowed == 0, accepted
+        return self._allowed(bitmask[: accepted + 1]), accepted
+
+    def _allowed(self, bitmask: torch.Tensor) -> torch.Tensor:
+        """xgrammar's bitmask ``[n, ⌈V/32⌉]`` as ``allowed [n, V] bool``."""
+        scores = torch.zeros(bitmask.shape[0], self.vocab_size)  # [n, V]
+        self._xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=self.vocab_size)
+        return scores == 0
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Move past the tokens committed (each allowed by the masks they were chosen under)."""

@@ -111,7 +111,7 @@ def main() -> None:
             results[drafter] = engine.generate(Request(tuple(prompt_ids), config, pipeline.drafter(drafter)))
             del store, engine
         plain, spec = results["none"], results["hybrid"]
-        steps = [g for g in spec.stats.gamma_per_step]
+        steps = spec.stats.gamma_per_step
         tau = spec.stats.mean_accepted_tokens or 1.0
         rows.append({
             "prompt_tokens": len(prompt_ids), "prefill_s": prefill_s, "prefill_tok_s": len(prompt_ids) / prefill_s,

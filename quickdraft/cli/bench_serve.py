@@ -15,6 +15,7 @@ from typing import Any
 
 from quickdraft.bench.base import run_sampling
 from quickdraft.bench.llama_server import free_port, gguf_files, server_command
+from quickdraft.bench.llama_tools import SERVER_TOOL, check_tool
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
 from quickdraft.bench.serve_report import write_report
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> None:
     args.sampling = run_sampling(args.temperature, args.seed)
     if not (args.sampling.is_greedy or args.sampling.is_seeded):
         args.no_reference = True  # unseeded samples have nothing to equal
+    if any(config.is_peer for config in configs):  # before references are decoded: a build it cannot do fails now
+        check_tool(SERVER_TOOL, "a llama-server configuration")
     check_output_dir(out)
     prompts = spec_bench_prompts(args.questions, args.num_prompts, args.question_seed)
     ours = [config for config in configs if not config.is_peer]
@@ -152,9 +155,11 @@ def start_servers(
         target_gguf, draft_gguf = gguf_files(args.target, draft)
         for config in peers:
             log = out / f"{config.name}.log"
-            command = server_command(config, target_gguf, draft_gguf, slots, torch.get_num_threads(), free_port())
+            command = server_command(
+                config, target_gguf, draft_gguf, slots, torch.get_num_threads(), port := free_port()
+            )
             servers.append((start_process(command, log), log))
-            urls[config.name] = wait_healthy(servers[-1][0], int(command[command.index("--port") + 1]), log)
+            urls[config.name] = wait_healthy(servers[-1][0], port, log)
             described[config.name] = " ".join([Path(command[0]).name, *command[1:]])
     return urls, described
 

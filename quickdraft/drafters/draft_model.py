@@ -21,6 +21,7 @@ import torch
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
+from quickdraft.grammar import masked
 from quickdraft.policies import DraftStep
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.sampling import choose_tokens, logits_to_probs
@@ -161,8 +162,9 @@ class DraftModelDrafter(Drafter):
         task = row.task
         if task.constraint is not None:  # drafts from its distribution under the grammar
             allowed = task.constraint.draft_mask()  # [V] bool, None: the grammar is complete
-            logits = logits.masked_fill(~fit_mask(allowed, logits.shape[-1]), float("-inf"))  # [1, V_draft]
-            if not torch.isfinite(logits).any():  # nothing it allows can be drafted
+            if allowed is not None:
+                logits = masked(logits, to_vocab(allowed, logits.shape[-1]))  # [1, V_draft]
+            if allowed is None or not torch.isfinite(logits).any():  # nothing it allows can be drafted
                 row.feed = []
                 return False
         probs = to_vocab(logits_to_probs(logits, task.sampling), self.target_vocab_size)  # [1, V]
@@ -177,17 +179,9 @@ class DraftModelDrafter(Drafter):
         return keep_drafting and len(row.token_ids) < row.num_tokens
 
 
-def fit_mask(allowed: torch.Tensor | None, width: int) -> torch.Tensor:
-    """The target's ``allowed [V]`` at the draft's logits width (ids beyond the target's are never allowed)."""
-    if allowed is None:
-        return torch.zeros(width, dtype=torch.bool)
-    if allowed.shape[-1] >= width:
-        return allowed[:width]
-    return torch.nn.functional.pad(allowed, (0, width - allowed.shape[-1]), value=False)
-
-
 def to_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Draft and target logits may be padded to different widths; ids beyond either are never drawn."""
+    """Draft and target logits may be padded to different widths; ids beyond either are never drawn (a boolean
+    mask of allowed ids: never allowed)."""
     width = probs.shape[-1]
     if width >= vocab_size:
         return probs[..., :vocab_size]

@@ -69,7 +69,6 @@ class Server:
 def build_server(options: ServerOptions, own_thread: bool) -> Server:
     """Load the models and make the engine, its loop (stepping in a thread of its own, or on the caller's thread
     through ``loop.run()``) and the app."""
-    from quickdraft.api import Pipeline
     from quickdraft.models import DEFAULT_DRAFT
     from quickdraft.server.app import create_app
 

@@ -131,6 +131,19 @@ def test_bench_serve_samples_seeded_requests(
     assert "temperature 0.9, seed 11" in (out / "report.md").read_text(encoding="utf-8")
 
 
+def test_a_llama_server_that_cannot_be_built_fails_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import quickdraft.bench.llama_tools as llama_tools
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))  # no build there
+    monkeypatch.setattr(llama_tools, "missing_build_tools", lambda: ["cmake"])
+    args = ["bench-serve", "--questions", str(write_questions(tmp_path, 2)), "--configs", "llama=llama-server"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 1
+    assert "builds llama.cpp's llama-server once: it needs cmake" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # before any reference was decoded
+
+
 def test_llama_server_configurations_parse_into_their_own_servers(monkeypatch: pytest.MonkeyPatch) -> None:
     from quickdraft.bench import llama_server
 
@@ -173,6 +186,7 @@ def test_bench_serve_starts_a_server_per_peer_and_reports_them_side_by_side(
 
     monkeypatch.setattr(bench_serve, "gguf_files", lambda target, draft: (Path("t.gguf"), draft and Path("d.gguf")))
     monkeypatch.setattr(bench_serve, "server_command", stand_in)
+    monkeypatch.setattr(bench_serve, "check_tool", lambda name, user: None)  # nothing is compiled in tests
     out = tmp_path / "out"
     args = ["bench-serve", "--questions", str(write_questions(tmp_path, 3)), "--num-prompts", "3"]
     args += ["--max-tokens", "5", "--rates", "seq,inf", "--disconnect-fraction", "0", "--out", str(out)]

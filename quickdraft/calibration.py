@@ -27,6 +27,7 @@ from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import BatchRow, Runtime
 
 PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
+LONG_CONTEXT = 4096  # cached tokens at which what the context adds to a forward is timed (placeholders, not read)
 STEADY_TOLERANCE = 0.3  # how far the target's 1-token forward timed again may differ from the curve's (a fraction)
 Costs = TypeVar("Costs", CostModel, BatchCostModel)
 
@@ -37,6 +38,8 @@ class CurveRole(StrEnum):
     TARGET = "target"  # the target's forward over k new tokens
     DRAFT = "draft"  # the draft model's forward over k new tokens
     DRAFT_PREFILL = "draft_prefill"  # the draft model reading n tokens into an empty cache
+    TARGET_CONTEXT = "target_context"  # what one more cached token adds to the target's forward over k new tokens
+    DRAFT_CONTEXT = "draft_context"  # the same for the draft model's
 
 
 def prefill_lengths(runtime: Runtime, lengths: Iterable[int] = PREFILL_LENGTHS) -> list[int]:
@@ -64,9 +67,12 @@ def measure_cost_curves(
     repeats: int = 3,
     warmup: int = 1,
     progress: bool = False,
+    placeholder: bool = False,
 ) -> dict[str, dict[int, float]]:
     """Per runtime (e.g. target and draft), milliseconds of a forward over k new tokens after ``context``
-    cached tokens: the fastest of ``repeats`` timed runs after ``warmup`` untimed ones.
+    cached tokens: the fastest of ``repeats`` timed runs after ``warmup`` untimed ones. The context is a random
+    prompt read, or with ``placeholder`` positions written directly (:meth:`Runtime.fill_placeholder`: as fast
+    to attend to, and long contexts take no time to fill).
 
     The runtimes and k take turns within every repeat, and the fastest run is kept: on a shared machine
     other work only ever adds time, and a slow spell then slows one repeat of every curve instead of one
@@ -86,7 +92,10 @@ def measure_cost_curves(
     for role, runtime in runtimes.items():
         caches[role] = runtime.new_cache(1)
         prompt = torch.randint(0, runtime.vocab_size, (1, context), generator=generator)  # [1, context]
-        runtime.forward(prompt, caches[role], last_only=True)
+        if placeholder:
+            runtime.fill_placeholder(caches[role], context)
+        else:
+            runtime.forward(prompt, caches[role], last_only=True)
     token_ids = {  # [1, k] per role and k
         role: {k: torch.randint(0, runtimes[role].vocab_size, (1, k), generator=generator) for k in wanted[role]}
         for role in runtimes
@@ -105,6 +114,30 @@ def measure_cost_curves(
                     times[role][k].append(elapsed)
                 bar.update()
     return {role: {k: 1000 * min(samples) for k, samples in curve.items()} for role, curve in times.items()}
+
+
+def context_lengths(runtime: Runtime, context: int, max_new_tokens: int) -> tuple[int, int] | None:
+    """Two context lengths between which what a longer context costs is timed: ``context`` and up to
+    ``LONG_CONTEXT`` (None when the model's context leaves too little room beyond ``context`` to tell)."""
+    long_context = min(LONG_CONTEXT, runtime.max_context - max_new_tokens)
+    return (context, long_context) if long_context >= 4 * context else None
+
+
+def measure_context_costs(
+    runtimes: Mapping[str, Runtime], ks: Mapping[str, Iterable[int]], contexts: tuple[int, int], repeats: int = 3
+) -> dict[str, dict[int, float]]:
+    """Per runtime (by :class:`CurveRole`: the target's and the draft model's), milliseconds that one more cached
+    token adds to a forward over k new tokens: its forwards timed after the two ``contexts`` (placeholder
+    positions), differenced. Attention reads every cached position for each new token, so within the model's
+    context the cost grows about linearly with it (``docs/benchmarks.md``, long contexts)."""
+    short, long = (measure_cost_curves(runtimes, ks, n, repeats, placeholder=True) for n in contexts)
+    slope_role = {CurveRole.TARGET: CurveRole.TARGET_CONTEXT, CurveRole.DRAFT: CurveRole.DRAFT_CONTEXT}
+    return {
+        slope_role[CurveRole(role)]: {
+            k: max(0.0, (long[role][k] - short[role][k]) / (contexts[1] - contexts[0])) for k in long[role]
+        }
+        for role in runtimes
+    }
 
 
 def measure_prefill_curve(
@@ -151,13 +184,21 @@ def draft_token_ms(
     return 0.0
 
 
-def cost_model_from_curves(curves: Mapping[str, Mapping[int, float]], drafter_cls: type[Drafter]) -> CostModel:
-    """The cost model of ``drafter_cls``'s steps from measured curves (by :class:`CurveRole`)."""
+def cost_model_from_curves(
+    curves: Mapping[str, Mapping[int, float]], drafter_cls: type[Drafter], context: int = 0
+) -> CostModel:
+    """The cost model of ``drafter_cls``'s steps from curves (by :class:`CurveRole`) measured after ``context``
+    cached tokens; what a longer context adds, if the context curves were measured."""
     draft_ms = draft_token_ms(curves, drafter_cls.needs_draft_model, drafter_cls.target_cost_fraction)
     if draft_ms is None or CurveRole.TARGET not in curves:
         raise ConfigError("the cost curves this drafter needs were not measured")
     prefill_ms = curves.get(CurveRole.DRAFT_PREFILL, {}) if drafter_cls.needs_draft_model else {}
-    return CostModel(dict(curves[CurveRole.TARGET]), draft_ms, dict(prefill_ms))
+    target_context = dict(curves.get(CurveRole.TARGET_CONTEXT, {}))
+    context_curves = {CurveRole.TARGET: target_context, CurveRole.DRAFT: curves.get(CurveRole.DRAFT_CONTEXT, {})}
+    draft_context = draft_token_ms(context_curves, drafter_cls.needs_draft_model, drafter_cls.target_cost_fraction)
+    return CostModel(
+        dict(curves[CurveRole.TARGET]), draft_ms, dict(prefill_ms), context, target_context, draft_context or 0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -176,8 +217,10 @@ def measure_cost_model(
     Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached tokens
     (the fastest of 3, after a warm-up); the draft model's 1-token forward and what reading 128 and 512
     tokens costs it if the drafter uses one; the drafter's share of a target step if the target drafts
-    itself; else 0. Last, the target's 1-token forward is timed again, to tell whether the machine's load
-    held steady throughout (:func:`steadiness_problem`).
+    itself; else 0. What a longer context adds to the target's forward of 1 and max + 1 tokens and to the
+    draft model's of 1 (:func:`measure_context_costs`, up to ``LONG_CONTEXT``: under a second on the default
+    pair). Last, the target's 1-token forward is timed again, to tell whether the machine's load held steady
+    throughout (:func:`steadiness_problem`).
     """
     ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})
     runtimes, wanted = {CurveRole.TARGET: target}, {CurveRole.TARGET: ks}
@@ -186,9 +229,13 @@ def measure_cost_model(
     curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
     if draft is not None and CurveRole.DRAFT in curves:
         curves[CurveRole.DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
+    wanted[CurveRole.TARGET] = [1, ks[-1]]
+    contexts = [context_lengths(runtime, context, max(wanted[role])) for role, runtime in runtimes.items()]
+    if None not in contexts:  # the longest context every model has room for
+        curves |= measure_context_costs(runtimes, wanted, min(contexts))  # type: ignore[type-var]
     again_ms = measure_cost_curve(target, [1], context, repeats=3, warmup=1)[1]
     unsteady = steadiness_problem(curves[CurveRole.TARGET][1], again_ms)
-    return Measurement(cost_model_from_curves(curves, drafter_cls), unsteady)
+    return Measurement(cost_model_from_curves(curves, drafter_cls, context), unsteady)
 
 
 def doublings(limit: int) -> list[int]:

@@ -22,6 +22,7 @@ from typing import Any, Generic
 import torch
 
 from quickdraft.calibration import (
+    LONG_CONTEXT,
     Costs,
     Measurement,
     measure_batch_cost_model,
@@ -154,7 +155,7 @@ class CalibrationStore:
         """The step costs goodput plans ``drafter``'s requests with (:func:`measure_cost_model`, a few seconds to
         measure)."""
         drafter_cls = DRAFTERS.get(drafter)
-        key = self.key(drafter_cls, max_draft_tokens, context)
+        key = self.single_key(drafter_cls, max_draft_tokens, context)
         path = self.file(key, drafter_cls.needs_draft_model, SINGLE)
 
         def measure() -> Measurement[CostModel]:
@@ -181,7 +182,12 @@ class CalibrationStore:
     def cost_model_file(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> Path | None:
         """Where :meth:`cost_model` keeps ``drafter``'s costs (None: not kept)."""
         drafter_cls = DRAFTERS.get(drafter)
-        return self.file(self.key(drafter_cls, max_draft_tokens, context), drafter_cls.needs_draft_model, SINGLE)
+        return self.file(self.single_key(drafter_cls, max_draft_tokens, context), drafter_cls.needs_draft_model, SINGLE)
+
+    def single_key(self, drafter_cls: type[Drafter], max_draft_tokens: int, context: int) -> dict[str, Any]:
+        """:meth:`key` of a single request's cost model, which also says what a longer context adds (measured up
+        to ``LONG_CONTEXT``: files saved before that was measured are measured again)."""
+        return self.key(drafter_cls, max_draft_tokens, context) | {"long_context": LONG_CONTEXT}
 
     def file(self, key: Mapping[str, Any], uses_draft: bool, kind: CostKind) -> Path | None:
         """The calibration file of ``key``; None for models without a path."""

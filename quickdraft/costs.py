@@ -65,11 +65,20 @@ class CostModel:
     a longer block look cheaper than a shorter one. A profile times bare forwards at one context
     length, and the machine's speed drifts; :meth:`with_measurements` corrects the model with what
     the engine's own steps took (:class:`StepTimeRecord`).
+
+    The curves hold at ``context_tokens`` cached tokens. Attention reads every cached position for each new
+    token's row, so a forward grows linearly with the context: ``target_context_ms`` is what one more cached
+    token adds to a forward over k new tokens (measured at two context lengths; linear between the measured
+    k), ``draft_context_ms`` the same for a drafted token, and :meth:`at_context` is the model at another
+    length. Without them (empty, 0) the costs are taken as the same at every length.
     """
 
-    target_ms: Mapping[int, float]  # as measured
+    target_ms: Mapping[int, float]  # as measured, at ``context_tokens``
     draft_ms: float = 0.0
     draft_prefill_ms: Mapping[int, float] = field(default_factory=dict)  # n tokens read -> ms
+    context_tokens: int = 0  # the cached tokens the curves were measured after
+    target_context_ms: Mapping[int, float] = field(default_factory=dict)  # k -> ms per further cached token
+    draft_context_ms: float = 0.0  # ms a drafted token takes per further cached token
     fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
     target_memo: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -83,6 +92,13 @@ class CostModel:
             raise ConfigError(f"the draft cost must be >= 0 ms, got {self.draft_ms}")
         if any(n < 1 or ms < 0 for n, ms in self.draft_prefill_ms.items()):
             raise ConfigError("a draft prefill curve needs n >= 1 tokens and times >= 0 ms")
+        slopes = [*self.target_context_ms.values(), self.draft_context_ms]
+        if (
+            self.context_tokens < 0
+            or any(k < 1 for k in self.target_context_ms)
+            or not all(math.isfinite(ms) and ms >= 0 for ms in slopes)
+        ):
+            raise ConfigError("context costs need a context >= 0, k >= 1 and finite times >= 0 ms per token")
         object.__setattr__(self, "fitted_target_ms", monotone_fit(self.target_ms))
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,16 +107,23 @@ class CostModel:
             "target_ms": {str(k): ms for k, ms in sorted(self.target_ms.items())},
             "draft_ms": self.draft_ms,
             "draft_prefill_ms": {str(n): ms for n, ms in sorted(self.draft_prefill_ms.items())},
+            "context_tokens": self.context_tokens,
+            "target_context_ms": {str(k): ms for k, ms in sorted(self.target_context_ms.items())},
+            "draft_context_ms": self.draft_context_ms,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
-        """The inverse of :meth:`to_dict`; malformed data raises ``ConfigError``."""
+        """The inverse of :meth:`to_dict` (data without context costs, as saved before them, has none); malformed
+        data raises ``ConfigError``."""
         try:
             return cls(
                 {int(k): float(ms) for k, ms in data["target_ms"].items()},
                 float(data["draft_ms"]),
                 {int(n): float(ms) for n, ms in data["draft_prefill_ms"].items()},
+                int(data.get("context_tokens", 0)),
+                {int(k): float(ms) for k, ms in data.get("target_context_ms", {}).items()},
+                float(data.get("draft_context_ms", 0.0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ConfigError(f"not a saved cost model: {error!r}") from None
@@ -133,6 +156,29 @@ class CostModel:
             self,
             target_ms={k: ms + shift for k, ms in self.fitted_target_ms.items()},
             draft_ms=self.draft_ms if draft_token_ms is None else draft_token_ms,
+        )
+
+    def context_ms(self, num_tokens: int, context_tokens: int) -> float:
+        """What ``context_tokens`` cached tokens add to a target forward over ``num_tokens`` new tokens beyond the
+        measured context (0 at or below it, and without context costs)."""
+        extra_tokens = context_tokens - self.context_tokens
+        if extra_tokens <= 0 or not self.target_context_ms:
+            return 0.0
+        return extra_tokens * max(0.0, interpolate(self.target_context_ms, num_tokens))
+
+    def draft_context_extra_ms(self, context_tokens: int) -> float:
+        """What ``context_tokens`` cached tokens add to a drafted token beyond the measured context."""
+        return max(0, context_tokens - self.context_tokens) * self.draft_context_ms
+
+    def at_context(self, context_tokens: int) -> CostModel:
+        """The costs after ``context_tokens`` cached tokens (this model where that is not past its own context)."""
+        if context_tokens <= self.context_tokens or not (self.target_context_ms or self.draft_context_ms):
+            return self
+        return replace(
+            self,
+            target_ms={k: ms + self.context_ms(k, context_tokens) for k, ms in self.fitted_target_ms.items()},
+            draft_ms=self.draft_ms + self.draft_context_extra_ms(context_tokens),
+            context_tokens=context_tokens,
         )
 
     def step_ms(self, num_draft_tokens: int) -> float:

@@ -12,6 +12,9 @@ import pytest
 
 from quickdraft.api import Pipeline
 from quickdraft.calibration import (
+    CurveRole,
+    context_lengths,
+    measure_context_costs,
     measure_cost_curve,
     measure_cost_curves,
     measure_prefill_curve,
@@ -74,6 +77,9 @@ def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
     fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
     model = fresh.calibrate("draft-model", max_draft_tokens=4).cost_model
     assert sorted(model.target_ms) == [1, 2, 4, 5] and model.draft_ms > 0
+    # what a longer context adds, timed up to the tiny model's 512 positions less the longest block
+    assert (model.context_tokens, sorted(model.target_context_ms)) == (64, [1, 5])
+    assert model.at_context(500).target(5) >= model.target(5)
     assert fresh.calibrate("prompt-lookup", max_draft_tokens=4).cost_model.draft_ms == 0.0
     assert fresh.drafter("draft-model").records.cost_model is model
 
@@ -234,3 +240,14 @@ def test_runs_calibrating_at_once_take_turns_and_the_second_loads_the_first(
     assert isinstance(first, Calibration) and first.source is CalibrationSource.MEASURED and first.saved
     assert isinstance(loaded, Calibration) and loaded.source is CalibrationSource.LOADED
     assert loaded.cost_model == first.cost_model
+
+
+def test_context_costs_are_timed_where_the_model_has_room_for_them(pipeline) -> None:
+    assert context_lengths(pipeline.target, 64, 5) == (64, 507)  # 512 positions, less a block of 5
+    assert context_lengths(pipeline.target, 200, 5) is None  # too close to tell a longer context apart
+    runtimes = {CurveRole.TARGET: pipeline.target, CurveRole.DRAFT: pipeline.draft}
+    costs = measure_context_costs(runtimes, {CurveRole.TARGET: [1, 3], CurveRole.DRAFT: [1]}, (16, 400), repeats=1)
+    assert set(costs) == {CurveRole.TARGET_CONTEXT, CurveRole.DRAFT_CONTEXT}
+    assert sorted(costs[CurveRole.TARGET_CONTEXT]) == [1, 3] and all(
+        ms >= 0 for ms in costs[CurveRole.DRAFT_CONTEXT].values()
+    )

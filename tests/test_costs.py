@@ -100,3 +100,32 @@ def test_a_cost_model_rejects_times_that_are_not_finite(costs: dict) -> None:
     }
     with pytest.raises(ConfigError, match="not a saved cost model"):
         CostModel.from_dict(json.loads(json.dumps(saved)))
+
+
+# A target whose every further row attends to the whole cache again (no shared tiles): long context makes drafts dear.
+KV_HEAVY = CostModel(
+    {1: 25.0, 9: 50.0}, 7.0, context_tokens=64, target_context_ms={1: 0.004, 9: 0.04}, draft_context_ms=0.001
+)
+
+
+def test_a_longer_context_adds_to_every_forward_and_more_to_longer_blocks() -> None:
+    at_16k = KV_HEAVY.at_context(64 + 16384)
+    assert at_16k.target(1) == pytest.approx(25.0 + 16384 * 0.004)
+    assert at_16k.target(9) == pytest.approx(50.0 + 16384 * 0.04)
+    assert at_16k.target(5) == pytest.approx(37.5 + 16384 * 0.022)  # linear in k between the measured blocks
+    assert at_16k.draft_ms == pytest.approx(7.0 + 16.384)
+    assert KV_HEAVY.context_ms(1, 1064) == pytest.approx(4.0)
+    assert at_16k.at_context(64 + 16384) == at_16k  # it holds at its own context now
+    assert KV_HEAVY.at_context(64) is KV_HEAVY and KV_HEAVY.at_context(10) is KV_HEAVY  # not below the measured one
+    assert FLAT.at_context(10**6) is FLAT  # without context costs: the same at every length
+    assert KV_HEAVY.best_num_draft_tokens(0.6, 8) >= 1 and at_16k.best_num_draft_tokens(0.6, 8) == 0
+
+
+def test_context_costs_survive_the_json_form_and_older_files_have_none() -> None:
+    assert CostModel.from_dict(json.loads(json.dumps(KV_HEAVY.to_dict()))) == KV_HEAVY
+    older = {key: value for key, value in KV_HEAVY.to_dict().items() if "context" not in key}
+    assert CostModel.from_dict(older).at_context(30000).target(1) == 25.0
+    with pytest.raises(ConfigError, match="context costs"):
+        CostModel({1: 1.0}, target_context_ms={1: -0.1})
+    with pytest.raises(ConfigError, match="context costs"):
+        CostModel({1: 1.0}, draft_context_ms=math.nan)

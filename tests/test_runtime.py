@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import BigramTableRuntime, native_from_hf, tiny_model
 
 from quickdraft.runtime import BatchRow, HFRuntime
 
@@ -38,3 +38,27 @@ def test_the_transformers_runtime_refuses_load_options_it_cannot_honour(tmp_path
         with pytest.raises(ConfigError, match="need the native runtime"):
             HFRuntime.load(tmp_path, options)
     assert HFRuntime.load(tmp_path, LoadOptions()).vocab_size == 32
+
+
+@pytest.mark.parametrize("kind", ["transformers", "native", "reading"])
+def test_a_placeholder_context_is_as_long_as_a_read_one_and_leaves_the_text_before_it(kind: str) -> None:
+    """Calibration times forwards after thousands of placeholder positions instead of reading a prompt first."""
+    model = tiny_model(32, seed=0)
+    runtimes = {
+        "transformers": HFRuntime,
+        "native": native_from_hf,
+        "reading": lambda _: BigramTableRuntime.random(32, 0, 1.0),
+    }
+    runtime = runtimes[kind](model)
+    cache = runtime.new_cache(1)
+    runtime.forward(torch.tensor([[1, 2, 3, 4, 5]]), cache)
+    reference = runtime.forward(torch.tensor([[6]]), cache)  # [1, 1, V] after the 5 tokens
+    cache.truncate(5)
+    runtime.fill_placeholder(cache, 20)  # 5..24: into the middle of the native runtime's second key block and past
+    assert int(cache.lengths[0]) == 25
+    assert torch.isfinite(runtime.forward(torch.tensor([[6, 7]]), cache)).all()
+    cache.truncate(5)
+    assert torch.equal(runtime.forward(torch.tensor([[6]]), cache), reference)
+    if kind == "native":
+        with pytest.raises(ValueError, match="holds"):
+            runtime.fill_placeholder(cache, runtime.max_context)

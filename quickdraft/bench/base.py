@@ -54,9 +54,9 @@ class Method(ABC):
     def check(self) -> None:  # noqa: B027
         """Before any model is loaded: fail with a clear error if this method cannot run here."""
 
-    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:  # noqa: B027
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]], context: int = 0) -> None:  # noqa: B027
         """Before measuring: build what the method runs (a drafter, a peer's model) and take the bench's cost curves
-        (ms per forward of k tokens, by :class:`quickdraft.calibration.CurveRole`)."""
+        (ms per forward of k tokens after ``context`` cached tokens, by :class:`quickdraft.calibration.CurveRole`)."""
 
     def start_conversation(self, pipeline: Pipeline, keep: Sequence[int] = ()) -> None:  # noqa: B027
         """Before a question's first turn: nothing carried over from another question or method but the

@@ -113,7 +113,7 @@ class LlamaCppMethod(Method):
     def check(self) -> None:
         require_llama_cpp(self.name)
 
-    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]], context: int = 0) -> None:
         """Find and verify the GGUF file, load it with the bench's thread count, and check that llama.cpp's
         tokenizer gives our ids for a chat prompt (the ids we feed it must mean the same tokens)."""
         import torch
@@ -276,7 +276,7 @@ class LlamaCppDraftMethod(Method):
     def check(self) -> None:
         check_tool(SPECULATIVE_TOOL, f"method {self.name!r}")
 
-    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]], context: int = 0) -> None:
         import torch
 
         target, draft = verified_gguf(pipeline.target_path), verified_gguf(pipeline.draft_path, "draft")

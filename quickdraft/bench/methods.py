@@ -59,13 +59,13 @@ class EngineMethod(Method):
         self.target_cost_fraction = DRAFTERS.get(drafter).target_cost_fraction
         self._gamma = num_draft_tokens
 
-    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]], context: int = 0) -> None:
         """Build the drafter now (one that cannot run on this runtime fails before anything is timed).
         Adaptive policies plan with the curves the bench measured (no separate calibration), or, on
         another runtime, with goodput's start-up calibration of that runtime."""
         drafter = pipeline.drafter(self.drafter)
         if self.runtime is None and self.drafter != "none" and CurveRole.TARGET in cost_curves:
-            drafter.records.cost_model = cost_model_from_curves(cost_curves, type(drafter))
+            drafter.records.cost_model = cost_model_from_curves(cost_curves, type(drafter), context)
         pipeline.setup_policy(self.drafter, self.config(GenerationConfig().max_new_tokens))
 
     def config(self, max_new_tokens: int) -> GenerationConfig:

@@ -147,7 +147,7 @@ class OpenVinoMethod(Method):
     def check(self) -> None:
         require_openvino(self.name)
 
-    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]]) -> None:
+    def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]], context: int = 0) -> None:
         """Export (once) and load the models with the bench's thread count and no prefix cache: GenAI keeps
         the previous prompt's blocks by default, and every method reads every prompt whole, as the baseline."""
         import openvino_genai

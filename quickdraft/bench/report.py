@@ -38,9 +38,27 @@ def metrics_table(rows: dict[str, dict[str, Any]], first_column: str) -> list[st
 
 
 def split_cost_curves(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The per-step cost curves (target, draft: k new tokens -> ms) and the draft's prefill curve, if any."""
+    """The per-step cost curves (target, draft: k new tokens -> ms) and the draft's prefill curve, if any (what a
+    longer context adds, ms per cached token, is apart: :func:`context_cost_line`)."""
     curves = dict(results.get("cost_curves") or {})
+    for role in (CurveRole.TARGET_CONTEXT, CurveRole.DRAFT_CONTEXT):
+        curves.pop(role, None)
     return curves, curves.pop(CurveRole.DRAFT_PREFILL, None)
+
+
+def context_cost_line(results: dict[str, Any]) -> list[str]:
+    """What 1,000 more cached tokens add to a forward, by the measured context curves (none: no line)."""
+    curves = results.get("cost_curves") or {}
+    parts = [
+        f"{role.removesuffix('_context')} k={k} {1000 * ms:.1f} ms"
+        for role in (CurveRole.TARGET_CONTEXT, CurveRole.DRAFT_CONTEXT)
+        for k, ms in sorted((int(k), ms) for k, ms in (curves.get(role) or {}).items())
+    ]
+    return (
+        ["", f"What 1,000 more cached tokens add to a forward (goodput plans with it): {', '.join(parts)}."]
+        if parts
+        else []
+    )
 
 
 def decoding(config: dict[str, Any]) -> str:
@@ -118,6 +136,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     if prefill:
         reads = ", ".join(f"{n} tokens {ms:.0f} ms" for n, ms in sorted((int(n), ms) for n, ms in prefill.items()))
         lines += ["", f"Draft model reading a prompt into an empty cache (goodput weighs it): {reads}."]
+    lines += context_cost_line(results)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

@@ -26,8 +26,10 @@ from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.bench.settings import BenchSettings
 from quickdraft.calibration import (
     CurveRole,
+    context_lengths,
     curve_from_json,
     curve_to_json,
+    measure_context_costs,
     measure_cost_curves,
     measure_prefill_curve,
     prefill_lengths,
@@ -156,14 +158,19 @@ def measure(
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
+    ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
+    roles = {CurveRole.TARGET: pipeline.target}
+    roles |= {CurveRole.DRAFT: pipeline.draft} if pipeline.draft is not None else {}
     if store.cost_curves is None:
-        ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
-        roles = {CurveRole.TARGET: pipeline.target}
-        roles |= {CurveRole.DRAFT: pipeline.draft} if pipeline.draft is not None else {}
         curves = measure_cost_curves(
             roles, dict.fromkeys(roles, ks), settings.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True
         )
         store.cost_curves = {str(role): curve_to_json(curve) for role, curve in curves.items()}
+    contexts = context_lengths(pipeline.target, settings.profile_context, ks[-1])
+    if contexts is not None and CurveRole.TARGET_CONTEXT not in store.cost_curves:  # older results lack it
+        context_ks = {CurveRole.TARGET: [1, ks[-1]], CurveRole.DRAFT: [1]}
+        slopes = measure_context_costs(roles, {role: context_ks[role] for role in roles}, contexts)
+        store.cost_curves |= {str(role): {str(k): ms for k, ms in curve.items()} for role, curve in slopes.items()}
     if pipeline.draft is not None and CurveRole.DRAFT_PREFILL not in store.cost_curves:  # older results lack it
         prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))
         store.cost_curves[str(CurveRole.DRAFT_PREFILL)] = curve_to_json(prefill)
@@ -173,7 +180,7 @@ def measure(
     other_runtimes = {method.runtime for method in pending_methods if method.runtime is not None}
     pipelines = {None: pipeline} | {runtime: pipeline.on_runtime(runtime) for runtime in sorted(other_runtimes)}
     for method in pending_methods:
-        method.load(pipelines[method.runtime], curves)
+        method.load(pipelines[method.runtime], curves, settings.profile_context)
     first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
     for method in tqdm(pending_methods * settings.warmup, desc="warm-up", file=sys.stderr):
         method.run(

@@ -252,10 +252,11 @@ class Engine:
         uses_draft_model: list[bool] = []  # drafts with a draft model this step (not copies)
         for state in decoding:
             drafter, draft_state = state.request.drafter, state.draft_state
-            remaining_tokens = state.request.config.max_new_tokens - len(state.new_token_ids)
+            generated, context = len(state.new_token_ids), len(state.committed)  # context: what attention reads
+            remaining_tokens = state.request.config.max_new_tokens - generated
             free_drafts = drafter.free_drafts(draft_state, state.committed)  # type: ignore[arg-type]
             backlog = drafter.backlog(draft_state, state.committed)  # type: ignore[arg-type]
-            bid = state.policy.bid(StepState(remaining_tokens, backlog, len(state.new_token_ids), free_drafts))
+            bid = state.policy.bid(StepState(remaining_tokens, backlog, generated, free_drafts, context))
             bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
             if free_drafts > 0 and bid.copies:
                 plan.copying.add(state)

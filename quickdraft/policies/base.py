@@ -56,9 +56,11 @@ class StepState:
     drafter_backlog: int = 0  # committed tokens the drafter must read before its next draft
     generated_tokens: int | None = None  # new tokens the request has produced so far; None: not known
     free_drafts: int = 0  # drafts the drafter can copy at no cost this step (a hybrid's lookup); 0: none
+    context_tokens: int = 0  # tokens in the target's cache before the step: what its attention reads
 
     def __post_init__(self) -> None:
         counts = [self.remaining_tokens, self.drafter_backlog, self.generated_tokens, self.free_drafts]
+        counts.append(self.context_tokens)
         if any(count is not None and count < 0 for count in counts):
             raise ValueError(f"a step state needs counts >= 0, got {self}")
 
@@ -91,10 +93,15 @@ class DraftBid:
     continuation_rate: float | None = None  # β, that a later draft is accepted when the drafts before it were
     reading_ms: float = 0.0  # what the drafter must read before it drafts costs (paid only if it drafts)
     copies: bool = True  # when the drafter offers free drafts (StepState.free_drafts): take them, or its model's
+    # What the request's context adds to a step beyond the batch curve's (measured with few cached tokens): to the
+    # target's forward for its one token, and for each draft (its row's attention, and the draft model's if any).
+    context_ms: float = 0.0
+    context_ms_per_draft: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.num_draft_tokens < 0 or self.reading_ms < 0:
-            raise ValueError(f"a draft bid needs num_draft_tokens >= 0 and reading_ms >= 0, got {self}")
+        times = [self.reading_ms, self.context_ms, self.context_ms_per_draft]
+        if self.num_draft_tokens < 0 or min(times) < 0:
+            raise ValueError(f"a draft bid needs num_draft_tokens >= 0 and times >= 0, got {self}")
         rates = [rate for rate in (self.acceptance_rate, self.continuation_rate) if rate is not None]
         if any(not 0.0 <= rate <= 1.0 for rate in rates):
             raise ValueError(f"acceptance estimates are probabilities, got {self}")

@@ -33,6 +33,7 @@ MEASURED_BACKLOG = 2  # a drafter catching up on at most this many tokens: a dra
 # A shorter reading is not timed: its cost is a few ms within the target's noise, against a prefill curve measured
 # at 128 and 512 tokens (a hybrid's draft model catching up on the tokens it copied, a probe after plain steps).
 MIN_TIMED_READING = 64
+CONTEXT_GRAIN = 64  # cached tokens: the costs a request plans with are made again when its context grows by this
 
 
 @dataclass
@@ -82,6 +83,12 @@ class GoodputPolicy(Policy):
     forward, per draft; a step that read a longer backlog first measures the reading against the
     profiled prefill curve. The decision to draft at all rests on exactly these ratios.
 
+    Attention reads the whole cache for every row, so at long context a step costs more, and each draft
+    more still (:meth:`CostModel.at_context`). A request plans with the costs at its own context
+    (``StepState.context_tokens``, to within ``CONTEXT_GRAIN`` tokens), and the step times it measures are
+    recorded less what its context added by the model's context costs, so that requests of every length
+    share one record.
+
     Before a request's first draft, when the drafter has to read first, the target's top
     probability on each plain token so far (the prefill's token at least) counts as that fraction
     of an accepted draft, in the estimate that chooses the first γ and decides whether the reading
@@ -107,6 +114,7 @@ class GoodputPolicy(Policy):
     plain_steps: int = field(default=0, init=False)
     single_steps: int = field(default=0, init=False)  # one-draft blocks in a row
     last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
+    last_context: int = field(default=0, init=False)  # the target's cached tokens when the last step was chosen
     block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
     block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
     copies_first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α of copied drafts
@@ -114,9 +122,10 @@ class GoodputPolicy(Policy):
     copying: bool = field(default=False, init=False)  # are the last bid's drafts copies (free, their own α)?
     declined_copies: int = field(default=0, init=False)  # copies offered and not taken, in a row
     copy_offers: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with copies on offer (decayed)
-    corrected: tuple[tuple[float | None, float | None], CostModel, CostModel] | None = field(
+    corrected: tuple[tuple[float | None, float | None, int], CostModel, CostModel] | None = field(
         default=None, init=False, repr=False
-    )  # the step times measured when last corrected, the corrected costs, and the same with free drafts (copies)
+    )  # (the step times measured and the context) when last corrected, the corrected costs, and the same with
+    # free drafts (copies)
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -146,7 +155,7 @@ class GoodputPolicy(Policy):
         """γ as the most this request drafts in a shared step, with the estimates it was chosen by, so that
         :func:`plan_batch` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone). When the
         drafter offers copies, the copies or the model's drafts, whichever promise more tokens per millisecond."""
-        self.last_backlog = state.drafter_backlog
+        self.last_backlog, self.last_context = state.drafter_backlog, state.context_tokens
         self.block_survival = 1.0
         self.copying = False
         self.copy_offers.add(int(state.free_drafts > 0), self.decay)
@@ -166,7 +175,7 @@ class GoodputPolicy(Policy):
             gamma = min(2, self.maximum)  # a probe of β
         self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
         self.single_steps = self.single_steps + 1 if gamma == 1 else 0
-        return DraftBid(gamma, acceptance_rate, continuation_rate, reading_ms, copies=False)
+        return DraftBid(gamma, acceptance_rate, continuation_rate, reading_ms, False, *self._context_costs(True))
 
     def _model_estimates(self, state: StepState) -> tuple[float, float, float, CostModel]:
         """(reading ms, α, β, corrected costs) of the drafter's model drafts."""
@@ -197,7 +206,15 @@ class GoodputPolicy(Policy):
             return None
         self.declined_copies = 0
         self.copying, self.block_costs = True, copy_costs
-        return DraftBid(gamma, alpha, beta)
+        return DraftBid(gamma, alpha, beta, 0.0, True, *self._context_costs(False))
+
+    def _context_costs(self, drafts_with_model: bool) -> tuple[float, float]:
+        """What this request's context adds to a shared step (:class:`DraftBid`'s ``context_ms`` and
+        ``context_ms_per_draft``), by the cost model's context costs."""
+        model, context = self.cost_model, self.last_context
+        one_token_ms = model.context_ms(1, context)
+        per_draft_ms = model.context_ms(2, context) - one_token_ms
+        return one_token_ms, per_draft_ms + (model.draft_context_extra_ms(context) if drafts_with_model else 0.0)
 
     def keep_drafting(self, step: DraftStep) -> bool:
         """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and
@@ -230,16 +247,18 @@ class GoodputPolicy(Policy):
         return None if ski_rental is None else ski_rental * (1.0 - self.copy_offers.mean())
 
     def costs(self) -> CostModel:
-        """The profiled cost model, corrected by the step times measured so far."""
+        """The profiled cost model, corrected by the step times measured so far, at the last step's context."""
         return self._corrected_costs()[0]
 
     def _corrected_costs(self) -> tuple[CostModel, CostModel]:
         """:meth:`costs`, and the same for drafts that cost no drafting (copies); made again only when a step time
-        measured since changes them (under batching they rarely do, and every request bids at every step)."""
+        measured since or the context changes them (under batching step times rarely do, and every request bids
+        at every step)."""
         assert self.step_times is not None
-        measured = (self.step_times.plain_step_ms, self.step_times.draft_token_ms)
+        context = self.last_context // CONTEXT_GRAIN * CONTEXT_GRAIN
+        measured = (self.step_times.plain_step_ms, self.step_times.draft_token_ms, context)
         if self.corrected is None or self.corrected[0] != measured:
-            costs = self.cost_model.with_measurements(*measured)
+            costs = self.cost_model.with_measurements(*measured[:2]).at_context(context)
             self.corrected = (measured, costs, replace(costs, draft_ms=0.0))
         return self.corrected[1], self.corrected[2]
 
@@ -253,13 +272,15 @@ class GoodputPolicy(Policy):
         assert self.step_times is not None
         if self.copying and proposed > 0:  # copies cost no drafting to measure
             return
+        model, context = self.cost_model, self.last_context  # recorded less what the context added (see above)
         if proposed == 0:
-            self.step_times.add_plain_step(elapsed_ms)
+            self.step_times.add_plain_step(max(0.0, elapsed_ms - model.context_ms(1, context)))
             return
         costs = self.costs()
         drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
         if self.last_backlog <= MEASURED_BACKLOG:
-            self.step_times.add_draft_token_cost(drafting_ms / proposed)
+            per_draft_ms = drafting_ms / proposed - model.draft_context_extra_ms(context)
+            self.step_times.add_draft_token_cost(max(0.0, per_draft_ms))
         elif (
             self.last_backlog - 1 >= MIN_TIMED_READING
             and (profiled_ms := self.cost_model.draft_read(self.last_backlog - 1)) > 0
@@ -309,10 +330,11 @@ def plan_batch(
     t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(requests drafting a p-th token with the
     draft model) + the reading of requests whose drafter must catch up first: one target forward over every
     request's block and the step's other work (``other_tokens``: prompt chunks), one draft-model forward per
-    draft position. A prompt token read counts as a token of goodput: it is work every request needs done, as
-    much as a generated one. Counted as nothing, a prompt chunk beside the decoding requests would make their
-    drafts look cheap (the step is long anyway), while a drafted token then costs what a prompt token costs
-    that other requests are waiting on.
+    draft position, and what each request's context adds (:class:`DraftBid`'s ``context_ms``: attention over a
+    long cache, which the batch curve, timed with few cached tokens, leaves out). A prompt token read counts as a
+    token of goodput: it is work every request needs done, as much as a generated one. Counted as nothing, a
+    prompt chunk beside the decoding requests would make their drafts look cheap (the step is long anyway),
+    while a drafted token then costs what a prompt token costs that other requests are waiting on.
     A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`). Drafts are handed out one
     at a time, each to the request whose next draft adds the most expected tokens per millisecond it adds to
     the step (one more token in the target's forward; with a draft model, one more row in that position's draft
@@ -332,7 +354,8 @@ def plan_batch(
         position for i, gamma in enumerate(gammas) if uses_draft_model[i] for position in range(1, gamma + 1)
     )
     tokens, expected = len(bids) + other_tokens + sum(gammas), float(len(bids))
-    drafting_ms = sum(draft_ms(count) for count in rows.values())
+    drafting_ms = sum(draft_ms(count) for count in rows.values())  # and what the requests' contexts add:
+    drafting_ms += sum(bid.context_ms + n * bid.context_ms_per_draft for bid, n in zip(bids, gammas, strict=True))
     expected += other_tokens  # prompt tokens read: work done, as generated tokens are
     best_goodput, best_gammas = expected / (target_ms(tokens) + drafting_ms), list(gammas)
     growing = [i for i, bid in enumerate(bids) if bid.negotiable and bid.num_draft_tokens > 0]
@@ -340,7 +363,7 @@ def plan_batch(
     def drafting_cost(i: int) -> float:  # what the next draft of request i adds to the step's drafting
         k = gammas[i] + 1
         model_ms = draft_ms(rows[k] + 1) - draft_ms(rows[k]) if uses_draft_model[i] else 0.0
-        return model_ms + (bids[i].reading_ms if k == 1 else 0.0)
+        return model_ms + bids[i].context_ms_per_draft + (bids[i].reading_ms if k == 1 else 0.0)
 
     while growing:
         verify_ms = target_ms(tokens + 1) - target_ms(tokens)

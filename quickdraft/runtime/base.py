@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 
 import torch
 
+PLACEHOLDER_CHUNK = 512  # tokens per forward when a runtime fills a cache by reading (Runtime.fill_placeholder)
+
 
 class KVCache(ABC):
     """Keys and values of the tokens a runtime has seen, per row."""
@@ -94,6 +96,17 @@ class Runtime(ABC):
         """A new one-row cache holding the first ``length`` positions of ``cache``'s (runtimes with
         ``reusable_prefixes``)."""
         raise NotImplementedError(f"the {self.name} runtime cannot copy a cache's prefix")
+
+    def fill_placeholder(self, cache: KVCache, num_tokens: int) -> None:
+        """Append ``num_tokens`` positions to every row of ``cache`` with keys and values that stand in for a
+        text's: a cache as long as a real one, to time a forward at that context without reading a prompt first
+        (calibration; what attends to them means nothing). This default reads random tokens, a chunk at a time;
+        runtimes that can write the positions directly do."""
+        generator = torch.Generator().manual_seed(0)
+        rows = int(cache.lengths.shape[0])
+        for start in range(0, num_tokens, PLACEHOLDER_CHUNK):
+            chunk = min(PLACEHOLDER_CHUNK, num_tokens - start)
+            self.forward(torch.randint(0, self.vocab_size, (rows, chunk), generator=generator), cache, last_only=True)
 
     def forward_with_hidden(
         self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False

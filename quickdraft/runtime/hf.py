@@ -72,6 +72,18 @@ class HFRuntime(Runtime):
         return HFCache(batch_size)
 
     @torch.inference_mode()
+    def fill_placeholder(self, cache: KVCache, num_tokens: int) -> None:
+        """Zero keys and values at the next ``num_tokens`` positions of every layer (see :class:`Runtime`)."""
+        assert isinstance(cache, HFCache), "a cache belongs to the runtime that made it"
+        config = self.model.config.get_text_config()
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (cache.batch_size, kv_heads, num_tokens, head_dim)  # [B, kv_heads, n, head_dim]
+        for layer in range(config.num_hidden_layers):
+            keys, values = (torch.zeros(shape, dtype=self.model.dtype, device=self.device) for _ in range(2))
+            cache.kv.update(keys, values, layer)
+
+    @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         return self._run(token_ids, cache, last_only, hidden=False).logits.float()  # [B, K, V]
 

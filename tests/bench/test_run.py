@@ -29,9 +29,10 @@ def test_bench_end_to_end_and_resume(
     assert json.loads((out / "results.json").read_text()) == results
     assert results["config"]["categories"] == ["mt_bench", "translation", "summarization"]
     assert results["config"]["n_questions"] == 5
-    assert set(results["cost_curves"]) == {"target", "draft", "draft_prefill"}
+    assert set(results["cost_curves"]) == {"target", "draft", "draft_prefill", "target_context", "draft_context"}
     assert "1" in results["cost_curves"]["target"] and results["cost_curves"]["draft_prefill"]
     assert "Draft model reading a prompt" in (out / "report.md").read_text()
+    assert "What 1,000 more cached tokens add to a forward" in (out / "report.md").read_text()
     names = ["baseline", "draft-model:2", "prompt-lookup:3", "hf-generate", "hf-assisted-tuned", "hf-prompt-lookup"]
     names.append("prompt-lookup+goodput")
     assert list(results["methods"]) == names

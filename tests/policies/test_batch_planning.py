@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import FLAT, STEEP
 
@@ -120,3 +122,13 @@ def test_batch_cost_models_validate_and_round_trip() -> None:
             BatchCostModel(bad)
     with pytest.raises(ConfigError, match="not a saved batch cost model"):
         BatchCostModel.from_dict({"target_ms": 3})
+
+
+def test_a_long_context_makes_its_requests_drafts_dearer_in_a_shared_step() -> None:
+    """The batch curve is timed with few cached tokens: what a request's context adds comes with its bid."""
+    short = bids(2, 0.8, 4)
+    assert plan_batch(short, [True, True], MEASURED_SHAPE)[0] >= 1
+    long = [replace(bid, context_ms=60.0, context_ms_per_draft=80.0) for bid in short]  # 16k tokens each
+    assert plan_batch(long, [True, True], MEASURED_SHAPE) == [0, 0]
+    mixed = plan_batch([short[0], long[1]], [True, True], MEASURED_SHAPE)
+    assert mixed[0] >= 1 and mixed[1] == 0

@@ -372,3 +372,33 @@ def test_goodput_takes_the_models_drafts_when_they_promise_more_than_the_copies(
     bid = policy.bid(StepState(free_drafts=8, drafter_backlog=1))
     assert bid.copies and policy.copying and bid.num_draft_tokens == 8  # copies that keep being right: free
     assert policy.bid(StepState(drafter_backlog=1)).copies is False  # nothing to copy: the model
+
+
+KV_HEAVY = CostModel(
+    {1: 25.0, 9: 50.0}, 7.0, context_tokens=64, target_context_ms={1: 0.004, 9: 0.04}, draft_context_ms=0.001
+)  # every further row attends to the whole cache again: long contexts make drafts dear
+LONG = 64 + 16384  # cached tokens: 16,384 past the measured context
+
+
+def test_goodput_plans_with_the_costs_at_the_requests_context() -> None:
+    policy = GoodputPolicy(KV_HEAVY, 8, AcceptanceRecord.independent(60, 40))
+    assert policy.choose(StepState(context_tokens=64)) >= 1
+    assert policy.choose(StepState(context_tokens=LONG)) == 0
+    assert policy.costs().target(1) == pytest.approx(25.0 + 16384 * 0.004)
+
+
+def test_goodput_records_step_times_less_what_the_context_added() -> None:
+    """Requests of every length share one record of step times: a long request's slow steps are its context's."""
+    shared, good = StepTimeRecord(), AcceptanceRecord.independent(60, 40)
+    long = GoodputPolicy(KV_HEAVY, 8, good, step_times=shared)
+    long.choose(StepState(context_tokens=LONG))
+    long.observe_step_time(0, 30.0 + 16384 * 0.004)  # a plain step at 16k: 5 ms over the profile's
+    assert shared.plain_step_ms == pytest.approx(30.0)
+    short = GoodputPolicy(KV_HEAVY, 8, good, step_times=shared)
+    short.choose(StepState(context_tokens=64))
+    assert short.costs().target(1) == pytest.approx(30.0)
+    long.choose(StepState(context_tokens=LONG))
+    verify_ms = long.costs().target(3)
+    long.observe_step_time(2, verify_ms + 2 * (10.0 + 16.384))  # two drafts of 10 ms, and 16k of context each
+    assert shared.draft_token_ms == pytest.approx(10.0)
+    assert long.costs().draft_ms == pytest.approx(10.0 + 16.384)

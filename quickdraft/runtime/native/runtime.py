@@ -115,6 +115,22 @@ class NativeRuntime(Runtime):
         copy.static.lengths.fill_(length)
         return copy
 
+    def fill_placeholder(self, cache: KVCache, num_tokens: int) -> None:
+        """Zeros at the next ``num_tokens`` positions of every row: attention reads them as it would a text's."""
+        assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"
+        static = cache.static
+        if num_tokens < 0 or int(static.lengths.max()) + num_tokens > static.capacity:
+            raise ValueError(f"the cache holds {static.capacity} positions; cannot add {num_tokens}")
+        for row, length in enumerate(static.lengths.tolist()):
+            static.values[:, row, :, length : length + num_tokens].zero_()
+            position = length
+            while position < length + num_tokens:  # keys: blocks of KEY_BLOCK positions, transposed
+                block, offset = divmod(position, KEY_BLOCK)
+                count = min(length + num_tokens - position, KEY_BLOCK - offset)
+                static.keys[:, row, :, block, :, offset : offset + count].zero_()
+                position += count
+        static.lengths += num_tokens
+
     def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"
         return self.decoder.forward(token_ids.cpu(), cache.static, last_only)

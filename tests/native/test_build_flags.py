@@ -1,4 +1,5 @@
-"""QUICKDRAFT_NATIVE_NO_AMX builds the kernels without AMX, as their own build; other values are refused."""
+"""QUICKDRAFT_NATIVE_NO_AMX and _NO_AVX512 build the kernels without AMX or AVX-512, as their own builds; other values
+are refused."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def fresh_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]
 
 def test_no_amx_is_a_build_of_its_own(fresh_flags: pytest.MonkeyPatch) -> None:
     fresh_flags.delenv(kernels.NO_AMX_VARIABLE, raising=False)
+    fresh_flags.delenv(kernels.NO_AVX512_VARIABLE, raising=False)
     usual, usual_digest = kernels.build_flags(), kernels.sources_digest()
     assert usual == kernels.FLAGS
     kernels.build_flags.cache_clear()
@@ -35,3 +37,10 @@ def test_other_values_are_refused(fresh_flags: pytest.MonkeyPatch) -> None:
     fresh_flags.setenv(kernels.NO_AMX_VARIABLE, "yes")
     with pytest.raises(ConfigError, match="must be 0 or 1"):
         kernels.build_flags()
+
+
+def test_no_avx512_is_an_avx2_build_of_its_own(fresh_flags: pytest.MonkeyPatch) -> None:
+    fresh_flags.setenv(kernels.NO_AMX_VARIABLE, "0")
+    fresh_flags.setenv(kernels.NO_AVX512_VARIABLE, "1")
+    assert kernels.build_flags() == kernels.FLAGS + kernels.NO_AVX512_FLAGS
+    assert "-mno-avx512f" in kernels.build_flags() and "-mno-amx-tile" in kernels.build_flags()

@@ -7,7 +7,7 @@
 // a verify block at any offset, or again after a rollback. Positions past p are never used, whatever they hold.
 //
 // Keys are stored in blocks of 16 positions, transposed: [C/16][D][16] per KV head, so one vector load gives a
-// dimension of 16 consecutive keys and a query's 16 scores need no horizontal sums. Values are [C][D].
+// dimension of 16 consecutive keys (8 with AVX2) and a query's scores need no horizontal sums. Values are [C][D].
 #pragma once
 
 #include <algorithm>
@@ -29,6 +29,7 @@ inline int64_t key_blocks(int64_t positions) { return (positions + kKeyBlock - 1
 
 #if defined(__AVX512F__)
 constexpr const char* kAttentionIsa = "avx512";
+#define QD_VECTOR_ATTENTION 1
 
 // Scores of H query heads (q: [H][D]) against `blocks` blocks of 16 keys, times scale: scores [H][blocks·16].
 template <int H>
@@ -90,6 +91,98 @@ inline void scale_values(float* out, int64_t head_dim, float inverse) {
     _mm512_mask_storeu_ps(out + d, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, out + d), _mm512_set1_ps(inverse)));
   }
 }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr const char* kAttentionIsa = "avx2";
+#define QD_VECTOR_ATTENTION 1
+
+// Lanes 0..count-1 of 8 set (count clamped to 0..8): for masked loads and stores, and to zero a block's tail.
+inline __m256i lanes_below(int64_t count) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(count, 8))), index);
+}
+
+// As the AVX-512 block_scores, each block of 16 keys in two halves of 8: every score's sum runs over d in order.
+template <int H>
+inline void block_scores(const float* q, const float* keys, int64_t blocks, int64_t head_dim, float scale,
+                         float* scores, int64_t stride) {
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t half = 0; half < kKeyBlock; half += 8) {
+      __m256 acc[H];
+      for (int h = 0; h < H; ++h) acc[h] = _mm256_setzero_ps();
+      const float* block = keys + b * head_dim * kKeyBlock + half;
+      for (int64_t d = 0; d < head_dim; ++d) {
+        const __m256 k = _mm256_loadu_ps(block + d * kKeyBlock);
+        for (int h = 0; h < H; ++h) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * head_dim + d]), k, acc[h]);
+      }
+      for (int h = 0; h < H; ++h)
+        _mm256_storeu_ps(scores + h * stride + b * kKeyBlock + half, _mm256_mul_ps(acc[h], _mm256_set1_ps(scale)));
+    }
+}
+
+inline float horizontal_max(__m256 v) {
+  const __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+inline float horizontal_sum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+// softmax(scores[0..length)) in place: the unnormalized weights exp(s - max) (0 past the length, to the end of its
+// block); returns 1 / their sum. Positions past the length hold whatever their keys gave and are masked out.
+inline float softmax_weights(float* scores, int64_t length) {
+  const int64_t chunks = key_blocks(length) * (kKeyBlock / 8);
+  const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 top = lowest;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __m256 valid = _mm256_castsi256_ps(lanes_below(length - c * 8));
+    top = _mm256_max_ps(top, _mm256_blendv_ps(lowest, _mm256_loadu_ps(scores + c * 8), valid));
+  }
+  const __m256 max_score = _mm256_set1_ps(horizontal_max(top));
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __m256 valid = _mm256_castsi256_ps(lanes_below(length - c * 8));
+    const __m256 e = _mm256_and_ps(valid, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + c * 8), max_score)));
+    _mm256_storeu_ps(scores + c * 8, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  return 1.0f / horizontal_sum(sum);
+}
+
+// acc [D] += Σ_{j in [from, to)} weights[j] · values[j] (j in order: the same sums, in one call or in several).
+inline void add_values(const float* weights, int64_t from, int64_t to, const float* values, int64_t head_dim,
+                       float* acc_out) {
+  for (int64_t first = 0; first < head_dim; first += 8 * 8) {  // 8 vectors of the output at a time
+    const int64_t vectors = std::min<int64_t>(8, (head_dim - first + 7) / 8);
+    const __m256i tail = lanes_below(head_dim - first - 8 * (vectors - 1));
+    const __m256i full = lanes_below(8);
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i)
+      if (i < vectors) acc[i] = _mm256_maskload_ps(acc_out + first + 8 * i, i + 1 < vectors ? full : tail);
+    for (int64_t j = from; j < to; ++j) {
+      const __m256 w = _mm256_set1_ps(weights[j]);
+      const float* v = values + j * head_dim + first;
+      for (int i = 0; i < 8; ++i)
+        if (i < vectors) acc[i] = _mm256_fmadd_ps(w, _mm256_maskload_ps(v + 8 * i, i + 1 < vectors ? full : tail), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i)
+      if (i < vectors) _mm256_maskstore_ps(acc_out + first + 8 * i, i + 1 < vectors ? full : tail, acc[i]);
+  }
+}
+
+inline void scale_values(float* out, int64_t head_dim, float inverse) {
+  for (int64_t d = 0; d < head_dim; d += 8) {
+    const __m256i mask = lanes_below(head_dim - d);
+    _mm256_maskstore_ps(out + d, mask, _mm256_mul_ps(_mm256_maskload_ps(out + d, mask), _mm256_set1_ps(inverse)));
+  }
+}
+#endif
+
+#if defined(QD_VECTOR_ATTENTION)
 
 // softmax(scores[0..length)) · values -> out [D]; scores are overwritten with the weights.
 inline void softmax_values(float* scores, int64_t length, const float* values, int64_t head_dim, float* out) {
@@ -172,7 +265,7 @@ inline int64_t rows_scratch(const int64_t* lengths, int64_t rows, int64_t heads)
 inline void attend_rows(const float* const* q, const int64_t* lengths, int64_t rows, int64_t heads,
                         const float* keys, const float* values, int64_t head_dim, float scale, float* const* out,
                         float* scores) {
-#if defined(__AVX512F__)
+#if defined(QD_VECTOR_ATTENTION)
   float* row_scores[64];
   int64_t stride[64];
   float inverse[64 * 64];

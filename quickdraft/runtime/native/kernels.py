@@ -3,6 +3,7 @@
 If compilation fails the runtime falls back to the same algorithm in PyTorch operations: still
 bit-stable, only slower. A warning says so. ``QUICKDRAFT_NATIVE_NO_AMX=1`` builds them without AMX on a
 processor that has it: what a CPU with the same AVX-512 VNNI and no AMX runs (its own build and calibrations).
+``QUICKDRAFT_NATIVE_NO_AVX512=1`` builds them with neither AVX-512, AVX-VNNI nor AMX: what an AVX2 CPU runs.
 """
 
 from __future__ import annotations
@@ -22,16 +23,22 @@ from quickdraft.machine import cpu_fingerprint
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 NO_AMX_FLAGS = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
 NO_AMX_VARIABLE = "QUICKDRAFT_NATIVE_NO_AMX"
+NO_AVX512_FLAGS = ["-mno-avx512f", "-mno-avxvnni", *NO_AMX_FLAGS]  # -mno-avx512f turns every AVX-512 subset off
+NO_AVX512_VARIABLE = "QUICKDRAFT_NATIVE_NO_AVX512"
 SOURCES = ("kernels.cpp", "layers.cpp", "kernels.h", "gemm.h", "gemm_amx.h", "attention.h", "simd.h")
 
 
 @functools.cache
 def build_flags() -> list[str]:
-    """The compiler flags: :data:`FLAGS`, and :data:`NO_AMX_FLAGS` when ``$QUICKDRAFT_NATIVE_NO_AMX`` is 1."""
-    value = os.environ.get(NO_AMX_VARIABLE, "")
-    if value not in ("", "0", "1"):
-        raise ConfigError(f"{NO_AMX_VARIABLE} must be 0 or 1, got {value!r}")
-    return FLAGS + NO_AMX_FLAGS if value == "1" else list(FLAGS)
+    """The compiler flags: :data:`FLAGS`, with :data:`NO_AVX512_FLAGS` when ``$QUICKDRAFT_NATIVE_NO_AVX512`` is 1,
+    else with :data:`NO_AMX_FLAGS` when ``$QUICKDRAFT_NATIVE_NO_AMX`` is 1."""
+    values = {name: os.environ.get(name, "") for name in (NO_AVX512_VARIABLE, NO_AMX_VARIABLE)}
+    for name, value in values.items():
+        if value not in ("", "0", "1"):
+            raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+    if values[NO_AVX512_VARIABLE] == "1":
+        return FLAGS + NO_AVX512_FLAGS
+    return FLAGS + NO_AMX_FLAGS if values[NO_AMX_VARIABLE] == "1" else list(FLAGS)
 
 
 @functools.cache

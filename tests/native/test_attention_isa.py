@@ -1,0 +1,75 @@
+"""attention.h on every instruction set this machine runs (AVX-512, AVX2, plain C++): each build's result is softmax
+attention to float error, rows attended together have the bits of each row alone, and positions past a row's length
+are never used, whatever they hold (NaN included)."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from test_gemm import HEADER_DIR, isa_builds, pointer
+
+HERE = Path(__file__).parent
+KEY_BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    builds = {"avx512" if name.startswith("avx512") else name: flags for name, flags in isa_builds().items()}
+    built = {}
+    for name, flags in builds.items():
+        if name == "avx-vnni":  # attention has no AVX-VNNI path: that build is the AVX2 one
+            continue
+        library = tmp_path_factory.mktemp("attention") / f"attention_{name}.so"
+        command = ["g++", "-std=c++17", "-O2", "-ffp-contract=off", *flags, "-shared", "-fPIC", f"-I{HEADER_DIR}"]
+        subprocess.run([*command, str(HERE / "attention_capi.cpp"), "-o", str(library)], check=True)
+        built[name] = ctypes.CDLL(str(library))
+        built[name].attention_isa.restype = ctypes.c_char_p
+        assert built[name].attention_isa().decode() == name  # the build took the path it was compiled for
+    return built
+
+
+def blocked_keys(keys: torch.Tensor) -> torch.Tensor:
+    """Keys [C, D] (C a multiple of 16) -> the cache's layout [C/16, D, 16]."""
+    positions, head_dim = keys.shape
+    return keys.reshape(positions // KEY_BLOCK, KEY_BLOCK, head_dim).transpose(1, 2).contiguous()
+
+
+def attend(library: ctypes.CDLL, together: bool, q: torch.Tensor, lengths: list[int], keys: torch.Tensor,
+           values: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+    rows, heads, head_dim = q.shape
+    out = torch.full_like(q, math.nan)
+    length_array = (ctypes.c_int64 * rows)(*lengths)
+    function = library.attend_together if together else library.attend_alone
+    blocked = blocked_keys(keys)  # held while the call reads it
+    function(pointer(q), length_array, ctypes.c_int64(rows), ctypes.c_int64(heads), pointer(blocked),
+             pointer(values), ctypes.c_int64(head_dim), ctypes.c_float(scale), pointer(out))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [128, 12])  # the default pair's, and one that ends inside a vector
+def test_every_attention_build_is_exact_and_keeps_to_each_rows_positions(libraries, head_dim: int) -> None:
+    generator = torch.Generator().manual_seed(7)
+    positions, heads = 640, 9  # 640: past two tiles of 256 keys; 9 heads: a group of 8 and one more
+    keys, values = (torch.randn(positions, head_dim, generator=generator) for _ in range(2))
+    lengths = [*range(300, 318), 1, 17, 600]  # a verify block of 18 rows (two runs of 16), and others
+    q = torch.randn(len(lengths), heads, head_dim, generator=generator)
+    scale = head_dim**-0.5
+    for name, library in libraries.items():
+        alone = attend(library, False, q, lengths, keys, values, scale)
+        together = attend(library, True, q, lengths, keys, values, scale)
+        assert torch.equal(together, alone), name
+        for r, length in enumerate(lengths):
+            weights = torch.softmax(q[r] @ keys[:length].T * scale, dim=-1)  # [heads, length]
+            assert torch.allclose(alone[r], weights @ values[:length], atol=1e-5, rtol=1e-4), (name, r)
+            poisoned_keys, poisoned_values = keys.clone(), values.clone()
+            poisoned_keys[length:], poisoned_values[length:] = math.nan, math.nan  # from the row's own length on
+            poisoned = attend(library, True, q[r : r + 1], [length], poisoned_keys, poisoned_values, scale)
+            assert torch.equal(poisoned, alone[r : r + 1]), (name, r)

@@ -28,7 +28,7 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.prediction import PredictionCopies
-from quickdraft.drafters.prompt_lookup import lookup_continuation
+from quickdraft.drafters.prompt_lookup import NgramIndex
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.policies import PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
@@ -48,8 +48,7 @@ class ContextCopies:
     step asks twice (the policy for the free drafts, then the drafter for the drafts)."""
 
     def __init__(self, max_ngram: int, min_ngram: int) -> None:
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
+        self.index = NgramIndex(max_ngram, min_ngram)
         self._key: tuple[int, int] = (0, -1)  # (context length, last token) of the copy kept
         self._copied: list[int] = []
 
@@ -58,7 +57,7 @@ class ContextCopies:
         key = (len(context), context[-1])
         if self._key != key:
             self._key = key
-            self._copied = lookup_continuation(list(context), MAX_COPIED, self.max_ngram, self.min_ngram)
+            self._copied = self.index.continuation(context, MAX_COPIED)
         return self._copied
 
 

@@ -28,6 +28,9 @@ from quickdraft.runtime.base import BatchRow, Runtime
 
 PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
 LONG_CONTEXT = 4096  # cached tokens at which what the context adds to a forward is timed (placeholders, not read)
+# Blocks of k new tokens whose context cost is timed (and the longest, max + 1): the native runtime attends to the
+# cache in runs of 16 rows, so a block of 17 costs a second reading, and a line from 1 to 17 would overprice the rest.
+CONTEXT_KS = (1, 8)
 STEADY_TOLERANCE = 0.3  # how far the target's 1-token forward timed again may differ from the curve's (a fraction)
 Costs = TypeVar("Costs", CostModel, BatchCostModel)
 
@@ -121,6 +124,11 @@ def context_lengths(runtime: Runtime, context: int, max_new_tokens: int) -> tupl
     ``LONG_CONTEXT`` (None when the model's context leaves too little room beyond ``context`` to tell)."""
     long_context = min(LONG_CONTEXT, runtime.max_context - max_new_tokens)
     return (context, long_context) if long_context >= 4 * context else None
+
+
+def context_ks(longest: int) -> list[int]:
+    """The blocks of k new tokens whose context cost is timed, up to the ``longest`` a step verifies."""
+    return sorted({k for k in CONTEXT_KS if k < longest} | {longest})
 
 
 def measure_context_costs(
@@ -217,7 +225,7 @@ def measure_cost_model(
     Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached tokens
     (the fastest of 3, after a warm-up); the draft model's 1-token forward and what reading 128 and 512
     tokens costs it if the drafter uses one; the drafter's share of a target step if the target drafts
-    itself; else 0. What a longer context adds to the target's forward of 1 and max + 1 tokens and to the
+    itself; else 0. What a longer context adds to the target's forward of 1, 8 and max + 1 tokens and to the
     draft model's of 1 (:func:`measure_context_costs`, up to ``LONG_CONTEXT``: under a second on the default
     pair). Last, the target's 1-token forward is timed again, to tell whether the machine's load held steady
     throughout (:func:`steadiness_problem`).
@@ -229,7 +237,7 @@ def measure_cost_model(
     curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
     if draft is not None and CurveRole.DRAFT in curves:
         curves[CurveRole.DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
-    wanted[CurveRole.TARGET] = [1, ks[-1]]
+    wanted[CurveRole.TARGET] = context_ks(ks[-1])
     contexts = [context_lengths(runtime, context, max(wanted[role])) for role, runtime in runtimes.items()]
     if None not in contexts:  # the longest context every model has room for
         curves |= measure_context_costs(runtimes, wanted, min(contexts))  # type: ignore[type-var]

@@ -22,6 +22,7 @@ from typing import Any, Generic
 import torch
 
 from quickdraft.calibration import (
+    CONTEXT_KS,
     LONG_CONTEXT,
     Costs,
     Measurement,
@@ -187,7 +188,7 @@ class CalibrationStore:
     def single_key(self, drafter_cls: type[Drafter], max_draft_tokens: int, context: int) -> dict[str, Any]:
         """:meth:`key` of a single request's cost model, which also says what a longer context adds (measured up
         to ``LONG_CONTEXT``: files saved before that was measured are measured again)."""
-        return self.key(drafter_cls, max_draft_tokens, context) | {"long_context": LONG_CONTEXT}
+        return self.key(drafter_cls, max_draft_tokens, context) | {"long_context": [LONG_CONTEXT, *CONTEXT_KS]}
 
     def file(self, key: Mapping[str, Any], uses_draft: bool, kind: CostKind) -> Path | None:
         """The calibration file of ``key``; None for models without a path."""

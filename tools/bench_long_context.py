@@ -3,8 +3,10 @@
     .venv/bin/python tools/bench_long_context.py [--lengths 1024,4096,8192,16384,32768] [--max-new-tokens 128]
         [--out results/long-context-xeon-amx/results.json]
 
-Each prompt is real source code from this Python's standard library (whole modules, in a fixed order, cut at a
-line to the length) and a question about its last function, in the chat template. For each length, one process:
+Each prompt is ``quickdraft bench --context-lengths``'s question of that length (real source code from this Python's
+standard library, cut at a line, and a question about its last function), in the chat template. The bench times
+each method's whole answer; this tool adds the step costs and attention share at each length. For each length, in
+one process:
 
 1. the target reads the prompt once (timed: prompt tokens/s); each decoding run below starts from a copy of that
    cache through a prefix cache (bit for bit what reading it again gives), so its time is the answer's;
@@ -16,6 +18,8 @@ line to the length) and a question about its last function, in the chat template
    read per generated token (57 KB a position for the default target): a plain step reads the C cached
    positions once for its token; a verify step's rows (up to 16 of them) take turns on each tile of the cache,
    so it reads them about once for its τ tokens.
+
+Next to ``--out``: ``speedup_vs_context.png``, the speedup and the attention share against the prompt's length.
 """
 
 from __future__ import annotations
@@ -23,45 +27,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sysconfig
 import time
 from pathlib import Path
 
 import torch
 
 from quickdraft.api import Pipeline
+from quickdraft.bench.long_context import chat_token_counter, long_context_questions
 from quickdraft.config import GenerationConfig
 from quickdraft.engine import Engine, Request
 from quickdraft.engine.prefix_cache import PrefixCache
 
-MODULES = ("typing.py", "argparse.py", "inspect.py", "pathlib.py", "dataclasses.py", "functools.py", "enum.py",
-           "tarfile.py", "zipfile.py", "zipfile/__init__.py", "subprocess.py", "ast.py", "configparser.py",
-           "textwrap.py", "difflib.py", "statistics.py", "fractions.py", "heapq.py", "bisect.py")  # fmt: skip
 CHUNK = 2048  # prompt tokens per forward when timing the reading
 
 
 def long_prompt(pipeline: Pipeline, tokens: int, answer_tokens: int) -> list[int]:
-    """Standard-library source cut at a line so that, with the question, the chat prompt is about ``tokens``."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    lines: list[str] = []
-    for module in (name for name in MODULES if (root / name).is_file()):  # zipfile is a package from 3.12
-        lines += [f"# ---- {module} ----\n", *(root / module).read_text(encoding="utf-8").splitlines(keepends=True)]
-    budget = tokens - answer_tokens
-    low, high = 1, len(lines)
-    while low < high:  # the most lines whose prompt fits
-        middle = (low + high + 1) // 2
-        if len(chat(pipeline, lines[:middle])) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return chat(pipeline, lines[:low])
-
-
-def chat(pipeline: Pipeline, lines: list[str]) -> list[int]:
-    functions = [line.split("def ", 1)[1].split("(")[0] for line in lines if line.lstrip().startswith("def ")]
-    name = functions[-1] if functions else "the last function"
-    question = f"Explain step by step what the function `{name}` defined above does, and name one edge case."
-    return pipeline.encode_chat([{"role": "user", "content": "".join(lines) + "\n\n" + question}])
+    """``bench --context-lengths``'s question of this length, through the chat template."""
+    question = long_context_questions([tokens], answer_tokens, chat_token_counter(pipeline.tokenizer))[0]
+    return pipeline.encode_chat([{"role": "user", "content": question.turns[0]}])
 
 
 def read_prompt(pipeline: Pipeline, prompt_ids: list[int]) -> tuple[object, float]:
@@ -132,7 +115,35 @@ def main() -> None:
               f"identical {row['identical']}", flush=True)  # fmt: skip
         del cache
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"baseline_t1_ms": baseline_t1, "rows": rows}, indent=1), encoding="utf-8")
+        costs = pipeline.drafter("hybrid").records.cost_model  # what goodput planned with (context costs included)
+        summary = {"baseline_t1_ms": baseline_t1, "cost_model": costs and costs.to_dict(), "rows": rows}
+        args.out.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        plot(rows, args.out.with_name("speedup_vs_context.png"))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Speedup over plain decoding and the attention share of a plain step, against the prompt's length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = [row["prompt_tokens"] for row in rows]
+    figure, speed = plt.subplots(figsize=(7, 4.5))
+    speed.plot(lengths, [row["speedup"] for row in rows], marker="o", label="default ÷ plain (answer tokens/s)")
+    speed.axhline(1.0, color="grey", linewidth=0.8)
+    speed.set_xscale("log", base=2)
+    speed.set_xlabel("prompt tokens (cached context)")
+    speed.set_ylabel("speedup over plain decoding")
+    share = speed.twinx()
+    share.plot(lengths, [row["attention_share"] for row in rows], marker="s", color="tab:orange",
+               label="attention share of a plain step")  # fmt: skip
+    share.set_ylabel("attention share of t(1)")
+    share.set_ylim(0, 1)
+    figure.legend(loc="lower left", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

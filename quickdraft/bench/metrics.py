@@ -3,9 +3,11 @@
 Per question, tokens/s = new tokens of all its turns ÷ wall time of all its turns (prefill
 included). A method's speedup over a group of questions = mean per-question tokens/s of the
 method ÷ that of the baseline, per run on the questions both finished, then averaged over
-runs. τ (mean accepted tokens) is the mean over every target step of the tokens it appended.
-The share of questions whose tokens equal the baseline's is the lossless fraction of our methods
-and the agreement of peers (other implementations, whose arithmetic differs from ours).
+runs. The same after the prompt (``decode_speedup``): each turn's tokens after its first ÷ the
+time after it, where long prompts' reading would hide what decoding gained. τ (mean accepted
+tokens) is the mean over every target step of the tokens it appended. The share of questions
+whose tokens equal the baseline's is the lossless fraction of our methods and the agreement of
+peers (other implementations, whose arithmetic differs from ours).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,6 +36,9 @@ METRIC_KEYS = (
     "n_questions",
     "latency_p50_ms",
     "latency_p90_ms",
+    "decode_speedup",
+    "decode_tokens_per_s",
+    "prefill_s",
 )
 
 
@@ -55,6 +60,7 @@ class Entry:
     answers: list[str] = field(default_factory=list)  # decoded text per turn
     gammas: list[int] = field(default_factory=list)  # γ chosen per verify step (our speculative methods)
     revision: str | None = None  # the quickdraft commit that measured it (:func:`source_revision`); None: unknown
+    prefill_s: float | None = None  # seconds to each turn's first token, summed (reading the prompts); None: not kept
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -63,6 +69,13 @@ class Entry:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """The answers' tokens after each turn's first ÷ the time after it: the speed with the prompts' reading
+        apart (None: not recorded, or no such tokens)."""
+        tokens, seconds = self.new_tokens - len(self.answers), self.wall_time_s - (self.prefill_s or 0.0)
+        return tokens / seconds if self.prefill_s is not None and tokens > 0 and seconds > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,6 +145,8 @@ def summarize(
     latencies = [latency for e in entries for latency in e.token_latencies_s]
     compared = [e for e in entries if e.question_id in reference_ids]
     speedup = _speedup(entries, baseline)
+    decode_rates = [rate for e in entries if (rate := e.decode_tokens_per_s) is not None]
+    prefill_times = [e.prefill_s for e in entries if e.prefill_s is not None]
     efficiency = None
     if speedup is not None and acceptance_rate is not None and num_draft_tokens and target_ms:
         predicted = predicted_speedup(acceptance_rate, num_draft_tokens, draft_ms or 0.0, target_ms)
@@ -152,7 +167,18 @@ def summarize(
         "n_questions": len({e.question_id for e in entries}),
         "latency_p50_ms": None if p50 is None else 1000 * p50,
         "latency_p90_ms": None if p90 is None else 1000 * p90,
+        "decode_speedup": _speedup_of(_paired_rates(entries, baseline, decode_rate), None),
+        "decode_tokens_per_s": statistics.fmean(decode_rates) if decode_rates else None,
+        "prefill_s": statistics.fmean(prefill_times) if prefill_times else None,
     }
+
+
+def decode_rate(entry: Entry) -> float | None:
+    return entry.decode_tokens_per_s
+
+
+def total_rate(entry: Entry) -> float | None:
+    return entry.tokens_per_s
 
 
 def _speedup(entries: list[Entry], baseline: list[Entry]) -> float | None:
@@ -166,12 +192,14 @@ def _speedup_per_run(entries: list[Entry], baseline: list[Entry]) -> dict[str, f
     return {str(run): speedup for run, speedup in per_run.items() if speedup is not None}
 
 
-def _paired_rates(entries: list[Entry], baseline: list[Entry]) -> dict[int, dict[str, tuple[float, float]]]:
-    """Per run, per question both finished: (the method's tokens/s, the baseline's)."""
+def _paired_rates(
+    entries: list[Entry], baseline: list[Entry], rate: Callable[[Entry], float | None] = total_rate
+) -> dict[int, dict[str, tuple[float, float]]]:
+    """Per run, per question both finished (and have a ``rate`` for): (the method's tokens/s, the baseline's)."""
     paired: dict[int, dict[str, tuple[float, float]]] = {}
     for run in sorted({e.run for e in entries}):
-        ours = {e.question_id: e.tokens_per_s for e in entries if e.run == run}
-        theirs = {e.question_id: e.tokens_per_s for e in baseline if e.run == run}
+        ours = {e.question_id: value for e in entries if e.run == run and (value := rate(e)) is not None}
+        theirs = {e.question_id: value for e in baseline if e.run == run and (value := rate(e)) is not None}
         paired[run] = {q: (ours[q], theirs[q]) for q in sorted(ours.keys() & theirs.keys())}
     return paired
 

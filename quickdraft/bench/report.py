@@ -12,6 +12,8 @@ COLUMNS = (
     ("speedup", "speedup", "{:.2f}×"),
     ("speedup_ci95", "95 % interval", "{0[0]:.2f}–{0[1]:.2f}×"),
     ("tokens_per_s", "tokens/s", "{:.2f}"),
+    ("decode_speedup", "speedup after the prompt", "{:.2f}×"),
+    ("prefill_s", "prompt s", "{:.2f}"),
     ("mean_accepted_tokens", "τ", "{:.2f}"),
     ("acceptance_rate", "α", "{:.2f}"),
     ("lossless_fraction", "lossless", "{:.2f}"),

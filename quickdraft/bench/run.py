@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from quickdraft.bench.base import Method
+from quickdraft.bench.long_context import bench_questions
 from quickdraft.bench.methods import parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
 from quickdraft.bench.peers import package_version
@@ -26,6 +27,7 @@ from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.bench.settings import BenchSettings
 from quickdraft.calibration import (
     CurveRole,
+    context_ks,
     context_lengths,
     curve_from_json,
     curve_to_json,
@@ -51,10 +53,14 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
     report.md and the plots there; the results and whether the plots were drawn."""
     from quickdraft.models import DEFAULT_DRAFT
 
-    questions_path = settings.questions or default_questions_path()
-    if questions_path is None:
-        raise ConfigError("no question file: pass --questions PATH (no ../shared/data/spec_bench/question.jsonl)")
-    questions = sample_questions(load_questions(questions_path), settings.per_category, settings.seed)
+    if settings.context_lengths:
+        questions, questions_name = bench_questions(settings.target, settings.context_lengths, settings.max_new_tokens)
+    else:
+        questions_path = settings.questions or default_questions_path()
+        if questions_path is None:
+            raise ConfigError("no question file: pass --questions PATH (no ../shared/data/spec_bench/question.jsonl)")
+        questions = sample_questions(load_questions(questions_path), settings.per_category, settings.seed)
+        questions_name = str(questions_path.resolve())
     methods = parse_methods(settings.methods)
     if not settings.sampling.is_greedy:
         greedy_only = [method.name for method in methods if not method.samples]
@@ -65,7 +71,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
     needs_draft = any(method.uses_draft_model for method in methods)
     categories = list(dict.fromkeys(question.category for question in questions))
     config = {
-        "questions": str(questions_path.resolve()),
+        "questions": questions_name,
         "question_ids": [question.question_id for question in questions],
         "n_questions": len(questions),
         "categories": categories,
@@ -168,8 +174,8 @@ def measure(
         store.cost_curves = {str(role): curve_to_json(curve) for role, curve in curves.items()}
     contexts = context_lengths(pipeline.target, settings.profile_context, ks[-1])
     if contexts is not None and CurveRole.TARGET_CONTEXT not in store.cost_curves:  # older results lack it
-        context_ks = {CurveRole.TARGET: [1, ks[-1]], CurveRole.DRAFT: [1]}
-        slopes = measure_context_costs(roles, {role: context_ks[role] for role in roles}, contexts)
+        wanted = {CurveRole.TARGET: context_ks(ks[-1]), CurveRole.DRAFT: [1]}
+        slopes = measure_context_costs(roles, {role: wanted[role] for role in roles}, contexts)
         store.cost_curves |= {str(role): {str(k): ms for k, ms in curve.items()} for role, curve in slopes.items()}
     if pipeline.draft is not None and CurveRole.DRAFT_PREFILL not in store.cost_curves:  # older results lack it
         prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))
@@ -236,6 +242,7 @@ def run_question(
     proposed: int | None = None
     accepted: int | None = None
     gammas: list[int] = []
+    prefill_s: float | None = 0.0
     method.start_conversation(pipeline, pipeline.chat_prefix() if question.chat else [])
     for _ in question.turns:
         prompt_ids = encode_turns(pipeline, question, answers)[0]
@@ -245,6 +252,7 @@ def run_question(
         step_sizes += result.step_sizes
         latencies += token_latencies(result.step_times_s, result.step_sizes)
         wall_time_s += result.wall_time_s
+        prefill_s = None if prefill_s is None or not result.step_times_s else prefill_s + result.step_times_s[0]
         gammas += result.gammas
         if result.draft_tokens_proposed is not None:
             proposed = (proposed or 0) + result.draft_tokens_proposed
@@ -264,6 +272,7 @@ def run_question(
         answers=answers,
         gammas=gammas,
         revision=source_revision(),
+        prefill_s=prefill_s,
     )
 
 

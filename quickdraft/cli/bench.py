@@ -13,6 +13,7 @@ from quickdraft.bench.run import WARMUP_TOKENS, run_bench
 from quickdraft.bench.settings import BENCH_DOC, DEFAULT_METHODS, BenchSettings
 from quickdraft.cli.common import add_model_arguments, add_sampling_arguments, check_output_dir
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
+from quickdraft.errors import ConfigError
 
 
 def add_command(commands: Any) -> None:
@@ -27,6 +28,12 @@ def add_command(commands: Any) -> None:
         metavar="PATH",
         help="question file: Spec-Bench/MT-Bench .jsonl (question_id, category, turns), HumanEval .jsonl.gz, "
         "GSM8K .jsonl (default ../shared/data/spec_bench/question.jsonl when it exists)",
+    )
+    bench.add_argument(
+        "--context-lengths",
+        metavar="N,N,…",
+        help="instead of a question file: one long-context question per length in tokens (standard-library source and "
+        "a question about it; e.g. 1024,4096,8192,16384,32768)",
     )
     bench.add_argument("--per-category", type=int, default=5, metavar="N", help="questions per category (default 5)")
     bench.add_argument("--all-questions", action="store_true", help="every question (ignores --per-category)")
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace) -> None:
     settings = BenchSettings(
         out=Path(args.out),
         questions=Path(args.questions) if args.questions else None,
+        context_lengths=parse_lengths(args.context_lengths),
         per_category=None if args.all_questions else args.per_category,
         max_new_tokens=args.max_new_tokens,
         methods=args.methods,
@@ -102,3 +110,13 @@ def run(args: argparse.Namespace) -> None:
     print((settings.out / "report.md").read_text(encoding="utf-8").split("\n## Overall")[0])
     plots = ", speedup.png, accept_hist.png, cost_curve.png" if plotted else " (no plots: pip install matplotlib)"
     print(f"wrote {settings.out}/results.json, report.md{plots}", file=sys.stderr)
+
+
+def parse_lengths(text: str | None) -> tuple[int, ...]:
+    """``--context-lengths`` as token counts (None: none asked for)."""
+    if text is None:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--context-lengths takes comma-separated token counts, got {text!r}") from None

@@ -1,0 +1,67 @@
+"""Long-context questions (``bench --context-lengths``): standard-library source cut to each length, end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench_helpers import bench_args, chat_model_dirs
+
+from quickdraft.bench.long_context import long_context_questions, source_lines
+from quickdraft.cli import main
+from quickdraft.errors import ConfigError
+
+__all__ = ["chat_model_dirs"]  # the fixture, used here by name
+
+
+def characters(text: str) -> int:
+    """A stand-in tokenizer: four characters a token."""
+    return len(text) // 4
+
+
+def test_each_question_fills_its_length_less_the_answer_and_asks_about_its_last_function() -> None:
+    questions = long_context_questions([4096, 1024], 128, characters)
+    assert [question.category for question in questions] == ["context-1024", "context-4096"]
+    for question, length in zip(questions, (1024, 4096), strict=True):
+        prompt = question.turns[0]
+        assert length - 128 - 40 <= characters(prompt) <= length - 128  # the longest cut at a line that fits
+        last_function = next(line for line in reversed(prompt.splitlines()) if line.lstrip().startswith("def "))
+        assert f"`{last_function.split('def ', 1)[1].split('(')[0]}`" in prompt.splitlines()[-1]
+    assert questions[0].turns[0].startswith("# ---- typing.py ----")  # the same text on every run
+    assert len(source_lines()) > 20_000
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([100], "at least 64 tokens beyond"),  # no room for a context beside a 128-token answer
+        ([1024, 1024], "distinct"),
+        ([65_536], "exceed the model's 32768 positions"),
+        ([10**8], "fills fewer than"),
+    ],
+)
+def test_lengths_that_cannot_be_asked_are_refused(lengths: list[int], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        long_context_questions(lengths, 128, characters, max_context=32_768 if lengths != [10**8] else None)
+
+
+def test_bench_asks_long_context_questions_and_times_the_answer_apart(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    args = bench_args(chat_model_dirs, tmp_path / "unused", tmp_path / "out", "--methods", "prompt-lookup:2", "--json")
+    args[1:3] = ["--context-lengths", "200,120"]  # instead of --questions
+    assert main(args) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results["config"]["categories"] == ["context-120", "context-200"]
+    assert results["config"]["questions"].endswith("standard library")
+    for name in ("baseline", "prompt-lookup:2"):
+        overall = results["methods"][name]["overall"]
+        assert overall["prefill_s"] > 0 and overall["decode_tokens_per_s"] > overall["tokens_per_s"]
+    assert results["methods"]["prompt-lookup:2"]["overall"]["decode_speedup"] > 0
+    assert "speedup after the prompt" in (tmp_path / "out" / "report.md").read_text()
+    args[2] = "120,9999"
+    assert main(args) == 1  # longer than the tiny model's 512 positions: a clear error before anything runs
+    assert "exceed the model's 512 positions" in capsys.readouterr().err
+    args[1:3] = ["--context-lengths", "1024,x"]
+    assert main(args) == 1 and "comma-separated token counts" in capsys.readouterr().err

@@ -57,10 +57,12 @@ def measure_cost_curve(
     repeats: int = 3,
     warmup: int = 1,
     progress: bool = False,
+    placeholder: bool = False,
     label: str = "profile",
 ) -> dict[int, float]:
-    """Milliseconds of a forward over k new tokens with ``context`` tokens cached (fastest of ``repeats``)."""
-    return measure_cost_curves({label: runtime}, {label: ks}, context, repeats, warmup, progress)[label]
+    """Milliseconds of a forward over k new tokens with ``context`` tokens cached (fastest of ``repeats``; the
+    context read from a random prompt, or ``placeholder`` positions: see :func:`measure_cost_curves`)."""
+    return measure_cost_curves({label: runtime}, {label: ks}, context, repeats, warmup, progress, placeholder)[label]
 
 
 def measure_cost_curves(

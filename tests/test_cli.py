@@ -252,7 +252,10 @@ def test_profile_command_prints_json(tiny_model_dirs: dict[str, Path], capsys: p
     assert main([*args, "--repeats", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["runtime"] == "transformers" and report["context"] == 8
-    assert sorted(report["t_ms"]) == ["1", "2", "3"]
+    assert sorted(report["t_ms"]) == ["1", "2", "3"] and report["placeholder_context"] is False
+    assert main([*args[:-2], "400", "--placeholder-context", "--json", "--repeats", "1"]) == 0  # not read: filled
+    report = json.loads(capsys.readouterr().out)
+    assert (report["context"], report["placeholder_context"], sorted(report["t_ms"])) == (400, True, ["1", "2", "3"])
 
 
 def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path], capsys, monkeypatch) -> None:

@@ -140,7 +140,8 @@ def plot(rows: list[dict], path: Path) -> None:
                label="attention share of a plain step")  # fmt: skip
     share.set_ylabel("attention share of t(1)")
     share.set_ylim(0, 1)
-    figure.legend(loc="lower left", fontsize="small")
+    handles = speed.get_legend_handles_labels()[0] + share.get_legend_handles_labels()[0]
+    speed.legend(handles=handles, loc="upper center", fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -48,6 +48,12 @@ def add_command(commands: Any) -> None:
     profile.add_argument("--max-k", type=int, default=16, metavar="K", help="largest number of new tokens (default 16)")
     profile.add_argument("--context", type=int, default=512, metavar="N", help="cached tokens first (default 512)")
     profile.add_argument(
+        "--placeholder-context",
+        action="store_true",
+        help="fill the context with placeholder keys and values instead of reading a random prompt: attention costs "
+        "the same, and long contexts take no minutes to fill",
+    )
+    profile.add_argument(
         "--repeats", type=int, default=5, metavar="R", help="timed runs per k, the fastest kept (default 5)"
     )
     profile.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed runs per k first (default 1)")
@@ -101,8 +107,10 @@ def run(args: argparse.Namespace) -> None:
     if args.prefill is not None:
         report |= measure_prefill(runtime, args.prefill, args.repeats, args.warmup, reader)
     else:
-        curve = measure_cost_curve(runtime, range(1, args.max_k + 1), args.context, args.repeats, args.warmup, True)
-        report |= {"context": args.context, "t_ms": curve_to_json(curve)}
+        ks = range(1, args.max_k + 1)
+        curve = measure_cost_curve(runtime, ks, args.context, args.repeats, args.warmup, True, args.placeholder_context)
+        report |= {"context": args.context, "placeholder_context": args.placeholder_context}
+        report |= {"t_ms": curve_to_json(curve)}
     text = json.dumps(report, indent=None if args.json else 2)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as file:

@@ -6,34 +6,19 @@ from __future__ import annotations
 
 import ctypes
 import math
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-from test_gemm import HEADER_DIR, isa_builds, pointer
+from test_gemm import compile_capi, isa_builds, pointer
 
-HERE = Path(__file__).parent
 KEY_BLOCK = 16
 
 
 @pytest.fixture(scope="module")
 def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
-    if shutil.which("g++") is None:
-        pytest.skip("no C++ compiler")
     builds = {"avx512" if name.startswith("avx512") else name: flags for name, flags in isa_builds().items()}
-    built = {}
-    for name, flags in builds.items():
-        if name == "avx-vnni":  # attention has no AVX-VNNI path: that build is the AVX2 one
-            continue
-        library = tmp_path_factory.mktemp("attention") / f"attention_{name}.so"
-        command = ["g++", "-std=c++17", "-O2", "-ffp-contract=off", *flags, "-shared", "-fPIC", f"-I{HEADER_DIR}"]
-        subprocess.run([*command, str(HERE / "attention_capi.cpp"), "-o", str(library)], check=True)
-        built[name] = ctypes.CDLL(str(library))
-        built[name].attention_isa.restype = ctypes.c_char_p
-        assert built[name].attention_isa().decode() == name  # the build took the path it was compiled for
-    return built
+    builds.pop("avx-vnni", None)  # attention has no AVX-VNNI path: that build is the AVX2 one
+    return compile_capi("attention_capi.cpp", builds, tmp_path_factory.mktemp("attention"), "attention_isa")
 
 
 def blocked_keys(keys: torch.Tensor) -> torch.Tensor:

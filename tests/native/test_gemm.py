@@ -33,19 +33,27 @@ def isa_builds() -> dict[str, list[str]]:
     return builds
 
 
-@pytest.fixture(scope="module")
-def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
+def compile_capi(
+    source: str, builds: dict[str, list[str]], directory: Path, isa_function: str
+) -> dict[str, ctypes.CDLL]:
+    """``source`` (beside this file) compiled once per build (name -> compiler flags) into ``directory``; each build
+    must report its name from ``isa_function`` (it took the path it was compiled for). Skips without a compiler."""
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler")
     built = {}
-    for name, flags in isa_builds().items():
-        library = tmp_path_factory.mktemp("gemm") / f"gemm_{name}.so"
+    for name, flags in builds.items():
+        library = directory / f"{Path(source).stem}_{name}.so"
         command = ["g++", "-std=c++17", "-O2", "-ffp-contract=off", *flags, "-shared", "-fPIC", f"-I{HEADER_DIR}"]
-        subprocess.run([*command, str(HERE / "gemm_capi.cpp"), "-o", str(library)], check=True)
+        subprocess.run([*command, str(HERE / source), "-o", str(library)], check=True)
         built[name] = ctypes.CDLL(str(library))
-        built[name].isa.restype = ctypes.c_char_p
-        assert built[name].isa().decode() == name  # the build took the path it was compiled for
+        getattr(built[name], isa_function).restype = ctypes.c_char_p
+        assert getattr(built[name], isa_function)().decode() == name
     return built
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
+    return compile_capi("gemm_capi.cpp", isa_builds(), tmp_path_factory.mktemp("gemm"), "isa")
 
 
 def pointer(tensor: torch.Tensor) -> ctypes.c_void_p:

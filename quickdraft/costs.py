@@ -68,9 +68,9 @@ class CostModel:
 
     The curves hold at ``context_tokens`` cached tokens. Attention reads every cached position for each new
     token's row, so a forward grows linearly with the context: ``target_context_ms`` is what one more cached
-    token adds to a forward over k new tokens (measured at two context lengths; linear between the measured
-    k), ``draft_context_ms`` the same for a drafted token, and :meth:`at_context` is the model at another
-    length. Without them (empty, 0) the costs are taken as the same at every length.
+    token adds to a forward over k new tokens (measured at two context lengths; used through its monotone fit,
+    linear between the measured k), ``draft_context_ms`` the same for a drafted token, and :meth:`at_context` is
+    the model at another length. Without them (empty, 0) the costs are taken as the same at every length.
     """
 
     target_ms: Mapping[int, float]  # as measured, at ``context_tokens``
@@ -80,6 +80,7 @@ class CostModel:
     target_context_ms: Mapping[int, float] = field(default_factory=dict)  # k -> ms per further cached token
     draft_context_ms: float = 0.0  # ms a drafted token takes per further cached token
     fitted_target_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
+    fitted_context_ms: Mapping[int, float] = field(init=False, repr=False, compare=False)
     target_memo: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +101,7 @@ class CostModel:
         ):
             raise ConfigError("context costs need a context >= 0, k >= 1 and finite times >= 0 ms per token")
         object.__setattr__(self, "fitted_target_ms", monotone_fit(self.target_ms))
+        object.__setattr__(self, "fitted_context_ms", monotone_fit(self.target_context_ms))  # more rows cost more
 
     def to_dict(self) -> dict[str, Any]:
         """The measured costs as JSON-ready data (curve keys become strings)."""
@@ -162,9 +164,9 @@ class CostModel:
         """What ``context_tokens`` cached tokens add to a target forward over ``num_tokens`` new tokens beyond the
         measured context (0 at or below it, and without context costs)."""
         extra_tokens = context_tokens - self.context_tokens
-        if extra_tokens <= 0 or not self.target_context_ms:
+        if extra_tokens <= 0 or not self.fitted_context_ms:
             return 0.0
-        return extra_tokens * max(0.0, interpolate(self.target_context_ms, num_tokens))
+        return extra_tokens * max(0.0, interpolate(self.fitted_context_ms, num_tokens))
 
     def draft_context_extra_ms(self, context_tokens: int) -> float:
         """What ``context_tokens`` cached tokens add to a drafted token beyond the measured context."""

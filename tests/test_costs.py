@@ -129,3 +129,9 @@ def test_context_costs_survive_the_json_form_and_older_files_have_none() -> None
         CostModel({1: 1.0}, target_context_ms={1: -0.1})
     with pytest.raises(ConfigError, match="context costs"):
         CostModel({1: 1.0}, draft_context_ms=math.nan)
+
+
+def test_context_costs_never_fall_with_more_rows() -> None:
+    """A measured dip (noise on a tiny model) must not make a draft's context cost negative."""
+    dipping = CostModel({1: 10.0, 8: 20.0}, context_tokens=8, target_context_ms={1: 0.002, 8: 0.001})
+    assert dipping.context_ms(2, 1008) >= dipping.context_ms(1, 1008) > 0

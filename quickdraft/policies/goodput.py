@@ -213,7 +213,7 @@ class GoodputPolicy(Policy):
         ``context_ms_per_draft``), by the cost model's context costs."""
         model, context = self.cost_model, self.last_context
         one_token_ms = model.context_ms(1, context)
-        per_draft_ms = model.context_ms(2, context) - one_token_ms
+        per_draft_ms = max(0.0, model.context_ms(2, context) - one_token_ms)
         return one_token_ms, per_draft_ms + (model.draft_context_extra_ms(context) if drafts_with_model else 0.0)
 
     def keep_drafting(self, step: DraftStep) -> bool:

@@ -42,6 +42,7 @@ from quickdraft.machine import cpu_description
 from quickdraft.sampling import SamplingParams
 
 WARMUP_TOKENS = 16
+WARMUP_PROMPT_TOKENS = 512  # the warm-up reads at most this much of the first prompt (a long-context one took 65 s)
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
 PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fastest of 5, target and draft in turn
 FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "draft_load", "runtime")
@@ -187,7 +188,7 @@ def measure(
     pipelines = {None: pipeline} | {runtime: pipeline.on_runtime(runtime) for runtime in sorted(other_runtimes)}
     for method in pending_methods:
         method.load(pipelines[method.runtime], curves, settings.profile_context)
-    first_prompt = encode_turns(pipeline, questions[0], [])[0] if pending_methods else []
+    first_prompt = encode_turns(pipeline, questions[0], [])[0][-WARMUP_PROMPT_TOKENS:] if pending_methods else []
     for method in tqdm(pending_methods * settings.warmup, desc="warm-up", file=sys.stderr):
         method.run(
             pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, settings.max_new_tokens), settings.sampling

@@ -96,10 +96,10 @@ def measure_cost_curves(
     caches = {}
     for role, runtime in runtimes.items():
         caches[role] = runtime.new_cache(1)
-        prompt = torch.randint(0, runtime.vocab_size, (1, context), generator=generator)  # [1, context]
         if placeholder:
             runtime.fill_placeholder(caches[role], context)
         else:
+            prompt = torch.randint(0, runtime.vocab_size, (1, context), generator=generator)  # [1, context]
             runtime.forward(prompt, caches[role], last_only=True)
     token_ids = {  # [1, k] per role and k
         role: {k: torch.randint(0, runtimes[role].vocab_size, (1, k), generator=generator) for k in wanted[role]}
@@ -148,6 +148,17 @@ def measure_context_costs(
         }
         for role in runtimes
     }
+
+
+def context_costs(runtimes: Mapping[str, Runtime], context: int, longest: int) -> dict[str, dict[int, float]]:
+    """:func:`measure_context_costs` of the target's blocks of :func:`context_ks` up to ``longest`` new tokens and
+    the draft model's 1-token forward (``runtimes`` by :class:`CurveRole`), from ``context`` to the longest context
+    every model has room for; none when one has too little."""
+    wanted = {role: context_ks(longest) if role == CurveRole.TARGET else [1] for role in runtimes}
+    contexts = [context_lengths(runtime, context, max(wanted[role])) for role, runtime in runtimes.items()]
+    if any(lengths is None for lengths in contexts):
+        return {}
+    return measure_context_costs(runtimes, wanted, min(contexts))  # type: ignore[type-var]
 
 
 def measure_prefill_curve(
@@ -239,10 +250,7 @@ def measure_cost_model(
     curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
     if draft is not None and CurveRole.DRAFT in curves:
         curves[CurveRole.DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
-    wanted[CurveRole.TARGET] = context_ks(ks[-1])
-    contexts = [context_lengths(runtime, context, max(wanted[role])) for role, runtime in runtimes.items()]
-    if None not in contexts:  # the longest context every model has room for
-        curves |= measure_context_costs(runtimes, wanted, min(contexts))  # type: ignore[type-var]
+    curves |= context_costs(runtimes, context, ks[-1])
     again_ms = measure_cost_curve(target, [1], context, repeats=3, warmup=1)[1]
     unsteady = steadiness_problem(curves[CurveRole.TARGET][1], again_ms)
     return Measurement(cost_model_from_curves(curves, drafter_cls, context), unsteady)

@@ -62,16 +62,21 @@ def fitting_question(lines: Sequence[str], count_tokens: CountTokens, budget: in
     return source_question(lines[:low])
 
 
-def long_context_questions(
-    lengths: Sequence[int], answer_tokens: int, count_tokens: CountTokens, max_context: int | None = None
-) -> list[Question]:
-    """One question per length (category and id ``context-N``), whose prompt leaves ``answer_tokens`` for the
-    answer within N tokens. ``max_context``: the model's positions, which no length may pass."""
+def check_lengths(lengths: Sequence[int], answer_tokens: int) -> None:
+    """Refuse lengths that cannot be asked whatever the model: none, repeated, or too short beside the answer."""
     if not lengths or any(n - answer_tokens < MIN_CONTEXT for n in lengths) or len(set(lengths)) < len(lengths):
         raise ConfigError(
             f"--context-lengths: distinct lengths, each at least {MIN_CONTEXT} tokens beyond --max-new-tokens "
             f"({answer_tokens}), got {list(lengths)}"
         )
+
+
+def long_context_questions(
+    lengths: Sequence[int], answer_tokens: int, count_tokens: CountTokens, max_context: int | None = None
+) -> list[Question]:
+    """One question per length (category and id ``context-N``), whose prompt leaves ``answer_tokens`` for the
+    answer within N tokens. ``max_context``: the model's positions, which no length may pass."""
+    check_lengths(lengths, answer_tokens)
     if max_context is not None and max(lengths) > max_context:
         raise ConfigError(f"--context-lengths: {max(lengths)} tokens exceed the model's {max_context} positions")
     lines = source_lines()

@@ -27,11 +27,9 @@ from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.bench.settings import BenchSettings
 from quickdraft.calibration import (
     CurveRole,
-    context_ks,
-    context_lengths,
+    context_costs,
     curve_from_json,
     curve_to_json,
-    measure_context_costs,
     measure_cost_curves,
     measure_prefill_curve,
     prefill_lengths,
@@ -173,10 +171,8 @@ def measure(
             roles, dict.fromkeys(roles, ks), settings.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True
         )
         store.cost_curves = {str(role): curve_to_json(curve) for role, curve in curves.items()}
-    contexts = context_lengths(pipeline.target, settings.profile_context, ks[-1])
-    if contexts is not None and CurveRole.TARGET_CONTEXT not in store.cost_curves:  # older results lack it
-        wanted = {CurveRole.TARGET: context_ks(ks[-1]), CurveRole.DRAFT: [1]}
-        slopes = measure_context_costs(roles, {role: wanted[role] for role in roles}, contexts)
+    if CurveRole.TARGET_CONTEXT not in store.cost_curves:  # older results lack it
+        slopes = context_costs(roles, settings.profile_context, ks[-1])
         store.cost_curves |= {str(role): {str(k): ms for k, ms in curve.items()} for role, curve in slopes.items()}
     if pipeline.draft is not None and CurveRole.DRAFT_PREFILL not in store.cost_curves:  # older results lack it
         prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.bench.base import run_sampling
+from quickdraft.bench.long_context import check_lengths
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 from quickdraft.models.catalog import DEFAULT_TARGET
@@ -68,6 +69,8 @@ class BenchSettings:
             raise ConfigError(f"--per-category must be >= 1, got {self.per_category}")
         if self.context_lengths and self.questions is not None:
             raise ConfigError("--context-lengths and --questions are two question sets: choose one")
+        if self.context_lengths:  # before any model is resolved or loaded
+            check_lengths(self.context_lengths, self.max_new_tokens)
         self.sampling  # noqa: B018 - validates the temperature and seed
 
     @property

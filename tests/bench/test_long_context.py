@@ -9,6 +9,7 @@ import pytest
 from bench_helpers import bench_args, chat_model_dirs
 
 from quickdraft.bench.long_context import long_context_questions, source_lines
+from quickdraft.bench.settings import BenchSettings
 from quickdraft.cli import main
 from quickdraft.errors import ConfigError
 
@@ -65,3 +66,12 @@ def test_bench_asks_long_context_questions_and_times_the_answer_apart(
     assert "exceed the model's 512 positions" in capsys.readouterr().err
     args[1:3] = ["--context-lengths", "1024,x"]
     assert main(args) == 1 and "comma-separated token counts" in capsys.readouterr().err
+    args[1:3] = ["--context-lengths", "50"]
+    assert main(args) == 1 and "at least 64 tokens beyond --max-new-tokens" in capsys.readouterr().err
+
+
+def test_lengths_are_checked_before_any_model_is_resolved() -> None:
+    with pytest.raises(ConfigError, match="distinct lengths"):
+        BenchSettings(context_lengths=(4096, 4096))
+    with pytest.raises(ConfigError, match="two question sets"):
+        BenchSettings(context_lengths=(4096,), questions=Path("question.jsonl"))

@@ -111,8 +111,12 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
             track.see(event)
             events.put_nowait(event)
 
+        def sink(event: Event) -> None:  # on the engine's thread
+            with contextlib.suppress(RuntimeError):  # the caller's event loop closed: no one is left to tell
+                event_loop.call_soon_threadsafe(deliver, event)
+
         try:
-            loop.submit(api.serve, lambda event: event_loop.call_soon_threadsafe(deliver, event))
+            loop.submit(api.serve, sink)
         except QueueFull as error:
             raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
         except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...

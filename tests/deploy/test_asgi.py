@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+import pytest
 from conftest import CHEAP_BATCH, MODEL, native_pipeline
 
 from quickdraft.deploy.asgi import ResponseStart, call_app
@@ -26,6 +27,7 @@ def collected(app, method: str, path: str, body: dict | None = None) -> tuple[Re
     return asyncio.run(run())
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the engine's thread lives on
 def test_a_replicas_app_answers_in_process_as_over_http() -> None:
     pipeline = native_pipeline()
     engine, _ = serving_engine(pipeline, SchedulerSettings(), batch_costs=CHEAP_BATCH)

@@ -7,18 +7,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from quickdraft.acceptance_head import AcceptanceHead, default_head_path
-from quickdraft.calibration_store import Calibration, CalibrationStore
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
+from quickdraft.costs.store import Calibration, CalibrationStore
 from quickdraft.draft_head.file import default_head_path as default_draft_head_path
 from quickdraft.draft_head.file import head_name
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, Drafter, DrafterOptions, DrafterRecords
-from quickdraft.engine import Engine, GenerationResult, GenerationStream, Request
+from quickdraft.engine import Engine, GenerationResult, GenerationStream, Request, stream
 from quickdraft.errors import ConfigError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
 from quickdraft.models.loading import load_hf_model
 from quickdraft.policies import Policy
+from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.prompts import chat_prefix, encode, encode_chat
 from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
 from quickdraft.runtime.options import draft_load_options
@@ -144,7 +144,7 @@ class Pipeline:
         self.engine.check_request(request)  # before any measuring
         if policy is None:
             self.setup_policy(drafter, config)
-        return self.engine.stream(request)
+        return stream(self.engine, request)
 
     def generate(
         self,

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarSpec
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.policies import PolicySpec, parse_policy
-from quickdraft.sampling import SamplingParams
 
 __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "SamplingParams"]
 

@@ -24,12 +24,12 @@ from quickdraft.api import Pipeline
 from quickdraft.costs import BatchCostModel, CostModel
 from quickdraft.drafters import DrafterRecords, DraftState, DraftTask
 from quickdraft.engine import Engine, SchedulerSettings
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.policies import KeepDrafting
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.model import Decoder, DecoderConfig
 from quickdraft.runtime.native.weights import quantize_state_dict
-from quickdraft.sampling import SamplingParams
 from quickdraft.server import ServerDefaults, create_app
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.setup import serving_engine
@@ -280,7 +280,7 @@ def steady_timings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tiny model's forward takes a millisecond, and on a busy machine some take ten times that: for tests of
     what is saved and loaded, take every calibration as measured on a steady machine (the check that refuses
     to save an unsteady one is tested on a fake clock)."""
-    monkeypatch.setattr("quickdraft.calibration.STEADY_TOLERANCE", math.inf)
+    monkeypatch.setattr("quickdraft.costs.calibration.STEADY_TOLERANCE", math.inf)
 
 
 def use_records(

@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from quickdraft.acceptance_head import AcceptanceHead, calibration, fit_head, head_features
 from quickdraft.api import Pipeline
 from quickdraft.cli import main
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.policies import DraftStep, PolicyContext, make_policy
-from quickdraft.train_acceptance import RecordingPolicy
+from quickdraft.policies.acceptance_head import AcceptanceHead, calibration, fit_head, head_features
+from quickdraft.policies.train_acceptance import RecordingPolicy
 
 
 def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from quickdraft.api import Pipeline
-from quickdraft.calibration import (
+from quickdraft.costs import CostModel
+from quickdraft.costs.calibration import (
     CurveRole,
     context_lengths,
     measure_context_costs,
@@ -20,8 +21,7 @@ from quickdraft.calibration import (
     measure_prefill_curve,
     prefill_lengths,
 )
-from quickdraft.calibration_store import Calibration, CalibrationSource
-from quickdraft.costs import CostModel
+from quickdraft.costs.store import Calibration, CalibrationSource
 from quickdraft.errors import ConfigError
 
 
@@ -57,7 +57,7 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
         raise AssertionError("measured although a saved calibration exists")
 
     with monkeypatch.context() as patch:
-        patch.setattr("quickdraft.calibration.measure_cost_curves", no_measuring)
+        patch.setattr("quickdraft.costs.calibration.measure_cost_curves", no_measuring)
         loaded = with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4)
         assert (loaded.cost_model, loaded.source, loaded.describe()) == (
             measured,
@@ -115,7 +115,7 @@ def test_cost_curves_take_turns_and_keep_the_fastest_run(pipeline, monkeypatch: 
         clock["started"] = not clock["started"]
         return clock["now"]
 
-    monkeypatch.setattr("quickdraft.calibration.time.perf_counter", fake_clock)
+    monkeypatch.setattr("quickdraft.costs.calibration.time.perf_counter", fake_clock)
     curves = measure_cost_curves(runtimes, {"target": [1, 2], "draft": [1]}, context=10, repeats=2, warmup=1)
     assert curves == {"target": {1: 3000.0, 2: 3000.0}, "draft": {1: 2000.0}}  # the warm-up's 5, 1, 5 s dropped
 
@@ -167,7 +167,7 @@ def on_a_fake_clock(pipeline: Pipeline, load: Callable[[float], float], monkeypa
     """Forwards take 20 ms (target) or 5 ms (draft) plus 1 ms a token of fake time, ``load(now in ms)`` times
     as long while other work shares the machine."""
     clock = {"now": 0.0}
-    monkeypatch.setattr("quickdraft.calibration.time.perf_counter", lambda: clock["now"])
+    monkeypatch.setattr("quickdraft.costs.calibration.time.perf_counter", lambda: clock["now"])
     for runtime, base_ms in ((pipeline.target, 20.0), (pipeline.draft, 5.0)):
 
         def timed(token_ids, cache, last_only=False, forward=runtime.forward, base_ms=base_ms):

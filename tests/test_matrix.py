@@ -12,11 +12,11 @@ import pytest
 import torch
 from conftest import MODEL, Server, native_pipeline, random_draft_head, serving
 
-from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import GenerationResult
+from quickdraft.policies.acceptance_head import AcceptanceHead
 
 POLICIES = ["goodput", "fixed:3", "heuristic", "confidence:0.4", "specdec++"]
 TIMED = {"goodput"}  # choices that follow measured step times: the same tokens, not the same drafts

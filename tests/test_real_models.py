@@ -13,11 +13,11 @@ import sys
 import pytest
 import torch
 
-from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.api import Pipeline
 from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.bench.prompts import PROMPTS
 from quickdraft.config import GenerationConfig
+from quickdraft.policies.acceptance_head import AcceptanceHead
 
 pytestmark = pytest.mark.real_model
 

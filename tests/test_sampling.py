@@ -6,7 +6,7 @@ from scipy.stats import chisquare, kstest
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
-from quickdraft.sampling import (
+from quickdraft.lossless.sampling import (
     argmax,
     choose_tokens,
     gumbel_argmax,

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2, chisquare
 
-from quickdraft.sampling import gumbel_argmax, position_noise
-from quickdraft.verify import acceptance_probs, coupled_verify, greedy_verify, rejection_sample, residual_probs
+from quickdraft.lossless.sampling import gumbel_argmax, position_noise
+from quickdraft.lossless.verify import acceptance_probs, coupled_verify, greedy_verify, rejection_sample, residual_probs
 
 
 def distributions(vocab_size: int, count: int) -> st.SearchStrategy[torch.Tensor]:

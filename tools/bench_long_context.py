@@ -35,7 +35,7 @@ import torch
 from quickdraft.api import Pipeline
 from quickdraft.bench.long_context import chat_token_counter, long_context_questions
 from quickdraft.config import GenerationConfig
-from quickdraft.engine import Engine, Request
+from quickdraft.engine import Engine, Request, generate
 from quickdraft.engine.prefix_cache import PrefixCache
 
 CHUNK = 2048  # prompt tokens per forward when timing the reading
@@ -91,7 +91,7 @@ def main() -> None:
             store = PrefixCache(2**40, kv, pipeline.target.copy_prefix, min_tokens=1)
             store.put([*prompt_ids, -1], cache)  # parts from the run's prompt at its end: the run gets a copy
             engine = Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, prefix_cache=store)
-            results[drafter] = engine.generate(Request(tuple(prompt_ids), config, pipeline.drafter(drafter)))
+            results[drafter] = generate(engine, Request(tuple(prompt_ids), config, pipeline.drafter(drafter)))
             del store, engine
         plain, spec = results["none"], results["hybrid"]
         steps = spec.stats.gamma_per_step

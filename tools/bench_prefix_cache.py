@@ -16,7 +16,7 @@ from pathlib import Path
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
-from quickdraft.engine import Engine, Request
+from quickdraft.engine import Engine, Request, generate
 from quickdraft.engine.prefix_cache import PrefixCache
 
 MT_BENCH = Path(__file__).parents[1].parent / "shared" / "data" / "mt_bench" / "question.jsonl"
@@ -45,11 +45,11 @@ def main() -> None:
         order = list(engines) if index % 2 == 0 else list(reversed(engines))
         messages = [{"role": "user", "content": question["turns"][0]}]
         request = Request(tuple(pipeline.encode_chat(messages)), config, drafter)
-        first = {name: engines[name].generate(request) for name in order}
+        first = {name: generate(engines[name], request) for name in order}
         messages += [{"role": "assistant", "content": first["uncached"].text}]
         messages += [{"role": "user", "content": question["turns"][1]}]
         prompt_ids = tuple(pipeline.encode_chat(messages))
-        second = {name: engines[name].generate(Request(prompt_ids, config, drafter)) for name in order}
+        second = {name: generate(engines[name], Request(prompt_ids, config, drafter)) for name in order}
         row = {
             "question_id": question["question_id"],
             "category": question["category"],

@@ -20,7 +20,7 @@ import torch
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
-from quickdraft.sampling import argmax, top_probability
+from quickdraft.lossless.sampling import argmax, top_probability
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from quickdraft.api import Pipeline
 from quickdraft.bench.metrics import MethodInfo
 from quickdraft.errors import ConfigError
-from quickdraft.sampling import SamplingParams
+from quickdraft.lossless.sampling import SamplingParams
 
 GREEDY = SamplingParams()
 
@@ -56,7 +56,8 @@ class Method(ABC):
 
     def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]], context: int = 0) -> None:  # noqa: B027
         """Before measuring: build what the method runs (a drafter, a peer's model) and take the bench's cost curves
-        (ms per forward of k tokens after ``context`` cached tokens, by :class:`quickdraft.calibration.CurveRole`)."""
+        (ms per forward of k tokens after ``context`` cached tokens, by
+        :class:`quickdraft.costs.calibration.CurveRole`)."""
 
     def start_conversation(self, pipeline: Pipeline, keep: Sequence[int] = ()) -> None:  # noqa: B027
         """Before a question's first turn: nothing carried over from another question or method but the

@@ -28,9 +28,9 @@ from quickdraft.bench.base import GREEDY, Method, TurnResult
 from quickdraft.bench.llama_tools import LLAMA_CPP_PYTHON, NO_AMX, SPECULATIVE_TOOL, check_tool, llama_tool
 from quickdraft.bench.peers import require_module
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.models.catalog import file_sha256
 from quickdraft.models.convert import MARKER
-from quickdraft.sampling import SamplingParams
 
 INSTALL = f"pip install 'quickdraft[peers]' (llama-cpp-python=={LLAMA_CPP_PYTHON}, compiled from source)"
 PROMPT_LOOKUP = {"max_ngram_size": 2, "num_pred_tokens": 10}  # the binding's defaults (hf-prompt-lookup: 10 too)

@@ -27,13 +27,13 @@ from quickdraft.bench.base import GREEDY, Method, TurnResult
 from quickdraft.bench.llama_cpp import LlamaCppDraftMethod, LlamaCppMethod
 from quickdraft.bench.openvino import OpenVinoMethod
 from quickdraft.bench.peers import PEER_SETTINGS, StepClock, hf_generate
-from quickdraft.calibration import CurveRole, cost_model_from_curves
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
+from quickdraft.costs.calibration import CurveRole, cost_model_from_curves
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.registry import Registry
 from quickdraft.runtime import RUNTIMES
-from quickdraft.sampling import SamplingParams
 
 
 class EngineMethod(Method):

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from quickdraft.calibration import CurveRole, draft_token_ms
+from quickdraft.costs.calibration import CurveRole, draft_token_ms
 
 BOOTSTRAP_RESAMPLES = 2000
 

@@ -31,9 +31,9 @@ from quickdraft.api import Pipeline
 from quickdraft.bench.base import GREEDY, Method, TurnResult
 from quickdraft.bench.peers import StepClock, require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.convert import MARKER, ensure_fp32_weights
-from quickdraft.sampling import SamplingParams
 
 OPENVINO_GENAI = "2026.4.1.0"  # the version of the `peers` extra
 INSTALL = f"pip install 'quickdraft[peers]' (openvino-genai=={OPENVINO_GENAI})"

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.metrics import category_group
-from quickdraft.calibration import CurveRole
+from quickdraft.costs.calibration import CurveRole
 
 COLUMNS = (
     ("speedup", "speedup", "{:.2f}×"),

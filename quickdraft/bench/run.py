@@ -25,7 +25,8 @@ from quickdraft.bench.peers import package_version
 from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.bench.settings import BenchSettings
-from quickdraft.calibration import (
+from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
+from quickdraft.costs.calibration import (
     CurveRole,
     context_costs,
     curve_from_json,
@@ -34,10 +35,9 @@ from quickdraft.calibration import (
     measure_prefill_curve,
     prefill_lengths,
 )
-from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.machine import cpu_description
-from quickdraft.sampling import SamplingParams
 
 WARMUP_TOKENS = 16
 WARMUP_PROMPT_TOKENS = 512  # the warm-up reads at most this much of the first prompt (a long-context one took 65 s)

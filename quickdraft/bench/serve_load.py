@@ -24,7 +24,7 @@ from typing import Any
 from quickdraft.bench.base import GREEDY
 from quickdraft.bench.metrics import percentile
 from quickdraft.errors import ConfigError
-from quickdraft.sampling import SamplingParams
+from quickdraft.lossless.sampling import SamplingParams
 
 PEER_SERVER = "llama-server"
 

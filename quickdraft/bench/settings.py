@@ -9,9 +9,9 @@ from quickdraft.bench.base import run_sampling
 from quickdraft.bench.long_context import check_lengths
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.models.catalog import DEFAULT_TARGET
 from quickdraft.runtime import AUTO
-from quickdraft.sampling import SamplingParams
 
 BENCH_DOC = """``quickdraft bench``: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from quickdraft.calibration import curve_to_json, measure_cost_curve
 from quickdraft.cli.common import add_draft_load_arguments, add_runtime_argument, check_output_file
+from quickdraft.costs.calibration import curve_to_json, measure_cost_curve
 from quickdraft.errors import ConfigError
 
 REGULAR_TOKENS = 150_000  # prompt ids are drawn below this: ordinary tokens of any Qwen2-sized vocabulary

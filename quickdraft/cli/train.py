@@ -1,4 +1,5 @@
-"""``quickdraft train-acceptance-head``: arguments and report (the training: :mod:`quickdraft.train_acceptance`)."""
+"""``quickdraft train-acceptance-head``: arguments and report (the training:
+:mod:`quickdraft.policies.train_acceptance`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quickdraft.acceptance_head import WEIGHT_DECAYS
 from quickdraft.cli.common import add_model_arguments, check_output_file
 from quickdraft.errors import ConfigError
-from quickdraft.train_acceptance import TRAIN_DOC, check_training_settings, train_acceptance_head
+from quickdraft.policies.acceptance_head import WEIGHT_DECAYS
+from quickdraft.policies.train_acceptance import TRAIN_DOC, check_training_settings, train_acceptance_head
 
 
 def add_command(commands: Any) -> None:

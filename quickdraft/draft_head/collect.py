@@ -31,9 +31,9 @@ from tqdm.auto import tqdm
 from quickdraft.draft_head.starters import OPENERS
 from quickdraft.errors import ConfigError
 from quickdraft.files import save_atomically, write_atomically
+from quickdraft.lossless.sampling import SamplingParams, logits_to_probs, sample
 from quickdraft.prompts import chat_closing, chat_prefix
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
-from quickdraft.sampling import SamplingParams, logits_to_probs, sample
 
 MANIFEST = "collection.json"
 SAMPLED_FROM = 64  # tokens are drawn from the target's top 64 (then top-p): a sort of 152k logits is slow

@@ -21,9 +21,9 @@ from quickdraft.config import GenerationConfig
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import Constraint
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.policies import KeepDrafting, PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

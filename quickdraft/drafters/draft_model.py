@@ -22,9 +22,9 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import masked
+from quickdraft.lossless.sampling import choose_tokens, logits_to_probs
 from quickdraft.policies import DraftStep
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
-from quickdraft.sampling import choose_tokens, logits_to_probs
 from quickdraft.tokens import common_prefix_length
 
 KEPT_CACHES = 4  # draft caches of finished requests kept for later ones (the most recent)

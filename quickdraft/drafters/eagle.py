@@ -30,10 +30,10 @@ from quickdraft.draft_head.native import to_native
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import argmax, choose_tokens, logits_to_probs
 from quickdraft.policies import DraftStep, PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.sampling import argmax, choose_tokens, logits_to_probs
 
 
 @dataclass(eq=False)

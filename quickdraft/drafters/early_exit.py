@@ -21,9 +21,9 @@ from quickdraft.costs import CostModel
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import choose_tokens, logits_to_probs
 from quickdraft.policies import DraftStep
 from quickdraft.runtime.base import KVCache, Runtime
-from quickdraft.sampling import choose_tokens, logits_to_probs
 
 CANDIDATE_FRACTIONS = (0.25, 0.5, 0.75)  # exit layers tried, as fractions of the target's depth
 TRIES_PER_CANDIDATE = 2

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
 from quickdraft.files import exclusive_lock, lock_file, write_atomically
@@ -30,6 +29,7 @@ from quickdraft.policies import (
     PolicyContext,
     StepTimeRecord,
 )
+from quickdraft.policies.acceptance_head import AcceptanceHead
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The speculative decoding engine: one step loop for one request and for many (``Engine``), its requests and
 events, the rules every request's steps follow, and the scheduler that chooses which requests run."""
 
+from quickdraft.engine.confidence import CONFIDENCE_ROWS_PER_STEP
 from quickdraft.engine.engine import Engine
 from quickdraft.engine.request import (
     Event,
@@ -12,10 +13,9 @@ from quickdraft.engine.request import (
     Sink,
     TokenDelta,
 )
-from quickdraft.engine.rules import CONFIDENCE_ROWS_PER_STEP
 from quickdraft.engine.scheduler import QueueFull, Scheduler, SchedulerSettings
 from quickdraft.engine.step import StepReport
-from quickdraft.engine.stream import GenerationStream
+from quickdraft.engine.stream import GenerationStream, generate, stream
 
 __all__ = [
     "CONFIDENCE_ROWS_PER_STEP",
@@ -33,4 +33,6 @@ __all__ = [
     "Sink",
     "StepReport",
     "TokenDelta",
+    "generate",
+    "stream",
 ]

@@ -3,7 +3,7 @@
 Every step, each running request either reads a chunk of its prompt or drafts γ_i tokens (0 allowed) with its
 own drafter and policy; one target forward scores every request's last committed token and drafts side by side
 with the prompt chunks (:meth:`Runtime.forward_batch`), and each request keeps the drafts its own acceptance
-rule accepts (:mod:`quickdraft.engine.rules`). On the native runtime a request's logits are bitwise those of
+rule accepts (:mod:`quickdraft.lossless.rules`). On the native runtime a request's logits are bitwise those of
 decoding it alone, so its greedy and seeded output do not depend on what else runs. Requests join and leave at
 step boundaries. Goodput requests' γ are chosen together for the whole step (:func:`plan_batch`).
 """
@@ -18,34 +18,33 @@ import torch
 
 from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import Drafter, DraftProposal, DraftTask
+from quickdraft.engine.confidence import hear_confidence
 from quickdraft.engine.features import target_forward
 from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.engine.request import GenerationResult, Request, RequestFinished, RequestState, Sink, TokenDelta
-from quickdraft.engine.rules import (
+from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
+from quickdraft.engine.step import StepPlan, StepReport
+from quickdraft.errors import ConfigError
+from quickdraft.grammar import GrammarCompiler, constrain_step
+from quickdraft.lossless.rules import (
     check_prompt,
     choose_token,
     commit_tokens,
     committed_drafts,
-    hear_confidence,
     verify_drafts,
 )
-from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
-from quickdraft.engine.step import StepPlan, StepReport
-from quickdraft.engine.stream import GenerationStream
-from quickdraft.errors import ConfigError
-from quickdraft.grammar import GrammarCompiler, constrain_step
+from quickdraft.lossless.sampling import make_generator
 from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepState, plan_batch
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
-from quickdraft.sampling import make_generator
 from quickdraft.text import IncrementalDecoder
 
 EMPTY = torch.empty(1, 0, dtype=torch.long)  # no drafts  [1, 0]
 
 
 class Engine:
-    """Decodes requests with a target runtime: :meth:`submit` from any thread and :meth:`step` on one, or
-    :meth:`generate` / :meth:`stream` one request on the caller's thread."""
+    """Decodes requests with a target runtime: :meth:`submit` from any thread and :meth:`step` on one
+    (:func:`quickdraft.engine.stream.stream` decodes one request on the caller's thread)."""
 
     def __init__(
         self,
@@ -88,14 +87,6 @@ class Engine:
     def enqueue(self, state: RequestState) -> None:
         state.submitted = time.perf_counter()
         self.scheduler.add(state)
-
-    def stream(self, request: Request) -> GenerationStream:
-        """Decode ``request`` on the caller's thread, stepping whatever else the engine runs too; the stream
-        yields its text deltas. A bad request raises here, not at the first delta."""
-        return GenerationStream(self, request)
-
-    def generate(self, request: Request) -> GenerationResult:
-        return self.stream(request).finish()
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step boundary and free its caches; it ends with finish reason "cancelled"."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.sampling import logits_to_probs
+from quickdraft.lossless.sampling import logits_to_probs
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING
 
+from quickdraft.engine.engine import Engine
 from quickdraft.engine.request import Event, GenerationResult, Request, RequestFailed, RequestFinished, TokenDelta
 from quickdraft.errors import QuickdraftError
-
-if TYPE_CHECKING:
-    from quickdraft.engine.engine import Engine
 
 
 class GenerationStream:
@@ -59,3 +56,14 @@ class GenerationStream:
         finally:
             if not finished:  # left before its end: free its slot at the next step
                 engine.cancel(request_id)
+
+
+def stream(engine: Engine, request: Request) -> GenerationStream:
+    """Decode ``request`` on the caller's thread, stepping whatever else ``engine`` runs too; the stream yields its
+    text deltas. A bad request raises here, not at the first delta."""
+    return GenerationStream(engine, request)
+
+
+def generate(engine: Engine, request: Request) -> GenerationResult:
+    """Decode ``request`` to its end on the caller's thread."""
+    return GenerationStream(engine, request).finish()

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.costs import CostModel
 from quickdraft.errors import ConfigError
+from quickdraft.policies.acceptance_head import AcceptanceHead
 from quickdraft.policies.records import AcceptanceRecord, AnswerLengthRecord, StepTimeRecord
 from quickdraft.registry import Registry
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from quickdraft.costs import BatchCostModel, CostModel, expected_tokens
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,
@@ -27,7 +28,6 @@ from quickdraft.policies.records import (
     StepTimeRecord,
     draft_outcomes,
 )
-from quickdraft.sampling import top_probability
 
 MEASURED_BACKLOG = 2  # a drafter catching up on at most this many tokens: a draft model after a fully accepted block
 # A shorter reading is not timed: its cost is a few ms within the target's noise, against a prefill curve measured

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,
@@ -13,7 +14,6 @@ from quickdraft.policies.base import (
     no_argument,
     number_argument,
 )
-from quickdraft.sampling import top_probability
 
 
 class FixedPolicy(Policy):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from quickdraft.acceptance_head import AcceptanceHead
 from quickdraft.errors import ConfigError
+from quickdraft.policies.acceptance_head import AcceptanceHead
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.api import Pipeline
-from quickdraft.calibration_store import Calibration
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import BatchCostModel
+from quickdraft.costs.store import Calibration
 from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import Engine, SchedulerSettings
 from quickdraft.engine.prefix_cache import PrefixCache

@@ -12,8 +12,8 @@ from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import logits_to_probs
 from quickdraft.runtime.native import NativeRuntime
-from quickdraft.sampling import logits_to_probs
 
 
 @pytest.mark.parametrize("prompt_ids", [[1, 2, 3], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])

@@ -8,7 +8,7 @@ from conftest import native_pipeline
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.engine import Engine, Request
+from quickdraft.engine import Engine, Request, generate
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.errors import ConfigError
 
@@ -99,7 +99,7 @@ def test_a_conversations_later_turns_read_only_what_is_new_and_answer_the_same(
     conversation = [3, 1, 4, 1, 5, 9, 2, 6]
     for turn in range(3):
         request = Request(tuple(conversation), config, native.drafter(drafter))
-        cached, read = with_cache.generate(request), without.generate(request)
+        cached, read = generate(with_cache, request), generate(without, request)
         assert cached.token_ids == read.token_ids, turn  # the same bits with the prefix cached or read
         assert cached.stats.cached_prompt_tokens == (0 if turn == 0 else len(conversation) - 3 - 1), turn
         conversation += [*cached.token_ids, 7, 8, 9]  # the answer and the next user turn
@@ -113,7 +113,7 @@ def test_prompts_that_share_a_start_with_an_entry_get_a_copy_that_answers_the_sa
     system = [3, 1, 4, 1, 5, 9, 2, 6]
     for question in ([5, 3], [8, 9, 7], [5, 3], [8, 9, 7]):
         request = Request((*system, *question), config, native.drafter("hybrid"))
-        cached, read = with_cache.generate(request), without.generate(request)
+        cached, read = generate(with_cache, request), generate(without, request)
         assert cached.token_ids == read.token_ids, question
     assert with_cache.prefix_cache is not None and with_cache.prefix_cache.stats.hits == 3
     assert with_cache.prefix_cache.stats.cached_tokens == len(system) + (len(system) + 1) + (len(system) + 2)

@@ -20,13 +20,13 @@ import torch
 from conftest import BigramTableRuntime, chi_square_pvalue, word_tokenizer
 
 import quickdraft.engine.engine
-import quickdraft.engine.rules
+import quickdraft.lossless.rules
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DrafterOptions
 from quickdraft.engine import Engine, Request, RequestFinished, SchedulerSettings
-from quickdraft.sampling import logits_to_probs, sample
-from quickdraft.verify import VerificationResult
+from quickdraft.lossless.sampling import logits_to_probs, sample
+from quickdraft.lossless.verify import VerificationResult
 
 VOCAB, SAMPLES, TOP_P = 6, 3_000, 0.9
 FITS, REJECTED = 1e-4, 1e-5  # p-values: above FITS the law holds; a negative control must fall below REJECTED
@@ -128,7 +128,7 @@ def test_chi_square_catches_a_wrong_acceptance_rule(at_once: int, monkeypatch: p
     (With one-hot drafts the wrong rule only accepts where p(x) = 1 and otherwise samples p,
     which happens to be right, so the control uses the draft model.)
     """
-    monkeypatch.setattr(quickdraft.engine.rules, "rejection_sample", wrong_rule)
+    monkeypatch.setattr(quickdraft.lossless.rules, "rejection_sample", wrong_rule)
     assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False, at_once=at_once) < REJECTED
 
 

@@ -9,6 +9,7 @@ import torch
 from conftest import DEFAULT_PAIR, EXPENSIVE_DRAFT, FLAT, MODERATE, READS_SLOWLY, STEEP
 
 from quickdraft.costs import CostModel
+from quickdraft.lossless.sampling import top_probability as top_probability_of
 from quickdraft.policies import (
     AcceptanceRecord,
     AnswerLength,
@@ -19,7 +20,6 @@ from quickdraft.policies import (
     StepState,
     StepTimeRecord,
 )
-from quickdraft.sampling import top_probability as top_probability_of
 
 BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
 

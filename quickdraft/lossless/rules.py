@@ -7,13 +7,10 @@ from __future__ import annotations
 import torch
 
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.engine.request import RequestState
 from quickdraft.errors import PromptError
-from quickdraft.sampling import choose_tokens, logits_to_probs, position_noise, top_probability
+from quickdraft.lossless.sampling import choose_tokens, logits_to_probs, position_noise
+from quickdraft.lossless.verify import VerificationResult, coupled_verify, greedy_verify, rejection_sample
 from quickdraft.text import IncrementalDecoder
-from quickdraft.verify import VerificationResult, coupled_verify, greedy_verify, rejection_sample
-
-CONFIDENCE_ROWS_PER_STEP = 4  # requests whose policy hears the target's confidence in a step
 
 
 def check_prompt(prompt_ids: list[int], config: GenerationConfig, max_context: int) -> None:
@@ -94,16 +91,3 @@ def committed_drafts(num_proposed: int, num_accepted: int, num_committed: int) -
     if num_committed > num_accepted:  # the target's token was committed: every verdict stands
         return num_proposed, num_accepted
     return num_committed, num_committed
-
-
-def hear_confidence(rows: list[tuple[RequestState, torch.Tensor]], step: int) -> None:
-    """The policies of these requests, whose tokens were chosen without drafts, hear the target's top probability
-    at their ``[1, V]`` logits if they want it: at most :data:`CONFIDENCE_ROWS_PER_STEP` a step, those that
-    heard it longest ago first. Each is a pass of exp over the vocabulary, about 0.14 ms: for every request of
-    a busy batch that was as much as goodput's bids and batch plan together, for an estimate that only steadies
-    over many steps anyway."""
-    rows = [(state, logits) for state, logits in rows if state.policy.wants_confidence()]
-    rows = sorted(rows, key=lambda row: row[0].confidence_step)[:CONFIDENCE_ROWS_PER_STEP]
-    for state, logits in rows:
-        state.confidence_step = step
-        state.policy.observe_confidence(float(top_probability(logits)))

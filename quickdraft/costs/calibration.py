@@ -5,7 +5,7 @@ record the same curves. A curve maps k new tokens to the milliseconds of one for
 a fixed context: each k is timed several times after untimed warm-up runs, rolling the cache back to
 the context in between, and the fastest run is kept (other work on the machine only adds time).
 A measurement says whether the machine's load held steady while it was taken (:func:`steadiness_problem`):
-:mod:`quickdraft.calibration_store` saves only steady ones, since a saved calibration is used by every later
+:mod:`quickdraft.costs.store` saves only steady ones, since a saved calibration is used by every later
 run, and one timed while other work came or went would mislead them all.
 """
 
@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.costs import BatchCostModel, CostModel
+from quickdraft.costs.model import BatchCostModel, CostModel
 from quickdraft.drafters import Drafter
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import BatchRow, Runtime

@@ -21,7 +21,7 @@ from typing import Any, Generic
 
 import torch
 
-from quickdraft.calibration import (
+from quickdraft.costs.calibration import (
     CONTEXT_KS,
     LONG_CONTEXT,
     Costs,
@@ -31,7 +31,7 @@ from quickdraft.calibration import (
     measure_cost_model,
     steadiness_problem,
 )
-from quickdraft.costs import BatchCostModel, CostModel
+from quickdraft.costs.model import BatchCostModel, CostModel
 from quickdraft.drafters import DRAFTERS, Drafter
 from quickdraft.errors import ConfigError
 from quickdraft.files import exclusive_lock, keyed_file, write_atomically

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.acceptance_head import calibration, default_head_path, fit_head, head_features
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 from quickdraft.policies import UNKNOWN_STATE, DraftStep, Policy, StepState
+from quickdraft.policies.acceptance_head import calibration, default_head_path, fit_head, head_features
 
 TRAIN_DOC = """``quickdraft train-acceptance-head``: fit SpecDec++'s acceptance head from target/draft rollouts.
 

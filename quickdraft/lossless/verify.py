@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.sampling import argmax, gumbel_argmax, sample
+from quickdraft.lossless.sampling import argmax, gumbel_argmax, sample
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ import quickdraft.engine.engine
 from quickdraft.api import Pipeline
 from quickdraft.costs import BatchCostModel, CostModel
 from quickdraft.drafters import DrafterRecords, DraftState, DraftTask
+from quickdraft.drafters.hybrid import COPIES
 from quickdraft.engine import Engine, SchedulerSettings
 from quickdraft.lossless.sampling import SamplingParams
-from quickdraft.policies import KeepDrafting
+from quickdraft.policies import KeepDrafting, Offer
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.model import Decoder, DecoderConfig
@@ -296,6 +297,9 @@ def use_records(
     return records
 
 
+COPIES_IF_ANY = Offer(COPIES, free=True)  # a task that takes a hybrid's copies where its context offers some
+
+
 def draft_task(
     state: DraftState,
     context: list[int],
@@ -303,11 +307,12 @@ def draft_task(
     sampling: SamplingParams | None = None,
     generator: torch.Generator | None = None,
     keep_drafting: KeepDrafting = lambda step: True,
-    copies: bool = True,
+    offer: Offer = COPIES_IF_ANY,
 ) -> DraftTask:
-    """What the engine asks of a drafter for one request in a step (greedy, drafting to γ, by default)."""
+    """What the engine asks of a drafter for one request in a step (greedy, drafting to γ, by default; a hybrid's
+    copies where it has some)."""
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
-    return DraftTask(state, context, num_tokens, sampling or SamplingParams(), generator, keep_drafting, copies)
+    return DraftTask(state, context, num_tokens, sampling or SamplingParams(), generator, keep_drafting, offer)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from quickdraft.api import Pipeline
 from quickdraft.cli import main
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.policies import DraftStep, PolicyContext, make_policy
+from quickdraft.policies import DraftStep, PolicyContext, StepOutcome, make_policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, calibration, fit_head, head_features
 from quickdraft.policies.train_acceptance import RecordingPolicy
 
@@ -98,13 +98,13 @@ def test_a_head_for_another_draft_model_is_refused_when_loaded(pipeline: Pipelin
 def test_specdec_stops_when_a_rejection_becomes_likely() -> None:
     head = constant_head(0.9, width=4)
     policy = make_policy("specdec++:0.3", PolicyContext(max_draft_tokens=16, acceptance_head=head))
-    assert policy.choose() == 16
+    bid = policy.bid()
+    assert bid.num_draft_tokens == 16
     step = DraftStep(torch.zeros(1, 10), torch.zeros(1, 4), 1)
-    decisions = [policy.keep_drafting(step) for _ in range(5)]
+    decisions = [bid.keep_drafting(step) for _ in range(5)]
     # P(no rejection) = 0.9, 0.81, 0.729, 0.656: stop once 1 - that > 0.3
     assert decisions == [True, True, True, False, False]
-    policy.choose()  # a new block starts afresh
-    assert policy.keep_drafting(step)
+    assert policy.bid().keep_drafting(step)  # a new block starts afresh
     with pytest.raises(ConfigError, match="acceptance head"):
         make_policy("specdec++", PolicyContext())
     GenerationConfig(policy="specdec++:0.5")
@@ -117,13 +117,12 @@ def test_recording_policy_labels_up_to_the_first_rejection() -> None:
     assert recorder.choose() == 5
     for i in range(5):
         recorder.keep_drafting(DraftStep(torch.zeros(1, 10), torch.full((1, 4), float(i)), i + 1))
-    recorder.observe(5, 2)
+    recorder.observe(StepOutcome(recorder.bid(), 5, 5, 2))
     assert recorder.labels == [1, 1, 0] and len(recorder.features) == 3
     assert torch.equal(recorder.features[2], head_features(torch.full((1, 4), 2.0), torch.zeros(1, 10))[0])
-    recorder.choose()
     for i in range(3):
         recorder.keep_drafting(DraftStep(torch.zeros(1, 10), torch.zeros(1, 4), i + 1))
-    recorder.observe(3, 3)  # all accepted: no rejection label
+    recorder.observe(StepOutcome(recorder.bid(), 3, 3, 3))  # all accepted: no rejection label
     assert recorder.labels == [1, 1, 0, 1, 1, 1]
 
 

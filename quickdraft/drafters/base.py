@@ -22,7 +22,7 @@ from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import Constraint
 from quickdraft.lossless.sampling import SamplingParams
-from quickdraft.policies import KeepDrafting, PolicyContext
+from quickdraft.policies import MODEL_DRAFTS, KeepDrafting, Offer, PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
 
 
@@ -64,8 +64,8 @@ class DraftTask:
     num_tokens: int  # γ >= 1: the most to draft
     sampling: SamplingParams
     generator: torch.Generator  # unseeded sampling draws from it; seeded sampling from position noise
-    keep_drafting: KeepDrafting  # the request's policy, after each drafted token: False stops this request's drafting
-    copies: bool = True  # a drafter that offers copies proposes them (False: the policy chose its model's drafts)
+    keep_drafting: KeepDrafting  # the bid's judge, after each drafted token: False stops this request's drafting
+    offer: Offer = MODEL_DRAFTS  # which of the drafter's offers (Drafter.offers) the policy bid on
     constraint: Constraint | None = None  # the request's grammar: a draft model drafts only what it allows
 
 
@@ -102,7 +102,7 @@ class Drafter(ABC):
     needs_draft_model: ClassVar[bool] = False
     needs_draft_head: ClassVar[bool] = False  # a trained draft head (DrafterOptions.draft_head; the target's default)
     proposes_drafts: ClassVar[bool] = True  # False: plain decoding, so no policy has a γ to choose
-    offers_copies: ClassVar[bool] = False  # True: besides its model's drafts it may offer free copies (free_drafts)
+    follows_predictions: ClassVar[bool] = False  # True: it drafts from a request's predicted output (expect)
     # A drafted token's cost as a fraction of a 1-token target step when the target drafts itself
     # (self-speculation); None: a draft model's measured step, or ~0 for model-free drafters.
     target_cost_fraction: ClassVar[float | None] = None
@@ -121,16 +121,16 @@ class Drafter(ABC):
         requests learn and measure, shared with other drafters of its name (None: its own)."""
 
     def policy_context(self, config: GenerationConfig) -> PolicyContext:
-        """What a request's policy may use: its γ settings, this drafter's records, whether it offers copies."""
-        return self.records.policy_context(config, self.offers_copies)
+        """What a request's policy may use: its γ settings and this drafter's records."""
+        return self.records.policy_context(config)
 
     def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> DraftState:
         """A new request's drafting state; ``target_cache`` is its target cache (self-speculation drafts into it)."""
         return DraftState()
 
     def expect(self, state: DraftState, prediction: Sequence[int]) -> None:
-        """The request's predicted output (OpenAI's Predicted Outputs) as token ids: a drafter that copies
-        (:attr:`offers_copies`) drafts from it where the answer follows it. Only those get one: the engine
+        """The request's predicted output (OpenAI's Predicted Outputs) as token ids: a drafter that
+        :attr:`follows_predictions` drafts from it where the answer follows it. Only those get one: the engine
         refuses a prediction for any other (``Engine.check_request``)."""
         raise NotImplementedError(f"{type(self).__name__} does not take a predicted output")
 
@@ -146,15 +146,10 @@ class Drafter(ABC):
         ``keep``, a prefix every request begins with (the chat template's system prompt); what was learned,
         such as acceptance statistics, stays."""
 
-    def backlog(self, state: DraftState, context: Sequence[int]) -> int:
-        """Committed tokens of ``context`` this drafter must read before it can draft after them (policies weigh
-        that cost); 0 for drafters without a model of their own."""
-        return 0
-
-    def free_drafts(self, state: DraftState, context: Sequence[int]) -> int:
-        """Drafts the next proposal after ``context`` can copy at no cost, with an acceptance of their own (a
-        hybrid's prompt lookup); 0: its drafts cost what the cost model says."""
-        return 0
+    def offers(self, state: DraftState, context: Sequence[int]) -> tuple[Offer, ...]:
+        """What this drafter can draft for the request after ``context`` in the next step (:class:`Offer`; a policy
+        bids on one and the task brings it back): by default its own drafts, with nothing to read first."""
+        return (MODEL_DRAFTS,)
 
     @abstractmethod
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:

@@ -23,7 +23,7 @@ from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import masked
 from quickdraft.lossless.sampling import choose_tokens, logits_to_probs
-from quickdraft.policies import DraftStep
+from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.tokens import common_prefix_length
 
@@ -116,9 +116,10 @@ class DraftModelDrafter(Drafter):
         for conversation in self.kept:
             conversation.roll_back(common_prefix_length(conversation.cached_ids, list(keep)))
 
-    def backlog(self, state: DraftState, context: Sequence[int]) -> int:
+    def offers(self, state: DraftState, context: Sequence[int]) -> tuple[Offer, ...]:
+        """Its drafts, as rows of batched forwards, after reading what its cache lacks of ``context``."""
         assert isinstance(state, DraftModelState)
-        return state.conversation.backlog(context)
+        return (Offer(MODEL_DRAFTS.source, backlog=state.conversation.backlog(context), batched=True),)
 
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
         rows = [self._row(task, max_read_tokens) for task in tasks]

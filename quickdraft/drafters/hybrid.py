@@ -11,9 +11,9 @@ it nothing until it drafts again, when it reads what it missed in one forward.
 A request's predicted output (:meth:`HybridDrafter.expect`, OpenAI's Predicted Outputs) is copied first, where
 the answer is on it (:mod:`quickdraft.drafters.prediction`).
 
-Before each step the drafter says how many drafts it can copy (:meth:`free_drafts`): a policy then
-chooses γ for copies with copies' own acceptance and no drafting cost, and for the draft model with
-its acceptance and measured costs.
+Before each step the drafter offers (:meth:`HybridDrafter.offers`) its copies, free, and its model's drafts: a
+policy then chooses γ for copies with copies' own acceptance and no drafting cost, or for the draft model with its
+acceptance and measured costs.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.prediction import PredictionCopies
 from quickdraft.drafters.prompt_lookup import NgramIndex
 from quickdraft.drafters.records import DrafterRecords
-from quickdraft.policies import PolicyContext
+from quickdraft.policies import Offer, PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
 
 MAX_COPIED = 32  # the most drafts one lookup offers; a policy takes at most its own maximum of them
+COPIES = "copy"  # the source of the copies' offer
 
 
 def hybrid_ngrams(options: DrafterOptions) -> tuple[int, int]:
@@ -78,7 +79,7 @@ class HybridState(DraftState):
 
 class HybridDrafter(Drafter):
     needs_draft_model = True
-    offers_copies = True
+    follows_predictions = True
 
     def __init__(self, model: Drafter, max_ngram: int, min_ngram: int) -> None:
         super().__init__(model.records)
@@ -112,31 +113,27 @@ class HybridDrafter(Drafter):
         self.model.forget(keep)
 
     def policy_context(self, config: GenerationConfig) -> PolicyContext:
-        """Its model's context (what a drafted token costs is the model's: the eagle head measures its own), with
-        copies on offer."""
-        return replace(self.model.policy_context(config), offers_copies=True)
+        """Its model's (what a drafted token costs is the model's: the eagle head measures its own)."""
+        return self.model.policy_context(config)
 
     def observe_features(self, state: DraftState, features: torch.Tensor) -> None:
         assert isinstance(state, HybridState)
         self.model.observe_features(state.model, features)
 
-    def free_drafts(self, state: DraftState, context: Sequence[int]) -> int:
+    def offers(self, state: DraftState, context: Sequence[int]) -> tuple[Offer, ...]:
+        """The copies after ``context`` (free; listed with 0 tokens when there are none), then its model's drafts."""
         assert isinstance(state, HybridState)
-        return len(state.copied(context)[0])
-
-    def backlog(self, state: DraftState, context: Sequence[int]) -> int:
-        """What the draft model must read before it drafts (a policy may prefer its drafts to the copies)."""
-        assert isinstance(state, HybridState)
-        return self.model.backlog(state.model, context)
+        copies = Offer(COPIES, max_tokens=len(state.copied(context)[0]), free=True)
+        return (copies, *self.model.offers(state.model, context))
 
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
-        """Copies for the tasks whose policy took them and whose context offers some; the draft model drafts for
+        """Copies for the tasks whose policy bid on them (and whose context offers some); the draft model drafts for
         the others, together."""
         proposals: dict[int, DraftProposal] = {}
         model_tasks: dict[int, DraftTask] = {}
         for i, task in enumerate(tasks):
             assert isinstance(task.state, HybridState)
-            copied, predicted = task.state.copied(task.context) if task.copies else ([], False)
+            copied, predicted = task.state.copied(task.context) if task.offer.source == COPIES else ([], False)
             if copied:
                 proposals[i] = DraftProposal.copied(copied[: task.num_tokens], predicted)
             else:

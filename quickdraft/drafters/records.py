@@ -43,8 +43,8 @@ class DrafterRecords:
     acceptance_head: AcceptanceHead | None = None  # a trained SpecDec++ head
     synced: SyncPoint | None = field(default=None, init=False, repr=False)  # None: the learned records continue no file
 
-    def policy_context(self, config: GenerationConfig, offers_copies: bool = False) -> PolicyContext:
-        """What a request's policy may use: its γ settings, these records and whether its drafter offers copies."""
+    def policy_context(self, config: GenerationConfig) -> PolicyContext:
+        """What a request's policy may use: its γ settings and these records."""
         assert config.num_draft_tokens is not None  # resolved by GenerationConfig
         return PolicyContext(
             config.num_draft_tokens,
@@ -54,7 +54,6 @@ class DrafterRecords:
             self.acceptance_head,
             self.step_times,
             self.answer_lengths,
-            offers_copies,
         )
 
     def forget_answers(self) -> None:

@@ -35,7 +35,7 @@ from quickdraft.lossless.rules import (
     verify_drafts,
 )
 from quickdraft.lossless.sampling import make_generator
-from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepState, plan_batch
+from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome, StepState, plan_batch
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.text import IncrementalDecoder
 
@@ -96,7 +96,7 @@ class Engine:
         """Raise for a request that cannot run: its prompt does not fit, or it predicts its output for a drafter
         that cannot copy it."""
         check_prompt(list(request.prompt_ids), request.config, self.target.max_context)
-        if request.prediction_ids and not request.drafter.offers_copies:
+        if request.prediction_ids and not request.drafter.follows_predictions:
             raise ConfigError("a predicted output needs a drafter that copies (hybrid or hybrid-eagle)")
 
     def _grammars(self) -> GrammarCompiler:  # made on the first request with a grammar
@@ -183,7 +183,7 @@ class Engine:
         for state, target_logits, row_features in zip(decoding, logits, features, strict=False):
             state.stats.draft_s += draft_s
             kept, committed = self._accept(
-                state, proposals[state], target_logits, row_features, started if plan.alone else None
+                state, plan.bids[state], proposals[state], target_logits, row_features, started if plan.alone else None
             )
             state.stats.verify_s += forward_s
             proposed, accepted = proposed + proposals[state].num_tokens, accepted + kept
@@ -240,24 +240,17 @@ class Engine:
         plan = StepPlan(chunks=self.scheduler.prefill_chunks())
         decoding = [state for state in self.scheduler.running if state.decoding]
         bids: list[DraftBid] = []
-        uses_draft_model: list[bool] = []  # drafts with a draft model this step (not copies)
         for state in decoding:
-            drafter, draft_state = state.request.drafter, state.draft_state
             generated, context = len(state.new_token_ids), len(state.committed)  # context: what attention reads
             remaining_tokens = state.request.config.max_new_tokens - generated
-            free_drafts = drafter.free_drafts(draft_state, state.committed)  # type: ignore[arg-type]
-            backlog = drafter.backlog(draft_state, state.committed)  # type: ignore[arg-type]
-            bid = state.policy.bid(StepState(remaining_tokens, backlog, generated, free_drafts, context))
+            offers = state.request.drafter.offers(state.draft_state, state.committed)  # type: ignore[arg-type]
+            bid = plan.bids[state] = state.policy.bid(StepState(remaining_tokens, generated, context, offers))
             bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
-            if free_drafts > 0 and bid.copies:
-                plan.copying.add(state)
-            uses_draft_model.append(drafter.needs_draft_model and state not in plan.copying)
         gammas = [bid.num_draft_tokens for bid in bids]
         # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
         # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
         if self.batch_costs is not None and any(bid.negotiable for bid in bids):
-            other_tokens = sum(n for _, n in plan.chunks)
-            gammas = plan_batch(bids, uses_draft_model, self.batch_costs, other_tokens)
+            gammas = plan_batch(bids, self.batch_costs, other_tokens=sum(n for _, n in plan.chunks))
         plan.gammas = dict(zip(decoding, gammas, strict=True))
         for state, gamma in plan.gammas.items():
             state.stats.gamma_per_step.append(gamma)
@@ -270,16 +263,18 @@ class Engine:
         proposals = {state: DraftProposal.empty() for state in plan.gammas}
         tasks: dict[Drafter, list[tuple[RequestState, DraftTask]]] = {}
         for state, gamma in plan.gammas.items():
-            if gamma > 0:
+            bid = plan.bids[state]
+            if gamma > 0 and bid.offer is not None:
                 task = DraftTask(
                     state.draft_state,  # type: ignore[arg-type]
                     state.committed,
                     gamma,
                     state.request.config.sampling,
                     state.generator,
-                    state.policy.keep_drafting,
-                    copies=state in plan.copying, constraint=state.constraint,
-                )  # fmt: skip
+                    bid.keep_drafting,
+                    bid.offer,
+                    state.constraint,
+                )
                 tasks.setdefault(state.request.drafter, []).append((state, task))
         max_read_tokens = None if plan.alone else self.scheduler.settings.prefill_tokens_per_step
         for drafter, pairs in tasks.items():
@@ -290,15 +285,16 @@ class Engine:
     def _accept(
         self,
         state: RequestState,
+        bid: DraftBid,
         proposal: DraftProposal,
         target_logits: torch.Tensor,
         features: torch.Tensor | None,
         step_started: float | None,
     ) -> tuple[int, int]:
-        """Verify a decoding request's drafts, commit, let its policy and drafter learn; (drafts kept, tokens
-        committed). ``features``: the target's at the row's positions, for a drafter that reads them (it gets
-        those of the positions kept). ``step_started``: when a step that held this request alone began (its
-        policy learns what such a step takes); None otherwise."""
+        """Verify a decoding request's drafts (of its policy's ``bid``), commit, let its policy and drafter learn;
+        (drafts kept, tokens committed). ``features``: the target's at the row's positions, for a drafter that reads
+        them (it gets those of the positions kept). ``step_started``: when a step that held this request alone
+        began (its policy learns what such a step takes); None otherwise."""
         config, tick = state.request.config, time.perf_counter()
         draft_token_ids, draft_probs, target_logits = constrain_step(
             state.constraint, proposal.token_ids, proposal.probs, target_logits
@@ -324,10 +320,9 @@ class Engine:
         state.stats.draft_tokens_accepted += num_kept
         if proposal.predicted:
             state.stats.predicted_tokens_accepted += num_kept
-        state.policy.observe(num_judged, num_kept)
         state.request.drafter.observe(state.draft_state, num_judged, num_kept)  # type: ignore[arg-type]
-        if step_started is not None:
-            state.policy.observe_step_time(proposal.num_tokens, 1000 * (time.perf_counter() - step_started))
+        step_ms = None if step_started is None else 1000 * (time.perf_counter() - step_started)
+        state.policy.observe(StepOutcome(bid, proposal.num_tokens, num_judged, num_kept, step_ms))
         self._deliver(state, committed_tokens, finish_reason, target_logits)
         return num_kept, len(committed_tokens)
 

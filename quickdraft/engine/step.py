@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from quickdraft.engine.request import RequestState
+from quickdraft.policies import DraftBid
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class StepReport:
 class StepPlan:
     chunks: list[tuple[RequestState, int]] = field(default_factory=list)  # (request, prompt tokens to read)
     gammas: dict[RequestState, int] = field(default_factory=dict)  # decoding requests and their γ
-    copying: set[RequestState] = field(default_factory=set)  # requests whose drafts are copies from their context
+    bids: dict[RequestState, DraftBid] = field(default_factory=dict)  # what their policies bid (before planning)
 
     @property
     def alone(self) -> bool:

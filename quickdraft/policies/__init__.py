@@ -7,20 +7,24 @@ package registers them all.
 
 from quickdraft.policies import goodput, simple, specdec  # noqa: F401 - each registers its policies
 from quickdraft.policies.base import (
+    MODEL_DRAFTS,
     POLICIES,
     UNKNOWN_STATE,
     DraftBid,
     DraftStep,
     KeepDrafting,
+    Offer,
     Policy,
     PolicyContext,
     PolicyKind,
     PolicySpec,
+    StepOutcome,
     StepState,
     make_policy,
     parse_policy,
 )
-from quickdraft.policies.goodput import GoodputPolicy, plan_batch
+from quickdraft.policies.goodput import GoodputPolicy
+from quickdraft.policies.planner import plan_batch
 from quickdraft.policies.records import (
     AcceptanceRecord,
     AnswerLength,
@@ -33,6 +37,7 @@ from quickdraft.policies.simple import ConfidencePolicy, FixedPolicy, HeuristicP
 from quickdraft.policies.specdec import SpecDecPolicy
 
 __all__ = [
+    "MODEL_DRAFTS",
     "POLICIES",
     "UNKNOWN_STATE",
     "AcceptanceRecord",
@@ -46,11 +51,13 @@ __all__ = [
     "GoodputPolicy",
     "HeuristicPolicy",
     "KeepDrafting",
+    "Offer",
     "Policy",
     "PolicyContext",
     "PolicyKind",
     "PolicySpec",
     "SpecDecPolicy",
+    "StepOutcome",
     "StepState",
     "StepTimeRecord",
     "draft_outcomes",

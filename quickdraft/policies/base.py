@@ -1,11 +1,12 @@
-"""The policy interface and registry: a policy chooses γ before every step (0 = a plain step).
+"""The policy interface and registry: a policy bids γ for a step (0 = a plain step) on one of its drafter's offers.
 
-A policy lives for one request. Before each step the engine asks :meth:`Policy.choose` for γ
-(telling it, in a :class:`StepState`, how many tokens the request may still produce and how many
-the drafter must read before it can draft);
-while the drafter drafts, :meth:`Policy.keep_drafting` may stop it early (confidence-based
-policies); after verification :meth:`Policy.observe` learns how many drafts were accepted.
-Policies never affect which tokens are produced, only how fast: every γ is lossless.
+A policy lives for one request. Before each step the drafter says what it can draft now (its :class:`Offer` s:
+a draft model's drafts, copies from the context, …) and the engine asks :meth:`Policy.bid` for a
+:class:`DraftBid` on one of them, telling it in a :class:`StepState` how many tokens the request may still
+produce and what its context holds. A bid is a query: it changes nothing in the policy. While the drafter drafts,
+the bid's own ``keep_drafting`` may stop it early (confidence-based policies); after verification the engine
+hands the policy a :class:`StepOutcome` (:meth:`Policy.observe`), the one place where what it learns from a
+step changes. Policies never affect which tokens are produced, only how fast: every γ is lossless.
 
 Registry names (``NAME`` or ``NAME:ARG``; each entry is a :class:`PolicyKind`):
 - ``fixed:K`` — always K (``fixed`` alone uses the request's ``num_draft_tokens``);
@@ -13,7 +14,8 @@ Registry names (``NAME`` or ``NAME:ARG``; each entry is a :class:`PolicyKind`):
   block, −1 otherwise (at least 1);
 - ``confidence:T`` — draft up to the maximum, stopping when the draft's top probability < T;
 - ``goodput`` — γ = argmax over 0..γmax of expected tokens per millisecond under the measured
-  cost model and an online estimate of the acceptance rate α (SmartSpec-style);
+  cost model and an online estimate of the acceptance rate α (SmartSpec-style), for the offer that
+  promises the most;
 - ``specdec++:T`` — draft up to the maximum, stopping when a trained acceptance head puts
   P(at least one rejection in the block) above T (SpecDec++).
 """
@@ -48,21 +50,57 @@ class DraftStep:
 KeepDrafting = Callable[[DraftStep], bool]
 
 
+def always(step: DraftStep) -> bool:
+    """A block that drafts as many tokens as were bid."""
+    return True
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Drafts a drafter can propose for a request in the next step, from one source. A policy bids on one offer
+    and the engine hands it back to the drafter with the step's task; neither needs to know what the source is.
+
+    Rules: a drafter lists its offers in the order a policy without estimates takes them (the first one
+    ``available``); a ``free`` offer costs no drafting, and a policy keeps its acceptance apart from the
+    drafter's measured drafts (the first offer that is not free), whose record the drafter keeps across
+    requests. A drafter that lists a free offer lists it every step, with ``max_tokens`` 0 when it has nothing,
+    so a policy can tell how often it has something."""
+
+    source: str  # where the drafts come from ("model", "copy", ...): estimates are kept per source
+    max_tokens: int | None = None  # the most it can draft now; None: as many as bid
+    free: bool = False  # drafting costs nothing (copies); else a drafted token costs what the drafter's costs say
+    backlog: int = 0  # committed tokens the drafter must read before it can draft (a lazy draft model)
+    batched: bool = False  # its drafts are rows of draft-model forwards that the step's requests share
+
+    def __post_init__(self) -> None:
+        if self.backlog < 0 or (self.max_tokens is not None and self.max_tokens < 0):
+            raise ValueError(f"an offer needs counts >= 0, got {self}")
+
+    @property
+    def available(self) -> bool:
+        return self.max_tokens is None or self.max_tokens > 0
+
+
+MODEL_DRAFTS = Offer("model")  # a drafter's own drafts, priced by its measured costs, with nothing to read first
+
+
 @dataclass(frozen=True)
 class StepState:
     """What the engine tells a policy before a step, besides the policy's own history."""
 
     remaining_tokens: int | None = None  # new tokens the request may still produce (a bound); None: unbounded
-    drafter_backlog: int = 0  # committed tokens the drafter must read before its next draft
     generated_tokens: int | None = None  # new tokens the request has produced so far; None: not known
-    free_drafts: int = 0  # drafts the drafter can copy at no cost this step (a hybrid's lookup); 0: none
     context_tokens: int = 0  # tokens in the target's cache before the step: what its attention reads
+    offers: tuple[Offer, ...] = (MODEL_DRAFTS,)  # what the request's drafter can draft now (Drafter.offers)
 
     def __post_init__(self) -> None:
-        counts = [self.remaining_tokens, self.drafter_backlog, self.generated_tokens, self.free_drafts]
-        counts.append(self.context_tokens)
+        counts = [self.remaining_tokens, self.generated_tokens, self.context_tokens]
         if any(count is not None and count < 0 for count in counts):
             raise ValueError(f"a step state needs counts >= 0, got {self}")
+
+    def first_available(self) -> Offer | None:
+        """The offer a policy without estimates takes: the drafter's first that has drafts; None: none has."""
+        return next((offer for offer in self.offers if offer.available), None)
 
     def expected_remaining_tokens(self) -> int | None:
         """How many more tokens the answer is expected to run: as many as it has run so far, within the budget.
@@ -83,20 +121,21 @@ UNKNOWN_STATE = StepState()
 
 @dataclass(frozen=True)
 class DraftBid:
-    """What a request's policy asks of a step it shares with other requests (continuous batching): at most
-    ``num_draft_tokens`` drafts. A bid with acceptance estimates may be given fewer by a batch planner that
-    weighs every request's expected tokens against the whole step's cost (goodput's :func:`plan_batch`); one
-    without gets exactly what it asked for (a fixed γ is a fixed γ)."""
+    """What a request's policy asks of a step: at most ``num_draft_tokens`` drafts of ``offer``, drafted while
+    ``keep_drafting`` says so. A bid with acceptance estimates may be given fewer by a batch planner that weighs
+    every request's expected tokens against the whole step's cost (goodput's :func:`plan_batch`); one without
+    gets exactly what it asked for (a fixed γ is a fixed γ)."""
 
     num_draft_tokens: int
     acceptance_rate: float | None = None  # α, that the block's first draft is accepted; None: not negotiable
     continuation_rate: float | None = None  # β, that a later draft is accepted when the drafts before it were
     reading_ms: float = 0.0  # what the drafter must read before it drafts costs (paid only if it drafts)
-    copies: bool = True  # when the drafter offers free drafts (StepState.free_drafts): take them, or its model's
+    offer: Offer | None = None  # which of the drafter's offers to draft from; None: nothing to draft
     # What the request's context adds to a step beyond the batch curve's (measured with few cached tokens): to the
     # target's forward for its one token, and for each draft (its row's attention, and the draft model's if any).
     context_ms: float = 0.0
     context_ms_per_draft: float = 0.0
+    keep_drafting: KeepDrafting = always  # this block's own judge: it may keep state for the block, never the policy
 
     def __post_init__(self) -> None:
         times = [self.reading_ms, self.context_ms, self.context_ms_per_draft]
@@ -116,6 +155,28 @@ class DraftBid:
         beta = alpha if self.continuation_rate is None else self.continuation_rate
         return alpha * beta ** (k - 1)
 
+    @property
+    def batched(self) -> bool:
+        """Its drafts are rows of the draft model's forwards shared by the step's requests."""
+        return self.offer is not None and self.offer.batched
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a step did for one request, for its policy to learn from: the bid it made (before a batch planner
+    trimmed it), the drafts proposed and how many the target judged and accepted, and, when the request had the
+    step to itself, how long the whole step took."""
+
+    bid: DraftBid
+    num_drafted: int = 0  # drafts the drafter proposed
+    num_judged: int = 0  # of those, the drafts the target's verdict counts for (see committed_drafts)
+    num_accepted: int = 0  # the first ``num_accepted`` judged drafts were accepted
+    step_ms: float | None = None  # the whole step (bidding, drafting, verifying, committing); None: shared
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_accepted <= self.num_judged <= self.num_drafted:
+            raise ValueError(f"a step outcome needs 0 <= accepted <= judged <= drafted, got {self}")
+
 
 @dataclass(frozen=True)
 class PolicyContext:
@@ -128,24 +189,27 @@ class PolicyContext:
     acceptance_head: AcceptanceHead | None = None  # for specdec++
     step_times: StepTimeRecord | None = None  # the engine's measured step overhead, for goodput
     answer_lengths: AnswerLengthRecord | None = None  # how long the drafter's earlier answers ran, for goodput
-    offers_copies: bool = False  # the drafter may offer free copies besides its model's drafts (a hybrid)
 
 
 class Policy(ABC):
     @abstractmethod
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
-        """γ for the next step (0 = a plain step)."""
+        """γ for the next step (0 = a plain step); changes nothing."""
 
     def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
-        """γ for the next step when the step is shared with other requests: by default :meth:`choose`'s, fixed."""
-        return DraftBid(self.choose(state))
+        """The next step's bid; changes nothing. By default :meth:`choose`'s γ, fixed, on the drafter's first
+        available offer, judged block by block by :meth:`keep_drafting`."""
+        offer = state.first_available()
+        gamma = self.choose(state) if offer is not None else 0
+        return DraftBid(gamma, offer=offer if gamma > 0 else None, keep_drafting=self.keep_drafting)
 
     def keep_drafting(self, step: DraftStep) -> bool:
-        """After drafting a token: draft another one?"""
+        """After drafting a token: draft another one? (A policy whose judgement keeps state for a block makes
+        a judge per bid instead.)"""
         return True
 
-    def observe(self, proposed: int, accepted: int) -> None:  # noqa: B027 - optional hook
-        """The step proposed ``proposed`` drafts and the target accepted the first ``accepted``."""
+    def observe(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
+        """What the step of the policy's last bid did: the one place where a policy learns from a step."""
 
     def wants_confidence(self) -> bool:
         """Does :meth:`observe_confidence` want the target's confidence after the next token chosen without drafts
@@ -156,9 +220,6 @@ class Policy(ABC):
     def observe_confidence(self, probability: float) -> None:  # noqa: B027 - optional hook
         """After a token chosen without drafts: ``probability``, the largest of the target's softmax there
         (temperature 1, before any sampling processing)."""
-
-    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:  # noqa: B027 - optional hook
-        """A whole step (choosing, drafting ``proposed`` tokens, verifying, committing) took ``elapsed_ms``."""
 
     def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:  # noqa: B027 - optional hook
         """The request ended after ``num_tokens`` new tokens; ``cut_by_budget``: at its max_new_tokens."""

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from quickdraft.costs import BatchCostModel, CostModel, expected_tokens
+from quickdraft.costs import CostModel, expected_tokens
 from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies.base import (
@@ -15,9 +12,11 @@ from quickdraft.policies.base import (
     UNKNOWN_STATE,
     DraftBid,
     DraftStep,
+    Offer,
     Policy,
     PolicyContext,
     PolicyKind,
+    StepOutcome,
     StepState,
     no_argument,
 )
@@ -105,27 +104,20 @@ class GoodputPolicy(Policy):
     continuation_shrink: float = 2.0
     step_times: StepTimeRecord | None = None  # shared by the engine's requests; None: this request's own
     answer_lengths: AnswerLengthRecord | None = None  # shared by the engine's requests; None: ski rental only
-    offers_copies: bool = False  # the drafter may offer free copies besides its model's drafts (a hybrid)
+    # What it learns (only observe and observe_confidence change these):
     first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α's decayed evidence
     later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β's, the record's prior included
     drafted: bool = field(default=False, init=False)  # has this request had a step with drafts?
     top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
-    plain_steps: int = field(default=0, init=False)
-    single_steps: int = field(default=0, init=False)  # one-draft blocks in a row
-    last_backlog: int = field(default=0, init=False)  # the drafter's backlog when the last step was chosen
-    last_context: int = field(default=0, init=False)  # the target's cached tokens when the last step was chosen
-    block_survival: float = field(default=1.0, init=False)  # P(every draft of this block so far is accepted)
-    block_costs: CostModel | None = field(default=None, init=False)  # the corrected costs this block was chosen by
-    copies_first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0), init=False)  # α of copied drafts
-    copies_later: BetaCounts = field(default_factory=BetaCounts, init=False)  # β of copied drafts
-    copying: bool = field(default=False, init=False)  # are the last bid's drafts copies (free, their own α)?
-    declined_copies: int = field(default=0, init=False)  # copies offered and not taken, in a row
-    copy_offers: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with copies on offer (decayed)
+    plain_steps: int = field(default=0, init=False)  # bids of γ 0 in a row
+    single_steps: int = field(default=0, init=False)  # bids of one draft in a row
+    free: dict[str, FreeSource] = field(default_factory=dict, init=False)  # estimates of each free offer's drafts
+    free_offered: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with free drafts on offer
+    # A memo, not knowledge: the corrected costs at the step times and context they were made for (see costs()).
     corrected: tuple[tuple[float | None, float | None, int], CostModel, CostModel] | None = field(
         default=None, init=False, repr=False
-    )  # (the step times measured and the context) when last corrected, the corrected costs, and the same with
-    # free drafts (copies)
+    )
 
     def __post_init__(self) -> None:
         if self.step_times is None:
@@ -151,81 +143,76 @@ class GoodputPolicy(Policy):
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         return self.bid(state).num_draft_tokens
 
-    def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
-        """γ as the most this request drafts in a shared step, with the estimates it was chosen by, so that
-        :func:`plan_batch` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone). When the
-        drafter offers copies, the copies or the model's drafts, whichever promise more tokens per millisecond."""
-        self.last_backlog, self.last_context = state.drafter_backlog, state.context_tokens
-        self.block_survival = 1.0
-        self.copying = False
-        self.copy_offers.add(int(state.free_drafts > 0), self.decay)
-        model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state)
-        gamma = costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
-        if state.free_drafts > 0 and (copy_bid := self._copy_bid(state.free_drafts, model, gamma)) is not None:
-            return copy_bid
-        self.block_costs = costs
+    def bid(self, state: StepState = UNKNOWN_STATE) -> GoodputBid:
+        """γ as the most this request drafts, with the estimates it was chosen by, so that :func:`plan_batch` may
+        trim it to what pays in the whole batch (:meth:`choose`: the γ alone): on a free offer (copies) or the
+        drafter's measured drafts, whichever promise more tokens per millisecond."""
+        priced = next((offer for offer in state.offers if not offer.free), None)
+        backlog = 0 if priced is None else priced.backlog
+        model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state, backlog)
+        gamma = 0 if priced is None else costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
+        for offer in state.offers:
+            if offer.free and offer.available and (free_bid := self._free_bid(state, offer, model, gamma)) is not None:
+                return free_bid
         if gamma > 0 and reading_ms > 0 and (horizon := self.model_horizon(state)) is not None:
             # is drafting worth the drafter's backlog over the tokens its drafts are expected still to serve?
             if costs.saving_ms(acceptance_rate, gamma, horizon, continuation_rate) <= reading_ms:
                 gamma = 0
-        elif gamma == 0 and self.plain_steps >= self.probe_after:
+        elif gamma == 0 and self.plain_steps >= self.probe_after and priced is not None:
             # a probe may cost as much reading as the plain steps before it took
             gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
         elif gamma == 1 and self.single_steps >= self.probe_after:
             gamma = min(2, self.maximum)  # a probe of β
-        self.plain_steps = self.plain_steps + 1 if gamma == 0 else 0
-        self.single_steps = self.single_steps + 1 if gamma == 1 else 0
-        return DraftBid(gamma, acceptance_rate, continuation_rate, reading_ms, False, *self._context_costs(True))
+        judge = BlockJudge(costs, self.continuation_rate())
+        context_ms = self._context_costs(state.context_tokens, drafts_with_model=True)
+        return GoodputBid(
+            gamma, acceptance_rate, continuation_rate, reading_ms, priced if gamma > 0 else None, *context_ms,
+            keep_drafting=judge, state=state, costs=costs,
+        )  # fmt: skip
 
-    def _model_estimates(self, state: StepState) -> tuple[float, float, float, CostModel]:
-        """(reading ms, α, β, corrected costs) of the drafter's model drafts."""
-        reading_ms = self._reading_ms(state)
+    def _model_estimates(self, state: StepState, backlog: int) -> tuple[float, float, float, CostModel]:
+        """(reading ms, α, β, corrected costs) of the drafter's measured drafts."""
+        assert self.step_times is not None
+        # the catch-up beyond the one token every step's draft cost already includes (the profiled prefill curve,
+        # scaled by what earlier readings took against it)
+        reading_ms = self.step_times.reading_scale * self.cost_model.draft_read(backlog - 1)
         acceptance_rate = self.acceptance_rate()
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
-        return reading_ms, acceptance_rate, self.continuation_rate(acceptance_rate), self.costs()
+        costs = self._corrected_costs(state.context_tokens)[0]
+        return reading_ms, acceptance_rate, self.continuation_rate(acceptance_rate), costs
 
-    def _copy_bid(
-        self, free_drafts: int, model: tuple[float, float, float, CostModel], model_gamma: int
-    ) -> DraftBid | None:
-        """The bid for the drafter's copies (a hybrid's lookup: no drafting cost, their own α and β), or None when
-        the model's drafts (``model_gamma`` of them, by ``model``'s estimates) promise more tokens per millisecond,
-        its reading included. Copies declined ``probe_after`` times in a row are taken once, so that their
-        estimates can recover."""
+    def _free_bid(
+        self, state: StepState, offer: Offer, model: tuple[float, float, float, CostModel], model_gamma: int
+    ) -> GoodputBid | None:
+        """The bid for a free offer (copies: no drafting cost, their own α and β), or None when the measured drafts
+        (``model_gamma`` of them, by ``model``'s estimates) promise more tokens per millisecond, their reading
+        included. An offer declined ``probe_after`` times in a row is taken once, so that its estimates can
+        recover."""
         reading_ms, model_alpha, model_beta, costs = model
-        alpha = self.copies_first.mean()
-        beta = self.copies_later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
-        copy_costs = self._corrected_costs()[1]
-        gamma = min(copy_costs.best_num_draft_tokens(alpha, self.maximum, beta), free_drafts)
+        source = self.free.get(offer.source, FreeSource())
+        alpha = source.first.mean()
+        beta = source.later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
+        free_costs = self._corrected_costs(state.context_tokens)[1]
+        gamma = free_costs.best_num_draft_tokens(alpha, self.maximum, beta)
+        if offer.max_tokens is not None:
+            gamma = min(gamma, offer.max_tokens)
         model_ms = costs.step_ms(model_gamma) + (reading_ms if model_gamma > 0 else 0.0)
         model_goodput = expected_tokens(model_alpha, model_gamma, model_beta) / model_ms
-        if self.declined_copies >= self.probe_after:
+        if source.declined >= self.probe_after:
             gamma = max(gamma, 1)
-        elif gamma == 0 or copy_costs.goodput(alpha, gamma, beta) < model_goodput:
-            self.declined_copies += 1
+        elif gamma == 0 or free_costs.goodput(alpha, gamma, beta) < model_goodput:
             return None
-        self.declined_copies = 0
-        self.copying, self.block_costs = True, copy_costs
-        return DraftBid(gamma, alpha, beta, 0.0, True, *self._context_costs(False))
+        context_ms = self._context_costs(state.context_tokens, drafts_with_model=False)
+        return GoodputBid(gamma, alpha, beta, 0.0, offer, *context_ms, state=state, costs=free_costs)
 
-    def _context_costs(self, drafts_with_model: bool) -> tuple[float, float]:
+    def _context_costs(self, context: int, drafts_with_model: bool) -> tuple[float, float]:
         """What this request's context adds to a shared step (:class:`DraftBid`'s ``context_ms`` and
         ``context_ms_per_draft``), by the cost model's context costs."""
-        model, context = self.cost_model, self.last_context
+        model = self.cost_model
         one_token_ms = model.context_ms(1, context)
         per_draft_ms = max(0.0, model.context_ms(2, context) - one_token_ms)
         return one_token_ms, per_draft_ms + (model.draft_context_extra_ms(context) if drafts_with_model else 0.0)
-
-    def keep_drafting(self, step: DraftStep) -> bool:
-        """Draft one more token only if it is expected to pay for itself: it saves a plain step if it and
-        every draft before it are accepted (the draft's top probabilities so far, times β for the next
-        one), and it costs a drafted token plus what one more token adds to the verify forward."""
-        confidence = top_probability(step.logits).min()  # the least sure row
-        self.block_survival *= float(confidence)
-        costs = self.block_costs or self.costs()
-        k = step.num_drafted
-        next_token_ms = costs.draft_ms + costs.target(k + 2) - costs.target(k + 1)
-        return self.block_survival * self.continuation_rate() * costs.target(1) > next_token_ms
 
     def horizon(self, state: StepState) -> float | None:
         """How many more tokens the answer is expected to run: the ski-rental guess, blended with the
@@ -236,56 +223,33 @@ class GoodputPolicy(Policy):
         return self.answer_lengths.expected_remaining(state.generated_tokens, state.remaining_tokens, ski_rental)
 
     def model_horizon(self, state: StepState) -> float | None:
-        """The tokens a drafter's model is expected still to draft for. For a drafter that offers copies (a
-        hybrid) the ski-rental guess alone, not earlier answers' lengths, less the share of steps where copies
-        were on offer (decayed per step), which copies serve for free: an answer from a long document starts
-        copying a few tokens in, and reading the document into the draft model at once for the steps left to
-        it rarely pays (it cost 1.2–1.4 s on Spec-Bench's rag questions that then copied nearly every token)."""
-        if not self.offers_copies:
+        """The tokens a drafter's measured drafts are expected still to serve. For a drafter that offers free
+        drafts (a hybrid's copies) the ski-rental guess alone, not earlier answers' lengths, less the share of
+        steps where free drafts were on offer (decayed per step, this one included), which they serve for free:
+        an answer from a long document starts copying a few tokens in, and reading the document into the draft
+        model at once for the steps left to it rarely pays (it cost 1.2–1.4 s on Spec-Bench's rag questions
+        that then copied nearly every token)."""
+        if not any(offer.free for offer in state.offers):
             return self.horizon(state)
         ski_rental = state.expected_remaining_tokens()
-        return None if ski_rental is None else ski_rental * (1.0 - self.copy_offers.mean())
+        share = self.free_offered.plus(int(offers_free_drafts(state)), self.decay).mean()
+        return None if ski_rental is None else ski_rental * (1.0 - share)
 
-    def costs(self) -> CostModel:
-        """The profiled cost model, corrected by the step times measured so far, at the last step's context."""
-        return self._corrected_costs()[0]
+    def costs(self, context_tokens: int = 0) -> CostModel:
+        """The profiled cost model, corrected by the step times measured so far, at ``context_tokens``."""
+        return self._corrected_costs(context_tokens)[0]
 
-    def _corrected_costs(self) -> tuple[CostModel, CostModel]:
-        """:meth:`costs`, and the same for drafts that cost no drafting (copies); made again only when a step time
-        measured since or the context changes them (under batching step times rarely do, and every request bids
-        at every step)."""
+    def _corrected_costs(self, context_tokens: int) -> tuple[CostModel, CostModel]:
+        """:meth:`costs`, and the same for drafts that cost no drafting (free offers); made again only when a step
+        time measured since or the context changes them (under batching step times rarely do, and every request
+        bids at every step)."""
         assert self.step_times is not None
-        context = self.last_context // CONTEXT_GRAIN * CONTEXT_GRAIN
+        context = context_tokens // CONTEXT_GRAIN * CONTEXT_GRAIN
         measured = (self.step_times.plain_step_ms, self.step_times.draft_token_ms, context)
         if self.corrected is None or self.corrected[0] != measured:
             costs = self.cost_model.with_measurements(*measured[:2]).at_context(context)
             self.corrected = (measured, costs, replace(costs, draft_ms=0.0))
         return self.corrected[1], self.corrected[2]
-
-    def _reading_ms(self, state: StepState) -> float:
-        """The drafter's catch-up beyond the one token every step's draft cost already includes
-        (the profiled prefill curve, scaled by what earlier readings took against it)."""
-        assert self.step_times is not None
-        return self.step_times.reading_scale * self.cost_model.draft_read(state.drafter_backlog - 1)
-
-    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
-        assert self.step_times is not None
-        if self.copying and proposed > 0:  # copies cost no drafting to measure
-            return
-        model, context = self.cost_model, self.last_context  # recorded less what the context added (see above)
-        if proposed == 0:
-            self.step_times.add_plain_step(max(0.0, elapsed_ms - model.context_ms(1, context)))
-            return
-        costs = self.costs()
-        drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
-        if self.last_backlog <= MEASURED_BACKLOG:
-            per_draft_ms = drafting_ms / proposed - model.draft_context_extra_ms(context)
-            self.step_times.add_draft_token_cost(max(0.0, per_draft_ms))
-        elif (
-            self.last_backlog - 1 >= MIN_TIMED_READING
-            and (profiled_ms := self.cost_model.draft_read(self.last_backlog - 1)) > 0
-        ):  # it read a backlog first
-            self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
 
     def wants_confidence(self) -> bool:
         return not self.drafted  # the target's confidence stands in for α until the first drafts are judged
@@ -294,20 +258,95 @@ class GoodputPolicy(Policy):
         self.top_probability_sum = self.decay * self.top_probability_sum + probability
         self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - probability
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, outcome: StepOutcome) -> None:
+        """Learn from a step of this policy's bid: the probe counters, the acceptance of the offer it drafted
+        from, and, when the request had the step alone, what the step took."""
+        bid = outcome.bid
+        assert isinstance(bid, GoodputBid), "a goodput policy observes the steps of its own bids"
+        state, offer = bid.state, bid.offer
+        self.free_offered.add(int(offers_free_drafts(state)), self.decay)
+        if offer is not None and offer.free:
+            self.free.setdefault(offer.source, FreeSource()).declined = 0
+        else:
+            for free in (offer for offer in state.offers if offer.free and offer.available):
+                self.free.setdefault(free.source, FreeSource()).declined += 1
+            self.plain_steps = self.plain_steps + 1 if bid.num_draft_tokens == 0 else 0
+            self.single_steps = self.single_steps + 1 if bid.num_draft_tokens == 1 else 0
+        if outcome.num_judged > 0:
+            if offer is not None and offer.free:  # free drafts have their own estimates; the record is of the rest
+                source = self.free[offer.source]
+                learn(source.first, source.later, outcome.num_judged, outcome.num_accepted, self.decay)
+            else:
+                self.drafted = True
+                learn(self.first, self.later, outcome.num_judged, outcome.num_accepted, self.decay)
+                if self.record is not None:
+                    self.record.add(outcome.num_judged, outcome.num_accepted)
+        if outcome.step_ms is not None:
+            self._observe_step_time(bid, outcome.num_drafted, outcome.step_ms)
+
+    def _observe_step_time(self, bid: GoodputBid, proposed: int, elapsed_ms: float) -> None:
+        """A step this request had alone took ``elapsed_ms``: a plain step's time, a drafted token's, or a reading's,
+        recorded less what the request's context added."""
+        assert self.step_times is not None
+        if bid.offer is not None and bid.offer.free and proposed > 0:  # free drafts cost no drafting to measure
+            return
+        model, context = self.cost_model, bid.state.context_tokens
         if proposed == 0:
+            self.step_times.add_plain_step(max(0.0, elapsed_ms - model.context_ms(1, context)))
             return
-        if self.copying:  # copies have their own estimates; the drafter's record is of its model's drafts
-            learn(self.copies_first, self.copies_later, proposed, accepted, self.decay)
-            return
-        self.drafted = True
-        learn(self.first, self.later, proposed, accepted, self.decay)
-        if self.record is not None:
-            self.record.add(proposed, accepted)
+        backlog = 0 if bid.offer is None else bid.offer.backlog
+        costs = self.costs(context)
+        drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
+        if backlog <= MEASURED_BACKLOG:
+            per_draft_ms = drafting_ms / proposed - model.draft_context_extra_ms(context)
+            self.step_times.add_draft_token_cost(max(0.0, per_draft_ms))
+        elif backlog - 1 >= MIN_TIMED_READING and (profiled_ms := self.cost_model.draft_read(backlog - 1)) > 0:
+            self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
 
     def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
         if self.answer_lengths is not None:
             self.answer_lengths.add(num_tokens, cut_by_budget)
+
+
+@dataclass
+class FreeSource:
+    """What a request learned of one free offer's drafts: α's and β's decayed evidence, and how many steps in a
+    row it was on offer and declined."""
+
+    first: BetaCounts = field(default_factory=lambda: BetaCounts(1.0, 1.0))
+    later: BetaCounts = field(default_factory=BetaCounts)
+    declined: int = 0
+
+
+@dataclass(frozen=True)
+class GoodputBid(DraftBid):
+    """A goodput bid and what it was chosen by, for the policy to learn from its step."""
+
+    state: StepState = UNKNOWN_STATE
+    costs: CostModel | None = None  # the corrected costs at the request's context
+
+
+class BlockJudge:
+    """One block's judge (:meth:`GoodputPolicy.bid`'s ``keep_drafting``): draft one more token only if it is
+    expected to pay for itself. It saves a plain step if it and every draft before it are accepted (the draft's
+    top probabilities so far, times β for the next one), and it costs a drafted token plus what one more token
+    adds to the verify forward. It keeps the block's survival, never the policy's state."""
+
+    def __init__(self, costs: CostModel, continuation_rate: float) -> None:
+        self.costs, self.continuation_rate = costs, continuation_rate
+        self.block_survival = 1.0  # P(every draft of this block so far is accepted)
+
+    def __call__(self, step: DraftStep) -> bool:
+        confidence = top_probability(step.logits).min()  # the least sure row
+        self.block_survival *= float(confidence)
+        costs, k = self.costs, step.num_drafted
+        next_token_ms = costs.draft_ms + costs.target(k + 2) - costs.target(k + 1)
+        return self.block_survival * self.continuation_rate * costs.target(1) > next_token_ms
+
+
+def offers_free_drafts(state: StepState) -> bool:
+    """Some free offer has drafts this step."""
+    return any(offer.free and offer.available for offer in state.offers)
 
 
 def learn(first: BetaCounts, later: BetaCounts, proposed: int, accepted: int, decay: float) -> None:
@@ -321,65 +360,6 @@ def learn(first: BetaCounts, later: BetaCounts, proposed: int, accepted: int, de
         later.add(outcome, decay)
 
 
-def plan_batch(
-    bids: Sequence[DraftBid], uses_draft_model: Sequence[bool], costs: BatchCostModel, other_tokens: int = 0
-) -> list[int]:
-    """SmartSpec's goodput for a step shared by several requests: the drafts per request, γ_i ≤ its bid, with the
-    most expected tokens of the whole step per millisecond, Σ_i E[tokens_i | α_i, β_i, γ_i] ÷ t_step.
-
-    t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(requests drafting a p-th token with the
-    draft model) + the reading of requests whose drafter must catch up first: one target forward over every
-    request's block and the step's other work (``other_tokens``: prompt chunks), one draft-model forward per
-    draft position, and what each request's context adds (:class:`DraftBid`'s ``context_ms``: attention over a
-    long cache, which the batch curve, timed with few cached tokens, leaves out). A prompt token read counts as a
-    token of goodput: it is work every request needs done, as much as a generated one. Counted as nothing, a
-    prompt chunk beside the decoding requests would make their drafts look cheap (the step is long anyway),
-    while a drafted token then costs what a prompt token costs that other requests are waiting on.
-    A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`). Drafts are handed out one
-    at a time, each to the request whose next draft adds the most expected tokens per millisecond it adds to
-    the step (one more token in the target's forward; with a draft model, one more row in that position's draft
-    forward; before a first draft, the reading); of the plans on the way, from no drafts to every bid in full,
-    the one with the best goodput wins (ties: fewer drafts). When the batch is busy a drafted token adds about
-    a token's work to the target's forward but less than a token to the answer, and every γ falls to 0; with
-    few requests and cheap verification the bids stand. A bid that is not negotiable keeps its γ (counted as
-    one expected token: nothing is known of its acceptance). A step of one request and nothing else is the
-    single-request problem its policy solved already, with costs corrected by its measured steps: its bid
-    stands.
-    """
-    if len(bids) == 1 and other_tokens == 0:
-        return [bids[0].num_draft_tokens]
-    target_ms, draft_ms = functools.cache(costs.target), functools.cache(costs.draft)  # few distinct arguments
-    gammas = [0 if bid.negotiable else bid.num_draft_tokens for bid in bids]
-    rows = Counter(
-        position for i, gamma in enumerate(gammas) if uses_draft_model[i] for position in range(1, gamma + 1)
-    )
-    tokens, expected = len(bids) + other_tokens + sum(gammas), float(len(bids))
-    drafting_ms = sum(draft_ms(count) for count in rows.values())  # and what the requests' contexts add:
-    drafting_ms += sum(bid.context_ms + n * bid.context_ms_per_draft for bid, n in zip(bids, gammas, strict=True))
-    expected += other_tokens  # prompt tokens read: work done, as generated tokens are
-    best_goodput, best_gammas = expected / (target_ms(tokens) + drafting_ms), list(gammas)
-    growing = [i for i, bid in enumerate(bids) if bid.negotiable and bid.num_draft_tokens > 0]
-
-    def drafting_cost(i: int) -> float:  # what the next draft of request i adds to the step's drafting
-        k = gammas[i] + 1
-        model_ms = draft_ms(rows[k] + 1) - draft_ms(rows[k]) if uses_draft_model[i] else 0.0
-        return model_ms + bids[i].context_ms_per_draft + (bids[i].reading_ms if k == 1 else 0.0)
-
-    while growing:
-        verify_ms = target_ms(tokens + 1) - target_ms(tokens)
-        i = max(growing, key=lambda i: bids[i].gain(gammas[i] + 1) / max(verify_ms + drafting_cost(i), 1e-9))
-        drafting_ms += drafting_cost(i)
-        gammas[i] += 1
-        rows[gammas[i]] += uses_draft_model[i]
-        tokens, expected = tokens + 1, expected + bids[i].gain(gammas[i])
-        if gammas[i] == bids[i].num_draft_tokens:
-            growing.remove(i)
-        goodput = expected / (target_ms(tokens) + drafting_ms)
-        if goodput > best_goodput:
-            best_goodput, best_gammas = goodput, list(gammas)
-    return best_gammas
-
-
 def _goodput(_: None, context: PolicyContext) -> Policy:
     if context.cost_model is None:
         raise ConfigError("the goodput policy needs a cost model (a saved `quickdraft profile` or a calibration)")
@@ -389,7 +369,6 @@ def _goodput(_: None, context: PolicyContext) -> Policy:
         context.acceptance,
         step_times=context.step_times,
         answer_lengths=context.answer_lengths,
-        offers_copies=context.offers_copies,
     )
 
 

@@ -44,6 +44,10 @@ class BetaCounts:
         self.accepted += outcome
         self.rejected += 1 - outcome
 
+    def plus(self, outcome: int, decay: float = 1.0) -> BetaCounts:
+        """These counts after :meth:`add` (``outcome``, ``decay``), leaving these as they are."""
+        return BetaCounts(self.accepted * decay + outcome, self.rejected * decay + (1 - outcome))
+
     def discount(self, factor: float) -> None:
         self.accepted *= factor
         self.rejected *= factor

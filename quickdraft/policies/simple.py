@@ -10,6 +10,7 @@ from quickdraft.policies.base import (
     Policy,
     PolicyContext,
     PolicyKind,
+    StepOutcome,
     StepState,
     no_argument,
     number_argument,
@@ -34,7 +35,8 @@ class HeuristicPolicy(Policy):
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
         return self.num_draft_tokens
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, outcome: StepOutcome) -> None:
+        proposed, accepted = outcome.num_judged, outcome.num_accepted
         if proposed == 0:
             return
         if accepted == proposed:

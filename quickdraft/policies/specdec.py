@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from quickdraft.errors import ConfigError
 from quickdraft.policies.acceptance_head import AcceptanceHead
 from quickdraft.policies.base import (
     POLICIES,
     UNKNOWN_STATE,
+    DraftBid,
     DraftStep,
     Policy,
     PolicyContext,
@@ -27,13 +30,23 @@ class SpecDecPolicy(Policy):
         self.head = head
         self.threshold = threshold
         self.maximum = maximum
-        self.all_accepted = 1.0
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
-        self.all_accepted = 1.0
         return self.maximum
 
-    def keep_drafting(self, step: DraftStep) -> bool:
+    def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
+        """:meth:`Policy.bid`'s, judged by a :class:`BlockJudge` of its own."""
+        return replace(super().bid(state), keep_drafting=BlockJudge(self.head, self.threshold))
+
+
+class BlockJudge:
+    """One block's judge: the chance that the block so far is accepted, the product of the head's predictions."""
+
+    def __init__(self, head: AcceptanceHead, threshold: float) -> None:
+        self.head, self.threshold = head, threshold
+        self.all_accepted = 1.0
+
+    def __call__(self, step: DraftStep) -> bool:
         if step.hidden is None:
             return True  # a drafter without hidden states: the head cannot judge, draft on to the maximum
         self.all_accepted *= float(self.head.predict(step.hidden, step.logits).min())

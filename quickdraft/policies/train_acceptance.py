@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
-from quickdraft.policies import UNKNOWN_STATE, DraftStep, Policy, StepState
+from quickdraft.policies import UNKNOWN_STATE, DraftStep, Policy, StepOutcome, StepState
 from quickdraft.policies.acceptance_head import calibration, default_head_path, fit_head, head_features
 
 TRAIN_DOC = """``quickdraft train-acceptance-head``: fit SpecDec++'s acceptance head from target/draft rollouts.
@@ -39,16 +39,18 @@ class RecordingPolicy(Policy):
         self.labels: list[int] = []
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
-        self.pending = []
         return self.block
 
     def keep_drafting(self, step: DraftStep) -> bool:
         if step.hidden is None:
             raise ConfigError("the draft runtime gives no hidden states; an acceptance head cannot be trained")
+        if step.num_drafted == 1:  # a new block
+            self.pending = []
         self.pending.append(head_features(step.hidden, step.logits)[0])
         return True
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, outcome: StepOutcome) -> None:
+        proposed, accepted = outcome.num_judged, outcome.num_accepted
         known = min(proposed, accepted + 1)  # the accepted ones and the first rejected one
         self.features += self.pending[:known]
         self.labels += [1] * accepted + [0] * (known - accepted)

@@ -13,8 +13,9 @@ from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelState
-from quickdraft.drafters.hybrid import HybridDrafter, HybridState
+from quickdraft.drafters.hybrid import COPIES, HybridDrafter, HybridState
 from quickdraft.errors import ConfigError
+from quickdraft.policies import Offer
 
 PROMPTS = [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [7] * 12, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
@@ -35,12 +36,13 @@ def test_copies_after_a_repeated_ngram_at_no_cost(pipeline: Pipeline) -> None:
     drafter = hybrid(pipeline)
     context = [5, 6, 7, 8, 9, 1, 5, 6]  # "5 6" occurred before, followed by 7 8 9 1 5 6
     state = start(drafter, context)
-    assert drafter.free_drafts(state, context) == 6
-    assert drafter.backlog(state, context) == len(context)  # what the model would read first, if a policy chose it
+    copies, model = drafter.offers(state, context)
+    assert copies == Offer(COPIES, max_tokens=6, free=True)
+    assert model.backlog == len(context) and model.batched  # what the model would read first, if a policy chose it
     (proposal,) = drafter.propose([draft_task(state, context, 3)])
     assert proposal.token_ids.tolist() == [[7, 8, 9]] and proposal.probs is None  # one-hot q
     assert state.model.conversation.cached_ids == []  # the draft model reads nothing for a copy
-    (declined,) = drafter.propose([draft_task(state, context, 3, copies=False)])
+    (declined,) = drafter.propose([draft_task(state, context, 3, offer=model)])
     assert declined.token_ids.shape == (1, 3) and declined.probs is not None  # the model drafted instead
 
 
@@ -48,10 +50,12 @@ def test_a_single_repeated_token_is_not_copied(pipeline: Pipeline) -> None:
     drafter = hybrid(pipeline)  # the default: a match of 2 tokens at least
     context = [5, 6, 7, 8, 9, 1, 5]
     state = start(drafter, context)
-    assert drafter.free_drafts(state, context) == 0
-    assert drafter.backlog(state, context) == len(context)  # the draft model reads the context first
+    assert drafter.offers(state, context) == (
+        Offer(COPIES, max_tokens=0, free=True),  # offered every step, with nothing this time
+        Offer("model", backlog=len(context), batched=True),  # the draft model reads the context first
+    )
     one_token = hybrid(pipeline, hybrid_min_ngram=1)
-    assert one_token.free_drafts(start(one_token, context), context) == 6
+    assert one_token.offers(start(one_token, context), context)[0].max_tokens == 6
 
 
 def test_without_a_match_the_draft_model_drafts(pipeline: Pipeline) -> None:

@@ -63,7 +63,7 @@ def test_the_hybrid_copies_the_prediction_before_the_context(pipeline: Pipeline)
     state = drafter.start(prompt, target_cache=None)  # type: ignore[arg-type]
     assert isinstance(state, HybridState)
     drafter.expect(state, [40, 41, 42])
-    assert drafter.free_drafts(state, prompt) == 3
+    assert drafter.offers(state, prompt)[0].max_tokens == 3
     (proposal,) = drafter.propose([draft_task(state, prompt, 2)])
     assert proposal.token_ids.tolist() == [[40, 41]] and proposal.predicted and proposal.probs is None
     context = [*prompt, 40, 41, 42, 9, 1]  # past the prediction's end: the context's copies again

@@ -17,7 +17,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import CostModel
 from quickdraft.drafters import DRAFTERS, DrafterRecords
 from quickdraft.errors import PromptError
-from quickdraft.policies import UNKNOWN_STATE, AnswerLength, FixedPolicy, Policy, StepState
+from quickdraft.policies import UNKNOWN_STATE, AnswerLength, FixedPolicy, Policy, StepOutcome, StepState
 
 PROMPTS = [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [7] * 12, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
@@ -149,17 +149,16 @@ class AlternatingPolicy(Policy):
         self.chosen.append(0 if len(self.chosen) % 2 == 0 else 2)
         return self.chosen[-1]
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        self.proposed.append(proposed)
+    def observe(self, outcome: StepOutcome) -> None:
+        self.proposed.append(outcome.num_judged)
+        if outcome.step_ms is not None:
+            self.step_times.append((outcome.num_drafted, outcome.step_ms))
 
     def wants_confidence(self) -> bool:
         return True
 
     def observe_confidence(self, probability: float) -> None:
         self.confidences.append(probability)
-
-    def observe_step_time(self, proposed: int, elapsed_ms: float) -> None:
-        self.step_times.append((proposed, elapsed_ms))
 
     def observe_end(self, num_tokens: int, cut_by_budget: bool) -> None:
         self.ends.append(AnswerLength(num_tokens, cut_by_budget))
@@ -253,8 +252,8 @@ class RecordingPolicy(FixedPolicy):
         super().__init__(num_draft_tokens)
         self.observed: list[tuple[int, int]] = []
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        self.observed.append((proposed, accepted))
+    def observe(self, outcome: StepOutcome) -> None:
+        self.observed.append((outcome.num_judged, outcome.num_accepted))
 
 
 @pytest.mark.parametrize("finish_reason", ["eos", "stop"])

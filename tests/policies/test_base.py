@@ -8,7 +8,10 @@ from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
 from quickdraft.errors import ConfigError, UnknownNameError
 from quickdraft.policies import (
+    DraftBid,
+    Offer,
     PolicyContext,
+    StepOutcome,
     StepState,
     make_policy,
 )
@@ -18,7 +21,11 @@ def test_step_state_rejects_negative_counts() -> None:
     with pytest.raises(ValueError):
         StepState(remaining_tokens=-1)
     with pytest.raises(ValueError):
-        StepState(drafter_backlog=-1)
+        Offer("model", backlog=-1)
+    with pytest.raises(ValueError):
+        Offer("copy", max_tokens=-1, free=True)
+    with pytest.raises(ValueError):
+        StepOutcome(DraftBid(2), num_drafted=2, num_judged=1, num_accepted=2)
     with pytest.raises(ValueError):
         StepState(generated_tokens=-1)
     with pytest.raises(ConfigError):
@@ -48,3 +55,15 @@ def test_goodput_is_the_default_unless_the_request_gives_a_gamma() -> None:
     heuristic = GenerationConfig(policy="heuristic")
     assert (heuristic.policy, heuristic.num_draft_tokens) == ("heuristic", 4)
     assert GenerationConfig(num_draft_tokens=3, policy="goodput").policy == "goodput"
+
+
+def test_a_bid_takes_the_drafters_first_offer_with_drafts() -> None:
+    """A policy without estimates bids on the first offer that has drafts (a hybrid's copies, when it has some),
+    and bidding changes nothing in it."""
+    copies, model = Offer("copy", max_tokens=3, free=True), Offer("model", backlog=5, batched=True)
+    fixed = make_policy("fixed:4", PolicyContext())
+    assert fixed.bid(StepState(offers=(copies, model))).offer == copies
+    assert fixed.bid(StepState(offers=(Offer("copy", max_tokens=0, free=True), model))).offer == model
+    plain = make_policy("fixed:0", PolicyContext()).bid(StepState(offers=(copies, model)))
+    assert plain.num_draft_tokens == 0 and plain.offer is None and not plain.batched
+    assert fixed.bid(StepState(offers=())).num_draft_tokens == 0  # nothing on offer: a plain step

@@ -11,17 +11,55 @@ from conftest import DEFAULT_PAIR, EXPENSIVE_DRAFT, FLAT, MODERATE, READS_SLOWLY
 from quickdraft.costs import CostModel
 from quickdraft.lossless.sampling import top_probability as top_probability_of
 from quickdraft.policies import (
+    UNKNOWN_STATE,
     AcceptanceRecord,
     AnswerLength,
     AnswerLengthRecord,
     BetaCounts,
     DraftStep,
     GoodputPolicy,
+    Offer,
+    StepOutcome,
     StepState,
     StepTimeRecord,
 )
+from quickdraft.policies.goodput import FreeSource, GoodputBid
 
 BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
+
+
+def state(
+    remaining_tokens: int | None = None,
+    backlog: int = 0,
+    generated_tokens: int | None = None,
+    copies: int | None = None,
+    context_tokens: int = 0,
+) -> StepState:
+    """A step's state for a drafter whose model must read ``backlog`` tokens first; with ``copies``, a hybrid's,
+    whose context offers that many free copies (0: a hybrid with nothing to copy this step)."""
+    offers = (Offer("model", backlog=backlog),)
+    if copies is not None:
+        offers = (Offer("copy", max_tokens=copies, free=True), *offers)
+    return StepState(remaining_tokens, generated_tokens, context_tokens, offers)
+
+
+def step(
+    policy: GoodputPolicy, at: StepState = UNKNOWN_STATE, accepted: int = 0, step_ms: float | None = None
+) -> GoodputBid:
+    """One step as the engine takes it: the policy bids, its drafts are proposed in full, the first ``accepted``
+    of them are accepted (step_ms: the request had the step alone), and the policy observes the outcome."""
+    bid = policy.bid(at)
+    drafted = bid.num_draft_tokens
+    policy.observe(StepOutcome(bid, drafted, drafted, min(accepted, drafted), step_ms))
+    return bid
+
+
+def blocks(
+    policy: GoodputPolicy, proposed: int, accepted: int, at: StepState = UNKNOWN_STATE, bid: GoodputBid | None = None
+) -> None:
+    """A verified block of ``proposed`` drafts of which the first ``accepted`` were accepted, whatever the policy
+    bid (``bid``: as if it had bid that)."""
+    policy.observe(StepOutcome(bid or policy.bid(at), proposed, proposed, accepted))
 
 
 def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0, later: float | None = None) -> list[int]:
@@ -30,12 +68,13 @@ def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0, later: 
     rng = random.Random(seed)
     chosen = []
     for _ in range(steps):
-        gamma = policy.choose()
+        bid = policy.bid()
+        gamma = bid.num_draft_tokens
         chosen.append(gamma)
         accepted = 0
         while accepted < gamma and rng.random() < (later if accepted and later is not None else alpha):
             accepted += 1
-        policy.observe(gamma, accepted)
+        policy.observe(StepOutcome(bid, gamma, gamma, accepted))
     return chosen
 
 
@@ -52,10 +91,13 @@ def observe_plain(policy: GoodputPolicy, probability: float) -> None:
 
 
 def choose_plainly_observed(policy: GoodputPolicy, states: list[StepState], top_probability: float) -> list[int]:
-    """Choose γ for each state; after every plain step the policy sees the target's logits, as in the engine."""
+    """A step for each state, nothing judged; after every plain step the policy sees the target's logits, as in
+    the engine."""
     chosen = []
-    for state in states:
-        chosen.append(policy.choose(state))
+    for at in states:
+        bid = policy.bid(at)
+        policy.observe(StepOutcome(bid))  # nothing judged (the request ends, or no draft is accepted or rejected)
+        chosen.append(bid.num_draft_tokens)
         if chosen[-1] == 0:
             observe_plain(policy, top_probability)
     return chosen
@@ -85,7 +127,7 @@ def test_goodput_estimate_reaches_past_the_prior_when_every_draft_is_accepted() 
     feed(policy, alpha=1.0, steps=60)
     assert policy.acceptance_rate() > 0.99  # the prior decays with the oldest evidence: one block's first draft
     assert policy.continuation_rate() > 0.99  # and every later draft, each its own observation
-    policy.observe(4, 3)
+    blocks(policy, 4, 3)
     assert policy.acceptance_rate() > 0.99  # the block's first draft was accepted
     assert 0.9 < policy.continuation_rate() < 0.95  # one rejection among ~12 later drafts' worth of evidence
 
@@ -120,27 +162,26 @@ def test_goodput_without_evidence_on_later_drafts_takes_them_as_independent() ->
 def test_goodput_probes_a_second_draft_after_blocks_of_one() -> None:
     policy = GoodputPolicy(BENCH_DRAFT, 16)
     for _ in range(50):  # half the first drafts are accepted: one draft a block pays, two do not
-        policy.observe(1, 1)
-        policy.observe(1, 0)
-    chosen = [policy.choose() for _ in range(34)]
+        blocks(policy, 1, 1, bid=GoodputBid(2))  # as if bid at γ 2: no block of one in a row counted yet
+        blocks(policy, 1, 0, bid=GoodputBid(2))
+    chosen = choose_plainly_observed(policy, [UNKNOWN_STATE] * 34, top_probability=0.5)
     assert chosen == ([1] * 16 + [2]) * 2  # every 16 blocks of one, a block of two measures β
 
 
 def test_goodput_stops_a_block_when_the_next_draft_is_not_expected_to_pay() -> None:
     """MODERATE: a plain step 100 ms, a draft 5 ms, one more verified token 5-10 ms more."""
     good = AcceptanceRecord.independent(900, 100)
-    sure = GoodputPolicy(MODERATE, 16, good)
-    assert sure.choose() > 4
+    sure = GoodputPolicy(MODERATE, 16, good).bid()
+    assert sure.num_draft_tokens > 4
     assert all(sure.keep_drafting(draft_step(0.95, k)) for k in range(1, 5))  # 0.95^4 · 0.9 · 100 ms pays
-    unsure = GoodputPolicy(MODERATE, 16, good)
-    unsure.choose()
+    unsure_policy = GoodputPolicy(MODERATE, 16, good)
+    unsure = unsure_policy.bid()
     assert unsure.keep_drafting(draft_step(0.5, 1)) and unsure.keep_drafting(draft_step(0.5, 2))
     assert not unsure.keep_drafting(draft_step(0.5, 3))  # 0.5^3 · α 0.86 · 100 = 11 ms < 5 + 8.75 ms
-    assert unsure.block_survival == pytest.approx(0.125)
-    unsure.choose()  # a new block starts with nothing drafted
-    assert unsure.block_survival == 1.0 and not unsure.keep_drafting(draft_step(0.1, 1))
-    expensive = GoodputPolicy(EXPENSIVE_DRAFT, 16, good)  # a draft token costs 60 % of a plain step
-    expensive.choose()
+    assert unsure.keep_drafting.block_survival == pytest.approx(0.125)  # type: ignore[attr-defined]
+    again = unsure_policy.bid()  # a new block starts with nothing drafted, whatever the last one did
+    assert again.keep_drafting.block_survival == 1.0 and not again.keep_drafting(draft_step(0.1, 1))  # type: ignore[attr-defined]
+    expensive = GoodputPolicy(EXPENSIVE_DRAFT, 16, good).bid()  # a draft token costs 60 % of a plain step
     assert expensive.keep_drafting(draft_step(0.9, 1)) and not expensive.keep_drafting(draft_step(0.7, 2))
 
 
@@ -169,26 +210,26 @@ def test_goodput_weighs_what_reading_the_prompt_costs_the_drafter() -> None:
     good = AcceptanceRecord.independent(900, 100)
     policy = GoodputPolicy(READS_SLOWLY, 16, good)
     seen_plainly(policy, 4, top_probability=0.9)
-    assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=2000)) == 0  # long document, short answer
-    assert policy.choose(StepState(remaining_tokens=5000, drafter_backlog=2000)) > 0  # a long answer repays it
-    assert policy.choose(StepState(remaining_tokens=20, drafter_backlog=1)) > 0  # already read: just draft
-    assert policy.choose(StepState(remaining_tokens=None, drafter_backlog=2000)) > 0  # no budget known: draft
-    assert GoodputPolicy(MODERATE, 16, good).choose(StepState(20, 2000)) > 0  # reading is free in this model
+    assert policy.choose(state(remaining_tokens=20, backlog=2000)) == 0  # long document, short answer
+    assert policy.choose(state(remaining_tokens=5000, backlog=2000)) > 0  # a long answer repays it
+    assert policy.choose(state(remaining_tokens=20, backlog=1)) > 0  # already read: just draft
+    assert policy.choose(state(remaining_tokens=None, backlog=2000)) > 0  # no budget known: draft
+    assert GoodputPolicy(MODERATE, 16, good).choose(state(20, 2000)) > 0  # reading is free in this model
 
 
 def test_goodput_probes_unless_the_drafter_would_read_a_long_document_first() -> None:
     bad = AcceptanceRecord.independent(0, 100)
     short_prompt, long_prompt = GoodputPolicy(READS_SLOWLY, 16, bad), GoodputPolicy(READS_SLOWLY, 16, bad)
-    chosen = choose_plainly_observed(short_prompt, [StepState(100, 120)] * 17, top_probability=0.1)
+    chosen = choose_plainly_observed(short_prompt, [state(100, 120)] * 17, top_probability=0.1)
     assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps: reading 120 tokens is cheap enough
-    assert choose_plainly_observed(long_prompt, [StepState(100, 2000)] * 40, top_probability=0.1) == [0] * 40
+    assert choose_plainly_observed(long_prompt, [state(100, 2000)] * 40, top_probability=0.1) == [0] * 40
 
 
 def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
     """No record, costs where the prior α = 0.5 gives γ = 0: the draft model must still get a probe."""
     policy = GoodputPolicy(CostModel({1: 106.0, 2: 119.0, 4: 127.0}, draft_ms=50.0, draft_prefill_ms={128: 900.0}), 3)
     # a 100-token prompt the draft model has not read, and one more plain-decoded token per step
-    states = [StepState(remaining_tokens=128 - step, drafter_backlog=100 + step) for step in range(20)]
+    states = [state(remaining_tokens=128 - n, backlog=100 + n) for n in range(20)]
     chosen = choose_plainly_observed(policy, states, top_probability=0.5)
     assert chosen[0] == 0 and 1 in chosen
 
@@ -196,12 +237,12 @@ def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
 def test_goodput_counts_the_targets_confidence_before_paying_for_the_reading() -> None:
     """A good record says draft; the target's confidence on the plain tokens so far decides the reading."""
     good = AcceptanceRecord.independent(800, 200)
-    short_prompt = StepState(remaining_tokens=120, drafter_backlog=60)  # reading costs 277 ms
+    short_prompt = state(remaining_tokens=120, backlog=60)  # reading costs 277 ms
     unsure, sure = GoodputPolicy(DEFAULT_PAIR, 16, good), GoodputPolicy(DEFAULT_PAIR, 16, good)
     seen_plainly(unsure, 4, top_probability=0.4)
     seen_plainly(sure, 4, top_probability=0.98)
     assert unsure.choose(short_prompt) == 0 and sure.choose(short_prompt) > 0
-    sure.observe(2, 2)  # it read and drafted: from now on only real acceptances count
+    blocks(sure, 2, 2, short_prompt)  # it read and drafted: from now on only real acceptances count
     alpha = (0.92 * 6.9 + 1.0) / (0.92 * 9.0 + 1.0)  # the block's first draft was accepted
     later_accepted, later_rejected = 0.92**2 * 6.4 + 1.0, 0.92**2 * 1.6  # both drafts discount β's prior; one adds
     beta = (later_accepted + 2.0 * alpha) / (later_accepted + later_rejected + 2.0)  # shrunk toward α
@@ -209,21 +250,24 @@ def test_goodput_counts_the_targets_confidence_before_paying_for_the_reading() -
     seen = sure.top_probability_sum
     observe_plain(sure, 0.01)
     assert sure.top_probability_sum == seen  # a later plain step is not evidence
-    assert sure.choose(StepState(remaining_tokens=100, drafter_backlog=30)) > 0
+    assert sure.choose(state(remaining_tokens=100, backlog=30)) > 0
     at_once = GoodputPolicy(DEFAULT_PAIR, 16, good)
     seen_plainly(at_once, 1, top_probability=0.98)  # the prefill's token only: no forced plain steps to look
     assert at_once.choose(short_prompt) > 0
     no_reading = GoodputPolicy(DEFAULT_PAIR, 16, good)
-    assert no_reading.choose(StepState(remaining_tokens=120, drafter_backlog=1)) > 0  # nothing to read
+    assert no_reading.choose(state(remaining_tokens=120, backlog=1)) > 0  # nothing to read
     assert GoodputPolicy(MODERATE, 16, good).choose(short_prompt) > 0  # reading is free in this model
 
 
-def reading_steps(policy: GoodputPolicy, prompt_tokens: int, budget: int, top_probability: float) -> list[int]:
-    """γ per step of a request whose drafter has not read its prompt, as the engine reports it."""
+def reading_steps(
+    policy: GoodputPolicy, prompt_tokens: int, budget: int, top_probability: float, copies: int | None = None
+) -> list[int]:
+    """γ per step of a request whose drafter has not read its prompt, as the engine reports it (``copies``: a
+    hybrid's, with that many copies on offer)."""
     chosen: list[int] = []
     for generated in range(1, budget):
-        state = StepState(budget - generated, drafter_backlog=prompt_tokens + generated, generated_tokens=generated)
-        chosen += choose_plainly_observed(policy, [state], top_probability)
+        at = state(budget - generated, prompt_tokens + generated, generated, copies)
+        chosen += choose_plainly_observed(policy, [at], top_probability)
         if chosen[-1] > 0:
             break
     return chosen
@@ -247,14 +291,14 @@ def test_goodput_pays_for_the_reading_once_the_answer_has_run_as_long_as_it_cost
     assert reading_steps(unsure, prompt_tokens=60, budget=128, top_probability=0.65) == [0] * 127
     no_length = GoodputPolicy(DEFAULT_PAIR, 16, good)  # without the answer's length, the budget is the horizon
     seen_plainly(no_length, 4, top_probability=0.95)
-    assert no_length.choose(StepState(remaining_tokens=1000, drafter_backlog=64)) > 0
-    assert StepState(100, 5, generated_tokens=30).expected_remaining_tokens() == 30
-    assert StepState(10, 5, generated_tokens=30).expected_remaining_tokens() == 10
-    assert StepState(None, 5, generated_tokens=30).expected_remaining_tokens() == 30
+    assert no_length.choose(state(remaining_tokens=1000, backlog=64)) > 0
+    assert StepState(100, generated_tokens=30).expected_remaining_tokens() == 30
+    assert StepState(10, generated_tokens=30).expected_remaining_tokens() == 10
+    assert StepState(None, generated_tokens=30).expected_remaining_tokens() == 30
     unbounded = GoodputPolicy(DEFAULT_PAIR, 16, good)  # no budget, a known length: ski rental, and what it saw counts
-    looks = [StepState(None, drafter_backlog=60 + generated, generated_tokens=generated) for generated in range(1, 5)]
+    looks = [state(None, backlog=60 + generated, generated_tokens=generated) for generated in range(1, 5)]
     assert choose_plainly_observed(unbounded, looks, top_probability=0.3) == [0] * 4
-    assert unbounded.choose(StepState(None, drafter_backlog=260, generated_tokens=200)) == 0
+    assert unbounded.choose(state(None, backlog=260, generated_tokens=200)) == 0
 
 
 def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() -> None:
@@ -265,7 +309,7 @@ def test_goodput_reads_at_once_where_answers_have_run_long_enough_to_repay_it() 
     short_answers = AnswerLengthRecord([AnswerLength(12)] * 20)
     ski_rental = GoodputPolicy(DEFAULT_PAIR, 16, good)
     informed = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers)
-    assert informed.horizon(StepState(127, 61, generated_tokens=1)) == pytest.approx((2 * 1 + 10 * 127) / 12)
+    assert informed.horizon(state(127, 61, generated_tokens=1)) == pytest.approx((2 * 1 + 10 * 127) / 12)
     chosen = reading_steps(informed, prompt_tokens=60, budget=128, top_probability=0.95)
     assert len(chosen) == 1 and chosen[0] > 0  # it drafts at the first step
     assert len(reading_steps(ski_rental, prompt_tokens=60, budget=128, top_probability=0.95)) > 1  # it waits
@@ -281,19 +325,17 @@ def test_a_hybrids_model_reads_only_once_plain_steps_repay_it_for_the_steps_copi
     could still repay."""
     good = AcceptanceRecord.independent(800, 200)
     long_answers = AnswerLengthRecord([AnswerLength(128, cut_by_budget=True)] * 10)
-    hybrid = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers, offers_copies=True)
+    hybrid = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers)
     model_only = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers)
     assert len(reading_steps(model_only, prompt_tokens=60, budget=128, top_probability=0.95)) == 1  # reads at once
-    chosen = reading_steps(hybrid, prompt_tokens=60, budget=128, top_probability=0.95)
+    chosen = reading_steps(hybrid, prompt_tokens=60, budget=128, top_probability=0.95, copies=0)
     assert 1 < len(chosen) < 128 and chosen[-1] > 0  # ski rental: it waits, then reads
-    state = StepState(100, drafter_backlog=90, generated_tokens=28)
-    assert hybrid.model_horizon(state) == pytest.approx(28 * (1 - hybrid.copy_offers.mean()))
-    copying = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers, offers_copies=True)
+    now = state(100, backlog=90, generated_tokens=28, copies=0)
+    assert hybrid.model_horizon(now) == pytest.approx(28 * (1 - hybrid.free_offered.plus(0, hybrid.decay).mean()))
+    copying = GoodputPolicy(DEFAULT_PAIR, 16, good, answer_lengths=long_answers)
     for generated in range(1, 40):  # copies on offer at every step: the model is left no steps to repay a reading
-        copying.bid(
-            StepState(128 - generated, drafter_backlog=60 + generated, generated_tokens=generated, free_drafts=8)
-        )
-    assert copying.model_horizon(StepState(88, drafter_backlog=100, generated_tokens=40)) < 1
+        step(copying, state(128 - generated, backlog=60 + generated, generated_tokens=generated, copies=8))
+    assert copying.model_horizon(state(88, backlog=100, generated_tokens=40, copies=8)) < 1
 
 
 def test_goodput_plans_with_what_the_engines_steps_took() -> None:
@@ -304,74 +346,77 @@ def test_goodput_plans_with_what_the_engines_steps_took() -> None:
     shared = StepTimeRecord()
     measured = GoodputPolicy(profiled, 4, good, step_times=shared)
     for _ in range(8):
-        measured.observe_step_time(0, 90.0)  # real plain steps take 90 ms
+        measured.observe(StepOutcome(GoodputBid(0), step_ms=90.0))  # real plain steps take 90 ms
     assert shared.plain_step_ms == pytest.approx(90.0)
     assert measured.choose() > 0
     assert GoodputPolicy(profiled, 4, good, step_times=shared).choose() > 0  # the next request starts knowing it
-    measured.choose(StepState(drafter_backlog=2))
-    measured.observe_step_time(2, 90.0 + 30.0 + 2 * 20.0)  # t(3) = t(1) + 30 ms, then two drafts of 20 ms
+    two = measured.bid(state(backlog=2))
+    measured.observe(StepOutcome(two, 2, 2, 2, 90.0 + 30.0 + 2 * 20.0))  # t(3) = t(1) + 30 ms, two drafts of 20 ms
     assert shared.draft_token_ms == pytest.approx(20.0)
     reads_slowly = GoodputPolicy(READS_SLOWLY, 4, good, step_times=shared)
-    reads_slowly.choose(StepState(drafter_backlog=101))  # 100 tokens to read first: profiled at 1000 ms
-    reads_slowly.observe_step_time(1, 90.0 + 10.0 + 20.0 + 1500.0)  # t(2), a draft, and the reading took 1500 ms
+    reading = reads_slowly.bid(state(backlog=101))  # 100 tokens to read first: profiled at 1000 ms
+    reads_slowly.observe(StepOutcome(reading, 1, 1, 1, 90.0 + 10.0 + 20.0 + 1500.0))  # t(2), a draft, the reading
     assert shared.draft_token_ms == pytest.approx(20.0)  # a step that read a prompt first says nothing of a draft
     assert shared.reading_scale == pytest.approx(1.5)
 
 
 def test_goodput_drafts_copies_with_their_own_acceptance_at_no_drafting_cost() -> None:
     policy = GoodputPolicy(EXPENSIVE_DRAFT, maximum=8)  # a drafted token costs 60% of a step: the model rarely pays
-    copies = StepState(free_drafts=5)
+    copies, nothing_to_copy = state(copies=5), state(copies=0)
     for _ in range(20):  # copies are always right; the model's drafts never
-        assert policy.choose(StepState()) >= 0
-        policy.observe(1, 0)
-    assert policy.choose(StepState()) == 0
+        blocks(policy, 1, 0, nothing_to_copy)
+    assert policy.choose(nothing_to_copy) == 0
     gamma = policy.choose(copies)
     assert 1 <= gamma <= 5  # no more than the copy offers
     for _ in range(10):
-        policy.choose(copies)
-        policy.observe(5, 5)
+        assert policy.bid(copies).offer == copies.offers[0]
+        step(policy, copies, accepted=5)
     assert policy.choose(copies) == 5
-    assert policy.choose(StepState()) == 0  # the copies' success says nothing of the model's drafts
-    assert policy.copies_first.mean() > 0.9 and policy.acceptance_rate() < 0.2
+    assert policy.choose(nothing_to_copy) == 0  # the copies' success says nothing of the model's drafts
+    assert policy.free["copy"].first.mean() > 0.9 and policy.acceptance_rate() < 0.2
 
 
 def test_goodput_does_not_time_copies_as_drafted_tokens() -> None:
     step_times = StepTimeRecord()
     policy = GoodputPolicy(BENCH_DRAFT, maximum=4, step_times=step_times)
-    policy.choose(StepState(free_drafts=3))
-    policy.observe_step_time(3, BENCH_DRAFT.target(4) + 0.5)
+    copied = policy.bid(state(copies=3))
+    assert copied.offer is not None and copied.offer.free
+    policy.observe(StepOutcome(copied, 3, 3, 3, BENCH_DRAFT.target(4) + 0.5))
     assert step_times.draft_token_ms is None
-    policy.choose(StepState(drafter_backlog=9))  # the draft model catches up on 8 copied tokens, then drafts
-    policy.observe_step_time(2, BENCH_DRAFT.target(3) + 2 * 18.0 + 6.0)
+    catching_up = policy.bid(state(backlog=9, copies=0))  # the draft model catches up on 8 copied tokens, drafts
+    policy.observe(StepOutcome(catching_up, 2, 2, 2, BENCH_DRAFT.target(3) + 2 * 18.0 + 6.0))
     assert step_times.draft_token_ms is None and step_times.reading_scale == 1.0  # too short a reading to time
 
 
 def test_goodput_probes_copies_that_stopped_paying() -> None:
     policy = GoodputPolicy(BENCH_DRAFT, maximum=8)
-    copies = StepState(free_drafts=4)
+    copies = state(copies=4)
     for _ in range(30):  # every copy is rejected
-        policy.choose(copies)
-        policy.observe(1 if policy.copying else 0, 0)
+        bid = policy.bid(copies)
+        copying = bid.offer is not None and bid.offer.free
+        policy.observe(StepOutcome(bid, int(copying), int(copying), 0))
     taken = []
     for _ in range(2 * 16 + 2):
-        policy.choose(copies)
-        taken.append(policy.copying)
+        bid = policy.bid(copies)
+        policy.observe(StepOutcome(bid))  # nothing judged
+        taken.append(bid.offer is not None and bid.offer.free)
     assert 2 <= taken.count(True) <= 3  # one copy probe after 16 declined offers
 
 
 def test_goodput_takes_the_models_drafts_when_they_promise_more_than_the_copies() -> None:
     good_model = AcceptanceRecord.independent(90, 10)
     policy = GoodputPolicy(BENCH_DRAFT, maximum=8, record=good_model)
-    for _ in range(20):  # copies right a third of the time, one at a time
-        policy.copies_first.add(int(random.Random(_).random() < 0.33), policy.decay)
-    bid = policy.bid(StepState(free_drafts=4, drafter_backlog=1))
-    assert not bid.copies and not policy.copying and bid.num_draft_tokens > 0
+    copies = policy.free["copy"] = FreeSource()
+    for n in range(20):  # copies right a third of the time, one at a time
+        copies.first.add(int(random.Random(n).random() < 0.33), policy.decay)
+    bid = policy.bid(state(backlog=1, copies=4))
+    assert bid.offer == Offer("model", backlog=1) and bid.num_draft_tokens > 0
     for _ in range(10):
-        policy.copies_first.add(1, policy.decay)
-        policy.copies_later.add(1, policy.decay)
-    bid = policy.bid(StepState(free_drafts=8, drafter_backlog=1))
-    assert bid.copies and policy.copying and bid.num_draft_tokens == 8  # copies that keep being right: free
-    assert policy.bid(StepState(drafter_backlog=1)).copies is False  # nothing to copy: the model
+        copies.first.add(1, policy.decay)
+        copies.later.add(1, policy.decay)
+    bid = policy.bid(state(backlog=1, copies=8))
+    assert bid.offer == Offer("copy", 8, free=True) and bid.num_draft_tokens == 8  # copies that keep being right
+    assert policy.bid(state(backlog=1, copies=0)).offer == Offer("model", backlog=1)  # nothing to copy: the model
 
 
 KV_HEAVY = CostModel(
@@ -382,23 +427,23 @@ LONG = 64 + 16384  # cached tokens: 16,384 past the measured context
 
 def test_goodput_plans_with_the_costs_at_the_requests_context() -> None:
     policy = GoodputPolicy(KV_HEAVY, 8, AcceptanceRecord.independent(60, 40))
-    assert policy.choose(StepState(context_tokens=64)) >= 1
-    assert policy.choose(StepState(context_tokens=LONG)) == 0
-    assert policy.costs().target(1) == pytest.approx(25.0 + 16384 * 0.004)
+    assert policy.choose(state(context_tokens=64)) >= 1
+    assert policy.choose(state(context_tokens=LONG)) == 0
+    assert policy.costs(LONG).target(1) == pytest.approx(25.0 + 16384 * 0.004)
 
 
 def test_goodput_records_step_times_less_what_the_context_added() -> None:
     """Requests of every length share one record of step times: a long request's slow steps are its context's."""
     shared, good = StepTimeRecord(), AcceptanceRecord.independent(60, 40)
     long = GoodputPolicy(KV_HEAVY, 8, good, step_times=shared)
-    long.choose(StepState(context_tokens=LONG))
-    long.observe_step_time(0, 30.0 + 16384 * 0.004)  # a plain step at 16k: 5 ms over the profile's
+    plain = long.bid(state(context_tokens=LONG))
+    assert plain.num_draft_tokens == 0
+    long.observe(StepOutcome(plain, step_ms=30.0 + 16384 * 0.004))  # a plain step at 16k: 5 ms over the profile's
     assert shared.plain_step_ms == pytest.approx(30.0)
     short = GoodputPolicy(KV_HEAVY, 8, good, step_times=shared)
-    short.choose(StepState(context_tokens=64))
-    assert short.costs().target(1) == pytest.approx(30.0)
-    long.choose(StepState(context_tokens=LONG))
-    verify_ms = long.costs().target(3)
-    long.observe_step_time(2, verify_ms + 2 * (10.0 + 16.384))  # two drafts of 10 ms, and 16k of context each
+    assert short.costs(64).target(1) == pytest.approx(30.0)
+    drafting = long.bid(state(context_tokens=LONG))
+    verify_ms = long.costs(LONG).target(3)
+    long.observe(StepOutcome(drafting, 2, 2, 2, verify_ms + 2 * (10.0 + 16.384)))  # drafts of 10 ms, and 16k each
     assert shared.draft_token_ms == pytest.approx(10.0)
-    assert long.costs().draft_ms == pytest.approx(10.0 + 16.384)
+    assert long.costs(LONG).draft_ms == pytest.approx(10.0 + 16.384)

@@ -7,22 +7,27 @@ import torch
 from quickdraft.policies import (
     DraftStep,
     PolicyContext,
+    StepOutcome,
     make_policy,
 )
 
 
 def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection() -> None:
     policy = make_policy("heuristic", PolicyContext(num_draft_tokens=4, max_draft_tokens=9))
+
+    def judged(proposed: int, accepted: int) -> None:
+        policy.observe(StepOutcome(policy.bid(), proposed, proposed, accepted))
+
     assert policy.choose() == 4
-    policy.observe(4, 4)
+    judged(4, 4)
     assert policy.choose() == 6
-    policy.observe(6, 6)
-    policy.observe(8, 8)
+    judged(6, 6)
+    judged(8, 8)
     assert policy.choose() == 9  # capped
     for _ in range(12):
-        policy.observe(policy.choose(), 0)
+        judged(policy.choose(), 0)
     assert policy.choose() == 1  # never below 1
-    policy.observe(0, 0)  # nothing proposed: no change
+    judged(0, 0)  # nothing proposed: no change
     assert policy.choose() == 1
 
 

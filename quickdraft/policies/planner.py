@@ -1,0 +1,66 @@
+"""Planning a step shared by several requests: how many of each request's bid drafts pay in the whole step."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Sequence
+
+from quickdraft.costs import BatchCostModel
+from quickdraft.policies.base import DraftBid
+
+
+def plan_batch(bids: Sequence[DraftBid], costs: BatchCostModel, other_tokens: int = 0) -> list[int]:
+    """SmartSpec's goodput for a step shared by several requests: the drafts per request, γ_i ≤ its bid, with the
+    most expected tokens of the whole step per millisecond, Σ_i E[tokens_i | α_i, β_i, γ_i] ÷ t_step.
+
+    t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(requests drafting a p-th token with the
+    draft model) + the reading of requests whose drafter must catch up first: one target forward over every
+    request's block and the step's other work (``other_tokens``: prompt chunks), one draft-model forward per
+    draft position (the bids whose offer is ``batched``), and what each request's context adds
+    (:class:`DraftBid`'s ``context_ms``: attention over a long cache, which the batch curve, timed with few cached
+    tokens, leaves out). A prompt token read counts as a
+    token of goodput: it is work every request needs done, as much as a generated one. Counted as nothing, a
+    prompt chunk beside the decoding requests would make their drafts look cheap (the step is long anyway),
+    while a drafted token then costs what a prompt token costs that other requests are waiting on.
+    A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`). Drafts are handed out one
+    at a time, each to the request whose next draft adds the most expected tokens per millisecond it adds to
+    the step (one more token in the target's forward; with a draft model, one more row in that position's draft
+    forward; before a first draft, the reading); of the plans on the way, from no drafts to every bid in full,
+    the one with the best goodput wins (ties: fewer drafts). When the batch is busy a drafted token adds about
+    a token's work to the target's forward but less than a token to the answer, and every γ falls to 0; with
+    few requests and cheap verification the bids stand. A bid that is not negotiable keeps its γ (counted as
+    one expected token: nothing is known of its acceptance). A step of one request and nothing else is the
+    single-request problem its policy solved already, with costs corrected by its measured steps: its bid
+    stands.
+    """
+    if len(bids) == 1 and other_tokens == 0:
+        return [bids[0].num_draft_tokens]
+    target_ms, draft_ms = functools.cache(costs.target), functools.cache(costs.draft)  # few distinct arguments
+    gammas = [0 if bid.negotiable else bid.num_draft_tokens for bid in bids]
+    rows = Counter(position for i, gamma in enumerate(gammas) if bids[i].batched for position in range(1, gamma + 1))
+    tokens, expected = len(bids) + other_tokens + sum(gammas), float(len(bids))
+    drafting_ms = sum(draft_ms(count) for count in rows.values())  # and what the requests' contexts add:
+    drafting_ms += sum(bid.context_ms + n * bid.context_ms_per_draft for bid, n in zip(bids, gammas, strict=True))
+    expected += other_tokens  # prompt tokens read: work done, as generated tokens are
+    best_goodput, best_gammas = expected / (target_ms(tokens) + drafting_ms), list(gammas)
+    growing = [i for i, bid in enumerate(bids) if bid.negotiable and bid.num_draft_tokens > 0]
+
+    def drafting_cost(i: int) -> float:  # what the next draft of request i adds to the step's drafting
+        k = gammas[i] + 1
+        model_ms = draft_ms(rows[k] + 1) - draft_ms(rows[k]) if bids[i].batched else 0.0
+        return model_ms + bids[i].context_ms_per_draft + (bids[i].reading_ms if k == 1 else 0.0)
+
+    while growing:
+        verify_ms = target_ms(tokens + 1) - target_ms(tokens)
+        i = max(growing, key=lambda i: bids[i].gain(gammas[i] + 1) / max(verify_ms + drafting_cost(i), 1e-9))
+        drafting_ms += drafting_cost(i)
+        gammas[i] += 1
+        rows[gammas[i]] += bids[i].batched
+        tokens, expected = tokens + 1, expected + bids[i].gain(gammas[i])
+        if gammas[i] == bids[i].num_draft_tokens:
+            growing.remove(i)
+        goodput = expected / (target_ms(tokens) + drafting_ms)
+        if goodput > best_goodput:
+            best_goodput, best_gammas = goodput, list(gammas)
+    return best_gammas

@@ -10,6 +10,7 @@ from quickdraft.engine.request import (
     RequestFailed,
     RequestFinished,
     RequestState,
+    RunningRequest,
     Sink,
     TokenDelta,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "RequestFailed",
     "RequestFinished",
     "RequestState",
+    "RunningRequest",
     "Scheduler",
     "SchedulerSettings",
     "Sink",

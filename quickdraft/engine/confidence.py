@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.engine.request import RequestState
+from quickdraft.engine.request import RunningRequest
 from quickdraft.lossless.sampling import top_probability
 
 CONFIDENCE_ROWS_PER_STEP = 4  # requests whose policy hears the target's confidence in a step
 
 
-def hear_confidence(rows: list[tuple[RequestState, torch.Tensor]], step: int) -> None:
+def hear_confidence(rows: list[tuple[RunningRequest, torch.Tensor]], step: int) -> None:
     """The policies of these requests, whose tokens were chosen without drafts, hear the target's top probability
     at their ``[1, V]`` logits if they want it: at most :data:`CONFIDENCE_ROWS_PER_STEP` a step, those that
     heard it longest ago first. Each is a pass of exp over the vocabulary, about 0.14 ms: for every request of

@@ -22,7 +22,15 @@ from quickdraft.engine.confidence import hear_confidence
 from quickdraft.engine.features import target_forward
 from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
-from quickdraft.engine.request import GenerationResult, Request, RequestFinished, RequestState, Sink, TokenDelta
+from quickdraft.engine.request import (
+    GenerationResult,
+    Request,
+    RequestFinished,
+    RequestState,
+    RunningRequest,
+    Sink,
+    TokenDelta,
+)
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
 from quickdraft.engine.step import StepPlan, StepReport
 from quickdraft.errors import ConfigError
@@ -123,12 +131,13 @@ class Engine:
         while self.step() is not None:
             pass
 
-    def fail_running(self) -> list[RequestState]:
-        """Drop every running request after a failed step (their caches may be half-written); returns them."""
+    def fail_running(self) -> list[RunningRequest]:
+        """Drop every running request after a failed step (their caches may be half-written, and go with them);
+        returns them."""
         failed = list(self.scheduler.running)
         for state in failed:
             self.scheduler.finish(state)
-            state.cache = state.draft_state = None
+            state.finished = True
         return failed
 
     # -- the step loop ---------------------------------------------------------------------------------
@@ -141,13 +150,7 @@ class Engine:
         #    gets a target cache and its drafter's state.
         for state in self.scheduler.take_cancelled():
             self._finish(state, "cancelled")
-        admitted = self.scheduler.admit()
-        for state in admitted:
-            state.cache, state.prefilled = self._target_cache(state.request)
-            state.stats.cached_prompt_tokens = state.prefilled
-            state.draft_state = state.request.drafter.start(state.request.prompt_ids, state.cache)
-            if state.request.prediction_ids:
-                state.request.drafter.expect(state.draft_state, state.request.prediction_ids)
+        admitted = self.scheduler.admit(self._start)
         if any(state.request.drafter.needs_draft_model for state in admitted):
             self._focus()
         if not self.scheduler.running:
@@ -166,12 +169,10 @@ class Engine:
         tick = time.perf_counter()
         decoding = list(plan.gammas)
         rows = [
-            BatchRow(state.cache, [state.committed[-1], *proposals[state].token_ids[0].tolist()])  # type: ignore[arg-type]
-            for state in decoding
+            BatchRow(state.cache, [state.committed[-1], *proposals[state].token_ids[0].tolist()]) for state in decoding
         ]
         rows += [
-            BatchRow(state.cache, state.committed[state.prefilled :][:n], last_only=True)  # type: ignore[arg-type]
-            for state, n in plan.chunks
+            BatchRow(state.cache, state.committed[state.prefilled :][:n], last_only=True) for state, n in plan.chunks
         ]
         states = [*decoding, *(state for state, _ in plan.chunks)]
         logits, features = target_forward(self.target, rows, [state.request.drafter for state in states])
@@ -179,7 +180,7 @@ class Engine:
 
         # 5. Accept per request and roll its target cache back past rejected drafts; commit, stream, learn.
         new_tokens = proposed = accepted = finished = 0
-        plain_logits: list[tuple[RequestState, torch.Tensor]] = []  # [1, V] each: tokens chosen without drafts
+        plain_logits: list[tuple[RunningRequest, torch.Tensor]] = []  # [1, V] each: tokens chosen without drafts
         for state, target_logits, row_features in zip(decoding, logits, features, strict=False):
             state.stats.draft_s += draft_s
             kept, committed = self._accept(
@@ -187,7 +188,7 @@ class Engine:
             )
             state.stats.verify_s += forward_s
             proposed, accepted = proposed + proposals[state].num_tokens, accepted + kept
-            new_tokens, finished = new_tokens + committed, finished + (state.cache is None)
+            new_tokens, finished = new_tokens + committed, finished + state.finished
             if proposals[state].num_tokens == 0:
                 plain_logits.append((state, target_logits[-1:]))
 
@@ -197,13 +198,13 @@ class Engine:
         ):
             state.prefilled += n
             if chunk_features is not None:
-                state.request.drafter.observe_features(state.draft_state, chunk_features)  # type: ignore[arg-type]
+                state.request.drafter.observe_features(state.draft_state, chunk_features)
             if state.prefilled == state.prompt_length:
                 new_tokens, finished = new_tokens + 1, finished + self._first_token(state, chunk_logits)
                 plain_logits.append((state, chunk_logits))
 
         # 7. Policies that learn from the target's confidence after plain tokens hear it, a few requests a step.
-        hear_confidence([(state, row) for state, row in plain_logits if state.cache is not None], self.steps)
+        hear_confidence([(state, row) for state, row in plain_logits if not state.finished], self.steps)
         report = StepReport(
             decoding=len(decoding),
             prefill_tokens=sum(n for _, n in plan.chunks),
@@ -220,12 +221,23 @@ class Engine:
             self.on_step(report)
         return report
 
+    def _start(self, state: RequestState) -> RunningRequest:
+        """An admitted request running: its target cache (see :meth:`_target_cache`) and its drafter's state."""
+        request = state.request
+        cache, prefilled = self._target_cache(request)
+        running = RunningRequest.admit(state, cache, prefilled, request.drafter.start(request.prompt_ids, cache))
+        running.stats.cached_prompt_tokens = prefilled
+        if request.prediction_ids:
+            request.drafter.expect(running.draft_state, request.prediction_ids)
+        return running
+
     def _target_cache(self, request: Request) -> tuple[KVCache, int]:
         """A new request's target cache and how many of its prompt tokens it holds: a finished request's with the
         longest shared start (prefix caching), else an empty one. Not for requests that ask for none, nor drafters
         that read the target's features of every position (they would miss those of the cached ones)."""
-        cached = self.prefix_cache is not None and request.cache_prompt and not request.drafter.feature_layers
-        reused = self.prefix_cache.take(request.prompt_ids) if cached else None  # type: ignore[union-attr]
+        reused = None
+        if self.prefix_cache is not None and request.cache_prompt and not request.drafter.feature_layers:
+            reused = self.prefix_cache.take(request.prompt_ids)
         return reused or (self.target.new_cache(1), 0)
 
     def _focus(self) -> None:
@@ -243,7 +255,7 @@ class Engine:
         for state in decoding:
             generated, context = len(state.new_token_ids), len(state.committed)  # context: what attention reads
             remaining_tokens = state.request.config.max_new_tokens - generated
-            offers = state.request.drafter.offers(state.draft_state, state.committed)  # type: ignore[arg-type]
+            offers = state.request.drafter.offers(state.draft_state, state.committed)
             bid = plan.bids[state] = state.policy.bid(StepState(remaining_tokens, generated, context, offers))
             bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
         gammas = [bid.num_draft_tokens for bid in bids]
@@ -256,17 +268,17 @@ class Engine:
             state.stats.gamma_per_step.append(gamma)
         return plan
 
-    def _draft(self, plan: StepPlan) -> dict[RequestState, DraftProposal]:
+    def _draft(self, plan: StepPlan) -> dict[RunningRequest, DraftProposal]:
         """Each drafting request's proposal (an empty one for γ = 0). A drafter drafts for all its requests of the
         step together; a draft model reads at most a prompt chunk's worth of backlog before drafting, unless the
         request is alone (there is no one for the reading to stall)."""
         proposals = {state: DraftProposal.empty() for state in plan.gammas}
-        tasks: dict[Drafter, list[tuple[RequestState, DraftTask]]] = {}
+        tasks: dict[Drafter, list[tuple[RunningRequest, DraftTask]]] = {}
         for state, gamma in plan.gammas.items():
             bid = plan.bids[state]
             if gamma > 0 and bid.offer is not None:
                 task = DraftTask(
-                    state.draft_state,  # type: ignore[arg-type]
+                    state.draft_state,
                     state.committed,
                     gamma,
                     state.request.config.sampling,
@@ -284,7 +296,7 @@ class Engine:
 
     def _accept(
         self,
-        state: RequestState,
+        state: RunningRequest,
         bid: DraftBid,
         proposal: DraftProposal,
         target_logits: torch.Tensor,
@@ -308,9 +320,9 @@ class Engine:
             len(state.committed),
         )
         num_accepted = int(result.num_accepted[0])
-        state.cache.truncate(len(state.committed) + num_accepted)  # type: ignore[union-attr]
+        state.cache.truncate(len(state.committed) + num_accepted)
         if features is not None:  # the last committed token and the accepted drafts were read: their positions
-            state.request.drafter.observe_features(state.draft_state, features[: num_accepted + 1])  # type: ignore[arg-type]
+            state.request.drafter.observe_features(state.draft_state, features[: num_accepted + 1])
         state.stats.verify_s += time.perf_counter() - tick
         state.stats.target_forwards += 1
         state.stats.proposed_per_step.append(proposal.num_tokens)
@@ -320,22 +332,22 @@ class Engine:
         state.stats.draft_tokens_accepted += num_kept
         if proposal.predicted:
             state.stats.predicted_tokens_accepted += num_kept
-        state.request.drafter.observe(state.draft_state, num_judged, num_kept)  # type: ignore[arg-type]
+        state.request.drafter.observe(state.draft_state, num_judged, num_kept)
         step_ms = None if step_started is None else 1000 * (time.perf_counter() - step_started)
         state.policy.observe(StepOutcome(bid, proposal.num_tokens, num_judged, num_kept, step_ms))
         self._deliver(state, committed_tokens, finish_reason, target_logits)
         return num_kept, len(committed_tokens)
 
-    def _first_token(self, state: RequestState, logits: torch.Tensor) -> bool:
+    def _first_token(self, state: RunningRequest, logits: torch.Tensor) -> bool:
         """Commit the first token from the prompt's last position ``[1, V]``; True if the request ended."""
         sampling, logits = state.request.config.sampling, constrain_step(state.constraint, EMPTY, None, logits)[2]
         first_token = int(choose_token(logits, sampling, state.generator, position=state.prompt_length)[0])
         state.stats.target_forwards += 1
         state.stats.prefill_s = time.perf_counter() - state.submitted
         self._deliver(state, *self._commit(state, [first_token]), logits)
-        return state.cache is None
+        return state.finished
 
-    def _commit(self, state: RequestState, step_tokens: list[int]) -> tuple[list[int], str | None]:
+    def _commit(self, state: RunningRequest, step_tokens: list[int]) -> tuple[list[int], str | None]:
         """Commit a step's tokens up to the end of the answer: (the tokens committed, the finish reason or None)."""
         num_before, limit, eos = len(state.new_token_ids), state.request.config.max_new_tokens, self.eos_token_ids
         reason = commit_tokens(step_tokens, state.committed, state.new_token_ids, state.decoder, eos, limit)
@@ -348,7 +360,7 @@ class Engine:
         return committed, reason
 
     def _deliver(
-        self, state: RequestState, committed: list[int], finish_reason: str | None, logits: torch.Tensor
+        self, state: RunningRequest, committed: list[int], finish_reason: str | None, logits: torch.Tensor
     ) -> None:
         """Stream what a step committed (with their log-probabilities from ``logits [≥ n, V]``, the rows of their
         positions, if the request asked for them); finish the request at its end."""
@@ -365,16 +377,16 @@ class Engine:
 
     def _finish(
         self,
-        state: RequestState,
+        state: RequestState | RunningRequest,
         finish_reason: str,
         last_tokens: list[int] | None = None,
         last_logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
-        if state.draft_state is not None:
+        if isinstance(state, RunningRequest):  # its caches: the drafter's released or kept, the target's kept
+            state.finished = True
             state.request.drafter.finish(state.draft_state)
-        if self.prefix_cache is not None and state.cache is not None and state.request.cache_prompt:
-            self.prefix_cache.keep(state.committed, state.cache)
-        state.cache = state.draft_state = None
+            if self.prefix_cache is not None and state.request.cache_prompt:
+                self.prefix_cache.keep(state.committed, state.cache)
         state.stats.wall_time_s = time.perf_counter() - state.submitted
         if finish_reason != "cancelled":
             state.policy.observe_end(len(state.new_token_ids), cut_by_budget=finish_reason == "length")

@@ -71,7 +71,7 @@ Sink = Callable[[Event], None]  # called on the engine's thread: hand the event 
 
 @dataclass(eq=False)
 class RequestState:
-    """A running request: its caches, the committed tokens, its policy's and decoder's state."""
+    """A submitted request's state from its submission: the committed tokens, its policy's and decoder's state."""
 
     request: Request
     sink: Sink
@@ -79,10 +79,6 @@ class RequestState:
     generator: torch.Generator  # unseeded sampling draws from it; seeded, from position noise
     decoder: IncrementalDecoder
     committed: list[int]  # prompt + new tokens; the target's cache holds all but the last once prefilled
-    cache: KVCache | None = None  # the target's, from admission until the request ends
-    draft_state: DraftState | None = None  # the drafter's state of this request, from admission until it ends
-    prefilled: int = 0  # prompt tokens the target has read
-    confidence_step: int = 0  # the engine's step at which its policy last heard the target's confidence
     new_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the new tokens, if the request asked
     constraint: Constraint | None = None  # its place in the grammar its output must follow (config.grammar)
@@ -92,6 +88,23 @@ class RequestState:
     @property
     def prompt_length(self) -> int:
         return len(self.request.prompt_ids)
+
+
+@dataclass(eq=False, kw_only=True)
+class RunningRequest(RequestState):
+    """An admitted request: its state, with the caches it runs on, from admission until it ends."""
+
+    cache: KVCache  # the target's
+    draft_state: DraftState  # the drafter's state of this request
+    prefilled: int = 0  # prompt tokens the target has read
+    confidence_step: int = 0  # the engine's step at which its policy last heard the target's confidence
+    finished: bool = False  # it ended (its caches are released or kept for a later request)
+
+    @classmethod
+    def admit(cls, state: RequestState, cache: KVCache, prefilled: int, draft_state: DraftState) -> RunningRequest:
+        """``state`` running on ``cache`` (holding its first ``prefilled`` prompt tokens) and ``draft_state``."""
+        fields = {name: getattr(state, name) for name in RequestState.__dataclass_fields__}
+        return cls(**fields, cache=cache, draft_state=draft_state, prefilled=prefilled)
 
     @property
     def decoding(self) -> bool:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from quickdraft.engine.request import RequestState
+from quickdraft.engine.request import RequestState, RunningRequest
 from quickdraft.errors import ConfigError, QuickdraftError
 
 
@@ -39,7 +40,7 @@ class Scheduler:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
         self.waiting: deque[RequestState] = deque()
-        self.running: list[RequestState] = []
+        self.running: list[RunningRequest] = []
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
 
@@ -56,28 +57,32 @@ class Scheduler:
         with self._lock:
             self._cancelled.add(request_id)
 
-    def take_cancelled(self) -> list[RequestState]:
+    def take_cancelled(self) -> list[RequestState | RunningRequest]:
         """Remove the cancelled requests from the queue and the running set, and return them."""
         with self._lock:
             if not self._cancelled:
                 return []
             ids, self._cancelled = self._cancelled, set()
-            removed = [state for state in self.waiting if state.request.request_id in ids]
+            removed: list[RequestState | RunningRequest] = [
+                state for state in self.waiting if state.request.request_id in ids
+            ]
             self.waiting = deque(state for state in self.waiting if state.request.request_id not in ids)
         removed += [state for state in self.running if state.request.request_id in ids]
         self.running = [state for state in self.running if state.request.request_id not in ids]
         return removed
 
-    def admit(self) -> list[RequestState]:
-        """Move the oldest waiting requests into free slots; returns the admitted ones."""
-        admitted = []
+    def admit(self, start: Callable[[RequestState], RunningRequest]) -> list[RunningRequest]:
+        """Move the oldest waiting requests into free slots, each started by ``start`` (its caches made); returns
+        the admitted ones."""
+        taken = []
         with self._lock:
-            while self.waiting and len(self.running) + len(admitted) < self.settings.max_running:
-                admitted.append(self.waiting.popleft())
+            while self.waiting and len(self.running) + len(taken) < self.settings.max_running:
+                taken.append(self.waiting.popleft())
+        admitted = [start(state) for state in taken]
         self.running += admitted
         return admitted
 
-    def prefill_chunks(self) -> list[tuple[RequestState, int]]:
+    def prefill_chunks(self) -> list[tuple[RunningRequest, int]]:
         """(request, prompt tokens to read this step) for requests still reading their prompts, oldest first.
 
         While no request is decoding there is no one for a long prompt to stall: the oldest prompt is read in
@@ -94,7 +99,7 @@ class Scheduler:
                 budget -= chunks[-1][1]
         return chunks
 
-    def finish(self, state: RequestState) -> None:
+    def finish(self, state: RunningRequest) -> None:
         self.running.remove(state)
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from quickdraft.engine.request import RequestState
+from quickdraft.engine.request import RunningRequest
 from quickdraft.policies import DraftBid
 
 
@@ -26,9 +26,9 @@ class StepReport:
 
 @dataclass
 class StepPlan:
-    chunks: list[tuple[RequestState, int]] = field(default_factory=list)  # (request, prompt tokens to read)
-    gammas: dict[RequestState, int] = field(default_factory=dict)  # decoding requests and their γ
-    bids: dict[RequestState, DraftBid] = field(default_factory=dict)  # what their policies bid (before planning)
+    chunks: list[tuple[RunningRequest, int]] = field(default_factory=list)  # (request, prompt tokens to read)
+    gammas: dict[RunningRequest, int] = field(default_factory=dict)  # decoding requests and their γ
+    bids: dict[RunningRequest, DraftBid] = field(default_factory=dict)  # what their policies bid (before planning)
 
     @property
     def alone(self) -> bool:

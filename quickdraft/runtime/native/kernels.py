@@ -18,7 +18,8 @@ from typing import Any
 from quickdraft.errors import ConfigError
 from quickdraft.machine import cpu_fingerprint
 
-# -ffp-contract=off: no fused multiply-adds, the same bits on every path; -fopenmp: at::parallel_for runs the work
+# -ffp-contract=off: no fused multiply-adds but those written out (attention.h's, the same on every path it runs), so
+# the compiler cannot make one path's bits differ from another's; -fopenmp: at::parallel_for runs the work
 # on torch's threads only when the extension is compiled with OpenMP (without it, every kernel ran on one thread)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 NO_AMX_FLAGS = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]

@@ -85,34 +85,17 @@ class GrammarCompiler:
 
 
 class Constraint:
-    """One request's place in its grammar: after its committed answer tokens."""
+    """One request's place in its grammar: after its committed answer tokens. The engine's alone: a drafter
+    drafts with a :meth:`cursor` of its own."""
 
     def __init__(self, xgr: Any, compiled: Any, vocab_size: int) -> None:
         self._xgr = xgr
         self._matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
-        self._drafted = 0  # drafts taken by draft_mask/take_draft since the committed place
 
-    def draft_mask(self) -> torch.Tensor | None:
-        """``allowed [V] bool`` after the committed answer and the drafts taken so far; None once the grammar is
-        complete (nothing after its end is ever committed)."""
-        if self._matcher.is_terminated():
-            return None
-        bitmask = self._xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, ⌈V/32⌉] int32
-        self._matcher.fill_next_token_bitmask(bitmask, 0)
-        return self._allowed(bitmask)[0]
-
-    def take_draft(self, token: int) -> None:
-        """Move past a draft chosen under :meth:`draft_mask`, until :meth:`drop_drafts`."""
-        if not self._matcher.accept_token(int(token)):
-            raise RuntimeError(f"draft {token} was chosen against the grammar")
-        self._drafted += 1
-
-    def drop_drafts(self) -> None:
-        """Back to the committed place, before the drafts are verified."""
-        if self._drafted:
-            self._matcher.rollback(self._drafted)
-            self._drafted = 0
+    def cursor(self) -> DraftCursor:
+        """A place of the drafter's own, at the committed place now; its drafts never move this one."""
+        return DraftCursor(self._xgr, self._matcher.fork(), self.vocab_size)
 
     def masks(self, drafts: Sequence[int]) -> tuple[torch.Tensor, int]:
         """``(allowed [n + 1, V] bool, n)``: n is how many of ``drafts`` the grammar accepts in a row from here, and
@@ -129,13 +112,7 @@ class Constraint:
             accepted += 1
         if accepted:
             self._matcher.rollback(accepted)
-        return self._allowed(bitmask[: accepted + 1]), accepted
-
-    def _allowed(self, bitmask: torch.Tensor) -> torch.Tensor:
-        """xgrammar's bitmask ``[n, ⌈V/32⌉]`` as ``allowed [n, V] bool``."""
-        scores = torch.zeros(bitmask.shape[0], self.vocab_size)  # [n, V]
-        self._xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=self.vocab_size)
-        return scores == 0
+        return allowed_tokens(self._xgr, bitmask[: accepted + 1], self.vocab_size), accepted
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Move past the tokens committed (each allowed by the masks they were chosen under)."""
@@ -146,6 +123,35 @@ class Constraint:
     @property
     def finished(self) -> bool:
         return bool(self._matcher.is_terminated())
+
+
+class DraftCursor:
+    """A drafter's place in a request's grammar for one step's drafts: from the committed place, moved by each draft
+    it takes, dropped after drafting."""
+
+    def __init__(self, xgr: Any, matcher: Any, vocab_size: int) -> None:
+        self._xgr, self._matcher, self.vocab_size = xgr, matcher, vocab_size
+
+    def draft_mask(self) -> torch.Tensor | None:
+        """``allowed [V] bool`` after the drafts taken so far; None once the grammar is complete (nothing after its
+        end is ever committed)."""
+        if self._matcher.is_terminated():
+            return None
+        bitmask = self._xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, ⌈V/32⌉] int32
+        self._matcher.fill_next_token_bitmask(bitmask, 0)
+        return allowed_tokens(self._xgr, bitmask, self.vocab_size)[0]
+
+    def take_draft(self, token: int) -> None:
+        """Move past a draft chosen under :meth:`draft_mask`."""
+        if not self._matcher.accept_token(int(token)):
+            raise RuntimeError(f"draft {token} was chosen against the grammar")
+
+
+def allowed_tokens(xgr: Any, bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """xgrammar's bitmask ``[n, ⌈V/32⌉]`` as ``allowed [n, V] bool``."""
+    scores = torch.zeros(bitmask.shape[0], vocab_size)  # [n, V]
+    xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=vocab_size)
+    return scores == 0
 
 
 def masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

@@ -312,7 +312,7 @@ def draft_task(
     """What the engine asks of a drafter for one request in a step (greedy, drafting to γ, by default; a hybrid's
     copies where it has some)."""
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
-    return DraftTask(state, context, num_tokens, sampling or SamplingParams(), generator, keep_drafting, offer)
+    return DraftTask(state, tuple(context), num_tokens, sampling or SamplingParams(), generator, keep_drafting, offer)
 
 
 @pytest.fixture(scope="session")

@@ -88,7 +88,7 @@ def test_a_draft_model_drafts_only_what_the_grammar_allows(native: Pipeline, sam
     context = [3, 1, 4, 1, 5]
     state = drafter.start(context, target_cache=None)  # type: ignore[arg-type]
     task = dataclasses.replace(
-        draft_task(state, context, 6, sampling, torch.Generator().manual_seed(0)), constraint=constraint
+        draft_task(state, context, 6, sampling, torch.Generator().manual_seed(0)), grammar=constraint.cursor()
     )
     (proposal,) = drafter.propose([task])
     drafts = proposal.token_ids[0].tolist()
@@ -100,17 +100,19 @@ def test_a_draft_model_drafts_only_what_the_grammar_allows(native: Pipeline, sam
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(1, len(drafts)))
 
 
-def test_the_draft_masks_follow_the_drafts_taken_and_drop_back(native: Pipeline) -> None:
+def test_a_drafters_cursor_follows_its_drafts_and_leaves_the_committed_place(native: Pipeline) -> None:
     compiler = GrammarCompiler(native.tokenizer, native.target.vocab_size, native.eos_token_ids)
     constraint = compiler.constraint(GrammarSpec(GrammarKind.REGEX, "w5w9"))
-    mask = constraint.draft_mask()
+    cursor = constraint.cursor()
+    mask = cursor.draft_mask()
     assert mask is not None and mask.nonzero().flatten().tolist() == [5]
-    constraint.take_draft(5)
-    assert constraint.draft_mask().nonzero().flatten().tolist() == [9]  # type: ignore[union-attr]
-    constraint.take_draft(9)
-    constraint.take_draft(EOS)
-    assert constraint.draft_mask() is None  # complete: nothing after the end
+    cursor.take_draft(5)
+    assert cursor.draft_mask().nonzero().flatten().tolist() == [9]  # type: ignore[union-attr]
+    cursor.take_draft(9)
+    cursor.take_draft(EOS)
+    assert cursor.draft_mask() is None  # complete: nothing after the end
     with pytest.raises(RuntimeError, match="against the grammar"):
-        constraint.take_draft(5)
-    constraint.drop_drafts()
-    assert constraint.draft_mask().nonzero().flatten().tolist() == [5]  # type: ignore[union-attr]
+        cursor.take_draft(5)
+    again = constraint.cursor()  # the committed place never moved
+    assert again.draft_mask().nonzero().flatten().tolist() == [5]  # type: ignore[union-attr]
+    assert constraint.masks([5, 9])[1] == 2 and not constraint.finished

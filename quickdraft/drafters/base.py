@@ -20,7 +20,7 @@ import torch
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
-from quickdraft.grammar import Constraint
+from quickdraft.grammar import DraftCursor
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.policies import MODEL_DRAFTS, KeepDrafting, Offer, PolicyContext
 from quickdraft.runtime.base import KVCache, Runtime
@@ -57,16 +57,18 @@ class DraftState:
 
 @dataclass(frozen=True, eq=False)
 class DraftTask:
-    """What one request asks of a step's drafting."""
+    """What one request asks of a step's drafting: everything a drafter may read of the request, none of it shared
+    with the engine's state (a drafter may draft on another thread while the target runs)."""
 
     state: DraftState  # the request's, from the drafter's start()
-    context: list[int]  # [T] the committed tokens: prompt and answer so far
+    context: tuple[int, ...]  # [T] the committed tokens, prompt and answer so far: a snapshot, never changed
     num_tokens: int  # γ >= 1: the most to draft
     sampling: SamplingParams
     generator: torch.Generator  # unseeded sampling draws from it; seeded sampling from position noise
     keep_drafting: KeepDrafting  # the bid's judge, after each drafted token: False stops this request's drafting
     offer: Offer = MODEL_DRAFTS  # which of the drafter's offers (Drafter.offers) the policy bid on
-    constraint: Constraint | None = None  # the request's grammar: a draft model drafts only what it allows
+    grammar: DraftCursor | None = None  # the drafter's own place in the request's grammar (a draft model drafts
+    # only what it allows)
 
 
 @dataclass(frozen=True)

@@ -124,20 +124,15 @@ class DraftModelDrafter(Drafter):
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
         rows = [self._row(task, max_read_tokens) for task in tasks]
         feeding = [row for row in rows if row.feed]
-        try:
-            while feeding:  # one batched forward per draft position
-                batch = [BatchRow(row.conversation.cache, row.feed, last_only=True) for row in feeding]
-                logits, hidden = self._forward(batch)  # per row [1, V_draft], [1, H] or None
-                still_drafting = []
-                for i, row in enumerate(feeding):
-                    row.conversation.cached_ids.extend(row.feed)
-                    if row.num_tokens > 0 and self._draft_one(row, logits[i], None if hidden is None else hidden[i]):
-                        still_drafting.append(row)
-                feeding = still_drafting
-        finally:
-            for row in rows:
-                if row.task.constraint is not None:
-                    row.task.constraint.drop_drafts()
+        while feeding:  # one batched forward per draft position
+            batch = [BatchRow(row.conversation.cache, row.feed, last_only=True) for row in feeding]
+            logits, hidden = self._forward(batch)  # per row [1, V_draft], [1, H] or None
+            still_drafting = []
+            for i, row in enumerate(feeding):
+                row.conversation.cached_ids.extend(row.feed)
+                if row.num_tokens > 0 and self._draft_one(row, logits[i], None if hidden is None else hidden[i]):
+                    still_drafting.append(row)
+            feeding = still_drafting
         return [row.proposal() for row in rows]
 
     def _row(self, task: DraftTask, max_read_tokens: int | None) -> DraftingRow:
@@ -161,8 +156,8 @@ class DraftModelDrafter(Drafter):
     def _draft_one(self, row: DraftingRow, logits: torch.Tensor, hidden: torch.Tensor | None) -> bool:
         """Choose the row's next draft from the draft model's ``[1, V_draft]`` logits; True to draft another."""
         task = row.task
-        if task.constraint is not None:  # drafts from its distribution under the grammar
-            allowed = task.constraint.draft_mask()  # [V] bool, None: the grammar is complete
+        if task.grammar is not None:  # drafts from its distribution under the grammar
+            allowed = task.grammar.draft_mask()  # [V] bool, None: the grammar is complete
             if allowed is not None:
                 logits = masked(logits, to_vocab(allowed, logits.shape[-1]))  # [1, V_draft]
             if allowed is None or not torch.isfinite(logits).any():  # nothing it allows can be drafted
@@ -171,8 +166,8 @@ class DraftModelDrafter(Drafter):
         probs = to_vocab(logits_to_probs(logits, task.sampling), self.target_vocab_size)  # [1, V]
         position = len(task.context) + len(row.token_ids)
         token = int(choose_tokens(probs, task.sampling, task.generator, position)[0])
-        if task.constraint is not None:
-            task.constraint.take_draft(token)
+        if task.grammar is not None:
+            task.grammar.take_draft(token)
         row.token_ids.append(token)
         row.probs.append(probs)
         row.feed = [token]

@@ -279,13 +279,13 @@ class Engine:
             if gamma > 0 and bid.offer is not None:
                 task = DraftTask(
                     state.draft_state,
-                    state.committed,
+                    tuple(state.committed),
                     gamma,
                     state.request.config.sampling,
                     state.generator,
                     bid.keep_drafting,
                     bid.offer,
-                    state.constraint,
+                    None if state.constraint is None else state.constraint.cursor(),
                 )
                 tasks.setdefault(state.request.drafter, []).append((state, task))
         max_read_tokens = None if plan.alone else self.scheduler.settings.prefill_tokens_per_step

@@ -409,16 +409,27 @@ void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, to
 std::string isa() { return std::string(qd::kIsa) + ", attention " + qd::kAttentionIsa; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)");
-  m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)");
+  namespace py = pybind11;  // every kernel runs without the GIL: a drafter on another thread runs meanwhile
+  m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
-  m.def("attend", &attend, "bit-stable causal attention over a static cache");
-  m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs");
-  m.def("combine_rows", &combine_rows, "an integer GEMM's output back to floats");
-  m.def("rms_norm", &rms_norm, "RMSNorm per row");
-  m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization");
-  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache");
-  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output");
-  m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization");
+  m.def("attend", &attend, "bit-stable causal attention over a static cache",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("combine_rows", &combine_rows, "an integer GEMM's output back to floats",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "RMSNorm per row",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization",
+        py::call_guard<py::gil_scoped_release>());
   register_layers(m);
 }

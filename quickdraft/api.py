@@ -101,7 +101,9 @@ class Pipeline:
     def drafter(self, name: str = DEFAULT_DRAFTER, options: DrafterOptions | None = None) -> Drafter:
         """The drafter called ``name`` for these models, made on first use and kept per (name, options): what it
         learns (e.g. early-exit's per-layer acceptance) and what its draft model has read (a chat's earlier
-        turns) carry over to later requests. An unknown name or one these models cannot run raises."""
+        turns) carry over to later requests. Its costs are ready when a policy first needs them: loaded from this
+        machine's saved calibration or measured once (:meth:`calibrate`). An unknown name or one these models
+        cannot run raises."""
         options = options or DrafterOptions()
         drafter_cls = DRAFTERS.get(name)
         if drafter_cls.needs_draft_head and options.draft_head is None:
@@ -113,7 +115,10 @@ class Pipeline:
         if drafter is None:
             if drafter_cls.needs_draft_model and self.draft is None:
                 raise ConfigError(f"the {name} drafter needs a draft model, and none is loaded")
-            drafter = drafter_cls.create(self.target, self.draft, options, self.drafter_records(name))
+            records = self.drafter_records(name)
+            drafter = drafter_cls.create(self.target, self.draft, options, records)
+            if records.measure_costs is None:
+                records.measure_costs = lambda max_draft_tokens: self.calibrate(name, max_draft_tokens).cost_model
             self._drafters[(name, options)] = drafter
         return drafter
 
@@ -133,17 +138,16 @@ class Pipeline:
         prediction: str | Sequence[int] | None = None,
     ) -> GenerationStream:
         """Decode ``prompt`` (text, or token ids) through :attr:`engine`, yielding text deltas. The policy is
-        ``config.policy``, made ready first (:meth:`setup_policy`: goodput measures its costs on first use), or
-        the ready ``policy`` given. ``prediction``: the answer expected (text or token ids; OpenAI's Predicted
+        ``config.policy`` (goodput loads or measures its drafter's costs on first use), or the ready ``policy``
+        given. ``prediction``: the answer expected (text or token ids; OpenAI's Predicted
         Outputs), copied as drafts where the answer follows it; a hybrid drafter's only."""
         config = config or GenerationConfig()
         prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         prediction_ids = tuple(self.encode(prediction) if isinstance(prediction, str) else prediction or ())
         drafter_object = self.drafter(drafter, options)
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
-        self.engine.check_request(request)  # before any measuring
-        if policy is None:
-            self.setup_policy(drafter, config)
+        if policy is None and config.policy_spec.kind.needs_acceptance_head:
+            self.setup_policy(drafter, config)  # the drafter's head, loaded from where it is kept
         return stream(self.engine, request)
 
     def generate(
@@ -170,8 +174,8 @@ class Pipeline:
         keep_learning: bool = False,
         chat: bool = False,
     ) -> PolicySetup:
-        """Get ``drafter``'s records ready for ``config``'s policy, as its registry entry asks: measure (or load) a
-        cost model, load an acceptance head. Cheap when they are ready already.
+        """Get ``drafter``'s records ready for ``config``'s policy now, as its registry entry asks, instead of at its
+        first request: its costs (loaded or measured), an acceptance head. Cheap when they are ready already.
 
         ``recalibrate`` measures the costs again instead of using a saved calibration and starts learning
         afresh. ``keep_learning`` starts what the policy learns of answers from the learned file (for chat turns
@@ -208,7 +212,7 @@ class Pipeline:
     ) -> Calibration[CostModel]:
         """The step costs goodput needs (a few seconds to measure), saved or loaded (:class:`CalibrationStore`),
         and kept in ``drafter``'s records."""
-        calibration = self.calibrations.cost_model(drafter, max_draft_tokens, context, use_saved)
+        calibration = self.calibrations.cost_model(DRAFTERS.get(drafter), max_draft_tokens, context, use_saved)
         self.drafter_records(drafter).cost_model = calibration.cost_model
         return calibration
 

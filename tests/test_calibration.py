@@ -22,6 +22,7 @@ from quickdraft.costs.calibration import (
     prefill_lengths,
 )
 from quickdraft.costs.store import Calibration, CalibrationSource
+from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
 
 
@@ -42,15 +43,17 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
     first = with_paths("target", "draft")
     calibration = first.calibrate("draft-model", max_draft_tokens=4)
     measured = calibration.cost_model
-    saved = first.calibrations.cost_model_file("draft-model", max_draft_tokens=4)
+    saved = first.calibrations.cost_model_file(DRAFTERS.get("draft-model"), max_draft_tokens=4)
     assert saved is not None and saved.parent == calibrations_in_tmp and saved.exists()
     assert (calibration.source, calibration.path, calibration.saved) == (CalibrationSource.MEASURED, saved, True)
-    assert first.calibrations.cost_model_file("prompt-lookup", 4) != saved  # per drafter
-    assert with_paths("target", "other draft").calibrations.cost_model_file("draft-model", 4) != saved  # per models
+    assert first.calibrations.cost_model_file(DRAFTERS.get("prompt-lookup"), 4) != saved  # per drafter
+    assert (
+        with_paths("target", "other draft").calibrations.cost_model_file(DRAFTERS.get("draft-model"), 4) != saved
+    )  # per models
     learned = first.calibrations.learned_file("draft-model")
     with monkeypatch.context() as patch:  # per build (e.g. a draft model in 4 bits): costs and acceptance change
         patch.setattr(first.draft, "build", "the same draft model in another weight format")
-        assert first.calibrations.cost_model_file("draft-model", 4) != saved
+        assert first.calibrations.cost_model_file(DRAFTERS.get("draft-model"), 4) != saved
         assert first.calibrations.learned_file("draft-model") != learned
 
     def no_measuring(*args: object, **kwargs: object) -> None:
@@ -135,7 +138,7 @@ def test_a_calibration_file_with_times_that_are_not_finite_is_measured_anew(
 ) -> None:
     """JSON allows NaN and Infinity: such a file once loaded as a cost model that never drafts."""
     located = located_pipeline(pipeline, tmp_path)
-    path = located.calibrations.cost_model_file("draft-model", max_draft_tokens=4)
+    path = located.calibrations.cost_model_file(DRAFTERS.get("draft-model"), max_draft_tokens=4)
     assert path is not None
     path.parent.mkdir(parents=True)
     cost_model = f'{{"target_ms": {{"1": {bad_time}, "2": 60.0}}, "draft_ms": 5.0, "draft_prefill_ms": {{}}}}'

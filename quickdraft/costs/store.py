@@ -151,11 +151,10 @@ class CalibrationStore:
     draft_path: Path | None
 
     def cost_model(
-        self, drafter: str, max_draft_tokens: int = 16, context: int = 64, use_saved: bool = True
+        self, drafter_cls: type[Drafter], max_draft_tokens: int = 16, context: int = 64, use_saved: bool = True
     ) -> Calibration[CostModel]:
-        """The step costs goodput plans ``drafter``'s requests with (:func:`measure_cost_model`, a few seconds to
-        measure)."""
-        drafter_cls = DRAFTERS.get(drafter)
+        """The step costs goodput plans the requests of a ``drafter_cls`` drafter with (:func:`measure_cost_model`, a
+        few seconds to measure)."""
         key = self.single_key(drafter_cls, max_draft_tokens, context)
         path = self.file(key, drafter_cls.needs_draft_model, SINGLE)
 
@@ -168,10 +167,9 @@ class CalibrationStore:
         """The cost of a continuous-batching step (:func:`measure_batch_cost_model`, up to a minute on the default
         pair), up to ``max_rows`` requests and ``max_tokens`` tokens in all; the draft model's batched forward too,
         if one is loaded."""
-        drafter_cls = DRAFTERS.get("draft-model" if self.draft is not None else "prompt-lookup")
-        key = self.key(drafter_cls, 0, BATCH_CONTEXT) | {"batch": [max_rows, max_tokens]}
-        path = self.file(key, drafter_cls.needs_draft_model, BATCH)
-        draft = self.draft if drafter_cls.needs_draft_model else None
+        draft = self.draft  # the draft model's batched forward is timed too, where there is one
+        key = self.key(draft is not None, None, 0, BATCH_CONTEXT) | {"batch": [max_rows, max_tokens]}
+        path = self.file(key, draft is not None, BATCH)
 
         def measure() -> Measurement[BatchCostModel]:
             costs = measure_batch_cost_model(self.target, draft, max_rows, max_tokens, BATCH_CONTEXT)
@@ -180,15 +178,16 @@ class CalibrationStore:
 
         return load_or_measure(path, key, BATCH, measure, use_saved)
 
-    def cost_model_file(self, drafter: str, max_draft_tokens: int = 16, context: int = 64) -> Path | None:
-        """Where :meth:`cost_model` keeps ``drafter``'s costs (None: not kept)."""
-        drafter_cls = DRAFTERS.get(drafter)
-        return self.file(self.single_key(drafter_cls, max_draft_tokens, context), drafter_cls.needs_draft_model, SINGLE)
+    def cost_model_file(self, drafter_cls: type[Drafter], max_draft_tokens: int = 16, context: int = 64) -> Path | None:
+        """Where :meth:`cost_model` keeps a ``drafter_cls`` drafter's costs (None: not kept)."""
+        key = self.single_key(drafter_cls, max_draft_tokens, context)
+        return self.file(key, drafter_cls.needs_draft_model, SINGLE)
 
     def single_key(self, drafter_cls: type[Drafter], max_draft_tokens: int, context: int) -> dict[str, Any]:
         """:meth:`key` of a single request's cost model, which also says what a longer context adds (measured up
         to ``LONG_CONTEXT``: files saved before that was measured are measured again)."""
-        return self.key(drafter_cls, max_draft_tokens, context) | {"long_context": [LONG_CONTEXT, *CONTEXT_KS]}
+        costs = (drafter_cls.needs_draft_model, drafter_cls.target_cost_fraction)
+        return self.key(*costs, max_draft_tokens, context) | {"long_context": [LONG_CONTEXT, *CONTEXT_KS]}
 
     def file(self, key: Mapping[str, Any], uses_draft: bool, kind: CostKind) -> Path | None:
         """The calibration file of ``key``; None for models without a path."""
@@ -196,16 +195,18 @@ class CalibrationStore:
             return None
         return keyed_file(key, kind.suffix)
 
-    def key(self, drafter_cls: type[Drafter], max_draft_tokens: int, context: int) -> dict[str, Any]:
-        """What a drafter's measured costs depend on: drafters that cost alike (the hybrid drafts with the draft
-        model) share one calibration."""
-        uses_draft = drafter_cls.needs_draft_model
+    def key(
+        self, uses_draft: bool, target_cost_fraction: float | None, max_draft_tokens: int, context: int
+    ) -> dict[str, Any]:
+        """What measured costs depend on: the models, whether a draft model drafts and what fraction of a target
+        step a drafted token costs when the target drafts itself, so drafters that cost alike (the hybrid drafts
+        with the draft model) share one calibration."""
         return {
             "target": str(self.target_path),
             "draft": str(self.draft_path) if uses_draft else None,
             "runtime": self.target.name,
             "builds": self.builds(uses_draft),
-            "drafter_costs": [uses_draft, drafter_cls.target_cost_fraction],
+            "drafter_costs": [uses_draft, target_cost_fraction],
             "max_draft_tokens": max_draft_tokens,
             "context": context,
             "threads": torch.get_num_threads(),

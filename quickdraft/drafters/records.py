@@ -14,6 +14,7 @@ import contextlib
 import copy
 import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,15 @@ class DrafterRecords:
     cost_model: CostModel | None = None  # measured forward costs (goodput)
     acceptance_head: AcceptanceHead | None = None  # a trained SpecDec++ head
     synced: SyncPoint | None = field(default=None, init=False, repr=False)  # None: the learned records continue no file
+    # How the costs are measured or loaded when first needed (γ up to the given most), set by whoever made the
+    # drafter for its models (Pipeline.drafter); None: they are only what was given.
+    measure_costs: Callable[[int], CostModel] | None = field(default=None, repr=False, compare=False)
+
+    def ready_costs(self, max_draft_tokens: int) -> CostModel | None:
+        """The cost model, measured or loaded on first need (once: later requests share it)."""
+        if self.cost_model is None and self.measure_costs is not None:
+            self.cost_model = self.measure_costs(max_draft_tokens)
+        return self.cost_model
 
     def policy_context(self, config: GenerationConfig) -> PolicyContext:
         """What a request's policy may use: its γ settings and these records."""

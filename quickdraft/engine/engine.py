@@ -113,13 +113,14 @@ class Engine:
         return self._grammar_compiler
 
     def _make_policy(self, request: Request) -> Policy:
-        """The request's policy; a drafter that never drafts gets plain steps whatever the policy."""
+        """The request's policy; a drafter that never drafts gets plain steps whatever the policy. A policy that
+        plans with measured costs gets them ready first (a policy whose drafter has none raises ``ConfigError``)."""
         drafter = request.drafter
         if not drafter.proposes_drafts:
             return FixedPolicy(0)
         spec = request.config.policy_spec
-        if spec.kind.needs_cost_model and drafter.records.cost_model is None:
-            raise ConfigError(f"the {spec.name} policy needs the drafter's measured costs, and none were measured")
+        if spec.kind.needs_cost_model:  # measured or loaded on the first request that needs them
+            drafter.records.ready_costs(request.config.max_draft_tokens)
         return spec.build(drafter.policy_context(request.config))
 
     @property

@@ -99,5 +99,5 @@ def test_a_new_request_gets_its_own_copies(pipeline: Pipeline) -> None:
 
 def test_the_hybrid_shares_the_draft_models_calibration(pipeline: Pipeline, tmp_path: Path) -> None:
     store = replace(pipeline, target_path=tmp_path / "target", draft_path=tmp_path / "draft").calibrations
-    assert store.cost_model_file("hybrid") == store.cost_model_file("draft-model")
-    assert store.cost_model_file("hybrid") != store.cost_model_file("prompt-lookup")
+    assert store.cost_model_file(DRAFTERS.get("hybrid")) == store.cost_model_file(DRAFTERS.get("draft-model"))
+    assert store.cost_model_file(DRAFTERS.get("hybrid")) != store.cost_model_file(DRAFTERS.get("prompt-lookup"))

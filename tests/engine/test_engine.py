@@ -9,14 +9,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import BigramTableRuntime, tiny_pipeline, use_records, word_tokenizer
+from conftest import BigramTableRuntime, native_pipeline, tiny_pipeline, use_records, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import CostModel
 from quickdraft.drafters import DRAFTERS, DrafterRecords
-from quickdraft.errors import PromptError
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.engine import Request, generate
+from quickdraft.errors import ConfigError, PromptError
 from quickdraft.policies import UNKNOWN_STATE, AnswerLength, FixedPolicy, Policy, StepOutcome, StepState
 
 PROMPTS = [[1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [7] * 12, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -286,3 +288,20 @@ def test_tiny_pipeline_fixture_is_deterministic() -> None:
     torch.testing.assert_close(
         a.target.forward(ids, a.target.new_cache(1)), b.target.forward(ids, b.target.new_cache(1)), rtol=0, atol=0
     )
+
+
+def test_a_drafters_costs_are_ready_when_a_policy_first_needs_them() -> None:
+    """No setup step first: the first goodput request a drafter serves loads or measures its costs, once; a drafter
+    made without a way to measure them is refused with a clear error."""
+    pipeline = native_pipeline()
+    drafter = pipeline.drafter("draft-model")
+    assert drafter.records.cost_model is None and drafter.records.measure_costs is not None
+    measure, asked = drafter.records.measure_costs, []
+    drafter.records.measure_costs = lambda max_draft_tokens: asked.append(max_draft_tokens) or measure(max_draft_tokens)
+    config = GenerationConfig(max_new_tokens=4, policy="goodput", max_draft_tokens=6)
+    for prompt in ([3, 1, 4], [1, 5, 9]):  # straight to the engine, as a server's requests come
+        assert len(generate(pipeline.engine, Request(tuple(prompt), config, drafter)).token_ids) == 4
+    assert asked == [6] and drafter.records.cost_model is not None
+    bare = DraftModelDrafter(pipeline.draft, pipeline.target.vocab_size)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cost model"):
+        generate(pipeline.engine, Request((3, 1, 4), config, bare))

@@ -2,10 +2,10 @@
 
 The float tensors are the values transformers' GGUF loader gives (``modeling_gguf_pytorch_utils``, the loader
 of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor, float16 and bfloat16 widened to
-float32, and for a file of the ``llama`` architecture the q and k projections' rows put back in transformers'
-order (llama.cpp's converter interleaves the two rotary halves of each head; transformers undoes it the same
-way). Qwen2 files need no reordering. So the weights quantized from here are those quantized from the fp32
-directory transformers would save, value for value.
+float32, and for a file of an architecture whose converter interleaves the two rotary halves of each head
+(``Architecture.gguf_interleaves_rotary``: Llama's, and so Mistral's) the q and k projections' rows put back in
+transformers' order, as transformers undoes it. Qwen2 files need no reordering. So the weights quantized from here
+are those quantized from the fp32 directory transformers would save, value for value.
 
 Q4_K linear weights whose rows are not reordered are offered as blocks instead (``gguf_blocks.decode_q4_k``),
 to be kept bit for bit; the rest of the file's tensors are read as floats.
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from quickdraft.runtime.native.architecture import GGUF_INTERLEAVED_ROTARY
 from quickdraft.runtime.native.gguf_blocks import LAYER_TENSORS, Blocks, decode_q4_k, transformers_name
 from quickdraft.runtime.native.model import DecoderConfig
 
@@ -115,7 +116,7 @@ def read_gguf_weights(path: Path, config: DecoderConfig, keep_q4: bool = True) -
     from gguf import GGMLQuantizationType, GGUFReader
 
     reader = GGUFReader(path)
-    llama = reader.fields["general.architecture"].contents() == "llama"
+    interleaved = reader.fields["general.architecture"].contents() in GGUF_INTERLEAVED_ROTARY
     floats: dict[str, Any] = {}
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
@@ -123,7 +124,7 @@ def read_gguf_weights(path: Path, config: DecoderConfig, keep_q4: bool = True) -
         name = hf_tensor_name(tensor.name)
         if name is None:
             continue
-        if llama and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
+        if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
             row_heads[name] = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
         q4 = keep_q4 and tensor.tensor_type == GGMLQuantizationType.Q4_K
         if q4 and name not in row_heads and transformers_name(tensor.name) == name:

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from quickdraft.runtime.native.architecture import ARCHITECTURES
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import QuantizedLinear
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values (StaticKVCache.slots)
 
 
@@ -53,13 +53,14 @@ class DecoderConfig:
     def from_hf(cls, config: dict[str, Any]) -> DecoderConfig:
         """Read a transformers ``config.json``; raises ValueError for what this runtime does not support."""
         model_type = config.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model type {model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}")
+        if model_type not in ARCHITECTURES:
+            raise ValueError(f"model type {model_type!r} is not one of {sorted(ARCHITECTURES)}")
+        family = ARCHITECTURES[model_type]
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise ValueError(f"RoPE scaling {rope_type!r} is not supported")
-        if config.get("use_sliding_window") or (model_type == "mistral" and config.get("sliding_window")):
+        if any(config.get(key) for key in family.sliding_window_keys):
             raise ValueError("sliding-window attention is not supported")
         if config.get("mlp_bias"):
             raise ValueError("MLP biases are not supported")
@@ -80,7 +81,7 @@ class DecoderConfig:
             rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            attention_bias=bool(config.get("attention_bias", family.attention_bias)),
         )
 
     @classmethod

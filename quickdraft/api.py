@@ -150,17 +150,9 @@ class Pipeline:
             self.setup_policy(drafter, config)  # the drafter's head, loaded from where it is kept
         return stream(self.engine, request)
 
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        config: GenerationConfig | None = None,
-        drafter: str = DEFAULT_DRAFTER,
-        chat: bool = False,
-        options: DrafterOptions | None = None,
-        policy: Policy | None = None,
-        prediction: str | Sequence[int] | None = None,
-    ) -> GenerationResult:
-        return self.stream(prompt, config, drafter, chat, options, policy, prediction).finish()
+    def generate(self, prompt: str | Sequence[int], *args: Any, **kwargs: Any) -> GenerationResult:
+        """:meth:`stream`'s request decoded to its end."""
+        return self.stream(prompt, *args, **kwargs).finish()
 
     # -- what policies need ----------------------------------------------------------------------------
 

@@ -35,8 +35,14 @@ def claims(results: dict[str, Any]) -> list[str]:
     runs = {(run["config"], run["rate"]): run["summary"] for run in results["runs"]}
     configs = [ServedConfig(**config) for config in results["settings"]["configs"]]
     rates = results["settings"]["rates"]
+    checked = families(configs)
+    if not checked:
+        return [
+            "Nothing to check: no drafter ran as plain decoding, at a fixed γ and with goodput, all with prompt caches "
+            "off (e.g. `--configs plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput`)."
+        ]
     lines = []
-    for drafter, names in families(configs).items():
+    for drafter, names in checked.items():
         lines.append(
             f"**{drafter}** (plain = `{names['plain']}`, fixed γ = `{names['fixed']}`, goodput = `{names['goodput']}`):"
         )
@@ -45,6 +51,7 @@ def claims(results: dict[str, Any]) -> list[str]:
                 kind: (runs.get((name, rate)) or {}).get("e2e_s", {}).get("mean") for kind, name in names.items()
             }
             if None in latency.values():
+                lines.append(f"- {rate_label(rate)}: not measured for all three")
                 continue
             bound = CLAIM_MARGIN * min(latency["plain"], latency["fixed"])
             verdict = "holds" if latency["goodput"] <= bound else "FAILS"

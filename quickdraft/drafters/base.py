@@ -17,12 +17,11 @@ from typing import ClassVar
 
 import torch
 
-from quickdraft.config import GenerationConfig
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import DraftCursor
 from quickdraft.lossless.sampling import SamplingParams
-from quickdraft.policies import MODEL_DRAFTS, KeepDrafting, Offer, PolicyContext
+from quickdraft.policies import MODEL_DRAFTS, KeepDrafting, Offer
 from quickdraft.runtime.base import KVCache, Runtime
 
 
@@ -121,10 +120,6 @@ class Drafter(ABC):
     ) -> Drafter:
         """Build the drafter for ``target`` (``draft`` is given when ``needs_draft_model``); ``records``: what its
         requests learn and measure, shared with other drafters of its name (None: its own)."""
-
-    def policy_context(self, config: GenerationConfig) -> PolicyContext:
-        """What a request's policy may use: its γ settings and this drafter's records."""
-        return self.records.policy_context(config)
 
     def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> DraftState:
         """A new request's drafting state; ``target_cache`` is its target cache (self-speculation drafts into it)."""

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from quickdraft.config import GenerationConfig
 from quickdraft.draft_head.file import load_head
 from quickdraft.draft_head.model import DraftHead, HeadCache
 from quickdraft.draft_head.native import to_native
@@ -31,7 +30,7 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import argmax, choose_tokens, logits_to_probs
-from quickdraft.policies import DraftStep, PolicyContext
+from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.runtime.native.kernels import native_kernels
 
@@ -54,7 +53,7 @@ class EagleDrafter(Drafter):
         self.embedding = target.token_embeddings()  # [V, H]
         self.vocab_size = target.vocab_size
         self.vocabulary = head.vocabulary  # [Vd] target ids
-        self.token_ms: float | None = None  # a drafting step's cost, measured when a policy first asks
+        self.token_ms = self.measure_token_ms()  # a drafting step's cost: what its offers say a drafted token costs
 
     @classmethod
     def create(
@@ -65,14 +64,9 @@ class EagleDrafter(Drafter):
         head, layers, _ = load_head(Path(options.draft_head), target)
         return cls(to_native(head) if native_kernels() is not None else head, layers, target, records)
 
-    def policy_context(self, config: GenerationConfig) -> PolicyContext:
-        """The records' context, with a drafted token costing what this head's drafting step measures."""
-        context = super().policy_context(config)
-        if context.cost_model is None:
-            return context
-        if self.token_ms is None:
-            self.token_ms = self.measure_token_ms()
-        return replace(context, cost_model=replace(context.cost_model, draft_ms=self.token_ms))
+    def offers(self, state: DraftState, context: Sequence[int]) -> tuple[Offer, ...]:
+        """Its drafts, each costing the head's measured drafting step (the calibration times no head)."""
+        return (Offer(MODEL_DRAFTS.source, token_ms=self.token_ms),)
 
     @torch.inference_mode()
     def measure_token_ms(self, context: int = 64, repeats: int = 5) -> float:

@@ -23,14 +23,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from quickdraft.config import GenerationConfig
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.prediction import PredictionCopies
 from quickdraft.drafters.prompt_lookup import NgramIndex
 from quickdraft.drafters.records import DrafterRecords
-from quickdraft.policies import Offer, PolicyContext
+from quickdraft.policies import Offer
 from quickdraft.runtime.base import KVCache, Runtime
 
 MAX_COPIED = 32  # the most drafts one lookup offers; a policy takes at most its own maximum of them
@@ -111,10 +110,6 @@ class HybridDrafter(Drafter):
 
     def forget(self, keep: Sequence[int] = ()) -> None:
         self.model.forget(keep)
-
-    def policy_context(self, config: GenerationConfig) -> PolicyContext:
-        """Its model's (what a drafted token costs is the model's: the eagle head measures its own)."""
-        return self.model.policy_context(config)
 
     def observe_features(self, state: DraftState, features: torch.Tensor) -> None:
         assert isinstance(state, HybridState)

@@ -121,7 +121,7 @@ class Engine:
         spec = request.config.policy_spec
         if spec.kind.needs_cost_model:  # measured or loaded on the first request that needs them
             drafter.records.ready_costs(request.config.max_draft_tokens)
-        return spec.build(drafter.policy_context(request.config))
+        return spec.build(drafter.records.policy_context(request.config))
 
     @property
     def idle(self) -> bool:

@@ -71,9 +71,11 @@ class Offer:
     free: bool = False  # drafting costs nothing (copies); else a drafted token costs what the drafter's costs say
     backlog: int = 0  # committed tokens the drafter must read before it can draft (a lazy draft model)
     batched: bool = False  # its drafts are rows of draft-model forwards that the step's requests share
+    token_ms: float | None = None  # what a drafted token costs, where the drafter times it itself (a draft head);
+    # None: what the drafter's calibration says. Either is corrected by the steps the engine measures.
 
     def __post_init__(self) -> None:
-        if self.backlog < 0 or (self.max_tokens is not None and self.max_tokens < 0):
+        if self.backlog < 0 or any(n is not None and n < 0 for n in (self.max_tokens, self.token_ms)):
             raise ValueError(f"an offer needs counts >= 0, got {self}")
 
     @property

@@ -37,62 +37,31 @@ CONTEXT_GRAIN = 64  # cached tokens: the costs a request plans with are made aga
 
 @dataclass
 class GoodputPolicy(Policy):
-    """γ maximising expected tokens per millisecond for the request's estimated acceptance.
+    """γ maximising expected tokens per millisecond for the request's estimated acceptance, on the drafter's offer
+    that promises the most. The rules (``docs/policies.md`` gives the reasons and the measurements):
 
-    Acceptance is estimated in two parts (:class:`AcceptanceRecord`): α, that a block's first draft is
-    accepted, and β, that a later draft is accepted when every draft before it in the block was
-    (:func:`expected_tokens`). A drafter that copies or has found its footing keeps being right, so β is
-    usually well above α, and a single per-draft rate, measured mostly on short blocks, would keep γ
-    short where long blocks pay (``docs/policies.md`` has the measurements). α is the mean of a Beta
-    posterior over first drafts: an accepted one is a success, a rejected one a failure, and older
-    evidence decays by ``decay`` per block. β counts the later drafts the same way (the first rejected
-    one is its failure), shrunk toward α with the weight of ``continuation_shrink`` observations, and
-    its evidence decays by ``decay`` per observed draft of either kind: without evidence of its own β is
-    α, Leviathan et al.'s independent drafts, and evidence that blocks of one draft no longer renew
-    fades back to that. The priors are the drafter's record across requests with the weight of
-    ``prior_strength`` observations (α: Beta(1, 1) before there is a record). A prior is the oldest
-    evidence and decays with the rest, so a request whose drafts keep being accepted drives both toward
-    1 (with a prior that did not decay, an estimate would stay below
-    (1 + 1/(1 − decay)) / (2 + 1/(1 − decay)) = 0.93 at 0.92). After ``probe_after`` plain steps in a row it drafts
-    one token to re-measure α, so a request whose text turns predictable is noticed; after
-    ``probe_after`` one-draft blocks in a row it drafts up to two, since a block of one never shows
-    whether later drafts are accepted.
-
-    A drafter may first have to read tokens (a draft model reads the prompt lazily, at its first
-    draft): that cost, read from the cost model's measured draft prefill curve, is paid only when
-    the expected saving over the tokens the answer is expected still to run exceeds it
-    (:meth:`horizon`). With no earlier answers that is as many as it has run so far, within the
-    budget: ski rental, which with α known loses at most twice what knowing the answer's length
-    would have, whatever the budget. As the drafter's answers accumulate in ``answer_lengths``,
-    the expectation over the earlier answers that ran longer than this one has so far takes over.
-    So a long document is decoded plainly unless answers run long enough to repay reading it, and
-    where answers usually run long enough to repay a short prompt's reading, it is read at once.
-    A probe pays at most as much reading as the ``probe_after`` plain steps before it cost.
-
-    γ is the most a step drafts: a drafter with a model stops earlier once the next token is not
-    expected to pay for itself (:meth:`keep_drafting`: the chance, by the draft's own top
-    probabilities, that the block so far is accepted, times β, against what one more token costs), so
-    a request whose draft is unsure verifies short blocks before its estimates have caught up.
-
-    The cost model's curves time bare forwards at one context length, and on a shared machine they
-    are off by tens of percent either way. So the policy plans with what
-    the engine's steps take (:class:`StepTimeRecord`, :meth:`CostModel.with_measurements`): every
-    plain step measures t(1); every drafting step whose drafter had at most ``MEASURED_BACKLOG``
-    tokens to catch up on measures a drafted token's cost, as the step's time less the corrected target
-    forward, per draft; a step that read a longer backlog first measures the reading against the
-    profiled prefill curve. The decision to draft at all rests on exactly these ratios.
-
-    Attention reads the whole cache for every row, so at long context a step costs more, and each draft
-    more still (:meth:`CostModel.at_context`). A request plans with the costs at its own context
-    (``StepState.context_tokens``, to within ``CONTEXT_GRAIN`` tokens), and the step times it measures are
-    recorded less what its context added by the model's context costs, so that requests of every length
-    share one record.
-
-    Before a request's first draft, when the drafter has to read first, the target's top
-    probability on each plain token so far (the prefill's token at least) counts as that fraction
-    of an accepted draft, in the estimate that chooses the first γ and decides whether the reading
-    pays (recent tokens weigh more, by ``decay`` per token). Once the drafter has drafted, only
-    real acceptances count. The relation is loose (``docs/policies.md``, ``tools/target_confidence.py``).
+    1. Acceptance is α, that a block's first draft is accepted, and β, that a later one is when every draft
+       before it was (:func:`expected_tokens`). α is the mean of a Beta posterior over first drafts, its evidence
+       decaying by ``decay`` per block; β counts later drafts alike (the first rejected one is its failure),
+       shrunk toward α with the weight of ``continuation_shrink`` observations, its evidence decaying per draft
+       judged, so without evidence of its own β is α. The priors are the drafter's record across requests with
+       the weight of ``prior_strength`` observations (α: Beta(1, 1) without one), and decay with the rest.
+    2. Each free offer (copies) has its own α and β from Beta(1, 1) in every request, and is planned with no
+       drafting cost; it is taken when it promises more tokens per millisecond than the drafter's measured drafts,
+       and once after ``probe_after`` declines in a row.
+    3. After ``probe_after`` plain steps in a row it drafts one token (a probe of α, paying at most the reading
+       those steps cost); after ``probe_after`` blocks of one, up to two (a probe of β).
+    4. A drafter's backlog (a draft model reading the prompt lazily) is paid for only when drafting over the
+       tokens the answer is expected still to run saves more (:meth:`horizon`: ski rental, as many as it has
+       run, blended with the drafter's earlier answers that ran longer; for a drafter with a free offer, ski
+       rental alone less the share of steps the free offer served, :meth:`model_horizon`). Until its first drafts
+       are judged, the target's top probability on each plain token counts as that fraction of an accepted draft.
+    5. The bid's judge (:class:`BlockJudge`) stops drafting once the next token is not expected to pay for itself.
+    6. Costs are the calibration's (or the offer's own drafted-token cost), corrected by what the engine's steps
+       this drafter had alone took (:class:`StepTimeRecord`: plain steps give t(1); steps with at most
+       ``MEASURED_BACKLOG`` tokens to catch up give a drafted token's cost; a longer reading is timed against
+       the prefill curve), at the request's context to within ``CONTEXT_GRAIN`` tokens; step times are recorded
+       less what the context added, so requests of every length share one record.
     """
 
     cost_model: CostModel
@@ -115,7 +84,7 @@ class GoodputPolicy(Policy):
     free: dict[str, FreeSource] = field(default_factory=dict, init=False)  # estimates of each free offer's drafts
     free_offered: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with free drafts on offer
     # A memo, not knowledge: the corrected costs at the step times and context they were made for (see costs()).
-    corrected: tuple[tuple[float | None, float | None, int], CostModel, CostModel] | None = field(
+    corrected: tuple[tuple[float | None, float | None, int, float | None], CostModel, CostModel] | None = field(
         default=None, init=False, repr=False
     )
 
@@ -148,8 +117,8 @@ class GoodputPolicy(Policy):
         trim it to what pays in the whole batch (:meth:`choose`: the γ alone): on a free offer (copies) or the
         drafter's measured drafts, whichever promise more tokens per millisecond."""
         priced = next((offer for offer in state.offers if not offer.free), None)
-        backlog = 0 if priced is None else priced.backlog
-        model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state, backlog)
+        backlog, token_ms = (0, None) if priced is None else (priced.backlog, priced.token_ms)
+        model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state, backlog, token_ms)
         gamma = 0 if priced is None else costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
         for offer in state.offers:
             if offer.free and offer.available and (free_bid := self._free_bid(state, offer, model, gamma)) is not None:
@@ -170,8 +139,11 @@ class GoodputPolicy(Policy):
             keep_drafting=judge, state=state, costs=costs,
         )  # fmt: skip
 
-    def _model_estimates(self, state: StepState, backlog: int) -> tuple[float, float, float, CostModel]:
-        """(reading ms, α, β, corrected costs) of the drafter's measured drafts."""
+    def _model_estimates(
+        self, state: StepState, backlog: int, token_ms: float | None
+    ) -> tuple[float, float, float, CostModel]:
+        """(reading ms, α, β, corrected costs) of the drafter's measured drafts (``token_ms``: what its offer says a
+        drafted token costs; None: the calibration's)."""
         assert self.step_times is not None
         # the catch-up beyond the one token every step's draft cost already includes (the profiled prefill curve,
         # scaled by what earlier readings took against it)
@@ -179,7 +151,7 @@ class GoodputPolicy(Policy):
         acceptance_rate = self.acceptance_rate()
         if not self.drafted and reading_ms > 0:  # what the target's confidence so far says, before the reading
             acceptance_rate = self.acceptance_rate(self.top_probability_sum, self.rest_probability_sum)
-        costs = self._corrected_costs(state.context_tokens)[0]
+        costs = self._corrected_costs(state.context_tokens, token_ms)[0]
         return reading_ms, acceptance_rate, self.continuation_rate(acceptance_rate), costs
 
     def _free_bid(
@@ -193,7 +165,7 @@ class GoodputPolicy(Policy):
         source = self.free.get(offer.source, FreeSource())
         alpha = source.first.mean()
         beta = source.later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
-        free_costs = self._corrected_costs(state.context_tokens)[1]
+        free_costs = self._corrected_costs(state.context_tokens, None)[1]
         gamma = free_costs.best_num_draft_tokens(alpha, self.maximum, beta)
         if offer.max_tokens is not None:
             gamma = min(gamma, offer.max_tokens)
@@ -226,28 +198,28 @@ class GoodputPolicy(Policy):
         """The tokens a drafter's measured drafts are expected still to serve. For a drafter that offers free
         drafts (a hybrid's copies) the ski-rental guess alone, not earlier answers' lengths, less the share of
         steps where free drafts were on offer (decayed per step, this one included), which they serve for free:
-        an answer from a long document starts copying a few tokens in, and reading the document into the draft
-        model at once for the steps left to it rarely pays (it cost 1.2–1.4 s on Spec-Bench's rag questions
-        that then copied nearly every token)."""
+        an answer from a long document starts copying a few tokens in."""
         if not any(offer.free for offer in state.offers):
             return self.horizon(state)
         ski_rental = state.expected_remaining_tokens()
         share = self.free_offered.plus(int(offers_free_drafts(state)), self.decay).mean()
         return None if ski_rental is None else ski_rental * (1.0 - share)
 
-    def costs(self, context_tokens: int = 0) -> CostModel:
-        """The profiled cost model, corrected by the step times measured so far, at ``context_tokens``."""
-        return self._corrected_costs(context_tokens)[0]
+    def costs(self, context_tokens: int = 0, token_ms: float | None = None) -> CostModel:
+        """The profiled cost model (a drafted token at ``token_ms`` where the drafter's offer says so), corrected by
+        the step times measured so far, at ``context_tokens``."""
+        return self._corrected_costs(context_tokens, token_ms)[0]
 
-    def _corrected_costs(self, context_tokens: int) -> tuple[CostModel, CostModel]:
+    def _corrected_costs(self, context_tokens: int, token_ms: float | None) -> tuple[CostModel, CostModel]:
         """:meth:`costs`, and the same for drafts that cost no drafting (free offers); made again only when a step
-        time measured since or the context changes them (under batching step times rarely do, and every request
-        bids at every step)."""
+        time measured since, the context or the offer's token cost changes them (under batching step times rarely
+        do, and every request bids at every step)."""
         assert self.step_times is not None
         context = context_tokens // CONTEXT_GRAIN * CONTEXT_GRAIN
-        measured = (self.step_times.plain_step_ms, self.step_times.draft_token_ms, context)
+        measured = (self.step_times.plain_step_ms, self.step_times.draft_token_ms, context, token_ms)
         if self.corrected is None or self.corrected[0] != measured:
-            costs = self.cost_model.with_measurements(*measured[:2]).at_context(context)
+            profiled = self.cost_model if token_ms is None else replace(self.cost_model, draft_ms=token_ms)
+            costs = profiled.with_measurements(*measured[:2]).at_context(context)
             self.corrected = (measured, costs, replace(costs, draft_ms=0.0))
         return self.corrected[1], self.corrected[2]
 
@@ -294,8 +266,8 @@ class GoodputPolicy(Policy):
         if proposed == 0:
             self.step_times.add_plain_step(max(0.0, elapsed_ms - model.context_ms(1, context)))
             return
-        backlog = 0 if bid.offer is None else bid.offer.backlog
-        costs = self.costs(context)
+        backlog, token_ms = (0, None) if bid.offer is None else (bid.offer.backlog, bid.offer.token_ms)
+        costs = self.costs(context, token_ms)
         drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
         if backlog <= MEASURED_BACKLOG:
             per_draft_ms = drafting_ms / proposed - model.draft_context_extra_ms(context)

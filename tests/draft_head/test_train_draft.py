@@ -22,6 +22,7 @@ from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabu
 from quickdraft.drafters import DrafterOptions
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.policies import GoodputPolicy, StepState
 from quickdraft.runtime import HFRuntime
 from quickdraft.runtime.base import BatchRow
 
@@ -161,10 +162,13 @@ def test_hybrid_eagle_plans_with_the_heads_measured_step(trained: tuple[Pipeline
     pipeline, path = trained
     options = DrafterOptions(draft_head=str(path))
     hybrid = pipeline.drafter("hybrid-eagle", options)
-    hybrid.records.cost_model = CostModel({1: 100.0, 2: 101.0}, draft_ms=0.0)
-    context = hybrid.policy_context(GenerationConfig())
-    assert isinstance(hybrid.model, EagleDrafter) and hybrid.model.token_ms is not None
-    assert context.cost_model is not None and context.cost_model.draft_ms == hybrid.model.token_ms > 0
+    assert isinstance(hybrid.model, EagleDrafter) and hybrid.model.token_ms > 0
+    state = hybrid.start([1, 2, 3], pipeline.target.new_cache(1))
+    copies, model = hybrid.offers(state, [1, 2, 3])
+    assert copies.free and model.token_ms == hybrid.model.token_ms and not model.batched
+    policy = GoodputPolicy(CostModel({1: 100.0, 2: 101.0}, draft_ms=0.0), 4)
+    bid = policy.bid(StepState(offers=(copies, model)))
+    assert bid.costs is not None and bid.costs.draft_ms == hybrid.model.token_ms  # not the calibration's 0 ms
 
 
 def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:

@@ -223,3 +223,28 @@ def test_the_side_by_side_verdict_takes_the_best_peer_at_each_rate() -> None:
         line.startswith("| all at once | 9.00 s | 8.00 s (`a`) | 1.12 | 60.0 | 40.0 (`a`) | 1.50 |") for line in lines
     )
     assert lines[-1] == "Lower mean latency at every rate: NO; higher throughput at saturation (all at once): yes."
+
+
+def test_the_smartspec_section_says_what_it_measured_or_why_it_could_not() -> None:
+    from quickdraft.bench.serve_report import claims
+
+    def run(config: str, rate: str, latency: float) -> dict:
+        return {"config": config, "rate": rate, "summary": {"e2e_s": {"mean": latency}, "throughput_tok_s": 10.0}}
+
+    names = ("plain=none", "fixed=hybrid+fixed:3", "goodput=hybrid+goodput")
+    configs = [vars(ServedConfig.parse(text)) for text in names]
+    results = {
+        "settings": {"rates": ["seq", "1"], "configs": configs},
+        "runs": [
+            run("plain", "seq", 3.0),
+            run("fixed", "seq", 2.0),
+            run("goodput", "seq", 2.05),
+            run("plain", "1", 4.0),
+        ],
+    }
+    lines = claims(results)
+    assert any("1 user: mean latency goodput 2.05 s" in line and "1.02: ≤ 1.05 holds" in line for line in lines)
+    assert "- 1 req/s: not measured for all three" in lines
+    results["settings"]["configs"] = configs[1:]  # no plain decoding: nothing to compare with
+    (line,) = claims(results)
+    assert line.startswith("Nothing to check")

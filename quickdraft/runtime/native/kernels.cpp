@@ -409,27 +409,17 @@ void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, to
 std::string isa() { return std::string(qd::kIsa) + ", attention " + qd::kAttentionIsa; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;  // every kernel runs without the GIL: a drafter on another thread runs meanwhile
-  m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)",
-        py::call_guard<py::gil_scoped_release>());
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();  // a drafter's thread runs meanwhile
+  m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)", nogil);
+  m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
-  m.def("attend", &attend, "bit-stable causal attention over a static cache",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("combine_rows", &combine_rows, "an integer GEMM's output back to floats",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("rms_norm", &rms_norm, "RMSNorm per row",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization",
-        py::call_guard<py::gil_scoped_release>());
+  m.def("attend", &attend, "bit-stable causal attention over a static cache", nogil);
+  m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs", nogil);
+  m.def("combine_rows", &combine_rows, "an integer GEMM's output back to floats", nogil);
+  m.def("rms_norm", &rms_norm, "RMSNorm per row", nogil);
+  m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization", nogil);
+  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache", nogil);
+  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output", nogil);
+  m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization", nogil);
   register_layers(m);
 }

@@ -11,6 +11,7 @@ step boundaries. Goodput requests' γ are chosen together for the whole step (:f
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -132,13 +133,13 @@ class Engine:
         while self.step() is not None:
             pass
 
-    def fail_running(self) -> list[RunningRequest]:
-        """Drop every running request after a failed step (their caches may be half-written, and go with them);
-        returns them."""
-        failed = list(self.scheduler.running)
-        for state in failed:
-            self.scheduler.finish(state)
+    def fail_running(self) -> list[RequestState]:
+        """Drop every running request after a failed step (their caches may be half-written, and go with them),
+        and any whose admission failed; returns them."""
+        failed: list[RequestState] = [*self.scheduler.running, *self.scheduler.admitting]
+        for state in self.scheduler.running:
             state.finished = True
+        self.scheduler.running, self.scheduler.admitting = [], deque()
         return failed
 
     # -- the step loop ---------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class Scheduler:
         self.settings = settings
         self.waiting: deque[RequestState] = deque()
         self.running: list[RunningRequest] = []
+        self.admitting: deque[RequestState] = deque()  # taken from the queue, not started yet
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
 
@@ -73,13 +74,16 @@ class Scheduler:
 
     def admit(self, start: Callable[[RequestState], RunningRequest]) -> list[RunningRequest]:
         """Move the oldest waiting requests into free slots, each started by ``start`` (its caches made); returns
-        the admitted ones."""
-        taken = []
+        the admitted ones. Where a start raises, that request and those after it stay in :attr:`admitting` for the
+        failure path to answer (``Engine.fail_running``): no request is lost."""
         with self._lock:
-            while self.waiting and len(self.running) + len(taken) < self.settings.max_running:
-                taken.append(self.waiting.popleft())
-        admitted = [start(state) for state in taken]
-        self.running += admitted
+            while self.waiting and len(self.running) + len(self.admitting) < self.settings.max_running:
+                self.admitting.append(self.waiting.popleft())
+        admitted = []
+        while self.admitting:
+            admitted.append(start(self.admitting[0]))
+            self.running.append(admitted[-1])
+            self.admitting.popleft()
         return admitted
 
     def prefill_chunks(self) -> list[tuple[RunningRequest, int]]:

@@ -305,3 +305,26 @@ def test_a_drafters_costs_are_ready_when_a_policy_first_needs_them() -> None:
     bare = DraftModelDrafter(pipeline.draft, pipeline.target.vocab_size)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cost model"):
         generate(pipeline.engine, Request((3, 1, 4), config, bare))
+
+
+def test_a_request_whose_start_fails_is_answered_by_the_failure_path_not_lost() -> None:
+    """A drafter that fails to start a request makes the step fail: the failure path gets that request and the
+    ones admitted with it (a server answers each with an error), and the engine serves the next ones."""
+    pipeline = native_pipeline()
+
+    class Broken(DraftModelDrafter):
+        def start(self, prompt_ids, target_cache):  # type: ignore[no-untyped-def]
+            raise RuntimeError("no cache for you")
+
+    broken = Broken(pipeline.draft, pipeline.target.vocab_size)  # type: ignore[arg-type]
+    config = GenerationConfig(max_new_tokens=3, policy="fixed:2")
+    heard: list[object] = []
+    pipeline.engine.submit(Request((3, 1, 4), config, pipeline.drafter("none"), request_id="first"), heard.append)
+    pipeline.engine.submit(Request((3, 1, 4), config, broken, request_id="broken"), heard.append)
+    pipeline.engine.submit(Request((1, 5), config, pipeline.drafter("none"), request_id="after"), heard.append)
+    with pytest.raises(RuntimeError, match="no cache for you"):
+        pipeline.engine.step()
+    failed = pipeline.engine.fail_running()
+    assert [state.request.request_id for state in failed] == ["first", "broken", "after"]
+    assert pipeline.engine.idle
+    assert len(generate(pipeline.engine, Request((1, 5), config, pipeline.drafter("none"))).token_ids) == 3

@@ -138,16 +138,17 @@ class Pipeline:
         prediction: str | Sequence[int] | None = None,
     ) -> GenerationStream:
         """Decode ``prompt`` (text, or token ids) through :attr:`engine`, yielding text deltas. The policy is
-        ``config.policy`` (goodput loads or measures its drafter's costs on first use), or the ready ``policy``
-        given. ``prediction``: the answer expected (text or token ids; OpenAI's Predicted
-        Outputs), copied as drafts where the answer follows it; a hybrid drafter's only."""
+        ``config.policy``, made ready first (:meth:`setup_policy`: goodput loads or measures its drafter's costs on
+        first use), or the ready ``policy`` given. ``prediction``: the answer expected (text or token ids; OpenAI's
+        Predicted Outputs), copied as drafts where the answer follows it; a hybrid drafter's only."""
         config = config or GenerationConfig()
         prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         prediction_ids = tuple(self.encode(prediction) if isinstance(prediction, str) else prediction or ())
         drafter_object = self.drafter(drafter, options)
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
-        if policy is None and config.policy_spec.kind.needs_acceptance_head:
-            self.setup_policy(drafter, config)  # the drafter's head, loaded from where it is kept
+        if policy is None:  # its costs and head ready now (the engine would get costs ready at the first need)
+            self.engine.check_request(request)  # before any measuring
+            self.setup_policy(drafter, config)
         return stream(self.engine, request)
 
     def generate(self, prompt: str | Sequence[int], *args: Any, **kwargs: Any) -> GenerationResult:

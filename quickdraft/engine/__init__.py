@@ -1,9 +1,9 @@
 """The speculative decoding engine: one step loop for one request and for many (``Engine``), its requests and
 events, the rules every request's steps follow, and the scheduler that chooses which requests run."""
 
-from quickdraft.engine.confidence import CONFIDENCE_ROWS_PER_STEP
 from quickdraft.engine.engine import Engine
 from quickdraft.engine.request import (
+    CONFIDENCE_ROWS_PER_STEP,
     Event,
     GenerationResult,
     Request,

@@ -19,7 +19,6 @@ import torch
 
 from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import Drafter, DraftProposal, DraftTask
-from quickdraft.engine.confidence import hear_confidence
 from quickdraft.engine.features import target_forward
 from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
@@ -31,6 +30,7 @@ from quickdraft.engine.request import (
     RunningRequest,
     Sink,
     TokenDelta,
+    hear_confidence,
 )
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
 from quickdraft.engine.step import StepPlan, StepReport

@@ -13,6 +13,7 @@ from quickdraft.config import GenerationConfig
 from quickdraft.drafters import Drafter, DraftState
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.grammar import Constraint
+from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies import Policy
 from quickdraft.runtime.base import KVCache
 from quickdraft.stats import GenerationStats
@@ -110,3 +111,18 @@ class RunningRequest(RequestState):
     def decoding(self) -> bool:
         """The prompt is read and the first token committed: the request takes part in draft-and-verify steps."""
         return self.prefilled == self.prompt_length and bool(self.new_token_ids)
+
+
+CONFIDENCE_ROWS_PER_STEP = 4  # requests whose policy hears the target's confidence in a step
+
+
+def hear_confidence(rows: list[tuple[RunningRequest, torch.Tensor]], step: int) -> None:
+    """The policies of these requests, whose tokens were chosen without drafts, hear the target's top probability
+    at their ``[1, V]`` logits if they want it: at most :data:`CONFIDENCE_ROWS_PER_STEP` a step, those that
+    heard it longest ago first (each is a pass of exp over the vocabulary, for an estimate that only steadies
+    over many steps anyway)."""
+    rows = [(state, logits) for state, logits in rows if state.policy.wants_confidence()]
+    rows = sorted(rows, key=lambda row: row[0].confidence_step)[:CONFIDENCE_ROWS_PER_STEP]
+    for state, logits in rows:
+        state.confidence_step = step
+        state.policy.observe_confidence(float(top_probability(logits)))

@@ -14,25 +14,15 @@ def plan_batch(bids: Sequence[DraftBid], costs: BatchCostModel, other_tokens: in
     """SmartSpec's goodput for a step shared by several requests: the drafts per request, γ_i ≤ its bid, with the
     most expected tokens of the whole step per millisecond, Σ_i E[tokens_i | α_i, β_i, γ_i] ÷ t_step.
 
-    t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(requests drafting a p-th token with the
-    draft model) + the reading of requests whose drafter must catch up first: one target forward over every
-    request's block and the step's other work (``other_tokens``: prompt chunks), one draft-model forward per
-    draft position (the bids whose offer is ``batched``), and what each request's context adds
-    (:class:`DraftBid`'s ``context_ms``: attention over a long cache, which the batch curve, timed with few cached
-    tokens, leaves out). A prompt token read counts as a
-    token of goodput: it is work every request needs done, as much as a generated one. Counted as nothing, a
-    prompt chunk beside the decoding requests would make their drafts look cheap (the step is long anyway),
-    while a drafted token then costs what a prompt token costs that other requests are waiting on.
-    A request's k-th draft adds α·β^(k−1) expected tokens (:func:`expected_tokens`). Drafts are handed out one
-    at a time, each to the request whose next draft adds the most expected tokens per millisecond it adds to
-    the step (one more token in the target's forward; with a draft model, one more row in that position's draft
-    forward; before a first draft, the reading); of the plans on the way, from no drafts to every bid in full,
-    the one with the best goodput wins (ties: fewer drafts). When the batch is busy a drafted token adds about
-    a token's work to the target's forward but less than a token to the answer, and every γ falls to 0; with
-    few requests and cheap verification the bids stand. A bid that is not negotiable keeps its γ (counted as
-    one expected token: nothing is known of its acceptance). A step of one request and nothing else is the
-    single-request problem its policy solved already, with costs corrected by its measured steps: its bid
-    stands.
+    t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(rows drafting a p-th token in the draft
+    model's forwards: the bids whose offer is ``batched``) + each drafting request's reading and what its context
+    adds (:class:`DraftBid`'s ``reading_ms``, ``context_ms``). A prompt token read (``other_tokens``) counts as a
+    token of goodput: work every request needs done. A request's k-th draft adds α·β^(k−1) expected tokens
+    (:func:`expected_tokens`). Drafts are handed out one at a time, each to the request whose next draft adds the
+    most expected tokens per millisecond it adds to the step; of the plans on the way, from no drafts to every bid
+    in full, the one with the best goodput wins (ties: fewer drafts). A bid that is not negotiable keeps its γ
+    (counted as one expected token). A step of one request and nothing else keeps its bid: its policy solved that
+    problem already, with costs corrected by its measured steps. ``docs/serving.md`` gives the reasons.
     """
     if len(bids) == 1 and other_tokens == 0:
         return [bids[0].num_draft_tokens]

@@ -15,9 +15,8 @@ class ServingLoop:
     """Runs :meth:`Engine.step` while there is work, sleeping when idle: in a daemon thread of its own
     (:meth:`start`), or on the caller's thread (:meth:`run`; ``own_thread=False``).
 
-    ``quickdraft serve`` steps on the main thread and serves HTTP from another: on the 2-core Xeon the same
-    generation ran 14–19 % slower from a second thread than from the main one (torch's OpenMP workers), and
-    that was most of the server's time per output token beyond the single-request engine's."""
+    ``quickdraft serve`` steps on the main thread and serves HTTP from another: torch's OpenMP workers ran the
+    same generation slower from a second thread (docs/serving.md)."""
 
     def __init__(self, engine: Engine, own_thread: bool = True) -> None:
         self.engine = engine

@@ -54,7 +54,8 @@ def test_generate_with_a_predicted_output(model_args: list[str], tmp_path: Path,
     status, out, _ = run(args, capsys)
     plain = json.loads(out)
     (tmp_path / "expected.txt").write_text(plain["text"], encoding="utf-8")
-    status, out, _ = run([*args, "--prediction", str(tmp_path / "expected.txt")], capsys)
+    predicted = [*args, "--prediction", str(tmp_path / "expected.txt"), "--policy", "fixed:4"]  # goodput may decline
+    status, out, _ = run(predicted, capsys)  # copies on a busy machine
     assert status == 0 and json.loads(out)["token_ids"] == plain["token_ids"]
     assert json.loads(out)["stats"]["predicted_tokens_accepted"] > 0
     status, _, err = run([*args, "--prediction", str(tmp_path / "missing.txt")], capsys)

@@ -11,7 +11,6 @@ step boundaries. Goodput requests' γ are chosen together for the whole step (:f
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -136,10 +135,10 @@ class Engine:
     def fail_running(self) -> list[RequestState]:
         """Drop every running request after a failed step (their caches may be half-written, and go with them),
         and any whose admission failed; returns them."""
-        failed: list[RequestState] = [*self.scheduler.running, *self.scheduler.admitting]
-        for state in self.scheduler.running:
-            state.finished = True
-        self.scheduler.running, self.scheduler.admitting = [], deque()
+        failed = self.scheduler.take_all()
+        for state in failed:
+            if isinstance(state, RunningRequest):
+                state.finished = True
         return failed
 
     # -- the step loop ---------------------------------------------------------------------------------

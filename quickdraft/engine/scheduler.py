@@ -103,6 +103,12 @@ class Scheduler:
                 budget -= chunks[-1][1]
         return chunks
 
+    def take_all(self) -> list[RequestState]:
+        """Remove the running requests and those whose admission failed (:meth:`admit`), and return them."""
+        taken: list[RequestState] = [*self.running, *self.admitting]
+        self.running, self.admitting = [], deque()
+        return taken
+
     def finish(self, state: RunningRequest) -> None:
         self.running.remove(state)
 

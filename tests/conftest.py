@@ -29,7 +29,8 @@ from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.policies import KeepDrafting, Offer
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
 from quickdraft.runtime.native import NativeRuntime
-from quickdraft.runtime.native.model import Decoder, DecoderConfig
+from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import quantize_state_dict
 from quickdraft.server import ServerDefaults, create_app
 from quickdraft.server.loop import ServingLoop

@@ -11,8 +11,9 @@ from conftest import native_from_hf, sharp_native_pipeline, tiny_model
 from quickdraft.config import GenerationConfig
 from quickdraft.runtime.base import BatchRow, KVCache
 from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.model import DecoderConfig, key_rows
+from quickdraft.runtime.native.model import ACTIVATION_FUNCTIONS, key_rows
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["kernels", "torch-ops"])
@@ -219,7 +220,7 @@ def test_rows_attended_together_equal_each_row_attended_alone() -> None:
 def test_layer_kernels_equal_the_reference_operations() -> None:
     """Each fused kernel against the PyTorch operations of ``Decoder._layer`` on the same inputs: bitwise where
     both sides do the same float operations (RoPE, cache writes, residual adds), to float error for RMSNorm's
-    sum and SiLU's exp."""
+    sum and the activations' exp."""
     kernels = native_kernels()
     assert kernels is not None
     decoder = native_from_hf(tiny_model(64, seed=3)).decoder
@@ -242,16 +243,32 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
     keys, values = cache.slots()
     row_slot = [row for row in range(len(starts)) for _ in range(num_new)]
     row_position = [start + i for start in starts for i in range(num_new)]
+    rope_cos, rope_sin = decoder.layer_rope[0]
     q = kernels.qkv_rope_cache(
-        gemm_out, row_scale, layer.qkv.kernel_bias, decoder.rope_cos, decoder.rope_sin,
-        keys, values, 0, row_slot, row_position, heads,
+        gemm_out, row_scale, layer.qkv.kernel_bias, torch.empty(0), torch.empty(0), config.rms_norm_eps,
+        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, heads,
     )  # fmt: skip
     projected = kernels.combine_rows(gemm_out, row_scale, layer.qkv.kernel_bias).reshape(len(starts), num_new, -1)
     q_ref, k_ref, v_ref = projected.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
-    cos, sin = decoder.rope_cos[positions][:, :, None], decoder.rope_sin[positions][:, :, None]
-    q_ref = decoder._rotate(q_ref.reshape(len(starts), num_new, heads, head_dim), cos, sin)
-    assert torch.equal(q, q_ref.reshape(rows, heads, head_dim))
+    cos, sin = rope_cos[positions][:, :, None], rope_sin[positions][:, :, None]
+    q_heads = q_ref.reshape(len(starts), num_new, heads, head_dim)
+    assert torch.equal(q, decoder._rotate(q_heads, cos, sin).reshape(rows, heads, head_dim))
+    q_norm, k_norm = torch.rand(head_dim, generator=generator) + 0.5, torch.rand(head_dim, generator=generator) + 0.5
+    normed_q = kernels.qkv_rope_cache(
+        gemm_out, row_scale, layer.qkv.kernel_bias, q_norm, k_norm, config.rms_norm_eps,
+        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, heads,
+    )  # fmt: skip
+    expected_q = decoder._rotate(decoder._rms_norm(q_heads, q_norm), cos, sin).reshape(rows, heads, head_dim)
+    assert torch.allclose(normed_q, expected_q, rtol=1e-5, atol=1e-5)  # Qwen3's and Gemma's q/k norms
+    written = key_rows(cache.keys[0, 0], cache.capacity)[:, starts[0]]  # [kv_heads, D]: normed k, rotated
+    k_heads = k_ref.reshape(len(starts), num_new, kv_heads, head_dim)
+    expected_k = decoder._rotate(decoder._rms_norm(k_heads, k_norm), cos, sin)[0, 0]
+    assert torch.allclose(written, expected_k, rtol=1e-5, atol=1e-5)
+    kernels.qkv_rope_cache(
+        gemm_out, row_scale, layer.qkv.kernel_bias, torch.empty(0), torch.empty(0), config.rms_norm_eps,
+        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, heads,
+    )  # fmt: skip
     k_ref = decoder._rotate(k_ref.reshape(len(starts), num_new, kv_heads, head_dim), cos, sin)
     for row, start in enumerate(starts):
         written_keys = key_rows(cache.keys[0, row], cache.capacity)
@@ -262,17 +279,23 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
 
     gemm_out = torch.randn(rows, config.hidden_size, generator=generator) * 50
     bias = torch.randn(config.hidden_size, generator=generator)
+    no_norm, eps = torch.empty(0), config.rms_norm_eps
     for kernel_bias in (torch.empty(0), bias):
-        combined = kernels.combine_residual(gemm_out, row_scale, kernel_bias, x)
+        combined = kernels.combine_residual(gemm_out, row_scale, kernel_bias, no_norm, eps, x)
         assert torch.equal(combined, x + kernels.combine_rows(gemm_out, row_scale, kernel_bias))
+    out_norm = torch.rand(config.hidden_size, generator=generator) + 0.5  # Gemma's norm of a sublayer's output
+    combined = kernels.combine_residual(gemm_out, row_scale, bias, out_norm, eps, x)
+    expected = x + decoder._rms_norm(kernels.combine_rows(gemm_out, row_scale, bias), out_norm)
+    assert torch.allclose(combined, expected, rtol=1e-5, atol=1e-5)
 
-    gate_up = torch.randn(rows, 2 * config.intermediate_size, generator=generator) * 50
-    quantized, scale = kernels.silu_mul_quantize(gate_up, row_scale)
+    gate_up = torch.randn(rows, 2 * config.intermediate_size + 6, generator=generator) * 50  # 6: a scalar tail
     gate, up = (gate_up * row_scale).chunk(2, dim=-1)
-    activated = torch.nn.functional.silu(gate) * up  # [B·K, I]
-    assert quantized.dtype == torch.int8
-    assert torch.allclose(scale, activated.abs().amax(1, keepdim=True) / 127, rtol=1e-5)
-    assert (quantized * scale - activated).abs().le(scale * 0.5 * (1 + 1e-3)).all()  # within half a level
+    for code, function in ACTIVATION_FUNCTIONS.items():  # SiLU, tanh-approximated GELU
+        quantized, scale = kernels.gated_quantize(gate_up, row_scale, code)
+        activated = function(gate) * up  # [B·K, I]
+        assert quantized.dtype == torch.int8
+        assert torch.allclose(scale, activated.abs().amax(1, keepdim=True) / 127, rtol=1e-5)
+        assert (quantized * scale - activated).abs().le(scale * 0.5 * (1 + 1e-3)).all()  # within half a level
 
 
 def test_fused_layers_are_close_to_the_reference_path() -> None:

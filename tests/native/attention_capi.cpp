@@ -8,18 +8,19 @@ extern "C" {
 
 const char* attention_isa() { return qd::kAttentionIsa; }
 
-// Each row alone (attend_group): q [rows][heads][D] at positions lengths[r] - 1 -> out [rows][heads][D].
-void attend_alone(const float* q, const int64_t* lengths, int64_t rows, int64_t heads, const float* keys,
+// Each row alone (attend_group): q [rows][heads][D] at positions lengths[r] - 1, seeing positions skips[r] on ->
+// out [rows][heads][D].
+void attend_alone(const float* q, const int64_t* skips, const int64_t* lengths, int64_t rows, int64_t heads, const float* keys,
                   const float* values, int64_t head_dim, float scale, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<float> scores(8 * qd::key_blocks(lengths[r]) * qd::kKeyBlock);
-    qd::attend_group(q + r * heads * head_dim, heads, keys, values, lengths[r], head_dim, scale,
+    qd::attend_group(q + r * heads * head_dim, heads, keys, values, skips[r], lengths[r], head_dim, scale,
                      out + r * heads * head_dim, scores.data());
   }
 }
 
 // The rows together (attend_rows), taking turns on the cache's tiles.
-void attend_together(const float* q, const int64_t* lengths, int64_t rows, int64_t heads, const float* keys,
+void attend_together(const float* q, const int64_t* skips, const int64_t* lengths, int64_t rows, int64_t heads, const float* keys,
                      const float* values, int64_t head_dim, float scale, float* out) {
   std::vector<const float*> qs(rows);
   std::vector<float*> outs(rows);
@@ -28,6 +29,6 @@ void attend_together(const float* q, const int64_t* lengths, int64_t rows, int64
     outs[r] = out + r * heads * head_dim;
   }
   std::vector<float> scores(qd::rows_scratch(lengths, rows, heads));
-  qd::attend_rows(qs.data(), lengths, rows, heads, keys, values, head_dim, scale, outs.data(), scores.data());
+  qd::attend_rows(qs.data(), skips, lengths, rows, heads, keys, values, head_dim, scale, outs.data(), scores.data());
 }
 }

@@ -1,6 +1,6 @@
 """attention.h on every instruction set this machine runs (AVX-512, AVX2, plain C++): each build's result is softmax
 attention to float error, rows attended together have the bits of each row alone, and positions past a row's length
-are never used, whatever they hold (NaN included)."""
+or before its sliding window are never used, whatever they hold (NaN included)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ def blocked_keys(keys: torch.Tensor) -> torch.Tensor:
 
 
 def attend(library: ctypes.CDLL, together: bool, q: torch.Tensor, lengths: list[int], keys: torch.Tensor,
-           values: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+           values: torch.Tensor, scale: float, skips: list[int] | None = None) -> torch.Tensor:  # fmt: skip
     rows, heads, head_dim = q.shape
     out = torch.full_like(q, math.nan)
     length_array = (ctypes.c_int64 * rows)(*lengths)
+    skip_array = (ctypes.c_int64 * rows)(*(skips or [0] * rows))
     function = library.attend_together if together else library.attend_alone
     blocked = blocked_keys(keys)  # held while the call reads it
-    function(pointer(q), length_array, ctypes.c_int64(rows), ctypes.c_int64(heads), pointer(blocked),
+    function(pointer(q), skip_array, length_array, ctypes.c_int64(rows), ctypes.c_int64(heads), pointer(blocked),
              pointer(values), ctypes.c_int64(head_dim), ctypes.c_float(scale), pointer(out))  # fmt: skip
     return out
 
@@ -57,4 +58,26 @@ def test_every_attention_build_is_exact_and_keeps_to_each_rows_positions(librari
             poisoned_keys, poisoned_values = keys.clone(), values.clone()
             poisoned_keys[length:], poisoned_values[length:] = math.nan, math.nan  # from the row's own length on
             poisoned = attend(library, True, q[r : r + 1], [length], poisoned_keys, poisoned_values, scale)
+            assert torch.equal(poisoned, alone[r : r + 1]), (name, r)
+
+
+@pytest.mark.parametrize("head_dim", [128, 12])
+def test_a_sliding_window_leaves_out_the_positions_before_it(libraries, head_dim: int) -> None:
+    generator = torch.Generator().manual_seed(8)
+    positions, heads = 640, 3
+    keys, values = (torch.randn(positions, head_dim, generator=generator) for _ in range(2))
+    lengths = [300, 301, 317, 600, 17]
+    skips = [0, 5, 15, 3, 16]  # within the first block the keys start from (16: a whole block, the edge case)
+    q = torch.randn(len(lengths), heads, head_dim, generator=generator)
+    scale = head_dim**-0.5
+    for name, library in libraries.items():
+        alone = attend(library, False, q, lengths, keys, values, scale, skips)
+        together = attend(library, True, q, lengths, keys, values, scale, skips)
+        assert torch.equal(together, alone), name
+        for r, (skip, length) in enumerate(zip(skips, lengths, strict=True)):
+            weights = torch.softmax(q[r] @ keys[skip:length].T * scale, dim=-1)  # [heads, length - skip]
+            assert torch.allclose(alone[r], weights @ values[skip:length], atol=1e-5, rtol=1e-4), (name, r)
+            poisoned_keys, poisoned_values = keys.clone(), values.clone()
+            poisoned_keys[:skip], poisoned_values[:skip] = math.nan, math.nan
+            poisoned = attend(library, True, q[r : r + 1], [length], poisoned_keys, poisoned_values, scale, [skip])
             assert torch.equal(poisoned, alone[r : r + 1]), (name, r)

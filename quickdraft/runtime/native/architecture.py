@@ -1,8 +1,9 @@
 """The decoder families the native runtime runs, each described once: what marks it in ``config.json`` and in a
-GGUF file, its defaults, and what llama.cpp stores differently. The config reader (``model.DecoderConfig``) and the
-weight loaders (``weights``, ``gguf_weights``) read these descriptions, and the layers (the PyTorch reference and
-``layers.cpp``) take every difference from the weights and the config they make; no module tests a family's name.
-A family is added by describing it here, with whatever its layers need that this description does not yet say.
+GGUF file, its defaults, its layer's parts, and what llama.cpp stores differently. The config reader
+(``config.DecoderConfig``) and the weight loaders (``weights``, ``gguf_weights``) read these descriptions, and the
+layers (the PyTorch reference and ``layers.cpp``) take every difference from the weights and the config they make;
+no module tests a family's name. A family is added by describing it here, with whatever its layers need that this
+description does not yet say.
 """
 
 from __future__ import annotations
@@ -15,23 +16,40 @@ class Architecture:
     model_type: str  # config.json's
     gguf_architecture: str  # general.architecture in its GGUF files
     attention_bias: bool = False  # q/k/v projections carry biases unless config.json's attention_bias says otherwise
-    sliding_window_keys: tuple[str, ...] = ("use_sliding_window",)  # config.json keys that turn sliding windows on
+    # config.json's switch for sliding windows on every layer (families that do not list ``layer_types``)
+    every_layer_slides_key: str | None = None
     # llama.cpp's converter interleaves the two rotary halves of each head's q and k rows: the loader undoes it
     gguf_interleaves_rotary: bool = False
+    qk_norm: bool = False  # each q and k head is RMSNorm'd before RoPE (Qwen3, Gemma 3)
+    # Gemma's sandwich: the attention's and the MLP's outputs are RMSNorm'd before their residual adds, and the
+    # MLP's input norm is called pre_feedforward_layernorm (post_attention_layernorm is the attention output's)
+    sandwich_norms: bool = False
+    norm_offset: float = 0.0  # a norm multiplies by (offset + weight): Gemma's 1 + w (GGUF files store 1 + w)
+    scales_embedding: bool = False  # token embeddings times sqrt(hidden_size) (Gemma)
+    activation: str = "silu"  # the gate's activation when config.json names none
+    no_rope_key: str | None = None  # config.json's per-layer list, 0 for layers without RoPE (SmolLM3)
 
 
 ARCHITECTURES = {
     family.model_type: family
     for family in (
         Architecture("llama", "llama", gguf_interleaves_rotary=True),
-        Architecture(
-            "mistral",
-            "llama",
-            sliding_window_keys=("use_sliding_window", "sliding_window"),
-            gguf_interleaves_rotary=True,
-        ),
+        Architecture("mistral", "llama", every_layer_slides_key="sliding_window", gguf_interleaves_rotary=True),
         Architecture("qwen2", "qwen2", attention_bias=True),
+        Architecture("qwen3", "qwen3", qk_norm=True),
+        Architecture("smollm3", "smollm3", gguf_interleaves_rotary=True, no_rope_key="no_rope_layers"),
+        Architecture(
+            "gemma3_text",
+            "gemma3",
+            qk_norm=True,
+            sandwich_norms=True,
+            norm_offset=1.0,
+            scales_embedding=True,
+            activation="gelu_pytorch_tanh",
+        ),
     )
 }
 # GGUF architectures whose q and k rows come interleaved (those of the families above that say so)
 GGUF_INTERLEAVED_ROTARY = frozenset(a.gguf_architecture for a in ARCHITECTURES.values() if a.gguf_interleaves_rotary)
+# Gated MLP activations by config.json's name -> the kernels' code (kernels.cpp's Activation)
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}

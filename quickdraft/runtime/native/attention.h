@@ -1,7 +1,8 @@
 // Causal attention over a static cache, one KV head's group of query heads at a time, for one query row or for the
 // rows of one cache slot together (attend_rows: they share the cache's reads).
 //
-// A query at position p attends to the cache's positions 0..p. Its result is computed by one call, in an order of
+// A query at position p attends to the cache's positions 0..p (a sliding window: the callers pass keys and values
+// from a block boundary and `skip`, the positions before the window inside the first block). Its result is computed by one call, in an order of
 // operations fixed by p alone (blocks of 16 keys, dimensions in order, blocks in order), never by how many other
 // queries or rows share the forward: so a token's attention has the same bits whether it is decoded alone, inside
 // a verify block at any offset, or again after a rollback. Positions past p are never used, whatever they hold.
@@ -184,63 +185,72 @@ inline void scale_values(float* out, int64_t head_dim, float inverse) {
 
 #if defined(QD_VECTOR_ATTENTION)
 
-// softmax(scores[0..length)) · values -> out [D]; scores are overwritten with the weights.
-inline void softmax_values(float* scores, int64_t length, const float* values, int64_t head_dim, float* out) {
+// Positions [0, skip) left out of the softmax: their scores become −inf, so their weights are exp_ps's floor (below
+// 1e-37, nothing next to the current position's weight of 1 in the sum), and they are never added to the values.
+inline void skip_scores(float* scores, int64_t skip) {
+  std::fill(scores, scores + skip, -std::numeric_limits<float>::infinity());
+}
+
+// softmax(scores[skip..length)) · values -> out [D]; scores are overwritten with the weights.
+inline void softmax_values(float* scores, int64_t skip, int64_t length, const float* values, int64_t head_dim,
+                           float* out) {
+  skip_scores(scores, skip);
   const float inverse = softmax_weights(scores, length);
   std::fill(out, out + head_dim, 0.0f);
-  add_values(scores, 0, length, values, head_dim, out);
+  add_values(scores, skip, length, values, head_dim, out);
   scale_values(out, head_dim, inverse);
 }
 
 template <int H>
-inline void attend_heads(const float* q, const float* keys, const float* values, int64_t length, int64_t head_dim,
-                         float scale, float* out, float* scores) {
+inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
+                         int64_t head_dim, float scale, float* out, float* scores) {
   const int64_t stride = key_blocks(length) * kKeyBlock;
   block_scores<H>(q, keys, key_blocks(length), head_dim, scale, scores, stride);
-  for (int h = 0; h < H; ++h) softmax_values(scores + h * stride, length, values, head_dim, out + h * head_dim);
+  for (int h = 0; h < H; ++h) softmax_values(scores + h * stride, skip, length, values, head_dim, out + h * head_dim);
 }
 
 #else
 constexpr const char* kAttentionIsa = "scalar";
 
 template <int H>
-inline void attend_heads(const float* q, const float* keys, const float* values, int64_t length, int64_t head_dim,
-                         float scale, float* out, float* scores) {
+inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
+                         int64_t head_dim, float scale, float* out, float* scores) {
   for (int h = 0; h < H; ++h) {
     float max_score = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < length; ++j) {
+    for (int64_t j = skip; j < length; ++j) {
       float total = 0.0f;
       for (int64_t d = 0; d < head_dim; ++d) total += q[h * head_dim + d] * keys[key_offset(j, d, head_dim)];
       scores[j] = total * scale;
       max_score = std::max(max_score, scores[j]);
     }
     float sum = 0.0f;
-    for (int64_t j = 0; j < length; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
+    for (int64_t j = skip; j < length; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
     float* o = out + h * head_dim;
     std::fill(o, o + head_dim, 0.0f);
-    for (int64_t j = 0; j < length; ++j)
+    for (int64_t j = skip; j < length; ++j)
       for (int64_t d = 0; d < head_dim; ++d) o[d] += scores[j] * values[j * head_dim + d];
     for (int64_t d = 0; d < head_dim; ++d) o[d] /= sum;
   }
 }
 #endif
 
-// The query heads q [heads][D] of one KV head's group at position length - 1: out [heads][D]. scores is scratch of
-// at least 8 · key_blocks(length) · 16 floats. Heads go 8 at a time; each head's arithmetic is its own.
-inline void attend_group(const float* q, int64_t heads, const float* keys, const float* values, int64_t length,
-                         int64_t head_dim, float scale, float* out, float* scores) {
+// The query heads q [heads][D] of one KV head's group at position length - 1, seeing positions skip..length - 1:
+// out [heads][D]. scores is scratch of at least 8 · key_blocks(length) · 16 floats. Heads go 8 at a time; each
+// head's arithmetic is its own.
+inline void attend_group(const float* q, int64_t heads, const float* keys, const float* values, int64_t skip,
+                         int64_t length, int64_t head_dim, float scale, float* out, float* scores) {
   for (int64_t first = 0; first < heads; first += 8) {
     const float* qs = q + first * head_dim;
     float* os = out + first * head_dim;
     switch (std::min<int64_t>(8, heads - first)) {
-      case 1: attend_heads<1>(qs, keys, values, length, head_dim, scale, os, scores); break;
-      case 2: attend_heads<2>(qs, keys, values, length, head_dim, scale, os, scores); break;
-      case 3: attend_heads<3>(qs, keys, values, length, head_dim, scale, os, scores); break;
-      case 4: attend_heads<4>(qs, keys, values, length, head_dim, scale, os, scores); break;
-      case 5: attend_heads<5>(qs, keys, values, length, head_dim, scale, os, scores); break;
-      case 6: attend_heads<6>(qs, keys, values, length, head_dim, scale, os, scores); break;
-      case 7: attend_heads<7>(qs, keys, values, length, head_dim, scale, os, scores); break;
-      default: attend_heads<8>(qs, keys, values, length, head_dim, scale, os, scores); break;
+      case 1: attend_heads<1>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      case 2: attend_heads<2>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      case 3: attend_heads<3>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      case 4: attend_heads<4>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      case 5: attend_heads<5>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      case 6: attend_heads<6>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      case 7: attend_heads<7>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      default: attend_heads<8>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
     }
   }
 }
@@ -258,11 +268,12 @@ inline int64_t rows_scratch(const int64_t* lengths, int64_t rows, int64_t heads)
   return total + 8 * longest;
 }
 
-// Rows of one cache slot and one KV head's group: row r's heads q[r] [heads][D] at position lengths[r] - 1 ->
+// Rows of one cache slot and one KV head's group: row r's heads q[r] [heads][D] at position lengths[r] - 1, seeing
+// positions skips[r]..lengths[r] - 1 ->
 // out[r] [heads][D]. Every row's arithmetic is attend_group's, in the same order (so the same bits); the rows take
 // turns on each tile of keys and then of values while it is in cache, so a verify block of k rows reads the cache
 // about once rather than k times. scores: scratch of rows_scratch(lengths, rows, heads) floats.
-inline void attend_rows(const float* const* q, const int64_t* lengths, int64_t rows, int64_t heads,
+inline void attend_rows(const float* const* q, const int64_t* skips, const int64_t* lengths, int64_t rows, int64_t heads,
                         const float* keys, const float* values, int64_t head_dim, float scale, float* const* out,
                         float* scores) {
 #if defined(QD_VECTOR_ATTENTION)
@@ -270,7 +281,7 @@ inline void attend_rows(const float* const* q, const int64_t* lengths, int64_t r
   int64_t stride[64];
   float inverse[64 * 64];
   if (rows > 64 || heads > 64) {
-    for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, lengths[r], head_dim, scale, out[r], scores);
+    for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, out[r], scores);
     return;
   }
   int64_t most_blocks = 0, longest = 0;
@@ -306,20 +317,21 @@ inline void attend_rows(const float* const* q, const int64_t* lengths, int64_t r
   // 2. Each row's and head's weights.
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
+      skip_scores(row_scores[r] + h * stride[r], skips[r]);
       inverse[r * heads + h] = softmax_weights(row_scores[r] + h * stride[r], lengths[r]);
       std::fill(out[r] + h * head_dim, out[r] + (h + 1) * head_dim, 0.0f);
     }
   // 3. Values: each tile of positions, for every row that reaches it.
   for (int64_t from = 0; from < longest; from += kValueTile)
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t to = std::min(from + kValueTile, lengths[r]);
-      for (int64_t h = 0; from < to && h < heads; ++h)
-        add_values(row_scores[r] + h * stride[r], from, to, values, head_dim, out[r] + h * head_dim);
+      const int64_t start = std::max(from, skips[r]), to = std::min(from + kValueTile, lengths[r]);
+      for (int64_t h = 0; start < to && h < heads; ++h)
+        add_values(row_scores[r] + h * stride[r], start, to, values, head_dim, out[r] + h * head_dim);
     }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) scale_values(out[r] + h * head_dim, head_dim, inverse[r * heads + h]);
 #else
-  for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, lengths[r], head_dim, scale, out[r], scores);
+  for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, out[r], scores);
 #endif
 }
 

@@ -21,18 +21,29 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.native.architecture import GGUF_INTERLEAVED_ROTARY
+from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import LAYER_TENSORS, Blocks, decode_q4_k, transformers_name
-from quickdraft.runtime.native.model import DecoderConfig
 
 MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-LAYER_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+LAYER_NORMS = {  # GGUF names of a layer's norms -> transformers names
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+SANDWICH_NORMS = {  # a Gemma layer's (DecoderConfig.sandwich_norms): its MLP's input norm has another name
+    **LAYER_NORMS,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, sandwich_norms: bool = False) -> str | None:
     """``blk.3.attn_q.bias`` -> ``model.layers.3.self_attn.q_proj.bias``, ``token_embd.weight`` ->
     ``model.embed_tokens.weight``; None for tensors transformers does not load (e.g. ``rope_freqs.weight``)."""
     if gguf_name in MODEL_TENSORS:
@@ -40,8 +51,9 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     parts = gguf_name.split(".")
     if len(parts) != 4 or parts[0] != "blk":
         return None
-    if parts[2] in LAYER_NORMS and parts[3] == "weight":
-        return f"model.layers.{parts[1]}.{LAYER_NORMS[parts[2]]}.weight"
+    norms = SANDWICH_NORMS if sandwich_norms else LAYER_NORMS
+    if parts[2] in norms and parts[3] == "weight":
+        return f"model.layers.{parts[1]}.{norms[parts[2]]}.weight"
     if parts[2] in LAYER_TENSORS and parts[3] in ("weight", "bias"):
         return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.{parts[3]}"
     return None
@@ -108,20 +120,33 @@ class Q4KTensors(Mapping[str, Blocks]):
         return len(self.sources)
 
 
+# The tensor types read (dequantized by gguf-py, as transformers' loader does); a file with any other is refused
+READ_TYPES = (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+)  # fmt: skip
+
+
 def read_gguf_weights(path: Path, config: DecoderConfig, keep_q4: bool = True) -> tuple[GGUFTensors, Q4KTensors]:
     """The tensors of the GGUF file ``path``: floats, and (``keep_q4``) the Q4_K linear weights as blocks.
 
     A Q4_K weight is a block tensor when transformers keeps its rows in the file's order, a float tensor
-    otherwise (and every weight is a float tensor without ``keep_q4``)."""
+    otherwise (and every weight is a float tensor without ``keep_q4``). Raises ValueError naming the first tensor
+    of a type outside READ_TYPES."""
     from gguf import GGMLQuantizationType, GGUFReader
 
     reader = GGUFReader(path)
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name not in READ_TYPES:
+            raise ValueError(
+                f"tensor {tensor.name} is stored as {tensor.tensor_type.name}, which the native runtime does not "
+                f"read (it reads {', '.join(READ_TYPES)})"
+            )
     interleaved = reader.fields["general.architecture"].contents() in GGUF_INTERLEAVED_ROTARY
     floats: dict[str, Any] = {}
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, config.sandwich_norms)
         if name is None:
             continue
         if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):

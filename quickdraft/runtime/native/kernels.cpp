@@ -14,9 +14,10 @@
 // dispatching many small operations, not their arithmetic, is what costs):
 // rms_norm:           RMSNorm of each row.
 // rms_norm_quantize:  RMSNorm, then quantize_rows.
-// qkv_rope_cache:     combine_rows of the q/k/v projection, RoPE on q and k, k and v written into the cache.
-// combine_residual:   residual + combine_rows.
-// silu_mul_quantize:  combine_rows of gate/up, silu(gate) * up, then quantize_rows.
+// qkv_rope_cache:     combine_rows of the q/k/v projection, RMSNorm of each q and k head (if the model has it),
+//                     RoPE on q and k, k and v written into the cache.
+// combine_residual:   residual + combine_rows, RMSNorm'd first (if the model norms a sublayer's output).
+// gated_quantize:     combine_rows of gate/up, act(gate) * up (act: SiLU or tanh-approximated GELU), quantize_rows.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -164,10 +165,12 @@ void check_rows(const std::vector<int64_t>& row_slot, const std::vector<int64_t>
 
 // q: [R, H, D] float32 (RoPE applied), one row per new token; keys, values: the cache slots (see CachePlanes),
 // already holding the rows' own keys and values; row r sits in slot row_slot[r] at position row_position[r] and
-// attends to that slot's positions 0..row_position[r] of layer `layer` (attention.h). Returns [R, H * D].
+// attends to that slot's positions 0..row_position[r] of layer `layer` (attention.h), or with a sliding `window`
+// (0: none) to the last `window` of them. Returns [R, H * D].
 torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3);
+                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale,
+                     int64_t window) {
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3 && window >= 0);
   q = q.contiguous();
   const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
   const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = key_planes.kv_heads;
@@ -179,12 +182,19 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
   auto out = torch::empty({rows, heads * head_dim}, q.options());
   const float* q_data = q.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
-  // Runs: consecutive rows of one slot (a verify block, a prompt chunk), at most kRunRows, attended together.
+  // Row r reads the cache from the block holding its window's first position: start[r] (a multiple of 16).
+  std::vector<int64_t> start(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, row_position[r] + 1 - window) : 0;
+    start[r] = first / qd::kKeyBlock * qd::kKeyBlock;
+  }
+  // Runs: consecutive rows of one slot reading from one block (a verify block, a prompt chunk), at most kRunRows,
+  // attended together.
   constexpr int64_t kRunRows = 16;
   std::vector<std::pair<int64_t, int64_t>> runs;
   for (int64_t r = 0; r < rows;) {
     int64_t e = r + 1;
-    while (e < rows && row_slot[e] == row_slot[r] && e - r < kRunRows) ++e;
+    while (e < rows && row_slot[e] == row_slot[r] && start[e] == start[r] && e - r < kRunRows) ++e;
     runs.emplace_back(r, e);
     r = e;
   }
@@ -192,19 +202,22 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
     std::vector<float> scores;
     const float* qs[kRunRows];
     float* outs[kRunRows];
-    int64_t lengths[kRunRows];
+    int64_t skips[kRunRows], lengths[kRunRows];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task % kv_heads;
       const auto [first, last] = runs[task / kv_heads];
+      const int64_t from = start[first];
       for (int64_t r = first; r < last; ++r) {
         qs[r - first] = q_data + (r * heads + g * group) * head_dim;
         outs[r - first] = out_data + (r * heads + g * group) * head_dim;
-        lengths[r - first] = row_position[r] + 1;
+        lengths[r - first] = row_position[r] + 1 - from;
+        skips[r - first] = window > 0 ? std::max<int64_t>(0, row_position[r] + 1 - window) - from : 0;
       }
       scores.resize(qd::rows_scratch(lengths, last - first, group));
-      qd::attend_rows(qs, lengths, last - first, group, key_planes.plane(row_slot[first], layer, g),
-                      value_planes.plane(row_slot[first], layer, g), head_dim, static_cast<float>(scale), outs,
-                      scores.data());
+      qd::attend_rows(qs, skips, lengths, last - first, group,
+                      key_planes.plane(row_slot[first], layer, g) + from * head_dim,
+                      value_planes.plane(row_slot[first], layer, g) + from * head_dim, head_dim,
+                      static_cast<float>(scale), outs, scores.data());
     }
   });
   return out;
@@ -273,12 +286,13 @@ std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weig
 }
 
 // out: [R, (H + 2·KVH)·D] the GEMM output of the q/k/v projection; row_scale [R, 1]; bias [(H + 2·KVH)·D] or
-// empty; cos, sin: [C, D] RoPE tables; keys, values: the cache slots (see CachePlanes). Row r is position
-// row_position[r] of slot row_slot[r]: its k and v are written there, in layer `layer`. Returns q [R, H, D] with RoPE.
-torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor cos,
-                             torch::Tensor sin, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                             int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
-                             int64_t heads) {
+// empty; q_norm, k_norm: [D] RMSNorm weights of each q and k head, or empty (none); cos, sin: [C, D] RoPE tables;
+// keys, values: the cache slots (see CachePlanes). Row r is position row_position[r] of slot row_slot[r]: its k and
+// v are written there, in layer `layer`. Returns q [R, H, D], normed and rotated.
+torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,
+                             torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,
+                             std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values, int64_t layer,
+                             std::vector<int64_t> row_slot, std::vector<int64_t> row_position, int64_t heads) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   cos = float_tensor(cos, "cos");
@@ -291,6 +305,11 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   check_rows(row_slot, row_position, rows, key_planes);
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) == head_dim, "RoPE tables [C, D]");
   for (const int64_t position : row_position) TORCH_CHECK(position < cos.size(0), "a position past the RoPE tables");
+  TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == head_dim),
+              "q and k norms are both [D] or both empty");
+  const float* qn = q_norm.numel() ? (q_norm = float_tensor(q_norm, "q_norm")).data_ptr<float>() : nullptr;
+  const float* kn = k_norm.numel() ? (k_norm = float_tensor(k_norm, "k_norm")).data_ptr<float>() : nullptr;
+  const float norm_eps = static_cast<float>(eps);
   const float* b = bias_data(bias);
   auto q = torch::empty({rows, heads, head_dim}, out.options());
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
@@ -301,6 +320,10 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
     for (int64_t r = begin; r < end; ++r) {
       const int64_t position = row_position[r];
       for (int64_t n = 0; n < width; ++n) projected[n] = combined(o[r * width + n], s[r], b, n);
+      for (int64_t h = 0; qn != nullptr && h < heads + kv_heads; ++h) {  // in place: each element reads only itself
+        float* head = projected.data() + h * head_dim;
+        rms_norm_row(head, h < heads ? qn : kn, head, head_dim, norm_eps);
+      }
       const float* c = cos_data + position * head_dim;
       const float* si = sin_data + position * head_dim;
       for (int64_t h = 0; h < heads; ++h)
@@ -319,52 +342,87 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   return q;
 }
 
-// out: [M, N] a GEMM's output; row_scale [M, 1]; bias [N] or empty; residual [M, N].
-// Returns residual + combine_rows(out, row_scale, bias).
-torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor residual) {
+// out: [M, N] a GEMM's output; row_scale [M, 1]; bias [N] or empty; norm [N] or empty; residual [M, N].
+// Returns residual + combine_rows(out, row_scale, bias), the combined rows RMSNorm'd by `norm` first if it is given.
+torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor norm,
+                               double eps, torch::Tensor residual) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   residual = float_tensor(residual, "residual");
   const int64_t rows = row_scale.size(0), width = out.size(1);
   check_gemm_output(out, row_scale, bias);
   TORCH_CHECK(residual.size(0) == rows && residual.size(1) == width);
+  TORCH_CHECK(norm.numel() == 0 || norm.numel() == width, "a norm needs one weight per column");
+  const float* w = norm.numel() ? (norm = float_tensor(norm, "norm")).data_ptr<float>() : nullptr;
   const float* b = bias_data(bias);
   auto y = torch::empty({rows, width}, out.options());
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>(), *x = residual.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(w != nullptr ? width : 0);
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t n = 0; n < width; ++n)
-        y_data[r * width + n] = x[r * width + n] + combined(o[r * width + n], s[r], b, n);
+      if (w == nullptr) {
+        for (int64_t n = 0; n < width; ++n)
+          y_data[r * width + n] = x[r * width + n] + combined(o[r * width + n], s[r], b, n);
+        continue;
+      }
+      for (int64_t n = 0; n < width; ++n) row[n] = combined(o[r * width + n], s[r], b, n);
+      rms_norm_row(row.data(), w, row.data(), width, static_cast<float>(eps));
+      for (int64_t n = 0; n < width; ++n) y_data[r * width + n] = x[r * width + n] + row[n];
     }
   });
   return y;
 }
 
-// out: [M, 2·I] the GEMM output of the fused gate/up projection; row_scale [M, 1].
-// Returns quantize_rows(silu(gate) * up): rows [M, I] int8, row_scale [M, 1].
-std::vector<torch::Tensor> silu_mul_quantize(torch::Tensor out, torch::Tensor row_scale) {
+// The activation of a gated MLP's gate (model.py's ACTIVATIONS, in this order).
+enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// out: [M, 2·I] the GEMM output of the fused gate/up projection; row_scale [M, 1]; activation: an Activation.
+// Returns quantize_rows(act(gate) * up): rows [M, I] int8, row_scale [M, 1]. SiLU is g / (1 + exp(−g)); the GELU is
+// tanh-approximated, 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) with tanh(y) = 2 / (1 + exp(−2y)) − 1.
+std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_scale, int64_t activation) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   check_gemm_output(out, row_scale, torch::Tensor());
   TORCH_CHECK(out.size(1) % 2 == 0, "gate and up need the same width");
+  TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "an unknown activation");
   const int64_t width = out.size(1) / 2;
+  const bool gelu = activation == kGeluTanh;
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
   return quantized_rows(row_scale.size(0), width, out.options(), [&](int64_t r, float* activated) {
     const float* gate = o + r * 2 * width;
     const float* up = gate + width;
     int64_t n = 0;
 #if defined(__AVX512F__)
-    const __m512 scale = _mm512_set1_ps(s[r]), one = _mm512_set1_ps(1.0f);
+    const __m512 scale = _mm512_set1_ps(s[r]), one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     for (; n + 16 <= width; n += 16) {
       const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(gate + n), scale);
-      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, qd::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-      _mm512_storeu_ps(activated + n, _mm512_mul_ps(silu, _mm512_mul_ps(_mm512_loadu_ps(up + n), scale)));
+      __m512 act;
+      if (gelu) {
+        const __m512 cubic = _mm512_mul_ps(_mm512_set1_ps(kGeluCubic), _mm512_mul_ps(g, _mm512_mul_ps(g, g)));
+        const __m512 y = _mm512_mul_ps(_mm512_set1_ps(kGeluScale), _mm512_add_ps(g, cubic));
+        const __m512 e = qd::exp_ps(_mm512_sub_ps(zero, _mm512_add_ps(y, y)));
+        const __m512 tanh = _mm512_sub_ps(_mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(one, e)), one);
+        act = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), g), _mm512_add_ps(one, tanh));
+      } else {
+        act = _mm512_div_ps(g, _mm512_add_ps(one, qd::exp_ps(_mm512_sub_ps(zero, g))));
+      }
+      _mm512_storeu_ps(activated + n, _mm512_mul_ps(act, _mm512_mul_ps(_mm512_loadu_ps(up + n), scale)));
     }
 #endif
     for (; n < width; ++n) {
       const float g = gate[n] * s[r];
-      activated[n] = g / (1.0f + std::exp(-g)) * (up[n] * s[r]);
+      float act;
+      if (gelu) {
+        const float y = kGeluScale * (g + kGeluCubic * (g * (g * g)));
+        act = (0.5f * g) * (1.0f + (2.0f / (1.0f + std::exp(-(y + y))) - 1.0f));
+      } else {
+        act = g / (1.0f + std::exp(-g));
+      }
+      activated[n] = act * (up[n] * s[r]);
     }
     return activated;
   });
@@ -413,13 +471,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)", nogil);
   m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
-  m.def("attend", &attend, "bit-stable causal attention over a static cache", nogil);
+  m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);
   m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs", nogil);
   m.def("combine_rows", &combine_rows, "an integer GEMM's output back to floats", nogil);
   m.def("rms_norm", &rms_norm, "RMSNorm per row", nogil);
   m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization", nogil);
-  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: RoPE, keys and values into the cache", nogil);
-  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output", nogil);
-  m.def("silu_mul_quantize", &silu_mul_quantize, "silu(gate) * up, then per-row quantization", nogil);
+  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: q/k norms, RoPE, keys and values cached", nogil);
+  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output (optionally normed)", nogil);
+  m.def("gated_quantize", &gated_quantize, "act(gate) * up, then per-row quantization", nogil);
   register_layers(m);
 }

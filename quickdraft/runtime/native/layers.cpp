@@ -37,17 +37,19 @@ struct Linear {
   }
 };
 
+// model.py's DecoderLayer: norms (q_norm, k_norm, attention_out_norm, mlp_out_norm empty where the model has none),
+// linear layers, its RoPE tables [C, D] and its sliding window (0: none).
 struct Layer {
-  torch::Tensor input_norm, post_norm;
+  torch::Tensor input_norm, post_norm, q_norm, k_norm, attention_out_norm, mlp_out_norm;
   Linear qkv, out, gate_up, down;
+  torch::Tensor cos, sin;
+  int64_t window;
 };
 
 class Layers {
  public:
-  Layers(std::vector<Layer> layers, torch::Tensor rope_cos, torch::Tensor rope_sin, int64_t heads, double eps,
-         double attention_scale)
-      : layers_(std::move(layers)), cos_(std::move(rope_cos)), sin_(std::move(rope_sin)), heads_(heads), eps_(eps),
-        scale_(attention_scale) {}
+  Layers(std::vector<Layer> layers, int64_t heads, double eps, double attention_scale, int64_t activation)
+      : layers_(std::move(layers)), heads_(heads), eps_(eps), scale_(attention_scale), activation_(activation) {}
 
   // x [R, H] through the first `count` layers (model.py's _decode_rows; the same arguments). Returns the hidden
   // states [R, H] after each layer count in `capture` (ascending, 1..count), then after the last layer: keeping a
@@ -62,13 +64,16 @@ class Layers {
     for (int64_t index = 0; index < count; ++index) {
       const Layer& layer = layers_[index];
       auto normed = rms_norm_quantize(x, layer.input_norm, eps_);  // rows [R, H] int8, row_scale [R, 1]
-      auto q = qkv_rope_cache(layer.qkv.matmul(normed[0]), normed[1], layer.qkv.bias, cos_, sin_, keys, values,
-                              index, row_slot, row_position, heads_);  // [R, heads, D]; k, v cached
-      auto attended = quantize_rows(attend(q, keys, values, index, row_slot, row_position, scale_));
-      x = combine_residual(layer.out.matmul(attended[0]), attended[1], layer.out.bias, x);  // [R, H]
+      auto q = qkv_rope_cache(layer.qkv.matmul(normed[0]), normed[1], layer.qkv.bias, layer.q_norm, layer.k_norm,
+                              eps_, layer.cos, layer.sin, keys, values, index, row_slot, row_position,
+                              heads_);  // [R, heads, D]; k, v cached
+      auto attended = quantize_rows(attend(q, keys, values, index, row_slot, row_position, scale_, layer.window));
+      x = combine_residual(layer.out.matmul(attended[0]), attended[1], layer.out.bias, layer.attention_out_norm, eps_,
+                           x);  // [R, H]
       normed = rms_norm_quantize(x, layer.post_norm, eps_);
-      auto activated = silu_mul_quantize(layer.gate_up.matmul(normed[0]), normed[1]);  // [R, I] int8, [R, 1]
-      x = combine_residual(layer.down.matmul(activated[0]), activated[1], layer.down.bias, x);
+      auto activated = gated_quantize(layer.gate_up.matmul(normed[0]), normed[1], activation_);  // [R, I] int8
+      x = combine_residual(layer.down.matmul(activated[0]), activated[1], layer.down.bias, layer.mlp_out_norm, eps_,
+                           x);
       if (next < capture.size() && capture[next] == index + 1) {
         captured.push_back(x);  // combine_residual wrote a new tensor: later layers leave it alone
         ++next;
@@ -81,9 +86,9 @@ class Layers {
 
  private:
   std::vector<Layer> layers_;
-  torch::Tensor cos_, sin_;
   int64_t heads_;
   double eps_, scale_;
+  int64_t activation_;
 };
 
 }  // namespace
@@ -94,9 +99,10 @@ void register_layers(pybind11::module& m) {
   py::class_<Linear>(m, "Linear")
       .def(py::init<std::vector<Part>, int64_t, torch::Tensor, torch::Tensor>());
   py::class_<Layer>(m, "Layer")
-      .def(py::init<torch::Tensor, torch::Tensor, Linear, Linear, Linear, Linear>());
+      .def(py::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, Linear,
+                    Linear, Linear, Linear, torch::Tensor, torch::Tensor, int64_t>());
   py::class_<Layers>(m, "Layers")
-      .def(py::init<std::vector<Layer>, torch::Tensor, torch::Tensor, int64_t, double, double>())
+      .def(py::init<std::vector<Layer>, int64_t, double, double, int64_t>())
       .def("forward", &Layers::forward, "x [R, H] through the first `count` layers: [captured..., last]",
            py::call_guard<py::gil_scoped_release>());
 }

@@ -1,103 +1,68 @@
-"""A Llama-family decoder (Llama, Qwen2, Mistral without sliding windows) written for bit-exactness.
+"""The native decoder (the families of ``architecture.py``: Llama 3, Qwen2/3, Mistral, SmolLM3, Gemma 3) written
+for bit-exactness.
 
 Every operation gives a token's row the same bits whatever else is in the call:
 - linear layers are :class:`QuantizedLinear` (exact integer GEMMs, per-row activation scales);
-- RMSNorm, RoPE, SiLU and residual adds are row-wise or element-wise;
-- attention runs query by query: the query at position p attends to exactly p + 1 cached
-  keys with the same shapes and strides whether it comes alone (decode), inside a verify block
-  at any offset, or again after a rollback.
+- RMSNorm (of rows, and of q and k heads), RoPE, the gate's activation and residual adds are row-wise or
+  element-wise;
+- attention runs query by query: the query at position p attends to exactly the cached keys 0..p (the last W
+  of them in a sliding-window layer, W fixed per layer) with the same shapes and strides whether it comes alone
+  (decode), inside a verify block at any offset, or again after a rollback. The cache keeps every position, so
+  a sliding window rolls back like the rest: moving a length.
 So a position's logits are bitwise identical in a 1-token step and in a k-token block, which
 makes greedy speculative decoding equal to greedy decoding by construction.
 
 The layers run as one call of the compiled kernels (``layers.cpp``: a layer's steps between its GEMMs
 fused into 8 kernels) or, when they cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the
 readable reference the tests compare the kernels with). Both are row-wise; their bits differ only in
-RMSNorm's sum, attention's dot products, sums and exp, and SiLU's exp.
+RMSNorm's sum, attention's dot products, sums and exp, and the activation's exp.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from quickdraft.runtime.native.architecture import ARCHITECTURES
+from quickdraft.runtime.native.architecture import ACTIVATIONS
+from quickdraft.runtime.native.config import DecoderConfig, Rope
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import QuantizedLinear
 
 Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values (StaticKVCache.slots)
 
 
-@dataclass(frozen=True)
-class DecoderConfig:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> DecoderConfig:
-        """Read a transformers ``config.json``; raises ValueError for what this runtime does not support."""
-        model_type = config.get("model_type")
-        if model_type not in ARCHITECTURES:
-            raise ValueError(f"model type {model_type!r} is not one of {sorted(ARCHITECTURES)}")
-        family = ARCHITECTURES[model_type]
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"RoPE scaling {rope_type!r} is not supported")
-        if any(config.get(key) for key in family.sliding_window_keys):
-            raise ValueError("sliding-window attention is not supported")
-        if config.get("mlp_bias"):
-            raise ValueError("MLP biases are not supported")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"activation {config.get('hidden_act')!r} is not supported")
-        num_heads = int(config["num_attention_heads"])
-        hidden_size = int(config["hidden_size"])
-        return cls(
-            model_type=model_type,
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=hidden_size,
-            intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=num_heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-            head_dim=int(config.get("head_dim") or hidden_size // num_heads),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=bool(config.get("attention_bias", family.attention_bias)),
-        )
-
-    @classmethod
-    def from_dir(cls, path: Path) -> DecoderConfig:
-        return cls.from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")))
-
-
 @dataclass
 class DecoderLayer:
+    """A layer's weights; the norms are (offset + w) already, and the optional ones empty where a family has none."""
+
     input_norm: torch.Tensor  # [H]
     qkv: QuantizedLinear  # H -> (heads + 2·kv_heads)·head_dim
     out: QuantizedLinear  # heads·head_dim -> H (with a bias when the model has attention biases and o_proj has one)
-    post_norm: torch.Tensor  # [H]
+    post_norm: torch.Tensor  # [H], the MLP's input norm
     gate_up: QuantizedLinear  # H -> 2·intermediate
     down: QuantizedLinear  # intermediate -> H
+    q_norm: torch.Tensor  # [D] or empty: each q head's RMSNorm before RoPE (k_norm: each k head's)
+    k_norm: torch.Tensor
+    attention_out_norm: torch.Tensor  # [H] or empty: the attention's output normed before its residual add
+    mlp_out_norm: torch.Tensor  # [H] or empty: the MLP's output, the same
 
+
+def rope_tables(rope: Rope | None, head_dim: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[C, D]`` of positions 0..C-1; a layer without RoPE gets cos 1 and sin 0 (x·1 + r·0 = x)."""
+    if rope is None:
+        return torch.ones(capacity, head_dim), torch.zeros(capacity, head_dim)
+    angles = torch.outer(torch.arange(capacity, dtype=torch.float64), rope.inverse_frequencies(head_dim))  # [C, D/2]
+    return torch.cat([angles.cos()] * 2, dim=-1).float(), torch.cat([angles.sin()] * 2, dim=-1).float()
+
+
+# The gate's activation by the kernels' code (architecture.ACTIVATIONS): the reference path's, in PyTorch operations
+ACTIVATION_FUNCTIONS = {
+    0: torch.nn.functional.silu,
+    1: lambda gate: torch.nn.functional.gelu(gate, approximate="tanh"),
+}
 
 KEY_BLOCK = 16  # keys are kept in blocks of 16 positions, transposed (attention.h)
 
@@ -151,12 +116,9 @@ class Decoder:
         self.final_norm = final_norm
         self.lm_head = lm_head
         self.capacity = capacity
-        half = config.head_dim // 2
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / config.head_dim))
-        angles = torch.outer(torch.arange(capacity, dtype=torch.float64), inv_freq)  # [C, D/2]
-        self.rope_cos = torch.cat([angles.cos(), angles.cos()], dim=-1).float()  # [C, D]
-        self.rope_sin = torch.cat([angles.sin(), angles.sin()], dim=-1).float()  # [C, D]
-        self.attention_scale = 1.0 / math.sqrt(config.head_dim)
+        tables = {rope: rope_tables(rope, config.head_dim, capacity) for rope in set(config.layer_ropes)}
+        self.layer_rope = [tables[rope] for rope in config.layer_ropes]  # per layer: cos, sin [C, D] (shared)
+        self.attention_scale = config.attention_scale
         self.use_kernel = True  # the compiled kernels when they build (False: the PyTorch reference path)
         self.vocabulary: torch.Tensor | None = None  # the token ids the LM head computes (None: all)
         self.all_rows_head = lm_head  # the LM head over every token (a restricted one selects from it)
@@ -171,6 +133,9 @@ class Decoder:
         def linear(name: str) -> QuantizedLinear:
             return QuantizedLinear.from_state(name, state)
 
+        def optional(name: str) -> torch.Tensor:
+            return state.get(name, torch.empty(0))
+
         layers = [
             DecoderLayer(
                 input_norm=state[f"layers.{i}.input_norm"],
@@ -179,6 +144,10 @@ class Decoder:
                 post_norm=state[f"layers.{i}.post_norm"],
                 gate_up=linear(f"layers.{i}.gate_up"),
                 down=linear(f"layers.{i}.down"),
+                q_norm=optional(f"layers.{i}.q_norm"),
+                k_norm=optional(f"layers.{i}.k_norm"),
+                attention_out_norm=optional(f"layers.{i}.attention_out_norm"),
+                mlp_out_norm=optional(f"layers.{i}.mlp_out_norm"),
             )
             for i in range(config.num_layers)
         ]
@@ -188,6 +157,9 @@ class Decoder:
         return StaticKVCache(self.config, batch_size, self.capacity)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over the last dimension; an empty weight means no norm (x as it is)."""
+        if weight.numel() == 0:
+            return x
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         return weight * (x * torch.rsqrt(variance + self.config.rms_norm_eps))
 
@@ -202,13 +174,16 @@ class Decoder:
     ) -> torch.Tensor:
         """Causal attention of ``q [R, heads, D]`` over layer ``index`` of the rows' cache slots -> ``[R, heads·D]``;
         row r is position ``row_position[r]`` of slot ``row_slot[r]`` and sees that slot's positions 0 ..
-        row_position[r]."""
+        row_position[r] (the last W of them in a layer with a sliding window W)."""
+        window = self.config.layer_windows[index]
         if self.use_kernel and (kernel := native_kernels()) is not None:
-            return kernel.attend(q, keys, values, index, row_slot, row_position, self.attention_scale)
+            return kernel.attend(q, keys, values, index, row_slot, row_position, self.attention_scale, window)
         rows, heads, head_dim = q.shape
         attended = torch.empty(rows, heads * head_dim)
         for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
-            slot_keys, slot_values = key_rows(keys[slot][index], position + 1), values[slot][index, :, : position + 1]
+            first = max(0, position + 1 - window) if window else 0
+            slot_keys = key_rows(keys[slot][index], position + 1)[:, first:]
+            slot_values = values[slot][index, :, first : position + 1]
             kv_heads = slot_keys.shape[0]
             query = q[r].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
             scores = torch.matmul(query, slot_keys.transpose(-1, -2))  # [kv, G, position + 1]
@@ -230,18 +205,21 @@ class Decoder:
         rows = x.shape[0]
         heads, kv_heads, head_dim = self.config.num_heads, self.config.num_kv_heads, self.config.head_dim
         positions = torch.tensor(row_position)
-        cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]  # [R, 1, D]
+        rope_cos, rope_sin = self.layer_rope[index]
+        cos, sin = rope_cos[positions][:, None], rope_sin[positions][:, None]  # [R, 1, D]
         qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [R, (heads + 2·kv_heads)·D]
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q = self._rotate(q.reshape(rows, heads, head_dim), cos, sin)  # [R, heads, D]
-        k = self._rotate(k.reshape(rows, kv_heads, head_dim), cos, sin)  # [R, kv_heads, D]
+        q = self._rotate(self._rms_norm(q.reshape(rows, heads, head_dim), layer.q_norm), cos, sin)  # [R, heads, D]
+        k = self._rotate(self._rms_norm(k.reshape(rows, kv_heads, head_dim), layer.k_norm), cos, sin)
         v = v.reshape(rows, kv_heads, head_dim)
         for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
             keys[slot][index, :, position // KEY_BLOCK, :, position % KEY_BLOCK] = k[r]
             values[slot][index, :, position] = v[r]
-        x = x + layer.out(self._attend(index, q, keys, values, row_slot, row_position))
+        attended = layer.out(self._attend(index, q, keys, values, row_slot, row_position))  # [R, H]
+        x = x + self._rms_norm(attended, layer.attention_out_norm)
         gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [R, I] each
-        return x + layer.down(torch.nn.functional.silu(gate) * up)
+        activated = ACTIVATION_FUNCTIONS[ACTIVATIONS[self.config.activation]](gate) * up
+        return x + self._rms_norm(layer.down(activated), layer.mlp_out_norm)
 
     def _decode_rows(
         self,
@@ -263,6 +241,8 @@ class Decoder:
         if list(capture) != sorted(set(capture)) or not all(1 <= count <= len(layers) for count in capture):
             raise ValueError(f"capture names ascending layer counts in 1..{len(layers)}, got {list(capture)}")
         x = self.embedding[token_ids]  # [R, H]
+        if self.config.embedding_scale != 1.0:
+            x = x * self.config.embedding_scale
         if self.use_kernel and (kernels := native_kernels()) is not None:  # the same operations, in one call
             compiled = self._compiled_layers(kernels)
             return compiled.forward(x, keys, values, row_slot, row_position, len(layers), list(capture))
@@ -280,13 +260,19 @@ class Decoder:
                 kernels.Layer(
                     layer.input_norm,
                     layer.post_norm,
+                    layer.q_norm,
+                    layer.k_norm,
+                    layer.attention_out_norm,
+                    layer.mlp_out_norm,
                     *(linear.kernel_spec(kernels) for linear in (layer.qkv, layer.out, layer.gate_up, layer.down)),
+                    *self.layer_rope[index],
+                    self.config.layer_windows[index],
                 )
-                for layer in self.layers
+                for index, layer in enumerate(self.layers)
             ]
             config = self.config
             self._layers_spec = kernels.Layers(
-                specs, self.rope_cos, self.rope_sin, config.num_heads, config.rms_norm_eps, self.attention_scale
+                specs, config.num_heads, config.rms_norm_eps, self.attention_scale, ACTIVATIONS[config.activation]
             )
         return self._layers_spec
 
@@ -310,19 +296,24 @@ class Decoder:
         self.focus = focus
         self.focus_head = self.all_rows_head.select_rows(focus) if len(focus) else None
 
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """cap · tanh(logits / cap) where the model caps its logits (element-wise: a kept logit keeps its bits)."""
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
     def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Final norm and LM head: hidden ``x [R, H]`` -> (logits ``[R, V]``, normed hidden ``[R, H]``)."""
         if self.use_kernel and (kernels := native_kernels()) is not None:
             hidden = kernels.rms_norm(x, self.final_norm, self.config.rms_norm_eps)
         else:
             hidden = self._rms_norm(x, self.final_norm)
-        logits = self.lm_head(hidden)  # [R, V] or [R, |vocabulary|]
+        logits = self._softcap(self.lm_head(hidden))  # [R, V] or [R, |vocabulary|]
         if self.vocabulary is None:
             return logits, hidden
         full = torch.full((x.shape[0], self.config.vocab_size), -torch.inf)
         full[:, self.vocabulary] = logits
         if self.focus_head is not None:
-            full[:, self.focus] = self.focus_head(hidden)  # [R, |focus|]
+            full[:, self.focus] = self._softcap(self.focus_head(hidden))  # [R, |focus|]
         return full, hidden
 
     @torch.inference_mode()

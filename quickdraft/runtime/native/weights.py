@@ -19,16 +19,32 @@ import torch
 from quickdraft.errors import ModelFilesError
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
+from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import exact_q4_blocks
 from quickdraft.runtime.native.gguf_weights import read_gguf_weights
 from quickdraft.runtime.native.linear import PART_KINDS, Q4Part, QuantizedLinear, WeightPart
-from quickdraft.runtime.native.model import DecoderConfig
 
-NATIVE_FORMAT = "parts-v4"  # bump when the cached layout changes (v4: int8/q4 weight parts packed for gemm.h)
+NATIVE_FORMAT = "parts-v5"  # bump when the cached layout changes (v5: q/k norms, Gemma's norms stored as 1 + w)
 # How float weights are stored: "auto" keeps a GGUF source's Q4_K tensors exactly (q4) and quantizes the rest to
 # 7-bit int8; "q4" quantizes the rest to 4 bits too (smaller and faster, less exact: for draft models); "int8"
 # quantizes everything to 7-bit int8 from the float weights.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
+
+
+def layer_norm_names(config: DecoderConfig) -> dict[str, str]:
+    """A layer's norms: native name -> transformers name (after ``model.layers.{i}.``), those the family has."""
+    names = {"input_norm": "input_layernorm"}
+    if config.sandwich_norms:  # Gemma: post_attention_layernorm norms the attention's output
+        names |= {
+            "post_norm": "pre_feedforward_layernorm",
+            "attention_out_norm": "post_attention_layernorm",
+            "mlp_out_norm": "post_feedforward_layernorm",
+        }
+    else:
+        names["post_norm"] = "post_attention_layernorm"
+    if config.qk_norm:
+        names |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+    return names
 
 
 def quantize_state_dict(
@@ -36,6 +52,7 @@ def quantize_state_dict(
     tensors: MutableMapping[str, torch.Tensor],
     weights: str = "int8",
     exact: Mapping[str, tuple[torch.Tensor, ...]] | None = None,
+    norm_offset: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
 
@@ -43,13 +60,18 @@ def quantize_state_dict(
     is the format float weights are quantized to: ``int8`` (7-bit per channel) or ``q4`` (4-bit in Q4_K's
     structure, round to nearest; ``int8`` where the width is not a multiple of 64). ``exact`` holds GGUF Q4_K
     blocks by weight name (``gguf_blocks.exact_q4_blocks``): those weights become q4 parts as they are.
-    ``tensors`` is consumed to keep peak memory low.
+    Norm weights are stored as (offset + w), the offset being the family's (``norm_offset`` None) or the one given
+    (0 for GGUF files, which store 1 + w already). ``tensors`` is consumed to keep peak memory low.
     """
     exact = {} if exact is None else exact
+    offset = config.norm_offset if norm_offset is None else norm_offset
     state: dict[str, torch.Tensor] = {}
 
     def take(name: str) -> torch.Tensor:
         return tensors.pop(name).float().contiguous()
+
+    def norm(name: str) -> torch.Tensor:
+        return take(name) + offset if offset else take(name)  # float32, as transformers' (1.0 + w.float())
 
     def source(name: str) -> tuple[str, Any]:  # (how the weight becomes a part, its data)
         if name in exact:
@@ -73,7 +95,8 @@ def quantize_state_dict(
     for i in range(config.num_layers):
         prefix = f"model.layers.{i}."
         attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
-        state[f"layers.{i}.input_norm"] = take(f"{prefix}input_layernorm.weight")
+        for native, name in layer_norm_names(config).items():
+            state[f"layers.{i}.{native}"] = norm(f"{prefix}{name}.weight")
         linear(
             f"layers.{i}.qkv",
             [f"{name}.weight" for name in attention],
@@ -81,14 +104,13 @@ def quantize_state_dict(
         )
         out_bias = f"{prefix}self_attn.o_proj.bias"  # Llama's attention_bias covers o_proj too; Qwen2 has none
         linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"], [out_bias] if out_bias in tensors else None)
-        state[f"layers.{i}.post_norm"] = take(f"{prefix}post_attention_layernorm.weight")
         linear(f"layers.{i}.gate_up", [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
         linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
     state["embedding"] = take("model.embed_tokens.weight")
     if config.tie_word_embeddings:
         tensors["lm_head.weight"] = state["embedding"]
     linear("lm_head", ["lm_head.weight"])
-    state["final_norm"] = take("model.norm.weight")
+    state["final_norm"] = norm("model.norm.weight")
     return state
 
 
@@ -134,7 +156,7 @@ def quantize_gguf(gguf: Path, config: DecoderConfig, weights: str) -> dict[str, 
     """The native state of a GGUF file: its Q4_K tensors as they are (unless ``weights`` is int8), the rest
     quantized from the float values transformers' loader gives them."""
     tensors, exact = read_gguf_weights(gguf, config, keep_q4=weights != "int8")
-    return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
+    return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact, norm_offset=0.0)
 
 
 def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dict[str, torch.Tensor]:

@@ -1,0 +1,173 @@
+"""A native decoder's configuration, read from ``config.json`` with the family's description
+(``architecture.ARCHITECTURES``): what the layers compute, per layer where families vary it (RoPE, sliding windows).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES
+
+ROPE_SCALINGS = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """One RoPE table's parameters: base ``theta`` and a scaling of its frequencies (``linear``: all divided by
+    ``factor``; ``llama3``: Llama 3.1's smooth blend between the original and the divided frequencies).
+    ``freq_factors`` (llama.cpp's ``rope_freqs`` tensor) divides each frequency by its own factor instead."""
+
+    theta: float
+    scaling: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    freq_factors: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.scaling not in ROPE_SCALINGS:
+            raise ValueError(f"RoPE scaling {self.scaling!r} is not supported (only {', '.join(ROPE_SCALINGS)})")
+        if self.theta <= 0 or self.factor <= 0:
+            raise ValueError("RoPE needs a positive base and factor")
+
+    @classmethod
+    def from_hf(cls, parameters: dict[str, Any], theta: float) -> Rope:
+        """transformers' ``rope_parameters`` (or the older ``rope_scaling``) with the base ``theta`` they omit."""
+        scaling = parameters.get("rope_type", parameters.get("type", "default"))
+        return cls(
+            theta=float(parameters.get("rope_theta", theta)),
+            scaling=scaling,
+            factor=float(parameters.get("factor", 1.0)) if scaling != "default" else 1.0,
+            low_freq_factor=float(parameters.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(parameters.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(parameters.get("original_max_position_embeddings", 8192)),
+        )
+
+    def inverse_frequencies(self, head_dim: int) -> torch.Tensor:
+        """The rotation speed of each pair of dimensions, float64 ``[D/2]``, as transformers computes it."""
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        if self.freq_factors is not None:
+            return inv_freq / torch.tensor(self.freq_factors, dtype=torch.float64)
+        if self.scaling == "linear":
+            return inv_freq / self.factor
+        if self.scaling == "llama3":
+            old_context = self.original_max_position_embeddings
+            wavelength = 2 * math.pi / inv_freq
+            divided = torch.where(wavelength > old_context / self.low_freq_factor, inv_freq / self.factor, inv_freq)
+            smooth = (old_context / wavelength - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+            blended = (1 - smooth) * divided / self.factor + smooth * divided
+            high, low = old_context / self.high_freq_factor, old_context / self.low_freq_factor  # wavelengths
+            medium = (wavelength >= high) & (wavelength <= low)
+            return torch.where(medium, blended, divided)
+        return inv_freq
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    layer_ropes: tuple[Rope | None, ...]  # per layer: its RoPE, None for a layer without
+    layer_windows: tuple[int, ...]  # per layer: its sliding window (the last W positions), 0 for none
+    attention_scale: float  # the scores' factor: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    norm_offset: float = 0.0
+    embedding_scale: float = 1.0
+    activation: str = "silu"
+    final_logit_softcap: float | None = None  # logits = cap · tanh(logits / cap)
+
+    def __post_init__(self) -> None:
+        if len(self.layer_ropes) != self.num_layers or len(self.layer_windows) != self.num_layers:
+            raise ValueError("a RoPE and a window for every layer")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not supported (only {', '.join(ACTIVATIONS)})")
+        if self.num_heads % self.num_kv_heads or self.head_dim % 2:
+            raise ValueError("query heads must be a multiple of the KV heads, and head_dim even")
+
+    @property
+    def rope_theta(self) -> float:
+        """The first RoPE layer's base (what reports show)."""
+        return next((rope.theta for rope in self.layer_ropes if rope is not None), 10000.0)
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> DecoderConfig:
+        """Read a transformers ``config.json``; raises ValueError for what this runtime does not support."""
+        model_type = config.get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise ValueError(f"model type {model_type!r} is not one of {sorted(ARCHITECTURES)}")
+        family = ARCHITECTURES[model_type]
+        if config.get("mlp_bias"):
+            raise ValueError("MLP biases are not supported")
+        if config.get("attn_logit_softcapping"):
+            raise ValueError("attention logit softcapping is not supported")
+        if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial rotary embeddings are not supported")
+        num_layers = int(config["num_hidden_layers"])
+        num_heads = int(config["num_attention_heads"])
+        hidden_size = int(config["hidden_size"])
+        head_dim = int(config.get("head_dim") or hidden_size // num_heads)
+        layer_types = list(config.get("layer_types") or ["full_attention"] * num_layers)
+        window = int(config.get("sliding_window") or 0)
+        if family.every_layer_slides_key is not None and config.get(family.every_layer_slides_key):
+            layer_types = ["sliding_attention"] * num_layers
+        if len(layer_types) != num_layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
+            raise ValueError(f"layer types {sorted(set(layer_types))} are not supported")
+        if "sliding_attention" in layer_types and window <= 0:
+            raise ValueError("sliding-window layers need a sliding_window")
+        with_rope = [bool(flag) for flag in config.get(family.no_rope_key or "") or [1] * num_layers]
+        scalar = config.get("query_pre_attn_scalar")
+        return cls(
+            model_type=model_type,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden_size,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", family.attention_bias)),
+            layer_ropes=tuple(
+                layer_rope(config, kind) if rope else None for kind, rope in zip(layer_types, with_rope, strict=True)
+            ),
+            layer_windows=tuple(window if kind == "sliding_attention" else 0 for kind in layer_types),
+            attention_scale=float(scalar) ** -0.5 if scalar else 1.0 / math.sqrt(head_dim),
+            qk_norm=family.qk_norm,
+            sandwich_norms=family.sandwich_norms,
+            norm_offset=family.norm_offset,
+            embedding_scale=math.sqrt(hidden_size) if family.scales_embedding else 1.0,
+            activation=config.get("hidden_activation") or config.get("hidden_act") or family.activation,
+            final_logit_softcap=float(softcap) if (softcap := config.get("final_logit_softcapping")) else None,
+        )
+
+    @classmethod
+    def from_dir(cls, path: Path) -> DecoderConfig:
+        return cls.from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")))
+
+
+def layer_rope(config: dict[str, Any], layer_type: str) -> Rope:
+    """The RoPE of a layer of ``layer_type``: transformers' per-type parameters (Gemma 3: local and global bases)
+    or the model's one set."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if isinstance(parameters.get(layer_type), dict):
+        parameters = parameters[layer_type]
+    return Rope.from_hf(parameters, float(config.get("rope_theta", 10000.0)))

@@ -1,0 +1,163 @@
+"""Each family the native runtime runs, built as a tiny random model with transformers' own class: its logits
+against transformers' (to the int8 weights' error), its greedy choices over 64 steps transformers' except at near-ties,
+a position's logits the same bits alone and in a block (sliding windows included), and speculation equal to plain
+decoding, greedy and seeded.
+
+The native runtime's weights are 7-bit integers, so its logits are transformers' to that error (about 2 % of their
+range; Gemma's about 6 %: its sandwich norms bring each sublayer's output to unit scale, so no layer's error is damped
+by a small output), and a random model's near-ties (top two within 1 % of the range) may go either way."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import native_from_hf, tiny_config, word_tokenizer
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.config import DecoderConfig
+
+VOCAB = 64
+
+
+def llama3() -> torch.nn.Module:  # Llama 3.1's RoPE scaling, an explicit head_dim (as Mistral NeMo's)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    return LlamaForCausalLM(tiny_config(LlamaConfig, VOCAB, 2, head_dim=16, rope_parameters=rope))
+
+
+def qwen3() -> torch.nn.Module:  # q/k norms, head_dim 16 with 4 heads in a 32-wide model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(tiny_config(Qwen3Config, VOCAB, 2, head_dim=16, tie_word_embeddings=False))
+
+
+def mistral() -> torch.nn.Module:  # a sliding window on every layer
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(tiny_config(MistralConfig, VOCAB, 2, sliding_window=5))
+
+
+def smollm3() -> torch.nn.Module:  # a layer without RoPE
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    return SmolLM3ForCausalLM(tiny_config(SmolLM3Config, VOCAB, 2, no_rope_layers=[1, 0]))
+
+
+def gemma3() -> torch.nn.Module:  # Gemma 3: sandwich norms (1 + w), GELU, 5 local layers and a global one
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+    config = tiny_config(Gemma3TextConfig, VOCAB, 6, head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
+                         rope_parameters=rope, final_logit_softcapping=30.0)  # fmt: skip
+    return Gemma3ForCausalLM(config)
+
+
+FAMILIES = {"llama3": llama3, "qwen3": qwen3, "mistral": mistral, "smollm3": smollm3, "gemma3": gemma3}
+
+
+def build(family: str, logit_scale: float = 1.0, seed: int = 0) -> torch.nn.Module:
+    """A random model of ``family`` with random norm weights (zeros or ones would hide a norm's offset)."""
+    torch.manual_seed(seed)
+    model = FAMILIES[family]().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.copy_(torch.rand_like(parameter) * 0.5 + (0.75 if "gemma" not in family else 0.0))
+        model.get_output_embeddings().weight.mul_(logit_scale)
+    return model
+
+
+def native(model: torch.nn.Module, use_kernel: bool = True) -> NativeRuntime:
+    runtime = native_from_hf(model)
+    runtime.decoder.use_kernel = use_kernel
+    return runtime
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_config_says_what_the_family_needs(family: str) -> None:
+    config = DecoderConfig.from_hf(build(family).config.to_dict())
+    if family == "gemma3":
+        assert config.layer_windows == (5, 5, 5, 5, 5, 0) and config.norm_offset == 1.0 and config.sandwich_norms
+        local, global_ = config.layer_ropes[0], config.layer_ropes[5]
+        assert (local.theta, global_.theta, global_.scaling) == (1e4, 1e6, "linear")
+        assert config.attention_scale == 24**-0.5 and config.embedding_scale == 32**0.5
+    if family == "smollm3":
+        assert config.layer_ropes[1] is None and config.layer_ropes[0] is not None
+    if family == "mistral":
+        assert config.layer_windows == (5, 5)
+    assert config.qk_norm == (family in ("qwen3", "gemma3"))
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_are_close_to_transformers(family: str, use_kernel: bool) -> None:
+    model = build(family)
+    runtime = native(model, use_kernel)
+    token_ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))  # past the windows
+    logits = runtime.forward(token_ids, runtime.new_cache())
+    with torch.no_grad():
+        reference = model(token_ids).logits
+    tolerance = 0.08 if family == "gemma3" else 0.03
+    assert (logits - reference).abs().max() < tolerance * reference.abs().max(), family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_choices_are_transformers_but_at_near_ties_over_64_steps(family: str) -> None:
+    model = build(family, logit_scale=8.0)
+    runtime = native(model)
+    tokens = [5, 9, 2, 33, 7]
+    cache = runtime.new_cache()
+    logits = runtime.forward(torch.tensor([tokens]), cache)
+    for _ in range(64):  # the native runtime's greedy decoding, step by step
+        tokens.append(int(logits[0, -1].argmax()))
+        logits = runtime.forward(torch.tensor([[tokens[-1]]]), cache)
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens])).logits[0, 4:-1]  # transformers' logits at each choice
+    chosen = torch.tensor(tokens[5:])
+    best = reference.max(-1).values
+    gap = best - reference.gather(1, chosen[:, None])[:, 0]  # 0 where the choices agree
+    span = best - reference.min(-1).values
+    assert (gap <= 0.01 * span).all(), (family, gap.max())
+    assert (gap == 0).float().mean() >= 0.85, family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_positions_logits_are_the_same_bits_alone_and_in_a_block(family: str) -> None:
+    runtime = native(build(family))
+    token_ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
+    whole = runtime.forward(token_ids, runtime.new_cache())
+    cache, pieces, start = runtime.new_cache(), [], 0
+    for size in itertools.cycle([1, 3, 7, 2, 16]):  # blocks that start anywhere in a window and a key block
+        if start >= 40:
+            break
+        pieces.append(runtime.forward(token_ids[:, start : start + size], cache))
+        start += size
+    assert torch.equal(torch.cat(pieces, dim=1), whole), family
+    cache.truncate(17)  # a rollback into the window, then the same tokens again
+    again = runtime.forward(token_ids[:, 17:], cache)
+    assert torch.equal(again, whole[:, 17:]), family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_speculation_equals_plain_decoding(family: str) -> None:
+    target = build(family, logit_scale=8.0)
+    draft = build(family, logit_scale=8.0)
+    with torch.no_grad():  # a noisy copy: drafts accepted often, not always
+        weight = draft.get_output_embeddings().weight
+        weight.add_(0.1 * weight.std() * torch.randn(weight.shape, generator=torch.Generator().manual_seed(3)))
+    tokenizer = word_tokenizer(VOCAB)
+    pipeline = Pipeline(target=native(target), tokenizer=tokenizer, eos_token_ids=frozenset(), draft=native(draft))
+    prompt = [5, 9, 5, 9, 2, 33]
+    for sampling in (SamplingParams(), SamplingParams(temperature=1.0, seed=11)):  # greedy, seeded
+        plain = pipeline.generate(prompt, GenerationConfig(max_new_tokens=24, sampling=sampling), drafter="none")
+        for drafter, gamma in itertools.product(["draft-model", "prompt-lookup"], [1, 4]):
+            config = GenerationConfig(max_new_tokens=24, num_draft_tokens=gamma, sampling=sampling)
+            result = pipeline.generate(prompt, config, drafter=drafter)
+            assert result.token_ids == plain.token_ids, (family, sampling, drafter, gamma)

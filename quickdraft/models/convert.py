@@ -24,6 +24,9 @@ from quickdraft.errors import ModelFilesError
 
 MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
+# The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
+SETTINGS_VERSION = 2
+FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
@@ -74,7 +77,8 @@ def is_model_dir(directory: Path, sha256: str, gguf_path: Path) -> bool:
         return False
     if marker.get("layout") != GGUF_LAYOUT:
         return has_fp32_weights(directory)  # it loads as before, GGUF file or not
-    return Path(str(marker.get("source"))) == gguf_path.resolve() and gguf_path.is_file()
+    current = marker.get("settings") == SETTINGS_VERSION
+    return current and Path(str(marker.get("source"))) == gguf_path.resolve() and gguf_path.is_file()
 
 
 def causal_lm_class_name(model_type: str) -> str | None:
@@ -103,7 +107,7 @@ def save_configs(config: Any, directory: Path) -> None:
 
 def write_marker(directory: Path, sha256: str, gguf_path: Path) -> None:
     """The marker naming ``gguf_path`` (digest ``sha256``) as the source of the weights, replaced atomically."""
-    record = {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT}
+    record = {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT, "settings": SETTINGS_VERSION}
     partial = directory / f"{MARKER}.{os.getpid()}.partial"
     partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
     partial.replace(directory / MARKER)
@@ -114,8 +118,10 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
 
     A directory already made from the same digest (the file moved) only gets a new marker, keeping an fp32
     copy made meanwhile. Others are built beside it and renamed into place when complete."""
-    marker = read_marker(directory)
-    if marker is not None and marker["sha256"] == sha256 and marker.get("layout") == GGUF_LAYOUT:
+    marker = read_marker(directory) or {}
+    if marker.get("sha256") == sha256 and marker.get("layout") == GGUF_LAYOUT:
+        if marker.get("settings") != SETTINGS_VERSION:  # made before these settings: complete its config
+            add_gguf_settings(directory / "config.json", gguf_path)
         write_marker(directory, sha256, gguf_path)
         return
     from transformers import AutoConfig, AutoTokenizer
@@ -133,10 +139,53 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     save_configs(config, building)
+    add_gguf_settings(building / "config.json", gguf_path)
     tokenizer.save_pretrained(building)
     write_marker(building, sha256, gguf_path)
     shutil.rmtree(directory, ignore_errors=True)
     building.rename(directory)
+
+
+def gguf_settings(gguf_path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """config.json keys for what the GGUF file ``gguf_path`` says beyond transformers' reading of it: the head width
+    (``attention.key_length``), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
+    layer type) and the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
+    which the native runtime reads; transformers does not)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf_path)
+    architecture = reader.fields["general.architecture"].contents()
+
+    def field(key: str) -> Any:
+        found = reader.fields.get(f"{architecture}.{key}")
+        return None if found is None else found.contents()
+
+    settings: dict[str, Any] = {}
+    if field("attention.key_length") is not None:
+        settings["head_dim"] = int(field("attention.key_length"))
+    scaling, factor = field("rope.scaling.type"), field("rope.scaling.factor")
+    if scaling not in (None, "none") and factor not in (None, 1.0):
+        parameters = dict(config.get("rope_parameters") or {})
+        scaled = {"rope_type": scaling, "factor": float(factor)}
+        if isinstance(parameters.get("full_attention"), dict):  # per layer type (Gemma 3): the global layers'
+            parameters["full_attention"] = parameters["full_attention"] | scaled
+        else:
+            parameters |= scaled
+        settings["rope_parameters"] = parameters
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            settings[FREQ_FACTORS_KEY] = [float(value) for value in tensor.data]
+    return settings
+
+
+def add_gguf_settings(config_file: Path, gguf_path: Path) -> None:
+    """Complete the config.json transformers wrote for ``gguf_path`` with :func:`gguf_settings`."""
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        config |= gguf_settings(gguf_path, config)
+    except Exception as error:  # gguf raises many types for damaged files
+        raise ModelFilesError(f"cannot read {gguf_path}'s settings: {type(error).__name__}: {error}") from error
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:

@@ -23,38 +23,38 @@ from quickdraft.runtime.native.config import DecoderConfig
 VOCAB = 64
 
 
-def llama3() -> torch.nn.Module:  # Llama 3.1's RoPE scaling, an explicit head_dim (as Mistral NeMo's)
+def llama3(vocab: int) -> torch.nn.Module:  # Llama 3.1's RoPE scaling, an explicit head_dim (as Mistral NeMo's)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
-    return LlamaForCausalLM(tiny_config(LlamaConfig, VOCAB, 2, head_dim=16, rope_parameters=rope))
+    return LlamaForCausalLM(tiny_config(LlamaConfig, vocab, 2, head_dim=16, rope_parameters=rope))
 
 
-def qwen3() -> torch.nn.Module:  # q/k norms, head_dim 16 with 4 heads in a 32-wide model
+def qwen3(vocab: int) -> torch.nn.Module:  # q/k norms, head_dim 16 with 4 heads in a 32-wide model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    return Qwen3ForCausalLM(tiny_config(Qwen3Config, VOCAB, 2, head_dim=16, tie_word_embeddings=False))
+    return Qwen3ForCausalLM(tiny_config(Qwen3Config, vocab, 2, head_dim=16, tie_word_embeddings=False))
 
 
-def mistral() -> torch.nn.Module:  # a sliding window on every layer
+def mistral(vocab: int) -> torch.nn.Module:  # a sliding window on every layer
     from transformers import MistralConfig, MistralForCausalLM
 
-    return MistralForCausalLM(tiny_config(MistralConfig, VOCAB, 2, sliding_window=5))
+    return MistralForCausalLM(tiny_config(MistralConfig, vocab, 2, sliding_window=5))
 
 
-def smollm3() -> torch.nn.Module:  # a layer without RoPE
+def smollm3(vocab: int) -> torch.nn.Module:  # a layer without RoPE
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
-    return SmolLM3ForCausalLM(tiny_config(SmolLM3Config, VOCAB, 2, no_rope_layers=[1, 0]))
+    return SmolLM3ForCausalLM(tiny_config(SmolLM3Config, vocab, 2, no_rope_layers=[1, 0]))
 
 
-def gemma3() -> torch.nn.Module:  # Gemma 3: sandwich norms (1 + w), GELU, 5 local layers and a global one
+def gemma3(vocab: int) -> torch.nn.Module:  # Gemma 3: sandwich norms (1 + w), GELU, 5 local layers and a global one
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
-    config = tiny_config(Gemma3TextConfig, VOCAB, 6, head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
+    config = tiny_config(Gemma3TextConfig, vocab, 6, head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
                          rope_parameters=rope, final_logit_softcapping=30.0)  # fmt: skip
     return Gemma3ForCausalLM(config)
 
@@ -62,10 +62,10 @@ def gemma3() -> torch.nn.Module:  # Gemma 3: sandwich norms (1 + w), GELU, 5 loc
 FAMILIES = {"llama3": llama3, "qwen3": qwen3, "mistral": mistral, "smollm3": smollm3, "gemma3": gemma3}
 
 
-def build(family: str, logit_scale: float = 1.0, seed: int = 0) -> torch.nn.Module:
+def build(family: str, logit_scale: float = 1.0, seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
     """A random model of ``family`` with random norm weights (zeros or ones would hide a norm's offset)."""
     torch.manual_seed(seed)
-    model = FAMILIES[family]().eval()
+    model = FAMILIES[family](vocab).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:

@@ -1,5 +1,7 @@
 """A native decoder's configuration, read from ``config.json`` with the family's description
 (``architecture.ARCHITECTURES``): what the layers compute, per layer where families vary it (RoPE, sliding windows).
+For a directory made from a GGUF file, config.json also holds what the file says and transformers' reader leaves
+out (``convert.gguf_settings``: the head width, RoPE scaling, llama.cpp's ``rope_freqs``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import torch
 
+from quickdraft.models.convert import FREQ_FACTORS_KEY
 from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES
 
 ROPE_SCALINGS = ("default", "linear", "llama3")
@@ -166,8 +169,12 @@ class DecoderConfig:
 
 def layer_rope(config: dict[str, Any], layer_type: str) -> Rope:
     """The RoPE of a layer of ``layer_type``: transformers' per-type parameters (Gemma 3: local and global bases)
-    or the model's one set."""
+    or the model's one set; a GGUF file's ``rope_freqs`` factors apply to the global layers."""
     parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if isinstance(parameters.get(layer_type), dict):
         parameters = parameters[layer_type]
-    return Rope.from_hf(parameters, float(config.get("rope_theta", 10000.0)))
+    rope = Rope.from_hf(parameters, float(config.get("rope_theta", 10000.0)))
+    factors = config.get(FREQ_FACTORS_KEY)
+    if factors is not None and layer_type == "full_attention":
+        return Rope(theta=rope.theta, freq_factors=tuple(float(f) for f in factors))
+    return rope

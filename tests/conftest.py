@@ -201,20 +201,31 @@ GGUF_LAYER_TYPES = (
 GGUF_TOKENS = [*"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789", "ab", "<|endoftext|>"]
 
 
+# Types gguf-py does not quantize, written as random blocks: where each block's float16 scales are
+GGUF_BLOCK_SCALES = {
+    "Q4_K": slice(0, 4), "Q5_K": slice(0, 4), "Q6_K": slice(208, 210), "IQ4_NL": slice(0, 2), "IQ4_XS": slice(0, 2),
+}  # fmt: skip
+
+
 def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int) -> tuple[np.ndarray, Any]:
-    """Random data of a GGUF tensor ``[rows, width]`` of type ``kind`` and the type to write it as (K-quants as
-    random bytes with small positive float16 scales; the rest quantized from random floats)."""
+    """Random data of a GGUF tensor ``[rows, width]`` of type ``kind`` and the type to write it as (K-quants and
+    IQ4 as random bytes with small positive float16 scales; the rest quantized from random floats)."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[kind]
     if kind == "F32":
-        return generator.normal(1.0, 0.1, size=(rows, width)).astype(np.float32).squeeze(0), qtype
-    if kind not in ("Q4_K", "Q6_K"):
+        values = generator.normal(1.0, 0.1, size=(rows, width)).astype(np.float32)
+        return (values[0] if rows == 1 else values * 0.05), qtype  # a norm's [width], or a weight matrix
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    if kind not in GGUF_BLOCK_SCALES:
         values = generator.normal(0.0, 0.05, size=(rows, width)).astype(np.float32)
-        return gguf.quants.quantize(values, qtype), qtype
-    block, scales = (144, slice(0, 4)) if kind == "Q4_K" else (210, slice(208, 210))
-    data = generator.integers(0, 256, size=(rows, width // 256, block), dtype=np.uint8)
-    half = generator.uniform(1e-4, 1e-3, size=(rows, width // 256, (scales.stop - scales.start) // 2))
+        try:
+            return gguf.quants.quantize(values, qtype), qtype
+        except NotImplementedError:  # a type gguf-py neither writes nor reads here: random bytes of its size
+            return generator.integers(0, 256, (rows, width // block_weights * block_bytes), dtype=np.uint8), qtype
+    scales = GGUF_BLOCK_SCALES[kind]
+    data = generator.integers(0, 256, size=(rows, width // block_weights, block_bytes), dtype=np.uint8)
+    half = generator.uniform(1e-4, 1e-3, size=(rows, width // block_weights, (scales.stop - scales.start) // 2))
     data[..., scales] = half.astype(np.float16).view(np.uint8)
     return data.reshape(rows, -1), qtype
 

@@ -75,8 +75,8 @@ def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtime",
         default="auto",
-        help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (default: native for the Llama/Qwen2/Mistral "
-        "families, transformers for the rest)",
+        help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (default: native for the families it runs: "
+        "Llama, Mistral, Qwen2, Qwen3, SmolLM3, Gemma 3; transformers for the rest)",
     )
 
 

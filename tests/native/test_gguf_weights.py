@@ -15,6 +15,7 @@ from conftest import write_tiny_gguf
 from quickdraft.errors import ModelFilesError
 from quickdraft.models import load_hf_model
 from quickdraft.models.convert import MARKER, ensure_fp32_weights, has_fp32_weights, write_model_dir
+from quickdraft.models.loading import resolve_model
 from quickdraft.runtime import LoadOptions, runtime_for
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.config import DecoderConfig
@@ -48,10 +49,23 @@ def as_old_layout(directory: Path, old: Path) -> Path:
     return old
 
 
-@pytest.mark.parametrize(("architecture", "tied"), [("qwen2", False), ("llama", True)])
-def test_packed_weights_equal_those_from_the_fp32_directory(tmp_path: Path, architecture: str, tied: bool) -> None:
+# The read types GGUF_LAYER_TYPES leaves out, in a file's first layer
+MORE_TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q5_1", "attn_output": "Q5_K", "ffn_gate": "IQ4_NL",
+              "ffn_up": "IQ4_XS", "ffn_down": "F32"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("architecture", "tied", "more"), [("qwen2", False, False), ("llama", True, False),
+                                                             ("qwen2", False, True)])  # fmt: skip
+def test_packed_weights_equal_those_from_the_fp32_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: bool
+) -> None:
     """Every packed tensor equal, in every weight format: the file's Q4_K tensors kept as they are, the rest
-    (Q6_K, Q5_0, Q8_0, F16, BF16, F32; Llama's q/k rows reordered) quantized from the same float values."""
+    (every other type of READ_TYPES; Llama's q/k rows reordered) quantized from the float values transformers'
+    loader gives them."""
+    import conftest
+
+    if more:
+        monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES, conftest.GGUF_LAYER_TYPES[1]))
     directory = gguf_dir(tmp_path, architecture, tied)
     config = DecoderConfig.from_dir(directory)
     assert not has_fp32_weights(directory) and NativeRuntime.supports(directory)
@@ -109,3 +123,17 @@ def test_a_loaded_gguf_model_runs(tmp_path: Path) -> None:
     tokens = torch.tensor([[1, 5, 9, 13]])
     logits = runtime.forward(tokens, runtime.new_cache())
     assert logits.shape == (1, 4, 64) and torch.equal(logits, reference.forward(tokens, reference.new_cache()))
+
+
+def test_a_tensor_type_the_runtime_does_not_read_is_named_in_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import conftest
+
+    layers = [dict(types) for types in conftest.GGUF_LAYER_TYPES]
+    layers[1]["ffn_up"] = "Q2_K"
+    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", tuple(layers))
+    gguf_path = write_tiny_gguf(tmp_path / "q2.gguf")
+    directory = resolve_model(gguf_path, progress=False)
+    with pytest.raises(ModelFilesError, match=r"blk\.1\.ffn_up\.weight is stored as Q2_K, which the native runtime"):
+        NativeRuntime.load(directory)

@@ -1,21 +1,24 @@
 """How far is each native weight format from the transformers fp32 model, by the perplexity guard's measure?
 
-    .venv/bin/python tools/perplexity.py [--formats auto,int8,q4]
+    .venv/bin/python tools/perplexity.py [--models NAME,...] [--formats auto,int8,q4] [--against-llama-cpp]
 
 The guard (tests/test_real_models.py) asks the native target's perplexity on its fixed text to stay within 3 %
 of the fp32 model's (which computes with the GGUF file's dequantized weights). This prints that perplexity for
-the default target and draft model in every weight format, beside fp32's.
+each model (default: the default target and draft) in every weight format, beside fp32's, and with
+--against-llama-cpp llama.cpp's on the same GGUF file and the same token ids (needs llama-cpp-python).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
+from quickdraft.models.convert import gguf_source
 from quickdraft.models.loading import load_hf_model
 from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
@@ -24,18 +27,36 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from test_real_models import PROMPTS, perplexity
 
 
+def llama_cpp_perplexity(gguf: Path, token_ids: torch.Tensor) -> float:
+    """llama.cpp's perplexity of ``token_ids [1, T]`` (all logits of one evaluation)."""
+    from llama_cpp import Llama
+
+    count = token_ids.shape[1]
+    threads = len(os.sched_getaffinity(0))
+    llama = Llama(model_path=str(gguf), n_ctx=count, n_batch=count, n_ubatch=count, n_threads=threads,
+                  n_threads_batch=threads, logits_all=True, n_gpu_layers=0, verbose=False)  # fmt: skip
+    llama.eval(token_ids[0].tolist())
+    logits = torch.from_numpy(llama.scores[:count].copy())[None]  # [1, T, V]
+    return perplexity(logits, token_ids)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
     parser.add_argument("--formats", default="auto,int8,q4")
+    parser.add_argument("--against-llama-cpp", action="store_true")
     args = parser.parse_args()
     text = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
-    for name in (DEFAULT_TARGET, DEFAULT_DRAFT):
+    for name in args.models.split(","):
         path = resolve_model(name)
         token_ids = torch.tensor([load_tokenizer(path)(text).input_ids])  # [1, T]
 
         with torch.no_grad():
             reference = perplexity(load_hf_model(path)(token_ids).logits, token_ids)
         line = f"{name} ({token_ids.shape[1]} tokens): transformers fp32 {reference:.3f}"
+        if args.against_llama_cpp and (gguf := gguf_source(path)) is not None:
+            peer = llama_cpp_perplexity(gguf, token_ids)
+            line += f", llama.cpp {peer:.3f} ({100 * (peer / reference - 1):+.1f} %)"
         for weights in args.formats.split(","):
             runtime = NativeRuntime.load(path, LoadOptions(weights))
             native = perplexity(runtime.forward(token_ids, runtime.new_cache()), token_ids)

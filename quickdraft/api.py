@@ -15,8 +15,16 @@ from quickdraft.draft_head.file import head_name
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, Drafter, DrafterOptions, DrafterRecords
 from quickdraft.engine import Engine, GenerationResult, GenerationStream, Request, stream
 from quickdraft.errors import ConfigError
-from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_tokenizer, load_tokenizer, resolve_model
+from quickdraft.models import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    check_same_tokenizer,
+    find_draft,
+    load_tokenizer,
+    resolve_model,
+)
 from quickdraft.models.loading import load_hf_model
+from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 from quickdraft.policies import Policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.prompts import chat_prefix, encode, encode_chat
@@ -70,7 +78,9 @@ class Pipeline:
         ``runtime`` names one (``transformers``, ``native``) or is ``auto`` (the default): native for
         the model families it runs, transformers for the rest.
 
-        ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding). ``draft_weights``
+        ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding); ``draft="auto"`` the
+        largest model at hand that shares the target's vocabulary and is at most half its size
+        (:func:`quickdraft.models.find_draft`). ``draft_weights``
         (``auto``, ``q4``, ``int8``) and ``draft_vocabulary`` (the number of most frequent tokens its LM head
         computes; 0: all) trade the draft model's precision for speed on the native runtime; they change how
         often drafts are accepted, never the output. None takes the defaults, ``DRAFT_WEIGHTS`` and
@@ -81,6 +91,8 @@ class Pipeline:
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)
         draft_path = draft_runtime = None
+        if draft == AUTO_DRAFT:
+            draft = find_draft(target_path, tokenizer, progress)
         if draft is not None:
             draft_path = resolve_model(draft, progress)
             check_same_tokenizer(tokenizer, load_tokenizer(draft_path))

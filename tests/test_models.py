@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model, word_tokenizer, write_tiny_gguf
+from conftest import EOS, tiny_model, word_tokenizer, write_tiny_gguf
 
 import quickdraft.models.catalog as catalog
 import quickdraft.models.loading as loading
 from quickdraft.api import Pipeline
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
-from quickdraft.models import check_same_tokenizer, load_hf_model, load_tokenizer, resolve_model
+from quickdraft.models import check_same_tokenizer, load_hf_model, load_tokenizer, pairing, resolve_model
 from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, unpack
 from quickdraft.models.convert import GGUF_LAYOUT, MARKER, SETTINGS_VERSION, has_fp32_weights, read_marker, save_configs
+from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.runtime import NativeRuntime, runtime_for
 
 
@@ -126,8 +127,43 @@ def test_corrupt_model_directory(tmp_path: Path, tiny_model_dirs: dict[str, Path
 
 def test_tokenizer_mismatch_says_what_differs() -> None:
     check_same_tokenizer(word_tokenizer(32), word_tokenizer(32))
-    with pytest.raises(TokenizerMismatchError, match="31 target entries not in the draft"):
+    with pytest.raises(TokenizerMismatchError, match=r"26 token ids mean different text, e\.g\. id 5: 'x5'"):
         check_same_tokenizer(word_tokenizer(32), word_tokenizer(32, prefix="x"))
+
+
+def test_vocabularies_pair_by_llama_cpps_rule() -> None:
+    """Ids below 5 may differ, sizes within 128, the same text from id 5 on and the same end-of-sequence token."""
+    target = word_tokenizer(200)
+    renamed = word_tokenizer(200)
+    renamed.add_tokens(["extra"])  # one more id: within 128
+    assert vocabulary_mismatch(target, renamed) is None
+    assert "differ in size by more than 128" in vocabulary_mismatch(word_tokenizer(64), target)
+    swapped = word_tokenizer(200)
+    swapped.eos_token = "w3"
+    assert "end-of-sequence tokens differ" in vocabulary_mismatch(target, swapped)
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(199)} | {EOS: 199}
+    vocab["c0"], vocab["c1"] = vocab.pop("w0"), vocab.pop("w1")  # control tokens renamed: allowed
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="c0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    assert vocabulary_mismatch(target, PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS)) is None
+
+
+def test_draft_auto_takes_the_largest_compatible_model_at_most_half_the_targets_size(
+    tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tiny_model_dirs["target"]
+    sizes = {"target": 1000, "draft": 400, "other": 300, "big": 900}
+    at_hand = [pairing.Candidate(str(tiny_model_dirs.get(name, target)), size) for name, size in sizes.items()]
+    monkeypatch.setattr(pairing, "models_at_hand", lambda: at_hand)
+    monkeypatch.setattr(pairing, "model_size", lambda path: 1000)
+    tokenizer = load_tokenizer(target)
+    assert pairing.find_draft(target, tokenizer, progress=False) == str(tiny_model_dirs["draft"])
+    monkeypatch.setattr(pairing, "models_at_hand", lambda: at_hand[2:])  # the incompatible one, one too large
+    with pytest.raises(ModelFilesError, match=r"too large\).*token ids mean different text"):
+        pairing.find_draft(target, tokenizer, progress=False)
 
 
 def test_pipeline_loads_local_directories(tiny_model_dirs: dict[str, Path]) -> None:

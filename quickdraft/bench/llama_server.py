@@ -23,7 +23,8 @@ from quickdraft.bench.llama_cpp import verified_gguf
 from quickdraft.bench.llama_tools import SERVER_TOOL, llama_tool
 from quickdraft.bench.serve_load import ServedConfig
 from quickdraft.errors import ConfigError
-from quickdraft.models import resolve_model
+from quickdraft.models import find_draft, load_tokenizer, resolve_model
+from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 
 CONTEXT_PER_SLOT = 4096  # Spec-Bench's longest first turn in the chat template and 96 new tokens fit
 
@@ -35,8 +36,12 @@ def free_port() -> int:
 
 
 def gguf_files(target: str, draft: str | None) -> tuple[Path, Path | None]:
-    """The target's (and the draft's) GGUF files, checked against the digests their conversion recorded."""
-    target_gguf = verified_gguf(resolve_model(target, True))
+    """The target's (and the draft's: ``auto`` as ``--draft auto`` picks it) GGUF files, checked against the
+    digests their conversion recorded."""
+    target_path = resolve_model(target, True)
+    target_gguf = verified_gguf(target_path)
+    if draft == AUTO_DRAFT:
+        draft = find_draft(target_path, load_tokenizer(target_path))
     return target_gguf, (verified_gguf(resolve_model(draft, True), "draft") if draft is not None else None)
 
 

@@ -28,7 +28,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--draft",
         default=None,
         metavar="PATH",
-        help=f"draft model for the draft-model drafter, same forms as --target (default {DEFAULT_DRAFT})",
+        help=f"draft model for the draft-model drafter, same forms as --target, or auto: the largest model at hand "
+        f"(packaged or a GGUF file used before) that shares the target's vocabulary and is at most half its size "
+        f"(default {DEFAULT_DRAFT})",
     )
     parser.add_argument(
         "--draft-head",

@@ -183,7 +183,8 @@ def run_distill(args: argparse.Namespace, pipeline: Any, data: Any, data_dir: Pa
     from quickdraft.draft_head.file import head_name
     from quickdraft.models import resolve_model
     from quickdraft.models.catalog import cache_root
-    from quickdraft.models.loading import check_same_tokenizer, load_hf_model, load_tokenizer
+    from quickdraft.models.loading import load_hf_model, load_tokenizer
+    from quickdraft.models.pairing import check_same_tokenizer
 
     draft_path = resolve_model(args.draft)
     tokenizer = load_tokenizer(draft_path)

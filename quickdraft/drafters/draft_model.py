@@ -163,7 +163,15 @@ class DraftModelDrafter(Drafter):
             if allowed is None or not torch.isfinite(logits).any():  # nothing it allows can be drafted
                 row.feed = []
                 return False
-        probs = to_vocab(logits_to_probs(logits, task.sampling), self.target_vocab_size)  # [1, V]
+        probs = logits_to_probs(logits, task.sampling)  # [1, V_draft]
+        if probs.shape[-1] > self.target_vocab_size:  # ids the target lacks are never proposed: q renormalized
+            probs = probs[..., : self.target_vocab_size]
+            total = float(probs.sum())
+            if total <= 0.0:  # all its mass on ids the target lacks
+                row.feed = []
+                return False
+            probs = probs / total
+        probs = to_vocab(probs, self.target_vocab_size)  # [1, V]
         position = len(task.context) + len(row.token_ids)
         token = int(choose_tokens(probs, task.sampling, task.generator, position)[0])
         if task.grammar is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quickdraft.errors import ModelFilesError, TokenizerMismatchError
+from quickdraft.errors import ModelFilesError
 from quickdraft.models.catalog import KNOWN_MODELS, cache_root, file_sha256, unpack
 from quickdraft.models.convert import ensure_fp32_weights, is_model_dir, write_model_dir
 
@@ -61,22 +61,3 @@ def _unreadable(path: Path, error: Exception) -> ModelFilesError:
         f"cannot load the model in {path}: {type(error).__name__}: {error}. If it is in quickdraft's cache, "
         f"delete that directory and run `quickdraft models` to rebuild it"
     )
-
-
-def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any) -> None:
-    """Speculation compares token ids, so both models must map text to the same ids."""
-    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if target_vocab != draft_vocab:
-        only_target = sorted(set(target_vocab.items()) - set(draft_vocab.items()))
-        only_draft = sorted(set(draft_vocab.items()) - set(target_vocab.items()))
-        example = (only_target or only_draft)[0]
-        raise TokenizerMismatchError(
-            f"draft and target tokenizers differ: vocabulary sizes {len(draft_vocab)} vs {len(target_vocab)}, "
-            f"{len(only_target)} target entries not in the draft and {len(only_draft)} draft entries not in "
-            f"the target (e.g. {example[0]!r} -> {example[1]}); pick a draft model from the target's family"
-        )
-    if target_tokenizer.eos_token_id != draft_tokenizer.eos_token_id:
-        raise TokenizerMismatchError(
-            f"draft and target tokenizers differ in their end-of-sequence token: "
-            f"{draft_tokenizer.eos_token!r} vs {target_tokenizer.eos_token!r}"
-        )

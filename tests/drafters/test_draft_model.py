@@ -157,3 +157,22 @@ def test_goodput_leaves_a_prompt_unread_when_reading_it_cannot_pay(
         result = pipeline.generate(PROMPT, GenerationConfig(max_new_tokens=8, policy="goodput"), "draft-model")
         assert bool(fed) == drafts
         assert result.token_ids == plain
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams()], ids=["sampled", "greedy"])
+def test_a_draft_wider_than_the_target_proposes_only_the_targets_ids(sampling: SamplingParams) -> None:
+    """A draft vocabulary up to 128 ids wider (llama.cpp's pairing rule): ids the target lacks are never drafted, and
+    the distribution recorded for verification is the one drafted from (renormalized over the target's ids)."""
+    from conftest import native_from_hf, tiny_model
+
+    wide = native_from_hf(tiny_model(40, seed=5))  # 8 ids past the target's 32
+    drafter = DraftModelDrafter(wide, target_vocab_size=32)
+    for seed in range(8):
+        state = start(drafter, PROMPT)
+        task = draft_task(state, PROMPT, 4, sampling, torch.Generator().manual_seed(seed))
+        (proposal,) = drafter.propose([task])
+        assert proposal.probs is None or proposal.probs.shape[-1] == 32
+        assert (proposal.token_ids < 32).all()
+        if proposal.probs is not None and proposal.num_tokens:
+            sums = proposal.probs[0, : proposal.num_tokens].sum(-1)
+            torch.testing.assert_close(sums, torch.ones_like(sums))

@@ -22,7 +22,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--target",
         default=DEFAULT_TARGET,
         metavar="PATH",
-        help=f"target model: a packaged name, a transformers directory or a .gguf file (default {DEFAULT_TARGET})",
+        help=f"target model: a packaged name, a transformers directory, a .gguf file or hf:OWNER/REPO/FILE.gguf "
+        f"(downloaded once from the Hugging Face Hub or $HF_ENDPOINT, resumed if interrupted; "
+        f"default {DEFAULT_TARGET})",
     )
     parser.add_argument(
         "--draft",

@@ -9,13 +9,17 @@ from quickdraft.errors import ModelFilesError
 from quickdraft.models.catalog import KNOWN_MODELS, cache_root, file_sha256, unpack
 from quickdraft.models.convert import ensure_fp32_weights, is_model_dir, write_model_dir
 
+HUB_PREFIX = "hf:"  # hf:OWNER/REPO/FILE.gguf: a GGUF file on the Hugging Face Hub (or $HF_ENDPOINT)
+
 
 def resolve_model(spec: str | Path, progress: bool = True) -> Path:
-    """A packaged model name, a transformers directory or a ``.gguf`` file -> directory. A GGUF file's
-    directory (in the cache, keyed by its sha256) holds its configs and tokenizer and names the file,
-    which the native runtime reads its weights from."""
+    """A packaged model name, a transformers directory, a ``.gguf`` file or ``hf:OWNER/REPO/FILE.gguf`` ->
+    directory. A GGUF file's directory (in the cache, keyed by its sha256) holds its configs and tokenizer and
+    names the file, which the native runtime reads its weights from."""
     if str(spec) in KNOWN_MODELS:
         return unpack(KNOWN_MODELS[str(spec)], progress=progress)
+    if str(spec).startswith(HUB_PREFIX):
+        spec = download_gguf(str(spec), progress)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -31,6 +35,36 @@ def resolve_model(spec: str | Path, progress: bool = True) -> Path:
     if path.exists():
         raise ModelFilesError(f"{path} is neither a model directory nor a .gguf file")
     raise ModelFilesError(f"model {str(spec)!r} not found: give a directory, a .gguf file or one of: {known}")
+
+
+def download_gguf(spec: str, progress: bool = True) -> Path:
+    """``hf:OWNER/REPO/FILE.gguf`` (FILE may lie in folders) -> the file, downloaded once into
+    ``$QUICKDRAFT_CACHE/hub`` with huggingface_hub: a progress bar, and an interrupted download resumes where it
+    stopped. ``$HF_ENDPOINT`` names another hub, ``$HF_TOKEN`` a token for gated repositories."""
+    parts = spec[len(HUB_PREFIX) :].split("/")
+    if len(parts) < 3 or not all(parts) or not parts[-1].endswith(".gguf"):
+        raise ModelFilesError(f"{spec!r} is not hf:OWNER/REPO/FILE.gguf")
+    repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    (enable_progress_bars if progress else disable_progress_bars)()
+    try:
+        return Path(hf_hub_download(repo, filename, cache_dir=cache_root() / "hub"))
+    except EntryNotFoundError:
+        raise ModelFilesError(f"{repo} on the hub has no file {filename}") from None
+    except RepositoryNotFoundError:
+        raise ModelFilesError(f"no repository {repo} on the hub (or it is gated: set $HF_TOKEN)") from None
+    except LocalEntryNotFoundError as error:  # offline, and not downloaded before
+        raise ModelFilesError(f"cannot download {filename} from {repo}: the hub is unreachable ({error})") from None
+    except (HfHubHTTPError, OSError) as error:
+        raise ModelFilesError(f"cannot download {filename} from {repo}: {type(error).__name__}: {error}") from None
 
 
 def load_tokenizer(path: Path) -> Any:

@@ -1,6 +1,6 @@
 """Is the native runtime still well ahead of the transformers runtime on every family it runs?
 
-    .venv/bin/python tools/family_speed.py [--families qwen3,llama3,gemma3,smollm3,mistral] [--layers N] [--json F]
+    .venv/bin/python tools/family_speed.py [--families qwen3,llama3,gemma3,smollm3,phi3,mistral] [--layers N] [--json F]
 
 For each family a random-weight model of a real released shape (the shapes below; --layers cuts the layer count to
 save memory and time, the per-layer cost is what differs between runtimes) is saved by transformers, loaded by both
@@ -38,6 +38,8 @@ SHAPES = {  # released models' shapes: (transformers config class, its fields)
                                         vocab_size=262144, sliding_window=512, query_pre_attn_scalar=256)),  # 1B
     "smollm3": ("SmolLM3Config", dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
                                       num_attention_heads=16, num_key_value_heads=4, vocab_size=128256)),  # 3B
+    "phi3": ("Phi3Config", dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=32, vocab_size=32064)),  # Phi-3-mini
     "mistral": ("MistralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                       num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
                                       sliding_window=4096)),  # Mistral-7B

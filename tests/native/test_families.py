@@ -59,7 +59,25 @@ def gemma3(vocab: int) -> torch.nn.Module:  # Gemma 3: sandwich norms (1 + w), G
     return Gemma3ForCausalLM(config)
 
 
-FAMILIES = {"llama3": llama3, "qwen3": qwen3, "mistral": mistral, "smollm3": smollm3, "gemma3": gemma3}
+def phi3(vocab: int) -> torch.nn.Module:  # fused q/k/v and gate/up, LongRoPE (long factors: 40 positions > 16)
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    half = 4  # head_dim 8: 4 frequencies
+    rope = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0][:half], "long_factor": [1.0, 2.0, 4.0, 8.0],
+            "original_max_position_embeddings": 16, "rope_theta": 10000.0}  # fmt: skip
+    return Phi3ForCausalLM(tiny_config(Phi3Config, vocab, 2, rope_parameters=rope, original_max_position_embeddings=16))
+
+
+def phi4(vocab: int) -> torch.nn.Module:  # Phi-4-mini's partial rotary: 6 of each head's 8 dimensions turn
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    return Phi3ForCausalLM(tiny_config(Phi3Config, vocab, 2, partial_rotary_factor=0.75))
+
+
+FAMILIES = {
+    "llama3": llama3, "qwen3": qwen3, "mistral": mistral, "smollm3": smollm3, "gemma3": gemma3, "phi3": phi3,
+    "phi4": phi4,
+}  # fmt: skip
 
 
 def build(family: str, logit_scale: float = 1.0, seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
@@ -92,6 +110,11 @@ def test_the_config_says_what_the_family_needs(family: str) -> None:
         assert config.layer_ropes[1] is None and config.layer_ropes[0] is not None
     if family == "mistral":
         assert config.layer_windows == (5, 5)
+    if family == "phi3":
+        rope = config.layer_ropes[0]
+        assert rope.scaling == "longrope" and rope.attention_factor == pytest.approx(1.5)  # sqrt(1 + ln 32 / ln 16)
+    if family == "phi4":
+        assert config.layer_ropes[0].rotary_dims(config.head_dim) == 6
     assert config.qk_norm == (family in ("qwen3", "gemma3"))
 
 

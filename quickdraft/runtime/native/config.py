@@ -17,14 +17,17 @@ import torch
 from quickdraft.models.convert import FREQ_FACTORS_KEY
 from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES
 
-ROPE_SCALINGS = ("default", "linear", "llama3")
+ROPE_SCALINGS = ("default", "linear", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
 class Rope:
     """One RoPE table's parameters: base ``theta`` and a scaling of its frequencies (``linear``: all divided by
-    ``factor``; ``llama3``: Llama 3.1's smooth blend between the original and the divided frequencies).
-    ``freq_factors`` (llama.cpp's ``rope_freqs`` tensor) divides each frequency by its own factor instead."""
+    ``factor``; ``llama3``: Llama 3.1's smooth blend between the original and the divided frequencies; ``longrope``:
+    Phi-3's per-frequency ``short_factor``, or ``long_factor`` for a cache longer than the original context, as
+    llama.cpp chooses by its context size, with cos and sin times ``attention_factor``). ``freq_factors``
+    (llama.cpp's ``rope_freqs`` tensor) divides each frequency by its own factor instead. ``partial_rotary_factor``
+    < 1 rotates only the first that share of each head's dimensions (Phi-4-mini)."""
 
     theta: float
     scaling: str = "default"
@@ -33,29 +36,64 @@ class Rope:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     freq_factors: tuple[float, ...] | None = None
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    attention_factor: float = 1.0
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.scaling not in ROPE_SCALINGS:
             raise ValueError(f"RoPE scaling {self.scaling!r} is not supported (only {', '.join(ROPE_SCALINGS)})")
         if self.theta <= 0 or self.factor <= 0:
             raise ValueError("RoPE needs a positive base and factor")
+        if self.scaling == "longrope" and (self.short_factor is None or self.long_factor is None):
+            raise ValueError("longrope needs short_factor and long_factor")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError("partial_rotary_factor must be in (0, 1]")
 
     @classmethod
-    def from_hf(cls, parameters: dict[str, Any], theta: float) -> Rope:
-        """transformers' ``rope_parameters`` (or the older ``rope_scaling``) with the base ``theta`` they omit."""
+    def from_hf(cls, parameters: dict[str, Any], theta: float, config: dict[str, Any] | None = None) -> Rope:
+        """transformers' ``rope_parameters`` (or the older ``rope_scaling``) with what they omit from ``config``:
+        the base ``theta``, Phi-3's original context and partial rotary factor."""
+        config = config or {}
         scaling = parameters.get("rope_type", parameters.get("type", "default"))
+        original = parameters.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+        factor = parameters.get("factor")
+        attention_factor = parameters.get("attention_factor")
+        if scaling == "longrope":  # transformers' defaults: factor from the context lengths, then the paper's scale
+            factor = factor or int(config.get("max_position_embeddings", original)) / int(original)
+            if attention_factor is None:
+                attention_factor = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+
+        def factors(key: str) -> tuple[float, ...] | None:
+            return tuple(float(f) for f in parameters[key]) if key in parameters else None
+
+        partial = parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
         return cls(
             theta=float(parameters.get("rope_theta", theta)),
             scaling=scaling,
-            factor=float(parameters.get("factor", 1.0)) if scaling != "default" else 1.0,
+            factor=float(factor or 1.0) if scaling != "default" else 1.0,
             low_freq_factor=float(parameters.get("low_freq_factor", 1.0)),
             high_freq_factor=float(parameters.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(parameters.get("original_max_position_embeddings", 8192)),
+            original_max_position_embeddings=int(original or 8192),
+            short_factor=factors("short_factor"),
+            long_factor=factors("long_factor"),
+            attention_factor=float(attention_factor or 1.0),
+            partial_rotary_factor=float(partial or 1.0),
         )
 
-    def inverse_frequencies(self, head_dim: int) -> torch.Tensor:
-        """The rotation speed of each pair of dimensions, float64 ``[D/2]``, as transformers computes it."""
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    def rotary_dims(self, head_dim: int) -> int:
+        """How many of a head's dimensions rotate (the first ones; even)."""
+        return int(head_dim * self.partial_rotary_factor) // 2 * 2
+
+    def inverse_frequencies(self, head_dim: int, capacity: int = 0) -> torch.Tensor:
+        """The rotation speed of each pair of rotating dimensions, float64 ``[R/2]``, as transformers computes it
+        (longrope: for a cache of ``capacity`` positions)."""
+        dims = self.rotary_dims(head_dim)
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, dims, 2, dtype=torch.float64) / dims))
+        if self.scaling == "longrope":
+            long = capacity > self.original_max_position_embeddings
+            return inv_freq / torch.tensor(self.long_factor if long else self.short_factor, dtype=torch.float64)
         if self.freq_factors is not None:
             return inv_freq / torch.tensor(self.freq_factors, dtype=torch.float64)
         if self.scaling == "linear":
@@ -91,6 +129,7 @@ class DecoderConfig:
     attention_scale: float  # the scores' factor: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)
     qk_norm: bool = False
     sandwich_norms: bool = False
+    fused_projections: bool = False  # q/k/v and gate/up each one tensor in the model's files
     norm_offset: float = 0.0
     embedding_scale: float = 1.0
     activation: str = "silu"
@@ -120,8 +159,6 @@ class DecoderConfig:
             raise ValueError("MLP biases are not supported")
         if config.get("attn_logit_softcapping"):
             raise ValueError("attention logit softcapping is not supported")
-        if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError("partial rotary embeddings are not supported")
         num_layers = int(config["num_hidden_layers"])
         num_heads = int(config["num_attention_heads"])
         hidden_size = int(config["hidden_size"])
@@ -156,6 +193,7 @@ class DecoderConfig:
             attention_scale=float(scalar) ** -0.5 if scalar else 1.0 / math.sqrt(head_dim),
             qk_norm=family.qk_norm,
             sandwich_norms=family.sandwich_norms,
+            fused_projections=family.fused_projections,
             norm_offset=family.norm_offset,
             embedding_scale=math.sqrt(hidden_size) if family.scales_embedding else 1.0,
             activation=config.get("hidden_activation") or config.get("hidden_act") or family.activation,
@@ -173,7 +211,7 @@ def layer_rope(config: dict[str, Any], layer_type: str) -> Rope:
     parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if isinstance(parameters.get(layer_type), dict):
         parameters = parameters[layer_type]
-    rope = Rope.from_hf(parameters, float(config.get("rope_theta", 10000.0)))
+    rope = Rope.from_hf(parameters, float(config.get("rope_theta", 10000.0)), config)
     factors = config.get(FREQ_FACTORS_KEY)
     if factors is not None and layer_type == "full_attention":
         return Rope(theta=rope.theta, freq_factors=tuple(float(f) for f in factors))

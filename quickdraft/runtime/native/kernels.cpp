@@ -64,11 +64,13 @@ inline void rms_norm_row(const float* x, const float* weight, float* dst, int64_
   for (int64_t k = 0; k < width; ++k) dst[k] = weight[k] * (x[k] * inverse);
 }
 
-// dst = x * cos + rotate_half(x) * sin with rotate_half(x) = (-x[half:], x[:half]); dst may not alias x.
-inline void rope_row(const float* x, const float* cos, const float* sin, float* dst, int64_t head_dim) {
-  const int64_t half = head_dim / 2;
+// The first `dims` of a head's head_dim values: dst = x * cos + rotate_half(x) * sin with rotate_half(x) =
+// (-x[half:dims], x[:half]); the rest copied (partial rotary). dst may not alias x.
+inline void rope_row(const float* x, const float* cos, const float* sin, float* dst, int64_t dims, int64_t head_dim) {
+  const int64_t half = dims / 2;
   for (int64_t d = 0; d < half; ++d) dst[d] = x[d] * cos[d] + (-x[d + half]) * sin[d];
-  for (int64_t d = half; d < head_dim; ++d) dst[d] = x[d] * cos[d] + x[d - half] * sin[d];
+  for (int64_t d = half; d < dims; ++d) dst[d] = x[d] * cos[d] + x[d - half] * sin[d];
+  for (int64_t d = dims; d < head_dim; ++d) dst[d] = x[d];
 }
 
 torch::Tensor float_tensor(torch::Tensor t, const char* name) {
@@ -286,7 +288,8 @@ std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weig
 }
 
 // out: [R, (H + 2·KVH)·D] the GEMM output of the q/k/v projection; row_scale [R, 1]; bias [(H + 2·KVH)·D] or
-// empty; q_norm, k_norm: [D] RMSNorm weights of each q and k head, or empty (none); cos, sin: [C, D] RoPE tables;
+// empty; q_norm, k_norm: [D] RMSNorm weights of each q and k head, or empty (none); cos, sin: [C, R] RoPE tables of
+// the first R dimensions of a head (R < D: partial rotary, the rest unchanged);
 // keys, values: the cache slots (see CachePlanes). Row r is position row_position[r] of slot row_slot[r]: its k and
 // v are written there, in layer `layer`. Returns q [R, H, D], normed and rotated.
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,
@@ -303,7 +306,9 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   TORCH_CHECK(width == (heads + 2 * kv_heads) * head_dim);
   check_gemm_output(out, row_scale, bias);
   check_rows(row_slot, row_position, rows, key_planes);
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) == head_dim, "RoPE tables [C, D]");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) <= head_dim && cos.size(1) % 2 == 0,
+              "RoPE tables [C, R] for the first R (even) of a head's D dimensions");
+  const int64_t dims = cos.size(1);
   for (const int64_t position : row_position) TORCH_CHECK(position < cos.size(0), "a position past the RoPE tables");
   TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == head_dim),
               "q and k norms are both [D] or both empty");
@@ -324,14 +329,14 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
         float* head = projected.data() + h * head_dim;
         rms_norm_row(head, h < heads ? qn : kn, head, head_dim, norm_eps);
       }
-      const float* c = cos_data + position * head_dim;
-      const float* si = sin_data + position * head_dim;
+      const float* c = cos_data + position * dims;
+      const float* si = sin_data + position * dims;
       for (int64_t h = 0; h < heads; ++h)
-        rope_row(projected.data() + h * head_dim, c, si, q_data + (r * heads + h) * head_dim, head_dim);
+        rope_row(projected.data() + h * head_dim, c, si, q_data + (r * heads + h) * head_dim, dims, head_dim);
       const float* k = projected.data() + heads * head_dim;
       const float* v = k + kv_heads * head_dim;
       for (int64_t g = 0; g < kv_heads; ++g) {
-        rope_row(k + g * head_dim, c, si, rotated.data(), head_dim);
+        rope_row(k + g * head_dim, c, si, rotated.data(), dims, head_dim);
         float* key_plane = key_planes.plane(row_slot[r], layer, g);
         for (int64_t d = 0; d < head_dim; ++d) key_plane[qd::key_offset(position, d, head_dim)] = rotated[d];
         std::copy(v + g * head_dim, v + (g + 1) * head_dim,

@@ -51,11 +51,14 @@ class DecoderLayer:
 
 
 def rope_tables(rope: Rope | None, head_dim: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[C, D]`` of positions 0..C-1; a layer without RoPE gets cos 1 and sin 0 (x·1 + r·0 = x)."""
+    """cos and sin ``[C, R]`` of positions 0..C-1 for the R rotating dimensions of a head (the first R; the rest
+    pass unchanged), times the RoPE's attention factor; a layer without RoPE gets cos 1 and sin 0 (x·1 + r·0 = x)."""
     if rope is None:
         return torch.ones(capacity, head_dim), torch.zeros(capacity, head_dim)
-    angles = torch.outer(torch.arange(capacity, dtype=torch.float64), rope.inverse_frequencies(head_dim))  # [C, D/2]
-    return torch.cat([angles.cos()] * 2, dim=-1).float(), torch.cat([angles.sin()] * 2, dim=-1).float()
+    inv_freq = rope.inverse_frequencies(head_dim, capacity)  # [R/2]
+    angles = torch.outer(torch.arange(capacity, dtype=torch.float64), inv_freq)  # [C, R/2]
+    cos, sin = (torch.cat([f(angles)] * 2, dim=-1) * rope.attention_factor for f in (torch.cos, torch.sin))
+    return cos.float(), sin.float()
 
 
 # The gate's activation by the kernels' code (architecture.ACTIVATIONS): the reference path's, in PyTorch operations
@@ -165,9 +168,12 @@ class Decoder:
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """RoPE on the first R = cos.shape[-1] dimensions of ``x [..., D]``; the others pass unchanged."""
+        dims = cos.shape[-1]
+        turning, passing = x[..., :dims], x[..., dims:]
+        half = dims // 2
+        rotated = torch.cat([-turning[..., half:], turning[..., :half]], dim=-1)
+        return torch.cat([turning * cos + rotated * sin, passing], dim=-1)
 
     def _attend(
         self, index: int, q: torch.Tensor, keys: Slots, values: Slots, row_slot: list[int], row_position: list[int]

@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.models.convert import is_gguf_layout
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
+from quickdraft.runtime.native.architecture import ARCHITECTURES
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.kernels import sources_digest
 from quickdraft.runtime.native.model import KEY_BLOCK, Decoder, StaticKVCache
@@ -59,10 +61,10 @@ class NativeRuntime(Runtime):
     def supports(path: Path) -> bool:
         """Whether the model in ``path`` is a family this runtime implements, with weights it can read."""
         try:
-            DecoderConfig.from_dir(path)
+            config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
-        return has_native_weights(path)
+        return has_native_weights(path) and (ARCHITECTURES[config.model_type].reads_gguf or not is_gguf_layout(path))
 
     @classmethod
     def load(
@@ -83,6 +85,11 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
+        if is_gguf_layout(path) and not ARCHITECTURES[config.model_type].reads_gguf:
+            raise ModelFilesError(
+                f"the native runtime does not read {config.model_type} GGUF files yet (use --runtime transformers, "
+                f"or the model's transformers directory)"
+            )
         state = load_native_state(path, config, options.weights)
         # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
         # only touched where tokens are written, so it grows with what a request uses, not with the capacity.

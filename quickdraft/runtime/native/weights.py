@@ -97,6 +97,8 @@ def quantize_state_dict(
         attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
         for native, name in layer_norm_names(config).items():
             state[f"layers.{i}.{native}"] = norm(f"{prefix}{name}.weight")
+        if config.fused_projections:
+            attention = [f"{prefix}self_attn.qkv_proj"]
         linear(
             f"layers.{i}.qkv",
             [f"{name}.weight" for name in attention],
@@ -104,7 +106,8 @@ def quantize_state_dict(
         )
         out_bias = f"{prefix}self_attn.o_proj.bias"  # Llama's attention_bias covers o_proj too; Qwen2 has none
         linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"], [out_bias] if out_bias in tensors else None)
-        linear(f"layers.{i}.gate_up", [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
+        gate_up = ["gate_up_proj"] if config.fused_projections else ["gate_proj", "up_proj"]
+        linear(f"layers.{i}.gate_up", [f"{prefix}mlp.{name}.weight" for name in gate_up])
         linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
     state["embedding"] = take("model.embed_tokens.weight")
     if config.tie_word_embeddings:

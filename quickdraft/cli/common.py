@@ -80,7 +80,7 @@ def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
         "--runtime",
         default="auto",
         help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (default: native for the families it runs: "
-        "Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3, Gemma 3; transformers for the rest)",
+        "Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3, Gemma 1-3; transformers for the rest)",
     )
 
 

@@ -28,7 +28,8 @@ def blocked_keys(keys: torch.Tensor) -> torch.Tensor:
 
 
 def attend(library: ctypes.CDLL, together: bool, q: torch.Tensor, lengths: list[int], keys: torch.Tensor,
-           values: torch.Tensor, scale: float, skips: list[int] | None = None) -> torch.Tensor:  # fmt: skip
+           values: torch.Tensor, scale: float, skips: list[int] | None = None,
+           cap: float = 0.0) -> torch.Tensor:  # fmt: skip
     rows, heads, head_dim = q.shape
     out = torch.full_like(q, math.nan)
     length_array = (ctypes.c_int64 * rows)(*lengths)
@@ -36,7 +37,8 @@ def attend(library: ctypes.CDLL, together: bool, q: torch.Tensor, lengths: list[
     function = library.attend_together if together else library.attend_alone
     blocked = blocked_keys(keys)  # held while the call reads it
     function(pointer(q), skip_array, length_array, ctypes.c_int64(rows), ctypes.c_int64(heads), pointer(blocked),
-             pointer(values), ctypes.c_int64(head_dim), ctypes.c_float(scale), pointer(out))  # fmt: skip
+             pointer(values), ctypes.c_int64(head_dim), ctypes.c_float(scale), ctypes.c_float(cap),
+             pointer(out))  # fmt: skip
     return out
 
 
@@ -59,6 +61,23 @@ def test_every_attention_build_is_exact_and_keeps_to_each_rows_positions(librari
             poisoned_keys[length:], poisoned_values[length:] = math.nan, math.nan  # from the row's own length on
             poisoned = attend(library, True, q[r : r + 1], [length], poisoned_keys, poisoned_values, scale)
             assert torch.equal(poisoned, alone[r : r + 1]), (name, r)
+
+
+@pytest.mark.parametrize("head_dim", [128, 12])
+def test_softcapped_scores_are_gemma_2s(libraries, head_dim: int) -> None:
+    """cap · tanh(s / cap) before the softmax, the same bits alone and together, with and without a window."""
+    generator = torch.Generator().manual_seed(9)
+    keys, values = (torch.randn(640, head_dim, generator=generator) * 3 for _ in range(2))
+    lengths, skips = [300, 301, 317, 600], [0, 5, 0, 3]
+    q = torch.randn(len(lengths), 3, head_dim, generator=generator) * 3  # large scores: the cap matters
+    scale, cap = head_dim**-0.5, 5.0
+    for name, library in libraries.items():
+        alone = attend(library, False, q, lengths, keys, values, scale, skips, cap)
+        assert torch.equal(attend(library, True, q, lengths, keys, values, scale, skips, cap), alone), name
+        for r, (skip, length) in enumerate(zip(skips, lengths, strict=True)):
+            scores = q[r] @ keys[skip:length].T * scale
+            weights = torch.softmax(torch.tanh(scores / cap) * cap, dim=-1)
+            assert torch.allclose(alone[r], weights @ values[skip:length], atol=1e-5, rtol=1e-4), (name, r)
 
 
 @pytest.mark.parametrize("head_dim", [128, 12])

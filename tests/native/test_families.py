@@ -74,9 +74,23 @@ def phi4(vocab: int) -> torch.nn.Module:  # Phi-4-mini's partial rotary: 6 of ea
     return Phi3ForCausalLM(tiny_config(Phi3Config, vocab, 2, partial_rotary_factor=0.75))
 
 
+def gemma(vocab: int) -> torch.nn.Module:  # Gemma 1: (1 + w) norms, embeddings × √hidden, exact GELU
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    return GemmaForCausalLM(tiny_config(GemmaConfig, vocab, 2, head_dim=16, hidden_act="gelu"))
+
+
+def gemma2(vocab: int) -> torch.nn.Module:  # Gemma 2: sandwich norms, local and global layers, both softcaps
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = tiny_config(Gemma2Config, vocab, 2, head_dim=16, sliding_window=5, query_pre_attn_scalar=24,
+                         attn_logit_softcapping=2.0, final_logit_softcapping=30.0)  # fmt: skip
+    return Gemma2ForCausalLM(config)
+
+
 FAMILIES = {
     "llama3": llama3, "qwen3": qwen3, "mistral": mistral, "smollm3": smollm3, "gemma3": gemma3, "phi3": phi3,
-    "phi4": phi4,
+    "phi4": phi4, "gemma": gemma, "gemma2": gemma2,
 }  # fmt: skip
 
 
@@ -88,6 +102,8 @@ def build(family: str, logit_scale: float = 1.0, seed: int = 0, vocab: int = VOC
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.copy_(torch.rand_like(parameter) * 0.5 + (0.75 if "gemma" not in family else 0.0))
+            if family == "gemma2" and "q_proj" in name:
+                parameter.mul_(8.0)  # scores past the softcap of 2
         model.get_output_embeddings().weight.mul_(logit_scale)
     return model
 
@@ -115,6 +131,8 @@ def test_the_config_says_what_the_family_needs(family: str) -> None:
         assert rope.scaling == "longrope" and rope.attention_factor == pytest.approx(1.5)  # sqrt(1 + ln 32 / ln 16)
     if family == "phi4":
         assert config.layer_ropes[0].rotary_dims(config.head_dim) == 6
+    if family == "gemma2":
+        assert config.attention_softcap == 2.0 and config.layer_windows == (5, 0)
     assert config.qk_norm == (family in ("qwen3", "gemma3"))
 
 
@@ -127,7 +145,7 @@ def test_logits_are_close_to_transformers(family: str, use_kernel: bool) -> None
     logits = runtime.forward(token_ids, runtime.new_cache())
     with torch.no_grad():
         reference = model(token_ids).logits
-    tolerance = 0.08 if family == "gemma3" else 0.03
+    tolerance = 0.08 if family.startswith("gemma") else 0.03
     assert (logits - reference).abs().max() < tolerance * reference.abs().max(), family
 
 

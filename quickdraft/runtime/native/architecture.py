@@ -41,6 +41,15 @@ ARCHITECTURES = {
         Architecture("qwen3", "qwen3", qk_norm=True),
         Architecture("smollm3", "smollm3", gguf_interleaves_rotary=True, no_rope_key="no_rope_layers"),
         Architecture("phi3", "phi3", fused_projections=True, reads_gguf=False),
+        Architecture("gemma", "gemma", norm_offset=1.0, scales_embedding=True, activation="gelu_pytorch_tanh"),
+        Architecture(
+            "gemma2",
+            "gemma2",
+            sandwich_norms=True,
+            norm_offset=1.0,
+            scales_embedding=True,
+            activation="gelu_pytorch_tanh",
+        ),
         Architecture(
             "gemma3_text",
             "gemma3",
@@ -55,4 +64,4 @@ ARCHITECTURES = {
 # GGUF architectures whose q and k rows come interleaved (those of the families above that say so)
 GGUF_INTERLEAVED_ROTARY = frozenset(a.gguf_architecture for a in ARCHITECTURES.values() if a.gguf_interleaves_rotary)
 # Gated MLP activations by config.json's name -> the kernels' code (kernels.cpp's Activation)
-ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1, "gelu": 2}

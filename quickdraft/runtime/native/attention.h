@@ -28,6 +28,13 @@ inline int64_t key_offset(int64_t position, int64_t d, int64_t head_dim) {
 
 inline int64_t key_blocks(int64_t positions) { return (positions + kKeyBlock - 1) / kKeyBlock; }
 
+// cap · tanh(scores / cap) for scores[from, to): Gemma 2's attention logit softcapping (cap 0: none), one score at
+// a time, so a score's bits depend on itself alone.
+inline void softcap_scores(float* scores, int64_t from, int64_t to, float cap) {
+  if (cap <= 0.0f) return;
+  for (int64_t j = from; j < to; ++j) scores[j] = cap * std::tanh(scores[j] / cap);
+}
+
 #if defined(__AVX512F__)
 constexpr const char* kAttentionIsa = "avx512";
 #define QD_VECTOR_ATTENTION 1
@@ -191,9 +198,10 @@ inline void skip_scores(float* scores, int64_t skip) {
   std::fill(scores, scores + skip, -std::numeric_limits<float>::infinity());
 }
 
-// softmax(scores[skip..length)) · values -> out [D]; scores are overwritten with the weights.
-inline void softmax_values(float* scores, int64_t skip, int64_t length, const float* values, int64_t head_dim,
-                           float* out) {
+// softmax(softcap(scores[skip..length))) · values -> out [D]; scores are overwritten with the weights.
+inline void softmax_values(float* scores, int64_t skip, int64_t length, float cap, const float* values,
+                           int64_t head_dim, float* out) {
+  softcap_scores(scores, skip, length, cap);
   skip_scores(scores, skip);
   const float inverse = softmax_weights(scores, length);
   std::fill(out, out + head_dim, 0.0f);
@@ -203,10 +211,11 @@ inline void softmax_values(float* scores, int64_t skip, int64_t length, const fl
 
 template <int H>
 inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
-                         int64_t head_dim, float scale, float* out, float* scores) {
+                         int64_t head_dim, float scale, float cap, float* out, float* scores) {
   const int64_t stride = key_blocks(length) * kKeyBlock;
   block_scores<H>(q, keys, key_blocks(length), head_dim, scale, scores, stride);
-  for (int h = 0; h < H; ++h) softmax_values(scores + h * stride, skip, length, values, head_dim, out + h * head_dim);
+  for (int h = 0; h < H; ++h)
+    softmax_values(scores + h * stride, skip, length, cap, values, head_dim, out + h * head_dim);
 }
 
 #else
@@ -214,13 +223,14 @@ constexpr const char* kAttentionIsa = "scalar";
 
 template <int H>
 inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
-                         int64_t head_dim, float scale, float* out, float* scores) {
+                         int64_t head_dim, float scale, float cap, float* out, float* scores) {
   for (int h = 0; h < H; ++h) {
     float max_score = -std::numeric_limits<float>::infinity();
     for (int64_t j = skip; j < length; ++j) {
       float total = 0.0f;
       for (int64_t d = 0; d < head_dim; ++d) total += q[h * head_dim + d] * keys[key_offset(j, d, head_dim)];
       scores[j] = total * scale;
+      softcap_scores(scores, j, j + 1, cap);
       max_score = std::max(max_score, scores[j]);
     }
     float sum = 0.0f;
@@ -234,23 +244,23 @@ inline void attend_heads(const float* q, const float* keys, const float* values,
 }
 #endif
 
-// The query heads q [heads][D] of one KV head's group at position length - 1, seeing positions skip..length - 1:
-// out [heads][D]. scores is scratch of at least 8 · key_blocks(length) · 16 floats. Heads go 8 at a time; each
+// The query heads q [heads][D] of one KV head's group at position length - 1, seeing positions skip..length - 1, their
+// scores softcapped by `cap` (0: none): out [heads][D]. scores is scratch of at least 8 · key_blocks(length) · 16 floats. Heads go 8 at a time; each
 // head's arithmetic is its own.
 inline void attend_group(const float* q, int64_t heads, const float* keys, const float* values, int64_t skip,
-                         int64_t length, int64_t head_dim, float scale, float* out, float* scores) {
+                         int64_t length, int64_t head_dim, float scale, float cap, float* out, float* scores) {
   for (int64_t first = 0; first < heads; first += 8) {
     const float* qs = q + first * head_dim;
     float* os = out + first * head_dim;
     switch (std::min<int64_t>(8, heads - first)) {
-      case 1: attend_heads<1>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
-      case 2: attend_heads<2>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
-      case 3: attend_heads<3>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
-      case 4: attend_heads<4>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
-      case 5: attend_heads<5>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
-      case 6: attend_heads<6>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
-      case 7: attend_heads<7>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
-      default: attend_heads<8>(qs, keys, values, skip, length, head_dim, scale, os, scores); break;
+      case 1: attend_heads<1>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      case 2: attend_heads<2>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      case 3: attend_heads<3>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      case 4: attend_heads<4>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      case 5: attend_heads<5>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      case 6: attend_heads<6>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      case 7: attend_heads<7>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      default: attend_heads<8>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
     }
   }
 }
@@ -274,14 +284,14 @@ inline int64_t rows_scratch(const int64_t* lengths, int64_t rows, int64_t heads)
 // turns on each tile of keys and then of values while it is in cache, so a verify block of k rows reads the cache
 // about once rather than k times. scores: scratch of rows_scratch(lengths, rows, heads) floats.
 inline void attend_rows(const float* const* q, const int64_t* skips, const int64_t* lengths, int64_t rows, int64_t heads,
-                        const float* keys, const float* values, int64_t head_dim, float scale, float* const* out,
-                        float* scores) {
+                        const float* keys, const float* values, int64_t head_dim, float scale, float cap,
+                        float* const* out, float* scores) {
 #if defined(QD_VECTOR_ATTENTION)
   float* row_scores[64];
   int64_t stride[64];
   float inverse[64 * 64];
   if (rows > 64 || heads > 64) {
-    for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, out[r], scores);
+    for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, cap, out[r], scores);
     return;
   }
   int64_t most_blocks = 0, longest = 0;
@@ -317,6 +327,7 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
   // 2. Each row's and head's weights.
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
+      softcap_scores(row_scores[r] + h * stride[r], skips[r], lengths[r], cap);
       skip_scores(row_scores[r] + h * stride[r], skips[r]);
       inverse[r * heads + h] = softmax_weights(row_scores[r] + h * stride[r], lengths[r]);
       std::fill(out[r] + h * head_dim, out[r] + (h + 1) * head_dim, 0.0f);
@@ -331,7 +342,7 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) scale_values(out[r] + h * head_dim, head_dim, inverse[r * heads + h]);
 #else
-  for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, out[r], scores);
+  for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, cap, out[r], scores);
 #endif
 }
 

@@ -134,6 +134,7 @@ class DecoderConfig:
     embedding_scale: float = 1.0
     activation: str = "silu"
     final_logit_softcap: float | None = None  # logits = cap · tanh(logits / cap)
+    attention_softcap: float | None = None  # attention scores the same (Gemma 2)
 
     def __post_init__(self) -> None:
         if len(self.layer_ropes) != self.num_layers or len(self.layer_windows) != self.num_layers:
@@ -157,8 +158,6 @@ class DecoderConfig:
         family = ARCHITECTURES[model_type]
         if config.get("mlp_bias"):
             raise ValueError("MLP biases are not supported")
-        if config.get("attn_logit_softcapping"):
-            raise ValueError("attention logit softcapping is not supported")
         num_layers = int(config["num_hidden_layers"])
         num_heads = int(config["num_attention_heads"])
         hidden_size = int(config["hidden_size"])
@@ -198,6 +197,7 @@ class DecoderConfig:
             embedding_scale=math.sqrt(hidden_size) if family.scales_embedding else 1.0,
             activation=config.get("hidden_activation") or config.get("hidden_act") or family.activation,
             final_logit_softcap=float(softcap) if (softcap := config.get("final_logit_softcapping")) else None,
+            attention_softcap=float(cap) if (cap := config.get("attn_logit_softcapping")) else None,
         )
 
     @classmethod

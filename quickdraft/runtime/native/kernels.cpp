@@ -168,11 +168,11 @@ void check_rows(const std::vector<int64_t>& row_slot, const std::vector<int64_t>
 // q: [R, H, D] float32 (RoPE applied), one row per new token; keys, values: the cache slots (see CachePlanes),
 // already holding the rows' own keys and values; row r sits in slot row_slot[r] at position row_position[r] and
 // attends to that slot's positions 0..row_position[r] of layer `layer` (attention.h), or with a sliding `window`
-// (0: none) to the last `window` of them. Returns [R, H * D].
+// (0: none) to the last `window` of them; scores are softcapped by `softcap` (0: none). Returns [R, H * D].
 torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
                      int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale,
-                     int64_t window) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3 && window >= 0);
+                     int64_t window, double softcap) {
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3 && window >= 0 && softcap >= 0);
   q = q.contiguous();
   const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
   const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = key_planes.kv_heads;
@@ -219,7 +219,7 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
       qd::attend_rows(qs, skips, lengths, last - first, group,
                       key_planes.plane(row_slot[first], layer, g) + from * head_dim,
                       value_planes.plane(row_slot[first], layer, g) + from * head_dim, head_dim,
-                      static_cast<float>(scale), outs, scores.data());
+                      static_cast<float>(scale), static_cast<float>(softcap), outs, scores.data());
     }
   });
   return out;
@@ -380,22 +380,24 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
 }
 
 // The activation of a gated MLP's gate (model.py's ACTIVATIONS, in this order).
-enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
+enum Activation : int64_t { kSilu = 0, kGeluTanh = 1, kGelu = 2 };
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
+constexpr float kInverseSqrt2 = 0.7071067811865476f;
 
 // out: [M, 2·I] the GEMM output of the fused gate/up projection; row_scale [M, 1]; activation: an Activation.
 // Returns quantize_rows(act(gate) * up): rows [M, I] int8, row_scale [M, 1]. SiLU is g / (1 + exp(−g)); the GELU is
-// tanh-approximated, 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) with tanh(y) = 2 / (1 + exp(−2y)) − 1.
+// tanh-approximated, 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) with tanh(y) = 2 / (1 + exp(−2y)) − 1, or exact,
+// 0.5·g·(1 + erf(g / √2)) (std::erf, one element at a time).
 std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_scale, int64_t activation) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   check_gemm_output(out, row_scale, torch::Tensor());
   TORCH_CHECK(out.size(1) % 2 == 0, "gate and up need the same width");
-  TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "an unknown activation");
+  TORCH_CHECK(activation == kSilu || activation == kGeluTanh || activation == kGelu, "an unknown activation");
   const int64_t width = out.size(1) / 2;
-  const bool gelu = activation == kGeluTanh;
+  const bool gelu = activation == kGeluTanh, exact = activation == kGelu;
   const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
   return quantized_rows(row_scale.size(0), width, out.options(), [&](int64_t r, float* activated) {
     const float* gate = o + r * 2 * width;
@@ -403,7 +405,7 @@ std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_s
     int64_t n = 0;
 #if defined(__AVX512F__)
     const __m512 scale = _mm512_set1_ps(s[r]), one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
-    for (; n + 16 <= width; n += 16) {
+    for (; !exact && n + 16 <= width; n += 16) {
       const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(gate + n), scale);
       __m512 act;
       if (gelu) {
@@ -421,7 +423,9 @@ std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_s
     for (; n < width; ++n) {
       const float g = gate[n] * s[r];
       float act;
-      if (gelu) {
+      if (exact) {
+        act = (0.5f * g) * (1.0f + std::erf(g * kInverseSqrt2));
+      } else if (gelu) {
         const float y = kGeluScale * (g + kGeluCubic * (g * (g * g)));
         act = (0.5f * g) * (1.0f + (2.0f / (1.0f + std::exp(-(y + y))) - 1.0f));
       } else {

@@ -7,7 +7,7 @@
 
 torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
                      int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale,
-                     int64_t window);
+                     int64_t window, double softcap);
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x);
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,

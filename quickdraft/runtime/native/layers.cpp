@@ -48,8 +48,10 @@ struct Layer {
 
 class Layers {
  public:
-  Layers(std::vector<Layer> layers, int64_t heads, double eps, double attention_scale, int64_t activation)
-      : layers_(std::move(layers)), heads_(heads), eps_(eps), scale_(attention_scale), activation_(activation) {}
+  Layers(std::vector<Layer> layers, int64_t heads, double eps, double attention_scale, double attention_softcap,
+         int64_t activation)
+      : layers_(std::move(layers)), heads_(heads), eps_(eps), scale_(attention_scale), softcap_(attention_softcap),
+        activation_(activation) {}
 
   // x [R, H] through the first `count` layers (model.py's _decode_rows; the same arguments). Returns the hidden
   // states [R, H] after each layer count in `capture` (ascending, 1..count), then after the last layer: keeping a
@@ -67,7 +69,7 @@ class Layers {
       auto q = qkv_rope_cache(layer.qkv.matmul(normed[0]), normed[1], layer.qkv.bias, layer.q_norm, layer.k_norm,
                               eps_, layer.cos, layer.sin, keys, values, index, row_slot, row_position,
                               heads_);  // [R, heads, D]; k, v cached
-      auto attended = quantize_rows(attend(q, keys, values, index, row_slot, row_position, scale_, layer.window));
+      auto attended = quantize_rows(attend(q, keys, values, index, row_slot, row_position, scale_, layer.window, softcap_));
       x = combine_residual(layer.out.matmul(attended[0]), attended[1], layer.out.bias, layer.attention_out_norm, eps_,
                            x);  // [R, H]
       normed = rms_norm_quantize(x, layer.post_norm, eps_);
@@ -87,7 +89,7 @@ class Layers {
  private:
   std::vector<Layer> layers_;
   int64_t heads_;
-  double eps_, scale_;
+  double eps_, scale_, softcap_;
   int64_t activation_;
 };
 
@@ -102,7 +104,7 @@ void register_layers(pybind11::module& m) {
       .def(py::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, Linear,
                     Linear, Linear, Linear, torch::Tensor, torch::Tensor, int64_t>());
   py::class_<Layers>(m, "Layers")
-      .def(py::init<std::vector<Layer>, int64_t, double, double, int64_t>())
+      .def(py::init<std::vector<Layer>, int64_t, double, double, double, int64_t>())
       .def("forward", &Layers::forward, "x [R, H] through the first `count` layers: [captured..., last]",
            py::call_guard<py::gil_scoped_release>());
 }

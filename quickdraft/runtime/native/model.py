@@ -65,6 +65,7 @@ def rope_tables(rope: Rope | None, head_dim: int, capacity: int) -> tuple[torch.
 ACTIVATION_FUNCTIONS = {
     0: torch.nn.functional.silu,
     1: lambda gate: torch.nn.functional.gelu(gate, approximate="tanh"),
+    2: torch.nn.functional.gelu,
 }
 
 KEY_BLOCK = 16  # keys are kept in blocks of 16 positions, transposed (attention.h)
@@ -183,7 +184,8 @@ class Decoder:
         row_position[r] (the last W of them in a layer with a sliding window W)."""
         window = self.config.layer_windows[index]
         if self.use_kernel and (kernel := native_kernels()) is not None:
-            return kernel.attend(q, keys, values, index, row_slot, row_position, self.attention_scale, window)
+            cap = self.config.attention_softcap or 0.0
+            return kernel.attend(q, keys, values, index, row_slot, row_position, self.attention_scale, window, cap)
         rows, heads, head_dim = q.shape
         attended = torch.empty(rows, heads * head_dim)
         for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
@@ -193,6 +195,8 @@ class Decoder:
             kv_heads = slot_keys.shape[0]
             query = q[r].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
             scores = torch.matmul(query, slot_keys.transpose(-1, -2))  # [kv, G, position + 1]
+            if self.config.attention_softcap is not None:
+                scores = torch.tanh(scores / self.config.attention_softcap) * self.config.attention_softcap
             weights = torch.softmax(scores, dim=-1)
             attended[r] = torch.matmul(weights, slot_values).reshape(-1)  # [heads·D]
         return attended
@@ -278,7 +282,12 @@ class Decoder:
             ]
             config = self.config
             self._layers_spec = kernels.Layers(
-                specs, config.num_heads, config.rms_norm_eps, self.attention_scale, ACTIVATIONS[config.activation]
+                specs,
+                config.num_heads,
+                config.rms_norm_eps,
+                self.attention_scale,
+                config.attention_softcap or 0.0,
+                ACTIVATIONS[config.activation],
             )
         return self._layers_spec
 

@@ -96,7 +96,8 @@ def test_cli_json_on_the_default_pair() -> None:
 def test_models_command_lists_prepared_models() -> None:
     command = [sys.executable, "-m", "quickdraft", "models", "--json"]
     rows = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=600, check=True).stdout)
-    assert [row["name"] for row in rows] == ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]
+    names = ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m"]
+    assert [row["name"] for row in rows] == names and all(row["problem"] is None for row in rows)
 
 
 # --- the native runtime on the default pair ------------------------------------------------------

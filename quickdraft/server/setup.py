@@ -16,6 +16,7 @@ from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import Engine, SchedulerSettings
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.errors import ConfigError, QuickdraftError
+from quickdraft.models.convert import gguf_source
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.protocol import ServerDefaults
 
@@ -90,9 +91,16 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
 
 
 def model_names(pipeline: Pipeline, served_name: str | None) -> tuple[str, ...]:
-    """What ``model`` may say: the served name first, and the target's directory name (a packaged model's name)."""
+    """What ``model`` may say: the served name first, and the target's own: a packaged model's name, a GGUF file's
+    name without ``.gguf`` (``hf:`` downloads included), else its directory's name."""
     path = pipeline.target_path
-    name = "target" if path is None else (path.parent.name if path.name == "hf" else path.name)
+    source = None if path is None or path.parent.parent.name != "converted" else gguf_source(path)
+    if path is None:
+        name = "target"
+    elif source is not None:
+        name = source.stem
+    else:
+        name = path.parent.name if path.name == "hf" else path.name
     return (served_name, name) if served_name else (name,)
 
 

@@ -352,3 +352,18 @@ def test_a_client_that_disconnects_frees_its_slot(native: Pipeline, monkeypatch:
         assert 'quickdraft_requests_total{finish_reason="cancelled"} 1.0' in metrics
         after = running.client().completions.create(model=MODEL, prompt="w1 w2", max_tokens=3)
         assert after.usage is not None and after.usage.completion_tokens == 3
+
+
+def test_the_served_model_is_named_after_its_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF file (given as a path or downloaded with hf:) is served under its file name, not its cache key."""
+    from types import SimpleNamespace
+
+    from conftest import write_tiny_gguf
+
+    from quickdraft.models.loading import resolve_model
+    from quickdraft.server.setup import model_names
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    directory = resolve_model(write_tiny_gguf(tmp_path / "Tiny-Model-Q8_0.gguf"), progress=False)
+    assert model_names(SimpleNamespace(target_path=directory), None) == ("Tiny-Model-Q8_0",)  # type: ignore[arg-type]
+    assert model_names(SimpleNamespace(target_path=directory), "mine") == ("mine", "Tiny-Model-Q8_0")  # type: ignore[arg-type]

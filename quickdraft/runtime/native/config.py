@@ -216,3 +216,14 @@ def layer_rope(config: dict[str, Any], layer_type: str) -> Rope:
     if factors is not None and layer_type == "full_attention":
         return Rope(theta=rope.theta, freq_factors=tuple(float(f) for f in factors))
     return rope
+
+
+def rope_tables(rope: Rope | None, head_dim: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[C, R]`` of positions 0..C-1 for the R rotating dimensions of a head (the first R; the rest
+    pass unchanged), times the RoPE's attention factor; a layer without RoPE gets cos 1 and sin 0 (x·1 + r·0 = x)."""
+    if rope is None:
+        return torch.ones(capacity, head_dim), torch.zeros(capacity, head_dim)
+    inv_freq = rope.inverse_frequencies(head_dim, capacity)  # [R/2]
+    angles = torch.outer(torch.arange(capacity, dtype=torch.float64), inv_freq)  # [C, R/2]
+    cos, sin = (torch.cat([f(angles)] * 2, dim=-1) * rope.attention_factor for f in (torch.cos, torch.sin))
+    return cos.float(), sin.float()

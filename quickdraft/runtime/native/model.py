@@ -1,5 +1,4 @@
-"""The native decoder (the families of ``architecture.py``: Llama 3, Qwen2/3, Mistral, SmolLM3, Gemma 3) written
-for bit-exactness.
+"""The native decoder (the families ``architecture.py`` describes) written for bit-exactness.
 
 Every operation gives a token's row the same bits whatever else is in the call:
 - linear layers are :class:`QuantizedLinear` (exact integer GEMMs, per-row activation scales);
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 
 from quickdraft.runtime.native.architecture import ACTIVATIONS
-from quickdraft.runtime.native.config import DecoderConfig, Rope
+from quickdraft.runtime.native.config import DecoderConfig, rope_tables
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import QuantizedLinear
 
@@ -48,17 +47,6 @@ class DecoderLayer:
     k_norm: torch.Tensor
     attention_out_norm: torch.Tensor  # [H] or empty: the attention's output normed before its residual add
     mlp_out_norm: torch.Tensor  # [H] or empty: the MLP's output, the same
-
-
-def rope_tables(rope: Rope | None, head_dim: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[C, R]`` of positions 0..C-1 for the R rotating dimensions of a head (the first R; the rest
-    pass unchanged), times the RoPE's attention factor; a layer without RoPE gets cos 1 and sin 0 (x·1 + r·0 = x)."""
-    if rope is None:
-        return torch.ones(capacity, head_dim), torch.zeros(capacity, head_dim)
-    inv_freq = rope.inverse_frequencies(head_dim, capacity)  # [R/2]
-    angles = torch.outer(torch.arange(capacity, dtype=torch.float64), inv_freq)  # [C, R/2]
-    cos, sin = (torch.cat([f(angles)] * 2, dim=-1) * rope.attention_factor for f in (torch.cos, torch.sin))
-    return cos.float(), sin.float()
 
 
 # The gate's activation by the kernels' code (architecture.ACTIVATIONS): the reference path's, in PyTorch operations

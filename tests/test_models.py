@@ -156,7 +156,8 @@ def test_draft_auto_takes_the_largest_compatible_model_at_most_half_the_targets_
 ) -> None:
     target = tiny_model_dirs["target"]
     sizes = {"target": 1000, "draft": 400, "other": 300, "big": 900}
-    at_hand = [pairing.Candidate(str(tiny_model_dirs.get(name, target)), size) for name, size in sizes.items()]
+    paths = {name: tiny_model_dirs.get(name, target.parent / name) for name in sizes}  # "big": never resolved
+    at_hand = [pairing.Candidate(str(paths[name]), size, paths[name]) for name, size in sizes.items()]
     monkeypatch.setattr(pairing, "models_at_hand", lambda: at_hand)
     monkeypatch.setattr(pairing, "model_size", lambda path: 1000)
     tokenizer = load_tokenizer(target)

@@ -161,8 +161,8 @@ def gguf_settings(gguf_path: Path, config: dict[str, Any]) -> dict[str, Any]:
         return None if found is None else found.contents()
 
     settings: dict[str, Any] = {}
-    if field("attention.key_length") is not None:
-        settings["head_dim"] = int(field("attention.key_length"))
+    if (key_length := field("attention.key_length")) is not None:
+        settings["head_dim"] = int(key_length)
     scaling, factor = field("rope.scaling.type"), field("rope.scaling.factor")
     if scaling not in (None, "none") and factor not in (None, 1.0):
         parameters = dict(config.get("rope_parameters") or {})

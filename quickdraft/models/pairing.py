@@ -62,11 +62,11 @@ def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any) -> None:
 @dataclass(frozen=True)
 class Candidate:
     """A model at hand: what ``--draft`` would take to name it, the size of its weights and the directory it
-    resolves to (where it is known without resolving it)."""
+    resolves to."""
 
     spec: str
     size_bytes: int
-    directory: Path | None = None
+    directory: Path
 
 
 def models_at_hand() -> list[Candidate]:
@@ -99,7 +99,7 @@ def find_draft(target_path: Path, target_tokenizer: Any, progress: bool = True) 
     limit = MAX_DRAFT_SHARE * model_size(target_path)
     considered = []
     for candidate in sorted(models_at_hand(), key=lambda c: -c.size_bytes):
-        if candidate.directory is not None and candidate.directory.resolve() == target_path.resolve():
+        if candidate.directory.resolve() == target_path.resolve():
             continue  # the target itself
         if candidate.size_bytes > limit:
             considered.append(f"{candidate.spec} (too large)")
@@ -108,8 +108,6 @@ def find_draft(target_path: Path, target_tokenizer: Any, progress: bool = True) 
             path = resolve_model(candidate.spec, progress)
         except ModelFilesError as error:
             considered.append(f"{candidate.spec} ({error})")
-            continue
-        if path.resolve() == target_path.resolve():
             continue
         reason = vocabulary_mismatch(target_tokenizer, load_tokenizer(path))
         if reason is None:

@@ -5,7 +5,9 @@ of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor, flo
 float32, and for a file of an architecture whose converter interleaves the two rotary halves of each head
 (``Architecture.gguf_interleaves_rotary``: Llama's, and so Mistral's) the q and k projections' rows put back in
 transformers' order, as transformers undoes it. Qwen2 files need no reordering. So the weights quantized from here
-are those quantized from the fp32 directory transformers would save, value for value.
+are those quantized from the fp32 directory transformers would save, value for value, but for Gemma's norm weights:
+they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers add back, which may round), and
+packed without adding it again (``quantize_state_dict``'s ``norm_offset``).
 
 Q4_K linear weights whose rows are not reordered are offered as blocks instead (``gguf_blocks.decode_q4_k``),
 to be kept bit for bit; the rest of the file's tensors are read as floats.

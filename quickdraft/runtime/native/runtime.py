@@ -19,6 +19,11 @@ from quickdraft.runtime.native.model import KEY_BLOCK, Decoder, StaticKVCache
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
 
 
+def unread_gguf(path: Path, config: DecoderConfig) -> bool:
+    """Whether ``path`` reads its weights from a GGUF file of a family whose GGUF tensors the loader does not map."""
+    return is_gguf_layout(path) and not ARCHITECTURES[config.model_type].reads_gguf
+
+
 class NativeCache(KVCache):
     def __init__(self, cache: StaticKVCache) -> None:
         self.static = cache
@@ -64,7 +69,7 @@ class NativeRuntime(Runtime):
             config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
-        return has_native_weights(path) and (ARCHITECTURES[config.model_type].reads_gguf or not is_gguf_layout(path))
+        return has_native_weights(path) and not unread_gguf(path, config)
 
     @classmethod
     def load(
@@ -85,7 +90,7 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        if is_gguf_layout(path) and not ARCHITECTURES[config.model_type].reads_gguf:
+        if unread_gguf(path, config):
             raise ModelFilesError(
                 f"the native runtime does not read {config.model_type} GGUF files yet (use --runtime transformers, "
                 f"or the model's transformers directory)"

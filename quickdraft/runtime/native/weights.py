@@ -94,11 +94,10 @@ def quantize_state_dict(
 
     for i in range(config.num_layers):
         prefix = f"model.layers.{i}."
-        attention = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
         for native, name in layer_norm_names(config).items():
             state[f"layers.{i}.{native}"] = norm(f"{prefix}{name}.weight")
-        if config.fused_projections:
-            attention = [f"{prefix}self_attn.qkv_proj"]
+        projections = ["qkv_proj"] if config.fused_projections else ["q_proj", "k_proj", "v_proj"]
+        attention = [f"{prefix}self_attn.{name}" for name in projections]
         linear(
             f"layers.{i}.qkv",
             [f"{name}.weight" for name in attention],

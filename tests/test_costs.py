@@ -10,6 +10,7 @@ from conftest import EXPENSIVE_DRAFT, FLAT, MODERATE, READS_SLOWLY, STEEP
 
 from quickdraft.costs import CostModel, expected_tokens, monotone_fit
 from quickdraft.errors import ConfigError
+from quickdraft.policies import best_gamma
 
 
 def test_expected_tokens() -> None:
@@ -37,11 +38,11 @@ def test_draft_read_follows_the_prefill_curve() -> None:
 
 
 def test_best_gamma_from_the_cost_model() -> None:
-    assert FLAT.best_num_draft_tokens(0.0, 16) == 0  # nothing is ever accepted: never draft
-    assert FLAT.best_num_draft_tokens(0.9, 16) >= 10  # cheap drafts, free verification, high α: draft long
-    assert STEEP.best_num_draft_tokens(0.9, 16) <= 1  # verification costs as much as decoding: barely draft
-    assert EXPENSIVE_DRAFT.best_num_draft_tokens(0.6, 16) <= 2
-    assert 0 < EXPENSIVE_DRAFT.best_num_draft_tokens(0.95, 16) < FLAT.best_num_draft_tokens(0.95, 16)
+    assert best_gamma(FLAT, 0.0, 16) == 0  # nothing is ever accepted: never draft
+    assert best_gamma(FLAT, 0.9, 16) >= 10  # cheap drafts, free verification, high α: draft long
+    assert best_gamma(STEEP, 0.9, 16) <= 1  # verification costs as much as decoding: barely draft
+    assert best_gamma(EXPENSIVE_DRAFT, 0.6, 16) <= 2
+    assert 0 < best_gamma(EXPENSIVE_DRAFT, 0.95, 16) < best_gamma(FLAT, 0.95, 16)
 
 
 def test_expected_tokens_with_a_continuation_rate() -> None:
@@ -118,7 +119,7 @@ def test_a_longer_context_adds_to_every_forward_and_more_to_longer_blocks() -> N
     assert at_16k.at_context(64 + 16384) == at_16k  # it holds at its own context now
     assert KV_HEAVY.at_context(64) is KV_HEAVY and KV_HEAVY.at_context(10) is KV_HEAVY  # not below the measured one
     assert FLAT.at_context(10**6) is FLAT  # without context costs: the same at every length
-    assert KV_HEAVY.best_num_draft_tokens(0.6, 8) >= 1 and at_16k.best_num_draft_tokens(0.6, 8) == 0
+    assert best_gamma(KV_HEAVY, 0.6, 8) >= 1 and best_gamma(at_16k, 0.6, 8) == 0
 
 
 def test_context_costs_survive_the_json_form_and_older_files_have_none() -> None:

@@ -158,9 +158,10 @@ def goodput_picks(curve: dict[int, float], draft_ms: float, rates: list[float], 
     """The γ quickdraft's goodput policy picks from this curve at each acceptance rate."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from quickdraft.costs import CostModel
+    from quickdraft.policies import best_gamma
 
     costs = CostModel({int(k): ms for k, ms in curve.items()}, draft_ms)
-    return {f"{rate:.2f}": costs.best_num_draft_tokens(rate, max_gamma) for rate in rates}
+    return {f"{rate:.2f}": best_gamma(costs, rate, max_gamma) for rate in rates}
 
 
 def main() -> None:

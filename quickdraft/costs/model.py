@@ -183,6 +183,10 @@ class CostModel:
             context_tokens=context_tokens,
         )
 
+    def draft(self, num_rows: int) -> float:
+        """The drafting of ``num_rows`` tokens, one a row (a request alone drafts one row a position)."""
+        return num_rows * self.draft_ms
+
     def step_ms(self, num_draft_tokens: int) -> float:
         """Time of one step: γ drafted tokens plus a target forward over γ + 1 tokens."""
         return num_draft_tokens * self.draft_ms + self.target(num_draft_tokens + 1)
@@ -191,13 +195,6 @@ class CostModel:
         """Expected committed tokens per millisecond (Leviathan et al. with this cost curve;
         ``continuation_rate``: see :func:`expected_tokens`)."""
         return expected_tokens(acceptance_rate, num_draft_tokens, continuation_rate) / self.step_ms(num_draft_tokens)
-
-    def best_num_draft_tokens(
-        self, acceptance_rate: float, max_draft_tokens: int, continuation_rate: float | None = None
-    ) -> int:
-        """argmax over γ in 0..max of the goodput; ties go to the smaller γ."""
-        goodputs = [self.goodput(acceptance_rate, gamma, continuation_rate) for gamma in range(max_draft_tokens + 1)]
-        return max(range(len(goodputs)), key=lambda gamma: (goodputs[gamma], -gamma))
 
     def saving_ms(
         self, acceptance_rate: float, num_draft_tokens: int, num_tokens: float, continuation_rate: float | None = None

@@ -5,7 +5,7 @@ own drafter and policy; one target forward scores every request's last committed
 with the prompt chunks (:meth:`Runtime.forward_batch`), and each request keeps the drafts its own acceptance
 rule accepts (:mod:`quickdraft.lossless.rules`). On the native runtime a request's logits are bitwise those of
 decoding it alone, so its greedy and seeded output do not depend on what else runs. Requests join and leave at
-step boundaries. Goodput requests' γ are chosen together for the whole step (:func:`plan_batch`).
+step boundaries. Goodput requests' γ are chosen together for the whole step (:func:`plan_step`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from quickdraft.lossless.rules import (
     verify_drafts,
 )
 from quickdraft.lossless.sampling import make_generator
-from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome, StepState, plan_batch
+from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome, StepState, alone_in_step, plan_step
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.text import IncrementalDecoder
 
@@ -262,8 +262,9 @@ class Engine:
         gammas = [bid.num_draft_tokens for bid in bids]
         # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
         # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
-        if self.batch_costs is not None and any(bid.negotiable for bid in bids):
-            gammas = plan_batch(bids, self.batch_costs, other_tokens=sum(n for _, n in plan.chunks))
+        other_tokens = sum(n for _, n in plan.chunks)
+        if self.batch_costs and any(bid.negotiable for bid in bids) and not alone_in_step(bids, other_tokens):
+            gammas = plan_step(bids, self.batch_costs, other_tokens)
         plan.gammas = dict(zip(decoding, gammas, strict=True))
         for state, gamma in plan.gammas.items():
             state.stats.gamma_per_step.append(gamma)

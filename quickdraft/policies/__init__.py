@@ -24,7 +24,7 @@ from quickdraft.policies.base import (
     parse_policy,
 )
 from quickdraft.policies.goodput import GoodputPolicy
-from quickdraft.policies.planner import plan_batch
+from quickdraft.policies.planner import StepCosts, alone_in_step, best_gamma, plan_step
 from quickdraft.policies.records import (
     AcceptanceRecord,
     AnswerLength,
@@ -57,11 +57,14 @@ __all__ = [
     "PolicyKind",
     "PolicySpec",
     "SpecDecPolicy",
+    "StepCosts",
     "StepOutcome",
     "StepState",
     "StepTimeRecord",
+    "alone_in_step",
+    "best_gamma",
     "draft_outcomes",
     "make_policy",
     "parse_policy",
-    "plan_batch",
+    "plan_step",
 ]

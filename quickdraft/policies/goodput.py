@@ -20,6 +20,7 @@ from quickdraft.policies.base import (
     StepState,
     no_argument,
 )
+from quickdraft.policies.planner import best_gamma
 from quickdraft.policies.records import (
     AcceptanceRecord,
     AnswerLengthRecord,
@@ -113,13 +114,13 @@ class GoodputPolicy(Policy):
         return self.bid(state).num_draft_tokens
 
     def bid(self, state: StepState = UNKNOWN_STATE) -> GoodputBid:
-        """γ as the most this request drafts, with the estimates it was chosen by, so that :func:`plan_batch` may
-        trim it to what pays in the whole batch (:meth:`choose`: the γ alone): on a free offer (copies) or the
-        drafter's measured drafts, whichever promise more tokens per millisecond."""
+        """γ as the most this request drafts, planned alone (:func:`best_gamma`), with the estimates it was chosen
+        by, so that :func:`plan_step` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone): on a
+        free offer (copies) or the drafter's measured drafts, whichever promise more tokens per millisecond."""
         priced = next((offer for offer in state.offers if not offer.free), None)
         backlog, token_ms = (0, None) if priced is None else (priced.backlog, priced.token_ms)
         model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state, backlog, token_ms)
-        gamma = 0 if priced is None else costs.best_num_draft_tokens(acceptance_rate, self.maximum, continuation_rate)
+        gamma = 0 if priced is None else best_gamma(costs, acceptance_rate, self.maximum, continuation_rate)
         for offer in state.offers:
             if offer.free and offer.available and (free_bid := self._free_bid(state, offer, model, gamma)) is not None:
                 return free_bid
@@ -166,7 +167,7 @@ class GoodputPolicy(Policy):
         alpha = source.first.mean()
         beta = source.later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
         free_costs = self._corrected_costs(state.context_tokens, None)[1]
-        gamma = free_costs.best_num_draft_tokens(alpha, self.maximum, beta)
+        gamma = best_gamma(free_costs, alpha, self.maximum, beta)
         if offer.max_tokens is not None:
             gamma = min(gamma, offer.max_tokens)
         model_ms = costs.step_ms(model_gamma) + (reading_ms if model_gamma > 0 else 0.0)

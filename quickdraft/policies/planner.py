@@ -1,31 +1,42 @@
-"""Planning a step shared by several requests: how many of each request's bid drafts pay in the whole step."""
+"""The one planner: how many of each request's bid drafts pay in a step, for a request alone and for a batch (a
+batch of one is a batch). Goodput plans a request's own step with its corrected :class:`CostModel` and the engine
+plans a shared step with the measured :class:`BatchCostModel`; both are :class:`StepCosts`."""
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
 from collections.abc import Sequence
+from typing import Protocol
 
-from quickdraft.costs import BatchCostModel
-from quickdraft.policies.base import DraftBid
+from quickdraft.policies.base import DraftBid, Offer
 
 
-def plan_batch(bids: Sequence[DraftBid], costs: BatchCostModel, other_tokens: int = 0) -> list[int]:
-    """SmartSpec's goodput for a step shared by several requests: the drafts per request, γ_i ≤ its bid, with the
-    most expected tokens of the whole step per millisecond, Σ_i E[tokens_i | α_i, β_i, γ_i] ÷ t_step.
+class StepCosts(Protocol):
+    """What a step costs, in milliseconds."""
+
+    def target(self, num_tokens: int) -> float:
+        """The target's forward over ``num_tokens`` new tokens of the step."""
+        ...
+
+    def draft(self, num_rows: int) -> float:
+        """One draft forward over ``num_rows`` requests (one drafted token each)."""
+        ...
+
+
+def plan_step(bids: Sequence[DraftBid], costs: StepCosts, other_tokens: int = 0) -> list[int]:
+    """SmartSpec's goodput for a step: the drafts per request, γ_i ≤ its bid, with the most expected tokens of the
+    whole step per millisecond, Σ_i E[tokens_i | α_i, β_i, γ_i] ÷ t_step.
 
     t_step = t_target(Σ_i (γ_i + 1) + ``other_tokens``) + Σ_p t_draft(rows drafting a p-th token in the draft
     model's forwards: the bids whose offer is ``batched``) + each drafting request's reading and what its context
     adds (:class:`DraftBid`'s ``reading_ms``, ``context_ms``). A prompt token read (``other_tokens``) counts as a
     token of goodput: work every request needs done. A request's k-th draft adds α·β^(k−1) expected tokens
-    (:func:`expected_tokens`). Drafts are handed out one at a time, each to the request whose next draft adds the
+    (:meth:`DraftBid.gain`). Drafts are handed out one at a time, each to the request whose next draft adds the
     most expected tokens per millisecond it adds to the step; of the plans on the way, from no drafts to every bid
     in full, the one with the best goodput wins (ties: fewer drafts). A bid that is not negotiable keeps its γ
-    (counted as one expected token). A step of one request and nothing else keeps its bid: its policy solved that
-    problem already, with costs corrected by its measured steps. ``docs/serving.md`` gives the reasons.
+    (counted as one expected token). ``docs/serving.md`` gives the reasons.
     """
-    if len(bids) == 1 and other_tokens == 0:
-        return [bids[0].num_draft_tokens]
     target_ms, draft_ms = functools.cache(costs.target), functools.cache(costs.draft)  # few distinct arguments
     gammas = [0 if bid.negotiable else bid.num_draft_tokens for bid in bids]
     rows = Counter(position for i, gamma in enumerate(gammas) if bids[i].batched for position in range(1, gamma + 1))
@@ -54,3 +65,18 @@ def plan_batch(bids: Sequence[DraftBid], costs: BatchCostModel, other_tokens: in
         if goodput > best_goodput:
             best_goodput, best_gammas = goodput, list(gammas)
     return best_gammas
+
+
+ALONE = Offer("alone", batched=True)  # a request planned alone: every draft it makes costs its costs' draft(1)
+
+
+def best_gamma(costs: StepCosts, acceptance_rate: float, maximum: int, continuation_rate: float | None = None) -> int:
+    """The γ in 0..``maximum`` a request alone plans at α and β (None: α) with its own ``costs``: a batch of one."""
+    bid = DraftBid(maximum, acceptance_rate, continuation_rate, offer=ALONE)
+    return plan_step([bid], costs)[0]
+
+
+def alone_in_step(bids: Sequence[DraftBid], other_tokens: int) -> bool:
+    """A step of one request and nothing else keeps its bid: its policy planned it already, with this planner and
+    costs corrected by the request's measured steps."""
+    return len(bids) == 1 and other_tokens == 0

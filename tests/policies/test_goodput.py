@@ -22,6 +22,7 @@ from quickdraft.policies import (
     StepOutcome,
     StepState,
     StepTimeRecord,
+    best_gamma,
 )
 from quickdraft.policies.goodput import FreeSource, GoodputBid
 
@@ -136,8 +137,8 @@ def test_goodput_drafts_long_blocks_when_a_good_start_keeps_being_right() -> Non
     """A cheap drafter whose first draft is right half the time, and then right on: a single per-draft
     rate (α = β = 0.5) keeps γ at 1; knowing that later drafts go on being accepted, γ grows."""
     cheap = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=1.8)  # prompt lookup, measured shape
-    assert cheap.best_num_draft_tokens(0.5, 16) == 1
-    assert cheap.best_num_draft_tokens(0.5, 16, continuation_rate=0.95) >= 4
+    assert best_gamma(cheap, 0.5, 16) == 1
+    assert best_gamma(cheap, 0.5, 16, continuation_rate=0.95) >= 4
     chosen = feed(GoodputPolicy(cheap, maximum=16), alpha=0.5, later=0.97, steps=200)
     assert sum(chosen[-100:]) / 100 >= 4
     never = feed(GoodputPolicy(cheap, maximum=16), alpha=0.05, later=0.97, steps=200)

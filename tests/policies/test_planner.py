@@ -1,13 +1,14 @@
-"""goodput for a step shared by several requests (SmartSpec): plan_batch on synthetic batch cost curves."""
+"""The one planner (SmartSpec's goodput for a step): plan_step on synthetic batch cost curves, and a request alone
+as a batch of one."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from conftest import FLAT, STEEP
+from conftest import EXPENSIVE_DRAFT, FLAT, STEEP
 
-from quickdraft.costs import BatchCostModel, expected_tokens
+from quickdraft.costs import BatchCostModel, CostModel, expected_tokens
 from quickdraft.errors import ConfigError
 from quickdraft.policies import (
     MODEL_DRAFTS,
@@ -17,7 +18,9 @@ from quickdraft.policies import (
     GoodputPolicy,
     Offer,
     StepState,
-    plan_batch,
+    alone_in_step,
+    best_gamma,
+    plan_step,
 )
 
 # The default pair on a 2-core AVX-512 machine, roughly: a step is memory-bound up to a few tokens, then each
@@ -43,7 +46,7 @@ def bids(count: int, alpha: float, gamma: int = 8, beta: float | None = None) ->
 
 
 def goodput(bids_: list[DraftBid], gammas: list[int], uses_model: list[bool], costs: BatchCostModel) -> float:
-    """Expected tokens per ms of a plan (the quantity plan_batch maximises), computed directly."""
+    """Expected tokens per ms of a plan (the quantity plan_step maximises), computed directly."""
     tokens = sum(gamma + 1 for gamma in gammas)
     expected = sum(
         expected_tokens(bid.acceptance_rate or 0.0, gamma, bid.continuation_rate)
@@ -57,52 +60,65 @@ def goodput(bids_: list[DraftBid], gammas: list[int], uses_model: list[bool], co
 @pytest.mark.parametrize("count", [8, 32, 64])
 def test_a_busy_batch_falls_to_plain_decoding(count: int) -> None:
     """Once the step is compute-bound a drafted token costs as much as any other token, and adds less than one."""
-    assert plan_batch(drafting(bids(count, 0.8), [True] * count), MEASURED_SHAPE) == [0] * count
-    assert plan_batch(drafting(bids(count, 0.95), [False] * count), COMPUTE_BOUND) == [0] * count
+    assert plan_step(drafting(bids(count, 0.8), [True] * count), MEASURED_SHAPE) == [0] * count
+    assert plan_step(drafting(bids(count, 0.95), [False] * count), COMPUTE_BOUND) == [0] * count
 
 
 def test_verification_that_costs_a_step_per_token_is_never_worth_it() -> None:
     steep = BatchCostModel(dict(STEEP.target_ms), {1: 1.0})
-    assert plan_batch(drafting(bids(2, 0.9), [False, False]), steep) == [0, 0]
+    assert plan_step(drafting(bids(2, 0.9), [False, False]), steep) == [0, 0]
 
 
 def test_a_small_batch_with_cheap_verification_keeps_speculating() -> None:
-    gammas = plan_batch(drafting(bids(2, 0.9), [True, True]), NEARLY_FREE_VERIFY)
+    gammas = plan_step(drafting(bids(2, 0.9), [True, True]), NEARLY_FREE_VERIFY)
     assert all(gamma >= 6 for gamma in gammas)
-    assert plan_batch(drafting(bids(2, 0.8), [True, True]), MEASURED_SHAPE)[0] >= 1  # memory-bound at two requests
+    assert plan_step(drafting(bids(2, 0.8), [True, True]), MEASURED_SHAPE)[0] >= 1  # memory-bound at two requests
 
 
 def test_drafts_beside_a_prompt_chunk_pay_as_they_would_without_it() -> None:
     """A prompt chunk in the same forward makes the step compute-bound, and its tokens are work done: a draft
     there costs what a prompt token costs and adds less than one, so it does not pay; where the forward's cost
     hardly grows with its tokens, drafts pay beside a prompt as without it."""
-    assert plan_batch(drafting(bids(1, 0.6, 5), [True]), COMPUTE_BOUND, other_tokens=128) == [0]
-    assert plan_batch(drafting(bids(4, 0.8), [False] * 4), MEASURED_SHAPE, other_tokens=128) == [0] * 4
-    assert plan_batch(drafting(bids(2, 0.9), [False] * 2), NEARLY_FREE_VERIFY, other_tokens=128)[0] >= 6
+    assert plan_step(drafting(bids(1, 0.6, 5), [True]), COMPUTE_BOUND, other_tokens=128) == [0]
+    assert plan_step(drafting(bids(4, 0.8), [False] * 4), MEASURED_SHAPE, other_tokens=128) == [0] * 4
+    assert plan_step(drafting(bids(2, 0.9), [False] * 2), NEARLY_FREE_VERIFY, other_tokens=128)[0] >= 6
 
 
 def test_one_request_alone_keeps_its_policys_choice() -> None:
-    """The single-request policy solved this step already, with costs corrected by its measured steps."""
-    assert plan_batch(drafting([DraftBid(5, 0.6, 0.6)], [True]), COMPUTE_BOUND) == [5]
+    """The single-request policy planned this step already, with costs corrected by its measured steps."""
+    alone = drafting([DraftBid(5, 0.6, 0.6)], [True])
+    assert alone_in_step(alone, other_tokens=0)
+    assert not alone_in_step(alone, other_tokens=16) and not alone_in_step(alone * 2, other_tokens=0)
+
+
+@pytest.mark.parametrize("costs", [FLAT, STEEP, EXPENSIVE_DRAFT])
+def test_a_request_alone_is_planned_as_a_batch_of_one(costs: CostModel) -> None:
+    """The planner's γ for one request is the argmax of its own goodput over 0..max (ties: the smaller γ): the
+    obvious search is the oracle."""
+    for alpha in (0.0, 0.3, 0.6, 0.8, 0.95, 1.0):
+        for beta in (None, 0.5, 0.9):
+            goodputs = [costs.goodput(alpha, gamma, beta) for gamma in range(17)]
+            oracle = max(range(17), key=lambda gamma: (round(goodputs[gamma], 12), -gamma))
+            assert best_gamma(costs, alpha, 16, beta) == oracle, (alpha, beta)
 
 
 def test_drafts_go_where_they_are_accepted() -> None:
     mixed = [DraftBid(8, 0.95, 0.95), DraftBid(8, 0.2, 0.2), DraftBid(8, 0.7, 0.7)]
-    gammas = plan_batch(drafting(mixed, [False] * 3), MEASURED_SHAPE)
+    gammas = plan_step(drafting(mixed, [False] * 3), MEASURED_SHAPE)
     assert gammas[0] > gammas[2] > gammas[1] == 0
 
 
 def test_a_fixed_bid_keeps_its_gamma() -> None:
     fixed = [DraftBid(4), DraftBid(8, 0.9, 0.9)]
-    assert plan_batch(drafting(fixed * 16, [True] * 32), MEASURED_SHAPE)[::2] == [4] * 16
-    assert plan_batch(drafting([DraftBid(4)] * 32, [True] * 32), MEASURED_SHAPE) == [4] * 32
+    assert plan_step(drafting(fixed * 16, [True] * 32), MEASURED_SHAPE)[::2] == [4] * 16
+    assert plan_step(drafting([DraftBid(4)] * 32, [True] * 32), MEASURED_SHAPE) == [4] * 32
 
 
 def test_the_plan_is_the_best_of_its_kind() -> None:
     """No plan that moves one draft between requests, or adds or removes one, does better."""
     requests = [DraftBid(6, 0.9, 0.95), DraftBid(6, 0.6, 0.8), DraftBid(6, 0.75, 0.5), DraftBid(3, 0.99, 0.99)]
     uses_model = [True, True, False, True]
-    gammas = plan_batch(drafting(requests, uses_model), MEASURED_SHAPE)
+    gammas = plan_step(drafting(requests, uses_model), MEASURED_SHAPE)
     best = goodput(requests, gammas, uses_model, MEASURED_SHAPE)
     for i in range(4):
         for delta in (-1, 1):
@@ -114,7 +130,7 @@ def test_the_plan_is_the_best_of_its_kind() -> None:
 
 def test_reading_a_prompt_first_counts_against_drafting() -> None:
     reading = [DraftBid(4, 0.8, 0.8, reading_ms=1e6), DraftBid(4, 0.8, 0.8)]
-    gammas = plan_batch(drafting(reading, [True, True]), NEARLY_FREE_VERIFY)
+    gammas = plan_step(drafting(reading, [True, True]), NEARLY_FREE_VERIFY)
     assert gammas[0] == 0 < gammas[1]
 
 
@@ -144,8 +160,8 @@ def test_batch_cost_models_validate_and_round_trip() -> None:
 def test_a_long_context_makes_its_requests_drafts_dearer_in_a_shared_step() -> None:
     """The batch curve is timed with few cached tokens: what a request's context adds comes with its bid."""
     short = bids(2, 0.8, 4)
-    assert plan_batch(drafting(short, [True, True]), MEASURED_SHAPE)[0] >= 1
+    assert plan_step(drafting(short, [True, True]), MEASURED_SHAPE)[0] >= 1
     long = [replace(bid, context_ms=60.0, context_ms_per_draft=80.0) for bid in short]  # 16k tokens each
-    assert plan_batch(drafting(long, [True, True]), MEASURED_SHAPE) == [0, 0]
-    mixed = plan_batch(drafting([short[0], long[1]], [True, True]), MEASURED_SHAPE)
+    assert plan_step(drafting(long, [True, True]), MEASURED_SHAPE) == [0, 0]
+    mixed = plan_step(drafting([short[0], long[1]], [True, True]), MEASURED_SHAPE)
     assert mixed[0] >= 1 and mixed[1] == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -12,7 +14,15 @@ from hypothesis import strategies as st
 from scipy.stats import chi2, chisquare
 
 from quickdraft.lossless.sampling import gumbel_argmax, position_noise
-from quickdraft.lossless.verify import acceptance_probs, coupled_verify, greedy_verify, rejection_sample, residual_probs
+from quickdraft.lossless.verify import (
+    acceptance_probs,
+    block_judgement,
+    block_verify,
+    coupled_verify,
+    greedy_verify,
+    rejection_sample,
+    residual_probs,
+)
 
 
 def distributions(vocab_size: int, count: int) -> st.SearchStrategy[torch.Tensor]:
@@ -219,3 +229,126 @@ def test_a_draft_equal_to_the_target_is_always_accepted_with_shared_noise() -> N
     for seed in range(200):
         _, num_accepted = coupled_tokens(TARGET, TARGET, position_noise(seed, range(3), VOCAB))
         assert num_accepted == 2
+
+
+def prefix_tables(vocab_size: int, depth: int, seed: int, one_hot: bool = False) -> dict[tuple[int, ...], torch.Tensor]:
+    """A random distribution ``[V]`` after every prefix of up to ``depth`` tokens, some entries zero (one-hot:
+    a drafter without probabilities)."""
+    generator = torch.Generator().manual_seed(seed)
+    tables = {}
+    for length in range(depth + 1):
+        for prefix in itertools.product(range(vocab_size), repeat=length):
+            weights = torch.rand(vocab_size, generator=generator, dtype=torch.float64) ** 3
+            weights[torch.rand(vocab_size, generator=generator) < 0.3] = 0.0
+            if one_hot or weights.sum() == 0:
+                weights = torch.nn.functional.one_hot(weights.argmax(), vocab_size).double()
+            tables[prefix] = weights / weights.sum()
+    return tables
+
+
+def block_step_law(
+    target: dict[tuple[int, ...], torch.Tensor], draft: dict[tuple[int, ...], torch.Tensor], gamma: int, vocab: int
+) -> tuple[torch.Tensor, float]:
+    """Exact law of one block-verification step's tokens, completed by the target to γ + 1 tokens ``[V] * (γ + 1)``,
+    and the expected number of accepted drafts, enumerating every draft block and every coin outcome."""
+    joint, expected_accepted = torch.zeros([vocab] * (gamma + 1), dtype=torch.float64), 0.0
+    for block in itertools.product(range(vocab), repeat=gamma):
+        q_block = math.prod(float(draft[block[:i]][x]) for i, x in enumerate(block))
+        if q_block == 0:
+            continue
+        draft_probs = torch.stack([draft[block[:i]] for i in range(gamma)])[None]  # [1, γ, V]
+        target_probs = torch.stack([target[block[:i]] for i in range(gamma + 1)])[None]  # [1, γ + 1, V]
+        passes, dists = block_judgement(torch.tensor([block]), draft_probs, target_probs)
+        h = passes[0].tolist()
+        for tau in range(gamma + 1):  # τ: the longest prefix whose coin passed
+            p_tau = (h[tau - 1] if tau > 0 else 1.0) * math.prod(1.0 - h[j] for j in range(tau, gamma))
+            expected_accepted += q_block * p_tau * tau
+            for y in range(vocab):
+                out = (*block[:tau], y)
+                weight = q_block * p_tau * float(dists[0, tau, y])
+                if weight > 0:
+                    joint += weight * completed(target, out, gamma + 1, vocab)
+    return joint, expected_accepted
+
+
+def completed(
+    target: dict[tuple[int, ...], torch.Tensor], prefix: tuple[int, ...], length: int, vocab: int
+) -> torch.Tensor:
+    """The law ``[V] * length`` of ``prefix`` followed by the target's own tokens up to ``length`` tokens."""
+    law = torch.zeros([vocab] * length, dtype=torch.float64)
+    for rest in itertools.product(range(vocab), repeat=length - len(prefix)):
+        sequence = (*prefix, *rest)
+        law[sequence] = math.prod(float(target[sequence[:i]][sequence[i]]) for i in range(len(prefix), length))
+    return law
+
+
+def token_wise_expected_accepted(target: dict, draft: dict, gamma: int, vocab: int) -> float:
+    """E[accepted drafts] of Leviathan's token-by-token rule on the same blocks."""
+    total = 0.0
+    for block in itertools.product(range(vocab), repeat=gamma):
+        q_block = math.prod(float(draft[block[:i]][x]) for i, x in enumerate(block))
+        if q_block == 0:
+            continue
+        draft_probs = torch.stack([draft[block[:i]] for i in range(gamma)])[None]
+        target_probs = torch.stack([target[block[:i]] for i in range(gamma + 1)])[None]
+        accept = acceptance_probs(torch.tensor([block]), draft_probs, target_probs)[0]
+        total += q_block * float(accept.cumprod(0).sum())
+    return total
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(12))
+def test_block_verification_reproduces_the_targets_joint_law_and_accepts_no_fewer(gamma: int, seed: int) -> None:
+    """Exact enumeration, V = 3, context-dependent p and q with zeros: a step's tokens completed by the target
+    have the target's joint law, and block verification accepts at least as many drafts in expectation as
+    token-by-token rejection (its Theorem 2; equal at γ = 1)."""
+    vocab = 3
+    target = prefix_tables(vocab, gamma, 2 * seed)
+    draft = prefix_tables(vocab, gamma - 1, 2 * seed + 1, one_hot=seed % 4 == 3)
+    joint, block_accepted = block_step_law(target, draft, gamma, vocab)
+    assert torch.allclose(joint, completed(target, (), gamma + 1, vocab), atol=1e-9)
+    token_accepted = token_wise_expected_accepted(target, draft, gamma, vocab)
+    assert block_accepted >= token_accepted - 1e-9
+    if gamma == 1:
+        assert block_accepted == pytest.approx(token_accepted, abs=1e-12)
+
+
+def test_block_verification_negative_control_a_wrong_coin_breaks_the_law(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enumeration above would catch a plausible mistake: the last coin h_γ = 1 (accept a block whose every
+    earlier coin failed)."""
+    import quickdraft.lossless.verify as verify
+
+    real = verify.block_judgement
+
+    def last_coin_always(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        passes, dists = real(*args)
+        return torch.cat([passes[:, :-1], torch.ones_like(passes[:, -1:])], dim=1), dists
+
+    target, draft = prefix_tables(3, 2, 0), prefix_tables(3, 1, 1)
+    monkeypatch.setattr(sys.modules[__name__], "block_judgement", last_coin_always)
+    joint, _ = block_step_law(target, draft, 2, 3)
+    assert not torch.allclose(joint, completed(target, (), 3, 3), atol=1e-3)
+
+
+def test_block_verify_draws_the_law_it_enumerates() -> None:
+    """The sampling around the coins, many rows at once (χ² on the first committed token, and the accepted count
+    against its exact mean); no drafts samples the target."""
+    vocab, gamma, rows = 3, 2, 60_000
+    target, draft = prefix_tables(vocab, gamma, 4), prefix_tables(vocab, gamma - 1, 5)
+    _, expected_accepted = block_step_law(target, draft, gamma, vocab)
+    generator = torch.Generator().manual_seed(0)
+    first = torch.multinomial(draft[()], rows, replacement=True, generator=generator)  # [B]
+    second = torch.stack([torch.multinomial(draft[(int(x),)], 1, generator=generator)[0] for x in first])  # [B]
+    blocks = torch.stack([first, second], dim=1)  # [B, 2]
+    draft_probs = torch.stack([torch.stack([draft[()], draft[(int(x),)]]) for x in first])  # [B, 2, V]
+    target_probs = torch.stack(
+        [torch.stack([target[()], target[(int(x),)], target[(int(x), int(y))]]) for x, y in blocks.tolist()]
+    )  # [B, 3, V]
+    result = block_verify(blocks, draft_probs, target_probs, generator)
+    committed_first = torch.where(result.num_accepted > 0, blocks[:, 0], result.next_token_ids)
+    counts = torch.bincount(committed_first, minlength=vocab).double()
+    keep = target[()] > 0
+    assert chisquare(counts[keep], rows * target[()][keep]).pvalue > 1e-3
+    assert float(result.num_accepted.double().mean()) == pytest.approx(expected_accepted, abs=0.02)
+    plain = block_verify(torch.empty(1, 0, dtype=torch.long), None, torch.tensor([[[0.0, 0.0, 1.0]]]), None)
+    assert plain.num_accepted.tolist() == [0] and plain.next_token_ids.tolist() == [2]

@@ -9,7 +9,7 @@ import torch
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import PromptError
 from quickdraft.lossless.sampling import choose_tokens, logits_to_probs, position_noise
-from quickdraft.lossless.verify import VerificationResult, coupled_verify, greedy_verify, rejection_sample
+from quickdraft.lossless.verify import VerificationResult, block_verify, coupled_verify, greedy_verify
 from quickdraft.text import IncrementalDecoder
 
 
@@ -46,7 +46,8 @@ def verify_drafts(
     ``draft_token_ids [1, γ]``, ``draft_probs [1, γ, V]`` (None: one-hot), ``target_logits [1, γ + 1, V]``.
     Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's Gumbel-max
     samples under the positions' noise, so the output is seeded plain decoding's whatever γ. Unseeded
-    sampling: Leviathan rejection sampling.
+    sampling: block verification (exact in distribution, at least as many drafts accepted as Leviathan's
+    token-by-token rule).
     """
     if sampling.is_greedy:
         return greedy_verify(draft_token_ids, target_logits)
@@ -55,7 +56,7 @@ def verify_drafts(
         positions = range(position, position + target_probs.shape[1])
         noise = position_noise(sampling.seed, positions, target_probs.shape[-1])  # [γ + 1, V]
         return coupled_verify(draft_token_ids, target_probs, noise[None])
-    return rejection_sample(draft_token_ids, draft_probs, target_probs, generator)
+    return block_verify(draft_token_ids, draft_probs, target_probs, generator)
 
 
 def commit_tokens(

@@ -11,8 +11,10 @@ tokens.
   sample under noise fixed by (seed, position); drafts drawn with the same noise are accepted
   while they equal it. Every committed token is the target's own sample, so the output is
   seeded plain decoding's, whatever γ.
-- ``rejection_sample``: unseeded sampling (Leviathan et al. 2023); the output at a position
-  depends on whether it was drafted, so it is exact in distribution only.
+- ``block_verify``: unseeded sampling (Sun et al. 2025): the drafts are judged as a block, which accepts at
+  least as many in expectation as judging them token by token (``rejection_sample``, Leviathan et al. 2023,
+  kept as the reference it is compared with). The output at a position depends on whether it was drafted,
+  so both are exact in distribution only.
 """
 
 from __future__ import annotations
@@ -121,3 +123,59 @@ def rejection_sample(
     rows = torch.arange(batch_size, device=num_accepted.device)
     next_token_ids = sample(next_token_dists[rows, num_accepted], generator)  # [B]
     return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
+
+
+def block_verify(
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> VerificationResult:
+    """Lossless block verification (Sun et al., "Block Verification Accelerates Speculative Decoding", 2025):
+    the longest block prefix whose coin passes (:func:`block_judgement`) is accepted (none: 0 drafts), then the
+    target's token is drawn from that prefix's distribution.
+
+    draft_token_ids: [B, γ]; draft_probs: [B, γ, V] (None: one-hot on the drafted token); target_probs:
+    [B, γ + 1, V].
+    """
+    batch_size, num_drafts = draft_token_ids.shape
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(draft_token_ids, target_probs.shape[-1]).to(target_probs.dtype)
+    passes, next_token_dists = block_judgement(draft_token_ids, draft_probs, target_probs)  # [B, γ], [B, γ + 1, V]
+    uniform = torch.rand(passes.shape, generator=generator, device=passes.device)  # [B, γ]
+    prefixes = torch.arange(1, num_drafts + 1, device=passes.device)  # [γ]
+    passing = torch.where(uniform < passes, prefixes, 0)  # [B, γ]: the length of each passing prefix, else 0
+    num_accepted = passing.max(dim=1).values if num_drafts > 0 else passing.new_zeros(batch_size)  # [B]
+    rows = torch.arange(batch_size, device=num_accepted.device)
+    next_token_ids = sample(next_token_dists[rows, num_accepted], generator)  # [B]
+    return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
+
+
+def block_judgement(
+    draft_token_ids: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's coins and distributions: (h [B, γ], next-token distributions [B, γ + 1, V]).
+
+    draft_token_ids: [B, γ]; draft_probs: [B, γ, V]; target_probs: [B, γ + 1, V]. With w_0 = 1 and
+    w_i = min(1, w_(i−1) · p_i(X_i) / q_i(X_i)) (positions from 1; p_(i+1), q_(i+1) are the distributions after
+    the first i drafts), the residual after i drafts is r_i = max(0, w_i · p_(i+1) − q_(i+1)). The prefix of
+    i < γ drafts passes with h_i = |r_i| / (|r_i| + 1 − w_i) (1 where both are 0), all γ with h_γ = w_γ. After
+    τ < γ accepted drafts the target's token comes from norm(r_τ) (p where r_τ = 0, which happens only where
+    p = q), after all γ from p_(γ+1). With γ = 1 this is Leviathan's rule.
+    """
+    batch_size, num_drafts = draft_token_ids.shape
+    tiny = torch.finfo(target_probs.dtype).tiny
+    index = draft_token_ids[..., None]  # [B, γ, 1]
+    target_prob_of_draft = target_probs[:, :num_drafts].gather(-1, index).squeeze(-1)  # [B, γ]
+    draft_prob_of_draft = draft_probs.gather(-1, index).squeeze(-1).clamp(min=tiny)  # [B, γ]
+    weights = [torch.ones(batch_size, dtype=target_probs.dtype, device=target_probs.device)]  # w_0: [B]
+    for i in range(num_drafts):
+        weights.append((weights[-1] * target_prob_of_draft[:, i] / draft_prob_of_draft[:, i]).clamp(max=1.0))
+    weight = torch.stack(weights, dim=1)  # [B, γ + 1]: w_0 .. w_γ
+    residual = (weight[:, :num_drafts, None] * target_probs[:, :num_drafts] - draft_probs).clamp(min=0)  # [B, γ, V]
+    mass = residual.sum(dim=-1)  # [B, γ]: |r_0| .. |r_(γ−1)|
+    denominator = mass[:, 1:] + 1.0 - weight[:, 1:num_drafts]  # [B, γ − 1]
+    passes = torch.where(denominator > 0, mass[:, 1:] / denominator.clamp(min=tiny), 1.0)  # h_1 .. h_(γ−1)
+    passes = torch.cat([passes, weight[:, num_drafts:]], dim=1)[:, :num_drafts]  # [B, γ]: h_1 .. h_γ
+    residual_dists = torch.where(mass[..., None] > 0, residual / mass[..., None].clamp(min=tiny), target_probs[:, :-1])
+    return passes, torch.cat([residual_dists, target_probs[:, num_drafts:]], dim=1)

@@ -128,7 +128,7 @@ def test_chi_square_catches_a_wrong_acceptance_rule(at_once: int, monkeypatch: p
     (With one-hot drafts the wrong rule only accepts where p(x) = 1 and otherwise samples p,
     which happens to be right, so the control uses the draft model.)
     """
-    monkeypatch.setattr(quickdraft.lossless.rules, "rejection_sample", wrong_rule)
+    monkeypatch.setattr(quickdraft.lossless.rules, "block_verify", wrong_rule)
     assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False, at_once=at_once) < REJECTED
 
 

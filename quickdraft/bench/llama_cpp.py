@@ -62,21 +62,17 @@ def require_llama_cpp(method: str) -> None:
         )
 
 
-def source_gguf(model_dir: Path | None, role: str = "target") -> tuple[Path, str]:
-    """The GGUF file a converted model directory was made from and its sha256 (from the conversion marker)."""
+def verified_gguf(model_dir: Path | None, role: str = "target") -> Path:
+    """The GGUF file a converted model directory was made from (its conversion marker says), checked against the
+    digest the conversion recorded."""
     try:
         marker = json.loads((Path(model_dir or "") / MARKER).read_text(encoding="utf-8"))
-        return Path(marker["source"]), str(marker["sha256"])
+        path, sha256 = Path(marker["source"]), str(marker["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(
             f"the llama.cpp peers need the {role} as a GGUF file: {model_dir} was not converted by quickdraft "
             f"from one (no {MARKER}); pass a packaged model name or a .gguf file"
         ) from None
-
-
-def verified_gguf(model_dir: Path | None, role: str = "target") -> Path:
-    """:func:`source_gguf`, checked against the digest its conversion recorded."""
-    path, sha256 = source_gguf(model_dir, role)
     if not path.is_file():
         raise ModelFilesError(f"{path} ({role}) is missing: run `quickdraft models` to assemble it again")
     found = file_sha256(path, progress=False)
@@ -268,9 +264,8 @@ class LlamaCppDraftMethod(Method):
     peer = True
     uses_draft_model = True
 
-    def __init__(self, name: str, draft_tokens: int = DRAFT_TOKENS) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.draft_tokens = draft_tokens
         self._command: list[str] = []
 
     def check(self) -> None:
@@ -284,7 +279,7 @@ class LlamaCppDraftMethod(Method):
         self._command = [
             str(llama_tool(SPECULATIVE_TOOL)), "-m", str(target), "-md", str(draft),
             "--spec-type", "draft-simple",  # in this version -md alone does not speculate
-            "--spec-draft-n-max", str(self.draft_tokens),
+            "--spec-draft-n-max", str(DRAFT_TOKENS),
             "-t", threads, "-tb", threads, "-td", threads, "-tbd", threads,
             "--temp", "0", "--repeat-penalty", "1.0", "-ngl", "0", "-ngld", "0",
             "--no-escape",  # the prompt as written: code's backslashes are not escape sequences
@@ -296,7 +291,7 @@ class LlamaCppDraftMethod(Method):
         if not self._command:
             raise ConfigError(f"method {self.name!r}: load() was not called")
         prompt = pipeline.tokenizer.decode(prompt_ids)
-        n_ctx = context_size(len(prompt_ids) + max_new_tokens + self.draft_tokens + 2)
+        n_ctx = context_size(len(prompt_ids) + max_new_tokens + DRAFT_TOKENS + 2)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as file:
             file.write(prompt + "\n")  # -f drops a file's last newline: the prompt's own one stays
             file.flush()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -28,7 +27,7 @@ NO_AMX = " ".join(NO_AMX_FLAGS)
 SPECULATIVE_TOOL = "llama-speculative-simple"
 SERVER_TOOL = "llama-server"
 TOOLS = (SPECULATIVE_TOOL, SERVER_TOOL)
-CMAKE_OPTIONS = (
+CMAKE_OPTIONS = (  # in this order: they name the build's cache (tool_dir)
     "-DCMAKE_BUILD_TYPE=Release",
     f"-DCMAKE_C_FLAGS={NO_AMX}",
     f"-DCMAKE_CXX_FLAGS={NO_AMX}",
@@ -103,10 +102,9 @@ def llama_tool(name: str, progress: bool = True) -> Path:
         return binary
     check_tool(name, f"using {name}")
     started = time.perf_counter()
-    if progress:
-        print(f"building llama.cpp's {' and '.join(TOOLS)} once into {binary.parent} (about 7 minutes on two "
-              "cores) ...", file=sys.stderr, flush=True)  # fmt: skip
     what = f"building llama.cpp's {' and '.join(TOOLS)}"
+    if progress:
+        print(f"{what} once into {binary.parent} (about 7 minutes on two cores) ...", file=sys.stderr, flush=True)
     tool_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
         work = Path(scratch)
@@ -124,9 +122,3 @@ def llama_tool(name: str, progress: bool = True) -> Path:
     if progress:
         print(f"built them in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return binary
-
-
-def tool_version(binary: Path) -> str:
-    """What ``--version`` prints (llama.cpp's build number and commit), for reports."""
-    result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, errors="replace")
-    return (result.stdout + result.stderr).strip().splitlines()[-1] if result.returncode == 0 else "unknown"

@@ -167,12 +167,6 @@ def _drafter_method(drafter: str) -> MethodFactory:
     return make
 
 
-def _policy_method(drafter: str, policy: str, spec: str, runtime: str | None) -> Method:
-    if drafter in ("baseline", "none") or drafter not in DRAFTERS.names():
-        raise ConfigError(f"method {spec!r}: a policy needs a drafter ({', '.join(DRAFTERS.names())})")
-    return EngineMethod(f"{drafter}+{policy}", drafter, DEFAULT_NUM_DRAFT_TOKENS, policy, runtime)
-
-
 METHODS.register("baseline")(_baseline)
 METHODS.register("control")(_control)
 for _drafter in DRAFTERS.names():
@@ -193,24 +187,23 @@ for _peer, _build in PEERS.items():
 def make_method(spec: str) -> Method:
     """``NAME``, ``NAME:γ`` or ``DRAFTER+POLICY``, each optionally ``@RUNTIME`` -> a method; fixed-γ
     drafters are named with their γ."""
-    text, at, runtime = spec.strip().partition("@")
-    if at and runtime not in RUNTIMES.names():
-        raise ConfigError(f"method {spec!r}: unknown runtime {runtime!r} (known: {', '.join(RUNTIMES.names())})")
-    return _make_method(text, runtime if at else None)
-
-
-def _make_method(spec: str, runtime: str | None) -> Method:
-    drafter, plus, policy = spec.strip().partition("+")
+    text, at, on_runtime = spec.strip().partition("@")
+    if at and on_runtime not in RUNTIMES.names():
+        raise ConfigError(f"method {spec!r}: unknown runtime {on_runtime!r} (known: {', '.join(RUNTIMES.names())})")
+    runtime = on_runtime if at else None
+    drafter, plus, policy = text.strip().partition("+")
     if plus:
-        return _policy_method(drafter, policy, spec, runtime)
-    name, _, gamma_text = spec.strip().partition(":")
+        if drafter in ("baseline", "none") or drafter not in DRAFTERS.names():
+            raise ConfigError(f"method {text!r}: a policy needs a drafter ({', '.join(DRAFTERS.names())})")
+        return EngineMethod(f"{drafter}+{policy}", drafter, DEFAULT_NUM_DRAFT_TOKENS, policy, runtime)
+    name, _, gamma_text = text.strip().partition(":")
     gamma = None
     if gamma_text:
         try:
             gamma = int(gamma_text)
         except ValueError:
-            raise ConfigError(f"method {spec!r}: expected NAME or NAME:γ with an integer γ") from None
-    return METHODS.get(name)(spec, gamma, runtime)
+            raise ConfigError(f"method {text!r}: expected NAME or NAME:γ with an integer γ") from None
+    return METHODS.get(name)(text, gamma, runtime)
 
 
 def parse_methods(text: str) -> list[Method]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -152,8 +152,8 @@ def summarize(
         predicted = predicted_speedup(acceptance_rate, num_draft_tokens, draft_ms or 0.0, target_ms)
         efficiency = speedup / predicted if predicted else None
     p50, p90 = percentile(latencies, 0.5), percentile(latencies, 0.9)
-    same = sum(e.token_ids == reference_ids[e.question_id] for e in compared) / len(compared) if compared else None
-    same = same if comparable else None
+    same_tokens = sum(e.token_ids == reference_ids[e.question_id] for e in compared)
+    same = same_tokens / len(compared) if compared and comparable else None
     return {
         "speedup": speedup,
         "speedup_ci95": speedup_interval(entries, baseline) if speedup is not None else None,
@@ -167,18 +167,10 @@ def summarize(
         "n_questions": len({e.question_id for e in entries}),
         "latency_p50_ms": None if p50 is None else 1000 * p50,
         "latency_p90_ms": None if p90 is None else 1000 * p90,
-        "decode_speedup": _speedup_of(_paired_rates(entries, baseline, decode_rate), None),
+        "decode_speedup": _speedup_of(_paired_rates(entries, baseline, "decode_tokens_per_s"), None),
         "decode_tokens_per_s": statistics.fmean(decode_rates) if decode_rates else None,
         "prefill_s": statistics.fmean(prefill_times) if prefill_times else None,
     }
-
-
-def decode_rate(entry: Entry) -> float | None:
-    return entry.decode_tokens_per_s
-
-
-def total_rate(entry: Entry) -> float | None:
-    return entry.tokens_per_s
 
 
 def _speedup(entries: list[Entry], baseline: list[Entry]) -> float | None:
@@ -193,13 +185,14 @@ def _speedup_per_run(entries: list[Entry], baseline: list[Entry]) -> dict[str, f
 
 
 def _paired_rates(
-    entries: list[Entry], baseline: list[Entry], rate: Callable[[Entry], float | None] = total_rate
+    entries: list[Entry], baseline: list[Entry], rate: str = "tokens_per_s"
 ) -> dict[int, dict[str, tuple[float, float]]]:
-    """Per run, per question both finished (and have a ``rate`` for): (the method's tokens/s, the baseline's)."""
+    """Per run, per question both finished (and have a ``rate``, an :class:`Entry` property, for): (the method's
+    tokens/s, the baseline's)."""
     paired: dict[int, dict[str, tuple[float, float]]] = {}
     for run in sorted({e.run for e in entries}):
-        ours = {e.question_id: value for e in entries if e.run == run and (value := rate(e)) is not None}
-        theirs = {e.question_id: value for e in baseline if e.run == run and (value := rate(e)) is not None}
+        ours = {e.question_id: value for e in entries if e.run == run and (value := getattr(e, rate)) is not None}
+        theirs = {e.question_id: value for e in baseline if e.run == run and (value := getattr(e, rate)) is not None}
         paired[run] = {q: (ours[q], theirs[q]) for q in sorted(ours.keys() & theirs.keys())}
     return paired
 
@@ -215,20 +208,19 @@ def _speedup_of(paired: dict[int, dict[str, tuple[float, float]]], question_ids:
     return statistics.fmean(ratios) if ratios else None
 
 
-def speedup_interval(
-    entries: list[Entry], baseline: list[Entry], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
-) -> tuple[float, float] | None:
-    """A 95 % percentile-bootstrap interval of :func:`_speedup`: the questions are drawn again with
-    replacement, each keeping all its runs (paired with the baseline's), so the interval covers both
-    which questions were asked and the machine's noise from run to run. None with fewer than 2 questions."""
+def speedup_interval(entries: list[Entry], baseline: list[Entry]) -> tuple[float, float] | None:
+    """A 95 % percentile-bootstrap interval of :func:`_speedup` (:data:`BOOTSTRAP_RESAMPLES` draws, seeded): the
+    questions are drawn again with replacement, each keeping all its runs (paired with the baseline's), so the
+    interval covers both which questions were asked and the machine's noise from run to run. None with fewer than
+    2 questions."""
     paired = _paired_rates(entries, baseline)
     questions = sorted({q for rates in paired.values() for q in rates})
     if len(questions) < 2:
         return None
-    rng = random.Random(seed)
+    rng = random.Random(0)
     draws = sorted(
         value
-        for _ in range(resamples)
+        for _ in range(BOOTSTRAP_RESAMPLES)
         if (value := _speedup_of(paired, rng.choices(questions, k=len(questions)))) is not None
     )
     low, high = percentile(draws, 0.025), percentile(draws, 0.975)
@@ -265,33 +257,28 @@ def aggregate(
     for name, info in methods.items():
         mine = [e for e in entries if e.method == name]
         baseline = [e for e in entries if e.method == info.baseline]
-        if info.baseline not in references:
-            references[info.baseline] = {}
-            for e in sorted(baseline, key=lambda e: -e.run):  # the lowest run wins
-                references[info.baseline][e.question_id] = e.token_ids
+        if info.baseline not in references:  # the lowest run wins
+            references[info.baseline] = {e.question_id: e.token_ids for e in sorted(baseline, key=lambda e: -e.run)}
         reference_ids = references[info.baseline]
         draft_ms = draft_token_ms(curves, info.uses_draft_model, info.target_cost_fraction)
-        theory = {"num_draft_tokens": info.num_draft_tokens, "draft_ms": draft_ms, "target_ms": target_ms}
-        theory["comparable"] = comparable
-        if info.uses_draft_model and draft_ms is None:
-            theory["num_draft_tokens"] = None
+        checked = None if info.uses_draft_model and draft_ms is None else info.num_draft_tokens  # γ, for the theory
+        settings = {"num_draft_tokens": checked, "draft_ms": draft_ms, "target_ms": target_ms, "peer": info.peer}
+        settings["comparable"] = comparable
         results[name] = {
-            "overall": summarize(mine, baseline, reference_ids, **theory, peer=info.peer),
+            "overall": summarize(mine, baseline, reference_ids, **settings),
             "categories": {
-                category: summarize(
-                    [e for e in mine if e.category == category],
-                    [e for e in baseline if e.category == category],
-                    reference_ids,
-                    **theory,
-                    peer=info.peer,
-                )
-                for category in categories
+                c: summarize(in_category(mine, c), in_category(baseline, c), reference_ids, **settings)
+                for c in categories
             },
             "num_draft_tokens": info.num_draft_tokens,
             "step_size_counts": dict(sorted(Counter(size for e in mine for size in e.step_sizes).items())),
             "gamma_counts": dict(sorted(Counter(gamma for e in mine for gamma in e.gammas).items())),
         }
     return results
+
+
+def in_category(entries: list[Entry], category: str) -> list[Entry]:
+    return [e for e in entries if e.category == category]
 
 
 def category_group(result: Mapping[str, Any], category: str) -> Mapping[str, Any]:

@@ -56,10 +56,6 @@ EXPORTER_REQUIREMENTS = (
 EXPORT_MARKER = "quickdraft-export.json"  # written last: a directory with it is a whole export
 
 
-def require_openvino(method: str) -> None:
-    require_module(method, "openvino_genai", "openvino-genai", INSTALL)
-
-
 def openvino_root() -> Path:
     return cache_root() / "openvino"
 
@@ -145,7 +141,7 @@ class OpenVinoMethod(Method):
         self._pipe: Any = None
 
     def check(self) -> None:
-        require_openvino(self.name)
+        require_module(self.name, "openvino_genai", "openvino-genai", INSTALL)
 
     def load(self, pipeline: Pipeline, cost_curves: Mapping[str, Mapping[int, float]], context: int = 0) -> None:
         """Export (once) and load the models with the bench's thread count and no prefix cache: GenAI keeps

@@ -10,7 +10,7 @@ import gzip
 import itertools
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ def load_questions(path: str | Path) -> list[Question]:
     if not questions:
         raise ConfigError(f"--questions: {path} holds no questions")
     if SPEC_BENCH_SUBTASKS & {q.category for q in questions}:
-        questions = [_group_mt_bench(q) for q in questions]
+        questions = [replace(q, category="mt_bench") if q.category in MT_BENCH_CATEGORIES else q for q in questions]
     return questions
 
 
@@ -110,9 +110,3 @@ def _parse_row(row: dict[str, Any], path: Path, number: int) -> Question:
         f"--questions: {where}: unknown format; expected Spec-Bench/MT-Bench rows (question_id, category, turns), "
         f"HumanEval rows (task_id, prompt) or GSM8K rows (question)"
     )
-
-
-def _group_mt_bench(question: Question) -> Question:
-    if question.category in MT_BENCH_CATEGORIES:
-        return Question(question.question_id, "mt_bench", question.turns, question.chat)
-    return question

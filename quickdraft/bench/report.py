@@ -29,13 +29,28 @@ def cell(value: Any, pattern: str) -> str:
     return "–" if value is None else pattern.format(value)
 
 
-def metrics_table(rows: dict[str, dict[str, Any]], first_column: str) -> list[str]:
-    lines = [
-        f"| {first_column} | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
-        "|---|" + "---|" * len(COLUMNS),
-    ]
-    for label, metrics in rows.items():
-        lines.append(f"| {label} | " + " | ".join(cell(metrics[key], fmt) for key, _, fmt in COLUMNS) + " |")
+def row(*cells: Any) -> str:
+    """A markdown table row."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def header(*titles: str) -> list[str]:
+    """A markdown table's header and its rule."""
+    return [row(*titles), "|---|" + "---|" * (len(titles) - 1)]
+
+
+def metrics_table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    lines = header("method", *(title for _, title, _ in COLUMNS))
+    lines += [row(label, *(cell(metrics[key], fmt) for key, _, fmt in COLUMNS)) for label, metrics in rows.items()]
+    return lines
+
+
+def category_table(methods: dict[str, Any], categories: list[str], key: str, pattern: str) -> list[str]:
+    """One row per method: its ``key`` in each category and overall."""
+    groups = [*categories, "overall"]
+    lines = header("method", *groups)
+    for name, result in methods.items():
+        lines.append(row(name, *(cell(category_group(result, c)[key], pattern) for c in groups)))
     return lines
 
 
@@ -56,11 +71,9 @@ def context_cost_line(results: dict[str, Any]) -> list[str]:
         for role in (CurveRole.TARGET_CONTEXT, CurveRole.DRAFT_CONTEXT)
         for k, ms in sorted((int(k), ms) for k, ms in (curves.get(role) or {}).items())
     ]
-    return (
-        ["", f"What 1,000 more cached tokens add to a forward (goodput plans with it): {', '.join(parts)}."]
-        if parts
-        else []
-    )
+    if not parts:
+        return []
+    return ["", f"What 1,000 more cached tokens add to a forward (goodput plans with it): {', '.join(parts)}."]
 
 
 def decoding(config: dict[str, Any]) -> str:
@@ -102,13 +115,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "",
         "## Speedup per category",
         "",
-        "| method | " + " | ".join(categories) + " | overall |",
-        "|---|" + "---|" * (len(categories) + 1),
-    ]
-    for name, result in methods.items():
-        row = [cell(result["categories"][c]["speedup"], "{:.2f}×") for c in categories]
-        lines.append(f"| {name} | " + " | ".join(row) + f" | {cell(result['overall']['speedup'], '{:.2f}×')} |")
-    lines += [
+        *category_table(methods, categories, "speedup", "{:.2f}×"),
         "",
         "## Speedup intervals (95 %, bootstrap over questions)",
         "",
@@ -116,25 +123,18 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "an interval that excludes 1.00× says the method is faster (or slower) than its baseline beyond "
         "this sample's question-to-question and run-to-run noise.",
         "",
-        "| method | " + " | ".join(categories) + " | overall |",
-        "|---|" + "---|" * (len(categories) + 1),
+        *category_table(methods, categories, "speedup_ci95", "{0[0]:.2f}–{0[1]:.2f}"),
     ]
-    for name, result in methods.items():
-        groups = [result["categories"][c] for c in categories] + [result["overall"]]
-        row = [cell(group["speedup_ci95"], "{0[0]:.2f}–{0[1]:.2f}") for group in groups]
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += oracle_section(results, categories)
-    lines += ["", "## Overall", "", *metrics_table({n: r["overall"] for n, r in methods.items()}, "method")]
-    for category in categories:
-        rows = {name: result["categories"][category] for name, result in methods.items()}
-        lines += ["", f"## {category}", "", *metrics_table(rows, "method")]
+    for title, category in [("Overall", "overall"), *((c, c) for c in categories)]:
+        rows = {name: category_group(result, category) for name, result in methods.items()}
+        lines += ["", f"## {title}", "", *metrics_table(rows)]
     curves, prefill = split_cost_curves(results)
     if curves:
         lines += ["", f"## Cost curves (ms per forward of k new tokens, {config['profile_context']} cached)", ""]
         ks = sorted({int(k) for curve in curves.values() for k in curve})
-        lines += ["| model | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
-        for role, curve in curves.items():
-            lines.append(f"| {role} | " + " | ".join(cell(curve.get(str(k)), "{:.1f}") for k in ks) + " |")
+        lines += header("model", *(f"k={k}" for k in ks))
+        lines += [row(role, *(cell(curve.get(str(k)), "{:.1f}") for k in ks)) for role, curve in curves.items()]
     if prefill:
         reads = ", ".join(f"{n} tokens {ms:.0f} ms" for n, ms in sorted((int(n), ms) for n, ms in prefill.items()))
         lines += ["", f"Draft model reading a prompt into an empty cache (goodput weighs it): {reads}."]
@@ -157,20 +157,18 @@ def oracle_section(results: dict[str, Any], categories: list[str]) -> list[str]:
         "The oracle is the largest of several noisy speedups, so it is biased upward; the held-out oracle "
         "measures, in each run, the γ that was best on the other runs (mean over runs; 2 runs or more).",
         "",
-        "| drafter / method | " + " | ".join(categories) + " | overall |",
-        "|---|" + "---|" * (len(categories) + 1),
+        *header("drafter / method", *categories, "overall"),
     ]
+    groups = [*categories, "overall"]
     for drafter, by_category in best.items():
-        row = [by_category.get(c) for c in [*categories, "overall"]]
-        cells = ["–" if o is None else f"{o['speedup']:.2f}× (γ={o['gamma']})" for o in row]
-        lines.append(f"| {drafter} oracle | " + " | ".join(cells) + " |")
+        cells = ["–" if (o := by_category.get(c)) is None else f"{o['speedup']:.2f}× (γ={o['gamma']})" for c in groups]
+        lines.append(row(f"{drafter} oracle", *cells))
         unbiased = held_out.get(drafter, {})
         if unbiased:
-            cells = [cell(unbiased.get(c), "{:.2f}×") for c in [*categories, "overall"]]
-            lines.append(f"| {drafter} held-out oracle | " + " | ".join(cells) + " |")
+            lines.append(row(f"{drafter} held-out oracle", *(cell(unbiased.get(c), "{:.2f}×") for c in groups)))
         for name in (n for n in adaptive if n.split("+")[0] == drafter and "@" not in n):  # same runtime only
             cells = []
-            for category in [*categories, "overall"]:
+            for category in groups:
                 group = category_group(methods[name], category)
                 reference, unbiased_reference = by_category.get(category), unbiased.get(category)
                 share = (
@@ -180,7 +178,7 @@ def oracle_section(results: dict[str, Any], categories: list[str]) -> list[str]:
                     else ""
                 )
                 cells.append(cell(group["speedup"], "{:.2f}×") + share)
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append(row(name, *cells))
     for name in adaptive:
         counts = methods[name].get("gamma_counts") or {}
         total = sum(counts.values())

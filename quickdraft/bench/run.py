@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.bench.base import Method
+from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.long_context import bench_questions
 from quickdraft.bench.methods import parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
@@ -38,6 +38,7 @@ from quickdraft.costs.calibration import (
 from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.machine import cpu_description
+from quickdraft.runtime.options import draft_load_defaults
 
 WARMUP_TOKENS = 16
 WARMUP_PROMPT_TOKENS = 512  # the warm-up reads at most this much of the first prompt (a long-context one took 65 s)
@@ -68,6 +69,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
                 f"these methods decode greedily only: {', '.join(greedy_only)}; drop them or --temperature"
             )
     needs_draft = any(method.uses_draft_model for method in methods)
+    weights, vocabulary = draft_load_defaults(settings.draft_weights, settings.draft_vocabulary)  # defaults filled in
     categories = list(dict.fromkeys(question.category for question in questions))
     config = {
         "questions": questions_name,
@@ -82,7 +84,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "warmup": settings.warmup,
         "target": settings.target,
         "draft": (settings.draft or DEFAULT_DRAFT) if needs_draft else None,
-        "draft_load": draft_load(settings) if needs_draft else None,
+        "draft_load": {"weights": weights, "vocabulary": vocabulary} if needs_draft else None,
         "runtime": settings.runtime,
         "profile_context": settings.profile_context,
         "greedy": settings.sampling.is_greedy,
@@ -95,12 +97,12 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         for run in range(settings.runs)
         for index, question in enumerate(questions)
         for method in rotated(methods, index + run)
-        if (method.name, question.question_id, run) not in store.done
+        if (method.name, question.question_id, run) not in store.entries
     ]
     if settings.report_only:
         if not store.entries:
             raise ConfigError(f"--report-only: {store.out} holds no measured entries yet")
-        finished = {question_id for _, question_id, _ in store.done}
+        finished = {question_id for _, question_id, _ in store.entries}
         print(f"report only: {len(finished)} of {len(questions)} questions have entries, {len(todo)} runs missing",
               file=sys.stderr)  # fmt: skip
     elif todo or store.cost_curves is None:
@@ -127,14 +129,6 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
     return results, write_plots(results, store.out)
 
 
-def draft_load(settings: BenchSettings) -> dict[str, Any]:
-    """The draft model's weight format and vocabulary as the run asks for them (defaults filled in)."""
-    from quickdraft.runtime.options import draft_load_defaults
-
-    weights, vocabulary = draft_load_defaults(settings.draft_weights, settings.draft_vocabulary)
-    return {"weights": weights, "vocabulary": vocabulary}
-
-
 def rotated(methods: list[Method], shift: int) -> list[Method]:
     """The methods in turn order for one question: each question starts one further along, so no
     method always runs first (e.g. right after a long prefill) or always right after the same other."""
@@ -151,7 +145,8 @@ def measure(
 ) -> None:
     from quickdraft.api import Pipeline
 
-    for method in dict.fromkeys(method for _, _, method in todo):
+    pending_methods = list(dict.fromkeys(method for _, _, method in todo))
+    for method in pending_methods:
         method.check()  # e.g. a peer whose package is missing: before any model is loaded
     pipeline = Pipeline.load(
         settings.target,
@@ -179,16 +174,14 @@ def measure(
         store.cost_curves[str(CurveRole.DRAFT_PREFILL)] = curve_to_json(prefill)
     store.write_json("cost_curves.json", store.cost_curves)
     curves = {CurveRole(role): curve_from_json(curve) for role, curve in store.cost_curves.items()}
-    pending_methods = list(dict.fromkeys(method for _, _, method in todo))
     other_runtimes = {method.runtime for method in pending_methods if method.runtime is not None}
     pipelines = {None: pipeline} | {runtime: pipeline.on_runtime(runtime) for runtime in sorted(other_runtimes)}
     for method in pending_methods:
         method.load(pipelines[method.runtime], curves, settings.profile_context)
-    first_prompt = encode_turns(pipeline, questions[0], [])[0][-WARMUP_PROMPT_TOKENS:] if pending_methods else []
+    first_prompt = encode_turn(pipeline, questions[0], [])[-WARMUP_PROMPT_TOKENS:] if pending_methods else []
+    warmup_tokens = min(WARMUP_TOKENS, settings.max_new_tokens)
     for method in tqdm(pending_methods * settings.warmup, desc="warm-up", file=sys.stderr):
-        method.run(
-            pipelines[method.runtime], first_prompt, min(WARMUP_TOKENS, settings.max_new_tokens), settings.sampling
-        )
+        method.run(pipelines[method.runtime], first_prompt, warmup_tokens, settings.sampling)
     total = settings.runs * len(questions) * len(methods)
     with tqdm(total=total, initial=total - len(todo), desc="bench", unit="run", file=sys.stderr) as bar:
         current_run = None
@@ -198,11 +191,10 @@ def measure(
                 for runtime_pipeline in pipelines.values():
                     runtime_pipeline.forget_answers()
             bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
-            store.add(
-                run_question(
-                    pipelines[method.runtime], method, question, run, settings.max_new_tokens, settings.sampling
-                )
+            entry = run_question(
+                pipelines[method.runtime], method, question, run, settings.max_new_tokens, settings.sampling
             )
+            store.add(entry)
             bar.update()
     measured = {  # what adaptive policies measured of the engine's steps (this invocation's runs)
         drafter if runtime is None else f"{drafter}@{runtime}": asdict(record)
@@ -213,63 +205,47 @@ def measure(
     store.write_json("step_times.json", measured)
 
 
-def encode_turns(pipeline: Any, question: Question, answers: list[str]) -> list[list[int]]:
+def encode_turn(pipeline: Any, question: Question, answers: list[str]) -> list[int]:
     """Prompt ids of the next turn (after ``answers``): chat history, or the raw text for completions."""
-    turn = len(answers)
     if not question.chat:
-        return [pipeline.encode(question.turns[turn])]
+        return pipeline.encode(question.turns[len(answers)])
     messages: list[dict[str, str]] = []
     for user, answer in zip(question.turns, [*answers, None], strict=False):
         messages.append({"role": "user", "content": user})
         if answer is None:
             break
         messages.append({"role": "assistant", "content": answer})
-    return [pipeline.encode_chat(messages)]
+    return pipeline.encode_chat(messages)
 
 
 def run_question(
     pipeline: Any, method: Method, question: Question, run: int, max_new_tokens: int, sampling: SamplingParams
 ) -> Entry:
     """All turns of ``question``, each answered by ``method`` with its own previous answers in the history."""
-    token_ids: list[int] = []
-    step_sizes: list[int] = []
-    latencies: list[float] = []
     answers: list[str] = []
-    wall_time_s = 0.0
-    proposed: int | None = None
-    accepted: int | None = None
-    gammas: list[int] = []
-    prefill_s: float | None = 0.0
+    turns: list[TurnResult] = []
     method.start_conversation(pipeline, pipeline.chat_prefix() if question.chat else [])
     for _ in question.turns:
-        prompt_ids = encode_turns(pipeline, question, answers)[0]
-        result = method.run(pipeline, prompt_ids, max_new_tokens, sampling)
-        answers.append(pipeline.tokenizer.decode(result.token_ids, skip_special_tokens=True))
-        token_ids += result.token_ids
-        step_sizes += result.step_sizes
-        latencies += token_latencies(result.step_times_s, result.step_sizes)
-        wall_time_s += result.wall_time_s
-        prefill_s = None if prefill_s is None or not result.step_times_s else prefill_s + result.step_times_s[0]
-        gammas += result.gammas
-        if result.draft_tokens_proposed is not None:
-            proposed = (proposed or 0) + result.draft_tokens_proposed
-            accepted = (accepted or 0) + (result.draft_tokens_accepted or 0)
+        turns.append(method.run(pipeline, encode_turn(pipeline, question, answers), max_new_tokens, sampling))
+        answers.append(pipeline.tokenizer.decode(turns[-1].token_ids, skip_special_tokens=True))
+    token_ids = [token for turn in turns for token in turn.token_ids]
+    drafting = [turn for turn in turns if turn.draft_tokens_proposed is not None]
     return Entry(
         method=method.name,
         question_id=question.question_id,
         category=question.category,
         run=run,
         new_tokens=len(token_ids),
-        wall_time_s=wall_time_s,
+        wall_time_s=sum(turn.wall_time_s for turn in turns),
         token_ids=token_ids,
-        step_sizes=step_sizes,
-        token_latencies_s=latencies,
-        draft_tokens_proposed=proposed,
-        draft_tokens_accepted=accepted,
+        step_sizes=[size for turn in turns for size in turn.step_sizes],
+        token_latencies_s=[s for turn in turns for s in token_latencies(turn.step_times_s, turn.step_sizes)],
+        draft_tokens_proposed=sum(turn.draft_tokens_proposed or 0 for turn in drafting) if drafting else None,
+        draft_tokens_accepted=sum(turn.draft_tokens_accepted or 0 for turn in drafting) if drafting else None,
         answers=answers,
-        gammas=gammas,
+        gammas=[gamma for turn in turns for gamma in turn.gammas],
         revision=source_revision(),
-        prefill_s=prefill_s,
+        prefill_s=sum(turn.step_times_s[0] for turn in turns) if all(turn.step_times_s for turn in turns) else None,
     )
 
 
@@ -332,10 +308,6 @@ class ResultStore:
         self._read_entries()
         self.machine: dict[str, Any] | None = self._read_json("machine.json")
         self.cost_curves: dict[str, dict[str, float]] | None = self._read_json("cost_curves.json")
-
-    @property
-    def done(self) -> set[tuple[str, str, int]]:
-        return set(self.entries)
 
     def add(self, entry: Entry) -> None:
         self.entries[entry.key] = entry

@@ -143,8 +143,7 @@ def start_servers(
             described["quickdraft"] = url
         else:
             command = quickdraft_command(args, port := free_port())
-            servers.append((start_process(command, out / "server.log"), out / "server.log"))
-            url = wait_healthy(servers[-1][0], port, out / "server.log")
+            url = start_server(command, port, out / "server.log", servers)
             described["quickdraft"] = " ".join(command[3:])
         urls |= {config.name: url for config in configs if not config.is_peer}
     peers = [config for config in configs if config.is_peer]
@@ -154,12 +153,10 @@ def start_servers(
         draft = draft_for(args, ["draft-model"]) if any(c.drafter != "none" for c in peers) else None
         target_gguf, draft_gguf = gguf_files(args.target, draft)
         for config in peers:
-            log = out / f"{config.name}.log"
             command = server_command(
                 config, target_gguf, draft_gguf, slots, torch.get_num_threads(), port := free_port()
             )
-            servers.append((start_process(command, log), log))
-            urls[config.name] = wait_healthy(servers[-1][0], port, log)
+            urls[config.name] = start_server(command, port, out / f"{config.name}.log", servers)
             described[config.name] = " ".join([Path(command[0]).name, *command[1:]])
     return urls, described
 
@@ -176,10 +173,7 @@ async def drive(
         for url in set(urls.values())
     }
     try:
-        models = {}
-        for config in configs:
-            client = clients[urls[config.name]]
-            models[config.name] = await warm_up(client, config, prompts[0])
+        models = {config.name: await warm_up(clients[urls[config.name]], config, prompts[0]) for config in configs}
         for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
             for config in configs:
                 records, wall_s = await run_load(
@@ -260,13 +254,10 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
     runs = {}
     for config in configs:
         settings = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy, sampling=args.sampling)
-        latencies = []
         warm_up = GenerationConfig(max_new_tokens=8, policy=settings.policy)
         pipeline.generate(prompts[0].text, warm_up, drafter=config.drafter, chat=True)
-        for prompt in prompts:
-            result = pipeline.generate(prompt.text, settings, drafter=config.drafter, chat=True)
-            latencies.append(result.stats.wall_time_s)
-        runs[config.name] = {"e2e_s": distribution(latencies)}
+        results = [pipeline.generate(prompt.text, settings, drafter=config.drafter, chat=True) for prompt in prompts]
+        runs[config.name] = {"e2e_s": distribution([result.stats.wall_time_s for result in results])}
         print(f"single request, {config.name}: mean {runs[config.name]['e2e_s']['mean']:.2f} s", file=sys.stderr)
     return runs
 
@@ -286,15 +277,15 @@ def quickdraft_command(args: argparse.Namespace, port: int) -> list[str]:
     return command
 
 
-def start_process(command: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as log_file:
-        return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-
-
-def wait_healthy(server: subprocess.Popen[bytes], port: int, log: Path) -> str:
-    """The server's URL once its ``/health`` answers 200 (both servers answer 503 while loading)."""
+def start_server(command: list[str], port: int, log: Path, servers: list[tuple[subprocess.Popen[bytes], Path]]) -> str:
+    """Start the server ``command`` on ``port``, its output into ``log`` (appended to ``servers`` at once, to be
+    stopped whatever happens next); its URL once its ``/health`` answers 200 (both servers answer 503 while
+    loading)."""
     import httpx
 
+    with log.open("wb") as log_file:
+        server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+    servers.append((server, log))
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 1200
     while time.monotonic() < deadline:
         if server.poll() is not None:

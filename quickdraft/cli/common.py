@@ -45,16 +45,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_draft_load_arguments(parser)
 
 
-def add_draft_load_arguments(
-    parser: argparse.ArgumentParser, prefix: str = "--draft-", what: str = "draft model"
-) -> None:
+def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--draft-") -> None:
     """How the draft model is stored (native runtime): it changes how often drafts are accepted, never the output.
     ``prefix`` "--" gives the same options for the one model a command loads (``profile``)."""
     parser.add_argument(
         f"{prefix}weights",
         choices=WEIGHT_FORMATS,
         default=None,
-        help=f"{what} weight format on the native runtime: auto keeps a GGUF file's 4-bit tensors and stores the "
+        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's 4-bit tensors and stores the "
         f"rest in 7-bit int8, q4 stores everything in 4 bits, int8 everything in 7 bits (draft model default "
         f"{DRAFT_WEIGHTS}, other models auto)",
     )
@@ -63,7 +61,7 @@ def add_draft_load_arguments(
         type=int,
         default=None,
         metavar="N",
-        help=f"compute the {what}'s logits for its N most frequent tokens and each request's prompt tokens only "
+        help=f"compute the draft model's logits for its N most frequent tokens and each request's prompt tokens only "
         f"(FR-Spec: the rest are never drafted); 0 = all (draft model default {DRAFT_VOCABULARY}, other models 0)",
     )
 

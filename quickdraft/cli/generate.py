@@ -193,9 +193,8 @@ def run(args: argparse.Namespace) -> None:
             "target": str(pipeline.target_path),
             "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
             "runtime": pipeline.target.name,
+            **({} if comparison is None else {"compare": comparison}),
         }
-        if comparison is not None:
-            output["compare"] = comparison
         print(json.dumps(output))
         return
     print(f"[{args.drafter}, finish: {result.finish_reason}] {result.stats.summary()}", file=sys.stderr)

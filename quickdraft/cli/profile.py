@@ -42,9 +42,7 @@ def add_command(commands: Any) -> None:
         "(default target)",
     )
     add_runtime_argument(profile)
-    add_draft_load_arguments(
-        profile, prefix="--"
-    )  # --weights, --vocabulary: defaults as a draft model loads for "draft"
+    add_draft_load_arguments(profile, prefix="--")  # --weights, --vocabulary: as a draft model loads for "draft"
     profile.add_argument("--max-k", type=int, default=16, metavar="K", help="largest number of new tokens (default 16)")
     profile.add_argument("--context", type=int, default=512, metavar="N", help="cached tokens first (default 512)")
     profile.add_argument(
@@ -90,10 +88,9 @@ def run(args: argparse.Namespace) -> None:
     model = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}.get(args.model, args.model)
     path = resolve_model(model, progress=not args.json)
     runtime_cls = runtime_for(args.runtime, path)
-    if args.model == "draft":  # as the pipeline loads the default draft model
-        options = draft_load_options(runtime_cls, load_tokenizer(path), args.weights, args.vocabulary)
-    else:
-        options = draft_load_options(runtime_cls, load_tokenizer(path), args.weights or "auto", args.vocabulary or 0)
+    draft = args.model == "draft"  # loaded as the pipeline loads the default draft model
+    weights, vocabulary = (args.weights, args.vocabulary) if draft else (args.weights or "auto", args.vocabulary or 0)
+    options = draft_load_options(runtime_cls, load_tokenizer(path), weights, vocabulary)
     reader = None
     if args.against:  # before loading ours: a missing or unusable binding is a clear error, at once
         from quickdraft.bench.llama_cpp import prompt_reader, verified_gguf
@@ -101,9 +98,8 @@ def run(args: argparse.Namespace) -> None:
         reader = prompt_reader(verified_gguf(path), torch.get_num_threads(), args.prefill)
     runtime = runtime_cls.load(path, options)
     runtime_name = runtime_cls.name
-    report = {"model": str(model), "path": str(path), "runtime": runtime_name}
-    report |= {"weights": options.weights, "vocabulary": len(options.vocabulary or ()) or None}
-    report |= {"threads": torch.get_num_threads()}
+    report = {"model": str(model), "path": str(path), "runtime": runtime_name, "weights": options.weights}
+    report |= {"vocabulary": len(options.vocabulary or ()) or None, "threads": torch.get_num_threads()}
     if args.prefill is not None:
         report |= measure_prefill(runtime, args.prefill, args.repeats, args.warmup, reader)
     else:
@@ -113,8 +109,7 @@ def run(args: argparse.Namespace) -> None:
         report |= {"t_ms": curve_to_json(curve)}
     text = json.dumps(report, indent=None if args.json else 2)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
-            file.write(text + "\n")
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
     if args.json:
         print(text)
         return

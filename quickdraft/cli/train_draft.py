@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -93,17 +94,13 @@ def run(args: argparse.Namespace) -> None:
 
     if args.shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {args.shards}")
+    # both trainers' settings; --epochs and --learning-rate default to each trainer's own
+    shared = {"tokens_per_batch": args.tokens_per_batch, "held_out_shards": args.held_out_shards, "seed": args.seed}
+    shared |= {name: value for name in ("epochs", "learning_rate") if (value := getattr(args, name)) is not None}
     if args.model == "draft":
         from quickdraft.draft_head.distill import DistillSettings
 
-        distill_settings = DistillSettings(
-            epochs=1.0 if args.epochs is None else args.epochs,
-            rank=args.rank,
-            learning_rate=2e-4 if args.learning_rate is None else args.learning_rate,
-            tokens_per_batch=args.tokens_per_batch,
-            held_out_shards=args.held_out_shards,
-            seed=args.seed,
-        )
+        distill_settings = DistillSettings(rank=args.rank, **shared)
     collect_settings = CollectSettings(
         sequences_per_shard=args.sequences_per_shard,
         batch_size=args.batch_size,
@@ -111,14 +108,7 @@ def run(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     train_settings = TrainSettings(
-        epochs=2.5 if args.epochs is None else args.epochs,
-        steps=args.unroll,
-        learning_rate=1e-3 if args.learning_rate is None else args.learning_rate,
-        tokens_per_batch=args.tokens_per_batch,
-        intermediate_size=args.intermediate_size,
-        vocabulary_size=args.vocabulary,
-        held_out_shards=args.held_out_shards,
-        seed=args.seed,
+        steps=args.unroll, intermediate_size=args.intermediate_size, vocabulary_size=args.vocabulary, **shared
     )
     pipeline = Pipeline.load(args.target, None, args.runtime)
     name = head_name(Path(pipeline.target_path))
@@ -150,12 +140,7 @@ def run(args: argparse.Namespace) -> None:
     head = build_head(data, decoder_config, pipeline.target.lm_head_rows, vocabulary, train_settings)
     out = Path(args.out) if args.out else default_head_path(name)
     checkpoint = out.with_name(f".{out.name}.checkpoint")
-
-    def evaluated(record: dict[str, Any]) -> None:
-        if not args.json:
-            print(f"after {record['batches']} batches ({record['seconds']} s): {record['eval']}", file=sys.stderr)
-
-    history = train_head(head, data, train, held_out, embedding, train_settings, checkpoint, on_eval=evaluated)
+    history = train_head(head, data, train, held_out, embedding, train_settings, checkpoint, on_eval=on_eval(args))
     made = {
         "data": {
             "directory": str(data_dir),
@@ -173,6 +158,15 @@ def run(args: argparse.Namespace) -> None:
     sha256 = save_head(head, out, collector.layers, name, made)
     report = {"head": str(out), "sha256": sha256, **made}
     print(json.dumps(report, indent=1) if args.json else f"wrote {out} (sha256 {sha256})")
+
+
+def on_eval(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
+    """What the trainers call with each evaluation: a line on stderr (nothing with --json)."""
+    if args.json:
+        return lambda record: None
+    return lambda record: print(
+        f"after {record['batches']} batches ({record['seconds']} s): {record['eval']}", file=sys.stderr
+    )
 
 
 def run_distill(args: argparse.Namespace, pipeline: Any, data: Any, data_dir: Path, settings: Any) -> None:
@@ -195,12 +189,7 @@ def run_distill(args: argparse.Namespace, pipeline: Any, data: Any, data_dir: Pa
     out = Path(args.out) if args.out else cache_root() / "distilled" / f"{draft}-for-{target}"
     check_output(out)
     checkpoint = out.with_name(f".{out.name}.checkpoint")
-
-    def evaluated(record: dict[str, Any]) -> None:
-        if not args.json:
-            print(f"after {record['batches']} batches ({record['seconds']} s): {record['eval']}", file=sys.stderr)
-
-    history = distill(model, data, train, held_out, settings, checkpoint, on_eval=evaluated)
+    history = distill(model, data, train, held_out, settings, checkpoint, on_eval=on_eval(args))
     made = {
         "draft": str(draft_path),
         "target": target,

@@ -40,9 +40,6 @@ async def call_app(app: Any, method: str, path: str, body: bytes = b"") -> Async
         await disconnected.wait()
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
-        await sent.put(message)
-
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
         "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
@@ -52,7 +49,7 @@ async def call_app(app: Any, method: str, path: str, body: bytes = b"") -> Async
 
     async def run() -> None:
         try:
-            await app(scope, receive, send)
+            await app(scope, receive, sent.put)  # the app's messages, as it sends them
         finally:
             await sent.put(None)
 

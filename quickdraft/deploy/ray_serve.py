@@ -112,15 +112,17 @@ async def api_error(_: Request, error: ApiError) -> JSONResponse:
 class Ingress:
     def __init__(self, replicas: Any) -> None:
         self.replicas = replicas
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "quickdraft_ingress_requests", "requests by outcome", ["outcome"], registry=self.registry
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("quickdraft_ingress_requests", "requests by outcome", ["outcome"], registry=registry)
+        self.retries = Counter(
+            "quickdraft_ingress_retries",
+            "requests sent again after a replica failed before answering",
+            registry=registry,
         )
-        self.retries = Counter("quickdraft_ingress_retries", "requests sent again after a replica failed before "
-                               "answering", registry=self.registry)  # fmt: skip
-        self.failures = Counter("quickdraft_ingress_replica_failures", "replicas lost while serving a request",
-                                registry=self.registry)  # fmt: skip
-        self.running = Gauge("quickdraft_replicas_running", "replicas running", registry=self.registry)
+        self.failures = Counter(
+            "quickdraft_ingress_replica_failures", "replicas lost while serving a request", registry=registry
+        )
+        self.running = Gauge("quickdraft_replicas_running", "replicas running", registry=registry)
         self._status: tuple[float, int, int] = (0.0, 0, 0)  # when read, running, target
 
     def replica_counts(self) -> tuple[int, int]:

@@ -114,12 +114,7 @@ class Collector:
     """Writes shards of self-synthesized conversations with the target's features and labels into a directory."""
 
     def __init__(
-        self,
-        target: Runtime,
-        tokenizer: Any,
-        eos_token_ids: Iterable[int],
-        target_name: str,
-        settings: CollectSettings,
+        self, target: Runtime, tokenizer: Any, eos_token_ids: Iterable[int], target_name: str, settings: CollectSettings
     ) -> None:
         if not target.provides_features:
             raise ConfigError(
@@ -204,8 +199,7 @@ class Collector:
         logits, features = self.target.forward_batch_with_features(rows, self.layers)  # [K, V], [K, C·H] per row
         still, finished = [], []
         for conversation, row_logits, row_features in zip(running, logits, features, strict=True):
-            if bar is not None:
-                bar.update(len(conversation.pending))
+            bar.update(len(conversation.pending))
             if self._advance(conversation, row_logits, row_features):
                 finished.append(conversation)
             else:

@@ -94,63 +94,48 @@ class FeatureData:
         train = [c for c in self.conversations if c.shard not in held]
         return train, [c for c in self.conversations if c.shard in held]
 
-    def batches(
-        self,
-        conversations: Sequence[StoredConversation],
-        tokens_per_batch: int,
-        generator: torch.Generator | None,
-    ) -> Iterator[Batch]:
-        """Batches of whole conversations, about ``tokens_per_batch`` positions each (padded to the longest),
-        shuffled by ``generator`` (None: in order)."""
-        return (self.batch(group) for group in groups(conversations, tokens_per_batch, generator))
-
     def batch(self, group: Sequence[StoredConversation]) -> Batch:
-        length = max(c.length for c in group)
-        k = int(next(iter(self.shards.values()))["label_ids"].shape[1])
-        size = len(group)
+        """``group`` (one of :func:`groups`) as the draft head reads it: padded to the longest conversation."""
+        size, length = len(group), max(c.length for c in group)
         features = torch.zeros(size, length, self.feature_size)
         next_tokens = torch.zeros(size, length, dtype=torch.long)
-        label_ids = torch.zeros(size, length, k, dtype=torch.long)
-        label_logprobs = torch.full((size, length, k), -torch.inf)
-        valid = torch.zeros(size, length, dtype=torch.bool)
-        answer = torch.zeros(size, length, dtype=torch.bool)
         for row, c in enumerate(group):
-            shard, rows = self.shards[c.shard], slice(c.start, c.start + c.length)
-            features[row, : c.length] = shard["features"][rows].float()
+            shard = self.shards[c.shard]
+            features[row, : c.length] = shard["features"][c.start : c.start + c.length].float()
             next_tokens[row, : c.length - 1] = shard["tokens"][c.start + 1 : c.start + c.length].long()
-            label_ids[row, : c.length - 1] = shard["label_ids"][c.start + 1 : c.start + c.length].long()
-            label_logprobs[row, : c.length - 1] = shard["label_logprobs"][c.start + 1 : c.start + c.length].float()
-            valid[row, : c.length] = True
-            answer[row, max(0, c.answer_start - 2) : c.length - 1] = True
-        trained = valid.clone()
-        for row, c in enumerate(group):
-            trained[row, c.length - 1 :] = False
-        return Batch(features, next_tokens, label_ids, label_logprobs, valid, trained, answer)
+        return Batch(features, next_tokens, *self._labels(group, shift=1))
 
     def token_batch(self, group: Sequence[StoredConversation]) -> TokenBatch:
         """``group`` as a language model reads it: its tokens and the target's top-k after each one."""
-        length, size = max(c.length for c in group), len(group)
+        input_ids = torch.zeros(len(group), max(c.length for c in group), dtype=torch.long)
+        for row, c in enumerate(group):
+            input_ids[row, : c.length] = self.shards[c.shard]["tokens"][c.start : c.start + c.length].long()
+        return TokenBatch(input_ids, *self._labels(group, shift=0))
+
+    def _labels(self, group: Sequence[StoredConversation], shift: int) -> tuple[torch.Tensor, ...]:
+        """What both batches hold, padded to the longest conversation: ``label_ids`` and ``label_logprobs`` (the
+        target's top-k at p + ``shift``), and the masks ``valid``, ``trained`` and ``answer``."""
+        size, length = len(group), max(c.length for c in group)
         k = int(next(iter(self.shards.values()))["label_ids"].shape[1])
-        input_ids = torch.zeros(size, length, dtype=torch.long)
         label_ids = torch.zeros(size, length, k, dtype=torch.long)
         label_logprobs = torch.full((size, length, k), -torch.inf)
         valid = torch.zeros(size, length, dtype=torch.bool)
         trained, answer = torch.zeros_like(valid), torch.zeros_like(valid)
         for row, c in enumerate(group):
-            shard, rows = self.shards[c.shard], slice(c.start, c.start + c.length)
-            input_ids[row, : c.length] = shard["tokens"][rows].long()
-            label_ids[row, : c.length] = shard["label_ids"][rows].long()
-            label_logprobs[row, : c.length] = shard["label_logprobs"][rows].float()
+            shard, rows = self.shards[c.shard], slice(c.start + shift, c.start + c.length)
+            label_ids[row, : c.length - shift] = shard["label_ids"][rows].long()
+            label_logprobs[row, : c.length - shift] = shard["label_logprobs"][rows].float()
             valid[row, : c.length] = True
-            trained[row, : c.length - 1] = True
-            answer[row, max(0, c.answer_start - 1) : c.length - 1] = True
-        return TokenBatch(input_ids, label_ids, label_logprobs, valid, trained, answer)
+            trained[row, : c.length - 1] = True  # a next token in the conversation
+            answer[row, max(0, c.answer_start - 1 - shift) : c.length - 1] = True
+        return label_ids, label_logprobs, valid, trained, answer
 
 
 def groups(
     conversations: Sequence[StoredConversation], tokens_per_batch: int, generator: torch.Generator | None
 ) -> Iterator[list[StoredConversation]]:
-    """The conversations of each batch (:meth:`FeatureData.batches`), without reading their data."""
+    """Batches of whole conversations, about ``tokens_per_batch`` positions each (padded to the longest), shuffled by
+    ``generator`` (None: in order), without reading their data (:meth:`FeatureData.batch` reads them)."""
     order = torch.randperm(len(conversations), generator=generator).tolist() if generator else range(len(conversations))
     group: list[StoredConversation] = []
     for i in order:

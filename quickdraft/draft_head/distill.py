@@ -60,10 +60,7 @@ class LoraLinear(nn.Module):
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()
-        self.base, self.scale = base, alpha / rank
-        self.base.weight.requires_grad_(False)
-        if self.base.bias is not None:
-            self.base.bias.requires_grad_(False)
+        self.base, self.scale = base.requires_grad_(False), alpha / rank
         self.lora_a = nn.Parameter(torch.randn(rank, base.in_features) / math.sqrt(base.in_features))  # [r, K]
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))  # [N, r]
 

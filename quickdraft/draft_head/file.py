@@ -11,6 +11,7 @@ names what was measured.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def save_head(
 ) -> str:
     """Write the head atomically (linear layers as 7-bit codes, the rest bfloat16); returns the file's sha256."""
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in head.state_for_file().items():
+    for name, tensor in head.state_dict().items():  # detached: the weights, the vocabulary, the LM head rows
         if name in QUANTIZED:
             stem = name.removesuffix(".weight")
             codes, scale = quantize_weight(tensor)  # [N, K] int8, [N] float32
@@ -59,7 +60,7 @@ def save_head(
     metadata = {
         "format": FORMAT,
         "version": str(FORMAT_VERSION),
-        "config": json.dumps(head.config.to_dict()),
+        "config": json.dumps(asdict(head.config)),
         "feature_layers": json.dumps(list(feature_layers)),
         "target": target,
         "training": json.dumps(training),

@@ -16,7 +16,7 @@ diagonal, exactly what a query j tokens into a draft sees at inference.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,9 +59,6 @@ class HeadConfig:
             rms_norm_eps=target.rms_norm_eps,
             rope_theta=target.rope_theta,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class RMSNorm(nn.Module):
@@ -215,10 +212,6 @@ class DraftHead(nn.Module):
         attended = torch.matmul(weights, values).view(1, c.num_heads, length, c.head_dim)  # [1, heads, K, D]
         return self.finish(attended, hidden)
 
-    def state_for_file(self) -> dict[str, torch.Tensor]:
-        """The trained weights, the vocabulary and the LM head rows (what a head file holds)."""
-        return {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()}
-
 
 class HeadCache:
     """The head's keys and values of one request ``[1, kv_heads, capacity, D]``, grown as needed; rollback
@@ -235,10 +228,8 @@ class HeadCache:
             capacity = max(end, 2 * self.keys.shape[2])
             grown = torch.empty(*self.keys.shape[:2], capacity, self.keys.shape[3], dtype=self.keys.dtype)
             grown_values = torch.empty_like(grown)
-            grown[:, :, : self.length], grown_values[:, :, : self.length] = (
-                self.keys[:, :, : self.length],
-                self.values[:, :, : self.length],
-            )
+            grown[:, :, : self.length] = self.keys[:, :, : self.length]
+            grown_values[:, :, : self.length] = self.values[:, :, : self.length]
             self.keys, self.values = grown, grown_values
         self.keys[:, :, self.length : end] = keys
         self.values[:, :, self.length : end] = values

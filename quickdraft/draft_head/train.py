@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation
+from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation, groups
 from quickdraft.draft_head.model import DraftHead, HeadConfig
 from quickdraft.draft_head.passes import train_passes
 from quickdraft.errors import ConfigError
@@ -111,7 +111,7 @@ def evaluate(
     loss, tokens = 0.0, 0
     agreed, counted = [0] * settings.steps, [0] * settings.steps
     agreed_all = counted_all = 0
-    for batch in data.batches(held_out, settings.tokens_per_batch, None):
+    for batch in map(data.batch, groups(held_out, settings.tokens_per_batch, None)):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             outputs = head.unroll(batch.features, embedding[batch.next_tokens], batch.valid, settings.steps)
             for step, output in enumerate(outputs):
@@ -120,10 +120,8 @@ def evaluate(
                     loss, tokens = loss + float(step_sum), tokens + int(mask.sum())
                     agreed_all, counted_all = agreed_all + int(agrees.sum()), counted_all + len(agrees)
                 answer = batch.answer[mask]  # [M]
-                agreed[step], counted[step] = (
-                    agreed[step] + int(agrees[answer].sum()),
-                    counted[step] + int(answer.sum()),
-                )
+                agreed[step] += int(agrees[answer].sum())
+                counted[step] += int(answer.sum())
     head.train()
     return Evaluation(
         tokens,

@@ -75,8 +75,7 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entry = {"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}
-        return {"object": "list", "data": [entry]}
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}]}
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -53,22 +53,16 @@ class ServingLoop:
         """Step until :meth:`stop` (blocking; on the thread that calls it)."""
         self._running = True
         try:
-            self._step_until_stopped()
+            while not self._stopping.is_set():
+                try:
+                    report = self.engine.step()
+                except Exception:  # a fault of ours: fail the running requests, keep serving the next ones
+                    log.exception("a serving step failed; its requests are dropped")
+                    for state in self.engine.fail_running():
+                        state.sink(RequestFailed("the server failed while generating this request; see its log"))
+                    continue
+                if report is None:
+                    self._wake.wait(IDLE_WAIT_S)
+                    self._wake.clear()
         finally:
             self._running = False
-
-    def _step_until_stopped(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                report = self.engine.step()
-            except Exception:  # a fault of ours: fail the running requests, keep serving the next ones
-                log.exception("a serving step failed; its requests are dropped")
-                self._fail_running("the server failed while generating this request; see its log")
-                continue
-            if report is None:
-                self._wake.wait(IDLE_WAIT_S)
-                self._wake.clear()
-
-    def _fail_running(self, message: str) -> None:
-        for state in self.engine.fail_running():
-            state.sink(RequestFailed(message))

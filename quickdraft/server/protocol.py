@@ -123,13 +123,8 @@ def parse_request(
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise ApiError(400, "stream_options must be an object", "stream_options")
-    return ApiRequest(
-        serve,
-        chat,
-        bool(body.get("stream", False)),
-        bool(options.get("include_usage", False)),
-        bool(body.get("return_token_ids", False)),
-    )
+    stream, include_usage = bool(body.get("stream", False)), bool(options.get("include_usage", False))
+    return ApiRequest(serve, chat, stream, include_usage, bool(body.get("return_token_ids", False)))
 
 
 def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -256,8 +251,8 @@ def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens},
     }
-    body["prompt_tokens_details"] = {"cached_tokens": result.stats.cached_prompt_tokens}
     if api.serve.prediction_ids:
         accepted = result.stats.predicted_tokens_accepted
         body["completion_tokens_details"] = {
@@ -347,7 +342,4 @@ def chunk_body(
 
 def usage_chunk(api: ApiRequest, response_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
     """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage."""
-    body = chunk_body(api, response_id, model, "")
-    body["choices"] = []
-    body["usage"] = usage(api, result)
-    return body
+    return chunk_body(api, response_id, model, "") | {"choices": [], "usage": usage(api, result)}

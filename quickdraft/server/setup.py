@@ -94,10 +94,9 @@ def model_names(pipeline: Pipeline, served_name: str | None) -> tuple[str, ...]:
     """What ``model`` may say: the served name first, and the target's own: a packaged model's name, a GGUF file's
     name without ``.gguf`` (``hf:`` downloads included), else its directory's name."""
     path = pipeline.target_path
-    source = None if path is None or path.parent.parent.name != "converted" else gguf_source(path)
     if path is None:
         name = "target"
-    elif source is not None:
+    elif path.parent.parent.name == "converted" and (source := gguf_source(path)) is not None:
         name = source.stem
     else:
         name = path.parent.name if path.name == "hf" else path.name

@@ -71,7 +71,9 @@ def test_bad_grammars_are_clear_errors(native: Pipeline) -> None:
 
 
 @pytest.mark.parametrize(
-    "sampling", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "seeded"]
+    "sampling",
+    [SamplingParams(), SamplingParams(temperature=1.0, seed=3), SamplingParams(temperature=1.0)],
+    ids=["greedy", "seeded", "unseeded"],
 )
 def test_a_draft_model_drafts_only_what_the_grammar_allows(native: Pipeline, sampling: SamplingParams) -> None:
     """Its distribution is masked at each draft position: every draft is allowed, the recorded distributions put no
@@ -94,6 +96,9 @@ def test_a_draft_model_drafts_only_what_the_grammar_allows(native: Pipeline, sam
     drafts = proposal.token_ids[0].tolist()
     allowed, valid = constraint.masks(drafts)  # from the committed place: the drafts did not move it
     assert drafts[0] == 9 and valid == len(drafts) >= 2, drafts  # up to 6, or its end-of-sequence
+    if not sampling.is_unseeded:  # greedy and seeded verification never read q: none is kept
+        assert proposal.probs is None
+        return
     assert proposal.probs is not None
     for i, token in enumerate(drafts):
         assert proposal.probs[0, i, ~allowed[i]].sum() == 0 and proposal.probs[0, i, token] > 0

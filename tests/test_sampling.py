@@ -11,6 +11,7 @@ from quickdraft.lossless.sampling import (
     choose_tokens,
     gumbel_argmax,
     logits_to_probs,
+    logits_to_scores,
     make_generator,
     position_noise,
     sample,
@@ -71,6 +72,20 @@ def test_a_tiny_temperature_concentrates_on_the_argmax(temperature: float, filte
     assert logits_to_probs(LOGITS, SamplingParams(temperature=temperature, **filters)).tolist() == [[0, 1, 0, 0]]
 
 
+@pytest.mark.parametrize(
+    "settings", [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 3}, {"temperature": 0.7, "top_p": 0.8}]
+)
+def test_scores_are_the_log_probabilities_up_to_a_constant(settings: dict) -> None:
+    """Seeded choices use the scores (Gumbel-max needs no softmax): their softmax is the distribution sampled, and
+    a filtered token scores -inf."""
+    params = SamplingParams(**settings)
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)) * 4
+    scores, probs = logits_to_scores(logits, params), logits_to_probs(logits, params)
+    assert torch.allclose(scores.softmax(dim=-1), probs, atol=1e-6)
+    assert torch.equal(torch.isinf(scores), probs == 0)
+    assert torch.equal(logits_to_scores(logits, SamplingParams()), logits)  # greedy: the logits, argmax'd
+
+
 def test_position_noise_depends_on_seed_position_and_purpose_only() -> None:
     noise = seeded_gumbel(7, 12, 50)  # [V]
     assert noise.shape == (50,) and torch.isfinite(noise).all()
@@ -88,7 +103,7 @@ def test_position_noise_is_gumbel_distributed() -> None:
 def test_gumbel_max_draws_from_the_distribution() -> None:
     """argmax(log p + g) over positions' noise: the counts follow p (χ²); p = 0 is never drawn."""
     probs = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.0, 0.30], dtype=torch.float64)
-    tokens = gumbel_argmax(probs, position_noise(3, range(20_000), 6))  # [20_000]
+    tokens = gumbel_argmax(probs.log() + 3.0, position_noise(3, range(20_000), 6))  # [20_000]; any constant
     counts = torch.bincount(tokens, minlength=6).double()
     assert counts[4] == 0
     keep = probs > 0
@@ -97,7 +112,7 @@ def test_gumbel_max_draws_from_the_distribution() -> None:
 
 def test_choose_tokens_by_rule() -> None:
     """Greedy: the argmax; seeded: the position's Gumbel-max choice, whatever the generator; else the generator's."""
-    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]] * 2)  # [B, V]
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]] * 2).log()  # [B, V] scores
     assert choose_tokens(probs, SamplingParams(), None, position=5).tolist() == [3, 3]
     seeded = SamplingParams(temperature=1.0, seed=9)
     expected = gumbel_argmax(probs, seeded_gumbel(9, 5, 4))

@@ -157,13 +157,14 @@ def test_coupled_verify_accepts_drafts_equal_to_the_targets_samples() -> None:
     """Uniform p and noise that singles out tokens 3 1 4 | 0: those are the target's samples."""
     target_probs = torch.full((1, 4, 5), 0.2)  # [1, γ + 1, V]
     noise = 10.0 * torch.nn.functional.one_hot(torch.tensor([[3, 1, 4, 0]]), 5)  # [1, γ + 1, V]
+    target_probs = target_probs.log()  # scores
     full = coupled_verify(torch.tensor([[3, 1, 4]]), target_probs, noise)
     assert full.num_accepted.tolist() == [3] and full.next_token_ids.tolist() == [0]
     partial = coupled_verify(torch.tensor([[3, 2, 4]]), target_probs, noise)
     assert partial.num_accepted.tolist() == [1] and partial.next_token_ids.tolist() == [1]
     plain = coupled_verify(torch.empty(1, 0, dtype=torch.long), target_probs[:, :1], noise[:, :1])
     assert plain.num_accepted.tolist() == [0] and plain.next_token_ids.tolist() == [3]
-    never = coupled_verify(torch.tensor([[3]]), torch.tensor([[[0.5, 0.5, 0, 0, 0]] * 2]), noise[:, :2])
+    never = coupled_verify(torch.tensor([[3]]), torch.tensor([[[0.5, 0.5, 0, 0, 0]] * 2]).log(), noise[:, :2])
     assert never.num_accepted.tolist() == [0] and never.next_token_ids.tolist() in ([0], [1])  # p = 0: never
 
 
@@ -179,14 +180,14 @@ def coupled_tokens(target: torch.Tensor, draft: torch.Tensor, noise: torch.Tenso
 
     noise: [3, V], positions 1, 2 and the bonus. A rejection at position 1 is followed by a plain step.
     """
-    draft_1 = int(gumbel_argmax(draft[0], noise[0]))
-    draft_2 = int(gumbel_argmax(draft[1 + draft_1], noise[1]))
+    draft_1 = int(gumbel_argmax(draft[0].log(), noise[0]))
+    draft_2 = int(gumbel_argmax(draft[1 + draft_1].log(), noise[1]))
     draft_token_ids = torch.tensor([[draft_1, draft_2]])  # [1, γ]
     target_probs = torch.stack([target[0], target[1 + draft_1], target[0]])[None]  # [1, γ + 1, V]; bonus unused
-    result = coupled_verify(draft_token_ids, target_probs, noise[None])
+    result = coupled_verify(draft_token_ids, target_probs.log(), noise[None])
     tokens = result.committed_token_ids(draft_token_ids)
     if len(tokens) == 1:
-        tokens.append(int(gumbel_argmax(target[1 + tokens[0]], noise[1])))
+        tokens.append(int(gumbel_argmax(target[1 + tokens[0]].log(), noise[1])))
     return tokens[:2], int(result.num_accepted[0])
 
 

@@ -261,10 +261,10 @@ def measure(
     target = logits_to_probs(target_logits, sampling)  # [T, V]
     draft = draft_probs(draft_logits, sampling, vocab_size)  # [T, V]
     on_path_noise = noises[0][: len(answer)]  # [T, V]: the noise that made the answer
-    if not torch.equal(gumbel_argmax(target, on_path_noise), tokens):
+    if not torch.equal(gumbel_argmax(target.log(), on_path_noise), tokens):
         print("  warning: the recomputed Gumbel tokens differ from the answer", file=sys.stderr)
     sums["sum_min"] = float(torch.minimum(target, draft).sum())
-    sums["coupled_on_path"] = float((gumbel_argmax(draft, on_path_noise) == tokens).sum())
+    sums["coupled_on_path"] = float((gumbel_argmax(draft.log(), on_path_noise) == tokens).sum())
     on_path_rank = draft_rank(draft.log() + on_path_noise, tokens)  # [T]
 
     # log p and log q once: each noise's Gumbel-max choices below are gumbel_argmax's argmax(log p + g)

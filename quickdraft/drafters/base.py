@@ -30,7 +30,7 @@ class DraftProposal:
     """One request's drafted tokens and the distributions they were drawn from."""
 
     token_ids: torch.Tensor  # [1, γ] int64; γ may be smaller than asked (even 0)
-    probs: torch.Tensor | None  # [1, γ, V] draft distribution q, or None: deterministic (one-hot q)
+    probs: torch.Tensor | None  # [1, γ, V] draft distribution q (unseeded sampling), or None: one-hot q, or not read
     predicted: bool = False  # copied from the request's predicted output (Drafter.expect)
 
     @property
@@ -95,9 +95,10 @@ class Drafter(ABC):
     Rules every drafter keeps: a proposal holds at most the task's γ tokens; a drafter that samples chooses
     each token with ``sampling.choose_tokens`` at the token's sequence position, with the task's generator (a
     seeded request's drafts then use the noise the target's tokens are chosen with there, so they agree as
-    often as the models do), and after each token asks ``keep_drafting``; its ``probs`` are exactly the q it
-    sampled from. The committed context may have dropped tokens it proposed earlier (rejections): a drafter
-    with a cache rolls it back to the common prefix.
+    often as the models do), and after each token asks ``keep_drafting``; under unseeded sampling its ``probs``
+    are exactly the q it sampled from (greedy and seeded verification never read them). The committed context
+    may have dropped tokens it proposed earlier (rejections): a drafter with a cache rolls it back to the common
+    prefix.
     """
 
     needs_draft_model: ClassVar[bool] = False

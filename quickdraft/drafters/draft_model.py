@@ -22,7 +22,7 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import masked
-from quickdraft.lossless.sampling import choose_tokens, logits_to_probs
+from quickdraft.lossless.sampling import choose_tokens, logits_to_scores
 from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.tokens import common_prefix_length
@@ -70,12 +70,13 @@ class DraftingRow:
     num_tokens: int  # γ: the most it drafts (0: it only reads its backlog this step)
     feed: list[int]  # tokens to feed the draft model next
     token_ids: list[int] = field(default_factory=list)
-    probs: list[torch.Tensor] = field(default_factory=list)  # [1, V] each
+    probs: list[torch.Tensor] = field(default_factory=list)  # [1, V] each: q, kept for unseeded sampling only
 
     def proposal(self) -> DraftProposal:
         if not self.token_ids:
             return DraftProposal.empty()
-        return DraftProposal(torch.tensor([self.token_ids], dtype=torch.long), torch.stack(self.probs, dim=1))
+        probs = torch.stack(self.probs, dim=1) if self.probs else None  # [1, γ, V]: unseeded sampling's q only
+        return DraftProposal(torch.tensor([self.token_ids], dtype=torch.long), probs)
 
 
 class DraftModelDrafter(Drafter):
@@ -163,30 +164,28 @@ class DraftModelDrafter(Drafter):
             if allowed is None or not torch.isfinite(logits).any():  # nothing it allows can be drafted
                 row.feed = []
                 return False
-        probs = logits_to_probs(logits, task.sampling)  # [1, V_draft]
-        if probs.shape[-1] > self.target_vocab_size:  # ids the target lacks are never proposed: q renormalized
-            probs = probs[..., : self.target_vocab_size]
-            total = float(probs.sum())
-            if total <= 0.0:  # all its mass on ids the target lacks
-                row.feed = []
-                return False
-            probs = probs / total
-        probs = to_vocab(probs, self.target_vocab_size)  # [1, V]
+        scores = logits_to_scores(logits, task.sampling)[..., : self.target_vocab_size]  # [1, ≤ V]
+        if not torch.isfinite(scores).any():  # ids the target lacks are never proposed: all its mass was there
+            row.feed = []
+            return False
+        scores = to_vocab(scores, self.target_vocab_size)  # [1, V]
         position = len(task.context) + len(row.token_ids)
-        token = int(choose_tokens(probs, task.sampling, task.generator, position)[0])
+        token = int(choose_tokens(scores, task.sampling, task.generator, position)[0])
         if task.grammar is not None:
             task.grammar.take_draft(token)
         row.token_ids.append(token)
-        row.probs.append(probs)
+        if task.sampling.is_unseeded:  # q, renormalized over the ids the target has: what the token was drawn from
+            row.probs.append(scores.softmax(dim=-1))
         row.feed = [token]
         keep_drafting = task.keep_drafting(DraftStep(logits, hidden, len(row.token_ids)))
         return keep_drafting and len(row.token_ids) < row.num_tokens
 
 
-def to_vocab(probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def to_vocab(scores: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Draft and target logits may be padded to different widths; ids beyond either are never drawn (a boolean
-    mask of allowed ids: never allowed)."""
-    width = probs.shape[-1]
+    mask of allowed ids: never allowed; scores: −inf)."""
+    width = scores.shape[-1]
     if width >= vocab_size:
-        return probs[..., :vocab_size]
-    return torch.nn.functional.pad(probs, (0, vocab_size - width))
+        return scores[..., :vocab_size]
+    fill = False if scores.dtype == torch.bool else float("-inf")
+    return torch.nn.functional.pad(scores, (0, vocab_size - width), value=fill)

@@ -29,7 +29,7 @@ from quickdraft.draft_head.native import to_native
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.sampling import argmax, choose_tokens, logits_to_probs
+from quickdraft.lossless.sampling import argmax, choose_tokens, logits_to_scores
 from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.runtime.native.kernels import native_kernels
@@ -116,9 +116,10 @@ class EagleDrafter(Drafter):
             else:
                 logits = torch.full((1, self.vocab_size), -torch.inf)
                 logits[:, self.vocabulary] = head_logits  # [1, V]
-                token_probs = logits_to_probs(logits, task.sampling)  # [1, V]: q, exactly what is drawn from
-                token = int(choose_tokens(token_probs, task.sampling, task.generator, len(context) + len(token_ids))[0])
-                probs.append(token_probs)
+                scores = logits_to_scores(logits, task.sampling)  # [1, V]: what the token is drawn by
+                token = int(choose_tokens(scores, task.sampling, task.generator, len(context) + len(token_ids))[0])
+                if task.sampling.is_unseeded:  # q, exactly what is drawn from: what block verification reads
+                    probs.append(scores.softmax(dim=-1))
             token_ids.append(token)
             drafted = len(token_ids)
             if drafted >= task.num_tokens or not task.keep_drafting(DraftStep(head_logits, None, drafted)):

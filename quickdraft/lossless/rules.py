@@ -8,7 +8,7 @@ import torch
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import PromptError
-from quickdraft.lossless.sampling import choose_tokens, logits_to_probs, position_noise
+from quickdraft.lossless.sampling import choose_tokens, logits_to_probs, logits_to_scores, position_noise
 from quickdraft.lossless.verify import VerificationResult, block_verify, coupled_verify, greedy_verify
 from quickdraft.text import IncrementalDecoder
 
@@ -30,7 +30,7 @@ def choose_token(
     logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int
 ) -> torch.Tensor:
     """One token per row from ``[B, V]`` logits for sequence position ``position``, as plain decoding chooses it."""
-    return choose_tokens(logits_to_probs(logits, sampling), sampling, generator, position)
+    return choose_tokens(logits_to_scores(logits, sampling), sampling, generator, position)
 
 
 def verify_drafts(
@@ -43,7 +43,8 @@ def verify_drafts(
 ) -> VerificationResult:
     """A request's acceptance rule; ``position``: the sequence position of the first draft.
 
-    ``draft_token_ids [1, γ]``, ``draft_probs [1, γ, V]`` (None: one-hot), ``target_logits [1, γ + 1, V]``.
+    ``draft_token_ids [1, γ]``, ``draft_probs [1, γ, V]`` (None: one-hot; only unseeded sampling reads them),
+    ``target_logits [1, γ + 1, V]``.
     Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's Gumbel-max
     samples under the positions' noise, so the output is seeded plain decoding's whatever γ. Unseeded
     sampling: block verification (exact in distribution, at least as many drafts accepted as Leviathan's
@@ -51,12 +52,12 @@ def verify_drafts(
     """
     if sampling.is_greedy:
         return greedy_verify(draft_token_ids, target_logits)
-    target_probs = logits_to_probs(target_logits, sampling)  # [1, γ + 1, V]
     if sampling.is_seeded:
-        positions = range(position, position + target_probs.shape[1])
-        noise = position_noise(sampling.seed, positions, target_probs.shape[-1])  # [γ + 1, V]
-        return coupled_verify(draft_token_ids, target_probs, noise[None])
-    return block_verify(draft_token_ids, draft_probs, target_probs, generator)
+        target_scores = logits_to_scores(target_logits, sampling)  # [1, γ + 1, V]
+        positions = range(position, position + target_scores.shape[1])
+        noise = position_noise(sampling.seed, positions, target_scores.shape[-1])  # [γ + 1, V]
+        return coupled_verify(draft_token_ids, target_scores, noise[None])
+    return block_verify(draft_token_ids, draft_probs, logits_to_probs(target_logits, sampling), generator)
 
 
 def commit_tokens(

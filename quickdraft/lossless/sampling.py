@@ -63,15 +63,19 @@ class SamplingParams:
         """Seeded sampling: every token is the Gumbel-max choice under the noise of its position."""
         return not self.is_greedy and self.seed is not None
 
+    @property
+    def is_unseeded(self) -> bool:
+        """Unseeded sampling: tokens drawn with fresh randomness, drafts judged against the draft's probabilities."""
+        return not self.is_greedy and self.seed is None
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``[..., V]`` logits -> ``[..., V]`` probabilities after temperature, top-k and top-p.
 
-    Greedy (temperature 0) gives the one-hot distribution of the argmax.
-    """
+def logits_to_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``[..., V]`` logits -> ``[..., V]`` scores a token is chosen by: sampling, the log-probabilities after
+    temperature, top-k and top-p up to a constant per row (−inf: never drawn); greedy, the logits themselves
+    (their argmax is the token). A seeded token is argmax(score + noise): Gumbel-max needs no softmax."""
     logits = logits.float()
     if params.is_greedy:
-        return torch.nn.functional.one_hot(argmax(logits), logits.shape[-1]).to(logits.dtype)
+        return logits
     # Divide the gaps to the row's best logit, not the logits: the best stays 0 at any temperature and a
     # tiny one sends the others to -inf (probability 0), never to inf - inf. Below float32's smallest
     # normal number a temperature would round to 0 in the division; it acts as that number, as good as 0.
@@ -87,7 +91,15 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop_sorted = mass_before >= params.top_p  # keeps the smallest prefix reaching top_p, never the top token
         drop = drop_sorted.scatter(-1, sorted_index, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(dim=-1)
+    return logits
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``[..., V]`` logits -> ``[..., V]`` probabilities after temperature, top-k and top-p: the softmax of
+    :func:`logits_to_scores`. Greedy (temperature 0) gives the one-hot distribution of the argmax."""
+    if params.is_greedy:
+        return torch.nn.functional.one_hot(argmax(logits.float()), logits.shape[-1]).float()
+    return logits_to_scores(logits, params).softmax(dim=-1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -96,26 +108,28 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
 
 
 def choose_tokens(
-    probs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, position: int
+    scores: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, position: int
 ) -> torch.Tensor:
-    """One token per row of ``[B, V]`` probabilities for sequence position ``position`` -> ``[B]``.
+    """One token per row of ``[B, V]`` scores (:func:`logits_to_scores`) for sequence position ``position`` ->
+    ``[B]``.
 
     Greedy: the argmax. Seeded: the Gumbel-max choice under the position's noise (the same noise
-    for the target and the drafter). Unseeded: a draw from ``generator``.
+    for the target and the drafter). Unseeded: a draw from the softmax with ``generator``.
     """
     if sampling.is_greedy:
-        return argmax(probs)
+        return argmax(scores)
     if sampling.is_seeded:
-        return gumbel_argmax(probs, seeded_gumbel(sampling.seed, position, probs.shape[-1]))
-    return sample(probs, generator)
+        return gumbel_argmax(scores, seeded_gumbel(sampling.seed, position, scores.shape[-1]))
+    return sample(scores.softmax(dim=-1), generator)
 
 
-def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """argmax(log p + g) over the last dimension: with Gumbel(0, 1) noise g, an exact sample from p.
+def gumbel_argmax(scores: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(s + g) over the last dimension: with Gumbel(0, 1) noise g and scores s = log p + c (any constant c
+    per row), an exact sample from p.
 
-    probs: [..., V]; noise: [..., V] (broadcast) -> [...]. Tokens with p = 0 are never chosen.
+    scores: [..., V]; noise: [..., V] (broadcast) -> [...]. Tokens with s = −inf are never chosen.
     """
-    return argmax(probs.log() + noise)
+    return argmax(scores + noise)
 
 
 def argmax(values: torch.Tensor) -> torch.Tensor:

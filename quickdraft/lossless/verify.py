@@ -46,15 +46,16 @@ def greedy_verify(draft_token_ids: torch.Tensor, target_logits: torch.Tensor) ->
 
 
 def coupled_verify(
-    draft_token_ids: torch.Tensor, target_probs: torch.Tensor, noise: torch.Tensor
+    draft_token_ids: torch.Tensor, target_scores: torch.Tensor, noise: torch.Tensor
 ) -> VerificationResult:
     """Accept the longest prefix of drafts equal to the target's Gumbel-max samples, then its next sample.
 
-    draft_token_ids: [B, γ]; target_probs: [B, γ + 1, V]; noise: [B, γ + 1, V], the Gumbel noise of
-    the γ + 1 positions (``sampling.position_noise``), the same the drafter drew its tokens with.
-    Lossless: the token committed at a position is argmax(log p + g), an exact sample from p.
+    draft_token_ids: [B, γ]; target_scores: [B, γ + 1, V], log-probabilities up to a constant per row
+    (``sampling.logits_to_scores``); noise: [B, γ + 1, V], the Gumbel noise of the γ + 1 positions
+    (``sampling.position_noise``), the same the drafter drew its tokens with. Lossless: the token committed
+    at a position is argmax(log p + g), an exact sample from p.
     """
-    return accept_matching_prefix(draft_token_ids, gumbel_argmax(target_probs, noise))
+    return accept_matching_prefix(draft_token_ids, gumbel_argmax(target_scores, noise))
 
 
 def accept_matching_prefix(draft_token_ids: torch.Tensor, target_token_ids: torch.Tensor) -> VerificationResult:

@@ -42,8 +42,8 @@ def test_copies_after_a_repeated_ngram_at_no_cost(pipeline: Pipeline) -> None:
     (proposal,) = drafter.propose([draft_task(state, context, 3)])
     assert proposal.token_ids.tolist() == [[7, 8, 9]] and proposal.probs is None  # one-hot q
     assert state.model.conversation.cached_ids == []  # the draft model reads nothing for a copy
-    (declined,) = drafter.propose([draft_task(state, context, 3, offer=model)])
-    assert declined.token_ids.shape == (1, 3) and declined.probs is not None  # the model drafted instead
+    (declined,) = drafter.propose([draft_task(state, context, 3, SamplingParams(temperature=1.0), offer=model)])
+    assert declined.token_ids.shape == (1, 3) and declined.probs is not None  # the model drafted instead: its q
 
 
 def test_a_single_repeated_token_is_not_copied(pipeline: Pipeline) -> None:
@@ -71,7 +71,8 @@ def test_without_a_match_the_draft_model_drafts(pipeline: Pipeline) -> None:
 def test_requests_that_copy_and_requests_that_draft_share_a_step(pipeline: Pipeline) -> None:
     drafter = hybrid(pipeline)
     copying, drafting = [5, 6, 7, 8, 9, 1, 5, 6], [3, 1, 4, 15, 9, 2, 6]
-    tasks = [draft_task(start(drafter, context), context, 2) for context in (drafting, copying, drafting)]
+    sampled = SamplingParams(temperature=1.0)  # unseeded: a model's drafts keep their q, copies are one-hot
+    tasks = [draft_task(start(drafter, context), context, 2, sampled) for context in (drafting, copying, drafting)]
     proposals = drafter.propose(tasks)
     assert proposals[1].token_ids.tolist() == [[7, 8]] and proposals[1].probs is None
     assert proposals[0].probs is not None and torch.equal(proposals[0].token_ids, proposals[2].token_ids)

@@ -85,7 +85,8 @@ def main() -> None:
     rules.block_verify = block_verify
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {key: str(value) for key, value in vars(args).items()}, "totals": totals}))
+        arguments = {key: str(value) for key, value in vars(args).items()}
+        args.out.write_text(json.dumps({"args": arguments, "totals": totals}))
 
 
 if __name__ == "__main__":

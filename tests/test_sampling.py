@@ -9,6 +9,7 @@ from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import (
     argmax,
     choose_tokens,
+    draw,
     gumbel_argmax,
     logits_to_probs,
     logits_to_scores,
@@ -121,6 +122,11 @@ def test_choose_tokens_by_rule() -> None:
     unseeded = SamplingParams(temperature=1.0)
     first = choose_tokens(probs, unseeded, make_generator(2), position=5)
     assert torch.equal(choose_tokens(probs, unseeded, make_generator(2), position=6), first)
+    # draw gives the distribution a token was drawn from only where verification reads it: unseeded sampling
+    assert draw(probs, SamplingParams(), None, 5)[1] is None and draw(probs, seeded, None, 5)[1] is None
+    tokens, drawn_from = draw(probs, unseeded, make_generator(2), position=5)
+    assert torch.equal(tokens, first) and drawn_from is not None
+    torch.testing.assert_close(drawn_from, probs.softmax(dim=-1))
 
 
 def test_seeded_generator_reproduces_samples() -> None:

@@ -93,7 +93,7 @@ class Drafter(ABC):
     """Proposes continuations of requests' committed tokens; created by name from ``DRAFTERS``.
 
     Rules every drafter keeps: a proposal holds at most the task's γ tokens; a drafter that samples chooses
-    each token with ``sampling.choose_tokens`` at the token's sequence position, with the task's generator (a
+    each token with ``sampling.draw`` at the token's sequence position, with the task's generator (a
     seeded request's drafts then use the noise the target's tokens are chosen with there, so they agree as
     often as the models do), and after each token asks ``keep_drafting``; under unseeded sampling its ``probs``
     are exactly the q it sampled from (greedy and seeded verification never read them). The committed context

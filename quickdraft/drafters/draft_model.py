@@ -22,7 +22,7 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import masked
-from quickdraft.lossless.sampling import choose_tokens, logits_to_scores
+from quickdraft.lossless.sampling import draw, logits_to_scores
 from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.tokens import common_prefix_length
@@ -170,12 +170,13 @@ class DraftModelDrafter(Drafter):
             return False
         scores = to_vocab(scores, self.target_vocab_size)  # [1, V]
         position = len(task.context) + len(row.token_ids)
-        token = int(choose_tokens(scores, task.sampling, task.generator, position)[0])
+        tokens, probs = draw(scores, task.sampling, task.generator, position)  # q over the target's ids, unseeded
+        token = int(tokens[0])
         if task.grammar is not None:
             task.grammar.take_draft(token)
         row.token_ids.append(token)
-        if task.sampling.is_unseeded:  # q, renormalized over the ids the target has: what the token was drawn from
-            row.probs.append(scores.softmax(dim=-1))
+        if probs is not None:
+            row.probs.append(probs)
         row.feed = [token]
         keep_drafting = task.keep_drafting(DraftStep(logits, hidden, len(row.token_ids)))
         return keep_drafting and len(row.token_ids) < row.num_tokens

@@ -11,7 +11,7 @@ target's features replace it once verified).
 The head drafts on the native runtime's integer kernels where they build (:mod:`quickdraft.draft_head.native`).
 
 Rules: the drafter never drafts a token outside the head's vocabulary (its q is 0 there); sampled drafts are
-drawn as every drafter's are (``choose_tokens`` at the token's position), so seeded output does not change.
+drawn as every drafter's are (``sampling.draw`` at the token's position), so seeded output does not change.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from quickdraft.draft_head.native import to_native
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.sampling import argmax, choose_tokens, logits_to_scores
+from quickdraft.lossless.sampling import argmax, draw, logits_to_scores
 from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.runtime.native.kernels import native_kernels
@@ -117,9 +117,10 @@ class EagleDrafter(Drafter):
                 logits = torch.full((1, self.vocab_size), -torch.inf)
                 logits[:, self.vocabulary] = head_logits  # [1, V]
                 scores = logits_to_scores(logits, task.sampling)  # [1, V]: what the token is drawn by
-                token = int(choose_tokens(scores, task.sampling, task.generator, len(context) + len(token_ids))[0])
-                if task.sampling.is_unseeded:  # q, exactly what is drawn from: what block verification reads
-                    probs.append(scores.softmax(dim=-1))
+                tokens, token_probs = draw(scores, task.sampling, task.generator, len(context) + len(token_ids))
+                token = int(tokens[0])
+                if token_probs is not None:  # q, exactly what is drawn from (unseeded): what block verification reads
+                    probs.append(token_probs)
             token_ids.append(token)
             drafted = len(token_ids)
             if drafted >= task.num_tokens or not task.keep_drafting(DraftStep(head_logits, None, drafted)):

@@ -21,7 +21,7 @@ from quickdraft.costs import CostModel
 from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.sampling import choose_tokens, logits_to_scores
+from quickdraft.lossless.sampling import draw, logits_to_scores
 from quickdraft.policies import DraftStep
 from quickdraft.runtime.base import KVCache, Runtime
 
@@ -100,12 +100,11 @@ class EarlyExitDrafter(Drafter):
         for step in range(num_tokens):
             logits = self.target.forward_early_exit(token, task.state.target_cache, position + step, layer)[:, -1]
             scores = logits_to_scores(logits, task.sampling)  # [1, V]
-            token = choose_tokens(scores, task.sampling, task.generator, position=len(context) + step)[
-                :, None
-            ]  # [1, 1]
-            drafted.append(token[:, 0])
-            if task.sampling.is_unseeded:  # q, exactly what is drawn from: what block verification reads
-                draft_probs.append(scores.softmax(dim=-1))
+            tokens, probs = draw(scores, task.sampling, task.generator, position=len(context) + step)  # [1], [1, V]
+            token = tokens[:, None]  # [1, 1]
+            drafted.append(tokens)
+            if probs is not None:  # q, exactly what is drawn from (unseeded): what block verification reads
+                draft_probs.append(probs)
             if not task.keep_drafting(DraftStep(logits, None, step + 1)):
                 break
         probs = torch.stack(draft_probs, dim=1) if draft_probs else None  # [1, γ, V]: unseeded sampling's q only

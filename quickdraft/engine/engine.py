@@ -262,8 +262,8 @@ class Engine:
         gammas = [bid.num_draft_tokens for bid in bids]
         # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
         # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
-        other_tokens = sum(n for _, n in plan.chunks)
-        if self.batch_costs and any(bid.negotiable for bid in bids) and not alone_in_step(bids, other_tokens):
+        other_tokens, negotiable = sum(n for _, n in plan.chunks), any(bid.negotiable for bid in bids)
+        if self.batch_costs is not None and negotiable and not alone_in_step(bids, other_tokens):
             gammas = plan_step(bids, self.batch_costs, other_tokens)
         plan.gammas = dict(zip(decoding, gammas, strict=True))
         for state, gamma in plan.gammas.items():

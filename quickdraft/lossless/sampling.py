@@ -111,16 +111,25 @@ def choose_tokens(
     scores: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, position: int
 ) -> torch.Tensor:
     """One token per row of ``[B, V]`` scores (:func:`logits_to_scores`) for sequence position ``position`` ->
-    ``[B]``.
+    ``[B]``: :func:`draw`'s tokens."""
+    return draw(scores, sampling, generator, position)[0]
+
+
+def draw(
+    scores: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, position: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tokens ``[B]`` from ``[B, V]`` scores for sequence position ``position``, and for unseeded sampling the
+    distribution ``[B, V]`` they were drawn from (the q block verification reads; None otherwise).
 
     Greedy: the argmax. Seeded: the Gumbel-max choice under the position's noise (the same noise
     for the target and the drafter). Unseeded: a draw from the softmax with ``generator``.
     """
     if sampling.is_greedy:
-        return argmax(scores)
+        return argmax(scores), None
     if sampling.is_seeded:
-        return gumbel_argmax(scores, seeded_gumbel(sampling.seed, position, scores.shape[-1]))
-    return sample(scores.softmax(dim=-1), generator)
+        return gumbel_argmax(scores, seeded_gumbel(sampling.seed, position, scores.shape[-1])), None
+    probs = scores.softmax(dim=-1)
+    return sample(probs, generator), probs
 
 
 def gumbel_argmax(scores: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

@@ -11,12 +11,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     shorter = min(len(a), len(b))
     if list(a[:shorter]) == list(b[:shorter]):  # the usual case (the cache trails the committed tokens), compared in C
         return shorter
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length
+    return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
 
 
 def frequent_tokens(tokenizer: Any, count: int) -> tuple[int, ...]:

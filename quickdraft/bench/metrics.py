@@ -144,7 +144,7 @@ def summarize(
     steps = [size for e in entries for size in e.step_sizes]
     latencies = [latency for e in entries for latency in e.token_latencies_s]
     compared = [e for e in entries if e.question_id in reference_ids]
-    speedup = _speedup(entries, baseline)
+    speedup = _speedup_of(_paired_rates(entries, baseline), None)
     decode_rates = [rate for e in entries if (rate := e.decode_tokens_per_s) is not None]
     prefill_times = [e.prefill_s for e in entries if e.prefill_s is not None]
     efficiency = None
@@ -173,13 +173,8 @@ def summarize(
     }
 
 
-def _speedup(entries: list[Entry], baseline: list[Entry]) -> float | None:
-    """Mean over runs of (mean tokens/s of the method ÷ the baseline's) on the questions both finished."""
-    return _speedup_of(_paired_rates(entries, baseline), None)
-
-
 def _speedup_per_run(entries: list[Entry], baseline: list[Entry]) -> dict[str, float]:
-    """:func:`_speedup` of each run alone, by run (a string key, as in JSON)."""
+    """The speedup of each run alone, by run (a string key, as in JSON)."""
     per_run = {run: _speedup_of({run: rates}, None) for run, rates in _paired_rates(entries, baseline).items()}
     return {str(run): speedup for run, speedup in per_run.items() if speedup is not None}
 
@@ -198,7 +193,8 @@ def _paired_rates(
 
 
 def _speedup_of(paired: dict[int, dict[str, tuple[float, float]]], question_ids: list[str] | None) -> float | None:
-    """:func:`_speedup` over ``question_ids`` (repeats count repeatedly; None: every paired question)."""
+    """Mean over runs of (mean tokens/s of the method ÷ the baseline's) over ``question_ids`` that both finished
+    (repeats count repeatedly; None: every paired question)."""
     ratios = []
     for rates in paired.values():
         chosen = [q for q in (question_ids if question_ids is not None else rates) if q in rates]
@@ -209,7 +205,7 @@ def _speedup_of(paired: dict[int, dict[str, tuple[float, float]]], question_ids:
 
 
 def speedup_interval(entries: list[Entry], baseline: list[Entry]) -> tuple[float, float] | None:
-    """A 95 % percentile-bootstrap interval of :func:`_speedup` (:data:`BOOTSTRAP_RESAMPLES` draws, seeded): the
+    """A 95 % percentile-bootstrap interval of the speedup (:data:`BOOTSTRAP_RESAMPLES` draws, seeded): the
     questions are drawn again with replacement, each keeping all its runs (paired with the baseline's), so the
     interval covers both which questions were asked and the machine's noise from run to run. None with fewer than
     2 questions."""

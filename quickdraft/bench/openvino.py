@@ -159,16 +159,6 @@ class OpenVinoMethod(Method):
             threads |= {"draft_model": draft}
         self._pipe = openvino_genai.LLMPipeline(str(target), "CPU", scheduler_config=scheduler, **threads)
 
-    def generation_config(self, pipeline: Pipeline, max_new_tokens: int) -> Any:
-        config = self._pipe.get_generation_config()
-        config.do_sample = False
-        config.repetition_penalty = 1.0
-        config.max_new_tokens = max_new_tokens
-        config.stop_token_ids = set(pipeline.eos_token_ids)  # the draft pipeline's own config has no eos
-        if self.uses_draft_model:
-            config.num_assistant_tokens = DRAFT_TOKENS
-        return config
-
     def run(
         self, pipeline: Pipeline, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY
     ) -> TurnResult:
@@ -189,7 +179,13 @@ class OpenVinoMethod(Method):
             def end(self) -> None:
                 pass
 
-        config = self.generation_config(pipeline, max_new_tokens)
+        config = self._pipe.get_generation_config()
+        config.do_sample = False
+        config.repetition_penalty = 1.0
+        config.max_new_tokens = max_new_tokens
+        config.stop_token_ids = set(pipeline.eos_token_ids)  # the draft pipeline's own config has no eos
+        if self.uses_draft_model:
+            config.num_assistant_tokens = DRAFT_TOKENS
         ids = openvino.Tensor(np.array([prompt_ids], dtype=np.int64))
         clock = StepClock()
         output = self._pipe.generate(ids, config, Streamer())

@@ -12,7 +12,6 @@ import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from quickdraft.errors import ConfigError
 
@@ -37,11 +36,8 @@ class Question:
 
 def default_questions_path() -> Path | None:
     """``../shared/data/spec_bench/question.jsonl`` seen from the working directory or from the repository."""
-    for base in (Path.cwd().parent, Path(__file__).resolve().parents[3]):
-        candidate = base / DEFAULT_QUESTIONS
-        if candidate.is_file():
-            return candidate
-    return None
+    bases = (Path.cwd().parent, Path(__file__).resolve().parents[3])
+    return next((path for base in bases if (path := base / DEFAULT_QUESTIONS).is_file()), None)
 
 
 def load_questions(path: str | Path) -> list[Question]:
@@ -50,12 +46,9 @@ def load_questions(path: str | Path) -> list[Question]:
     if not path.is_file():
         raise ConfigError(f"--questions: no such file: {path}")
     opener = gzip.open if path.suffix == ".gz" else open
-    questions: list[Question] = []
     try:
         with opener(path, "rt", encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if line.strip():
-                    questions.append(_parse_row(_json_row(line, path, number), path, number))
+            questions = [_parse_row(line, path, number) for number, line in enumerate(lines, start=1) if line.strip()]
     except (OSError, UnicodeDecodeError, EOFError) as error:
         raise ConfigError(f"--questions: cannot read {path}: {error}") from None
     if not questions:
@@ -85,18 +78,14 @@ def sample_questions(questions: list[Question], per_category: int | None, seed: 
     return [questions[i] for round_ in rounds for i in round_ if i is not None]
 
 
-def _json_row(line: str, path: Path, number: int) -> dict[str, Any]:
+def _parse_row(line: str, path: Path, number: int) -> Question:
+    where = f"line {number} of {path}"
     try:
         row = json.loads(line)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"--questions: line {number} of {path} is not valid JSON ({error.msg})") from None
+        raise ConfigError(f"--questions: {where} is not valid JSON ({error.msg})") from None
     if not isinstance(row, dict):
-        raise ConfigError(f"--questions: line {number} of {path} is not a JSON object")
-    return row
-
-
-def _parse_row(row: dict[str, Any], path: Path, number: int) -> Question:
-    where = f"line {number} of {path}"
+        raise ConfigError(f"--questions: {where} is not a JSON object")
     if "turns" in row:  # Spec-Bench / MT-Bench
         turns = row["turns"]
         if not isinstance(turns, list) or "category" not in row:

@@ -39,12 +39,6 @@ def header(*titles: str) -> list[str]:
     return [row(*titles), "|---|" + "---|" * (len(titles) - 1)]
 
 
-def metrics_table(rows: dict[str, dict[str, Any]]) -> list[str]:
-    lines = header("method", *(title for _, title, _ in COLUMNS))
-    lines += [row(label, *(cell(metrics[key], fmt) for key, _, fmt in COLUMNS)) for label, metrics in rows.items()]
-    return lines
-
-
 def category_table(methods: dict[str, Any], categories: list[str], key: str, pattern: str) -> list[str]:
     """One row per method: its ``key`` in each category and overall."""
     groups = [*categories, "overall"]
@@ -127,8 +121,10 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     ]
     lines += oracle_section(results, categories)
     for title, category in [("Overall", "overall"), *((c, c) for c in categories)]:
-        rows = {name: category_group(result, category) for name, result in methods.items()}
-        lines += ["", f"## {title}", "", *metrics_table(rows)]
+        lines += ["", f"## {title}", "", *header("method", *(heading for _, heading, _ in COLUMNS))]
+        for name, result in methods.items():
+            metrics = category_group(result, category)
+            lines.append(row(name, *(cell(metrics[key], fmt) for key, _, fmt in COLUMNS)))
     curves, prefill = split_cost_curves(results)
     if curves:
         lines += ["", f"## Cost curves (ms per forward of k new tokens, {config['profile_context']} cached)", ""]

@@ -14,6 +14,7 @@ token ids serve the lossless check only.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 import time
@@ -118,11 +119,8 @@ def arrival_times(count: int, rate: float, seed: int) -> list[float]:
     """Seconds from the start at which the requests are sent: Poisson arrivals at ``rate`` (inf: all at 0)."""
     if math.isinf(rate):
         return [0.0] * count
-    rng, now, times = random.Random(seed), 0.0, []
-    for _ in range(count):
-        times.append(now)
-        now += rng.expovariate(rate)
-    return times
+    rng = random.Random(seed)
+    return list(itertools.accumulate((rng.expovariate(rate) for _ in range(count)), initial=0.0))[:count]
 
 
 async def one_request(

@@ -197,14 +197,9 @@ class Collector:
         """One batched forward: (still running, finished)."""
         rows = [BatchRow(conversation.cache, conversation.pending) for conversation in running]
         logits, features = self.target.forward_batch_with_features(rows, self.layers)  # [K, V], [K, C·H] per row
-        still, finished = [], []
-        for conversation, row_logits, row_features in zip(running, logits, features, strict=True):
-            bar.update(len(conversation.pending))
-            if self._advance(conversation, row_logits, row_features):
-                finished.append(conversation)
-            else:
-                still.append(conversation)
-        return still, finished
+        bar.update(sum(len(conversation.pending) for conversation in running))
+        finished = [c for c, *outputs in zip(running, logits, features, strict=True) if self._advance(c, *outputs)]
+        return [c for c in running if c not in finished], finished
 
     def _advance(self, conversation: Conversation, logits: torch.Tensor, features: torch.Tensor) -> bool:
         """Record a forward's features and labels, choose the next token; True when the conversation ended."""

@@ -34,10 +34,6 @@ class Batch:
     trained: torch.Tensor  # [B, T] positions with a label (p + 1 < length)
     answer: torch.Tensor  # [B, T] positions whose predicted token (p + 2) is in the answer
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.trained.sum())
-
 
 @dataclass
 class TokenBatch:
@@ -47,10 +43,6 @@ class TokenBatch:
     valid: torch.Tensor  # [B, T] real positions
     trained: torch.Tensor  # [B, T] positions with a next token in the conversation (p + 1 < length)
     answer: torch.Tensor  # [B, T] positions whose next token is in the answer
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.trained.sum())
 
 
 class FeatureData:
@@ -80,10 +72,7 @@ class FeatureData:
         return int(next(iter(self.shards.values()))["features"].shape[1])
 
     def token_counts(self, shards: Sequence[int]) -> Counter[int]:
-        counts: Counter[int] = Counter()
-        for index in shards:
-            counts.update(self.shards[index]["tokens"].tolist())
-        return counts
+        return Counter(token for index in shards for token in self.shards[index]["tokens"].tolist())
 
     def split(self, held_out_shards: int) -> tuple[list[StoredConversation], list[StoredConversation]]:
         """(training, held-out) conversations: the last ``held_out_shards`` shards are held out."""

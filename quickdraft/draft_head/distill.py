@@ -76,8 +76,7 @@ class LoraLinear(nn.Module):
 
 def add_adapters(model: nn.Module, rank: int, alpha: float) -> list[nn.Parameter]:
     """Freeze ``model`` and wrap its projections in :class:`LoraLinear`; returns the trainable parameters."""
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
+    model.requires_grad_(False)
     wrapped = [(parent, name) for parent in model.modules() for name in ADAPTED if hasattr(parent, name)]
     if not wrapped:
         raise ConfigError(f"the draft model has none of the projections adapters are added to ({', '.join(ADAPTED)})")
@@ -140,7 +139,8 @@ def distill(
         batch = data.token_batch(group)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             summed, _ = batch_loss(model, batch, batch.trained)
-        return summed / max(batch.num_tokens, 1), batch.num_tokens
+        tokens = int(batch.trained.sum())
+        return summed / max(tokens, 1), tokens
 
     def evaluated() -> dict[str, Any] | None:
         if not held_out:

@@ -47,17 +47,13 @@ class HeadConfig:
     @classmethod
     def for_target(cls, target: Any, intermediate_size: int, num_features: int, vocabulary_size: int) -> HeadConfig:
         """A head shaped like ``target``'s layers (its DecoderConfig: width, attention heads, RoPE, norm epsilon)."""
+        shared = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "rms_norm_eps", "rope_theta")
         return cls(
-            hidden_size=target.hidden_size,
-            num_heads=target.num_heads,
-            num_kv_heads=target.num_kv_heads,
-            head_dim=target.head_dim,
+            **{name: getattr(target, name) for name in shared},
             intermediate_size=intermediate_size,
             num_features=num_features,
             vocabulary_size=vocabulary_size,
             target_vocab_size=target.vocab_size,
-            rms_norm_eps=target.rms_norm_eps,
-            rope_theta=target.rope_theta,
         )
 
 
@@ -177,16 +173,15 @@ class DraftHead(nn.Module):
             # row of the softmax is empty: a NaN there would reach the gradients through 0 · NaN.
             allowed = (allowed | (positions[None, :] == 0)) & valid[:, None, None, :]
             scores = scores.masked_fill(~allowed, float("-inf"))
-            diagonal = []  # step i's key at position p - (step - i), i = 1 .. step
-            for i in range(1, step + 1):
-                shift = step - i
-                shifted_k = torch.nn.functional.pad(keys[i], (0, 0, shift, 0))[:, :, :length]
-                diagonal.append((q * shifted_k).sum(-1, keepdim=True) * scale)  # [B, heads, T, 1]
+            # step i's key and value at position p - (step - i), i = 1 .. step
+            shifted = [
+                [nn.functional.pad(t[i], (0, 0, step - i, 0))[:, :, :length] for t in (keys, values)]
+                for i in range(1, step + 1)
+            ]
+            diagonal = [(q * shifted_k).sum(-1, keepdim=True) * scale for shifted_k, _ in shifted]  # [B, heads, T, 1]
             weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
             attended = torch.matmul(weights[..., :length], values[0])
-            for i in range(1, step + 1):
-                shift = step - i
-                shifted_v = torch.nn.functional.pad(values[i], (0, 0, shift, 0))[:, :, :length]
+            for i, (_, shifted_v) in enumerate(shifted, start=1):
                 attended = attended + weights[..., length + i - 1 : length + i] * shifted_v
             outputs.append(self.finish(attended, hidden))
         return outputs
@@ -225,12 +220,8 @@ class HeadCache:
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         end = self.length + keys.shape[2]
         if end > self.keys.shape[2]:
-            capacity = max(end, 2 * self.keys.shape[2])
-            grown = torch.empty(*self.keys.shape[:2], capacity, self.keys.shape[3], dtype=self.keys.dtype)
-            grown_values = torch.empty_like(grown)
-            grown[:, :, : self.length] = self.keys[:, :, : self.length]
-            grown_values[:, :, : self.length] = self.values[:, :, : self.length]
-            self.keys, self.values = grown, grown_values
+            padding = (0, 0, 0, max(end, 2 * self.keys.shape[2]) - self.keys.shape[2])  # more positions
+            self.keys, self.values = (nn.functional.pad(cached, padding) for cached in (self.keys, self.values))
         self.keys[:, :, self.length : end] = keys
         self.values[:, :, self.length : end] = values
         self.length = end

@@ -154,22 +154,16 @@ def train_head(
                 step_sum, mask, _ = step_loss(head, output, batch, depth)
                 losses.append(STEP_WEIGHT**depth * step_sum)
                 count = max(count, int(mask.sum()))
-        return torch.stack(losses).sum() / max(count, 1), batch.num_tokens
-
-    def evaluated() -> dict[str, Any] | None:
-        return asdict(evaluate(head, data, held_out, embedding, settings)) if held_out else None
-
-    def restore(saved: dict[str, Any]) -> None:
-        head.load_state_dict(saved["head"])
+        return torch.stack(losses).sum() / max(count, 1), int(batch.trained.sum())
 
     return train_passes(
         [p for p in head.parameters() if p.requires_grad],
         settings,
         train,
         step,
-        evaluated,
+        lambda: asdict(evaluate(head, data, held_out, embedding, settings)) if held_out else None,
         lambda: {"head": head.state_dict()},
-        restore,
+        lambda saved: head.load_state_dict(saved["head"]),
         weight_decay=settings.weight_decay,
         checkpoint=checkpoint,
         progress=progress,

@@ -98,9 +98,7 @@ def save_configs(config: Any, directory: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = "float32"
-    class_name = causal_lm_class_name(config.model_type)
-    if class_name is not None:
-        config.architectures = [class_name]
+    config.architectures = [causal_lm_class_name(config.model_type)]
     config.save_pretrained(directory)
     GenerationConfig.from_model_config(config).save_pretrained(directory)
 

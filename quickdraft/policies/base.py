@@ -100,10 +100,6 @@ class StepState:
         if any(count is not None and count < 0 for count in counts):
             raise ValueError(f"a step state needs counts >= 0, got {self}")
 
-    def first_available(self) -> Offer | None:
-        """The offer a policy without estimates takes: the drafter's first that has drafts; None: none has."""
-        return next((offer for offer in self.offers if offer.available), None)
-
     def expected_remaining_tokens(self) -> int | None:
         """How many more tokens the answer is expected to run: as many as it has run so far, within the budget.
 
@@ -111,11 +107,7 @@ class StepState:
         run m tokens is guessed to run about m more. Trading on this guess is the ski-rental rule: pay
         for a drafter's reading once the plain steps have forgone as much as the reading costs.
         """
-        if self.generated_tokens is None:
-            return self.remaining_tokens
-        if self.remaining_tokens is None:
-            return self.generated_tokens
-        return min(self.remaining_tokens, self.generated_tokens)
+        return min((n for n in (self.remaining_tokens, self.generated_tokens) if n is not None), default=None)
 
 
 UNKNOWN_STATE = StepState()
@@ -201,7 +193,7 @@ class Policy(ABC):
     def bid(self, state: StepState = UNKNOWN_STATE) -> DraftBid:
         """The next step's bid; changes nothing. By default :meth:`choose`'s γ, fixed, on the drafter's first
         available offer, judged block by block by :meth:`keep_drafting`."""
-        offer = state.first_available()
+        offer = next((offer for offer in state.offers if offer.available), None)
         gamma = self.choose(state) if offer is not None else 0
         return DraftBid(gamma, offer=offer if gamma > 0 else None, keep_drafting=self.keep_drafting)
 

@@ -84,10 +84,7 @@ class AcceptanceRecord:
             self.later.add(outcome)
 
     def to_dict(self) -> dict[str, list[float]]:
-        return {
-            "first": [self.first.accepted, self.first.rejected],
-            "later": [self.later.accepted, self.later.rejected],
-        }
+        return {key: [c.accepted, c.rejected] for key, c in (("first", self.first), ("later", self.later))}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceRecord:
@@ -138,13 +135,11 @@ class AnswerLengthRecord:
         """E[min(L − m, remaining)] over the recorded answers that ran longer than m = ``generated``,
         blended with the ski-rental guess."""
         cap = float("inf") if remaining is None else remaining
-
-        def still_to_run(answer: AnswerLength) -> float:
-            if answer.cut_by_budget and remaining is not None:
-                return remaining
-            return min(answer.num_tokens - generated, cap)
-
-        longer = [still_to_run(answer) for answer in self.answers if answer.num_tokens > generated]
+        longer = [
+            remaining if answer.cut_by_budget and remaining is not None else min(answer.num_tokens - generated, cap)
+            for answer in self.answers
+            if answer.num_tokens > generated
+        ]
         return (self.prior_weight * ski_rental + sum(longer)) / (self.prior_weight + len(longer))
 
 

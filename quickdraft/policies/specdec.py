@@ -20,11 +20,7 @@ from quickdraft.policies.base import (
 
 
 class SpecDecPolicy(Policy):
-    """SpecDec++: draft up to the maximum while P(at least one rejection in the block) stays ≤ T.
-
-    The acceptance head predicts each drafted token's acceptance from the draft's hidden state;
-    the chance that the whole block so far is accepted is the product of those predictions.
-    """
+    """SpecDec++: draft up to the maximum while P(a rejection in the block so far) stays ≤ T (:class:`BlockJudge`)."""
 
     def __init__(self, head: AcceptanceHead, threshold: float, maximum: int) -> None:
         self.head = head

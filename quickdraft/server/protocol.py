@@ -221,14 +221,10 @@ def _prediction(body: Mapping[str, Any]) -> str:
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list):
-        return tuple(stop)
-    raise ApiError(400, "stop must be a string or a list of strings", "stop")
+    stop = _field(body, "stop", [])
+    if not isinstance(stop, (str, list)):
+        raise ApiError(400, "stop must be a string or a list of strings", "stop")
+    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 # -- responses --------------------------------------------------------------------------------------------

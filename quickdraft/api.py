@@ -28,7 +28,8 @@ from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 from quickdraft.policies import Policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.prompts import chat_prefix, encode, encode_chat
-from quickdraft.runtime import AUTO, RUNTIMES, Runtime, runtime_for
+from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, runtime_for
+from quickdraft.runtime.device import AUTO_DEVICE, resolve_device
 from quickdraft.runtime.options import draft_load_options
 
 
@@ -72,11 +73,14 @@ class Pipeline:
         progress: bool = True,
         draft_weights: str | None = None,
         draft_vocabulary: int | None = None,
+        device: str = AUTO_DEVICE,
     ) -> Pipeline:
         """Resolve and load models: packaged names, transformers directories or GGUF files.
 
         ``runtime`` names one (``transformers``, ``native``) or is ``auto`` (the default): native for
-        the model families it runs, transformers for the rest.
+        the model families it runs, transformers for the rest. ``device`` (``auto``, ``cpu``, ``cuda``,
+        ``cuda:N``) is where both models run: ``auto`` is the first CUDA GPU when torch sees one (the
+        transformers runtime in bf16 there), else the CPU (:mod:`quickdraft.runtime.device`).
 
         ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding); ``draft="auto"`` the
         largest model at hand that shares the target's vocabulary and is at most half its size
@@ -88,6 +92,7 @@ class Pipeline:
         """
         if runtime != AUTO:
             RUNTIMES.get(runtime)  # an unknown name fails before any model work
+        where = resolve_device(device)
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)
         draft_path = draft_runtime = None
@@ -96,11 +101,11 @@ class Pipeline:
         if draft is not None:
             draft_path = resolve_model(draft, progress)
             check_same_tokenizer(tokenizer, load_tokenizer(draft_path))
-            draft_class = runtime_for(runtime, draft_path)
-            options = draft_load_options(draft_class, tokenizer, draft_weights, draft_vocabulary)
+            draft_class = runtime_for(runtime, draft_path, where)
+            options = draft_load_options(draft_class, tokenizer, draft_weights, draft_vocabulary, where)
             draft_runtime = draft_class.load(draft_path, options)
         return cls(
-            target=runtime_for(runtime, target_path).load(target_path),
+            target=runtime_for(runtime, target_path, where).load(target_path, LoadOptions(device=where)),
             tokenizer=tokenizer,
             eos_token_ids=eos_token_ids(target_path, tokenizer),
             target_path=target_path,
@@ -257,7 +262,8 @@ class Pipeline:
         def load(role: str, path: Path | None) -> Runtime:
             if path is None:
                 raise ConfigError(f"the {runtime} runtime needs the {role} model's directory")
-            return runtime_cls.load_sharing(path, lambda: self.transformers_model(role))
+            options = LoadOptions(device=self.target.device)
+            return runtime_cls.load_sharing(path, lambda: self.transformers_model(role), options)
 
         return Pipeline(
             target=load("target", self.target_path),

@@ -155,8 +155,8 @@ def allowed_tokens(xgr: Any, bitmask: torch.Tensor, vocab_size: int) -> torch.Te
 
 
 def masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``logits [n, V]`` with the tokens not ``allowed [n, V]`` at -inf."""
-    return logits.masked_fill(~allowed, float("-inf"))
+    """``logits [n, V]`` with the tokens not ``allowed [n, V]`` (a host mask, moved to the logits' device) at -inf."""
+    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
 
 def constrain_step(

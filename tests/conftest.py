@@ -454,7 +454,9 @@ def numbered_generators(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unseeded requests draw from generators seeded 0, 1, 2, ... in turn: repeatable tests of the unseeded rule."""
     seeds = itertools.count()
     monkeypatch.setattr(
-        quickdraft.engine.engine, "make_generator", lambda seed: torch.Generator().manual_seed(next(seeds))
+        quickdraft.engine.engine,
+        "make_generator",
+        lambda seed, device="cpu": torch.Generator(device).manual_seed(next(seeds)),
     )
 
 

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from quickdraft.cli import main
 
@@ -27,7 +28,7 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
     status, out, _ = run(["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--json"], capsys)
     assert status == 0
     result = json.loads(out)
-    assert set(result) == {"text", "token_ids", "finish_reason", "stats", "target", "draft", "runtime"}
+    assert set(result) == {"text", "token_ids", "finish_reason", "stats", "target", "draft", "runtime", "device"}
     assert len(result["token_ids"]) == result["stats"]["new_tokens"] == 6
     assert result["target"] == str(tiny_model_dirs["target"].resolve())
     assert result["draft"] == str(tiny_model_dirs["draft"].resolve())
@@ -170,7 +171,16 @@ BAD_INPUTS = {
     "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),
     "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "draft vocabulary is a number"),
     "draft format off native": (["generate", "w1", "--draft-weights", "q4"], "need the native runtime"),
-}
+    "unknown device": (["generate", "w1", "--device", "tpu"], "unknown device 'tpu': give auto, cpu, cuda or cuda:N"),
+} | (
+    {}
+    if torch.cuda.is_available()
+    else {
+        "generate on a missing GPU": (["generate", "w1", "--device", "cuda"], "sees no CUDA GPU"),
+        "serve on a missing GPU": (["serve", "--device", "cuda:1"], "sees no CUDA GPU"),
+        "bench on a missing GPU": (["bench", "--device", "cuda", "--out", "/tmp/qd-no-gpu-bench"], "sees no CUDA GPU"),
+    }
+)
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -86,6 +86,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "draft": (settings.draft or DEFAULT_DRAFT) if needs_draft else None,
         "draft_load": {"weights": weights, "vocabulary": vocabulary} if needs_draft else None,
         "runtime": settings.runtime,
+        "device": settings.device,
         "profile_context": settings.profile_context,
         "greedy": settings.sampling.is_greedy,
         "temperature": settings.temperature,
@@ -154,6 +155,7 @@ def measure(
         settings.runtime,
         draft_weights=settings.draft_weights,
         draft_vocabulary=settings.draft_vocabulary,
+        device=settings.device,
     )
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     store.machine = store.machine or machine_info()

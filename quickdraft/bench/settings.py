@@ -12,6 +12,7 @@ from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.models.catalog import DEFAULT_TARGET
 from quickdraft.runtime import AUTO
+from quickdraft.runtime.device import resolve_device
 
 BENCH_DOC = """``quickdraft bench``: methods and peers side by side on real prompt sets (the Spec-Bench protocol).
 
@@ -59,6 +60,7 @@ class BenchSettings:
     draft_vocabulary: int | None = None  # None: quickdraft.runtime.options.DRAFT_VOCABULARY (native runtime)
     draft_head: str | None = None  # the eagle drafters' head (None: the target's default)
     runtime: str = AUTO
+    device: str = AUTO  # where our models run (runtime/device.py); peers run where they run
     report_only: bool = False
 
     def __post_init__(self) -> None:
@@ -72,6 +74,7 @@ class BenchSettings:
         if self.context_lengths:  # before any model is resolved or loaded
             check_lengths(self.context_lengths, self.max_new_tokens)
         self.sampling  # noqa: B018 - validates the temperature and seed
+        resolve_device(self.device)  # a GPU that is not there fails before anything is written
 
     @property
     def sampling(self) -> SamplingParams:

@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> None:
         draft_vocabulary=args.draft_vocabulary,
         draft_head=args.draft_head,
         runtime=args.runtime,
+        device=args.device,
         report_only=args.report_only,
     )
     check_output_dir(settings.out)  # before anything is loaded or measured

@@ -222,7 +222,7 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
     from quickdraft.api import Pipeline
     from quickdraft.config import GenerationConfig
 
-    key = {"target": args.target, "runtime": args.runtime, "max_tokens": args.max_tokens}
+    key = {"target": args.target, "runtime": args.runtime, "device": args.device, "max_tokens": args.max_tokens}
     if not args.sampling.is_greedy:
         key |= {"temperature": args.temperature, "seed": args.seed}
     saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -230,7 +230,7 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
         saved = {"key": key, "outputs": {}}
     missing = [prompt for prompt in prompts if prompt.question_id not in saved["outputs"]]
     if missing:
-        pipeline = Pipeline.load(target=args.target, draft=None, runtime=args.runtime)
+        pipeline = Pipeline.load(target=args.target, draft=None, runtime=args.runtime, device=args.device)
         config = GenerationConfig(max_new_tokens=args.max_tokens, sampling=args.sampling)
         for i, prompt in enumerate(missing, start=1):
             result = pipeline.generate(prompt.text, config, drafter="none", chat=True)
@@ -249,7 +249,12 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
 
     draft = draft_for(args, [config.drafter for config in configs])
     pipeline = Pipeline.load(
-        args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
+        args.target,
+        draft,
+        args.runtime,
+        draft_weights=args.draft_weights,
+        draft_vocabulary=args.draft_vocabulary,
+        device=args.device,
     )
     runs = {}
     for config in configs:
@@ -265,7 +270,7 @@ def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs
 def quickdraft_command(args: argparse.Namespace, port: int) -> list[str]:
     """``quickdraft serve`` on loopback ``port`` with the serving arguments."""
     command = [sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--target", args.target, "--runtime", args.runtime, "--drafter", args.drafter]
+    command += ["--target", args.target, "--runtime", args.runtime, "--device", args.device, "--drafter", args.drafter]
     command += ["--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting)]
     command += ["--prefill-tokens-per-step", str(args.prefill_tokens_per_step)]
     command += ["--prefix-cache-mb", str(args.prefix_cache_mb)]

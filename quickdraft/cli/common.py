@@ -13,6 +13,7 @@ from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from quickdraft.runtime import RUNTIMES
+from quickdraft.runtime.device import AUTO_DEVICE, DEVICE_FORMS
 from quickdraft.runtime.native.weights import WEIGHT_FORMATS
 from quickdraft.runtime.options import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 
@@ -79,6 +80,13 @@ def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (default: native for the families it runs: "
         "Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3, Gemma 1-3; transformers for the rest)",
+    )
+    parser.add_argument(
+        "--device",
+        default=AUTO_DEVICE,
+        metavar="DEVICE",
+        help=f"where the models run: {DEVICE_FORMS} (default auto: the first CUDA GPU torch sees, on the "
+        "transformers runtime in bf16, else the CPU on the runtime --runtime picks)",
     )
 
 

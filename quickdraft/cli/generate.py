@@ -145,7 +145,12 @@ def run(args: argparse.Namespace) -> None:
     prompt = read_prompt(args)
     draft = draft_for(args, [args.drafter])
     pipeline = Pipeline.load(
-        args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
+        args.target,
+        draft,
+        args.runtime,
+        draft_weights=args.draft_weights,
+        draft_vocabulary=args.draft_vocabulary,
+        device=args.device,
     )
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
@@ -193,6 +198,7 @@ def run(args: argparse.Namespace) -> None:
             "target": str(pipeline.target_path),
             "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
             "runtime": pipeline.target.name,
+            "device": str(pipeline.target.device),
             **({} if comparison is None else {"compare": comparison}),
         }
         print(json.dumps(output))

@@ -71,6 +71,7 @@ def add_command(commands: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
     from quickdraft.runtime import AUTO, RUNTIMES, runtime_for
+    from quickdraft.runtime.device import resolve_device
     from quickdraft.runtime.options import draft_load_options
 
     if args.max_k < 1:
@@ -87,10 +88,11 @@ def run(args: argparse.Namespace) -> None:
         RUNTIMES.get(args.runtime)
     model = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}.get(args.model, args.model)
     path = resolve_model(model, progress=not args.json)
-    runtime_cls = runtime_for(args.runtime, path)
+    device = resolve_device(args.device)
+    runtime_cls = runtime_for(args.runtime, path, device)
     draft = args.model == "draft"  # loaded as the pipeline loads the default draft model
     weights, vocabulary = (args.weights, args.vocabulary) if draft else (args.weights or "auto", args.vocabulary or 0)
-    options = draft_load_options(runtime_cls, load_tokenizer(path), weights, vocabulary)
+    options = draft_load_options(runtime_cls, load_tokenizer(path), weights, vocabulary, device)
     reader = None
     if args.against:  # before loading ours: a missing or unusable binding is a clear error, at once
         from quickdraft.bench.llama_cpp import prompt_reader, verified_gguf
@@ -137,8 +139,10 @@ def measure_prefill(runtime: Any, tokens: int, repeats: int, warmup: int, reader
     token_ids = torch.randint(0, min(runtime.vocab_size, REGULAR_TOKENS), (1, tokens), generator=generator)
     times: dict[str, list[float]] = {"quickdraft": []} | ({"llama_cpp": []} if reader else {})
     for repeat in range(warmup + repeats):
+        runtime.synchronize()
         started = time.perf_counter()
         runtime.forward(token_ids, runtime.new_cache(1), last_only=True)
+        runtime.synchronize()
         ours = 1000 * (time.perf_counter() - started)
         theirs = reader(token_ids[0].tolist()) if reader else None
         if repeat >= warmup:

@@ -7,12 +7,14 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quickdraft.cli.common import add_model_arguments
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.errors import ConfigError
-from quickdraft.server.setup import ServerOptions
+
+if TYPE_CHECKING:  # the server's packages load when a server starts: generate runs without them
+    from quickdraft.server.setup import ServerOptions
 
 SERVE_DOC = """\
 Serve the models over HTTP with OpenAI's API: POST /v1/completions, POST /v1/chat/completions (stream: true
@@ -102,7 +104,7 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
 def run(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from quickdraft.server.setup import build_server
+    from quickdraft.server.setup import ServerOptions, build_server
 
     options = ServerOptions.from_args(args)
     if not 1 <= args.port <= 65535:

@@ -52,7 +52,12 @@ def run(args: argparse.Namespace) -> None:
     questions = sample_questions(load_questions(path), args.per_category, args.seed)
     draft = args.draft or DEFAULT_DRAFT
     pipeline = Pipeline.load(
-        args.target, draft, args.runtime, draft_weights=args.draft_weights, draft_vocabulary=args.draft_vocabulary
+        args.target,
+        draft,
+        args.runtime,
+        draft_weights=args.draft_weights,
+        draft_vocabulary=args.draft_vocabulary,
+        device=args.device,
     )
     prompts = [pipeline.encode(question.turns[0], chat=question.chat) for question in questions]
     report = train_acceptance_head(

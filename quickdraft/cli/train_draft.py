@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
     train_settings = TrainSettings(
         steps=args.unroll, intermediate_size=args.intermediate_size, vocabulary_size=args.vocabulary, **shared
     )
-    pipeline = Pipeline.load(args.target, None, args.runtime)
+    pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device)
     name = head_name(Path(pipeline.target_path))
     data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name
     collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, name, collect_settings)

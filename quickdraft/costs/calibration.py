@@ -111,8 +111,10 @@ def measure_cost_curves(
     with tqdm(total=(warmup + repeats) * len(steps), desc=label, disable=not progress, file=sys.stderr) as bar:
         for repeat in range(warmup + repeats):
             for role, k in steps:
+                runtimes[role].synchronize()  # a GPU's queued work is timed with the forward that queued it
                 started = time.perf_counter()
                 runtimes[role].forward(token_ids[role][k], caches[role])
+                runtimes[role].synchronize()
                 elapsed = time.perf_counter() - started
                 caches[role].truncate(context)
                 if repeat >= warmup:
@@ -176,8 +178,10 @@ def measure_prefill_curve(
         times = []
         for _ in range(warmup + repeats):
             cache = runtime.new_cache(1)
+            runtime.synchronize()
             started = time.perf_counter()
             runtime.forward(token_ids, cache, last_only=True)
+            runtime.synchronize()
             times.append(time.perf_counter() - started)
         curve[n] = 1000 * min(times[warmup:])
     return curve
@@ -293,8 +297,10 @@ def measure_batch_cost_model(
                 BatchRow(cache, torch.randint(0, runtimes[role].vocab_size, (size,), generator=generator).tolist())
                 for cache, size in zip(caches[role], sizes, strict=False)
             ]
+            runtimes[role].synchronize()
             started = time.perf_counter()
             runtimes[role].forward_batch(rows)
+            runtimes[role].synchronize()
             elapsed = time.perf_counter() - started
             for row in rows:
                 row.cache.truncate(context)

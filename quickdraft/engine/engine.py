@@ -87,7 +87,7 @@ class Engine:
             request=request,
             sink=sink,
             policy=self._make_policy(request) if request.policy is None else request.policy,
-            generator=make_generator(request.config.sampling.seed),
+            generator=make_generator(request.config.sampling.seed, self.target.device),
             decoder=IncrementalDecoder(self.tokenizer, request.config.stop),
             committed=list(request.prompt_ids),
         )

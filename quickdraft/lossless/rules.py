@@ -48,8 +48,9 @@ def verify_drafts(
     Greedy: drafts equal to the target's argmax. Seeded sampling: drafts equal to the target's Gumbel-max
     samples under the positions' noise, so the output is seeded plain decoding's whatever γ. Unseeded
     sampling: block verification (exact in distribution, at least as many drafts accepted as Leviathan's
-    token-by-token rule).
+    token-by-token rule). The drafts may be on the host: they are judged where the target's logits are.
     """
+    draft_token_ids = draft_token_ids.to(target_logits.device)
     if sampling.is_greedy:
         return greedy_verify(draft_token_ids, target_logits)
     if sampling.is_seeded:

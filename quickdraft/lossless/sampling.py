@@ -136,9 +136,10 @@ def gumbel_argmax(scores: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """argmax(s + g) over the last dimension: with Gumbel(0, 1) noise g and scores s = log p + c (any constant c
     per row), an exact sample from p.
 
-    scores: [..., V]; noise: [..., V] (broadcast) -> [...]. Tokens with s = −inf are never chosen.
+    scores: [..., V]; noise: [..., V] (broadcast, on any device: it moves to the scores') -> [...]. Tokens with
+    s = −inf are never chosen.
     """
-    return argmax(scores + noise)
+    return argmax(scores + noise.to(scores.device))
 
 
 def argmax(values: torch.Tensor) -> torch.Tensor:

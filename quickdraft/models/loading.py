@@ -76,15 +76,15 @@ def load_tokenizer(path: Path) -> Any:
         raise _unreadable(path, error) from error
 
 
-def load_hf_model(path: Path, progress: bool = True) -> Any:
-    """Load a causal LM in fp32 for CPU inference, turning file problems into clear errors. A directory made
-    from a GGUF file gets its fp32 weights first, once (``ensure_fp32_weights``)."""
+def load_hf_model(path: Path, progress: bool = True, dtype: Any = None) -> Any:
+    """Load a causal LM on the CPU in ``dtype`` (default fp32), turning file problems into clear errors. A
+    directory made from a GGUF file gets its fp32 weights first, once (``ensure_fp32_weights``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     ensure_fp32_weights(path, progress)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     except Exception as error:  # safetensors, json and transformers raise many types here
         raise _unreadable(path, error) from error
     return model.eval()

@@ -2,8 +2,12 @@
 
 from pathlib import Path
 
+import torch
+
+from quickdraft.errors import ConfigError
 from quickdraft.registry import Registry
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
+from quickdraft.runtime.device import CPU
 from quickdraft.runtime.hf import HFRuntime
 from quickdraft.runtime.native import NativeRuntime
 
@@ -13,11 +17,17 @@ RUNTIMES.register(NativeRuntime.name)(NativeRuntime)
 AUTO = "auto"
 
 
-def runtime_for(name: str, path: Path) -> type[Runtime]:
-    """The runtime class called ``name``; ``auto`` = native for the families it implements, else transformers."""
-    if name == AUTO:
+def runtime_for(name: str, path: Path, device: torch.device = CPU) -> type[Runtime]:
+    """The runtime class called ``name``; ``auto`` = on the CPU native for the families it implements, else
+    transformers; on a GPU transformers, the one runtime that runs there."""
+    runtime = RUNTIMES.get(name) if name != AUTO else None
+    if device.type != "cpu":
+        if runtime is not None and runtime is not HFRuntime:
+            raise ConfigError(f"the {name} runtime runs on the CPU only; on {device} use the transformers runtime")
+        return HFRuntime
+    if runtime is None:
         return NativeRuntime if NativeRuntime.supports(path) else HFRuntime
-    return RUNTIMES.get(name)
+    return runtime
 
 
 __all__ = [

@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from quickdraft.runtime.device import CPU, synchronize
+
 PLACEHOLDER_CHUNK = 512  # tokens per forward when a runtime fills a cache by reading (Runtime.fill_placeholder)
 
 
@@ -50,6 +52,7 @@ class LoadOptions:
 
     weights: str = "auto"  # the native runtime's weight format: auto, q4 or int8 (native/weights.py)
     vocabulary: tuple[int, ...] | None = None  # the token ids the LM head computes, the rest get logit −inf (None: all)
+    device: torch.device = CPU  # where the model runs (runtime/device.py); the native runtime: CPU
 
 
 class Runtime(ABC):
@@ -91,6 +94,11 @@ class Runtime(ABC):
     # chunks, beside other rows), so a cache's prefix can serve another request bit for bit (prefix caching).
     reusable_prefixes: ClassVar[bool] = False
     kv_bytes_per_token: int = 0  # memory of one position's keys and values in a cache, all layers
+
+    def synchronize(self) -> None:
+        """Wait for the forwards queued on the model's device (a GPU runs them asynchronously): a timer read after
+        this sees them done."""
+        synchronize(self.device)
 
     def copy_prefix(self, cache: KVCache, length: int) -> KVCache:
         """A new one-row cache holding the first ``length`` positions of ``cache``'s (runtimes with

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 from quickdraft.errors import ConfigError
 from quickdraft.models.loading import load_hf_model
 from quickdraft.runtime.base import KVCache, LoadOptions, Runtime
+from quickdraft.runtime.device import device_name, model_dtype
 
 
 class HFCache(KVCache):
@@ -37,26 +39,27 @@ class HFCache(KVCache):
 
 
 class HFRuntime(Runtime):
-    """Wraps a ``PreTrainedModel``; fp32 eager/SDPA, whatever the model was loaded with."""
+    """Wraps a ``PreTrainedModel`` on whatever device and in whatever dtype it was loaded (``load``: fp32 on the CPU,
+    bf16 or fp16 on a GPU); logits come back as float32 on that device."""
 
     name = "transformers"
     provides_hidden = True
 
     def __init__(self, model: Any) -> None:
-        self.model = model
+        self.model = model.eval()
         config = model.config
         lm_head = model.get_output_embeddings().weight  # [V, H]: it reads the last hidden state
         self.vocab_size, self.hidden_size = int(lm_head.shape[0]), int(lm_head.shape[1])
         self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
         self.device = model.device
-        self.build = f"transformers {transformers_version()} {model.dtype}"
+        self.build = f"transformers {transformers_version()} {model.dtype} {device_name(self.device)}".rstrip()
         # transformers 5 renamed ``past_key_values`` to ``cache`` (the old name warns, then goes); 4.x has the old one
         self.cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @classmethod
     def load(cls, path: Path, options: LoadOptions = LoadOptions()) -> HFRuntime:  # noqa: B008 - frozen, shared
         check_default(options)
-        return cls(load_hf_model(path))
+        return cls(load_hf_model(path, dtype=model_dtype(options.device)).to(options.device))
 
     @classmethod
     def load_sharing(
@@ -66,7 +69,7 @@ class HFRuntime(Runtime):
         options: LoadOptions = LoadOptions(),  # noqa: B008 - frozen, shared
     ) -> HFRuntime:
         check_default(options)
-        return cls(transformers_model())
+        return cls(transformers_model().to(options.device, model_dtype(options.device)))
 
     def new_cache(self, batch_size: int = 1) -> HFCache:
         return HFCache(batch_size)
@@ -113,7 +116,7 @@ def transformers_version() -> str:
 
 
 def check_default(options: LoadOptions) -> None:
-    if options != LoadOptions():
+    if replace(options, device=LoadOptions().device) != LoadOptions():
         raise ConfigError(
             "the transformers runtime runs a model's own float weights: other weight formats and a vocabulary "
             "subset need the native runtime"

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from quickdraft.errors import ConfigError
 from quickdraft.runtime.base import LoadOptions, Runtime
+from quickdraft.runtime.device import CPU
 from quickdraft.tokens import frequent_tokens
 
 # The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
@@ -20,13 +23,18 @@ def draft_load_defaults(weights: str | None, vocabulary: int | None) -> tuple[st
 
 
 def draft_load_options(
-    runtime_class: type[Runtime], tokenizer: Any, weights: str | None, vocabulary: int | None
+    runtime_class: type[Runtime],
+    tokenizer: Any,
+    weights: str | None,
+    vocabulary: int | None,
+    device: torch.device = CPU,
 ) -> LoadOptions:
-    """The draft model's load options: what was asked for, else :data:`DRAFT_WEIGHTS` and :data:`DRAFT_VOCABULARY`
-    where the runtime takes load options (a runtime that does not refuses what was asked for explicitly)."""
+    """The draft model's load options on ``device``: what was asked for, else :data:`DRAFT_WEIGHTS` and
+    :data:`DRAFT_VOCABULARY` where the runtime takes load options (a runtime that does not refuses what was asked
+    for explicitly)."""
     if not runtime_class.takes_load_options and weights is None and vocabulary is None:
-        return LoadOptions()
+        return LoadOptions(device=device)
     weights, vocabulary = draft_load_defaults(weights, vocabulary)
     if vocabulary < 0:
         raise ConfigError(f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}")
-    return LoadOptions(weights, frequent_tokens(tokenizer, vocabulary) if vocabulary else None)
+    return LoadOptions(weights, frequent_tokens(tokenizer, vocabulary) if vocabulary else None, device)

@@ -17,6 +17,7 @@ from quickdraft.engine import Engine, SchedulerSettings
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.errors import ConfigError, QuickdraftError
 from quickdraft.models.convert import gguf_source
+from quickdraft.runtime.device import resolve_device
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.protocol import ServerDefaults
 
@@ -39,6 +40,7 @@ class ServerOptions:
     draft_head: str | None = None
     served_model_name: str | None = None
     default_max_tokens: int = 256
+    device: str = "auto"  # where the models run (runtime/device.py)
 
     def __post_init__(self) -> None:
         GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
@@ -46,6 +48,7 @@ class ServerOptions:
             raise ConfigError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
         if self.default_max_tokens < 1:
             raise ConfigError(f"--default-max-tokens must be >= 1, got {self.default_max_tokens}")
+        resolve_device(self.device)  # a GPU that is not there fails before any model is resolved
         if self.drafter not in DRAFTERS.names():
             raise ConfigError(f"unknown drafter {self.drafter!r}; choose one of: {', '.join(DRAFTERS.names())}")
 
@@ -55,7 +58,7 @@ class ServerOptions:
         return cls(
             args.target, args.draft, args.runtime, settings, args.drafter, args.policy, args.max_draft_tokens,
             args.prefix_cache_mb, args.recalibrate, args.draft_weights, args.draft_vocabulary, args.draft_head,
-            getattr(args, "served_model_name", None), getattr(args, "default_max_tokens", 256),
+            getattr(args, "served_model_name", None), getattr(args, "default_max_tokens", 256), args.device,
         )  # fmt: skip
 
 
@@ -76,7 +79,7 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     draft = options.draft or (DEFAULT_DRAFT if DRAFTERS.get(options.drafter).needs_draft_model else None)
     pipeline = Pipeline.load(
         options.target, draft, options.runtime,
-        draft_weights=options.draft_weights, draft_vocabulary=options.draft_vocabulary,
+        draft_weights=options.draft_weights, draft_vocabulary=options.draft_vocabulary, device=options.device,
     )  # fmt: skip
     pipeline.draft_head = Path(options.draft_head) if options.draft_head else None
     pipeline.drafter(options.drafter)  # a default drafter these models cannot run fails here

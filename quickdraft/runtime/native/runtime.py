@@ -80,6 +80,8 @@ class NativeRuntime(Runtime):
     ) -> NativeRuntime:
         """Load a model directory; its quantized form (``options.weights``: one of WEIGHT_FORMATS) is
         cached so later loads skip quantization. ``options.vocabulary`` restricts the LM head to those tokens."""
+        if options.device.type != "cpu":
+            raise ConfigError(f"the native runtime runs on the CPU only, not on {options.device}")
         if options.weights not in WEIGHT_FORMATS:
             raise ConfigError(f"unknown weight format {options.weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
         try:

@@ -90,6 +90,14 @@ def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def gpu_note(device: object) -> str:
+    """What a user running on a GPU should know (docs/gpu.md)."""
+    return (
+        f"on {device} the models run eagerly on transformers (a batch's requests one after another); "
+        "to serve on a GPU, vLLM and SGLang are much faster (docs/gpu.md)"
+    )
+
+
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is None:
         raise ConfigError("no prompt given: pass the prompt text, or - to read it from standard input")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quickdraft.cli.common import add_model_arguments, draft_for, read_prompt
+from quickdraft.cli.common import add_model_arguments, draft_for, gpu_note, read_prompt
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult, Request
@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> None:
     )
     if setup.calibration is not None and not args.json:
         print(f"[{config.policy}] {describe(setup, config)}", file=sys.stderr)
+    if pipeline.target.device.type != "cpu" and not args.json:
+        print(f"quickdraft: note: {gpu_note(pipeline.target.device)}", file=sys.stderr)
     if args.compare:  # warm both paths up so neither run pays first-call costs
         warm_up = GenerationConfig(max_new_tokens=2, num_draft_tokens=1, sampling=config.sampling)  # drafts once
         for drafter in (args.drafter, "none"):

@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from quickdraft.cli.common import add_model_arguments
+from quickdraft.cli.common import add_model_arguments, gpu_note
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.errors import ConfigError
 
@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> None:
         run_replicas(args, options)
         return
     server = build_server(options, own_thread=False)  # steps on this, the main thread; HTTP in another
-    for note in server.notes:
+    device = server.loop.engine.target.device
+    for note in [*server.notes, *([gpu_note(device)] if device.type != "cpu" else [])]:
         print(f"quickdraft: {note}", file=sys.stderr)
     loop = server.loop
     http_server = uvicorn.Server(uvicorn.Config(server.app, host=args.host, port=args.port, log_level="warning"))

@@ -5,8 +5,8 @@ Rules:
 - ``cuda`` (``cuda:N``) must name a GPU torch sees; otherwise a clear error, never a silent fall back to the CPU.
 - The native runtime runs on the CPU only; on a GPU the transformers runtime runs the model in bf16 (fp16 where
   the GPU lacks bf16).
-- The engine's tensors live where the target's logits are; token ids cross to the host once per drafted token
-  and once per verification (the engine decides on the host what to commit).
+- The engine's tensors live where the target's logits are. The host decides what to commit, so a step waits for
+  the device at each drafted token and at its verification; tests/gpu counts the synchronizing calls.
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import quantize_state_dict
-from quickdraft.server import ServerDefaults, create_app
+from quickdraft.server.access import OPEN, Access
+from quickdraft.server.app import create_app
 from quickdraft.server.loop import ServingLoop
+from quickdraft.server.protocol import ServerDefaults
 from quickdraft.server.setup import serving_engine
 
 EOS = "<eos>"
@@ -416,12 +418,12 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(pipeline: Pipeline, prefix_cache_mb: int = 0, **settings: int) -> Iterator[Server]:
+def serving(pipeline: Pipeline, prefix_cache_mb: int = 0, access: Access = OPEN, **settings: int) -> Iterator[Server]:
     """A server on 127.0.0.1 (a free port) in a thread, stopped at the end; its drafters' costs measured as
     ``quickdraft serve`` measures them, a cheap batch curve given."""
     scheduler = SchedulerSettings(**settings)
     engine, _ = serving_engine(pipeline, scheduler, batch_costs=CHEAP_BATCH, prefix_cache_mb=prefix_cache_mb)
-    app = create_app(pipeline, ServingLoop(engine), ServerDefaults((MODEL,), max_tokens=12))
+    app = create_app(pipeline, ServingLoop(engine), ServerDefaults((MODEL,), max_tokens=12), access)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

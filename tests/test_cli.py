@@ -172,6 +172,9 @@ BAD_INPUTS = {
     "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "draft vocabulary is a number"),
     "draft format off native": (["generate", "w1", "--draft-weights", "q4"], "need the native runtime"),
     "unknown device": (["generate", "w1", "--device", "tpu"], "unknown device 'tpu': give auto, cpu, cuda or cuda:N"),
+    "serve without a body limit": (["serve", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
+    "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "--request-timeout must be >= 0"),
+    "an API key with replicas": (["serve", "--replicas", "2", "--api-key", "k3y"], "not supported with --replicas"),
 } | (
     {}
     if torch.cuda.is_available()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from quickdraft.cli.common import add_model_arguments, gpu_note
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.errors import ConfigError
+from quickdraft.server.access import API_KEY_VARIABLE, MAX_BODY_MB, REQUEST_TIMEOUT_S
 
 if TYPE_CHECKING:  # the server's packages load when a server starts: generate runs without them
     from quickdraft.server.setup import ServerOptions
@@ -42,6 +43,24 @@ def add_command(commands: Any) -> None:
     serve.add_argument(
         "--default-max-tokens", type=int, default=256, metavar="N", help="max_tokens of a request that gives none"
     )
+    access = serve.add_argument_group("access: who may use the server and how much a request may ask")
+    access.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help=f"clients must send 'Authorization: Bearer KEY' to every route but /health (default ${API_KEY_VARIABLE}; "
+        "unset: open). The command line shows in `ps`: prefer the variable",
+    )  # fmt: skip
+    access.add_argument(
+        "--metrics-public", action="store_true", help="serve /metrics without the API key (Prometheus scrapers)"
+    )
+    access.add_argument(
+        "--max-body-mb", type=float, default=MAX_BODY_MB, metavar="MB",
+        help=f"a larger request body gets 413 before it is read further (default {MAX_BODY_MB})",
+    )  # fmt: skip
+    access.add_argument(
+        "--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
+        help=f"a request still running S seconds after it arrived is cancelled: 504, or an error event on a stream "
+        f"(default {REQUEST_TIMEOUT_S:g}; 0: none)",
+    )  # fmt: skip
     replicas = serve.add_argument_group("replicas on Ray Serve (pip install 'quickdraft[ray]')")
     replicas.add_argument(
         "--replicas", type=int, default=0, metavar="N",
@@ -137,6 +156,11 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
     """``--replicas N``: the deployment on Ray Serve (``deploy/ray_serve.py``), until SIGTERM or Ctrl-C."""
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be >= 1 with the replica options, got {args.replicas}")
+    if server.access.api_key is not None:
+        raise ConfigError(
+            f"an API key (--api-key or ${API_KEY_VARIABLE}) is not supported with --replicas yet: serve the replicas "
+            "behind a proxy that checks keys, on loopback"
+        )
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise ConfigError(f"--max-replicas ({args.max_replicas}) must be >= --replicas ({args.replicas})")
     threads = args.threads_per_replica or max(1, len(os.sched_getaffinity(0)) // args.replicas)

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull, RequestFailed, RequestFinished, TokenDelta
 from quickdraft.errors import QuickdraftError
+from quickdraft.server.access import OPEN, Access, read_json
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import (
@@ -40,8 +41,14 @@ from quickdraft.server.protocol import (
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 
 
-def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) -> FastAPI:
-    """The app; it starts ``loop`` when the server starts and stops it when the server stops."""
+def create_app(
+    pipeline: Pipeline,
+    loop: ServingLoop,
+    defaults: ServerDefaults,
+    access: Access = OPEN,
+) -> FastAPI:
+    """The app; it starts ``loop`` when the server starts and stops it when the server stops. ``access``: who may
+    use it and how much a request may ask (:mod:`quickdraft.server.access`)."""
     metrics = ServerMetrics(loop.engine)
     loop.engine.on_step = metrics.observe_step
     model = defaults.model_names[0]
@@ -74,11 +81,13 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        access.authorize(request.headers.get("authorization"))
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}]}
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        access.authorize(request.headers.get("authorization"), metrics=True)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def token_text(token_id: int) -> str:
@@ -95,16 +104,14 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
 
     async def generate(request: Request, chat: bool) -> Response:
         arrival = time.perf_counter()
-        try:
-            body = await request.json()
-        except ValueError:
-            raise ApiError(400, "the request body is not valid JSON") from None
+        access.authorize(request.headers.get("authorization"))
+        body = await read_json(request, access.max_body_bytes)
         api = parse_request(body, chat, defaults, encode, pipeline.drafter)
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Event] = asyncio.Queue()
         event_loop = asyncio.get_running_loop()
-        track = Tracker(arrival, metrics)
+        track = Tracker(arrival, metrics, access.request_timeout_s)
 
         def deliver(event: Event) -> None:  # on the event loop; timed even after a client went away
             track.see(event)
@@ -123,7 +130,7 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
         if api.stream:
             return StreamingResponse(stream(api, events, track, loop.cancel), media_type="text/event-stream")
         try:
-            result = await collect(request, events)
+            result = await collect(request, events, track)
         finally:
             if not track.done:
                 loop.cancel(api.serve.request_id)
@@ -138,7 +145,11 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
             if api.chat:
                 yield sse(chunk_body(api, response_id, model, None))
             while True:
-                event = await events.get()
+                try:
+                    event = await asyncio.wait_for(events.get(), track.seconds_left())
+                except TimeoutError:
+                    yield sse(track.timeout().body())
+                    break
                 logprobs = None
                 if isinstance(event, TokenDelta) and event.logprobs:
                     logprobs = logprobs_body(api, event.logprobs, token_text, offset)
@@ -158,11 +169,15 @@ def create_app(pipeline: Pipeline, loop: ServingLoop, defaults: ServerDefaults) 
             if not track.done:  # the client went away: free the request's slot at the next step
                 cancel(api.serve.request_id)
 
-    async def collect(request: Request, events: asyncio.Queue[Event]) -> GenerationResult:
+    async def collect(request: Request, events: asyncio.Queue[Event], track: Tracker) -> GenerationResult:
         while True:
+            left = track.seconds_left()
+            wait_s = DISCONNECT_POLL_S if left is None else min(left, DISCONNECT_POLL_S)
             try:
-                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                event = await asyncio.wait_for(events.get(), wait_s)
             except TimeoutError:
+                if track.seconds_left() == 0:
+                    raise track.timeout() from None
                 if await request.is_disconnected():
                     raise ApiError(499, "the client closed the connection") from None
                 continue
@@ -189,11 +204,22 @@ def sse(data: dict[str, Any]) -> str:
 class Tracker:
     """A request's timings for the metrics: arrival, first token, end."""
 
-    def __init__(self, arrival: float, metrics: ServerMetrics) -> None:
+    def __init__(self, arrival: float, metrics: ServerMetrics, timeout_s: float | None = None) -> None:
         self.arrival = arrival
         self.metrics = metrics
+        self.timeout_s = timeout_s
         self.first_token: float | None = None
         self.done = False
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the request's timeout (0 once past it); None without one."""
+        if self.timeout_s is None:
+            return None
+        return max(0.0, self.arrival + self.timeout_s - time.perf_counter())
+
+    def timeout(self) -> ApiError:
+        message = f"the request ran past this server's {self.timeout_s:g} s limit (--request-timeout)"
+        return ApiError(504, message, kind="server_error", code="timeout")
 
     def see(self, event: Event) -> None:
         now = time.perf_counter()

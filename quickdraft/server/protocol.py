@@ -11,7 +11,10 @@ extras, which the openai client sends with ``extra_body``: ``top_k``, ``drafter`
 ``prompt-lookup``, ``early-exit``, ``none``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
 ``max_draft_tokens``, ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output, and
 ``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps nothing of it).
-Other fields are ignored. A bad value raises :class:`ApiError` with the status and message a client sees.
+OpenAI's fields that would change the answer and that this server does not implement (:data:`UNSUPPORTED`: tools,
+penalties, ...) are refused with 400 unless they hold the value that changes nothing; never silently ignored.
+Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted. A message's role is
+one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and message a client sees.
 """
 
 from __future__ import annotations
@@ -31,6 +34,15 @@ from quickdraft.engine import GenerationResult, Request
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
+
+ROLES = ("system", "developer", "user", "assistant")  # what a chat template renders; OpenAI's developer = system
+# OpenAI's fields that change the answer and this server does not implement, with the values that change nothing
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
+    "web_search_options": (None,),
+}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -87,6 +99,10 @@ def parse_request(
         raise ApiError(404, message, "model", code="model_not_found")
     if body.get("n", 1) != 1:
         raise ApiError(400, "n must be 1: one choice per request", "n")
+    for name, harmless in UNSUPPORTED.items():
+        value = body.get(name)  # a bool equals only a bool here: echo 0 is not echo false
+        if not any(value == allowed and isinstance(value, bool) == isinstance(allowed, bool) for allowed in harmless):
+            raise ApiError(400, f"{name} is not supported by this server", name, code="unsupported_parameter")
     try:
         prompt_ids = encode(_messages(body) if chat else _prompt(body), chat)
         sampling = SamplingParams(
@@ -158,12 +174,16 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     for message in messages:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
+        if message["role"] not in ROLES:
+            known = ", ".join(ROLES)
+            hint = ": tool calls are not supported by this server" if message["role"] in ("tool", "function") else ""
+            raise ApiError(400, f"unknown message role {message['role']!r}{hint}; roles: {known}", "messages")
         content = message.get("content")
         if isinstance(content, list):  # content parts: the text ones, joined
             content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
-        parsed.append({"role": message["role"], "content": content})
+        parsed.append({"role": "system" if message["role"] == "developer" else message["role"], "content": content})
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
     return parsed

@@ -18,6 +18,7 @@ from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.errors import ConfigError, QuickdraftError
 from quickdraft.models.convert import gguf_source
 from quickdraft.runtime.device import resolve_device
+from quickdraft.server.access import MAX_BODY_MB, OPEN, REQUEST_TIMEOUT_S, Access
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.protocol import ServerDefaults
 
@@ -41,6 +42,7 @@ class ServerOptions:
     served_model_name: str | None = None
     default_max_tokens: int = 256
     device: str = "auto"  # where the models run (runtime/device.py)
+    access: Access = OPEN  # who may use the server, how much a request may ask (server/access.py)
 
     def __post_init__(self) -> None:
         GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
@@ -59,6 +61,10 @@ class ServerOptions:
             args.target, args.draft, args.runtime, settings, args.drafter, args.policy, args.max_draft_tokens,
             args.prefix_cache_mb, args.recalibrate, args.draft_weights, args.draft_vocabulary, args.draft_head,
             getattr(args, "served_model_name", None), getattr(args, "default_max_tokens", 256), args.device,
+            Access.from_args(
+                getattr(args, "api_key", None), getattr(args, "metrics_public", False),
+                getattr(args, "max_body_mb", MAX_BODY_MB), getattr(args, "request_timeout", REQUEST_TIMEOUT_S),
+            ),
         )  # fmt: skip
 
 
@@ -90,7 +96,7 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     names = model_names(pipeline, options.served_model_name)
     defaults = ServerDefaults(names, options.drafter, options.policy, options.default_max_tokens)
     loop = ServingLoop(engine, own_thread=own_thread)
-    return Server(create_app(pipeline, loop, defaults), loop, names, notes)
+    return Server(create_app(pipeline, loop, defaults, options.access), loop, names, notes)
 
 
 def model_names(pipeline: Pipeline, served_name: str | None) -> tuple[str, ...]:

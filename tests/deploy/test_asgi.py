@@ -12,8 +12,9 @@ from conftest import CHEAP_BATCH, MODEL, native_pipeline
 
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.engine import SchedulerSettings
-from quickdraft.server import ServerDefaults, create_app
+from quickdraft.server.app import create_app
 from quickdraft.server.loop import ServingLoop
+from quickdraft.server.protocol import ServerDefaults
 from quickdraft.server.setup import serving_engine
 
 

@@ -291,6 +291,27 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1", "grammar": "root ::= 'w1'"}, 400, "one of"),
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1+"}, 400, "end-of-sequence"),
     ("nowhere", {}, 404, "Not Found"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "w1"}]}, 400, "role 'wizard'"),
+    (
+        "chat/completions",
+        {"messages": [{"role": "user", "content": "w1"}, {"role": "tool", "content": "w2", "tool_call_id": "1"}]},
+        400,
+        "tool calls are not supported",
+    ),
+    (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "w1"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "required",
+        },
+        400,
+        "tools is not supported",
+    ),
+    ("completions", {"prompt": "w1", "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
+    ("completions", {"prompt": "w1", "logit_bias": {"5": 100}}, 400, "logit_bias is not supported"),
+    ("completions", {"prompt": "w1", "echo": True}, 400, "echo is not supported"),
+    ("completions", {"prompt": "w1", "best_of": 3}, 400, "best_of is not supported"),
 ]
 
 

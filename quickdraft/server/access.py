@@ -1,0 +1,85 @@
+"""Who may use a server and how much one request may ask: the API key, the body's size, the request's time.
+
+Rules:
+- With an API key set, every route but ``/health`` needs ``Authorization: Bearer <key>``; the key is compared in
+  constant time, and a missing or wrong one gets 401. ``/metrics`` is open only with ``metrics_public``.
+- A key is never printed: not in a log line, an error or this object's repr.
+- A body over ``max_body_bytes`` gets 413 before it is parsed (by its declared length, else while it arrives);
+  JSON nested too deeply to parse gets 400.
+- A request still running ``request_timeout_s`` after it arrived is cancelled: 504, or an error event on a stream.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from quickdraft.errors import ConfigError
+from quickdraft.server.protocol import ApiError
+
+API_KEY_VARIABLE = "QUICKDRAFT_API_KEY"
+MAX_BODY_MB = 8  # a prompt that fills the default pair's 32,768 positions is well under 1 MB of JSON
+REQUEST_TIMEOUT_S = 600.0  # llama-server's default
+
+
+@dataclass(frozen=True)
+class Access:
+    """A server's access rules (the module's); its repr leaves the key out."""
+
+    api_key: str | None = field(default=None, repr=False)
+    metrics_public: bool = False
+    max_body_bytes: int = MAX_BODY_MB * 2**20
+    request_timeout_s: float | None = REQUEST_TIMEOUT_S  # None: none
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isprintable()):
+            raise ConfigError("the API key must be printable text, not empty")
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"the body limit must be >= 1 byte, got {self.max_body_bytes}")
+        timeout = self.request_timeout_s
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise ConfigError(f"--request-timeout must be a number of seconds > 0 (0: none), got {timeout}")
+
+    @classmethod
+    def from_args(cls, api_key: str | None, metrics_public: bool, max_body_mb: float, timeout_s: float) -> Access:
+        """The server's flags: ``api_key`` None takes ``$QUICKDRAFT_API_KEY``; ``timeout_s`` 0 means none."""
+        if max_body_mb <= 0:
+            raise ConfigError(f"--max-body-mb must be > 0, got {max_body_mb}")
+        if timeout_s < 0:
+            raise ConfigError(f"--request-timeout must be >= 0 seconds (0: none), got {timeout_s}")
+        key = api_key if api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+        return cls(key, metrics_public, int(max_body_mb * 2**20), timeout_s or None)
+
+    def authorize(self, authorization: str | None, metrics: bool = False) -> None:
+        """Raise 401 unless the ``Authorization`` header carries the key (or no key is set, or ``metrics`` and
+        the metrics are public)."""
+        if self.api_key is None or (metrics and self.metrics_public):
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "a valid API key is needed: Authorization: Bearer <key>", code="invalid_api_key")
+
+
+OPEN = Access()  # no key; the default limits
+
+
+async def read_json(request: Any, limit: int) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (413 beyond), or 400 if it is not JSON."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {int(declared)} bytes; this server takes at most {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ApiError(400, "the request body nests JSON too deeply to read") from None
+    except ValueError:
+        raise ApiError(400, "the request body is not valid JSON") from None

@@ -296,9 +296,10 @@ class Pipeline:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
         return encode(self.tokenizer, prompt, chat)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """A conversation (``role``/``content`` dicts) through the chat template, ready for the assistant's turn."""
-        return encode_chat(self.tokenizer, messages)
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A conversation (``role``/``content`` dicts) through the chat template, ready for the assistant's turn;
+        ``tools``: OpenAI's function tools, which the template renders."""
+        return encode_chat(self.tokenizer, messages, tools)
 
     def chat_prefix(self) -> list[int]:
         """The tokens every chat request starts with: what a draft model keeps cached between conversations."""

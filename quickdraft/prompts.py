@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quickdraft.errors import PromptError
@@ -18,13 +19,18 @@ def encode(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
     return list(tokenizer(prompt).input_ids)
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """A conversation (``role``/``content`` dicts) through the chat template, ready for the assistant's turn."""
+def encode_chat(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+) -> list[int]:
+    """A conversation (``role``/``content`` dicts, an assistant's ``tool_calls`` too) through the chat template,
+    ready for the assistant's turn; ``tools``: OpenAI's function tools, rendered by the template."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("this model has no chat template; run without --chat")
     for message in messages:
         require_utf8(message["content"], f"the {message['role']} message")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 

@@ -232,3 +232,23 @@ def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair:
             list(request.prompt_ids), GenerationConfig(request.config.max_new_tokens), drafter="none"
         )
         assert results[i] == plain.token_ids, (i, drafters[i % len(drafters)])
+
+
+def test_openais_weather_example_becomes_a_tool_call(native_pair: Pipeline) -> None:
+    """The default target's template renders the tools; its answer (a json fence on this model) is parsed as the
+    call, the same with and without speculation."""
+    from quickdraft.server.tools import split_calls
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}  # fmt: skip
+    prompt_ids = native_pair.encode_chat(
+        [{"role": "user", "content": "What's the weather like in Boston today?"}], [weather]
+    )
+    answers = [
+        native_pair.generate(prompt_ids, GenerationConfig(max_new_tokens=48, num_draft_tokens=gamma), drafter)
+        for drafter, gamma in (("none", 0), ("hybrid", 3))
+    ]
+    assert answers[0].token_ids == answers[1].token_ids
+    _, calls = split_calls(answers[0].text, frozenset({"get_weather"}))
+    assert [call["function"]["name"] for call in calls] == ["get_weather"]
+    assert "Boston" in json.loads(calls[0]["function"]["arguments"])["location"]

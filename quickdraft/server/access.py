@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quickdraft.errors import ConfigError
-from quickdraft.server.protocol import ApiError
+from quickdraft.server.errors import ApiError
 
 API_KEY_VARIABLE = "QUICKDRAFT_API_KEY"
 MAX_BODY_MB = 8  # a prompt that fills the default pair's 32,768 positions is well under 1 MB of JSON

@@ -37,6 +37,7 @@ from quickdraft.server.protocol import (
     response_body,
     usage_chunk,
 )
+from quickdraft.server.tools import CallFilter, split_calls
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 
@@ -52,6 +53,8 @@ def create_app(
     metrics = ServerMetrics(loop.engine)
     loop.engine.on_step = metrics.observe_step
     model = defaults.model_names[0]
+    template = getattr(pipeline.tokenizer, "chat_template", None)
+    chat_template = template if isinstance(template, str) else ""  # tools need its tool-call format
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -93,9 +96,9 @@ def create_app(
     def token_text(token_id: int) -> str:
         return pipeline.tokenizer.decode([token_id])
 
-    def encode(prompt: Any, chat: bool) -> list[int]:
+    def encode(prompt: Any, chat: bool, tools: Any = None) -> list[int]:
         if chat:
-            return pipeline.encode_chat(prompt)
+            return pipeline.encode_chat(prompt, tools)
         if isinstance(prompt, list):  # token ids
             if any(not 0 <= token < pipeline.target.vocab_size for token in prompt):
                 raise ApiError(400, f"token ids must be in [0, {pipeline.target.vocab_size})", "prompt")
@@ -106,7 +109,7 @@ def create_app(
         arrival = time.perf_counter()
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes)
-        api = parse_request(body, chat, defaults, encode, pipeline.drafter)
+        api = parse_request(body, chat, defaults, encode, pipeline.drafter, chat_template)
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -141,6 +144,7 @@ def create_app(
     ) -> AsyncIterator[str]:
         response_id = new_id(api.chat)
         offset = 0  # completions' text_offset: characters of the tokens streamed so far
+        calls = CallFilter() if api.tools else None  # holds back what may open a tool call
         try:
             if api.chat:
                 yield sse(chunk_body(api, response_id, model, None))
@@ -154,10 +158,17 @@ def create_app(
                 if isinstance(event, TokenDelta) and event.logprobs:
                     logprobs = logprobs_body(api, event.logprobs, token_text, offset)
                     offset += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
-                if isinstance(event, TokenDelta) and (event.text or api.return_token_ids or logprobs):
-                    yield sse(chunk_body(api, response_id, model, event.text, event.token_ids, logprobs=logprobs))
+                text = calls.feed(event.text) if calls and isinstance(event, TokenDelta) else getattr(event, "text", "")
+                if isinstance(event, TokenDelta) and (text or api.return_token_ids or logprobs):
+                    yield sse(chunk_body(api, response_id, model, text, event.token_ids, logprobs=logprobs))
                 elif isinstance(event, RequestFinished):
-                    yield sse(chunk_body(api, response_id, model, "", (), event.result.finish_reason))
+                    reason = event.result.finish_reason
+                    if calls is not None and api.tools is not None:
+                        content, found = split_calls(calls.text, api.tools.names)
+                        if content[calls.sent :] or found:  # the held text that was no call; the calls, whole
+                            yield sse(chunk_body(api, response_id, model, content[calls.sent :], tool_calls=found))
+                        reason = "tool_calls" if found else reason
+                    yield sse(chunk_body(api, response_id, model, "", (), reason))
                     if api.include_usage:
                         yield sse(usage_chunk(api, response_id, model, event.result))
                     break

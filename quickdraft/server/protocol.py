@@ -34,33 +34,17 @@ from quickdraft.engine import GenerationResult, Request
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
+from quickdraft.server.errors import ApiError
+from quickdraft.server.tools import ToolRequest, parse_tools, split_calls, template_message
 
-ROLES = ("system", "developer", "user", "assistant")  # what a chat template renders; OpenAI's developer = system
+ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
 # OpenAI's fields that change the answer and this server does not implement, with the values that change nothing
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"),
     "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1),
     "echo": (None, False), "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
     "web_search_options": (None,),
 }  # fmt: skip
-
-
-class ApiError(Exception):
-    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -80,17 +64,20 @@ class ApiRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    tools: ToolRequest | None = None  # the request's tools: its answer's calls are parsed (server/tools.py)
 
 
 def parse_request(
     body: Any,
     chat: bool,
     defaults: ServerDefaults,
-    encode: Callable[[Any, bool], list[int]],
+    encode: Callable[..., list[int]],
     drafter_named: Callable[[str], Drafter],
+    chat_template: str = "",
 ) -> ApiRequest:
-    """Validate a request body; ``encode(prompt or messages, chat)`` gives the prompt's token ids and
-    ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot run)."""
+    """Validate a request body; ``encode(prompt or messages, chat, tools)`` gives the prompt's token ids and
+    ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot run);
+    ``chat_template``: the model's, which must have a tool format for ``tools``."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
@@ -103,8 +90,11 @@ def parse_request(
         value = body.get(name)  # a bool equals only a bool here: echo 0 is not echo false
         if not any(value == allowed and isinstance(value, bool) == isinstance(allowed, bool) for allowed in harmless):
             raise ApiError(400, f"{name} is not supported by this server", name, code="unsupported_parameter")
+    tools = parse_tools(body, chat_template) if chat else None
+    if not chat and body.get("tools"):
+        raise ApiError(400, "tools need /v1/chat/completions", "tools")
     try:
-        prompt_ids = encode(_messages(body) if chat else _prompt(body), chat)
+        prompt_ids = encode(_messages(body) if chat else _prompt(body), chat, None if tools is None else tools.tools)
         sampling = SamplingParams(
             temperature=_number(body, "temperature", 1.0),
             top_k=_field(body, "top_k", 0),
@@ -121,7 +111,7 @@ def parse_request(
             policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
             max_draft_tokens=_field(body, "max_draft_tokens", 16),
             logprobs=logprobs,
-            grammar=_grammar(body),
+            grammar=_grammar(body, tools),
         )
         drafter = _field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
@@ -140,7 +130,7 @@ def parse_request(
     if not isinstance(options, Mapping):
         raise ApiError(400, "stream_options must be an object", "stream_options")
     stream, include_usage = bool(body.get("stream", False)), bool(options.get("include_usage", False))
-    return ApiRequest(serve, chat, stream, include_usage, bool(body.get("return_token_ids", False)))
+    return ApiRequest(serve, chat, stream, include_usage, bool(body.get("return_token_ids", False)), tools)
 
 
 def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -166,7 +156,7 @@ def _prompt(body: Mapping[str, Any]) -> str | list[int]:
     raise ApiError(400, "prompt must be one non-empty string (or one list of token ids)", "prompt")
 
 
-def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
@@ -175,23 +165,25 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
         if message["role"] not in ROLES:
-            known = ", ".join(ROLES)
-            hint = ": tool calls are not supported by this server" if message["role"] in ("tool", "function") else ""
-            raise ApiError(400, f"unknown message role {message['role']!r}{hint}; roles: {known}", "messages")
+            raise ApiError(400, f"unknown message role {message['role']!r}; roles: {', '.join(ROLES)}", "messages")
         content = message.get("content")
+        if content is None and message["role"] == "assistant" and message.get("tool_calls"):
+            content = ""  # an assistant turn that only called tools
         if isinstance(content, list):  # content parts: the text ones, joined
             content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
-        parsed.append({"role": "system" if message["role"] == "developer" else message["role"], "content": content})
+        role = "system" if message["role"] == "developer" else message["role"]
+        parsed.append(template_message({**message, "role": role}, content))
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
     return parsed
 
 
-def _grammar(body: Mapping[str, Any]) -> GrammarSpec | None:
+def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec | None:
     """The grammar the output must follow: ``response_format`` (``json_object``, ``json_schema`` with its
-    ``schema``; ``text``: none) or quickdraft's ``regex`` or ``grammar`` (xgrammar's EBNF), at most one of them."""
+    ``schema``; ``text``: none), quickdraft's ``regex`` or ``grammar`` (xgrammar's EBNF), or the one call that
+    ``tool_choice`` requires, at most one of them."""
     response_format = body.get("response_format") or {"type": "text"}
     kinds = ("text", "json_object", "json_schema")
     if not isinstance(response_format, Mapping) or response_format.get("type") not in kinds:
@@ -209,8 +201,11 @@ def _grammar(body: Mapping[str, Any]) -> GrammarSpec | None:
             if not isinstance(body[name], str):
                 raise ApiError(400, f"{name} must be a string", name)
             specs.append(GrammarSpec(kind, body[name]))
+    if tools is not None and (call := tools.grammar()) is not None:
+        specs.append(call)
     if len(specs) > 1:
-        raise ApiError(400, "give one of response_format (json), regex and grammar", "response_format")
+        message = "give one of response_format (json), regex, grammar and a required tool call"
+        raise ApiError(400, message, "response_format")
     return specs[0] if specs else None
 
 
@@ -255,8 +250,9 @@ def new_id(chat: bool) -> str:
 
 
 def finish_reason(reason: str) -> str:
-    """Ours (eos, stop, length) as OpenAI's: the model's end and a stop string are both "stop"."""
-    return "length" if reason == "length" else "stop"
+    """Ours (eos, stop, length; tool_calls for an answer that called tools) as OpenAI's: the model's end and a
+    stop string are both "stop"."""
+    return reason if reason in ("length", "tool_calls") else "stop"
 
 
 def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
@@ -315,8 +311,11 @@ def response_body(
     """A whole (non-streamed) completion or chat completion."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
     choice["logprobs"] = logprobs_body(api, result.logprobs or [], token_text)
+    content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
     if api.chat:
-        choice["message"] = {"role": "assistant", "content": result.text}
+        choice["message"] = {"role": "assistant", "content": (content or None) if calls else content}
+        if calls:
+            choice["message"]["tool_calls"], choice["finish_reason"] = calls, "tool_calls"
     else:
         choice["text"] = result.text
     if api.return_token_ids:
@@ -341,12 +340,15 @@ def chunk_body(
     token_ids: tuple[int, ...] = (),
     reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk: a text delta (None: the chat's opening role delta), or the end with ``reason``;
-    ``logprobs``: the delta's tokens' (:func:`logprobs_body`)."""
+    ``logprobs``: the delta's tokens' (:func:`logprobs_body`); ``tool_calls``: the answer's calls, whole."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": None if reason is None else finish_reason(reason)}
     if api.chat:
         choice["delta"] = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
+        if tool_calls:
+            choice["delta"]["tool_calls"] = [{"index": i} | call for i, call in enumerate(tool_calls)]
     else:
         choice["text"] = text or ""
     choice["logprobs"] = logprobs

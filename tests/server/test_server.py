@@ -296,7 +296,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
         "chat/completions",
         {"messages": [{"role": "user", "content": "w1"}, {"role": "tool", "content": "w2", "tool_call_id": "1"}]},
         400,
-        "tool calls are not supported",
+        "no tool-call format",
     ),
     (
         "chat/completions",
@@ -306,7 +306,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
             "tool_choice": "required",
         },
         400,
-        "tools is not supported",
+        "no tool-call format",
     ),
     ("completions", {"prompt": "w1", "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
     ("completions", {"prompt": "w1", "logit_bias": {"5": 100}}, 400, "logit_bias is not supported"),

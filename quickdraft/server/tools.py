@@ -29,6 +29,7 @@ from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.server.errors import ApiError
 
 OPEN, CLOSE, FENCE = "<tool_call>", "</tool_call>", "```json"
+MAX_TOOLS = 128  # OpenAI's limit of functions per request
 CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
 WHOLE = re.compile(r"\s*(?:```json\s*(\{.*\})\s*```|(\{.*\}))\s*", re.DOTALL)  # an answer that is one object
 
@@ -79,6 +80,8 @@ def parse_tools(body: Mapping[str, Any], template: str) -> ToolRequest | None:
     if not isinstance(tools, list) or not all(_is_function(tool) for tool in tools):
         message = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
         raise ApiError(400, message, "tools")
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(400, f"a request may offer at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
     names = frozenset(tool["function"]["name"] for tool in tools)
     if choice in (None, "auto", "required", "none"):
         return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names)

@@ -131,6 +131,7 @@ def test_bad_tools_are_clear_400s(server: Server) -> None:
         {"tools": [{"type": "function"}]},
         {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
         {"tool_choice": "required"},
+        {"tools": [WEATHER] * 129},
     ]
     for extra in bad:
         with pytest.raises(openai.BadRequestError, match="tool"):

@@ -1,0 +1,58 @@
+"""The HTTP API under random bodies: OpenAI's fields and quickdraft's, each any JSON value, over a valid request or
+none. Whatever comes, the answer is a 2xx or an OpenAI-style 4xx: never a 500, never a traceback, and the server
+goes on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import MODEL, TIMEOUT, Server, native_pipeline, serving
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FIELDS = (
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+    "stop", "stream", "stream_options", "n", "logprobs", "top_logprobs", "prediction", "response_format", "regex",
+    "grammar", "drafter", "policy", "num_draft_tokens", "max_draft_tokens", "return_token_ids", "cache_prompt",
+    "tools", "tool_choice", "presence_penalty", "logit_bias", "echo", "user",
+)  # fmt: skip
+KEYS = st.sampled_from(["role", "content", "type", "name", "function", "schema", "x"])
+LEAVES = st.none() | st.booleans() | st.integers(-5, 40) | st.floats(-2, 2) | st.sampled_from(["w1", "", "auto"])
+VALUES = st.recursive(
+    LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3), max_leaves=6
+)
+BASES = {
+    "completions": {"model": MODEL, "prompt": "w1 w2", "max_tokens": 3},
+    "chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "max_tokens": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    pipeline = native_pipeline()
+    pipeline.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+    with serving(pipeline) as running:
+        yield running
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from(list(BASES)),
+    start_valid=st.booleans(),
+    changes=st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4),
+)
+def test_random_bodies_get_answers_or_openai_errors(
+    server: Server, path: str, start_valid: bool, changes: dict[str, object]
+) -> None:
+    body = (BASES[path] if start_valid else {}) | changes
+    response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=TIMEOUT)
+    assert response.status_code < 500, (body, response.text)
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and "Traceback" not in error["message"]
+    elif response.headers["content-type"].startswith("text/event-stream"):
+        events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and all("error" not in json.loads(event) for event in events[:-1])

@@ -126,6 +126,13 @@ def native_pipeline(vocab_size: int = 48, draft_noise: float = 0.1) -> Pipeline:
     )
 
 
+def native_chat_pipeline() -> Pipeline:
+    """:func:`native_pipeline` with a chat template of role and content: what the server tests chat with."""
+    pipeline = native_pipeline()
+    pipeline.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+    return pipeline
+
+
 def sharp_native_pipeline() -> Pipeline:
     """Tiny target and draft on the native runtime, different models with sharp logits: their drafts are accepted
     often, and an end-of-sequence token may end an answer."""

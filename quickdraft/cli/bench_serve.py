@@ -19,7 +19,13 @@ from quickdraft.bench.llama_tools import SERVER_TOOL, check_tool
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
 from quickdraft.bench.serve_report import write_report
-from quickdraft.cli.common import add_model_arguments, add_sampling_arguments, check_output_dir, draft_for
+from quickdraft.cli.common import (
+    add_model_arguments,
+    add_sampling_arguments,
+    check_output_dir,
+    draft_for,
+    load_models,
+)
 from quickdraft.cli.serve import add_serving_arguments
 from quickdraft.errors import ConfigError
 
@@ -243,19 +249,11 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
 def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs: list[ServedConfig]) -> dict[str, Any]:
     """Every prompt decoded alone (the engine in this process, no server) under each configuration: latencies per
     config."""
-    from quickdraft.api import Pipeline
     from quickdraft.bench.serve_load import distribution
     from quickdraft.config import GenerationConfig
 
     draft = draft_for(args, [config.drafter for config in configs])
-    pipeline = Pipeline.load(
-        args.target,
-        draft,
-        args.runtime,
-        draft_weights=args.draft_weights,
-        draft_vocabulary=args.draft_vocabulary,
-        device=args.device,
-    )
+    pipeline = load_models(args, draft)
     runs = {}
     for config in configs:
         settings = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy, sampling=args.sampling)

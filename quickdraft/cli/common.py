@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError, PromptError
@@ -95,6 +96,20 @@ def gpu_note(device: object) -> str:
     return (
         f"on {device} the models run eagerly on transformers (a batch's requests one after another); "
         "to serve on a GPU, vLLM and SGLang are much faster (docs/gpu.md)"
+    )
+
+
+def load_models(args: argparse.Namespace, draft: str | None) -> Any:
+    """The pipeline of :func:`add_model_arguments`' arguments with ``draft`` as the draft model (None: none)."""
+    from quickdraft.api import Pipeline
+
+    return Pipeline.load(
+        args.target,
+        draft,
+        args.runtime,
+        draft_weights=args.draft_weights,
+        draft_vocabulary=args.draft_vocabulary,
+        device=args.device,
     )
 
 

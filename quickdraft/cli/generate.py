@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quickdraft.cli.common import add_model_arguments, draft_for, gpu_note, read_prompt
+from quickdraft.cli.common import add_model_arguments, draft_for, gpu_note, load_models, read_prompt
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
 from quickdraft.engine import GenerationResult, Request
@@ -130,7 +130,6 @@ def prompt_progress(engine: Any, prompt_tokens: int, show: bool) -> Iterator[Non
 
 
 def run(args: argparse.Namespace) -> None:
-    from quickdraft.api import Pipeline
 
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
@@ -144,14 +143,7 @@ def run(args: argparse.Namespace) -> None:
     options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram, args.hybrid_min_ngram)
     prompt = read_prompt(args)
     draft = draft_for(args, [args.drafter])
-    pipeline = Pipeline.load(
-        args.target,
-        draft,
-        args.runtime,
-        draft_weights=args.draft_weights,
-        draft_vocabulary=args.draft_vocabulary,
-        device=args.device,
-    )
+    pipeline = load_models(args, draft)
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     prompt_ids = pipeline.encode(prompt, chat=args.chat)
     prediction_ids = pipeline.encode(read_text("--prediction", args.prediction)) if args.prediction else []

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import add_model_arguments, check_output_file
+from quickdraft.cli.common import add_model_arguments, check_output_file, load_models
 from quickdraft.errors import ConfigError
 from quickdraft.policies.acceptance_head import WEIGHT_DECAYS
 from quickdraft.policies.train_acceptance import TRAIN_DOC, check_training_settings, train_acceptance_head
@@ -39,7 +39,6 @@ def add_command(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from quickdraft.api import Pipeline
     from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
     from quickdraft.models import DEFAULT_DRAFT
 
@@ -51,14 +50,7 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("no question file: pass --questions PATH")
     questions = sample_questions(load_questions(path), args.per_category, args.seed)
     draft = args.draft or DEFAULT_DRAFT
-    pipeline = Pipeline.load(
-        args.target,
-        draft,
-        args.runtime,
-        draft_weights=args.draft_weights,
-        draft_vocabulary=args.draft_vocabulary,
-        device=args.device,
-    )
+    pipeline = load_models(args, draft)
     prompts = [pipeline.encode(question.turns[0], chat=question.chat) for question in questions]
     report = train_acceptance_head(
         pipeline,

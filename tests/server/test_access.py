@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import openai
 import pytest
-from conftest import MODEL, TIMEOUT, Server, native_pipeline, serving
+from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
 
 from quickdraft.api import Pipeline
 from quickdraft.errors import ConfigError
@@ -24,9 +24,7 @@ PROMPT = {"model": MODEL, "prompt": "w1 w2", "max_tokens": 3}
 
 @pytest.fixture(scope="module")
 def native() -> Pipeline:
-    pipeline = native_pipeline()
-    pipeline.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
-    return pipeline
+    return native_chat_pipeline()
 
 
 @pytest.fixture(scope="module")

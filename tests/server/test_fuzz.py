@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import MODEL, TIMEOUT, Server, native_pipeline, serving
+from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,9 +32,7 @@ BASES = {
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    pipeline = native_pipeline()
-    pipeline.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
-    with serving(pipeline) as running:
+    with serving(native_chat_pipeline()) as running:
         yield running
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from conftest import MODEL, TIMEOUT, Server, native_pipeline, serving
+from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
@@ -20,9 +20,7 @@ from quickdraft.grammar import GrammarKind, GrammarSpec
 
 @pytest.fixture(scope="module")
 def native() -> Pipeline:
-    pipeline = native_pipeline()
-    pipeline.tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
-    return pipeline
+    return native_chat_pipeline()
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,13 @@ from quickdraft.drafters.hybrid import HybridDrafter, HybridEagleDrafter
 from quickdraft.drafters.none import NoDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.records import DrafterRecords
+from quickdraft.drafters.suffix import SuffixDrafter
 from quickdraft.registry import Registry
 
 DRAFTERS: Registry[type[Drafter]] = Registry("drafter")
 DRAFTERS.register("draft-model")(DraftModelDrafter)
 DRAFTERS.register("prompt-lookup")(PromptLookupDrafter)
+DRAFTERS.register("suffix")(SuffixDrafter)
 DRAFTERS.register("early-exit")(EarlyExitDrafter)
 DRAFTERS.register("eagle")(EagleDrafter)
 DRAFTERS.register("hybrid")(HybridDrafter)

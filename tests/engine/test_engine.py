@@ -234,6 +234,7 @@ def test_drafters_are_found_by_name() -> None:
     assert set(DRAFTERS.names()) == {
         "draft-model",
         "prompt-lookup",
+        "suffix",
         "early-exit",
         "eagle",
         "hybrid",

@@ -2,6 +2,7 @@
 original file as the prediction (OpenAI's Predicted Outputs), greedy, one process, taking turns.
 
     .venv/bin/python tools/bench_edits.py [--files N] [--min-lines 100] [--max-lines 200] [--out FILE.json]
+        [--methods plain,default,predicted[,suffix,prompt-lookup]]
 
 Each task is a module of Python's own standard library (read from this interpreter's installation, nothing
 downloaded) of min-lines..max-lines lines and the instruction to rename one of its top-level functions everywhere
@@ -25,7 +26,10 @@ from pathlib import Path
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
 
-METHODS = {"plain": ("none", False), "default": ("hybrid", False), "predicted": ("hybrid", True)}
+ALL_METHODS = {
+    "plain": ("none", False), "default": ("hybrid", False), "predicted": ("hybrid", True),
+    "suffix": ("suffix", False), "prompt-lookup": ("prompt-lookup", False),
+}  # fmt: skip
 
 
 def edit_tasks(count: int, min_lines: int, max_lines: int, seed: int = 0) -> list[tuple[str, str, str, str]]:
@@ -62,7 +66,11 @@ def main() -> None:
     parser.add_argument("--min-lines", type=int, default=100)
     parser.add_argument("--max-lines", type=int, default=200)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--methods", default="plain,default,predicted", help=f"of {', '.join(ALL_METHODS)}")
     args = parser.parse_args()
+    methods = {name: ALL_METHODS[name] for name in args.methods.split(",")}
+    if "plain" not in methods:
+        raise SystemExit("--methods needs plain: the speedups are over it")
     pipeline = Pipeline.load()
     tasks = edit_tasks(args.files, args.min_lines, args.max_lines)
     rows = []
@@ -74,10 +82,10 @@ def main() -> None:
         prompt_ids = pipeline.encode(instruction, chat=True)
         prediction_ids = pipeline.encode(source)
         config = GenerationConfig(max_new_tokens=int(1.2 * len(prediction_ids)) + 64)
-        order = list(METHODS) if index % 2 == 0 else list(reversed(METHODS))
+        order = list(methods) if index % 2 == 0 else list(reversed(methods))
         results, token_ids, texts = {}, {}, {}
         for method in order:
-            drafter, predicted = METHODS[method]
+            drafter, predicted = methods[method]
             started = time.perf_counter()
             result = pipeline.generate(prompt_ids, config, drafter, prediction=prediction_ids if predicted else None)
             wall_s = time.perf_counter() - started
@@ -97,10 +105,10 @@ def main() -> None:
         row["prediction_tokens"] = len(prediction_ids)
         row["changed_lines"] = round(changed_lines(source, texts["plain"]), 3)
         row["identical"] = all(ids == token_ids["plain"] for ids in token_ids.values())
-        rows.append(row | {method: results[method] for method in METHODS})
+        rows.append(row | {method: results[method] for method in methods})
         print(json.dumps(rows[-1]), flush=True)
     summary: dict[str, object] = {"identical": all(row["identical"] for row in rows)}
-    for method in METHODS:  # tokens/s over all tasks (the same tokens for every method), as a ratio to plain's
+    for method in methods:  # tokens/s over all tasks (the same tokens for every method), as a ratio to plain's
         for name, key in (("speedup", "wall_s"), ("decode_speedup", "decode_s")):
             plain_s, method_s = (sum(row[m][key] for row in rows) for m in ("plain", method))
             summary[f"{method} {name}"] = round(plain_s / method_s, 3)

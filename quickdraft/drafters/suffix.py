@@ -6,10 +6,10 @@ Rules:
   request's own tokens (prompt and answer so far), one over the answers of the drafter's earlier requests (the
   global one, at most :data:`GLOBAL_TOKENS` tokens, the oldest answers evicted first).
 - A draft token follows the longest suffix of the context and drafts so far that either index has seen; it is the
-  token that followed that n-gram most often in both together (ties: the one seen last). Drafting goes on while
-  the draft's estimated probability, the product of each token's share among the n-gram's followers, stays at
-  least :data:`MIN_PROBABILITY`, and for at most :data:`LENGTH_FACTOR` times the first match's length (adaptive
-  length): a long match earns long drafts, a short one a few.
+  token that followed that n-gram most often in both together (ties: the request's latest, then the answers').
+  Drafting goes on while the draft's estimated probability, the product of each token's share among the n-gram's
+  followers, stays at least :data:`MIN_PROBABILITY`, and for at most :data:`LENGTH_FACTOR` times the first match's
+  length (adaptive length): a long match earns long drafts, a short one a few.
 - Proposals are deterministic (one-hot q); the target verifies them, so the output never depends on them.
 """
 
@@ -31,31 +31,35 @@ GLOBAL_TOKENS = 32768  # tokens of earlier answers kept in the global index
 
 @dataclass(eq=False)
 class FollowerCounts:
-    """How often each token followed each n-gram of some token sequences, and when last (for ties)."""
+    """How often each token followed each n-gram of some token sequences, and which follower came last (ties).
 
-    counts: dict[tuple[int, ...], Counter[int]] = field(default_factory=dict)
-    last_seen: dict[tuple[int, ...], dict[int, int]] = field(default_factory=dict)
-    clock: int = 0
+    An n-gram is keyed by its tuple's hash, which saves most of the memory; two n-grams that collide (about one
+    in 2**64) would only share drafts, which the target verifies."""
+
+    counts: dict[int, dict[int, int]] = field(default_factory=dict)  # n-gram's hash -> follower -> count
+    latest: dict[int, int] = field(default_factory=dict)  # n-gram's hash -> the follower seen last
 
     def add(self, tokens: Sequence[int], start: int = 0, sign: int = 1) -> None:
         """Count (``sign`` -1: uncount) the followers of ``tokens``' n-grams that end at positions ``start``.. ."""
         for end in range(max(start, MIN_MATCH), len(tokens)):
             follower = tokens[end]
-            self.clock += 1
             for n in range(MIN_MATCH, min(MAX_MATCH, end) + 1):
-                ngram = tuple(tokens[end - n : end])
-                counter = self.counts.setdefault(ngram, Counter())
-                counter[follower] += sign
+                key = hash(tuple(tokens[end - n : end]))
+                counter = self.counts.setdefault(key, {})
+                counter[follower] = counter.get(follower, 0) + sign
                 if sign > 0:
-                    self.last_seen.setdefault(ngram, {})[follower] = self.clock
+                    self.latest[key] = follower
                 elif counter[follower] <= 0:
                     del counter[follower]
-                    self.last_seen[ngram].pop(follower, None)
                     if not counter:
-                        del self.counts[ngram], self.last_seen[ngram]
+                        del self.counts[key], self.latest[key]
+                    elif self.latest[key] == follower:
+                        self.latest[key] = next(iter(counter))
 
-    def followers(self, ngram: tuple[int, ...]) -> tuple[Counter[int], dict[int, int]]:
-        return self.counts.get(ngram, Counter()), self.last_seen.get(ngram, {})
+    def followers(self, ngram: tuple[int, ...]) -> tuple[dict[int, int], int | None]:
+        """The followers of ``ngram`` with their counts, and the one seen last (None: none)."""
+        key = hash(ngram)
+        return self.counts.get(key, {}), self.latest.get(key)
 
 
 @dataclass(eq=False)
@@ -135,11 +139,9 @@ class SuffixDrafter(Drafter):
         """(token, its share of the followers, the n-gram's length) of the longest suffix either index saw."""
         for n in range(min(MAX_MATCH, len(sequence)), MIN_MATCH - 1, -1):
             ngram = tuple(sequence[-n:])
-            local, local_seen = state.local.followers(ngram)
-            shared, shared_seen = self.answers.followers(ngram)
-            counts = local + shared
+            (local, local_latest), (shared, shared_latest) = state.local.followers(ngram), self.answers.followers(ngram)
+            counts = Counter(local) + Counter(shared)
             if counts:
-                total = sum(counts.values())
-                token = max(counts, key=lambda t: (counts[t], local_seen.get(t, -1), shared_seen.get(t, -1)))
-                return token, counts[token] / total, n
+                token = max(counts, key=lambda t: (counts[t], t == local_latest, t == shared_latest))
+                return token, counts[token] / sum(counts.values()), n
         return None

@@ -118,7 +118,8 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         assert after == [expected[p] for p in prompts[:4]]
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         lost = re.search(r"^quickdraft_ingress_replica_failures_total ([0-9.]+)$", metrics, re.MULTILINE)
-        assert lost is not None and float(lost.group(1)) >= 1  # the kill hit requests in flight
+        cut = [answer for answer in finished if not isinstance(answer, str)]  # streams the kill cut, if it cut any
+        assert lost is not None and (float(lost.group(1)) >= 1 or not cut)  # a cut stream was a counted failure
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

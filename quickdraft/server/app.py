@@ -158,12 +158,13 @@ def create_app(
                 if isinstance(event, TokenDelta) and event.logprobs:
                     logprobs = logprobs_body(api, event.logprobs, token_text, offset)
                     offset += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
-                text = calls.feed(event.text) if calls and isinstance(event, TokenDelta) else getattr(event, "text", "")
-                if isinstance(event, TokenDelta) and (text or api.return_token_ids or logprobs):
-                    yield sse(chunk_body(api, response_id, model, text, event.token_ids, logprobs=logprobs))
+                if isinstance(event, TokenDelta):
+                    text = event.text if calls is None else calls.feed(event.text)
+                    if text or api.return_token_ids or logprobs:
+                        yield sse(chunk_body(api, response_id, model, text, event.token_ids, logprobs=logprobs))
                 elif isinstance(event, RequestFinished):
                     reason = event.result.finish_reason
-                    if calls is not None and api.tools is not None:
+                    if calls is not None and api.tools is not None:  # calls exists exactly when tools do
                         content, found = split_calls(calls.text, api.tools.names)
                         if content[calls.sent :] or found:  # the held text that was no call; the calls, whole
                             yield sse(chunk_body(api, response_id, model, content[calls.sent :], tool_calls=found))

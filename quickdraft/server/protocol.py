@@ -11,10 +11,11 @@ extras, which the openai client sends with ``extra_body``: ``top_k``, ``drafter`
 ``prompt-lookup``, ``early-exit``, ``none``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
 ``max_draft_tokens``, ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output, and
 ``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps nothing of it).
-OpenAI's fields that would change the answer and that this server does not implement (:data:`UNSUPPORTED`: tools,
-penalties, ...) are refused with 400 unless they hold the value that changes nothing; never silently ignored.
-Fields that do not change the answer (``user``, ``metadata``, ``store``, ...) are accepted. A message's role is
-one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and message a client sees.
+``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`. OpenAI's fields that would change the answer and
+that this server does not implement (:data:`UNSUPPORTED`: legacy functions, penalties, ...) are refused with 400
+unless they hold the value that changes nothing; never silently ignored. Fields that do not change the answer
+(``user``, ``metadata``, ``store``, ...) are accepted. A message's role is one of :data:`ROLES`. A bad value raises
+:class:`ApiError` with the status and message a client sees.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from typing import Any
 from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.server.errors import ApiError
 
-OPEN, CLOSE, FENCE = "<tool_call>", "</tool_call>", "```json"
+OPEN_TAG, CLOSE_TAG, FENCE = "<tool_call>", "</tool_call>", "```json"
 MAX_TOOLS = 128  # OpenAI's limit of functions per request
-CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
+CALL = re.compile(re.escape(OPEN_TAG) + r"\s*(.*?)\s*" + re.escape(CLOSE_TAG), re.DOTALL)
 WHOLE = re.compile(r"\s*(?:```json\s*(\{.*\})\s*```|(\{.*\}))\s*", re.DOTALL)  # an answer that is one object
 
 
@@ -53,8 +53,10 @@ class ToolRequest:
         except ImportError:
             raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
         call = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
-        tags = (xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}") for text in (OPEN + "\n", "\n" + CLOSE))
-        return GrammarSpec(GrammarKind.EBNF, str(xgrammar.Grammar.concat(next(tags), call, next(tags))))
+        opening, closing = (
+            xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in (OPEN_TAG + "\n", "\n" + CLOSE_TAG)
+        )
+        return GrammarSpec(GrammarKind.EBNF, str(xgrammar.Grammar.concat(opening, call, closing)))
 
 
 def call_schema(function: Mapping[str, Any]) -> dict[str, Any]:
@@ -70,7 +72,7 @@ def parse_tools(body: Mapping[str, Any], template: str) -> ToolRequest | None:
     tools, choice = body.get("tools") or [], body.get("tool_choice")
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     tool_turns = any(isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
-    if (tools or tool_turns) and OPEN not in template:
+    if (tools or tool_turns) and OPEN_TAG not in template:
         message = "this model's chat template has no tool-call format quickdraft reads (Hermes <tool_call> tags)"
         raise ApiError(400, message, "tools" if tools else "messages")
     if not tools:
@@ -174,19 +176,25 @@ class CallFilter:
     def __init__(self) -> None:
         self.text = ""  # all of the answer so far
         self.sent = 0  # characters of it sent as content
+        self.whole: bool | None = None  # the answer opens as one whole-answer call would (None: not known yet)
 
     def feed(self, delta: str) -> str:
         self.text += delta
-        start = self.text.lstrip()
-        if self.sent == 0 and (start[:1] == "{" or start.startswith(FENCE) or FENCE.startswith(start)):
-            return ""  # may be one whole-answer call
-        opened = self.text.find(OPEN, self.sent)
+        if self.whole is None:  # decided once its first characters tell
+            start = self.text.lstrip()
+            if start[:1] == "{" or start.startswith(FENCE):
+                self.whole = True
+            elif not FENCE.startswith(start):
+                self.whole = False
+        if self.whole is not False:
+            return ""  # may be one whole-answer call: held to the end
+        opened = self.text.find(OPEN_TAG, self.sent)
         if opened >= 0:
             end = opened
         else:  # a tail that may be the start of the tag waits for the next delta
             end = len(self.text)
-            for size in range(min(len(OPEN) - 1, len(self.text) - self.sent), 0, -1):
-                if OPEN.startswith(self.text[-size:]):
+            for size in range(min(len(OPEN_TAG) - 1, len(self.text) - self.sent), 0, -1):
+                if OPEN_TAG.startswith(self.text[-size:]):
                     end = len(self.text) - size
                     break
         out, self.sent = self.text[self.sent : end], max(self.sent, end)

@@ -227,7 +227,12 @@ def test_structured_output_is_constrained_plain_decoding(native: Pipeline) -> No
 
 def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, native: Pipeline) -> None:
     prompts = [f"w{i} w{i + 1} w{i} w{i + 1} w{2 * i}" for i in range(1, 9)]
-    drafters = [{"drafter": "draft-model", "policy": "fixed:3"}, {"drafter": "prompt-lookup"}, {"drafter": "none"}]
+    drafters = [
+        {"drafter": "draft-model", "policy": "fixed:3"},
+        {"drafter": "prompt-lookup"},
+        {"drafter": "suffix"},
+        {"drafter": "none"},
+    ]
 
     async def one(client: openai.AsyncOpenAI, i: int) -> str:
         stream = await client.completions.create(

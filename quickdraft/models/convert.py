@@ -25,7 +25,7 @@ from quickdraft.errors import ModelFilesError
 MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
 # The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
-SETTINGS_VERSION = 2
+SETTINGS_VERSION = 3
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
 
 
@@ -147,8 +147,10 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
 def gguf_settings(gguf_path: Path, config: dict[str, Any]) -> dict[str, Any]:
     """config.json keys for what the GGUF file ``gguf_path`` says beyond transformers' reading of it: the head width
     (``attention.key_length``), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
-    layer type) and the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
-    which the native runtime reads; transformers does not)."""
+    layer type), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
+    which the native runtime reads; transformers does not), and Phi-3's: its sliding window, LongRoPE (the
+    ``rope_factors_long``/``rope_factors_short`` tensors with ``rope.scaling.original_context_length`` and
+    ``rope.scaling.attn_factor``) and partial rotary (``rope.dimension_count`` below the head width)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf_path)
@@ -170,9 +172,40 @@ def gguf_settings(gguf_path: Path, config: dict[str, Any]) -> dict[str, Any]:
         else:
             parameters |= scaled
         settings["rope_parameters"] = parameters
-    for tensor in reader.tensors:
-        if tensor.name == "rope_freqs.weight":
-            settings[FREQ_FACTORS_KEY] = [float(value) for value in tensor.data]
+    tensors = {
+        tensor.name: [float(value) for value in tensor.data] for tensor in reader.tensors if "rope" in tensor.name
+    }
+    if "rope_freqs.weight" in tensors:
+        settings[FREQ_FACTORS_KEY] = tensors["rope_freqs.weight"]
+    if architecture == "phi3":
+        settings |= phi3_settings(field, tensors, settings.get("head_dim") or config.get("head_dim"), config)
+    return settings
+
+
+def phi3_settings(
+    field: Any, rope_tensors: dict[str, list[float]], head_dim: int | None, config: dict[str, Any]
+) -> dict[str, Any]:
+    """The Phi-3 keys transformers' GGUF reader drops, from the file's ``field``s and RoPE tensors."""
+    settings: dict[str, Any] = {}
+    if window := field("attention.sliding_window"):  # 0: none (Phi-4)
+        settings["sliding_window"] = int(window)
+    parameters = dict(config.get("rope_parameters") or {})
+    head_dim = int(head_dim or config["hidden_size"] // config["num_attention_heads"])
+    rotary = field("rope.dimension_count")
+    if rotary is not None and 0 < int(rotary) < head_dim:
+        parameters["partial_rotary_factor"] = settings["partial_rotary_factor"] = int(rotary) / head_dim
+    if "rope_factors_long.weight" in rope_tensors:
+        original = int(field("rope.scaling.original_context_length") or config["max_position_embeddings"])
+        parameters |= {
+            "rope_type": "longrope",
+            "long_factor": rope_tensors["rope_factors_long.weight"],
+            "short_factor": rope_tensors["rope_factors_short.weight"],
+            "original_max_position_embeddings": original,
+            "attention_factor": float(field("rope.scaling.attn_factor") or 1.0),
+        }
+        settings["original_max_position_embeddings"] = original
+    if parameters != (config.get("rope_parameters") or {}):
+        settings["rope_parameters"] = parameters
     return settings
 
 

@@ -58,3 +58,5 @@ def test_names_map_to_transformers_weights() -> None:
     assert transformers_name("output.weight") == "lm_head.weight"
     assert transformers_name("blk.0.attn_q.bias") is None
     assert transformers_name("token_embd.weight") is None
+    assert transformers_name("blk.1.ffn_up.weight", fused=True) == "model.layers.1.mlp.gate_up_proj.weight"
+    assert transformers_name("blk.1.attn_qkv.weight") is None

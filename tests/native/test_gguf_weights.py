@@ -89,6 +89,9 @@ def test_names_map_to_transformers_tensors() -> None:
     assert hf_tensor_name("blk.0.attn_k.bias") == "model.layers.0.self_attn.k_proj.bias"
     assert hf_tensor_name("blk.0.attn_norm.bias") is None
     assert hf_tensor_name("rope_freqs.weight") is None
+    assert hf_tensor_name("blk.2.attn_qkv.weight", fused=True) == "model.layers.2.self_attn.qkv_proj.weight"
+    assert hf_tensor_name("blk.2.ffn_up.weight", fused=True) == "model.layers.2.mlp.gate_up_proj.weight"
+    assert hf_tensor_name("blk.2.ffn_up.weight") == "model.layers.2.mlp.up_proj.weight"
 
 
 def test_llama_rows_are_reordered_as_transformers_does() -> None:
@@ -136,14 +139,4 @@ def test_a_tensor_type_the_runtime_does_not_read_is_named_in_the_error(
     gguf_path = write_tiny_gguf(tmp_path / "q2.gguf")
     directory = resolve_model(gguf_path, progress=False)
     with pytest.raises(ModelFilesError, match=r"blk\.1\.ffn_up\.weight is stored as Q2_K, which the native runtime"):
-        NativeRuntime.load(directory)
-
-
-def test_a_gguf_file_of_a_family_whose_tensors_are_not_mapped_is_left_to_transformers(tmp_path: Path) -> None:
-    """Phi-3's GGUF tensors are not mapped yet: auto picks transformers for such a file, native says why."""
-    directory = gguf_dir(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps(config | {"model_type": "phi3"}))
-    assert not NativeRuntime.supports(directory)
-    with pytest.raises(ModelFilesError, match="the native runtime does not read phi3 GGUF files yet"):
         NativeRuntime.load(directory)

@@ -29,7 +29,6 @@ class Architecture:
     activation: str = "silu"  # the gate's activation when config.json names none
     no_rope_key: str | None = None  # config.json's per-layer list, 0 for layers without RoPE (SmolLM3)
     fused_projections: bool = False  # q/k/v and gate/up stored as one tensor each (Phi-3: qkv_proj, gate_up_proj)
-    reads_gguf: bool = True  # whether the loader maps its GGUF files' tensors (else they run on transformers)
 
 
 ARCHITECTURES = {
@@ -40,7 +39,7 @@ ARCHITECTURES = {
         Architecture("qwen2", "qwen2", attention_bias=True),
         Architecture("qwen3", "qwen3", qk_norm=True),
         Architecture("smollm3", "smollm3", gguf_interleaves_rotary=True, no_rope_key="no_rope_layers"),
-        Architecture("phi3", "phi3", fused_projections=True, reads_gguf=False),
+        Architecture("phi3", "phi3", every_layer_slides_key="sliding_window", fused_projections=True),
         Architecture("gemma", "gemma", norm_offset=1.0, scales_embedding=True, activation="gelu_pytorch_tanh"),
         Architecture(
             "gemma2",

@@ -29,19 +29,23 @@ LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# ... of a layer whose q/k/v and gate/up are one tensor each (``DecoderConfig.fused_projections``: Phi-3)
+FUSED_LAYER_TENSORS = LAYER_TENSORS | {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 
 # codes, sub_scale, sub_min, d, dmin
 Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def transformers_name(gguf_name: str) -> str | None:
+def transformers_name(gguf_name: str, fused: bool = False) -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``, ``output.weight`` -> ``lm_head.weight``
-    (None for names without a transformers linear weight)."""
+    (None for names without a transformers linear weight); ``fused``: the names of a model with fused projections
+    (``blk.3.ffn_up.weight`` -> ``model.layers.3.mlp.gate_up_proj.weight``)."""
     if gguf_name == "output.weight":
         return "lm_head.weight"
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.weight"
+    names = FUSED_LAYER_TENSORS if fused else LAYER_TENSORS
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.weight"
     return None
 
 
@@ -76,14 +80,15 @@ def dequantize(blocks: Blocks) -> torch.Tensor:
     return (scale * codes.reshape(rows, scale.shape[1], 32).float() - offset).reshape(rows, -1)
 
 
-def exact_q4_blocks(gguf_path: Path, float_weights: dict[str, torch.Tensor]) -> dict[str, Blocks]:
-    """The Q4_K tensors of ``gguf_path`` by transformers name, those whose values equal ``float_weights``' (the
-    model converted from this file) within float32 rounding, checked on 64 rows spread over each tensor."""
+def exact_q4_blocks(gguf_path: Path, float_weights: dict[str, torch.Tensor], fused: bool = False) -> dict[str, Blocks]:
+    """The Q4_K tensors of ``gguf_path`` by transformers name (``fused``: see :func:`transformers_name`), those whose
+    values equal ``float_weights``' (the model converted from this file) within float32 rounding, checked on 64
+    rows spread over each tensor."""
     from gguf import GGMLQuantizationType, GGUFReader
 
     found: dict[str, Blocks] = {}
     for tensor in GGUFReader(gguf_path).tensors:
-        name = transformers_name(tensor.name)
+        name = transformers_name(tensor.name, fused)
         if tensor.tensor_type != GGMLQuantizationType.Q4_K or name not in float_weights:
             continue
         rows, width = float_weights[name].shape

@@ -24,7 +24,13 @@ import torch
 
 from quickdraft.runtime.native.architecture import GGUF_INTERLEAVED_ROTARY
 from quickdraft.runtime.native.config import DecoderConfig
-from quickdraft.runtime.native.gguf_blocks import LAYER_TENSORS, Blocks, decode_q4_k, transformers_name
+from quickdraft.runtime.native.gguf_blocks import (
+    FUSED_LAYER_TENSORS,
+    LAYER_TENSORS,
+    Blocks,
+    decode_q4_k,
+    transformers_name,
+)
 
 MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
     "token_embd.weight": "model.embed_tokens.weight",
@@ -45,9 +51,10 @@ SANDWICH_NORMS = {  # a Gemma layer's (DecoderConfig.sandwich_norms): its MLP's 
 }
 
 
-def hf_tensor_name(gguf_name: str, sandwich_norms: bool = False) -> str | None:
+def hf_tensor_name(gguf_name: str, sandwich_norms: bool = False, fused: bool = False) -> str | None:
     """``blk.3.attn_q.bias`` -> ``model.layers.3.self_attn.q_proj.bias``, ``token_embd.weight`` ->
-    ``model.embed_tokens.weight``; None for tensors transformers does not load (e.g. ``rope_freqs.weight``)."""
+    ``model.embed_tokens.weight``; None for tensors transformers does not load (e.g. ``rope_freqs.weight``).
+    ``fused``: a model with fused projections (Phi-3's ``attn_qkv``, and ``ffn_up`` holding gate and up)."""
     if gguf_name in MODEL_TENSORS:
         return MODEL_TENSORS[gguf_name]
     parts = gguf_name.split(".")
@@ -56,8 +63,9 @@ def hf_tensor_name(gguf_name: str, sandwich_norms: bool = False) -> str | None:
     norms = SANDWICH_NORMS if sandwich_norms else LAYER_NORMS
     if parts[2] in norms and parts[3] == "weight":
         return f"model.layers.{parts[1]}.{norms[parts[2]]}.weight"
-    if parts[2] in LAYER_TENSORS and parts[3] in ("weight", "bias"):
-        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    tensors = FUSED_LAYER_TENSORS if fused else LAYER_TENSORS
+    if parts[2] in tensors and parts[3] in ("weight", "bias"):
+        return f"model.layers.{parts[1]}.{tensors[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -148,13 +156,13 @@ def read_gguf_weights(path: Path, config: DecoderConfig, keep_q4: bool = True) -
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name, config.sandwich_norms)
+        name = hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections)
         if name is None:
             continue
         if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
             row_heads[name] = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
         q4 = keep_q4 and tensor.tensor_type == GGMLQuantizationType.Q4_K
-        if q4 and name not in row_heads and transformers_name(tensor.name) == name:
+        if q4 and name not in row_heads and transformers_name(tensor.name, config.fused_projections) == name:
             blocks[name] = tensor
         else:
             floats[name] = tensor

@@ -10,18 +10,11 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.models.convert import is_gguf_layout
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
-from quickdraft.runtime.native.architecture import ARCHITECTURES
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.kernels import sources_digest
 from quickdraft.runtime.native.model import KEY_BLOCK, Decoder, StaticKVCache
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
-
-
-def unread_gguf(path: Path, config: DecoderConfig) -> bool:
-    """Whether ``path`` reads its weights from a GGUF file of a family whose GGUF tensors the loader does not map."""
-    return is_gguf_layout(path) and not ARCHITECTURES[config.model_type].reads_gguf
 
 
 class NativeCache(KVCache):
@@ -66,10 +59,10 @@ class NativeRuntime(Runtime):
     def supports(path: Path) -> bool:
         """Whether the model in ``path`` is a family this runtime implements, with weights it can read."""
         try:
-            config = DecoderConfig.from_dir(path)
+            DecoderConfig.from_dir(path)
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
-        return has_native_weights(path) and not unread_gguf(path, config)
+        return has_native_weights(path)
 
     @classmethod
     def load(
@@ -92,11 +85,6 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        if unread_gguf(path, config):
-            raise ModelFilesError(
-                f"the native runtime does not read {config.model_type} GGUF files yet (use --runtime transformers, "
-                f"or the model's transformers directory)"
-            )
         state = load_native_state(path, config, options.weights)
         # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
         # only touched where tokens are written, so it grows with what a request uses, not with the capacity.

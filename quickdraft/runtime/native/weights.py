@@ -172,7 +172,7 @@ def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dic
     if config.tie_word_embeddings and "model.embed_tokens.weight" not in tensors and "lm_head.weight" in tensors:
         tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
     gguf = converted_from(path) if weights != "int8" else None
-    exact = exact_q4_blocks(gguf, tensors) if gguf is not None else {}
+    exact = exact_q4_blocks(gguf, tensors, config.fused_projections) if gguf is not None else {}
     return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
 
 

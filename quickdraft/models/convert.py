@@ -122,11 +122,14 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
             add_gguf_settings(directory / "config.json", gguf_path)
         write_marker(directory, sha256, gguf_path)
         return
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        if (config := own_config(gguf_path)) is not None:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        else:
+            config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except ImportError as error:
         raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error
     except Exception as error:  # transformers and gguf raise many types for unreadable files
@@ -142,6 +145,50 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     write_marker(building, sha256, gguf_path)
     shutil.rmtree(directory, ignore_errors=True)
     building.rename(directory)
+
+
+# GGUF architectures whose config transformers' reader does not read (its tokenizer reader takes any file) -> the
+# model type quickdraft reads them as. Their values are the file's keys over transformers' defaults for that type,
+# which are llama.cpp's where it hardcodes one by architecture (SmolLM3: every 4th layer without RoPE).
+OWN_CONFIGS = {"gemma": "gemma", "smollm3": "smollm3"}
+OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
+    "block_count": "num_hidden_layers",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "context_length": "max_position_embeddings",
+    "rope.freq_base": "rope_theta",
+}
+
+
+def own_config(gguf_path: Path) -> Any:
+    """The transformers config of a GGUF file whose architecture is in :data:`OWN_CONFIGS`, None for the others."""
+    from gguf import GGUFReader
+    from transformers import AutoConfig
+
+    reader = GGUFReader(gguf_path)
+    architecture = reader.fields["general.architecture"].contents()
+    if architecture not in OWN_CONFIGS:
+        return None
+    values = {
+        name: reader.fields[f"{architecture}.{key}"].contents()
+        for key, name in OWN_CONFIG_KEYS.items()
+        if f"{architecture}.{key}" in reader.fields
+    }
+    special = {
+        f"{name}_token_id": reader.fields[f"tokenizer.ggml.{name}_token_id"].contents()
+        for name in ("bos", "eos", "padding")
+        if f"tokenizer.ggml.{name}_token_id" in reader.fields
+    }
+    special["pad_token_id"] = special.pop("padding_token_id", None)
+    vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
+    tied = all(tensor.name != "output.weight" for tensor in reader.tensors)
+    return AutoConfig.for_model(
+        OWN_CONFIGS[architecture], vocab_size=vocab_size, tie_word_embeddings=tied, **values, **special
+    )
 
 
 def gguf_settings(gguf_path: Path, config: dict[str, Any]) -> dict[str, Any]:

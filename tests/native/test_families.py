@@ -43,10 +43,10 @@ def mistral(vocab: int) -> torch.nn.Module:  # a sliding window on every layer
     return MistralForCausalLM(tiny_config(MistralConfig, vocab, 2, sliding_window=5))
 
 
-def smollm3(vocab: int) -> torch.nn.Module:  # a layer without RoPE
+def smollm3(vocab: int) -> torch.nn.Module:  # every 4th layer without RoPE (the released pattern; llama.cpp's rule)
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
-    return SmolLM3ForCausalLM(tiny_config(SmolLM3Config, vocab, 2, no_rope_layers=[1, 0]))
+    return SmolLM3ForCausalLM(tiny_config(SmolLM3Config, vocab, 4))
 
 
 def gemma3(vocab: int) -> torch.nn.Module:  # Gemma 3: sandwich norms (1 + w), GELU, 5 local layers and a global one
@@ -123,7 +123,7 @@ def test_the_config_says_what_the_family_needs(family: str) -> None:
         assert (local.theta, global_.theta, global_.scaling) == (1e4, 1e6, "linear")
         assert config.attention_scale == 24**-0.5 and config.embedding_scale == 32**0.5
     if family == "smollm3":
-        assert config.layer_ropes[1] is None and config.layer_ropes[0] is not None
+        assert [rope is None for rope in config.layer_ropes] == [False, False, False, True]
     if family == "mistral":
         assert config.layer_windows == (5, 5)
     if family == "phi3":

@@ -3,14 +3,18 @@ llama-cpp-python sdist): a tiny random model of each, saved by transformers with
 the converter knows), converted to F32 GGUF, then loaded natively from that file. Its logits are transformers' own
 model's to the int8 weights' error: the tensor names, q/k norms, head width, Llama 3.1's ``rope_freqs`` and Phi-3's
 fused tensors, LongRoPE factors, sliding window and partial rotary all made it.
-Gemma 3's converter needs a SentencePiece model, so Gemma is checked on a real file (test_gemma_real.py)."""
+SmolLM3 and Gemma 1 are families transformers' GGUF reader does not read: their config comes from the file's keys
+(``convert.own_config``). Gemma's converter needs a SentencePiece model: the test trains a tiny one. Gemma 3 is
+checked on a real file (test_gemma_real.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,20 +29,38 @@ from quickdraft.runtime.native.config import DecoderConfig
 pytestmark = pytest.mark.real_model  # the default pair's tokenizer, and the sdist from the package index
 
 QWEN_VOCAB = 151936
+GEMMA_VOCAB = 512
 
 
 PHI3_WINDOW = 8
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3", "phi4"])
+def write_sentencepiece_model(path: Path) -> None:
+    """A SentencePiece BPE model of GEMMA_VOCAB pieces, as Gemma's (byte fallback, no dummy prefix)."""
+    import sentencepiece
+
+    model = io.BytesIO()
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=GEMMA_VOCAB, model_type="bpe",
+        byte_fallback=True, add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2,
+    )  # fmt: skip
+    path.write_bytes(model.getvalue())
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3", "phi4", "smollm3", "gemma"])
 def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_path) -> None:
-    model = build(family, vocab=QWEN_VOCAB)
+    vocab = GEMMA_VOCAB if family == "gemma" else QWEN_VOCAB
+    model = build(family, vocab=vocab)
     if family == "phi3":
         model.config.sliding_window = PHI3_WINDOW  # read at every forward: transformers' model slides too
     model.save_pretrained(tmp_path / "hf")
-    tokenizer_dir = resolve_model(DEFAULT_DRAFT, progress=False)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, tmp_path / "hf" / name)
+    if family == "gemma":
+        write_sentencepiece_model(tmp_path / "hf" / "tokenizer.model")
+    else:
+        tokenizer_dir = resolve_model(DEFAULT_DRAFT, progress=False)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer_dir / name, tmp_path / "hf" / name)
     if family.startswith("phi"):  # the Phi-3 converter reads a BPE vocabulary when the tokenizer class says GPT-2's
         tokenizer_config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
         tokenizer_config["tokenizer_class"] = "GPT2Tokenizer"
@@ -49,7 +71,9 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     subprocess.run(command, check=True, capture_output=True, cwd=converter.parent)
     directory = resolve_model(gguf_path, progress=False)
     config = DecoderConfig.from_dir(directory)
-    assert config.head_dim == (8 if family.startswith("phi") else 16)
+    assert config.head_dim == (8 if family in ("phi3", "phi4", "smollm3") else 16)
+    if family == "smollm3":  # llama.cpp's rule by architecture (no key says it): every 4th layer without RoPE
+        assert [rope is None for rope in config.layer_ropes] == [False, False, False, True]
     if family == "phi3":
         rope = config.layer_ropes[0]
         assert config.fused_projections and config.layer_windows == (PHI3_WINDOW,) * config.num_layers
@@ -61,7 +85,7 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
         expected = model.model.rotary_emb.inv_freq.double()
         assert torch.allclose(config.layer_ropes[0].inverse_frequencies(16), expected, rtol=1e-5)
     runtime = NativeRuntime.load(directory)
-    token_ids = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(1))
+    token_ids = torch.randint(0, vocab, (1, 24), generator=torch.Generator().manual_seed(1))
     logits = runtime.forward(token_ids, runtime.new_cache())
     with torch.no_grad():
         reference = model(token_ids).logits

@@ -140,3 +140,15 @@ def test_a_tensor_type_the_runtime_does_not_read_is_named_in_the_error(
     directory = resolve_model(gguf_path, progress=False)
     with pytest.raises(ModelFilesError, match=r"blk\.1\.ffn_up\.weight is stored as Q2_K, which the native runtime"):
         NativeRuntime.load(directory)
+
+
+def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() -> None:
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    from quickdraft.models.convert import OWN_CONFIGS
+    from quickdraft.runtime.native.architecture import ARCHITECTURES
+
+    for family in ARCHITECTURES.values():
+        readers = (family.gguf_architecture in GGUF_CONFIG_MAPPING) + (family.gguf_architecture in OWN_CONFIGS)
+        assert readers == 1, family.gguf_architecture
+        assert OWN_CONFIGS.get(family.gguf_architecture, family.model_type) == family.model_type

@@ -4,7 +4,7 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
-from quickdraft.drafters.hybrid import HybridDrafter, HybridEagleDrafter
+from quickdraft.drafters.hybrid import HybridDrafter, HybridEagleDrafter, HybridSuffixDrafter
 from quickdraft.drafters.none import NoDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.records import DrafterRecords
@@ -19,6 +19,7 @@ DRAFTERS.register("early-exit")(EarlyExitDrafter)
 DRAFTERS.register("eagle")(EagleDrafter)
 DRAFTERS.register("hybrid")(HybridDrafter)
 DRAFTERS.register("hybrid-eagle")(HybridEagleDrafter)
+DRAFTERS.register("hybrid-suffix")(HybridSuffixDrafter)
 DRAFTERS.register("none")(NoDrafter)
 
 # what `generate`, the library and the server draft with unless told otherwise (docs/benchmarks.md has the runs)

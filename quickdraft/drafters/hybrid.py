@@ -11,6 +11,10 @@ it nothing until it drafts again, when it reads what it missed in one forward.
 A request's predicted output (:meth:`HybridDrafter.expect`, OpenAI's Predicted Outputs) is copied first, where
 the answer is on it (:mod:`quickdraft.drafters.prediction`).
 
+``hybrid-suffix`` copies the suffix drafter's continuations instead (:mod:`quickdraft.drafters.suffix`: the
+request's n-grams and those of earlier answers, scored by how often they were followed), as a free offer of its own
+source, so a policy keeps their acceptance apart from the context copies'.
+
 Before each step the drafter offers (:meth:`HybridDrafter.offers`) its copies, free, and its model's drafts: a
 policy then chooses γ for copies with copies' own acceptance and no drafting cost, or for the draft model with its
 acceptance and measured costs.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -29,11 +34,13 @@ from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.prediction import PredictionCopies
 from quickdraft.drafters.prompt_lookup import NgramIndex
 from quickdraft.drafters.records import DrafterRecords
+from quickdraft.drafters.suffix import SuffixDrafter, SuffixState
 from quickdraft.policies import Offer
 from quickdraft.runtime.base import KVCache, Runtime
 
 MAX_COPIED = 32  # the most drafts one lookup offers; a policy takes at most its own maximum of them
-COPIES = "copy"  # the source of the copies' offer
+COPIES = "copy"  # the source of the context copies' offer
+SUFFIX_COPIES = "suffix"  # the source of the suffix drafter's copies' offer
 
 
 def hybrid_ngrams(options: DrafterOptions) -> tuple[int, int]:
@@ -61,10 +68,32 @@ class ContextCopies:
         return self._copied
 
 
+class SuffixCopies:
+    """What a ``hybrid-suffix`` copies after one request's committed tokens: the suffix drafter's continuation of
+    them (its index of the request follows the context as it grows), looked up once per step and kept."""
+
+    def __init__(self, suffix: SuffixDrafter, state: SuffixState) -> None:
+        self.suffix, self.state = suffix, state
+        self._key: tuple[int, int] = (0, -1)
+        self._copied: list[int] = []
+
+    def after(self, context: Sequence[int]) -> list[int]:
+        key = (len(context), context[-1])
+        if self._key != key:
+            self._key = key
+            self.state.catch_up(context)
+            self._copied = self.suffix.continuation(self.state, MAX_COPIED)
+        return self._copied
+
+
+class Copies(Protocol):
+    def after(self, context: Sequence[int]) -> list[int]: ...
+
+
 @dataclass(eq=False)
 class HybridState(DraftState):
     model: DraftState  # the draft model's state of the request
-    copies: ContextCopies  # what the request's context offers to copy
+    copies: Copies  # what the request's context (or, hybrid-suffix, earlier answers too) offers to copy
     prompt_length: int
     prediction: PredictionCopies | None = None  # the request's predicted output, if it gave one
 
@@ -79,6 +108,7 @@ class HybridState(DraftState):
 class HybridDrafter(Drafter):
     needs_draft_model = True
     follows_predictions = True
+    copy_source = COPIES  # the source its copies are offered under
 
     def __init__(self, model: Drafter, max_ngram: int, min_ngram: int) -> None:
         super().__init__(model.records)
@@ -118,7 +148,7 @@ class HybridDrafter(Drafter):
     def offers(self, state: DraftState, context: Sequence[int]) -> tuple[Offer, ...]:
         """The copies after ``context`` (free; listed with 0 tokens when there are none), then its model's drafts."""
         assert isinstance(state, HybridState)
-        copies = Offer(COPIES, max_tokens=len(state.copied(context)[0]), free=True)
+        copies = Offer(self.copy_source, max_tokens=len(state.copied(context)[0]), free=True)
         return (copies, *self.model.offers(state.model, context))
 
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
@@ -128,7 +158,8 @@ class HybridDrafter(Drafter):
         model_tasks: dict[int, DraftTask] = {}
         for i, task in enumerate(tasks):
             assert isinstance(task.state, HybridState)
-            copied, predicted = task.state.copied(task.context) if task.offer.source == COPIES else ([], False)
+            copying = task.offer.source == self.copy_source
+            copied, predicted = task.state.copied(task.context) if copying else ([], False)
             if copied:
                 proposals[i] = DraftProposal.copied(copied[: task.num_tokens], predicted)
             else:
@@ -150,3 +181,28 @@ class HybridEagleDrafter(HybridDrafter):
         cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
     ) -> HybridEagleDrafter:
         return cls(EagleDrafter.create(target, draft, options, records), *hybrid_ngrams(options))
+
+
+class HybridSuffixDrafter(HybridDrafter):
+    """``hybrid-suffix``: the hybrid with the suffix drafter's copies (this request's and earlier answers'); each
+    request's answer joins the suffix drafter's index of answers when it finishes."""
+
+    copy_source = SUFFIX_COPIES
+
+    def __init__(self, model: Drafter, max_ngram: int, min_ngram: int) -> None:
+        super().__init__(model, max_ngram, min_ngram)
+        self.suffix = SuffixDrafter(model.records)
+
+    def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> HybridState:
+        state = super().start(prompt_ids, target_cache)
+        state.copies = SuffixCopies(self.suffix, self.suffix.start(prompt_ids, target_cache))
+        return state
+
+    def finish(self, state: DraftState) -> None:
+        assert isinstance(state, HybridState) and isinstance(state.copies, SuffixCopies)
+        self.suffix.finish(state.copies.state)
+        super().finish(state)
+
+    def forget(self, keep: Sequence[int] = ()) -> None:
+        super().forget(keep)
+        self.suffix.forget(keep)

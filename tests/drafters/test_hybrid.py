@@ -13,7 +13,7 @@ from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.draft_model import DraftModelState
-from quickdraft.drafters.hybrid import COPIES, HybridDrafter, HybridState
+from quickdraft.drafters.hybrid import COPIES, SUFFIX_COPIES, HybridDrafter, HybridState, HybridSuffixDrafter
 from quickdraft.errors import ConfigError
 from quickdraft.policies import Offer
 
@@ -102,3 +102,31 @@ def test_the_hybrid_shares_the_draft_models_calibration(pipeline: Pipeline, tmp_
     store = replace(pipeline, target_path=tmp_path / "target", draft_path=tmp_path / "draft").calibrations
     assert store.cost_model_file(DRAFTERS.get("hybrid")) == store.cost_model_file(DRAFTERS.get("draft-model"))
     assert store.cost_model_file(DRAFTERS.get("hybrid")) != store.cost_model_file(DRAFTERS.get("prompt-lookup"))
+
+
+def test_hybrid_suffix_copies_what_earlier_answers_said(pipeline: Pipeline) -> None:
+    """A context with nothing to copy from itself gets the continuation an earlier request's answer had, as a free
+    offer of its own source; finishing a request is what adds its answer."""
+    drafter = DRAFTERS.get("hybrid-suffix").create(pipeline.target, pipeline.draft, DrafterOptions())
+    assert isinstance(drafter, HybridSuffixDrafter)
+    earlier_prompt, earlier_answer = [40, 41], [1, 2, 3, 4, 5, 6]
+    earlier = start(drafter, earlier_prompt)
+    earlier.copies.after(earlier_prompt + earlier_answer)  # the request's context as its last step saw it
+    context = [9, 8, 1, 2]
+    assert drafter.offers(start(drafter, context), context)[0] == Offer(SUFFIX_COPIES, max_tokens=0, free=True)
+    drafter.finish(earlier)
+    state = start(drafter, context)
+    copies, _ = drafter.offers(state, context)
+    assert copies.source == SUFFIX_COPIES and copies.free and copies.max_tokens
+    assert state.copies.after(context) == [3, 4][: copies.max_tokens]
+    task = draft_task(state, context, copies.max_tokens, offer=copies)
+    assert drafter.propose([task])[0].token_ids[0].tolist() == [3, 4][: copies.max_tokens]
+    drafter.forget()
+    assert not start(drafter, context).copies.after(context)
+
+
+def test_greedy_hybrid_suffix_equals_plain_across_requests(pipeline: Pipeline) -> None:
+    config = GenerationConfig(max_new_tokens=24)
+    for prompt_ids in PROMPTS * 2:  # the second round finds the first round's answers
+        plain = pipeline.generate(prompt_ids, config, drafter="none")
+        assert pipeline.generate(prompt_ids, config, drafter="hybrid-suffix").token_ids == plain.token_ids

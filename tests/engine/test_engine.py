@@ -239,6 +239,7 @@ def test_drafters_are_found_by_name() -> None:
         "eagle",
         "hybrid",
         "hybrid-eagle",
+        "hybrid-suffix",
         "none",
     }
     assert DRAFTERS.get("draft-model").needs_draft_model and DRAFTERS.get("hybrid").needs_draft_model

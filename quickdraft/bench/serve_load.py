@@ -1,10 +1,11 @@
 """The load test of ``quickdraft serve``: the official openai client (AsyncOpenAI), Poisson arrivals, streaming.
 
-A *run* sends the same prompts, with the same arrival times, under one served configuration (a drafter and a
-policy, sent per request as ``extra_body``) at one request rate: ``seq`` is one user who sends the next request
-when the last one ended, ``inf`` sends them all at once, a number is the mean requests per second of Poisson
-arrivals. Every request is greedy and asks for its token ids, which are compared with single-request plain
-decoding (the lossless check). Requests run on loopback only and each is bounded by a timeout.
+A *run* sends the same prompts (Spec-Bench first turns, or recorded agent calls: see ``bench/workloads.py``), with
+the same arrival times, under one served configuration (a drafter and a policy, sent per request as
+``extra_body``) at one request rate: ``seq`` is one user who sends the next request when the last one ended,
+``inf`` sends them all at once, a number is the mean requests per second of Poisson arrivals. Every request is
+greedy and asks for its token ids, which are compared with single-request plain decoding (the lossless check).
+Requests run on loopback only and each is bounded by a timeout.
 
 Tokens are counted from the standard ``usage`` (``stream_options.include_usage``) and the time to first token
 runs to the first chunk with text, so any OpenAI-compatible server can be load-tested (``--url``); quickdraft's
@@ -14,11 +15,12 @@ token ids serve the lossless check only.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -76,9 +78,27 @@ class ServedConfig:
 
 @dataclass(frozen=True)
 class Prompt:
+    """One request of a run: a Spec-Bench first turn (``text``, sent as the one user message), or a recorded chat
+    (the agent workload: ``messages`` with its ``tools`` and ``tool_choice``) sent as it was recorded.
+    ``max_tokens``: its own limit; None: the run's."""
+
     question_id: str
     category: str
-    text: str
+    text: str = ""
+    messages: tuple[Mapping[str, Any], ...] = ()
+    tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: Any = None  # sent only with tools
+    max_tokens: int | None = None
+
+    def chat(self) -> dict[str, Any]:
+        """The request's ``messages`` (and ``tools``, ``tool_choice``) as the openai client takes them: copies."""
+        messages = self.messages or ({"role": "user", "content": self.text},)
+        fields: dict[str, Any] = {"messages": copy.deepcopy(list(messages))}
+        if self.tools:
+            fields["tools"] = copy.deepcopy(list(self.tools))
+            if self.tool_choice is not None:
+                fields["tool_choice"] = copy.deepcopy(self.tool_choice)
+        return fields
 
 
 @dataclass
@@ -142,8 +162,8 @@ async def one_request(
         async with asyncio.timeout(timeout_s):
             stream = await client.chat.completions.create(
                 model=model,
-                messages=[{"role": "user", "content": prompt.text}],
-                max_tokens=max_tokens,
+                **prompt.chat(),
+                max_tokens=prompt.max_tokens or max_tokens,
                 temperature=sampling.temperature,
                 seed=sampling.seed,
                 stream=True,
@@ -158,7 +178,8 @@ async def one_request(
                     continue
                 choice = chunk.choices[0]
                 token_ids = getattr(choice, "token_ids", None) or []
-                content = bool(choice.delta.content) if choice.delta is not None else False
+                delta = choice.delta
+                content = bool(delta.content or delta.tool_calls) if delta is not None else False  # calls: text too
                 if (content or token_ids) and record.ttft_s is None:  # the first token's text (any server)
                     record.ttft_s = time.perf_counter() - sent
                 record.token_ids += token_ids

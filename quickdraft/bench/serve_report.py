@@ -8,6 +8,7 @@ from typing import Any
 
 from quickdraft.bench.serve_load import ServedConfig, parse_rate
 
+WORKLOAD_NAMES = {"spec-bench": "Spec-Bench prompts", "agent": "recorded agent requests"}
 CLAIM_MARGIN = 1.05  # goodput's mean latency may be this much above the better of plain and fixed γ
 
 
@@ -144,7 +145,8 @@ def write_report(out: Path, results: dict[str, Any]) -> bool:
     lines = [
         "# bench-serve",
         "",
-        f"{settings['num_prompts']} Spec-Bench prompts per run (chat, {decoding(settings)}, "
+        f"{settings['num_prompts']} {WORKLOAD_NAMES[settings.get('workload', 'spec-bench')]} per run (chat, "
+        f"{decoding(settings)}, "
         f"{settings['max_tokens']} new tokens at "
         f"most), streamed by the openai client; server: `{settings['server']}`. Latencies in seconds; TPOT: time "
         "per output token after the first; lossless: responses equal to single-request plain decoding.",

@@ -16,9 +16,15 @@ from typing import Any
 from quickdraft.bench.base import run_sampling
 from quickdraft.bench.llama_server import free_port, gguf_files, server_command
 from quickdraft.bench.llama_tools import SERVER_TOOL, check_tool
-from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
 from quickdraft.bench.serve_report import write_report
+from quickdraft.bench.workloads import (
+    DEFAULT_MAX_TOKENS,
+    WORKLOADS,
+    requests_digest,
+    served_input,
+    workload_prompts,
+)
 from quickdraft.cli.common import (
     add_model_arguments,
     add_sampling_arguments,
@@ -41,13 +47,15 @@ Load-test an OpenAI-compatible quickdraft server with the official openai client
 Poisson arrivals, requests per second; inf: all at once) under each --configs (NAME=DRAFTER[+POLICY], sent per
 request in extra_body; or NAME=llama-server[:draft]: llama.cpp's own server on the same GGUF, started here, plain or
 with its draft-model speculation; either with :cache, whose requests may reuse the prompts earlier runs left cached,
-cache_prompt in both servers). Reports throughput, TTFT, time per output token
-and end-to-end latency (mean, p50, p90, p99), checks every response against single-request plain decoding (greedy
-or seeded), and ends with a run in which a fraction of the clients disconnect mid-stream (is every other request
-served, and does the server's memory return to idle?). Starts `quickdraft serve` on a free loopback port unless
---url is given, and a llama-server per llama-server configuration (built once from the vendored llama.cpp of
-llama-cpp-python, about 7 minutes on two cores), with as many slots as requests per run. The report puts quickdraft's
-hybrid+goodput beside the best llama-server at every rate. Writes results.json, report.md and latency.png to --out."""
+cache_prompt in both servers). --workload agent sends instead every model call tools/agent_run.py recorded
+(--conversations FILE: a coding agent's conversations) as it was sent, tools and all. Reports throughput, TTFT, time
+per output token and end-to-end latency (mean, p50, p90, p99), checks every response against single-request plain
+decoding (greedy or seeded), and ends with a run in which a fraction of the clients disconnect mid-stream (is every
+other request served, and does the server's memory return to idle?). Starts `quickdraft serve` on a free loopback
+port unless --url is given, and a llama-server per llama-server configuration (built once from the vendored
+llama.cpp of llama-cpp-python, about 7 minutes on two cores), with as many slots as requests per run. The report
+puts quickdraft's hybrid+goodput beside the best llama-server at every rate. Writes results.json, report.md and
+latency.png to --out."""
 
 
 def add_command(commands: Any) -> None:
@@ -58,10 +66,21 @@ def add_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument(
+        "--workload", choices=WORKLOADS, default="spec-bench",
+        help="spec-bench (the default: Spec-Bench first turns) or agent (replay --conversations)",
+    )  # fmt: skip
+    bench.add_argument(
         "--questions", metavar="PATH", help="question file (default ../shared/data/spec_bench/question.jsonl)"
     )
-    bench.add_argument("--num-prompts", type=int, default=24, metavar="N", help="requests per run (default 24)")
-    bench.add_argument("--max-tokens", type=int, default=96, metavar="N", help="new tokens per request at most (96)")
+    bench.add_argument(
+        "--conversations", metavar="FILE", help="--workload agent: the JSONL tools/agent_run.py recorded"
+    )
+    bench.add_argument(
+        "--num-prompts", type=int, metavar="N", help="requests per run (default 24; agent: every recorded call)"
+    )
+    bench.add_argument(
+        "--max-tokens", type=int, metavar="N", help="new tokens per request at most (96; agent: each call's own)"
+    )
     bench.add_argument(
         "--rates", default="seq,0.5,1,2,inf", metavar="R,R", help="request rates (default seq,0.5,1,2,inf)"
     )
@@ -102,7 +121,8 @@ def run(args: argparse.Namespace) -> None:
     rates = args.rates.split(",")
     for rate in rates:
         parse_rate(rate)
-    if args.num_prompts < 1 or args.max_tokens < 1 or not 0 <= args.disconnect_fraction < 1:
+    counts = (args.num_prompts, args.max_tokens)
+    if any(count is not None and count < 1 for count in counts) or not 0 <= args.disconnect_fraction < 1:
         raise ConfigError("--num-prompts and --max-tokens must be >= 1, --disconnect-fraction in [0, 1)")
     if args.url is not None and not re.match(r"^https?://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
         raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
@@ -111,8 +131,11 @@ def run(args: argparse.Namespace) -> None:
         args.no_reference = True  # unseeded samples have nothing to equal
     if any(config.is_peer for config in configs):  # before references are decoded: a build it cannot do fails now
         check_tool(SERVER_TOOL, "a llama-server configuration")
+    prompts = workload_prompts(args.workload, args.questions, args.conversations, args.num_prompts,
+                               args.question_seed, args.max_tokens)  # fmt: skip
+    if args.max_tokens is None:  # at most: the largest of the requests' own limits
+        args.max_tokens = max(prompt.max_tokens or DEFAULT_MAX_TOKENS for prompt in prompts)
     check_output_dir(out)
-    prompts = spec_bench_prompts(args.questions, args.num_prompts, args.question_seed)
     ours = [config for config in configs if not config.is_peer]
     references = None if args.no_reference or not ours else reference_outputs(args, prompts, out / "references.json")
     alone = single_request_runs(args, prompts, ours) if args.single_request and ours else None
@@ -120,8 +143,8 @@ def run(args: argparse.Namespace) -> None:
     try:
         urls, described = start_servers(args, configs, len(prompts), out, servers)
         settings = {
-            "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates, "seed": args.question_seed,
-            "temperature": args.temperature, "sampling_seed": args.seed,
+            "workload": args.workload, "num_prompts": len(prompts), "max_tokens": args.max_tokens, "rates": rates,
+            "seed": args.question_seed, "temperature": args.temperature, "sampling_seed": args.seed,
             "configs": [vars(config) for config in configs], "server": described.pop("quickdraft", "–"),
             "peer_servers": described,
         }  # fmt: skip
@@ -212,23 +235,13 @@ async def drive(
     return save(out, results)
 
 
-def spec_bench_prompts(path: str | None, count: int, seed: int) -> list[Prompt]:
-    """``count`` first turns of a stratified sample of the questions (round-robin over the categories)."""
-    source = Path(path) if path else default_questions_path()
-    if source is None:
-        raise ConfigError("no question file: pass --questions (Spec-Bench question.jsonl)")
-    questions = load_questions(source)
-    categories = len({question.category for question in questions})
-    sample = sample_questions(questions, math.ceil(count / categories), seed)[:count]
-    return [Prompt(question.question_id, question.category, question.turns[0]) for question in sample]
-
-
 def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Path) -> dict[str, list[int]]:
     """Single-request plain greedy decoding of every prompt (kept in ``path`` for later runs of the same settings)."""
     from quickdraft.api import Pipeline
-    from quickdraft.config import GenerationConfig
 
     key = {"target": args.target, "runtime": args.runtime, "device": args.device, "max_tokens": args.max_tokens}
+    if args.workload != "spec-bench":  # recorded requests: which ones, with their own limits
+        key |= {"workload": args.workload, "requests": requests_digest(prompts)}
     if not args.sampling.is_greedy:
         key |= {"temperature": args.temperature, "seed": args.seed}
     saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -237,9 +250,9 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
     missing = [prompt for prompt in prompts if prompt.question_id not in saved["outputs"]]
     if missing:
         pipeline = Pipeline.load(target=args.target, draft=None, runtime=args.runtime, device=args.device)
-        config = GenerationConfig(max_new_tokens=args.max_tokens, sampling=args.sampling)
         for i, prompt in enumerate(missing, start=1):
-            result = pipeline.generate(prompt.text, config, drafter="none", chat=True)
+            prompt_ids, config = served_input(pipeline, prompt, args.max_tokens, args.sampling)
+            result = pipeline.generate(prompt_ids, config, drafter="none")
             saved["outputs"][prompt.question_id] = result.token_ids
             print(f"reference {i}/{len(missing)}: {len(result.token_ids)} tokens", file=sys.stderr)
         path.write_text(json.dumps(saved), encoding="utf-8")
@@ -249,17 +262,19 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
 def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs: list[ServedConfig]) -> dict[str, Any]:
     """Every prompt decoded alone (the engine in this process, no server) under each configuration: latencies per
     config."""
+    from dataclasses import replace
+
+    from quickdraft.bench.base import GREEDY
     from quickdraft.bench.serve_load import distribution
-    from quickdraft.config import GenerationConfig
 
     draft = draft_for(args, [config.drafter for config in configs])
     pipeline = load_models(args, draft)
     runs = {}
     for config in configs:
-        settings = GenerationConfig(max_new_tokens=args.max_tokens, policy=config.policy, sampling=args.sampling)
-        warm_up = GenerationConfig(max_new_tokens=8, policy=settings.policy)
-        pipeline.generate(prompts[0].text, warm_up, drafter=config.drafter, chat=True)
-        results = [pipeline.generate(prompt.text, settings, drafter=config.drafter, chat=True) for prompt in prompts]
+        first = served_input(pipeline, replace(prompts[0], max_tokens=8), 8, GREEDY, config.policy)
+        pipeline.generate(*first, drafter=config.drafter)  # warm-up
+        inputs = [served_input(pipeline, prompt, args.max_tokens, args.sampling, config.policy) for prompt in prompts]
+        results = [pipeline.generate(*served, drafter=config.drafter) for served in inputs]
         runs[config.name] = {"e2e_s": distribution([result.stats.wall_time_s for result in results])}
         print(f"single request, {config.name}: mean {runs[config.name]['e2e_s']['mean']:.2f} s", file=sys.stderr)
     return runs
@@ -320,8 +335,7 @@ async def warm_up(client: Any, config: ServedConfig, prompt: Prompt) -> str:
     """One short untimed request (first calls pay one-off costs); the served model's name."""
     model = (await client.models.list()).data[0].id
     await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt.text}], max_tokens=8, temperature=0,
-        extra_body=config.extra_body(),
+        model=model, **prompt.chat(), max_tokens=8, temperature=0, extra_body=config.extra_body()
     )  # fmt: skip
     return model
 

@@ -37,9 +37,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--via", choices=("f16", "q8_0"), default="f16",
-                        help="the converter's output, which the quantizer reads: q8_0 needs half f16's disk (an "
-                             "8B shape peaks at 25 GB instead of 32) and gives a file of the same types and speed")
+    parser.add_argument(
+        "--via",
+        choices=("f16", "q8_0"),
+        default="f16",
+        help="the converter's output, which the quantizer reads: q8_0 needs half f16's disk (an "
+        "8B shape peaks at 25 GB instead of 32) and gives a file of the same types and speed",
+    )
     args = parser.parse_args()
     import llama_cpp
     from transformers import AutoConfig, AutoModelForCausalLM

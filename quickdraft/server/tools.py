@@ -41,9 +41,11 @@ class ToolRequest:
     tools: tuple[dict[str, Any], ...]
     choice: str  # "auto", "required", or the one function's name
     names: frozenset[str]
+    parallel: bool = True  # OpenAI's parallel_tool_calls: several calls may come in one answer
 
     def grammar(self) -> GrammarSpec | None:
-        """The constraint of ``required`` or a named function: one call, its arguments by the function's schema."""
+        """The constraint of ``required`` or a named function: a call (one or more where ``parallel``, each in its
+        own tags, a newline between them), its arguments by the function's schema."""
         if self.choice == "auto":
             return None
         chosen = [tool for tool in self.tools if self.choice == "required" or tool["function"]["name"] == self.choice]
@@ -56,7 +58,11 @@ class ToolRequest:
         opening, closing = (
             xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in (OPEN_TAG + "\n", "\n" + CLOSE_TAG)
         )
-        return GrammarSpec(GrammarKind.EBNF, str(xgrammar.Grammar.concat(opening, call, closing)))
+        block = str(xgrammar.Grammar.concat(opening, call, closing))
+        if not self.parallel:
+            return GrammarSpec(GrammarKind.EBNF, block)
+        renamed = re.sub(r"^root ::=", "tool_call_block ::=", block, count=1, flags=re.MULTILINE)
+        return GrammarSpec(GrammarKind.EBNF, f'{renamed}\nroot ::= tool_call_block ("\\n" tool_call_block)*\n')
 
 
 def call_schema(function: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,12 +91,15 @@ def parse_tools(body: Mapping[str, Any], template: str) -> ToolRequest | None:
     if len(tools) > MAX_TOOLS:
         raise ApiError(400, f"a request may offer at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
     names = frozenset(tool["function"]["name"] for tool in tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
     if choice in (None, "auto", "required", "none"):
-        return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names)
+        return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names, parallel)
     name = (choice.get("function") or {}).get("name") if isinstance(choice, Mapping) else None
     if name not in names:
         raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
-    return ToolRequest(tuple(tools), name, names)
+    return ToolRequest(tuple(tools), name, names, parallel)
 
 
 def _is_function(tool: Any) -> bool:

@@ -70,12 +70,39 @@ def test_a_required_call_is_a_valid_call_of_an_offered_function(server: Server, 
     )  # fmt: skip
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    (call,) = choice.message.tool_calls
-    assert call.type == "function" and call.id.startswith("call_")
-    if call.function.name == "get_weather":
-        assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
-    else:
-        assert call.function.name == "get_time" and json.loads(call.function.arguments) == {}
+    assert choice.message.tool_calls  # one or more: parallel_tool_calls is OpenAI's default
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        if call.function.name == "get_weather":
+            assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+        else:
+            assert call.function.name == "get_time" and json.loads(call.function.arguments) == {}
+
+
+def test_without_parallel_calls_a_required_answer_is_one_call(server: Server) -> None:
+    response = server.client().chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=120, temperature=0,
+        parallel_tool_calls=False,
+    )  # fmt: skip
+    assert len(response.choices[0].message.tool_calls) == 1
+
+
+def test_a_required_answer_may_hold_several_calls_unless_parallel_calls_are_off() -> None:
+    import xgrammar
+
+    one = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    two = f"{one}\n{one}"
+    for parallel, accepted in ((True, (one, two)), (False, (one,))):
+        request = parse_tools({"tools": [WEATHER, TIME], "tool_choice": "required", "parallel_tool_calls": parallel},
+                              HERMES)  # fmt: skip
+        assert request is not None and request.parallel == parallel
+        spec = request.grammar()
+        assert spec is not None
+        grammar = xgrammar.Grammar.from_ebnf(spec.text)
+        for text in (one, two, f"{one}x"):
+            assert xgrammar.testing._is_grammar_accept_string(grammar, text) == (text in accepted), (parallel, text)
+    with pytest.raises(ApiError, match="parallel_tool_calls"):
+        parse_tools({"tools": [WEATHER], "parallel_tool_calls": "yes"}, HERMES)
 
 
 def test_the_call_is_the_same_with_and_without_speculation(server: Server) -> None:

@@ -124,8 +124,12 @@ class HybridDrafter(Drafter):
         return cls(DraftModelDrafter.create(target, draft, options, records), *hybrid_ngrams(options))
 
     def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> HybridState:
-        copies = ContextCopies(self.max_ngram, self.min_ngram)
+        copies = self.new_copies(prompt_ids, target_cache)
         return HybridState(self.model.start(prompt_ids, target_cache), copies, len(prompt_ids))
+
+    def new_copies(self, prompt_ids: Sequence[int], target_cache: KVCache) -> Copies:
+        """What a new request copies from: its context's n-grams."""
+        return ContextCopies(self.max_ngram, self.min_ngram)
 
     def expect(self, state: DraftState, prediction: Sequence[int]) -> None:
         assert isinstance(state, HybridState)
@@ -193,10 +197,9 @@ class HybridSuffixDrafter(HybridDrafter):
         super().__init__(model, max_ngram, min_ngram)
         self.suffix = SuffixDrafter(model.records)
 
-    def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> HybridState:
-        state = super().start(prompt_ids, target_cache)
-        state.copies = SuffixCopies(self.suffix, self.suffix.start(prompt_ids, target_cache))
-        return state
+    def new_copies(self, prompt_ids: Sequence[int], target_cache: KVCache) -> Copies:
+        """What a new request copies from: the suffix drafter's continuations."""
+        return SuffixCopies(self.suffix, self.suffix.start(prompt_ids, target_cache))
 
     def finish(self, state: DraftState) -> None:
         assert isinstance(state, HybridState) and isinstance(state.copies, SuffixCopies)

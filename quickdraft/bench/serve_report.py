@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.serve_load import ServedConfig, parse_rate
+from quickdraft.drafters import DEFAULT_DRAFTER
 
 WORKLOAD_NAMES = {"spec-bench": "Spec-Bench prompts", "agent": "recorded agent requests"}
 CLAIM_MARGIN = 1.05  # goodput's mean latency may be this much above the better of plain and fixed γ
@@ -78,14 +79,14 @@ def claims(results: dict[str, Any]) -> list[str]:
 
 
 def against_peers(results: dict[str, Any]) -> list[str]:
-    """quickdraft's default (its first hybrid+goodput configuration, else its first goodput one) against the best
-    llama-server configuration at each rate, with prompt caches off, then on (where both ran)."""
+    """quickdraft's default (its first goodput configuration of the default drafter, else its first goodput one)
+    against the best llama-server configuration at each rate, with prompt caches off, then on (where both ran)."""
     configs = [ServedConfig(**config) for config in results["settings"]["configs"]]
     lines: list[str] = []
     for cached in (False, True):
         alike = [config for config in configs if config.prompt_cache == cached]
         goodput = [c for c in alike if not c.is_peer and c.policy == "goodput"]
-        ours = next((c for c in goodput if c.drafter == "hybrid"), goodput[0] if goodput else None)
+        ours = next((c for c in goodput if c.drafter == DEFAULT_DRAFTER), goodput[0] if goodput else None)
         peers = [c.name for c in alike if c.is_peer]
         if ours is not None and peers:
             lines += ["", "With prompt caches on (`:cache`):" if cached else "With prompt caches off:", ""]

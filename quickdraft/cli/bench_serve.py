@@ -36,7 +36,7 @@ from quickdraft.cli.serve import add_serving_arguments
 from quickdraft.errors import ConfigError
 
 DEFAULT_CONFIGS = (
-    "plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput,"
+    "plain=none,fixed-hy=hybrid+fixed:3,goodput-hy=hybrid+goodput,goodput-hs=hybrid-suffix+goodput,"
     "fixed-dm=draft-model+fixed:3,goodput-dm=draft-model+goodput,"
     "goodput-hy-cache=hybrid+goodput:cache,"
     "llama=llama-server,llama-draft=llama-server:draft,llama-cache=llama-server:cache"
@@ -54,8 +54,8 @@ decoding (greedy or seeded), and ends with a run in which a fraction of the clie
 other request served, and does the server's memory return to idle?). Starts `quickdraft serve` on a free loopback
 port unless --url is given, and a llama-server per llama-server configuration (built once from the vendored
 llama.cpp of llama-cpp-python, about 7 minutes on two cores), with as many slots as requests per run. The report
-puts quickdraft's hybrid+goodput beside the best llama-server at every rate. Writes results.json, report.md and
-latency.png to --out."""
+puts quickdraft's default (hybrid-suffix+goodput) beside the best llama-server at every rate. Writes results.json,
+report.md and latency.png to --out."""
 
 
 def add_command(commands: Any) -> None:

@@ -35,7 +35,7 @@ def add_command(commands: Any) -> None:
         "--drafter",
         default=DEFAULT_DRAFTER,
         help=f"how drafts are made: {', '.join(DRAFTERS.names())} (default: {DEFAULT_DRAFTER}: copies from the "
-        "context where it repeats, the draft model elsewhere; none = plain decoding)",
+        "context and from earlier answers where they repeat, the draft model elsewhere; none = plain decoding)",
     )
     generate.add_argument(
         "--num-draft-tokens",

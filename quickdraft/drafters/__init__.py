@@ -23,7 +23,7 @@ DRAFTERS.register("hybrid-suffix")(HybridSuffixDrafter)
 DRAFTERS.register("none")(NoDrafter)
 
 # what `generate`, the library and the server draft with unless told otherwise (docs/benchmarks.md has the runs)
-DEFAULT_DRAFTER = "hybrid"
+DEFAULT_DRAFTER = "hybrid-suffix"
 
 __all__ = [
     "DEFAULT_DRAFTER",

@@ -18,19 +18,20 @@ from quickdraft.errors import ConfigError
 from quickdraft.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
-    check_same_tokenizer,
     find_draft,
     load_tokenizer,
     resolve_model,
 )
 from quickdraft.models.loading import load_hf_model
 from quickdraft.models.pairing import AUTO as AUTO_DRAFT
+from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.policies import Policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.prompts import chat_prefix, encode, encode_chat
 from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, runtime_for
 from quickdraft.runtime.device import AUTO_DEVICE, resolve_device
 from quickdraft.runtime.options import draft_load_options
+from quickdraft.vocabularies import VocabularyBridge
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Pipeline:
     draft: Runtime | None = None
     draft_path: Path | None = None
     draft_head: Path | None = None  # the eagle drafters' head (None: the target's default, if it has a path)
+    bridge: VocabularyBridge | None = None  # a draft model with another tokenizer (None: the same vocabulary)
+    mismatch: str | None = None  # why the draft's vocabulary is not the target's, where it is not
     records: dict[str, DrafterRecords] = field(default_factory=dict)  # per drafter name, across requests
     engine: Engine = field(init=False, repr=False)  # the library's engine (a server makes its own)
     _learned_from: dict[str, Path] = field(default_factory=dict, repr=False)  # drafter -> learned file read
@@ -84,7 +87,9 @@ class Pipeline:
 
         ``draft=None`` loads no draft model (enough for prompt lookup and plain decoding); ``draft="auto"`` the
         largest model at hand that shares the target's vocabulary and is at most half its size
-        (:func:`quickdraft.models.find_draft`). ``draft_weights``
+        (:func:`quickdraft.models.find_draft`). Any other draft model drafts too: one whose vocabulary is not the
+        target's by llama.cpp's rule drafts across vocabularies (:mod:`quickdraft.vocabularies`; :meth:`pairing`
+        says which). ``draft_weights``
         (``auto``, ``q4``, ``int8``) and ``draft_vocabulary`` (the number of most frequent tokens its LM head
         computes; 0: all) trade the draft model's precision for speed on the native runtime; they change how
         often drafts are accepted, never the output. None takes the defaults, ``DRAFT_WEIGHTS`` and
@@ -95,23 +100,40 @@ class Pipeline:
         where = resolve_device(device)
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)
-        draft_path = draft_runtime = None
+        draft_path = draft_runtime = bridge = mismatch = None
         if draft == AUTO_DRAFT:
             draft = find_draft(target_path, tokenizer, progress)
+        target_runtime = runtime_for(runtime, target_path, where).load(target_path, LoadOptions(device=where))
         if draft is not None:
             draft_path = resolve_model(draft, progress)
-            check_same_tokenizer(tokenizer, load_tokenizer(draft_path))
+            draft_tokenizer = load_tokenizer(draft_path)
+            mismatch = vocabulary_mismatch(tokenizer, draft_tokenizer)
             draft_class = runtime_for(runtime, draft_path, where)
-            options = draft_load_options(draft_class, tokenizer, draft_weights, draft_vocabulary, where)
+            options = draft_load_options(draft_class, draft_tokenizer, draft_weights, draft_vocabulary, where)
             draft_runtime = draft_class.load(draft_path, options)
+            if mismatch is not None:
+                turn_ends = eos_token_ids(draft_path, draft_tokenizer)
+                bridge = VocabularyBridge(
+                    tokenizer, draft_tokenizer, target_runtime.vocab_size, draft_runtime.vocab_size, turn_ends
+                )
         return cls(
-            target=runtime_for(runtime, target_path, where).load(target_path, LoadOptions(device=where)),
+            target=target_runtime,
             tokenizer=tokenizer,
             eos_token_ids=eos_token_ids(target_path, tokenizer),
             target_path=target_path,
             draft=draft_runtime,
             draft_path=draft_path,
+            bridge=bridge,
+            mismatch=mismatch,
         )
+
+    def pairing(self) -> str:
+        """How the draft model drafts for the target: in the target's vocabulary, or across vocabularies and why."""
+        if self.draft is None:
+            return "no draft model"
+        if self.bridge is None:
+            return "the draft model shares the target's vocabulary"
+        return f"the draft model drafts {self.bridge.describe()} (by llama.cpp's rule {self.mismatch})"
 
     # -- drafters and generation -----------------------------------------------------------------------
 
@@ -128,6 +150,8 @@ class Pipeline:
             if head is None and self.target_path is not None:
                 head = default_draft_head_path(head_name(self.target_path))
             options = replace(options, draft_head=None if head is None else str(head))
+        if drafter_cls.needs_draft_model and self.bridge is not None:
+            options = replace(options, vocabulary_bridge=self.bridge)
         drafter = self._drafters.get((name, options))
         if drafter is None:
             if drafter_cls.needs_draft_model and self.draft is None:

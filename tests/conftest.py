@@ -91,6 +91,17 @@ def word_tokenizer(vocab_size: int, prefix: str = "w"):  # -> PreTrainedTokenize
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS)
 
 
+def listed_tokenizer(words: list[str]):  # -> PreTrainedTokenizerFast
+    """Words split on spaces, with ids in the order given (end of sequence among them)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel(vocab={word: i for i, word in enumerate(words)}, unk_token=words[0]))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS)
+
+
 def tiny_pipeline(vocab_size: int = 32, logit_scale: float = 1.0, draft_seed: int = 1) -> Pipeline:
     tokenizer = word_tokenizer(vocab_size)
     return Pipeline(

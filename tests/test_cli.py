@@ -227,10 +227,15 @@ def test_missing_and_corrupt_models(tmp_path: Path, tiny_model_dirs: dict[str, P
     assert status == 1 and err.startswith("quickdraft: error: cannot load the model") and "Traceback" not in err
 
 
-def test_tokenizer_mismatch(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    args = ["generate", "w1", "--target", str(tiny_model_dirs["target"]), "--draft", str(tiny_model_dirs["other"])]
-    status, _, err = run(args, capsys)
-    assert status == 1 and "cannot draft for the target" in err and err.count("\n") == 1
+def test_a_draft_of_another_vocabulary_drafts_across_vocabularies(
+    tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    """The user is told which pairing they got and why; the answer is the target's own."""
+    args = ["generate", "w1 w2", "--target", str(tiny_model_dirs["target"]), "--max-new-tokens", "8", "--json"]
+    plain = run([*args, "--drafter", "none"], capsys)
+    status, out, err = run([*args, "--draft", str(tiny_model_dirs["other"]), "--drafter", "draft-model"], capsys)
+    assert status == 0 and "drafts across vocabularies" in err and "token ids mean different text" in err
+    assert json.loads(out)["token_ids"] == json.loads(plain[1])["token_ids"]
 
 
 def test_help_explains_the_commands(capsys: pytest.CaptureFixture) -> None:

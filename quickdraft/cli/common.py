@@ -103,7 +103,7 @@ def load_models(args: argparse.Namespace, draft: str | None) -> Any:
     """The pipeline of :func:`add_model_arguments`' arguments with ``draft`` as the draft model (None: none)."""
     from quickdraft.api import Pipeline
 
-    return Pipeline.load(
+    pipeline = Pipeline.load(
         args.target,
         draft,
         args.runtime,
@@ -111,6 +111,9 @@ def load_models(args: argparse.Namespace, draft: str | None) -> Any:
         draft_vocabulary=args.draft_vocabulary,
         device=args.device,
     )
+    if pipeline.bridge is not None:  # the user asked for this draft: say how it drafts
+        print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)
+    return pipeline
 
 
 def read_prompt(args: argparse.Namespace) -> str:

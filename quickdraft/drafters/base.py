@@ -23,6 +23,7 @@ from quickdraft.grammar import DraftCursor
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.policies import MODEL_DRAFTS, KeepDrafting, Offer
 from quickdraft.runtime.base import KVCache, Runtime
+from quickdraft.vocabularies import VocabularyBridge
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ class DrafterOptions:
     prompt_lookup_min_ngram: int = 1
     hybrid_min_ngram: int = 2  # the hybrid copies only after a match this long (a 1-gram copy is a guess)
     draft_head: str | None = None  # the eagle drafter's trained head file (draft_head.file)
+    # a draft model with another tokenizer: how its tokens become the target's (the pipeline sets it; None: the same
+    # vocabulary)
+    vocabulary_bridge: VocabularyBridge | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:

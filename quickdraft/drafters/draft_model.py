@@ -9,6 +9,11 @@ draft model's prefill. One batched forward per draft position drafts for all the
 catches every cache up and gives each request its first draft, each later one feeds the requests still
 drafting. A request's caches outlive it: the next request that starts with the same tokens (a chat's next turn,
 the chat template's system prompt) takes the cache over and reads only what is new.
+
+A draft model with another tokenizer (``DrafterOptions.vocabulary_bridge``) drafts through
+:mod:`quickdraft.vocabularies`: its cache follows the committed tokens translated into its own, greedy requests take
+its own tokens re-tokenized as text (string-level), and sampled ones, and any under a grammar, its distribution over
+the tokens both vocabularies share (TLI).
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import masked
-from quickdraft.lossless.sampling import draw, logits_to_scores
+from quickdraft.lossless.sampling import argmax, draw, logits_to_scores
 from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.tokens import common_prefix_length
+from quickdraft.vocabularies import TranslatedContext, VocabularyBridge
 
 KEPT_CACHES = 4  # draft caches of finished requests kept for later ones (the most recent)
 
@@ -59,6 +65,11 @@ class DraftCache:
 @dataclass(eq=False)
 class DraftModelState(DraftState):
     conversation: DraftCache  # the request's draft cache
+    translation: TranslatedContext | None = None  # a foreign draft's: the committed tokens in its own
+
+    def draft_context(self, context: Sequence[int]) -> Sequence[int]:
+        """The committed tokens as the draft model reads them."""
+        return context if self.translation is None else self.translation.update(context)
 
 
 @dataclass(eq=False)
@@ -68,11 +79,15 @@ class DraftingRow:
     task: DraftTask
     conversation: DraftCache
     num_tokens: int  # γ: the most it drafts (0: it only reads its backlog this step)
-    feed: list[int]  # tokens to feed the draft model next
-    token_ids: list[int] = field(default_factory=list)
+    feed: list[int]  # tokens to feed the draft model next (the draft's ids)
+    by_text: bool = False  # a foreign draft drafting greedily: its own tokens, re-tokenized at the end
+    token_ids: list[int] = field(default_factory=list)  # the target's ids (by_text: the draft's, until proposed)
     probs: list[torch.Tensor] = field(default_factory=list)  # [1, V] each: q, kept for unseeded sampling only
 
-    def proposal(self) -> DraftProposal:
+    def proposal(self, bridge: VocabularyBridge | None) -> DraftProposal:
+        if self.by_text and bridge is not None:  # string-level: the drafted text in the target's tokens
+            token_ids = bridge.retokenize(self.task.context, self.token_ids)[: self.num_tokens]
+            return DraftProposal.copied(token_ids)
         if not self.token_ids:
             return DraftProposal.empty()
         probs = torch.stack(self.probs, dim=1) if self.probs else None  # [1, γ, V]: unseeded sampling's q only
@@ -82,10 +97,17 @@ class DraftingRow:
 class DraftModelDrafter(Drafter):
     needs_draft_model = True
 
-    def __init__(self, draft: Runtime, target_vocab_size: int, records: DrafterRecords | None = None) -> None:
+    def __init__(
+        self,
+        draft: Runtime,
+        target_vocab_size: int,
+        records: DrafterRecords | None = None,
+        bridge: VocabularyBridge | None = None,
+    ) -> None:
         super().__init__(records)
         self.draft = draft
         self.target_vocab_size = target_vocab_size
+        self.bridge = bridge  # None: the draft model shares the target's vocabulary
         self.kept: list[DraftCache] = []  # caches of finished requests, the most recent last
 
     @classmethod
@@ -94,16 +116,18 @@ class DraftModelDrafter(Drafter):
     ) -> DraftModelDrafter:
         if draft is None:
             raise ConfigError("the draft-model drafter needs a draft model (--draft)")
-        return cls(draft, target.vocab_size, records)
+        return cls(draft, target.vocab_size, records, options.vocabulary_bridge)
 
     def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> DraftModelState:
         """A request takes over the kept cache that shares the longest start with its prompt (the most recent of
         equals), or a new one; its prompt is read at its first draft."""
-        shared = [common_prefix_length(cache.cached_ids, prompt_ids) for cache in self.kept]
+        translation = None if self.bridge is None else TranslatedContext(self.bridge)
+        prompt = prompt_ids if translation is None else translation.update(prompt_ids)
+        shared = [common_prefix_length(cache.cached_ids, prompt) for cache in self.kept]
         if shared and max(shared) > 0:
             best = max(range(len(shared)), key=lambda i: (shared[i], i))
-            return DraftModelState(self.kept.pop(best))
-        return DraftModelState(DraftCache(self.draft.new_cache(1)))
+            return DraftModelState(self.kept.pop(best), translation)
+        return DraftModelState(DraftCache(self.draft.new_cache(1)), translation)
 
     def finish(self, state: DraftState) -> None:
         assert isinstance(state, DraftModelState)
@@ -111,16 +135,19 @@ class DraftModelDrafter(Drafter):
 
     def focus(self, prompts: Sequence[Sequence[int]]) -> None:
         """A draft model whose LM head computes the frequent tokens only also computes the prompts' tokens."""
+        prompts = prompts if self.bridge is None else [self.bridge.to_draft(prompt) for prompt in prompts]
         self.draft.focus_vocabulary(sorted({token for prompt in prompts for token in prompt}))
 
     def forget(self, keep: Sequence[int] = ()) -> None:
+        kept = list(keep) if self.bridge is None else self.bridge.to_draft(keep)
         for conversation in self.kept:
-            conversation.roll_back(common_prefix_length(conversation.cached_ids, list(keep)))
+            conversation.roll_back(common_prefix_length(conversation.cached_ids, kept))
 
     def offers(self, state: DraftState, context: Sequence[int]) -> tuple[Offer, ...]:
         """Its drafts, as rows of batched forwards, after reading what its cache lacks of ``context``."""
         assert isinstance(state, DraftModelState)
-        return (Offer(MODEL_DRAFTS.source, backlog=state.conversation.backlog(context), batched=True),)
+        backlog = state.conversation.backlog(state.draft_context(context))
+        return (Offer(MODEL_DRAFTS.source, backlog=backlog, batched=True),)
 
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
         rows = [self._row(task, max_read_tokens) for task in tasks]
@@ -134,20 +161,22 @@ class DraftModelDrafter(Drafter):
                 if row.num_tokens > 0 and self._draft_one(row, logits[i], None if hidden is None else hidden[i]):
                     still_drafting.append(row)
             feeding = still_drafting
-        return [row.proposal() for row in rows]
+        return [row.proposal(self.bridge) for row in rows]
 
     def _row(self, task: DraftTask, max_read_tokens: int | None) -> DraftingRow:
         """The task's drafting: catch up on the committed tokens, then draft up to γ (what the context holds); a
         backlog longer than ``max_read_tokens`` is read in part, drafting nothing this step."""
         assert isinstance(task.state, DraftModelState)
         conversation = task.state.conversation
-        num_tokens = min(task.num_tokens, self.draft.max_context - len(task.context))
+        context = task.state.draft_context(task.context)
+        num_tokens = min(task.num_tokens, self.draft.max_context - len(context))
         if num_tokens <= 0:
             return DraftingRow(task, conversation, 0, [])
-        feed = conversation.catch_up(task.context)
+        feed = conversation.catch_up(context)
         if max_read_tokens is not None and len(feed) > max_read_tokens:
             return DraftingRow(task, conversation, 0, feed[:max_read_tokens])
-        return DraftingRow(task, conversation, num_tokens, feed)
+        by_text = self.bridge is not None and task.sampling.is_greedy and task.grammar is None
+        return DraftingRow(task, conversation, num_tokens, feed, by_text)
 
     def _forward(self, batch: list[BatchRow]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         if self.draft.provides_hidden:  # for policies that stop on the draft's hidden state (specdec++)
@@ -157,6 +186,18 @@ class DraftModelDrafter(Drafter):
     def _draft_one(self, row: DraftingRow, logits: torch.Tensor, hidden: torch.Tensor | None) -> bool:
         """Choose the row's next draft from the draft model's ``[1, V_draft]`` logits; True to draft another."""
         task = row.task
+        if row.by_text:  # string-level: the draft's own greedy token, its text re-tokenized when the row is done
+            token = int(argmax(logits)[0])
+            row.token_ids.append(token)
+            row.feed = [token]
+            if self.bridge is not None and token in self.bridge.draft_special:
+                return False  # its text ends there
+            return (
+                task.keep_drafting(DraftStep(logits, hidden, len(row.token_ids)))
+                and len(row.token_ids) < row.num_tokens
+            )
+        if self.bridge is not None:  # TLI: its distribution over the tokens both vocabularies have, in target ids
+            logits = self.bridge.target_scores(logits)  # [1, V]
         if task.grammar is not None:  # drafts from its distribution under the grammar
             allowed = task.grammar.draft_mask()  # [V] bool, None: the grammar is complete
             if allowed is not None:
@@ -177,7 +218,7 @@ class DraftModelDrafter(Drafter):
         row.token_ids.append(token)
         if probs is not None:
             row.probs.append(probs)
-        row.feed = [token]
+        row.feed = [token if self.bridge is None else self.bridge.draft_of[token]]
         keep_drafting = task.keep_drafting(DraftStep(logits, hidden, len(row.token_ids)))
         return keep_drafting and len(row.token_ids) < row.num_tokens
 

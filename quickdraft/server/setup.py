@@ -93,6 +93,8 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
         pipeline, options.scheduler, options.max_draft_tokens, options.recalibrate,
         prefix_cache_mb=options.prefix_cache_mb,
     )  # fmt: skip
+    if pipeline.bridge is not None:
+        notes = [pipeline.pairing(), *notes]
     names = model_names(pipeline, options.served_model_name)
     defaults = ServerDefaults(names, options.drafter, options.policy, options.default_max_tokens)
     loop = ServingLoop(engine, own_thread=own_thread)

@@ -17,8 +17,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import BigramTableRuntime, chi_square_pvalue, word_tokenizer
+from conftest import BigramTableRuntime, chi_square_pvalue, listed_tokenizer, word_tokenizer
 
+import quickdraft.drafters.draft_model
 import quickdraft.engine.engine
 import quickdraft.lossless.rules
 from quickdraft.api import Pipeline
@@ -27,6 +28,7 @@ from quickdraft.drafters import DrafterOptions
 from quickdraft.engine import Engine, Request, RequestFinished, SchedulerSettings
 from quickdraft.lossless.sampling import logits_to_probs, sample
 from quickdraft.lossless.verify import VerificationResult
+from quickdraft.vocabularies import VocabularyBridge
 
 VOCAB, SAMPLES, TOP_P = 6, 3_000, 0.9
 FITS, REJECTED = 1e-4, 1e-5  # p-values: above FITS the law holds; a negative control must fall below REJECTED
@@ -38,12 +40,21 @@ PROMPT_FOR["hybrid"] = PROMPT_FOR["prompt-lookup"]  # copies where it repeats, t
 AT_ONCE = 100  # requests in flight together, batched
 RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
 MODES = pytest.mark.parametrize("at_once", [1, AT_ONCE], ids=["alone", "batched"])
+# a foreign draft's vocabulary: four of the target's words (w2 and w4 missing) in another order, three of its own
+FOREIGN_WORDS = ["w3", "x0", "w1", "w0", "x1", "w5", "<eos>", "x2"]
 
 
-def table_pipeline() -> Pipeline:
+def table_pipeline(foreign: bool = False) -> Pipeline:
+    """Bigram-table target and draft; ``foreign``: a draft with FOREIGN_WORDS for its vocabulary, through a bridge
+    (TLI when sampling)."""
     target = BigramTableRuntime.random(VOCAB, seed=0, scale=1.5)
-    draft = BigramTableRuntime.random(VOCAB, seed=1, scale=1.5)
-    return Pipeline(target=target, draft=draft, tokenizer=word_tokenizer(VOCAB + 1), eos_token_ids=frozenset())
+    tokenizer = word_tokenizer(VOCAB + 1)
+    if not foreign:
+        draft = BigramTableRuntime.random(VOCAB, seed=1, scale=1.5)
+        return Pipeline(target=target, draft=draft, tokenizer=tokenizer, eos_token_ids=frozenset())
+    draft = BigramTableRuntime.random(len(FOREIGN_WORDS), seed=1, scale=1.5)
+    bridge = VocabularyBridge(tokenizer, listed_tokenizer(FOREIGN_WORDS), VOCAB, len(FOREIGN_WORDS))
+    return Pipeline(target=target, draft=draft, tokenizer=tokenizer, eos_token_ids=frozenset(), bridge=bridge)
 
 
 def window_distribution(target: BigramTableRuntime, prompt_ids: list[int], sampling: SamplingParams) -> torch.Tensor:
@@ -54,10 +65,12 @@ def window_distribution(target: BigramTableRuntime, prompt_ids: list[int], sampl
     return torch.einsum("a,ab,abc,bcd->bcd", first, probs[prompt_ids[-1]], probs, probs)
 
 
-def sampled_window(drafter: str, sampling: SamplingParams, seeded: bool, at_once: int) -> torch.Tensor:
+def sampled_window(
+    drafter: str, sampling: SamplingParams, seeded: bool, at_once: int, foreign: bool = False
+) -> torch.Tensor:
     """Counts ``[V, V, V]`` of new tokens 2, 3, 4 over SAMPLES requests (seeds 0, 1, ... when seeded), ``at_once``
     of them in flight together."""
-    pipeline, prompt = table_pipeline(), tuple(PROMPT_FOR[drafter])
+    pipeline, prompt = table_pipeline(foreign), tuple(PROMPT_FOR[drafter])
     settings = SchedulerSettings(  # the prompts of a whole batch read in one step
         max_running=at_once, max_waiting=SAMPLES, prefill_tokens_per_step=at_once * len(prompt)
     )
@@ -83,8 +96,10 @@ def sampled_window(drafter: str, sampling: SamplingParams, seeded: bool, at_once
     return counts
 
 
-def window_pvalue(drafter: str, sampling: SamplingParams, seeded: bool, at_once: int = 1) -> float:
-    counts = sampled_window(drafter, sampling, seeded, at_once)
+def window_pvalue(
+    drafter: str, sampling: SamplingParams, seeded: bool, at_once: int = 1, foreign: bool = False
+) -> float:
+    counts = sampled_window(drafter, sampling, seeded, at_once, foreign)
     return chi_square_pvalue(counts, window_distribution(table_pipeline().target, PROMPT_FOR[drafter], sampling))
 
 
@@ -100,6 +115,13 @@ def test_sampled_tokens_follow_the_target_distribution(drafter: str, seeded: boo
 @pytest.mark.usefixtures("one_thread", "numbered_generators")
 def test_batched_sampled_tokens_follow_the_target_distribution(drafter: str, seeded: bool) -> None:
     assert window_pvalue(drafter, TOP_P_SAMPLING, seeded, AT_ONCE) > FITS
+
+
+@pytest.mark.parametrize(("seeded", "at_once"), [(True, 1), (False, 1), (False, AT_ONCE)])
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_foreign_draft_sampled_tokens_follow_the_target_distribution(seeded: bool, at_once: int) -> None:
+    """A draft with a vocabulary of its own (TLI: its distribution over the shared words, in target ids)."""
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded, at_once, foreign=True) > FITS
 
 
 @RULES
@@ -130,6 +152,20 @@ def test_chi_square_catches_a_wrong_acceptance_rule(at_once: int, monkeypatch: p
     """
     monkeypatch.setattr(quickdraft.lossless.rules, "block_verify", wrong_rule)
     assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False, at_once=at_once) < REJECTED
+
+
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_chi_square_catches_foreign_drafts_that_report_another_q(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control for the foreign draft's law: drafts drawn from TLI's q but reported with another (its square,
+    renormalized: the mistake of verifying against the wrong distribution) must fail."""
+    real = quickdraft.drafters.draft_model.draw
+
+    def draw_reporting_another_q(*args: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        tokens, probs = real(*args)
+        return tokens, None if probs is None else probs**2 / (probs**2).sum(-1, keepdim=True)
+
+    monkeypatch.setattr(quickdraft.drafters.draft_model, "draw", draw_reporting_another_q)
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded=False, foreign=True) < REJECTED
 
 
 def every_third_bonus_to_token_0(verify: Callable[..., VerificationResult]) -> Callable[..., VerificationResult]:

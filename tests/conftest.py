@@ -37,6 +37,7 @@ from quickdraft.server.app import create_app
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.protocol import ServerDefaults
 from quickdraft.server.setup import serving_engine
+from quickdraft.vocabularies import VocabularyBridge
 
 EOS = "<eos>"
 
@@ -135,6 +136,39 @@ def native_pipeline(vocab_size: int = 48, draft_noise: float = 0.1) -> Pipeline:
         eos_token_ids=frozenset(),
         draft=native_from_hf(draft),
     )
+
+
+FOREIGN_EXTRA_WORDS = ("x0", "x1")  # words only a foreign draft has
+
+
+def foreign_pipeline(vocab_size: int = 48) -> tuple[Pipeline, Pipeline]:
+    """The same pair twice: :func:`native_pipeline`'s, and its draft with its vocabulary shuffled and two words of
+    its own (their rows zero) behind a bridge. A draft id means there what the target's id it came from means."""
+    direct = native_pipeline(vocab_size)
+    target_words = direct.tokenizer.convert_ids_to_tokens(list(range(vocab_size)))
+    order = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(0)).tolist()  # draft id -> target id
+    draft_words = [target_words[i] for i in order] + list(FOREIGN_EXTRA_WORDS)
+    noisy = tiny_model(vocab_size, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # native_pipeline's draft: the target with noise on its LM head
+        weight = noisy.lm_head.weight
+        weight.add_(0.1 * weight.std() * torch.randn(weight.shape, generator=generator))
+    shuffled = tiny_model(len(draft_words), seed=0)
+    state = noisy.state_dict()
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        state[name] = torch.cat([state[name][order], torch.zeros(len(FOREIGN_EXTRA_WORDS), state[name].shape[1])])
+    shuffled.load_state_dict(state)
+    draft_tokenizer = listed_tokenizer(draft_words)
+    bridge = VocabularyBridge(direct.tokenizer, draft_tokenizer, vocab_size, len(draft_words))
+    foreign = Pipeline(
+        target=direct.target,
+        tokenizer=direct.tokenizer,
+        eos_token_ids=direct.eos_token_ids,
+        draft=native_from_hf(shuffled),
+        bridge=bridge,
+        mismatch="their token ids mean different text",
+    )
+    return direct, foreign
 
 
 def native_chat_pipeline() -> Pipeline:

@@ -158,6 +158,8 @@ def measure(
         device=settings.device,
     )
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
+    if pipeline.bridge is not None:  # a draft of another vocabulary: say how it drafts
+        print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)
     store.machine = store.machine or machine_info()
     store.write_json("machine.json", store.machine)
     ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)

@@ -7,47 +7,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import draft_task, listed_tokenizer, native_from_hf, native_pipeline, tiny_model
+from conftest import draft_task, foreign_pipeline
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.vocabularies import VocabularyBridge
 
 VOCAB = 48
-EXTRA_WORDS = ("x0", "x1")  # words only the draft has
 PROMPT = [1, 5, 9, 5, 9, 3, 7, 2]
 GREEDY = GenerationConfig(max_new_tokens=40, policy="fixed:3")
 SEEDED = replace(GREEDY, sampling=SamplingParams(temperature=0.8, seed=3))
-
-
-def foreign_pipeline() -> tuple[Pipeline, Pipeline]:
-    """The same pair twice: :func:`native_pipeline`'s, and its draft with its vocabulary shuffled and two words of
-    its own (their rows zero) behind a bridge. A draft id means there what the target's id it came from means."""
-    direct = native_pipeline(VOCAB)
-    target_words = direct.tokenizer.convert_ids_to_tokens(list(range(VOCAB)))
-    order = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0)).tolist()  # draft id -> target id
-    draft_words = [target_words[i] for i in order] + list(EXTRA_WORDS)
-    noisy = tiny_model(VOCAB, seed=0)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # native_pipeline's draft: the target with noise on its LM head
-        weight = noisy.lm_head.weight
-        weight.add_(0.1 * weight.std() * torch.randn(weight.shape, generator=generator))
-    shuffled = tiny_model(len(draft_words), seed=0)
-    state = noisy.state_dict()
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        state[name] = torch.cat([state[name][order], torch.zeros(len(EXTRA_WORDS), state[name].shape[1])])
-    shuffled.load_state_dict(state)
-    draft_tokenizer = listed_tokenizer(draft_words)
-    bridge = VocabularyBridge(direct.tokenizer, draft_tokenizer, VOCAB, len(draft_words))
-    foreign = Pipeline(
-        target=direct.target,
-        tokenizer=direct.tokenizer,
-        eos_token_ids=direct.eos_token_ids,
-        draft=native_from_hf(shuffled),
-        bridge=bridge,
-        mismatch="their token ids mean different text",
-    )
-    return direct, foreign
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def test_an_hour_of_mixed_traffic_loses_no_request_and_no_memory() -> None:
         async def one(client: httpx.AsyncClient, kind: str, prompt: str) -> None:
             body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
             if kind == "greedy":
-                drafter = rng.choice(["none", "hybrid", "draft-model"])
+                drafter = rng.choice(["none", "hybrid", "hybrid-suffix", "draft-model"])
                 response = await client.post(f"{url}/v1/completions", json=body | {"drafter": drafter})
                 assert response.status_code == 200, response.text
                 assert response.json()["choices"][0]["token_ids"] == alone[prompt]

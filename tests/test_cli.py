@@ -28,7 +28,17 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
     status, out, _ = run(["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--json"], capsys)
     assert status == 0
     result = json.loads(out)
-    assert set(result) == {"text", "token_ids", "finish_reason", "stats", "target", "draft", "runtime", "device"}
+    assert set(result) == {
+        "text",
+        "token_ids",
+        "finish_reason",
+        "stats",
+        "target",
+        "draft",
+        "pairing",
+        "runtime",
+        "device",
+    }
     assert len(result["token_ids"]) == result["stats"]["new_tokens"] == 6
     assert result["target"] == str(tiny_model_dirs["target"].resolve())
     assert result["draft"] == str(tiny_model_dirs["draft"].resolve())
@@ -236,6 +246,7 @@ def test_a_draft_of_another_vocabulary_drafts_across_vocabularies(
     status, out, err = run([*args, "--draft", str(tiny_model_dirs["other"]), "--drafter", "draft-model"], capsys)
     assert status == 0 and "drafts across vocabularies" in err and "token ids mean different text" in err
     assert json.loads(out)["token_ids"] == json.loads(plain[1])["token_ids"]
+    assert "across vocabularies" in json.loads(out)["pairing"]
 
 
 def test_help_explains_the_commands(capsys: pytest.CaptureFixture) -> None:

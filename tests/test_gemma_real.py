@@ -53,3 +53,19 @@ def test_speculation_equals_plain_decoding_on_gemma(gemma: Pipeline) -> None:
         for gamma in (2, 5):
             config = GenerationConfig(max_new_tokens=40, num_draft_tokens=gamma, sampling=sampling)
             assert gemma.generate(prompt_ids, config, drafter="prompt-lookup").token_ids == plain.token_ids
+
+
+def test_gemma_drafts_for_the_default_target_across_vocabularies() -> None:
+    """Issue 47's real pair: Gemma-3-270m (262,144 tokens) drafting for Qwen2.5-Coder-1.5B (151,936): string-level
+    when greedy, TLI when seeded, the target's own tokens either way, and drafts accepted."""
+    from quickdraft.models import DEFAULT_TARGET
+
+    pair = Pipeline.load(DEFAULT_TARGET, GEMMA, progress=False)
+    assert pair.bridge is not None and "across vocabularies" in pair.pairing()
+    prompt_ids = pair.encode("Write a Python function that checks whether a string is a palindrome.", chat=True)
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.7, seed=3)):
+        config = GenerationConfig(max_new_tokens=48, num_draft_tokens=3, sampling=sampling)
+        plain = pair.generate(prompt_ids, config, drafter="none")
+        speculative = pair.generate(prompt_ids, config, drafter="draft-model")
+        assert speculative.token_ids == plain.token_ids
+        assert speculative.stats.draft_tokens_accepted > 0

@@ -97,7 +97,9 @@ def add_command(commands: Any) -> None:
         help="also run plain decoding (--drafter none) on the same request and report the speedup and "
         "whether the tokens are identical",
     )
-    generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, paths")
+    generate.add_argument(
+        "--json", action="store_true", help="print one JSON object: text, token_ids, stats, paths, pairing"
+    )
     generate.set_defaults(handler=run)
 
 
@@ -191,6 +193,7 @@ def run(args: argparse.Namespace) -> None:
             "stats": result.stats.to_dict(),
             "target": str(pipeline.target_path),
             "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
+            "pairing": pipeline.pairing(),  # how the draft drafts: in the target's vocabulary or across
             "runtime": pipeline.target.name,
             "device": str(pipeline.target.device),
             **({} if comparison is None else {"compare": comparison}),

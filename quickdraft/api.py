@@ -103,7 +103,6 @@ class Pipeline:
         draft_path = draft_runtime = bridge = mismatch = None
         if draft == AUTO_DRAFT:
             draft = find_draft(target_path, tokenizer, progress)
-        target_runtime = runtime_for(runtime, target_path, where).load(target_path, LoadOptions(device=where))
         if draft is not None:
             draft_path = resolve_model(draft, progress)
             draft_tokenizer = load_tokenizer(draft_path)
@@ -111,11 +110,12 @@ class Pipeline:
             draft_class = runtime_for(runtime, draft_path, where)
             options = draft_load_options(draft_class, draft_tokenizer, draft_weights, draft_vocabulary, where)
             draft_runtime = draft_class.load(draft_path, options)
-            if mismatch is not None:
-                turn_ends = eos_token_ids(draft_path, draft_tokenizer)
-                bridge = VocabularyBridge(
-                    tokenizer, draft_tokenizer, target_runtime.vocab_size, draft_runtime.vocab_size, turn_ends
-                )
+        target_runtime = runtime_for(runtime, target_path, where).load(target_path, LoadOptions(device=where))
+        if mismatch is not None:
+            turn_ends = eos_token_ids(draft_path, draft_tokenizer)
+            bridge = VocabularyBridge(
+                tokenizer, draft_tokenizer, target_runtime.vocab_size, draft_runtime.vocab_size, turn_ends
+            )
         return cls(
             target=target_runtime,
             tokenizer=tokenizer,

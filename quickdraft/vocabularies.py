@@ -201,11 +201,16 @@ class VocabularyBridge:
 
     # -- drafts -> the target's tokens ---------------------------------------------------------------------
 
+    def ends_text(self, draft_id: int) -> bool:
+        """A drafted token after which the draft's text is over: a control token, or an id its logits have beyond
+        its tokenizer."""
+        return draft_id in self.draft_special or draft_id >= len(self.draft_pieces)
+
     def retokenize(self, context: Sequence[int], draft_ids: Sequence[int]) -> list[int]:
         """String-level: the target's tokens for the text of ``draft_ids`` after ``context`` (greedy drafts)."""
         data, ends_turn = bytearray(), False
         for draft_id in draft_ids:
-            if draft_id in self.draft_special:
+            if self.ends_text(draft_id):
                 ends_turn = draft_id in self.draft_turn_ends
                 break
             data += self.draft_pieces[draft_id]
@@ -235,7 +240,8 @@ class VocabularyBridge:
     def target_scores(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """TLI: ``[R, V_draft]`` draft logits -> ``[R, V_target]``, each shared token's at its target id, −inf at the
         ids the draft cannot propose."""
-        scores = torch.full((draft_logits.shape[0], self.target_width), float("-inf"), dtype=draft_logits.dtype)
+        shape = (draft_logits.shape[0], self.target_width)
+        scores = torch.full(shape, float("-inf"), dtype=draft_logits.dtype, device=draft_logits.device)
         scores[:, self.shared_target_ids] = draft_logits[:, self.shared_draft_ids]
         return scores
 

@@ -82,24 +82,17 @@ def tiny_model(vocab_size: int, seed: int, logit_scale: float = 1.0, num_layers:
 
 def word_tokenizer(vocab_size: int, prefix: str = "w"):  # -> PreTrainedTokenizerFast
     """Words ``w0 .. w{V-2}`` and an end-of-sequence token, split on spaces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"{prefix}{i}": i for i in range(vocab_size - 1)} | {EOS: vocab_size - 1}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=f"{prefix}0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS)
+    return listed_tokenizer([f"{prefix}{i}" for i in range(vocab_size - 1)] + [EOS])
 
 
 def listed_tokenizer(words: list[str]):  # -> PreTrainedTokenizerFast
-    """Words split on spaces, with ids in the order given (end of sequence among them)."""
+    """Words split on spaces, with ids in the order given (end of sequence among them; the first is unknown's)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.WordLevel(vocab={word: i for i, word in enumerate(words)}, unk_token=words[0]))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS)
 
 
@@ -124,18 +117,23 @@ def native_pipeline(vocab_size: int = 48, draft_noise: float = 0.1) -> Pipeline:
     """A tiny random target on the native runtime, drafted by a copy of it whose LM head carries noise (of
     ``draft_noise`` times the weights' scale): its drafts are accepted often, not always. No end-of-sequence
     token: answers run to their budgets."""
-    tokenizer = word_tokenizer(vocab_size)
+    return Pipeline(
+        target=native_from_hf(tiny_model(vocab_size, seed=0)),
+        tokenizer=word_tokenizer(vocab_size),
+        eos_token_ids=frozenset(),
+        draft=native_from_hf(noisy_copy(vocab_size, draft_noise)),
+    )
+
+
+def noisy_copy(vocab_size: int, draft_noise: float = 0.1) -> torch.nn.Module:
+    """:func:`native_pipeline`'s draft: its target with ``draft_noise`` times the weights' scale of noise on its
+    LM head."""
     draft = tiny_model(vocab_size, seed=0)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         weight = draft.lm_head.weight
         weight.add_(draft_noise * weight.std() * torch.randn(weight.shape, generator=generator))
-    return Pipeline(
-        target=native_from_hf(tiny_model(vocab_size, seed=0)),
-        tokenizer=tokenizer,
-        eos_token_ids=frozenset(),
-        draft=native_from_hf(draft),
-    )
+    return draft
 
 
 FOREIGN_EXTRA_WORDS = ("x0", "x1")  # words only a foreign draft has
@@ -148,13 +146,8 @@ def foreign_pipeline(vocab_size: int = 48) -> tuple[Pipeline, Pipeline]:
     target_words = direct.tokenizer.convert_ids_to_tokens(list(range(vocab_size)))
     order = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(0)).tolist()  # draft id -> target id
     draft_words = [target_words[i] for i in order] + list(FOREIGN_EXTRA_WORDS)
-    noisy = tiny_model(vocab_size, seed=0)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # native_pipeline's draft: the target with noise on its LM head
-        weight = noisy.lm_head.weight
-        weight.add_(0.1 * weight.std() * torch.randn(weight.shape, generator=generator))
     shuffled = tiny_model(len(draft_words), seed=0)
-    state = noisy.state_dict()
+    state = noisy_copy(vocab_size).state_dict()
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         state[name] = torch.cat([state[name][order], torch.zeros(len(FOREIGN_EXTRA_WORDS), state[name].shape[1])])
     shuffled.load_state_dict(state)

@@ -136,6 +136,8 @@ def test_greedy_drafts_are_re_tokenized_as_the_targets_own_tokens(bridge: Vocabu
     hello = bridge.draft_tokenizer("The quick", add_special_tokens=False).input_ids
     proposed = bridge.retokenize([], [*hello, eot, *hello])
     assert proposed[-1] == bridge.target_eos and bridge.target_tokenizer.decode(proposed[:-1]) == "The quick"
+    beyond = len(bridge.draft_pieces)  # an id of the draft's logits its tokenizer lacks also ends the text
+    assert bridge.target_tokenizer.decode(bridge.retokenize([], [*hello, beyond, *hello])) == "The quick"
 
 
 def tli_tables(bridge_map: dict[int, int], draft_tables: dict, target_vocab: int) -> dict:

@@ -190,7 +190,7 @@ class DraftModelDrafter(Drafter):
             token = int(argmax(logits)[0])
             row.token_ids.append(token)
             row.feed = [token]
-            if self.bridge is not None and token in self.bridge.draft_special:
+            if self.bridge.ends_text(token):  # (a by_text row has a bridge)
                 return False  # its text ends there
             return (
                 task.keep_drafting(DraftStep(logits, hidden, len(row.token_ids)))

@@ -13,6 +13,7 @@ from quickdraft.runtime.base import BatchRow, KVCache
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.kernels import native_kernels
+from quickdraft.runtime.native.linear import combine_passes
 from quickdraft.runtime.native.model import ACTIVATION_FUNCTIONS, key_rows
 
 
@@ -217,10 +218,11 @@ def test_rows_attended_together_equal_each_row_attended_alone() -> None:
         assert torch.equal(together[r : r + 1], alone), r
 
 
-def test_layer_kernels_equal_the_reference_operations() -> None:
+@pytest.mark.parametrize("passes", [1, 2])
+def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     """Each fused kernel against the PyTorch operations of ``Decoder._layer`` on the same inputs: bitwise where
     both sides do the same float operations (RoPE, cache writes, residual adds), to float error for RMSNorm's
-    sum and the activations' exp."""
+    sum and the activations' exp; GEMM outputs of one or two activation passes."""
     kernels = native_kernels()
     assert kernels is not None
     decoder = native_from_hf(tiny_model(64, seed=3)).decoder
@@ -232,11 +234,11 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
 
     normed = kernels.rms_norm(x, layer.input_norm, config.rms_norm_eps)
     assert torch.allclose(normed, decoder._rms_norm(x, layer.input_norm), rtol=1e-5, atol=1e-6)
-    quantized, row_scale = kernels.rms_norm_quantize(x, layer.input_norm, config.rms_norm_eps)
-    expected_quantized, expected_scale = kernels.quantize_rows(normed)
+    quantized, row_scale = kernels.rms_norm_quantize(x, layer.input_norm, config.rms_norm_eps, passes)
+    expected_quantized, expected_scale = kernels.quantize_rows(normed, passes)
     assert torch.equal(quantized, expected_quantized) and torch.equal(row_scale, expected_scale)
 
-    gemm_out = layer.qkv.matmul_rows(quantized)  # [B·K, (heads + 2·kv_heads)·D]
+    gemm_out = layer.qkv.matmul_rows(quantized)  # [P·B·K, (heads + 2·kv_heads)·D]
     cache = decoder.new_cache(len(starts))
     cache.keys.zero_()  # a new cache is uninitialized: zeros show what the kernel writes
     cache.values.zero_()
@@ -248,7 +250,8 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
         gemm_out, row_scale, layer.qkv.kernel_bias, torch.empty(0), torch.empty(0), config.rms_norm_eps,
         rope_cos, rope_sin, keys, values, 0, row_slot, row_position, heads,
     )  # fmt: skip
-    projected = kernels.combine_rows(gemm_out, row_scale, layer.qkv.kernel_bias).reshape(len(starts), num_new, -1)
+    projected = kernels.combine_rows(gemm_out, row_scale, layer.qkv.kernel_bias, passes)
+    projected = projected.reshape(len(starts), num_new, -1)
     q_ref, k_ref, v_ref = projected.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     positions = torch.tensor(starts)[:, None] + torch.arange(num_new)  # [B, K]
     cos, sin = rope_cos[positions][:, :, None], rope_sin[positions][:, :, None]
@@ -277,25 +280,28 @@ def test_layer_kernels_equal_the_reference_operations() -> None:
         assert torch.equal(cache.values[0, row, :, start : start + num_new], expected_values)
         assert not written_keys[:, start + num_new :].any()  # nothing written past the block
 
-    gemm_out = torch.randn(rows, config.hidden_size, generator=generator) * 50
+    gemm_out = torch.randn(passes * rows, config.hidden_size, generator=generator) * 50
     bias = torch.randn(config.hidden_size, generator=generator)
     no_norm, eps = torch.empty(0), config.rms_norm_eps
     for kernel_bias in (torch.empty(0), bias):
         combined = kernels.combine_residual(gemm_out, row_scale, kernel_bias, no_norm, eps, x)
-        assert torch.equal(combined, x + kernels.combine_rows(gemm_out, row_scale, kernel_bias))
+        assert torch.equal(combined, x + kernels.combine_rows(gemm_out, row_scale, kernel_bias, passes))
     out_norm = torch.rand(config.hidden_size, generator=generator) + 0.5  # Gemma's norm of a sublayer's output
     combined = kernels.combine_residual(gemm_out, row_scale, bias, out_norm, eps, x)
-    expected = x + decoder._rms_norm(kernels.combine_rows(gemm_out, row_scale, bias), out_norm)
+    expected = x + decoder._rms_norm(kernels.combine_rows(gemm_out, row_scale, bias, passes), out_norm)
     assert torch.allclose(combined, expected, rtol=1e-5, atol=1e-5)
 
-    gate_up = torch.randn(rows, 2 * config.intermediate_size + 6, generator=generator) * 50  # 6: a scalar tail
-    gate, up = (gate_up * row_scale).chunk(2, dim=-1)
+    gate_up = torch.randn(passes * rows, 2 * config.intermediate_size + 6, generator=generator) * 50  # 6: a tail
+    gate, up = combine_passes(gate_up, row_scale, passes).chunk(2, dim=-1)
     for code, function in ACTIVATION_FUNCTIONS.items():  # SiLU, tanh-approximated GELU
-        quantized, scale = kernels.gated_quantize(gate_up, row_scale, code)
+        quantized, scale = kernels.gated_quantize(gate_up, row_scale, code, passes)
         activated = function(gate) * up  # [B·K, I]
-        assert quantized.dtype == torch.int8
-        assert torch.allclose(scale, activated.abs().amax(1, keepdim=True) / 127, rtol=1e-5)
-        assert (quantized * scale - activated).abs().le(scale * 0.5 * (1 + 1e-3)).all()  # within half a level
+        assert quantized.dtype == torch.int8 and quantized.shape[0] == passes * rows
+        assert torch.allclose(scale[:rows], activated.abs().amax(1, keepdim=True) / 127, rtol=1e-5)
+        approximation = combine_passes(quantized.float(), scale, passes)
+        float_error = 1e-5 * activated.abs().amax(1, keepdim=True)  # the kernel's exp against torch's
+        half_level = scale[-rows:] * 0.5 * (1 + 1e-3)  # the last pass's
+        assert (approximation - activated).abs().le(half_level + float_error).all()
 
 
 def test_fused_layers_are_close_to_the_reference_path() -> None:

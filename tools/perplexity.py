@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.bench.llama_cpp import all_logits
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
 from quickdraft.models.convert import gguf_source
 from quickdraft.models.loading import load_hf_model
@@ -29,15 +30,8 @@ from test_real_models import PROMPTS, perplexity
 
 def llama_cpp_perplexity(gguf: Path, token_ids: torch.Tensor) -> float:
     """llama.cpp's perplexity of ``token_ids [1, T]`` (all logits of one evaluation)."""
-    from llama_cpp import Llama
-
-    count = token_ids.shape[1]
-    threads = len(os.sched_getaffinity(0))
-    llama = Llama(model_path=str(gguf), n_ctx=count, n_batch=count, n_ubatch=count, n_threads=threads,
-                  n_threads_batch=threads, logits_all=True, n_gpu_layers=0, verbose=False)  # fmt: skip
-    llama.eval(token_ids[0].tolist())
-    logits = torch.from_numpy(llama.scores[:count].copy())[None]  # [1, T, V]
-    return perplexity(logits, token_ids)
+    logits = all_logits(gguf, token_ids[0].tolist(), len(os.sched_getaffinity(0)))  # [T, V]
+    return perplexity(torch.from_numpy(logits)[None], token_ids)
 
 
 def main() -> None:

@@ -237,6 +237,19 @@ def prompt_reader(gguf: Path, threads: int, n_ctx: int) -> Any:
     return read
 
 
+def all_logits(gguf: Path, token_ids: list[int], threads: int) -> Any:
+    """llama.cpp's float32 logits ``[T, V]`` at every position of ``token_ids`` read in one evaluation of ``gguf``
+    (a numpy array): the peer's own computation on the same file and ids, for perplexity and greedy agreement."""
+    from llama_cpp import Llama
+
+    require_llama_cpp("llama-cpp")
+    count = len(token_ids)
+    sizes = {"n_ctx": count, "n_batch": count, "n_ubatch": count, "n_threads": threads, "n_threads_batch": threads}
+    llama = Llama(model_path=str(gguf), n_gpu_layers=0, verbose=False, logits_all=True, **sizes)
+    llama.eval(token_ids)
+    return llama.scores[:count].copy()
+
+
 # --- llama.cpp's draft-model speculation: its llama-speculative-simple tool -----------------------------
 
 DRAFT_TOKENS = 3  # llama.cpp's default --spec-draft-n-max (and p_min 0: no confidence cut-off)

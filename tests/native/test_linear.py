@@ -14,13 +14,18 @@ def with_kernels(linear: QuantizedLinear, use_kernel: bool) -> QuantizedLinear:
     return linear
 
 
+def in_passes(linear: QuantizedLinear, passes: int) -> QuantizedLinear:
+    return QuantizedLinear(linear.parts, linear.bias, passes)
+
+
+@pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("kind", ["int8", "q4"])
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
-def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool) -> None:
+def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool, passes: int) -> None:
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, 128, generator=generator), torch.randn(96, generator=generator)
     weight[3, 7] = 40.0  # an outlier weight: its channel's (or group's) other weights get few levels
-    linear = with_kernels(QuantizedLinear.from_float(weight, bias, kind), use_kernel)
+    linear = with_kernels(in_passes(QuantizedLinear.from_float(weight, bias, kind), passes), use_kernel)
     x = torch.randn(17, 128, generator=generator) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scale
     full = linear(x)
     for rows in (1, 2, 5, 16):
@@ -45,6 +50,30 @@ def test_int8_parts_are_exact_integer_arithmetic() -> None:
     assert torch.equal(linear(x), exact)
 
 
+def test_a_second_pass_quantizes_what_the_first_left() -> None:
+    """Two passes: the second pass's rows are the first pass's rounding error, quantized by the same rule; together
+    they are within half the second scale of x (about 15 bits), and a row with an outlier gains the most."""
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 256, generator=generator)
+    x[0, 3] = 60.0  # an outlier
+    rows, row_scale = quantize_rows(x, 2)  # [12, 256], [12, 1]
+    first, first_scale = quantize_rows(x)
+    assert torch.equal(rows[:6], first) and torch.equal(row_scale[:6], first_scale)
+    second, second_scale = quantize_rows(x - first * first_scale)
+    assert torch.equal(rows[6:], second) and torch.equal(row_scale[6:], second_scale)
+    approximation = rows[:6] * row_scale[:6] + rows[6:] * row_scale[6:]
+    assert (approximation - x).abs().le(row_scale[6:] * 0.5 * (1 + 1e-3)).all()
+    assert (second_scale <= first_scale / 2 / 127 * (1 + 1e-3)).all()  # the rounding error is at most half a level
+    kernels = native_kernels()
+    assert kernels is not None
+    compiled_rows, compiled_scale = kernels.quantize_rows(x, 2)
+    assert torch.equal(compiled_rows.float(), rows) and torch.equal(compiled_scale, row_scale)
+    with pytest.raises(ValueError, match="1 or 2 passes"):
+        quantize_rows(x, 3)
+    with pytest.raises(RuntimeError, match="1 or 2 passes"):
+        kernels.quantize_rows(x, 3)
+
+
 def test_q4_parts_are_exact_integer_group_sums() -> None:
     """The q4 result against its definition in float64: integer group sums, then the scales."""
     generator = torch.Generator().manual_seed(2)
@@ -55,13 +84,16 @@ def test_q4_parts_are_exact_integer_group_sums() -> None:
     assert torch.allclose(part.reference(rows).double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
 
 
+@pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("kind", ["int8", "q4"])
-def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str) -> None:
+def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str, passes: int) -> None:
     generator = torch.Generator().manual_seed(5)
     linear = QuantizedLinear.from_float(
         torch.randn(40, 64, generator=generator), torch.randn(40, generator=generator), kind
     )
+    linear = in_passes(linear, passes)
     x = torch.randn(9, 64, generator=generator) * 3
+    x[2, 5] = 80.0  # an outlier: the other activations of its row get few levels in one pass
     assert native_kernels() is not None
     assert torch.equal(with_kernels(linear, True)(x), with_kernels(linear, False)(x))
 

@@ -29,6 +29,10 @@ class Architecture:
     activation: str = "silu"  # the gate's activation when config.json names none
     no_rope_key: str | None = None  # config.json's per-layer list, 0 for layers without RoPE (SmolLM3)
     fused_projections: bool = False  # q/k/v and gate/up stored as one tensor each (Phi-3: qkv_proj, gate_up_proj)
+    # 8-bit passes over the decoder layers' linear inputs (linear.quantize_rows): 2 quantizes what the first pass
+    # left again, for families whose activations hold outliers that one 8-bit scale per row flattens (Gemma:
+    # docs/families.md)
+    activation_passes: int = 1
 
 
 ARCHITECTURES = {
@@ -40,7 +44,14 @@ ARCHITECTURES = {
         Architecture("qwen3", "qwen3", qk_norm=True),
         Architecture("smollm3", "smollm3", gguf_interleaves_rotary=True, no_rope_key="no_rope_layers"),
         Architecture("phi3", "phi3", every_layer_slides_key="sliding_window", fused_projections=True),
-        Architecture("gemma", "gemma", norm_offset=1.0, scales_embedding=True, activation="gelu_pytorch_tanh"),
+        Architecture(
+            "gemma",
+            "gemma",
+            norm_offset=1.0,
+            scales_embedding=True,
+            activation="gelu_pytorch_tanh",
+            activation_passes=2,
+        ),
         Architecture(
             "gemma2",
             "gemma2",
@@ -48,6 +59,7 @@ ARCHITECTURES = {
             norm_offset=1.0,
             scales_embedding=True,
             activation="gelu_pytorch_tanh",
+            activation_passes=2,
         ),
         Architecture(
             "gemma3_text",
@@ -57,6 +69,7 @@ ARCHITECTURES = {
             norm_offset=1.0,
             scales_embedding=True,
             activation="gelu_pytorch_tanh",
+            activation_passes=2,
         ),
     )
 }

@@ -135,12 +135,15 @@ class DecoderConfig:
     activation: str = "silu"
     final_logit_softcap: float | None = None  # logits = cap · tanh(logits / cap)
     attention_softcap: float | None = None  # attention scores the same (Gemma 2)
+    activation_passes: int = 1  # 8-bit passes over the decoder layers' linear inputs (linear.quantize_rows)
 
     def __post_init__(self) -> None:
         if len(self.layer_ropes) != self.num_layers or len(self.layer_windows) != self.num_layers:
             raise ValueError("a RoPE and a window for every layer")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation {self.activation!r} is not supported (only {', '.join(ACTIVATIONS)})")
+        if self.activation_passes not in (1, 2):
+            raise ValueError(f"activations are quantized in 1 or 2 passes, not {self.activation_passes}")
         if self.num_heads % self.num_kv_heads or self.head_dim % 2:
             raise ValueError("query heads must be a multiple of the KV heads, and head_dim even")
 
@@ -198,6 +201,7 @@ class DecoderConfig:
             activation=config.get("hidden_activation") or config.get("hidden_act") or family.activation,
             final_logit_softcap=float(softcap) if (softcap := config.get("final_logit_softcapping")) else None,
             attention_softcap=float(cap) if (cap := config.get("attn_logit_softcapping")) else None,
+            activation_passes=family.activation_passes,
         )
 
     @classmethod

@@ -6,7 +6,8 @@
 //
 // attend:             causal attention over static KV caches (attention.h), one row and KV head's group of query
 //                     heads at a time; rows may belong to different caches (requests) at different positions.
-// quantize_rows:      per-row 8-bit activation scales and the int8 rows the GEMMs take.
+// quantize_rows:      per-row 8-bit activation scales and the int8 rows the GEMMs take, in one pass or two (the
+//                     second quantizes what the first left: a model's DecoderConfig.activation_passes).
 // int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
 // q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
@@ -85,33 +86,53 @@ inline const float* bias_data(torch::Tensor& bias) {
   return bias.data_ptr<float>();
 }
 
-// One element of combine_rows: the GEMM's float output (gemm.h) times the row's scale, plus the bias if any.
-inline float combined(float out, float row_scale, const float* bias, int64_t n) {
-  const float v = out * row_scale;
-  return bias != nullptr ? v + bias[n] : v;
-}
-
-// rows [M, width] int8 of quantized activations and row_scale [M, 1] float.
+// Quantized activations: rows [P·M, width] int8 and row_scale [P·M, 1] float, P passes of M rows. Pass 1 quantizes
+// each row x; pass 2 (P = 2) quantizes what pass 1 left, x − q·s (a multiply, then a subtraction), the same way.
 // activations(r, buffer) returns row r's floats: computed into buffer (width floats), or found elsewhere.
 template <typename Activations>
 std::vector<torch::Tensor> quantized_rows(int64_t rows, int64_t width, const torch::TensorOptions& options,
-                                          Activations activations) {
-  auto out = torch::empty({rows, width}, options.dtype(torch::kInt8));
-  auto scale = torch::empty({rows, 1}, options);
+                                          int64_t passes, Activations activations) {
+  TORCH_CHECK(passes == 1 || passes == 2, "activations are quantized in 1 or 2 passes");
+  auto out = torch::empty({passes * rows, width}, options.dtype(torch::kInt8));
+  auto scale = torch::empty({passes * rows, 1}, options);
   int8_t* out_data = out.data_ptr<int8_t>();
   float* scale_data = scale.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(width);
-    for (int64_t r = begin; r < end; ++r)
-      scale_data[r] = quantize_row(activations(r, buffer.data()), out_data + r * width, width);
+    std::vector<float> buffer(width), residual(passes > 1 ? width : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = activations(r, buffer.data());
+      const int8_t* first = out_data + r * width;
+      const float s = scale_data[r] = quantize_row(row, out_data + r * width, width);
+      if (passes == 1) continue;
+      for (int64_t k = 0; k < width; ++k) residual[k] = row[k] - static_cast<float>(first[k]) * s;
+      scale_data[rows + r] = quantize_row(residual.data(), out_data + (rows + r) * width, width);
+    }
   });
   return {out, scale};
 }
 
-// A GEMM's output [M, N] with its row scales [M, 1] and an optional bias [N]: the shapes the combining kernels read.
-void check_gemm_output(const torch::Tensor& out, const torch::Tensor& row_scale, const torch::Tensor& bias) {
+// A GEMM's float output [P·M, N] (gemm.h) on quantized_rows' P passes of M rows, with their scales [P·M, 1]; the
+// combining kernels read it through combined().
+struct GemmOutput {
+  const float* out;
+  const float* scale;
+  int64_t rows, width, passes;
+
+  // Row r's value in column n: each pass's output times its scale, summed in pass order, plus the bias if any.
+  float combined(int64_t r, int64_t n, const float* bias) const {
+    float v = out[r * width + n] * scale[r];
+    for (int64_t p = 1; p < passes; ++p) v = v + out[(p * rows + r) * width + n] * scale[p * rows + r];
+    return bias != nullptr ? v + bias[n] : v;
+  }
+};
+
+// out [P·M, N] and row_scale [P·M, 1] (float32, contiguous) for M = rows; bias [N] or empty.
+GemmOutput gemm_output(const torch::Tensor& out, const torch::Tensor& row_scale, const torch::Tensor& bias,
+                       int64_t rows) {
   TORCH_CHECK(out.dim() == 2 && row_scale.numel() == out.size(0), "a GEMM output needs one row scale per row");
   TORCH_CHECK(bias.numel() == 0 || bias.numel() == out.size(1), "a bias needs one value per output column");
+  TORCH_CHECK(rows > 0 && (out.size(0) == rows || out.size(0) == 2 * rows), "a GEMM output holds 1 or 2 passes");
+  return {out.data_ptr<float>(), row_scale.data_ptr<float>(), rows, out.size(1), out.size(0) / rows};
 }
 
 torch::Tensor checked(torch::Tensor t, torch::ScalarType type, const char* name) {
@@ -225,31 +246,31 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
   return out;
 }
 
-// x: [M, K] float32. Returns (rows, row_scale): rows [M, K] int8 holds round(x / s) in [-127, 127];
-// row_scale [M, 1] = max(max|x|, 1e-30) / 127. The same arithmetic as the PyTorch path in linear.py.
-std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
+// x: [M, K] float32; passes 1 or 2. Returns (rows, row_scale): rows [P·M, K] int8 holds round(x / s) in
+// [-127, 127] (then, pass 2, round(x' / s') of x' = x − round(x / s)·s); row_scale [P·M, 1] = max(max|x|, 1e-30) /
+// 127 (then s' of x'). The same arithmetic as the PyTorch path in linear.py.
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t passes) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2);
   x = x.contiguous();
   const int64_t width = x.size(1);
   const float* x_data = x.data_ptr<float>();
-  return quantized_rows(x.size(0), width, x.options(), [&](int64_t r, float*) { return x_data + r * width; });
+  return quantized_rows(x.size(0), width, x.options(), passes, [&](int64_t r, float*) { return x_data + r * width; });
 }
 
-// out: [M, N] a GEMM's output; row_scale [M, 1]; bias [N] or empty.
-// Returns y [M, N] = out * s + bias, operation by operation as in the PyTorch path.
-torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias) {
-  TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous());
-  check_gemm_output(out, row_scale, bias);
-  const int64_t rows = row_scale.size(0), width = out.size(1);
+// out: [P·M, N] a GEMM's output over `passes` passes of M rows; row_scale [P·M, 1]; bias [N] or empty.
+// Returns y [M, N] = out * s (summed over the passes) + bias, operation by operation as in the PyTorch path.
+torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, int64_t passes) {
+  out = float_tensor(out, "out");
+  row_scale = float_tensor(row_scale, "row_scale");
+  TORCH_CHECK(passes == 1 || passes == 2, "activations are quantized in 1 or 2 passes");
+  const GemmOutput gemm = gemm_output(out, row_scale, bias, out.size(0) / passes);
+  const int64_t rows = gemm.rows, width = gemm.width;
   auto y = torch::empty({rows, width}, out.options());
-  const float* o = out.data_ptr<float>();
-  row_scale = row_scale.contiguous();
-  const float* s = row_scale.data_ptr<float>();
   const float* b = bias_data(bias);
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t n = 0; n < width; ++n) y_data[r * width + n] = combined(o[r * width + n], s[r], b, n);
+      for (int64_t n = 0; n < width; ++n) y_data[r * width + n] = gemm.combined(r, n, b);
     }
   });
   return y;
@@ -276,18 +297,18 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return y;
 }
 
-// x: [M, H]; weight: [H]. Returns quantize_rows(rms_norm(x)): rows [M, H] int8, row_scale [M, 1].
-std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps) {
+// x: [M, H]; weight: [H]. Returns quantize_rows(rms_norm(x), passes): rows [P·M, H] int8, row_scale [P·M, 1].
+std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps, int64_t passes) {
   norm_inputs(x, weight);
   const int64_t width = x.size(1);
   const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
-  return quantized_rows(x.size(0), width, x.options(), [&](int64_t r, float* normed) {
+  return quantized_rows(x.size(0), width, x.options(), passes, [&](int64_t r, float* normed) {
     rms_norm_row(x_data + r * width, w, normed, width, static_cast<float>(eps));
     return normed;
   });
 }
 
-// out: [R, (H + 2·KVH)·D] the GEMM output of the q/k/v projection; row_scale [R, 1]; bias [(H + 2·KVH)·D] or
+// out: [P·R, (H + 2·KVH)·D] the GEMM output of the q/k/v projection (P passes); row_scale [P·R, 1]; bias [(H + 2·KVH)·D] or
 // empty; q_norm, k_norm: [D] RMSNorm weights of each q and k head, or empty (none); cos, sin: [C, R] RoPE tables of
 // the first R dimensions of a head (R < D: partial rotary, the rest unchanged);
 // keys, values: the cache slots (see CachePlanes). Row r is position row_position[r] of slot row_slot[r]: its k and
@@ -302,9 +323,9 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   sin = float_tensor(sin, "sin");
   const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
   const int64_t kv_heads = key_planes.kv_heads, head_dim = key_planes.head_dim;
-  const int64_t rows = row_scale.size(0), width = out.size(1);
+  const int64_t rows = static_cast<int64_t>(row_slot.size()), width = out.size(1);
   TORCH_CHECK(width == (heads + 2 * kv_heads) * head_dim);
-  check_gemm_output(out, row_scale, bias);
+  const GemmOutput gemm = gemm_output(out, row_scale, bias, rows);
   check_rows(row_slot, row_position, rows, key_planes);
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) <= head_dim && cos.size(1) % 2 == 0,
               "RoPE tables [C, R] for the first R (even) of a head's D dimensions");
@@ -317,14 +338,13 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   const float norm_eps = static_cast<float>(eps);
   const float* b = bias_data(bias);
   auto q = torch::empty({rows, heads, head_dim}, out.options());
-  const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
   const float *cos_data = cos.data_ptr<float>(), *sin_data = sin.data_ptr<float>();
   float* q_data = q.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> projected(width), rotated(head_dim);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t position = row_position[r];
-      for (int64_t n = 0; n < width; ++n) projected[n] = combined(o[r * width + n], s[r], b, n);
+      for (int64_t n = 0; n < width; ++n) projected[n] = gemm.combined(r, n, b);
       for (int64_t h = 0; qn != nullptr && h < heads + kv_heads; ++h) {  // in place: each element reads only itself
         float* head = projected.data() + h * head_dim;
         rms_norm_row(head, h < heads ? qn : kn, head, head_dim, norm_eps);
@@ -347,31 +367,31 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   return q;
 }
 
-// out: [M, N] a GEMM's output; row_scale [M, 1]; bias [N] or empty; norm [N] or empty; residual [M, N].
+// out: [P·M, N] a GEMM's output (P passes); row_scale [P·M, 1]; bias [N] or empty; norm [N] or empty; residual [M, N].
 // Returns residual + combine_rows(out, row_scale, bias), the combined rows RMSNorm'd by `norm` first if it is given.
 torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor norm,
                                double eps, torch::Tensor residual) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   residual = float_tensor(residual, "residual");
-  const int64_t rows = row_scale.size(0), width = out.size(1);
-  check_gemm_output(out, row_scale, bias);
-  TORCH_CHECK(residual.size(0) == rows && residual.size(1) == width);
+  const int64_t rows = residual.size(0), width = out.size(1);
+  const GemmOutput gemm = gemm_output(out, row_scale, bias, rows);
+  TORCH_CHECK(residual.dim() == 2 && residual.size(1) == width);
   TORCH_CHECK(norm.numel() == 0 || norm.numel() == width, "a norm needs one weight per column");
   const float* w = norm.numel() ? (norm = float_tensor(norm, "norm")).data_ptr<float>() : nullptr;
   const float* b = bias_data(bias);
   auto y = torch::empty({rows, width}, out.options());
-  const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>(), *x = residual.data_ptr<float>();
+  const float* x = residual.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> row(w != nullptr ? width : 0);
     for (int64_t r = begin; r < end; ++r) {
       if (w == nullptr) {
         for (int64_t n = 0; n < width; ++n)
-          y_data[r * width + n] = x[r * width + n] + combined(o[r * width + n], s[r], b, n);
+          y_data[r * width + n] = x[r * width + n] + gemm.combined(r, n, b);
         continue;
       }
-      for (int64_t n = 0; n < width; ++n) row[n] = combined(o[r * width + n], s[r], b, n);
+      for (int64_t n = 0; n < width; ++n) row[n] = gemm.combined(r, n, b);
       rms_norm_row(row.data(), w, row.data(), width, static_cast<float>(eps));
       for (int64_t n = 0; n < width; ++n) y_data[r * width + n] = x[r * width + n] + row[n];
     }
@@ -386,27 +406,37 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 constexpr float kInverseSqrt2 = 0.7071067811865476f;
 
-// out: [M, 2·I] the GEMM output of the fused gate/up projection; row_scale [M, 1]; activation: an Activation.
-// Returns quantize_rows(act(gate) * up): rows [M, I] int8, row_scale [M, 1]. SiLU is g / (1 + exp(−g)); the GELU is
+// out: [P·M, 2·I] the GEMM output of the fused gate/up projection over `passes` passes; row_scale [P·M, 1];
+// activation: an Activation. Returns quantize_rows(act(gate) * up, passes): rows [P·M, I] int8, row_scale [P·M, 1]
+// (gate and up are combine_rows' values). SiLU is g / (1 + exp(−g)); the GELU is
 // tanh-approximated, 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) with tanh(y) = 2 / (1 + exp(−2y)) − 1, or exact,
 // 0.5·g·(1 + erf(g / √2)) (std::erf, one element at a time).
-std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_scale, int64_t activation) {
+std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_scale, int64_t activation,
+                                          int64_t passes) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
-  check_gemm_output(out, row_scale, torch::Tensor());
+  TORCH_CHECK(passes == 1 || passes == 2, "activations are quantized in 1 or 2 passes");
+  const GemmOutput gemm = gemm_output(out, row_scale, torch::Tensor(), out.size(0) / passes);
   TORCH_CHECK(out.size(1) % 2 == 0, "gate and up need the same width");
   TORCH_CHECK(activation == kSilu || activation == kGeluTanh || activation == kGelu, "an unknown activation");
   const int64_t width = out.size(1) / 2;
   const bool gelu = activation == kGeluTanh, exact = activation == kGelu;
-  const float *o = out.data_ptr<float>(), *s = row_scale.data_ptr<float>();
-  return quantized_rows(row_scale.size(0), width, out.options(), [&](int64_t r, float* activated) {
-    const float* gate = o + r * 2 * width;
-    const float* up = gate + width;
+  return quantized_rows(gemm.rows, width, out.options(), passes, [&](int64_t r, float* activated) {
     int64_t n = 0;
 #if defined(__AVX512F__)
-    const __m512 scale = _mm512_set1_ps(s[r]), one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    // gemm.combined(r, column .. column + 15, no bias): the same multiplies and adds, 16 columns at a time
+    const auto combined16 = [&](int64_t column) {
+      __m512 v = _mm512_mul_ps(_mm512_loadu_ps(gemm.out + r * gemm.width + column), _mm512_set1_ps(gemm.scale[r]));
+      for (int64_t p = 1; p < gemm.passes; ++p) {
+        const int64_t row = p * gemm.rows + r;
+        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_loadu_ps(gemm.out + row * gemm.width + column),
+                                           _mm512_set1_ps(gemm.scale[row])));
+      }
+      return v;
+    };
     for (; !exact && n + 16 <= width; n += 16) {
-      const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(gate + n), scale);
+      const __m512 g = combined16(n);
       __m512 act;
       if (gelu) {
         const __m512 cubic = _mm512_mul_ps(_mm512_set1_ps(kGeluCubic), _mm512_mul_ps(g, _mm512_mul_ps(g, g)));
@@ -417,11 +447,11 @@ std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_s
       } else {
         act = _mm512_div_ps(g, _mm512_add_ps(one, qd::exp_ps(_mm512_sub_ps(zero, g))));
       }
-      _mm512_storeu_ps(activated + n, _mm512_mul_ps(act, _mm512_mul_ps(_mm512_loadu_ps(up + n), scale)));
+      _mm512_storeu_ps(activated + n, _mm512_mul_ps(act, combined16(width + n)));
     }
 #endif
     for (; n < width; ++n) {
-      const float g = gate[n] * s[r];
+      const float g = gemm.combined(r, n, nullptr);
       float act;
       if (exact) {
         act = (0.5f * g) * (1.0f + std::erf(g * kInverseSqrt2));
@@ -431,7 +461,7 @@ std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_s
       } else {
         act = g / (1.0f + std::exp(-g));
       }
-      activated[n] = act * (up[n] * s[r]);
+      activated[n] = act * gemm.combined(r, width + n, nullptr);
     }
     return activated;
   });

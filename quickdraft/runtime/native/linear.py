@@ -1,9 +1,12 @@
 """Linear layers whose rows never mix: exact integer GEMMs on per-row 8-bit activations (``gemm.h``).
 
 Activations are quantized per row: each row x gets its own scale s = max|x| / 127 and becomes integers in
-[−127, 127]. The weights come in parts (ranges of output rows), each in one of two formats; a part's integer
-products are summed exactly (int32) and then finished by a fixed sequence of float operations, so a row's result
-never depends on the other rows of the call, the tile or thread it lands in, or the instruction set:
+[−127, 127]. A layer of two passes (``passes = 2``, a model's ``DecoderConfig.activation_passes``) quantizes
+what the first pass left, x − round(x / s)·s, the same way, as rows of their own after the first pass's; each
+pass's GEMM output is scaled by its own s and the passes are added in order. The weights come in parts (ranges
+of output rows), each in one of two formats; a part's integer products are summed exactly (int32) and then
+finished by a fixed sequence of float operations, so a row's result never depends on the other rows of the
+call, the tile or thread it lands in, or the instruction set:
 
 - ``int8``: 7-bit weights per output channel (symmetric, scale = row max / 63): out = float(Σ x·w) · scale.
   7 bits keep AVX2's u8 × s8 pair sums below 2^15, so the same weights serve every instruction set.
@@ -11,8 +14,9 @@ never depends on the other rows of the call, the tile or thread it lands in, or 
   sub-min under float superblock scales (d, dmin) per 8 groups: w = d · sub_scale · code + dmin · sub_min.
   A GGUF file's Q4_K tensors load into it exactly, with no second quantization (``gguf_blocks.py``).
 
-The layer's result is out · s (+ bias). The PyTorch path (:meth:`QuantizedLinear.reference`, used where the
-kernels cannot be compiled and as the tests' oracle) performs the same float operations in the same order.
+The layer's result is out · s, summed over the passes (+ bias). The PyTorch path
+(:meth:`QuantizedLinear.reference`, used where the kernels cannot be compiled and as the tests' oracle) performs
+the same float operations in the same order.
 """
 
 from __future__ import annotations
@@ -39,10 +43,27 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(weight / scale[:, None]).clamp_(-WEIGHT_LEVELS, WEIGHT_LEVELS).to(torch.int8), scale
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[M, K]`` float -> (integers in [−127, 127] as float ``[M, K]``, row scale ``[M, 1]``): the kernels' rule."""
+def quantize_rows(x: torch.Tensor, passes: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[M, K]`` float -> (integers in [−127, 127] as float ``[P·M, K]``, row scales ``[P·M, 1]``) in P = ``passes``
+    passes, each quantizing what the ones before left: the kernels' rule."""
+    if passes not in (1, 2):
+        raise ValueError(f"activations are quantized in 1 or 2 passes, not {passes}")
     row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / ACTIVATION_LEVELS  # [M, 1]
-    return torch.round(x / row_scale).clamp_(-ACTIVATION_LEVELS, ACTIVATION_LEVELS), row_scale
+    rows = torch.round(x / row_scale).clamp_(-ACTIVATION_LEVELS, ACTIVATION_LEVELS)  # [M, K]
+    if passes == 1:
+        return rows, row_scale
+    residual_rows, residual_scale = quantize_rows(x - rows * row_scale)
+    return torch.cat([rows, residual_rows]), torch.cat([row_scale, residual_scale])
+
+
+def combine_passes(out: torch.Tensor, row_scale: torch.Tensor, passes: int) -> torch.Tensor:
+    """A GEMM's output over ``passes`` passes of M rows, ``out [P·M, N]`` with ``row_scale [P·M, 1]`` -> ``[M, N]``:
+    each pass times its scale, added in pass order (the kernels' ``combine_rows`` without the bias)."""
+    rows = out.shape[0] // passes
+    y = out[:rows] * row_scale[:rows]
+    for start in range(rows, passes * rows, rows):
+        y = y + out[start : start + rows] * row_scale[start : start + rows]
+    return y
 
 
 def padded(rows: int) -> int:
@@ -287,10 +308,13 @@ PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in (Int8Part
 class QuantizedLinear:
     """``y = x @ W.T + b`` over weight parts (row ranges of W in their own formats), bit-exact per row."""
 
-    def __init__(self, parts: list[WeightPart], bias: torch.Tensor | None = None) -> None:
+    def __init__(self, parts: list[WeightPart], bias: torch.Tensor | None = None, passes: int = 1) -> None:
         if not parts or len({part.in_features for part in parts}) != 1:
             raise ValueError("a linear layer needs parts of one input width")
+        if passes not in (1, 2):
+            raise ValueError(f"activations are quantized in 1 or 2 passes, not {passes}")
         self.parts = parts
+        self.passes = passes  # 8-bit passes over each input row (quantize_rows)
         self.in_features = parts[0].in_features
         self.out_features = sum(part.rows for part in parts)
         self.bias = None if bias is None else bias.float().contiguous()
@@ -317,7 +341,7 @@ class QuantizedLinear:
             if len(inside):
                 parts.append(part.select_rows(inside))
             start += part.rows
-        return QuantizedLinear(parts, None if self.bias is None else self.bias[index])
+        return QuantizedLinear(parts, None if self.bias is None else self.bias[index], self.passes)
 
     def matmul_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The compiled GEMMs: int8 ``rows [M, K]`` -> ``[M, N]`` before the row scale and the bias (the
@@ -339,16 +363,17 @@ class QuantizedLinear:
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """PyTorch operations, the same arithmetic: float ``x [M, K]`` -> ``[M, N]``."""
-        rows, row_scale = quantize_rows(x)
-        y = torch.cat([part.reference(rows) for part in self.parts], dim=1) * row_scale  # [M, N]
+        rows, row_scale = quantize_rows(x, self.passes)  # [P·M, K], [P·M, 1]
+        out = torch.cat([part.reference(rows) for part in self.parts], dim=1)  # [P·M, N]
+        y = combine_passes(out, row_scale, self.passes)  # [M, N]
         return y if self.bias is None else y + self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.in_features).float()  # [M, K]
         if self.use_kernel and (kernels := native_kernels()) is not None:  # the same arithmetic, fused
-            rows, row_scale = kernels.quantize_rows(x)  # int8 [M, K], [M, 1]
-            y = kernels.combine_rows(self.matmul_rows(rows), row_scale, self.kernel_bias)
+            rows, row_scale = kernels.quantize_rows(x, self.passes)  # int8 [P·M, K], [P·M, 1]
+            y = kernels.combine_rows(self.matmul_rows(rows), row_scale, self.kernel_bias, self.passes)
         else:
             y = self.reference(x)
         return y.reshape(*shape[:-1], self.out_features)
@@ -363,7 +388,7 @@ class QuantizedLinear:
         return state
 
     @classmethod
-    def from_state(cls, name: str, state: dict[str, torch.Tensor]) -> QuantizedLinear:
+    def from_state(cls, name: str, state: dict[str, torch.Tensor], passes: int = 1) -> QuantizedLinear:
         kinds = {}  # part index -> kind, from the NAME.I.KIND.rows keys
         for key in state:
             if key.startswith(f"{name}.") and key.endswith(".rows"):
@@ -374,4 +399,4 @@ class QuantizedLinear:
             prefix, part = f"{name}.{index}.{kinds[index]}", PART_KINDS[kinds[index]]
             tensors = {key: state[f"{prefix}.{key}"] for key in part.tensor_names}
             parts.append(part.from_tensors(int(state[f"{prefix}.rows"]), tensors))
-        return cls(parts, state.get(f"{name}.bias"))
+        return cls(parts, state.get(f"{name}.bias"), passes)

@@ -1,7 +1,8 @@
 """The native decoder (the families ``architecture.py`` describes) written for bit-exactness.
 
 Every operation gives a token's row the same bits whatever else is in the call:
-- linear layers are :class:`QuantizedLinear` (exact integer GEMMs, per-row activation scales);
+- linear layers are :class:`QuantizedLinear` (exact integer GEMMs, per-row activation scales, in one 8-bit pass
+  or two: ``DecoderConfig.activation_passes`` for the decoder layers, one for the LM head);
 - RMSNorm (of rows, and of q and k heads), RoPE, the gate's activation and residual adds are row-wise or
   element-wise;
 - attention runs query by query: the query at position p attends to exactly the cached keys 0..p (the last W
@@ -123,7 +124,7 @@ class Decoder:
         """Build from :func:`quantize_state_dict`'s layout (packed weight parts, float norms and biases)."""
 
         def linear(name: str) -> QuantizedLinear:
-            return QuantizedLinear.from_state(name, state)
+            return QuantizedLinear.from_state(name, state, config.activation_passes)
 
         def optional(name: str) -> torch.Tensor:
             return state.get(name, torch.empty(0))
@@ -143,7 +144,10 @@ class Decoder:
             )
             for i in range(config.num_layers)
         ]
-        return cls(config, state["embedding"], layers, state["final_norm"], linear("lm_head"), capacity)
+        # The LM head reads its input in one pass: it is a large share of a small model's step, and its rows are the
+        # last error a logit takes (docs/families.md has what a second pass costs and gains)
+        lm_head = QuantizedLinear.from_state("lm_head", state)
+        return cls(config, state["embedding"], layers, state["final_norm"], lm_head, capacity)
 
     def new_cache(self, batch_size: int) -> StaticKVCache:
         return StaticKVCache(self.config, batch_size, self.capacity)
@@ -276,6 +280,7 @@ class Decoder:
                 self.attention_scale,
                 config.attention_softcap or 0.0,
                 ACTIVATIONS[config.activation],
+                config.activation_passes,
             )
         return self._layers_spec
 

@@ -311,8 +311,6 @@ class QuantizedLinear:
     def __init__(self, parts: list[WeightPart], bias: torch.Tensor | None = None, passes: int = 1) -> None:
         if not parts or len({part.in_features for part in parts}) != 1:
             raise ValueError("a linear layer needs parts of one input width")
-        if passes not in (1, 2):
-            raise ValueError(f"activations are quantized in 1 or 2 passes, not {passes}")
         self.parts = parts
         self.passes = passes  # 8-bit passes over each input row (quantize_rows)
         self.in_features = parts[0].in_features

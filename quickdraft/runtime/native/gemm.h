@@ -44,13 +44,17 @@ constexpr int64_t kGroupsPerSuper = 8;  // q4: groups per superblock (a d and a 
 constexpr int32_t kInt8Offset = 64;     // int8: codes hold w + 64
 
 // A call streams its weights from memory once. The hardware prefetchers stop at 4 KiB pages, so the vector paths
-// ask for the codes this far ahead of the ones they multiply (tools/gemm_speed.cpp: on the Xeon, 8 rows of the
-// 1536 -> 17920 q4 GEMM went from 1.05 to 0.74 ms, 16 rows of the LM head from 18.2 to 11.8 ms).
+// ask for the codes this far ahead of the ones they multiply into L1 (tools/gemm_speed.cpp: on the Xeon, 8 rows of
+// the 1536 -> 17920 q4 GEMM went from 1.05 to 0.74 ms, 16 rows of the LM head from 18.2 to 11.8 ms), and further
+// ahead into L2, so that a tile of a few rows, whose arithmetic keeps the core busy between loads, still has its
+// next codes on the way (docs/design.md: verifying 2-8 tokens on an EPYC without AMX).
 constexpr int64_t kPrefetchBytes = 3072;
+constexpr int64_t kPrefetchL2Bytes = 8192;
 
 inline void prefetch(const uint8_t* p) {
 #if defined(__SSE__)
   _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL2Bytes), _MM_HINT_T1);
 #else
   (void)p;
 #endif

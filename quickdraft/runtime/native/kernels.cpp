@@ -131,8 +131,9 @@ GemmOutput gemm_output(const torch::Tensor& out, const torch::Tensor& row_scale,
                        int64_t rows) {
   TORCH_CHECK(out.dim() == 2 && row_scale.numel() == out.size(0), "a GEMM output needs one row scale per row");
   TORCH_CHECK(bias.numel() == 0 || bias.numel() == out.size(1), "a bias needs one value per output column");
-  TORCH_CHECK(rows > 0 && (out.size(0) == rows || out.size(0) == 2 * rows), "a GEMM output holds 1 or 2 passes");
-  return {out.data_ptr<float>(), row_scale.data_ptr<float>(), rows, out.size(1), out.size(0) / rows};
+  TORCH_CHECK(out.size(0) == rows || out.size(0) == 2 * rows, "a GEMM output holds 1 or 2 passes");
+  const int64_t passes = rows == 0 ? 1 : out.size(0) / rows;
+  return {out.data_ptr<float>(), row_scale.data_ptr<float>(), rows, out.size(1), passes};
 }
 
 torch::Tensor checked(torch::Tensor t, torch::ScalarType type, const char* name) {

@@ -61,7 +61,7 @@ def combine_passes(out: torch.Tensor, row_scale: torch.Tensor, passes: int) -> t
     each pass times its scale, added in pass order (the kernels' ``combine_rows`` without the bias)."""
     rows = out.shape[0] // passes
     y = out[:rows] * row_scale[:rows]
-    for start in range(rows, passes * rows, rows):
+    for start in range(rows, passes * rows, max(rows, 1)):  # no rows: no passes to add
         y = y + out[start : start + rows] * row_scale[start : start + rows]
     return y
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_real_models import perplexity
+from test_real_models import GUARD_TEXT, perplexity
 
 from quickdraft.api import Pipeline
-from quickdraft.bench.prompts import PROMPTS
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.models import KNOWN_MODELS
 from quickdraft.runtime.native import NativeRuntime
@@ -17,7 +16,6 @@ from quickdraft.runtime.native import NativeRuntime
 pytestmark = pytest.mark.real_model
 
 GEMMA = "gemma-3-270m"
-GUARD_TEXT = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
 
 
 @pytest.fixture(scope="module")

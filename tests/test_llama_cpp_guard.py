@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_real_models import perplexity
+from test_real_models import GUARD_TEXT, perplexity
 
-from quickdraft.bench.prompts import PROMPTS
 from quickdraft.models import KNOWN_MODELS, load_tokenizer, resolve_model
 from quickdraft.runtime.native import NativeRuntime
 
 pytestmark = pytest.mark.real_model
 
-GUARD_TEXT = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
 RECORDED = Path(__file__).parent / "data" / "llama_cpp_guard.json"
 NEAR_TIE = 0.01  # top two logits within this share of the logit range: either runtime may pick either
 # The stated agreement: greedy choices equal on this share of the positions, and of those without a near tie

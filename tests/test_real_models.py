@@ -165,6 +165,9 @@ def test_native_logits_are_bitwise_equal_in_steps_and_blocks(native_pair: Pipeli
         assert torch.equal(runtime.forward(torch.tensor([block[2:]]), block_cache), in_block[:, 2:])
 
 
+GUARD_TEXT = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]  # the perplexity guard's text
+
+
 def perplexity(logits: torch.Tensor, token_ids: torch.Tensor) -> float:
     """exp(mean negative log-likelihood) of ``token_ids [1, T]`` under ``logits [1, T, V]``."""
     log_probs = torch.log_softmax(logits[0, :-1].double(), dim=-1)
@@ -172,8 +175,7 @@ def perplexity(logits: torch.Tensor, token_ids: torch.Tensor) -> float:
 
 
 def test_native_perplexity_is_within_3_percent_of_transformers_fp32(pair: Pipeline, native_pair: Pipeline) -> None:
-    text = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
-    token_ids = torch.tensor([pair.tokenizer(text).input_ids])  # [1, T]
+    token_ids = torch.tensor([pair.tokenizer(GUARD_TEXT).input_ids])  # [1, T]
     with torch.no_grad():
         reference = perplexity(pair.target.model(token_ids).logits, token_ids)
     native = perplexity(native_pair.target.forward(token_ids, native_pair.target.new_cache()), token_ids)

@@ -25,8 +25,8 @@ from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, load_
 from quickdraft.models.convert import gguf_source
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from test_llama_cpp_guard import GUARD_TEXT, NEAR_TIE, choices
-from test_real_models import perplexity
+from test_llama_cpp_guard import NEAR_TIE, choices
+from test_real_models import GUARD_TEXT, perplexity
 
 
 def record(name: str) -> dict:

@@ -25,7 +25,7 @@ from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from test_real_models import PROMPTS, perplexity
+from test_real_models import GUARD_TEXT, perplexity
 
 
 def llama_cpp_perplexity(gguf: Path, token_ids: torch.Tensor) -> float:
@@ -40,10 +40,9 @@ def main() -> None:
     parser.add_argument("--formats", default="auto,int8,q4")
     parser.add_argument("--against-llama-cpp", action="store_true")
     args = parser.parse_args()
-    text = PROMPTS["summarization"] + "\n\n" + PROMPTS["code-edit"]
     for name in args.models.split(","):
         path = resolve_model(name)
-        token_ids = torch.tensor([load_tokenizer(path)(text).input_ids])  # [1, T]
+        token_ids = torch.tensor([load_tokenizer(path)(GUARD_TEXT).input_ids])  # [1, T]
 
         with torch.no_grad():
             reference = perplexity(load_hf_model(path)(token_ids).logits, token_ids)

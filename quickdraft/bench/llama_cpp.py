@@ -219,14 +219,19 @@ class LlamaCppMethod(Method):
         )
 
 
-def prompt_reader(gguf: Path, threads: int, n_ctx: int) -> Any:
-    """A function that reads token ids into an emptied llama.cpp context on ``gguf`` (one batch, as llama-bench's
-    ``pp`` test does) and returns the milliseconds it took: llama.cpp's prompt speed, timed in our process."""
+def one_batch_context(gguf: Path, threads: int, n_ctx: int, logits_all: bool = False) -> Any:
+    """A llama.cpp context on ``gguf`` on the CPU that reads up to ``n_ctx`` tokens in one batch."""
     from llama_cpp import Llama
 
     require_llama_cpp("llama-cpp")
     sizes = {"n_ctx": n_ctx, "n_batch": n_ctx, "n_ubatch": n_ctx, "n_threads": threads, "n_threads_batch": threads}
-    llama = Llama(model_path=str(gguf), n_gpu_layers=0, verbose=False, **sizes)
+    return Llama(model_path=str(gguf), n_gpu_layers=0, verbose=False, logits_all=logits_all, **sizes)
+
+
+def prompt_reader(gguf: Path, threads: int, n_ctx: int) -> Any:
+    """A function that reads token ids into an emptied llama.cpp context on ``gguf`` (one batch, as llama-bench's
+    ``pp`` test does) and returns the milliseconds it took: llama.cpp's prompt speed, timed in our process."""
+    llama = one_batch_context(gguf, threads, n_ctx)
 
     def read(token_ids: list[int]) -> float:
         llama.reset()
@@ -240,14 +245,9 @@ def prompt_reader(gguf: Path, threads: int, n_ctx: int) -> Any:
 def all_logits(gguf: Path, token_ids: list[int], threads: int) -> Any:
     """llama.cpp's float32 logits ``[T, V]`` at every position of ``token_ids`` read in one evaluation of ``gguf``
     (a numpy array): the peer's own computation on the same file and ids, for perplexity and greedy agreement."""
-    from llama_cpp import Llama
-
-    require_llama_cpp("llama-cpp")
-    count = len(token_ids)
-    sizes = {"n_ctx": count, "n_batch": count, "n_ubatch": count, "n_threads": threads, "n_threads_batch": threads}
-    llama = Llama(model_path=str(gguf), n_gpu_layers=0, verbose=False, logits_all=True, **sizes)
+    llama = one_batch_context(gguf, threads, len(token_ids), logits_all=True)
     llama.eval(token_ids)
-    return llama.scores[:count].copy()
+    return llama.scores[: len(token_ids)].copy()
 
 
 # --- llama.cpp's draft-model speculation: its llama-speculative-simple tool -----------------------------

@@ -101,8 +101,8 @@ std::vector<torch::Tensor> quantized_rows(int64_t rows, int64_t width, const tor
     std::vector<float> buffer(width), residual(passes > 1 ? width : 0);
     for (int64_t r = begin; r < end; ++r) {
       const float* row = activations(r, buffer.data());
-      const int8_t* first = out_data + r * width;
-      const float s = scale_data[r] = quantize_row(row, out_data + r * width, width);
+      int8_t* first = out_data + r * width;
+      const float s = scale_data[r] = quantize_row(row, first, width);
       if (passes == 1) continue;
       for (int64_t k = 0; k < width; ++k) residual[k] = row[k] - static_cast<float>(first[k]) * s;
       scale_data[rows + r] = quantize_row(residual.data(), out_data + (rows + r) * width, width);

@@ -25,7 +25,7 @@ from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.files import save_atomically
 from quickdraft.models.catalog import cache_root, file_sha256
 from quickdraft.runtime.base import Runtime
-from quickdraft.runtime.native.linear import quantize_weight
+from quickdraft.runtime.native.parts import quantize_weight
 
 FORMAT = "quickdraft-draft-head"
 FORMAT_VERSION = 2

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from quickdraft.draft_head.file import QUANTIZED, load_head, save_head
 from quickdraft.draft_head.model import DraftHead, HeadConfig
-from quickdraft.runtime.native.linear import quantize_weight
+from quickdraft.runtime.native.parts import quantize_weight
 
 
 def test_a_head_file_round_trips_the_integer_weights_drafting_uses(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 // the machine has (e.g. -mavx2 -mno-avx512f beside -march=native) and check that every build gives the bits of
 // the element-by-element definitions.
 #include "gemm.h"
+#include "gemm_q6.h"
 
 #include <vector>
 
@@ -28,5 +29,15 @@ void q4_gemm(const uint8_t* codes, const uint8_t* sub_scale, const uint8_t* sub_
   if (which == 0) return qd::q4_gemm(w, x, rows, pairs.data(), out, n, 0, n / qd::kLanes);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q4_reference(w, x + r * k, j);
+}
+
+void q6_gemm(const uint8_t* codes, const uint8_t* high, const int8_t* sub_scale, const float* d, int64_t n, int64_t k,
+             const int8_t* x, int64_t rows, float* out, int which) {
+  const qd::Q6Weights w{codes, high, sub_scale, d, n, k};
+  std::vector<int32_t> pairs(rows * k / qd::kGroup);
+  for (int64_t r = 0; r < rows; ++r) qd::sub_block_sum_pairs(x + r * k, k, pairs.data() + r * k / qd::kGroup);
+  if (which == 0) return qd::q6_gemm(w, x, rows, pairs.data(), out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q6_reference(w, x + r * k, j);
 }
 }

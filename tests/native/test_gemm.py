@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from quickdraft.machine import cpu_description
-from quickdraft.runtime.native.linear import Int8Part, Q4Part
+from quickdraft.runtime.native.parts import Int8Part, Q4Part, Q6Part
 
 HERE = Path(__file__).parent
 HEADER_DIR = Path(__file__).parents[2] / "quickdraft" / "runtime" / "native"
@@ -61,22 +61,20 @@ def pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(tensor.data_ptr())
 
 
-def run(library: ctypes.CDLL, part: Int8Part | Q4Part, x: torch.Tensor, which: int) -> torch.Tensor:
+def run(library: ctypes.CDLL, part: Int8Part | Q4Part | Q6Part, x: torch.Tensor, which: int) -> torch.Tensor:
     """which: 0 the fast path, 1 the element-by-element definition."""
     rows, n, k = x.shape[0], part.padded_rows, part.in_features
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
-    if isinstance(part, Int8Part):
-        library.int8_gemm(pointer(part.codes), pointer(part.scale), *size)
-    else:
-        library.q4_gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
+    gemm = {Int8Part: library.int8_gemm, Q4Part: library.q4_gemm, Q6Part: library.q6_gemm}[type(part)]
+    gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
 
 
-@pytest.mark.parametrize("kind", [Int8Part, Q4Part])
+@pytest.mark.parametrize("kind", [Int8Part, Q4Part, Q6Part])
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
-    part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4: two full superblocks and a short one
+    part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4, q6: two full superblocks, a short one
     x = torch.randint(-127, 128, (37, 640), generator=generator, dtype=torch.int8)  # int8 on AMX: 16 + 16 + 5 rows
     expected = run(libraries["scalar"], part, x, which=1)
     assert torch.equal(expected, part.reference(x.float()))  # the C++ definition is the PyTorch one
@@ -111,11 +109,21 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
         torch.ones(16, width // 256),
         torch.ones(16, width // 256),
     )
+    supers = torch.ones(16, width // 256)
+    q6_low = Q6Part.from_blocks(  # every weight -128 · (0 - 32) = 4096: the largest offset terms
+        torch.zeros(16, width, dtype=torch.uint8), torch.full((16, width // 16), -128, dtype=torch.int8), supers
+    )
+    q6_high = Q6Part.from_blocks(  # every weight -128 · (63 - 32): the largest code sums
+        torch.full((16, width), 63, dtype=torch.uint8), torch.full((16, width // 16), -128, dtype=torch.int8), supers
+    )
     for value in (127, -127):
         x = torch.full((17, width), value, dtype=torch.int8)  # more rows than the widest tile: two tiles
         for library in libraries.values():
             assert torch.equal(run(library, int8, x, which=0), torch.full((17, 16), 63.0 * value * width))
             assert torch.equal(run(library, q4, x, which=0), run(libraries["scalar"], q4, x, which=1))
+            assert torch.equal(run(library, q6_low, x, which=0), torch.full((17, 16), 4096.0 * value * width))
+            expected = torch.full((17, 16), -128.0 * 31 * value * width)  # 256-weight totals and their sums: exact
+            assert torch.equal(run(library, q6_high, x, which=0), expected)
         exact = (15 * 255 + 255) * value * width  # every weight d·sc·code + dmin·m = 15·255 + 255; floats round
         assert torch.allclose(
             run(libraries["scalar"], q4, x, which=1).double(), torch.full((17, 16), float(exact), dtype=torch.float64)

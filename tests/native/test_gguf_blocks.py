@@ -1,4 +1,5 @@
-"""Reading a GGUF file's Q4_K tensors as q4 parts: the same weights as gguf's own dequantization, bit for bit."""
+"""Reading a GGUF file's Q4_K and Q6_K tensors as q4 and q6 parts: the same weights as gguf's own dequantization,
+bit for bit."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from quickdraft.runtime.native.gguf_blocks import decode_q4_k, dequantize, exact_q4_blocks, transformers_name
-from quickdraft.runtime.native.linear import Q4Part
+from quickdraft.runtime.native.gguf_blocks import (
+    decode_q4_k,
+    decode_q6_k,
+    exact_weights,
+    transformers_name,
+)
+from quickdraft.runtime.native.parts import Q4Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
 
@@ -26,31 +32,56 @@ def random_q4_k(rows: int, width: int, seed: int = 0) -> np.ndarray:
 def test_decoded_blocks_are_ggufs_own_dequantization() -> None:
     raw = random_q4_k(32, 512)
     expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float32))
-    blocks = decode_q4_k(raw, 32, 512)
-    assert torch.equal(dequantize(blocks), expected)
-    codes, sub_scale, sub_min, d, dmin = blocks
+    codes, sub_scale, sub_min, d, dmin = decode_q4_k(raw, 32, 512)
     assert int(codes.max()) <= 15 and int(sub_scale.max()) <= 63 and int(sub_min.max()) <= 63
     part = Q4Part.from_blocks(codes, sub_scale, sub_min, d, -dmin)  # q4 parts add dmin·m
     assert torch.equal(part.dequantize(), expected)
 
 
+def random_q6_k(rows: int, width: int, seed: int = 0) -> np.ndarray:
+    """Raw Q6_K bytes with every field random (sub-scales of both signs; float16 d small and positive)."""
+    generator = np.random.default_rng(seed)
+    blocks = generator.integers(0, 256, size=(rows, width // 256, 210), dtype=np.uint8)
+    scales = generator.uniform(1e-4, 1e-2, size=(rows, width // 256, 1)).astype(np.float16)
+    blocks[..., 208:210] = scales.view(np.uint8).reshape(rows, width // 256, 2)
+    return blocks.reshape(rows, -1)
+
+
+def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
+    raw = random_q6_k(32, 768)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
+    kind, (codes, sub_scale, d) = decode_q6_k(raw, 32, 768)
+    assert kind == "q6" and int(codes.max()) == 63 and int(sub_scale.min()) == -128
+    part = Q6Part.from_blocks(codes, sub_scale, d)
+    assert torch.equal(part.dequantize(), expected)
+    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))
+
+
 def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path) -> None:
-    raw = random_q4_k(32, 512)
-    values = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float32))
+    q4, q6 = random_q4_k(32, 512), random_q6_k(32, 512)
+    types = gguf.GGMLQuantizationType
+    q4_values = torch.from_numpy(gguf.quants.dequantize(q4, types.Q4_K).astype(np.float32))
+    q6_values = torch.from_numpy(gguf.quants.dequantize(q6, types.Q6_K).astype(np.float32))
     writer = gguf.GGUFWriter(tmp_path / "model.gguf", "qwen2")
     for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_norm.weight"):
-        writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.Q4_K)  # [32, 512] from its bytes
+        writer.add_tensor(name, q4, raw_dtype=types.Q4_K)  # [32, 512] from its bytes
+    writer.add_tensor("blk.0.attn_v.weight", q6, raw_dtype=types.Q6_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     converted = {
-        "model.layers.0.self_attn.q_proj.weight": values,
-        "model.layers.0.self_attn.k_proj.weight": values.flip(0),  # rows reordered by a converter: not taken
+        "model.layers.0.self_attn.q_proj.weight": q4_values,
+        "model.layers.0.self_attn.k_proj.weight": q4_values.flip(0),  # rows reordered by a converter: not taken
+        "model.layers.0.self_attn.v_proj.weight": q6_values,
     }
-    found = exact_q4_blocks(tmp_path / "model.gguf", converted)
-    assert list(found) == ["model.layers.0.self_attn.q_proj.weight"]
-    assert torch.equal(dequantize(found["model.layers.0.self_attn.q_proj.weight"]), values)
+    found = exact_weights(tmp_path / "model.gguf", converted, types=("Q4_K", "Q6_K"))
+    assert sorted(found) == ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"]
+    for name, part in (("q_proj", Q4Part), ("v_proj", Q6Part)):
+        kind, fields = found[f"model.layers.0.self_attn.{name}.weight"]
+        assert kind == part.kind
+        assert torch.equal(part.from_blocks(*fields).dequantize(), converted[f"model.layers.0.self_attn.{name}.weight"])
+    assert list(exact_weights(tmp_path / "model.gguf", converted)) == ["model.layers.0.self_attn.q_proj.weight"]
 
 
 def test_names_map_to_transformers_weights() -> None:

@@ -59,9 +59,9 @@ MORE_TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q5_1", "attn_output
 def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: bool
 ) -> None:
-    """Every packed tensor equal, in every weight format: the file's Q4_K tensors kept as they are, the rest
-    (every other type of READ_TYPES; Llama's q/k rows reordered) quantized from the float values transformers'
-    loader gives them."""
+    """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K
+    and Q6_K for auto, Q4_K for q4) as they are, the rest (every other type of READ_TYPES; Llama's q/k rows
+    reordered) quantized from the float values transformers' loader gives them."""
     import conftest
 
     if more:
@@ -77,8 +77,9 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
         from_fp32 = load_native_state(old, config, fmt)
         assert from_fp32.keys() == from_gguf[fmt].keys()
         assert all(torch.equal(from_fp32[name], from_gguf[fmt][name]) for name in from_fp32), fmt
-    kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.")}
-    assert {"q4", "int8"} <= kinds  # Q4_K tensors kept, the others quantized to int8
+    kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.") and name.endswith(".rows")}
+    assert kinds == {"q4", "q6", "int8"}  # Q4_K and Q6_K kept, the others quantized to int8
+    assert not any(".q6." in name for name in from_gguf["q4"])  # a draft's Q6_K: 4 bits
 
 
 def test_names_map_to_transformers_tensors() -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.linear import Int8Part, Q4Part, QuantizedLinear, quantize_rows, quantize_weight
+from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
+from quickdraft.runtime.native.parts import Int8Part, Q4Part, Q6Part, quantize_weight
 
 
 def with_kernels(linear: QuantizedLinear, use_kernel: bool) -> QuantizedLinear:
@@ -19,7 +20,7 @@ def in_passes(linear: QuantizedLinear, passes: int) -> QuantizedLinear:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q4"])
+@pytest.mark.parametrize("kind", ["int8", "q4", "q6"])
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
 def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool, passes: int) -> None:
     generator = torch.Generator().manual_seed(0)
@@ -84,8 +85,22 @@ def test_q4_parts_are_exact_integer_group_sums() -> None:
     assert torch.allclose(part.reference(rows).double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
 
 
+def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
+    """The q6 result against its definition in float64: integer superblock totals, then d; and its weights are
+    within half a step of the float weights they were quantized from."""
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(32, 640, generator=generator)
+    part = Q6Part.from_float(weight)
+    _, sub_scale, d = part.blocks()
+    step = (d.repeat_interleave(16, dim=1)[:, : 640 // 16] * sub_scale.float()).repeat_interleave(16, dim=1)
+    assert bool(((part.dequantize() - weight).abs() <= step / 2 + 1e-6).all())
+    rows, _ = quantize_rows(torch.randn(5, 640, generator=generator))
+    exact = rows.double() @ part.dequantize().double().T
+    assert torch.allclose(part.reference(rows).double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
+
+
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q4"])
+@pytest.mark.parametrize("kind", ["int8", "q4", "q6"])
 def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str, passes: int) -> None:
     generator = torch.Generator().manual_seed(5)
     linear = QuantizedLinear.from_float(
@@ -103,7 +118,7 @@ def test_parts_of_both_formats_side_by_side() -> None:
     multiples of 16: each part's columns land where they belong."""
     generator = torch.Generator().manual_seed(3)
     weights = [torch.randn(rows, 64, generator=generator) for rows in (20, 8, 36)]
-    parts = [Q4Part.from_float(weights[0]), Int8Part.from_float(weights[1]), Q4Part.from_float(weights[2])]
+    parts = [Q4Part.from_float(weights[0]), Int8Part.from_float(weights[1]), Q6Part.from_float(weights[2])]
     linear = QuantizedLinear(parts, torch.randn(64, generator=generator))
     x = torch.randn(7, 64, generator=generator)
     y = linear(x)
@@ -131,6 +146,19 @@ def test_q4_blocks_round_trip_through_the_packed_layout() -> None:
         assert torch.equal(got, expected)
 
 
+def test_q6_blocks_round_trip_through_the_packed_layout() -> None:
+    generator = torch.Generator().manual_seed(4)
+    rows, width = 24, 640
+    blocks = (
+        torch.randint(0, 64, (rows, width), generator=generator, dtype=torch.uint8),
+        torch.randint(-128, 128, (rows, width // 16), generator=generator, dtype=torch.int8),
+        torch.rand(rows, 3, generator=generator),
+    )
+    part = Q6Part.from_blocks(*blocks)
+    for got, expected in zip(part.blocks(), blocks, strict=True):
+        assert torch.equal(got, expected)
+
+
 def test_weights_outside_7_bits_are_refused() -> None:
     for value in (64, -64, -128):  # AVX2's 16-bit pair sums could saturate
         weight = torch.zeros(4, 8, dtype=torch.int8)
@@ -144,15 +172,17 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
         Int8Part.from_float(torch.randn(4, 6))
     with pytest.raises(ValueError, match="multiple of 64"):
         Q4Part.from_float(torch.randn(4, 96))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q6Part.from_blocks(torch.zeros(4, 48, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.int8), torch.ones(4, 1))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q4"])
+@pytest.mark.parametrize("kind", ["int8", "q4", "q6"])
 def test_zero_rows_give_the_bias(kind: str) -> None:
     linear = QuantizedLinear.from_float(torch.randn(8, 64), torch.ones(8), kind)
     assert torch.equal(linear(torch.zeros(2, 64)), torch.ones(2, 8))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q4"])
+@pytest.mark.parametrize("kind", ["int8", "q4", "q6"])
 def test_selected_rows_keep_their_weights_and_their_results(kind: str) -> None:
     """Rows picked from a few 16-row panels of a larger layer (an LM head's focus): each keeps its weights, so
     its output is bitwise the whole layer's at that row."""

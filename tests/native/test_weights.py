@@ -11,7 +11,7 @@ from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.config import DecoderConfig
-from quickdraft.runtime.native.linear import quantize_weight
+from quickdraft.runtime.native.parts import quantize_weight
 
 
 def test_load_caches_the_quantized_weights(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,9 +1,13 @@
-"""A GGUF file's Q4_K tensors as the native runtime's q4 parts, bit for bit (no second quantization).
+"""A GGUF file's Q4_K and Q6_K tensors as the native runtime's q4 and q6 parts, bit for bit (no second quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
-sub_min. That is exactly the q4 format of ``linear.py`` with its ``dmin`` negated. Other tensor types (Q6_K,
-Q5_0, Q8_0, ...) are not read here: the runtime quantizes their float values as usual.
+sub_min. That is exactly the q4 format of ``parts.py`` with its ``dmin`` negated.
+
+Q6_K (``block_q6_K``, 210 bytes per 256 weights): 128 bytes of the codes' low 4 bits, 64 bytes of their top 2
+bits, sixteen int8 sub-scales and a float16 ``d``; weight = d · sub_scale · (code − 32): exactly the q6 format.
+
+Other tensor types (Q5_0, Q8_0, ...) are not read here: the runtime quantizes their float values as usual.
 
 Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
 may reorder rows of some families' projections); a tensor that does not match is left to the usual path.
@@ -18,6 +22,7 @@ import torch
 
 Q4_K_BLOCK_BYTES = 144
 Q4_K_WEIGHTS = 256
+Q6_K_BLOCK_BYTES = 210
 
 # GGUF tensor names of a Llama-family layer -> transformers names (``model.layers.{i}.`` + this)
 LAYER_TENSORS = {
@@ -34,6 +39,8 @@ FUSED_LAYER_TENSORS = LAYER_TENSORS | {"attn_qkv": "self_attn.qkv_proj", "ffn_up
 
 # codes, sub_scale, sub_min, d, dmin
 Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# A weight kept as stored: (its part kind, the arguments of that part's ``from_blocks``)
+ExactWeight = tuple[str, tuple[torch.Tensor, ...]]
 
 
 def transformers_name(gguf_name: str, fused: bool = False) -> str | None:
@@ -71,32 +78,56 @@ def decode_q4_k(raw: np.ndarray, rows: int, width: int) -> Blocks:
     )
 
 
-def dequantize(blocks: Blocks) -> torch.Tensor:
-    """The float weights of decoded Q4_K blocks, as ggml computes them (float32: d·sc, dmin·m, then d1·q − m1)."""
+def q4_weight(blocks: Blocks) -> ExactWeight:
+    """Decoded Q4_K blocks as a q4 part's fields (Q4_K subtracts dmin·m; q4 parts add it)."""
     codes, sub_scale, sub_min, d, dmin = blocks
-    rows, supers = d.shape
-    scale = (d[:, :, None] * sub_scale.reshape(rows, supers, 8).float()).reshape(rows, -1, 1)  # [rows, G, 1]
-    offset = (dmin[:, :, None] * sub_min.reshape(rows, supers, 8).float()).reshape(rows, -1, 1)
-    return (scale * codes.reshape(rows, scale.shape[1], 32).float() - offset).reshape(rows, -1)
+    return "q4", (codes, sub_scale, sub_min, d, -dmin)
 
 
-def exact_q4_blocks(gguf_path: Path, float_weights: dict[str, torch.Tensor], fused: bool = False) -> dict[str, Blocks]:
-    """The Q4_K tensors of ``gguf_path`` by transformers name (``fused``: see :func:`transformers_name`), those whose
-    values equal ``float_weights``' (the model converted from this file) within float32 rounding, checked on 64
-    rows spread over each tensor."""
-    from gguf import GGMLQuantizationType, GGUFReader
+def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q6_K bytes of a ``[rows, width]`` tensor -> ("q6", (codes [rows, width] uint8 in [0, 63], sub_scale
+    [rows, width/16] int8, d [rows, width/256] float32)), where weight = d · sub_scale · (code − 32)."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, Q6_K_BLOCK_BYTES)
+    low = blocks[..., :128].reshape(rows, supers, 2, 2, 32)  # [.., half, part, l]: byte l + 32·part of a half
+    top = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32)  # [.., half, 1, l]
+    # weight 128·half + 32·m + l: low nibble of part m % 2 (m < 2) or high nibble (m >= 2); top bits 2m of qh[l]
+    nibbles = np.stack([low & 0x0F, low >> 4], axis=3).reshape(rows, supers, 2, 4, 32)  # [.., half, m, l]
+    tops = (top >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3  # [.., half, m, l]
+    codes = (nibbles | (tops << 4)).reshape(rows, width)
+    sub_scale = blocks[..., 192:208].copy().view(np.int8).reshape(rows, width // 16)
+    d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, S]
+    return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d))
 
-    found: dict[str, Blocks] = {}
+
+EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
+    "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
+    "Q6_K": decode_q6_k,
+}
+
+
+def exact_weights(
+    gguf_path: Path, float_weights: dict[str, torch.Tensor], fused: bool = False, types: tuple[str, ...] = ("Q4_K",)
+) -> dict[str, ExactWeight]:
+    """The tensors of ``gguf_path`` of ``types`` (keys of EXACT_DECODERS) by transformers name (``fused``: see
+    :func:`transformers_name`), those whose values equal ``float_weights``' (the model converted from this file)
+    within float32 rounding, checked on 64 rows spread over each tensor."""
+    from gguf import GGUFReader
+
+    from quickdraft.runtime.native.parts import PART_KINDS
+
+    found: dict[str, ExactWeight] = {}
     for tensor in GGUFReader(gguf_path).tensors:
         name = transformers_name(tensor.name, fused)
-        if tensor.tensor_type != GGMLQuantizationType.Q4_K or name not in float_weights:
+        if tensor.tensor_type.name not in types or name not in float_weights:
             continue
         rows, width = float_weights[name].shape
         if tuple(int(n) for n in tensor.shape) != (width, rows) or width % Q4_K_WEIGHTS:
             continue
-        blocks = decode_q4_k(tensor.data, rows, width)
+        kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
         sample = torch.arange(0, rows, max(1, rows // 64))  # rows spread over the tensor: any reordering shows
-        values, reference = dequantize(tuple(field[sample] for field in blocks)), float_weights[name][sample].float()
+        values = PART_KINDS[kind].from_blocks(*(field[sample] for field in fields)).dequantize()
+        reference = float_weights[name][sample].float()
         if float((values - reference).abs().max()) <= 1e-6 * float(reference.abs().max()):
-            found[name] = blocks
+            found[name] = kind, fields
     return found

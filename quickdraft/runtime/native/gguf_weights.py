@@ -9,8 +9,8 @@ are those quantized from the fp32 directory transformers would save, value for v
 they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers add back, which may round), and
 packed without adding it again (``quantize_state_dict``'s ``norm_offset``).
 
-Q4_K linear weights whose rows are not reordered are offered as blocks instead (``gguf_blocks.decode_q4_k``),
-to be kept bit for bit; the rest of the file's tensors are read as floats.
+Q4_K and Q6_K linear weights whose rows are not reordered can be offered as blocks instead (``gguf_blocks``), to
+be kept bit for bit; the rest of the file's tensors are read as floats.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 from quickdraft.runtime.native.architecture import GGUF_INTERLEAVED_ROTARY
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import (
+    EXACT_DECODERS,
     FUSED_LAYER_TENSORS,
     LAYER_TENSORS,
-    Blocks,
-    decode_q4_k,
+    ExactWeight,
     transformers_name,
 )
 
@@ -112,16 +112,16 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
         return len(self.sources.keys() | self.assigned.keys())
 
 
-class Q4KTensors(Mapping[str, Blocks]):
-    """Q4_K weights by transformers name, decoded into blocks when read."""
+class ExactTensors(Mapping[str, ExactWeight]):
+    """Weights kept as the file stores them, by transformers name, decoded into a part's fields when read."""
 
     def __init__(self, sources: dict[str, Any]) -> None:
-        self.sources = sources  # transformers name -> gguf ReaderTensor of type Q4_K
+        self.sources = sources  # transformers name -> gguf ReaderTensor of a type in EXACT_DECODERS
 
-    def __getitem__(self, name: str) -> Blocks:
+    def __getitem__(self, name: str) -> ExactWeight:
         tensor = self.sources[name]
         width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
-        return decode_q4_k(tensor.data, rows, width)
+        return EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.sources)
@@ -136,13 +136,15 @@ READ_TYPES = (
 )  # fmt: skip
 
 
-def read_gguf_weights(path: Path, config: DecoderConfig, keep_q4: bool = True) -> tuple[GGUFTensors, Q4KTensors]:
-    """The tensors of the GGUF file ``path``: floats, and (``keep_q4``) the Q4_K linear weights as blocks.
+def read_gguf_weights(
+    path: Path, config: DecoderConfig, exact_types: tuple[str, ...] = ("Q4_K",)
+) -> tuple[GGUFTensors, ExactTensors]:
+    """The tensors of the GGUF file ``path``: floats, and the linear weights of ``exact_types`` (keys of
+    EXACT_DECODERS) as they are stored.
 
-    A Q4_K weight is a block tensor when transformers keeps its rows in the file's order, a float tensor
-    otherwise (and every weight is a float tensor without ``keep_q4``). Raises ValueError naming the first tensor
-    of a type outside READ_TYPES."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    Such a weight is kept as stored when transformers keeps its rows in the file's order, and read as floats
+    otherwise. Raises ValueError naming the first tensor of a type outside READ_TYPES."""
+    from gguf import GGUFReader
 
     reader = GGUFReader(path)
     for tensor in reader.tensors:
@@ -161,9 +163,9 @@ def read_gguf_weights(path: Path, config: DecoderConfig, keep_q4: bool = True) -
             continue
         if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
             row_heads[name] = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
-        q4 = keep_q4 and tensor.tensor_type == GGMLQuantizationType.Q4_K
-        if q4 and name not in row_heads and transformers_name(tensor.name, config.fused_projections) == name:
+        exact = tensor.tensor_type.name in exact_types
+        if exact and name not in row_heads and transformers_name(tensor.name, config.fused_projections) == name:
             blocks[name] = tensor
         else:
             floats[name] = tensor
-    return GGUFTensors(floats, row_heads), Q4KTensors(blocks)
+    return GGUFTensors(floats, row_heads), ExactTensors(blocks)

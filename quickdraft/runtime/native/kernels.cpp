@@ -10,6 +10,7 @@
 //                     second quantizes what the first left: a model's DecoderConfig.activation_passes).
 // int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
 // q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
+// q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer (layers.cpp runs a model's layers with them in one call; on a 1-token step
 // dispatching many small operations, not their arithmetic, is what costs):
@@ -25,6 +26,7 @@
 #include "kernels.h"
 #include "attention.h"
 #include "gemm.h"
+#include "gemm_q6.h"
 #include "simd.h"
 
 #include <cmath>
@@ -504,12 +506,34 @@ void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, to
   });
 }
 
+// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] and high [N/16, K/32, 2, 16, 4] uint8;
+// sub_scale [N/16, K/32, 16, 2] int8; d [N/16, S, 16] float (gemm_q6.h). Writes out[:, column : column + N].
+void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor d,
+               torch::Tensor out, int64_t column) {
+  checked(x, torch::kInt8, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+  TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * 2 == n * k, "q6 weights need K a multiple of 32");
+  const qd::Q6Weights weights{codes.data_ptr<uint8_t>(), checked(high, torch::kUInt8, "high").data_ptr<uint8_t>(),
+                              checked(sub_scale, torch::kInt8, "sub_scale").data_ptr<int8_t>(),
+                              checked(d, torch::kFloat32, "d").data_ptr<float>(), n, k};
+  TORCH_CHECK(high.numel() * 4 == n * k && sub_scale.numel() * qd::kSubBlock == n * k &&
+              d.numel() == n * weights.supers());
+  const int8_t* x_data = x.data_ptr<int8_t>();
+  const int64_t pair_count = k / qd::kGroup;
+  std::vector<int32_t> pairs(rows * pair_count);
+  for (int64_t r = 0; r < rows; ++r) qd::sub_block_sum_pairs(x_data + r * k, k, pairs.data() + r * pair_count);
+  blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
+    qd::q6_gemm(weights, x_data, rows, pairs.data(), destination, out.size(1), begin, end);
+  });
+}
+
 std::string isa() { return std::string(qd::kIsa) + ", attention " + qd::kAttentionIsa; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();  // a drafter's thread runs meanwhile
   m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)", nogil);
   m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)", nogil);
+  m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);
   m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs", nogil);

@@ -1,4 +1,4 @@
-"""The native runtime's weights: float (and GGUF Q4_K) weights -> packed weight parts, quantized once and cached.
+"""The native runtime's weights: float (and GGUF Q4_K, Q6_K) weights -> packed weight parts, quantized once and cached.
 
 ``quantize_state_dict`` turns transformers-named weights into the layout :class:`Decoder` is built from;
 ``load_native_state`` does it once per model and format and keeps the result in ``$QUICKDRAFT_CACHE/native/``,
@@ -20,15 +20,17 @@ from quickdraft.errors import ModelFilesError
 from quickdraft.models.catalog import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
 from quickdraft.runtime.native.config import DecoderConfig
-from quickdraft.runtime.native.gguf_blocks import exact_q4_blocks
+from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights
 from quickdraft.runtime.native.gguf_weights import read_gguf_weights
-from quickdraft.runtime.native.linear import PART_KINDS, Q4Part, QuantizedLinear, WeightPart
+from quickdraft.runtime.native.linear import QuantizedLinear
+from quickdraft.runtime.native.parts import PART_KINDS, WeightPart
 
-NATIVE_FORMAT = "parts-v5"  # bump when the cached layout changes (v5: q/k norms, Gemma's norms stored as 1 + w)
-# How float weights are stored: "auto" keeps a GGUF source's Q4_K tensors exactly (q4) and quantizes the rest to
-# 7-bit int8; "q4" quantizes the rest to 4 bits too (smaller and faster, less exact: for draft models); "int8"
-# quantizes everything to 7-bit int8 from the float weights.
+NATIVE_FORMAT = "parts-v6"  # bump when the cached layout changes (v6: GGUF Q6_K weights kept as q6 parts)
+# How float weights are stored: "auto" keeps a GGUF source's Q4_K and Q6_K tensors exactly (q4, q6) and quantizes
+# the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to 4 bits (smaller and faster, less
+# exact: for draft models); "int8" quantizes everything to 7-bit int8 from the float weights.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
+EXACT_TYPES = {"auto": ("Q4_K", "Q6_K"), "q4": ("Q4_K",), "int8": ()}  # the GGUF types each format keeps
 
 
 def layer_norm_names(config: DecoderConfig) -> dict[str, str]:
@@ -51,15 +53,15 @@ def quantize_state_dict(
     config: DecoderConfig,
     tensors: MutableMapping[str, torch.Tensor],
     weights: str = "int8",
-    exact: Mapping[str, tuple[torch.Tensor, ...]] | None = None,
+    exact: Mapping[str, ExactWeight] | None = None,
     norm_offset: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
 
     Linear layers become weight parts (:meth:`QuantizedLinear.state`); q/k/v and gate/up are fused. ``weights``
     is the format float weights are quantized to: ``int8`` (7-bit per channel) or ``q4`` (4-bit in Q4_K's
-    structure, round to nearest; ``int8`` where the width is not a multiple of 64). ``exact`` holds GGUF Q4_K
-    blocks by weight name (``gguf_blocks.exact_q4_blocks``): those weights become q4 parts as they are.
+    structure, round to nearest; ``int8`` where the width is not a multiple of 64). ``exact`` holds weights kept as
+    a GGUF file stores them, by name (``gguf_blocks.ExactWeight``): those become parts of their kind as they are.
     Norm weights are stored as (offset + w), the offset being the family's (``norm_offset`` None) or the one given
     (0 for GGUF files, which store 1 + w already). ``tensors`` is consumed to keep peak memory low.
     """
@@ -73,17 +75,18 @@ def quantize_state_dict(
     def norm(name: str) -> torch.Tensor:
         return take(name) + offset if offset else take(name)  # float32, as transformers' (1.0 + w.float())
 
-    def source(name: str) -> tuple[str, Any]:  # (how the weight becomes a part, its data)
+    def source(name: str) -> tuple[tuple[str, bool], Any]:  # ((part kind, kept as stored), its data)
         if name in exact:
             tensors.pop(name, None)
-            codes, sub_scale, sub_min, d, dmin = exact[name]
-            return "exact", (codes, sub_scale, sub_min, d, -dmin)  # Q4_K subtracts dmin·m; q4 parts add it
+            kind, fields = exact[name]
+            return (kind, True), fields
         weight = take(name)
-        return ("q4" if weights == "q4" and weight.shape[1] % 64 == 0 else "int8"), weight
+        return ("q4" if weights == "q4" and weight.shape[1] % 64 == 0 else "int8", False), weight
 
-    def part(kind: str, items: list[Any]) -> WeightPart:  # consecutive weights of one kind, concatenated
-        if kind == "exact":
-            return Q4Part.from_blocks(*(torch.cat(field) for field in zip(*items, strict=True)))
+    def part(key: tuple[str, bool], items: list[Any]) -> WeightPart:  # consecutive weights of one kind, concatenated
+        kind, stored = key
+        if stored:
+            return PART_KINDS[kind].from_blocks(*(torch.cat(field) for field in zip(*items, strict=True)))
         return PART_KINDS[kind].from_float(torch.cat(items))
 
     def linear(name: str, weight_names: list[str], biases: list[str] | None = None) -> None:
@@ -155,15 +158,15 @@ def missing_weights(path: Path) -> ModelFilesError:
 
 
 def quantize_gguf(gguf: Path, config: DecoderConfig, weights: str) -> dict[str, torch.Tensor]:
-    """The native state of a GGUF file: its Q4_K tensors as they are (unless ``weights`` is int8), the rest
-    quantized from the float values transformers' loader gives them."""
-    tensors, exact = read_gguf_weights(gguf, config, keep_q4=weights != "int8")
+    """The native state of a GGUF file: its tensors of the types ``weights`` keeps (EXACT_TYPES) as they are, the
+    rest quantized from the float values transformers' loader gives them."""
+    tensors, exact = read_gguf_weights(gguf, config, EXACT_TYPES[weights])
     return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact, norm_offset=0.0)
 
 
 def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dict[str, torch.Tensor]:
     """The native state of the fp32 weights in ``path`` (and, for a directory converted from a GGUF file before
-    the ``gguf`` layout, that file's Q4_K tensors where they match)."""
+    the ``gguf`` layout, that file's tensors of the types ``weights`` keeps, where they match)."""
     from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
@@ -171,8 +174,8 @@ def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dic
         tensors.update(load_file(file))
     if config.tie_word_embeddings and "model.embed_tokens.weight" not in tensors and "lm_head.weight" in tensors:
         tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
-    gguf = converted_from(path) if weights != "int8" else None
-    exact = exact_q4_blocks(gguf, tensors, config.fused_projections) if gguf is not None else {}
+    gguf = converted_from(path)
+    exact = exact_weights(gguf, tensors, config.fused_projections, EXACT_TYPES[weights]) if gguf is not None else {}
     return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
 
 

@@ -1,6 +1,6 @@
-// How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h) run for few rows: GMAC/s of the q4 and
-// int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the 1536 -> 151936
-// LM head) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
+// How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h) run for few rows: GMAC/s of the
+// q4, q6 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
+// 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
 // random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
 // decoding step does. Compare with tools/int8_peak.cpp's register-only VNNI rate.
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native \
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_q6.h"
 
 namespace {
 
@@ -44,6 +45,26 @@ Q4Copy make_q4(int64_t n, int64_t k, std::mt19937& rng) {
   c.sub_min = random_bytes(n * c.groups, rng);
   c.d.assign(n * c.supers, 1e-3f);
   c.dmin.assign(n * c.supers, 1e-4f);
+  return c;
+}
+
+struct Q6Copy {
+  std::vector<uint8_t> codes, high;
+  std::vector<int8_t> sub_scale;
+  std::vector<float> d;
+  int64_t n = 0, k = 0;
+  qd::Q6Weights weights() const { return {codes.data(), high.data(), sub_scale.data(), d.data(), n, k}; }
+};
+
+Q6Copy make_q6(int64_t n, int64_t k, std::mt19937& rng) {
+  Q6Copy c;
+  c.n = n;
+  c.k = k;
+  c.codes = random_bytes(n * k / 2, rng);
+  c.high = random_bytes(n * k / 4, rng);
+  const auto scales = random_bytes(n * k / qd::kSubBlock, rng);
+  c.sub_scale.assign(scales.begin(), scales.end());
+  c.d.assign(n * ((k / qd::kGroup + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper), 1e-3f);
   return c;
 }
 
@@ -95,33 +116,39 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(7);
   constexpr int64_t kStreamBytes = int64_t{1} << 30;  // more than any last-level cache: weights come from memory
+  enum Format { kQ4, kQ6, kInt8 };
   struct Shape {
     const char* name;
     int64_t n, k;
-    bool q4;
+    Format format;
   };
-  const Shape shapes[] = {{"q4   gate+up 1536->17920", 17920, 1536, true},
-                          {"q4   down    8960->1536 ", 1536, 8960, true},
-                          {"int8 down    8960->1536 ", 1536, 8960, false},
-                          {"int8 lm-head 1536->151936", 151936, 1536, false}};
+  const Shape shapes[] = {{"q4   gate+up 1536->17920", 17920, 1536, kQ4},
+                          {"q4   down    8960->1536 ", 1536, 8960, kQ4},
+                          {"q6   down    8960->1536 ", 1536, 8960, kQ6},
+                          {"int8 down    8960->1536 ", 1536, 8960, kInt8},
+                          {"q6   lm-head 1536->151936", 151936, 1536, kQ6},
+                          {"int8 lm-head 1536->151936", 151936, 1536, kInt8}};
   std::printf("isa %s; best of 8 calls, weights rotating through 1 GiB; GMAC/s\n", qd::kIsa);
   std::printf("%-26s %4s %10s %10s %10s %10s\n", "shape", "rows", "1t ms", "1t GMAC/s", "2t ms", "2t GMAC/s");
   for (const Shape& shape : shapes) {
     std::vector<Q4Copy> q4;
+    std::vector<Q6Copy> q6;
     std::vector<Int8Copy> int8;
-    const int64_t bytes = shape.q4 ? shape.n * shape.k * 9 / 16 : shape.n * shape.k;
+    const int64_t bytes = shape.n * shape.k * (shape.format == kQ4 ? 9 : shape.format == kQ6 ? 13 : 16) / 16;
     const int copies = static_cast<int>((kStreamBytes + bytes - 1) / bytes);
     for (int c = 0; c < copies; ++c) {
-      if (shape.q4) q4.push_back(make_q4(shape.n, shape.k, rng));
+      if (shape.format == kQ4) q4.push_back(make_q4(shape.n, shape.k, rng));
+      else if (shape.format == kQ6) q6.push_back(make_q6(shape.n, shape.k, rng));
       else int8.push_back(make_int8(shape.n, shape.k, rng));
     }
     for (int64_t rows : row_counts) {
       std::vector<int8_t> x(rows * shape.k);
       for (auto& v : x) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
-      std::vector<int32_t> sums(rows), pairs(rows * shape.k / (2 * qd::kGroup));
+      std::vector<int32_t> sums(rows), pairs(rows * shape.k / (2 * qd::kGroup)), sub_pairs(rows * shape.k / qd::kGroup);
       for (int64_t r = 0; r < rows; ++r) {
         sums[r] = qd::row_sum(x.data() + r * shape.k, shape.k);
         qd::group_sum_pairs(x.data() + r * shape.k, shape.k, pairs.data() + r * shape.k / (2 * qd::kGroup));
+        qd::sub_block_sum_pairs(x.data() + r * shape.k, shape.k, sub_pairs.data() + r * shape.k / qd::kGroup);
       }
       std::vector<float> out(rows * shape.n);
       double ms[2];
@@ -130,8 +157,10 @@ int main(int argc, char** argv) {
         ms[threads - 1] = 1e3 * best_seconds(8, [&](int) {
           const int i = call++;
           run_blocks(shape.n / qd::kLanes, threads, [&](int64_t begin, int64_t end) {
-            if (shape.q4)
+            if (shape.format == kQ4)
               qd::q4_gemm(q4[i % copies].weights(), x.data(), rows, pairs.data(), out.data(), shape.n, begin, end);
+            else if (shape.format == kQ6)
+              qd::q6_gemm(q6[i % copies].weights(), x.data(), rows, sub_pairs.data(), out.data(), shape.n, begin, end);
             else
               qd::int8_gemm(int8[i % copies].weights(), x.data(), rows, sums.data(), out.data(), shape.n, begin, end);
           });

@@ -280,7 +280,7 @@ def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int
 def write_tiny_gguf(path: Path, architecture: str = "qwen2", tied: bool = False, seed: int = 0) -> Path:
     """A random two-layer GGUF model (256 wide, vocabulary of 64 byte-level tokens, the last one end-of-sequence)
     with the tensor types of :data:`GGUF_LAYER_TYPES`: ``qwen2`` with q/k/v biases, or ``llama``; ``tied``
-    leaves out ``output.weight``."""
+    leaves out ``output.weight`` and stores the embedding, which is then the LM head too, as Q6_K (else Q8_0)."""
     import gguf
 
     generator = np.random.default_rng(seed)
@@ -298,7 +298,8 @@ def write_tiny_gguf(path: Path, architecture: str = "qwen2", tied: bool = False,
     writer.add_token_types([1] * (len(GGUF_TOKENS) - 1) + [3])
     writer.add_token_merges(["a b"])
     writer.add_eos_token_id(len(GGUF_TOKENS) - 1)
-    tensors = {"token_embd.weight": ("Q8_0", len(GGUF_TOKENS), hidden), "output_norm.weight": ("F32", 1, hidden)}
+    embedding = ("Q6_K" if tied else "Q8_0", len(GGUF_TOKENS), hidden)
+    tensors = {"token_embd.weight": embedding, "output_norm.weight": ("F32", 1, hidden)}
     if not tied:
         tensors["output.weight"] = ("Q6_K", len(GGUF_TOKENS), hidden)
     for layer, types in enumerate(GGUF_LAYER_TYPES):

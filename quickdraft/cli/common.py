@@ -54,8 +54,9 @@ def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--d
         f"{prefix}weights",
         choices=WEIGHT_FORMATS,
         default=None,
-        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's 4-bit tensors and stores the "
-        f"rest in 7-bit int8, q4 stores everything in 4 bits, int8 everything in 7 bits (draft model default "
+        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's Q4_K and Q6_K tensors as "
+        f"stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors and stores the rest in 4 bits, int8 stores "
+        f"everything in 7 bits (draft model default "
         f"{DRAFT_WEIGHTS}, other models auto)",
     )
     parser.add_argument(

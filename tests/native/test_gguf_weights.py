@@ -79,6 +79,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
         assert all(torch.equal(from_fp32[name], from_gguf[fmt][name]) for name in from_fp32), fmt
     kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.") and name.endswith(".rows")}
     assert kinds == {"q4", "q6", "int8"}  # Q4_K and Q6_K kept, the others quantized to int8
+    assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     assert not any(".q6." in name for name in from_gguf["q4"])  # a draft's Q6_K: 4 bits
 
 

@@ -29,6 +29,7 @@ from quickdraft.runtime.native.gguf_blocks import (
     FUSED_LAYER_TENSORS,
     LAYER_TENSORS,
     ExactWeight,
+    tied_head,
     transformers_name,
 )
 
@@ -140,7 +141,7 @@ def read_gguf_weights(
     path: Path, config: DecoderConfig, exact_types: tuple[str, ...] = ("Q4_K",)
 ) -> tuple[GGUFTensors, ExactTensors]:
     """The tensors of the GGUF file ``path``: floats, and the linear weights of ``exact_types`` (keys of
-    EXACT_DECODERS) as they are stored.
+    EXACT_DECODERS) as they are stored (the LM head too where it is the embedding tensor: ``gguf_blocks.tied_head``).
 
     Such a weight is kept as stored when transformers keeps its rows in the file's order, and read as floats
     otherwise. Raises ValueError naming the first tensor of a type outside READ_TYPES."""
@@ -157,10 +158,13 @@ def read_gguf_weights(
     floats: dict[str, Any] = {}
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
+    embedding_head = tied_head([tensor.name for tensor in reader.tensors], config.tie_word_embeddings)
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections)
         if name is None:
             continue
+        if embedding_head and tensor.name == "token_embd.weight" and tensor.tensor_type.name in exact_types:
+            blocks["lm_head.weight"] = tensor  # the LM head, kept as stored; the embedding is read as floats too
         if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
             row_heads[name] = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
         exact = tensor.tensor_type.name in exact_types

@@ -144,7 +144,7 @@ def has_native_weights(path: Path) -> bool:
 
 def converted_from(path: Path) -> Path | None:
     """The GGUF file quickdraft converted the fp32 directory ``path`` from (before the ``gguf`` layout), if it is
-    still there: its Q4_K tensors are taken where they match the converted weights."""
+    still there: its tensors of the kept types are taken where they match the converted weights."""
     marker = read_marker(path)
     source = None if marker is None else Path(str(marker.get("source")))
     return source if source is not None and source.is_file() else None
@@ -175,7 +175,8 @@ def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dic
     if config.tie_word_embeddings and "model.embed_tokens.weight" not in tensors and "lm_head.weight" in tensors:
         tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
     gguf = converted_from(path)
-    exact = exact_weights(gguf, tensors, config.fused_projections, EXACT_TYPES[weights]) if gguf is not None else {}
+    tied, kept = config.tie_word_embeddings, EXACT_TYPES[weights]
+    exact = {} if gguf is None else exact_weights(gguf, tensors, config.fused_projections, kept, tied)
     return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
 
 

@@ -25,7 +25,7 @@ from quickdraft.runtime.native.gguf_weights import read_gguf_weights
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import PART_KINDS, WeightPart
 
-NATIVE_FORMAT = "parts-v6"  # bump when the cached layout changes (v6: GGUF Q6_K weights kept as q6 parts)
+NATIVE_FORMAT = "parts-v7"  # bump when the cached layout changes (v6: Q6_K kept as q6; v7: a tied head too)
 # How float weights are stored: "auto" keeps a GGUF source's Q4_K and Q6_K tensors exactly (q4, q6) and quantizes
 # the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to 4 bits (smaller and faster, less
 # exact: for draft models); "int8" quantizes everything to 7-bit int8 from the float weights.

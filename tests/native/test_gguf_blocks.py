@@ -20,13 +20,23 @@ from quickdraft.runtime.native.parts import Q4Part, Q6Part
 gguf = pytest.importorskip("gguf")
 
 
-def random_q4_k(rows: int, width: int, seed: int = 0) -> np.ndarray:
-    """Raw Q4_K bytes with every field random (float16 d and dmin kept small and positive)."""
+def random_blocks(rows: int, width: int, block_bytes: int, scales: slice, seed: int = 0) -> np.ndarray:
+    """Raw bytes of a K-quant tensor with every field random but its float16 scales at ``scales`` of each block,
+    kept small and positive."""
     generator = np.random.default_rng(seed)
-    blocks = generator.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
-    scales = generator.uniform(1e-4, 1e-2, size=(rows, width // 256, 2)).astype(np.float16)
-    blocks[..., 0:4] = scales.view(np.uint8).reshape(rows, width // 256, 4)
+    blocks = generator.integers(0, 256, size=(rows, width // 256, block_bytes), dtype=np.uint8)
+    count = (scales.stop - scales.start) // 2
+    values = generator.uniform(1e-4, 1e-2, size=(rows, width // 256, count)).astype(np.float16)
+    blocks[..., scales] = values.view(np.uint8).reshape(rows, width // 256, 2 * count)
     return blocks.reshape(rows, -1)
+
+
+def random_q4_k(rows: int, width: int) -> np.ndarray:
+    return random_blocks(rows, width, 144, slice(0, 4))  # d and dmin first
+
+
+def random_q6_k(rows: int, width: int) -> np.ndarray:
+    return random_blocks(rows, width, 210, slice(208, 210))  # d last; sub-scales of both signs
 
 
 def test_decoded_blocks_are_ggufs_own_dequantization() -> None:
@@ -36,15 +46,6 @@ def test_decoded_blocks_are_ggufs_own_dequantization() -> None:
     assert int(codes.max()) <= 15 and int(sub_scale.max()) <= 63 and int(sub_min.max()) <= 63
     part = Q4Part.from_blocks(codes, sub_scale, sub_min, d, -dmin)  # q4 parts add dmin·m
     assert torch.equal(part.dequantize(), expected)
-
-
-def random_q6_k(rows: int, width: int, seed: int = 0) -> np.ndarray:
-    """Raw Q6_K bytes with every field random (sub-scales of both signs; float16 d small and positive)."""
-    generator = np.random.default_rng(seed)
-    blocks = generator.integers(0, 256, size=(rows, width // 256, 210), dtype=np.uint8)
-    scales = generator.uniform(1e-4, 1e-2, size=(rows, width // 256, 1)).astype(np.float16)
-    blocks[..., 208:210] = scales.view(np.uint8).reshape(rows, width // 256, 2)
-    return blocks.reshape(rows, -1)
 
 
 def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:

@@ -388,6 +388,16 @@ inline void for_each_chunk(int64_t rows, int64_t k, Chunk chunk) {
   for (int64_t first = 0; first < rows; first += size) chunk(first, rows - first < size ? rows - first : size);
 }
 
+// Rows in chunks (for_each_chunk), each n-block of [block_begin, block_end) over a chunk's rows in tiles of at most
+// Max rows (for_each_tile): tile(block, first_row, std::integral_constant<int, R>).
+template <int Max, typename Tile>
+inline void for_each_block_tile(int64_t rows, int64_t k, int64_t block_begin, int64_t block_end, Tile tile) {
+  for_each_chunk(rows, k, [&](int64_t first, int64_t count) {
+    for (int64_t block = block_begin; block < block_end; ++block)
+      for_each_tile<Max>(count, [&](int64_t r, auto tile_rows) { tile(block, first + r, tile_rows); });
+  });
+}
+
 // out [rows, N] (row stride out_stride) for n-blocks [block_begin, block_end); x [rows, K] int8; sums [rows].
 inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const int32_t* sums, float* out,
                       int64_t out_stride, int64_t block_begin, int64_t block_end) {
@@ -409,13 +419,9 @@ inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const
 inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t pair_stride = w.k / (2 * kGroup);
-  for_each_chunk(rows, w.k, [&](int64_t first, int64_t count) {
-    for (int64_t block = block_begin; block < block_end; ++block)
-      for_each_tile<kQ4Rows>(count, [&](int64_t r, auto tile_rows) {
-        const int64_t row = first + r;
-        q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
-                                            out + row * out_stride, out_stride);
-      });
+  for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+    q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
+                                        out + row * out_stride, out_stride);
   });
 }
 

@@ -203,13 +203,9 @@ constexpr int kQ6Rows = 1;
 inline void q6_gemm(const Q6Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t pair_stride = w.k / kGroup;
-  for_each_chunk(rows, w.k, [&](int64_t first, int64_t count) {
-    for (int64_t block = block_begin; block < block_end; ++block)
-      for_each_tile<kQ6Rows>(count, [&](int64_t r, auto tile_rows) {
-        const int64_t row = first + r;
-        q6_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
-                                            out + row * out_stride, out_stride);
-      });
+  for_each_block_tile<kQ6Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+    q6_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
+                                        out + row * out_stride, out_stride);
   });
 }
 

@@ -46,6 +46,41 @@ def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return tensor if extra == 0 else torch.cat([tensor, tensor.new_zeros(extra, *tensor.shape[1:])])
 
 
+def lanes_last(values: torch.Tensor) -> torch.Tensor:
+    """Per-row values ``[N, X]`` -> ``[N/16, X, 16]`` (zero rows up to a whole panel): a vector of 16 outputs'."""
+    rows = values.shape[0]
+    return pad_rows(values, padded(rows)).reshape(padded(rows) // LANES, LANES, -1).permute(0, 2, 1)
+
+
+def rows_first(values: torch.Tensor, rows: int) -> torch.Tensor:
+    """:func:`lanes_last`'s inverse: ``[N/16, X, 16]`` -> ``[rows, X]``."""
+    return values.permute(0, 2, 1).reshape(values.shape[0] * LANES, -1)[:rows]
+
+
+def lane_pairs(values: torch.Tensor) -> torch.Tensor:
+    """Per-row values ``[N, 2P]`` -> ``[N/16, P, 16, 2]``: pair p of 16 outputs side by side, for one int16 pair
+    multiply-add (q4's sub-mins, q6's sub-scales)."""
+    rows = values.shape[0]
+    return pad_rows(values, padded(rows)).reshape(padded(rows) // LANES, LANES, -1, 2).transpose(1, 2)
+
+
+def rows_from_pairs(values: torch.Tensor, rows: int) -> torch.Tensor:
+    """:func:`lane_pairs`' inverse: ``[N/16, P, 16, 2]`` -> ``[rows, 2P]``."""
+    return values.transpose(1, 2).reshape(values.shape[0] * LANES, -1)[:rows]
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes ``[N/16, 16, G, 8, 4]`` (lane, group, code vector j, byte i) -> bytes ``[N/16, G, 4, 16, 4]``
+    holding vector j in the low nibble and vector j + 4 in the high one (``gemm.h``'s q4 codes)."""
+    return (codes[:, :, :, :4] | (codes[:, :, :, 4:] << 4)).permute(0, 2, 3, 1, 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_nibbles`' inverse: ``[N/16, G, 4, 16, 4]`` -> ``[N/16, 16, G, 8, 4]``."""
+    packed = packed.permute(0, 3, 1, 2, 4)  # [N/16, 16, G, 4, 4]
+    return torch.cat([packed & 0x0F, packed >> 4], dim=3)
+
+
 def panels_of(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``index`` of a packed part: (the 16-row panels holding them, sorted; each row's place among those
     panels' rows). Selecting rows unpacks only their panels, so a few rows of a large LM head come quickly."""
@@ -180,20 +215,14 @@ class Q4Part(WeightPart):
         rows, width = codes.shape
         if width % (2 * GROUP):
             raise ValueError(f"q4 weights need a multiple of {2 * GROUP} input features, got {width}")
-        groups, supers, blocks = width // GROUP, -(-width // (GROUP * GROUPS_PER_SUPER)), padded(rows) // LANES
-        codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(blocks, LANES, groups, 8, 4)
-        packed = (codes[:, :, :, :4] | (codes[:, :, :, 4:] << 4)).permute(0, 2, 3, 1, 4)  # [N/16, G, 4, 16, 4]
-
-        def lanes_last(t: torch.Tensor, per_row: int) -> torch.Tensor:  # [N, per_row] -> [N/16, per_row, 16]
-            return pad_rows(t, padded(rows)).reshape(blocks, LANES, per_row).permute(0, 2, 1)
-
+        codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, width // GROUP, 8, 4)
         return cls(
             rows,
-            codes=packed,
-            sub_scale=lanes_last(sub_scale.to(torch.uint8), groups),
-            sub_min=pad_rows(sub_min.to(torch.uint8), padded(rows)).reshape(blocks, LANES, -1, 2).transpose(1, 2),
-            d=lanes_last(d.float(), supers),
-            dmin=lanes_last(dmin.float(), supers),
+            codes=pack_nibbles(codes),  # [N/16, G, 4, 16, 4]
+            sub_scale=lanes_last(sub_scale.to(torch.uint8)),
+            sub_min=lane_pairs(sub_min.to(torch.uint8)),
+            d=lanes_last(d.float()),
+            dmin=lanes_last(dmin.float()),
         )
 
     @classmethod
@@ -229,15 +258,10 @@ class Q4Part(WeightPart):
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """The plain ``(codes, sub_scale, sub_min, d, dmin)`` of :meth:`from_blocks`."""
-        blocks, groups = self.codes.shape[:2]
-        packed = self.codes.permute(0, 3, 1, 2, 4)  # [N/16, 16, G, 4, 4]
-        codes = torch.cat([packed & 0x0F, packed >> 4], dim=3).reshape(blocks * LANES, groups * GROUP)
-
-        def rows_first(t: torch.Tensor) -> torch.Tensor:  # [N/16, X, 16] -> [rows, X]
-            return t.permute(0, 2, 1).reshape(blocks * LANES, -1)[: self.rows]
-
-        sub_min = self.sub_min.transpose(1, 2).reshape(blocks * LANES, groups)[: self.rows]
-        return codes[: self.rows], rows_first(self.sub_scale), sub_min, rows_first(self.d), rows_first(self.dmin)
+        codes = unpack_nibbles(self.codes).reshape(self.padded_rows, self.in_features)[: self.rows]
+        sub_min = rows_from_pairs(self.sub_min, self.rows)
+        sub_scale, d, dmin = (rows_first(t, self.rows) for t in (self.sub_scale, self.d, self.dmin))
+        return codes, sub_scale, sub_min, d, dmin
 
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
         kernels.q4_matmul(rows, self.codes, self.sub_scale, self.sub_min, self.d, self.dmin, out, column)
@@ -292,20 +316,16 @@ class Q6Part(WeightPart):
         rows, width = codes.shape
         if width % GROUP:
             raise ValueError(f"q6 weights need a multiple of {GROUP} input features, got {width}")
-        groups, supers, blocks = width // GROUP, -(-width // (GROUP * GROUPS_PER_SUPER)), padded(rows) // LANES
-        codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(blocks, LANES, groups, 8, 4)  # [.., j, i]
-        low, top = codes & 0x0F, codes >> 4
-        packed = (low[:, :, :, :4] | (low[:, :, :, 4:] << 4)).permute(0, 2, 3, 1, 4)  # [N/16, G, 4, 16, 4]
-        top = top.reshape(blocks, LANES, groups, 2, 4, 4)  # code vector 4h + c: [.., h, c, i]
+        groups = width // GROUP
+        codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, groups, 8, 4)  # [.., j, i]
+        top = (codes >> 4).reshape(-1, LANES, groups, 2, 4, 4)  # code vector 4h + c: [.., h, c, i]
         high = top[:, :, :, :, 0] | (top[:, :, :, :, 1] << 2) | (top[:, :, :, :, 2] << 4) | (top[:, :, :, :, 3] << 6)
-        sub_scale = pad_rows(sub_scale.to(torch.int8), padded(rows)).reshape(blocks, LANES, groups, 2)
-        d = pad_rows(d.float(), padded(rows)).reshape(blocks, LANES, supers).permute(0, 2, 1)
         return cls(
             rows,
-            codes=packed,
+            codes=pack_nibbles(codes & 0x0F),  # [N/16, G, 4, 16, 4]
             high=high.permute(0, 2, 3, 1, 4),  # [N/16, G, 2, 16, 4]
-            sub_scale=sub_scale.transpose(1, 2),  # [N/16, G, 16, 2]
-            d=d,
+            sub_scale=lane_pairs(sub_scale.to(torch.int8)),  # [N/16, G, 16, 2]
+            d=lanes_last(d.float()),  # [N/16, S, 16]
         )
 
     @classmethod
@@ -333,14 +353,11 @@ class Q6Part(WeightPart):
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The plain ``(codes, sub_scale, d)`` of :meth:`from_blocks`."""
-        blocks, groups = self.codes.shape[:2]
-        packed = self.codes.permute(0, 3, 1, 2, 4)  # [N/16, 16, G, 4, 4]
-        low = torch.cat([packed & 0x0F, packed >> 4], dim=3)  # [N/16, 16, G, 8, 4]
+        low = unpack_nibbles(self.codes)  # [N/16, 16, G, 8, 4]
         high = self.high.permute(0, 3, 1, 2, 4)  # [N/16, 16, G, 2, 4]
         top = torch.stack([(high >> (2 * c)) & 3 for c in range(4)], dim=4).reshape(low.shape)  # [.., 2·4, 4]
-        codes = (low | (top << 4)).reshape(blocks * LANES, groups * GROUP)[: self.rows]
-        sub_scale = self.sub_scale.transpose(1, 2).reshape(blocks * LANES, groups * 2)[: self.rows]
-        return codes, sub_scale, self.d.permute(0, 2, 1).reshape(blocks * LANES, -1)[: self.rows]
+        codes = (low | (top << 4)).reshape(self.padded_rows, self.in_features)[: self.rows]
+        return codes, rows_from_pairs(self.sub_scale, self.rows), rows_first(self.d, self.rows)
 
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
         kernels.q6_matmul(rows, self.codes, self.high, self.sub_scale, self.d, out, column)

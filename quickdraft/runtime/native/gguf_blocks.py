@@ -107,10 +107,15 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
 }
 
 
-def tied_head(tensor_names: Collection[str], tied: bool) -> bool:
-    """Whether a model's LM head is its ``token_embd.weight``: it ties the two (``tie_word_embeddings``) and the file
-    stores no ``output.weight`` (llama.cpp's rule; a file may store one anyway, and then that is the head)."""
-    return tied and "output.weight" not in tensor_names
+def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:
+    """GGUF name -> transformers name of each linear weight among ``tensor_names`` (:func:`transformers_name`), and
+    ``token_embd.weight`` -> ``lm_head.weight`` where the embedding is the LM head: the model ties the two (``tied``:
+    ``tie_word_embeddings``) and the file stores no ``output.weight`` (llama.cpp's rule; a file may store one
+    anyway, and then that is the head)."""
+    names = {name: linear for name in tensor_names if (linear := transformers_name(name, fused)) is not None}
+    if tied and "output.weight" not in tensor_names and "token_embd.weight" in tensor_names:
+        names["token_embd.weight"] = "lm_head.weight"
+    return names
 
 
 def exact_weights(
@@ -121,30 +126,28 @@ def exact_weights(
     tied: bool = False,
 ) -> dict[str, ExactWeight]:
     """The tensors of ``gguf_path`` of ``types`` (keys of EXACT_DECODERS) by transformers name (``fused``: see
-    :func:`transformers_name`; ``tied``: the model ties its LM head to its embeddings, see :func:`tied_head`), those
-    whose values equal ``float_weights``' (the model converted from this file) within float32 rounding, checked on
-    64 rows spread over each tensor."""
+    :func:`transformers_name`; ``tied``: the model ties its LM head to its embeddings, see :func:`linear_names`),
+    those whose values equal ``float_weights``' (the model converted from this file) within float32 rounding,
+    checked on 64 rows spread over each tensor."""
     from gguf import GGUFReader
 
     from quickdraft.runtime.native.parts import PART_KINDS
 
     tensors = GGUFReader(gguf_path).tensors
-    names = {tensor.name: transformers_name(tensor.name, fused) for tensor in tensors}
-    sources = {name: name for name in names.values() if name is not None}  # name -> the float weight to match
-    if tied_head(names, tied):
-        names["token_embd.weight"], sources["lm_head.weight"] = "lm_head.weight", "model.embed_tokens.weight"
+    names = linear_names([tensor.name for tensor in tensors], fused, tied)
     found: dict[str, ExactWeight] = {}
     for tensor in tensors:
-        name = names[tensor.name]
-        if tensor.tensor_type.name not in types or name is None or sources[name] not in float_weights:
+        name = names.get(tensor.name)
+        source = "model.embed_tokens.weight" if tensor.name == "token_embd.weight" else name  # the float weight
+        if tensor.tensor_type.name not in types or name is None or source not in float_weights:
             continue
-        rows, width = float_weights[sources[name]].shape
+        rows, width = float_weights[source].shape
         if tuple(int(n) for n in tensor.shape) != (width, rows) or width % Q4_K_WEIGHTS:
             continue
         kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
         sample = torch.arange(0, rows, max(1, rows // 64))  # rows spread over the tensor: any reordering shows
         values = PART_KINDS[kind].from_blocks(*(field[sample] for field in fields)).dequantize()
-        reference = float_weights[sources[name]][sample].float()
+        reference = float_weights[source][sample].float()
         if float((values - reference).abs().max()) <= 1e-6 * float(reference.abs().max()):
             found[name] = kind, fields
     return found

@@ -29,8 +29,7 @@ from quickdraft.runtime.native.gguf_blocks import (
     FUSED_LAYER_TENSORS,
     LAYER_TENSORS,
     ExactWeight,
-    tied_head,
-    transformers_name,
+    linear_names,
 )
 
 MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
@@ -141,7 +140,7 @@ def read_gguf_weights(
     path: Path, config: DecoderConfig, exact_types: tuple[str, ...] = ("Q4_K",)
 ) -> tuple[GGUFTensors, ExactTensors]:
     """The tensors of the GGUF file ``path``: floats, and the linear weights of ``exact_types`` (keys of
-    EXACT_DECODERS) as they are stored (the LM head too where it is the embedding tensor: ``gguf_blocks.tied_head``).
+    EXACT_DECODERS) as they are stored (the LM head too where it is the embedding: ``gguf_blocks.linear_names``).
 
     Such a weight is kept as stored when transformers keeps its rows in the file's order, and read as floats
     otherwise. Raises ValueError naming the first tensor of a type outside READ_TYPES."""
@@ -158,18 +157,19 @@ def read_gguf_weights(
     floats: dict[str, Any] = {}
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
-    embedding_head = tied_head([tensor.name for tensor in reader.tensors], config.tie_word_embeddings)
+    linear = linear_names(
+        [tensor.name for tensor in reader.tensors], config.fused_projections, config.tie_word_embeddings
+    )
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections)
         if name is None:
             continue
-        if embedding_head and tensor.name == "token_embd.weight" and tensor.tensor_type.name in exact_types:
-            blocks["lm_head.weight"] = tensor  # the LM head, kept as stored; the embedding is read as floats too
         if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
             row_heads[name] = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
-        exact = tensor.tensor_type.name in exact_types
-        if exact and name not in row_heads and transformers_name(tensor.name, config.fused_projections) == name:
-            blocks[name] = tensor
-        else:
-            floats[name] = tensor
+        kept_as = linear.get(tensor.name)  # the linear weight this tensor is, if any
+        if tensor.tensor_type.name in exact_types and kept_as is not None and kept_as not in row_heads:
+            blocks[kept_as] = tensor
+            if kept_as == name:
+                continue  # else it is the tied LM head, and the embedding is read as floats too
+        floats[name] = tensor
     return GGUFTensors(floats, row_heads), ExactTensors(blocks)

@@ -174,9 +174,8 @@ def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dic
         tensors.update(load_file(file))
     if config.tie_word_embeddings and "model.embed_tokens.weight" not in tensors and "lm_head.weight" in tensors:
         tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
-    gguf = converted_from(path)
-    tied, kept = config.tie_word_embeddings, EXACT_TYPES[weights]
-    exact = {} if gguf is None else exact_weights(gguf, tensors, config.fused_projections, kept, tied)
+    gguf, tied, kept = converted_from(path), config.tie_word_embeddings, EXACT_TYPES[weights]
+    exact = {} if gguf is None or not kept else exact_weights(gguf, tensors, config.fused_projections, kept, tied)
     return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
 
 

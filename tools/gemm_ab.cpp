@@ -1,0 +1,109 @@
+// Two builds of the q4 GEMM (quickdraft/runtime/native/gemm.h) in one process, taking turns call by call in the order
+// A B B A, so that a VM switching speed slows both alike: the best of 40 calls each, at the 1536 -> 17920 gate+up and
+// the 8960 -> 1536 down projection of the default target, 2 threads sharing the n-blocks as the runtime does. Weights
+// rotate through 1 GiB so that every timed call streams them from memory (copy 0, which the check reads, is timed
+// last if ever), and the two builds' outputs are compared bit for
+// bit on the same weights. A and B are directories holding gemm.h and gemm_amx.h, e.g. a checkout's headers and
+// `git show REV:quickdraft/runtime/native/gemm.h` written to /tmp/old:
+//   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -I. -DQD_A=/tmp/old -DQD_B=quickdraft/runtime/native \
+//       tools/gemm_ab.cpp -o /tmp/gemm_ab && /tmp/gemm_ab [rows ...]
+// Add -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 for what a CPU without AMX runs.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#define QD_STRING(x) #x
+#define QD_HEADER(dir) QD_STRING(dir/gemm.h)
+#define qd qd_a
+#include QD_HEADER(QD_A)
+#undef qd
+#undef QD_UNROLL
+#define qd qd_b
+#include QD_HEADER(QD_B)
+#undef qd
+
+namespace {
+
+struct Q4Copy {
+  std::vector<uint8_t> codes, sub_scale, sub_min;
+  std::vector<float> d, dmin;
+};
+
+Q4Copy make_q4(int64_t n, int64_t k, std::mt19937& rng) {
+  const int64_t groups = k / 32, supers = (groups + 7) / 8;
+  Q4Copy c;
+  c.codes.resize(n * k / 2);
+  for (auto& b : c.codes) b = static_cast<uint8_t>(rng());
+  c.sub_scale.resize(n * groups);
+  for (auto& b : c.sub_scale) b = static_cast<uint8_t>(rng() % 64);
+  c.sub_min.resize(n * groups);
+  for (auto& b : c.sub_min) b = static_cast<uint8_t>(rng() % 64);
+  c.d.assign(n * supers, 1e-3f);
+  c.dmin.assign(n * supers, 1e-4f);
+  return c;
+}
+
+// which = 0 runs build A, 1 build B, over every n-block, split between the threads as at::parallel_for does.
+void call(int which, const Q4Copy& c, int64_t n, int64_t k, const std::vector<int8_t>& x, int64_t rows,
+          const std::vector<int32_t>& pairs, std::vector<float>& out, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), count = omp_get_num_threads();
+    const int64_t blocks = n / 16, begin = blocks * t / count, end = blocks * (t + 1) / count;
+    if (which == 0)
+      qd_a::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x.data(),
+                    rows, pairs.data(), out.data(), n, begin, end);
+    else
+      qd_b::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x.data(),
+                    rows, pairs.data(), out.data(), n, begin, end);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> row_counts = {1, 2, 4, 8, 9, 12, 16, 24};
+  if (argc > 1) {
+    row_counts.clear();
+    for (int i = 1; i < argc; ++i) row_counts.push_back(std::atoll(argv[i]));
+  }
+  const struct {
+    const char* name;
+    int64_t n, k;
+  } shapes[] = {{"q4 gate+up 1536->17920", 17920, 1536}, {"q4 down    8960->1536 ", 1536, 8960}};
+  std::mt19937 rng(7);
+  std::printf("isa %s; 2 threads; best of 40 calls each, A B B A; ms\n", qd_b::kIsa);
+  std::printf("%-22s %4s %8s %8s %6s\n", "shape", "rows", "A", "B", "B/A");
+  for (const auto& shape : shapes) {
+    const int64_t bytes = shape.n * shape.k * 9 / 16;
+    const int copies = static_cast<int>(((int64_t{1} << 30) + bytes - 1) / bytes);
+    std::vector<Q4Copy> q4;
+    for (int c = 0; c < copies; ++c) q4.push_back(make_q4(shape.n, shape.k, rng));
+    for (int64_t rows : row_counts) {
+      std::vector<int8_t> x(rows * shape.k);
+      for (auto& v : x) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+      std::vector<int32_t> pairs(rows * shape.k / 64);
+      for (int64_t r = 0; r < rows; ++r) qd_a::group_sum_pairs(x.data() + r * shape.k, shape.k, pairs.data() + r * shape.k / 64);
+      std::vector<float> out_a(rows * shape.n), out_b(rows * shape.n);
+      double best[2] = {1e9, 1e9};
+      for (int i = 0; i < 80; ++i) {
+        const int which = (i % 4 == 0 || i % 4 == 3) ? 0 : 1;
+        const auto t0 = std::chrono::steady_clock::now();
+        call(which, q4[(i + 1) % copies], shape.n, shape.k, x, rows, pairs, which == 0 ? out_a : out_b, 2);
+        best[which] = std::min(best[which], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      call(0, q4[0], shape.n, shape.k, x, rows, pairs, out_a, 2);
+      call(1, q4[0], shape.n, shape.k, x, rows, pairs, out_b, 2);
+      const bool same = std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)) == 0;
+      std::printf("%-22s %4ld %8.3f %8.3f %6.3f %s\n", shape.name, static_cast<long>(rows), best[0] * 1e3,
+                  best[1] * 1e3, best[1] / best[0], same ? "same bits" : "DIFFERENT BITS");
+    }
+  }
+  return 0;
+}

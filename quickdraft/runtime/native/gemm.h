@@ -235,69 +235,8 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
   QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
 }
 
-// Two n-blocks at once, for many rows: each broadcast of an activation quad feeds two multiply-adds instead of one,
-// at the cost of unpacking the codes once per tile of at most kQ4PairRows rows (tools/gemm_speed.cpp, docs/design.md:
-// faster from 9 rows, slower below). The same operations per output as q4_tile, in the same order.
-template <int R>
-inline void q4_pair_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
-                         int64_t block, float* out, int64_t out_stride) {
-  const int64_t groups = w.groups(), supers = w.supers();
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-  __m512 acc[R][2];  // [row][block]
-  QD_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < supers; ++s) {
-    const int64_t begin = s * kGroupsPerSuper;
-    const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
-    for (int64_t g = begin; g < end; ++g) {
-      __m512i dot[R][2];
-      QD_UNROLL for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_si512();
-      QD_UNROLL for (int j = 0; j < 4; ++j) {
-        __m512i low[2], high[2];  // vector j of each block: k = 32g + 4j + i (low) and 32g + 4(j + 4) + i (high)
-        QD_UNROLL for (int b = 0; b < 2; ++b) {
-          const uint8_t* packed = w.codes + ((block + b) * groups + g) * 256 + j * 64;
-          prefetch(packed);
-          const __m512i v = _mm512_loadu_si512(packed);
-          low[b] = _mm512_and_si512(v, low_nibbles);
-          high[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles);
-        }
-        QD_UNROLL for (int r = 0; r < R; ++r) {
-          const int8_t* row = x + r * x_stride + g * kGroup;
-          const __m512i x_low = _mm512_set1_epi32(load4(row + 4 * j)), x_high = _mm512_set1_epi32(load4(row + 4 * (j + 4)));
-          QD_UNROLL for (int b = 0; b < 2; ++b)
-            dot[r][b] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[r][b], low[b], x_low), high[b], x_high);
-        }
-      }
-      QD_UNROLL for (int b = 0; b < 2; ++b) {
-        const __m512 d = _mm512_loadu_ps(w.d + ((block + b) * supers + s) * kLanes);
-        const __m128i sub_scale = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + ((block + b) * groups + g) * kLanes));
-        const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scale)));
-        QD_UNROLL for (int r = 0; r < R; ++r) acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[r][b])));
-      }
-    }
-    const int64_t pair_count = (end - begin) / 2;
-    QD_UNROLL for (int b = 0; b < 2; ++b) {
-      __m512i min_pairs[kGroupsPerSuper / 2];
-      QD_UNROLL for (int p = 0; p < kGroupsPerSuper / 2; ++p)
-        if (p < pair_count)
-          min_pairs[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_min + ((block + b) * groups + begin + 2 * p) * kLanes)));
-      const __m512 dmin = _mm512_loadu_ps(w.dmin + ((block + b) * supers + s) * kLanes);
-      QD_UNROLL for (int r = 0; r < R; ++r) {
-        __m512i offset = _mm512_setzero_si512();
-        QD_UNROLL for (int p = 0; p < kGroupsPerSuper / 2; ++p)
-          if (p < pair_count) offset = _mm512_dpwssd_epi32(offset, min_pairs[p], _mm512_set1_epi32(pairs[r * pair_stride + begin / 2 + p]));
-        acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(offset)));
-      }
-    }
-  }
-  QD_UNROLL for (int r = 0; r < R; ++r) QD_UNROLL for (int b = 0; b < 2; ++b)
-    _mm512_storeu_ps(out + r * out_stride + (block + b) * kLanes, acc[r][b]);
-}
-
 constexpr int kInt8Rows = 16;
 constexpr int kQ4Rows = 16;
-constexpr int kQ4PairRows = 6;          // 4 registers a row: two dot products and two sums
-constexpr int64_t kQ4PairMinRows = 9;   // fewer rows take q4_tile
-#define QD_Q4_PAIRS 1
 
 #elif defined(__AVX2__)
 #if defined(__AVXVNNI__)
@@ -480,25 +419,10 @@ inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const
 inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t pair_stride = w.k / (2 * kGroup);
-  auto single = [&](int64_t block, int64_t row, auto tile_rows) {
+  for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
     q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
                                         out + row * out_stride, out_stride);
-  };
-#if defined(QD_Q4_PAIRS)
-  if (rows >= kQ4PairMinRows) {
-    const int64_t paired_end = block_begin + (block_end - block_begin) / 2 * 2;
-    for_each_chunk(rows, w.k, [&](int64_t first, int64_t count) {
-      for (int64_t block = block_begin; block < paired_end; block += 2)
-        for_each_tile<kQ4PairRows>(count, [&](int64_t r, auto tile_rows) {
-          const int64_t row = first + r;
-          q4_pair_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
-                                                   out + row * out_stride, out_stride);
-        });
-    });
-    block_begin = paired_end;  // an odd last block goes alone
-  }
-#endif
-  for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, single);
+  });
 }
 
 }  // namespace qd

@@ -11,10 +11,11 @@ from conftest import native_from_hf, sharp_native_pipeline, tiny_model
 from quickdraft.config import GenerationConfig
 from quickdraft.runtime.base import BatchRow, KVCache
 from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.cache import key_rows
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import combine_passes
-from quickdraft.runtime.native.model import ACTIVATION_FUNCTIONS, key_rows
+from quickdraft.runtime.native.model import ACTIVATION_FUNCTIONS
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["kernels", "torch-ops"])
@@ -189,11 +190,12 @@ def test_native_kernels_matches_the_pytorch_path() -> None:
     cache.values.normal_(generator=generator)
     q = torch.randn(6, 4, 8, generator=generator)  # [R, heads, D]: rows of two slots at various positions
     row_slot, row_position = [0, 0, 1, 1, 1, 0], [3, 4, 11, 12, 0, 30]
+    row_index = [3, 4, 20, 12, 0, 47]  # two of them a tree's leaves, their keys kept past their positions
     keys, values = cache.slots()
     decoder.use_kernel = True
-    compiled = decoder._attend(1, q, keys, values, row_slot, row_position)
+    compiled = decoder._attend(1, q, keys, values, row_slot, row_position, row_index)
     decoder.use_kernel = False
-    reference = decoder._attend(1, q, keys, values, row_slot, row_position)
+    reference = decoder._attend(1, q, keys, values, row_slot, row_position, row_index)
     assert torch.allclose(compiled, reference, atol=1e-6, rtol=1e-5)
 
 
@@ -212,9 +214,10 @@ def test_rows_attended_together_equal_each_row_attended_alone() -> None:
     q = torch.randn(len(row_slot), 4, 8, generator=generator)  # [R, heads, D]
     keys, values = cache.slots()
     decoder.use_kernel = True
-    together = decoder._attend(1, q, keys, values, row_slot, row_position)
-    for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
-        alone = decoder._attend(1, q[r : r + 1], keys, values, [slot], [position])
+    row_index = [*row_position[:19], 330, *row_position[20:]]  # the block's last row a leaf
+    together = decoder._attend(1, q, keys, values, row_slot, row_position, row_index)
+    for r, (slot, position, own) in enumerate(zip(row_slot, row_position, row_index, strict=True)):
+        alone = decoder._attend(1, q[r : r + 1], keys, values, [slot], [position], [own])
         assert torch.equal(together[r : r + 1], alone), r
 
 
@@ -248,7 +251,7 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     rope_cos, rope_sin = decoder.layer_rope[0]
     q = kernels.qkv_rope_cache(
         gemm_out, row_scale, layer.qkv.kernel_bias, torch.empty(0), torch.empty(0), config.rms_norm_eps,
-        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, heads,
+        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, row_position, heads,
     )  # fmt: skip
     projected = kernels.combine_rows(gemm_out, row_scale, layer.qkv.kernel_bias, passes)
     projected = projected.reshape(len(starts), num_new, -1)
@@ -260,7 +263,7 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     q_norm, k_norm = torch.rand(head_dim, generator=generator) + 0.5, torch.rand(head_dim, generator=generator) + 0.5
     normed_q = kernels.qkv_rope_cache(
         gemm_out, row_scale, layer.qkv.kernel_bias, q_norm, k_norm, config.rms_norm_eps,
-        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, heads,
+        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, row_position, heads,
     )  # fmt: skip
     expected_q = decoder._rotate(decoder._rms_norm(q_heads, q_norm), cos, sin).reshape(rows, heads, head_dim)
     assert torch.allclose(normed_q, expected_q, rtol=1e-5, atol=1e-5)  # Qwen3's and Gemma's q/k norms
@@ -270,7 +273,7 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     assert torch.allclose(written, expected_k, rtol=1e-5, atol=1e-5)
     kernels.qkv_rope_cache(
         gemm_out, row_scale, layer.qkv.kernel_bias, torch.empty(0), torch.empty(0), config.rms_norm_eps,
-        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, heads,
+        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, row_position, heads,
     )  # fmt: skip
     k_ref = decoder._rotate(k_ref.reshape(len(starts), num_new, kv_heads, head_dim), cos, sin)
     for row, start in enumerate(starts):

@@ -8,20 +8,22 @@ extern "C" {
 
 const char* attention_isa() { return qd::kAttentionIsa; }
 
-// Each row alone (attend_group): q [rows][heads][D] at positions lengths[r] - 1, seeing positions skips[r] on ->
-// out [rows][heads][D].
-void attend_alone(const float* q, const int64_t* skips, const int64_t* lengths, int64_t rows, int64_t heads, const float* keys,
-                  const float* values, int64_t head_dim, float scale, float cap, float* out) {
+// Each row alone (attend_group): q [rows][heads][D] at positions lengths[r] - 1 (a tree's leaf with its key and value
+// at owns[r] >= 0), seeing positions skips[r] on -> out [rows][heads][D].
+void attend_alone(const float* q, const int64_t* skips, const int64_t* lengths, const int64_t* owns, int64_t rows,
+                  int64_t heads, const float* keys, const float* values, int64_t head_dim, float scale, float cap,
+                  float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<float> scores(8 * qd::key_blocks(lengths[r]) * qd::kKeyBlock);
-    qd::attend_group(q + r * heads * head_dim, heads, keys, values, skips[r], lengths[r], head_dim, scale, cap,
+    qd::attend_group(q + r * heads * head_dim, heads, keys, values, skips[r], lengths[r], owns[r], head_dim, scale, cap,
                      out + r * heads * head_dim, scores.data());
   }
 }
 
 // The rows together (attend_rows), taking turns on the cache's tiles.
-void attend_together(const float* q, const int64_t* skips, const int64_t* lengths, int64_t rows, int64_t heads, const float* keys,
-                     const float* values, int64_t head_dim, float scale, float cap, float* out) {
+void attend_together(const float* q, const int64_t* skips, const int64_t* lengths, const int64_t* owns, int64_t rows,
+                     int64_t heads, const float* keys, const float* values, int64_t head_dim, float scale, float cap,
+                     float* out) {
   std::vector<const float*> qs(rows);
   std::vector<float*> outs(rows);
   for (int64_t r = 0; r < rows; ++r) {
@@ -29,7 +31,7 @@ void attend_together(const float* q, const int64_t* skips, const int64_t* length
     outs[r] = out + r * heads * head_dim;
   }
   std::vector<float> scores(qd::rows_scratch(lengths, rows, heads));
-  qd::attend_rows(qs.data(), skips, lengths, rows, heads, keys, values, head_dim, scale, cap, outs.data(),
+  qd::attend_rows(qs.data(), skips, lengths, owns, rows, heads, keys, values, head_dim, scale, cap, outs.data(),
                   scores.data());
 }
 }

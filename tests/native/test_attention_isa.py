@@ -1,6 +1,7 @@
 """attention.h on every instruction set this machine runs (AVX-512, AVX2, plain C++): each build's result is softmax
-attention to float error, rows attended together have the bits of each row alone, and positions past a row's length
-or before its sliding window are never used, whatever they hold (NaN included)."""
+attention to float error, rows attended together have the bits of each row alone, positions past a row's length
+or before its sliding window are never used, whatever they hold (NaN included), and a tree's leaf, its key and value
+kept past the block, has the bits of a chain row holding its token at its position."""
 
 from __future__ import annotations
 
@@ -29,15 +30,16 @@ def blocked_keys(keys: torch.Tensor) -> torch.Tensor:
 
 def attend(library: ctypes.CDLL, together: bool, q: torch.Tensor, lengths: list[int], keys: torch.Tensor,
            values: torch.Tensor, scale: float, skips: list[int] | None = None,
-           cap: float = 0.0) -> torch.Tensor:  # fmt: skip
+           cap: float = 0.0, owns: list[int] | None = None) -> torch.Tensor:  # fmt: skip
     rows, heads, head_dim = q.shape
     out = torch.full_like(q, math.nan)
     length_array = (ctypes.c_int64 * rows)(*lengths)
     skip_array = (ctypes.c_int64 * rows)(*(skips or [0] * rows))
+    own_array = (ctypes.c_int64 * rows)(*(owns or [-1] * rows))
     function = library.attend_together if together else library.attend_alone
     blocked = blocked_keys(keys)  # held while the call reads it
-    function(pointer(q), skip_array, length_array, ctypes.c_int64(rows), ctypes.c_int64(heads), pointer(blocked),
-             pointer(values), ctypes.c_int64(head_dim), ctypes.c_float(scale), ctypes.c_float(cap),
+    function(pointer(q), skip_array, length_array, own_array, ctypes.c_int64(rows), ctypes.c_int64(heads),
+             pointer(blocked), pointer(values), ctypes.c_int64(head_dim), ctypes.c_float(scale), ctypes.c_float(cap),
              pointer(out))  # fmt: skip
     return out
 
@@ -100,3 +102,29 @@ def test_a_sliding_window_leaves_out_the_positions_before_it(libraries, head_dim
             poisoned_keys[:skip], poisoned_values[:skip] = math.nan, math.nan
             poisoned = attend(library, True, q[r : r + 1], [length], poisoned_keys, poisoned_values, scale, [skip])
             assert torch.equal(poisoned, alone[r : r + 1]), (name, r)
+
+
+@pytest.mark.parametrize("head_dim", [128, 12])
+def test_a_leaf_has_the_bits_of_a_chain_row_holding_its_token(libraries, head_dim: int) -> None:
+    """A leaf at position p keeps its key and value at index own past the block; it sees 0..p - 1 and then itself, in
+    every build, alone and beside chain rows, with a window and a softcap too."""
+    generator = torch.Generator().manual_seed(10)
+    positions, heads, scale = 640, 9, head_dim**-0.5
+    keys, values = (torch.randn(positions, head_dim, generator=generator) for _ in range(2))
+    leaf_lengths, owns = [300, 301, 316, 17, 1], [330, 600, 639, 400, 20]  # p + 1 = length; own anywhere past
+    for skips, cap in (([0] * 5, 0.0), ([5, 0, 15, 16, 0], 4.0)):
+        q = torch.randn(len(leaf_lengths), heads, head_dim, generator=generator)
+        for name, library in libraries.items():
+            leaves = attend(library, True, q, leaf_lengths, keys, values, scale, skips, cap, owns)
+            chain_keys, chain_values = keys.clone(), values.clone()
+            for r, (length, own) in enumerate(zip(leaf_lengths, owns, strict=True)):
+                chain_keys[length - 1], chain_values[length - 1] = keys[own], values[own]  # the leaf's token at p
+                chain = attend(
+                    library, False, q[r : r + 1], [length], chain_keys, chain_values, scale, skips[r : r + 1], cap
+                )
+                assert torch.equal(leaves[r : r + 1], chain), (name, r)
+                alone = attend(
+                    library, False, q[r : r + 1], [length], keys, values, scale, skips[r : r + 1], cap, [own]
+                )
+                assert torch.equal(alone, chain), (name, r)
+                chain_keys[length - 1], chain_values[length - 1] = keys[length - 1], values[length - 1]

@@ -7,6 +7,10 @@
 // queries or rows share the forward: so a token's attention has the same bits whether it is decoded alone, inside
 // a verify block at any offset, or again after a rollback. Positions past p are never used, whatever they hold.
 //
+// A tree's leaf (a drafted sibling of the chain's token at its depth) is a row at position p whose own key and value
+// are kept past the verify block, at index `own`, because the chain's token holds position p: it attends to positions
+// 0..p - 1 and then to its own key in the place of p, with the same arithmetic as a chain row at p holding its token.
+//
 // Keys are stored in blocks of 16 positions, transposed: [C/16][D][16] per KV head, so one vector load gives a
 // dimension of 16 consecutive keys (8 with AVX2) and a query's scores need no horizontal sums. Values are [C][D].
 #pragma once
@@ -53,6 +57,13 @@ inline void block_scores(const float* q, const float* keys, int64_t blocks, int6
     }
     for (int h = 0; h < H; ++h) _mm512_storeu_ps(scores + h * stride + b * kKeyBlock, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
   }
+}
+
+// The score of the key at index `own` as block_scores computes a lane: fused multiply-adds over d in order, times scale.
+inline float key_score(const float* q, const float* keys, int64_t own, int64_t head_dim, float scale) {
+  float acc = 0.0f;
+  for (int64_t d = 0; d < head_dim; ++d) acc = std::fma(q[d], keys[key_offset(own, d, head_dim)], acc);
+  return acc * scale;
 }
 
 // softmax(scores[0..length)) in place: the unnormalized weights exp(s - max); returns 1 / their sum.
@@ -128,6 +139,13 @@ inline void block_scores(const float* q, const float* keys, int64_t blocks, int6
     }
 }
 
+// The score of the key at index `own` as block_scores computes a lane: fused multiply-adds over d in order, times scale.
+inline float key_score(const float* q, const float* keys, int64_t own, int64_t head_dim, float scale) {
+  float acc = 0.0f;
+  for (int64_t d = 0; d < head_dim; ++d) acc = std::fma(q[d], keys[key_offset(own, d, head_dim)], acc);
+  return acc * scale;
+}
+
 inline float horizontal_max(__m256 v) {
   const __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pairs = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -198,24 +216,35 @@ inline void skip_scores(float* scores, int64_t skip) {
   std::fill(scores, scores + skip, -std::numeric_limits<float>::infinity());
 }
 
+// add_values over [from, to) of a row of this length whose last position's value is row `own` (own < 0: its own
+// place): the same multiply-adds in the same order, the last one reading the leaf's value.
+inline void add_row_values(const float* weights, int64_t from, int64_t to, int64_t length, int64_t own,
+                           const float* values, int64_t head_dim, float* acc_out) {
+  if (own < 0 || to < length) return add_values(weights, from, to, values, head_dim, acc_out);
+  add_values(weights, from, length - 1, values, head_dim, acc_out);
+  add_values(weights + length - 1, 0, 1, values + own * head_dim, head_dim, acc_out);
+}
+
 // softmax(softcap(scores[skip..length))) · values -> out [D]; scores are overwritten with the weights.
-inline void softmax_values(float* scores, int64_t skip, int64_t length, float cap, const float* values,
+inline void softmax_values(float* scores, int64_t skip, int64_t length, int64_t own, float cap, const float* values,
                            int64_t head_dim, float* out) {
   softcap_scores(scores, skip, length, cap);
   skip_scores(scores, skip);
   const float inverse = softmax_weights(scores, length);
   std::fill(out, out + head_dim, 0.0f);
-  add_values(scores, skip, length, values, head_dim, out);
+  add_row_values(scores, skip, length, length, own, values, head_dim, out);
   scale_values(out, head_dim, inverse);
 }
 
 template <int H>
 inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
-                         int64_t head_dim, float scale, float cap, float* out, float* scores) {
+                         int64_t own, int64_t head_dim, float scale, float cap, float* out, float* scores) {
   const int64_t stride = key_blocks(length) * kKeyBlock;
   block_scores<H>(q, keys, key_blocks(length), head_dim, scale, scores, stride);
+  for (int h = 0; own >= 0 && h < H; ++h)
+    scores[h * stride + length - 1] = key_score(q + h * head_dim, keys, own, head_dim, scale);
   for (int h = 0; h < H; ++h)
-    softmax_values(scores + h * stride, skip, length, cap, values, head_dim, out + h * head_dim);
+    softmax_values(scores + h * stride, skip, length, own, cap, values, head_dim, out + h * head_dim);
 }
 
 #else
@@ -223,12 +252,13 @@ constexpr const char* kAttentionIsa = "scalar";
 
 template <int H>
 inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
-                         int64_t head_dim, float scale, float cap, float* out, float* scores) {
+                         int64_t own, int64_t head_dim, float scale, float cap, float* out, float* scores) {
   for (int h = 0; h < H; ++h) {
     float max_score = -std::numeric_limits<float>::infinity();
     for (int64_t j = skip; j < length; ++j) {
+      const int64_t index = own >= 0 && j == length - 1 ? own : j;
       float total = 0.0f;
-      for (int64_t d = 0; d < head_dim; ++d) total += q[h * head_dim + d] * keys[key_offset(j, d, head_dim)];
+      for (int64_t d = 0; d < head_dim; ++d) total += q[h * head_dim + d] * keys[key_offset(index, d, head_dim)];
       scores[j] = total * scale;
       softcap_scores(scores, j, j + 1, cap);
       max_score = std::max(max_score, scores[j]);
@@ -237,30 +267,33 @@ inline void attend_heads(const float* q, const float* keys, const float* values,
     for (int64_t j = skip; j < length; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
     float* o = out + h * head_dim;
     std::fill(o, o + head_dim, 0.0f);
-    for (int64_t j = skip; j < length; ++j)
-      for (int64_t d = 0; d < head_dim; ++d) o[d] += scores[j] * values[j * head_dim + d];
+    for (int64_t j = skip; j < length; ++j) {
+      const float* value = values + (own >= 0 && j == length - 1 ? own : j) * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] += scores[j] * value[d];
+    }
     for (int64_t d = 0; d < head_dim; ++d) o[d] /= sum;
   }
 }
 #endif
 
-// The query heads q [heads][D] of one KV head's group at position length - 1, seeing positions skip..length - 1, their
+// The query heads q [heads][D] of one KV head's group at position length - 1 (its key and value at index own >= 0 for a
+// tree's leaf, else at length - 1), seeing positions skip..length - 1, their
 // scores softcapped by `cap` (0: none): out [heads][D]. scores is scratch of at least 8 · key_blocks(length) · 16 floats. Heads go 8 at a time; each
 // head's arithmetic is its own.
 inline void attend_group(const float* q, int64_t heads, const float* keys, const float* values, int64_t skip,
-                         int64_t length, int64_t head_dim, float scale, float cap, float* out, float* scores) {
+                         int64_t length, int64_t own, int64_t head_dim, float scale, float cap, float* out, float* scores) {
   for (int64_t first = 0; first < heads; first += 8) {
     const float* qs = q + first * head_dim;
     float* os = out + first * head_dim;
     switch (std::min<int64_t>(8, heads - first)) {
-      case 1: attend_heads<1>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
-      case 2: attend_heads<2>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
-      case 3: attend_heads<3>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
-      case 4: attend_heads<4>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
-      case 5: attend_heads<5>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
-      case 6: attend_heads<6>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
-      case 7: attend_heads<7>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
-      default: attend_heads<8>(qs, keys, values, skip, length, head_dim, scale, cap, os, scores); break;
+      case 1: attend_heads<1>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
+      case 2: attend_heads<2>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
+      case 3: attend_heads<3>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
+      case 4: attend_heads<4>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
+      case 5: attend_heads<5>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
+      case 6: attend_heads<6>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
+      case 7: attend_heads<7>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
+      default: attend_heads<8>(qs, keys, values, skip, length, own, head_dim, scale, cap, os, scores); break;
     }
   }
 }
@@ -278,12 +311,13 @@ inline int64_t rows_scratch(const int64_t* lengths, int64_t rows, int64_t heads)
   return total + 8 * longest;
 }
 
-// Rows of one cache slot and one KV head's group: row r's heads q[r] [heads][D] at position lengths[r] - 1, seeing
-// positions skips[r]..lengths[r] - 1 ->
+// Rows of one cache slot and one KV head's group: row r's heads q[r] [heads][D] at position lengths[r] - 1 (its key
+// and value at index owns[r] >= 0 for a tree's leaf), seeing positions skips[r]..lengths[r] - 1 ->
 // out[r] [heads][D]. Every row's arithmetic is attend_group's, in the same order (so the same bits); the rows take
 // turns on each tile of keys and then of values while it is in cache, so a verify block of k rows reads the cache
 // about once rather than k times. scores: scratch of rows_scratch(lengths, rows, heads) floats.
-inline void attend_rows(const float* const* q, const int64_t* skips, const int64_t* lengths, int64_t rows, int64_t heads,
+inline void attend_rows(const float* const* q, const int64_t* skips, const int64_t* lengths, const int64_t* owns,
+                        int64_t rows, int64_t heads,
                         const float* keys, const float* values, int64_t head_dim, float scale, float cap,
                         float* const* out, float* scores) {
 #if defined(QD_VECTOR_ATTENTION)
@@ -291,7 +325,8 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
   int64_t stride[64];
   float inverse[64 * 64];
   if (rows > 64 || heads > 64) {
-    for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, cap, out[r], scores);
+    for (int64_t r = 0; r < rows; ++r)
+      attend_group(q[r], heads, keys, values, skips[r], lengths[r], owns[r], head_dim, scale, cap, out[r], scores);
     return;
   }
   int64_t most_blocks = 0, longest = 0;
@@ -324,9 +359,11 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
       }
     }
   }
-  // 2. Each row's and head's weights.
+  // 2. Each row's and head's weights (a leaf's last score from its own key first).
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
+      if (owns[r] >= 0)
+        row_scores[r][h * stride[r] + lengths[r] - 1] = key_score(q[r] + h * head_dim, keys, owns[r], head_dim, scale);
       softcap_scores(row_scores[r] + h * stride[r], skips[r], lengths[r], cap);
       skip_scores(row_scores[r] + h * stride[r], skips[r]);
       inverse[r * heads + h] = softmax_weights(row_scores[r] + h * stride[r], lengths[r]);
@@ -337,12 +374,13 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t start = std::max(from, skips[r]), to = std::min(from + kValueTile, lengths[r]);
       for (int64_t h = 0; start < to && h < heads; ++h)
-        add_values(row_scores[r] + h * stride[r], start, to, values, head_dim, out[r] + h * head_dim);
+        add_row_values(row_scores[r] + h * stride[r], start, to, lengths[r], owns[r], values, head_dim, out[r] + h * head_dim);
     }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) scale_values(out[r] + h * head_dim, head_dim, inverse[r * heads + h]);
 #else
-  for (int64_t r = 0; r < rows; ++r) attend_group(q[r], heads, keys, values, skips[r], lengths[r], head_dim, scale, cap, out[r], scores);
+  for (int64_t r = 0; r < rows; ++r)
+      attend_group(q[r], heads, keys, values, skips[r], lengths[r], owns[r], head_dim, scale, cap, out[r], scores);
 #endif
 }
 

@@ -178,24 +178,30 @@ struct CachePlanes {
   }
 };
 
-void check_rows(const std::vector<int64_t>& row_slot, const std::vector<int64_t>& row_position, int64_t rows,
-                const CachePlanes& planes) {
-  TORCH_CHECK(static_cast<int64_t>(row_slot.size()) == rows && static_cast<int64_t>(row_position.size()) == rows);
+// Row r: slot row_slot[r], position row_position[r], its key and value at index row_index[r] (its position, or for a
+// tree's leaf a place past the verify block: attention.h).
+void check_rows(const std::vector<int64_t>& row_slot, const std::vector<int64_t>& row_position,
+                const std::vector<int64_t>& row_index, int64_t rows, const CachePlanes& planes) {
+  TORCH_CHECK(static_cast<int64_t>(row_slot.size()) == rows && static_cast<int64_t>(row_position.size()) == rows &&
+              static_cast<int64_t>(row_index.size()) == rows);
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(row_slot[r] >= 0 && row_slot[r] < static_cast<int64_t>(planes.base.size()), "row slot out of range");
     TORCH_CHECK(row_position[r] >= 0 && row_position[r] < planes.capacity, "row position outside the cache");
+    TORCH_CHECK(row_index[r] >= row_position[r] && row_index[r] < planes.capacity,
+                "a row's key is kept at its position or past it, inside the cache");
   }
 }
 
 }  // namespace
 
 // q: [R, H, D] float32 (RoPE applied), one row per new token; keys, values: the cache slots (see CachePlanes),
-// already holding the rows' own keys and values; row r sits in slot row_slot[r] at position row_position[r] and
-// attends to that slot's positions 0..row_position[r] of layer `layer` (attention.h), or with a sliding `window`
+// already holding the rows' own keys and values; row r sits in slot row_slot[r] at position row_position[r], its key
+// and value at index row_index[r], and attends to that slot's positions 0..row_position[r] of layer `layer`, its own
+// key in the place of its position (attention.h), or with a sliding `window`
 // (0: none) to the last `window` of them; scores are softcapped by `softcap` (0: none). Returns [R, H * D].
 torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale,
-                     int64_t window, double softcap) {
+                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
+                     std::vector<int64_t> row_index, double scale, int64_t window, double softcap) {
   TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3 && window >= 0 && softcap >= 0);
   q = q.contiguous();
   const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
@@ -203,8 +209,8 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
   const int64_t group = heads / kv_heads;
   TORCH_CHECK(head_dim == key_planes.head_dim && heads % kv_heads == 0);
   TORCH_CHECK(value_planes.kv_heads == kv_heads && value_planes.head_dim == head_dim, "keys and values differ");
-  check_rows(row_slot, row_position, rows, key_planes);
-  check_rows(row_slot, row_position, rows, value_planes);
+  check_rows(row_slot, row_position, row_index, rows, key_planes);
+  check_rows(row_slot, row_position, row_index, rows, value_planes);
   auto out = torch::empty({rows, heads * head_dim}, q.options());
   const float* q_data = q.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
@@ -228,7 +234,7 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
     std::vector<float> scores;
     const float* qs[kRunRows];
     float* outs[kRunRows];
-    int64_t skips[kRunRows], lengths[kRunRows];
+    int64_t skips[kRunRows], lengths[kRunRows], owns[kRunRows];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task % kv_heads;
       const auto [first, last] = runs[task / kv_heads];
@@ -238,9 +244,10 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
         outs[r - first] = out_data + (r * heads + g * group) * head_dim;
         lengths[r - first] = row_position[r] + 1 - from;
         skips[r - first] = window > 0 ? std::max<int64_t>(0, row_position[r] + 1 - window) - from : 0;
+        owns[r - first] = row_index[r] != row_position[r] ? row_index[r] - from : -1;
       }
       scores.resize(qd::rows_scratch(lengths, last - first, group));
-      qd::attend_rows(qs, skips, lengths, last - first, group,
+      qd::attend_rows(qs, skips, lengths, owns, last - first, group,
                       key_planes.plane(row_slot[first], layer, g) + from * head_dim,
                       value_planes.plane(row_slot[first], layer, g) + from * head_dim, head_dim,
                       static_cast<float>(scale), static_cast<float>(softcap), outs, scores.data());
@@ -315,11 +322,13 @@ std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weig
 // empty; q_norm, k_norm: [D] RMSNorm weights of each q and k head, or empty (none); cos, sin: [C, R] RoPE tables of
 // the first R dimensions of a head (R < D: partial rotary, the rest unchanged);
 // keys, values: the cache slots (see CachePlanes). Row r is position row_position[r] of slot row_slot[r]: its k and
-// v are written there, in layer `layer`. Returns q [R, H, D], normed and rotated.
+// v, rotated for that position, are written at index row_index[r] in layer `layer`. Returns q [R, H, D], normed and
+// rotated.
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,
                              torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,
                              std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values, int64_t layer,
-                             std::vector<int64_t> row_slot, std::vector<int64_t> row_position, int64_t heads) {
+                             std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
+                             std::vector<int64_t> row_index, int64_t heads) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   cos = float_tensor(cos, "cos");
@@ -329,7 +338,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   const int64_t rows = static_cast<int64_t>(row_slot.size()), width = out.size(1);
   TORCH_CHECK(width == (heads + 2 * kv_heads) * head_dim);
   const GemmOutput gemm = gemm_output(out, row_scale, bias, rows);
-  check_rows(row_slot, row_position, rows, key_planes);
+  check_rows(row_slot, row_position, row_index, rows, key_planes);
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) <= head_dim && cos.size(1) % 2 == 0,
               "RoPE tables [C, R] for the first R (even) of a head's D dimensions");
   const int64_t dims = cos.size(1);
@@ -361,9 +370,9 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
       for (int64_t g = 0; g < kv_heads; ++g) {
         rope_row(k + g * head_dim, c, si, rotated.data(), dims, head_dim);
         float* key_plane = key_planes.plane(row_slot[r], layer, g);
-        for (int64_t d = 0; d < head_dim; ++d) key_plane[qd::key_offset(position, d, head_dim)] = rotated[d];
+        for (int64_t d = 0; d < head_dim; ++d) key_plane[qd::key_offset(row_index[r], d, head_dim)] = rotated[d];
         std::copy(v + g * head_dim, v + (g + 1) * head_dim,
-                  value_planes.plane(row_slot[r], layer, g) + position * head_dim);
+                  value_planes.plane(row_slot[r], layer, g) + row_index[r] * head_dim);
       }
     }
   });

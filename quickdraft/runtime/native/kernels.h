@@ -6,14 +6,15 @@
 #include <vector>
 
 torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position, double scale,
-                     int64_t window, double softcap);
+                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
+                     std::vector<int64_t> row_index, double scale, int64_t window, double softcap);
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t passes);
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps, int64_t passes);
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,
                              torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,
                              std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values, int64_t layer,
-                             std::vector<int64_t> row_slot, std::vector<int64_t> row_position, int64_t heads);
+                             std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
+                             std::vector<int64_t> row_index, int64_t heads);
 torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor norm,
                                double eps, torch::Tensor residual);
 std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_scale, int64_t activation,

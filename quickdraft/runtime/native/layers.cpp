@@ -62,7 +62,8 @@ class Layers {
   // reference to a tensor each layer makes anyway, so capturing costs nothing.
   std::vector<torch::Tensor> forward(torch::Tensor x, const std::vector<torch::Tensor>& keys,
                                      const std::vector<torch::Tensor>& values, const std::vector<int64_t>& row_slot,
-                                     const std::vector<int64_t>& row_position, int64_t count,
+                                     const std::vector<int64_t>& row_position, const std::vector<int64_t>& row_index,
+                                     int64_t count,
                                      const std::vector<int64_t>& capture) const {
     TORCH_CHECK(count >= 0 && count <= static_cast<int64_t>(layers_.size()));
     std::vector<torch::Tensor> captured;
@@ -72,9 +73,10 @@ class Layers {
       auto normed = rms_norm_quantize(x, layer.input_norm, eps_, passes_);  // rows [P·R, H] int8, row_scale [P·R, 1]
       auto q = qkv_rope_cache(layer.qkv.matmul(normed[0]), normed[1], layer.qkv.bias, layer.q_norm, layer.k_norm,
                               eps_, layer.cos, layer.sin, keys, values, index, row_slot, row_position,
-                              heads_);  // [R, heads, D]; k, v cached
+                              row_index, heads_);  // [R, heads, D]; k, v cached
       auto attended =
-          quantize_rows(attend(q, keys, values, index, row_slot, row_position, scale_, layer.window, softcap_), passes_);
+          quantize_rows(attend(q, keys, values, index, row_slot, row_position, row_index, scale_, layer.window, softcap_),
+                        passes_);
       x = combine_residual(layer.out.matmul(attended[0]), attended[1], layer.out.bias, layer.attention_out_norm, eps_,
                            x);  // [R, H]
       normed = rms_norm_quantize(x, layer.post_norm, eps_, passes_);

@@ -27,11 +27,10 @@ from typing import Any
 import torch
 
 from quickdraft.runtime.native.architecture import ACTIVATIONS
+from quickdraft.runtime.native.cache import KEY_BLOCK, Slots, StaticKVCache, key_rows
 from quickdraft.runtime.native.config import DecoderConfig, rope_tables
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.linear import QuantizedLinear
-
-Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values (StaticKVCache.slots)
 
 
 @dataclass
@@ -56,39 +55,6 @@ ACTIVATION_FUNCTIONS = {
     1: lambda gate: torch.nn.functional.gelu(gate, approximate="tanh"),
     2: torch.nn.functional.gelu,
 }
-
-KEY_BLOCK = 16  # keys are kept in blocks of 16 positions, transposed (attention.h)
-
-
-class StaticKVCache:
-    """Preallocated keys ``[layers, B, kv_heads, C/16, head_dim, 16]`` (blocks of 16 positions, transposed) and values
-    ``[layers, B, kv_heads, C, head_dim]``; rollback moves a length.
-
-    A row's positions at or past its length are never read (a query at position p attends to 0..p,
-    all written before it), so the tensors start uninitialized: the memory of positions no token
-    reaches is never touched. Zeroing 8192 positions of the 1.5B target took 0.11 s per request and
-    freeing them 0.18 s.
-    """
-
-    def __init__(self, config: DecoderConfig, batch_size: int, capacity: int) -> None:
-        blocks = -(-capacity // KEY_BLOCK)
-        prefix = (config.num_layers, batch_size, config.num_kv_heads)
-        self.keys = torch.empty(*prefix, blocks, config.head_dim, KEY_BLOCK)
-        self.values = torch.empty(*prefix, blocks * KEY_BLOCK, config.head_dim)
-        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]
-        self.capacity = capacity
-
-    def slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each row's keys ``[layers, kv_heads, C/16, D, 16]`` and values ``[layers, kv_heads, C, D]`` (views: what the
-        kernels address by slot)."""
-        rows = range(self.keys.shape[1])
-        return [self.keys[:, row] for row in rows], [self.values[:, row] for row in rows]
-
-
-def key_rows(keys: torch.Tensor, length: int) -> torch.Tensor:
-    """One layer's blocked keys ``[kv_heads, C/16, D, 16]`` -> positions 0..length-1, ``[kv_heads, length, D]``."""
-    kv_heads, blocks, head_dim, _ = keys.shape
-    return keys.transpose(-1, -2).reshape(kv_heads, blocks * KEY_BLOCK, head_dim)[:, :length]
 
 
 class Decoder:
@@ -169,21 +135,24 @@ class Decoder:
         return torch.cat([turning * cos + rotated * sin, passing], dim=-1)
 
     def _attend(
-        self, index: int, q: torch.Tensor, keys: Slots, values: Slots, row_slot: list[int], row_position: list[int]
-    ) -> torch.Tensor:
+        self, index: int, q: torch.Tensor, keys: Slots, values: Slots, row_slot: list[int], row_position: list[int],
+        row_index: list[int],
+    ) -> torch.Tensor:  # fmt: skip
         """Causal attention of ``q [R, heads, D]`` over layer ``index`` of the rows' cache slots -> ``[R, heads·D]``;
         row r is position ``row_position[r]`` of slot ``row_slot[r]`` and sees that slot's positions 0 ..
-        row_position[r] (the last W of them in a layer with a sliding window W)."""
+        row_position[r] (the last W of them in a layer with a sliding window W), its own key and value, kept at
+        ``row_index[r]``, in the place of its position (a tree's leaf: :meth:`forward_tree`)."""
         window = self.config.layer_windows[index]
         if self.use_kernel and (kernel := native_kernels()) is not None:
-            cap = self.config.attention_softcap or 0.0
-            return kernel.attend(q, keys, values, index, row_slot, row_position, self.attention_scale, window, cap)
+            cap, scale = self.config.attention_softcap or 0.0, self.attention_scale
+            return kernel.attend(q, keys, values, index, row_slot, row_position, row_index, scale, window, cap)
         rows, heads, head_dim = q.shape
         attended = torch.empty(rows, heads * head_dim)
-        for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
+        for r, (slot, position, own) in enumerate(zip(row_slot, row_position, row_index, strict=True)):
             first = max(0, position + 1 - window) if window else 0
-            slot_keys = key_rows(keys[slot][index], position + 1)[:, first:]
-            slot_values = values[slot][index, :, first : position + 1]
+            seen = torch.tensor([*range(first, position), own])  # the positions before it, then its own key
+            slot_keys = key_rows(keys[slot][index], own + 1)[:, seen]
+            slot_values = values[slot][index, :, seen]
             kv_heads = slot_keys.shape[0]
             query = q[r].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
             scores = torch.matmul(query, slot_keys.transpose(-1, -2))  # [kv, G, position + 1]
@@ -202,8 +171,10 @@ class Decoder:
         values: Slots,
         row_slot: list[int],
         row_position: list[int],
+        row_index: list[int],
     ) -> torch.Tensor:
-        """Decoder layer ``index`` in PyTorch operations: ``x [R, H]`` -> ``[R, H]``; rows' keys and values cached."""
+        """Decoder layer ``index`` in PyTorch operations: ``x [R, H]`` -> ``[R, H]``; rows' keys and values cached at
+        their ``row_index``."""
         rows = x.shape[0]
         heads, kv_heads, head_dim = self.config.num_heads, self.config.num_kv_heads, self.config.head_dim
         positions = torch.tensor(row_position)
@@ -214,10 +185,10 @@ class Decoder:
         q = self._rotate(self._rms_norm(q.reshape(rows, heads, head_dim), layer.q_norm), cos, sin)  # [R, heads, D]
         k = self._rotate(self._rms_norm(k.reshape(rows, kv_heads, head_dim), layer.k_norm), cos, sin)
         v = v.reshape(rows, kv_heads, head_dim)
-        for r, (slot, position) in enumerate(zip(row_slot, row_position, strict=True)):
-            keys[slot][index, :, position // KEY_BLOCK, :, position % KEY_BLOCK] = k[r]
-            values[slot][index, :, position] = v[r]
-        attended = layer.out(self._attend(index, q, keys, values, row_slot, row_position))  # [R, H]
+        for r, (slot, own) in enumerate(zip(row_slot, row_index, strict=True)):
+            keys[slot][index, :, own // KEY_BLOCK, :, own % KEY_BLOCK] = k[r]
+            values[slot][index, :, own] = v[r]
+        attended = layer.out(self._attend(index, q, keys, values, row_slot, row_position, row_index))  # [R, H]
         x = x + self._rms_norm(attended, layer.attention_out_norm)
         gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [R, I] each
         activated = ACTIVATION_FUNCTIONS[ACTIVATIONS[self.config.activation]](gate) * up
@@ -232,13 +203,16 @@ class Decoder:
         row_position: list[int],
         exit_layer: int | None = None,
         capture: Sequence[int] = (),
+        row_index: list[int] | None = None,
     ) -> list[torch.Tensor]:
         """The decoder layers (the first ``exit_layer`` of them) over rows of new tokens ``token_ids [R]``; row r is
         position ``row_position[r]`` of cache slot ``row_slot[r]`` (``keys[s]``, ``values[s]``: that slot's, from
-        :meth:`StaticKVCache.slots`). Writes the rows' keys and values; returns the hidden states ``[R, H]`` after
-        each layer count in ``capture`` (ascending), then after the last layer, all before the final norm."""
-        if max(row_position) >= self.capacity:
-            raise ValueError(f"the cache holds {self.capacity} positions; {max(row_position) + 1} needed")
+        :meth:`StaticKVCache.slots`), its key and value kept at ``row_index[r]`` (default: its position). Writes the
+        rows' keys and values; returns the hidden states ``[R, H]`` after each layer count in ``capture``
+        (ascending), then after the last layer, all before the final norm."""
+        row_index = row_position if row_index is None else row_index
+        if max(row_index) >= self.capacity:
+            raise ValueError(f"the cache holds {self.capacity} positions; {max(row_index) + 1} needed")
         layers = self.layers[:exit_layer]
         if list(capture) != sorted(set(capture)) or not all(1 <= count <= len(layers) for count in capture):
             raise ValueError(f"capture names ascending layer counts in 1..{len(layers)}, got {list(capture)}")
@@ -247,10 +221,10 @@ class Decoder:
             x = x * self.config.embedding_scale
         if self.use_kernel and (kernels := native_kernels()) is not None:  # the same operations, in one call
             compiled = self._compiled_layers(kernels)
-            return compiled.forward(x, keys, values, row_slot, row_position, len(layers), list(capture))
+            return compiled.forward(x, keys, values, row_slot, row_position, row_index, len(layers), list(capture))
         captured = []
         for index, layer in enumerate(layers):
-            x = self._layer(index, layer, x, keys, values, row_slot, row_position)
+            x = self._layer(index, layer, x, keys, values, row_slot, row_position, row_index)
             if index + 1 in capture:
                 captured.append(x)
         return [*captured, x]
@@ -356,6 +330,28 @@ class Decoder:
         logits, hidden = self._head(x.reshape(-1, x.shape[-1]))
         logits, hidden = logits.reshape(*x.shape[:2], -1), hidden.reshape(x.shape)  # [B, K or 1, V], [B, K or 1, H]
         return (logits, hidden) if return_hidden else logits
+
+    @torch.inference_mode()
+    def forward_tree(self, cache: StaticKVCache, token_ids: list[int], depths: list[int]) -> torch.Tensor:
+        """Append a token tree to a one-row ``cache``: its chain first (row j at depth j), then leaves (row j at depth
+        ``depths[j]`` in 1..chain size, a sibling of the chain's token at that depth, or a child of its last).
+
+        Row j is position length + depths[j] and keeps its key and value at index length + j, so a leaf attends to
+        the chain before its depth and then to itself: its logits have the bits of a chain holding its token at that
+        depth. Returns logits ``[K, V]``; the length grows by the chain's size. An accepted leaf's key and value go
+        to their position with :meth:`StaticKVCache.move`."""
+        chain = next((j for j, depth in enumerate(depths) if depth != j), len(depths))
+        if cache.keys.shape[1] != 1 or len(token_ids) != len(depths) or chain == 0:
+            raise ValueError("a tree is one row's tokens with a depth each, its chain (depths 0, 1, ...) first")
+        if not all(1 <= depth <= chain for depth in depths[chain:]):
+            raise ValueError(f"a leaf's depth is 1..{chain}, the chain's size: its parent is a chain token")
+        start = int(cache.lengths[0])
+        keys, values = cache.slots()
+        rows = range(len(token_ids))
+        position, index = [start + depths[j] for j in rows], [start + j for j in rows]
+        x = self._decode_rows(torch.tensor(token_ids), keys, values, [0] * len(rows), position, None, (), index)[-1]
+        cache.lengths += chain
+        return self._head(x)[0]  # [K, V]
 
     @torch.inference_mode()
     def forward_rows(

@@ -11,9 +11,10 @@ import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
+from quickdraft.runtime.native.cache import KEY_BLOCK, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.kernels import sources_digest
-from quickdraft.runtime.native.model import KEY_BLOCK, Decoder, StaticKVCache
+from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
 
 

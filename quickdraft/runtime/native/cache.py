@@ -1,0 +1,49 @@
+"""The native decoder's static KV cache: preallocated per layer, rolled back by moving a length."""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.runtime.native.config import DecoderConfig
+
+Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values (StaticKVCache.slots)
+
+KEY_BLOCK = 16  # keys are kept in blocks of 16 positions, transposed (attention.h)
+
+
+class StaticKVCache:
+    """Preallocated keys ``[layers, B, kv_heads, C/16, head_dim, 16]`` (blocks of 16 positions, transposed) and values
+    ``[layers, B, kv_heads, C, head_dim]``; rollback moves a length.
+
+    A row's positions at or past its length are never read (a query at position p attends to 0..p,
+    all written before it), so the tensors start uninitialized: the memory of positions no token
+    reaches is never touched. Zeroing 8192 positions of the 1.5B target took 0.11 s per request and
+    freeing them 0.18 s.
+    """
+
+    def __init__(self, config: DecoderConfig, batch_size: int, capacity: int) -> None:
+        blocks = -(-capacity // KEY_BLOCK)
+        prefix = (config.num_layers, batch_size, config.num_kv_heads)
+        self.keys = torch.empty(*prefix, blocks, config.head_dim, KEY_BLOCK)
+        self.values = torch.empty(*prefix, blocks * KEY_BLOCK, config.head_dim)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]
+        self.capacity = capacity
+
+    def slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each row's keys ``[layers, kv_heads, C/16, D, 16]`` and values ``[layers, kv_heads, C, D]`` (views: what the
+        kernels address by slot)."""
+        rows = range(self.keys.shape[1])
+        return [self.keys[:, row] for row in rows], [self.values[:, row] for row in rows]
+
+    def move(self, row: int, source: int, target: int) -> None:
+        """Copy row ``row``'s keys and values at index ``source`` to position ``target`` in every layer: an accepted
+        tree leaf, kept past its verify block, into its place (``Decoder.forward_tree``)."""
+        (source_block, source_lane), (target_block, target_lane) = divmod(source, KEY_BLOCK), divmod(target, KEY_BLOCK)
+        self.keys[:, row, :, target_block, :, target_lane] = self.keys[:, row, :, source_block, :, source_lane]
+        self.values[:, row, :, target] = self.values[:, row, :, source]
+
+
+def key_rows(keys: torch.Tensor, length: int) -> torch.Tensor:
+    """One layer's blocked keys ``[kv_heads, C/16, D, 16]`` -> positions 0..length-1, ``[kv_heads, length, D]``."""
+    kv_heads, blocks, head_dim, _ = keys.shape
+    return keys.transpose(-1, -2).reshape(kv_heads, blocks * KEY_BLOCK, head_dim)[:, :length]

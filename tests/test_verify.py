@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import sys
 from collections.abc import Callable
 
@@ -15,6 +16,8 @@ from scipy.stats import chi2, chisquare
 
 from quickdraft.lossless.sampling import gumbel_argmax, position_noise
 from quickdraft.lossless.verify import (
+    TreeVerification,
+    accept_tree,
     acceptance_probs,
     block_judgement,
     block_verify,
@@ -353,3 +356,60 @@ def test_block_verify_draws_the_law_it_enumerates() -> None:
     assert float(result.num_accepted.double().mean()) == pytest.approx(expected_accepted, abs=0.02)
     plain = block_verify(torch.empty(1, 0, dtype=torch.long), None, torch.tensor([[[0.0, 0.0, 1.0]]]), None)
     assert plain.num_accepted.tolist() == [0] and plain.next_token_ids.tolist() == [2]
+
+
+def tree_oracle_trial(rng: random.Random, rule: Callable = accept_tree) -> tuple[list[int], list[int], bool]:
+    """A random target (a fixed choice for each prefix, as argmax or Gumbel-max under position noise is) over 3
+    tokens, a random chain that often agrees with it, and random leaves: (the tree's committed tokens, the target's
+    own tokens from the same prefix, whether a leaf was accepted)."""
+    salt = rng.random()
+
+    def choice(prefix: tuple[int, ...]) -> int:
+        return random.Random(hash((salt, prefix))).randrange(3)
+
+    prompt = (rng.randrange(3),)
+    chain: list[int] = []
+    for _ in range(rng.randrange(0, 5)):
+        chain.append(choice(prompt + tuple(chain)) if rng.random() < 0.6 else rng.randrange(3))
+    depths = [rng.randrange(1, len(chain) + 2) for _ in range(rng.randrange(0, 4))]
+    leaves = [rng.randrange(3) for _ in depths]
+    targets = [choice(prompt + tuple(chain[:j])) for j in range(len(chain) + 1)]
+    targets += [
+        choice(prompt + tuple(chain[: depth - 1]) + (leaf,)) for depth, leaf in zip(depths, leaves, strict=True)
+    ]
+    result = rule(chain, depths, leaves, targets)
+    if result.leaf is None:
+        committed = [*chain[: result.num_accepted], result.next_token_id]
+    else:
+        committed = [*chain[: result.num_accepted - 1], leaves[result.leaf], result.next_token_id]
+    plain: list[int] = []
+    while len(plain) < len(committed):
+        plain.append(choice(prompt + tuple(plain)))
+    return committed, plain, result.leaf is not None
+
+
+def test_a_tree_commits_the_targets_own_tokens() -> None:
+    """Greedy and seeded trees keep the chain's promise: the tokens committed are the target's own from the same
+    prefix, whatever the chain and leaves; and leaves do get accepted."""
+    rng = random.Random(0)
+    leaves_accepted = 0
+    for _ in range(3000):
+        committed, plain, leaf = tree_oracle_trial(rng)
+        assert committed == plain
+        leaves_accepted += leaf
+    assert leaves_accepted > 100
+
+
+def test_tree_negative_control_a_leaf_one_depth_off_breaks_the_text() -> None:
+    """A rule that takes a leaf one depth too deep (as a sibling of the next chain token) must fail the oracle."""
+
+    def off_by_one(chain: list[int], depths: list[int], leaves: list[int], targets: list[int]) -> TreeVerification:
+        return accept_tree(chain, [depth - 1 for depth in depths], leaves, targets)
+
+    rng = random.Random(1)
+    assert any(committed != plain for committed, plain, _ in (tree_oracle_trial(rng, off_by_one) for _ in range(500)))
+
+
+def test_accept_tree_refuses_mismatched_rows() -> None:
+    with pytest.raises(ValueError):
+        accept_tree([1, 2], [1], [3], [1, 2, 3])  # 2 drafts and 1 leaf need 4 target tokens

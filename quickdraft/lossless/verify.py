@@ -11,6 +11,8 @@ tokens.
   sample under noise fixed by (seed, position); drafts drawn with the same noise are accepted
   while they equal it. Every committed token is the target's own sample, so the output is
   seeded plain decoding's, whatever γ.
+- ``accept_tree``: greedy or seeded, a chain with leaves (the draft's other choices at its depths, verified in the
+  same forward: ``Decoder.forward_tree``); every committed token is still the target's own choice.
 - ``block_verify``: unseeded sampling (Sun et al. 2025): the drafts are judged as a block, which accepts at
   least as many in expectation as judging them token by token (``rejection_sample``, Leviathan et al. 2023,
   kept as the reference it is compared with). The output at a position depends on whether it was drafted,
@@ -70,6 +72,39 @@ def accept_matching_prefix(draft_token_ids: torch.Tensor, target_token_ids: torc
     num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
     next_token_ids = target_token_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
     return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
+
+
+@dataclass(frozen=True)
+class TreeVerification:
+    num_accepted: int  # drafts committed: the chain's accepted prefix, and the accepted leaf if there is one
+    leaf: int | None  # which leaf was accepted (an index into the leaves), or None
+    next_token_id: int  # the target's token after them (from the leaf's own row when a leaf was accepted)
+
+
+def accept_tree(
+    chain_token_ids: list[int], leaf_depths: list[int], leaf_token_ids: list[int], target_token_ids: list[int]
+) -> TreeVerification:
+    """The drafts of a chain with leaves that the target's choices accept: the chain's longest prefix equal to
+    them; where the chain stops, at depth d, a leaf at depth d equal to the target's choice there, and then the
+    target's choice after that leaf (its own row). Lossless wherever the chain rule is: every committed token is
+    the target's choice at its position after the tokens before it (greedy: its argmax; seeded: its Gumbel-max
+    sample under that position's noise, so the text is seeded plain decoding's).
+
+    chain_token_ids: [γ], the drafts at depths 1..γ; leaf_depths, leaf_token_ids: [L], depths in 1..γ + 1;
+    target_token_ids: [γ + 1 + L], the target's choice after each row of ``Decoder.forward_tree``'s tree: the
+    chain's rows (the last committed token, then the drafts), then the leaves'.
+    """
+    num_drafts = len(chain_token_ids)
+    if len(target_token_ids) != num_drafts + 1 + len(leaf_depths) or len(leaf_token_ids) != len(leaf_depths):
+        raise ValueError("the target chooses a token after each row: the chain's γ + 1 rows, then each leaf's")
+    num_accepted = 0
+    while num_accepted < num_drafts and chain_token_ids[num_accepted] == target_token_ids[num_accepted]:
+        num_accepted += 1
+    wanted = target_token_ids[num_accepted]  # the target's token at depth num_accepted + 1
+    for leaf, (depth, token) in enumerate(zip(leaf_depths, leaf_token_ids, strict=True)):
+        if depth == num_accepted + 1 and token == wanted:
+            return TreeVerification(num_accepted + 1, leaf, target_token_ids[num_drafts + 1 + leaf])
+    return TreeVerification(num_accepted, None, wanted)
 
 
 def acceptance_probs(

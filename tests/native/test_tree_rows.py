@@ -15,16 +15,20 @@ CHAIN = [12, 7, 25, 44]
 LEAVES = [(2, 31), (1, 50), (4, 13), (3, 7)]  # (depth, token): siblings, a child of the chain's last, a repeat
 
 
+@pytest.fixture(params=[True, False], ids=["kernels", "reference"])
+def decoder(request: pytest.FixtureRequest) -> Decoder:
+    decoder = native_from_hf(tiny_model(64, seed=3), capacity=64).decoder
+    decoder.use_kernel = request.param
+    return decoder
+
+
 def prompted(decoder: Decoder, tokens: list[int]):  # -> StaticKVCache holding PROMPT + tokens
     cache = decoder.new_cache(1)
     decoder.forward(torch.tensor([PROMPT + tokens]), cache)
     return cache
 
 
-@pytest.mark.parametrize("use_kernel", [True, False])
-def test_tree_rows_have_the_bits_of_their_chains(use_kernel: bool) -> None:
-    decoder = native_from_hf(tiny_model(64, seed=3), capacity=64).decoder
-    decoder.use_kernel = use_kernel
+def test_tree_rows_have_the_bits_of_their_chains(decoder: Decoder) -> None:
     tree_cache = prompted(decoder, [])
     start = int(tree_cache.lengths[0])
     depths = [*range(len(CHAIN)), *(depth for depth, _ in LEAVES)]
@@ -38,10 +42,7 @@ def test_tree_rows_have_the_bits_of_their_chains(use_kernel: bool) -> None:
         assert torch.equal(logits[row], expected), (depth, token)
 
 
-@pytest.mark.parametrize("use_kernel", [True, False])
-def test_an_accepted_leaf_moved_into_place_continues_as_its_chain(use_kernel: bool) -> None:
-    decoder = native_from_hf(tiny_model(64, seed=3), capacity=64).decoder
-    decoder.use_kernel = use_kernel
+def test_an_accepted_leaf_moved_into_place_continues_as_its_chain(decoder: Decoder) -> None:
     cache = prompted(decoder, [])
     start = int(cache.lengths[0])
     decoder.forward_tree(cache, [*CHAIN, 31, 50], [0, 1, 2, 3, 2, 1])
@@ -52,8 +53,7 @@ def test_an_accepted_leaf_moved_into_place_continues_as_its_chain(use_kernel: bo
     assert torch.equal(step, expected)
 
 
-def test_a_tree_that_is_not_a_chain_with_leaves_is_refused() -> None:
-    decoder = native_from_hf(tiny_model(64, seed=3), capacity=64).decoder
+def test_a_tree_that_is_not_a_chain_with_leaves_is_refused(decoder: Decoder) -> None:
     cache = prompted(decoder, [])
     for tokens, depths in (([1, 2], [1, 2]), ([1, 2, 3], [0, 1, 0]), ([1, 2, 3], [0, 1, 3]), ([1], [0, 1])):
         with pytest.raises(ValueError):

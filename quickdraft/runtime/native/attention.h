@@ -59,13 +59,6 @@ inline void block_scores(const float* q, const float* keys, int64_t blocks, int6
   }
 }
 
-// The score of the key at index `own` as block_scores computes a lane: fused multiply-adds over d in order, times scale.
-inline float key_score(const float* q, const float* keys, int64_t own, int64_t head_dim, float scale) {
-  float acc = 0.0f;
-  for (int64_t d = 0; d < head_dim; ++d) acc = std::fma(q[d], keys[key_offset(own, d, head_dim)], acc);
-  return acc * scale;
-}
-
 // softmax(scores[0..length)) in place: the unnormalized weights exp(s - max); returns 1 / their sum.
 inline float softmax_weights(float* scores, int64_t length) {
   const int64_t blocks = key_blocks(length);
@@ -139,13 +132,6 @@ inline void block_scores(const float* q, const float* keys, int64_t blocks, int6
     }
 }
 
-// The score of the key at index `own` as block_scores computes a lane: fused multiply-adds over d in order, times scale.
-inline float key_score(const float* q, const float* keys, int64_t own, int64_t head_dim, float scale) {
-  float acc = 0.0f;
-  for (int64_t d = 0; d < head_dim; ++d) acc = std::fma(q[d], keys[key_offset(own, d, head_dim)], acc);
-  return acc * scale;
-}
-
 inline float horizontal_max(__m256 v) {
   const __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pairs = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -214,6 +200,14 @@ inline void scale_values(float* out, int64_t head_dim, float inverse) {
 // 1e-37, nothing next to the current position's weight of 1 in the sum), and they are never added to the values.
 inline void skip_scores(float* scores, int64_t skip) {
   std::fill(scores, scores + skip, -std::numeric_limits<float>::infinity());
+}
+
+// The score of the key at index `own` as either build's block_scores computes a lane: fused multiply-adds over d in
+// order, times scale.
+inline float key_score(const float* q, const float* keys, int64_t own, int64_t head_dim, float scale) {
+  float acc = 0.0f;
+  for (int64_t d = 0; d < head_dim; ++d) acc = std::fma(q[d], keys[key_offset(own, d, head_dim)], acc);
+  return acc * scale;
 }
 
 // add_values over [from, to) of a row of this length whose last position's value is row `own` (own < 0: its own

@@ -150,9 +150,11 @@ class Decoder:
         attended = torch.empty(rows, heads * head_dim)
         for r, (slot, position, own) in enumerate(zip(row_slot, row_position, row_index, strict=True)):
             first = max(0, position + 1 - window) if window else 0
-            seen = torch.tensor([*range(first, position), own])  # the positions before it, then its own key
-            slot_keys = key_rows(keys[slot][index], own + 1)[:, seen]
-            slot_values = values[slot][index, :, seen]
+            all_keys = key_rows(keys[slot][index], own + 1)  # [kv, own + 1, D]
+            slot_keys, slot_values = all_keys[:, first : position + 1], values[slot][index, :, first : position + 1]
+            if own != position:  # a tree's leaf: its own key and value in the place of its position
+                slot_keys = torch.cat([slot_keys[:, :-1], all_keys[:, own : own + 1]], dim=1)
+                slot_values = torch.cat([slot_values[:, :-1], values[slot][index, :, own : own + 1]], dim=1)
             kv_heads = slot_keys.shape[0]
             query = q[r].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
             scores = torch.matmul(query, slot_keys.transpose(-1, -2))  # [kv, G, position + 1]

@@ -3,7 +3,8 @@
 // alone, computed with exact integer sums and then a fixed sequence of float operations, so it has the same
 // bits whatever the number of rows in the call, the tile a row lands in, the thread, or the instruction set
 // (AVX-512 VNNI, AVX-VNNI, AVX2 or plain C++): the integer parts are exact on every path and the float parts
-// are the same operations in the same order (compiled with -ffp-contract=off: no fused multiply-adds).
+// are the same operations in the same order (compiled with -ffp-contract=off: no fused multiply-adds but those
+// written out, std::fma on the plain path).
 //
 // Format "int8" (7-bit weights, one scale per output channel):
 //   out[m][n] = float(sum_k x[m][k] * w[n][k]) * scale[n],      w in [-63, 63]
@@ -22,6 +23,7 @@
 //   K must be a multiple of 64.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -133,10 +135,10 @@ inline float q4_reference(const Q4Weights& w, const int8_t* x, int64_t n) {
       int32_t dot = 0, sum = 0;
       for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += q4_code(w, n, k) * x[k], sum += x[k];
       const float scale = d * static_cast<float>(w.sub_scale[(block * groups + g) * kLanes + lane]);
-      acc = acc + scale * static_cast<float>(dot);
+      acc = std::fma(scale, static_cast<float>(dot), acc);
       offset += static_cast<int32_t>(w.sub_min[((block * groups + g - g % 2) * kLanes + 2 * lane) + g % 2]) * sum;
     }
-    acc = acc + dmin * static_cast<float>(offset);
+    acc = std::fma(dmin, static_cast<float>(offset), acc);
   }
   return acc;
 }
@@ -216,7 +218,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
         QD_UNROLL for (int u = 0; u < U; ++u) dot[u] = _mm512_setzero_si512();
         QD_UNROLL for (int j = 0; j < 8; ++j) dot[j % U] = _mm512_dpbusd_epi32(dot[j % U], c[j], _mm512_set1_epi32(load4(row + 4 * j)));
         QD_UNROLL for (int u = 1; u < U; ++u) dot[0] = _mm512_add_epi32(dot[0], dot[u]);
-        acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[0])));
+        acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot[0]), acc[r]);
       }
     }
     __m512i min_pairs[kGroupsPerSuper / 2];  // 16 lanes of (min of group 2p, min of group 2p + 1) as int16
@@ -229,7 +231,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
       __m512i offset = _mm512_setzero_si512();
       QD_UNROLL for (int p = 0; p < kGroupsPerSuper / 2; ++p)
         if (p < pair_count) offset = _mm512_dpwssd_epi32(offset, min_pairs[p], _mm512_set1_epi32(pairs[r * pair_stride + begin / 2 + p]));
-      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(offset)));
+      acc[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(offset), acc[r]);
     }
   }
   QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
@@ -238,7 +240,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
 constexpr int kInt8Rows = 16;
 constexpr int kQ4Rows = 16;
 
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)
 #if defined(__AVXVNNI__)
 constexpr const char* kIsa = "avx-vnni";
 inline __m256i dot_bytes(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
@@ -315,7 +317,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
           }
         }
         QD_UNROLL for (int r = 0; r < R; ++r)
-          acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(q4_dot_total(dot[r]))));
+          acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(q4_dot_total(dot[r])), acc[r]);
       }
       const __m256 dmin = _mm256_loadu_ps(w.dmin + (block * supers + s) * kLanes + 8 * h);
       QD_UNROLL for (int r = 0; r < R; ++r) {
@@ -324,7 +326,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
           const __m128i mins = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_min + (block * groups + g) * kLanes + 16 * h));
           offset = dot_words(offset, _mm256_cvtepu8_epi16(mins), _mm256_set1_epi32(pairs[r * pair_stride + g / 2]));
         }
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(offset)));
+        acc[r] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(offset), acc[r]);
       }
     }
     QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride + block * kLanes + 8 * h, acc[r]);

@@ -127,7 +127,7 @@ inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const
 
 constexpr int kQ6Rows = 8;  // a tile's sums, superblock totals and the 8 code vectors fill the 32 registers
 
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)
 
 inline __m256i q6_top_bits(__m256i high, int c) {
   const __m256i shifted = c < 2 ? _mm256_slli_epi16(high, 4 - 2 * c) : _mm256_srli_epi16(high, 2 * c - 4);

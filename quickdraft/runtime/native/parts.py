@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from quickdraft.runtime.native.float_ops import fused_multiply_add
+
 WEIGHT_LEVELS = 63.0  # 7-bit int8 weights: |w| <= 63 keeps AVX2's u8 x s8 pair sums below 2^15
 LANES = 16  # outputs per block of the packed layouts (one 512-bit vector)
 GROUP = 32  # q4: weights per group; q6: per pair of sub-blocks
@@ -277,9 +279,9 @@ class Q4Part(WeightPart):
             s = first // GROUPS_PER_SUPER
             span = range(first, min(first + GROUPS_PER_SUPER, groups))
             for g in span:
-                acc = acc + (d[:, s] * sub_scale[:, g].float()) * dots[:, :, g]
+                acc = fused_multiply_add(d[:, s] * sub_scale[:, g].float(), dots[:, :, g], acc)
             offset = sum(sums[:, g, None] * sub_min[:, g].double() for g in span)  # integers: exact
-            acc = acc + dmin[:, s] * offset.float()
+            acc = fused_multiply_add(dmin[:, s], offset.float(), acc)
         return acc
 
     def dequantize(self) -> torch.Tensor:

@@ -156,6 +156,10 @@ constexpr const char* kIsa = "avx512-vnni";
 // for each other); integer partial sums add up exactly in any order.
 template <int R>
 constexpr int kPartials = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
+// A q4 group's 8 multiply-adds per row start from zero, so a chain of 8 would keep a tile's rows waiting on each
+// other's latency unless the core held most of the tile's rows in flight at once: two chains of 4 per row.
+template <int R>
+constexpr int kQ4Partials = R <= 2 ? 4 : 2;
 
 template <int R>
 inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* sums, int64_t block,
@@ -213,7 +217,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
       const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scale)));
       QD_UNROLL for (int r = 0; r < R; ++r) {
         const int8_t* row = x + r * x_stride + g * kGroup;
-        constexpr int U = kPartials<R>;
+        constexpr int U = kQ4Partials<R>;
         __m512i dot[U];
         QD_UNROLL for (int u = 0; u < U; ++u) dot[u] = _mm512_setzero_si512();
         QD_UNROLL for (int j = 0; j < 8; ++j) dot[j % U] = _mm512_dpbusd_epi32(dot[j % U], c[j], _mm512_set1_epi32(load4(row + 4 * j)));

@@ -144,11 +144,11 @@ int main(int argc, char** argv) {
     for (int64_t rows : row_counts) {
       std::vector<int8_t> x(rows * shape.k);
       for (auto& v : x) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
-      std::vector<int32_t> sums(rows), pairs(rows * shape.k / (2 * qd::kGroup)), sub_pairs(rows * shape.k / qd::kGroup);
+      std::vector<int32_t> sums(rows), pairs(rows * shape.k / (2 * qd::kGroup)), sub_offsets(rows * shape.k / qd::kSubBlock);
       for (int64_t r = 0; r < rows; ++r) {
         sums[r] = qd::row_sum(x.data() + r * shape.k, shape.k);
         qd::group_sum_pairs(x.data() + r * shape.k, shape.k, pairs.data() + r * shape.k / (2 * qd::kGroup));
-        qd::sub_block_sum_pairs(x.data() + r * shape.k, shape.k, sub_pairs.data() + r * shape.k / qd::kGroup);
+        qd::sub_block_offsets(x.data() + r * shape.k, shape.k, sub_offsets.data() + r * shape.k / qd::kSubBlock);
       }
       std::vector<float> out(rows * shape.n);
       double ms[2];
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
             if (shape.format == kQ4)
               qd::q4_gemm(q4[i % copies].weights(), x.data(), rows, pairs.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kQ6)
-              qd::q6_gemm(q6[i % copies].weights(), x.data(), rows, sub_pairs.data(), out.data(), shape.n, begin, end);
+              qd::q6_gemm(q6[i % copies].weights(), x.data(), rows, sub_offsets.data(), out.data(), shape.n, begin, end);
             else
               qd::int8_gemm(int8[i % copies].weights(), x.data(), rows, sums.data(), out.data(), shape.n, begin, end);
           });

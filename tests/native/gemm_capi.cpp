@@ -34,9 +34,9 @@ void q4_gemm(const uint8_t* codes, const uint8_t* sub_scale, const uint8_t* sub_
 void q6_gemm(const uint8_t* codes, const uint8_t* high, const int8_t* sub_scale, const float* d, int64_t n, int64_t k,
              const int8_t* x, int64_t rows, float* out, int which) {
   const qd::Q6Weights w{codes, high, sub_scale, d, n, k};
-  std::vector<int32_t> pairs(rows * k / qd::kGroup);
-  for (int64_t r = 0; r < rows; ++r) qd::sub_block_sum_pairs(x + r * k, k, pairs.data() + r * k / qd::kGroup);
-  if (which == 0) return qd::q6_gemm(w, x, rows, pairs.data(), out, n, 0, n / qd::kLanes);
+  std::vector<int32_t> offsets(rows * k / qd::kSubBlock);
+  for (int64_t r = 0; r < rows; ++r) qd::sub_block_offsets(x + r * k, k, offsets.data() + r * k / qd::kSubBlock);
+  if (which == 0) return qd::q6_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q6_reference(w, x + r * k, j);
 }

@@ -5,9 +5,9 @@
 // superblock of 256):
 //   w[n][k] = d[n][s] * sub_scale[n][j] * (code[n][k] - 32)
 //   for k in sub-block j = k / 16 of superblock s = k / 256; codes in [0, 63], sub-scales in [-128, 127].
-//   out[m][n] = sum over s, in order, of d[n][s] * float(T[m][n][s]), where the integer
-//   T = sum_{j in s} sub_scale[j] * (sum_{k in j} code * x - 32 * X[m][j]) is exact (|T| < 2^31: each sub-block
-//   at most 128 * 16 * 63 * 127 before its offset) and X[m][j] = sum_{k in j} x[m][k].
+//   out[m][n] = over the sub-blocks j in order, acc = fma(d[n][s] * float(sub_scale[n][j]), float(I[m][n][j]), acc)
+//   from acc = 0 (q6_reference below), where I = sum_{k in j} code * x - 32 * X[m][j] is an exact integer and
+//   exact as a float (|I| <= 16 * 63 * 127 + 32 * 16 * 127 < 2^24), X[m][j] = sum_{k in j} x[m][k].
 //   codes: the low 4 bits, laid out as q4's codes ([N/16][G][4][16][4], G = K/32 groups of two sub-blocks, code
 //   vector j of a group being k = 32g + 4j + i of lane n0 + l); high: [N/16][G][2][16][4], byte (h, l, i) holding
 //   the top 2 bits of code vector 4h + c at bits 2c (c = 0..3); sub_scale: [N/16][G][16][2] int8 (a group's two
@@ -31,8 +31,10 @@ struct Q6Weights {
   int64_t supers() const { return (groups() + kGroupsPerSuper - 1) / kGroupsPerSuper; }
 };
 
-// pairs [K/32]: the sums of a group's two sub-blocks.
-inline void sub_block_sum_pairs(const int8_t* x, int64_t k, int32_t* pairs) { sum_pairs(x, k, kSubBlock, pairs); }
+// offsets [K/16]: -32 * X[j] for each sub-block j, where a sub-block's sum of code * x starts.
+inline void sub_block_offsets(const int8_t* x, int64_t k, int32_t* offsets) {
+  for (int64_t j = 0; j < k / kSubBlock; ++j) offsets[j] = -kQ6Offset * row_sum(x + j * kSubBlock, kSubBlock);
+}
 
 // ---- the definition, one element at a time (the oracle of the tests; also the path without AVX2) ------------
 
@@ -47,26 +49,24 @@ inline uint8_t q6_code(const Q6Weights& w, int64_t n, int64_t k) {
 inline float q6_reference(const Q6Weights& w, const int8_t* x, int64_t n) {
   const int64_t block = n / kLanes, lane = n % kLanes, groups = w.groups();
   float acc = 0.0f;
-  for (int64_t s = 0; s < w.supers(); ++s) {
-    int32_t total = 0;
-    for (int64_t g = s * kGroupsPerSuper; g < groups && g < (s + 1) * kGroupsPerSuper; ++g) {
-      for (int64_t half = 0; half < 2; ++half) {
-        int32_t dot = 0, sum = 0;
-        for (int64_t k = g * kGroup + half * kSubBlock; k < g * kGroup + (half + 1) * kSubBlock; ++k)
-          dot += q6_code(w, n, k) * x[k], sum += x[k];
-        total += static_cast<int32_t>(w.sub_scale[((block * groups + g) * kLanes + lane) * 2 + half]) * (dot - kQ6Offset * sum);
-      }
+  for (int64_t g = 0; g < groups; ++g) {
+    const float d = w.d[(block * w.supers() + g / kGroupsPerSuper) * kLanes + lane];
+    for (int64_t half = 0; half < 2; ++half) {
+      int32_t dot = 0, sum = 0;
+      for (int64_t k = g * kGroup + half * kSubBlock; k < g * kGroup + (half + 1) * kSubBlock; ++k)
+        dot += q6_code(w, n, k) * x[k], sum += x[k];
+      const float scale = d * static_cast<float>(w.sub_scale[((block * groups + g) * kLanes + lane) * 2 + half]);
+      acc = std::fma(scale, static_cast<float>(dot - kQ6Offset * sum), acc);
     }
-    acc = acc + w.d[(block * w.supers() + s) * kLanes + lane] * static_cast<float>(total);
   }
   return acc;
 }
 
 // ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
 //
-// Each group's 8 code vectors are rebuilt from their low 4 bits and top 2 bits, then multiplied as q4's are; a
-// sub-block's integer sum is scaled by its sub-scale in int32, and the -32 offsets of a group's two sub-blocks are
-// one multiply-add of (-32 * sub_scale) pairs with the row's sub-block sum pairs.
+// Each group's 8 code vectors are rebuilt from their low 4 bits and top 2 bits, then multiplied as q4's are. A
+// sub-block's integer sum starts from the row's -32 * X offset, and goes into the row's float sum with one fused
+// multiply-add by the sub-block's float scale.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
@@ -78,54 +78,46 @@ inline __m512i q6_top_bits(__m512i high, int c) {
 }
 
 template <int R>
-inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
-                    int64_t block, float* out, int64_t out_stride) {
+inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
+                    int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < supers; ++s) {
-    __m512i total[R];
-    QD_UNROLL for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
-    const int64_t begin = s * kGroupsPerSuper;
-    const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
-    for (int64_t g = begin; g < end; ++g) {
-      const uint8_t* low = w.codes + (block * groups + g) * 256;
-      const uint8_t* top = w.high + (block * groups + g) * 128;
-      prefetch(top);
-      prefetch(top + 64);
-      const __m512i high0 = _mm512_loadu_si512(top), high1 = _mm512_loadu_si512(top + 64);
-      __m512i c[8];
-      QD_UNROLL for (int j = 0; j < 4; ++j) {
-        prefetch(low + j * 64);
-        const __m512i v = _mm512_loadu_si512(low + j * 64);
-        c[j] = _mm512_or_si512(_mm512_and_si512(v, low_nibbles), q6_top_bits(high0, j));
-        c[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles), q6_top_bits(high1, j));
-      }
-      const __m512i scale_pairs = _mm512_cvtepi8_epi16(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_scale + (block * groups + g) * 2 * kLanes)));
-      const __m512i scale_a = _mm512_srai_epi32(_mm512_slli_epi32(scale_pairs, 16), 16);
-      const __m512i scale_b = _mm512_srai_epi32(scale_pairs, 16);
-      const __m512i offsets = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(scale_pairs, 5));
-      QD_UNROLL for (int r = 0; r < R; ++r) {
-        const int8_t* row = x + r * x_stride + g * kGroup;
-        __m512i dot_a = _mm512_setzero_si512(), dot_b = _mm512_setzero_si512();
-        QD_UNROLL for (int j = 0; j < 4; ++j) {
-          dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
-          dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
-        }
-        total[r] = _mm512_add_epi32(total[r], _mm512_mullo_epi32(scale_a, dot_a));
-        total[r] = _mm512_add_epi32(total[r], _mm512_mullo_epi32(scale_b, dot_b));
-        total[r] = _mm512_dpwssd_epi32(total[r], offsets, _mm512_set1_epi32(pairs[r * pair_stride + g]));
-      }
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* low = w.codes + (block * groups + g) * 256;
+    const uint8_t* top = w.high + (block * groups + g) * 128;
+    prefetch(top);
+    prefetch(top + 64);
+    const __m512i high0 = _mm512_loadu_si512(top), high1 = _mm512_loadu_si512(top + 64);
+    __m512i c[8];
+    QD_UNROLL for (int j = 0; j < 4; ++j) {
+      prefetch(low + j * 64);
+      const __m512i v = _mm512_loadu_si512(low + j * 64);
+      c[j] = _mm512_or_si512(_mm512_and_si512(v, low_nibbles), q6_top_bits(high0, j));
+      c[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles), q6_top_bits(high1, j));
     }
-    const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
-    QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(d, _mm512_cvtepi32_ps(total[r])));
+    const __m512i scale_pairs = _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_scale + (block * groups + g) * 2 * kLanes)));
+    const __m512 d = _mm512_loadu_ps(w.d + (block * supers + g / kGroupsPerSuper) * kLanes);
+    const __m512 scale_a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(scale_pairs, 16), 16)));
+    const __m512 scale_b = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(scale_pairs, 16)));
+    QD_UNROLL for (int r = 0; r < R; ++r) {
+      const int8_t* row = x + r * x_stride + g * kGroup;
+      const int32_t* offset = offsets + r * offset_stride + 2 * g;
+      __m512i dot_a = _mm512_set1_epi32(offset[0]), dot_b = _mm512_set1_epi32(offset[1]);
+      QD_UNROLL for (int j = 0; j < 4; ++j) {
+        dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
+        dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
+      }
+      acc[r] = _mm512_fmadd_ps(scale_a, _mm512_cvtepi32_ps(dot_a), acc[r]);
+      acc[r] = _mm512_fmadd_ps(scale_b, _mm512_cvtepi32_ps(dot_b), acc[r]);
+    }
   }
   QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
 }
 
-constexpr int kQ6Rows = 8;  // a tile's sums, superblock totals and the 8 code vectors fill the 32 registers
+constexpr int kQ6Rows = 16;
 
 #elif defined(__AVX2__) && defined(__FMA__)
 
@@ -136,50 +128,39 @@ inline __m256i q6_top_bits(__m256i high, int c) {
 
 // Two halves of 8 lanes each, as q4's; a code vector at a time (sixteen registers hold no more).
 template <int R>
-inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
-                    int64_t block, float* out, int64_t out_stride) {
+inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
+                    int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   for (int h = 0; h < 2; ++h) {
     __m256 acc[R];
     QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < supers; ++s) {
-      __m256i total[R];
-      QD_UNROLL for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
-      const int64_t begin = s * kGroupsPerSuper;
-      const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
-      for (int64_t g = begin; g < end; ++g) {
-        const uint8_t* low = w.codes + (block * groups + g) * 256 + 32 * h;
-        const uint8_t* top = w.high + (block * groups + g) * 128 + 32 * h;
-        const __m256i scale_pairs = _mm256_cvtepi8_epi16(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + ((block * groups + g) * kLanes + 8 * h) * 2)));
-        const __m256i scales[2] = {_mm256_srai_epi32(_mm256_slli_epi32(scale_pairs, 16), 16),
-                                   _mm256_srai_epi32(scale_pairs, 16)};
-        QD_UNROLL for (int half = 0; half < 2; ++half) {  // the group's sub-blocks: code vectors 4 * half + j
-          prefetch(top + half * 64);
-          const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(top + half * 64));
-          __m256i dot[R];
-          QD_UNROLL for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
-          QD_UNROLL for (int j = 0; j < 4; ++j) {
-            if (half == 0) prefetch(low + j * 64);
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + j * 64));
-            const __m256i nibbles = half == 0 ? v : _mm256_srli_epi16(v, 4);
-            const __m256i c = _mm256_or_si256(_mm256_and_si256(nibbles, low_nibbles), q6_top_bits(high, j));
-            QD_UNROLL for (int r = 0; r < R; ++r) {
-              const int8_t* row = x + r * x_stride + g * kGroup;
-              dot[r] = dot_bytes(dot[r], c, _mm256_set1_epi32(load4(row + 4 * (4 * half + j))));
-            }
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* low = w.codes + (block * groups + g) * 256 + 32 * h;
+      const uint8_t* top = w.high + (block * groups + g) * 128 + 32 * h;
+      const __m256i scale_pairs = _mm256_cvtepi8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + ((block * groups + g) * kLanes + 8 * h) * 2)));
+      const __m256 d = _mm256_loadu_ps(w.d + (block * supers + g / kGroupsPerSuper) * kLanes + 8 * h);
+      const __m256 scales[2] = {
+          _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(scale_pairs, 16), 16))),
+          _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(scale_pairs, 16)))};
+      QD_UNROLL for (int half = 0; half < 2; ++half) {  // the group's sub-blocks: code vectors 4 * half + j
+        prefetch(top + half * 64);
+        const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(top + half * 64));
+        __m256i dot[R];
+        QD_UNROLL for (int r = 0; r < R; ++r) dot[r] = _mm256_set1_epi32(offsets[r * offset_stride + 2 * g + half]);
+        QD_UNROLL for (int j = 0; j < 4; ++j) {
+          if (half == 0) prefetch(low + j * 64);
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + j * 64));
+          const __m256i nibbles = half == 0 ? v : _mm256_srli_epi16(v, 4);
+          const __m256i c = _mm256_or_si256(_mm256_and_si256(nibbles, low_nibbles), q6_top_bits(high, j));
+          QD_UNROLL for (int r = 0; r < R; ++r) {
+            const int8_t* row = x + r * x_stride + g * kGroup;
+            dot[r] = dot_bytes(dot[r], c, _mm256_set1_epi32(load4(row + 4 * (4 * half + j))));
           }
-          QD_UNROLL for (int r = 0; r < R; ++r)
-            total[r] = _mm256_add_epi32(total[r], _mm256_mullo_epi32(scales[half], dot[r]));
         }
-        const __m256i offsets = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scale_pairs, 5));
-        QD_UNROLL for (int r = 0; r < R; ++r)
-          total[r] = dot_words(total[r], offsets, _mm256_set1_epi32(pairs[r * pair_stride + g]));
+        QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(scales[half], _mm256_cvtepi32_ps(dot[r]), acc[r]);
       }
-      const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
-      QD_UNROLL for (int r = 0; r < R; ++r)
-        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(total[r])));
     }
     QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride + block * kLanes + 8 * h, acc[r]);
   }
@@ -199,12 +180,12 @@ inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const
 constexpr int kQ6Rows = 1;
 #endif
 
-// pairs [rows, K/32] from sub_block_sum_pairs.
-inline void q6_gemm(const Q6Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
+// offsets [rows, K/16] from sub_block_offsets.
+inline void q6_gemm(const Q6Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
-  const int64_t pair_stride = w.k / kGroup;
+  const int64_t offset_stride = w.k / kSubBlock;
   for_each_block_tile<kQ6Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
-    q6_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
+    q6_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block,
                                         out + row * out_stride, out_stride);
   });
 }

@@ -528,11 +528,11 @@ void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::
   TORCH_CHECK(high.numel() * 4 == n * k && sub_scale.numel() * qd::kSubBlock == n * k &&
               d.numel() == n * weights.supers());
   const int8_t* x_data = x.data_ptr<int8_t>();
-  const int64_t pair_count = k / qd::kGroup;
-  std::vector<int32_t> pairs(rows * pair_count);
-  for (int64_t r = 0; r < rows; ++r) qd::sub_block_sum_pairs(x_data + r * k, k, pairs.data() + r * pair_count);
+  const int64_t offset_count = k / qd::kSubBlock;
+  std::vector<int32_t> offsets(rows * offset_count);
+  for (int64_t r = 0; r < rows; ++r) qd::sub_block_offsets(x_data + r * k, k, offsets.data() + r * offset_count);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
-    qd::q6_gemm(weights, x_data, rows, pairs.data(), destination, out.size(1), begin, end);
+    qd::q6_gemm(weights, x_data, rows, offsets.data(), destination, out.size(1), begin, end);
   });
 }
 

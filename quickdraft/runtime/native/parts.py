@@ -369,12 +369,11 @@ class Q6Part(WeightPart):
         sub_blocks = self.in_features // SUB_BLOCK
         x = rows.double().reshape(rows.shape[0], sub_blocks, SUB_BLOCK)  # [M, J, 16]
         dots = torch.einsum("mjk,njk->mnj", x, codes.double().reshape(self.rows, sub_blocks, SUB_BLOCK))  # exact
-        terms = sub_scale.double() * (dots - Q6_OFFSET * x.sum(-1)[:, None, :])  # [M, N, J] integers: exact
+        terms = (dots - Q6_OFFSET * x.sum(-1)[:, None, :]).float()  # [M, N, J] integers below 2^24: exact
         acc = torch.zeros(rows.shape[0], self.rows)
-        per_super = 2 * GROUPS_PER_SUPER
-        for s, first in enumerate(range(0, sub_blocks, per_super)):
-            total = terms[:, :, first : first + per_super].sum(-1)  # [M, N] |total| < 2^31: exact
-            acc = acc + d[:, s] * total.float()
+        for j in range(sub_blocks):
+            scale = d[:, j // (2 * GROUPS_PER_SUPER)] * sub_scale[:, j].float()  # [N]
+            acc = fused_multiply_add(scale, terms[:, :, j], acc)
         return acc
 
     def dequantize(self) -> torch.Tensor:

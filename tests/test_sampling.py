@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import chi_square_pvalue
 from scipy.stats import chisquare, kstest
 
 from quickdraft.config import GenerationConfig, SamplingParams
@@ -127,6 +128,21 @@ def test_choose_tokens_by_rule() -> None:
     tokens, drawn_from = draw(probs, unseeded, make_generator(2), position=5)
     assert torch.equal(tokens, first) and drawn_from is not None
     torch.testing.assert_close(drawn_from, probs.softmax(dim=-1))
+
+
+def test_sample_draws_each_row_from_its_weights() -> None:
+    rows = 200_000
+    weights = torch.tensor([0.0, 3.0, 1.0, 0.0, 2.0, 0.5, 0.0])  # not normalised, zeros inside and at the end
+    drawn = sample(weights.expand(rows, -1), make_generator(3))  # [rows]
+    counts = torch.bincount(drawn, minlength=len(weights)).double()
+    assert counts[weights == 0].sum() == 0
+    probs = weights / weights.sum()
+    assert chi_square_pvalue(counts, probs) > 1e-3
+    # the negative control: the same counts against a slightly different distribution
+    assert chi_square_pvalue(counts, torch.tensor([0.0, 0.46, 0.16, 0.0, 0.30, 0.08, 0.0])) < 1e-3
+    # weights far below the total's rounding: token 1 may never show, token 2 (weight 0) never does
+    tiny = sample(torch.tensor([[1.0, 1e-30, 0.0]]).expand(1000, -1), make_generator(4))
+    assert set(tiny.tolist()) <= {0, 1}
 
 
 def test_seeded_generator_reproduces_samples() -> None:

@@ -103,8 +103,19 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row: ``[B, V]`` probabilities -> ``[B]`` token ids."""
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    """Draw one token per row: ``[B, V]`` non-negative weights (a row's sum > 0, not necessarily 1) -> ``[B]``
+    token ids, by inverting the row's cumulative sum (in float64) at one uniform number from ``generator``.
+
+    A token of weight 0 is never drawn: the first entry whose cumulative sum exceeds the draw has a positive
+    weight, and a draw that rounds up to the row's total (past every entry) takes the first entry reaching the
+    total, also positive.
+    """
+    cumulative = probs.double().cumsum(dim=-1)  # [B, V]
+    total = cumulative[:, -1:]  # [B, 1]
+    uniform = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)  # [B, 1]
+    token_ids = torch.searchsorted(cumulative, uniform * total, right=True)  # [B, 1], V where past every entry
+    first_at_total = torch.searchsorted(cumulative, total)  # [B, 1]
+    return torch.minimum(token_ids, first_at_total).squeeze(-1)
 
 
 def choose_tokens(

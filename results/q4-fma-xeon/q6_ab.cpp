@@ -1,7 +1,8 @@
 // q6 GEMM before (A: exact int32 superblock totals, sub-scales by vpmulld) and after (B: a fused multiply-add per
 // sub-block) in one process, calls taking turns A B B A, weights rotating through 1 GiB, 2 threads.
+// A is a directory holding e203b95's gemm.h, gemm_q6.h and gemm_amx.h (git show e203b95:PATH), here /tmp/oldq6:
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -I. -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 \
-//       -DQD_A=/tmp/oldq6 -DQD_B=quickdraft/runtime/native q6ab.cpp -o /tmp/q6ab && /tmp/q6ab [rows ...]
+//       -DQD_A=/tmp/oldq6 -DQD_B=quickdraft/runtime/native results/q4-fma-xeon/q6_ab.cpp -o /tmp/q6ab && /tmp/q6ab [rows ...]
 #include <omp.h>
 #include <algorithm>
 #include <chrono>

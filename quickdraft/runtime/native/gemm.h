@@ -79,26 +79,23 @@ struct Q4Weights {
   int64_t supers() const { return (groups() + kGroupsPerSuper - 1) / kGroupsPerSuper; }
 };
 
-// Per-row sums the kernels need besides the rows themselves: int8 wants sum_k x, q4 the sums of each group and q6
-// those of each sub-block, as int16 pairs packed in 32 bits (the second of a pair in the high half) for one
-// multiply-add per pair.
+// Per-row sums the kernels need besides the rows themselves: int8 wants sum_k x, q4 the sums of each group as int16
+// pairs packed in 32 bits (the second of a pair in the high half) for one multiply-add per pair, and q6 its
+// sub-blocks' offsets (gemm_q6.h).
 inline int32_t row_sum(const int8_t* x, int64_t k) {
   int32_t total = 0;
   for (int64_t i = 0; i < k; ++i) total += x[i];
   return total;
 }
 
-// pairs[p] = (sum of x[2pw, 2pw + w), sum of x[(2p + 1)w, (2p + 2)w)) for the k / 2w pairs of spans of `width` w.
-inline void sum_pairs(const int8_t* x, int64_t k, int64_t width, int32_t* pairs) {
-  for (int64_t p = 0; p < k / (2 * width); ++p) {
-    int32_t low = 0, high = 0;  // |sum| <= 32 * 127 fits in 16 bits
-    for (int64_t i = 0; i < width; ++i) low += x[2 * p * width + i], high += x[(2 * p + 1) * width + i];
+// pairs[p] = (sum of group 2p, sum of group 2p + 1) for the k / 64 pairs of groups; |sum| <= 32 * 127 fits in 16 bits.
+inline void group_sum_pairs(const int8_t* x, int64_t k, int32_t* pairs) {
+  for (int64_t p = 0; p < k / (2 * kGroup); ++p) {
+    const int32_t low = row_sum(x + 2 * p * kGroup, kGroup), high = row_sum(x + (2 * p + 1) * kGroup, kGroup);
     pairs[p] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(low)) |
                                     (static_cast<uint32_t>(static_cast<uint16_t>(high)) << 16));
   }
 }
-
-inline void group_sum_pairs(const int8_t* x, int64_t k, int32_t* pairs) { sum_pairs(x, k, kGroup, pairs); }
 
 inline int32_t load4(const int8_t* p) {
   int32_t v;

@@ -86,8 +86,9 @@ def test_q4_parts_are_exact_integer_group_sums() -> None:
 
 
 def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
-    """The q6 result against its definition in float64: integer superblock totals, then d; and its weights are
-    within half a step of the float weights they were quantized from."""
+    """The q6 result against the float64 product of the rows and its weights (exact integer sub-block sums, each
+    then scaled by d · sub_scale in float32); and its weights are within half a step of the float weights they
+    were quantized from."""
     generator = torch.Generator().manual_seed(2)
     weight = torch.randn(32, 640, generator=generator)
     part = Q6Part.from_float(weight)

@@ -57,7 +57,8 @@ class GoodputPolicy(Policy):
        run, blended with the drafter's earlier answers that ran longer; for a drafter with a free offer, ski
        rental alone less the share of steps the free offer served, :meth:`model_horizon`). Until its first drafts
        are judged, the target's top probability on each plain token counts as that fraction of an accepted draft.
-    5. The bid's judge (:class:`BlockJudge`) stops drafting once the next token is not expected to pay for itself.
+    5. A planned block (not a probe) may run to ``maximum``: the bid's judge (:class:`BlockJudge`) stops drafting
+       once the next token is expected to add fewer tokens per millisecond than the plan's γ promised.
     6. Costs are the calibration's (or the offer's own drafted-token cost), corrected by what the engine's steps
        this drafter had alone took (:class:`StepTimeRecord`: plain steps give t(1); steps with at most
        ``MEASURED_BACKLOG`` tokens to catch up give a drafted token's cost; a longer reading is timed against
@@ -111,7 +112,7 @@ class GoodputPolicy(Policy):
         return self.later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
-        return self.bid(state).num_draft_tokens
+        return self.bid(state).planned_gamma
 
     def bid(self, state: StepState = UNKNOWN_STATE) -> GoodputBid:
         """γ as the most this request drafts, planned alone (:func:`best_gamma`), with the estimates it was chosen
@@ -120,7 +121,7 @@ class GoodputPolicy(Policy):
         priced = next((offer for offer in state.offers if not offer.free), None)
         backlog, token_ms = (0, None) if priced is None else (priced.backlog, priced.token_ms)
         model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state, backlog, token_ms)
-        gamma = 0 if priced is None else best_gamma(costs, acceptance_rate, self.maximum, continuation_rate)
+        gamma = planned = 0 if priced is None else best_gamma(costs, acceptance_rate, self.maximum, continuation_rate)
         for offer in state.offers:
             if offer.free and offer.available and (free_bid := self._free_bid(state, offer, model, gamma)) is not None:
                 return free_bid
@@ -133,11 +134,12 @@ class GoodputPolicy(Policy):
             gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
         elif gamma == 1 and self.single_steps >= self.probe_after:
             gamma = min(2, self.maximum)  # a probe of β
-        judge = BlockJudge(costs, self.continuation_rate())
+        judge = BlockJudge(costs, self.continuation_rate(), costs.goodput(acceptance_rate, planned, continuation_rate))
+        reach = self.maximum if gamma == planned > 0 else gamma  # a plan, not a probe, runs on while the judge says
         context_ms = self._context_costs(state.context_tokens, drafts_with_model=True)
         return GoodputBid(
-            gamma, acceptance_rate, continuation_rate, reading_ms, priced if gamma > 0 else None, *context_ms,
-            keep_drafting=judge, state=state, costs=costs,
+            reach, acceptance_rate, continuation_rate, reading_ms, priced if gamma > 0 else None, *context_ms,
+            keep_drafting=judge, state=state, costs=costs, planned_gamma=gamma,
         )  # fmt: skip
 
     def _model_estimates(
@@ -177,7 +179,9 @@ class GoodputPolicy(Policy):
         elif gamma == 0 or free_costs.goodput(alpha, gamma, beta) < model_goodput:
             return None
         context_ms = self._context_costs(state.context_tokens, drafts_with_model=False)
-        return GoodputBid(gamma, alpha, beta, 0.0, offer, *context_ms, state=state, costs=free_costs)
+        return GoodputBid(
+            gamma, alpha, beta, 0.0, offer, *context_ms, state=state, costs=free_costs, planned_gamma=gamma
+        )
 
     def _context_costs(self, context: int, drafts_with_model: bool) -> tuple[float, float]:
         """What this request's context adds to a shared step (:class:`DraftBid`'s ``context_ms`` and
@@ -243,8 +247,8 @@ class GoodputPolicy(Policy):
         else:
             for free in (offer for offer in state.offers if offer.free and offer.available):
                 self.free.setdefault(free.source, FreeSource()).declined += 1
-            self.plain_steps = self.plain_steps + 1 if bid.num_draft_tokens == 0 else 0
-            self.single_steps = self.single_steps + 1 if bid.num_draft_tokens == 1 else 0
+            self.plain_steps = self.plain_steps + 1 if bid.planned_gamma == 0 else 0
+            self.single_steps = self.single_steps + 1 if bid.planned_gamma == 1 else 0
         if outcome.num_judged > 0:
             if offer is not None and offer.free:  # free drafts have their own estimates; the record is of the rest
                 source = self.free[offer.source]
@@ -297,16 +301,20 @@ class GoodputBid(DraftBid):
 
     state: StepState = UNKNOWN_STATE
     costs: CostModel | None = None  # the corrected costs at the request's context
+    planned_gamma: int = 0  # the γ its estimates planned (a probe's size); num_draft_tokens is how far it may run
 
 
 class BlockJudge:
     """One block's judge (:meth:`GoodputPolicy.bid`'s ``keep_drafting``): draft one more token only if it is
-    expected to pay for itself. It saves a plain step if it and every draft before it are accepted (the draft's
-    top probabilities so far, times β for the next one), and it costs a drafted token plus what one more token
-    adds to the verify forward. It keeps the block's survival, never the policy's state."""
+    expected to add tokens at least at the rate the step was planned at (``planned_goodput``, tokens per ms). It
+    adds a token if it and every draft before it are accepted (the draft's top probabilities so far, times β for
+    the next one), and it costs a drafted token plus what one more token adds to the verify forward. Stopping a
+    block where its next token falls below the plan's rate maximises tokens per ms (a ratio: Dinkelbach), where
+    the plain rate 1 / t(1) would draft on while a token adds less than the step already averages. It keeps the
+    block's survival, never the policy's state."""
 
-    def __init__(self, costs: CostModel, continuation_rate: float) -> None:
-        self.costs, self.continuation_rate = costs, continuation_rate
+    def __init__(self, costs: CostModel, continuation_rate: float, planned_goodput: float) -> None:
+        self.costs, self.continuation_rate, self.planned_goodput = costs, continuation_rate, planned_goodput
         self.block_survival = 1.0  # P(every draft of this block so far is accepted)
 
     def __call__(self, step: DraftStep) -> bool:
@@ -314,7 +322,7 @@ class BlockJudge:
         self.block_survival *= float(confidence)
         costs, k = self.costs, step.num_drafted
         next_token_ms = costs.draft_ms + costs.target(k + 2) - costs.target(k + 1)
-        return self.block_survival * self.continuation_rate * costs.target(1) > next_token_ms
+        return self.block_survival * self.continuation_rate > self.planned_goodput * next_token_ms
 
 
 def offers_free_drafts(state: StepState) -> bool:

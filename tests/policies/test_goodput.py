@@ -50,7 +50,7 @@ def step(
     """One step as the engine takes it: the policy bids, its drafts are proposed in full, the first ``accepted``
     of them are accepted (step_ms: the request had the step alone), and the policy observes the outcome."""
     bid = policy.bid(at)
-    drafted = bid.num_draft_tokens
+    drafted = bid.planned_gamma
     policy.observe(StepOutcome(bid, drafted, drafted, min(accepted, drafted), step_ms))
     return bid
 
@@ -70,7 +70,7 @@ def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0, later: 
     chosen = []
     for _ in range(steps):
         bid = policy.bid()
-        gamma = bid.num_draft_tokens
+        gamma = bid.planned_gamma
         chosen.append(gamma)
         accepted = 0
         while accepted < gamma and rng.random() < (later if accepted and later is not None else alpha):
@@ -98,7 +98,7 @@ def choose_plainly_observed(policy: GoodputPolicy, states: list[StepState], top_
     for at in states:
         bid = policy.bid(at)
         policy.observe(StepOutcome(bid))  # nothing judged (the request ends, or no draft is accepted or rejected)
-        chosen.append(bid.num_draft_tokens)
+        chosen.append(bid.planned_gamma)
         if chosen[-1] == 0:
             observe_plain(policy, top_probability)
     return chosen
@@ -163,23 +163,26 @@ def test_goodput_without_evidence_on_later_drafts_takes_them_as_independent() ->
 def test_goodput_probes_a_second_draft_after_blocks_of_one() -> None:
     policy = GoodputPolicy(BENCH_DRAFT, 16)
     for _ in range(50):  # half the first drafts are accepted: one draft a block pays, two do not
-        blocks(policy, 1, 1, bid=GoodputBid(2))  # as if bid at γ 2: no block of one in a row counted yet
-        blocks(policy, 1, 0, bid=GoodputBid(2))
+        blocks(policy, 1, 1, bid=GoodputBid(2, planned_gamma=2))  # as if planned at γ 2: no block of one counted
+        blocks(policy, 1, 0, bid=GoodputBid(2, planned_gamma=2))
     chosen = choose_plainly_observed(policy, [UNKNOWN_STATE] * 34, top_probability=0.5)
     assert chosen == ([1] * 16 + [2]) * 2  # every 16 blocks of one, a block of two measures β
 
 
 def test_goodput_stops_a_block_when_the_next_draft_is_not_expected_to_pay() -> None:
-    """MODERATE: a plain step 100 ms, a draft 5 ms, one more verified token 5-10 ms more."""
+    """MODERATE: a plain step 100 ms, a draft 5 ms, one more verified token 5-10 ms more. The plan (γ 8 at α 0.86,
+    β 0.89) promises a token per 36.4 ms, and a next draft must add tokens at that rate: its survival times β against
+    its 12.5-13.75 ms."""
     good = AcceptanceRecord.independent(900, 100)
     sure = GoodputPolicy(MODERATE, 16, good).bid()
-    assert sure.num_draft_tokens > 4
-    assert all(sure.keep_drafting(draft_step(0.95, k)) for k in range(1, 5))  # 0.95^4 · 0.9 · 100 ms pays
+    assert sure.planned_gamma == 8 and sure.num_draft_tokens == 16  # a plan may run on to the maximum
+    assert 1.0 / sure.keep_drafting.planned_goodput == pytest.approx(36.44, abs=0.01)  # type: ignore[attr-defined]
+    assert all(sure.keep_drafting(draft_step(0.95, k)) for k in range(1, 9))  # 0.95^8 · 0.89 = 0.59 > 13.75 / 36.4
     unsure_policy = GoodputPolicy(MODERATE, 16, good)
     unsure = unsure_policy.bid()
-    assert unsure.keep_drafting(draft_step(0.5, 1)) and unsure.keep_drafting(draft_step(0.5, 2))
-    assert not unsure.keep_drafting(draft_step(0.5, 3))  # 0.5^3 · α 0.86 · 100 = 11 ms < 5 + 8.75 ms
-    assert unsure.keep_drafting.block_survival == pytest.approx(0.125)  # type: ignore[attr-defined]
+    assert unsure.keep_drafting(draft_step(0.5, 1))  # 0.5 · 0.89 = 0.45 > 12.5 / 36.4 = 0.34
+    assert not unsure.keep_drafting(draft_step(0.5, 2))  # 0.25 · 0.89 = 0.22 < 0.34 (at the plain rate, 1/100 ms: on)
+    assert unsure.keep_drafting.block_survival == pytest.approx(0.25)  # type: ignore[attr-defined]
     again = unsure_policy.bid()  # a new block starts with nothing drafted, whatever the last one did
     assert again.keep_drafting.block_survival == 1.0 and not again.keep_drafting(draft_step(0.1, 1))  # type: ignore[attr-defined]
     expensive = GoodputPolicy(EXPENSIVE_DRAFT, 16, good).bid()  # a draft token costs 60 % of a plain step

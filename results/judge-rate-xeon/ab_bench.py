@@ -1,0 +1,34 @@
+"""`quickdraft bench` with one more policy, `goodput-before`: goodput as it was before the change under test
+(a block runs to the planned γ at most, and its judge weighs a next draft against the plain rate 1 / t(1))."""
+
+import sys
+from dataclasses import replace
+
+from quickdraft.cli import main
+from quickdraft.policies import goodput
+from quickdraft.policies.base import POLICIES, PolicyKind, no_argument
+
+
+class GoodputBefore(goodput.GoodputPolicy):
+    def bid(self, state=goodput.UNKNOWN_STATE):
+        bid = super().bid(state)
+        if bid.offer is None or bid.offer.free:
+            return bid
+        judge = goodput.BlockJudge(bid.costs, self.continuation_rate(), 1.0 / bid.costs.target(1))
+        return replace(bid, num_draft_tokens=bid.planned_gamma, keep_drafting=judge)
+
+
+def _before(_, context):
+    return GoodputBefore(
+        context.cost_model,
+        context.max_draft_tokens,
+        context.acceptance,
+        step_times=context.step_times,
+        answer_lengths=context.answer_lengths,
+    )
+
+
+POLICIES.register("goodput-before")(
+    PolicyKind(_before, no_argument("goodput-before"), needs_cost_model=True, learns_answers=True)
+)
+sys.exit(main(sys.argv[1:]))

@@ -147,7 +147,7 @@ class DraftModelDrafter(Drafter):
         """Its drafts, as rows of batched forwards, after reading what its cache lacks of ``context``."""
         assert isinstance(state, DraftModelState)
         backlog = state.conversation.backlog(state.draft_context(context))
-        return (Offer(MODEL_DRAFTS.source, backlog=backlog, batched=True),)
+        return (Offer(MODEL_DRAFTS.source, backlog=backlog, batched=True, judged=True),)
 
     def propose(self, tasks: Sequence[DraftTask], max_read_tokens: int | None = None) -> list[DraftProposal]:
         rows = [self._row(task, max_read_tokens) for task in tasks]

@@ -66,7 +66,7 @@ class EagleDrafter(Drafter):
 
     def offers(self, state: DraftState, context: Sequence[int]) -> tuple[Offer, ...]:
         """Its drafts, each costing the head's measured drafting step (the calibration times no head)."""
-        return (Offer(MODEL_DRAFTS.source, token_ms=self.token_ms),)
+        return (Offer(MODEL_DRAFTS.source, token_ms=self.token_ms, judged=True),)
 
     @torch.inference_mode()
     def measure_token_ms(self, context: int = 64, repeats: int = 5) -> float:

@@ -11,7 +11,6 @@ step boundaries. Goodput requests' γ are chosen together for the whole step (:f
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,7 +42,8 @@ from quickdraft.lossless.rules import (
     verify_drafts,
 )
 from quickdraft.lossless.sampling import make_generator
-from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome, StepState, alone_in_step, plan_step
+from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome, StepState
+from quickdraft.policies.planner import alone_in_step, plan_step, step_reach
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.text import IncrementalDecoder
 
@@ -258,16 +258,16 @@ class Engine:
             remaining_tokens = state.request.config.max_new_tokens - generated
             offers = state.request.drafter.offers(state.draft_state, state.committed)
             bid = plan.bids[state] = state.policy.bid(StepState(remaining_tokens, generated, context, offers))
-            bids.append(replace(bid, num_draft_tokens=min(bid.num_draft_tokens, remaining_tokens - 1)))
+            bids.append(bid.capped(remaining_tokens - 1))
         gammas = [bid.num_draft_tokens for bid in bids]
         # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
         # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
         other_tokens, negotiable = sum(n for _, n in plan.chunks), any(bid.negotiable for bid in bids)
         if self.batch_costs is not None and negotiable and not alone_in_step(bids, other_tokens):
             gammas = plan_step(bids, self.batch_costs, other_tokens)
-        plan.gammas = dict(zip(decoding, gammas, strict=True))
-        for state, gamma in plan.gammas.items():
-            state.stats.gamma_per_step.append(gamma)
+        plan.gammas = dict(zip(decoding, step_reach(bids, gammas, other_tokens), strict=True))
+        for state, gamma in zip(decoding, gammas, strict=True):
+            state.stats.gamma_per_step.append(gamma)  # the plan; a judged block may run past it
         return plan
 
     def _draft(self, plan: StepPlan) -> dict[RunningRequest, DraftProposal]:

@@ -24,7 +24,7 @@ from quickdraft.policies.base import (
     parse_policy,
 )
 from quickdraft.policies.goodput import GoodputPolicy
-from quickdraft.policies.planner import StepCosts, alone_in_step, best_gamma, plan_step
+from quickdraft.policies.planner import StepCosts, alone_in_step, best_gamma, plan_step, step_reach
 from quickdraft.policies.records import (
     AcceptanceRecord,
     AnswerLength,
@@ -67,4 +67,5 @@ __all__ = [
     "make_policy",
     "parse_policy",
     "plan_step",
+    "step_reach",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -73,6 +73,9 @@ class Offer:
     batched: bool = False  # its drafts are rows of draft-model forwards that the step's requests share
     token_ms: float | None = None  # what a drafted token costs, where the drafter times it itself (a draft head);
     # None: what the drafter's calibration says. Either is corrected by the steps the engine measures.
+    # The drafter asks the bid's judge after each drafted token, and how it drafts does not depend on how many
+    # tokens it may draft: a block may run past the plan (DraftBid.reach).
+    judged: bool = False
 
     def __post_init__(self) -> None:
         if self.backlog < 0 or any(n is not None and n < 0 for n in (self.max_tokens, self.token_ms)):
@@ -130,11 +133,15 @@ class DraftBid:
     context_ms: float = 0.0
     context_ms_per_draft: float = 0.0
     keep_drafting: KeepDrafting = always  # this block's own judge: it may keep state for the block, never the policy
+    # Alone in its step, the request may draft on to this many while keep_drafting says so (None: num_draft_tokens).
+    reach: int | None = None
 
     def __post_init__(self) -> None:
         times = [self.reading_ms, self.context_ms, self.context_ms_per_draft]
         if self.num_draft_tokens < 0 or min(times) < 0:
             raise ValueError(f"a draft bid needs num_draft_tokens >= 0 and times >= 0, got {self}")
+        if self.reach is not None and self.reach < self.num_draft_tokens:
+            raise ValueError(f"a draft bid's reach is at least its num_draft_tokens, got {self}")
         rates = [rate for rate in (self.acceptance_rate, self.continuation_rate) if rate is not None]
         if any(not 0.0 <= rate <= 1.0 for rate in rates):
             raise ValueError(f"acceptance estimates are probabilities, got {self}")
@@ -142,6 +149,11 @@ class DraftBid:
     @property
     def negotiable(self) -> bool:
         return self.acceptance_rate is not None
+
+    def capped(self, most: int) -> DraftBid:
+        """This bid, drafting at most ``most`` tokens (what the request's budget leaves), reach included."""
+        reach = None if self.reach is None else min(self.reach, most)
+        return replace(self, num_draft_tokens=min(self.num_draft_tokens, most), reach=reach)
 
     def gain(self, k: int) -> float:
         """The expected tokens the k-th draft of the block adds: α·β^(k−1) (β = α when not given; 0 without α)."""

@@ -57,8 +57,9 @@ class GoodputPolicy(Policy):
        run, blended with the drafter's earlier answers that ran longer; for a drafter with a free offer, ski
        rental alone less the share of steps the free offer served, :meth:`model_horizon`). Until its first drafts
        are judged, the target's top probability on each plain token counts as that fraction of an accepted draft.
-    5. A planned block (not a probe) may run to ``maximum``: the bid's judge (:class:`BlockJudge`) stops drafting
-       once the next token is expected to add fewer tokens per millisecond than the plan's γ promised.
+    5. The bid's judge (:class:`BlockJudge`) stops drafting once the next token is expected to add fewer tokens
+       per millisecond than the plan's γ promised; a plan (not a probe) of a judged offer may run on to ``maximum``
+       while the judge says so, when the request has the step alone (:attr:`DraftBid.reach`).
     6. Costs are the calibration's (or the offer's own drafted-token cost), corrected by what the engine's steps
        this drafter had alone took (:class:`StepTimeRecord`: plain steps give t(1); steps with at most
        ``MEASURED_BACKLOG`` tokens to catch up give a drafted token's cost; a longer reading is timed against
@@ -112,7 +113,7 @@ class GoodputPolicy(Policy):
         return self.later.mean(self.continuation_shrink * alpha, self.continuation_shrink * (1.0 - alpha))
 
     def choose(self, state: StepState = UNKNOWN_STATE) -> int:
-        return self.bid(state).planned_gamma
+        return self.bid(state).num_draft_tokens
 
     def bid(self, state: StepState = UNKNOWN_STATE) -> GoodputBid:
         """γ as the most this request drafts, planned alone (:func:`best_gamma`), with the estimates it was chosen
@@ -134,12 +135,13 @@ class GoodputPolicy(Policy):
             gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
         elif gamma == 1 and self.single_steps >= self.probe_after:
             gamma = min(2, self.maximum)  # a probe of β
-        judge = BlockJudge(costs, self.continuation_rate(), costs.goodput(acceptance_rate, planned, continuation_rate))
-        reach = self.maximum if gamma == planned > 0 else gamma  # a plan, not a probe, runs on while the judge says
+        judge = BlockJudge(costs, continuation_rate, costs.goodput(acceptance_rate, planned, continuation_rate))
+        # a plan (not a probe) of judged drafts may run on while the judge finds them paying, when the request is alone
+        reach = self.maximum if gamma == planned > 0 and priced is not None and priced.judged else None
         context_ms = self._context_costs(state.context_tokens, drafts_with_model=True)
         return GoodputBid(
-            reach, acceptance_rate, continuation_rate, reading_ms, priced if gamma > 0 else None, *context_ms,
-            keep_drafting=judge, state=state, costs=costs, planned_gamma=gamma,
+            gamma, acceptance_rate, continuation_rate, reading_ms, priced if gamma > 0 else None, *context_ms,
+            keep_drafting=judge, reach=reach, state=state, costs=costs,
         )  # fmt: skip
 
     def _model_estimates(
@@ -179,9 +181,7 @@ class GoodputPolicy(Policy):
         elif gamma == 0 or free_costs.goodput(alpha, gamma, beta) < model_goodput:
             return None
         context_ms = self._context_costs(state.context_tokens, drafts_with_model=False)
-        return GoodputBid(
-            gamma, alpha, beta, 0.0, offer, *context_ms, state=state, costs=free_costs, planned_gamma=gamma
-        )
+        return GoodputBid(gamma, alpha, beta, 0.0, offer, *context_ms, state=state, costs=free_costs)
 
     def _context_costs(self, context: int, drafts_with_model: bool) -> tuple[float, float]:
         """What this request's context adds to a shared step (:class:`DraftBid`'s ``context_ms`` and
@@ -247,8 +247,9 @@ class GoodputPolicy(Policy):
         else:
             for free in (offer for offer in state.offers if offer.free and offer.available):
                 self.free.setdefault(free.source, FreeSource()).declined += 1
-            self.plain_steps = self.plain_steps + 1 if bid.planned_gamma == 0 else 0
-            self.single_steps = self.single_steps + 1 if bid.planned_gamma == 1 else 0
+            self.plain_steps = self.plain_steps + 1 if bid.num_draft_tokens == 0 else 0
+            blocks_of_one = bid.num_draft_tokens == 1 and outcome.num_drafted <= 1  # not one that ran on
+            self.single_steps = self.single_steps + 1 if blocks_of_one else 0
         if outcome.num_judged > 0:
             if offer is not None and offer.free:  # free drafts have their own estimates; the record is of the rest
                 source = self.free[offer.source]
@@ -301,7 +302,6 @@ class GoodputBid(DraftBid):
 
     state: StepState = UNKNOWN_STATE
     costs: CostModel | None = None  # the corrected costs at the request's context
-    planned_gamma: int = 0  # the γ its estimates planned (a probe's size); num_draft_tokens is how far it may run
 
 
 class BlockJudge:

@@ -76,6 +76,15 @@ def best_gamma(costs: StepCosts, acceptance_rate: float, maximum: int, continuat
     return plan_step([bid], costs)[0]
 
 
+def step_reach(bids: Sequence[DraftBid], gammas: Sequence[int], other_tokens: int) -> list[int]:
+    """How many tokens each request may draft in the step planned at ``gammas``: its γ, or, for a request alone in
+    the step, as far as its bid's judged block may run (:attr:`DraftBid.reach`). A shared step keeps to the plan,
+    whose cost the batch was planned with."""
+    if alone_in_step(bids, other_tokens) and bids[0].reach is not None:
+        return [max(gammas[0], bids[0].reach)]
+    return list(gammas)
+
+
 def alone_in_step(bids: Sequence[DraftBid], other_tokens: int) -> bool:
     """A step of one request and nothing else keeps its bid: its policy planned it already, with this planner and
     costs corrected by the request's measured steps."""

@@ -15,7 +15,7 @@ class GoodputBefore(goodput.GoodputPolicy):
         if bid.offer is None or bid.offer.free:
             return bid
         judge = goodput.BlockJudge(bid.costs, self.continuation_rate(), 1.0 / bid.costs.target(1))
-        return replace(bid, num_draft_tokens=bid.planned_gamma, keep_drafting=judge)
+        return replace(bid, reach=None, keep_drafting=judge)
 
 
 def _before(_, context):

@@ -52,7 +52,7 @@ def test_a_single_repeated_token_is_not_copied(pipeline: Pipeline) -> None:
     state = start(drafter, context)
     assert drafter.offers(state, context) == (
         Offer(COPIES, max_tokens=0, free=True),  # offered every step, with nothing this time
-        Offer("model", backlog=len(context), batched=True),  # the draft model reads the context first
+        Offer("model", backlog=len(context), batched=True, judged=True),  # the draft model reads the context first
     )
     one_token = hybrid(pipeline, hybrid_min_ngram=1)
     assert one_token.offers(start(one_token, context), context)[0].max_tokens == 6

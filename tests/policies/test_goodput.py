@@ -50,7 +50,7 @@ def step(
     """One step as the engine takes it: the policy bids, its drafts are proposed in full, the first ``accepted``
     of them are accepted (step_ms: the request had the step alone), and the policy observes the outcome."""
     bid = policy.bid(at)
-    drafted = bid.planned_gamma
+    drafted = bid.num_draft_tokens
     policy.observe(StepOutcome(bid, drafted, drafted, min(accepted, drafted), step_ms))
     return bid
 
@@ -70,7 +70,7 @@ def feed(policy: GoodputPolicy, alpha: float, steps: int, seed: int = 0, later: 
     chosen = []
     for _ in range(steps):
         bid = policy.bid()
-        gamma = bid.planned_gamma
+        gamma = bid.num_draft_tokens
         chosen.append(gamma)
         accepted = 0
         while accepted < gamma and rng.random() < (later if accepted and later is not None else alpha):
@@ -98,7 +98,7 @@ def choose_plainly_observed(policy: GoodputPolicy, states: list[StepState], top_
     for at in states:
         bid = policy.bid(at)
         policy.observe(StepOutcome(bid))  # nothing judged (the request ends, or no draft is accepted or rejected)
-        chosen.append(bid.planned_gamma)
+        chosen.append(bid.num_draft_tokens)
         if chosen[-1] == 0:
             observe_plain(policy, top_probability)
     return chosen
@@ -163,8 +163,8 @@ def test_goodput_without_evidence_on_later_drafts_takes_them_as_independent() ->
 def test_goodput_probes_a_second_draft_after_blocks_of_one() -> None:
     policy = GoodputPolicy(BENCH_DRAFT, 16)
     for _ in range(50):  # half the first drafts are accepted: one draft a block pays, two do not
-        blocks(policy, 1, 1, bid=GoodputBid(2, planned_gamma=2))  # as if planned at γ 2: no block of one counted
-        blocks(policy, 1, 0, bid=GoodputBid(2, planned_gamma=2))
+        blocks(policy, 1, 1, bid=GoodputBid(2))  # as if bid at γ 2: no block of one in a row counted yet
+        blocks(policy, 1, 0, bid=GoodputBid(2))
     chosen = choose_plainly_observed(policy, [UNKNOWN_STATE] * 34, top_probability=0.5)
     assert chosen == ([1] * 16 + [2]) * 2  # every 16 blocks of one, a block of two measures β
 
@@ -175,7 +175,7 @@ def test_goodput_stops_a_block_when_the_next_draft_is_not_expected_to_pay() -> N
     its 12.5-13.75 ms."""
     good = AcceptanceRecord.independent(900, 100)
     sure = GoodputPolicy(MODERATE, 16, good).bid()
-    assert sure.planned_gamma == 8 and sure.num_draft_tokens == 16  # a plan may run on to the maximum
+    assert sure.num_draft_tokens == 8
     assert 1.0 / sure.keep_drafting.planned_goodput == pytest.approx(36.44, abs=0.01)  # type: ignore[attr-defined]
     assert all(sure.keep_drafting(draft_step(0.95, k)) for k in range(1, 9))  # 0.95^8 · 0.89 = 0.59 > 13.75 / 36.4
     unsure_policy = GoodputPolicy(MODERATE, 16, good)
@@ -187,6 +187,34 @@ def test_goodput_stops_a_block_when_the_next_draft_is_not_expected_to_pay() -> N
     assert again.keep_drafting.block_survival == 1.0 and not again.keep_drafting(draft_step(0.1, 1))  # type: ignore[attr-defined]
     expensive = GoodputPolicy(EXPENSIVE_DRAFT, 16, good).bid()  # a draft token costs 60 % of a plain step
     assert expensive.keep_drafting(draft_step(0.9, 1)) and not expensive.keep_drafting(draft_step(0.7, 2))
+
+
+def test_goodput_lets_a_plan_of_judged_drafts_run_on_but_not_a_probe_or_unjudged_drafts() -> None:
+    """A draft model's drafts are judged token by token, so a plan of them may run to the maximum (``reach``, taken
+    when the request is alone); drafts nothing judges (prompt lookup's, MODEL_DRAFTS) and probes keep their γ."""
+    good = AcceptanceRecord.independent(900, 100)
+    judged = StepState(offers=(Offer("model", judged=True),))
+    bid = GoodputPolicy(MODERATE, 16, good).bid(judged)
+    assert bid.num_draft_tokens == 8 and bid.reach == 16
+    assert bid.capped(5).num_draft_tokens == 5 and bid.capped(5).reach == 5  # the request's budget caps both
+    assert GoodputPolicy(MODERATE, 16, good).bid().reach is None  # unjudged drafts: the plan is the most
+    probing = GoodputPolicy(MODERATE, 16, AcceptanceRecord.independent(1, 99))
+    for _ in range(16):
+        probing.observe(StepOutcome(probing.bid(judged)))
+    probe = probing.bid(judged)
+    assert probe.num_draft_tokens == 1 and probe.reach is None  # a probe of α drafts one
+
+
+def test_goodput_counts_only_blocks_that_stopped_at_one_toward_a_probe_of_beta() -> None:
+    policy = GoodputPolicy(BENCH_DRAFT, 16)
+    judged = StepState(offers=(Offer("model", judged=True),))
+    for _ in range(50):  # half the first drafts are accepted: one draft a block pays, two do not
+        blocks(policy, 1, 1, bid=GoodputBid(2))
+        blocks(policy, 1, 0, bid=GoodputBid(2))
+    for step in range(40):  # blocks planned at one that ran on to three: β is being measured, no probe needed
+        bid = policy.bid(judged)
+        assert bid.num_draft_tokens == 1  # counted by the plan alone, the 17th would probe with 2
+        policy.observe(StepOutcome(bid, 3, 3, int(step % 4 != 3)))  # α about three quarters, β about 0
 
 
 def test_goodput_drafts_short_when_verification_is_expensive() -> None:

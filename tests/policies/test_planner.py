@@ -21,6 +21,7 @@ from quickdraft.policies import (
     alone_in_step,
     best_gamma,
     plan_step,
+    step_reach,
 )
 
 # The default pair on a 2-core AVX-512 machine, roughly: a step is memory-bound up to a few tokens, then each
@@ -165,3 +166,15 @@ def test_a_long_context_makes_its_requests_drafts_dearer_in_a_shared_step() -> N
     assert plan_step(drafting(long, [True, True]), MEASURED_SHAPE) == [0, 0]
     mixed = plan_step(drafting([short[0], long[1]], [True, True]), MEASURED_SHAPE)
     assert mixed[0] >= 1 and mixed[1] == 0
+
+
+def test_a_request_alone_may_run_to_its_reach_and_a_shared_step_keeps_to_the_plan() -> None:
+    """A judged block runs past its plan only when its request has the step alone: a shared step's plan priced
+    every request's drafts together."""
+    reaching = DraftBid(3, 0.8, offer=MODEL_DRAFTS, reach=16)
+    assert step_reach([reaching], [3], other_tokens=0) == [16]
+    assert step_reach([reaching], [3], other_tokens=5) == [3]  # a prompt chunk shares the step
+    assert step_reach([reaching, DraftBid(2, 0.8, offer=MODEL_DRAFTS)], [3, 2], other_tokens=0) == [3, 2]
+    assert step_reach([DraftBid(3, 0.8, offer=MODEL_DRAFTS)], [3], other_tokens=0) == [3]  # no reach: the plan
+    with pytest.raises(ValueError, match="reach"):
+        DraftBid(4, reach=3)

@@ -22,7 +22,7 @@ class GenerationStats:
     step_sizes: list[int] = field(default_factory=list)  # tokens committed by the step (accepted drafts + 1)
     step_times_s: list[float] = field(default_factory=list)  # seconds from the start to the step's commit
     gamma_per_step: list[int] = field(default_factory=list)  # γ the policy chose for each verify step
-    proposed_per_step: list[int] = field(default_factory=list)  # drafts actually proposed (<= γ)
+    proposed_per_step: list[int] = field(default_factory=list)  # drafts proposed (<= γ, or a lone judged reach)
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -265,9 +265,8 @@ class Engine:
         other_tokens, negotiable = sum(n for _, n in plan.chunks), any(bid.negotiable for bid in bids)
         if self.batch_costs is not None and negotiable and not alone_in_step(bids, other_tokens):
             gammas = plan_step(bids, self.batch_costs, other_tokens)
-        plan.gammas = dict(zip(decoding, step_reach(bids, gammas, other_tokens), strict=True))
-        for state, gamma in zip(decoding, gammas, strict=True):
-            state.stats.gamma_per_step.append(gamma)  # the plan; a judged block may run past it
+        plan.gammas = dict(zip(decoding, gammas, strict=True))
+        plan.reach = dict(zip(decoding, step_reach(bids, gammas, other_tokens), strict=True))
         return plan
 
     def _draft(self, plan: StepPlan) -> dict[RunningRequest, DraftProposal]:
@@ -276,7 +275,8 @@ class Engine:
         request is alone (there is no one for the reading to stall)."""
         proposals = {state: DraftProposal.empty() for state in plan.gammas}
         tasks: dict[Drafter, list[tuple[RunningRequest, DraftTask]]] = {}
-        for state, gamma in plan.gammas.items():
+        for state, gamma in plan.reach.items():
+            state.stats.gamma_per_step.append(plan.gammas[state])  # the plan; a lone judged block may run past it
             bid = plan.bids[state]
             if gamma > 0 and bid.offer is not None:
                 task = DraftTask(

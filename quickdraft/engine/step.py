@@ -27,7 +27,8 @@ class StepReport:
 @dataclass
 class StepPlan:
     chunks: list[tuple[RunningRequest, int]] = field(default_factory=list)  # (request, prompt tokens to read)
-    gammas: dict[RunningRequest, int] = field(default_factory=dict)  # decoding requests and their γ
+    gammas: dict[RunningRequest, int] = field(default_factory=dict)  # decoding requests and their planned γ
+    reach: dict[RunningRequest, int] = field(default_factory=dict)  # what each may draft (DraftBid.reach when alone)
     bids: dict[RunningRequest, DraftBid] = field(default_factory=dict)  # what their policies bid (before planning)
 
     @property

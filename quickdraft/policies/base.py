@@ -118,10 +118,10 @@ UNKNOWN_STATE = StepState()
 
 @dataclass(frozen=True)
 class DraftBid:
-    """What a request's policy asks of a step: at most ``num_draft_tokens`` drafts of ``offer``, drafted while
-    ``keep_drafting`` says so. A bid with acceptance estimates may be given fewer by a batch planner that weighs
-    every request's expected tokens against the whole step's cost (goodput's :func:`plan_step`); one without
-    gets exactly what it asked for (a fixed γ is a fixed γ)."""
+    """What a request's policy asks of a step: at most ``num_draft_tokens`` drafts of ``offer`` (``reach`` when the
+    request has the step alone), drafted while ``keep_drafting`` says so. A bid with acceptance estimates may be
+    given fewer by a batch planner that weighs every request's expected tokens against the whole step's cost
+    (goodput's :func:`plan_step`); one without gets exactly what it asked for (a fixed γ is a fixed γ)."""
 
     num_draft_tokens: int
     acceptance_rate: float | None = None  # α, that the block's first draft is accepted; None: not negotiable

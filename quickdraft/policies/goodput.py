@@ -83,7 +83,7 @@ class GoodputPolicy(Policy):
     top_probability_sum: float = field(default=0.0, init=False)  # decayed sums of their top probabilities
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
     plain_steps: int = field(default=0, init=False)  # bids of γ 0 in a row
-    single_steps: int = field(default=0, init=False)  # bids of one draft in a row
+    single_steps: int = field(default=0, init=False)  # bids of one draft in a row that drafted at most one
     free: dict[str, FreeSource] = field(default_factory=dict, init=False)  # estimates of each free offer's drafts
     free_offered: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with free drafts on offer
     # A memo, not knowledge: the corrected costs at the step times and context they were made for (see costs()).
@@ -116,9 +116,10 @@ class GoodputPolicy(Policy):
         return self.bid(state).num_draft_tokens
 
     def bid(self, state: StepState = UNKNOWN_STATE) -> GoodputBid:
-        """γ as the most this request drafts, planned alone (:func:`best_gamma`), with the estimates it was chosen
-        by, so that :func:`plan_step` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone): on a
-        free offer (copies) or the drafter's measured drafts, whichever promise more tokens per millisecond."""
+        """γ as the most this request plans to draft, planned alone (:func:`best_gamma`), with the estimates it was
+        chosen by, so that :func:`plan_step` may trim it to what pays in the whole batch (:meth:`choose`: the γ alone),
+        and the reach a judged block may run to when the request is alone: on a free offer (copies) or the drafter's
+        measured drafts, whichever promise more tokens per millisecond."""
         priced = next((offer for offer in state.offers if not offer.free), None)
         backlog, token_ms = (0, None) if priced is None else (priced.backlog, priced.token_ms)
         model = reading_ms, acceptance_rate, continuation_rate, costs = self._model_estimates(state, backlog, token_ms)

@@ -111,7 +111,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     total, also positive.
     """
     cumulative = probs.double().cumsum(dim=-1)  # [B, V]
-    total = cumulative[:, -1:]  # [B, 1]
+    total = cumulative[:, -1:].contiguous()  # [B, 1] (searchsorted copies, and warns about, a strided one)
     uniform = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)  # [B, 1]
     token_ids = torch.searchsorted(cumulative, uniform * total, right=True)  # [B, 1], V where past every entry
     first_at_total = torch.searchsorted(cumulative, total)  # [B, 1]

@@ -2,7 +2,7 @@
 (a block runs to the planned γ at most, and its judge weighs a next draft against the plain rate 1 / t(1))."""
 
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from quickdraft.cli import main
 from quickdraft.policies import goodput
@@ -18,14 +18,9 @@ class GoodputBefore(goodput.GoodputPolicy):
         return replace(bid, reach=None, keep_drafting=judge)
 
 
-def _before(_, context):
-    return GoodputBefore(
-        context.cost_model,
-        context.max_draft_tokens,
-        context.acceptance,
-        step_times=context.step_times,
-        answer_lengths=context.answer_lengths,
-    )
+def _before(argument, context):
+    made = goodput._goodput(argument, context)  # goodput as configured, its fields handed to the old rule
+    return GoodputBefore(**{field.name: getattr(made, field.name) for field in fields(made) if field.init})
 
 
 POLICIES.register("goodput-before")(

@@ -38,7 +38,9 @@ from sampling_acceptance import Setting, draft_probs, sampled_answer, teacher_fo
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
+from quickdraft.costs import expected_tokens
 from quickdraft.lossless.sampling import argmax, logits_to_probs, position_noise, top_probability
+from quickdraft.policies import best_gamma
 
 XEON_CURVE = "1:42.9,2:45.4,4:48.7,5:50.2,8:61.1,12:81.4,16:100.7"
 SIGNALS = ("raw_top", "proc_top", "q_x", "margin")
@@ -97,26 +99,32 @@ def collect(args: argparse.Namespace) -> list[dict]:
 
 
 class Costs:
+    """The replay's step costs: the target's curve ``curve[k]`` (ms for k new tokens), a drafted token, and what a
+    step takes beyond its forwards. As :class:`quickdraft.policies.StepCosts` (the overhead counted with the
+    target's forward), goodput's own planner plans with them."""
+
     def __init__(self, curve: str, draft_ms: float, overhead_ms: float) -> None:
         points = sorted((int(k), float(v)) for k, v in (item.split(":") for item in curve.split(",")))
         ks, ms = zip(*points, strict=True)
         slope = (ms[-1] - ms[-2]) / (ks[-1] - ks[-2])
-        self.target = {
+        self.curve = {
             k: float(np.interp(k, ks, ms)) if k <= ks[-1] else ms[-1] + slope * (k - ks[-1]) for k in range(1, 40)
         }
         self.draft_ms, self.overhead_ms = draft_ms, overhead_ms
 
+    def target(self, num_tokens: int) -> float:
+        return self.curve[num_tokens] + self.overhead_ms
+
+    def draft(self, num_rows: int) -> float:
+        return num_rows * self.draft_ms
+
     def step_ms(self, drafts: int) -> float:
-        return drafts * self.draft_ms + self.target[drafts + 1] + self.overhead_ms
+        return self.draft(drafts) + self.target(drafts + 1)
 
     def plan(self, beta: float, maximum: int = 16) -> tuple[int, float]:
-        """goodput's γ at α = β and its expected tokens per ms."""
-
-        def rate(gamma: int) -> float:
-            return (1 + beta * (1 - beta**gamma) / (1 - beta)) / self.step_ms(gamma)
-
-        gamma = max(range(maximum + 1), key=rate)
-        return gamma, rate(gamma)
+        """goodput's γ at α = β (:func:`best_gamma`) and its expected tokens per ms."""
+        gamma = best_gamma(self, beta, maximum)
+        return gamma, expected_tokens(beta, gamma) / self.step_ms(gamma)
 
 
 def replay(
@@ -142,7 +150,7 @@ def replay(
                     break
                 continue
             survival *= survival_of[position + drafts - 1]
-            next_ms = costs.draft_ms + costs.target[drafts + 2] - costs.target[drafts + 1]
+            next_ms = costs.draft_ms + costs.curve[drafts + 2] - costs.curve[drafts + 1]
             if drafts >= reach or survival * beta <= rate * next_ms:
                 break
         accepted = 0
@@ -188,9 +196,9 @@ def report(rows: list[dict], costs: Costs) -> str:
         ):  # a margin is no probability
             cells = []
             for reach, rate in (
-                (planned, 1 / costs.target[1]),
+                (planned, 1 / costs.curve[1]),
                 (planned, planned_rate),
-                (16, 1 / costs.target[1]),
+                (16, 1 / costs.curve[1]),
                 (16, planned_rate),
             ):
                 tokens = ms = 0.0

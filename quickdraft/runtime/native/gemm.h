@@ -250,6 +250,7 @@ inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_dpws
 inline __m256i q4_dot(__m256i acc, __m256i low, __m256i high, __m256i x_low, __m256i x_high) {
   return dot_bytes(dot_bytes(acc, low, x_low), high, x_high);
 }
+inline __m256i q4_dot_add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 inline __m256i q4_dot_total(__m256i acc) { return acc; }
 #else
 constexpr const char* kIsa = "avx2";
@@ -264,8 +265,37 @@ inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_add_
 inline __m256i q4_dot(__m256i acc, __m256i low, __m256i high, __m256i x_low, __m256i x_high) {
   return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(low, x_low), _mm256_maddubs_epi16(high, x_high)));
 }
+inline __m256i q4_dot_add(__m256i a, __m256i b) { return _mm256_add_epi16(a, b); }
 inline __m256i q4_dot_total(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 #endif
+
+// Each row's 8 float sums of one half of a q4 or q6 tile: in registers for tiles of up to 4 rows, whose rows
+// alone cannot hide a store's round trip, and for bigger tiles in the tile's own `out` between groups (stored and
+// loaded back: the same bits), so that the registers hold a group's code vectors instead.
+template <int R>
+struct HalfSums {
+  static constexpr bool kInRegisters = R <= 4;
+  float* sums;  // row r's sums at sums + r * stride
+  int64_t stride;
+  __m256 acc[kInRegisters ? R : 1];
+
+  HalfSums(float* first, int64_t row_stride) : sums(first), stride(row_stride) {
+    QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm256_setzero_ps());
+  }
+  __m256 get(int r) const {
+    if constexpr (kInRegisters) return acc[r];
+    else return _mm256_loadu_ps(sums + r * stride);
+  }
+  void set(int r, __m256 value) {
+    if constexpr (kInRegisters) acc[r] = value;
+    else _mm256_storeu_ps(sums + r * stride, value);
+  }
+  // sum[r] = fma(scale, float(total), sum[r])
+  void add(int r, __m256 scale, __m256i total) { set(r, _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(total), get(r))); }
+  void finish() {
+    if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(sums + r * stride, acc[r]);
+  }
+};
 
 // Two halves of 8 lanes each: half h covers outputs n0 + 8h .. n0 + 8h + 7 (bytes 32h.. of each 64-byte vector).
 template <int R>
@@ -288,37 +318,38 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
   }
 }
 
-// The min term is summed at the end of each superblock, as on AVX-512.
+// A group's 8 code vectors of one half stay in registers while the tile's rows take turns on them (HalfSums keeps
+// the rows' sums), so a tile streams its codes once. The min term is summed at the end of each superblock, as on
+// AVX-512.
 template <int R>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
                     int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
     for (int64_t s = 0; s < supers; ++s) {
       const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
       const int64_t begin = s * kGroupsPerSuper;
       const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
       for (int64_t g = begin; g < end; ++g) {
         const uint8_t* packed = w.codes + (block * groups + g) * 256;
-        const __m128i sub_scale = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h));
-        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sub_scale)));
-        __m256i dot[R];
-        QD_UNROLL for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+        __m256i c[8];
         QD_UNROLL for (int j = 0; j < 4; ++j) {
           prefetch(packed + j * 64);
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j * 64 + 32 * h));
-          const __m256i low = _mm256_and_si256(v, low_nibbles);
-          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
-          QD_UNROLL for (int r = 0; r < R; ++r) {
-            const int8_t* row = x + r * x_stride + g * kGroup;
-            dot[r] = q4_dot(dot[r], low, high, _mm256_set1_epi32(load4(row + 4 * j)), _mm256_set1_epi32(load4(row + 4 * (j + 4))));
-          }
+          c[j] = _mm256_and_si256(v, low_nibbles);
+          c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
         }
-        QD_UNROLL for (int r = 0; r < R; ++r)
-          acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(q4_dot_total(dot[r])), acc[r]);
+        const __m128i sub_scale = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h));
+        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sub_scale)));
+        QD_UNROLL for (int r = 0; r < R; ++r) {
+          const int8_t* row = x + r * x_stride + g * kGroup;
+          __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          QD_UNROLL for (int j = 0; j < 4; ++j)
+            dot[j % 2] = q4_dot(dot[j % 2], c[j], c[j + 4], _mm256_set1_epi32(load4(row + 4 * j)), _mm256_set1_epi32(load4(row + 4 * (j + 4))));
+          sums.add(r, scale, q4_dot_total(q4_dot_add(dot[0], dot[1])));
+        }
       }
       const __m256 dmin = _mm256_loadu_ps(w.dmin + (block * supers + s) * kLanes + 8 * h);
       QD_UNROLL for (int r = 0; r < R; ++r) {
@@ -327,15 +358,15 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
           const __m128i mins = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_min + (block * groups + g) * kLanes + 16 * h));
           offset = dot_words(offset, _mm256_cvtepu8_epi16(mins), _mm256_set1_epi32(pairs[r * pair_stride + g / 2]));
         }
-        acc[r] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(offset), acc[r]);
+        sums.add(r, dmin, offset);
       }
     }
-    QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride + block * kLanes + 8 * h, acc[r]);
+    sums.finish();
   }
 }
 
 constexpr int kInt8Rows = 8;
-constexpr int kQ4Rows = 4;
+constexpr int kQ4Rows = 8;
 
 #else
 constexpr const char* kIsa = "scalar";

@@ -126,15 +126,28 @@ inline __m256i q6_top_bits(__m256i high, int c) {
   return _mm256_and_si256(shifted, _mm256_set1_epi8(0x30));
 }
 
-// Two halves of 8 lanes each, as q4's; a code vector at a time (sixteen registers hold no more).
+#if defined(__AVXVNNI__)
+inline __m256i q6_dot(__m256i acc, __m256i a, __m256i b, __m256i x_a, __m256i x_b) {
+  return dot_bytes(dot_bytes(acc, a, x_a), b, x_b);
+}
+#else
+// Two code vectors' products summed in int16 before one widening: codes <= 63 and |x| <= 127 keep a pair below
+// 2 * 63 * 127 = 16002, and two pairs below 2^15, so the sums are exact.
+inline __m256i q6_dot(__m256i acc, __m256i a, __m256i b, __m256i x_a, __m256i x_b) {
+  const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(a, x_a), _mm256_maddubs_epi16(b, x_b));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
+
+// Two halves of 8 lanes each, as q4's. A sub-block's 4 code vectors stay in registers while the tile's rows take
+// turns on them (HalfSums keeps the rows' sums, as in q4_tile).
 template <int R>
 inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                     int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* low = w.codes + (block * groups + g) * 256 + 32 * h;
       const uint8_t* top = w.high + (block * groups + g) * 128 + 32 * h;
@@ -147,26 +160,27 @@ inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const
       QD_UNROLL for (int half = 0; half < 2; ++half) {  // the group's sub-blocks: code vectors 4 * half + j
         prefetch(top + half * 64);
         const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(top + half * 64));
-        __m256i dot[R];
-        QD_UNROLL for (int r = 0; r < R; ++r) dot[r] = _mm256_set1_epi32(offsets[r * offset_stride + 2 * g + half]);
+        __m256i c[4];
         QD_UNROLL for (int j = 0; j < 4; ++j) {
           if (half == 0) prefetch(low + j * 64);
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + j * 64));
           const __m256i nibbles = half == 0 ? v : _mm256_srli_epi16(v, 4);
-          const __m256i c = _mm256_or_si256(_mm256_and_si256(nibbles, low_nibbles), q6_top_bits(high, j));
-          QD_UNROLL for (int r = 0; r < R; ++r) {
-            const int8_t* row = x + r * x_stride + g * kGroup;
-            dot[r] = dot_bytes(dot[r], c, _mm256_set1_epi32(load4(row + 4 * (4 * half + j))));
-          }
+          c[j] = _mm256_or_si256(_mm256_and_si256(nibbles, low_nibbles), q6_top_bits(high, j));
         }
-        QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(scales[half], _mm256_cvtepi32_ps(dot[r]), acc[r]);
+        QD_UNROLL for (int r = 0; r < R; ++r) {
+          const int8_t* row = x + r * x_stride + g * kGroup + 16 * half;
+          __m256i dot = _mm256_set1_epi32(offsets[r * offset_stride + 2 * g + half]);
+          dot = q6_dot(dot, c[0], c[1], _mm256_set1_epi32(load4(row)), _mm256_set1_epi32(load4(row + 4)));
+          dot = q6_dot(dot, c[2], c[3], _mm256_set1_epi32(load4(row + 8)), _mm256_set1_epi32(load4(row + 12)));
+          sums.add(r, scales[half], dot);
+        }
       }
     }
-    QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride + block * kLanes + 8 * h, acc[r]);
+    sums.finish();
   }
 }
 
-constexpr int kQ6Rows = 4;
+constexpr int kQ6Rows = 16;
 
 #else
 

@@ -1,10 +1,12 @@
-// Two builds of the q4 GEMM (quickdraft/runtime/native/gemm.h) in one process, taking turns call by call in the order
-// A B B A, so that a VM switching speed slows both alike: the best of 40 calls each, at the 1536 -> 17920 gate+up and
-// the 8960 -> 1536 down projection of the default target, 2 threads sharing the n-blocks as the runtime does. Weights
+// Two builds of the q4 and q6 GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h) in one process, taking turns call by
+// call in the order A B B A, so that a VM switching speed slows both alike: the best of 40 calls each, at the default
+// target's shapes (q4: the 1536 -> 17920 gate+up and the 8960 -> 1536 down projection; q6, as a Q4_K_M file stores
+// half the down projections and the LM head: 8960 -> 1536 and 1536 -> 151936), 2 threads sharing the n-blocks as
+// the runtime does. Weights
 // rotate through 1 GiB so that every timed call streams them from memory (copy 0, which the check reads, is timed
 // last if ever), and the two builds' outputs are compared bit for
-// bit on the same weights. A and B are directories holding gemm.h and gemm_amx.h, e.g. a checkout's headers and
-// `git show REV:quickdraft/runtime/native/gemm.h` written to /tmp/old:
+// bit on the same weights. A and B are directories holding gemm.h, gemm_q6.h and gemm_amx.h, e.g. a checkout's
+// headers and those of `git show REV:quickdraft/runtime/native/...` written to /tmp/old:
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -I. -DQD_A=/tmp/old -DQD_B=quickdraft/runtime/native \
 //       tools/gemm_ab.cpp -o /tmp/gemm_ab && /tmp/gemm_ab [rows ...]
 // Add -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 for what a CPU without AMX runs.
@@ -19,7 +21,7 @@
 #include <vector>
 
 #define QD_STRING(x) #x
-#define QD_HEADER(dir) QD_STRING(dir/gemm.h)
+#define QD_HEADER(dir) QD_STRING(dir/gemm_q6.h)
 #define qd qd_a
 #include QD_HEADER(QD_A)
 #undef qd
@@ -30,38 +32,68 @@
 
 namespace {
 
-struct Q4Copy {
-  std::vector<uint8_t> codes, sub_scale, sub_min;
+// One copy of a shape's weights in either format; `bytes` of them per copy.
+struct Copy {
+  std::vector<uint8_t> codes, sub_scale, sub_min, high;
   std::vector<float> d, dmin;
 };
 
-Q4Copy make_q4(int64_t n, int64_t k, std::mt19937& rng) {
+enum Format { kQ4, kQ6 };
+
+Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
   const int64_t groups = k / 32, supers = (groups + 7) / 8;
-  Q4Copy c;
+  Copy c;
   c.codes.resize(n * k / 2);
   for (auto& b : c.codes) b = static_cast<uint8_t>(rng());
-  c.sub_scale.resize(n * groups);
-  for (auto& b : c.sub_scale) b = static_cast<uint8_t>(rng() % 64);
-  c.sub_min.resize(n * groups);
-  for (auto& b : c.sub_min) b = static_cast<uint8_t>(rng() % 64);
+  c.sub_scale.resize(format == kQ4 ? n * groups : n * k / 16);
+  for (auto& b : c.sub_scale) b = static_cast<uint8_t>(format == kQ4 ? rng() % 64 : rng());
+  if (format == kQ4) {
+    c.sub_min.resize(n * groups);
+    for (auto& b : c.sub_min) b = static_cast<uint8_t>(rng() % 64);
+    c.dmin.assign(n * supers, 1e-4f);
+  } else {
+    c.high.resize(n * k / 4);
+    for (auto& b : c.high) b = static_cast<uint8_t>(rng());
+  }
   c.d.assign(n * supers, 1e-3f);
-  c.dmin.assign(n * supers, 1e-4f);
   return c;
 }
 
-// which = 0 runs build A, 1 build B, over every n-block, split between the threads as at::parallel_for does.
-void call(int which, const Q4Copy& c, int64_t n, int64_t k, const std::vector<int8_t>& x, int64_t rows,
-          const std::vector<int32_t>& pairs, std::vector<float>& out, int threads) {
+// Per-row sums the format's kernel wants: q4's group pairs, q6's sub-block offsets (the same in both builds).
+std::vector<int32_t> row_sums(Format format, const std::vector<int8_t>& x, int64_t rows, int64_t k) {
+  const int64_t width = format == kQ4 ? k / 64 : k / qd_a::kSubBlock;
+  std::vector<int32_t> sums(rows * width);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (format == kQ4) qd_a::group_sum_pairs(x.data() + r * k, k, sums.data() + r * width);
+    else qd_a::sub_block_offsets(x.data() + r * k, k, sums.data() + r * width);
+  }
+  return sums;
+}
+
+// which = 0 runs build A, 1 build B.
+void gemm(int which, Format format, const Copy& c, int64_t n, int64_t k, const int8_t* x, int64_t rows,
+          const int32_t* sums, float* out, int64_t begin, int64_t end) {
+  const auto* scales = reinterpret_cast<const int8_t*>(c.sub_scale.data());
+  if (format == kQ4 && which == 0)
+    qd_a::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x, rows,
+                  sums, out, n, begin, end);
+  else if (format == kQ4)
+    qd_b::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x, rows,
+                  sums, out, n, begin, end);
+  else if (which == 0)
+    qd_a::q6_gemm({c.codes.data(), c.high.data(), scales, c.d.data(), n, k}, x, rows, sums, out, n, begin, end);
+  else
+    qd_b::q6_gemm({c.codes.data(), c.high.data(), scales, c.d.data(), n, k}, x, rows, sums, out, n, begin, end);
+}
+
+// Build A or B over every n-block, split between the threads as at::parallel_for does.
+void call(int which, Format format, const Copy& c, int64_t n, int64_t k, const std::vector<int8_t>& x, int64_t rows,
+          const std::vector<int32_t>& sums, std::vector<float>& out, int threads) {
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), count = omp_get_num_threads();
     const int64_t blocks = n / 16, begin = blocks * t / count, end = blocks * (t + 1) / count;
-    if (which == 0)
-      qd_a::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x.data(),
-                    rows, pairs.data(), out.data(), n, begin, end);
-    else
-      qd_b::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x.data(),
-                    rows, pairs.data(), out.data(), n, begin, end);
+    gemm(which, format, c, n, k, x.data(), rows, sums.data(), out.data(), begin, end);
   }
 }
 
@@ -76,32 +108,35 @@ int main(int argc, char** argv) {
   const struct {
     const char* name;
     int64_t n, k;
-  } shapes[] = {{"q4 gate+up 1536->17920", 17920, 1536}, {"q4 down    8960->1536 ", 1536, 8960}};
+    Format format;
+  } shapes[] = {{"q4 gate+up 1536->17920", 17920, 1536, kQ4},
+                {"q4 down    8960->1536 ", 1536, 8960, kQ4},
+                {"q6 down    8960->1536 ", 1536, 8960, kQ6},
+                {"q6 lm-head 1536->151936", 151936, 1536, kQ6}};
   std::mt19937 rng(7);
   std::printf("isa %s; 2 threads; best of 40 calls each, A B B A; ms\n", qd_b::kIsa);
-  std::printf("%-22s %4s %8s %8s %6s\n", "shape", "rows", "A", "B", "B/A");
+  std::printf("%-23s %4s %8s %8s %6s\n", "shape", "rows", "A", "B", "B/A");
   for (const auto& shape : shapes) {
-    const int64_t bytes = shape.n * shape.k * 9 / 16;
+    const int64_t bytes = shape.n * shape.k * (shape.format == kQ4 ? 9 : 13) / 16;
     const int copies = static_cast<int>(((int64_t{1} << 30) + bytes - 1) / bytes);
-    std::vector<Q4Copy> q4;
-    for (int c = 0; c < copies; ++c) q4.push_back(make_q4(shape.n, shape.k, rng));
+    std::vector<Copy> weights;
+    for (int c = 0; c < copies; ++c) weights.push_back(make_copy(shape.format, shape.n, shape.k, rng));
     for (int64_t rows : row_counts) {
       std::vector<int8_t> x(rows * shape.k);
       for (auto& v : x) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
-      std::vector<int32_t> pairs(rows * shape.k / 64);
-      for (int64_t r = 0; r < rows; ++r) qd_a::group_sum_pairs(x.data() + r * shape.k, shape.k, pairs.data() + r * shape.k / 64);
+      const std::vector<int32_t> sums = row_sums(shape.format, x, rows, shape.k);
       std::vector<float> out_a(rows * shape.n), out_b(rows * shape.n);
       double best[2] = {1e9, 1e9};
       for (int i = 0; i < 80; ++i) {
         const int which = (i % 4 == 0 || i % 4 == 3) ? 0 : 1;
         const auto t0 = std::chrono::steady_clock::now();
-        call(which, q4[(i + 1) % copies], shape.n, shape.k, x, rows, pairs, which == 0 ? out_a : out_b, 2);
+        call(which, shape.format, weights[(i + 1) % copies], shape.n, shape.k, x, rows, sums, which == 0 ? out_a : out_b, 2);
         best[which] = std::min(best[which], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-      call(0, q4[0], shape.n, shape.k, x, rows, pairs, out_a, 2);
-      call(1, q4[0], shape.n, shape.k, x, rows, pairs, out_b, 2);
+      call(0, shape.format, weights[0], shape.n, shape.k, x, rows, sums, out_a, 2);
+      call(1, shape.format, weights[0], shape.n, shape.k, x, rows, sums, out_b, 2);
       const bool same = std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)) == 0;
-      std::printf("%-22s %4ld %8.3f %8.3f %6.3f %s\n", shape.name, static_cast<long>(rows), best[0] * 1e3,
+      std::printf("%-23s %4ld %8.3f %8.3f %6.3f %s\n", shape.name, static_cast<long>(rows), best[0] * 1e3,
                   best[1] * 1e3, best[1] / best[0], same ? "same bits" : "DIFFERENT BITS");
     }
   }

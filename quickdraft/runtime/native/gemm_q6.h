@@ -131,8 +131,8 @@ inline __m256i q6_dot(__m256i acc, __m256i a, __m256i b, __m256i x_a, __m256i x_
   return dot_bytes(dot_bytes(acc, a, x_a), b, x_b);
 }
 #else
-// Two code vectors' products summed in int16 before one widening: codes <= 63 and |x| <= 127 keep a pair below
-// 2 * 63 * 127 = 16002, and two pairs below 2^15, so the sums are exact.
+// Two code vectors' products summed in int16 before one widening: codes <= 63 and |x| <= 127 keep a pair at most
+// 2 * 63 * 127 = 16002 in size, and two pairs at most 32004 < 2^15, so the sums are exact.
 inline __m256i q6_dot(__m256i acc, __m256i a, __m256i b, __m256i x_a, __m256i x_b) {
   const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(a, x_a), _mm256_maddubs_epi16(b, x_b));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));

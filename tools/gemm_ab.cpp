@@ -2,10 +2,8 @@
 // call in the order A B B A, so that a VM switching speed slows both alike: the best of 40 calls each, at the default
 // target's shapes (q4: the 1536 -> 17920 gate+up and the 8960 -> 1536 down projection; q6, as a Q4_K_M file stores
 // half the down projections and the LM head: 8960 -> 1536 and 1536 -> 151936), 2 threads sharing the n-blocks as
-// the runtime does. Weights
-// rotate through 1 GiB so that every timed call streams them from memory (copy 0, which the check reads, is timed
-// last if ever), and the two builds' outputs are compared bit for
-// bit on the same weights. A and B are directories holding gemm.h, gemm_q6.h and gemm_amx.h, e.g. a checkout's
+// the runtime does. Weights rotate through 1 GiB so that every timed call streams them from memory (copy 0, which
+// the check reads, is timed last if ever), and the two builds' outputs are compared bit for bit on the same weights. A and B are directories holding gemm.h, gemm_q6.h and gemm_amx.h, e.g. a checkout's
 // headers and those of `git show REV:quickdraft/runtime/native/...` written to /tmp/old:
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -I. -DQD_A=/tmp/old -DQD_B=quickdraft/runtime/native \
 //       tools/gemm_ab.cpp -o /tmp/gemm_ab && /tmp/gemm_ab [rows ...]
@@ -32,7 +30,7 @@
 
 namespace {
 
-// One copy of a shape's weights in either format; `bytes` of them per copy.
+// One copy of a shape's weights, q4 (sub_min, dmin) or q6 (high; sub_scale read as int8).
 struct Copy {
   std::vector<uint8_t> codes, sub_scale, sub_min, high;
   std::vector<float> d, dmin;

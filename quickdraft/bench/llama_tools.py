@@ -19,7 +19,7 @@ from pathlib import Path
 
 from quickdraft.bench.peers import run_quietly, settings_key
 from quickdraft.errors import ConfigError
-from quickdraft.models.catalog import cache_root
+from quickdraft.files import cache_root, exclusive_lock, lock_file
 from quickdraft.runtime.native.kernels import NO_AMX_FLAGS
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the version of the `peers` extra (llama.cpp is vendored in its sdist)
@@ -80,16 +80,19 @@ CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 def llama_converter() -> Path:
     """llama.cpp's ``convert_hf_to_gguf.py`` (transformers directory -> GGUF, F32/F16/BF16/Q8_0), with the modules
-    and the gguf-py it imports, from the pinned sdist: extracted once into the cache, no build."""
+    and the gguf-py it imports, from the pinned sdist: extracted once into the cache (one process at a time; another
+    waits and finds it there), no build."""
     directory = cache_root() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-converter"
     script = directory / "convert_hf_to_gguf.py"
     if script.is_file():
         return script
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory.parent) as scratch:
-        source = vendored_source(Path(scratch), "extracting llama.cpp's converter", CONVERTER_PARTS)
-        shutil.rmtree(directory, ignore_errors=True)
-        source.rename(directory)
+    with exclusive_lock(lock_file(directory)):
+        if script.is_file():
+            return script
+        with tempfile.TemporaryDirectory(dir=directory.parent) as scratch:
+            source = vendored_source(Path(scratch), "extracting llama.cpp's converter", CONVERTER_PARTS)
+            shutil.rmtree(directory, ignore_errors=True)
+            source.rename(directory)
     return script
 
 
@@ -101,11 +104,19 @@ def llama_tool(name: str, progress: bool = True) -> Path:
     if binary.is_file():
         return binary
     check_tool(name, f"using {name}")
+    tool_dir().mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(lock_file(tool_dir())):  # one process builds them, another waits and finds them built
+        if not binary.is_file():
+            build_tools(binary.parent, progress)
+    return binary
+
+
+def build_tools(bin_dir: Path, progress: bool) -> None:
+    """Build every tool of ``TOOLS`` from the pinned sdist into ``bin_dir``, each moved into place when built."""
     started = time.perf_counter()
     what = f"building llama.cpp's {' and '.join(TOOLS)}"
     if progress:
-        print(f"{what} once into {binary.parent} (about 7 minutes on two cores) ...", file=sys.stderr, flush=True)
-    tool_dir().mkdir(parents=True, exist_ok=True)
+        print(f"{what} once into {bin_dir} (about 7 minutes on two cores) ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
         work = Path(scratch)
         source = vendored_source(work, what)
@@ -114,11 +125,10 @@ def llama_tool(name: str, progress: bool = True) -> Path:
         jobs = str(len(os.sched_getaffinity(0)))
         targets = [part for tool in TOOLS for part in ("--target", tool)]
         run_quietly(["cmake", "--build", str(work / "build"), *targets, "-j", jobs], what)
-        binary.parent.mkdir(parents=True, exist_ok=True)
+        bin_dir.mkdir(parents=True, exist_ok=True)
         for tool in TOOLS:
-            building = (binary.parent / tool).with_suffix(".building")
+            building = (bin_dir / tool).with_suffix(".building")
             shutil.copy2(work / "build" / "bin" / tool, building)
-            building.replace(binary.parent / tool)
+            building.replace(bin_dir / tool)
     if progress:
         print(f"built them in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-    return binary

@@ -31,8 +31,8 @@ from quickdraft.api import Pipeline
 from quickdraft.bench.base import GREEDY, Method, TurnResult
 from quickdraft.bench.peers import StepClock, require_module, run_quietly, settings_key
 from quickdraft.errors import ConfigError
+from quickdraft.files import cache_root
 from quickdraft.lossless.sampling import SamplingParams
-from quickdraft.models.catalog import cache_root
 from quickdraft.models.convert import MARKER, ensure_fp32_weights
 
 OPENVINO_GENAI = "2026.4.1.0"  # the version of the `peers` extra

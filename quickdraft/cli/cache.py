@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from quickdraft.models.catalog import cache_root
+from quickdraft.files import cache_root
 from quickdraft.models.usage import cache_usage
 
 

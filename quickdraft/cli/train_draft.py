@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.draft_head.data import FeatureData
     from quickdraft.draft_head.file import default_head_path, head_name, save_head
     from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabulary, train_head
-    from quickdraft.models.catalog import cache_root
+    from quickdraft.files import cache_root
 
     if args.shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {args.shards}")
@@ -175,8 +175,8 @@ def run_distill(args: argparse.Namespace, pipeline: Any, data: Any, data_dir: Pa
 
     from quickdraft.draft_head.distill import check_output, distill, save_distilled
     from quickdraft.draft_head.file import head_name
+    from quickdraft.files import cache_root
     from quickdraft.models import resolve_model
-    from quickdraft.models.catalog import cache_root
     from quickdraft.models.loading import load_hf_model, load_tokenizer
     from quickdraft.models.pairing import check_same_tokenizer
 

@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 from quickdraft.draft_head.model import DraftHead, HeadConfig
 from quickdraft.draft_head.native import LINEARS
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.files import save_atomically
-from quickdraft.models.catalog import cache_root, file_sha256
+from quickdraft.files import cache_root, save_atomically
+from quickdraft.models.catalog import file_sha256
 from quickdraft.runtime.base import Runtime
 from quickdraft.runtime.native.parts import quantize_weight
 

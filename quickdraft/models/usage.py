@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from quickdraft.models.catalog import cache_root
+from quickdraft.files import cache_root
 
 MODEL_FOLDERS = ("models", "converted")  # one entry per model inside these
 

@@ -162,7 +162,7 @@ def calibration(head: AcceptanceHead, features: torch.Tensor, labels: torch.Tens
 
 def default_head_path(draft_path: Path) -> Path:
     """Where `train-acceptance-head` puts the head for ``draft_path`` by default, and where it is looked up."""
-    from quickdraft.models.catalog import cache_root
+    from quickdraft.files import cache_root
 
     name = draft_path.parent.name if draft_path.name == "hf" else draft_path.name
     return cache_root() / "acceptance-heads" / f"{name}.safetensors"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from quickdraft.errors import ModelFilesError
-from quickdraft.models.catalog import cache_root
+from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights

@@ -19,11 +19,15 @@ demo: $(STAMP)
 	$(VENV)/bin/quickdraft generate --chat --compare --max-new-tokens 256 \
 		"Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and a short usage example. Reply with the code only."
 
+# one pytest-xdist worker a core, at most 4 (each may load the default pair); TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+PYTEST := $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(PYTHON) -m pytest
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(PYTHON) -m pytest -m "not real_model"
+	$(PYTEST) -m "not real_model"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +41,16 @@ from quickdraft.server.setup import serving_engine
 from quickdraft.vocabularies import VocabularyBridge
 
 EOS = "<eos>"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the workers share the cores: each computes on its share, it and the programs it starts
+    (two workers each running two threads on two cores ran the tests slower than one worker did)."""
+    if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
 
 # cost models that policy tests plan with (milliseconds)
 FLAT = CostModel({1: 100.0, 2: 101.0, 4: 103.0, 8: 107.0, 17: 116.0}, draft_ms=1.0)  # verification nearly free

@@ -37,6 +37,11 @@ def pair() -> Pipeline:
     return Pipeline.load(runtime="transformers")
 
 
+# The tests on the float32 transformers pair (8 GB, the longest of the suite) run on one pytest-xdist worker,
+# which loads it once; the group, the largest, is handed out first.
+ON_TRANSFORMERS = pytest.mark.xdist_group("transformers-fp32")
+
+
 def transformers_greedy(pair: Pipeline, prompt_ids: list[int]) -> list[int]:
     model = pair.target.model
     return hf_greedy_generate(model, prompt_ids, NEW_TOKENS, pair.eos_token_ids, pair.tokenizer.pad_token_id)
@@ -45,21 +50,29 @@ def transformers_greedy(pair: Pipeline, prompt_ids: list[int]) -> list[int]:
 TRANSFORMERS_CASES = [CASES[0], CASES[1], CASES[3]]  # float32 transformers is slow: γ 1, 2, 4 and 4, 3, 1
 
 
+@ON_TRANSFORMERS
 @pytest.mark.parametrize(("prompt", "chat", "draft_gamma", "lookup_gamma"), TRANSFORMERS_CASES)
-def test_greedy_speculation_equals_plain_decoding(
+def test_greedy_speculation_equals_transformers_generate(
     pair: Pipeline, prompt: str, chat: bool, draft_gamma: int, lookup_gamma: int
 ) -> None:
+    """Speculation's tokens are transformers' own greedy ``generate``'s; our plain decoding's too, on the first
+    prompt (the tiny models check it on every shape: here it would only decode the same tokens again)."""
     prompt_ids = pair.encode(prompt, chat=chat)
-    plain = pair.generate(prompt_ids, GenerationConfig(max_new_tokens=NEW_TOKENS), drafter="none")
-    assert len(plain.token_ids) == NEW_TOKENS or plain.finish_reason == "eos"
-    assert plain.token_ids == transformers_greedy(pair, prompt_ids)
-    for drafter, gamma in [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]:
-        config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=gamma)
+    reference = transformers_greedy(pair, prompt_ids)
+    assert len(reference) == NEW_TOKENS or reference[-1] in pair.eos_token_ids
+    runs = [(d, GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=g)) for d, g in
+            [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]]  # fmt: skip
+    if prompt == CASES[0][0]:
+        runs.insert(0, ("none", GenerationConfig(max_new_tokens=NEW_TOKENS)))
+    texts = set()
+    for drafter, config in runs:
         result = pair.generate(prompt_ids, config, drafter=drafter)
-        assert result.token_ids == plain.token_ids, f"{drafter} γ={gamma} diverged"
-        assert result.text == plain.text
+        assert result.token_ids == reference, f"{drafter} γ={config.num_draft_tokens} diverged"
+        texts.add(result.text)
+    assert len(texts) == 1
 
 
+@ON_TRANSFORMERS
 def test_rollback_matches_fresh_prefill(pair: Pipeline) -> None:
     prompt_ids = pair.encode("Write a haiku about caches.", chat=True)
     for runtime in (pair.target, pair.draft):
@@ -190,6 +203,7 @@ def perplexity(logits: torch.Tensor, token_ids: torch.Tensor) -> float:
     return float(torch.exp(-log_probs.gather(1, token_ids[0, 1:, None]).mean()))
 
 
+@ON_TRANSFORMERS
 def test_native_perplexity_is_within_3_percent_of_transformers_fp32(pair: Pipeline, native_pair: Pipeline) -> None:
     token_ids = torch.tensor([pair.tokenizer(GUARD_TEXT).input_ids])  # [1, T]
     with torch.no_grad():
@@ -199,6 +213,7 @@ def test_native_perplexity_is_within_3_percent_of_transformers_fp32(pair: Pipeli
     assert abs(native / reference - 1) < 0.03, (native, reference)
 
 
+@ON_TRANSFORMERS
 def test_the_targets_q4_k_tensors_are_loaded_exactly(pair: Pipeline, native_pair: Pipeline) -> None:
     """The GGUF file's Q4_K tensors become q4 parts with no second quantization: their weights are exactly the
     float weights transformers dequantized from the same file. q and k of every layer are Q4_K there, v only in

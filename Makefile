@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 # one pytest-xdist worker a core, at most 4 (each may load the default pair); TEST_WORKERS=0 runs in one process
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
-PYTEST := $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 test: $(STAMP)
 	$(PYTEST)

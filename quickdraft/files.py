@@ -57,6 +57,16 @@ def exclusive_lock(path: Path) -> Iterator[None]:
             os.close(handle)  # releases the lock
 
 
+def make_once(path: Path, is_made: Callable[[], bool], make: Callable[[], None]) -> None:
+    """``make()`` ``path`` unless ``is_made()``: one process at a time, under the lock beside it; another that asks
+    meanwhile waits, then finds it made."""
+    if is_made():
+        return
+    with exclusive_lock(lock_file(path)):
+        if not is_made():
+            make()
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (:func:`save_atomically`); raises OSError."""
     save_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from quickdraft.bench.peers import run_quietly, settings_key
 from quickdraft.errors import ConfigError
-from quickdraft.files import cache_root, exclusive_lock, lock_file
+from quickdraft.files import cache_root, make_once
 from quickdraft.runtime.native.kernels import NO_AMX_FLAGS
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the version of the `peers` extra (llama.cpp is vendored in its sdist)
@@ -80,19 +80,18 @@ CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 def llama_converter() -> Path:
     """llama.cpp's ``convert_hf_to_gguf.py`` (transformers directory -> GGUF, F32/F16/BF16/Q8_0), with the modules
-    and the gguf-py it imports, from the pinned sdist: extracted once into the cache (one process at a time; another
-    waits and finds it there), no build."""
+    and the gguf-py it imports, from the pinned sdist: extracted once into the cache (:func:`make_once`), no build."""
     directory = cache_root() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-converter"
     script = directory / "convert_hf_to_gguf.py"
-    if script.is_file():
-        return script
-    with exclusive_lock(lock_file(directory)):
-        if script.is_file():
-            return script
+
+    def extract() -> None:
+        directory.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory.parent) as scratch:
             source = vendored_source(Path(scratch), "extracting llama.cpp's converter", CONVERTER_PARTS)
             shutil.rmtree(directory, ignore_errors=True)
             source.rename(directory)
+
+    make_once(directory, script.is_file, extract)
     return script
 
 
@@ -104,10 +103,7 @@ def llama_tool(name: str, progress: bool = True) -> Path:
     if binary.is_file():
         return binary
     check_tool(name, f"using {name}")
-    tool_dir().mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(lock_file(tool_dir())):  # one process builds them, another waits and finds them built
-        if not binary.is_file():
-            build_tools(binary.parent, progress)
+    make_once(tool_dir(), binary.is_file, lambda: build_tools(binary.parent, progress))
     return binary
 
 
@@ -117,6 +113,7 @@ def build_tools(bin_dir: Path, progress: bool) -> None:
     what = f"building llama.cpp's {' and '.join(TOOLS)}"
     if progress:
         print(f"{what} once into {bin_dir} (about 7 minutes on two cores) ...", file=sys.stderr, flush=True)
+    tool_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
         work = Path(scratch)
         source = vendored_source(work, what)

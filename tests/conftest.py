@@ -44,8 +44,8 @@ EOS = "<eos>"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist the workers share the cores: each computes on its share, it and the programs it starts
-    (two workers each running two threads on two cores ran the tests slower than one worker did)."""
+    """Under pytest-xdist the workers share the cores: each computes on its share (cores ÷ workers threads), it and
+    the programs it starts, so that no thread waits for a core another worker's thread holds."""
     if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)

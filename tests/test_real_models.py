@@ -60,14 +60,14 @@ def test_greedy_speculation_equals_transformers_generate(
     prompt_ids = pair.encode(prompt, chat=chat)
     reference = transformers_greedy(pair, prompt_ids)
     assert len(reference) == NEW_TOKENS or reference[-1] in pair.eos_token_ids
-    runs = [(d, GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=g)) for d, g in
-            [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]]  # fmt: skip
+    runs: list[tuple[str, int | None]] = [("draft-model", draft_gamma), ("prompt-lookup", lookup_gamma)]
     if prompt == CASES[0][0]:
-        runs.insert(0, ("none", GenerationConfig(max_new_tokens=NEW_TOKENS)))
+        runs.insert(0, ("none", None))
     texts = set()
-    for drafter, config in runs:
+    for drafter, gamma in runs:
+        config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=gamma)
         result = pair.generate(prompt_ids, config, drafter=drafter)
-        assert result.token_ids == reference, f"{drafter} γ={config.num_draft_tokens} diverged"
+        assert result.token_ids == reference, f"{drafter} γ={gamma} diverged"
         texts.add(result.text)
     assert len(texts) == 1
 

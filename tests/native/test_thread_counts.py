@@ -1,7 +1,8 @@
 """The native runtime's bits do not depend on how many threads compute them: every kernel splits its work into
 pieces that each thread computes whole (output columns, rows, query heads), never a sum across threads.
 
-The suite runs in workers of one thread each (tests/conftest.py), so this is where more than one thread computes."""
+Under pytest-xdist each worker computes on its share of the cores (tests/conftest.py: one thread each on two cores),
+so this is where more than one thread computes."""
 
 from __future__ import annotations
 
@@ -37,11 +38,14 @@ def logits_on(runtime: Runtime, num_threads: int) -> list[torch.Tensor]:
     ]
 
 
-def test_int8_logits_are_the_same_bits_on_any_number_of_threads(threads: None) -> None:
-    runtime = native_from_hf(tiny_model(32, seed=0))
-    one = logits_on(runtime, 1)
+def assert_the_same_bits_on_every_thread_count(runtime: Runtime) -> None:
+    one = logits_on(runtime, THREADS[0])
     for num_threads in THREADS[1:]:
         assert all(map(torch.equal, one, logits_on(runtime, num_threads))), num_threads
+
+
+def test_int8_logits_are_the_same_bits_on_any_number_of_threads(threads: None) -> None:
+    assert_the_same_bits_on_every_thread_count(native_from_hf(tiny_model(32, seed=0)))
 
 
 def test_q4_and_q6_logits_are_the_same_bits_on_any_number_of_threads(
@@ -49,6 +53,4 @@ def test_q4_and_q6_logits_are_the_same_bits_on_any_number_of_threads(
 ) -> None:
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     runtime = NativeRuntime.load(resolve_model(write_tiny_gguf(tmp_path / "tiny.gguf"), progress=False))
-    one = logits_on(runtime, 1)
-    for num_threads in THREADS[1:]:
-        assert all(map(torch.equal, one, logits_on(runtime, num_threads))), num_threads
+    assert_the_same_bits_on_every_thread_count(runtime)

@@ -18,6 +18,11 @@ from quickdraft.models.convert import FREQ_FACTORS_KEY
 from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES
 
 ROPE_SCALINGS = ("default", "linear", "llama3", "longrope")
+# A pass of rows through the layers keeps its widest activation (a row's gate and up projections in float32) within
+# this: larger ones cost more than reading the weights again (fresh pages from the allocator, activations out of
+# cache; docs/design.md has the prompt-reading rates by pass size).
+PASS_ACTIVATION_BYTES = 16 * 2**20
+MIN_ROWS_PER_PASS = 64
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,12 @@ class DecoderConfig:
             raise ValueError(f"activations are quantized in 1 or 2 passes, not {self.activation_passes}")
         if self.num_heads % self.num_kv_heads or self.head_dim % 2:
             raise ValueError("query heads must be a multiple of the KV heads, and head_dim even")
+
+    @property
+    def rows_per_pass(self) -> int:
+        """The most rows one pass through the layers takes: a multiple of 16 (the GEMMs' row tiles), at least
+        :data:`MIN_ROWS_PER_PASS`, with the gate and up projections' output within :data:`PASS_ACTIVATION_BYTES`."""
+        return max(MIN_ROWS_PER_PASS, PASS_ACTIVATION_BYTES // (2 * self.intermediate_size * 4) // 16 * 16)
 
     @property
     def rope_theta(self) -> float:

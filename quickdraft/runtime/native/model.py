@@ -10,7 +10,8 @@ Every operation gives a token's row the same bits whatever else is in the call:
   (decode), inside a verify block at any offset, or again after a rollback. The cache keeps every position, so
   a sliding window rolls back like the rest: moving a length.
 So a position's logits are bitwise identical in a 1-token step and in a k-token block, which
-makes greedy speculative decoding equal to greedy decoding by construction.
+makes greedy speculative decoding equal to greedy decoding by construction. So a prompt's rows can go through the
+layers in passes of ``DecoderConfig.rows_per_pass`` rows, one after another (a pass reads the earlier ones' keys).
 
 The layers run as one call of the compiled kernels (``layers.cpp``: a layer's steps between its GEMMs
 fused into 8 kernels) or, when they cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the
@@ -218,6 +219,13 @@ class Decoder:
         layers = self.layers[:exit_layer]
         if list(capture) != sorted(set(capture)) or not all(1 <= count <= len(layers) for count in capture):
             raise ValueError(f"capture names ascending layer counts in 1..{len(layers)}, got {list(capture)}")
+        if len(token_ids) > (step := self.config.rows_per_pass):  # in passes, in order: see the module docstring
+            run, cuts = self._decode_rows, [slice(i, i + step) for i in range(0, len(token_ids), step)]
+            passes = [
+                run(token_ids[s], keys, values, row_slot[s], row_position[s], exit_layer, capture, row_index[s])
+                for s in cuts
+            ]
+            return [torch.cat(outputs) for outputs in zip(*passes, strict=True)]
         x = self.embedding[token_ids]  # [R, H]
         if self.config.embedding_scale != 1.0:
             x = x * self.config.embedding_scale

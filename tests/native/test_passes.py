@@ -31,6 +31,11 @@ def one_pass_and_passes(monkeypatch: pytest.MonkeyPatch, decoder: Decoder, run):
     return whole, run()
 
 
+def by_position(keys: torch.Tensor) -> torch.Tensor:
+    """Cached keys ``[layers, B, kv_heads, C/16, D, 16]`` -> ``[layers, B, kv_heads, C, D]``."""
+    return keys.transpose(-2, -1).flatten(3, 4)
+
+
 def test_a_prompt_in_passes_has_the_bits_of_one_pass(monkeypatch: pytest.MonkeyPatch, decoder: Decoder) -> None:
     def run():  # -> logits [53, V], cache
         cache = decoder.new_cache(1)
@@ -42,8 +47,7 @@ def test_a_prompt_in_passes_has_the_bits_of_one_pass(monkeypatch: pytest.MonkeyP
     assert torch.equal(cache.lengths, whole_cache.lengths)
     written = len(PROMPT)
     assert torch.equal(cache.values[:, :, :, :written], whole_cache.values[:, :, :, :written])
-    key_positions = lambda keys: keys.transpose(-2, -1).flatten(3, 4)[:, :, :, :written]  # noqa: E731
-    assert torch.equal(key_positions(cache.keys), key_positions(whole_cache.keys))
+    assert torch.equal(by_position(cache.keys)[..., :written, :], by_position(whole_cache.keys)[..., :written, :])
     step = decoder.forward(torch.tensor([[9]]), cache)  # decoding goes on from the same cache
     assert torch.equal(step, decoder.forward(torch.tensor([[9]]), whole_cache))
 

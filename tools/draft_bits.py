@@ -30,6 +30,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -104,33 +105,43 @@ def requantize(draft: NativeRuntime, source: Decoder, bits: int, names: tuple[st
     decoder._layers_spec = None  # rebuilt from the new parts on the next forward
 
 
-def load_format(spec: str, path: Path, vocabulary: list[int], source: Decoder) -> NativeRuntime:
-    """The default draft (q4, the drafter's vocabulary) in format ``spec``."""
-    draft = NativeRuntime.load(path, LoadOptions("q4", vocabulary))
-    if spec == "q4":
+@dataclass(frozen=True)
+class DraftFormat:
+    """A ``--formats`` item: ``q4`` (the default draft as loaded) or ``B[:mlp]``."""
+
+    name: str
+    bits: int | None  # None: the default q4 draft, unchanged
+    mlp_only: bool = False
+
+    @classmethod
+    def parse(cls, spec: str) -> DraftFormat:
+        if spec == "q4":
+            return cls(spec, None)
+        bits_text, _, scope = spec.partition(":")
+        if bits_text not in ("1", "2", "3", "4") or scope not in ("", "mlp"):
+            raise SystemExit(f"a format is q4 or B[:mlp] with B in 1..4, not {spec!r}")
+        return cls(spec, int(bits_text), scope == "mlp")
+
+    def load(self, path: Path, vocabulary: list[int], source: Decoder) -> NativeRuntime:
+        """The default draft (q4, the drafter's vocabulary) in this format."""
+        draft = NativeRuntime.load(path, LoadOptions("q4", vocabulary))
+        if self.bits is not None:
+            requantize(draft, source, self.bits, MLP if self.mlp_only else MLP + ATTENTION, head=not self.mlp_only)
         return draft
-    bits_text, _, scope = spec.partition(":")
-    bits = int(bits_text)
-    if bits not in (1, 2, 3, 4) or scope not in ("", "mlp"):
-        raise SystemExit(f"a format is q4 or B[:mlp] with B in 1..4, not {spec!r}")
-    requantize(draft, source, bits, MLP if scope else MLP + ATTENTION, head=not scope)
-    return draft
 
-
-def draft_megabytes(draft: NativeRuntime, spec: str) -> float:
-    """Weight megabytes a drafted token reads: layer linears at their format's bits, the restricted head too."""
-    decoder = draft.decoder
-    bits_text, _, scope = spec.partition(":")
-    bits = 4.5 if spec == "q4" else int(bits_text) + 0.5
-    total = 0.0
-    for layer in decoder.layers:
-        for name in MLP + ATTENTION:
-            linear = getattr(layer, name)
-            layer_bits = bits if (name in MLP or not scope) else 4.5
-            total += linear.out_features * linear.in_features * layer_bits / 8
-    head_bits = bits if not scope else 4.5
-    total += decoder.lm_head.out_features * decoder.lm_head.in_features * head_bits / 8
-    return total / 1e6
+    def megabytes(self, draft: NativeRuntime) -> float:
+        """Weight megabytes a drafted token reads: layer linears at their bits, the restricted LM head too."""
+        decoder = draft.decoder
+        bits = 4.5 if self.bits is None else self.bits + 0.5  # the codes and their scales
+        total = 0.0
+        for layer in decoder.layers:
+            for name in MLP + ATTENTION:
+                linear = getattr(layer, name)
+                layer_bits = bits if (name in MLP or not self.mlp_only) else 4.5
+                total += linear.out_features * linear.in_features * layer_bits / 8
+        head_bits = 4.5 if self.mlp_only else bits
+        total += decoder.lm_head.out_features * decoder.lm_head.in_features * head_bits / 8
+        return total / 1e6
 
 
 def main() -> None:
@@ -144,6 +155,7 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4, help="drafts per step of the replayed chain (default 4)")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the per-question counts")
     args = parser.parse_args()
+    formats = [DraftFormat.parse(spec) for spec in args.formats.split(",")]
     began = time.perf_counter()
     pipeline = Pipeline.load(draft=None)
     draft_path = resolve_model(DEFAULT_DRAFT)
@@ -164,8 +176,9 @@ def main() -> None:
         print(f"[{time.perf_counter() - began:.0f}s] target answers {number}/{len(prompts)}", file=sys.stderr)
     source = NativeRuntime.load(draft_path, LoadOptions("auto")).decoder
     results: dict[str, dict] = {}
-    for spec in args.formats.split(","):
-        draft = load_format(spec, draft_path, vocabulary, source)
+    for draft_format in formats:
+        spec = draft_format.name
+        draft = draft_format.load(draft_path, vocabulary, source)
         counts: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # name -> [hits or tokens, positions or steps]
         for question, prompt, answer in zip(questions, prompts, answers, strict=True):
             draft.focus_vocabulary(prompt)
@@ -187,7 +200,7 @@ def main() -> None:
                 chain_tokens, steps = replay(matches, args.gamma)
                 counts[f"{name} replay"][0] += chain_tokens
                 counts[f"{name} replay"][1] += steps
-        megabytes = draft_megabytes(draft, spec)
+        megabytes = draft_format.megabytes(draft)
         results[spec] = {"megabytes": megabytes, "counts": dict(counts)}
         line = "  ".join(f"{name} {hits / total:.3f}" for name, (hits, total) in counts.items() if " " not in name)
         replays = "  ".join(f"{name} {hits / total:.3f}" for name, (hits, total) in counts.items() if "replay" in name)

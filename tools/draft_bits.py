@@ -12,7 +12,7 @@ also the attention projections and the LM head) to B bits: 2^B levels per group 
 a step (the Q4_K structure with B-bit codes, B + 0.5 bits a weight with its scales), the clipping of each group
 chosen from a few factors for the least squared error. The source is the GGUF file's own weights (Q4_K and Q6_K
 exact, ``auto``), so even the 4-bit format differs from the default ``q4`` draft, which keeps the file's Q4_K blocks.
-The codes are stored in the Q4_K layout (code x 15 / (2^B - 1)), so the native kernels run them unchanged and the
+The codes are stored in the Q4_K layout (code x (15 // (2^B - 1))), so the native kernels run them unchanged and the
 acceptance measured is exactly that of a B-bit draft; its speed is not (no kernel reads B-bit codes).
 
 For each sampled Spec-Bench question (first turn, the bench's seed-0 sample) the target decodes ``--tokens`` tokens
@@ -42,9 +42,8 @@ from quickdraft.lossless.sampling import gumbel_argmax, position_noise
 from quickdraft.models import DEFAULT_DRAFT, resolve_model
 from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
-from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.model import Decoder
-from quickdraft.runtime.native.parts import GROUP, GROUPS_PER_SUPER, Q4Part
+from quickdraft.runtime.native.parts import GROUP, Q4Part
 from quickdraft.tokens import frequent_tokens
 
 DRAFT_VOCABULARY = 49152  # the drafter's default --draft-vocabulary
@@ -54,12 +53,10 @@ ATTENTION = ("qkv", "out")
 
 
 def quantize_bits(weight: torch.Tensor, bits: int) -> Q4Part:
-    """Float ``weight [N, K]`` -> B-bit codes in the Q4_K structure: per group of 32, w ≈ step · code + offset with
-    code in [0, 2^B - 1] and offset <= 0; step and offset as 8-bit multiples of per-superblock floats."""
-    rows, width = weight.shape
+    """Float ``weight [N, K]`` -> B-bit codes in the Q4_K structure (``Q4Part.from_groups``), each group's offset
+    and step those of the clipping factor with the least squared error."""
     levels = 2**bits - 1
-    stretch = 15 // levels  # a B-bit code c is the Q4_K code c · stretch (levels 1, 3, 7 and 15 all divide 15)
-    groups = weight.float().reshape(rows, width // GROUP, GROUP)  # [N, G, 32]
+    groups = weight.float().reshape(weight.shape[0], -1, GROUP)  # [N, G, 32]
     low = groups.amin(dim=-1).clamp(max=0.0)  # [N, G]
     high = groups.amax(dim=-1)
     best_error = torch.full(low.shape, float("inf"))
@@ -72,24 +69,7 @@ def quantize_bits(weight: torch.Tensor, bits: int) -> Q4Part:
         better = error < best_error
         best_error = torch.where(better, error, best_error)
         best_low, best_step = torch.where(better, offset, best_low), torch.where(better, step, best_step)
-    supers = -(-(width // GROUP) // GROUPS_PER_SUPER)
-    index = torch.arange(width // GROUP) // GROUPS_PER_SUPER
-
-    def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N, G] -> ([N, S], u8 [N, G])
-        padded = torch.nn.functional.pad(values, (0, supers * GROUPS_PER_SUPER - values.shape[1]))
-        top = padded.reshape(rows, supers, GROUPS_PER_SUPER).amax(-1).clamp_min(1e-30) / 255  # [N, S]
-        return top, torch.round(values / top[:, index]).clamp_(0, 255).to(torch.uint8)
-
-    d, sub_scale = split(best_step / stretch)
-    dmin_magnitude, sub_min = split(-best_low)
-    step = (d[:, index] * sub_scale.float() * stretch).clamp_min(1e-30)[..., None]  # after rounding [N, G, 1]
-    offset = (-dmin_magnitude[:, index] * sub_min.float())[..., None]
-    codes = torch.round((groups - offset) / step).clamp_(0, levels) * stretch
-    return Q4Part.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale, sub_min, d, -dmin_magnitude)
-
-
-def dequantized(linear: QuantizedLinear) -> torch.Tensor:
-    return torch.cat([part.dequantize() for part in linear.parts])  # [N, K]
+    return Q4Part.from_groups(weight, best_low, best_step, levels)
 
 
 def requantize(draft: NativeRuntime, source: Decoder, bits: int, names: tuple[str, ...], head: bool) -> None:
@@ -98,9 +78,9 @@ def requantize(draft: NativeRuntime, source: Decoder, bits: int, names: tuple[st
     for layer, source_layer in zip(decoder.layers, source.layers, strict=True):
         for name in names:
             linear = getattr(layer, name)
-            linear.parts = [quantize_bits(dequantized(getattr(source_layer, name)), bits)]
+            linear.parts = [quantize_bits(getattr(source_layer, name).dequantize(), bits)]
     if head:
-        decoder.all_rows_head.parts = [quantize_bits(dequantized(source.all_rows_head), bits)]
+        decoder.all_rows_head.parts = [quantize_bits(source.all_rows_head.dequantize(), bits)]
         decoder.restrict_vocabulary(decoder.vocabulary)
     decoder._layers_spec = None  # rebuilt from the new parts on the next forward
 
@@ -176,18 +156,18 @@ def main() -> None:
         print(f"[{time.perf_counter() - began:.0f}s] target answers {number}/{len(prompts)}", file=sys.stderr)
     source = NativeRuntime.load(draft_path, LoadOptions("auto")).decoder
     results: dict[str, dict] = {}
+    vocab_size = pipeline.target.vocab_size
     for draft_format in formats:
         spec = draft_format.name
         draft = draft_format.load(draft_path, vocabulary, source)
         counts: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # name -> [hits or tokens, positions or steps]
         for question, prompt, answer in zip(questions, prompts, answers, strict=True):
             draft.focus_vocabulary(prompt)
+            cache = draft.new_cache(1)  # the prompt, read once: each answer is read after it
+            first = draft.forward(torch.tensor([prompt]), cache, last_only=True)[0, -1]  # [V_draft]
             for name, setting in settings.items():
                 tokens = answer[name]
-                cache = draft.new_cache(1)
-                first = draft.forward(torch.tensor([prompt]), cache, last_only=True)[0, -1]  # [V_draft]
                 logits = teacher_forced_logits(draft, cache, first, len(prompt), tokens)  # [T, V_draft]
-                vocab_size = pipeline.target.vocab_size
                 if setting.temperature == 0:
                     matches = (logits[:, :vocab_size].argmax(-1) == torch.tensor(tokens)).tolist()
                 else:

@@ -85,6 +85,24 @@ def test_q4_parts_are_exact_integer_group_sums() -> None:
     assert torch.allclose(part.reference(rows).double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
 
 
+def test_q4_parts_hold_fewer_levels_as_stretched_codes() -> None:
+    """Codes of 8 levels (3 bits) are stored as even Q4_K codes, so a group's weights take at most 8 values, within
+    half a step of the float weights; more than 15 levels do not fit and are refused."""
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(16, 256, generator=generator)
+    groups = weight.reshape(16, 8, 32)
+    low = groups.amin(dim=-1).clamp(max=0.0)
+    step = (groups.amax(dim=-1) - low) / 7  # [N, G]
+    part = Q4Part.from_groups(weight, low, step, levels=7)
+    codes = part.blocks()[0]  # [N, K]
+    assert int(codes.max()) <= 14 and not bool((codes % 2).any())
+    values = part.dequantize().reshape(16, 8, 32)
+    assert max(len(torch.unique(group)) for group in values.reshape(-1, 32)) <= 8
+    assert bool(((values - groups).abs() <= 0.51 * step[..., None] + 1e-3).all())
+    with pytest.raises(ValueError, match="1 to 15 levels"):
+        Q4Part.from_groups(weight, low, step, levels=16)
+
+
 def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
     """The q6 result against the float64 product of the rows and its weights (exact integer sub-block sums, each
     then scaled by d · sub_scale in float32); and its weights are within half a step of the float weights they

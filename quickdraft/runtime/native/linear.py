@@ -92,6 +92,10 @@ class QuantizedLinear:
             part.matmul_into(kernels, rows, out, column)
         return out if self.real_columns is None else out[:, self.real_columns]
 
+    def dequantize(self) -> torch.Tensor:
+        """The float weights the parts hold, ``[N, K]``."""
+        return torch.cat([part.dequantize() for part in self.parts])
+
     def kernel_spec(self, kernels: Any) -> Any:
         """This layer as the compiled layer loop takes it (``layers.cpp``'s Linear; parts by kind number)."""
         parts = [

@@ -231,25 +231,33 @@ class Q4Part(WeightPart):
     def from_float(cls, weight: torch.Tensor) -> Q4Part:
         """Round-to-nearest 4-bit quantization of float weights into the Q4_K structure (for models that come
         without it; a GGUF file's own Q4_K blocks are loaded exactly instead)."""
+        groups = weight.float().reshape(weight.shape[0], -1, GROUP)  # [N, G, 32]
+        low = groups.amin(dim=-1).clamp(max=0.0)  # like llama.cpp: the offset is never positive
+        return cls.from_groups(weight, low, (groups.amax(dim=-1) - low).clamp_min(1e-30) / 15)
+
+    @classmethod
+    def from_groups(cls, weight: torch.Tensor, low: torch.Tensor, step: torch.Tensor, levels: int = 15) -> Q4Part:
+        """``weight [N, K]`` as w ≈ step · code + low per group of 32 (``low`` <= 0, ``step``: [N, G]), code in [0,
+        levels] stored as the Q4_K code · (15 // levels): ``levels`` 3 and 7 give 2- and 3-bit codes."""
+        if not 1 <= levels <= 15:
+            raise ValueError(f"q4 codes hold 1 to 15 levels above zero, not {levels}")
+        stretch = 15 // levels  # the Q4_K step is step / stretch
         rows, width = weight.shape
         groups = weight.float().reshape(rows, width // GROUP, GROUP)
-        low = groups.amin(dim=-1).clamp(max=0.0)  # like llama.cpp: the offset is never positive
-        step = (groups.amax(dim=-1) - low).clamp_min(1e-30) / 15  # [N, G]
         supers = -(-(width // GROUP) // GROUPS_PER_SUPER)
+        index = torch.arange(width // GROUP) // GROUPS_PER_SUPER  # each group's superblock
 
         def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N, G] -> ([N, S], u8 [N, G])
             padded_values = torch.nn.functional.pad(values, (0, supers * GROUPS_PER_SUPER - values.shape[1]))
             top = padded_values.reshape(rows, supers, GROUPS_PER_SUPER).amax(-1).clamp_min(1e-30) / 255  # [N, S]
-            index = torch.arange(values.shape[1]) // GROUPS_PER_SUPER
             return top, torch.round(values / top[:, index]).clamp_(0, 255).to(torch.uint8)
 
-        d, sub_scale = split(step)
+        d, sub_scale = split(step / stretch)
         dmin_magnitude, sub_min = split(-low)
-        index = torch.arange(width // GROUP) // GROUPS_PER_SUPER
-        scale = (d[:, index] * sub_scale.float()).clamp_min(1e-30)[..., None]  # the step after rounding [N, G, 1]
+        scale = (d[:, index] * sub_scale.float() * stretch).clamp_min(1e-30)[..., None]  # after rounding [N, G, 1]
         offset = (-dmin_magnitude[:, index] * sub_min.float())[..., None]
-        codes = torch.round((groups - offset) / scale).clamp_(0, 15).to(torch.uint8).reshape(rows, width)
-        return cls.from_blocks(codes, sub_scale, sub_min, d, -dmin_magnitude)
+        codes = torch.round((groups - offset) / scale).clamp_(0, levels) * stretch
+        return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale, sub_min, d, -dmin_magnitude)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.tensor_names}

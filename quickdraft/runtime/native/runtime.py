@@ -162,8 +162,7 @@ class NativeRuntime(Runtime):
         return self.decoder.embedding
 
     def lm_head_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        head = self.decoder.all_rows_head.select_rows(token_ids)
-        return torch.cat([part.dequantize() for part in head.parts])
+        return self.decoder.all_rows_head.select_rows(token_ids).dequantize()
 
     @staticmethod
     def _requests(rows: Sequence[BatchRow]) -> list[tuple[StaticKVCache, list[int], bool]]:

@@ -99,3 +99,17 @@ def _parse_row(line: str, path: Path, number: int) -> Question:
         f"--questions: {where}: unknown format; expected Spec-Bench/MT-Bench rows (question_id, category, turns), "
         f"HumanEval rows (task_id, prompt) or GSM8K rows (question)"
     )
+
+
+def keep_categories(questions: list[Question], categories: tuple[str, ...]) -> list[Question]:
+    """The questions of ``categories`` only (all when empty), in their order. Applied to a sample, it keeps the
+    questions the whole file's sample holds in those categories, so a partial bench reruns part of a full one. A
+    name the questions lack is an error that lists the names they have."""
+    if not categories:
+        return questions
+    present = list(dict.fromkeys(question.category for question in questions))
+    unknown = [category for category in categories if category not in present]
+    if unknown:
+        have = ", ".join(present)
+        raise ConfigError(f"--categories: no questions in {', '.join(unknown)}; the questions have {have}")
+    return [question for question in questions if question.category in categories]

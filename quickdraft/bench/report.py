@@ -79,6 +79,12 @@ def decoding(config: dict[str, Any]) -> str:
     return f"sampled at temperature {config['temperature']} ({how})"
 
 
+def only_categories(config: dict[str, Any]) -> str:
+    """The report's note of ``--categories`` (empty when every category of the sample ran)."""
+    kept = config.get("only_categories")
+    return f"; only {', '.join(kept)} of the sample" if kept else ""
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     config, machine, methods = results["config"], results["machine"], results["methods"]
     revisions = results.get("revisions") or {}
@@ -87,7 +93,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "# quickdraft bench",
         "",
         f"Questions: `{config['questions']}`, {config['n_questions']} questions "
-        f"({config['per_category'] or 'all'} per category, seed {config['seed']}); "
+        f"({config['per_category'] or 'all'} per category, seed {config['seed']}{only_categories(config)}); "
         f"max_new_tokens {config['max_new_tokens']}; {decoding(config)}; runs {config['runs']}, "
         f"warm-up {config['warmup']}.",
         f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}.",

@@ -22,7 +22,13 @@ from quickdraft.bench.long_context import bench_questions
 from quickdraft.bench.methods import parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
 from quickdraft.bench.peers import package_version
-from quickdraft.bench.questions import Question, default_questions_path, load_questions, sample_questions
+from quickdraft.bench.questions import (
+    Question,
+    default_questions_path,
+    keep_categories,
+    load_questions,
+    sample_questions,
+)
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.bench.settings import BenchSettings
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
@@ -59,7 +65,8 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         questions_path = settings.questions or default_questions_path()
         if questions_path is None:
             raise ConfigError("no question file: pass --questions PATH (no ../shared/data/spec_bench/question.jsonl)")
-        questions = sample_questions(load_questions(questions_path), settings.per_category, settings.seed)
+        sample = sample_questions(load_questions(questions_path), settings.per_category, settings.seed)
+        questions = keep_categories(sample, settings.categories)
         questions_name = str(questions_path.resolve())
     methods = parse_methods(settings.methods)
     if not settings.sampling.is_greedy:
@@ -77,6 +84,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "n_questions": len(questions),
         "categories": categories,
         "per_category": settings.per_category,
+        "only_categories": list(settings.categories),  # --categories: the sample's questions in these (empty: all)
         "seed": settings.seed,
         "max_new_tokens": settings.max_new_tokens,
         "methods": [method.name for method in methods],

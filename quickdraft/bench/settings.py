@@ -46,6 +46,7 @@ class BenchSettings:
     questions: Path | None = None  # None: ../shared/data/spec_bench/question.jsonl when it exists
     context_lengths: tuple[int, ...] = ()  # instead of a question file: long-context questions of these lengths
     per_category: int | None = 5  # None: every question
+    categories: tuple[str, ...] = ()  # of the sample, keep these categories only (empty: all)
     max_new_tokens: int = 128
     methods: str = DEFAULT_METHODS
     runs: int = 1
@@ -71,6 +72,8 @@ class BenchSettings:
             raise ConfigError(f"--per-category must be >= 1, got {self.per_category}")
         if self.context_lengths and self.questions is not None:
             raise ConfigError("--context-lengths and --questions are two question sets: choose one")
+        if self.context_lengths and self.categories:
+            raise ConfigError("--categories picks from a question file's categories, not from --context-lengths")
         if self.context_lengths:  # before any model is resolved or loaded
             check_lengths(self.context_lengths, self.max_new_tokens)
         self.sampling  # noqa: B018 - validates the temperature and seed

@@ -37,6 +37,12 @@ def add_command(commands: Any) -> None:
     )
     bench.add_argument("--per-category", type=int, default=5, metavar="N", help="questions per category (default 5)")
     bench.add_argument("--all-questions", action="store_true", help="every question (ignores --per-category)")
+    bench.add_argument(
+        "--categories",
+        metavar="A,B",
+        help="run only these categories of the sample (e.g. rag,summarization): the same questions a run of every "
+        "category draws there (default: all)",
+    )
     bench.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="per turn (default 128)")
     bench.add_argument(
         "--methods",
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace) -> None:
         questions=Path(args.questions) if args.questions else None,
         context_lengths=parse_lengths(args.context_lengths),
         per_category=None if args.all_questions else args.per_category,
+        categories=parse_categories(args.categories),
         max_new_tokens=args.max_new_tokens,
         methods=args.methods,
         runs=args.runs,
@@ -111,6 +118,16 @@ def run(args: argparse.Namespace) -> None:
     print((settings.out / "report.md").read_text(encoding="utf-8").split("\n## Overall")[0])
     plots = ", speedup.png, accept_hist.png, cost_curve.png" if plotted else " (no plots: pip install matplotlib)"
     print(f"wrote {settings.out}/results.json, report.md{plots}", file=sys.stderr)
+
+
+def parse_categories(text: str | None) -> tuple[str, ...]:
+    """``--categories`` as names (None: every category)."""
+    if text is None:
+        return ()
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
+    if not all(names):
+        raise ConfigError(f"--categories takes comma-separated category names, got {text!r}")
+    return names
 
 
 def parse_lengths(text: str | None) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from bench_helpers import SPEC_ROWS, write_jsonl
 
-from quickdraft.bench.questions import load_questions, sample_questions
+from quickdraft.bench.questions import keep_categories, load_questions, sample_questions
 from quickdraft.errors import ConfigError
 
 
@@ -66,3 +66,13 @@ def test_stratified_sample_is_seeded_and_per_category(tmp_path: Path) -> None:
     assert len(sample_questions(questions, 50, seed=0)) == 30
     with pytest.raises(ConfigError):
         sample_questions(questions, 0, seed=0)
+
+
+def test_kept_categories_are_the_whole_samples_questions(tmp_path: Path) -> None:
+    rows = [{"question_id": i, "category": ["qa", "rag", "translation"][i % 3], "turns": ["w1"]} for i in range(30)]
+    sample = sample_questions(load_questions(write_jsonl(tmp_path / "q.jsonl", rows)), 4, seed=3)
+    kept = keep_categories(sample, ("rag", "qa"))
+    assert kept == [q for q in sample if q.category in ("qa", "rag")] and len(kept) == 8
+    assert keep_categories(sample, ()) == sample
+    with pytest.raises(ConfigError, match="no questions in summary; the questions have qa, rag, translation"):
+        keep_categories(sample, ("rag", "summary"))

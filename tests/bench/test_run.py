@@ -106,6 +106,18 @@ def test_bench_bad_questions_exit_cleanly(tmp_path: Path, capsys: pytest.Capture
         assert err.startswith("quickdraft: error: --questions") and message in err
 
 
+def test_bench_categories_are_checked_before_any_model_is_loaded(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    for categories, message in [("rag", "no questions in rag; the questions have mt_bench"), ("qa,,", "names")]:
+        args = bench_args(chat_model_dirs, questions, tmp_path / "out", "--categories", categories)
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "out" / "entries.jsonl").exists()
+
+
 def test_bench_on_the_native_runtime(
     native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,10 +154,12 @@ def test_bench_samples_at_a_temperature(
     for name in ("draft-model:2", "prompt-lookup+goodput"):
         assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
     assert "sampled at temperature 0.8 (seed 5" in (tmp_path / "seeded" / "report.md").read_text()
-    args = bench_args(native_model_dirs, questions, tmp_path / "unseeded", *methods)
+    args = bench_args(native_model_dirs, questions, tmp_path / "unseeded", *methods, "--categories", "translation")
     assert main([*args, "--temperature", "0.8", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
     assert results["methods"]["draft-model:2"]["overall"]["lossless_fraction"] is None
+    assert results["config"]["categories"] == ["translation"] and results["config"]["question_ids"] == ["3", "4"]
+    assert "seed 0; only translation of the sample)" in (tmp_path / "unseeded" / "report.md").read_text()
     args = bench_args(native_model_dirs, questions, tmp_path / "refused", "--methods", "hf-generate")
     assert main([*args, "--temperature", "0.8"]) == 1
     assert "decode greedily only: hf-generate" in capsys.readouterr().err

@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from sampling_acceptance import Setting, draft_probs, replay, sampled_answer, teacher_forced_logits
+from sampling_acceptance import Setting, draft_matches, replay, sampled_answer, teacher_forced_logits
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
-from quickdraft.lossless.sampling import gumbel_argmax, position_noise
 from quickdraft.models import DEFAULT_DRAFT, resolve_model
 from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
@@ -168,12 +167,7 @@ def main() -> None:
             for name, setting in settings.items():
                 tokens = answer[name]
                 logits = teacher_forced_logits(draft, cache, first, len(prompt), tokens)  # [T, V_draft]
-                if setting.temperature == 0:
-                    matches = (logits[:, :vocab_size].argmax(-1) == torch.tensor(tokens)).tolist()
-                else:
-                    draft_q = draft_probs(logits, setting.sampling(args.seed), vocab_size)  # [T, V]
-                    noise = position_noise(args.seed, range(len(prompt), len(prompt) + len(tokens)), vocab_size)
-                    matches = (gumbel_argmax(draft_q.log(), noise) == torch.tensor(tokens)).tolist()
+                matches = draft_matches(logits, tokens, setting.sampling(args.seed), len(prompt), vocab_size)
                 for key in (name, f"{name} {question.category}"):
                     counts[key][0] += sum(matches)
                     counts[key][1] += len(matches)

@@ -119,6 +119,19 @@ def draft_probs(logits: torch.Tensor, sampling: SamplingParams, vocab_size: int)
     return torch.nn.functional.pad(probs, (0, vocab_size - probs.shape[-1]))
 
 
+def draft_matches(
+    logits: torch.Tensor, tokens: list[int], sampling: SamplingParams, start: int, vocab_size: int
+) -> list[bool]:
+    """Whether the draft model's choice from each row of its teacher-forced ``logits [T, V_draft]`` is the answer's
+    token there (the answer starts at sequence position ``start``): greedy, its argmax; seeded, its Gumbel-max choice
+    under the position's noise (the coupled match a seeded draft is accepted by)."""
+    answer = torch.tensor(tokens)  # [T]
+    if sampling.is_greedy:
+        return (logits[:, :vocab_size].argmax(-1) == answer).tolist()
+    noise = position_noise(sampling.seed, range(start, start + len(tokens)), vocab_size)  # [T, V]
+    return (gumbel_argmax(draft_probs(logits, sampling, vocab_size).log(), noise) == answer).tolist()
+
+
 # -- per-position measures ------------------------------------------------------------------------------------------
 
 

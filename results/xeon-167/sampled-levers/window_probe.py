@@ -21,11 +21,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
-from sampling_acceptance import Setting, draft_probs, sampled_answer, teacher_forced_logits
+from sampling_acceptance import Setting, draft_matches, sampled_answer, teacher_forced_logits
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, keep_categories, load_questions, sample_questions
-from quickdraft.lossless.sampling import gumbel_argmax, position_noise
 
 SEED = 1
 
@@ -59,12 +58,7 @@ def main() -> None:
             for name, setting in settings.items():
                 tokens = answers[name]
                 logits = teacher_forced_logits(draft, draft_cache, draft_first, len(seen), tokens)  # [T, V_draft]
-                if setting.temperature == 0:
-                    matches = (logits[:, :vocab_size].argmax(-1) == torch.tensor(tokens)).tolist()
-                else:
-                    draft_q = draft_probs(logits, setting.sampling(SEED), vocab_size)  # [T, V]
-                    noise = position_noise(SEED, range(len(prompt), len(prompt) + len(tokens)), vocab_size)
-                    matches = (gumbel_argmax(draft_q.log(), noise) == torch.tensor(tokens)).tolist()
+                matches = draft_matches(logits, tokens, setting.sampling(SEED), len(prompt), vocab_size)
                 for key in (f"{name}, W {window}", f"{name}, W {window}, {question.category}"):
                     counts[key][0] += sum(matches)
                     counts[key][1] += len(matches)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from sampling_acceptance import Setting, draft_matches, replay, sampled_answer, teacher_forced_logits
+from sampling_acceptance import Setting, draft_matches, replay, target_answers, teacher_forced_logits
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
@@ -43,9 +43,9 @@ from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.parts import GROUP, Q4Part
+from quickdraft.runtime.options import DRAFT_VOCABULARY
 from quickdraft.tokens import frequent_tokens
 
-DRAFT_VOCABULARY = 49152  # the drafter's default --draft-vocabulary
 CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)  # each group's range is scaled by the factor with the least squared error
 MLP = ("gate_up", "down")
 ATTENTION = ("qkv", "out")
@@ -144,14 +144,7 @@ def main() -> None:
     answers: list[dict[str, list[int]]] = []
     prompts = [pipeline.encode(question.turns[0], chat=True) for question in questions]
     for number, prompt in enumerate(prompts, start=1):
-        cache = pipeline.target.new_cache(1)
-        first = pipeline.target.forward(torch.tensor([prompt]), cache, last_only=True)[0, -1]  # [V]
-        answers.append(
-            {
-                name: sampled_answer(pipeline, cache, first, len(prompt), args.tokens, setting.sampling(args.seed))[0]
-                for name, setting in settings.items()
-            }
-        )
+        answers.append(target_answers(pipeline, prompt, settings, args.tokens, args.seed))
         print(f"[{time.perf_counter() - began:.0f}s] target answers {number}/{len(prompts)}", file=sys.stderr)
     source = NativeRuntime.load(draft_path, LoadOptions("auto")).decoder
     results: dict[str, dict] = {}

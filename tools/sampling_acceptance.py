@@ -98,6 +98,19 @@ def sampled_answer(
     return answer, torch.stack(all_logits)
 
 
+def target_answers(
+    pipeline: Pipeline, prompt: list[int], settings: dict[str, Setting], tokens: int, seed: int
+) -> dict[str, list[int]]:
+    """The target reads ``prompt`` once and answers it as plain decoding does under each setting (seeded with
+    ``seed``; greedy at T = 0): up to ``tokens`` tokens per setting, by name."""
+    cache = pipeline.target.new_cache(1)
+    first = pipeline.target.forward(torch.tensor([prompt]), cache, last_only=True)[0, -1]  # [V]
+    return {
+        name: sampled_answer(pipeline, cache, first, len(prompt), tokens, setting.sampling(seed))[0]
+        for name, setting in settings.items()
+    }
+
+
 def teacher_forced_logits(
     draft: Runtime, cache: KVCache, first_logits: torch.Tensor, start: int, answer: list[int]
 ) -> torch.Tensor:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
-from sampling_acceptance import Setting, draft_matches, sampled_answer, teacher_forced_logits
+from sampling_acceptance import Setting, draft_matches, target_answers, teacher_forced_logits
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
@@ -60,14 +60,7 @@ def main() -> None:
     settings = {"greedy": Setting(0.0), "T0.7": Setting(0.7)}
     answers = []
     for number, prompt in enumerate(prompts, start=1):
-        cache = pipeline.target.new_cache(1)
-        first = pipeline.target.forward(torch.tensor([prompt]), cache, last_only=True)[0, -1]  # [V]
-        answers.append(
-            {
-                name: sampled_answer(pipeline, cache, first, len(prompt), 128, setting.sampling(SEED))[0]
-                for name, setting in settings.items()
-            }
-        )
+        answers.append(target_answers(pipeline, prompt, settings, 128, SEED))
         print(f"[{time.perf_counter() - began:.0f} s] target answers {number}/{len(prompts)}", file=sys.stderr)
     all_layers = list(decoder.layers)
     vocab_size = pipeline.target.vocab_size

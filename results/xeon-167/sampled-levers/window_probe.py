@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
-from sampling_acceptance import Setting, draft_matches, sampled_answer, teacher_forced_logits
+from sampling_acceptance import Setting, draft_matches, target_answers, teacher_forced_logits
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, keep_categories, load_questions, sample_questions
@@ -41,12 +41,7 @@ def main() -> None:
     counts: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # name -> [matches or seconds, positions or reads]
     for question in questions:
         prompt = pipeline.encode(question.turns[0], chat=True)
-        cache = pipeline.target.new_cache(1)
-        first = pipeline.target.forward(torch.tensor([prompt]), cache, last_only=True)[0, -1]  # [V]
-        answers = {
-            name: sampled_answer(pipeline, cache, first, len(prompt), 128, setting.sampling(SEED))[0]
-            for name, setting in settings.items()
-        }
+        answers = target_answers(pipeline, prompt, settings, 128, SEED)
         for window in windows:
             seen = prompt if window == 0 or window >= len(prompt) else prompt[-window:]
             draft.focus_vocabulary(prompt)

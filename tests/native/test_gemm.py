@@ -75,13 +75,14 @@ def run(library: ctypes.CDLL, part: Int8Part | Q4Part | Q6Part, x: torch.Tensor,
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
     part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4, q6: two full superblocks, a short one
-    x = torch.randint(-127, 128, (37, 640), generator=generator, dtype=torch.int8)  # int8 on AMX: 16 + 16 + 5 rows
+    # int8 on AMX from 4 rows, q4 from 64 (pairs of 16-row tiles, one more, the rest): up to 4 · 16 + 16 + 5 rows
+    x = torch.randint(-127, 128, (85, 640), generator=generator, dtype=torch.int8)
     expected = run(libraries["scalar"], part, x, which=1)
     assert torch.equal(expected, part.reference(x.float()))  # the C++ definition is the PyTorch one
     for name, library in libraries.items():
         whole = run(library, part, x, which=0)
         assert torch.equal(whole, expected), name
-        for rows in range(1, 38):  # every split into tiles, alone and after others
+        for rows in range(1, 86):  # every split into tiles, alone and after others
             assert torch.equal(run(library, part, x[-rows:].contiguous(), which=0), expected[-rows:]), (name, rows)
 
 
@@ -116,15 +117,15 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
     q6_high = Q6Part.from_blocks(  # every weight -128 · (63 - 32): the largest code sums
         torch.full((16, width), 63, dtype=torch.uint8), torch.full((16, width // 16), -128, dtype=torch.int8), supers
     )
-    for value in (127, -127):
-        x = torch.full((17, width), value, dtype=torch.int8)  # more rows than the widest tile: two tiles
+    for value, rows in ((127, 17), (-127, 17), (127, 65), (-127, 65)):
+        x = torch.full((rows, width), value, dtype=torch.int8)  # two vector tiles; 65: q4 on AMX
         for library in libraries.values():
-            assert torch.equal(run(library, int8, x, which=0), torch.full((17, 16), 63.0 * value * width))
+            assert torch.equal(run(library, int8, x, which=0), torch.full((rows, 16), 63.0 * value * width))
             assert torch.equal(run(library, q4, x, which=0), run(libraries["scalar"], q4, x, which=1))
-            assert torch.equal(run(library, q6_low, x, which=0), torch.full((17, 16), 4096.0 * value * width))
-            expected = torch.full((17, 16), -128.0 * 31 * value * width)  # 256-weight totals and their sums: exact
+            assert torch.equal(run(library, q6_low, x, which=0), torch.full((rows, 16), 4096.0 * value * width))
+            expected = torch.full((rows, 16), -128.0 * 31 * value * width)  # 256-weight totals and their sums: exact
             assert torch.equal(run(library, q6_high, x, which=0), expected)
         exact = (15 * 255 + 255) * value * width  # every weight d·sc·code + dmin·m = 15·255 + 255; floats round
         assert torch.allclose(
-            run(libraries["scalar"], q4, x, which=1).double(), torch.full((17, 16), float(exact), dtype=torch.float64)
+            run(libraries["scalar"], q4, x, which=1).double(), torch.full((rows, 16), float(exact), dtype=torch.float64)
         )

@@ -15,8 +15,10 @@
 // Format "q4" (4-bit codes in groups of 32 along k, llama.cpp's Q4_K structure):
 //   w[n][k] = d[n][s] * sub_scale[n][g] * code[n][k] + dmin[n][s] * sub_min[n][g]
 //   for k in group g = k / 32 of superblock s = g / 8; codes in [0, 15], sub-scales and sub-mins in [0, 255].
-//   out[m][n] = the float sequence of q4_reference below, over I = sum_{k in g} code * x (exact) and
-//   X[m][g] = sum_{k in g} x[m][k].
+//   out[m][n] = the float sequence of q4_reference below: per superblock s, in order,
+//     acc = fma(d[n][s], float(T), acc),   T = sum_{g in s} sub_scale[n][g] * sum_{k in g} code * x   (exact int32)
+//     acc = fma(dmin[n][s], float(O), acc), O = sum_{g in s} sub_min[n][g] * X[m][g], X[m][g] = sum_{k in g} x[m][k]
+//   (T is one integer per superblock, so AMX can sum it on tiles: gemm_amx.h).
 //   codes: [N/16][G][4 vectors][16 lanes][4 bytes], each byte two codes: the low nibble is k = 32g + 4j + i of
 //   lane n0 + l, the high nibble k = 32g + 4(j + 4) + i (vector j, lane l, byte i). sub_scale: [N/16][G][16];
 //   sub_min: [N/16][G/2][16][2] (the two groups of a pair side by side); d, dmin: [N/16][S][16] float.
@@ -125,16 +127,16 @@ inline float q4_reference(const Q4Weights& w, const int8_t* x, int64_t n) {
   const int64_t block = n / kLanes, lane = n % kLanes, groups = w.groups();
   float acc = 0.0f;
   for (int64_t s = 0; s < w.supers(); ++s) {
-    int32_t offset = 0;
+    int32_t total = 0, offset = 0;  // |total| <= 8 * 255 * 32 * 15 * 127 < 2^31
     const float d = w.d[(block * w.supers() + s) * kLanes + lane];
     const float dmin = w.dmin[(block * w.supers() + s) * kLanes + lane];
     for (int64_t g = s * kGroupsPerSuper; g < groups && g < (s + 1) * kGroupsPerSuper; ++g) {
       int32_t dot = 0, sum = 0;
       for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += q4_code(w, n, k) * x[k], sum += x[k];
-      const float scale = d * static_cast<float>(w.sub_scale[(block * groups + g) * kLanes + lane]);
-      acc = std::fma(scale, static_cast<float>(dot), acc);
+      total += static_cast<int32_t>(w.sub_scale[(block * groups + g) * kLanes + lane]) * dot;
       offset += static_cast<int32_t>(w.sub_min[((block * groups + g - g % 2) * kLanes + 2 * lane) + g % 2]) * sum;
     }
+    acc = std::fma(d, static_cast<float>(total), acc);
     acc = std::fma(dmin, static_cast<float>(offset), acc);
   }
   return acc;
@@ -154,7 +156,9 @@ constexpr const char* kIsa = "avx512-vnni";
 template <int R>
 constexpr int kPartials = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
 // A q4 group's 8 multiply-adds per row start from zero, so a chain of 8 would keep a tile's rows waiting on each
-// other's latency unless the core held most of the tile's rows in flight at once: two chains of 4 per row.
+// other's latency unless the core held most of the tile's rows in flight at once: two chains of 4 per row. A chain
+// sums at most 16 products code * x, |.| <= 16 * 15 * 127 < 2^15, so its low int16 word is exact and one word
+// multiply-add with (sub_scale, 0) adds sub_scale * chain to the superblock's total.
 template <int R>
 constexpr int kQ4Partials = R <= 2 ? 4 : 2;
 
@@ -189,18 +193,26 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
 }
 
 // The min term's offset = sum_g sub_min[g] * X[g] is an exact integer, so it is summed at the end of each
-// superblock from its (at most 4) sub-min pairs: no register per row is held across the groups.
+// superblock from its (at most 4) sub-min pairs. A row's float sum stays in a register for tiles of up to 8 rows and
+// in the tile's own `out` between superblocks beyond (the same bits), so the registers hold the rows' totals.
 template <int R>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
                     int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
-  QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr bool kInRegisters = R <= 8;
+  __m512 acc[kInRegisters ? R : 1];
+  const auto sum_of = [&](int r) -> float* { return out + r * out_stride + block * kLanes; };
+  QD_UNROLL for (int r = 0; r < R; ++r) {
+    if constexpr (kInRegisters) acc[r] = _mm512_setzero_ps();
+    else _mm512_storeu_ps(sum_of(r), _mm512_setzero_ps());
+  }
   for (int64_t s = 0; s < supers; ++s) {
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
     const int64_t begin = s * kGroupsPerSuper;
     const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+    __m512i total[R];
+    QD_UNROLL for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* packed = w.codes + (block * groups + g) * 256;
       __m512i c[8];
@@ -211,15 +223,14 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
         c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles);
       }
       const __m128i sub_scale = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes));
-      const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_scale)));
+      const __m512i scale = _mm512_cvtepu8_epi32(sub_scale);  // (sub_scale, 0) as int16 words
       QD_UNROLL for (int r = 0; r < R; ++r) {
         const int8_t* row = x + r * x_stride + g * kGroup;
         constexpr int U = kQ4Partials<R>;
         __m512i dot[U];
         QD_UNROLL for (int u = 0; u < U; ++u) dot[u] = _mm512_setzero_si512();
         QD_UNROLL for (int j = 0; j < 8; ++j) dot[j % U] = _mm512_dpbusd_epi32(dot[j % U], c[j], _mm512_set1_epi32(load4(row + 4 * j)));
-        QD_UNROLL for (int u = 1; u < U; ++u) dot[0] = _mm512_add_epi32(dot[0], dot[u]);
-        acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot[0]), acc[r]);
+        QD_UNROLL for (int u = 0; u < U; ++u) total[r] = _mm512_dpwssd_epi32(total[r], dot[u], scale);
       }
     }
     __m512i min_pairs[kGroupsPerSuper / 2];  // 16 lanes of (min of group 2p, min of group 2p + 1) as int16
@@ -229,13 +240,17 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
         min_pairs[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_min + (block * groups + begin + 2 * p) * kLanes)));
     const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * supers + s) * kLanes);
     QD_UNROLL for (int r = 0; r < R; ++r) {
+      __m512 sum = kInRegisters ? acc[kInRegisters ? r : 0] : _mm512_loadu_ps(sum_of(r));
+      sum = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total[r]), sum);
       __m512i offset = _mm512_setzero_si512();
       QD_UNROLL for (int p = 0; p < kGroupsPerSuper / 2; ++p)
         if (p < pair_count) offset = _mm512_dpwssd_epi32(offset, min_pairs[p], _mm512_set1_epi32(pairs[r * pair_stride + begin / 2 + p]));
-      acc[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(offset), acc[r]);
+      sum = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(offset), sum);
+      if constexpr (kInRegisters) acc[kInRegisters ? r : 0] = sum;
+      else _mm512_storeu_ps(sum_of(r), sum);
     }
   }
-  QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
+  if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(sum_of(r), acc[r]);
 }
 
 constexpr int kInt8Rows = 16;
@@ -246,12 +261,14 @@ constexpr int kQ4Rows = 16;
 constexpr const char* kIsa = "avx-vnni";
 inline __m256i dot_bytes(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
 inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
-// A q4 group's sums of code * x: int32 lanes throughout.
+// A q4 group's sums of code * x: int32 lanes, two chains of 16 products each (|.| < 2^15: the low int16 word is
+// exact), each added to the superblock's total times the sub-scale by one word multiply-add with (sub_scale, 0).
 inline __m256i q4_dot(__m256i acc, __m256i low, __m256i high, __m256i x_low, __m256i x_high) {
   return dot_bytes(dot_bytes(acc, low, x_low), high, x_high);
 }
-inline __m256i q4_dot_add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
-inline __m256i q4_dot_total(__m256i acc) { return acc; }
+inline __m256i q4_add_scaled(__m256i total, __m256i dot0, __m256i dot1, __m256i sub_scale) {
+  return dot_words(dot_words(total, dot0, sub_scale), dot1, sub_scale);
+}
 #else
 constexpr const char* kIsa = "avx2";
 // u8 x s8 products summed in pairs to int16 (exact: our codes keep pair sums below 2^15), then in fours to int32.
@@ -265,8 +282,10 @@ inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) { return _mm256_add_
 inline __m256i q4_dot(__m256i acc, __m256i low, __m256i high, __m256i x_low, __m256i x_high) {
   return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(low, x_low), _mm256_maddubs_epi16(high, x_high)));
 }
-inline __m256i q4_dot_add(__m256i a, __m256i b) { return _mm256_add_epi16(a, b); }
-inline __m256i q4_dot_total(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+// The two chains' int16 sums (16 products a word) times the sub-scale, each lane's pair of words in one multiply-add.
+inline __m256i q4_add_scaled(__m256i total, __m256i dot0, __m256i dot1, __m256i sub_scale) {
+  return dot_words(total, _mm256_add_epi16(dot0, dot1), _mm256_or_si256(sub_scale, _mm256_slli_epi32(sub_scale, 16)));
+}
 #endif
 
 // Each row's 8 float sums of one half of a q4 or q6 tile: in registers for tiles of up to 4 rows, whose rows
@@ -318,9 +337,28 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
   }
 }
 
-// A group's 8 code vectors of one half stay in registers while the tile's rows take turns on them (HalfSums keeps
-// the rows' sums), so a tile streams its codes once. The min term is summed at the end of each superblock, as on
-// AVX-512.
+// Each row's 8 exact superblock totals of one half of a q4 tile: in registers for tiles of up to 4 rows, on the
+// stack beyond, so that the registers hold a group's code vectors.
+template <int R>
+struct HalfTotals {
+  static constexpr bool kInRegisters = R <= 4;
+  __m256i held[kInRegisters ? R : 1];
+  alignas(32) int32_t stack[kInRegisters ? 1 : R * 8];
+
+  HalfTotals() { QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm256_setzero_si256()); }
+  __m256i get(int r) const {
+    if constexpr (kInRegisters) return held[r];
+    else return _mm256_load_si256(reinterpret_cast<const __m256i*>(stack + 8 * r));
+  }
+  void set(int r, __m256i value) {
+    if constexpr (kInRegisters) held[r] = value;
+    else _mm256_store_si256(reinterpret_cast<__m256i*>(stack + 8 * r), value);
+  }
+};
+
+// A group's 8 code vectors of one half stay in registers while the tile's rows take turns on them (HalfTotals keeps
+// the rows' superblock totals, HalfSums their float sums), so a tile streams its codes once. The min term is summed
+// at the end of each superblock, as on AVX-512.
 template <int R>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
                     int64_t block, float* out, int64_t out_stride) {
@@ -332,6 +370,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
       const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
       const int64_t begin = s * kGroupsPerSuper;
       const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+      HalfTotals<R> totals;
       for (int64_t g = begin; g < end; ++g) {
         const uint8_t* packed = w.codes + (block * groups + g) * 256;
         __m256i c[8];
@@ -342,17 +381,18 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
           c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
         }
         const __m128i sub_scale = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h));
-        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sub_scale)));
+        const __m256i scale = _mm256_cvtepu8_epi32(sub_scale);
         QD_UNROLL for (int r = 0; r < R; ++r) {
           const int8_t* row = x + r * x_stride + g * kGroup;
           __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
           QD_UNROLL for (int j = 0; j < 4; ++j)
             dot[j % 2] = q4_dot(dot[j % 2], c[j], c[j + 4], _mm256_set1_epi32(load4(row + 4 * j)), _mm256_set1_epi32(load4(row + 4 * (j + 4))));
-          sums.add(r, scale, q4_dot_total(q4_dot_add(dot[0], dot[1])));
+          totals.set(r, q4_add_scaled(totals.get(r), dot[0], dot[1], scale));
         }
       }
       const __m256 dmin = _mm256_loadu_ps(w.dmin + (block * supers + s) * kLanes + 8 * h);
       QD_UNROLL for (int r = 0; r < R; ++r) {
+        sums.add(r, d, totals.get(r));
         __m256i offset = _mm256_setzero_si256();
         for (int64_t g = begin; g < end; g += 2) {
           const __m128i mins = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_min + (block * groups + g) * kLanes + 16 * h));
@@ -453,6 +493,10 @@ inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const
 inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t pair_stride = w.k / (2 * kGroup);
+#if defined(QD_AMX)
+  const Q4Tiles tiles{w.codes, w.sub_scale, w.sub_min, w.d, w.dmin, w.k, w.groups(), w.supers()};
+  if (q4_amx(tiles, x, rows, pairs, out, out_stride, block_begin, block_end)) return;
+#endif
   for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
     q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
                                         out + row * out_stride, out_stride);

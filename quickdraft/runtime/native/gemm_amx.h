@@ -1,6 +1,9 @@
-// The int8 format's GEMM on AMX tiles (Intel's tile matrix multiply, Sapphire Rapids and later), for blocks of
-// several rows: the same exact int32 sums as gemm.h's vector paths and the same float epilogue, so the same bits.
-// The packed int8 weights already have the layout of an AMX B tile: 16 rows of (16 outputs x 4 consecutive k).
+// gemm.h's GEMMs on AMX tiles (Intel's tile matrix multiply, Sapphire Rapids and later), for blocks of several
+// rows: the same exact int32 sums as gemm.h's vector paths and the same float epilogue, so the same bits.
+// - int8: the packed weights already have the layout of an AMX B tile: 16 rows of (16 outputs x 4 consecutive k).
+// - q4, for many rows (a prompt): a superblock's exact total sum_g sub_scale[g] * sum_{k in g} code * x is one
+//   integer product of x with w' = sub_scale * code (< 2^12), which goes on tiles as two byte products,
+//   w' = 64 * high + low: an n-block's w' halves are written once per range of superblocks and serve all its rows.
 // The OS must grant the process AMX's tile state once (arch_prctl); where it does not, gemm.h's vector path runs.
 #pragma once
 
@@ -82,6 +85,148 @@ inline bool int8_amx(const uint8_t* codes, const float* scale, int64_t k, const 
       for (int64_t r = first; r < last; r += count)
         int8_amx_tile(codes, scale, k, x + r * k, count, sums + r, out + r * out_stride, out_stride, block,
                       block + 1 < block_end);
+  }
+  _tile_release();
+  return true;
+}
+
+// ---- q4 ----------------------------------------------------------------------------------------------------------
+
+constexpr int64_t kQ4AmxMinRows = 64;  // fewer rows: the vector path is as fast (writing the w' halves costs)
+constexpr int64_t kQ4AmxRangeBytes = 512 * 1024;  // the rows' bytes of one range of superblocks, kept in L2
+constexpr int64_t kQ4AmxMaxRange = 16;    // superblocks a range holds at most (their w' halves: 128 KiB)
+
+struct Q4Tiles {
+  const uint8_t* codes;      // [N/16][G][4][16][4] nibbles (gemm.h)
+  const uint8_t* sub_scale;  // [N/16][G][16]
+  const uint8_t* sub_min;    // [N/16][G/2][16][2]
+  const float* d;            // [N/16][S][16]
+  const float* dmin;         // [N/16][S][16]
+  int64_t k, groups, supers;
+};
+
+// The w' halves of n-block `block` for groups [group_begin, group_end) as B tiles, one per 64 k (two groups):
+// [16 quads][16 outputs][4 bytes], quad q of the tile holding k = 64c + 4q .. 4q + 3. A group's code vector j holds
+// k = 32g + 4j + i in its low nibbles and k = 32g + 4(j + 4) + i in its high ones (gemm.h).
+inline void q4_amx_halves(const Q4Tiles& w, int64_t block, int64_t group_begin, int64_t group_end, uint8_t* high,
+                          uint8_t* low) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), even_bytes = _mm512_set1_epi16(0x00FF), six_bits = _mm512_set1_epi16(63);
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * w.groups + g) * 16)));
+    const __m512i scale_words = _mm512_or_si512(scale, _mm512_slli_epi32(scale, 16));  // each output's scale in both words
+    const uint8_t* packed = w.codes + (block * w.groups + g) * 256;
+    const int64_t tile = (g - group_begin) / 2, half = (g - group_begin) % 2;
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(packed + j * 64);
+      for (int nib = 0; nib < 2; ++nib) {
+        const __m512i codes = _mm512_and_si512(nib == 0 ? v : _mm512_srli_epi16(v, 4), nibble);
+        const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(codes, even_bytes), scale_words);  // w' < 2^12
+        const __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(codes, 8), scale_words);
+        const int64_t at = (tile * 16 + half * 8 + nib * 4 + j) * 64;
+        _mm512_store_si512(high + at, _mm512_or_si512(_mm512_srli_epi16(even, 6), _mm512_slli_epi16(_mm512_srli_epi16(odd, 6), 8)));
+        _mm512_store_si512(low + at, _mm512_or_si512(_mm512_and_si512(even, six_bits), _mm512_slli_epi16(_mm512_and_si512(odd, six_bits), 8)));
+      }
+    }
+  }
+}
+
+// Tiles: 0, 1 the high and low products of the first 16-row tile, 2, 3 the second's; 4, 5 their 64 k of x; 6, 7 the
+// w' halves (16 quads x 64 bytes).
+inline void q4_configure_tiles(int64_t rows) {
+  TileConfig config;
+  for (int t = 0; t < 6; ++t) config.rows[t] = static_cast<uint8_t>(rows), config.colsb[t] = 64;
+  for (int t : {6, 7}) config.rows[t] = 16, config.colsb[t] = 64;
+  _tile_loadconfig(&config);
+}
+
+// One or two (Pair) tiles of `rows` rows, n-block `block`, superblocks [s_begin, s_end) whose halves start at
+// high/low: per superblock, out = fma(d, float(total), out), then out = fma(dmin, float(sum_g sub_min[g] * X[g]), out)
+// (the sums of gemm.h's q4 tiles; out starts at 0 with the first superblock).
+template <bool Pair>
+inline void q4_amx_tiles(const Q4Tiles& w, const int8_t* x, int64_t rows, const int32_t* pairs, int64_t pair_stride,
+                         int64_t block, int64_t s_begin, int64_t s_end, const uint8_t* high, const uint8_t* low,
+                         float* out, int64_t out_stride) {
+  alignas(64) int32_t sums[4][16 * 16];
+  for (int64_t s = s_begin; s < s_end; ++s) {
+    const int64_t g0 = s * 8, g1 = g0 + 8 < w.groups ? g0 + 8 : w.groups;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (Pair) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t c = g0 / 2; c < g1 / 2; ++c) {
+      const int64_t at = (c - s_begin * 4) * 1024;
+      _tile_loadd(4, x + c * 64, w.k);
+      _tile_loadd(6, high + at, 64);
+      _tile_loadd(7, low + at, 64);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 4, 7);
+      if (Pair) {
+        _tile_loadd(5, x + 16 * w.k + c * 64, w.k);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    if (Pair) {
+      _tile_stored(2, sums[2], 64);
+      _tile_stored(3, sums[3], 64);
+    }
+    const __m512 d = _mm512_loadu_ps(w.d + (block * w.supers + s) * 16);
+    const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * w.supers + s) * 16);
+    const int64_t pair_count = (g1 - g0) / 2;
+    __m512i min_pairs[4];
+    for (int p = 0; p < pair_count; ++p)
+      min_pairs[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_min + (block * w.groups + g0 + 2 * p) * 16)));
+    for (int t = 0; t < (Pair ? 2 : 1); ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = 16 * t + r;
+        float* o = out + row * out_stride + block * 16;
+        const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[2 * t] + r * 16), 6),
+                                               _mm512_load_si512(sums[2 * t + 1] + r * 16));
+        __m512 acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total), s == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o));
+        __m512i offset = _mm512_setzero_si512();
+        for (int p = 0; p < pair_count; ++p)
+          offset = _mm512_dpwssd_epi32(offset, min_pairs[p], _mm512_set1_epi32(pairs[row * pair_stride + g0 / 2 + p]));
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(offset), acc));
+      }
+  }
+}
+
+// Every row of n-blocks [block_begin, block_end): ranges of superblocks whose rows fit kQ4AmxRangeBytes, and within a
+// range each n-block's halves once, then its rows in pairs of 16-row tiles and a last shorter tile. A range continues
+// the float sums of the one before, superblock by superblock, so any range gives the same bits. False when AMX
+// cannot run here or the rows are too few (the caller takes the vector path).
+inline bool q4_amx(const Q4Tiles& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out, int64_t out_stride,
+                   int64_t block_begin, int64_t block_end) {
+  if (rows < kQ4AmxMinRows || !amx_granted()) return false;
+  alignas(64) static thread_local uint8_t high[kQ4AmxMaxRange * 4 * 1024], low[kQ4AmxMaxRange * 4 * 1024];
+  const int64_t pair_stride = w.k / 64, full = rows / 16, tail = rows - full * 16;
+  const int64_t fit = kQ4AmxRangeBytes / (rows * 256), range = fit < 1 ? 1 : (fit > kQ4AmxMaxRange ? kQ4AmxMaxRange : fit);
+  int64_t configured = 0;
+  const auto configure = [&](int64_t tile_rows) {
+    if (configured != tile_rows) q4_configure_tiles(tile_rows), configured = tile_rows;
+  };
+  for (int64_t s0 = 0; s0 < w.supers; s0 += range) {
+    const int64_t s1 = s0 + range < w.supers ? s0 + range : w.supers;
+    for (int64_t block = block_begin; block < block_end; ++block) {
+      q4_amx_halves(w, block, s0 * 8, s1 * 8 < w.groups ? s1 * 8 : w.groups, high, low);
+      configure(16);
+      int64_t t = 0;
+      for (; t + 2 <= full; t += 2)
+        q4_amx_tiles<true>(w, x + t * 16 * w.k, 16, pairs + t * 16 * pair_stride, pair_stride, block, s0, s1, high,
+                           low, out + t * 16 * out_stride, out_stride);
+      if (t < full)
+        q4_amx_tiles<false>(w, x + t * 16 * w.k, 16, pairs + t * 16 * pair_stride, pair_stride, block, s0, s1, high,
+                            low, out + t * 16 * out_stride, out_stride);
+      if (tail > 0) {
+        configure(tail);
+        q4_amx_tiles<false>(w, x + full * 16 * w.k, tail, pairs + full * 16 * pair_stride, pair_stride, block, s0,
+                            s1, high, low, out + full * 16 * out_stride, out_stride);
+      }
+    }
   }
   _tile_release();
   return true;

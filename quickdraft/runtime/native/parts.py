@@ -280,14 +280,14 @@ class Q4Part(WeightPart):
         codes, sub_scale, sub_min, d, dmin = self.blocks()
         groups = self.in_features // GROUP
         x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
-        dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP)).float()  # exact
+        dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP))  # exact
         sums = x.sum(-1)  # [M, G] exact
         acc = torch.zeros(rows.shape[0], self.rows)
         for first in range(0, groups, GROUPS_PER_SUPER):
             s = first // GROUPS_PER_SUPER
             span = range(first, min(first + GROUPS_PER_SUPER, groups))
-            for g in span:
-                acc = fused_multiply_add(d[:, s] * sub_scale[:, g].float(), dots[:, :, g], acc)
+            total = sum(dots[:, :, g] * sub_scale[:, g].double() for g in span)  # integers: exact
+            acc = fused_multiply_add(d[:, s], total.float(), acc)
             offset = sum(sums[:, g, None] * sub_min[:, g].double() for g in span)  # integers: exact
             acc = fused_multiply_add(dmin[:, s], offset.float(), acc)
         return acc

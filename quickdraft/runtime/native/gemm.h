@@ -34,8 +34,6 @@
 #include <immintrin.h>
 #endif
 
-#include "gemm_amx.h"
-
 // Loops over a tile's rows or a group's vectors run fully unrolled, so their accumulators live in registers.
 #define QD_PRAGMA(x) _Pragma(#x)
 #define QD_UNROLL QD_PRAGMA(GCC unroll 16)
@@ -80,6 +78,12 @@ struct Q4Weights {
   int64_t groups() const { return k / kGroup; }
   int64_t supers() const { return (groups() + kGroupsPerSuper - 1) / kGroupsPerSuper; }
 };
+
+}  // namespace qd
+
+#include "gemm_amx.h"  // the AMX paths, which take the formats above
+
+namespace qd {
 
 // Per-row sums the kernels need besides the rows themselves: int8 wants sum_k x, q4 the sums of each group as int16
 // pairs packed in 32 bits (the second of a pair in the high half) for one multiply-add per pair, and q6 its
@@ -494,8 +498,7 @@ inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t pair_stride = w.k / (2 * kGroup);
 #if defined(QD_AMX)
-  const Q4Tiles tiles{w.codes, w.sub_scale, w.sub_min, w.d, w.dmin, w.k, w.groups(), w.supers()};
-  if (q4_amx(tiles, x, rows, pairs, out, out_stride, block_begin, block_end)) return;
+  if (q4_amx(w, x, rows, pairs, pair_stride, out, out_stride, block_begin, block_end)) return;
 #endif
   for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
     q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,

@@ -5,6 +5,7 @@
 //   integer product of x with w' = sub_scale * code (< 2^12), which goes on tiles as two byte products,
 //   w' = 64 * high + low: an n-block's w' halves are written once per range of superblocks and serve all its rows.
 // The OS must grant the process AMX's tile state once (arch_prctl); where it does not, gemm.h's vector path runs.
+// Included by gemm.h after its weight formats (Q4Weights, kLanes, ...), which the q4 path reads.
 #pragma once
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__)
@@ -96,25 +97,16 @@ constexpr int64_t kQ4AmxMinRows = 64;  // fewer rows: the vector path is as fast
 constexpr int64_t kQ4AmxRangeBytes = 512 * 1024;  // the rows' bytes of one range of superblocks, kept in L2
 constexpr int64_t kQ4AmxMaxRange = 16;    // superblocks a range holds at most (their w' halves: 128 KiB)
 
-struct Q4Tiles {
-  const uint8_t* codes;      // [N/16][G][4][16][4] nibbles (gemm.h)
-  const uint8_t* sub_scale;  // [N/16][G][16]
-  const uint8_t* sub_min;    // [N/16][G/2][16][2]
-  const float* d;            // [N/16][S][16]
-  const float* dmin;         // [N/16][S][16]
-  int64_t k, groups, supers;
-};
-
 // The w' halves of n-block `block` for groups [group_begin, group_end) as B tiles, one per 64 k (two groups):
 // [16 quads][16 outputs][4 bytes], quad q of the tile holding k = 64c + 4q .. 4q + 3. A group's code vector j holds
 // k = 32g + 4j + i in its low nibbles and k = 32g + 4(j + 4) + i in its high ones (gemm.h).
-inline void q4_amx_halves(const Q4Tiles& w, int64_t block, int64_t group_begin, int64_t group_end, uint8_t* high,
+inline void q4_amx_halves(const Q4Weights& w, int64_t block, int64_t group_begin, int64_t group_end, uint8_t* high,
                           uint8_t* low) {
   const __m512i nibble = _mm512_set1_epi8(0x0F), even_bytes = _mm512_set1_epi16(0x00FF), six_bits = _mm512_set1_epi16(63);
   for (int64_t g = group_begin; g < group_end; ++g) {
-    const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * w.groups + g) * 16)));
+    const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * w.groups() + g) * kLanes)));
     const __m512i scale_words = _mm512_or_si512(scale, _mm512_slli_epi32(scale, 16));  // each output's scale in both words
-    const uint8_t* packed = w.codes + (block * w.groups + g) * 256;
+    const uint8_t* packed = w.codes + (block * w.groups() + g) * 256;
     const int64_t tile = (g - group_begin) / 2, half = (g - group_begin) % 2;
     for (int j = 0; j < 4; ++j) {
       const __m512i v = _mm512_loadu_si512(packed + j * 64);
@@ -143,12 +135,13 @@ inline void q4_configure_tiles(int64_t rows) {
 // high/low: per superblock, out = fma(d, float(total), out), then out = fma(dmin, float(sum_g sub_min[g] * X[g]), out)
 // (the sums of gemm.h's q4 tiles; out starts at 0 with the first superblock).
 template <bool Pair>
-inline void q4_amx_tiles(const Q4Tiles& w, const int8_t* x, int64_t rows, const int32_t* pairs, int64_t pair_stride,
+inline void q4_amx_tiles(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, int64_t pair_stride,
                          int64_t block, int64_t s_begin, int64_t s_end, const uint8_t* high, const uint8_t* low,
                          float* out, int64_t out_stride) {
   alignas(64) int32_t sums[4][16 * 16];
+  const int64_t groups = w.groups(), supers = w.supers();
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t g0 = s * 8, g1 = g0 + 8 < w.groups ? g0 + 8 : w.groups;
+    const int64_t g0 = s * kGroupsPerSuper, g1 = g0 + kGroupsPerSuper < groups ? g0 + kGroupsPerSuper : groups;
     _tile_zero(0);
     _tile_zero(1);
     if (Pair) {
@@ -156,7 +149,7 @@ inline void q4_amx_tiles(const Q4Tiles& w, const int8_t* x, int64_t rows, const 
       _tile_zero(3);
     }
     for (int64_t c = g0 / 2; c < g1 / 2; ++c) {
-      const int64_t at = (c - s_begin * 4) * 1024;
+      const int64_t at = (c - s_begin * kGroupsPerSuper / 2) * 1024;
       _tile_loadd(4, x + c * 64, w.k);
       _tile_loadd(6, high + at, 64);
       _tile_loadd(7, low + at, 64);
@@ -174,16 +167,16 @@ inline void q4_amx_tiles(const Q4Tiles& w, const int8_t* x, int64_t rows, const 
       _tile_stored(2, sums[2], 64);
       _tile_stored(3, sums[3], 64);
     }
-    const __m512 d = _mm512_loadu_ps(w.d + (block * w.supers + s) * 16);
-    const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * w.supers + s) * 16);
+    const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
+    const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * supers + s) * kLanes);
     const int64_t pair_count = (g1 - g0) / 2;
     __m512i min_pairs[4];
     for (int p = 0; p < pair_count; ++p)
-      min_pairs[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_min + (block * w.groups + g0 + 2 * p) * 16)));
+      min_pairs[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_min + (block * groups + g0 + 2 * p) * kLanes)));
     for (int t = 0; t < (Pair ? 2 : 1); ++t)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = 16 * t + r;
-        float* o = out + row * out_stride + block * 16;
+        float* o = out + row * out_stride + block * kLanes;
         const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[2 * t] + r * 16), 6),
                                                _mm512_load_si512(sums[2 * t + 1] + r * 16));
         __m512 acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total), s == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o));
@@ -199,20 +192,21 @@ inline void q4_amx_tiles(const Q4Tiles& w, const int8_t* x, int64_t rows, const 
 // range each n-block's halves once, then its rows in pairs of 16-row tiles and a last shorter tile. A range continues
 // the float sums of the one before, superblock by superblock, so any range gives the same bits. False when AMX
 // cannot run here or the rows are too few (the caller takes the vector path).
-inline bool q4_amx(const Q4Tiles& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out, int64_t out_stride,
-                   int64_t block_begin, int64_t block_end) {
+inline bool q4_amx(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, int64_t pair_stride,
+                   float* out, int64_t out_stride, int64_t block_begin, int64_t block_end) {
   if (rows < kQ4AmxMinRows || !amx_granted()) return false;
   alignas(64) static thread_local uint8_t high[kQ4AmxMaxRange * 4 * 1024], low[kQ4AmxMaxRange * 4 * 1024];
-  const int64_t pair_stride = w.k / 64, full = rows / 16, tail = rows - full * 16;
+  const int64_t groups = w.groups(), supers = w.supers(), full = rows / 16, tail = rows - full * 16;
   const int64_t fit = kQ4AmxRangeBytes / (rows * 256), range = fit < 1 ? 1 : (fit > kQ4AmxMaxRange ? kQ4AmxMaxRange : fit);
   int64_t configured = 0;
   const auto configure = [&](int64_t tile_rows) {
     if (configured != tile_rows) q4_configure_tiles(tile_rows), configured = tile_rows;
   };
-  for (int64_t s0 = 0; s0 < w.supers; s0 += range) {
-    const int64_t s1 = s0 + range < w.supers ? s0 + range : w.supers;
+  for (int64_t s0 = 0; s0 < supers; s0 += range) {
+    const int64_t s1 = s0 + range < supers ? s0 + range : supers;
+    const int64_t g1 = s1 * kGroupsPerSuper < groups ? s1 * kGroupsPerSuper : groups;
     for (int64_t block = block_begin; block < block_end; ++block) {
-      q4_amx_halves(w, block, s0 * 8, s1 * 8 < w.groups ? s1 * 8 : w.groups, high, low);
+      q4_amx_halves(w, block, s0 * kGroupsPerSuper, g1, high, low);
       configure(16);
       int64_t t = 0;
       for (; t + 2 <= full; t += 2)

@@ -129,3 +129,15 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
         assert torch.allclose(
             run(libraries["scalar"], q4, x, which=1).double(), torch.full((rows, 16), float(exact), dtype=torch.float64)
         )
+
+
+def test_q4_on_amx_continues_across_ranges_of_superblocks(libraries: dict[str, ctypes.CDLL]) -> None:
+    """Many rows of a wide input: the AMX path takes the superblocks in ranges whose rows fit its cache budget
+    (85 rows of 8,960: three ranges, the last short) and continues each output's float sum from range to range."""
+    generator = torch.Generator().manual_seed(3)
+    part = Q4Part.from_float(torch.randn(32, 8960, generator=generator))
+    x = torch.randint(-127, 128, (85, 8960), generator=generator, dtype=torch.int8)
+    expected = run(libraries["scalar"], part, x, which=1)
+    for name, library in libraries.items():
+        for rows in (64, 65, 85):  # pairs of 16-row tiles; one more tile; a short last tile
+            assert torch.equal(run(library, part, x[:rows].contiguous(), which=0), expected[:rows]), (name, rows)

@@ -7,27 +7,17 @@ the draft model after the four before it?
 
 from __future__ import annotations
 
-import collections
 import sys
+from pathlib import Path
 
 from quickdraft.api import Pipeline
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.run import encode_turn
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.policies import StepOutcome
 from quickdraft.policies.goodput import GoodputPolicy
 
-tally: collections.Counter[tuple[str, str]] = collections.Counter()
-observe_outcome = GoodputPolicy.observe
-
-
-def counting_observe(policy: GoodputPolicy, outcome: StepOutcome) -> None:
-    offer = outcome.bid.offer
-    source = offer.source if offer is not None and outcome.num_drafted else "plain"
-    tally[source, "steps"] += 1
-    tally[source, "drafted"] += outcome.num_drafted
-    tally[source, "accepted"] += outcome.num_accepted
-    observe_outcome(policy, outcome)
+sys.path.insert(0, str(Path(__file__).parents[1]))  # draft_sources.py, the probe beside, has the per-source hook
+from draft_sources import counting_observe, tally
 
 
 def main() -> None:

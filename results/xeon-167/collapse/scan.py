@@ -20,7 +20,8 @@ DEFAULT = "hybrid-suffix+goodput"  # the default method's name in the reports
 
 def collapsed(entry: dict) -> bool:
     plain_share = collections.Counter(entry["gammas"])[0] / max(1, len(entry["gammas"]))
-    return plain_share > 0.5 and entry["draft_tokens_accepted"] / entry["draft_tokens_proposed"] < 0.6
+    proposed = entry["draft_tokens_proposed"] or 0  # an answer that drafted nothing has no acceptance to judge
+    return proposed > 0 and plain_share > 0.5 and entry["draft_tokens_accepted"] / proposed < 0.6
 
 
 def main() -> None:

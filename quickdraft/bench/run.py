@@ -10,7 +10,6 @@ import platform
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +208,7 @@ def measure(
             store.add(entry)
             bar.update()
     measured = {  # what adaptive policies measured of the engine's steps (this invocation's runs)
-        drafter if runtime is None else f"{drafter}@{runtime}": asdict(record)
+        drafter if runtime is None else f"{drafter}@{runtime}": record.summary()
         for runtime, runtime_pipeline in pipelines.items()
         for drafter, records in runtime_pipeline.records.items()
         if (record := records.step_times).num_plain_steps or record.num_drafting_steps

@@ -7,6 +7,7 @@ requests; each has ``to_dict``/``from_dict`` where it is saved between processes
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -148,8 +149,13 @@ class StepTimeRecord:
     """What one drafter's steps took in the engine, across requests: a plain step, a drafted token
     and reading a backlog (against the profile).
 
-    Each is a running mean over its first ``window`` samples, then an exponential moving average
-    with weight 1 / ``window``, so it follows a change of context length or machine load.
+    Rules: each estimate is the median of its last ``window`` samples, so it follows a change of
+    context length or machine load within half a window, and one stalled step (the machine, not the
+    step) does not move it: a drafted token's cost is sampled only by steps that draft, and an
+    average that a stall had raised kept drafting off until steps that were no longer taken
+    brought it down (``docs/policies.md``). A drafted token is priced at most a plain step: at that
+    price drafting can never pay (a block's tokens never cost less than plain steps' would), so a
+    dearer sample says no more and is cut to it.
     """
 
     plain_step_ms: float | None = None
@@ -159,21 +165,33 @@ class StepTimeRecord:
     num_drafting_steps: int = 0
     num_readings: int = 0
     window: int = 16
+    recent: dict[str, deque[float]] = field(default_factory=dict, init=False, repr=False)  # samples by estimate
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"a step time record needs a window of at least one step, got {self.window}")
 
     def add_plain_step(self, elapsed_ms: float) -> None:
         self.num_plain_steps += 1
-        self.plain_step_ms = self._average(self.plain_step_ms, elapsed_ms, self.num_plain_steps)
+        self.plain_step_ms = self._median_with("plain_step_ms", elapsed_ms)
 
     def add_draft_token_cost(self, per_token_ms: float) -> None:
         self.num_drafting_steps += 1
-        self.draft_token_ms = self._average(self.draft_token_ms, per_token_ms, self.num_drafting_steps)
+        if self.plain_step_ms is not None:
+            per_token_ms = min(per_token_ms, self.plain_step_ms)
+        self.draft_token_ms = self._median_with("draft_token_ms", per_token_ms)
 
     def add_reading(self, measured_ms: float, profiled_ms: float) -> None:
         self.num_readings += 1
         scale = min(4.0, max(0.25, measured_ms / profiled_ms))  # one step's noise must not freeze the choice
-        self.reading_scale = self._average(self.reading_scale, scale, self.num_readings)
+        self.reading_scale = self._median_with("reading_scale", scale)
 
-    def _average(self, current: float | None, sample: float, count: int) -> float:
-        if current is None or count == 1:
-            return sample
-        return current + (sample - current) / min(count, self.window)
+    def summary(self) -> dict[str, float | int | None]:
+        """The estimates and how many samples each has had (what a bench saves)."""
+        names = ("plain_step_ms", "draft_token_ms", "reading_scale", "num_plain_steps", "num_drafting_steps")
+        return {name: getattr(self, name) for name in (*names, "num_readings", "window")}
+
+    def _median_with(self, name: str, sample: float) -> float:
+        samples = self.recent.setdefault(name, deque(maxlen=self.window))
+        samples.append(sample)
+        return statistics.median(samples)

@@ -49,14 +49,40 @@ def test_answer_lengths_take_over_from_ski_rental() -> None:
         AnswerLengthRecord(capacity=0)
 
 
-def test_step_time_record_averages_then_follows_the_recent_steps() -> None:
+def test_step_time_record_follows_the_recent_steps() -> None:
     record = StepTimeRecord(window=4)
     assert record.plain_step_ms is None and record.draft_token_ms is None  # nothing measured yet
     for elapsed_ms in [107.0, 109.0, 104.0, 108.0]:
         record.add_plain_step(elapsed_ms)
-    assert record.plain_step_ms == pytest.approx(107.0)  # the mean of the first window
-    for _ in range(40):
-        record.add_plain_step(120.0)  # the machine got busier
-    assert record.plain_step_ms == pytest.approx(120.0, abs=0.01)
+    assert record.plain_step_ms == pytest.approx(107.5)  # the median of the window
+    for _ in range(2):
+        record.add_plain_step(120.0)  # the machine got busier: half a window later the estimate moves
+    assert record.plain_step_ms == pytest.approx(114.0)
+    record.add_plain_step(120.0)
+    assert record.plain_step_ms == pytest.approx(120.0)
     record.add_draft_token_cost(30.0)
-    assert record.draft_token_ms == 30.0 and record.plain_step_ms == pytest.approx(120.0, abs=0.01)
+    assert record.draft_token_ms == 30.0 and record.plain_step_ms == pytest.approx(120.0)
+    with pytest.raises(ValueError, match="at least one step"):
+        StepTimeRecord(window=0)
+
+
+def test_step_time_record_is_not_moved_by_a_stalled_step() -> None:
+    """A drafted token's cost is sampled only by drafting steps: one stall must not price drafting out."""
+    record = StepTimeRecord(window=16)
+    for _ in range(8):
+        record.add_plain_step(60.0)
+        record.add_draft_token_cost(20.0)
+    record.add_draft_token_cost(2000.0)  # the machine stalled for two seconds in a one-draft step
+    record.add_plain_step(2000.0)
+    assert record.draft_token_ms == 20.0 and record.plain_step_ms == 60.0
+    assert record.summary()["num_drafting_steps"] == 9
+
+
+def test_step_time_record_prices_a_drafted_token_at_most_a_plain_step() -> None:
+    record = StepTimeRecord(window=4)
+    record.add_draft_token_cost(500.0)  # no plain step measured yet: nothing to cut it to
+    assert record.draft_token_ms == 500.0
+    record = StepTimeRecord(window=1)
+    record.add_plain_step(60.0)
+    record.add_draft_token_cost(500.0)
+    assert record.draft_token_ms == 60.0  # at a plain step's price drafting never pays: more says nothing more

@@ -11,7 +11,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 
 def draft_outcomes(proposed: int, accepted: int) -> tuple[list[int], list[int]]:
@@ -144,18 +144,23 @@ class AnswerLengthRecord:
         return (self.prior_weight * ski_rental + sum(longer)) / (self.prior_weight + len(longer))
 
 
+Current = TypeVar("Current", float, float | None)  # an estimate as it stands: a default, or None (not yet made)
+MIN_SAMPLES = 3  # a step time is estimated from at least this many steps (a median of one would be that step)
+
+
 @dataclass
 class StepTimeRecord:
     """What one drafter's steps took in the engine, across requests: a plain step, a drafted token
     and reading a backlog (against the profile).
 
-    Rules: each estimate is the median of its last ``window`` samples, so it follows a change of
-    context length or machine load within half a window, and one stalled step (the machine, not the
-    step) does not move it: a drafted token's cost is sampled only by steps that draft, and an
-    average that a stall had raised kept drafting off until steps that were no longer taken
-    brought it down (``docs/policies.md``). A drafted token is priced at most a plain step: at that
-    price drafting can never pay (a block's tokens never cost less than plain steps' would), so a
-    dearer sample says no more and is cut to it.
+    Rules: each estimate is the median of its last ``window`` samples, and none is made before
+    ``MIN_SAMPLES`` (until then the profile stands), so one stalled step (the machine, not the step)
+    does not move it, and it follows a change of context length or machine load within half a
+    window. A drafted token's cost is sampled only by steps that draft: a running mean that one
+    stall had raised, or a first sample taken in one, kept drafting off until steps that were no
+    longer taken brought it down (``docs/policies.md``). A drafted token is priced at most a plain
+    step: at that price drafting never pays (a block's tokens never cost less than plain steps'
+    would), so a dearer sample says no more and is cut to it.
     """
 
     plain_step_ms: float | None = None
@@ -173,25 +178,26 @@ class StepTimeRecord:
 
     def add_plain_step(self, elapsed_ms: float) -> None:
         self.num_plain_steps += 1
-        self.plain_step_ms = self._median_with("plain_step_ms", elapsed_ms)
+        self.plain_step_ms = self._median_with("plain_step_ms", elapsed_ms, self.plain_step_ms)
 
     def add_draft_token_cost(self, per_token_ms: float) -> None:
         self.num_drafting_steps += 1
         if self.plain_step_ms is not None:
             per_token_ms = min(per_token_ms, self.plain_step_ms)
-        self.draft_token_ms = self._median_with("draft_token_ms", per_token_ms)
+        self.draft_token_ms = self._median_with("draft_token_ms", per_token_ms, self.draft_token_ms)
 
     def add_reading(self, measured_ms: float, profiled_ms: float) -> None:
         self.num_readings += 1
         scale = min(4.0, max(0.25, measured_ms / profiled_ms))  # one step's noise must not freeze the choice
-        self.reading_scale = self._median_with("reading_scale", scale)
+        self.reading_scale = self._median_with("reading_scale", scale, self.reading_scale)
 
     def summary(self) -> dict[str, float | int | None]:
         """The estimates and how many samples each has had (what a bench saves)."""
         names = ("plain_step_ms", "draft_token_ms", "reading_scale", "num_plain_steps", "num_drafting_steps")
         return {name: getattr(self, name) for name in (*names, "num_readings", "window")}
 
-    def _median_with(self, name: str, sample: float) -> float:
+    def _median_with(self, name: str, sample: float, current: Current) -> float | Current:
+        """The median of ``name``'s recent samples with ``sample``; ``current`` before ``MIN_SAMPLES`` of them."""
         samples = self.recent.setdefault(name, deque(maxlen=self.window))
         samples.append(sample)
-        return statistics.median(samples)
+        return statistics.median(samples) if len(samples) >= min(MIN_SAMPLES, self.window) else current

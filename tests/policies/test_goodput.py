@@ -25,6 +25,7 @@ from quickdraft.policies import (
     best_gamma,
 )
 from quickdraft.policies.goodput import FreeSource, GoodputBid
+from quickdraft.policies.records import MIN_SAMPLES
 
 BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
 
@@ -382,12 +383,14 @@ def test_goodput_plans_with_what_the_engines_steps_took() -> None:
     assert shared.plain_step_ms == pytest.approx(90.0)
     assert measured.choose() > 0
     assert GoodputPolicy(profiled, 4, good, step_times=shared).choose() > 0  # the next request starts knowing it
-    two = measured.bid(state(backlog=2))
-    measured.observe(StepOutcome(two, 2, 2, 2, 90.0 + 30.0 + 2 * 20.0))  # t(3) = t(1) + 30 ms, two drafts of 20 ms
+    for _ in range(MIN_SAMPLES):
+        two = measured.bid(state(backlog=2))
+        measured.observe(StepOutcome(two, 2, 2, 2, 90.0 + 30.0 + 2 * 20.0))  # t(3) = t(1) + 30 ms, drafts of 20 ms
     assert shared.draft_token_ms == pytest.approx(20.0)
     reads_slowly = GoodputPolicy(READS_SLOWLY, 4, good, step_times=shared)
-    reading = reads_slowly.bid(state(backlog=101))  # 100 tokens to read first: profiled at 1000 ms
-    reads_slowly.observe(StepOutcome(reading, 1, 1, 1, 90.0 + 10.0 + 20.0 + 1500.0))  # t(2), a draft, the reading
+    for _ in range(MIN_SAMPLES):
+        reading = reads_slowly.bid(state(backlog=101))  # 100 tokens to read first: profiled at 1000 ms
+        reads_slowly.observe(StepOutcome(reading, 1, 1, 1, 90.0 + 10.0 + 20.0 + 1500.0))  # t(2), a draft, the reading
     assert shared.draft_token_ms == pytest.approx(20.0)  # a step that read a prompt first says nothing of a draft
     assert shared.reading_scale == pytest.approx(1.5)
 
@@ -470,12 +473,14 @@ def test_goodput_records_step_times_less_what_the_context_added() -> None:
     long = GoodputPolicy(KV_HEAVY, 8, good, step_times=shared)
     plain = long.bid(state(context_tokens=LONG))
     assert plain.num_draft_tokens == 0
-    long.observe(StepOutcome(plain, step_ms=30.0 + 16384 * 0.004))  # a plain step at 16k: 5 ms over the profile's
+    for _ in range(MIN_SAMPLES):
+        long.observe(StepOutcome(plain, step_ms=30.0 + 16384 * 0.004))  # a plain step at 16k: 5 ms over the profile
     assert shared.plain_step_ms == pytest.approx(30.0)
     short = GoodputPolicy(KV_HEAVY, 8, good, step_times=shared)
     assert short.costs(64).target(1) == pytest.approx(30.0)
     drafting = long.bid(state(context_tokens=LONG))
     verify_ms = long.costs(LONG).target(3)
-    long.observe(StepOutcome(drafting, 2, 2, 2, verify_ms + 2 * (10.0 + 16.384)))  # drafts of 10 ms, and 16k each
+    for _ in range(MIN_SAMPLES):
+        long.observe(StepOutcome(drafting, 2, 2, 2, verify_ms + 2 * (10.0 + 16.384)))  # drafts of 10 ms, 16k each
     assert shared.draft_token_ms == pytest.approx(10.0)
     assert long.costs(LONG).draft_ms == pytest.approx(10.0 + 16.384)

@@ -52,7 +52,10 @@ def test_answer_lengths_take_over_from_ski_rental() -> None:
 def test_step_time_record_follows_the_recent_steps() -> None:
     record = StepTimeRecord(window=4)
     assert record.plain_step_ms is None and record.draft_token_ms is None  # nothing measured yet
-    for elapsed_ms in [107.0, 109.0, 104.0, 108.0]:
+    for elapsed_ms in [107.0, 109.0]:
+        record.add_plain_step(elapsed_ms)
+    assert record.plain_step_ms is None  # too few steps to tell a step from a stall: the profile stands
+    for elapsed_ms in [104.0, 108.0]:
         record.add_plain_step(elapsed_ms)
     assert record.plain_step_ms == pytest.approx(107.5)  # the median of the window
     for _ in range(2):
@@ -60,7 +63,8 @@ def test_step_time_record_follows_the_recent_steps() -> None:
     assert record.plain_step_ms == pytest.approx(114.0)
     record.add_plain_step(120.0)
     assert record.plain_step_ms == pytest.approx(120.0)
-    record.add_draft_token_cost(30.0)
+    for _ in range(3):
+        record.add_draft_token_cost(30.0)
     assert record.draft_token_ms == 30.0 and record.plain_step_ms == pytest.approx(120.0)
     with pytest.raises(ValueError, match="at least one step"):
         StepTimeRecord(window=0)
@@ -80,7 +84,8 @@ def test_step_time_record_is_not_moved_by_a_stalled_step() -> None:
 
 def test_step_time_record_prices_a_drafted_token_at_most_a_plain_step() -> None:
     record = StepTimeRecord(window=4)
-    record.add_draft_token_cost(500.0)  # no plain step measured yet: nothing to cut it to
+    for _ in range(3):
+        record.add_draft_token_cost(500.0)  # no plain step measured yet: nothing to cut it to
     assert record.draft_token_ms == 500.0
     record = StepTimeRecord(window=1)
     record.add_plain_step(60.0)

@@ -51,7 +51,10 @@ class GoodputPolicy(Policy):
        drafting cost; it is taken when it promises more tokens per millisecond than the drafter's measured drafts,
        and once after ``probe_after`` declines in a row.
     3. After ``probe_after`` plain steps in a row it drafts one token (a probe of α, paying at most the reading
-       those steps cost); after ``probe_after`` blocks of one, up to two (a probe of β).
+       those steps cost); after ``probe_after`` blocks of one, up to two (a probe of β). A step that drafted after
+       reading a backlog (a probe, the prompt) is not timed, so a plain bid after it drafts one token instead, its
+       drafter caught up: the drafted token's cost is measured while drafting does not look worth it, and not only
+       assumed (rule 6).
     4. A drafter's backlog (a draft model reading the prompt lazily) is paid for only when drafting over the
        tokens the answer is expected still to run saves more (:meth:`horizon`: ski rental, as many as it has
        run, blended with the drafter's earlier answers that ran longer; for a drafter with a free offer, ski
@@ -84,6 +87,7 @@ class GoodputPolicy(Policy):
     rest_probability_sum: float = field(default=0.0, init=False)  # and of 1 - those
     plain_steps: int = field(default=0, init=False)  # bids of γ 0 in a row
     single_steps: int = field(default=0, init=False)  # bids of one draft in a row that drafted at most one
+    timing_due: bool = field(default=False, init=False)  # the last drafting step read a backlog: time the next
     free: dict[str, FreeSource] = field(default_factory=dict, init=False)  # estimates of each free offer's drafts
     free_offered: BetaCounts = field(default_factory=BetaCounts, init=False)  # steps with free drafts on offer
     # A memo, not knowledge: the corrected costs at the step times and context they were made for (see costs()).
@@ -131,6 +135,8 @@ class GoodputPolicy(Policy):
             # is drafting worth the drafter's backlog over the tokens its drafts are expected still to serve?
             if costs.saving_ms(acceptance_rate, gamma, horizon, continuation_rate) <= reading_ms:
                 gamma = 0
+        elif gamma == 0 and self.timing_due and priced is not None and backlog <= MEASURED_BACKLOG:
+            gamma = 1  # the drafting step before read a backlog: this one is timed
         elif gamma == 0 and self.plain_steps >= self.probe_after and priced is not None:
             # a probe may cost as much reading as the plain steps before it took
             gamma = 1 if reading_ms <= self.probe_after * costs.step_ms(0) else 0
@@ -237,8 +243,9 @@ class GoodputPolicy(Policy):
         self.rest_probability_sum = self.decay * self.rest_probability_sum + 1.0 - probability
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Learn from a step of this policy's bid: the probe counters, the acceptance of the offer it drafted
-        from, and, when the request had the step alone, what the step took."""
+        """Learn from a step of this policy's bid: the probe counters (and whether the next step must be timed),
+        the acceptance of the offer it drafted from, and, when the request had the step alone, what the step
+        took."""
         bid = outcome.bid
         assert isinstance(bid, GoodputBid), "a goodput policy observes the steps of its own bids"
         state, offer = bid.state, bid.offer
@@ -251,6 +258,8 @@ class GoodputPolicy(Policy):
             self.plain_steps = self.plain_steps + 1 if bid.num_draft_tokens == 0 else 0
             blocks_of_one = bid.num_draft_tokens == 1 and outcome.num_drafted <= 1  # not one that ran on
             self.single_steps = self.single_steps + 1 if blocks_of_one else 0
+            if outcome.num_drafted > 0 and offer is not None:
+                self.timing_due = offer.backlog > MEASURED_BACKLOG
         if outcome.num_judged > 0:
             if offer is not None and offer.free:  # free drafts have their own estimates; the record is of the rest
                 source = self.free[offer.source]

@@ -24,7 +24,7 @@ from quickdraft.policies import (
     StepTimeRecord,
     best_gamma,
 )
-from quickdraft.policies.goodput import FreeSource, GoodputBid
+from quickdraft.policies.goodput import MEASURED_BACKLOG, FreeSource, GoodputBid
 from quickdraft.policies.records import MIN_SAMPLES
 
 BENCH_DRAFT = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=18.0)  # the AVX-512 machine's steps
@@ -256,6 +256,29 @@ def test_goodput_probes_unless_the_drafter_would_read_a_long_document_first() ->
     chosen = choose_plainly_observed(short_prompt, [state(100, 120)] * 17, top_probability=0.1)
     assert chosen == [0] * 16 + [1]  # a one-token probe after 16 plain steps: reading 120 tokens is cheap enough
     assert choose_plainly_observed(long_prompt, [state(100, 2000)] * 40, top_probability=0.1) == [0] * 40
+
+
+def test_goodput_times_a_drafted_token_after_a_step_that_read_a_backlog() -> None:
+    """A profile that overstates the draft keeps the model to probes, which read a backlog and go untimed: the step
+    after each drafts one token, caught up and timed, so the real (cheaper) cost is learned and drafting resumes."""
+    overstated = CostModel({1: 60.0, 2: 69.0, 3: 80.0, 4: 88.0, 5: 98.0}, draft_ms=55.0)
+    record = AcceptanceRecord.independent(70, 30)
+    step_times = StepTimeRecord()
+    policy = GoodputPolicy(overstated, 4, record, step_times=step_times)
+    backlog, chosen = 1, []
+    for _ in range(120):
+        bid = policy.bid(state(backlog=backlog))
+        drafted = bid.num_draft_tokens
+        step_ms = 60.0 if drafted == 0 else overstated.target(drafted + 1) + drafted * 15.0  # drafts cost 15 ms
+        if backlog > MEASURED_BACKLOG and drafted:
+            step_ms += 40.0  # reading the backlog first
+        policy.observe(StepOutcome(bid, drafted, drafted, drafted, step_ms))
+        backlog = backlog + 1 if drafted == 0 else 1  # the draft model reads lazily
+        chosen.append(drafted)
+    assert chosen[:17] == [0] * 16 + [1]  # the first probe, after 16 plain steps
+    assert chosen[17] == 1 and chosen[18] == 0  # its backlog made it untimed: the next step is timed, then plain
+    assert step_times.draft_token_ms == pytest.approx(15.0)
+    assert sum(chosen[-20:]) >= 20  # priced as measured, drafting pays
 
 
 def test_goodput_without_history_probes_a_fresh_draft_model() -> None:

@@ -156,15 +156,16 @@ class StepTimeRecord:
     Rules: each estimate is the median of its last ``window`` samples, and none is made before
     ``MIN_SAMPLES`` (until then the profile stands), so one stalled step (the machine, not the step)
     does not move it, and it follows a change of context length or machine load within half a
-    window. A drafted token's cost is sampled only by steps that draft: a running mean that one
-    stall had raised, or a first sample taken in one, kept drafting off until steps that were no
-    longer taken brought it down (``docs/policies.md``). A drafted token is priced at most a plain
-    step: at that price drafting never pays (a block's tokens never cost less than plain steps'
-    would), so a dearer sample says no more and is cut to it.
+    window. A drafted token's cost is kept as its share of the plain step it was timed beside, so it
+    follows the machine's speed through the plain steps, which come every few steps: it is sampled
+    only by steps that draft, and a cost timed in a slow spell, or a running mean that one stall had
+    raised, kept drafting off until steps that were no longer taken brought it down
+    (``docs/policies.md``). A share is at most 1: at a plain step's price drafting never pays (a
+    block's tokens never cost less than plain steps' would), so a dearer sample says no more.
     """
 
     plain_step_ms: float | None = None
-    draft_token_ms: float | None = None
+    draft_share: float | None = None  # a drafted token's cost ÷ the plain step when it was timed
     reading_scale: float = 1.0  # a backlog's measured reading time ÷ the profiled prefill curve's
     num_plain_steps: int = 0
     num_drafting_steps: int = 0
@@ -176,15 +177,23 @@ class StepTimeRecord:
         if self.window < 1:
             raise ValueError(f"a step time record needs a window of at least one step, got {self.window}")
 
+    @property
+    def draft_token_ms(self) -> float | None:
+        """What a drafted token costs now: its share of a plain step, at the plain step's estimate."""
+        if self.draft_share is None or self.plain_step_ms is None:
+            return None
+        return self.draft_share * self.plain_step_ms
+
     def add_plain_step(self, elapsed_ms: float) -> None:
         self.num_plain_steps += 1
         self.plain_step_ms = self._median_with("plain_step_ms", elapsed_ms, self.plain_step_ms)
 
     def add_draft_token_cost(self, per_token_ms: float) -> None:
+        """A drafted token's cost, as a share of the plain step (none is kept before a plain step is known)."""
         self.num_drafting_steps += 1
-        if self.plain_step_ms is not None:
-            per_token_ms = min(per_token_ms, self.plain_step_ms)
-        self.draft_token_ms = self._median_with("draft_token_ms", per_token_ms, self.draft_token_ms)
+        if self.plain_step_ms is not None and self.plain_step_ms > 0:
+            share = min(1.0, per_token_ms / self.plain_step_ms)
+            self.draft_share = self._median_with("draft_share", share, self.draft_share)
 
     def add_reading(self, measured_ms: float, profiled_ms: float) -> None:
         self.num_readings += 1
@@ -193,8 +202,8 @@ class StepTimeRecord:
 
     def summary(self) -> dict[str, float | int | None]:
         """The estimates and how many samples each has had (what a bench saves)."""
-        names = ("plain_step_ms", "draft_token_ms", "reading_scale", "num_plain_steps", "num_drafting_steps")
-        return {name: getattr(self, name) for name in (*names, "num_readings", "window")}
+        names = ("plain_step_ms", "draft_token_ms", "draft_share", "reading_scale", "num_plain_steps")
+        return {name: getattr(self, name) for name in (*names, "num_drafting_steps", "num_readings", "window")}
 
     def _median_with(self, name: str, sample: float, current: Current) -> float | Current:
         """The median of ``name``'s recent samples with ``sample``; ``current`` before ``MIN_SAMPLES`` of them."""

@@ -85,9 +85,21 @@ def test_step_time_record_is_not_moved_by_a_stalled_step() -> None:
 def test_step_time_record_prices_a_drafted_token_at_most_a_plain_step() -> None:
     record = StepTimeRecord(window=4)
     for _ in range(3):
-        record.add_draft_token_cost(500.0)  # no plain step measured yet: nothing to cut it to
-    assert record.draft_token_ms == 500.0
+        record.add_draft_token_cost(500.0)  # no plain step measured yet: nothing to tell its share by
+    assert record.draft_token_ms is None and record.num_drafting_steps == 3
     record = StepTimeRecord(window=1)
     record.add_plain_step(60.0)
     record.add_draft_token_cost(500.0)
     assert record.draft_token_ms == 60.0  # at a plain step's price drafting never pays: more says nothing more
+
+
+def test_step_time_record_prices_a_drafted_token_at_the_machines_speed_now() -> None:
+    """A drafted token timed in a slow spell costs less once plain steps say the machine is fast again."""
+    record = StepTimeRecord(window=8)
+    for _ in range(8):
+        record.add_plain_step(120.0)  # a slow spell: both models run slowly
+        record.add_draft_token_cost(40.0)
+    assert record.draft_token_ms == pytest.approx(40.0)
+    for _ in range(8):
+        record.add_plain_step(60.0)  # the machine is fast again, and the model left out meanwhile
+    assert record.draft_token_ms == pytest.approx(20.0)

@@ -51,10 +51,11 @@ class GoodputPolicy(Policy):
        drafting cost; it is taken when it promises more tokens per millisecond than the drafter's measured drafts,
        and once after ``probe_after`` declines in a row.
     3. After ``probe_after`` plain steps in a row it drafts one token (a probe of α, paying at most the reading
-       those steps cost); after ``probe_after`` blocks of one, up to two (a probe of β). A step that drafted after
-       reading a backlog (a probe, the prompt) is not timed, so a plain bid after it drafts one token instead, its
-       drafter caught up: the drafted token's cost is measured while drafting does not look worth it, and not only
-       assumed (rule 6).
+       those steps cost); after ``probe_after`` blocks of one, up to two (a probe of β). A step the request had
+       alone that drafted after reading a backlog (a probe, the prompt) times the reading, not a drafted token, so
+       the next plain bid with the drafter caught up (at most ``MEASURED_BACKLOG``) drafts one token instead: the
+       drafted token's cost is measured while drafting does not look worth it, and not only assumed (rule 6).
+       Copies, when they promise more, come first.
     4. A drafter's backlog (a draft model reading the prompt lazily) is paid for only when drafting over the
        tokens the answer is expected still to run saves more (:meth:`horizon`: ski rental, as many as it has
        run, blended with the drafter's earlier answers that ran longer; for a drafter with a free offer, ski
@@ -65,7 +66,8 @@ class GoodputPolicy(Policy):
        while the judge says so, when the request has the step alone (:attr:`DraftBid.reach`).
     6. Costs are the calibration's (or the offer's own drafted-token cost), corrected by what the engine's steps
        this drafter had alone took (:class:`StepTimeRecord`: plain steps give t(1); steps with at most
-       ``MEASURED_BACKLOG`` tokens to catch up give a drafted token's cost; a longer reading is timed against
+       ``MEASURED_BACKLOG`` tokens to catch up give a drafted token's cost, kept as a share of the plain step, each
+       a median of recent steps; a longer reading is timed against
        the prefill curve), at the request's context to within ``CONTEXT_GRAIN`` tokens; step times are recorded
        less what the context added, so requests of every length share one record.
     """
@@ -228,7 +230,9 @@ class GoodputPolicy(Policy):
         do, and every request bids at every step)."""
         assert self.step_times is not None
         context = context_tokens // CONTEXT_GRAIN * CONTEXT_GRAIN
-        measured = (self.step_times.plain_step_ms, self.step_times.draft_token_ms, context, token_ms)
+        plain_ms = self.step_times.plain_step_ms
+        draft_ms = self.step_times.draft_token_cost(self.cost_model.target(1) if plain_ms is None else plain_ms)
+        measured = (plain_ms, draft_ms, context, token_ms)
         if self.corrected is None or self.corrected[0] != measured:
             profiled = self.cost_model if token_ms is None else replace(self.cost_model, draft_ms=token_ms)
             costs = profiled.with_measurements(*measured[:2]).at_context(context)
@@ -258,8 +262,8 @@ class GoodputPolicy(Policy):
             self.plain_steps = self.plain_steps + 1 if bid.num_draft_tokens == 0 else 0
             blocks_of_one = bid.num_draft_tokens == 1 and outcome.num_drafted <= 1  # not one that ran on
             self.single_steps = self.single_steps + 1 if blocks_of_one else 0
-            if outcome.num_drafted > 0 and offer is not None:
-                self.timing_due = offer.backlog > MEASURED_BACKLOG
+            if outcome.num_drafted > 0 and offer is not None and outcome.step_ms is not None:
+                self.timing_due = offer.backlog > MEASURED_BACKLOG  # (a shared step is never timed)
         if outcome.num_judged > 0:
             if offer is not None and offer.free:  # free drafts have their own estimates; the record is of the rest
                 source = self.free[offer.source]
@@ -287,7 +291,8 @@ class GoodputPolicy(Policy):
         drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
         if backlog <= MEASURED_BACKLOG:
             per_draft_ms = drafting_ms / proposed - model.draft_context_extra_ms(context)
-            self.step_times.add_draft_token_cost(max(0.0, per_draft_ms))
+            plain_ms = self.step_times.plain_step_ms
+            self.step_times.add_draft_token_cost(max(0.0, per_draft_ms), plain_ms or model.target(1))
         elif backlog - 1 >= MIN_TIMED_READING and (profiled_ms := self.cost_model.draft_read(backlog - 1)) > 0:
             self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
 

@@ -144,7 +144,7 @@ class AnswerLengthRecord:
         return (self.prior_weight * ski_rental + sum(longer)) / (self.prior_weight + len(longer))
 
 
-Current = TypeVar("Current", float, float | None)  # an estimate as it stands: a default, or None (not yet made)
+Current = TypeVar("Current")  # an estimate as it stands: a default, or None (not yet made)
 MIN_SAMPLES = 3  # a step time is estimated from at least this many steps (a median of one would be that step)
 
 
@@ -156,8 +156,8 @@ class StepTimeRecord:
     Rules: each estimate is the median of its last ``window`` samples, and none is made before
     ``MIN_SAMPLES`` (until then the profile stands), so one stalled step (the machine, not the step)
     does not move it, and it follows a change of context length or machine load within half a
-    window. A drafted token's cost is kept as its share of the plain step it was timed beside, so it
-    follows the machine's speed through the plain steps, which come every few steps: it is sampled
+    window. A drafted token's cost is kept as its share of the plain-step estimate when it was timed, so
+    it follows the machine's speed through the plain steps, which come every few steps: it is sampled
     only by steps that draft, and a cost timed in a slow spell, or a running mean that one stall had
     raised, kept drafting off until steps that were no longer taken brought it down
     (``docs/policies.md``). A share is at most 1: at a plain step's price drafting never pays (a
@@ -179,20 +179,25 @@ class StepTimeRecord:
 
     @property
     def draft_token_ms(self) -> float | None:
-        """What a drafted token costs now: its share of a plain step, at the plain step's estimate."""
-        if self.draft_share is None or self.plain_step_ms is None:
+        """What a drafted token costs now, at the record's own plain-step estimate (None: either not made)."""
+        return self.draft_token_cost(self.plain_step_ms)
+
+    def draft_token_cost(self, plain_step_ms: float | None) -> float | None:
+        """A drafted token's share of a plain step, at ``plain_step_ms`` (None: no share yet, or no plain step)."""
+        if self.draft_share is None or plain_step_ms is None or plain_step_ms <= 0:
             return None
-        return self.draft_share * self.plain_step_ms
+        return self.draft_share * plain_step_ms
 
     def add_plain_step(self, elapsed_ms: float) -> None:
         self.num_plain_steps += 1
         self.plain_step_ms = self._median_with("plain_step_ms", elapsed_ms, self.plain_step_ms)
 
-    def add_draft_token_cost(self, per_token_ms: float) -> None:
-        """A drafted token's cost, as a share of the plain step (none is kept before a plain step is known)."""
+    def add_draft_token_cost(self, per_token_ms: float, plain_step_ms: float) -> None:
+        """A drafted token's cost, kept as its share of ``plain_step_ms``: the plain step's estimate when it was
+        timed (the record's own, or the profile's t(1) before there is one)."""
         self.num_drafting_steps += 1
-        if self.plain_step_ms is not None and self.plain_step_ms > 0:
-            share = min(1.0, per_token_ms / self.plain_step_ms)
+        if plain_step_ms > 0:
+            share = min(1.0, per_token_ms / plain_step_ms)
             self.draft_share = self._median_with("draft_share", share, self.draft_share)
 
     def add_reading(self, measured_ms: float, profiled_ms: float) -> None:
@@ -202,8 +207,9 @@ class StepTimeRecord:
 
     def summary(self) -> dict[str, float | int | None]:
         """The estimates and how many samples each has had (what a bench saves)."""
-        names = ("plain_step_ms", "draft_token_ms", "draft_share", "reading_scale", "num_plain_steps")
-        return {name: getattr(self, name) for name in (*names, "num_drafting_steps", "num_readings", "window")}
+        names = ("plain_step_ms", "draft_token_ms", "draft_share", "reading_scale")
+        counts = ("num_plain_steps", "num_drafting_steps", "num_readings", "window")
+        return {name: getattr(self, name) for name in (*names, *counts)}
 
     def _median_with(self, name: str, sample: float, current: Current) -> float | Current:
         """The median of ``name``'s recent samples with ``sample``; ``current`` before ``MIN_SAMPLES`` of them."""

@@ -279,6 +279,18 @@ def test_goodput_times_a_drafted_token_after_a_step_that_read_a_backlog() -> Non
     assert chosen[17] == 1 and chosen[18] == 0  # its backlog made it untimed: the next step is timed, then plain
     assert step_times.draft_token_ms == pytest.approx(15.0)
     assert sum(chosen[-20:]) >= 20  # priced as measured, drafting pays
+    shared = GoodputPolicy(overstated, 4, record)
+    for backlog in range(1, 18):  # a probe in a shared step: no step of it is timed, so none is made up for
+        bid = shared.bid(state(backlog=backlog))
+        shared.observe(StepOutcome(bid, bid.num_draft_tokens, bid.num_draft_tokens, bid.num_draft_tokens))
+    assert bid.num_draft_tokens == 1 and shared.choose(state(backlog=1)) == 0
+    alone = GoodputPolicy(overstated, 4, record)
+    for backlog in range(1, 18):
+        bid = alone.bid(state(backlog=backlog))
+        step_ms = 140.0 if bid.num_draft_tokens else 60.0  # the probe reads its backlog first
+        alone.observe(StepOutcome(bid, bid.num_draft_tokens, bid.num_draft_tokens, bid.num_draft_tokens, step_ms))
+    assert alone.choose(state(backlog=MEASURED_BACKLOG + 1)) == 0  # not caught up: a timed step would read first
+    assert alone.choose(state(backlog=MEASURED_BACKLOG)) == 1
 
 
 def test_goodput_without_history_probes_a_fresh_draft_model() -> None:
@@ -443,7 +455,7 @@ def test_goodput_does_not_time_copies_as_drafted_tokens() -> None:
     assert step_times.draft_token_ms is None
     catching_up = policy.bid(state(backlog=9, copies=0))  # the draft model catches up on 8 copied tokens, drafts
     policy.observe(StepOutcome(catching_up, 2, 2, 2, BENCH_DRAFT.target(3) + 2 * 18.0 + 6.0))
-    assert step_times.draft_token_ms is None and step_times.reading_scale == 1.0  # too short a reading to time
+    assert step_times.num_drafting_steps == 0 and step_times.num_readings == 0  # too short a reading to time
 
 
 def test_goodput_probes_copies_that_stopped_paying() -> None:

@@ -64,7 +64,7 @@ def test_step_time_record_follows_the_recent_steps() -> None:
     record.add_plain_step(120.0)
     assert record.plain_step_ms == pytest.approx(120.0)
     for _ in range(3):
-        record.add_draft_token_cost(30.0)
+        record.add_draft_token_cost(30.0, record.plain_step_ms)
     assert record.draft_token_ms == 30.0 and record.plain_step_ms == pytest.approx(120.0)
     with pytest.raises(ValueError, match="at least one step"):
         StepTimeRecord(window=0)
@@ -75,22 +75,21 @@ def test_step_time_record_is_not_moved_by_a_stalled_step() -> None:
     record = StepTimeRecord(window=16)
     for _ in range(8):
         record.add_plain_step(60.0)
-        record.add_draft_token_cost(20.0)
-    record.add_draft_token_cost(2000.0)  # the machine stalled for two seconds in a one-draft step
+        record.add_draft_token_cost(20.0, 60.0)
+    record.add_draft_token_cost(2000.0, 60.0)  # the machine stalled for two seconds in a one-draft step
     record.add_plain_step(2000.0)
     assert record.draft_token_ms == 20.0 and record.plain_step_ms == 60.0
     assert record.summary()["num_drafting_steps"] == 9
 
 
 def test_step_time_record_prices_a_drafted_token_at_most_a_plain_step() -> None:
-    record = StepTimeRecord(window=4)
-    for _ in range(3):
-        record.add_draft_token_cost(500.0)  # no plain step measured yet: nothing to tell its share by
-    assert record.draft_token_ms is None and record.num_drafting_steps == 3
     record = StepTimeRecord(window=1)
-    record.add_plain_step(60.0)
-    record.add_draft_token_cost(500.0)
-    assert record.draft_token_ms == 60.0  # at a plain step's price drafting never pays: more says nothing more
+    record.add_draft_token_cost(500.0, 60.0)  # against the profile's t(1): no plain step measured yet
+    assert record.draft_token_ms is None  # at its own estimate: none yet
+    assert record.draft_token_cost(60.0) == 60.0  # at a plain step's price drafting never pays: more says no more
+    assert record.draft_token_cost(0.0) is None  # no plain step to take a share of
+    record.add_plain_step(80.0)
+    assert record.draft_token_ms == 80.0
 
 
 def test_step_time_record_prices_a_drafted_token_at_the_machines_speed_now() -> None:
@@ -98,7 +97,7 @@ def test_step_time_record_prices_a_drafted_token_at_the_machines_speed_now() -> 
     record = StepTimeRecord(window=8)
     for _ in range(8):
         record.add_plain_step(120.0)  # a slow spell: both models run slowly
-        record.add_draft_token_cost(40.0)
+        record.add_draft_token_cost(40.0, record.plain_step_ms or 120.0)
     assert record.draft_token_ms == pytest.approx(40.0)
     for _ in range(8):
         record.add_plain_step(60.0)  # the machine is fast again, and the model left out meanwhile

@@ -32,9 +32,9 @@ policy_bid = GoodputPolicy.bid
 add_draft_token_cost = StepTimeRecord.add_draft_token_cost
 
 
-def traced_cost(record: StepTimeRecord, per_token_ms: float) -> None:
+def traced_cost(record: StepTimeRecord, per_token_ms: float, plain_step_ms: float) -> None:
     trace.write(json.dumps({"q": current["question"], "draft_token_sample": round(per_token_ms, 2)}) + "\n")
-    add_draft_token_cost(record, per_token_ms)
+    add_draft_token_cost(record, per_token_ms, plain_step_ms)
 
 
 def traced_bid(policy: GoodputPolicy, state: Any) -> Any:

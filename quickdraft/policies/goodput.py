@@ -230,14 +230,18 @@ class GoodputPolicy(Policy):
         do, and every request bids at every step)."""
         assert self.step_times is not None
         context = context_tokens // CONTEXT_GRAIN * CONTEXT_GRAIN
-        plain_ms = self.step_times.plain_step_ms
-        draft_ms = self.step_times.draft_token_cost(self.cost_model.target(1) if plain_ms is None else plain_ms)
-        measured = (plain_ms, draft_ms, context, token_ms)
+        draft_ms = self.step_times.draft_token_cost(self._share_base_ms())
+        measured = (self.step_times.plain_step_ms, draft_ms, context, token_ms)
         if self.corrected is None or self.corrected[0] != measured:
             profiled = self.cost_model if token_ms is None else replace(self.cost_model, draft_ms=token_ms)
             costs = profiled.with_measurements(*measured[:2]).at_context(context)
             self.corrected = (measured, costs, replace(costs, draft_ms=0.0))
         return self.corrected[1], self.corrected[2]
+
+    def _share_base_ms(self) -> float:
+        """The plain step a drafted token's cost is a share of: the measured one, else the profile's t(1)."""
+        assert self.step_times is not None
+        return self.step_times.plain_step_ms or self.cost_model.target(1)
 
     def wants_confidence(self) -> bool:
         return not self.drafted  # the target's confidence stands in for α until the first drafts are judged
@@ -291,8 +295,7 @@ class GoodputPolicy(Policy):
         drafting_ms = max(0.0, elapsed_ms - costs.target(proposed + 1))  # the drafter's share of the step
         if backlog <= MEASURED_BACKLOG:
             per_draft_ms = drafting_ms / proposed - model.draft_context_extra_ms(context)
-            plain_ms = self.step_times.plain_step_ms
-            self.step_times.add_draft_token_cost(max(0.0, per_draft_ms), plain_ms or model.target(1))
+            self.step_times.add_draft_token_cost(max(0.0, per_draft_ms), self._share_base_ms())
         elif backlog - 1 >= MIN_TIMED_READING and (profiled_ms := self.cost_model.draft_read(backlog - 1)) > 0:
             self.step_times.add_reading(max(0.0, drafting_ms - proposed * costs.draft_ms), profiled_ms)
 

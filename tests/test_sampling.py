@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
 import pytest
 import torch
 from conftest import chi_square_pvalue
@@ -96,6 +99,16 @@ def test_position_noise_depends_on_seed_position_and_purpose_only() -> None:
     assert not any(torch.equal(seeded_gumbel(seed, position, 50), noise) for seed, position in others)
     assert not torch.equal(seeded_gumbel(7, 12, 50, purpose="other"), noise)
     assert torch.equal(position_noise(7, range(11, 14), 50)[1], noise)  # [3, V]
+
+
+def test_position_noise_has_the_bits_of_its_formula() -> None:
+    """Computed in place, the noise keeps the bits of −log(−log1p(−u)) on the position's uniforms: seeded text does
+    not change with how the noise is computed."""
+    for seed, position in [(1, 0), (7, 300), (2**64 - 1, 4096)]:
+        key = hashlib.blake2b(f"token:{seed}:{position}".encode(), digest_size=16).digest()
+        uniform = np.random.default_rng(int.from_bytes(key, "little")).random(151_936)  # [V]
+        clamped = torch.from_numpy(uniform).float().clamp(min=2.0**-64, max=1.0 - 2.0**-24)
+        assert torch.equal(seeded_gumbel.__wrapped__(seed, position, 151_936), -torch.log(-torch.log1p(-clamped)))
 
 
 def test_position_noise_is_gumbel_distributed() -> None:

@@ -104,7 +104,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         (run, question, method)
         for run in range(settings.runs)
         for index, question in enumerate(questions)
-        for method in rotated(methods, index + run)
+        for method in rotated(methods, turn_shift(questions, index, run))
         if (method.name, question.question_id, run) not in store.entries
     ]
     if settings.report_only:
@@ -138,10 +138,19 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
 
 
 def rotated(methods: list[Method], shift: int) -> list[Method]:
-    """The methods in turn order for one question: each question starts one further along, so no
-    method always runs first (e.g. right after a long prefill) or always right after the same other."""
+    """The methods in turn order for one question, starting ``shift`` along (see :func:`turn_shift`)."""
     shift %= len(methods)
     return methods[shift:] + methods[:shift]
+
+
+def turn_shift(questions: list[Question], index: int, run: int) -> int:
+    """How far along question ``index`` of ``run`` starts the methods: one further each question and each run, so no
+    method always runs first (e.g. right after a long prefill) or always right after the same other; and one more for
+    each earlier question of its category, so no category has one order throughout (the sample takes its
+    categories in turn, and one step per question alone gives all of a category's questions the same order when the
+    number of methods divides the number of categories)."""
+    category = questions[index].category
+    return index + run + sum(question.category == category for question in questions[:index])
 
 
 def measure(

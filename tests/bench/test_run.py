@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 from bench_helpers import SPEC_ROWS, bench_args, chat_model_dirs, entry, write_jsonl
 
 from quickdraft.bench.metrics import METRIC_KEYS, Entry
-from quickdraft.bench.run import source_revision
+from quickdraft.bench.questions import Question
+from quickdraft.bench.run import rotated, source_revision, turn_shift
 from quickdraft.cli import main
 
 __all__ = ["chat_model_dirs"]  # the fixture, used here by name
@@ -184,3 +186,19 @@ def test_entries_say_which_commit_measured_them() -> None:
     assert Entry.from_dict(row | {"revision": "abc1234"}).revision == "abc1234"
     older = {key: value for key, value in row.items() if key != "revision"}  # entries measured before it was kept
     assert Entry.from_dict(older).revision is None
+
+
+def test_every_category_sees_the_methods_in_different_orders() -> None:
+    """Questions come in their categories' turn (c0, c1, …, c0, …): with 3 methods and 6 categories a step of one per
+    question alone would give each category one order throughout; each method runs first somewhere in every
+    category, and each question starts one further along than the one before it."""
+    categories = [f"c{c}" for c in range(6)]
+    questions = [Question(f"{n}-{c}", c, ("turn",)) for n in range(5) for c in categories]
+    methods = ["a", "b", "c"]
+    for run in range(2):
+        shifts = [turn_shift(questions, index, run) for index in range(len(questions))]
+        assert all(later - earlier >= 1 for earlier, later in itertools.pairwise(shifts))
+        for category in categories:
+            pairs = zip(shifts, questions, strict=True)
+            firsts = {rotated(methods, shift)[0] for shift, question in pairs if question.category == category}
+            assert firsts == set(methods), (run, category, firsts)

@@ -144,13 +144,14 @@ def rotated(methods: list[Method], shift: int) -> list[Method]:
 
 
 def turn_shift(questions: list[Question], index: int, run: int) -> int:
-    """How far along question ``index`` of ``run`` starts the methods: one further each question and each run, so no
-    method always runs first (e.g. right after a long prefill) or always right after the same other; and one more for
-    each earlier question of its category, so no category has one order throughout (the sample takes its
-    categories in turn, and one step per question alone gives all of a category's questions the same order when the
-    number of methods divides the number of categories)."""
+    """How far along question ``index`` of ``run`` starts the methods: the question's category's place (in order of
+    first appearance), plus how many questions of that category came before it, plus the run. So the categories of
+    one round start one further along each, and each category's questions one further along each: every method runs
+    first in every category that has as many questions as there are methods, whatever the numbers of categories and
+    methods, and no method always runs first (e.g. right after a long prefill)."""
     category = questions[index].category
-    return index + run + sum(question.category == category for question in questions[:index])
+    places = {name: place for place, name in enumerate(dict.fromkeys(question.category for question in questions))}
+    return places[category] + sum(question.category == category for question in questions[:index]) + run
 
 
 def measure(

@@ -189,16 +189,21 @@ def test_entries_say_which_commit_measured_them() -> None:
 
 
 def test_every_category_sees_the_methods_in_different_orders() -> None:
-    """Questions come in their categories' turn (c0, c1, …, c0, …): with 3 methods and 6 categories a step of one per
-    question alone would give each category one order throughout; each method runs first somewhere in every
-    category, and each question starts one further along than the one before it."""
-    categories = [f"c{c}" for c in range(6)]
-    questions = [Question(f"{n}-{c}", c, ("turn",)) for n in range(5) for c in categories]
-    methods = ["a", "b", "c"]
-    for run in range(2):
-        shifts = [turn_shift(questions, index, run) for index in range(len(questions))]
-        assert all(later - earlier >= 1 for earlier, later in itertools.pairwise(shifts))
-        for category in categories:
-            pairs = zip(shifts, questions, strict=True)
-            firsts = {rotated(methods, shift)[0] for shift, question in pairs if question.category == category}
-            assert firsts == set(methods), (run, category, firsts)
+    """Whatever the numbers of categories and methods, and whether the questions come in their categories' turn (c0,
+    c1, …, c0, …) or category by category, each method runs first somewhere in every category with at least as many
+    questions as there are methods (a step of one per question alone gave each category one order whenever the
+    number of methods divides the number of categories; one per category's question and per question, whenever it
+    divides one more)."""
+    for num_categories, num_methods, run in itertools.product(range(1, 7), range(1, 7), range(2)):
+        categories = [f"c{c}" for c in range(num_categories)]
+        methods = [f"m{m}" for m in range(num_methods)]
+        in_turn = [Question(f"{n}-{c}", c, ("turn",)) for n in range(num_methods) for c in categories]
+        by_category = sorted(in_turn, key=lambda question: question.category)
+        for questions in (in_turn, by_category):
+            for category in categories:
+                firsts = {
+                    rotated(methods, turn_shift(questions, index, run))[0]  # type: ignore[arg-type]
+                    for index, question in enumerate(questions)
+                    if question.category == category
+                }
+                assert firsts == set(methods), (num_categories, num_methods, run, category, firsts)

@@ -189,7 +189,7 @@ def seeded_gumbel(seed: int, position: int, vocab_size: int, purpose: str = "tok
     key = hashlib.blake2b(f"{purpose}:{seed}:{position}".encode(), digest_size=16).digest()
     uniform = np.random.default_rng(int.from_bytes(key, "little")).random(vocab_size)  # [V] float64 in [0, 1)
     noise = torch.from_numpy(uniform).float().clamp_(min=2.0**-64, max=1.0 - 2.0**-24)  # keeps the noise finite
-    # −log(−log1p(−u)) [V], in place (the same operations, so the same bits, without four temporaries of the
+    # −log(−log1p(−u)) [V], in place (the same operations, so the same bits, without a temporary of the
     # vocabulary's width): small uniforms, fine in float32, give the large noise
     return noise.neg_().log1p_().neg_().log_().neg_()
 

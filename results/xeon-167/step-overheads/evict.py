@@ -1,5 +1,5 @@
 """Does the L3 serve a model's weights read again soon? Each model's LM head and 1-token forward (256 placeholder
-positions, 2 threads) timed repeated back to back and right after a pass over 2 GB of other memory; then each model's
+positions, 2 threads) timed repeated back to back and right after a pass reading 2 GB of other memory; then each model's
 forward right after the other model's and right after its own (medians of 20 after 3 untimed):
 
     cd /tmp && .venv/bin/python results/xeon-167/step-overheads/evict.py
@@ -50,7 +50,7 @@ def main() -> None:
     other_memory = torch.ones(2 * 1024**3 // 4)  # 2 GB
 
     def evict() -> None:
-        other_memory.add_(1.0)
+        other_memory.sum()  # a read: no dirty lines for the next forward to write back
 
     forwards = {}
     for name, runtime in (("target", pipeline.target), ("draft", pipeline.draft)):

@@ -100,11 +100,12 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "sampling_seed": settings.sampling_seed,
     }
     store = ResultStore(settings.out, config)
+    shifts = turn_shifts(questions)
     todo = [
         (run, question, method)
         for run in range(settings.runs)
-        for index, question in enumerate(questions)
-        for method in rotated(methods, turn_shift(questions, index, run))
+        for question, shift in zip(questions, shifts, strict=True)
+        for method in rotated(methods, shift + run)
         if (method.name, question.question_id, run) not in store.entries
     ]
     if settings.report_only:
@@ -138,20 +139,24 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
 
 
 def rotated(methods: list[Method], shift: int) -> list[Method]:
-    """The methods in turn order for one question, starting ``shift`` along (see :func:`turn_shift`)."""
+    """The methods in turn order for one question, starting ``shift`` along (see :func:`turn_shifts`)."""
     shift %= len(methods)
     return methods[shift:] + methods[:shift]
 
 
-def turn_shift(questions: list[Question], index: int, run: int) -> int:
-    """How far along question ``index`` of ``run`` starts the methods: the question's category's place (in order of
-    first appearance), plus how many questions of that category came before it, plus the run. So the categories of
-    one round start one further along each, and each category's questions one further along each: every method runs
-    first in every category that has as many questions as there are methods, whatever the numbers of categories and
-    methods, and no method always runs first (e.g. right after a long prefill)."""
-    category = questions[index].category
-    places = {name: place for place, name in enumerate(dict.fromkeys(question.category for question in questions))}
-    return places[category] + sum(question.category == category for question in questions[:index]) + run
+def turn_shifts(questions: list[Question]) -> list[int]:
+    """How far along each question starts the methods (a run adds its number): its category's place (in order of
+    first appearance) plus how many questions of that category came before it. So the categories of one round start
+    one further along each, and each category's questions one further along each: every method runs first in every
+    category that has as many questions as there are methods, whatever the numbers of categories and methods, and no
+    method always runs first (e.g. right after a long prefill)."""
+    places: dict[str, int] = {}
+    earlier: Counter[str] = Counter()
+    shifts = []
+    for question in questions:
+        shifts.append(places.setdefault(question.category, len(places)) + earlier[question.category])
+        earlier[question.category] += 1
+    return shifts
 
 
 def measure(

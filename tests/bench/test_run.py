@@ -12,7 +12,7 @@ from bench_helpers import SPEC_ROWS, bench_args, chat_model_dirs, entry, write_j
 
 from quickdraft.bench.metrics import METRIC_KEYS, Entry
 from quickdraft.bench.questions import Question
-from quickdraft.bench.run import rotated, source_revision, turn_shift
+from quickdraft.bench.run import rotated, source_revision, turn_shifts
 from quickdraft.cli import main
 
 __all__ = ["chat_model_dirs"]  # the fixture, used here by name
@@ -200,10 +200,11 @@ def test_every_category_sees_the_methods_in_different_orders() -> None:
         in_turn = [Question(f"{n}-{c}", c, ("turn",)) for n in range(num_methods) for c in categories]
         by_category = sorted(in_turn, key=lambda question: question.category)
         for questions in (in_turn, by_category):
+            shifts = turn_shifts(questions)
             for category in categories:
                 firsts = {
-                    rotated(methods, turn_shift(questions, index, run))[0]  # type: ignore[arg-type]
-                    for index, question in enumerate(questions)
+                    rotated(methods, shift + run)[0]  # type: ignore[arg-type]
+                    for shift, question in zip(shifts, questions, strict=True)
                     if question.category == category
                 }
                 assert firsts == set(methods), (num_categories, num_methods, run, category, firsts)

@@ -11,6 +11,9 @@ from scipy.stats import chisquare, kstest
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import (
+    EXP_FLOOR,
+    add_position_noise_,
+    any_finite,
     argmax,
     choose_tokens,
     draw,
@@ -50,6 +53,38 @@ def test_top_probability_is_the_softmaxs_largest_entry() -> None:
     expected = torch.softmax(logits, dim=-1).amax(dim=-1)
     torch.testing.assert_close(top_probability(logits), expected, rtol=1e-6, atol=0)
     torch.testing.assert_close(top_probability(LOGITS), torch.tensor([0.4]))
+
+
+def test_top_probability_floors_gaps_without_changing_the_value() -> None:
+    """A focused draft's row (mostly −inf) and gaps past the floor give the unfloored value; a row of −inf gives NaN,
+    as the softmax does."""
+    generator = torch.Generator().manual_seed(2)
+    logits = 4 * torch.randn(3, 50_000, generator=generator, dtype=torch.float32)  # [B, V]
+    logits[0, 10_000:] = float("-inf")  # a focused vocabulary
+    logits[1, :20_000] += EXP_FLOOR - 40  # gaps whose exponentials are subnormal or 0
+    logits[2, ::7] = -1e30
+    unfloored = 1.0 / (logits - logits.amax(dim=-1, keepdim=True)).exp().sum(dim=-1)
+    assert torch.equal(top_probability(logits), unfloored)
+    torch.testing.assert_close(top_probability(logits), torch.softmax(logits.double(), -1).amax(-1).float())
+    assert top_probability(torch.full((1, 8), float("-inf"))).isnan().all()
+
+
+def test_any_finite_is_torchs() -> None:
+    values = torch.randn(5, 300, generator=torch.Generator().manual_seed(3))  # [B, V]
+    values[1] = float("-inf")
+    values[2] = float("nan")
+    values[3, :-1] = float("inf")
+    values[4, 1:] = float("-inf")
+    for view in (values, values.double(), values[:, :100], values[1:3], values.T.contiguous().T):
+        assert torch.equal(any_finite(view), torch.isfinite(view).any(dim=-1))
+    assert any_finite(values.bfloat16()).tolist() == [True, False, False, True, True]  # torch's own pass
+
+
+def test_position_noise_added_in_place_has_the_bits_of_the_sum() -> None:
+    scores = torch.randn(4, 3000, generator=torch.Generator().manual_seed(4))  # [K, V]
+    expected = scores + position_noise(11, range(40, 44), 3000)
+    assert add_position_noise_(scores, 11, 40) is scores
+    assert torch.equal(scores, expected)
 
 
 def test_temperature_one_keeps_the_distribution() -> None:

@@ -25,6 +25,7 @@ from quickdraft.lossless.verify import (
     greedy_verify,
     rejection_sample,
     residual_probs,
+    seeded_verify,
 )
 
 
@@ -169,6 +170,24 @@ def test_coupled_verify_accepts_drafts_equal_to_the_targets_samples() -> None:
     assert plain.num_accepted.tolist() == [0] and plain.next_token_ids.tolist() == [3]
     never = coupled_verify(torch.tensor([[3]]), torch.tensor([[[0.5, 0.5, 0, 0, 0]] * 2]).log(), noise[:, :2])
     assert never.num_accepted.tolist() == [0] and never.next_token_ids.tolist() in ([0], [1])  # p = 0: never
+
+
+@pytest.mark.parametrize("num_drafts", [0, 1, 3, 6])
+def test_seeded_verify_is_coupled_verify_under_the_positions_noise(num_drafts: int) -> None:
+    """The fast path against the reference: the same choices on random scores, with drafts that match the target's
+    samples for a while (every number of accepted drafts occurs)."""
+    generator = torch.Generator().manual_seed(num_drafts)
+    for trial in range(40):
+        scores = torch.log_softmax(3 * torch.randn(1, num_drafts + 1, 500, generator=generator), -1)  # [1, γ + 1, V]
+        noise = position_noise(9, range(100 + trial, 101 + trial + num_drafts), 500)  # [γ + 1, V]
+        target_choices = gumbel_argmax(scores, noise[None])  # [1, γ + 1]
+        draft_token_ids = target_choices[:, :num_drafts].clone()  # [1, γ]
+        if num_drafts:
+            draft_token_ids[0, trial % num_drafts :] += trial % 2  # wrong from there on odd trials
+        expected = coupled_verify(draft_token_ids, scores, noise[None])
+        result = seeded_verify(draft_token_ids, scores.clone(), 9, 100 + trial)
+        assert torch.equal(result.num_accepted, expected.num_accepted)
+        assert torch.equal(result.next_token_ids, expected.next_token_ids)
 
 
 VOCAB = 4
@@ -356,6 +375,30 @@ def test_block_verify_draws_the_law_it_enumerates() -> None:
     assert float(result.num_accepted.double().mean()) == pytest.approx(expected_accepted, abs=0.02)
     plain = block_verify(torch.empty(1, 0, dtype=torch.long), None, torch.tensor([[[0.0, 0.0, 1.0]]]), None)
     assert plain.num_accepted.tolist() == [0] and plain.next_token_ids.tolist() == [2]
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 3])
+def test_block_verify_draws_from_the_judgements_distribution(gamma: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path against the rule: the weights block_verify draws from, normalized, are block_judgement's
+    distribution after the drafts it accepted, on every row (rows where p = q make a residual of mass 0)."""
+    import quickdraft.lossless.verify as verify
+
+    generator = torch.Generator().manual_seed(gamma)
+    batch, vocab = 400, 6
+    target_probs = torch.softmax(2 * torch.randn(batch, gamma + 1, vocab, generator=generator), -1)  # [B, γ + 1, V]
+    target_probs[:, :, 0] *= torch.rand(batch, gamma + 1, generator=generator) < 0.7  # zeros in p
+    target_probs /= target_probs.sum(-1, keepdim=True)
+    draft_probs = torch.softmax(2 * torch.randn(batch, gamma, vocab, generator=generator), -1)  # [B, γ, V]
+    draft_probs[::5] = target_probs[::5, :gamma]  # p = q: r = 0 where nothing is rejected
+    draft_token_ids = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=generator).reshape(batch, gamma)
+    drawn_from = []
+    monkeypatch.setattr(verify, "sample", lambda weights, _: drawn_from.append(weights) or weights.argmax(-1))
+    result = block_verify(draft_token_ids, draft_probs, target_probs, generator)
+    _, dists = block_judgement(draft_token_ids, draft_probs, target_probs)  # [B, γ + 1, V]
+    (weights,) = drawn_from
+    expected = dists[torch.arange(batch), result.num_accepted]  # [B, V]
+    torch.testing.assert_close(weights / weights.sum(-1, keepdim=True), expected, rtol=1e-5, atol=1e-7)
+    assert set(result.num_accepted.tolist()) == set(range(gamma + 1))  # every τ occurred
 
 
 def tree_oracle_trial(rng: random.Random, rule: Callable = accept_tree) -> tuple[list[int], list[int], bool]:

@@ -27,7 +27,7 @@ from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, Dra
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import masked
-from quickdraft.lossless.sampling import argmax, draw, logits_to_scores
+from quickdraft.lossless.sampling import any_finite, argmax, draw, logits_to_scores
 from quickdraft.policies import MODEL_DRAFTS, DraftStep, Offer
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.tokens import common_prefix_length
@@ -202,11 +202,11 @@ class DraftModelDrafter(Drafter):
             allowed = task.grammar.draft_mask()  # [V] bool, None: the grammar is complete
             if allowed is not None:
                 logits = masked(logits, to_vocab(allowed, logits.shape[-1]))  # [1, V_draft]
-            if allowed is None or not torch.isfinite(logits).any():  # nothing it allows can be drafted
+            if allowed is None or not any_finite(logits).any():  # nothing it allows can be drafted
                 row.feed = []
                 return False
         scores = logits_to_scores(logits, task.sampling)[..., : self.target_vocab_size]  # [1, ≤ V]
-        if not torch.isfinite(scores).any():  # ids the target lacks are never proposed: all its mass was there
+        if not any_finite(scores).any():  # ids the target lacks are never proposed: all its mass was there
             row.feed = []
             return False
         scores = to_vocab(scores, self.target_vocab_size)  # [1, V]

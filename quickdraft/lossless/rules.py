@@ -8,8 +8,8 @@ import torch
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import PromptError
-from quickdraft.lossless.sampling import choose_tokens, logits_to_probs, logits_to_scores, position_noise
-from quickdraft.lossless.verify import VerificationResult, block_verify, coupled_verify, greedy_verify
+from quickdraft.lossless.sampling import choose_tokens, logits_to_probs, logits_to_scores
+from quickdraft.lossless.verify import VerificationResult, block_verify, greedy_verify, seeded_verify
 from quickdraft.text import IncrementalDecoder
 
 
@@ -54,10 +54,8 @@ def verify_drafts(
     if sampling.is_greedy:
         return greedy_verify(draft_token_ids, target_logits)
     if sampling.is_seeded:
-        target_scores = logits_to_scores(target_logits, sampling)  # [1, γ + 1, V]
-        positions = range(position, position + target_scores.shape[1])
-        noise = position_noise(sampling.seed, positions, target_scores.shape[-1])  # [γ + 1, V]
-        return coupled_verify(draft_token_ids, target_scores, noise[None])
+        target_scores = logits_to_scores(target_logits, sampling)  # [1, γ + 1, V], a tensor of its own
+        return seeded_verify(draft_token_ids, target_scores, sampling.seed, position)
     return block_verify(draft_token_ids, draft_probs, logits_to_probs(target_logits, sampling), generator)
 
 

@@ -80,7 +80,7 @@ def logits_to_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
     # tiny one sends the others to -inf (probability 0), never to inf - inf. Below float32's smallest
     # normal number a temperature would round to 0 in the division; it acts as that number, as good as 0.
     temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # [..., V], <= 0
+    logits = logits.sub(logits.amax(dim=-1, keepdim=True)).div_(temperature)  # [..., V], <= 0, a new tensor
     if 0 < params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -164,16 +164,42 @@ def argmax(values: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(np.argmax(values.numpy(), axis=-1), dtype=np.int64))
 
 
+# exp of a gap below this is a subnormal float32 (or 0), which the CPU computes far more slowly
+EXP_FLOOR = -87.0
+
+
 def top_probability(logits: torch.Tensor) -> torch.Tensor:
     """The largest probability of each row's softmax, ``[..., V]`` logits -> ``[...]``: 1 / Σ exp(logit − max), half
-    the work of a softmax (no division over the vocabulary, one array fewer)."""
+    the work of a softmax (no division over the vocabulary, one array fewer).
+
+    Gaps to the best logit are floored at :data:`EXP_FLOOR`: each such token adds under 2e-38 to a sum of at least 1,
+    below float32's resolution even summed over any vocabulary, and the pass avoids subnormal exponentials (``−inf``
+    of a focused draft's vocabulary included)."""
     logits = logits.float()
-    return 1.0 / (logits - logits.amax(dim=-1, keepdim=True)).exp().sum(dim=-1)
+    gaps = logits.sub(logits.amax(dim=-1, keepdim=True)).clamp_(min=EXP_FLOOR)  # [..., V], a new tensor
+    return 1.0 / gaps.exp_().sum(dim=-1)
+
+
+def any_finite(values: torch.Tensor) -> torch.Tensor:
+    """Whether each row of ``[..., V]`` has a finite value -> ``[...]`` bool (NumPy's pass on the CPU: torch's
+    ``isfinite`` is much slower over a vocabulary-wide row)."""
+    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64) or values.requires_grad:
+        return torch.isfinite(values).any(dim=-1)
+    return torch.from_numpy(np.asarray(np.isfinite(values.numpy()).any(axis=-1)))
 
 
 def position_noise(seed: int, positions: range, vocab_size: int) -> torch.Tensor:
     """The token noise of consecutive sequence positions: ``[len(positions), V]``."""
     return torch.stack([seeded_gumbel(seed, position, vocab_size) for position in positions])
+
+
+def add_position_noise_(scores: torch.Tensor, seed: int, first_position: int) -> torch.Tensor:
+    """``scores [K, V]`` of the K consecutive positions from ``first_position``, plus each position's token noise, in
+    place: the bits of ``scores + position_noise(seed, positions, V)`` without stacking the noise. Returns
+    ``scores``."""
+    for offset, row in enumerate(scores):  # [V] each
+        row.add_(seeded_gumbel(seed, first_position + offset, scores.shape[-1]).to(scores.device))
+    return scores
 
 
 @functools.lru_cache(maxsize=NOISE_CACHE_POSITIONS)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.lossless.sampling import argmax, gumbel_argmax, sample
+from quickdraft.lossless.sampling import add_position_noise_, argmax, gumbel_argmax, sample
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,19 @@ def coupled_verify(
     at a position is argmax(log p + g), an exact sample from p.
     """
     return accept_matching_prefix(draft_token_ids, gumbel_argmax(target_scores, noise))
+
+
+def seeded_verify(
+    draft_token_ids: torch.Tensor, target_scores: torch.Tensor, seed: int, position: int
+) -> VerificationResult:
+    """:func:`coupled_verify` under the seeded noise of positions ``position`` .. ``position + γ``, added to
+    ``target_scores`` in place: the same choices, without a copy of the noise. The caller gives up the scores.
+
+    draft_token_ids: [1, γ]; target_scores: [1, γ + 1, V], a tensor of the caller's own (``logits_to_scores``
+    makes one).
+    """
+    noisy_scores = add_position_noise_(target_scores[0], seed, position)  # [γ + 1, V]
+    return accept_matching_prefix(draft_token_ids, argmax(noisy_scores)[None])
 
 
 def accept_matching_prefix(draft_token_ids: torch.Tensor, target_token_ids: torch.Tensor) -> VerificationResult:
@@ -177,13 +190,18 @@ def block_verify(
     batch_size, num_drafts = draft_token_ids.shape
     if draft_probs is None:
         draft_probs = torch.nn.functional.one_hot(draft_token_ids, target_probs.shape[-1]).to(target_probs.dtype)
-    passes, next_token_dists = block_judgement(draft_token_ids, draft_probs, target_probs)  # [B, γ], [B, γ + 1, V]
+    passes, residual, mass = block_coins(draft_token_ids, draft_probs, target_probs)  # [B, γ], [B, γ, V], [B, γ]
     uniform = torch.rand(passes.shape, generator=generator, device=passes.device)  # [B, γ]
     prefixes = torch.arange(1, num_drafts + 1, device=passes.device)  # [γ]
     passing = torch.where(uniform < passes, prefixes, 0)  # [B, γ]: the length of each passing prefix, else 0
     num_accepted = passing.max(dim=1).values if num_drafts > 0 else passing.new_zeros(batch_size)  # [B]
     rows = torch.arange(batch_size, device=num_accepted.device)
-    next_token_ids = sample(next_token_dists[rows, num_accepted], generator)  # [B]
+    next_weights = target_probs[rows, num_accepted]  # [B, V]: p after all γ, or where the residual is 0
+    if num_drafts > 0:  # block_judgement's norm(r_τ), left to sample to normalize: only the drawn row is needed
+        stop = num_accepted.clamp(max=num_drafts - 1)  # [B]
+        from_residual = (num_accepted < num_drafts) & (mass[rows, stop] > 0)  # [B]
+        next_weights = torch.where(from_residual[:, None], residual[rows, stop], next_weights)  # [B, V]
+    next_token_ids = sample(next_weights, generator)  # [B]
     return VerificationResult(num_accepted=num_accepted, next_token_ids=next_token_ids)
 
 
@@ -199,6 +217,17 @@ def block_judgement(
     τ < γ accepted drafts the target's token comes from norm(r_τ) (p where r_τ = 0, which happens only where
     p = q), after all γ from p_(γ+1). With γ = 1 this is Leviathan's rule.
     """
+    num_drafts, tiny = draft_token_ids.shape[1], torch.finfo(target_probs.dtype).tiny
+    passes, residual, mass = block_coins(draft_token_ids, draft_probs, target_probs)
+    residual_dists = torch.where(mass[..., None] > 0, residual / mass[..., None].clamp(min=tiny), target_probs[:, :-1])
+    return passes, torch.cat([residual_dists, target_probs[:, num_drafts:]], dim=1)
+
+
+def block_coins(
+    draft_token_ids: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`block_judgement`'s coins h ``[B, γ]``, its residuals r_0 .. r_(γ−1) unnormalized ``[B, γ, V]`` and
+    their masses ``[B, γ]``."""
     batch_size, num_drafts = draft_token_ids.shape
     tiny = torch.finfo(target_probs.dtype).tiny
     index = draft_token_ids[..., None]  # [B, γ, 1]
@@ -208,10 +237,9 @@ def block_judgement(
     for i in range(num_drafts):
         weights.append((weights[-1] * target_prob_of_draft[:, i] / draft_prob_of_draft[:, i]).clamp(max=1.0))
     weight = torch.stack(weights, dim=1)  # [B, γ + 1]: w_0 .. w_γ
-    residual = (weight[:, :num_drafts, None] * target_probs[:, :num_drafts] - draft_probs).clamp(min=0)  # [B, γ, V]
+    residual = torch.mul(weight[:, :num_drafts, None], target_probs[:, :num_drafts]).sub_(draft_probs).clamp_(min=0)
     mass = residual.sum(dim=-1)  # [B, γ]: |r_0| .. |r_(γ−1)|
     denominator = mass[:, 1:] + 1.0 - weight[:, 1:num_drafts]  # [B, γ − 1]
     passes = torch.where(denominator > 0, mass[:, 1:] / denominator.clamp(min=tiny), 1.0)  # h_1 .. h_(γ−1)
     passes = torch.cat([passes, weight[:, num_drafts:]], dim=1)[:, :num_drafts]  # [B, γ]: h_1 .. h_γ
-    residual_dists = torch.where(mass[..., None] > 0, residual / mass[..., None].clamp(min=tiny), target_probs[:, :-1])
-    return passes, torch.cat([residual_dists, target_probs[:, num_drafts:]], dim=1)
+    return passes, residual, mass  # residual: [B, γ, V]

@@ -61,9 +61,13 @@ def test_top_probability_floors_gaps_without_changing_the_value() -> None:
     generator = torch.Generator().manual_seed(2)
     logits = 4 * torch.randn(3, 50_000, generator=generator, dtype=torch.float32)  # [B, V]
     logits[0, 10_000:] = float("-inf")  # a focused vocabulary
-    logits[1, :20_000] += EXP_FLOOR - 40  # gaps whose exponentials are subnormal or 0
+    best = logits[1, 20_000:].amax()
+    logits[1, :20_000] = best - 103 + 16 * torch.rand(20_000, generator=generator)  # gaps in (−103, −87)
     logits[2, ::7] = -1e30
-    unfloored = 1.0 / (logits - logits.amax(dim=-1, keepdim=True)).exp().sum(dim=-1)
+    gaps = logits - logits.amax(dim=-1, keepdim=True)  # [B, V]
+    subnormal = (gaps.exp() > 0) & (gaps.exp() < torch.finfo(torch.float32).tiny)
+    assert subnormal[1].sum() > 10_000 and (gaps[1] < EXP_FLOOR).sum() > 10_000  # the floor's case, many times
+    unfloored = 1.0 / gaps.exp().sum(dim=-1)
     assert torch.equal(top_probability(logits), unfloored)
     torch.testing.assert_close(top_probability(logits), torch.softmax(logits.double(), -1).amax(-1).float())
     assert top_probability(torch.full((1, 8), float("-inf"))).isnan().all()

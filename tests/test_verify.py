@@ -14,11 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2, chisquare
 
+from quickdraft.config import SamplingParams
+from quickdraft.lossless.rules import verify_drafts
 from quickdraft.lossless.sampling import gumbel_argmax, position_noise
 from quickdraft.lossless.verify import (
     TreeVerification,
     accept_tree,
     acceptance_probs,
+    block_coins,
     block_judgement,
     block_verify,
     coupled_verify,
@@ -176,18 +179,31 @@ def test_coupled_verify_accepts_drafts_equal_to_the_targets_samples() -> None:
 def test_seeded_verify_is_coupled_verify_under_the_positions_noise(num_drafts: int) -> None:
     """The fast path against the reference: the same choices on random scores, with drafts that match the target's
     samples for a while (every number of accepted drafts occurs)."""
-    generator = torch.Generator().manual_seed(num_drafts)
+    generator, accepted = torch.Generator().manual_seed(num_drafts), set()
     for trial in range(40):
         scores = torch.log_softmax(3 * torch.randn(1, num_drafts + 1, 500, generator=generator), -1)  # [1, γ + 1, V]
         noise = position_noise(9, range(100 + trial, 101 + trial + num_drafts), 500)  # [γ + 1, V]
         target_choices = gumbel_argmax(scores, noise[None])  # [1, γ + 1]
         draft_token_ids = target_choices[:, :num_drafts].clone()  # [1, γ]
-        if num_drafts:
-            draft_token_ids[0, trial % num_drafts :] += trial % 2  # wrong from there on odd trials
+        draft_token_ids[0, trial % (num_drafts + 1) :] += 1  # wrong from there (none wrong at γ)
         expected = coupled_verify(draft_token_ids, scores, noise[None])
         result = seeded_verify(draft_token_ids, scores.clone(), 9, 100 + trial)
         assert torch.equal(result.num_accepted, expected.num_accepted)
         assert torch.equal(result.next_token_ids, expected.next_token_ids)
+        accepted.add(int(result.num_accepted[0]))
+    assert accepted == set(range(num_drafts + 1))
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(0.7, seed=3), SamplingParams(0.7, 5, 0.9, 3), SamplingParams(0.7)])
+def test_verify_drafts_leaves_the_targets_logits_alone(sampling: SamplingParams) -> None:
+    """The engine reads the target's logits again after verifying (log-probabilities): the seeded rule's in-place
+    noise and the unseeded rule work on tensors of their own."""
+    generator = torch.Generator().manual_seed(1)
+    target_logits = torch.randn(1, 4, 300, generator=generator)  # [1, γ + 1, V]
+    draft_probs = None if sampling.is_seeded else torch.softmax(torch.randn(1, 3, 300, generator=generator), -1)
+    before = target_logits.clone()
+    verify_drafts(torch.tensor([[1, 2, 3]]), draft_probs, target_logits, sampling, generator, 50)
+    assert torch.equal(target_logits, before)
 
 
 VOCAB = 4
@@ -380,7 +396,7 @@ def test_block_verify_draws_the_law_it_enumerates() -> None:
 @pytest.mark.parametrize("gamma", [0, 1, 3])
 def test_block_verify_draws_from_the_judgements_distribution(gamma: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path against the rule: the weights block_verify draws from, normalized, are block_judgement's
-    distribution after the drafts it accepted, on every row (rows where p = q make a residual of mass 0)."""
+    distribution after the drafts it accepted, on every row (rows where q = 2p leave residuals of mass 0: p there)."""
     import quickdraft.lossless.verify as verify
 
     generator = torch.Generator().manual_seed(gamma)
@@ -389,7 +405,8 @@ def test_block_verify_draws_from_the_judgements_distribution(gamma: int, monkeyp
     target_probs[:, :, 0] *= torch.rand(batch, gamma + 1, generator=generator) < 0.7  # zeros in p
     target_probs /= target_probs.sum(-1, keepdim=True)
     draft_probs = torch.softmax(2 * torch.randn(batch, gamma, vocab, generator=generator), -1)  # [B, γ, V]
-    draft_probs[::5] = target_probs[::5, :gamma]  # p = q: r = 0 where nothing is rejected
+    draft_probs[::5] = target_probs[::5, :gamma]  # p = q: every coin passes
+    draft_probs[1::5] = 2 * target_probs[1::5, :gamma]  # q = 2p (a q of mass 2 is fine here): r = 0, τ < γ
     draft_token_ids = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=generator).reshape(batch, gamma)
     drawn_from = []
     monkeypatch.setattr(verify, "sample", lambda weights, _: drawn_from.append(weights) or weights.argmax(-1))
@@ -399,6 +416,9 @@ def test_block_verify_draws_from_the_judgements_distribution(gamma: int, monkeyp
     expected = dists[torch.arange(batch), result.num_accepted]  # [B, V]
     torch.testing.assert_close(weights / weights.sum(-1, keepdim=True), expected, rtol=1e-5, atol=1e-7)
     assert set(result.num_accepted.tolist()) == set(range(gamma + 1))  # every τ occurred
+    _, _, mass = block_coins(draft_token_ids, draft_probs, target_probs)  # [B, γ]
+    stopped = torch.nonzero(result.num_accepted < gamma).squeeze(-1)  # rows drawn after a rejection
+    assert gamma == 0 or (mass[stopped, result.num_accepted[stopped]] == 0).sum() > 20  # p drawn where r = 0
 
 
 def tree_oracle_trial(rng: random.Random, rule: Callable = accept_tree) -> tuple[list[int], list[int], bool]:

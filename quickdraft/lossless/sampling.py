@@ -164,7 +164,7 @@ def argmax(values: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(np.argmax(values.numpy(), axis=-1), dtype=np.int64))
 
 
-# exp of a gap below this is a subnormal float32 (or 0), which the CPU computes far more slowly
+# just above ln(2^-126) ≈ -87.34, below which exp of a gap is a subnormal float32 (or 0): a slow path on the CPU
 EXP_FLOOR = -87.0
 
 

@@ -7,16 +7,18 @@ one token the target contributes after them, so every step commits ``num_accepte
 tokens.
 
 - ``greedy_verify``: greedy decoding.
-- ``coupled_verify``: seeded sampling. The target's token at each position is its Gumbel-max
+- ``seeded_verify``: seeded sampling. The target's token at each position is its Gumbel-max
   sample under noise fixed by (seed, position); drafts drawn with the same noise are accepted
   while they equal it. Every committed token is the target's own sample, so the output is
-  seeded plain decoding's, whatever γ.
+  seeded plain decoding's, whatever γ. ``coupled_verify`` is the same rule over noise given as
+  a tensor, kept as the reference ``seeded_verify`` is tested against.
 - ``accept_tree``: greedy or seeded, a chain with leaves (the draft's other choices at its depths, verified in the
   same forward: ``Decoder.forward_tree``); every committed token is still the target's own choice.
 - ``block_verify``: unseeded sampling (Sun et al. 2025): the drafts are judged as a block, which accepts at
   least as many in expectation as judging them token by token (``rejection_sample``, Leviathan et al. 2023,
-  kept as the reference it is compared with). The output at a position depends on whether it was drafted,
-  so both are exact in distribution only.
+  kept as the reference it is compared with; ``block_judgement``, its distributions normalized, is the
+  reference for the row ``block_verify`` draws from). The output at a position depends on whether it was
+  drafted, so both are exact in distribution only.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ were, written out here) and after (the library's), taking turns at going first, 
 
 Rows are 151,936 wide (the default pair's vocabulary). A focused draft row has 49,152 finite logits (normal, σ 3),
 the rest −inf, as the draft model's LM head over its focused vocabulary gives them; a target row has σ 3 logits
-everywhere. Seeded rows are at T 0.7 with their noise already made (the drafter makes it), γ 3.
+everywhere. Seeded rows are at T 0.7 with their noise already made (the drafter makes it), γ 3. Then torch's exp
+alone over such rows and over a row of −100 (whose exponentials are subnormal), with the CPU's flush-to-zero off
+and on.
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ def seeded_verify_before(draft_token_ids: torch.Tensor, target_logits: torch.Ten
 
 
 def block_verify_before(draft_token_ids: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> None:
-    _, dists = block_judgement(draft_token_ids, draft_probs, target_probs)  # [1, γ], [1, γ + 1, V]
-    sample(dists[:, 1], None)  # the row after one accepted draft
+    passes, dists = block_judgement(draft_token_ids, draft_probs, target_probs)  # [1, γ], [1, γ + 1, V]
+    uniform = torch.rand(passes.shape)  # [1, γ]
+    passing = torch.where(uniform < passes, torch.arange(1, GAMMA + 1), 0)  # [1, γ]
+    num_accepted = passing.max(dim=1).values  # [1]
+    sample(dists[torch.arange(1), num_accepted], None)
 
 
 def median_ms(calls: list[tuple[str, Callable[[], object]]]) -> dict[str, float]:
@@ -99,6 +104,18 @@ def main() -> None:
     for name, before, after in rows:
         medians = median_ms([("before", before), ("after", after)])
         print(f"{name} | {medians['before']:.3f} | {medians['after']:.3f}")
+    print("torch's exp alone over a row | flush-to-zero off ms | on ms")
+    for name, row in (
+        ("σ 3 values", target_row),
+        ("focused draft row", draft_row),
+        ("all −100", torch.full((1, V), -100.0)),
+    ):
+        medians = {}
+        for flush in (False, True):
+            torch.set_flush_denormal(flush)
+            medians[flush] = median_ms([("exp", row.exp)])["exp"]
+        torch.set_flush_denormal(False)
+        print(f"{name} | {medians[False]:.3f} | {medians[True]:.3f}")
 
 
 if __name__ == "__main__":

@@ -159,9 +159,18 @@ def argmax(values: torch.Tensor) -> torch.Tensor:
     NumPy's on the CPU (much faster over a vocabulary-wide row than ``torch.argmax``); both return the first of
     equal maxima (and of NaNs), so the choice is the same. Other devices and dtypes NumPy lacks stay with torch.
     """
-    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64) or values.requires_grad:
+    array = numpy_view(values)
+    if array is None:
         return values.argmax(dim=-1)
-    return torch.from_numpy(np.asarray(np.argmax(values.numpy(), axis=-1), dtype=np.int64))
+    return torch.from_numpy(np.asarray(np.argmax(array, axis=-1), dtype=np.int64))
+
+
+def numpy_view(values: torch.Tensor) -> np.ndarray | None:
+    """``values`` as a NumPy array sharing their memory where NumPy's passes can read them (float32 or float64 on the
+    CPU, outside autograd); None where they stay with torch."""
+    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64) or values.requires_grad:
+        return None
+    return values.numpy()
 
 
 # just above ln(2^-126) ≈ -87.34, below which exp of a gap is a subnormal float32 (or 0): a slow path on the CPU
@@ -183,9 +192,10 @@ def top_probability(logits: torch.Tensor) -> torch.Tensor:
 def any_finite(values: torch.Tensor) -> torch.Tensor:
     """Whether each row of ``[..., V]`` has a finite value -> ``[...]`` bool (NumPy's pass on the CPU: torch's
     ``isfinite`` is much slower over a vocabulary-wide row)."""
-    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64) or values.requires_grad:
+    array = numpy_view(values)
+    if array is None:
         return torch.isfinite(values).any(dim=-1)
-    return torch.from_numpy(np.asarray(np.isfinite(values.numpy()).any(axis=-1)))
+    return torch.from_numpy(np.asarray(np.isfinite(array).any(axis=-1)))
 
 
 def position_noise(seed: int, positions: range, vocab_size: int) -> torch.Tensor:

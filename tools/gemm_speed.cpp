@@ -3,13 +3,12 @@
 // 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
 // random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
 // decoding step does. Compare with tools/int8_peak.cpp's register-only VNNI rate.
-//   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native \
+//   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native -Itools \
 //       tools/gemm_speed.cpp -o /tmp/gemm_speed && /tmp/gemm_speed [rows ...]
 // Add -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 for what a CPU without AMX runs.
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -17,36 +16,11 @@
 
 #include "gemm.h"
 #include "gemm_q6.h"
+#include "gemm_bench.h"
 
 namespace {
 
-std::vector<uint8_t> random_bytes(size_t n, std::mt19937& rng) {
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
-
-struct Q4Copy {
-  std::vector<uint8_t> codes, sub_scale, sub_min;
-  std::vector<float> d, dmin;
-  qd::Q4Weights weights() const {
-    return {codes.data(), sub_scale.data(), sub_min.data(), d.data(), dmin.data(), n, groups * qd::kGroup};
-  }
-  int64_t n = 0, groups = 0, supers = 0;
-};
-
-Q4Copy make_q4(int64_t n, int64_t k, std::mt19937& rng) {
-  Q4Copy c;
-  c.n = n;
-  c.groups = k / qd::kGroup;
-  c.supers = (c.groups + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper;
-  c.codes = random_bytes(n * k / 2, rng);
-  c.sub_scale = random_bytes(n * c.groups, rng);
-  c.sub_min = random_bytes(n * c.groups, rng);
-  c.d.assign(n * c.supers, 1e-3f);
-  c.dmin.assign(n * c.supers, 1e-4f);
-  return c;
-}
+using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_bytes, qd_bench::run_blocks;
 
 struct Q6Copy {
   std::vector<uint8_t> codes, high;
@@ -82,28 +56,6 @@ Int8Copy make_int8(int64_t n, int64_t k, std::mt19937& rng) {
   c.scale.assign(n, 1e-3f);
   c.k = k;
   return c;
-}
-
-// Each thread takes a contiguous range of n-blocks, as at::parallel_for(0, N/16, 1) does.
-template <typename Gemm>
-void run_blocks(int64_t blocks, int threads, Gemm gemm) {
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), count = omp_get_num_threads();
-    const int64_t begin = blocks * t / count, end = blocks * (t + 1) / count;
-    if (begin < end) gemm(begin, end);
-  }
-}
-
-template <typename Call>
-double best_seconds(int repeats, Call call) {
-  double best = 1e9;
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    call(i);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
 }
 
 }  // namespace
@@ -154,7 +106,7 @@ int main(int argc, char** argv) {
       double ms[2];
       int call = 0;
       for (int threads = 1; threads <= 2; ++threads) {
-        ms[threads - 1] = 1e3 * best_seconds(8, [&](int) {
+        ms[threads - 1] = best_ms(0, 8, [&](int) {
           const int i = call++;
           run_blocks(shape.n / qd::kLanes, threads, [&](int64_t begin, int64_t end) {
             if (shape.format == kQ4)

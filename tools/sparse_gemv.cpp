@@ -10,13 +10,12 @@
 //   a time are multiplied by vpdpbusd after interleaving their codes; int8_reference is its oracle, bit for bit.
 // Weights are random, and copies filling 1.5 GiB rotate, so every call streams them from memory as a drafted token
 // does. The columns are ms, the best of 48 calls; "f0.50 2t" is layout f at density 0.5 on 2 threads.
-//   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native \
+//   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native -Itools \
 //       tools/sparse_gemv.cpp -o /tmp/sparse_gemv && /tmp/sparse_gemv [density ...]
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,8 +24,11 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_bench.h"
 
 namespace {
+
+using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::run_blocks;
 
 constexpr int64_t kTile = 256, kTileBytes = 128, kGroupOutputs = 64, kGroupsPerTile = kTile / kGroupOutputs;
 
@@ -242,50 +244,6 @@ void int8_gemv(const ChannelQ4& w, const float* x, const int32_t* nonzero, int64
                                      _mm512_set1_ps(offsets[g])));
 }
 
-struct Q4Copy {
-  std::vector<uint8_t> codes, sub_scale, sub_min;
-  std::vector<float> d, dmin;
-  int64_t n = 0, groups = 0;
-  qd::Q4Weights weights() const {
-    return {codes.data(), sub_scale.data(), sub_min.data(), d.data(), dmin.data(), n, groups * qd::kGroup};
-  }
-};
-
-Q4Copy make_q4(int64_t n, int64_t k, std::mt19937& rng) {
-  Q4Copy c;
-  c.n = n;
-  c.groups = k / qd::kGroup;
-  const int64_t supers = (c.groups + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper;
-  for (auto* v : {&c.codes, &c.sub_scale, &c.sub_min}) v->resize(v == &c.codes ? n * k / 2 : n * c.groups);
-  for (auto* v : {&c.codes, &c.sub_scale, &c.sub_min})
-    for (auto& b : *v) b = static_cast<uint8_t>(rng());
-  c.d.assign(n * supers, 1e-3f);
-  c.dmin.assign(n * supers, 1e-4f);
-  return c;
-}
-
-template <typename Work>
-void split(int64_t units, int threads, Work work) {
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), count = omp_get_num_threads();
-    const int64_t begin = units * t / count, end = units * (t + 1) / count;
-    if (begin < end) work(begin, end);
-  }
-}
-
-template <typename Call>
-double best_ms(int repeats, Call call) {
-  for (int i = 0; i < 4; ++i) call(i);  // warm up: threads, tile configuration
-  double best = 1e9;
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    call(i);
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -347,9 +305,9 @@ int main(int argc, char** argv) {
     int call = 0;
     std::printf("%-18s", shape.name);
     for (int threads = 1; threads <= 2; ++threads)
-      std::printf(" %8.3f", best_ms(48, [&](int) {
+      std::printf(" %8.3f", best_ms(4, 48, [&](int) {
                     const Q4Copy& w = q4[call++ % copies];
-                    split(shape.n / qd::kLanes, threads, [&](int64_t begin, int64_t end) {
+                    run_blocks(shape.n / qd::kLanes, threads, [&](int64_t begin, int64_t end) {
                       qd::q4_gemm(w.weights(), xq.data(), 1, pairs.data(), out.data(), shape.n, begin, end);
                     });
                   }));
@@ -358,18 +316,18 @@ int main(int argc, char** argv) {
       for (int32_t k = 0; k < shape.k; ++k)
         if (std::uniform_real_distribution<double>(0.0, 1.0)(rng) < density) nonzero.push_back(k);
       const int64_t count = static_cast<int64_t>(nonzero.size());
-      std::printf(" %9.3f", best_ms(48, [&](int) {
+      std::printf(" %9.3f", best_ms(4, 48, [&](int) {
                     const ColumnQ4& w = column[call++ % copies];
-                    split(padded / kTile, 2, [&](int64_t begin, int64_t end) {
+                    run_blocks(padded / kTile, 2, [&](int64_t begin, int64_t end) {
                       column_gemv(w, x.data(), nonzero.data(), count, out.data(), begin, end);
                     });
                   }));
       const int64_t groups = shape.n / kGroupOutputs;
       std::vector<std::vector<int32_t>> work(2, std::vector<int32_t>(groups * (shape.k / 4 + 3) + groups * 64));
       for (int threads = 1; threads <= 2; ++threads)
-        std::printf(" %9.3f", best_ms(48, [&](int) {
+        std::printf(" %9.3f", best_ms(4, 48, [&](int) {
                       const ChannelQ4& w = channel[call++ % copies];
-                      split(groups, threads, [&](int64_t begin, int64_t end) {
+                      run_blocks(groups, threads, [&](int64_t begin, int64_t end) {
                         int8_gemv(w, x.data(), nonzero.data(), count, out.data(), begin, end,
                                   work[omp_get_thread_num()].data());
                       });

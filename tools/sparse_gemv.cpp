@@ -28,7 +28,7 @@
 
 namespace {
 
-using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::run_blocks;
+using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_bytes, qd_bench::run_blocks;
 
 constexpr int64_t kTile = 256, kTileBytes = 128, kGroupOutputs = 64, kGroupsPerTile = kTile / kGroupOutputs;
 
@@ -47,16 +47,20 @@ struct ColumnQ4 {
 
 float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
+// n float16 values drawn uniformly from [low, high).
+std::vector<uint16_t> random_halves(size_t n, float low, float high, std::mt19937& rng) {
+  std::uniform_real_distribution<float> value(low, high);
+  std::vector<uint16_t> halves(n);
+  for (auto& h : halves) h = _cvtss_sh(value(rng), 0);
+  return halves;
+}
+
 ColumnQ4 make_column(int64_t n, int64_t k, std::mt19937& rng) {
   ColumnQ4 w;
   w.n = n, w.k = k;
-  w.codes.resize(n / kTile * k * kTileBytes);
-  for (auto& b : w.codes) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> scale(1e-3f, 2e-3f), minimum(-2e-2f, -1e-2f);
-  w.scales.resize(n / kTile * k * kGroupsPerTile);
-  w.mins.resize(w.scales.size());
-  for (auto& s : w.scales) s = _cvtss_sh(scale(rng), 0);
-  for (auto& m : w.mins) m = _cvtss_sh(minimum(rng), 0);
+  w.codes = random_bytes(n / kTile * k * kTileBytes, rng);
+  w.scales = random_halves(n / kTile * k * kGroupsPerTile, 1e-3f, 2e-3f, rng);
+  w.mins = random_halves(w.scales.size(), -2e-2f, -1e-2f, rng);
   return w;
 }
 
@@ -105,7 +109,7 @@ void column_gemv(const ColumnQ4& w, const float* x, const int32_t* nonzero, int6
 }
 
 // Channel-major 4-bit weights for the int8 kernel: channel k's N codes are contiguous, so a channel left out is a
-// gap of N/2 bytes that no prefetcher crosses. Per channel and group of 64 outputs, 32 bytes (code position b in the
+// gap of N/2 bytes. Per channel and group of 64 outputs, 32 bytes (code position b in the
 // low nibble of byte b, 32 + b in its high nibble) and a float16 scale and minimum. Code position 16L + 4q + j holds
 // output 16q + 4L + j of its group: interleaving four channels' codes within 128-bit lanes puts outputs 16q..16q+15
 // in accumulator q in order. Each group also keeps its largest scale, which sets its int8 step.
@@ -127,13 +131,9 @@ struct ChannelQ4 {
 ChannelQ4 make_channel(int64_t n, int64_t k, std::mt19937& rng) {
   ChannelQ4 w;
   w.n = n, w.k = k;
-  w.codes.resize(n * k / 2);
-  for (auto& b : w.codes) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> scale(1e-3f, 2e-3f), minimum(-2e-2f, -1e-2f);
-  w.scales.resize(k * w.groups());
-  w.mins.resize(w.scales.size());
-  for (auto& s : w.scales) s = _cvtss_sh(scale(rng), 0);
-  for (auto& m : w.mins) m = _cvtss_sh(minimum(rng), 0);
+  w.codes = random_bytes(n * k / 2, rng);
+  w.scales = random_halves(k * w.groups(), 1e-3f, 2e-3f, rng);
+  w.mins = random_halves(w.scales.size(), -2e-2f, -1e-2f, rng);
   w.largest.assign(w.groups(), 0.0f);
   for (int64_t c = 0; c < k; ++c)
     for (int64_t g = 0; g < w.groups(); ++g)
@@ -164,14 +164,14 @@ float int8_reference(const ChannelQ4& w, const float* x, const std::vector<int32
   int32_t total = 0;
   for (int32_t channel : nonzero) {
     const float scale = half_to_float(w.scales[channel * w.groups() + g]);
-    total += static_cast<int32_t>(std::nearbyint(scale * x[channel] * inverse)) * w.code(out, channel);  // as vectors
+    total += static_cast<int32_t>(std::nearbyint(scale * x[channel] * inverse)) * w.code(out, channel);
     offset += half_to_float(w.mins[channel * w.groups() + g]) * x[channel];
   }
   return static_cast<float>(total) * step + offset;
 }
 
 // out[groups begin..end) = W x over the channels `nonzero` (ascending), four channels at a time with vpdpbusd.
-// `work` holds 2·N/64·(K/4 + 2) int32 of scratch.
+// `work` holds (2 + quads + 64) int32 of scratch per group, quads = ceil(count / 4).
 void int8_gemv(const ChannelQ4& w, const float* x, const int32_t* nonzero, int64_t count, float* out,
                int64_t group_begin, int64_t group_end, int32_t* work) {
   const int64_t groups = group_end - group_begin, quads = (count + 3) / 4;
@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
       if (rng() % 2) nonzero.push_back(k);
     }
     std::vector<float> out(512);
-    std::vector<int32_t> work(2 * 8 * (256 / 4 + 2) + 8 * 64);
+    std::vector<int32_t> work(8 * (2 + 256 / 4 + 64));
     int8_gemv(w, x.data(), nonzero.data(), static_cast<int64_t>(nonzero.size()), out.data(), 0, 8, work.data());
     int different = 0;
     for (int64_t o = 0; o < 512; ++o) different += out[o] != int8_reference(w, x.data(), nonzero, o);
@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
                     });
                   }));
       const int64_t groups = shape.n / kGroupOutputs;
-      std::vector<std::vector<int32_t>> work(2, std::vector<int32_t>(groups * (shape.k / 4 + 3) + groups * 64));
+      std::vector<std::vector<int32_t>> work(2, std::vector<int32_t>(groups * (2 + (shape.k + 3) / 4 + 64)));
       for (int threads = 1; threads <= 2; ++threads)
         std::printf(" %9.3f", best_ms(4, 48, [&](int) {
                       const ChannelQ4& w = channel[call++ % copies];

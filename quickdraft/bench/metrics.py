@@ -6,8 +6,8 @@ method ÷ that of the baseline, per run on the questions both finished, then ave
 runs. The same after the prompt (``decode_speedup``): each turn's tokens after its first ÷ the
 time after it, where long prompts' reading would hide what decoding gained. τ (mean accepted
 tokens) is the mean over every target step of the tokens it appended. The share of questions
-whose tokens equal the baseline's is the lossless fraction of our methods and the agreement of
-peers (other implementations, whose arithmetic differs from ours).
+(of every run) whose tokens equal the baseline's in the same run is the lossless fraction of our
+methods and the agreement of peers (other implementations, whose arithmetic differs from ours).
 """
 
 from __future__ import annotations
@@ -126,15 +126,16 @@ def percentile(values: list[float], fraction: float) -> float | None:
 def summarize(
     entries: list[Entry],
     baseline: list[Entry],
-    reference_ids: Mapping[str, list[int]],
+    reference_ids: Mapping[tuple[str, int], list[int]],
     num_draft_tokens: int | None = None,
     draft_ms: float | None = None,
     target_ms: Mapping[int, float] | None = None,
     peer: bool = False,
     comparable: bool = True,
 ) -> dict[str, Any]:
-    """The metrics of ``entries`` (one method, one group of questions) against the baseline's; for a
-    ``peer`` the share of questions with the baseline's tokens is its agreement, not a lossless fraction.
+    """The metrics of ``entries`` (one method, one group of questions) against the baseline's; ``reference_ids``: the
+    baseline's tokens by (question, run), which each entry's tokens must equal (a seeded run samples with its own
+    seed). For a ``peer`` the share of questions with the baseline's tokens is its agreement, not a lossless fraction.
     ``comparable``: whether equal tokens are expected at all (not for unseeded sampling: both are None then)."""
     if not entries:
         return dict.fromkeys(METRIC_KEYS) | {"n_questions": 0}
@@ -143,7 +144,7 @@ def summarize(
     acceptance_rate = sum(accepted) / sum(proposed) if proposed and sum(proposed) else None
     steps = [size for e in entries for size in e.step_sizes]
     latencies = [latency for e in entries for latency in e.token_latencies_s]
-    compared = [e for e in entries if e.question_id in reference_ids]
+    compared = [e for e in entries if (e.question_id, e.run) in reference_ids]
     speedup = _speedup_of(_paired_rates(entries, baseline), None)
     decode_rates = [rate for e in entries if (rate := e.decode_tokens_per_s) is not None]
     prefill_times = [e.prefill_s for e in entries if e.prefill_s is not None]
@@ -152,7 +153,7 @@ def summarize(
         predicted = predicted_speedup(acceptance_rate, num_draft_tokens, draft_ms or 0.0, target_ms)
         efficiency = speedup / predicted if predicted else None
     p50, p90 = percentile(latencies, 0.5), percentile(latencies, 0.9)
-    same_tokens = sum(e.token_ids == reference_ids[e.question_id] for e in compared)
+    same_tokens = sum(e.token_ids == reference_ids[e.question_id, e.run] for e in compared)
     same = same_tokens / len(compared) if compared and comparable else None
     return {
         "speedup": speedup,
@@ -249,12 +250,12 @@ def aggregate(
     curves = cost_curves or {}
     target_ms = curves.get(CurveRole.TARGET)
     results: dict[str, Any] = {}
-    references: dict[str, dict[str, list[int]]] = {}  # baseline name -> question -> its tokens
+    references: dict[str, dict[tuple[str, int], list[int]]] = {}  # baseline name -> (question, run) -> its tokens
     for name, info in methods.items():
         mine = [e for e in entries if e.method == name]
         baseline = [e for e in entries if e.method == info.baseline]
-        if info.baseline not in references:  # the lowest run wins
-            references[info.baseline] = {e.question_id: e.token_ids for e in sorted(baseline, key=lambda e: -e.run)}
+        if info.baseline not in references:
+            references[info.baseline] = {(e.question_id, e.run): e.token_ids for e in baseline}
         reference_ids = references[info.baseline]
         draft_ms = draft_token_ms(curves, info.uses_draft_model, info.target_cost_fraction)
         checked = None if info.uses_draft_model and draft_ms is None else info.num_draft_tokens  # γ, for the theory

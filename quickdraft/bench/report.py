@@ -74,8 +74,9 @@ def decoding(config: dict[str, Any]) -> str:
     """How the run chose tokens: greedy, or sampled at a temperature (seeded or not)."""
     if config.get("greedy", True):
         return "greedy"
-    seed = config.get("sampling_seed")
-    how = f"seed {seed}: our methods' text must equal plain decoding's" if seed is not None else "unseeded"
+    seed, runs = config.get("sampling_seed"), config.get("runs", 1)
+    seeds = f"seed {seed}" if runs == 1 else f"seeds {seed} to {seed + runs - 1}, one a run"
+    how = f"{seeds}: our methods' text must equal plain decoding's" if seed is not None else "unseeded"
     return f"sampled at temperature {config['temperature']} ({how})"
 
 

@@ -218,7 +218,7 @@ def measure(
                     runtime_pipeline.forget_answers()
             bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
             entry = run_question(
-                pipelines[method.runtime], method, question, run, settings.max_new_tokens, settings.sampling
+                pipelines[method.runtime], method, question, run, settings.max_new_tokens, settings.sampling_of_run(run)
             )
             store.add(entry)
             bar.update()

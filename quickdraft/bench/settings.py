@@ -9,7 +9,7 @@ from quickdraft.bench.base import run_sampling
 from quickdraft.bench.long_context import check_lengths
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.sampling import SamplingParams
+from quickdraft.lossless.sampling import MAX_SEED, SamplingParams
 from quickdraft.models.catalog import DEFAULT_TARGET
 from quickdraft.runtime import AUTO
 from quickdraft.runtime.device import resolve_device
@@ -21,7 +21,9 @@ run turn by turn with the method's own previous answers in the chat history. Run
 interleaved question by question, so slow drift of the machine hits every method alike, and the
 order of the methods rotates from one question to the next, so none always runs in the same place.
 What adaptive policies learn of answers (acceptance, lengths) is dropped at the start of every run,
-so each run is an independent replicate in which a question's earlier runs teach nothing.
+so each run is an independent replicate in which a question's earlier runs teach nothing. Seeded
+(--seed S), run r samples with seed S + r: every run is another answer to each question, and our
+methods' text is checked against plain decoding's in the same run.
 Wall time covers each whole generate call (prefill included). Each finished (method,
 question, run) is appended to OUT/entries.jsonl at once; rerunning with the same --out
 resumes and only runs what is missing (a run resumed part-way learns afresh from where it resumes,
@@ -82,3 +84,11 @@ class BenchSettings:
     @property
     def sampling(self) -> SamplingParams:
         return run_sampling(self.temperature, self.sampling_seed)
+
+    def sampling_of_run(self, run: int) -> SamplingParams:
+        """How run ``run`` (0-based) chooses tokens: seeded runs sample with seed S + run (modulo 2⁶⁴), so each run
+        is another sample of every question, its text checked against plain decoding's in the same run; greedy and
+        unseeded runs as :attr:`sampling`."""
+        if self.sampling_seed is None:
+            return self.sampling
+        return run_sampling(self.temperature, (self.sampling_seed + run) % (MAX_SEED + 1))

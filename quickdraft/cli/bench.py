@@ -65,8 +65,8 @@ def add_command(commands: Any) -> None:
         bench,
         "the per-category sample",
         "decode at this temperature (default 0: greedy); our methods and llama.cpp's plain decoding sample",
-        "seed the sampling (with --temperature): our methods then give the same text as our plain decoding, "
-        "which the report's lossless column checks",
+        "seed the sampling (with --temperature; run r of --runs uses S + r): our methods then give the same text "
+        "as our plain decoding, which the report's lossless column checks",
     )
     bench.add_argument(
         "--profile-context",

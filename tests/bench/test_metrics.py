@@ -86,7 +86,22 @@ def test_speedup_averages_per_run_ratios_over_common_questions() -> None:
     ]
     results = aggregate(entries, {"baseline": MethodInfo(), "spec": MethodInfo()}, ["a"])
     assert results["spec"]["overall"]["speedup"] == pytest.approx((2.0 + 1.25) / 2)
-    assert results["spec"]["overall"]["lossless_fraction"] == 1.0  # q1's tokens, compared with baseline run 0
+    assert results["spec"]["overall"]["lossless_fraction"] == 1.0  # q1's tokens, each run against the baseline's
+
+
+def test_each_run_is_checked_against_the_baselines_tokens_of_that_run() -> None:
+    """A seeded run samples with its own seed: run 1's tokens must equal the baseline's run 1, not its run 0."""
+    entries = [
+        entry("baseline", "q1", "a", 10, 1.0, run=0),
+        entry("baseline", "q1", "a", 10, 1.0, run=1, token_ids=[2] * 10),
+        entry("spec", "q1", "a", 10, 0.5, run=0),
+        entry("spec", "q1", "a", 10, 0.5, run=1, token_ids=[2] * 10),
+        entry("wrong", "q1", "a", 10, 0.5, run=0),
+        entry("wrong", "q1", "a", 10, 0.5, run=1),  # run 0's text in run 1
+    ]
+    results = aggregate(entries, {"baseline": MethodInfo(), "spec": MethodInfo(), "wrong": MethodInfo()}, ["a"])
+    assert results["spec"]["overall"]["lossless_fraction"] == 1.0
+    assert results["wrong"]["overall"]["lossless_fraction"] == 0.5
 
 
 def test_speedup_interval_resamples_questions_with_their_runs() -> None:

@@ -13,7 +13,9 @@ from bench_helpers import SPEC_ROWS, bench_args, chat_model_dirs, entry, write_j
 from quickdraft.bench.metrics import METRIC_KEYS, Entry
 from quickdraft.bench.questions import Question
 from quickdraft.bench.run import rotated, source_revision, turn_shifts
+from quickdraft.bench.settings import BenchSettings
 from quickdraft.cli import main
+from quickdraft.lossless.sampling import MAX_SEED
 
 __all__ = ["chat_model_dirs"]  # the fixture, used here by name
 
@@ -150,12 +152,17 @@ def test_bench_samples_at_a_temperature(
     questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
     methods = ("--methods", "draft-model:2,prompt-lookup+goodput", "--runtime", "native")
     args = bench_args(native_model_dirs, questions, tmp_path / "seeded", *methods)
-    assert main([*args, "--temperature", "0.8", "--seed", "5", "--json"]) == 0
+    assert main([*args, "--temperature", "0.8", "--seed", "5", "--runs", "2", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
     assert results["config"]["temperature"] == 0.8 and not results["config"]["greedy"]
     for name in ("draft-model:2", "prompt-lookup+goodput"):
         assert results["methods"][name]["overall"]["lossless_fraction"] == 1.0, name
-    assert "sampled at temperature 0.8 (seed 5" in (tmp_path / "seeded" / "report.md").read_text()
+    assert "sampled at temperature 0.8 (seeds 5 to 6, one a run" in (tmp_path / "seeded" / "report.md").read_text()
+    plain = {}  # (question, run) -> plain decoding's tokens: the two runs are two samples (seeds 5 and 6)
+    for line in (tmp_path / "seeded" / "entries.jsonl").read_text().splitlines():
+        if (found := json.loads(line))["method"] == "baseline":
+            plain[found["question_id"], found["run"]] = found["token_ids"]
+    assert any(plain[question, 0] != plain[question, 1] for question, _ in plain)
     args = bench_args(native_model_dirs, questions, tmp_path / "unseeded", *methods, "--categories", "translation")
     assert main([*args, "--temperature", "0.8", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
@@ -167,6 +174,14 @@ def test_bench_samples_at_a_temperature(
     assert "decode greedily only: hf-generate" in capsys.readouterr().err
     assert main([*bench_args(native_model_dirs, questions, tmp_path / "refused"), "--seed", "3"]) == 1
     assert "give a --temperature" in capsys.readouterr().err
+
+
+def test_seeded_runs_sample_with_seeds_one_apart() -> None:
+    """Run r of a seeded bench samples with seed S + r (modulo 2⁶⁴); greedy and unseeded runs sample alike."""
+    assert [BenchSettings(temperature=0.7, sampling_seed=5).sampling_of_run(run).seed for run in range(3)] == [5, 6, 7]
+    assert BenchSettings(temperature=0.7, sampling_seed=MAX_SEED).sampling_of_run(1).seed == 0
+    assert BenchSettings(temperature=0.7).sampling_of_run(2).is_unseeded
+    assert BenchSettings().sampling_of_run(2).is_greedy
 
 
 def test_bench_refuses_a_method_on_its_own_runtime(

@@ -22,12 +22,12 @@ from pathlib import Path
 
 
 def load(run: Path, method: str) -> list[tuple[str, float, float, float, float, float]]:
-    """Per question: (category, tokens, baseline wall, baseline prompt time, the method's prompt time, the method's
-    tokens/s)."""
-    entries: dict[str, dict[str, dict]] = defaultdict(dict)
+    """Per question and run (the runs pooled): (category, tokens, baseline wall, baseline prompt time, the method's
+    prompt time, the method's tokens/s)."""
+    entries: dict[tuple[str, int], dict[str, dict]] = defaultdict(dict)
     for line in (run / "entries.jsonl").read_text().splitlines():
         entry = json.loads(line)
-        entries[entry["question_id"]][entry["method"]] = entry
+        entries[entry["question_id"], entry["run"]][entry["method"]] = entry
     rows = []
     for by_method in entries.values():
         base, other = by_method["baseline"], by_method[method]

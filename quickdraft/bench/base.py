@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from quickdraft.api import Pipeline
 from quickdraft.bench.metrics import MethodInfo
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.sampling import SamplingParams
+from quickdraft.lossless.sampling import MAX_SEED, SamplingParams
 
 GREEDY = SamplingParams()
 
@@ -21,6 +21,11 @@ def run_sampling(temperature: float, seed: int | None) -> SamplingParams:
     if seed is not None and temperature == 0:
         raise ConfigError("--seed seeds sampling: give a --temperature above 0 with it")
     return SamplingParams(temperature, seed=seed)
+
+
+def run_seed(seed: int, run: int) -> int:
+    """The seed run ``run`` (0-based) of a seeded benchmark samples with: ``seed`` + ``run``, modulo 2⁶⁴."""
+    return (seed + run) % (MAX_SEED + 1)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quickdraft.bench.base import run_seed
 from quickdraft.bench.metrics import category_group
 from quickdraft.costs.calibration import CurveRole
 
@@ -75,7 +76,7 @@ def decoding(config: dict[str, Any]) -> str:
     if config.get("greedy", True):
         return "greedy"
     seed, runs = config.get("sampling_seed"), config.get("runs", 1)
-    seeds = f"seed {seed}" if runs == 1 else f"seeds {seed} to {seed + runs - 1}, one a run"
+    seeds = f"seed {seed}" if runs == 1 else f"seeds {seed} to {run_seed(seed, runs - 1)}, one a run"
     how = f"{seeds}: our methods' text must equal plain decoding's" if seed is not None else "unseeded"
     return f"sampled at temperature {config['temperature']} ({how})"
 

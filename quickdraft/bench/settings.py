@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from quickdraft.bench.base import run_sampling
+from quickdraft.bench.base import run_sampling, run_seed
 from quickdraft.bench.long_context import check_lengths
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.sampling import MAX_SEED, SamplingParams
+from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.models.catalog import DEFAULT_TARGET
 from quickdraft.runtime import AUTO
 from quickdraft.runtime.device import resolve_device
@@ -91,4 +91,4 @@ class BenchSettings:
         unseeded runs as :attr:`sampling`."""
         if self.sampling_seed is None:
             return self.sampling
-        return run_sampling(self.temperature, (self.sampling_seed + run) % (MAX_SEED + 1))
+        return run_sampling(self.temperature, run_seed(self.sampling_seed, run))

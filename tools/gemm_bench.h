@@ -18,6 +18,13 @@ inline std::vector<uint8_t> random_bytes(size_t n, std::mt19937& rng) {
   return v;
 }
 
+// Random int8 activations in [-127, 127], as the kernels' quantized rows hold them.
+inline std::vector<int8_t> random_activations(size_t n, std::mt19937& rng) {
+  std::vector<int8_t> v(n);
+  for (auto& x : v) x = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+  return v;
+}
+
 struct Q4Copy {
   std::vector<uint8_t> codes, sub_scale, sub_min;
   std::vector<float> d, dmin;

@@ -20,7 +20,8 @@
 
 namespace {
 
-using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_bytes, qd_bench::run_blocks;
+using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_activations, qd_bench::random_bytes,
+    qd_bench::run_blocks;
 
 struct Q6Copy {
   std::vector<uint8_t> codes, high;
@@ -94,8 +95,7 @@ int main(int argc, char** argv) {
       else int8.push_back(make_int8(shape.n, shape.k, rng));
     }
     for (int64_t rows : row_counts) {
-      std::vector<int8_t> x(rows * shape.k);
-      for (auto& v : x) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+      const std::vector<int8_t> x = random_activations(rows * shape.k, rng);
       std::vector<int32_t> sums(rows), pairs(rows * shape.k / (2 * qd::kGroup)), sub_offsets(rows * shape.k / qd::kSubBlock);
       for (int64_t r = 0; r < rows; ++r) {
         sums[r] = qd::row_sum(x.data() + r * shape.k, shape.k);

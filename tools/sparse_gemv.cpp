@@ -28,7 +28,8 @@
 
 namespace {
 
-using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_bytes, qd_bench::run_blocks;
+using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_activations, qd_bench::random_bytes,
+    qd_bench::run_blocks;
 
 constexpr int64_t kTile = 256, kTileBytes = 128, kGroupOutputs = 64, kGroupsPerTile = kTile / kGroupOutputs;
 
@@ -296,8 +297,7 @@ int main(int argc, char** argv) {
     for (int c = 0; c < copies; ++c) column.push_back(make_column(padded, shape.k, rng));
     std::vector<ChannelQ4> channel;
     for (int c = 0; c < copies; ++c) channel.push_back(make_channel(shape.n, shape.k, rng));
-    std::vector<int8_t> xq(shape.k);
-    for (auto& v : xq) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+    const std::vector<int8_t> xq = random_activations(shape.k, rng);
     std::vector<int32_t> pairs(shape.k / (2 * qd::kGroup));
     qd::group_sum_pairs(xq.data(), shape.k, pairs.data());
     std::vector<float> x(shape.k), out(padded);

@@ -17,7 +17,7 @@
 
 namespace {
 
-using qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::run_blocks;
+using qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_activations, qd_bench::run_blocks;
 
 struct Shape {
   const char* name;
@@ -33,8 +33,7 @@ double seconds() {
 struct Row {
   std::vector<int8_t> x;
   std::vector<int32_t> pairs;
-  explicit Row(int64_t k, std::mt19937& rng) : x(k), pairs(k / 64) {
-    for (auto& v : x) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+  explicit Row(int64_t k, std::mt19937& rng) : x(random_activations(k, rng)), pairs(k / 64) {
     qd::group_sum_pairs(x.data(), k, pairs.data());
   }
 };

@@ -41,7 +41,11 @@ def add_command(commands: Any) -> None:
         "--served-model-name", default=None, metavar="NAME", help="the model name clients use (default: the target's)"
     )
     serve.add_argument(
-        "--default-max-tokens", type=int, default=256, metavar="N", help="max_tokens of a request that gives none"
+        "--default-max-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="max_tokens of a request that gives none, cut to what the context leaves after its prompt",
     )
     access = serve.add_argument_group("access: who may use the server and how much a request may ask")
     access.add_argument(

@@ -52,8 +52,8 @@ class BlockJudge:
 def _specdec(threshold: float | None, context: PolicyContext) -> Policy:
     if context.acceptance_head is None:
         raise ConfigError(
-            "the specdec++ policy needs an acceptance head: train one with `quickdraft train-acceptance-head` "
-            "and pass it with --acceptance-head FILE"
+            "the specdec++ policy needs an acceptance head and none was found: train one with `quickdraft "
+            "train-acceptance-head` (by default written where generate, bench and serve look for it)"
         )
     return SpecDecPolicy(context.acceptance_head, 0.7 if threshold is None else threshold, context.max_draft_tokens)
 

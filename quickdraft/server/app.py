@@ -3,14 +3,17 @@
 Handlers parse and validate a request, submit it to the :class:`ServingLoop` (whose one thread runs every
 step) and read its events from an asyncio queue the loop's thread feeds. A streamed request is cancelled
 when its client goes away (Starlette stops the stream); a whole one when its client is found gone while it
-waits. Every error a client can cause is an OpenAI-style JSON error with its status, never a 500.
+waits. Every error a client can cause is an OpenAI-style JSON error with its status, never a 500; a failure of
+the server's own is a JSON 500 (its traceback in the server's log), and the connection stays open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -40,6 +43,7 @@ from quickdraft.server.protocol import (
 from quickdraft.server.tools import CallFilter, split_calls
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
+LOG = logging.getLogger("quickdraft.server")
 
 
 def create_app(
@@ -52,6 +56,7 @@ def create_app(
     use it and how much a request may ask (:mod:`quickdraft.server.access`)."""
     metrics = ServerMetrics(loop.engine)
     loop.engine.on_step = metrics.observe_step
+    defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context)
     model = defaults.model_names[0]
     template = getattr(pipeline.tokenizer, "chat_template", None)
     chat_template = template if isinstance(template, str) else ""  # tools need its tool-call format
@@ -63,6 +68,7 @@ def create_app(
         loop.stop()
 
     app = FastAPI(title="quickdraft", lifespan=lifespan)
+    app.add_middleware(ServerFailures)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
@@ -72,21 +78,25 @@ def create_app(
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
         return JSONResponse(ApiError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
 
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, error: Exception) -> JSONResponse:
-        failure = ApiError(500, f"the server failed on this request: {type(error).__name__}", kind="server_error")
-        return JSONResponse(failure.body(), status_code=500)
-
     @app.get("/health")
     async def health() -> JSONResponse:
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         return JSONResponse({"status": "ok"})
 
+    entry = {"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         access.authorize(request.headers.get("authorization"))
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}]}
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/v1/models/{name:path}")
+    async def one_model(request: Request, name: str) -> dict[str, Any]:
+        access.authorize(request.headers.get("authorization"))
+        if name not in defaults.model_names:
+            raise ApiError(404, f"the model {name!r} does not exist", "model", code="model_not_found")
+        return entry
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:
@@ -207,6 +217,34 @@ def create_app(
         return await generate(request, chat=True)
 
     return app
+
+
+class ServerFailures:
+    """ASGI middleware: an exception no handler answered becomes a JSON 500 in OpenAI's shape, logged with its
+    traceback, where Starlette's own last resort would answer and then re-raise it, closing the connection."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as error:
+            if started:  # a response is under way: nothing else can be said on it
+                raise
+            LOG.exception("the server failed on a request to %s", scope.get("path"))
+            failure = ApiError(500, f"the server failed on this request: {type(error).__name__}", kind="server_error")
+            await JSONResponse(failure.body(), status_code=500)(scope, receive, send)
 
 
 def sse(data: dict[str, Any]) -> str:

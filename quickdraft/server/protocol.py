@@ -11,11 +11,10 @@ extras, which the openai client sends with ``extra_body``: ``top_k``, ``drafter`
 ``prompt-lookup``, ``early-exit``, ``none``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
 ``max_draft_tokens``, ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output, and
 ``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps nothing of it).
-``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`. OpenAI's fields that would change the answer and
-that this server does not implement (:data:`UNSUPPORTED`: legacy functions, penalties, ...) are refused with 400
-unless they hold the value that changes nothing; never silently ignored. Fields that do not change the answer
-(``user``, ``metadata``, ``store``, ...) are accepted. A message's role is one of :data:`ROLES`. A bad value raises
-:class:`ApiError` with the status and message a client sees.
+``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`. Which other fields are accepted, refused or
+unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks for is silently ignored. Without
+``max_tokens``, a request gets the server's default, at most what the context leaves after its prompt. A message's
+role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and message a client sees.
 """
 
 from __future__ import annotations
@@ -36,16 +35,11 @@ from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.server.errors import ApiError
+from quickdraft.server.fields import check_fields, count, flag, text_parts
 from quickdraft.server.tools import ToolRequest, parse_tools, split_calls, template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
-# OpenAI's fields that change the answer and this server does not implement, with the values that change nothing
-UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "functions": (None, []), "function_call": (None, "none"),
-    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1),
-    "echo": (None, False), "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
-    "web_search_options": (None,),
-}  # fmt: skip
+MAX_LOGPROBS = 20  # OpenAI's limit on the likeliest tokens listed beside each token
 
 
 @dataclass(frozen=True)
@@ -53,7 +47,8 @@ class ServerDefaults:
     model_names: tuple[str, ...]  # the names ``model`` may take; the first is what responses say
     drafter: str = DEFAULT_DRAFTER
     policy: str | None = None  # None: the library's default (goodput)
-    max_tokens: int = 256  # when a request gives none
+    max_tokens: int = 256  # when a request gives none (at most what the context leaves after its prompt)
+    max_context: int | None = None  # positions the model holds: prompt + answer (None: not checked here)
 
 
 @dataclass(frozen=True)
@@ -82,18 +77,23 @@ def parse_request(
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, f"model must be a model's name, got {model!r}", "model")
     if model is not None and model not in defaults.model_names:
         message = f"the model {model!r} does not exist; this server serves {defaults.model_names[0]!r}"
         raise ApiError(404, message, "model", code="model_not_found")
     if body.get("n", 1) != 1:
         raise ApiError(400, "n must be 1: one choice per request", "n")
-    for name, harmless in UNSUPPORTED.items():
-        value = body.get(name)  # a bool equals only a bool here: echo 0 is not echo false
-        if not any(value == allowed and isinstance(value, bool) == isinstance(allowed, bool) for allowed in harmless):
-            raise ApiError(400, f"{name} is not supported by this server", name, code="unsupported_parameter")
+    check_fields(body, chat)
     tools = parse_tools(body, chat_template) if chat else None
-    if not chat and body.get("tools"):
-        raise ApiError(400, "tools need /v1/chat/completions", "tools")
+    stream = flag(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise ApiError(400, "stream_options must be an object", "stream_options")
+    if options is not None and not stream:
+        raise ApiError(400, "stream_options needs stream set to true", "stream_options")
+    include_usage = flag(options or {}, "include_usage", False, "stream_options.")
+    return_token_ids = flag(body, "return_token_ids", False)
     try:
         prompt_ids = encode(_messages(body) if chat else _prompt(body), chat, None if tools is None else tools.tools)
         sampling = SamplingParams(
@@ -102,36 +102,52 @@ def parse_request(
             top_p=_number(body, "top_p", 1.0),
             seed=_field(body, "seed", None),
         )
-        max_tokens = _field(body, "max_completion_tokens", None) if chat else None
-        logprobs = _logprobs(body, chat)
         config = GenerationConfig(
-            max_new_tokens=_field(body, "max_tokens", defaults.max_tokens) if max_tokens is None else max_tokens,
+            max_new_tokens=_max_tokens(body, chat, len(prompt_ids), defaults),
             num_draft_tokens=_field(body, "num_draft_tokens", None),
             sampling=sampling,
             stop=_stop(body),
             policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
             max_draft_tokens=_field(body, "max_draft_tokens", 16),
-            logprobs=logprobs,
+            logprobs=_logprobs(body, chat),
             grammar=_grammar(body, tools),
         )
         drafter = _field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
             raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")
-        prediction_ids = encode(_prediction(body), False) if body.get("prediction") is not None else []
-        cache_prompt = _field(body, "cache_prompt", True)
-        if not isinstance(cache_prompt, bool):
-            raise ApiError(400, f"cache_prompt must be true or false, got {cache_prompt!r}", "cache_prompt")
+        prediction = _prediction(body) if body.get("prediction") is not None else ""
+        prediction_ids = encode(prediction, False) if prediction else []
         serve = Request(
             tuple(prompt_ids), config, drafter_named(drafter), prediction_ids=tuple(prediction_ids),
-            cache_prompt=cache_prompt,
+            cache_prompt=flag(body, "cache_prompt", True),
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error)) from None
-    options = body.get("stream_options") or {}
-    if not isinstance(options, Mapping):
-        raise ApiError(400, "stream_options must be an object", "stream_options")
-    stream, include_usage = bool(body.get("stream", False)), bool(options.get("include_usage", False))
-    return ApiRequest(serve, chat, stream, include_usage, bool(body.get("return_token_ids", False)), tools)
+    return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools)
+
+
+def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, defaults: ServerDefaults) -> int:
+    """The answer's length limit: ``max_tokens`` (chat: or ``max_completion_tokens``, the same if both), else the
+    server's default cut to what the context leaves; a request that does not fit its context is refused."""
+    given = {name: count(body, name, 1) for name in ("max_tokens", "max_completion_tokens")[: 2 if chat else 1]}
+    values = {value for value in given.values() if value is not None}
+    if len(values) > 1:
+        raise ApiError(400, "max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
+    room = None if defaults.max_context is None else defaults.max_context - prompt_tokens
+    if values:
+        limit = values.pop()
+        if room is not None and limit > room:
+            message = (
+                f"this model's context holds {defaults.max_context} tokens, but the request asks for "
+                f"{prompt_tokens + limit}: {prompt_tokens} in the prompt and up to {limit} new ones; shorten the "
+                f"prompt or lower {'max_completion_tokens' if given.get('max_completion_tokens') else 'max_tokens'}"
+            )
+            raise ApiError(400, message, "messages" if chat else "prompt", code="context_length_exceeded")
+        return limit
+    if room is not None and room < 1:
+        message = f"the prompt has {prompt_tokens} tokens and fills this model's context of {defaults.max_context}"
+        raise ApiError(400, message, "messages" if chat else "prompt", code="context_length_exceeded")
+    return defaults.max_tokens if room is None else min(defaults.max_tokens, room)
 
 
 def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -170,8 +186,8 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         content = message.get("content")
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             content = ""  # an assistant turn that only called tools
-        if isinstance(content, list):  # content parts: the text ones, joined
-            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        if isinstance(content, list):  # content parts: text only, joined
+            content = text_parts(content, f"a {message['role']} message", "messages")
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
         role = "system" if message["role"] == "developer" else message["role"]
@@ -214,10 +230,8 @@ def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:
     """How many likeliest tokens to list beside each new token's log-probability; None: no log-probabilities.
     Chat: ``logprobs`` true and ``top_logprobs`` (0-20); completions: ``logprobs`` is that number."""
     if not chat:
-        return _field(body, "logprobs", None)
-    wanted, top = _field(body, "logprobs", False), _field(body, "top_logprobs", None)
-    if not isinstance(wanted, bool):
-        raise ApiError(400, f"logprobs must be true or false, got {wanted!r}", "logprobs")
+        return count(body, "logprobs", 0, MAX_LOGPROBS)
+    wanted, top = flag(body, "logprobs", False), count(body, "top_logprobs", 0, MAX_LOGPROBS)
     if top is not None and not wanted:
         raise ApiError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
     return (0 if top is None else top) if wanted else None
@@ -229,8 +243,8 @@ def _prediction(body: Mapping[str, Any]) -> str:
     if not isinstance(prediction, Mapping) or prediction.get("type") != "content":
         raise ApiError(400, 'prediction must be {"type": "content", "content": ...}', "prediction")
     content = prediction.get("content")
-    if isinstance(content, list) and all(isinstance(part, Mapping) for part in content):
-        content = "".join(str(part.get("text", "")) for part in content if part.get("type", "text") == "text")
+    if isinstance(content, list):
+        content = text_parts(content, "prediction.content", "prediction")
     if not isinstance(content, str):
         raise ApiError(400, "prediction.content must be text or a list of text parts", "prediction")
     return content

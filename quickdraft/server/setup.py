@@ -50,6 +50,8 @@ class ServerOptions:
             raise ConfigError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
         if self.default_max_tokens < 1:
             raise ConfigError(f"--default-max-tokens must be >= 1, got {self.default_max_tokens}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ConfigError("--served-model-name must not be empty: clients send it as `model`")
         resolve_device(self.device)  # a GPU that is not there fails before any model is resolved
         if self.drafter not in DRAFTERS.names():
             raise ConfigError(f"unknown drafter {self.drafter!r}; choose one of: {', '.join(DRAFTERS.names())}")

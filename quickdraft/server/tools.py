@@ -54,7 +54,11 @@ class ToolRequest:
             import xgrammar
         except ImportError:
             raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
-        call = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        try:
+            call = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        except (RuntimeError, ValueError) as error:  # xgrammar's word on a schema it cannot follow
+            message = f"a tool's parameters are not a JSON schema a call can be constrained to: {error}"
+            raise ApiError(400, message, "tools") from None
         opening, closing = (
             xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in (OPEN_TAG + "\n", "\n" + CLOSE_TAG)
         )
@@ -91,6 +95,8 @@ def parse_tools(body: Mapping[str, Any], template: str) -> ToolRequest | None:
     if len(tools) > MAX_TOOLS:
         raise ApiError(400, f"a request may offer at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
     names = frozenset(tool["function"]["name"] for tool in tools)
+    if len(names) < len(tools):
+        raise ApiError(400, "two tools have the same function name", "tools")
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")

@@ -33,6 +33,7 @@ WEATHER = {
         },
     },
 }
+BAD_SCHEMA = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -159,6 +160,9 @@ def test_bad_tools_are_clear_400s(server: Server) -> None:
         {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
         {"tool_choice": "required"},
         {"tools": [WEATHER] * 129},
+        {"tools": [WEATHER, WEATHER]},
+        {"tools": [BAD_SCHEMA], "tool_choice": "required"},  # xgrammar cannot follow it: 400, not a 500
+        {"tools": [BAD_SCHEMA], "tool_choice": {"type": "function", "function": {"name": "f"}}},
     ]
     for extra in bad:
         with pytest.raises(openai.BadRequestError, match="tool"):
@@ -205,3 +209,9 @@ def test_tool_requests_are_checked() -> None:
     assert rendered["tool_calls"][0]["function"]["arguments"] == {}
     with pytest.raises(ApiError, match="JSON text"):
         template_message({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}, "")
+    with pytest.raises(ApiError, match="same function name"):
+        parse_tools({"tools": [WEATHER, WEATHER]}, HERMES)
+    required = parse_tools({"tools": [BAD_SCHEMA], "tool_choice": "required"}, HERMES)
+    with pytest.raises(ApiError, match="not a JSON schema") as bad:
+        required.grammar()  # type: ignore[union-attr]
+    assert bad.value.status == 400 and bad.value.param == "tools"

@@ -1,0 +1,116 @@
+"""Which fields a request body may hold, and what each kind gets. Nothing a client asks for is dropped silently.
+
+- The fields this server reads (:data:`CHAT_FIELDS`, :data:`COMPLETION_FIELDS`): validated by
+  :mod:`quickdraft.server.protocol`.
+- Fields that change nothing here (:data:`HARMLESS`: ``user``, ``metadata``, ``store``, ...): accepted.
+- Fields that would change the answer and that this server does not implement (:data:`UNSUPPORTED`: OpenAI's
+  legacy functions and penalties, vLLM's ``repetition_penalty`` and ``min_p``, a reasoning model's effort, ...):
+  400 ``unsupported_parameter`` unless they hold the value that changes nothing.
+- A field of the other endpoint (:data:`OTHER_ENDPOINT`) gets a 400 that says where it belongs; any other name a
+  400 ``unrecognized_parameter``, as OpenAI answers an unrecognized argument (a typo such as ``max_tokenz`` would
+  otherwise fall back to the default silently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from quickdraft.server.errors import ApiError
+
+COMMON_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "logprobs",
+    "prediction", "response_format",
+    # quickdraft's extras (the openai client sends them with extra_body)
+    "top_k", "drafter", "policy", "num_draft_tokens", "max_draft_tokens", "return_token_ids", "regex", "grammar",
+    "cache_prompt",
+})  # fmt: skip
+CHAT_FIELDS = COMMON_FIELDS | {
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+}  # fmt: skip
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
+HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+# fields that change the answer and this server does not implement, with the values that change nothing
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "functions": (None, []), "function_call": (None, "none"),
+    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
+    "web_search_options": (None,), "reasoning_effort": (None,), "verbosity": (None,),
+    "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0), "ignore_eos": (None, False),
+}  # fmt: skip
+# fields of the other endpoint: what to say, and the values that change nothing there (an empty tools list)
+OTHER_ENDPOINT: dict[str, dict[str, tuple[str, tuple[Any, ...]]]] = {
+    "chat": {"prompt": ("/v1/chat/completions takes messages; a prompt goes to /v1/completions", ())},
+    "completions": {
+        "messages": ("/v1/completions takes a prompt; messages go to /v1/chat/completions", ()),
+        "max_completion_tokens": ("/v1/completions takes max_tokens", ()),
+        "top_logprobs": ("/v1/completions takes logprobs: the number of likeliest tokens to list", ()),
+        "tools": ("tools need /v1/chat/completions", ([],)),
+        "tool_choice": ("tool_choice needs /v1/chat/completions", ("none",)),
+        "parallel_tool_calls": ("parallel_tool_calls needs /v1/chat/completions", (True, False)),
+    },
+}
+
+
+def check_fields(body: Mapping[str, Any], chat: bool) -> None:
+    """Raise :class:`ApiError` for a field this endpoint does not know or an unsupported one that would change the
+    answer (the rules above)."""
+    known = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    other = OTHER_ENDPOINT["chat" if chat else "completions"]
+    for name, value in body.items():
+        if name in known or name in HARMLESS or (value is None and name not in UNSUPPORTED):
+            continue  # a null field asks for nothing
+        if name in UNSUPPORTED:
+            if not any(_same(value, allowed) for allowed in UNSUPPORTED[name]):
+                raise ApiError(400, f"{name} is not supported by this server", name, code="unsupported_parameter")
+        elif name in other:
+            message, harmless = other[name]
+            if not any(_same(value, allowed) for allowed in harmless):
+                raise ApiError(400, message, name, code="unsupported_parameter")
+        else:
+            raise ApiError(400, f"unrecognized request argument: {name}", name, code="unrecognized_parameter")
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    """``value`` is ``allowed``; a bool equals only a bool here (echo 0 is not echo false)."""
+    return value == allowed and isinstance(value, bool) == isinstance(allowed, bool)
+
+
+def flag(body: Mapping[str, Any], name: str, default: bool, where: str = "") -> bool:
+    """A true-or-false field (``where``: the object holding it, for the message); a string such as "false" is
+    refused rather than read as true."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{where}{name} must be true or false, got {value!r}", where.rstrip(".") or name)
+    return value
+
+
+def count(body: Mapping[str, Any], name: str, low: int, high: int | None = None) -> int | None:
+    """A whole-number field in [``low``, ``high``]; None where absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f"at least {low}" if high is None else f"in [{low}, {high}]"
+        raise ApiError(400, f"{name} must be a whole number {bounds}, got {value!r}", name)
+    return value
+
+
+def text_parts(content: list[Any], where: str, param: str) -> str:
+    """The text of OpenAI's content parts, joined; a part that is not ``{"type": "text", "text": ...}`` (an image, an
+    audio clip, a bare string) is refused: the model would answer without it."""
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text":
+            if isinstance(kind, str):
+                message = f"{where} holds a content part of type {kind!r}; this server reads text parts only"
+            else:
+                message = f'{where} content parts must be objects {{"type": "text", "text": ...}}'
+            raise ApiError(400, message, param, code="unsupported_parameter" if isinstance(kind, str) else None)
+        if not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{where}: a text part's text must be a string", param)
+        texts.append(part["text"])
+    return "".join(texts)

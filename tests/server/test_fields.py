@@ -1,0 +1,152 @@
+"""Which request fields the server reads, accepts, refuses or does not know (server/fields.py), and the answers a
+client gets for each: nothing a client asks for is silently dropped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
+
+from quickdraft.api import Pipeline
+from quickdraft.server.errors import ApiError
+from quickdraft.server.fields import CHAT_FIELDS, HARMLESS, UNSUPPORTED, check_fields, count, flag, text_parts
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
+COMPLETION = {"model": MODEL, "prompt": "w1", "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return native_chat_pipeline()
+
+
+@pytest.fixture(scope="module")
+def server(native: Pipeline) -> Iterator[Server]:
+    with serving(native) as running:
+        yield running
+
+
+def test_known_harmless_unsupported_and_unknown_fields() -> None:
+    check_fields({name: None for name in CHAT_FIELDS | HARMLESS}, chat=True)
+    check_fields({"tools": [], "tool_choice": "none", "parallel_tool_calls": False}, chat=False)  # change nothing
+    check_fields({"user": "u1", "metadata": {"a": "b"}, "repetition_penalty": 1.0, "min_p": 0, "x": None}, chat=True)
+    for name, harmless in UNSUPPORTED.items():
+        check_fields({name: harmless[-1]}, chat=False)
+    refused = [
+        ({"repetition_penalty": 1.5}, True, "repetition_penalty is not supported"),
+        ({"ignore_eos": True}, True, "ignore_eos is not supported"),
+        ({"echo": 0}, False, "echo is not supported"),  # 0 is not false
+        ({"max_tokenz": 2}, True, "unrecognized request argument: max_tokenz"),
+        ({"max_completion_tokens": 2}, False, "takes max_tokens"),
+        ({"top_logprobs": 2}, False, "takes logprobs"),
+        ({"tools": [{"type": "function"}]}, False, "need /v1/chat/completions"),
+        ({"prompt": "w1"}, True, "takes messages"),
+    ]
+    for body, chat, words in refused:
+        with pytest.raises(ApiError, match=words) as error:
+            check_fields(body, chat)
+        assert error.value.status == 400 and error.value.param == next(iter(body)), body
+
+
+def test_flags_counts_and_text_parts_take_only_their_own_types() -> None:
+    assert flag({}, "stream", False) is False and flag({"stream": True}, "stream", False) is True
+    for value in ("false", "no", 0, 1, [], {}):
+        with pytest.raises(ApiError, match="must be true or false"):
+            flag({"stream": value}, "stream", False)
+    with pytest.raises(ApiError, match=r"stream_options\.include_usage") as nested:
+        flag({"include_usage": "false"}, "include_usage", False, "stream_options.")
+    assert nested.value.param == "stream_options"
+    assert count({"n": 3}, "n", 1) == 3 and count({}, "n", 1) is None and count({"n": 20}, "n", 0, 20) == 20
+    for value in (0, 21, True, 2.0, "2"):
+        with pytest.raises(ApiError, match="whole number"):
+            count({"n": value}, "n", 1, 20)
+    assert text_parts([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "m", "messages") == "ab"
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    for parts, words in (([image], "type 'image_url'"), (["a"], "must be objects"), ([{"text": "a"}], "objects")):
+        with pytest.raises(ApiError, match=words):
+            text_parts(parts, "a user message", "messages")
+
+
+REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the message, param)
+    ("chat/completions", CHAT | {"stream": "false"}, "stream must be true or false", "stream"),
+    ("chat/completions", CHAT | {"return_token_ids": "no"}, "return_token_ids must be", "return_token_ids"),
+    (
+        "chat/completions",
+        CHAT | {"stream": True, "stream_options": {"include_usage": "false"}},
+        "include_usage must be",
+        "stream_options",
+    ),
+    ("chat/completions", CHAT | {"stream_options": {"include_usage": True}}, "needs stream", "stream_options"),
+    ("chat/completions", CHAT | {"max_completion_tokens": 3}, "differ", "max_completion_tokens"),
+    ("chat/completions", CHAT | {"max_tokens": True}, "max_tokens must be a whole number", "max_tokens"),
+    ("chat/completions", CHAT | {"logprobs": True, "top_logprobs": 21}, "in [0, 20]", "top_logprobs"),
+    ("chat/completions", CHAT | {"model": 5}, "model must be", "model"),
+    ("chat/completions", CHAT | {"repetition_penalty": 1.5}, "repetition_penalty is not", "repetition_penalty"),
+    ("chat/completions", CHAT | {"max_tokenz": 2}, "unrecognized request argument", "max_tokenz"),
+    (
+        "chat/completions",
+        CHAT | {"messages": [{"role": "user", "content": [{"type": "text", "text": "w1"}, {"type": "input_audio"}]}]},
+        "type 'input_audio'",
+        "messages",
+    ),
+    ("chat/completions", CHAT | {"messages": [{"role": "user", "content": ["w1"]}]}, "must be objects", "messages"),
+    (
+        "completions",
+        COMPLETION | {"prediction": {"type": "content", "content": [{"type": "image_url"}]}},
+        "type 'image_url'",
+        "prediction",
+    ),
+    ("completions", COMPLETION | {"max_completion_tokens": 2}, "takes max_tokens", "max_completion_tokens"),
+    ("completions", COMPLETION | {"top_logprobs": 3}, "takes logprobs", "top_logprobs"),
+    ("completions", COMPLETION | {"prompt": "w1 " * 300}, "context holds 256", "prompt"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "words", "param"), REFUSED)
+def test_what_would_be_dropped_or_misread_is_a_400(
+    server: Server, path: str, body: dict, words: str, param: str
+) -> None:
+    response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=TIMEOUT)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert words in error["message"] and error["param"] == param, error
+
+
+def test_harmless_fields_pass_and_the_default_length_fits_the_context(server: Server, native: Pipeline) -> None:
+    body = CHAT | {"user": "u1", "metadata": {"k": "v"}, "repetition_penalty": 1, "max_completion_tokens": 2}
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=TIMEOUT).status_code == 200
+    prompt = "w1 " * 249  # the server's default is 12 new tokens; the context of 256 leaves fewer
+    room = 256 - len(native.encode(prompt))
+    assert 0 < room < 12
+    body = {"model": MODEL, "prompt": prompt, "temperature": 0, "return_token_ids": True}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] <= room
+
+
+def test_a_model_is_retrieved_by_name(server: Server) -> None:
+    assert server.client().models.retrieve(MODEL).id == MODEL
+    response = httpx.get(f"{server.url}/v1/models/gpt-4", timeout=TIMEOUT)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_failure_of_the_server_is_a_json_500_and_the_connection_goes_on(
+    server: Server, native: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: object, **__: object) -> list[int]:
+        raise RuntimeError("a bug")
+
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as client:  # one kept-alive connection
+        monkeypatch.setattr(native, "encode", broken)
+        failed = client.post("/v1/completions", json=COMPLETION)
+        assert failed.status_code == 500
+        assert failed.json()["error"] == {
+            "message": "the server failed on this request: RuntimeError",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+        monkeypatch.undo()
+        assert client.post("/v1/completions", json=COMPLETION).status_code == 200

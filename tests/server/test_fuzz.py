@@ -17,7 +17,8 @@ FIELDS = (
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
     "stop", "stream", "stream_options", "n", "logprobs", "top_logprobs", "prediction", "response_format", "regex",
     "grammar", "drafter", "policy", "num_draft_tokens", "max_draft_tokens", "return_token_ids", "cache_prompt",
-    "tools", "tool_choice", "presence_penalty", "logit_bias", "echo", "user",
+    "tools", "tool_choice", "presence_penalty", "logit_bias", "echo", "user", "parallel_tool_calls",
+    "repetition_penalty", "max_tokenz",
 )  # fmt: skip
 KEYS = st.sampled_from(["role", "content", "type", "name", "function", "schema", "x"])
 LEAVES = st.none() | st.booleans() | st.integers(-5, 40) | st.floats(-2, 2) | st.sampled_from(["w1", "", "auto"])

@@ -41,13 +41,13 @@ class GenerationConfig:
         if self.num_draft_tokens is None:
             object.__setattr__(self, "num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 0:
-            raise ConfigError(f"num_draft_tokens must be an integer >= 0, got {self.num_draft_tokens}")
+            raise ConfigError(f"num_draft_tokens must be an integer >= 0, got {self.num_draft_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if not isinstance(self.max_draft_tokens, int) or self.max_draft_tokens < 1:
-            raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens}")
+            raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens!r}")
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20
         ):

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from quickdraft.errors import ConfigError
+
 try:
     import fcntl
 except ImportError:  # Windows: files are still written atomically, but not locked
@@ -19,8 +21,12 @@ except ImportError:  # Windows: files are still written atomically, but not lock
 
 
 def cache_root() -> Path:
-    """quickdraft's cache: ``$QUICKDRAFT_CACHE``, by default ``~/.cache/quickdraft``."""
-    return Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft")).expanduser()
+    """quickdraft's cache: ``$QUICKDRAFT_CACHE``, by default ``~/.cache/quickdraft``; ``ConfigError`` if it is
+    not a directory."""
+    root = Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft")).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"the cache {root} ($QUICKDRAFT_CACHE) is not a directory; set QUICKDRAFT_CACHE to one")
+    return root
 
 
 def calibrations_dir() -> Path:

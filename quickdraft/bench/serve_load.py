@@ -26,8 +26,10 @@ from typing import Any
 
 from quickdraft.bench.base import GREEDY
 from quickdraft.bench.metrics import percentile
-from quickdraft.errors import ConfigError
+from quickdraft.drafters import DRAFTERS
+from quickdraft.errors import ConfigError, QuickdraftError
 from quickdraft.lossless.sampling import SamplingParams
+from quickdraft.policies import parse_policy
 
 PEER_SERVER = "llama-server"
 
@@ -61,6 +63,12 @@ class ServedConfig:
                 f"a configuration is NAME=DRAFTER[+POLICY][:cache] (plain=none, fixed=draft-model+fixed:3) or "
                 f"NAME=llama-server[:draft][:cache], got {text!r}"
             )
+        try:  # checked here, before any server starts or model loads
+            DRAFTERS.get(drafter)
+            if policy:
+                parse_policy(policy)
+        except QuickdraftError as error:
+            raise ConfigError(f"configuration {text!r}: {error}") from None
         return cls(name, drafter, policy or None, prompt_cache=cached)
 
     @property
@@ -133,6 +141,32 @@ def parse_rate(text: str) -> float:
     if not rate > 0:
         raise ConfigError(f"a request rate must be > 0, got {text!r}")
     return rate
+
+
+def request_failure(error: Exception) -> ConfigError:
+    """The one line for a failed request outside a run's records (the warm-up, /metrics): the run cannot go on."""
+    import httpx
+    import openai
+
+    request = getattr(error, "request", None)  # openai's errors and httpx's carry the request
+    server = f"{request.url.scheme}://{request.url.netloc.decode()}" if request is not None else "the server"
+    if isinstance(error, openai.APIStatusError):
+        return ConfigError(f"the server at {server} refused a request with status {error.status_code}: {error.message}")
+    if isinstance(error, (openai.APITimeoutError, httpx.TimeoutException)):
+        return ConfigError(f"the server at {server} did not answer in time (--timeout)")
+    if isinstance(error, (openai.APIConnectionError, httpx.TransportError)):
+        return ConfigError(f"cannot reach the server at {server} ({error.__cause__ or error}): is it running?")
+    return ConfigError(f"a request to the server at {server} failed: {type(error).__name__}: {error}")
+
+
+def check_reachable(url: str) -> None:
+    """Fail now, before any model loads, if nothing answers at ``url`` (any HTTP answer will do)."""
+    import httpx
+
+    try:
+        httpx.get(url, timeout=10)
+    except httpx.HTTPError as error:
+        raise request_failure(error) from None
 
 
 def arrival_times(count: int, rate: float, seed: int) -> list[float]:

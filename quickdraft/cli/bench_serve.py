@@ -16,7 +16,16 @@ from typing import Any
 from quickdraft.bench.base import run_sampling
 from quickdraft.bench.llama_server import free_port, gguf_files, server_command
 from quickdraft.bench.llama_tools import SERVER_TOOL, check_tool
-from quickdraft.bench.serve_load import Prompt, ServedConfig, parse_rate, record_json, run_load, summarize_run
+from quickdraft.bench.serve_load import (
+    Prompt,
+    ServedConfig,
+    check_reachable,
+    parse_rate,
+    record_json,
+    request_failure,
+    run_load,
+    summarize_run,
+)
 from quickdraft.bench.serve_report import write_report
 from quickdraft.bench.workloads import (
     DEFAULT_MAX_TOKENS,
@@ -126,6 +135,8 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("--num-prompts and --max-tokens must be >= 1, --disconnect-fraction in [0, 1)")
     if args.url is not None and not re.match(r"^https?://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
         raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     args.sampling = run_sampling(args.temperature, args.seed)
     if not (args.sampling.is_greedy or args.sampling.is_seeded):
         args.no_reference = True  # unseeded samples have nothing to equal
@@ -136,6 +147,8 @@ def run(args: argparse.Namespace) -> None:
     if args.max_tokens is None:  # at most: the largest of the requests' own limits
         args.max_tokens = max(prompt.max_tokens or DEFAULT_MAX_TOKENS for prompt in prompts)
     check_output_dir(out)
+    if args.url is not None:
+        check_reachable(args.url)
     ours = [config for config in configs if not config.is_peer]
     references = None if args.no_reference or not ours else reference_outputs(args, prompts, out / "references.json")
     alone = single_request_runs(args, prompts, ours) if args.single_request and ours else None
@@ -195,6 +208,7 @@ async def drive(
     rates: list[str], references: dict[str, list[int]] | None, results: dict[str, Any], out: Path,
 ) -> bool:  # fmt: skip
     """Every run, with one client per server; results are saved after each. True if the plot was written."""
+    import httpx
     import openai
 
     clients = {
@@ -229,6 +243,8 @@ async def drive(
             results["disconnects"] = await disconnect_run(
                 args, clients[url], models[ours[0].name], url, prompts, ours, rates, references
             )
+    except (openai.APIError, httpx.HTTPError) as error:  # the warm-up's or /metrics': a run's own are recorded
+        raise request_failure(error) from None
     finally:
         for client in clients.values():
             await client.close()

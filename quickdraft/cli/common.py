@@ -130,8 +130,13 @@ def draft_for(args: argparse.Namespace, drafters: Sequence[str]) -> str | None:
     """The draft model to load: the default one if a drafter needs it, else none."""
     if any(DRAFTERS.get(name).needs_draft_model for name in drafters):
         return args.draft or DEFAULT_DRAFT
-    if args.draft is not None:
-        print(f"quickdraft: note: --draft is not used by the {', '.join(drafters)} drafter", file=sys.stderr)
+    draft_options = {
+        "--draft": args.draft,
+        "--draft-weights": args.draft_weights,
+        "--draft-vocabulary": args.draft_vocabulary,
+    }
+    for option in (option for option, value in draft_options.items() if value is not None):
+        print(f"quickdraft: note: {option} is not used by the {', '.join(drafters)} drafter", file=sys.stderr)
     return None
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from quickdraft.cli.common import add_model_arguments, draft_for, gpu_note, load_models, read_prompt
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions, HybridDrafter, PromptLookupDrafter
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarKind, GrammarSpec
@@ -62,7 +62,7 @@ def add_command(commands: Any) -> None:
         "and forget the acceptance and answer lengths it learned from earlier runs",
     )
     generate.add_argument(
-        "--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ of adaptive policies (default 16)"
+        "--max-draft-tokens", type=int, metavar="K", help="largest γ of adaptive policies (default 16)"
     )
     generate.add_argument(
         "--acceptance-head",
@@ -80,10 +80,10 @@ def add_command(commands: Any) -> None:
     constraint.add_argument("--json-schema", metavar="FILE", help="the answer follows the JSON schema in FILE")
     constraint.add_argument("--regex", metavar="REGEX", help="the answer matches REGEX")
     constraint.add_argument("--grammar", metavar="FILE", help="the answer follows the EBNF grammar in FILE")
-    generate.add_argument("--prompt-lookup-max-ngram", type=int, default=3, metavar="N", help="default 3")
-    generate.add_argument("--prompt-lookup-min-ngram", type=int, default=1, metavar="N", help="default 1")
+    generate.add_argument("--prompt-lookup-max-ngram", type=int, metavar="N", help="default 3")
+    generate.add_argument("--prompt-lookup-min-ngram", type=int, metavar="N", help="default 1")
     generate.add_argument(
-        "--hybrid-min-ngram", type=int, default=2, metavar="N", help="the hybrid copies after a match this long (2)"
+        "--hybrid-min-ngram", type=int, metavar="N", help="the hybrid copies after a match this long (2)"
     )
     generate.add_argument(
         "--prediction",
@@ -139,10 +139,17 @@ def run(args: argparse.Namespace) -> None:
         sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
         stop=tuple(args.stop),
         policy=args.policy,
-        max_draft_tokens=args.max_draft_tokens,
         grammar=grammar_of(args),
+        **given(max_draft_tokens=args.max_draft_tokens),
     )
-    options = DrafterOptions(args.prompt_lookup_max_ngram, args.prompt_lookup_min_ngram, args.hybrid_min_ngram)
+    options = DrafterOptions(
+        **given(
+            prompt_lookup_max_ngram=args.prompt_lookup_max_ngram,
+            prompt_lookup_min_ngram=args.prompt_lookup_min_ngram,
+            hybrid_min_ngram=args.hybrid_min_ngram,
+        )
+    )
+    check_options(args, config)
     prompt = read_prompt(args)
     draft = draft_for(args, [args.drafter])
     pipeline = load_models(args, draft)
@@ -207,6 +214,49 @@ def run(args: argparse.Namespace) -> None:
         if not config.sampling.is_greedy:
             same += " (sampled: equal distributions, not equal tokens, are what is guaranteed)"
         print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
+
+
+def given(**values: Any) -> dict[str, Any]:
+    """The options given on the command line (the rest take the settings' defaults)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
+    """Refuse options that contradict each other or name a missing file; note those the drafter and policy do not
+    use (the output is the same with or without them)."""
+    spec, drafter = config.policy_spec, DRAFTERS.get(args.drafter)
+    if args.num_draft_tokens is not None and spec.name == "fixed" and spec.argument is not None:
+        raise ConfigError(
+            f"--policy {spec} and --num-draft-tokens {args.num_draft_tokens} both give the drafts per step: "
+            "give the number once"
+        )
+    for option, path in (("--acceptance-head", args.acceptance_head), ("--draft-head", args.draft_head)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{option} {path}: no such file")
+    sampling = {"--seed": args.seed is not None, "--top-p": args.top_p != 1.0, "--top-k": args.top_k != 0}
+    if args.temperature == 0 and any(sampling.values()):
+        named = [option for option, is_given in sampling.items() if is_given]
+        verb, pronoun = ("applies", "it") if len(named) == 1 else ("apply", "them")
+        raise ConfigError(f"{', '.join(named)} only {verb} to sampling: give a --temperature above 0 with {pronoun}")
+    kind, drafts = spec.kind, drafter.proposes_drafts
+    by_policy = {  # option: given, yet not used by the policy (plain decoding: no policy chooses anything)
+        "--policy": args.policy is not None and not drafts,
+        "--num-draft-tokens": args.num_draft_tokens is not None and not (drafts and kind.uses_num_draft_tokens),
+        "--max-draft-tokens": args.max_draft_tokens is not None and not (drafts and kind.uses_max_draft_tokens),
+        "--recalibrate": args.recalibrate and not (drafts and (kind.needs_cost_model or kind.learns_answers)),
+        "--acceptance-head": args.acceptance_head is not None and not (drafts and kind.needs_acceptance_head),
+    }
+    policy = f"the {spec.name} policy" if drafts else f"the {args.drafter} drafter (plain decoding)"
+    copies = issubclass(drafter, (PromptLookupDrafter, HybridDrafter))  # the n-gram sizes are of what it copies
+    by_drafter = {
+        "--draft-head": args.draft_head is not None and not drafter.needs_draft_head,
+        "--prompt-lookup-max-ngram": args.prompt_lookup_max_ngram is not None and not copies,
+        "--prompt-lookup-min-ngram": args.prompt_lookup_min_ngram is not None and not copies,
+        "--hybrid-min-ngram": args.hybrid_min_ngram is not None and not issubclass(drafter, HybridDrafter),
+    }
+    for unused, by in ((by_policy, policy), (by_drafter, f"the {args.drafter} drafter")):
+        for option in (option for option, is_unused in unused.items() if is_unused):
+            print(f"quickdraft: note: {option} is not used by {by}", file=sys.stderr)
 
 
 def read_text(flag: str, path: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import add_runtime_argument
+from quickdraft.cli.common import add_runtime_argument, check_output_dir
 from quickdraft.errors import ConfigError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -70,7 +70,7 @@ def add_command(commands: Any) -> None:
     )
     parser.add_argument("--unroll", type=int, default=2, metavar="J", help="drafting depths trained (default 2)")
     parser.add_argument("--learning-rate", type=float, help="peak learning rate (1e-3; 2e-4 for --model draft)")
-    parser.add_argument("--rank", type=int, default=16, metavar="R", help="adapter rank for --model draft (16)")
+    parser.add_argument("--rank", type=int, metavar="R", help="adapter rank for --model draft (16)")
     parser.add_argument(
         "--tokens-per-batch", type=int, default=1024, metavar="N", help="positions per training batch (1024)"
     )
@@ -94,13 +94,20 @@ def run(args: argparse.Namespace) -> None:
 
     if args.shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {args.shards}")
+    if not args.collect_only and not 0 <= args.held_out_shards < args.shards:
+        held_out = args.held_out_shards
+        raise ConfigError(f"--held-out-shards must be >= 0 and fewer than --shards {args.shards}, got {held_out}")
+    if args.data is not None:
+        check_output_dir(Path(args.data), "--data")
+    if args.rank is not None and args.model != "draft":
+        print("quickdraft: note: --rank applies to the draft model's distillation (--model draft)", file=sys.stderr)
     # both trainers' settings; --epochs and --learning-rate default to each trainer's own
     shared = {"tokens_per_batch": args.tokens_per_batch, "held_out_shards": args.held_out_shards, "seed": args.seed}
     shared |= {name: value for name in ("epochs", "learning_rate") if (value := getattr(args, name)) is not None}
     if args.model == "draft":
         from quickdraft.draft_head.distill import DistillSettings
 
-        distill_settings = DistillSettings(rank=args.rank, **shared)
+        distill_settings = DistillSettings(**shared, **({"rank": args.rank} if args.rank is not None else {}))
     collect_settings = CollectSettings(
         sequences_per_shard=args.sequences_per_shard,
         batch_size=args.batch_size,

@@ -59,12 +59,17 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
     (enable_progress_bars if progress else disable_progress_bars)()
     try:
         return Path(hf_hub_download(repo, filename, cache_dir=cache_root() / "hub"))
+    except LocalEntryNotFoundError as error:  # offline, and not downloaded before (an EntryNotFoundError too)
+        from huggingface_hub.constants import ENDPOINT
+
+        raise ModelFilesError(
+            f"cannot download {filename} from {repo}: the hub at {ENDPOINT} could not be reached "
+            f"({error.__cause__ or error}); check the network connection (or $HF_ENDPOINT, $HF_HUB_OFFLINE)"
+        ) from None
     except EntryNotFoundError:
         raise ModelFilesError(f"{repo} on the hub has no file {filename}") from None
     except RepositoryNotFoundError:
         raise ModelFilesError(f"no repository {repo} on the hub (or it is gated: set $HF_TOKEN)") from None
-    except LocalEntryNotFoundError as error:  # offline, and not downloaded before
-        raise ModelFilesError(f"cannot download {filename} from {repo}: the hub is unreachable ({error})") from None
     except (HfHubHTTPError, OSError) as error:
         raise ModelFilesError(f"cannot download {filename} from {repo}: {type(error).__name__}: {error}") from None
 

@@ -240,6 +240,8 @@ class PolicyKind:
     needs_cost_model: bool = False  # plans with measured costs: calibrate before building it
     needs_acceptance_head: bool = False  # a trained SpecDec++ head
     learns_answers: bool = False  # learns acceptance and answer lengths worth keeping across processes
+    uses_num_draft_tokens: bool = False  # its γ (or the γ it starts from) is the request's num_draft_tokens
+    uses_max_draft_tokens: bool = True  # it chooses γ up to the request's max_draft_tokens
 
 
 POLICIES: Registry[PolicyKind] = Registry("speculation policy")
@@ -301,7 +303,8 @@ def number_argument(kind: type, what: str, low: float, high: float) -> Callable[
         try:
             value = kind(argument)
         except ValueError:
-            raise ConfigError(f"{what} must be a {kind.__name__}, got {argument!r}") from None
+            noun = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{what} must be {noun}, got {argument!r}") from None
         if not low <= value <= high:
             raise ConfigError(f"{what} must be in [{low}, {high}], got {value}")
         return value

@@ -71,6 +71,10 @@ def _confidence(threshold: float | None, context: PolicyContext) -> Policy:
     return ConfidencePolicy(0.4 if threshold is None else threshold, context.max_draft_tokens)
 
 
-POLICIES.register("fixed")(PolicyKind(_fixed, number_argument(int, "fixed:K", 0, 1024)))
-POLICIES.register("heuristic")(PolicyKind(_heuristic, no_argument("heuristic")))
+POLICIES.register("fixed")(
+    PolicyKind(
+        _fixed, number_argument(int, "fixed:K", 0, 1024), uses_num_draft_tokens=True, uses_max_draft_tokens=False
+    )
+)
+POLICIES.register("heuristic")(PolicyKind(_heuristic, no_argument("heuristic"), uses_num_draft_tokens=True))
 POLICIES.register("confidence")(PolicyKind(_confidence, number_argument(float, "confidence:T", 0.0, 1.0)))

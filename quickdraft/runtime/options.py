@@ -34,7 +34,13 @@ def draft_load_options(
     for explicitly)."""
     if not runtime_class.takes_load_options and weights is None and vocabulary is None:
         return LoadOptions(device=device)
+    asked = vocabulary
     weights, vocabulary = draft_load_defaults(weights, vocabulary)
     if vocabulary < 0:
         raise ConfigError(f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}")
+    if asked is not None and asked > len(tokenizer):  # the default is what the model has, at most
+        raise ConfigError(
+            f"the draft vocabulary of {asked} tokens is larger than the draft model's vocabulary of {len(tokenizer)} "
+            "tokens: give at most that many (0: all)"
+        )
     return LoadOptions(weights, frequent_tokens(tokenizer, vocabulary) if vocabulary else None, device)

@@ -146,6 +146,28 @@ def test_llama_tools_are_built_without_amx_offline_and_cached_by_their_options(m
         llama_tools.llama_tool("llama-cli")
 
 
+@pytest.mark.parametrize("failure", [ConfigError("cmake failed"), KeyboardInterrupt()])
+def test_a_failed_or_interrupted_build_leaves_no_scratch_folder(
+    failure: BaseException, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each build's scratch (the sdist and the build tree: hundreds of MB) goes when the build ends, however it ends;
+    a build removes those that builds killed earlier left."""
+    import quickdraft.bench.llama_tools as llama_tools
+
+    monkeypatch.setattr(llama_tools, "tool_dir", lambda: tmp_path / "tools")
+    (tmp_path / "tools" / "tmpk1lled" / "build").mkdir(parents=True)  # left by a build that was killed
+    (tmp_path / "tools" / "bin").mkdir()
+
+    def failing_download(work: Path, what: str) -> Path:
+        (work / "llama_cpp_python.tar.gz").write_bytes(b"\0" * 1000)
+        raise failure
+
+    monkeypatch.setattr(llama_tools, "vendored_source", failing_download)
+    with pytest.raises(type(failure)):
+        llama_tools.build_tools(tmp_path / "tools" / "bin", progress=False)
+    assert sorted(path.name for path in (tmp_path / "tools").iterdir()) == ["bin"]
+
+
 def converted_from_gguf(tmp_path: Path, gguf: bytes = b"GGUF fake weights", recorded: str | None = None) -> Path:
     """A model directory with quickdraft's conversion marker naming its source GGUF and its digest."""
     from quickdraft.models.convert import MARKER

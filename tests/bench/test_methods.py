@@ -36,6 +36,12 @@ def test_method_specs() -> None:
             parse_methods(bad)
 
 
+def test_no_methods_is_an_error_not_a_baseline_run() -> None:
+    for empty in ("", ",", " , "):
+        with pytest.raises(QuickdraftError, match="--methods: no methods given"):
+            parse_methods(empty)
+
+
 def test_llama_cpp_method_specs() -> None:
     methods = parse_methods("llama-cpp,llama-cpp-prompt-lookup,hf-generate")
     assert [m.name for m in methods] == ["baseline", "llama-cpp", "llama-cpp-prompt-lookup", "hf-generate"]

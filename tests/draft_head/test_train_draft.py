@@ -214,3 +214,43 @@ def test_collection_refuses_what_it_cannot_synthesize_from() -> None:
 def test_train_draft_rejects_bad_counts(capsys: pytest.CaptureFixture) -> None:
     assert main(["train-draft", "--shards", "0"]) == 1
     assert "--shards must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--held-out-shards", "8", "--shards", "8"],
+            "--held-out-shards must be >= 0 and fewer than --shards 8, got 8",
+        ),
+        (["--held-out-shards", "-1"], "--held-out-shards must be >= 0"),
+        (["--data", __file__], f"--data {__file__} is a file; give a directory"),
+    ],
+)
+def test_train_draft_checks_its_arguments_before_loading_the_target(
+    args: list[str], message: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("loaded the target although the arguments were bad")
+
+    monkeypatch.setattr(Pipeline, "load", no_loading)
+    assert main(["train-draft", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"quickdraft: error: {message}") and err.count("\n") == 1
+
+
+def test_the_rank_without_distilling_gets_a_note(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Loaded(Exception):
+        pass
+
+    def stop_at_loading(*args: object, **kwargs: object) -> None:
+        raise Loaded
+
+    monkeypatch.setattr(Pipeline, "load", stop_at_loading)
+    with pytest.raises(Loaded):
+        main(["train-draft", "--rank", "4", "--collect-only", "--shards", "1"])
+    assert (
+        "quickdraft: note: --rank applies to the draft model's distillation (--model draft)" in capsys.readouterr().err
+    )

@@ -8,12 +8,14 @@ from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
 from quickdraft.errors import ConfigError, UnknownNameError
 from quickdraft.policies import (
+    POLICIES,
     DraftBid,
     Offer,
     PolicyContext,
     StepOutcome,
     StepState,
     make_policy,
+    parse_policy,
 )
 
 
@@ -45,6 +47,23 @@ def test_fixed_policy_and_specs() -> None:
     with pytest.raises(UnknownNameError):
         GenerationConfig(policy="oracle")
     GenerationConfig(policy="goodput")  # needs a cost model only when a request runs
+
+
+def test_a_bad_policy_argument_names_what_it_must_be() -> None:
+    with pytest.raises(ConfigError, match=r"^fixed:K must be an integer, got 'abc'$"):
+        parse_policy("fixed:abc")
+    with pytest.raises(ConfigError, match=r"^confidence:T must be a number, got 'high'$"):
+        parse_policy("confidence:high")
+
+
+def test_each_policy_says_which_gamma_settings_it_reads() -> None:
+    """What the CLI notes as unused: a fixed γ reads no maximum, an adaptive policy no starting γ."""
+    reads = {name: (POLICIES.get(name).uses_num_draft_tokens, POLICIES.get(name).uses_max_draft_tokens)
+             for name in POLICIES.names()}  # fmt: skip
+    assert reads == {
+        "fixed": (True, False), "heuristic": (True, True), "goodput": (False, True), "confidence": (False, True),
+        "specdec++": (False, True),
+    }  # fmt: skip
 
 
 def test_goodput_is_the_default_unless_the_request_gives_a_gamma() -> None:

@@ -14,7 +14,8 @@ from quickdraft.draft_head.file import default_head_path as default_draft_head_p
 from quickdraft.draft_head.file import head_name
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, Drafter, DrafterOptions, DrafterRecords
 from quickdraft.engine import Engine, GenerationResult, GenerationStream, Request, stream
-from quickdraft.errors import ConfigError
+from quickdraft.engine.request import token_ids
+from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -182,9 +183,13 @@ class Pipeline:
         ``config.policy``, made ready first (:meth:`setup_policy`: goodput loads or measures its drafter's costs on
         first use), or the ready ``policy`` given. ``prediction``: the answer expected (text or token ids; OpenAI's
         Predicted Outputs), copied as drafts where the answer follows it; a hybrid drafter's only."""
-        config = config or GenerationConfig()
-        prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
-        prediction_ids = tuple(self.encode(prediction) if isinstance(prediction, str) else prediction or ())
+        config = GenerationConfig() if config is None else config
+        if not isinstance(config, GenerationConfig):
+            raise ConfigError(f"config must be a GenerationConfig, got {config!r}")
+        if chat and not isinstance(prompt, str):
+            raise PromptError("chat=True wraps prompt text in the chat template: give text, not token ids")
+        prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else token_ids(prompt, "the prompt")
+        prediction_ids = self.encode(prediction) if isinstance(prediction, str) else prediction or ()
         drafter_object = self.drafter(drafter, options)
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
         if policy is None:  # its costs and head ready now (the engine would get costs ready at the first need)

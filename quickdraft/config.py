@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarSpec
-from quickdraft.lossless.sampling import SamplingParams
+from quickdraft.lossless.sampling import SamplingParams, is_int
 from quickdraft.policies import PolicySpec, parse_policy
 
 __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "SamplingParams"]
@@ -14,6 +14,7 @@ __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "Sa
 
 DEFAULT_POLICY = "goodput"
 DEFAULT_NUM_DRAFT_TOKENS = 4
+MAX_DRAFT_TOKENS = 1024  # the most drafts a step may ask for (fixed:K's bound too)
 
 
 @dataclass(frozen=True)
@@ -36,21 +37,28 @@ class GenerationConfig:
     grammar: GrammarSpec | None = None  # structured output: the grammar every answer follows
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # one stop string, as OpenAI's stop takes it (not one per character)
+            object.__setattr__(self, "stop", (self.stop,))
+        elif isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop, tuple):
+            raise ConfigError(f"stop must be a string or a tuple of strings, got {self.stop!r}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ConfigError(f"sampling must be a SamplingParams, got {self.sampling!r}")
         if self.policy is None:
             object.__setattr__(self, "policy", "fixed" if self.num_draft_tokens is not None else DEFAULT_POLICY)
         if self.num_draft_tokens is None:
             object.__setattr__(self, "num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+        if not is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 0:
-            raise ConfigError(f"num_draft_tokens must be an integer >= 0, got {self.num_draft_tokens!r}")
+        if not is_int(self.num_draft_tokens) or not 0 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
+            message = f"num_draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens!r}"
+            raise ConfigError(message)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
-        if not isinstance(self.max_draft_tokens, int) or self.max_draft_tokens < 1:
+        if not is_int(self.max_draft_tokens) or self.max_draft_tokens < 1:
             raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens!r}")
-        if self.logprobs is not None and (
-            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20
-        ):
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise ConfigError(
                 f"logprobs must be an integer in [0, 20] (the likeliest tokens to list), got {self.logprobs!r}"
             )

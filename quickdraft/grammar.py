@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ class GrammarSpec:
                 raise ConfigError("a JSON schema must be valid JSON") from None
         elif self.kind is not GrammarKind.JSON and not self.text:
             raise ConfigError(f"a {self.kind.value} constraint needs its text")
+        elif self.kind is GrammarKind.JSON and self.text:
+            raise ConfigError("a json_object constraint takes no text: a schema goes with GrammarKind.JSON_SCHEMA")
 
 
 class GrammarCompiler:
@@ -77,11 +80,14 @@ class GrammarCompiler:
                 return self._compiler.compile_regex(spec.text)
             return self._compiler.compile_grammar(spec.text)
         except (RuntimeError, ValueError) as error:
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise ConfigError(f"the {spec.kind.value} constraint does not compile: {first_line}") from None
+            raise ConfigError(f"the {spec.kind.value} constraint does not compile: {xgrammar_reason(error)}") from None
 
     def constraint(self, spec: GrammarSpec) -> Constraint:
-        return Constraint(self._xgr, self.compile(spec), self.vocab_size)
+        """A new request's place at the grammar's start; ``ConfigError`` if no token of the vocabulary can begin it."""
+        constraint = Constraint(self._xgr, self.compile(spec), self.vocab_size)
+        if not bool(constraint.masks([])[0].any()):
+            raise ConfigError(f"no token of this model's vocabulary can begin the {spec.kind.value} constraint")
+        return constraint
 
 
 class Constraint:
@@ -147,6 +153,13 @@ class DraftCursor:
             raise RuntimeError(f"draft {token} was chosen against the grammar")
 
 
+def xgrammar_reason(error: Exception) -> str:
+    """The first line of xgrammar's message without its log prefix (``[12:00:00] /project/cpp/file.cc:83: ``)."""
+    text = str(error).strip()
+    first_line = text.splitlines()[0] if text else type(error).__name__
+    return re.sub(r"^\[[\d:]+\]\s+\S+:\d+:\s*", "", first_line)
+
+
 def allowed_tokens(xgr: Any, bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """xgrammar's bitmask ``[n, ⌈V/32⌉]`` as ``allowed [n, V] bool``."""
     scores = torch.zeros(bitmask.shape[0], vocab_size)  # [n, V]
@@ -171,5 +184,7 @@ def constrain_step(
     if constraint is None:
         return draft_token_ids, draft_probs, target_logits
     allowed, valid = constraint.masks(draft_token_ids[0].tolist())  # [valid + 1, V]
+    if not bool(allowed[-1].any()):  # a tokenizer that cannot write what the grammar needs next
+        raise ConfigError("the grammar allows no token of this model's vocabulary after the answer so far")
     draft_probs = None if draft_probs is None else draft_probs[:, :valid]
     return draft_token_ids[:, :valid], draft_probs, masked(target_logits[: valid + 1], allowed)

@@ -11,6 +11,8 @@ from quickdraft.tokens import common_prefix_length
 
 def encode(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
     """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
+    if not isinstance(prompt, str):
+        raise PromptError(f"the prompt must be text, got {type(prompt).__name__}")
     if not prompt.strip():
         raise PromptError("the prompt is empty: give some text to continue")
     require_utf8(prompt, "the prompt")
@@ -26,7 +28,13 @@ def encode_chat(
     ready for the assistant's turn; ``tools``: OpenAI's function tools, rendered by the template."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("this model has no chat template; run without --chat")
+    if isinstance(messages, str | Mapping) or not isinstance(messages, Sequence) or not messages:
+        raise PromptError("a conversation must be a non-empty list of {'role': ..., 'content': ...} messages")
     for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise PromptError(f"every message needs a role and a content, got {message!r}")
+        if not isinstance(message.get("content"), str):
+            raise PromptError(f"the {message['role']} message's content must be text, got {message.get('content')!r}")
         require_utf8(message["content"], f"the {message['role']} message")
     text = tokenizer.apply_chat_template(
         list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True

@@ -12,7 +12,7 @@ from conftest import native_pipeline
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
-from quickdraft.grammar import GrammarCompiler, GrammarKind, GrammarSpec
+from quickdraft.grammar import GrammarCompiler, GrammarKind, GrammarSpec, xgrammar_reason
 
 EOS = 47
 REGEXES = ["(w1|w2|w3)+", "w5w9(w1|w2){2,6}", "(w4|w5)(w6|w7)+w8"]  # no token leads to a dead end
@@ -68,6 +68,16 @@ def test_bad_grammars_are_clear_errors(native: Pipeline) -> None:
         native.generate([1, 2], GenerationConfig(4, grammar=GrammarSpec(GrammarKind.REGEX, "(w1")), drafter="none")
     with pytest.raises(ConfigError, match="end-of-sequence"):
         GrammarCompiler(native.tokenizer, native.target.vocab_size, frozenset())
+    with pytest.raises(ConfigError, match="takes no text"):
+        GrammarSpec(GrammarKind.JSON, "garbage")
+    with pytest.raises(ConfigError, match="can begin"):  # the word tokenizer cannot write "zzz": a clear error
+        native.generate([1, 2], GenerationConfig(4, grammar=GrammarSpec(GrammarKind.REGEX, "zzz")), drafter="none")
+    assert native.generate([1, 2], GenerationConfig(2), drafter="none").token_ids  # and the engine goes on
+
+
+def test_xgrammars_log_prefix_is_left_out_of_messages() -> None:
+    error = RuntimeError('[04:00:10] /project/cpp/json_schema_converter.cc:83: Unsupported type "x"\nstack')
+    assert xgrammar_reason(error) == 'Unsupported type "x"'
 
 
 @pytest.mark.parametrize(

@@ -215,6 +215,9 @@ def test_seeded_generator_reproduces_samples() -> None:
         ({"seed": 2**64}, "seed"),
         ({"seed": 1.5}, "seed"),
         ({"seed": True}, "seed"),
+        ({"top_k": True}, "top_k"),
+        ({"temperature": True}, "temperature"),
+        ({"top_p": True}, "top_p"),
     ],
 )
 def test_bad_sampling_params(kwargs: dict, message: str) -> None:
@@ -229,11 +232,24 @@ def test_bad_sampling_params(kwargs: dict, message: str) -> None:
         ({"max_new_tokens": -3}, "max_new_tokens"),
         ({"num_draft_tokens": -1}, "num_draft_tokens"),
         ({"stop": ("",)}, "stop"),
+        ({"stop": None}, "stop must be a string or a tuple"),
+        ({"stop": 5}, "stop must be a string or a tuple"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"num_draft_tokens": True}, "num_draft_tokens"),
+        ({"num_draft_tokens": 10**6}, "num_draft_tokens must be an integer in"),
+        ({"max_draft_tokens": True}, "max_draft_tokens"),
+        ({"sampling": {"temperature": 1.0}}, "sampling must be a SamplingParams"),
     ],
 )
 def test_bad_generation_config(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         GenerationConfig(**kwargs)
+
+
+def test_a_stop_string_is_one_stop_string_not_one_per_character() -> None:
+    assert GenerationConfig(stop="Hi").stop == ("Hi",)
+    assert GenerationConfig(stop=["a", "bc"]).stop == ("a", "bc")  # a list is kept, as a tuple: hashable
+    assert hash(GenerationConfig(stop=["a"])) == hash(GenerationConfig(stop=("a",)))
 
 
 def test_seeds_span_64_bits() -> None:

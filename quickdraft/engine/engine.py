@@ -10,6 +10,7 @@ step boundaries. Goodput requests' γ are chosen together for the whole step (:f
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -36,6 +37,7 @@ from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarCompiler, constrain_step
 from quickdraft.lossless.rules import (
     check_prompt,
+    check_token_ids,
     choose_token,
     commit_tokens,
     committed_drafts,
@@ -66,7 +68,6 @@ class Engine:
         if prefix_cache is not None and not target.reusable_prefixes:
             raise ConfigError(f"prefix caching needs a runtime whose cached prefixes are exact; {target.name} is not")
         self.prefix_cache = prefix_cache  # finished requests' caches, taken over by prompts that start alike
-        self._grammar_compiler: GrammarCompiler | None = None
         self.target, self.tokenizer, self.eos_token_ids = target, tokenizer, eos_token_ids
         self.batch_costs = batch_costs  # the measured batch curve goodput plans shared steps with (None: bids stand)
         self.scheduler = Scheduler(settings or SchedulerSettings())
@@ -83,7 +84,7 @@ class Engine:
         self.check_request(request)
         grammar = request.config.grammar
         return RequestState(
-            constraint=None if grammar is None else self._grammars().constraint(grammar),
+            constraint=None if grammar is None else self._grammars.constraint(grammar),
             request=request,
             sink=sink,
             policy=self._make_policy(request) if request.policy is None else request.policy,
@@ -101,16 +102,15 @@ class Engine:
         self.scheduler.cancel(request_id)
 
     def check_request(self, request: Request) -> None:
-        """Raise for a request that cannot run: its prompt does not fit, or it predicts its output for a drafter
-        that cannot copy it."""
-        check_prompt(list(request.prompt_ids), request.config, self.target.max_context)
+        """Raise for a request that cannot run: its prompt's fit and ids, its prediction's ids and drafter."""
+        check_prompt(request.prompt_ids, request.config, self.target.max_context, self.target.vocab_size)
+        check_token_ids(request.prediction_ids, self.target.vocab_size, "prediction")
         if request.prediction_ids and not request.drafter.follows_predictions:
             raise ConfigError("a predicted output needs a drafter that copies (hybrid or hybrid-eagle)")
 
+    @functools.cached_property
     def _grammars(self) -> GrammarCompiler:  # made on the first request with a grammar
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_token_ids)
-        return self._grammar_compiler
+        return GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_token_ids)
 
     def _make_policy(self, request: Request) -> Policy:
         """The request's policy; a drafter that never drafts gets plain steps whatever the policy. A policy that

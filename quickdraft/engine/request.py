@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from quickdraft.config import GenerationConfig
 from quickdraft.drafters import Drafter, DraftState
 from quickdraft.engine.logprobs import TokenLogprob
+from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import Constraint
 from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies import Policy
@@ -32,6 +35,31 @@ class Request:
     policy: Policy | None = None  # a ready policy (e.g. one that records); None: config.policy, built at submission
     prediction_ids: tuple[int, ...] = ()  # the answer the user expects (Predicted Outputs): drafts copied from it
     cache_prompt: bool = True  # False: no cached prefix is taken for it and its cache is not kept (llama.cpp's)
+
+    def __post_init__(self) -> None:
+        """Types checked here, at the edge (a wrong one would fail deep in a step); ids' range by the engine."""
+        for name in ("prompt_ids", "prediction_ids"):
+            object.__setattr__(self, name, token_ids(getattr(self, name), name))
+        for name, kind in (("config", GenerationConfig), ("drafter", Drafter)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"a request's {name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.policy is not None and not isinstance(self.policy, Policy):
+            raise ConfigError(f"a request's policy must be a Policy object or None, got {self.policy!r}")
+
+
+def token_ids(ids: Any, what: str = "prompt_ids") -> tuple[int, ...]:
+    """``ids`` as a tuple of token ids (non-negative ints; a 1-D tensor or array of them too): ``PromptError`` for
+    anything else (text, bytes, booleans, floats, nested lists, a batch of prompts)."""
+    if isinstance(ids, torch.Tensor | np.ndarray):
+        if ids.ndim != 1:
+            raise PromptError(f"{what} must be one sequence of token ids, got an array of shape {tuple(ids.shape)}")
+        ids = ids.tolist()
+    if isinstance(ids, str | bytes | Mapping) or not isinstance(ids, Sequence):
+        raise PromptError(f"{what} must be a sequence of token ids (ints), got {type(ids).__name__}")
+    for token in ids:
+        if isinstance(token, bool) or not isinstance(token, int | np.integer) or token < 0:
+            raise PromptError(f"{what} must hold token ids: non-negative ints, got {token!r}")
+    return tuple(int(token) for token in ids)
 
 
 @dataclass(frozen=True)

@@ -54,12 +54,12 @@ class Scheduler:
             self.waiting.append(state)
 
     def cancel(self, request_id: str) -> None:
-        """Cancel a waiting or running request at the next step boundary (unknown ids are ignored)."""
+        """Cancel a waiting, starting or running request at the next step boundary (unknown ids are ignored)."""
         with self._lock:
             self._cancelled.add(request_id)
 
     def take_cancelled(self) -> list[RequestState | RunningRequest]:
-        """Remove the cancelled requests from the queue and the running set, and return them."""
+        """Remove the cancelled requests from the queue, the running set and those whose start raised; return them."""
         with self._lock:
             if not self._cancelled:
                 return []
@@ -70,6 +70,8 @@ class Scheduler:
             self.waiting = deque(state for state in self.waiting if state.request.request_id not in ids)
         removed += [state for state in self.running if state.request.request_id in ids]
         self.running = [state for state in self.running if state.request.request_id not in ids]
+        removed += [state for state in self.admitting if state.request.request_id in ids]  # a start that raised
+        self.admitting = deque(state for state in self.admitting if state.request.request_id not in ids)
         return removed
 
     def admit(self, start: Callable[[RequestState], RunningRequest]) -> list[RunningRequest]:

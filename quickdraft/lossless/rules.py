@@ -4,6 +4,8 @@ of the answer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from quickdraft.config import GenerationConfig, SamplingParams
@@ -13,16 +15,26 @@ from quickdraft.lossless.verify import VerificationResult, block_verify, greedy_
 from quickdraft.text import IncrementalDecoder
 
 
-def check_prompt(prompt_ids: list[int], config: GenerationConfig, max_context: int) -> None:
-    """Raise ``PromptError`` for an empty prompt or one that leaves no room for ``max_new_tokens``."""
+def check_prompt(prompt_ids: Sequence[int], config: GenerationConfig, max_context: int, vocab_size: int) -> None:
+    """Raise ``PromptError`` for an empty prompt, one with ids outside the vocabulary, or one that leaves no room
+    for ``max_new_tokens``."""
     if not prompt_ids:
         raise PromptError("the prompt is empty: give some text to continue")
+    check_token_ids(prompt_ids, vocab_size, "prompt")
     needed = len(prompt_ids) + config.max_new_tokens
     if needed > max_context:
         raise PromptError(
             f"the prompt has {len(prompt_ids)} tokens and max_new_tokens is {config.max_new_tokens}: "
             f"{needed} positions, but the model's context holds {max_context}; "
             f"shorten the prompt or lower max_new_tokens"
+        )
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int, what: str) -> None:
+    """Raise ``PromptError`` for a token id at or past the vocabulary's end (ids are non-negative ints already)."""
+    if token_ids and max(token_ids) >= vocab_size:
+        raise PromptError(
+            f"the {what}'s token ids must be below the vocabulary's size {vocab_size}, got {max(token_ids)}"
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ def resolve_model(spec: str | Path, progress: bool = True) -> Path:
     """A packaged model name, a transformers directory, a ``.gguf`` file or ``hf:OWNER/REPO/FILE.gguf`` ->
     directory. A GGUF file's directory (in the cache, keyed by its sha256) holds its configs and tokenizer and
     names the file, which the native runtime reads its weights from."""
+    if not isinstance(spec, str | os.PathLike):
+        raise ModelFilesError(f"a model is a packaged name or a path, got {spec!r}")
     if str(spec) in KNOWN_MODELS:
         return unpack(KNOWN_MODELS[str(spec)], progress=progress)
     if str(spec).startswith(HUB_PREFIX):

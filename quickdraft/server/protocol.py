@@ -112,6 +112,11 @@ def parse_request(
             logprobs=_logprobs(body, chat),
             grammar=_grammar(body, tools),
         )
+        spec = config.policy_spec
+        asked_twice = spec.argument is not None or not spec.kind.uses_num_draft_tokens  # or not read at all
+        if body.get("policy") is not None and body.get("num_draft_tokens") is not None and asked_twice:
+            message = f"num_draft_tokens is not used by the {spec} policy: give the drafts per step once"
+            raise ApiError(400, message, "num_draft_tokens")
         drafter = _field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
             raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quickdraft.grammar import GrammarKind, GrammarSpec
+from quickdraft.grammar import GrammarKind, GrammarSpec, xgrammar_reason
 from quickdraft.server.errors import ApiError
 
 OPEN_TAG, CLOSE_TAG, FENCE = "<tool_call>", "</tool_call>", "```json"
@@ -57,7 +57,7 @@ class ToolRequest:
         try:
             call = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
         except (RuntimeError, ValueError) as error:  # xgrammar's word on a schema it cannot follow
-            message = f"a tool's parameters are not a JSON schema a call can be constrained to: {error}"
+            message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
             raise ApiError(400, message, "tools") from None
         opening, closing = (
             xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in (OPEN_TAG + "\n", "\n" + CLOSE_TAG)

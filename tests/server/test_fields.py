@@ -101,6 +101,8 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     ("completions", COMPLETION | {"max_completion_tokens": 2}, "takes max_tokens", "max_completion_tokens"),
     ("completions", COMPLETION | {"top_logprobs": 3}, "takes logprobs", "top_logprobs"),
     ("completions", COMPLETION | {"prompt": "w1 " * 300}, "context holds 256", "prompt"),
+    ("completions", COMPLETION | {"policy": "goodput", "num_draft_tokens": 3}, "not used by", "num_draft_tokens"),
+    ("completions", COMPLETION | {"policy": "fixed:2", "num_draft_tokens": 3}, "once", "num_draft_tokens"),
 ]
 
 

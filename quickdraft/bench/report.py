@@ -76,9 +76,10 @@ def decoding(config: dict[str, Any]) -> str:
     if config.get("greedy", True):
         return "greedy"
     seed, runs = config.get("sampling_seed"), config.get("runs", 1)
+    if seed is None:
+        return f"sampled at temperature {config['temperature']} (unseeded)"
     seeds = f"seed {seed}" if runs == 1 else f"seeds {seed} to {run_seed(seed, runs - 1)}, one a run"
-    how = f"{seeds}: our methods' text must equal plain decoding's" if seed is not None else "unseeded"
-    return f"sampled at temperature {config['temperature']} ({how})"
+    return f"sampled at temperature {config['temperature']} ({seeds}: our methods' text must equal plain decoding's)"
 
 
 def only_categories(config: dict[str, Any]) -> str:

@@ -49,7 +49,11 @@ WARMUP_TOKENS = 16
 WARMUP_PROMPT_TOKENS = 512  # the warm-up reads at most this much of the first prompt (a long-context one took 65 s)
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
 PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fastest of 5, target and draft in turn
-FINGERPRINT_KEYS = ("questions", "question_ids", "max_new_tokens", "target", "draft", "draft_load", "runtime")
+FINGERPRINT_KEYS = (  # what entries are measured with: a folder's entries all share these
+    "questions", "question_ids", "max_new_tokens", "target", "draft", "draft_load", "runtime", "greedy", "temperature",
+    "sampling_seed",
+)  # fmt: skip
+LEGACY_SAMPLING = {"greedy": True, "temperature": 0.0, "sampling_seed": None}  # folders from before sampled benches
 LEGACY_DRAFT_LOAD = {"weights": "int8", "vocabulary": 0}  # what results folders from before draft_load measured
 
 
@@ -99,7 +103,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "temperature": settings.temperature,
         "sampling_seed": settings.sampling_seed,
     }
-    store = ResultStore(settings.out, config)
+    store = ResultStore(settings.out, config, keep_config=settings.report_only)
     shifts = turn_shifts(questions)
     todo = [
         (run, question, method)
@@ -314,22 +318,28 @@ def machine_info() -> dict[str, Any]:
 
 
 class ResultStore:
-    """OUT/: config.json (what the entries were measured with), entries.jsonl, machine.json, cost_curves.json."""
+    """OUT/: config.json (what the entries were measured with), entries.jsonl, machine.json, cost_curves.json.
 
-    def __init__(self, out: Path, config: dict[str, Any]) -> None:
+    A folder's entries share :data:`FINGERPRINT_KEYS`: a run with other values is refused, never mixed in (a greedy
+    resume of a sampled run, say). ``keep_config``: a report of what is there, which leaves config.json as it is."""
+
+    def __init__(self, out: Path, config: dict[str, Any], keep_config: bool = False) -> None:
         self.out = out
         self.config = config
         out.mkdir(parents=True, exist_ok=True)
         saved = self._read_json("config.json")
         if saved is not None:
             saved.setdefault("draft_load", LEGACY_DRAFT_LOAD if saved.get("draft") else None)
+            saved = LEGACY_SAMPLING | saved
             different = [key for key in FINGERPRINT_KEYS if saved.get(key) != config.get(key)]
             if different:
                 raise ConfigError(
-                    f"--out {out} holds results measured with a different {', '.join(different)}; "
-                    f"use another --out directory (or delete this one) to start afresh"
+                    f"--out {out} holds results measured with a different {', '.join(different)}; give the "
+                    f"settings it was measured with (its config.json) to resume or report it, or another --out "
+                    f"directory to start afresh"
                 )
-        self.write_json("config.json", config)
+        if saved is None or not keep_config:
+            self.write_json("config.json", config)
         self.entries: dict[tuple[str, str, int], Entry] = {}
         self._read_entries()
         self.machine: dict[str, Any] | None = self._read_json("machine.json")

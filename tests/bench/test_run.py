@@ -77,12 +77,15 @@ def test_bench_end_to_end_and_resume(
     assert main(bench_args(chat_model_dirs, questions, out, "--methods", methods)) == 0
     assert "Speedup per category" in capsys.readouterr().out
     assert len((out / "entries.jsonl").read_text().splitlines()) == 35
-    # --report-only reports what a stopped run measured, even with methods still missing, and measures nothing.
+    # --report-only reports what a stopped run measured, even with methods still missing, and measures nothing,
+    # leaving the record of what was measured as it is.
+    recorded = (out / "config.json").read_text()
     assert (
         main(bench_args(chat_model_dirs, questions, out, "--methods", f"{methods},draft-model:4", "--report-only")) == 0
     )
     captured = capsys.readouterr()
     assert "Speedup per category" in captured.out and "5 runs missing" in captured.err
+    assert (out / "config.json").read_text() == recorded
     assert len((out / "entries.jsonl").read_text().splitlines()) == 35
     assert main(bench_args(chat_model_dirs, questions, tmp_path / "empty", "--report-only")) == 1
     assert "holds no measured entries" in capsys.readouterr().err
@@ -99,6 +102,10 @@ def test_bench_end_to_end_and_resume(
     capsys.readouterr()
     assert main([*bench_args(chat_model_dirs, questions, out, "--methods", methods), "--max-new-tokens", "7"]) == 1
     assert "different max_new_tokens" in capsys.readouterr().err
+    sampled = [*bench_args(chat_model_dirs, questions, out, "--methods", "draft-model:2"), "--temperature", "0.7"]
+    for extra in ([], ["--report-only"]):  # sampled entries are never mixed into greedy ones, nor reported as them
+        assert main([*sampled, *extra]) == 1
+        assert "different greedy, temperature" in capsys.readouterr().err
 
 
 def test_bench_bad_questions_exit_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

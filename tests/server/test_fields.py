@@ -18,14 +18,11 @@ COMPLETION = {"model": MODEL, "prompt": "w1", "max_tokens": 2}
 
 
 @pytest.fixture(scope="module")
-def native() -> Pipeline:
-    return native_chat_pipeline()
-
-
-@pytest.fixture(scope="module")
-def server(native: Pipeline) -> Iterator[Server]:
-    with serving(native) as running:
-        yield running
+def served() -> Iterator[tuple[Server, Pipeline]]:
+    """A server on loopback and the pipeline it serves (whose methods a test may break for a while)."""
+    pipeline = native_chat_pipeline()
+    with serving(pipeline) as running:
+        yield running, pipeline
 
 
 def test_known_harmless_unsupported_and_unknown_fields() -> None:
@@ -108,15 +105,17 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
 
 @pytest.mark.parametrize(("path", "body", "words", "param"), REFUSED)
 def test_what_would_be_dropped_or_misread_is_a_400(
-    server: Server, path: str, body: dict, words: str, param: str
+    served: tuple[Server, Pipeline], path: str, body: dict, words: str, param: str
 ) -> None:
+    server, _ = served
     response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=TIMEOUT)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert words in error["message"] and error["param"] == param, error
 
 
-def test_harmless_fields_pass_and_the_default_length_fits_the_context(server: Server, native: Pipeline) -> None:
+def test_harmless_fields_pass_and_the_default_length_fits_the_context(served: tuple[Server, Pipeline]) -> None:
+    server, native = served
     body = CHAT | {"user": "u1", "metadata": {"k": "v"}, "repetition_penalty": 1, "max_completion_tokens": 2}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=TIMEOUT).status_code == 200
     prompt = "w1 " * 249  # the server's default is 12 new tokens; the context of 256 leaves fewer
@@ -128,15 +127,18 @@ def test_harmless_fields_pass_and_the_default_length_fits_the_context(server: Se
     assert response.json()["usage"]["completion_tokens"] <= room
 
 
-def test_a_model_is_retrieved_by_name(server: Server) -> None:
+def test_a_model_is_retrieved_by_name(served: tuple[Server, Pipeline]) -> None:
+    server, _ = served
     assert server.client().models.retrieve(MODEL).id == MODEL
     response = httpx.get(f"{server.url}/v1/models/gpt-4", timeout=TIMEOUT)
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
 
 
 def test_a_failure_of_the_server_is_a_json_500_and_the_connection_goes_on(
-    server: Server, native: Pipeline, monkeypatch: pytest.MonkeyPatch
+    served: tuple[Server, Pipeline], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    server, native = served
+
     def broken(*_: object, **__: object) -> list[int]:
         raise RuntimeError("a bug")
 

@@ -53,6 +53,11 @@ def load_questions(path: str | Path) -> list[Question]:
         raise ConfigError(f"--questions: cannot read {path}: {error}") from None
     if not questions:
         raise ConfigError(f"--questions: {path} holds no questions")
+    seen: set[str] = set()
+    for question in questions:  # entries are keyed by id: a second question of one id would replace the first
+        if question.question_id in seen:
+            raise ConfigError(f"--questions: {path} holds question_id {question.question_id!r} twice")
+        seen.add(question.question_id)
     if SPEC_BENCH_SUBTASKS & {q.category for q in questions}:
         questions = [replace(q, category="mt_bench") if q.category in MT_BENCH_CATEGORIES else q for q in questions]
     return questions

@@ -71,6 +71,14 @@ def context_cost_line(results: dict[str, Any]) -> list[str]:
     return ["", f"What 1,000 more cached tokens add to a forward (goodput plans with it): {', '.join(parts)}."]
 
 
+def incomplete(missing: dict[str, str]) -> list[str]:
+    """The report's warning for methods whose entries of the questions and runs asked for are not all measured."""
+    if not missing:
+        return []
+    listed = ", ".join(f"{method} ({entries} entries)" for method, entries in missing.items())
+    return [f"**Incomplete**: {listed}; their figures cover only what was measured (resume the run to finish them)."]
+
+
 def decoding(config: dict[str, Any]) -> str:
     """How the run chose tokens: greedy, or sampled at a temperature (seeded or not)."""
     if config.get("greedy", True):
@@ -89,7 +97,7 @@ def only_categories(config: dict[str, Any]) -> str:
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
-    config, machine, methods = results["config"], results["machine"], results["methods"]
+    config, machine, methods = results["config"], results["machine"] or {}, results["methods"]
     revisions = results.get("revisions") or {}
     categories = config["categories"]
     lines = [
@@ -108,6 +116,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "Code (the quickdraft commit of each measured entry): "
         + (", ".join(f"{revision} ({count} entries)" for revision, count in revisions.items()) or "none recorded")
         + ".",
+        *incomplete(results.get("incomplete") or {}),
         "",
         "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench; for METHOD@RUNTIME, baseline@RUNTIME's). "
         "τ = tokens per target step. "

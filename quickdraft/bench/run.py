@@ -4,8 +4,6 @@ is asked to do, and ``quickdraft bench --help``'s text, are in :mod:`quickdraft.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import platform
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from quickdraft.bench.questions import (
 )
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.bench.settings import BenchSettings
+from quickdraft.bench.store import ResultStore, model_name, questions_digest
 from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 from quickdraft.costs.calibration import (
     CurveRole,
@@ -49,12 +48,6 @@ WARMUP_TOKENS = 16
 WARMUP_PROMPT_TOKENS = 512  # the warm-up reads at most this much of the first prompt (a long-context one took 65 s)
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
 PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fastest of 5, target and draft in turn
-FINGERPRINT_KEYS = (  # what entries are measured with: a folder's entries all share these
-    "questions", "question_ids", "max_new_tokens", "target", "draft", "draft_load", "runtime", "greedy", "temperature",
-    "sampling_seed",
-)  # fmt: skip
-LEGACY_SAMPLING = {"greedy": True, "temperature": 0.0, "sampling_seed": None}  # folders from before sampled benches
-LEGACY_DRAFT_LOAD = {"weights": "int8", "vocabulary": 0}  # what results folders from before draft_load measured
 
 
 def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
@@ -84,6 +77,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
     config = {
         "questions": questions_name,
         "question_ids": [question.question_id for question in questions],
+        "questions_sha256": questions_digest(questions),  # their text: an edited file is another sample
         "n_questions": len(questions),
         "categories": categories,
         "per_category": settings.per_category,
@@ -93,8 +87,8 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "methods": [method.name for method in methods],
         "runs": settings.runs,
         "warmup": settings.warmup,
-        "target": settings.target,
-        "draft": (settings.draft or DEFAULT_DRAFT) if needs_draft else None,
+        "target": model_name(settings.target),
+        "draft": model_name(settings.draft or DEFAULT_DRAFT) if needs_draft else None,
         "draft_load": {"weights": weights, "vocabulary": vocabulary} if needs_draft else None,
         "runtime": settings.runtime,
         "device": settings.device,
@@ -120,7 +114,12 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
               file=sys.stderr)  # fmt: skip
     elif todo or store.cost_curves is None:
         measure(store, todo, methods, questions, settings)
-    entries = store.entries_for(config["methods"], config["question_ids"])
+    entries = store.entries_for(config["methods"], config["question_ids"], settings.runs)
+    incomplete = {
+        name: f"{count} of {len(questions) * settings.runs}"
+        for name in config["methods"]
+        if (count := sum(entry.method == name for entry in entries)) < len(questions) * settings.runs
+    }
     summaries = aggregate(
         entries,
         {method.name: method.info() for method in methods},
@@ -136,6 +135,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "oracle": oracle(summaries, categories),
         "held_out_oracle": held_out_oracle(summaries, categories),
         "revisions": dict(Counter(entry.revision or "unknown" for entry in entries)),  # commit -> entries it measured
+        "incomplete": incomplete,  # method -> its entries of those asked for, where some are missing
     }
     store.write_json("results.json", results)
     write_markdown(results, store.out / "report.md")
@@ -186,8 +186,7 @@ def measure(
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     if pipeline.bridge is not None:  # a draft of another vocabulary: say how it drafts
         print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)
-    store.machine = store.machine or machine_info()
-    store.write_json("machine.json", store.machine)
+    store.use_machine(machine_info())
     ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
     roles = {CurveRole.TARGET: pipeline.target}
     roles |= {CurveRole.DRAFT: pipeline.draft} if pipeline.draft is not None else {}
@@ -315,71 +314,3 @@ def machine_info() -> dict[str, Any]:
         "llama_cpp_python": package_version("llama-cpp-python"),  # None: not installed (no llama.cpp peer can run)
         "openvino_genai": package_version("openvino-genai"),  # None: not installed (no OpenVINO peer can run)
     }
-
-
-class ResultStore:
-    """OUT/: config.json (what the entries were measured with), entries.jsonl, machine.json, cost_curves.json.
-
-    A folder's entries share :data:`FINGERPRINT_KEYS`: a run with other values is refused, never mixed in (a greedy
-    resume of a sampled run, say). ``keep_config``: a report of what is there, which leaves config.json as it is."""
-
-    def __init__(self, out: Path, config: dict[str, Any], keep_config: bool = False) -> None:
-        self.out = out
-        self.config = config
-        out.mkdir(parents=True, exist_ok=True)
-        saved = self._read_json("config.json")
-        if saved is not None:
-            saved.setdefault("draft_load", LEGACY_DRAFT_LOAD if saved.get("draft") else None)
-            saved = LEGACY_SAMPLING | saved
-            different = [key for key in FINGERPRINT_KEYS if saved.get(key) != config.get(key)]
-            if different:
-                raise ConfigError(
-                    f"--out {out} holds results measured with a different {', '.join(different)}; give the "
-                    f"settings it was measured with (its config.json) to resume or report it, or another --out "
-                    f"directory to start afresh"
-                )
-        if saved is None or not keep_config:
-            self.write_json("config.json", config)
-        self.entries: dict[tuple[str, str, int], Entry] = {}
-        self._read_entries()
-        self.machine: dict[str, Any] | None = self._read_json("machine.json")
-        self.cost_curves: dict[str, dict[str, float]] | None = self._read_json("cost_curves.json")
-
-    def add(self, entry: Entry) -> None:
-        self.entries[entry.key] = entry
-        with open(self.out / "entries.jsonl", "a", encoding="utf-8") as file:
-            file.write(json.dumps(entry.to_dict()) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-
-    def entries_for(self, methods: list[str], question_ids: list[str]) -> list[Entry]:
-        wanted_methods, wanted_questions = set(methods), set(question_ids)
-        return [e for e in self.entries.values() if e.method in wanted_methods and e.question_id in wanted_questions]
-
-    def write_json(self, name: str, data: Any) -> None:
-        (self.out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-    def _read_json(self, name: str) -> Any:
-        path = self.out / name
-        if not path.is_file():
-            return None
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            raise ConfigError(f"--out {self.out}: {name} is corrupt; use another --out directory") from None
-
-    def _read_entries(self) -> None:
-        path = self.out / "entries.jsonl"
-        if not path.is_file():
-            return
-        lines = path.read_text(encoding="utf-8").splitlines()
-        for number, line in enumerate(lines, start=1):
-            try:
-                entry = Entry.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError):
-                if number < len(lines):
-                    raise ConfigError(f"--out {self.out}: line {number} of entries.jsonl is corrupt") from None
-                # a run killed while writing its last entry: drop the fragment, measure that entry again
-                path.write_text("".join(f"{kept}\n" for kept in lines[:-1]), encoding="utf-8")
-                break
-            self.entries[entry.key] = entry

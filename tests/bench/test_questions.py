@@ -42,6 +42,11 @@ def test_humaneval_and_gsm8k_formats(tmp_path: Path) -> None:
         ("[1, 2]\n", "not a JSON object"),
         ('{"question_id": 1, "category": "qa", "turns": [""]}\n', "empty"),
         ("", "no questions"),
+        (
+            '{"question_id": 1, "category": "qa", "turns": ["hi"]}\n'
+            '{"question_id": 1, "category": "rag", "turns": ["a"]}',
+            "question_id '1' twice",  # entries are keyed by id: the second would replace the first
+        ),
     ],
 )
 def test_bad_question_files_give_clear_errors(tmp_path: Path, content: str, message: str) -> None:

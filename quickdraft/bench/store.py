@@ -46,8 +46,10 @@ class ResultStore:
             saved = LEGACY_SAMPLING | saved
             different = [key for key in FINGERPRINT_KEYS if self._differs(saved, key)]
             if different:
+                flags = "--questions, --per-category, --seed, --categories"
+                sample = f" (the sample: {flags})" if "question_ids" in different else ""
                 raise ConfigError(
-                    f"--out {out} holds results measured with a different {', '.join(different)}; give the "
+                    f"--out {out} holds results measured with a different {', '.join(different)}{sample}; give the "
                     f"settings it was measured with (its config.json) to resume or report it, or another --out "
                     f"directory to start afresh"
                 )

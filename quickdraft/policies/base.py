@@ -275,8 +275,10 @@ class PolicySpec:
 
 def parse_policy(text: str) -> PolicySpec:
     """``NAME[:ARG]`` -> a :class:`PolicySpec`; an unknown name or a bad argument raises ``ConfigError``."""
-    name, _, argument = text.partition(":")
+    name, colon, argument = text.partition(":")
     kind = POLICIES.get(name)
+    if colon and not argument.strip():
+        raise ConfigError(f"the policy {text!r} has nothing after ':': give {name}:ARG or {name}")
     return PolicySpec(name, kind.parse_argument(argument or None), kind)
 
 

@@ -40,6 +40,8 @@ def test_a_folder_keeps_one_configuration(tmp_path: Path) -> None:
     ):
         with pytest.raises(ConfigError, match=f"different {', '.join(change)}"):
             ResultStore(tmp_path / "out", CONFIG | change)
+    with pytest.raises(ConfigError, match=r"different question_ids \(the sample: --questions, --per-category"):
+        ResultStore(tmp_path / "out", CONFIG | {"question_ids": ["1"]})
     with_draft = CONFIG | {"draft": "/models/d", "draft_load": {"weights": "q4", "vocabulary": 0}}
     ResultStore(tmp_path / "out", with_draft)  # a method with a draft model joins a folder that measured none
     older = {key: value for key, value in CONFIG.items() if key not in ("questions_sha256", "warmup", "device")}

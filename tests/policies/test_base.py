@@ -41,7 +41,7 @@ def test_fixed_policy_and_specs() -> None:
     assert make_policy("fixed:0", PolicyContext()).choose() == 0
     with pytest.raises(ConfigError, match="cost model"):
         make_policy("goodput", PolicyContext())
-    for bad in ("fixed:x", "fixed:-1", "confidence:2", "heuristic:3", "goodput:1"):
+    for bad in ("fixed:x", "fixed:-1", "confidence:2", "heuristic:3", "goodput:1", "fixed:", "goodput: "):
         with pytest.raises(ConfigError):
             GenerationConfig(policy=bad)
     with pytest.raises(UnknownNameError):

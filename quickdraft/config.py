@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarSpec
 from quickdraft.lossless.sampling import SamplingParams, is_int
-from quickdraft.policies import PolicySpec, parse_policy
+from quickdraft.policies import MAX_DRAFT_TOKENS, PolicySpec, parse_policy
 
 __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "SamplingParams"]
 
 
 DEFAULT_POLICY = "goodput"
 DEFAULT_NUM_DRAFT_TOKENS = 4
-MAX_DRAFT_TOKENS = 1024  # the most drafts a step may ask for (fixed:K's bound too)
+MAX_LOGPROBS = 20  # the most likeliest tokens listed beside each new token (OpenAI's limit)
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,9 @@ class GenerationConfig:
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if not is_int(self.max_draft_tokens) or self.max_draft_tokens < 1:
             raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens!r}")
-        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
-            raise ConfigError(
-                f"logprobs must be an integer in [0, 20] (the likeliest tokens to list), got {self.logprobs!r}"
-            )
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            message = f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the likeliest tokens to list)"
+            raise ConfigError(f"{message}, got {self.logprobs!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise ConfigError(f"grammar must be a GrammarSpec, got {self.grammar!r}")
         if isinstance(self.policy, str):

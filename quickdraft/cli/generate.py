@@ -225,7 +225,7 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
     """Refuse options that contradict each other or name a missing file; note those the drafter and policy do not
     use (the output is the same with or without them)."""
     spec, drafter = config.policy_spec, DRAFTERS.get(args.drafter)
-    if args.num_draft_tokens is not None and spec.name == "fixed" and spec.argument is not None:
+    if args.num_draft_tokens is not None and spec.kind.uses_num_draft_tokens and not spec.reads_num_draft_tokens:
         raise ConfigError(
             f"--policy {spec} and --num-draft-tokens {args.num_draft_tokens} both give the drafts per step: "
             "give the number once"

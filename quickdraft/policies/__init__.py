@@ -7,6 +7,7 @@ package registers them all.
 
 from quickdraft.policies import goodput, simple, specdec  # noqa: F401 - each registers its policies
 from quickdraft.policies.base import (
+    MAX_DRAFT_TOKENS,
     MODEL_DRAFTS,
     POLICIES,
     UNKNOWN_STATE,
@@ -37,6 +38,7 @@ from quickdraft.policies.simple import ConfidencePolicy, FixedPolicy, HeuristicP
 from quickdraft.policies.specdec import SpecDecPolicy
 
 __all__ = [
+    "MAX_DRAFT_TOKENS",
     "MODEL_DRAFTS",
     "POLICIES",
     "UNKNOWN_STATE",

@@ -245,6 +245,7 @@ class PolicyKind:
 
 
 POLICIES: Registry[PolicyKind] = Registry("speculation policy")
+MAX_DRAFT_TOKENS = 1024  # the most drafts a step may ask for: fixed:K's bound and num_draft_tokens'
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,11 @@ class PolicySpec:
 
     def build(self, context: PolicyContext) -> Policy:
         return self.kind.build(self.argument, context)
+
+    @property
+    def reads_num_draft_tokens(self) -> bool:
+        """Its γ (or the γ it starts from) is the request's ``num_draft_tokens``, not one given as its argument."""
+        return self.kind.uses_num_draft_tokens and self.argument is None
 
     def __str__(self) -> str:
         return self.name if self.argument is None else f"{self.name}:{self.argument}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies.base import (
+    MAX_DRAFT_TOKENS,
     POLICIES,
     UNKNOWN_STATE,
     DraftStep,
@@ -73,7 +74,10 @@ def _confidence(threshold: float | None, context: PolicyContext) -> Policy:
 
 POLICIES.register("fixed")(
     PolicyKind(
-        _fixed, number_argument(int, "fixed:K", 0, 1024), uses_num_draft_tokens=True, uses_max_draft_tokens=False
+        _fixed,
+        number_argument(int, "fixed:K", 0, MAX_DRAFT_TOKENS),
+        uses_num_draft_tokens=True,
+        uses_max_draft_tokens=False,
     )
 )
 POLICIES.register("heuristic")(PolicyKind(_heuristic, no_argument("heuristic"), uses_num_draft_tokens=True))

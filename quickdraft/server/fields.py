@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from quickdraft.lossless.sampling import is_int
 from quickdraft.server.errors import ApiError
 
 COMMON_FIELDS = frozenset({
@@ -92,7 +93,7 @@ def count(body: Mapping[str, Any], name: str, low: int, high: int | None = None)
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+    if not is_int(value) or value < low or (high is not None and value > high):
         bounds = f"at least {low}" if high is None else f"in [{low}, {high}]"
         raise ApiError(400, f"{name} must be a whole number {bounds}, got {value!r}", name)
     return value

@@ -28,18 +28,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.config import MAX_LOGPROBS, GenerationConfig, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
+from quickdraft.lossless.sampling import is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, text_parts
 from quickdraft.server.tools import ToolRequest, parse_tools, split_calls, template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
-MAX_LOGPROBS = 20  # OpenAI's limit on the likeliest tokens listed beside each token
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,8 @@ def parse_request(
             grammar=_grammar(body, tools),
         )
         spec = config.policy_spec
-        asked_twice = spec.argument is not None or not spec.kind.uses_num_draft_tokens  # or not read at all
-        if body.get("policy") is not None and body.get("num_draft_tokens") is not None and asked_twice:
+        given = body.get("policy") is not None and body.get("num_draft_tokens") is not None
+        if given and not spec.reads_num_draft_tokens:  # its own argument gives γ, or it reads none
             message = f"num_draft_tokens is not used by the {spec} policy: give the drafts per step once"
             raise ApiError(400, message, "num_draft_tokens")
         drafter = _field(body, "drafter", defaults.drafter)
@@ -162,7 +162,7 @@ def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
 
 def _number(body: Mapping[str, Any], name: str, default: float) -> Any:
     value = _field(body, name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
     return value
 

@@ -98,6 +98,8 @@ class Pipeline:
         """
         if runtime != AUTO:
             RUNTIMES.get(runtime)  # an unknown name fails before any model work
+        if draft is None and (draft_weights is not None or draft_vocabulary is not None):
+            raise ConfigError("draft_weights and draft_vocabulary set how the draft model loads; draft=None loads none")
         where = resolve_device(device)
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from quickdraft.api import Pipeline
 from quickdraft.cli import main
+from quickdraft.errors import ConfigError
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -220,6 +222,17 @@ def test_bad_input_gives_one_clear_line(case: str, model_args: list[str], capsys
     assert status == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("quickdraft: error:") and message in err
     assert "Traceback" not in err
+
+
+def test_draft_options_without_a_draft_model(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    """A drafter without a draft model: generate notes the draft options it does not use, serve refuses them."""
+    target = ["--target", str(tiny_model_dirs["target"]), "--drafter", "prompt-lookup", "--draft-weights", "q4"]
+    status, _, err = run(["generate", "w1 w2", *target, "--max-new-tokens", "2"], capsys)
+    assert status == 0 and "note: --draft-weights is not used by the prompt-lookup drafter" in err
+    status, _, err = run(["serve", *target], capsys)
+    assert status == 1 and "and the prompt-lookup drafter loads none: drop them, or name one with --draft" in err
+    with pytest.raises(ConfigError, match="draft=None loads none"):
+        Pipeline.load(tiny_model_dirs["target"], None, draft_vocabulary=1024, progress=False)
 
 
 def test_a_prompt_on_stdin_that_is_not_utf8_is_refused(

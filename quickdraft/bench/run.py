@@ -72,6 +72,11 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
                 f"these methods decode greedily only: {', '.join(greedy_only)}; drop them or --temperature"
             )
     needs_draft = any(method.uses_draft_model for method in methods)
+    draft_flags = {"--draft": settings.draft, "--draft-weights": settings.draft_weights,
+                   "--draft-vocabulary": settings.draft_vocabulary}  # fmt: skip
+    unused = [flag for flag, value in draft_flags.items() if value is not None and not needs_draft]
+    if unused:
+        print(f"quickdraft: note: no method uses a draft model, so {', '.join(unused)} is not used", file=sys.stderr)
     weights, vocabulary = draft_load_defaults(settings.draft_weights, settings.draft_vocabulary)  # defaults filled in
     categories = list(dict.fromkeys(question.category for question in questions))
     config = {
@@ -179,8 +184,8 @@ def measure(
         settings.target,
         store.config["draft"],
         settings.runtime,
-        draft_weights=settings.draft_weights,
-        draft_vocabulary=settings.draft_vocabulary,
+        draft_weights=settings.draft_weights if store.config["draft"] else None,  # else noted unused
+        draft_vocabulary=settings.draft_vocabulary if store.config["draft"] else None,
         device=settings.device,
     )
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None

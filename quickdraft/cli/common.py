@@ -108,8 +108,8 @@ def load_models(args: argparse.Namespace, draft: str | None) -> Any:
         args.target,
         draft,
         args.runtime,
-        draft_weights=args.draft_weights,
-        draft_vocabulary=args.draft_vocabulary,
+        draft_weights=args.draft_weights if draft else None,  # without a draft, draft_for noted them unused
+        draft_vocabulary=args.draft_vocabulary if draft else None,
         device=args.device,
     )
     if pipeline.bridge is not None:  # the user asked for this draft: say how it drafts

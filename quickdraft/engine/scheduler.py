@@ -43,20 +43,28 @@ class Scheduler:
         self.running: list[RunningRequest] = []
         self.admitting: deque[RequestState] = deque()  # taken from the queue, not started yet
         self._cancelled: set[str] = set()
+        self._live: set[str] = set()  # ids of the requests added and not yet finished, cancelled or failed
         self._lock = threading.Lock()
 
     def add(self, state: RequestState) -> None:
+        """Queue ``state``: ``QueueFull`` when the queue is full, ``ConfigError`` when a request of its id is
+        already queued or running (an id names one request, which is what :meth:`cancel` stops)."""
+        request_id = state.request.request_id
         with self._lock:
+            if request_id in self._live:
+                raise ConfigError(f"request {request_id!r} is already queued or running: give each request its own id")
             if len(self.waiting) >= self.settings.max_waiting:
                 raise QueueFull(
                     f"the server's queue is full ({self.settings.max_waiting} requests waiting); retry later"
                 )
             self.waiting.append(state)
+            self._live.add(request_id)
 
     def cancel(self, request_id: str) -> None:
         """Cancel a waiting, starting or running request at the next step boundary (unknown ids are ignored)."""
         with self._lock:
-            self._cancelled.add(request_id)
+            if request_id in self._live:
+                self._cancelled.add(request_id)
 
     def take_cancelled(self) -> list[RequestState | RunningRequest]:
         """Remove the cancelled requests from the queue, the running set and those whose start raised; return them."""
@@ -72,6 +80,7 @@ class Scheduler:
         self.running = [state for state in self.running if state.request.request_id not in ids]
         removed += [state for state in self.admitting if state.request.request_id in ids]  # a start that raised
         self.admitting = deque(state for state in self.admitting if state.request.request_id not in ids)
+        self._forget(removed)
         return removed
 
     def admit(self, start: Callable[[RequestState], RunningRequest]) -> list[RunningRequest]:
@@ -109,10 +118,19 @@ class Scheduler:
         """Remove the running requests and those whose admission failed (:meth:`admit`), and return them."""
         taken: list[RequestState] = [*self.running, *self.admitting]
         self.running, self.admitting = [], deque()
+        self._forget(taken)
         return taken
 
     def finish(self, state: RunningRequest) -> None:
         self.running.remove(state)
+        self._forget([state])
+
+    def _forget(self, states: list[RequestState]) -> None:
+        """These requests have left: their ids may be used again, and a cancel that came too late is dropped."""
+        ids = {state.request.request_id for state in states}
+        with self._lock:
+            self._live -= ids
+            self._cancelled -= ids
 
     @property
     def num_waiting(self) -> int:

@@ -55,6 +55,12 @@ class ServerOptions:
         resolve_device(self.device)  # a GPU that is not there fails before any model is resolved
         if self.drafter not in DRAFTERS.names():
             raise ConfigError(f"unknown drafter {self.drafter!r}; choose one of: {', '.join(DRAFTERS.names())}")
+        loads_draft = self.draft is not None or DRAFTERS.get(self.drafter).needs_draft_model
+        if not loads_draft and (self.draft_weights is not None or self.draft_vocabulary is not None):
+            raise ConfigError(
+                f"--draft-weights and --draft-vocabulary set how the draft model loads, and the {self.drafter} "
+                "drafter loads none: drop them, or name one with --draft"
+            )
 
     @classmethod
     def from_args(cls, args: Any) -> ServerOptions:

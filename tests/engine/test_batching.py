@@ -193,6 +193,24 @@ def test_cancelling_frees_the_slot_at_the_next_step(native: Pipeline) -> None:
     assert len(collector.result("next").token_ids) == 30 and engine.idle
 
 
+def test_an_id_names_one_live_request_and_a_stray_cancel_changes_nothing(native: Pipeline) -> None:
+    engine = batch_engine(native)
+    collector = Collector(engine)
+    request = make_request(native, (1, 2, 3), GenerationConfig(max_new_tokens=3), "none", "once")
+    engine.cancel("nobody")  # unknown: ignored, so the engine stays idle
+    assert engine.idle
+    engine.submit(request, collector.sink("once"))
+    with pytest.raises(ConfigError, match="'once' is already queued or running"):
+        engine.submit(request, collector.sink("twice"))
+    engine.run_until_idle()
+    assert len(collector.result("once").token_ids) == 3 and engine.idle
+    engine.cancel("once")  # it has finished: nothing to stop
+    assert engine.idle
+    engine.submit(request, collector.sink("again"))  # a finished request's id is free again
+    engine.run_until_idle()
+    assert collector.result("again").token_ids == collector.result("once").token_ids
+
+
 def test_a_full_queue_refuses_requests(native: Pipeline) -> None:
     engine = batch_engine(native, max_running=1, max_waiting=2)
     plain = make_request(native, (1, 2), GenerationConfig(max_new_tokens=2), "none")

@@ -42,31 +42,38 @@ class GenerationConfig:
         elif isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.stop, tuple):
-            raise ConfigError(f"stop must be a string or a tuple of strings, got {self.stop!r}")
+            raise ConfigError(f"stop must be a string or a tuple of strings, got {self.stop!r}", "stop")
         if not isinstance(self.sampling, SamplingParams):
-            raise ConfigError(f"sampling must be a SamplingParams, got {self.sampling!r}")
+            raise ConfigError(f"sampling must be a SamplingParams, got {self.sampling!r}", "sampling")
         if self.policy is None:
             object.__setattr__(self, "policy", "fixed" if self.num_draft_tokens is not None else DEFAULT_POLICY)
         if self.num_draft_tokens is None:
             object.__setattr__(self, "num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
         if not is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
-            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+            raise ConfigError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}", "max_new_tokens"
+            )
         if not is_int(self.num_draft_tokens) or not 0 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
             message = f"num_draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens!r}"
-            raise ConfigError(message)
+            raise ConfigError(message, "num_draft_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
+            raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}", "stop")
         if not is_int(self.max_draft_tokens) or self.max_draft_tokens < 1:
-            raise ConfigError(f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens!r}")
+            raise ConfigError(
+                f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens!r}", "max_draft_tokens"
+            )
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             message = f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the likeliest tokens to list)"
-            raise ConfigError(f"{message}, got {self.logprobs!r}")
+            raise ConfigError(f"{message}, got {self.logprobs!r}", "logprobs")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
-            raise ConfigError(f"grammar must be a GrammarSpec, got {self.grammar!r}")
+            raise ConfigError(f"grammar must be a GrammarSpec, got {self.grammar!r}", "grammar")
         if isinstance(self.policy, str):
-            object.__setattr__(self, "policy", parse_policy(self.policy))
+            try:
+                object.__setattr__(self, "policy", parse_policy(self.policy))
+            except ConfigError as error:
+                raise ConfigError(str(error), "policy") from None
         if not isinstance(self.policy, PolicySpec):
-            raise ConfigError(f"policy must be a name such as 'fixed' or 'goodput', got {self.policy!r}")
+            raise ConfigError(f"policy must be a name such as 'fixed' or 'goodput', got {self.policy!r}", "policy")
 
     @property
     def policy_spec(self) -> PolicySpec:

@@ -13,7 +13,12 @@ class QuickdraftError(Exception):
 
 
 class ConfigError(QuickdraftError, ValueError):
-    """An invalid generation or drafter setting (max_new_tokens, temperature, ...)."""
+    """An invalid generation or drafter setting (max_new_tokens, temperature, ...); ``setting`` names the one that is
+    wrong where there is one (a server reports it as the request's field)."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class PromptError(QuickdraftError, ValueError):

@@ -54,13 +54,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not (is_number(self.temperature) and math.isfinite(self.temperature)) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+            raise ConfigError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}", "temperature"
+            )
         if not is_int(self.top_k) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
         if not (is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed <= MAX_SEED):
-            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}")
+            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}", "seed")
 
     @property
     def is_greedy(self) -> bool:

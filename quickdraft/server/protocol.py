@@ -32,7 +32,7 @@ from quickdraft.config import MAX_LOGPROBS, GenerationConfig, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.engine.logprobs import TokenLogprob
-from quickdraft.errors import QuickdraftError
+from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.lossless.sampling import is_number
 from quickdraft.server.errors import ApiError
@@ -120,15 +120,28 @@ def parse_request(
         drafter = _field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
             raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")
+        try:
+            drafter_object = drafter_named(drafter)
+        except QuickdraftError as error:
+            raise ApiError(400, str(error), "drafter") from None
         prediction = _prediction(body) if body.get("prediction") is not None else ""
         prediction_ids = encode(prediction, False) if prediction else []
         serve = Request(
-            tuple(prompt_ids), config, drafter_named(drafter), prediction_ids=tuple(prediction_ids),
+            tuple(prompt_ids), config, drafter_object, prediction_ids=tuple(prediction_ids),
             cache_prompt=flag(body, "cache_prompt", True),
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
-        raise ApiError(400, str(error)) from None
+        raise ApiError(400, str(error), _param(error, chat)) from None
     return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools)
+
+
+def _param(error: QuickdraftError, chat: bool) -> str | None:
+    """The request field behind a library error: a prompt's, or the setting a ``ConfigError`` names."""
+    if isinstance(error, PromptError):
+        return "messages" if chat else "prompt"
+    api_names = {"max_new_tokens": "max_tokens", "grammar": "response_format", "logprobs": "top_logprobs"}
+    setting = getattr(error, "setting", None)
+    return api_names.get(setting, setting) if chat or setting != "logprobs" else setting
 
 
 def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, defaults: ServerDefaults) -> int:

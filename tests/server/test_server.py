@@ -330,6 +330,27 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(
     assert again.choices[0].text  # greedy: sampled at OpenAI's default temperature, two tokens can both be <eos>
 
 
+FIELDS_AT_FAULT = [  # (path, body, the error's param)
+    ("completions", {"prompt": "   "}, "prompt"),
+    ("chat/completions", {"messages": [{"role": "user", "content": " "}]}, "messages"),
+    ("completions", {"prompt": "w1", "temperature": -1}, "temperature"),
+    ("completions", {"prompt": "w1", "top_p": 0}, "top_p"),
+    ("completions", {"prompt": "w1", "top_k": -1}, "top_k"),
+    ("completions", {"prompt": "w1", "seed": -3}, "seed"),
+    ("completions", {"prompt": "w1", "stop": [""]}, "stop"),
+    ("completions", {"prompt": "w1", "policy": "fixed:x"}, "policy"),
+    ("completions", {"prompt": "w1", "drafter": "magic"}, "drafter"),
+    ("completions", {"prompt": "w1", "num_draft_tokens": 5000}, "num_draft_tokens"),
+    ("completions", {"prompt": "w1", "max_draft_tokens": 0}, "max_draft_tokens"),
+]
+
+
+def test_errors_of_library_settings_name_the_field_at_fault(server: Server) -> None:
+    for path, body, param in FIELDS_AT_FAULT:
+        response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=TIMEOUT)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.json())
+
+
 def test_malformed_json_and_the_openai_clients_exceptions(server: Server) -> None:
     response = httpx.post(f"{server.url}/v1/completions", content=b"{not json", timeout=TIMEOUT)
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]

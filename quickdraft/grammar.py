@@ -25,6 +25,11 @@ import torch
 from quickdraft.errors import ConfigError
 
 
+class GrammarDeadEnd(ConfigError):
+    """The answer so far leaves the grammar no token of the vocabulary (a tokenizer that cannot spell what it needs
+    next): that request cannot go on, the others can."""
+
+
 class GrammarKind(enum.Enum):
     JSON = "json_object"  # any JSON object
     JSON_SCHEMA = "json_schema"  # text: the schema as JSON
@@ -180,11 +185,11 @@ def constrain_step(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """A step's drafts ``[1, γ]`` (their distributions ``[1, γ, V]``) and target logits ``[γ + 1, V]`` under the
     request's grammar: the drafts up to the first one it forbids, and the target's logits masked at each position
-    (unchanged without a grammar)."""
+    (unchanged without a grammar); ``GrammarDeadEnd`` where the grammar allows no token next."""
     if constraint is None:
         return draft_token_ids, draft_probs, target_logits
     allowed, valid = constraint.masks(draft_token_ids[0].tolist())  # [valid + 1, V]
     if not bool(allowed[-1].any()):  # a tokenizer that cannot write what the grammar needs next
-        raise ConfigError("the grammar allows no token of this model's vocabulary after the answer so far")
+        raise GrammarDeadEnd("the grammar allows no token of this model's vocabulary after the answer so far")
     draft_probs = None if draft_probs is None else draft_probs[:, :valid]
     return draft_token_ids[:, :valid], draft_probs, masked(target_logits[: valid + 1], allowed)

@@ -11,6 +11,7 @@ from conftest import native_pipeline
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.engine import Event, Request, RequestFailed, RequestFinished
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarCompiler, GrammarKind, GrammarSpec, xgrammar_reason
 
@@ -73,6 +74,26 @@ def test_bad_grammars_are_clear_errors(native: Pipeline) -> None:
     with pytest.raises(ConfigError, match="can begin"):  # the word tokenizer cannot write "zzz": a clear error
         native.generate([1, 2], GenerationConfig(4, grammar=GrammarSpec(GrammarKind.REGEX, "zzz")), drafter="none")
     assert native.generate([1, 2], GenerationConfig(2), drafter="none").token_ids  # and the engine goes on
+
+
+def test_a_dead_end_mid_answer_ends_that_request_alone(native: Pipeline) -> None:
+    """ "w1zzz": w1 can begin it, but no token spells the rest. That request fails as its own fault; the one beside
+    it in the same steps gets its text alone."""
+    dead_end = GenerationConfig(6, grammar=GrammarSpec(GrammarKind.REGEX, "w1zzz"))
+    other = GenerationConfig(6, policy="fixed:3")
+    alone = native.generate([3, 4, 5], other, drafter="draft-model").token_ids
+    events: dict[str, list[Event]] = {"dead end": [], "other": []}
+    for name, prompt, config in (("dead end", [1, 2], dead_end), ("other", [3, 4, 5], other)):
+        request = Request(tuple(prompt), config, native.drafter("draft-model"), request_id=name)
+        native.engine.submit(request, events[name].append)
+    native.engine.run_until_idle()
+    failed = events["dead end"][-1]
+    assert isinstance(failed, RequestFailed) and failed.by_request and "allows no token" in failed.message
+    finished = events["other"][-1]
+    assert isinstance(finished, RequestFinished) and finished.result.token_ids == alone
+    with pytest.raises(ConfigError, match="allows no token of this model's vocabulary after the answer so far"):
+        native.generate([1, 2], dead_end, drafter="none")
+    assert native.engine.idle and native.generate([3, 4, 5], other, drafter="draft-model").token_ids == alone
 
 
 def test_xgrammars_log_prefix_is_left_out_of_messages() -> None:

@@ -24,6 +24,7 @@ from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.engine.request import (
     GenerationResult,
     Request,
+    RequestFailed,
     RequestFinished,
     RequestState,
     RunningRequest,
@@ -32,9 +33,9 @@ from quickdraft.engine.request import (
     hear_confidence,
 )
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
-from quickdraft.engine.step import StepPlan, StepReport
+from quickdraft.engine.step import StepPlan, StepReport, plan_requests
 from quickdraft.errors import ConfigError
-from quickdraft.grammar import GrammarCompiler, constrain_step
+from quickdraft.grammar import GrammarCompiler, GrammarDeadEnd, constrain_step
 from quickdraft.lossless.rules import (
     check_prompt,
     check_token_ids,
@@ -44,8 +45,7 @@ from quickdraft.lossless.rules import (
     verify_drafts,
 )
 from quickdraft.lossless.sampling import make_generator
-from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome, StepState
-from quickdraft.policies.planner import alone_in_step, plan_step, step_reach
+from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.text import IncrementalDecoder
 
@@ -159,7 +159,7 @@ class Engine:
 
         # 2. Plan: prompt chunks within the step's budget; γ per decoding request, from its policy's bid, goodput
         #    bids trimmed together to what pays in this step.
-        plan = self._plan()
+        plan = plan_requests(self.scheduler.running, self.scheduler.prefill_chunks(), self.batch_costs)
 
         # 3. Draft: each drafter proposes for its requests of the step together.
         tick = time.perf_counter()
@@ -249,26 +249,6 @@ class Engine:
         for drafter in {id(state.request.drafter): state.request.drafter for state in users}.values():
             drafter.focus(prompts)
 
-    def _plan(self) -> StepPlan:
-        plan = StepPlan(chunks=self.scheduler.prefill_chunks())
-        decoding = [state for state in self.scheduler.running if state.decoding]
-        bids: list[DraftBid] = []
-        for state in decoding:
-            generated, context = len(state.new_token_ids), len(state.committed)  # context: what attention reads
-            remaining_tokens = state.request.config.max_new_tokens - generated
-            offers = state.request.drafter.offers(state.draft_state, state.committed)
-            bid = plan.bids[state] = state.policy.bid(StepState(remaining_tokens, generated, context, offers))
-            bids.append(bid.capped(remaining_tokens - 1))
-        gammas = [bid.num_draft_tokens for bid in bids]
-        # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
-        # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
-        other_tokens, negotiable = sum(n for _, n in plan.chunks), any(bid.negotiable for bid in bids)
-        if self.batch_costs is not None and negotiable and not alone_in_step(bids, other_tokens):
-            gammas = plan_step(bids, self.batch_costs, other_tokens)
-        plan.gammas = dict(zip(decoding, gammas, strict=True))
-        plan.reach = dict(zip(decoding, step_reach(bids, gammas, other_tokens), strict=True))
-        return plan
-
     def _draft(self, plan: StepPlan) -> dict[RunningRequest, DraftProposal]:
         """Each drafting request's proposal (an empty one for γ = 0). A drafter drafts for all its requests of the
         step together; a draft model reads at most a prompt chunk's worth of backlog before drafting, unless the
@@ -310,9 +290,12 @@ class Engine:
         them (it gets those of the positions kept). ``step_started``: when a step that held this request alone
         began (its policy learns what such a step takes); None otherwise."""
         config, tick = state.request.config, time.perf_counter()
-        draft_token_ids, draft_probs, target_logits = constrain_step(
-            state.constraint, proposal.token_ids, proposal.probs, target_logits
-        )  # [1, γ'], [1, γ', V] or None, [γ' + 1, V]: the drafts a grammar allows, the target masked by it
+        try:
+            draft_token_ids, draft_probs, target_logits = constrain_step(
+                state.constraint, proposal.token_ids, proposal.probs, target_logits
+            )  # [1, γ'], [1, γ', V] or None, [γ' + 1, V]: the drafts a grammar allows, the target masked by it
+        except GrammarDeadEnd as error:
+            return self._fail(state, error)
         result = verify_drafts(
             draft_token_ids,
             draft_probs,
@@ -342,12 +325,25 @@ class Engine:
 
     def _first_token(self, state: RunningRequest, logits: torch.Tensor) -> bool:
         """Commit the first token from the prompt's last position ``[1, V]``; True if the request ended."""
-        sampling, logits = state.request.config.sampling, constrain_step(state.constraint, EMPTY, None, logits)[2]
+        try:
+            sampling, logits = state.request.config.sampling, constrain_step(state.constraint, EMPTY, None, logits)[2]
+        except GrammarDeadEnd as error:
+            self._fail(state, error)
+            return True
         first_token = int(choose_token(logits, sampling, state.generator, position=state.prompt_length)[0])
         state.stats.target_forwards += 1
         state.stats.prefill_s = time.perf_counter() - state.submitted
         self._deliver(state, *self._commit(state, [first_token]), logits)
         return state.finished
+
+    def _fail(self, state: RunningRequest, error: GrammarDeadEnd) -> tuple[int, int]:
+        """End a request that cannot go on by its own fault (its caches go with it); the others go on. (0, 0):
+        no draft kept, no token committed."""
+        self.scheduler.finish(state)
+        state.finished = True
+        state.request.drafter.finish(state.draft_state)
+        state.sink(RequestFailed(str(error), by_request=True))
+        return 0, 0
 
     def _commit(self, state: RunningRequest, step_tokens: list[int]) -> tuple[list[int], str | None]:
         """Commit a step's tokens up to the end of the answer: (the tokens committed, the finish reason or None)."""

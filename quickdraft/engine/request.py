@@ -89,9 +89,10 @@ class RequestFinished:
 
 @dataclass(frozen=True)
 class RequestFailed:
-    """The request could not go on (a fault of the server, not of the request); the others go on."""
+    """The request could not go on; the others go on."""
 
     message: str
+    by_request: bool = False  # the request's own fault (a grammar its tokenizer cannot follow), not the server's
 
 
 Event = TokenDelta | RequestFinished | RequestFailed

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from quickdraft.costs import BatchCostModel
 from quickdraft.engine.request import RunningRequest
-from quickdraft.policies import DraftBid
+from quickdraft.policies import DraftBid, StepState
+from quickdraft.policies.planner import alone_in_step, plan_step, step_reach
 
 
 @dataclass(frozen=True)
@@ -35,3 +37,28 @@ class StepPlan:
     def alone(self) -> bool:
         """One request decodes and nothing else runs: the step is the single-request problem."""
         return len(self.gammas) == 1 and not self.chunks
+
+
+def plan_requests(
+    running: list[RunningRequest], chunks: list[tuple[RunningRequest, int]], batch_costs: BatchCostModel | None
+) -> StepPlan:
+    """The step's plan: the prompt ``chunks`` to read and a γ for every decoding request, from its policy's bid;
+    goodput bids trimmed together to what pays in this step on ``batch_costs`` (None: bids stand)."""
+    plan = StepPlan(chunks=chunks)
+    decoding = [state for state in running if state.decoding]
+    bids: list[DraftBid] = []
+    for state in decoding:
+        generated, context = len(state.new_token_ids), len(state.committed)  # context: what attention reads
+        remaining_tokens = state.request.config.max_new_tokens - generated
+        offers = state.request.drafter.offers(state.draft_state, state.committed)
+        bid = plan.bids[state] = state.policy.bid(StepState(remaining_tokens, generated, context, offers))
+        bids.append(bid.capped(remaining_tokens - 1))
+    gammas = [bid.num_draft_tokens for bid in bids]
+    # Bids exist only while some request decodes, and then prompt chunks keep to the step's budget (the
+    # scheduler reads a prompt whole only when none decodes): other_tokens stays within the measured curve.
+    other_tokens, negotiable = sum(n for _, n in plan.chunks), any(bid.negotiable for bid in bids)
+    if batch_costs is not None and negotiable and not alone_in_step(bids, other_tokens):
+        gammas = plan_step(bids, batch_costs, other_tokens)
+    plan.gammas = dict(zip(decoding, gammas, strict=True))
+    plan.reach = dict(zip(decoding, step_reach(bids, gammas, other_tokens), strict=True))
+    return plan

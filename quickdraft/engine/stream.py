@@ -7,7 +7,7 @@ from collections.abc import Generator, Iterator
 
 from quickdraft.engine.engine import Engine
 from quickdraft.engine.request import Event, GenerationResult, Request, RequestFailed, RequestFinished, TokenDelta
-from quickdraft.errors import QuickdraftError
+from quickdraft.errors import ConfigError, QuickdraftError
 
 
 class GenerationStream:
@@ -52,7 +52,7 @@ class GenerationStream:
                     return event.result
                 elif isinstance(event, RequestFailed):
                     finished = True
-                    raise QuickdraftError(event.message)
+                    raise (ConfigError if event.by_request else QuickdraftError)(event.message)
         finally:
             if not finished:  # left before its end: free its slot at the next step
                 engine.cancel(request_id)

@@ -27,6 +27,7 @@ from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull, RequestFailed, RequestFinished, TokenDelta
 from quickdraft.errors import QuickdraftError
 from quickdraft.server.access import OPEN, Access, read_json
+from quickdraft.server.errors import failure
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import (
@@ -184,7 +185,7 @@ def create_app(
                         yield sse(usage_chunk(api, response_id, model, event.result))
                     break
                 elif isinstance(event, RequestFailed):
-                    yield sse(ApiError(500, event.message, kind="server_error").body())
+                    yield sse(failure(event).body())
                     break
             yield "data: [DONE]\n\n"
         finally:
@@ -206,7 +207,7 @@ def create_app(
             if isinstance(event, RequestFinished):
                 return event.result
             if isinstance(event, RequestFailed):
-                raise ApiError(500, event.message, kind="server_error")
+                raise failure(event)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from quickdraft.engine import RequestFailed
+
 
 class ApiError(Exception):
     """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
@@ -21,3 +23,11 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def failure(event: RequestFailed) -> ApiError:
+    """The error of a request the engine could not finish (a ``RequestFailed``): the request's own fault is a 400,
+    anything else the server's (500)."""
+    if event.by_request:
+        return ApiError(400, event.message)
+    return ApiError(500, event.message, kind="server_error")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -223,6 +224,15 @@ def test_structured_output_is_constrained_plain_decoding(native: Pipeline) -> No
         bad = {"model": MODEL, "prompt": "w1", "regex": "(w1", "max_tokens": 3}
         response = httpx.post(f"{constrained.url}/v1/completions", json=bad, timeout=TIMEOUT)
         assert response.status_code == 400 and "does not compile" in response.json()["error"]["message"]
+        dead_end = {"prompt": "w1", "regex": "w1zzz", "max_tokens": 6}  # w1 begins it; no word spells zzz
+        response = httpx.post(f"{constrained.url}/v1/completions", json=dead_end, timeout=TIMEOUT)
+        error = response.json()["error"]  # the request's own fault: a 400, not the server's 500
+        assert response.status_code == 400 and error["type"] == "invalid_request_error"
+        assert "allows no token" in error["message"]
+        url, body = f"{constrained.url}/v1/completions", {**dead_end, "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=TIMEOUT) as streamed:
+            events = [line[6:] for line in streamed.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "allows no token" in json.loads(events[-2])["error"]["message"]
 
 
 def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, native: Pipeline) -> None:

@@ -195,17 +195,7 @@ def measure(
     ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
     roles = {CurveRole.TARGET: pipeline.target}
     roles |= {CurveRole.DRAFT: pipeline.draft} if pipeline.draft is not None else {}
-    if store.cost_curves is None:
-        curves = measure_cost_curves(
-            roles, dict.fromkeys(roles, ks), settings.profile_context, PROFILE_REPEATS, PROFILE_WARMUP, True
-        )
-        store.cost_curves = {str(role): curve_to_json(curve) for role, curve in curves.items()}
-    if CurveRole.TARGET_CONTEXT not in store.cost_curves:  # older results lack it
-        slopes = context_costs(roles, settings.profile_context, ks[-1])
-        store.cost_curves |= {str(role): {str(k): ms for k, ms in curve.items()} for role, curve in slopes.items()}
-    if pipeline.draft is not None and CurveRole.DRAFT_PREFILL not in store.cost_curves:  # older results lack it
-        prefill = measure_prefill_curve(pipeline.draft, prefill_lengths(pipeline.draft))
-        store.cost_curves[str(CurveRole.DRAFT_PREFILL)] = curve_to_json(prefill)
+    store.cost_curves = ready_cost_curves(store.cost_curves or {}, roles, ks, settings.profile_context)
     store.write_json("cost_curves.json", store.cost_curves)
     curves = {CurveRole(role): curve_from_json(curve) for role, curve in store.cost_curves.items()}
     other_runtimes = {method.runtime for method in pending_methods if method.runtime is not None}
@@ -237,6 +227,36 @@ def measure(
         if (record := records.step_times).num_plain_steps or record.num_drafting_steps
     }
     store.write_json("step_times.json", measured)
+
+
+def ready_cost_curves(
+    saved: dict[str, dict[str, float]], roles: dict[CurveRole, Any], ks: range, context: int
+) -> dict[str, dict[str, float]]:
+    """``saved`` curves (JSON: role -> k -> ms) with what this run's models and γ need measured where it is missing:
+    each model's forward over every k of ``ks``, what the context adds to the target's blocks up to ``ks[-1]``
+    and to a drafted token, and the draft model's prompt reading. A resumed run whose methods draft further, or
+    use a draft model the first run did not load, extends them (a note says so); what was measured stays."""
+    curves = {role: dict(curve) for role, curve in saved.items()}  # keys are CurveRole values
+    missing = {role: [k for k in ks if str(k) not in curves.get(str(role), {})] for role in roles}
+    missing = {role: role_ks for role, role_ks in missing.items() if role_ks}
+    if missing and curves:
+        gaps = ", ".join(f"{role} k = {role_ks[0]}..{role_ks[-1]}" for role, role_ks in missing.items())
+        print(f"quickdraft: note: the saved cost curves lack {gaps}; measuring them now", file=sys.stderr)
+    if missing:
+        runtimes = {role: roles[role] for role in missing}
+        measured = measure_cost_curves(runtimes, missing, context, PROFILE_REPEATS, PROFILE_WARMUP, True)
+        for role, curve in measured.items():
+            curves[str(role)] = curves.get(str(role), {}) | curve_to_json(curve)
+    longest = {CurveRole.TARGET_CONTEXT: ks[-1], CurveRole.DRAFT_CONTEXT: 1}  # the blocks whose context cost is used
+    slopes_of = {CurveRole.TARGET: CurveRole.TARGET_CONTEXT, CurveRole.DRAFT: CurveRole.DRAFT_CONTEXT}
+    reach = {role: max(map(int, curves.get(str(slopes_of[role]), {"0": 0}))) for role in roles}
+    if any(reach[role] < longest[slopes_of[role]] for role in roles):
+        slopes = context_costs(roles, context, ks[-1])  # none where a model's context has too little room
+        curves |= {str(role): {str(k): ms for k, ms in curve.items()} for role, curve in slopes.items()}
+    if CurveRole.DRAFT in roles and CurveRole.DRAFT_PREFILL not in curves:
+        prefill = measure_prefill_curve(roles[CurveRole.DRAFT], prefill_lengths(roles[CurveRole.DRAFT]))
+        curves[str(CurveRole.DRAFT_PREFILL)] = curve_to_json(prefill)
+    return curves
 
 
 def encode_turn(pipeline: Any, question: Question, answers: list[str]) -> list[int]:

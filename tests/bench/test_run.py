@@ -15,6 +15,7 @@ from quickdraft.bench.questions import Question
 from quickdraft.bench.run import rotated, source_revision, turn_shifts
 from quickdraft.bench.settings import BenchSettings
 from quickdraft.cli import main
+from quickdraft.costs.calibration import context_ks
 from quickdraft.lossless.sampling import MAX_SEED
 
 __all__ = ["chat_model_dirs"]  # the fixture, used here by name
@@ -231,3 +232,40 @@ def test_every_category_sees_the_methods_in_different_orders() -> None:
                     if question.category == category
                 }
                 assert firsts == set(methods), (num_categories, num_methods, run, category, firsts)
+
+
+def test_saved_cost_curves_are_extended_to_what_a_resumed_run_needs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A resumed run drafting further, or with a draft model the first run did not load, measures only what the
+    saved curves lack; what was measured stays."""
+    import quickdraft.bench.run as run
+
+    calls: list[tuple[str, object]] = []
+
+    def curves(runtimes, ks, *args, **kwargs):  # 10 ms a new token for the target, 1 for the draft
+        calls.append(("curves", {str(role): list(role_ks) for role, role_ks in ks.items()}))
+        return {role: {k: (10.0 if role == "target" else 1.0) * k for k in ks[role]} for role in runtimes}
+
+    def slopes(runtimes, context, longest):
+        calls.append(("context", longest))
+        return {"target_context": {k: 0.01 for k in context_ks(longest)}, "draft_context": {1: 0.001}}
+
+    def prefill(runtime, lengths):
+        calls.append(("prefill", None))
+        return {128: 5.0}
+
+    monkeypatch.setattr(run, "measure_cost_curves", curves)
+    monkeypatch.setattr(run, "context_costs", slopes)
+    monkeypatch.setattr(run, "measure_prefill_curve", prefill)
+    monkeypatch.setattr(run, "prefill_lengths", lambda runtime: [128])
+    target_only = run.ready_cost_curves({}, {run.CurveRole.TARGET: "target model"}, range(1, 4), 64)
+    assert calls == [("curves", {"target": [1, 2, 3]}), ("context", 3)] and "note" not in capsys.readouterr().err
+    calls.clear()
+    roles = {run.CurveRole.TARGET: "target model", run.CurveRole.DRAFT: "draft model"}
+    both = run.ready_cost_curves(target_only, roles, range(1, 6), 64)
+    assert calls == [("curves", {"target": [4, 5], "draft": [1, 2, 3, 4, 5]}), ("context", 5), ("prefill", None)]
+    assert "lack target k = 4..5, draft k = 1..5; measuring them now" in capsys.readouterr().err
+    assert both["target"] == {str(k): 10.0 * k for k in range(1, 6)} and both["draft_prefill"] == {"128": 5.0}
+    calls.clear()
+    assert run.ready_cost_curves(both, roles, range(1, 5), 64) == both and calls == []  # nothing missing

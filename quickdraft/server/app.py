@@ -179,7 +179,7 @@ def create_app(
                         content, found = split_calls(calls.text, api.tools.names)
                         if content[calls.sent :] or found:  # the held text that was no call; the calls, whole
                             yield sse(chunk_body(api, response_id, model, content[calls.sent :], tool_calls=found))
-                        reason = "tool_calls" if found else reason
+                        reason = api.tools.finish_reason(reason, bool(found))
                     yield sse(chunk_body(api, response_id, model, "", (), reason))
                     if api.include_usage:
                         yield sse(usage_chunk(api, response_id, model, event.result))

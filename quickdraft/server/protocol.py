@@ -348,7 +348,9 @@ def response_body(
     if api.chat:
         choice["message"] = {"role": "assistant", "content": (content or None) if calls else content}
         if calls:
-            choice["message"]["tool_calls"], choice["finish_reason"] = calls, "tool_calls"
+            choice["message"]["tool_calls"] = calls
+        if api.tools:
+            choice["finish_reason"] = finish_reason(api.tools.finish_reason(result.finish_reason, bool(calls)))
     else:
         choice["text"] = result.text
     if api.return_token_ids:

@@ -43,6 +43,14 @@ class ToolRequest:
     names: frozenset[str]
     parallel: bool = True  # OpenAI's parallel_tool_calls: several calls may come in one answer
 
+    def finish_reason(self, reason: str, called: bool) -> str:
+        """The engine's finish ``reason`` of an answer that ``called`` functions, or not: a cut answer stays
+        "length" (its last call may be cut off); calls end with "tool_calls", except a named function's, which
+        OpenAI ends with "stop"."""
+        if not called or reason == "length":
+            return reason
+        return "stop" if self.choice not in ("auto", "required") else "tool_calls"
+
     def grammar(self) -> GrammarSpec | None:
         """The constraint of ``required`` or a named function: a call (one or more where ``parallel``, each in its
         own tags, a newline between them), its arguments by the function's schema."""
@@ -212,5 +220,6 @@ class CallFilter:
                 if OPEN_TAG.startswith(self.text[-size:]):
                     end = len(self.text) - size
                     break
-        out, self.sent = self.text[self.sent : end], max(self.sent, end)
+        end = max(self.sent, len(self.text[:end].rstrip()))  # whitespace before a call is not content: held too
+        out, self.sent = self.text[self.sent : end], end
         return out

@@ -12,7 +12,7 @@ from conftest import MODEL, Server, native_from_hf, serving, tiny_model
 
 from quickdraft.api import Pipeline
 from quickdraft.server.errors import ApiError
-from quickdraft.server.tools import CallFilter, parse_tools, split_calls, template_message
+from quickdraft.server.tools import CallFilter, ToolRequest, parse_tools, split_calls, template_message
 
 CHARS = [chr(code) for code in range(32, 127)] + ["\n"]
 HERMES = (
@@ -69,8 +69,9 @@ def test_a_required_call_is_a_valid_call_of_an_offered_function(server: Server, 
         model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=120, temperature=0,
         extra_body={"drafter": drafter},
     )  # fmt: skip
-    choice = response.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    choice, cut = response.choices[0], response.usage.completion_tokens == 120
+    assert choice.finish_reason == ("length" if cut else "tool_calls") and choice.message.content is None  # calls
+    # may repeat until the budget cuts the last one: then "length", so a client knows one may be missing
     assert choice.message.tool_calls  # one or more: parallel_tool_calls is OpenAI's default
     for call in choice.message.tool_calls:
         assert call.type == "function" and call.id.startswith("call_")
@@ -121,15 +122,16 @@ def test_the_call_is_the_same_with_and_without_speculation(server: Server) -> No
 def test_a_named_function_is_the_one_called(server: Server) -> None:
     response = server.client().chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=120, temperature=0,
-        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False,
     )  # fmt: skip
     assert response.choices[0].message.tool_calls[0].function.name == "get_time"
+    assert response.choices[0].finish_reason == "stop"  # OpenAI's for a named function
 
 
 def test_a_streamed_call_arrives_as_tool_call_deltas(server: Server) -> None:
     stream = server.client().chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=120, temperature=0,
-        stream=True,
+        stream=True, parallel_tool_calls=False,
     )  # fmt: skip
     chunks = list(stream)
     calls = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
@@ -187,13 +189,33 @@ def test_calls_are_split_from_the_answer() -> None:
 
 def test_the_stream_holds_back_only_what_may_open_a_call() -> None:
     held = CallFilter()
-    assert held.feed("Hello <to") == "Hello " and held.feed("day") == "<today"
-    assert held.feed(" now <tool_") == " now " and held.feed('call>{"name"') == "" and held.feed(" more") == ""
+    assert held.feed("Hello <to") == "Hello" and held.feed("day") == " <today"  # whitespace before a call is held
+    assert held.feed(" now <tool_") == " now" and held.feed('call>{"name"') == "" and held.feed(" more") == ""
     assert held.text.endswith('<tool_call>{"name" more')
     whole = CallFilter()
     assert whole.feed("```js") == "" and whole.feed('on\n{"name"') == "" and whole.sent == 0  # held to the end
     code = CallFilter()
     assert code.feed("```py") == "```py"  # a code answer streams as it comes
+
+
+def test_streamed_and_whole_content_agree_before_a_call() -> None:
+    text = 'I will check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    held = CallFilter()
+    streamed = "".join(held.feed(text[i : i + 3]) for i in range(0, len(text), 3))
+    content, calls = split_calls(held.text, frozenset({"get_time"}))
+    assert streamed + content[held.sent :] == content == "I will check." and len(calls) == 1
+
+
+def test_an_answer_with_calls_ends_as_openai_says() -> None:
+    for choice, reason, called, expected in [
+        ("auto", "eos", True, "tool_calls"),
+        ("required", "stop", True, "tool_calls"),
+        ("required", "length", True, "length"),  # the last call may be cut off
+        ("get_time", "eos", True, "stop"),  # a named function
+        ("auto", "eos", False, "eos"),
+    ]:
+        request = ToolRequest((TIME,), choice, frozenset({"get_time"}))
+        assert request.finish_reason(reason, called) == expected, (choice, reason, called)
 
 
 def test_tool_requests_are_checked() -> None:

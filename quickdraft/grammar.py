@@ -24,6 +24,8 @@ import torch
 
 from quickdraft.errors import ConfigError
 
+ANY_OBJECT = '{"type": "object"}'  # a json_object answer: any JSON object
+
 
 class GrammarDeadEnd(ConfigError):
     """The answer so far leaves the grammar no token of the vocabulary (a tokenizer that cannot spell what it needs
@@ -77,8 +79,8 @@ class GrammarCompiler:
     def compile(self, spec: GrammarSpec) -> Any:
         """The compiled grammar; a grammar xgrammar cannot compile raises ``ConfigError`` saying why."""
         try:
-            if spec.kind is GrammarKind.JSON:
-                return self._compiler.compile_builtin_json_grammar()
+            if spec.kind is GrammarKind.JSON:  # an object, as OpenAI's json_object promises (the builtin: any value)
+                return self._compiler.compile_json_schema(ANY_OBJECT)
             if spec.kind is GrammarKind.JSON_SCHEMA:
                 return self._compiler.compile_json_schema(spec.text)
             if spec.kind is GrammarKind.REGEX:

@@ -96,6 +96,14 @@ def test_a_dead_end_mid_answer_ends_that_request_alone(native: Pipeline) -> None
     assert native.engine.idle and native.generate([3, 4, 5], other, drafter="draft-model").token_ids == alone
 
 
+def test_a_json_object_constraint_takes_objects_only(native: Pipeline) -> None:
+    import xgrammar
+
+    compiled = GrammarCompiler(native.tokenizer, native.target.vocab_size, [EOS]).compile(GrammarSpec(GrammarKind.JSON))
+    for text, accepted in (('{"a": [1, {"b": null}]}', True), ("{ }", True), ("[1, 2]", False), ('"w1"', False)):
+        assert xgrammar.GrammarMatcher(compiled).accept_string(text) == accepted, text
+
+
 def test_xgrammars_log_prefix_is_left_out_of_messages() -> None:
     error = RuntimeError('[04:00:10] /project/cpp/json_schema_converter.cc:83: Unsupported type "x"\nstack')
     assert xgrammar_reason(error) == 'Unsupported type "x"'

@@ -25,6 +25,8 @@ class IncrementalDecoder:
         self._read_offset = 0  # tokens up to here are in self.text
         self._released = 0  # characters of self.text handed out by release()
         self._hold = max((len(s) for s in stop), default=1) - 1
+        self._spans: list[tuple[int, int]] = []  # [tokens read] (start, end) of the text each token completes
+        self._final = False
 
     def add(self, token_id: int) -> None:
         """Append one committed token; sets ``stopped`` when a stop string is complete."""
@@ -34,8 +36,7 @@ class IncrementalDecoder:
         if len(window_now) <= len(window_before) or window_now.endswith(_INCOMPLETE):
             return
         searched_from = max(0, len(self.text) - self._hold)
-        self.text += window_now[len(window_before) :]
-        self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+        self._read(window_now[len(window_before) :])
         # The earliest occurrence wins, whatever the order of self.stop: one multi-character
         # token can complete several stop strings, and cutting at a later one leaks text.
         found = [index for index in (self.text.find(stop, searched_from) for stop in self.stop) if index >= 0]
@@ -44,11 +45,31 @@ class IncrementalDecoder:
             self.stopped = True
 
     def release(self, final: bool = False) -> str:
-        """Text that is safe to show now and was not released before."""
+        """Text that is safe to show now and was not released before. ``final``: the answer has ended, so a
+        trailing partial UTF-8 character is released as the tokenizer decodes it (U+FFFD)."""
+        if final and not self._final and not self.stopped and self._read_offset < len(self.token_ids):
+            window_before = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+            self._read(self._decode(self.token_ids[self._prefix_offset :])[len(window_before) :])
+        self._final = self._final or final
         end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._hold)
         delta = self.text[self._released : end]
         self._released = end
         return delta
+
+    def visible_tokens(self) -> int:
+        """How many of the tokens, from the first, have their text released: the tokens that a client may see
+        (their log-probabilities). Once the answer has ended (a stop string, or :meth:`release` ``final``), those
+        whose text begins before its end: not the tokens of a stop string, nor an end-of-sequence token."""
+        if self.stopped or self._final:
+            return sum(start < len(self.text) for start, _ in self._spans)
+        return sum(end <= self._released for _, end in self._spans)
+
+    def _read(self, text: str) -> None:
+        """The tokens since the last read become ``text``, appended (each spans all of it: a character may take
+        several tokens)."""
+        self._spans += [(len(self.text), len(self.text) + len(text))] * (len(self.token_ids) - self._read_offset)
+        self.text += text
+        self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -85,3 +85,33 @@ def test_possible_start_of_a_stop_is_held_back_until_the_end() -> None:
     assert not decoder.stopped
     assert "wor" not in "".join(deltas[:-1])
     assert "".join(deltas) == decoder.text == "hello wor"
+
+
+def test_a_cut_partial_character_ends_the_text_as_the_tokenizer_decodes_it() -> None:
+    decoder = IncrementalDecoder(ByteTokenizer())
+    deltas = feed_tokens(decoder, [*b"ab", *"é".encode()[:1]])  # the answer was cut inside "é"
+    assert "".join(deltas) == decoder.text == "ab\ufffd" == ByteTokenizer().decode([*b"ab", 0xC3])
+
+
+def test_visible_tokens_are_those_whose_text_is_released() -> None:
+    """Their log-probabilities are shown: a held tail's tokens wait, a stop string's tokens are never shown."""
+    decoder = IncrementalDecoder(ByteTokenizer(), stop=("END",))
+    visible = []
+    for token in b"ab EN":
+        decoder.add(token)
+        decoder.release()
+        visible.append(decoder.visible_tokens())
+    assert visible == [0, 0, 1, 2, 3]  # "EN" may begin the stop string, so two characters are held
+    for token in b"D tail":
+        decoder.add(token)
+        if decoder.stopped:
+            break
+    assert decoder.release(final=True) == "" and decoder.text == "ab " and decoder.visible_tokens() == 3
+    pieces = IncrementalDecoder(PieceTokenizer(["ab", "cE", "ND", "x"]), stop=("END",))
+    for token in range(3):
+        pieces.add(token)
+    assert pieces.stopped and pieces.text == "abc" and pieces.visible_tokens() == 2  # "cE" holds text before it
+    ended = IncrementalDecoder(PieceTokenizer(["ab", ""]))  # "": an end-of-sequence token, skipped in the text
+    ended.add(0)
+    ended.add(1)
+    assert ended.release(final=True) == "ab" and ended.visible_tokens() == 1

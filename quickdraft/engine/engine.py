@@ -19,7 +19,7 @@ import torch
 from quickdraft.costs import BatchCostModel
 from quickdraft.drafters import Drafter, DraftProposal, DraftTask
 from quickdraft.engine.features import target_forward
-from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
+from quickdraft.engine.logprobs import token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.engine.request import (
     GenerationResult,
@@ -363,22 +363,16 @@ class Engine:
         """Stream what a step committed (with their log-probabilities from ``logits [≥ n, V]``, the rows of their
         positions, if the request asked for them); finish the request at its end."""
         config = state.request.config
-        logprobs = ()
         if config.logprobs is not None:
-            logprobs = tuple(token_logprobs(logits, committed, config.sampling, config.logprobs))
-            state.logprobs.extend(logprobs)
+            state.logprobs.extend(token_logprobs(logits, committed, config.sampling, config.logprobs))
         if finish_reason is not None:
             self.scheduler.finish(state)
-            self._finish(state, finish_reason, committed, logprobs)
+            self._finish(state, finish_reason, committed)
         elif committed:
-            state.sink(TokenDelta(state.decoder.release(), tuple(committed), logprobs))
+            state.sink(TokenDelta(state.decoder.release(), tuple(committed), state.take_visible_logprobs()))
 
     def _finish(
-        self,
-        state: RequestState | RunningRequest,
-        finish_reason: str,
-        last_tokens: list[int] | None = None,
-        last_logprobs: tuple[TokenLogprob, ...] = (),
+        self, state: RequestState | RunningRequest, finish_reason: str, last_tokens: list[int] | None = None
     ) -> None:
         if isinstance(state, RunningRequest):  # its caches: the drafter's released or kept, the target's kept
             state.finished = True
@@ -389,8 +383,9 @@ class Engine:
         if finish_reason != "cancelled":
             state.policy.observe_end(len(state.new_token_ids), cut_by_budget=finish_reason == "length")
         final_text = state.decoder.release(final=True)
-        if final_text or last_tokens:
+        last_logprobs = state.take_visible_logprobs()
+        if final_text or last_tokens or last_logprobs:
             state.sink(TokenDelta(final_text, tuple(last_tokens or ()), last_logprobs))
-        logprobs = state.logprobs if state.request.config.logprobs is not None else None
+        logprobs = state.logprobs[: state.logprobs_sent] if state.request.config.logprobs is not None else None
         result = GenerationResult(state.decoder.text, state.new_token_ids, finish_reason, state.stats, logprobs)
         state.sink(RequestFinished(result))

@@ -68,7 +68,7 @@ class GenerationResult:
     token_ids: list[int]  # new tokens only, an end-of-sequence token included
     finish_reason: str  # "eos" | "length" | "stop" | "cancelled"
     stats: GenerationStats
-    logprobs: list[TokenLogprob] | None = None  # one per new token when the request asked (config.logprobs)
+    logprobs: list[TokenLogprob] | None = None  # when asked (config.logprobs): one per new token of the text
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class TokenDelta:
 
     text: str
     token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
+    logprobs: tuple[TokenLogprob, ...] = ()  # when the request asked: one per token whose text became visible
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ class RequestState:
     committed: list[int]  # prompt + new tokens; the target's cache holds all but the last once prefilled
     new_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the new tokens, if the request asked
+    logprobs_sent: int = 0  # of them, those handed out: the tokens whose text is visible
     constraint: Constraint | None = None  # its place in the grammar its output must follow (config.grammar)
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)
@@ -118,6 +119,13 @@ class RequestState:
     @property
     def prompt_length(self) -> int:
         return len(self.request.prompt_ids)
+
+    def take_visible_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The log-probabilities not handed out yet of the tokens whose text is now visible
+        (:meth:`IncrementalDecoder.visible_tokens`): a stop string's tokens and an end-of-sequence token never are."""
+        visible = max(self.logprobs_sent, min(len(self.logprobs), self.decoder.visible_tokens()))
+        taken, self.logprobs_sent = tuple(self.logprobs[self.logprobs_sent : visible]), visible
+        return taken
 
 
 @dataclass(eq=False, kw_only=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -42,6 +43,7 @@ from quickdraft.server.protocol import (
     usage_chunk,
 )
 from quickdraft.server.tools import CallFilter, split_calls
+from quickdraft.vocabularies import token_pieces
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 LOG = logging.getLogger("quickdraft.server")
@@ -104,8 +106,16 @@ def create_app(
         access.authorize(request.headers.get("authorization"), metrics=True)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def token_text(token_id: int) -> str:
-        return pipeline.tokenizer.decode([token_id])
+    @functools.cache
+    def spell(token_id: int) -> tuple[str, bytes]:
+        """A token's text and its own bytes (logprobs' ``bytes``: a byte token's is not its text's U+FFFD)."""
+        pieces = vocabulary_pieces()
+        text = pipeline.tokenizer.decode([token_id])
+        return text, pieces[token_id] if token_id < len(pieces) and pieces[token_id] else text.encode()
+
+    @functools.cache
+    def vocabulary_pieces() -> list[bytes]:  # [V], made on the first request for logprobs
+        return token_pieces(pipeline.tokenizer)
 
     def encode(prompt: Any, chat: bool, tools: Any = None) -> list[int]:
         if chat:
@@ -148,7 +158,7 @@ def create_app(
         finally:
             if not track.done:
                 loop.cancel(api.serve.request_id)
-        return JSONResponse(response_body(api, new_id(chat), model, result, token_text))
+        return JSONResponse(response_body(api, new_id(chat), model, result, spell))
 
     async def stream(
         api: ApiRequest, events: asyncio.Queue[Event], track: Tracker, cancel: Callable[[str], None]
@@ -167,7 +177,7 @@ def create_app(
                     break
                 logprobs = None
                 if isinstance(event, TokenDelta) and event.logprobs:
-                    logprobs = logprobs_body(api, event.logprobs, token_text, offset)
+                    logprobs = logprobs_body(api, event.logprobs, spell, offset)
                     offset += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
                 if isinstance(event, TokenDelta):
                     text = event.text if calls is None else calls.feed(event.text)

@@ -308,42 +308,45 @@ def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
 
 
 def logprobs_body(
-    api: ApiRequest, logprobs: Sequence[TokenLogprob], token_text: Callable[[int], str], offset: int = 0
+    api: ApiRequest, logprobs: Sequence[TokenLogprob], spell: Callable[[int], tuple[str, bytes]], offset: int = 0
 ) -> dict[str, Any] | None:
     """A choice's ``logprobs`` in OpenAI's shape for chat (``content``: token, logprob, bytes, top_logprobs) or
     completions (tokens, token_logprobs, top_logprobs, text_offset from ``offset``); None when not asked for.
-    Alternatives with probability 0 (excluded by top-k or top-p) are left out: JSON has no -inf."""
+    ``spell(id)``: a token's text and its bytes (a token that is part of a UTF-8 character reads as U+FFFD, its
+    bytes are its own). Alternatives with probability 0 (excluded by top-k or top-p) are left out: JSON has no
+    -inf."""
     if api.serve.config.logprobs is None:
         return None
-    tokens = [token_text(entry.token_id) for entry in logprobs]
-    tops = [[(token_text(token), value) for token, value in entry.top if math.isfinite(value)] for entry in logprobs]
+    spelled = [spell(entry.token_id) for entry in logprobs]
+    tops = [[(spell(token), value) for token, value in entry.top if math.isfinite(value)] for entry in logprobs]
     if api.chat:
         return {
             "content": [
                 {
-                    "token": token,
+                    "token": text,
                     "logprob": entry.logprob,
-                    "bytes": list(token.encode("utf-8")),
-                    "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in top],
+                    "bytes": list(data),
+                    "top_logprobs": [{"token": t, "logprob": v, "bytes": list(b)} for (t, b), v in top],
                 }
-                for token, entry, top in zip(tokens, logprobs, tops, strict=True)
+                for (text, data), entry, top in zip(spelled, logprobs, tops, strict=True)
             ]
         }
+    tokens = [text for text, _ in spelled]
     offsets = list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=offset)) if tokens else []
     return {
         "tokens": tokens,
         "token_logprobs": [entry.logprob for entry in logprobs],
-        "top_logprobs": [dict(top) for top in tops],
+        "top_logprobs": [{text: value for (text, _), value in top} for top in tops],
         "text_offset": offsets,
     }
 
 
 def response_body(
-    api: ApiRequest, response_id: str, model: str, result: GenerationResult, token_text: Callable[[int], str]
+    api: ApiRequest, response_id: str, model: str, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any]:
     """A whole (non-streamed) completion or chat completion."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
-    choice["logprobs"] = logprobs_body(api, result.logprobs or [], token_text)
+    choice["logprobs"] = logprobs_body(api, result.logprobs or [], spell)
     content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
     if api.chat:
         choice["message"] = {"role": "assistant", "content": (content or None) if calls else content}

@@ -10,6 +10,7 @@ from conftest import native_pipeline
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.engine import Event, Request, TokenDelta
 from quickdraft.engine.logprobs import token_logprobs
 from quickdraft.errors import ConfigError
 
@@ -58,3 +59,21 @@ def test_logprobs_are_off_unless_asked_and_checked() -> None:
     for bad in (-1, 21, 2.5, True):
         with pytest.raises(ConfigError, match="logprobs"):
             GenerationConfig(logprobs=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("drafter", "policy"), [("none", None), ("draft-model", "fixed:3")])
+def test_logprobs_cover_the_answers_text_and_no_stop_string(native: Pipeline, drafter: str, policy: str | None) -> None:
+    """A stop string's tokens are not shown, streamed or not: the log-probabilities stream with their text."""
+    plain = native.generate(PROMPT, GenerationConfig(max_new_tokens=16), drafter="none")
+    stop = native.tokenizer.decode(plain.token_ids[6:8])  # two tokens' text: where the answer stops
+    config = GenerationConfig(max_new_tokens=16, logprobs=2, stop=stop, policy=policy)
+    events: list[Event] = []
+    native.engine.submit(Request(tuple(PROMPT), config, native.drafter(drafter)), events.append)
+    native.engine.run_until_idle()
+    result = events[-1].result  # type: ignore[union-attr]
+    assert result.finish_reason == "stop" and stop not in result.text
+    starts = [len(native.tokenizer.decode(result.token_ids[:i])) for i in range(len(result.token_ids))]
+    shown = sum(start < len(result.text) for start in starts)  # tokens whose text begins in the answer
+    assert [entry.token_id for entry in result.logprobs] == result.token_ids[:shown] and shown < len(result.token_ids)
+    streamed = [entry for event in events if isinstance(event, TokenDelta) for entry in event.logprobs]
+    assert streamed == result.logprobs

@@ -1,0 +1,53 @@
+"""Log-probabilities through the server on a byte-level tokenizer, where a token may be part of a UTF-8 character:
+each token's ``bytes`` are its own, so a client joining them gets the answer's bytes."""
+
+from __future__ import annotations
+
+import httpx
+from conftest import MODEL, TIMEOUT, native_from_hf, serving, tiny_model
+
+from quickdraft.api import Pipeline
+from quickdraft.vocabularies import byte_level_chars
+
+TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+def byte_pipeline() -> Pipeline:
+    """Tiny native models over one token per byte (GPT-2's byte-level alphabet) and an end-of-sequence token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = dict(byte_level_chars()) | {"<eos>": 256}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    tokenizer.chat_template = TEMPLATE
+    return Pipeline(
+        target=native_from_hf(tiny_model(len(vocab), seed=5)),
+        tokenizer=tokenizer,
+        eos_token_ids=frozenset({256}),
+    )
+
+
+def test_each_tokens_bytes_are_its_own() -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "é€ and ü"}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "drafter": "none",
+        "return_token_ids": True,
+    }
+    with serving(byte_pipeline()) as server:
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=TIMEOUT).json()
+    choice = answer["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert [entry["bytes"] for entry in entries] == [[token] if token < 256 else list(b"<eos>") for token in
+                                                     choice["token_ids"]]  # fmt: skip
+    assert any(token >= 0x80 for token in choice["token_ids"])  # a byte of a multi-byte character, or none to test
+    for entry in entries:
+        for top in entry["top_logprobs"]:
+            assert len(top["bytes"]) == 1 or top["bytes"] == list(b"<eos>")

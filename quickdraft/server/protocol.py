@@ -19,6 +19,7 @@ role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the stat
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import math
@@ -289,8 +290,8 @@ def finish_reason(reason: str) -> str:
 
 
 def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
-    """Token counts; with a prediction, OpenAI's ``completion_tokens_details``: the answer tokens drafted from the
-    prediction and accepted, and the prediction's tokens that did not make it into the answer."""
+    """Token counts; with a prediction, OpenAI's ``completion_tokens_details``: the prediction's tokens that appear
+    in the answer (matched in order) and those that do not."""
     prompt_tokens, completion_tokens = len(api.serve.prompt_ids), len(result.token_ids)
     body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
@@ -299,10 +300,11 @@ def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens},
     }
     if api.serve.prediction_ids:
-        accepted = result.stats.predicted_tokens_accepted
+        matcher = difflib.SequenceMatcher(None, api.serve.prediction_ids, result.token_ids, autojunk=False)
+        appeared = sum(block.size for block in matcher.get_matching_blocks())
         body["completion_tokens_details"] = {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": max(0, len(api.serve.prediction_ids) - accepted),
+            "accepted_prediction_tokens": appeared,
+            "rejected_prediction_tokens": len(api.serve.prediction_ids) - appeared,
         }
     return body
 

@@ -35,7 +35,7 @@ from quickdraft.engine import GenerationResult, Request
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
-from quickdraft.lossless.sampling import is_number
+from quickdraft.lossless.sampling import is_int, is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, text_parts
 from quickdraft.server.tools import ToolRequest, parse_tools, split_calls, template_message
@@ -83,8 +83,8 @@ def parse_request(
     if model is not None and model not in defaults.model_names:
         message = f"the model {model!r} does not exist; this server serves {defaults.model_names[0]!r}"
         raise ApiError(404, message, "model", code="model_not_found")
-    if body.get("n", 1) != 1:
-        raise ApiError(400, "n must be 1: one choice per request", "n")
+    if body.get("n") is not None and not (is_int(body["n"]) and body["n"] == 1):  # null: the default, as OpenAI's
+        raise ApiError(400, f"n must be 1: one choice per request, got {body['n']!r}", "n")
     check_fields(body, chat)
     tools = parse_tools(body, chat_template) if chat else None
     stream = flag(body, "stream", False)

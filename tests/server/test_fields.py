@@ -118,6 +118,8 @@ def test_harmless_fields_pass_and_the_default_length_fits_the_context(served: tu
     server, native = served
     body = CHAT | {"user": "u1", "metadata": {"k": "v"}, "repetition_penalty": 1, "max_completion_tokens": 2}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=TIMEOUT).status_code == 200
+    nulls = CHAT | {"n": None, "seed": None, "stop": None, "temperature": None}  # null: the default, as OpenAI's
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=nulls, timeout=TIMEOUT).status_code == 200
     prompt = "w1 " * 249  # the server's default is 12 new tokens; the context of 256 leaves fewer
     room = 256 - len(native.encode(prompt))
     assert 0 < room < 12

@@ -25,6 +25,7 @@ import torch
 from quickdraft.errors import ConfigError
 
 ANY_OBJECT = '{"type": "object"}'  # a json_object answer: any JSON object
+GRAMMAR_CACHE_BYTES = 256 << 20  # the compiler keeps at most this much of compiled grammars (xgrammar: no bound)
 
 
 class GrammarDeadEnd(ConfigError):
@@ -73,7 +74,7 @@ class GrammarCompiler:
         info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
         )
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self.vocab_size = vocab_size
 
     def compile(self, spec: GrammarSpec) -> Any:

@@ -9,6 +9,7 @@ import re
 import pytest
 from conftest import native_pipeline
 
+from quickdraft import grammar
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.engine import Event, Request, RequestFailed, RequestFinished
@@ -102,6 +103,15 @@ def test_a_json_object_constraint_takes_objects_only(native: Pipeline) -> None:
     compiled = GrammarCompiler(native.tokenizer, native.target.vocab_size, [EOS]).compile(GrammarSpec(GrammarKind.JSON))
     for text, accepted in (('{"a": [1, {"b": null}]}', True), ("{ }", True), ("[1, 2]", False), ('"w1"', False)):
         assert xgrammar.GrammarMatcher(compiled).accept_string(text) == accepted, text
+
+
+def test_compiled_grammars_are_kept_within_a_bound(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every distinct schema a client sends is compiled and kept: without a bound, a server's memory grows."""
+    monkeypatch.setattr(grammar, "GRAMMAR_CACHE_BYTES", 200_000)
+    compiler = GrammarCompiler(native.tokenizer, native.target.vocab_size, [EOS])
+    for length in range(1, 200):
+        compiler.compile(GrammarSpec(GrammarKind.JSON_SCHEMA, f'{{"type": "string", "minLength": {length}}}'))
+    assert compiler._compiler.get_cache_size_bytes() < 2 * 200_000
 
 
 def test_xgrammars_log_prefix_is_left_out_of_messages() -> None:

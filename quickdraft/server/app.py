@@ -145,8 +145,8 @@ def create_app(
             with contextlib.suppress(RuntimeError):  # the caller's event loop closed: no one is left to tell
                 event_loop.call_soon_threadsafe(deliver, event)
 
-        try:
-            loop.submit(api.serve, sink)
+        try:  # in a worker thread: compiling a grammar can take a second, and would stall every other client
+            await asyncio.to_thread(loop.submit, api.serve, sink)
         except QueueFull as error:
             raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
         except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...
@@ -203,17 +203,21 @@ def create_app(
                 cancel(api.serve.request_id)
 
     async def collect(request: Request, events: asyncio.Queue[Event], track: Tracker) -> GenerationResult:
+        """The request's result, its client checked every ``DISCONNECT_POLL_S`` while it runs (events or not)."""
+        check_at = time.monotonic() + DISCONNECT_POLL_S
         while True:
             left = track.seconds_left()
-            wait_s = DISCONNECT_POLL_S if left is None else min(left, DISCONNECT_POLL_S)
+            wait_s = max(0.0, check_at - time.monotonic() if left is None else min(left, check_at - time.monotonic()))
             try:
                 event = await asyncio.wait_for(events.get(), wait_s)
             except TimeoutError:
                 if track.seconds_left() == 0:
                     raise track.timeout() from None
+                event = None
+            if time.monotonic() >= check_at:
                 if await request.is_disconnected():
                     raise ApiError(499, "the client closed the connection") from None
-                continue
+                check_at = time.monotonic() + DISCONNECT_POLL_S
             if isinstance(event, RequestFinished):
                 return event.result
             if isinstance(event, RequestFailed):
@@ -293,3 +297,4 @@ class Tracker:
             self.metrics.observe_request(result.finish_reason, ttft, now - self.arrival, len(result.token_ids))
         elif isinstance(event, RequestFailed):
             self.done = True
+            self.metrics.observe_failure()

@@ -73,6 +73,10 @@ class ServerMetrics:
             self.batch_size.observe(report.decoding)
         self.step_seconds.observe(report.seconds)
 
+    def observe_failure(self) -> None:
+        """A request that could not finish (``finish_reason="error"``; no latencies: it has none to tell)."""
+        self.requests.labels(finish_reason="error").inc()
+
     def observe_request(self, finish_reason: str, ttft_s: float | None, e2e_s: float, num_tokens: int) -> None:
         self.requests.labels(finish_reason=finish_reason).inc()
         self.e2e_latency.observe(e2e_s)

@@ -234,6 +234,8 @@ def test_structured_output_is_constrained_plain_decoding(native: Pipeline) -> No
         with httpx.stream("POST", url, json=body, timeout=TIMEOUT) as streamed:
             events = [line[6:] for line in streamed.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and "allows no token" in json.loads(events[-2])["error"]["message"]
+        metrics = httpx.get(f"{constrained.url}/metrics", timeout=TIMEOUT).text
+        assert 'quickdraft_requests_total{finish_reason="error"} 2.0' in metrics  # failures are counted too
 
 
 def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, native: Pipeline) -> None:
@@ -407,8 +409,16 @@ def test_a_client_that_disconnects_frees_its_slot(native: Pipeline, monkeypatch:
         while running.engine.scheduler.running:  # cancelled at the next step after the disconnect
             assert time.monotonic() < deadline, "the request kept its slot"
             time.sleep(0.02)
+        whole = {**body, "stream": False, "max_tokens": 250}  # 250 steps of 20 ms or more if it ran to its end
+        with pytest.raises(httpx.ReadTimeout):  # a client that gives up while its whole answer is decoding
+            httpx.post(f"{running.url}/v1/completions", json=whole, timeout=0.5)
+        left, deadline = time.monotonic(), time.monotonic() + TIMEOUT
+        while running.engine.scheduler.running:
+            assert time.monotonic() < deadline, "the request kept its slot"
+            time.sleep(0.02)
+        assert time.monotonic() - left < 2.0  # noticed within the server's 0.5 s checks, though tokens kept coming
         metrics = httpx.get(f"{running.url}/metrics", timeout=TIMEOUT).text
-        assert 'quickdraft_requests_total{finish_reason="cancelled"} 1.0' in metrics
+        assert 'quickdraft_requests_total{finish_reason="cancelled"} 2.0' in metrics
         after = running.client().completions.create(model=MODEL, prompt="w1 w2", max_tokens=3)
         assert after.usage is not None and after.usage.completion_tokens == 3
 

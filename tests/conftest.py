@@ -466,6 +466,7 @@ CHEAP_BATCH = BatchCostModel({1: 100.0, 16: 101.0, 256: 110.0}, {1: 1.0, 64: 1.5
 class Server:
     url: str
     engine: Engine
+    loop: ServingLoop
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
@@ -480,7 +481,8 @@ def serving(pipeline: Pipeline, prefix_cache_mb: int = 0, access: Access = OPEN,
     ``quickdraft serve`` measures them, a cheap batch curve given."""
     scheduler = SchedulerSettings(**settings)
     engine, _ = serving_engine(pipeline, scheduler, batch_costs=CHEAP_BATCH, prefix_cache_mb=prefix_cache_mb)
-    app = create_app(pipeline, ServingLoop(engine), ServerDefaults((MODEL,), max_tokens=12), access)
+    loop = ServingLoop(engine)
+    app = create_app(pipeline, loop, ServerDefaults((MODEL,), max_tokens=12), access)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -490,7 +492,7 @@ def serving(pipeline: Pipeline, prefix_cache_mb: int = 0, access: Access = OPEN,
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield Server(f"http://127.0.0.1:{port}", engine)
+        yield Server(f"http://127.0.0.1:{port}", engine, loop)
     finally:
         server.should_exit = True
         thread.join(TIMEOUT)

@@ -12,7 +12,7 @@ from conftest import native_pipeline
 from quickdraft import grammar
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.engine import Event, Request, RequestFailed, RequestFinished
+from quickdraft.engine import Event, FailureCause, Request, RequestFailed, RequestFinished
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarCompiler, GrammarKind, GrammarSpec, xgrammar_reason
 
@@ -89,7 +89,8 @@ def test_a_dead_end_mid_answer_ends_that_request_alone(native: Pipeline) -> None
         native.engine.submit(request, events[name].append)
     native.engine.run_until_idle()
     failed = events["dead end"][-1]
-    assert isinstance(failed, RequestFailed) and failed.by_request and "allows no token" in failed.message
+    assert isinstance(failed, RequestFailed) and failed.cause is FailureCause.REQUEST
+    assert "allows no token" in failed.message
     finished = events["other"][-1]
     assert isinstance(finished, RequestFinished) and finished.result.token_ids == alone
     with pytest.raises(ConfigError, match="allows no token of this model's vocabulary after the answer so far"):

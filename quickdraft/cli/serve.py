@@ -14,6 +14,8 @@ from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.errors import ConfigError
 from quickdraft.server.access import API_KEY_VARIABLE, MAX_BODY_MB, REQUEST_TIMEOUT_S
 
+SHUTDOWN_TIMEOUT_S = 25.0  # within Kubernetes' default grace period of 30 s before SIGKILL
+
 if TYPE_CHECKING:  # the server's packages load when a server starts: generate runs without them
     from quickdraft.server.setup import ServerOptions
 
@@ -59,6 +61,11 @@ def add_command(commands: Any) -> None:
     access.add_argument(
         "--max-body-mb", type=float, default=MAX_BODY_MB, metavar="MB",
         help=f"a larger request body gets 413 before it is read further (default {MAX_BODY_MB})",
+    )  # fmt: skip
+    access.add_argument(
+        "--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S, metavar="S",
+        help="on SIGTERM or Ctrl-C, new requests get 503 and those running or waiting have up to S seconds to "
+        f"finish; any left then end with a 503 (default {SHUTDOWN_TIMEOUT_S:g}; a second Ctrl-C stops at once)",
     )  # fmt: skip
     access.add_argument(
         "--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
@@ -130,6 +137,8 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.server.setup import ServerOptions, build_server
 
     options = ServerOptions.from_args(args)
+    if not args.shutdown_timeout >= 0:  # NaN too
+        raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.replicas or args.max_replicas or args.ray_address or args.threads_per_replica:
@@ -144,15 +153,22 @@ def run(args: argparse.Namespace) -> None:
     http = threading.Thread(target=http_server.run, name="quickdraft-http", daemon=True)
     print(f"quickdraft: serving {server.model_names[0]} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     http.start()
-    signal.signal(signal.SIGTERM, lambda *_: loop.stop(timeout=0))
+
+    def shut_down(*_: object) -> None:  # the first signal drains (--shutdown-timeout), a second stops at once
+        if loop.draining:
+            loop.stop(timeout=0)
+            return
+        print("quickdraft: shutting down: finishing the requests in flight", file=sys.stderr)
+        loop.drain(args.shutdown_timeout)
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
     watcher = threading.Thread(target=lambda: (http.join(), loop.stop(timeout=0)), daemon=True)
     watcher.start()  # a server that stops (a port in use) stops the steps too
     try:
         loop.run()
-    except KeyboardInterrupt:
-        pass
     finally:
-        http_server.should_exit = True
+        http_server.should_exit = True  # every request has had its answer: its connection closes
         http.join(timeout=10)
 
 

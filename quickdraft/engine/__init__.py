@@ -5,6 +5,7 @@ from quickdraft.engine.engine import Engine
 from quickdraft.engine.request import (
     CONFIDENCE_ROWS_PER_STEP,
     Event,
+    FailureCause,
     GenerationResult,
     Request,
     RequestFailed,
@@ -22,6 +23,7 @@ __all__ = [
     "CONFIDENCE_ROWS_PER_STEP",
     "Engine",
     "Event",
+    "FailureCause",
     "GenerationResult",
     "GenerationStream",
     "QueueFull",

@@ -22,6 +22,7 @@ from quickdraft.engine.features import target_forward
 from quickdraft.engine.logprobs import token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.engine.request import (
+    FailureCause,
     GenerationResult,
     Request,
     RequestFailed,
@@ -131,6 +132,10 @@ class Engine:
         """Step until every submitted request has finished (a library caller's or a test's loop)."""
         while self.step() is not None:
             pass
+
+    def drop_all(self) -> list[RequestState]:
+        """Remove every request, running or waiting (the server is stopping), and return them."""
+        return [*self.fail_running(), *self.scheduler.take_waiting()]
 
     def fail_running(self) -> list[RequestState]:
         """Drop every running request after a failed step (their caches may be half-written, and go with them),
@@ -342,7 +347,7 @@ class Engine:
         self.scheduler.finish(state)
         state.finished = True
         state.request.drafter.finish(state.draft_state)
-        state.sink(RequestFailed(str(error), by_request=True))
+        state.sink(RequestFailed(str(error), FailureCause.REQUEST))
         return 0, 0
 
     def _commit(self, state: RunningRequest, step_tokens: list[int]) -> tuple[list[int], str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -87,12 +88,20 @@ class RequestFinished:
     result: GenerationResult
 
 
+class FailureCause(enum.Enum):
+    """Why a request could not finish."""
+
+    SERVER = "server"  # a fault of the server (a step that raised)
+    REQUEST = "request"  # the request's own (a grammar its tokenizer cannot follow)
+    STOPPING = "stopping"  # the server stopped before it finished
+
+
 @dataclass(frozen=True)
 class RequestFailed:
     """The request could not go on; the others go on."""
 
     message: str
-    by_request: bool = False  # the request's own fault (a grammar its tokenizer cannot follow), not the server's
+    cause: FailureCause = FailureCause.SERVER
 
 
 Event = TokenDelta | RequestFinished | RequestFailed

@@ -121,6 +121,13 @@ class Scheduler:
         self._forget(taken)
         return taken
 
+    def take_waiting(self) -> list[RequestState]:
+        """Remove the requests waiting for a slot, and return them."""
+        with self._lock:
+            taken, self.waiting = list(self.waiting), deque()
+        self._forget(taken)
+        return taken
+
     def finish(self, state: RunningRequest) -> None:
         self.running.remove(state)
         self._forget([state])

@@ -6,7 +6,15 @@ from collections import deque
 from collections.abc import Generator, Iterator
 
 from quickdraft.engine.engine import Engine
-from quickdraft.engine.request import Event, GenerationResult, Request, RequestFailed, RequestFinished, TokenDelta
+from quickdraft.engine.request import (
+    Event,
+    FailureCause,
+    GenerationResult,
+    Request,
+    RequestFailed,
+    RequestFinished,
+    TokenDelta,
+)
 from quickdraft.errors import ConfigError, QuickdraftError
 
 
@@ -52,7 +60,7 @@ class GenerationStream:
                     return event.result
                 elif isinstance(event, RequestFailed):
                     finished = True
-                    raise (ConfigError if event.by_request else QuickdraftError)(event.message)
+                    raise (ConfigError if event.cause is FailureCause.REQUEST else QuickdraftError)(event.message)
         finally:
             if not finished:  # left before its end: free its slot at the next step
                 engine.cancel(request_id)

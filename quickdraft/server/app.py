@@ -29,7 +29,7 @@ from quickdraft.engine import Event, GenerationResult, QueueFull, RequestFailed,
 from quickdraft.errors import QuickdraftError
 from quickdraft.server.access import OPEN, Access, read_json
 from quickdraft.server.errors import failure
-from quickdraft.server.loop import ServingLoop
+from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import (
     ApiError,
@@ -85,6 +85,8 @@ def create_app(
     async def health() -> JSONResponse:
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
+        if loop.draining:  # a load balancer sends no more requests here
+            raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
         return JSONResponse({"status": "ok"})
 
     entry = {"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}
@@ -149,6 +151,8 @@ def create_app(
             await asyncio.to_thread(loop.submit, api.serve, sink)
         except QueueFull as error:
             raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
+        except ServerStopping as error:
+            raise ApiError(503, str(error), kind="server_error", code="shutting_down") from None
         except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...
             raise ApiError(400, str(error)) from None
         if api.stream:

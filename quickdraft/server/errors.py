@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quickdraft.engine import RequestFailed
+from quickdraft.engine import FailureCause, RequestFailed
 
 
 class ApiError(Exception):
@@ -26,8 +26,10 @@ class ApiError(Exception):
 
 
 def failure(event: RequestFailed) -> ApiError:
-    """The error of a request the engine could not finish (a ``RequestFailed``): the request's own fault is a 400,
-    anything else the server's (500)."""
-    if event.by_request:
+    """The error of a request the engine could not finish: the request's own fault is a 400, a server that stopped
+    before it finished a 503 (send it again), anything else the server's fault (500)."""
+    if event.cause is FailureCause.REQUEST:
         return ApiError(400, event.message)
+    if event.cause is FailureCause.STOPPING:
+        return ApiError(503, event.message, kind="server_error", code="shutting_down")
     return ApiError(500, event.message, kind="server_error")

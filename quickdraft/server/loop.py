@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
-from quickdraft.engine import Engine, Request, RequestFailed, Sink
+from quickdraft.engine import Engine, FailureCause, Request, RequestFailed, Sink
+from quickdraft.errors import QuickdraftError
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5  # how long an idle loop sleeps before it looks again (a submit wakes it at once)
+STOPPING = FailureCause.STOPPING
+
+
+class ServerStopping(QuickdraftError):
+    """The server is shutting down and takes no more requests."""
 
 
 class ServingLoop:
@@ -24,6 +31,8 @@ class ServingLoop:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.run, name="quickdraft-engine", daemon=True) if own_thread else None
         self._running = False
+        self._admission = threading.Lock()  # a request is queued before a drain begins, or refused
+        self._drain_deadline: float | None = None
 
     def start(self) -> None:
         """Step in a thread of the loop's own; a loop driven by :meth:`run` on another thread starts nothing."""
@@ -41,9 +50,26 @@ class ServingLoop:
         return self._thread.is_alive() if self._thread is not None else self._running
 
     def submit(self, request: Request, sink: Sink) -> None:
-        """Queue a request (raises for a bad one or a full queue, see :meth:`Engine.submit`)."""
-        self.engine.submit(request, sink)
+        """Queue a request (raises for a bad one or a full queue, see :meth:`Engine.submit`; ``ServerStopping`` once
+        :meth:`drain` began)."""
+        state = self.engine.new_state(request, sink)  # its checks and its grammar's compiling: not under the lock
+        with self._admission:
+            if self._drain_deadline is not None:
+                raise ServerStopping("the server is shutting down: send the request again later, or elsewhere")
+            self.engine.enqueue(state)
         self._wake.set()
+
+    def drain(self, grace_s: float) -> None:
+        """Take no more requests; those running and waiting go on for up to ``grace_s`` seconds, then any left fail
+        (``FailureCause.STOPPING``) and :meth:`run` returns."""
+        with self._admission:
+            if self._drain_deadline is None:
+                self._drain_deadline = time.monotonic() + grace_s
+        self._wake.set()
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None
 
     def cancel(self, request_id: str) -> None:
         self.engine.cancel(request_id)
@@ -54,6 +80,10 @@ class ServingLoop:
         self._running = True
         try:
             while not self._stopping.is_set():
+                if self._drain_deadline is not None and (self.engine.idle or time.monotonic() > self._drain_deadline):
+                    for state in self.engine.drop_all():
+                        state.sink(RequestFailed("the server shut down before this request finished", STOPPING))
+                    return
                 try:
                     report = self.engine.step()
                 except Exception:  # a fault of ours: fail the running requests, keep serving the next ones

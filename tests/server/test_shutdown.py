@@ -1,0 +1,116 @@
+"""Shutting down (SIGTERM, Ctrl-C: ``ServingLoop.drain``): no request in flight is left without an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
+
+from quickdraft.api import Pipeline
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return native_chat_pipeline()
+
+
+async def in_flight(server: Server, grace_s: float, max_tokens: int) -> list[httpx.Response | list[str]]:
+    """Four requests (two streamed) and, once they all are in, a drain of ``grace_s``; then a fifth request."""
+
+    async def whole(client: httpx.AsyncClient) -> httpx.Response:
+        body = {"model": MODEL, "prompt": "w1 w2", "max_tokens": max_tokens}
+        return await client.post(f"{server.url}/v1/completions", json=body)
+
+    async def streamed(client: httpx.AsyncClient) -> list[str]:
+        body = {"model": MODEL, "prompt": "w3 w1", "max_tokens": max_tokens, "stream": True}
+        async with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            return [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
+
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        calls = [asyncio.ensure_future(call(client)) for call in (whole, streamed, whole, streamed)]
+        while len(server.engine.scheduler.running) + server.engine.scheduler.num_waiting < 4:
+            await asyncio.sleep(0.01)
+        server.loop.drain(grace_s)
+        late = await whole(client)
+        health = await client.get(f"{server.url}/health")
+        return [*(await asyncio.gather(*calls)), late, health]
+
+
+def test_a_drain_finishes_the_requests_in_flight_and_refuses_new_ones(
+    native: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with serving(native, max_running=2) as server:  # two run, two wait: all four finish within the grace
+        forward_batch = native.target.forward_batch
+        monkeypatch.setattr(native.target, "forward_batch", lambda rows: time.sleep(0.01) or forward_batch(rows))
+        first, second, third, fourth, late, health = asyncio.run(in_flight(server, TIMEOUT, 20))
+        for response in (first, third):
+            assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 20
+        for events in (second, fourth):
+            assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+        assert health.status_code == 503
+        deadline = time.monotonic() + TIMEOUT
+        while server.loop.alive:  # the loop ends once nothing is left
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+
+def test_requests_left_at_the_end_of_the_grace_get_a_503(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    with serving(native, max_running=2) as server:
+        forward_batch = native.target.forward_batch
+        monkeypatch.setattr(native.target, "forward_batch", lambda rows: time.sleep(0.02) or forward_batch(rows))
+        first, second, third, fourth, late, _ = asyncio.run(in_flight(server, 0.2, 240))
+        for response in (first, third, late):
+            assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
+        for events in (second, fourth):
+            assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
+        assert server.engine.idle and not server.engine.scheduler.running
+
+
+def test_sigterm_lets_quickdraft_serve_answer_what_it_was_doing(
+    native_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The signal wiring of ``quickdraft serve``: a stream that is running when SIGTERM comes ends properly, and
+    the process exits 0."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "quickdraft", "serve", "--target", str(native_model_dirs["target"])]
+    command += ["--drafter", "none", "--port", str(port)]
+    env = os.environ | {"QUICKDRAFT_CACHE": str(tmp_path / "cache")}
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+        while not healthy(url):
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        body = {"model": "target", "prompt": "w3 w1", "max_tokens": 400, "stream": True, "temperature": 0}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it is running
+            server.send_signal(signal.SIGTERM)
+            events = [line[6:] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        assert server.wait(TIMEOUT) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+        output = server.communicate()[0].decode()
+    assert "shutting down: finishing the requests in flight" in output and "Traceback" not in output
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -31,17 +31,8 @@ from quickdraft.server.access import OPEN, Access, read_json
 from quickdraft.server.errors import failure
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
-from quickdraft.server.protocol import (
-    ApiError,
-    ApiRequest,
-    ServerDefaults,
-    chunk_body,
-    logprobs_body,
-    new_id,
-    parse_request,
-    response_body,
-    usage_chunk,
-)
+from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, parse_request
+from quickdraft.server.responses import chunk_body, logprobs_body, new_id, response_body, usage_chunk
 from quickdraft.server.tools import CallFilter, split_calls
 from quickdraft.vocabularies import token_pieces
 
@@ -60,7 +51,6 @@ def create_app(
     metrics = ServerMetrics(loop.engine)
     loop.engine.on_step = metrics.observe_step
     defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context)
-    model = defaults.model_names[0]
     template = getattr(pipeline.tokenizer, "chat_template", None)
     chat_template = template if isinstance(template, str) else ""  # tools need its tool-call format
 
@@ -79,7 +69,8 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
-        return JSONResponse(ApiError(error.status_code, str(error.detail)).body(), status_code=error.status_code)
+        body = ApiError(error.status_code, str(error.detail)).body()  # its headers kept: a 405's Allow
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -89,19 +80,21 @@ def create_app(
             raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
         return JSONResponse({"status": "ok"})
 
-    entry = {"id": model, "object": "model", "created": 0, "owned_by": "quickdraft"}
+    started = int(time.time())
+    entries = {name: {"id": name, "object": "model", "created": started, "owned_by": "quickdraft"} for name in
+               defaults.model_names}  # fmt: skip
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         access.authorize(request.headers.get("authorization"))
-        return {"object": "list", "data": [entry]}
+        return {"object": "list", "data": list(entries.values())}
 
     @app.get("/v1/models/{name:path}")
     async def one_model(request: Request, name: str) -> dict[str, Any]:
         access.authorize(request.headers.get("authorization"))
-        if name not in defaults.model_names:
+        if name not in entries:
             raise ApiError(404, f"the model {name!r} does not exist", "model", code="model_not_found")
-        return entry
+        return entries[name]
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:
@@ -162,7 +155,7 @@ def create_app(
         finally:
             if not track.done:
                 loop.cancel(api.serve.request_id)
-        return JSONResponse(response_body(api, new_id(chat), model, result, spell))
+        return JSONResponse(response_body(api, new_id(chat), result, spell))
 
     async def stream(
         api: ApiRequest, events: asyncio.Queue[Event], track: Tracker, cancel: Callable[[str], None]
@@ -172,7 +165,7 @@ def create_app(
         calls = CallFilter() if api.tools else None  # holds back what may open a tool call
         try:
             if api.chat:
-                yield sse(chunk_body(api, response_id, model, None))
+                yield sse(chunk_body(api, response_id, None))
             while True:
                 try:
                     event = await asyncio.wait_for(events.get(), track.seconds_left())
@@ -186,17 +179,17 @@ def create_app(
                 if isinstance(event, TokenDelta):
                     text = event.text if calls is None else calls.feed(event.text)
                     if text or api.return_token_ids or logprobs:
-                        yield sse(chunk_body(api, response_id, model, text, event.token_ids, logprobs=logprobs))
+                        yield sse(chunk_body(api, response_id, text, event.token_ids, logprobs=logprobs))
                 elif isinstance(event, RequestFinished):
                     reason = event.result.finish_reason
                     if calls is not None and api.tools is not None:  # calls exists exactly when tools do
                         content, found = split_calls(calls.text, api.tools.names)
                         if content[calls.sent :] or found:  # the held text that was no call; the calls, whole
-                            yield sse(chunk_body(api, response_id, model, content[calls.sent :], tool_calls=found))
+                            yield sse(chunk_body(api, response_id, content[calls.sent :], tool_calls=found))
                         reason = api.tools.finish_reason(reason, bool(found))
-                    yield sse(chunk_body(api, response_id, model, "", (), reason))
+                    yield sse(chunk_body(api, response_id, "", (), reason))
                     if api.include_usage:
-                        yield sse(usage_chunk(api, response_id, model, event.result))
+                        yield sse(usage_chunk(api, response_id, event.result))
                     break
                 elif isinstance(event, RequestFailed):
                     yield sse(failure(event).body())

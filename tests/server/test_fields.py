@@ -3,6 +3,7 @@ client gets for each: nothing a client asks for is silently dropped."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -134,6 +135,30 @@ def test_a_model_is_retrieved_by_name(served: tuple[Server, Pipeline]) -> None:
     assert server.client().models.retrieve(MODEL).id == MODEL
     response = httpx.get(f"{server.url}/v1/models/gpt-4", timeout=TIMEOUT)
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_every_served_name_is_listed_and_answered_under() -> None:
+    with serving(native_chat_pipeline(), names=("mine", MODEL)) as server:
+        client = server.client()
+        assert [model.id for model in client.models.list().data] == ["mine", MODEL]
+        assert client.models.retrieve(MODEL).id == MODEL and client.models.retrieve(MODEL).created > 0
+        for name in ("mine", MODEL):
+            assert client.completions.create(model=name, prompt="w1", max_tokens=2).model == name
+        assert client.completions.create(prompt="w1", max_tokens=2, model=None).model == "mine"  # type: ignore[arg-type]
+
+
+def test_answers_and_chunks_have_openais_shape(served: tuple[Server, Pipeline]) -> None:
+    server, _ = served
+    body = COMPLETION | {"max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert len({chunk["created"] for chunk in chunks}) == 1 and all("system_fingerprint" in c for c in chunks)
+    assert [chunk["usage"] is None for chunk in chunks] == [True] * (len(chunks) - 1) + [False]
+    unknown = body | {"stream_options": {"include_usage": True, "include_everything": True}}
+    response = httpx.post(f"{server.url}/v1/completions", json=unknown, timeout=TIMEOUT)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "stream_options.include_everything"
+    wrong_method = httpx.get(f"{server.url}/v1/completions", timeout=TIMEOUT)
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
 
 
 def test_a_failure_of_the_server_is_a_json_500_and_the_connection_goes_on(

@@ -1,0 +1,142 @@
+"""The OpenAI wire format, responses: a whole completion or chat completion, its streamed chunks, the usage and
+the log-probabilities, for an :class:`ApiRequest` (:mod:`quickdraft.server.protocol`) and its result."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from quickdraft.engine import GenerationResult
+from quickdraft.engine.logprobs import TokenLogprob
+from quickdraft.server.protocol import ApiRequest
+from quickdraft.server.tools import split_calls
+
+
+def new_id(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def finish_reason(reason: str) -> str:
+    """Ours (eos, stop, length; tool_calls for an answer that called tools) as OpenAI's: the model's end and a
+    stop string are both "stop"."""
+    return reason if reason in ("length", "tool_calls") else "stop"
+
+
+def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
+    """Token counts; with a prediction, OpenAI's ``completion_tokens_details``: the prediction's tokens that appear
+    in the answer (matched in order) and those that do not."""
+    prompt_tokens, completion_tokens = len(api.serve.prompt_ids), len(result.token_ids)
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens},
+    }
+    if api.serve.prediction_ids:
+        matcher = difflib.SequenceMatcher(None, api.serve.prediction_ids, result.token_ids, autojunk=False)
+        appeared = sum(block.size for block in matcher.get_matching_blocks())
+        body["completion_tokens_details"] = {
+            "accepted_prediction_tokens": appeared,
+            "rejected_prediction_tokens": len(api.serve.prediction_ids) - appeared,
+        }
+    return body
+
+
+def logprobs_body(
+    api: ApiRequest, logprobs: Sequence[TokenLogprob], spell: Callable[[int], tuple[str, bytes]], offset: int = 0
+) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` in OpenAI's shape for chat (``content``: token, logprob, bytes, top_logprobs) or
+    completions (tokens, token_logprobs, top_logprobs, text_offset from ``offset``); None when not asked for.
+    ``spell(id)``: a token's text and its bytes (a token that is part of a UTF-8 character reads as U+FFFD, its
+    bytes are its own). Alternatives with probability 0 (excluded by top-k or top-p) are left out: JSON has no
+    -inf."""
+    if api.serve.config.logprobs is None:
+        return None
+    spelled = [spell(entry.token_id) for entry in logprobs]
+    tops = [[(spell(token), value) for token, value in entry.top if math.isfinite(value)] for entry in logprobs]
+    if api.chat:
+        return {
+            "refusal": None,
+            "content": [
+                {
+                    "token": text,
+                    "logprob": entry.logprob,
+                    "bytes": list(data),
+                    "top_logprobs": [{"token": t, "logprob": v, "bytes": list(b)} for (t, b), v in top],
+                }
+                for (text, data), entry, top in zip(spelled, logprobs, tops, strict=True)
+            ],
+        }
+    tokens = [text for text, _ in spelled]
+    offsets = list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=offset)) if tokens else []
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry.logprob for entry in logprobs],
+        "top_logprobs": [{text: value for (text, _), value in top} for top in tops],
+        "text_offset": offsets,
+    }
+
+
+def response_body(
+    api: ApiRequest, response_id: str, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
+) -> dict[str, Any]:
+    """A whole (non-streamed) completion or chat completion."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
+    choice["logprobs"] = logprobs_body(api, result.logprobs or [], spell)
+    content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
+    if api.chat:
+        choice["message"] = {"role": "assistant", "content": (content or None) if calls else content}
+        if calls:
+            choice["message"]["tool_calls"] = calls
+        if api.tools:
+            choice["finish_reason"] = finish_reason(api.tools.finish_reason(result.finish_reason, bool(calls)))
+    else:
+        choice["text"] = result.text
+    if api.return_token_ids:
+        choice["token_ids"] = result.token_ids
+    stats = result.stats
+    return {
+        "id": response_id,
+        "object": "chat.completion" if api.chat else "text_completion",
+        "created": api.created,
+        "model": api.model,
+        "system_fingerprint": None,
+        "choices": [choice],
+        "usage": usage(api, result),
+        "speculation": {"drafts_proposed": stats.draft_tokens_proposed, "drafts_accepted": stats.draft_tokens_accepted},
+    }
+
+
+def chunk_body(
+    api: ApiRequest,
+    response_id: str,
+    text: str | None,
+    token_ids: tuple[int, ...] = (),
+    reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk: a text delta (None: the chat's opening role delta), or the end with ``reason``;
+    ``logprobs``: the delta's tokens' (:func:`logprobs_body`); ``tool_calls``: the answer's calls, whole."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": None if reason is None else finish_reason(reason)}
+    if api.chat:
+        choice["delta"] = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
+        if tool_calls:
+            choice["delta"]["tool_calls"] = [{"index": i} | call for i, call in enumerate(tool_calls)]
+    else:
+        choice["text"] = text or ""
+    choice["logprobs"] = logprobs
+    if api.return_token_ids:
+        choice["token_ids"] = list(token_ids)
+    kind = "chat.completion.chunk" if api.chat else "text_completion"
+    body = {"id": response_id, "object": kind, "created": api.created, "model": api.model, "system_fingerprint": None}
+    return body | {"choices": [choice]} | ({"usage": None} if api.include_usage else {})  # usage: on the last chunk
+
+
+def usage_chunk(api: ApiRequest, response_id: str, result: GenerationResult) -> dict[str, Any]:
+    """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage."""
+    return chunk_body(api, response_id, "") | {"choices": [], "usage": usage(api, result)}

@@ -93,17 +93,30 @@ def _parse_row(line: str, path: Path, number: int) -> Question:
         raise ConfigError(f"--questions: {where} is not a JSON object")
     if "turns" in row:  # Spec-Bench / MT-Bench
         turns = row["turns"]
-        if not isinstance(turns, list) or "category" not in row:
-            raise ConfigError(f"--questions: {where}: 'turns' must be a list and 'category' present")
-        return Question(str(row.get("question_id", number)), str(row["category"]), tuple(turns))
+        if not isinstance(turns, list) or not turns or "category" not in row:
+            raise ConfigError(f"--questions: {where}: 'turns' must be a non-empty list and 'category' present")
+        turns = tuple(_text(turn, "turns", where) for turn in turns)
+        return Question(_id(row.get("question_id", number), where), _text(row["category"], "category", where), turns)
     if "prompt" in row and "task_id" in row:  # HumanEval: complete the function
-        return Question(str(row["task_id"]), "humaneval", (row["prompt"],), chat=False)
+        return Question(_id(row["task_id"], where), "humaneval", (_text(row["prompt"], "prompt", where),), chat=False)
     if "question" in row:  # GSM8K
-        return Question(str(row.get("id", number)), "gsm8k", (row["question"],))
+        return Question(_id(row.get("id", number), where), "gsm8k", (_text(row["question"], "question", where),))
     raise ConfigError(
         f"--questions: {where}: unknown format; expected Spec-Bench/MT-Bench rows (question_id, category, turns), "
         f"HumanEval rows (task_id, prompt) or GSM8K rows (question)"
     )
+
+
+def _text(value: object, name: str, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"--questions: {where}: {name!r} must hold non-empty text, got {value!r}")
+    return value
+
+
+def _id(value: object, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | str) or value == "":
+        raise ConfigError(f"--questions: {where}: a question's id must be a number or text, got {value!r}")
+    return str(value)
 
 
 def keep_categories(questions: list[Question], categories: tuple[str, ...]) -> list[Question]:

@@ -41,6 +41,12 @@ def test_humaneval_and_gsm8k_formats(tmp_path: Path) -> None:
         ('{"x": 1}\n', "unknown format"),
         ("[1, 2]\n", "not a JSON object"),
         ('{"question_id": 1, "category": "qa", "turns": [""]}\n', "empty"),
+        ('{"question_id": 1, "category": ["qa"], "turns": ["hi"]}\n', "'category' must hold non-empty text"),
+        ('{"question_id": 1, "category": "qa", "turns": [["hi"]]}\n', "'turns' must hold non-empty text"),
+        ('{"question_id": 1, "category": "qa", "turns": []}\n', "non-empty list"),
+        ('{"question_id": [1], "category": "qa", "turns": ["hi"]}\n', "id must be a number or text"),
+        ('{"task_id": "t", "prompt": 3}\n', "'prompt' must hold non-empty text"),
+        ('{"question": null}\n', "'question' must hold non-empty text"),
         ("", "no questions"),
         (
             '{"question_id": 1, "category": "qa", "turns": ["hi"]}\n'

@@ -329,9 +329,11 @@ def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path
 def test_profile_times_reading_a_prompt(native_model_dirs: dict[str, Path], capsys, monkeypatch) -> None:
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(Path(str(native_model_dirs["target"])).parent / "cache"))
     args = ["profile", "--model", str(native_model_dirs["target"]), "--runtime", "auto", "--repeats", "1"]
-    assert main([*args, "--prefill", "12", "--json"]) == 0
-    prefill = json.loads(capsys.readouterr().out)["prefill"]
+    assert main([*args, "--prefill", "12", "--json", "--context", "64"]) == 0
+    captured = capsys.readouterr()
+    prefill = json.loads(captured.out)["prefill"]
     assert prefill["tokens"] == 12 and prefill["quickdraft"]["tokens_per_s"] > 0 and "llama_cpp" not in prefill
+    assert "note: not used with --prefill (it times a prompt, not the k-token curve): --context" in captured.err
     for bad, message in [
         (["--prefill", "0"], "--prefill must be >= 1"),
         (["--against", "llama-cpp"], "give --prefill N too"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from quickdraft.cli.common import add_draft_load_arguments, add_runtime_argument
 from quickdraft.costs.calibration import curve_to_json, measure_cost_curve
 from quickdraft.errors import ConfigError
 
+MAX_K, CONTEXT = 16, 512  # the curve's defaults: up to 16 new tokens after 512 cached
 REGULAR_TOKENS = 150_000  # prompt ids are drawn below this: ordinary tokens of any Qwen2-sized vocabulary
 
 
@@ -43,8 +45,12 @@ def add_command(commands: Any) -> None:
     )
     add_runtime_argument(profile)
     add_draft_load_arguments(profile, prefix="--")  # --weights, --vocabulary: as a draft model loads for "draft"
-    profile.add_argument("--max-k", type=int, default=16, metavar="K", help="largest number of new tokens (default 16)")
-    profile.add_argument("--context", type=int, default=512, metavar="N", help="cached tokens first (default 512)")
+    profile.add_argument(
+        "--max-k", type=int, default=MAX_K, metavar="K", help=f"largest number of new tokens (default {MAX_K})"
+    )
+    profile.add_argument(
+        "--context", type=int, default=CONTEXT, metavar="N", help=f"cached tokens first (default {CONTEXT})"
+    )
     profile.add_argument(
         "--placeholder-context",
         action="store_true",
@@ -80,6 +86,15 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--prefill must be >= 1, got {args.prefill}")
     if args.against and args.prefill is None:
         raise ConfigError("--against compares prompt reading: give --prefill N too")
+    curve_only = {"--max-k": args.max_k != MAX_K, "--context": args.context != CONTEXT,
+                  "--placeholder-context": args.placeholder_context}  # fmt: skip
+    unused = [flag for flag, given in curve_only.items() if given and args.prefill is not None]
+    if unused:
+        flags = ", ".join(unused)
+        print(
+            f"quickdraft: note: not used with --prefill (it times a prompt, not the k-token curve): {flags}",
+            file=sys.stderr,
+        )
     if args.repeats < 1 or args.warmup < 0:
         raise ConfigError("--repeats must be >= 1 and --warmup >= 0")
     if args.out:

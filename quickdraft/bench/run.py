@@ -29,7 +29,7 @@ from quickdraft.bench.questions import (
 from quickdraft.bench.report import write_markdown, write_plots
 from quickdraft.bench.settings import BenchSettings
 from quickdraft.bench.store import ResultStore, model_name, questions_digest
-from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
+from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS, GenerationConfig
 from quickdraft.costs.calibration import (
     CurveRole,
     context_costs,
@@ -39,7 +39,8 @@ from quickdraft.costs.calibration import (
     measure_prefill_curve,
     prefill_lengths,
 )
-from quickdraft.errors import ConfigError
+from quickdraft.errors import ConfigError, PromptError
+from quickdraft.lossless.rules import check_prompt
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.machine import cpu_description
 from quickdraft.runtime.options import draft_load_defaults
@@ -192,6 +193,7 @@ def measure(
     if pipeline.bridge is not None:  # a draft of another vocabulary: say how it drafts
         print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)
     store.use_machine(machine_info())
+    check_first_turns(pipeline, list(dict.fromkeys(question for _, question, _ in todo)), settings.max_new_tokens)
     ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
     roles = {CurveRole.TARGET: pipeline.target}
     roles |= {CurveRole.DRAFT: pipeline.draft} if pipeline.draft is not None else {}
@@ -257,6 +259,19 @@ def ready_cost_curves(
         prefill = measure_prefill_curve(roles[CurveRole.DRAFT], prefill_lengths(roles[CurveRole.DRAFT]))
         curves[str(CurveRole.DRAFT_PREFILL)] = curve_to_json(prefill)
     return curves
+
+
+def check_first_turns(pipeline: Any, questions: list[Question], max_new_tokens: int) -> None:
+    """Raise ``PromptError`` for a question whose first turn and ``max_new_tokens`` the target's context cannot hold:
+    before any cost is measured or answer run (a later turn is checked when it runs: its history is not known)."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens)
+    for question in questions:
+        try:
+            check_prompt(
+                encode_turn(pipeline, question, []), config, pipeline.target.max_context, pipeline.target.vocab_size
+            )
+        except PromptError as error:
+            raise PromptError(f"question {question.question_id} ({question.category}): {error}") from None
 
 
 def encode_turn(pipeline: Any, question: Question, answers: list[str]) -> list[int]:

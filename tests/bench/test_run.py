@@ -131,6 +131,19 @@ def test_bench_categories_are_checked_before_any_model_is_loaded(
     assert not (tmp_path / "out" / "entries.jsonl").exists()
 
 
+def test_a_first_turn_the_context_cannot_hold_fails_before_anything_is_measured(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quickdraft.bench.run as run
+
+    monkeypatch.setattr(run, "measure_cost_curves", lambda *args, **kwargs: pytest.fail("measured first"))
+    long = {"question_id": 7, "category": "qa", "turns": [" ".join(["w1"] * 600)]}
+    questions = write_jsonl(tmp_path / "question.jsonl", [*SPEC_ROWS, long])
+    assert main(bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "draft-model:2")) == 1
+    err = capsys.readouterr().err
+    assert "question 7 (qa): the prompt has" in err and "context holds" in err and "Traceback" not in err
+
+
 def test_bench_on_the_native_runtime(
     native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,11 +73,6 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
                 f"these methods decode greedily only: {', '.join(greedy_only)}; drop them or --temperature"
             )
     needs_draft = any(method.uses_draft_model for method in methods)
-    draft_flags = {"--draft": settings.draft, "--draft-weights": settings.draft_weights,
-                   "--draft-vocabulary": settings.draft_vocabulary}  # fmt: skip
-    unused = [flag for flag, value in draft_flags.items() if value is not None and not needs_draft]
-    if unused:
-        print(f"quickdraft: note: no method uses a draft model, so {', '.join(unused)} is not used", file=sys.stderr)
     weights, vocabulary = draft_load_defaults(settings.draft_weights, settings.draft_vocabulary)  # defaults filled in
     categories = list(dict.fromkeys(question.category for question in questions))
     config = {
@@ -181,6 +176,11 @@ def measure(
     pending_methods = list(dict.fromkeys(method for _, _, method in todo))
     for method in pending_methods:
         method.check()  # e.g. a peer whose package is missing: before any model is loaded
+    draft_flags = {"--draft": settings.draft, "--draft-weights": settings.draft_weights,
+                   "--draft-vocabulary": settings.draft_vocabulary}  # fmt: skip
+    unused = [flag for flag, value in draft_flags.items() if value is not None and not store.config["draft"]]
+    if unused:
+        print(f"quickdraft: note: no method uses a draft model, so {', '.join(unused)} is not used", file=sys.stderr)
     pipeline = Pipeline.load(
         settings.target,
         store.config["draft"],

@@ -139,9 +139,10 @@ def test_a_first_turn_the_context_cannot_hold_fails_before_anything_is_measured(
     monkeypatch.setattr(run, "measure_cost_curves", lambda *args, **kwargs: pytest.fail("measured first"))
     long = {"question_id": 7, "category": "qa", "turns": [" ".join(["w1"] * 600)]}
     questions = write_jsonl(tmp_path / "question.jsonl", [*SPEC_ROWS, long])
-    assert main(bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "draft-model:2")) == 1
+    assert main(bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "prompt-lookup:2")) == 1
     err = capsys.readouterr().err
     assert "question 7 (qa): the prompt has" in err and "context holds" in err and "Traceback" not in err
+    assert "note: no method uses a draft model, so --draft is not used" in err  # bench_args gives one
 
 
 def test_bench_on_the_native_runtime(

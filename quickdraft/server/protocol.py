@@ -47,6 +47,9 @@ class ServerDefaults:
     policy: str | None = None  # None: the library's default (goodput)
     max_tokens: int = 256  # when a request gives none (at most what the context leaves after its prompt)
     max_context: int | None = None  # positions the model holds: prompt + answer (None: not checked here)
+    max_draft_tokens: int = (
+        16  # adaptive policies' largest γ: a request's default and its limit (costs measured so far)
+    )
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,14 @@ def parse_request(
             sampling=sampling,
             stop=_stop(body),
             policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
-            max_draft_tokens=_field(body, "max_draft_tokens", 16),
+            max_draft_tokens=_field(body, "max_draft_tokens", defaults.max_draft_tokens),
             logprobs=_logprobs(body, chat),
             grammar=_grammar(body, tools),
         )
+        if config.max_draft_tokens > defaults.max_draft_tokens:
+            limit = defaults.max_draft_tokens
+            message = f"max_draft_tokens is at most {limit} here (--max-draft-tokens): its costs are measured that far"
+            raise ApiError(400, message, "max_draft_tokens")
         spec = config.policy_spec
         given = body.get("policy") is not None and body.get("num_draft_tokens") is not None
         if given and not spec.reads_num_draft_tokens:  # its own argument gives γ, or it reads none

@@ -104,7 +104,9 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     if pipeline.bridge is not None:
         notes = [pipeline.pairing(), *notes]
     names = model_names(pipeline, options.served_model_name)
-    defaults = ServerDefaults(names, options.drafter, options.policy, options.default_max_tokens)
+    defaults = ServerDefaults(
+        names, options.drafter, options.policy, options.default_max_tokens, max_draft_tokens=options.max_draft_tokens
+    )
     loop = ServingLoop(engine, own_thread=own_thread)
     return Server(create_app(pipeline, loop, defaults, options.access), loop, names, notes)
 

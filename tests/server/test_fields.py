@@ -181,3 +181,17 @@ def test_a_failure_of_the_server_is_a_json_500_and_the_connection_goes_on(
         }
         monkeypatch.undo()
         assert client.post("/v1/completions", json=COMPLETION).status_code == 200
+
+
+def test_the_servers_largest_gamma_is_a_requests_default_and_limit() -> None:
+    from quickdraft.drafters.none import NoDrafter
+    from quickdraft.server.protocol import ServerDefaults, parse_request
+
+    defaults = ServerDefaults(("m",), max_draft_tokens=4)
+
+    def parse(body: dict[str, object]):  # -> ApiRequest
+        return parse_request(body, False, defaults, lambda *_: [1, 2], lambda _: NoDrafter())
+
+    assert parse({"prompt": "w1"}).serve.config.max_draft_tokens == 4
+    with pytest.raises(ApiError, match="max_draft_tokens is at most 4"):
+        parse({"prompt": "w1", "max_draft_tokens": 5})

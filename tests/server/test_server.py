@@ -276,6 +276,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "cache_prompt": "no"}, 400, "cache_prompt must be true or false"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": 2}, 400, "n must be 1"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": True}, 400, "n must be 1"),
+    ("completions", {"model": MODEL, "prompt": "w1", "max_draft_tokens": 17}, 400, "max_draft_tokens is at most 16"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": 1.0}, 400, "n must be 1"),
     ("completions", {"model": MODEL, "prompt": [[1], [2]]}, 400, "one non-empty string"),
     ("completions", {"model": MODEL, "prompt": [999]}, 400, "token ids"),

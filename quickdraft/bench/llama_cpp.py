@@ -1,6 +1,7 @@
 """llama.cpp as a bench peer: its own 4-bit kernels on the very GGUF files quickdraft ships.
 
-``llama-cpp`` is plain greedy decoding through the Python binding (``llama_cpp.Llama``) and
+``llama-cpp`` is plain decoding (greedy, or sampling at the bench's temperature) through the Python binding
+(``llama_cpp.Llama``) and
 ``llama-cpp-prompt-lookup`` the binding's ``LlamaPromptLookupDecoding`` draft. Both read the GGUF
 file the target's transformers directory was converted from (its ``quickdraft-source.json``), after
 checking its sha256, and are fed our prompt token ids (no second tokenization), with the bench's

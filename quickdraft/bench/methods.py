@@ -8,8 +8,8 @@ policy (``draft-model+goodput``, ``prompt-lookup+confidence:0.4``), and the peer
 on the same weights), ``llama-cpp``, ``llama-cpp-prompt-lookup`` and ``llama-cpp-draft``
 (llama.cpp on the GGUF files the models were converted from, :mod:`quickdraft.bench.llama_cpp`) and
 ``openvino`` and ``openvino-draft`` (OpenVINO GenAI on int4 exports of the same weights,
-:mod:`quickdraft.bench.openvino`): measured, never quoted. Every method runs one turn greedily and
-reports a :class:`TurnResult`.
+:mod:`quickdraft.bench.openvino`): measured, never quoted. Every method runs one turn, greedily or, if it
+:attr:`~Method.samples`, at the bench's temperature, and reports a :class:`TurnResult`.
 
 Our methods take ``@RUNTIME`` to run on another runtime than the bench's (``draft-model:2@transformers``):
 their speedup is over ``baseline@RUNTIME``, whose own speedup is over the bench's ``baseline``.

@@ -3,8 +3,10 @@
 A *run* sends the same prompts (Spec-Bench first turns, or recorded agent calls: see ``bench/workloads.py``), with
 the same arrival times, under one served configuration (a drafter and a policy, sent per request as
 ``extra_body``) at one request rate: ``seq`` is one user who sends the next request when the last one ended,
-``inf`` sends them all at once, a number is the mean requests per second of Poisson arrivals. Every request is
-greedy and asks for its token ids, which are compared with single-request plain decoding (the lossless check).
+``inf`` sends them all at once, a number is the mean requests per second of Poisson arrivals. Requests are greedy
+or sample at the run's temperature (with its seed); quickdraft's ask for their token ids, which greedy and seeded
+runs compare with single-request plain decoding (the lossless check). A configuration may also be llama.cpp's
+server on the same GGUF files.
 Requests run on loopback only and each is bounded by a timeout.
 
 Tokens are counted from the standard ``usage`` (``stream_options.include_usage``) and the time to first token

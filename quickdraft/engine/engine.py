@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from quickdraft.costs import BatchCostModel
-from quickdraft.drafters import Drafter, DraftProposal, DraftTask
+from quickdraft.drafters import DRAFTERS, Drafter, DraftProposal, DraftTask
 from quickdraft.engine.features import target_forward
 from quickdraft.engine.logprobs import token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
@@ -107,7 +107,8 @@ class Engine:
         check_prompt(request.prompt_ids, request.config, self.target.max_context, self.target.vocab_size)
         check_token_ids(request.prediction_ids, self.target.vocab_size, "prediction")
         if request.prediction_ids and not request.drafter.follows_predictions:
-            raise ConfigError("a predicted output needs a drafter that copies (hybrid or hybrid-eagle)")
+            copiers = ", ".join(name for name in DRAFTERS.names() if DRAFTERS.get(name).follows_predictions)
+            raise ConfigError(f"a predicted output needs a drafter that copies it: {copiers}")
 
     @functools.cached_property
     def _grammars(self) -> GrammarCompiler:  # made on the first request with a grammar

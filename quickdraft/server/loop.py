@@ -1,4 +1,5 @@
-"""The engine's steps in one background thread; other threads submit, cancel and hear back through sinks."""
+"""The engine's steps on one thread (a thread of the loop's own, or the caller's); other threads submit, cancel and
+hear back through sinks."""
 
 from __future__ import annotations
 

@@ -4,18 +4,17 @@ the bodies out).
 Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`` / ``messages``, ``max_tokens``
 (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
 ``stream_options.include_usage``, ``n`` (1 only), ``logprobs`` and ``top_logprobs`` (chat; for completions
-``logprobs`` is the number of likeliest tokens to list), and ``prediction`` (Predicted Outputs: ``{"type":
-"content", "content": text or text parts}``, copied as drafts by the hybrid drafters;
-``usage.completion_tokens_details`` then counts the accepted and rejected prediction tokens), and
-``response_format`` (``json_object``, ``json_schema``: structured output). quickdraft's
-extras, which the openai client sends with ``extra_body``: ``top_k``, ``drafter`` (``hybrid``, ``draft-model``,
-``prompt-lookup``, ``early-exit``, ``none``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
-``max_draft_tokens``, ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output, and
-``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps nothing of it).
-``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`. Which other fields are accepted, refused or
-unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks for is silently ignored. Without
-``max_tokens``, a request gets the server's default, at most what the context leaves after its prompt. A message's
-role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and message a client sees.
+``logprobs`` is the number of likeliest tokens to list), ``prediction`` (Predicted Outputs: ``{"type": "content",
+"content": text or text parts}``, copied as drafts by the hybrid drafters), and ``response_format``
+(``json_object``, ``json_schema``: structured output). quickdraft's extras, which the openai client sends with
+``extra_body``: ``top_k``, ``drafter`` (a name of ``DRAFTERS``), ``policy`` (``goodput``, ``fixed:K``, …),
+``num_draft_tokens``, ``max_draft_tokens`` (at most the server's), ``return_token_ids``, ``regex`` or ``grammar``
+(xgrammar's EBNF) for structured output, and ``cache_prompt`` (llama.cpp's name; default true: false reads the
+prompt whole and keeps nothing of it). ``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`. Which
+other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks for
+is silently ignored. Without ``max_tokens``, a request gets the server's default, at most what the context leaves
+after its prompt. A message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and
+message a client sees.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@
 Rules:
 - ``tools`` are rendered by the model's chat template; a template without the Hermes tags cannot take them (400).
 - ``tool_choice``: ``auto`` (the default with tools) lets the model answer or call; ``none`` renders no tools and
-  parses no calls; ``required`` and a named function constrain the answer to one call of an offered function (of
-  that function), its arguments following the function's JSON schema (structured output).
+  parses no calls; ``required`` and a named function constrain the answer to calls of the offered functions (of
+  that function): one or more blocks, one with ``parallel_tool_calls`` false, each call's arguments following its
+  function's JSON schema (structured output).
 - A call is parsed from the answer's text: each ``<tool_call>`` block holding a JSON object with a known ``name``;
   the text before the first block is the message's content. Without such blocks, an answer that is nothing but
   one JSON object (bare or in a json fence) naming an offered function and its ``arguments`` is a call too:
-  Qwen2.5-Coder answers so. An answer with calls finishes with ``tool_calls``.
+  Qwen2.5-Coder answers so. An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens with
   ``{`` or a json fence); the calls go out whole at the end.
 - Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the

@@ -196,7 +196,8 @@ class Pipeline:
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
         if policy is None:  # its costs and head ready now (the engine would get costs ready at the first need)
             self.engine.check_request(request)  # before any measuring
-            self.setup_policy(drafter, config)
+            with self.engine.step_lock:  # measuring runs forwards: not beside another thread's step
+                self.setup_policy(drafter, config)
         return stream(self.engine, request)
 
     def generate(self, prompt: str | Sequence[int], *args: Any, **kwargs: Any) -> GenerationResult:

@@ -11,6 +11,7 @@ step boundaries. Goodput requests' γ are chosen together for the whole step (:f
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from typing import Any
 
@@ -32,6 +33,7 @@ from quickdraft.engine.request import (
     Sink,
     TokenDelta,
     hear_confidence,
+    request_policy,
 )
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
 from quickdraft.engine.step import StepPlan, StepReport, plan_requests
@@ -46,7 +48,7 @@ from quickdraft.lossless.rules import (
     verify_drafts,
 )
 from quickdraft.lossless.sampling import make_generator
-from quickdraft.policies import DraftBid, FixedPolicy, Policy, StepOutcome
+from quickdraft.policies import DraftBid, StepOutcome
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 from quickdraft.text import IncrementalDecoder
 
@@ -73,6 +75,7 @@ class Engine:
         self.batch_costs = batch_costs  # the measured batch curve goodput plans shared steps with (None: bids stand)
         self.scheduler = Scheduler(settings or SchedulerSettings())
         self.on_step: Any = None  # called with every StepReport
+        self.step_lock = threading.Lock()  # held by the thread that steps, and by one that measures costs meanwhile
         self.steps = 0  # steps taken
 
     def submit(self, request: Request, sink: Sink) -> None:
@@ -88,7 +91,7 @@ class Engine:
             constraint=None if grammar is None else self._grammars.constraint(grammar),
             request=request,
             sink=sink,
-            policy=self._make_policy(request) if request.policy is None else request.policy,
+            policy=request_policy(request, self.step_lock) if request.policy is None else request.policy,
             generator=make_generator(request.config.sampling.seed, self.target.device),
             decoder=IncrementalDecoder(self.tokenizer, request.config.stop),
             committed=list(request.prompt_ids),
@@ -113,17 +116,6 @@ class Engine:
     @functools.cached_property
     def _grammars(self) -> GrammarCompiler:  # made on the first request with a grammar
         return GrammarCompiler(self.tokenizer, self.target.vocab_size, self.eos_token_ids)
-
-    def _make_policy(self, request: Request) -> Policy:
-        """The request's policy; a drafter that never drafts gets plain steps whatever the policy. A policy that
-        plans with measured costs gets them ready first (a policy whose drafter has none raises ``ConfigError``)."""
-        drafter = request.drafter
-        if not drafter.proposes_drafts:
-            return FixedPolicy(0)
-        spec = request.config.policy_spec
-        if spec.kind.needs_cost_model:  # measured or loaded on the first request that needs them
-            drafter.records.ready_costs(request.config.max_draft_tokens)
-        return spec.build(drafter.records.policy_context(request.config))
 
     @property
     def idle(self) -> bool:
@@ -150,7 +142,19 @@ class Engine:
     # -- the step loop ---------------------------------------------------------------------------------
 
     def step(self) -> StepReport | None:
-        """One step for every running request; None when there is nothing to do."""
+        """One step for every running request; None when there is nothing to do. One thread steps at a time (others
+        wait their turn). A step that raises fails the requests it ran, whose caches may be half-written: each
+        hears ``RequestFailed``, the others wait on, and the exception goes on to the caller."""
+        with self.step_lock:
+            try:
+                return self._step()
+            except BaseException as error:
+                message = f"a step failed while this request ran ({type(error).__name__}): it was dropped"
+                for state in self.fail_running():
+                    state.sink(RequestFailed(message))
+                raise
+
+    def _step(self) -> StepReport | None:
         started = time.perf_counter()
         self.steps += 1
         # 1. Drop cancelled requests (their caches go with them) and admit waiting ones into free slots: each
@@ -239,9 +243,8 @@ class Engine:
         return running
 
     def _target_cache(self, request: Request) -> tuple[KVCache, int]:
-        """A new request's target cache and how many of its prompt tokens it holds: a finished request's with the
-        longest shared start (prefix caching), else an empty one. Not for requests that ask for none, nor drafters
-        that read the target's features of every position (they would miss those of the cached ones)."""
+        """A new request's target cache and how many prompt tokens it holds: a finished request's with the longest
+        shared start (prefix caching), else an empty one; not for drafters that read every position's features."""
         reused = None
         if self.prefix_cache is not None and request.cache_prompt and not request.drafter.feature_layers:
             reused = self.prefix_cache.take(request.prompt_ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import Constraint
 from quickdraft.lossless.sampling import top_probability
-from quickdraft.policies import Policy
+from quickdraft.policies import FixedPolicy, Policy
 from quickdraft.runtime.base import KVCache
 from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDecoder
@@ -157,6 +158,20 @@ class RunningRequest(RequestState):
     def decoding(self) -> bool:
         """The prompt is read and the first token committed: the request takes part in draft-and-verify steps."""
         return self.prefilled == self.prompt_length and bool(self.new_token_ids)
+
+
+def request_policy(request: Request, step_lock: threading.Lock) -> Policy:
+    """The request's policy by its config; a drafter that never drafts gets plain steps whatever the policy. A policy
+    that plans with measured costs gets them ready first, measured under the engine's ``step_lock`` (no step runs
+    forwards meanwhile; a policy whose drafter has no costs raises ``ConfigError``)."""
+    drafter = request.drafter
+    if not drafter.proposes_drafts:
+        return FixedPolicy(0)
+    spec = request.config.policy_spec
+    if spec.kind.needs_cost_model and drafter.records.cost_model is None:  # the first request that needs them
+        with step_lock:
+            drafter.records.ready_costs(request.config.max_draft_tokens)
+    return spec.build(drafter.records.policy_context(request.config))
 
 
 CONFIDENCE_ROWS_PER_STEP = 4  # requests whose policy hears the target's confidence in a step

@@ -44,7 +44,7 @@ class Scheduler:
         self.admitting: deque[RequestState] = deque()  # taken from the queue, not started yet
         self._cancelled: set[str] = set()
         self._live: set[str] = set()  # ids of the requests added and not yet finished, cancelled or failed
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a stream's finalizer may cancel while this thread holds it
 
     def add(self, state: RequestState) -> None:
         """Queue ``state``: ``QueueFull`` when the queue is full, ``ConfigError`` when a request of its id is

@@ -22,8 +22,9 @@ class GenerationStream:
     """Iterates over a request's text deltas as its tokens are committed; ``result`` is set at the end.
 
     The request is checked (and its policy built) when the stream is made, and queued at the first delta asked
-    for. Each delta asked for steps the engine, and so every request it runs, until this one commits text. A
-    stream left before its end cancels its request.
+    for. Each delta asked for steps the engine, and so every request it runs, until this one commits text; streams
+    on several threads step in turn. A stream is read once: one left before its end cancels its request, and
+    reading it again is an error.
     """
 
     def __init__(self, engine: Engine, request: Request) -> None:
@@ -31,9 +32,13 @@ class GenerationStream:
         self._events: deque[Event] = deque()
         self._state = engine.new_state(request, self._events.append)  # a bad request raises here
         self.result: GenerationResult | None = None
+        self._started = False
 
     def __iter__(self) -> Iterator[str]:
         if self.result is None:  # a finished stream yields nothing more and keeps its result
+            if self._started:
+                raise ConfigError("this stream was already read: left before its end, its request was cancelled")
+            self._started = True
             self.result = yield from self._run()
 
     def finish(self) -> GenerationResult:
@@ -49,8 +54,8 @@ class GenerationStream:
         finished = False
         try:
             while True:
-                while not self._events:
-                    if engine.step() is None:
+                while not self._events:  # another thread's step may bring them while this one waits its turn
+                    if engine.step() is None and not self._events:
                         raise QuickdraftError("the engine stopped before the request finished")
                 event = self._events.popleft()
                 if isinstance(event, TokenDelta) and event.text:

@@ -87,10 +87,8 @@ class ServingLoop:
                     return
                 try:
                     report = self.engine.step()
-                except Exception:  # a fault of ours: fail the running requests, keep serving the next ones
+                except Exception:  # a fault of ours: the engine failed the step's requests; serve the next ones
                     log.exception("a serving step failed; its requests are dropped")
-                    for state in self.engine.fail_running():
-                        state.sink(RequestFailed("the server failed while generating this request; see its log"))
                     continue
                 if report is None:
                     self._wake.wait(IDLE_WAIT_S)

@@ -17,7 +17,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import CostModel
 from quickdraft.drafters import DRAFTERS, DrafterRecords
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.engine import Request, generate
+from quickdraft.engine import Request, RequestFailed, generate
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.policies import UNKNOWN_STATE, AnswerLength, FixedPolicy, Policy, StepOutcome, StepState
 
@@ -310,8 +310,8 @@ def test_a_drafters_costs_are_ready_when_a_policy_first_needs_them() -> None:
 
 
 def test_a_request_whose_start_fails_is_answered_by_the_failure_path_not_lost() -> None:
-    """A drafter that fails to start a request makes the step fail: the failure path gets that request and the
-    ones admitted with it (a server answers each with an error), and the engine serves the next ones."""
+    """A drafter that fails to start a request makes the step fail: that request and the ones admitted with it each
+    hear ``RequestFailed`` (a server answers each with an error), and the engine serves the next ones."""
     pipeline = native_pipeline()
 
     class Broken(DraftModelDrafter):
@@ -320,13 +320,12 @@ def test_a_request_whose_start_fails_is_answered_by_the_failure_path_not_lost() 
 
     broken = Broken(pipeline.draft, pipeline.target.vocab_size)  # type: ignore[arg-type]
     config = GenerationConfig(max_new_tokens=3, policy="fixed:2")
-    heard: list[object] = []
-    pipeline.engine.submit(Request((3, 1, 4), config, pipeline.drafter("none"), request_id="first"), heard.append)
-    pipeline.engine.submit(Request((3, 1, 4), config, broken, request_id="broken"), heard.append)
-    pipeline.engine.submit(Request((1, 5), config, pipeline.drafter("none"), request_id="after"), heard.append)
+    heard: dict[str, list[object]] = {"first": [], "broken": [], "after": []}
+    for name, drafter in (("first", pipeline.drafter("none")), ("broken", broken), ("after", pipeline.drafter("none"))):
+        pipeline.engine.submit(Request((3, 1, 4), config, drafter, request_id=name), heard[name].append)
     with pytest.raises(RuntimeError, match="no cache for you"):
         pipeline.engine.step()
-    failed = pipeline.engine.fail_running()
-    assert [state.request.request_id for state in failed] == ["first", "broken", "after"]
-    assert pipeline.engine.idle
+    for events in heard.values():
+        assert isinstance(events[-1], RequestFailed) and "a step failed while this request ran" in events[-1].message
+    assert pipeline.engine.idle and not pipeline.engine.fail_running()
     assert len(generate(pipeline.engine, Request((1, 5), config, pipeline.drafter("none"))).token_ids) == 3

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EOS, tiny_model, word_tokenizer, write_tiny_gguf
+from conftest import EOS, save_tiny_model_dir, tiny_model, word_tokenizer, write_tiny_gguf
 
 import quickdraft.models.catalog as catalog
 import quickdraft.models.loading as loading
@@ -310,3 +310,15 @@ def test_directories_converted_before_load_as_before(tmp_path: Path, monkeypatch
     (directory / MARKER).write_text(json.dumps({"sha256": model.sha256, "source": str(model.gguf_path())}))
     assert unpack(model, progress=False) == directory and read_marker(directory)["layout"] == GGUF_LAYOUT  # type: ignore[index]
     assert NativeRuntime.supports(directory) and not has_fp32_weights(directory)
+
+
+def test_a_model_whose_files_lack_a_weight_is_refused(tmp_path: Path) -> None:
+    """transformers fills a missing weight with random values: the model would answer, differently every load."""
+    from safetensors.torch import load_file, save_file
+
+    directory = save_tiny_model_dir(tmp_path / "olmo", 32, seed=0)
+    weights = load_file(directory / "model.safetensors")
+    del weights["model.embed_tokens.weight"]
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelFilesError, match=r"lack model\.embed_tokens\.weight: the files are incomplete"):
+        Pipeline.load(directory, None, "transformers", progress=False)

@@ -285,11 +285,14 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
     if progress:
         print(f"converting {source.name} once into {directory} (takes a few minutes) ...", file=sys.stderr, flush=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source.parent, gguf_file=source.name, dtype=torch.float32, output_loading_info=True
+        )
     except ImportError as error:
         raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error
     except Exception as error:  # transformers raises many types for unreadable files
         raise ModelFilesError(f"cannot convert {source}: {type(error).__name__}: {error}") from error
+    check_loading_info(info, source)  # before anything is saved that later runs would trust
     partial = directory / f"model.safetensors.{os.getpid()}.partial"
     try:
         save_model(model, str(partial))
@@ -299,3 +302,12 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
         raise ModelFilesError(f"cannot write the fp32 weights into {directory}: {error}") from error
     if progress:
         print(f"converted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
+
+def check_loading_info(info: dict[str, Any], where: Path) -> None:
+    """Raise ``ModelFilesError`` for weights the files lack or hold in another shape: transformers would fill them
+    with random values and the model would answer, wrongly."""
+    missing = [*info.get("missing_keys", ()), *(str(key) for key in info.get("mismatched_keys", ()))]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ModelFilesError(f"the weights in {where} lack {', '.join(missing[:3])}{more}: the files are incomplete")

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import add_runtime_argument, check_output_dir
+from quickdraft.cli.common import add_runtime_argument, check_output_dir, check_output_file
 from quickdraft.errors import ConfigError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -94,6 +96,17 @@ def run(args: argparse.Namespace) -> None:
 
     if args.shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {args.shards}")
+    for option, value in (("--epochs", args.epochs), ("--learning-rate", args.learning_rate)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{option} must be a finite number > 0, got {value}")
+    if args.out is not None and not args.collect_only:  # checked before hours of collecting and training
+        if args.model == "draft":
+            from quickdraft.draft_head.distill import check_output
+
+            check_output_dir(Path(args.out))
+            check_output(Path(args.out))
+        else:
+            check_output_file(Path(args.out))
     if not args.collect_only and not 0 <= args.held_out_shards < args.shards:
         held_out = args.held_out_shards
         raise ConfigError(f"--held-out-shards must be >= 0 and fewer than --shards {args.shards}, got {held_out}")
@@ -146,7 +159,7 @@ def run(args: argparse.Namespace) -> None:
     embedding = pipeline.target.token_embeddings()
     head = build_head(data, decoder_config, pipeline.target.lm_head_rows, vocabulary, train_settings)
     out = Path(args.out) if args.out else default_head_path(name)
-    checkpoint = out.with_name(f".{out.name}.checkpoint")
+    checkpoint = checkpoint_path(out, data_dir, train)
     history = train_head(head, data, train, held_out, embedding, train_settings, checkpoint, on_eval=on_eval(args))
     made = {
         "data": {
@@ -163,8 +176,19 @@ def run(args: argparse.Namespace) -> None:
         "torch": torch.__version__,
     }
     sha256 = save_head(head, out, collector.layers, name, made)
+    checkpoint.unlink(missing_ok=True)  # done: a later run with other data or settings starts afresh
     report = {"head": str(out), "sha256": sha256, **made}
     print(json.dumps(report, indent=1) if args.json else f"wrote {out} (sha256 {sha256})")
+
+
+def checkpoint_path(out: Path, data_dir: Path, train: Any) -> Path:
+    """Where training to ``out`` keeps its checkpoint: named by the data it trains on (the collection's manifest and
+    its training conversations), so a run on other data never resumes another's training."""
+    from quickdraft.draft_head.collect import MANIFEST
+
+    digest = hashlib.sha256((data_dir / MANIFEST).read_bytes())
+    digest.update(repr(sorted((c.shard, c.length) for c in train)).encode())
+    return out.with_name(f".{out.name}.{digest.hexdigest()[:12]}.checkpoint")
 
 
 def on_eval(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
@@ -195,7 +219,7 @@ def run_distill(args: argparse.Namespace, pipeline: Any, data: Any, data_dir: Pa
     target, draft = head_name(Path(pipeline.target_path)), head_name(draft_path)
     out = Path(args.out) if args.out else cache_root() / "distilled" / f"{draft}-for-{target}"
     check_output(out)
-    checkpoint = out.with_name(f".{out.name}.checkpoint")
+    checkpoint = checkpoint_path(out, data_dir, train)
     history = distill(model, data, train, held_out, settings, checkpoint, on_eval=on_eval(args))
     made = {
         "draft": str(draft_path),
@@ -210,5 +234,6 @@ def run_distill(args: argparse.Namespace, pipeline: Any, data: Any, data_dir: Pa
         "torch": torch.__version__,
     }
     sha256 = save_distilled(model, tokenizer, out, made)
+    checkpoint.unlink(missing_ok=True)
     report = {"model": str(out), "sha256": sha256, **made}
     print(json.dumps(report, indent=1) if args.json else f"wrote {out} (weights sha256 {sha256}); use --draft {out}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CHAT_VOCAB as VOCAB
-from conftest import chat_pipeline, native_from_hf, tiny_model, word_tokenizer
+from conftest import chat_pipeline, native_from_hf, save_tiny_model_dir, tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.cli import main
@@ -17,7 +18,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import CostModel
 from quickdraft.draft_head.collect import Collector, CollectSettings, read_manifest, shard_path
 from quickdraft.draft_head.data import FeatureData
-from quickdraft.draft_head.file import load_head, save_head
+from quickdraft.draft_head.file import head_name, load_head, save_head
 from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabulary, evaluate, train_head
 from quickdraft.drafters import DrafterOptions
 from quickdraft.drafters.eagle import EagleDrafter
@@ -225,6 +226,10 @@ def test_train_draft_rejects_bad_counts(capsys: pytest.CaptureFixture) -> None:
         ),
         (["--held-out-shards", "-1"], "--held-out-shards must be >= 0"),
         (["--data", __file__], f"--data {__file__} is a file; give a directory"),
+        (["--learning-rate", "inf"], "--learning-rate must be a finite number > 0, got inf"),
+        (["--epochs", "nan"], "--epochs must be a finite number > 0, got nan"),
+        (["--out", "/"], "--out / is a directory; give a file path"),
+        (["--model", "draft", "--out", __file__], f"--out {__file__} is a file; give a directory"),
     ],
 )
 def test_train_draft_checks_its_arguments_before_loading_the_target(
@@ -254,3 +259,16 @@ def test_the_rank_without_distilling_gets_a_note(
     assert (
         "quickdraft: note: --rank applies to the draft model's distillation (--model draft)" in capsys.readouterr().err
     )
+
+
+def test_a_local_models_name_tells_it_from_another_of_the_same_name(tmp_path: Path) -> None:
+    """Its data, head and checkpoints are found by this name: another model in a directory of the same name, or
+    new weights in place, must not find them."""
+    first = save_tiny_model_dir(tmp_path / "a" / "chat", VOCAB, seed=0)
+    second = save_tiny_model_dir(tmp_path / "b" / "chat", VOCAB, seed=1)
+    name = head_name(first)
+    assert name.startswith("chat-") and name == head_name(first) and name != head_name(second)
+    (first / "model.safetensors").write_bytes((first / "model.safetensors").read_bytes())  # the same bytes, rewritten
+    os.utime(first / "model.safetensors", ns=(1, 1))
+    assert head_name(first) != name
+    assert head_name(tmp_path / "models" / "qwen" / "hf") == "qwen"  # a packaged model: its catalog name

@@ -23,7 +23,7 @@ except ImportError:  # Windows: files are still written atomically, but not lock
 def cache_root() -> Path:
     """quickdraft's cache: ``$QUICKDRAFT_CACHE``, by default ``~/.cache/quickdraft``; ``ConfigError`` if it is
     not a directory."""
-    root = Path(os.environ.get("QUICKDRAFT_CACHE", Path.home() / ".cache" / "quickdraft")).expanduser()
+    root = Path(os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft").expanduser()  # "": unset
     if root.exists() and not root.is_dir():
         raise ConfigError(f"the cache {root} ($QUICKDRAFT_CACHE) is not a directory; set QUICKDRAFT_CACHE to one")
     return root

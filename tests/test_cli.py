@@ -473,3 +473,11 @@ def test_a_cache_that_is_a_file_is_a_clear_error(
             err == f"quickdraft: error: the cache {tmp_path / 'afile'} ($QUICKDRAFT_CACHE) is not a directory; "
             "set QUICKDRAFT_CACHE to one\n"
         )
+
+
+def test_an_empty_cache_variable_is_the_default_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quickdraft.files import cache_root
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("QUICKDRAFT_CACHE", "")  # not the current directory
+    assert cache_root() == tmp_path / ".cache" / "quickdraft"

@@ -32,6 +32,7 @@ class Hub(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), HubHandler)
         self.repo, self.files, self.interrupt_at = repo, files, interrupt_at
         self.ranges: list[str | None] = []
+        self.claims_other_bytes = False  # its ETag names other bytes than it sends: a corrupt download
 
 
 class HubHandler(http.server.BaseHTTPRequestHandler):
@@ -48,7 +49,8 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
     def head_for(self, data: bytes, status: int = 200, start: int = 0) -> None:
         self.send_response(status)
         self.send_header("X-Repo-Commit", COMMIT)
-        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        claimed = data[::-1] if self.server.claims_other_bytes else data
+        self.send_header("ETag", f'"{hashlib.sha256(claimed).hexdigest()}"')
         self.send_header("Content-Length", str(len(data) - start))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
@@ -143,12 +145,24 @@ def test_an_interrupted_download_resumes_where_it_stopped(tmp_path: Path) -> Non
     assert Path(json.loads(done.stdout)).read_bytes() == data
 
 
+def test_a_download_that_does_not_match_its_sha256_is_refused_and_removed(hub: Hub, tmp_path: Path) -> None:
+    hub.claims_other_bytes = True
+    corrupt = resolve_in_a_process("hf:someone/tiny-GGUF/quant/tiny-Q8_0.gguf", hub, tmp_path / "cache")
+    assert corrupt.returncode != 0 and "does not match its sha256" in corrupt.stderr and "removed" in corrupt.stderr
+    assert not [path for path in (tmp_path / "cache" / "hub").rglob("*") if path.is_file() and "blobs" in path.parts]
+    hub.claims_other_bytes = False
+    assert resolve_in_a_process("hf:someone/tiny-GGUF/quant/tiny-Q8_0.gguf", hub, tmp_path / "cache").returncode == 0
+
+
 def test_a_missing_file_or_a_bad_name_is_a_clear_error(hub: Hub, tmp_path: Path) -> None:
     missing = resolve_in_a_process("hf:someone/tiny-GGUF/other.gguf", hub, tmp_path / "cache")
     assert "someone/tiny-GGUF on the hub has no file other.gguf" in missing.stderr
     for bad in ("hf:someone/tiny.gguf", "hf:someone/repo/weights.bin", "hf://a/b/c.gguf"):
         with pytest.raises(ModelFilesError, match=r"is not hf:OWNER/REPO/FILE\.gguf"):
             download_gguf(bad)
+    for bad in ("hf:some one/tiny-GGUF/tiny.gguf", "hf:someone/tiny-GGUF/../../x.gguf"):
+        invalid = resolve_in_a_process(bad, hub, tmp_path / "cache")
+        assert invalid.returncode != 0 and "Traceback" not in invalid.stderr, invalid.stderr
 
 
 def test_a_hub_that_cannot_be_reached_is_named_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

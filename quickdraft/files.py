@@ -24,8 +24,13 @@ def cache_root() -> Path:
     """quickdraft's cache: ``$QUICKDRAFT_CACHE``, by default ``~/.cache/quickdraft``; ``ConfigError`` if it is
     not a directory."""
     root = Path(os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft").expanduser()  # "": unset
-    if root.exists() and not root.is_dir():
+    if root.is_dir():
+        return root
+    if root.exists() or root.is_symlink():  # a file, a symlink to nowhere or in a loop
         raise ConfigError(f"the cache {root} ($QUICKDRAFT_CACHE) is not a directory; set QUICKDRAFT_CACHE to one")
+    existing = next(parent for parent in root.parents if parent.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"the cache {root} ($QUICKDRAFT_CACHE) cannot be made under the file {existing}")
     return root
 
 

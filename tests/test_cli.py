@@ -481,3 +481,13 @@ def test_an_empty_cache_variable_is_the_default_cache(tmp_path: Path, monkeypatc
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("QUICKDRAFT_CACHE", "")  # not the current directory
     assert cache_root() == tmp_path / ".cache" / "quickdraft"
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "nowhere").symlink_to(tmp_path / "gone")
+    for odd in ("loop", "nowhere"):
+        monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / odd))
+        with pytest.raises(ConfigError, match="is not a directory"):
+            cache_root()
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "afile" / "cache"))
+    with pytest.raises(ConfigError, match="cannot be made under the file"):
+        cache_root()

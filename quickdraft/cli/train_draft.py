@@ -114,6 +114,19 @@ def run(args: argparse.Namespace) -> None:
         check_output_dir(Path(args.data), "--data")
     if args.rank is not None and args.model != "draft":
         print("quickdraft: note: --rank applies to the draft model's distillation (--model draft)", file=sys.stderr)
+    head_only = {"--unroll": args.unroll != 2, "--intermediate-size": args.intermediate_size != 4096,
+                 "--vocabulary": args.vocabulary != 32768}  # fmt: skip
+    training = {
+        "--out": args.out is not None,
+        "--epochs": args.epochs is not None,
+        "--learning-rate": args.learning_rate is not None,
+        "--tokens-per-batch": args.tokens_per_batch != 1024,
+    }
+    unused = [flag for flag, given in (training | head_only).items() if given and args.collect_only]
+    unused += [flag for flag, given in head_only.items() if given and args.model == "draft" and not args.collect_only]
+    if unused:
+        why = "--collect-only trains nothing" if args.collect_only else "--model draft trains no head"
+        print(f"quickdraft: note: {', '.join(unused)} not used: {why}", file=sys.stderr)
     # both trainers' settings; --epochs and --learning-rate default to each trainer's own
     shared = {"tokens_per_batch": args.tokens_per_batch, "held_out_shards": args.held_out_shards, "seed": args.seed}
     shared |= {name: value for name in ("epochs", "learning_rate") if (value := getattr(args, name)) is not None}
@@ -145,6 +158,8 @@ def run(args: argparse.Namespace) -> None:
 
     collector.collect(data_dir, args.shards, on_shard=shard_done)
     if args.collect_only:
+        if args.json:
+            print(json.dumps({"data": str(data_dir), "shards": args.shards}))
         return
     data = FeatureData(data_dir)
     if args.model == "draft":

@@ -255,10 +255,13 @@ def test_the_rank_without_distilling_gets_a_note(
 
     monkeypatch.setattr(Pipeline, "load", stop_at_loading)
     with pytest.raises(Loaded):
-        main(["train-draft", "--rank", "4", "--collect-only", "--shards", "1"])
-    assert (
-        "quickdraft: note: --rank applies to the draft model's distillation (--model draft)" in capsys.readouterr().err
-    )
+        main(["train-draft", "--rank", "4", "--collect-only", "--shards", "1", "--epochs", "2", "--unroll", "3"])
+    err = capsys.readouterr().err
+    assert "quickdraft: note: --rank applies to the draft model's distillation (--model draft)" in err
+    assert "quickdraft: note: --epochs, --unroll not used: --collect-only trains nothing" in err
+    with pytest.raises(Loaded):
+        main(["train-draft", "--model", "draft", "--vocabulary", "100"])
+    assert "note: --vocabulary not used: --model draft trains no head" in capsys.readouterr().err
 
 
 def test_a_local_models_name_tells_it_from_another_of_the_same_name(tmp_path: Path) -> None:

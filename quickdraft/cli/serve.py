@@ -206,4 +206,4 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        ray_serve.shutdown()
+        ray_serve.shutdown(joined=args.ray_address is not None)

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from ray import serve
 from ray.exceptions import RayError
+from starlette.exceptions import HTTPException
 
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.deploy.router import affinity_key
@@ -92,7 +93,7 @@ class EngineReplica:
 def key_of(body: bytes, chat: bool) -> str | None:
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
         return None  # the replica answers the error
     return affinity_key(parsed, chat) if isinstance(parsed, dict) else None
 
@@ -103,6 +104,12 @@ ingress_app = FastAPI(title="quickdraft (Ray Serve)")
 @ingress_app.exception_handler(ApiError)
 async def api_error(_: Request, error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
+
+
+@ingress_app.exception_handler(HTTPException)
+async def http_error(_: Request, error: HTTPException) -> JSONResponse:  # an unknown path or method, as a replica's
+    body = ApiError(error.status_code, str(error.detail)).body()
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
 @serve.deployment(
@@ -151,6 +158,10 @@ class Ingress:
     @ingress_app.get("/v1/models")
     async def models(self) -> Response:
         return await self.forward("GET", "/v1/models", b"", None)
+
+    @ingress_app.get("/v1/models/{name:path}")
+    async def one_model(self, name: str) -> Response:
+        return await self.forward("GET", f"/v1/models/{name}", b"", None)
 
     @ingress_app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
@@ -219,6 +230,13 @@ def deploy(server: ServerOptions, options: DeploymentOptions) -> None:
     serve.run(Ingress.bind(replica), name=APP_NAME, route_prefix="/", blocking=False)
 
 
-def shutdown() -> None:
-    serve.shutdown()
+def shutdown(joined: bool) -> None:
+    """Stop quickdraft's application: on a cluster it ``joined`` (``--ray-address``), that application only, leaving
+    the cluster's others; else Serve and the Ray it started."""
+    if not ray.is_initialized():  # Ray never started: nothing to stop (serve.shutdown would start one)
+        return
+    if joined:
+        serve.delete(APP_NAME)
+    else:
+        serve.shutdown()
     ray.shutdown()

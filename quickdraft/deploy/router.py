@@ -1,7 +1,8 @@
 """Which replica takes a request: the one its conversation went to before, unless that one is much busier.
 
 The ingress gives each request an affinity key: the start of its conversation (the system prompt and the first user
-message of a chat, the start of a completion's prompt), the same for every later turn. Replicas are ranked for a key
+message of a chat; a completion's first ``COMPLETION_KEY`` characters or token ids, which a continuation of it sends
+again), the same for every later turn. Replicas are ranked for a key
 by rendezvous hashing (highest ``hash(key, replica)`` first), so a conversation keeps its replica, and with it that
 replica's prefix cache and draft caches, while the replicas stay the same; when one is added or lost only the keys
 it wins or held move (the router class: ``ray_router.py``). A replica holding more than ``SPILL_SLACK`` requests
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 KEY_CHARS = 4000  # a conversation's start, enough to tell conversations apart
+COMPLETION_KEY = 128  # a completion's start: a continuation sends the earlier prompt and answer, then more
 
 
 def affinity_key(body: Mapping[str, Any], chat: bool) -> str | None:
@@ -32,7 +34,7 @@ def affinity_key(body: Mapping[str, Any], chat: bool) -> str | None:
         prompt = body.get("prompt")
         if not isinstance(prompt, (str, list)) or not prompt:
             return None
-        start = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        start = prompt[:COMPLETION_KEY] if isinstance(prompt, str) else json.dumps(prompt[:COMPLETION_KEY])
     return start[:KEY_CHARS]
 
 
@@ -40,7 +42,8 @@ def rendezvous_rank(key: str, replica_ids: list[str]) -> list[str]:
     """The replicas in the order ``key`` prefers them (the same order wherever it is computed)."""
 
     def weight(replica_id: str) -> bytes:
-        return hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest()
+        text = f"{replica_id}\0{key}".encode(errors="surrogatepass")  # a lone surrogate is the replica's to refuse
+        return hashlib.blake2b(text, digest_size=8).digest()
 
     return sorted(replica_ids, key=weight, reverse=True)
 

@@ -101,6 +101,14 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             answers = list(pool.map(ask, prompts))
         assert answers == [expected[p] for p in prompts]  # every response is the lone request's greedy decoding
+        body = b'{"model": "tiny", "prompt": "w1 \\ud800"}'  # a lone surrogate, escaped as JSON allows it
+        surrogate = httpx.post(f"{url}/v1/completions", content=body, timeout=30)
+        assert surrogate.status_code == 400 and "UTF-8" in surrogate.json()["error"]["message"]  # it hung here
+        nested = httpx.post(f"{url}/v1/completions", content=b"[" * 100_000, timeout=30)
+        assert nested.status_code == 400 and set(nested.json()["error"]) == {"message", "type", "param", "code"}
+        nowhere = httpx.get(f"{url}/v1/nowhere", timeout=30)
+        assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "invalid_request_error"
+        assert client.models.retrieve("tiny").id == "tiny"
 
         streaming.clear()
         with concurrent.futures.ThreadPoolExecutor(24) as pool:

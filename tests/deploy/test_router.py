@@ -15,6 +15,12 @@ def test_every_turn_of_a_conversation_has_its_first_turns_key() -> None:
     other = [system, {"role": "user", "content": "Look at h()."}]
     assert affinity_key({"messages": other}, chat=True) != affinity_key({"messages": first}, chat=True)
     assert affinity_key({"prompt": "def f():"}, chat=False) == "def f():"
+    prompt = "Complete the code below. " * 10
+    continued = f"{prompt} first answer. And now the tests: "  # a completion's next turn sends all of it again
+    assert affinity_key({"prompt": continued}, chat=False) == affinity_key({"prompt": prompt}, chat=False)
+    assert affinity_key({"prompt": list(range(300))}, chat=False) == affinity_key({"prompt": list(range(200))}, False)
+    surrogate = affinity_key({"prompt": "w1 \ud800"}, chat=False)  # refused by the replica, ranked like any other
+    assert surrogate is not None and rendezvous_rank(surrogate, ["r1", "r2"])
     for body, chat in (({}, True), ({"messages": "x"}, True), ({"prompt": ""}, False), ({"prompt": 3}, False)):
         assert affinity_key(body, chat) is None  # nothing to keep together: Ray's power of two choices
 

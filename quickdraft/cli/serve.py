@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -203,7 +204,17 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's start, which sets a handler that aborts
         print(f"quickdraft: serving on http://{args.host}:{args.port}/v1 ({args.replicas} replicas)", file=sys.stderr)
         stop.wait()
-    except KeyboardInterrupt:
-        pass
+        drain(ray_serve, args.shutdown_timeout)
+    except KeyboardInterrupt:  # Ctrl-C drains as SIGTERM does; a second one stops at once
+        with contextlib.suppress(KeyboardInterrupt):
+            drain(ray_serve, args.shutdown_timeout)
     finally:
         ray_serve.shutdown(joined=args.ray_address is not None)
+
+
+def drain(ray_serve: Any, timeout_s: float) -> None:
+    """The replicas' requests in flight finish, up to ``timeout_s``, before the deployment stops."""
+    print("quickdraft: shutting down: finishing the requests in flight", file=sys.stderr)
+    left = ray_serve.drain(timeout_s)
+    if left:
+        print(f"quickdraft: {left} requests were still running after {timeout_s:g} s; they are cut", file=sys.stderr)

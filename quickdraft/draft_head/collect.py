@@ -106,8 +106,20 @@ def shard_path(directory: Path, index: int) -> Path:
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The collection's manifest (None: there is none yet); ``ConfigError`` for a damaged one, or for shards left
+    without one."""
     path = directory / MANIFEST
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if not path.exists():
+        if any(directory.glob("shard-*")):
+            raise ConfigError(f"{directory} holds shards but no {MANIFEST}: delete it or give another --data")
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(manifest, dict) and isinstance(manifest["shards"], dict) and "key" in manifest):
+            raise ValueError("not a collection manifest")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path} is damaged ({error}): delete {directory} or give another --data") from None
+    return manifest
 
 
 class Collector:

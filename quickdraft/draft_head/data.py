@@ -57,7 +57,10 @@ class FeatureData:
         for name in sorted(manifest["shards"], key=int):
             path = shard_path(directory, int(name))
             if path.exists():
-                self.shards[int(name)] = torch.load(path, mmap=True, weights_only=True)
+                try:
+                    self.shards[int(name)] = torch.load(path, mmap=True, weights_only=True)
+                except (RuntimeError, OSError, EOFError) as error:  # a shard cut short, or not a shard
+                    raise ConfigError(f"the shard {path} is damaged ({error}): delete it to collect it again") from None
         if not self.shards:
             raise ConfigError(f"{directory} holds no finished shard yet")
         self.conversations: list[StoredConversation] = []

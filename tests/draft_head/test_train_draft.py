@@ -275,3 +275,19 @@ def test_a_local_models_name_tells_it_from_another_of_the_same_name(tmp_path: Pa
     os.utime(first / "model.safetensors", ns=(1, 1))
     assert head_name(first) != name
     assert head_name(tmp_path / "models" / "qwen" / "hf") == "qwen"  # a packaged model: its catalog name
+
+
+def test_damaged_collections_are_clear_errors(tmp_path: Path) -> None:
+    (tmp_path / "collection.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"collection\.json is damaged"):
+        read_manifest(tmp_path)
+    (tmp_path / "collection.json").write_text('{"shards": 3}')
+    with pytest.raises(ConfigError, match=r"collection\.json is damaged"):
+        FeatureData(tmp_path)
+    (tmp_path / "collection.json").unlink()
+    shard_path(tmp_path, 0).write_bytes(b"cut short")
+    with pytest.raises(ConfigError, match=r"holds shards but no collection\.json"):
+        read_manifest(tmp_path)
+    (tmp_path / "collection.json").write_text('{"key": {}, "shards": {"0": {}}}')
+    with pytest.raises(ConfigError, match=r"shard-00000\.pt is damaged"):
+        FeatureData(tmp_path)

@@ -197,7 +197,7 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         ) from None
     deployment = ray_serve.DeploymentOptions(
         args.replicas, threads, args.host, args.port, args.ray_address, args.max_replicas,
-        max_ongoing_requests=server.scheduler.max_running,
+        max_ongoing_requests=server.scheduler.max_running, max_waiting=server.scheduler.max_waiting,
     )  # fmt: skip
     stop = threading.Event()
     print(f"quickdraft: starting {args.replicas} replicas of {threads} thread(s) on Ray Serve ...", file=sys.stderr)

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from ray import serve
 from ray.exceptions import RayError
+from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
 from quickdraft.deploy.asgi import ResponseStart, call_app
@@ -55,6 +56,11 @@ class DeploymentOptions:
     max_replicas: int | None = None  # autoscaling between ``replicas`` and this
     target_ongoing_requests: int = 4  # autoscaling's target per replica
     max_ongoing_requests: int = 32  # a replica's share before Ray sends requests elsewhere (its max_running)
+    max_waiting: int = 256  # a replica's waiting queue (its --max-waiting): Ray's queue holds that many per replica
+
+    def max_queued_requests(self) -> int:
+        """Requests Ray's queue may hold for the replicas before the next is answered 429, as one server's is."""
+        return self.max_waiting * (self.max_replicas or self.replicas)
 
     def autoscaling(self) -> dict[str, Any] | None:
         if self.max_replicas is None or self.max_replicas == self.replicas:
@@ -204,6 +210,10 @@ class Ingress:
             try:
                 start = await parts.__anext__()
                 break
+            except BackPressureError:  # Ray's queue for the replicas is full: as one server's full queue
+                self.requests.labels("429").inc()
+                message = "the server's queue is full; retry later"
+                raise ApiError(429, message, kind="rate_limit_error", code="queue_full") from None
             except RayError:
                 self.failures.inc()
                 parts.cancel()
@@ -246,6 +256,7 @@ def deploy(server: ServerOptions, options: DeploymentOptions) -> None:
         autoscaling_config=options.autoscaling(),
         ray_actor_options={"num_cpus": options.threads},
         max_ongoing_requests=options.max_ongoing_requests,
+        max_queued_requests=options.max_queued_requests(),
         health_check_period_s=5,
         health_check_timeout_s=60,
         request_router_config=RequestRouterConfig(

@@ -67,7 +67,7 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
     port = free_port()
     command = [sys.executable, "-m", "quickdraft", "serve", "--replicas", "2", "--threads-per-replica", "1"]
     command += ["--port", str(port), "--target", str(native_model_dirs["target"]), "--drafter", "prompt-lookup"]
-    command += ["--max-running", "8", "--served-model-name", "tiny"]
+    command += ["--max-running", "8", "--max-waiting", "8", "--served-model-name", "tiny"]
     log = (tmp_path / "serve.log").open("wb")
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -110,6 +110,11 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         nowhere = httpx.get(f"{url}/v1/nowhere", timeout=30)
         assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "invalid_request_error"
         assert client.models.retrieve("tiny").id == "tiny"
+        with concurrent.futures.ThreadPoolExecutor(48) as pool:  # 16 run, Ray queues 2 × 8 = 16, the rest get 429
+            burst = list(pool.map(ask, prompts * 4))
+        for p, answer in zip(prompts * 4, burst, strict=True):
+            assert answer == expected[p] or getattr(answer, "status_code", None) == 429, answer
+        assert any(not isinstance(answer, str) for answer in burst)  # Ray's queue was as bounded as one server's
 
         streaming.clear()
         with concurrent.futures.ThreadPoolExecutor(24) as pool:

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -60,7 +61,12 @@ def exclusive_lock(path: Path) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if fcntl is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another process holds it: say why this one waits
+                what = path.name.removesuffix(".lock")
+                print(f"quickdraft: waiting for another quickdraft process ({what})", file=sys.stderr)
+                fcntl.flock(handle, fcntl.LOCK_EX)
     try:
         yield
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 _INCOMPLETE = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence to
@@ -25,7 +26,8 @@ class IncrementalDecoder:
         self._read_offset = 0  # tokens up to here are in self.text
         self._released = 0  # characters of self.text handed out by release()
         self._hold = max((len(s) for s in stop), default=1) - 1
-        self._spans: list[tuple[int, int]] = []  # [tokens read] (start, end) of the text each token completes
+        self._starts: list[int] = []  # [tokens read] where the text each token completes begins (non-decreasing)
+        self._ends: list[int] = []  # [tokens read] and where it ends (non-decreasing)
         self._final = False
 
     def add(self, token_id: int) -> None:
@@ -61,13 +63,15 @@ class IncrementalDecoder:
         (their log-probabilities). Once the answer has ended (a stop string, or :meth:`release` ``final``), those
         whose text begins before its end: not the tokens of a stop string, nor an end-of-sequence token."""
         if self.stopped or self._final:
-            return sum(start < len(self.text) for start, _ in self._spans)
-        return sum(end <= self._released for _, end in self._spans)
+            return bisect.bisect_left(self._starts, len(self.text))
+        return bisect.bisect_right(self._ends, self._released)
 
     def _read(self, text: str) -> None:
         """The tokens since the last read become ``text``, appended (each spans all of it: a character may take
         several tokens)."""
-        self._spans += [(len(self.text), len(self.text) + len(text))] * (len(self.token_ids) - self._read_offset)
+        read = len(self.token_ids) - self._read_offset
+        self._starts += [len(self.text)] * read
+        self._ends += [len(self.text) + len(text)] * read
         self.text += text
         self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
 

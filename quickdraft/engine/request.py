@@ -133,6 +133,8 @@ class RequestState:
     def take_visible_logprobs(self) -> tuple[TokenLogprob, ...]:
         """The log-probabilities not handed out yet of the tokens whose text is now visible
         (:meth:`IncrementalDecoder.visible_tokens`): a stop string's tokens and an end-of-sequence token never are."""
+        if len(self.logprobs) == self.logprobs_sent:  # none asked for, or none new: no pass over the text
+            return ()
         visible = max(self.logprobs_sent, min(len(self.logprobs), self.decoder.visible_tokens()))
         taken, self.logprobs_sent = tuple(self.logprobs[self.logprobs_sent : visible]), visible
         return taken

@@ -59,8 +59,10 @@ class DeploymentOptions:
     max_waiting: int = 256  # a replica's waiting queue (its --max-waiting): Ray's queue holds that many per replica
 
     def max_queued_requests(self) -> int:
-        """Requests Ray's queue may hold for the replicas before the next is answered 429, as one server's is."""
-        return self.max_waiting * (self.max_replicas or self.replicas)
+        """Requests Ray's queue may hold for the replicas before the next is answered 429, as one server's is: each
+        replica's slots and waiting queue (Ray counts a burst's requests as queued until its router assigns them,
+        so a bound of the waiting queues alone refused bursts that the slots could take)."""
+        return (self.max_waiting + self.max_ongoing_requests) * (self.max_replicas or self.replicas)
 
     def autoscaling(self) -> dict[str, Any] | None:
         if self.max_replicas is None or self.max_replicas == self.replicas:

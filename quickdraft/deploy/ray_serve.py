@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException
 
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.deploy.router import affinity_key
+from quickdraft.server.errors import shutting_down
 from quickdraft.server.protocol import ApiError
 from quickdraft.server.setup import ServerOptions, build_server
 
@@ -168,7 +169,7 @@ class Ingress:
         if running < 1:
             raise ApiError(503, "no replica is running", kind="server_error")
         if self.draining:
-            raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+            raise shutting_down()
         return JSONResponse({"status": "ok", "replicas": running, "target_replicas": wanted})
 
     @ingress_app.get("/metrics")
@@ -197,8 +198,7 @@ class Ingress:
     async def forward(self, method: str, path: str, body: bytes, key: str | None) -> Response:
         """Send to a replica; once more to another if it is lost before it answers; relay what it sends."""
         if self.draining:
-            raise ApiError(503, "the server is shutting down: send the request again later", kind="server_error",
-                           code="shutting_down")  # fmt: skip
+            raise shutting_down("the server is shutting down: send the request again later")
         self.in_flight += 1
         try:
             return await self.send(method, path, body, key)

@@ -28,7 +28,7 @@ from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull, RequestFailed, RequestFinished, TokenDelta
 from quickdraft.errors import QuickdraftError
 from quickdraft.server.access import OPEN, Access, read_json
-from quickdraft.server.errors import failure
+from quickdraft.server.errors import failure, shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, parse_request
@@ -77,7 +77,7 @@ def create_app(
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         if loop.draining:  # a load balancer sends no more requests here
-            raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+            raise shutting_down()
         return JSONResponse({"status": "ok"})
 
     started = int(time.time())
@@ -145,7 +145,7 @@ def create_app(
         except QueueFull as error:
             raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
         except ServerStopping as error:
-            raise ApiError(503, str(error), kind="server_error", code="shutting_down") from None
+            raise shutting_down(str(error)) from None
         except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...
             raise ApiError(400, str(error)) from None
         if api.stream:

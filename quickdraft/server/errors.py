@@ -31,5 +31,10 @@ def failure(event: RequestFailed) -> ApiError:
     if event.cause is FailureCause.REQUEST:
         return ApiError(400, event.message)
     if event.cause is FailureCause.STOPPING:
-        return ApiError(503, event.message, kind="server_error", code="shutting_down")
+        return shutting_down(event.message)
     return ApiError(500, event.message, kind="server_error")
+
+
+def shutting_down(message: str = "the server is shutting down") -> ApiError:
+    """The 503 of a server that drains: it takes no more requests (a load balancer sends them elsewhere)."""
+    return ApiError(503, message, kind="server_error", code="shutting_down")

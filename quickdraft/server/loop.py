@@ -12,7 +12,6 @@ from quickdraft.errors import QuickdraftError
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5  # how long an idle loop sleeps before it looks again (a submit wakes it at once)
-STOPPING = FailureCause.STOPPING
 
 
 class ServerStopping(QuickdraftError):
@@ -83,7 +82,8 @@ class ServingLoop:
             while not self._stopping.is_set():
                 if self._drain_deadline is not None and (self.engine.idle or time.monotonic() > self._drain_deadline):
                     for state in self.engine.drop_all():
-                        state.sink(RequestFailed("the server shut down before this request finished", STOPPING))
+                        message = "the server shut down before this request finished"
+                        state.sink(RequestFailed(message, FailureCause.STOPPING))
                     return
                 try:
                     report = self.engine.step()

@@ -46,9 +46,7 @@ class ServerDefaults:
     policy: str | None = None  # None: the library's default (goodput)
     max_tokens: int = 256  # when a request gives none (at most what the context leaves after its prompt)
     max_context: int | None = None  # positions the model holds: prompt + answer (None: not checked here)
-    max_draft_tokens: int = (
-        16  # adaptive policies' largest γ: a request's default and its limit (costs measured so far)
-    )
+    max_draft_tokens: int = 16  # adaptive policies' largest γ: a request's default and limit (costs measured so far)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ from quickdraft.errors import ConfigError
 
 ANY_OBJECT = '{"type": "object"}'  # a json_object answer: any JSON object
 GRAMMAR_CACHE_BYTES = 256 << 20  # the compiler keeps at most this much of compiled grammars (xgrammar: no bound)
+# JSON may put at most this many whitespace characters in a row between its tokens: room for a newline and the
+# indentation of pretty-printed JSON ten levels deep, never an answer padded with whitespace until max_tokens
+JSON_WHITESPACE_RUN = 24
 
 
 class GrammarDeadEnd(ConfigError):
@@ -81,9 +84,9 @@ class GrammarCompiler:
         """The compiled grammar; a grammar xgrammar cannot compile raises ``ConfigError`` saying why."""
         try:
             if spec.kind is GrammarKind.JSON:  # an object, as OpenAI's json_object promises (the builtin: any value)
-                return self._compiler.compile_json_schema(ANY_OBJECT)
+                return self._compiler.compile_json_schema(ANY_OBJECT, max_whitespace_cnt=JSON_WHITESPACE_RUN)
             if spec.kind is GrammarKind.JSON_SCHEMA:
-                return self._compiler.compile_json_schema(spec.text)
+                return self._compiler.compile_json_schema(spec.text, max_whitespace_cnt=JSON_WHITESPACE_RUN)
             if spec.kind is GrammarKind.REGEX:
                 return self._compiler.compile_regex(spec.text)
             return self._compiler.compile_grammar(spec.text)

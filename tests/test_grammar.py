@@ -106,6 +106,20 @@ def test_a_json_object_constraint_takes_objects_only(native: Pipeline) -> None:
         assert xgrammar.GrammarMatcher(compiled).accept_string(text) == accepted, text
 
 
+@pytest.mark.parametrize("kind", [GrammarKind.JSON, GrammarKind.JSON_SCHEMA])
+def test_json_whitespace_runs_are_bounded(native: Pipeline, kind: GrammarKind) -> None:
+    """Pretty-printed JSON is allowed; an answer padded with whitespace between tokens is not (a weak model would
+    pad it until max_tokens)."""
+    import xgrammar
+
+    spec = GrammarSpec(kind, '{"type": "object"}' if kind is GrammarKind.JSON_SCHEMA else "")
+    compiled = GrammarCompiler(native.tokenizer, native.target.vocab_size, [EOS]).compile(spec)
+    indented = "{\n" + " " * 20 + '"a": {\n  "b": [1,\n    2]\n  }\n}'
+    padded = "{" + " " * (grammar.JSON_WHITESPACE_RUN + 1) + "}"
+    assert xgrammar.GrammarMatcher(compiled).accept_string(indented)
+    assert not xgrammar.GrammarMatcher(compiled).accept_string(padded)
+
+
 def test_compiled_grammars_are_kept_within_a_bound(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every distinct schema a client sends is compiled and kept: without a bound, a server's memory grows."""
     monkeypatch.setattr(grammar, "GRAMMAR_CACHE_BYTES", 200_000)

@@ -49,7 +49,7 @@ from quickdraft.lossless.rules import (
 )
 from quickdraft.lossless.sampling import make_generator
 from quickdraft.policies import DraftBid, StepOutcome
-from quickdraft.runtime.base import BatchRow, KVCache, Runtime
+from quickdraft.runtime.base import BatchRow, Runtime
 from quickdraft.text import IncrementalDecoder
 
 EMPTY = torch.empty(1, 0, dtype=torch.long)  # no drafts  [1, 0]
@@ -102,8 +102,13 @@ class Engine:
         self.scheduler.add(state)
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request at the next step boundary and free its caches; it ends with finish reason "cancelled"."""
+        """Stop a request at the next step boundary (or :meth:`drop_cancelled`); it ends with reason "cancelled"."""
         self.scheduler.cancel(request_id)
+
+    def drop_cancelled(self) -> None:
+        """End the cancelled requests, freeing their caches; the caller holds :attr:`step_lock`."""
+        for state in self.scheduler.take_cancelled():
+            self._finish(state, "cancelled")
 
     def check_request(self, request: Request) -> None:
         """Raise for a request that cannot run: its prompt's fit and ids, its prediction's ids and drafter."""
@@ -159,8 +164,7 @@ class Engine:
         self.steps += 1
         # 1. Drop cancelled requests (their caches go with them) and admit waiting ones into free slots: each
         #    gets a target cache and its drafter's state.
-        for state in self.scheduler.take_cancelled():
-            self._finish(state, "cancelled")
+        self.drop_cancelled()
         admitted = self.scheduler.admit(self._start)
         if any(state.request.drafter.needs_draft_model for state in admitted):
             self._focus()
@@ -233,22 +237,17 @@ class Engine:
         return report
 
     def _start(self, state: RequestState) -> RunningRequest:
-        """An admitted request running: its target cache (see :meth:`_target_cache`) and its drafter's state."""
-        request = state.request
-        cache, prefilled = self._target_cache(request)
+        """An admitted request running, with its drafter's state and its target cache: a finished request's with the
+        longest shared start (prefix caching; not for drafters that read every position's features), else empty."""
+        request, reused = state.request, None
+        if self.prefix_cache is not None and request.cache_prompt and not request.drafter.feature_layers:
+            reused = self.prefix_cache.take(request.prompt_ids)
+        cache, prefilled = reused or (self.target.new_cache(1), 0)
         running = RunningRequest.admit(state, cache, prefilled, request.drafter.start(request.prompt_ids, cache))
         running.stats.cached_prompt_tokens = prefilled
         if request.prediction_ids:
             request.drafter.expect(running.draft_state, request.prediction_ids)
         return running
-
-    def _target_cache(self, request: Request) -> tuple[KVCache, int]:
-        """A new request's target cache and how many prompt tokens it holds: a finished request's with the longest
-        shared start (prefix caching), else an empty one; not for drafters that read every position's features."""
-        reused = None
-        if self.prefix_cache is not None and request.cache_prompt and not request.drafter.feature_layers:
-            reused = self.prefix_cache.take(request.prompt_ids)
-        return reused or (self.target.new_cache(1), 0)
 
     def _focus(self) -> None:
         """Drafters with a draft model share it: its LM head, where it computes part of the vocabulary, also
@@ -346,8 +345,7 @@ class Engine:
         return state.finished
 
     def _fail(self, state: RunningRequest, error: GrammarDeadEnd) -> tuple[int, int]:
-        """End a request that cannot go on by its own fault (its caches go with it); the others go on. (0, 0):
-        no draft kept, no token committed."""
+        """End a request that cannot go on by its own fault, freeing its caches: (0, 0) drafts kept and tokens."""
         self.scheduler.finish(state)
         state.finished = True
         state.request.drafter.finish(state.draft_state)

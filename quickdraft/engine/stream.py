@@ -67,8 +67,13 @@ class GenerationStream:
                     finished = True
                     raise (ConfigError if event.cause is FailureCause.REQUEST else QuickdraftError)(event.message)
         finally:
-            if not finished:  # left before its end: free its slot at the next step
+            if not finished:  # left before its end: its caches are freed now, or by the step running now
                 engine.cancel(request_id)
+                if engine.step_lock.acquire(blocking=False):
+                    try:
+                        engine.drop_cancelled()
+                    finally:
+                        engine.step_lock.release()
 
 
 def stream(engine: Engine, request: Request) -> GenerationStream:

@@ -67,6 +67,15 @@ def test_a_stream_is_read_once(native: Pipeline) -> None:
     assert done.finish().token_ids == expected.token_ids and list(done) == [] and done.finish() is done.result
 
 
+def test_a_stream_left_before_its_end_frees_its_caches_at_once(native: Pipeline) -> None:
+    """Not at the next step, which a library caller may never take."""
+    stream = native.stream(PROMPTS[0], CONFIGS[0], "draft-model")
+    for _ in stream:
+        break
+    assert native.engine.idle and not native.engine.scheduler.running
+    assert list(stream._events)[-1].result.finish_reason == "cancelled"
+
+
 def test_a_step_that_raises_fails_the_other_streams_it_ran(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interrupt inside a step leaves the caches of every request it ran half-written: the other stream fails
     with a clear error instead of going on from them, and the engine serves the next requests."""

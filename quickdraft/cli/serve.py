@@ -202,7 +202,7 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
     stop = threading.Event()
     print(f"quickdraft: starting {args.replicas} replicas of {threads} thread(s) on Ray Serve ...", file=sys.stderr)
     try:
-        ray_serve.deploy(server, deployment)
+        ray_serve.deploy(server, deployment, note=lambda message: print(message, file=sys.stderr))
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's start, which sets a handler that aborts
         print(f"quickdraft: serving on http://{args.host}:{args.port}/v1 ({args.replicas} replicas)", file=sys.stderr)
         stop.wait()

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from quickdraft.server.access import WAITED
+
 
 @dataclass(frozen=True)
 class ResponseStart:
@@ -26,8 +28,11 @@ class ResponseStart:
         return next((value for key, value in self.headers if key.lower() == name.lower()), None)
 
 
-async def call_app(app: Any, method: str, path: str, body: bytes = b"") -> AsyncIterator[ResponseStart | bytes]:
-    """Yields the response's :class:`ResponseStart`, then its body as the app sends it (chunks of bytes)."""
+async def call_app(
+    app: Any, method: str, path: str, body: bytes = b"", waited_s: float = 0.0
+) -> AsyncIterator[ResponseStart | bytes]:
+    """Yields the response's :class:`ResponseStart`, then its body as the app sends it (chunks of bytes).
+    ``waited_s``: how long the request waited on its way (in Ray's queue): its time limit counts it."""
     sent: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     disconnected = asyncio.Event()
     body_given = False
@@ -44,7 +49,7 @@ async def call_app(app: Any, method: str, path: str, body: bytes = b"") -> Async
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
         "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
+        "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), WAITED: max(0.0, waited_s),
     }  # fmt: skip
 
     async def run() -> None:

@@ -19,8 +19,9 @@ Ray's to collect.
 
 import asyncio
 import json
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ from starlette.exceptions import HTTPException
 
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.deploy.router import affinity_key
+from quickdraft.errors import ConfigError
+from quickdraft.server.access import read_body
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.protocol import ApiError
 from quickdraft.server.setup import ServerOptions, build_server
@@ -43,6 +46,7 @@ APP_NAME = "quickdraft"
 REPLICA = "QuickdraftReplica"
 INGRESS_REQUESTS = 4096  # requests the ingress relays at once (the replicas queue them)
 STATUS_TTL_S = 1.0  # how long the ingress trusts what it last read of the replicas' states
+WAIT_NOTE_S = 20.0  # while the replicas start, how often to say what Ray waits for
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,12 @@ class EngineReplica:
         self.server.loop.start()
 
     async def handle(
-        self, method: str, path: str, body: bytes, key: str | None = None
+        self, method: str, path: str, body: bytes, key: str | None = None, received: float | None = None
     ) -> AsyncIterator[ResponseStart | bytes]:
-        """The server's response to one request: its start, then its body as it is sent (``key``: the router's)."""
-        async for part in call_app(self.server.app, method, path, body):
+        """The server's response to one request: its start, then its body as it is sent (``key``: the router's;
+        ``received``: when the ingress took it, Unix seconds, so its time limit counts its wait in Ray's queue)."""
+        waited_s = 0.0 if received is None else time.time() - received
+        async for part in call_app(self.server.app, method, path, body, waited_s):
             yield part
 
     def check_health(self) -> None:
@@ -126,8 +132,9 @@ async def http_error(_: Request, error: HTTPException) -> JSONResponse:  # an un
 )
 @serve.ingress(ingress_app)
 class Ingress:
-    def __init__(self, replicas: Any) -> None:
+    def __init__(self, replicas: Any, sizes: tuple[int, int], max_body_bytes: int) -> None:
         self.replicas = replicas
+        self.max_body_bytes = max_body_bytes  # a body over it is refused as it arrives, as a replica would
         self.registry = registry = CollectorRegistry()
         self.requests = Counter("quickdraft_ingress_requests", "requests by outcome", ["outcome"], registry=registry)
         self.retries = Counter(
@@ -139,7 +146,8 @@ class Ingress:
             "quickdraft_ingress_replica_failures", "replicas lost while serving a request", registry=registry
         )
         self.running = Gauge("quickdraft_replicas_running", "replicas running", registry=registry)
-        self._status: tuple[float, int, int] = (0.0, 0, 0)  # when read, running, target
+        self.sizes = sizes  # the replicas asked for: (min, max), equal without autoscaling
+        self._status: tuple[float, int] = (0.0, 0)  # when read, replicas running
         self.in_flight = 0  # requests sent on and not yet answered to their end
         self.draining = False
 
@@ -152,63 +160,64 @@ class Ingress:
             await asyncio.sleep(0.1)
         return self.in_flight
 
-    def replica_counts(self) -> tuple[int, int]:
-        """(running, wanted) replicas, from Ray Serve's status (read at most once a second)."""
-        read_at, running, wanted = self._status
+    def running_replicas(self) -> int:
+        """Replicas running, from Ray Serve's status (read at most once a second)."""
+        read_at, running = self._status
         if time.monotonic() - read_at > STATUS_TTL_S:
             deployment = serve.status().applications[APP_NAME].deployments[REPLICA]
             running = int(deployment.replica_states.get("RUNNING", 0))
-            wanted = int(getattr(deployment, "target_num_replicas", 0) or running)
-            self._status = (time.monotonic(), running, wanted)
+            self._status = (time.monotonic(), running)
             self.running.set(running)
-        return running, wanted
+        return running
 
     @ingress_app.get("/health")
     async def health(self) -> JSONResponse:
-        running, wanted = await asyncio.to_thread(self.replica_counts)
+        running = await asyncio.to_thread(self.running_replicas)
         if running < 1:
             raise ApiError(503, "no replica is running", kind="server_error")
         if self.draining:
             raise shutting_down()
-        return JSONResponse({"status": "ok", "replicas": running, "target_replicas": wanted})
+        low, high = self.sizes
+        return JSONResponse({"status": "ok", "replicas": running, "min_replicas": low, "max_replicas": high})
 
     @ingress_app.get("/metrics")
     async def metrics(self) -> Response:
-        await asyncio.to_thread(self.replica_counts)
+        await asyncio.to_thread(self.running_replicas)
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
     @ingress_app.get("/v1/models")
     async def models(self) -> Response:
-        return await self.forward("GET", "/v1/models", b"", None)
+        return await self.forward("GET", "/v1/models", b"", None, time.time())
 
     @ingress_app.get("/v1/models/{name:path}")
     async def one_model(self, name: str) -> Response:
-        return await self.forward("GET", f"/v1/models/{name}", b"", None)
+        return await self.forward("GET", f"/v1/models/{name}", b"", None, time.time())
 
     @ingress_app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        body = await request.body()
-        return await self.forward("POST", "/v1/completions", body, key_of(body, chat=False))
+        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        return await self.forward("POST", "/v1/completions", body, key_of(body, chat=False), received)
 
     @ingress_app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
-        body = await request.body()
-        return await self.forward("POST", "/v1/chat/completions", body, key_of(body, chat=True))
+        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        return await self.forward("POST", "/v1/chat/completions", body, key_of(body, chat=True), received)
 
-    async def forward(self, method: str, path: str, body: bytes, key: str | None) -> Response:
-        """Send to a replica; once more to another if it is lost before it answers; relay what it sends."""
+    async def forward(self, method: str, path: str, body: bytes, key: str | None, received: float) -> Response:
+        """Send to a replica; once more to another if it is lost before it answers; relay what it sends.
+        ``received``: when the request arrived (Unix seconds), from which the replica counts its time limit."""
         if self.draining:
             raise shutting_down("the server is shutting down: send the request again later")
         self.in_flight += 1
         try:
-            return await self.send(method, path, body, key)
+            return await self.send(method, path, body, key, received)
         except BaseException:
             self.in_flight -= 1
             raise
 
-    async def send(self, method: str, path: str, body: bytes, key: str | None) -> Response:
+    async def send(self, method: str, path: str, body: bytes, key: str | None, received: float) -> Response:
         for attempt in (1, 2):
-            parts = self.replicas.options(stream=True).handle.remote(method, path, body, key=key)
+            parts = self.replicas.options(stream=True).handle.remote(method, path, body, key=key, received=received)
             try:
                 start = await parts.__anext__()
                 break
@@ -245,12 +254,21 @@ class Ingress:
             self.in_flight -= 1
 
 
-def deploy(server: ServerOptions, options: DeploymentOptions) -> None:
-    """Start (or join) Ray, then run the application; returns once it is up."""
+def deploy(server: ServerOptions, options: DeploymentOptions, note: Callable[[str], None] = print) -> None:
+    """Start (or join) Ray, then run the application; returns once it is up. While Ray waits to place or start the
+    replicas, ``note`` hears what it waits for every ``WAIT_NOTE_S``; replicas that cannot start raise
+    ``ConfigError`` with their reason, as does a cluster whose Serve listens elsewhere than asked."""
     from ray.serve.config import RequestRouterConfig
 
     ray.init(address=options.ray_address, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    if options.ray_address is None and options.replicas * options.threads > cpus:  # our own Ray: nothing adds CPUs
+        raise ConfigError(
+            f"{options.replicas} replicas of {options.threads} thread(s) need {options.replicas * options.threads} "
+            f"CPUs; this machine has {cpus:g}: lower --replicas or --threads-per-replica"
+        )
     serve.start(http_options={"host": options.host, "port": options.port})
+    check_http(options)
     replica = serve.deployment(
         EngineReplica,
         name=REPLICA,
@@ -265,7 +283,51 @@ def deploy(server: ServerOptions, options: DeploymentOptions) -> None:
             request_router_class="quickdraft.deploy.ray_router:ConversationRouter"
         ),
     ).bind(server, options.threads)
-    serve.run(Ingress.bind(replica), name=APP_NAME, route_prefix="/", blocking=False)
+    sizes = (options.replicas, options.max_replicas or options.replicas)
+    ingress = Ingress.bind(replica, sizes, server.access.max_body_bytes)
+    serve.run_many([serve.RunTarget(ingress, name=APP_NAME, route_prefix="/")], wait_for_applications_running=False)
+    wait_running(note)
+
+
+def check_http(options: DeploymentOptions) -> None:
+    """A cluster's Serve, once started, keeps its host and port (Ray ignores ours with a warning): refuse to run
+    where the endpoint would not be the one asked for."""
+    try:
+        from ray.serve.context import _get_global_client  # Ray's own record of what its proxies listen on
+
+        config = _get_global_client().http_config
+    except (ImportError, AttributeError, RayError):  # Ray's internals moved: nothing to check against
+        return
+    if (config.host, config.port) != (options.host, options.port):
+        raise ConfigError(
+            f"Ray Serve on this cluster already listens on {config.host}:{config.port}, and keeps it: run with "
+            f"--host {config.host} --port {config.port}, or stop Serve there first (`serve shutdown`)"
+        )
+
+
+def wait_running(note: Callable[[str], None]) -> None:
+    """Until the application runs; what Ray waits for is noted every ``WAIT_NOTE_S`` (replicas it cannot place
+    wait for CPUs), and replicas that fail to start raise ``ConfigError`` with the exception they raised."""
+    started = noted = time.monotonic()
+    while (status := serve.status().applications.get(APP_NAME)) is None or status.status != "RUNNING":
+        replicas = None if status is None else status.deployments.get(REPLICA)
+        message = "" if replicas is None else replicas.message
+        if status is not None and status.status in ("DEPLOY_FAILED", "UNHEALTHY"):
+            raise ConfigError(f"the replicas did not start: {failure_reason(message or status.message)}")
+        if time.monotonic() - noted > WAIT_NOTE_S:
+            noted = time.monotonic()
+            waiting = " ".join(message.split()) or "replicas to start"
+            note(f"quickdraft: waited {noted - started:.0f} s; Ray waits for: {waiting}")
+        time.sleep(0.5)
+
+
+def failure_reason(message: str) -> str:
+    """The exception that ended Ray's message about a replica that failed to start, without its module."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception|Interrupt|Exit)\b[^:]*:", line)]
+    if not raised:
+        return lines[-1] if lines else "Ray gave no reason (see its logs under /tmp/ray/session_latest/logs)"
+    return re.sub(r"^[\w.]*\.(\w+):", r"\1:", raised[-1])
 
 
 def drain(timeout_s: float) -> int | None:

@@ -7,6 +7,7 @@ Rules:
 - A body over ``max_body_bytes`` gets 413 before it is parsed (by its declared length, else while it arrives);
   JSON nested too deeply to parse gets 400.
 - A request still running ``request_timeout_s`` after it arrived is cancelled: 504, or an error event on a stream.
+  A replica's request arrived when the ingress took it: the time it waited in Ray's queue counts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from quickdraft.server.errors import ApiError
 API_KEY_VARIABLE = "QUICKDRAFT_API_KEY"
 MAX_BODY_MB = 8  # a prompt that fills the default pair's 32,768 positions is well under 1 MB of JSON
 REQUEST_TIMEOUT_S = 600.0  # llama-server's default
+WAITED = "quickdraft.waited_s"  # ASGI scope key: seconds a request waited before it reached the app (a replica's)
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ class Access:
 OPEN = Access()  # no key; the default limits
 
 
-async def read_json(request: Any, limit: int) -> Any:
-    """The request's JSON body, read up to ``limit`` bytes (413 beyond), or 400 if it is not JSON."""
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request's body, read up to ``limit`` bytes: 413 beyond, by its declared length or as it arrives."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {int(declared)} bytes; this server takes at most {limit}")
@@ -77,6 +79,12 @@ async def read_json(request: Any, limit: int) -> Any:
         body += chunk
         if len(body) > limit:
             raise ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
+    return bytes(body)
+
+
+async def read_json(request: Any, limit: int) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (413 beyond), or 400 if it is not JSON."""
+    body = await read_body(request, limit)
     try:
         return json.loads(body)
     except RecursionError:

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull, RequestFailed, RequestFinished, TokenDelta
 from quickdraft.errors import QuickdraftError
-from quickdraft.server.access import OPEN, Access, read_json
+from quickdraft.server.access import OPEN, WAITED, Access, read_json
 from quickdraft.server.errors import failure, shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
@@ -122,7 +122,7 @@ def create_app(
         return pipeline.encode(prompt)
 
     async def generate(request: Request, chat: bool) -> Response:
-        arrival = time.perf_counter()
+        arrival = time.perf_counter() - request.scope.get(WAITED, 0.0)  # a replica's request waited in Ray's queue
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes)
         api = parse_request(body, chat, defaults, encode, pipeline.drafter, chat_template)

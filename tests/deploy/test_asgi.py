@@ -12,6 +12,7 @@ from conftest import CHEAP_BATCH, MODEL, native_pipeline
 
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.engine import SchedulerSettings
+from quickdraft.server.access import Access
 from quickdraft.server.app import create_app
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.protocol import ServerDefaults
@@ -71,3 +72,26 @@ def _greedy(max_tokens: int):
     from quickdraft.config import GenerationConfig
 
     return GenerationConfig(max_new_tokens=max_tokens)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_replicas_time_limit_counts_the_wait_before_it() -> None:
+    """A request that waited in Ray's queue past ``--request-timeout`` times out as soon as it reaches a replica, as
+    a single server's would have while it waited in its own queue."""
+    pipeline = native_pipeline()
+    engine, _ = serving_engine(pipeline, SchedulerSettings(), batch_costs=CHEAP_BATCH)
+    loop = ServingLoop(engine)
+    app = create_app(pipeline, loop, ServerDefaults((MODEL,), max_tokens=8), Access(request_timeout_s=30))
+    loop.start()
+    try:
+        body = json.dumps({"model": MODEL, "prompt": "w1 w2", "max_tokens": 4}).encode()
+
+        async def answer(waited_s: float) -> tuple[int, bytes]:
+            parts = [part async for part in call_app(app, "POST", "/v1/completions", body, waited_s)]
+            return parts[0].status, b"".join(parts[1:])  # type: ignore[union-attr,arg-type]
+
+        assert asyncio.run(answer(0.0))[0] == 200
+        status, answered = asyncio.run(answer(31.0))
+        assert status == 504 and json.loads(answered)["error"]["code"] == "timeout"
+    finally:
+        loop.stop()

@@ -67,7 +67,7 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
     port = free_port()
     command = [sys.executable, "-m", "quickdraft", "serve", "--replicas", "2", "--threads-per-replica", "1"]
     command += ["--port", str(port), "--target", str(native_model_dirs["target"]), "--drafter", "prompt-lookup"]
-    command += ["--max-running", "8", "--max-waiting", "8", "--served-model-name", "tiny"]
+    command += ["--max-running", "8", "--max-waiting", "8", "--served-model-name", "tiny", "--max-body-mb", "1"]
     log = (tmp_path / "serve.log").open("wb")
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -107,6 +107,8 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         assert surrogate.status_code == 400 and "UTF-8" in surrogate.json()["error"]["message"]  # it hung here
         nested = httpx.post(f"{url}/v1/completions", content=b"[" * 100_000, timeout=30)
         assert nested.status_code == 400 and set(nested.json()["error"]) == {"message", "type", "param", "code"}
+        big = httpx.post(f"{url}/v1/completions", content=b" " * (2 << 20), timeout=30)  # over --max-body-mb 1
+        assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
         nowhere = httpx.get(f"{url}/v1/nowhere", timeout=30)
         assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "invalid_request_error"
         assert client.models.retrieve("tiny").id == "tiny"
@@ -126,7 +128,7 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         served = [(p, answer) for p, answer in zip(prompts * 2, finished, strict=True) if isinstance(answer, str)]
         assert served and all(answer == expected[p] for p, answer in served)  # a cut stream ends in an error
         health = wait_for(url, 2, 240)  # Ray started a new replica
-        assert health["target_replicas"] == 2
+        assert (health["min_replicas"], health["max_replicas"]) == (2, 2)
         after = [ask(p) for p in prompts[:4]]  # and serves again
         assert after == [expected[p] for p in prompts[:4]]
         metrics = httpx.get(f"{url}/metrics", timeout=10).text

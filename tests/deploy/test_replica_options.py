@@ -29,3 +29,53 @@ def test_replicas_without_ray_say_what_to_install(
     monkeypatch.delitem(sys.modules, "quickdraft.deploy.ray_serve", raising=False)
     assert main(["serve", "--replicas", "2"]) == 1
     assert "pip install 'quickdraft[ray]'" in capsys.readouterr().err
+
+
+RAY_TRACEBACK = """A replica failed to start with exception. Retrying 1 more time(s). Error:
+RuntimeError: Traceback (most recent call last):
+  File "/x/ray/serve/_private/replica.py", line 1867, in initialize
+    raise ModelFilesError(f"{path} is not a transformers model directory: it has no config.json")
+quickdraft.errors.ModelFilesError: /m is not a transformers model directory: it has no config.json"""
+
+
+class Status:
+    """What ``serve.status()`` gives for quickdraft's application: its state and the replicas' message."""
+
+    def __init__(self, status: str, message: str) -> None:
+        from types import SimpleNamespace
+
+        replicas = SimpleNamespace(message=message)
+        self.applications = {
+            "quickdraft": SimpleNamespace(status=status, message="", deployments={"QuickdraftReplica": replicas})
+        }
+
+
+def scripted(monkeypatch: pytest.MonkeyPatch, statuses: list[Status]) -> None:
+    ray_serve = pytest.importorskip("quickdraft.deploy.ray_serve", reason="the ray extra is not installed")
+    monkeypatch.setattr(ray_serve.serve, "status", lambda: statuses.pop(0) if len(statuses) > 1 else statuses[0])
+    monkeypatch.setattr(ray_serve.time, "sleep", lambda _: None)
+    monkeypatch.setattr(ray_serve, "WAIT_NOTE_S", 0.0)
+
+
+def test_replicas_that_fail_to_start_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's message holds the replica's traceback; the error is its last exception, without the module."""
+    from quickdraft.errors import ConfigError
+
+    scripted(monkeypatch, [Status("DEPLOYING", ""), Status("DEPLOY_FAILED", RAY_TRACEBACK)])
+    from quickdraft.deploy import ray_serve
+
+    with pytest.raises(ConfigError) as raised:
+        ray_serve.wait_running(lambda _: None)
+    assert str(raised.value) == (
+        "the replicas did not start: ModelFilesError: /m is not a transformers model directory: it has no config.json"
+    )
+
+
+def test_replicas_waiting_for_cpus_are_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    waiting = 'has 1 replicas that have taken more than 30s to be scheduled. Resources required: {"CPU": 4}'
+    scripted(monkeypatch, [Status("DEPLOYING", waiting), Status("DEPLOYING", waiting), Status("RUNNING", "")])
+    from quickdraft.deploy import ray_serve
+
+    notes: list[str] = []
+    ray_serve.wait_running(notes.append)
+    assert notes and all(waiting in note for note in notes)

@@ -79,3 +79,17 @@ def test_replicas_waiting_for_cpus_are_noted(monkeypatch: pytest.MonkeyPatch) ->
     notes: list[str] = []
     ray_serve.wait_running(notes.append)
     assert notes and all(waiting in note for note in notes)
+
+
+def test_a_clusters_serve_on_another_port_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray keeps the port its Serve started with and only warns: the endpoint would not be where it was asked."""
+    from types import SimpleNamespace
+
+    from quickdraft.errors import ConfigError
+
+    ray_serve = pytest.importorskip("quickdraft.deploy.ray_serve", reason="the ray extra is not installed")
+    client = SimpleNamespace(http_config=SimpleNamespace(host="127.0.0.1", port=8000))
+    monkeypatch.setattr("ray.serve.context._get_global_client", lambda: client)
+    ray_serve.check_http(ray_serve.DeploymentOptions(2, 1, "127.0.0.1", 8000))  # as asked: fine
+    with pytest.raises(ConfigError, match=r"already listens on 127\.0\.0\.1:8000.*--port 8000"):
+        ray_serve.check_http(ray_serve.DeploymentOptions(2, 1, "127.0.0.1", 9000))

@@ -344,21 +344,21 @@ def test_profile_times_reading_a_prompt(native_model_dirs: dict[str, Path], caps
 
 
 def test_cache_shows_its_entries_and_the_fp32_copies(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
-    assert run(["cache"], capsys) == (0, f"{tmp_path / 'cache'}: 0.0 MB\n", "")
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "my cache"))
+    assert run(["cache"], capsys) == (0, f"{tmp_path / 'my cache'}: 0.0 MB\n", "")
     files = {"models/m/m.gguf": 5_000_000, "models/m/hf/config.json": 1000, "native/k/weights.safetensors": 3_000_000}
     files["models/m/hf/model.safetensors"] = 200_000_000
     for name, size in files.items():
-        (tmp_path / "cache" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "cache" / name).write_bytes(b"\0" * size)
+        (tmp_path / "my cache" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "my cache" / name).write_bytes(b"\0" * size)
     status, out, _ = run(["cache", "--json"], capsys)
     assert status == 0 and json.loads(out) == [
-        {"path": str(tmp_path / "cache/models/m"), "bytes": 205_001_000, "fp32_bytes": 200_000_000},
-        {"path": str(tmp_path / "cache/native"), "bytes": 3_000_000, "fp32_bytes": 0},
+        {"path": str(tmp_path / "my cache/models/m"), "bytes": 205_001_000, "fp32_bytes": 200_000_000},
+        {"path": str(tmp_path / "my cache/native"), "bytes": 3_000_000, "fp32_bytes": 0},
     ]
     status, out, _ = run(["cache"], capsys)
     assert "0.21 GB  models/m (fp32 copy for transformers 0.20 GB)" in out and "3.0 MB  native" in out
-    assert f"delete them with rm {tmp_path / 'cache'}/*/*/hf/*.safetensors" in out
+    assert f"delete them with rm '{tmp_path / 'my cache'}'/*/*/hf/*.safetensors" in out  # a shell's words
 
 
 def test_damaged_gguf_files_give_one_error_line(tmp_path: Path, capsys, monkeypatch) -> None:

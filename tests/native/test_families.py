@@ -10,6 +10,9 @@ by a small output), and a random model's near-ties (top two within 1 % of the ra
 from __future__ import annotations
 
 import itertools
+import json
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,7 +77,7 @@ def phi4(vocab: int) -> torch.nn.Module:  # Phi-4-mini's partial rotary: 6 of ea
     return Phi3ForCausalLM(tiny_config(Phi3Config, vocab, 2, partial_rotary_factor=0.75))
 
 
-def gemma(vocab: int) -> torch.nn.Module:  # Gemma 1: (1 + w) norms, embeddings × √hidden, exact GELU
+def gemma(vocab: int) -> torch.nn.Module:  # Gemma 1: (1 + w) norms, embeddings × √hidden, "gelu" (run as tanh GELU)
     from transformers import GemmaConfig, GemmaForCausalLM
 
     return GemmaForCausalLM(tiny_config(GemmaConfig, vocab, 2, head_dim=16, hidden_act="gelu"))
@@ -202,3 +205,42 @@ def test_speculation_equals_plain_decoding(family: str) -> None:
             config = GenerationConfig(max_new_tokens=24, num_draft_tokens=gamma, sampling=sampling)
             result = pipeline.generate(prompt, config, drafter=drafter)
             assert result.token_ids == plain.token_ids, (family, sampling, drafter, gamma)
+
+
+def older_gemma3(config: dict) -> None:  # Gemma 3 1B's file: RoPE bases by name, windows by a pattern
+    del config["rope_parameters"], config["layer_types"]
+    scaling = {"rope_type": "linear", "factor": 8.0}
+    config.update(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling=scaling, sliding_window_pattern=6)
+
+
+def older_layer_types(
+    config: dict,
+) -> None:  # Gemma 2's and Qwen2's files: no layer types, windows by the family's rule
+    del config["layer_types"]
+
+
+def qwen2_windows(vocab: int) -> torch.nn.Module:  # sliding windows from layer max_window_layers on
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = tiny_config(Qwen2Config, vocab, 2, use_sliding_window=True, sliding_window=5, max_window_layers=1)
+    return Qwen2ForCausalLM(config)
+
+
+@pytest.mark.parametrize(
+    ("make", "older"),
+    [(gemma3, older_gemma3), (gemma2, older_layer_types), (qwen2_windows, older_layer_types)],
+    ids=["gemma3", "gemma2", "qwen2"],
+)
+def test_older_config_key_names_read_as_transformers_reads_them(
+    tmp_path: Path, make: Callable[[int], torch.nn.Module], older: Callable[[dict], None]
+) -> None:
+    """Released models' config.json files keep older names that transformers still reads: read alone, the file
+    would give every layer full attention and one RoPE base, and the logits would be wrong with no error."""
+    current, rewritten = tmp_path / "current", tmp_path / "older"
+    make(VOCAB).config.save_pretrained(current)
+    config = json.loads((current / "config.json").read_text())
+    older(config)
+    rewritten.mkdir()
+    (rewritten / "config.json").write_text(json.dumps(config))
+    assert DecoderConfig.from_dir(rewritten) == DecoderConfig.from_dir(current)
+    assert any(DecoderConfig.from_dir(current).layer_windows)

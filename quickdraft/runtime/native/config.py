@@ -217,7 +217,27 @@ class DecoderConfig:
 
     @classmethod
     def from_dir(cls, path: Path) -> DecoderConfig:
-        return cls.from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")))
+        """A model directory's config as transformers reads it, so older key names mean what they meant (Gemma 3's
+        ``rope_local_base_freq``, sliding windows by ``sliding_window_pattern`` or ``max_window_layers``); the
+        file's own keys stand where transformers adds nothing (a family it does not know, keys a GGUF file gave)."""
+        written = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return cls.from_hf({**written, **transformers_reading(path)})
+
+
+def transformers_reading(path: Path) -> dict[str, Any]:
+    """transformers' reading of ``path``'s config (its current key names), or {} where it cannot read it."""
+    try:
+        from transformers import AutoConfig
+        from transformers.utils import logging
+
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()  # its notes on legacy values it rewrote: the rewrite is what it runs
+        try:
+            return dict(AutoConfig.from_pretrained(path).to_dict())
+        finally:
+            logging.set_verbosity(verbosity)
+    except Exception:  # an unknown family or a config it refuses: from_hf reads (or refuses) the file itself
+        return {}
 
 
 def layer_rope(config: dict[str, Any], layer_type: str) -> Rope:

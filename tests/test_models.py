@@ -20,9 +20,17 @@ from quickdraft.api import Pipeline
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
 from quickdraft.models import check_same_tokenizer, load_hf_model, load_tokenizer, pairing, resolve_model
 from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, unpack
-from quickdraft.models.convert import GGUF_LAYOUT, MARKER, SETTINGS_VERSION, has_fp32_weights, read_marker, save_configs
+from quickdraft.models.convert import (
+    GGUF_LAYOUT,
+    MARKER,
+    SETTINGS_VERSION,
+    TENSOR_TYPES_KEY,
+    has_fp32_weights,
+    read_marker,
+    save_configs,
+)
 from quickdraft.models.pairing import vocabulary_mismatch
-from quickdraft.runtime import NativeRuntime, runtime_for
+from quickdraft.runtime import HFRuntime, NativeRuntime, runtime_for
 
 
 def fake_parts(root: Path, name: str, contents: list[bytes], version: str = "1.0") -> None:
@@ -220,6 +228,17 @@ def test_a_gguf_file_resolves_to_a_directory_without_weights(tmp_path: Path, mon
     assert load_tokenizer(directory).eos_token == "<|endoftext|>"
     monkeypatch.setattr(loading, "write_model_dir", refuse)
     assert resolve_model(gguf_path, progress=False) == directory
+
+
+def test_auto_runs_a_gguf_file_of_tensor_types_the_native_runtime_does_not_read_on_transformers(
+    tmp_path: Path,
+) -> None:
+    """The directory's config records the file's tensor types (llama.cpp's Q2_K and Q3_K have no native reader)."""
+    directory = resolve_model(write_tiny_gguf(tmp_path / "tiny.gguf"), progress=False)
+    config = json.loads((directory / "config.json").read_text())
+    assert {"F32", "Q4_K", "Q6_K"} <= set(config[TENSOR_TYPES_KEY]) and NativeRuntime.supports(directory)
+    (directory / "config.json").write_text(json.dumps(config | {TENSOR_TYPES_KEY: ["F32", "Q2_K"]}))
+    assert runtime_for("auto", directory) is HFRuntime
 
 
 def test_the_fp32_copy_is_made_once_when_transformers_loads_the_model(

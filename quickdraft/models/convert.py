@@ -25,8 +25,9 @@ from quickdraft.errors import ModelFilesError
 MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
 # The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
-SETTINGS_VERSION = 3
+SETTINGS_VERSION = 4
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
+TENSOR_TYPES_KEY = "quickdraft_gguf_tensor_types"  # config key: the GGUF file's tensor types (which runtime reads it)
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
@@ -207,7 +208,7 @@ def gguf_settings(gguf_path: Path, config: dict[str, Any]) -> dict[str, Any]:
         found = reader.fields.get(f"{architecture}.{key}")
         return None if found is None else found.contents()
 
-    settings: dict[str, Any] = {}
+    settings: dict[str, Any] = {TENSOR_TYPES_KEY: sorted({tensor.tensor_type.name for tensor in reader.tensors})}
     if (key_length := field("attention.key_length")) is not None:
         settings["head_dim"] = int(key_length)
     scaling, factor = field("rope.scaling.type"), field("rope.scaling.factor")

@@ -151,7 +151,7 @@ def read_gguf_weights(
         if tensor.tensor_type.name not in READ_TYPES:
             raise ValueError(
                 f"tensor {tensor.name} is stored as {tensor.tensor_type.name}, which the native runtime does not "
-                f"read (it reads {', '.join(READ_TYPES)})"
+                f"read (it reads {', '.join(READ_TYPES)}): use --runtime transformers or auto"
             )
     interleaved = reader.fields["general.architecture"].contents() in GGUF_INTERLEAVED_ROTARY
     floats: dict[str, Any] = {}

@@ -10,9 +10,11 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.models.convert import TENSOR_TYPES_KEY
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.native.cache import KEY_BLOCK, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.gguf_weights import READ_TYPES
 from quickdraft.runtime.native.kernels import sources_digest
 from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
@@ -58,12 +60,14 @@ class NativeRuntime(Runtime):
 
     @staticmethod
     def supports(path: Path) -> bool:
-        """Whether the model in ``path`` is a family this runtime implements, with weights it can read."""
+        """Whether the model in ``path`` is a family this runtime implements, with weights it can read (a GGUF
+        file's tensor types, as its directory's config records them)."""
         try:
             DecoderConfig.from_dir(path)
+            tensor_types = json.loads((path / "config.json").read_text(encoding="utf-8")).get(TENSOR_TYPES_KEY, [])
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
-        return has_native_weights(path)
+        return set(tensor_types) <= set(READ_TYPES) and has_native_weights(path)
 
     @classmethod
     def load(

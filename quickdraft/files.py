@@ -27,7 +27,9 @@ def cache_root() -> Path:
     root = Path(os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft").expanduser()  # "": unset
     if root.is_dir():
         return root
-    if root.exists() or root.is_symlink():  # a file, a symlink to nowhere or in a loop
+    if root.exists() or root.is_symlink():  # a file, a symlink to nowhere or in a loop, or made since the first look
+        if root.is_dir():  # by another run
+            return root
         raise ConfigError(f"the cache {root} ($QUICKDRAFT_CACHE) is not a directory; set QUICKDRAFT_CACHE to one")
     existing = next(parent for parent in root.parents if parent.exists())
     if not existing.is_dir():

@@ -24,7 +24,6 @@ from quickdraft.models.convert import (
     GGUF_LAYOUT,
     MARKER,
     SETTINGS_VERSION,
-    TENSOR_TYPES_KEY,
     has_fp32_weights,
     read_marker,
     save_configs,
@@ -223,7 +222,8 @@ def test_a_gguf_file_resolves_to_a_directory_without_weights(tmp_path: Path, mon
     assert directory.parent.name == sha256[:16] and not has_fp32_weights(directory)
     assert {"config.json", "generation_config.json", "tokenizer.json", MARKER} <= {p.name for p in directory.iterdir()}
     marker = {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT, "settings": SETTINGS_VERSION}
-    assert read_marker(directory) == marker
+    recorded = read_marker(directory)
+    assert recorded is not None and recorded.pop("tensor_types")[:3] == ["BF16", "F16", "F32"] and recorded == marker
     assert runtime_for("auto", directory) is NativeRuntime
     assert load_tokenizer(directory).eos_token == "<|endoftext|>"
     monkeypatch.setattr(loading, "write_model_dir", refuse)
@@ -233,11 +233,12 @@ def test_a_gguf_file_resolves_to_a_directory_without_weights(tmp_path: Path, mon
 def test_auto_runs_a_gguf_file_of_tensor_types_the_native_runtime_does_not_read_on_transformers(
     tmp_path: Path,
 ) -> None:
-    """The directory's config records the file's tensor types (llama.cpp's Q2_K and Q3_K have no native reader)."""
+    """The directory's marker records the file's tensor types (llama.cpp's Q2_K and Q3_K have no native reader)."""
     directory = resolve_model(write_tiny_gguf(tmp_path / "tiny.gguf"), progress=False)
-    config = json.loads((directory / "config.json").read_text())
-    assert {"F32", "Q4_K", "Q6_K"} <= set(config[TENSOR_TYPES_KEY]) and NativeRuntime.supports(directory)
-    (directory / "config.json").write_text(json.dumps(config | {TENSOR_TYPES_KEY: ["F32", "Q2_K"]}))
+    marker = read_marker(directory)
+    assert marker is not None and {"F32", "Q4_K", "Q6_K"} <= set(marker["tensor_types"])
+    assert NativeRuntime.supports(directory)
+    (directory / MARKER).write_text(json.dumps(marker | {"tensor_types": ["F32", "Q2_K"]}))
     assert runtime_for("auto", directory) is HFRuntime
 
 

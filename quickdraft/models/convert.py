@@ -25,9 +25,8 @@ from quickdraft.errors import ModelFilesError
 MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
 # The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
-SETTINGS_VERSION = 4
+SETTINGS_VERSION = 4  # 4: the marker records the file's tensor types (``tensor_types``), which a runtime may not read
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
-TENSOR_TYPES_KEY = "quickdraft_gguf_tensor_types"  # config key: the GGUF file's tensor types (which runtime reads it)
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
@@ -104,9 +103,11 @@ def save_configs(config: Any, directory: Path) -> None:
     GenerationConfig.from_model_config(config).save_pretrained(directory)
 
 
-def write_marker(directory: Path, sha256: str, gguf_path: Path) -> None:
-    """The marker naming ``gguf_path`` (digest ``sha256``) as the source of the weights, replaced atomically."""
+def write_marker(directory: Path, sha256: str, gguf_path: Path, tensor_types: list[str]) -> None:
+    """The marker naming ``gguf_path`` (digest ``sha256``, holding tensors of ``tensor_types``) as the source of the
+    weights, replaced atomically."""
     record = {"sha256": sha256, "source": str(gguf_path.resolve()), "layout": GGUF_LAYOUT, "settings": SETTINGS_VERSION}
+    record["tensor_types"] = tensor_types
     partial = directory / f"{MARKER}.{os.getpid()}.partial"
     partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
     partial.replace(directory / MARKER)
@@ -119,9 +120,10 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     copy made meanwhile. Others are built beside it and renamed into place when complete."""
     marker = read_marker(directory) or {}
     if marker.get("sha256") == sha256 and marker.get("layout") == GGUF_LAYOUT:
-        if marker.get("settings") != SETTINGS_VERSION:  # made before these settings: complete its config
-            add_gguf_settings(directory / "config.json", gguf_path)
-        write_marker(directory, sha256, gguf_path)
+        tensor_types = marker.get("tensor_types")
+        if marker.get("settings") != SETTINGS_VERSION or not isinstance(tensor_types, list):  # made before these
+            tensor_types = add_gguf_settings(directory / "config.json", gguf_path)  # settings: complete it
+        write_marker(directory, sha256, gguf_path, tensor_types)
         return
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
@@ -141,9 +143,9 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     save_configs(config, building)
-    add_gguf_settings(building / "config.json", gguf_path)
+    tensor_types = add_gguf_settings(building / "config.json", gguf_path)
     tokenizer.save_pretrained(building)
-    write_marker(building, sha256, gguf_path)
+    write_marker(building, sha256, gguf_path, tensor_types)
     shutil.rmtree(directory, ignore_errors=True)
     building.rename(directory)
 
@@ -192,23 +194,20 @@ def own_config(gguf_path: Path) -> Any:
     )
 
 
-def gguf_settings(gguf_path: Path, config: dict[str, Any]) -> dict[str, Any]:
+def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     """config.json keys for what the GGUF file ``gguf_path`` says beyond transformers' reading of it: the head width
     (``attention.key_length``), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
     layer type), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
     which the native runtime reads; transformers does not), and Phi-3's: its sliding window, LongRoPE (the
     ``rope_factors_long``/``rope_factors_short`` tensors with ``rope.scaling.original_context_length`` and
     ``rope.scaling.attn_factor``) and partial rotary (``rope.dimension_count`` below the head width)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(gguf_path)
     architecture = reader.fields["general.architecture"].contents()
 
     def field(key: str) -> Any:
         found = reader.fields.get(f"{architecture}.{key}")
         return None if found is None else found.contents()
 
-    settings: dict[str, Any] = {TENSOR_TYPES_KEY: sorted({tensor.tensor_type.name for tensor in reader.tensors})}
+    settings: dict[str, Any] = {}
     if (key_length := field("attention.key_length")) is not None:
         settings["head_dim"] = int(key_length)
     scaling, factor = field("rope.scaling.type"), field("rope.scaling.factor")
@@ -257,14 +256,20 @@ def phi3_settings(
     return settings
 
 
-def add_gguf_settings(config_file: Path, gguf_path: Path) -> None:
-    """Complete the config.json transformers wrote for ``gguf_path`` with :func:`gguf_settings`."""
+def add_gguf_settings(config_file: Path, gguf_path: Path) -> list[str]:
+    """Complete the config.json transformers wrote for ``gguf_path`` with :func:`gguf_settings`; returns the file's
+    tensor types."""
+    from gguf import GGUFReader
+
     config = json.loads(config_file.read_text(encoding="utf-8"))
     try:
-        config |= gguf_settings(gguf_path, config)
+        reader = GGUFReader(gguf_path)
+        config |= gguf_settings(reader, config)
+        tensor_types = sorted({tensor.tensor_type.name for tensor in reader.tensors})
     except Exception as error:  # gguf raises many types for damaged files
         raise ModelFilesError(f"cannot read {gguf_path}'s settings: {type(error).__name__}: {error}") from error
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return tensor_types
 
 
 def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:

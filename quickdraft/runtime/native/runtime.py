@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
-from quickdraft.models.convert import TENSOR_TYPES_KEY
+from quickdraft.models.convert import read_marker
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.native.cache import KEY_BLOCK, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig
@@ -61,12 +61,12 @@ class NativeRuntime(Runtime):
     @staticmethod
     def supports(path: Path) -> bool:
         """Whether the model in ``path`` is a family this runtime implements, with weights it can read (a GGUF
-        file's tensor types, as its directory's config records them)."""
+        file's tensor types, as its directory's marker records them)."""
         try:
             DecoderConfig.from_dir(path)
-            tensor_types = json.loads((path / "config.json").read_text(encoding="utf-8")).get(TENSOR_TYPES_KEY, [])
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
+        tensor_types = (read_marker(path) or {}).get("tensor_types") or []  # a GGUF file's; none for other models
         return set(tensor_types) <= set(READ_TYPES) and has_native_weights(path)
 
     @classmethod

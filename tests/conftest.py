@@ -288,19 +288,24 @@ def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int
     return data.reshape(rows, -1), qtype
 
 
-def write_tiny_gguf(path: Path, architecture: str = "qwen2", tied: bool = False, seed: int = 0) -> Path:
+def write_tiny_gguf(path: Path, architecture: str = "qwen2", tied: bool = False, seed: int = 0, heads: int = 4) -> Path:
     """A random two-layer GGUF model (256 wide, vocabulary of 64 byte-level tokens, the last one end-of-sequence)
     with the tensor types of :data:`GGUF_LAYER_TYPES`: ``qwen2`` with q/k/v biases, or ``llama``; ``tied``
-    leaves out ``output.weight`` and stores the embedding, which is then the LM head too, as Q6_K (else Q8_0)."""
+    leaves out ``output.weight`` and stores the embedding, which is then the LM head too, as Q6_K (else Q8_0).
+    ``heads`` query heads of 64 (other than 4: heads not as wide as the model over their count, the file says so)."""
     import gguf
 
     generator = np.random.default_rng(seed)
-    hidden, ffn, widths = 256, 512, {"ffn_down": 512}
-    rows = {"attn_k": 128, "attn_v": 128, "ffn_gate": ffn, "ffn_up": ffn}  # 4 heads of 64, 2 key-value heads
+    hidden, ffn, widths = 256, 512, {"ffn_down": 512, "attn_output": 64 * heads}
+    rows = {"attn_q": 64 * heads, "attn_k": 128, "attn_v": 128, "ffn_gate": ffn, "ffn_up": ffn}  # 2 key-value heads
     writer = gguf.GGUFWriter(path, architecture)
     for key, value in (("context_length", 512), ("embedding_length", hidden), ("feed_forward_length", ffn),
-                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 2)):  # fmt: skip
+                       ("block_count", 2), ("attention.head_count", heads),
+                       ("attention.head_count_kv", 2)):  # fmt: skip
         writer.add_uint32(f"{architecture}.{key}", value)
+    if heads != 4:
+        writer.add_uint32(f"{architecture}.attention.key_length", 64)
+        writer.add_uint32(f"{architecture}.attention.value_length", 64)
     writer.add_float32(f"{architecture}.rope.freq_base", 10000.0)
     writer.add_float32(f"{architecture}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_tokenizer_model("gpt2")

@@ -257,6 +257,13 @@ def test_the_fp32_copy_is_made_once_when_transformers_loads_the_model(
     assert runtime_for("auto", directory) is NativeRuntime  # the native runtime still reads the GGUF file
 
 
+def test_the_fp32_copy_takes_the_head_width_the_file_says(tmp_path: Path) -> None:
+    """8 heads of 64 in a 256-wide model: transformers' own reading of the file assumes heads of 32."""
+    directory = resolve_model(write_tiny_gguf(tmp_path / "tiny.gguf", heads=8), progress=False)
+    model = load_hf_model(directory)
+    assert model.config.head_dim == 64 and model.model.layers[0].self_attn.q_proj.out_features == 512
+
+
 def test_a_moved_gguf_file_keeps_its_directory(tmp_path: Path) -> None:
     """Same digest, same directory: only the marker changes, an fp32 copy made meanwhile is kept."""
     gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf")

@@ -283,16 +283,20 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
         raise missing_gguf(directory)
     import torch
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     (hf_logging.enable_progress_bar if progress else hf_logging.disable_progress_bar)()
     started = time.perf_counter()
     if progress:
         print(f"converting {source.name} once into {directory} (takes a few minutes) ...", file=sys.stderr, flush=True)
-    try:
+    try:  # with the directory's config: it holds what the file says beyond transformers' reading (the head width)
         model, info = AutoModelForCausalLM.from_pretrained(
-            source.parent, gguf_file=source.name, dtype=torch.float32, output_loading_info=True
+            source.parent,
+            config=AutoConfig.from_pretrained(directory),
+            gguf_file=source.name,
+            dtype=torch.float32,
+            output_loading_info=True,
         )
     except ImportError as error:
         raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error

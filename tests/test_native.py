@@ -355,3 +355,17 @@ def test_greedy_speculation_on_the_native_runtime_equals_plain(prompt_ids: list[
         config = GenerationConfig(max_new_tokens=32, num_draft_tokens=gamma)
         result = pipeline.generate(prompt_ids, config, drafter=drafter)
         assert result.token_ids == plain.token_ids, (drafter, gamma)
+
+
+def test_a_vocabulary_subset_leaves_out_tokens_past_the_models_rows(native_model_dirs: dict) -> None:
+    """A tokenizer may name more tokens than the model has rows (its added tokens), and the default subset takes
+    every added token: those the model cannot produce are left out, not an error about a subset nobody asked for."""
+    from quickdraft.errors import ConfigError
+    from quickdraft.runtime.base import LoadOptions
+
+    path = native_model_dirs["draft"]
+    rows = DecoderConfig.from_dir(path).vocab_size
+    restricted = NativeRuntime.load(path, LoadOptions(vocabulary=(0, 1, 2, rows, rows + 1)))
+    assert restricted.decoder.vocabulary is not None and restricted.decoder.vocabulary.tolist() == [0, 1, 2]
+    with pytest.raises(ConfigError, match="must name token ids in"):
+        NativeRuntime.load(path, LoadOptions(vocabulary=(rows,)))

@@ -97,13 +97,11 @@ class NativeRuntime(Runtime):
             config.max_position_embeddings if capacity is None else min(capacity, config.max_position_embeddings)
         )
         decoder = Decoder.from_native_state(config, state, positions)
-        if options.vocabulary is not None:
-            if (
-                not options.vocabulary
-                or not 0 <= min(options.vocabulary) <= max(options.vocabulary) < config.vocab_size
-            ):
+        if options.vocabulary is not None:  # tokens past the model's rows (a tokenizer's added ones) cannot be drawn
+            vocabulary = [token for token in options.vocabulary if token < config.vocab_size]
+            if not vocabulary or min(vocabulary) < 0:
                 raise ConfigError(f"a vocabulary subset must name token ids in 0..{config.vocab_size - 1}")
-            decoder.restrict_vocabulary(torch.tensor(options.vocabulary))
+            decoder.restrict_vocabulary(torch.tensor(vocabulary))
         return cls(decoder, options.weights)
 
     def focus_vocabulary(self, token_ids: Sequence[int]) -> None:

@@ -9,8 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import (
+    CHAT_TEMPLATE,
+    chat_pipeline,
+    native_from_hf,
+    save_tiny_llama_dir,
+    save_tiny_model_dir,
+    tiny_model,
+    word_tokenizer,
+)
 from conftest import CHAT_VOCAB as VOCAB
-from conftest import chat_pipeline, native_from_hf, save_tiny_model_dir, tiny_model, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.cli import main
@@ -242,6 +250,24 @@ def test_train_draft_checks_its_arguments_before_loading_the_target(
     assert main(["train-draft", *args]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"quickdraft: error: {message}") and err.count("\n") == 1
+
+
+def test_the_draft_to_distill_is_checked_before_collecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Collecting takes hours with a real target: a missing draft must not wait for it."""
+
+    def no_collecting(*args: object, **kwargs: object) -> None:
+        raise AssertionError("collected although the draft to distill is missing")
+
+    monkeypatch.setattr(Collector, "collect", no_collecting)
+    target = save_tiny_llama_dir(tmp_path / "chat", VOCAB, seed=0)
+    tokenizer = word_tokenizer(VOCAB, prefix="")
+    tokenizer.chat_template = CHAT_TEMPLATE  # turns the collector can open
+    tokenizer.save_pretrained(target)
+    args = ["train-draft", "--target", str(target), "--model", "draft", "--draft", str(tmp_path / "nowhere")]
+    assert main(args) == 1
+    assert "nowhere" in capsys.readouterr().err
 
 
 def test_the_rank_without_distilling_gets_a_note(

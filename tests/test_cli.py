@@ -402,6 +402,11 @@ UNUSED_OPTIONS = {
         "--prompt-lookup-max-ngram",
         "draft-model drafter",
     ),
+    "n-grams of the suffix drafter's copies": (
+        ["--prompt-lookup-max-ngram", "4"],  # the default drafter: they apply to a --prediction only
+        "--prompt-lookup-max-ngram",
+        "hybrid-suffix drafter",
+    ),
     "the hybrid's n-gram off the hybrid": (
         ["--drafter", "prompt-lookup", "--hybrid-min-ngram", "3"],
         "--hybrid-min-ngram",
@@ -432,7 +437,8 @@ def test_options_that_are_used_get_no_note(capsys: pytest.CaptureFixture) -> Non
     for options in (
         ["--num-draft-tokens", "3"],
         ["--policy", "heuristic", "--num-draft-tokens", "3", "--max-draft-tokens", "8"],
-        ["--policy", "goodput", "--recalibrate", "--prompt-lookup-max-ngram", "4", "--hybrid-min-ngram", "3"],
+        ["--drafter", "hybrid", "--recalibrate", "--prompt-lookup-max-ngram", "4", "--hybrid-min-ngram", "3"],
+        ["--prediction", __file__, "--prompt-lookup-max-ngram", "4", "--hybrid-min-ngram", "3"],  # its n-grams
         ["--drafter", "eagle", "--draft-head", __file__, "--policy", "specdec++", "--acceptance-head", __file__],
         ["--temperature", "0.7", "--seed", "3", "--top-k", "5"],
     ):

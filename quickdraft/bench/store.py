@@ -93,17 +93,19 @@ class ResultStore:
                 f"--out {self.out} was measured with another {', '.join(changed)} (machine.json); resume it where "
                 "it was measured, or use another --out directory"
             )
-        self.machine = self.machine or current
-        self.write_json("machine.json", self.machine)
+        self.machine = self.machine or current  # written with config.json
 
     def write_config(self) -> None:
-        """config.json, once, before the first thing measured is written (a run that fails first leaves none)."""
+        """config.json and machine.json, once, before the first thing measured is written (a run that fails first
+        leaves neither, so the same folder takes a corrected run)."""
         if not self._config_written:
             self._config_written = True
             self.write_json("config.json", self.config)
+            if self.machine is not None:
+                self.write_json("machine.json", self.machine)
 
     def write_json(self, name: str, data: Any) -> None:
-        if name != "config.json":
+        if name not in ("config.json", "machine.json"):
             self.write_config()
         (self.out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from quickdraft.cli.common import add_model_arguments, draft_for, gpu_note, load_models, read_prompt
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions, HybridDrafter, PromptLookupDrafter
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions, HybridDrafter
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarKind, GrammarSpec
@@ -247,12 +247,13 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
         "--acceptance-head": args.acceptance_head is not None and not (drafts and kind.needs_acceptance_head),
     }
     policy = f"the {spec.name} policy" if drafts else f"the {args.drafter} drafter (plain decoding)"
-    copies = issubclass(drafter, (PromptLookupDrafter, HybridDrafter))  # the n-gram sizes are of what it copies
+    # the n-gram sizes are of what it copies: the context, or a --prediction
+    copies = drafter.copies_context or (args.prediction is not None and drafter.follows_predictions)
     by_drafter = {
         "--draft-head": args.draft_head is not None and not drafter.needs_draft_head,
         "--prompt-lookup-max-ngram": args.prompt_lookup_max_ngram is not None and not copies,
         "--prompt-lookup-min-ngram": args.prompt_lookup_min_ngram is not None and not copies,
-        "--hybrid-min-ngram": args.hybrid_min_ngram is not None and not issubclass(drafter, HybridDrafter),
+        "--hybrid-min-ngram": args.hybrid_min_ngram is not None and not (copies and issubclass(drafter, HybridDrafter)),
     }
     for unused, by in ((by_policy, policy), (by_drafter, f"the {args.drafter} drafter")):
         for option in (option for option, is_unused in unused.items() if is_unused):

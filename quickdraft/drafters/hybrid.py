@@ -108,6 +108,7 @@ class HybridState(DraftState):
 class HybridDrafter(Drafter):
     needs_draft_model = True
     follows_predictions = True
+    copies_context = True
     copy_source = COPIES  # the source its copies are offered under
 
     def __init__(self, model: Drafter, max_ngram: int, min_ngram: int) -> None:
@@ -192,6 +193,8 @@ class HybridSuffixDrafter(HybridDrafter):
     request's answer joins the suffix drafter's index of answers when it finishes."""
 
     copy_source = SUFFIX_COPIES
+
+    copies_context = False  # its copies are the suffix drafter's: the n-gram sizes apply to predictions only
 
     def __init__(self, model: Drafter, max_ngram: int, min_ngram: int) -> None:
         super().__init__(model, max_ngram, min_ngram)

@@ -67,6 +67,8 @@ class PromptLookupState(DraftState):
 
 
 class PromptLookupDrafter(Drafter):
+    copies_context = True
+
     def __init__(self, max_ngram: int, min_ngram: int, records: DrafterRecords | None = None) -> None:
         super().__init__(records)
         self.max_ngram = max_ngram

@@ -51,8 +51,8 @@ def test_a_folder_keeps_one_configuration(tmp_path: Path) -> None:
 
 
 def test_no_record_before_anything_is_measured_and_no_foreign_folder(tmp_path: Path) -> None:
-    ResultStore(tmp_path / "new", CONFIG)  # e.g. a run that failed loading its models
-    assert not (tmp_path / "new" / "config.json").exists()
+    ResultStore(tmp_path / "new", CONFIG).use_machine(MACHINE)  # e.g. a run that failed loading its models
+    assert not list((tmp_path / "new").iterdir())
     ResultStore(tmp_path / "new", CONFIG | {"max_new_tokens": 16})  # so the corrected run is not refused
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "report.md").write_text("my notes")
@@ -64,6 +64,8 @@ def test_no_record_before_anything_is_measured_and_no_foreign_folder(tmp_path: P
 def test_a_resume_on_another_machine_is_refused(tmp_path: Path) -> None:
     store = ResultStore(tmp_path / "out", CONFIG)
     store.use_machine(MACHINE)
+    store.add(entry("baseline", "1", 0))  # the machine is recorded with the first thing measured
+    assert json.loads((tmp_path / "out" / "machine.json").read_text()) == MACHINE
     again = ResultStore(tmp_path / "out", CONFIG)
     again.use_machine(MACHINE | {"platform": "another kernel"})  # not what the entries' speed depends on
     with pytest.raises(ConfigError, match="another threads, torch"):

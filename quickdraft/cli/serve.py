@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from quickdraft.cli.common import add_model_arguments, gpu_note
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace) -> None:
     if args.replicas or args.max_replicas or args.ray_address or args.threads_per_replica:
         run_replicas(args, options)
         return
+    check_address(args.host, args.port)  # before the models load, which takes minutes
     server = build_server(options, own_thread=False)  # steps on this, the main thread; HTTP in another
     device = server.loop.engine.target.device
     for note in [*server.notes, *([gpu_note(device)] if device.type != "cpu" else [])]:
@@ -152,7 +155,6 @@ def run(args: argparse.Namespace) -> None:
     loop = server.loop
     http_server = uvicorn.Server(uvicorn.Config(server.app, host=args.host, port=args.port, log_level="warning"))
     http = threading.Thread(target=http_server.run, name="quickdraft-http", daemon=True)
-    print(f"quickdraft: serving {server.model_names[0]} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     http.start()
 
     def shut_down(*_: object) -> None:  # the first signal drains (--shutdown-timeout), a second stops at once
@@ -164,8 +166,16 @@ def run(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
-    watcher = threading.Thread(target=lambda: (http.join(), loop.stop(timeout=0)), daemon=True)
-    watcher.start()  # a server that stops (a port in use) stops the steps too
+
+    def watch() -> None:  # says where it serves once it listens; a server that stops (a port in use) stops the steps
+        while http.is_alive() and not http_server.started:
+            time.sleep(0.05)
+        if http_server.started:
+            print(f"quickdraft: serving {server.model_names[0]} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+        http.join()
+        loop.stop(timeout=0)
+
+    threading.Thread(target=watch, daemon=True).start()
     try:
         loop.run()
     finally:
@@ -173,6 +183,18 @@ def run(args: argparse.Namespace) -> None:
         http.join(timeout=10)
     if not http_server.started:  # uvicorn could not listen (its message is above): not a clean exit
         raise ConfigError(f"could not serve on {args.host}:{args.port}: the address is in use or not allowed")
+
+
+def check_address(host: str, port: int) -> None:
+    """Bind ``host:port`` once, as the server will: a port in use or a host this machine does not have is an error
+    with its reason now, not after the models have loaded."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as error:  # socket.gaierror for a host name too
+        raise ConfigError(f"cannot serve on {host}:{port}: {error.strerror or error}") from None
 
 
 def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:

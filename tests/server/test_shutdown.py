@@ -125,4 +125,5 @@ def test_a_port_in_use_is_an_error(native_model_dirs: dict[str, Path], tmp_path:
         command += ["--drafter", "none", "--port", str(port)]
         env = os.environ | {"QUICKDRAFT_CACHE": str(tmp_path / "cache")}
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and f"could not serve on 127.0.0.1:{port}" in done.stderr
+    assert done.returncode == 1 and f"cannot serve on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "serving" not in done.stderr  # refused before the models load, and never said to serve

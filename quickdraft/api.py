@@ -11,11 +11,11 @@ from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
 from quickdraft.costs.store import Calibration, CalibrationStore
 from quickdraft.draft_head.file import default_head_path as default_draft_head_path
-from quickdraft.draft_head.file import head_name
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, Drafter, DrafterOptions, DrafterRecords
 from quickdraft.engine import Engine, GenerationResult, GenerationStream, Request, stream
 from quickdraft.engine.request import token_ids
 from quickdraft.errors import ConfigError, PromptError
+from quickdraft.files import model_key
 from quickdraft.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -151,7 +151,7 @@ class Pipeline:
         if drafter_cls.needs_draft_head and options.draft_head is None:
             head = self.draft_head
             if head is None and self.target_path is not None:
-                head = default_draft_head_path(head_name(self.target_path))
+                head = default_draft_head_path(model_key(self.target_path))
             options = replace(options, draft_head=None if head is None else str(head))
         if drafter_cls.needs_draft_model and self.bridge is not None:
             options = replace(options, vocabulary_bridge=self.bridge)

@@ -104,3 +104,18 @@ def save_atomically(path: Path, save: Callable[[Path], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def model_key(target_path: Path) -> str:
+    """A model's name for what quickdraft trains for it (heads, data, checkpoints): the packaged name
+    (``models/<name>/hf``), a GGUF file's digest (``converted/<digest>/hf``), or a local directory's name and a digest
+    of where it is and what its config and weight files are (another model of the same name, or new weights in
+    place, is another name)."""
+    if target_path.name == "hf":
+        return target_path.parent.name
+    identity = hashlib.sha256(str(target_path.resolve()).encode())
+    for path in sorted(target_path.iterdir()):
+        if path.suffix in (".safetensors", ".bin", ".gguf", ".json") and path.is_file():  # config, weights, tokenizer
+            stat = path.stat()
+            identity.update(f"{path.name} {stat.st_size} {stat.st_mtime_ns}".encode())
+    return f"{target_path.name}-{identity.hexdigest()[:12]}"

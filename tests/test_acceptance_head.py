@@ -152,3 +152,15 @@ def test_train_command_and_specdec_policy_on_tiny_models(
     plain = pipeline.generate(prompt_ids, GenerationConfig(max_new_tokens=24), drafter="none")
     config = GenerationConfig(max_new_tokens=24, policy="specdec++:0.5", max_draft_tokens=6)
     assert pipeline.generate(prompt_ids, config, drafter="draft-model").token_ids == plain.token_ids
+
+
+def test_the_default_head_of_a_local_draft_is_named_by_its_files(tmp_path: Path) -> None:
+    """Another draft model in a directory of the same name must not find a head trained for this one."""
+    from conftest import save_tiny_model_dir
+
+    from quickdraft.policies.acceptance_head import default_head_path
+
+    first = save_tiny_model_dir(tmp_path / "a" / "draft", 32, seed=0)
+    second = save_tiny_model_dir(tmp_path / "b" / "draft", 32, seed=1)
+    assert default_head_path(first) != default_head_path(second)
+    assert default_head_path(first).name.startswith("draft-") and default_head_path(first) == default_head_path(first)

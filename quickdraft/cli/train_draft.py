@@ -90,9 +90,9 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.api import Pipeline
     from quickdraft.draft_head.collect import Collector, CollectSettings
     from quickdraft.draft_head.data import FeatureData
-    from quickdraft.draft_head.file import default_head_path, head_name, save_head
+    from quickdraft.draft_head.file import default_head_path, save_head
     from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabulary, train_head
-    from quickdraft.files import cache_root
+    from quickdraft.files import cache_root, model_key
 
     if args.shards < 1:
         raise ConfigError(f"--shards must be >= 1, got {args.shards}")
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> None:
         steps=args.unroll, intermediate_size=args.intermediate_size, vocabulary_size=args.vocabulary, **shared
     )
     pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device)
-    name = head_name(Path(pipeline.target_path))
+    name = model_key(Path(pipeline.target_path))
     data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name
     collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, name, collect_settings)
     # the draft model and where it goes are checked before the hours of collecting
@@ -221,8 +221,7 @@ def distill_draft(args: argparse.Namespace, pipeline: Any) -> tuple[Path, Any, P
     """``--model draft``'s draft model (its directory and tokenizer, the target's) and where it will be written:
     refused before any work if it is missing, pairs with another tokenizer, or the output is not its own."""
     from quickdraft.draft_head.distill import check_output
-    from quickdraft.draft_head.file import head_name
-    from quickdraft.files import cache_root
+    from quickdraft.files import cache_root, model_key
     from quickdraft.models import resolve_model
     from quickdraft.models.loading import load_tokenizer
     from quickdraft.models.pairing import check_same_tokenizer
@@ -230,7 +229,7 @@ def distill_draft(args: argparse.Namespace, pipeline: Any) -> tuple[Path, Any, P
     draft_path = resolve_model(args.draft)
     tokenizer = load_tokenizer(draft_path)
     check_same_tokenizer(pipeline.tokenizer, tokenizer)
-    target, draft = head_name(Path(pipeline.target_path)), head_name(draft_path)
+    target, draft = model_key(Path(pipeline.target_path)), model_key(draft_path)
     out = Path(args.out) if args.out else cache_root() / "distilled" / f"{draft}-for-{target}"
     check_output(out)
     return draft_path, tokenizer, out
@@ -244,13 +243,13 @@ def run_distill(
     import torch
 
     from quickdraft.draft_head.distill import distill, save_distilled
-    from quickdraft.draft_head.file import head_name
+    from quickdraft.files import model_key
     from quickdraft.models.loading import load_hf_model
 
     draft_path, tokenizer, out = draft
     model = load_hf_model(draft_path)
     train, held_out = data.split(settings.held_out_shards)
-    target = head_name(Path(pipeline.target_path))
+    target = model_key(Path(pipeline.target_path))
     checkpoint = checkpoint_path(out, data_dir, train)
     history = distill(model, data, train, held_out, settings, checkpoint, on_eval=on_eval(args))
     made = {

@@ -10,7 +10,6 @@ names what was measured.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -33,20 +32,6 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = ("1", "2")  # 1: every weight in bfloat16
 NOT_STORED = ("lm_head",)
 QUANTIZED = tuple(f"{name}.weight" for name in LINEARS)
-
-
-def head_name(target_path: Path) -> str:
-    """A model's name for its head, data and checkpoints: the packaged name (``models/<name>/hf``), a GGUF file's
-    digest (``converted/<digest>/hf``), or a local directory's name and a digest of where it is and what its
-    config and weight files are (another model of the same name, or new weights in place, is another name)."""
-    if target_path.name == "hf":
-        return target_path.parent.name
-    identity = hashlib.sha256(str(target_path.resolve()).encode())
-    for path in sorted(target_path.iterdir()):
-        if path.suffix in (".safetensors", ".bin", ".gguf", ".json") and path.is_file():  # config, weights, tokenizer
-            stat = path.stat()
-            identity.update(f"{path.name} {stat.st_size} {stat.st_mtime_ns}".encode())
-    return f"{target_path.name}-{identity.hexdigest()[:12]}"
 
 
 def default_head_path(target_name: str) -> Path:

@@ -161,8 +161,8 @@ def calibration(head: AcceptanceHead, features: torch.Tensor, labels: torch.Tens
 
 
 def default_head_path(draft_path: Path) -> Path:
-    """Where `train-acceptance-head` puts the head for ``draft_path`` by default, and where it is looked up."""
-    from quickdraft.files import cache_root
+    """Where `train-acceptance-head` puts the head for ``draft_path`` by default, and where it is looked up: named
+    by the model's key, so another draft model in a directory of the same name does not find it."""
+    from quickdraft.files import cache_root, model_key
 
-    name = draft_path.parent.name if draft_path.name == "hf" else draft_path.name
-    return cache_root() / "acceptance-heads" / f"{name}.safetensors"
+    return cache_root() / "acceptance-heads" / f"{model_key(draft_path)}.safetensors"

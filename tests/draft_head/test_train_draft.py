@@ -26,11 +26,12 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import CostModel
 from quickdraft.draft_head.collect import Collector, CollectSettings, read_manifest, shard_path
 from quickdraft.draft_head.data import FeatureData
-from quickdraft.draft_head.file import head_name, load_head, save_head
+from quickdraft.draft_head.file import load_head, save_head
 from quickdraft.draft_head.train import TrainSettings, build_head, choose_vocabulary, evaluate, train_head
 from quickdraft.drafters import DrafterOptions
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.files import model_key
 from quickdraft.policies import GoodputPolicy, StepState
 from quickdraft.runtime import HFRuntime
 from quickdraft.runtime.base import BatchRow
@@ -295,12 +296,12 @@ def test_a_local_models_name_tells_it_from_another_of_the_same_name(tmp_path: Pa
     new weights in place, must not find them."""
     first = save_tiny_model_dir(tmp_path / "a" / "chat", VOCAB, seed=0)
     second = save_tiny_model_dir(tmp_path / "b" / "chat", VOCAB, seed=1)
-    name = head_name(first)
-    assert name.startswith("chat-") and name == head_name(first) and name != head_name(second)
+    name = model_key(first)
+    assert name.startswith("chat-") and name == model_key(first) and name != model_key(second)
     (first / "model.safetensors").write_bytes((first / "model.safetensors").read_bytes())  # the same bytes, rewritten
     os.utime(first / "model.safetensors", ns=(1, 1))
-    assert head_name(first) != name
-    assert head_name(tmp_path / "models" / "qwen" / "hf") == "qwen"  # a packaged model: its catalog name
+    assert model_key(first) != name
+    assert model_key(tmp_path / "models" / "qwen" / "hf") == "qwen"  # a packaged model: its catalog name
 
 
 def test_damaged_collections_are_clear_errors(tmp_path: Path) -> None:

@@ -167,7 +167,8 @@ def test_prompt_lookup_needs_no_draft(tiny_model_dirs: dict[str, Path], capsys: 
 BAD_INPUTS = {
     "empty prompt": (["generate", "  "], "prompt is empty"),
     "no prompt": (["generate"], "no prompt given"),
-    "max_new_tokens 0": (["generate", "w1", "--max-new-tokens", "0"], "max_new_tokens must be a positive"),
+    "max_new_tokens 0": (["generate", "w1", "--max-new-tokens", "0"], "a positive integer, got 0 (--max-new-tokens)"),
+    "no running slot": (["serve", "--max-running", "0"], "max_running must be an integer >= 1, got 0 (--max-running)"),
     "negative temperature": (["generate", "w1", "--temperature", "-0.1"], "temperature must be"),
     "top_p 0": (["generate", "w1", "--top-p", "0"], "top_p must be in"),
     "top_p above 1": (["generate", "w1", "--top-p", "1.5"], "top_p must be in"),

@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.handler(args)
     except QuickdraftError as error:
-        print(f"quickdraft: error: {error}", file=sys.stderr)
+        print(f"quickdraft: error: {error}{flag_of(error, args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("quickdraft: interrupted", file=sys.stderr)
@@ -52,6 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()  # the reader went away (e.g. `| head`): nothing left to say
         return 0
     return 0
+
+
+def flag_of(error: QuickdraftError, args: argparse.Namespace) -> str:
+    """`` (--max-new-tokens)`` for an error about a library setting this command sets with a flag of that name,
+    where the message does not name the flag already; else ""."""
+    setting = getattr(error, "setting", None)
+    flag = f"--{setting.replace('_', '-')}" if setting else ""
+    return f" ({flag})" if setting and hasattr(args, setting) and flag not in str(error) else ""
 
 
 __all__ = ["build_parser", "main"]

@@ -28,7 +28,7 @@ class SchedulerSettings:
         for name in ("max_running", "max_waiting", "prefill_tokens_per_step"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}", name)
 
 
 class Scheduler:

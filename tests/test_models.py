@@ -310,7 +310,7 @@ def test_a_packaged_model_keeps_its_gguf_file_and_a_directory_without_weights(
             raise OSError(28, "No space left on device")
 
     model.gguf_path().unlink()
-    monkeypatch.setattr(catalog, "tqdm", FullDisk)
+    monkeypatch.setattr(catalog, "progress_bar", FullDisk)
     with pytest.raises(ModelFilesError, match=r"cannot assemble .* No space left on device"):
         unpack(model, progress=False)
     assert not list(model.gguf_path().parent.glob("*.partial"))  # no half-written gigabyte left behind

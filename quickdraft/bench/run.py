@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.long_context import bench_questions
@@ -43,6 +42,7 @@ from quickdraft.errors import ConfigError, PromptError
 from quickdraft.lossless.rules import check_prompt
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.machine import cpu_description
+from quickdraft.progress import progress_bar
 from quickdraft.runtime.options import draft_load_defaults
 
 WARMUP_TOKENS = 16
@@ -206,10 +206,10 @@ def measure(
         method.load(pipelines[method.runtime], curves, settings.profile_context)
     first_prompt = encode_turn(pipeline, questions[0], [])[-WARMUP_PROMPT_TOKENS:] if pending_methods else []
     warmup_tokens = min(WARMUP_TOKENS, settings.max_new_tokens)
-    for method in tqdm(pending_methods * settings.warmup, desc="warm-up", file=sys.stderr):
+    for method in progress_bar(pending_methods * settings.warmup, desc="warm-up"):
         method.run(pipelines[method.runtime], first_prompt, warmup_tokens, settings.sampling)
     total = settings.runs * len(questions) * len(methods)
-    with tqdm(total=total, initial=total - len(todo), desc="bench", unit="run", file=sys.stderr) as bar:
+    with progress_bar(total=total, initial=total - len(todo), desc="bench", unit="run") as bar:
         current_run = None
         for run, question, method in todo:
             if run != current_run:  # each run learns afresh what answers are like: independent replicates

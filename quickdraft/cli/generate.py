@@ -16,6 +16,7 @@ from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions, Hybri
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarKind, GrammarSpec
+from quickdraft.progress import progress_bar
 
 if TYPE_CHECKING:
     from quickdraft.api import PolicySetup
@@ -112,9 +113,8 @@ def prompt_progress(engine: Any, prompt_tokens: int, show: bool) -> Iterator[Non
     if not show or prompt_tokens < PROGRESS_PROMPT_TOKENS:
         yield
         return
-    from tqdm import tqdm
 
-    bar = tqdm(total=prompt_tokens, unit="tok", desc="reading the prompt", file=sys.stderr, leave=False)
+    bar = progress_bar(total=prompt_tokens, unit="tok", desc="reading the prompt", leave=False)
     previous = engine.on_step
 
     def on_step(report: Any) -> None:

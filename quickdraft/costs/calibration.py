@@ -11,7 +11,6 @@ run, and one timed while other work came or went would mislead them all.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,11 +18,11 @@ from enum import StrEnum
 from typing import Generic, TypeVar
 
 import torch
-from tqdm.auto import tqdm
 
 from quickdraft.costs.model import BatchCostModel, CostModel
 from quickdraft.drafters import Drafter
 from quickdraft.errors import ConfigError
+from quickdraft.progress import progress_bar
 from quickdraft.runtime.base import BatchRow, Runtime
 
 PREFILL_LENGTHS = (128, 512, 1024)  # prompt lengths at which a draft model's reading is timed
@@ -108,7 +107,7 @@ def measure_cost_curves(
     times: dict[str, dict[int, list[float]]] = {role: {k: [] for k in wanted[role]} for role in runtimes}
     steps = [(role, k) for k in sorted(set().union(*wanted.values())) for role in runtimes if k in wanted[role]]
     label = "profile " + " and ".join(runtimes)
-    with tqdm(total=(warmup + repeats) * len(steps), desc=label, disable=not progress, file=sys.stderr) as bar:
+    with progress_bar(total=(warmup + repeats) * len(steps), desc=label, disable=not progress) as bar:
         for repeat in range(warmup + repeats):
             for role, k in steps:
                 runtimes[role].synchronize()  # a GPU's queued work is timed with the forward that queued it

@@ -17,7 +17,6 @@ collection resumes with the missing shards and new conversations. No benchmark q
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from quickdraft.draft_head.starters import OPENERS
 from quickdraft.errors import ConfigError
 from quickdraft.files import save_atomically, write_atomically
 from quickdraft.lossless.sampling import SamplingParams, logits_to_probs, sample
+from quickdraft.progress import progress_bar
 from quickdraft.prompts import chat_closing, chat_prefix
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 
@@ -176,7 +175,7 @@ class Collector:
         running: list[Conversation] = []
         finished: list[Conversation] = []
         started = time.perf_counter()
-        with tqdm(total=len(todo) * expected, desc="collect", unit="tok", disable=not progress, file=sys.stderr) as bar:
+        with progress_bar(total=len(todo) * expected, desc="collect", unit="tok", disable=not progress) as bar:
             while todo:
                 while len(running) < settings.batch_size:
                     running.append(self._start(manifest["next_conversation"]))

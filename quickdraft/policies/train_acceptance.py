@@ -6,17 +6,16 @@ TRAIN_DOC (below) states the procedure.
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 from quickdraft.policies import UNKNOWN_STATE, DraftStep, Policy, StepOutcome, StepState
 from quickdraft.policies.acceptance_head import calibration, default_head_path, fit_head, head_features
+from quickdraft.progress import progress_bar
 
 TRAIN_DOC = """``quickdraft train-acceptance-head``: fit SpecDec++'s acceptance head from target/draft rollouts.
 
@@ -79,7 +78,7 @@ def train_acceptance_head(
     random.Random(seed).shuffle(shuffled)
     num_holdout = max(1, round(holdout * len(shuffled)))
     splits: dict[str, tuple[list[torch.Tensor], list[int]]] = {"train": ([], []), "holdout": ([], [])}
-    for index, prompt_ids in enumerate(tqdm(shuffled, desc="rollouts", file=sys.stderr)):
+    for index, prompt_ids in enumerate(progress_bar(shuffled, desc="rollouts")):
         recorder = RecordingPolicy(block)
         pipeline.generate(prompt_ids, config, drafter="draft-model", policy=recorder)
         features, labels = splits["holdout" if index < num_holdout else "train"]

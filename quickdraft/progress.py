@@ -1,0 +1,30 @@
+"""Progress bars on stderr: redrawn in place on a terminal; in a log (stderr not a terminal) one plain line at most
+every ``LOG_INTERVAL_S`` and at the end, never a stream of carriage returns."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+LOG_INTERVAL_S = 30.0
+
+
+class LogLines:
+    """stderr for a bar that is not on a terminal: each redraw becomes a line of its own."""
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip("\n")
+        if line.strip():
+            sys.stderr.write(line + "\n")
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def progress_bar(iterable: Any = None, **options: Any) -> Any:
+    """``tqdm(iterable, **options)`` on stderr, as the module says."""
+    from tqdm import tqdm
+
+    if sys.stderr.isatty():
+        return tqdm(iterable, file=sys.stderr, **options)
+    return tqdm(iterable, file=LogLines(), mininterval=LOG_INTERVAL_S, ncols=100, **options)

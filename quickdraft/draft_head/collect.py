@@ -191,6 +191,8 @@ class Collector:
                     write_atomically(directory / MANIFEST, json.dumps(manifest, indent=1))
                     reports.append(report)
                     on_shard(report)
+                    bar.total = bar.n + len(todo) * bar.n // len(reports)  # the shards' measured size, not the bound
+                    bar.refresh()
         return reports
 
     def _start(self, number: int) -> Conversation:

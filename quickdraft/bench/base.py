@@ -44,6 +44,7 @@ class Method(ABC):
     num_draft_tokens: int | None = None  # γ, for the theory check; None: not a fixed-γ method of ours
     max_draft_tokens: int = 0  # the largest γ it may use: the cost curves are measured up to it + 1
     uses_draft_model: bool = False
+    uses_draft_head: bool = False  # it drafts with a trained draft head (--draft-head)
     target_cost_fraction: float | None = None  # self-speculation: a draft token's share of a target step
     runtime: str | None = None  # another runtime than the bench's (spec suffix @RUNTIME)
     baseline: str = "baseline"  # the method its speedup and lossless fraction are measured against

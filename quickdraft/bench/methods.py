@@ -56,6 +56,7 @@ class EngineMethod(Method):
         self.num_draft_tokens = num_draft_tokens if checked else None
         self.max_draft_tokens = num_draft_tokens if fixed else GenerationConfig().max_draft_tokens
         self.uses_draft_model = DRAFTERS.get(drafter).needs_draft_model
+        self.uses_draft_head = DRAFTERS.get(drafter).needs_draft_head
         self.target_cost_fraction = DRAFTERS.get(drafter).target_cost_fraction
         self._gamma = num_draft_tokens
 

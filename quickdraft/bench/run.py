@@ -181,6 +181,11 @@ def measure(
     unused = [flag for flag, value in draft_flags.items() if value is not None and not store.config["draft"]]
     if unused:
         print(f"quickdraft: note: no method uses a draft model, so {', '.join(unused)} is not used", file=sys.stderr)
+    if settings.draft_head is not None:
+        if not Path(settings.draft_head).is_file():
+            raise ConfigError(f"--draft-head {settings.draft_head}: no such file")
+        if not any(method.uses_draft_head for method in pending_methods):
+            print("quickdraft: note: no method drafts with a draft head, so --draft-head is not used", file=sys.stderr)
     pipeline = Pipeline.load(
         settings.target,
         store.config["draft"],

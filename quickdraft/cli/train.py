@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.models import DEFAULT_DRAFT
 
     check_training_settings(args.block, args.holdout)  # before any model is loaded
+    if args.draft_head is not None:
+        print("quickdraft: note: --draft-head is not used: the rollouts draft with the draft model", file=sys.stderr)
     if args.out:
         check_output_file(Path(args.out))  # before the rollouts, so a trained head is never lost
     path = Path(args.questions) if args.questions else default_questions_path()

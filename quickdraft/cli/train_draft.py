@@ -51,9 +51,7 @@ def add_command(commands: Any) -> None:
         default="head",
         help="what to train: a draft head for the eagle drafters (default) or the draft model, distilled",
     )
-    parser.add_argument(
-        "--draft", default=DEFAULT_DRAFT, metavar="PATH", help=f"draft model for --model draft ({DEFAULT_DRAFT})"
-    )
+    parser.add_argument("--draft", metavar="PATH", help=f"draft model for --model draft (default {DEFAULT_DRAFT})")
     add_runtime_argument(parser)
     parser.add_argument("--data", metavar="DIR", help="collected data (default $QUICKDRAFT_CACHE/draft-data/<target>)")
     parser.add_argument(
@@ -112,8 +110,10 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--held-out-shards must be >= 0 and fewer than --shards {args.shards}, got {held_out}")
     if args.data is not None:
         check_output_dir(Path(args.data), "--data")
-    if args.rank is not None and args.model != "draft":
-        print("quickdraft: note: --rank applies to the draft model's distillation (--model draft)", file=sys.stderr)
+    for option, value in (("--rank", args.rank), ("--draft", args.draft)):
+        if value is not None and args.model != "draft":
+            note = f"{option} applies to the draft model's distillation (--model draft)"
+            print(f"quickdraft: note: {note}", file=sys.stderr)
     head_only = {"--unroll": args.unroll != 2, "--intermediate-size": args.intermediate_size != 4096,
                  "--vocabulary": args.vocabulary != 32768}  # fmt: skip
     training = {
@@ -226,7 +226,7 @@ def distill_draft(args: argparse.Namespace, pipeline: Any) -> tuple[Path, Any, P
     from quickdraft.models.loading import load_tokenizer
     from quickdraft.models.pairing import check_same_tokenizer
 
-    draft_path = resolve_model(args.draft)
+    draft_path = resolve_model(args.draft or DEFAULT_DRAFT)
     tokenizer = load_tokenizer(draft_path)
     check_same_tokenizer(pipeline.tokenizer, tokenizer)
     target, draft = model_key(Path(pipeline.target_path)), model_key(draft_path)

@@ -289,6 +289,12 @@ def test_the_rank_without_distilling_gets_a_note(
     with pytest.raises(Loaded):
         main(["train-draft", "--model", "draft", "--vocabulary", "100"])
     assert "note: --vocabulary not used: --model draft trains no head" in capsys.readouterr().err
+    with pytest.raises(Loaded):
+        main(["train-draft", "--draft", "other"])  # a head: no draft model is trained
+    assert "note: --draft applies to the draft model's distillation (--model draft)" in capsys.readouterr().err
+    with pytest.raises(Loaded):
+        main(["train-draft"])
+    assert "note" not in capsys.readouterr().err
 
 
 def test_a_local_models_name_tells_it_from_another_of_the_same_name(tmp_path: Path) -> None:

@@ -180,7 +180,9 @@ def measure(
                    "--draft-vocabulary": settings.draft_vocabulary}  # fmt: skip
     unused = [flag for flag, value in draft_flags.items() if value is not None and not store.config["draft"]]
     if unused:
-        print(f"quickdraft: note: no method uses a draft model, so {', '.join(unused)} is not used", file=sys.stderr)
+        verb = "is" if len(unused) == 1 else "are"
+        note = f"no method uses a draft model, so {', '.join(unused)} {verb} not used"
+        print(f"quickdraft: note: {note}", file=sys.stderr)
     if settings.draft_head is not None:
         if not Path(settings.draft_head).is_file():
             raise ConfigError(f"--draft-head {settings.draft_head}: no such file")

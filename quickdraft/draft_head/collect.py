@@ -136,7 +136,13 @@ class Collector:
         self.opening = chat_prefix(tokenizer)  # the system prompt and the user turn's opening
         self.closing = chat_closing(tokenizer)  # the user turn's end and the assistant turn's opening
         if not self.opening or not self.closing:
-            raise ConfigError("self-synthesis needs a model with a chat template")
+            has_template = bool(getattr(tokenizer, "chat_template", None))
+            raise ConfigError(
+                "self-synthesis needs a chat template that marks where a user turn opens and closes; this model's "
+                "template does not"
+                if has_template
+                else "self-synthesis needs a model with a chat template"
+            )
         # A turn ends at the end-of-sequence token or the template's end-of-turn token (the closing's first); a
         # turn-opening token (the opening's last special token, e.g. <|im_start|>) ends one too.
         self.stop_ids = set(eos_token_ids) | {self.closing[0]}

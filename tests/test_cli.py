@@ -498,3 +498,11 @@ def test_an_empty_cache_variable_is_the_default_cache(tmp_path: Path, monkeypatc
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "afile" / "cache"))
     with pytest.raises(ConfigError, match="cannot be made under the file"):
         cache_root()
+
+
+def test_the_version_is_the_packages(capsys: pytest.CaptureFixture) -> None:
+    from quickdraft.version import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == f"quickdraft {__version__}\n"

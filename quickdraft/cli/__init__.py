@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from quickdraft.cli import bench, bench_serve, cache, generate, models, profile, serve, train, train_draft
 from quickdraft.errors import QuickdraftError
+from quickdraft.version import __version__
 
 DESCRIPTION = """\
 Lossless speculative decoding. A cheap drafter proposes tokens, the target model checks them
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"quickdraft {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (generate, models, cache, bench, profile, train, train_draft, serve, bench_serve):
         command.add_command(commands)

@@ -189,6 +189,7 @@ BAD_INPUTS = {
     "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "--request-timeout must be >= 0"),
     "an API key with replicas": (["serve", "--replicas", "2", "--api-key", "k3y"], "not supported with --replicas"),
     "serve under no name": (["serve", "--served-model-name", " "], "--served-model-name must not be empty"),
+    "bench-serve with a name twice": (["bench-serve", "--configs", "x=none,x=none"], "names a configuration twice"),
     "γ given twice": (["generate", "w1", "--policy", "fixed:3", "--num-draft-tokens", "5"], "give the number once"),
     "missing acceptance head": (["generate", "w1", "--acceptance-head", "/nope.st"], "/nope.st: no such file"),
     "missing draft head": (["generate", "w1", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),

@@ -127,6 +127,8 @@ def add_command(commands: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     configs = [ServedConfig.parse(text) for text in args.configs.split(",")]
+    if len({config.name for config in configs}) < len(configs):
+        raise ConfigError(f"--configs {args.configs} names a configuration twice: give each its own name")
     rates = args.rates.split(",")
     for rate in rates:
         parse_rate(rate)

@@ -90,6 +90,13 @@ def decoding(config: dict[str, Any]) -> str:
     return f"sampled at temperature {config['temperature']} ({seeds}: our methods' text must equal plain decoding's)"
 
 
+def runs_on(machine: dict[str, Any]) -> str:
+    """`` (target native, draft native)``: the runtimes the models ran on, where the run recorded them."""
+    runtimes = machine.get("runtimes") or {}
+    chosen = [f"{role} {name}" for role, name in runtimes.items() if name]
+    return f" ({', '.join(chosen)})" if chosen else ""
+
+
 def only_categories(config: dict[str, Any]) -> str:
     """The report's note of ``--categories`` (empty when every category of the sample ran)."""
     kept = config.get("only_categories")
@@ -107,7 +114,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"({config['per_category'] or 'all'} per category, seed {config['seed']}{only_categories(config)}); "
         f"max_new_tokens {config['max_new_tokens']}; {decoding(config)}; runs {config['runs']}, "
         f"warm-up {config['warmup']}.",
-        f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}.",
+        f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}{runs_on(machine)}.",
         f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
         f"transformers {machine.get('transformers')}"
         + (f", llama-cpp-python {machine['llama_cpp_python']}" if machine.get("llama_cpp_python") else "")

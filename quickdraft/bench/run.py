@@ -199,7 +199,8 @@ def measure(
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     if pipeline.bridge is not None:  # a draft of another vocabulary: say how it drafts
         print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)
-    store.use_machine(machine_info())
+    runs_on = {"target": pipeline.target.name, "draft": None if pipeline.draft is None else pipeline.draft.name}
+    store.use_machine(machine_info() | {"runtimes": runs_on})  # what --runtime auto chose
     check_first_turns(pipeline, list(dict.fromkeys(question for _, question, _ in todo)), settings.max_new_tokens)
     ks = range(1, max([m.max_draft_tokens for m in methods] + [DEFAULT_NUM_DRAFT_TOKENS]) + 2)
     roles = {CurveRole.TARGET: pipeline.target}

@@ -38,6 +38,8 @@ def test_bench_end_to_end_and_resume(
     assert "1" in results["cost_curves"]["target"] and results["cost_curves"]["draft_prefill"]
     assert "Draft model reading a prompt" in (out / "report.md").read_text()
     assert "What 1,000 more cached tokens add to a forward" in (out / "report.md").read_text()
+    runs_on = f"runtime {results['config']['runtime']} (target {results['machine']['runtimes']['target']}"
+    assert runs_on in (out / "report.md").read_text()  # the runtime it chose
     names = ["baseline", "draft-model:2", "prompt-lookup:3", "hf-generate", "hf-assisted-tuned", "hf-prompt-lookup"]
     names.append("prompt-lookup+goodput")
     assert list(results["methods"]) == names

@@ -6,7 +6,7 @@ import itertools
 import math
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -350,6 +350,42 @@ def test_block_verification_reproduces_the_targets_joint_law_and_accepts_no_fewe
     assert block_accepted >= token_accepted - 1e-9
     if gamma == 1:
         assert block_accepted == pytest.approx(token_accepted, abs=1e-12)
+
+
+STOPPING_RULES = {  # a policy that reads the drafts ends a block early: the block's length is a stopping time
+    "the draft's confidence falls": lambda block, draft: float(draft[block].max()) < 0.6,
+    "a draft of token 0": lambda block, draft: block[-1] == 0,
+}
+
+
+@pytest.mark.parametrize("rule", STOPPING_RULES)
+@pytest.mark.parametrize("seed", range(6))
+def test_block_verification_keeps_the_law_when_the_drafts_decide_the_blocks_length(rule: str, seed: int) -> None:
+    """Exact enumeration, V = 3, γ at most 3: a step's tokens completed by the target have the target's joint law
+    when the block ends where the drafts say (confidence, a copy's end, suffix decoding's length)."""
+    vocab, gamma, stop = 3, 3, STOPPING_RULES[rule]
+    target, draft = prefix_tables(vocab, gamma, 2 * seed), prefix_tables(vocab, gamma - 1, 2 * seed + 1)
+    joint = torch.zeros([vocab] * (gamma + 1), dtype=torch.float64)
+
+    def blocks(block: tuple[int, ...], q_block: float) -> Iterator[tuple[tuple[int, ...], float]]:
+        if block and (len(block) == gamma or stop(block, draft)):
+            yield block, q_block
+            return
+        for x in (x for x in range(vocab) if draft[block][x] > 0):
+            yield from blocks((*block, x), q_block * float(draft[block][x]))
+
+    for block, q_block in blocks((), 1.0):
+        drafted = len(block)
+        draft_probs = torch.stack([draft[block[:i]] for i in range(drafted)])[None]  # [1, γ', V]
+        target_probs = torch.stack([target[block[:i]] for i in range(drafted + 1)])[None]  # [1, γ' + 1, V]
+        passes, dists = block_judgement(torch.tensor([block]), draft_probs, target_probs)
+        h = passes[0].tolist()
+        for tau in range(drafted + 1):
+            p_tau = (h[tau - 1] if tau > 0 else 1.0) * math.prod(1.0 - h[j] for j in range(tau, drafted))
+            for y in (y for y in range(vocab) if q_block * p_tau * float(dists[0, tau, y]) > 0):
+                weight = q_block * p_tau * float(dists[0, tau, y])
+                joint += weight * completed(target, (*block[:tau], y), gamma + 1, vocab)
+    assert torch.allclose(joint, completed(target, (), gamma + 1, vocab), atol=1e-9)
 
 
 def test_block_verification_negative_control_a_wrong_coin_breaks_the_law(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,6 +55,11 @@ def claims(results: dict[str, Any]) -> list[str]:
             if None in latency.values():
                 lines.append(f"- {rate_label(rate)}: not measured for all three")
                 continue
+            failed = {kind: failures(runs[(name, rate)]) for kind, name in names.items()}
+            if any(failed.values()):  # their means leave the failed requests out: not a like-for-like comparison
+                counts = ", ".join(f"{kind} {count}" for kind, count in failed.items())
+                lines.append(f"- {rate_label(rate)}: not comparable, requests failed ({counts})")
+                continue
             bound = CLAIM_MARGIN * min(latency["plain"], latency["fixed"])
             verdict = "holds" if latency["goodput"] <= bound else "FAILS"
             ratio = latency["goodput"] / min(latency["plain"], latency["fixed"])
@@ -65,7 +70,7 @@ def claims(results: dict[str, Any]) -> list[str]:
             )
         top = max(rates, key=parse_rate)
         throughput = {kind: (runs.get((name, top)) or {}).get("throughput_tok_s") for kind, name in names.items()}
-        if None not in throughput.values():
+        if None not in throughput.values() and not any(failures(runs[(name, top)]) for name in names.values()):
             verdict = "holds" if throughput["goodput"] >= throughput["plain"] else "FAILS"
             lines.append(
                 f"- saturation ({rate_label(top)}): goodput {throughput['goodput']:.1f} tok/s, plain "
@@ -94,6 +99,11 @@ def against_peers(results: dict[str, Any]) -> list[str]:
     return lines[1:]
 
 
+def failures(summary: dict[str, Any]) -> int:
+    """Requests of a run that failed: the run's means and percentiles leave them out."""
+    return len(summary.get("errors") or [])
+
+
 def side_by_side(results: dict[str, Any], ours: str, peers: list[str]) -> list[str]:
     runs = {(run["config"], run["rate"]): run["summary"] for run in results["runs"]}
     lines = [
@@ -108,6 +118,10 @@ def side_by_side(results: dict[str, Any], ours: str, peers: list[str]) -> list[s
         mine = runs.get((ours, rate))
         theirs = {name: runs[(name, rate)] for name in peers if (name, rate) in runs}
         if mine is None or not theirs or mine["e2e_s"]["mean"] is None:
+            continue
+        failed = failures(mine) + sum(failures(summary) for summary in theirs.values())
+        if failed:  # the means leave the failed requests out: not a like-for-like comparison
+            lines.append(f"| {rate_label(rate)} | not comparable: {failed} requests failed | | | | | |")
             continue
         fastest = min(theirs, key=lambda name: theirs[name]["e2e_s"]["mean"] or math.inf)
         busiest = max(theirs, key=lambda name: theirs[name]["throughput_tok_s"] or 0.0)

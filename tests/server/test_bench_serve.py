@@ -248,3 +248,23 @@ def test_the_smartspec_section_says_what_it_measured_or_why_it_could_not() -> No
     results["settings"]["configs"] = configs[1:]  # no plain decoding: nothing to compare with
     (line,) = claims(results)
     assert line.startswith("Nothing to check")
+
+
+def test_a_run_with_failed_requests_is_not_compared() -> None:
+    """Means leave failed requests out: a configuration that failed on its slowest requests would look faster."""
+    from quickdraft.bench.serve_report import against_peers, claims
+
+    def run(config: str, latency: float, errors: int = 0) -> dict:
+        summary = {"e2e_s": {"mean": latency}, "throughput_tok_s": 10.0, "errors": ["timeout"] * errors}
+        return {"config": config, "rate": "1", "summary": summary}
+
+    names = ("plain=none", "fixed=hybrid+fixed:3", "goodput=hybrid+goodput", "peer=llama-server")
+    configs = [vars(ServedConfig.parse(text)) for text in names]
+    results = {
+        "settings": {"rates": ["1"], "configs": configs},
+        "runs": [run("plain", 3.6), run("fixed", 3.0), run("goodput", 2.4, errors=2), run("peer", 3.0)],
+    }
+    lines = claims(results)
+    assert "- 1 req/s: not comparable, requests failed (plain 0, fixed 0, goodput 2)" in lines
+    assert not any("holds" in line or "FAILS" in line for line in lines)
+    assert any("not comparable: 2 requests failed" in line for line in against_peers(results))

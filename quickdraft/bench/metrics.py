@@ -66,6 +66,7 @@ class Entry:
     gammas: list[int] = field(default_factory=list)  # γ chosen per verify step (our speculative methods)
     revision: str | None = None  # the quickdraft commit that measured it (:func:`source_revision`); None: unknown
     prefill_s: float | None = None  # seconds to each turn's first token, summed (reading the prompts); None: not kept
+    session: str | None = None  # the bench process that measured it (a resume is another); None: not recorded
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -88,6 +89,21 @@ class Entry:
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> Entry:
         return cls(**row)
+
+
+def mixed_sessions(entries: list[Entry], baselines: Mapping[str, str]) -> dict[str, list[int]]:
+    """Per method, the runs whose entries and its baseline's (``baselines``: method -> its baseline) were measured
+    in more than one bench session: a resume re-measured part of them, so their ratio compares sessions."""
+    sessions: dict[tuple[str, int], set[str]] = {}
+    for entry in entries:
+        if entry.session is not None:
+            sessions.setdefault((entry.method, entry.run), set()).add(entry.session)
+    mixed: dict[str, list[int]] = {}
+    for (method, run), own in sorted(sessions.items()):
+        baseline = baselines.get(method)
+        if baseline is not None and baseline != method and len(own | sessions.get((baseline, run), set())) > 1:
+            mixed.setdefault(method, []).append(run)
+    return mixed
 
 
 def token_latencies(step_times_s: list[float], step_sizes: list[int]) -> list[float]:

@@ -79,6 +79,18 @@ def incomplete(missing: dict[str, str]) -> list[str]:
     return [f"**Incomplete**: {listed}; their figures cover only what was measured (resume the run to finish them)."]
 
 
+def sessions_apart(mixed: dict[str, list[int]]) -> list[str]:
+    """The report's warning for methods timed in another session than their baseline (a resume measured part)."""
+    if not mixed:
+        return []
+    listed = ", ".join(f"{method} (run {', '.join(map(str, runs))})" for method, runs in mixed.items())
+    return [
+        f"**Measured in more than one session**: {listed}: a resume timed part of these entries or their "
+        "baseline's, so their ratio compares sessions the machine may have run at different speeds; measure them "
+        "again together (a new --out) to compare within one session."
+    ]
+
+
 def decoding(config: dict[str, Any]) -> str:
     """How the run chose tokens: greedy, or sampled at a temperature (seeded or not)."""
     if config.get("greedy", True):
@@ -124,6 +136,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         + (", ".join(f"{revision} ({count} entries)" for revision, count in revisions.items()) or "none recorded")
         + ".",
         *incomplete(results.get("incomplete") or {}),
+        *sessions_apart(results.get("mixed_sessions") or {}),
         "",
         "Speedup = mean per-question tokens/s ÷ the baseline's (Spec-Bench; for METHOD@RUNTIME, baseline@RUNTIME's). "
         "τ = tokens per target step. "

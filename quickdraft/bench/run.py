@@ -7,6 +7,7 @@ import functools
 import platform
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.long_context import bench_questions
 from quickdraft.bench.methods import parse_methods
-from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, oracle, token_latencies
+from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, mixed_sessions, oracle, token_latencies
 from quickdraft.bench.peers import package_version
 from quickdraft.bench.questions import (
     Question,
@@ -121,9 +122,10 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         for name in config["methods"]
         if (count := sum(entry.method == name for entry in entries)) < len(questions) * settings.runs
     }
+    infos = {method.name: method.info() for method in methods}
     summaries = aggregate(
         entries,
-        {method.name: method.info() for method in methods},
+        infos,
         categories,
         {role: curve_from_json(curve) for role, curve in (store.cost_curves or {}).items()},
         comparable=settings.sampling.is_greedy or settings.sampling.is_seeded,
@@ -137,6 +139,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "held_out_oracle": held_out_oracle(summaries, categories),
         "revisions": dict(Counter(entry.revision or "unknown" for entry in entries)),  # commit -> entries it measured
         "incomplete": incomplete,  # method -> its entries of those asked for, where some are missing
+        "mixed_sessions": mixed_sessions(entries, {name: summary.baseline for name, summary in infos.items()}),
     }
     store.write_json("results.json", results)
     write_markdown(results, store.out / "report.md")
@@ -322,8 +325,15 @@ def run_question(
         answers=answers,
         gammas=[gamma for turn in turns for gamma in turn.gammas],
         revision=source_revision(),
+        session=session_id(),
         prefill_s=sum(turn.step_times_s[0] for turn in turns) if all(turn.step_times_s for turn in turns) else None,
     )
+
+
+@functools.cache
+def session_id() -> str:
+    """This bench process's id, in every entry it measures: a resumed folder's report sees which ran apart."""
+    return uuid.uuid4().hex[:8]
 
 
 @functools.cache

@@ -185,3 +185,21 @@ def test_predicted_speedup() -> None:
 
 def test_token_latencies_spread_step_time_over_its_tokens() -> None:
     assert token_latencies([0.4, 0.5, 0.8], [1, 1, 3]) == pytest.approx([0.4, 0.1, 0.1, 0.1, 0.1])
+
+
+def test_entries_timed_in_another_session_than_their_baseline_are_named() -> None:
+    """A resume re-measures only what is missing: its entries' ratio to the old session's compares sessions."""
+    import dataclasses
+
+    from quickdraft.bench.metrics import mixed_sessions
+    from quickdraft.bench.report import sessions_apart
+
+    def timed(method: str, run: int, session: str | None) -> object:
+        return dataclasses.replace(entry(method, "q1", "a", 10, 1.0, run=run), session=session)
+
+    baselines = {"baseline": "baseline", "spec": "baseline", "other": "baseline"}
+    entries = [timed("baseline", 0, "s1"), timed("spec", 0, "s1"), timed("baseline", 1, "s1"), timed("spec", 1, "s2")]
+    entries += [timed("other", 0, None)]  # from before sessions were recorded: nothing to tell
+    assert mixed_sessions(entries, baselines) == {"spec": [1]}
+    (line,) = sessions_apart({"spec": [1]})
+    assert line.startswith("**Measured in more than one session**: spec (run 1)")

@@ -298,6 +298,10 @@ def test_compare_reports_speedup_and_identity(model_args: list[str], capsys: pyt
     compare = json.loads(out)["compare"]
     assert compare["identical_tokens"] is True and compare["speedup"] > 0
     assert compare["plain_stats"]["draft_tokens_proposed"] == 0
+    status, _, err = run([*args, "--temperature", "0.7", "--seed", "3"], capsys)  # seeded: the same tokens, no caveat
+    assert status == 0 and err.rstrip().endswith("identical tokens: yes")
+    status, _, err = run([*args, "--temperature", "0.7"], capsys)
+    assert status == 0 and "sampled without --seed: equal distributions" in err
 
 
 def test_auto_runtime_picks_native_for_llama_family(native_model_dirs, capsys, monkeypatch) -> None:
@@ -360,7 +364,7 @@ def test_cache_shows_its_entries_and_the_fp32_copies(tmp_path: Path, capsys, mon
     ]
     status, out, _ = run(["cache"], capsys)
     assert "0.21 GB  models/m (fp32 copy for transformers 0.20 GB)" in out and "3.0 MB  native" in out
-    assert f"delete them with rm '{tmp_path / 'my cache'}'/*/*/hf/*.safetensors" in out  # a shell's words
+    assert f"delete them with rm '{tmp_path / 'my cache'}'/*/*/hf/model.safetensors" in out  # a shell's words
 
 
 def test_damaged_gguf_files_give_one_error_line(tmp_path: Path, capsys, monkeypatch) -> None:

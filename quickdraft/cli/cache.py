@@ -41,5 +41,5 @@ def run(args: argparse.Namespace) -> None:
     if fp32_total:
         print(
             f"fp32 copies, made only for the transformers runtime and remade when needed: {gigabytes(fp32_total)}; "
-            f"delete them with rm {shlex.quote(str(root))}/*/*/hf/*.safetensors"
+            f"delete them with rm {shlex.quote(str(root))}/*/*/hf/model.safetensors"
         )

@@ -211,8 +211,10 @@ def run(args: argparse.Namespace) -> None:
     if comparison is not None:
         print(f"[none (plain decoding)] {plain.stats.summary()}", file=sys.stderr)
         same = "yes" if comparison["identical_tokens"] else "no"
-        if not config.sampling.is_greedy:
-            same += " (sampled: equal distributions, not equal tokens, are what is guaranteed)"
+        if not config.sampling.is_greedy and not config.sampling.is_seeded:
+            same += " (sampled without --seed: equal distributions, not equal tokens, are what is guaranteed)"
+        elif config.sampling.is_seeded and not comparison["identical_tokens"]:
+            same += " (seeded: equal tokens are guaranteed, please report this)"
         print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
 
 

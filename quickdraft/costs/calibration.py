@@ -57,7 +57,7 @@ def measure_cost_curve(
     warmup: int = 1,
     progress: bool = False,
     placeholder: bool = False,
-    label: str = "profile",
+    label: str = "model",
 ) -> dict[int, float]:
     """Milliseconds of a forward over k new tokens with ``context`` tokens cached (fastest of ``repeats``; the
     context read from a random prompt, or ``placeholder`` positions: see :func:`measure_cost_curves`)."""
@@ -106,7 +106,7 @@ def measure_cost_curves(
     }
     times: dict[str, dict[int, list[float]]] = {role: {k: [] for k in wanted[role]} for role in runtimes}
     steps = [(role, k) for k in sorted(set().union(*wanted.values())) for role in runtimes if k in wanted[role]]
-    label = "profile " + " and ".join(runtimes)
+    label = "timing the " + " and ".join(runtimes)
     with progress_bar(total=(warmup + repeats) * len(steps), desc=label, disable=not progress) as bar:
         for repeat in range(warmup + repeats):
             for role, k in steps:

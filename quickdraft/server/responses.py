@@ -98,7 +98,6 @@ def response_body(
         choice["text"] = result.text
     if api.return_token_ids:
         choice["token_ids"] = result.token_ids
-    stats = result.stats
     return {
         "id": response_id,
         "object": "chat.completion" if api.chat else "text_completion",
@@ -107,7 +106,15 @@ def response_body(
         "system_fingerprint": None,
         "choices": [choice],
         "usage": usage(api, result),
-        "speculation": {"drafts_proposed": stats.draft_tokens_proposed, "drafts_accepted": stats.draft_tokens_accepted},
+        "speculation": speculation(result),
+    }
+
+
+def speculation(result: GenerationResult) -> dict[str, int]:
+    """The answer's drafts proposed and accepted (quickdraft's field beside OpenAI's ``usage``)."""
+    return {
+        "drafts_proposed": result.stats.draft_tokens_proposed,
+        "drafts_accepted": result.stats.draft_tokens_accepted,
     }
 
 
@@ -138,5 +145,9 @@ def chunk_body(
 
 
 def usage_chunk(api: ApiRequest, response_id: str, result: GenerationResult) -> dict[str, Any]:
-    """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage."""
-    return chunk_body(api, response_id, "") | {"choices": [], "usage": usage(api, result)}
+    """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage and the speculation."""
+    return chunk_body(api, response_id, "") | {
+        "choices": [],
+        "usage": usage(api, result),
+        "speculation": speculation(result),
+    }

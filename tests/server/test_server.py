@@ -105,6 +105,7 @@ def test_chat_completions_whole_and_streamed(server: Server, native: Pipeline) -
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == expected
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    assert set(chunks[-1].model_extra["speculation"]) == {"drafts_proposed", "drafts_accepted"}  # as a whole one's
 
 
 def test_a_predicted_output_is_drafted_from_and_counted_in_the_usage(server: Server, native: Pipeline) -> None:

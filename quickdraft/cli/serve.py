@@ -239,6 +239,6 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
 def drain(ray_serve: Any, timeout_s: float) -> None:
     """The replicas' requests in flight finish, up to ``timeout_s``, before the deployment stops."""
     print("quickdraft: shutting down: finishing the requests in flight", file=sys.stderr)
-    left = ray_serve.drain(timeout_s)
+    left = ray_serve.drain(timeout_s, note=lambda message: print(message, file=sys.stderr))
     if left:
         print(f"quickdraft: {left} requests were still running after {timeout_s:g} s; they are cut", file=sys.stderr)

@@ -47,6 +47,7 @@ REPLICA = "QuickdraftReplica"
 INGRESS_REQUESTS = 4096  # requests the ingress relays at once (the replicas queue them)
 STATUS_TTL_S = 1.0  # how long the ingress trusts what it last read of the replicas' states
 WAIT_NOTE_S = 20.0  # while the replicas start, how often to say what Ray waits for
+PROXY_FLUSH_S = 1.0  # after the last request's relay ends, before the deployment stops: the proxy passes it on
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class Ingress:
         deadline = time.monotonic() + timeout_s
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+        await asyncio.sleep(PROXY_FLUSH_S)  # a finished relay's last bytes may still be in Ray's proxy
         return self.in_flight
 
     def running_replicas(self) -> int:
@@ -330,13 +332,16 @@ def failure_reason(message: str) -> str:
     return re.sub(r"^[\w.]*\.(\w+):", r"\1:", raised[-1])
 
 
-def drain(timeout_s: float) -> int | None:
+def drain(timeout_s: float, note: Callable[[str], None] = print) -> int | None:
     """Stop taking requests and give those in flight up to ``timeout_s`` to finish; how many were left (None: the
-    application is not up, as when stopped while it started)."""
+    application is not up, as when stopped while it started, or the ingress could not be asked: ``note`` hears
+    why)."""
     try:
         ingress = serve.get_deployment_handle("QuickdraftIngress", APP_NAME)
         return int(ingress.drain.remote(timeout_s).result(timeout_s=timeout_s + 30))
-    except Exception:  # Ray's errors of an application that is not running: nothing to drain
+    except Exception as error:  # Ray's errors: of an application that is not running, nothing to drain
+        if (status := serve.status().applications.get(APP_NAME)) is not None and status.status == "RUNNING":
+            note(f"quickdraft: the requests in flight could not be drained ({type(error).__name__}: {error})")
         return None
 
 

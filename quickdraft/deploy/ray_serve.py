@@ -18,6 +18,7 @@ Ray's to collect.
 """
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -340,8 +341,9 @@ def drain(timeout_s: float, note: Callable[[str], None] = print) -> int | None:
         ingress = serve.get_deployment_handle("QuickdraftIngress", APP_NAME)
         return int(ingress.drain.remote(timeout_s).result(timeout_s=timeout_s + 30))
     except Exception as error:  # Ray's errors: of an application that is not running, nothing to drain
-        if (status := serve.status().applications.get(APP_NAME)) is not None and status.status == "RUNNING":
-            note(f"quickdraft: the requests in flight could not be drained ({type(error).__name__}: {error})")
+        with contextlib.suppress(Exception):  # Ray itself may be going
+            if (status := serve.status().applications.get(APP_NAME)) is not None and status.status == "RUNNING":
+                note(f"quickdraft: the requests in flight could not be drained ({type(error).__name__}: {error})")
         return None
 
 

@@ -5,7 +5,7 @@ Rules:
   constant time, and a missing or wrong one gets 401. ``/metrics`` is open only with ``metrics_public``.
 - A key is never printed: not in a log line, an error or this object's repr.
 - A body over ``max_body_bytes`` gets 413 before it is parsed (by its declared length, else while it arrives);
-  JSON nested too deeply to parse gets 400.
+  JSON nested more than ``MAX_NESTING`` levels deep gets 400.
 - A request still running ``request_timeout_s`` after it arrived is cancelled: 504, or an error event on a stream.
   A replica's request arrived when the ingress took it: the time it waited in Ray's queue counts.
 """
@@ -24,6 +24,7 @@ from quickdraft.server.errors import ApiError
 
 API_KEY_VARIABLE = "QUICKDRAFT_API_KEY"
 MAX_BODY_MB = 8  # a prompt that fills the default pair's 32,768 positions is well under 1 MB of JSON
+MAX_NESTING = 64  # JSON levels a body may nest: chat templates and schema compilers recurse through them
 REQUEST_TIMEOUT_S = 600.0  # llama-server's default
 WAITED = "quickdraft.waited_s"  # ASGI scope key: seconds a request waited before it reached the app (a replica's)
 
@@ -85,9 +86,24 @@ async def read_body(request: Any, limit: int) -> bytes:
 async def read_json(request: Any, limit: int) -> Any:
     """The request's JSON body, read up to ``limit`` bytes (413 beyond), or 400 if it is not JSON."""
     body = await read_body(request, limit)
+    too_deep = f"the request body nests JSON too deeply (at most {MAX_NESTING} levels)"
     try:
-        return json.loads(body)
+        parsed = json.loads(body)
     except RecursionError:
-        raise ApiError(400, "the request body nests JSON too deeply to read") from None
+        raise ApiError(400, too_deep) from None
     except ValueError:
         raise ApiError(400, "the request body is not valid JSON") from None
+    if nesting(parsed) > MAX_NESTING:
+        raise ApiError(400, too_deep)
+    return parsed
+
+
+def nesting(value: Any) -> int:
+    """How deep ``value``'s lists and objects nest (0 for a scalar), found without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest

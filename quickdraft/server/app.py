@@ -60,7 +60,7 @@ def create_app(
         yield
         loop.stop()
 
-    app = FastAPI(title="quickdraft", lifespan=lifespan)
+    app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(ServerFailures)
 
     @app.exception_handler(ApiError)
@@ -125,7 +125,9 @@ def create_app(
         arrival = time.perf_counter() - request.scope.get(WAITED, 0.0)  # a replica's request waited in Ray's queue
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes)
-        api = parse_request(body, chat, defaults, encode, pipeline.drafter, chat_template)
+        api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
+            parse_request, body, chat, defaults, encode, pipeline.drafter, chat_template
+        )
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Event] = asyncio.Queue()

@@ -37,6 +37,12 @@ from quickdraft.server.fields import check_fields, count, flag, text_parts
 from quickdraft.server.tools import ToolRequest, parse_tools, template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
+# What one request may ask of the server's time (an attacker holding the key included): grammars compile in time that
+# grows faster than their text, every stop string is looked for after every token, and a prediction is matched
+# against the whole answer
+MAX_GRAMMAR_CHARS = 65_536
+MAX_STOPS, MAX_STOP_CHARS = 16, 1_024
+MAX_PREDICTION_CHARS = 262_144
 
 
 @dataclass(frozen=True)
@@ -244,6 +250,10 @@ def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec 
             if not isinstance(body[name], str):
                 raise ApiError(400, f"{name} must be a string", name)
             specs.append(GrammarSpec(kind, body[name]))
+    for spec in specs:  # compiling takes time that grows faster than the text: one request must not hold the server
+        if len(spec.text) > MAX_GRAMMAR_CHARS:
+            message = f"a {spec.kind.value} constraint is at most {MAX_GRAMMAR_CHARS} characters, got {len(spec.text)}"
+            raise ApiError(400, message, "response_format" if spec.kind is GrammarKind.JSON_SCHEMA else spec.kind.value)
     if tools is not None and (call := tools.grammar()) is not None:
         specs.append(call)
     if len(specs) > 1:
@@ -273,6 +283,8 @@ def _prediction(body: Mapping[str, Any]) -> str:
         content = text_parts(content, "prediction.content", "prediction")
     if not isinstance(content, str):
         raise ApiError(400, "prediction.content must be text or a list of text parts", "prediction")
+    if len(content) > MAX_PREDICTION_CHARS:  # matching the answer against it costs its length times the answer's
+        raise ApiError(400, f"prediction.content is at most {MAX_PREDICTION_CHARS} characters", "prediction")
     return content
 
 
@@ -280,7 +292,11 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     stop = _field(body, "stop", [])
     if not isinstance(stop, (str, list)):
         raise ApiError(400, "stop must be a string or a list of strings", "stop")
-    return (stop,) if isinstance(stop, str) else tuple(stop)
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > MAX_STOPS or any(isinstance(text, str) and len(text) > MAX_STOP_CHARS for text in stops):
+        message = f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters (each is looked for "
+        raise ApiError(400, message + "after every token)", "stop")
+    return stops
 
 
 # -- responses --------------------------------------------------------------------------------------------

@@ -33,6 +33,13 @@ def locked(native: Pipeline) -> Iterator[Server]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def keyed(native: Pipeline) -> Iterator[Server]:
+    """A key and the default body limit."""
+    with serving(native, access=Access(api_key=KEY)) as running:
+        yield running
+
+
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
@@ -151,3 +158,37 @@ def test_the_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert Access.from_args("other", False, 8, 0).api_key == "other"
     monkeypatch.delenv(API_KEY_VARIABLE)
     assert Access.from_args(None, False, 8, 0).api_key is None
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ({"stop": [f"w{i}" for i in range(17)]}, "stop takes at most 16 strings"),
+        ({"stop": "w" * 1025}, "of at most 1024 characters"),
+        ({"regex": "(w1|w2)" * 10_000}, "a regex constraint is at most 65536 characters"),
+        ({"grammar": "root ::= " + '"w1" ' * 14_000}, "a grammar constraint is at most 65536 characters"),
+        ({"prompt": [[[[1]]]] * 1, "nested": json.loads("[" * 65 + "]" * 65)}, "nests JSON too deeply (at most 64"),
+    ],
+    ids=["stops", "a long stop", "a regex", "a grammar", "deep JSON"],
+)
+def test_what_one_request_may_ask_of_the_servers_time_is_bounded(
+    keyed: Server, field: dict[str, object], message: str
+) -> None:
+    """Compiling a grammar, looking for stop strings after every token and walking nested JSON all grow with what a
+    request sends: past the bounds it is a 400, before any work (an attacker may hold the key)."""
+    response = httpx.post(f"{keyed.url}/v1/completions", json=PROMPT | field, headers=bearer(KEY), timeout=TIMEOUT)
+    assert response.status_code == 400 and message in response.json()["error"]["message"]
+
+
+def test_a_prediction_is_bounded(keyed: Server) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "max_tokens": 3}
+    prediction = {"type": "content", "content": "w1 " * 90_000}
+    response = httpx.post(
+        f"{keyed.url}/v1/chat/completions", json=chat | {"prediction": prediction}, headers=bearer(KEY), timeout=60
+    )
+    assert response.status_code == 400 and "prediction.content is at most" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
+def test_no_api_pages_are_served_without_the_key(locked: Server, path: str) -> None:
+    assert httpx.get(f"{locked.url}{path}", timeout=TIMEOUT).status_code == 404

@@ -176,6 +176,8 @@ BAD_INPUTS = {
     "seed beyond 64 bits": (["generate", "w1", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),
     "negative seed": (["generate", "w1", "--seed", "-1"], "seed must be an integer in [0, 2**64 - 1]"),
     "unknown drafter": (["generate", "w1", "--drafter", "magic"], "unknown drafter 'magic'"),
+    "serve's unknown drafter": (["serve", "--drafter", "magic"], "unknown drafter 'magic'"),  # 1, as generate's
+    "bench-serve's unknown drafter": (["bench-serve", "--drafter", "magic"], "unknown drafter 'magic'"),
     "unknown runtime": (["generate", "w1", "--runtime", "magic"], "unknown runtime 'magic'"),
     "bad n-gram sizes": (["generate", "w1", "--prompt-lookup-min-ngram", "4"], "n-gram sizes"),
     "prompt too long": (["generate", " ".join(["w1"] * 600)], "context holds 512"),

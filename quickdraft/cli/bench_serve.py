@@ -42,6 +42,7 @@ from quickdraft.cli.common import (
     load_models,
 )
 from quickdraft.cli.serve import add_serving_arguments
+from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
 
 DEFAULT_CONFIGS = (
@@ -129,6 +130,8 @@ def run(args: argparse.Namespace) -> None:
     configs = [ServedConfig.parse(text) for text in args.configs.split(",")]
     if len({config.name for config in configs}) < len(configs):
         raise ConfigError(f"--configs {args.configs} names a configuration twice: give each its own name")
+    if args.drafter not in DRAFTERS.names():  # the servers it starts would refuse it, later
+        raise ConfigError(f"unknown drafter {args.drafter!r}; choose one of: {', '.join(DRAFTERS.names())}")
     rates = args.rates.split(",")
     for rate in rates:
         parse_rate(rate)

@@ -102,8 +102,8 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
     parser.add_argument(
         "--drafter",
         default=DEFAULT_DRAFTER,
-        choices=DRAFTERS.names(),
-        help=f"the default drafter of a request (default {DEFAULT_DRAFTER}; none = plain decoding)",
+        help=f"the default drafter of a request: {', '.join(DRAFTERS.names())} (default {DEFAULT_DRAFTER}; none = "
+        "plain decoding)",
     )
     parser.add_argument(
         "--policy",

@@ -356,6 +356,7 @@ def test_cache_shows_its_entries_and_the_fp32_copies(tmp_path: Path, capsys, mon
     assert run(["cache"], capsys) == (0, f"{tmp_path / 'my cache'}: 0.0 MB\n", "")
     files = {"models/m/m.gguf": 5_000_000, "models/m/hf/config.json": 1000, "native/k/weights.safetensors": 3_000_000}
     files["models/m/hf/model.safetensors"] = 200_000_000
+    files["converted/0123/hf.lock"] = 0  # what a file that was not a model leaves: not listed
     for name, size in files.items():
         (tmp_path / "my cache" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "my cache" / name).write_bytes(b"\0" * size)

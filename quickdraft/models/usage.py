@@ -35,7 +35,8 @@ def entry(path: Path) -> CacheEntry:
 
 
 def cache_usage(root: Path | None = None) -> list[CacheEntry]:
-    """The cache's entries in name order (none if the cache does not exist yet)."""
+    """The cache's entries in name order (none if the cache does not exist yet), but those that hold nothing (a lock
+    a file that was not a model left)."""
     root = cache_root() if root is None else root
     if not root.is_dir():
         return []
@@ -43,4 +44,4 @@ def cache_usage(root: Path | None = None) -> list[CacheEntry]:
     for top in sorted(root.iterdir()):
         inside = top.name in MODEL_FOLDERS and top.is_dir()
         entries.extend(entry(path) for path in (sorted(top.iterdir()) if inside else [top]))
-    return entries
+    return [found for found in entries if found.size_bytes > 0]

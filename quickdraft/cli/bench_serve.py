@@ -281,8 +281,7 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
 
 
 def single_request_runs(args: argparse.Namespace, prompts: list[Prompt], configs: list[ServedConfig]) -> dict[str, Any]:
-    """Every prompt decoded alone (the engine in this process, no server) under each configuration: latencies per
-    config."""
+    """Every prompt decoded alone (the engine in this process, no server) under each configuration: its latencies."""
     from dataclasses import replace
 
     from quickdraft.bench.base import GREEDY

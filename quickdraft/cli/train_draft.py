@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> None:
     data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name
     collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, name, collect_settings)
     # the draft model and where it goes are checked before the hours of collecting
-    draft = distill_draft(args, pipeline) if args.model == "draft" and not args.collect_only else None
+    draft = distill_draft(args, pipeline, name) if args.model == "draft" and not args.collect_only else None
 
     def shard_done(report: Any) -> None:
         if not args.json:
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> None:
         return
     data = FeatureData(data_dir)
     if draft is not None:
-        run_distill(args, pipeline, draft, data, data_dir, distill_settings)
+        run_distill(args, name, draft, data, data_dir, distill_settings)
         return
     train, held_out = data.split(train_settings.held_out_shards)
     train_shards = sorted({c.shard for c in train})
@@ -217,9 +217,10 @@ def on_eval(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
     )
 
 
-def distill_draft(args: argparse.Namespace, pipeline: Any) -> tuple[Path, Any, Path]:
-    """``--model draft``'s draft model (its directory and tokenizer, the target's) and where it will be written:
-    refused before any work if it is missing, pairs with another tokenizer, or the output is not its own."""
+def distill_draft(args: argparse.Namespace, pipeline: Any, target: str) -> tuple[Path, Any, Path]:
+    """``--model draft``'s draft model (its directory and tokenizer, the target's, whose key is ``target``) and where
+    it will be written: refused before any work if it is missing, pairs with another tokenizer, or the output is not
+    its own."""
     from quickdraft.draft_head.distill import check_output
     from quickdraft.files import cache_root, model_key
     from quickdraft.models import resolve_model
@@ -229,27 +230,24 @@ def distill_draft(args: argparse.Namespace, pipeline: Any) -> tuple[Path, Any, P
     draft_path = resolve_model(args.draft or DEFAULT_DRAFT)
     tokenizer = load_tokenizer(draft_path)
     check_same_tokenizer(pipeline.tokenizer, tokenizer)
-    target, draft = model_key(Path(pipeline.target_path)), model_key(draft_path)
-    out = Path(args.out) if args.out else cache_root() / "distilled" / f"{draft}-for-{target}"
+    out = Path(args.out) if args.out else cache_root() / "distilled" / f"{model_key(draft_path)}-for-{target}"
     check_output(out)
     return draft_path, tokenizer, out
 
 
 def run_distill(
-    args: argparse.Namespace, pipeline: Any, draft: tuple[Path, Any, Path], data: Any, data_dir: Path, settings: Any
+    args: argparse.Namespace, target: str, draft: tuple[Path, Any, Path], data: Any, data_dir: Path, settings: Any
 ) -> None:
-    """``--model draft``: distill the draft model (:func:`distill_draft`) on the collected data into a model
-    directory."""
+    """``--model draft``: distill the draft model (:func:`distill_draft`) for the target whose key is ``target`` on
+    the collected data into a model directory."""
     import torch
 
     from quickdraft.draft_head.distill import distill, save_distilled
-    from quickdraft.files import model_key
     from quickdraft.models.loading import load_hf_model
 
     draft_path, tokenizer, out = draft
     model = load_hf_model(draft_path)
     train, held_out = data.split(settings.held_out_shards)
-    target = model_key(Path(pipeline.target_path))
     checkpoint = checkpoint_path(out, data_dir, train)
     history = distill(model, data, train, held_out, settings, checkpoint, on_eval=on_eval(args))
     made = {

@@ -195,7 +195,7 @@ def own_config(gguf_path: Path) -> Any:
 
 
 def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """config.json keys for what the GGUF file ``gguf_path`` says beyond transformers' reading of it: the head width
+    """config.json keys for what the GGUF file in ``reader`` says beyond transformers' reading of it: the head width
     (``attention.key_length``), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
     layer type), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
     which the native runtime reads; transformers does not), and Phi-3's: its sliding window, LongRoPE (the

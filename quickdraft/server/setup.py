@@ -53,8 +53,7 @@ class ServerOptions:
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ConfigError("--served-model-name must not be empty: clients send it as `model`")
         resolve_device(self.device)  # a GPU that is not there fails before any model is resolved
-        if self.drafter not in DRAFTERS.names():
-            raise ConfigError(f"unknown drafter {self.drafter!r}; choose one of: {', '.join(DRAFTERS.names())}")
+        DRAFTERS.get(self.drafter)  # an unknown name fails here
         loads_draft = self.draft is not None or DRAFTERS.get(self.drafter).needs_draft_model
         if not loads_draft and (self.draft_weights is not None or self.draft_vocabulary is not None):
             raise ConfigError(

@@ -514,3 +514,22 @@ def test_the_version_is_the_packages(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
     assert exited.value.code == 0 and capsys.readouterr().out == f"quickdraft {__version__}\n"
+
+
+def test_a_failed_command_leaves_no_output_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at_exit: list[tuple] = []
+    monkeypatch.setattr("atexit.register", lambda function, *args: at_exit.append((function, args)))
+    out = tmp_path / "new" / "results"
+    status, _, err = run(["bench", "--out", str(out), "--questions", str(tmp_path / "none.jsonl")], capsys)
+    assert status == 1 and "none.jsonl" in err
+    for function, args in at_exit:  # what the process does as it exits
+        function(*args)
+    assert list(tmp_path.iterdir()) == []
+    kept = tmp_path / "kept"  # one that holds something stays
+    status, _, _ = run(["bench", "--out", str(kept), "--questions", str(tmp_path / "none.jsonl")], capsys)
+    (kept / "notes.txt").write_text("mine")
+    for function, args in at_exit[1:]:
+        function(*args)
+    assert (kept / "notes.txt").is_file()

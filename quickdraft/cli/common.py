@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import os
 import sys
 import tempfile
@@ -165,14 +167,23 @@ def check_output_file(path: Path, option: str = "--out") -> None:
 
 
 def check_output_dir(path: Path, option: str = "--out") -> None:
-    """Fail before any work if ``path`` is not a directory that can be created and written."""
+    """Fail before any work if ``path`` is not a directory that can be created and written. The directories this
+    makes are removed at exit if they are still empty: a command that fails before it writes leaves nothing."""
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path} is a file; give a directory")
+    made = [parent for parent in (path, *path.parents) if not parent.exists()]  # deepest first
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"{option} {path} cannot be created: {error.strerror}") from None
+    atexit.register(_remove_if_empty, made)
     _check_can_create_in(path, f"{option} {path}")
+
+
+def _remove_if_empty(directories: list[Path]) -> None:
+    for directory in directories:  # deepest first: a parent is empty only once its child is gone
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # fails on a directory that holds anything
 
 
 def _check_can_create_in(directory: Path, what: str) -> None:

@@ -167,7 +167,7 @@ def test_a_missing_file_or_a_bad_name_is_a_clear_error(hub: Hub, tmp_path: Path)
 
 def test_a_hub_that_cannot_be_reached_is_named_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, huggingface_hub raises LocalEntryNotFoundError (an EntryNotFoundError too): the hub could not be
-    reached, not "the repository has no such file". (A real refused connection takes its five retries: ~25 s.)"""
+    reached, not "the repository has no such file"."""
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -179,8 +179,25 @@ def test_a_hub_that_cannot_be_reached_is_named_as_the_cause(tmp_path: Path, monk
 
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    monkeypatch.setattr("quickdraft.models.loading.unreachable", lambda url: None)  # the connection failed later
     with pytest.raises(ModelFilesError) as error:
         download_gguf("hf:nobody/norepo/x.gguf", progress=False)
     message = str(error.value)
     assert message.startswith("cannot download x.gguf from nobody/norepo: the hub at ")
     assert "could not be reached ([Errno 111] Connection refused)" in message and "has no file" not in message
+
+
+def test_a_hub_gone_offline_gives_the_copy_downloaded_before_at_once(hub: Hub, tmp_path: Path) -> None:
+    """huggingface_hub retries an unreachable hub five times (~25 s): a refused connection is seen first, and
+    the copy in the cache is used, with a note; with no copy, the error names the cause."""
+    spec = "hf:someone/tiny-GGUF/quant/tiny-Q8_0.gguf"
+    first = resolve_in_a_process(spec, hub, tmp_path / "cache", "download_gguf")
+    assert first.returncode == 0, first.stderr
+    hub.shutdown()
+    hub.server_close()  # the port now refuses connections
+    again = resolve_in_a_process(spec, hub, tmp_path / "cache", "download_gguf")
+    assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    assert "cannot be reached" in again.stderr and "as downloaded before" in again.stderr
+    assert "Retry" not in again.stderr
+    other = resolve_in_a_process("hf:someone/tiny-GGUF/other.gguf", hub, tmp_path / "cache", "download_gguf")
+    assert other.returncode != 0 and "could not be reached" in other.stderr and "Retry" not in other.stderr

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,7 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
         raise ModelFilesError(f"{spec!r} is not hf:OWNER/REPO/FILE.gguf")
     repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
     from huggingface_hub import hf_hub_download
+    from huggingface_hub.constants import ENDPOINT, HF_HUB_OFFLINE
     from huggingface_hub.errors import (
         EntryNotFoundError,
         HfHubHTTPError,
@@ -64,14 +68,17 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
     (enable_progress_bars if progress else disable_progress_bars)()
+    offline = None if HF_HUB_OFFLINE else unreachable(ENDPOINT)  # huggingface_hub would retry it for ~25 s
     try:
-        return verified_download(Path(hf_hub_download(repo, filename, cache_dir=cache_root() / "hub")), spec)
+        path = hf_hub_download(repo, filename, cache_dir=cache_root() / "hub", local_files_only=offline is not None)
+        if offline is not None:
+            print(f"quickdraft: note: the hub at {ENDPOINT} cannot be reached ({offline}): using {filename} as "
+                  "downloaded before", file=sys.stderr)  # fmt: skip
+        return verified_download(Path(path), spec)
     except LocalEntryNotFoundError as error:  # offline, and not downloaded before (an EntryNotFoundError too)
-        from huggingface_hub.constants import ENDPOINT
-
         raise ModelFilesError(
             f"cannot download {filename} from {repo}: the hub at {ENDPOINT} could not be reached "
-            f"({error.__cause__ or error}); check the network connection (or $HF_ENDPOINT, $HF_HUB_OFFLINE)"
+            f"({offline or error.__cause__ or error}); check the network connection (or $HF_ENDPOINT, $HF_HUB_OFFLINE)"
         ) from None
     except EntryNotFoundError:
         raise ModelFilesError(f"{repo} on the hub has no file {filename}") from None
@@ -85,6 +92,21 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
         raise ModelFilesError(f"{spec!r} is not a hub file: {error}") from None
     except Exception as error:  # the HTTP client's errors: a connection dropped, a timeout
         raise ModelFilesError(f"cannot download {filename} from {repo}: {type(error).__name__}: {error}") from None
+
+
+def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why no connection to ``url``'s host can be opened, or None; None too where a proxy is set, which only the
+    download itself can go through."""
+    if any(scheme != "no" for scheme in urllib.request.getproxies()):
+        return None
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection(
+            (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), timeout_s
+        ).close()
+    except OSError as error:  # a name that does not resolve, a refused connection, a timeout
+        return str(error) or type(error).__name__
+    return None
 
 
 def verified_download(path: Path, spec: str) -> Path:

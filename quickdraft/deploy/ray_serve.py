@@ -41,6 +41,7 @@ from quickdraft.errors import ConfigError
 from quickdraft.server.access import read_body
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.protocol import ApiError
+from quickdraft.server.responses_api import chat_request
 from quickdraft.server.setup import ServerOptions, build_server
 
 APP_NAME = "quickdraft"
@@ -107,10 +108,13 @@ class EngineReplica:
         self.server.loop.stop(timeout=1.0)
 
 
-def key_of(body: bytes, chat: bool) -> str | None:
+def key_of(body: bytes, chat: bool, responses: bool = False) -> str | None:
+    """The request's affinity key; a Responses request's is that of the chat request it means."""
     try:
         parsed = json.loads(body)
-    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
+        if responses:
+            parsed = chat_request(parsed)[0]
+    except (ValueError, RecursionError, ApiError):  # not JSON, nested too deeply to read, or not a request
         return None  # the replica answers the error
     return affinity_key(parsed, chat) if isinstance(parsed, dict) else None
 
@@ -205,6 +209,11 @@ class Ingress:
     async def chat_completions(self, request: Request) -> Response:
         received, body = time.time(), await read_body(request, self.max_body_bytes)
         return await self.forward("POST", "/v1/chat/completions", body, key_of(body, chat=True), received)
+
+    @ingress_app.post("/v1/responses")
+    async def responses(self, request: Request) -> Response:
+        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        return await self.forward("POST", "/v1/responses", body, key_of(body, chat=True, responses=True), received)
 
     async def forward(self, method: str, path: str, body: bytes, key: str | None, received: float) -> Response:
         """Send to a replica; once more to another if it is lost before it answers; relay what it sends.

@@ -1,4 +1,5 @@
-"""``quickdraft serve``'s HTTP side: an OpenAI-compatible FastAPI app over the batched engine's loop.
+"""``quickdraft serve``'s HTTP side: an OpenAI-compatible FastAPI app over the batched engine's loop
+(completions, chat completions, and the Responses API over the chat path: :mod:`quickdraft.server.responses_api`).
 
 Handlers parse and validate a request, submit it to the :class:`ServingLoop` (whose one thread runs every
 step) and read its events from an asyncio queue the loop's thread feeds. A streamed request is cancelled
@@ -16,6 +17,7 @@ import functools
 import json
 import logging
 import time
+from asyncio import Queue
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -33,6 +35,14 @@ from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, parse_request
 from quickdraft.server.responses import chunk_body, logprobs_body, new_id, response_body, usage_chunk
+from quickdraft.server.responses_api import (
+    chat_request,
+    new_response_id,
+    output_items,
+    renamed,
+    response_object,
+    stream_events,
+)
 from quickdraft.server.tools import CallFilter, split_calls
 from quickdraft.vocabularies import token_pieces
 
@@ -121,13 +131,19 @@ def create_app(
             return list(prompt)
         return pipeline.encode(prompt)
 
-    async def generate(request: Request, chat: bool) -> Response:
+    async def start(request: Request, chat: bool, translate: Any = None) -> tuple[Any, ApiRequest, Queue, Tracker]:
+        """Read, check and submit a request: (its body, the parsed request, its events, its tracker). ``translate``:
+        the body (of another API) -> the chat body it means, and what else its answer needs."""
         arrival = time.perf_counter() - request.scope.get(WAITED, 0.0)  # a replica's request waited in Ray's queue
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes)
-        api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
-            parse_request, body, chat, defaults, encode, pipeline.drafter, chat_template
-        )
+        translated, extra = translate(body) if translate is not None else (body, None)
+        try:
+            api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
+                parse_request, translated, chat, defaults, encode, pipeline.drafter, chat_template
+            )
+        except ApiError as error:
+            raise error if translate is None else renamed(error) from None
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -150,14 +166,29 @@ def create_app(
             raise shutting_down(str(error)) from None
         except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...
             raise ApiError(400, str(error)) from None
+        return extra, api, events, track
+
+    async def generate(request: Request, chat: bool) -> Response:
+        _, api, events, track = await start(request, chat)
         if api.stream:
             return StreamingResponse(stream(api, events, track, loop.cancel), media_type="text/event-stream")
+        result = await whole(request, api, events, track)
+        return JSONResponse(response_body(api, new_id(chat), result, spell))
+
+    async def whole(request: Request, api: ApiRequest, events: Queue, track: Tracker) -> GenerationResult:
         try:
-            result = await collect(request, events, track)
+            return await collect(request, events, track)
         finally:
             if not track.done:
                 loop.cancel(api.serve.request_id)
-        return JSONResponse(response_body(api, new_id(chat), result, spell))
+
+    async def cancelled_when_left(texts: AsyncIterator[str], api: ApiRequest, track: Tracker) -> AsyncIterator[str]:
+        try:
+            async for text in texts:
+                yield text
+        finally:
+            if not track.done:  # the client went away: free the request's slot at the next step
+                loop.cancel(api.serve.request_id)
 
     async def stream(
         api: ApiRequest, events: asyncio.Queue[Event], track: Tracker, cancel: Callable[[str], None]
@@ -229,6 +260,16 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        echo, api, events, track = await start(request, True, chat_request)
+        if api.stream:
+            texts = cancelled_when_left(stream_events(api, echo, events, track, spell), api, track)
+            return StreamingResponse(texts, media_type="text/event-stream")
+        result = await whole(request, api, events, track)
+        output = output_items(api, result, spell)
+        return JSONResponse(response_object(api, echo, new_response_id(), output, result))
 
     return app
 

@@ -112,6 +112,9 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         nowhere = httpx.get(f"{url}/v1/nowhere", timeout=30)
         assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "invalid_request_error"
         assert client.models.retrieve("tiny").id == "tiny"
+        asked = {"model": "tiny", "input": prompts[0], "max_output_tokens": LONG, "temperature": 0}
+        events = list(client.responses.create(**asked, stream=True))  # /v1/responses through the ingress too
+        assert client.responses.create(**asked).output_text == events[-1].response.output_text == expected[prompts[0]]
         with concurrent.futures.ThreadPoolExecutor(72) as pool:  # Ray holds 2 × (8 + 8): any more get 429
             burst = list(pool.map(ask, prompts * 6))
         for p, answer in zip(prompts * 6, burst, strict=True):  # how many arrive together depends on the machine

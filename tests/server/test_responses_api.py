@@ -1,0 +1,186 @@
+"""``/v1/responses``: OpenAI's Responses API, driven by the official client and by an openai-agents agent, answers
+what the chat endpoint answers for the same conversation; what it cannot do is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import httpx
+import pytest
+from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
+from test_tools import WEATHER, char_pipeline
+
+ASK = "What is the weather in Paris?"
+TOOL = {"type": "function", "name": "get_weather", "description": "the weather in a city"} | {
+    "parameters": WEATHER["function"]["parameters"]
+}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with serving(native_chat_pipeline()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def tool_server() -> Iterator[Server]:
+    with serving(char_pipeline()) as running:
+        yield running
+
+
+def chat_text(server: Server, messages: list[dict[str, Any]], **options: Any) -> tuple[str, Any]:
+    answer = server.client().chat.completions.create(model=MODEL, messages=messages, temperature=0, **options)
+    return answer.choices[0].message.content, answer
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft-model"])
+def test_an_answer_whole_and_streamed_is_the_chat_answer(server: Server, drafter: str) -> None:
+    client, extra = server.client(), {"drafter": drafter}
+    expected, chat = chat_text(server, [{"role": "user", "content": "w1 w2 w3"}], max_tokens=8)
+    whole = client.responses.create(model=MODEL, input="w1 w2 w3", max_output_tokens=8, temperature=0, extra_body=extra)
+    assert whole.output_text == expected and whole.id.startswith("resp_") and whole.model == MODEL
+    assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"  # cut at 8
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (chat.usage.prompt_tokens, 8)
+    assert whole.store is False and whole.output[0].role == "assistant"
+    events = list(client.responses.create(model=MODEL, input="w1 w2 w3", max_output_tokens=8, temperature=0,
+                                          stream=True, extra_body=extra))  # fmt: skip
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]  # fmt: skip
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]  # fmt: skip
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert "".join(event.delta for event in events if event.type == "response.output_text.delta") == expected
+    assert events[-1].response.output_text == expected and events[-1].response.usage.output_tokens == 8
+
+
+def test_an_answer_that_ends_is_completed_and_instructions_are_a_system_message(server: Server) -> None:
+    messages = [{"role": "system", "content": "w4"}, {"role": "user", "content": "w1 w2"}]
+    expected, chat = chat_text(server, messages, max_tokens=12, stop=["w2"])
+    parts = [{"role": "user", "content": [{"type": "input_text", "text": "w1 w2"}]}]
+    whole = server.client().responses.create(model=MODEL, instructions="w4", input=parts, max_output_tokens=12,
+                                             temperature=0, extra_body={"stop": ["w2"]})  # fmt: skip
+    assert whole.output_text == expected and whole.usage.input_tokens == chat.usage.prompt_tokens
+    assert whole.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert whole.instructions == "w4"
+
+
+def test_log_probabilities_and_seeded_samples_are_the_chat_ones(server: Server) -> None:
+    messages = [{"role": "user", "content": "w1 w2 w3"}]
+    _, chat = chat_text(server, messages, max_tokens=6, logprobs=True, top_logprobs=2)
+    whole = server.client().responses.create(model=MODEL, input="w1 w2 w3", max_output_tokens=6, temperature=0,
+                                             include=["message.output_text.logprobs"], top_logprobs=2)  # fmt: skip
+    got = [(entry.token, entry.logprob, [top.token for top in entry.top_logprobs])
+           for entry in whole.output[0].content[0].logprobs]  # fmt: skip
+    expected = [(entry.token, entry.logprob, [top.token for top in entry.top_logprobs])
+                for entry in chat.choices[0].logprobs.content]  # fmt: skip
+    assert got == expected
+    events = list(server.client().responses.create(model=MODEL, input="w1 w2 w3", max_output_tokens=6, temperature=0,
+                                                   include=["message.output_text.logprobs"], stream=True))  # fmt: skip
+    streamed = [
+        entry.token for event in events if event.type == "response.output_text.delta" for entry in event.logprobs
+    ]
+    assert streamed == [token for token, _, _ in expected]
+    seeded = {"seed": 7, "drafter": "draft-model"}
+    text, _ = chat_text(server, messages, max_tokens=10, extra_body=seeded | {"temperature": 0.9})
+    sampled = server.client().responses.create(model=MODEL, input="w1 w2 w3", max_output_tokens=10, temperature=0.9,
+                                               extra_body=seeded)  # fmt: skip
+    assert sampled.output_text == text
+
+
+def test_a_required_call_is_a_function_call_item_whole_and_streamed(tool_server: Server) -> None:
+    client = tool_server.client()
+    options: dict[str, Any] = dict(model=MODEL, input=ASK, tools=[TOOL], tool_choice="required", temperature=0,
+                                   max_output_tokens=120, parallel_tool_calls=False)  # fmt: skip
+    whole = client.responses.create(**options)
+    call = whole.output[-1]
+    assert whole.status == "completed" and [item.type for item in whole.output] == ["function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Oslo")
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    events = list(client.responses.create(**options, stream=True))
+    done = [event.item for event in events if event.type == "response.output_item.done"]
+    assert [(item.name, item.arguments) for item in done] == [(call.name, call.arguments)]
+    assert [event.arguments for event in events if event.type == "response.function_call_arguments.done"] == [
+        call.arguments
+    ]
+    assert events[-1].type == "response.completed" and events[-1].response.output[0].arguments == call.arguments
+    turn = [{"role": "user", "content": ASK}, call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]  # fmt: skip
+    chat_turn = [{"role": "user", "content": ASK},
+                 {"role": "assistant", "content": "", "tool_calls": [
+                     {"id": call.call_id, "type": "function",
+                      "function": {"name": call.name, "arguments": call.arguments}}]},
+                 {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}]  # fmt: skip
+    after = client.responses.create(model=MODEL, input=turn, tools=[TOOL], max_output_tokens=10, temperature=0)
+    text, chat = chat_text(tool_server, chat_turn, tools=[WEATHER], max_tokens=10)
+    assert after.usage.input_tokens == chat.usage.prompt_tokens and after.output_text == (text or "")
+
+
+def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> None:
+    """openai-agents' default model speaks the Responses API, whole and streamed."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return "sunny"
+
+    settings = agents.ModelSettings(tool_choice="required", max_tokens=120, temperature=0, parallel_tool_calls=False)
+
+    async def run() -> tuple[Any, Any]:
+        model = agents.OpenAIResponsesModel(model=MODEL, openai_client=tool_server.async_client())
+        agent = agents.Agent(name="weather", instructions="Answer.", model=model, tools=[get_weather],
+                             model_settings=settings, tool_use_behavior="stop_on_first_tool")  # fmt: skip
+        whole = await agents.Runner.run(agent, ASK, max_turns=2)
+        streamed = agents.Runner.run_streamed(agent, ASK, max_turns=2)
+        async for _ in streamed.stream_events():
+            pass
+        return whole, streamed
+
+    whole, streamed = asyncio.run(run())
+    assert whole.final_output == streamed.final_output == "sunny" and len(cities) == 2 and cities[0] == cities[1]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"store": True}, "store", "keeps no responses"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "send the whole conversation"),
+        ({"background": True}, "background", "keeps no responses"),
+        ({"reasoning": {"effort": "low"}}, "reasoning", "not supported"),
+        ({"truncation": "auto"}, "truncation", "not supported"),
+        ({"max_output_tokenz": 3}, "max_output_tokenz", "unrecognized request argument"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be a whole number"),
+        ({"input": []}, "input", "non-empty list"),
+        ({"input": [{"type": "input_image", "image_url": "x"}]}, "input", "'input_image'"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input", "'input_file'"),
+        ({"tools": [{"type": "web_search"}]}, "tools", "function tools only"),
+        ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
+        ({"tool_choice": {"type": "mcp"}}, "tool_choice", "tool_choice must be"),
+    ],
+)
+def test_what_it_cannot_do_is_refused(server: Server, fields: dict[str, Any], param: str, words: str) -> None:
+    answer = httpx.post(f"{server.url}/v1/responses", json={"model": MODEL, "input": "w1"} | fields, timeout=TIMEOUT)
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == param and words in error["message"], error
+
+
+def test_a_json_schema_format_is_the_chat_response_format(tool_server: Server) -> None:
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+              "additionalProperties": False}  # fmt: skip
+    text = {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+    whole = tool_server.client().responses.create(model=MODEL, input=ASK, text=text, max_output_tokens=120,
+                                                  temperature=0)  # fmt: skip
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    expected, _ = chat_text(tool_server, [{"role": "user", "content": ASK}], max_tokens=120,
+                            response_format=response_format)  # fmt: skip
+    assert whole.output_text == expected and whole.text.format.type == "json_schema"
+    if whole.status == "completed":
+        assert json.loads(whole.output_text)["city"] in ("Paris", "Oslo")

@@ -78,3 +78,16 @@ def test_a_draft_vocabulary_larger_than_the_drafts_is_refused() -> None:
         ConfigError, match=f"of 99999999 tokens is larger than the draft model's vocabulary of {len(tokenizer)}"
     ):
         draft_load_options(NativeRuntime, tokenizer, None, 99999999)
+
+
+def test_a_multimodal_models_context_is_its_text_models() -> None:
+    """Gemma 3's multimodal checkpoints load as Gemma3ForConditionalGeneration, whose own config has no positions."""
+    from transformers import AutoModelForCausalLM, Gemma3Config
+
+    text = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=8192, sliding_window=8)  # fmt: skip
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)  # fmt: skip
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
+                          boi_token_index=297, eoi_token_index=298)  # fmt: skip
+    assert HFRuntime(AutoModelForCausalLM.from_config(config)).max_context == 8192  # was 2048

@@ -47,7 +47,7 @@ class HFRuntime(Runtime):
 
     def __init__(self, model: Any) -> None:
         self.model = model.eval()
-        config = model.config
+        config = model.config.get_text_config()  # a multimodal model's positions are its text model's
         lm_head = model.get_output_embeddings().weight  # [V, H]: it reads the last hidden state
         self.vocab_size, self.hidden_size = int(lm_head.shape[0]), int(lm_head.shape[1])
         self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)

@@ -22,7 +22,11 @@ class ConfigError(QuickdraftError, ValueError):
 
 
 class PromptError(QuickdraftError, ValueError):
-    """The prompt is empty or does not fit into the model's context."""
+    """The prompt is empty or does not fit into the model's context; ``setting``: the one that would make room."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class ModelFilesError(QuickdraftError):

@@ -180,7 +180,10 @@ BAD_INPUTS = {
     "bench-serve's unknown drafter": (["bench-serve", "--drafter", "magic"], "unknown drafter 'magic'"),
     "unknown runtime": (["generate", "w1", "--runtime", "magic"], "unknown runtime 'magic'"),
     "bad n-gram sizes": (["generate", "w1", "--prompt-lookup-min-ngram", "4"], "n-gram sizes"),
-    "prompt too long": (["generate", " ".join(["w1"] * 600)], "context holds 512"),
+    "prompt too long": (
+        ["generate", " ".join(["w1"] * 600)],
+        "context holds 512; shorten the prompt or lower max_new_tokens (--max-new-tokens)",
+    ),
     "prompt not UTF-8": (["generate", "w1 \udcff"], "the prompt is not UTF-8 text: character 3"),  # argv's byte 0xff
     "train --out unwritable": (["train-acceptance-head", "--out", "/proc/head.safetensors"], "cannot be written"),
     "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),

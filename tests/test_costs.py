@@ -136,3 +136,15 @@ def test_context_costs_never_fall_with_more_rows() -> None:
     """A measured dip (noise on a tiny model) must not make a draft's context cost negative."""
     dipping = CostModel({1: 10.0, 8: 20.0}, context_tokens=8, target_context_ms={1: 0.002, 8: 0.001})
     assert dipping.context_ms(2, 1008) >= dipping.context_ms(1, 1008) > 0
+
+
+def test_goodput_on_a_model_too_short_for_its_measurements_says_so() -> None:
+    from conftest import native_from_hf, tiny_model
+
+    from quickdraft.costs.calibration import measure_cost_model
+    from quickdraft.drafters import DRAFTERS
+
+    target = native_from_hf(tiny_model(32, seed=0), capacity=64)
+    with pytest.raises(ConfigError, match=r"holds 64 positions: give a fixed number of drafts") as error:
+        measure_cost_model(target, None, DRAFTERS.get("prompt-lookup"), 16)
+    assert error.value.setting == "policy"

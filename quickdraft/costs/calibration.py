@@ -250,6 +250,13 @@ def measure_cost_model(
     runtimes, wanted = {CurveRole.TARGET: target}, {CurveRole.TARGET: ks}
     if drafter_cls.needs_draft_model and draft is not None:
         runtimes[CurveRole.DRAFT], wanted[CurveRole.DRAFT] = draft, [1]
+    for role, runtime in runtimes.items():
+        if context + wanted[role][-1] > runtime.max_context:
+            raise ConfigError(
+                f"goodput measures its costs after {context} cached tokens and {wanted[role][-1]} more, but the "
+                f"{role.value} model holds {runtime.max_context} positions: give a fixed number of drafts (fixed:K)",
+                "policy",
+            )
     curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
     if draft is not None and CurveRole.DRAFT in curves:
         curves[CurveRole.DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))

@@ -26,7 +26,8 @@ def check_prompt(prompt_ids: Sequence[int], config: GenerationConfig, max_contex
         raise PromptError(
             f"the prompt has {len(prompt_ids)} tokens and max_new_tokens is {config.max_new_tokens}: "
             f"{needed} positions, but the model's context holds {max_context}; "
-            f"shorten the prompt or lower max_new_tokens"
+            f"shorten the prompt or lower max_new_tokens",
+            "max_new_tokens",
         )
 
 

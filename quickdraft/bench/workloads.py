@@ -120,7 +120,8 @@ def served_input(
                             "drafter": "none"}  # fmt: skip
     try:
         api = parse_request(
-            body, True, ServerDefaults(("reference",)), lambda messages, chat, tools=None: pipeline.encode_chat(
+            body, True, ServerDefaults(("reference",), max_context=pipeline.target.max_context),
+            lambda messages, chat, tools=None: pipeline.encode_chat(
                 messages, tools), pipeline.drafter, template if isinstance(template, str) else "",
         )  # fmt: skip
     except ApiError as error:

@@ -35,14 +35,8 @@ from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, parse_request
 from quickdraft.server.responses import chunk_body, logprobs_body, new_id, response_body, usage_chunk
-from quickdraft.server.responses_api import (
-    chat_request,
-    new_response_id,
-    output_items,
-    renamed,
-    response_object,
-    stream_events,
-)
+from quickdraft.server.responses_api import chat_request, renamed
+from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tools import CallFilter, split_calls
 from quickdraft.vocabularies import token_pieces
 

@@ -219,7 +219,8 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             content = ""  # an assistant turn that only called tools
         if isinstance(content, list):  # content parts: text only, joined
-            content = text_parts(content, f"a {message['role']} message", "messages")
+            article = "an" if message["role"][0] in "aeiou" else "a"
+            content = text_parts(content, f"{article} {message['role']} message", "messages")
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
         role = "system" if message["role"] == "developer" else message["role"]

@@ -11,6 +11,8 @@ from typing import Any, Literal
 import httpx
 import pytest
 from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 from test_tools import WEATHER, char_pipeline
 
 ASK = "What is the weather in Paris?"
@@ -152,9 +154,16 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
     [
         ({"store": True}, "store", "keeps no responses"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "send the whole conversation"),
-        ({"background": True}, "background", "keeps no responses"),
+        ({"background": True}, "background", "answers while the client waits"),
         ({"reasoning": {"effort": "low"}}, "reasoning", "not supported"),
-        ({"truncation": "auto"}, "truncation", "not supported"),
+        ({"truncation": "auto"}, "truncation", "does not cut a conversation"),
+        ({"max_tool_calls": 2}, "max_tool_calls", "does not count"),
+        ({"instructions": 5}, "instructions", "instructions must be text"),
+        ({"input": [{"content": "w1"}]}, "input", "needs a role"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input", "call_id"),
+        ({"tools": [{"type": "function", "parameters": {}}]}, "tools", "needs a name"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "text.format.schema must be"),
+        ({"metadata": "x"}, "metadata", "an object"),
         ({"max_output_tokenz": 3}, "max_output_tokenz", "unrecognized request argument"),
         ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be a whole number"),
         ({"input": []}, "input", "non-empty list"),
@@ -184,3 +193,66 @@ def test_a_json_schema_format_is_the_chat_response_format(tool_server: Server) -
     assert whole.output_text == expected and whole.text.format.type == "json_schema"
     if whole.status == "completed":
         assert json.loads(whole.output_text)["city"] in ("Paris", "Oslo")
+
+
+def strictly(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` checked against the openai client's model of a Response: every required field, of its type."""
+    Response.model_validate(body)
+    return body
+
+
+def raw_events(server: Server, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed answer's events as sent, each checked against the client's model of its type."""
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body | {"stream": True}, timeout=TIMEOUT) as answer:
+        events = [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: ")]
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for event in events:
+        adapter.validate_python(event)
+    return events
+
+
+def test_log_probabilities_are_those_of_the_message_text_whole_and_streamed(tool_server: Server) -> None:
+    """With calls after it, a message's log-probabilities cover its text, not the calls; streamed, the same
+    output as whole, every event and object of OpenAI's shape."""
+    body = {"model": MODEL, "input": ASK, "tools": [TOOL], "tool_choice": "required", "max_output_tokens": 120,
+            "temperature": 0, "parallel_tool_calls": False, "include": ["message.output_text.logprobs"]}  # fmt: skip
+    for fields in ({}, {"tool_choice": "auto", "max_output_tokens": 40}, {"tools": None, "tool_choice": None}):
+        asked = {key: value for key, value in (body | fields).items() if value is not None}
+        whole = strictly(httpx.post(f"{tool_server.url}/v1/responses", json=asked, timeout=TIMEOUT).json())
+        events = raw_events(tool_server, asked)
+        final = strictly(events[-1]["response"])
+        assert [item["type"] for item in final["output"]] == [item["type"] for item in whole["output"]], fields
+        for item in (item for item in whole["output"] if item["type"] == "message"):
+            part = item["content"][0]
+            assert "".join(entry["token"] for entry in part["logprobs"]) == part["text"]
+        streamed = [entry for event in events if event["type"] == "response.output_text.delta"
+                    for entry in event["logprobs"]]  # fmt: skip
+        message = [item for item in final["output"] if item["type"] == "message"]
+        assert streamed == (message[0]["content"][0]["logprobs"] if message else [])
+
+
+def test_what_the_openai_client_sends_is_read(server: Server) -> None:
+    """A message item the client dumps has type null; top_logprobs alone asks for log-probabilities; null fields
+    ask for nothing; prompt_cache_retention changes nothing here."""
+    from openai.types.responses import EasyInputMessage
+
+    item = EasyInputMessage(role="user", content="w1 w2 w3").model_dump()
+    assert item["type"] is None
+    body = {"model": MODEL, "input": [item], "max_output_tokens": 4, "temperature": 0, "top_logprobs": 2,
+            "context_management": None, "prompt_cache_retention": "24h", "reasoning": {"effort": None}}  # fmt: skip
+    answer = strictly(httpx.post(f"{server.url}/v1/responses", json=body, timeout=TIMEOUT).json())
+    entries = answer["output"][0]["content"][0]["logprobs"]
+    assert len(entries) == 4 and all(len(entry["top_logprobs"]) == 2 for entry in entries)
+
+
+def test_a_request_past_its_time_ends_with_response_failed() -> None:
+    from quickdraft.server.access import Access
+
+    with serving(native_chat_pipeline(), access=Access(request_timeout_s=0.001)) as running:
+        body = {"model": MODEL, "input": "w1 w2", "max_output_tokens": 200}
+        whole = httpx.post(f"{running.url}/v1/responses", json=body, timeout=TIMEOUT)
+        assert whole.status_code == 504 and whole.json()["error"]["code"] == "timeout"
+        events = raw_events(running, body)
+        failed = strictly(events[-1]["response"])
+        assert events[-1]["type"] == "response.failed" and failed["error"]["code"] == "server_error"
+        assert all(item["status"] == "incomplete" for item in failed["output"])

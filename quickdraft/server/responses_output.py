@@ -1,0 +1,231 @@
+"""OpenAI's Responses API, the answer: the Response object of a request translated to chat
+(:mod:`quickdraft.server.responses_api`), its output items, and its typed events when streamed.
+
+Rules:
+- An answer cut by ``max_output_tokens`` is ``incomplete`` (reason ``max_output_tokens``); any other is
+  ``completed``. Its output: a message with the answer's text (left out when the answer is only calls), then each
+  call, as the chat answer's content and ``tool_calls``. The message's log-probabilities are those of the tokens that
+  spell its text, not of the calls after it.
+- Streamed: ``response.created`` and ``response.in_progress``; the message's ``output_item.added`` and
+  ``content_part.added`` at its first text, an ``output_text.delta`` per delta (with the entries of the tokens it
+  spells), then ``output_text.done``, ``content_part.done`` and ``output_item.done``; each call's
+  ``output_item.added``, its arguments in one ``function_call_arguments.delta`` and ``.done``, and
+  ``output_item.done``; last ``response.completed`` (or ``.incomplete``). A request that fails or runs out of time
+  closes its message as ``incomplete`` and ends with ``response.failed`` and the error. Every event carries its
+  ``sequence_number``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from quickdraft.engine import Event, GenerationResult, RequestFailed, RequestFinished, TokenDelta
+from quickdraft.server.errors import ApiError, failure
+from quickdraft.server.protocol import ApiRequest
+from quickdraft.server.responses import logprobs_body, speculation
+from quickdraft.server.responses_api import Echo
+from quickdraft.server.tools import CallFilter, split_calls
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
+
+
+def response_object(
+    api: ApiRequest,
+    echo: Echo,
+    response_id: str,
+    output: list[dict[str, Any]],
+    result: GenerationResult | None,
+    error: ApiError | None = None,
+) -> dict[str, Any]:
+    """The Response: in progress while ``result`` is None, else completed or incomplete; failed with ``error`` (a
+    request's own fault is an ``invalid_prompt``, any other a ``server_error``: the codes a Response may carry)."""
+    incomplete = result is not None and result.finish_reason == "length"
+    status = "failed" if error else "in_progress" if result is None else "incomplete" if incomplete else "completed"
+    sampling = api.serve.config.sampling
+    failed = None if error is None else {"code": "invalid_prompt" if error.status == 400 else "server_error"}
+    body = {
+        "id": response_id, "object": "response", "created_at": api.created, "status": status, "background": False,
+        "error": None if error is None else failed | {"message": error.message},
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens, "max_tool_calls": None,
+        "model": api.model, "output": output, "parallel_tool_calls": echo.parallel_tool_calls,
+        "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+        "temperature": sampling.temperature, "text": echo.text, "tool_choice": echo.tool_choice,
+        "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": sampling.top_p, "truncation": "disabled",
+        "usage": None if result is None else usage(api, result), "metadata": echo.metadata,
+    }  # fmt: skip
+    return body | ({} if result is None else {"speculation": speculation(result)})
+
+
+def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
+    input_tokens, output_tokens = len(api.serve.prompt_ids), len(result.token_ids)
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def message_item(item_id: str, text: str | None, logprobs: list[Any], status: str) -> dict[str, Any]:
+    """The assistant's message; ``text`` None: opened, no part yet."""
+    content = [] if text is None else [output_text(text, logprobs)]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def output_text(text: str, logprobs: list[Any]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+
+def call_item(call: Mapping[str, Any], arguments: str | None = None, status: str = "completed") -> dict[str, Any]:
+    """A chat tool call as a function_call item (``arguments``: what to show of its arguments, all by default)."""
+    function = call["function"]
+    return {
+        "type": "function_call", "id": f"fc_{call['id'].removeprefix('call_')}", "call_id": call["id"],
+        "name": function["name"], "arguments": function["arguments"] if arguments is None else arguments,
+        "status": status,
+    }  # fmt: skip
+
+
+def spelling(entries: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
+    """The first log-probability entries whose tokens spell at most ``chars`` characters: those of a message's text
+    where calls follow it."""
+    taken, spelled = [], 0
+    for entry in entries:
+        spelled += len(entry["token"])
+        if spelled > chars:
+            break
+        taken.append(entry)
+    return taken
+
+
+def output_items(api: ApiRequest, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]) -> list[Any]:
+    """A whole answer's output: its message (unless it is only calls), then its calls."""
+    content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
+    if calls and not content:
+        return [call_item(call) for call in calls]
+    status = "incomplete" if result.finish_reason == "length" else "completed"
+    entries = (logprobs_body(api, result.logprobs or [], spell) or {"content": []})["content"]
+    logprobs = spelling(entries, len(content)) if calls else entries
+    return [message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, status), *(call_item(call) for call in calls)]
+
+
+class StreamedMessage:
+    """A streamed answer's message: its text as sent, and the log-probabilities of its tokens, each sent with the
+    delta that spells it (tokens that may open a call are held back with their text)."""
+
+    def __init__(self) -> None:
+        self.text, self.pending, self.sent = "", [], []  # entries not yet sent; those sent
+        self.spelled = 0  # characters the sent entries spell
+
+    def add(self, delta: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The entries to send with ``delta``."""
+        self.text += delta
+        self.pending += entries
+        released = spelling(self.pending, len(self.text) - self.spelled)
+        self.pending = self.pending[len(released) :]
+        self.spelled += sum(len(entry["token"]) for entry in released)
+        self.sent += released
+        return released
+
+
+async def stream_events(
+    api: ApiRequest,
+    echo: Echo,
+    events: asyncio.Queue[Event],
+    track: Any,
+    spell: Callable[[int], tuple[str, bytes]],
+) -> AsyncIterator[str]:
+    """The answer's events as server-sent events (the rules above); ``track``: the app's tracker of the request's
+    time left (``seconds_left``, ``timeout``)."""
+    response_id, message_id, numbers = new_response_id(), f"msg_{uuid.uuid4().hex}", itertools.count()
+    calls, message, opened = CallFilter() if api.tools else None, StreamedMessage(), False
+    ids = {"item_id": message_id, "output_index": 0, "content_index": 0}
+
+    def event(kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": next(numbers)} | fields
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    def opening() -> list[str]:
+        """The message and its text part, opened once: at the answer's first text, or as it ends without any."""
+        nonlocal opened
+        if opened:
+            return []
+        opened, item = True, message_item(message_id, None, [], "in_progress")
+        return [
+            event("response.output_item.added", output_index=0, item=item),
+            event("response.content_part.added", **ids, part=output_text("", [])),
+        ]
+
+    def text_events(delta: str, entries: list[dict[str, Any]]) -> list[str]:
+        """``delta`` with the entries of the tokens it spells."""
+        released = message.add(delta, entries)
+        return [*opening(), event("response.output_text.delta", **ids, delta=delta, logprobs=released)] if delta else []
+
+    def closing(status: str, logprobs: list[Any]) -> list[str]:
+        """The message's last events: its item, as it ends."""
+        item = message_item(message_id, message.text, logprobs, status)
+        return [
+            *opening(),
+            event("response.output_text.done", **ids, text=message.text, logprobs=logprobs),
+            event("response.content_part.done", **ids, part=item["content"][0]),
+            event("response.output_item.done", output_index=0, item=item),
+        ]
+
+    yield event("response.created", response=response_object(api, echo, response_id, [], None))
+    yield event("response.in_progress", response=response_object(api, echo, response_id, [], None))
+    wanted = api.serve.config.logprobs is not None
+    while True:
+        try:
+            engine_event = await asyncio.wait_for(events.get(), track.seconds_left())
+        except TimeoutError:
+            engine_event = track.timeout()
+        if isinstance(engine_event, TokenDelta):
+            entries = (logprobs_body(api, engine_event.logprobs, spell) or {"content": []})["content"] if wanted else []
+            for sent in text_events(engine_event.text if calls is None else calls.feed(engine_event.text), entries):
+                yield sent
+            continue
+        if not isinstance(engine_event, RequestFinished):  # failed, or past its time: what was sent, then why
+            error = failure(engine_event) if isinstance(engine_event, RequestFailed) else engine_event
+            output = []
+            if opened:
+                for sent in closing("incomplete", message.sent):
+                    yield sent
+                output.append(message_item(message_id, message.text, message.sent, "incomplete"))
+            yield event("response.failed", response=response_object(api, echo, response_id, output, None, error))
+            return
+        result, found = engine_event.result, []
+        if calls is not None and api.tools is not None:
+            content, found = split_calls(calls.text, api.tools.names)
+            for sent in text_events(content[calls.sent :], []):  # the held text that was no call
+                yield sent
+        output: list[dict[str, Any]] = []
+        if opened or not found:  # an answer with no text still has its message
+            status = "incomplete" if result.finish_reason == "length" else "completed"
+            logprobs = (
+                spelling(message.sent + message.pending, len(message.text)) if found else message.sent + message.pending
+            )
+            for sent in closing(status, logprobs):
+                yield sent
+            output.append(message_item(message_id, message.text, logprobs, status))
+        for call in found:
+            index, item = len(output), call_item(call)
+            yield event("response.output_item.added", output_index=index, item=call_item(call, "", "in_progress"))
+            yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                        delta=item["arguments"])  # fmt: skip
+            yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                        name=item["name"], arguments=item["arguments"])  # fmt: skip
+            output.append(item)
+            yield event("response.output_item.done", output_index=index, item=item)
+        finished = response_object(api, echo, response_id, output, result)
+        yield event("response.incomplete" if finished["status"] == "incomplete" else "response.completed",
+                    response=finished)  # fmt: skip
+        return

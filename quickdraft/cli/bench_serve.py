@@ -306,6 +306,7 @@ def quickdraft_command(args: argparse.Namespace, port: int) -> list[str]:
     command += ["--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting)]
     command += ["--prefill-tokens-per-step", str(args.prefill_tokens_per_step)]
     command += ["--prefix-cache-mb", str(args.prefix_cache_mb)]
+    command += [] if args.kv_cache_mb is None else ["--kv-cache-mb", str(args.kv_cache_mb)]
     command += ["--max-draft-tokens", str(args.max_draft_tokens)] + (["--draft", args.draft] if args.draft else [])
     command += (["--policy", args.policy] if args.policy else []) + (["--recalibrate"] if args.recalibrate else [])
     command += ["--draft-weights", args.draft_weights] if args.draft_weights else []

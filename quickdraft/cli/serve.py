@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -131,6 +132,15 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
         help="keys and values of finished requests kept for prompts that start alike: a system prompt, a chat's "
         f"earlier turns (native runtime; 0 = off; default {prefix_cache_mb})",
     )
+    parser.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="memory for the running requests' keys and values: each reserves its prompt and max_tokens, requests "
+        "wait while it is full, and one that can never fit is refused (0 = no bound; default: 3/4 of the memory "
+        "available once the models are loaded, less --prefix-cache-mb)",
+    )
     parser.add_argument("--recalibrate", action="store_true", help="measure the costs again instead of loading them")
 
 
@@ -217,6 +227,8 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         raise ConfigError(
             f"--replicas needs Ray Serve ({error.name} is missing): pip install 'quickdraft[ray]'"
         ) from None
+    if args.ray_address is None:  # the replicas share this machine's memory
+        server = dataclasses.replace(server, memory_share=1 / max(args.replicas, args.max_replicas or 0))
     deployment = ray_serve.DeploymentOptions(
         args.replicas, threads, args.host, args.port, args.ray_address, args.max_replicas,
         max_ongoing_requests=server.scheduler.max_running, max_waiting=server.scheduler.max_waiting,

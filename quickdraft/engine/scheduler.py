@@ -23,19 +23,26 @@ class SchedulerSettings:
     max_running: int = 32  # requests decoding (and reading their prompts) at once
     max_waiting: int = 256  # requests queued for a free slot; one more is refused (QueueFull)
     prefill_tokens_per_step: int = 128  # prompt tokens the target reads per step beside decoding requests
+    max_positions: int | None = None  # positions the running requests may reserve in all (None: no bound)
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "max_waiting", "prefill_tokens_per_step"):
+        for name in ("max_running", "max_waiting", "prefill_tokens_per_step", "max_positions"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if (value is not None or name != "max_positions") and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}", name)
 
 
+def positions(state: RequestState) -> int:
+    """The cache positions a request reserves: its prompt's and as many as it may generate."""
+    return len(state.request.prompt_ids) + state.request.config.max_new_tokens
+
+
 class Scheduler:
-    """Requests wait in arrival order; at each step boundary the oldest take the free slots. A request reads
-    its prompt in chunks, the oldest first, at most ``prefill_tokens_per_step`` tokens a step in all, so a long
-    prompt never stalls the requests that are decoding. Adding and cancelling are safe from other threads;
-    everything else runs on the engine's thread."""
+    """Requests wait in arrival order; at each step boundary the oldest take the free slots, while the positions
+    they reserve (:func:`positions`) fit within ``max_positions`` with the running ones' (the memory of their
+    caches); the oldest waits for room rather than be passed. A request reads its prompt in chunks, the oldest
+    first, at most ``prefill_tokens_per_step`` tokens a step in all, so a long prompt never stalls the requests that
+    are decoding. Adding and cancelling are safe from other threads; everything else runs on the engine's thread."""
 
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
@@ -49,7 +56,14 @@ class Scheduler:
     def add(self, state: RequestState) -> None:
         """Queue ``state``: ``QueueFull`` when the queue is full, ``ConfigError`` when a request of its id is
         already queued or running (an id names one request, which is what :meth:`cancel` stops)."""
-        request_id = state.request.request_id
+        request_id, limit = state.request.request_id, self.settings.max_positions
+        if limit is not None and positions(state) > limit:
+            raise ConfigError(
+                f"the request reserves {positions(state)} positions (its prompt and max_new_tokens), more than the "
+                f"{limit} this server's caches hold for all requests together; lower max_new_tokens or shorten the "
+                "prompt",
+                "max_new_tokens",
+            )
         with self._lock:
             if request_id in self._live:
                 raise ConfigError(f"request {request_id!r} is already queued or running: give each request its own id")
@@ -87,8 +101,13 @@ class Scheduler:
         """Move the oldest waiting requests into free slots, each started by ``start`` (its caches made); returns
         the admitted ones. Where a start raises, that request and those after it stay in :attr:`admitting` for the
         failure path to answer (``Engine.fail_running``): no request is lost."""
+        limit = self.settings.max_positions
         with self._lock:
+            reserved = sum(positions(state) for state in [*self.running, *self.admitting])
             while self.waiting and len(self.running) + len(self.admitting) < self.settings.max_running:
+                if limit is not None and reserved + positions(self.waiting[0]) > limit:
+                    break  # the oldest waits for room
+                reserved += positions(self.waiting[0])
                 self.admitting.append(self.waiting.popleft())
         admitted = []
         while self.admitting:

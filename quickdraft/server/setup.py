@@ -4,6 +4,7 @@ made ready first, and the app over its loop. ``quickdraft serve`` makes one; eac
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from quickdraft.models.convert import gguf_source
 from quickdraft.runtime.device import resolve_device
 from quickdraft.server.access import MAX_BODY_MB, OPEN, REQUEST_TIMEOUT_S, Access
 from quickdraft.server.loop import ServingLoop
+from quickdraft.server.memory import position_budget
 from quickdraft.server.protocol import ServerDefaults
 
 
@@ -43,11 +45,15 @@ class ServerOptions:
     default_max_tokens: int = 256
     device: str = "auto"  # where the models run (runtime/device.py)
     access: Access = OPEN  # who may use the server, how much a request may ask (server/access.py)
+    kv_cache_mb: int | None = None  # the running requests' caches (server/memory.py; None: a share of what is free)
+    memory_share: float = 1.0  # this server's share of the machine's memory (a replica's: one of N)
 
     def __post_init__(self) -> None:
         GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
         if self.prefix_cache_mb < 0:
             raise ConfigError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
+        if self.kv_cache_mb is not None and self.kv_cache_mb < 0:
+            raise ConfigError(f"--kv-cache-mb must be >= 0 (0: no bound), got {self.kv_cache_mb}")
         if self.default_max_tokens < 1:
             raise ConfigError(f"--default-max-tokens must be >= 1, got {self.default_max_tokens}")
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -72,6 +78,7 @@ class ServerOptions:
                 getattr(args, "api_key", None), getattr(args, "metrics_public", False),
                 getattr(args, "max_body_mb", MAX_BODY_MB), getattr(args, "request_timeout", REQUEST_TIMEOUT_S),
             ),
+            getattr(args, "kv_cache_mb", None),
         )  # fmt: skip
 
 
@@ -98,7 +105,7 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     pipeline.drafter(options.drafter)  # a default drafter these models cannot run fails here
     engine, notes = serving_engine(
         pipeline, options.scheduler, options.max_draft_tokens, options.recalibrate,
-        prefix_cache_mb=options.prefix_cache_mb,
+        prefix_cache_mb=options.prefix_cache_mb, kv_cache_mb=options.kv_cache_mb, memory_share=options.memory_share,
     )  # fmt: skip
     if pipeline.bridge is not None:
         notes = [pipeline.pairing(), *notes]
@@ -140,6 +147,8 @@ def serving_engine(
     recalibrate: bool = False,
     batch_costs: BatchCostModel | None = None,
     prefix_cache_mb: int = 0,
+    kv_cache_mb: int | None = None,
+    memory_share: float = 1.0,
 ) -> tuple[Engine, list[str]]:
     """An engine for the pipeline's models and what was done to get it ready (lines for a user).
 
@@ -148,7 +157,8 @@ def serving_engine(
     loaded where one was trained. The batch cost curve goodput plans shared steps with is loaded or measured
     (unless ``batch_costs`` is given), up to ``max_running`` requests and as many tokens as a step of them with
     a prompt chunk holds. ``prefix_cache_mb`` > 0 keeps finished requests' caches for prompts that start alike
-    (where the runtime's cached prefixes are exact)."""
+    (where the runtime's cached prefixes are exact). The running requests reserve their caches' positions within
+    ``kv_cache_mb`` (:func:`position_budget`), unless ``settings`` bounds them already."""
     notes = []
     goodput = GenerationConfig(policy="goodput", max_draft_tokens=max_draft_tokens)
     for name in servable_drafters(pipeline):
@@ -170,6 +180,11 @@ def serving_engine(
         notes.append(f"prefix cache: {prefix_cache_mb} MB, {prefix_cache_mb * 2**20 // per_token} tokens")
     elif prefix_cache_mb > 0:
         notes.append(f"prefix cache off: the {pipeline.target.name} runtime's cached prefixes would not be exact")
+    if settings.max_positions is None:  # measured now: the models are loaded and calibrated
+        per_position = pipeline.target.kv_bytes_per_token + (pipeline.draft.kv_bytes_per_token if pipeline.draft else 0)
+        positions, note = position_budget(kv_cache_mb, per_position, prefix_cache_mb, memory_share)
+        settings = dataclasses.replace(settings, max_positions=positions)
+        notes.append(note)
     engine = Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, settings, batch_costs, prefix_cache)
     return engine, notes
 

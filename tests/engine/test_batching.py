@@ -222,6 +222,31 @@ def test_a_full_queue_refuses_requests(native: Pipeline) -> None:
     engine.submit(plain, lambda _: None)
 
 
+def test_requests_reserve_their_positions_and_the_oldest_waits_for_room(native: Pipeline) -> None:
+    """Under ``max_positions``, a request is admitted while its prompt and budget fit beside the running ones'; the
+    oldest waits for room rather than be passed by a smaller one; one that can never fit is refused at once."""
+    engine = batch_engine(native, max_positions=40)
+    collector = Collector(engine)
+    sizes = {"a": (10, 10), "b": (10, 15), "c": (2, 2)}  # a and b do not fit together (45); a and c would (24)
+    for name, (prompt, budget) in sizes.items():
+        config = GenerationConfig(max_new_tokens=budget, policy="fixed:2")
+        engine.submit(make_request(native, (1,) * prompt, config, "draft-model", name), collector.sink(name))
+    admitted: list[set[str]] = []
+    while not engine.idle:
+        engine.step()
+        admitted.append({state.request.request_id for state in engine.scheduler.running})
+    assert admitted[0] == {"a"} and all("b" not in running for running in admitted if "a" in running)
+    assert next(running for running in admitted if "c" in running) >= {"b"}  # c came in behind b, not before it
+    alone = GenerationConfig(max_new_tokens=10, policy="fixed:2")
+    for name, (prompt, budget) in sizes.items():
+        config = replace(alone, max_new_tokens=budget)
+        expected = native.generate(list((1,) * prompt), config, drafter="draft-model").token_ids
+        assert collector.result(name).token_ids == expected
+    with pytest.raises(ConfigError, match=r"reserves 41 positions .* more than the 40") as error:
+        engine.submit(make_request(native, (1,) * 31, GenerationConfig(max_new_tokens=10)), lambda _: None)
+    assert error.value.setting == "max_new_tokens" and engine.idle
+
+
 def test_bad_requests_are_refused_at_submission(native: Pipeline) -> None:
     engine = batch_engine(native)
     with pytest.raises(PromptError, match="empty"):

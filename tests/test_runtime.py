@@ -90,4 +90,6 @@ def test_a_multimodal_models_context_is_its_text_models() -> None:
                   patch_size=14)  # fmt: skip
     config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
                           boi_token_index=297, eoi_token_index=298)  # fmt: skip
-    assert HFRuntime(AutoModelForCausalLM.from_config(config)).max_context == 8192  # was 2048
+    runtime = HFRuntime(AutoModelForCausalLM.from_config(config))
+    assert runtime.max_context == 8192  # was 2048
+    assert runtime.kv_bytes_per_token == 2 * 1 * 2 * 8 * 4  # keys and values, 1 layer, 2 heads of 8, float32

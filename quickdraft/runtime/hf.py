@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import replace
@@ -51,6 +52,9 @@ class HFRuntime(Runtime):
         lm_head = model.get_output_embeddings().weight  # [V, H]: it reads the last hidden state
         self.vocab_size, self.hidden_size = int(lm_head.shape[0]), int(lm_head.shape[1])
         self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
+        with contextlib.suppress(AttributeError):  # a config without the usual names: the cost stays unknown (0)
+            kv_heads, head_dim = kv_shape(config)
+            self.kv_bytes_per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
         self.device = model.device
         self.build = f"transformers {transformers_version()} {model.dtype} {device_name(self.device)}".rstrip()
         # transformers 5 renamed ``past_key_values`` to ``cache`` (the old name warns, then goes); 4.x has the old one
@@ -79,8 +83,7 @@ class HFRuntime(Runtime):
         """Zero keys and values at the next ``num_tokens`` positions of every layer (see :class:`Runtime`)."""
         assert isinstance(cache, HFCache), "a cache belongs to the runtime that made it"
         config = self.model.config.get_text_config()
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_heads, head_dim = kv_shape(config)
         shape = (cache.batch_size, kv_heads, num_tokens, head_dim)  # [B, kv_heads, n, head_dim]
         for layer in range(config.num_hidden_layers):
             keys, values = (torch.zeros(shape, dtype=self.model.dtype, device=self.device) for _ in range(2))
@@ -121,3 +124,9 @@ def check_default(options: LoadOptions) -> None:
             "the transformers runtime runs a model's own float weights: other weight formats and a vocabulary "
             "subset need the native runtime"
         )
+
+
+def kv_shape(config: Any) -> tuple[int, int]:
+    """A text config's key-value heads and head size."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return kv_heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -210,6 +210,16 @@ class Ingress:
         received, body = time.time(), await read_body(request, self.max_body_bytes)
         return await self.forward("POST", "/v1/chat/completions", body, key_of(body, chat=True), received)
 
+    @ingress_app.post("/tokenize")
+    async def tokenize(self, request: Request) -> Response:
+        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        return await self.forward("POST", "/tokenize", body, None, received)
+
+    @ingress_app.post("/detokenize")
+    async def detokenize(self, request: Request) -> Response:
+        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        return await self.forward("POST", "/detokenize", body, None, received)
+
     @ingress_app.post("/v1/responses")
     async def responses(self, request: Request) -> Response:
         received, body = time.time(), await read_body(request, self.max_body_bytes)

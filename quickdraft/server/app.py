@@ -37,6 +37,7 @@ from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, par
 from quickdraft.server.responses import chunk_body, logprobs_body, new_id, response_body, usage_chunk
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
+from quickdraft.server.tokenize import detokenize, tokenize
 from quickdraft.server.tools import CallFilter, split_calls
 from quickdraft.vocabularies import token_pieces
 
@@ -254,6 +255,19 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> JSONResponse:
+        access.authorize(request.headers.get("authorization"))
+        body = await read_json(request, access.max_body_bytes)
+        names = defaults.model_names
+        return JSONResponse(await asyncio.to_thread(tokenize, body, pipeline, names, chat_template, spell))
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> JSONResponse:
+        access.authorize(request.headers.get("authorization"))
+        body = await read_json(request, access.max_body_bytes)
+        return JSONResponse(await asyncio.to_thread(detokenize, body, pipeline, defaults.model_names))
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:

@@ -82,12 +82,7 @@ def parse_request(
     ``chat_template``: the model's, which must have a tool format for ``tools``."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, f"model must be a model's name, got {model!r}", "model")
-    if model is not None and model not in defaults.model_names:
-        message = f"the model {model!r} does not exist; this server serves {defaults.model_names[0]!r}"
-        raise ApiError(404, message, "model", code="model_not_found")
+    model = served_model(body, defaults.model_names)
     if body.get("n") is not None and not (is_int(body["n"]) and body["n"] == 1):  # null: the default, as OpenAI's
         raise ApiError(400, f"n must be 1: one choice per request, got {body['n']!r}", "n")
     check_fields(body, chat)
@@ -104,7 +99,9 @@ def parse_request(
     include_usage = flag(options or {}, "include_usage", False, "stream_options.")
     return_token_ids = flag(body, "return_token_ids", False)
     try:
-        prompt_ids = encode(_messages(body) if chat else _prompt(body), chat, None if tools is None else tools.tools)
+        prompt_ids = encode(
+            chat_messages(body) if chat else _prompt(body), chat, None if tools is None else tools.tools
+        )
         sampling = SamplingParams(
             temperature=_number(body, "temperature", 1.0),
             top_k=_field(body, "top_k", 0),
@@ -145,8 +142,18 @@ def parse_request(
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error), _param(error, chat)) from None
-    model = model or defaults.model_names[0]
     return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()))
+
+
+def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:
+    """The served name a request asks for (the first where it names none); another name is a 404."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, f"model must be a model's name, got {model!r}", "model")
+    if model is not None and model not in model_names:
+        message = f"the model {model!r} does not exist; this server serves {model_names[0]!r}"
+        raise ApiError(404, message, "model", code="model_not_found")
+    return model or model_names[0]
 
 
 def _param(error: QuickdraftError, chat: bool) -> str | None:
@@ -205,7 +212,8 @@ def _prompt(body: Mapping[str, Any]) -> str | list[int]:
     raise ApiError(400, "prompt must be one non-empty string (or one list of token ids)", "prompt")
 
 
-def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A chat body's messages, checked, as the chat template takes them."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")

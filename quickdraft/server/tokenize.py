@@ -1,0 +1,78 @@
+"""``/tokenize`` and ``/detokenize`` (vLLM's endpoints): the token ids this server reads a prompt or a conversation
+as, and the text of token ids.
+
+Rules:
+- ``/tokenize`` takes ``prompt`` (read as ``/v1/completions`` reads it; ``add_special_tokens`` false: without the
+  tokenizer's special tokens) or ``messages`` (as ``/v1/chat/completions`` reads them, through the chat template, with
+  ``tools``), and answers ``count``, ``max_model_len`` and ``tokens``, and ``token_strs`` with ``return_token_strs``.
+- ``/detokenize`` takes ``tokens`` (ids of the vocabulary) and answers ``prompt``: their text, special tokens
+  included.
+- ``model`` is checked as on the other endpoints. Any other field is a 400, and so is a chat template option this
+  server does not take (``add_generation_prompt`` false, ``continue_final_message``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from quickdraft.api import Pipeline
+from quickdraft.errors import QuickdraftError
+from quickdraft.lossless.sampling import is_int
+from quickdraft.prompts import require_utf8
+from quickdraft.server.errors import ApiError
+from quickdraft.server.fields import flag
+from quickdraft.server.protocol import chat_messages, served_model
+from quickdraft.server.tools import parse_tools
+
+TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools", "add_special_tokens", "return_token_strs",
+                             "add_generation_prompt", "continue_final_message"})  # fmt: skip
+
+
+def tokenize(
+    body: Any,
+    pipeline: Pipeline,
+    model_names: tuple[str, ...],
+    template: str,
+    spell: Callable[[int], tuple[str, bytes]],
+) -> dict[str, Any]:
+    """The answer to a ``/tokenize`` body (the rules above); raises :class:`ApiError`."""
+    _check(body, TOKENIZE_FIELDS, model_names)
+    if not flag(body, "add_generation_prompt", True) or flag(body, "continue_final_message", False):
+        message = "this server reads a conversation as the assistant's next turn: add_generation_prompt true only"
+        raise ApiError(400, message, "add_generation_prompt", code="unsupported_parameter")
+    if (body.get("prompt") is None) == (body.get("messages") is None):
+        raise ApiError(400, "give a prompt or messages", "prompt")
+    try:
+        if body.get("messages") is not None:
+            tools = parse_tools(body, template)
+            ids = pipeline.encode_chat(chat_messages(body), None if tools is None else list(tools.tools))
+        else:
+            prompt = body["prompt"]
+            if not isinstance(prompt, str):
+                raise ApiError(400, "prompt must be a string", "prompt")
+            require_utf8(prompt, "the prompt")
+            special = flag(body, "add_special_tokens", True)
+            ids = list(pipeline.tokenizer(prompt, add_special_tokens=special).input_ids) if prompt else []
+    except QuickdraftError as error:  # a template that cannot render them, text that is not UTF-8
+        raise ApiError(400, str(error), "messages" if body.get("messages") is not None else "prompt") from None
+    answer = {"count": len(ids), "max_model_len": pipeline.target.max_context, "tokens": ids}
+    return answer | ({"token_strs": [spell(i)[0] for i in ids]} if flag(body, "return_token_strs", False) else {})
+
+
+def detokenize(body: Any, pipeline: Pipeline, model_names: tuple[str, ...]) -> dict[str, Any]:
+    """The answer to a ``/detokenize`` body (the rules above); raises :class:`ApiError`."""
+    _check(body, frozenset({"model", "tokens"}), model_names)
+    tokens, vocab_size = body.get("tokens"), pipeline.target.vocab_size
+    if not isinstance(tokens, list) or not all(is_int(token) and 0 <= token < vocab_size for token in tokens):
+        raise ApiError(400, f"tokens must be a list of token ids in [0, {vocab_size})", "tokens")
+    return {"prompt": pipeline.tokenizer.decode(tokens)}
+
+
+def _check(body: Any, fields: frozenset[str], model_names: tuple[str, ...]) -> None:
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "the request body must be a JSON object")
+    for name in body:
+        if name not in fields and body[name] is not None:
+            raise ApiError(400, f"unrecognized request argument: {name}", name, code="unrecognized_parameter")
+    served_model(body, model_names)

@@ -24,13 +24,12 @@ if TYPE_CHECKING:  # the server's packages load when a server starts: generate r
     from quickdraft.server.setup import ServerOptions
 
 SERVE_DOC = """\
-Serve the models over HTTP with OpenAI's API: POST /v1/completions, POST /v1/chat/completions, POST
-/v1/responses (stream: true for server-sent events), GET /v1/models, POST /tokenize and /detokenize, GET /health
-and GET /metrics (Prometheus).
-Requests decode together (continuous batching); each speculates with its own drafter and policy (the defaults
-below, or extra_body {"drafter": ..., "policy": ...} per request), and goodput chooses every request's drafts per
-step from the measured cost of the whole batch, falling to plain decoding when the batch is busy. Listens on
-127.0.0.1 unless --host says otherwise."""
+Serve the models over HTTP with OpenAI's API: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses
+(stream: true for server-sent events), GET /v1/models, POST /tokenize and /detokenize, GET /health and GET /metrics
+(Prometheus). Requests decode together (continuous batching); each speculates with its own drafter and policy (the
+defaults below, or extra_body {"drafter": ..., "policy": ...} per request), and goodput chooses every request's
+drafts per step from the measured cost of the whole batch, falling to plain decoding when the batch is busy. Listens
+on 127.0.0.1 unless --host says otherwise."""
 
 
 def add_command(commands: Any) -> None:

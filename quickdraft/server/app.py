@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import time
 from asyncio import Queue
@@ -27,21 +26,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from quickdraft.api import Pipeline
-from quickdraft.engine import Event, GenerationResult, QueueFull, RequestFailed, RequestFinished, TokenDelta
+from quickdraft.engine import Event, GenerationResult, QueueFull
 from quickdraft.errors import QuickdraftError
 from quickdraft.server.access import OPEN, WAITED, Access, read_json
-from quickdraft.server.errors import failure, shutting_down
+from quickdraft.server.answers import Tagged, Tracker, collect, stream_chunks
+from quickdraft.server.errors import shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, parse_request
-from quickdraft.server.responses import chunk_body, logprobs_body, new_id, response_body, usage_chunk
+from quickdraft.server.responses import new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tokenize import detokenize, tokenize
-from quickdraft.server.tools import CallFilter, split_calls
 from quickdraft.vocabularies import token_pieces
 
-DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 LOG = logging.getLogger("quickdraft.server")
 
 
@@ -127,8 +125,9 @@ def create_app(
         return pipeline.encode(prompt)
 
     async def start(request: Request, chat: bool, translate: Any = None) -> tuple[Any, ApiRequest, Queue, Tracker]:
-        """Read, check and submit a request: (its body, the parsed request, its events, its tracker). ``translate``:
-        the body (of another API) -> the chat body it means, and what else its answer needs."""
+        """Read, check and submit a request's choices: (what ``translate`` adds, the parsed request, its choices'
+        events, its tracker). ``translate``: the body (of another API) -> the chat body it means, and what else its
+        answer needs."""
         arrival = time.perf_counter() - request.scope.get(WAITED, 0.0)  # a replica's request waited in Ray's queue
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes)
@@ -141,112 +140,60 @@ def create_app(
             raise error if translate is None else renamed(error) from None
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events: asyncio.Queue[Tagged] = asyncio.Queue()
         event_loop = asyncio.get_running_loop()
-        track = Tracker(arrival, metrics, access.request_timeout_s)
+        track = Tracker(arrival, metrics, access.request_timeout_s, api.n)
 
-        def deliver(event: Event) -> None:  # on the event loop; timed even after a client went away
-            track.see(event)
-            events.put_nowait(event)
+        def deliver(index: int, event: Event) -> None:  # on the event loop; timed even after a client went away
+            track.see(index, event)
+            events.put_nowait((index, event))
 
-        def sink(event: Event) -> None:  # on the engine's thread
-            with contextlib.suppress(RuntimeError):  # the caller's event loop closed: no one is left to tell
-                event_loop.call_soon_threadsafe(deliver, event)
+        def sink(index: int) -> Callable[[Event], None]:
+            def tell(event: Event) -> None:  # on the engine's thread
+                with contextlib.suppress(RuntimeError):  # the caller's event loop closed: no one is left to tell
+                    event_loop.call_soon_threadsafe(deliver, index, event)
+
+            return tell
 
         try:  # in a worker thread: compiling a grammar can take a second, and would stall every other client
-            await asyncio.to_thread(loop.submit, api.serve, sink)
-        except QueueFull as error:
-            raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
-        except ServerStopping as error:
-            raise shutting_down(str(error)) from None
-        except QuickdraftError as error:  # the prompt does not fit, a policy the server cannot run, ...
-            raise ApiError(400, str(error)) from None
+            for index, choice in enumerate(api.choices):
+                await asyncio.to_thread(loop.submit, choice, sink(index))
+        except BaseException as error:
+            cancel_unfinished(api, track)  # the choices submitted before one was refused go too
+            if isinstance(error, QueueFull):
+                raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
+            if isinstance(error, ServerStopping):
+                raise shutting_down(str(error)) from None
+            if isinstance(error, QuickdraftError):  # the prompt does not fit, a policy the server cannot run, ...
+                raise ApiError(400, str(error)) from None
+            raise
         return extra, api, events, track
+
+    def cancel_unfinished(api: ApiRequest, track: Tracker) -> None:
+        """Free the slots of the request's choices still running, at the next step."""
+        for index in track.unfinished:
+            loop.cancel(api.choices[index].request_id)
 
     async def generate(request: Request, chat: bool) -> Response:
         _, api, events, track = await start(request, chat)
         if api.stream:
-            return StreamingResponse(stream(api, events, track, loop.cancel), media_type="text/event-stream")
-        result = await whole(request, api, events, track)
-        return JSONResponse(response_body(api, new_id(chat), result, spell))
+            chunks = cancelled_when_left(stream_chunks(api, events, track, spell), api, track)
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        results = await whole(request, api, events, track)
+        return JSONResponse(response_body(api, new_id(chat), results, spell))
 
-    async def whole(request: Request, api: ApiRequest, events: Queue, track: Tracker) -> GenerationResult:
+    async def whole(request: Request, api: ApiRequest, events: Queue, track: Tracker) -> list[GenerationResult]:
         try:
-            return await collect(request, events, track)
+            return await collect(request, events, track, api.n)
         finally:
-            if not track.done:
-                loop.cancel(api.serve.request_id)
+            cancel_unfinished(api, track)
 
     async def cancelled_when_left(texts: AsyncIterator[str], api: ApiRequest, track: Tracker) -> AsyncIterator[str]:
         try:
             async for text in texts:
                 yield text
-        finally:
-            if not track.done:  # the client went away: free the request's slot at the next step
-                loop.cancel(api.serve.request_id)
-
-    async def stream(
-        api: ApiRequest, events: asyncio.Queue[Event], track: Tracker, cancel: Callable[[str], None]
-    ) -> AsyncIterator[str]:
-        response_id = new_id(api.chat)
-        offset = 0  # completions' text_offset: characters of the tokens streamed so far
-        calls = CallFilter() if api.tools else None  # holds back what may open a tool call
-        try:
-            if api.chat:
-                yield sse(chunk_body(api, response_id, None))
-            while True:
-                try:
-                    event = await asyncio.wait_for(events.get(), track.seconds_left())
-                except TimeoutError:
-                    yield sse(track.timeout().body())
-                    break
-                logprobs = None
-                if isinstance(event, TokenDelta) and event.logprobs:
-                    logprobs = logprobs_body(api, event.logprobs, spell, offset)
-                    offset += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
-                if isinstance(event, TokenDelta):
-                    text = event.text if calls is None else calls.feed(event.text)
-                    if text or api.return_token_ids or logprobs:
-                        yield sse(chunk_body(api, response_id, text, event.token_ids, logprobs=logprobs))
-                elif isinstance(event, RequestFinished):
-                    reason = event.result.finish_reason
-                    if calls is not None and api.tools is not None:  # calls exists exactly when tools do
-                        content, found = split_calls(calls.text, api.tools.names)
-                        if content[calls.sent :] or found:  # the held text that was no call; the calls, whole
-                            yield sse(chunk_body(api, response_id, content[calls.sent :], tool_calls=found))
-                        reason = api.tools.finish_reason(reason, bool(found))
-                    yield sse(chunk_body(api, response_id, "", (), reason))
-                    if api.include_usage:
-                        yield sse(usage_chunk(api, response_id, event.result))
-                    break
-                elif isinstance(event, RequestFailed):
-                    yield sse(failure(event).body())
-                    break
-            yield "data: [DONE]\n\n"
-        finally:
-            if not track.done:  # the client went away: free the request's slot at the next step
-                cancel(api.serve.request_id)
-
-    async def collect(request: Request, events: asyncio.Queue[Event], track: Tracker) -> GenerationResult:
-        """The request's result, its client checked every ``DISCONNECT_POLL_S`` while it runs (events or not)."""
-        check_at = time.monotonic() + DISCONNECT_POLL_S
-        while True:
-            left = track.seconds_left()
-            wait_s = max(0.0, check_at - time.monotonic() if left is None else min(left, check_at - time.monotonic()))
-            try:
-                event = await asyncio.wait_for(events.get(), wait_s)
-            except TimeoutError:
-                if track.seconds_left() == 0:
-                    raise track.timeout() from None
-                event = None
-            if time.monotonic() >= check_at:
-                if await request.is_disconnected():
-                    raise ApiError(499, "the client closed the connection") from None
-                check_at = time.monotonic() + DISCONNECT_POLL_S
-            if isinstance(event, RequestFinished):
-                return event.result
-            if isinstance(event, RequestFailed):
-                raise failure(event)
+        finally:  # ended, failed, or the client went away: the choices still running free their slots
+            cancel_unfinished(api, track)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -275,7 +222,7 @@ def create_app(
         if api.stream:
             texts = cancelled_when_left(stream_events(api, echo, events, track, spell), api, track)
             return StreamingResponse(texts, media_type="text/event-stream")
-        result = await whole(request, api, events, track)
+        (result,) = await whole(request, api, events, track)
         output = output_items(api, result, spell)
         return JSONResponse(response_object(api, echo, new_response_id(), output, result))
 
@@ -308,41 +255,3 @@ class ServerFailures:
             LOG.exception("the server failed on a request to %s", scope.get("path"))
             failure = ApiError(500, f"the server failed on this request: {type(error).__name__}", kind="server_error")
             await JSONResponse(failure.body(), status_code=500)(scope, receive, send)
-
-
-def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data)}\n\n"
-
-
-class Tracker:
-    """A request's timings for the metrics: arrival, first token, end."""
-
-    def __init__(self, arrival: float, metrics: ServerMetrics, timeout_s: float | None = None) -> None:
-        self.arrival = arrival
-        self.metrics = metrics
-        self.timeout_s = timeout_s
-        self.first_token: float | None = None
-        self.done = False
-
-    def seconds_left(self) -> float | None:
-        """Seconds until the request's timeout (0 once past it); None without one."""
-        if self.timeout_s is None:
-            return None
-        return max(0.0, self.arrival + self.timeout_s - time.perf_counter())
-
-    def timeout(self) -> ApiError:
-        message = f"the request ran past this server's {self.timeout_s:g} s limit (--request-timeout)"
-        return ApiError(504, message, kind="server_error", code="timeout")
-
-    def see(self, event: Event) -> None:
-        now = time.perf_counter()
-        if isinstance(event, TokenDelta) and event.token_ids and self.first_token is None:
-            self.first_token = now
-        elif isinstance(event, RequestFinished):
-            self.done = True
-            ttft = None if self.first_token is None else self.first_token - self.arrival
-            result = event.result
-            self.metrics.observe_request(result.finish_reason, ttft, now - self.arrival, len(result.token_ids))
-        elif isinstance(event, RequestFailed):
-            self.done = True
-            self.metrics.observe_failure()

@@ -3,22 +3,24 @@ the bodies out).
 
 Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`` / ``messages``, ``max_tokens``
 (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
-``stream_options.include_usage``, ``n`` (1 only), ``logprobs`` and ``top_logprobs`` (chat; for completions
-``logprobs`` is the number of likeliest tokens to list), ``prediction`` (Predicted Outputs: ``{"type": "content",
-"content": text or text parts}``, copied as drafts by the hybrid drafters), and ``response_format``
-(``json_object``, ``json_schema``: structured output). quickdraft's extras, which the openai client sends with
-``extra_body``: ``top_k``, ``drafter`` (a name of ``DRAFTERS``), ``policy`` (``goodput``, ``fixed:K``, …),
-``num_draft_tokens``, ``max_draft_tokens`` (at most the server's), ``return_token_ids``, ``regex`` or ``grammar``
-(xgrammar's EBNF) for structured output, and ``cache_prompt`` (llama.cpp's name; default true: false reads the
-prompt whole and keeps nothing of it). ``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`. Which
-other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks for
-is silently ignored. Without ``max_tokens``, a request gets the server's default, at most what the context leaves
-after its prompt. A message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and
-message a client sees.
+``stream_options.include_usage``, ``n`` (up to :data:`MAX_CHOICES` choices), ``logprobs`` and ``top_logprobs``
+(chat; for completions ``logprobs`` is the number of likeliest tokens to list), ``prediction`` (Predicted Outputs:
+``{"type": "content", "content": text or text parts}``, copied as drafts by the hybrid drafters), and
+``response_format`` (``json_object``, ``json_schema``: structured output). quickdraft's extras, which the openai
+client sends with ``extra_body``: ``top_k``, ``drafter`` (a name of ``DRAFTERS``), ``policy`` (``goodput``,
+``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` (at most the server's), ``return_token_ids``, ``regex``
+or ``grammar`` (xgrammar's EBNF) for structured output, and ``cache_prompt`` (llama.cpp's name; default true: false
+reads the prompt whole and keeps nothing of it). ``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`.
+Which other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks
+for is silently ignored. Without ``max_tokens``, a request gets the server's default, at most what the context
+leaves after its prompt. A message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the
+status and message a client sees.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import time
@@ -31,7 +33,7 @@ from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import Request
 from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
-from quickdraft.lossless.sampling import is_int, is_number
+from quickdraft.lossless.sampling import is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, text_parts
 from quickdraft.server.tools import ToolRequest, parse_tools, template_message
@@ -43,6 +45,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat template
 MAX_GRAMMAR_CHARS = 65_536
 MAX_STOPS, MAX_STOP_CHARS = 16, 1_024
 MAX_PREDICTION_CHARS = 262_144
+MAX_CHOICES = 16  # n: each choice is a request of its own
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,21 @@ class ApiRequest:
     tools: ToolRequest | None = None  # the request's tools: its answer's calls are parsed (server/tools.py)
     model: str = ""  # the served name it asked for (its answer's ``model``), the first one if it named none
     created: int = 0  # when it arrived (Unix seconds): its answer's, every chunk's alike
+    n: int = 1  # choices
+
+    @functools.cached_property
+    def choices(self) -> tuple[Request, ...]:
+        """The engine requests of its ``n`` choices, ``serve`` first. Choice i of a seeded request samples with the
+        seed + i: its choices differ, and the same request gets the same ones again."""
+        seed = self.serve.config.sampling.seed
+        more = []
+        for index in range(1, self.n):
+            sampling = self.serve.config.sampling
+            if seed is not None:
+                sampling = dataclasses.replace(sampling, seed=(seed + index) % 2**64)
+            config = dataclasses.replace(self.serve.config, sampling=sampling)
+            more.append(dataclasses.replace(self.serve, config=config, request_id=f"{self.serve.request_id}-{index}"))
+        return (self.serve, *more)
 
 
 def parse_request(
@@ -83,8 +101,7 @@ def parse_request(
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     model = served_model(body, defaults.model_names)
-    if body.get("n") is not None and not (is_int(body["n"]) and body["n"] == 1):  # null: the default, as OpenAI's
-        raise ApiError(400, f"n must be 1: one choice per request, got {body['n']!r}", "n")
+    n = count(body, "n", 1, MAX_CHOICES) or 1  # null: the default, as OpenAI's
     check_fields(body, chat)
     tools = parse_tools(body, chat_template) if chat else None
     stream = flag(body, "stream", False)
@@ -142,7 +159,7 @@ def parse_request(
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error), _param(error, chat)) from None
-    return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()))
+    return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()), n)
 
 
 def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:

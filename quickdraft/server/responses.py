@@ -26,22 +26,25 @@ def finish_reason(reason: str) -> str:
     return reason if reason in ("length", "tool_calls") else "stop"
 
 
-def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
-    """Token counts; with a prediction, OpenAI's ``completion_tokens_details``: the prediction's tokens that appear
-    in the answer (matched in order) and those that do not."""
-    prompt_tokens, completion_tokens = len(api.serve.prompt_ids), len(result.token_ids)
+def usage(api: ApiRequest, results: Sequence[GenerationResult]) -> dict[str, Any]:
+    """Token counts (the prompt once, every choice's tokens); with a prediction, OpenAI's
+    ``completion_tokens_details``: the prediction's tokens that appear in each answer (matched in order) and those
+    that do not, over the choices."""
+    prompt_tokens, completion_tokens = len(api.serve.prompt_ids), sum(len(result.token_ids) for result in results)
     body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens},
+        "prompt_tokens_details": {"cached_tokens": results[0].stats.cached_prompt_tokens},
     }
     if api.serve.prediction_ids:
-        matcher = difflib.SequenceMatcher(None, api.serve.prediction_ids, result.token_ids, autojunk=False)
-        appeared = sum(block.size for block in matcher.get_matching_blocks())
+        appeared = 0
+        for result in results:
+            matcher = difflib.SequenceMatcher(None, api.serve.prediction_ids, result.token_ids, autojunk=False)
+            appeared += sum(block.size for block in matcher.get_matching_blocks())
         body["completion_tokens_details"] = {
             "accepted_prediction_tokens": appeared,
-            "rejected_prediction_tokens": len(api.serve.prediction_ids) - appeared,
+            "rejected_prediction_tokens": len(api.serve.prediction_ids) * len(results) - appeared,
         }
     return body
 
@@ -82,10 +85,25 @@ def logprobs_body(
 
 
 def response_body(
-    api: ApiRequest, response_id: str, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
+    api: ApiRequest, response_id: str, results: Sequence[GenerationResult], spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any]:
-    """A whole (non-streamed) completion or chat completion."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.finish_reason)}
+    """A whole (non-streamed) completion or chat completion: a choice per result."""
+    return {
+        "id": response_id,
+        "object": "chat.completion" if api.chat else "text_completion",
+        "created": api.created,
+        "model": api.model,
+        "system_fingerprint": None,
+        "choices": [choice_body(api, index, result, spell) for index, result in enumerate(results)],
+        "usage": usage(api, results),
+        "speculation": speculation(results),
+    }
+
+
+def choice_body(
+    api: ApiRequest, index: int, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result.finish_reason)}
     choice["logprobs"] = logprobs_body(api, result.logprobs or [], spell)
     content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
     if api.chat:
@@ -98,23 +116,14 @@ def response_body(
         choice["text"] = result.text
     if api.return_token_ids:
         choice["token_ids"] = result.token_ids
-    return {
-        "id": response_id,
-        "object": "chat.completion" if api.chat else "text_completion",
-        "created": api.created,
-        "model": api.model,
-        "system_fingerprint": None,
-        "choices": [choice],
-        "usage": usage(api, result),
-        "speculation": speculation(result),
-    }
+    return choice
 
 
-def speculation(result: GenerationResult) -> dict[str, int]:
-    """The answer's drafts proposed and accepted (quickdraft's field beside OpenAI's ``usage``)."""
+def speculation(results: Sequence[GenerationResult]) -> dict[str, int]:
+    """The answer's drafts proposed and accepted, over its choices (quickdraft's field beside OpenAI's ``usage``)."""
     return {
-        "drafts_proposed": result.stats.draft_tokens_proposed,
-        "drafts_accepted": result.stats.draft_tokens_accepted,
+        "drafts_proposed": sum(result.stats.draft_tokens_proposed for result in results),
+        "drafts_accepted": sum(result.stats.draft_tokens_accepted for result in results),
     }
 
 
@@ -126,10 +135,12 @@ def chunk_body(
     reason: str | None = None,
     logprobs: dict[str, Any] | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One streamed chunk: a text delta (None: the chat's opening role delta), or the end with ``reason``;
-    ``logprobs``: the delta's tokens' (:func:`logprobs_body`); ``tool_calls``: the answer's calls, whole."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": None if reason is None else finish_reason(reason)}
+    """One streamed chunk of choice ``index``: a text delta (None: the chat's opening role delta), or the end with
+    ``reason``; ``logprobs``: the delta's tokens' (:func:`logprobs_body`); ``tool_calls``: the answer's calls,
+    whole."""
+    choice: dict[str, Any] = {"index": index, "finish_reason": None if reason is None else finish_reason(reason)}
     if api.chat:
         choice["delta"] = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
         if tool_calls:
@@ -144,10 +155,10 @@ def chunk_body(
     return body | {"choices": [choice]} | ({"usage": None} if api.include_usage else {})  # usage: on the last chunk
 
 
-def usage_chunk(api: ApiRequest, response_id: str, result: GenerationResult) -> dict[str, Any]:
+def usage_chunk(api: ApiRequest, response_id: str, results: Sequence[GenerationResult]) -> dict[str, Any]:
     """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage and the speculation."""
     return chunk_body(api, response_id, "") | {
         "choices": [],
-        "usage": usage(api, result),
-        "speculation": speculation(result),
+        "usage": usage(api, results),
+        "speculation": speculation(results),
     }

@@ -61,7 +61,7 @@ def response_object(
         "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": sampling.top_p, "truncation": "disabled",
         "usage": None if result is None else usage(api, result), "metadata": echo.metadata,
     }  # fmt: skip
-    return body | ({} if result is None else {"speculation": speculation(result)})
+    return body | ({} if result is None else {"speculation": speculation([result])})
 
 
 def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
@@ -140,7 +140,7 @@ class StreamedMessage:
 async def stream_events(
     api: ApiRequest,
     echo: Echo,
-    events: asyncio.Queue[Event],
+    events: asyncio.Queue[tuple[int, Event]],
     track: Any,
     spell: Callable[[int], tuple[str, bytes]],
 ) -> AsyncIterator[str]:
@@ -185,7 +185,7 @@ async def stream_events(
     wanted = api.serve.config.logprobs is not None
     while True:
         try:
-            engine_event = await asyncio.wait_for(events.get(), track.seconds_left())
+            _, engine_event = await asyncio.wait_for(events.get(), track.seconds_left())  # the one choice's
         except TimeoutError:
             engine_event = track.timeout()
         if isinstance(engine_event, TokenDelta):

@@ -1,0 +1,139 @@
+"""The answer to a completion or chat completion, from its choices' engine events: whole, or streamed as chunks.
+
+Rules:
+- A request of ``n`` choices runs as n engine requests (``ApiRequest.choices``); their events reach the answer tagged
+  with their choice's index, in the order the engine sends them.
+- Whole: the answer once every choice has finished. A choice that fails fails the request, as does running past the
+  request's time (504); a client found gone (checked every ``DISCONNECT_POLL_S``) is a 499. The caller cancels the
+  choices still running (:attr:`Tracker.unfinished`).
+- Streamed: a chat opens every choice with its role; each delta is a chunk of its choice's index (what may open a
+  tool call held back, per choice); each choice ends with its finish reason; after the last, the usage chunk when
+  asked for, then ``[DONE]``. A failure or the request's timeout is an error event, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+
+from quickdraft.engine import Event, GenerationResult, RequestFailed, RequestFinished, TokenDelta
+from quickdraft.server.errors import ApiError, failure
+from quickdraft.server.metrics import ServerMetrics
+from quickdraft.server.protocol import ApiRequest
+from quickdraft.server.responses import chunk_body, logprobs_body, new_id, usage_chunk
+from quickdraft.server.tools import CallFilter, split_calls
+
+DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
+Tagged = tuple[int, Event]  # a choice's index and one of its events
+Spell = Callable[[int], tuple[str, bytes]]
+
+
+class Tracker:
+    """A request's timings for the metrics (arrival, first token, each choice's end), and which choices still run."""
+
+    def __init__(self, arrival: float, metrics: ServerMetrics, timeout_s: float | None = None, n: int = 1) -> None:
+        self.arrival = arrival
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.first_token: float | None = None
+        self.unfinished = set(range(n))  # the choices that have neither finished nor failed
+
+    @property
+    def done(self) -> bool:
+        return not self.unfinished
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the request's timeout (0 once past it); None without one."""
+        if self.timeout_s is None:
+            return None
+        return max(0.0, self.arrival + self.timeout_s - time.perf_counter())
+
+    def timeout(self) -> ApiError:
+        message = f"the request ran past this server's {self.timeout_s:g} s limit (--request-timeout)"
+        return ApiError(504, message, kind="server_error", code="timeout")
+
+    def see(self, index: int, event: Event) -> None:
+        now = time.perf_counter()
+        if isinstance(event, TokenDelta) and event.token_ids and self.first_token is None:
+            self.first_token = now
+        elif isinstance(event, RequestFinished):
+            self.unfinished.discard(index)
+            ttft = None if self.first_token is None else self.first_token - self.arrival
+            result = event.result
+            self.metrics.observe_request(result.finish_reason, ttft, now - self.arrival, len(result.token_ids))
+        elif isinstance(event, RequestFailed):
+            self.unfinished.discard(index)
+            self.metrics.observe_failure()
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+async def collect(request: Request, events: asyncio.Queue[Tagged], track: Tracker, n: int) -> list[GenerationResult]:
+    """The choices' results, in their order, the client checked every ``DISCONNECT_POLL_S`` while they run."""
+    check_at, results = time.monotonic() + DISCONNECT_POLL_S, {}
+    while len(results) < n:
+        left = track.seconds_left()
+        wait_s = max(0.0, check_at - time.monotonic() if left is None else min(left, check_at - time.monotonic()))
+        try:
+            index, event = await asyncio.wait_for(events.get(), wait_s)
+        except TimeoutError:
+            if track.seconds_left() == 0:
+                raise track.timeout() from None
+            index, event = 0, None
+        if time.monotonic() >= check_at:
+            if await request.is_disconnected():
+                raise ApiError(499, "the client closed the connection") from None
+            check_at = time.monotonic() + DISCONNECT_POLL_S
+        if isinstance(event, RequestFinished):
+            results[index] = event.result
+        elif isinstance(event, RequestFailed):
+            raise failure(event)
+    return [results[index] for index in range(n)]
+
+
+async def stream_chunks(
+    api: ApiRequest, events: asyncio.Queue[Tagged], track: Tracker, spell: Spell
+) -> AsyncIterator[str]:
+    """The answer's chunks as server-sent events (the rules above)."""
+    response_id, results = new_id(api.chat), {}
+    offsets = [0] * api.n  # completions' text_offset: characters of each choice's tokens streamed so far
+    calls = [CallFilter() if api.tools else None for _ in range(api.n)]  # hold back what may open a tool call
+    if api.chat:
+        for index in range(api.n):
+            yield sse(chunk_body(api, response_id, None, index=index))
+    while len(results) < api.n:
+        try:
+            index, event = await asyncio.wait_for(events.get(), track.seconds_left())
+        except TimeoutError:
+            yield sse(track.timeout().body())
+            break
+        held = calls[index]
+        if isinstance(event, TokenDelta):
+            logprobs = logprobs_body(api, event.logprobs, spell, offsets[index]) if event.logprobs else None
+            offsets[index] += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
+            text = event.text if held is None else held.feed(event.text)
+            if text or api.return_token_ids or logprobs:
+                yield sse(chunk_body(api, response_id, text, event.token_ids, logprobs=logprobs, index=index))
+        elif isinstance(event, RequestFinished):
+            reason = event.result.finish_reason
+            if held is not None and api.tools is not None:  # a filter exists exactly when tools do
+                content, found = split_calls(held.text, api.tools.names)
+                if content[held.sent :] or found:  # the held text that was no call; the calls, whole
+                    yield sse(chunk_body(api, response_id, content[held.sent :], tool_calls=found, index=index))
+                reason = api.tools.finish_reason(reason, bool(found))
+            yield sse(chunk_body(api, response_id, "", (), reason, index=index))
+            results[index] = event.result
+        elif isinstance(event, RequestFailed):
+            yield sse(failure(event).body())
+            break
+    else:
+        if api.include_usage:
+            yield sse(usage_chunk(api, response_id, [results[index] for index in range(api.n)]))
+    yield "data: [DONE]\n\n"

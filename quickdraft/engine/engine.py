@@ -101,11 +101,17 @@ class Engine:
         state.submitted = time.perf_counter()
         self.scheduler.add(state)
 
-    def cancel(self, request_id: str) -> None:
-        """Stop a request at the next step boundary (or :meth:`drop_cancelled`); it ends with reason "cancelled"."""
+    def cancel(self, request_id: str, now: bool = False) -> None:
+        """Stop a request at the next step boundary; it ends with reason "cancelled". ``now``: free its caches on the
+        caller's thread, unless a step is running (whose end frees them)."""
         self.scheduler.cancel(request_id)
+        if now and self.step_lock.acquire(blocking=False):
+            try:
+                self._drop_cancelled()
+            finally:
+                self.step_lock.release()
 
-    def drop_cancelled(self) -> None:
+    def _drop_cancelled(self) -> None:
         """End the cancelled requests, freeing their caches; the caller holds :attr:`step_lock`."""
         for state in self.scheduler.take_cancelled():
             self._finish(state, "cancelled")
@@ -164,7 +170,7 @@ class Engine:
         self.steps += 1
         # 1. Drop cancelled requests (their caches go with them) and admit waiting ones into free slots: each
         #    gets a target cache and its drafter's state.
-        self.drop_cancelled()
+        self._drop_cancelled()
         admitted = self.scheduler.admit(self._start)
         if any(state.request.drafter.needs_draft_model for state in admitted):
             self._focus()
@@ -221,17 +227,11 @@ class Engine:
         # 7. Policies that learn from the target's confidence after plain tokens hear it, a few requests a step.
         hear_confidence([(state, row) for state, row in plain_logits if not state.finished], self.steps)
         report = StepReport(
-            decoding=len(decoding),
-            prefill_tokens=sum(n for _, n in plan.chunks),
-            gammas=tuple(plan.gammas.values()),
-            proposed=proposed,
-            accepted=accepted,
-            new_tokens=new_tokens,
-            finished=finished,
-            running=len(self.scheduler.running),
-            waiting=self.scheduler.num_waiting,
+            decoding=len(decoding), prefill_tokens=sum(n for _, n in plan.chunks), gammas=tuple(plan.gammas.values()),
+            proposed=proposed, accepted=accepted, new_tokens=new_tokens, finished=finished,
+            running=len(self.scheduler.running), waiting=self.scheduler.num_waiting,
             seconds=time.perf_counter() - started,
-        )
+        )  # fmt: skip
         if self.on_step is not None:
             self.on_step(report)
         return report

@@ -68,12 +68,7 @@ class GenerationStream:
                     raise (ConfigError if event.cause is FailureCause.REQUEST else QuickdraftError)(event.message)
         finally:
             if not finished:  # left before its end: its caches are freed now, or by the step running now
-                engine.cancel(request_id)
-                if engine.step_lock.acquire(blocking=False):
-                    try:
-                        engine.drop_cancelled()
-                    finally:
-                        engine.step_lock.release()
+                engine.cancel(request_id, now=True)
 
 
 def stream(engine: Engine, request: Request) -> GenerationStream:

@@ -34,13 +34,14 @@ Spell = Callable[[int], tuple[str, bytes]]
 
 
 class Tracker:
-    """A request's timings for the metrics (arrival, first token, each choice's end), and which choices still run."""
+    """A request's timings for the metrics, which count each choice as a request (its arrival, each choice's first
+    token and end), and which choices still run."""
 
     def __init__(self, arrival: float, metrics: ServerMetrics, timeout_s: float | None = None, n: int = 1) -> None:
         self.arrival = arrival
         self.metrics = metrics
         self.timeout_s = timeout_s
-        self.first_token: float | None = None
+        self.first_token: dict[int, float] = {}  # each choice's first token
         self.unfinished = set(range(n))  # the choices that have neither finished nor failed
 
     @property
@@ -59,11 +60,11 @@ class Tracker:
 
     def see(self, index: int, event: Event) -> None:
         now = time.perf_counter()
-        if isinstance(event, TokenDelta) and event.token_ids and self.first_token is None:
-            self.first_token = now
+        if isinstance(event, TokenDelta) and event.token_ids:
+            self.first_token.setdefault(index, now)
         elif isinstance(event, RequestFinished):
             self.unfinished.discard(index)
-            ttft = None if self.first_token is None else self.first_token - self.arrival
+            ttft = self.first_token[index] - self.arrival if index in self.first_token else None
             result = event.result
             self.metrics.observe_request(result.finish_reason, ttft, now - self.arrival, len(result.token_ids))
         elif isinstance(event, RequestFailed):

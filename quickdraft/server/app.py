@@ -53,7 +53,8 @@ def create_app(
     use it and how much a request may ask (:mod:`quickdraft.server.access`)."""
     metrics = ServerMetrics(loop.engine)
     loop.engine.on_step = metrics.observe_step
-    defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context)
+    positions = loop.engine.scheduler.settings.max_positions
+    defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context, max_positions=positions)
     template = getattr(pipeline.tokenizer, "chat_template", None)
     chat_template = template if isinstance(template, str) else ""  # tools need its tool-call format
 

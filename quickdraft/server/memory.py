@@ -5,8 +5,9 @@ Rules:
 - A request reserves a position for every prompt token and every token it may generate (``max_tokens``), in the
   target's cache and, where one is loaded, the draft model's: a position costs the sum of their keys and values.
 - ``--kv-cache-mb MB`` sets the memory; 0 sets no bound. Without it, the bound is :data:`AUTO_SHARE` of the memory
-  available once the models are loaded (the smaller of the system's ``MemAvailable`` and what a cgroup's limit
-  leaves), less the prefix cache's budget, times this server's share of the machine (a replica's: one of N).
+  available once the models are loaded (the smaller of the system's ``MemAvailable`` and what the limits of this
+  process's cgroup and the groups above it leave, reclaimable file cache counted as free), times this server's share
+  of the machine (a replica's: one of N), less its prefix cache's budget.
 - Where the memory available cannot be read, or the runtime does not say what a position costs, there is no bound,
   and the note says so.
 """
@@ -22,20 +23,46 @@ MB = 2**20
 
 
 def available_bytes(root: Path = Path("/")) -> int | None:
-    """Memory this process may still take: the system's available memory, within its cgroup's limit (v2 or v1);
-    None where neither can be read."""
+    """Memory this process may still take: the system's available memory, within the limit of its own cgroup and
+    of every group above it (v2 or v1; a group's file cache it can reclaim counts as free); None where none of
+    them can be read."""
     found = []
     meminfo = root / "proc/meminfo"
     if meminfo.is_file():
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
-    for limit_file, usage_file in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/"
-                                   "memory.usage_in_bytes")):  # fmt: skip
-        limit, usage = _number(root / "sys/fs/cgroup" / limit_file), _number(root / "sys/fs/cgroup" / usage_file)
+    for group in _own_groups(root):
+        v2 = (group / "memory.max").exists()
+        names = ("memory.max", "memory.current", "inactive_file") if v2 else (
+            "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")  # fmt: skip
+        limit, usage = _number(group / names[0]), _number(group / names[1])
         if limit is not None and usage is not None and limit < 2**60:  # v1 writes a huge number for no limit
-            found.append(max(0, limit - usage))
+            found.append(max(0, limit - usage + _stat(group / "memory.stat", names[2])))
     return min(found) if found else None
+
+
+def _own_groups(root: Path) -> list[Path]:
+    """The directories of this process's memory cgroup and of the groups above it (/proc/self/cgroup: ``N:...memory
+    ...:PATH`` for v1, else ``0::PATH`` where /sys/fs/cgroup is v2's); a path not visible here (a namespace) is its
+    hierarchy's root."""
+    try:
+        entries = [line.split(":", 2) for line in (root / "proc/self/cgroup").read_text().splitlines()]
+    except OSError:
+        return []
+    cgroup = root / "sys/fs/cgroup"
+    v1 = [path for _, controllers, path in entries if "memory" in controllers.split(",")]
+    v2 = (
+        [path for _, controllers, path in entries if controllers == ""]
+        if (cgroup / "cgroup.controllers").exists()
+        else []
+    )
+    if not v1 and not v2:
+        return []
+    base = cgroup / "memory" if v1 else cgroup
+    own = base / (v1 or v2)[0].lstrip("/")
+    own = own if own.is_dir() else base
+    return [own, *(parent for parent in own.parents if parent.is_relative_to(base))]
 
 
 def _number(path: Path) -> int | None:
@@ -43,6 +70,18 @@ def _number(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):  # missing, or "max": no limit
         return None
+
+
+def _stat(path: Path, name: str) -> int:
+    """A ``memory.stat`` entry (0 where it cannot be read)."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def position_budget(
@@ -57,7 +96,7 @@ def position_budget(
         available = available_bytes()
         if available is None:
             return None, "request caches: no bound (the memory available cannot be read here; give --kv-cache-mb)"
-        budget = int((AUTO_SHARE * available - prefix_cache_mb * MB) * share)
+        budget = int(AUTO_SHARE * available * share - prefix_cache_mb * MB)  # each replica keeps its own prefixes
         if budget < bytes_per_position:
             raise ConfigError(
                 f"too little memory is left for the requests' caches ({available // MB} MB available, "

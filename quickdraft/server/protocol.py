@@ -55,6 +55,7 @@ class ServerDefaults:
     policy: str | None = None  # None: the library's default (goodput)
     max_tokens: int = 256  # when a request gives none (at most what the context leaves after its prompt)
     max_context: int | None = None  # positions the model holds: prompt + answer (None: not checked here)
+    max_positions: int | None = None  # positions the server's caches hold for all requests (None: no bound)
     max_draft_tokens: int = 16  # adaptive policies' largest γ: a request's default and limit (costs measured so far)
 
 
@@ -184,26 +185,33 @@ def _param(error: QuickdraftError, chat: bool) -> str | None:
 
 def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, defaults: ServerDefaults) -> int:
     """The answer's length limit: ``max_tokens`` (chat: or ``max_completion_tokens``, the same if both), else the
-    server's default cut to what the context leaves; a request that does not fit its context is refused."""
+    server's default cut to what the context and the server's caches leave; a request that cannot fit is refused."""
     given = {name: count(body, name, 1) for name in ("max_tokens", "max_completion_tokens")[: 2 if chat else 1]}
     values = {value for value in given.values() if value is not None}
     if len(values) > 1:
         raise ApiError(400, "max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
-    room = None if defaults.max_context is None else defaults.max_context - prompt_tokens
-    if values:
-        limit = values.pop()
-        if room is not None and limit > room:
+    name = "max_completion_tokens" if given.get("max_completion_tokens") else "max_tokens"
+    holders = [  # what holds the prompt and the answer: how many positions, said how
+        (defaults.max_context, "this model's context holds {} tokens"),
+        (defaults.max_positions, "this server's caches hold {} tokens for all its requests together"),
+    ]
+    for size, holds in holders:
+        if size is None:
+            continue
+        if values and prompt_tokens + next(iter(values)) > size:
+            limit = next(iter(values))
             message = (
-                f"this model's context holds {defaults.max_context} tokens, but the request asks for "
-                f"{prompt_tokens + limit}: {prompt_tokens} in the prompt and up to {limit} new ones; shorten the "
-                f"prompt or lower {'max_completion_tokens' if given.get('max_completion_tokens') else 'max_tokens'}"
+                f"{holds.format(size)}, but the request asks for {prompt_tokens + limit}: {prompt_tokens} in the "
+                f"prompt and up to {limit} new ones; shorten the prompt or lower {name}"
             )
             raise ApiError(400, message, "messages" if chat else "prompt", code="context_length_exceeded")
-        return limit
-    if room is not None and room < 1:
-        message = f"the prompt has {prompt_tokens} tokens and fills this model's context of {defaults.max_context}"
-        raise ApiError(400, message, "messages" if chat else "prompt", code="context_length_exceeded")
-    return defaults.max_tokens if room is None else min(defaults.max_tokens, room)
+        if prompt_tokens >= size:
+            message = f"the prompt has {prompt_tokens} tokens, and {holds.format(size)}"
+            raise ApiError(400, message, "messages" if chat else "prompt", code="context_length_exceeded")
+    if values:
+        return values.pop()
+    rooms = [size - prompt_tokens for size, _ in holders if size is not None]
+    return min([defaults.max_tokens, *rooms])
 
 
 def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -244,7 +252,7 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             content = ""  # an assistant turn that only called tools
         if isinstance(content, list):  # content parts: text only, joined
-            article = "an" if message["role"][0] in "aeiou" else "a"
+            article = "an" if message["role"] == "assistant" else "a"
             content = text_parts(content, f"{article} {message['role']} message", "messages")
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")

@@ -4,11 +4,13 @@ as, and the text of token ids.
 Rules:
 - ``/tokenize`` takes ``prompt`` (read as ``/v1/completions`` reads it; ``add_special_tokens`` false: without the
   tokenizer's special tokens) or ``messages`` (as ``/v1/chat/completions`` reads them, through the chat template, with
-  ``tools``), and answers ``count``, ``max_model_len`` and ``tokens``, and ``token_strs`` with ``return_token_strs``.
+  ``tools`` unless ``tool_choice`` is none), and answers ``count``, ``max_model_len`` and ``tokens``, and
+  ``token_strs`` with ``return_token_strs``.
 - ``/detokenize`` takes ``tokens`` (ids of the vocabulary) and answers ``prompt``: their text, special tokens
   included.
 - ``model`` is checked as on the other endpoints. Any other field is a 400, and so is a chat template option this
-  server does not take (``add_generation_prompt`` false, ``continue_final_message``).
+  server does not take (``add_generation_prompt`` false, ``continue_final_message``), or ``add_special_tokens`` with
+  messages (a conversation's special tokens are its template's).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from quickdraft.server.fields import flag
 from quickdraft.server.protocol import chat_messages, served_model
 from quickdraft.server.tools import parse_tools
 
-TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools", "add_special_tokens", "return_token_strs",
-                             "add_generation_prompt", "continue_final_message"})  # fmt: skip
+TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools", "tool_choice", "parallel_tool_calls",
+                             "add_special_tokens", "return_token_strs", "add_generation_prompt",
+                             "continue_final_message"})  # fmt: skip
 
 
 def tokenize(
@@ -38,11 +41,15 @@ def tokenize(
 ) -> dict[str, Any]:
     """The answer to a ``/tokenize`` body (the rules above); raises :class:`ApiError`."""
     _check(body, TOKENIZE_FIELDS, model_names)
-    if not flag(body, "add_generation_prompt", True) or flag(body, "continue_final_message", False):
-        message = "this server reads a conversation as the assistant's next turn: add_generation_prompt true only"
-        raise ApiError(400, message, "add_generation_prompt", code="unsupported_parameter")
     if (body.get("prompt") is None) == (body.get("messages") is None):
         raise ApiError(400, "give a prompt or messages", "prompt")
+    if body.get("messages") is not None:
+        if not flag(body, "add_generation_prompt", True) or flag(body, "continue_final_message", False):
+            message = "this server reads a conversation as the assistant's next turn: add_generation_prompt true only"
+            raise ApiError(400, message, "add_generation_prompt", code="unsupported_parameter")
+        if body.get("add_special_tokens") is not None:
+            message = "add_special_tokens applies to a prompt: a conversation's are its chat template's"
+            raise ApiError(400, message, "add_special_tokens", code="unsupported_parameter")
     try:
         if body.get("messages") is not None:
             tools = parse_tools(body, template)

@@ -51,7 +51,8 @@ def add_command(commands: Any) -> None:
         type=int,
         default=256,
         metavar="N",
-        help="max_tokens of a request that gives none, cut to what the context leaves after its prompt",
+        help="max_tokens of a request that gives none, cut to what the context and the caches leave after its prompt "
+        "(default 256)",
     )
     access = serve.add_argument_group("access: who may use the server and how much a request may ask")
     access.add_argument(
@@ -139,7 +140,8 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
         metavar="MB",
         help="memory for the running requests' keys and values: each reserves its prompt and max_tokens, requests "
         "wait while it is full, and one that can never fit is refused (0 = no bound; default: 3/4 of the memory "
-        "available once the models are loaded, less --prefix-cache-mb)",
+        "available once the models are loaded, 1/N of that for each of N local replicas, less --prefix-cache-mb; on a "
+        "GPU, no bound unless given)",
     )
     parser.add_argument("--recalibrate", action="store_true", help="measure the costs again instead of loading them")
 

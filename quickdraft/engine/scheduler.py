@@ -1,4 +1,5 @@
-"""Which requests run in the next step: first come, first served, a bounded queue, chunked prefill."""
+"""Which requests run in the next step: first come, first served, a bounded queue, a bound on the cache positions
+they reserve, chunked prefill."""
 
 from __future__ import annotations
 

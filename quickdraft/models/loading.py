@@ -68,7 +68,7 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
     (enable_progress_bars if progress else disable_progress_bars)()
-    offline = None if HF_HUB_OFFLINE else unreachable(ENDPOINT)  # huggingface_hub would retry it for ~25 s
+    offline = None if HF_HUB_OFFLINE else unreachable(ENDPOINT)  # huggingface_hub retries an unreachable hub 5 times
     try:
         path = hf_hub_download(repo, filename, cache_dir=cache_root() / "hub", local_files_only=offline is not None)
         if offline is not None:

@@ -1,5 +1,6 @@
 """``quickdraft serve``'s HTTP side: an OpenAI-compatible FastAPI app over the batched engine's loop
-(completions, chat completions, and the Responses API over the chat path: :mod:`quickdraft.server.responses_api`).
+(completions, chat completions, the Responses API over the chat path: :mod:`quickdraft.server.responses_api`;
+/tokenize and /detokenize).
 
 Handlers parse and validate a request, submit it to the :class:`ServingLoop` (whose one thread runs every
 step) and read its events from an asyncio queue the loop's thread feeds. A streamed request is cancelled

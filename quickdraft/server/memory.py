@@ -8,8 +8,8 @@ Rules:
   available once the models are loaded (the smaller of the system's ``MemAvailable`` and what the limits of this
   process's cgroup and the groups above it leave, reclaimable file cache counted as free), times this server's share
   of the machine (a replica's: one of N), less its prefix cache's budget.
-- Where the memory available cannot be read, or the runtime does not say what a position costs, there is no bound,
-  and the note says so.
+- Where the memory available cannot be read, the runtime does not say what a position costs, or the caches are a
+  GPU's, there is no bound unless ``--kv-cache-mb`` gives one, and the note says so.
 """
 
 from __future__ import annotations
@@ -85,13 +85,16 @@ def _stat(path: Path, name: str) -> int:
 
 
 def position_budget(
-    kv_cache_mb: int | None, bytes_per_position: int, prefix_cache_mb: int, share: float = 1.0
+    kv_cache_mb: int | None, bytes_per_position: int, prefix_cache_mb: int, share: float = 1.0, on_host: bool = True
 ) -> tuple[int | None, str]:
-    """(the positions the running requests may reserve, None: no bound; a line saying so for the user)."""
+    """(the positions the running requests may reserve, None: no bound; a line saying so for the user).
+    ``on_host``: the caches are in the host's memory (not a GPU's, which is not measured here)."""
     if kv_cache_mb == 0:
         return None, "request caches: no bound (--kv-cache-mb 0)"
     if bytes_per_position <= 0:
         return None, "request caches: no bound (this runtime does not say what a cached position costs)"
+    if kv_cache_mb is None and not on_host:
+        return None, "request caches: no bound (they are the GPU's: give --kv-cache-mb)"
     if kv_cache_mb is None:
         available = available_bytes()
         if available is None:

@@ -12,9 +12,9 @@ client sends with ``extra_body``: ``top_k``, ``drafter`` (a name of ``DRAFTERS``
 or ``grammar`` (xgrammar's EBNF) for structured output, and ``cache_prompt`` (llama.cpp's name; default true: false
 reads the prompt whole and keeps nothing of it). ``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`.
 Which other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks
-for is silently ignored. Without ``max_tokens``, a request gets the server's default, at most what the context
-leaves after its prompt. A message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the
-status and message a client sees.
+for is silently ignored. Without ``max_tokens``, a request gets the server's default, at most what the context and
+the server's caches leave after its prompt. A message's role is one of :data:`ROLES`. A bad value raises
+:class:`ApiError` with the status and message a client sees.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class ServerDefaults:
     model_names: tuple[str, ...]  # the names ``model`` may take; the first is what responses say
     drafter: str = DEFAULT_DRAFTER
     policy: str | None = None  # None: the library's default (goodput)
-    max_tokens: int = 256  # when a request gives none (at most what the context leaves after its prompt)
+    max_tokens: int = 256  # when a request gives none (at most what the context and caches leave after its prompt)
     max_context: int | None = None  # positions the model holds: prompt + answer (None: not checked here)
     max_positions: int | None = None  # positions the server's caches hold for all requests (None: no bound)
     max_draft_tokens: int = 16  # adaptive policies' largest γ: a request's default and limit (costs measured so far)

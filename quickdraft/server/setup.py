@@ -182,7 +182,8 @@ def serving_engine(
         notes.append(f"prefix cache off: the {pipeline.target.name} runtime's cached prefixes would not be exact")
     if settings.max_positions is None:  # measured now: the models are loaded and calibrated
         per_position = pipeline.target.kv_bytes_per_token + (pipeline.draft.kv_bytes_per_token if pipeline.draft else 0)
-        positions, note = position_budget(kv_cache_mb, per_position, prefix_cache_mb, memory_share)
+        on_host = pipeline.target.device.type == "cpu"
+        positions, note = position_budget(kv_cache_mb, per_position, prefix_cache_mb, memory_share, on_host)
         settings = dataclasses.replace(settings, max_positions=positions)
         notes.append(note)
     engine = Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, settings, batch_costs, prefix_cache)

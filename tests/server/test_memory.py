@@ -61,6 +61,9 @@ def test_the_budget_in_positions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert positions == 2000 and "75% of the 8000 MB available, 0.5 of it" in note
     with pytest.raises(ConfigError, match="lower --prefix-cache-mb"):
         position_budget(None, MB, 6000)
+    assert position_budget(None, MB, 0, on_host=False) == (None, "request caches: no bound (they are the GPU's: give "
+                                                                  "--kv-cache-mb)")  # fmt: skip
+    assert position_budget(10, MB, 0, on_host=False)[0] == 10
     monkeypatch.setattr(memory, "available_bytes", lambda: None)
     assert position_budget(None, MB, 0)[0] is None
 

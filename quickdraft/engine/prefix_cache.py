@@ -6,8 +6,8 @@ longest start with its prompt, at least ``min_tokens`` of it, and reads only the
 goes on from the entry's every token (the next turn of its conversation) takes the entry's cache over: the entry
 is gone until that request finishes and leaves its own. A prompt that parts from the entry inside it (another
 question after the same system prompt, the same question asked again) gets a copy of the shared positions and
-leaves the entry for its own conversation. The least recently used entries go first when the kept tokens' keys
-and values would exceed the budget. Only for runtimes whose keys and values of a position do not depend on how the
+leaves the entry for its own conversation. The least recently used entries go first when the kept entries' memory
+would exceed the budget. Only for runtimes whose keys and values of a position do not depend on how the
 tokens before it were read (``Runtime.reusable_prefixes``, the native runtime): there a request's output is the
 same bits whether its prefix was cached or read.
 """
@@ -33,12 +33,15 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    """Finished requests' caches within ``budget_bytes`` of keys and values (``bytes_per_token`` each)."""
+    """Finished requests' caches within ``budget_bytes`` of memory, an entry of n tokens taking ``entry_bytes(n)``
+    (``Runtime.cache_bytes``)."""
 
-    def __init__(self, budget_bytes: int, bytes_per_token: int, copy_prefix: CopyPrefix, min_tokens: int = 16) -> None:
-        if budget_bytes < 0 or bytes_per_token <= 0 or min_tokens < 1:
-            raise ConfigError("a prefix cache needs a budget >= 0, bytes per token > 0 and min_tokens >= 1")
-        self.budget_bytes, self.bytes_per_token, self.min_tokens = budget_bytes, bytes_per_token, min_tokens
+    def __init__(
+        self, budget_bytes: int, entry_bytes: Callable[[int], int], copy_prefix: CopyPrefix, min_tokens: int = 16
+    ) -> None:
+        if budget_bytes < 0 or min_tokens < 1:
+            raise ConfigError("a prefix cache needs a budget >= 0 and min_tokens >= 1")
+        self.budget_bytes, self.entry_bytes, self.min_tokens = budget_bytes, entry_bytes, min_tokens
         self.copy_prefix = copy_prefix  # (cache, n) -> a new cache of its first n positions (Runtime.copy_prefix)
         self._entries: OrderedDict[int, tuple[tuple[int, ...], KVCache]] = OrderedDict()  # oldest first
         self._next_key = 0
@@ -48,6 +51,11 @@ class PrefixCache:
     def tokens(self) -> int:
         """Tokens whose keys and values are kept."""
         return sum(len(tokens) for tokens, _ in self._entries.values())
+
+    @property
+    def kept_bytes(self) -> int:
+        """The memory the kept entries take."""
+        return sum(self.entry_bytes(len(tokens)) for tokens, _ in self._entries.values())
 
     def take(self, prompt_ids: Sequence[int]) -> tuple[KVCache, int] | None:
         """A cache holding the longest start ``prompt_ids`` shares with an entry, and how many prompt tokens it
@@ -76,11 +84,11 @@ class PrefixCache:
     def put(self, token_ids: Sequence[int], cache: KVCache) -> None:
         """Keep ``cache``, which holds ``token_ids`` (from its first position on); the oldest entries leave while
         the budget is exceeded (an entry larger than the whole budget is not kept)."""
-        if len(token_ids) < self.min_tokens or len(token_ids) * self.bytes_per_token > self.budget_bytes:
+        if len(token_ids) < self.min_tokens or self.entry_bytes(len(token_ids)) > self.budget_bytes:
             return
         self._entries[self._next_key] = (tuple(token_ids), cache)
         self._next_key += 1
-        while self.tokens * self.bytes_per_token > self.budget_bytes:
+        while self.kept_bytes > self.budget_bytes:
             self._entries.popitem(last=False)
 
     def keep(self, committed: Sequence[int], cache: KVCache) -> None:

@@ -100,6 +100,10 @@ class Runtime(ABC):
         this sees them done."""
         synchronize(self.device)
 
+    def cache_bytes(self, positions: int) -> int:
+        """The memory a one-row cache holding ``positions`` takes: what a prefix cache counts its entries by."""
+        return positions * self.kv_bytes_per_token
+
     def copy_prefix(self, cache: KVCache, length: int) -> KVCache:
         """A new one-row cache holding the first ``length`` positions of ``cache``'s (runtimes with
         ``reusable_prefixes``)."""

@@ -175,9 +175,11 @@ def serving_engine(
         notes.append(f"batch costs {calibration.describe()}: {describe_curve(calibration)}")
     prefix_cache = None
     if prefix_cache_mb > 0 and pipeline.target.reusable_prefixes:
-        per_token = pipeline.target.kv_bytes_per_token
-        prefix_cache = PrefixCache(prefix_cache_mb * 2**20, per_token, pipeline.target.copy_prefix)
-        notes.append(f"prefix cache: {prefix_cache_mb} MB, {prefix_cache_mb * 2**20 // per_token} tokens")
+        target = pipeline.target
+        prefix_cache = PrefixCache(prefix_cache_mb * 2**20, target.cache_bytes, target.copy_prefix)
+        notes.append(
+            f"prefix cache: {prefix_cache_mb} MB, up to {prefix_cache_mb * 2**20 // target.kv_bytes_per_token:,} tokens"
+        )
     elif prefix_cache_mb > 0:
         notes.append(f"prefix cache off: the {pipeline.target.name} runtime's cached prefixes would not be exact")
     if settings.max_positions is None:  # measured now: the models are loaded and calibrated

@@ -32,7 +32,7 @@ def copy(cache: FakeCache, length: int) -> FakeCache:
 
 
 def test_a_conversations_next_turn_takes_its_cache_over_and_other_prompts_get_a_copy() -> None:
-    store = PrefixCache(budget_bytes=1000, bytes_per_token=10, copy_prefix=copy, min_tokens=2)  # type: ignore[arg-type]
+    store = PrefixCache(budget_bytes=1000, entry_bytes=lambda n: 10 * n, copy_prefix=copy, min_tokens=2)  # type: ignore[arg-type]
     short, long = FakeCache(4), FakeCache(6)
     store.put([1, 2, 3, 4], short)  # type: ignore[arg-type]
     store.put([1, 2, 3, 9, 9, 9], long)  # type: ignore[arg-type]
@@ -51,7 +51,7 @@ def test_a_conversations_next_turn_takes_its_cache_over_and_other_prompts_get_a_
 
 def test_a_question_after_the_same_system_prompt_leaves_the_other_conversations_alone() -> None:
     """Requests that share only a system prompt with the entries must not use them up (each keeps its own)."""
-    store = PrefixCache(budget_bytes=10_000, bytes_per_token=1, copy_prefix=copy, min_tokens=2)  # type: ignore[arg-type]
+    store = PrefixCache(budget_bytes=10_000, entry_bytes=lambda n: n, copy_prefix=copy, min_tokens=2)  # type: ignore[arg-type]
     system = [7, 7, 7]
     for question in range(1, 5):  # four conversations, one after another
         store.take([*system, question])
@@ -63,14 +63,14 @@ def test_a_question_after_the_same_system_prompt_leaves_the_other_conversations_
 
 
 def test_the_oldest_entries_leave_when_the_budget_is_exceeded() -> None:
-    store = PrefixCache(budget_bytes=100, bytes_per_token=10, copy_prefix=copy, min_tokens=2)  # type: ignore[arg-type]
+    store = PrefixCache(budget_bytes=100, entry_bytes=lambda n: 10 * n, copy_prefix=copy, min_tokens=2)  # type: ignore[arg-type]
     for start in range(3):
         store.put([start, 1, 2, 3], FakeCache(4))  # type: ignore[arg-type]
     assert store.tokens == 8 and store.take([0, 1, 2, 3, 4]) is None and store.take([2, 1, 2, 3, 4]) is not None
     store.put(list(range(11)), FakeCache(11))  # type: ignore[arg-type]  # larger than the whole budget: not kept
     assert store.tokens == 4
     with pytest.raises(ConfigError):
-        PrefixCache(budget_bytes=-1, bytes_per_token=10, copy_prefix=copy)  # type: ignore[arg-type]
+        PrefixCache(budget_bytes=-1, entry_bytes=lambda n: 10 * n, copy_prefix=copy)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def native() -> Pipeline:
 
 
 def engine(native: Pipeline, cached: bool) -> Engine:
-    store = PrefixCache(2**20, native.target.kv_bytes_per_token, native.target.copy_prefix, 4) if cached else None
+    store = PrefixCache(2**20, native.target.cache_bytes, native.target.copy_prefix, 4) if cached else None
     return Engine(native.target, native.tokenizer, native.eos_token_ids, prefix_cache=store)
 
 
@@ -121,4 +121,9 @@ def test_prompts_that_share_a_start_with_an_entry_get_a_copy_that_answers_the_sa
 
 def test_runtimes_with_inexact_prefixes_refuse_a_prefix_cache(pipeline: Pipeline) -> None:
     with pytest.raises(ConfigError, match="prefix caching"):
-        Engine(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, prefix_cache=PrefixCache(100, 10, copy))  # type: ignore[arg-type]
+        Engine(
+            pipeline.target,
+            pipeline.tokenizer,
+            pipeline.eos_token_ids,
+            prefix_cache=PrefixCache(100, lambda n: 10 * n, copy),
+        )  # type: ignore[arg-type]

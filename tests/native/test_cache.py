@@ -28,3 +28,17 @@ def test_cache_memory_takes_no_huge_pages() -> None:
     cache = runtime.new_cache(1)
     for tensor in (cache.static.keys, cache.static.values):
         assert "nh" in vm_flags(tensor.data_ptr())  # MADV_NOHUGEPAGE
+
+
+def test_a_cache_counts_the_whole_pages_its_positions_reach() -> None:
+    """Each (layer, head)'s keys and values are a span of their own: a few positions take whole pages of each."""
+    import mmap
+
+    runtime = native_from_hf(tiny_model(32, seed=0), capacity=4096)
+    config, page = runtime.decoder.config, mmap.PAGESIZE
+    spans = 2 * config.num_layers * config.num_kv_heads
+    assert runtime.cache_bytes(0) == 0
+    assert runtime.cache_bytes(1) == spans * 2 * page  # a page of the position, one more where a span starts mid-page
+    assert runtime.cache_bytes(1) > 1 * runtime.kv_bytes_per_token
+    positions = 100 * page // (config.head_dim * 4)  # a hundred pages of values in each span
+    assert runtime.cache_bytes(positions) <= positions * runtime.kv_bytes_per_token + spans * 2 * page

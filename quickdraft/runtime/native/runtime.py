@@ -4,6 +4,7 @@ directories quickdraft made from GGUF files, whose weights it reads from the fil
 from __future__ import annotations
 
 import json
+import mmap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -109,6 +110,17 @@ class NativeRuntime(Runtime):
 
     def new_cache(self, batch_size: int = 1) -> NativeCache:
         return NativeCache(self.decoder.new_cache(batch_size))
+
+    def cache_bytes(self, positions: int) -> int:
+        """Whole pages: each (layer, head)'s keys and values are a span of their own (:class:`StaticKVCache`), which
+        a few positions reach into whole pages, one more where the span does not start on a page."""
+        config, page = self.decoder.config, mmap.PAGESIZE
+        if positions == 0:
+            return 0
+        keys = -(-positions // KEY_BLOCK) * KEY_BLOCK * config.head_dim * 4  # whole blocks: a position's lanes
+        values = positions * config.head_dim * 4
+        pages = sum(-(-size // page) + 1 for size in (keys, values))
+        return config.num_layers * config.num_kv_heads * pages * page
 
     def copy_prefix(self, cache: KVCache, length: int) -> NativeCache:
         assert isinstance(cache, NativeCache), "a cache belongs to the runtime that made it"

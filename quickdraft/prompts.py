@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from quickdraft.errors import PromptError
+from quickdraft.errors import ModelFilesError, PromptError
 from quickdraft.tokens import common_prefix_length
 
 
@@ -36,9 +36,18 @@ def encode_chat(
         if not isinstance(message.get("content"), str):
             raise PromptError(f"the {message['role']} message's content must be text, got {message.get('content')!r}")
         require_utf8(message["content"], f"the {message['role']} message")
-    text = tokenizer.apply_chat_template(
-        list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
-    )
+    import jinja2
+
+    try:
+        text = tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
+        )
+    except jinja2.TemplateSyntaxError as error:  # the model's template itself is broken
+        raise ModelFilesError(f"this model's chat template cannot be read: {error}") from None
+    except (
+        jinja2.TemplateError
+    ) as error:  # its own refusal (raise_exception): a system turn, roles that do not alternate
+        raise PromptError(f"this model's chat template refuses the conversation: {error}") from None
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 

@@ -15,3 +15,24 @@ def test_chat_prefix_is_what_every_chat_request_starts_with() -> None:
     assert pipeline.encode_chat([{"role": "user", "content": "9 9"}]) == [5, 6, 9, 9]
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     assert pipeline.chat_prefix() == []
+
+
+def test_a_template_that_refuses_a_conversation_or_cannot_be_read_is_a_clear_error() -> None:
+    """Gemma 2's template refuses a system turn, Mistral's turns that do not alternate: the template's words, as
+    the request's fault; a broken template is the model's."""
+    import pytest
+
+    from quickdraft.errors import ModelFilesError, PromptError
+    from quickdraft.prompts import encode_chat
+
+    tokenizer = word_tokenizer(8)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}{{ m.content }}{% endfor %}"
+    )
+    with pytest.raises(PromptError, match="chat template refuses the conversation: System role not supported"):
+        encode_chat(tokenizer, [{"role": "system", "content": "w1"}, {"role": "user", "content": "w2"}])
+    assert encode_chat(tokenizer, [{"role": "user", "content": "w2"}])
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }"
+    with pytest.raises(ModelFilesError, match="chat template cannot be read"):
+        encode_chat(tokenizer, [{"role": "user", "content": "w2"}])

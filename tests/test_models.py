@@ -112,7 +112,7 @@ def test_a_broken_part_package_is_named(tmp_path: Path, monkeypatch: pytest.Monk
 def test_corrupt_gguf_gives_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_parts(tmp_path / "site", "junkparts", [b"not a gguf file"])
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    with pytest.raises(ModelFilesError, match=r"cannot read .*junkparts\.Q4_K_M\.gguf as a model"):
+    with pytest.raises(ModelFilesError, match=r"junkparts\.Q4_K_M\.gguf is not a GGUF file quickdraft can read"):
         unpack(packaged("junkparts", [b"not a gguf file"]), progress=False)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.errors import ModelFilesError
+from quickdraft.models.gguf_check import check_gguf
 
 MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
@@ -125,6 +126,7 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
             tensor_types = add_gguf_settings(directory / "config.json", gguf_path)  # settings: complete it
         write_marker(directory, sha256, gguf_path, tensor_types)
         return
+    check_gguf(gguf_path)  # before gguf-py, which trusts the counts a file states
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
     try:

@@ -1,0 +1,74 @@
+"""A GGUF file's layout is checked before gguf-py reads it: damaged files are a clear error, not 20 GB of memory, a
+hang or weights read from the wrong bytes."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import write_tiny_gguf
+
+from quickdraft.errors import ModelFilesError
+from quickdraft.models.gguf_check import check_gguf
+
+
+def after(data: bytes, text: bytes) -> int:
+    """Where the bytes after the first ``text`` (a key or a tensor's name) begin."""
+    return data.index(text) + len(text)
+
+
+def patched(good: Path, tmp_path: Path, name: str, at: int, value: bytes) -> Path:
+    data = bytearray(good.read_bytes())
+    data[at : at + len(value)] = value
+    path = tmp_path / f"{name}.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "good.gguf")
+
+
+def test_a_good_file_passes(good: Path) -> None:
+    check_gguf(good)
+
+
+def test_damaged_files_are_clear_errors(good: Path, tmp_path: Path) -> None:
+    data = good.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    types = after(data, b"tokenizer.ggml.token_type") + 8  # value type, item type, then the count
+    count = after(data, b"qwen2.block_count") + 4  # value type, then the value
+    names = (b"token_embd.weight", b"output.weight")
+    embedding, output = (after(data, struct.pack("<Q", len(name)) + name) for name in names)  # their tensor infos
+    offset = 4 + 2 * 8 + 4  # a tensor's info: 2 dimensions, its type, then its offset
+    embedding_offset = data[embedding + offset : embedding + offset + 8]
+    cases = {
+        "cut": (cut, "past the file's end: it is cut short or corrupt"),
+        "count": (
+            patched(good, tmp_path, "count", types, struct.pack("<Q", 2**40)),
+            "said to hold 1099511627776 items",
+        ),
+        "layers": (patched(good, tmp_path, "layers", count, struct.pack("<I", 2**31)), "says 2147483648 layers"),
+        "overlap": (patched(good, tmp_path, "overlap", output + offset, embedding_offset), "share bytes"),
+        "magic": (patched(good, tmp_path, "magic", 0, b"GGUX"), "does not start with GGUF"),
+    }
+    for name, (path, words) in cases.items():
+        with pytest.raises(ModelFilesError, match=words):
+            check_gguf(path)
+        assert name
+
+
+def test_sizes_and_widths_are_the_models(good: Path, tmp_path: Path) -> None:
+    data = good.read_bytes()
+    embedding_length = after(data, b"qwen2.embedding_length") + 4
+    epsilon = after(data, b"qwen2.attention.layer_norm_rms_epsilon") + 4
+    wide = patched(good, tmp_path, "wide", embedding_length, struct.pack("<I", 512))
+    with pytest.raises(ModelFilesError, match=r"is 256 wide, but the model's sizes make it 512"):
+        check_gguf(wide)
+    with pytest.raises(ModelFilesError, match=r"layer_norm_rms_epsilon is nan: a finite number above 0"):
+        check_gguf(patched(good, tmp_path, "epsilon", epsilon, struct.pack("<f", float("nan"))))
+    with pytest.raises(ModelFilesError, match=r"embedding_length is 0"):
+        check_gguf(patched(good, tmp_path, "zero", embedding_length, struct.pack("<I", 0)))

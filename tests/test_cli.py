@@ -384,7 +384,8 @@ def test_damaged_gguf_files_give_one_error_line(tmp_path: Path, capsys, monkeypa
         args = ["generate", "abc", "--target", str(tmp_path / name), "--drafter", "none", "--json"]
         status, _, err = run(args, capsys)
         message = err.rstrip("\n").split("\n")[-1]  # after the progress bar of the digest
-        assert status == 1 and message.startswith("quickdraft: error: cannot ") and name in message, err
+        assert status == 1 and message.startswith("quickdraft: error: ") and name in message, err
+        assert "is not a GGUF file quickdraft can read" in message, err
         assert "Traceback" not in err
 
 

@@ -110,5 +110,8 @@ def position_budget(
     else:
         budget, how = kv_cache_mb * MB, "--kv-cache-mb"
     positions = budget // bytes_per_position
+    if positions < 1:
+        raise ConfigError(f"--kv-cache-mb {kv_cache_mb} holds no cache position (one costs {bytes_per_position} bytes)",
+                          "kv_cache_mb")  # fmt: skip
     per = f"{bytes_per_position / 1024:.0f} KiB each"
     return positions, f"request caches: up to {budget // MB} MB ({how}), {positions:,} positions at {per}"

@@ -72,3 +72,16 @@ def test_sizes_and_widths_are_the_models(good: Path, tmp_path: Path) -> None:
         check_gguf(patched(good, tmp_path, "epsilon", epsilon, struct.pack("<f", float("nan"))))
     with pytest.raises(ModelFilesError, match=r"embedding_length is 0"):
         check_gguf(patched(good, tmp_path, "zero", embedding_length, struct.pack("<I", 0)))
+
+
+def test_the_embedding_and_output_have_a_row_per_token() -> None:
+    """As llama.cpp requires: a prompt's token past the embedding's rows would be read from outside it."""
+    from quickdraft.models.gguf_check import Corrupt, Long, _check_sizes
+
+    metadata = {"general.architecture": "qwen2", "qwen2.block_count": 1, "qwen2.embedding_length": 8,
+                "qwen2.attention.head_count": 2, "tokenizer.ggml.tokens": Long(100)}  # fmt: skip
+    infos = [("blk.0.attn_norm.weight", [8], 0, 0), ("token_embd.weight", [8, 100], 0, 0)]
+    _check_sizes(metadata, infos)
+    for name in ("token_embd.weight", "output.weight"):
+        with pytest.raises(Corrupt, match=f"tensor {name} has 64 rows, but the vocabulary has 100 tokens"):
+            _check_sizes(metadata, [*infos, (name, [8, 64], 0, 0)])

@@ -10,7 +10,8 @@ Rules (:func:`check_gguf`, a ``ModelFilesError`` saying what is wrong):
 - The model's sizes (``<architecture>.block_count``, ``embedding_length`` and ``attention.head_count`` present; the
   other head counts and widths where given) are whole numbers of at least 1, its norm epsilon and RoPE base finite
   and above 0, ``block_count`` is the number of ``blk.N`` layers the file holds, and the usual tensors (embedding,
-  attention, feed-forward, norms) are as wide and have as many rows as those sizes make them.
+  attention, feed-forward, norms) are as wide and have as many rows as those sizes make them; the embedding and the
+  output layer have a row per token of the vocabulary, as llama.cpp requires.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ LAYER = re.compile(r"blk\.(\d+)\.")
 
 class Corrupt(Exception):
     """What is wrong with the file (the message says it)."""
+
+
+class Long(int):
+    """A long array's length, where its items are not kept."""
 
 
 class Reader:
@@ -79,9 +84,9 @@ class Reader:
         self.need(count * least, f"{what} (an array said to hold {count} items)")
         if item_kind in SCALARS and count > 64:  # skipped whole: nothing here reads long numeric arrays
             self.at += count * least
-            return None
+            return Long(count)
         items = [self.value(item_kind, what, depth + 1) for _ in range(count)]  # each string's length checked
-        return items if count <= 64 else None  # a vocabulary's tokens: walked, not kept
+        return items if count <= 64 else Long(count)  # a vocabulary's tokens: walked, not kept
 
 
 def check_gguf(path: Path) -> None:
@@ -181,6 +186,11 @@ def _check_sizes(metadata: dict[str, Any], infos: list[tuple[str, list[int], int
         held = f"layers {min(layers)} to {max(layers)}" if len(layers) > 1 else f"layer {min(layers)}"
         raise Corrupt(f"{architecture}.block_count says {stated} layers, but it holds {held}")
     _check_widths(metadata, architecture, infos)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    count = tokens if isinstance(tokens, Long) else len(tokens) if isinstance(tokens, list) else None
+    for name, shape, _, _ in infos:
+        if name in ("token_embd.weight", "output.weight") and count is not None and shape[-1] != count:
+            raise Corrupt(f"tensor {name} has {shape[-1]} rows, but the vocabulary has {count} tokens")
 
 
 def _check_widths(metadata: dict[str, Any], architecture: str, infos: list[tuple[str, list[int], int, int]]) -> None:

@@ -44,9 +44,7 @@ def encode_chat(
         )
     except jinja2.TemplateSyntaxError as error:  # the model's template itself is broken
         raise ModelFilesError(f"this model's chat template cannot be read: {error}") from None
-    except (
-        jinja2.TemplateError
-    ) as error:  # its own refusal (raise_exception): a system turn, roles that do not alternate
+    except jinja2.TemplateError as error:  # its own refusal (raise_exception): a system turn, turns not alternating
         raise PromptError(f"this model's chat template refuses the conversation: {error}") from None
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 

@@ -190,6 +190,7 @@ def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, default
     values = {value for value in given.values() if value is not None}
     if len(values) > 1:
         raise ApiError(400, "max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
+    limit = values.pop() if values else None
     name = "max_completion_tokens" if given.get("max_completion_tokens") else "max_tokens"
     holders = [  # what holds the prompt and the answer: how many positions, said how
         (defaults.max_context, "this model's context holds {} tokens"),
@@ -198,8 +199,7 @@ def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, default
     for size, holds in holders:
         if size is None:
             continue
-        if values and prompt_tokens + next(iter(values)) > size:
-            limit = next(iter(values))
+        if limit is not None and prompt_tokens + limit > size:
             message = (
                 f"{holds.format(size)}, but the request asks for {prompt_tokens + limit}: {prompt_tokens} in the "
                 f"prompt and up to {limit} new ones; shorten the prompt or lower {name}"
@@ -208,8 +208,8 @@ def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, default
         if prompt_tokens >= size:
             message = f"the prompt has {prompt_tokens} tokens, and {holds.format(size)}"
             raise ApiError(400, message, "messages" if chat else "prompt", code="context_length_exceeded")
-    if values:
-        return values.pop()
+    if limit is not None:
+        return limit
     rooms = [size - prompt_tokens for size, _ in holders if size is not None]
     return min([defaults.max_tokens, *rooms])
 

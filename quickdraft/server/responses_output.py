@@ -21,10 +21,12 @@ import asyncio
 import itertools
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from quickdraft.engine import Event, GenerationResult, RequestFailed, RequestFinished, TokenDelta
+from quickdraft.engine.logprobs import TokenLogprob
+from quickdraft.server.answers import Spell
 from quickdraft.server.errors import ApiError, failure
 from quickdraft.server.protocol import ApiRequest
 from quickdraft.server.responses import logprobs_body, speculation
@@ -46,14 +48,13 @@ def response_object(
 ) -> dict[str, Any]:
     """The Response: in progress while ``result`` is None, else completed or incomplete; failed with ``error`` (a
     request's own fault is an ``invalid_prompt``, any other a ``server_error``: the codes a Response may carry)."""
-    incomplete = result is not None and result.finish_reason == "length"
-    status = "failed" if error else "in_progress" if result is None else "incomplete" if incomplete else "completed"
+    status = "failed" if error else "in_progress" if result is None else answer_status(result)
     sampling = api.serve.config.sampling
     failed = None if error is None else {"code": "invalid_prompt" if error.status == 400 else "server_error"}
     body = {
         "id": response_id, "object": "response", "created_at": api.created, "status": status, "background": False,
         "error": None if error is None else failed | {"message": error.message},
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": echo.instructions, "max_output_tokens": echo.max_output_tokens, "max_tool_calls": None,
         "model": api.model, "output": output, "parallel_tool_calls": echo.parallel_tool_calls,
         "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
@@ -62,6 +63,17 @@ def response_object(
         "usage": None if result is None else usage(api, result), "metadata": echo.metadata,
     }  # fmt: skip
     return body | ({} if result is None else {"speculation": speculation([result])})
+
+
+def answer_status(result: GenerationResult) -> str:
+    """A finished answer's status: cut at its token limit, incomplete; else completed."""
+    return "incomplete" if result.finish_reason == "length" else "completed"
+
+
+def logprob_entries(api: ApiRequest, logprobs: Sequence[TokenLogprob], spell: Spell) -> list[dict[str, Any]]:
+    """The tokens' log-probabilities as an output text's entries (chat's); none where the request asked for none."""
+    body = logprobs_body(api, logprobs, spell)
+    return [] if body is None else body["content"]
 
 
 def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
@@ -107,15 +119,15 @@ def spelling(entries: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
     return taken
 
 
-def output_items(api: ApiRequest, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]) -> list[Any]:
+def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> list[Any]:
     """A whole answer's output: its message (unless it is only calls), then its calls."""
     content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
     if calls and not content:
         return [call_item(call) for call in calls]
-    status = "incomplete" if result.finish_reason == "length" else "completed"
-    entries = (logprobs_body(api, result.logprobs or [], spell) or {"content": []})["content"]
+    entries = logprob_entries(api, result.logprobs or [], spell)
     logprobs = spelling(entries, len(content)) if calls else entries
-    return [message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, status), *(call_item(call) for call in calls)]
+    message = message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, answer_status(result))
+    return [message, *(call_item(call) for call in calls)]
 
 
 class StreamedMessage:
@@ -142,7 +154,7 @@ async def stream_events(
     echo: Echo,
     events: asyncio.Queue[tuple[int, Event]],
     track: Any,
-    spell: Callable[[int], tuple[str, bytes]],
+    spell: Spell,
 ) -> AsyncIterator[str]:
     """The answer's events as server-sent events (the rules above); ``track``: the app's tracker of the request's
     time left (``seconds_left``, ``timeout``)."""
@@ -182,14 +194,13 @@ async def stream_events(
 
     yield event("response.created", response=response_object(api, echo, response_id, [], None))
     yield event("response.in_progress", response=response_object(api, echo, response_id, [], None))
-    wanted = api.serve.config.logprobs is not None
     while True:
         try:
             _, engine_event = await asyncio.wait_for(events.get(), track.seconds_left())  # the one choice's
         except TimeoutError:
             engine_event = track.timeout()
         if isinstance(engine_event, TokenDelta):
-            entries = (logprobs_body(api, engine_event.logprobs, spell) or {"content": []})["content"] if wanted else []
+            entries = logprob_entries(api, engine_event.logprobs, spell)
             for sent in text_events(engine_event.text if calls is None else calls.feed(engine_event.text), entries):
                 yield sent
             continue
@@ -209,10 +220,8 @@ async def stream_events(
                 yield sent
         output: list[dict[str, Any]] = []
         if opened or not found:  # an answer with no text still has its message
-            status = "incomplete" if result.finish_reason == "length" else "completed"
-            logprobs = (
-                spelling(message.sent + message.pending, len(message.text)) if found else message.sent + message.pending
-            )
+            status, entries = answer_status(result), message.sent + message.pending
+            logprobs = spelling(entries, len(message.text)) if found else entries
             for sent in closing(status, logprobs):
                 yield sent
             output.append(message_item(message_id, message.text, logprobs, status))

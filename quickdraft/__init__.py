@@ -1,7 +1,7 @@
 """quickdraft: lossless speculative decoding for large language models."""
 
 from quickdraft.api import Pipeline
-from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.engine import Engine, GenerationResult, Request
 from quickdraft.errors import QuickdraftError
@@ -17,6 +17,7 @@ __all__ = [
     "GenerationConfig",
     "GenerationResult",
     "GenerationStats",
+    "LogitAdjustments",
     "Pipeline",
     "QuickdraftError",
     "Request",

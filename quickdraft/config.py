@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarSpec
+from quickdraft.lossless.adjustments import LogitAdjustments
 from quickdraft.lossless.sampling import SamplingParams, is_int
 from quickdraft.policies import MAX_DRAFT_TOKENS, PolicySpec, parse_policy
 
-__all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "SamplingParams"]
+__all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "LogitAdjustments", "SamplingParams"]
 
 
 DEFAULT_POLICY = "goodput"
@@ -35,6 +36,7 @@ class GenerationConfig:
     max_draft_tokens: int = 16  # the largest γ an adaptive policy may choose
     logprobs: int | None = None  # None: none; K: each new token's log-probability and the K likeliest (K <= 20)
     grammar: GrammarSpec | None = None  # structured output: the grammar every answer follows
+    adjustments: LogitAdjustments = field(default_factory=LogitAdjustments)  # logit bias and penalties
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # one stop string, as OpenAI's stop takes it (not one per character)
@@ -65,6 +67,8 @@ class GenerationConfig:
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             message = f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the likeliest tokens to list)"
             raise ConfigError(f"{message}, got {self.logprobs!r}", "logprobs")
+        if not isinstance(self.adjustments, LogitAdjustments):
+            raise ConfigError(f"adjustments must be a LogitAdjustments, got {self.adjustments!r}", "adjustments")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise ConfigError(f"grammar must be a GrammarSpec, got {self.grammar!r}", "grammar")
         if isinstance(self.policy, str):

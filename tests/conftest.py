@@ -26,6 +26,7 @@ from quickdraft.costs import BatchCostModel, CostModel
 from quickdraft.drafters import DrafterRecords, DraftState, DraftTask
 from quickdraft.drafters.hybrid import COPIES
 from quickdraft.engine import Engine, SchedulerSettings
+from quickdraft.lossless.adjustments import LogitAdjustments
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.policies import KeepDrafting, Offer
 from quickdraft.runtime import HFRuntime, KVCache, Runtime
@@ -510,6 +511,23 @@ def serving(
 
 
 # -- statistical tests ----------------------------------------------------------------------------
+
+
+def adjusted_by_hand(
+    adjustments: LogitAdjustments, logits: list[float], prompt_ids: list[int], answer_ids: list[int]
+) -> list[float]:
+    """:mod:`quickdraft.lossless.adjustments`' rule written out token by token, the oracle of ``adjust_logits``:
+    one position's logits after ``answer_ids``."""
+    bias, penalty = dict(adjustments.logit_bias), adjustments.repetition_penalty
+    adjusted = []
+    for token, logit in enumerate(logits):
+        logit += bias.get(token, 0.0)
+        count = answer_ids.count(token)
+        if penalty != 1 and (count > 0 or token in prompt_ids):
+            logit = logit / penalty if logit > 0 else logit * penalty
+        logit -= adjustments.frequency_penalty * count + (adjustments.presence_penalty if count > 0 else 0.0)
+        adjusted.append(logit)
+    return adjusted
 
 
 @pytest.fixture

@@ -91,6 +91,15 @@ def test_generate_with_structured_output(model_args: list[str], tmp_path: Path, 
     assert status == 1 and "--json-schema" in err and "cannot read it" in err
 
 
+def test_generate_with_a_logit_bias_and_penalties(model_args: list[str], capsys: pytest.CaptureFixture) -> None:
+    args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "5", "--json"]
+    status, out, _ = run([*args, "--logit-bias", "6=100", "--logit-bias", "7=-100"], capsys)
+    assert status == 0 and json.loads(out)["token_ids"] == [6] * 5
+    penalized = [*args, "--presence-penalty", "2", "--frequency-penalty", "2", "--repetition-penalty", "3"]
+    status, out, _ = run([*penalized, "--temperature", "0.7", "--seed", "1", "--min-p", "0.05"], capsys)
+    assert status == 0 and len(json.loads(out)["token_ids"]) == 5
+
+
 def test_generate_streams_text_then_statistics(
     model_args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -203,6 +212,10 @@ BAD_INPUTS = {
         ["generate", "w1", "--top-k", "5", "--top-p", "0.9"],
         "--top-p, --top-k only apply to sampling",
     ),
+    "min-p when greedy": (["generate", "w1", "--min-p", "0.1"], "--min-p only applies to sampling"),
+    "logit bias not ID=BIAS": (["generate", "w1", "--logit-bias", "w5=3"], "--logit-bias takes ID=BIAS"),
+    "logit bias past the vocabulary": (["generate", "w1", "--logit-bias", "999=3"], "below the vocabulary's size"),
+    "presence penalty too large": (["generate", "w1", "--presence-penalty", "3"], "(--presence-penalty)"),
     "draft vocabulary beyond the draft's": (
         ["generate", "w1", "--draft-vocabulary", "99999999"],
         "the draft vocabulary of 99999999 tokens is larger than the draft model's vocabulary of",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quickdraft.cli.common import add_model_arguments, draft_for, gpu_note, load_models, read_prompt
-from quickdraft.config import GenerationConfig, SamplingParams
+from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions, HybridDrafter
 from quickdraft.engine import GenerationResult, Request
 from quickdraft.errors import ConfigError
@@ -75,6 +75,26 @@ def add_command(commands: Any) -> None:
     generate.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1]")
     generate.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest (0 = off)")
     generate.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (reproducible runs)")
+    generate.add_argument(
+        "--min-p", type=float, default=0.0, metavar="P", help="sample only tokens at least P times as likely as the "
+        "likeliest (0 = off)",
+    )  # fmt: skip
+    generate.add_argument(
+        "--logit-bias", action="append", default=[], metavar="ID=BIAS", help="add BIAS in [-100, 100] to the logit "
+        "of the token with id ID (repeatable; -100 bans the token, 100 all but forces it)",
+    )  # fmt: skip
+    generate.add_argument(
+        "--presence-penalty", type=float, default=0.0, metavar="X", help="OpenAI's: subtract X in [-2, 2] from the "
+        "logit of every token the answer already holds",
+    )  # fmt: skip
+    generate.add_argument(
+        "--frequency-penalty", type=float, default=0.0, metavar="X", help="OpenAI's: subtract X in [-2, 2] times "
+        "the number of times the answer holds a token from its logit",
+    )  # fmt: skip
+    generate.add_argument(
+        "--repetition-penalty", type=float, default=1.0, metavar="R", help="transformers' and vLLM's: a token of the "
+        "prompt or the answer has its logit divided by R if positive, multiplied by R if not (1 = off)",
+    )  # fmt: skip
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     constraint = generate.add_mutually_exclusive_group()
     constraint.add_argument("--json-object", action="store_true", help="the answer is a JSON object (structured)")
@@ -136,10 +156,13 @@ def run(args: argparse.Namespace) -> None:
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         num_draft_tokens=args.num_draft_tokens,
-        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.min_p),
         stop=tuple(args.stop),
         policy=args.policy,
         grammar=grammar_of(args),
+        adjustments=LogitAdjustments(
+            logit_bias_of(args.logit_bias), args.presence_penalty, args.frequency_penalty, args.repetition_penalty
+        ),
         **given(max_draft_tokens=args.max_draft_tokens),
     )
     options = DrafterOptions(
@@ -223,6 +246,19 @@ def given(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def logit_bias_of(pairs: list[str]) -> dict[int, float]:
+    """``--logit-bias ID=BIAS`` options as token ids and biases (their range is checked by ``LogitAdjustments``)."""
+    bias = {}
+    for pair in pairs:
+        token, _, value = pair.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            message = f"--logit-bias takes ID=BIAS, a token id and a number, such as 151643=-100: got {pair!r}"
+            raise ConfigError(message) from None
+    return bias
+
+
 def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
     """Refuse options that contradict each other or name a missing file; note those the drafter and policy do not
     use (the output is the same with or without them)."""
@@ -235,7 +271,10 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
     for option, path in (("--acceptance-head", args.acceptance_head), ("--draft-head", args.draft_head)):
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"{option} {path}: no such file")
-    sampling = {"--seed": args.seed is not None, "--top-p": args.top_p != 1.0, "--top-k": args.top_k != 0}
+    sampling = {
+        "--seed": args.seed is not None, "--top-p": args.top_p != 1.0, "--top-k": args.top_k != 0,
+        "--min-p": args.min_p != 0,
+    }  # fmt: skip
     if args.temperature == 0 and any(sampling.values()):
         named = [option for option, is_given in sampling.items() if is_given]
         verb, pronoun = ("applies", "it") if len(named) == 1 else ("apply", "them")

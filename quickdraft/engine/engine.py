@@ -38,7 +38,7 @@ from quickdraft.engine.request import (
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
 from quickdraft.engine.step import StepPlan, StepReport, plan_requests
 from quickdraft.errors import ConfigError
-from quickdraft.grammar import GrammarCompiler, GrammarDeadEnd, constrain_step
+from quickdraft.grammar import GrammarCompiler, GrammarDeadEnd
 from quickdraft.lossless.rules import (
     check_prompt,
     check_token_ids,
@@ -299,9 +299,9 @@ class Engine:
         began (its policy learns what such a step takes); None otherwise."""
         config, tick = state.request.config, time.perf_counter()
         try:
-            draft_token_ids, draft_probs, target_logits = constrain_step(
-                state.constraint, proposal.token_ids, proposal.probs, target_logits
-            )  # [1, γ'], [1, γ', V] or None, [γ' + 1, V]: the drafts a grammar allows, the target masked by it
+            draft_token_ids, draft_probs, target_logits = state.target_choice(
+                proposal.token_ids, proposal.probs, target_logits
+            )  # [1, γ'], [1, γ', V] or None, [γ' + 1, V]: the drafts a grammar allows, the logits chosen from
         except GrammarDeadEnd as error:
             return self._fail(state, error)
         result = verify_drafts(
@@ -334,7 +334,7 @@ class Engine:
     def _first_token(self, state: RunningRequest, logits: torch.Tensor) -> bool:
         """Commit the first token from the prompt's last position ``[1, V]``; True if the request ended."""
         try:
-            sampling, logits = state.request.config.sampling, constrain_step(state.constraint, EMPTY, None, logits)[2]
+            sampling, logits = state.request.config.sampling, state.target_choice(EMPTY, None, logits)[2]
         except GrammarDeadEnd as error:
             self._fail(state, error)
             return True

@@ -17,7 +17,8 @@ from quickdraft.config import GenerationConfig
 from quickdraft.drafters import Drafter, DraftState
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import ConfigError, PromptError
-from quickdraft.grammar import Constraint
+from quickdraft.grammar import Constraint, constrain_step
+from quickdraft.lossless.adjustments import adjust_logits
 from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies import FixedPolicy, Policy
 from quickdraft.runtime.base import KVCache
@@ -129,6 +130,25 @@ class RequestState:
     @property
     def prompt_length(self) -> int:
         return len(self.request.prompt_ids)
+
+    def target_choice(
+        self, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """A step's drafts ``[1, γ]`` (their distributions ``[1, γ, V]`` or None) and the target's logits
+        ``[γ + 1, V]`` as this request chooses its tokens: the drafts its grammar allows, and the logits its grammar
+        masks (``GrammarDeadEnd`` where it allows nothing) and its bias and penalties adjust
+        (:mod:`quickdraft.lossless.adjustments`)."""
+        draft_token_ids, draft_probs, target_logits = constrain_step(
+            self.constraint, draft_token_ids, draft_probs, target_logits
+        )
+        adjustments = self.request.config.adjustments
+        draft_ids = draft_token_ids[0].tolist() if adjustments.penalizes else ()
+        prompt_ids = self.request.prompt_ids
+        return (
+            draft_token_ids,
+            draft_probs,
+            adjust_logits(adjustments, target_logits, prompt_ids, self.new_token_ids, draft_ids),
+        )
 
     def take_visible_logprobs(self) -> tuple[TokenLogprob, ...]:
         """The log-probabilities not handed out yet of the tokens whose text is now visible

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.errors import PromptError
+from quickdraft.errors import ConfigError, PromptError
 from quickdraft.lossless.sampling import choose_tokens, logits_to_probs, logits_to_scores
 from quickdraft.lossless.verify import VerificationResult, block_verify, greedy_verify, seeded_verify
 from quickdraft.text import IncrementalDecoder
@@ -17,10 +17,13 @@ from quickdraft.text import IncrementalDecoder
 
 def check_prompt(prompt_ids: Sequence[int], config: GenerationConfig, max_context: int, vocab_size: int) -> None:
     """Raise ``PromptError`` for an empty prompt, one with ids outside the vocabulary, or one that leaves no room
-    for ``max_new_tokens``."""
+    for ``max_new_tokens``; ``ConfigError`` for a logit bias of a token outside the vocabulary."""
     if not prompt_ids:
         raise PromptError("the prompt is empty: give some text to continue")
     check_token_ids(prompt_ids, vocab_size, "prompt")
+    if config.adjustments.largest_token_id >= vocab_size:
+        message = f"logit_bias's token ids must be below the vocabulary's size {vocab_size}"
+        raise ConfigError(f"{message}, got {config.adjustments.largest_token_id}", "logit_bias")
     needed = len(prompt_ids) + config.max_new_tokens
     if needed > max_context:
         raise PromptError(

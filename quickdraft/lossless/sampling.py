@@ -42,15 +42,17 @@ def is_number(value: object) -> bool:
 class SamplingParams:
     """How a token is chosen from logits; applied identically to target and draft.
 
-    ``temperature == 0`` means greedy decoding (argmax); ``top_k == 0`` and ``top_p == 1``
-    switch those filters off. ``seed`` (an integer in [0, 2**64 - 1]) makes a sampled run
-    reproducible: the same tokens whatever γ the policy chooses.
+    ``temperature == 0`` means greedy decoding (argmax); ``top_k == 0``, ``top_p == 1`` and ``min_p == 0``
+    switch those filters off (``min_p``: a token less likely than ``min_p`` times the likeliest is never drawn).
+    ``seed`` (an integer in [0, 2**64 - 1]) makes a sampled run reproducible: the same tokens whatever γ the
+    policy chooses.
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not (is_number(self.temperature) and math.isfinite(self.temperature)) or self.temperature < 0:
@@ -61,6 +63,8 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
         if not (is_number(self.top_p) and 0 < self.top_p <= 1):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
+        if not (is_number(self.min_p) and 0 <= self.min_p <= 1):
+            raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}", "min_p")
         if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed <= MAX_SEED):
             raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}", "seed")
 
@@ -81,7 +85,7 @@ class SamplingParams:
 
 def logits_to_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """``[..., V]`` logits -> ``[..., V]`` scores a token is chosen by: sampling, the log-probabilities after
-    temperature, top-k and top-p up to a constant per row (−inf: never drawn); greedy, the logits themselves
+    temperature, min-p, top-k and top-p up to a constant per row (−inf: never drawn); greedy, the logits themselves
     (their argmax is the token). A seeded token is argmax(score + noise): Gumbel-max needs no softmax."""
     logits = logits.float()
     if params.is_greedy:
@@ -91,6 +95,8 @@ def logits_to_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
     # normal number a temperature would round to 0 in the division; it acts as that number, as good as 0.
     temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
     logits = logits.sub(logits.amax(dim=-1, keepdim=True)).div_(temperature)  # [..., V], <= 0, a new tensor
+    if params.min_p > 0:  # a token's probability over the likeliest's is exp(its logit here)
+        logits = logits.masked_fill(logits < math.log(params.min_p), float("-inf"))
     if 0 < params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -105,7 +111,7 @@ def logits_to_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``[..., V]`` logits -> ``[..., V]`` probabilities after temperature, top-k and top-p: the softmax of
+    """``[..., V]`` logits -> ``[..., V]`` probabilities after temperature, min-p, top-k and top-p: the softmax of
     :func:`logits_to_scores`. Greedy (temperature 0) gives the one-hot distribution of the argmax."""
     if params.is_greedy:
         return torch.nn.functional.one_hot(argmax(logits.float()), logits.shape[-1]).float()

@@ -34,7 +34,7 @@ from quickdraft.server.answers import Tagged, Tracker, collect, stream_chunks
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
-from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, parse_request
+from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request
 from quickdraft.server.responses import new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
@@ -167,7 +167,7 @@ def create_app(
             if isinstance(error, ServerStopping):
                 raise shutting_down(str(error)) from None
             if isinstance(error, QuickdraftError):  # the prompt does not fit, a policy the server cannot run, ...
-                raise ApiError(400, str(error)) from None
+                raise ApiError(400, str(error), error_param(error, api.chat)) from None
             raise
         return extra, api, events, track
 

@@ -3,18 +3,20 @@ the bodies out).
 
 Fields of ``/v1/completions`` and ``/v1/chat/completions``: ``model``, ``prompt`` / ``messages``, ``max_tokens``
 (``max_completion_tokens`` for chat), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
-``stream_options.include_usage``, ``n`` (up to :data:`MAX_CHOICES` choices), ``logprobs`` and ``top_logprobs``
-(chat; for completions ``logprobs`` is the number of likeliest tokens to list), ``prediction`` (Predicted Outputs:
-``{"type": "content", "content": text or text parts}``, copied as drafts by the hybrid drafters), and
-``response_format`` (``json_object``, ``json_schema``: structured output). quickdraft's extras, which the openai
-client sends with ``extra_body``: ``top_k``, ``drafter`` (a name of ``DRAFTERS``), ``policy`` (``goodput``,
-``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` (at most the server's), ``return_token_ids``, ``regex``
-or ``grammar`` (xgrammar's EBNF) for structured output, and ``cache_prompt`` (llama.cpp's name; default true: false
-reads the prompt whole and keeps nothing of it). ``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`.
-Which other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks
-for is silently ignored. Without ``max_tokens``, a request gets the server's default, at most what the context and
-the server's caches leave after its prompt. A message's role is one of :data:`ROLES`. A bad value raises
-:class:`ApiError` with the status and message a client sees.
+``stream_options.include_usage``, ``n`` (up to :data:`MAX_CHOICES` choices), ``logprobs`` and ``top_logprobs`` (chat;
+for completions ``logprobs`` is the number of likeliest tokens to list), ``prediction`` (Predicted Outputs:
+``{"type": "content", "content": text or text parts}``, copied as drafts by the hybrid drafters), ``response_format``
+(``json_object``, ``json_schema``: structured output), ``logit_bias``, ``presence_penalty`` and ``frequency_penalty``
+(:mod:`quickdraft.lossless.adjustments`). quickdraft's extras, which the openai client sends with ``extra_body``:
+``top_k``, vLLM's ``min_p`` and ``repetition_penalty``, ``drafter`` (a name of ``DRAFTERS``), ``policy``
+(``goodput``, ``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` (at most the server's),
+``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output, and ``cache_prompt``
+(llama.cpp's name; default true: false reads the prompt whole and keeps nothing of it). ``tools`` and ``tool_choice``
+go to :mod:`quickdraft.server.tools`. Which other fields are accepted, refused or unknown is
+:mod:`quickdraft.server.fields`'s rule: nothing a client asks for is silently ignored. Without ``max_tokens``, a
+request gets the server's default, at most what the context and the server's caches leave after its prompt. A
+message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and message a client
+sees.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quickdraft.config import MAX_LOGPROBS, GenerationConfig, SamplingParams
+from quickdraft.config import MAX_LOGPROBS, GenerationConfig, LogitAdjustments, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import Request
 from quickdraft.errors import PromptError, QuickdraftError
@@ -125,6 +127,7 @@ def parse_request(
             top_k=_field(body, "top_k", 0),
             top_p=_number(body, "top_p", 1.0),
             seed=_field(body, "seed", None),
+            min_p=_number(body, "min_p", 0.0),
         )
         config = GenerationConfig(
             max_new_tokens=_max_tokens(body, chat, len(prompt_ids), defaults),
@@ -135,6 +138,11 @@ def parse_request(
             max_draft_tokens=_field(body, "max_draft_tokens", defaults.max_draft_tokens),
             logprobs=_logprobs(body, chat),
             grammar=_grammar(body, tools),
+            adjustments=LogitAdjustments(
+                _logit_bias(body),
+                *(_number(body, name, 0.0) for name in ("presence_penalty", "frequency_penalty")),
+                repetition_penalty=_number(body, "repetition_penalty", 1.0),
+            ),
         )
         if config.max_draft_tokens > defaults.max_draft_tokens:
             limit = defaults.max_draft_tokens
@@ -159,7 +167,7 @@ def parse_request(
             cache_prompt=flag(body, "cache_prompt", True),
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
-        raise ApiError(400, str(error), _param(error, chat)) from None
+        raise ApiError(400, str(error), error_param(error, chat)) from None
     return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()), n)
 
 
@@ -174,7 +182,7 @@ def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:
     return model or model_names[0]
 
 
-def _param(error: QuickdraftError, chat: bool) -> str | None:
+def error_param(error: QuickdraftError, chat: bool) -> str | None:
     """The request field behind a library error: a prompt's, or the setting a ``ConfigError`` names."""
     if isinstance(error, PromptError):
         return "messages" if chat else "prompt"
@@ -224,6 +232,17 @@ def _number(body: Mapping[str, Any], name: str, default: float) -> Any:
     if not is_number(value) or not math.isfinite(value):
         raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
     return value
+
+
+def _logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:
+    """``logit_bias`` as token ids and biases: JSON's keys are strings, OpenAI's are token ids written in decimal."""
+    bias = _field(body, "logit_bias", {})
+    if not isinstance(bias, Mapping):
+        raise ApiError(400, f"logit_bias must be an object mapping token ids to biases, got {bias!r}", "logit_bias")
+    for key in bias:
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise ApiError(400, f'logit_bias\'s keys must be token ids such as "50256", got {key!r}', "logit_bias")
+    return {int(key): value for key, value in bias.items()}
 
 
 def _prompt(body: Mapping[str, Any]) -> str | list[int]:

@@ -17,15 +17,17 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import BigramTableRuntime, chi_square_pvalue, listed_tokenizer, word_tokenizer
+from conftest import BigramTableRuntime, adjusted_by_hand, chi_square_pvalue, listed_tokenizer, word_tokenizer
 
 import quickdraft.drafters.draft_model
 import quickdraft.engine.engine
+import quickdraft.engine.request
 import quickdraft.lossless.rules
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DrafterOptions
 from quickdraft.engine import Engine, Request, RequestFinished, SchedulerSettings
+from quickdraft.lossless.adjustments import LogitAdjustments
 from quickdraft.lossless.sampling import logits_to_probs, sample
 from quickdraft.lossless.verify import VerificationResult
 from quickdraft.vocabularies import VocabularyBridge
@@ -42,6 +44,9 @@ RULES = pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseede
 MODES = pytest.mark.parametrize("at_once", [1, AT_ONCE], ids=["alone", "batched"])
 # a foreign draft's vocabulary: four of the target's words (w2 and w4 missing) in another order, three of its own
 FOREIGN_WORDS = ["w3", "x0", "w1", "w0", "x1", "w5", "<eos>", "x2"]
+NONE = LogitAdjustments()
+# strong enough that a row adjusted as if the drafts before it were not there draws visibly another law
+PENALTIES = LogitAdjustments({4: 1.0, 0: -1.5}, presence_penalty=1.0, frequency_penalty=1.0, repetition_penalty=1.5)
 
 
 def table_pipeline(foreign: bool = False) -> Pipeline:
@@ -65,8 +70,32 @@ def window_distribution(target: BigramTableRuntime, prompt_ids: list[int], sampl
     return torch.einsum("a,ab,abc,bcd->bcd", first, probs[prompt_ids[-1]], probs, probs)
 
 
+def adjusted_window_distribution(
+    target: BigramTableRuntime, prompt_ids: list[int], sampling: SamplingParams, adjustments: LogitAdjustments
+) -> torch.Tensor:
+    """:func:`window_distribution` with a logit bias and penalties: each position's distribution from its logits
+    adjusted by hand after the answer before it, enumerated over new tokens 1 to 3."""
+
+    def probs_after(answer: list[int]) -> torch.Tensor:  # [V]
+        context = [*prompt_ids, *answer]
+        logits = adjusted_by_hand(adjustments, target.table[context[-2], context[-1]].tolist(), prompt_ids, answer)
+        return logits_to_probs(torch.tensor([logits]), sampling)[0].double()
+
+    window = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)
+    first = probs_after([])
+    for y1, y2, y3 in itertools.product(range(VOCAB), repeat=3):
+        before = first[y1] * probs_after([y1])[y2] * probs_after([y1, y2])[y3]
+        window[y2, y3] += before * probs_after([y1, y2, y3])
+    return window
+
+
 def sampled_window(
-    drafter: str, sampling: SamplingParams, seeded: bool, at_once: int, foreign: bool = False
+    drafter: str,
+    sampling: SamplingParams,
+    seeded: bool,
+    at_once: int,
+    foreign: bool = False,
+    adjustments: LogitAdjustments = NONE,
 ) -> torch.Tensor:
     """Counts ``[V, V, V]`` of new tokens 2, 3, 4 over SAMPLES requests (seeds 0, 1, ... when seeded), ``at_once``
     of them in flight together."""
@@ -83,7 +112,9 @@ def sampled_window(
             decoded.append(event.result.token_ids)
 
     for run in range(SAMPLES):
-        config = replace(WINDOW_CONFIG, sampling=replace(sampling, seed=run if seeded else None))
+        config = replace(
+            WINDOW_CONFIG, sampling=replace(sampling, seed=run if seeded else None), adjustments=adjustments
+        )
         engine.submit(Request(prompt, config, drafter_object), sink)
     steps = 0
     while engine.step() is not None:
@@ -97,10 +128,18 @@ def sampled_window(
 
 
 def window_pvalue(
-    drafter: str, sampling: SamplingParams, seeded: bool, at_once: int = 1, foreign: bool = False
+    drafter: str,
+    sampling: SamplingParams,
+    seeded: bool,
+    at_once: int = 1,
+    foreign: bool = False,
+    adjustments: LogitAdjustments = NONE,
 ) -> float:
-    counts = sampled_window(drafter, sampling, seeded, at_once, foreign)
-    return chi_square_pvalue(counts, window_distribution(table_pipeline().target, PROMPT_FOR[drafter], sampling))
+    counts = sampled_window(drafter, sampling, seeded, at_once, foreign, adjustments)
+    target, prompt = table_pipeline().target, PROMPT_FOR[drafter]
+    if adjustments.changes_logits:
+        return chi_square_pvalue(counts, adjusted_window_distribution(target, prompt, sampling, adjustments))
+    return chi_square_pvalue(counts, window_distribution(target, prompt, sampling))
 
 
 @RULES
@@ -128,6 +167,28 @@ def test_foreign_draft_sampled_tokens_follow_the_target_distribution(seeded: boo
 @pytest.mark.usefixtures("one_thread", "numbered_generators")
 def test_top_k_sampled_tokens_follow_the_target_distribution(seeded: bool) -> None:
     assert window_pvalue("draft-model", TOP_K_SAMPLING, seeded) > FITS
+
+
+@RULES
+@MODES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_penalized_sampled_tokens_follow_the_adjusted_distribution(seeded: bool, at_once: int) -> None:
+    """Logit bias and penalties: every position samples the target's adjusted distribution after the tokens before
+    it, drafts included."""
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded, at_once, adjustments=PENALTIES) > FITS
+
+
+@RULES
+@pytest.mark.usefixtures("one_thread", "numbered_generators")
+def test_chi_square_catches_penalties_that_forget_the_drafts(seeded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: every verified row penalized as if the drafts before it were not there must fail."""
+    real = quickdraft.engine.request.adjust_logits
+
+    def forgetting_the_drafts(adjustments, logits, prompt_ids, answer_ids, draft_ids=()):
+        return torch.cat([real(adjustments, row[None], prompt_ids, answer_ids) for row in logits])
+
+    monkeypatch.setattr(quickdraft.engine.request, "adjust_logits", forgetting_the_drafts)
+    assert window_pvalue("draft-model", TOP_P_SAMPLING, seeded, adjustments=PENALTIES) < REJECTED
 
 
 def wrong_rule(draft_token_ids, draft_probs, target_probs, generator) -> VerificationResult:

@@ -11,6 +11,7 @@ import pytest
 from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
 
 from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import CHAT_FIELDS, HARMLESS, UNSUPPORTED, check_fields, count, flag, text_parts
 
@@ -33,7 +34,7 @@ def test_known_harmless_unsupported_and_unknown_fields() -> None:
     for name, harmless in UNSUPPORTED.items():
         check_fields({name: harmless[-1]}, chat=False)
     refused = [
-        ({"repetition_penalty": 1.5}, True, "repetition_penalty is not supported"),
+        ({"min_tokens": 3}, True, "min_tokens is not supported"),
         ({"ignore_eos": True}, True, "ignore_eos is not supported"),
         ({"echo": 0}, False, "echo is not supported"),  # 0 is not false
         ({"max_tokenz": 2}, True, "unrecognized request argument: max_tokenz"),
@@ -81,7 +82,16 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     ("chat/completions", CHAT | {"max_tokens": True}, "max_tokens must be a whole number", "max_tokens"),
     ("chat/completions", CHAT | {"logprobs": True, "top_logprobs": 21}, "in [0, 20]", "top_logprobs"),
     ("chat/completions", CHAT | {"model": 5}, "model must be", "model"),
-    ("chat/completions", CHAT | {"repetition_penalty": 1.5}, "repetition_penalty is not", "repetition_penalty"),
+    ("chat/completions", CHAT | {"min_tokens": 1}, "min_tokens is not", "min_tokens"),
+    ("chat/completions", CHAT | {"repetition_penalty": 0}, "repetition_penalty must be", "repetition_penalty"),
+    ("chat/completions", CHAT | {"presence_penalty": 2.5}, "presence_penalty must be a number in", "presence_penalty"),
+    ("chat/completions", CHAT | {"frequency_penalty": "1"}, "frequency_penalty must be a finite", "frequency_penalty"),
+    ("chat/completions", CHAT | {"min_p": 1.5}, "min_p must be in [0, 1]", "min_p"),
+    ("chat/completions", CHAT | {"logit_bias": {"w1": 5}}, "keys must be token ids", "logit_bias"),
+    ("chat/completions", CHAT | {"logit_bias": {"-3": 5}}, "keys must be token ids", "logit_bias"),
+    ("chat/completions", CHAT | {"logit_bias": {"3": 101}}, "values must be numbers in [-100, 100]", "logit_bias"),
+    ("chat/completions", CHAT | {"logit_bias": [3, 5]}, "logit_bias must be an object", "logit_bias"),
+    ("completions", COMPLETION | {"logit_bias": {"100000": 1}}, "below the vocabulary's size", "logit_bias"),
     ("chat/completions", CHAT | {"max_tokenz": 2}, "unrecognized request argument", "max_tokenz"),
     (
         "chat/completions",
@@ -195,3 +205,31 @@ def test_the_servers_largest_gamma_is_a_requests_default_and_limit() -> None:
     assert parse({"prompt": "w1"}).serve.config.max_draft_tokens == 4
     with pytest.raises(ApiError, match="max_draft_tokens is at most 4"):
         parse({"prompt": "w1", "max_draft_tokens": 5})
+
+
+def test_logit_bias_and_penalties_answer_as_the_library_does(served: tuple[Server, Pipeline]) -> None:
+    """OpenAI's fields through the openai client (its keys are token ids as text), vLLM's through extra_body: the
+    answer is the library's for the same adjustments."""
+    server, pipeline = served
+    prompt_ids = pipeline.encode("w1 w2 w3", chat=False)
+    client = server.client()
+    forced = client.completions.create(
+        model=MODEL, prompt="w1 w2 w3", max_tokens=4, logit_bias={"7": 100}, extra_body={"return_token_ids": True}
+    )
+    assert forced.choices[0].model_extra["token_ids"] == [7] * 4
+    answer = client.completions.create(
+        model=MODEL,
+        prompt="w1 w2 w3",
+        max_tokens=8,
+        temperature=0.8,
+        seed=3,
+        presence_penalty=0.5,
+        frequency_penalty=1.0,
+        logit_bias={"4": -2.5},
+        extra_body={"min_p": 0.05, "repetition_penalty": 1.3, "return_token_ids": True},
+    )
+    adjustments = LogitAdjustments({4: -2.5}, 0.5, 1.0, repetition_penalty=1.3)
+    sampling = SamplingParams(temperature=0.8, seed=3, min_p=0.05)
+    config = GenerationConfig(max_new_tokens=8, sampling=sampling, adjustments=adjustments)
+    expected = pipeline.generate(prompt_ids, config, drafter="none")
+    assert answer.choices[0].model_extra["token_ids"] == expected.token_ids

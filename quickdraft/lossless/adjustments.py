@@ -1,0 +1,123 @@
+"""What a request adds to the target's logits before a token is chosen: OpenAI's ``logit_bias``, ``presence_penalty``
+and ``frequency_penalty``, and the ``repetition_penalty`` of vLLM and transformers.
+
+The rule at a position, in this order:
+1. ``logit_bias``: each listed token's logit plus its bias;
+2. ``repetition_penalty`` r: a token already in the prompt or the answer has its logit divided by r if positive,
+   multiplied by r otherwise;
+3. ``frequency_penalty`` f and ``presence_penalty`` p: a token that the answer holds c times gets ``- f·c - p·[c > 0]``.
+
+"The answer" at a position is every token before it: the committed ones, then, for a verified row, the drafts
+before that row. So a verified row gets exactly the logits plain decoding would have at its position, and greedy,
+seeded and sampled outputs keep their promises under speculation: the target's distribution is the adjusted one
+at every position, plain and speculative alike. Drafters do not see the adjustments: they only change how often
+drafts are accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import is_int, is_number
+
+MAX_BIAS = 100.0  # OpenAI's range for a logit bias: [-100, 100]
+MAX_PENALTY = 2.0  # OpenAI's range for the presence and frequency penalties: [-2, 2]
+
+
+@dataclass(frozen=True)
+class LogitAdjustments:
+    """A request's logit bias and penalties (the rule above); the defaults change nothing.
+
+    ``logit_bias`` maps token ids to biases in [-100, 100] (a mapping is stored as sorted pairs);
+    ``presence_penalty`` and ``frequency_penalty`` lie in [-2, 2]; ``repetition_penalty`` is above 0 (1: off).
+    """
+
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        bias = self.logit_bias
+        pairs = list(bias.items()) if isinstance(bias, Mapping) else bias
+        if not isinstance(pairs, tuple | list):
+            raise ConfigError(f"logit_bias must map token ids to biases, got {bias!r}", "logit_bias")
+        checked: dict[int, float] = {}
+        for pair in pairs:
+            token, value = pair if isinstance(pair, tuple | list) and len(pair) == 2 else (None, None)
+            if not is_int(token) or token < 0:
+                raise ConfigError(f"logit_bias's keys must be token ids (ints >= 0), got {token!r}", "logit_bias")
+            if not (is_number(value) and -MAX_BIAS <= value <= MAX_BIAS):
+                message = f"logit_bias's values must be numbers in [-100, 100], got {value!r} for token {token}"
+                raise ConfigError(message, "logit_bias")
+            checked[int(token)] = float(value)
+        object.__setattr__(self, "logit_bias", tuple(sorted(checked.items())))
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (is_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                raise ConfigError(f"{name} must be a number in [-2, 2], got {value!r}", name)
+        penalty = self.repetition_penalty
+        if not (is_number(penalty) and math.isfinite(penalty) and penalty > 0):
+            message = f"repetition_penalty must be a number above 0 (1 = off), got {penalty!r}"
+            raise ConfigError(message, "repetition_penalty")
+
+    @property
+    def changes_logits(self) -> bool:
+        """False for the defaults: the logits are the model's own."""
+        return bool(self.logit_bias) or self.penalizes
+
+    @property
+    def penalizes(self) -> bool:
+        """A penalty reads the tokens before a position."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def largest_token_id(self) -> int:
+        """The largest id ``logit_bias`` names (-1: none), checked against the vocabulary by the engine."""
+        return self.logit_bias[-1][0] if self.logit_bias else -1
+
+
+def adjust_logits(
+    adjustments: LogitAdjustments,
+    logits: torch.Tensor,
+    prompt_ids: Sequence[int],
+    answer_ids: Sequence[int],
+    draft_ids: Sequence[int] = (),
+) -> torch.Tensor:
+    """``logits [R, V]`` of R consecutive positions -> adjusted ``[R, V]`` float32, a new tensor: row r follows
+    ``answer_ids`` and the first r of ``draft_ids`` (R - 1 of them at least). Unchanged without adjustments."""
+    if not adjustments.changes_logits:
+        return logits
+    logits = logits.to(torch.float32, copy=True)  # [R, V]
+    if adjustments.logit_bias:
+        tokens, biases = zip(*adjustments.logit_bias, strict=True)
+        logits[:, list(tokens)] += torch.tensor(biases, dtype=torch.float32, device=logits.device)
+    if not adjustments.penalizes:
+        return logits
+    num_rows = logits.shape[0]
+    history = torch.tensor([*answer_ids, *draft_ids[: num_rows - 1]], dtype=torch.long)
+    prompt = torch.tensor(prompt_ids if adjustments.repetition_penalty != 1 else (), dtype=torch.long)
+    tokens, index = torch.unique(torch.cat([history, prompt]), return_inverse=True)  # [U], [H + P]
+    if not len(tokens):  # no token before the first position that a penalty reads
+        return logits
+    num_answer = len(answer_ids)
+    counts = torch.zeros(num_rows, len(tokens))  # [R, U]: row r counts the answer and r drafts
+    counts += torch.bincount(index[:num_answer], minlength=len(tokens)).float()
+    drafted = torch.nn.functional.one_hot(index[num_answer : len(history)], len(tokens)).float()  # [R - 1, U]
+    counts[1:] += drafted.cumsum(dim=0)
+    columns = logits[:, tokens.to(logits.device)]  # [R, U]
+    counts = counts.to(logits.device)
+    if adjustments.repetition_penalty != 1:
+        in_prompt = torch.zeros(len(tokens), dtype=torch.bool)
+        in_prompt[index[len(history) :]] = True
+        seen = (counts > 0) | in_prompt.to(logits.device)  # [R, U]
+        penalty = adjustments.repetition_penalty
+        columns = torch.where(seen, torch.where(columns > 0, columns / penalty, columns * penalty), columns)
+    columns = columns - adjustments.frequency_penalty * counts - adjustments.presence_penalty * (counts > 0).float()
+    logits[:, tokens.to(logits.device)] = columns
+    return logits

@@ -264,6 +264,16 @@ def test_the_fp32_copy_takes_the_head_width_the_file_says(tmp_path: Path) -> Non
     assert model.config.head_dim == 64 and model.model.layers[0].self_attn.q_proj.out_features == 512
 
 
+def test_a_file_without_a_head_width_takes_llama_cpps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Gemma file without ``attention.key_length``: heads of 256 / 4 = 64 as llama.cpp reads it, not transformers'
+    Gemma default of 256 (which failed deep in the first forward)."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    directory = resolve_model(write_tiny_gguf(tmp_path / "gemma.gguf", "gemma", tied=True), progress=False)
+    assert json.loads((directory / "config.json").read_text())["head_dim"] == 64
+    runtime = NativeRuntime.load(directory)
+    assert runtime.forward(torch.tensor([[1, 5, 9]]), runtime.new_cache(1)).shape == (1, 3, runtime.vocab_size)
+
+
 def test_a_moved_gguf_file_keeps_its_directory(tmp_path: Path) -> None:
     """Same digest, same directory: only the marker changes, an fp32 copy made meanwhile is kept."""
     gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf")

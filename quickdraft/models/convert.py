@@ -26,7 +26,9 @@ from quickdraft.models.gguf_check import check_gguf
 MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
 # The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
-SETTINGS_VERSION = 4  # 4: the marker records the file's tensor types (``tensor_types``), which a runtime may not read
+# 4: the marker records the file's tensor types (``tensor_types``), which a runtime may not read; 5: the head width
+# without attention.key_length is llama.cpp's
+SETTINGS_VERSION = 5
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
 
 
@@ -198,7 +200,8 @@ def own_config(gguf_path: Path) -> Any:
 
 def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     """config.json keys for what the GGUF file in ``reader`` says beyond transformers' reading of it: the head width
-    (``attention.key_length``), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
+    (``attention.key_length``; without it, the embedding width over the heads, as llama.cpp takes it, not a family's
+    default such as Gemma's 256), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
     layer type), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
     which the native runtime reads; transformers does not), and Phi-3's: its sliding window, LongRoPE (the
     ``rope_factors_long``/``rope_factors_short`` tensors with ``rope.scaling.original_context_length`` and
@@ -212,6 +215,8 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     if (key_length := field("attention.key_length")) is not None:
         settings["head_dim"] = int(key_length)
+    elif config.get("hidden_size") and config.get("num_attention_heads"):  # llama.cpp's width when the file gives none
+        settings["head_dim"] = int(config["hidden_size"]) // int(config["num_attention_heads"])
     scaling, factor = field("rope.scaling.type"), field("rope.scaling.factor")
     if scaling not in (None, "none") and factor not in (None, 1.0):
         parameters = dict(config.get("rope_parameters") or {})

@@ -144,6 +144,16 @@ def test_a_tensor_type_the_runtime_does_not_read_is_named_in_the_error(
         NativeRuntime.load(directory)
 
 
+def test_a_tensor_no_layer_reads_is_refused(tmp_path: Path) -> None:
+    """A misnamed ``output.weight`` made the model tied and answered from the embedding, without a word; llama.cpp
+    refuses such a file, and so does the native runtime."""
+    data = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes().replace(b"output.weight", b"outpux.weight", 1)
+    (tmp_path / "misnamed.gguf").write_bytes(data)
+    directory = resolve_model(tmp_path / "misnamed.gguf", progress=False)
+    with pytest.raises(ModelFilesError, match=r"tensors that no layer of its architecture reads: outpux\.weight"):
+        NativeRuntime.load(directory)
+
+
 def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() -> None:
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 

@@ -37,6 +37,8 @@ MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# GGUF tensors read into the config, not the weights (convert.gguf_settings): RoPE's frequency factors
+CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 LAYER_NORMS = {  # GGUF names of a layer's norms -> transformers names
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -160,8 +162,14 @@ def read_gguf_weights(
     linear = linear_names(
         [tensor.name for tensor in reader.tensors], config.fused_projections, config.tie_word_embeddings
     )
+    names = {tensor.name: hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections)
+             for tensor in reader.tensors}  # fmt: skip
+    unknown = [gguf_name for gguf_name, name in names.items() if name is None and gguf_name not in CONFIG_TENSORS]
+    if unknown:  # as llama.cpp refuses them: a misnamed tensor would otherwise leave its weight out silently
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        raise ValueError(f"the file has tensors that no layer of its architecture reads: {shown}")
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections)
+        name = names[tensor.name]
         if name is None:
             continue
         if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):

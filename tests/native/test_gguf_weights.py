@@ -4,6 +4,7 @@ transformers converts the file into, without that directory."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -151,6 +152,25 @@ def test_a_tensor_no_layer_reads_is_refused(tmp_path: Path) -> None:
     (tmp_path / "misnamed.gguf").write_bytes(data)
     directory = resolve_model(tmp_path / "misnamed.gguf", progress=False)
     with pytest.raises(ModelFilesError, match=r"tensors that no layer of its architecture reads: outpux\.weight"):
+        NativeRuntime.load(directory)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "value"),
+    [("blk.0.attn_norm.weight", np.float32("nan")), ("blk.0.attn_q.weight", np.float16("inf"))],
+    ids=["a norm's weight", "a Q4_K block's scale"],
+)
+def test_nan_or_infinite_weights_are_refused(tmp_path: Path, tensor: str, value: np.generic) -> None:
+    """A damaged file whose weights hold NaN or inf ran and answered nonsense; it is refused, naming the tensor."""
+    from gguf import GGUFReader
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    offset = next(found.data_offset for found in GGUFReader(path).tensors if found.name == tensor)
+    data = bytearray(path.read_bytes())
+    data[offset : offset + value.nbytes] = value.tobytes()  # the first weight, or the first block's scale d
+    (tmp_path / "damaged.gguf").write_bytes(bytes(data))
+    directory = resolve_model(tmp_path / "damaged.gguf", progress=False)
+    with pytest.raises(ModelFilesError, match=rf"tensor {re.escape(tensor)} holds NaN or infinite values"):
         NativeRuntime.load(directory)
 
 

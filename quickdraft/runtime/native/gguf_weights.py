@@ -71,6 +71,11 @@ def hf_tensor_name(gguf_name: str, sandwich_norms: bool = False, fused: bool = F
     return None
 
 
+def non_finite(gguf_name: str) -> str:
+    """The error for a tensor holding NaN or infinite values (llama.cpp runs such a file and answers nonsense)."""
+    return f"tensor {gguf_name} holds NaN or infinite values: the file is damaged"
+
+
 def unpermute_rows(values: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's row order of a q or k projection ``[heads·head_dim, ...]`` -> transformers' (each head's rows
     ``(i, half)`` -> ``(half, i)``), as transformers' ``LlamaTensorProcessor`` computes it."""
@@ -95,6 +100,8 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
 
         tensor = self.sources[name]
         values = dequantize(tensor.data, tensor.tensor_type)  # [rows, width] or [width]
+        if not np.isfinite(values).all():
+            raise ValueError(non_finite(tensor.name))
         if name in self.row_heads:
             values = unpermute_rows(values, self.row_heads[name])
         return torch.from_numpy(np.copy(values)).float()
@@ -123,7 +130,10 @@ class ExactTensors(Mapping[str, ExactWeight]):
     def __getitem__(self, name: str) -> ExactWeight:
         tensor = self.sources[name]
         width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
-        return EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
+        kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
+        if not all(torch.isfinite(part).all() for part in fields if part.is_floating_point()):  # the scales
+            raise ValueError(non_finite(tensor.name))
+        return kind, fields
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.sources)

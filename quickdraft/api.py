@@ -28,7 +28,7 @@ from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.policies import Policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
-from quickdraft.prompts import chat_prefix, encode, encode_chat
+from quickdraft.prompts import chat_prefix, encode, encode_chat, use_chat_template
 from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, runtime_for
 from quickdraft.runtime.device import AUTO_DEVICE, resolve_device
 from quickdraft.runtime.options import draft_load_options
@@ -78,6 +78,7 @@ class Pipeline:
         draft_weights: str | None = None,
         draft_vocabulary: int | None = None,
         device: str = AUTO_DEVICE,
+        chat_template: str | None = None,
     ) -> Pipeline:
         """Resolve and load models: packaged names, transformers directories or GGUF files.
 
@@ -94,7 +95,8 @@ class Pipeline:
         (``auto``, ``q4``, ``int8``) and ``draft_vocabulary`` (the number of most frequent tokens its LM head
         computes; 0: all) trade the draft model's precision for speed on the native runtime; they change how
         often drafts are accepted, never the output. None takes the defaults, ``DRAFT_WEIGHTS`` and
-        ``DRAFT_VOCABULARY`` of :mod:`quickdraft.runtime.options`.
+        ``DRAFT_VOCABULARY`` of :mod:`quickdraft.runtime.options`. ``chat_template``: Jinja text used in place of
+        the target's chat template (checked before any model loads).
         """
         if runtime != AUTO:
             RUNTIMES.get(runtime)  # an unknown name fails before any model work
@@ -103,6 +105,8 @@ class Pipeline:
         where = resolve_device(device)
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)
+        if chat_template is not None:
+            use_chat_template(tokenizer, chat_template)
         draft_path = draft_runtime = bridge = mismatch = None
         if draft == AUTO_DRAFT:
             draft = find_draft(target_path, tokenizer, progress)

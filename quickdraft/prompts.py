@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from quickdraft.errors import ModelFilesError, PromptError
+from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.tokens import common_prefix_length
 
 
@@ -47,6 +47,23 @@ def encode_chat(
     except jinja2.TemplateError as error:  # its own refusal (raise_exception): a system turn, turns not alternating
         raise PromptError(f"this model's chat template refuses the conversation: {error}") from None
     return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def use_chat_template(tokenizer: Any, template: str) -> None:
+    """Make ``template`` (Jinja, as transformers' ``apply_chat_template`` reads it) the tokenizer's chat template in
+    place of the model's; ``ConfigError`` naming ``chat_template`` for one that cannot render a one-turn conversation
+    (the model's is kept then)."""
+    import jinja2
+
+    if not isinstance(template, str) or not template.strip():
+        raise ConfigError("the chat template is empty: give the Jinja text of one", "chat_template")
+    previous, tokenizer.chat_template = getattr(tokenizer, "chat_template", None), template
+    try:
+        encode_chat(tokenizer, [{"role": "user", "content": "0"}])
+    except (ModelFilesError, PromptError, jinja2.TemplateError) as error:
+        tokenizer.chat_template = previous
+        message = str(error).replace("this model's chat template", "the chat template")
+        raise ConfigError(f"{message} (a user turn alone)", "chat_template") from None
 
 
 def chat_prefix(tokenizer: Any) -> list[int]:

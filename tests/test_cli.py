@@ -12,6 +12,7 @@ import torch
 
 from quickdraft.api import Pipeline
 from quickdraft.cli import main
+from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 
 
@@ -98,6 +99,21 @@ def test_generate_with_a_logit_bias_and_penalties(model_args: list[str], capsys:
     penalized = [*args, "--presence-penalty", "2", "--frequency-penalty", "2", "--repetition-penalty", "3"]
     status, out, _ = run([*penalized, "--temperature", "0.7", "--seed", "1", "--min-p", "0.05"], capsys)
     assert status == 0 and len(json.loads(out)["token_ids"]) == 5
+
+
+def test_generate_with_a_chat_template_of_ones_own(model_args: list[str], tmp_path: Path, capsys) -> None:
+    (tmp_path / "template.jinja").write_text("{% for m in messages %}w9 {{ m.content }} w8 {% endfor %}w7")
+    args = ["generate", "w1 w2", *model_args, "--max-new-tokens", "4", "--json", "--chat"]
+    status, out, _ = run([*args, "--chat-template", str(tmp_path / "template.jinja")], capsys)
+    pipeline = Pipeline.load(model_args[1], model_args[3], chat_template=(tmp_path / "template.jinja").read_text())
+    assert pipeline.encode("w1 w2", chat=True) == [9, 1, 2, 8, 7]
+    expected = pipeline.generate([9, 1, 2, 8, 7], GenerationConfig(max_new_tokens=4)).token_ids
+    assert status == 0 and json.loads(out)["token_ids"] == expected
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %")
+    status, _, err = run([*args, "--chat-template", str(tmp_path / "broken.jinja")], capsys)
+    assert status == 1 and "the chat template cannot be read" in err and "(--chat-template)" in err
+    status, _, err = run([*args[:-1], "--chat-template", str(tmp_path / "template.jinja")], capsys)
+    assert status == 0 and "--chat-template is not used without --chat" in err
 
 
 def test_generate_streams_text_then_statistics(

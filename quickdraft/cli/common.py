@@ -78,6 +78,28 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, sampled: str, temper
     parser.add_argument("--seed", type=int, default=None, metavar="S", help=seed)
 
 
+def add_chat_template_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template (as transformers' apply_chat_template reads it) to use in place of the model's: "
+        "for a model without one, or to change its turns and system prompt",
+    )
+
+
+def chat_template_of(args: argparse.Namespace) -> str | None:
+    """The text of ``--chat-template FILE`` where the command has the option and it was given."""
+    path = getattr(args, "chat_template", None)
+    return None if path is None else read_text("--chat-template", path)
+
+
+def read_text(flag: str, path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{flag} {path}: cannot read it as text ({error})") from None
+
+
 def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtime",
@@ -113,6 +135,7 @@ def load_models(args: argparse.Namespace, draft: str | None) -> Any:
         draft_weights=args.draft_weights if draft else None,  # without a draft, draft_for noted them unused
         draft_vocabulary=args.draft_vocabulary if draft else None,
         device=args.device,
+        chat_template=chat_template_of(args),
     )
     if pipeline.bridge is not None:  # the user asked for this draft: say how it drafts
         print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quickdraft.cli.common import add_model_arguments, draft_for, gpu_note, load_models, read_prompt
+from quickdraft.cli.common import (
+    add_chat_template_argument,
+    add_model_arguments,
+    draft_for,
+    gpu_note,
+    load_models,
+    read_prompt,
+    read_text,
+)
 from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions, HybridDrafter
 from quickdraft.engine import GenerationResult, Request
@@ -31,6 +39,7 @@ def add_command(commands: Any) -> None:
     )
     generate.add_argument("prompt", nargs="?", help="the prompt text, or - to read it from standard input")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
+    add_chat_template_argument(generate)
     add_model_arguments(generate)
     generate.add_argument(
         "--drafter",
@@ -296,16 +305,12 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
         "--prompt-lookup-min-ngram": args.prompt_lookup_min_ngram is not None and not copies,
         "--hybrid-min-ngram": args.hybrid_min_ngram is not None and not (copies and issubclass(drafter, HybridDrafter)),
     }
+    if args.chat_template is not None and not args.chat:
+        note = "--chat-template is not used without --chat (the prompt is plain text)"
+        print(f"quickdraft: note: {note}", file=sys.stderr)
     for unused, by in ((by_policy, policy), (by_drafter, f"the {args.drafter} drafter")):
         for option in (option for option, is_unused in unused.items() if is_unused):
             print(f"quickdraft: note: {option} is not used by {by}", file=sys.stderr)
-
-
-def read_text(flag: str, path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{flag} {path}: cannot read it as text ({error})") from None
 
 
 def grammar_of(args: argparse.Namespace) -> GrammarSpec | None:

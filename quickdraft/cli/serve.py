@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from quickdraft.cli.common import add_model_arguments, gpu_note
+from quickdraft.cli.common import add_chat_template_argument, add_model_arguments, chat_template_of, gpu_note
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.errors import ConfigError
 from quickdraft.server.access import API_KEY_VARIABLE, MAX_BODY_MB, REQUEST_TIMEOUT_S
@@ -42,6 +42,7 @@ def add_command(commands: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     add_model_arguments(serve)
+    add_chat_template_argument(serve)
     add_serving_arguments(serve)
     serve.add_argument(
         "--served-model-name", default=None, metavar="NAME", help="the model name clients use (default: the target's)"
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> None:
 
     from quickdraft.server.setup import ServerOptions, build_server
 
-    options = ServerOptions.from_args(args)
+    options = dataclasses.replace(ServerOptions.from_args(args), chat_template=chat_template_of(args))
     if not args.shutdown_timeout >= 0:  # NaN too
         raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if not 1 <= args.port <= 65535:

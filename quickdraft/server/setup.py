@@ -47,6 +47,7 @@ class ServerOptions:
     access: Access = OPEN  # who may use the server, how much a request may ask (server/access.py)
     kv_cache_mb: int | None = None  # the running requests' caches (server/memory.py; None: a share of what is free)
     memory_share: float = 1.0  # this server's share of the machine's memory (a replica's: one of N)
+    chat_template: str | None = None  # Jinja text in place of the target's chat template (--chat-template's)
 
     def __post_init__(self) -> None:
         GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
@@ -100,6 +101,7 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     pipeline = Pipeline.load(
         options.target, draft, options.runtime,
         draft_weights=options.draft_weights, draft_vocabulary=options.draft_vocabulary, device=options.device,
+        chat_template=options.chat_template,
     )  # fmt: skip
     pipeline.draft_head = Path(options.draft_head) if options.draft_head else None
     pipeline.drafter(options.drafter)  # a default drafter these models cannot run fails here

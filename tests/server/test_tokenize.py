@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
+
+from quickdraft.engine import SchedulerSettings
+from quickdraft.errors import ConfigError
+from quickdraft.server.setup import ServerOptions, build_server
+
+TEMPLATE = "{% for m in messages %}w9 {{ m.content }} w8 {% endfor %}w7"  # the tiny tokenizer's words only
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +60,23 @@ def test_the_ids_are_those_the_server_reads_and_their_text_comes_back(server: Se
 def test_bad_input_is_a_clear_error(server: Server, path: str, body: dict[str, Any], status: int, words: str) -> None:
     answer = post(server, path, body)
     assert answer.status_code == status and words in answer.json()["error"]["message"], answer.text
+
+
+def test_a_chat_template_given_to_the_server_renders_its_conversations(tiny_model_dirs: dict[str, Path]) -> None:
+    """``serve --chat-template FILE`` (ServerOptions.chat_template): the server reads conversations through it, a
+    model without a template of its own included."""
+    from fastapi.testclient import TestClient
+
+    options = ServerOptions(
+        str(tiny_model_dirs["target"]), None, "transformers", SchedulerSettings(), "none", chat_template=TEMPLATE
+    )
+    server = build_server(options, own_thread=True)
+    try:
+        client = TestClient(server.app)
+        messages = [{"role": "system", "content": "w4"}, {"role": "user", "content": "w1 w2"}]
+        tokens = client.post("/tokenize", json={"messages": messages, "return_token_strs": True}).json()["token_strs"]
+        assert tokens == ["w9", "w4", "w8", "w9", "w1", "w2", "w8", "w7"]
+    finally:
+        server.loop.stop()
+    with pytest.raises(ConfigError, match="the chat template cannot be read"):
+        build_server(dataclasses.replace(options, chat_template="{% for m in messages %"), own_thread=True)

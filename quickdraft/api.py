@@ -150,6 +150,8 @@ class Pipeline:
         turns) carry over to later requests. Its costs are ready when a policy first needs them: loaded from this
         machine's saved calibration or measured once (:meth:`calibrate`). An unknown name or one these models
         cannot run raises."""
+        if options is not None and not isinstance(options, DrafterOptions):
+            raise ConfigError(f"options must be a DrafterOptions, got {options!r}")
         options = options or DrafterOptions()
         drafter_cls = DRAFTERS.get(name)
         if drafter_cls.needs_draft_head and options.draft_head is None:
@@ -165,6 +167,7 @@ class Pipeline:
                 raise ConfigError(f"the {name} drafter needs a draft model, and none is loaded")
             records = self.drafter_records(name)
             drafter = drafter_cls.create(self.target, self.draft, options, records)
+            drafter.made_for = self.target
             if records.measure_costs is None:
                 records.measure_costs = lambda max_draft_tokens: self.calibrate(name, max_draft_tokens).cost_model
             self._drafters[(name, options)] = drafter
@@ -195,7 +198,10 @@ class Pipeline:
         if chat and not isinstance(prompt, str):
             raise PromptError("chat=True wraps prompt text in the chat template: give text, not token ids")
         prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else token_ids(prompt, "the prompt")
-        prediction_ids = self.encode(prediction) if isinstance(prediction, str) else prediction or ()
+        if isinstance(prediction, str):  # empty text predicts nothing, as the server's empty prediction
+            prediction_ids = self.encode(prediction) if prediction.strip() else ()
+        else:
+            prediction_ids = prediction or ()
         drafter_object = self.drafter(drafter, options)
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
         if policy is None:  # its costs and head ready now (the engine would get costs ready at the first need)
@@ -228,6 +234,8 @@ class Pipeline:
         or completions, ``chat``) and lets :meth:`save_learned` write it back: a process that serves one request
         (the CLI) then begins where earlier ones left off.
         """
+        if not isinstance(config, GenerationConfig):
+            raise ConfigError(f"setup_policy takes a GenerationConfig, got {config!r}")
         kind = config.policy_spec.kind
         records = self.drafter_records(drafter)
         drafter_cls = DRAFTERS.get(drafter)

@@ -55,7 +55,9 @@ def use_chat_template(tokenizer: Any, template: str) -> None:
     (the model's is kept then)."""
     import jinja2
 
-    if not isinstance(template, str) or not template.strip():
+    if not isinstance(template, str):
+        raise ConfigError(f"the chat template must be Jinja text, got {template!r}", "chat_template")
+    if not template.strip():
         raise ConfigError("the chat template is empty: give the Jinja text of one", "chat_template")
     previous, tokenizer.chat_template = getattr(tokenizer, "chat_template", None), template
     try:

@@ -80,6 +80,8 @@ def test_a_mapping_is_stored_as_sorted_pairs() -> None:
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"frequency_penalty": math.nan}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 1e-300}, "repetition_penalty"),  # a logit divided by it is inf in float32
+        ({"repetition_penalty": 1e3}, "repetition_penalty"),
         ({"repetition_penalty": math.inf}, "repetition_penalty"),
     ],
 )

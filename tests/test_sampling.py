@@ -110,6 +110,14 @@ def test_top_p_keeps_smallest_prefix_reaching_the_mass(top_p: float, kept: list[
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("top_p", [1e-46, 1e-300, 5e-324])
+def test_a_top_p_that_rounds_to_zero_in_float32_keeps_the_top_token(top_p: float) -> None:
+    """float32 reads such a top_p as 0, and 0 >= 0 dropped every token: sampling drew an id past the vocabulary."""
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    assert logits_to_probs(LOGITS, params).tolist() == [[0, 1, 0, 0]]
+    assert choose_tokens(logits_to_scores(LOGITS, params), params, torch.Generator().manual_seed(0), 0).tolist() == [1]
+
+
 @pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-40, 1e-6])
 @pytest.mark.parametrize("filters", [{}, {"top_k": 2}, {"top_p": 0.5}])
 def test_a_tiny_temperature_concentrates_on_the_argmax(temperature: float, filters: dict) -> None:

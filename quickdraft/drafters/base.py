@@ -13,6 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from quickdraft.drafters.records import DrafterRecords
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import DraftCursor
-from quickdraft.lossless.sampling import SamplingParams
+from quickdraft.lossless.sampling import SamplingParams, is_int
 from quickdraft.policies import MODEL_DRAFTS, KeepDrafting, Offer
 from quickdraft.runtime.base import KVCache, Runtime
 from quickdraft.vocabularies import VocabularyBridge
@@ -84,6 +85,13 @@ class DrafterOptions:
     vocabulary_bridge: VocabularyBridge | None = None
 
     def __post_init__(self) -> None:
+        for name in ("prompt_lookup_max_ngram", "prompt_lookup_min_ngram", "hybrid_min_ngram"):
+            if not is_int(getattr(self, name)):
+                raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}", name)
+        if self.draft_head is not None and not isinstance(self.draft_head, str | Path):
+            raise ConfigError(f"draft_head must be a file's path, got {self.draft_head!r}", "draft_head")
+        if self.vocabulary_bridge is not None and not isinstance(self.vocabulary_bridge, VocabularyBridge):
+            raise ConfigError(f"vocabulary_bridge must be a VocabularyBridge, got {self.vocabulary_bridge!r}")
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:
             raise ConfigError(
                 "prompt lookup n-gram sizes need 1 <= min <= max, got "
@@ -118,6 +126,7 @@ class Drafter(ABC):
 
     def __init__(self, records: DrafterRecords | None = None) -> None:
         self.records = records if records is not None else DrafterRecords()  # across requests
+        self.made_for: Runtime | None = None  # the target it drafts for, where a pipeline made it (engines check)
 
     @classmethod
     @abstractmethod

@@ -32,6 +32,7 @@ from quickdraft.engine.request import (
     RunningRequest,
     Sink,
     TokenDelta,
+    check_made_for,
     hear_confidence,
     request_policy,
 )
@@ -118,6 +119,7 @@ class Engine:
 
     def check_request(self, request: Request) -> None:
         """Raise for a request that cannot run: its prompt's fit and ids, its prediction's ids and drafter."""
+        check_made_for(request, self.target)
         check_prompt(request.prompt_ids, request.config, self.target.max_context, self.target.vocab_size)
         check_token_ids(request.prediction_ids, self.target.vocab_size, "prediction")
         if request.prediction_ids and not request.drafter.follows_predictions:

@@ -50,6 +50,15 @@ class Request:
             raise ConfigError(f"a request's policy must be a Policy object or None, got {self.policy!r}")
 
 
+def check_made_for(request: Any, target: Any) -> None:
+    """Raise ``ConfigError`` for what is not a :class:`Request`, or one whose drafter a pipeline made for another
+    target than ``target`` (its drafts would index another vocabulary, or caches of another model)."""
+    if not isinstance(request, Request):
+        raise ConfigError(f"an engine takes a Request (prompt token ids, a config, a drafter), got {request!r}")
+    if request.drafter.made_for not in (None, target):
+        raise ConfigError("the request's drafter was made for another target model: take this pipeline's drafter")
+
+
 def token_ids(ids: Any, what: str = "prompt_ids") -> tuple[int, ...]:
     """``ids`` as a tuple of token ids (non-negative ints; a 1-D tensor or array of them too): ``PromptError`` for
     anything else (text, bytes, booleans, floats, nested lists, a batch of prompts)."""
@@ -126,6 +135,10 @@ class RequestState:
     constraint: Constraint | None = None  # its place in the grammar its output must follow (config.grammar)
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        if not callable(self.sink):
+            raise ConfigError(f"a request's sink must be a function that takes its events, got {self.sink!r}")
 
     @property
     def prompt_length(self) -> int:

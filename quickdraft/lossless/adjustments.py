@@ -16,7 +16,6 @@ drafts are accepted.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +26,8 @@ from quickdraft.lossless.sampling import is_int, is_number
 
 MAX_BIAS = 100.0  # OpenAI's range for a logit bias: [-100, 100]
 MAX_PENALTY = 2.0  # OpenAI's range for the presence and frequency penalties: [-2, 2]
+# repetition_penalty's range: far past any use, and a logit divided by the smallest stays finite in float32
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class LogitAdjustments:
     """A request's logit bias and penalties (the rule above); the defaults change nothing.
 
     ``logit_bias`` maps token ids to biases in [-100, 100] (a mapping is stored as sorted pairs);
-    ``presence_penalty`` and ``frequency_penalty`` lie in [-2, 2]; ``repetition_penalty`` is above 0 (1: off).
+    ``presence_penalty`` and ``frequency_penalty`` lie in [-2, 2]; ``repetition_penalty`` in [0.01, 100] (1: off).
     """
 
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -61,9 +62,9 @@ class LogitAdjustments:
             value = getattr(self, name)
             if not (is_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
                 raise ConfigError(f"{name} must be a number in [-2, 2], got {value!r}", name)
-        penalty = self.repetition_penalty
-        if not (is_number(penalty) and math.isfinite(penalty) and penalty > 0):
-            message = f"repetition_penalty must be a number above 0 (1 = off), got {penalty!r}"
+        penalty, (low, high) = self.repetition_penalty, REPETITION_PENALTY_RANGE
+        if not (is_number(penalty) and low <= penalty <= high):
+            message = f"repetition_penalty must be a number in [{low:g}, {high:g}] (1 = off), got {penalty!r}"
             raise ConfigError(message, "repetition_penalty")
 
     @property

@@ -104,7 +104,8 @@ def logits_to_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
         sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., V] mass of strictly better tokens
-        drop_sorted = mass_before >= params.top_p  # keeps the smallest prefix reaching top_p, never the top token
+        drop_sorted = mass_before >= params.top_p  # keeps the smallest prefix reaching top_p
+        drop_sorted[..., 0] = False  # and the top token, even where top_p rounds to 0 in float32
         drop = drop_sorted.scatter(-1, sorted_index, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

@@ -81,6 +81,12 @@ def test_requests_that_copy_and_requests_that_draft_share_a_step(pipeline: Pipel
 def test_hybrid_ngram_size_is_checked() -> None:
     with pytest.raises(ConfigError, match="n-gram"):
         DrafterOptions(hybrid_min_ngram=0)
+    bad = [({"prompt_lookup_max_ngram": "3"}, "must be an integer"), ({"hybrid_min_ngram": 1.5}, "must be an integer"),
+           ({"prompt_lookup_min_ngram": True}, "must be an integer"), ({"draft_head": 5}, "a file's path"),
+           ({"vocabulary_bridge": "x"}, "VocabularyBridge")]  # fmt: skip
+    for options, words in bad:
+        with pytest.raises(ConfigError, match=words):
+            DrafterOptions(**options)
 
 
 def test_greedy_hybrid_under_goodput_equals_plain(pipeline: Pipeline) -> None:

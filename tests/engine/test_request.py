@@ -10,6 +10,7 @@ from conftest import native_chat_pipeline
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
+from quickdraft.engine import Request
 from quickdraft.engine.request import token_ids
 from quickdraft.errors import ConfigError, PromptError
 
@@ -82,3 +83,21 @@ def test_a_request_whose_start_raises_leaves_the_engine_usable(
         native.generate("w9 w9", CONFIG, drafter="draft-model")
     assert native.generate("w1 w2 w3", CONFIG, drafter="draft-model").token_ids == expected  # not started again
     assert native.engine.idle and not native.engine.scheduler.admitting
+
+
+def test_what_an_engine_cannot_run_is_refused_at_submission(native: Pipeline, pipeline: Pipeline) -> None:
+    """Each of these failed inside a step before, and took the other running requests with it."""
+    request = Request((1, 2, 3), CONFIG, native.drafter("draft-model"))
+    with pytest.raises(ConfigError, match="an engine takes a Request"):
+        native.engine.submit("w1 w2", print)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="sink must be a function"):
+        native.engine.submit(request, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="made for another target model"):
+        native.engine.submit(Request((1, 2, 3), CONFIG, pipeline.drafter("draft-model")), print)
+    with pytest.raises(ConfigError, match="options must be a DrafterOptions"):
+        native.drafter("draft-model", options={"hybrid_min_ngram": 3})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="setup_policy takes a GenerationConfig"):
+        native.setup_policy("draft-model", None)  # type: ignore[arg-type]
+    assert native.engine.idle
+    expected = native.generate("w1 w2 w3", CONFIG, drafter="hybrid").token_ids
+    assert native.generate("w1 w2 w3", CONFIG, drafter="hybrid", prediction="").token_ids == expected

@@ -32,14 +32,15 @@ class GenerationStream:
         self._events: deque[Event] = deque()
         self._state = engine.new_state(request, self._events.append)  # a bad request raises here
         self.result: GenerationResult | None = None
-        self._started = False
+        self._reader: Generator[str, None, GenerationResult] | None = None  # the one reading, once started
 
     def __iter__(self) -> Iterator[str]:
         if self.result is None:  # a finished stream yields nothing more and keeps its result
-            if self._started:
+            if self._reader is not None:
+                self._reader.close()  # a reading left midway but still held: its request is cancelled now
                 raise ConfigError("this stream was already read: left before its end, its request was cancelled")
-            self._started = True
-            self.result = yield from self._run()
+            self._reader = self._run()
+            self.result = yield from self._reader
 
     def finish(self) -> GenerationResult:
         """Run to the end (reading no further deltas) and return the result."""

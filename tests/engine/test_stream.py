@@ -67,6 +67,18 @@ def test_a_stream_is_read_once(native: Pipeline) -> None:
     assert done.finish().token_ids == expected.token_ids and list(done) == [] and done.finish() is done.result
 
 
+def test_a_reading_left_midway_but_held_is_cancelled_when_the_stream_is_read_again(native: Pipeline) -> None:
+    """A held reader is a suspended generator that Python closes only when it is collected: until then the engine
+    stepped its request along with every later one; reading the stream again now cancels it, as the error says."""
+    stream = native.stream(PROMPTS[0], CONFIGS[0], "draft-model")
+    reader = iter(stream)
+    next(reader)
+    with pytest.raises(ConfigError, match="already read"):
+        stream.finish()
+    assert native.engine.idle and not native.engine.scheduler.running
+    assert reader is not None  # still held
+
+
 def test_a_stream_left_before_its_end_frees_its_caches_at_once(native: Pipeline) -> None:
     """Not at the next step, which a library caller may never take."""
     stream = native.stream(PROMPTS[0], CONFIGS[0], "draft-model")

@@ -51,8 +51,8 @@ def encode_chat(
 
 def use_chat_template(tokenizer: Any, template: str) -> None:
     """Make ``template`` (Jinja, as transformers' ``apply_chat_template`` reads it) the tokenizer's chat template in
-    place of the model's; ``ConfigError`` naming ``chat_template`` for one that cannot render a one-turn conversation
-    (the model's is kept then)."""
+    place of the model's; ``ConfigError`` naming ``chat_template`` for one that renders neither a user turn nor a
+    system and a user turn, or renders them as nothing (the model's is kept then)."""
     import jinja2
 
     if not isinstance(template, str):
@@ -60,12 +60,19 @@ def use_chat_template(tokenizer: Any, template: str) -> None:
     if not template.strip():
         raise ConfigError("the chat template is empty: give the Jinja text of one", "chat_template")
     previous, tokenizer.chat_template = getattr(tokenizer, "chat_template", None), template
+    user, system = {"role": "user", "content": "0"}, {"role": "system", "content": "1"}
     try:
-        encode_chat(tokenizer, [{"role": "user", "content": "0"}])
+        try:
+            rendered = encode_chat(tokenizer, [user])
+        except PromptError:  # a template may ask for a system turn first
+            rendered = encode_chat(tokenizer, [system, user])
     except (ModelFilesError, PromptError, jinja2.TemplateError) as error:
         tokenizer.chat_template = previous
         message = str(error).replace("this model's chat template", "the chat template")
-        raise ConfigError(f"{message} (a user turn alone)", "chat_template") from None
+        raise ConfigError(f"{message} (a user turn, with and without a system turn)", "chat_template") from None
+    if not rendered:
+        tokenizer.chat_template = previous
+        raise ConfigError("the chat template renders a conversation as no text at all", "chat_template")
 
 
 def chat_prefix(tokenizer: Any) -> list[int]:

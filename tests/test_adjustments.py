@@ -76,6 +76,7 @@ def test_a_mapping_is_stored_as_sorted_pairs() -> None:
         ({"logit_bias": {1: True}}, "logit_bias"),
         ({"logit_bias": {1: math.nan}}, "logit_bias"),
         ({"logit_bias": "5:1"}, "logit_bias"),
+        ({"logit_bias": [(5, 1.0), (5, -1.0)]}, "logit_bias"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"frequency_penalty": math.nan}, "frequency_penalty"),

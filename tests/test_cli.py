@@ -230,6 +230,7 @@ BAD_INPUTS = {
     ),
     "min-p when greedy": (["generate", "w1", "--min-p", "0.1"], "--min-p only applies to sampling"),
     "logit bias not ID=BIAS": (["generate", "w1", "--logit-bias", "w5=3"], "--logit-bias takes ID=BIAS"),
+    "logit bias twice": (["generate", "w1", "--logit-bias", "5=3", "--logit-bias", "5=-3"], "gives token 5 twice"),
     "logit bias past the vocabulary": (["generate", "w1", "--logit-bias", "999=3"], "below the vocabulary's size"),
     "presence penalty too large": (["generate", "w1", "--presence-penalty", "3"], "(--presence-penalty)"),
     "draft vocabulary beyond the draft's": (

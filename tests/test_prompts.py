@@ -36,3 +36,23 @@ def test_a_template_that_refuses_a_conversation_or_cannot_be_read_is_a_clear_err
     tokenizer.chat_template = "{% for m in messages %}{{ m.content }"
     with pytest.raises(ModelFilesError, match="chat template cannot be read"):
         encode_chat(tokenizer, [{"role": "user", "content": "w2"}])
+
+
+def test_a_chat_template_of_ones_own_is_checked_on_a_user_turn_or_a_system_and_a_user_turn() -> None:
+    import pytest
+
+    from quickdraft.errors import ConfigError
+    from quickdraft.prompts import encode_chat, use_chat_template
+
+    tokenizer = word_tokenizer(8)
+    system_first = (  # refuses a conversation that does not open with a system turn, as some templates do
+        "{% if messages[0].role != 'system' %}{{ raise_exception('the first turn must be the system') }}{% endif %}"
+        "{% for m in messages %}{{ m.content }} {% endfor %}"
+    )
+    use_chat_template(tokenizer, system_first)
+    assert encode_chat(tokenizer, [{"role": "system", "content": "w1"}, {"role": "user", "content": "w2"}]) == [1, 2]
+    bad = (("{% if false %}w1{% endif %}", "as no text at all"), ("{{ x.y }}", "'x' is undefined"), ("", "empty"))
+    for template, words in bad:
+        with pytest.raises(ConfigError, match=words):
+            use_chat_template(tokenizer, template)
+        assert tokenizer.chat_template == system_first  # the one in use is kept

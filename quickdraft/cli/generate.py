@@ -261,10 +261,13 @@ def logit_bias_of(pairs: list[str]) -> dict[int, float]:
     for pair in pairs:
         token, _, value = pair.partition("=")
         try:
-            bias[int(token)] = float(value)
+            token_id, number = int(token), float(value)
         except ValueError:
             message = f"--logit-bias takes ID=BIAS, a token id and a number, such as 151643=-100: got {pair!r}"
             raise ConfigError(message) from None
+        if token_id in bias:
+            raise ConfigError(f"--logit-bias gives token {token_id} twice: give each token's bias once")
+        bias[token_id] = number
     return bias
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 import uuid
@@ -18,7 +19,7 @@ from quickdraft.drafters import Drafter, DraftState
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import Constraint, constrain_step
-from quickdraft.lossless.adjustments import adjust_logits
+from quickdraft.lossless.adjustments import adjust_logits, prompt_tokens
 from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies import FixedPolicy, Policy
 from quickdraft.runtime.base import KVCache
@@ -156,12 +157,14 @@ class RequestState:
         )
         adjustments = self.request.config.adjustments
         draft_ids = draft_token_ids[0].tolist() if adjustments.penalizes else ()
-        prompt_ids = self.request.prompt_ids
-        return (
-            draft_token_ids,
-            draft_probs,
-            adjust_logits(adjustments, target_logits, prompt_ids, self.new_token_ids, draft_ids),
-        )
+        prompt = self.prompt_tokens if adjustments.repetition_penalty != 1 else ()
+        adjusted = adjust_logits(adjustments, target_logits, prompt, self.new_token_ids, draft_ids)
+        return draft_token_ids, draft_probs, adjusted
+
+    @functools.cached_property
+    def prompt_tokens(self) -> torch.Tensor:
+        """The prompt's distinct tokens ``[P']``, found once (a repetition penalty reads them every step)."""
+        return prompt_tokens(self.request.prompt_ids)
 
     def take_visible_logprobs(self) -> tuple[TokenLogprob, ...]:
         """The log-probabilities not handed out yet of the tokens whose text is now visible

@@ -16,6 +16,7 @@ drafts are accepted.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ class LogitAdjustments:
             token, value = pair if isinstance(pair, tuple | list) and len(pair) == 2 else (None, None)
             if not is_int(token) or token < 0:
                 raise ConfigError(f"logit_bias's keys must be token ids (ints >= 0), got {token!r}", "logit_bias")
+            if token in checked:
+                raise ConfigError(f"logit_bias gives token {token} twice: give each token's bias once", "logit_bias")
             if not (is_number(value) and -MAX_BIAS <= value <= MAX_BIAS):
                 message = f"logit_bias's values must be numbers in [-100, 100], got {value!r} for token {token}"
                 raise ConfigError(message, "logit_bias")
@@ -77,32 +80,44 @@ class LogitAdjustments:
         """A penalty reads the tokens before a position."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
+    @functools.cached_property
+    def bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``logit_bias`` as ``[N]`` token ids and ``[N]`` biases, made once (a map may hold the whole vocabulary)."""
+        ids = torch.tensor([token for token, _ in self.logit_bias], dtype=torch.long)
+        return ids, torch.tensor([bias for _, bias in self.logit_bias], dtype=torch.float32)
+
     @property
     def largest_token_id(self) -> int:
         """The largest id ``logit_bias`` names (-1: none), checked against the vocabulary by the engine."""
         return self.logit_bias[-1][0] if self.logit_bias else -1
 
 
+def prompt_tokens(prompt_ids: Sequence[int]) -> torch.Tensor:
+    """The distinct tokens of a prompt ``[P']``, sorted: what :func:`adjust_logits` reads of it, made once."""
+    return torch.unique(torch.tensor(prompt_ids, dtype=torch.long))
+
+
 def adjust_logits(
     adjustments: LogitAdjustments,
     logits: torch.Tensor,
-    prompt_ids: Sequence[int],
+    prompt_ids: Sequence[int] | torch.Tensor,
     answer_ids: Sequence[int],
     draft_ids: Sequence[int] = (),
 ) -> torch.Tensor:
     """``logits [R, V]`` of R consecutive positions -> adjusted ``[R, V]`` float32, a new tensor: row r follows
-    ``answer_ids`` and the first r of ``draft_ids`` (R - 1 of them at least). Unchanged without adjustments."""
+    ``answer_ids`` and the first r of ``draft_ids`` (R - 1 of them at least). ``prompt_ids``: the prompt, or its
+    :func:`prompt_tokens`. Unchanged without adjustments."""
     if not adjustments.changes_logits:
         return logits
     logits = logits.to(torch.float32, copy=True)  # [R, V]
     if adjustments.logit_bias:
-        tokens, biases = zip(*adjustments.logit_bias, strict=True)
-        logits[:, list(tokens)] += torch.tensor(biases, dtype=torch.float32, device=logits.device)
+        tokens, biases = (tensor.to(logits.device) for tensor in adjustments.bias_tensors)  # [N], [N]
+        logits[:, tokens] += biases
     if not adjustments.penalizes:
         return logits
     num_rows = logits.shape[0]
     history = torch.tensor([*answer_ids, *draft_ids[: num_rows - 1]], dtype=torch.long)
-    prompt = torch.tensor(prompt_ids if adjustments.repetition_penalty != 1 else (), dtype=torch.long)
+    prompt = torch.as_tensor(prompt_ids if adjustments.repetition_penalty != 1 else (), dtype=torch.long)
     tokens, index = torch.unique(torch.cat([history, prompt]), return_inverse=True)  # [U], [H + P]
     if not len(tokens):  # no token before the first position that a penalty reads
         return logits

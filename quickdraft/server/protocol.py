@@ -242,7 +242,10 @@ def _logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:
     for key in bias:
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
             raise ApiError(400, f'logit_bias\'s keys must be token ids such as "50256", got {key!r}', "logit_bias")
-    return {int(key): value for key, value in bias.items()}
+    ids = {int(key): value for key, value in bias.items()}
+    if len(ids) < len(bias):  # "7" and "07" name one token
+        raise ApiError(400, 'logit_bias names a token twice (as "7" and "07"): give each once', "logit_bias")
+    return ids
 
 
 def _prompt(body: Mapping[str, Any]) -> str | list[int]:

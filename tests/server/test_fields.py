@@ -91,6 +91,7 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     ("chat/completions", CHAT | {"logit_bias": {"-3": 5}}, "keys must be token ids", "logit_bias"),
     ("chat/completions", CHAT | {"logit_bias": {"3": 101}}, "values must be numbers in [-100, 100]", "logit_bias"),
     ("chat/completions", CHAT | {"logit_bias": [3, 5]}, "logit_bias must be an object", "logit_bias"),
+    ("chat/completions", CHAT | {"logit_bias": {"3": 1, "03": -1}}, "names a token twice", "logit_bias"),
     ("completions", COMPLETION | {"logit_bias": {"100000": 1}}, "below the vocabulary's size", "logit_bias"),
     ("chat/completions", CHAT | {"max_tokenz": 2}, "unrecognized request argument", "max_tokenz"),
     (

@@ -86,7 +86,7 @@ def test_log_probabilities_and_seeded_samples_are_the_chat_ones(server: Server) 
         entry.token for event in events if event.type == "response.output_text.delta" for entry in event.logprobs
     ]
     assert streamed == [token for token, _, _ in expected]
-    seeded = {"seed": 7, "drafter": "draft-model"}
+    seeded = {"seed": 7, "drafter": "draft-model", "min_p": 0.05, "repetition_penalty": 1.2}  # chat's extras too
     text, _ = chat_text(server, messages, max_tokens=10, extra_body=seeded | {"temperature": 0.9})
     sampled = server.client().responses.create(model=MODEL, input="w1 w2 w3", max_output_tokens=10, temperature=0.9,
                                                extra_body=seeded)  # fmt: skip

@@ -37,6 +37,11 @@ class GenerationConfig:
     logprobs: int | None = None  # None: none; K: each new token's log-probability and the K likeliest (K <= 20)
     grammar: GrammarSpec | None = None  # structured output: the grammar every answer follows
     adjustments: LogitAdjustments = field(default_factory=LogitAdjustments)  # logit bias and penalties
+    # vLLM's: before min_tokens new tokens the answer cannot end (its end tokens masked, stop strings not looked
+    # for); ignore_eos: the end-of-sequence tokens do not end it; stop_token_ids: tokens that end it as they do
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # one stop string, as OpenAI's stop takes it (not one per character)
@@ -67,6 +72,20 @@ class GenerationConfig:
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             message = f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the likeliest tokens to list)"
             raise ConfigError(f"{message}, got {self.logprobs!r}", "logprobs")
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            limit = f"[0, max_new_tokens {self.max_new_tokens}]"
+            message = f"min_tokens must be an integer in {limit}, got {self.min_tokens!r}"
+            raise ConfigError(message, "min_tokens")
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}", "ignore_eos")
+        if isinstance(self.stop_token_ids, list):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
+            message = f"stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
+            raise ConfigError(message, "stop_token_ids")
+        if self.ignore_eos and self.grammar is not None:
+            message = "a grammar's answer ends at the end-of-sequence token: ignore_eos cannot go with one"
+            raise ConfigError(message, "grammar")
         if not isinstance(self.adjustments, LogitAdjustments):
             raise ConfigError(f"adjustments must be a LogitAdjustments, got {self.adjustments!r}", "adjustments")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
@@ -78,6 +97,10 @@ class GenerationConfig:
                 raise ConfigError(str(error), "policy") from None
         if not isinstance(self.policy, PolicySpec):
             raise ConfigError(f"policy must be a name such as 'fixed' or 'goodput', got {self.policy!r}", "policy")
+
+    def end_token_ids(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
+        """The tokens that end this request's answer, given the model's end-of-sequence tokens."""
+        return (frozenset() if self.ignore_eos else eos_token_ids) | frozenset(self.stop_token_ids)
 
     @property
     def policy_spec(self) -> PolicySpec:

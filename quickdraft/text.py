@@ -16,9 +16,10 @@ class IncrementalDecoder:
     partial UTF-8 sequence, and not while its tail could still start a stop string.
     """
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...] = (), min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
+        self.min_tokens = min_tokens  # stop strings are looked for from the token that makes this many on (vLLM's)
         self.token_ids: list[int] = []
         self.text = ""  # all decoded text, cut before a stop string once one is found
         self.stopped = False
@@ -41,7 +42,8 @@ class IncrementalDecoder:
         self._read(window_now[len(window_before) :])
         # The earliest occurrence wins, whatever the order of self.stop: one multi-character
         # token can complete several stop strings, and cutting at a later one leaks text.
-        found = [index for index in (self.text.find(stop, searched_from) for stop in self.stop) if index >= 0]
+        stops = self.stop if len(self.token_ids) >= self.min_tokens else ()
+        found = [index for index in (self.text.find(stop, searched_from) for stop in stops) if index >= 0]
         if found:
             self.text = self.text[: min(found)]
             self.stopped = True

@@ -9,7 +9,7 @@ import torch
 from conftest import adjusted_by_hand
 
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.adjustments import LogitAdjustments, adjust_logits
+from quickdraft.lossless.adjustments import LogitAdjustments, adjust_logits, mask_ends
 from quickdraft.lossless.sampling import SamplingParams, logits_to_scores
 
 STRONG = LogitAdjustments({3: 2.5, 0: -100, 7: 0.5}, 0.7, 0.4, repetition_penalty=1.3)
@@ -107,3 +107,11 @@ def test_min_p_drops_tokens_below_its_share_of_the_likeliest() -> None:
 def test_min_p_outside_zero_to_one_is_a_clear_error(min_p: float) -> None:
     with pytest.raises(ConfigError, match="min_p"):
         SamplingParams(temperature=1.0, min_p=min_p)
+
+
+def test_min_tokens_masks_the_ends_in_its_rows_unless_nothing_else_is_left() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [float("-inf"), float("-inf"), 2.0]])
+    masked = mask_ends(logits, 3, frozenset({2}))
+    assert masked[:2].tolist() == [[0.0, 1.0, float("-inf")]] * 2
+    assert masked[2].tolist() == logits[2].tolist()  # only an end is allowed there (a grammar's): it stays
+    assert mask_ends(logits, 1, frozenset({2}))[1:].tolist() == logits[1:].tolist()  # rows past min_tokens

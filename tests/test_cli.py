@@ -96,6 +96,9 @@ def test_generate_with_a_logit_bias_and_penalties(model_args: list[str], capsys:
     args = ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "5", "--json"]
     status, out, _ = run([*args, "--logit-bias", "6=100", "--logit-bias", "7=-100"], capsys)
     assert status == 0 and json.loads(out)["token_ids"] == [6] * 5
+    status, out, _ = run([*args, "--logit-bias", "6=100", "--stop-token-id", "6", "--min-tokens", "2"], capsys)
+    answer = json.loads(out)
+    assert status == 0 and answer["token_ids"][2] == 6 and len(answer["token_ids"]) == 3  # the third may end it
     penalized = [*args, "--presence-penalty", "2", "--frequency-penalty", "2", "--repetition-penalty", "3"]
     status, out, _ = run([*penalized, "--temperature", "0.7", "--seed", "1", "--min-p", "0.05"], capsys)
     assert status == 0 and len(json.loads(out)["token_ids"]) == 5
@@ -230,6 +233,7 @@ BAD_INPUTS = {
     ),
     "min-p when greedy": (["generate", "w1", "--min-p", "0.1"], "--min-p only applies to sampling"),
     "logit bias not ID=BIAS": (["generate", "w1", "--logit-bias", "w5=3"], "--logit-bias takes ID=BIAS"),
+    "min tokens above the budget": (["generate", "w1", "--min-tokens", "999"], "min_tokens must be an integer in"),
     "logit bias twice": (["generate", "w1", "--logit-bias", "5=3", "--logit-bias", "5=-3"], "gives token 5 twice"),
     "logit bias past the vocabulary": (["generate", "w1", "--logit-bias", "999=3"], "below the vocabulary's size"),
     "presence penalty too large": (["generate", "w1", "--presence-penalty", "3"], "(--presence-penalty)"),

@@ -10,6 +10,7 @@ from scipy.stats import chisquare, kstest
 
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.errors import ConfigError
+from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.lossless.sampling import (
     EXP_FLOOR,
     add_position_noise_,
@@ -247,6 +248,12 @@ def test_bad_sampling_params(kwargs: dict, message: str) -> None:
         ({"num_draft_tokens": 10**6}, "num_draft_tokens must be an integer in"),
         ({"max_draft_tokens": True}, "max_draft_tokens"),
         ({"sampling": {"temperature": 1.0}}, "sampling must be a SamplingParams"),
+        ({"min_tokens": 300}, "min_tokens must be an integer in"),
+        ({"min_tokens": -1}, "min_tokens must be an integer in"),
+        ({"ignore_eos": 1}, "ignore_eos must be true or false"),
+        ({"stop_token_ids": 7}, "stop_token_ids must be a list of token ids"),
+        ({"stop_token_ids": (1, True)}, "stop_token_ids must be a list of token ids"),
+        ({"ignore_eos": True, "grammar": GrammarSpec(GrammarKind.JSON)}, "ignore_eos cannot go with one"),
     ],
 )
 def test_bad_generation_config(kwargs: dict, message: str) -> None:

@@ -56,6 +56,13 @@ def test_stop_string_cuts_text_and_is_never_released() -> None:
     assert len(decoder.token_ids) == len("abc ENx END")
 
 
+def test_stop_strings_are_looked_for_from_min_tokens_on() -> None:
+    """vLLM's min_tokens: a stop string complete before the answer's first min_tokens tokens does not end it."""
+    decoder = IncrementalDecoder(ByteTokenizer(), stop=("END",), min_tokens=5)
+    feed(decoder, "END ab END tail")
+    assert decoder.stopped and decoder.text == "END ab "
+
+
 def test_earliest_of_several_stop_strings() -> None:
     decoder = IncrementalDecoder(ByteTokenizer(), stop=("zz", "y"))
     feed(decoder, "axyzz")

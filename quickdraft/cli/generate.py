@@ -105,6 +105,17 @@ def add_command(commands: Any) -> None:
         "prompt or the answer has its logit divided by R if positive, multiplied by R if not (1 = off)",
     )  # fmt: skip
     generate.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    generate.add_argument(
+        "--stop-token-id", action="append", type=int, default=[], metavar="ID",
+        help="a token id that ends the answer, as the end-of-sequence tokens do (repeatable)",
+    )  # fmt: skip
+    generate.add_argument(
+        "--min-tokens", type=int, default=0, metavar="N",
+        help="the answer cannot end before N new tokens: its end tokens are masked and stop strings not looked for",
+    )  # fmt: skip
+    generate.add_argument(
+        "--ignore-eos", action="store_true", help="the end-of-sequence tokens do not end the answer (benchmarks)"
+    )
     constraint = generate.add_mutually_exclusive_group()
     constraint.add_argument("--json-object", action="store_true", help="the answer is a JSON object (structured)")
     constraint.add_argument("--json-schema", metavar="FILE", help="the answer follows the JSON schema in FILE")
@@ -167,6 +178,9 @@ def run(args: argparse.Namespace) -> None:
         num_draft_tokens=args.num_draft_tokens,
         sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.min_p),
         stop=tuple(args.stop),
+        min_tokens=args.min_tokens,
+        ignore_eos=args.ignore_eos,
+        stop_token_ids=tuple(args.stop_token_id),
         policy=args.policy,
         grammar=grammar_of(args),
         adjustments=LogitAdjustments(

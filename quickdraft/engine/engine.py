@@ -87,15 +87,15 @@ class Engine:
     def new_state(self, request: Request, sink: Sink) -> RequestState:
         """A checked request's state, its policy built, ready to :meth:`enqueue`; bad requests raise."""
         self.check_request(request)
-        grammar = request.config.grammar
         return RequestState(
-            constraint=None if grammar is None else self._grammars.constraint(grammar),
+            constraint=None if (grammar := request.config.grammar) is None else self._grammars.constraint(grammar),
             request=request,
             sink=sink,
             policy=request_policy(request, self.step_lock) if request.policy is None else request.policy,
             generator=make_generator(request.config.sampling.seed, self.target.device),
-            decoder=IncrementalDecoder(self.tokenizer, request.config.stop),
+            decoder=IncrementalDecoder(self.tokenizer, request.config.stop, request.config.min_tokens),
             committed=list(request.prompt_ids),
+            end_token_ids=request.config.end_token_ids(self.eos_token_ids),
         )
 
     def enqueue(self, state: RequestState) -> None:
@@ -356,7 +356,7 @@ class Engine:
 
     def _commit(self, state: RunningRequest, step_tokens: list[int]) -> tuple[list[int], str | None]:
         """Commit a step's tokens up to the end of the answer: (the tokens committed, the finish reason or None)."""
-        num_before, limit, eos = len(state.new_token_ids), state.request.config.max_new_tokens, self.eos_token_ids
+        num_before, limit, eos = len(state.new_token_ids), state.request.config.max_new_tokens, state.end_token_ids
         reason = commit_tokens(step_tokens, state.committed, state.new_token_ids, state.decoder, eos, limit)
         committed = state.new_token_ids[num_before:]
         if state.constraint is not None:  # the grammar moves past them

@@ -19,7 +19,7 @@ from quickdraft.drafters import Drafter, DraftState
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import Constraint, constrain_step
-from quickdraft.lossless.adjustments import adjust_logits, prompt_tokens
+from quickdraft.lossless.adjustments import adjust_logits, mask_ends, prompt_tokens
 from quickdraft.lossless.sampling import top_probability
 from quickdraft.policies import FixedPolicy, Policy
 from quickdraft.runtime.base import KVCache
@@ -134,6 +134,7 @@ class RequestState:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the new tokens, if the request asked
     logprobs_sent: int = 0  # of them, those handed out: the tokens whose text is visible
     constraint: Constraint | None = None  # its place in the grammar its output must follow (config.grammar)
+    end_token_ids: frozenset[int] = frozenset()  # the tokens that end its answer (GenerationConfig.end_token_ids)
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)
 
@@ -159,6 +160,9 @@ class RequestState:
         draft_ids = draft_token_ids[0].tolist() if adjustments.penalizes else ()
         prompt = self.prompt_tokens if adjustments.repetition_penalty != 1 else ()
         adjusted = adjust_logits(adjustments, target_logits, prompt, self.new_token_ids, draft_ids)
+        early_rows = self.request.config.min_tokens - len(self.new_token_ids)  # rows whose token cannot end it
+        if early_rows > 0 and self.end_token_ids:
+            adjusted = mask_ends(adjusted, early_rows, self.end_token_ids)
         return draft_token_ids, draft_probs, adjusted
 
     @functools.cached_property

@@ -137,3 +137,15 @@ def adjust_logits(
     columns = columns - adjustments.frequency_penalty * counts - adjustments.presence_penalty * (counts > 0).float()
     logits[:, tokens.to(logits.device)] = columns
     return logits
+
+
+def mask_ends(logits: torch.Tensor, num_rows: int, end_token_ids: frozenset[int]) -> torch.Tensor:
+    """``logits [R, V]`` with the end tokens masked (−inf) in the first ``num_rows`` rows, a new tensor: vLLM's
+    ``min_tokens``, where the answer cannot end yet. A row left with no other token keeps its ends (a grammar that
+    allows only the end there): the answer ends rather than drawing from nothing."""
+    logits = logits.to(torch.float32, copy=True)  # [R, V]
+    ends = torch.tensor(sorted(end_token_ids), dtype=torch.long, device=logits.device)  # [E]
+    rows = logits[:num_rows]  # [r, V], a view
+    masked = rows.index_fill(-1, ends, float("-inf"))
+    logits[:num_rows] = torch.where(torch.isfinite(masked).any(dim=-1, keepdim=True), masked, rows)
+    return logits

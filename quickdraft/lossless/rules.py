@@ -17,13 +17,16 @@ from quickdraft.text import IncrementalDecoder
 
 def check_prompt(prompt_ids: Sequence[int], config: GenerationConfig, max_context: int, vocab_size: int) -> None:
     """Raise ``PromptError`` for an empty prompt, one with ids outside the vocabulary, or one that leaves no room
-    for ``max_new_tokens``; ``ConfigError`` for a logit bias of a token outside the vocabulary."""
+    for ``max_new_tokens``; ``ConfigError`` for a logit bias or a stop token outside the vocabulary."""
     if not prompt_ids:
         raise PromptError("the prompt is empty: give some text to continue")
     check_token_ids(prompt_ids, vocab_size, "prompt")
-    if config.adjustments.largest_token_id >= vocab_size:
-        message = f"logit_bias's token ids must be below the vocabulary's size {vocab_size}"
-        raise ConfigError(f"{message}, got {config.adjustments.largest_token_id}", "logit_bias")
+    stop_ids, bias = config.stop_token_ids, config.adjustments
+    named = {"logit_bias": bias.largest_token_id, "stop_token_ids": max(stop_ids, default=-1)}
+    for setting, largest in named.items():
+        if largest >= vocab_size:
+            message = f"{setting}'s token ids must be below the vocabulary's size {vocab_size}, got {largest}"
+            raise ConfigError(message, setting)
     needed = len(prompt_ids) + config.max_new_tokens
     if needed > max_context:
         raise PromptError(

@@ -4,7 +4,7 @@
   :mod:`quickdraft.server.protocol`.
 - Fields that change nothing here (:data:`HARMLESS`: ``user``, ``metadata``, ``store``, ...): accepted.
 - Fields that would change the answer and that this server does not implement (:data:`UNSUPPORTED`: OpenAI's
-  legacy functions, ``best_of``, vLLM's ``min_tokens`` and ``ignore_eos``, a reasoning model's effort, ...):
+  legacy functions, ``best_of``, ``echo``, a reasoning model's effort, ...):
   400 ``unsupported_parameter`` unless they hold the value that changes nothing.
 - A field of the other endpoint (:data:`OTHER_ENDPOINT`) gets a 400 that says where it belongs; any other name a
   400 ``unrecognized_parameter``, as OpenAI answers an unrecognized argument (a typo such as ``max_tokenz`` would
@@ -23,8 +23,8 @@ COMMON_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "logprobs",
     "prediction", "response_format", "logit_bias", "presence_penalty", "frequency_penalty",
     # quickdraft's extras (the openai client sends them with extra_body)
-    "top_k", "min_p", "repetition_penalty", "drafter", "policy", "num_draft_tokens", "max_draft_tokens",
-    "return_token_ids", "regex", "grammar", "cache_prompt",
+    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "drafter", "policy",
+    "num_draft_tokens", "max_draft_tokens", "return_token_ids", "regex", "grammar", "cache_prompt",
 })  # fmt: skip
 CHAT_FIELDS = COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
@@ -36,7 +36,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []), "function_call": (None, "none"),
     "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
     "web_search_options": (None,), "reasoning_effort": (None,), "verbosity": (None,),
-    "min_tokens": (None, 0), "ignore_eos": (None, False),
 }  # fmt: skip
 # fields of the other endpoint: what to say, and the values that change nothing there (an empty tools list)
 OTHER_ENDPOINT: dict[str, dict[str, tuple[str, tuple[Any, ...]]]] = {

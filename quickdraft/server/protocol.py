@@ -8,15 +8,15 @@ for completions ``logprobs`` is the number of likeliest tokens to list), ``predi
 ``{"type": "content", "content": text or text parts}``, copied as drafts by the hybrid drafters), ``response_format``
 (``json_object``, ``json_schema``: structured output), ``logit_bias``, ``presence_penalty`` and ``frequency_penalty``
 (:mod:`quickdraft.lossless.adjustments`). quickdraft's extras, which the openai client sends with ``extra_body``:
-``top_k``, vLLM's ``min_p`` and ``repetition_penalty``, ``drafter`` (a name of ``DRAFTERS``), ``policy``
-(``goodput``, ``fixed:K``, …), ``num_draft_tokens``, ``max_draft_tokens`` (at most the server's),
-``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for structured output, and ``cache_prompt``
-(llama.cpp's name; default true: false reads the prompt whole and keeps nothing of it). ``tools`` and ``tool_choice``
-go to :mod:`quickdraft.server.tools`. Which other fields are accepted, refused or unknown is
-:mod:`quickdraft.server.fields`'s rule: nothing a client asks for is silently ignored. Without ``max_tokens``, a
-request gets the server's default, at most what the context and the server's caches leave after its prompt. A
-message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and message a client
-sees.
+``top_k``, vLLM's ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and ``stop_token_ids``,
+``drafter`` (a name of ``DRAFTERS``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
+``max_draft_tokens`` (at most the server's), ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for
+structured output, and ``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps
+nothing of it). ``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`. Which other fields are accepted,
+refused or unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks for is silently ignored. Without
+``max_tokens``, a request gets the server's default, at most what the context and the server's caches leave after its
+prompt. A message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError` with the status and message a
+client sees.
 """
 
 from __future__ import annotations
@@ -138,6 +138,9 @@ def parse_request(
             max_draft_tokens=_field(body, "max_draft_tokens", defaults.max_draft_tokens),
             logprobs=_logprobs(body, chat),
             grammar=_grammar(body, tools),
+            min_tokens=_field(body, "min_tokens", 0),
+            ignore_eos=flag(body, "ignore_eos", False),
+            stop_token_ids=_token_list(body, "stop_token_ids"),
             adjustments=LogitAdjustments(
                 _logit_bias(body),
                 *(_number(body, name, 0.0) for name in ("presence_penalty", "frequency_penalty")),
@@ -232,6 +235,14 @@ def _number(body: Mapping[str, Any], name: str, default: float) -> Any:
     if not is_number(value) or not math.isfinite(value):
         raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
     return value
+
+
+def _token_list(body: Mapping[str, Any], name: str) -> tuple[Any, ...]:
+    """A list of token ids (each checked by the library)."""
+    value = _field(body, name, [])
+    if not isinstance(value, list):
+        raise ApiError(400, f"{name} must be a list of token ids, got {value!r}", name)
+    return tuple(value)
 
 
 def _logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:

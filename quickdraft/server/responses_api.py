@@ -32,8 +32,8 @@ LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this serv
 PASSED = frozenset({
     "model", "temperature", "top_p", "stream", "stream_options", "parallel_tool_calls", "top_logprobs",
     # quickdraft's extras and chat's, as chat reads them
-    "seed", "stop", "top_k", "min_p", "repetition_penalty", "drafter", "policy", "num_draft_tokens",
-    "max_draft_tokens", "regex", "grammar", "cache_prompt", "prediction",
+    "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "drafter",
+    "policy", "num_draft_tokens", "max_draft_tokens", "regex", "grammar", "cache_prompt", "prediction",
 })  # fmt: skip
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip

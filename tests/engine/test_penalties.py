@@ -1,6 +1,6 @@
-"""Logit bias and penalties through the one engine, on tiny random models: greedy output is the adjusted target's
-own token for token whatever the drafter and γ, and seeded output is seeded plain decoding's (the law of sampled
-output: test_sampling_law.py)."""
+"""Logit bias and penalties, and vLLM's min_tokens, ignore_eos and stop_token_ids, through the one engine on tiny
+random models: greedy output is the adjusted target's own token for token whatever the drafter and γ, and seeded
+output is seeded plain decoding's (the law of sampled output: test_sampling_law.py and test_sampling_law_endings.py)."""
 
 from __future__ import annotations
 
@@ -82,3 +82,30 @@ def test_a_bias_past_the_vocabulary_is_a_clear_error(pipeline: Pipeline) -> None
     with pytest.raises(ConfigError, match="logit_bias's token ids must be below the vocabulary's size") as error:
         pipeline.generate(PROMPTS[0], config)
     assert error.value.setting == "logit_bias"
+
+
+def test_min_tokens_ignore_eos_and_stop_token_ids_end_answers_as_plain_decoding_does(close_pair: Pipeline) -> None:
+    end = 11  # an end-of-sequence token the bias makes the likeliest everywhere: without more, answers end at once
+    pipeline = Pipeline(
+        target=close_pair.target, draft=close_pair.draft, tokenizer=close_pair.tokenizer, eos_token_ids=frozenset({end})
+    )
+    ending = GenerationConfig(max_new_tokens=12, adjustments=LogitAdjustments({end: 6.0}))
+    assert pipeline.generate(PROMPTS[0], ending, drafter="none").token_ids == [end]
+    free = pipeline.generate(PROMPTS[0], GenerationConfig(max_new_tokens=12), drafter="none").token_ids
+    stopper = next(token for token in free[3:] if token != end)
+    cases = {
+        "min_tokens": (replace(ending, min_tokens=6), lambda ids: len(ids) == 7 and ids.index(end) == 6),
+        "ignore_eos": (replace(ending, ignore_eos=True), lambda ids: len(ids) == 12 and ids.count(end) > 1),
+        "stop_token_ids": (
+            GenerationConfig(max_new_tokens=12, stop_token_ids=(stopper,)),
+            lambda ids: ids == free[: free.index(stopper) + 1],
+        ),
+    }
+    for name, (config, holds) in cases.items():
+        for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=5)):
+            plain = pipeline.generate(PROMPTS[0], replace(config, sampling=sampling), drafter="none")
+            assert sampling.is_seeded or holds(plain.token_ids), (name, plain.token_ids)
+            for drafter, gamma in itertools.product(["draft-model", "hybrid"], [1, 4]):
+                speculative = replace(config, sampling=sampling, policy=f"fixed:{gamma}")
+                result = pipeline.generate(PROMPTS[0], speculative, drafter=drafter)
+                assert result.token_ids == plain.token_ids, (name, sampling, drafter, gamma)

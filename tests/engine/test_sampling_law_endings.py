@@ -1,10 +1,12 @@
 """The unseeded sampling law where answers end and γ depends on the drafts: an end-of-sequence token drafted inside a
-block with an adaptive policy (confidence), a stop string, and a grammar's mask. χ² of the first new tokens (padded
+block with an adaptive policy (confidence), a stop string, a grammar's mask, vLLM's min_tokens (no end before two
+tokens), stop_token_ids and ignore_eos. χ² of the first new tokens (padded
 after an end) against the exact law, enumerated, with a negative control."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,10 +32,16 @@ def grammar_allows(position: int) -> set[int]:
     return {1, 2, 3, 4} if position == 0 else {1, 2, 3, 4, EOS}
 
 
+def no_end_before_two(position: int) -> set[int]:
+    return set(range(VOCAB)) - ({EOS} if position < 2 else set())
+
+
 CASES: dict[str, tuple[GenerationConfig, Callable[[int], set[int]] | None]] = {
     "eos, confidence": (GenerationConfig(policy="confidence:0.45"), None),
     "stop string": (GenerationConfig(policy="fixed:4", stop=("w3",)), None),
     "grammar": (GenerationConfig(policy="fixed:3", grammar=WORDS), grammar_allows),
+    "min_tokens": (GenerationConfig(policy="fixed:3", min_tokens=2), no_end_before_two),
+    "stop token, ignore_eos": (GenerationConfig(policy="fixed:3", ignore_eos=True, stop_token_ids=(4,)), None),
 }
 
 
@@ -72,14 +80,11 @@ def pvalue(case: str) -> float:
             tokens = tokens[:LENGTH]
             counts[tuple(tokens + [PAD] * (LENGTH - len(tokens)))] += 1
 
-    config = GenerationConfig(
-        max_new_tokens=LENGTH + 2, sampling=SAMPLING, policy=config.policy, max_draft_tokens=6, stop=config.stop,
-        grammar=config.grammar,
-    )  # fmt: skip
+    config = replace(config, max_new_tokens=LENGTH + 2, sampling=SAMPLING, max_draft_tokens=6)
     for _ in range(SAMPLES):
         engine.submit(Request(PROMPT, config, drafter), sink)
     engine.run_until_idle()
-    ends = {EOS} | ({STOP_TOKEN} if config.stop else set())
+    ends = set(config.end_token_ids(frozenset({EOS}))) | ({STOP_TOKEN} if config.stop else set())
     return chi_square_pvalue(counts, exact_law(target, ends, allows))
 
 

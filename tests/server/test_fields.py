@@ -34,8 +34,7 @@ def test_known_harmless_unsupported_and_unknown_fields() -> None:
     for name, harmless in UNSUPPORTED.items():
         check_fields({name: harmless[-1]}, chat=False)
     refused = [
-        ({"min_tokens": 3}, True, "min_tokens is not supported"),
-        ({"ignore_eos": True}, True, "ignore_eos is not supported"),
+        ({"best_of": 3}, True, "best_of is not supported"),
         ({"echo": 0}, False, "echo is not supported"),  # 0 is not false
         ({"max_tokenz": 2}, True, "unrecognized request argument: max_tokenz"),
         ({"max_completion_tokens": 2}, False, "takes max_tokens"),
@@ -82,7 +81,27 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     ("chat/completions", CHAT | {"max_tokens": True}, "max_tokens must be a whole number", "max_tokens"),
     ("chat/completions", CHAT | {"logprobs": True, "top_logprobs": 21}, "in [0, 20]", "top_logprobs"),
     ("chat/completions", CHAT | {"model": 5}, "model must be", "model"),
-    ("chat/completions", CHAT | {"min_tokens": 1}, "min_tokens is not", "min_tokens"),
+    (
+        "chat/completions",
+        CHAT | {"min_tokens": 3},
+        "min_tokens must be an integer in [0, max_new_tokens 2]",
+        "min_tokens",
+    ),
+    ("chat/completions", CHAT | {"ignore_eos": 1}, "ignore_eos must be true or false", "ignore_eos"),
+    ("chat/completions", CHAT | {"stop_token_ids": 5}, "stop_token_ids must be a list", "stop_token_ids"),
+    (
+        "chat/completions",
+        CHAT | {"stop_token_ids": [-5]},
+        "stop_token_ids must be a list of token ids",
+        "stop_token_ids",
+    ),
+    ("completions", COMPLETION | {"stop_token_ids": [100000]}, "below the vocabulary's size", "stop_token_ids"),
+    (
+        "chat/completions",
+        CHAT | {"ignore_eos": True, "response_format": {"type": "json_object"}},
+        "ignore_eos cannot go with one",
+        "response_format",
+    ),
     ("chat/completions", CHAT | {"repetition_penalty": 0}, "repetition_penalty must be", "repetition_penalty"),
     ("chat/completions", CHAT | {"presence_penalty": 2.5}, "presence_penalty must be a number in", "presence_penalty"),
     ("chat/completions", CHAT | {"frequency_penalty": "1"}, "frequency_penalty must be a finite", "frequency_penalty"),
@@ -208,6 +227,9 @@ def test_the_servers_largest_gamma_is_a_requests_default_and_limit() -> None:
         parse({"prompt": "w1", "max_draft_tokens": 5})
 
 
+ENDINGS = {"min_tokens": 3, "ignore_eos": True, "stop_token_ids": [9, 12]}  # vLLM's, through extra_body
+
+
 def test_logit_bias_and_penalties_answer_as_the_library_does(served: tuple[Server, Pipeline]) -> None:
     """OpenAI's fields through the openai client (its keys are token ids as text), vLLM's through extra_body: the
     answer is the library's for the same adjustments."""
@@ -227,10 +249,10 @@ def test_logit_bias_and_penalties_answer_as_the_library_does(served: tuple[Serve
         presence_penalty=0.5,
         frequency_penalty=1.0,
         logit_bias={"4": -2.5},
-        extra_body={"min_p": 0.05, "repetition_penalty": 1.3, "return_token_ids": True},
+        extra_body={"min_p": 0.05, "repetition_penalty": 1.3, "return_token_ids": True} | ENDINGS,
     )
     adjustments = LogitAdjustments({4: -2.5}, 0.5, 1.0, repetition_penalty=1.3)
     sampling = SamplingParams(temperature=0.8, seed=3, min_p=0.05)
-    config = GenerationConfig(max_new_tokens=8, sampling=sampling, adjustments=adjustments)
+    config = GenerationConfig(max_new_tokens=8, sampling=sampling, adjustments=adjustments, **ENDINGS)
     expected = pipeline.generate(prompt_ids, config, drafter="none")
     assert answer.choices[0].model_extra["token_ids"] == expected.token_ids

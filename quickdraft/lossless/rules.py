@@ -86,14 +86,15 @@ def commit_tokens(
     eos_token_ids: frozenset[int],
     max_new_tokens: int,
 ) -> str | None:
-    """Commit a step's tokens one by one (to ``committed``, ``new_token_ids`` and ``decoder``) up to the end of
-    the answer: the finish reason ("eos", "stop", "length") where it ends, None while it goes on."""
+    """Commit a step's tokens one by one (to ``committed``, ``new_token_ids`` and, but for an ending token of
+    ``eos_token_ids``, ``decoder``) up to the end of the answer: the finish reason ("eos", "stop", "length") where it
+    ends, None while it goes on."""
     for token in step_tokens:
         committed.append(token)
         new_token_ids.append(token)
-        decoder.add(token)
-        if token in eos_token_ids:
+        if token in eos_token_ids:  # an ending token is in the answer's ids, never in its text (vLLM's stop tokens)
             return "eos"
+        decoder.add(token)
         if decoder.stopped:
             return "stop"
         if len(new_token_ids) == max_new_tokens:

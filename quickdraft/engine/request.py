@@ -151,8 +151,8 @@ class RequestState:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """A step's drafts ``[1, γ]`` (their distributions ``[1, γ, V]`` or None) and the target's logits
         ``[γ + 1, V]`` as this request chooses its tokens: the drafts its grammar allows, and the logits its grammar
-        masks (``GrammarDeadEnd`` where it allows nothing) and its bias and penalties adjust
-        (:mod:`quickdraft.lossless.adjustments`)."""
+        masks (``GrammarDeadEnd`` where it allows nothing), its bias and penalties adjust, and its ``min_tokens``
+        rids of its end tokens where the answer cannot end yet (:mod:`quickdraft.lossless.adjustments`)."""
         draft_token_ids, draft_probs, target_logits = constrain_step(
             self.constraint, draft_token_ids, draft_probs, target_logits
         )

@@ -11,7 +11,8 @@ The rule at a position, in this order:
 before that row. So a verified row gets exactly the logits plain decoding would have at its position, and greedy,
 seeded and sampled outputs keep their promises under speculation: the target's distribution is the adjusted one
 at every position, plain and speculative alike. Drafters do not see the adjustments: they only change how often
-drafts are accepted.
+drafts are accepted. :func:`mask_ends` is vLLM's ``min_tokens`` by the same rule: a position's mask depends on the
+position alone.
 """
 
 from __future__ import annotations

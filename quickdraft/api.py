@@ -16,6 +16,7 @@ from quickdraft.engine import Engine, GenerationResult, GenerationStream, Reques
 from quickdraft.engine.request import token_ids
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.files import model_key
+from quickdraft.lossless.sampling import is_int
 from quickdraft.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -266,6 +267,9 @@ class Pipeline:
     ) -> Calibration[CostModel]:
         """The step costs goodput needs (a few seconds to measure), saved or loaded (:class:`CalibrationStore`),
         and kept in ``drafter``'s records."""
+        for name, value, least in (("max_draft_tokens", max_draft_tokens, 1), ("context", context, 0)):
+            if not is_int(value) or value < least:
+                raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}", name)
         calibration = self.calibrations.cost_model(DRAFTERS.get(drafter), max_draft_tokens, context, use_saved)
         self.drafter_records(drafter).cost_model = calibration.cost_model
         return calibration

@@ -28,6 +28,10 @@ def encode_chat(
     ready for the assistant's turn; ``tools``: OpenAI's function tools, rendered by the template."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("this model has no chat template; run without --chat")
+    if tools is not None and (
+        isinstance(tools, str) or not isinstance(tools, Sequence) or not all(isinstance(t, Mapping) for t in tools)
+    ):
+        raise PromptError(f"tools must be a list of OpenAI function tools (objects), got {tools!r}")
     if isinstance(messages, str | Mapping) or not isinstance(messages, Sequence) or not messages:
         raise PromptError("a conversation must be a non-empty list of {'role': ..., 'content': ...} messages")
     for message in messages:

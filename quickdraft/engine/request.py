@@ -47,6 +47,9 @@ class Request:
         for name, kind in (("config", GenerationConfig), ("drafter", Drafter)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"a request's {name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if not isinstance(self.cache_prompt, bool) or not isinstance(self.request_id, str):
+            message = "a request's cache_prompt must be True or False and its request_id a string"
+            raise ConfigError(f"{message}, got {self.cache_prompt!r} and {self.request_id!r}")
         if self.policy is not None and not isinstance(self.policy, Policy):
             raise ConfigError(f"a request's policy must be a Policy object or None, got {self.policy!r}")
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import is_int
 from quickdraft.runtime.base import LoadOptions, Runtime
 from quickdraft.runtime.device import CPU
 from quickdraft.tokens import frequent_tokens
@@ -36,7 +37,7 @@ def draft_load_options(
         return LoadOptions(device=device)
     asked = vocabulary
     weights, vocabulary = draft_load_defaults(weights, vocabulary)
-    if vocabulary < 0:
+    if not is_int(vocabulary) or vocabulary < 0:
         raise ConfigError(f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}")
     if asked is not None and asked > len(tokenizer):  # the default is what the model has, at most
         raise ConfigError(

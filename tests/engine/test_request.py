@@ -101,3 +101,21 @@ def test_what_an_engine_cannot_run_is_refused_at_submission(native: Pipeline, pi
     assert native.engine.idle
     expected = native.generate("w1 w2 w3", CONFIG, drafter="hybrid").token_ids
     assert native.generate("w1 w2 w3", CONFIG, drafter="hybrid", prediction="").token_ids == expected
+
+
+def test_a_requests_flags_and_the_pipelines_arguments_take_their_own_types(native: Pipeline) -> None:
+    from quickdraft.runtime.native import NativeRuntime
+    from quickdraft.runtime.options import draft_load_options
+
+    drafter = native.drafter("draft-model")
+    with pytest.raises(ConfigError, match="cache_prompt must be True or False"):
+        Request((1, 2), CONFIG, drafter, cache_prompt="no")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="request_id a string"):
+        Request((1, 2), CONFIG, drafter, request_id=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_draft_tokens must be an integer >= 1"):
+        native.calibrate("draft-model", max_draft_tokens="4")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="draft vocabulary is a number"):
+        draft_load_options(NativeRuntime, native.tokenizer, None, "a")  # type: ignore[arg-type]
+    for tools in ("abc", 5, [5]):
+        with pytest.raises(PromptError, match="tools must be a list of OpenAI function tools"):
+            native.encode_chat([{"role": "user", "content": "w1"}], tools=tools)  # type: ignore[arg-type]

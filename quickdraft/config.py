@@ -25,7 +25,10 @@ class GenerationConfig:
     The policy defaults to ``goodput`` (γ per step from measured costs and the observed acceptance),
     except that a request which gives ``num_draft_tokens`` without a policy asked for that many
     drafts per step and gets ``fixed``. Both fields hold the resolved values after construction:
-    ``policy`` is parsed here, once, into a :class:`PolicySpec` (its text is ``str(config.policy)``).
+    ``policy`` is parsed here, once, into a :class:`PolicySpec` (its text is ``str(config.policy)``). A policy
+    that carries its own γ (``fixed:K``) or reads none (``goodput``) goes before ``num_draft_tokens``, so
+    ``replace(config, policy="fixed:0")`` is plain decoding whatever γ the config held; the CLI notes such an unused
+    ``--num-draft-tokens`` and the server refuses it.
     """
 
     max_new_tokens: int = 256

@@ -76,7 +76,7 @@ class GenerationConfig:
             message = f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the likeliest tokens to list)"
             raise ConfigError(f"{message}, got {self.logprobs!r}", "logprobs")
         if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
-            limit = f"[0, max_new_tokens {self.max_new_tokens}]"
+            limit = f"[0, {self.max_new_tokens}]: at most the answer's token limit"
             message = f"min_tokens must be an integer in {limit}, got {self.min_tokens!r}"
             raise ConfigError(message, "min_tokens")
         if not isinstance(self.ignore_eos, bool):
@@ -88,7 +88,7 @@ class GenerationConfig:
             raise ConfigError(message, "stop_token_ids")
         if self.ignore_eos and self.grammar is not None:
             message = "a grammar's answer ends at the end-of-sequence token: ignore_eos cannot go with one"
-            raise ConfigError(message, "grammar")
+            raise ConfigError(message, "ignore_eos")
         if not isinstance(self.adjustments, LogitAdjustments):
             raise ConfigError(f"adjustments must be a LogitAdjustments, got {self.adjustments!r}", "adjustments")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):

@@ -35,7 +35,7 @@ from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import Request
 from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
-from quickdraft.lossless.sampling import is_number
+from quickdraft.lossless.sampling import is_int, is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, text_parts
 from quickdraft.server.tools import ToolRequest, parse_tools, template_message
@@ -196,7 +196,8 @@ def error_param(error: QuickdraftError, chat: bool) -> str | None:
 
 def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, defaults: ServerDefaults) -> int:
     """The answer's length limit: ``max_tokens`` (chat: or ``max_completion_tokens``, the same if both), else the
-    server's default cut to what the context and the server's caches leave; a request that cannot fit is refused."""
+    server's default (raised to ``min_tokens``) cut to what the context and the server's caches leave; a request that
+    cannot fit is refused."""
     given = {name: count(body, name, 1) for name in ("max_tokens", "max_completion_tokens")[: 2 if chat else 1]}
     values = {value for value in given.values() if value is not None}
     if len(values) > 1:
@@ -222,7 +223,8 @@ def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, default
     if limit is not None:
         return limit
     rooms = [size - prompt_tokens for size, _ in holders if size is not None]
-    return min([defaults.max_tokens, *rooms])
+    at_least = body.get("min_tokens") if is_int(body.get("min_tokens")) else 0  # a default leaves room for it
+    return min([max(defaults.max_tokens, at_least), *rooms])
 
 
 def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:

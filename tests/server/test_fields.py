@@ -84,7 +84,7 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     (
         "chat/completions",
         CHAT | {"min_tokens": 3},
-        "min_tokens must be an integer in [0, max_new_tokens 2]",
+        "min_tokens must be an integer in [0, 2]: at most the answer's token limit",
         "min_tokens",
     ),
     ("chat/completions", CHAT | {"ignore_eos": 1}, "ignore_eos must be true or false", "ignore_eos"),
@@ -100,7 +100,7 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
         "chat/completions",
         CHAT | {"ignore_eos": True, "response_format": {"type": "json_object"}},
         "ignore_eos cannot go with one",
-        "response_format",
+        "ignore_eos",
     ),
     ("chat/completions", CHAT | {"repetition_penalty": 0}, "repetition_penalty must be", "repetition_penalty"),
     ("chat/completions", CHAT | {"presence_penalty": 2.5}, "presence_penalty must be a number in", "presence_penalty"),
@@ -256,3 +256,14 @@ def test_logit_bias_and_penalties_answer_as_the_library_does(served: tuple[Serve
     config = GenerationConfig(max_new_tokens=8, sampling=sampling, adjustments=adjustments, **ENDINGS)
     expected = pipeline.generate(prompt_ids, config, drafter="none")
     assert answer.choices[0].model_extra["token_ids"] == expected.token_ids
+
+
+def test_min_tokens_raises_the_default_token_limit(served: tuple[Server, Pipeline]) -> None:
+    """Without max_tokens a request gets the server's default (12 here), raised to its min_tokens where that fits."""
+    server, _ = served
+    body = {"model": MODEL, "prompt": "w1 w2", "min_tokens": 20, "ignore_eos": True}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 20
+    too_many = httpx.post(f"{server.url}/v1/completions", json=body | {"min_tokens": 300}, timeout=TIMEOUT)
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "min_tokens"

@@ -288,6 +288,7 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
     source = gguf_source(directory)
     if source is None:
         raise missing_gguf(directory)
+    import numpy
     import torch
     from safetensors.torch import save_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -298,18 +299,22 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
     if progress:
         print(f"converting {source.name} once into {directory} (takes a few minutes) ...", file=sys.stderr, flush=True)
     try:  # with the directory's config: it holds what the file says beyond transformers' reading (the head width)
-        model, info = AutoModelForCausalLM.from_pretrained(
-            source.parent,
-            config=AutoConfig.from_pretrained(directory),
-            gguf_file=source.name,
-            dtype=torch.float32,
-            output_loading_info=True,
-        )
+        with numpy.errstate(invalid="ignore", over="ignore"):  # a damaged file's inf and NaN: refused below
+            model, info = AutoModelForCausalLM.from_pretrained(
+                source.parent,
+                config=AutoConfig.from_pretrained(directory),
+                gguf_file=source.name,
+                dtype=torch.float32,
+                output_loading_info=True,
+            )
     except ImportError as error:
         raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error
     except Exception as error:  # transformers raises many types for unreadable files
         raise ModelFilesError(f"cannot convert {source}: {type(error).__name__}: {error}") from error
     check_loading_info(info, source)  # before anything is saved that later runs would trust
+    damaged = next((name for name, weight in model.state_dict().items() if not torch.isfinite(weight).all()), None)
+    if damaged is not None:  # llama.cpp runs such a file and answers nonsense
+        raise ModelFilesError(f"{source}'s weight {damaged} holds NaN or infinite values: the file is damaged")
     partial = directory / f"model.safetensors.{os.getpid()}.partial"
     try:
         save_model(model, str(partial))

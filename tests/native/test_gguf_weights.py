@@ -161,7 +161,8 @@ def test_a_tensor_no_layer_reads_is_refused(tmp_path: Path) -> None:
     ids=["a norm's weight", "a Q4_K block's scale"],
 )
 def test_nan_or_infinite_weights_are_refused(tmp_path: Path, tensor: str, value: np.generic) -> None:
-    """A damaged file whose weights hold NaN or inf ran and answered nonsense; it is refused, naming the tensor."""
+    """A damaged file whose weights hold NaN or inf ran and answered nonsense; it is refused, naming the tensor, by
+    the native runtime and by the fp32 copy the transformers runtime loads."""
     from gguf import GGUFReader
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
@@ -172,6 +173,9 @@ def test_nan_or_infinite_weights_are_refused(tmp_path: Path, tensor: str, value:
     directory = resolve_model(tmp_path / "damaged.gguf", progress=False)
     with pytest.raises(ModelFilesError, match=rf"tensor {re.escape(tensor)} holds NaN or infinite values"):
         NativeRuntime.load(directory)
+    with pytest.raises(ModelFilesError, match="holds NaN or infinite values: the file is damaged"):
+        ensure_fp32_weights(directory, progress=False)  # the transformers runtime's copy
+    assert not has_fp32_weights(directory)
 
 
 def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() -> None:

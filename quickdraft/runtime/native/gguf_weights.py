@@ -99,7 +99,8 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
         from gguf.quants import dequantize
 
         tensor = self.sources[name]
-        values = dequantize(tensor.data, tensor.tensor_type)  # [rows, width] or [width]
+        with np.errstate(invalid="ignore", over="ignore"):  # a damaged file's inf and NaN: refused just below
+            values = dequantize(tensor.data, tensor.tensor_type)  # [rows, width] or [width]
         if not np.isfinite(values).all():
             raise ValueError(non_finite(tensor.name))
         if name in self.row_heads:

@@ -35,9 +35,8 @@ class ServerMetrics:
             "quickdraft_e2e_request_latency_seconds", "From arrival to the last token", buckets=LATENCY_BUCKETS,
             registry=registry,
         )  # fmt: skip
-        self.requests = Counter(
-            "quickdraft_requests", "Finished requests by finish reason", ["finish_reason"], registry=registry
-        )
+        finished = "Finished requests (each of a request's n choices is one) by finish reason"
+        self.requests = Counter("quickdraft_requests", finished, ["finish_reason"], registry=registry)
         self.prompt_tokens = Counter("quickdraft_prompt_tokens", "Prompt tokens read", registry=registry)
         self.generated_tokens = Counter("quickdraft_generation_tokens", "Tokens generated", registry=registry)
         self.drafts_proposed = Counter("quickdraft_draft_tokens_proposed", "Drafted tokens verified", registry=registry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ import torch
 from quickdraft.api import Pipeline
 from quickdraft.bench.peers import hf_greedy_generate
 from quickdraft.bench.prompts import PROMPTS
-from quickdraft.config import GenerationConfig
+from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
 from quickdraft.policies.acceptance_head import AcceptanceHead
 
 pytestmark = pytest.mark.real_model
@@ -158,6 +159,22 @@ def test_every_policy_equals_plain_decoding_on_real_prompts(native_pair: Pipelin
             config = GenerationConfig(max_new_tokens=32, policy=policy)
             result = native_pair.generate(prompt_ids, config, drafter=drafter)
             assert result.token_ids == plain, f"{drafter} with {policy} diverged"
+
+
+def test_penalties_and_endings_keep_greedy_and_seeded_equality_on_real_prompts(native_pair: Pipeline) -> None:
+    """Logit bias, penalties and vLLM's endings over the real 151,936-token vocabulary: speculation gives plain
+    decoding's tokens, greedy and seeded."""
+    prompt_ids = native_pair.encode(CASES[2][0], chat=True)
+    adjustments = LogitAdjustments({13: -100.0}, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.1)
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.7, seed=3, min_p=0.05)):
+        config = GenerationConfig(  # token 382 is ".\n\n"
+            max_new_tokens=32, sampling=sampling, adjustments=adjustments, min_tokens=8, stop_token_ids=(382,)
+        )
+        plain = native_pair.generate(prompt_ids, config, drafter="none")
+        assert 13 not in plain.token_ids  # "." banned
+        for drafter in ("hybrid", "draft-model"):
+            result = native_pair.generate(prompt_ids, replace(config, policy="fixed:3"), drafter=drafter)
+            assert result.token_ids == plain.token_ids and result.text == plain.text, (sampling, drafter)
 
 
 def test_specdec_and_early_exit_equal_plain_decoding_on_real_prompts(native_pair: Pipeline) -> None:

@@ -269,19 +269,17 @@ def given(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
-def logit_bias_of(pairs: list[str]) -> dict[int, float]:
-    """``--logit-bias ID=BIAS`` options as token ids and biases (their range is checked by ``LogitAdjustments``)."""
-    bias = {}
+def logit_bias_of(pairs: list[str]) -> list[tuple[int, float]]:
+    """``--logit-bias ID=BIAS`` options as (token id, bias) pairs, in order: ``LogitAdjustments`` checks their range
+    and refuses a token given twice."""
+    bias = []
     for pair in pairs:
         token, _, value = pair.partition("=")
         try:
-            token_id, number = int(token), float(value)
+            bias.append((int(token), float(value)))
         except ValueError:
             message = f"--logit-bias takes ID=BIAS, a token id and a number, such as 151643=-100: got {pair!r}"
             raise ConfigError(message) from None
-        if token_id in bias:
-            raise ConfigError(f"--logit-bias gives token {token_id} twice: give each token's bias once")
-        bias[token_id] = number
     return bias
 
 

@@ -262,8 +262,11 @@ GGUF_TOKENS = [*"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0
 
 # Types gguf-py does not quantize, written as random blocks: where each block's float16 scales are
 GGUF_BLOCK_SCALES = {
-    "Q4_K": slice(0, 4), "Q5_K": slice(0, 4), "Q6_K": slice(208, 210), "IQ4_NL": slice(0, 2), "IQ4_XS": slice(0, 2),
+    "Q2_K": slice(80, 84), "Q3_K": slice(108, 110), "Q4_K": slice(0, 4), "Q5_K": slice(0, 4),
+    "Q6_K": slice(208, 210), "IQ1_S": slice(0, 2), "IQ2_XXS": slice(0, 2), "IQ2_XS": slice(0, 2),
+    "IQ2_S": slice(0, 2), "IQ3_XXS": slice(0, 2), "IQ3_S": slice(0, 2), "IQ4_NL": slice(0, 2), "IQ4_XS": slice(0, 2),
 }  # fmt: skip
+IQ1_M_SCALES = slice(48, 56)  # IQ1_M's float16 scale: the top 4 bits of these four uint16, in order
 
 
 def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int) -> tuple[np.ndarray, Any]:
@@ -276,6 +279,13 @@ def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int
         values = generator.normal(1.0, 0.1, size=(rows, width)).astype(np.float32)
         return (values[0] if rows == 1 else values * 0.05), qtype  # a norm's [width], or a weight matrix
     block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    if kind == "IQ1_M":
+        data = generator.integers(0, 256, size=(rows, width // block_weights, block_bytes), dtype=np.uint8)
+        words = data[..., IQ1_M_SCALES].copy().view(np.uint16)  # [rows, blocks, 4]
+        scale = int(np.float16(5e-4).view(np.uint16))
+        nibbles = np.array([(scale >> shift) & 0xF for shift in (0, 4, 8, 12)], dtype=np.uint16)
+        data[..., IQ1_M_SCALES] = ((words & 0x0FFF) | (nibbles << 12)).view(np.uint8)
+        return data.reshape(rows, -1), qtype
     if kind not in GGUF_BLOCK_SCALES:
         values = generator.normal(0.0, 0.05, size=(rows, width)).astype(np.float32)
         try:

@@ -233,12 +233,12 @@ def test_a_gguf_file_resolves_to_a_directory_without_weights(tmp_path: Path, mon
 def test_auto_runs_a_gguf_file_of_tensor_types_the_native_runtime_does_not_read_on_transformers(
     tmp_path: Path,
 ) -> None:
-    """The directory's marker records the file's tensor types (llama.cpp's Q2_K and Q3_K have no native reader)."""
+    """The directory's marker records the file's tensor types (llama.cpp's Q8_K has no native reader)."""
     directory = resolve_model(write_tiny_gguf(tmp_path / "tiny.gguf"), progress=False)
     marker = read_marker(directory)
     assert marker is not None and {"F32", "Q4_K", "Q6_K"} <= set(marker["tensor_types"])
     assert NativeRuntime.supports(directory)
-    (directory / MARKER).write_text(json.dumps(marker | {"tensor_types": ["F32", "Q2_K"]}))
+    (directory / MARKER).write_text(json.dumps(marker | {"tensor_types": ["F32", "Q8_K"]}))
     assert runtime_for("auto", directory) is HFRuntime
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_tiny_gguf
+from conftest import GGUF_LAYER_TYPES, write_tiny_gguf
 
 from quickdraft.errors import ModelFilesError
 from quickdraft.models import load_hf_model
@@ -20,7 +20,7 @@ from quickdraft.models.loading import resolve_model
 from quickdraft.runtime import LoadOptions, runtime_for
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.config import DecoderConfig
-from quickdraft.runtime.native.gguf_weights import hf_tensor_name, unpermute_rows
+from quickdraft.runtime.native.gguf_weights import READ_TYPES, hf_tensor_name, unpermute_rows
 from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state, native_cache_dir
 
 pytest.importorskip("gguf")
@@ -50,23 +50,35 @@ def as_old_layout(directory: Path, old: Path) -> Path:
     return old
 
 
-# The read types GGUF_LAYER_TYPES leaves out, in a file's first layer
-MORE_TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q5_1", "attn_output": "Q5_K", "ffn_gate": "IQ4_NL",
-              "ffn_up": "IQ4_XS", "ffn_down": "F32"}  # fmt: skip
+# The read types GGUF_LAYER_TYPES leaves out, each set in a file's first layer
+MORE_TYPES = (
+    {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q5_1", "attn_output": "Q5_K", "ffn_gate": "IQ4_NL",
+     "ffn_up": "IQ4_XS", "ffn_down": "F32"},
+    {"attn_q": "Q2_K", "attn_k": "Q3_K", "attn_v": "IQ2_XXS", "attn_output": "IQ3_S", "ffn_gate": "IQ1_M",
+     "ffn_up": "TQ2_0", "ffn_down": "NVFP4"},
+    {"attn_q": "IQ2_XS", "attn_k": "IQ2_S", "attn_v": "IQ3_XXS", "attn_output": "IQ1_S", "ffn_gate": "TQ1_0",
+     "ffn_up": "MXFP4", "ffn_down": "Q5_0"},
+)  # fmt: skip
 
 
-@pytest.mark.parametrize(("architecture", "tied", "more"), [("qwen2", False, False), ("llama", True, False),
-                                                             ("qwen2", False, True)])  # fmt: skip
+def test_every_read_type_is_in_a_test_file() -> None:
+    written = {kind for layers in (*GGUF_LAYER_TYPES, *MORE_TYPES) for kind in layers.values()}
+    assert written == set(READ_TYPES)
+
+
+@pytest.mark.parametrize(("architecture", "tied", "more"), [("qwen2", False, None), ("llama", True, None),
+                                                             *(("qwen2", False, i) for i in range(len(MORE_TYPES))),
+                                                             ("llama", False, 1)])  # fmt: skip
 def test_packed_weights_equal_those_from_the_fp32_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K
     and Q6_K for auto, Q4_K for q4) as they are, the rest (every other type of READ_TYPES; Llama's q/k rows
     reordered) quantized from the float values transformers' loader gives them."""
     import conftest
 
-    if more:
-        monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES, conftest.GGUF_LAYER_TYPES[1]))
+    if more is not None:
+        monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[more], conftest.GGUF_LAYER_TYPES[1]))
     directory = gguf_dir(tmp_path, architecture, tied)
     config = DecoderConfig.from_dir(directory)
     assert not has_fp32_weights(directory) and NativeRuntime.supports(directory)
@@ -137,11 +149,11 @@ def test_a_tensor_type_the_runtime_does_not_read_is_named_in_the_error(
     import conftest
 
     layers = [dict(types) for types in conftest.GGUF_LAYER_TYPES]
-    layers[1]["ffn_up"] = "Q2_K"
+    layers[1]["ffn_up"] = "Q8_K"  # llama.cpp's type for activations, which gguf-py does not read
     monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", tuple(layers))
-    gguf_path = write_tiny_gguf(tmp_path / "q2.gguf")
+    gguf_path = write_tiny_gguf(tmp_path / "q8k.gguf")
     directory = resolve_model(gguf_path, progress=False)
-    with pytest.raises(ModelFilesError, match=r"blk\.1\.ffn_up\.weight is stored as Q2_K, which the native runtime"):
+    with pytest.raises(ModelFilesError, match=r"blk\.1\.ffn_up\.weight is stored as Q8_K, which the native runtime"):
         NativeRuntime.load(directory)
 
 

@@ -143,9 +143,12 @@ class ExactTensors(Mapping[str, ExactWeight]):
         return len(self.sources)
 
 
-# The tensor types read (dequantized by gguf-py, as transformers' loader does); a file with any other is refused
+# The tensor types read: every type gguf-py dequantizes, as transformers' loader does. A file with any other
+# (the integer and F64 types, and llama.cpp's internal Q8_1 and Q8_K) is refused.
 READ_TYPES = (
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
+    "MXFP4", "NVFP4",
 )  # fmt: skip
 
 

@@ -285,7 +285,7 @@ def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair:
 def test_openais_weather_example_becomes_a_tool_call(native_pair: Pipeline) -> None:
     """The default target's template renders the tools; its answer (a json fence on this model) is parsed as the
     call, the same with and without speculation."""
-    from quickdraft.server.tools import split_calls
+    from quickdraft.server.tools import ToolRequest, tool_format_of
 
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}  # fmt: skip
@@ -297,6 +297,8 @@ def test_openais_weather_example_becomes_a_tool_call(native_pair: Pipeline) -> N
         for drafter, gamma in (("none", 0), ("hybrid", 3))
     ]
     assert answers[0].token_ids == answers[1].token_ids
-    _, calls = split_calls(answers[0].text, frozenset({"get_weather"}))
+    found = tool_format_of(native_pair.tokenizer)
+    assert found is not None and found.name.startswith("Hermes")
+    _, calls = ToolRequest((weather,), "auto", frozenset({"get_weather"}), format=found).split_calls(answers[0].text)
     assert [call["function"]["name"] for call in calls] == ["get_weather"]
     assert "Boston" in json.loads(calls[0]["function"]["arguments"])["location"]

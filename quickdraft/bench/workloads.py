@@ -114,15 +114,15 @@ def served_input(
         return pipeline.encode(prompt.text, chat=True), GenerationConfig(limit, policy=policy, sampling=sampling)
     from quickdraft.server.errors import ApiError
     from quickdraft.server.protocol import ServerDefaults, parse_request
+    from quickdraft.server.tools import tool_format_of
 
-    template = getattr(pipeline.tokenizer, "chat_template", None)
     body = prompt.chat() | {"max_tokens": limit, "temperature": sampling.temperature, "seed": sampling.seed,
                             "drafter": "none"}  # fmt: skip
     try:
         api = parse_request(
             body, True, ServerDefaults(("reference",), max_context=pipeline.target.max_context),
             lambda messages, chat, tools=None: pipeline.encode_chat(
-                messages, tools), pipeline.drafter, template if isinstance(template, str) else "",
+                messages, tools), pipeline.drafter, tool_format_of(pipeline.tokenizer),
         )  # fmt: skip
     except ApiError as error:
         raise ConfigError(f"request {prompt.question_id}: the server would refuse it: {error.message}") from None

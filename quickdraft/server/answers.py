@@ -26,7 +26,6 @@ from quickdraft.server.errors import ApiError, failure
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiRequest
 from quickdraft.server.responses import chunk_body, logprobs_body, new_id, usage_chunk
-from quickdraft.server.tools import CallFilter, split_calls
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 Tagged = tuple[int, Event]  # a choice's index and one of its events
@@ -105,7 +104,7 @@ async def stream_chunks(
     """The answer's chunks as server-sent events (the rules above)."""
     response_id, results = new_id(api.chat), {}
     offsets = [0] * api.n  # completions' text_offset: characters of each choice's tokens streamed so far
-    calls = [CallFilter() if api.tools else None for _ in range(api.n)]  # hold back what may open a tool call
+    calls = [api.tools.call_filter() if api.tools else None for _ in range(api.n)]  # hold back what may open a call
     if api.chat:
         for index in range(api.n):
             yield sse(chunk_body(api, response_id, None, index=index))
@@ -125,7 +124,7 @@ async def stream_chunks(
         elif isinstance(event, RequestFinished):
             reason = event.result.finish_reason
             if held is not None and api.tools is not None:  # a filter exists exactly when tools do
-                content, found = split_calls(held.text, api.tools.names)
+                content, found = api.tools.split_calls(held.text)
                 if content[held.sent :] or found:  # the held text that was no call; the calls, whole
                     yield sse(chunk_body(api, response_id, content[held.sent :], tool_calls=found, index=index))
                 reason = api.tools.finish_reason(reason, bool(found))

@@ -39,6 +39,7 @@ from quickdraft.server.responses import new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tokenize import detokenize, tokenize
+from quickdraft.server.tools import tool_format_of
 from quickdraft.vocabularies import token_pieces
 
 LOG = logging.getLogger("quickdraft.server")
@@ -56,8 +57,7 @@ def create_app(
     loop.engine.on_step = metrics.observe_step
     positions = loop.engine.scheduler.settings.max_positions
     defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context, max_positions=positions)
-    template = getattr(pipeline.tokenizer, "chat_template", None)
-    chat_template = template if isinstance(template, str) else ""  # tools need its tool-call format
+    tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -136,7 +136,7 @@ def create_app(
         translated, extra = translate(body) if translate is not None else (body, None)
         try:
             api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
-                parse_request, translated, chat, defaults, encode, pipeline.drafter, chat_template
+                parse_request, translated, chat, defaults, encode, pipeline.drafter, tool_format
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None
@@ -210,7 +210,7 @@ def create_app(
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes)
         names = defaults.model_names
-        return JSONResponse(await asyncio.to_thread(tokenize, body, pipeline, names, chat_template, spell))
+        return JSONResponse(await asyncio.to_thread(tokenize, body, pipeline, names, tool_format, spell))
 
     @app.post("/detokenize")
     async def detokenize_route(request: Request) -> JSONResponse:

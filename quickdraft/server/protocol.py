@@ -38,7 +38,7 @@ from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.lossless.sampling import is_int, is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, text_parts
-from quickdraft.server.tools import ToolRequest, parse_tools, template_message
+from quickdraft.server.tools import ToolFormat, ToolRequest, parse_tools, template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
 # What one request may ask of the server's time (an attacker holding the key included): grammars compile in time that
@@ -96,17 +96,17 @@ def parse_request(
     defaults: ServerDefaults,
     encode: Callable[..., list[int]],
     drafter_named: Callable[[str], Drafter],
-    chat_template: str = "",
+    tool_format: ToolFormat | None = None,
 ) -> ApiRequest:
     """Validate a request body; ``encode(prompt or messages, chat, tools)`` gives the prompt's token ids and
     ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot run);
-    ``chat_template``: the model's, which must have a tool format for ``tools``."""
+    ``tool_format``: the chat template's (``tools.tool_format``), which ``tools`` need."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     model = served_model(body, defaults.model_names)
     n = count(body, "n", 1, MAX_CHOICES) or 1  # null: the default, as OpenAI's
     check_fields(body, chat)
-    tools = parse_tools(body, chat_template) if chat else None
+    tools = parse_tools(body, tool_format) if chat else None
     stream = flag(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, Mapping):

@@ -13,7 +13,6 @@ from typing import Any
 from quickdraft.engine import GenerationResult
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.server.protocol import ApiRequest
-from quickdraft.server.tools import split_calls
 
 
 def new_id(chat: bool) -> str:
@@ -105,7 +104,7 @@ def choice_body(
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result.finish_reason)}
     choice["logprobs"] = logprobs_body(api, result.logprobs or [], spell)
-    content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
+    content, calls = api.tools.split_calls(result.text) if api.tools else (result.text, [])
     if api.chat:
         choice["message"] = {"role": "assistant", "content": (content or None) if calls else content}
         if calls:

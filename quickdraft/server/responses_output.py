@@ -31,7 +31,6 @@ from quickdraft.server.errors import ApiError, failure
 from quickdraft.server.protocol import ApiRequest
 from quickdraft.server.responses import logprobs_body, speculation
 from quickdraft.server.responses_api import Echo
-from quickdraft.server.tools import CallFilter, split_calls
 
 
 def new_response_id() -> str:
@@ -121,7 +120,7 @@ def spelling(entries: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
 
 def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> list[Any]:
     """A whole answer's output: its message (unless it is only calls), then its calls."""
-    content, calls = split_calls(result.text, api.tools.names) if api.tools else (result.text, [])
+    content, calls = api.tools.split_calls(result.text) if api.tools else (result.text, [])
     if calls and not content:
         return [call_item(call) for call in calls]
     entries = logprob_entries(api, result.logprobs or [], spell)
@@ -159,7 +158,7 @@ async def stream_events(
     """The answer's events as server-sent events (the rules above); ``track``: the app's tracker of the request's
     time left (``seconds_left``, ``timeout``)."""
     response_id, message_id, numbers = new_response_id(), f"msg_{uuid.uuid4().hex}", itertools.count()
-    calls, message, opened = CallFilter() if api.tools else None, StreamedMessage(), False
+    calls, message, opened = api.tools.call_filter() if api.tools else None, StreamedMessage(), False
     ids = {"item_id": message_id, "output_index": 0, "content_index": 0}
 
     def event(kind: str, **fields: Any) -> str:
@@ -215,7 +214,7 @@ async def stream_events(
             return
         result, found = engine_event.result, []
         if calls is not None and api.tools is not None:
-            content, found = split_calls(calls.text, api.tools.names)
+            content, found = api.tools.split_calls(calls.text)
             for sent in text_events(content[calls.sent :], []):  # the held text that was no call
                 yield sent
         output: list[dict[str, Any]] = []

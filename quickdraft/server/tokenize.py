@@ -25,7 +25,7 @@ from quickdraft.prompts import require_utf8
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import flag
 from quickdraft.server.protocol import chat_messages, served_model
-from quickdraft.server.tools import parse_tools
+from quickdraft.server.tools import ToolFormat, parse_tools
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools", "tool_choice", "parallel_tool_calls",
                              "add_special_tokens", "return_token_strs", "add_generation_prompt",
@@ -36,7 +36,7 @@ def tokenize(
     body: Any,
     pipeline: Pipeline,
     model_names: tuple[str, ...],
-    template: str,
+    tool_format: ToolFormat | None,
     spell: Callable[[int], tuple[str, bytes]],
 ) -> dict[str, Any]:
     """The answer to a ``/tokenize`` body (the rules above); raises :class:`ApiError`."""
@@ -52,7 +52,7 @@ def tokenize(
             raise ApiError(400, message, "add_special_tokens", code="unsupported_parameter")
     try:
         if body.get("messages") is not None:
-            tools = parse_tools(body, template)
+            tools = parse_tools(body, tool_format)
             ids = pipeline.encode_chat(chat_messages(body), None if tools is None else list(tools.tools))
         else:
             prompt = body["prompt"]

@@ -1,20 +1,25 @@
-"""Tool calls, OpenAI's semantics over a chat template's Hermes format (``<tool_call>{"name", "arguments"}
-</tool_call>``, as Qwen2.5 and Qwen3 write them).
+"""Tool calls, OpenAI's semantics over the tool-call format of the model's chat template.
 
 Rules:
-- ``tools`` are rendered by the model's chat template; a template without the Hermes tags cannot take them (400).
-- ``tool_choice``: ``auto`` (the default with tools) lets the model answer or call; ``none`` renders no tools and
-  parses no calls; ``required`` and a named function constrain the answer to calls of the offered functions (of
-  that function): one or more blocks, one with ``parallel_tool_calls`` false, each call's arguments following its
-  function's JSON schema (structured output).
-- A call is parsed from the answer's text: each ``<tool_call>`` block holding a JSON object with a known ``name``;
-  the text before the first block is the message's content. Without such blocks, an answer that is nothing but
-  one JSON object (bare or in a json fence) naming an offered function and its ``arguments`` is a call too:
-  Qwen2.5-Coder answers so. An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
-- Streamed, the content goes out as it comes except what may open a call (all of an answer that opens with
-  ``{`` or a json fence); the calls go out whole at the end.
+- The format is found once per chat template (:func:`tool_format`), by text only its family's templates hold:
+  Hermes (``<tool_call>{"name", "arguments"}</tool_call>``, as Qwen2.5, Qwen3 and SmolLM3 write them), Mistral's
+  (``[TOOL_CALLS]`` and a JSON list of calls) and Llama 3's JSON (``{"name", "parameters"}``, the whole answer). A
+  template with none of them cannot take tools (400).
+- ``tools`` are rendered by the chat template. ``tool_choice``: ``auto`` (the default with tools) lets the model
+  answer or call; ``none`` renders no tools and parses no calls; ``required`` and a named function constrain the
+  answer to calls of the offered functions (of that function): one or more, one with ``parallel_tool_calls`` false
+  or a format whose template renders one call a turn (Llama 3's), each call's arguments following its function's
+  JSON schema (structured output).
+- A call is a JSON object with a known ``name`` and an object of arguments (``arguments``, or ``parameters`` as
+  Llama 3 writes them). Hermes: each ``<tool_call>`` block holding one, the text before the first block being the
+  message's content. Every format: an answer that is nothing but one call, or a JSON list of calls (bare or in a
+  json fence, after the format's opening token where the text spells it), is calls; Qwen2.5-Coder answers so.
+  Anything else is content. An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
+- Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole
+  answer of calls would; Hermes' blocks from their tag on); the calls go out whole at the end.
 - Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the
-  template as it expects them (arguments as objects).
+  template as it expects them (arguments as objects). A call's id is OpenAI's ``call_…``, or the length of
+  alphanumerics the format's templates check (Mistral's 9).
 """
 
 from __future__ import annotations
@@ -29,20 +34,63 @@ from typing import Any
 from quickdraft.grammar import GrammarKind, GrammarSpec, xgrammar_reason
 from quickdraft.server.errors import ApiError
 
-OPEN_TAG, CLOSE_TAG, FENCE = "<tool_call>", "</tool_call>", "```json"
+FENCE = "```json"
 MAX_TOOLS = 128  # OpenAI's limit of functions per request
-CALL = re.compile(re.escape(OPEN_TAG) + r"\s*(.*?)\s*" + re.escape(CLOSE_TAG), re.DOTALL)
-WHOLE = re.compile(r"\s*(?:```json\s*(\{.*\})\s*```|(\{.*\}))\s*", re.DOTALL)  # an answer that is one object
+ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, in the order looked at
+WHOLE = re.compile(r"\s*(?:```json\s*([\[{].*[\]}])\s*```|([\[{].*[\]}]))\s*", re.DOTALL)  # one JSON value
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How the models of one family of chat templates write their calls."""
+
+    name: str
+    marker: str  # text only a template of this format holds
+    tags: tuple[str, str] | None  # what opens and closes each call (Hermes'); None: the calls are the whole answer
+    opener: str  # what a whole answer of calls may start with where the text spells it (a special token it loses)
+    arguments: str  # the key of a call's arguments, as the format writes it
+    listed: bool  # the calls of a whole answer are a JSON list
+    parallel: bool  # the template renders an assistant turn of several calls
+    id_length: int = 0  # 0: OpenAI's call_ ids; else ids of this many alphanumerics, as the templates check
+    unless: str = ""  # text of a later variant of the family's templates, which writes calls another way
+
+    def written_by(self, template: str) -> bool:
+        """Whether a chat template's text has its model write calls in this format."""
+        return self.marker in template and not (self.unless and self.unless in template)
+
+    def call_id(self) -> str:
+        return uuid.uuid4().hex[: self.id_length] if self.id_length else f"call_{uuid.uuid4().hex[:24]}"
+
+
+HERMES = ToolFormat("Hermes <tool_call> tags", "<tool_call>", ("<tool_call>", "</tool_call>"), "", "arguments",
+                    listed=False, parallel=True)  # fmt: skip
+MISTRAL = ToolFormat("Mistral's [TOOL_CALLS]", "[TOOL_CALLS]", None, "[TOOL_CALLS]", "arguments", listed=True,
+                     parallel=True, id_length=9, unless="[ARGS]")  # fmt: skip
+LLAMA3_JSON = ToolFormat("Llama 3's JSON", '"parameters": dictionary of argument name', None, "<|python_tag|>",
+                         "parameters", listed=False, parallel=False)  # fmt: skip
+TOOL_FORMATS = (HERMES, MISTRAL, LLAMA3_JSON)  # looked for in this order
+
+
+def tool_format(template: str) -> ToolFormat | None:
+    """The tool-call format of a chat template's text; None for a template without one."""
+    return next((found for found in TOOL_FORMATS if found.written_by(template)), None)
+
+
+def tool_format_of(tokenizer: Any) -> ToolFormat | None:
+    """The tool-call format of a tokenizer's chat template (None without a template or a format)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return tool_format(template) if isinstance(template, str) else None
 
 
 @dataclass(frozen=True)
 class ToolRequest:
-    """A request's tools (OpenAI's ``tools`` entries) and how it may use them."""
+    """A request's tools (OpenAI's ``tools`` entries), how it may use them, and the format its model writes."""
 
     tools: tuple[dict[str, Any], ...]
     choice: str  # "auto", "required", or the one function's name
     names: frozenset[str]
     parallel: bool = True  # OpenAI's parallel_tool_calls: several calls may come in one answer
+    format: ToolFormat = HERMES
 
     def finish_reason(self, reason: str, called: bool) -> str:
         """The engine's finish ``reason`` of an answer that ``called`` functions, or not: a cut answer stays
@@ -53,51 +101,106 @@ class ToolRequest:
         return "stop" if self.choice not in ("auto", "required") else "tool_calls"
 
     def grammar(self) -> GrammarSpec | None:
-        """The constraint of ``required`` or a named function: a call (one or more where ``parallel``, each in its
-        own tags, a newline between them), its arguments by the function's schema."""
+        """The constraint of ``required`` or a named function: calls in the format's shape (Hermes: each in its own
+        tags, a newline between them; else one call, or a JSON list of them), one unless ``parallel`` and the
+        format allow more, each call's arguments by its function's schema."""
         if self.choice == "auto":
             return None
         chosen = [tool for tool in self.tools if self.choice == "required" or tool["function"]["name"] == self.choice]
-        schema = {"anyOf": [call_schema(tool["function"]) for tool in chosen]}
+        call = {"anyOf": [call_schema(tool["function"], self.format.arguments) for tool in chosen]}
+        several = self.parallel and self.format.parallel
         try:
             import xgrammar
         except ImportError:
             raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
+        if self.format.tags is None and self.format.listed:  # a whole answer of calls: their list
+            call = {"type": "array", "items": call, "minItems": 1} | ({} if several else {"maxItems": 1})
         try:
-            call = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+            shaped = xgrammar.Grammar.from_json_schema(json.dumps(call), any_whitespace=False)
         except (RuntimeError, ValueError) as error:  # xgrammar's word on a schema it cannot follow
             message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
             raise ApiError(400, message, "tools") from None
-        opening, closing = (
-            xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in (OPEN_TAG + "\n", "\n" + CLOSE_TAG)
-        )
-        block = str(xgrammar.Grammar.concat(opening, call, closing))
-        if not self.parallel:
-            return GrammarSpec(GrammarKind.EBNF, block)
-        renamed = re.sub(r"^root ::=", "tool_call_block ::=", block, count=1, flags=re.MULTILINE)
+        if self.format.tags is None:  # a whole answer of calls: the one call, or their list
+            return GrammarSpec(GrammarKind.EBNF, str(shaped))
+        opening, closing = self.format.tags
+        tags = (xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in (opening + "\n", "\n" + closing))
+        tagged = str(xgrammar.Grammar.concat(next(tags), shaped, next(tags)))
+        if not several:
+            return GrammarSpec(GrammarKind.EBNF, tagged)
+        renamed = re.sub(r"^root ::=", "tool_call_block ::=", tagged, count=1, flags=re.MULTILINE)
         return GrammarSpec(GrammarKind.EBNF, f'{renamed}\nroot ::= tool_call_block ("\\n" tool_call_block)*\n')
 
+    def split_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """An answer's content (Hermes: the text before its first call; all of it without calls) and its calls,
+        OpenAI's ``tool_calls`` entries. What is not a JSON object naming an offered function is not a call."""
+        if self.format.tags is not None:
+            opening, closing = (re.escape(tag) for tag in self.format.tags)
+            calls, first = [], None
+            for match in re.finditer(opening + r"\s*(.*?)\s*" + closing, text, re.DOTALL):
+                if (call := self._call(_json(match.group(1)), needs_arguments=False)) is not None:
+                    first = match.start() if first is None else first
+                    calls.append(call)
+            if calls:
+                return text[:first].rstrip(), calls
+        answer = text.lstrip().removeprefix(self.format.opener)  # its opener, where the text spells it
+        whole = WHOLE.fullmatch(answer)
+        value = _json(whole.group(1) or whole.group(2)) if whole is not None else None
+        entries = value if isinstance(value, list) else [value]
+        found = [self._call(entry, needs_arguments=True) for entry in entries]
+        if not entries or any(call is None for call in found):
+            return text, []
+        return "", [call for call in found if call is not None]
 
-def call_schema(function: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON schema of one call of ``function``: its name and its arguments."""
+    def call_filter(self) -> CallFilter:
+        """A streamed answer's filter, holding back what may open a call of this format."""
+        extra = (("[",) if self.format.listed else ()) + ((self.format.opener,) if self.format.opener else ())
+        openers = ("{", FENCE, *extra)
+        return CallFilter(openers, self.format.tags[0] if self.format.tags else None)
+
+    def _call(self, parsed: Any, needs_arguments: bool) -> dict[str, Any] | None:
+        """OpenAI's ``tool_calls`` entry for a JSON object naming an offered function; None for anything else.
+        Without arguments a call has none, unless ``needs_arguments`` (a whole answer's JSON must be a call's)."""
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str) or parsed["name"] not in self.names:
+            return None
+        key = next((key for key in ARGUMENT_KEYS if key in parsed), None)
+        arguments = parsed[key] if key is not None else (None if needs_arguments else {})
+        if not isinstance(arguments, dict):
+            return None
+        return {
+            "id": self.format.call_id(), "type": "function",
+            "function": {"name": parsed["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
+        }  # fmt: skip
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def call_schema(function: Mapping[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
+    """The JSON schema of one call of ``function``: its name and its arguments (under ``arguments_key``)."""
     arguments = function.get("parameters") or {"type": "object"}
-    properties = {"name": {"const": function["name"]}, "arguments": arguments}
-    return {"type": "object", "properties": properties, "required": ["name", "arguments"]}
+    properties = {"name": {"const": function["name"]}, arguments_key: arguments}
+    return {"type": "object", "properties": properties, "required": ["name", arguments_key]}
 
 
-def parse_tools(body: Mapping[str, Any], template: str) -> ToolRequest | None:
-    """The request's tools, checked; None without tools or with ``tool_choice`` none. Earlier tool turns need a
-    template that renders them."""
+def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolRequest | None:
+    """The request's tools, checked; None without tools or with ``tool_choice`` none. ``found``: the chat
+    template's tool-call format (:func:`tool_format`); tools and earlier tool turns need one."""
     tools, choice = body.get("tools") or [], body.get("tool_choice")
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     tool_turns = any(isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
-    if (tools or tool_turns) and OPEN_TAG not in template:
-        message = "this model's chat template has no tool-call format quickdraft reads (Hermes <tool_call> tags)"
+    if (tools or tool_turns) and found is None:
+        known = ", ".join(known.name for known in TOOL_FORMATS)
+        message = f"this model's chat template has no tool-call format quickdraft reads ({known})"
         raise ApiError(400, message, "tools" if tools else "messages")
     if not tools:
         if choice not in (None, "none", "auto"):
             raise ApiError(400, "tool_choice needs tools", "tool_choice")
         return None
+    assert found is not None
     if not isinstance(tools, list) or not all(_is_function(tool) for tool in tools):
         message = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
         raise ApiError(400, message, "tools")
@@ -110,11 +213,11 @@ def parse_tools(body: Mapping[str, Any], template: str) -> ToolRequest | None:
     if not isinstance(parallel, bool):
         raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
     if choice in (None, "auto", "required", "none"):
-        return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names, parallel)
+        return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names, parallel, found)
     name = (choice.get("function") or {}).get("name") if isinstance(choice, Mapping) else None
     if name not in names:
         raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
-    return ToolRequest(tuple(tools), name, names, parallel)
+    return ToolRequest(tuple(tools), name, names, parallel, found)
 
 
 def _is_function(tool: Any) -> bool:
@@ -162,65 +265,37 @@ def _arguments(arguments: Any) -> Any:
     return arguments if arguments is not None else {}
 
 
-def split_calls(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]]]:
-    """An answer's content (the text before its first call; all of it without calls) and its calls, OpenAI's
-    ``tool_calls`` entries. A block that is not a JSON object naming an offered function is not a call."""
-    calls, first = [], None
-    for match in CALL.finditer(text):
-        if (call := _call(match.group(1), names)) is not None:
-            first = match.start() if first is None else first
-            calls.append(call)
-    if not calls and (whole := WHOLE.fullmatch(text)) is not None:
-        call = _call(whole.group(1) or whole.group(2), names, needs_arguments=True)
-        return ("", [call]) if call is not None else (text, [])
-    return (text if first is None else text[:first].rstrip()), calls
-
-
-def _call(text: str, names: frozenset[str], needs_arguments: bool = False) -> dict[str, Any] | None:
-    """OpenAI's ``tool_calls`` entry for a JSON object naming an offered function; None for anything else."""
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(parsed, dict) or parsed.get("name") not in names:
-        return None
-    arguments = parsed.get("arguments", None if needs_arguments else {})
-    if not isinstance(arguments, dict):
-        return None
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-        "function": {"name": parsed["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
-    }  # fmt: skip
-
-
 class CallFilter:
     """A streamed answer's text with what may open a call held back: :meth:`feed` gives the content to send now;
-    the held text is parsed for calls at the end (:func:`split_calls`)."""
+    the held text is parsed for calls at the end (:meth:`ToolRequest.split_calls`). ``openers``: what a whole
+    answer of calls may open with; ``tag``: what opens a call inside an answer (Hermes'), if anything."""
 
-    def __init__(self) -> None:
+    def __init__(self, openers: tuple[str, ...], tag: str | None) -> None:
+        self.openers, self.tag = openers, tag
         self.text = ""  # all of the answer so far
         self.sent = 0  # characters of it sent as content
-        self.whole: bool | None = None  # the answer opens as one whole-answer call would (None: not known yet)
+        self.whole: bool | None = None  # the answer opens as a whole answer of calls would (None: not known yet)
 
     def feed(self, delta: str) -> str:
         self.text += delta
         if self.whole is None:  # decided once its first characters tell
             start = self.text.lstrip()
-            if start[:1] == "{" or start.startswith(FENCE):
+            if any(start.startswith(opener) for opener in self.openers):
                 self.whole = True
-            elif not FENCE.startswith(start):
+            elif not any(opener.startswith(start) for opener in self.openers):
                 self.whole = False
         if self.whole is not False:
-            return ""  # may be one whole-answer call: held to the end
-        opened = self.text.find(OPEN_TAG, self.sent)
-        if opened >= 0:
-            end = opened
-        else:  # a tail that may be the start of the tag waits for the next delta
-            end = len(self.text)
-            for size in range(min(len(OPEN_TAG) - 1, len(self.text) - self.sent), 0, -1):
-                if OPEN_TAG.startswith(self.text[-size:]):
-                    end = len(self.text) - size
-                    break
-        end = max(self.sent, len(self.text[:end].rstrip()))  # whitespace before a call is not content: held too
+            return ""  # may be a whole answer of calls: held to the end
+        end = len(self.text)
+        if self.tag is not None:
+            opened = self.text.find(self.tag, self.sent)
+            if opened >= 0:
+                end = opened
+            else:  # a tail that may be the start of the tag waits for the next delta
+                for size in range(min(len(self.tag) - 1, len(self.text) - self.sent), 0, -1):
+                    if self.tag.startswith(self.text[-size:]):
+                        end = len(self.text) - size
+                        break
+            end = max(self.sent, len(self.text[:end].rstrip()))  # whitespace before a call is not content: held too
         out, self.sent = self.text[self.sent : end], end
         return out

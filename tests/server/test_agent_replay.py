@@ -17,12 +17,12 @@ from quickdraft.bench.serve_load import Prompt
 from quickdraft.bench.workloads import agent_prompts, requests_digest, served_input, workload_prompts
 from quickdraft.cli import main
 from quickdraft.errors import ConfigError
-from quickdraft.server.tools import OPEN_TAG
+from quickdraft.server.tools import HERMES
 
 # a Hermes-format template over the word tokenizer (its words w0 .. w30): tools, calls and tool turns rendered
 HERMES_WORDS = (
-    "{% if tools %}w1 {% for t in tools %}{{ t.function.name }} {% endfor %}" + OPEN_TAG + " w1 {% endif %}"
-    "{% for m in messages %}w2 {{ m.role }} {{ m.content or '' }} {% for c in m.tool_calls or [] %}" + OPEN_TAG +
+    "{% if tools %}w1 {% for t in tools %}{{ t.function.name }} {% endfor %}" + HERMES.marker + " w1 {% endif %}"
+    "{% for m in messages %}w2 {{ m.role }} {{ m.content or '' }} {% for c in m.tool_calls or [] %}" + HERMES.marker +
     " {{ c.function.name }} {{ c.function.arguments | tojson }} w4 {% endfor %}{% endfor %}w3 "
 )  # fmt: skip
 SYSTEM = {"role": "system", "content": "w5 w6 w7"}

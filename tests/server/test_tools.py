@@ -1,10 +1,12 @@
-"""Tool calls: OpenAI's tools and tool_choice over a Hermes-format chat template, parsed, streamed and constrained,
-with and without speculation; and the pure pieces (parsing, the stream's hold-back, validation)."""
+"""Tool calls: OpenAI's tools and tool_choice over chat templates of each tool-call format (Hermes, Mistral's, Llama
+3's JSON), parsed, streamed and constrained, with and without speculation; and the pure pieces (finding the format,
+parsing, the stream's hold-back, validation)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -12,10 +14,19 @@ from conftest import MODEL, Server, native_from_hf, serving, tiny_model
 
 from quickdraft.api import Pipeline
 from quickdraft.server.errors import ApiError
-from quickdraft.server.tools import CallFilter, ToolRequest, parse_tools, split_calls, template_message
+from quickdraft.server.tools import (
+    HERMES,
+    LLAMA3_JSON,
+    MISTRAL,
+    ToolFormat,
+    ToolRequest,
+    parse_tools,
+    template_message,
+    tool_format,
+)
 
 CHARS = [chr(code) for code in range(32, 127)] + ["\n"]
-HERMES = (
+HERMES_TEMPLATE = (
     "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools> answer in <tool_call> tags\n"
     "{% endif %}{% for m in messages %}{{ m.role }}: {% if m.content %}{{ m.content }}{% endif %}"
     "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}"
@@ -38,9 +49,9 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def char_pipeline() -> Pipeline:
-    """Tiny native models over a tokenizer of single characters, with a Hermes-format chat template: a grammar
-    can spell any call."""
+def char_pipeline(template: str = HERMES_TEMPLATE) -> Pipeline:
+    """Tiny native models over a tokenizer of single characters, with this chat template (Hermes' by default): a
+    grammar can spell any call."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -48,7 +59,7 @@ def char_pipeline() -> Pipeline:
     tokenizer_model = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
     tokenizer_model.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer_model, eos_token="<eos>")
-    tokenizer.chat_template = HERMES
+    tokenizer.chat_template = template
     return Pipeline(
         target=native_from_hf(tiny_model(len(vocab), seed=3, logit_scale=4.0)),
         tokenizer=tokenizer,
@@ -96,7 +107,7 @@ def test_a_required_answer_may_hold_several_calls_unless_parallel_calls_are_off(
     two = f"{one}\n{one}"
     for parallel, accepted in ((True, (one, two)), (False, (one,))):
         request = parse_tools({"tools": [WEATHER, TIME], "tool_choice": "required", "parallel_tool_calls": parallel},
-                              HERMES)  # fmt: skip
+                              tool_format(HERMES_TEMPLATE))  # fmt: skip
         assert request is not None and request.parallel == parallel
         spec = request.grammar()
         assert spec is not None
@@ -104,7 +115,7 @@ def test_a_required_answer_may_hold_several_calls_unless_parallel_calls_are_off(
         for text in (one, two, f"{one}x"):
             assert xgrammar.testing._is_grammar_accept_string(grammar, text) == (text in accepted), (parallel, text)
     with pytest.raises(ApiError, match="parallel_tool_calls"):
-        parse_tools({"tools": [WEATHER], "parallel_tool_calls": "yes"}, HERMES)
+        parse_tools({"tools": [WEATHER], "parallel_tool_calls": "yes"}, tool_format(HERMES_TEMPLATE))
 
 
 def test_the_call_is_the_same_with_and_without_speculation(server: Server) -> None:
@@ -171,38 +182,45 @@ def test_bad_tools_are_clear_400s(server: Server) -> None:
             client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, extra_body=extra)
 
 
+def splitter(names: frozenset[str], found: ToolFormat = HERMES) -> Callable[[str], tuple[str, list[Any]]]:
+    return ToolRequest((), "auto", names, format=found).split_calls
+
+
 def test_calls_are_split_from_the_answer() -> None:
     names = frozenset({"f", "g"})
+    split_calls = splitter(names)
     text = 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
     text += '<tool_call>{"name": "g"}</tool_call>'
-    content, calls = split_calls(text, names)
+    content, calls = split_calls(text)
     assert content == "Let me look." and [call["function"]["name"] for call in calls] == ["f", "g"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"x": 1} and calls[1]["function"]["arguments"] == "{}"
     for not_a_call in ('<tool_call>{"name": "h"}</tool_call>', "<tool_call>{oops</tool_call>", "<tool_call>"):
-        assert split_calls(not_a_call, names) == (not_a_call, [])
+        assert split_calls(not_a_call) == (not_a_call, [])
     fenced = '```json\n{\n  "name": "f",\n  "arguments": {"city": "Paris"}\n}\n```'  # Qwen2.5-Coder's answer
-    content, calls = split_calls(fenced, names)
+    content, calls = split_calls(fenced)
     assert content == "" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     for not_a_call in ('{"name": "f"}', 'See: ```json\n{"name": "f", "arguments": {}}\n```', '{"name": "h"}'):
-        assert split_calls(not_a_call, names) == (not_a_call, [])
+        assert split_calls(not_a_call) == (not_a_call, [])
 
 
 def test_the_stream_holds_back_only_what_may_open_a_call() -> None:
-    held = CallFilter()
+    hermes = ToolRequest((), "auto", frozenset({"f"}))
+    held = hermes.call_filter()
     assert held.feed("Hello <to") == "Hello" and held.feed("day") == " <today"  # whitespace before a call is held
     assert held.feed(" now <tool_") == " now" and held.feed('call>{"name"') == "" and held.feed(" more") == ""
     assert held.text.endswith('<tool_call>{"name" more')
-    whole = CallFilter()
+    whole = hermes.call_filter()
     assert whole.feed("```js") == "" and whole.feed('on\n{"name"') == "" and whole.sent == 0  # held to the end
-    code = CallFilter()
+    code = hermes.call_filter()
     assert code.feed("```py") == "```py"  # a code answer streams as it comes
 
 
 def test_streamed_and_whole_content_agree_before_a_call() -> None:
     text = 'I will check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
-    held = CallFilter()
+    request = ToolRequest((TIME,), "auto", frozenset({"get_time"}))
+    held = request.call_filter()
     streamed = "".join(held.feed(text[i : i + 3]) for i in range(0, len(text), 3))
-    content, calls = split_calls(held.text, frozenset({"get_time"}))
+    content, calls = request.split_calls(held.text)
     assert streamed + content[held.sent :] == content == "I will check." and len(calls) == 1
 
 
@@ -220,11 +238,11 @@ def test_an_answer_with_calls_ends_as_openai_says() -> None:
 
 def test_tool_requests_are_checked() -> None:
     with pytest.raises(ApiError, match="no tool-call format"):
-        parse_tools({"tools": [WEATHER]}, "{{ messages }}")
+        parse_tools({"tools": [WEATHER]}, tool_format("{{ messages }}"))
     with pytest.raises(ApiError, match="no tool-call format"):
-        parse_tools({"messages": [{"role": "tool", "content": "x"}]}, "{{ messages }}")
-    assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}, HERMES) is None
-    request = parse_tools({"tools": [WEATHER]}, HERMES)
+        parse_tools({"messages": [{"role": "tool", "content": "x"}]}, tool_format("{{ messages }}"))
+    assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}, tool_format(HERMES_TEMPLATE)) is None
+    request = parse_tools({"tools": [WEATHER]}, tool_format(HERMES_TEMPLATE))
     assert request is not None and request.choice == "auto" and request.grammar() is None
     called = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
     rendered = template_message(called, "")
@@ -232,8 +250,117 @@ def test_tool_requests_are_checked() -> None:
     with pytest.raises(ApiError, match="JSON text"):
         template_message({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}, "")
     with pytest.raises(ApiError, match="same function name"):
-        parse_tools({"tools": [WEATHER, WEATHER]}, HERMES)
-    required = parse_tools({"tools": [BAD_SCHEMA], "tool_choice": "required"}, HERMES)
+        parse_tools({"tools": [WEATHER, WEATHER]}, tool_format(HERMES_TEMPLATE))
+    required = parse_tools({"tools": [BAD_SCHEMA], "tool_choice": "required"}, tool_format(HERMES_TEMPLATE))
     with pytest.raises(ApiError, match="not a JSON schema") as bad:
         required.grammar()  # type: ignore[union-attr]
     assert bad.value.status == 400 and bad.value.param == "tools"
+
+
+# Templates of the other formats, as their families render calls and results (the format's marker included; tools by
+# name only: a tokenizer of single characters reads a schema slowly)
+MISTRAL_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'user' %}{% if tools %}[AVAILABLE_TOOLS]{% for t in tools %}"
+    "{{ t.function.name }} {% endfor %}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ m.content }}[/INST]"
+    "{% elif m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}{% set f = c.function %}"
+    "{{ {'name': f.name, 'arguments': f.arguments, 'id': c.id} | tojson }}"
+    "{% endfor %}]{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.tool_call_id }} {{ m.content }}[/TOOL_RESULTS]"
+    "{% else %}{{ m.content }}{% endif %}{% endfor %}"
+)
+LLAMA3_TEMPLATE = (
+    '{% if tools %}"parameters": dictionary of argument name\n{% for t in tools %}{{ t.function.name }} {% endfor %}'
+    "\n{% endif %}{% for m in messages %}"
+    "{% if m.tool_calls %}"
+    "{% if m.tool_calls | length > 1 %}{{ raise_exception('one call a turn') }}{% endif %}"
+    "{% set c = m.tool_calls[0].function %}assistant: {{ {'name': c.name, 'parameters': c.arguments} | tojson }}"
+    "{% elif m.role == 'tool' %}ipython: {{ {'output': m.content} | tojson }}{% else %}{{ m.role }}: {{ m.content }}"
+    "{% endif %}\n{% endfor %}assistant: "
+)
+
+
+def test_each_template_has_its_format() -> None:
+    assert tool_format(HERMES_TEMPLATE) is HERMES and tool_format(MISTRAL_TEMPLATE) is MISTRAL
+    assert tool_format(LLAMA3_TEMPLATE) is LLAMA3_JSON and tool_format("{{ messages }}") is None
+    assert tool_format("<|tool_call|>{{ messages }}") is None  # Phi-4-mini's is none of them: tools are a 400
+    assert tool_format(MISTRAL_TEMPLATE.replace("[TOOL_CALLS][", "[TOOL_CALLS]name[ARGS][")) is None  # a newer one
+    with pytest.raises(ApiError, match=r"Hermes <tool_call> tags, Mistral's \[TOOL_CALLS\], Llama 3's JSON"):
+        parse_tools({"tools": [WEATHER]}, None)
+
+
+def test_whole_answer_formats_split_their_calls() -> None:
+    names = frozenset({"f", "g"})
+    mistral, llama = splitter(names, MISTRAL), splitter(names, LLAMA3_JSON)
+    listed = ' [{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}]'  # its opener was special
+    for text in (listed, "[TOOL_CALLS]" + listed, f"```json\n{listed}\n```"):
+        content, calls = mistral(text)
+        assert content == "" and [call["function"]["name"] for call in calls] == ["f", "g"], text
+        assert all(len(call["id"]) == 9 and call["id"].isalnum() for call in calls)  # as its templates check
+    for text in ('{"name": "f", "parameters": {"x": 1}}', '<|python_tag|>{"name": "f", "arguments": {"x": 1}}'):
+        content, calls = llama(text)
+        assert content == "" and json.loads(calls[0]["function"]["arguments"]) == {"x": 1}, text
+        assert calls[0]["id"].startswith("call_")
+    for not_calls in ("[1, 2]", "[]", '[{"name": "f", "arguments": {}}, {"name": "h", "arguments": {}}]',
+                      'It is {"name": "f", "parameters": {}}', '{"name": "f"}', "Paris is sunny.",
+                      '{"name": ["f"], "arguments": {}}', '[{"name": {}, "arguments": {}}]'):  # fmt: skip
+        assert mistral(not_calls) == (not_calls, []) and llama(not_calls) == (not_calls, []), not_calls
+
+
+def test_whole_answer_formats_hold_back_what_may_open_their_calls() -> None:
+    mistral = ToolRequest((), "auto", frozenset({"f"}), format=MISTRAL).call_filter()
+    assert mistral.feed(" [") == "" and mistral.feed('{"name"') == "" and mistral.sent == 0
+    prose = ToolRequest((), "auto", frozenset({"f"}), format=MISTRAL).call_filter()
+    assert prose.feed("Sure") == "Sure" and prose.feed(" <tool_call>") == " <tool_call>"  # no tags in this format
+    llama = ToolRequest((), "auto", frozenset({"f"}), format=LLAMA3_JSON).call_filter()
+    assert llama.feed("<|python") == "" and llama.feed("_tag|>{") == "" and llama.sent == 0
+
+
+def test_whole_answer_grammars_follow_the_format() -> None:
+    import xgrammar
+
+    one = '{"name": "get_time", "parameters": {}}'  # xgrammar's separators
+    for parallel in (True, False):
+        request = parse_tools({"tools": [WEATHER, TIME], "tool_choice": "required", "parallel_tool_calls": parallel},
+                              LLAMA3_JSON)  # fmt: skip
+        grammar = xgrammar.Grammar.from_ebnf(request.grammar().text)  # type: ignore[union-attr]
+        for text, accepted in ((one, True), (f"[{one}]", False), (one.replace("parameters", "arguments"), False)):
+            assert xgrammar.testing._is_grammar_accept_string(grammar, text) == accepted, (text, parallel)
+    call = '{"name": "get_time", "arguments": {}}'
+    for parallel in (True, False):
+        request = parse_tools({"tools": [TIME], "tool_choice": "required", "parallel_tool_calls": parallel}, MISTRAL)
+        grammar = xgrammar.Grammar.from_ebnf(request.grammar().text)  # type: ignore[union-attr]
+        for text, accepted in ((f"[{call}]", True), (f"[{call}, {call}]", parallel), ("[]", False), (call, False)):
+            assert xgrammar.testing._is_grammar_accept_string(grammar, text) == accepted, (text, parallel)
+
+
+@pytest.fixture(scope="module", params=[MISTRAL_TEMPLATE, LLAMA3_TEMPLATE], ids=["mistral", "llama3"])
+def format_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    with serving(char_pipeline(request.param)) as running:
+        yield running
+
+
+def test_each_format_calls_and_goes_on_after_the_result(format_server: Server) -> None:
+    """A required call through the server, the same with and without speculation, streamed as deltas, and the
+    conversation it starts rendered again by the template (calls with their ids, the tool's result). One call: a
+    random model lists calls until the budget cuts the list, and a cut list is no JSON."""
+    client = format_server.client()
+
+    def call(drafter: str, stream: bool = False) -> Any:
+        return client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=80, temperature=0,
+            extra_body={"drafter": drafter}, stream=stream, parallel_tool_calls=False,
+        )  # fmt: skip
+
+    answers = [call(drafter).choices[0] for drafter in ("none", "draft-model", "hybrid")]
+    first = answers[0].message.tool_calls
+    assert answers[0].finish_reason == "tool_calls" and len(first) == 1 and answers[0].message.content is None
+    for answer in answers[1:]:
+        assert [(c.function.name, c.function.arguments) for c in answer.message.tool_calls] == [
+            (c.function.name, c.function.arguments) for c in first]  # fmt: skip
+    chunks = list(call("none", stream=True))
+    streamed = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+    assert [c.function.name for c in streamed] == [c.function.name for c in first]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == ""
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [first[0].model_dump()]},
+                {"role": "tool", "tool_call_id": first[0].id, "content": "sunny"}]  # fmt: skip
+    again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], max_tokens=8)
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")

@@ -50,6 +50,9 @@ def encode_chat(
         raise ModelFilesError(f"this model's chat template cannot be read: {error}") from None
     except jinja2.TemplateError as error:  # its own refusal (raise_exception): a system turn, turns not alternating
         raise PromptError(f"this model's chat template refuses the conversation: {error}") from None
+    except (TypeError, ValueError, LookupError, AttributeError) as error:  # a value it cannot use (a call's id None)
+        reason = f"{type(error).__name__}: {error}"
+        raise PromptError(f"this model's chat template cannot render the conversation ({reason})") from None
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 

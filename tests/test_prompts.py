@@ -36,6 +36,12 @@ def test_a_template_that_refuses_a_conversation_or_cannot_be_read_is_a_clear_err
     tokenizer.chat_template = "{% for m in messages %}{{ m.content }"
     with pytest.raises(ModelFilesError, match="chat template cannot be read"):
         encode_chat(tokenizer, [{"role": "user", "content": "w2"}])
+    # Mistral's templates take the length of each call's id: a call without one is a TypeError in the template
+    tokenizer.chat_template = "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.id | length }}{% endfor %}"
+    tokenizer.chat_template += "{{ m.content }}{% endfor %}"
+    call = {"type": "function", "id": None, "function": {"name": "f", "arguments": {}}}
+    with pytest.raises(PromptError, match=r"cannot render the conversation \(TypeError"):
+        encode_chat(tokenizer, [{"role": "assistant", "content": "w2", "tool_calls": [call]}])
 
 
 def test_a_chat_template_of_ones_own_is_checked_on_a_user_turn_or_a_system_and_a_user_turn() -> None:

@@ -277,7 +277,7 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
-    parsed = []
+    parsed, called = [], {}  # called: each earlier call's id -> its function's name
     for message in messages:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
@@ -292,7 +292,10 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
         role = "system" if message["role"] == "developer" else message["role"]
-        parsed.append(template_message({**message, "role": role}, content))
+        parsed.append(template_message({**message, "role": role}, content, called))
+        for call in parsed[-1].get("tool_calls", ()):
+            if isinstance(call["id"], str):
+                called[call["id"]] = call["function"]["name"]
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
     return parsed

@@ -233,9 +233,12 @@ def _is_function(tool: Any) -> bool:
     )
 
 
-def template_message(message: Mapping[str, Any], content: str) -> dict[str, Any]:
+def template_message(
+    message: Mapping[str, Any], content: str, called: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """An earlier turn as chat templates take it: an assistant's calls with their arguments as objects; a tool
-    message's result as its content."""
+    message's result as its content, with its ``tool_call_id`` and the called function's ``name`` (the client's, or
+    the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages lack it)."""
     rendered: dict[str, Any] = {"role": message["role"], "content": content}
     calls = message.get("tool_calls")
     if message["role"] == "assistant" and calls:
@@ -246,8 +249,14 @@ def template_message(message: Mapping[str, Any], content: str) -> dict[str, Any]
                 "name": call["function"]["name"], "arguments": _arguments(call["function"].get("arguments"))}}
             for call in calls
         ]  # fmt: skip
-    if message["role"] == "tool" and message.get("tool_call_id") is not None:
-        rendered["tool_call_id"] = message["tool_call_id"]
+    if message["role"] == "tool":
+        call_id, name = message.get("tool_call_id"), message.get("name")
+        if call_id is not None:
+            rendered["tool_call_id"] = call_id
+        if not isinstance(name, str):
+            name = (called or {}).get(call_id) if isinstance(call_id, str) else None
+        if name is not None:
+            rendered["name"] = name
     return rendered
 
 

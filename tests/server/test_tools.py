@@ -14,6 +14,7 @@ from conftest import MODEL, Server, native_from_hf, serving, tiny_model
 
 from quickdraft.api import Pipeline
 from quickdraft.server.errors import ApiError
+from quickdraft.server.protocol import chat_messages
 from quickdraft.server.tools import (
     HERMES,
     LLAMA3_JSON,
@@ -247,6 +248,13 @@ def test_tool_requests_are_checked() -> None:
     called = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
     rendered = template_message(called, "")
     assert rendered["tool_calls"][0]["function"]["arguments"] == {}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "7"}  # Hermes' templates need its function's name
+    assert template_message(result, "7", {"c1": "f"}) == result | {"name": "f"}
+    assert template_message(result | {"name": "g"}, "7", {"c1": "f"})["name"] == "g"  # the client's, if it sent one
+    assert "name" not in template_message(result, "7", {"c2": "f"})
+    conversation = chat_messages({"messages": [*ASK, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}, result]})  # fmt: skip
+    assert conversation[-1] == result | {"name": "get_time"}
     with pytest.raises(ApiError, match="JSON text"):
         template_message({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}, "")
     with pytest.raises(ApiError, match="same function name"):

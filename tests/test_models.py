@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import time
+import types
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +17,7 @@ from conftest import EOS, save_tiny_model_dir, tiny_model, word_tokenizer, write
 
 import quickdraft.models.catalog as catalog
 import quickdraft.models.loading as loading
-from quickdraft.api import Pipeline
+from quickdraft.api import Pipeline, eos_token_ids
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
 from quickdraft.models import check_same_tokenizer, load_hf_model, load_tokenizer, pairing, resolve_model
 from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, unpack
@@ -24,6 +25,7 @@ from quickdraft.models.convert import (
     GGUF_LAYOUT,
     MARKER,
     SETTINGS_VERSION,
+    end_tokens,
     has_fp32_weights,
     read_marker,
     save_configs,
@@ -228,6 +230,39 @@ def test_a_gguf_file_resolves_to_a_directory_without_weights(tmp_path: Path, mon
     assert load_tokenizer(directory).eos_token == "<|endoftext|>"
     monkeypatch.setattr(loading, "write_model_dir", refuse)
     assert resolve_model(gguf_path, progress=False) == directory
+
+
+def test_a_gguf_chat_ends_where_llama_cpp_ends_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file naming only its end-of-sequence token still ends a turn at the chat's end-of-turn token, by its text
+    (Gemma's <end_of_turn>), and at the end-of-turn and end-of-message tokens the file's keys name; a directory
+    made before is completed when next resolved."""
+    import conftest
+
+    tokens = [*conftest.GGUF_TOKENS]
+    tokens[tokens.index("Z")] = "<end_of_turn>"
+    monkeypatch.setattr(conftest, "GGUF_TOKENS", tokens)
+    gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    directory = resolve_model(gguf_path, progress=False)
+    ends = {tokens.index("<end_of_turn>"), len(tokens) - 1}
+    assert eos_token_ids(directory, load_tokenizer(directory)) == ends
+    generation = directory / "generation_config.json"
+    generation.write_text(json.dumps(json.loads(generation.read_text()) | {"eos_token_id": len(tokens) - 1}))
+    marker = read_marker(directory)
+    (directory / MARKER).write_text(json.dumps(marker | {"settings": SETTINGS_VERSION - 1}))
+    assert eos_token_ids(resolve_model(gguf_path, progress=False), load_tokenizer(directory)) == ends
+
+    class Field:
+        def __init__(self, value: object) -> None:
+            self.value = value
+
+        def contents(self) -> object:
+            return self.value
+
+    reader = types.SimpleNamespace(fields={
+        "tokenizer.ggml.eos_token_id": Field(2), "tokenizer.ggml.eot_token_id": Field(7),
+        "tokenizer.ggml.eom_token_id": Field(5), "tokenizer.ggml.tokens": Field(["a", "<|im_end|>", "b"]),
+    })  # fmt: skip
+    assert end_tokens(reader) == [1, 2, 5, 7]
 
 
 def test_auto_runs_a_gguf_file_of_tensor_types_the_native_runtime_does_not_read_on_transformers(

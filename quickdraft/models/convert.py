@@ -27,9 +27,16 @@ MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
 # The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
 # 4: the marker records the file's tensor types (``tensor_types``), which a runtime may not read; 5: the head width
-# without attention.key_length is llama.cpp's
-SETTINGS_VERSION = 5
+# without attention.key_length is llama.cpp's; 6: generation_config.json ends where llama.cpp ends (end_tokens)
+SETTINGS_VERSION = 6
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
+# Tokens that end a generation in llama.cpp by their text (llama-vocab.cpp's end-of-generation list), besides the
+# file's own end-of-sequence, end-of-turn and end-of-message tokens: many files name only one of a chat's endings
+END_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+    "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+})  # fmt: skip
+END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
@@ -263,19 +270,36 @@ def phi3_settings(
     return settings
 
 
+def end_tokens(reader: Any) -> list[int]:
+    """The ids that end a generation as llama.cpp ends it for the file in ``reader``: its end-of-sequence,
+    end-of-turn and end-of-message tokens, and every token spelled as one of :data:`END_TEXTS`."""
+    ends = {int(reader.fields[key].contents()) for key in END_KEYS if key in reader.fields}
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        ends |= {index for index, text in enumerate(tokens.contents()) if text in END_TEXTS}
+    return sorted(ends)
+
+
 def add_gguf_settings(config_file: Path, gguf_path: Path) -> list[str]:
-    """Complete the config.json transformers wrote for ``gguf_path`` with :func:`gguf_settings`; returns the file's
+    """Complete the config.json transformers wrote for ``gguf_path`` with :func:`gguf_settings`, and the
+    generation_config.json beside it with the file's :func:`end_tokens` (the end-of-sequence ids); returns the file's
     tensor types."""
     from gguf import GGUFReader
 
     config = json.loads(config_file.read_text(encoding="utf-8"))
+    generation_file = config_file.with_name("generation_config.json")
+    generation = json.loads(generation_file.read_text(encoding="utf-8")) if generation_file.is_file() else {}
     try:
         reader = GGUFReader(gguf_path)
         config |= gguf_settings(reader, config)
+        ends = end_tokens(reader)
         tensor_types = sorted({tensor.tensor_type.name for tensor in reader.tensors})
     except Exception as error:  # gguf raises many types for damaged files
         raise ModelFilesError(f"cannot read {gguf_path}'s settings: {type(error).__name__}: {error}") from error
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if ends:
+        generation["eos_token_id"] = ends[0] if len(ends) == 1 else ends
+        generation_file.write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return tensor_types
 
 

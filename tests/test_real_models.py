@@ -299,6 +299,6 @@ def test_openais_weather_example_becomes_a_tool_call(native_pair: Pipeline) -> N
     assert answers[0].token_ids == answers[1].token_ids
     found = tool_format_of(native_pair.tokenizer)
     assert found is not None and found.name.startswith("Hermes")
-    _, calls = ToolRequest((weather,), "auto", frozenset({"get_weather"}), format=found).split_calls(answers[0].text)
+    _, calls = ToolRequest((weather,), "auto", frozenset({"get_weather"}), found).split_calls(answers[0].text)
     assert [call["function"]["name"] for call in calls] == ["get_weather"]
     assert "Boston" in json.loads(calls[0]["function"]["arguments"])["location"]

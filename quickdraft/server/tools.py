@@ -12,9 +12,10 @@ Rules:
   JSON schema (structured output).
 - A call is a JSON object with a known ``name`` and an object of arguments (``arguments``, or ``parameters`` as
   Llama 3 writes them). Hermes: each ``<tool_call>`` block holding one, the text before the first block being the
-  message's content. Every format: an answer that is nothing but one call, or a JSON list of calls (bare or in a
-  json fence, after the format's opening token where the text spells it), is calls; Qwen2.5-Coder answers so.
-  Anything else is content. An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
+  message's content. Every format: an answer that is nothing but one call (Mistral's: a JSON list of calls), bare or
+  in a json fence, after the format's opening token where the text spells it, is calls; Qwen2.5-Coder answers so.
+  Anything else is content, and so is a call whose arguments JSON cannot carry (1e999, NaN). An answer with calls
+  finishes as :meth:`ToolRequest.finish_reason` says.
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole
   answer of calls would; Hermes' blocks from their tag on); the calls go out whole at the end.
 - Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the
@@ -89,8 +90,8 @@ class ToolRequest:
     tools: tuple[dict[str, Any], ...]
     choice: str  # "auto", "required", or the one function's name
     names: frozenset[str]
+    format: ToolFormat
     parallel: bool = True  # OpenAI's parallel_tool_calls: several calls may come in one answer
-    format: ToolFormat = HERMES
 
     def finish_reason(self, reason: str, called: bool) -> str:
         """The engine's finish ``reason`` of an answer that ``called`` functions, or not: a cut answer stays
@@ -145,7 +146,7 @@ class ToolRequest:
         answer = text.lstrip().removeprefix(self.format.opener)  # its opener, where the text spells it
         whole = WHOLE.fullmatch(answer)
         value = _json(whole.group(1) or whole.group(2)) if whole is not None else None
-        entries = value if isinstance(value, list) else [value]
+        entries = value if isinstance(value, list) and self.format.listed else [value]
         found = [self._call(entry, needs_arguments=True) for entry in entries]
         if not entries or any(call is None for call in found):
             return text, []
@@ -166,20 +167,25 @@ class ToolRequest:
         arguments = parsed[key] if key is not None else (None if needs_arguments else {})
         if not isinstance(arguments, dict):
             return None
+        try:
+            text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+        except ValueError:  # 1e999 or NaN: no JSON a client can read
+            return None
         return {
-            "id": self.format.call_id(), "type": "function",
-            "function": {"name": parsed["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
-        }  # fmt: skip
+            "id": self.format.call_id(),
+            "type": "function",
+            "function": {"name": parsed["name"], "arguments": text},
+        }
 
 
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: lists nested past the parser's depth
         return None
 
 
-def call_schema(function: Mapping[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
+def call_schema(function: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
     """The JSON schema of one call of ``function``: its name and its arguments (under ``arguments_key``)."""
     arguments = function.get("parameters") or {"type": "object"}
     properties = {"name": {"const": function["name"]}, arguments_key: arguments}
@@ -213,11 +219,12 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     if not isinstance(parallel, bool):
         raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
     if choice in (None, "auto", "required", "none"):
-        return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names, parallel, found)
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, Mapping) else None
-    if name not in names:
+        return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names, found, parallel)
+    function = choice.get("function") if isinstance(choice, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(name, str) or name not in names:
         raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
-    return ToolRequest(tuple(tools), name, names, parallel, found)
+    return ToolRequest(tuple(tools), name, names, found, parallel)
 
 
 def _is_function(tool: Any) -> bool:

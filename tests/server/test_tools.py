@@ -184,7 +184,7 @@ def test_bad_tools_are_clear_400s(server: Server) -> None:
 
 
 def splitter(names: frozenset[str], found: ToolFormat = HERMES) -> Callable[[str], tuple[str, list[Any]]]:
-    return ToolRequest((), "auto", names, format=found).split_calls
+    return ToolRequest((), "auto", names, found).split_calls
 
 
 def test_calls_are_split_from_the_answer() -> None:
@@ -205,7 +205,7 @@ def test_calls_are_split_from_the_answer() -> None:
 
 
 def test_the_stream_holds_back_only_what_may_open_a_call() -> None:
-    hermes = ToolRequest((), "auto", frozenset({"f"}))
+    hermes = ToolRequest((), "auto", frozenset({"f"}), HERMES)
     held = hermes.call_filter()
     assert held.feed("Hello <to") == "Hello" and held.feed("day") == " <today"  # whitespace before a call is held
     assert held.feed(" now <tool_") == " now" and held.feed('call>{"name"') == "" and held.feed(" more") == ""
@@ -218,7 +218,7 @@ def test_the_stream_holds_back_only_what_may_open_a_call() -> None:
 
 def test_streamed_and_whole_content_agree_before_a_call() -> None:
     text = 'I will check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
-    request = ToolRequest((TIME,), "auto", frozenset({"get_time"}))
+    request = ToolRequest((TIME,), "auto", frozenset({"get_time"}), HERMES)
     held = request.call_filter()
     streamed = "".join(held.feed(text[i : i + 3]) for i in range(0, len(text), 3))
     content, calls = request.split_calls(held.text)
@@ -233,7 +233,7 @@ def test_an_answer_with_calls_ends_as_openai_says() -> None:
         ("get_time", "eos", True, "stop"),  # a named function
         ("auto", "eos", False, "eos"),
     ]:
-        request = ToolRequest((TIME,), choice, frozenset({"get_time"}))
+        request = ToolRequest((TIME,), choice, frozenset({"get_time"}), HERMES)
         assert request.finish_reason(reason, called) == expected, (choice, reason, called)
 
 
@@ -313,12 +313,51 @@ def test_whole_answer_formats_split_their_calls() -> None:
         assert mistral(not_calls) == (not_calls, []) and llama(not_calls) == (not_calls, []), not_calls
 
 
+def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
+    """In every format, over random chunkings: the content streamed before the end plus what the end sends is the
+    whole answer's content, and the calls are the whole answer's."""
+    import random
+
+    call, listed = (
+        '{"name": "f", "arguments": {"x": 1}}',
+        '[{"name": "f", "arguments": {}}, {"name": "f", "arguments": {}}]',
+    )
+    answers = [call, f" {call}", f"```json\n{call}\n```", listed, f"\n{listed}", f"```json\n{listed}\n```",
+               f"[TOOL_CALLS]{listed}", f"<|python_tag|>{call}", '{"name": "f", "parameters": {}}', "[1, 2]",
+               f"Sure.\n<tool_call>\n{call}\n</tool_call>", "Paris is sunny.", "{oops", "[see above]",
+               f"{call} and more", "<tool_", '{"name": "f", "arguments": {"x": 1e999}}']  # fmt: skip
+    generator = random.Random(0)
+    for found in (HERMES, MISTRAL, LLAMA3_JSON):
+        request = ToolRequest((), "auto", frozenset({"f"}), found)
+        for answer in answers:
+            whole_content, whole_calls = request.split_calls(answer)
+            for _ in range(20):
+                held, streamed, start = request.call_filter(), "", 0
+                while start < len(answer):
+                    end = start + generator.randint(1, 6)
+                    streamed += held.feed(answer[start:end])
+                    start = end
+                content, calls = request.split_calls(held.text)
+                assert streamed + content[held.sent :] == whole_content, (found.name, answer)
+                assert [c["function"] for c in calls] == [c["function"] for c in whole_calls], (found.name, answer)
+
+
+def test_malformed_answers_and_choices_are_content_or_400s() -> None:
+    request = ToolRequest((), "auto", frozenset({"f"}), MISTRAL)
+    for answer in ("[" * 100_000 + "]" * 100_000, '[{"name": "f", "arguments": {"x": NaN}}]'):
+        assert request.split_calls(answer) == (answer, [])
+    for choice in ({"type": "function", "function": "f"}, {"function": {"name": ["f"]}}, {"function": None}):
+        with pytest.raises(ApiError, match="tool_choice must be"):
+            parse_tools({"tools": [TIME], "tool_choice": choice}, HERMES)
+    assert splitter(frozenset({"f"}), LLAMA3_JSON)('[{"name": "f", "parameters": {}}]')[1] == []  # one call a turn
+
+
 def test_whole_answer_formats_hold_back_what_may_open_their_calls() -> None:
-    mistral = ToolRequest((), "auto", frozenset({"f"}), format=MISTRAL).call_filter()
+    mistral = ToolRequest((), "auto", frozenset({"f"}), MISTRAL).call_filter()
     assert mistral.feed(" [") == "" and mistral.feed('{"name"') == "" and mistral.sent == 0
-    prose = ToolRequest((), "auto", frozenset({"f"}), format=MISTRAL).call_filter()
+    prose = ToolRequest((), "auto", frozenset({"f"}), MISTRAL).call_filter()
     assert prose.feed("Sure") == "Sure" and prose.feed(" <tool_call>") == " <tool_call>"  # no tags in this format
-    llama = ToolRequest((), "auto", frozenset({"f"}), format=LLAMA3_JSON).call_filter()
+    llama = ToolRequest((), "auto", frozenset({"f"}), LLAMA3_JSON).call_filter()
     assert llama.feed("<|python") == "" and llama.feed("_tag|>{") == "" and llama.sent == 0
 
 

@@ -144,7 +144,8 @@ class ExactTensors(Mapping[str, ExactWeight]):
 
 
 # The tensor types read: every type gguf-py dequantizes, as transformers' loader does. A file with any other
-# (the integer and F64 types, and llama.cpp's internal Q8_1 and Q8_K) is refused.
+# (the integer and F64 types, Q1_0, and llama.cpp's internal Q8_1 and Q8_K) is refused: transformers cannot read it
+# either.
 READ_TYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
     "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
@@ -167,7 +168,7 @@ def read_gguf_weights(
         if tensor.tensor_type.name not in READ_TYPES:
             raise ValueError(
                 f"tensor {tensor.name} is stored as {tensor.tensor_type.name}, which the native runtime does not "
-                f"read (it reads {', '.join(READ_TYPES)}): use --runtime transformers or auto"
+                f"read (it reads {', '.join(READ_TYPES)}), nor does transformers"
             )
     interleaved = reader.fields["general.architecture"].contents() in GGUF_INTERLEAVED_ROTARY
     floats: dict[str, Any] = {}

@@ -340,14 +340,21 @@ class Pipeline:
 
     # -- prompts ---------------------------------------------------------------------------------------
 
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
-        return encode(self.tokenizer, prompt, chat)
+    def encode(self, prompt: str, chat: bool = False, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template (``template_kwargs``:
+        more variables it reads, as :meth:`encode_chat` takes them)."""
+        return encode(self.tokenizer, prompt, chat, template_kwargs)
 
-    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         """A conversation (``role``/``content`` dicts) through the chat template, ready for the assistant's turn;
-        ``tools``: OpenAI's function tools, which the template renders."""
-        return encode_chat(self.tokenizer, messages, tools)
+        ``tools``: OpenAI's function tools, which the template renders; ``template_kwargs``: more variables the
+        template reads (``enable_thinking``)."""
+        return encode_chat(self.tokenizer, messages, tools, template_kwargs)
 
     def chat_prefix(self) -> list[int]:
         """The tokens every chat request starts with: what a draft model keeps cached between conversations."""

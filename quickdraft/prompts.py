@@ -9,25 +9,34 @@ from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.tokens import common_prefix_length
 
 
-def encode(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
-    """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template."""
+def encode(
+    tokenizer: Any, prompt: str, chat: bool = False, template_kwargs: Mapping[str, Any] | None = None
+) -> list[int]:
+    """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template (with ``template_kwargs``:
+    :func:`encode_chat`'s)."""
     if not isinstance(prompt, str):
         raise PromptError(f"the prompt must be text, got {type(prompt).__name__}")
     if not prompt.strip():
         raise PromptError("the prompt is empty: give some text to continue")
     require_utf8(prompt, "the prompt")
     if chat:
-        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}], template_kwargs=template_kwargs)
     return list(tokenizer(prompt).input_ids)
 
 
 def encode_chat(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """A conversation (``role``/``content`` dicts, an assistant's ``tool_calls`` too) through the chat template,
-    ready for the assistant's turn; ``tools``: OpenAI's function tools, rendered by the template."""
+    ready for the assistant's turn; ``tools``: OpenAI's function tools, rendered by the template;
+    ``template_kwargs``: more variables the template reads (vLLM's ``chat_template_kwargs``, e.g. Qwen3's
+    ``enable_thinking``), none of them one of ``apply_chat_template``'s own arguments."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("this model has no chat template; run without --chat")
+    extra = check_template_kwargs(tokenizer, template_kwargs)
     if tools is not None and (
         isinstance(tools, str) or not isinstance(tools, Sequence) or not all(isinstance(t, Mapping) for t in tools)
     ):
@@ -44,7 +53,7 @@ def encode_chat(
 
     try:
         text = tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
+            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True, **extra
         )
     except jinja2.TemplateSyntaxError as error:  # the model's template itself is broken
         raise ModelFilesError(f"this model's chat template cannot be read: {error}") from None
@@ -54,6 +63,26 @@ def encode_chat(
         reason = f"{type(error).__name__}: {error}"
         raise PromptError(f"this model's chat template cannot render the conversation ({reason})") from None
     return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def check_template_kwargs(tokenizer: Any, template_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``template_kwargs`` as keyword arguments of the tokenizer's ``apply_chat_template``; ConfigError naming
+    ``chat_template_kwargs`` for anything but a mapping of names to values, or a name that is one of that method's
+    own arguments (``tokenize``, ``add_generation_prompt``, ...) or the conversation's (``messages``)."""
+    if template_kwargs is None:
+        return {}
+    if not isinstance(template_kwargs, Mapping) or not all(isinstance(name, str) for name in template_kwargs):
+        raise ConfigError(
+            f"chat_template_kwargs must map names to values, got {template_kwargs!r}", "chat_template_kwargs"
+        )
+    import inspect
+
+    reserved = set(inspect.signature(tokenizer.apply_chat_template).parameters) | {"messages"}
+    if taken := sorted(reserved & set(template_kwargs)):
+        raise ConfigError(
+            f"chat_template_kwargs cannot set {', '.join(taken)}: quickdraft sets it", "chat_template_kwargs"
+        )
+    return dict(template_kwargs)
 
 
 def use_chat_template(tokenizer: Any, template: str) -> None:

@@ -117,6 +117,14 @@ def test_generate_with_a_chat_template_of_ones_own(model_args: list[str], tmp_pa
     assert status == 1 and "the chat template cannot be read" in err and "(--chat-template)" in err
     status, _, err = run([*args[:-1], "--chat-template", str(tmp_path / "template.jinja")], capsys)
     assert status == 0 and "--chat-template is not used without --chat" in err
+    (tmp_path / "thinking.jinja").write_text("{% for m in messages %}w9 {{ m.content }} w8 {% endfor %}"
+                                             "{% if enable_thinking is false %}w6 {% endif %}w7")  # fmt: skip
+    thinking = [*args, "--chat-template", str(tmp_path / "thinking.jinja")]
+    status, out, _ = run([*thinking, "--chat-template-kwargs", '{"enable_thinking": false}'], capsys)
+    quiet = pipeline.generate([9, 1, 2, 8, 6, 7], GenerationConfig(max_new_tokens=4)).token_ids
+    assert status == 0 and json.loads(out)["token_ids"] == quiet
+    status, _, err = run([*thinking, "--chat-template-kwargs", '{"tokenize": true}'], capsys)
+    assert status == 1 and "chat_template_kwargs cannot set tokenize" in err
 
 
 def test_generate_streams_text_then_statistics(

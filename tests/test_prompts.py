@@ -62,3 +62,19 @@ def test_a_chat_template_of_ones_own_is_checked_on_a_user_turn_or_a_system_and_a
         with pytest.raises(ConfigError, match=words):
             use_chat_template(tokenizer, template)
         assert tokenizer.chat_template == system_first  # the one in use is kept
+
+
+def test_template_variables_reach_the_template_and_its_own_arguments_are_refused() -> None:
+    import pytest
+
+    from quickdraft.errors import ConfigError
+    from quickdraft.prompts import encode_chat
+
+    tokenizer = word_tokenizer(8)
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }} {% endfor %}{% if thinking %}w5{% endif %}"
+    user = [{"role": "user", "content": "w2"}]
+    assert encode_chat(tokenizer, user, template_kwargs={"thinking": True}) == [*encode_chat(tokenizer, user), 5]
+    for bad in ({"add_generation_prompt": False}, {"messages": []}, {1: True}, ["thinking"]):
+        with pytest.raises(ConfigError, match="chat_template_kwargs") as refused:
+            encode_chat(tokenizer, user, template_kwargs=bad)  # type: ignore[arg-type]
+        assert refused.value.setting == "chat_template_kwargs"

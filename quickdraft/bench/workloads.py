@@ -121,8 +121,8 @@ def served_input(
     try:
         api = parse_request(
             body, True, ServerDefaults(("reference",), max_context=pipeline.target.max_context),
-            lambda messages, chat, tools=None: pipeline.encode_chat(
-                messages, tools), pipeline.drafter, tool_format_of(pipeline.tokenizer),
+            lambda messages, chat, tools=None, template_kwargs=None: pipeline.encode_chat(
+                messages, tools, template_kwargs), pipeline.drafter, tool_format_of(pipeline.tokenizer),
         )  # fmt: skip
     except ApiError as error:
         raise ConfigError(f"request {prompt.question_id}: the server would refuse it: {error.message}") from None

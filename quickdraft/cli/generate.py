@@ -40,6 +40,13 @@ def add_command(commands: Any) -> None:
     generate.add_argument("prompt", nargs="?", help="the prompt text, or - to read it from standard input")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
     add_chat_template_argument(generate)
+    generate.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        type=template_variables,
+        help="more variables for the chat template, a JSON object (vLLM's chat_template_kwargs): "
+        "'{\"enable_thinking\": false}' turns Qwen3's thinking off",
+    )
     add_model_arguments(generate)
     generate.add_argument(
         "--drafter",
@@ -200,7 +207,7 @@ def run(args: argparse.Namespace) -> None:
     draft = draft_for(args, [args.drafter])
     pipeline = load_models(args, draft)
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
-    prompt_ids = pipeline.encode(prompt, chat=args.chat)
+    prompt_ids = pipeline.encode(prompt, chat=args.chat, template_kwargs=args.chat_template_kwargs)
     prediction_ids = pipeline.encode(read_text("--prediction", args.prediction)) if args.prediction else []
     drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
     pipeline.engine.check_request(Request(tuple(prompt_ids), config, drafter, prediction_ids=tuple(prediction_ids)))
@@ -269,6 +276,19 @@ def given(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def template_variables(text: str) -> dict[str, Any]:
+    """``--chat-template-kwargs JSON``: a JSON object (argparse reports the error before any model loads)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f'a JSON object of template variables, such as {{"enable_thinking": false}}, not {text!r}'
+        )
+    return value
+
+
 def logit_bias_of(pairs: list[str]) -> list[tuple[int, float]]:
     """``--logit-bias ID=BIAS`` options as (token id, bias) pairs, in order: ``LogitAdjustments`` checks their range
     and refuses a token given twice."""
@@ -320,9 +340,9 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
         "--prompt-lookup-min-ngram": args.prompt_lookup_min_ngram is not None and not copies,
         "--hybrid-min-ngram": args.hybrid_min_ngram is not None and not (copies and issubclass(drafter, HybridDrafter)),
     }
-    if args.chat_template is not None and not args.chat:
-        note = "--chat-template is not used without --chat (the prompt is plain text)"
-        print(f"quickdraft: note: {note}", file=sys.stderr)
+    for option in ("--chat-template", "--chat-template-kwargs"):
+        if getattr(args, option[2:].replace("-", "_")) is not None and not args.chat:
+            print(f"quickdraft: note: {option} is not used without --chat (the prompt is plain text)", file=sys.stderr)
     for unused, by in ((by_policy, policy), (by_drafter, f"the {args.drafter} drafter")):
         for option in (option for option, is_unused in unused.items() if is_unused):
             print(f"quickdraft: note: {option} is not used by {by}", file=sys.stderr)

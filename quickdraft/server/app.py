@@ -117,9 +117,9 @@ def create_app(
     def vocabulary_pieces() -> list[bytes]:  # [V], made on the first request for logprobs
         return token_pieces(pipeline.tokenizer)
 
-    def encode(prompt: Any, chat: bool, tools: Any = None) -> list[int]:
+    def encode(prompt: Any, chat: bool, tools: Any = None, template_kwargs: Any = None) -> list[int]:
         if chat:
-            return pipeline.encode_chat(prompt, tools)
+            return pipeline.encode_chat(prompt, tools, template_kwargs)
         if isinstance(prompt, list):  # token ids
             if any(not 0 <= token < pipeline.target.vocab_size for token in prompt):
                 raise ApiError(400, f"token ids must be in [0, {pipeline.target.vocab_size})", "prompt")

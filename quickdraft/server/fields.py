@@ -28,6 +28,7 @@ COMMON_FIELDS = frozenset({
 })  # fmt: skip
 CHAT_FIELDS = COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "chat_template_kwargs",
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
 HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
@@ -47,6 +48,7 @@ OTHER_ENDPOINT: dict[str, dict[str, tuple[str, tuple[Any, ...]]]] = {
         "tools": ("tools need /v1/chat/completions", ([],)),
         "tool_choice": ("tool_choice needs /v1/chat/completions", ("none",)),
         "parallel_tool_calls": ("parallel_tool_calls needs /v1/chat/completions", (True, False)),
+        "chat_template_kwargs": ("chat_template_kwargs needs /v1/chat/completions", ({},)),
     },
 }
 

@@ -98,7 +98,8 @@ def parse_request(
     drafter_named: Callable[[str], Drafter],
     tool_format: ToolFormat | None = None,
 ) -> ApiRequest:
-    """Validate a request body; ``encode(prompt or messages, chat, tools)`` gives the prompt's token ids and
+    """Validate a request body; ``encode(prompt or messages, chat, tools, template_kwargs)`` gives the prompt's
+    token ids and
     ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot run);
     ``tool_format``: the chat template's (``tools.tool_format``), which ``tools`` need."""
     if not isinstance(body, Mapping):
@@ -119,8 +120,10 @@ def parse_request(
     include_usage = flag(options or {}, "include_usage", False, "stream_options.")
     return_token_ids = flag(body, "return_token_ids", False)
     try:
-        prompt_ids = encode(
-            chat_messages(body) if chat else _prompt(body), chat, None if tools is None else tools.tools
+        prompt_ids = (
+            encode(chat_messages(body), True, None if tools is None else tools.tools, template_kwargs(body))
+            if chat
+            else encode(_prompt(body), False)
         )
         sampling = SamplingParams(
             temperature=_number(body, "temperature", 1.0),
@@ -183,6 +186,14 @@ def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:
         message = f"the model {model!r} does not exist; this server serves {model_names[0]!r}"
         raise ApiError(404, message, "model", code="model_not_found")
     return model or model_names[0]
+
+
+def template_kwargs(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """vLLM's ``chat_template_kwargs``: more variables for the chat template (``{"enable_thinking": false}``)."""
+    value = body.get("chat_template_kwargs")
+    if value is not None and not (isinstance(value, Mapping) and all(isinstance(name, str) for name in value)):
+        raise ApiError(400, "chat_template_kwargs must be an object of template variables", "chat_template_kwargs")
+    return None if value is None else dict(value)
 
 
 def error_param(error: QuickdraftError, chat: bool) -> str | None:

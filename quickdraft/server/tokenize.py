@@ -4,8 +4,8 @@ as, and the text of token ids.
 Rules:
 - ``/tokenize`` takes ``prompt`` (a string, read as ``/v1/completions`` reads one; ``add_special_tokens`` false:
   without the tokenizer's special tokens) or ``messages`` (as ``/v1/chat/completions`` reads them, through the chat
-  template, with ``tools`` unless ``tool_choice`` is none), and answers ``count``, ``max_model_len`` and ``tokens``,
-  and ``token_strs`` with ``return_token_strs``.
+  template, with ``tools`` unless ``tool_choice`` is none, and ``chat_template_kwargs``), and answers ``count``,
+  ``max_model_len`` and ``tokens``, and ``token_strs`` with ``return_token_strs``.
 - ``/detokenize`` takes ``tokens`` (ids of the vocabulary) and answers ``prompt``: their text, special tokens
   included.
 - ``model`` is checked as on the other endpoints. Any other field is a 400, and so is a chat template option this
@@ -24,12 +24,12 @@ from quickdraft.lossless.sampling import is_int
 from quickdraft.prompts import require_utf8
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import flag
-from quickdraft.server.protocol import chat_messages, served_model
+from quickdraft.server.protocol import chat_messages, served_model, template_kwargs
 from quickdraft.server.tools import ToolFormat, parse_tools
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools", "tool_choice", "parallel_tool_calls",
                              "add_special_tokens", "return_token_strs", "add_generation_prompt",
-                             "continue_final_message"})  # fmt: skip
+                             "continue_final_message", "chat_template_kwargs"})  # fmt: skip
 
 
 def tokenize(
@@ -53,7 +53,8 @@ def tokenize(
     try:
         if body.get("messages") is not None:
             tools = parse_tools(body, tool_format)
-            ids = pipeline.encode_chat(chat_messages(body), None if tools is None else list(tools.tools))
+            tools_list = None if tools is None else list(tools.tools)
+            ids = pipeline.encode_chat(chat_messages(body), tools_list, template_kwargs(body))
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):
@@ -62,7 +63,8 @@ def tokenize(
             special = flag(body, "add_special_tokens", True)
             ids = list(pipeline.tokenizer(prompt, add_special_tokens=special).input_ids) if prompt else []
     except QuickdraftError as error:  # a template that cannot render them, text that is not UTF-8
-        raise ApiError(400, str(error), "messages" if body.get("messages") is not None else "prompt") from None
+        field = getattr(error, "setting", None) or ("messages" if body.get("messages") is not None else "prompt")
+        raise ApiError(400, str(error), field) from None
     answer = {"count": len(ids), "max_model_len": pipeline.target.max_context, "tokens": ids}
     return answer | ({"token_strs": [spell(i)[0] for i in ids]} if flag(body, "return_token_strs", False) else {})
 

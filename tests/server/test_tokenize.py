@@ -80,3 +80,30 @@ def test_a_chat_template_given_to_the_server_renders_its_conversations(tiny_mode
         server.loop.stop()
     with pytest.raises(ConfigError, match="the chat template cannot be read"):
         build_server(dataclasses.replace(options, chat_template="{% for m in messages %"), own_thread=True)
+
+
+def test_chat_template_kwargs_reach_the_template_on_every_chat_path() -> None:
+    """vLLM's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``): the template reads them on /tokenize and on
+    chat completions alike; a value that is no object, or one naming ``apply_chat_template``'s own arguments, is a
+    400 on that field, and /v1/completions has no template to give them to."""
+    pipeline = native_chat_pipeline()
+    pipeline.tokenizer.chat_template = TEMPLATE.replace("w7", "{% if enable_thinking is false %}w6 {% endif %}w7")
+    messages = [{"role": "user", "content": "w1 w2"}]
+    with serving(pipeline) as running:
+        plain = post(running, "/tokenize", {"messages": messages, "return_token_strs": True}).json()
+        body = {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}}
+        quiet = post(running, "/tokenize", body | {"return_token_strs": True}).json()
+        assert plain["token_strs"][-2:] == ["w8", "w7"] and quiet["token_strs"][-3:] == ["w8", "w6", "w7"]
+        answer = post(running, "/v1/chat/completions", body | {"max_tokens": 1}).json()
+        assert answer["usage"]["prompt_tokens"] == quiet["count"]
+        for path, bad, words in [
+            ("/v1/chat/completions", {"chat_template_kwargs": "yes"}, "must be an object"),
+            ("/v1/chat/completions", {"chat_template_kwargs": {"tokenize": True}}, "cannot set tokenize"),
+            ("/tokenize", {"chat_template_kwargs": {"messages": []}}, "cannot set messages"),
+        ]:
+            limit = {} if path == "/tokenize" else {"max_tokens": 1}
+            error = post(running, path, {"messages": messages} | limit | bad)
+            assert error.status_code == 400 and error.json()["error"]["param"] == "chat_template_kwargs", error.text
+            assert words in error.json()["error"]["message"]
+        completion = post(running, "/v1/completions", {"prompt": "w1", "chat_template_kwargs": {"x": 1}})
+        assert completion.status_code == 400 and "needs /v1/chat/completions" in completion.text

@@ -497,14 +497,16 @@ def serving(
     prefix_cache_mb: int = 0,
     access: Access = OPEN,
     names: tuple[str, ...] = (MODEL,),
+    split_reasoning: bool = True,
     **settings: int,
 ) -> Iterator[Server]:
     """A server on 127.0.0.1 (a free port) in a thread, stopped at the end; its drafters' costs measured as
-    ``quickdraft serve`` measures them, a cheap batch curve given."""
+    ``quickdraft serve`` measures them, a cheap batch curve given; ``split_reasoning`` false: --reasoning-format
+    none."""
     scheduler = SchedulerSettings(**settings)
     engine, _ = serving_engine(pipeline, scheduler, batch_costs=CHEAP_BATCH, prefix_cache_mb=prefix_cache_mb)
     loop = ServingLoop(engine)
-    app = create_app(pipeline, loop, ServerDefaults(names, max_tokens=12), access)
+    app = create_app(pipeline, loop, ServerDefaults(names, max_tokens=12, split_reasoning=split_reasoning), access)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

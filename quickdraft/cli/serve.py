@@ -43,6 +43,13 @@ def add_command(commands: Any) -> None:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     add_model_arguments(serve)
     add_chat_template_argument(serve)
+    serve.add_argument(
+        "--reasoning-format",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto (default): a thinking model's reasoning, between the <think> tags its chat template writes, goes "
+        "to the message's reasoning_content, as llama-server gives it; none: it stays in the content",
+    )
     add_serving_arguments(serve)
     serve.add_argument(
         "--served-model-name", default=None, metavar="NAME", help="the model name clients use (default: the target's)"

@@ -105,6 +105,7 @@ async def stream_chunks(
     response_id, results = new_id(api.chat), {}
     offsets = [0] * api.n  # completions' text_offset: characters of each choice's tokens streamed so far
     calls = [api.tools.call_filter() if api.tools else None for _ in range(api.n)]  # hold back what may open a call
+    thoughts = [api.thinking.stream() if api.thinking else None for _ in range(api.n)]  # reasoning apart
     if api.chat:
         for index in range(api.n):
             yield sse(chunk_body(api, response_id, None, index=index))
@@ -114,15 +115,24 @@ async def stream_chunks(
         except TimeoutError:
             yield sse(track.timeout().body())
             break
-        held = calls[index]
+        held, thought = calls[index], thoughts[index]
         if isinstance(event, TokenDelta):
             logprobs = logprobs_body(api, event.logprobs, spell, offsets[index]) if event.logprobs else None
             offsets[index] += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
-            text = event.text if held is None else held.feed(event.text)
-            if text or api.return_token_ids or logprobs:
-                yield sse(chunk_body(api, response_id, text, event.token_ids, logprobs=logprobs, index=index))
+            reasoning, text = thought.feed(event.text) if thought is not None else ("", event.text)
+            text = text if held is None else held.feed(text)
+            if text or reasoning or api.return_token_ids or logprobs:
+                body = chunk_body(
+                    api, response_id, text, event.token_ids, logprobs=logprobs, index=index, reasoning=reasoning
+                )
+                yield sse(body)
         elif isinstance(event, RequestFinished):
             reason = event.result.finish_reason
+            if thought is not None:  # what the reasoning split held at the end
+                reasoning, text = thought.finish()
+                text = text if held is None else held.feed(text)
+                if reasoning or text:
+                    yield sse(chunk_body(api, response_id, text, index=index, reasoning=reasoning))
             if held is not None and api.tools is not None:  # a filter exists exactly when tools do
                 content, found = api.tools.split_calls(held.text)
                 if content[held.sent :] or found:  # the held text that was no call; the calls, whole

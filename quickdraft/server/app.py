@@ -35,6 +35,7 @@ from quickdraft.server.errors import shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request
+from quickdraft.server.reasoning import Thinking, opened_by, thinking_of
 from quickdraft.server.responses import new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
@@ -58,6 +59,8 @@ def create_app(
     positions = loop.engine.scheduler.settings.max_positions
     defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context, max_positions=positions)
     tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
+    template = getattr(pipeline.tokenizer, "chat_template", None)
+    thinks = defaults.split_reasoning and isinstance(template, str) and thinking_of(template)  # reasoning apart
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -140,6 +143,9 @@ def create_app(
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None
+        if thinks and chat and translate is None:  # the prompt's tail says whether it opened a think block
+            tail = pipeline.tokenizer.decode(list(api.serve.prompt_ids[-16:]))
+            api = dataclasses.replace(api, thinking=Thinking(opened_by(tail)))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Tagged] = asyncio.Queue()

@@ -38,6 +38,7 @@ from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.lossless.sampling import is_int, is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, text_parts
+from quickdraft.server.reasoning import Thinking
 from quickdraft.server.tools import ToolFormat, ToolRequest, parse_tools, template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
@@ -59,6 +60,7 @@ class ServerDefaults:
     max_context: int | None = None  # positions the model holds: prompt + answer (None: not checked here)
     max_positions: int | None = None  # positions the server's caches hold for all requests (None: no bound)
     max_draft_tokens: int = 16  # adaptive policies' largest γ: a request's default and limit (costs measured so far)
+    split_reasoning: bool = True  # a thinking model's reasoning goes to reasoning_content (server/reasoning.py)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class ApiRequest:
     model: str = ""  # the served name it asked for (its answer's ``model``), the first one if it named none
     created: int = 0  # when it arrived (Unix seconds): its answer's, every chunk's alike
     n: int = 1  # choices
+    thinking: Thinking | None = None  # its reasoning is split from its content (server/reasoning.py)
 
     @functools.cached_property
     def choices(self) -> tuple[Request, ...]:

@@ -104,9 +104,12 @@ def choice_body(
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result.finish_reason)}
     choice["logprobs"] = logprobs_body(api, result.logprobs or [], spell)
-    content, calls = api.tools.split_calls(result.text) if api.tools else (result.text, [])
+    reasoning, text = api.thinking.split(result.text) if api.thinking else (None, result.text)
+    content, calls = api.tools.split_calls(text) if api.tools else (text, [])
     if api.chat:
         choice["message"] = {"role": "assistant", "content": (content or None) if calls else content}
+        if reasoning is not None:
+            choice["message"]["reasoning_content"] = reasoning
         if calls:
             choice["message"]["tool_calls"] = calls
         if api.tools:
@@ -135,13 +138,16 @@ def chunk_body(
     logprobs: dict[str, Any] | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
     index: int = 0,
+    reasoning: str = "",
 ) -> dict[str, Any]:
     """One streamed chunk of choice ``index``: a text delta (None: the chat's opening role delta), or the end with
     ``reason``; ``logprobs``: the delta's tokens' (:func:`logprobs_body`); ``tool_calls``: the answer's calls,
-    whole."""
+    whole; ``reasoning``: a reasoning delta (``reasoning_content``)."""
     choice: dict[str, Any] = {"index": index, "finish_reason": None if reason is None else finish_reason(reason)}
     if api.chat:
         choice["delta"] = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
+        if reasoning:
+            choice["delta"]["reasoning_content"] = reasoning
         if tool_calls:
             choice["delta"]["tool_calls"] = [{"index": i} | call for i, call in enumerate(tool_calls)]
     else:

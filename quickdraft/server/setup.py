@@ -48,6 +48,7 @@ class ServerOptions:
     kv_cache_mb: int | None = None  # the running requests' caches (server/memory.py; None: a share of what is free)
     memory_share: float = 1.0  # this server's share of the machine's memory (a replica's: one of N)
     chat_template: str | None = None  # Jinja text in place of the target's chat template (--chat-template's)
+    split_reasoning: bool = True  # a thinking model's reasoning to reasoning_content (--reasoning-format auto)
 
     def __post_init__(self) -> None:
         GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
@@ -80,6 +81,7 @@ class ServerOptions:
                 getattr(args, "max_body_mb", MAX_BODY_MB), getattr(args, "request_timeout", REQUEST_TIMEOUT_S),
             ),
             getattr(args, "kv_cache_mb", None),
+            split_reasoning=getattr(args, "reasoning_format", "auto") == "auto",
         )  # fmt: skip
 
 
@@ -113,8 +115,9 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
         notes = [pipeline.pairing(), *notes]
     names = model_names(pipeline, options.served_model_name)
     defaults = ServerDefaults(
-        names, options.drafter, options.policy, options.default_max_tokens, max_draft_tokens=options.max_draft_tokens
-    )
+        names, options.drafter, options.policy, options.default_max_tokens, max_draft_tokens=options.max_draft_tokens,
+        split_reasoning=options.split_reasoning,
+    )  # fmt: skip
     loop = ServingLoop(engine, own_thread=own_thread)
     return Server(create_app(pipeline, loop, defaults, options.access), loop, names, notes)
 

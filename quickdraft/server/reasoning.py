@@ -1,0 +1,95 @@
+"""A thinking model's reasoning apart from its answer: a chat message's ``reasoning_content``, as llama-server and
+vLLM's reasoning parsers give it.
+
+Rules:
+- Found once per chat template (:func:`thinking_of`): a template that writes ``<think>`` and ``</think>`` (Qwen3,
+  DeepSeek-R1, SmolLM3) has its model's reasoning split off, unless the server runs with ``--reasoning-format none``.
+- An answer thinks from its start when its prompt ends inside ``<think>`` (the template opened it), or when it opens
+  with ``<think>`` itself (leading whitespace aside). Its reasoning is then its text up to ``</think>`` (all of it
+  when the answer ends first), and its content what follows, without leading whitespace. Any other answer is all
+  content: a ``<think>`` later in it is text.
+- Streamed, reasoning and content go out as deltas of their own; what may still be the opening tag, or the start of
+  the closing one, waits for the next delta. Both ways give the same text. Tool calls are looked for in the content.
+- Completions and ``/v1/responses`` get the answer's text whole. Log-probabilities cover every token of a choice,
+  reasoning included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A request's reasoning split: whether its answer starts inside a ``<think>`` block its prompt opened."""
+
+    opened_by_prompt: bool
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """A whole answer's reasoning (None when it did not think) and content."""
+        stripped = text.lstrip()
+        if not self.opened_by_prompt and not stripped.startswith(OPEN):
+            return None, text
+        inside = stripped.removeprefix(OPEN) if not self.opened_by_prompt else text
+        reasoning, closed, after = inside.partition(CLOSE)
+        return reasoning, after.lstrip() if closed else ""
+
+    def stream(self) -> ThinkingFilter:
+        return ThinkingFilter(self.opened_by_prompt)
+
+
+def thinking_of(template: str) -> bool:
+    """Whether a chat template's model writes its reasoning between think tags."""
+    return OPEN in template and CLOSE in template
+
+
+def opened_by(prompt_text: str) -> bool:
+    """Whether a prompt's text ends inside a think block (the tail of the rendered prompt is enough)."""
+    return prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE)
+
+
+class ThinkingFilter:
+    """A streamed answer's text split as :meth:`Thinking.split` splits it whole: :meth:`feed` gives the reasoning and
+    the content to send now; :meth:`finish` what was held at the end."""
+
+    def __init__(self, opened_by_prompt: bool) -> None:
+        self.state = "reasoning" if opened_by_prompt else "start"  # start -> reasoning -> content, or start -> content
+        self.held = ""  # text not sent yet: what may be the opening tag, or the start of the closing one
+        self.after_close = False  # the content has started: its leading whitespace is left out
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        self.held += delta
+        if self.state == "start":
+            stripped = self.held.lstrip()
+            if stripped.startswith(OPEN):
+                self.state, self.held = "reasoning", stripped.removeprefix(OPEN)
+            elif OPEN.startswith(stripped):
+                return "", ""  # may still open with the tag
+            else:
+                self.state = "content"
+        if self.state == "reasoning":
+            reasoning, closed, after = self.held.partition(CLOSE)
+            if closed:
+                self.state, self.held, self.after_close = "content", after, True
+                return reasoning, self._content()
+            sizes = range(min(len(CLOSE) - 1, len(self.held)), 0, -1)
+            keep = next((size for size in sizes if CLOSE.startswith(self.held[-size:])), 0)
+            sent, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
+            return sent, ""
+        return "", self._content()
+
+    def finish(self) -> tuple[str, str]:
+        """The held text at the answer's end: an unclosed block's last reasoning, or content."""
+        held, self.held = self.held, ""
+        if self.state == "reasoning":
+            return held, ""
+        return "", held.lstrip() if self.after_close else held
+
+    def _content(self) -> str:
+        content, self.held = self.held, ""
+        if self.after_close:
+            content = content.lstrip()
+            self.after_close = not content  # whitespace alone: the next delta may still start with more
+        return content

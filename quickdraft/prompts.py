@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -75,14 +76,42 @@ def check_template_kwargs(tokenizer: Any, template_kwargs: Mapping[str, Any] | N
         raise ConfigError(
             f"chat_template_kwargs must map names to values, got {template_kwargs!r}", "chat_template_kwargs"
         )
-    import inspect
-
-    reserved = set(inspect.signature(tokenizer.apply_chat_template).parameters) | {"messages"}
-    if taken := sorted(reserved & set(template_kwargs)):
+    if taken := sorted(reserved_template_names(type(tokenizer)) & set(template_kwargs)):
         raise ConfigError(
             f"chat_template_kwargs cannot set {', '.join(taken)}: quickdraft sets it", "chat_template_kwargs"
         )
     return dict(template_kwargs)
+
+
+@functools.cache
+def reserved_template_names(tokenizer_class: type) -> frozenset[str]:
+    """The names a chat template's variables may not take: the arguments of ``apply_chat_template`` and of the
+    function that renders it, and ``messages``."""
+    import inspect
+
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    methods = (tokenizer_class.apply_chat_template, render_jinja_template)
+    names = {name for method in methods for name in inspect.signature(method).parameters} - {"kwargs"}
+    return frozenset(names | {"messages"})
+
+
+def generation_prompt(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The text the chat template adds to open the assistant's turn (``add_generation_prompt``), with these
+    variables: what a thinking model's prompt says about its answer's start (server/reasoning.py). Empty for a
+    template that cannot render a lone user turn."""
+    import jinja2
+
+    turn = [{"role": "user", "content": "x"}]
+    try:
+        extra = check_template_kwargs(tokenizer, template_kwargs)
+        opened, closed = (
+            tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=add, **extra)
+            for add in (True, False)
+        )
+    except (jinja2.TemplateError, ConfigError, TypeError, ValueError, LookupError, AttributeError):
+        return ""
+    return opened[len(closed) :] if opened.startswith(closed) else ""
 
 
 def use_chat_template(tokenizer: Any, template: str) -> None:

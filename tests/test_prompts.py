@@ -74,7 +74,7 @@ def test_template_variables_reach_the_template_and_its_own_arguments_are_refused
     tokenizer.chat_template = "{% for m in messages %}{{ m.content }} {% endfor %}{% if thinking %}w5{% endif %}"
     user = [{"role": "user", "content": "w2"}]
     assert encode_chat(tokenizer, user, template_kwargs={"thinking": True}) == [*encode_chat(tokenizer, user), 5]
-    for bad in ({"add_generation_prompt": False}, {"messages": []}, {1: True}, ["thinking"]):
+    for bad in ({"add_generation_prompt": False}, {"messages": []}, {"conversations": 1}, {1: True}, ["thinking"]):
         with pytest.raises(ConfigError, match="chat_template_kwargs") as refused:
             encode_chat(tokenizer, user, template_kwargs=bad)  # type: ignore[arg-type]
         assert refused.value.setting == "chat_template_kwargs"

@@ -29,12 +29,13 @@ from starlette.exceptions import HTTPException
 from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull
 from quickdraft.errors import QuickdraftError
+from quickdraft.prompts import generation_prompt
 from quickdraft.server.access import OPEN, WAITED, Access, read_json
 from quickdraft.server.answers import Tagged, Tracker, collect, stream_chunks
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
-from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request
+from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request, template_kwargs
 from quickdraft.server.reasoning import Thinking, opened_by, thinking_of
 from quickdraft.server.responses import new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
@@ -143,9 +144,10 @@ def create_app(
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None
-        if thinks and chat and translate is None:  # the prompt's tail says whether it opened a think block
-            tail = pipeline.tokenizer.decode(list(api.serve.prompt_ids[-16:]))
-            api = dataclasses.replace(api, thinking=Thinking(opened_by(tail)))
+        if thinks and chat and translate is None:  # whether the template's opening of the answer opens a think block
+            free = api.serve.config.grammar is None  # a grammar holds from the first token: no </think> can come
+            opened = free and opened_by(generation_prompt(pipeline.tokenizer, template_kwargs(translated)))
+            api = dataclasses.replace(api, thinking=Thinking(opened))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Tagged] = asyncio.Queue()

@@ -102,8 +102,7 @@ def parse_request(
     tool_format: ToolFormat | None = None,
 ) -> ApiRequest:
     """Validate a request body; ``encode(prompt or messages, chat, tools, template_kwargs)`` gives the prompt's
-    token ids and
-    ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot run);
+    token ids and ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot run);
     ``tool_format``: the chat template's (``tools.tool_format``), which ``tools`` need."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")

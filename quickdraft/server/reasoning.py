@@ -4,8 +4,10 @@ vLLM's reasoning parsers give it.
 Rules:
 - Found once per chat template (:func:`thinking_of`): a template that writes ``<think>`` and ``</think>`` (Qwen3,
   DeepSeek-R1, SmolLM3) has its model's reasoning split off, unless the server runs with ``--reasoning-format none``.
-- An answer thinks from its start when its prompt ends inside ``<think>`` (the template opened it), or when it opens
-  with ``<think>`` itself (leading whitespace aside). Its reasoning is then its text up to ``</think>`` (all of it
+- An answer thinks from its start when the template's opening of the assistant's turn (``generation_prompt``, with
+  the request's ``chat_template_kwargs``) leaves a ``<think>`` open, unless a grammar constrains the answer (it holds
+  from the first token, so no ``</think>`` could come), or when it opens with ``<think>`` itself (leading whitespace
+  aside). Its reasoning is then its text up to ``</think>`` (all of it
   when the answer ends first), and its content what follows, without leading whitespace. Any other answer is all
   content: a ``<think>`` later in it is text.
 - Streamed, reasoning and content go out as deltas of their own; what may still be the opening tag, or the start of
@@ -45,9 +47,9 @@ def thinking_of(template: str) -> bool:
     return OPEN in template and CLOSE in template
 
 
-def opened_by(prompt_text: str) -> bool:
-    """Whether a prompt's text ends inside a think block (the tail of the rendered prompt is enough)."""
-    return prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE)
+def opened_by(generation_prompt: str) -> bool:
+    """Whether the text opening the assistant's turn leaves a think block open."""
+    return generation_prompt.rfind(OPEN) > generation_prompt.rfind(CLOSE)
 
 
 class ThinkingFilter:

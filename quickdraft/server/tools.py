@@ -247,6 +247,8 @@ def template_message(
     message's result as its content, with its ``tool_call_id`` and the called function's ``name`` (the client's, or
     the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages lack it)."""
     rendered: dict[str, Any] = {"role": message["role"], "content": content}
+    if message["role"] == "assistant" and isinstance(message.get("reasoning_content"), str):
+        rendered["reasoning_content"] = message["reasoning_content"]  # Qwen3's template renders it in tool loops
     calls = message.get("tool_calls")
     if message["role"] == "assistant" and calls:
         if not isinstance(calls, list) or not all(_is_call(call) for call in calls):

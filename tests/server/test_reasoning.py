@@ -11,12 +11,14 @@ import pytest
 from conftest import MODEL, Server, serving
 from test_tools import TIME, char_pipeline
 
+from quickdraft.prompts import generation_prompt
 from quickdraft.server.reasoning import Thinking, opened_by, thinking_of
 
 # a template whose model thinks: the assistant's turn opens a think block when asked (as DeepSeek-R1's always does)
 THINKING = (
     "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    "{% if tools %}<tool_call> {% endif %}assistant: {% if open_think %}<think>\n{% endif %}"
+    "{% if tools %}<tool_call> {% endif %}{% if add_generation_prompt %}assistant: "
+    "{% if open_think %}<think>\n{% endif %}{% endif %}"
     "{# earlier answers drop their <think>...</think> #}"
 )
 
@@ -57,15 +59,15 @@ def servers() -> Iterator[tuple[Server, Server]]:
         yield split, whole
 
 
-@pytest.mark.parametrize("opened", [False, True])
-def test_the_server_gives_reasoning_apart_whole_and_streamed(servers: tuple[Server, Server], opened: bool) -> None:
+def test_the_server_gives_reasoning_apart_whole_and_streamed(servers: tuple[Server, Server]) -> None:
     split, whole = servers
-    answer = "<think>abc</think> ok" if not opened else "abc</think> ok"
-    fields = {"regex": answer.replace("<", "\\<"), "chat_template_kwargs": {"open_think": opened}}
+    answer = "<think>abc</think> ok"
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "temperature": 0}
 
     def create(server: Server, **more: object) -> object:
-        return server.client().chat.completions.create(**ask, extra_body=fields, **more)  # type: ignore[arg-type]
+        return server.client().chat.completions.create(
+            **ask, extra_body={"regex": "\\<think\\>abc\\</think\\> ok"}, **more
+        )  # type: ignore[arg-type]
 
     message = create(split).choices[0].message  # type: ignore[attr-defined]
     assert (message.reasoning_content, message.content) == ("abc", "ok")
@@ -76,6 +78,35 @@ def test_the_server_gives_reasoning_apart_whole_and_streamed(servers: tuple[Serv
     assert streamed == ["abc", "ok"]
     plain = create(whole).choices[0].message  # type: ignore[attr-defined]
     assert plain.content == answer and getattr(plain, "reasoning_content", None) is None
+
+
+def test_an_answer_thinks_from_a_block_its_template_opened_unless_a_grammar_holds_it(
+    servers: tuple[Server, Server],
+) -> None:
+    """The template's opening of the assistant's turn decides, not the user's text (which may mention <think>);
+    under a grammar the block could never close, so the answer is content."""
+    client = servers[0].client()
+    opened = {"chat_template_kwargs": {"open_think": True}}
+    ask = {"model": MODEL, "max_tokens": 20, "temperature": 0}
+    free = client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], extra_body=opened, **ask)
+    message = free.choices[0].message
+    assert message.reasoning_content and "</think>" not in message.reasoning_content and message.content is None
+    held = client.chat.completions.create(
+        messages=[{"role": "user", "content": "hi"}], extra_body=opened | {"regex": '\\{"a": 7\\}'}, **ask
+    )
+    assert (
+        held.choices[0].message.content == '{"a": 7}'
+        and getattr(held.choices[0].message, "reasoning_content", None) is None
+    )
+    mention = client.chat.completions.create(messages=[{"role": "user", "content": "what is <think>"}], **ask)
+    assert getattr(mention.choices[0].message, "reasoning_content", None) is None and mention.choices[0].message.content
+
+
+def test_the_template_says_where_an_answer_starts() -> None:
+    pipeline = char_pipeline(THINKING)
+    assert generation_prompt(pipeline.tokenizer) == "assistant: "
+    assert opened_by(generation_prompt(pipeline.tokenizer, {"open_think": True}))
+    assert generation_prompt(pipeline.tokenizer, {"add_generation_prompt": True}) == ""  # refused: no opening known
 
 
 def test_tools_are_looked_for_after_the_reasoning(servers: tuple[Server, Server]) -> None:

@@ -248,6 +248,8 @@ def test_tool_requests_are_checked() -> None:
     called = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
     rendered = template_message(called, "")
     assert rendered["tool_calls"][0]["function"]["arguments"] == {}
+    thought = {"role": "assistant", "content": "", "reasoning_content": "hmm"}  # Qwen3's template renders it
+    assert template_message(thought, "")["reasoning_content"] == "hmm"
     result = {"role": "tool", "tool_call_id": "c1", "content": "7"}  # Hermes' templates need its function's name
     assert template_message(result, "7", {"c1": "f"}) == result | {"name": "f"}
     assert template_message(result | {"name": "g"}, "7", {"c1": "f"})["name"] == "g"  # the client's, if it sent one

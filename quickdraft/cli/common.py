@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -85,6 +86,27 @@ def add_chat_template_argument(parser: argparse.ArgumentParser) -> None:
         help="a Jinja chat template (as transformers' apply_chat_template reads it) to use in place of the model's: "
         "for a model without one, or to change its turns and system prompt",
     )
+    parser.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        type=template_variables,
+        help="more variables for the chat template, a JSON object (vLLM's chat_template_kwargs): "
+        "'{\"enable_thinking\": false}' turns Qwen3's thinking off (serve: for every conversation, a request's own "
+        "chat_template_kwargs taking precedence name by name)",
+    )
+
+
+def template_variables(text: str) -> dict[str, Any]:
+    """``--chat-template-kwargs JSON``: a JSON object (argparse reports the error before any model loads)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f'a JSON object of template variables, such as {{"enable_thinking": false}}, not {text!r}'
+        )
+    return value
 
 
 def chat_template_of(args: argparse.Namespace) -> str | None:

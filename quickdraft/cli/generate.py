@@ -40,13 +40,6 @@ def add_command(commands: Any) -> None:
     generate.add_argument("prompt", nargs="?", help="the prompt text, or - to read it from standard input")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
     add_chat_template_argument(generate)
-    generate.add_argument(
-        "--chat-template-kwargs",
-        metavar="JSON",
-        type=template_variables,
-        help="more variables for the chat template, a JSON object (vLLM's chat_template_kwargs): "
-        "'{\"enable_thinking\": false}' turns Qwen3's thinking off",
-    )
     add_model_arguments(generate)
     generate.add_argument(
         "--drafter",
@@ -274,19 +267,6 @@ def run(args: argparse.Namespace) -> None:
 def given(**values: Any) -> dict[str, Any]:
     """The options given on the command line (the rest take the settings' defaults)."""
     return {name: value for name, value in values.items() if value is not None}
-
-
-def template_variables(text: str) -> dict[str, Any]:
-    """``--chat-template-kwargs JSON``: a JSON object (argparse reports the error before any model loads)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(
-            f'a JSON object of template variables, such as {{"enable_thinking": false}}, not {text!r}'
-        )
-    return value
 
 
 def logit_bias_of(pairs: list[str]) -> list[tuple[int, float]]:

@@ -146,7 +146,9 @@ def create_app(
             raise error if translate is None else renamed(error) from None
         if thinks and chat and translate is None:  # whether the template's opening of the answer opens a think block
             free = api.serve.config.grammar is None  # a grammar holds from the first token: no </think> can come
-            opened = free and opened_by(generation_prompt(pipeline.tokenizer, template_kwargs(translated)))
+            opened = free and opened_by(
+                generation_prompt(pipeline.tokenizer, template_kwargs(translated, defaults.template_kwargs))
+            )
             api = dataclasses.replace(api, thinking=Thinking(opened))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
@@ -218,7 +220,9 @@ def create_app(
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes)
         names = defaults.model_names
-        return JSONResponse(await asyncio.to_thread(tokenize, body, pipeline, names, tool_format, spell))
+        return JSONResponse(
+            await asyncio.to_thread(tokenize, body, pipeline, names, tool_format, spell, defaults.template_kwargs)
+        )
 
     @app.post("/detokenize")
     async def detokenize_route(request: Request) -> JSONResponse:

@@ -61,6 +61,7 @@ class ServerDefaults:
     max_positions: int | None = None  # positions the server's caches hold for all requests (None: no bound)
     max_draft_tokens: int = 16  # adaptive policies' largest γ: a request's default and limit (costs measured so far)
     split_reasoning: bool = True  # a thinking model's reasoning goes to reasoning_content (server/reasoning.py)
+    template_kwargs: dict[str, Any] | None = None  # every conversation's chat template variables (a request's win)
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,9 @@ def parse_request(
     include_usage = flag(options or {}, "include_usage", False, "stream_options.")
     return_token_ids = flag(body, "return_token_ids", False)
     try:
+        variables = template_kwargs(body, defaults.template_kwargs)
         prompt_ids = (
-            encode(chat_messages(body), True, None if tools is None else tools.tools, template_kwargs(body))
+            encode(chat_messages(body), True, None if tools is None else tools.tools, variables)
             if chat
             else encode(_prompt(body), False)
         )
@@ -190,12 +192,14 @@ def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:
     return model or model_names[0]
 
 
-def template_kwargs(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """vLLM's ``chat_template_kwargs``: more variables for the chat template (``{"enable_thinking": false}``)."""
+def template_kwargs(body: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """vLLM's ``chat_template_kwargs``: more variables for the chat template (``{"enable_thinking": false}``), over
+    the server's ``defaults`` (``serve --chat-template-kwargs``) name by name."""
     value = body.get("chat_template_kwargs")
     if value is not None and not (isinstance(value, Mapping) and all(isinstance(name, str) for name in value)):
         raise ApiError(400, "chat_template_kwargs must be an object of template variables", "chat_template_kwargs")
-    return None if value is None else dict(value)
+    merged = {**(defaults or {}), **(value or {})}
+    return merged if merged or value is not None else None
 
 
 def error_param(error: QuickdraftError, chat: bool) -> str | None:

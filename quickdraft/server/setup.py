@@ -18,6 +18,7 @@ from quickdraft.engine import Engine, SchedulerSettings
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.errors import ConfigError, QuickdraftError
 from quickdraft.models.convert import gguf_source
+from quickdraft.prompts import check_template_kwargs
 from quickdraft.runtime.device import resolve_device
 from quickdraft.server.access import MAX_BODY_MB, OPEN, REQUEST_TIMEOUT_S, Access
 from quickdraft.server.loop import ServingLoop
@@ -49,6 +50,7 @@ class ServerOptions:
     memory_share: float = 1.0  # this server's share of the machine's memory (a replica's: one of N)
     chat_template: str | None = None  # Jinja text in place of the target's chat template (--chat-template's)
     split_reasoning: bool = True  # a thinking model's reasoning to reasoning_content (--reasoning-format auto)
+    chat_template_kwargs: dict[str, Any] | None = None  # every conversation's template variables (a request's win)
 
     def __post_init__(self) -> None:
         GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
@@ -82,6 +84,7 @@ class ServerOptions:
             ),
             getattr(args, "kv_cache_mb", None),
             split_reasoning=getattr(args, "reasoning_format", "auto") == "auto",
+            chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
         )  # fmt: skip
 
 
@@ -107,6 +110,7 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     )  # fmt: skip
     pipeline.draft_head = Path(options.draft_head) if options.draft_head else None
     pipeline.drafter(options.drafter)  # a default drafter these models cannot run fails here
+    check_template_kwargs(pipeline.tokenizer, options.chat_template_kwargs)  # before any request meets them
     engine, notes = serving_engine(
         pipeline, options.scheduler, options.max_draft_tokens, options.recalibrate,
         prefix_cache_mb=options.prefix_cache_mb, kv_cache_mb=options.kv_cache_mb, memory_share=options.memory_share,
@@ -116,7 +120,7 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     names = model_names(pipeline, options.served_model_name)
     defaults = ServerDefaults(
         names, options.drafter, options.policy, options.default_max_tokens, max_draft_tokens=options.max_draft_tokens,
-        split_reasoning=options.split_reasoning,
+        split_reasoning=options.split_reasoning, template_kwargs=options.chat_template_kwargs,
     )  # fmt: skip
     loop = ServingLoop(engine, own_thread=own_thread)
     return Server(create_app(pipeline, loop, defaults, options.access), loop, names, notes)

@@ -4,8 +4,8 @@ as, and the text of token ids.
 Rules:
 - ``/tokenize`` takes ``prompt`` (a string, read as ``/v1/completions`` reads one; ``add_special_tokens`` false:
   without the tokenizer's special tokens) or ``messages`` (as ``/v1/chat/completions`` reads them, through the chat
-  template, with ``tools`` unless ``tool_choice`` is none, and ``chat_template_kwargs``), and answers ``count``,
-  ``max_model_len`` and ``tokens``, and ``token_strs`` with ``return_token_strs``.
+  template, with ``tools`` unless ``tool_choice`` is none, and ``chat_template_kwargs`` over the server's), and
+  answers ``count``, ``max_model_len`` and ``tokens``, and ``token_strs`` with ``return_token_strs``.
 - ``/detokenize`` takes ``tokens`` (ids of the vocabulary) and answers ``prompt``: their text, special tokens
   included.
 - ``model`` is checked as on the other endpoints. Any other field is a 400, and so is a chat template option this
@@ -38,6 +38,7 @@ def tokenize(
     model_names: tuple[str, ...],
     tool_format: ToolFormat | None,
     spell: Callable[[int], tuple[str, bytes]],
+    template_defaults: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The answer to a ``/tokenize`` body (the rules above); raises :class:`ApiError`."""
     _check(body, TOKENIZE_FIELDS, model_names)
@@ -54,7 +55,7 @@ def tokenize(
         if body.get("messages") is not None:
             tools = parse_tools(body, tool_format)
             tools_list = None if tools is None else list(tools.tools)
-            ids = pipeline.encode_chat(chat_messages(body), tools_list, template_kwargs(body))
+            ids = pipeline.encode_chat(chat_messages(body), tools_list, template_kwargs(body, template_defaults))
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):

@@ -80,6 +80,19 @@ def test_a_chat_template_given_to_the_server_renders_its_conversations(tiny_mode
         server.loop.stop()
     with pytest.raises(ConfigError, match="the chat template cannot be read"):
         build_server(dataclasses.replace(options, chat_template="{% for m in messages %"), own_thread=True)
+    # serve --chat-template-kwargs: every conversation's variables, a request's own winning name by name
+    thinking = TEMPLATE.replace("w7", "{% if enable_thinking is false %}w6 {% endif %}w7")
+    quiet = dataclasses.replace(options, chat_template=thinking, chat_template_kwargs={"enable_thinking": False})
+    with TestClient(build_server(quiet, own_thread=True).app) as client:  # the app's lifespan runs its loop
+        messages = [{"role": "user", "content": "w1"}]
+        default = client.post("/tokenize", json={"messages": messages, "return_token_strs": True}).json()
+        mine = {"messages": messages, "return_token_strs": True, "chat_template_kwargs": {"enable_thinking": True}}
+        assert default["token_strs"][-2:] == ["w6", "w7"] and client.post("/tokenize", json=mine).json()[
+            "token_strs"][-2:] == ["w8", "w7"]  # fmt: skip
+        answer = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()
+        assert answer["usage"]["prompt_tokens"] == default["count"]
+    with pytest.raises(ConfigError, match="chat_template_kwargs cannot set tokenize"):
+        build_server(dataclasses.replace(quiet, chat_template_kwargs={"tokenize": True}), own_thread=True)
 
 
 def test_chat_template_kwargs_reach_the_template_on_every_chat_path() -> None:

@@ -34,7 +34,7 @@ def encode_chat(
     """A conversation (``role``/``content`` dicts, an assistant's ``tool_calls`` too) through the chat template,
     ready for the assistant's turn; ``tools``: OpenAI's function tools, rendered by the template;
     ``template_kwargs``: more variables the template reads (vLLM's ``chat_template_kwargs``, e.g. Qwen3's
-    ``enable_thinking``), none of them one of ``apply_chat_template``'s own arguments."""
+    ``enable_thinking``), none of them a name the rendering reserves (:func:`reserved_template_names`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("this model has no chat template; run without --chat")
     extra = check_template_kwargs(tokenizer, template_kwargs)
@@ -68,8 +68,8 @@ def encode_chat(
 
 def check_template_kwargs(tokenizer: Any, template_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     """``template_kwargs`` as keyword arguments of the tokenizer's ``apply_chat_template``; ConfigError naming
-    ``chat_template_kwargs`` for anything but a mapping of names to values, or a name that is one of that method's
-    own arguments (``tokenize``, ``add_generation_prompt``, ...) or the conversation's (``messages``)."""
+    ``chat_template_kwargs`` for anything but a mapping of names to values, or a name the rendering reserves
+    (:func:`reserved_template_names`: ``tokenize``, ``add_generation_prompt``, ``messages``, ...)."""
     if template_kwargs is None:
         return {}
     if not isinstance(template_kwargs, Mapping) or not all(isinstance(name, str) for name in template_kwargs):

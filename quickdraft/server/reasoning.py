@@ -7,9 +7,8 @@ Rules:
 - An answer thinks from its start when the template's opening of the assistant's turn (``generation_prompt``, with
   the request's ``chat_template_kwargs``) leaves a ``<think>`` open, unless a grammar constrains the answer (it holds
   from the first token, so no ``</think>`` could come), or when it opens with ``<think>`` itself (leading whitespace
-  aside). Its reasoning is then its text up to ``</think>`` (all of it
-  when the answer ends first), and its content what follows, without leading whitespace. Any other answer is all
-  content: a ``<think>`` later in it is text.
+  aside). Its reasoning is then its text up to ``</think>`` (all of it when the answer ends first), and its content
+  what follows, without leading whitespace. Any other answer is all content: a ``<think>`` later in it is text.
 - Streamed, reasoning and content go out as deltas of their own; what may still be the opening tag, or the start of
   the closing one, waits for the next delta. Both ways give the same text. Tool calls are looked for in the content.
 - Completions and ``/v1/responses`` get the answer's text whole. Log-probabilities cover every token of a choice,
@@ -25,7 +24,7 @@ OPEN, CLOSE = "<think>", "</think>"
 
 @dataclass(frozen=True)
 class Thinking:
-    """A request's reasoning split: whether its answer starts inside a ``<think>`` block its prompt opened."""
+    """A request's reasoning split: whether its answer starts inside a ``<think>`` block the template opened."""
 
     opened_by_prompt: bool
 

@@ -23,6 +23,7 @@ class IncrementalDecoder:
         self.token_ids: list[int] = []
         self.text = ""  # all decoded text, cut before a stop string once one is found
         self.stopped = False
+        self.stopped_by: str | None = None  # the stop string found (the first of those that start earliest)
         self._prefix_offset = 0  # window start: tokens before it are in self.text for good
         self._read_offset = 0  # tokens up to here are in self.text
         self._released = 0  # characters of self.text handed out by release()
@@ -43,10 +44,11 @@ class IncrementalDecoder:
         # The earliest occurrence wins, whatever the order of self.stop: one multi-character
         # token can complete several stop strings, and cutting at a later one leaks text.
         stops = self.stop if len(self.token_ids) >= self.min_tokens else ()
-        found = [index for index in (self.text.find(stop, searched_from) for stop in stops) if index >= 0]
+        found = [(index, stop) for stop in stops if (index := self.text.find(stop, searched_from)) >= 0]
         if found:
-            self.text = self.text[: min(found)]
-            self.stopped = True
+            cut = min(index for index, _ in found)
+            self.text, self.stopped = self.text[:cut], True
+            self.stopped_by = next(stop for index, stop in found if index == cut)
 
     def release(self, final: bool = False) -> str:
         """Text that is safe to show now and was not released before. ``final``: the answer has ended, so a

@@ -99,6 +99,7 @@ def test_generate_with_a_logit_bias_and_penalties(model_args: list[str], capsys:
     status, out, _ = run([*args, "--logit-bias", "6=100", "--stop-token-id", "6", "--min-tokens", "2"], capsys)
     answer = json.loads(out)
     assert status == 0 and answer["token_ids"][2] == 6 and len(answer["token_ids"]) == 3  # the third may end it
+    assert answer["stop_reason"] == 6  # the stop token that ended it
     penalized = [*args, "--presence-penalty", "2", "--frequency-penalty", "2", "--repetition-penalty", "3"]
     status, out, _ = run([*penalized, "--temperature", "0.7", "--seed", "1", "--min-p", "0.05"], capsys)
     assert status == 0 and len(json.loads(out)["token_ids"]) == 5

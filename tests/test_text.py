@@ -66,7 +66,7 @@ def test_stop_strings_are_looked_for_from_min_tokens_on() -> None:
 def test_earliest_of_several_stop_strings() -> None:
     decoder = IncrementalDecoder(ByteTokenizer(), stop=("zz", "y"))
     feed(decoder, "axyzz")
-    assert decoder.text == "ax"
+    assert decoder.text == "ax" and decoder.stopped_by == "y"  # vLLM's stop_reason
 
 
 BOTH_ORDERS = pytest.mark.parametrize("stop", [("world", "lo w"), ("lo w", "world")])
@@ -75,7 +75,7 @@ BOTH_ORDERS = pytest.mark.parametrize("stop", [("world", "lo w"), ("lo w", "worl
 @BOTH_ORDERS
 def test_earliest_stop_wins_when_two_complete_in_one_token(stop: tuple[str, ...]) -> None:
     decoder, deltas = feed_pieces(["hello", " world"], stop)
-    assert decoder.stopped and decoder.text == "hel"
+    assert decoder.stopped and decoder.text == "hel" and decoder.stopped_by == "lo w"
     assert "".join(deltas) == "hel"
 
 

@@ -243,6 +243,7 @@ def run(args: argparse.Namespace) -> None:
             "text": result.text,
             "token_ids": result.token_ids,
             "finish_reason": result.finish_reason,
+            "stop_reason": result.stop_reason,  # the stop string or stop token id that ended it
             "stats": result.stats.to_dict(),
             "target": str(pipeline.target_path),
             "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),

@@ -24,7 +24,6 @@ from quickdraft.engine.logprobs import token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
 from quickdraft.engine.request import (
     FailureCause,
-    GenerationResult,
     Request,
     RequestFailed,
     RequestFinished,
@@ -396,5 +395,4 @@ class Engine:
         if final_text or last_tokens or last_logprobs:
             state.sink(TokenDelta(final_text, tuple(last_tokens or ()), last_logprobs))
         logprobs = state.logprobs[: state.logprobs_sent] if state.request.config.logprobs is not None else None
-        result = GenerationResult(state.decoder.text, state.new_token_ids, finish_reason, state.stats, logprobs)
-        state.sink(RequestFinished(result))
+        state.sink(RequestFinished(state.result(finish_reason, logprobs)))

@@ -85,6 +85,7 @@ class GenerationResult:
     finish_reason: str  # "eos" | "length" | "stop" | "cancelled"
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None  # when asked (config.logprobs): one per new token of the text
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it, else None
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,15 @@ class RequestState:
     @property
     def prompt_length(self) -> int:
         return len(self.request.prompt_ids)
+
+    def result(self, finish_reason: str, logprobs: list[TokenLogprob] | None) -> GenerationResult:
+        """The request's result as it ends for ``finish_reason``: its ``stop_reason`` the stop string the decoder
+        found, or the last token where it is one of the request's stop tokens."""
+        last = self.new_token_ids[-1] if self.new_token_ids else None
+        stop_reason: str | int | None = self.decoder.stopped_by if finish_reason == "stop" else None
+        if finish_reason == "eos" and last in self.request.config.stop_token_ids:
+            stop_reason = last
+        return GenerationResult(self.decoder.text, self.new_token_ids, finish_reason, self.stats, logprobs, stop_reason)
 
     def target_choice(
         self, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor

@@ -138,7 +138,7 @@ async def stream_chunks(
                 if content[held.sent :] or found:  # the held text that was no call; the calls, whole
                     yield sse(chunk_body(api, response_id, content[held.sent :], tool_calls=found, index=index))
                 reason = api.tools.finish_reason(reason, bool(found))
-            yield sse(chunk_body(api, response_id, "", (), reason, index=index))
+            yield sse(chunk_body(api, response_id, "", (), reason, index=index, stop_reason=event.result.stop_reason))
             results[index] = event.result
         elif isinstance(event, RequestFailed):
             yield sse(failure(event).body())

@@ -103,6 +103,7 @@ def choice_body(
     api: ApiRequest, index: int, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result.finish_reason)}
+    choice["stop_reason"] = result.stop_reason  # vLLM's: the stop string or token that ended it
     choice["logprobs"] = logprobs_body(api, result.logprobs or [], spell)
     reasoning, text = api.thinking.split(result.text) if api.thinking else (None, result.text)
     content, calls = api.tools.split_calls(text) if api.tools else (text, [])
@@ -139,11 +140,13 @@ def chunk_body(
     tool_calls: list[dict[str, Any]] | None = None,
     index: int = 0,
     reasoning: str = "",
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk of choice ``index``: a text delta (None: the chat's opening role delta), or the end with
     ``reason``; ``logprobs``: the delta's tokens' (:func:`logprobs_body`); ``tool_calls``: the answer's calls,
-    whole; ``reasoning``: a reasoning delta (``reasoning_content``)."""
+    whole; ``reasoning``: a reasoning delta (``reasoning_content``); ``stop_reason``: vLLM's, with the end."""
     choice: dict[str, Any] = {"index": index, "finish_reason": None if reason is None else finish_reason(reason)}
+    choice["stop_reason"] = stop_reason
     if api.chat:
         choice["delta"] = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
         if reasoning:

@@ -90,7 +90,7 @@ def test_stop_string_ends_text_before_it(pipeline: Pipeline, drafter: str) -> No
     stream = pipeline.stream(PROMPTS[3], config, drafter=drafter)
     streamed = "".join(stream)
     result = stream.result
-    assert result is not None and result.finish_reason == "stop"
+    assert result is not None and result.finish_reason == "stop" and result.stop_reason == stop
     assert result.text == streamed == plain.text[: plain.text.index(stop)]
     assert result.token_ids == plain.token_ids[: len(result.token_ids)]
     assert stop in pipeline.tokenizer.decode(result.token_ids)

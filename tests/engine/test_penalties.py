@@ -103,6 +103,7 @@ def test_min_tokens_ignore_eos_and_stop_token_ids_end_answers_as_plain_decoding_
     }
     stopped = pipeline.generate(PROMPTS[0], cases["stop_token_ids"][0], drafter="none")
     assert stopped.text == pipeline.tokenizer.decode(stopped.token_ids[:-1])  # the stop token's text is not in it
+    assert stopped.stop_reason == stopper and pipeline.generate(PROMPTS[0], ending, drafter="none").stop_reason is None
     for name, (config, holds) in cases.items():
         for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=5)):
             plain = pipeline.generate(PROMPTS[0], replace(config, sampling=sampling), drafter="none")

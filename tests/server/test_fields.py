@@ -256,6 +256,26 @@ def test_logit_bias_and_penalties_answer_as_the_library_does(served: tuple[Serve
     config = GenerationConfig(max_new_tokens=8, sampling=sampling, adjustments=adjustments, **ENDINGS)
     expected = pipeline.generate(prompt_ids, config, drafter="none")
     assert answer.choices[0].model_extra["token_ids"] == expected.token_ids
+    assert answer.choices[0].model_extra["stop_reason"] == expected.stop_reason  # vLLM's: a stop token id, or None
+
+
+def test_the_stop_reason_names_the_stop_string_or_token_that_ended_the_answer(served: tuple[Server, Pipeline]) -> None:
+    """vLLM's ``stop_reason``, whole and in the streamed choice's last chunk: the stop string or stop token id that
+    ended the answer, null for any other end."""
+    server, pipeline = served
+    prompt_ids = pipeline.encode("w1 w2 w3", chat=False)
+    free = pipeline.generate(prompt_ids, GenerationConfig(max_new_tokens=6), drafter="none")
+    word, token = free.text.split()[2], free.token_ids[3]
+    client = server.client()
+    for fields, expected in (
+        ({"stop": [word]}, word),
+        ({"extra_body": {"stop_token_ids": [token]}}, token),
+        ({}, None),
+    ):
+        ask = {"model": MODEL, "prompt": "w1 w2 w3", "max_tokens": 6, "temperature": 0} | fields
+        assert client.completions.create(**ask).choices[0].model_extra["stop_reason"] == expected, fields
+        chunks = [chunk.choices[0] for chunk in client.completions.create(**ask, stream=True) if chunk.choices]
+        assert chunks[-1].model_extra["stop_reason"] == expected and chunks[-1].finish_reason in ("stop", "length")
 
 
 def test_min_tokens_raises_the_default_token_limit(served: tuple[Server, Pipeline]) -> None:

@@ -9,6 +9,9 @@ from typing import Any
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
 from quickdraft.tokens import common_prefix_length
 
+# What rendering a chat template raises for a value it cannot use, besides its own refusals (jinja2's TemplateError)
+RENDER_ERRORS = (TypeError, ValueError, LookupError, AttributeError)
+
 
 def encode(
     tokenizer: Any, prompt: str, chat: bool = False, template_kwargs: Mapping[str, Any] | None = None
@@ -60,7 +63,7 @@ def encode_chat(
         raise ModelFilesError(f"this model's chat template cannot be read: {error}") from None
     except jinja2.TemplateError as error:  # its own refusal (raise_exception): a system turn, turns not alternating
         raise PromptError(f"this model's chat template refuses the conversation: {error}") from None
-    except (TypeError, ValueError, LookupError, AttributeError) as error:  # a value it cannot use (a call's id None)
+    except RENDER_ERRORS as error:  # a value it cannot use (a call's id None)
         reason = f"{type(error).__name__}: {error}"
         raise PromptError(f"this model's chat template cannot render the conversation ({reason})") from None
     return list(tokenizer(text, add_special_tokens=False).input_ids)
@@ -109,7 +112,7 @@ def generation_prompt(tokenizer: Any, template_kwargs: Mapping[str, Any] | None 
             tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=add, **extra)
             for add in (True, False)
         )
-    except (jinja2.TemplateError, ConfigError, TypeError, ValueError, LookupError, AttributeError):
+    except (jinja2.TemplateError, ConfigError, *RENDER_ERRORS):
         return ""
     return opened[len(closed) :] if opened.startswith(closed) else ""
 

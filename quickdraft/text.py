@@ -22,7 +22,6 @@ class IncrementalDecoder:
         self.min_tokens = min_tokens  # stop strings are looked for from the token that makes this many on (vLLM's)
         self.token_ids: list[int] = []
         self.text = ""  # all decoded text, cut before a stop string once one is found
-        self.stopped = False
         self.stopped_by: str | None = None  # the stop string found (the first of those that start earliest)
         self._prefix_offset = 0  # window start: tokens before it are in self.text for good
         self._read_offset = 0  # tokens up to here are in self.text
@@ -31,6 +30,11 @@ class IncrementalDecoder:
         self._starts: list[int] = []  # [tokens read] where the text each token completes begins (non-decreasing)
         self._ends: list[int] = []  # [tokens read] and where it ends (non-decreasing)
         self._final = False
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string was found: the text ends before it."""
+        return self.stopped_by is not None
 
     def add(self, token_id: int) -> None:
         """Append one committed token; sets ``stopped`` when a stop string is complete."""
@@ -47,7 +51,7 @@ class IncrementalDecoder:
         found = [(index, stop) for stop in stops if (index := self.text.find(stop, searched_from)) >= 0]
         if found:
             cut = min(index for index, _ in found)
-            self.text, self.stopped = self.text[:cut], True
+            self.text = self.text[:cut]
             self.stopped_by = next(stop for index, stop in found if index == cut)
 
     def release(self, final: bool = False) -> str:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import time
 from asyncio import Queue
@@ -62,6 +63,10 @@ def create_app(
     tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
     template = getattr(pipeline.tokenizer, "chat_template", None)
     thinks = defaults.split_reasoning and isinstance(template, str) and thinking_of(template)  # reasoning apart
+
+    @functools.lru_cache(maxsize=64)
+    def opens_thinking(variables: str) -> bool:  # JSON of the template's variables: two renders once, not per request
+        return opened_by(generation_prompt(pipeline.tokenizer, json.loads(variables)))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -146,9 +151,8 @@ def create_app(
             raise error if translate is None else renamed(error) from None
         if thinks and chat and translate is None:  # whether the template's opening of the answer opens a think block
             free = api.serve.config.grammar is None  # a grammar holds from the first token: no </think> can come
-            opened = free and opened_by(
-                generation_prompt(pipeline.tokenizer, template_kwargs(translated, defaults.template_kwargs))
-            )
+            variables = template_kwargs(translated, defaults.template_kwargs)
+            opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
             api = dataclasses.replace(api, thinking=Thinking(opened))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")

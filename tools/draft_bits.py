@@ -41,8 +41,8 @@ from quickdraft.bench.questions import default_questions_path, load_questions, s
 from quickdraft.models import DEFAULT_DRAFT, resolve_model
 from quickdraft.runtime import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.kquants import GROUP, Q4Part
 from quickdraft.runtime.native.model import Decoder
-from quickdraft.runtime.native.parts import GROUP, Q4Part
 from quickdraft.runtime.options import DRAFT_VOCABULARY
 from quickdraft.tokens import frequent_tokens
 

@@ -57,8 +57,8 @@ def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--d
         f"{prefix}weights",
         choices=WEIGHT_FORMATS,
         default=None,
-        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's Q4_K and Q6_K tensors as "
-        f"stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors and stores the rest in 4 bits, int8 stores "
+        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's Q4_K, Q5_K and Q6_K tensors "
+        f"as stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors and stores the rest in 4 bits, int8 stores "
         f"everything in 7 bits (draft model default "
         f"{DRAFT_WEIGHTS}, other models auto)",
     )

@@ -31,6 +31,17 @@ void q4_gemm(const uint8_t* codes, const uint8_t* sub_scale, const uint8_t* sub_
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q4_reference(w, x + r * k, j);
 }
 
+void q5_gemm(const uint8_t* codes, const uint8_t* high, const uint8_t* sub_scale, const uint8_t* sub_min,
+             const float* d, const float* dmin, int64_t n, int64_t k, const int8_t* x, int64_t rows, float* out,
+             int which) {
+  const qd::Q4Weights w{codes, sub_scale, sub_min, d, dmin, n, k, high};
+  std::vector<int32_t> pairs(rows * k / (2 * qd::kGroup));
+  for (int64_t r = 0; r < rows; ++r) qd::group_sum_pairs(x + r * k, k, pairs.data() + r * k / (2 * qd::kGroup));
+  if (which == 0) return qd::q4_gemm(w, x, rows, pairs.data(), out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q4_reference(w, x + r * k, j);
+}
+
 void q6_gemm(const uint8_t* codes, const uint8_t* high, const int8_t* sub_scale, const float* d, int64_t n, int64_t k,
              const int8_t* x, int64_t rows, float* out, int which) {
   const qd::Q6Weights w{codes, high, sub_scale, d, n, k};

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from quickdraft.machine import cpu_description
-from quickdraft.runtime.native.parts import Int8Part, Q4Part, Q6Part
+from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
+from quickdraft.runtime.native.parts import Int8Part
 
 HERE = Path(__file__).parent
 HEADER_DIR = Path(__file__).parents[2] / "quickdraft" / "runtime" / "native"
@@ -66,15 +67,16 @@ def run(library: ctypes.CDLL, part: Int8Part | Q4Part | Q6Part, x: torch.Tensor,
     rows, n, k = x.shape[0], part.padded_rows, part.in_features
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
-    gemm = {Int8Part: library.int8_gemm, Q4Part: library.q4_gemm, Q6Part: library.q6_gemm}[type(part)]
+    gemm = {Int8Part: library.int8_gemm, Q4Part: library.q4_gemm, Q5Part: library.q5_gemm, Q6Part: library.q6_gemm}
+    gemm = gemm[type(part)]
     gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
 
 
-@pytest.mark.parametrize("kind", [Int8Part, Q4Part, Q6Part])
+@pytest.mark.parametrize("kind", [Int8Part, Q4Part, Q5Part, Q6Part])
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
-    part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4, q6: two full superblocks, a short one
+    part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4-q6: two full superblocks, a short one
     # int8 on AMX from 4 rows, q4 from 64 (pairs of 16-row tiles, one more, the rest): up to 4 · 16 + 16 + 5 rows
     x = torch.randint(-127, 128, (85, 640), generator=generator, dtype=torch.int8)
     expected = run(libraries["scalar"], part, x, which=1)
@@ -110,6 +112,7 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
         torch.ones(16, width // 256),
         torch.ones(16, width // 256),
     )
+    q5 = Q5Part.from_blocks(*(torch.full_like(field, 31) if i == 0 else field for i, field in enumerate(q4.blocks())))
     supers = torch.ones(16, width // 256)
     q6_low = Q6Part.from_blocks(  # every weight -128 · (0 - 32) = 4096: the largest offset terms
         torch.zeros(16, width, dtype=torch.uint8), torch.full((16, width // 16), -128, dtype=torch.int8), supers
@@ -122,13 +125,14 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
         for library in libraries.values():
             assert torch.equal(run(library, int8, x, which=0), torch.full((rows, 16), 63.0 * value * width))
             assert torch.equal(run(library, q4, x, which=0), run(libraries["scalar"], q4, x, which=1))
+            assert torch.equal(run(library, q5, x, which=0), run(libraries["scalar"], q5, x, which=1))
             assert torch.equal(run(library, q6_low, x, which=0), torch.full((rows, 16), 4096.0 * value * width))
             expected = torch.full((rows, 16), -128.0 * 31 * value * width)  # 256-weight totals and their sums: exact
             assert torch.equal(run(library, q6_high, x, which=0), expected)
-        exact = (15 * 255 + 255) * value * width  # every weight d·sc·code + dmin·m = 15·255 + 255; floats round
-        assert torch.allclose(
-            run(libraries["scalar"], q4, x, which=1).double(), torch.full((rows, 16), float(exact), dtype=torch.float64)
-        )
+        for part, code in ((q4, 15), (q5, 31)):
+            exact = (code * 255 + 255) * value * width  # every weight d·sc·code + dmin·m; floats round
+            expected = torch.full((rows, 16), float(exact), dtype=torch.float64)
+            assert torch.allclose(run(libraries["scalar"], part, x, which=1).double(), expected)
 
 
 def test_q4_on_amx_continues_across_ranges_of_superblocks(libraries: dict[str, ctypes.CDLL]) -> None:

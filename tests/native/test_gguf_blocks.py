@@ -1,5 +1,5 @@
-"""Reading a GGUF file's Q4_K and Q6_K tensors as q4 and q6 parts: the same weights as gguf's own dequantization,
-bit for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K and Q6_K tensors as q4, q5 and q6 parts: the same weights as gguf's own
+dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import torch
 
 from quickdraft.runtime.native.gguf_blocks import (
     decode_q4_k,
+    decode_q5_k,
     decode_q6_k,
     exact_weights,
     transformers_name,
 )
-from quickdraft.runtime.native.parts import Q4Part, Q6Part
+from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
 
@@ -35,6 +36,10 @@ def random_q4_k(rows: int, width: int) -> np.ndarray:
     return random_blocks(rows, width, 144, slice(0, 4))  # d and dmin first
 
 
+def random_q5_k(rows: int, width: int) -> np.ndarray:
+    return random_blocks(rows, width, 176, slice(0, 4))  # d and dmin first
+
+
 def random_q6_k(rows: int, width: int) -> np.ndarray:
     return random_blocks(rows, width, 210, slice(208, 210))  # d last; sub-scales of both signs
 
@@ -48,6 +53,16 @@ def test_decoded_blocks_are_ggufs_own_dequantization() -> None:
     assert torch.equal(part.dequantize(), expected)
 
 
+def test_decoded_q5_k_blocks_are_ggufs_own_dequantization() -> None:
+    raw = random_q5_k(32, 768)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_K).astype(np.float32))
+    kind, fields = decode_q5_k(raw, 32, 768)
+    assert kind == "q5" and int(fields[0].max()) == 31 and int(fields[0].min()) == 0
+    part = Q5Part.from_blocks(*fields)
+    assert torch.equal(part.dequantize(), expected)
+    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), fields, strict=True))
+
+
 def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
     raw = random_q6_k(32, 768)
     expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
@@ -59,14 +74,16 @@ def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
 
 
 def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path) -> None:
-    q4, q6 = random_q4_k(32, 512), random_q6_k(32, 512)
+    q4, q5, q6 = random_q4_k(32, 512), random_q5_k(32, 512), random_q6_k(32, 512)
     types = gguf.GGMLQuantizationType
     q4_values = torch.from_numpy(gguf.quants.dequantize(q4, types.Q4_K).astype(np.float32))
+    q5_values = torch.from_numpy(gguf.quants.dequantize(q5, types.Q5_K).astype(np.float32))
     q6_values = torch.from_numpy(gguf.quants.dequantize(q6, types.Q6_K).astype(np.float32))
     writer = gguf.GGUFWriter(tmp_path / "model.gguf", "qwen2")
     for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_norm.weight"):
         writer.add_tensor(name, q4, raw_dtype=types.Q4_K)  # [32, 512] from its bytes
     writer.add_tensor("blk.0.attn_v.weight", q6, raw_dtype=types.Q6_K)
+    writer.add_tensor("blk.0.attn_output.weight", q5, raw_dtype=types.Q5_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -75,10 +92,15 @@ def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path)
         "model.layers.0.self_attn.q_proj.weight": q4_values,
         "model.layers.0.self_attn.k_proj.weight": q4_values.flip(0),  # rows reordered by a converter: not taken
         "model.layers.0.self_attn.v_proj.weight": q6_values,
+        "model.layers.0.self_attn.o_proj.weight": q5_values,
     }
-    found = exact_weights(tmp_path / "model.gguf", converted, types=("Q4_K", "Q6_K"))
-    assert sorted(found) == ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"]
-    for name, part in (("q_proj", Q4Part), ("v_proj", Q6Part)):
+    found = exact_weights(tmp_path / "model.gguf", converted, types=("Q4_K", "Q5_K", "Q6_K"))
+    assert sorted(found) == [
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight",
+    ]
+    for name, part in (("q_proj", Q4Part), ("v_proj", Q6Part), ("o_proj", Q5Part)):
         kind, fields = found[f"model.layers.0.self_attn.{name}.weight"]
         assert kind == part.kind
         assert torch.equal(part.from_blocks(*fields).dequantize(), converted[f"model.layers.0.self_attn.{name}.weight"])

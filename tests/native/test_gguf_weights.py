@@ -72,8 +72,8 @@ def test_every_read_type_is_in_a_test_file() -> None:
 def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
-    """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K
-    and Q6_K for auto, Q4_K for q4) as they are, the rest (every other type of READ_TYPES; Llama's q/k rows
+    """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
+    Q5_K and Q6_K for auto, Q4_K for q4) as they are, the rest (every other type of READ_TYPES; Llama's q/k rows
     reordered) quantized from the float values transformers' loader gives them."""
     import conftest
 
@@ -91,9 +91,28 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
         assert from_fp32.keys() == from_gguf[fmt].keys()
         assert all(torch.equal(from_fp32[name], from_gguf[fmt][name]) for name in from_fp32), fmt
     kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.") and name.endswith(".rows")}
-    assert kinds == {"q4", "q6", "int8"}  # Q4_K and Q6_K kept, the others quantized to int8
+    written = {kind for layers in conftest.GGUF_LAYER_TYPES for kind in layers.values()}
+    kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6"}  # the others quantized to int8
+    assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     assert not any(".q6." in name for name in from_gguf["q4"])  # a draft's Q6_K: 4 bits
+
+
+def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file with Q4_K, Q5_K and Q6_K tensors beside requantized ones: the layers in one native call (layers.cpp's
+    parts of every kind) give the logits of the PyTorch reference path, up to float rounding (its attention sums in
+    another order); a part of one kind computed as another would be far off."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[0], conftest.GGUF_LAYER_TYPES[1]))
+    runtime = NativeRuntime.load(gguf_dir(tmp_path))
+    kinds = [[type(part).kind for part in layer.out.parts] for layer in runtime.decoder.layers]
+    assert kinds == [["q5"], ["q4"]]  # attn_output: Q5_K in layer 0, Q4_K in layer 1
+    token_ids = torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    compiled = runtime.forward(token_ids, runtime.new_cache())
+    runtime.decoder.use_kernel = False
+    reference = runtime.forward(token_ids, runtime.new_cache())
+    assert float((compiled - reference).abs().max()) <= 1e-5 * float(reference.abs().max())
 
 
 def test_names_map_to_transformers_tensors() -> None:

@@ -23,6 +23,10 @@
 //   lane n0 + l, the high nibble k = 32g + 4(j + 4) + i (vector j, lane l, byte i). sub_scale: [N/16][G][16];
 //   sub_min: [N/16][G/2][16][2] (the two groups of a pair side by side); d, dmin: [N/16][S][16] float.
 //   K must be a multiple of 64.
+//
+// Format "q5" (llama.cpp's Q5_K structure): "q4" with codes in [0, 31], their fifth bits in a plane beside the
+// nibbles: high: [N/16][G][16 lanes][4 bytes], bit j of byte (l, i) the fifth bit of k = 32g + 4j + i of lane n0 + l
+// (code vector j's byte). The same sums and float sequence as q4, so q4_reference defines both.
 #pragma once
 
 #include <cmath>
@@ -75,6 +79,7 @@ struct Q4Weights {
   const float* d;            // [N/16][S][16]
   const float* dmin;         // [N/16][S][16]
   int64_t n, k;
+  const uint8_t* high = nullptr;  // q5: [N/16][G][16][4] the codes' fifth bits; null for q4
   int64_t groups() const { return k / kGroup; }
   int64_t supers() const { return (groups() + kGroupsPerSuper - 1) / kGroupsPerSuper; }
 };
@@ -124,14 +129,17 @@ inline float int8_reference(const Int8Weights& w, const int8_t* x, int64_t n) {
 inline uint8_t q4_code(const Q4Weights& w, int64_t n, int64_t k) {
   const int64_t g = k / kGroup, within = k % kGroup, j = (within / 4) % 4, i = within % 4;
   const uint8_t byte = w.codes[(((n / kLanes) * w.groups() + g) * 4 + j) * 64 + (n % kLanes) * 4 + i];
-  return within < 16 ? byte & 0x0F : byte >> 4;
+  const uint8_t nibble = within < 16 ? byte & 0x0F : byte >> 4;
+  if (w.high == nullptr) return nibble;
+  const uint8_t fifth = w.high[((n / kLanes) * w.groups() + g) * 64 + (n % kLanes) * 4 + i] >> (within / 4);
+  return static_cast<uint8_t>(nibble | ((fifth & 1) << 4));
 }
 
 inline float q4_reference(const Q4Weights& w, const int8_t* x, int64_t n) {
   const int64_t block = n / kLanes, lane = n % kLanes, groups = w.groups();
   float acc = 0.0f;
   for (int64_t s = 0; s < w.supers(); ++s) {
-    int32_t total = 0, offset = 0;  // |total| <= 8 * 255 * 32 * 15 * 127 < 2^31
+    int32_t total = 0, offset = 0;  // |total| <= 8 * 255 * 32 * 31 * 127 < 2^31 (q5's codes)
     const float d = w.d[(block * w.supers() + s) * kLanes + lane];
     const float dmin = w.dmin[(block * w.supers() + s) * kLanes + lane];
     for (int64_t g = s * kGroupsPerSuper; g < groups && g < (s + 1) * kGroupsPerSuper; ++g) {
@@ -165,6 +173,9 @@ constexpr int kPartials = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
 // multiply-add with (sub_scale, 0) adds sub_scale * chain to the superblock's total.
 template <int R>
 constexpr int kQ4Partials = R <= 2 ? 4 : 2;
+// q5's codes reach 31, so its chains sum 8 products each (8 * 31 * 127 < 2^15): four chains whatever the tile.
+template <int R, bool Five>
+constexpr int kGroupChains = Five ? 4 : kQ4Partials<R>;
 
 template <int R>
 inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* sums, int64_t block,
@@ -196,10 +207,17 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
   }
 }
 
+// q5: code vector j's fifth bits (bit j of each byte of the plane) moved to bit 4 of each byte and added to the
+// nibbles; the 16-bit shifts carry other bits across bytes, which the mask drops.
+inline __m512i with_fifth_bits(__m512i nibbles, __m512i plane, int j) {
+  const __m512i moved = j <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - j)) : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(j - 4));
+  return _mm512_or_si512(nibbles, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)));
+}
+
 // The min term's offset = sum_g sub_min[g] * X[g] is an exact integer, so it is summed at the end of each
 // superblock from its (at most 4) sub-min pairs. A row's float sum stays in a register for tiles of up to 8 rows and
 // in the tile's own `out` between superblocks beyond (the same bits), so the registers hold the rows' totals.
-template <int R>
+template <int R, bool Five>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
                     int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
@@ -226,11 +244,17 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
         c[j] = _mm512_and_si512(v, low_nibbles);
         c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_nibbles);
       }
+      if constexpr (Five) {
+        const uint8_t* fifth = w.high + (block * groups + g) * 64;
+        prefetch(fifth);
+        const __m512i plane = _mm512_loadu_si512(fifth);
+        QD_UNROLL for (int j = 0; j < 8; ++j) c[j] = with_fifth_bits(c[j], plane, j);
+      }
       const __m128i sub_scale = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes));
       const __m512i scale = _mm512_cvtepu8_epi32(sub_scale);  // (sub_scale, 0) as int16 words
       QD_UNROLL for (int r = 0; r < R; ++r) {
         const int8_t* row = x + r * x_stride + g * kGroup;
-        constexpr int U = kQ4Partials<R>;
+        constexpr int U = kGroupChains<R, Five>;
         __m512i dot[U];
         QD_UNROLL for (int u = 0; u < U; ++u) dot[u] = _mm512_setzero_si512();
         QD_UNROLL for (int j = 0; j < 8; ++j) dot[j % U] = _mm512_dpbusd_epi32(dot[j % U], c[j], _mm512_set1_epi32(load4(row + 4 * j)));
@@ -291,6 +315,12 @@ inline __m256i q4_add_scaled(__m256i total, __m256i dot0, __m256i dot1, __m256i 
   return dot_words(total, _mm256_add_epi16(dot0, dot1), _mm256_or_si256(sub_scale, _mm256_slli_epi32(sub_scale, 16)));
 }
 #endif
+
+// q5 on 8 lanes: with_fifth_bits of AVX-512 above.
+inline __m256i with_fifth_bits(__m256i nibbles, __m256i plane, int j) {
+  const __m256i moved = j <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - j)) : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(j - 4));
+  return _mm256_or_si256(nibbles, _mm256_and_si256(moved, _mm256_set1_epi8(0x10)));
+}
 
 // Each row's 8 float sums of one half of a q4 or q6 tile: in registers for tiles of up to 4 rows, whose rows
 // alone cannot hide a store's round trip, and for bigger tiles in the tile's own `out` between groups (stored and
@@ -362,8 +392,9 @@ struct HalfTotals {
 
 // A group's 8 code vectors of one half stay in registers while the tile's rows take turns on them (HalfTotals keeps
 // the rows' superblock totals, HalfSums their float sums), so a tile streams its codes once. The min term is summed
-// at the end of each superblock, as on AVX-512.
-template <int R>
+// at the end of each superblock, as on AVX-512. q5's codes reach 31, so its group takes four chains of one q4_dot
+// each (AVX2: 4 products a word, 8 once two chains are added; AVX-VNNI: 8 products an int32), where q4 takes two.
+template <int R, bool Five>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
                     int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
@@ -384,14 +415,22 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
           c[j] = _mm256_and_si256(v, low_nibbles);
           c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles);
         }
+        if constexpr (Five) {
+          const uint8_t* fifth = w.high + (block * groups + g) * 64;
+          prefetch(fifth);
+          const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(fifth + 32 * h));
+          QD_UNROLL for (int j = 0; j < 8; ++j) c[j] = with_fifth_bits(c[j], plane, j);
+        }
         const __m128i sub_scale = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h));
         const __m256i scale = _mm256_cvtepu8_epi32(sub_scale);
         QD_UNROLL for (int r = 0; r < R; ++r) {
           const int8_t* row = x + r * x_stride + g * kGroup;
-          __m256i dot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          constexpr int kChains = Five ? 4 : 2;
+          __m256i dot[kChains];
+          QD_UNROLL for (int u = 0; u < kChains; ++u) dot[u] = _mm256_setzero_si256();
           QD_UNROLL for (int j = 0; j < 4; ++j)
-            dot[j % 2] = q4_dot(dot[j % 2], c[j], c[j + 4], _mm256_set1_epi32(load4(row + 4 * j)), _mm256_set1_epi32(load4(row + 4 * (j + 4))));
-          totals.set(r, q4_add_scaled(totals.get(r), dot[0], dot[1], scale));
+            dot[j % kChains] = q4_dot(dot[j % kChains], c[j], c[j + 4], _mm256_set1_epi32(load4(row + 4 * j)), _mm256_set1_epi32(load4(row + 4 * (j + 4))));
+          QD_UNROLL for (int u = 0; u < kChains; u += 2) totals.set(r, q4_add_scaled(totals.get(r), dot[u], dot[u + 1], scale));
         }
       }
       const __m256 dmin = _mm256_loadu_ps(w.dmin + (block * supers + s) * kLanes + 8 * h);
@@ -422,7 +461,7 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
     for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = int8_reference(w, x + r * x_stride, n);
 }
 
-template <int R>
+template <int R, bool Five>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                     float* out, int64_t out_stride) {
   QD_UNROLL for (int r = 0; r < R; ++r)
@@ -493,17 +532,21 @@ inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const
   });
 }
 
-// pairs [rows, K/64] from group_sum_pairs.
+// pairs [rows, K/64] from group_sum_pairs. q5 weights (w.high set) take the vector paths on AMX machines too.
 inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t pair_stride = w.k / (2 * kGroup);
 #if defined(QD_AMX)
-  if (q4_amx(w, x, rows, pairs, pair_stride, out, out_stride, block_begin, block_end)) return;
+  if (w.high == nullptr && q4_amx(w, x, rows, pairs, pair_stride, out, out_stride, block_begin, block_end)) return;
 #endif
-  for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
-    q4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride, pair_stride, block,
-                                        out + row * out_stride, out_stride);
-  });
+  const auto run = [&](auto five) {
+    for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+      q4_tile<decltype(tile_rows)::value, decltype(five)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride,
+                                                                 pair_stride, block, out + row * out_stride, out_stride);
+    });
+  };
+  if (w.high == nullptr) run(std::false_type{});
+  else run(std::true_type{});
 }
 
 }  // namespace qd

@@ -1,8 +1,13 @@
-"""A GGUF file's Q4_K and Q6_K tensors as the native runtime's q4 and q6 parts, bit for bit (no second quantization).
+"""A GGUF file's Q4_K, Q5_K and Q6_K tensors as the native runtime's q4, q5 and q6 parts, bit for bit (no second
+quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
-sub_min. That is exactly the q4 format of ``parts.py`` with its ``dmin`` negated.
+sub_min. That is exactly the q4 format of ``kquants.py`` with its ``dmin`` negated.
+
+Q5_K (``block_q5_K``, 176 bytes): Q4_K's fields with 32 bytes of the codes' fifth bits between the sub-scales and
+the nibbles (bit m of byte l: weight 32·m + l of the superblock); weight = d · sub_scale · code − dmin · sub_min
+with codes in [0, 31]: the q5 format with ``dmin`` negated.
 
 Q6_K (``block_q6_K``, 210 bytes per 256 weights): 128 bytes of the codes' low 4 bits, 64 bytes of their top 2
 bits, sixteen int8 sub-scales and a float16 ``d``; weight = d · sub_scale · (code − 32): exactly the q6 format.
@@ -23,6 +28,8 @@ import torch
 
 Q4_K_BLOCK_BYTES = 144
 Q4_K_WEIGHTS = 256
+Q5_K_BLOCK_BYTES = 176
+Q5_K_FIFTH_BITS = slice(16, 48)  # the bytes of a Q5_K block that Q4_K's lacks
 Q6_K_BLOCK_BYTES = 210
 
 # GGUF tensor names of a Llama-family layer -> transformers names (``model.layers.{i}.`` + this)
@@ -85,6 +92,18 @@ def q4_weight(blocks: Blocks) -> ExactWeight:
     return "q4", (codes, sub_scale, sub_min, d, -dmin)
 
 
+def decode_q5_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q5_K bytes of a ``[rows, width]`` tensor -> ("q5", (codes [rows, width] uint8 in [0, 31], sub_scale,
+    sub_min, d, dmin as :func:`q4_weight` gives them)). The block without its fifth bits is a Q4_K block."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, Q5_K_BLOCK_BYTES)
+    as_q4_k = np.concatenate([blocks[..., : Q5_K_FIFTH_BITS.start], blocks[..., Q5_K_FIFTH_BITS.stop :]], axis=-1)
+    _, (nibbles, *scales) = q4_weight(decode_q4_k(as_q4_k, rows, width))
+    planes = blocks[..., Q5_K_FIFTH_BITS][:, :, None, :]  # [rows, S, 1, 32]: byte l
+    fifth = (planes >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # [rows, S, m, l]: weight 32·m + l
+    codes = nibbles | torch.from_numpy(fifth.reshape(rows, width) << 4)
+    return "q5", (codes, *scales)
+
+
 def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw Q6_K bytes of a ``[rows, width]`` tensor -> ("q6", (codes [rows, width] uint8 in [0, 63], sub_scale
     [rows, width/16] int8, d [rows, width/256] float32)), where weight = d · sub_scale · (code − 32)."""
@@ -103,6 +122,7 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 
 EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
     "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
+    "Q5_K": decode_q5_k,
     "Q6_K": decode_q6_k,
 }
 
@@ -131,7 +151,7 @@ def exact_weights(
     checked on 64 rows spread over each tensor."""
     from gguf import GGUFReader
 
-    from quickdraft.runtime.native.parts import PART_KINDS
+    from quickdraft.runtime.native.kquants import PART_KINDS
 
     tensors = GGUFReader(gguf_path).tensors
     names = linear_names([tensor.name for tensor in tensors], fused, tied)

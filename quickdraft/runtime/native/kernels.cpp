@@ -10,6 +10,7 @@
 //                     second quantizes what the first left: a model's DecoderConfig.activation_passes).
 // int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
 // q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
+// q5_matmul:          the same against 5-bit weights in llama.cpp's Q5_K structure (gemm.h).
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer (layers.cpp runs a model's layers with them in one call; on a 1-token step
@@ -493,17 +494,23 @@ void int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torc
   });
 }
 
-// x: [M, K] int8 rows (K a multiple of 64); codes [N/16, K/32, 4, 16, 4] uint8; sub_scale [N/16, K/32, 16] and
-// sub_min [N/16, K/64, 16, 2] uint8; d, dmin [N/16, S, 16] float (gemm.h). Writes out[:, column : column + N].
-void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor sub_min, torch::Tensor d,
-               torch::Tensor dmin, torch::Tensor out, int64_t column) {
+namespace {
+
+// q4_matmul, and q5_matmul with `high` (the codes' fifth bits [N/16, K/32, 16, 4] uint8; undefined for q4).
+void q4_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale,
+                      torch::Tensor sub_min, torch::Tensor d, torch::Tensor dmin, torch::Tensor out, int64_t column) {
   checked(x, torch::kInt8, "x");
   const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
-  TORCH_CHECK(k % (2 * qd::kGroup) == 0 && codes.numel() * 2 == n * k, "q4 weights need K a multiple of 64");
+  TORCH_CHECK(k % (2 * qd::kGroup) == 0 && codes.numel() * 2 == n * k, "q4/q5 weights need K a multiple of 64");
+  const uint8_t* fifth = nullptr;
+  if (high.defined()) {
+    TORCH_CHECK(checked(high, torch::kUInt8, "high").numel() * 8 == n * k, "q5's fifth bits: one bit a weight");
+    fifth = high.data_ptr<uint8_t>();
+  }
   const qd::Q4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, torch::kUInt8, "sub_scale").data_ptr<uint8_t>(),
                               checked(sub_min, torch::kUInt8, "sub_min").data_ptr<uint8_t>(),
                               checked(d, torch::kFloat32, "d").data_ptr<float>(),
-                              checked(dmin, torch::kFloat32, "dmin").data_ptr<float>(), n, k};
+                              checked(dmin, torch::kFloat32, "dmin").data_ptr<float>(), n, k, fifth};
   TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers() && dmin.numel() == d.numel() &&
               sub_min.numel() == sub_scale.numel());
   const int8_t* x_data = x.data_ptr<int8_t>();
@@ -513,6 +520,22 @@ void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, to
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
     qd::q4_gemm(weights, x_data, rows, pairs.data(), destination, out.size(1), begin, end);
   });
+}
+
+}  // namespace
+
+// x: [M, K] int8 rows (K a multiple of 64); codes [N/16, K/32, 4, 16, 4] uint8; sub_scale [N/16, K/32, 16] and
+// sub_min [N/16, K/64, 16, 2] uint8; d, dmin [N/16, S, 16] float (gemm.h). Writes out[:, column : column + N].
+void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor sub_min, torch::Tensor d,
+               torch::Tensor dmin, torch::Tensor out, int64_t column) {
+  q4_family_matmul(x, codes, torch::Tensor(), sub_scale, sub_min, d, dmin, out, column);
+}
+
+// q4_matmul's arguments and high [N/16, K/32, 16, 4] uint8, the codes' fifth bits (gemm.h's q5).
+void q5_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor sub_min,
+               torch::Tensor d, torch::Tensor dmin, torch::Tensor out, int64_t column) {
+  TORCH_CHECK(high.defined(), "q5 weights need their fifth bits");
+  q4_family_matmul(x, codes, high, sub_scale, sub_min, d, dmin, out, column);
 }
 
 // x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] and high [N/16, K/32, 2, 16, 4] uint8;
@@ -542,6 +565,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();  // a drafter's thread runs meanwhile
   m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)", nogil);
   m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)", nogil);
+  m.def("q5_matmul", &q5_matmul, "int8 rows x 5-bit Q5_K-structured weights (exact integer group sums)", nogil);
   m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);

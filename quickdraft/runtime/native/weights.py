@@ -1,4 +1,4 @@
-"""The native runtime's weights: float (and GGUF Q4_K, Q6_K) weights -> packed weight parts, quantized once and cached.
+"""The native runtime's weights: float (and GGUF K-quant) weights -> packed weight parts, quantized once and cached.
 
 ``quantize_state_dict`` turns transformers-named weights into the layout :class:`Decoder` is built from;
 ``load_native_state`` does it once per model and format and keeps the result in ``$QUICKDRAFT_CACHE/native/``,
@@ -22,15 +22,16 @@ from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_lay
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights
 from quickdraft.runtime.native.gguf_weights import read_gguf_weights
+from quickdraft.runtime.native.kquants import PART_KINDS
 from quickdraft.runtime.native.linear import QuantizedLinear
-from quickdraft.runtime.native.parts import PART_KINDS, WeightPart
+from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v7"  # bump when the cached layout changes (v6: Q6_K kept as q6; v7: a tied head too)
-# How float weights are stored: "auto" keeps a GGUF source's Q4_K and Q6_K tensors exactly (q4, q6) and quantizes
-# the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to 4 bits (smaller and faster, less
-# exact: for draft models); "int8" quantizes everything to 7-bit int8 from the float weights.
+NATIVE_FORMAT = "parts-v8"  # bump when the cached layout changes (v7: a tied head kept as stored; v8: Q5_K as q5)
+# How float weights are stored: "auto" keeps a GGUF source's Q4_K, Q5_K and Q6_K tensors exactly (q4, q5, q6) and
+# quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to 4 bits (smaller and
+# faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the float weights.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
-EXACT_TYPES = {"auto": ("Q4_K", "Q6_K"), "q4": ("Q4_K",), "int8": ()}  # the GGUF types each format keeps
+EXACT_TYPES = {"auto": ("Q4_K", "Q5_K", "Q6_K"), "q4": ("Q4_K",), "int8": ()}  # the GGUF types each format keeps
 
 
 def layer_norm_names(config: DecoderConfig) -> dict[str, str]:

@@ -26,10 +26,11 @@ inline std::vector<int8_t> random_activations(size_t n, std::mt19937& rng) {
 }
 
 struct Q4Copy {
-  std::vector<uint8_t> codes, sub_scale, sub_min;
+  std::vector<uint8_t> codes, sub_scale, sub_min, high;  // high: q5's fifth bits (empty for q4)
   std::vector<float> d, dmin;
   qd::Q4Weights weights() const {
-    return {codes.data(), sub_scale.data(), sub_min.data(), d.data(), dmin.data(), n, groups * qd::kGroup};
+    return {codes.data(), sub_scale.data(), sub_min.data(), d.data(), dmin.data(), n, groups * qd::kGroup,
+            high.empty() ? nullptr : high.data()};
   }
   int64_t n = 0, groups = 0, supers = 0;
 };
@@ -44,6 +45,12 @@ inline Q4Copy make_q4(int64_t n, int64_t k, std::mt19937& rng) {
   c.sub_min = random_bytes(n * c.groups, rng);
   c.d.assign(n * c.supers, 1e-3f);
   c.dmin.assign(n * c.supers, 1e-4f);
+  return c;
+}
+
+inline Q4Copy make_q5(int64_t n, int64_t k, std::mt19937& rng) {
+  Q4Copy c = make_q4(n, k, rng);
+  c.high = random_bytes(n * k / 8, rng);
   return c;
 }
 

@@ -1,6 +1,7 @@
 // How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h) run for few rows: GMAC/s of the
-// q4, q6 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
-// 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
+// q4, q5, q6 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
+// 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K, a Q5_K_M file most
+// of the rest as Q5_K) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
 // random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
 // decoding step does. Compare with tools/int8_peak.cpp's register-only VNNI rate.
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native -Itools \
@@ -20,7 +21,7 @@
 
 namespace {
 
-using qd_bench::best_ms, qd_bench::make_q4, qd_bench::Q4Copy, qd_bench::random_activations, qd_bench::random_bytes,
+using qd_bench::best_ms, qd_bench::make_q4, qd_bench::make_q5, qd_bench::Q4Copy, qd_bench::random_activations, qd_bench::random_bytes,
     qd_bench::run_blocks;
 
 struct Q6Copy {
@@ -69,14 +70,17 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(7);
   constexpr int64_t kStreamBytes = int64_t{1} << 30;  // more than any last-level cache: weights come from memory
-  enum Format { kQ4, kQ6, kInt8 };
+  enum Format { kQ4, kQ5, kQ6, kInt8 };
   struct Shape {
     const char* name;
     int64_t n, k;
     Format format;
   };
   const Shape shapes[] = {{"q4   gate+up 1536->17920", 17920, 1536, kQ4},
+                          {"q5   gate+up 1536->17920", 17920, 1536, kQ5},
+                          {"int8 gate+up 1536->17920", 17920, 1536, kInt8},
                           {"q4   down    8960->1536 ", 1536, 8960, kQ4},
+                          {"q5   down    8960->1536 ", 1536, 8960, kQ5},
                           {"q6   down    8960->1536 ", 1536, 8960, kQ6},
                           {"int8 down    8960->1536 ", 1536, 8960, kInt8},
                           {"q6   lm-head 1536->151936", 151936, 1536, kQ6},
@@ -87,10 +91,12 @@ int main(int argc, char** argv) {
     std::vector<Q4Copy> q4;
     std::vector<Q6Copy> q6;
     std::vector<Int8Copy> int8;
-    const int64_t bytes = shape.n * shape.k * (shape.format == kQ4 ? 9 : shape.format == kQ6 ? 13 : 16) / 16;
+    const int sixteenths[] = {9, 11, 13, 16};  // bytes a weight, in 16ths, by format
+    const int64_t bytes = shape.n * shape.k * sixteenths[shape.format] / 16;
     const int copies = static_cast<int>((kStreamBytes + bytes - 1) / bytes);
     for (int c = 0; c < copies; ++c) {
       if (shape.format == kQ4) q4.push_back(make_q4(shape.n, shape.k, rng));
+      else if (shape.format == kQ5) q4.push_back(make_q5(shape.n, shape.k, rng));
       else if (shape.format == kQ6) q6.push_back(make_q6(shape.n, shape.k, rng));
       else int8.push_back(make_int8(shape.n, shape.k, rng));
     }
@@ -109,7 +115,7 @@ int main(int argc, char** argv) {
         ms[threads - 1] = best_ms(0, 8, [&](int) {
           const int i = call++;
           run_blocks(shape.n / qd::kLanes, threads, [&](int64_t begin, int64_t end) {
-            if (shape.format == kQ4)
+            if (shape.format == kQ4 || shape.format == kQ5)
               qd::q4_gemm(q4[i % copies].weights(), x.data(), rows, pairs.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kQ6)
               qd::q6_gemm(q6[i % copies].weights(), x.data(), rows, sub_offsets.data(), out.data(), shape.n, begin, end);

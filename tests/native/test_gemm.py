@@ -13,7 +13,7 @@ import torch
 
 from quickdraft.machine import cpu_description
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
-from quickdraft.runtime.native.parts import Int8Part
+from quickdraft.runtime.native.parts import Int8Part, Q8Part
 
 HERE = Path(__file__).parent
 HEADER_DIR = Path(__file__).parents[2] / "quickdraft" / "runtime" / "native"
@@ -62,18 +62,18 @@ def pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(tensor.data_ptr())
 
 
-def run(library: ctypes.CDLL, part: Int8Part | Q4Part | Q6Part, x: torch.Tensor, which: int) -> torch.Tensor:
+def run(library: ctypes.CDLL, part: Int8Part | Q8Part | Q4Part | Q6Part, x: torch.Tensor, which: int) -> torch.Tensor:
     """which: 0 the fast path, 1 the element-by-element definition."""
     rows, n, k = x.shape[0], part.padded_rows, part.in_features
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
-    gemm = {Int8Part: library.int8_gemm, Q4Part: library.q4_gemm, Q5Part: library.q5_gemm, Q6Part: library.q6_gemm}
-    gemm = gemm[type(part)]
+    gemms = {Int8Part: "int8_gemm", Q8Part: "q8_gemm", Q4Part: "q4_gemm", Q5Part: "q5_gemm", Q6Part: "q6_gemm"}
+    gemm = getattr(library, gemms[type(part)])
     gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
 
 
-@pytest.mark.parametrize("kind", [Int8Part, Q4Part, Q5Part, Q6Part])
+@pytest.mark.parametrize("kind", [Int8Part, Q8Part, Q4Part, Q5Part, Q6Part])
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
     part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4-q6: two full superblocks, a short one
@@ -114,6 +114,8 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
     )
     q5 = Q5Part.from_blocks(*(torch.full_like(field, 31) if i == 0 else field for i, field in enumerate(q4.blocks())))
     supers = torch.ones(16, width // 256)
+    q8_low = Q8Part.from_blocks(torch.full((16, width), -128, dtype=torch.int8), torch.ones(16, width // 32))
+    q8_high = Q8Part.from_blocks(torch.full((16, width), 127, dtype=torch.int8), torch.ones(16, width // 32))
     q6_low = Q6Part.from_blocks(  # every weight -128 · (0 - 32) = 4096: the largest offset terms
         torch.zeros(16, width, dtype=torch.uint8), torch.full((16, width // 16), -128, dtype=torch.int8), supers
     )
@@ -126,6 +128,10 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
             assert torch.equal(run(library, int8, x, which=0), torch.full((rows, 16), 63.0 * value * width))
             assert torch.equal(run(library, q4, x, which=0), run(libraries["scalar"], q4, x, which=1))
             assert torch.equal(run(library, q5, x, which=0), run(libraries["scalar"], q5, x, which=1))
+            for part, code in ((q8_low, -128), (q8_high, 127)):  # groups' sums exact, then float sums of them
+                assert torch.equal(run(library, part, x, which=0), run(libraries["scalar"], part, x, which=1))
+                total = torch.full((rows, 16), float(code * value * 32)).double() * (width // 32)
+                assert torch.allclose(run(library, part, x, which=0).double(), total)
             assert torch.equal(run(library, q6_low, x, which=0), torch.full((rows, 16), 4096.0 * value * width))
             expected = torch.full((rows, 16), -128.0 * 31 * value * width)  # 256-weight totals and their sums: exact
             assert torch.equal(run(library, q6_high, x, which=0), expected)

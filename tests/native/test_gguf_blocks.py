@@ -1,5 +1,5 @@
-"""Reading a GGUF file's Q4_K, Q5_K and Q6_K tensors as q4, q5 and q6 parts: the same weights as gguf's own
-dequantization, bit for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 and Q4_0 tensors as q4, q5, q6 and q8 parts: the same weights
+as gguf's own dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -10,25 +10,28 @@ import pytest
 import torch
 
 from quickdraft.runtime.native.gguf_blocks import (
+    EXACT_DECODERS,
     decode_q4_k,
     decode_q5_k,
     decode_q6_k,
     exact_weights,
     transformers_name,
 )
-from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
+from quickdraft.runtime.native.kquants import PART_KINDS, Q4Part, Q5Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
 
 
-def random_blocks(rows: int, width: int, block_bytes: int, scales: slice, seed: int = 0) -> np.ndarray:
-    """Raw bytes of a K-quant tensor with every field random but its float16 scales at ``scales`` of each block,
-    kept small and positive."""
+def random_blocks(
+    rows: int, width: int, block_bytes: int, scales: slice, seed: int = 0, weights: int = 256
+) -> np.ndarray:
+    """Raw bytes of a tensor of blocks of ``weights`` weights (a K-quant's 256 or a Q8_0-like type's 32) with every
+    field random but its float16 scales at ``scales`` of each block, kept small and positive."""
     generator = np.random.default_rng(seed)
-    blocks = generator.integers(0, 256, size=(rows, width // 256, block_bytes), dtype=np.uint8)
+    blocks = generator.integers(0, 256, size=(rows, width // weights, block_bytes), dtype=np.uint8)
     count = (scales.stop - scales.start) // 2
-    values = generator.uniform(1e-4, 1e-2, size=(rows, width // 256, count)).astype(np.float16)
-    blocks[..., scales] = values.view(np.uint8).reshape(rows, width // 256, 2 * count)
+    values = generator.uniform(1e-4, 1e-2, size=(rows, width // weights, count)).astype(np.float16)
+    blocks[..., scales] = values.view(np.uint8).reshape(rows, width // weights, 2 * count)
     return blocks.reshape(rows, -1)
 
 
@@ -63,6 +66,17 @@ def test_decoded_q5_k_blocks_are_ggufs_own_dequantization() -> None:
     assert all(torch.equal(a, b) for a, b in zip(part.blocks(), fields, strict=True))
 
 
+@pytest.mark.parametrize(("name", "block_bytes", "low", "high"), [("Q8_0", 34, -128, 127), ("Q5_0", 22, -16, 15),
+                                                                ("Q4_0", 18, -8, 7)])  # fmt: skip
+def test_decoded_legacy_blocks_are_ggufs_own_dequantization(name: str, block_bytes: int, low: int, high: int) -> None:
+    raw = random_blocks(32, 256, block_bytes, slice(0, 2), weights=32)
+    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, name)).astype(np.float32)
+    kind, (codes, d) = EXACT_DECODERS[name](raw, 32, 256)
+    assert kind == "q8" and (int(codes.min()), int(codes.max())) == (low, high)
+    part = PART_KINDS[kind].from_blocks(codes, d)
+    assert torch.equal(part.dequantize(), torch.from_numpy(expected))
+
+
 def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
     raw = random_q6_k(32, 768)
     expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
@@ -84,6 +98,9 @@ def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path)
         writer.add_tensor(name, q4, raw_dtype=types.Q4_K)  # [32, 512] from its bytes
     writer.add_tensor("blk.0.attn_v.weight", q6, raw_dtype=types.Q6_K)
     writer.add_tensor("blk.0.attn_output.weight", q5, raw_dtype=types.Q5_K)
+    q8 = random_blocks(32, 512, 34, slice(0, 2), weights=32)
+    q8_values = torch.from_numpy(gguf.quants.dequantize(q8, types.Q8_0).astype(np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight", q8, raw_dtype=types.Q8_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -93,17 +110,20 @@ def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path)
         "model.layers.0.self_attn.k_proj.weight": q4_values.flip(0),  # rows reordered by a converter: not taken
         "model.layers.0.self_attn.v_proj.weight": q6_values,
         "model.layers.0.self_attn.o_proj.weight": q5_values,
+        "model.layers.0.mlp.up_proj.weight": q8_values,
     }
-    found = exact_weights(tmp_path / "model.gguf", converted, types=("Q4_K", "Q5_K", "Q6_K"))
+    found = exact_weights(tmp_path / "model.gguf", converted, types=("Q4_K", "Q5_K", "Q6_K", "Q8_0"))
     assert sorted(found) == [
+        "model.layers.0.mlp.up_proj.weight",
         "model.layers.0.self_attn.o_proj.weight",
         "model.layers.0.self_attn.q_proj.weight",
         "model.layers.0.self_attn.v_proj.weight",
     ]
-    for name, part in (("q_proj", Q4Part), ("v_proj", Q6Part), ("o_proj", Q5Part)):
-        kind, fields = found[f"model.layers.0.self_attn.{name}.weight"]
+    for name, part in (("self_attn.q_proj", Q4Part), ("self_attn.v_proj", Q6Part), ("self_attn.o_proj", Q5Part),
+                       ("mlp.up_proj", PART_KINDS["q8"])):  # fmt: skip
+        kind, fields = found[f"model.layers.0.{name}.weight"]
         assert kind == part.kind
-        assert torch.equal(part.from_blocks(*fields).dequantize(), converted[f"model.layers.0.self_attn.{name}.weight"])
+        assert torch.equal(part.from_blocks(*fields).dequantize(), converted[f"model.layers.0.{name}.weight"])
     assert list(exact_weights(tmp_path / "model.gguf", converted)) == ["model.layers.0.self_attn.q_proj.weight"]
 
 

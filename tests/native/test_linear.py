@@ -8,7 +8,7 @@ import torch
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
-from quickdraft.runtime.native.parts import Int8Part, quantize_weight
+from quickdraft.runtime.native.parts import Int8Part, Q8Part, quantize_weight
 
 
 def with_kernels(linear: QuantizedLinear, use_kernel: bool) -> QuantizedLinear:
@@ -21,7 +21,7 @@ def in_passes(linear: QuantizedLinear, passes: int) -> QuantizedLinear:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
 def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool, passes: int) -> None:
     generator = torch.Generator().manual_seed(0)
@@ -37,7 +37,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: 
         assert torch.equal(linear(torch.cat([torch.randn(3, 128), x[row : row + 1]]))[-1], full[row])
     # close to the float layer: the quantization error itself
     relative = (full - (x @ weight.T + bias)).norm() / (x @ weight.T).norm()
-    assert float(relative) < {"int8": 0.03, "q5": 0.08}.get(kind, 0.15)
+    assert float(relative) < {"int8": 0.03, "q8": 0.03, "q5": 0.08}.get(kind, 0.15)
 
 
 def test_int8_parts_are_exact_integer_arithmetic() -> None:
@@ -120,7 +120,7 @@ def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
 def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str, passes: int) -> None:
     generator = torch.Generator().manual_seed(5)
     linear = QuantizedLinear.from_float(
@@ -138,18 +138,19 @@ def test_parts_of_both_formats_side_by_side() -> None:
     multiples of 16: each part's columns land where they belong."""
     generator = torch.Generator().manual_seed(3)
     weights = [torch.randn(rows, 64, generator=generator) for rows in (20, 8, 36)]
-    weights.append(torch.randn(12, 64, generator=generator))
+    weights += [torch.randn(rows, 64, generator=generator) for rows in (12, 5)]
     parts = [
         Q4Part.from_float(weights[0]),
         Int8Part.from_float(weights[1]),
         Q6Part.from_float(weights[2]),
         Q5Part.from_float(weights[3]),
+        Q8Part.from_float(weights[4]),
     ]
-    linear = QuantizedLinear(parts, torch.randn(76, generator=generator))
+    linear = QuantizedLinear(parts, torch.randn(81, generator=generator))
     x = torch.randn(7, 64, generator=generator)
     y = linear(x)
-    assert y.shape == (7, 76)
-    for part, start, stop in zip(parts, (0, 20, 28, 64), (20, 28, 64, 76), strict=True):
+    assert y.shape == (7, 81)
+    for part, start, stop in zip(parts, (0, 20, 28, 64, 76), (20, 28, 64, 76, 81), strict=True):
         alone = QuantizedLinear([part], linear.bias[start:stop])
         assert torch.equal(y[:, start:stop], alone(x))
     assert torch.equal(y, with_kernels(linear, False)(x))
@@ -191,6 +192,20 @@ def test_q5_blocks_round_trip_through_the_packed_layout() -> None:
         Q4Part.from_blocks(*blocks)
 
 
+def test_q8_blocks_round_trip_through_the_packed_layout() -> None:
+    generator = torch.Generator().manual_seed(4)
+    rows, width = 24, 96
+    blocks = (
+        torch.randint(-128, 128, (rows, width), generator=generator, dtype=torch.int8),
+        torch.rand(rows, width // 32, generator=generator).to(torch.float16).float(),
+    )
+    part = Q8Part.from_blocks(*blocks)
+    for got, expected in zip(part.blocks(), blocks, strict=True):
+        assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="float16"):
+        Q8Part.from_blocks(blocks[0], blocks[1] + 1e-5)
+
+
 def test_q6_blocks_round_trip_through_the_packed_layout() -> None:
     generator = torch.Generator().manual_seed(4)
     rows, width = 24, 640
@@ -219,17 +234,19 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
         Q4Part.from_float(torch.randn(4, 96))
     with pytest.raises(ValueError, match="q5 weights need a multiple of 64"):
         Q5Part.from_float(torch.randn(4, 96))
+    with pytest.raises(ValueError, match="q8 weights need a multiple of 32"):
+        Q8Part.from_float(torch.randn(4, 48))
     with pytest.raises(ValueError, match="multiple of 32"):
         Q6Part.from_blocks(torch.zeros(4, 48, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.int8), torch.ones(4, 1))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
 def test_zero_rows_give_the_bias(kind: str) -> None:
     linear = QuantizedLinear.from_float(torch.randn(8, 64), torch.ones(8), kind)
     assert torch.equal(linear(torch.zeros(2, 64)), torch.ones(2, 8))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
 def test_selected_rows_keep_their_weights_and_their_results(kind: str) -> None:
     """Rows picked from a few 16-row panels of a larger layer (an LM head's focus): each keeps its weights, so
     its output is bitwise the whole layer's at that row."""

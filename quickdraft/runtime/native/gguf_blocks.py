@@ -1,5 +1,5 @@
-"""A GGUF file's Q4_K, Q5_K and Q6_K tensors as the native runtime's q4, q5 and q6 parts, bit for bit (no second
-quantization).
+"""A GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 and Q4_0 tensors as the native runtime's q4, q5, q6 and q8 parts, bit
+for bit (no second quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
@@ -12,7 +12,12 @@ with codes in [0, 31]: the q5 format with ``dmin`` negated.
 Q6_K (``block_q6_K``, 210 bytes per 256 weights): 128 bytes of the codes' low 4 bits, 64 bytes of their top 2
 bits, sixteen int8 sub-scales and a float16 ``d``; weight = d · sub_scale · (code − 32): exactly the q6 format.
 
-Other tensor types (Q5_0, Q8_0, ...) are not read here: the runtime quantizes their float values as usual.
+Q8_0 (``block_q8_0``, 34 bytes per 32 weights): a float16 ``d`` and 32 int8 codes; weight = d · q: the q8 format.
+Q4_0 (18 bytes) and Q5_0 (22 bytes) are the same with codes of 4 and 5 bits and an offset: weight = d · (code − 8)
+and d · (code − 16), where a byte of nibbles holds weight l (low) and l + 16 (high) and Q5_0's 32-bit ``qh`` the
+fifth bit of weight l at bit l. So their codes minus the offset are q8 codes in [−8, 7] and [−16, 15].
+
+Other tensor types (Q4_1, Q5_1, Q2_K, ...) are not read here: the runtime quantizes their float values as usual.
 
 Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
 may reorder rows of some families' projections); a tensor that does not match is left to the usual path.
@@ -30,6 +35,7 @@ Q4_K_BLOCK_BYTES = 144
 Q4_K_WEIGHTS = 256
 Q5_K_BLOCK_BYTES = 176
 Q5_K_FIFTH_BITS = slice(16, 48)  # the bytes of a Q5_K block that Q4_K's lacks
+LEGACY_WEIGHTS = 32  # weights per Q8_0, Q5_0 or Q4_0 block
 Q6_K_BLOCK_BYTES = 210
 
 # GGUF tensor names of a Llama-family layer -> transformers names (``model.layers.{i}.`` + this)
@@ -120,11 +126,51 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d))
 
 
+def legacy_blocks(raw: np.ndarray, rows: int, width: int, block_bytes: int) -> tuple[np.ndarray, torch.Tensor]:
+    """A Q8_0/Q5_0/Q4_0 tensor's blocks ``[rows, width/32, block_bytes]`` and its scales ``d [rows, width/32]``
+    (float16 values as float32; every such block starts with its float16 ``d``)."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, block_bytes)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    return blocks, torch.from_numpy(d)
+
+
+def nibbles_of(quants: np.ndarray) -> np.ndarray:
+    """16 bytes of nibbles per block ``[.., 16]`` -> codes ``[.., 32]``: weight l the low nibble of byte l, weight
+    l + 16 its high nibble."""
+    return np.concatenate([quants & 0x0F, quants >> 4], axis=-1)
+
+
+def decode_q8_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q8_0 bytes -> ("q8", (codes [rows, width] int8, d [rows, width/32]))."""
+    blocks, d = legacy_blocks(raw, rows, width, 34)
+    return "q8", (torch.from_numpy(blocks[..., 2:].copy().view(np.int8).reshape(rows, width)), d)
+
+
+def decode_q4_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q4_0 bytes -> ("q8", (codes − 8 [rows, width] int8 in [−8, 7], d))."""
+    blocks, d = legacy_blocks(raw, rows, width, 18)
+    codes = nibbles_of(blocks[..., 2:]).astype(np.int8) - 8
+    return "q8", (torch.from_numpy(codes.reshape(rows, width)), d)
+
+
+def decode_q5_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q5_0 bytes -> ("q8", (codes − 16 [rows, width] int8 in [−16, 15], d))."""
+    blocks, d = legacy_blocks(raw, rows, width, 22)
+    high = blocks[..., 2:6].copy().view("<u4")  # [rows, B, 1]: bit l is weight l's fifth bit
+    fifth = ((high >> np.arange(LEGACY_WEIGHTS, dtype=np.uint32)) & 1).astype(np.uint8)  # [rows, B, 32]
+    codes = (nibbles_of(blocks[..., 6:]) | (fifth << 4)).astype(np.int8) - 16
+    return "q8", (torch.from_numpy(codes.reshape(rows, width)), d)
+
+
 EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
     "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
     "Q5_K": decode_q5_k,
     "Q6_K": decode_q6_k,
+    "Q8_0": decode_q8_0,
+    "Q5_0": decode_q5_0,
+    "Q4_0": decode_q4_0,
 }
+BLOCK_WEIGHTS = {"Q8_0": LEGACY_WEIGHTS, "Q5_0": LEGACY_WEIGHTS, "Q4_0": LEGACY_WEIGHTS}  # the rest: 256
 
 
 def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:
@@ -162,7 +208,8 @@ def exact_weights(
         if tensor.tensor_type.name not in types or name is None or source not in float_weights:
             continue
         rows, width = float_weights[source].shape
-        if tuple(int(n) for n in tensor.shape) != (width, rows) or width % Q4_K_WEIGHTS:
+        block = BLOCK_WEIGHTS.get(tensor.tensor_type.name, Q4_K_WEIGHTS)
+        if tuple(int(n) for n in tensor.shape) != (width, rows) or width % block:
             continue
         kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
         sample = torch.arange(0, rows, max(1, rows // 64))  # rows spread over the tensor: any reordering shows

@@ -9,7 +9,8 @@ are those quantized from the fp32 directory transformers would save, value for v
 they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers add back, which may round), and
 packed without adding it again (``quantize_state_dict``'s ``norm_offset``).
 
-Q4_K and Q6_K linear weights whose rows are not reordered can be offered as blocks instead (``gguf_blocks``), to
+Linear weights of the types ``gguf_blocks`` decodes (K-quants, Q8_0, Q5_0, Q4_0) whose rows are not reordered can
+be offered as blocks instead (``gguf_blocks``), to
 be kept bit for bit; the rest of the file's tensors are read as floats.
 """
 

@@ -11,6 +11,7 @@
 // int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
 // q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
 // q5_matmul:          the same against 5-bit weights in llama.cpp's Q5_K structure (gemm.h).
+// q8_matmul:          the integer GEMM against 8-bit weights in llama.cpp's Q8_0 structure (gemm_q8.h).
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer (layers.cpp runs a model's layers with them in one call; on a 1-token step
@@ -28,6 +29,7 @@
 #include "attention.h"
 #include "gemm.h"
 #include "gemm_q6.h"
+#include "gemm_q8.h"
 #include "simd.h"
 
 #include <cmath>
@@ -559,6 +561,24 @@ void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::
   });
 }
 
+// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 8, 16, 4] uint8 (q + 128); d [N/16, K/32, 16]
+// float16 (gemm_q8.h). Writes out[:, column : column + N].
+void q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor out, int64_t column) {
+  checked(x, torch::kInt8, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+  TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() == n * k, "q8 weights need K a multiple of 32");
+  TORCH_CHECK(checked(d, torch::kFloat16, "d").numel() * qd::kGroup == n * k, "q8: one scale a group of 32");
+  const qd::Q8Weights weights{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()), n,
+                              k};
+  const int8_t* x_data = x.data_ptr<int8_t>();
+  const int64_t offset_count = k / qd::kGroup;
+  std::vector<int32_t> offsets(rows * offset_count);
+  for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x_data + r * k, k, offsets.data() + r * offset_count);
+  blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
+    qd::q8_gemm(weights, x_data, rows, offsets.data(), destination, out.size(1), begin, end);
+  });
+}
+
 std::string isa() { return std::string(qd::kIsa) + ", attention " + qd::kAttentionIsa; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -566,6 +586,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)", nogil);
   m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)", nogil);
   m.def("q5_matmul", &q5_matmul, "int8 rows x 5-bit Q5_K-structured weights (exact integer group sums)", nogil);
+  m.def("q8_matmul", &q8_matmul, "int8 rows x 8-bit Q8_0-structured weights (exact integer group sums)", nogil);
   m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);

@@ -26,7 +26,17 @@ NO_AMX_FLAGS = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
 NO_AMX_VARIABLE = "QUICKDRAFT_NATIVE_NO_AMX"
 NO_AVX512_FLAGS = ["-mno-avx512f", "-mno-avxvnni", *NO_AMX_FLAGS]  # -mno-avx512f turns every AVX-512 subset off
 NO_AVX512_VARIABLE = "QUICKDRAFT_NATIVE_NO_AVX512"
-SOURCES = ("kernels.cpp", "layers.cpp", "kernels.h", "gemm.h", "gemm_q6.h", "gemm_amx.h", "attention.h", "simd.h")
+SOURCES = (
+    "kernels.cpp",
+    "layers.cpp",
+    "kernels.h",
+    "gemm.h",
+    "gemm_q6.h",
+    "gemm_q8.h",
+    "gemm_amx.h",
+    "attention.h",
+    "simd.h",
+)
 
 
 @functools.cache

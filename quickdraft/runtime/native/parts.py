@@ -2,10 +2,16 @@
 layer's output rows in one format. Each format's integer products are summed exactly (int32) and then finished by
 a fixed sequence of float operations, the same on every instruction set and in :meth:`WeightPart.reference`.
 
-This module holds the parts' interface, their shared packing helpers and ``int8``: 7-bit weights per output
-channel (symmetric, scale = row max / 63): out = float(Σ x·w) · scale. 7 bits keep AVX2's u8 × s8 pair sums below
-2^15, so the same weights serve every instruction set. The formats in llama.cpp's K-quant structures (q4, q5, q6)
-are in ``kquants.py``, which also names every format (``PART_KINDS``).
+This module holds the parts' interface, their shared packing helpers and two formats of 8-bit codes:
+
+- ``int8``: 7-bit weights per output channel (symmetric, scale = row max / 63): out = float(Σ x·w) · scale.
+  7 bits keep AVX2's u8 × s8 pair sums below 2^15, so the same weights serve every instruction set.
+- ``q8``: llama.cpp's Q8_0 structure, codes in [−128, 127] under a float16 scale per group of 32: out = the groups'
+  exact integer sums, each into a float sum by one fused multiply-add with its scale. A GGUF file's Q8_0, Q5_0 and
+  Q4_0 tensors load into it exactly.
+
+The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``, which also names every format
+(``PART_KINDS``).
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from quickdraft.runtime.native.float_ops import fused_multiply_add
+
 WEIGHT_LEVELS = 63.0  # 7-bit int8 weights: |w| <= 63 keeps AVX2's u8 x s8 pair sums below 2^15
 LANES = 16  # outputs per block of the packed layouts (one 512-bit vector)
 INT8_OFFSET = 64  # int8 codes hold w + 64
+GROUP = 32  # q8 (and the K-quant formats): weights per group
+Q8_OFFSET = 128  # q8 codes hold q + 128
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,3 +152,78 @@ class Int8Part(WeightPart):
         scale = self.scale.reshape(-1, LANES)[panel_ids].flatten()
         panels = Int8Part(len(panel_ids) * LANES, self.codes[panel_ids], scale)
         return Int8Part.from_int8(panels.weight_int8()[local], panels.scale[local])
+
+
+class Q8Part(WeightPart):
+    """8-bit codes in groups of 32 with a float16 scale each (llama.cpp's Q8_0 structure; Q4_0 and Q5_0 blocks are
+    the same with smaller codes): w = d · q, q in [−128, 127]. Packed as ``gemm_q8.h`` describes: int8's layout
+    holding q + 128, and the scales ``[N/16, K/32, 16]``."""
+
+    kind = "q8"
+    kernel_kind = 4
+    tensor_names = ("codes", "d")
+
+    def __init__(self, rows: int, codes: torch.Tensor, d: torch.Tensor) -> None:
+        self.rows, self.codes, self.d = rows, codes.contiguous(), d.to(torch.float16).contiguous()
+        self.in_features = codes.shape[1] * 4
+
+    @classmethod
+    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor) -> Q8Part:
+        """Plain ``codes [N, K]`` int8 and ``d [N, K/32]`` (float16 values) -> the packed part."""
+        rows, width = codes.shape
+        if width % GROUP:
+            raise ValueError(f"q8 weights need a multiple of {GROUP} input features, got {width}")
+        if not torch.equal(d.to(torch.float16).float(), d.float()):
+            raise ValueError("q8 scales must be float16 values")
+        unsigned = (pad_rows(codes.to(torch.int16), padded(rows)) + Q8_OFFSET).to(torch.uint8)
+        packed = unsigned.reshape(-1, LANES, width // 4, 4).permute(0, 2, 1, 3)  # [N/16, K/4, 16, 4]
+        scales = pad_rows(d.to(torch.float16), padded(rows)).reshape(-1, LANES, width // GROUP).permute(0, 2, 1)
+        return cls(rows, packed, scales)  # scales [N/16, K/32, 16]
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> Q8Part:
+        """Round-to-nearest 8-bit codes under a float16 scale per group of 32, as llama.cpp's Q8_0 (a GGUF file's
+        own blocks are loaded exactly instead)."""
+        if weight.shape[1] % GROUP:
+            raise ValueError(f"q8 weights need a multiple of {GROUP} input features, got {weight.shape[1]}")
+        groups = weight.float().reshape(weight.shape[0], -1, GROUP)  # [N, G, 32]
+        d = (groups.abs().amax(dim=-1) / 127).to(torch.float16)  # [N, G]
+        safe = torch.where(d == 0, torch.ones_like(d), d).float()[..., None]
+        codes = torch.round(groups / safe).clamp_(-128, 127).to(torch.int8)
+        return cls.from_blocks(codes.reshape(weight.shape), d)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"codes": self.codes, "d": self.d}
+
+    @classmethod
+    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Q8Part:
+        return cls(rows, tensors["codes"], tensors["d"])
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plain ``(codes, d)`` of :meth:`from_blocks` (``d`` as float32 values)."""
+        codes = self.codes.permute(0, 2, 1, 3).reshape(self.padded_rows, self.in_features)[: self.rows]
+        d = self.d.permute(0, 2, 1).reshape(self.padded_rows, -1)[: self.rows].float()
+        return (codes.to(torch.int16) - Q8_OFFSET).to(torch.int8), d
+
+    def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
+        kernels.q8_matmul(rows, self.codes, self.d, out, column)
+
+    def reference(self, rows: torch.Tensor) -> torch.Tensor:
+        codes, d = self.blocks()
+        groups = self.in_features // GROUP
+        x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
+        dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP)).float()  # exact
+        acc = torch.zeros(rows.shape[0], self.rows)
+        for g in range(groups):
+            acc = fused_multiply_add(d[:, g], dots[:, :, g], acc)
+        return acc
+
+    def dequantize(self) -> torch.Tensor:
+        codes, d = self.blocks()
+        groups = codes.float().reshape(self.rows, -1, GROUP) * d[..., None]
+        return groups.reshape(self.rows, -1)
+
+    def select_rows(self, index: torch.Tensor) -> Q8Part:
+        panel_ids, local = panels_of(index)
+        panels = Q8Part(len(panel_ids) * LANES, self.codes[panel_ids], self.d[panel_ids])
+        return Q8Part.from_blocks(*(field[local] for field in panels.blocks()))

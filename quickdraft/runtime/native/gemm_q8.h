@@ -1,0 +1,172 @@
+// The integer GEMM against weights in llama.cpp's Q8_0 structure, kept as the file stores them (gemm.h's rules:
+// every output element depends on its own row and column alone, with the same bits on every instruction set).
+// A Q4_0 or Q5_0 block is the same structure with smaller codes, so those types use it too.
+//
+// Format "q8" (8-bit codes in groups of 32 along k, each group with a float16 scale):
+//   w[n][k] = d[n][g] * q[n][k]   for k in group g = k / 32; q in [-128, 127].
+//   out[m][n] = over the groups g in order, acc = fma(float(d[n][g]), float(I[m][n][g]), acc) from acc = 0
+//   (q8_reference below), where I = sum_{k in g} q * x is an exact integer, exact as a float too
+//   (|I| <= 32 * 128 * 127 < 2^24).
+//   codes: q + 128 as unsigned bytes, [N/16][G][8 vectors][16 lanes][4 bytes]: vector j of group g holds
+//   k = 32g + 4j + i of lane n0 + l (byte i) — int8's layout, with q + 128 for w + 64; d: [N/16][G][16] float16
+//   bits. K must be a multiple of 32.
+#pragma once
+
+#include "gemm.h"
+
+namespace qd {
+
+constexpr int32_t kQ8Offset = 128;  // q8: codes hold q + 128
+
+struct Q8Weights {
+  const uint8_t* codes;  // [N/16][G][8][16][4]
+  const uint16_t* d;     // [N/16][G][16] float16 bits
+  int64_t n, k;
+  int64_t groups() const { return k / kGroup; }
+};
+
+// offsets [K/32]: -128 * X[g] for each group g, where a group's sum of code * x starts on the paths that multiply
+// the unsigned codes.
+inline void group_offsets(const int8_t* x, int64_t k, int32_t* offsets) {
+  for (int64_t g = 0; g < k / kGroup; ++g) offsets[g] = -kQ8Offset * row_sum(x + g * kGroup, kGroup);
+}
+
+// A float16's value as a float (exact: every float16 is a float).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);  // zero or subnormal
+  } else if (exponent == 31) {
+    magnitude = mantissa == 0 ? INFINITY : NAN;
+  } else {
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &magnitude, 4);
+  bits |= sign;
+  std::memcpy(&magnitude, &bits, 4);
+  return magnitude;
+}
+
+// ---- the definition, one element at a time (the oracle of the tests; also the path without AVX2) ------------
+
+inline int32_t q8_code(const Q8Weights& w, int64_t n, int64_t k) {
+  const int64_t g = k / kGroup, j = (k % kGroup) / 4, i = k % 4;
+  return static_cast<int32_t>(w.codes[(((n / kLanes) * w.groups() + g) * 8 + j) * 64 + (n % kLanes) * 4 + i]) - kQ8Offset;
+}
+
+inline float q8_reference(const Q8Weights& w, const int8_t* x, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t g = 0; g < w.groups(); ++g) {
+    int32_t dot = 0;
+    for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += q8_code(w, n, k) * x[k];
+    const float d = half_to_float(w.d[((n / kLanes) * w.groups() + g) * kLanes + n % kLanes]);
+    acc = std::fma(d, static_cast<float>(dot), acc);
+  }
+  return acc;
+}
+
+// ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
+//
+// A group's 8 code vectors stay in registers while the tile's rows take turns on them. With VNNI a group's sum
+// starts from the row's -128 * X offset and multiplies the unsigned codes; AVX2 without VNNI multiplies |q| by x
+// carrying q's sign (pairs of products at most 2 * 128 * 127 = 32512 in size: exact in int16). The sum goes into
+// the row's float sum with one fused multiply-add by the group's scale.
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+template <int R>
+inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
+                    int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
+  const int64_t groups = w.groups();
+  __m512 acc[R];
+  QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* codes = w.codes + (block * groups + g) * 512;
+    __m512i c[8];
+    QD_UNROLL for (int j = 0; j < 8; ++j) {
+      prefetch(codes + j * 64);
+      c[j] = _mm512_loadu_si512(codes + j * 64);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + (block * groups + g) * kLanes)));
+    QD_UNROLL for (int r = 0; r < R; ++r) {
+      const int8_t* row = x + r * x_stride + g * kGroup;
+      __m512i dot_a = _mm512_set1_epi32(offsets[r * offset_stride + g]), dot_b = _mm512_setzero_si512();
+      QD_UNROLL for (int j = 0; j < 4; ++j) {
+        dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
+        dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
+      }
+      acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_add_epi32(dot_a, dot_b)), acc[r]);
+    }
+  }
+  QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
+}
+
+constexpr int kQ8Rows = 16;
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#if defined(__AVXVNNI__)
+constexpr bool kQ8Offsets = true;
+inline __m256i q8_dot(__m256i acc, __m256i codes, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, codes, x); }
+#else
+constexpr bool kQ8Offsets = false;
+inline __m256i q8_dot(__m256i acc, __m256i codes, __m256i x) {
+  const __m256i q = _mm256_xor_si256(codes, _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
+
+// Two halves of 8 lanes each, as q4's (HalfSums keeps the rows' float sums).
+template <int R>
+inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
+                    int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
+  const int64_t groups = w.groups();
+  for (int h = 0; h < 2; ++h) {
+    HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* codes = w.codes + (block * groups + g) * 512 + 32 * h;
+      __m256i c[8];
+      QD_UNROLL for (int j = 0; j < 8; ++j) {
+        if (h == 0) prefetch(codes + j * 64);
+        c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + (block * groups + g) * kLanes + 8 * h)));
+      QD_UNROLL for (int r = 0; r < R; ++r) {
+        const int8_t* row = x + r * x_stride + g * kGroup;
+        __m256i dot = _mm256_set1_epi32(kQ8Offsets ? offsets[r * offset_stride + g] : 0);
+        QD_UNROLL for (int j = 0; j < 8; ++j) dot = q8_dot(dot, c[j], _mm256_set1_epi32(load4(row + 4 * j)));
+        sums.add(r, d, dot);
+      }
+    }
+    sums.finish();
+  }
+}
+
+constexpr int kQ8Rows = 8;
+
+#else
+
+template <int R>
+inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
+                    float* out, int64_t out_stride) {
+  QD_UNROLL for (int r = 0; r < R; ++r)
+    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = q8_reference(w, x + r * x_stride, n);
+}
+
+constexpr int kQ8Rows = 1;
+#endif
+
+// offsets [rows, K/32] from group_offsets.
+inline void q8_gemm(const Q8Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
+                    int64_t out_stride, int64_t block_begin, int64_t block_end) {
+  const int64_t offset_stride = w.k / kGroup;
+  for_each_block_tile<kQ8Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+    q8_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block,
+                                        out + row * out_stride, out_stride);
+  });
+}
+
+}  // namespace qd

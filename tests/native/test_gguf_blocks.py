@@ -134,3 +134,18 @@ def test_names_map_to_transformers_weights() -> None:
     assert transformers_name("token_embd.weight") is None
     assert transformers_name("blk.1.ffn_up.weight", fused=True) == "model.layers.1.mlp.gate_up_proj.weight"
     assert transformers_name("blk.1.attn_qkv.weight") is None
+
+
+def test_a_nan_scale_is_no_error(tmp_path: Path) -> None:
+    """A Q8_0 tensor with a NaN scale loads without an error, and its rows fail the match (NaN equals nothing),
+    so the tensor is left to the float path."""
+    raw = random_blocks(32, 256, 34, slice(0, 2), weights=32)
+    raw.reshape(32, 8, 34)[0, 0, 0:2] = np.array([np.nan], dtype=np.float16).view(np.uint8)
+    writer = gguf.GGUFWriter(tmp_path / "model.gguf", "qwen2")
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    values = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).astype(np.float32))
+    assert exact_weights(tmp_path / "model.gguf", {"model.layers.0.mlp.up_proj.weight": values}, types=("Q8_0",)) == {}

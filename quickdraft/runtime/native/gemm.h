@@ -1,5 +1,5 @@
 // The native runtime's integer GEMMs: out[m][n] for quantized activation rows x[m] (int8, values in [-127, 127])
-// against weights in one of two packed formats. Every output element is a function of its own row and column
+// against weights in one of the packed formats below (and gemm_q6.h's, gemm_q8.h's). Every output element is a function of its own row and column
 // alone, computed with exact integer sums and then a fixed sequence of float operations, so it has the same
 // bits whatever the number of rows in the call, the tile a row lands in, the thread, or the instruction set
 // (AVX-512 VNNI, AVX-VNNI, AVX2 or plain C++): the integer parts are exact on every path and the float parts

@@ -71,7 +71,8 @@ inline float q8_reference(const Q8Weights& w, const int8_t* x, int64_t n) {
 //
 // A group's 8 code vectors stay in registers while the tile's rows take turns on them. With VNNI a group's sum
 // starts from the row's -128 * X offset and multiplies the unsigned codes; AVX2 without VNNI multiplies |q| by x
-// carrying q's sign (pairs of products at most 2 * 128 * 127 = 32512 in size: exact in int16). The sum goes into
+// carrying q's sign (pairs of products at most 2 * 128 * 127 = 32512 in size: exact in int16; x = -128, outside
+// the activations' range, would not survive the sign). Without F16C the AVX2 build runs the plain definition. The sum goes into
 // the row's float sum with one fused multiply-add by the group's scale.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)

@@ -173,7 +173,7 @@ class Q8Part(WeightPart):
         rows, width = codes.shape
         if width % GROUP:
             raise ValueError(f"q8 weights need a multiple of {GROUP} input features, got {width}")
-        if not torch.equal(d.to(torch.float16).float(), d.float()):
+        if not torch.allclose(d.to(torch.float16).float(), d.float(), rtol=0.0, atol=0.0, equal_nan=True):
             raise ValueError("q8 scales must be float16 values")
         unsigned = (pad_rows(codes.to(torch.int16), padded(rows)) + Q8_OFFSET).to(torch.uint8)
         packed = unsigned.reshape(-1, LANES, width // 4, 4).permute(0, 2, 1, 3)  # [N/16, K/4, 16, 4]

@@ -30,9 +30,9 @@ def test_the_file_is_pinned_like_the_default_pair() -> None:
 
 
 def test_gemma_runs_natively_and_its_perplexity_is_within_5_percent_of_transformers(gemma: Pipeline) -> None:
-    """transformers computes with the GGUF file's dequantized weights in fp32; the native runtime keeps the Q4_K
-    tensors and stores the rest (Q5_0, Q6_K, Q8_0: most of this file) in 7 bits per output channel, with 8-bit
-    activations per token in two passes (docs/limits.md). tests/test_llama_cpp_guard.py holds it to llama.cpp's
+    """transformers computes with the GGUF file's dequantized weights in fp32; the native runtime keeps the file's
+    Q4_K, Q5_0, Q6_K and Q8_0 tensors as stored (q4, q8, q6), with 8-bit activations per token in two passes
+    (docs/limits.md). tests/test_llama_cpp_guard.py holds it to llama.cpp's
     perplexity on the same file, within 1 %."""
     from quickdraft.models.loading import load_hf_model
 

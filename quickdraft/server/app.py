@@ -149,7 +149,7 @@ def create_app(
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None
-        if thinks and chat and translate is None:  # whether the template's opening of the answer opens a think block
+        if thinks and chat:  # whether the template's opening of the answer opens a think block
             free = api.serve.config.grammar is None  # a grammar holds from the first token: no </think> can come
             variables = template_kwargs(translated, defaults.template_kwargs)
             opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
@@ -242,7 +242,7 @@ def create_app(
             return StreamingResponse(texts, media_type="text/event-stream")
         (result,) = await whole(request, api, events, track)
         output = output_items(api, result, spell)
-        return JSONResponse(response_object(api, echo, new_response_id(), output, result))
+        return JSONResponse(response_object(api, echo, new_response_id(), output, result, spell=spell))
 
     return app
 

@@ -11,8 +11,9 @@ Rules:
   what follows, without leading whitespace. Any other answer is all content: a ``<think>`` later in it is text.
 - Streamed, reasoning and content go out as deltas of their own; what may still be the opening tag, or the start of
   the closing one, waits for the next delta. Both ways give the same text. Tool calls are looked for in the content.
-- Completions and ``/v1/responses`` get the answer's text whole. Log-probabilities cover every token of a choice,
-  reasoning included.
+- ``/v1/responses`` gives the reasoning as a ``reasoning`` item before the message (``responses_output``).
+  Completions get the answer's text whole. Chat's log-probabilities cover every token of a choice, reasoning
+  included.
 """
 
 from __future__ import annotations

@@ -5,16 +5,18 @@ means and validated as one (:func:`quickdraft.server.protocol.parse_request`); t
 Rules:
 - ``input`` is a string (one user message) or a list of items: messages (role user, system, developer or assistant;
   content text or ``input_text`` / ``output_text`` parts; ``type`` message or null), ``function_call`` items (the
-  assistant's calls; consecutive ones, and those after an assistant message, are one assistant turn) and
-  ``function_call_output`` items (tool messages). ``instructions`` is a system message before them (``""``: none).
+  assistant's calls; consecutive ones, and those after an assistant message, are one assistant turn),
+  ``function_call_output`` items (tool messages) and ``reasoning`` items (a thinking model's reasoning, as its answers
+  give it: the ``reasoning_content`` of the assistant turn that follows; one with no ``reasoning_text`` is left out).
+  ``instructions`` is a system message before them (``""``: none).
 - ``max_output_tokens`` is chat's ``max_tokens``; ``text.format`` (text, json_object, json_schema) its
   ``response_format``; function ``tools`` (flat: name, description, parameters, strict) and ``tool_choice`` (auto,
   none, required, ``{"type": "function", "name"}``) its tools; ``include: ["message.output_text.logprobs"]`` or
   ``top_logprobs`` its log-probabilities. quickdraft's extras, ``seed`` and ``stop`` pass as in chat.
 - This server keeps no responses: ``store`` true, ``previous_response_id``, ``conversation`` and ``background`` are
-  refused (send the whole conversation as ``input``), as are reasoning, prompt templates, ``max_tool_calls``,
-  ``truncation`` auto, context management, hosted tools, other ``include`` values and parts that are not text, each
-  with its reason. A null field asks for nothing. Every Response says ``store: false``.
+  refused (send the whole conversation as ``input``), as are reasoning settings (effort, summaries), prompt
+  templates, ``max_tool_calls``, ``truncation`` auto, context management, hosted tools, other ``include`` values and
+  parts that are not text, each with its reason. A null field asks for nothing. Every Response says ``store: false``.
 - A chat error names this API's fields (``input``, ``max_output_tokens``, ``text.format``).
 """
 
@@ -87,8 +89,8 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
             raise ApiError(400, f"unrecognized request argument: {name}", name, code="unrecognized_parameter")
     reasoning = body.get("reasoning")
     if reasoning is not None and not (isinstance(reasoning, Mapping) and all(v is None for v in reasoning.values())):
-        raise ApiError(400, "reasoning is not supported: this model does not reason apart from its answer", "reasoning",
-                       code="unsupported_parameter")  # fmt: skip
+        message = "reasoning is not supported: this server does not set a model's reasoning effort or summarize it"
+        raise ApiError(400, message, "reasoning", code="unsupported_parameter")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "instructions must be text", "instructions")
@@ -160,7 +162,10 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             content = item.get("content")
             if isinstance(content, list):
                 content = [_text_part(part) for part in content]
-            messages.append({"role": item["role"], "content": content})
+            if item["role"] == "assistant" and _reasoning_only(messages):  # the reasoning's turn gets its text
+                messages[-1]["content"] = content
+            else:
+                messages.append({"role": item["role"], "content": content})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function"}
             call["function"] = {"name": item.get("name"), "arguments": item.get("arguments")}
@@ -170,6 +175,10 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "reasoning":
+            text = _reasoning_text(item.get("content"))
+            if text:
+                messages.append({"role": "assistant", "content": "", "reasoning_content": text})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise ApiError(400, "a function_call_output item needs the call_id of its call", "input")
@@ -179,9 +188,28 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         else:
             what = f"an item of type {kind!r}" if isinstance(kind, str) else "an item that is not a message"
-            message = f"input holds {what}; this server reads messages, function_call and function_call_output items"
+            readable = "message, function_call, function_call_output and reasoning items"
+            message = f"input holds {what}; this server reads {readable}"
             raise ApiError(400, message, "input", code="unsupported_parameter" if isinstance(kind, str) else None)
     return messages
+
+
+def _reasoning_only(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last message is an assistant turn holding only a reasoning item's text so far."""
+    last = messages[-1] if messages else {}
+    alone = not last.get("content") and "tool_calls" not in last
+    return last.get("role") == "assistant" and "reasoning_content" in last and alone
+
+
+def _reasoning_text(content: Any) -> str:
+    """A reasoning item's text: its ``reasoning_text`` parts, joined (its summary and encrypted content are not the
+    reasoning itself)."""
+    if content is None:
+        return ""
+    parts = content if isinstance(content, list) else None
+    if parts is None or not all(isinstance(part, Mapping) and isinstance(part.get("text"), str) for part in parts):
+        raise ApiError(400, 'a reasoning item\'s content must be a list of {"type": "reasoning_text", "text"}', "input")
+    return "".join(part["text"] for part in parts if part.get("type") == "reasoning_text")
 
 
 def _text_part(part: Any) -> Any:

@@ -3,10 +3,14 @@
 
 Rules:
 - An answer cut by ``max_output_tokens`` is ``incomplete`` (reason ``max_output_tokens``); any other is
-  ``completed``. Its output: a message with the answer's text (left out when the answer is only calls), then each
-  call, as the chat answer's content and ``tool_calls``. The message's log-probabilities are those of the tokens that
-  spell its text, not of the calls after it.
-- Streamed: ``response.created`` and ``response.in_progress``; the message's ``output_item.added`` and
+  ``completed``. Its output: a thinking model's reasoning as a ``reasoning`` item (its text one ``reasoning_text``
+  part; split as chat's ``reasoning_content``, :mod:`quickdraft.server.reasoning`), then a message with the answer's
+  text (left out when the answer is only calls, or only reasoning), then each call, as the chat answer's content and
+  ``tool_calls``. The message's log-probabilities are those of the tokens that spell its text, not of the reasoning
+  before it nor of the calls after it; ``usage`` counts the tokens that spell the reasoning as reasoning tokens.
+- Streamed: ``response.created`` and ``response.in_progress``; a reasoning item's ``output_item.added`` and
+  ``content_part.added`` at its first text, a ``reasoning_text.delta`` per delta, then ``reasoning_text.done``,
+  ``content_part.done`` and ``output_item.done`` as the answer leaves it; the message's ``output_item.added`` and
   ``content_part.added`` at its first text, an ``output_text.delta`` per delta (with the entries of the tokens it
   spells), then ``output_text.done``, ``content_part.done`` and ``output_item.done``; each call's
   ``output_item.added``, its arguments in one ``function_call_arguments.delta`` and ``.done``, and
@@ -29,6 +33,7 @@ from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.server.answers import Spell
 from quickdraft.server.errors import ApiError, failure
 from quickdraft.server.protocol import ApiRequest
+from quickdraft.server.reasoning import Thinking
 from quickdraft.server.responses import logprobs_body, speculation
 from quickdraft.server.responses_api import Echo
 
@@ -44,9 +49,11 @@ def response_object(
     output: list[dict[str, Any]],
     result: GenerationResult | None,
     error: ApiError | None = None,
+    spell: Spell | None = None,
 ) -> dict[str, Any]:
     """The Response: in progress while ``result`` is None, else completed or incomplete; failed with ``error`` (a
-    request's own fault is an ``invalid_prompt``, any other a ``server_error``: the codes a Response may carry)."""
+    request's own fault is an ``invalid_prompt``, any other a ``server_error``: the codes a Response may carry);
+    ``spell`` counts a finished answer's reasoning tokens."""
     status = "failed" if error else "in_progress" if result is None else answer_status(result)
     sampling = api.serve.config.sampling
     failed = None if error is None else {"code": "invalid_prompt" if error.status == 400 else "server_error"}
@@ -59,7 +66,7 @@ def response_object(
         "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
         "temperature": sampling.temperature, "text": echo.text, "tool_choice": echo.tool_choice,
         "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": sampling.top_p, "truncation": "disabled",
-        "usage": None if result is None else usage(api, result), "metadata": echo.metadata,
+        "usage": None if result is None else usage(api, result, spell), "metadata": echo.metadata,
     }  # fmt: skip
     return body | ({} if result is None else {"speculation": speculation([result])})
 
@@ -75,13 +82,22 @@ def logprob_entries(api: ApiRequest, logprobs: Sequence[TokenLogprob], spell: Sp
     return [] if body is None else body["content"]
 
 
-def usage(api: ApiRequest, result: GenerationResult) -> dict[str, Any]:
+def reasoning_split(thinking: Thinking | None, text: str) -> tuple[str | None, str, int]:
+    """An answer's reasoning (None: it did not think), the rest, and how many characters of ``text`` come before
+    the rest (the reasoning with its tags; the rest is a suffix of ``text``)."""
+    reasoning, rest = thinking.split(text) if thinking else (None, text)
+    return reasoning, rest, len(text) - len(rest)
+
+
+def usage(api: ApiRequest, result: GenerationResult, spell: Spell | None = None) -> dict[str, Any]:
     input_tokens, output_tokens = len(api.serve.prompt_ids), len(result.token_ids)
+    reasoning, _, before = reasoning_split(api.thinking, result.text)
+    spelled = itertools.accumulate(len(spell(token)[0]) for token in result.token_ids) if spell and reasoning else ()
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": sum(1 for chars in spelled if chars <= before)},
         "total_tokens": input_tokens + output_tokens,
     }
 
@@ -94,6 +110,16 @@ def message_item(item_id: str, text: str | None, logprobs: list[Any], status: st
 
 def output_text(text: str, logprobs: list[Any]) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """A thinking model's reasoning; ``text`` None: opened, no part yet."""
+    content = [] if text is None else [reasoning_text(text)]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def reasoning_text(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def call_item(call: Mapping[str, Any], arguments: str | None = None, status: str = "completed") -> dict[str, Any]:
@@ -119,14 +145,21 @@ def spelling(entries: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
 
 
 def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> list[Any]:
-    """A whole answer's output: its message (unless it is only calls), then its calls."""
-    content, calls = api.tools.split_calls(result.text) if api.tools else (result.text, [])
-    if calls and not content:
-        return [call_item(call) for call in calls]
+    """A whole answer's output: its reasoning (if it thought), its message (unless it is only calls or only
+    reasoning), then its calls."""
+    reasoning, text, before = reasoning_split(api.thinking, result.text)
+    content, calls = api.tools.split_calls(text) if api.tools else (text, [])
+    status = answer_status(result)
+    left = "completed" if content or calls else status  # the reasoning, once the answer went on past it
+    items = [reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning, left)] if reasoning else []
+    if not content and (calls or reasoning):
+        return [*items, *(call_item(call) for call in calls)]
     entries = logprob_entries(api, result.logprobs or [], spell)
+    if before:  # the message's tokens: after the reasoning's
+        entries = entries[len(spelling(entries, before)) :]
     logprobs = spelling(entries, len(content)) if calls else entries
-    message = message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, answer_status(result))
-    return [message, *(call_item(call) for call in calls)]
+    message = message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, status)
+    return [*items, message, *(call_item(call) for call in calls)]
 
 
 class StreamedMessage:
@@ -159,11 +192,16 @@ async def stream_events(
     time left (``seconds_left``, ``timeout``)."""
     response_id, message_id, numbers = new_response_id(), f"msg_{uuid.uuid4().hex}", itertools.count()
     calls, message, opened = api.tools.call_filter() if api.tools else None, StreamedMessage(), False
-    ids = {"item_id": message_id, "output_index": 0, "content_index": 0}
+    thoughts, thought = (api.thinking.stream() if api.thinking else None), StreamedReasoning()
+    raw, entries_seen, handed = "", [], 0  # the answer's text and entries so far; entries given to the message
+    content_start: int | None = None if thoughts else 0  # characters before the message's text, once known
 
     def event(kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": next(numbers)} | fields
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    def ids() -> dict[str, Any]:  # the message's place: after a reasoning item
+        return {"item_id": message_id, "output_index": 1 if thought.opened else 0, "content_index": 0}
 
     def opening() -> list[str]:
         """The message and its text part, opened once: at the answer's first text, or as it ends without any."""
@@ -172,23 +210,45 @@ async def stream_events(
             return []
         opened, item = True, message_item(message_id, None, [], "in_progress")
         return [
-            event("response.output_item.added", output_index=0, item=item),
-            event("response.content_part.added", **ids, part=output_text("", [])),
+            *thought.closing(event, "completed"),
+            event("response.output_item.added", output_index=ids()["output_index"], item=item),
+            event("response.content_part.added", **ids(), part=output_text("", [])),
         ]
 
-    def text_events(delta: str, entries: list[dict[str, Any]]) -> list[str]:
+    def message_entries() -> list[dict[str, Any]]:
+        """The entries not yet given to the message, once its text has started (those of the reasoning left out)."""
+        nonlocal handed
+        if content_start is None:
+            return []
+        if content_start:
+            handed = max(handed, len(spelling(entries_seen, content_start)))
+        given, handed = entries_seen[handed:], len(entries_seen)
+        return given
+
+    def text_events(delta: str) -> list[str]:
         """``delta`` with the entries of the tokens it spells."""
-        released = message.add(delta, entries)
-        return [*opening(), event("response.output_text.delta", **ids, delta=delta, logprobs=released)] if delta else []
+        released = message.add(delta, message_entries())
+        if not delta:
+            return []
+        opened_now = opening()  # numbered before the delta
+        return [*opened_now, event("response.output_text.delta", **ids(), delta=delta, logprobs=released)]
+
+    def split_events(reasoning: str, content: str, held: str = "") -> list[str]:
+        """The answer's next reasoning and content (``held``: the text the split still holds): the reasoning's
+        events, then the content's (calls held back)."""
+        nonlocal content_start
+        if content and content_start is None:  # the message's text starts here
+            content_start = len(raw) - len(held) - len(content)
+        return [*thought.add(event, reasoning), *text_events(content if calls is None else calls.feed(content))]
 
     def closing(status: str, logprobs: list[Any]) -> list[str]:
         """The message's last events: its item, as it ends."""
         item = message_item(message_id, message.text, logprobs, status)
         return [
             *opening(),
-            event("response.output_text.done", **ids, text=message.text, logprobs=logprobs),
-            event("response.content_part.done", **ids, part=item["content"][0]),
-            event("response.output_item.done", output_index=0, item=item),
+            event("response.output_text.done", **ids(), text=message.text, logprobs=logprobs),
+            event("response.content_part.done", **ids(), part=item["content"][0]),
+            event("response.output_item.done", output_index=ids()["output_index"], item=item),
         ]
 
     yield event("response.created", response=response_object(api, echo, response_id, [], None))
@@ -199,27 +259,39 @@ async def stream_events(
         except TimeoutError:
             engine_event = track.timeout()
         if isinstance(engine_event, TokenDelta):
-            entries = logprob_entries(api, engine_event.logprobs, spell)
-            for sent in text_events(engine_event.text if calls is None else calls.feed(engine_event.text), entries):
+            raw += engine_event.text
+            entries_seen += logprob_entries(api, engine_event.logprobs, spell)
+            if thoughts is None:
+                parts = split_events("", engine_event.text)
+            else:
+                parts = split_events(*thoughts.feed(engine_event.text), held=thoughts.held)
+            for sent in parts:
                 yield sent
             continue
         if not isinstance(engine_event, RequestFinished):  # failed, or past its time: what was sent, then why
             error = failure(engine_event) if isinstance(engine_event, RequestFailed) else engine_event
-            output = []
+            output = [*thought.items("incomplete")]
+            for sent in thought.closing(event, "incomplete"):
+                yield sent
             if opened:
                 for sent in closing("incomplete", message.sent):
                     yield sent
                 output.append(message_item(message_id, message.text, message.sent, "incomplete"))
             yield event("response.failed", response=response_object(api, echo, response_id, output, None, error))
             return
-        result, found = engine_event.result, []
+        result, found, status = engine_event.result, [], answer_status(engine_event.result)
+        if thoughts is not None:  # what the reasoning split held at the end
+            for sent in split_events(*thoughts.finish()):
+                yield sent
         if calls is not None and api.tools is not None:
             content, found = api.tools.split_calls(calls.text)
-            for sent in text_events(content[calls.sent :], []):  # the held text that was no call
+            for sent in text_events(content[calls.sent :]):  # the held text that was no call
                 yield sent
-        output: list[dict[str, Any]] = []
-        if opened or not found:  # an answer with no text still has its message
-            status, entries = answer_status(result), message.sent + message.pending
+        for sent in thought.closing(event, "completed" if found else status):  # the answer went on past it, or not
+            yield sent
+        output: list[dict[str, Any]] = [*thought.items(status)]
+        if opened or not (found or thought.opened):  # an answer with no text still has its message
+            entries = message.sent + message.pending + message_entries()
             logprobs = spelling(entries, len(message.text)) if found else entries
             for sent in closing(status, logprobs):
                 yield sent
@@ -233,7 +305,44 @@ async def stream_events(
                         name=item["name"], arguments=item["arguments"])  # fmt: skip
             output.append(item)
             yield event("response.output_item.done", output_index=index, item=item)
-        finished = response_object(api, echo, response_id, output, result)
+        finished = response_object(api, echo, response_id, output, result, spell=spell)
         yield event("response.incomplete" if finished["status"] == "incomplete" else "response.completed",
                     response=finished)  # fmt: skip
         return
+
+
+class StreamedReasoning:
+    """A streamed answer's reasoning item (output index 0): opened at its first text, closed once as the answer
+    leaves it or ends."""
+
+    def __init__(self) -> None:
+        self.item_id, self.text, self.opened, self.status = f"rs_{uuid.uuid4().hex}", "", False, None
+
+    def add(self, event: Any, delta: str) -> list[str]:
+        if not delta:
+            return []
+        place = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        sent = []
+        if not self.opened:
+            self.opened, item = True, reasoning_item(self.item_id, None, "in_progress")
+            sent += [
+                event("response.output_item.added", output_index=0, item=item),
+                event("response.content_part.added", **place, part=reasoning_text("")),
+            ]
+        self.text += delta
+        return [*sent, event("response.reasoning_text.delta", **place, delta=delta)]
+
+    def closing(self, event: Any, status: str) -> list[str]:
+        if not self.opened or self.status is not None:
+            return []
+        self.status, place = status, {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        item = reasoning_item(self.item_id, self.text, status)
+        return [
+            event("response.reasoning_text.done", **place, text=self.text),
+            event("response.content_part.done", **place, part=item["content"][0]),
+            event("response.output_item.done", output_index=0, item=item),
+        ]
+
+    def items(self, status: str) -> list[dict[str, Any]]:
+        """The item in the Response's output (none if the answer did not reason)."""
+        return [reasoning_item(self.item_id, self.text, self.status or status)] if self.opened else []

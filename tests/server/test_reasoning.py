@@ -1,5 +1,6 @@
 """A thinking model's reasoning apart from its content: the split of a whole answer, the same split streamed over
-any chunking, and both through the server (``--reasoning-format``), with tools looked for in the content only."""
+any chunking, and both through the server (``--reasoning-format``), with tools looked for in the content only; the
+Responses API's reasoning items, out and in."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import json
 import random
 from collections.abc import Iterator
 
+import httpx
 import pytest
-from conftest import MODEL, Server, serving
+from conftest import MODEL, TIMEOUT, Server, serving
 from test_tools import TIME, char_pipeline
 
 from quickdraft.prompts import generation_prompt
+from quickdraft.server.errors import ApiError
 from quickdraft.server.reasoning import Thinking, opened_by, thinking_of
 
 # a template whose model thinks: the assistant's turn opens a think block when asked (as DeepSeek-R1's always does)
@@ -119,3 +122,70 @@ def test_tools_are_looked_for_after_the_reasoning(servers: tuple[Server, Server]
     message = response.choices[0].message
     assert message.reasoning_content == "why" and message.tool_calls[0].function.name == "get_time"
     assert json.loads(message.tool_calls[0].function.arguments) == {} and not message.content
+
+
+def test_the_responses_api_gives_reasoning_as_an_item_whole_and_streamed(servers: tuple[Server, Server]) -> None:
+    """A reasoning item before the message, with the message's log-probabilities its own tokens', the reasoning's
+    tokens counted; streamed, the same output through OpenAI's reasoning events, every event of OpenAI's shape."""
+    from test_responses_api import raw_events, strictly
+
+    split, whole = servers
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 40, "temperature": 0,
+            "include": ["message.output_text.logprobs"]}  # fmt: skip
+    cases = [("\\<think\\>abc\\</think\\> ok", ["reasoning", "message"], "abc", "ok"),
+             ("\\<think\\>abc", ["reasoning"], "abc", None), ("ok", ["message"], None, "ok")]  # fmt: skip
+    for regex, kinds, reasoning, text in cases:
+        asked = body | {"regex": regex}
+        answer = strictly(httpx.post(f"{split.url}/v1/responses", json=asked, timeout=TIMEOUT).json())
+        events = raw_events(split, asked)
+        final = strictly(events[-1]["response"])
+        for output in (answer["output"], final["output"]):
+            assert [item["type"] for item in output] == kinds, (regex, output)
+            found = {item["type"]: item for item in output}
+            if reasoning is not None:
+                assert found["reasoning"]["content"] == [{"type": "reasoning_text", "text": reasoning}]
+            if text is not None:
+                part = found["message"]["content"][0]
+                assert part["text"] == text and "".join(entry["token"] for entry in part["logprobs"]) == text
+        streamed = "".join(event["delta"] for event in events if event["type"] == "response.reasoning_text.delta")
+        assert streamed == (reasoning or "")
+        spelled_reasoning = len(regex.replace("\\", "")) - len(text or "")  # one token a character here
+        for usage in (answer["usage"], final["usage"]):
+            assert usage["output_tokens_details"]["reasoning_tokens"] == (spelled_reasoning if reasoning else 0)
+        indices = [event["output_index"] for event in events if event["type"] == "response.output_item.added"]
+        assert indices == list(range(len(kinds)))
+        assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    kept = strictly(httpx.post(f"{whole.url}/v1/responses", json=body | {"regex": cases[0][0]}, timeout=TIMEOUT).json())
+    assert [item["type"] for item in kept["output"]] == ["message"]  # --reasoning-format none: the text whole
+
+
+def test_a_reasoning_item_in_the_input_is_the_next_assistant_turns_reasoning() -> None:
+    from quickdraft.server.responses_api import chat_request
+
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]}
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"}
+    said = {"role": "assistant", "content": "Paris."}
+    chat, _ = chat_request({"input": [{"role": "user", "content": "hi"}, thought, said]})
+    assert chat["messages"][1:] == [{"role": "assistant", "content": "Paris.", "reasoning_content": "t"}]
+    chat, _ = chat_request({"input": [{"role": "user", "content": "hi"}, thought, call]})
+    assert chat["messages"][1]["reasoning_content"] == "t" and chat["messages"][1]["tool_calls"][0]["id"] == "call_1"
+    encrypted = {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "x"}
+    chat, _ = chat_request({"input": [{"role": "user", "content": "hi"}, encrypted, said]})
+    assert chat["messages"][1:] == [said]  # nothing to read: left out
+    with pytest.raises(ApiError, match="reasoning_text"):
+        chat_request({"input": [{"type": "reasoning", "content": "t"}]})
+
+
+def test_a_call_after_the_reasoning_is_a_function_call_item_whole_and_streamed(servers: tuple[Server, Server]) -> None:
+    from test_responses_api import raw_events, strictly
+
+    call = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    regex = "\\<think\\>why\\</think\\>" + call.replace("{", "\\{").replace("}", "\\}").replace("<", "\\<")
+    tool = {"type": "function", "name": TIME["function"]["name"], "parameters": TIME["function"]["parameters"]}
+    body = {"model": MODEL, "input": "hi", "tools": [tool], "max_output_tokens": 80, "temperature": 0, "regex": regex}
+    answer = strictly(httpx.post(f"{servers[0].url}/v1/responses", json=body, timeout=TIMEOUT).json())
+    final = strictly(raw_events(servers[0], body)[-1]["response"])
+    for output in (answer["output"], final["output"]):
+        assert [item["type"] for item in output] == ["reasoning", "function_call"]
+        assert output[0]["content"][0]["text"] == "why" and output[0]["status"] == "completed"
+        assert output[1]["name"] == "get_time" and json.loads(output[1]["arguments"]) == {}

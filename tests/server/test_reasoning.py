@@ -189,3 +189,25 @@ def test_a_call_after_the_reasoning_is_a_function_call_item_whole_and_streamed(s
         assert [item["type"] for item in output] == ["reasoning", "function_call"]
         assert output[0]["content"][0]["text"] == "why" and output[0]["status"] == "completed"
         assert output[1]["name"] == "get_time" and json.loads(output[1]["arguments"]) == {}
+
+
+def test_a_responses_output_with_reasoning_goes_back_as_the_next_turns_input(servers: tuple[Server, Server]) -> None:
+    """What an agent sends on its next turn (openai-agents passes a turn's output items back, reasoning included)
+    is read as the chat conversation it means."""
+    call = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    regex = "\\<think\\>why\\</think\\>" + call.replace("{", "\\{").replace("}", "\\}").replace("<", "\\<")
+    tool = {"type": "function", "name": TIME["function"]["name"], "parameters": TIME["function"]["parameters"]}
+    client = servers[0].client()
+    first = client.responses.create(model=MODEL, input="hi", tools=[tool], max_output_tokens=80, temperature=0,
+                                    extra_body={"regex": regex})  # type: ignore[list-item]  # fmt: skip
+    thought, made = first.output
+    turn = [{"role": "user", "content": "hi"}, *(item.model_dump(exclude_none=True) for item in first.output),
+            {"type": "function_call_output", "call_id": made.call_id, "output": "noon"}]  # fmt: skip
+    after = client.responses.create(model=MODEL, input=turn, tools=[tool], max_output_tokens=4, temperature=0)  # type: ignore[arg-type,list-item]
+    chat_turn = [{"role": "user", "content": "hi"},
+                 {"role": "assistant", "content": "", "reasoning_content": "why", "tool_calls": [
+                     {"id": made.call_id, "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+                 {"role": "tool", "tool_call_id": made.call_id, "content": "noon"}]  # fmt: skip
+    chat = client.chat.completions.create(model=MODEL, messages=chat_turn, tools=[TIME], max_tokens=4, temperature=0)  # type: ignore[arg-type,list-item]
+    assert thought.type == "reasoning" and after.usage.input_tokens == chat.usage.prompt_tokens
+    assert after.output_text == (chat.choices[0].message.content or "")

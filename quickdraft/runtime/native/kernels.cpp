@@ -498,6 +498,14 @@ void int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torc
 
 namespace {
 
+// The per-row integers a GEMM takes besides the rows: fill(row, k, values) writes a row's `count` of them.
+template <typename Fill>
+std::vector<int32_t> per_row(const int8_t* x, int64_t rows, int64_t k, int64_t count, Fill fill) {
+  std::vector<int32_t> values(rows * count);
+  for (int64_t r = 0; r < rows; ++r) fill(x + r * k, k, values.data() + r * count);
+  return values;
+}
+
 // q4_matmul, and q5_matmul with `high` (the codes' fifth bits [N/16, K/32, 16, 4] uint8; undefined for q4).
 void q4_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale,
                       torch::Tensor sub_min, torch::Tensor d, torch::Tensor dmin, torch::Tensor out, int64_t column) {
@@ -516,9 +524,7 @@ void q4_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, 
   TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers() && dmin.numel() == d.numel() &&
               sub_min.numel() == sub_scale.numel());
   const int8_t* x_data = x.data_ptr<int8_t>();
-  const int64_t pair_count = k / (2 * qd::kGroup);
-  std::vector<int32_t> pairs(rows * pair_count);
-  for (int64_t r = 0; r < rows; ++r) qd::group_sum_pairs(x_data + r * k, k, pairs.data() + r * pair_count);
+  const auto pairs = per_row(x_data, rows, k, k / (2 * qd::kGroup), qd::group_sum_pairs);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
     qd::q4_gemm(weights, x_data, rows, pairs.data(), destination, out.size(1), begin, end);
   });
@@ -553,9 +559,7 @@ void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::
   TORCH_CHECK(high.numel() * 4 == n * k && sub_scale.numel() * qd::kSubBlock == n * k &&
               d.numel() == n * weights.supers());
   const int8_t* x_data = x.data_ptr<int8_t>();
-  const int64_t offset_count = k / qd::kSubBlock;
-  std::vector<int32_t> offsets(rows * offset_count);
-  for (int64_t r = 0; r < rows; ++r) qd::sub_block_offsets(x_data + r * k, k, offsets.data() + r * offset_count);
+  const auto offsets = per_row(x_data, rows, k, k / qd::kSubBlock, qd::sub_block_offsets);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
     qd::q6_gemm(weights, x_data, rows, offsets.data(), destination, out.size(1), begin, end);
   });
@@ -571,9 +575,7 @@ void q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Ten
   const qd::Q8Weights weights{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()), n,
                               k};
   const int8_t* x_data = x.data_ptr<int8_t>();
-  const int64_t offset_count = k / qd::kGroup;
-  std::vector<int32_t> offsets(rows * offset_count);
-  for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x_data + r * k, k, offsets.data() + r * offset_count);
+  const auto offsets = per_row(x_data, rows, k, k / qd::kGroup, qd::group_offsets);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
     qd::q8_gemm(weights, x_data, rows, offsets.data(), destination, out.size(1), begin, end);
   });

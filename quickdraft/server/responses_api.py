@@ -177,7 +177,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "reasoning":
             text = _reasoning_text(item.get("content"))
-            if text:
+            if text and _reasoning_only(messages):  # one turn's reasoning in several items
+                messages[-1]["reasoning_content"] += text
+            elif text:
                 messages.append({"role": "assistant", "content": "", "reasoning_content": text})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):

@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from quickdraft.engine import Event, GenerationResult, RequestFailed, RequestFinished, TokenDelta
@@ -83,21 +83,22 @@ def logprob_entries(api: ApiRequest, logprobs: Sequence[TokenLogprob], spell: Sp
 
 
 def reasoning_split(thinking: Thinking | None, text: str) -> tuple[str | None, str, int]:
-    """An answer's reasoning (None: it did not think), the rest, and how many characters of ``text`` come before
-    the rest (the reasoning with its tags; the rest is a suffix of ``text``)."""
+    """An answer's reasoning (None: it did not think), the rest, and how many bytes of ``text`` come before the
+    rest (the reasoning with its tags; the rest is a suffix of ``text``). Bytes, not characters: a token that holds
+    part of a character reads as one U+FFFD, but its bytes are its own."""
     reasoning, rest = thinking.split(text) if thinking else (None, text)
-    return reasoning, rest, len(text) - len(rest)
+    return reasoning, rest, len(text[: len(text) - len(rest)].encode())
 
 
 def usage(api: ApiRequest, result: GenerationResult, spell: Spell | None = None) -> dict[str, Any]:
     input_tokens, output_tokens = len(api.serve.prompt_ids), len(result.token_ids)
     reasoning, _, before = reasoning_split(api.thinking, result.text)
-    spelled = itertools.accumulate(len(spell(token)[0]) for token in result.token_ids) if spell and reasoning else ()
+    spelled = itertools.accumulate(len(spell(token)[1]) for token in result.token_ids) if spell and reasoning else ()
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": sum(1 for chars in spelled if chars <= before)},
+        "output_tokens_details": {"reasoning_tokens": sum(1 for size in spelled if size <= before)},
         "total_tokens": input_tokens + output_tokens,
     }
 
@@ -132,13 +133,22 @@ def call_item(call: Mapping[str, Any], arguments: str | None = None, status: str
     }  # fmt: skip
 
 
-def spelling(entries: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
-    """The first log-probability entries whose tokens spell at most ``chars`` characters: those of a message's text
-    where calls follow it."""
+def chars(entry: dict[str, Any]) -> int:
+    return len(entry["token"])
+
+
+def byte_count(entry: dict[str, Any]) -> int:
+    return len(entry["bytes"])
+
+
+def spelling(entries: list[dict[str, Any]], limit: int, size: Callable[[dict[str, Any]], int] = chars) -> list[Any]:
+    """The first log-probability entries whose tokens spell at most ``limit`` (characters of their text, or with
+    ``size=byte_count`` their bytes): those of a message's text where calls follow it, or of the reasoning before
+    it. The reasoning is measured in bytes: a token holding part of a character reads as a whole U+FFFD."""
     taken, spelled = [], 0
     for entry in entries:
-        spelled += len(entry["token"])
-        if spelled > chars:
+        spelled += size(entry)
+        if spelled > limit:
             break
         taken.append(entry)
     return taken
@@ -156,7 +166,7 @@ def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> lis
         return [*items, *(call_item(call) for call in calls)]
     entries = logprob_entries(api, result.logprobs or [], spell)
     if before:  # the message's tokens: after the reasoning's
-        entries = entries[len(spelling(entries, before)) :]
+        entries = entries[len(spelling(entries, before, byte_count)) :]
     logprobs = spelling(entries, len(content)) if calls else entries
     message = message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, status)
     return [*items, message, *(call_item(call) for call in calls)]
@@ -176,7 +186,7 @@ class StreamedMessage:
         self.pending += entries
         released = spelling(self.pending, len(self.text) - self.spelled)
         self.pending = self.pending[len(released) :]
-        self.spelled += sum(len(entry["token"]) for entry in released)
+        self.spelled += sum(chars(entry) for entry in released)
         self.sent += released
         return released
 
@@ -194,7 +204,7 @@ async def stream_events(
     calls, message, opened = api.tools.call_filter() if api.tools else None, StreamedMessage(), False
     thoughts, thought = (api.thinking.stream() if api.thinking else None), StreamedReasoning()
     raw, entries_seen, handed = "", [], 0  # the answer's text and entries so far; entries given to the message
-    content_start: int | None = None if thoughts else 0  # characters before the message's text, once known
+    started = thoughts is None  # whether the message's text has started (and the reasoning's entries are skipped)
 
     def event(kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": next(numbers)} | fields
@@ -215,30 +225,35 @@ async def stream_events(
             event("response.content_part.added", **ids(), part=output_text("", [])),
         ]
 
+    def start(before: int) -> None:
+        """The message's text starts after ``before`` bytes of the answer: the entries spelling them are the
+        reasoning's (all of them have come: an entry comes with the delta of its text)."""
+        nonlocal started, handed
+        skipped = spelling(entries_seen, before, byte_count) if before else []
+        started, handed = True, len(skipped)
+        message.spelled = sum(map(byte_count, skipped)) - before  # a token across the boundary spells that much first
+
     def message_entries() -> list[dict[str, Any]]:
-        """The entries not yet given to the message, once its text has started (those of the reasoning left out)."""
+        """The entries not yet given to the message, once its text has started."""
         nonlocal handed
-        if content_start is None:
+        if not started:
             return []
-        if content_start:
-            handed = max(handed, len(spelling(entries_seen, content_start)))
         given, handed = entries_seen[handed:], len(entries_seen)
         return given
 
     def text_events(delta: str) -> list[str]:
         """``delta`` with the entries of the tokens it spells."""
-        released = message.add(delta, message_entries())
-        if not delta:
+        if not delta:  # entries wait for a delta to go with (an empty token's too)
             return []
+        released = message.add(delta, message_entries())
         opened_now = opening()  # numbered before the delta
         return [*opened_now, event("response.output_text.delta", **ids(), delta=delta, logprobs=released)]
 
     def split_events(reasoning: str, content: str, held: str = "") -> list[str]:
         """The answer's next reasoning and content (``held``: the text the split still holds): the reasoning's
         events, then the content's (calls held back)."""
-        nonlocal content_start
-        if content and content_start is None:  # the message's text starts here
-            content_start = len(raw) - len(held) - len(content)
+        if content and not started:  # the message's text starts here
+            start(len(raw[: len(raw) - len(held) - len(content)].encode()))
         return [*thought.add(event, reasoning), *text_events(content if calls is None else calls.feed(content))]
 
     def closing(status: str, logprobs: list[Any]) -> list[str]:
@@ -270,6 +285,10 @@ async def stream_events(
             continue
         if not isinstance(engine_event, RequestFinished):  # failed, or past its time: what was sent, then why
             error = failure(engine_event) if isinstance(engine_event, RequestFailed) else engine_event
+            if thoughts is not None:  # what the reasoning split held
+                left = thoughts.state == "content"  # the reasoning was whole: the answer had left it
+                for sent in [*split_events(*thoughts.finish()), *thought.closing(event, "completed" if left else "")]:
+                    yield sent
             output = [*thought.items("incomplete")]
             for sent in thought.closing(event, "incomplete"):
                 yield sent
@@ -283,6 +302,8 @@ async def stream_events(
         if thoughts is not None:  # what the reasoning split held at the end
             for sent in split_events(*thoughts.finish()):
                 yield sent
+            if not started:  # no text after the reasoning: the message, if any, has the tokens after it
+                start(reasoning_split(api.thinking, raw)[2])
         if calls is not None and api.tools is not None:
             content, found = api.tools.split_calls(calls.text)
             for sent in text_events(content[calls.sent :]):  # the held text that was no call
@@ -333,7 +354,8 @@ class StreamedReasoning:
         return [*sent, event("response.reasoning_text.delta", **place, delta=delta)]
 
     def closing(self, event: Any, status: str) -> list[str]:
-        if not self.opened or self.status is not None:
+        """The item's last events, once (``status`` "": not yet)."""
+        if not self.opened or self.status is not None or not status:
             return []
         self.status, place = status, {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         item = reasoning_item(self.item_id, self.text, status)

@@ -12,7 +12,8 @@ Rules:
 - ``max_output_tokens`` is chat's ``max_tokens``; ``text.format`` (text, json_object, json_schema) its
   ``response_format``; function ``tools`` (flat: name, description, parameters, strict) and ``tool_choice`` (auto,
   none, required, ``{"type": "function", "name"}``) its tools; ``include: ["message.output_text.logprobs"]`` or
-  ``top_logprobs`` its log-probabilities. quickdraft's extras, ``seed`` and ``stop`` pass as in chat.
+  ``top_logprobs`` its log-probabilities. quickdraft's extras, ``seed``, ``stop`` and ``chat_template_kwargs`` pass
+  as in chat.
 - This server keeps no responses: ``store`` true, ``previous_response_id``, ``conversation`` and ``background`` are
   refused (send the whole conversation as ``input``), as are reasoning settings (effort, summaries), prompt
   templates, ``max_tool_calls``, ``truncation`` auto, context management, hosted tools, other ``include`` values and
@@ -36,6 +37,7 @@ PASSED = frozenset({
     # quickdraft's extras and chat's, as chat reads them
     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "drafter",
     "policy", "num_draft_tokens", "max_draft_tokens", "regex", "grammar", "cache_prompt", "prediction",
+    "chat_template_kwargs",
 })  # fmt: skip
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip

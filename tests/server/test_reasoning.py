@@ -155,6 +155,9 @@ def test_the_responses_api_gives_reasoning_as_an_item_whole_and_streamed(servers
         indices = [event["output_index"] for event in events if event["type"] == "response.output_item.added"]
         assert indices == list(range(len(kinds)))
         assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    opened = strictly(httpx.post(f"{split.url}/v1/responses", timeout=TIMEOUT,
+                                 json=body | {"chat_template_kwargs": {"open_think": True}}).json())  # fmt: skip
+    assert opened["output"][0]["type"] == "reasoning"  # the template opened the block: the answer thinks from its start
     kept = strictly(httpx.post(f"{whole.url}/v1/responses", json=body | {"regex": cases[0][0]}, timeout=TIMEOUT).json())
     assert [item["type"] for item in kept["output"]] == ["message"]  # --reasoning-format none: the text whole
 

@@ -94,7 +94,7 @@ class Engine:
             generator=make_generator(request.config.sampling.seed, self.target.device),
             decoder=IncrementalDecoder(self.tokenizer, request.config.stop, request.config.min_tokens),
             committed=list(request.prompt_ids),
-            end_token_ids=request.config.end_token_ids(self.eos_token_ids),
+            eos_token_ids=self.eos_token_ids,
         )
 
     def enqueue(self, state: RequestState) -> None:

@@ -138,13 +138,15 @@ class RequestState:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the new tokens, if the request asked
     logprobs_sent: int = 0  # of them, those handed out: the tokens whose text is visible
     constraint: Constraint | None = None  # its place in the grammar its output must follow (config.grammar)
-    end_token_ids: frozenset[int] = frozenset()  # the tokens that end its answer (GenerationConfig.end_token_ids)
+    eos_token_ids: frozenset[int] = frozenset()  # the model's end-of-sequence tokens
+    end_token_ids: frozenset[int] = field(init=False)  # the tokens that end its answer (GenerationConfig's)
     stats: GenerationStats = field(default_factory=GenerationStats)
     submitted: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         if not callable(self.sink):
             raise ConfigError(f"a request's sink must be a function that takes its events, got {self.sink!r}")
+        self.end_token_ids = self.request.config.end_token_ids(self.eos_token_ids)
 
     @property
     def prompt_length(self) -> int:
@@ -152,10 +154,12 @@ class RequestState:
 
     def result(self, finish_reason: str, logprobs: list[TokenLogprob] | None) -> GenerationResult:
         """The request's result as it ends for ``finish_reason``: its ``stop_reason`` the stop string the decoder
-        found, or the last token where it is one of the request's stop tokens."""
-        last = self.new_token_ids[-1] if self.new_token_ids else None
+        found, or the last token where it is one of the request's stop tokens and not an end-of-sequence token the
+        request heeds (that one ends an answer anyway: vLLM's null)."""
+        config, last = self.request.config, self.new_token_ids[-1] if self.new_token_ids else None
         stop_reason: str | int | None = self.decoder.stopped_by if finish_reason == "stop" else None
-        if finish_reason == "eos" and last in self.request.config.stop_token_ids:
+        heeded_eos = last in self.eos_token_ids and not config.ignore_eos
+        if finish_reason == "eos" and last in config.stop_token_ids and not heeded_eos:
             stop_reason = last
         return GenerationResult(self.decoder.text, self.new_token_ids, finish_reason, self.stats, logprobs, stop_reason)
 
@@ -206,7 +210,7 @@ class RunningRequest(RequestState):
     @classmethod
     def admit(cls, state: RequestState, cache: KVCache, prefilled: int, draft_state: DraftState) -> RunningRequest:
         """``state`` running on ``cache`` (holding its first ``prefilled`` prompt tokens) and ``draft_state``."""
-        fields = {name: getattr(state, name) for name in RequestState.__dataclass_fields__}
+        fields = {name: getattr(state, name) for name, spec in RequestState.__dataclass_fields__.items() if spec.init}
         return cls(**fields, cache=cache, draft_state=draft_state, prefilled=prefilled)
 
     @property

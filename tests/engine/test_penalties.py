@@ -104,6 +104,10 @@ def test_min_tokens_ignore_eos_and_stop_token_ids_end_answers_as_plain_decoding_
     stopped = pipeline.generate(PROMPTS[0], cases["stop_token_ids"][0], drafter="none")
     assert stopped.text == pipeline.tokenizer.decode(stopped.token_ids[:-1])  # the stop token's text is not in it
     assert stopped.stop_reason == stopper and pipeline.generate(PROMPTS[0], ending, drafter="none").stop_reason is None
+    both = pipeline.generate(PROMPTS[0], replace(ending, stop_token_ids=(end,)), drafter="none")
+    assert both.token_ids[-1] == end and both.stop_reason is None  # an end-of-sequence token ends it anyway (vLLM)
+    heeded = replace(ending, stop_token_ids=(end,), ignore_eos=True)  # then only as a stop token
+    assert pipeline.generate(PROMPTS[0], heeded, drafter="none").stop_reason == end
     for name, (config, holds) in cases.items():
         for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=5)):
             plain = pipeline.generate(PROMPTS[0], replace(config, sampling=sampling), drafter="none")

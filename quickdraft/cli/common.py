@@ -57,9 +57,9 @@ def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--d
         f"{prefix}weights",
         choices=WEIGHT_FORMATS,
         default=None,
-        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 "
-        f"and Q4_0 tensors as stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors and stores the rest in 4 "
-        f"bits, int8 stores everything in 7 bits (draft model default "
+        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, "
+        f"Q4_0, Q5_1 and Q4_1 tensors as stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors and stores the "
+        f"rest in 4 bits, int8 stores everything in 7 bits (draft model default "
         f"{DRAFT_WEIGHTS}, other models auto)",
     )
     parser.add_argument(

@@ -62,4 +62,14 @@ void q8_gemm(const uint8_t* codes, const uint16_t* d, int64_t n, int64_t k, cons
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q8_reference(w, x + r * k, j);
 }
+
+void q8m_gemm(const uint8_t* codes, const uint16_t* d, const uint16_t* mins, int64_t n, int64_t k, const int8_t* x,
+              int64_t rows, float* out, int which) {
+  const qd::Q8Weights w{codes, d, n, k, mins};
+  std::vector<int32_t> offsets(rows * k / qd::kGroup);
+  for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x + r * k, k, offsets.data() + r * k / qd::kGroup);
+  if (which == 0) return qd::q8_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q8_reference(w, x + r * k, j);
+}
 }

@@ -13,7 +13,7 @@ import torch
 
 from quickdraft.machine import cpu_description
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
-from quickdraft.runtime.native.parts import Int8Part, Q8Part
+from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part
 
 HERE = Path(__file__).parent
 HEADER_DIR = Path(__file__).parents[2] / "quickdraft" / "runtime" / "native"
@@ -67,13 +67,14 @@ def run(library: ctypes.CDLL, part: Int8Part | Q8Part | Q4Part | Q6Part, x: torc
     rows, n, k = x.shape[0], part.padded_rows, part.in_features
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
-    gemms = {Int8Part: "int8_gemm", Q8Part: "q8_gemm", Q4Part: "q4_gemm", Q5Part: "q5_gemm", Q6Part: "q6_gemm"}
+    gemms = {Int8Part: "int8_gemm", Q8Part: "q8_gemm", Q8MinPart: "q8m_gemm", Q4Part: "q4_gemm", Q5Part: "q5_gemm",
+             Q6Part: "q6_gemm"}  # fmt: skip
     gemm = getattr(library, gemms[type(part)])
     gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
 
 
-@pytest.mark.parametrize("kind", [Int8Part, Q8Part, Q4Part, Q5Part, Q6Part])
+@pytest.mark.parametrize("kind", [Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part])
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
     part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4-q6: two full superblocks, a short one

@@ -67,13 +67,15 @@ def test_decoded_q5_k_blocks_are_ggufs_own_dequantization() -> None:
 
 
 @pytest.mark.parametrize(("name", "block_bytes", "low", "high"), [("Q8_0", 34, -128, 127), ("Q5_0", 22, -16, 15),
-                                                                ("Q4_0", 18, -8, 7)])  # fmt: skip
+                                                                ("Q4_0", 18, -8, 7), ("Q5_1", 24, 0, 31),
+                                                                ("Q4_1", 20, 0, 15)])  # fmt: skip
 def test_decoded_legacy_blocks_are_ggufs_own_dequantization(name: str, block_bytes: int, low: int, high: int) -> None:
-    raw = random_blocks(32, 256, block_bytes, slice(0, 2), weights=32)
+    scales = slice(0, 4 if name.endswith("_1") else 2)  # d, and Q4_1's and Q5_1's min
+    raw = random_blocks(32, 256, block_bytes, scales, weights=32)
     expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, name)).astype(np.float32)
-    kind, (codes, d) = EXACT_DECODERS[name](raw, 32, 256)
-    assert kind == "q8" and (int(codes.min()), int(codes.max())) == (low, high)
-    part = PART_KINDS[kind].from_blocks(codes, d)
+    kind, (codes, *scaling) = EXACT_DECODERS[name](raw, 32, 256)
+    assert kind == ("q8m" if name.endswith("_1") else "q8") and (int(codes.min()), int(codes.max())) == (low, high)
+    part = PART_KINDS[kind].from_blocks(codes, *scaling)
     assert torch.equal(part.dequantize(), torch.from_numpy(expected))
 
 

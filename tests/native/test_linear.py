@@ -8,7 +8,7 @@ import torch
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
-from quickdraft.runtime.native.parts import Int8Part, Q8Part, quantize_weight
+from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, quantize_weight
 
 
 def with_kernels(linear: QuantizedLinear, use_kernel: bool) -> QuantizedLinear:
@@ -21,7 +21,7 @@ def in_passes(linear: QuantizedLinear, passes: int) -> QuantizedLinear:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
 def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool, passes: int) -> None:
     generator = torch.Generator().manual_seed(0)
@@ -37,7 +37,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: 
         assert torch.equal(linear(torch.cat([torch.randn(3, 128), x[row : row + 1]]))[-1], full[row])
     # close to the float layer: the quantization error itself
     relative = (full - (x @ weight.T + bias)).norm() / (x @ weight.T).norm()
-    assert float(relative) < {"int8": 0.03, "q8": 0.03, "q5": 0.08}.get(kind, 0.15)
+    assert float(relative) < {"int8": 0.03, "q8": 0.03, "q8m": 0.08, "q5": 0.08}.get(kind, 0.15)
 
 
 def test_int8_parts_are_exact_integer_arithmetic() -> None:
@@ -120,7 +120,7 @@ def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
 def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str, passes: int) -> None:
     generator = torch.Generator().manual_seed(5)
     linear = QuantizedLinear.from_float(
@@ -191,6 +191,10 @@ def test_q8_blocks_round_trip_through_the_packed_layout() -> None:
         assert torch.equal(got, expected)
     with pytest.raises(ValueError, match="float16"):
         Q8Part.from_blocks(blocks[0], blocks[1] + 1e-5)
+    mins = -torch.rand(rows, width // 32, generator=generator).to(torch.float16).float()
+    with_mins = Q8MinPart.from_blocks(*blocks, mins)
+    for got, expected in zip(with_mins.blocks(), (*blocks, mins), strict=True):
+        assert torch.equal(got, expected)
 
 
 def test_q6_blocks_round_trip_through_the_packed_layout() -> None:
@@ -227,13 +231,13 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
         Q6Part.from_blocks(torch.zeros(4, 48, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.int8), torch.ones(4, 1))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
 def test_zero_rows_give_the_bias(kind: str) -> None:
     linear = QuantizedLinear.from_float(torch.randn(8, 64), torch.ones(8), kind)
     assert torch.equal(linear(torch.zeros(2, 64)), torch.ones(2, 8))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q8", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
 def test_selected_rows_keep_their_weights_and_their_results(kind: str) -> None:
     """Rows picked from a few 16-row panels of a larger layer (an LM head's focus): each keeps its weights, so
     its output is bitwise the whole layer's at that row."""

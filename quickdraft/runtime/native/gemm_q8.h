@@ -1,6 +1,7 @@
 // The integer GEMM against weights in llama.cpp's Q8_0 structure, kept as the file stores them (gemm.h's rules:
 // every output element depends on its own row and column alone, with the same bits on every instruction set).
-// A Q4_0 or Q5_0 block is the same structure with smaller codes, so those types use it too.
+// A Q4_0 or Q5_0 block is the same structure with smaller codes, so those types use it too; Q4_1 and Q5_1 add a
+// float16 min per group (format "q8m").
 //
 // Format "q8" (8-bit codes in groups of 32 along k, each group with a float16 scale):
 //   w[n][k] = d[n][g] * q[n][k]   for k in group g = k / 32; q in [-128, 127].
@@ -10,6 +11,9 @@
 //   codes: q + 128 as unsigned bytes, [N/16][G][8 vectors][16 lanes][4 bytes]: vector j of group g holds
 //   k = 32g + 4j + i of lane n0 + l (byte i) — int8's layout, with q + 128 for w + 64; d: [N/16][G][16] float16
 //   bits. K must be a multiple of 32.
+// Format "q8m": q8 with a float16 min per group, w[n][k] = d[n][g] * q[n][k] + m[n][g]; after each group's
+//   d term, acc = fma(float(m[n][g]), float(X[m][g]), acc), X the group's sum of x (exact: |X| <= 32 * 127).
+//   mins: [N/16][G][16] float16 bits, as d.
 #pragma once
 
 #include "gemm.h"
@@ -22,6 +26,7 @@ struct Q8Weights {
   const uint8_t* codes;  // [N/16][G][8][16][4]
   const uint16_t* d;     // [N/16][G][16] float16 bits
   int64_t n, k;
+  const uint16_t* mins = nullptr;  // q8m: [N/16][G][16] float16 bits; null for q8
   int64_t groups() const { return k / kGroup; }
 };
 
@@ -61,8 +66,9 @@ inline float q8_reference(const Q8Weights& w, const int8_t* x, int64_t n) {
   for (int64_t g = 0; g < w.groups(); ++g) {
     int32_t dot = 0;
     for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += q8_code(w, n, k) * x[k];
-    const float d = half_to_float(w.d[((n / kLanes) * w.groups() + g) * kLanes + n % kLanes]);
-    acc = std::fma(d, static_cast<float>(dot), acc);
+    const int64_t at = ((n / kLanes) * w.groups() + g) * kLanes + n % kLanes;
+    acc = std::fma(half_to_float(w.d[at]), static_cast<float>(dot), acc);
+    if (w.mins != nullptr) acc = std::fma(half_to_float(w.mins[at]), static_cast<float>(row_sum(x + g * kGroup, kGroup)), acc);
   }
   return acc;
 }
@@ -77,7 +83,7 @@ inline float q8_reference(const Q8Weights& w, const int8_t* x, int64_t n) {
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
-template <int R>
+template <int R, bool Min>
 inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                     int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups();
@@ -91,6 +97,8 @@ inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const
       c[j] = _mm512_loadu_si512(codes + j * 64);
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + (block * groups + g) * kLanes)));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (Min) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + (block * groups + g) * kLanes)));
     QD_UNROLL for (int r = 0; r < R; ++r) {
       const int8_t* row = x + r * x_stride + g * kGroup;
       __m512i dot_a = _mm512_set1_epi32(offsets[r * offset_stride + g]), dot_b = _mm512_setzero_si512();
@@ -99,6 +107,7 @@ inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const
         dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
       }
       acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_add_epi32(dot_a, dot_b)), acc[r]);
+      if constexpr (Min) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(offsets[r * offset_stride + g] / -128.0f), acc[r]);
     }
   }
   QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
@@ -121,7 +130,7 @@ inline __m256i q8_dot(__m256i acc, __m256i codes, __m256i x) {
 #endif
 
 // Two halves of 8 lanes each, as q4's (HalfSums keeps the rows' float sums).
-template <int R>
+template <int R, bool Min>
 inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                     int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups();
@@ -135,11 +144,14 @@ inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const
         c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + (block * groups + g) * kLanes + 8 * h)));
+      __m256 m = _mm256_setzero_ps();
+      if constexpr (Min) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mins + (block * groups + g) * kLanes + 8 * h)));
       QD_UNROLL for (int r = 0; r < R; ++r) {
         const int8_t* row = x + r * x_stride + g * kGroup;
         __m256i dot = _mm256_set1_epi32(kQ8Offsets ? offsets[r * offset_stride + g] : 0);
         QD_UNROLL for (int j = 0; j < 8; ++j) dot = q8_dot(dot, c[j], _mm256_set1_epi32(load4(row + 4 * j)));
         sums.add(r, d, dot);
+        if constexpr (Min) sums.add(r, m, _mm256_set1_epi32(offsets[r * offset_stride + g] / -kQ8Offset));
       }
     }
     sums.finish();
@@ -150,7 +162,7 @@ constexpr int kQ8Rows = 8;
 
 #else
 
-template <int R>
+template <int R, bool Min>
 inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                     float* out, int64_t out_stride) {
   QD_UNROLL for (int r = 0; r < R; ++r)
@@ -160,14 +172,18 @@ inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const
 constexpr int kQ8Rows = 1;
 #endif
 
-// offsets [rows, K/32] from group_offsets.
+// offsets [rows, K/32] from group_offsets (q8m's min term reads each group's sum of x from them too).
 inline void q8_gemm(const Q8Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t offset_stride = w.k / kGroup;
-  for_each_block_tile<kQ8Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
-    q8_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block,
-                                        out + row * out_stride, out_stride);
-  });
+  const auto run = [&](auto with_min) {
+    for_each_block_tile<kQ8Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+      q8_tile<decltype(tile_rows)::value, decltype(with_min)::value>(
+          w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block, out + row * out_stride, out_stride);
+    });
+  };
+  if (w.mins == nullptr) run(std::false_type{});
+  else run(std::true_type{});
 }
 
 }  // namespace qd

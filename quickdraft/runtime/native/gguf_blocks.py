@@ -1,5 +1,5 @@
-"""A GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 and Q4_0 tensors as the native runtime's q4, q5, q6 and q8 parts, bit
-for bit (no second quantization).
+"""A GGUF file's K-quant (Q4_K, Q5_K, Q6_K) and 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) tensors as the native
+runtime's q4, q5, q6, q8 and q8m parts, bit for bit (no second quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
@@ -15,9 +15,10 @@ bits, sixteen int8 sub-scales and a float16 ``d``; weight = d · sub_scale · (c
 Q8_0 (``block_q8_0``, 34 bytes per 32 weights): a float16 ``d`` and 32 int8 codes; weight = d · q: the q8 format.
 Q4_0 (18 bytes) and Q5_0 (22 bytes) are the same with codes of 4 and 5 bits and an offset: weight = d · (code − 8)
 and d · (code − 16), where a byte of nibbles holds weight l (low) and l + 16 (high) and Q5_0's 32-bit ``qh`` the
-fifth bit of weight l at bit l. So their codes minus the offset are q8 codes in [−8, 7] and [−16, 15].
+fifth bit of weight l at bit l. So their codes minus the offset are q8 codes in [−8, 7] and [−16, 15]. Q4_1 (20
+bytes) and Q5_1 (24 bytes) hold a float16 min ``m`` after ``d`` and no offset: weight = d · code + m, the q8m format.
 
-Other tensor types (Q4_1, Q5_1, Q2_K, ...) are not read here: the runtime quantizes their float values as usual.
+Other tensor types (Q2_K, Q3_K, IQ…, ...) are not read here: the runtime quantizes their float values as usual.
 
 Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
 may reorder rows of some families' projections); a tensor that does not match is left to the usual path.
@@ -127,8 +128,8 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 
 
 def legacy_blocks(raw: np.ndarray, rows: int, width: int, block_bytes: int) -> tuple[np.ndarray, torch.Tensor]:
-    """A Q8_0/Q5_0/Q4_0 tensor's blocks ``[rows, width/32, block_bytes]`` and its scales ``d [rows, width/32]``
-    (float16 values as float32; every such block starts with its float16 ``d``)."""
+    """A tensor of 32-weight blocks' (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) blocks ``[rows, width/32, block_bytes]`` and its
+    scales ``d [rows, width/32]`` (float16 values as float32; every such block starts with its float16 ``d``)."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, block_bytes)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     return blocks, torch.from_numpy(d)
@@ -153,13 +154,36 @@ def decode_q4_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return "q8", (torch.from_numpy(codes.reshape(rows, width)), d)
 
 
+def fifth_bits(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The 32-bit ``qh`` at byte ``at`` of each Q5_0/Q5_1 block -> each weight's fifth bit ``[rows, B, 32]``."""
+    high = blocks[..., at : at + 4].copy().view("<u4")  # [rows, B, 1]: bit l is weight l's fifth bit
+    return ((high >> np.arange(LEGACY_WEIGHTS, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
 def decode_q5_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw Q5_0 bytes -> ("q8", (codes − 16 [rows, width] int8 in [−16, 15], d))."""
     blocks, d = legacy_blocks(raw, rows, width, 22)
-    high = blocks[..., 2:6].copy().view("<u4")  # [rows, B, 1]: bit l is weight l's fifth bit
-    fifth = ((high >> np.arange(LEGACY_WEIGHTS, dtype=np.uint32)) & 1).astype(np.uint8)  # [rows, B, 32]
-    codes = (nibbles_of(blocks[..., 6:]) | (fifth << 4)).astype(np.int8) - 16
+    codes = (nibbles_of(blocks[..., 6:]) | (fifth_bits(blocks, 2) << 4)).astype(np.int8) - 16
     return "q8", (torch.from_numpy(codes.reshape(rows, width)), d)
+
+
+def minimums(blocks: np.ndarray) -> torch.Tensor:
+    """A Q4_1/Q5_1 tensor's float16 mins (bytes 2-3 of each block) as float32 ``[rows, B]``."""
+    return torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+
+
+def decode_q4_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q4_1 bytes -> ("q8m", (codes [rows, width] int8 in [0, 15], d, mins))."""
+    blocks, d = legacy_blocks(raw, rows, width, 20)
+    codes = nibbles_of(blocks[..., 4:]).astype(np.int8)
+    return "q8m", (torch.from_numpy(codes.reshape(rows, width)), d, minimums(blocks))
+
+
+def decode_q5_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q5_1 bytes -> ("q8m", (codes [rows, width] int8 in [0, 31], d, mins))."""
+    blocks, d = legacy_blocks(raw, rows, width, 24)
+    codes = (nibbles_of(blocks[..., 8:]) | (fifth_bits(blocks, 4) << 4)).astype(np.int8)
+    return "q8m", (torch.from_numpy(codes.reshape(rows, width)), d, minimums(blocks))
 
 
 EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
@@ -169,8 +193,10 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "Q8_0": decode_q8_0,
     "Q5_0": decode_q5_0,
     "Q4_0": decode_q4_0,
+    "Q5_1": decode_q5_1,
+    "Q4_1": decode_q4_1,
 }
-BLOCK_WEIGHTS = {"Q8_0": LEGACY_WEIGHTS, "Q5_0": LEGACY_WEIGHTS, "Q4_0": LEGACY_WEIGHTS}  # the rest: 256
+BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1"), LEGACY_WEIGHTS)  # the rest: 256
 
 
 def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:

@@ -25,6 +25,8 @@ void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, to
 void q5_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor sub_min,
                torch::Tensor d, torch::Tensor dmin, torch::Tensor out, int64_t column);
 void q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor out, int64_t column);
+void q8m_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor mins, torch::Tensor out,
+                int64_t column);
 void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor d,
                torch::Tensor out, int64_t column);
 

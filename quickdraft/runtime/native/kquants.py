@@ -17,7 +17,17 @@ from typing import Any, ClassVar
 import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
-from quickdraft.runtime.native.parts import GROUP, LANES, Int8Part, Q8Part, WeightPart, pad_rows, padded, panels_of
+from quickdraft.runtime.native.parts import (
+    GROUP,
+    LANES,
+    Int8Part,
+    Q8MinPart,
+    Q8Part,
+    WeightPart,
+    pad_rows,
+    padded,
+    panels_of,
+)
 
 GROUPS_PER_SUPER = 8  # q4, q5 and q6: groups per superblock
 SUB_BLOCK = 16  # q6: weights per sub-scale
@@ -306,4 +316,5 @@ class Q6Part(WeightPart):
         return Q6Part.from_blocks(*(field[local] for field in panels.blocks()))
 
 
-PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in (Int8Part, Q8Part, Q4Part, Q5Part, Q6Part)}
+FORMATS: tuple[type[WeightPart], ...] = (Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part)
+PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in FORMATS}

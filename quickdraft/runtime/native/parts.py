@@ -8,7 +8,7 @@ This module holds the parts' interface, their shared packing helpers and two for
   7 bits keep AVX2's u8 × s8 pair sums below 2^15, so the same weights serve every instruction set.
 - ``q8``: llama.cpp's Q8_0 structure, codes in [−128, 127] under a float16 scale per group of 32: out = the groups'
   exact integer sums, each into a float sum by one fused multiply-add with its scale. A GGUF file's Q8_0, Q5_0 and
-  Q4_0 tensors load into it exactly.
+  Q4_0 tensors load into it exactly; ``q8m`` adds a float16 min per group (w = d · q + m: Q4_1, Q5_1).
 
 The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``, which also names every format
 (``PART_KINDS``).
@@ -227,3 +227,71 @@ class Q8Part(WeightPart):
         panel_ids, local = panels_of(index)
         panels = Q8Part(len(panel_ids) * LANES, self.codes[panel_ids], self.d[panel_ids])
         return Q8Part.from_blocks(*(field[local] for field in panels.blocks()))
+
+
+class Q8MinPart(Q8Part):
+    """q8 with a float16 min per group (llama.cpp's Q4_1 and Q5_1 structures): w = d · q + m. Packed as q8, and the
+    mins ``[N/16, K/32, 16]`` as its scales (``gemm_q8.h``'s q8m)."""
+
+    kind = "q8m"
+    kernel_kind = 5
+    tensor_names = ("codes", "d", "mins")
+
+    def __init__(self, rows: int, codes: torch.Tensor, d: torch.Tensor, mins: torch.Tensor) -> None:
+        super().__init__(rows, codes, d)
+        self.mins = mins.to(torch.float16).contiguous()
+
+    @classmethod
+    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor, mins: torch.Tensor) -> Q8MinPart:  # type: ignore[override]
+        """Plain ``codes [N, K]`` int8, ``d`` and ``mins [N, K/32]`` (float16 values) -> the packed part."""
+        scaled = Q8Part.from_blocks(codes, d)
+        return cls(scaled.rows, scaled.codes, scaled.d, Q8Part.from_blocks(codes, mins).d)  # mins packed as scales
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> Q8MinPart:
+        """Round-to-nearest codes in [0, 31] above each group's minimum (llama.cpp's Q5_1 rule)."""
+        if weight.shape[1] % GROUP:
+            raise ValueError(f"q8m weights need a multiple of {GROUP} input features, got {weight.shape[1]}")
+        groups = weight.float().reshape(weight.shape[0], -1, GROUP)  # [N, G, 32]
+        low = groups.amin(dim=-1).to(torch.float16)  # [N, G]
+        d = ((groups.amax(dim=-1) - low.float()) / 31).to(torch.float16)
+        safe = torch.where(d == 0, torch.ones_like(d), d).float()[..., None]
+        codes = torch.round((groups - low.float()[..., None]) / safe).clamp_(0, 31).to(torch.int8)
+        return cls.from_blocks(codes.reshape(weight.shape), d, low)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"codes": self.codes, "d": self.d, "mins": self.mins}
+
+    @classmethod
+    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Q8MinPart:
+        return cls(rows, tensors["codes"], tensors["d"], tensors["mins"])
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """The plain ``(codes, d, mins)`` of :meth:`from_blocks` (``d`` and ``mins`` as float32 values)."""
+        codes, d = super().blocks()
+        return codes, d, self.mins.permute(0, 2, 1).reshape(self.padded_rows, -1)[: self.rows].float()
+
+    def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
+        kernels.q8m_matmul(rows, self.codes, self.d, self.mins, out, column)
+
+    def reference(self, rows: torch.Tensor) -> torch.Tensor:
+        codes, d, mins = self.blocks()
+        groups = self.in_features // GROUP
+        x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
+        dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP)).float()  # exact
+        sums = x.sum(-1).float()  # [M, G] exact
+        acc = torch.zeros(rows.shape[0], self.rows)
+        for g in range(groups):
+            acc = fused_multiply_add(d[:, g], dots[:, :, g], acc)
+            acc = fused_multiply_add(mins[:, g], sums[:, g, None].expand_as(acc), acc)
+        return acc
+
+    def dequantize(self) -> torch.Tensor:
+        codes, d, mins = self.blocks()
+        groups = codes.float().reshape(self.rows, -1, GROUP) * d[..., None] + mins[..., None]
+        return groups.reshape(self.rows, -1)
+
+    def select_rows(self, index: torch.Tensor) -> Q8MinPart:
+        panel_ids, local = panels_of(index)
+        panels = Q8MinPart(len(panel_ids) * LANES, self.codes[panel_ids], self.d[panel_ids], self.mins[panel_ids])
+        return Q8MinPart.from_blocks(*(field[local] for field in panels.blocks()))

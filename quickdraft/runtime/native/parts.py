@@ -161,24 +161,31 @@ class Q8Part(WeightPart):
 
     kind = "q8"
     kernel_kind = 4
-    tensor_names = ("codes", "d")
+    tensor_names: ClassVar[tuple[str, ...]] = ("codes", "d")  # then each per-group float16 tensor
 
-    def __init__(self, rows: int, codes: torch.Tensor, d: torch.Tensor) -> None:
-        self.rows, self.codes, self.d = rows, codes.contiguous(), d.to(torch.float16).contiguous()
-        self.in_features = codes.shape[1] * 4
+    def __init__(self, rows: int, **tensors: torch.Tensor) -> None:
+        self.rows, self.codes = rows, tensors["codes"].contiguous()
+        for name in self.tensor_names[1:]:
+            setattr(self, name, tensors[name].to(torch.float16).contiguous())
+        self.in_features = self.codes.shape[1] * 4
 
     @classmethod
-    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor) -> Q8Part:
-        """Plain ``codes [N, K]`` int8 and ``d [N, K/32]`` (float16 values) -> the packed part."""
+    def from_blocks(cls, codes: torch.Tensor, *groups: torch.Tensor) -> Q8Part:
+        """Plain ``codes [N, K]`` int8 and the per-group tensors ``[N, K/32]`` (float16 values; q8: ``d``) -> the
+        packed part."""
         rows, width = codes.shape
         if width % GROUP:
-            raise ValueError(f"q8 weights need a multiple of {GROUP} input features, got {width}")
-        if not torch.allclose(d.to(torch.float16).float(), d.float(), rtol=0.0, atol=0.0, equal_nan=True):
-            raise ValueError("q8 scales must be float16 values")
+            raise ValueError(f"{cls.kind} weights need a multiple of {GROUP} input features, got {width}")
+        if len(groups) != len(cls.tensor_names) - 1:
+            raise ValueError(f"{cls.kind} weights take {', '.join(cls.tensor_names[1:])} per group")
+        for values in groups:
+            if not torch.allclose(values.to(torch.float16).float(), values.float(), rtol=0.0, atol=0.0, equal_nan=True):
+                raise ValueError(f"{cls.kind} scales must be float16 values")
         unsigned = (pad_rows(codes.to(torch.int16), padded(rows)) + Q8_OFFSET).to(torch.uint8)
         packed = unsigned.reshape(-1, LANES, width // 4, 4).permute(0, 2, 1, 3)  # [N/16, K/4, 16, 4]
-        scales = pad_rows(d.to(torch.float16), padded(rows)).reshape(-1, LANES, width // GROUP).permute(0, 2, 1)
-        return cls(rows, packed, scales)  # scales [N/16, K/32, 16]
+        lanes = [pad_rows(values.to(torch.float16), padded(rows)).reshape(-1, LANES, width // GROUP).permute(0, 2, 1)
+                 for values in groups]  # each [N/16, K/32, 16]  # fmt: skip
+        return cls(rows, **dict(zip(cls.tensor_names, (packed, *lanes), strict=True)))
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Q8Part:
@@ -193,40 +200,46 @@ class Q8Part(WeightPart):
         return cls.from_blocks(codes.reshape(weight.shape), d)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"codes": self.codes, "d": self.d}
+        return {name: getattr(self, name) for name in self.tensor_names}
 
     @classmethod
     def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Q8Part:
-        return cls(rows, tensors["codes"], tensors["d"])
+        return cls(rows, **tensors)
 
-    def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The plain ``(codes, d)`` of :meth:`from_blocks` (``d`` as float32 values)."""
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        """The plain ``(codes, d, ...)`` of :meth:`from_blocks` (the per-group tensors as float32 values)."""
         codes = self.codes.permute(0, 2, 1, 3).reshape(self.padded_rows, self.in_features)[: self.rows]
-        d = self.d.permute(0, 2, 1).reshape(self.padded_rows, -1)[: self.rows].float()
-        return (codes.to(torch.int16) - Q8_OFFSET).to(torch.int8), d
+        groups = [getattr(self, name).permute(0, 2, 1).reshape(self.padded_rows, -1)[: self.rows].float()
+                  for name in self.tensor_names[1:]]  # fmt: skip
+        return ((codes.to(torch.int16) - Q8_OFFSET).to(torch.int8), *groups)
 
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
         kernels.q8_matmul(rows, self.codes, self.d, out, column)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
-        codes, d = self.blocks()
+        codes, d, *mins = self.blocks()
         groups = self.in_features // GROUP
         x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
         dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP)).float()  # exact
+        sums = x.sum(-1).float()  # [M, G] exact
         acc = torch.zeros(rows.shape[0], self.rows)
         for g in range(groups):
             acc = fused_multiply_add(d[:, g], dots[:, :, g], acc)
+            for values in mins:  # q8m: the group's min times the row's sum over the group
+                acc = fused_multiply_add(values[:, g], sums[:, g, None].expand_as(acc), acc)
         return acc
 
     def dequantize(self) -> torch.Tensor:
-        codes, d = self.blocks()
+        codes, d, *mins = self.blocks()
         groups = codes.float().reshape(self.rows, -1, GROUP) * d[..., None]
+        for values in mins:
+            groups = groups + values[..., None]
         return groups.reshape(self.rows, -1)
 
     def select_rows(self, index: torch.Tensor) -> Q8Part:
         panel_ids, local = panels_of(index)
-        panels = Q8Part(len(panel_ids) * LANES, self.codes[panel_ids], self.d[panel_ids])
-        return Q8Part.from_blocks(*(field[local] for field in panels.blocks()))
+        panels = type(self)(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
+        return type(self).from_blocks(*(field[local] for field in panels.blocks()))
 
 
 class Q8MinPart(Q8Part):
@@ -237,18 +250,8 @@ class Q8MinPart(Q8Part):
     kernel_kind = 5
     tensor_names = ("codes", "d", "mins")
 
-    def __init__(self, rows: int, codes: torch.Tensor, d: torch.Tensor, mins: torch.Tensor) -> None:
-        super().__init__(rows, codes, d)
-        self.mins = mins.to(torch.float16).contiguous()
-
     @classmethod
-    def from_blocks(cls, codes: torch.Tensor, d: torch.Tensor, mins: torch.Tensor) -> Q8MinPart:  # type: ignore[override]
-        """Plain ``codes [N, K]`` int8, ``d`` and ``mins [N, K/32]`` (float16 values) -> the packed part."""
-        scaled = Q8Part.from_blocks(codes, d)
-        return cls(scaled.rows, scaled.codes, scaled.d, Q8Part.from_blocks(codes, mins).d)  # mins packed as scales
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor) -> Q8MinPart:
+    def from_float(cls, weight: torch.Tensor) -> Q8Part:
         """Round-to-nearest codes in [0, 31] above each group's minimum (llama.cpp's Q5_1 rule)."""
         if weight.shape[1] % GROUP:
             raise ValueError(f"q8m weights need a multiple of {GROUP} input features, got {weight.shape[1]}")
@@ -259,39 +262,5 @@ class Q8MinPart(Q8Part):
         codes = torch.round((groups - low.float()[..., None]) / safe).clamp_(0, 31).to(torch.int8)
         return cls.from_blocks(codes.reshape(weight.shape), d, low)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"codes": self.codes, "d": self.d, "mins": self.mins}
-
-    @classmethod
-    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Q8MinPart:
-        return cls(rows, tensors["codes"], tensors["d"], tensors["mins"])
-
-    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        """The plain ``(codes, d, mins)`` of :meth:`from_blocks` (``d`` and ``mins`` as float32 values)."""
-        codes, d = super().blocks()
-        return codes, d, self.mins.permute(0, 2, 1).reshape(self.padded_rows, -1)[: self.rows].float()
-
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
         kernels.q8m_matmul(rows, self.codes, self.d, self.mins, out, column)
-
-    def reference(self, rows: torch.Tensor) -> torch.Tensor:
-        codes, d, mins = self.blocks()
-        groups = self.in_features // GROUP
-        x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
-        dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP)).float()  # exact
-        sums = x.sum(-1).float()  # [M, G] exact
-        acc = torch.zeros(rows.shape[0], self.rows)
-        for g in range(groups):
-            acc = fused_multiply_add(d[:, g], dots[:, :, g], acc)
-            acc = fused_multiply_add(mins[:, g], sums[:, g, None].expand_as(acc), acc)
-        return acc
-
-    def dequantize(self) -> torch.Tensor:
-        codes, d, mins = self.blocks()
-        groups = codes.float().reshape(self.rows, -1, GROUP) * d[..., None] + mins[..., None]
-        return groups.reshape(self.rows, -1)
-
-    def select_rows(self, index: torch.Tensor) -> Q8MinPart:
-        panel_ids, local = panels_of(index)
-        panels = Q8MinPart(len(panel_ids) * LANES, self.codes[panel_ids], self.d[panel_ids], self.mins[panel_ids])
-        return Q8MinPart.from_blocks(*(field[local] for field in panels.blocks()))

@@ -154,6 +154,23 @@ inline float q4_reference(const Q4Weights& w, const int8_t* x, int64_t n) {
   return acc;
 }
 
+// A tile's outputs from a format's definition, element by element (the path without AVX2):
+// out[r][n] = reference(row r, n) for the block's 16 outputs.
+template <int R, typename Reference>
+inline void reference_tile(Reference reference, const int8_t* x, int64_t x_stride, int64_t block, float* out,
+                           int64_t out_stride) {
+  QD_UNROLL for (int r = 0; r < R; ++r)
+    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = reference(x + r * x_stride, n);
+}
+
+// run(std::true_type{}) or run(std::false_type{}): a weight's optional part (q5's fifth bits, q8m's mins) chosen once
+// per call as a template argument, so the tiles hold no branch on it.
+template <typename Run>
+inline void with_flag(bool flag, Run run) {
+  if (flag) run(std::true_type{});
+  else run(std::false_type{});
+}
+
 // ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -457,15 +474,15 @@ constexpr const char* kIsa = "scalar";
 template <int R>
 inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t block,
                       float* out, int64_t out_stride) {
-  QD_UNROLL for (int r = 0; r < R; ++r)
-    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = int8_reference(w, x + r * x_stride, n);
+  reference_tile<R>([&](const int8_t* row, int64_t n) { return int8_reference(w, row, n); }, x, x_stride, block, out,
+                    out_stride);
 }
 
 template <int R, bool Five>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                     float* out, int64_t out_stride) {
-  QD_UNROLL for (int r = 0; r < R; ++r)
-    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = q4_reference(w, x + r * x_stride, n);
+  reference_tile<R>([&](const int8_t* row, int64_t n) { return q4_reference(w, row, n); }, x, x_stride, block, out,
+                    out_stride);
 }
 
 constexpr int kInt8Rows = 1;
@@ -539,14 +556,12 @@ inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int
 #if defined(QD_AMX)
   if (w.high == nullptr && q4_amx(w, x, rows, pairs, pair_stride, out, out_stride, block_begin, block_end)) return;
 #endif
-  const auto run = [&](auto five) {
+  with_flag(w.high != nullptr, [&](auto five) {
     for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
       q4_tile<decltype(tile_rows)::value, decltype(five)::value>(w, x + row * w.k, w.k, pairs + row * pair_stride,
                                                                  pair_stride, block, out + row * out_stride, out_stride);
     });
-  };
-  if (w.high == nullptr) run(std::false_type{});
-  else run(std::true_type{});
+  });
 }
 
 }  // namespace qd

@@ -187,8 +187,8 @@ constexpr int kQ6Rows = 16;
 template <int R>
 inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                     float* out, int64_t out_stride) {
-  QD_UNROLL for (int r = 0; r < R; ++r)
-    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = q6_reference(w, x + r * x_stride, n);
+  reference_tile<R>([&](const int8_t* row, int64_t n) { return q6_reference(w, row, n); }, x, x_stride, block, out,
+                    out_stride);
 }
 
 constexpr int kQ6Rows = 1;

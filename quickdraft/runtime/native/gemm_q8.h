@@ -165,8 +165,8 @@ constexpr int kQ8Rows = 8;
 template <int R, bool Min>
 inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                     float* out, int64_t out_stride) {
-  QD_UNROLL for (int r = 0; r < R; ++r)
-    for (int64_t n = block * kLanes; n < (block + 1) * kLanes; ++n) out[r * out_stride + n] = q8_reference(w, x + r * x_stride, n);
+  reference_tile<R>([&](const int8_t* row, int64_t n) { return q8_reference(w, row, n); }, x, x_stride, block, out,
+                    out_stride);
 }
 
 constexpr int kQ8Rows = 1;
@@ -176,14 +176,12 @@ constexpr int kQ8Rows = 1;
 inline void q8_gemm(const Q8Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t offset_stride = w.k / kGroup;
-  const auto run = [&](auto with_min) {
+  with_flag(w.mins != nullptr, [&](auto with_min) {
     for_each_block_tile<kQ8Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
       q8_tile<decltype(tile_rows)::value, decltype(with_min)::value>(
           w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block, out + row * out_stride, out_stride);
     });
-  };
-  if (w.mins == nullptr) run(std::false_type{});
-  else run(std::true_type{});
+  });
 }
 
 }  // namespace qd

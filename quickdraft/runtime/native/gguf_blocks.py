@@ -58,6 +58,11 @@ Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 ExactWeight = tuple[str, tuple[torch.Tensor, ...]]
 
 
+def float16_at(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte ``at`` of each block ``[.., block_bytes]`` as float32 ``[..]`` (every float16 is exact)."""
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
 def transformers_name(gguf_name: str, fused: bool = False) -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``, ``output.weight`` -> ``lm_head.weight``
     (None for names without a transformers linear weight); ``fused``: the names of a model with fused projections
@@ -76,8 +81,7 @@ def decode_q4_k(raw: np.ndarray, rows: int, width: int) -> Blocks:
     sub_min [rows, width/32] uint8 in [0, 63], d and dmin [rows, width/256] float32), where
     weight = d · sub_scale · code − dmin · sub_min."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, Q4_K_BLOCK_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, S]
-    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    d, dmin = float16_at(blocks, 0), float16_at(blocks, 2)  # [rows, S]
     packed = blocks[..., 4:16].astype(np.uint8)  # [rows, S, 12]
     low, high, top = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     sub_scale = np.concatenate([low & 63, (top & 0x0F) | ((low >> 6) << 4)], axis=-1)  # [rows, S, 8]
@@ -123,7 +127,7 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     tops = (top >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3  # [.., half, m, l]
     codes = (nibbles | (tops << 4)).reshape(rows, width)
     sub_scale = blocks[..., 192:208].copy().view(np.int8).reshape(rows, width // 16)
-    d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, S]
+    d = float16_at(blocks, 208)  # [rows, S]
     return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d))
 
 
@@ -131,8 +135,7 @@ def legacy_blocks(raw: np.ndarray, rows: int, width: int, block_bytes: int) -> t
     """A tensor of 32-weight blocks' (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) blocks ``[rows, width/32, block_bytes]`` and its
     scales ``d [rows, width/32]`` (float16 values as float32; every such block starts with its float16 ``d``)."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, block_bytes)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    return blocks, torch.from_numpy(d)
+    return blocks, torch.from_numpy(float16_at(blocks, 0))
 
 
 def nibbles_of(quants: np.ndarray) -> np.ndarray:
@@ -169,7 +172,7 @@ def decode_q5_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 
 def minimums(blocks: np.ndarray) -> torch.Tensor:
     """A Q4_1/Q5_1 tensor's float16 mins (bytes 2-3 of each block) as float32 ``[rows, B]``."""
-    return torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    return torch.from_numpy(float16_at(blocks, 2))
 
 
 def decode_q4_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:

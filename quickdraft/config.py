@@ -45,6 +45,9 @@ class GenerationConfig:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # special tokens whose text the answer keeps (a tool format's markers, its calls read from them); the others have
+    # none, as skip_special_tokens has it
+    kept_special_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # one stop string, as OpenAI's stop takes it (not one per character)
@@ -86,6 +89,10 @@ class GenerationConfig:
         if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             message = f"stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
             raise ConfigError(message, "stop_token_ids")
+        kept = self.kept_special_tokens
+        if not isinstance(kept, tuple) or not all(isinstance(text, str) and text for text in kept):
+            message = f"kept_special_tokens must be a tuple of token texts, got {kept!r}"
+            raise ConfigError(message, "kept_special_tokens")
         if self.ignore_eos and self.grammar is not None:
             message = "a grammar's answer ends at the end-of-sequence token: ignore_eos cannot go with one"
             raise ConfigError(message, "ignore_eos")

@@ -14,10 +14,15 @@ class IncrementalDecoder:
     Text is decoded over a short window of recent tokens (so the cost per token stays
     constant) and released only when it cannot change any more: not while it ends in a
     partial UTF-8 sequence, and not while its tail could still start a stop string.
+    Special tokens have no text, except those named in ``kept_special`` (a tool format's
+    markers): their text stays where they are.
     """
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...] = (), min_tokens: int = 0) -> None:
+    def __init__(
+        self, tokenizer: Any, stop: tuple[str, ...] = (), min_tokens: int = 0, kept_special: tuple[str, ...] = ()
+    ) -> None:
         self.tokenizer = tokenizer
+        self._dropped = special_ids(tokenizer, kept_special) if kept_special else None  # None: skip every special
         self.stop = stop
         self.min_tokens = min_tokens  # stop strings are looked for from the token that makes this many on (vLLM's)
         self.token_ids: list[int] = []
@@ -84,4 +89,15 @@ class IncrementalDecoder:
         self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if self._dropped is None:
+            return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode([t for t in token_ids if t not in self._dropped], skip_special_tokens=False)
+
+
+def special_ids(tokenizer: Any, kept: tuple[str, ...] = ()) -> frozenset[int]:
+    """The ids of a tokenizer's special tokens, those ``skip_special_tokens`` leaves out, but for the tokens spelled
+    as one of ``kept``."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    special = {token_id for token_id, token in added.items() if getattr(token, "special", False)}
+    special |= set(getattr(tokenizer, "all_special_ids", ()))
+    return frozenset(t for t in special if tokenizer.convert_ids_to_tokens(t) not in kept)

@@ -86,13 +86,14 @@ class Engine:
     def new_state(self, request: Request, sink: Sink) -> RequestState:
         """A checked request's state, its policy built, ready to :meth:`enqueue`; bad requests raise."""
         self.check_request(request)
+        config = request.config
         return RequestState(
-            constraint=None if (grammar := request.config.grammar) is None else self._grammars.constraint(grammar),
+            constraint=None if (grammar := config.grammar) is None else self._grammars.constraint(grammar),
             request=request,
             sink=sink,
             policy=request_policy(request, self.step_lock) if request.policy is None else request.policy,
-            generator=make_generator(request.config.sampling.seed, self.target.device),
-            decoder=IncrementalDecoder(self.tokenizer, request.config.stop, request.config.min_tokens),
+            generator=make_generator(config.sampling.seed, self.target.device),
+            decoder=IncrementalDecoder(self.tokenizer, config.stop, config.min_tokens, config.kept_special_tokens),
             committed=list(request.prompt_ids),
             eos_token_ids=self.eos_token_ids,
         )

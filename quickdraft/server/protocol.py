@@ -148,6 +148,7 @@ def parse_request(
             min_tokens=_field(body, "min_tokens", 0),
             ignore_eos=flag(body, "ignore_eos", False),
             stop_token_ids=_token_list(body, "stop_token_ids"),
+            kept_special_tokens=() if tools is None else tools.format.kept,
             adjustments=LogitAdjustments(
                 _logit_bias(body),
                 *(_number(body, name, 0.0) for name in ("presence_penalty", "frequency_penalty")),

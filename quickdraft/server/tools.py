@@ -3,8 +3,12 @@
 Rules:
 - The format is found once per chat template (:func:`tool_format`), by text only its family's templates hold:
   Hermes (``<tool_call>{"name", "arguments"}</tool_call>``, as Qwen2.5, Qwen3 and SmolLM3 write them), Mistral's
-  (``[TOOL_CALLS]`` and a JSON list of calls) and Llama 3's JSON (``{"name", "parameters"}``, the whole answer). A
+  (``[TOOL_CALLS]`` and a JSON list of calls), Mistral's named calls (``[TOOL_CALLS]name[ARGS]{arguments}``, one
+  after another, as Mistral Small 3.2, Ministral 3 and Devstral write them; ``[CALL_ID]`` and the model's id before
+  ``[ARGS]`` where the template renders one) and Llama 3's JSON (``{"name", "parameters"}``, the whole answer). A
   template with none of them cannot take tools (400).
+- A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer,
+  as vLLM keeps them, so its calls can be read; every other special token has none.
 - ``tools`` are rendered by the chat template. ``tool_choice``: ``auto`` (the default with tools) lets the model
   answer or call; ``none`` renders no tools and parses no calls; ``required`` and a named function constrain the
   answer to calls of the offered functions (of that function): one or more, one with ``parallel_tool_calls`` false
@@ -12,15 +16,17 @@ Rules:
   JSON schema (structured output).
 - A call is a JSON object with a known ``name`` and an object of arguments (``arguments``, or ``parameters`` as
   Llama 3 writes them). Hermes: each ``<tool_call>`` block holding one, the text before the first block being the
-  message's content. Every format: an answer that is nothing but one call (Mistral's: a JSON list of calls), bare or
-  in a json fence, after the format's opening token where the text spells it, is calls; Qwen2.5-Coder answers so.
+  message's content. Named calls: the text before the first ``[TOOL_CALLS]`` is content, and every call after it
+  must be one (else the whole answer is content). Every format: an answer that is nothing but one call (Mistral's:
+  a JSON list of calls), bare or in a json fence, after the format's opening token where the text spells it, is
+  calls; Qwen2.5-Coder answers so.
   Anything else is content, and so is a call whose arguments JSON cannot carry (1e999, NaN). An answer with calls
   finishes as :meth:`ToolRequest.finish_reason` says.
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole
-  answer of calls would; Hermes' blocks from their tag on); the calls go out whole at the end.
+  answer of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
 - Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the
   template as it expects them (arguments as objects). A call's id is OpenAI's ``call_…``, or the length of
-  alphanumerics the format's templates check (Mistral's 9).
+  alphanumerics the format's templates check (Mistral's 9), or the model's own where it writes one of that shape.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class ToolFormat:
     parallel: bool  # the template renders an assistant turn of several calls
     id_length: int = 0  # 0: OpenAI's call_ ids; else ids of this many alphanumerics, as the templates check
     unless: str = ""  # text of a later variant of the family's templates, which writes calls another way
+    named: str = ""  # a call is its function's name, this, then its arguments' JSON ("": a call is a JSON object)
+    id_marker: str = ""  # what comes between a named call's name and the id the model gives it ("": no id)
+    kept: tuple[str, ...] = ()  # special tokens a tool request's answer keeps as text: its calls are read from them
 
     def written_by(self, template: str) -> bool:
         """Whether a chat template's text has its model write calls in this format."""
@@ -69,7 +78,13 @@ MISTRAL = ToolFormat("Mistral's [TOOL_CALLS]", "[TOOL_CALLS]", None, "[TOOL_CALL
                      parallel=True, id_length=9, unless="[ARGS]")  # fmt: skip
 LLAMA3_JSON = ToolFormat("Llama 3's JSON", '"parameters": dictionary of argument name', None, "<|python_tag|>",
                          "parameters", listed=False, parallel=False)  # fmt: skip
-TOOL_FORMATS = (HERMES, MISTRAL, LLAMA3_JSON)  # looked for in this order
+MISTRAL_NAMED = ToolFormat("Mistral's [TOOL_CALLS]name[ARGS]", "[ARGS]", ("[TOOL_CALLS]", ""), "", "arguments",
+                           listed=False, parallel=True, id_length=9, unless="[CALL_ID]", named="[ARGS]",
+                           kept=("[TOOL_CALLS]", "[ARGS]"))  # fmt: skip
+MISTRAL_CALL_ID = ToolFormat("Mistral's [TOOL_CALLS]name[CALL_ID]id[ARGS]", "[CALL_ID]", ("[TOOL_CALLS]", ""), "",
+                             "arguments", listed=False, parallel=True, id_length=9, named="[ARGS]",
+                             id_marker="[CALL_ID]", kept=("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"))  # fmt: skip
+TOOL_FORMATS = (HERMES, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON)  # looked for in this order
 
 
 def tool_format(template: str) -> ToolFormat | None:
@@ -114,6 +129,8 @@ class ToolRequest:
             import xgrammar
         except ImportError:
             raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
+        if self.format.named:
+            return self._named_grammar(chosen, several)
         if self.format.tags is None and self.format.listed:  # a whole answer of calls: their list
             call = {"type": "array", "items": call, "minItems": 1} | ({} if several else {"maxItems": 1})
         try:
@@ -131,10 +148,43 @@ class ToolRequest:
         renamed = re.sub(r"^root ::=", "tool_call_block ::=", tagged, count=1, flags=re.MULTILINE)
         return GrammarSpec(GrammarKind.EBNF, f'{renamed}\nroot ::= tool_call_block ("\\n" tool_call_block)*\n')
 
+    def _named_grammar(self, chosen: list[dict[str, Any]], several: bool) -> GrammarSpec:
+        """Named calls, each its opening tag, a chosen function's name, an id where the format has the model give
+        one, the separator and arguments by the function's schema; one call, or several in a row."""
+        import xgrammar
+
+        def literal(text: str) -> Any:
+            return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
+
+        calls = []
+        for tool in chosen:
+            function = tool["function"]
+            schema = json.dumps(function.get("parameters") or {"type": "object"})
+            try:
+                arguments = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
+            except (RuntimeError, ValueError) as error:  # xgrammar's word on a schema it cannot follow
+                message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
+                raise ApiError(400, message, "tools") from None
+            opening = (self.format.tags or ("",))[0] + function["name"]
+            alphanumerics = f"root ::= [a-zA-Z0-9]{{{self.format.id_length}}}"
+            given_id = [literal(self.format.id_marker), xgrammar.Grammar.from_ebnf(alphanumerics)]
+            parts = [literal(opening), *(given_id if self.format.id_marker else []), literal(self.format.named)]
+            calls.append(xgrammar.Grammar.concat(*parts, arguments))
+        call = str(xgrammar.Grammar.union(*calls))
+        if not several:
+            return GrammarSpec(GrammarKind.EBNF, call)
+        renamed = re.sub(r"^root ::=", "named_call ::=", call, count=1, flags=re.MULTILINE)
+        return GrammarSpec(GrammarKind.EBNF, f"{renamed}\nroot ::= named_call+\n")
+
     def split_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """An answer's content (Hermes: the text before its first call; all of it without calls) and its calls,
         OpenAI's ``tool_calls`` entries. What is not a JSON object naming an offered function is not a call."""
-        if self.format.tags is not None:
+        if self.format.named:  # the text before the first opening tag, then a call after each (all of them, or none)
+            content, *bodies = text.split(self.format.tags[0]) if self.format.tags else (text,)
+            named = [self._named_call(body) for body in bodies]
+            if bodies and all(call is not None for call in named):
+                return content.rstrip(), [call for call in named if call is not None]
+        elif self.format.tags is not None:
             opening, closing = (re.escape(tag) for tag in self.format.tags)
             calls, first = [], None
             for match in re.finditer(opening + r"\s*(.*?)\s*" + closing, text, re.DOTALL):
@@ -157,6 +207,20 @@ class ToolRequest:
         extra = (("[",) if self.format.listed else ()) + ((self.format.opener,) if self.format.opener else ())
         openers = ("{", FENCE, *extra)
         return CallFilter(openers, self.format.tags[0] if self.format.tags else None)
+
+    def _named_call(self, body: str) -> dict[str, Any] | None:
+        """A named call's ``tool_calls`` entry (name, the model's id after the format's id marker if it gives one,
+        the ``named`` separator, the arguments' JSON object); None for anything else."""
+        marker = rf"(?:{re.escape(self.format.id_marker)}\s*(\w+)\s*)?" if self.format.id_marker else "()"
+        found = re.fullmatch(rf"\s*([\w.\-]+)\s*{marker}(?:{re.escape(self.format.named)})?\s*(\{{.*\}})\s*", body,
+                             re.DOTALL)  # fmt: skip
+        if found is None:
+            return None
+        call = self._call({"name": found.group(1), "arguments": _json(found.group(3))}, needs_arguments=True)
+        given = found.group(2)
+        if call is not None and given and len(given) == self.format.id_length and given.isalnum():
+            call["id"] = given  # the id the model wrote, which its next turn will refer to
+        return call
 
     def _call(self, parsed: Any, needs_arguments: bool) -> dict[str, Any] | None:
         """OpenAI's ``tool_calls`` entry for a JSON object naming an offered function; None for anything else.

@@ -210,9 +210,10 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     (``attention.key_length``; without it, the embedding width over the heads, as llama.cpp takes it, not a family's
     default such as Gemma's 256), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
     layer type), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
-    which the native runtime reads; transformers does not), and Phi-3's: its sliding window, LongRoPE (the
-    ``rope_factors_long``/``rope_factors_short`` tensors with ``rope.scaling.original_context_length`` and
-    ``rope.scaling.attn_factor``) and partial rotary (``rope.dimension_count`` below the head width)."""
+    which the native runtime reads and :func:`apply_freq_factors` puts on transformers' model), and Phi-3's: its
+    sliding window, LongRoPE (the ``rope_factors_long``/``rope_factors_short`` tensors with
+    ``rope.scaling.original_context_length`` and ``rope.scaling.attn_factor``) and partial rotary
+    (``rope.dimension_count`` below the head width)."""
     architecture = reader.fields["general.architecture"].contents()
 
     def field(key: str) -> Any:
@@ -357,3 +358,22 @@ def check_loading_info(info: dict[str, Any], where: Path) -> None:
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ModelFilesError(f"the weights in {where} lack {', '.join(missing[:3])}{more}: the files are incomplete")
+
+
+def apply_freq_factors(model: Any, where: Path) -> None:
+    """A GGUF file's ``rope_freqs`` (:data:`FREQ_FACTORS_KEY`) on transformers' model: each RoPE frequency divided
+    by its factor, as llama.cpp and the native runtime apply them (transformers' reader drops the tensor). A model
+    whose rotary embedding has no frequency per factor is refused, not run unscaled."""
+    factors = getattr(model.config, FREQ_FACTORS_KEY, None)
+    if factors is None:
+        return
+    import torch
+
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    frequencies = getattr(rotary, "inv_freq", None)
+    if not isinstance(frequencies, torch.Tensor) or frequencies.shape != (len(factors),):
+        message = f"the model in {where} has RoPE frequency factors (rope_freqs) that transformers' model cannot take"
+        raise ModelFilesError(f"{message}: run it with --runtime native")
+    scaled = frequencies / torch.tensor(factors, dtype=frequencies.dtype)
+    rotary.inv_freq = scaled  # a registered buffer: assigning replaces it
+    rotary.original_inv_freq = scaled

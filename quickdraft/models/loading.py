@@ -14,7 +14,13 @@ from typing import Any
 from quickdraft.errors import ModelFilesError, QuickdraftError
 from quickdraft.files import cache_root, make_once
 from quickdraft.models.catalog import KNOWN_MODELS, file_sha256, unpack
-from quickdraft.models.convert import check_loading_info, ensure_fp32_weights, is_model_dir, write_model_dir
+from quickdraft.models.convert import (
+    apply_freq_factors,
+    check_loading_info,
+    ensure_fp32_weights,
+    is_model_dir,
+    write_model_dir,
+)
 
 HUB_PREFIX = "hf:"  # hf:OWNER/REPO/FILE.gguf: a GGUF file on the Hugging Face Hub (or $HF_ENDPOINT)
 
@@ -145,6 +151,7 @@ def load_hf_model(path: Path, progress: bool = True, dtype: Any = None) -> Any:
     except Exception as error:  # safetensors, json and transformers raise many types here
         raise _unreadable(path, error) from error
     check_loading_info(info, path)
+    apply_freq_factors(model, path)
     return model.eval()
 
 

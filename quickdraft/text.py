@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import functools
 from typing import Any
+
+from quickdraft.vocabularies import special_ids
 
 _INCOMPLETE = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence to
 
@@ -22,7 +25,7 @@ class IncrementalDecoder:
         self, tokenizer: Any, stop: tuple[str, ...] = (), min_tokens: int = 0, kept_special: tuple[str, ...] = ()
     ) -> None:
         self.tokenizer = tokenizer
-        self._dropped = special_ids(tokenizer, kept_special) if kept_special else None  # None: skip every special
+        self._dropped = dropped_ids(tokenizer, kept_special) if kept_special else None  # None: skip every special
         self.stop = stop
         self.min_tokens = min_tokens  # stop strings are looked for from the token that makes this many on (vLLM's)
         self.token_ids: list[int] = []
@@ -94,10 +97,8 @@ class IncrementalDecoder:
         return self.tokenizer.decode([t for t in token_ids if t not in self._dropped], skip_special_tokens=False)
 
 
-def special_ids(tokenizer: Any, kept: tuple[str, ...] = ()) -> frozenset[int]:
-    """The ids of a tokenizer's special tokens, those ``skip_special_tokens`` leaves out, but for the tokens spelled
-    as one of ``kept``."""
-    added = getattr(tokenizer, "added_tokens_decoder", {})
-    special = {token_id for token_id, token in added.items() if getattr(token, "special", False)}
-    special |= set(getattr(tokenizer, "all_special_ids", ()))
-    return frozenset(t for t in special if tokenizer.convert_ids_to_tokens(t) not in kept)
+@functools.lru_cache(maxsize=16)  # a tokenizer's few sets of kept tokens, each made once (thousands of specials)
+def dropped_ids(tokenizer: Any, kept: tuple[str, ...]) -> frozenset[int]:
+    """The special tokens that have no text (:func:`~quickdraft.vocabularies.special_ids`, those
+    ``skip_special_tokens`` leaves out of a fast tokenizer's text), but for those spelled as one of ``kept``."""
+    return frozenset(t for t in special_ids(tokenizer) if tokenizer.convert_ids_to_tokens(t) not in kept)

@@ -8,20 +8,20 @@ Rules:
   ``[ARGS]`` where the template renders one) and Llama 3's JSON (``{"name", "parameters"}``, the whole answer). A
   template with none of them cannot take tools (400).
 - A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer,
-  as vLLM keeps them, so its calls can be read; every other special token has none.
+  as vLLM keeps them, so its calls can be read (and stop strings can match them); every other special token has
+  none.
 - ``tools`` are rendered by the chat template. ``tool_choice``: ``auto`` (the default with tools) lets the model
   answer or call; ``none`` renders no tools and parses no calls; ``required`` and a named function constrain the
   answer to calls of the offered functions (of that function): one or more, one with ``parallel_tool_calls`` false
   or a format whose template renders one call a turn (Llama 3's), each call's arguments following its function's
   JSON schema (structured output).
-- A call is a JSON object with a known ``name`` and an object of arguments (``arguments``, or ``parameters`` as
-  Llama 3 writes them). Hermes: each ``<tool_call>`` block holding one, the text before the first block being the
-  message's content. Named calls: the text before the first ``[TOOL_CALLS]`` is content, and every call after it
-  must be one (else the whole answer is content). Every format: an answer that is nothing but one call (Mistral's:
-  a JSON list of calls), bare or in a json fence, after the format's opening token where the text spells it, is
-  calls; Qwen2.5-Coder answers so.
-  Anything else is content, and so is a call whose arguments JSON cannot carry (1e999, NaN). An answer with calls
-  finishes as :meth:`ToolRequest.finish_reason` says.
+- A call is a JSON object with a known ``name`` and an object of arguments (``arguments``, or ``parameters`` as Llama 3
+  writes them). Hermes: each ``<tool_call>`` block holding one, the text before the first block being the message's
+  content. Named calls: the text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an
+  offered function (its id the model's, where it wrote one of the right shape, unused before). Every format: an answer
+  that is nothing but one call (Mistral's: a JSON list of calls), bare or in a json fence, after the format's opening
+  token where the text spells it, is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a call whose
+  arguments JSON cannot carry (1e999, NaN). An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole
   answer of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
 - Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the
@@ -31,6 +31,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -40,6 +41,7 @@ from typing import Any
 
 from quickdraft.grammar import GrammarKind, GrammarSpec, xgrammar_reason
 from quickdraft.server.errors import ApiError
+from quickdraft.server.tool_stream import CallFilter
 
 FENCE = "```json"
 MAX_TOOLS = 128  # OpenAI's limit of functions per request
@@ -53,7 +55,8 @@ class ToolFormat:
 
     name: str
     marker: str  # text only a template of this format holds
-    tags: tuple[str, str] | None  # what opens and closes each call (Hermes'); None: the calls are the whole answer
+    tags: tuple[str, str] | None  # what opens and closes each call (Hermes'; a named call's JSON ends it: ""); None:
+    # the calls are the whole answer
     opener: str  # what a whole answer of calls may start with where the text spells it (a special token it loses)
     arguments: str  # the key of a call's arguments, as the format writes it
     listed: bool  # the calls of a whole answer are a JSON list
@@ -70,6 +73,22 @@ class ToolFormat:
 
     def call_id(self) -> str:
         return uuid.uuid4().hex[: self.id_length] if self.id_length else f"call_{uuid.uuid4().hex[:24]}"
+
+    def valid_id(self, given: str) -> bool:
+        """Whether an id the model wrote has the shape its templates check."""
+        return len(given) == self.id_length and given.isascii() and given.isalnum()
+
+    @property
+    def opening(self) -> str:
+        """What opens each call ("" for a format whose calls are the whole answer)."""
+        return self.tags[0] if self.tags else ""
+
+    @functools.cached_property
+    def named_head(self) -> re.Pattern[str]:
+        """A named call from its opening tag to its arguments' JSON: the name (group 1), the id the model gives it
+        (group 2, where the format has one), the separator (which a text may have lost)."""
+        given = rf"(?:{re.escape(self.id_marker)}\s*([^\s\[{{]+)\s*)?" if self.id_marker else "()"
+        return re.compile(rf"\s*(.+?)\s*{given}(?:{re.escape(self.named)})?\s*(?=\{{)")
 
 
 HERMES = ToolFormat("Hermes <tool_call> tags", "<tool_call>", ("<tool_call>", "</tool_call>"), "", "arguments",
@@ -118,8 +137,9 @@ class ToolRequest:
 
     def grammar(self) -> GrammarSpec | None:
         """The constraint of ``required`` or a named function: calls in the format's shape (Hermes: each in its own
-        tags, a newline between them; else one call, or a JSON list of them), one unless ``parallel`` and the
-        format allow more, each call's arguments by its function's schema."""
+        tags, a newline between them; named calls one after another, each with an id where the format has one;
+        else one call, or a JSON list of them), one unless ``parallel`` and the format allow more, each call's
+        arguments by its function's schema."""
         if self.choice == "auto":
             return None
         chosen = [tool for tool in self.tools if self.choice == "required" or tool["function"]["name"] == self.choice]
@@ -156,7 +176,9 @@ class ToolRequest:
         def literal(text: str) -> Any:
             return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
 
-        calls = []
+        alphanumerics = xgrammar.Grammar.from_ebnf(f"root ::= [a-zA-Z0-9]{{{self.format.id_length}}}")
+        given_id = [literal(self.format.id_marker), alphanumerics] if self.format.id_marker else []
+        separator, calls = literal(self.format.named), []
         for tool in chosen:
             function = tool["function"]
             schema = json.dumps(function.get("parameters") or {"type": "object"})
@@ -165,11 +187,8 @@ class ToolRequest:
             except (RuntimeError, ValueError) as error:  # xgrammar's word on a schema it cannot follow
                 message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
                 raise ApiError(400, message, "tools") from None
-            opening = (self.format.tags or ("",))[0] + function["name"]
-            alphanumerics = f"root ::= [a-zA-Z0-9]{{{self.format.id_length}}}"
-            given_id = [literal(self.format.id_marker), xgrammar.Grammar.from_ebnf(alphanumerics)]
-            parts = [literal(opening), *(given_id if self.format.id_marker else []), literal(self.format.named)]
-            calls.append(xgrammar.Grammar.concat(*parts, arguments))
+            calls.append(xgrammar.Grammar.concat(literal(self.format.opening + function["name"]), *given_id, separator,
+                                                 arguments))  # fmt: skip
         call = str(xgrammar.Grammar.union(*calls))
         if not several:
             return GrammarSpec(GrammarKind.EBNF, call)
@@ -179,11 +198,9 @@ class ToolRequest:
     def split_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """An answer's content (Hermes: the text before its first call; all of it without calls) and its calls,
         OpenAI's ``tool_calls`` entries. What is not a JSON object naming an offered function is not a call."""
-        if self.format.named:  # the text before the first opening tag, then a call after each (all of them, or none)
-            content, *bodies = text.split(self.format.tags[0]) if self.format.tags else (text,)
-            named = [self._named_call(body) for body in bodies]
-            if bodies and all(call is not None for call in named):
-                return content.rstrip(), [call for call in named if call is not None]
+        if self.format.named:
+            if named := self._named_calls(text):
+                return text[: text.find(self.format.opening)].rstrip(), named
         elif self.format.tags is not None:
             opening, closing = (re.escape(tag) for tag in self.format.tags)
             calls, first = [], None
@@ -208,19 +225,28 @@ class ToolRequest:
         openers = ("{", FENCE, *extra)
         return CallFilter(openers, self.format.tags[0] if self.format.tags else None)
 
-    def _named_call(self, body: str) -> dict[str, Any] | None:
-        """A named call's ``tool_calls`` entry (name, the model's id after the format's id marker if it gives one,
-        the ``named`` separator, the arguments' JSON object); None for anything else."""
-        marker = rf"(?:{re.escape(self.format.id_marker)}\s*(\w+)\s*)?" if self.format.id_marker else "()"
-        found = re.fullmatch(rf"\s*([\w.\-]+)\s*{marker}(?:{re.escape(self.format.named)})?\s*(\{{.*\}})\s*", body,
-                             re.DOTALL)  # fmt: skip
-        if found is None:
-            return None
-        call = self._call({"name": found.group(1), "arguments": _json(found.group(3))}, needs_arguments=True)
-        given = found.group(2)
-        if call is not None and given and len(given) == self.format.id_length and given.isalnum():
-            call["id"] = given  # the id the model wrote, which its next turn will refer to
-        return call
+    def _named_calls(self, text: str) -> list[dict[str, Any]]:
+        """The named calls after each opening tag, in order: a name (an offered function's), an id where the format
+        has the model give one, the separator, then the arguments' JSON object, read to its end (a tag inside its
+        strings is text); what is not one, a call cut off included, is not a call. An id becomes the call's if it
+        has the format's shape and no earlier call has it."""
+        calls: list[dict[str, Any]] = []
+        at = text.find(self.format.opening)
+        while at >= 0:
+            start, call = at + len(self.format.opening), None
+            if (head := self.format.named_head.match(text, start)) is not None:
+                try:
+                    arguments, start = json.JSONDecoder().raw_decode(text, head.end())
+                except ValueError:  # RecursionError too: lists nested past the parser's depth
+                    arguments = None
+                call = self._call({"name": head.group(1), "arguments": arguments}, needs_arguments=True)
+            if call is not None:
+                given, taken = head.group(2) if head else None, {earlier["id"] for earlier in calls}
+                if given and self.format.valid_id(given) and given not in taken:
+                    call["id"] = given  # the id the model wrote, which its next turn will refer to
+                calls.append(call)
+            at = text.find(self.format.opening, start)
+        return calls
 
     def _call(self, parsed: Any, needs_arguments: bool) -> dict[str, Any] | None:
         """OpenAI's ``tool_calls`` entry for a JSON object naming an offered function; None for anything else.
@@ -345,39 +371,3 @@ def _arguments(arguments: Any) -> Any:
         except ValueError:
             raise ApiError(400, "a tool call's arguments must be JSON text", "messages") from None
     return arguments if arguments is not None else {}
-
-
-class CallFilter:
-    """A streamed answer's text with what may open a call held back: :meth:`feed` gives the content to send now;
-    the held text is parsed for calls at the end (:meth:`ToolRequest.split_calls`). ``openers``: what a whole
-    answer of calls may open with; ``tag``: what opens a call inside an answer (Hermes'), if anything."""
-
-    def __init__(self, openers: tuple[str, ...], tag: str | None) -> None:
-        self.openers, self.tag = openers, tag
-        self.text = ""  # all of the answer so far
-        self.sent = 0  # characters of it sent as content
-        self.whole: bool | None = None  # the answer opens as a whole answer of calls would (None: not known yet)
-
-    def feed(self, delta: str) -> str:
-        self.text += delta
-        if self.whole is None:  # decided once its first characters tell
-            start = self.text.lstrip()
-            if any(start.startswith(opener) for opener in self.openers):
-                self.whole = True
-            elif not any(opener.startswith(start) for opener in self.openers):
-                self.whole = False
-        if self.whole is not False:
-            return ""  # may be a whole answer of calls: held to the end
-        end = len(self.text)
-        if self.tag is not None:
-            opened = self.text.find(self.tag, self.sent)
-            if opened >= 0:
-                end = opened
-            else:  # a tail that may be the start of the tag waits for the next delta
-                for size in range(min(len(self.tag) - 1, len(self.text) - self.sent), 0, -1):
-                    if self.tag.startswith(self.text[-size:]):
-                        end = len(self.text) - size
-                        break
-            end = max(self.sent, len(self.text[:end].rstrip()))  # whitespace before a call is not content: held too
-        out, self.sent = self.text[self.sent : end], end
-        return out

@@ -15,7 +15,7 @@ from conftest import MODEL, Server, serving
 from test_tools import ASK, CHARS, MISTRAL_TEMPLATE, TIME, WEATHER, char_pipeline
 
 from quickdraft.server.tools import MISTRAL, MISTRAL_CALL_ID, MISTRAL_NAMED, ToolRequest, parse_tools, tool_format
-from quickdraft.text import IncrementalDecoder, special_ids
+from quickdraft.text import IncrementalDecoder, dropped_ids
 
 MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
 # As Mistral Small 3.2's and Devstral's templates render calls and results (tools by name only)
@@ -51,10 +51,26 @@ def test_named_calls_are_split_from_the_answer() -> None:
     assert content == "" and calls[0]["id"] == "abcDEF123"  # the model's id: its next turn refers to it
     assert named(MISTRAL_CALL_ID).split_calls("[TOOL_CALLS]f[CALL_ID]short[ARGS]{}")[1][0]["id"] != "short"
     for not_calls in ("[TOOL_CALLS]h[ARGS]{}", "[TOOL_CALLS]f[ARGS]{oops", "[TOOL_CALLS]f[ARGS][1]", "[TOOL_CALLS]",
-                      '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]h[ARGS]{}', "[TOOL_CALLS]f[ARGS]{\"x\": NaN}",
-                      "Paris is sunny.", "[TOOL_CALLS]f g[ARGS]{}"):  # fmt: skip
+                      "[TOOL_CALLS]f[ARGS]{\"x\": NaN}", "Paris is sunny.", "[TOOL_CALLS]f g[ARGS]{}"):  # fmt: skip
         assert named().split_calls(not_calls) == (not_calls, []), not_calls
     assert named().split_calls('{"name": "f", "arguments": {}}')[1]  # a whole answer of one JSON call, as every format
+    # as Hermes' blocks: each tag's call that is one (not a cut last one, not an unknown function)
+    for text in ('[TOOL_CALLS]f[ARGS]{"x": 1}[TOOL_CALLS]g[ARGS]{"y', '[TOOL_CALLS]f[ARGS]{"x": 1}\nDone.',
+                 '[TOOL_CALLS]h[ARGS]{}[TOOL_CALLS]f[ARGS]{"x": 1}'):  # fmt: skip
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in named().split_calls(text)[1]] == [
+            ("f", '{"x": 1}')], text  # fmt: skip
+    content, calls = named().split_calls('[TOOL_CALLS]f[ARGS]{"code": "[TOOL_CALLS]g[ARGS]{}"}')  # a tag as text
+    assert [call["function"]["name"] for call in calls] == ["f"] and "[TOOL_CALLS]g" in calls[0]["function"][
+        "arguments"
+    ]
+    odd = ToolRequest((), "auto", frozenset({"ns:tool", "get weather"}), MISTRAL_NAMED)  # names a grammar may force
+    found = odd.split_calls("[TOOL_CALLS]ns:tool[ARGS]{}[TOOL_CALLS]get weather{}")[1]
+    assert [call["function"]["name"] for call in found] == ["ns:tool", "get weather"]
+    same = named(MISTRAL_CALL_ID).split_calls(
+        "[TOOL_CALLS]f[CALL_ID]abcDEF123[ARGS]{}[TOOL_CALLS]g[CALL_ID]abcDEF123[ARGS]{}"
+    )
+    assert same[1][0]["id"] == "abcDEF123" and same[1][1]["id"] != "abcDEF123"  # ids tell the results apart
+    assert named(MISTRAL_CALL_ID).split_calls("[TOOL_CALLS]f[CALL_ID]abcdéfgh1[ARGS]{}")[1][0]["id"] != "abcdéfgh1"
 
 
 def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
@@ -103,7 +119,9 @@ def test_only_the_kept_special_tokens_have_text() -> None:
         for token_id in ids:
             decoder.add(token_id)
         assert decoder.release(final=True) == text, kept
-    assert special_ids(tokenizer) >= {calls, args, eos} and calls not in special_ids(tokenizer, ("[TOOL_CALLS]",))
+    assert dropped_ids(tokenizer, ("<eos>",)) >= {calls, args} and calls not in dropped_ids(
+        tokenizer, ("[TOOL_CALLS]",)
+    )
 
 
 @pytest.fixture(scope="module", params=[NAMED_TEMPLATE, CALL_ID_TEMPLATE], ids=["named", "call-id"])

@@ -29,7 +29,7 @@ from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.policies import Policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
-from quickdraft.prompts import chat_prefix, encode, encode_chat, use_chat_template
+from quickdraft.prompts import chat_prefix, encode, encode_chat, encode_infill, infill_end_ids, use_chat_template
 from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, runtime_for
 from quickdraft.runtime.device import AUTO_DEVICE, resolve_device
 from quickdraft.runtime.options import draft_load_options
@@ -344,6 +344,15 @@ class Pipeline:
         """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template (``template_kwargs``:
         more variables it reads, as :meth:`encode_chat` takes them)."""
         return encode(self.tokenizer, prompt, chat, template_kwargs)
+
+    def encode_infill(self, prefix: str | list[int], suffix: str) -> list[int]:
+        """The prompt asking a code model for the text between ``prefix`` (text or token ids) and ``suffix``, in its
+        tokenizer's fill-in-the-middle format; the answer ends at :meth:`infill_end_ids` too."""
+        return encode_infill(self.tokenizer, prefix, suffix)
+
+    def infill_end_ids(self) -> frozenset[int]:
+        """The tokens an infill ends at besides the model's end tokens."""
+        return infill_end_ids(self.tokenizer)
 
     def encode_chat(
         self,

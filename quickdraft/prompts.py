@@ -1,9 +1,11 @@
-"""Prompt text -> token ids: plain completions and chat conversations through the model's chat template."""
+"""Prompt text -> token ids: plain completions, fill-in-the-middle (a code model's text between a prefix and a
+suffix) and chat conversations through the model's chat template."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError
@@ -26,6 +28,71 @@ def encode(
     if chat:
         return encode_chat(tokenizer, [{"role": "user", "content": prompt}], template_kwargs=template_kwargs)
     return list(tokenizer(prompt).input_ids)
+
+
+@dataclass(frozen=True)
+class InfillFormat:
+    """How a code model's tokenizer asks for the text between a prefix and a suffix: the tokenizer's start tokens,
+    ``prefix`` and the prefix's tokens, ``suffix`` and the suffix's, then ``middle``, after which the model writes
+    the middle. It ends at the model's end tokens and at ``ends``, as llama.cpp ends an infill."""
+
+    name: str
+    prefix: str
+    suffix: str
+    middle: str
+    ends: tuple[str, ...] = ()  # padding, file and repository separators: the model has left the middle
+
+    def found_in(self, vocabulary: Mapping[str, int]) -> bool:
+        return all(token in vocabulary for token in (self.prefix, self.suffix, self.middle))
+
+
+INFILL_FORMATS = (
+    InfillFormat("Qwen2.5-Coder's", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
+                 ("<|fim_pad|>", "<|file_sep|>", "<|repo_name|>")),
+    InfillFormat("StarCoder's", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+                 ("<fim_pad>", "<file_sep>", "<reponame>", "<filename>")),
+    InfillFormat("DeepSeek-Coder's", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+)  # fmt: skip
+
+
+def infill_format(tokenizer: Any) -> InfillFormat | None:
+    """The fill-in-the-middle format whose three tokens the tokenizer's vocabulary holds; None for none."""
+    vocabulary = tokenizer.get_vocab()
+    return next((found for found in INFILL_FORMATS if found.found_in(vocabulary)), None)
+
+
+def encode_infill(tokenizer: Any, prefix: str | Sequence[int], suffix: str) -> list[int]:
+    """The prompt that asks the model for the text between ``prefix`` (text, or token ids) and ``suffix``, in its
+    tokenizer's fill-in-the-middle format; ``ConfigError`` naming ``suffix`` for a tokenizer without one."""
+    found = infill_format(tokenizer)
+    if found is None:
+        known = ", ".join(known.name for known in INFILL_FORMATS)
+        message = f"this model's tokenizer has no fill-in-the-middle tokens ({known}): a suffix needs them"
+        raise ConfigError(message, "suffix")
+    if not isinstance(suffix, str):
+        raise ConfigError(f"the suffix must be text, got {type(suffix).__name__}", "suffix")
+    require_utf8(suffix, "the suffix")
+    if isinstance(prefix, str):
+        require_utf8(prefix, "the prompt")
+        prefix_ids = list(tokenizer(prefix, add_special_tokens=False).input_ids)
+    else:
+        prefix_ids = list(prefix)
+    token = tokenizer.convert_tokens_to_ids
+    suffix_ids = list(tokenizer(suffix, add_special_tokens=False).input_ids)
+    return [*start_ids(tokenizer), token(found.prefix), *prefix_ids, token(found.suffix), *suffix_ids,
+            token(found.middle)]  # fmt: skip
+
+
+def start_ids(tokenizer: Any) -> list[int]:
+    """The tokens the tokenizer puts before a text's own (a BOS), none of those it puts after (an EOS)."""
+    marked, plain = (list(tokenizer("a", add_special_tokens=add).input_ids) for add in (True, False))
+    return next((marked[:at] for at in range(len(marked)) if marked[at : at + len(plain)] == plain), [])
+
+
+def infill_end_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokens an infill ends at besides the model's end tokens (its format's ``ends`` the vocabulary holds)."""
+    found, vocabulary = infill_format(tokenizer), tokenizer.get_vocab()
+    return frozenset(vocabulary[end] for end in (found.ends if found else ()) if end in vocabulary)
 
 
 def encode_chat(

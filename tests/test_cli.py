@@ -581,3 +581,14 @@ def test_a_failed_command_leaves_no_output_directory(
     for function, args in at_exit[1:]:
         function(*args)
     assert (kept / "notes.txt").is_file()
+
+
+def test_a_suffix_needs_fill_in_the_middle_tokens_and_no_chat(
+    model_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    suffix = tmp_path / "suffix.txt"
+    suffix.write_text("w3")
+    status, _, err = run(["generate", "w1 w2", *model_args, "--suffix", str(suffix)], capsys)
+    assert status == 1 and "no fill-in-the-middle tokens" in err  # a word tokenizer has none
+    status, _, err = run(["generate", "w1 w2", *model_args, "--suffix", str(suffix), "--chat"], capsys)
+    assert status == 1 and "--suffix asks for the text between the prompt and a suffix" in err

@@ -1,10 +1,13 @@
-"""The chat prompts a pipeline encodes: the prefix every chat request starts with."""
+"""The prompts a pipeline encodes: the prefix every chat request starts with, and fill-in-the-middle prompts."""
 
 from __future__ import annotations
 
-from conftest import word_tokenizer
+import pytest
+from conftest import EOS, listed_tokenizer, word_tokenizer
 
 from quickdraft.api import Pipeline
+from quickdraft.errors import ConfigError
+from quickdraft.prompts import INFILL_FORMATS, encode_infill, infill_end_ids, infill_format, start_ids
 
 
 def test_chat_prefix_is_what_every_chat_request_starts_with() -> None:
@@ -78,3 +81,33 @@ def test_template_variables_reach_the_template_and_its_own_arguments_are_refused
         with pytest.raises(ConfigError, match="chat_template_kwargs") as refused:
             encode_chat(tokenizer, user, template_kwargs=bad)  # type: ignore[arg-type]
         assert refused.value.setting == "chat_template_kwargs"
+
+
+FIM = ["<unk>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "a", "b", "c", EOS]
+
+
+def test_an_infill_prompt_is_the_tokenizers_fill_in_the_middle_format() -> None:
+    tokenizer = listed_tokenizer(FIM)
+    assert infill_format(tokenizer) is INFILL_FORMATS[0] and infill_end_ids(tokenizer) == {FIM.index("<|fim_pad|>")}
+    pre, suf, mid, a, b, c = (
+        FIM.index(token) for token in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", *"abc")
+    )
+    assert encode_infill(tokenizer, "a b", "c") == [pre, a, b, suf, c, mid]
+    assert encode_infill(tokenizer, [b, a], "c c") == [pre, b, a, suf, c, c, mid]  # a prefix of token ids
+    assert encode_infill(tokenizer, "", "c") == [pre, suf, c, mid]  # filling at the very start
+    plain = listed_tokenizer(["<unk>", "a", EOS])
+    assert infill_format(plain) is None and infill_end_ids(plain) == frozenset()
+    with pytest.raises(ConfigError, match="no fill-in-the-middle tokens") as missing:
+        encode_infill(plain, "a", "a")
+    assert missing.value.setting == "suffix"
+
+
+def test_start_tokens_are_those_before_the_text() -> None:
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = listed_tokenizer(["<unk>", "<s>", "a", EOS])
+    assert start_ids(tokenizer) == []
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"<s> $A {EOS}", special_tokens=[("<s>", 1), (EOS, 3)]
+    )
+    assert tokenizer("a").input_ids == [1, 2, 3] and start_ids(tokenizer) == [1]  # a BOS, not the EOS

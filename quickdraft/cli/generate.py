@@ -7,6 +7,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,10 @@ def add_command(commands: Any) -> None:
     )
     generate.add_argument("prompt", nargs="?", help="the prompt text, or - to read it from standard input")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
+    generate.add_argument(
+        "--suffix", metavar="FILE", help="fill in the middle: the answer is the text between the prompt and the text "
+        "in FILE, asked in the tokenizer's fill-in-the-middle format (code models: Qwen2.5-Coder, StarCoder, ...)",
+    )  # fmt: skip
     add_chat_template_argument(generate)
     add_model_arguments(generate)
     generate.add_argument(
@@ -200,7 +205,11 @@ def run(args: argparse.Namespace) -> None:
     draft = draft_for(args, [args.drafter])
     pipeline = load_models(args, draft)
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
-    prompt_ids = pipeline.encode(prompt, chat=args.chat, template_kwargs=args.chat_template_kwargs)
+    if args.suffix is None:
+        prompt_ids = pipeline.encode(prompt, chat=args.chat, template_kwargs=args.chat_template_kwargs)
+    else:  # ends at the model's end tokens and its format's too, as llama.cpp ends an infill
+        prompt_ids = pipeline.encode_infill(prompt, read_text("--suffix", args.suffix))
+        config = replace(config, stop_token_ids=config.stop_token_ids + tuple(sorted(pipeline.infill_end_ids())))
     prediction_ids = pipeline.encode(read_text("--prediction", args.prediction)) if args.prediction else []
     drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
     pipeline.engine.check_request(Request(tuple(prompt_ids), config, drafter, prediction_ids=tuple(prediction_ids)))
@@ -293,6 +302,8 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
             f"--policy {spec} and --num-draft-tokens {args.num_draft_tokens} both give the drafts per step: "
             "give the number once"
         )
+    if args.suffix is not None and args.chat:
+        raise ConfigError("--suffix asks for the text between the prompt and a suffix, --chat for a reply: give one")
     for option, path in (("--acceptance-head", args.acceptance_head), ("--draft-head", args.draft_head)):
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"{option} {path}: no such file")

@@ -61,6 +61,7 @@ def create_app(
     positions = loop.engine.scheduler.settings.max_positions
     defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context, max_positions=positions)
     tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
+    infill_ends = pipeline.infill_end_ids()  # where a fill-in-the-middle answer ends besides the model's end tokens
     template = getattr(pipeline.tokenizer, "chat_template", None)
     thinks = defaults.split_reasoning and isinstance(template, str) and thinking_of(template)  # reasoning apart
 
@@ -126,14 +127,14 @@ def create_app(
     def vocabulary_pieces() -> list[bytes]:  # [V], made on the first request for logprobs
         return token_pieces(pipeline.tokenizer)
 
-    def encode(prompt: Any, chat: bool, tools: Any = None, template_kwargs: Any = None) -> list[int]:
+    def encode(prompt: Any, chat: bool, tools: Any = None, template_kwargs: Any = None, suffix: str = "") -> list[int]:
         if chat:
             return pipeline.encode_chat(prompt, tools, template_kwargs)
-        if isinstance(prompt, list):  # token ids
-            if any(not 0 <= token < pipeline.target.vocab_size for token in prompt):
-                raise ApiError(400, f"token ids must be in [0, {pipeline.target.vocab_size})", "prompt")
-            return list(prompt)
-        return pipeline.encode(prompt)
+        if isinstance(prompt, list) and any(not 0 <= token < pipeline.target.vocab_size for token in prompt):
+            raise ApiError(400, f"token ids must be in [0, {pipeline.target.vocab_size})", "prompt")
+        if suffix:
+            return pipeline.encode_infill(prompt, suffix)
+        return list(prompt) if isinstance(prompt, list) else pipeline.encode(prompt)
 
     async def start(request: Request, chat: bool, translate: Any = None) -> tuple[Any, ApiRequest, Queue, Tracker]:
         """Read, check and submit a request's choices: (what ``translate`` adds, the parsed request, its choices'
@@ -145,7 +146,7 @@ def create_app(
         translated, extra = translate(body) if translate is not None else (body, None)
         try:
             api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
-                parse_request, translated, chat, defaults, encode, pipeline.drafter, tool_format
+                parse_request, translated, chat, defaults, encode, pipeline.drafter, tool_format, infill_ends
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None

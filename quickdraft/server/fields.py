@@ -30,17 +30,20 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
     "chat_template_kwargs",
 }  # fmt: skip
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix"}
 HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 # fields that change the answer and this server does not implement, with the values that change nothing
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []), "function_call": (None, "none"),
-    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
+    "best_of": (None, 1), "echo": (None, False), "audio": (None,), "modalities": (None, ["text"]),
     "web_search_options": (None,), "reasoning_effort": (None,), "verbosity": (None,),
 }  # fmt: skip
 # fields of the other endpoint: what to say, and the values that change nothing there (an empty tools list)
 OTHER_ENDPOINT: dict[str, dict[str, tuple[str, tuple[Any, ...]]]] = {
-    "chat": {"prompt": ("/v1/chat/completions takes messages; a prompt goes to /v1/completions", ())},
+    "chat": {
+        "prompt": ("/v1/chat/completions takes messages; a prompt goes to /v1/completions", ()),
+        "suffix": ("a suffix (fill-in-the-middle) goes to /v1/completions", ("",)),
+    },
     "completions": {
         "messages": ("/v1/completions takes a prompt; messages go to /v1/chat/completions", ()),
         "max_completion_tokens": ("/v1/completions takes max_tokens", ()),
@@ -85,6 +88,16 @@ def flag(body: Mapping[str, Any], name: str, default: bool, where: str = "") -> 
         return default
     if not isinstance(value, bool):
         raise ApiError(400, f"{where}{name} must be true or false, got {value!r}", where.rstrip(".") or name)
+    return value
+
+
+def text(body: Mapping[str, Any], name: str) -> str:
+    """A text field; "" where absent or null."""
+    value = body.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ApiError(400, f"{name} must be a string, got {value!r}", name)
     return value
 
 

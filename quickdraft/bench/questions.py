@@ -1,4 +1,5 @@
-"""Benchmark prompt sets: Spec-Bench / MT-Bench, HumanEval and GSM8K files, read where they lie.
+"""Benchmark prompt sets: Spec-Bench / MT-Bench, HumanEval (and its infilling rows) and GSM8K files, read where they
+lie.
 
 Every format becomes a list of :class:`Question`. Spec-Bench groups the eight MT-Bench
 categories into one subtask, ``mt_bench``; so do we when a file holds Spec-Bench subtasks.
@@ -28,6 +29,7 @@ class Question:
     category: str
     turns: tuple[str, ...]  # user turns, answered one after another with the model's own answers in the history
     chat: bool = True  # False: complete the text as is (HumanEval), no chat template
+    suffix: str = ""  # fill in the middle: the answer goes between the one turn and this (HumanEval infilling)
 
     def __post_init__(self) -> None:
         if not self.turns or any(not isinstance(turn, str) or not turn.strip() for turn in self.turns):
@@ -97,13 +99,17 @@ def _parse_row(line: str, path: Path, number: int) -> Question:
             raise ConfigError(f"--questions: {where}: 'turns' must be a non-empty list and 'category' present")
         turns = tuple(_text(turn, "turns", where) for turn in turns)
         return Question(_id(row.get("question_id", number), where), _text(row["category"], "category", where), turns)
+    if "prompt" in row and "suffix" in row and "task_id" in row:  # HumanEval infilling: the middle of a function
+        task, turn = _id(row["task_id"], where), (_text(row["prompt"], "prompt", where),)
+        return Question(task, "infill", turn, chat=False, suffix=_text(row["suffix"], "suffix", where))
     if "prompt" in row and "task_id" in row:  # HumanEval: complete the function
         return Question(_id(row["task_id"], where), "humaneval", (_text(row["prompt"], "prompt", where),), chat=False)
     if "question" in row:  # GSM8K
         return Question(_id(row.get("id", number), where), "gsm8k", (_text(row["question"], "question", where),))
     raise ConfigError(
         f"--questions: {where}: unknown format; expected Spec-Bench/MT-Bench rows (question_id, category, turns), "
-        f"HumanEval rows (task_id, prompt) or GSM8K rows (question)"
+        f"HumanEval rows (task_id, prompt), HumanEval infilling rows (task_id, prompt, suffix) or GSM8K rows "
+        f"(question)"
     )
 
 

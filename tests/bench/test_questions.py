@@ -1,4 +1,5 @@
-"""Question files (Spec-Bench, MT-Bench, HumanEval, GSM8K), their errors and the seeded stratified sample."""
+"""Question files (Spec-Bench, MT-Bench, HumanEval and its infilling rows, GSM8K), their errors and the seeded
+stratified sample."""
 
 from __future__ import annotations
 
@@ -30,6 +31,14 @@ def test_humaneval_and_gsm8k_formats(tmp_path: Path) -> None:
         file.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "x"}) + "\n")
     (humaneval,) = load_questions(path)
     assert (humaneval.category, humaneval.chat, humaneval.turns) == ("humaneval", False, ("def f():\n",))
+    infill = {"task_id": "HumanEval/0/middle", "prompt": "def f():\n", "suffix": "    return x\n"}
+    (middle,) = load_questions(write_jsonl(tmp_path / "infill.jsonl", [infill]))
+    assert (middle.category, middle.chat, middle.turns, middle.suffix) == (
+        "infill",
+        False,
+        ("def f():\n",),
+        "    return x\n",
+    )
     gsm = load_questions(write_jsonl(tmp_path / "test.jsonl", [{"question": "2+2?", "answer": "4"}] * 2))
     assert [q.category for q in gsm] == ["gsm8k", "gsm8k"] and gsm[1].question_id == "2"
 

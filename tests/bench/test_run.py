@@ -12,7 +12,7 @@ from bench_helpers import SPEC_ROWS, bench_args, chat_model_dirs, entry, write_j
 
 from quickdraft.bench.metrics import METRIC_KEYS, Entry
 from quickdraft.bench.questions import Question
-from quickdraft.bench.run import rotated, source_revision, turn_shifts
+from quickdraft.bench.run import encode_turn, rotated, source_revision, turn_shifts
 from quickdraft.bench.settings import BenchSettings
 from quickdraft.cli import main
 from quickdraft.costs.calibration import context_ks
@@ -285,3 +285,17 @@ def test_saved_cost_curves_are_extended_to_what_a_resumed_run_needs(
     assert both["target"] == {str(k): 10.0 * k for k in range(1, 6)} and both["draft_prefill"] == {"128": 5.0}
     calls.clear()
     assert run.ready_cost_curves(both, roles, range(1, 5), 64) == both and calls == []  # nothing missing
+
+
+def test_an_infilling_question_is_asked_in_the_fill_in_the_middle_format() -> None:
+    class Encoder:  # what encode_turn asks of a pipeline
+        def encode_infill(self, prefix: str, suffix: str) -> list[str]:
+            return ["infill", prefix, suffix]
+
+        def encode(self, text: str) -> list[str]:
+            return ["plain", text]
+
+    middle = Question("HumanEval/0/middle", "infill", ("def f():\n",), chat=False, suffix="    return x\n")
+    assert encode_turn(Encoder(), middle, []) == ["infill", "def f():\n", "    return x\n"]
+    assert encode_turn(Encoder(), Question("HumanEval/0", "humaneval", ("def f():\n",), chat=False), []) == [
+        "plain", "def f():\n"]  # fmt: skip

@@ -27,8 +27,9 @@ MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
 # The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
 # 4: the marker records the file's tensor types (``tensor_types``), which a runtime may not read; 5: the head width
-# without attention.key_length is llama.cpp's; 6: generation_config.json ends where llama.cpp ends (end_tokens)
-SETTINGS_VERSION = 6
+# without attention.key_length is llama.cpp's; 6: generation_config.json ends where llama.cpp ends (end_tokens);
+# 7: YaRN's original context (and blend bounds) from rope.scaling.*
+SETTINGS_VERSION = 7
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
 # Tokens that end a generation in llama.cpp by their text (llama-vocab.cpp's end-of-generation list), besides the
 # file's own end-of-sequence, end-of-turn and end-of-message tokens: many files name only one of a chat's endings
@@ -229,6 +230,10 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     if scaling not in (None, "none") and factor not in (None, 1.0):
         parameters = dict(config.get("rope_parameters") or {})
         scaled = {"rope_type": scaling, "factor": float(factor)}
+        if scaling == "yarn":  # the context it was trained for, and the blend's bounds where the file moves them
+            yarn = {"original_max_position_embeddings": "rope.scaling.original_context_length",
+                    "beta_fast": "rope.scaling.yarn_beta_fast", "beta_slow": "rope.scaling.yarn_beta_slow"}  # fmt: skip
+            scaled |= {name: value for name, key in yarn.items() if (value := field(key)) is not None}
         if isinstance(parameters.get("full_attention"), dict):  # per layer type (Gemma 3): the global layers'
             parameters["full_attention"] = parameters["full_attention"] | scaled
         else:

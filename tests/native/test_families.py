@@ -21,7 +21,7 @@ from conftest import native_from_hf, tiny_config, word_tokenizer
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.runtime.native import NativeRuntime
-from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.config import DecoderConfig, Rope
 
 VOCAB = 64
 
@@ -38,6 +38,13 @@ def qwen3(vocab: int) -> torch.nn.Module:  # q/k norms, head_dim 16 with 4 heads
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     return Qwen3ForCausalLM(tiny_config(Qwen3Config, vocab, 2, head_dim=16, tie_word_embeddings=False))
+
+
+def qwen3_yarn(vocab: int) -> torch.nn.Module:  # YaRN: a 4x context over an original 16 positions
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}
+    return Qwen3ForCausalLM(tiny_config(Qwen3Config, vocab, 2, head_dim=16, rope_parameters=rope))
 
 
 def mistral(vocab: int) -> torch.nn.Module:  # a sliding window on every layer
@@ -92,8 +99,8 @@ def gemma2(vocab: int) -> torch.nn.Module:  # Gemma 2: sandwich norms, local and
 
 
 FAMILIES = {
-    "llama3": llama3, "qwen3": qwen3, "mistral": mistral, "smollm3": smollm3, "gemma3": gemma3, "phi3": phi3,
-    "phi4": phi4, "gemma": gemma, "gemma2": gemma2,
+    "llama3": llama3, "qwen3": qwen3, "qwen3-yarn": qwen3_yarn, "mistral": mistral, "smollm3": smollm3,
+    "gemma3": gemma3, "phi3": phi3, "phi4": phi4, "gemma": gemma, "gemma2": gemma2,
 }  # fmt: skip
 
 
@@ -134,9 +141,14 @@ def test_the_config_says_what_the_family_needs(family: str) -> None:
         assert rope.scaling == "longrope" and rope.attention_factor == pytest.approx(1.5)  # sqrt(1 + ln 32 / ln 16)
     if family == "phi4":
         assert config.layer_ropes[0].rotary_dims(config.head_dim) == 6
+    if family == "qwen3-yarn":  # transformers' frequencies and scale of cos and sin
+        rope, rotary = config.layer_ropes[0], build(family).model.rotary_emb
+        assert rope.scaling == "yarn" and rope.attention_factor == pytest.approx(rotary.attention_scaling)
+        assert torch.allclose(rope.inverse_frequencies(config.head_dim), rotary.inv_freq.double(), rtol=1e-6)
+        assert not torch.allclose(rope.inverse_frequencies(config.head_dim), Rope(10000.0).inverse_frequencies(16))
     if family == "gemma2":
         assert config.attention_softcap == 2.0 and config.layer_windows == (5, 0)
-    assert config.qk_norm == (family in ("qwen3", "gemma3"))
+    assert config.qk_norm == (family in ("qwen3", "qwen3-yarn", "gemma3"))
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])

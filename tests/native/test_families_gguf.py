@@ -1,8 +1,8 @@
 """Families from the GGUF files llama.cpp's own converter writes (``convert_hf_to_gguf.py`` from the pinned
 llama-cpp-python sdist): a tiny random model of each, saved by transformers with the default pair's tokenizer (one
 the converter knows), converted to F32 GGUF, then loaded natively from that file. Its logits are transformers' own
-model's to the int8 weights' error: the tensor names, q/k norms, head width, Llama 3.1's ``rope_freqs`` and Phi-3's
-fused tensors, LongRoPE factors, sliding window and partial rotary all made it.
+model's to the int8 weights' error: the tensor names, q/k norms, head width, YaRN, Llama 3.1's ``rope_freqs`` and
+Phi-3's fused tensors, LongRoPE factors, sliding window and partial rotary all made it.
 SmolLM3 and Gemma 1 are families transformers' GGUF reader does not read: their config comes from the file's keys
 (``convert.own_config``). Gemma's converter needs a SentencePiece model: the test trains a tiny one. Gemma 3 is
 checked on a real file (test_gemma_real.py)."""
@@ -48,7 +48,7 @@ def write_sentencepiece_model(path: Path) -> None:
     path.write_bytes(model.getvalue())
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "phi3", "phi4", "smollm3", "gemma"])
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "qwen3-yarn", "phi3", "phi4", "smollm3", "gemma"])
 def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_path) -> None:
     vocab = GEMMA_VOCAB if family == "gemma" else QWEN_VOCAB
     model = build(family, vocab=vocab)
@@ -81,6 +81,9 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
         assert rope.long_factor == (1.0, 2.0, 4.0, 8.0) and rope.original_max_position_embeddings == 16
     if family == "phi4":
         assert config.layer_ropes[0].rotary_dims(config.head_dim) == 6
+    if family == "qwen3-yarn":  # the converter's rope.scaling.* keys, the original context among them
+        rope = config.layer_ropes[0]
+        assert (rope.scaling, rope.factor, rope.original_max_position_embeddings) == ("yarn", 4.0, 16)
     if family == "llama3":  # llama.cpp stores Llama 3.1's scaling as per-frequency factors
         expected = model.model.rotary_emb.inv_freq.double()
         assert torch.allclose(config.layer_ropes[0].inverse_frequencies(16), expected, rtol=1e-5)

@@ -17,7 +17,7 @@ import torch
 from quickdraft.models.convert import FREQ_FACTORS_KEY
 from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES
 
-ROPE_SCALINGS = ("default", "linear", "llama3", "longrope")
+ROPE_SCALINGS = ("default", "linear", "llama3", "longrope", "yarn")
 # A pass of rows through the layers keeps its widest activation (a row's gate and up projections in float32) within
 # this: larger ones cost more than reading the weights again (fresh pages from the allocator, activations out of
 # cache; docs/design.md has the prompt-reading rates by pass size).
@@ -30,9 +30,11 @@ class Rope:
     """One RoPE table's parameters: base ``theta`` and a scaling of its frequencies (``linear``: all divided by
     ``factor``; ``llama3``: Llama 3.1's smooth blend between the original and the divided frequencies; ``longrope``:
     Phi-3's per-frequency ``short_factor``, or ``long_factor`` for a cache longer than the original context, as
-    llama.cpp chooses by its context size, with cos and sin times ``attention_factor``). ``freq_factors``
-    (llama.cpp's ``rope_freqs`` tensor) divides each frequency by its own factor instead. ``partial_rotary_factor``
-    < 1 rotates only the first that share of each head's dimensions (Phi-4-mini)."""
+    llama.cpp chooses by its context size, with cos and sin times ``attention_factor``; ``yarn``: each frequency
+    between the original and the divided one by how many turns it makes in the original context, between
+    ``beta_slow`` and ``beta_fast``, cos and sin times ``attention_factor``, as transformers computes them).
+    ``freq_factors`` (llama.cpp's ``rope_freqs`` tensor) divides each frequency by its own factor instead.
+    ``partial_rotary_factor`` < 1 rotates only the first that share of each head's dimensions (Phi-4-mini)."""
 
     theta: float
     scaling: str = "default"
@@ -45,6 +47,9 @@ class Rope:
     long_factor: tuple[float, ...] | None = None
     attention_factor: float = 1.0
     partial_rotary_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # yarn: the blend's range of dimensions rounded outward to whole dimensions
 
     def __post_init__(self) -> None:
         if self.scaling not in ROPE_SCALINGS:
@@ -69,6 +74,13 @@ class Rope:
             factor = factor or int(config.get("max_position_embeddings", original)) / int(original)
             if attention_factor is None:
                 attention_factor = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+        if scaling == "yarn":  # transformers' defaults: the original context is the model's, the paper's scale
+            original = original or config.get("max_position_embeddings")
+            factor = factor or int(config["max_position_embeddings"]) / int(original)
+            if attention_factor is None:
+                attention_factor = yarn_attention_factor(
+                    factor, parameters.get("mscale"), parameters.get("mscale_all_dim")
+                )
 
         def factors(key: str) -> tuple[float, ...] | None:
             return tuple(float(f) for f in parameters[key]) if key in parameters else None
@@ -85,6 +97,9 @@ class Rope:
             long_factor=factors("long_factor"),
             attention_factor=float(attention_factor or 1.0),
             partial_rotary_factor=float(partial or 1.0),
+            beta_fast=float(parameters.get("beta_fast") or 32.0),
+            beta_slow=float(parameters.get("beta_slow") or 1.0),
+            truncate=bool(parameters.get("truncate", True)),
         )
 
     def rotary_dims(self, head_dim: int) -> int:
@@ -112,7 +127,27 @@ class Rope:
             high, low = old_context / self.high_freq_factor, old_context / self.low_freq_factor  # wavelengths
             medium = (wavelength >= high) & (wavelength <= low)
             return torch.where(medium, blended, divided)
+        if self.scaling == "yarn":
+            context = self.original_max_position_embeddings
+            low, high = (  # the dimensions that turn beta_fast and beta_slow times in the original context
+                dims * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(self.theta))
+                for turns in (self.beta_fast, self.beta_slow)
+            )
+            if self.truncate:
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, dims - 1)
+            ramp = ((torch.arange(dims // 2, dtype=torch.float64) - low) / ((high - low) or 0.001)).clamp(0, 1)
+            return inv_freq / self.factor * ramp + inv_freq * (1 - ramp)  # kept where fast, divided where slow
         return inv_freq
+
+
+def yarn_attention_factor(factor: float, mscale: float | None, mscale_all_dim: float | None) -> float:
+    """YaRN's scale of cos and sin (the paper's 0.1 ln s + 1; DeepSeek's ratio of two such where both are given)."""
+
+    def scaled(by: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * by * math.log(factor) + 1.0
+
+    return scaled(mscale) / scaled(mscale_all_dim) if mscale and mscale_all_dim else scaled(1.0)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.policies import Policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
-from quickdraft.prompts import chat_prefix, encode, encode_chat, encode_infill, infill_end_ids, use_chat_template
+from quickdraft.prompts import chat_prefix, encode, encode_chat, encode_infill, infill_of, use_chat_template
 from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, runtime_for
 from quickdraft.runtime.device import AUTO_DEVICE, resolve_device
 from quickdraft.runtime.options import draft_load_options
@@ -352,7 +352,8 @@ class Pipeline:
 
     def infill_end_ids(self) -> frozenset[int]:
         """The tokens an infill ends at besides the model's end tokens."""
-        return infill_end_ids(self.tokenizer)
+        found = infill_of(self.tokenizer)
+        return found.ends if found is not None else frozenset()
 
     def encode_chat(
         self,

@@ -43,6 +43,7 @@ class InfillFormat:
     ends: tuple[str, ...] = ()  # padding, file and repository separators: the model has left the middle
 
     def found_in(self, vocabulary: Mapping[str, int]) -> bool:
+        """Whether the vocabulary holds its prefix, suffix and middle tokens."""
         return all(token in vocabulary for token in (self.prefix, self.suffix, self.middle))
 
 
@@ -50,21 +51,42 @@ INFILL_FORMATS = (
     InfillFormat("Qwen2.5-Coder's", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
                  ("<|fim_pad|>", "<|file_sep|>", "<|repo_name|>")),
     InfillFormat("StarCoder's", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
-                 ("<fim_pad>", "<file_sep>", "<reponame>", "<filename>")),
+                 ("<fim_pad>", "<file_sep>", "<repo_name>", "<reponame>", "<filename>")),
     InfillFormat("DeepSeek-Coder's", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
 )  # fmt: skip
 
 
-def infill_format(tokenizer: Any) -> InfillFormat | None:
-    """The fill-in-the-middle format whose three tokens the tokenizer's vocabulary holds; None for none."""
+@dataclass(frozen=True)
+class Infill:
+    """A tokenizer's fill-in-the-middle format as token ids, found once."""
+
+    format: InfillFormat
+    start: tuple[int, ...]  # the tokenizer's start tokens (a BOS), if it adds any
+    prefix: int
+    suffix: int
+    middle: int
+    ends: frozenset[int]  # the format's ends the vocabulary holds
+
+
+@functools.lru_cache(maxsize=8)  # a server's one or two tokenizers; reading a vocabulary takes tens of milliseconds
+def infill_of(tokenizer: Any) -> Infill | None:
+    """The tokenizer's fill-in-the-middle format (the first of :data:`INFILL_FORMATS` whose three tokens its
+    vocabulary holds) as ids; None for none."""
     vocabulary = tokenizer.get_vocab()
-    return next((found for found in INFILL_FORMATS if found.found_in(vocabulary)), None)
+    found = next((found for found in INFILL_FORMATS if found.found_in(vocabulary)), None)
+    if found is None:
+        return None
+    ends = frozenset(vocabulary[end] for end in found.ends if end in vocabulary)
+    token = (vocabulary[text] for text in (found.prefix, found.suffix, found.middle))
+    return Infill(found, tuple(start_ids(tokenizer)), *token, ends)
 
 
 def encode_infill(tokenizer: Any, prefix: str | Sequence[int], suffix: str) -> list[int]:
-    """The prompt that asks the model for the text between ``prefix`` (text, or token ids) and ``suffix``, in its
-    tokenizer's fill-in-the-middle format; ``ConfigError`` naming ``suffix`` for a tokenizer without one."""
-    found = infill_format(tokenizer)
+    """The prompt that asks the model for the text between ``prefix`` (text, or the bare token ids of it, without
+    start tokens) and ``suffix`` (text; empty: the end of the text), in its tokenizer's fill-in-the-middle format;
+    ``ConfigError`` naming ``suffix`` for a tokenizer without one. A special token's text inside the code is text,
+    not that token (as llama.cpp reads an infill)."""
+    found = infill_of(tokenizer)
     if found is None:
         known = ", ".join(known.name for known in INFILL_FORMATS)
         message = f"this model's tokenizer has no fill-in-the-middle tokens ({known}): a suffix needs them"
@@ -74,25 +96,20 @@ def encode_infill(tokenizer: Any, prefix: str | Sequence[int], suffix: str) -> l
     require_utf8(suffix, "the suffix")
     if isinstance(prefix, str):
         require_utf8(prefix, "the prompt")
-        prefix_ids = list(tokenizer(prefix, add_special_tokens=False).input_ids)
-    else:
-        prefix_ids = list(prefix)
-    token = tokenizer.convert_tokens_to_ids
-    suffix_ids = list(tokenizer(suffix, add_special_tokens=False).input_ids)
-    return [*start_ids(tokenizer), token(found.prefix), *prefix_ids, token(found.suffix), *suffix_ids,
-            token(found.middle)]  # fmt: skip
+    prefix_ids = plain_ids(tokenizer, prefix) if isinstance(prefix, str) else list(prefix)
+    suffix_ids = plain_ids(tokenizer, suffix)
+    return [*found.start, found.prefix, *prefix_ids, found.suffix, *suffix_ids, found.middle]
+
+
+def plain_ids(tokenizer: Any, text: str) -> list[int]:
+    """Text as token ids, every special token's text in it read as text."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids) if text else []
 
 
 def start_ids(tokenizer: Any) -> list[int]:
     """The tokens the tokenizer puts before a text's own (a BOS), none of those it puts after (an EOS)."""
     marked, plain = (list(tokenizer("a", add_special_tokens=add).input_ids) for add in (True, False))
     return next((marked[:at] for at in range(len(marked)) if marked[at : at + len(plain)] == plain), [])
-
-
-def infill_end_ids(tokenizer: Any) -> frozenset[int]:
-    """The tokens an infill ends at besides the model's end tokens (its format's ``ends`` the vocabulary holds)."""
-    found, vocabulary = infill_format(tokenizer), tokenizer.get_vocab()
-    return frozenset(vocabulary[end] for end in (found.ends if found else ()) if end in vocabulary)
 
 
 def encode_chat(

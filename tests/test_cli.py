@@ -590,5 +590,7 @@ def test_a_suffix_needs_fill_in_the_middle_tokens_and_no_chat(
     suffix.write_text("w3")
     status, _, err = run(["generate", "w1 w2", *model_args, "--suffix", str(suffix)], capsys)
     assert status == 1 and "no fill-in-the-middle tokens" in err  # a word tokenizer has none
+    status, _, err = run(["generate", "", *model_args, "--suffix", str(suffix)], capsys)  # at the start: no prompt
+    assert status == 1 and "no fill-in-the-middle tokens" in err
     status, _, err = run(["generate", "w1 w2", *model_args, "--suffix", str(suffix), "--chat"], capsys)
     assert status == 1 and "--suffix asks for the text between the prompt and a suffix" in err

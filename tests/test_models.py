@@ -26,6 +26,7 @@ from quickdraft.models.convert import (
     MARKER,
     SETTINGS_VERSION,
     end_tokens,
+    gguf_settings,
     has_fp32_weights,
     read_marker,
     save_configs,
@@ -434,3 +435,32 @@ def test_a_local_path_named_like_a_packaged_model_gets_a_note(
     monkeypatch.setattr(loading, "unpack", lambda model, progress: tmp_path / "packaged")
     assert resolve_model(name, progress=False) == tmp_path / "packaged"  # the name wins
     assert f"note: {name} is the packaged model; give ./{name} for the path" in capsys.readouterr().err
+
+
+class FakeField:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def contents(self) -> object:
+        return self.value
+
+
+def test_a_gguf_files_yarn_keeps_its_original_context_and_refuses_what_is_not_read() -> None:
+    from types import SimpleNamespace
+
+    scaling = {"type": "yarn", "factor": 4.0, "original_context_length": 32768, "yarn_beta_fast": 16.0}
+    fields = {"general.architecture": "qwen3"} | {f"qwen3.rope.scaling.{key}": value for key, value in scaling.items()}
+    config = {"hidden_size": 64, "num_attention_heads": 4, "rope_parameters": {"rope_theta": 1e6}}
+
+    def settings(**more: object) -> dict:
+        extra = {f"qwen3.rope.scaling.{key}": value for key, value in more.items()}
+        reader = SimpleNamespace(fields={k: FakeField(v) for k, v in (fields | extra).items()}, tensors=[])
+        return gguf_settings(reader, config)
+
+    rope = settings()["rope_parameters"]
+    assert rope == {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+                    "beta_fast": 16.0}  # fmt: skip
+    assert "rope_parameters" in settings(yarn_attn_factor=1.0, yarn_log_multiplier=0.0)  # neutral values
+    for unread in ({"yarn_attn_factor": 0.7}, {"yarn_log_multiplier": 0.1}, {"yarn_ext_factor": 0.5}):
+        with pytest.raises(ModelFilesError, match=r"YaRN sets qwen3\.rope\.scaling"):
+            settings(**unread)

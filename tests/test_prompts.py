@@ -7,7 +7,7 @@ from conftest import EOS, listed_tokenizer, word_tokenizer
 
 from quickdraft.api import Pipeline
 from quickdraft.errors import ConfigError
-from quickdraft.prompts import INFILL_FORMATS, encode_infill, infill_end_ids, infill_format, start_ids
+from quickdraft.prompts import INFILL_FORMATS, encode_infill, infill_of, start_ids
 
 
 def test_chat_prefix_is_what_every_chat_request_starts_with() -> None:
@@ -88,15 +88,17 @@ FIM = ["<unk>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad
 
 def test_an_infill_prompt_is_the_tokenizers_fill_in_the_middle_format() -> None:
     tokenizer = listed_tokenizer(FIM)
-    assert infill_format(tokenizer) is INFILL_FORMATS[0] and infill_end_ids(tokenizer) == {FIM.index("<|fim_pad|>")}
+    found = infill_of(tokenizer)
+    assert found is not None and found.format is INFILL_FORMATS[0] and found.ends == {FIM.index("<|fim_pad|>")}
     pre, suf, mid, a, b, c = (
         FIM.index(token) for token in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", *"abc")
     )
     assert encode_infill(tokenizer, "a b", "c") == [pre, a, b, suf, c, mid]
     assert encode_infill(tokenizer, [b, a], "c c") == [pre, b, a, suf, c, c, mid]  # a prefix of token ids
     assert encode_infill(tokenizer, "", "c") == [pre, suf, c, mid]  # filling at the very start
+    assert encode_infill(tokenizer, "a", "") == [pre, a, suf, mid]  # and at the very end
     plain = listed_tokenizer(["<unk>", "a", EOS])
-    assert infill_format(plain) is None and infill_end_ids(plain) == frozenset()
+    assert infill_of(plain) is None
     with pytest.raises(ConfigError, match="no fill-in-the-middle tokens") as missing:
         encode_infill(plain, "a", "a")
     assert missing.value.setting == "suffix"
@@ -111,3 +113,21 @@ def test_start_tokens_are_those_before_the_text() -> None:
         single=f"<s> $A {EOS}", special_tokens=[("<s>", 1), (EOS, 3)]
     )
     assert tokenizer("a").input_ids == [1, 2, 3] and start_ids(tokenizer) == [1]  # a BOS, not the EOS
+
+
+def test_a_special_tokens_text_in_the_code_is_text() -> None:
+    """Code that mentions <|fim_middle|> (as this repository's does) keeps it as characters: one middle token, at the
+    end, as llama.cpp reads an infill."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(code) for code in range(32, 127)]
+    specials = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+    backend = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(chars)}, merges=[], unk_token=None))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken(text, special=True) for text in specials])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    middle = tokenizer.convert_tokens_to_ids("<|fim_middle|>")
+    ids = encode_infill(tokenizer, "x = '<|fim_middle|>'", "y")
+    assert ids.count(middle) == 1 and ids[-1] == middle
+    assert tokenizer.decode(ids[1:-3]) == "x = '<|fim_middle|>'"

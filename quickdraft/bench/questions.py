@@ -29,7 +29,7 @@ class Question:
     category: str
     turns: tuple[str, ...]  # user turns, answered one after another with the model's own answers in the history
     chat: bool = True  # False: complete the text as is (HumanEval), no chat template
-    suffix: str = ""  # fill in the middle: the answer goes between the one turn and this (HumanEval infilling)
+    suffix: str | None = None  # fill in the middle: the answer goes between the one turn and this ("": the end)
 
     def __post_init__(self) -> None:
         if not self.turns or any(not isinstance(turn, str) or not turn.strip() for turn in self.turns):
@@ -101,7 +101,9 @@ def _parse_row(line: str, path: Path, number: int) -> Question:
         return Question(_id(row.get("question_id", number), where), _text(row["category"], "category", where), turns)
     if "prompt" in row and "suffix" in row and "task_id" in row:  # HumanEval infilling: the middle of a function
         task, turn = _id(row["task_id"], where), (_text(row["prompt"], "prompt", where),)
-        return Question(task, "infill", turn, chat=False, suffix=_text(row["suffix"], "suffix", where))
+        if not isinstance(row["suffix"], str):
+            raise ConfigError(f"--questions: {where}: 'suffix' must be text, got {row['suffix']!r}")
+        return Question(task, "infill", turn, chat=False, suffix=row["suffix"])
     if "prompt" in row and "task_id" in row:  # HumanEval: complete the function
         return Question(_id(row["task_id"], where), "humaneval", (_text(row["prompt"], "prompt", where),), chat=False)
     if "question" in row:  # GSM8K

@@ -288,7 +288,7 @@ def check_first_turns(pipeline: Any, questions: list[Question], max_new_tokens: 
 def encode_turn(pipeline: Any, question: Question, answers: list[str]) -> list[int]:
     """Prompt ids of the next turn (after ``answers``): chat history, the raw text for completions, or the
     fill-in-the-middle prompt of an infilling question."""
-    if question.suffix:
+    if question.suffix is not None:
         return pipeline.encode_infill(question.turns[0], question.suffix)
     if not question.chat:
         return pipeline.encode(question.turns[len(answers)])

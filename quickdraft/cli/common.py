@@ -164,11 +164,12 @@ def load_models(args: argparse.Namespace, draft: str | None) -> Any:
     return pipeline
 
 
-def read_prompt(args: argparse.Namespace) -> str:
+def read_prompt(args: argparse.Namespace, empty_ok: bool = False) -> str:
+    """The prompt argument's text (standard input's for -); empty only where ``empty_ok`` (an infill's prefix)."""
     if args.prompt is None:
         raise ConfigError("no prompt given: pass the prompt text, or - to read it from standard input")
     prompt = read_stdin() if args.prompt == "-" else args.prompt
-    if not prompt.strip():
+    if not prompt.strip() and not empty_ok:
         raise PromptError("the prompt is empty: give some text to continue")
     return prompt
 

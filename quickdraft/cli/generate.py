@@ -201,14 +201,15 @@ def run(args: argparse.Namespace) -> None:
         )
     )
     check_options(args, config)
-    prompt = read_prompt(args)
+    suffix = None if args.suffix is None else read_text("--suffix", args.suffix)
+    prompt = read_prompt(args, empty_ok=suffix is not None)
     draft = draft_for(args, [args.drafter])
     pipeline = load_models(args, draft)
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
-    if args.suffix is None:
+    if suffix is None:
         prompt_ids = pipeline.encode(prompt, chat=args.chat, template_kwargs=args.chat_template_kwargs)
     else:  # ends at the model's end tokens and its format's too, as llama.cpp ends an infill
-        prompt_ids = pipeline.encode_infill(prompt, read_text("--suffix", args.suffix))
+        prompt_ids = pipeline.encode_infill(prompt, suffix)
         config = replace(config, stop_token_ids=config.stop_token_ids + tuple(sorted(pipeline.infill_end_ids())))
     prediction_ids = pipeline.encode(read_text("--prediction", args.prediction)) if args.prediction else []
     drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring

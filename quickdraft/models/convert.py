@@ -30,6 +30,9 @@ GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights ar
 # without attention.key_length is llama.cpp's; 6: generation_config.json ends where llama.cpp ends (end_tokens);
 # 7: YaRN's original context (and blend bounds) from rope.scaling.*
 SETTINGS_VERSION = 7
+# YaRN keys of llama.cpp's files that change its RoPE and that quickdraft does not apply, with their neutral values
+YARN_UNREAD = {"rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_ext_factor": 1.0,
+               "rope.scaling.yarn_log_multiplier": 0.0}  # fmt: skip
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
 # Tokens that end a generation in llama.cpp by their text (llama-vocab.cpp's end-of-generation list), besides the
 # file's own end-of-sequence, end-of-turn and end-of-message tokens: many files name only one of a chat's endings
@@ -234,6 +237,10 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
             yarn = {"original_max_position_embeddings": "rope.scaling.original_context_length",
                     "beta_fast": "rope.scaling.yarn_beta_fast", "beta_slow": "rope.scaling.yarn_beta_slow"}  # fmt: skip
             scaled |= {name: value for name, key in yarn.items() if (value := field(key)) is not None}
+            for key, plain in YARN_UNREAD.items():
+                if (value := field(key)) is not None and float(value) != plain:
+                    unread = f"{architecture}.{key} = {value}, which quickdraft does not read"
+                    raise ModelFilesError(f"this GGUF file's YaRN sets {unread}: its RoPE would not be llama.cpp's")
         if isinstance(parameters.get("full_attention"), dict):  # per layer type (Gemma 3): the global layers'
             parameters["full_attention"] = parameters["full_attention"] | scaled
         else:

@@ -127,12 +127,14 @@ def create_app(
     def vocabulary_pieces() -> list[bytes]:  # [V], made on the first request for logprobs
         return token_pieces(pipeline.tokenizer)
 
-    def encode(prompt: Any, chat: bool, tools: Any = None, template_kwargs: Any = None, suffix: str = "") -> list[int]:
+    def encode(
+        prompt: Any, chat: bool, tools: Any = None, template_kwargs: Any = None, suffix: str | None = None
+    ) -> list[int]:
         if chat:
             return pipeline.encode_chat(prompt, tools, template_kwargs)
         if isinstance(prompt, list) and any(not 0 <= token < pipeline.target.vocab_size for token in prompt):
             raise ApiError(400, f"token ids must be in [0, {pipeline.target.vocab_size})", "prompt")
-        if suffix:
+        if suffix is not None:
             return pipeline.encode_infill(prompt, suffix)
         return list(prompt) if isinstance(prompt, list) else pipeline.encode(prompt)
 

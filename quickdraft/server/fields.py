@@ -42,7 +42,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 OTHER_ENDPOINT: dict[str, dict[str, tuple[str, tuple[Any, ...]]]] = {
     "chat": {
         "prompt": ("/v1/chat/completions takes messages; a prompt goes to /v1/completions", ()),
-        "suffix": ("a suffix (fill-in-the-middle) goes to /v1/completions", ("",)),
+        "suffix": ("a suffix (fill-in-the-middle) goes to /v1/completions", ()),
     },
     "completions": {
         "messages": ("/v1/completions takes a prompt; messages go to /v1/chat/completions", ()),
@@ -91,11 +91,11 @@ def flag(body: Mapping[str, Any], name: str, default: bool, where: str = "") -> 
     return value
 
 
-def text(body: Mapping[str, Any], name: str) -> str:
-    """A text field; "" where absent or null."""
+def optional_text(body: Mapping[str, Any], name: str) -> str | None:
+    """A text field; None where absent or null."""
     value = body.get(name)
     if value is None:
-        return ""
+        return None
     if not isinstance(value, str):
         raise ApiError(400, f"{name} must be a string, got {value!r}", name)
     return value

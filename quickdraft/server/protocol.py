@@ -12,13 +12,13 @@ for completions ``logprobs`` is the number of likeliest tokens to list), ``predi
 ``drafter`` (a name of ``DRAFTERS``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
 ``max_draft_tokens`` (at most the server's), ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for
 structured output, and ``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps
-nothing of it). A completion's ``suffix`` asks a code model for the text between its prompt and the suffix in its
-tokenizer's fill-in-the-middle format (:func:`quickdraft.prompts.encode_infill`; a 400 without one); the answer also
-ends at the format's padding and separator tokens. ``tools`` and ``tool_choice`` go to :mod:`quickdraft.server.tools`.
-Which other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s rule: nothing a client asks for
-is silently ignored. Without ``max_tokens``, a request gets the server's default, at most what the context and the
-server's caches leave after its prompt. A message's role is one of :data:`ROLES`. A bad value raises :class:`ApiError`
-with the status and message a client sees.
+nothing of it). A completion's ``suffix`` (text; "" is the end of the text) asks a code model for the text between its
+prompt and the suffix in its tokenizer's fill-in-the-middle format (:func:`quickdraft.prompts.encode_infill`; a 400
+without one); the answer also ends at the format's padding and separator tokens. ``tools`` and ``tool_choice`` go to
+:mod:`quickdraft.server.tools`. Which other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s
+rule: nothing a client asks for is silently ignored. Without ``max_tokens``, a request gets the server's default, at
+most what the context and the server's caches leave after its prompt. A message's role is one of :data:`ROLES`. A bad
+value raises :class:`ApiError` with the status and message a client sees.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.lossless.sampling import is_int, is_number
 from quickdraft.server.errors import ApiError
-from quickdraft.server.fields import check_fields, count, flag, text, text_parts
+from quickdraft.server.fields import check_fields, count, flag, optional_text, text_parts
 from quickdraft.server.reasoning import Thinking
 from quickdraft.server.tools import ToolFormat, ToolRequest, parse_tools, template_message
 
@@ -126,13 +126,13 @@ def parse_request(
         raise ApiError(400, message, f"stream_options.{name}", code=code)
     include_usage = flag(options or {}, "include_usage", False, "stream_options.")
     return_token_ids = flag(body, "return_token_ids", False)
-    suffix = "" if chat else text(body, "suffix")  # fill-in-the-middle: the text the answer goes before
+    suffix = None if chat else optional_text(body, "suffix")  # fill-in-the-middle: the text the answer goes before
     try:
         variables = template_kwargs(body, defaults.template_kwargs)
         prompt_ids = (
             encode(chat_messages(body), True, None if tools is None else tools.tools, variables)
             if chat
-            else (encode(_prompt(body), False, suffix=suffix) if suffix else encode(_prompt(body), False))
+            else (encode(_prompt(body), False) if suffix is None else encode(_prompt(body), False, suffix=suffix))
         )
         sampling = SamplingParams(
             temperature=_number(body, "temperature", 1.0),
@@ -152,7 +152,7 @@ def parse_request(
             grammar=_grammar(body, tools),
             min_tokens=_field(body, "min_tokens", 0),
             ignore_eos=flag(body, "ignore_eos", False),
-            stop_token_ids=_token_list(body, "stop_token_ids") + (tuple(sorted(infill_ends)) if suffix else ()),
+            stop_token_ids=_token_list(body, "stop_token_ids") + (() if suffix is None else tuple(sorted(infill_ends))),
             kept_special_tokens=() if tools is None else tools.format.kept,
             adjustments=LogitAdjustments(
                 _logit_bias(body),

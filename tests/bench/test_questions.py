@@ -32,7 +32,9 @@ def test_humaneval_and_gsm8k_formats(tmp_path: Path) -> None:
     (humaneval,) = load_questions(path)
     assert (humaneval.category, humaneval.chat, humaneval.turns) == ("humaneval", False, ("def f():\n",))
     infill = {"task_id": "HumanEval/0/middle", "prompt": "def f():\n", "suffix": "    return x\n"}
-    (middle,) = load_questions(write_jsonl(tmp_path / "infill.jsonl", [infill]))
+    middle, at_the_end = load_questions(write_jsonl(tmp_path / "infill.jsonl", [infill, infill | {
+        "task_id": "HumanEval/1/end", "suffix": ""}]))  # fmt: skip
+    assert at_the_end.suffix == ""
     assert (middle.category, middle.chat, middle.turns, middle.suffix) == (
         "infill",
         False,

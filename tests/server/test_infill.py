@@ -42,7 +42,9 @@ def test_a_suffix_asks_for_the_middle_the_same_with_and_without_speculation(serv
     assert answers[0].token_ids == answers[1].token_ids == answers[2].token_ids
     assert [choice.text for choice in answers[1:]] == [answers[0].text] * 2
     plain = complete(server, prompt="w1 w2").choices[0]
-    assert complete(server, prompt="w1 w2", suffix="").choices[0].token_ids == plain.token_ids  # "": no suffix
+    at_the_end = complete(server, prompt="w1 w2", suffix="")  # "": the middle runs to the end of the text
+    assert at_the_end.usage.prompt_tokens == 5 and complete(server, prompt="w1 w2").usage.prompt_tokens == 2
+    assert plain.token_ids  # a plain completion, as a null suffix asks
     usage = complete(server, prompt="w1 w2", suffix="w3 w4").usage
     assert usage.prompt_tokens == 7  # <|fim_prefix|> w1 w2 <|fim_suffix|> w3 w4 <|fim_middle|>
     assert complete(server, prompt=[WORDS.index("w1")], suffix="w3").usage.prompt_tokens == 5  # token ids too

@@ -285,7 +285,8 @@ def test_concurrent_greedy_requests_in_batches_equal_plain_decoding(native_pair:
 def test_openais_weather_example_becomes_a_tool_call(native_pair: Pipeline) -> None:
     """The default target's template renders the tools; its answer (a json fence on this model) is parsed as the
     call, the same with and without speculation."""
-    from quickdraft.server.tools import ToolRequest, tool_format_of
+    from quickdraft.server.tool_formats import tool_format_of
+    from quickdraft.server.tools import ToolRequest
 
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}  # fmt: skip

@@ -114,7 +114,7 @@ def served_input(
         return pipeline.encode(prompt.text, chat=True), GenerationConfig(limit, policy=policy, sampling=sampling)
     from quickdraft.server.errors import ApiError
     from quickdraft.server.protocol import ServerDefaults, parse_request
-    from quickdraft.server.tools import tool_format_of
+    from quickdraft.server.tool_formats import tool_format_of
 
     body = prompt.chat() | {"max_tokens": limit, "temperature": sampling.temperature, "seed": sampling.seed,
                             "drafter": "none"}  # fmt: skip

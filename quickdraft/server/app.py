@@ -42,7 +42,7 @@ from quickdraft.server.responses import new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tokenize import detokenize, tokenize
-from quickdraft.server.tools import tool_format_of
+from quickdraft.server.tool_formats import tool_format_of
 from quickdraft.vocabularies import token_pieces
 
 LOG = logging.getLogger("quickdraft.server")

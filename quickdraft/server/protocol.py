@@ -41,7 +41,8 @@ from quickdraft.lossless.sampling import is_int, is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, optional_text, text_parts
 from quickdraft.server.reasoning import Thinking
-from quickdraft.server.tools import ToolFormat, ToolRequest, parse_tools, template_message
+from quickdraft.server.tool_formats import ToolFormat
+from quickdraft.server.tools import ToolRequest, parse_tools, template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
 # What one request may ask of the server's time (an attacker holding the key included): grammars compile in time that

@@ -25,7 +25,8 @@ from quickdraft.prompts import require_utf8
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import flag
 from quickdraft.server.protocol import chat_messages, served_model, template_kwargs
-from quickdraft.server.tools import ToolFormat, parse_tools
+from quickdraft.server.tool_formats import ToolFormat
+from quickdraft.server.tools import parse_tools
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "tools", "tool_choice", "parallel_tool_calls",
                              "add_special_tokens", "return_token_strs", "add_generation_prompt",

@@ -1,32 +1,34 @@
 """Tool calls, OpenAI's semantics over the tool-call format of the model's chat template.
 
 Rules:
-- The format is found once per chat template (:func:`tool_format`), by text only its family's templates hold:
-  Hermes (``<tool_call>{"name", "arguments"}</tool_call>``, as Qwen2.5, Qwen3 and SmolLM3 write them), Mistral's
-  (``[TOOL_CALLS]`` and a JSON list of calls), Mistral's named calls (``[TOOL_CALLS]name[ARGS]{arguments}``, one
-  after another, as Mistral Small 3.2, Ministral 3 and Devstral write them; ``[CALL_ID]`` and the model's id before
-  ``[ARGS]`` where the template renders one) and Llama 3's JSON (``{"name", "parameters"}``, the whole answer). A
-  template with none of them cannot take tools (400).
-- A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer,
-  as vLLM keeps them, so its calls can be read (and stop strings can match them); every other special token has
-  none.
-- ``tools`` are rendered by the chat template. ``tool_choice``: ``auto`` (the default with tools) lets the model
-  answer or call; ``none`` renders no tools and parses no calls; ``required`` and a named function constrain the
-  answer to calls of the offered functions (of that function): one or more, one with ``parallel_tool_calls`` false
-  or a format whose template renders one call a turn (Llama 3's), each call's arguments following its function's
-  JSON schema (structured output).
+- The format is found once per chat template (:func:`~quickdraft.server.tool_formats.tool_format`), by text only its
+  family's templates hold: Hermes (``<tool_call>{"name", "arguments"}</tool_call>``, as Qwen2.5, Qwen3 and SmolLM3 write
+  them), Qwen3-Coder's XML (``<tool_call><function=name><parameter=key>value</parameter>…``, as Qwen3-Coder and Qwen3.5
+  write them), Mistral's (``[TOOL_CALLS]`` and a JSON list of calls), Mistral's named calls
+  (``[TOOL_CALLS]name[ARGS]{arguments}``, one after another, as Mistral Small 3.2, Ministral 3 and Devstral write them;
+  ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one) and Llama 3's JSON (``{"name",
+  "parameters"}``, the whole answer). A template with none of them cannot take tools (400).
+- A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer, as
+  vLLM keeps them, so its calls can be read (and stop strings can match them); every other special token has none.
+- ``tools`` are rendered by the chat template. ``tool_choice``: ``auto`` (the default with tools) lets the model answer
+  or call; ``none`` renders no tools and parses no calls; ``required`` and a named function constrain the answer to
+  calls of the offered functions (of that function): one or more, one with ``parallel_tool_calls`` false or a format
+  whose template renders one call a turn (Llama 3's), each call's arguments following its function's JSON schema
+  (structured output).
 - A call is a JSON object with a known ``name`` and an object of arguments (``arguments``, or ``parameters`` as Llama 3
   writes them). Hermes: each ``<tool_call>`` block holding one, the text before the first block being the message's
-  content. Named calls: the text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an
-  offered function (its id the model's, where it wrote one of the right shape, unused before). Every format: an answer
-  that is nothing but one call (Mistral's: a JSON list of calls), bare or in a json fence, after the format's opening
-  token where the text spells it, is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a call whose
-  arguments JSON cannot carry (1e999, NaN). An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
-- Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole
-  answer of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
-- Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the
-  template as it expects them (arguments as objects). A call's id is OpenAI's ``call_…``, or the length of
-  alphanumerics the format's templates check (Mistral's 9), or the model's own where it writes one of that shape.
+  content. XML calls: the same blocks, each a ``<function=name>`` of ``<parameter=key>`` blocks and nothing else, a
+  value less one newline at each end, text for a string property, else JSON where it reads as JSON. Named calls: the
+  text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an offered function (its id the
+  model's, where it wrote one of the right shape, unused before). Every format: an answer that is nothing but one call
+  (Mistral's: a JSON list of calls), bare or in a json fence, after the format's opening token where the text spells it,
+  is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a call whose arguments JSON cannot carry
+  (1e999, NaN). An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
+- Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole answer
+  of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
+- Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the template
+  as it expects them (arguments as objects). A call's id is OpenAI's ``call_…``, or the length of alphanumerics the
+  format's templates check (Mistral's 9), or the model's own where it writes one of that shape.
 """
 
 from __future__ import annotations
@@ -34,87 +36,23 @@ from __future__ import annotations
 import functools
 import json
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quickdraft.grammar import GrammarKind, GrammarSpec, xgrammar_reason
+from quickdraft.grammar import GrammarSpec
 from quickdraft.server.errors import ApiError
+from quickdraft.server.tool_formats import TOOL_FORMATS, CallBody, ToolFormat
+from quickdraft.server.tool_grammar import calls_grammar, is_text
 from quickdraft.server.tool_stream import CallFilter
 
 FENCE = "```json"
 MAX_TOOLS = 128  # OpenAI's limit of functions per request
 ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, in the order looked at
+XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)  # an XML call: name, parameters
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)  # key, value
+PYTHON_LITERALS = {"True": True, "False": False, "None": None}
 WHOLE = re.compile(r"\s*(?:```json\s*([\[{].*[\]}])\s*```|([\[{].*[\]}]))\s*", re.DOTALL)  # one JSON value
-
-
-@dataclass(frozen=True)
-class ToolFormat:
-    """How the models of one family of chat templates write their calls."""
-
-    name: str
-    marker: str  # text only a template of this format holds
-    tags: tuple[str, str] | None  # what opens and closes each call (Hermes'; a named call's JSON ends it: ""); None:
-    # the calls are the whole answer
-    opener: str  # what a whole answer of calls may start with where the text spells it (a special token it loses)
-    arguments: str  # the key of a call's arguments, as the format writes it
-    listed: bool  # the calls of a whole answer are a JSON list
-    parallel: bool  # the template renders an assistant turn of several calls
-    id_length: int = 0  # 0: OpenAI's call_ ids; else ids of this many alphanumerics, as the templates check
-    unless: str = ""  # text of a later variant of the family's templates, which writes calls another way
-    named: str = ""  # a call is its function's name, this, then its arguments' JSON ("": a call is a JSON object)
-    id_marker: str = ""  # what comes between a named call's name and the id the model gives it ("": no id)
-    kept: tuple[str, ...] = ()  # special tokens a tool request's answer keeps as text: its calls are read from them
-
-    def written_by(self, template: str) -> bool:
-        """Whether a chat template's text has its model write calls in this format."""
-        return self.marker in template and not (self.unless and self.unless in template)
-
-    def call_id(self) -> str:
-        return uuid.uuid4().hex[: self.id_length] if self.id_length else f"call_{uuid.uuid4().hex[:24]}"
-
-    def valid_id(self, given: str) -> bool:
-        """Whether an id the model wrote has the shape its templates check."""
-        return len(given) == self.id_length and given.isascii() and given.isalnum()
-
-    @property
-    def opening(self) -> str:
-        """What opens each call ("" for a format whose calls are the whole answer)."""
-        return self.tags[0] if self.tags else ""
-
-    @functools.cached_property
-    def named_head(self) -> re.Pattern[str]:
-        """A named call from its opening tag to its arguments' JSON: the name (group 1), the id the model gives it
-        (group 2, where the format has one), the separator (which a text may have lost)."""
-        given = rf"(?:{re.escape(self.id_marker)}\s*([^\s\[{{]+)\s*)?" if self.id_marker else "()"
-        return re.compile(rf"\s*(.+?)\s*{given}(?:{re.escape(self.named)})?\s*(?=\{{)")
-
-
-HERMES = ToolFormat("Hermes <tool_call> tags", "<tool_call>", ("<tool_call>", "</tool_call>"), "", "arguments",
-                    listed=False, parallel=True)  # fmt: skip
-MISTRAL = ToolFormat("Mistral's [TOOL_CALLS]", "[TOOL_CALLS]", None, "[TOOL_CALLS]", "arguments", listed=True,
-                     parallel=True, id_length=9, unless="[ARGS]")  # fmt: skip
-LLAMA3_JSON = ToolFormat("Llama 3's JSON", '"parameters": dictionary of argument name', None, "<|python_tag|>",
-                         "parameters", listed=False, parallel=False)  # fmt: skip
-MISTRAL_NAMED = ToolFormat("Mistral's [TOOL_CALLS]name[ARGS]", "[ARGS]", ("[TOOL_CALLS]", ""), "", "arguments",
-                           listed=False, parallel=True, id_length=9, unless="[CALL_ID]", named="[ARGS]",
-                           kept=("[TOOL_CALLS]", "[ARGS]"))  # fmt: skip
-MISTRAL_CALL_ID = ToolFormat("Mistral's [TOOL_CALLS]name[CALL_ID]id[ARGS]", "[CALL_ID]", ("[TOOL_CALLS]", ""), "",
-                             "arguments", listed=False, parallel=True, id_length=9, named="[ARGS]",
-                             id_marker="[CALL_ID]", kept=("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"))  # fmt: skip
-TOOL_FORMATS = (HERMES, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON)  # looked for in this order
-
-
-def tool_format(template: str) -> ToolFormat | None:
-    """The tool-call format of a chat template's text; None for a template without one."""
-    return next((found for found in TOOL_FORMATS if found.written_by(template)), None)
-
-
-def tool_format_of(tokenizer: Any) -> ToolFormat | None:
-    """The tool-call format of a tokenizer's chat template (None without a template or a format)."""
-    template = getattr(tokenizer, "chat_template", None)
-    return tool_format(template) if isinstance(template, str) else None
 
 
 @dataclass(frozen=True)
@@ -136,76 +74,25 @@ class ToolRequest:
         return "stop" if self.choice not in ("auto", "required") else "tool_calls"
 
     def grammar(self) -> GrammarSpec | None:
-        """The constraint of ``required`` or a named function: calls in the format's shape (Hermes: each in its own
-        tags, a newline between them; named calls one after another, each with an id where the format has one;
-        else one call, or a JSON list of them), one unless ``parallel`` and the format allow more, each call's
-        arguments by its function's schema."""
+        """The constraint of ``required`` or a named function (:func:`~quickdraft.server.tool_grammar.calls_grammar`):
+        calls of the offered functions (of that function), one unless ``parallel`` and the format allow more."""
         if self.choice == "auto":
             return None
         chosen = [tool for tool in self.tools if self.choice == "required" or tool["function"]["name"] == self.choice]
-        call = {"anyOf": [call_schema(tool["function"], self.format.arguments) for tool in chosen]}
-        several = self.parallel and self.format.parallel
-        try:
-            import xgrammar
-        except ImportError:
-            raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
-        if self.format.named:
-            return self._named_grammar(chosen, several)
-        if self.format.tags is None and self.format.listed:  # a whole answer of calls: their list
-            call = {"type": "array", "items": call, "minItems": 1} | ({} if several else {"maxItems": 1})
-        try:
-            shaped = xgrammar.Grammar.from_json_schema(json.dumps(call), any_whitespace=False)
-        except (RuntimeError, ValueError) as error:  # xgrammar's word on a schema it cannot follow
-            message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
-            raise ApiError(400, message, "tools") from None
-        if self.format.tags is None:  # a whole answer of calls: the one call, or their list
-            return GrammarSpec(GrammarKind.EBNF, str(shaped))
-        opening, closing = self.format.tags
-        tags = (xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in (opening + "\n", "\n" + closing))
-        tagged = str(xgrammar.Grammar.concat(next(tags), shaped, next(tags)))
-        if not several:
-            return GrammarSpec(GrammarKind.EBNF, tagged)
-        renamed = re.sub(r"^root ::=", "tool_call_block ::=", tagged, count=1, flags=re.MULTILINE)
-        return GrammarSpec(GrammarKind.EBNF, f'{renamed}\nroot ::= tool_call_block ("\\n" tool_call_block)*\n')
-
-    def _named_grammar(self, chosen: list[dict[str, Any]], several: bool) -> GrammarSpec:
-        """Named calls, each its opening tag, a chosen function's name, an id where the format has the model give
-        one, the separator and arguments by the function's schema; one call, or several in a row."""
-        import xgrammar
-
-        def literal(text: str) -> Any:
-            return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
-
-        alphanumerics = xgrammar.Grammar.from_ebnf(f"root ::= [a-zA-Z0-9]{{{self.format.id_length}}}")
-        given_id = [literal(self.format.id_marker), alphanumerics] if self.format.id_marker else []
-        separator, calls = literal(self.format.named), []
-        for tool in chosen:
-            function = tool["function"]
-            schema = json.dumps(function.get("parameters") or {"type": "object"})
-            try:
-                arguments = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
-            except (RuntimeError, ValueError) as error:  # xgrammar's word on a schema it cannot follow
-                message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
-                raise ApiError(400, message, "tools") from None
-            calls.append(xgrammar.Grammar.concat(literal(self.format.opening + function["name"]), *given_id, separator,
-                                                 arguments))  # fmt: skip
-        call = str(xgrammar.Grammar.union(*calls))
-        if not several:
-            return GrammarSpec(GrammarKind.EBNF, call)
-        renamed = re.sub(r"^root ::=", "named_call ::=", call, count=1, flags=re.MULTILINE)
-        return GrammarSpec(GrammarKind.EBNF, f"{renamed}\nroot ::= named_call+\n")
+        return calls_grammar(self.format, chosen, self.parallel and self.format.parallel)
 
     def split_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """An answer's content (Hermes: the text before its first call; all of it without calls) and its calls,
         OpenAI's ``tool_calls`` entries. What is not a JSON object naming an offered function is not a call."""
-        if self.format.named:
+        if self.format.body is CallBody.NAMED:
             if named := self._named_calls(text):
                 return text[: text.find(self.format.opening)].rstrip(), named
         elif self.format.tags is not None:
             opening, closing = (re.escape(tag) for tag in self.format.tags)
             calls, first = [], None
+            read = self._xml_call if self.format.body is CallBody.XML else self._json_call
             for match in re.finditer(opening + r"\s*(.*?)\s*" + closing, text, re.DOTALL):
-                if (call := self._call(_json(match.group(1)), needs_arguments=False)) is not None:
+                if (call := read(match.group(1))) is not None:
                     first = match.start() if first is None else first
                     calls.append(call)
             if calls:
@@ -237,7 +124,7 @@ class ToolRequest:
             if (head := self.format.named_head.match(text, start)) is not None:
                 try:
                     arguments, start = json.JSONDecoder().raw_decode(text, head.end())
-                except ValueError:  # RecursionError too: lists nested past the parser's depth
+                except (ValueError, RecursionError):  # RecursionError: lists nested past the parser's depth
                     arguments = None
                 call = self._call({"name": head.group(1), "arguments": arguments}, needs_arguments=True)
             if call is not None:
@@ -247,6 +134,28 @@ class ToolRequest:
                 calls.append(call)
             at = text.find(self.format.opening, start)
         return calls
+
+    @functools.cached_property
+    def properties(self) -> dict[str, Mapping[str, Any]]:
+        """Each offered function's parameters' properties, by the function's name: an XML call's values are typed
+        by them."""
+        return {tool["function"]["name"]: (tool["function"].get("parameters") or {}).get("properties") or {}
+                for tool in self.tools}  # fmt: skip
+
+    def _json_call(self, inside: str) -> dict[str, Any] | None:
+        """A tagged call's JSON object (without arguments, a call of none)."""
+        return self._call(_json(inside), needs_arguments=False)
+
+    def _xml_call(self, inside: str) -> dict[str, Any] | None:
+        """A tagged XML call: ``<function=name>`` and its ``<parameter=key>`` blocks, nothing else; each value less
+        one newline at each end, kept as text for a string property (or one the function does not have), else read
+        as JSON (or as the ``True``, ``False``, ``None`` a template's ``| string`` writes), else kept as text."""
+        found = XML_FUNCTION.fullmatch(inside.strip())
+        if found is None or XML_PARAMETER.sub("", found.group(2)).strip():
+            return None
+        name, properties = found.group(1).strip(), self.properties.get(found.group(1).strip(), {})
+        arguments = {key: _typed(value, properties.get(key)) for key, value in XML_PARAMETER.findall(found.group(2))}
+        return self._call({"name": name, "arguments": arguments}, needs_arguments=True)
 
     def _call(self, parsed: Any, needs_arguments: bool) -> dict[str, Any] | None:
         """OpenAI's ``tool_calls`` entry for a JSON object naming an offered function; None for anything else.
@@ -268,18 +177,20 @@ class ToolRequest:
         }
 
 
+def _typed(value: str, schema: Any) -> Any:
+    if not isinstance(schema, Mapping) or is_text(schema):
+        return value
+    parsed = _json(value)
+    if parsed is not None or value.strip() == "null":
+        return parsed
+    return PYTHON_LITERALS.get(value.strip(), value)
+
+
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError):  # RecursionError: lists nested past the parser's depth
         return None
-
-
-def call_schema(function: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
-    """The JSON schema of one call of ``function``: its name and its arguments (under ``arguments_key``)."""
-    arguments = function.get("parameters") or {"type": "object"}
-    properties = {"name": {"const": function["name"]}, arguments_key: arguments}
-    return {"type": "object", "properties": properties, "required": ["name", arguments_key]}
 
 
 def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolRequest | None:

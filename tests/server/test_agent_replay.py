@@ -17,7 +17,7 @@ from quickdraft.bench.serve_load import Prompt
 from quickdraft.bench.workloads import agent_prompts, requests_digest, served_input, workload_prompts
 from quickdraft.cli import main
 from quickdraft.errors import ConfigError
-from quickdraft.server.tools import HERMES
+from quickdraft.server.tool_formats import HERMES
 
 # a Hermes-format template over the word tokenizer (its words w0 .. w30): tools, calls and tool turns rendered
 HERMES_WORDS = (

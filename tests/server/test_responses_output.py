@@ -19,7 +19,8 @@ from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.server import responses_output
 from quickdraft.server.reasoning import Thinking
 from quickdraft.server.responses_api import Echo
-from quickdraft.server.tools import HERMES, ToolRequest
+from quickdraft.server.tool_formats import HERMES
+from quickdraft.server.tools import ToolRequest
 from quickdraft.stats import GenerationStats
 
 ECHO = Echo(None, None, [], "auto", True, {"format": {"type": "text"}}, None, {})

@@ -14,7 +14,8 @@ import xgrammar
 from conftest import MODEL, Server, serving
 from test_tools import ASK, CHARS, MISTRAL_TEMPLATE, TIME, WEATHER, char_pipeline
 
-from quickdraft.server.tools import MISTRAL, MISTRAL_CALL_ID, MISTRAL_NAMED, ToolRequest, parse_tools, tool_format
+from quickdraft.server.tool_formats import MISTRAL, MISTRAL_CALL_ID, MISTRAL_NAMED, tool_format
+from quickdraft.server.tools import ToolRequest, parse_tools
 from quickdraft.text import IncrementalDecoder, dropped_ids
 
 MARKERS = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")

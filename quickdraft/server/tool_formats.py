@@ -1,0 +1,93 @@
+"""The tool-call formats of chat templates: how each family's models write their calls, as data
+(:mod:`quickdraft.server.tools` reads calls by it, :mod:`quickdraft.server.tool_grammar` constrains them).
+
+A format is found once per chat template (:func:`tool_format`), by text only its family's templates hold."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+
+class CallBody(enum.Enum):
+    """What a call holds between its opening tag and its end."""
+
+    JSON = "a JSON object of its name and arguments"
+    NAMED = "the function's name, then its arguments' JSON object (Mistral's)"
+    XML = "<function=name>, then a <parameter=key> block for each argument (Qwen3-Coder's, Qwen3.5's)"
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How the models of one family of chat templates write their calls."""
+
+    name: str
+    marker: str  # text only a template of this format holds
+    tags: tuple[str, str] | None  # what opens and closes each call ("" when its JSON ends it); None: the calls are the
+    # whole answer
+    opener: str  # what a whole answer of calls may start with where the text spells it (a special token it loses)
+    arguments: str  # the key of a call's arguments, as the format writes it
+    listed: bool  # the calls of a whole answer are a JSON list
+    parallel: bool  # the template renders an assistant turn of several calls
+    id_length: int = 0  # 0: OpenAI's call_ ids; else ids of this many alphanumerics, as the templates check
+    unless: str = ""  # text of a later variant of the family's templates, which writes calls another way
+    body: CallBody = CallBody.JSON
+    separator: str = ""  # a named call's, between its name and its arguments
+    id_marker: str = ""  # what comes between a named call's name and the id the model gives it ("": no id)
+    kept: tuple[str, ...] = ()  # special tokens a tool request's answer keeps as text: its calls are read from them
+
+    def written_by(self, template: str) -> bool:
+        """Whether a chat template's text has its model write calls in this format."""
+        return self.marker in template and not (self.unless and self.unless in template)
+
+    def call_id(self) -> str:
+        return uuid.uuid4().hex[: self.id_length] if self.id_length else f"call_{uuid.uuid4().hex[:24]}"
+
+    def valid_id(self, given: str) -> bool:
+        """Whether an id the model wrote has the shape its templates check."""
+        return len(given) == self.id_length and given.isascii() and given.isalnum()
+
+    @property
+    def opening(self) -> str:
+        """What opens each call ("" for a format whose calls are the whole answer)."""
+        return self.tags[0] if self.tags else ""
+
+    @functools.cached_property
+    def named_head(self) -> re.Pattern[str]:
+        """A named call from its opening tag to its arguments' JSON: the name (group 1), the id the model gives it
+        (group 2, where the format has one), the separator (which a text may have lost)."""
+        given = rf"(?:{re.escape(self.id_marker)}\s*([^\s\[{{]+)\s*)?" if self.id_marker else "()"
+        return re.compile(rf"\s*(.+?)\s*{given}(?:{re.escape(self.separator)})?\s*(?=\{{)")
+
+
+HERMES = ToolFormat("Hermes <tool_call> tags", "<tool_call>", ("<tool_call>", "</tool_call>"), "", "arguments",
+                    listed=False, parallel=True, unless="<parameter=")  # fmt: skip
+QWEN_XML = ToolFormat("Qwen3-Coder's <function=name> XML", "<parameter=", ("<tool_call>", "</tool_call>"), "",
+                      "arguments", listed=False, parallel=True, body=CallBody.XML)  # fmt: skip
+MISTRAL = ToolFormat("Mistral's [TOOL_CALLS]", "[TOOL_CALLS]", None, "[TOOL_CALLS]", "arguments", listed=True,
+                     parallel=True, id_length=9, unless="[ARGS]")  # fmt: skip
+MISTRAL_NAMED = ToolFormat("Mistral's [TOOL_CALLS]name[ARGS]", "[ARGS]", ("[TOOL_CALLS]", ""), "", "arguments",
+                           listed=False, parallel=True, id_length=9, unless="[CALL_ID]", body=CallBody.NAMED,
+                           separator="[ARGS]", kept=("[TOOL_CALLS]", "[ARGS]"))  # fmt: skip
+MISTRAL_CALL_ID = ToolFormat("Mistral's [TOOL_CALLS]name[CALL_ID]id[ARGS]", "[CALL_ID]", ("[TOOL_CALLS]", ""), "",
+                             "arguments", listed=False, parallel=True, id_length=9, body=CallBody.NAMED,
+                             separator="[ARGS]", id_marker="[CALL_ID]",
+                             kept=("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"))  # fmt: skip
+LLAMA3_JSON = ToolFormat("Llama 3's JSON", '"parameters": dictionary of argument name', None, "<|python_tag|>",
+                         "parameters", listed=False, parallel=False)  # fmt: skip
+TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON)  # looked for in this order
+
+
+def tool_format(template: str) -> ToolFormat | None:
+    """The tool-call format of a chat template's text; None for a template without one."""
+    return next((found for found in TOOL_FORMATS if found.written_by(template)), None)
+
+
+def tool_format_of(tokenizer: Any) -> ToolFormat | None:
+    """The tool-call format of a tokenizer's chat template (None without a template or a format)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return tool_format(template) if isinstance(template, str) else None

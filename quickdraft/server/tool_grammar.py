@@ -1,0 +1,128 @@
+"""The constraint of ``tool_choice`` required or a named function: calls of the chosen functions in their format's
+shape (:mod:`quickdraft.server.tool_formats`), each call's arguments by its function's JSON schema.
+
+Rules:
+- Hermes: each call in its own tags, a newline between calls. A whole answer of calls (Mistral's list, Llama 3's
+  JSON): the one call, or their list. Named calls (Mistral's): one after another, each with an id where the format
+  has the model give one.
+- XML calls (Qwen3-Coder's): each in its tags, ``<function=name>`` and a ``<parameter=key>`` block for each of the
+  function's properties, in the schema's order, the required ones always, the others where the model writes them.
+  A string property's value is raw text that never holds ``</parameter>`` (its ``enum`` or ``const``, where it gives
+  one), any other property's the JSON its schema allows.
+- One call, unless ``several``. A schema xgrammar cannot follow is a 400 on ``tools``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from quickdraft.grammar import GrammarKind, GrammarSpec, xgrammar_reason
+from quickdraft.server.errors import ApiError
+from quickdraft.server.tool_formats import CallBody, ToolFormat
+
+PARAMETER_END = "</parameter>"
+
+
+def calls_grammar(found: ToolFormat, chosen: list[dict[str, Any]], several: bool) -> GrammarSpec:
+    """The grammar of an answer of calls of the ``chosen`` tools (OpenAI's ``tools`` entries) in ``found``'s
+    format; one call unless ``several``."""
+    try:
+        import xgrammar
+    except ImportError:
+        raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
+    if found.body is not CallBody.JSON:  # named calls one after another, XML calls a newline between them
+        build, separator = (_named_call, "") if found.body is CallBody.NAMED else (_xml_call, "\n")
+        calls = xgrammar.Grammar.union(*(build(found, tool["function"]) for tool in chosen))
+        return _repeated(calls, several, separator)
+    call: dict[str, Any] = {"anyOf": [call_schema(tool["function"], found.arguments) for tool in chosen]}
+    if found.tags is None and found.listed:  # a whole answer of calls: their list
+        call = {"type": "array", "items": call, "minItems": 1} | ({} if several else {"maxItems": 1})
+    shaped = _schema(call)
+    if found.tags is None:  # a whole answer of calls: the one call, or their list
+        return GrammarSpec(GrammarKind.EBNF, str(shaped))
+    opening, closing = found.tags
+    return _repeated(xgrammar.Grammar.concat(_literal(opening + "\n"), shaped, _literal("\n" + closing)), several, "\n")
+
+
+def call_schema(function: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
+    """The JSON schema of one call of ``function``: its name and its arguments (under ``arguments_key``)."""
+    arguments = function.get("parameters") or {"type": "object"}
+    properties = {"name": {"const": function["name"]}, arguments_key: arguments}
+    return {"type": "object", "properties": properties, "required": ["name", arguments_key]}
+
+
+def is_text(schema: Mapping[str, Any]) -> bool:
+    """Whether an XML call writes a property of this schema as raw text: a string (by type, enum or const)."""
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(values, list) and values:
+        return all(isinstance(value, str) for value in values)
+    return schema.get("type") == "string"
+
+
+def _named_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
+    import xgrammar
+
+    alphanumerics = xgrammar.Grammar.from_ebnf(f"root ::= [a-zA-Z0-9]{{{found.id_length}}}")
+    given_id = [_literal(found.id_marker), alphanumerics] if found.id_marker else []
+    arguments = _schema(function.get("parameters") or {"type": "object"})
+    return xgrammar.Grammar.concat(
+        _literal(found.opening + function["name"]), *given_id, _literal(found.separator), arguments
+    )
+
+
+def _xml_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
+    import xgrammar
+
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required") or ())
+    parts = [_literal(f"{found.opening}\n<function={function['name']}>\n")]
+    for key, schema in (parameters.get("properties") or {}).items():
+        value = _text_value(schema) if isinstance(schema, Mapping) and is_text(schema) else _schema(schema)
+        block = xgrammar.Grammar.concat(_literal(f"<parameter={key}>\n"), value, _literal(f"\n{PARAMETER_END}\n"))
+        parts.append(block if key in required else xgrammar.Grammar.union(block, _literal("")))
+    parts.append(_literal(f"</function>\n{found.tags[1] if found.tags else ''}"))
+    return xgrammar.Grammar.concat(*parts)
+
+
+def _text_value(schema: Mapping[str, Any]) -> Any:
+    """A string property's raw value: one of its enum (or its const), else any text without ``</parameter>``."""
+    import xgrammar
+
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if values:
+        return xgrammar.Grammar.union(*(_literal(value) for value in values))
+    # t_i: i characters of </parameter> just read; any other character starts over ("<" from one)
+    rules = ["root ::= t0", 't0 ::= "" | [^<] t0 | "<" t1']
+    for i in range(1, len(PARAMETER_END)):
+        ahead = PARAMETER_END[i]
+        next_rule = f" | {json.dumps(ahead)} t{i + 1}" if i + 1 < len(PARAMETER_END) else ""
+        rules.append(f't{i} ::= "" | "<" t1{next_rule} | [^<{ahead}] t0')
+    return xgrammar.Grammar.from_ebnf("\n".join(rules))
+
+
+def _repeated(call: Any, several: bool, separator: str = "") -> GrammarSpec:
+    text = str(call)
+    if not several:
+        return GrammarSpec(GrammarKind.EBNF, text)
+    renamed = re.sub(r"^root ::=", "one_call ::=", text, count=1, flags=re.MULTILINE)
+    more = f"({json.dumps(separator)} one_call)*" if separator else "one_call*"
+    return GrammarSpec(GrammarKind.EBNF, f"{renamed}\nroot ::= one_call {more}\n")
+
+
+def _literal(text: str) -> Any:
+    import xgrammar
+
+    return xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
+
+
+def _schema(schema: Any) -> Any:
+    import xgrammar
+
+    try:
+        return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    except (RuntimeError, ValueError, TypeError) as error:  # xgrammar's word on a schema it cannot follow
+        message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
+        raise ApiError(400, message, "tools") from None

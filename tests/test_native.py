@@ -38,7 +38,7 @@ def test_config_rejects_unsupported_models() -> None:
     DecoderConfig.from_hf(base)
     unsupported = (
         {"model_type": "gpt2"},
-        {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}},
+        {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},  # NTK by length: not a static table
         {"mlp_bias": True},
     )
     for change in unsupported:

@@ -45,6 +45,8 @@ class GenerationConfig:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # vLLM's: each prompt token's log-probability (the model's own) and the K likeliest at its position (K <= 20)
+    prompt_logprobs: int | None = None
     # special tokens whose text the answer keeps (a tool format's markers, its calls read from them); the others have
     # none, as skip_special_tokens has it
     kept_special_tokens: tuple[str, ...] = ()
@@ -89,6 +91,10 @@ class GenerationConfig:
         if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             message = f"stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
             raise ConfigError(message, "stop_token_ids")
+        prompt_top = self.prompt_logprobs
+        if prompt_top is not None and (not is_int(prompt_top) or not 0 <= prompt_top <= MAX_LOGPROBS):
+            message = f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] (the likeliest tokens to list)"
+            raise ConfigError(f"{message}, got {prompt_top!r}", "prompt_logprobs")
         kept = self.kept_special_tokens
         if not isinstance(kept, tuple) or not all(isinstance(text, str) and text for text in kept):
             message = f"kept_special_tokens must be a tuple of token texts, got {kept!r}"

@@ -30,7 +30,6 @@ from quickdraft.engine.request import (
     RequestState,
     RunningRequest,
     Sink,
-    TokenDelta,
     check_made_for,
     hear_confidence,
     request_policy,
@@ -194,8 +193,9 @@ class Engine:
         rows = [
             BatchRow(state.cache, [state.committed[-1], *proposals[state].token_ids[0].tolist()]) for state in decoding
         ]
-        rows += [
-            BatchRow(state.cache, state.committed[state.prefilled :][:n], last_only=True) for state, n in plan.chunks
+        rows += [  # a prompt chunk's last row only, unless the request asked for its prompt's log-probabilities
+            BatchRow(state.cache, state.committed[state.prefilled :][:n], not state.request.scores_prompt)
+            for state, n in plan.chunks
         ]
         states = [*decoding, *(state for state, _ in plan.chunks)]
         logits, features = target_forward(self.target, rows, [state.request.drafter for state in states])
@@ -219,12 +219,12 @@ class Engine:
         for (state, n), chunk_logits, chunk_features in zip(
             plan.chunks, logits[len(decoding) :], features[len(decoding) :], strict=True
         ):
-            state.prefilled += n
+            last_logits = state.read_prompt(chunk_logits, n)  # [1, V]
             if chunk_features is not None:
                 state.request.drafter.observe_features(state.draft_state, chunk_features)
             if state.prefilled == state.prompt_length:
-                new_tokens, finished = new_tokens + 1, finished + self._first_token(state, chunk_logits)
-                plain_logits.append((state, chunk_logits))
+                new_tokens, finished = new_tokens + 1, finished + self._first_token(state, last_logits)
+                plain_logits.append((state, last_logits))
 
         # 7. Policies that learn from the target's confidence after plain tokens hear it, a few requests a step.
         hear_confidence([(state, row) for state, row in plain_logits if not state.finished], self.steps)
@@ -242,7 +242,7 @@ class Engine:
         """An admitted request running, with its drafter's state and its target cache: a finished request's with the
         longest shared start (prefix caching; not for drafters that read every position's features), else empty."""
         request, reused = state.request, None
-        if self.prefix_cache is not None and request.cache_prompt and not request.drafter.feature_layers:
+        if self.prefix_cache is not None and request.reuses_prefix and not request.drafter.feature_layers:
             reused = self.prefix_cache.take(request.prompt_ids)
         cache, prefilled = reused or (self.target.new_cache(1), 0)
         running = RunningRequest.admit(state, cache, prefilled, request.drafter.start(request.prompt_ids, cache))
@@ -378,7 +378,7 @@ class Engine:
             self.scheduler.finish(state)
             self._finish(state, finish_reason, committed)
         elif committed:
-            state.sink(TokenDelta(state.decoder.release(), tuple(committed), state.take_visible_logprobs()))
+            state.sink(state.delta(state.decoder.release(), committed))
 
     def _finish(
         self, state: RequestState | RunningRequest, finish_reason: str, last_tokens: list[int] | None = None
@@ -391,9 +391,7 @@ class Engine:
         state.stats.wall_time_s = time.perf_counter() - state.submitted
         if finish_reason != "cancelled":
             state.policy.observe_end(len(state.new_token_ids), cut_by_budget=finish_reason == "length")
-        final_text = state.decoder.release(final=True)
-        last_logprobs = state.take_visible_logprobs()
-        if final_text or last_tokens or last_logprobs:
-            state.sink(TokenDelta(final_text, tuple(last_tokens or ()), last_logprobs))
-        logprobs = state.logprobs[: state.logprobs_sent] if state.request.config.logprobs is not None else None
-        state.sink(RequestFinished(state.result(finish_reason, logprobs)))
+        last = state.delta(state.decoder.release(final=True), last_tokens or ())
+        if last.text or last.token_ids or last.logprobs or last.prompt_logprobs:
+            state.sink(last)
+        state.sink(RequestFinished(state.result(finish_reason)))

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from quickdraft.config import GenerationConfig
+from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import Drafter, DraftState
-from quickdraft.engine.logprobs import TokenLogprob
+from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import Constraint, constrain_step
 from quickdraft.lossless.adjustments import adjust_logits, mask_ends, prompt_tokens
@@ -53,6 +53,16 @@ class Request:
         if self.policy is not None and not isinstance(self.policy, Policy):
             raise ConfigError(f"a request's policy must be a Policy object or None, got {self.policy!r}")
 
+    @property
+    def scores_prompt(self) -> bool:
+        """It asked for its prompt's log-probabilities: every prompt position's logits are read."""
+        return self.config.prompt_logprobs is not None
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """It may start from a cached prefix: it caches prompts, and does not need every prompt position's logits."""
+        return self.cache_prompt and not self.scores_prompt
+
 
 def check_made_for(request: Any, target: Any) -> None:
     """Raise ``ConfigError`` for what is not a :class:`Request`, or one whose drafter a pipeline made for another
@@ -86,6 +96,7 @@ class GenerationResult:
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None  # when asked (config.logprobs): one per new token of the text
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it, else None
+    prompt_logprobs: list[TokenLogprob] | None = None  # when asked: one per prompt token after the first
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class TokenDelta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()  # when the request asked: one per token whose text became visible
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # when the request asked, with its first delta: the prompt's
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,7 @@ class RequestFailed:
 
 Event = TokenDelta | RequestFinished | RequestFailed
 Sink = Callable[[Event], None]  # called on the engine's thread: hand the event over, do not block
+GREEDY = SamplingParams(temperature=0.0)  # a prompt token's log-probability is the model's own: it was not sampled
 
 
 @dataclass(eq=False)
@@ -137,6 +150,8 @@ class RequestState:
     new_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the new tokens, if the request asked
     logprobs_sent: int = 0  # of them, those handed out: the tokens whose text is visible
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # of the prompt's tokens, if the request asked
+    prompt_logprobs_sent: bool = False
     constraint: Constraint | None = None  # its place in the grammar its output must follow (config.grammar)
     eos_token_ids: frozenset[int] = frozenset()  # the model's end-of-sequence tokens
     end_token_ids: frozenset[int] = field(init=False)  # the tokens that end its answer (GenerationConfig's)
@@ -152,16 +167,27 @@ class RequestState:
     def prompt_length(self) -> int:
         return len(self.request.prompt_ids)
 
-    def result(self, finish_reason: str, logprobs: list[TokenLogprob] | None) -> GenerationResult:
-        """The request's result as it ends for ``finish_reason``: its ``stop_reason`` the stop string the decoder
-        found, or the last token where it is one of the request's stop tokens and not an end-of-sequence token the
-        request heeds (that one ends an answer anyway: vLLM's null)."""
+    def result(self, finish_reason: str) -> GenerationResult:
+        """The request's result as it ends for ``finish_reason``: the log-probabilities handed out, if asked; its
+        ``stop_reason`` the stop string the decoder found, or the last token where it is one of the request's stop
+        tokens and not an end-of-sequence token the request heeds (that one ends an answer anyway: vLLM's null)."""
         config, last = self.request.config, self.new_token_ids[-1] if self.new_token_ids else None
         stop_reason: str | int | None = self.decoder.stopped_by if finish_reason == "stop" else None
         heeded_eos = last in self.eos_token_ids and not config.ignore_eos
         if finish_reason == "eos" and last in config.stop_token_ids and not heeded_eos:
             stop_reason = last
-        return GenerationResult(self.decoder.text, self.new_token_ids, finish_reason, self.stats, logprobs, stop_reason)
+        logprobs = self.logprobs[: self.logprobs_sent] if config.logprobs is not None else None
+        prompt_logprobs = self.prompt_logprobs if config.prompt_logprobs is not None else None
+        return GenerationResult(
+            self.decoder.text, self.new_token_ids, finish_reason, self.stats, logprobs, stop_reason, prompt_logprobs
+        )
+
+    def delta(self, text: str, token_ids: Sequence[int]) -> TokenDelta:
+        """A delta of these committed tokens and the text now final, with the log-probabilities now visible and,
+        in the first delta, the prompt's."""
+        prompt = () if self.prompt_logprobs_sent else tuple(self.prompt_logprobs)
+        self.prompt_logprobs_sent = True
+        return TokenDelta(text, tuple(token_ids), self.take_visible_logprobs(), prompt)
 
     def target_choice(
         self, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor
@@ -212,6 +238,17 @@ class RunningRequest(RequestState):
         """``state`` running on ``cache`` (holding its first ``prefilled`` prompt tokens) and ``draft_state``."""
         fields = {name: getattr(state, name) for name, spec in RequestState.__dataclass_fields__.items() if spec.init}
         return cls(**fields, cache=cache, draft_state=draft_state, prefilled=prefilled)
+
+    def read_prompt(self, chunk_logits: torch.Tensor, n: int) -> torch.Tensor:
+        """The target read ``n`` more prompt tokens, whose logits are ``chunk_logits`` (``[n, V]`` where the request
+        asked for prompt log-probabilities, else the last row's ``[1, V]``): each position's log-probability of the
+        prompt token after it, the model's own (none for the first prompt token); the last row ``[1, V]``."""
+        top = self.request.config.prompt_logprobs
+        if top is not None:  # positions prefilled .. prefilled + n - 1 predict the prompt tokens after them
+            following = self.request.prompt_ids[self.prefilled + 1 : self.prefilled + n + 1]
+            self.prompt_logprobs.extend(token_logprobs(chunk_logits, following, GREEDY, top))
+        self.prefilled += n
+        return chunk_logits[-1:]
 
     @property
     def decoding(self) -> bool:

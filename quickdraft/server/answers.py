@@ -6,7 +6,8 @@ Rules:
 - Whole: the answer once every choice has finished. A choice that fails fails the request, as does running past the
   request's time (504); a client found gone (checked every ``DISCONNECT_POLL_S``) is a 499. The caller cancels the
   choices still running (:attr:`Tracker.unfinished`).
-- Streamed: a chat opens every choice with its role; each delta is a chunk of its choice's index (what may open a
+- Streamed: a chat opens every choice with its role, an echoing completion with its prompt (and the prompt's
+  log-probabilities) before its first delta; each delta is a chunk of its choice's index (what may open a
   tool call held back, per choice); each choice ends with its finish reason; after the last, the usage chunk when
   asked for, then ``[DONE]``. A failure or the request's timeout is an error event, then ``[DONE]``.
 """
@@ -25,7 +26,7 @@ from quickdraft.engine import Event, GenerationResult, RequestFailed, RequestFin
 from quickdraft.server.errors import ApiError, failure
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiRequest
-from quickdraft.server.responses import chunk_body, logprobs_body, new_id, usage_chunk
+from quickdraft.server.responses import chunk_body, logprobs_body, new_id, prompt_logprobs_body, usage_chunk
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 Tagged = tuple[int, Event]  # a choice's index and one of its events
@@ -106,6 +107,7 @@ async def stream_chunks(
     offsets = [0] * api.n  # completions' text_offset: characters of each choice's tokens streamed so far
     calls = [api.tools.call_filter() if api.tools else None for _ in range(api.n)]  # hold back what may open a call
     thoughts = [api.thinking.stream() if api.thinking else None for _ in range(api.n)]  # reasoning apart
+    echoed = [api.echo is None] * api.n  # a completion's echoed prompt goes out before its first delta
     if api.chat:
         for index in range(api.n):
             yield sse(chunk_body(api, response_id, None, index=index))
@@ -116,6 +118,11 @@ async def stream_chunks(
             yield sse(track.timeout().body())
             break
         held, thought = calls[index], thoughts[index]
+        if isinstance(event, TokenDelta) and not echoed[index] and api.echo is not None:
+            echoed[index], asked = True, api.serve.config.logprobs is not None
+            prompt = prompt_logprobs_body(api, event.prompt_logprobs, spell) if asked else None
+            yield sse(chunk_body(api, response_id, api.echo, logprobs=prompt, index=index))
+            offsets[index] = len(api.echo)
         if isinstance(event, TokenDelta):
             logprobs = logprobs_body(api, event.logprobs, spell, offsets[index]) if event.logprobs else None
             offsets[index] += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0

@@ -4,7 +4,7 @@
   :mod:`quickdraft.server.protocol`.
 - Fields that change nothing here (:data:`HARMLESS`: ``user``, ``metadata``, ``store``, ...): accepted.
 - Fields that would change the answer and that this server does not implement (:data:`UNSUPPORTED`: OpenAI's
-  legacy functions, ``best_of``, ``echo``, a reasoning model's effort, ...):
+  legacy functions, ``best_of``, a reasoning model's effort, ...):
   400 ``unsupported_parameter`` unless they hold the value that changes nothing.
 - A field of the other endpoint (:data:`OTHER_ENDPOINT`) gets a 400 that says where it belongs; any other name a
   400 ``unrecognized_parameter``, as OpenAI answers an unrecognized argument (a typo such as ``max_tokenz`` would
@@ -30,12 +30,12 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
     "chat_template_kwargs",
 }  # fmt: skip
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
 HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 # fields that change the answer and this server does not implement, with the values that change nothing
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []), "function_call": (None, "none"),
-    "best_of": (None, 1), "echo": (None, False), "audio": (None,), "modalities": (None, ["text"]),
+    "best_of": (None, 1), "audio": (None,), "modalities": (None, ["text"]),
     "web_search_options": (None,), "reasoning_effort": (None,), "verbosity": (None,),
 }  # fmt: skip
 # fields of the other endpoint: what to say, and the values that change nothing there (an empty tools list)
@@ -43,6 +43,7 @@ OTHER_ENDPOINT: dict[str, dict[str, tuple[str, tuple[Any, ...]]]] = {
     "chat": {
         "prompt": ("/v1/chat/completions takes messages; a prompt goes to /v1/completions", ()),
         "suffix": ("a suffix (fill-in-the-middle) goes to /v1/completions", ()),
+        "echo": ("echo repeats a completion's prompt: it goes to /v1/completions", (False,)),
     },
     "completions": {
         "messages": ("/v1/completions takes a prompt; messages go to /v1/chat/completions", ()),

@@ -17,8 +17,10 @@ prompt and the suffix in its tokenizer's fill-in-the-middle format (:func:`quick
 without one); the answer also ends at the format's padding and separator tokens. ``tools`` and ``tool_choice`` go to
 :mod:`quickdraft.server.tools`. Which other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s
 rule: nothing a client asks for is silently ignored. Without ``max_tokens``, a request gets the server's default, at
-most what the context and the server's caches leave after its prompt. A message's role is one of :data:`ROLES`. A bad
-value raises :class:`ApiError` with the status and message a client sees.
+most what the context and the server's caches leave after its prompt. A completion's ``echo`` repeats its prompt of
+text before the answer, with the prompt tokens' log-probabilities where ``logprobs`` asks (the first one null), as
+OpenAI's legacy completions do. A message's role is one of :data:`~quickdraft.server.messages.ROLES`. A bad value
+raises :class:`ApiError` with the status and message a client sees.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.lossless.sampling import is_int, is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, optional_text, text_parts
+from quickdraft.server.messages import chat_messages, prompt_of
 from quickdraft.server.reasoning import Thinking
 from quickdraft.server.tool_formats import ToolFormat
-from quickdraft.server.tools import ToolRequest, parse_tools, template_message
+from quickdraft.server.tools import ToolRequest, parse_tools
 
-ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
 # What one request may ask of the server's time (an attacker holding the key included): grammars compile in time that
 # grows faster than their text, every stop string is looked for after every token, and a prediction is matched
 # against the whole answer
@@ -81,6 +83,7 @@ class ApiRequest:
     created: int = 0  # when it arrived (Unix seconds): its answer's, every chunk's alike
     n: int = 1  # choices
     thinking: Thinking | None = None  # its reasoning is split from its content (server/reasoning.py)
+    echo: str | None = None  # a completion's prompt text, which its answer repeats first (OpenAI's echo)
 
     @functools.cached_property
     def choices(self) -> tuple[Request, ...]:
@@ -128,12 +131,15 @@ def parse_request(
     include_usage = flag(options or {}, "include_usage", False, "stream_options.")
     return_token_ids = flag(body, "return_token_ids", False)
     suffix = None if chat else optional_text(body, "suffix")  # fill-in-the-middle: the text the answer goes before
+    prompt, echo = (None, False) if chat else (prompt_of(body), flag(body, "echo", False))
+    if echo and (suffix is not None or not isinstance(prompt, str)):
+        raise ApiError(400, "echo repeats a prompt of text, and cannot go with a suffix", "echo")
     try:
         variables = template_kwargs(body, defaults.template_kwargs)
         prompt_ids = (
             encode(chat_messages(body), True, None if tools is None else tools.tools, variables)
             if chat
-            else (encode(_prompt(body), False) if suffix is None else encode(_prompt(body), False, suffix=suffix))
+            else (encode(prompt, False) if suffix is None else encode(prompt, False, suffix=suffix))
         )
         sampling = SamplingParams(
             temperature=_number(body, "temperature", 1.0),
@@ -149,7 +155,8 @@ def parse_request(
             stop=_stop(body),
             policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
             max_draft_tokens=_field(body, "max_draft_tokens", defaults.max_draft_tokens),
-            logprobs=_logprobs(body, chat),
+            logprobs=(logprobs := _logprobs(body, chat)),
+            prompt_logprobs=logprobs if echo else None,  # echoed, the prompt's tokens carry theirs
             grammar=_grammar(body, tools),
             min_tokens=_field(body, "min_tokens", 0),
             ignore_eos=flag(body, "ignore_eos", False),
@@ -185,7 +192,8 @@ def parse_request(
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error), error_param(error, chat)) from None
-    return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()), n)
+    created, echoed = int(time.time()), prompt if echo and isinstance(prompt, str) else None
+    return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools, model, created, n, echo=echoed)
 
 
 def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:
@@ -283,46 +291,6 @@ def _logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:
     if len(ids) < len(bias):  # "7" and "07" name one token
         raise ApiError(400, 'logit_bias names a token twice (as "7" and "07"): give each once', "logit_bias")
     return ids
-
-
-def _prompt(body: Mapping[str, Any]) -> str | list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # one prompt in a list
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt  # token ids
-    raise ApiError(400, "prompt must be one non-empty string (or one list of token ids)", "prompt")
-
-
-def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A chat body's messages, checked, as the chat template takes them."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
-    parsed, called = [], {}  # called: each earlier call's id -> its function's name
-    for message in messages:
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise ApiError(400, "every message needs a role and a content", "messages")
-        if message["role"] not in ROLES:
-            raise ApiError(400, f"unknown message role {message['role']!r}; roles: {', '.join(ROLES)}", "messages")
-        content = message.get("content")
-        if content is None and message["role"] == "assistant" and message.get("tool_calls"):
-            content = ""  # an assistant turn that only called tools
-        if isinstance(content, list):  # content parts: text only, joined
-            article = "an" if message["role"] == "assistant" else "a"
-            content = text_parts(content, f"{article} {message['role']} message", "messages")
-        if not isinstance(content, str):
-            raise ApiError(400, "a message's content must be text", "messages")
-        role = "system" if message["role"] == "developer" else message["role"]
-        parsed.append(template_message({**message, "role": role}, content, called))
-        for call in parsed[-1].get("tool_calls", ()):
-            if isinstance(call["id"], str):
-                called[call["id"]] = call["function"]["name"]
-    if not any(message["content"].strip() for message in parsed):
-        raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
-    return parsed
 
 
 def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec | None:

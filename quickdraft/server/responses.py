@@ -83,6 +83,32 @@ def logprobs_body(
     }
 
 
+def prompt_logprobs_body(
+    api: ApiRequest, prompt_logprobs: Sequence[TokenLogprob], spell: Callable[[int], tuple[str, bytes]]
+) -> dict[str, Any]:
+    """An echoed prompt's part of a completion's ``logprobs``: its tokens, each one's log-probability and likeliest
+    alternatives at its position, none for the first (nothing comes before it), offsets from 0."""
+    tokens = [spell(token)[0] for token in api.serve.prompt_ids[: len(prompt_logprobs) + 1]]
+    tops = [{spell(token)[0]: value for token, value in entry.top if math.isfinite(value)} for entry in prompt_logprobs]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [None, *(entry.logprob for entry in prompt_logprobs)],
+        "top_logprobs": [None, *tops],
+        "text_offset": list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=0)),
+    }
+
+
+def completion_logprobs(
+    api: ApiRequest, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
+) -> dict[str, Any] | None:
+    """A completion choice's ``logprobs``: the answer's, after the echoed prompt's where it echoes."""
+    answer = logprobs_body(api, result.logprobs or [], spell, len(api.echo or ""))
+    if answer is None or api.echo is None:
+        return answer
+    prompt = prompt_logprobs_body(api, result.prompt_logprobs or [], spell)
+    return {key: prompt[key] + answer[key] for key in answer}
+
+
 def response_body(
     api: ApiRequest, response_id: str, results: Sequence[GenerationResult], spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any]:
@@ -104,7 +130,9 @@ def choice_body(
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result.finish_reason)}
     choice["stop_reason"] = result.stop_reason  # vLLM's: the stop string or token that ended it
-    choice["logprobs"] = logprobs_body(api, result.logprobs or [], spell)
+    choice["logprobs"] = (
+        logprobs_body(api, result.logprobs or [], spell) if api.chat else completion_logprobs(api, result, spell)
+    )
     reasoning, text = api.thinking.split(result.text) if api.thinking else (None, result.text)
     content, calls = api.tools.split_calls(text) if api.tools else (text, [])
     if api.chat:
@@ -116,7 +144,7 @@ def choice_body(
         if api.tools:
             choice["finish_reason"] = finish_reason(api.tools.finish_reason(result.finish_reason, bool(calls)))
     else:
-        choice["text"] = result.text
+        choice["text"] = (api.echo or "") + result.text
     if api.return_token_ids:
         choice["token_ids"] = result.token_ids
     return choice

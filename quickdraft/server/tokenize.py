@@ -24,7 +24,8 @@ from quickdraft.lossless.sampling import is_int
 from quickdraft.prompts import require_utf8
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import flag
-from quickdraft.server.protocol import chat_messages, served_model, template_kwargs
+from quickdraft.server.messages import chat_messages
+from quickdraft.server.protocol import served_model, template_kwargs
 from quickdraft.server.tool_formats import ToolFormat
 from quickdraft.server.tools import parse_tools
 

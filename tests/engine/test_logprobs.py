@@ -77,3 +77,38 @@ def test_logprobs_cover_the_answers_text_and_no_stop_string(native: Pipeline, dr
     assert [entry.token_id for entry in result.logprobs] == result.token_ids[:shown] and shown < len(result.token_ids)
     streamed = [entry for event in events if isinstance(event, TokenDelta) for entry in event.logprobs]
     assert streamed == result.logprobs
+
+
+@pytest.mark.parametrize("chunk", [128, 3], ids=["whole", "in-chunks"])
+def test_prompt_logprobs_are_the_models_own_at_every_prompt_position(chunk: int) -> None:
+    """vLLM's prompt_logprobs: each prompt token after the first, its log-probability (the model's own, whatever the
+    sampling) and the likeliest at its position; the same bits read whole or in chunks of 3, alone or beside another
+    request, with or without speculation, and never from a cached prefix."""
+    from quickdraft.engine import Engine, SchedulerSettings
+    from quickdraft.engine.prefix_cache import PrefixCache
+
+    pipeline = native_pipeline()
+    target = pipeline.target
+    prefix_cache = PrefixCache(2**20, target.cache_bytes, target.copy_prefix, min_tokens=2)
+    settings = SchedulerSettings(prefill_tokens_per_step=chunk)
+    engine = Engine(target, pipeline.tokenizer, pipeline.eos_token_ids, settings, prefix_cache=prefix_cache)
+    logits = pipeline.target.forward(torch.tensor([PROMPT]), pipeline.target.new_cache(1))[0]  # [P, V]
+    expected = token_logprobs(logits, PROMPT[1:], SamplingParams(temperature=0.0), 3)
+    config = GenerationConfig(max_new_tokens=4, prompt_logprobs=3, sampling=SamplingParams(temperature=0.7, seed=1))
+    for drafter in ("none", "draft-model", "none"):  # the last after the first's prompt was kept as a prefix
+        events: list[Event] = []
+        engine.submit(Request(tuple(PROMPT), config, pipeline.drafter(drafter)), events.append)
+        engine.submit(Request((7, 7, 7), GenerationConfig(max_new_tokens=4), pipeline.drafter("none")), events.append)
+        engine.run_until_idle()
+        (result,) = [
+            event.result for event in events if getattr(event, "result", None) and event.result.prompt_logprobs
+        ]
+        assert result.prompt_logprobs == expected and result.stats.cached_prompt_tokens == 0, drafter
+        streamed = [
+            event.prompt_logprobs for event in events if isinstance(event, TokenDelta) and event.prompt_logprobs
+        ]
+        assert streamed[0] == tuple(expected) and not any(streamed[1:])  # with the first delta only
+    assert pipeline.generate(PROMPT, GenerationConfig(max_new_tokens=2), drafter="none").prompt_logprobs is None
+    for bad in (-1, 21, 2.5, True):
+        with pytest.raises(ConfigError, match="prompt_logprobs"):
+            GenerationConfig(prompt_logprobs=bad)  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ def test_known_harmless_unsupported_and_unknown_fields() -> None:
         check_fields({name: harmless[-1]}, chat=False)
     refused = [
         ({"best_of": 3}, True, "best_of is not supported"),
-        ({"echo": 0}, False, "echo is not supported"),  # 0 is not false
+        ({"echo": 0}, True, "it goes to /v1/completions"),  # 0 is not false
         ({"max_tokenz": 2}, True, "unrecognized request argument: max_tokenz"),
         ({"max_completion_tokens": 2}, False, "takes max_tokens"),
         ({"top_logprobs": 2}, False, "takes logprobs"),

@@ -330,7 +330,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ),
     ("completions", {"prompt": "w1", "suffix": "w2"}, 400, "no fill-in-the-middle tokens"),
     ("completions", {"prompt": "w1", "logit_bias": {"5": 500}}, 400, "logit_bias's values must be numbers"),
-    ("completions", {"prompt": "w1", "echo": True}, 400, "echo is not supported"),
+    ("completions", {"prompt": "w1", "echo": "yes"}, 400, "echo must be true or false"),
     ("completions", {"prompt": "w1", "best_of": 3}, 400, "best_of is not supported"),
 ]
 

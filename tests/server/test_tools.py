@@ -14,7 +14,7 @@ from conftest import MODEL, Server, native_from_hf, serving, tiny_model
 
 from quickdraft.api import Pipeline
 from quickdraft.server.errors import ApiError
-from quickdraft.server.protocol import chat_messages
+from quickdraft.server.messages import chat_messages
 from quickdraft.server.tool_formats import HERMES, LLAMA3_JSON, MISTRAL, ToolFormat, tool_format
 from quickdraft.server.tools import ToolRequest, parse_tools, template_message
 

@@ -1,0 +1,54 @@
+"""What a request body asks the model to read: a completion's prompt, or a chat's messages as chat templates take
+them (roles of :data:`ROLES`, text content or text parts, earlier tool calls and results)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from quickdraft.server.errors import ApiError
+from quickdraft.server.fields import text_parts
+from quickdraft.server.tools import template_message
+
+ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
+
+
+def prompt_of(body: Mapping[str, Any]) -> str | list[int]:
+    """A completion body's one prompt: text, or token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # one prompt in a list
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt  # token ids
+    raise ApiError(400, "prompt must be one non-empty string (or one list of token ids)", "prompt")
+
+
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A chat body's messages, checked, as the chat template takes them."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
+    parsed, called = [], {}  # called: each earlier call's id -> its function's name
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ApiError(400, "every message needs a role and a content", "messages")
+        if message["role"] not in ROLES:
+            raise ApiError(400, f"unknown message role {message['role']!r}; roles: {', '.join(ROLES)}", "messages")
+        content = message.get("content")
+        if content is None and message["role"] == "assistant" and message.get("tool_calls"):
+            content = ""  # an assistant turn that only called tools
+        if isinstance(content, list):  # content parts: text only, joined
+            article = "an" if message["role"] == "assistant" else "a"
+            content = text_parts(content, f"{article} {message['role']} message", "messages")
+        if not isinstance(content, str):
+            raise ApiError(400, "a message's content must be text", "messages")
+        role = "system" if message["role"] == "developer" else message["role"]
+        parsed.append(template_message({**message, "role": role}, content, called))
+        for call in parsed[-1].get("tool_calls", ()):
+            if isinstance(call["id"], str):
+                called[call["id"]] = call["function"]["name"]
+    if not any(message["content"].strip() for message in parsed):
+        raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
+    return parsed

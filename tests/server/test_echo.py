@@ -1,0 +1,84 @@
+"""``echo`` on /v1/completions: the prompt repeated before the answer, with the prompt tokens' log-probabilities
+where ``logprobs`` asks (the first null), whole and streamed alike, the same with and without speculation; what an
+evaluation harness asks (echo, logprobs 1, max_tokens 1) included."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import torch
+from conftest import MODEL, Server, native_pipeline, serving
+
+from quickdraft.api import Pipeline
+
+PROMPT = "w3 w1 w4 w1 w5 w9 w2 w6"
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return native_pipeline()
+
+
+@pytest.fixture(scope="module")
+def server(native: Pipeline) -> Iterator[Server]:
+    with serving(native) as running:
+        yield running
+
+
+def complete(server: Server, **fields: Any) -> Any:
+    return server.client().completions.create(model=MODEL, prompt=PROMPT, temperature=0, **fields)
+
+
+def test_echo_repeats_the_prompt_with_its_tokens_logprobs(server: Server, native: Pipeline) -> None:
+    plain = complete(server, max_tokens=5, logprobs=2).choices[0]
+    echoed = [complete(server, max_tokens=5, logprobs=2, echo=True, extra_body={"drafter": drafter}).choices[0]
+              for drafter in ("none", "draft-model")]  # fmt: skip
+    prompt_ids = native.encode(PROMPT)
+    for choice in echoed:
+        assert choice.text == PROMPT + plain.text
+        logprobs = choice.logprobs
+        assert len(logprobs.tokens) == len(prompt_ids) + len(plain.logprobs.tokens)
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        assert logprobs.token_logprobs[len(prompt_ids) :] == plain.logprobs.token_logprobs  # the answer's, as before
+        assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0
+        assert logprobs.text_offset[len(prompt_ids)] == len(PROMPT)
+    assert echoed[0].logprobs == echoed[1].logprobs  # speculation does not change them
+    context = torch.tensor([prompt_ids])
+    expected = torch.log_softmax(native.target.forward(context, native.target.new_cache(1))[0], dim=-1)  # [P, V]
+    for position, (token, value) in enumerate(zip(prompt_ids[1:], echoed[0].logprobs.token_logprobs[1:], strict=False)):
+        assert value == pytest.approx(float(expected[position, token]), abs=1e-5)
+    assert len(echoed[0].logprobs.top_logprobs[1]) == 2
+    assert complete(server, max_tokens=3, echo=True).choices[0].text.startswith(PROMPT)  # no logprobs asked: text
+
+
+def test_what_an_evaluation_harness_asks(server: Server) -> None:
+    """lm-evaluation-harness's loglikelihood request: the prompt's log-probabilities, one new token."""
+    choice = complete(server, max_tokens=1, logprobs=1, echo=True, seed=1234).choices[0]
+    assert choice.text.startswith(PROMPT) and all(
+        isinstance(value, float) for value in choice.logprobs.token_logprobs[1:])  # fmt: skip
+
+
+def test_a_streamed_echo_is_the_whole_answers(server: Server) -> None:
+    whole = complete(server, max_tokens=6, logprobs=1, echo=True, n=2).choices
+    stream = complete(server, max_tokens=6, logprobs=1, echo=True, n=2, stream=True)
+    texts, logprobs = ["", ""], [[], []]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            logprobs[choice.index] += choice.logprobs.token_logprobs if choice.logprobs else []
+    for index in range(2):
+        assert texts[index] == whole[index].text and logprobs[index] == whole[index].logprobs.token_logprobs
+
+
+def test_an_echo_that_cannot_be_is_a_clear_400(server: Server) -> None:
+    client = server.client()
+    for fields, message in (({"prompt": [1, 2]}, "echo repeats a prompt of text"),
+                            ({"prompt": PROMPT, "suffix": "w1"}, "cannot go with a suffix")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError, match=message):
+            client.completions.create(model=MODEL, max_tokens=2, echo=True, **fields)
+    with pytest.raises(openai.BadRequestError, match="goes to /v1/completions"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w1"}], max_tokens=2,
+                                       extra_body={"echo": True})  # fmt: skip

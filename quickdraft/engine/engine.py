@@ -391,7 +391,7 @@ class Engine:
         state.stats.wall_time_s = time.perf_counter() - state.submitted
         if finish_reason != "cancelled":
             state.policy.observe_end(len(state.new_token_ids), cut_by_budget=finish_reason == "length")
-        last = state.delta(state.decoder.release(final=True), last_tokens or ())
+        last = state.delta(state.decoder.release(final=True), last_tokens or (), final=True)
         if last.text or last.token_ids or last.logprobs or last.prompt_logprobs:
             state.sink(last)
         state.sink(RequestFinished(state.result(finish_reason)))

@@ -182,12 +182,15 @@ class RequestState:
             self.decoder.text, self.new_token_ids, finish_reason, self.stats, logprobs, stop_reason, prompt_logprobs
         )
 
-    def delta(self, text: str, token_ids: Sequence[int]) -> TokenDelta:
+    def delta(self, text: str, token_ids: Sequence[int], final: bool = False) -> TokenDelta:
         """A delta of these committed tokens and the text now final, with the log-probabilities now visible and,
-        in the first delta, the prompt's."""
+        in the first delta, the prompt's. A request that scores its prompt gets every new token's at the end, an
+        end-of-sequence token's too (as vLLM gives them to echoed completions: an evaluation reads the last one)."""
         prompt = () if self.prompt_logprobs_sent else tuple(self.prompt_logprobs)
         self.prompt_logprobs_sent = True
-        return TokenDelta(text, tuple(token_ids), self.take_visible_logprobs(), prompt)
+        return TokenDelta(
+            text, tuple(token_ids), self.take_visible_logprobs(final and self.request.scores_prompt), prompt
+        )
 
     def target_choice(
         self, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor
@@ -213,12 +216,14 @@ class RequestState:
         """The prompt's distinct tokens ``[P']``, found once (a repetition penalty reads them every step)."""
         return prompt_tokens(self.request.prompt_ids)
 
-    def take_visible_logprobs(self) -> tuple[TokenLogprob, ...]:
+    def take_visible_logprobs(self, every: bool = False) -> tuple[TokenLogprob, ...]:
         """The log-probabilities not handed out yet of the tokens whose text is now visible
-        (:meth:`IncrementalDecoder.visible_tokens`): a stop string's tokens and an end-of-sequence token never are."""
+        (:meth:`IncrementalDecoder.visible_tokens`): a stop string's tokens and an end-of-sequence token never are;
+        ``every``: of all the tokens committed."""
         if len(self.logprobs) == self.logprobs_sent:  # none asked for, or none new: no pass over the text
             return ()
-        visible = max(self.logprobs_sent, min(len(self.logprobs), self.decoder.visible_tokens()))
+        shown = len(self.logprobs) if every else self.decoder.visible_tokens()
+        visible = max(self.logprobs_sent, min(len(self.logprobs), shown))
         taken, self.logprobs_sent = tuple(self.logprobs[self.logprobs_sent : visible]), visible
         return taken
 

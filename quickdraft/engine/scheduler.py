@@ -17,6 +17,7 @@ class QueueFull(QuickdraftError):
 
 
 PROMPT_FORWARD_TOKENS = 2048  # the most prompt tokens one forward reads when nothing decodes
+SCORED_PROMPT_TOKENS = 256  # ... and of a prompt whose every position's logits are kept ([256, V] floats a forward)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ class Scheduler:
 
         While no request is decoding there is no one for a long prompt to stall: the oldest prompt is read in
         forwards of up to ``PROMPT_FORWARD_TOKENS`` (each forward reads all the weights again; longer ones would
-        only hold more activations: a 32k-token prompt read whole would need gigabytes)."""
+        only hold more activations: a 32k-token prompt read whole would need gigabytes); a prompt whose
+        log-probabilities are asked for (every position's logits kept) in forwards of up to ``SCORED_PROMPT_TOKENS``."""
         budget, chunks = self.settings.prefill_tokens_per_step, []
         reading = [state for state in self.running if state.prefilled < state.prompt_length]
         if reading and not any(state.decoding for state in self.running):
@@ -130,7 +132,9 @@ class Scheduler:
         for state in self.running:
             unread = state.prompt_length - state.prefilled
             if unread > 0 and budget > 0:
-                chunks.append((state, min(unread, budget)))
+                chunks.append(
+                    (state, min(unread, budget, SCORED_PROMPT_TOKENS if state.request.scores_prompt else unread))
+                )
                 budget -= chunks[-1][1]
         return chunks
 

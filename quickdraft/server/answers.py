@@ -108,6 +108,7 @@ async def stream_chunks(
     calls = [api.tools.call_filter() if api.tools else None for _ in range(api.n)]  # hold back what may open a call
     thoughts = [api.thinking.stream() if api.thinking else None for _ in range(api.n)]  # reasoning apart
     echoed = [api.echo is None] * api.n  # a completion's echoed prompt goes out before its first delta
+    echo_logprobs = api.echo is not None and api.serve.config.logprobs is not None
     if api.chat:
         for index in range(api.n):
             yield sse(chunk_body(api, response_id, None, index=index))
@@ -118,11 +119,11 @@ async def stream_chunks(
             yield sse(track.timeout().body())
             break
         held, thought = calls[index], thoughts[index]
-        if isinstance(event, TokenDelta) and not echoed[index] and api.echo is not None:
-            echoed[index], asked = True, api.serve.config.logprobs is not None
-            prompt = prompt_logprobs_body(api, event.prompt_logprobs, spell) if asked else None
+        if isinstance(event, TokenDelta) and not echoed[index]:
+            echoed[index] = True
+            prompt = prompt_logprobs_body(api, event.prompt_logprobs, spell) if echo_logprobs else None
             yield sse(chunk_body(api, response_id, api.echo, logprobs=prompt, index=index))
-            offsets[index] = len(api.echo)
+            offsets[index] = len(api.echo or "")
         if isinstance(event, TokenDelta):
             logprobs = logprobs_body(api, event.logprobs, spell, offsets[index]) if event.logprobs else None
             offsets[index] += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0

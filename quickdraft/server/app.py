@@ -63,11 +63,11 @@ def create_app(
     tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
     infill_ends = pipeline.infill_end_ids()  # where a fill-in-the-middle answer ends besides the model's end tokens
     template = getattr(pipeline.tokenizer, "chat_template", None)
-    thinks = defaults.split_reasoning and isinstance(template, str) and thinking_of(template)  # reasoning apart
+    tags = thinking_of(template) if defaults.split_reasoning and isinstance(template, str) else None  # reasoning apart
 
     @functools.lru_cache(maxsize=64)
     def opens_thinking(variables: str) -> bool:  # JSON of the template's variables: two renders once, not per request
-        return opened_by(generation_prompt(pipeline.tokenizer, json.loads(variables)))
+        return tags is not None and opened_by(generation_prompt(pipeline.tokenizer, json.loads(variables)), tags)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -127,6 +127,9 @@ def create_app(
     def vocabulary_pieces() -> list[bytes]:  # [V], made on the first request for logprobs
         return token_pieces(pipeline.tokenizer)
 
+    def decode(token_ids: list[int]) -> str:  # an echoed prompt of token ids, special tokens spelled
+        return str(pipeline.tokenizer.decode(token_ids))
+
     def encode(
         prompt: Any, chat: bool, tools: Any = None, template_kwargs: Any = None, suffix: str | None = None
     ) -> list[int]:
@@ -148,15 +151,18 @@ def create_app(
         translated, extra = translate(body) if translate is not None else (body, None)
         try:
             api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
-                parse_request, translated, chat, defaults, encode, pipeline.drafter, tool_format, infill_ends
+                parse_request, translated, chat, defaults, encode, pipeline.drafter, tool_format, infill_ends, decode
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None
-        if thinks and chat:  # whether the template's opening of the answer opens a think block
-            free = api.serve.config.grammar is None  # a grammar holds from the first token: no </think> can come
+        if tags is not None and chat:  # whether the template's opening of the answer opens a think block
+            config = api.serve.config
+            free = config.grammar is None  # a grammar holds from the first token: no </think> can come
             variables = template_kwargs(translated, defaults.template_kwargs)
             opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
-            api = dataclasses.replace(api, thinking=Thinking(opened))
+            kept = dataclasses.replace(config, kept_special_tokens=(*config.kept_special_tokens, tags.open, tags.close))
+            serve = dataclasses.replace(api.serve, config=kept)  # the tags' text, where they are special tokens
+            api = dataclasses.replace(api, serve=serve, thinking=Thinking(opened, tags))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Tagged] = asyncio.Queue()

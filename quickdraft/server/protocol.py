@@ -11,16 +11,17 @@ for completions ``logprobs`` is the number of likeliest tokens to list), ``predi
 ``top_k``, vLLM's ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and ``stop_token_ids``,
 ``drafter`` (a name of ``DRAFTERS``), ``policy`` (``goodput``, ``fixed:K``, …), ``num_draft_tokens``,
 ``max_draft_tokens`` (at most the server's), ``return_token_ids``, ``regex`` or ``grammar`` (xgrammar's EBNF) for
-structured output, and ``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps
-nothing of it). A completion's ``suffix`` (text; "" is the end of the text) asks a code model for the text between its
-prompt and the suffix in its tokenizer's fill-in-the-middle format (:func:`quickdraft.prompts.encode_infill`; a 400
-without one); the answer also ends at the format's padding and separator tokens. ``tools`` and ``tool_choice`` go to
+structured output, and ``cache_prompt`` (llama.cpp's name; default true: false reads the prompt whole and keeps nothing
+of it). A completion's ``suffix`` (text; "" is the end of the text) asks a code model for the text between its prompt
+and the suffix in its tokenizer's fill-in-the-middle format (:func:`quickdraft.prompts.encode_infill`; a 400 without
+one); the answer also ends at the format's padding and separator tokens. ``tools`` and ``tool_choice`` go to
 :mod:`quickdraft.server.tools`. Which other fields are accepted, refused or unknown is :mod:`quickdraft.server.fields`'s
 rule: nothing a client asks for is silently ignored. Without ``max_tokens``, a request gets the server's default, at
-most what the context and the server's caches leave after its prompt. A completion's ``echo`` repeats its prompt of
-text before the answer, with the prompt tokens' log-probabilities where ``logprobs`` asks (the first one null), as
-OpenAI's legacy completions do. A message's role is one of :data:`~quickdraft.server.messages.ROLES`. A bad value
-raises :class:`ApiError` with the status and message a client sees.
+most what the context and the server's caches leave after its prompt. A completion's ``echo`` repeats its prompt (a
+prompt of token ids as their text) before the answer, with the prompt tokens' log-probabilities where ``logprobs`` asks
+(the first one null), as OpenAI's legacy completions do. A message's role is one of
+:data:`~quickdraft.server.messages.ROLES`. A bad value raises :class:`ApiError` with the status and message a client
+sees.
 """
 
 from __future__ import annotations
@@ -108,11 +109,13 @@ def parse_request(
     drafter_named: Callable[[str], Drafter],
     tool_format: ToolFormat | None = None,
     infill_ends: frozenset[int] = frozenset(),
+    decode: Callable[[list[int]], str] | None = None,
 ) -> ApiRequest:
     """Validate a request body; ``encode(prompt or messages, chat, tools, template_kwargs, suffix)`` gives the
     prompt's token ids (a completion's with a ``suffix``: the fill-in-the-middle prompt, whose answer also ends at
     ``infill_ends``) and ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot
-    run); ``tool_format``: the chat template's (``tools.tool_format``), which ``tools`` need."""
+    run); ``tool_format``: the chat template's (``tools.tool_format``), which ``tools`` need; ``decode(ids)``: the
+    text an echoed prompt of token ids repeats (None: such a prompt cannot be echoed)."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
     model = served_model(body, defaults.model_names)
@@ -132,8 +135,8 @@ def parse_request(
     return_token_ids = flag(body, "return_token_ids", False)
     suffix = None if chat else optional_text(body, "suffix")  # fill-in-the-middle: the text the answer goes before
     prompt, echo = (None, False) if chat else (prompt_of(body), flag(body, "echo", False))
-    if echo and (suffix is not None or not isinstance(prompt, str)):
-        raise ApiError(400, "echo repeats a prompt of text, and cannot go with a suffix", "echo")
+    if echo and (suffix is not None or (decode is None and not isinstance(prompt, str))):
+        raise ApiError(400, "echo repeats a prompt of text or token ids, and cannot go with a suffix", "echo")
     try:
         variables = template_kwargs(body, defaults.template_kwargs)
         prompt_ids = (
@@ -192,8 +195,10 @@ def parse_request(
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error), error_param(error, chat)) from None
-    created, echoed = int(time.time()), prompt if echo and isinstance(prompt, str) else None
-    return ApiRequest(serve, chat, stream, include_usage, return_token_ids, tools, model, created, n, echo=echoed)
+    echoed = (prompt if isinstance(prompt, str) else decode(list(prompt_ids)) if decode else None) if echo else None
+    return ApiRequest(
+        serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()), n, echo=echoed
+    )
 
 
 def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:

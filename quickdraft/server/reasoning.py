@@ -2,8 +2,11 @@
 vLLM's reasoning parsers give it.
 
 Rules:
-- Found once per chat template (:func:`thinking_of`): a template that writes ``<think>`` and ``</think>`` (Qwen3,
-  DeepSeek-R1, SmolLM3) has its model's reasoning split off, unless the server runs with ``--reasoning-format none``.
+- Found once per chat template (:func:`thinking_of`): a template that writes a pair of :data:`THINK_TAGS`
+  (``<think>`` and ``</think>``: Qwen3, DeepSeek-R1, SmolLM3; ``[THINK]`` and ``[/THINK]``: Magistral) has its model's
+  reasoning split off, unless the server runs with ``--reasoning-format none``. Where the tags are special tokens,
+  such a request keeps their text in its answer (``GenerationConfig.kept_special_tokens``). Below, ``<think>`` stands
+  for the template's opening tag and ``</think>`` for its closing one.
 - An answer thinks from its start when the template's opening of the assistant's turn (``generation_prompt``, with
   the request's ``chat_template_kwargs``) leaves a ``<think>`` open, unless a grammar constrains the answer (it holds
   from the first token, so no ``</think>`` could come), or when it opens with ``<think>`` itself (leading whitespace
@@ -20,43 +23,54 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OPEN, CLOSE = "<think>", "</think>"
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """The tags a family's templates put around its model's reasoning."""
+
+    open: str
+    close: str
+
+
+THINK_TAGS = (ThinkTags("<think>", "</think>"), ThinkTags("[THINK]", "[/THINK]"))  # looked for in this order
 
 
 @dataclass(frozen=True)
 class Thinking:
-    """A request's reasoning split: whether its answer starts inside a ``<think>`` block the template opened."""
+    """A request's reasoning split: whether its answer starts inside a think block the template opened."""
 
     opened_by_prompt: bool
+    tags: ThinkTags = THINK_TAGS[0]
 
     def split(self, text: str) -> tuple[str | None, str]:
         """A whole answer's reasoning (None when it did not think) and content."""
         stripped = text.lstrip()
-        if not self.opened_by_prompt and not stripped.startswith(OPEN):
+        if not self.opened_by_prompt and not stripped.startswith(self.tags.open):
             return None, text
-        inside = stripped.removeprefix(OPEN) if not self.opened_by_prompt else text
-        reasoning, closed, after = inside.partition(CLOSE)
+        inside = stripped.removeprefix(self.tags.open) if not self.opened_by_prompt else text
+        reasoning, closed, after = inside.partition(self.tags.close)
         return reasoning, after.lstrip() if closed else ""
 
     def stream(self) -> ThinkingFilter:
-        return ThinkingFilter(self.opened_by_prompt)
+        return ThinkingFilter(self.opened_by_prompt, self.tags)
 
 
-def thinking_of(template: str) -> bool:
-    """Whether a chat template's model writes its reasoning between think tags."""
-    return OPEN in template and CLOSE in template
+def thinking_of(template: str) -> ThinkTags | None:
+    """The think tags a chat template's model writes its reasoning between; None for a template without them."""
+    return next((tags for tags in THINK_TAGS if tags.open in template and tags.close in template), None)
 
 
-def opened_by(generation_prompt: str) -> bool:
+def opened_by(generation_prompt: str, tags: ThinkTags = THINK_TAGS[0]) -> bool:
     """Whether the text opening the assistant's turn leaves a think block open."""
-    return generation_prompt.rfind(OPEN) > generation_prompt.rfind(CLOSE)
+    return generation_prompt.rfind(tags.open) > generation_prompt.rfind(tags.close)
 
 
 class ThinkingFilter:
     """A streamed answer's text split as :meth:`Thinking.split` splits it whole: :meth:`feed` gives the reasoning and
     the content to send now; :meth:`finish` what was held at the end."""
 
-    def __init__(self, opened_by_prompt: bool) -> None:
+    def __init__(self, opened_by_prompt: bool, tags: ThinkTags = THINK_TAGS[0]) -> None:
+        self.open, self.close = tags.open, tags.close
         self.state = "reasoning" if opened_by_prompt else "start"  # start -> reasoning -> content, or start -> content
         self.held = ""  # text not sent yet: what may be the opening tag, or the start of the closing one
         self.after_close = False  # the content has started: its leading whitespace is left out
@@ -65,19 +79,19 @@ class ThinkingFilter:
         self.held += delta
         if self.state == "start":
             stripped = self.held.lstrip()
-            if stripped.startswith(OPEN):
-                self.state, self.held = "reasoning", stripped.removeprefix(OPEN)
-            elif OPEN.startswith(stripped):
+            if stripped.startswith(self.open):
+                self.state, self.held = "reasoning", stripped.removeprefix(self.open)
+            elif self.open.startswith(stripped):
                 return "", ""  # may still open with the tag
             else:
                 self.state = "content"
         if self.state == "reasoning":
-            reasoning, closed, after = self.held.partition(CLOSE)
+            reasoning, closed, after = self.held.partition(self.close)
             if closed:
                 self.state, self.held, self.after_close = "content", after, True
                 return reasoning, self._content()
-            sizes = range(min(len(CLOSE) - 1, len(self.held)), 0, -1)
-            keep = next((size for size in sizes if CLOSE.startswith(self.held[-size:])), 0)
+            sizes = range(min(len(self.close) - 1, len(self.held)), 0, -1)
+            keep = next((size for size in sizes if self.close.startswith(self.held[-size:])), 0)
             sent, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
             return sent, ""
         return "", self._content()

@@ -87,14 +87,19 @@ def prompt_logprobs_body(
     api: ApiRequest, prompt_logprobs: Sequence[TokenLogprob], spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any]:
     """An echoed prompt's part of a completion's ``logprobs``: its tokens, each one's log-probability and likeliest
-    alternatives at its position, none for the first (nothing comes before it), offsets from 0."""
+    alternatives at its position, none for the first (nothing comes before it), offsets from 0 into the echoed text
+    (start tokens it does not spell, a BOS, take no characters)."""
     tokens = [spell(token)[0] for token in api.serve.prompt_ids[: len(prompt_logprobs) + 1]]
     tops = [{spell(token)[0]: value for token, value in entry.top if math.isfinite(value)} for entry in prompt_logprobs]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token) if at or (api.echo or "").startswith(token) else 0
     return {
         "tokens": tokens,
         "token_logprobs": [None, *(entry.logprob for entry in prompt_logprobs)],
         "top_logprobs": [None, *tops],
-        "text_offset": list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=0)),
+        "text_offset": offsets,
     }
 
 

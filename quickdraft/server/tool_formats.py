@@ -38,6 +38,7 @@ class ToolFormat:
     body: CallBody = CallBody.JSON
     separator: str = ""  # a named call's, between its name and its arguments
     id_marker: str = ""  # what comes between a named call's name and the id the model gives it ("": no id)
+    bare: str = ""  # what opens a call its model writes without its tags at times (Qwen3-Coder's <function=)
     kept: tuple[str, ...] = ()  # special tokens a tool request's answer keeps as text: its calls are read from them
 
     def written_by(self, template: str) -> bool:
@@ -57,6 +58,18 @@ class ToolFormat:
         return self.tags[0] if self.tags else ""
 
     @functools.cached_property
+    def block(self) -> re.Pattern[str]:
+        """A tagged call (group 1 its JSON; an XML call's group 1 its name, group 2 its parameter blocks, its tags
+        optional where the model may leave them out). Values run to their closing tags: a value cannot end a call."""
+        opening, closing = (re.escape(tag) for tag in self.tags or ("", ""))
+        if self.body is not CallBody.XML:
+            return re.compile(opening + r"\s*(.*?)\s*" + closing, re.DOTALL)
+        parameters = r"((?:<parameter=[^>\n]+>.*?</parameter>\s*)*)"
+        return re.compile(
+            rf"(?:{opening}\s*)?<function=([^>\n]+)>\s*{parameters}</function>(?:\s*{closing})?", re.DOTALL
+        )
+
+    @functools.cached_property
     def named_head(self) -> re.Pattern[str]:
         """A named call from its opening tag to its arguments' JSON: the name (group 1), the id the model gives it
         (group 2, where the format has one), the separator (which a text may have lost)."""
@@ -67,7 +80,8 @@ class ToolFormat:
 HERMES = ToolFormat("Hermes <tool_call> tags", "<tool_call>", ("<tool_call>", "</tool_call>"), "", "arguments",
                     listed=False, parallel=True, unless="<parameter=")  # fmt: skip
 QWEN_XML = ToolFormat("Qwen3-Coder's <function=name> XML", "<parameter=", ("<tool_call>", "</tool_call>"), "",
-                      "arguments", listed=False, parallel=True, body=CallBody.XML)  # fmt: skip
+                      "arguments", listed=False, parallel=True, unless="<seed:tool_call>", body=CallBody.XML,
+                      bare="<function=")  # fmt: skip
 MISTRAL = ToolFormat("Mistral's [TOOL_CALLS]", "[TOOL_CALLS]", None, "[TOOL_CALLS]", "arguments", listed=True,
                      parallel=True, id_length=9, unless="[ARGS]")  # fmt: skip
 MISTRAL_NAMED = ToolFormat("Mistral's [TOOL_CALLS]name[ARGS]", "[ARGS]", ("[TOOL_CALLS]", ""), "", "arguments",

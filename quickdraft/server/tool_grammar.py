@@ -7,8 +7,8 @@ Rules:
   has the model give one.
 - XML calls (Qwen3-Coder's): each in its tags, ``<function=name>`` and a ``<parameter=key>`` block for each of the
   function's properties, in the schema's order, the required ones always, the others where the model writes them.
-  A string property's value is raw text that never holds ``</parameter>`` (its ``enum`` or ``const``, where it gives
-  one), any other property's the JSON its schema allows.
+  A property that may be a string (:func:`is_text`) has raw text that never holds ``</parameter>`` (its ``enum`` or
+  ``const``, where it gives one), any other the JSON its schema allows.
 - One call, unless ``several``. A schema xgrammar cannot follow is a 400 on ``tools``.
 """
 
@@ -55,11 +55,28 @@ def call_schema(function: Mapping[str, Any], arguments_key: str) -> dict[str, An
 
 
 def is_text(schema: Mapping[str, Any]) -> bool:
-    """Whether an XML call writes a property of this schema as raw text: a string (by type, enum or const)."""
-    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
-    if isinstance(values, list) and values:
+    """Whether an XML call writes a property of this schema as raw text: one that may be a string (by its type, a
+    type among others, a branch of ``anyOf``/``oneOf``, its enum or const), or says nothing of its type (vLLM's
+    default)."""
+    values = enum_values(schema)
+    if values:
         return all(isinstance(value, str) for value in values)
-    return schema.get("type") == "string"
+    kinds = value_kinds(schema)
+    return not kinds or "string" in kinds
+
+
+def value_kinds(schema: Mapping[str, Any]) -> set[str]:
+    """The JSON types a property's schema names (its type or types, its ``anyOf``/``oneOf`` branches'); none: any."""
+    kind = schema.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else set()
+    branches = [*(schema.get("anyOf") or ()), *(schema.get("oneOf") or ())]
+    return kinds.union(*(value_kinds(branch) for branch in branches if isinstance(branch, Mapping)))
+
+
+def enum_values(schema: Mapping[str, Any]) -> list[Any] | None:
+    """A property's enum, or its const as one value; None for neither."""
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    return values if isinstance(values, list) and values else None
 
 
 def _named_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
@@ -91,7 +108,7 @@ def _text_value(schema: Mapping[str, Any]) -> Any:
     """A string property's raw value: one of its enum (or its const), else any text without ``</parameter>``."""
     import xgrammar
 
-    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    values = enum_values(schema)
     if values:
         return xgrammar.Grammar.union(*(_literal(value) for value in values))
     # t_i: i characters of </parameter> just read; any other character starts over ("<" from one)

@@ -7,10 +7,10 @@ from __future__ import annotations
 class CallFilter:
     """A streamed answer's text with what may open a call held back: :meth:`feed` gives the content to send now;
     the held text is parsed for calls at the end (:meth:`ToolRequest.split_calls`). ``openers``: what a whole
-    answer of calls may open with; ``tag``: what opens a call inside an answer (Hermes'), if anything."""
+    answer of calls may open with; ``tags``: what may open a call inside an answer (Hermes' tag), if anything."""
 
-    def __init__(self, openers: tuple[str, ...], tag: str | None) -> None:
-        self.openers, self.tag = openers, tag
+    def __init__(self, openers: tuple[str, ...], tags: tuple[str, ...] = ()) -> None:
+        self.openers, self.tags = openers, tags
         self.text = ""  # all of the answer so far
         self.sent = 0  # characters of it sent as content
         self.whole: bool | None = None  # the answer opens as a whole answer of calls would (None: not known yet)
@@ -26,13 +26,14 @@ class CallFilter:
         if self.whole is not False:
             return ""  # may be a whole answer of calls: held to the end
         end = len(self.text)
-        if self.tag is not None:
-            opened = self.text.find(self.tag, self.sent)
-            if opened >= 0:
-                end = opened
-            else:  # a tail that may be the start of the tag waits for the next delta
-                for size in range(min(len(self.tag) - 1, len(self.text) - self.sent), 0, -1):
-                    if self.tag.startswith(self.text[-size:]):
+        if self.tags:
+            opened = [at for tag in self.tags if (at := self.text.find(tag, self.sent)) >= 0]
+            if opened:
+                end = min(opened)
+            else:  # a tail that may be the start of a tag waits for the next delta
+                longest = max(len(tag) for tag in self.tags) - 1
+                for size in range(min(longest, len(self.text) - self.sent), 0, -1):
+                    if any(tag.startswith(self.text[-size:]) for tag in self.tags):
                         end = len(self.text) - size
                         break
             end = max(self.sent, len(self.text[:end].rstrip()))  # whitespace before a call is not content: held too

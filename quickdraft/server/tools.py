@@ -43,13 +43,12 @@ from typing import Any
 from quickdraft.grammar import GrammarSpec
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import TOOL_FORMATS, CallBody, ToolFormat
-from quickdraft.server.tool_grammar import calls_grammar, is_text
+from quickdraft.server.tool_grammar import calls_grammar, is_text, value_kinds
 from quickdraft.server.tool_stream import CallFilter
 
 FENCE = "```json"
 MAX_TOOLS = 128  # OpenAI's limit of functions per request
 ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, in the order looked at
-XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)  # an XML call: name, parameters
 XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)  # key, value
 PYTHON_LITERALS = {"True": True, "False": False, "None": None}
 WHOLE = re.compile(r"\s*(?:```json\s*([\[{].*[\]}])\s*```|([\[{].*[\]}]))\s*", re.DOTALL)  # one JSON value
@@ -88,11 +87,10 @@ class ToolRequest:
             if named := self._named_calls(text):
                 return text[: text.find(self.format.opening)].rstrip(), named
         elif self.format.tags is not None:
-            opening, closing = (re.escape(tag) for tag in self.format.tags)
             calls, first = [], None
             read = self._xml_call if self.format.body is CallBody.XML else self._json_call
-            for match in re.finditer(opening + r"\s*(.*?)\s*" + closing, text, re.DOTALL):
-                if (call := read(match.group(1))) is not None:
+            for match in self.format.block.finditer(text):
+                if (call := read(match)) is not None:
                     first = match.start() if first is None else first
                     calls.append(call)
             if calls:
@@ -110,7 +108,8 @@ class ToolRequest:
         """A streamed answer's filter, holding back what may open a call of this format."""
         extra = (("[",) if self.format.listed else ()) + ((self.format.opener,) if self.format.opener else ())
         openers = ("{", FENCE, *extra)
-        return CallFilter(openers, self.format.tags[0] if self.format.tags else None)
+        tags = (self.format.opening, self.format.bare) if self.format.bare else (self.format.opening,)
+        return CallFilter(openers, tags if self.format.tags else ())
 
     def _named_calls(self, text: str) -> list[dict[str, Any]]:
         """The named calls after each opening tag, in order: a name (an offered function's), an id where the format
@@ -142,19 +141,19 @@ class ToolRequest:
         return {tool["function"]["name"]: (tool["function"].get("parameters") or {}).get("properties") or {}
                 for tool in self.tools}  # fmt: skip
 
-    def _json_call(self, inside: str) -> dict[str, Any] | None:
+    def _json_call(self, block: re.Match[str]) -> dict[str, Any] | None:
         """A tagged call's JSON object (without arguments, a call of none)."""
-        return self._call(_json(inside), needs_arguments=False)
+        return self._call(_json(block.group(1)), needs_arguments=False)
 
-    def _xml_call(self, inside: str) -> dict[str, Any] | None:
-        """A tagged XML call: ``<function=name>`` and its ``<parameter=key>`` blocks, nothing else; each value less
-        one newline at each end, kept as text for a string property (or one the function does not have), else read
-        as JSON (or as the ``True``, ``False``, ``None`` a template's ``| string`` writes), else kept as text."""
-        found = XML_FUNCTION.fullmatch(inside.strip())
-        if found is None or XML_PARAMETER.sub("", found.group(2)).strip():
-            return None
-        name, properties = found.group(1).strip(), self.properties.get(found.group(1).strip(), {})
-        arguments = {key: _typed(value, properties.get(key)) for key, value in XML_PARAMETER.findall(found.group(2))}
+    def _xml_call(self, block: re.Match[str]) -> dict[str, Any] | None:
+        """An XML call: ``<function=name>`` and its ``<parameter=key>`` blocks, in its tags or not; each value less
+        one newline at each end, kept as text for a property that may be a string (or one the function does not
+        have), else read as JSON (or as the ``True``, ``False``, ``None`` a template's ``| string`` writes), else
+        kept as text."""
+        name = block.group(1).strip()
+        properties = self.properties.get(name, {})
+        parameters = XML_PARAMETER.findall(block.group(2))
+        arguments = {key.strip(): _typed(value, properties.get(key.strip())) for key, value in parameters}
         return self._call({"name": name, "arguments": arguments}, needs_arguments=True)
 
     def _call(self, parsed: Any, needs_arguments: bool) -> dict[str, Any] | None:
@@ -178,8 +177,10 @@ class ToolRequest:
 
 
 def _typed(value: str, schema: Any) -> Any:
-    if not isinstance(schema, Mapping) or is_text(schema):
+    if not isinstance(schema, Mapping):
         return value
+    if is_text(schema):
+        return None if value.strip() == "null" and "null" in value_kinds(schema) else value
     parsed = _json(value)
     if parsed is not None or value.strip() == "null":
         return parsed

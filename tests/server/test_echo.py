@@ -73,12 +73,31 @@ def test_a_streamed_echo_is_the_whole_answers(server: Server) -> None:
         assert texts[index] == whole[index].text and logprobs[index] == whole[index].logprobs.token_logprobs
 
 
+def test_an_echo_of_token_ids_is_their_text(server: Server, native: Pipeline) -> None:
+    """As lm-evaluation-harness sends its requests by default: the prompt's ids, echoed as their text."""
+    ids = native.encode(PROMPT)
+    by_ids = server.client().completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=1,
+                                                echo=True).choices[0]  # fmt: skip
+    by_text = complete(server, max_tokens=3, logprobs=1, echo=True).choices[0]
+    assert by_ids.text == by_text.text and by_ids.logprobs == by_text.logprobs
+
+
+def test_an_echoed_answer_ending_at_its_end_token_gives_that_tokens_logprob() -> None:
+    """An evaluation reads the last entry as the generated token's: the end-of-sequence token keeps its entry."""
+    from conftest import tiny_pipeline
+
+    pipeline = tiny_pipeline()
+    eos = next(iter(pipeline.eos_token_ids))
+    with serving(pipeline) as running:
+        choice = running.client().completions.create(model=MODEL, prompt="w1 w2 w3", max_tokens=1, logprobs=1,
+                                                     echo=True, logit_bias={str(eos): 100})  # fmt: skip
+    assert choice.choices[0].finish_reason == "stop" and len(choice.choices[0].logprobs.token_logprobs) == 3 + 1
+
+
 def test_an_echo_that_cannot_be_is_a_clear_400(server: Server) -> None:
     client = server.client()
-    for fields, message in (({"prompt": [1, 2]}, "echo repeats a prompt of text"),
-                            ({"prompt": PROMPT, "suffix": "w1"}, "cannot go with a suffix")):  # fmt: skip
-        with pytest.raises(openai.BadRequestError, match=message):
-            client.completions.create(model=MODEL, max_tokens=2, echo=True, **fields)
+    with pytest.raises(openai.BadRequestError, match="cannot go with a suffix"):
+        client.completions.create(model=MODEL, max_tokens=2, echo=True, prompt=PROMPT, suffix="w1")
     with pytest.raises(openai.BadRequestError, match="goes to /v1/completions"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w1"}], max_tokens=2,
                                        extra_body={"echo": True})  # fmt: skip

@@ -4,6 +4,7 @@ Responses API's reasoning items, out and in."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from test_tools import TIME, char_pipeline
 
 from quickdraft.prompts import generation_prompt
 from quickdraft.server.errors import ApiError
-from quickdraft.server.reasoning import Thinking, opened_by, thinking_of
+from quickdraft.server.reasoning import THINK_TAGS, Thinking, opened_by, thinking_of
 
 # a template whose model thinks: the assistant's turn opens a think block when asked (as DeepSeek-R1's always does)
 THINKING = (
@@ -33,7 +34,11 @@ def test_a_whole_answer_splits_at_the_closing_tag() -> None:
     assert own.split("Paris. <think>x</think>") == (None, "Paris. <think>x</think>")  # not at the start: text
     assert opened.split("hmm</think>  Paris.") == ("hmm", "Paris.") and opened.split("hmm") == ("hmm", "")
     assert opened_by("user: hi\nassistant: <think>\n") and not opened_by("<think>\n\n</think>\n\nassistant: ")
-    assert thinking_of("{{ '<think>' }} ... {{ '</think>' }}") and not thinking_of("<tool_call>")
+    assert thinking_of("{{ '<think>' }} ... {{ '</think>' }}") == THINK_TAGS[0] and not thinking_of("<tool_call>")
+    magistral = Thinking(False, thinking_of("[THINK] ... [/THINK]"))  # type: ignore[arg-type]
+    assert magistral.split("[THINK]hmm[/THINK]\nParis.") == ("hmm", "Paris.")
+    assert magistral.split("<think>x</think>y") == (None, "<think>x</think>y")  # another family's tags are text
+    assert opened_by("[INST]hi[/INST][THINK]", THINK_TAGS[1]) and not opened_by("[INST]hi[/INST][THINK]")
 
 
 def test_a_streamed_answer_splits_as_the_whole_one() -> None:
@@ -41,9 +46,11 @@ def test_a_streamed_answer_splits_as_the_whole_one() -> None:
                "<think>a</thin", "<think>a</think>", "<think>a</think>   ", "hmm</think>ok", "x <think>y</think>",
                "<think>a</think></think>b", "\n<think>\n<think>a</think>b"]  # fmt: skip
     generator = random.Random(0)
-    for opened in (False, True):
-        thinking = Thinking(opened)
-        for answer in answers:
+    brackets = [answer.replace("</think>", "[/THINK]").replace("<think>", "[THINK]").replace("<thi", "[THI")
+                for answer in answers]  # fmt: skip
+    for opened, (tags, told) in itertools.product((False, True), zip(THINK_TAGS, (answers, brackets), strict=True)):
+        thinking = Thinking(opened, tags)
+        for answer in told:
             whole_reasoning, whole_content = thinking.split(answer)
             for _ in range(30):
                 stream, reasoning, content, start = thinking.stream(), "", "", 0

@@ -39,6 +39,7 @@ def xml(*blocks: str, function: str = "search") -> str:
 
 def test_the_xml_template_has_its_format() -> None:
     assert tool_format(XML_TEMPLATE) is QWEN_XML and tool_format(HERMES_TEMPLATE) is HERMES  # both hold <tool_call>
+    assert tool_format("<seed:tool_call> <parameter=") is None  # Seed-OSS's tags are not Qwen's
 
 
 def test_xml_calls_are_split_and_typed_by_their_properties() -> None:
@@ -53,6 +54,16 @@ def test_xml_calls_are_split_and_typed_by_their_properties() -> None:
     assert calls[1]["function"]["arguments"] == "{}" and calls[0]["id"].startswith("call_")
     assert json.loads(request.split_calls(xml("query>\n42\n", "limit>\nmany\n"))[1][0]["function"]["arguments"]) == {
         "query": "42", "limit": "many"}  # fmt: skip  # a string stays text; what is not JSON stays as written
+    bare = "Sure.\n<function=search>\n<parameter=query>\nx </tool_call> </function> y\n</parameter>\n</function>"
+    content, calls = request.split_calls(bare)  # no tags, as Qwen3-Coder leaves them out at times; tags in a value
+    assert content == "Sure." and json.loads(calls[0]["function"]["arguments"]) == {
+        "query": "x </tool_call> </function> y"
+    }
+    loose = ToolRequest(({"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "a": {}, "b": {"type": ["string", "null"]}, "c": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}},),
+        "auto", frozenset({"f"}), QWEN_XML)  # fmt: skip
+    found = loose.split_calls(xml("a>\n42\n", "b>\n2024\n", "c>\nnull\n", function="f"))[1]
+    assert json.loads(found[0]["function"]["arguments"]) == {"a": "42", "b": "2024", "c": None}  # may be strings
     for not_a_call in (xml(function="nope"), "<tool_call>\n<function=search>\n",
                        "<tool_call>\n<function=search>\nstray text\n</function>\n</tool_call>"):  # fmt: skip
         assert request.split_calls(not_a_call) == (not_a_call, []), not_a_call
@@ -62,7 +73,8 @@ def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
     request = ToolRequest((SEARCH,), "auto", frozenset({"search"}), QWEN_XML)
     query, limit = xml("query>\nx\n"), xml("limit>\n2\n")
     answers = [query, f"Sure.\n{query}\n{limit}", "Paris is sunny.", "<tool_", "<tool_call>\n<function=search>\n<p",
-               '{"name": "search", "arguments": {"query": "x"}}']  # fmt: skip
+               '{"name": "search", "arguments": {"query": "x"}}', "Ok <function=search>\n</function>",
+               "a <func"]  # fmt: skip
     generator = random.Random(0)
     for answer in answers:
         whole_content, whole_calls = request.split_calls(answer)

@@ -221,3 +221,17 @@ def test_a_responses_output_with_reasoning_goes_back_as_the_next_turns_input(ser
     chat = client.chat.completions.create(model=MODEL, messages=chat_turn, tools=[TIME], max_tokens=4, temperature=0)  # type: ignore[arg-type,list-item]
     assert thought.type == "reasoning" and after.usage.input_tokens == chat.usage.prompt_tokens
     assert after.output_text == (chat.choices[0].message.content or "")
+
+
+def test_magistrals_special_think_tags_keep_their_text() -> None:
+    """[THINK] and [/THINK] are special tokens in Magistral's vocabulary, which an answer's text leaves out: a request
+    whose reasoning is split keeps theirs, so an answer opening with [THINK] thinks."""
+    from test_tools import CHARS
+
+    template = "{# [THINK] reasons [/THINK] #}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    opening = len(CHARS) + 1  # [THINK]: the first special token after <eos>
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    with serving(char_pipeline(template, ("[THINK]", "[/THINK]"))) as server:
+        biased = server.client().chat.completions.create(**ask, logit_bias={str(opening): 100})  # type: ignore[arg-type]
+    message = biased.choices[0].message
+    assert message.reasoning_content == "[THINK][THINK]" and message.content is None  # opened by its first [THINK]

@@ -47,8 +47,8 @@ def add_command(commands: Any) -> None:
         "--reasoning-format",
         choices=("auto", "none"),
         default="auto",
-        help="auto (default): a thinking model's reasoning, between the <think> tags its chat template writes, goes "
-        "to the message's reasoning_content, as llama-server gives it; none: it stays in the content",
+        help="auto (default): a thinking model's reasoning, between the <think> (or [THINK]) tags its template "
+        "writes, goes to the message's reasoning_content, as llama-server gives it; none: it stays in the content",
     )
     add_serving_arguments(serve)
     serve.add_argument(

@@ -211,13 +211,14 @@ def own_config(gguf_path: Path) -> Any:
 
 def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     """config.json keys for what the GGUF file in ``reader`` says beyond transformers' reading of it: the head width
-    (``attention.key_length``; without it, the embedding width over the heads, as llama.cpp takes it, not a family's
-    default such as Gemma's 256), linear RoPE scaling (``rope.scaling.*``: the global layers' where RoPE differs by
-    layer type), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp stores it: :data:`FREQ_FACTORS_KEY`,
-    which the native runtime reads and :func:`apply_freq_factors` puts on transformers' model), and Phi-3's: its
-    sliding window, LongRoPE (the ``rope_factors_long``/``rope_factors_short`` tensors with
-    ``rope.scaling.original_context_length`` and ``rope.scaling.attn_factor``) and partial rotary
-    (``rope.dimension_count`` below the head width)."""
+    (``attention.key_length``; without it, the embedding width over the heads, as llama.cpp takes it, not a
+    family's default such as Gemma's 256), RoPE scaling (``rope.scaling.*``: the global layers' where RoPE
+    differs by layer type; YaRN's original context and blend bounds, and ``ModelFilesError`` for a YaRN key of
+    :data:`YARN_UNREAD` away from its neutral value), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp
+    stores it: :data:`FREQ_FACTORS_KEY`, which the native runtime reads and :func:`apply_freq_factors` puts on
+    transformers' model), and Phi-3's: its sliding window, LongRoPE (the
+    ``rope_factors_long``/``rope_factors_short`` tensors with ``rope.scaling.original_context_length`` and
+    ``rope.scaling.attn_factor``) and partial rotary (``rope.dimension_count`` below the head width)."""
     architecture = reader.fields["general.architecture"].contents()
 
     def field(key: str) -> Any:

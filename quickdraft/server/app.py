@@ -63,7 +63,8 @@ def create_app(
     tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
     infill_ends = pipeline.infill_end_ids()  # where a fill-in-the-middle answer ends besides the model's end tokens
     template = getattr(pipeline.tokenizer, "chat_template", None)
-    tags = thinking_of(template) if defaults.split_reasoning and isinstance(template, str) else None  # reasoning apart
+    tags = thinking_of(template) if isinstance(template, str) else None  # kept in chat answers' text
+    splits = tags is not None and defaults.split_reasoning  # reasoning apart
 
     @functools.lru_cache(maxsize=64)
     def opens_thinking(variables: str) -> bool:  # JSON of the template's variables: two renders once, not per request
@@ -155,14 +156,15 @@ def create_app(
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None
-        if tags is not None and chat:  # whether the template's opening of the answer opens a think block
+        if tags is not None and chat:  # the tags' text, where they are special tokens, split off or not
             config = api.serve.config
-            free = config.grammar is None  # a grammar holds from the first token: no </think> can come
+            kept = dataclasses.replace(config, kept_special_tokens=(*config.kept_special_tokens, tags.open, tags.close))
+            api = dataclasses.replace(api, serve=dataclasses.replace(api.serve, config=kept))
+        if splits and tags is not None and chat:  # whether the template's opening of the answer opens a think block
+            free = api.serve.config.grammar is None  # a grammar holds from the first token: no </think> can come
             variables = template_kwargs(translated, defaults.template_kwargs)
             opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
-            kept = dataclasses.replace(config, kept_special_tokens=(*config.kept_special_tokens, tags.open, tags.close))
-            serve = dataclasses.replace(api.serve, config=kept)  # the tags' text, where they are special tokens
-            api = dataclasses.replace(api, serve=serve, thinking=Thinking(opened, tags))
+            api = dataclasses.replace(api, thinking=Thinking(opened, tags))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Tagged] = asyncio.Queue()

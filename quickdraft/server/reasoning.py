@@ -2,11 +2,11 @@
 vLLM's reasoning parsers give it.
 
 Rules:
-- Found once per chat template (:func:`thinking_of`): a template that writes a pair of :data:`THINK_TAGS`
-  (``<think>`` and ``</think>``: Qwen3, DeepSeek-R1, SmolLM3; ``[THINK]`` and ``[/THINK]``: Magistral) has its model's
-  reasoning split off, unless the server runs with ``--reasoning-format none``. Where the tags are special tokens,
-  such a request keeps their text in its answer (``GenerationConfig.kept_special_tokens``). Below, ``<think>`` stands
-  for the template's opening tag and ``</think>`` for its closing one.
+- Found once per chat template (:func:`thinking_of`): a template that writes a pair of :data:`THINK_TAGS` (``<think>``
+  and ``</think>``: Qwen3, DeepSeek-R1, SmolLM3; ``[THINK]`` and ``[/THINK]``: Magistral) has its model's reasoning
+  split off, unless the server runs with ``--reasoning-format none``. Where the tags are special tokens, every chat
+  request keeps their text in its answer (``GenerationConfig.kept_special_tokens``), split or not. Below, ``<think>``
+  stands for the template's opening tag and ``</think>`` for its closing one.
 - An answer thinks from its start when the template's opening of the assistant's turn (``generation_prompt``, with
   the request's ``chat_template_kwargs``) leaves a ``<think>`` open, unless a grammar constrains the answer (it holds
   from the first token, so no ``</think>`` could come), or when it opens with ``<think>`` itself (leading whitespace
@@ -40,7 +40,7 @@ class Thinking:
     """A request's reasoning split: whether its answer starts inside a think block the template opened."""
 
     opened_by_prompt: bool
-    tags: ThinkTags = THINK_TAGS[0]
+    tags: ThinkTags
 
     def split(self, text: str) -> tuple[str | None, str]:
         """A whole answer's reasoning (None when it did not think) and content."""
@@ -60,7 +60,7 @@ def thinking_of(template: str) -> ThinkTags | None:
     return next((tags for tags in THINK_TAGS if tags.open in template and tags.close in template), None)
 
 
-def opened_by(generation_prompt: str, tags: ThinkTags = THINK_TAGS[0]) -> bool:
+def opened_by(generation_prompt: str, tags: ThinkTags) -> bool:
     """Whether the text opening the assistant's turn leaves a think block open."""
     return generation_prompt.rfind(tags.open) > generation_prompt.rfind(tags.close)
 
@@ -69,7 +69,7 @@ class ThinkingFilter:
     """A streamed answer's text split as :meth:`Thinking.split` splits it whole: :meth:`feed` gives the reasoning and
     the content to send now; :meth:`finish` what was held at the end."""
 
-    def __init__(self, opened_by_prompt: bool, tags: ThinkTags = THINK_TAGS[0]) -> None:
+    def __init__(self, opened_by_prompt: bool, tags: ThinkTags) -> None:
         self.open, self.close = tags.open, tags.close
         self.state = "reasoning" if opened_by_prompt else "start"  # start -> reasoning -> content, or start -> content
         self.held = ""  # text not sent yet: what may be the opening tag, or the start of the closing one

@@ -34,7 +34,8 @@ class ToolFormat:
     listed: bool  # the calls of a whole answer are a JSON list
     parallel: bool  # the template renders an assistant turn of several calls
     id_length: int = 0  # 0: OpenAI's call_ ids; else ids of this many alphanumerics, as the templates check
-    unless: str = ""  # text of a later variant of the family's templates, which writes calls another way
+    unless: tuple[str, ...] = ()  # texts of other families' templates that hold the marker too, or of a later
+    # variant of this family's, which write calls another way
     body: CallBody = CallBody.JSON
     separator: str = ""  # a named call's, between its name and its arguments
     id_marker: str = ""  # what comes between a named call's name and the id the model gives it ("": no id)
@@ -43,7 +44,7 @@ class ToolFormat:
 
     def written_by(self, template: str) -> bool:
         """Whether a chat template's text has its model write calls in this format."""
-        return self.marker in template and not (self.unless and self.unless in template)
+        return self.marker in template and not any(text in template for text in self.unless)
 
     def call_id(self) -> str:
         return uuid.uuid4().hex[: self.id_length] if self.id_length else f"call_{uuid.uuid4().hex[:24]}"
@@ -78,14 +79,14 @@ class ToolFormat:
 
 
 HERMES = ToolFormat("Hermes <tool_call> tags", "<tool_call>", ("<tool_call>", "</tool_call>"), "", "arguments",
-                    listed=False, parallel=True, unless="<parameter=")  # fmt: skip
+                    listed=False, parallel=True, unless=("<parameter=", "<arg_key>"))  # fmt: skip
 QWEN_XML = ToolFormat("Qwen3-Coder's <function=name> XML", "<parameter=", ("<tool_call>", "</tool_call>"), "",
-                      "arguments", listed=False, parallel=True, unless="<seed:tool_call>", body=CallBody.XML,
+                      "arguments", listed=False, parallel=True, unless=("<seed:tool_call>",), body=CallBody.XML,
                       bare="<function=")  # fmt: skip
 MISTRAL = ToolFormat("Mistral's [TOOL_CALLS]", "[TOOL_CALLS]", None, "[TOOL_CALLS]", "arguments", listed=True,
-                     parallel=True, id_length=9, unless="[ARGS]")  # fmt: skip
+                     parallel=True, id_length=9, unless=("[ARGS]",))  # fmt: skip
 MISTRAL_NAMED = ToolFormat("Mistral's [TOOL_CALLS]name[ARGS]", "[ARGS]", ("[TOOL_CALLS]", ""), "", "arguments",
-                           listed=False, parallel=True, id_length=9, unless="[CALL_ID]", body=CallBody.NAMED,
+                           listed=False, parallel=True, id_length=9, unless=("[CALL_ID]",), body=CallBody.NAMED,
                            separator="[ARGS]", kept=("[TOOL_CALLS]", "[ARGS]"))  # fmt: skip
 MISTRAL_CALL_ID = ToolFormat("Mistral's [TOOL_CALLS]name[CALL_ID]id[ARGS]", "[CALL_ID]", ("[TOOL_CALLS]", ""), "",
                              "arguments", listed=False, parallel=True, id_length=9, body=CallBody.NAMED,

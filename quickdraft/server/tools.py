@@ -9,7 +9,8 @@ Rules:
   ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one) and Llama 3's JSON (``{"name",
   "parameters"}``, the whole answer). A template with none of them cannot take tools (400).
 - A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer, as
-  vLLM keeps them, so its calls can be read (and stop strings can match them); every other special token has none.
+  vLLM keeps them, so its calls can be read (and stop strings can match them); other special tokens have none but
+  a thinking template's tags (:mod:`quickdraft.server.reasoning`).
 - ``tools`` are rendered by the chat template. ``tool_choice``: ``auto`` (the default with tools) lets the model answer
   or call; ``none`` renders no tools and parses no calls; ``required`` and a named function constrain the answer to
   calls of the offered functions (of that function): one or more, one with ``parallel_tool_calls`` false or a format

@@ -28,17 +28,19 @@ THINKING = (
 
 
 def test_a_whole_answer_splits_at_the_closing_tag() -> None:
-    own, opened = Thinking(False), Thinking(True)
+    own, opened = Thinking(False, THINK_TAGS[0]), Thinking(True, THINK_TAGS[0])
     assert own.split("<think>\nhmm\n</think>\n\nParis.") == ("\nhmm\n", "Paris.")
     assert own.split("  <think>still thinking") == ("still thinking", "")  # cut short while thinking
     assert own.split("Paris. <think>x</think>") == (None, "Paris. <think>x</think>")  # not at the start: text
     assert opened.split("hmm</think>  Paris.") == ("hmm", "Paris.") and opened.split("hmm") == ("hmm", "")
-    assert opened_by("user: hi\nassistant: <think>\n") and not opened_by("<think>\n\n</think>\n\nassistant: ")
+    assert opened_by("user: hi\nassistant: <think>\n", THINK_TAGS[0]) and not opened_by(
+        "<think>\n\n</think>\n\nassistant: ", THINK_TAGS[0]
+    )
     assert thinking_of("{{ '<think>' }} ... {{ '</think>' }}") == THINK_TAGS[0] and not thinking_of("<tool_call>")
     magistral = Thinking(False, thinking_of("[THINK] ... [/THINK]"))  # type: ignore[arg-type]
     assert magistral.split("[THINK]hmm[/THINK]\nParis.") == ("hmm", "Paris.")
     assert magistral.split("<think>x</think>y") == (None, "<think>x</think>y")  # another family's tags are text
-    assert opened_by("[INST]hi[/INST][THINK]", THINK_TAGS[1]) and not opened_by("[INST]hi[/INST][THINK]")
+    assert opened_by("[INST]hi[/INST][THINK]", THINK_TAGS[1]) and not opened_by("[INST]hi[/INST][THINK]", THINK_TAGS[0])
 
 
 def test_a_streamed_answer_splits_as_the_whole_one() -> None:
@@ -115,7 +117,7 @@ def test_an_answer_thinks_from_a_block_its_template_opened_unless_a_grammar_hold
 def test_the_template_says_where_an_answer_starts() -> None:
     pipeline = char_pipeline(THINKING)
     assert generation_prompt(pipeline.tokenizer) == "assistant: "
-    assert opened_by(generation_prompt(pipeline.tokenizer, {"open_think": True}))
+    assert opened_by(generation_prompt(pipeline.tokenizer, {"open_think": True}), THINK_TAGS[0])
     assert generation_prompt(pipeline.tokenizer, {"add_generation_prompt": True}) == ""  # refused: no opening known
 
 
@@ -231,7 +233,10 @@ def test_magistrals_special_think_tags_keep_their_text() -> None:
     template = "{# [THINK] reasons [/THINK] #}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     opening = len(CHARS) + 1  # [THINK]: the first special token after <eos>
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
-    with serving(char_pipeline(template, ("[THINK]", "[/THINK]"))) as server:
-        biased = server.client().chat.completions.create(**ask, logit_bias={str(opening): 100})  # type: ignore[arg-type]
-    message = biased.choices[0].message
+    pipeline = char_pipeline(template, ("[THINK]", "[/THINK]"))
+    with serving(pipeline) as split, serving(pipeline, split_reasoning=False) as whole:
+        biased = [server.client().chat.completions.create(**ask, logit_bias={str(opening): 100})  # type: ignore[arg-type]
+                  for server in (split, whole)]  # fmt: skip
+    message = biased[0].choices[0].message
     assert message.reasoning_content == "[THINK][THINK]" and message.content is None  # opened by its first [THINK]
+    assert biased[1].choices[0].message.content == "[THINK]" * 3  # not split: the tags stay in the content

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from quickdraft.engine import GenerationResult, RequestFinished, TokenDelta
 from quickdraft.engine.logprobs import TokenLogprob
 from quickdraft.server import responses_output
-from quickdraft.server.reasoning import Thinking
+from quickdraft.server.reasoning import THINK_TAGS, Thinking
 from quickdraft.server.responses_api import Echo
 from quickdraft.server.tool_formats import HERMES
 from quickdraft.server.tools import ToolRequest
@@ -96,7 +96,7 @@ def test_streamed_answers_end_with_the_whole_answers_output() -> None:
             group = tokens[start : start + generator.randint(1, 3)]
             deltas.append(("".join(group), group))
             start += len(group)
-        thinking = generator.choice([None, Thinking(False), Thinking(True)])
+        thinking = generator.choice([None, Thinking(False, THINK_TAGS[0]), Thinking(True, THINK_TAGS[0])])
         api, vocabulary = api_for(thinking, generator.random() < 0.5), Vocabulary()
         events = answer(vocabulary, tokens, deltas, generator.choice(["eos", "length"]))
         result = events[-1].result
@@ -125,7 +125,7 @@ def test_a_character_split_into_tokens_stays_in_the_reasoning() -> None:
     deltas = [("<think>", ["<think>"]), ("", ["e1"]), ("é", ["e2"]), ("</think>\n\nok", ["</think>", "\n\n", "ok"])]
     events = answer(vocabulary, tokens, deltas, "eos")
     result = events[-1].result
-    api = api_for(Thinking(False), False)
+    api = api_for(Thinking(False, THINK_TAGS[0]), False)
     for output in (responses_output.output_items(api, result, vocabulary.spell),
                    streamed(api, events, vocabulary)[-1]["response"]["output"]):  # fmt: skip
         assert [item["type"] for item in output] == ["reasoning", "message"]

@@ -5,14 +5,22 @@ only, and through the server with and without speculation."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import xgrammar
 from conftest import MODEL, Server, serving
-from test_tools import ASK, CHARS, MISTRAL_TEMPLATE, TIME, WEATHER, char_pipeline
+from test_tools import (
+    ASK,
+    CHARS,
+    MISTRAL_TEMPLATE,
+    TIME,
+    WEATHER,
+    assert_a_required_call_goes_round,
+    assert_streamed_as_whole,
+    char_pipeline,
+)
 
 from quickdraft.server.tool_formats import MISTRAL, MISTRAL_CALL_ID, MISTRAL_NAMED, tool_format
 from quickdraft.server.tools import ToolRequest, parse_tools
@@ -78,20 +86,8 @@ def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
     answers = ['[TOOL_CALLS]f[ARGS]{"x": 1}', 'Sure.\n[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{"y": [1]}',
                "[TOOL_CALLS]f[CALL_ID]abcDEF123[ARGS]{}", "Paris is sunny.", "[TOOL_", "A [ list", "[TOOL_CALLS]h{}",
                '{"name": "f", "arguments": {}}', "[TOOL_CALLS]f[ARGS]{"]  # fmt: skip
-    generator = random.Random(0)
     for found in (MISTRAL_NAMED, MISTRAL_CALL_ID):
-        request = named(found)
-        for answer in answers:
-            whole_content, whole_calls = request.split_calls(answer)
-            for _ in range(20):
-                held, streamed, start = request.call_filter(), "", 0
-                while start < len(answer):
-                    end = start + generator.randint(1, 6)
-                    streamed += held.feed(answer[start:end])
-                    start = end
-                content, calls = request.split_calls(held.text)
-                assert streamed + content[held.sent :] == whole_content, (found.name, answer)
-                assert [c["function"] for c in calls] == [c["function"] for c in whole_calls], (found.name, answer)
+        assert_streamed_as_whole(named(found), answers)
 
 
 def test_named_grammars_follow_the_format() -> None:
@@ -132,31 +128,8 @@ def named_server(request: pytest.FixtureRequest) -> Iterator[Server]:
 
 
 def test_named_calls_through_the_server(named_server: Server) -> None:
-    """A required call, the same with and without speculation and streamed; the conversation it starts rendered
-    again by the template (its call and id, the tool's result)."""
-    client = named_server.client()
-
-    def call(drafter: str, stream: bool = False) -> Any:
-        return client.chat.completions.create(
-            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=80, temperature=0,
-            extra_body={"drafter": drafter}, stream=stream, parallel_tool_calls=False,
-        )  # fmt: skip
-
-    answers = [call(drafter).choices[0] for drafter in ("none", "draft-model", "hybrid")]
-    first = answers[0].message.tool_calls
-    assert answers[0].finish_reason == "tool_calls" and len(first) == 1 and answers[0].message.content is None
-    assert len(first[0].id) == 9 and first[0].id.isalnum()
-    for answer in answers[1:]:
-        assert [(c.function.name, c.function.arguments) for c in answer.message.tool_calls] == [
-            (c.function.name, c.function.arguments) for c in first]  # fmt: skip
-    chunks = list(call("none", stream=True))
-    streamed = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
-    assert [c.function.name for c in streamed] == [c.function.name for c in first]
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == ""
-    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [first[0].model_dump()]},
-                {"role": "tool", "tool_call_id": first[0].id, "content": "sunny"}]  # fmt: skip
-    again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], max_tokens=8)
-    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    call = assert_a_required_call_goes_round(named_server)
+    assert len(call.id) == 9 and call.id.isalnum()
 
 
 def test_a_tool_request_keeps_the_markers_text_and_others_do_not(named_server: Server) -> None:

@@ -5,14 +5,12 @@ and through the server with and without speculation."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import xgrammar
-from conftest import MODEL, Server, serving
-from test_tools import ASK, HERMES_TEMPLATE, TIME, WEATHER, char_pipeline
+from conftest import Server, serving
+from test_tools import HERMES_TEMPLATE, TIME, assert_a_required_call_goes_round, assert_streamed_as_whole, char_pipeline
 
 from quickdraft.server.tool_formats import HERMES, QWEN_XML, tool_format
 from quickdraft.server.tools import ToolRequest, parse_tools
@@ -75,18 +73,7 @@ def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
     answers = [query, f"Sure.\n{query}\n{limit}", "Paris is sunny.", "<tool_", "<tool_call>\n<function=search>\n<p",
                '{"name": "search", "arguments": {"query": "x"}}', "Ok <function=search>\n</function>",
                "a <func"]  # fmt: skip
-    generator = random.Random(0)
-    for answer in answers:
-        whole_content, whole_calls = request.split_calls(answer)
-        for _ in range(20):
-            held, streamed, start = request.call_filter(), "", 0
-            while start < len(answer):
-                end = start + generator.randint(1, 6)
-                streamed += held.feed(answer[start:end])
-                start = end
-            content, calls = request.split_calls(held.text)
-            assert streamed + content[held.sent :] == whole_content, answer
-            assert [c["function"] for c in calls] == [c["function"] for c in whole_calls], answer
+    assert_streamed_as_whole(request, answers)
 
 
 def test_xml_grammars_follow_each_property() -> None:
@@ -112,26 +99,4 @@ def xml_server() -> Iterator[Server]:
 
 
 def test_xml_calls_through_the_server(xml_server: Server) -> None:
-    """A required call, the same with and without speculation and streamed, and the conversation it starts rendered
-    again by the template (its call, the tool's result)."""
-    client = xml_server.client()
-
-    def call(drafter: str, stream: bool = False) -> Any:
-        return client.chat.completions.create(
-            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=110, temperature=0,
-            extra_body={"drafter": drafter}, stream=stream, parallel_tool_calls=False,
-        )  # fmt: skip
-
-    answers = [call(drafter).choices[0] for drafter in ("none", "draft-model", "hybrid")]
-    first = answers[0].message.tool_calls
-    assert answers[0].finish_reason == "tool_calls" and len(first) == 1 and answers[0].message.content is None
-    for answer in answers[1:]:
-        assert [(c.function.name, c.function.arguments) for c in answer.message.tool_calls] == [
-            (c.function.name, c.function.arguments) for c in first]  # fmt: skip
-    chunks = list(call("none", stream=True))
-    streamed = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
-    assert [c.function.name for c in streamed] == [c.function.name for c in first]
-    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [first[0].model_dump()]},
-                {"role": "tool", "tool_call_id": first[0].id, "content": "sunny"}]  # fmt: skip
-    again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], max_tokens=8)
-    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert_a_required_call_goes_round(xml_server, max_tokens=110)  # a call spelled in characters: 95 of them

@@ -5,6 +5,7 @@ parsing, the stream's hold-back, validation)."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -312,7 +313,6 @@ def test_whole_answer_formats_split_their_calls() -> None:
 def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
     """In every format, over random chunkings: the content streamed before the end plus what the end sends is the
     whole answer's content, and the calls are the whole answer's."""
-    import random
 
     call, listed = (
         '{"name": "f", "arguments": {"x": 1}}',
@@ -322,20 +322,25 @@ def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
                f"[TOOL_CALLS]{listed}", f"<|python_tag|>{call}", '{"name": "f", "parameters": {}}', "[1, 2]",
                f"Sure.\n<tool_call>\n{call}\n</tool_call>", "Paris is sunny.", "{oops", "[see above]",
                f"{call} and more", "<tool_", '{"name": "f", "arguments": {"x": 1e999}}']  # fmt: skip
-    generator = random.Random(0)
     for found in (HERMES, MISTRAL, LLAMA3_JSON):
-        request = ToolRequest((), "auto", frozenset({"f"}), found)
-        for answer in answers:
-            whole_content, whole_calls = request.split_calls(answer)
-            for _ in range(20):
-                held, streamed, start = request.call_filter(), "", 0
-                while start < len(answer):
-                    end = start + generator.randint(1, 6)
-                    streamed += held.feed(answer[start:end])
-                    start = end
-                content, calls = request.split_calls(held.text)
-                assert streamed + content[held.sent :] == whole_content, (found.name, answer)
-                assert [c["function"] for c in calls] == [c["function"] for c in whole_calls], (found.name, answer)
+        assert_streamed_as_whole(ToolRequest((), "auto", frozenset({"f"}), found), answers)
+
+
+def assert_streamed_as_whole(request: ToolRequest, answers: list[str], rounds: int = 20) -> None:
+    """Over random chunkings of each answer: the content streamed before the end plus what the end sends is the
+    whole answer's content, and the calls are the whole answer's."""
+    generator = random.Random(0)
+    for answer in answers:
+        whole_content, whole_calls = request.split_calls(answer)
+        for _ in range(rounds):
+            held, streamed, start = request.call_filter(), "", 0
+            while start < len(answer):
+                end = start + generator.randint(1, 6)
+                streamed += held.feed(answer[start:end])
+                start = end
+            content, calls = request.split_calls(held.text)
+            assert streamed + content[held.sent :] == whole_content, (request.format.name, answer)
+            assert [c["function"] for c in calls] == [c["function"] for c in whole_calls], (request.format.name, answer)
 
 
 def test_malformed_answers_and_choices_are_content_or_400s() -> None:
@@ -385,12 +390,19 @@ def test_each_format_calls_and_goes_on_after_the_result(format_server: Server) -
     """A required call through the server, the same with and without speculation, streamed as deltas, and the
     conversation it starts rendered again by the template (calls with their ids, the tool's result). One call: a
     random model lists calls until the budget cuts the list, and a cut list is no JSON."""
-    client = format_server.client()
+    assert_a_required_call_goes_round(format_server)
+
+
+def assert_a_required_call_goes_round(server: Server, max_tokens: int = 80) -> Any:
+    """One required call (a random model lists calls until the budget cuts the list) through ``server``: the same
+    with and without speculation, streamed as deltas, and the conversation it starts rendered again by the
+    template (its call and id, the tool's result). The call, as the client reads it."""
+    client = server.client()
 
     def call(drafter: str, stream: bool = False) -> Any:
         return client.chat.completions.create(
-            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=80, temperature=0,
-            extra_body={"drafter": drafter}, stream=stream, parallel_tool_calls=False,
+            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=max_tokens,
+            temperature=0, extra_body={"drafter": drafter}, stream=stream, parallel_tool_calls=False,
         )  # fmt: skip
 
     answers = [call(drafter).choices[0] for drafter in ("none", "draft-model", "hybrid")]
@@ -407,3 +419,4 @@ def test_each_format_calls_and_goes_on_after_the_result(format_server: Server) -
                 {"role": "tool", "tool_call_id": first[0].id, "content": "sunny"}]  # fmt: skip
     again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], max_tokens=8)
     assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    return first[0]

@@ -112,6 +112,22 @@ def start_ids(tokenizer: Any) -> list[int]:
     return next((marked[:at] for at in range(len(marked)) if marked[at : at + len(plain)] == plain), [])
 
 
+@dataclass(frozen=True)
+class ThinkTags:
+    """The tags a family's chat templates put around its model's reasoning."""
+
+    open: str
+    close: str
+
+
+THINK_TAGS = (ThinkTags("<think>", "</think>"), ThinkTags("[THINK]", "[/THINK]"))  # looked for in this order
+
+
+def thinking_of(template: str) -> ThinkTags | None:
+    """The think tags a chat template's model writes its reasoning between; None for a template without them."""
+    return next((tags for tags in THINK_TAGS if tags.open in template and tags.close in template), None)
+
+
 def encode_chat(
     tokenizer: Any,
     messages: Sequence[Mapping[str, Any]],

@@ -26,6 +26,7 @@ from quickdraft.engine import GenerationResult, Request
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.progress import progress_bar
+from quickdraft.prompts import thinking_of
 
 if TYPE_CHECKING:
     from quickdraft.api import PolicySetup
@@ -208,6 +209,9 @@ def run(args: argparse.Namespace) -> None:
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
     if suffix is None:
         prompt_ids = pipeline.encode(prompt, chat=args.chat, template_kwargs=args.chat_template_kwargs)
+        tags = thinking_of(str(pipeline.tokenizer.chat_template)) if args.chat else None
+        if tags is not None:  # a thinking template's tags keep their text where they are special tokens (Magistral's)
+            config = replace(config, kept_special_tokens=(tags.open, tags.close))
     else:  # ends at the model's end tokens and its format's too, as llama.cpp ends an infill
         prompt_ids = pipeline.encode_infill(prompt, suffix)
         config = replace(config, stop_token_ids=config.stop_token_ids + tuple(sorted(pipeline.infill_end_ids())))

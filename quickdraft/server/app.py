@@ -30,14 +30,14 @@ from starlette.exceptions import HTTPException
 from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull
 from quickdraft.errors import QuickdraftError
-from quickdraft.prompts import generation_prompt
+from quickdraft.prompts import generation_prompt, thinking_of
 from quickdraft.server.access import OPEN, WAITED, Access, read_json
 from quickdraft.server.answers import Tagged, Tracker, collect, stream_chunks
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request, template_kwargs
-from quickdraft.server.reasoning import Thinking, opened_by, thinking_of
+from quickdraft.server.reasoning import Thinking, opened_by
 from quickdraft.server.responses import new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events

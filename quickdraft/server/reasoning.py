@@ -2,7 +2,8 @@
 vLLM's reasoning parsers give it.
 
 Rules:
-- Found once per chat template (:func:`thinking_of`): a template that writes a pair of :data:`THINK_TAGS` (``<think>``
+- Found once per chat template (:func:`quickdraft.prompts.thinking_of`): a template that writes a pair of
+  :data:`~quickdraft.prompts.THINK_TAGS` (``<think>``
   and ``</think>``: Qwen3, DeepSeek-R1, SmolLM3; ``[THINK]`` and ``[/THINK]``: Magistral) has its model's reasoning
   split off, unless the server runs with ``--reasoning-format none``. Where the tags are special tokens, every chat
   request keeps their text in its answer (``GenerationConfig.kept_special_tokens``), split or not. Below, ``<think>``
@@ -23,16 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class ThinkTags:
-    """The tags a family's templates put around its model's reasoning."""
-
-    open: str
-    close: str
-
-
-THINK_TAGS = (ThinkTags("<think>", "</think>"), ThinkTags("[THINK]", "[/THINK]"))  # looked for in this order
+from quickdraft.prompts import ThinkTags
 
 
 @dataclass(frozen=True)
@@ -53,11 +45,6 @@ class Thinking:
 
     def stream(self) -> ThinkingFilter:
         return ThinkingFilter(self.opened_by_prompt, self.tags)
-
-
-def thinking_of(template: str) -> ThinkTags | None:
-    """The think tags a chat template's model writes its reasoning between; None for a template without them."""
-    return next((tags for tags in THINK_TAGS if tags.open in template and tags.close in template), None)
 
 
 def opened_by(generation_prompt: str, tags: ThinkTags) -> bool:

@@ -14,9 +14,9 @@ import pytest
 from conftest import MODEL, TIMEOUT, Server, serving
 from test_tools import TIME, char_pipeline
 
-from quickdraft.prompts import generation_prompt
+from quickdraft.prompts import THINK_TAGS, generation_prompt, thinking_of
 from quickdraft.server.errors import ApiError
-from quickdraft.server.reasoning import THINK_TAGS, Thinking, opened_by, thinking_of
+from quickdraft.server.reasoning import Thinking, opened_by
 
 # a template whose model thinks: the assistant's turn opens a think block when asked (as DeepSeek-R1's always does)
 THINKING = (

@@ -16,8 +16,9 @@ from pydantic import TypeAdapter
 
 from quickdraft.engine import GenerationResult, RequestFinished, TokenDelta
 from quickdraft.engine.logprobs import TokenLogprob
+from quickdraft.prompts import THINK_TAGS
 from quickdraft.server import responses_output
-from quickdraft.server.reasoning import THINK_TAGS, Thinking
+from quickdraft.server.reasoning import Thinking
 from quickdraft.server.responses_api import Echo
 from quickdraft.server.tool_formats import HERMES
 from quickdraft.server.tools import ToolRequest

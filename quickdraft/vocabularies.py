@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from quickdraft.prompts import start_ids
 from quickdraft.tokens import common_prefix_length
 
 BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -154,10 +155,7 @@ class VocabularyBridge:
         self.draft_of = pairs
         self.shared_target_ids = torch.tensor(sorted(pairs), dtype=torch.long)  # [S]
         self.shared_draft_ids = torch.tensor([pairs[i] for i in sorted(pairs)], dtype=torch.long)  # [S]
-        with_start = draft_tokenizer("a").input_ids
-        self.draft_start = tuple(
-            with_start[: len(with_start) - len(draft_tokenizer("a", add_special_tokens=False).input_ids)]
-        )
+        self.draft_start = tuple(start_ids(draft_tokenizer))
         self.single_bytes = {piece[0]: j for j, piece in enumerate(self.draft_pieces) if len(piece) == 1}
         self._draft_tokens: dict[int, tuple[int, ...]] = {}
 

@@ -63,8 +63,7 @@ def create_app(
     tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
     infill_ends = pipeline.infill_end_ids()  # where a fill-in-the-middle answer ends besides the model's end tokens
     template = getattr(pipeline.tokenizer, "chat_template", None)
-    tags = thinking_of(template) if isinstance(template, str) else None  # kept in chat answers' text
-    splits = tags is not None and defaults.split_reasoning  # reasoning apart
+    tags = thinking_of(template) if isinstance(template, str) else None  # kept in chat answers' text, split off or not
 
     @functools.lru_cache(maxsize=64)
     def opens_thinking(variables: str) -> bool:  # JSON of the template's variables: two renders once, not per request
@@ -156,15 +155,15 @@ def create_app(
             )
         except ApiError as error:
             raise error if translate is None else renamed(error) from None
-        if tags is not None and chat:  # the tags' text, where they are special tokens, split off or not
+        if tags is not None and chat:  # the tags' text, where they are special tokens
             config = api.serve.config
             kept = dataclasses.replace(config, kept_special_tokens=(*config.kept_special_tokens, tags.open, tags.close))
             api = dataclasses.replace(api, serve=dataclasses.replace(api.serve, config=kept))
-        if splits and tags is not None and chat:  # whether the template's opening of the answer opens a think block
-            free = api.serve.config.grammar is None  # a grammar holds from the first token: no </think> can come
-            variables = template_kwargs(translated, defaults.template_kwargs)
-            opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
-            api = dataclasses.replace(api, thinking=Thinking(opened, tags))
+            if defaults.split_reasoning:  # whether the template's opening of the answer opens a think block
+                free = config.grammar is None  # a grammar holds from the first token: no </think> can come
+                variables = template_kwargs(translated, defaults.template_kwargs)
+                opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
+                api = dataclasses.replace(api, thinking=Thinking(opened, tags))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Tagged] = asyncio.Queue()

@@ -142,7 +142,7 @@ def parse_request(
         prompt_ids = (
             encode(chat_messages(body), True, None if tools is None else tools.tools, variables)
             if chat
-            else (encode(prompt, False) if suffix is None else encode(prompt, False, suffix=suffix))
+            else encode(prompt, False, suffix=suffix)
         )
         sampling = SamplingParams(
             temperature=_number(body, "temperature", 1.0),
@@ -195,7 +195,9 @@ def parse_request(
         )  # fmt: skip
     except QuickdraftError as error:  # the library's own validation: empty prompt, bad sampling values, ...
         raise ApiError(400, str(error), error_param(error, chat)) from None
-    echoed = (prompt if isinstance(prompt, str) else decode(list(prompt_ids)) if decode else None) if echo else None
+    echoed = None  # a prompt of token ids echoes as their text (decode is given: checked above)
+    if echo:
+        echoed = prompt if isinstance(prompt, str) else decode(list(prompt_ids)) if decode is not None else None
     return ApiRequest(
         serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()), n, echo=echoed
     )

@@ -89,16 +89,16 @@ def prompt_logprobs_body(
     """An echoed prompt's part of a completion's ``logprobs``: its tokens, each one's log-probability and likeliest
     alternatives at its position, none for the first (nothing comes before it), offsets from 0 into the echoed text
     (start tokens it does not spell, a BOS, take no characters)."""
-    tokens = [spell(token)[0] for token in api.serve.prompt_ids[: len(prompt_logprobs) + 1]]
-    tops = [{spell(token)[0]: value for token, value in entry.top if math.isfinite(value)} for entry in prompt_logprobs]
+    after = logprobs_body(api, prompt_logprobs, spell) or {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+    tokens = [spell(api.serve.prompt_ids[0])[0], *after["tokens"]]
     offsets, at = [], 0
     for token in tokens:
         offsets.append(at)
         at += len(token) if at or (api.echo or "").startswith(token) else 0
     return {
         "tokens": tokens,
-        "token_logprobs": [None, *(entry.logprob for entry in prompt_logprobs)],
-        "top_logprobs": [None, *tops],
+        "token_logprobs": [None, *after["token_logprobs"]],
+        "top_logprobs": [None, *after["top_logprobs"]],
         "text_offset": offsets,
     }
 

@@ -109,8 +109,7 @@ class ToolRequest:
         """A streamed answer's filter, holding back what may open a call of this format."""
         extra = (("[",) if self.format.listed else ()) + ((self.format.opener,) if self.format.opener else ())
         openers = ("{", FENCE, *extra)
-        tags = (self.format.opening, self.format.bare) if self.format.bare else (self.format.opening,)
-        return CallFilter(openers, tags if self.format.tags else ())
+        return CallFilter(openers, tuple(tag for tag in (self.format.opening, self.format.bare) if tag))
 
     def _named_calls(self, text: str) -> list[dict[str, Any]]:
         """The named calls after each opening tag, in order: a name (an offered function's), an id where the format

@@ -220,7 +220,7 @@ def test_the_servers_largest_gamma_is_a_requests_default_and_limit() -> None:
     defaults = ServerDefaults(("m",), max_draft_tokens=4)
 
     def parse(body: dict[str, object]):  # -> ApiRequest
-        return parse_request(body, False, defaults, lambda *_: [1, 2], lambda _: NoDrafter())
+        return parse_request(body, False, defaults, lambda *_, **__: [1, 2], lambda _: NoDrafter())
 
     assert parse({"prompt": "w1"}).serve.config.max_draft_tokens == 4
     with pytest.raises(ApiError, match="max_draft_tokens is at most 4"):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from quickdraft.vocabularies import special_ids
 
 _INCOMPLETE = "\ufffd"  # what a tokenizer decodes a partial UTF-8 sequence to
+CONTEXT_TOKENS = 5  # the prompt's last tokens an answer is decoded after (as many as vLLM's detokenizer takes)
 
 
 class IncrementalDecoder:
@@ -19,25 +21,42 @@ class IncrementalDecoder:
     partial UTF-8 sequence, and not while its tail could still start a stop string.
     Special tokens have no text, except those named in ``kept_special`` (a tool format's
     markers): their text stays where they are.
+
+    The text is what the tokens add to the text of ``context`` (the prompt's last tokens), as
+    vLLM and llama.cpp decode an answer: a SentencePiece word keeps the space its ``▁`` stands
+    for, which a tokenizer drops at the start of a text it decodes alone. A context whose text
+    ends in a partial UTF-8 character is not used (the answer's first character would span it).
     """
 
     def __init__(
-        self, tokenizer: Any, stop: tuple[str, ...] = (), min_tokens: int = 0, kept_special: tuple[str, ...] = ()
+        self,
+        tokenizer: Any,
+        stop: tuple[str, ...] = (),
+        min_tokens: int = 0,
+        kept_special: tuple[str, ...] = (),
+        context: Sequence[int] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self._dropped = dropped_ids(tokenizer, kept_special) if kept_special else None  # None: skip every special
         self.stop = stop
         self.min_tokens = min_tokens  # stop strings are looked for from the token that makes this many on (vLLM's)
-        self.token_ids: list[int] = []
+        context = list(context[-CONTEXT_TOKENS:])
+        self._ids = context if context and not self._decode(context).endswith(_INCOMPLETE) else []
+        self._first = len(self._ids)  # self._ids[self._first:] are the answer's tokens
         self.text = ""  # all decoded text, cut before a stop string once one is found
         self.stopped_by: str | None = None  # the stop string found (the first of those that start earliest)
-        self._prefix_offset = 0  # window start: tokens before it are in self.text for good
-        self._read_offset = 0  # tokens up to here are in self.text
+        self._prefix_offset = 0  # window start: tokens before it are in self.text for good (or are the context)
+        self._read_offset = self._first  # tokens up to here are in self.text (or are the context)
         self._released = 0  # characters of self.text handed out by release()
         self._hold = max((len(s) for s in stop), default=1) - 1
         self._starts: list[int] = []  # [tokens read] where the text each token completes begins (non-decreasing)
         self._ends: list[int] = []  # [tokens read] and where it ends (non-decreasing)
         self._final = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens added, in order."""
+        return self._ids[self._first :]
 
     @property
     def stopped(self) -> bool:
@@ -46,16 +65,16 @@ class IncrementalDecoder:
 
     def add(self, token_id: int) -> None:
         """Append one committed token; sets ``stopped`` when a stop string is complete."""
-        self.token_ids.append(token_id)
-        window_before = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
-        window_now = self._decode(self.token_ids[self._prefix_offset :])
+        self._ids.append(token_id)
+        window_before = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        window_now = self._decode(self._ids[self._prefix_offset :])
         if len(window_now) <= len(window_before) or window_now.endswith(_INCOMPLETE):
             return
         searched_from = max(0, len(self.text) - self._hold)
         self._read(window_now[len(window_before) :])
         # The earliest occurrence wins, whatever the order of self.stop: one multi-character
         # token can complete several stop strings, and cutting at a later one leaks text.
-        stops = self.stop if len(self.token_ids) >= self.min_tokens else ()
+        stops = self.stop if len(self._ids) - self._first >= self.min_tokens else ()
         found = [(index, stop) for stop in stops if (index := self.text.find(stop, searched_from)) >= 0]
         if found:
             cut = min(index for index, _ in found)
@@ -65,9 +84,9 @@ class IncrementalDecoder:
     def release(self, final: bool = False) -> str:
         """Text that is safe to show now and was not released before. ``final``: the answer has ended, so a
         trailing partial UTF-8 character is released as the tokenizer decodes it (U+FFFD)."""
-        if final and not self._final and not self.stopped and self._read_offset < len(self.token_ids):
-            window_before = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
-            self._read(self._decode(self.token_ids[self._prefix_offset :])[len(window_before) :])
+        if final and not self._final and not self.stopped and self._read_offset < len(self._ids):
+            window_before = self._decode(self._ids[self._prefix_offset : self._read_offset])
+            self._read(self._decode(self._ids[self._prefix_offset :])[len(window_before) :])
         self._final = self._final or final
         end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._hold)
         delta = self.text[self._released : end]
@@ -85,11 +104,11 @@ class IncrementalDecoder:
     def _read(self, text: str) -> None:
         """The tokens since the last read become ``text``, appended (each spans all of it: a character may take
         several tokens)."""
-        read = len(self.token_ids) - self._read_offset
+        read = len(self._ids) - self._read_offset
         self._starts += [len(self.text)] * read
         self._ends += [len(self.text) + len(text)] * read
         self.text += text
-        self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
 
     def _decode(self, token_ids: list[int]) -> str:
         if self._dropped is None:

@@ -92,6 +92,13 @@ def tiny_model(vocab_size: int, seed: int, logit_scale: float = 1.0, num_layers:
     return model
 
 
+def answer_text(tokenizer: Any, prompt_ids: list[int], token_ids: list[int]) -> str:
+    """The text ``token_ids`` add to ``prompt_ids``' text: an answer's text (a word tokenizer's first word keeps
+    the space before it)."""
+    before = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+    return tokenizer.decode([*prompt_ids, *token_ids], skip_special_tokens=True)[len(before) :]
+
+
 def word_tokenizer(vocab_size: int, prefix: str = "w"):  # -> PreTrainedTokenizerFast
     """Words ``w0 .. w{V-2}`` and an end-of-sequence token, split on spaces."""
     return listed_tokenizer([f"{prefix}{i}" for i in range(vocab_size - 1)] + [EOS])

@@ -122,3 +122,27 @@ def test_visible_tokens_are_those_whose_text_is_released() -> None:
     ended.add(0)
     ended.add(1)
     assert ended.release(final=True) == "ab" and ended.visible_tokens() == 1
+
+
+class StrippingTokenizer(PieceTokenizer):
+    """SentencePiece's decoder: a text's leading space (a first word's ``▁``) is dropped."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return super().decode(token_ids).removeprefix(" ")
+
+
+def test_an_answer_is_the_text_it_adds_to_its_prompts() -> None:
+    tokenizer = StrippingTokenizer([" The", " capital", " is", " Paris", "."])
+    alone = IncrementalDecoder(tokenizer)
+    after = IncrementalDecoder(tokenizer, context=[0, 1, 2])
+    assert feed_tokens(alone, [3, 4])[:2] == ["Paris", "."] and feed_tokens(after, [3, 4])[:2] == [" Paris", "."]
+    assert after.token_ids == [3, 4] and after.visible_tokens() == 2
+    stops = IncrementalDecoder(tokenizer, stop=("is P",), context=[0, 1, 2])  # the context's text is not searched
+    assert "".join(feed_tokens(stops, [3, 4])) == " Paris." and not stops.stopped
+
+
+def test_a_context_that_ends_in_a_partial_character_is_not_used() -> None:
+    euro = list("€".encode())
+    decoder = IncrementalDecoder(ByteTokenizer(), context=[*b"ab", euro[0]])
+    assert "".join(feed_tokens(decoder, euro[1:] + list(b"c"))) + decoder.release(final=True) == "\ufffd\ufffdc"
+    assert "".join(feed_tokens(IncrementalDecoder(ByteTokenizer(), context=list(b"ab")), euro)) == "€"

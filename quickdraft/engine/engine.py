@@ -92,7 +92,9 @@ class Engine:
             sink=sink,
             policy=request_policy(request, self.step_lock) if request.policy is None else request.policy,
             generator=make_generator(config.sampling.seed, self.target.device),
-            decoder=IncrementalDecoder(self.tokenizer, config.stop, config.min_tokens, config.kept_special_tokens),
+            decoder=IncrementalDecoder(
+                self.tokenizer, config.stop, config.min_tokens, config.kept_special_tokens, request.prompt_ids
+            ),
             committed=list(request.prompt_ids),
             eos_token_ids=self.eos_token_ids,
         )

@@ -118,10 +118,14 @@ def create_app(
 
     @functools.cache
     def spell(token_id: int) -> tuple[str, bytes]:
-        """A token's text and its own bytes (logprobs' ``bytes``: a byte token's is not its text's U+FFFD)."""
+        """A token's text and its own bytes (logprobs' ``bytes``: a byte token's is not its text's U+FFFD). The text
+        is the token's as it reads after other text: a SentencePiece or WordPiece word keeps the space before it,
+        which a tokenizer drops from a text that starts with it."""
         pieces = vocabulary_pieces()
         text = pipeline.tokenizer.decode([token_id])
-        return text, pieces[token_id] if token_id < len(pieces) and pieces[token_id] else text.encode()
+        piece = pieces[token_id] if token_id < len(pieces) else b""
+        spaced = piece.decode(errors="replace") == f" {text}"
+        return f" {text}" if spaced else text, piece or text.encode()
 
     @functools.cache
     def vocabulary_pieces() -> list[bytes]:  # [V], made on the first request for logprobs

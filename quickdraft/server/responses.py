@@ -88,13 +88,16 @@ def prompt_logprobs_body(
 ) -> dict[str, Any]:
     """An echoed prompt's part of a completion's ``logprobs``: its tokens, each one's log-probability and likeliest
     alternatives at its position, none for the first (nothing comes before it), offsets from 0 into the echoed text
-    (start tokens it does not spell, a BOS, take no characters)."""
+    (start tokens it does not spell, a BOS, take no characters; nor does the space before its first word, which the
+    text drops)."""
     after = logprobs_body(api, prompt_logprobs, spell) or {"tokens": [], "token_logprobs": [], "top_logprobs": []}
-    tokens = [spell(api.serve.prompt_ids[0])[0], *after["tokens"]]
+    tokens, echo = [spell(api.serve.prompt_ids[0])[0], *after["tokens"]], api.echo or ""
     offsets, at = [], 0
     for token in tokens:
         offsets.append(at)
-        at += len(token) if at or (api.echo or "").startswith(token) else 0
+        if not at and not echo.startswith(token):
+            token = token[1:] if token.startswith(" ") and echo.startswith(token[1:]) else ""
+        at += len(token)
     return {
         "tokens": tokens,
         "token_logprobs": [None, *after["token_logprobs"]],

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import adjusted_by_hand, native_pipeline
+from conftest import adjusted_by_hand, answer_text, native_pipeline
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
@@ -102,7 +102,7 @@ def test_min_tokens_ignore_eos_and_stop_token_ids_end_answers_as_plain_decoding_
         ),
     }
     stopped = pipeline.generate(PROMPTS[0], cases["stop_token_ids"][0], drafter="none")
-    assert stopped.text == pipeline.tokenizer.decode(stopped.token_ids[:-1])  # the stop token's text is not in it
+    assert stopped.text == answer_text(pipeline.tokenizer, PROMPTS[0], stopped.token_ids[:-1])  # no stop token's text
     assert stopped.stop_reason == stopper and pipeline.generate(PROMPTS[0], ending, drafter="none").stop_reason is None
     both = pipeline.generate(PROMPTS[0], replace(ending, stop_token_ids=(end,)), drafter="none")
     assert both.token_ids[-1] == end and both.stop_reason is None  # an end-of-sequence token ends it anyway (vLLM)

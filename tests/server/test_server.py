@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from conftest import MODEL, TIMEOUT, Server, native_chat_pipeline, serving
+from conftest import MODEL, TIMEOUT, Server, answer_text, native_chat_pipeline, serving
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
@@ -34,8 +34,9 @@ def greedy(native: Pipeline, prompt_ids: list[int], max_tokens: int) -> list[int
     return native.generate(prompt_ids, GenerationConfig(max_new_tokens=max_tokens), drafter="none").token_ids
 
 
-def text_of(native: Pipeline, token_ids: list[int]) -> str:
-    return native.tokenizer.decode(token_ids, skip_special_tokens=True)
+def text_of(native: Pipeline, token_ids: list[int], prompt_ids: list[int] | None = None) -> str:
+    """``token_ids``' text; after ``prompt_ids``, the text they add to it (an answer's)."""
+    return answer_text(native.tokenizer, prompt_ids or [], token_ids)
 
 
 def test_models_health_and_metrics(server: Server) -> None:
@@ -67,7 +68,7 @@ def test_completions_whole_and_streamed_are_single_request_greedy(server: Server
     )
     choice = whole.choices[0]
     assert choice.token_ids == expected and choice.finish_reason == "length"  # type: ignore[attr-defined]
-    assert choice.text == text_of(native, expected)
+    assert choice.text == text_of(native, expected, native.encode(prompt))
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (6, 10)  # type: ignore[union-attr]
     chunks = list(
         client.completions.create(
@@ -90,7 +91,8 @@ def test_completions_whole_and_streamed_are_single_request_greedy(server: Server
 def test_chat_completions_whole_and_streamed(server: Server, native: Pipeline) -> None:
     client = server.client()
     messages = [{"role": "user", "content": "w3 w1 w4 w1 w5"}]
-    expected = text_of(native, greedy(native, native.encode_chat(messages), 8))
+    prompt_ids = native.encode_chat(messages)
+    expected = text_of(native, greedy(native, prompt_ids, 8), prompt_ids)
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)  # type: ignore[arg-type]
     assert whole.choices[0].message.content == expected and whole.choices[0].message.role == "assistant"
     stream = client.chat.completions.create(
@@ -121,7 +123,7 @@ def test_a_predicted_output_is_drafted_from_and_counted_in_the_usage(server: Ser
         prediction={"type": "content", "content": edited},
         extra_body={"policy": "fixed:4"},  # a fixed γ always takes the copies (goodput may not, on a busy machine)
     )
-    assert whole.choices[0].message.content == text_of(native, expected)
+    assert whole.choices[0].message.content == text_of(native, expected, native.encode_chat(messages))
     details = whole.usage.completion_tokens_details  # type: ignore[union-attr]
     assert details is not None and details.accepted_prediction_tokens > 0
     assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == len(native.encode(edited))
@@ -159,7 +161,7 @@ def test_logprobs_whole_and_streamed_with_and_without_speculation(server: Server
             extra_body={"drafter": drafter, "policy": "fixed:3"} if drafter != "none" else {"drafter": "none"},
         )
         content = whole.choices[0].logprobs.content  # type: ignore[union-attr]
-        assert [entry.token for entry in content] == [text_of(native, [token]) for token in expected]
+        assert [entry.token for entry in content] == [f" {text_of(native, [token])}" for token in expected]  # words
         assert all(len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token for entry in content)
         answers[drafter] = [(entry.token, entry.logprob) for entry in content]
     assert answers["none"] == answers["draft-model"]  # speculation changes no log-probability
@@ -198,7 +200,7 @@ def test_a_chats_later_turns_reuse_the_cached_conversation(native: Pipeline) -> 
             details = answer.usage.prompt_tokens_details  # type: ignore[union-attr]
             assert (details.cached_tokens > 16) == (turn > 0), turn  # type: ignore[union-attr]
             expected = greedy(native, native.encode_chat(messages), 6)
-            assert answer.choices[0].message.content == text_of(native, expected)
+            assert answer.choices[0].message.content == text_of(native, expected, native.encode_chat(messages))
             messages += [{"role": "assistant", "content": answer.choices[0].message.content or ""}]
             messages += [{"role": "user", "content": f"w{turn + 1} w2"}]
         again = client.chat.completions.create(
@@ -260,7 +262,7 @@ def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, nat
 
     texts = asyncio.run(all_at_once())
     for i, text in enumerate(texts):
-        assert text == text_of(native, greedy(native, native.encode(prompts[i]), 6 + i)), i
+        assert text == text_of(native, greedy(native, native.encode(prompts[i]), 6 + i), native.encode(prompts[i])), i
 
 
 BAD_REQUESTS = [  # (path, body, status, words in the message)

@@ -36,7 +36,11 @@ def test_the_ids_are_those_the_server_reads_and_their_text_comes_back(server: Se
     assert of_chat["max_model_len"] == server.engine.target.max_context
     completion = post(server, "/v1/completions", {"prompt": "w1 w2 w3", "max_tokens": 1}).json()
     of_prompt = post(server, "/tokenize", {"prompt": "w1 w2 w3", "return_token_strs": True}).json()
-    assert of_prompt["count"] == completion["usage"]["prompt_tokens"] and of_prompt["token_strs"] == ["w1", "w2", "w3"]
+    assert of_prompt["count"] == completion["usage"]["prompt_tokens"] and of_prompt["token_strs"] == [
+        " w1",
+        " w2",
+        " w3",
+    ]
     assert post(server, "/detokenize", {"tokens": of_prompt["tokens"]}).json() == {"prompt": "w1 w2 w3"}
 
 
@@ -75,7 +79,7 @@ def test_a_chat_template_given_to_the_server_renders_its_conversations(tiny_mode
         client = TestClient(server.app)
         messages = [{"role": "system", "content": "w4"}, {"role": "user", "content": "w1 w2"}]
         tokens = client.post("/tokenize", json={"messages": messages, "return_token_strs": True}).json()["token_strs"]
-        assert tokens == ["w9", "w4", "w8", "w9", "w1", "w2", "w8", "w7"]
+        assert tokens == [" w9", " w4", " w8", " w9", " w1", " w2", " w8", " w7"]  # words after text
     finally:
         server.loop.stop()
     with pytest.raises(ConfigError, match="the chat template cannot be read"):
@@ -87,8 +91,8 @@ def test_a_chat_template_given_to_the_server_renders_its_conversations(tiny_mode
         messages = [{"role": "user", "content": "w1"}]
         default = client.post("/tokenize", json={"messages": messages, "return_token_strs": True}).json()
         mine = {"messages": messages, "return_token_strs": True, "chat_template_kwargs": {"enable_thinking": True}}
-        assert default["token_strs"][-2:] == ["w6", "w7"] and client.post("/tokenize", json=mine).json()[
-            "token_strs"][-2:] == ["w8", "w7"]  # fmt: skip
+        assert default["token_strs"][-2:] == [" w6", " w7"] and client.post("/tokenize", json=mine).json()[
+            "token_strs"][-2:] == [" w8", " w7"]  # fmt: skip
         answer = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()
         assert answer["usage"]["prompt_tokens"] == default["count"]
     with pytest.raises(ConfigError, match="chat_template_kwargs cannot set tokenize"):
@@ -106,7 +110,7 @@ def test_chat_template_kwargs_reach_the_template_on_every_chat_path() -> None:
         plain = post(running, "/tokenize", {"messages": messages, "return_token_strs": True}).json()
         body = {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}}
         quiet = post(running, "/tokenize", body | {"return_token_strs": True}).json()
-        assert plain["token_strs"][-2:] == ["w8", "w7"] and quiet["token_strs"][-3:] == ["w8", "w6", "w7"]
+        assert plain["token_strs"][-2:] == [" w8", " w7"] and quiet["token_strs"][-3:] == [" w8", " w6", " w7"]
         answer = post(running, "/v1/chat/completions", body | {"max_tokens": 1}).json()
         assert answer["usage"]["prompt_tokens"] == quiet["count"]
         for path, bad, words in [

@@ -134,3 +134,20 @@ def test_host_round_trips_per_step_are_counted():
     per_step = syncs / steps
     print(f"synchronizing calls: {syncs} over {steps} target forwards, {per_step:.1f} a step at γ {gamma}")
     assert per_step <= 3 * gamma + 8
+
+
+def test_prompt_and_answer_logprobs_are_read_from_device_logits():
+    """Echo's prompt log-probabilities and an answer's, on GPU tensors: each prompt token's is the model's own at its
+    position (a direct forward's, to fp32 rounding), and speculation changes neither."""
+    pipeline = cuda_pipeline("qwen2", torch.float32, logit_scale=3.0)
+    prompt = PROMPTS[5]
+    logits = pipeline.target.forward(torch.tensor([prompt]), pipeline.target.new_cache())[0]  # [P, V]
+    expected = torch.log_softmax(logits.float(), dim=-1)[torch.arange(len(prompt) - 1), prompt[1:]].tolist()  # [P-1]
+    config = GenerationConfig(max_new_tokens=MAX_NEW, prompt_logprobs=2, logprobs=2, num_draft_tokens=3)
+    results = [pipeline.generate(prompt, config, drafter=drafter) for drafter in ("none", "draft-model")]
+    for result in results:
+        assert [entry.logprob for entry in result.prompt_logprobs] == pytest.approx(expected, abs=1e-4)
+        assert all(len(entry.top) == 2 for entry in result.prompt_logprobs + result.logprobs)
+    plain, ours = results
+    assert ours.token_ids == plain.token_ids and ours.stats.draft_tokens_accepted > 0
+    assert [entry.logprob for entry in ours.logprobs] == pytest.approx([e.logprob for e in plain.logprobs], abs=1e-4)

@@ -19,6 +19,7 @@ class CallBody(enum.Enum):
     JSON = "a JSON object of its name and arguments"
     NAMED = "the function's name, then its arguments' JSON object (Mistral's)"
     XML = "<function=name>, then a <parameter=key> block for each argument (Qwen3-Coder's, Qwen3.5's)"
+    PYTHONIC = "a Python list of calls with keyword arguments, [name(key=value, ...), ...] (Llama 3.2's and 4's)"
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,9 @@ MISTRAL_CALL_ID = ToolFormat("Mistral's [TOOL_CALLS]name[CALL_ID]id[ARGS]", "[CA
                              kept=("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"))  # fmt: skip
 LLAMA3_JSON = ToolFormat("Llama 3's JSON", '"parameters": dictionary of argument name', None, "<|python_tag|>",
                          "parameters", listed=False, parallel=False)  # fmt: skip
-TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON)  # looked for in this order
+PYTHONIC = ToolFormat("pythonic [name(key=value)]", "[func_name1(", None, "", "arguments", listed=True,
+                      parallel=True, body=CallBody.PYTHONIC)  # fmt: skip
+TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON, PYTHONIC)  # in this order
 
 
 def tool_format(template: str) -> ToolFormat | None:

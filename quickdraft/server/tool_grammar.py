@@ -9,6 +9,8 @@ Rules:
   function's properties, in the schema's order, the required ones always, the others where the model writes them.
   A property that may be a string (:func:`is_text`) has raw text that never holds ``</parameter>`` (its ``enum`` or
   ``const``, where it gives one), any other the JSON its schema allows.
+- Pythonic calls: a Python list of ``name(key=value, ...)``, the function's properties as keyword arguments in the
+  schema's order, the required ones always, each value the JSON its schema allows, ``, `` between calls.
 - One call, unless ``several``. A schema xgrammar cannot follow is a 400 on ``tools``.
 """
 
@@ -33,6 +35,9 @@ def calls_grammar(found: ToolFormat, chosen: list[dict[str, Any]], several: bool
         import xgrammar
     except ImportError:
         raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
+    if found.body is CallBody.PYTHONIC:  # a Python list of calls
+        calls = xgrammar.Grammar.union(*(_pythonic_call(tool["function"]) for tool in chosen))
+        return _repeated(calls, several, ", ", around=("[", "]"))
     if found.body is not CallBody.JSON:  # named calls one after another, XML calls a newline between them
         build, separator = (_named_call, "") if found.body is CallBody.NAMED else (_xml_call, "\n")
         calls = xgrammar.Grammar.union(*(build(found, tool["function"]) for tool in chosen))
@@ -104,6 +109,32 @@ def _xml_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
     return xgrammar.Grammar.concat(*parts)
 
 
+def _pythonic_call(function: Mapping[str, Any]) -> Any:
+    """``name(key=value, ...)``: the function's properties as keyword arguments in the schema's order, the required
+    ones always, the others where the model writes them, each value the JSON its schema allows."""
+    import xgrammar
+
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required") or ())
+    blocks = [(key in required, _literal(f"{key}="), _schema(schema))
+              for key, schema in (parameters.get("properties") or {}).items()]  # fmt: skip
+
+    def after(start: int) -> Any:  # blocks[start:] after an argument: each one written is preceded by ", "
+        parts = [xgrammar.Grammar.concat(_literal(", "), key, value) for _, key, value in blocks[start:]]
+        kept = [part if must else xgrammar.Grammar.union(part, _literal("")) for (must, _, _), part in
+                zip(blocks[start:], parts, strict=True)]  # fmt: skip
+        return xgrammar.Grammar.concat(*kept) if kept else _literal("")
+
+    def first(start: int) -> Any:  # blocks[start:] before any argument
+        if start == len(blocks):
+            return _literal("")
+        must, key, value = blocks[start]
+        written = xgrammar.Grammar.concat(key, value, after(start + 1))
+        return written if must else xgrammar.Grammar.union(written, first(start + 1))
+
+    return xgrammar.Grammar.concat(_literal(f"{function['name']}("), first(0), _literal(")"))
+
+
 def _text_value(schema: Mapping[str, Any]) -> Any:
     """A string property's raw value: one of its enum (or its const), else any text without ``</parameter>``."""
     import xgrammar
@@ -120,13 +151,15 @@ def _text_value(schema: Mapping[str, Any]) -> Any:
     return xgrammar.Grammar.from_ebnf("\n".join(rules))
 
 
-def _repeated(call: Any, several: bool, separator: str = "") -> GrammarSpec:
+def _repeated(call: Any, several: bool, separator: str = "", around: tuple[str, str] = ("", "")) -> GrammarSpec:
+    """``call`` once, or one or more times ``separator`` between them where ``several``; ``around`` the whole."""
     text = str(call)
-    if not several:
+    if not several and around == ("", ""):
         return GrammarSpec(GrammarKind.EBNF, text)
     renamed = re.sub(r"^root ::=", "one_call ::=", text, count=1, flags=re.MULTILINE)
-    more = f"({json.dumps(separator)} one_call)*" if separator else "one_call*"
-    return GrammarSpec(GrammarKind.EBNF, f"{renamed}\nroot ::= one_call {more}\n")
+    more = "" if not several else f"({json.dumps(separator)} one_call)*" if separator else "one_call*"
+    opening, closing = (f" {json.dumps(tag)} " if tag else " " for tag in around)
+    return GrammarSpec(GrammarKind.EBNF, f"{renamed}\nroot ::={opening}one_call {more}{closing}\n")
 
 
 def _literal(text: str) -> Any:

@@ -6,8 +6,9 @@ Rules:
   them), Qwen3-Coder's XML (``<tool_call><function=name><parameter=key>value</parameter>…``, as Qwen3-Coder and Qwen3.5
   write them), Mistral's (``[TOOL_CALLS]`` and a JSON list of calls), Mistral's named calls
   (``[TOOL_CALLS]name[ARGS]{arguments}``, one after another, as Mistral Small 3.2, Ministral 3 and Devstral write them;
-  ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one) and Llama 3's JSON (``{"name",
-  "parameters"}``, the whole answer). A template with none of them cannot take tools (400).
+  ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one), Llama 3's JSON (``{"name",
+  "parameters"}``, the whole answer) and pythonic lists (``[name(key=value, ...), ...]``, the whole answer, as Llama 3.2
+  and 4 write them with their pythonic templates). A template with none of them cannot take tools (400).
 - A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer, as
   vLLM keeps them, so its calls can be read (and stop strings can match them); other special tokens have none but
   a thinking template's tags (:mod:`quickdraft.server.reasoning`).
@@ -21,7 +22,9 @@ Rules:
   content. XML calls: the same blocks, each a ``<function=name>`` of ``<parameter=key>`` blocks and nothing else, a
   value less one newline at each end, text for a string property, else JSON where it reads as JSON. Named calls: the
   text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an offered function (its id the
-  model's, where it wrote one of the right shape, unused before). Every format: an answer that is nothing but one call
+  model's, where it wrote one of the right shape, unused before). Pythonic: an answer that is only a Python list of
+  calls by plain names with literal keyword arguments (Python's parser reads it, nothing is evaluated). Every other
+  format: an answer that is nothing but one call
   (Mistral's: a JSON list of calls), bare or in a json fence, after the format's opening token where the text spells it,
   is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a call whose arguments JSON cannot carry
   (1e999, NaN). An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
@@ -34,6 +37,7 @@ Rules:
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import re
@@ -52,6 +56,7 @@ MAX_TOOLS = 128  # OpenAI's limit of functions per request
 ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, in the order looked at
 XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)  # key, value
 PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+NAMED_LITERALS = PYTHON_LITERALS | {"true": True, "false": False, "null": None}  # a pythonic call's, JSON's too
 WHOLE = re.compile(r"\s*(?:```json\s*([\[{].*[\]}])\s*```|([\[{].*[\]}]))\s*", re.DOTALL)  # one JSON value
 
 
@@ -96,6 +101,9 @@ class ToolRequest:
                     calls.append(call)
             if calls:
                 return text[:first].rstrip(), calls
+        if self.format.body is CallBody.PYTHONIC:
+            pythonic = self._pythonic_calls(text)
+            return ("", pythonic) if pythonic else (text, [])
         answer = text.lstrip().removeprefix(self.format.opener)  # its opener, where the text spells it
         whole = WHOLE.fullmatch(answer)
         value = _json(whole.group(1) or whole.group(2)) if whole is not None else None
@@ -132,6 +140,29 @@ class ToolRequest:
                     call["id"] = given  # the id the model wrote, which its next turn will refer to
                 calls.append(call)
             at = text.find(self.format.opening, start)
+        return calls
+
+    def _pythonic_calls(self, text: str) -> list[dict[str, Any]]:
+        """A whole answer that is a Python list of calls, each of an offered function by its plain name with keyword
+        arguments whose values are literals (Python's, or JSON's true, false and null); none if anything else is."""
+        try:
+            tree = ast.parse(text.strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python, or nested past the parser's depth
+            return []
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return []
+        calls = []
+        for node in tree.elts:
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+                return []
+            try:
+                arguments = {keyword.arg: _literal(keyword.value) for keyword in node.keywords if keyword.arg}
+            except (ValueError, RecursionError):
+                return []
+            call = self._call({"name": node.func.id, "arguments": arguments}, needs_arguments=True)
+            if call is None or len(arguments) < len(node.keywords):  # **spread arguments are not literals
+                return []
+            calls.append(call)
         return calls
 
     @functools.cached_property
@@ -185,6 +216,26 @@ def _typed(value: str, schema: Any) -> Any:
     if parsed is not None or value.strip() == "null":
         return parsed
     return PYTHON_LITERALS.get(value.strip(), value)
+
+
+def _literal(node: ast.expr) -> Any:
+    """A pythonic call's argument: a literal string, number, True/False/None (or JSON's true/false/null), or a list,
+    tuple or dict of them (a dict's keys strings); anything else, a name or an expression, raises ValueError."""
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float))):
+        return node.value  # True and False are ints
+    if isinstance(node, ast.Name) and node.id in NAMED_LITERALS:
+        return NAMED_LITERALS[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(element) for element in node.elts]
+    if isinstance(node, ast.Dict) and all(key is not None for key in node.keys):
+        keys = [_literal(key) for key in node.keys]  # type: ignore[arg-type]
+        if all(isinstance(key, str) for key in keys):
+            return dict(zip(keys, (_literal(value) for value in node.values), strict=True))
+    raise ValueError("not a literal")
 
 
 def _json(text: str) -> Any:

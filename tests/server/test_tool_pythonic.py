@@ -1,0 +1,86 @@
+"""Pythonic calls (``[name(key=value, ...), ...]``, as Llama 3.2 and Llama 4 write them with their pythonic chat
+templates): found, read with their literal values, streamed and constrained, and through the server with and without
+speculation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import xgrammar
+from conftest import Server, serving
+from test_tools import TIME, WEATHER, assert_a_required_call_goes_round, assert_streamed_as_whole, char_pipeline
+
+from quickdraft.server.tool_formats import LLAMA3_JSON, PYTHONIC, tool_format
+from quickdraft.server.tools import ToolRequest, parse_tools
+
+# Tells the model the format as the pythonic templates do, and renders earlier calls the same way
+PYTHONIC_TEMPLATE = (
+    "{% if tools %}Call as [func_name1(params_name1=params_value1), func_name2(params)]: "
+    "{% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {% if m.content %}{{ m.content }}{% endif %}"
+    "{% if m.tool_calls %}[{% for c in m.tool_calls %}{{ c.function.name }}("
+    "{% for k, v in c.function.arguments.items() %}{{ k }}={{ v | tojson }}{% if not loop.last %}, {% endif %}"
+    "{% endfor %}){% if not loop.last %}, {% endif %}{% endfor %}]{% endif %}\n{% endfor %}assistant: "
+)
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
+    "query": {"type": "string"}, "limit": {"type": "integer"}, "exact": {"type": "boolean"},
+    "filters": {"type": "object"}}, "required": ["query"]}}}  # fmt: skip
+
+
+def test_the_pythonic_template_has_its_format() -> None:
+    assert tool_format(PYTHONIC_TEMPLATE) is PYTHONIC
+    assert tool_format('"parameters": dictionary of argument name and its value') is LLAMA3_JSON
+
+
+def test_a_list_of_calls_is_read_with_its_literal_values() -> None:
+    request = ToolRequest((SEARCH, TIME), "auto", frozenset({"search", "get_time"}), PYTHONIC)
+    content, calls = request.split_calls(
+        ' [search(query="fast", limit=3, exact=true, filters={"year": 2024, "tags": [None, -1.5]}), get_time()]\n'
+    )
+    assert content == "" and [call["function"]["name"] for call in calls] == ["search", "get_time"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "query": "fast", "limit": 3, "exact": True, "filters": {"year": 2024, "tags": [None, -1.5]}}  # fmt: skip
+    assert calls[1]["function"]["arguments"] == "{}" and calls[0]["id"].startswith("call_")
+    python = request.split_calls("[search(query='x', exact=False, filters=None)]")[1]
+    assert json.loads(python[0]["function"]["arguments"]) == {"query": "x", "exact": False, "filters": None}
+    for not_calls in ('Sure: [search(query="x")]', '[search("x")]', "[nope()]", "[search(query=x)]", "[]",
+                      'search(query="x")', "[search(**kwargs)]", "[search(query=1e999)]", "[search(query=f())]",
+                      "[os.system(query='x')]", "[" * 10_000 + "]" * 10_000, "[search(query='x'"):  # fmt: skip
+        assert request.split_calls(not_calls) == (not_calls, []), not_calls
+
+
+def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
+    request = ToolRequest((SEARCH, TIME), "auto", frozenset({"search", "get_time"}), PYTHONIC)
+    answers = ['[search(query="x"), get_time()]', "The weather is fine.", "[1, 2] are numbers", "[search(",
+               ' [get_time()] ', "a [get_time()]"]  # fmt: skip
+    assert_streamed_as_whole(request, answers)
+
+
+def test_pythonic_grammars_follow_each_property() -> None:
+    for parallel in (True, False):
+        body = {"tools": [SEARCH, TIME], "tool_choice": "required", "parallel_tool_calls": parallel}
+        request = parse_tools(body, PYTHONIC)
+        grammar = xgrammar.Grammar.from_ebnf(request.grammar().text)  # type: ignore[union-attr]
+        one = '[search(query="a b", limit=3, filters={"y": 1})]'
+        accepted = {one: True, '[search(query="x")]': True, "[get_time()]": True,
+                    '[search(query="x", exact=false)]': True, '[search(query="x"), get_time()]': parallel,
+                    "[search(limit=3)]": False, '[search(limit=3, query="x")]': False,  # no query; order
+                    '[search(query="x",)]': False, '[search(query="x", limit="3")]': False, "get_time()": False,
+                    "[]": False, f"{one}x": False}  # fmt: skip
+        for text, expected in accepted.items():
+            assert xgrammar.testing._is_grammar_accept_string(grammar, text) == expected, (parallel, text)
+            if expected:
+                assert request.split_calls(text)[1], f"what the grammar allows is read as calls: {text}"  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="module")
+def pythonic_server() -> Iterator[Server]:
+    with serving(char_pipeline(PYTHONIC_TEMPLATE)) as running:
+        yield running
+
+
+def test_pythonic_calls_through_the_server(pythonic_server: Server) -> None:
+    call = assert_a_required_call_goes_round(pythonic_server)
+    assert call.function.name in (WEATHER["function"]["name"], TIME["function"]["name"])

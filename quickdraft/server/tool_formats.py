@@ -97,7 +97,9 @@ LLAMA3_JSON = ToolFormat("Llama 3's JSON", '"parameters": dictionary of argument
                          "parameters", listed=False, parallel=False)  # fmt: skip
 PYTHONIC = ToolFormat("pythonic [name(key=value)]", "[func_name1(", None, "", "arguments", listed=True,
                       parallel=True, body=CallBody.PYTHONIC)  # fmt: skip
-TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON, PYTHONIC)  # in this order
+PHI4_MINI = ToolFormat("Phi-4-mini's functools[...]", "functools[", None, "functools", "arguments", listed=True,
+                       parallel=True)  # fmt: skip
+TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON, PYTHONIC, PHI4_MINI)  # in order
 
 
 def tool_format(template: str) -> ToolFormat | None:

@@ -306,11 +306,19 @@ def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int
     return data.reshape(rows, -1), qtype
 
 
-def write_tiny_gguf(path: Path, architecture: str = "qwen2", tied: bool = False, seed: int = 0, heads: int = 4) -> Path:
+def write_tiny_gguf(
+    path: Path,
+    architecture: str = "qwen2",
+    tied: bool = False,
+    seed: int = 0,
+    heads: int = 4,
+    extra: tuple[str, ...] = (),
+) -> Path:
     """A random two-layer GGUF model (256 wide, vocabulary of 64 byte-level tokens, the last one end-of-sequence)
     with the tensor types of :data:`GGUF_LAYER_TYPES`: ``qwen2`` with q/k/v biases, or ``llama``; ``tied``
     leaves out ``output.weight`` and stores the embedding, which is then the LM head too, as Q6_K (else Q8_0).
-    ``heads`` query heads of 64 (other than 4: heads not as wide as the model over their count, the file says so)."""
+    ``heads`` query heads of 64 (other than 4: heads not as wide as the model over their count, the file says so).
+    ``extra``: more tensors by name, each 64 F32 weights."""
     import gguf
 
     generator = np.random.default_rng(seed)
@@ -342,6 +350,7 @@ def write_tiny_gguf(path: Path, architecture: str = "qwen2", tied: bool = False,
             tensors[f"blk.{layer}.{name}.weight"] = (kind, rows.get(name, hidden), widths.get(name, hidden))
             if architecture == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
                 tensors[f"blk.{layer}.{name}.bias"] = ("F32", 1, rows.get(name, hidden))
+    tensors |= {name: ("F32", 1, 64) for name in extra}
     for name, (kind, count, width) in tensors.items():
         data, qtype = gguf_tensor(generator, kind, count, width)
         writer.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)

@@ -414,6 +414,16 @@ def test_directories_converted_before_load_as_before(tmp_path: Path, monkeypatch
     assert NativeRuntime.supports(directory) and not has_fp32_weights(directory)
 
 
+def test_a_gguf_tensor_transformers_does_not_read_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2 has no q norm: transformers' reader would skip the file's and run the model without it."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    gguf_path = write_tiny_gguf(tmp_path / "normed.gguf", extra=("blk.0.attn_q_norm.weight",))
+    directory = resolve_model(gguf_path, progress=False)
+    with pytest.raises(ModelFilesError, match=r"holds 64 weights that transformers' Qwen2ForCausalLM does not read"):
+        load_hf_model(directory, progress=False)
+    assert not has_fp32_weights(directory)  # nothing saved that a later run would trust
+
+
 def test_a_model_whose_files_lack_a_weight_is_refused(tmp_path: Path) -> None:
     """transformers fills a missing weight with random values: the model would answer, differently every load."""
     from safetensors.torch import load_file, save_file

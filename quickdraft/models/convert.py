@@ -22,6 +22,7 @@ from typing import Any
 
 from quickdraft.errors import ModelFilesError
 from quickdraft.models.gguf_check import check_gguf
+from quickdraft.models.loaded import check_every_tensor_read, check_loading_info
 
 MARKER = "quickdraft-source.json"
 GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights are read from its GGUF file
@@ -350,6 +351,7 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
     except Exception as error:  # transformers raises many types for unreadable files
         raise ModelFilesError(f"cannot convert {source}: {type(error).__name__}: {error}") from error
     check_loading_info(info, source)  # before anything is saved that later runs would trust
+    check_every_tensor_read(model, source)
     damaged = next((name for name, weight in model.state_dict().items() if not torch.isfinite(weight).all()), None)
     if damaged is not None:  # llama.cpp runs such a file and answers nonsense
         raise ModelFilesError(f"{source}'s weight {damaged} holds NaN or infinite values: the file is damaged")
@@ -362,15 +364,6 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
         raise ModelFilesError(f"cannot write the fp32 weights into {directory}: {error}") from error
     if progress:
         print(f"converted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-
-
-def check_loading_info(info: dict[str, Any], where: Path) -> None:
-    """Raise ``ModelFilesError`` for weights the files lack or hold in another shape: transformers would fill them
-    with random values and the model would answer, wrongly."""
-    missing = [*info.get("missing_keys", ()), *(str(key) for key in info.get("mismatched_keys", ()))]
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise ModelFilesError(f"the weights in {where} lack {', '.join(missing[:3])}{more}: the files are incomplete")
 
 
 def apply_freq_factors(model: Any, where: Path) -> None:

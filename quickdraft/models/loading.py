@@ -16,11 +16,11 @@ from quickdraft.files import cache_root, make_once
 from quickdraft.models.catalog import KNOWN_MODELS, file_sha256, unpack
 from quickdraft.models.convert import (
     apply_freq_factors,
-    check_loading_info,
     ensure_fp32_weights,
     is_model_dir,
     write_model_dir,
 )
+from quickdraft.models.loaded import check_loading_info
 
 HUB_PREFIX = "hf:"  # hf:OWNER/REPO/FILE.gguf: a GGUF file on the Hugging Face Hub (or $HF_ENDPOINT)
 

@@ -93,11 +93,13 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     with torch.no_grad():
         reference = model(token_ids).logits
     assert (logits - reference).abs().max() < 0.03 * reference.abs().max(), family
+    if family in ("smollm3", "gemma"):
+        return  # transformers' GGUF reader does not read these families: only the native runtime runs them
+    hf_model = load_hf_model(directory, progress=False)  # every tensor read (the count checked), none left out
     if family == "llama3":  # the transformers runtime's model gets the factors too (its GGUF reader drops them)
-        hf_model = load_hf_model(directory, progress=False)
         frequencies = hf_model.model.rotary_emb.inv_freq
         assert torch.allclose(frequencies, model.model.rotary_emb.inv_freq, rtol=1e-6)
         assert not torch.allclose(frequencies, hf_model.model.rotary_emb.compute_default_rope_parameters(
             hf_model.config)[0], rtol=1e-3)  # fmt: skip
-        with torch.no_grad():
-            assert torch.allclose(hf_model(token_ids).logits, reference, atol=1e-4 * reference.abs().max().item())
+    with torch.no_grad():
+        assert torch.allclose(hf_model(token_ids).logits, reference, atol=1e-4 * reference.abs().max().item()), family

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from quickdraft.models.loaded import CONFIG_TENSORS
 from quickdraft.runtime.native.architecture import GGUF_INTERLEAVED_ROTARY
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import (
@@ -38,8 +39,6 @@ MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# GGUF tensors read into the config, not the weights (convert.gguf_settings): RoPE's frequency factors
-CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 LAYER_NORMS = {  # GGUF names of a layer's norms -> transformers names
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",

@@ -25,7 +25,8 @@ class IncrementalDecoder:
     The text is what the tokens add to the text of ``context`` (the prompt's last tokens), as
     vLLM and llama.cpp decode an answer: a SentencePiece word keeps the space its ``▁`` stands
     for, which a tokenizer drops at the start of a text it decodes alone. A context whose text
-    ends in a partial UTF-8 character is not used (the answer's first character would span it).
+    ends in a partial UTF-8 character is not used (the answer's first character would span it),
+    nor one whose text the answer's tokens would change.
     """
 
     def __init__(
@@ -68,6 +69,10 @@ class IncrementalDecoder:
         self._ids.append(token_id)
         window_before = self._decode(self._ids[self._prefix_offset : self._read_offset])
         window_now = self._decode(self._ids[self._prefix_offset :])
+        if self._prefix_offset < self._first and not window_now.startswith(window_before):
+            del self._ids[: self._first]  # the context's text changes with what follows it: the answer stands alone
+            self._first = self._read_offset = 0
+            window_before, window_now = "", self._decode(self._ids)
         if len(window_now) <= len(window_before) or window_now.endswith(_INCOMPLETE):
             return
         searched_from = max(0, len(self.text) - self._hold)
@@ -111,9 +116,12 @@ class IncrementalDecoder:
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
 
     def _decode(self, token_ids: list[int]) -> str:
+        """The tokens' text as they spell it: no clean-up of spaces before punctuation (which would make a text
+        depend on what follows it, and is not what the model wrote)."""
         if self._dropped is None:
-            return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return self.tokenizer.decode([t for t in token_ids if t not in self._dropped], skip_special_tokens=False)
+            return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        kept = [t for t in token_ids if t not in self._dropped]
+        return self.tokenizer.decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 @functools.lru_cache(maxsize=16)  # a tokenizer's few sets of kept tokens, each made once (thousands of specials)

@@ -8,7 +8,7 @@ from quickdraft.text import IncrementalDecoder
 class ByteTokenizer:
     """Token i is byte i: multi-byte characters span several tokens."""
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: bool) -> str:
         return bytes(token_ids).decode("utf-8", errors="replace")
 
 
@@ -18,7 +18,7 @@ class PieceTokenizer:
     def __init__(self, pieces: list[str]) -> None:
         self.pieces = pieces
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: bool) -> str:
         return "".join(self.pieces[i] for i in token_ids)
 
 
@@ -127,7 +127,7 @@ def test_visible_tokens_are_those_whose_text_is_released() -> None:
 class StrippingTokenizer(PieceTokenizer):
     """SentencePiece's decoder: a text's leading space (a first word's ``▁``) is dropped."""
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: bool) -> str:
         return super().decode(token_ids).removeprefix(" ")
 
 
@@ -146,3 +146,15 @@ def test_a_context_that_ends_in_a_partial_character_is_not_used() -> None:
     decoder = IncrementalDecoder(ByteTokenizer(), context=[*b"ab", euro[0]])
     assert "".join(feed_tokens(decoder, euro[1:] + list(b"c"))) + decoder.release(final=True) == "\ufffd\ufffdc"
     assert "".join(feed_tokens(IncrementalDecoder(ByteTokenizer(), context=list(b"ab")), euro)) == "€"
+
+
+class CleaningTokenizer(PieceTokenizer):
+    """A decoder that cleans up a space before a full stop: a text's end changes with what follows it."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: bool) -> str:
+        return super().decode(token_ids).replace(" .", ".")
+
+
+def test_a_context_whose_text_the_answer_changes_is_not_used() -> None:
+    decoder = IncrementalDecoder(CleaningTokenizer(["Hello", " ", ".", " it"]), context=[0, 1])
+    assert "".join(feed_tokens(decoder, [2, 3])) == ". it" and decoder.token_ids == [2, 3]

@@ -122,7 +122,7 @@ def create_app(
         is the token's as it reads after other text: a SentencePiece or WordPiece word keeps the space before it,
         which a tokenizer drops from a text that starts with it."""
         pieces = vocabulary_pieces()
-        text = pipeline.tokenizer.decode([token_id])
+        text = pipeline.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)  # as answers are decoded
         piece = pieces[token_id] if token_id < len(pieces) else b""
         spaced = piece.decode(errors="replace") == f" {text}"
         return f" {text}" if spaced else text, piece or text.encode()

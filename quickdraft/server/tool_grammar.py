@@ -98,10 +98,9 @@ def _named_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
 def _xml_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
     import xgrammar
 
-    parameters = function.get("parameters") or {}
-    required = set(parameters.get("required") or ())
+    properties, required = _properties(function)
     parts = [_literal(f"{found.opening}\n<function={function['name']}>\n")]
-    for key, schema in (parameters.get("properties") or {}).items():
+    for key, schema in properties.items():
         value = _text_value(schema) if isinstance(schema, Mapping) and is_text(schema) else _schema(schema)
         block = xgrammar.Grammar.concat(_literal(f"<parameter={key}>\n"), value, _literal(f"\n{PARAMETER_END}\n"))
         parts.append(block if key in required else xgrammar.Grammar.union(block, _literal("")))
@@ -114,10 +113,8 @@ def _pythonic_call(function: Mapping[str, Any]) -> Any:
     ones always, the others where the model writes them, each value the JSON its schema allows."""
     import xgrammar
 
-    parameters = function.get("parameters") or {}
-    required = set(parameters.get("required") or ())
-    blocks = [(key in required, _literal(f"{key}="), _schema(schema))
-              for key, schema in (parameters.get("properties") or {}).items()]  # fmt: skip
+    properties, required = _properties(function)
+    blocks = [(key in required, _literal(f"{key}="), _schema(schema)) for key, schema in properties.items()]
 
     def after(start: int) -> Any:  # blocks[start:] after an argument: each one written is preceded by ", "
         parts = [xgrammar.Grammar.concat(_literal(", "), key, value) for _, key, value in blocks[start:]]
@@ -133,6 +130,17 @@ def _pythonic_call(function: Mapping[str, Any]) -> Any:
         return written if must else xgrammar.Grammar.union(written, first(start + 1))
 
     return xgrammar.Grammar.concat(_literal(f"{function['name']}("), first(0), _literal(")"))
+
+
+def _properties(function: Mapping[str, Any]) -> tuple[Mapping[str, Any], set[str]]:
+    """A function's parameters' properties and the names of the required ones; a 400 on ``tools`` where they are
+    not an object and a list."""
+    parameters = function.get("parameters") or {}
+    properties, required = parameters.get("properties") or {}, parameters.get("required") or []
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        message = "a tool's parameters are not a JSON schema a call can follow: properties must be an object"
+        raise ApiError(400, f"{message} and required a list", "tools")
+    return properties, {name for name in required if isinstance(name, str)}
 
 
 def _text_value(schema: Mapping[str, Any]) -> Any:

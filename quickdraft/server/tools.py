@@ -41,7 +41,9 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import keyword
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -157,7 +159,7 @@ class ToolRequest:
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
                 return []
             try:
-                arguments = {keyword.arg: _literal(keyword.value) for keyword in node.keywords if keyword.arg}
+                arguments = {keyword.arg: _python_value(keyword.value) for keyword in node.keywords if keyword.arg}
             except (ValueError, RecursionError):
                 return []
             call = self._call({"name": node.func.id, "arguments": arguments}, needs_arguments=True)
@@ -170,8 +172,9 @@ class ToolRequest:
     def properties(self) -> dict[str, Mapping[str, Any]]:
         """Each offered function's parameters' properties, by the function's name: an XML call's values are typed
         by them."""
-        return {tool["function"]["name"]: (tool["function"].get("parameters") or {}).get("properties") or {}
-                for tool in self.tools}  # fmt: skip
+        found = {tool["function"]["name"]: (tool["function"].get("parameters") or {}).get("properties")
+                 for tool in self.tools}  # fmt: skip
+        return {name: properties if isinstance(properties, Mapping) else {} for name, properties in found.items()}
 
     def _json_call(self, block: re.Match[str]) -> dict[str, Any] | None:
         """A tagged call's JSON object (without arguments, a call of none)."""
@@ -199,7 +202,8 @@ class ToolRequest:
             return None
         try:
             text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
-        except ValueError:  # 1e999 or NaN: no JSON a client can read
+            text.encode()  # a lone surrogate ("\\ud800") is no UTF-8 text a client can read
+        except (ValueError, UnicodeEncodeError):  # 1e999 or NaN: no JSON a client can read
             return None
         return {
             "id": self.format.call_id(),
@@ -219,23 +223,25 @@ def _typed(value: str, schema: Any) -> Any:
     return PYTHON_LITERALS.get(value.strip(), value)
 
 
-def _literal(node: ast.expr) -> Any:
+def _python_value(node: ast.expr) -> Any:
     """A pythonic call's argument: a literal string, number, True/False/None (or JSON's true/false/null), or a list,
     tuple or dict of them (a dict's keys strings); anything else, a name or an expression, raises ValueError."""
-    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float))):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # "\\ud83d\\ude00" as JSON reads it, one emoji
+        return node.value.encode("utf-16", "surrogatepass").decode("utf-16")  # a lone surrogate raises ValueError
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (int, float))):
         return node.value  # True and False are ints
     if isinstance(node, ast.Name) and node.id in NAMED_LITERALS:
         return NAMED_LITERALS[node.id]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _literal(node.operand)
+        value = _python_value(node.operand)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(element) for element in node.elts]
+        return [_python_value(element) for element in node.elts]
     if isinstance(node, ast.Dict) and all(key is not None for key in node.keys):
-        keys = [_literal(key) for key in node.keys]  # type: ignore[arg-type]
+        keys = [_python_value(key) for key in node.keys]  # type: ignore[arg-type]
         if all(isinstance(key, str) for key in keys):
-            return dict(zip(keys, (_literal(value) for value in node.values), strict=True))
+            return dict(zip(keys, (_python_value(value) for value in node.values), strict=True))
     raise ValueError("not a literal")
 
 
@@ -269,6 +275,8 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     names = frozenset(tool["function"]["name"] for tool in tools)
     if len(names) < len(tools):
         raise ApiError(400, "two tools have the same function name", "tools")
+    if found.body is CallBody.PYTHONIC:
+        _check_python_names(tools)
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
@@ -279,6 +287,20 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     if not isinstance(name, str) or name not in names:
         raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
     return ToolRequest(tuple(tools), name, names, found, parallel)
+
+
+def _check_python_names(tools: list[Any]) -> None:
+    """A pythonic call spells its function's name and its arguments' keys as Python names: each must be one (not a
+    keyword, and as Python reads it, which folds some characters into others), or its calls could not be read."""
+    for tool in tools:
+        parameters = tool["function"].get("parameters") or {}
+        properties = parameters.get("properties") if isinstance(parameters.get("properties"), Mapping) else {}
+        for name in (tool["function"]["name"], *properties):
+            if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)) or (
+                unicodedata.normalize("NFKC", name) != name
+            ):
+                message = f"{name!r} is not a Python name, as this model's pythonic calls spell names and keys"
+                raise ApiError(400, message, "tools")
 
 
 def _is_function(tool: Any) -> bool:

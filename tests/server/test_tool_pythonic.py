@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import xgrammar
 from conftest import Server, serving
 from test_tools import TIME, WEATHER, assert_a_required_call_goes_round, assert_streamed_as_whole, char_pipeline
 
-from quickdraft.server.tool_formats import LLAMA3_JSON, PYTHONIC, tool_format
+from quickdraft.server.errors import ApiError
+from quickdraft.server.tool_formats import LLAMA3_JSON, PYTHONIC, QWEN_XML, tool_format
 from quickdraft.server.tools import ToolRequest, parse_tools
 
 # Tells the model the format as the pythonic templates do, and renders earlier calls the same way
@@ -49,6 +51,35 @@ def test_a_list_of_calls_is_read_with_its_literal_values() -> None:
                       'search(query="x")', "[search(**kwargs)]", "[search(query=1e999)]", "[search(query=f())]",
                       "[os.system(query='x')]", "[" * 10_000 + "]" * 10_000, "[search(query='x'"):  # fmt: skip
         assert request.split_calls(not_calls) == (not_calls, []), not_calls
+
+
+def test_strings_read_as_json_reads_them_and_lone_surrogates_are_no_call() -> None:
+    request = ToolRequest((SEARCH,), "auto", frozenset({"search"}), PYTHONIC)
+    emoji = request.split_calls('[search(query="\\ud83d\\ude00")]')[1]  # a pair, as JSON escapes an emoji
+    assert json.loads(emoji[0]["function"]["arguments"]) == {"query": "\U0001f600"}
+    for lone in ('[search(query="\\ud800")]', '[search(query=["\\udfff"])]'):
+        assert request.split_calls(lone) == (lone, []), lone  # no UTF-8 text a client could read
+
+
+def test_names_a_pythonic_call_cannot_spell_are_400s() -> None:
+    def tool(name: str, key: str = "q") -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "parameters": {"properties": {key: {}}}}}
+
+    for bad in (tool("get-weather"), tool("f", "from"), tool("f", "user id"), tool("\ufb01nd"), tool("class")):
+        with pytest.raises(ApiError, match="not a Python name"):
+            parse_tools({"tools": [bad]}, PYTHONIC)
+    assert parse_tools({"tools": [tool("get_weather", "city")]}, PYTHONIC) is not None
+    assert parse_tools({"tools": [tool("get-weather")]}, LLAMA3_JSON) is not None  # JSON formats spell any name
+
+
+def test_parameters_that_are_no_schema_are_400s_not_500s() -> None:
+    for parameters in ({"properties": ["q"]}, {"properties": {"q": {}}, "required": True}):
+        bad = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+        for found in (PYTHONIC, QWEN_XML):
+            request = parse_tools({"tools": [bad], "tool_choice": "required"}, found)
+            with pytest.raises(ApiError, match="properties must be an object"):
+                request.grammar()  # type: ignore[union-attr]
+            assert request.split_calls("[f()]") is not None  # type: ignore[union-attr]  # read all the same
 
 
 def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:

@@ -345,7 +345,8 @@ def assert_streamed_as_whole(request: ToolRequest, answers: list[str], rounds: i
 
 def test_malformed_answers_and_choices_are_content_or_400s() -> None:
     request = ToolRequest((), "auto", frozenset({"f"}), MISTRAL)
-    for answer in ("[" * 100_000 + "]" * 100_000, '[{"name": "f", "arguments": {"x": NaN}}]'):
+    for answer in ("[" * 100_000 + "]" * 100_000, '[{"name": "f", "arguments": {"x": NaN}}]',
+                   '[{"name": "f", "arguments": {"x": "\\ud800"}}]'):  # fmt: skip  # a lone surrogate: no UTF-8
         assert request.split_calls(answer) == (answer, [])
     for choice in ({"type": "function", "function": "f"}, {"function": {"name": ["f"]}}, {"function": None}):
         with pytest.raises(ApiError, match="tool_choice must be"):

@@ -287,10 +287,12 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     bias = torch.randn(config.hidden_size, generator=generator)
     no_norm, eps = torch.empty(0), config.rms_norm_eps
     for kernel_bias in (torch.empty(0), bias):
-        combined = kernels.combine_residual(gemm_out, row_scale, kernel_bias, no_norm, eps, x)
+        combined = kernels.combine_residual(gemm_out, row_scale, kernel_bias, no_norm, eps, 1.0, x)
         assert torch.equal(combined, x + kernels.combine_rows(gemm_out, row_scale, kernel_bias, passes))
+        scaled = kernels.combine_residual(gemm_out, row_scale, kernel_bias, no_norm, eps, 0.25, x)  # Granite's
+        assert torch.equal(scaled, x + 0.25 * kernels.combine_rows(gemm_out, row_scale, kernel_bias, passes))
     out_norm = torch.rand(config.hidden_size, generator=generator) + 0.5  # Gemma's norm of a sublayer's output
-    combined = kernels.combine_residual(gemm_out, row_scale, bias, out_norm, eps, x)
+    combined = kernels.combine_residual(gemm_out, row_scale, bias, out_norm, eps, 1.0, x)
     expected = x + decoder._rms_norm(kernels.combine_rows(gemm_out, row_scale, bias, passes), out_norm)
     assert torch.allclose(combined, expected, rtol=1e-5, atol=1e-5)
 

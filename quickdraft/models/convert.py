@@ -169,7 +169,7 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
 # GGUF architectures whose config transformers' reader does not read (its tokenizer reader takes any file) -> the
 # model type quickdraft reads them as. Their values are the file's keys over transformers' defaults for that type,
 # which are llama.cpp's where it hardcodes one by architecture (SmolLM3: every 4th layer without RoPE).
-OWN_CONFIGS = {"gemma": "gemma", "smollm3": "smollm3"}
+OWN_CONFIGS = {"gemma": "gemma", "smollm3": "smollm3", "granite": "granite"}
 OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
     "block_count": "num_hidden_layers",
     "embedding_length": "hidden_size",
@@ -180,6 +180,10 @@ OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "context_length": "max_position_embeddings",
     "rope.freq_base": "rope_theta",
+    "embedding_scale": "embedding_multiplier",  # Granite's scalars
+    "residual_scale": "residual_multiplier",
+    "attention.scale": "attention_multiplier",
+    "logit_scale": "logits_scaling",
 }
 
 

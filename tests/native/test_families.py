@@ -98,9 +98,17 @@ def gemma2(vocab: int) -> torch.nn.Module:  # Gemma 2: sandwich norms, local and
     return Gemma2ForCausalLM(config)
 
 
+def granite(vocab: int) -> torch.nn.Module:  # Granite 3: Llama's layers with its four scalars (released ones' sizes)
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    scalars = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0625,
+               "logits_scaling": 8.0}  # fmt: skip
+    return GraniteForCausalLM(tiny_config(GraniteConfig, vocab, 2, tie_word_embeddings=True, **scalars))
+
+
 FAMILIES = {
     "llama3": llama3, "qwen3": qwen3, "qwen3-yarn": qwen3_yarn, "mistral": mistral, "smollm3": smollm3,
-    "gemma3": gemma3, "phi3": phi3, "phi4": phi4, "gemma": gemma, "gemma2": gemma2,
+    "gemma3": gemma3, "phi3": phi3, "phi4": phi4, "gemma": gemma, "gemma2": gemma2, "granite": granite,
 }  # fmt: skip
 
 
@@ -148,6 +156,11 @@ def test_the_config_says_what_the_family_needs(family: str) -> None:
         assert not torch.allclose(rope.inverse_frequencies(config.head_dim), Rope(10000.0).inverse_frequencies(16))
     if family == "gemma2":
         assert config.attention_softcap == 2.0 and config.layer_windows == (5, 0)
+    if family == "granite":
+        assert (config.embedding_scale, config.residual_scale, config.attention_scale, config.logits_divisor) == (
+            12.0, 0.22, 0.0625, 8.0)  # fmt: skip
+    else:
+        assert (config.residual_scale, config.logits_divisor) == (1.0, 1.0)
     assert config.qk_norm == (family in ("qwen3", "qwen3-yarn", "gemma3"))
 
 

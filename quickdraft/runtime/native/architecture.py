@@ -43,6 +43,8 @@ ARCHITECTURES = {
         Architecture("qwen2", "qwen2", attention_bias=True),
         Architecture("qwen3", "qwen3", qk_norm=True),
         Architecture("smollm3", "smollm3", gguf_interleaves_rotary=True, no_rope_key="no_rope_layers"),
+        # Granite: Llama's layers with four scalars, read from its config (config.DecoderConfig.from_hf)
+        Architecture("granite", "granite", gguf_interleaves_rotary=True),
         Architecture("phi3", "phi3", every_layer_slides_key="sliding_window", fused_projections=True),
         Architecture(
             "gemma",

@@ -166,7 +166,7 @@ class DecoderConfig:
     attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
     layer_ropes: tuple[Rope | None, ...]  # per layer: its RoPE, None for a layer without
     layer_windows: tuple[int, ...]  # per layer: its sliding window (the last W positions), 0 for none
-    attention_scale: float  # the scores' factor: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)
+    attention_scale: float  # the scores' factor: 1/sqrt(head_dim), Gemma's 1/sqrt(query_pre_attn_scalar), Granite's own
     qk_norm: bool = False
     sandwich_norms: bool = False
     fused_projections: bool = False  # q/k/v and gate/up each one tensor in the model's files
@@ -176,6 +176,8 @@ class DecoderConfig:
     final_logit_softcap: float | None = None  # logits = cap · tanh(logits / cap)
     attention_softcap: float | None = None  # attention scores the same (Gemma 2)
     activation_passes: int = 1  # 8-bit passes over the decoder layers' linear inputs (linear.quantize_rows)
+    residual_scale: float = 1.0  # each sublayer's output times this before its residual add (Granite's multiplier)
+    logits_divisor: float = 1.0  # the LM head's logits over this, before any softcap (Granite's logits_scaling)
 
     def __post_init__(self) -> None:
         if len(self.layer_ropes) != self.num_layers or len(self.layer_windows) != self.num_layers:
@@ -220,7 +222,10 @@ class DecoderConfig:
         if "sliding_attention" in layer_types and window <= 0:
             raise ValueError("sliding-window layers need a sliding_window")
         with_rope = [bool(flag) for flag in config.get(family.no_rope_key or "") or [1] * num_layers]
-        scalar = config.get("query_pre_attn_scalar")
+
+        def multiplier(key: str) -> float:  # Granite's scalars; 1 where a family has none
+            return float(config.get(key) or 1.0)
+
         return cls(
             model_type=model_type,
             vocab_size=int(config["vocab_size"]),
@@ -238,16 +243,18 @@ class DecoderConfig:
                 layer_rope(config, kind) if rope else None for kind, rope in zip(layer_types, with_rope, strict=True)
             ),
             layer_windows=tuple(window if kind == "sliding_attention" else 0 for kind in layer_types),
-            attention_scale=float(scalar) ** -0.5 if scalar else 1.0 / math.sqrt(head_dim),
+            attention_scale=attention_scale(config, head_dim),
             qk_norm=family.qk_norm,
             sandwich_norms=family.sandwich_norms,
             fused_projections=family.fused_projections,
             norm_offset=family.norm_offset,
-            embedding_scale=math.sqrt(hidden_size) if family.scales_embedding else 1.0,
+            embedding_scale=math.sqrt(hidden_size) if family.scales_embedding else multiplier("embedding_multiplier"),
             activation=config.get("hidden_activation") or config.get("hidden_act") or family.activation,
             final_logit_softcap=float(softcap) if (softcap := config.get("final_logit_softcapping")) else None,
             attention_softcap=float(cap) if (cap := config.get("attn_logit_softcapping")) else None,
             activation_passes=family.activation_passes,
+            residual_scale=multiplier("residual_multiplier"),
+            logits_divisor=multiplier("logits_scaling"),
         )
 
     @classmethod
@@ -257,6 +264,15 @@ class DecoderConfig:
         file's own keys stand where transformers adds nothing (a family it does not know, keys a GGUF file gave)."""
         written = json.loads((path / "config.json").read_text(encoding="utf-8"))
         return cls.from_hf({**written, **transformers_reading(path)})
+
+
+def attention_scale(config: dict[str, Any], head_dim: int) -> float:
+    """The attention scores' factor: Granite's ``attention_multiplier``, Gemma's 1/sqrt(``query_pre_attn_scalar``),
+    or 1/sqrt(head_dim)."""
+    if config.get("attention_multiplier"):
+        return float(config["attention_multiplier"])
+    scalar = config.get("query_pre_attn_scalar")
+    return float(scalar) ** -0.5 if scalar else 1.0 / math.sqrt(head_dim)
 
 
 def transformers_reading(path: Path) -> dict[str, Any]:

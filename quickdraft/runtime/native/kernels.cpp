@@ -21,7 +21,8 @@
 // rms_norm_quantize:  RMSNorm, then quantize_rows.
 // qkv_rope_cache:     combine_rows of the q/k/v projection, RMSNorm of each q and k head (if the model has it),
 //                     RoPE on q and k, k and v written into the cache.
-// combine_residual:   residual + combine_rows, RMSNorm'd first (if the model norms a sublayer's output).
+// combine_residual:   residual + combine_rows, RMSNorm'd first (if the model norms a sublayer's output), times a
+//                     scale (Granite's residual multiplier; 1 leaves the bits as they are).
 // gated_quantize:     combine_rows of gate/up, act(gate) * up (act: SiLU or tanh-approximated GELU), quantize_rows.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -384,9 +385,10 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
 }
 
 // out: [P·M, N] a GEMM's output (P passes); row_scale [P·M, 1]; bias [N] or empty; norm [N] or empty; residual [M, N].
-// Returns residual + combine_rows(out, row_scale, bias), the combined rows RMSNorm'd by `norm` first if it is given.
+// Returns residual + scale · combine_rows(out, row_scale, bias), the combined rows RMSNorm'd by `norm` first if it is
+// given.
 torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor norm,
-                               double eps, torch::Tensor residual) {
+                               double eps, double scale, torch::Tensor residual) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   residual = float_tensor(residual, "residual");
@@ -399,17 +401,18 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
   auto y = torch::empty({rows, width}, out.options());
   const float* x = residual.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
+  const float s = static_cast<float>(scale);
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> row(w != nullptr ? width : 0);
     for (int64_t r = begin; r < end; ++r) {
       if (w == nullptr) {
         for (int64_t n = 0; n < width; ++n)
-          y_data[r * width + n] = x[r * width + n] + gemm.combined(r, n, b);
+          y_data[r * width + n] = x[r * width + n] + s * gemm.combined(r, n, b);
         continue;
       }
       for (int64_t n = 0; n < width; ++n) row[n] = gemm.combined(r, n, b);
       rms_norm_row(row.data(), w, row.data(), width, static_cast<float>(eps));
-      for (int64_t n = 0; n < width; ++n) y_data[r * width + n] = x[r * width + n] + row[n];
+      for (int64_t n = 0; n < width; ++n) y_data[r * width + n] = x[r * width + n] + s * row[n];
     }
   });
   return y;

@@ -16,7 +16,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
                              std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
                              std::vector<int64_t> row_index, int64_t heads);
 torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor norm,
-                               double eps, torch::Tensor residual);
+                               double eps, double scale, torch::Tensor residual);
 std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_scale, int64_t activation,
                                           int64_t passes);
 void int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor out, int64_t column);

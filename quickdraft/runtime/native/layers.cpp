@@ -59,9 +59,9 @@ struct Layer {
 class Layers {
  public:
   Layers(std::vector<Layer> layers, int64_t heads, double eps, double attention_scale, double attention_softcap,
-         int64_t activation, int64_t passes)
+         double residual_scale, int64_t activation, int64_t passes)
       : layers_(std::move(layers)), heads_(heads), eps_(eps), scale_(attention_scale), softcap_(attention_softcap),
-        activation_(activation), passes_(passes) {}
+        residual_scale_(residual_scale), activation_(activation), passes_(passes) {}
 
   // x [R, H] through the first `count` layers (model.py's _decode_rows; the same arguments). Returns the hidden
   // states [R, H] after each layer count in `capture` (ascending, 1..count), then after the last layer: keeping a
@@ -84,11 +84,11 @@ class Layers {
           quantize_rows(attend(q, keys, values, index, row_slot, row_position, row_index, scale_, layer.window, softcap_),
                         passes_);
       x = combine_residual(layer.out.matmul(attended[0]), attended[1], layer.out.bias, layer.attention_out_norm, eps_,
-                           x);  // [R, H]
+                           residual_scale_, x);  // [R, H]
       normed = rms_norm_quantize(x, layer.post_norm, eps_, passes_);
       auto activated = gated_quantize(layer.gate_up.matmul(normed[0]), normed[1], activation_, passes_);  // [P·R, I]
       x = combine_residual(layer.down.matmul(activated[0]), activated[1], layer.down.bias, layer.mlp_out_norm, eps_,
-                           x);
+                           residual_scale_, x);
       if (next < capture.size() && capture[next] == index + 1) {
         captured.push_back(x);  // combine_residual wrote a new tensor: later layers leave it alone
         ++next;
@@ -102,7 +102,7 @@ class Layers {
  private:
   std::vector<Layer> layers_;
   int64_t heads_;
-  double eps_, scale_, softcap_;
+  double eps_, scale_, softcap_, residual_scale_;
   int64_t activation_, passes_;  // passes: DecoderConfig.activation_passes
 };
 
@@ -117,7 +117,7 @@ void register_layers(pybind11::module& m) {
       .def(py::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, Linear,
                     Linear, Linear, Linear, torch::Tensor, torch::Tensor, int64_t>());
   py::class_<Layers>(m, "Layers")
-      .def(py::init<std::vector<Layer>, int64_t, double, double, double, int64_t, int64_t>())
+      .def(py::init<std::vector<Layer>, int64_t, double, double, double, double, int64_t, int64_t>())
       .def("forward", &Layers::forward, "x [R, H] through the first `count` layers: [captured..., last]",
            py::call_guard<py::gil_scoped_release>());
 }

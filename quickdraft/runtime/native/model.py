@@ -192,10 +192,10 @@ class Decoder:
             keys[slot][index, :, own // KEY_BLOCK, :, own % KEY_BLOCK] = k[r]
             values[slot][index, :, own] = v[r]
         attended = layer.out(self._attend(index, q, keys, values, row_slot, row_position, row_index))  # [R, H]
-        x = x + self._rms_norm(attended, layer.attention_out_norm)
+        x = x + self.config.residual_scale * self._rms_norm(attended, layer.attention_out_norm)
         gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [R, I] each
         activated = ACTIVATION_FUNCTIONS[ACTIVATIONS[self.config.activation]](gate) * up
-        return x + self._rms_norm(layer.down(activated), layer.mlp_out_norm)
+        return x + self.config.residual_scale * self._rms_norm(layer.down(activated), layer.mlp_out_norm)
 
     def _decode_rows(
         self,
@@ -257,14 +257,9 @@ class Decoder:
                 for index, layer in enumerate(self.layers)
             ]
             config = self.config
+            scalars = (config.rms_norm_eps, self.attention_scale, config.attention_softcap or 0, config.residual_scale)
             self._layers_spec = kernels.Layers(
-                specs,
-                config.num_heads,
-                config.rms_norm_eps,
-                self.attention_scale,
-                config.attention_softcap or 0.0,
-                ACTIVATIONS[config.activation],
-                config.activation_passes,
+                specs, config.num_heads, *scalars, ACTIVATIONS[config.activation], config.activation_passes
             )
         return self._layers_spec
 
@@ -289,8 +284,9 @@ class Decoder:
         self.focus_head = self.all_rows_head.select_rows(focus) if len(focus) else None
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
-        """cap · tanh(logits / cap) where the model caps its logits (element-wise: a kept logit keeps its bits)."""
-        cap = self.config.final_logit_softcap
+        """Logits over Granite's divisor, then cap · tanh(logits / cap) where capped (element-wise, as every row)."""
+        divisor, cap = self.config.logits_divisor, self.config.final_logit_softcap
+        logits = logits / divisor if divisor != 1.0 else logits
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,14 @@ from quickdraft.engine import Event, GenerationResult, RequestFailed, RequestFin
 from quickdraft.server.errors import ApiError, failure
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiRequest
-from quickdraft.server.responses import chunk_body, logprobs_body, new_id, prompt_logprobs_body, usage_chunk
+from quickdraft.server.responses import (
+    TextOffsets,
+    chunk_body,
+    logprobs_body,
+    new_id,
+    prompt_logprobs_body,
+    usage_chunk,
+)
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting non-streamed request checks that its client is still there
 Tagged = tuple[int, Event]  # a choice's index and one of its events
@@ -104,7 +111,7 @@ async def stream_chunks(
 ) -> AsyncIterator[str]:
     """The answer's chunks as server-sent events (the rules above)."""
     response_id, results = new_id(api.chat), {}
-    offsets = [0] * api.n  # completions' text_offset: characters of each choice's tokens streamed so far
+    offsets = [TextOffsets() for _ in range(api.n)]  # completions' text_offset: where each choice's next token starts
     calls = [api.tools.call_filter() if api.tools else None for _ in range(api.n)]  # hold back what may open a call
     thoughts = [api.thinking.stream() if api.thinking else None for _ in range(api.n)]  # reasoning apart
     echoed = [api.echo is None] * api.n  # a completion's echoed prompt goes out before its first delta
@@ -123,10 +130,9 @@ async def stream_chunks(
             echoed[index] = True
             prompt = prompt_logprobs_body(api, event.prompt_logprobs, spell) if echo_logprobs else None
             yield sse(chunk_body(api, response_id, api.echo, logprobs=prompt, index=index))
-            offsets[index] = len(api.echo or "")
+            offsets[index] = TextOffsets(len(api.echo or ""))
         if isinstance(event, TokenDelta):
             logprobs = logprobs_body(api, event.logprobs, spell, offsets[index]) if event.logprobs else None
-            offsets[index] += sum(len(token) for token in logprobs["tokens"]) if logprobs and not api.chat else 0
             reasoning, text = thought.feed(event.text) if thought is not None else ("", event.text)
             text = text if held is None else held.feed(text)
             if text or reasoning or api.return_token_ids or logprobs:

@@ -3,8 +3,8 @@ the log-probabilities, for an :class:`ApiRequest` (:mod:`quickdraft.server.proto
 
 from __future__ import annotations
 
+import codecs
 import difflib
-import itertools
 import math
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,11 +48,36 @@ def usage(api: ApiRequest, results: Sequence[GenerationResult]) -> dict[str, Any
     return body
 
 
+class TextOffsets:
+    """Where each of a choice's tokens starts in its text (completions' ``text_offset``), from ``start``: the tokens'
+    own bytes read as UTF-8 one after another, so a token inside a character (its text U+FFFD) and the one that
+    completes it both point at that character; a character begun but not completed is one U+FFFD of the text, as
+    the tokenizer decodes it, before the token that breaks it off."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.at = start
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a character's first bytes
+
+    def of(self, pieces: Sequence[bytes]) -> list[int]:
+        """The offsets of the next tokens, by their bytes."""
+        offsets = []
+        for data in pieces:
+            begun = self._utf8.getstate()[0]  # a character's first bytes, read before
+            broken = bool(begun) and not (data and 0x80 <= data[0] <= 0xBF)  # not continued: U+FFFD before it
+            offsets.append(self.at + broken)
+            self.at += len(self._utf8.decode(data))
+        return offsets
+
+
 def logprobs_body(
-    api: ApiRequest, logprobs: Sequence[TokenLogprob], spell: Callable[[int], tuple[str, bytes]], offset: int = 0
+    api: ApiRequest,
+    logprobs: Sequence[TokenLogprob],
+    spell: Callable[[int], tuple[str, bytes]],
+    offsets: TextOffsets | None = None,
 ) -> dict[str, Any] | None:
     """A choice's ``logprobs`` in OpenAI's shape for chat (``content``: token, logprob, bytes, top_logprobs) or
-    completions (tokens, token_logprobs, top_logprobs, text_offset from ``offset``); None when not asked for.
+    completions (tokens, token_logprobs, top_logprobs, text_offset by ``offsets``: from 0 without); None when not
+    asked for.
     ``spell(id)``: a token's text and its bytes (a token that is part of a UTF-8 character reads as U+FFFD, its
     bytes are its own). Alternatives with probability 0 (excluded by top-k or top-p) are left out: JSON has no
     -inf."""
@@ -73,13 +98,11 @@ def logprobs_body(
                 for (text, data), entry, top in zip(spelled, logprobs, tops, strict=True)
             ],
         }
-    tokens = [text for text, _ in spelled]
-    offsets = list(itertools.accumulate((len(token) for token in tokens[:-1]), initial=offset)) if tokens else []
     return {
-        "tokens": tokens,
+        "tokens": [text for text, _ in spelled],
         "token_logprobs": [entry.logprob for entry in logprobs],
         "top_logprobs": [{text: value for (text, _), value in top} for top in tops],
-        "text_offset": offsets,
+        "text_offset": (offsets or TextOffsets()).of([data for _, data in spelled]),
     }
 
 
@@ -88,16 +111,16 @@ def prompt_logprobs_body(
 ) -> dict[str, Any]:
     """An echoed prompt's part of a completion's ``logprobs``: its tokens, each one's log-probability and likeliest
     alternatives at its position, none for the first (nothing comes before it), offsets from 0 into the echoed text
-    (start tokens it does not spell, a BOS, take no characters; nor does the space before its first word, which the
-    text drops)."""
+    (:class:`TextOffsets`; start tokens it does not spell, a BOS, take no characters; nor does the space before its
+    first word, which the text drops)."""
     after = logprobs_body(api, prompt_logprobs, spell) or {"tokens": [], "token_logprobs": [], "top_logprobs": []}
-    tokens, echo = [spell(api.serve.prompt_ids[0])[0], *after["tokens"]], api.echo or ""
-    offsets, at = [], 0
-    for token in tokens:
-        offsets.append(at)
-        if not at and not echo.startswith(token):
-            token = token[1:] if token.startswith(" ") and echo.startswith(token[1:]) else ""
-        at += len(token)
+    tokens, echo, counter = [spell(api.serve.prompt_ids[0])[0], *after["tokens"]], api.echo or "", TextOffsets()
+    offsets = []
+    for token_id, token in zip(api.serve.prompt_ids, tokens, strict=True):
+        data = spell(token_id)[1]
+        if not counter.at and not echo.startswith(token) and "\ufffd" not in token:  # a start token, a dropped space
+            data = data[1:] if token.startswith(" ") and echo.startswith(token[1:]) else b""
+        offsets += counter.of([data])
     return {
         "tokens": tokens,
         "token_logprobs": [None, *after["token_logprobs"]],
@@ -110,7 +133,7 @@ def completion_logprobs(
     api: ApiRequest, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any] | None:
     """A completion choice's ``logprobs``: the answer's, after the echoed prompt's where it echoes."""
-    answer = logprobs_body(api, result.logprobs or [], spell, len(api.echo or ""))
+    answer = logprobs_body(api, result.logprobs or [], spell, TextOffsets(len(api.echo or "")))
     if answer is None or api.echo is None:
         return answer
     prompt = prompt_logprobs_body(api, result.prompt_logprobs or [], spell)

@@ -7,6 +7,7 @@ import httpx
 from conftest import MODEL, TIMEOUT, native_from_hf, serving, tiny_model
 
 from quickdraft.api import Pipeline
+from quickdraft.server.responses import TextOffsets
 from quickdraft.vocabularies import byte_level_chars
 
 TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -51,3 +52,27 @@ def test_each_tokens_bytes_are_its_own() -> None:
     for entry in entries:
         for top in entry["top_logprobs"]:
             assert len(top["bytes"]) == 1 or top["bytes"] == list(b"<eos>")
+
+
+def test_text_offsets_count_characters_not_tokens() -> None:
+    """A token inside a character and the one that completes it both point at that character's start."""
+    pieces = [b"\xe4\xb8", b"\xad", b"a", b"\xf0\x9f", b"\x98", b"\x80", b"b", b"\xff", b"c", b"\xe4", b"d"]
+    assert TextOffsets().of(pieces) == [0, 0, 1, 2, 2, 2, 3, 4, 5, 6, 7]  # 中 a 😀 b, a bad byte, c, 中's first, d
+    assert (pieces_text := b"".join(pieces).decode(errors="replace"))[7] == "d" and pieces_text[6] == "\ufffd"
+    counter = TextOffsets(10)
+    assert counter.of(pieces[:1]) + counter.of(pieces[1:3]) == [10, 10, 11]  # across a stream's chunks
+
+
+def test_echoed_and_answer_offsets_point_at_their_characters() -> None:
+    prompt = "é€ and ü"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 1, "echo": True,
+            "drafter": "none"}  # fmt: skip
+    with serving(byte_pipeline()) as server:
+        choice = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT).json()["choices"][0]
+    text, logprobs = choice["text"], choice["logprobs"]
+    assert text.startswith(prompt) and logprobs["text_offset"][len(prompt.encode())] == len(prompt)
+    for token, offset in zip(logprobs["tokens"], logprobs["text_offset"], strict=True):
+        if "\ufffd" in token:  # a byte of a character: it points at that character
+            assert ord(text[offset]) >= 0x80, (token, offset)
+        else:
+            assert text[offset:].startswith(token), (token, offset)

@@ -31,6 +31,7 @@ from quickdraft.models.convert import (
     read_marker,
     save_configs,
 )
+from quickdraft.models.loaded import check_every_tensor_read
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.runtime import HFRuntime, NativeRuntime, runtime_for
 
@@ -422,6 +423,29 @@ def test_a_gguf_tensor_transformers_does_not_read_is_refused(tmp_path: Path, mon
     with pytest.raises(ModelFilesError, match=r"holds 64 weights that transformers' Qwen2ForCausalLM does not read"):
         load_hf_model(directory, progress=False)
     assert not has_fp32_weights(directory)  # nothing saved that a later run would trust
+
+
+def test_a_tied_models_output_stored_again_as_the_embedding_is_read(tmp_path: Path) -> None:
+    """Older converters' Bloom files store the tied output layer as a copy of the embedding: that copy is read."""
+    import gguf
+    import numpy as np
+
+    def written(output: np.ndarray) -> Path:
+        path = tmp_path / f"tied-{output.sum():.0f}.gguf"
+        writer = gguf.GGUFWriter(path, "bloom")
+        for name, data in (("token_embd.weight", np.ones((4, 8), np.float32)), ("output.weight", output)):
+            writer.add_tensor(name, data)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    tied = types.SimpleNamespace(config=types.SimpleNamespace(tie_word_embeddings=True),
+                                 parameters=lambda: [torch.zeros(4, 8)])  # fmt: skip
+    check_every_tensor_read(tied, written(np.ones((4, 8), np.float32)))
+    with pytest.raises(ModelFilesError, match="holds 32 weights"):  # a different output layer, which tying drops
+        check_every_tensor_read(tied, written(np.full((4, 8), 2.0, np.float32)))
 
 
 def test_a_model_whose_files_lack_a_weight_is_refused(tmp_path: Path) -> None:

@@ -25,11 +25,17 @@ def check_every_tensor_read(model: Any, source: Path) -> None:
     """Refuse a GGUF file whose tensors hold more weights than the model transformers made of it has parameters
     (those of :data:`CONFIG_TENSORS` aside): transformers' reader skips a tensor it has no name for, such as a norm
     the model class lacks. Reshaping, splitting experts and permuting heads keep a tensor's count of weights, so
-    the counts agree exactly when every tensor was read."""
+    the counts agree exactly when every tensor was read. A tied model's output layer that the file stores again as a
+    copy of the embedding (older converters' Bloom files) is read: it is the embedding."""
+    import numpy as np
     from gguf import GGUFReader
 
-    tensors = [tensor for tensor in GGUFReader(source).tensors if tensor.name not in CONFIG_TENSORS]
-    stored = sum(int(tensor.n_elements) for tensor in tensors)
+    tensors = {tensor.name: tensor for tensor in GGUFReader(source).tensors if tensor.name not in CONFIG_TENSORS}
+    stored = sum(int(tensor.n_elements) for tensor in tensors.values())
+    output, embedding = tensors.get("output.weight"), tensors.get("token_embd.weight")
+    if getattr(model.config, "tie_word_embeddings", False) and output is not None and embedding is not None:
+        same = output.tensor_type == embedding.tensor_type and np.array_equal(output.data, embedding.data)
+        stored -= int(output.n_elements) if same else 0
     read = sum(parameter.numel() for parameter in model.parameters())  # a tied embedding once
     if stored > read:
         message = f"{source} holds {stored - read:,} weights that transformers' {type(model).__name__} does not read"

@@ -51,8 +51,9 @@ def usage(api: ApiRequest, results: Sequence[GenerationResult]) -> dict[str, Any
 class TextOffsets:
     """Where each of a choice's tokens starts in its text (completions' ``text_offset``), from ``start``: the tokens'
     own bytes read as UTF-8 one after another, so a token inside a character (its text U+FFFD) and the one that
-    completes it both point at that character; a character begun but not completed is one U+FFFD of the text, as
-    the tokenizer decodes it, before the token that breaks it off."""
+    completes it both point at that character; a character begun but not completed is one U+FFFD of the text, as a
+    byte-level tokenizer decodes it, before the token that breaks it off. A special token the text leaves out counts
+    its own spelling (a rare answer that has one inside it, with ``ignore_eos``, has later offsets past its text)."""
 
     def __init__(self, start: int = 0) -> None:
         self.at = start

@@ -343,6 +343,16 @@ def assert_streamed_as_whole(request: ToolRequest, answers: list[str], rounds: i
             assert [c["function"] for c in calls] == [c["function"] for c in whole_calls], (request.format.name, answer)
 
 
+def assert_grammar_accepts(request: ToolRequest, accepted: dict[str, bool], label: Any = None) -> None:
+    """The request's constraint accepts each text as ``accepted`` says, and what it accepts is read as calls."""
+    import xgrammar
+
+    grammar = xgrammar.Grammar.from_ebnf(request.grammar().text)  # type: ignore[union-attr]
+    for text, expected in accepted.items():
+        assert xgrammar.testing._is_grammar_accept_string(grammar, text) == expected, (label, text)
+        assert not expected or request.split_calls(text)[1], f"what the grammar allows is read as calls: {text}"
+
+
 def test_malformed_answers_and_choices_are_content_or_400s() -> None:
     request = ToolRequest((), "auto", frozenset({"f"}), MISTRAL)
     for answer in ("[" * 100_000 + "]" * 100_000, '[{"name": "f", "arguments": {"x": NaN}}]',

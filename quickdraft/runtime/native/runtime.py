@@ -175,8 +175,8 @@ class NativeRuntime(Runtime):
     def token_embeddings(self) -> torch.Tensor:
         return self.decoder.embedding
 
-    def lm_head_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.decoder.all_rows_head.select_rows(token_ids).dequantize()
+    def lm_head_rows(self, token_ids: torch.Tensor) -> torch.Tensor:  # over Granite's divisor: its logits' scale
+        return self.decoder.all_rows_head.select_rows(token_ids).dequantize() / self.decoder.config.logits_divisor
 
     @staticmethod
     def _requests(rows: Sequence[BatchRow]) -> list[tuple[StaticKVCache, list[int], bool]]:

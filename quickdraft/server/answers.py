@@ -6,6 +6,8 @@ Rules:
 - Whole: the answer once every choice has finished. A choice that fails fails the request, as does running past the
   request's time (504); a client found gone (checked every ``DISCONNECT_POLL_S``) is a 499. The caller cancels the
   choices still running (:attr:`Tracker.unfinished`).
+- Echo with ``max_tokens`` 0 scores the prompt (:func:`scores_only`): the prompt and its log-probabilities, no new
+  token, whole and streamed alike.
 - Streamed: a chat opens every choice with its role, an echoing completion with its prompt (and the prompt's
   log-probabilities) before its first delta; each delta is a chunk of its choice's index (what may open a
   tool call held back, per choice); each choice ends with its finish reason; after the last, the usage chunk when
@@ -15,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -77,6 +80,18 @@ class Tracker:
         elif isinstance(event, RequestFailed):
             self.unfinished.discard(index)
             self.metrics.observe_failure()
+
+
+def scores_only(event: Event) -> Event:
+    """A scoring request's event (echo with ``max_tokens`` 0): the one token it decoded taken out (its text, id and
+    log-probability), the prompt's log-probabilities kept; it ends as its budget of none would, "length"."""
+    if isinstance(event, TokenDelta):
+        return TokenDelta("", (), (), event.prompt_logprobs)
+    if isinstance(event, RequestFinished):
+        none = [] if event.result.logprobs is not None else None
+        return RequestFinished(dataclasses.replace(event.result, text="", token_ids=[], logprobs=none,
+                                                   finish_reason="length", stop_reason=None))  # fmt: skip
+    return event
 
 
 def sse(data: dict[str, Any]) -> str:

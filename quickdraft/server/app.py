@@ -32,7 +32,7 @@ from quickdraft.engine import Event, GenerationResult, QueueFull
 from quickdraft.errors import QuickdraftError
 from quickdraft.prompts import generation_prompt, thinking_of
 from quickdraft.server.access import OPEN, WAITED, Access, read_json
-from quickdraft.server.answers import Tagged, Tracker, collect, stream_chunks
+from quickdraft.server.answers import Tagged, Tracker, collect, scores_only, stream_chunks
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.metrics import ServerMetrics
@@ -176,7 +176,7 @@ def create_app(
 
         def deliver(index: int, event: Event) -> None:  # on the event loop; timed even after a client went away
             track.see(index, event)
-            events.put_nowait((index, event))
+            events.put_nowait((index, scores_only(event) if api.scores_only else event))
 
         def sink(index: int) -> Callable[[Event], None]:
             def tell(event: Event) -> None:  # on the engine's thread

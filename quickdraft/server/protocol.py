@@ -19,7 +19,8 @@ one); the answer also ends at the format's padding and separator tokens. ``tools
 rule: nothing a client asks for is silently ignored. Without ``max_tokens``, a request gets the server's default, at
 most what the context and the server's caches leave after its prompt. A completion's ``echo`` repeats its prompt (a
 prompt of token ids as their text) before the answer, with the prompt tokens' log-probabilities where ``logprobs`` asks
-(the first one null), as OpenAI's legacy completions do. A message's role is one of
+(the first one null), as OpenAI's legacy completions do; with ``max_tokens`` 0 it is only that (the prompt scored: one
+token is decoded and left out of the answer, its text, log-probability, ids and usage). A message's role is one of
 :data:`~quickdraft.server.messages.ROLES`. A bad value raises :class:`ApiError` with the status and message a client
 sees.
 """
@@ -85,6 +86,7 @@ class ApiRequest:
     n: int = 1  # choices
     thinking: Thinking | None = None  # its reasoning is split from its content (server/reasoning.py)
     echo: str | None = None  # a completion's prompt text, which its answer repeats first (OpenAI's echo)
+    scores_only: bool = False  # echo with max_tokens 0: the prompt and its log-probabilities, no new token
 
     @functools.cached_property
     def choices(self) -> tuple[Request, ...]:
@@ -151,8 +153,11 @@ def parse_request(
             seed=_field(body, "seed", None),
             min_p=_number(body, "min_p", 0.0),
         )
+        scores_only = echo and body.get("max_tokens") == 0 and is_int(body["max_tokens"])  # scored, one token dropped
         config = GenerationConfig(
-            max_new_tokens=_max_tokens(body, chat, len(prompt_ids), defaults),
+            max_new_tokens=_max_tokens(
+                {**body, "max_tokens": 1} if scores_only else body, chat, len(prompt_ids), defaults
+            ),
             num_draft_tokens=_field(body, "num_draft_tokens", None),
             sampling=sampling,
             stop=_stop(body),
@@ -199,8 +204,9 @@ def parse_request(
     if echo:
         echoed = prompt if isinstance(prompt, str) else decode(list(prompt_ids)) if decode is not None else None
     return ApiRequest(
-        serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()), n, echo=echoed
-    )
+        serve, chat, stream, include_usage, return_token_ids, tools, model, int(time.time()), n, echo=echoed,
+        scores_only=scores_only,
+    )  # fmt: skip
 
 
 def served_model(body: Mapping[str, Any], model_names: tuple[str, ...]) -> str:

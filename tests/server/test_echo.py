@@ -61,6 +61,32 @@ def test_what_an_evaluation_harness_asks(server: Server) -> None:
         isinstance(value, float) for value in choice.logprobs.token_logprobs[1:])  # fmt: skip
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_max_tokens_0_scores_the_prompt_alone(server: Server, stream: bool) -> None:
+    """OpenAI's legacy scoring request (HELM's): echo with max_tokens 0, the prompt's log-probabilities and no token."""
+    scored = complete(server, max_tokens=1, logprobs=2, echo=True).choices[0]  # its prompt part is the same
+    prompt_entries = len(scored.logprobs.tokens) - 1
+    fields = {"max_tokens": 0, "logprobs": 2, "echo": True, "n": 2, "extra_body": {"return_token_ids": True}}
+    if not stream:
+        whole = complete(server, **fields)
+        assert whole.usage.completion_tokens == 0 and whole.usage.prompt_tokens == prompt_entries  # type: ignore[union-attr]
+        choices = [(c.text, c.logprobs.tokens, c.logprobs.token_logprobs, c.finish_reason) for c in whole.choices]
+    else:
+        chunks = list(complete(server, **fields, stream=True))
+        choices = []
+        for index in range(2):
+            mine = [chunk.choices[0] for chunk in chunks if chunk.choices and chunk.choices[0].index == index]
+            assert not any(getattr(choice, "token_ids", None) for choice in mine)
+            choices.append(("".join(c.text for c in mine), [t for c in mine if c.logprobs for t in c.logprobs.tokens],
+                            [v for c in mine if c.logprobs for v in c.logprobs.token_logprobs],
+                            mine[-1].finish_reason))  # fmt: skip
+    for text, tokens, values, reason in choices:
+        assert text == PROMPT and reason == "length"
+        assert tokens == scored.logprobs.tokens[:-1] and values == scored.logprobs.token_logprobs[:-1]
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be a whole number at least 1"):
+        complete(server, max_tokens=0)  # without echo there is nothing to answer
+
+
 def test_a_streamed_echo_is_the_whole_answers(server: Server) -> None:
     whole = complete(server, max_tokens=6, logprobs=1, echo=True, n=2).choices
     stream = complete(server, max_tokens=6, logprobs=1, echo=True, n=2, stream=True)

@@ -99,9 +99,7 @@ PYTHONIC = ToolFormat("pythonic [name(key=value)]", "[func_name1(", None, "", "a
                       parallel=True, body=CallBody.PYTHONIC)  # fmt: skip
 PHI4_MINI = ToolFormat("Phi-4-mini's functools[...]", "functools[", None, "functools", "arguments", listed=True,
                        parallel=True)  # fmt: skip
-GRANITE = ToolFormat("Granite's <|tool_call|>", "available_tools<|end_of_role|>", None, "<|tool_call|>", "arguments",
-                     listed=True, parallel=True, kept=("<|tool_call|>",))  # fmt: skip  # Granite 3's templates
-TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON, PYTHONIC, PHI4_MINI, GRANITE)
+TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON, PYTHONIC, PHI4_MINI)  # in order
 
 
 def tool_format(template: str) -> ToolFormat | None:

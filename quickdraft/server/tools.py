@@ -8,12 +8,11 @@ Rules:
   (``[TOOL_CALLS]name[ARGS]{arguments}``, one after another, as Mistral Small 3.2, Ministral 3 and Devstral write them;
   ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one), Llama 3's JSON (``{"name",
   "parameters"}``, the whole answer) and pythonic lists (``[name(key=value, ...), ...]``, the whole answer, as Llama 3.2
-  and 4 write them with their pythonic templates), Phi-4-mini's (``functools`` and a JSON list of calls, the whole
-  answer) and Granite 3's (``<|tool_call|>`` and a JSON list, the whole answer). A template with none of them cannot
-  take tools (400).
-- A format's markers that are special tokens (Mistral's named calls', Granite's) keep their text in a tool request's
-  answer, as vLLM keeps them, so its calls can be read (and stop strings can match them); other special tokens have
-  none but a thinking template's tags (:mod:`quickdraft.server.reasoning`).
+  and 4 write them with their pythonic templates) and Phi-4-mini's (``functools`` and a JSON list of calls, the whole
+  answer). A template with none of them cannot take tools (400).
+- A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer, as
+  vLLM keeps them, so its calls can be read (and stop strings can match them); other special tokens have none but
+  a thinking template's tags (:mod:`quickdraft.server.reasoning`).
 - ``tools`` are rendered by the chat template. ``tool_choice``: ``auto`` (the default with tools) lets the model answer
   or call; ``none`` renders no tools and parses no calls; ``required`` and a named function constrain the answer to
   calls of the offered functions (of that function): one or more, one with ``parallel_tool_calls`` false or a format

@@ -286,7 +286,7 @@ LLAMA3_TEMPLATE = (
 def test_each_template_has_its_format() -> None:
     assert tool_format(HERMES_TEMPLATE) is HERMES and tool_format(MISTRAL_TEMPLATE) is MISTRAL
     assert tool_format(LLAMA3_TEMPLATE) is LLAMA3_JSON and tool_format("{{ messages }}") is None
-    assert tool_format("<|tool|>{{ messages }}<|tool_call|>") is None  # Phi-4-mini's own is none of them: a 400
+    assert tool_format("<|tool_call|>{{ messages }}") is None  # Phi-4-mini's is none of them: tools are a 400
     assert tool_format("<tool_call>{{ name }}<arg_key>k</arg_key><arg_value>v</arg_value>") is None  # nor GLM-4.5's
     with pytest.raises(ApiError, match=r"Hermes <tool_call> tags, .*Mistral's \[TOOL_CALLS\], .*Llama 3's JSON"):
         parse_tools({"tools": [WEATHER]}, None)

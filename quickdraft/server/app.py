@@ -175,8 +175,9 @@ def create_app(
         track = Tracker(arrival, metrics, access.request_timeout_s, api.n)
 
         def deliver(index: int, event: Event) -> None:  # on the event loop; timed even after a client went away
+            event = scores_only(event) if api.scores_only else event  # the metrics count what the answer says
             track.see(index, event)
-            events.put_nowait((index, scores_only(event) if api.scores_only else event))
+            events.put_nowait((index, event))
 
         def sink(index: int) -> Callable[[Event], None]:
             def tell(event: Event) -> None:  # on the engine's thread

@@ -154,6 +154,8 @@ def parse_request(
             min_p=_number(body, "min_p", 0.0),
         )
         scores_only = echo and body.get("max_tokens") == 0 and is_int(body["max_tokens"])  # scored, one token dropped
+        if scores_only and _field(body, "min_tokens", 0) not in (0, None):
+            raise ApiError(400, "max_tokens 0 scores the prompt alone: no new tokens for min_tokens", "min_tokens")
         config = GenerationConfig(
             max_new_tokens=_max_tokens(
                 {**body, "max_tokens": 1} if scores_only else body, chat, len(prompt_ids), defaults

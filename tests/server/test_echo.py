@@ -85,6 +85,8 @@ def test_max_tokens_0_scores_the_prompt_alone(server: Server, stream: bool) -> N
         assert tokens == scored.logprobs.tokens[:-1] and values == scored.logprobs.token_logprobs[:-1]
     with pytest.raises(openai.BadRequestError, match="max_tokens must be a whole number at least 1"):
         complete(server, max_tokens=0)  # without echo there is nothing to answer
+    with pytest.raises(openai.BadRequestError, match="no new tokens for min_tokens"):
+        complete(server, max_tokens=0, echo=True, extra_body={"min_tokens": 1})
 
 
 def test_a_streamed_echo_is_the_whole_answers(server: Server) -> None:

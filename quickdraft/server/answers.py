@@ -126,7 +126,7 @@ async def stream_chunks(
 ) -> AsyncIterator[str]:
     """The answer's chunks as server-sent events (the rules above)."""
     response_id, results = new_id(api.chat), {}
-    offsets = [TextOffsets() for _ in range(api.n)]  # completions' text_offset: where each choice's next token starts
+    offsets = [TextOffsets(0, api.silent) for _ in range(api.n)]  # completions' text_offset: each choice's next token
     calls = [api.tools.call_filter() if api.tools else None for _ in range(api.n)]  # hold back what may open a call
     thoughts = [api.thinking.stream() if api.thinking else None for _ in range(api.n)]  # reasoning apart
     echoed = [api.echo is None] * api.n  # a completion's echoed prompt goes out before its first delta
@@ -145,7 +145,7 @@ async def stream_chunks(
             echoed[index] = True
             prompt = prompt_logprobs_body(api, event.prompt_logprobs, spell) if echo_logprobs else None
             yield sse(chunk_body(api, response_id, api.echo, logprobs=prompt, index=index))
-            offsets[index] = TextOffsets(len(api.echo or ""))
+            offsets[index] = TextOffsets(len(api.echo or ""), api.silent)
         if isinstance(event, TokenDelta):
             logprobs = logprobs_body(api, event.logprobs, spell, offsets[index]) if event.logprobs else None
             reasoning, text = thought.feed(event.text) if thought is not None else ("", event.text)

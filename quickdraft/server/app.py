@@ -43,6 +43,7 @@ from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tokenize import detokenize, tokenize
 from quickdraft.server.tool_formats import tool_format_of
+from quickdraft.text import dropped_ids
 from quickdraft.vocabularies import token_pieces
 
 LOG = logging.getLogger("quickdraft.server")
@@ -168,6 +169,8 @@ def create_app(
                 variables = template_kwargs(translated, defaults.template_kwargs)
                 opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
                 api = dataclasses.replace(api, thinking=Thinking(opened, tags))
+        if not chat and api.serve.config.logprobs is not None:  # completions' offsets skip what the text leaves out
+            api = dataclasses.replace(api, silent=dropped_ids(pipeline.tokenizer, api.serve.config.kept_special_tokens))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
         events: asyncio.Queue[Tagged] = asyncio.Queue()

@@ -87,6 +87,7 @@ class ApiRequest:
     thinking: Thinking | None = None  # its reasoning is split from its content (server/reasoning.py)
     echo: str | None = None  # a completion's prompt text, which its answer repeats first (OpenAI's echo)
     scores_only: bool = False  # echo with max_tokens 0: the prompt and its log-probabilities, no new token
+    silent: frozenset[int] = frozenset()  # the tokens its answer's text leaves out (special ones it does not keep)
 
     @functools.cached_property
     def choices(self) -> tuple[Request, ...]:

@@ -52,17 +52,21 @@ class TextOffsets:
     """Where each of a choice's tokens starts in its text (completions' ``text_offset``), from ``start``: the tokens'
     own bytes read as UTF-8 one after another, so a token inside a character (its text U+FFFD) and the one that
     completes it both point at that character; a character begun but not completed is one U+FFFD of the text, as a
-    byte-level tokenizer decodes it, before the token that breaks it off. A special token the text leaves out counts
-    its own spelling (a rare answer that has one inside it, with ``ignore_eos``, has later offsets past its text)."""
+    byte-level tokenizer decodes it, before the token that breaks it off. A token of ``silent`` (a special token the
+    text leaves out) takes no characters: it points where the next one starts."""
 
-    def __init__(self, start: int = 0) -> None:
+    def __init__(self, start: int = 0, silent: frozenset[int] = frozenset()) -> None:
         self.at = start
+        self.silent = silent
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a character's first bytes
 
-    def of(self, pieces: Sequence[bytes]) -> list[int]:
-        """The offsets of the next tokens, by their bytes."""
+    def of(self, pieces: Sequence[tuple[int, bytes]]) -> list[int]:
+        """The offsets of the next tokens, by their ids and bytes."""
         offsets = []
-        for data in pieces:
+        for token_id, data in pieces:
+            if token_id in self.silent:
+                offsets.append(self.at)
+                continue
             begun = self._utf8.getstate()[0]  # a character's first bytes, read before
             broken = bool(begun) and not (data and 0x80 <= data[0] <= 0xBF)  # not continued: U+FFFD before it
             offsets.append(self.at + broken)
@@ -103,7 +107,9 @@ def logprobs_body(
         "tokens": [text for text, _ in spelled],
         "token_logprobs": [entry.logprob for entry in logprobs],
         "top_logprobs": [{text: value for (text, _), value in top} for top in tops],
-        "text_offset": (offsets or TextOffsets()).of([data for _, data in spelled]),
+        "text_offset": (offsets or TextOffsets()).of(
+            [(entry.token_id, data) for entry, (_, data) in zip(logprobs, spelled, strict=True)]
+        ),
     }
 
 
@@ -121,7 +127,7 @@ def prompt_logprobs_body(
         data = spell(token_id)[1]
         if not counter.at and not echo.startswith(token) and "\ufffd" not in token:  # a start token, a dropped space
             data = data[1:] if token.startswith(" ") and echo.startswith(token[1:]) else b""
-        offsets += counter.of([data])
+        offsets += counter.of([(token_id, data)])
     return {
         "tokens": tokens,
         "token_logprobs": [None, *after["token_logprobs"]],
@@ -134,7 +140,7 @@ def completion_logprobs(
     api: ApiRequest, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any] | None:
     """A completion choice's ``logprobs``: the answer's, after the echoed prompt's where it echoes."""
-    answer = logprobs_body(api, result.logprobs or [], spell, TextOffsets(len(api.echo or "")))
+    answer = logprobs_body(api, result.logprobs or [], spell, TextOffsets(len(api.echo or ""), api.silent))
     if answer is None or api.echo is None:
         return answer
     prompt = prompt_logprobs_body(api, result.prompt_logprobs or [], spell)

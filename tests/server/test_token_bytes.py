@@ -57,10 +57,11 @@ def test_each_tokens_bytes_are_its_own() -> None:
 def test_text_offsets_count_characters_not_tokens() -> None:
     """A token inside a character and the one that completes it both point at that character's start."""
     pieces = [b"\xe4\xb8", b"\xad", b"a", b"\xf0\x9f", b"\x98", b"\x80", b"b", b"\xff", b"c", b"\xe4", b"d"]
-    assert TextOffsets().of(pieces) == [0, 0, 1, 2, 2, 2, 3, 4, 5, 6, 7]  # 中 a 😀 b, a bad byte, c, 中's first, d
+    assert TextOffsets().of(list(enumerate(pieces))) == [0, 0, 1, 2, 2, 2, 3, 4, 5, 6, 7]  # 中 a 😀 b, bad, c, 中's, d
     assert (pieces_text := b"".join(pieces).decode(errors="replace"))[7] == "d" and pieces_text[6] == "\ufffd"
     counter = TextOffsets(10)
-    assert counter.of(pieces[:1]) + counter.of(pieces[1:3]) == [10, 10, 11]  # across a stream's chunks
+    assert counter.of([(0, pieces[0])]) + counter.of([(1, pieces[1]), (2, pieces[2])]) == [10, 10, 11]  # across chunks
+    assert TextOffsets(0, frozenset({9})).of([(1, b"a"), (9, b"<eos>"), (2, b"b")]) == [0, 1, 1]  # no text: none
 
 
 def test_echoed_and_answer_offsets_point_at_their_characters() -> None:
@@ -76,3 +77,17 @@ def test_echoed_and_answer_offsets_point_at_their_characters() -> None:
             assert ord(text[offset]) >= 0x80, (token, offset)
         else:
             assert text[offset:].startswith(token), (token, offset)
+
+
+def test_a_special_token_inside_an_answer_takes_no_characters() -> None:
+    """With ignore_eos an answer goes on past its end-of-sequence token, whose text it leaves out."""
+    body = {"model": MODEL, "prompt": "ab", "max_tokens": 24, "temperature": 1.0, "seed": 3, "logprobs": 1,
+            "ignore_eos": True, "logit_bias": {"256": 5}, "drafter": "none"}  # fmt: skip
+    with serving(byte_pipeline()) as server:
+        choice = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT).json()["choices"][0]
+    tokens, offsets = choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+    assert "<eos>" in tokens[:-1] and "<eos>" not in choice["text"]  # one inside the answer, no text of its own
+    for token, offset in zip(tokens, offsets, strict=True):
+        if token != "<eos>" and "\ufffd" not in token:
+            assert choice["text"][offset:].startswith(token), (token, offset)
+    assert offsets[-1] <= len(choice["text"])

@@ -172,9 +172,7 @@ class ToolRequest:
     def properties(self) -> dict[str, Mapping[str, Any]]:
         """Each offered function's parameters' properties, by the function's name: an XML call's values are typed
         by them."""
-        found = {tool["function"]["name"]: (tool["function"].get("parameters") or {}).get("properties")
-                 for tool in self.tools}  # fmt: skip
-        return {name: properties if isinstance(properties, Mapping) else {} for name, properties in found.items()}
+        return {tool["function"]["name"]: _properties(tool["function"]) for tool in self.tools}
 
     def _json_call(self, block: re.Match[str]) -> dict[str, Any] | None:
         """A tagged call's JSON object (without arguments, a call of none)."""
@@ -293,14 +291,18 @@ def _check_python_names(tools: list[Any]) -> None:
     """A pythonic call spells its function's name and its arguments' keys as Python names: each must be one (not a
     keyword, and as Python reads it, which folds some characters into others), or its calls could not be read."""
     for tool in tools:
-        parameters = tool["function"].get("parameters") or {}
-        properties = parameters.get("properties") if isinstance(parameters.get("properties"), Mapping) else {}
-        for name in (tool["function"]["name"], *properties):
+        for name in (tool["function"]["name"], *_properties(tool["function"])):
             if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)) or (
                 unicodedata.normalize("NFKC", name) != name
             ):
                 message = f"{name!r} is not a Python name, as this model's pythonic calls spell names and keys"
                 raise ApiError(400, message, "tools")
+
+
+def _properties(function: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A function's parameters' properties; none where they are not an object (a constraint of them is a 400)."""
+    properties = (function.get("parameters") or {}).get("properties")
+    return properties if isinstance(properties, Mapping) else {}
 
 
 def _is_function(tool: Any) -> bool:

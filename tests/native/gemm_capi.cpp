@@ -2,6 +2,7 @@
 // the machine has (e.g. -mavx2 -mno-avx512f beside -march=native) and check that every build gives the bits of
 // the element-by-element definitions.
 #include "gemm.h"
+#include "gemm_iq4.h"
 #include "gemm_q6.h"
 #include "gemm_q8.h"
 
@@ -51,6 +52,14 @@ void q6_gemm(const uint8_t* codes, const uint8_t* high, const int8_t* sub_scale,
   if (which == 0) return qd::q6_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q6_reference(w, x + r * k, j);
+}
+
+void iq4_gemm(const uint8_t* codes, const int8_t* sub_scale, const float* d, int64_t n, int64_t k, const int8_t* x,
+              int64_t rows, float* out, int which) {
+  const qd::Iq4Weights w{codes, sub_scale, d, n, k};
+  if (which == 0) return qd::iq4_gemm(w, x, rows, out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::iq4_reference(w, x + r * k, j);
 }
 
 void q8_gemm(const uint8_t* codes, const uint16_t* d, int64_t n, int64_t k, const int8_t* x, int64_t rows, float* out,

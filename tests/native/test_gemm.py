@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from quickdraft.machine import cpu_description
+from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part
 
@@ -62,19 +63,21 @@ def pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(tensor.data_ptr())
 
 
-def run(library: ctypes.CDLL, part: Int8Part | Q8Part | Q4Part | Q6Part, x: torch.Tensor, which: int) -> torch.Tensor:
+def run(
+    library: ctypes.CDLL, part: Int8Part | Q8Part | Q4Part | Q6Part | IQ4Part, x: torch.Tensor, which: int
+) -> torch.Tensor:
     """which: 0 the fast path, 1 the element-by-element definition."""
     rows, n, k = x.shape[0], part.padded_rows, part.in_features
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
     gemms = {Int8Part: "int8_gemm", Q8Part: "q8_gemm", Q8MinPart: "q8m_gemm", Q4Part: "q4_gemm", Q5Part: "q5_gemm",
-             Q6Part: "q6_gemm"}  # fmt: skip
+             Q6Part: "q6_gemm", IQ4Part: "iq4_gemm"}  # fmt: skip
     gemm = getattr(library, gemms[type(part)])
     gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
 
 
-@pytest.mark.parametrize("kind", [Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part])
+@pytest.mark.parametrize("kind", [Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part, IQ4Part])
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
     part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4-q6: two full superblocks, a short one
@@ -140,6 +143,25 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
             exact = (code * 255 + 255) * value * width  # every weight d·sc·code + dmin·m; floats round
             expected = torch.full((rows, 16), float(exact), dtype=torch.float64)
             assert torch.allclose(run(libraries["scalar"], part, x, which=1).double(), expected)
+
+
+def test_iq4_extremes_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
+    """The table's ends (−127 and 113) under the largest sub-scales against the largest activations: no 16-bit pair
+    sum saturates and no superblock total overflows (8 · 128 · 32 · 127 · 127 < 2^31)."""
+    width = 8960
+    supers = torch.ones(16, width // 256)
+    for code, sub_scale, weight in ((0, -128, 128 * 127), (15, 127, 127 * 113), (0, 127, -127 * 127)):
+        part = IQ4Part.from_blocks(torch.full((16, width), code, dtype=torch.uint8),
+                                   torch.full((16, width // 32), sub_scale, dtype=torch.int8), supers)  # fmt: skip
+        for value, rows in ((127, 17), (-127, 9)):
+            x = torch.full((rows, width), value, dtype=torch.int8)
+            total = torch.tensor(float(weight * value * 256), dtype=torch.float32)  # a superblock's: exact
+            acc = torch.zeros((), dtype=torch.float32)
+            for _ in range(width // 256):  # fma(d = 1, total, acc): each step rounds to float32
+                acc = acc + total
+            expected = torch.full((rows, 16), float(acc))
+            for name, library in libraries.items():
+                assert torch.equal(run(library, part, x, which=0), expected), (name, code, sub_scale, value)
 
 
 def test_q4_on_amx_continues_across_ranges_of_superblocks(libraries: dict[str, ctypes.CDLL]) -> None:

@@ -1,5 +1,5 @@
-"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 and Q4_0 tensors as q4, q5, q6 and q8 parts: the same weights
-as gguf's own dequantization, bit for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_XS tensors as q4, q5, q6, q8, q8m and
+iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ import numpy as np
 import pytest
 import torch
 
+from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
+    decode_iq4_xs,
     decode_q4_k,
     decode_q5_k,
     decode_q6_k,
     exact_weights,
     transformers_name,
 )
-from quickdraft.runtime.native.kquants import PART_KINDS, Q4Part, Q5Part, Q6Part
+from quickdraft.runtime.native.iquants import IQ4Part
+from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
 
@@ -85,6 +88,17 @@ def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
     kind, (codes, sub_scale, d) = decode_q6_k(raw, 32, 768)
     assert kind == "q6" and int(codes.max()) == 63 and int(sub_scale.min()) == -128
     part = Q6Part.from_blocks(codes, sub_scale, d)
+    assert torch.equal(part.dequantize(), expected)
+    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))
+
+
+def test_decoded_iq4_xs_blocks_are_ggufs_own_dequantization() -> None:
+    raw = random_blocks(32, 768, 136, slice(0, 2))  # d first; every sub-scale and index random
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.IQ4_XS).astype(np.float32))
+    kind, (codes, sub_scale, d) = decode_iq4_xs(raw, 32, 768)
+    assert kind == "iq4" and (int(codes.min()), int(codes.max())) == (0, 15)
+    assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31)
+    part = IQ4Part.from_blocks(codes, sub_scale, d)
     assert torch.equal(part.dequantize(), expected)
     assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))
 

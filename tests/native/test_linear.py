@@ -21,7 +21,7 @@ def in_passes(linear: QuantizedLinear, passes: int) -> QuantizedLinear:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
 def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool, passes: int) -> None:
     generator = torch.Generator().manual_seed(0)
@@ -120,7 +120,7 @@ def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
 def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str, passes: int) -> None:
     generator = torch.Generator().manual_seed(5)
     linear = QuantizedLinear.from_float(
@@ -231,13 +231,13 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
         Q6Part.from_blocks(torch.zeros(4, 48, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.int8), torch.ones(4, 1))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
 def test_zero_rows_give_the_bias(kind: str) -> None:
     linear = QuantizedLinear.from_float(torch.randn(8, 64), torch.ones(8), kind)
     assert torch.equal(linear(torch.zeros(2, 64)), torch.ones(2, 8))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6"])
+@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
 def test_selected_rows_keep_their_weights_and_their_results(kind: str) -> None:
     """Rows picked from a few 16-row panels of a larger layer (an LM head's focus): each keeps its weights, so
     its output is bitwise the whole layer's at that row."""

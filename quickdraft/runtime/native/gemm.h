@@ -173,6 +173,58 @@ inline void with_flag(bool flag, Run run) {
 
 // ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Helpers of the 8-lane tiles: the AVX2 paths below, and gemm_iq4.h's, which AVX-512 builds run too.
+
+// Each row's 8 float sums of one half of a q4 or q6 tile: in registers for tiles of up to 4 rows, whose rows
+// alone cannot hide a store's round trip, and for bigger tiles in the tile's own `out` between groups (stored and
+// loaded back: the same bits), so that the registers hold a group's code vectors instead.
+template <int R>
+struct HalfSums {
+  static constexpr bool kInRegisters = R <= 4;
+  float* sums;  // row r's sums at sums + r * stride
+  int64_t stride;
+  __m256 acc[kInRegisters ? R : 1];
+
+  HalfSums(float* first, int64_t row_stride) : sums(first), stride(row_stride) {
+    QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm256_setzero_ps());
+  }
+  __m256 get(int r) const {
+    if constexpr (kInRegisters) return acc[r];
+    else return _mm256_loadu_ps(sums + r * stride);
+  }
+  void set(int r, __m256 value) {
+    if constexpr (kInRegisters) acc[r] = value;
+    else _mm256_storeu_ps(sums + r * stride, value);
+  }
+  // sum[r] = fma(scale, float(total), sum[r])
+  void add(int r, __m256 scale, __m256i total) { set(r, _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(total), get(r))); }
+  void finish() {
+    if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(sums + r * stride, acc[r]);
+  }
+};
+
+// Each row's 8 exact superblock totals of one half of a q4 tile: in registers for tiles of up to 4 rows, on the
+// stack beyond, so that the registers hold a group's code vectors.
+template <int R>
+struct HalfTotals {
+  static constexpr bool kInRegisters = R <= 4;
+  __m256i held[kInRegisters ? R : 1];
+  alignas(32) int32_t stack[kInRegisters ? 1 : R * 8];
+
+  HalfTotals() { QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm256_setzero_si256()); }
+  __m256i get(int r) const {
+    if constexpr (kInRegisters) return held[r];
+    else return _mm256_load_si256(reinterpret_cast<const __m256i*>(stack + 8 * r));
+  }
+  void set(int r, __m256i value) {
+    if constexpr (kInRegisters) held[r] = value;
+    else _mm256_store_si256(reinterpret_cast<__m256i*>(stack + 8 * r), value);
+  }
+};
+
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #if defined(QD_AMX)
 constexpr const char* kIsa = "avx512-vnni+amx";
@@ -339,34 +391,6 @@ inline __m256i with_fifth_bits(__m256i nibbles, __m256i plane, int j) {
   return _mm256_or_si256(nibbles, _mm256_and_si256(moved, _mm256_set1_epi8(0x10)));
 }
 
-// Each row's 8 float sums of one half of a q4 or q6 tile: in registers for tiles of up to 4 rows, whose rows
-// alone cannot hide a store's round trip, and for bigger tiles in the tile's own `out` between groups (stored and
-// loaded back: the same bits), so that the registers hold a group's code vectors instead.
-template <int R>
-struct HalfSums {
-  static constexpr bool kInRegisters = R <= 4;
-  float* sums;  // row r's sums at sums + r * stride
-  int64_t stride;
-  __m256 acc[kInRegisters ? R : 1];
-
-  HalfSums(float* first, int64_t row_stride) : sums(first), stride(row_stride) {
-    QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm256_setzero_ps());
-  }
-  __m256 get(int r) const {
-    if constexpr (kInRegisters) return acc[r];
-    else return _mm256_loadu_ps(sums + r * stride);
-  }
-  void set(int r, __m256 value) {
-    if constexpr (kInRegisters) acc[r] = value;
-    else _mm256_storeu_ps(sums + r * stride, value);
-  }
-  // sum[r] = fma(scale, float(total), sum[r])
-  void add(int r, __m256 scale, __m256i total) { set(r, _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(total), get(r))); }
-  void finish() {
-    if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(sums + r * stride, acc[r]);
-  }
-};
-
 // Two halves of 8 lanes each: half h covers outputs n0 + 8h .. n0 + 8h + 7 (bytes 32h.. of each 64-byte vector).
 template <int R>
 inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* sums, int64_t block,
@@ -387,25 +411,6 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
     }
   }
 }
-
-// Each row's 8 exact superblock totals of one half of a q4 tile: in registers for tiles of up to 4 rows, on the
-// stack beyond, so that the registers hold a group's code vectors.
-template <int R>
-struct HalfTotals {
-  static constexpr bool kInRegisters = R <= 4;
-  __m256i held[kInRegisters ? R : 1];
-  alignas(32) int32_t stack[kInRegisters ? 1 : R * 8];
-
-  HalfTotals() { QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm256_setzero_si256()); }
-  __m256i get(int r) const {
-    if constexpr (kInRegisters) return held[r];
-    else return _mm256_load_si256(reinterpret_cast<const __m256i*>(stack + 8 * r));
-  }
-  void set(int r, __m256i value) {
-    if constexpr (kInRegisters) held[r] = value;
-    else _mm256_store_si256(reinterpret_cast<__m256i*>(stack + 8 * r), value);
-  }
-};
 
 // A group's 8 code vectors of one half stay in registers while the tile's rows take turns on them (HalfTotals keeps
 // the rows' superblock totals, HalfSums their float sums), so a tile streams its codes once. The min term is summed

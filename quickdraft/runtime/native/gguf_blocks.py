@@ -1,5 +1,5 @@
-"""A GGUF file's K-quant (Q4_K, Q5_K, Q6_K) and 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) tensors as the native
-runtime's q4, q5, q6, q8 and q8m parts, bit for bit (no second quantization).
+"""A GGUF file's K-quant (Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) and IQ4_XS tensors as the
+native runtime's q4, q5, q6, q8, q8m and iq4 parts, bit for bit (no second quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
@@ -18,7 +18,13 @@ and d · (code − 16), where a byte of nibbles holds weight l (low) and l + 16 
 fifth bit of weight l at bit l. So their codes minus the offset are q8 codes in [−8, 7] and [−16, 15]. Q4_1 (20
 bytes) and Q5_1 (24 bytes) hold a float16 min ``m`` after ``d`` and no offset: weight = d · code + m, the q8m format.
 
-Other tensor types (Q2_K, Q3_K, IQ…, ...) are not read here: the runtime quantizes their float values as usual.
+IQ4_XS (``block_iq4_xs``, 136 bytes per 256 weights): a float16 ``d``, the high 2 bits of eight 6-bit sub-scales
+in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes ``scales_l`` (group g in the low
+nibble of byte g/2 for even g, the high one for odd g), then 128 bytes of 4-bit indices into llama.cpp's
+``kvalues_iq4nl``, 16 bytes a group of 32 as Q4_0's; weight = d · (sub_scale − 32) · value: the iq4 format.
+
+Other tensor types (Q2_K, Q3_K, IQ4_NL, other IQ…, ...) are not read here: the runtime quantizes their float
+values as usual.
 
 Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
 may reorder rows of some families' projections); a tensor that does not match is left to the usual path.
@@ -38,6 +44,8 @@ Q5_K_BLOCK_BYTES = 176
 Q5_K_FIFTH_BITS = slice(16, 48)  # the bytes of a Q5_K block that Q4_K's lacks
 LEGACY_WEIGHTS = 32  # weights per Q8_0, Q5_0 or Q4_0 block
 Q6_K_BLOCK_BYTES = 210
+IQ4_XS_BLOCK_BYTES = 136
+IQ4_XS_SCALE_OFFSET = 32  # IQ4_XS's 6-bit sub-scales hold sub_scale + 32
 
 # GGUF tensor names of a Llama-family layer -> transformers names (``model.layers.{i}.`` + this)
 LAYER_TENSORS = {
@@ -189,6 +197,24 @@ def decode_q5_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return "q8m", (torch.from_numpy(codes.reshape(rows, width)), d, minimums(blocks))
 
 
+def decode_iq4_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ4_XS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 15], sub_scale [rows, width/32] int8 in
+    [−32, 31], d [rows, width/256] float32))."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ4_XS_BLOCK_BYTES)
+    high = blocks[..., 2:4].copy().view("<u2")  # [rows, S, 1]
+    high_bits = (high >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [rows, S, 8]
+    low_bits = nibbles_of(blocks[..., 4:8]).reshape(rows, supers, 2, 4).transpose(0, 1, 3, 2)  # [rows, S, 4, 2]
+    scales = low_bits.reshape(rows, supers, 8).astype(np.int16) | (high_bits.astype(np.int16) << 4)
+    codes = nibbles_of(blocks[..., 8:].reshape(rows, supers, 8, 16))  # [rows, S, 8, 32]
+    sub_scale = (scales - IQ4_XS_SCALE_OFFSET).astype(np.int8).reshape(rows, -1)
+    return "iq4", (
+        torch.from_numpy(codes.reshape(rows, width)),
+        torch.from_numpy(sub_scale),
+        torch.from_numpy(float16_at(blocks, 0)),
+    )
+
+
 EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
     "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
     "Q5_K": decode_q5_k,
@@ -198,6 +224,7 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "Q4_0": decode_q4_0,
     "Q5_1": decode_q5_1,
     "Q4_1": decode_q4_1,
+    "IQ4_XS": decode_iq4_xs,
 }
 BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1"), LEGACY_WEIGHTS)  # the rest: 256
 
@@ -226,7 +253,7 @@ def exact_weights(
     checked on 64 rows spread over each tensor."""
     from gguf import GGUFReader
 
-    from quickdraft.runtime.native.kquants import PART_KINDS
+    from quickdraft.runtime.native.formats import PART_KINDS
 
     tensors = GGUFReader(gguf_path).tensors
     names = linear_names([tensor.name for tensor in tensors], fused, tied)

@@ -14,6 +14,7 @@
 // q8_matmul:          the integer GEMM against 8-bit weights in llama.cpp's Q8_0 structure (gemm_q8.h).
 // q8m_matmul:         the same with a min per group (Q4_1, Q5_1).
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
+// iq4_matmul:         the integer GEMM against 4-bit table indices in llama.cpp's IQ4_XS structure (gemm_iq4.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer (layers.cpp runs a model's layers with them in one call; on a 1-token step
 // dispatching many small operations, not their arithmetic, is what costs):
@@ -30,6 +31,7 @@
 #include "kernels.h"
 #include "attention.h"
 #include "gemm.h"
+#include "gemm_iq4.h"
 #include "gemm_q6.h"
 #include "gemm_q8.h"
 #include "simd.h"
@@ -569,6 +571,22 @@ void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::
   });
 }
 
+// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8; sub_scale [N/16, K/32, 16] int8;
+// d [N/16, S, 16] float (gemm_iq4.h). Writes out[:, column : column + N].
+void iq4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor d, torch::Tensor out,
+                int64_t column) {
+  checked(x, torch::kInt8, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+  TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * 2 == n * k, "iq4 weights need K a multiple of 32");
+  const qd::Iq4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, torch::kInt8, "sub_scale").data_ptr<int8_t>(),
+                               checked(d, torch::kFloat32, "d").data_ptr<float>(), n, k};
+  TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers());
+  const int8_t* x_data = x.data_ptr<int8_t>();
+  blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
+    qd::iq4_gemm(weights, x_data, rows, destination, out.size(1), begin, end);
+  });
+}
+
 namespace {
 
 // q8_matmul, and q8m_matmul with `mins` ([N/16, K/32, 16] float16; undefined for q8).
@@ -617,6 +635,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_matmul", &q8_matmul, "int8 rows x 8-bit Q8_0-structured weights (exact integer group sums)", nogil);
   m.def("q8m_matmul", &q8m_matmul, "int8 rows x Q4_1/Q5_1-structured weights (q8 with a min per group)", nogil);
   m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
+  m.def("iq4_matmul", &iq4_matmul, "int8 rows x IQ4_XS-structured weights (exact integer superblock sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);
   m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs", nogil);

@@ -29,5 +29,7 @@ void q8m_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Te
                 int64_t column);
 void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor d,
                torch::Tensor out, int64_t column);
+void iq4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor d, torch::Tensor out,
+                int64_t column);
 
 void register_layers(pybind11::module& m);  // layers.cpp

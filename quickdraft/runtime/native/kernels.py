@@ -31,6 +31,7 @@ SOURCES = (
     "layers.cpp",
     "kernels.h",
     "gemm.h",
+    "gemm_iq4.h",
     "gemm_q6.h",
     "gemm_q8.h",
     "gemm_amx.h",

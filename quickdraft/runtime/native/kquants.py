@@ -7,7 +7,7 @@
   a float d per superblock of 256: w = d · sub_scale · (code − 32).
 
 A GGUF file's Q4_K, Q5_K and Q6_K tensors load into these parts exactly, with no second quantization
-(``gguf_blocks.py``).
+(``gguf_blocks.py``). Every format is named in ``formats.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.parts import (
     GROUP,
     LANES,
-    Int8Part,
-    Q8MinPart,
-    Q8Part,
     WeightPart,
     pad_rows,
     padded,
@@ -314,7 +311,3 @@ class Q6Part(WeightPart):
         panel_ids, local = panels_of(index)
         panels = Q6Part(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
         return Q6Part.from_blocks(*(field[local] for field in panels.blocks()))
-
-
-FORMATS: tuple[type[WeightPart], ...] = (Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part)
-PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in FORMATS}

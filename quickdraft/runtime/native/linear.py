@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.kquants import PART_KINDS
 from quickdraft.runtime.native.parts import WeightPart
 
 ACTIVATION_LEVELS = 127.0  # 8-bit activations per row

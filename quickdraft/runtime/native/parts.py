@@ -10,8 +10,8 @@ This module holds the parts' interface, their shared packing helpers and two for
   exact integer sums, each into a float sum by one fused multiply-add with its scale. A GGUF file's Q8_0, Q5_0 and
   Q4_0 tensors load into it exactly; ``q8m`` adds a float16 min per group (w = d · q + m: Q4_1, Q5_1).
 
-The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``, which also names every format
-(``PART_KINDS``).
+The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``, its i-quant one (iq4) in
+``iquants.py``; ``formats.py`` names every format (``PART_KINDS``).
 """
 
 from __future__ import annotations

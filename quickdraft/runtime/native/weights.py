@@ -20,19 +20,19 @@ from quickdraft.errors import ModelFilesError
 from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
 from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights
 from quickdraft.runtime.native.gguf_weights import read_gguf_weights
-from quickdraft.runtime.native.kquants import PART_KINDS
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v8"  # bump when the cached layout changes (v7: a tied head kept; v8: Q5_K and Q8_0-like kept)
+NATIVE_FORMAT = "parts-v9"  # bump when the cached layout changes (v8: Q5_K and Q8_0-like kept; v9: IQ4_XS kept)
 # How float weights are stored: "auto" keeps a GGUF source's tensors of the types gguf_blocks decodes exactly (q4,
-# q5, q6, q8, q8m) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to 4 bits
-# (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
+# q5, q6, q8, q8m, iq4) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to
+# 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
 EXACT_TYPES = {  # the GGUF types each format keeps
-    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1"),
+    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS"),
     "q4": ("Q4_K",),
     "int8": (),
 }

@@ -1,0 +1,11 @@
+"""Every weight part format of the native runtime, by name: ``parts.py``'s (int8, q8, q8m), ``kquants.py``'s (q4,
+q5, q6) and ``iquants.py``'s (iq4)."""
+
+from __future__ import annotations
+
+from quickdraft.runtime.native.iquants import IQ4Part
+from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
+from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, WeightPart
+
+FORMATS: tuple[type[WeightPart], ...] = (Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part, IQ4Part)
+PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in FORMATS}

@@ -1,0 +1,130 @@
+// The integer GEMM against weights in llama.cpp's IQ4_XS structure, kept as the file stores them (gemm.h's rules:
+// every output element depends on its own row and column alone, with the same bits on every instruction set).
+//
+// Format "iq4" (4-bit indices into a table of 16 int8 values, in groups of 32 along k, each group with a signed
+// sub-scale, under a float d per superblock of 8 groups):
+//   w[n][k] = d[n][s] * sub_scale[n][g] * kIq4Values[code[n][k]]
+//   for k in group g = k / 32 of superblock s = g / 8; codes in [0, 15], sub-scales in [-128, 127].
+//   out[m][n] = over the superblocks s in order, acc = fma(d[n][s], float(T), acc) from acc = 0 (iq4_reference
+//   below), where T = sum_{g in s} sub_scale[n][g] * sum_{k in g} value * x is an exact int32
+//   (|T| <= 8 * 128 * 32 * 127 * 127 < 2^31).
+//   codes: q4's layout and nibbles ([N/16][G][4][16][4]: the low nibble of vector j's byte (l, i) is k = 32g + 4j + i
+//   of lane n0 + l, the high nibble k = 32g + 4(j + 4) + i); sub_scale: [N/16][G][16] int8; d: [N/16][S][16] float.
+//   K must be a multiple of 32.
+#pragma once
+
+#include "gemm.h"
+
+namespace qd {
+
+// llama.cpp's kvalues_iq4nl: the values IQ4_XS and IQ4_NL codes index, in increasing order.
+alignas(16) constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+struct Iq4Weights {
+  const uint8_t* codes;     // [N/16][G][4][16][4] nibbles
+  const int8_t* sub_scale;  // [N/16][G][16]
+  const float* d;           // [N/16][S][16]
+  int64_t n, k;
+  int64_t groups() const { return k / kGroup; }
+  int64_t supers() const { return (groups() + kGroupsPerSuper - 1) / kGroupsPerSuper; }
+};
+
+// ---- the definition, one element at a time (the oracle of the tests; also the path without AVX2) ------------
+
+inline int32_t iq4_value(const Iq4Weights& w, int64_t n, int64_t k) {
+  const int64_t g = k / kGroup, within = k % kGroup, j = (within / 4) % 4, i = within % 4;
+  const uint8_t byte = w.codes[(((n / kLanes) * w.groups() + g) * 4 + j) * 64 + (n % kLanes) * 4 + i];
+  return kIq4Values[within < 16 ? byte & 0x0F : byte >> 4];
+}
+
+inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
+  const int64_t block = n / kLanes, lane = n % kLanes, groups = w.groups();
+  float acc = 0.0f;
+  for (int64_t s = 0; s < w.supers(); ++s) {
+    int32_t total = 0;
+    for (int64_t g = s * kGroupsPerSuper; g < groups && g < (s + 1) * kGroupsPerSuper; ++g) {
+      int32_t dot = 0;
+      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += iq4_value(w, n, k) * x[k];
+      total += static_cast<int32_t>(w.sub_scale[(block * groups + g) * kLanes + lane]) * dot;
+    }
+    acc = std::fma(w.d[(block * w.supers() + s) * kLanes + lane], static_cast<float>(total), acc);
+  }
+  return acc;
+}
+
+// ---- the fast path: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ----------------------
+//
+// One path for every CPU with AVX2 (AVX-512 builds run it too): a group's 8 vectors of nibbles become its values by
+// one byte shuffle each, and stay in registers while the tile's rows take turns on them. The values are signed, so
+// each row multiplies |value| by x carrying the value's sign (no value is 0; a pair of products is at most
+// 2 * 127 * 127 = 32258: exact in int16), and one word multiply-add per pair of products adds the lane's sub-scale
+// times their sum to the superblock's total.
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+template <int R>
+inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int64_t block, float* out,
+                     int64_t out_stride) {
+  const int64_t groups = w.groups(), supers = w.supers();
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+  for (int h = 0; h < 2; ++h) {
+    HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
+    for (int64_t s = 0; s < supers; ++s) {
+      const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
+      const int64_t begin = s * kGroupsPerSuper;
+      const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+      HalfTotals<R> totals;
+      for (int64_t g = begin; g < end; ++g) {
+        const uint8_t* packed = w.codes + (block * groups + g) * 256;
+        __m256i values[8];
+        QD_UNROLL for (int j = 0; j < 4; ++j) {
+          prefetch(packed + j * 64);
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j * 64 + 32 * h));
+          values[j] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low_nibbles));
+          values[j + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles));
+        }
+        // each lane's sub-scale in both int16 words of its int32
+        const __m256i scale32 = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h)));
+        const __m256i scale = _mm256_or_si256(_mm256_and_si256(scale32, _mm256_set1_epi32(0xFFFF)),
+                                              _mm256_slli_epi32(scale32, 16));
+        QD_UNROLL for (int r = 0; r < R; ++r) {
+          const int8_t* row = x + r * x_stride + g * kGroup;
+          __m256i total = totals.get(r);
+          QD_UNROLL for (int j = 0; j < 8; ++j) {
+            const __m256i xs = _mm256_set1_epi32(load4(row + 4 * j));
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(values[j]), _mm256_sign_epi8(xs, values[j]));
+            total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, scale));
+          }
+          totals.set(r, total);
+        }
+      }
+      QD_UNROLL for (int r = 0; r < R; ++r) sums.add(r, d, totals.get(r));
+    }
+    sums.finish();
+  }
+}
+
+constexpr int kIq4Rows = 8;
+
+#else
+
+template <int R>
+inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int64_t block, float* out,
+                     int64_t out_stride) {
+  reference_tile<R>([&](const int8_t* row, int64_t n) { return iq4_reference(w, row, n); }, x, x_stride, block, out,
+                    out_stride);
+}
+
+constexpr int kIq4Rows = 1;
+#endif
+
+inline void iq4_gemm(const Iq4Weights& w, const int8_t* x, int64_t rows, float* out, int64_t out_stride,
+                     int64_t block_begin, int64_t block_end) {
+  for_each_block_tile<kIq4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+    iq4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, block, out + row * out_stride, out_stride);
+  });
+}
+
+}  // namespace qd

@@ -1,0 +1,112 @@
+"""Weight parts in llama.cpp's i-quant structures (``gemm_iq4.h``):
+
+- ``iq4``: llama.cpp's IQ4_XS structure: 4-bit indices into a fixed table of 16 int8 values (``IQ4_VALUES``), in
+  groups of 32, each group with a signed sub-scale, under a float d per superblock of 8 groups:
+  w = d · sub_scale · IQ4_VALUES[code].
+
+A GGUF file's IQ4_XS tensors load into it exactly, with no second quantization (``gguf_blocks.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quickdraft.runtime.native.float_ops import fused_multiply_add
+from quickdraft.runtime.native.kquants import GROUPS_PER_SUPER, lanes_last, pack_nibbles, rows_first, unpack_nibbles
+from quickdraft.runtime.native.parts import GROUP, LANES, WeightPart, pad_rows, padded, panels_of
+
+IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # kvalues_iq4nl
+
+
+class IQ4Part(WeightPart):
+    """4-bit indices into :data:`IQ4_VALUES` in IQ4_XS's structure (see the module docstring); the codes packed as
+    q4's nibbles, ``sub_scale [N/16, G, 16]`` int8 and ``d [N/16, S, 16]`` float (``gemm_iq4.h``)."""
+
+    kind = "iq4"
+    kernel_kind = 6
+    tensor_names = ("codes", "sub_scale", "d")
+
+    def __init__(self, rows: int, **tensors: torch.Tensor) -> None:
+        self.rows = rows
+        self.codes, self.sub_scale = tensors["codes"].contiguous(), tensors["sub_scale"].contiguous()
+        self.d = tensors["d"].float().contiguous()
+        self.in_features = self.codes.shape[1] * GROUP
+
+    @classmethod
+    def from_blocks(cls, codes: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> IQ4Part:
+        """Plain ``codes [N, K]`` in [0, 15], ``sub_scale [N, K/32]`` in [−128, 127] and float ``d [N, ceil(K/256)]``
+        (w = d · sub_scale · IQ4_VALUES[code]) -> the packed part. K must be a multiple of 32."""
+        rows, width = codes.shape
+        if width % GROUP:
+            raise ValueError(f"iq4 weights need a multiple of {GROUP} input features, got {width}")
+        if codes.numel() and not 0 <= int(codes.min()) <= int(codes.max()) <= 15:
+            raise ValueError("iq4 codes are in [0, 15]")
+        if sub_scale.numel() and not -128 <= int(sub_scale.min()) <= int(sub_scale.max()) <= 127:
+            raise ValueError("iq4 sub-scales are in [-128, 127]")
+        codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, width // GROUP, 8, 4)
+        return cls(
+            rows,
+            codes=pack_nibbles(codes),  # [N/16, G, 4, 16, 4]
+            sub_scale=lanes_last(sub_scale.to(torch.int8)),  # [N/16, G, 16]
+            d=lanes_last(d.float()),  # [N/16, S, 16]
+        )
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> IQ4Part:
+        """Nearest table values under round-to-nearest scales (a GGUF file's own IQ4_XS blocks are loaded exactly
+        instead): each group's largest magnitude maps to 127, its step to a sub-scale in [0, 31] times d."""
+        rows, width = weight.shape
+        if width % GROUP:
+            raise ValueError(f"iq4 weights need a multiple of {GROUP} input features, got {width}")
+        groups = weight.float().reshape(rows, width // GROUP, GROUP)  # [N, G, 32]
+        step = groups.abs().amax(dim=-1) / 127  # [N, G]
+        supers = -(-step.shape[1] // GROUPS_PER_SUPER)
+        padded_step = torch.nn.functional.pad(step, (0, supers * GROUPS_PER_SUPER - step.shape[1]))
+        d = padded_step.reshape(rows, supers, GROUPS_PER_SUPER).amax(-1).clamp_min(1e-30) / 31  # [N, S]
+        index = torch.arange(step.shape[1]) // GROUPS_PER_SUPER
+        sub_scale = torch.round(step / d[:, index]).clamp_(0, 31)  # [N, G]
+        scale = (d[:, index] * sub_scale).clamp_min(1e-30)[..., None]  # [N, G, 1]
+        distance = (groups[..., None] / scale[..., None] - IQ4_VALUES.float()).abs()  # [N, G, 32, 16]
+        codes = distance.argmin(dim=-1).to(torch.uint8).reshape(rows, width)
+        return cls.from_blocks(codes, sub_scale.to(torch.int8), d)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.tensor_names}
+
+    @classmethod
+    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> IQ4Part:
+        return cls(rows, **tensors)
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The plain ``(codes, sub_scale, d)`` of :meth:`from_blocks`."""
+        codes = unpack_nibbles(self.codes).reshape(self.padded_rows, self.in_features)[: self.rows]
+        return codes, rows_first(self.sub_scale, self.rows), rows_first(self.d, self.rows)
+
+    def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
+        kernels.iq4_matmul(rows, self.codes, self.sub_scale, self.d, out, column)
+
+    def reference(self, rows: torch.Tensor) -> torch.Tensor:
+        codes, sub_scale, d = self.blocks()
+        groups = self.in_features // GROUP
+        values = IQ4_VALUES[codes.long()].double().reshape(self.rows, groups, GROUP)  # [N, G, 32]
+        x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
+        dots = torch.einsum("mgk,ngk->mng", x, values)  # [M, N, G] exact
+        acc = torch.zeros(rows.shape[0], self.rows)
+        for first in range(0, groups, GROUPS_PER_SUPER):
+            span = range(first, min(first + GROUPS_PER_SUPER, groups))
+            total = sum(dots[:, :, g] * sub_scale[:, g].double() for g in span)  # integers below 2^31: exact
+            acc = fused_multiply_add(d[:, first // GROUPS_PER_SUPER], total.float(), acc)
+        return acc
+
+    def dequantize(self) -> torch.Tensor:
+        codes, sub_scale, d = self.blocks()
+        groups = self.in_features // GROUP
+        scale = (d[:, torch.arange(groups) // GROUPS_PER_SUPER] * sub_scale.float())[..., None]  # [rows, G, 1]
+        return (scale * IQ4_VALUES[codes.long()].float().reshape(self.rows, groups, GROUP)).reshape(self.rows, -1)
+
+    def select_rows(self, index: torch.Tensor) -> IQ4Part:
+        panel_ids, local = panels_of(index)
+        panels = IQ4Part(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
+        return IQ4Part.from_blocks(*(field[local] for field in panels.blocks()))

@@ -1,5 +1,5 @@
-// How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h) run for few rows: GMAC/s of the
-// q4, q5, q6, q8 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
+// How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, ...) run for few rows: GMAC/s of
+// the q4, q5, q6, q8, iq4 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
 // 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K, a Q5_K_M file most
 // of the rest as Q5_K) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
 // random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_iq4.h"
 #include "gemm_q6.h"
 #include "gemm_q8.h"
 #include "gemm_bench.h"
@@ -61,6 +62,24 @@ Q8Copy make_q8(int64_t n, int64_t k, std::mt19937& rng) {
   return c;
 }
 
+struct Iq4Copy {
+  std::vector<uint8_t> codes;
+  std::vector<int8_t> sub_scale;
+  std::vector<float> d;
+  int64_t n = 0, k = 0;
+  qd::Iq4Weights weights() const { return {codes.data(), sub_scale.data(), d.data(), n, k}; }
+};
+
+Iq4Copy make_iq4(int64_t n, int64_t k, std::mt19937& rng) {
+  Iq4Copy c;
+  c.n = n;
+  c.k = k;
+  c.codes = random_bytes(n * k / 2, rng);
+  for (const uint8_t b : random_bytes(n * k / qd::kGroup, rng)) c.sub_scale.push_back(static_cast<int8_t>(b % 64 - 32));
+  c.d.assign(n * ((k / qd::kGroup + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper), 1e-3f);
+  return c;
+}
+
 struct Int8Copy {
   std::vector<uint8_t> codes;
   std::vector<float> scale;
@@ -87,7 +106,7 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(7);
   constexpr int64_t kStreamBytes = int64_t{1} << 30;  // more than any last-level cache: weights come from memory
-  enum Format { kQ4, kQ5, kQ6, kInt8, kQ8 };
+  enum Format { kQ4, kQ5, kQ6, kInt8, kQ8, kIq4 };
   struct Shape {
     const char* name;
     int64_t n, k;
@@ -97,11 +116,13 @@ int main(int argc, char** argv) {
                           {"q5   gate+up 1536->17920", 17920, 1536, kQ5},
                           {"int8 gate+up 1536->17920", 17920, 1536, kInt8},
                           {"q8   gate+up 1536->17920", 17920, 1536, kQ8},
+                          {"iq4  gate+up 1536->17920", 17920, 1536, kIq4},
                           {"q4   down    8960->1536 ", 1536, 8960, kQ4},
                           {"q5   down    8960->1536 ", 1536, 8960, kQ5},
                           {"q6   down    8960->1536 ", 1536, 8960, kQ6},
                           {"int8 down    8960->1536 ", 1536, 8960, kInt8},
                           {"q8   down    8960->1536 ", 1536, 8960, kQ8},
+                          {"iq4  down    8960->1536 ", 1536, 8960, kIq4},
                           {"q6   lm-head 1536->151936", 151936, 1536, kQ6},
                           {"int8 lm-head 1536->151936", 151936, 1536, kInt8}};
   std::printf("isa %s; best of 8 calls, weights rotating through 1 GiB; GMAC/s\n", qd::kIsa);
@@ -111,7 +132,8 @@ int main(int argc, char** argv) {
     std::vector<Q6Copy> q6;
     std::vector<Int8Copy> int8;
     std::vector<Q8Copy> q8;
-    const int sixteenths[] = {9, 11, 13, 16, 17};  // bytes a weight, in 16ths, by format
+    std::vector<Iq4Copy> iq4;
+    const int sixteenths[] = {9, 11, 13, 16, 17, 9};  // bytes a weight, in 16ths, by format
     const int64_t bytes = shape.n * shape.k * sixteenths[shape.format] / 16;
     const int copies = static_cast<int>((kStreamBytes + bytes - 1) / bytes);
     for (int c = 0; c < copies; ++c) {
@@ -119,6 +141,7 @@ int main(int argc, char** argv) {
       else if (shape.format == kQ5) q4.push_back(make_q5(shape.n, shape.k, rng));
       else if (shape.format == kQ6) q6.push_back(make_q6(shape.n, shape.k, rng));
       else if (shape.format == kQ8) q8.push_back(make_q8(shape.n, shape.k, rng));
+      else if (shape.format == kIq4) iq4.push_back(make_iq4(shape.n, shape.k, rng));
       else int8.push_back(make_int8(shape.n, shape.k, rng));
     }
     for (int64_t rows : row_counts) {
@@ -144,6 +167,8 @@ int main(int argc, char** argv) {
               qd::q6_gemm(q6[i % copies].weights(), x.data(), rows, sub_offsets.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kQ8)
               qd::q8_gemm(q8[i % copies].weights(), x.data(), rows, offsets.data(), out.data(), shape.n, begin, end);
+            else if (shape.format == kIq4)
+              qd::iq4_gemm(iq4[i % copies].weights(), x.data(), rows, out.data(), shape.n, begin, end);
             else
               qd::int8_gemm(int8[i % copies].weights(), x.data(), rows, sums.data(), out.data(), shape.n, begin, end);
           });

@@ -77,13 +77,14 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int
       HalfTotals<R> totals;
       for (int64_t g = begin; g < end; ++g) {
         const uint8_t* packed = w.codes + (block * groups + g) * 256;
-        __m256i values[8];
+        __m256i values[8], magnitudes[8];
         QD_UNROLL for (int j = 0; j < 4; ++j) {
           prefetch(packed + j * 64);
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j * 64 + 32 * h));
           values[j] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low_nibbles));
           values[j + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles));
         }
+        QD_UNROLL for (int j = 0; j < 8; ++j) magnitudes[j] = _mm256_abs_epi8(values[j]);
         // each lane's sub-scale in both int16 words of its int32
         const __m256i scale32 = _mm256_cvtepi8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h)));
@@ -94,7 +95,7 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int
           __m256i total = totals.get(r);
           QD_UNROLL for (int j = 0; j < 8; ++j) {
             const __m256i xs = _mm256_set1_epi32(load4(row + 4 * j));
-            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(values[j]), _mm256_sign_epi8(xs, values[j]));
+            const __m256i pairs = _mm256_maddubs_epi16(magnitudes[j], _mm256_sign_epi8(xs, values[j]));
             total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, scale));
           }
           totals.set(r, total);

@@ -18,7 +18,7 @@ from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from quickdraft.runtime import RUNTIMES
 from quickdraft.runtime.device import AUTO_DEVICE, DEVICE_FORMS
-from quickdraft.runtime.native.weights import WEIGHT_FORMATS
+from quickdraft.runtime.native.weights import EXACT_TYPES, WEIGHT_FORMATS
 from quickdraft.runtime.options import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 
 
@@ -57,9 +57,9 @@ def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--d
         f"{prefix}weights",
         choices=WEIGHT_FORMATS,
         default=None,
-        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, "
-        f"Q4_0, Q5_1 and Q4_1 tensors as stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors and stores the "
-        f"rest in 4 bits, int8 stores everything in 7 bits (draft model default "
+        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's "
+        f"{', '.join(EXACT_TYPES['auto'])} tensors as stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors "
+        f"and stores the rest in 4 bits, int8 stores everything in 7 bits (draft model default "
         f"{DRAFT_WEIGHTS}, other models auto)",
     )
     parser.add_argument(

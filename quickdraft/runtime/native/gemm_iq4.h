@@ -54,11 +54,12 @@ inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
 
 // ---- the fast path: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ----------------------
 //
-// One path for every CPU with AVX2 (AVX-512 builds run it too): a group's 8 vectors of nibbles become its values by
-// one byte shuffle each, and stay in registers while the tile's rows take turns on them. The values are signed, so
-// each row multiplies |value| by x carrying the value's sign (no value is 0; a pair of products is at most
-// 2 * 127 * 127 = 32258: exact in int16), and one word multiply-add per pair of products adds the lane's sub-scale
-// times their sum to the superblock's total.
+// One path for every CPU with AVX2 (AVX-512 builds run it too): each vector of a group's nibbles becomes its values
+// by one byte shuffle, and the tile's rows take turns on it while their superblock totals stay in registers. The
+// values are signed, so each row multiplies |value| by x carrying the value's sign (no value is 0; a pair of
+// products is at most 2 * 127 * 127 = 32258: exact in int16), and one word multiply-add per pair of products adds
+// the lane's sub-scale times their sum to the row's total. That sign is one more operation per 32 products than the
+// int8 format's AVX2 path takes, and without VNNI a tile's rows are bound by such operations, not by memory.
 
 #if defined(__AVX2__) && defined(__FMA__)
 
@@ -74,34 +75,28 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int
       const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
       const int64_t begin = s * kGroupsPerSuper;
       const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
-      HalfTotals<R> totals;
+      __m256i totals[R];
+      QD_UNROLL for (int r = 0; r < R; ++r) totals[r] = _mm256_setzero_si256();
       for (int64_t g = begin; g < end; ++g) {
         const uint8_t* packed = w.codes + (block * groups + g) * 256;
-        __m256i values[8], magnitudes[8];
-        QD_UNROLL for (int j = 0; j < 4; ++j) {
-          prefetch(packed + j * 64);
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + j * 64 + 32 * h));
-          values[j] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low_nibbles));
-          values[j + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low_nibbles));
-        }
-        QD_UNROLL for (int j = 0; j < 8; ++j) magnitudes[j] = _mm256_abs_epi8(values[j]);
         // each lane's sub-scale in both int16 words of its int32
         const __m256i scale32 = _mm256_cvtepi8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h)));
         const __m256i scale = _mm256_or_si256(_mm256_and_si256(scale32, _mm256_set1_epi32(0xFFFF)),
                                               _mm256_slli_epi32(scale32, 16));
-        QD_UNROLL for (int r = 0; r < R; ++r) {
-          const int8_t* row = x + r * x_stride + g * kGroup;
-          __m256i total = totals.get(r);
-          QD_UNROLL for (int j = 0; j < 8; ++j) {
-            const __m256i xs = _mm256_set1_epi32(load4(row + 4 * j));
-            const __m256i pairs = _mm256_maddubs_epi16(magnitudes[j], _mm256_sign_epi8(xs, values[j]));
-            total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, scale));
+        QD_UNROLL for (int j = 0; j < 8; ++j) {  // vector j % 4's low (j < 4) or high nibbles: k = 32g + 4j + i
+          if (j < 4) prefetch(packed + j * 64);
+          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + (j % 4) * 64 + 32 * h));
+          const __m256i nibbles = _mm256_and_si256(j < 4 ? bytes : _mm256_srli_epi16(bytes, 4), low_nibbles);
+          const __m256i values = _mm256_shuffle_epi8(table, nibbles), magnitudes = _mm256_abs_epi8(values);
+          QD_UNROLL for (int r = 0; r < R; ++r) {
+            const __m256i xs = _mm256_set1_epi32(load4(x + r * x_stride + g * kGroup + 4 * j));
+            const __m256i pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xs, values));
+            totals[r] = _mm256_add_epi32(totals[r], _mm256_madd_epi16(pairs, scale));
           }
-          totals.set(r, total);
         }
       }
-      QD_UNROLL for (int r = 0; r < R; ++r) sums.add(r, d, totals.get(r));
+      QD_UNROLL for (int r = 0; r < R; ++r) sums.add(r, d, totals[r]);
     }
     sums.finish();
   }

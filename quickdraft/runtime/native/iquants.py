@@ -56,21 +56,24 @@ class IQ4Part(WeightPart):
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> IQ4Part:
         """Nearest table values under round-to-nearest scales (a GGUF file's own IQ4_XS blocks are loaded exactly
-        instead): each group's largest magnitude maps to 127, its step to a sub-scale in [0, 31] times d."""
+        instead): as llama.cpp's, each group's scale takes the sign that maps its largest magnitude to −127, the
+        table's far end, and is a sub-scale in [−31, 31] times its superblock's d."""
         rows, width = weight.shape
         if width % GROUP:
             raise ValueError(f"iq4 weights need a multiple of {GROUP} input features, got {width}")
         groups = weight.float().reshape(rows, width // GROUP, GROUP)  # [N, G, 32]
-        step = groups.abs().amax(dim=-1) / 127  # [N, G]
+        extreme = groups.gather(-1, groups.abs().argmax(dim=-1, keepdim=True))[..., 0]  # [N, G]: signed
+        step = -extreme / 127  # [N, G]
         supers = -(-step.shape[1] // GROUPS_PER_SUPER)
-        padded_step = torch.nn.functional.pad(step, (0, supers * GROUPS_PER_SUPER - step.shape[1]))
+        padded_step = torch.nn.functional.pad(step.abs(), (0, supers * GROUPS_PER_SUPER - step.shape[1]))
         d = padded_step.reshape(rows, supers, GROUPS_PER_SUPER).amax(-1).clamp_min(1e-30) / 31  # [N, S]
         index = torch.arange(step.shape[1]) // GROUPS_PER_SUPER
-        sub_scale = torch.round(step / d[:, index]).clamp_(0, 31)  # [N, G]
-        scale = (d[:, index] * sub_scale).clamp_min(1e-30)[..., None]  # [N, G, 1]
-        distance = (groups[..., None] / scale[..., None] - IQ4_VALUES.float()).abs()  # [N, G, 32, 16]
-        codes = distance.argmin(dim=-1).to(torch.uint8).reshape(rows, width)
-        return cls.from_blocks(codes, sub_scale.to(torch.int8), d)
+        sub_scale = torch.round(step / d[:, index]).clamp_(-31, 31)  # [N, G]
+        scale = d[:, index] * sub_scale
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale)[..., None]  # [N, G, 1]
+        values = IQ4_VALUES.float()
+        codes = torch.bucketize(groups / safe, (values[1:] + values[:-1]) / 2)  # the nearest value's index
+        return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale.to(torch.int8), d)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.tensor_names}

@@ -85,3 +85,20 @@ def test_the_embedding_and_output_have_a_row_per_token() -> None:
     for name in ("token_embd.weight", "output.weight"):
         with pytest.raises(Corrupt, match=f"tensor {name} has 64 rows, but the vocabulary has 100 tokens"):
             _check_sizes(metadata, [*infos, (name, [8, 64], 0, 0)])
+
+
+def test_an_up_projection_without_a_gate_may_hold_both() -> None:
+    """Phi-3's files (llama.cpp's converter) store gate and up in one ``ffn_up`` of twice the rows and no ``ffn_gate``:
+    such a file passes; twice the rows beside a gate, or any other count, does not."""
+    from quickdraft.models.gguf_check import Corrupt, _check_sizes
+
+    metadata = {"general.architecture": "phi3", "phi3.block_count": 1, "phi3.embedding_length": 8,
+                "phi3.attention.head_count": 2, "phi3.feed_forward_length": 16}  # fmt: skip
+    down = ("blk.0.ffn_down.weight", [16, 8], 0, 0)
+    _check_sizes(metadata, [down, ("blk.0.ffn_up.weight", [8, 32], 0, 0)])
+    _check_sizes(metadata, [down, ("blk.0.ffn_up.weight", [8, 16], 0, 0)])  # an up projection alone
+    gate = ("blk.0.ffn_gate.weight", [8, 16], 0, 0)
+    with pytest.raises(Corrupt, match=r"tensor blk\.0\.ffn_up\.weight has 32 rows, but the model's sizes make it 16"):
+        _check_sizes(metadata, [down, gate, ("blk.0.ffn_up.weight", [8, 32], 0, 0)])
+    with pytest.raises(Corrupt, match=r"tensor blk\.0\.ffn_up\.weight has 24 rows, but the model's sizes make it 16"):
+        _check_sizes(metadata, [down, ("blk.0.ffn_up.weight", [8, 24], 0, 0)])

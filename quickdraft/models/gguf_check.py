@@ -10,8 +10,9 @@ Rules (:func:`check_gguf`, a ``ModelFilesError`` saying what is wrong):
 - The model's sizes (``<architecture>.block_count``, ``embedding_length`` and ``attention.head_count`` present; the
   other head counts and widths where given) are whole numbers of at least 1, its norm epsilon and RoPE base finite
   and above 0, ``block_count`` is the number of ``blk.N`` layers the file holds, and the usual tensors (embedding,
-  attention, feed-forward, norms) are as wide and have as many rows as those sizes make them; the embedding and the
-  output layer have a row per token of the vocabulary, as llama.cpp requires.
+  attention, feed-forward, norms) are as wide and have as many rows as those sizes make them (a layer's ``ffn_up``
+  without an ``ffn_gate`` beside it may hold both, twice the rows, as Phi-3's does); the embedding and the output
+  layer have a row per token of the vocabulary, as llama.cpp requires.
 """
 
 from __future__ import annotations
@@ -221,11 +222,16 @@ def _check_widths(metadata: dict[str, Any], architecture: str, infos: list[tuple
         rows["attn_q"] = heads * key
         if isinstance(kv_heads, int) and isinstance(value, int):
             rows |= {"attn_k": kv_heads * key, "attn_v": kv_heads * value}
+    names = {name for name, *_ in infos}
     for name, shape, _, _ in infos:
         if not name.endswith(".weight"):
             continue
         part = name.removesuffix(".weight").rsplit(".", 1)[-1]
         if part in widths and shape[0] != widths[part]:
             raise Corrupt(f"tensor {name} is {shape[0]} wide, but the model's sizes make it {widths[part]}")
-        if part in rows and len(shape) > 1 and shape[1] != rows[part]:
-            raise Corrupt(f"tensor {name} has {shape[1]} rows, but the model's sizes make it {rows[part]}")
+        expected = rows.get(part)
+        fused = part == "ffn_up" and name.replace(".ffn_up.", ".ffn_gate.") not in names  # Phi-3's gate and up
+        if fused and expected is not None and len(shape) > 1 and shape[1] == 2 * expected:
+            expected = 2 * expected
+        if expected is not None and len(shape) > 1 and shape[1] != expected:
+            raise Corrupt(f"tensor {name} has {shape[1]} rows, but the model's sizes make it {expected}")

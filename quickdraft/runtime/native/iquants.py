@@ -15,12 +15,12 @@ import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.kquants import GROUPS_PER_SUPER, lanes_last, pack_nibbles, rows_first, unpack_nibbles
-from quickdraft.runtime.native.parts import GROUP, LANES, WeightPart, pad_rows, padded, panels_of
+from quickdraft.runtime.native.parts import GROUP, LANES, BlockPart, pad_rows, padded
 
 IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # kvalues_iq4nl
 
 
-class IQ4Part(WeightPart):
+class IQ4Part(BlockPart):
     """4-bit indices into :data:`IQ4_VALUES` in IQ4_XS's structure (see the module docstring); the codes packed as
     q4's nibbles, ``sub_scale [N/16, G, 16]`` int8 and ``d [N/16, S, 16]`` float (``gemm_iq4.h``)."""
 
@@ -75,13 +75,6 @@ class IQ4Part(WeightPart):
         codes = torch.bucketize(groups / safe, (values[1:] + values[:-1]) / 2)  # the nearest value's index
         return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale.to(torch.int8), d)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in self.tensor_names}
-
-    @classmethod
-    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> IQ4Part:
-        return cls(rows, **tensors)
-
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The plain ``(codes, sub_scale, d)`` of :meth:`from_blocks`."""
         codes = unpack_nibbles(self.codes).reshape(self.padded_rows, self.in_features)[: self.rows]
@@ -108,8 +101,3 @@ class IQ4Part(WeightPart):
         groups = self.in_features // GROUP
         scale = (d[:, torch.arange(groups) // GROUPS_PER_SUPER] * sub_scale.float())[..., None]  # [rows, G, 1]
         return (scale * IQ4_VALUES[codes.long()].float().reshape(self.rows, groups, GROUP)).reshape(self.rows, -1)
-
-    def select_rows(self, index: torch.Tensor) -> IQ4Part:
-        panel_ids, local = panels_of(index)
-        panels = IQ4Part(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
-        return IQ4Part.from_blocks(*(field[local] for field in panels.blocks()))

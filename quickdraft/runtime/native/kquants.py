@@ -17,14 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
-from quickdraft.runtime.native.parts import (
-    GROUP,
-    LANES,
-    WeightPart,
-    pad_rows,
-    padded,
-    panels_of,
-)
+from quickdraft.runtime.native.parts import GROUP, LANES, BlockPart, pad_rows, padded
 
 GROUPS_PER_SUPER = 8  # q4, q5 and q6: groups per superblock
 SUB_BLOCK = 16  # q6: weights per sub-scale
@@ -66,7 +59,7 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([packed & 0x0F, packed >> 4], dim=3)
 
 
-class Q4Part(WeightPart):
+class Q4Part(BlockPart):
     """4-bit codes in Q4_K's structure (see the module docstring); packed as ``gemm.h`` describes."""
 
     kind = "q4"
@@ -146,13 +139,6 @@ class Q4Part(WeightPart):
         codes = torch.round((groups - offset) / scale).clamp_(0, levels) * stretch
         return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale, sub_min, d, -dmin_magnitude)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in self.tensor_names}
-
-    @classmethod
-    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Q4Part:
-        return cls(rows, **tensors)
-
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """The plain ``(codes, sub_scale, sub_min, d, dmin)`` of :meth:`from_blocks`."""
         codes = self.unpacked_codes().reshape(self.padded_rows, self.in_features)[: self.rows]
@@ -191,11 +177,6 @@ class Q4Part(WeightPart):
         offset = (dmin[:, index] * sub_min.float())[..., None]
         return (scale * codes.reshape(self.rows, groups, GROUP).float() + offset).reshape(self.rows, -1)
 
-    def select_rows(self, index: torch.Tensor) -> Q4Part:
-        panel_ids, local = panels_of(index)
-        panels = type(self)(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
-        return type(self).from_blocks(*(field[local] for field in panels.blocks()))
-
 
 class Q5Part(Q4Part):
     """5-bit codes in Q5_K's structure: q4's nibbles, sub-scales, sub-mins and superblock scales, and a plane of
@@ -222,7 +203,7 @@ class Q5Part(Q4Part):
         kernels.q5_matmul(rows, self.codes, self.high, self.sub_scale, self.sub_min, self.d, self.dmin, out, column)
 
 
-class Q6Part(WeightPart):
+class Q6Part(BlockPart):
     """6-bit codes in Q6_K's structure (see the module docstring); packed as ``gemm_q6.h`` describes."""
 
     kind = "q6"
@@ -270,13 +251,6 @@ class Q6Part(WeightPart):
         codes = torch.round(sub_blocks / scale).clamp_(-Q6_OFFSET, Q6_OFFSET - 1) + Q6_OFFSET
         return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale.to(torch.int8), d)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in self.tensor_names}
-
-    @classmethod
-    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Q6Part:
-        return cls(rows, **tensors)
-
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The plain ``(codes, sub_scale, d)`` of :meth:`from_blocks`."""
         low = unpack_nibbles(self.codes)  # [N/16, 16, G, 8, 4]
@@ -306,8 +280,3 @@ class Q6Part(WeightPart):
         scale = (d[:, index] * sub_scale.float())[..., None]  # [rows, J, 1]
         values = codes.reshape(self.rows, -1, SUB_BLOCK).float() - Q6_OFFSET
         return (scale * values).reshape(self.rows, -1)
-
-    def select_rows(self, index: torch.Tensor) -> Q6Part:
-        panel_ids, local = panels_of(index)
-        panels = Q6Part(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
-        return Q6Part.from_blocks(*(field[local] for field in panels.blocks()))

@@ -67,13 +67,15 @@ class WeightPart(ABC):
     def padded_rows(self) -> int:
         return padded(self.rows)
 
-    @abstractmethod
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The packed tensors by name (what the native weight cache stores)."""
+        """The packed tensors by name, in ``tensor_names``' order (what the native weight cache stores, and the order
+        layers.cpp's Part takes them in)."""
+        return {name: getattr(self, name) for name in self.tensor_names}
 
     @classmethod
-    @abstractmethod
-    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> WeightPart: ...
+    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> WeightPart:
+        """The part :meth:`tensors` gave ``tensors``."""
+        return cls(rows, **tensors)  # type: ignore[call-arg]  # each format's constructor takes its tensor_names
 
     @classmethod
     @abstractmethod
@@ -95,6 +97,25 @@ class WeightPart(ABC):
     @abstractmethod
     def select_rows(self, index: torch.Tensor) -> WeightPart:
         """A part of the rows ``index`` (in that order), with the same weights."""
+
+
+class BlockPart(WeightPart):
+    """A format whose weights are plain per-row fields (codes and their scales) before packing: :meth:`blocks` gives
+    them, :meth:`from_blocks` packs them, so picking rows is unpacking a part's 16-row panels and packing again."""
+
+    @classmethod
+    @abstractmethod
+    def from_blocks(cls, *fields: torch.Tensor) -> BlockPart:
+        """The packed part of plain fields, each ``[rows, ...]``."""
+
+    @abstractmethod
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        """The plain fields of :meth:`from_blocks`."""
+
+    def select_rows(self, index: torch.Tensor) -> BlockPart:
+        panel_ids, local = panels_of(index)
+        panels = self.from_tensors(len(panel_ids) * LANES, {name: t[panel_ids] for name, t in self.tensors().items()})
+        return self.from_blocks(*(field[local] for field in panels.blocks()))
 
 
 class Int8Part(WeightPart):
@@ -125,13 +146,6 @@ class Int8Part(WeightPart):
     def from_float(cls, weight: torch.Tensor) -> Int8Part:
         return cls.from_int8(*quantize_weight(weight))
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"codes": self.codes, "scale": self.scale}
-
-    @classmethod
-    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Int8Part:
-        return cls(rows, tensors["codes"], tensors["scale"])
-
     def weight_int8(self) -> torch.Tensor:
         """``[rows, K]`` int8, unpacked."""
         codes = self.codes.permute(0, 2, 1, 3).reshape(self.padded_rows, self.in_features)
@@ -154,7 +168,7 @@ class Int8Part(WeightPart):
         return Int8Part.from_int8(panels.weight_int8()[local], panels.scale[local])
 
 
-class Q8Part(WeightPart):
+class Q8Part(BlockPart):
     """8-bit codes in groups of 32 with a float16 scale each (llama.cpp's Q8_0 structure; Q4_0 and Q5_0 blocks are
     the same with smaller codes): w = d · q, q in [−128, 127]. Packed as ``gemm_q8.h`` describes: int8's layout
     holding q + 128, and the scales ``[N/16, K/32, 16]``."""
@@ -199,13 +213,6 @@ class Q8Part(WeightPart):
         codes = torch.round(groups / safe).clamp_(-128, 127).to(torch.int8)
         return cls.from_blocks(codes.reshape(weight.shape), d)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in self.tensor_names}
-
-    @classmethod
-    def from_tensors(cls, rows: int, tensors: dict[str, torch.Tensor]) -> Q8Part:
-        return cls(rows, **tensors)
-
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """The plain ``(codes, d, ...)`` of :meth:`from_blocks` (the per-group tensors as float32 values)."""
         codes = self.codes.permute(0, 2, 1, 3).reshape(self.padded_rows, self.in_features)[: self.rows]
@@ -235,11 +242,6 @@ class Q8Part(WeightPart):
         for values in mins:
             groups = groups + values[..., None]
         return groups.reshape(self.rows, -1)
-
-    def select_rows(self, index: torch.Tensor) -> Q8Part:
-        panel_ids, local = panels_of(index)
-        panels = type(self)(len(panel_ids) * LANES, **{name: t[panel_ids] for name, t in self.tensors().items()})
-        return type(self).from_blocks(*(field[local] for field in panels.blocks()))
 
 
 class Q8MinPart(Q8Part):

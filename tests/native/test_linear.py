@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
@@ -229,6 +230,11 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
         Q8Part.from_float(torch.randn(4, 48))
     with pytest.raises(ValueError, match="multiple of 32"):
         Q6Part.from_blocks(torch.zeros(4, 48, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.int8), torch.ones(4, 1))
+    with pytest.raises(ValueError, match="iq4 weights need a multiple of 32"):
+        IQ4Part.from_float(torch.randn(4, 48))
+    scales = torch.zeros(4, 2, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"iq4 codes are in \[0, 15\]"):
+        IQ4Part.from_blocks(torch.full((4, 64), 16, dtype=torch.uint8), scales, torch.ones(4, 1))
 
 
 @pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])

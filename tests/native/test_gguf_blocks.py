@@ -1,5 +1,5 @@
-"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_XS tensors as q4, q5, q6, q8, q8m and
-iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_XS tensors as q4, q5, q6, q8,
+q8m and iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
     decode_iq4_xs,
+    decode_q3_k,
     decode_q4_k,
     decode_q5_k,
     decode_q6_k,
@@ -87,6 +88,17 @@ def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
     expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
     kind, (codes, sub_scale, d) = decode_q6_k(raw, 32, 768)
     assert kind == "q6" and int(codes.max()) == 63 and int(sub_scale.min()) == -128
+    part = Q6Part.from_blocks(codes, sub_scale, d)
+    assert torch.equal(part.dequantize(), expected)
+    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))
+
+
+def test_decoded_q3_k_blocks_are_ggufs_own_dequantization() -> None:
+    raw = random_blocks(32, 768, 110, slice(108, 110))  # d last; every code, third bit and sub-scale random
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q3_K).astype(np.float32))
+    kind, (codes, sub_scale, d) = decode_q3_k(raw, 32, 768)
+    assert kind == "q6" and (int(codes.min()), int(codes.max())) == (28, 35)  # values −4 to 3 as q6 codes
+    assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31)
     part = Q6Part.from_blocks(codes, sub_scale, d)
     assert torch.equal(part.dequantize(), expected)
     assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))

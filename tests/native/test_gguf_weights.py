@@ -73,7 +73,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
-    Q5_K, Q6_K, IQ4_XS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1 and Q4_1 for auto, Q4_K for q4) as they are,
+    Q5_K, Q6_K, Q3_K, IQ4_XS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1 and Q4_1 for auto, Q4_K for q4) as they are,
     the rest (every other type of READ_TYPES; Llama's q/k rows reordered) quantized from the float values
     transformers' loader gives them."""
     import conftest
@@ -94,9 +94,11 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.") and name.endswith(".rows")}
     written = {kind for layers in conftest.GGUF_LAYER_TYPES for kind in layers.values()}
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q8", "Q5_1": "q8m",
-            "Q4_1": "q8m", "IQ4_XS": "iq4"}  # the rest: int8  # fmt: skip
+            "Q4_1": "q8m", "IQ4_XS": "iq4", "Q3_K": "q6"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
+    if more == 1 and architecture == "qwen2":  # attn_k is Q3_K (Llama's converter would reorder its rows)
+        assert "layers.0.qkv.1.q6.rows" in from_gguf["auto"]
     assert not any(".q6." in name for name in from_gguf["q4"])  # a draft's Q6_K: 4 bits
 
 

@@ -1,4 +1,4 @@
-"""A GGUF file's K-quant (Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) and IQ4_XS tensors as the
+"""A GGUF file's K-quant (Q3_K, Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) and IQ4_XS tensors as the
 native runtime's q4, q5, q6, q8, q8m and iq4 parts, bit for bit (no second quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
@@ -18,12 +18,19 @@ and d · (code − 16), where a byte of nibbles holds weight l (low) and l + 16 
 fifth bit of weight l at bit l. So their codes minus the offset are q8 codes in [−8, 7] and [−16, 15]. Q4_1 (20
 bytes) and Q5_1 (24 bytes) hold a float16 min ``m`` after ``d`` and no offset: weight = d · code + m, the q8m format.
 
+Q3_K (``block_q3_K``, 110 bytes per 256 weights): 32 bytes ``hmask``, 64 bytes ``qs``, 12 bytes packing sixteen
+6-bit sub-scales and a float16 ``d``. Weight 128·h + 32·j + l (h < 2, j < 4, l < 32) has the 2-bit code at bits
+2j of qs byte 32·h + l and its third bit at bit 4h + j of hmask byte l; its value is that code, minus 4 where the
+third bit is clear, in [−4, 3]. Sub-scale s (of 16 weights) has its low 4 bits in the low (s < 8) or high nibble of
+byte s mod 8 and its top 2 bits at bits 2·(s / 4) of byte 8 + s mod 4, and holds sub_scale + 32; weight = d ·
+sub_scale · value. That is the q6 format with codes value + 32 in [28, 35] and sub-scales in [−32, 31].
+
 IQ4_XS (``block_iq4_xs``, 136 bytes per 256 weights): a float16 ``d``, the high 2 bits of eight 6-bit sub-scales
 in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes ``scales_l`` (group g in the low
 nibble of byte g/2 for even g, the high one for odd g), then 128 bytes of 4-bit indices into llama.cpp's
 ``kvalues_iq4nl``, 16 bytes a group of 32 as Q4_0's; weight = d · (sub_scale − 32) · value: the iq4 format.
 
-Other tensor types (Q2_K, Q3_K, IQ4_NL, other IQ…, ...) are not read here: the runtime quantizes their float
+Other tensor types (Q2_K, IQ4_NL, other IQ…, ...) are not read here: the runtime quantizes their float
 values as usual.
 
 Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
@@ -38,12 +45,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from quickdraft.runtime.native.kquants import Q6_OFFSET
+
 Q4_K_BLOCK_BYTES = 144
 Q4_K_WEIGHTS = 256
 Q5_K_BLOCK_BYTES = 176
 Q5_K_FIFTH_BITS = slice(16, 48)  # the bytes of a Q5_K block that Q4_K's lacks
 LEGACY_WEIGHTS = 32  # weights per Q8_0, Q5_0 or Q4_0 block
 Q6_K_BLOCK_BYTES = 210
+Q3_K_BLOCK_BYTES = 110
+Q3_K_SCALE_OFFSET = 32  # Q3_K's 6-bit sub-scales hold sub_scale + 32
 IQ4_XS_BLOCK_BYTES = 136
 IQ4_XS_SCALE_OFFSET = 32  # IQ4_XS's 6-bit sub-scales hold sub_scale + 32
 
@@ -139,6 +150,27 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d))
 
 
+def decode_q3_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q3_K bytes of a ``[rows, width]`` tensor -> ("q6", (codes [rows, width] uint8 in [28, 35], sub_scale
+    [rows, width/16] int8 in [−32, 31], d [rows, width/256] float32)): the values as q6 codes (value + 32)."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, Q3_K_BLOCK_BYTES)
+    third_bits = blocks[..., None, None, 0:32]  # [rows, S, 1, 1, l]
+    low_bits = blocks[..., 32:96].reshape(rows, supers, 2, 1, 32)  # [rows, S, h, 1, l]
+    j = np.arange(4, dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+    h = np.arange(2, dtype=np.uint8).reshape(1, 1, 2, 1, 1)
+    codes = ((low_bits >> (2 * j)) & 3) | (((third_bits >> (4 * h + j)) & 1) << 2)  # [rows, S, h, j, l] in [0, 7]
+    packed = blocks[..., 96:108]  # [rows, S, 12]
+    low = np.concatenate([packed[..., 0:8] & 0x0F, packed[..., 0:8] >> 4], axis=-1)  # [rows, S, 16]
+    top = (packed[..., None, 8:12] >> (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)) & 3  # [rows, S, s/4, s%4]
+    scales = low.astype(np.int16) | (top.reshape(rows, supers, 16).astype(np.int16) << 4)
+    return "q6", (
+        torch.from_numpy((codes + (Q6_OFFSET - 4)).reshape(rows, width)),
+        torch.from_numpy((scales - Q3_K_SCALE_OFFSET).astype(np.int8).reshape(rows, -1)),
+        torch.from_numpy(float16_at(blocks, 108)),
+    )
+
+
 def legacy_blocks(raw: np.ndarray, rows: int, width: int, block_bytes: int) -> tuple[np.ndarray, torch.Tensor]:
     """A tensor of 32-weight blocks' (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) blocks ``[rows, width/32, block_bytes]`` and its
     scales ``d [rows, width/32]`` (float16 values as float32; every such block starts with its float16 ``d``)."""
@@ -219,6 +251,7 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
     "Q5_K": decode_q5_k,
     "Q6_K": decode_q6_k,
+    "Q3_K": decode_q3_k,
     "Q8_0": decode_q8_0,
     "Q5_0": decode_q5_0,
     "Q4_0": decode_q4_0,

@@ -26,13 +26,13 @@ from quickdraft.runtime.native.gguf_weights import read_gguf_weights
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v9"  # bump when the cached layout changes (v8: Q5_K and Q8_0-like kept; v9: IQ4_XS kept)
+NATIVE_FORMAT = "parts-v10"  # bump when the cached layout changes (v9: IQ4_XS kept; v10: Q3_K kept as q6)
 # How float weights are stored: "auto" keeps a GGUF source's tensors of the types gguf_blocks decodes exactly (q4,
 # q5, q6, q8, q8m, iq4) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to
 # 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
 EXACT_TYPES = {  # the GGUF types each format keeps
-    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS"),
+    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS"),
     "q4": ("Q4_K",),
     "int8": (),
 }

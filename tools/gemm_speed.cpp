@@ -1,7 +1,7 @@
 // How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, ...) run for few rows: GMAC/s of
 // the q4, q5, q6, q8, iq4 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
 // 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K, a Q5_K_M file most
-// of the rest as Q5_K) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
+// of the rest as Q5_K, a Q3_K_M file its gate+up as Q3_K, which loads as q6) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
 // random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
 // decoding step does. Compare with tools/int8_peak.cpp's register-only VNNI rate.
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native -Itools \
@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
                           {"int8 gate+up 1536->17920", 17920, 1536, kInt8},
                           {"q8   gate+up 1536->17920", 17920, 1536, kQ8},
                           {"iq4  gate+up 1536->17920", 17920, 1536, kIq4},
+                          {"q6   gate+up 1536->17920", 17920, 1536, kQ6},
                           {"q4   down    8960->1536 ", 1536, 8960, kQ4},
                           {"q5   down    8960->1536 ", 1536, 8960, kQ5},
                           {"q6   down    8960->1536 ", 1536, 8960, kQ6},

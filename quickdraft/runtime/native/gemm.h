@@ -176,31 +176,38 @@ inline void with_flag(bool flag, Run run) {
 #if defined(__AVX2__) && defined(__FMA__)
 // Helpers of the 8-lane tiles: the AVX2 paths below, and gemm_iq4.h's, which AVX-512 builds run too.
 
-// Each row's 8 float sums of one half of a q4 or q6 tile: in registers for tiles of up to 4 rows, whose rows
-// alone cannot hide a store's round trip, and for bigger tiles in the tile's own `out` between groups (stored and
-// loaded back: the same bits), so that the registers hold a group's code vectors instead.
-template <int R>
+// Where a tile of more than 4 rows keeps its rows' float sums between additions (stored and loaded back: the same
+// bits either way): in the tile's own `out` rows, or in a local array. `out`'s row stride (the layer's width in
+// floats) often maps every row to the same one or two cache sets, so q6, which adds to its sums twice per group in
+// tiles of 16 rows, keeps them local. q4 and iq4 add once or twice per superblock, and q8 (tiles of 8) once per
+// group; they ran as fast or faster keeping them in `out` (tools/gemm_speed.cpp on an AVX2 EPYC).
+enum class SumsIn { kOut, kLocal };
+
+// Each row's 8 float sums of one half of a q4, q6 or iq4 tile: in registers for tiles of up to 4 rows, whose rows
+// alone cannot hide a store's round trip, and for bigger tiles where `Where` says between groups, so that the
+// registers hold a group's code vectors instead.
+template <int R, SumsIn Where = SumsIn::kOut>
 struct HalfSums {
-  static constexpr bool kInRegisters = R <= 4;
+  static constexpr bool kHeld = R <= 4 || Where == SumsIn::kLocal;
   float* sums;  // row r's sums at sums + r * stride
   int64_t stride;
-  __m256 acc[kInRegisters ? R : 1];
+  __m256 acc[kHeld ? R : 1];
 
   HalfSums(float* first, int64_t row_stride) : sums(first), stride(row_stride) {
     QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm256_setzero_ps());
   }
   __m256 get(int r) const {
-    if constexpr (kInRegisters) return acc[r];
+    if constexpr (kHeld) return acc[r];
     else return _mm256_loadu_ps(sums + r * stride);
   }
   void set(int r, __m256 value) {
-    if constexpr (kInRegisters) acc[r] = value;
+    if constexpr (kHeld) acc[r] = value;
     else _mm256_storeu_ps(sums + r * stride, value);
   }
   // sum[r] = fma(scale, float(total), sum[r])
   void add(int r, __m256 scale, __m256i total) { set(r, _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(total), get(r))); }
   void finish() {
-    if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(sums + r * stride, acc[r]);
+    if constexpr (kHeld) QD_UNROLL for (int r = 0; r < R; ++r) _mm256_storeu_ps(sums + r * stride, acc[r]);
   }
 };
 

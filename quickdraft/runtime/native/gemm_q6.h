@@ -140,14 +140,14 @@ inline __m256i q6_dot(__m256i acc, __m256i a, __m256i b, __m256i x_a, __m256i x_
 #endif
 
 // Two halves of 8 lanes each, as q4's. A sub-block's 4 code vectors stay in registers while the tile's rows take
-// turns on them (HalfSums keeps the rows' sums, as in q4_tile).
+// turns on them (HalfSums keeps the rows' sums, locally: they take an addition per sub-block).
 template <int R>
 inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                     int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   for (int h = 0; h < 2; ++h) {
-    HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
+    HalfSums<R, SumsIn::kLocal> sums(out + block * kLanes + 8 * h, out_stride);
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* low = w.codes + (block * groups + g) * 256 + 32 * h;
       const uint8_t* top = w.high + (block * groups + g) * 128 + 32 * h;

@@ -12,15 +12,10 @@ import torch
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
-    decode_iq4_xs,
-    decode_q3_k,
     decode_q4_k,
-    decode_q5_k,
-    decode_q6_k,
     exact_weights,
     transformers_name,
 )
-from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
@@ -51,6 +46,17 @@ def random_q6_k(rows: int, width: int) -> np.ndarray:
     return random_blocks(rows, width, 210, slice(208, 210))  # d last; sub-scales of both signs
 
 
+def decoded_as_gguf_reads_it(raw: np.ndarray, name: str, rows: int, width: int) -> tuple[str, tuple[torch.Tensor, ...]]:
+    """A tensor of type ``name`` decoded (EXACT_DECODERS): its part's weights are gguf-py's dequantization bit for
+    bit, and the part gives back the decoded fields. Returns the part kind and the fields."""
+    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, name)).astype(np.float32)
+    kind, fields = EXACT_DECODERS[name](raw, rows, width)
+    part = PART_KINDS[kind].from_blocks(*fields)
+    assert torch.equal(part.dequantize(), torch.from_numpy(expected)), name
+    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), fields, strict=True)), name
+    return kind, fields
+
+
 def test_decoded_blocks_are_ggufs_own_dequantization() -> None:
     raw = random_q4_k(32, 512)
     expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).astype(np.float32))
@@ -61,13 +67,8 @@ def test_decoded_blocks_are_ggufs_own_dequantization() -> None:
 
 
 def test_decoded_q5_k_blocks_are_ggufs_own_dequantization() -> None:
-    raw = random_q5_k(32, 768)
-    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_K).astype(np.float32))
-    kind, fields = decode_q5_k(raw, 32, 768)
+    kind, fields = decoded_as_gguf_reads_it(random_q5_k(32, 768), "Q5_K", 32, 768)
     assert kind == "q5" and int(fields[0].max()) == 31 and int(fields[0].min()) == 0
-    part = Q5Part.from_blocks(*fields)
-    assert torch.equal(part.dequantize(), expected)
-    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), fields, strict=True))
 
 
 @pytest.mark.parametrize(("name", "block_bytes", "low", "high"), [("Q8_0", 34, -128, 127), ("Q5_0", 22, -16, 15),
@@ -84,35 +85,22 @@ def test_decoded_legacy_blocks_are_ggufs_own_dequantization(name: str, block_byt
 
 
 def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
-    raw = random_q6_k(32, 768)
-    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
-    kind, (codes, sub_scale, d) = decode_q6_k(raw, 32, 768)
+    kind, (codes, sub_scale, _) = decoded_as_gguf_reads_it(random_q6_k(32, 768), "Q6_K", 32, 768)
     assert kind == "q6" and int(codes.max()) == 63 and int(sub_scale.min()) == -128
-    part = Q6Part.from_blocks(codes, sub_scale, d)
-    assert torch.equal(part.dequantize(), expected)
-    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))
 
 
 def test_decoded_q3_k_blocks_are_ggufs_own_dequantization() -> None:
     raw = random_blocks(32, 768, 110, slice(108, 110))  # d last; every code, third bit and sub-scale random
-    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q3_K).astype(np.float32))
-    kind, (codes, sub_scale, d) = decode_q3_k(raw, 32, 768)
+    kind, (codes, sub_scale, _) = decoded_as_gguf_reads_it(raw, "Q3_K", 32, 768)
     assert kind == "q6" and (int(codes.min()), int(codes.max())) == (28, 35)  # values −4 to 3 as q6 codes
     assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31)
-    part = Q6Part.from_blocks(codes, sub_scale, d)
-    assert torch.equal(part.dequantize(), expected)
-    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))
 
 
 def test_decoded_iq4_xs_blocks_are_ggufs_own_dequantization() -> None:
     raw = random_blocks(32, 768, 136, slice(0, 2))  # d first; every sub-scale and index random
-    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.IQ4_XS).astype(np.float32))
-    kind, (codes, sub_scale, d) = decode_iq4_xs(raw, 32, 768)
+    kind, (codes, sub_scale, _) = decoded_as_gguf_reads_it(raw, "IQ4_XS", 32, 768)
     assert kind == "iq4" and (int(codes.min()), int(codes.max())) == (0, 15)
     assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31)
-    part = IQ4Part.from_blocks(codes, sub_scale, d)
-    assert torch.equal(part.dequantize(), expected)
-    assert all(torch.equal(a, b) for a, b in zip(part.blocks(), (codes, sub_scale, d), strict=True))
 
 
 def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path) -> None:

@@ -264,6 +264,7 @@ GGUF_LAYER_TYPES = (
     {"attn_q": "F16", "attn_k": "BF16", "attn_v": "Q4_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
      "ffn_down": "Q6_K"},
 )  # fmt: skip
+GGUF_EXPERT_TYPES = {"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q6_K", "ffn_down_exps": "Q8_0"}
 GGUF_TOKENS = [*"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789", "ab", "<|endoftext|>"]
 
 
@@ -313,12 +314,14 @@ def write_tiny_gguf(
     seed: int = 0,
     heads: int = 4,
     extra: tuple[str, ...] = (),
+    experts: int = 0,
 ) -> Path:
     """A random two-layer GGUF model (256 wide, vocabulary of 64 byte-level tokens, the last one end-of-sequence)
     with the tensor types of :data:`GGUF_LAYER_TYPES`: ``qwen2`` with q/k/v biases, or ``llama``; ``tied``
     leaves out ``output.weight`` and stores the embedding, which is then the LM head too, as Q6_K (else Q8_0).
     ``heads`` query heads of 64 (other than 4: heads not as wide as the model over their count, the file says so).
-    ``extra``: more tensors by name, each 64 F32 weights."""
+    ``extra``: more tensors by name, each 64 F32 weights. ``experts`` (for ``qwen3moe``, with q/k norms): that many
+    experts of 256 in place of each MLP, 2 a token, stored as :data:`GGUF_EXPERT_TYPES`, and an F32 router."""
     import gguf
 
     generator = np.random.default_rng(seed)
@@ -344,15 +347,31 @@ def write_tiny_gguf(
     tensors = {"token_embd.weight": embedding, "output_norm.weight": ("F32", 1, hidden)}
     if not tied:
         tensors["output.weight"] = ("Q6_K", len(GGUF_TOKENS), hidden)
+    if experts:
+        writer.add_uint32(f"{architecture}.expert_count", experts)
+        writer.add_uint32(f"{architecture}.expert_used_count", 2)
+        writer.add_uint32(f"{architecture}.expert_feed_forward_length", 256)
     for layer, types in enumerate(GGUF_LAYER_TYPES):
         tensors |= {f"blk.{layer}.{norm}.weight": ("F32", 1, hidden) for norm in ("attn_norm", "ffn_norm")}
         for name, kind in types.items():
+            if experts and name.startswith("ffn_"):
+                continue
             tensors[f"blk.{layer}.{name}.weight"] = (kind, rows.get(name, hidden), widths.get(name, hidden))
             if architecture == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
                 tensors[f"blk.{layer}.{name}.bias"] = ("F32", 1, rows.get(name, hidden))
+        if experts:
+            tensors |= {f"blk.{layer}.attn_{qk}_norm.weight": ("F32", 1, 64) for qk in "qk"}
+            tensors[f"blk.{layer}.ffn_gate_inp.weight"] = ("F32", experts, hidden)
+            for name, kind in GGUF_EXPERT_TYPES.items():  # every expert's rows, one after another
+                tensors[f"blk.{layer}.{name}.weight"] = (kind, experts * (hidden if "down" in name else 256),
+                                                         256 if "down" in name else hidden)  # fmt: skip
     tensors |= {name: ("F32", 1, 64) for name in extra}
     for name, (kind, count, width) in tensors.items():
         data, qtype = gguf_tensor(generator, kind, count, width)
+        if "_exps." in name:
+            data = data.reshape(experts, count // experts, -1)  # [E, rows, width or bytes]
+        if "ffn_gate_inp" in name:  # a router that prefers some experts, as trained ones do
+            data = generator.normal(0.0, 0.5, size=(count, width)).astype(np.float32)
         writer.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

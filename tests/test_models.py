@@ -26,11 +26,11 @@ from quickdraft.models.convert import (
     MARKER,
     SETTINGS_VERSION,
     end_tokens,
-    gguf_settings,
     has_fp32_weights,
     read_marker,
     save_configs,
 )
+from quickdraft.models.gguf_settings import gguf_settings
 from quickdraft.models.loaded import check_every_tensor_read
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.runtime import HFRuntime, NativeRuntime, runtime_for

@@ -22,6 +22,7 @@ from typing import Any
 
 from quickdraft.errors import ModelFilesError
 from quickdraft.models.gguf_check import check_gguf
+from quickdraft.models.gguf_settings import FREQ_FACTORS_KEY, gguf_settings
 from quickdraft.models.loaded import check_every_tensor_read, check_loading_info
 
 MARKER = "quickdraft-source.json"
@@ -29,12 +30,9 @@ GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights ar
 # The marker's ``settings``: what version of gguf_settings wrote config.json (older directories are rewritten)
 # 4: the marker records the file's tensor types (``tensor_types``), which a runtime may not read; 5: the head width
 # without attention.key_length is llama.cpp's; 6: generation_config.json ends where llama.cpp ends (end_tokens);
-# 7: YaRN's original context (and blend bounds) from rope.scaling.*
-SETTINGS_VERSION = 7
-# YaRN keys of llama.cpp's files that change its RoPE and that quickdraft does not apply, with their neutral values
-YARN_UNREAD = {"rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_ext_factor": 1.0,
-               "rope.scaling.yarn_log_multiplier": 0.0}  # fmt: skip
-FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
+# 7: YaRN's original context (and blend bounds) from rope.scaling.*; 8: an expert's width and whether the chosen
+# experts' weights are renormalized
+SETTINGS_VERSION = 8
 # Tokens that end a generation in llama.cpp by their text (llama-vocab.cpp's end-of-generation list), besides the
 # file's own end-of-sequence, end-of-turn and end-of-message tokens: many files name only one of a chat's endings
 END_TEXTS = frozenset({
@@ -170,6 +168,9 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
 # model type quickdraft reads them as. Their values are the file's keys over transformers' defaults for that type,
 # which are llama.cpp's where it hardcodes one by architecture (SmolLM3: every 4th layer without RoPE).
 OWN_CONFIGS = {"gemma": "gemma", "smollm3": "smollm3", "granite": "granite"}
+# ... and those whose files with experts (``expert_count``) quickdraft reads as another model type: llama.cpp writes
+# Mixtral as ``llama`` with experts, which transformers' reader takes for a dense Llama
+SPARSE_OWN_CONFIGS = {"llama": "mixtral"}
 OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
     "block_count": "num_hidden_layers",
     "embedding_length": "hidden_size",
@@ -184,17 +185,23 @@ OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
     "residual_scale": "residual_multiplier",
     "attention.scale": "attention_multiplier",
     "logit_scale": "logits_scaling",
+    "expert_count": "num_local_experts",
+    "expert_used_count": "num_experts_per_tok",
 }
 
 
 def own_config(gguf_path: Path) -> Any:
-    """The transformers config of a GGUF file whose architecture is in :data:`OWN_CONFIGS`, None for the others."""
+    """The transformers config of a GGUF file whose architecture is in :data:`OWN_CONFIGS` (or, with experts, in
+    :data:`SPARSE_OWN_CONFIGS`), None for the others."""
     from gguf import GGUFReader
     from transformers import AutoConfig
 
     reader = GGUFReader(gguf_path)
     architecture = reader.fields["general.architecture"].contents()
-    if architecture not in OWN_CONFIGS:
+    model_type = OWN_CONFIGS.get(architecture)
+    if f"{architecture}.expert_count" in reader.fields and architecture in SPARSE_OWN_CONFIGS:
+        model_type = SPARSE_OWN_CONFIGS[architecture]
+    if model_type is None:
         return None
     values = {
         name: reader.fields[f"{architecture}.{key}"].contents()
@@ -209,84 +216,7 @@ def own_config(gguf_path: Path) -> Any:
     special["pad_token_id"] = special.pop("padding_token_id", None)
     vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
     tied = all(tensor.name != "output.weight" for tensor in reader.tensors)
-    return AutoConfig.for_model(
-        OWN_CONFIGS[architecture], vocab_size=vocab_size, tie_word_embeddings=tied, **values, **special
-    )
-
-
-def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """config.json keys for what the GGUF file in ``reader`` says beyond transformers' reading of it: the head width
-    (``attention.key_length``; without it, the embedding width over the heads, as llama.cpp takes it, not a
-    family's default such as Gemma's 256), RoPE scaling (``rope.scaling.*``: the global layers' where RoPE
-    differs by layer type; YaRN's original context and blend bounds, and ``ModelFilesError`` for a YaRN key of
-    :data:`YARN_UNREAD` away from its neutral value), the ``rope_freqs`` tensor (Llama 3.1's scaling as llama.cpp
-    stores it: :data:`FREQ_FACTORS_KEY`, which the native runtime reads and :func:`apply_freq_factors` puts on
-    transformers' model), and Phi-3's: its sliding window, LongRoPE (the
-    ``rope_factors_long``/``rope_factors_short`` tensors with ``rope.scaling.original_context_length`` and
-    ``rope.scaling.attn_factor``) and partial rotary (``rope.dimension_count`` below the head width)."""
-    architecture = reader.fields["general.architecture"].contents()
-
-    def field(key: str) -> Any:
-        found = reader.fields.get(f"{architecture}.{key}")
-        return None if found is None else found.contents()
-
-    settings: dict[str, Any] = {}
-    if (key_length := field("attention.key_length")) is not None:
-        settings["head_dim"] = int(key_length)
-    elif config.get("hidden_size") and config.get("num_attention_heads"):  # llama.cpp's width when the file gives none
-        settings["head_dim"] = int(config["hidden_size"]) // int(config["num_attention_heads"])
-    scaling, factor = field("rope.scaling.type"), field("rope.scaling.factor")
-    if scaling not in (None, "none") and factor not in (None, 1.0):
-        parameters = dict(config.get("rope_parameters") or {})
-        scaled = {"rope_type": scaling, "factor": float(factor)}
-        if scaling == "yarn":  # the context it was trained for, and the blend's bounds where the file moves them
-            yarn = {"original_max_position_embeddings": "rope.scaling.original_context_length",
-                    "beta_fast": "rope.scaling.yarn_beta_fast", "beta_slow": "rope.scaling.yarn_beta_slow"}  # fmt: skip
-            scaled |= {name: value for name, key in yarn.items() if (value := field(key)) is not None}
-            for key, plain in YARN_UNREAD.items():
-                if (value := field(key)) is not None and float(value) != plain:
-                    unread = f"{architecture}.{key} = {value}, which quickdraft does not read"
-                    raise ModelFilesError(f"this GGUF file's YaRN sets {unread}: its RoPE would not be llama.cpp's")
-        if isinstance(parameters.get("full_attention"), dict):  # per layer type (Gemma 3): the global layers'
-            parameters["full_attention"] = parameters["full_attention"] | scaled
-        else:
-            parameters |= scaled
-        settings["rope_parameters"] = parameters
-    tensors = {
-        tensor.name: [float(value) for value in tensor.data] for tensor in reader.tensors if "rope" in tensor.name
-    }
-    if "rope_freqs.weight" in tensors:
-        settings[FREQ_FACTORS_KEY] = tensors["rope_freqs.weight"]
-    if architecture == "phi3":
-        settings |= phi3_settings(field, tensors, settings.get("head_dim") or config.get("head_dim"), config)
-    return settings
-
-
-def phi3_settings(
-    field: Any, rope_tensors: dict[str, list[float]], head_dim: int | None, config: dict[str, Any]
-) -> dict[str, Any]:
-    """The Phi-3 keys transformers' GGUF reader drops, from the file's ``field``s and RoPE tensors."""
-    settings: dict[str, Any] = {}
-    if window := field("attention.sliding_window"):  # 0: none (Phi-4)
-        settings["sliding_window"] = int(window)
-    parameters = dict(config.get("rope_parameters") or {})
-    head_dim = int(head_dim or config["hidden_size"] // config["num_attention_heads"])
-    rotary = field("rope.dimension_count")
-    if rotary is not None and 0 < int(rotary) < head_dim:
-        parameters["partial_rotary_factor"] = settings["partial_rotary_factor"] = int(rotary) / head_dim
-    if "rope_factors_long.weight" in rope_tensors:
-        original = int(field("rope.scaling.original_context_length") or config["max_position_embeddings"])
-        parameters |= {
-            "rope_type": "longrope",
-            "long_factor": rope_tensors["rope_factors_long.weight"],
-            "short_factor": rope_tensors["rope_factors_short.weight"],
-            "original_max_position_embeddings": original,
-            "attention_factor": float(field("rope.scaling.attn_factor") or 1.0),
-        }
-        settings["original_max_position_embeddings"] = original
-    if parameters != (config.get("rope_parameters") or {}):
-        settings["rope_parameters"] = parameters
-    return settings
+    return AutoConfig.for_model(model_type, vocab_size=vocab_size, tie_word_embeddings=tied, **values, **special)
 
 
 def end_tokens(reader: Any) -> list[int]:

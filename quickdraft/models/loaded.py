@@ -9,7 +9,7 @@ from typing import Any
 
 from quickdraft.errors import ModelFilesError
 
-# GGUF tensors read into the config, not the weights (convert.gguf_settings): RoPE's frequency factors
+# GGUF tensors read into the config, not the weights (gguf_settings.gguf_settings): RoPE's frequency factors
 CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 

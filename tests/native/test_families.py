@@ -1,11 +1,12 @@
 """Each family the native runtime runs, built as a tiny random model with transformers' own class: its logits
 against transformers' (to the int8 weights' error), its greedy choices over 64 steps transformers' except at near-ties,
-a position's logits the same bits alone and in a block (sliding windows included), and speculation equal to plain
-decoding, greedy and seeded.
+a position's logits the same bits alone and in a block (sliding windows included, and a mixture of experts' rows routed
+to different experts), and speculation equal to plain decoding, greedy and seeded.
 
 The native runtime's weights are 7-bit integers, so its logits are transformers' to that error (about 2 % of their
 range; Gemma's about 6 %: its sandwich norms bring each sublayer's output to unit scale, so no layer's error is damped
-by a small output), and a random model's near-ties (top two within 1 % of the range) may go either way."""
+by a small output; a mixture of experts' about 3 %: a token's MLP output is mostly one small expert's, which averages
+fewer weights' errors), and a random model's near-ties (top two within 1 % of the range) may go either way."""
 
 from __future__ import annotations
 
@@ -106,9 +107,30 @@ def granite(vocab: int) -> torch.nn.Module:  # Granite 3: Llama's layers with it
     return GraniteForCausalLM(tiny_config(GraniteConfig, vocab, 2, tie_word_embeddings=True, **scalars))
 
 
+def qwen3_moe(vocab: int, dense_layers: tuple[int, ...] = ()) -> torch.nn.Module:  # 6 experts, 2 a token, renormalized
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    experts = {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True}
+    config = tiny_config(Qwen3MoeConfig, vocab, 2 + len(dense_layers), head_dim=16, mlp_only_layers=list(dense_layers),
+                         tie_word_embeddings=False, **experts)  # fmt: skip
+    return Qwen3MoeForCausalLM(config)
+
+
+def qwen3_moe_dense(vocab: int) -> torch.nn.Module:  # the middle layer a dense MLP (mlp_only_layers)
+    return qwen3_moe(vocab, dense_layers=(1,))
+
+
+def mixtral(vocab: int) -> torch.nn.Module:  # Llama's attention, 4 experts of 64 in every layer, 2 a token
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    return MixtralForCausalLM(tiny_config(MixtralConfig, vocab, 2, num_local_experts=4, num_experts_per_tok=2))
+
+
+SPARSE = ("qwen3-moe", "qwen3-moe-dense", "mixtral")  # the families with a mixture of experts
 FAMILIES = {
     "llama3": llama3, "qwen3": qwen3, "qwen3-yarn": qwen3_yarn, "mistral": mistral, "smollm3": smollm3,
     "gemma3": gemma3, "phi3": phi3, "phi4": phi4, "gemma": gemma, "gemma2": gemma2, "granite": granite,
+    "qwen3-moe": qwen3_moe, "qwen3-moe-dense": qwen3_moe_dense, "mixtral": mixtral,
 }  # fmt: skip
 
 
@@ -122,6 +144,8 @@ def build(family: str, logit_scale: float = 1.0, seed: int = 0, vocab: int = VOC
                 parameter.copy_(torch.rand_like(parameter) * 0.5 + (0.75 if "gemma" not in family else 0.0))
             if family == "gemma2" and "q_proj" in name:
                 parameter.mul_(8.0)  # scores past the softcap of 2
+            if name.endswith("mlp.gate.weight"):
+                parameter.mul_(50.0)  # a router that prefers some experts, as trained ones do (not a uniform softmax)
         model.get_output_embeddings().weight.mul_(logit_scale)
     return model
 
@@ -161,7 +185,12 @@ def test_the_config_says_what_the_family_needs(family: str) -> None:
             12.0, 0.22, 0.0625, 8.0)  # fmt: skip
     else:
         assert (config.residual_scale, config.logits_divisor) == (1.0, 1.0)
-    assert config.qk_norm == (family in ("qwen3", "qwen3-yarn", "gemma3"))
+    assert config.qk_norm == (family in ("qwen3", "qwen3-yarn", "gemma3", "qwen3-moe", "qwen3-moe-dense"))
+    sparse = {"qwen3-moe": ((True,) * 2, 6, 2, 32), "qwen3-moe-dense": ((True, False, True), 6, 2, 32),
+              "mixtral": ((True, True), 4, 2, 64)}.get(family)  # fmt: skip
+    experts = (config.layer_experts, config.num_experts, config.experts_per_token, config.expert_intermediate_size)
+    assert experts == (sparse or ((), 0, 0, 0)), family
+    assert config.normalize_expert_weights == (sparse is not None), family
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
@@ -173,7 +202,7 @@ def test_logits_are_close_to_transformers(family: str, use_kernel: bool) -> None
     logits = runtime.forward(token_ids, runtime.new_cache())
     with torch.no_grad():
         reference = model(token_ids).logits
-    tolerance = 0.08 if family.startswith("gemma") else 0.03
+    tolerance = 0.08 if family.startswith("gemma") else 0.04 if family in SPARSE else 0.03
     assert (logits - reference).abs().max() < tolerance * reference.abs().max(), family
 
 

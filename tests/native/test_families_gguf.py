@@ -48,7 +48,9 @@ def write_sentencepiece_model(path: Path) -> None:
     path.write_bytes(model.getvalue())
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "qwen3-yarn", "phi3", "phi4", "smollm3", "gemma", "granite"])
+@pytest.mark.parametrize(
+    "family", ["llama3", "qwen3", "qwen3-yarn", "phi3", "phi4", "smollm3", "gemma", "granite", "qwen3-moe", "mixtral"]
+)
 def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_path) -> None:
     vocab = GEMMA_VOCAB if family == "gemma" else QWEN_VOCAB
     model = build(family, vocab=vocab)
@@ -71,7 +73,7 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     subprocess.run(command, check=True, capture_output=True, cwd=converter.parent)
     directory = resolve_model(gguf_path, progress=False)
     config = DecoderConfig.from_dir(directory)
-    assert config.head_dim == (8 if family in ("phi3", "phi4", "smollm3", "granite") else 16)
+    assert config.head_dim == (8 if family in ("phi3", "phi4", "smollm3", "granite", "mixtral") else 16)
     if family == "smollm3":  # llama.cpp's rule by architecture (no key says it): every 4th layer without RoPE
         assert [rope is None for rope in config.layer_ropes] == [False, False, False, True]
     if family == "phi3":
@@ -96,7 +98,7 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     if family == "granite":  # its scalars, from the file's keys
         assert (config.embedding_scale, config.residual_scale, config.attention_scale, config.logits_divisor) == (
             12.0, pytest.approx(0.22), 0.0625, 8.0)  # fmt: skip
-    if family in ("smollm3", "gemma", "granite"):
+    if family in ("smollm3", "gemma", "granite", "mixtral"):
         return  # transformers' GGUF reader does not read these families: only the native runtime runs them
     hf_model = load_hf_model(directory, progress=False)  # every tensor read (the count checked), none left out
     if family == "llama3":  # the transformers runtime's model gets the factors too (its GGUF reader drops them)

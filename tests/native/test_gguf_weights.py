@@ -218,10 +218,69 @@ def test_nan_or_infinite_weights_are_refused(tmp_path: Path, tensor: str, value:
 def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() -> None:
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    from quickdraft.models.convert import OWN_CONFIGS
+    from quickdraft.models.convert import OWN_CONFIGS, SPARSE_OWN_CONFIGS
     from quickdraft.runtime.native.architecture import ARCHITECTURES
 
     for family in ARCHITECTURES.values():
-        readers = (family.gguf_architecture in GGUF_CONFIG_MAPPING) + (family.gguf_architecture in OWN_CONFIGS)
-        assert readers == 1, family.gguf_architecture
-        assert OWN_CONFIGS.get(family.gguf_architecture, family.model_type) == family.model_type
+        architecture = family.gguf_architecture
+        if family.sparse_mlp is not None and architecture in SPARSE_OWN_CONFIGS:  # a dense family's, with experts
+            assert SPARSE_OWN_CONFIGS[architecture] == family.model_type
+            continue
+        transformers_name = {"qwen3moe": "qwen3_moe"}.get(architecture, architecture)  # its reader's renaming
+        readers = (transformers_name in GGUF_CONFIG_MAPPING) + (architecture in OWN_CONFIGS)
+        assert readers == 1, architecture
+        assert OWN_CONFIGS.get(architecture, family.model_type) == family.model_type
+
+
+def test_a_mixture_of_experts_is_read_from_its_files_tensors_of_every_expert(tmp_path: Path) -> None:
+    """A Qwen3-MoE file: each expert's slice of ``ffn_*_exps`` kept as stored (its weights gguf-py's dequantization of
+    that slice), the router as float32; the compiled layers give the PyTorch path's logits, and both are
+    transformers' own reading of the file to the 8-bit activations' error."""
+    from conftest import GGUF_EXPERT_TYPES
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    gguf_path = write_tiny_gguf(tmp_path / "moe.gguf", "qwen3moe", experts=4)
+    write_model_dir(gguf_path, tmp_path / "hf", "0" * 64)
+    config = DecoderConfig.from_dir(tmp_path / "hf")
+    assert (config.layer_experts, config.num_experts, config.experts_per_token) == ((True, True), 4, 2)
+    assert (config.expert_intermediate_size, config.normalize_expert_weights) == (256, True)  # llama.cpp's rule
+    runtime = NativeRuntime.load(tmp_path / "hf")
+    experts = runtime.decoder.layers[1].experts
+    kinds = {"Q4_K": "q4", "Q6_K": "q6", "Q8_0": "q8"}
+    expected = [kinds[GGUF_EXPERT_TYPES[name]] for name in ("ffn_gate_exps", "ffn_up_exps")]
+    assert [type(part).kind for part in experts.gate_up[3].parts] == expected
+    stored = {tensor.name: tensor for tensor in GGUFReader(gguf_path).tensors}
+    down = stored["blk.1.ffn_down_exps.weight"]
+    assert torch.equal(experts.down[3].dequantize(), torch.from_numpy(dequantize(down.data[3], down.tensor_type)))
+    assert torch.equal(experts.router, torch.from_numpy(np.copy(stored["blk.1.ffn_gate_inp.weight"].data)))
+    token_ids = torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    compiled = runtime.forward(token_ids, runtime.new_cache())
+    runtime.decoder.use_kernel = False
+    reference = runtime.forward(token_ids, runtime.new_cache())
+    assert float((compiled - reference).abs().max()) <= 1e-5 * float(reference.abs().max())
+    with torch.no_grad():
+        transformers_logits = load_hf_model(tmp_path / "hf", progress=False)(token_ids).logits
+    assert float((compiled - transformers_logits).abs().max()) <= 0.03 * float(transformers_logits.abs().max())
+
+
+def test_expert_slices_take_their_names_and_rows() -> None:
+    from quickdraft.runtime.native.architecture import ARCHITECTURES
+    from quickdraft.runtime.native.gguf_weights import expert_slices
+
+    sparse = ARCHITECTURES["qwen3_moe"].sparse_mlp
+    assert hf_tensor_name("blk.2.ffn_up_exps.5.weight", sparse=sparse) == "model.layers.2.mlp.experts.5.up_proj.weight"
+    assert hf_tensor_name("blk.2.ffn_gate_inp.weight", sparse=sparse) == "model.layers.2.mlp.gate.weight"
+    assert hf_tensor_name("blk.2.ffn_up_exps.5.weight") is None  # a family without experts reads none
+    mixtral = ARCHITECTURES["mixtral"].sparse_mlp
+    assert hf_tensor_name("blk.0.ffn_down_exps.1.weight", sparse=mixtral) == (
+        "model.layers.0.block_sparse_moe.experts.1.w2.weight")  # fmt: skip
+
+    class Tensor:  # a gguf ReaderTensor's fields
+        name, tensor_type, shape = "blk.0.ffn_up_exps.weight", "F32", (8, 3, 2)  # GGUF's order: width, rows, experts
+        data = np.arange(48, dtype=np.float32).reshape(2, 3, 8)
+
+    first, second = expert_slices([Tensor()])
+    assert (first.name, second.name) == ("blk.0.ffn_up_exps.0.weight", "blk.0.ffn_up_exps.1.weight")
+    assert second.shape == (8, 3)
+    assert np.array_equal(second.data, Tensor.data[1])

@@ -12,6 +12,20 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class SparseMlp:
+    """A family's mixture of experts in place of the gated MLP: a router (a linear layer, one logit per expert, kept in
+    float32) whose softmax picks each token's ``num_experts_per_tok`` experts, each a gated MLP of its own, their
+    outputs weighted by those probabilities (over their sum where the family renormalizes them). Names are
+    transformers' (after ``model.layers.{i}.``; ``{e}`` the expert's number)."""
+
+    router: str  # the router's linear layer
+    expert: str  # an expert's prefix
+    projections: tuple[str, str, str]  # an expert's gate, up and down projections
+    width_key: str  # config.json's intermediate width of an expert
+    normalize_key: str | None  # config.json's switch for renormalizing the chosen experts' weights (None: always)
+
+
+@dataclass(frozen=True)
 class Architecture:
     model_type: str  # config.json's
     gguf_architecture: str  # general.architecture in its GGUF files
@@ -33,6 +47,9 @@ class Architecture:
     # left again, for families whose activations hold outliers that one 8-bit scale per row flattens (Gemma:
     # docs/families.md)
     activation_passes: int = 1
+    # a mixture of experts in place of the gated MLP, in the layers config.json makes sparse (mlp_only_layers and
+    # decoder_sparse_step where it has them; every layer otherwise)
+    sparse_mlp: SparseMlp | None = None
 
 
 ARCHITECTURES = {
@@ -42,6 +59,27 @@ ARCHITECTURES = {
         Architecture("mistral", "llama", every_layer_slides_key="sliding_window", gguf_interleaves_rotary=True),
         Architecture("qwen2", "qwen2", attention_bias=True),
         Architecture("qwen3", "qwen3", qk_norm=True),
+        Architecture(
+            "qwen3_moe",
+            "qwen3moe",
+            qk_norm=True,
+            sparse_mlp=SparseMlp(
+                "mlp.gate",
+                "mlp.experts.{e}",
+                ("gate_proj", "up_proj", "down_proj"),
+                "moe_intermediate_size",
+                "norm_topk_prob",
+            ),
+        ),
+        Architecture(
+            "mixtral",
+            "llama",
+            every_layer_slides_key="sliding_window",
+            gguf_interleaves_rotary=True,
+            sparse_mlp=SparseMlp(
+                "block_sparse_moe.gate", "block_sparse_moe.experts.{e}", ("w1", "w3", "w2"), "intermediate_size", None
+            ),
+        ),
         Architecture("smollm3", "smollm3", gguf_interleaves_rotary=True, no_rope_key="no_rope_layers"),
         # Granite: Llama's layers with four scalars, read from its config (config.DecoderConfig.from_hf)
         Architecture("granite", "granite", gguf_interleaves_rotary=True),

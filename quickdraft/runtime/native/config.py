@@ -1,7 +1,7 @@
 """A native decoder's configuration, read from ``config.json`` with the family's description
 (``architecture.ARCHITECTURES``): what the layers compute, per layer where families vary it (RoPE, sliding windows).
 For a directory made from a GGUF file, config.json also holds what the file says and transformers' reader leaves
-out (``convert.gguf_settings``: the head width, RoPE scaling, llama.cpp's ``rope_freqs``).
+out (``gguf_settings.gguf_settings``: the head width, RoPE scaling, llama.cpp's ``rope_freqs``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from quickdraft.models.convert import FREQ_FACTORS_KEY
+from quickdraft.models.gguf_settings import FREQ_FACTORS_KEY
 from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES
 
 ROPE_SCALINGS = ("default", "linear", "llama3", "longrope", "yarn")
@@ -178,6 +178,13 @@ class DecoderConfig:
     activation_passes: int = 1  # 8-bit passes over the decoder layers' linear inputs (linear.quantize_rows)
     residual_scale: float = 1.0  # each sublayer's output times this before its residual add (Granite's multiplier)
     logits_divisor: float = 1.0  # the LM head's logits over this, before any softcap (Granite's logits_scaling)
+    # A mixture of experts (architecture.SparseMlp) in the layers marked True: num_experts gated MLPs of
+    # expert_intermediate_size, experts_per_token of them per token, their weights renormalized or not
+    layer_experts: tuple[bool, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    normalize_expert_weights: bool = False
 
     def __post_init__(self) -> None:
         if len(self.layer_ropes) != self.num_layers or len(self.layer_windows) != self.num_layers:
@@ -188,6 +195,15 @@ class DecoderConfig:
             raise ValueError(f"activations are quantized in 1 or 2 passes, not {self.activation_passes}")
         if self.num_heads % self.num_kv_heads or self.head_dim % 2:
             raise ValueError("query heads must be a multiple of the KV heads, and head_dim even")
+        if self.layer_experts and len(self.layer_experts) != self.num_layers:
+            raise ValueError("a mixture of experts is marked per layer")
+        if any(self.layer_experts) and not (
+            1 <= self.experts_per_token <= self.num_experts and self.expert_intermediate_size > 0
+        ):
+            raise ValueError(
+                f"a mixture of experts needs 1 to {self.num_experts} experts per token and a positive width, got "
+                f"{self.experts_per_token} and {self.expert_intermediate_size}"
+            )
 
     @property
     def rows_per_pass(self) -> int:
@@ -226,6 +242,13 @@ class DecoderConfig:
         def multiplier(key: str) -> float:  # Granite's scalars; 1 where a family has none
             return float(config.get(key) or 1.0)
 
+        sparse, experts = family.sparse_mlp, int(config.get("num_experts") or config.get("num_local_experts") or 0)
+        dense_layers, step = set(config.get("mlp_only_layers") or ()), int(config.get("decoder_sparse_step") or 1)
+        layer_experts = tuple(
+            sparse is not None and experts > 0 and i not in dense_layers and (i + 1) % step == 0
+            for i in range(num_layers)
+        )
+
         return cls(
             model_type=model_type,
             vocab_size=int(config["vocab_size"]),
@@ -255,6 +278,13 @@ class DecoderConfig:
             activation_passes=family.activation_passes,
             residual_scale=multiplier("residual_multiplier"),
             logits_divisor=multiplier("logits_scaling"),
+            layer_experts=layer_experts if any(layer_experts) else (),
+            num_experts=experts if any(layer_experts) else 0,
+            experts_per_token=int(config.get("num_experts_per_tok") or 0) if any(layer_experts) else 0,
+            expert_intermediate_size=int(config.get(sparse.width_key) or 0) if sparse and any(layer_experts) else 0,
+            normalize_expert_weights=bool(
+                sparse and (sparse.normalize_key is None or config.get(sparse.normalize_key))
+            ),
         )
 
     @classmethod

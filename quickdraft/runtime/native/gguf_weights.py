@@ -17,6 +17,7 @@ be kept bit for bit; the rest of the file's tensors are read as floats.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from quickdraft.models.loaded import CONFIG_TENSORS
-from quickdraft.runtime.native.architecture import GGUF_INTERLEAVED_ROTARY
+from quickdraft.runtime.native.architecture import ARCHITECTURES, GGUF_INTERLEAVED_ROTARY, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
@@ -53,13 +54,54 @@ SANDWICH_NORMS = {  # a Gemma layer's (DecoderConfig.sandwich_norms): its MLP's 
 }
 
 
-def hf_tensor_name(gguf_name: str, sandwich_norms: bool = False, fused: bool = False) -> str | None:
+EXPERT_TENSORS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}  # -> SparseMlp.projections' index
+ROUTER_TENSOR = "ffn_gate_inp"
+
+
+@dataclass(frozen=True)
+class ExpertSlice:
+    """One expert's ``[rows, width]`` of a GGUF tensor holding every expert's (``blk.N.ffn_*_exps``), read as a gguf
+    ReaderTensor of its own; its name is the file's with the expert's number: ``blk.N.ffn_up_exps.E.weight``."""
+
+    name: str
+    tensor_type: Any
+    data: np.ndarray  # [rows, width] or [rows, bytes a row]
+    shape: tuple[int, int]  # (width, rows): GGUF lists the fastest dimension first
+
+
+def expert_slices(tensors: list[Any]) -> list[Any]:
+    """The file's tensors with each tensor of every expert's weights replaced by one :class:`ExpertSlice` an
+    expert."""
+    found: list[Any] = []
+    for tensor in tensors:
+        parts = tensor.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in EXPERT_TENSORS or len(tensor.shape) != 3:
+            found.append(tensor)
+            continue
+        width, rows, experts = (int(n) for n in tensor.shape)
+        name = f"blk.{parts[1]}.{parts[2]}.{{}}.{parts[3]}"
+        found += [ExpertSlice(name.format(e), tensor.tensor_type, tensor.data[e], (width, rows))
+                  for e in range(experts)]  # fmt: skip
+    return found
+
+
+def hf_tensor_name(
+    gguf_name: str, sandwich_norms: bool = False, fused: bool = False, sparse: SparseMlp | None = None
+) -> str | None:
     """``blk.3.attn_q.bias`` -> ``model.layers.3.self_attn.q_proj.bias``, ``token_embd.weight`` ->
     ``model.embed_tokens.weight``; None for tensors transformers does not load (e.g. ``rope_freqs.weight``).
-    ``fused``: a model with fused projections (Phi-3's ``attn_qkv``, and ``ffn_up`` holding gate and up)."""
+    ``fused``: a model with fused projections (Phi-3's ``attn_qkv``, and ``ffn_up`` holding gate and up).
+    ``sparse``: a family's mixture of experts, whose router is ``ffn_gate_inp`` and whose experts are
+    :class:`ExpertSlice` names (``blk.3.ffn_up_exps.5.weight`` -> Qwen3-MoE's
+    ``model.layers.3.mlp.experts.5.up_proj.weight``)."""
     if gguf_name in MODEL_TENSORS:
         return MODEL_TENSORS[gguf_name]
     parts = gguf_name.split(".")
+    if sparse is not None and len(parts) == 5 and parts[0] == "blk" and parts[2] in EXPERT_TENSORS:
+        projection = sparse.projections[EXPERT_TENSORS[parts[2]]]
+        return f"model.layers.{parts[1]}.{sparse.expert.format(e=parts[3])}.{projection}.{parts[4]}"
+    if sparse is not None and len(parts) == 4 and parts[2] == ROUTER_TENSOR and parts[3] == "weight":
+        return f"model.layers.{parts[1]}.{sparse.router}.weight"
     if len(parts) != 4 or parts[0] != "blk":
         return None
     norms = SANDWICH_NORMS if sandwich_norms else LAYER_NORMS
@@ -174,16 +216,17 @@ def read_gguf_weights(
     floats: dict[str, Any] = {}
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
-    linear = linear_names(
-        [tensor.name for tensor in reader.tensors], config.fused_projections, config.tie_word_embeddings
-    )
-    names = {tensor.name: hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections)
-             for tensor in reader.tensors}  # fmt: skip
+    tensors = expert_slices(list(reader.tensors))
+    linear = linear_names([tensor.name for tensor in tensors], config.fused_projections, config.tie_word_embeddings)
+    sparse = ARCHITECTURES[config.model_type].sparse_mlp
+    names = {tensor.name: hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections, sparse)
+             for tensor in tensors}  # fmt: skip
+    linear |= {tensor.name: names[tensor.name] for tensor in tensors if isinstance(tensor, ExpertSlice)}
     unknown = [gguf_name for gguf_name, name in names.items() if name is None and gguf_name not in CONFIG_TENSORS]
     if unknown:  # as llama.cpp refuses them: a misnamed tensor would otherwise leave its weight out silently
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
         raise ValueError(f"the file has tensors that no layer of its architecture reads: {shown}")
-    for tensor in reader.tensors:
+    for tensor in tensors:
         name = names[tensor.name]
         if name is None:
             continue

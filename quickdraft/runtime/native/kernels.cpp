@@ -25,6 +25,7 @@
 // combine_residual:   residual + combine_rows, RMSNorm'd first (if the model norms a sublayer's output), times a
 //                     scale (Granite's residual multiplier; 1 leaves the bits as they are).
 // gated_quantize:     combine_rows of gate/up, act(gate) * up (act: SiLU or tanh-approximated GELU), quantize_rows.
+// route:              a mixture of experts' router: each row's top k experts and their weights.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -36,7 +37,9 @@
 #include "gemm_q8.h"
 #include "simd.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -291,6 +294,52 @@ torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Te
     }
   });
   return y;
+}
+
+// x: [R, H] float32 rows (a layer's normed MLP input); router: [E, H] float32. Returns (chosen [R, k] int64, weights
+// [R, k] float32): per row, logits = dot(x, router[e]) for each expert, their softmax p (exp(l − max), summed in
+// expert order, each divided by the sum), the k largest p in descending order (ties to the lower expert), and their
+// p, divided by their sum (added in rank order) when `normalize` (experts.py's rules).
+std::vector<torch::Tensor> route(torch::Tensor x, torch::Tensor router, int64_t top_k, bool normalize) {
+  x = float_tensor(x, "x");
+  router = float_tensor(router, "router");
+  const int64_t rows = x.size(0), width = x.size(1), experts = router.size(0);
+  TORCH_CHECK(x.dim() == 2 && router.dim() == 2 && router.size(1) == width, "routing needs x [R, H] and a router [E, H]");
+  TORCH_CHECK(top_k >= 1 && top_k <= experts, "1 to E experts a row");
+  auto chosen = torch::empty({rows, top_k}, x.options().dtype(torch::kInt64));
+  auto weights = torch::empty({rows, top_k}, x.options());
+  const float* x_data = x.data_ptr<float>();
+  const float* w = router.data_ptr<float>();
+  int64_t* chosen_data = chosen.data_ptr<int64_t>();
+  float* weight_data = weights.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(experts);
+    std::vector<char> taken(experts);
+    for (int64_t r = begin; r < end; ++r) {
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t e = 0; e < experts; ++e) top = std::max(top, p[e] = dot(x_data + r * width, w + e * width, width));
+      float sum = 0.0f;
+      for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(p[e] - top));
+      for (int64_t e = 0; e < experts; ++e) p[e] = p[e] / sum;
+      std::fill(taken.begin(), taken.end(), 0);
+      int64_t* row_chosen = chosen_data + r * top_k;
+      float* row_weights = weight_data + r * top_k;
+      for (int64_t rank = 0; rank < top_k; ++rank) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < experts; ++e) {
+          if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        }
+        taken[best] = 1;
+        row_chosen[rank] = best;
+        row_weights[rank] = p[best];
+      }
+      if (!normalize) continue;
+      float total = row_weights[0];
+      for (int64_t rank = 1; rank < top_k; ++rank) total = total + row_weights[rank];
+      for (int64_t rank = 0; rank < top_k; ++rank) row_weights[rank] = row_weights[rank] / total;
+    }
+  });
+  return {chosen, weights};
 }
 
 // RMSNorm's inputs as the kernels read them: x [M, H] and weight [H], float32 and contiguous.
@@ -645,5 +694,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: q/k norms, RoPE, keys and values cached", nogil);
   m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output (optionally normed)", nogil);
   m.def("gated_quantize", &gated_quantize, "act(gate) * up, then per-row quantization", nogil);
+  m.def("route", &route, "a mixture of experts' choice per row: the top k of the router's softmax", nogil);
   register_layers(m);
 }

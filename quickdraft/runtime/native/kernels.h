@@ -9,6 +9,9 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
                      int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
                      std::vector<int64_t> row_index, double scale, int64_t window, double softcap);
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t passes);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, int64_t passes);
+std::vector<torch::Tensor> route(torch::Tensor x, torch::Tensor router, int64_t top_k, bool normalize);
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps, int64_t passes);
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,
                              torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,

@@ -49,6 +49,58 @@ struct Linear {
   }
 };
 
+// experts.py's Experts: a router [E, H] float32 and each expert's gate/up and down layers (none: a dense layer).
+struct Experts {
+  torch::Tensor router;
+  std::vector<Linear> gate_up, down;
+  int64_t top_k = 0;
+  bool normalize = false;
+
+  bool empty() const { return gate_up.empty(); }
+
+  // normed [R, H] float32 (the MLP's input) -> the mixture's output [R, H] (experts.py's rules): each expert's rows
+  // gathered in row order through its gated MLP, each row's output weight × expert output added in expert order.
+  torch::Tensor forward(const torch::Tensor& normed, int64_t activation, int64_t passes) const {
+    const int64_t rows = normed.size(0), width = normed.size(1);
+    const auto routed = route(normed, router, top_k, normalize);  // chosen [R, k] int64, weights [R, k]
+    const auto quantized = quantize_rows(normed, passes);  // rows [P·R, H] int8, row_scale [P·R, 1]
+    const int64_t* chosen = routed[0].data_ptr<int64_t>();
+    const float* weights = routed[1].data_ptr<float>();
+    auto out = torch::zeros({rows, width}, normed.options());
+    float* out_data = out.data_ptr<float>();
+    std::vector<int64_t> members;  // the expert's rows, ascending
+    std::vector<float> member_weights;
+    for (int64_t expert = 0; expert < static_cast<int64_t>(gate_up.size()); ++expert) {
+      members.clear();
+      member_weights.clear();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t rank = 0; rank < top_k; ++rank) {
+          if (chosen[r * top_k + rank] != expert) continue;
+          members.push_back(r);
+          member_weights.push_back(weights[r * top_k + rank]);
+        }
+      }
+      if (members.empty()) continue;
+      const int64_t count = static_cast<int64_t>(members.size());
+      std::vector<int64_t> gather;  // each pass's copy of the rows: pass p's row r is p·R + r
+      for (int64_t p = 0; p < passes; ++p) {
+        for (int64_t r : members) gather.push_back(p * rows + r);
+      }
+      const auto index = torch::tensor(gather, torch::kInt64);
+      const auto activated = gated_quantize(gate_up[expert].matmul(quantized[0].index_select(0, index)),
+                                            quantized[1].index_select(0, index), activation, passes);
+      const auto y = combine_rows(down[expert].matmul(activated[0]), activated[1], down[expert].bias, passes);
+      const float* y_data = y.data_ptr<float>();
+      for (int64_t i = 0; i < count; ++i) {
+        float* row = out_data + members[i] * width;
+        const float w = member_weights[i];
+        for (int64_t n = 0; n < width; ++n) row[n] = row[n] + w * y_data[i * width + n];
+      }
+    }
+    return out;
+  }
+};
+
 // model.py's DecoderLayer: norms (q_norm, k_norm, attention_out_norm, mlp_out_norm empty where the model has none),
 // linear layers, its RoPE tables [C, D] and its sliding window (0: none).
 struct Layer {
@@ -56,6 +108,7 @@ struct Layer {
   Linear qkv, out, gate_up, down;
   torch::Tensor cos, sin;
   int64_t window;
+  Experts experts;  // empty: the gated MLP of gate_up and down
 };
 
 class Layers {
@@ -87,10 +140,16 @@ class Layers {
                         passes_);
       x = combine_residual(layer.out.matmul(attended[0]), attended[1], layer.out.bias, layer.attention_out_norm, eps_,
                            residual_scale_, x);  // [R, H]
-      normed = rms_norm_quantize(x, layer.post_norm, eps_, passes_);
-      auto activated = gated_quantize(layer.gate_up.matmul(normed[0]), normed[1], activation_, passes_);  // [P·R, I]
-      x = combine_residual(layer.down.matmul(activated[0]), activated[1], layer.down.bias, layer.mlp_out_norm, eps_,
-                           residual_scale_, x);
+      if (!layer.experts.empty()) {
+        const auto mixture = layer.experts.forward(rms_norm(x, layer.post_norm, eps_), activation_, passes_);
+        x = combine_residual(mixture, torch::ones({mixture.size(0), 1}), torch::empty({0}), layer.mlp_out_norm, eps_,
+                             residual_scale_, x);  // a scale of 1 keeps the mixture's bits
+      } else {
+        normed = rms_norm_quantize(x, layer.post_norm, eps_, passes_);
+        auto activated = gated_quantize(layer.gate_up.matmul(normed[0]), normed[1], activation_, passes_);  // [P·R, I]
+        x = combine_residual(layer.down.matmul(activated[0]), activated[1], layer.down.bias, layer.mlp_out_norm, eps_,
+                             residual_scale_, x);
+      }
       if (next < capture.size() && capture[next] == index + 1) {
         captured.push_back(x);  // combine_residual wrote a new tensor: later layers leave it alone
         ++next;
@@ -115,9 +174,12 @@ void register_layers(pybind11::module& m) {
   py::class_<Part>(m, "Part").def(py::init<int64_t, int64_t, std::vector<torch::Tensor>>());
   py::class_<Linear>(m, "Linear")
       .def(py::init<std::vector<Part>, int64_t, torch::Tensor, torch::Tensor>());
+  py::class_<Experts>(m, "Experts")
+      .def(py::init<>())
+      .def(py::init<torch::Tensor, std::vector<Linear>, std::vector<Linear>, int64_t, bool>());
   py::class_<Layer>(m, "Layer")
       .def(py::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, Linear,
-                    Linear, Linear, Linear, torch::Tensor, torch::Tensor, int64_t>());
+                    Linear, Linear, Linear, torch::Tensor, torch::Tensor, int64_t, Experts>());
   py::class_<Layers>(m, "Layers")
       .def(py::init<std::vector<Layer>, int64_t, double, double, double, double, int64_t, int64_t>())
       .def("forward", &Layers::forward, "x [R, H] through the first `count` layers: [captured..., last]",

@@ -22,7 +22,6 @@ RMSNorm's sum, attention's dot products, sums and exp, and the activation's exp.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,31 +30,8 @@ from quickdraft.runtime.native.architecture import ACTIVATIONS
 from quickdraft.runtime.native.cache import KEY_BLOCK, Slots, StaticKVCache, key_rows
 from quickdraft.runtime.native.config import DecoderConfig, rope_tables
 from quickdraft.runtime.native.kernels import native_kernels
+from quickdraft.runtime.native.layer import ACTIVATION_FUNCTIONS, DecoderLayer
 from quickdraft.runtime.native.linear import QuantizedLinear
-
-
-@dataclass
-class DecoderLayer:
-    """A layer's weights; the norms are (offset + w) already, and the optional ones empty where a family has none."""
-
-    input_norm: torch.Tensor  # [H]
-    qkv: QuantizedLinear  # H -> (heads + 2·kv_heads)·head_dim
-    out: QuantizedLinear  # heads·head_dim -> H (with a bias when the model has attention biases and o_proj has one)
-    post_norm: torch.Tensor  # [H], the MLP's input norm
-    gate_up: QuantizedLinear  # H -> 2·intermediate
-    down: QuantizedLinear  # intermediate -> H
-    q_norm: torch.Tensor  # [D] or empty: each q head's RMSNorm before RoPE (k_norm: each k head's)
-    k_norm: torch.Tensor
-    attention_out_norm: torch.Tensor  # [H] or empty: the attention's output normed before its residual add
-    mlp_out_norm: torch.Tensor  # [H] or empty: the MLP's output, the same
-
-
-# The gate's activation by the kernels' code (architecture.ACTIVATIONS): the reference path's, in PyTorch operations
-ACTIVATION_FUNCTIONS = {
-    0: torch.nn.functional.silu,
-    1: lambda gate: torch.nn.functional.gelu(gate, approximate="tanh"),
-    2: torch.nn.functional.gelu,
-}
 
 
 class Decoder:
@@ -89,28 +65,7 @@ class Decoder:
     @classmethod
     def from_native_state(cls, config: DecoderConfig, state: dict[str, torch.Tensor], capacity: int) -> Decoder:
         """Build from :func:`quantize_state_dict`'s layout (packed weight parts, float norms and biases)."""
-
-        def linear(name: str) -> QuantizedLinear:
-            return QuantizedLinear.from_state(name, state, config.activation_passes)
-
-        def optional(name: str) -> torch.Tensor:
-            return state.get(name, torch.empty(0))
-
-        layers = [
-            DecoderLayer(
-                input_norm=state[f"layers.{i}.input_norm"],
-                qkv=linear(f"layers.{i}.qkv"),
-                out=linear(f"layers.{i}.out"),
-                post_norm=state[f"layers.{i}.post_norm"],
-                gate_up=linear(f"layers.{i}.gate_up"),
-                down=linear(f"layers.{i}.down"),
-                q_norm=optional(f"layers.{i}.q_norm"),
-                k_norm=optional(f"layers.{i}.k_norm"),
-                attention_out_norm=optional(f"layers.{i}.attention_out_norm"),
-                mlp_out_norm=optional(f"layers.{i}.mlp_out_norm"),
-            )
-            for i in range(config.num_layers)
-        ]
+        layers = [DecoderLayer.from_state(config, state, i) for i in range(config.num_layers)]
         # The LM head reads its input in one pass: it is a large share of a small model's step, and its rows are the
         # last error a logit takes (docs/families.md has what a second pass costs and gains)
         lm_head = QuantizedLinear.from_state("lm_head", state)
@@ -193,9 +148,14 @@ class Decoder:
             values[slot][index, :, own] = v[r]
         attended = layer.out(self._attend(index, q, keys, values, row_slot, row_position, row_index))  # [R, H]
         x = x + self.config.residual_scale * self._rms_norm(attended, layer.attention_out_norm)
-        gate, up = layer.gate_up(self._rms_norm(x, layer.post_norm)).chunk(2, dim=-1)  # [R, I] each
-        activated = ACTIVATION_FUNCTIONS[ACTIVATIONS[self.config.activation]](gate) * up
-        return x + self.config.residual_scale * self._rms_norm(layer.down(activated), layer.mlp_out_norm)
+        normed = self._rms_norm(x, layer.post_norm)
+        activation = ACTIVATION_FUNCTIONS[ACTIVATIONS[self.config.activation]]
+        if layer.experts is not None:
+            mlp = layer.experts(normed, activation)  # [R, H]
+        else:
+            gate, up = layer.gate_up(normed).chunk(2, dim=-1)  # [R, I] each
+            mlp = layer.down(activation(gate) * up)
+        return x + self.config.residual_scale * self._rms_norm(mlp, layer.mlp_out_norm)
 
     def _decode_rows(
         self,
@@ -242,20 +202,7 @@ class Decoder:
     def _compiled_layers(self, kernels: Any) -> Any:
         """The layers as ``layers.cpp`` runs them: :meth:`_layer`'s steps as fused kernels, in one call."""
         if self._layers_spec is None:
-            specs = [
-                kernels.Layer(
-                    layer.input_norm,
-                    layer.post_norm,
-                    layer.q_norm,
-                    layer.k_norm,
-                    layer.attention_out_norm,
-                    layer.mlp_out_norm,
-                    *(linear.kernel_spec(kernels) for linear in (layer.qkv, layer.out, layer.gate_up, layer.down)),
-                    *self.layer_rope[index],
-                    self.config.layer_windows[index],
-                )
-                for index, layer in enumerate(self.layers)
-            ]
+            specs = [layer.kernel_spec(kernels, *self.layer_rope[index]) for index, layer in enumerate(self.layers)]
             config = self.config
             scalars = (config.rms_norm_eps, self.attention_scale, config.attention_softcap or 0, config.residual_scale)
             self._layers_spec = kernels.Layers(

@@ -19,6 +19,7 @@ import torch
 from quickdraft.errors import ModelFilesError
 from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
+from quickdraft.runtime.native.architecture import ARCHITECTURES, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights
@@ -52,6 +53,24 @@ def layer_norm_names(config: DecoderConfig) -> dict[str, str]:
     if config.qk_norm:
         names |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
     return names
+
+
+def expert_names(tensors: MutableMapping[str, torch.Tensor], prefix: str, sparse: SparseMlp, experts: int) -> list[str]:
+    """A sparse layer's router and then each expert's gate, up and down weights, by the names ``tensors`` holds
+    them under: the family's files' (``SparseMlp``), or transformers' in-memory layout (a model's ``state_dict``:
+    ``mlp.experts.gate_up_proj [E, 2·I, H]`` and ``down_proj [E, H, I]``), which is split into those names here."""
+    router = f"{prefix}{sparse.router}.weight"
+    projections = [f"{prefix}{sparse.expert.format(e=e)}.{name}.weight" for e in range(experts)
+                   for name in sparse.projections]  # fmt: skip
+    fused = f"{prefix}mlp.experts.gate_up_proj"
+    if fused in tensors:
+        gate_up, down = tensors.pop(fused), tensors.pop(f"{prefix}mlp.experts.down_proj")
+        width = gate_up.shape[1] // 2
+        tensors[router] = tensors.pop(f"{prefix}mlp.gate.weight")
+        for e in range(experts):
+            gate, up, down_name = projections[3 * e : 3 * e + 3]
+            tensors[gate], tensors[up], tensors[down_name] = gate_up[e, :width], gate_up[e, width:], down[e]
+    return [router, *projections]
 
 
 def quantize_state_dict(
@@ -113,6 +132,15 @@ def quantize_state_dict(
         )
         out_bias = f"{prefix}self_attn.o_proj.bias"  # Llama's attention_bias covers o_proj too; Qwen2 has none
         linear(f"layers.{i}.out", [f"{prefix}self_attn.o_proj.weight"], [out_bias] if out_bias in tensors else None)
+        sparse = ARCHITECTURES[config.model_type].sparse_mlp
+        if config.layer_experts and config.layer_experts[i] and sparse is not None:
+            names = expert_names(tensors, prefix, sparse, config.num_experts)
+            state[f"layers.{i}.experts.router"] = take(names[0])
+            for e in range(config.num_experts):
+                gate, up, down = names[1 + 3 * e : 4 + 3 * e]
+                linear(f"layers.{i}.experts.{e}.gate_up", [gate, up])
+                linear(f"layers.{i}.experts.{e}.down", [down])
+            continue
         gate_up = ["gate_up_proj"] if config.fused_projections else ["gate_proj", "up_proj"]
         linear(f"layers.{i}.gate_up", [f"{prefix}mlp.{name}.weight" for name in gate_up])
         linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])

@@ -72,3 +72,25 @@ def test_a_saved_directory_gives_the_bits_of_the_model_in_memory(family: str, tm
     in_memory = native_from_hf(model)
     expected = in_memory.forward(token_ids, in_memory.new_cache())
     assert torch.equal(loaded.forward(token_ids, loaded.new_cache()), expected)
+
+
+def test_requests_batched_together_get_their_own_bits() -> None:
+    """Several requests' rows in one forward (the server's batch), routed to experts they share or not: each gets
+    bitwise the logits of its own forward alone."""
+    from quickdraft.runtime.base import BatchRow
+
+    runtime = native_from_hf(build("qwen3-moe"))
+    generator = torch.Generator().manual_seed(4)
+    histories = [torch.randint(0, 60, (n,), generator=generator).tolist() for n in (6, 13, 2)]
+    new_tokens = [[7, 3, 9, 1], [11], [4, 50, 4]]
+
+    def cache_after(history: list[int]):  # -> the runtime's cache holding history
+        cache = runtime.new_cache(1)
+        runtime.forward(torch.tensor([history]), cache)
+        return cache
+
+    pairs = list(zip(histories, new_tokens, strict=True))
+    alone = [runtime.forward(torch.tensor([new]), cache_after(history))[0] for history, new in pairs]
+    rows = [BatchRow(cache_after(history), new) for history, new in pairs]
+    for expected, got in zip(alone, runtime.forward_batch(rows), strict=True):
+        assert torch.equal(got, expected)

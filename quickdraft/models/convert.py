@@ -31,8 +31,8 @@ GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights ar
 # 4: the marker records the file's tensor types (``tensor_types``), which a runtime may not read; 5: the head width
 # without attention.key_length is llama.cpp's; 6: generation_config.json ends where llama.cpp ends (end_tokens);
 # 7: YaRN's original context (and blend bounds) from rope.scaling.*; 8: an expert's width and whether the chosen
-# experts' weights are renormalized
-SETTINGS_VERSION = 8
+# experts' weights are renormalized; 9: a shared expert's width
+SETTINGS_VERSION = 9
 # Tokens that end a generation in llama.cpp by their text (llama-vocab.cpp's end-of-generation list), besides the
 # file's own end-of-sequence, end-of-turn and end-of-message tokens: many files name only one of a chat's endings
 END_TEXTS = frozenset({

@@ -12,7 +12,7 @@ YARN_UNREAD = {"rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_ext_fact
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
 # llama.cpp's rule by architecture where a file with experts does not say whether their weights are renormalized
 # (``expert_weights_norm``): its graph builder's
-EXPERT_WEIGHTS_NORMALIZED = {"qwen3moe": True}
+EXPERT_WEIGHTS_NORMALIZED = {"qwen3moe": True, "qwen2moe": False}
 
 
 def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
@@ -25,8 +25,9 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     transformers' model), and Phi-3's: its sliding window, LongRoPE (the
     ``rope_factors_long``/``rope_factors_short`` tensors with ``rope.scaling.original_context_length`` and
     ``rope.scaling.attn_factor``) and partial rotary (``rope.dimension_count`` below the head width); and a mixture
-    of experts' width of an expert (``expert_feed_forward_length``) and whether the chosen experts' weights are
-    renormalized (``expert_weights_norm``, else :data:`EXPERT_WEIGHTS_NORMALIZED`)."""
+    of experts' width of an expert (``expert_feed_forward_length``) and of its shared expert
+    (``expert_shared_feed_forward_length``), and whether the chosen experts' weights are renormalized
+    (``expert_weights_norm``, else :data:`EXPERT_WEIGHTS_NORMALIZED`)."""
     architecture = reader.fields["general.architecture"].contents()
 
     def field(key: str) -> Any:
@@ -62,6 +63,8 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
         settings[FREQ_FACTORS_KEY] = tensors["rope_freqs.weight"]
     if (expert_width := field("expert_feed_forward_length")) is not None:
         settings["moe_intermediate_size"] = int(expert_width)
+    if (shared_width := field("expert_shared_feed_forward_length")) is not None:
+        settings["shared_expert_intermediate_size"] = int(shared_width)
     normalized = field("expert_weights_norm")
     if (normalized := EXPERT_WEIGHTS_NORMALIZED.get(architecture) if normalized is None else normalized) is not None:
         settings["norm_topk_prob"] = bool(normalized)

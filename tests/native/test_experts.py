@@ -1,6 +1,6 @@
 """A mixture of experts' routing and loading (``experts.py``): the compiled router against the PyTorch one, its
-ties, its weights with and without renormalization, and a model's experts read from its files' per-expert names as
-from transformers' in-memory layout."""
+ties, its weights with and without renormalization, a shared expert's gate, and a model's experts read from its
+files' per-expert names as from transformers' in-memory layout."""
 
 from __future__ import annotations
 
@@ -56,15 +56,30 @@ def test_a_tie_goes_to_the_lower_expert() -> None:
     assert experts(router, 1, True).route(x)[0].tolist() == [[1]]
 
 
+def test_the_compiled_shared_gate_is_the_sigmoid_of_a_dot_product() -> None:
+    kernels = native_kernels()
+    if kernels is None:
+        pytest.skip("the kernels do not build here")
+    generator = torch.Generator().manual_seed(5)
+    x, gate = torch.randn(40, 64, generator=generator), torch.randn(64, generator=generator)
+    weights = kernels.sigmoid_gate(x, gate)  # [R]
+    assert torch.allclose(weights, torch.sigmoid(x @ gate), rtol=1e-5, atol=1e-7)
+    assert torch.equal(kernels.sigmoid_gate(x[7:9], gate), weights[7:9])  # a row's weight whatever rows come with it
+
+
 def test_a_mixture_needs_its_experts_and_a_valid_count() -> None:
     with pytest.raises(ValueError, match=r"1\.\.4 per token"):
         experts(torch.zeros(4, 8), 5, True)
+    with pytest.raises(ValueError, match="a shared expert needs its gate"):
+        mixture = experts(torch.zeros(4, 8), 2, True)
+        Experts(mixture.router, mixture.gate_up, mixture.down, 2, True, shared_gate=torch.zeros(8))
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral", "qwen2-moe"])
 def test_a_saved_directory_gives_the_bits_of_the_model_in_memory(family: str, tmp_path: Path) -> None:
     """Saved, the experts are one tensor each under the family's names (``block_sparse_moe.experts.E.w1`` for
-    Mixtral); in memory, transformers holds them fused (``mlp.experts.gate_up_proj``). Both load to the same parts."""
+    Mixtral); in memory, transformers holds them fused (``mlp.experts.gate_up_proj``). Both load to the same parts,
+    Qwen2-MoE's shared expert and its gate too."""
     model = build(family)
     model.save_pretrained(tmp_path)
     loaded = NativeRuntime.load(tmp_path, capacity=256)
@@ -74,12 +89,13 @@ def test_a_saved_directory_gives_the_bits_of_the_model_in_memory(family: str, tm
     assert torch.equal(loaded.forward(token_ids, loaded.new_cache()), expected)
 
 
-def test_requests_batched_together_get_their_own_bits() -> None:
-    """Several requests' rows in one forward (the server's batch), routed to experts they share or not: each gets
-    bitwise the logits of its own forward alone."""
+@pytest.mark.parametrize("family", ["qwen3-moe", "qwen2-moe"])
+def test_requests_batched_together_get_their_own_bits(family: str) -> None:
+    """Several requests' rows in one forward (the server's batch), routed to experts they share or not, and all
+    through a shared expert: each gets bitwise the logits of its own forward alone."""
     from quickdraft.runtime.base import BatchRow
 
-    runtime = native_from_hf(build("qwen3-moe"))
+    runtime = native_from_hf(build(family))
     generator = torch.Generator().manual_seed(4)
     histories = [torch.randint(0, 60, (n,), generator=generator).tolist() for n in (6, 13, 2)]
     new_tokens = [[7, 3, 9, 1], [11], [4, 50, 4]]

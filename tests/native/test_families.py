@@ -126,11 +126,26 @@ def mixtral(vocab: int) -> torch.nn.Module:  # Llama's attention, 4 experts of 6
     return MixtralForCausalLM(tiny_config(MixtralConfig, vocab, 2, num_local_experts=4, num_experts_per_tok=2))
 
 
-SPARSE = ("qwen3-moe", "qwen3-moe-dense", "mixtral")  # the families with a mixture of experts
+def qwen2_moe(vocab: int) -> torch.nn.Module:  # 4 experts of 32, 2 a token, not renormalized; a shared expert of 48
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": False,
+               "shared_expert_intermediate_size": 48}  # fmt: skip
+    model = Qwen2MoeForCausalLM(tiny_config(Qwen2MoeConfig, vocab, 2, tie_word_embeddings=False, **experts))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                parameter.normal_(0.0, 0.5)  # q/k/v biases (transformers starts them at zero)
+            if "shared_expert" in name:  # a shared expert that moves the logits well past the tolerance, its gate
+                parameter.mul_(50.0 if "gate.weight" in name else 2.0)  # away from 1/2 and different by row
+    return model
+
+
+SPARSE = ("qwen3-moe", "qwen3-moe-dense", "mixtral", "qwen2-moe")  # the families with a mixture of experts
 FAMILIES = {
     "llama3": llama3, "qwen3": qwen3, "qwen3-yarn": qwen3_yarn, "mistral": mistral, "smollm3": smollm3,
     "gemma3": gemma3, "phi3": phi3, "phi4": phi4, "gemma": gemma, "gemma2": gemma2, "granite": granite,
-    "qwen3-moe": qwen3_moe, "qwen3-moe-dense": qwen3_moe_dense, "mixtral": mixtral,
+    "qwen3-moe": qwen3_moe, "qwen3-moe-dense": qwen3_moe_dense, "mixtral": mixtral, "qwen2-moe": qwen2_moe,
 }  # fmt: skip
 
 
@@ -187,10 +202,12 @@ def test_the_config_says_what_the_family_needs(family: str) -> None:
         assert (config.residual_scale, config.logits_divisor) == (1.0, 1.0)
     assert config.qk_norm == (family in ("qwen3", "qwen3-yarn", "gemma3", "qwen3-moe", "qwen3-moe-dense"))
     sparse = {"qwen3-moe": ((True,) * 2, 6, 2, 32), "qwen3-moe-dense": ((True, False, True), 6, 2, 32),
-              "mixtral": ((True, True), 4, 2, 64)}.get(family)  # fmt: skip
+              "mixtral": ((True, True), 4, 2, 64), "qwen2-moe": ((True, True), 4, 2, 32)}.get(family)  # fmt: skip
     experts = (config.layer_experts, config.num_experts, config.experts_per_token, config.expert_intermediate_size)
     assert experts == (sparse or ((), 0, 0, 0)), family
-    assert config.normalize_expert_weights == (sparse is not None), family
+    assert config.normalize_expert_weights == (sparse is not None and family != "qwen2-moe"), family
+    assert config.shared_expert_intermediate_size == (48 if family == "qwen2-moe" else 0), family
+    assert config.attention_bias == (family == "qwen2-moe"), family
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])

@@ -226,7 +226,9 @@ def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() ->
         if family.sparse_mlp is not None and architecture in SPARSE_OWN_CONFIGS:  # a dense family's, with experts
             assert SPARSE_OWN_CONFIGS[architecture] == family.model_type
             continue
-        transformers_name = {"qwen3moe": "qwen3_moe"}.get(architecture, architecture)  # its reader's renaming
+        transformers_name = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}.get(
+            architecture, architecture
+        )  # its renaming
         readers = (transformers_name in GGUF_CONFIG_MAPPING) + (architecture in OWN_CONFIGS)
         assert readers == 1, architecture
         assert OWN_CONFIGS.get(architecture, family.model_type) == family.model_type
@@ -275,6 +277,14 @@ def test_expert_slices_take_their_names_and_rows() -> None:
     mixtral = ARCHITECTURES["mixtral"].sparse_mlp
     assert hf_tensor_name("blk.0.ffn_down_exps.1.weight", sparse=mixtral) == (
         "model.layers.0.block_sparse_moe.experts.1.w2.weight")  # fmt: skip
+    qwen2_moe = ARCHITECTURES["qwen2_moe"].sparse_mlp
+    assert (
+        hf_tensor_name("blk.1.ffn_up_shexp.weight", sparse=qwen2_moe)
+        == "model.layers.1.mlp.shared_expert.up_proj.weight"
+    )
+    assert hf_tensor_name("blk.1.ffn_gate_inp_shexp.weight", sparse=qwen2_moe) == (
+        "model.layers.1.mlp.shared_expert_gate.weight")  # fmt: skip
+    assert hf_tensor_name("blk.1.ffn_up_shexp.weight", sparse=sparse) is None  # Qwen3-MoE has no shared expert
 
     class Tensor:  # a gguf ReaderTensor's fields
         name, tensor_type, shape = "blk.0.ffn_up_exps.weight", "F32", (8, 3, 2)  # GGUF's order: width, rows, experts

@@ -15,14 +15,19 @@ from dataclasses import dataclass
 class SparseMlp:
     """A family's mixture of experts in place of the gated MLP: a router (a linear layer, one logit per expert, kept in
     float32) whose softmax picks each token's ``num_experts_per_tok`` experts, each a gated MLP of its own, their
-    outputs weighted by those probabilities (over their sum where the family renormalizes them). Names are
-    transformers' (after ``model.layers.{i}.``; ``{e}`` the expert's number)."""
+    outputs weighted by those probabilities (over their sum where the family renormalizes them). A family with a
+    shared expert adds one more gated MLP that every token takes, weighted by the sigmoid of its own gate (a linear
+    layer of one output, float32 too), after the routed experts. Names are transformers' (after
+    ``model.layers.{i}.``; ``{e}`` the expert's number)."""
 
     router: str  # the router's linear layer
     expert: str  # an expert's prefix
     projections: tuple[str, str, str]  # an expert's gate, up and down projections
     width_key: str  # config.json's intermediate width of an expert
     normalize_key: str | None  # config.json's switch for renormalizing the chosen experts' weights (None: always)
+    shared_expert: str | None = None  # the shared expert's prefix (its projections named as an expert's)
+    shared_gate: str | None = None  # its gate's linear layer
+    shared_width_key: str | None = None  # config.json's intermediate width of the shared expert
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,21 @@ ARCHITECTURES = {
                 ("gate_proj", "up_proj", "down_proj"),
                 "moe_intermediate_size",
                 "norm_topk_prob",
+            ),
+        ),
+        Architecture(
+            "qwen2_moe",
+            "qwen2moe",
+            attention_bias=True,
+            sparse_mlp=SparseMlp(
+                "mlp.gate",
+                "mlp.experts.{e}",
+                ("gate_proj", "up_proj", "down_proj"),
+                "moe_intermediate_size",
+                "norm_topk_prob",
+                shared_expert="mlp.shared_expert",
+                shared_gate="mlp.shared_expert_gate",
+                shared_width_key="shared_expert_intermediate_size",
             ),
         ),
         Architecture(

@@ -185,6 +185,7 @@ class DecoderConfig:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     normalize_expert_weights: bool = False
+    shared_expert_intermediate_size: int = 0  # a shared expert's width in each sparse layer (0: none)
 
     def __post_init__(self) -> None:
         if len(self.layer_ropes) != self.num_layers or len(self.layer_windows) != self.num_layers:
@@ -198,7 +199,9 @@ class DecoderConfig:
         if self.layer_experts and len(self.layer_experts) != self.num_layers:
             raise ValueError("a mixture of experts is marked per layer")
         if any(self.layer_experts) and not (
-            1 <= self.experts_per_token <= self.num_experts and self.expert_intermediate_size > 0
+            1 <= self.experts_per_token <= self.num_experts
+            and self.expert_intermediate_size > 0
+            and self.shared_expert_intermediate_size >= 0
         ):
             raise ValueError(
                 f"a mixture of experts needs 1 to {self.num_experts} experts per token and a positive width, got "
@@ -261,7 +264,7 @@ class DecoderConfig:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=bool(config.get("attention_bias", family.attention_bias)),
+            attention_bias=bool(config.get("attention_bias", config.get("qkv_bias", family.attention_bias))),
             layer_ropes=tuple(
                 layer_rope(config, kind) if rope else None for kind, rope in zip(layer_types, with_rope, strict=True)
             ),
@@ -285,6 +288,9 @@ class DecoderConfig:
             normalize_expert_weights=bool(
                 sparse and (sparse.normalize_key is None or config.get(sparse.normalize_key))
             ),
+            shared_expert_intermediate_size=int(config.get(sparse.shared_width_key) or 0)
+            if sparse and sparse.shared_width_key and any(layer_experts)
+            else 0,
         )
 
     @classmethod

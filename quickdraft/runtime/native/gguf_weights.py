@@ -56,6 +56,8 @@ SANDWICH_NORMS = {  # a Gemma layer's (DecoderConfig.sandwich_norms): its MLP's 
 
 EXPERT_TENSORS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}  # -> SparseMlp.projections' index
 ROUTER_TENSOR = "ffn_gate_inp"
+SHARED_EXPERT_TENSORS = {"ffn_gate_shexp": 0, "ffn_up_shexp": 1, "ffn_down_shexp": 2}  # the same, shared expert's
+SHARED_GATE_TENSOR = "ffn_gate_inp_shexp"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,12 @@ def expert_slices(tensors: list[Any]) -> list[Any]:
     return found
 
 
+def shared_expert_weight(gguf_name: str) -> bool:
+    """Whether ``gguf_name`` is a shared expert's linear weight (``blk.N.ffn_up_shexp.weight``)."""
+    parts = gguf_name.split(".")
+    return len(parts) == 4 and parts[2] in SHARED_EXPERT_TENSORS and parts[3] == "weight"
+
+
 def hf_tensor_name(
     gguf_name: str, sandwich_norms: bool = False, fused: bool = False, sparse: SparseMlp | None = None
 ) -> str | None:
@@ -93,7 +101,8 @@ def hf_tensor_name(
     ``fused``: a model with fused projections (Phi-3's ``attn_qkv``, and ``ffn_up`` holding gate and up).
     ``sparse``: a family's mixture of experts, whose router is ``ffn_gate_inp`` and whose experts are
     :class:`ExpertSlice` names (``blk.3.ffn_up_exps.5.weight`` -> Qwen3-MoE's
-    ``model.layers.3.mlp.experts.5.up_proj.weight``)."""
+    ``model.layers.3.mlp.experts.5.up_proj.weight``); a shared expert's are ``ffn_*_shexp`` and its gate
+    ``ffn_gate_inp_shexp``."""
     if gguf_name in MODEL_TENSORS:
         return MODEL_TENSORS[gguf_name]
     parts = gguf_name.split(".")
@@ -102,6 +111,12 @@ def hf_tensor_name(
         return f"model.layers.{parts[1]}.{sparse.expert.format(e=parts[3])}.{projection}.{parts[4]}"
     if sparse is not None and len(parts) == 4 and parts[2] == ROUTER_TENSOR and parts[3] == "weight":
         return f"model.layers.{parts[1]}.{sparse.router}.weight"
+    if sparse is not None and sparse.shared_expert and len(parts) == 4 and parts[3] == "weight":
+        if parts[2] in SHARED_EXPERT_TENSORS:
+            projection = sparse.projections[SHARED_EXPERT_TENSORS[parts[2]]]
+            return f"model.layers.{parts[1]}.{sparse.shared_expert}.{projection}.weight"
+        if parts[2] == SHARED_GATE_TENSOR:
+            return f"model.layers.{parts[1]}.{sparse.shared_gate}.weight"
     if len(parts) != 4 or parts[0] != "blk":
         return None
     norms = SANDWICH_NORMS if sandwich_norms else LAYER_NORMS
@@ -221,7 +236,9 @@ def read_gguf_weights(
     sparse = ARCHITECTURES[config.model_type].sparse_mlp
     names = {tensor.name: hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections, sparse)
              for tensor in tensors}  # fmt: skip
-    linear |= {tensor.name: names[tensor.name] for tensor in tensors if isinstance(tensor, ExpertSlice)}
+    experts = [tensor.name for tensor in tensors
+               if isinstance(tensor, ExpertSlice) or shared_expert_weight(tensor.name)]  # fmt: skip
+    linear |= {name: names[name] for name in experts}
     unknown = [gguf_name for gguf_name, name in names.items() if name is None and gguf_name not in CONFIG_TENSORS]
     if unknown:  # as llama.cpp refuses them: a misnamed tensor would otherwise leave its weight out silently
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")

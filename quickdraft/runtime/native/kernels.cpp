@@ -26,6 +26,7 @@
 //                     scale (Granite's residual multiplier; 1 leaves the bits as they are).
 // gated_quantize:     combine_rows of gate/up, act(gate) * up (act: SiLU or tanh-approximated GELU), quantize_rows.
 // route:              a mixture of experts' router: each row's top k experts and their weights.
+// sigmoid_gate:       a shared expert's weight per row: the sigmoid of the row's dot product with its gate.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -340,6 +341,21 @@ std::vector<torch::Tensor> route(torch::Tensor x, torch::Tensor router, int64_t 
     }
   });
   return {chosen, weights};
+}
+
+// x: [R, H] float32 rows; gate: [H] float32. Returns [R] float32: 1 / (1 + exp(−dot(x[r], gate))), the dot product in
+// route's fixed order (experts.py's shared expert).
+torch::Tensor sigmoid_gate(torch::Tensor x, torch::Tensor gate) {
+  x = float_tensor(x, "x");
+  gate = float_tensor(gate, "gate");
+  TORCH_CHECK(x.dim() == 2 && gate.numel() == x.size(1), "a shared expert's gate needs x [R, H] and a gate [H]");
+  const int64_t rows = x.size(0), width = x.size(1);
+  auto out = torch::empty({rows}, x.options());
+  const float* x_data = x.data_ptr<float>();
+  const float* g = gate.data_ptr<float>();
+  float* out_data = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) out_data[r] = 1.0f / (1.0f + std::exp(-dot(x_data + r * width, g, width)));
+  return out;
 }
 
 // RMSNorm's inputs as the kernels read them: x [M, H] and weight [H], float32 and contiguous.
@@ -695,5 +711,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output (optionally normed)", nogil);
   m.def("gated_quantize", &gated_quantize, "act(gate) * up, then per-row quantization", nogil);
   m.def("route", &route, "a mixture of experts' choice per row: the top k of the router's softmax", nogil);
+  m.def("sigmoid_gate", &sigmoid_gate, "a shared expert's weight per row: sigmoid(x · gate)", nogil);
   register_layers(m);
 }

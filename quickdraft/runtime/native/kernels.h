@@ -12,6 +12,7 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t passes);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, int64_t passes);
 std::vector<torch::Tensor> route(torch::Tensor x, torch::Tensor router, int64_t top_k, bool normalize);
+torch::Tensor sigmoid_gate(torch::Tensor x, torch::Tensor gate);
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps, int64_t passes);
 torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,
                              torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,

@@ -49,19 +49,22 @@ struct Linear {
   }
 };
 
-// experts.py's Experts: a router [E, H] float32 and each expert's gate/up and down layers (none: a dense layer).
+// experts.py's Experts: a router [E, H] float32 and each expert's gate/up and down layers (none: a dense layer); with
+// a shared expert's gate [H] (empty: none), the shared expert's layers follow the E routed experts'.
 struct Experts {
   torch::Tensor router;
   std::vector<Linear> gate_up, down;
   int64_t top_k = 0;
   bool normalize = false;
+  torch::Tensor shared_gate;
 
   bool empty() const { return gate_up.empty(); }
 
   // normed [R, H] float32 (the MLP's input) -> the mixture's output [R, H] (experts.py's rules): each expert's rows
-  // gathered in row order through its gated MLP, each row's output weight × expert output added in expert order.
+  // gathered in row order through its gated MLP, each row's output weight × expert output added in expert order,
+  // then the shared expert's over every row.
   torch::Tensor forward(const torch::Tensor& normed, int64_t activation, int64_t passes) const {
-    const int64_t rows = normed.size(0), width = normed.size(1);
+    const int64_t rows = normed.size(0), width = normed.size(1), experts = router.size(0);
     const auto routed = route(normed, router, top_k, normalize);  // chosen [R, k] int64, weights [R, k]
     const auto quantized = quantize_rows(normed, passes);  // rows [P·R, H] int8, row_scale [P·R, 1]
     const int64_t* chosen = routed[0].data_ptr<int64_t>();
@@ -70,17 +73,7 @@ struct Experts {
     float* out_data = out.data_ptr<float>();
     std::vector<int64_t> members;  // the expert's rows, ascending
     std::vector<float> member_weights;
-    for (int64_t expert = 0; expert < static_cast<int64_t>(gate_up.size()); ++expert) {
-      members.clear();
-      member_weights.clear();
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t rank = 0; rank < top_k; ++rank) {
-          if (chosen[r * top_k + rank] != expert) continue;
-          members.push_back(r);
-          member_weights.push_back(weights[r * top_k + rank]);
-        }
-      }
-      if (members.empty()) continue;
+    auto add = [&](int64_t expert) {  // out[r] += weight × expert's output, for each member row r
       const int64_t count = static_cast<int64_t>(members.size());
       std::vector<int64_t> gather;  // each pass's copy of the rows: pass p's row r is p·R + r
       for (int64_t p = 0; p < passes; ++p) {
@@ -96,6 +89,25 @@ struct Experts {
         const float w = member_weights[i];
         for (int64_t n = 0; n < width; ++n) row[n] = row[n] + w * y_data[i * width + n];
       }
+    };
+    for (int64_t expert = 0; expert < experts; ++expert) {
+      members.clear();
+      member_weights.clear();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t rank = 0; rank < top_k; ++rank) {
+          if (chosen[r * top_k + rank] != expert) continue;
+          members.push_back(r);
+          member_weights.push_back(weights[r * top_k + rank]);
+        }
+      }
+      if (!members.empty()) add(expert);
+    }
+    if (shared_gate.defined() && shared_gate.numel() > 0 && rows > 0) {
+      const auto gate = sigmoid_gate(normed, shared_gate);  // [R]
+      members.resize(rows);
+      for (int64_t r = 0; r < rows; ++r) members[r] = r;
+      member_weights.assign(gate.data_ptr<float>(), gate.data_ptr<float>() + rows);
+      add(experts);
     }
     return out;
   }
@@ -176,7 +188,7 @@ void register_layers(pybind11::module& m) {
       .def(py::init<std::vector<Part>, int64_t, torch::Tensor, torch::Tensor>());
   py::class_<Experts>(m, "Experts")
       .def(py::init<>())
-      .def(py::init<torch::Tensor, std::vector<Linear>, std::vector<Linear>, int64_t, bool>());
+      .def(py::init<torch::Tensor, std::vector<Linear>, std::vector<Linear>, int64_t, bool, torch::Tensor>());
   py::class_<Layer>(m, "Layer")
       .def(py::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, Linear,
                     Linear, Linear, Linear, torch::Tensor, torch::Tensor, int64_t, Experts>());

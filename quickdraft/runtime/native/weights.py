@@ -140,6 +140,11 @@ def quantize_state_dict(
                 gate, up, down = names[1 + 3 * e : 4 + 3 * e]
                 linear(f"layers.{i}.experts.{e}.gate_up", [gate, up])
                 linear(f"layers.{i}.experts.{e}.down", [down])
+            if config.shared_expert_intermediate_size and sparse.shared_expert and sparse.shared_gate:
+                state[f"layers.{i}.experts.shared_gate"] = take(f"{prefix}{sparse.shared_gate}.weight").reshape(-1)
+                gate, up, down = (f"{prefix}{sparse.shared_expert}.{name}.weight" for name in sparse.projections)
+                linear(f"layers.{i}.experts.shared.gate_up", [gate, up])
+                linear(f"layers.{i}.experts.shared.down", [down])
             continue
         gate_up = ["gate_up_proj"] if config.fused_projections else ["gate_proj", "up_proj"]
         linear(f"layers.{i}.gate_up", [f"{prefix}mlp.{name}.weight" for name in gate_up])

@@ -1,7 +1,8 @@
 """attention.h on every instruction set this machine runs (AVX-512, AVX2, plain C++): each build's result is softmax
 attention to float error, rows attended together have the bits of each row alone, positions past a row's length
-or before its sliding window are never used, whatever they hold (NaN included), and a tree's leaf, its key and value
-kept past the block, has the bits of a chain row holding its token at its position."""
+or before its sliding window are never used, whatever they hold (NaN included), a tree's leaf, its key and value
+kept past the block, has the bits of a chain row holding its token at its position, and weights too small for a
+normal float count as zero, in the call alone."""
 
 from __future__ import annotations
 
@@ -63,6 +64,24 @@ def test_every_attention_build_is_exact_and_keeps_to_each_rows_positions(librari
             poisoned_keys[length:], poisoned_values[length:] = math.nan, math.nan  # from the row's own length on
             poisoned = attend(library, True, q[r : r + 1], [length], poisoned_keys, poisoned_values, scale)
             assert torch.equal(poisoned, alone[r : r + 1]), (name, r)
+
+
+def test_subnormal_weights_are_zero_and_the_callers_mode_comes_back(libraries) -> None:
+    """Scores spread over hundreds (most weights below 2^-126 of the largest) give softmax attention to float error,
+    the same bits alone and together; afterwards this thread computes subnormal floats again."""
+    generator = torch.Generator().manual_seed(11)
+    keys, values = (torch.randn(640, 128, generator=generator) for _ in range(2))
+    lengths = [300, 301, 317, 600]
+    q = torch.randn(len(lengths), 2, 128, generator=generator) * 60  # scores of standard deviation 60
+    scale = 128**-0.5
+    for name, library in libraries.items():
+        alone = attend(library, False, q, lengths, keys, values, scale)
+        assert torch.equal(attend(library, True, q, lengths, keys, values, scale), alone), name
+        for r, length in enumerate(lengths):
+            weights = torch.softmax(q[r] @ keys[:length].T * scale, dim=-1)
+            assert (weights < torch.finfo(torch.float32).tiny).float().mean() > 0.5  # most weights are subnormal
+            assert torch.allclose(alone[r], weights @ values[:length], atol=1e-5, rtol=1e-4), (name, r)
+        assert (torch.tensor([1e-38]) / 4).item() > 0, name  # the thread's mode is its own again
 
 
 @pytest.mark.parametrize("head_dim", [128, 12])

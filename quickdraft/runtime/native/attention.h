@@ -13,6 +13,11 @@
 //
 // Keys are stored in blocks of 16 positions, transposed: [C/16][D][16] per KV head, so one vector load gives a
 // dimension of 16 consecutive keys (8 with AVX2) and a query's scores need no horizontal sums. Values are [C][D].
+//
+// Subnormal floats are zero inside attention (FlushSubnormals): a weight below 2^-126 of the largest, or a product
+// that small, adds nothing a float sum of order 1 keeps, and left subnormal each operation on it takes a microcode
+// assist on x86, so that rows whose scores spread over more than 87 (random or untrained weights, large q/k biases)
+// ran several times slower. Every path flushes, so the bits stay each row's own.
 #pragma once
 
 #include <algorithm>
@@ -20,9 +25,31 @@
 #include <cstdint>
 #include <limits>
 
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "simd.h"
 
 namespace qd {
+
+// While it lives, this thread's float operations read subnormal inputs as zero and write subnormal results as zero
+// (MXCSR's DAZ and FTZ bits); the mode the thread had comes back when it ends. Elsewhere than x86: nothing.
+class FlushSubnormals {
+ public:
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+#if defined(__SSE__) || defined(__x86_64__)
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDenormalsAreZero | kFlushToZero); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kDenormalsAreZero = 0x0040, kFlushToZero = 0x8000;
+  unsigned saved_;
+#else
+  FlushSubnormals() = default;
+#endif
+};
 
 constexpr int64_t kKeyBlock = 16;
 
@@ -276,6 +303,7 @@ inline void attend_heads(const float* q, const float* keys, const float* values,
 // head's arithmetic is its own.
 inline void attend_group(const float* q, int64_t heads, const float* keys, const float* values, int64_t skip,
                          int64_t length, int64_t own, int64_t head_dim, float scale, float cap, float* out, float* scores) {
+  const FlushSubnormals flush;
   for (int64_t first = 0; first < heads; first += 8) {
     const float* qs = q + first * head_dim;
     float* os = out + first * head_dim;
@@ -314,6 +342,7 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
                         int64_t rows, int64_t heads,
                         const float* keys, const float* values, int64_t head_dim, float scale, float cap,
                         float* const* out, float* scores) {
+  const FlushSubnormals flush;
 #if defined(QD_VECTOR_ATTENTION)
   float* row_scores[64];
   int64_t stride[64];

@@ -8,7 +8,7 @@ description does not yet say.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ class Architecture:
     sparse_mlp: SparseMlp | None = None
 
 
+# Qwen's mixtures of experts (Qwen2-MoE adds a shared expert)
+QWEN_EXPERTS = SparseMlp(
+    "mlp.gate", "mlp.experts.{e}", ("gate_proj", "up_proj", "down_proj"), "moe_intermediate_size", "norm_topk_prob"
+)
+
 ARCHITECTURES = {
     family.model_type: family
     for family in (
@@ -64,28 +69,13 @@ ARCHITECTURES = {
         Architecture("mistral", "llama", every_layer_slides_key="sliding_window", gguf_interleaves_rotary=True),
         Architecture("qwen2", "qwen2", attention_bias=True),
         Architecture("qwen3", "qwen3", qk_norm=True),
-        Architecture(
-            "qwen3_moe",
-            "qwen3moe",
-            qk_norm=True,
-            sparse_mlp=SparseMlp(
-                "mlp.gate",
-                "mlp.experts.{e}",
-                ("gate_proj", "up_proj", "down_proj"),
-                "moe_intermediate_size",
-                "norm_topk_prob",
-            ),
-        ),
+        Architecture("qwen3_moe", "qwen3moe", qk_norm=True, sparse_mlp=QWEN_EXPERTS),
         Architecture(
             "qwen2_moe",
             "qwen2moe",
             attention_bias=True,
-            sparse_mlp=SparseMlp(
-                "mlp.gate",
-                "mlp.experts.{e}",
-                ("gate_proj", "up_proj", "down_proj"),
-                "moe_intermediate_size",
-                "norm_topk_prob",
+            sparse_mlp=replace(
+                QWEN_EXPERTS,
                 shared_expert="mlp.shared_expert",
                 shared_gate="mlp.shared_expert_gate",
                 shared_width_key="shared_expert_intermediate_size",

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 HIDDEN, HEAD_DIM, VOCAB = 2048, 128, 151936
-# Without q/k norms, the q and k projections' block scales (the others' are 2e-3): a row's attention scores then spread
+BLOCK_SCALE = 2e-3  # every quantized block's float16 scales, but for QK_SCALE's
+# Without q/k norms, the q and k projections' block scales: a row's attention scores then spread
 # over about 8 as a trained model's do (median max - min over 256 random tokens at layer 0), not over thousands, where
 # most softmax weights are subnormal floats
 QK_SCALE = 6e-6
@@ -62,7 +63,7 @@ SHAPES = {
 }  # fmt: skip
 
 
-def blocks(generator: np.random.Generator, kind: str, rows: int, width: int, scale: float = 2e-3) -> np.ndarray:
+def blocks(generator: np.random.Generator, kind: str, rows: int, width: int, scale: float = BLOCK_SCALE) -> np.ndarray:
     """Random blocks of ``kind`` for ``[rows, width]``, their float16 scales small and positive (``scale``)."""
     weights, size, scales = BLOCK[kind]
     data = generator.integers(0, 256, size=(rows, width // weights, size), dtype=np.uint8)
@@ -114,7 +115,7 @@ def write_gguf(path: Path, shape: Shape, layers: int) -> None:
         attention = (("attn_q", q_rows, HIDDEN), ("attn_k", kv_rows, HIDDEN), ("attn_v", kv_rows, HIDDEN),
                      ("attn_output", HIDDEN, q_rows))  # fmt: skip
         for name, rows, width in attention:
-            scale = QK_SCALE if name in ("attn_q", "attn_k") and not shape.qk_norm else 2e-3
+            scale = QK_SCALE if name in ("attn_q", "attn_k") and not shape.qk_norm else BLOCK_SCALE
             add(f"{prefix}{name}.weight", blocks(generator, "Q4_K", rows, width, scale), "Q4_K")
             if shape.attention_bias and name != "attn_output":
                 add(f"{prefix}{name}.bias", floats(rows))

@@ -27,6 +27,7 @@ from quickdraft.models.convert import (
     SETTINGS_VERSION,
     end_tokens,
     has_fp32_weights,
+    layer_types,
     read_marker,
     save_configs,
 )
@@ -498,3 +499,13 @@ def test_a_gguf_files_yarn_keeps_its_original_context_and_refuses_what_is_not_re
     for unread in ({"yarn_attn_factor": 0.7}, {"yarn_log_multiplier": 0.1}, {"yarn_ext_factor": 0.5}):
         with pytest.raises(ModelFilesError, match=r"YaRN sets qwen3\.rope\.scaling"):
             settings(**unread)
+
+
+def test_a_gguf_files_sliding_window_pattern_gives_the_layer_types() -> None:
+    """OLMo 3's converter writes one flag per layer; llama.cpp's other files a period (each n-th layer global)."""
+    sliding, full = "sliding_attention", "full_attention"
+    assert layer_types([True, True, False], 3) == [sliding, sliding, full]
+    assert layer_types(4, 8) == [sliding, sliding, sliding, full] * 2
+    assert layer_types(0, 2) == [sliding, sliding]  # 0: every layer slides
+    with pytest.raises(ModelFilesError, match="names 2 layers, not 3"):
+        layer_types([True, False], 3)

@@ -237,6 +237,9 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
 
     normed = kernels.rms_norm(x, layer.input_norm, config.rms_norm_eps)
     assert torch.allclose(normed, decoder._rms_norm(x, layer.input_norm), rtol=1e-5, atol=1e-6)
+    assert torch.equal(kernels.rms_norm(x, torch.empty(0), config.rms_norm_eps), x)  # no norm (OLMo 2's inputs)
+    unnormed = kernels.rms_norm_quantize(x, torch.empty(0), config.rms_norm_eps, passes)
+    assert all(torch.equal(a, b) for a, b in zip(unnormed, kernels.quantize_rows(x, passes), strict=True))
     quantized, row_scale = kernels.rms_norm_quantize(x, layer.input_norm, config.rms_norm_eps, passes)
     expected_quantized, expected_scale = kernels.quantize_rows(normed, passes)
     assert torch.equal(quantized, expected_quantized) and torch.equal(row_scale, expected_scale)
@@ -271,6 +274,23 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     k_heads = k_ref.reshape(len(starts), num_new, kv_heads, head_dim)
     expected_k = decoder._rotate(decoder._rms_norm(k_heads, k_norm), cos, sin)[0, 0]
     assert torch.allclose(written, expected_k, rtol=1e-5, atol=1e-5)
+    q_norm, k_norm = (torch.rand(n * head_dim, generator=generator) + 0.5 for n in (heads, kv_heads))  # OLMo's
+    normed_q = kernels.qkv_rope_cache(
+        gemm_out, row_scale, layer.qkv.kernel_bias, q_norm, k_norm, config.rms_norm_eps,
+        rope_cos, rope_sin, keys, values, 0, row_slot, row_position, row_position, heads,
+    )  # fmt: skip
+    expected_q = decoder._rotate(decoder._rms_norm(q_ref, q_norm).reshape(q_heads.shape), cos, sin)
+    assert torch.allclose(normed_q, expected_q.reshape(rows, heads, head_dim), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(normed_q, decoder._rotate(decoder._rms_norm(q_heads, q_norm[:head_dim]), cos, sin)
+                              .reshape(rows, heads, head_dim), rtol=1e-3, atol=1e-3)  # fmt: skip
+    written = key_rows(cache.keys[0, 0], cache.capacity)[:, starts[0]]
+    expected_k = decoder._rotate(decoder._rms_norm(k_ref, k_norm).reshape(k_heads.shape), cos, sin)[0, 0]
+    assert torch.allclose(written, expected_k, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="as wide as all its heads"):  # neither one head nor all of them
+        kernels.qkv_rope_cache(
+            gemm_out, row_scale, layer.qkv.kernel_bias, q_norm[: 2 * head_dim], k_norm, config.rms_norm_eps,
+            rope_cos, rope_sin, keys, values, 0, row_slot, row_position, row_position, heads,
+        )  # fmt: skip
     kernels.qkv_rope_cache(
         gemm_out, row_scale, layer.qkv.kernel_bias, torch.empty(0), torch.empty(0), config.rms_norm_eps,
         rope_cos, rope_sin, keys, values, 0, row_slot, row_position, row_position, heads,

@@ -167,10 +167,12 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
 # GGUF architectures whose config transformers' reader does not read (its tokenizer reader takes any file) -> the
 # model type quickdraft reads them as. Their values are the file's keys over transformers' defaults for that type,
 # which are llama.cpp's where it hardcodes one by architecture (SmolLM3: every 4th layer without RoPE).
-OWN_CONFIGS = {"gemma": "gemma", "smollm3": "smollm3", "granite": "granite"}
+OWN_CONFIGS = {"gemma": "gemma", "smollm3": "smollm3", "granite": "granite", "olmo2": "olmo2", "olmoe": "olmoe"}
 # ... and those whose files with experts (``expert_count``) quickdraft reads as another model type: llama.cpp writes
 # Mixtral as ``llama`` with experts, which transformers' reader takes for a dense Llama
 SPARSE_OWN_CONFIGS = {"llama": "mixtral"}
+# ... or with sliding windows (``attention.sliding_window``): OLMo 3 is written as ``olmo2`` with windows
+WINDOWED_OWN_CONFIGS = {"olmo2": "olmo3"}
 OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
     "block_count": "num_hidden_layers",
     "embedding_length": "hidden_size",
@@ -187,6 +189,7 @@ OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
     "logit_scale": "logits_scaling",
     "expert_count": "num_local_experts",
     "expert_used_count": "num_experts_per_tok",
+    "attention.sliding_window": "sliding_window",
 }
 
 
@@ -201,6 +204,8 @@ def own_config(gguf_path: Path) -> Any:
     model_type = OWN_CONFIGS.get(architecture)
     if f"{architecture}.expert_count" in reader.fields and architecture in SPARSE_OWN_CONFIGS:
         model_type = SPARSE_OWN_CONFIGS[architecture]
+    if f"{architecture}.attention.sliding_window" in reader.fields and architecture in WINDOWED_OWN_CONFIGS:
+        model_type = WINDOWED_OWN_CONFIGS[architecture]
     if model_type is None:
         return None
     values = {
@@ -208,6 +213,8 @@ def own_config(gguf_path: Path) -> Any:
         for key, name in OWN_CONFIG_KEYS.items()
         if f"{architecture}.{key}" in reader.fields
     }
+    if (pattern := reader.fields.get(f"{architecture}.attention.sliding_window_pattern")) is not None:
+        values["layer_types"] = layer_types(pattern.contents(), int(values["num_hidden_layers"]))
     special = {
         f"{name}_token_id": reader.fields[f"tokenizer.ggml.{name}_token_id"].contents()
         for name in ("bos", "eos", "padding")
@@ -217,6 +224,19 @@ def own_config(gguf_path: Path) -> Any:
     vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
     tied = all(tensor.name != "output.weight" for tensor in reader.tensors)
     return AutoConfig.for_model(model_type, vocab_size=vocab_size, tie_word_embeddings=tied, **values, **special)
+
+
+def layer_types(pattern: Any, layers: int) -> list[str]:
+    """transformers' ``layer_types`` from a file's ``attention.sliding_window_pattern``: one flag per layer (True:
+    a sliding window), or llama.cpp's period n (each n-th layer global, the others sliding; 0: every layer slides)."""
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ModelFilesError(f"the sliding window pattern names {len(pattern)} layers, not {layers}")
+        sliding = [bool(flag) for flag in pattern]
+    else:
+        period = int(pattern)
+        sliding = [period == 0 or i % period < period - 1 for i in range(layers)]
+    return ["sliding_attention" if flag else "full_attention" for flag in sliding]
 
 
 def end_tokens(reader: Any) -> list[int]:

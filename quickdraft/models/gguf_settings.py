@@ -12,7 +12,7 @@ YARN_UNREAD = {"rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_ext_fact
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
 # llama.cpp's rule by architecture where a file with experts does not say whether their weights are renormalized
 # (``expert_weights_norm``): its graph builder's
-EXPERT_WEIGHTS_NORMALIZED = {"qwen3moe": True, "qwen2moe": False}
+EXPERT_WEIGHTS_NORMALIZED = {"qwen3moe": True, "qwen2moe": False, "olmoe": False}
 
 
 def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,14 @@
 """A mixture of experts of a released model's layer shape on the native runtime beside llama.cpp, random weights.
 
-Writes a GGUF file with ``--layers`` of ``--model``'s layers at their real shape (hidden 2048 and the vocabulary of
-151,936 with its LM head in both):
+Writes a GGUF file with ``--layers`` of ``--model``'s layers at their real shape (hidden 2048 and, but for OLMoE's, the
+vocabulary of 151,936 with its LM head in both):
 - ``qwen3-30b-a3b`` (48 layers): 32 query heads and 4 key-value heads of 128 with q/k norms, 128 experts of 768, 8 a
   token;
 - ``qwen1.5-moe-a2.7b`` (24 layers; Qwen2-MoE): 16 heads of 128 with q/k/v biases, 60 experts of 1408, 4 a token,
   and a shared expert of 5632 every token takes. 1408 is not a multiple of Q4_K's 256, so its experts' down
   projections are Q8_0.
+- ``olmoe-1b-7b`` (16 layers: the whole model; vocabulary 50,304): 16 heads of 128 with OLMo's q/k norms across all
+  heads, 64 experts of 1024 (the file's ``feed_forward_length``, as llama.cpp's converter writes it), 8 a token.
 Q4_K everywhere else (random blocks with small positive scales; without q/k norms, the q and k projections' smaller,
 ``QK_SCALE``), Q6_K LM head, float32 norms, biases, router and shared gate. Then, taking turns in one
 process, at ``--context`` cached tokens:
@@ -52,14 +54,19 @@ class Shape:
     expert_width: int
     shared_width: int = 0  # the shared expert's (0: none)
     qk_norm: bool = False
+    qk_norm_all_heads: bool = False  # OLMo's: q's norm as wide as all q heads, k's as all k heads
     attention_bias: bool = False
     down_type: str = "Q4_K"  # the experts' down projections'
+    vocab: int = VOCAB
+    expert_width_key: str = "expert_feed_forward_length"  # the key stating an expert's width
 
 
 SHAPES = {
     "qwen3-30b-a3b": Shape("qwen3moe", 32, 4, 128, 8, 768, qk_norm=True),
     "qwen1.5-moe-a2.7b": Shape("qwen2moe", 16, 16, 60, 4, 1408, shared_width=5632, attention_bias=True,
                                down_type="Q8_0"),
+    "olmoe-1b-7b": Shape("olmoe", 16, 16, 64, 8, 1024, qk_norm=True, qk_norm_all_heads=True, vocab=50304,
+                         expert_width_key="feed_forward_length"),
 }  # fmt: skip
 
 
@@ -81,7 +88,8 @@ def write_gguf(path: Path, shape: Shape, layers: int) -> None:
     keys = {"context_length": 4096, "embedding_length": HIDDEN, "feed_forward_length": 6144, "block_count": layers,
             "attention.head_count": shape.heads, "attention.head_count_kv": shape.kv_heads,
             "attention.key_length": HEAD_DIM, "attention.value_length": HEAD_DIM, "expert_count": shape.experts,
-            "expert_used_count": shape.top_k, "expert_feed_forward_length": shape.expert_width}  # fmt: skip
+            "expert_used_count": shape.top_k}  # fmt: skip
+    keys[shape.expert_width_key] = shape.expert_width  # OLMoE's replaces the dense width
     if shape.shared_width:
         keys["expert_shared_feed_forward_length"] = shape.shared_width
     for key, value in keys.items():
@@ -90,10 +98,10 @@ def write_gguf(path: Path, shape: Shape, layers: int) -> None:
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(["t", "0", *(f"t{i}" for i in range(VOCAB - 2))])  # "t 0" merges into "t0"
-    writer.add_token_types([1] * VOCAB)
+    writer.add_token_list(["t", "0", *(f"t{i}" for i in range(shape.vocab - 2))])  # "t 0" merges into "t0"
+    writer.add_token_types([1] * shape.vocab)
     writer.add_token_merges(["t 0"])
-    writer.add_eos_token_id(VOCAB - 1)
+    writer.add_eos_token_id(shape.vocab - 1)
     quantized = gguf.GGMLQuantizationType
 
     def add(name: str, data: np.ndarray, kind: str | None = None) -> None:
@@ -102,14 +110,15 @@ def write_gguf(path: Path, shape: Shape, layers: int) -> None:
     def floats(*size: int) -> np.ndarray:
         return generator.normal(0, 0.5, size).astype(np.float32)
 
-    add("token_embd.weight", blocks(generator, "Q4_K", VOCAB, HIDDEN), "Q4_K")
-    add("output.weight", blocks(generator, "Q6_K", VOCAB, HIDDEN), "Q6_K")
+    add("token_embd.weight", blocks(generator, "Q4_K", shape.vocab, HIDDEN), "Q4_K")
+    add("output.weight", blocks(generator, "Q6_K", shape.vocab, HIDDEN), "Q6_K")
     add("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     q_rows, kv_rows = shape.heads * HEAD_DIM, shape.kv_heads * HEAD_DIM
     for layer in range(layers):
         prefix = f"blk.{layer}."
         norms = [("attn_norm", HIDDEN), ("ffn_norm", HIDDEN)]
-        norms += [("attn_q_norm", HEAD_DIM), ("attn_k_norm", HEAD_DIM)] if shape.qk_norm else []
+        q_norm, k_norm = (q_rows, kv_rows) if shape.qk_norm_all_heads else (HEAD_DIM, HEAD_DIM)
+        norms += [("attn_q_norm", q_norm), ("attn_k_norm", k_norm)] if shape.qk_norm else []
         for norm, width in norms:
             add(f"{prefix}{norm}.weight", np.ones(width, dtype=np.float32))
         attention = (("attn_q", q_rows, HIDDEN), ("attn_k", kv_rows, HIDDEN), ("attn_v", kv_rows, HIDDEN),
@@ -163,7 +172,8 @@ def main() -> None:
     runtime = NativeRuntime.load(resolve_model(gguf_path, progress=False), capacity=args.context + 64)
     llama = Llama(model_path=str(gguf_path), n_ctx=args.context + 64, n_threads=2, n_batch=512, verbose=False)
     generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, VOCAB - 1, (args.context,), generator=generator)
+    vocab = SHAPES[args.model].vocab
+    prompt = torch.randint(0, vocab - 1, (args.context,), generator=generator)
     cache = runtime.new_cache()
     runtime.forward(prompt[None], cache, last_only=True)
     llama.eval(prompt.tolist())
@@ -174,7 +184,7 @@ def main() -> None:
         for k in ks:
             times = []
             for _ in range(args.repeats):
-                tokens = torch.randint(0, VOCAB - 1, (1, k), generator=generator)
+                tokens = torch.randint(0, vocab - 1, (1, k), generator=generator)
                 start = time.perf_counter()
                 runtime.forward(tokens, cache)
                 times.append(time.perf_counter() - start)
@@ -183,7 +193,7 @@ def main() -> None:
         times = []
         for _ in range(args.repeats):  # llama.cpp decoding one token at a time, as its plain decoding does
             start = time.perf_counter()
-            llama.eval([int(torch.randint(0, VOCAB - 1, (1,), generator=generator))])
+            llama.eval([int(torch.randint(0, vocab - 1, (1,), generator=generator))])
             times.append(time.perf_counter() - start)
         rounds.append({"ours_ms": ours, "llama_cpp_t1_ms": statistics.median(times) * 1000})
         print(json.dumps(rounds[-1]), flush=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_families import build
+from test_families import OUTPUT_NORMED, build
 
 from quickdraft.bench.llama_tools import llama_converter
 from quickdraft.errors import ModelFilesError
@@ -34,7 +34,7 @@ GEMMA_VOCAB = 512
 
 
 PHI3_WINDOW = 8
-SPARSE_GGUF = ("qwen3-moe", "mixtral", "qwen2-moe")  # mixtures of experts
+SPARSE_GGUF = ("qwen3-moe", "mixtral", "qwen2-moe", "olmoe")  # mixtures of experts
 
 
 def write_sentencepiece_model(path: Path) -> None:
@@ -52,7 +52,7 @@ def write_sentencepiece_model(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "family",
-    ["llama3", "qwen3", "qwen3-yarn", "phi3", "phi4", "smollm3", "gemma", "granite", *SPARSE_GGUF],
+    ["llama3", "qwen3", "qwen3-yarn", "phi3", "phi4", "smollm3", "gemma", "granite", "olmo2", "olmo3", *SPARSE_GGUF],
 )
 def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_path) -> None:
     vocab = GEMMA_VOCAB if family == "gemma" else QWEN_VOCAB
@@ -76,7 +76,8 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     subprocess.run(command, check=True, capture_output=True, cwd=converter.parent)
     directory = resolve_model(gguf_path, progress=False)
     config = DecoderConfig.from_dir(directory)
-    assert config.head_dim == (8 if family in ("phi3", "phi4", "smollm3", "granite", "mixtral", "qwen2-moe") else 16)
+    narrow_heads = ("phi3", "phi4", "smollm3", "granite", "mixtral", "qwen2-moe", "olmo2", "olmo3", "olmoe")
+    assert config.head_dim == (8 if family in narrow_heads else 16)
     if family == "smollm3":  # llama.cpp's rule by architecture (no key says it): every 4th layer without RoPE
         assert [rope is None for rope in config.layer_ropes] == [False, False, False, True]
     if family == "phi3":
@@ -89,6 +90,9 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     if family == "qwen3-yarn":  # the converter's rope.scaling.* keys, the original context among them
         rope = config.layer_ropes[0]
         assert (rope.scaling, rope.factor, rope.original_max_position_embeddings) == ("yarn", 4.0, 16)
+    if family == "olmo3":  # OLMo 3 is written as olmo2 with a window and a pattern of sliding layers
+        assert config.model_type == "olmo3" and config.layer_windows == (5, 5, 5, 0)
+        assert [rope.scaling for rope in config.layer_ropes] == ["default", "default", "default", "yarn"]
     if family == "llama3":  # llama.cpp stores Llama 3.1's scaling as per-frequency factors
         expected = model.model.rotary_emb.inv_freq.double()
         assert torch.allclose(config.layer_ropes[0].inverse_frequencies(16), expected, rtol=1e-5)
@@ -97,11 +101,12 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     logits = runtime.forward(token_ids, runtime.new_cache())
     with torch.no_grad():
         reference = model(token_ids).logits
-    assert (logits - reference).abs().max() < 0.03 * reference.abs().max(), family
+    tolerance = 0.08 if family in OUTPUT_NORMED else 0.03
+    assert (logits - reference).abs().max() < tolerance * reference.abs().max(), family
     if family == "granite":  # its scalars, from the file's keys
         assert (config.embedding_scale, config.residual_scale, config.attention_scale, config.logits_divisor) == (
             12.0, pytest.approx(0.22), 0.0625, 8.0)  # fmt: skip
-    if family in ("smollm3", "gemma", "granite", "mixtral"):
+    if family in ("smollm3", "gemma", "granite", "mixtral", "olmo2", "olmo3", "olmoe"):
         return  # transformers' GGUF reader does not read these families: only the native runtime runs them
     if family == "qwen2-moe":  # transformers' reader gives the shared expert's gate the shape [1, 1, H]
         with pytest.raises(ModelFilesError, match="cannot convert"):

@@ -19,6 +19,7 @@ from quickdraft.models.convert import MARKER, ensure_fp32_weights, has_fp32_weig
 from quickdraft.models.loading import resolve_model
 from quickdraft.runtime import LoadOptions, runtime_for
 from quickdraft.runtime.native import NativeRuntime
+from quickdraft.runtime.native.architecture import POST_NORMS, SANDWICH_NORMS
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_weights import READ_TYPES, hf_tensor_name, unpermute_rows
 from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state, native_cache_dir
@@ -132,6 +133,11 @@ def test_names_map_to_transformers_tensors() -> None:
     assert hf_tensor_name("blk.2.attn_qkv.weight", fused=True) == "model.layers.2.self_attn.qkv_proj.weight"
     assert hf_tensor_name("blk.2.ffn_up.weight", fused=True) == "model.layers.2.mlp.gate_up_proj.weight"
     assert hf_tensor_name("blk.2.ffn_up.weight") == "model.layers.2.mlp.up_proj.weight"
+    assert hf_tensor_name("blk.1.ffn_norm.weight", SANDWICH_NORMS) == "model.layers.1.pre_feedforward_layernorm.weight"
+    olmo_mlp_out = hf_tensor_name("blk.1.post_ffw_norm.weight", POST_NORMS)
+    assert olmo_mlp_out == "model.layers.1.post_feedforward_layernorm.weight"
+    assert hf_tensor_name("blk.1.attn_norm.weight", POST_NORMS) is None  # OLMo 2 has no input norms: none is read
+    assert hf_tensor_name("blk.1.post_attention_norm.weight") is None  # nor does Llama have output norms
 
 
 def test_llama_rows_are_reordered_as_transformers_does() -> None:
@@ -218,13 +224,15 @@ def test_nan_or_infinite_weights_are_refused(tmp_path: Path, tensor: str, value:
 def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() -> None:
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    from quickdraft.models.convert import OWN_CONFIGS, SPARSE_OWN_CONFIGS
+    from quickdraft.models.convert import OWN_CONFIGS, SPARSE_OWN_CONFIGS, WINDOWED_OWN_CONFIGS
     from quickdraft.runtime.native.architecture import ARCHITECTURES
 
     for family in ARCHITECTURES.values():
         architecture = family.gguf_architecture
         if family.sparse_mlp is not None and architecture in SPARSE_OWN_CONFIGS:  # a dense family's, with experts
             assert SPARSE_OWN_CONFIGS[architecture] == family.model_type
+            continue
+        if WINDOWED_OWN_CONFIGS.get(architecture) == family.model_type:  # a family's, with sliding windows
             continue
         transformers_name = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}.get(
             architecture, architecture

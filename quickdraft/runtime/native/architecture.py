@@ -31,6 +31,32 @@ class SparseMlp:
 
 
 @dataclass(frozen=True)
+class LayerNorms:
+    """A layer's RMSNorms by their transformers names (after ``model.layers.{i}.``), None where the family has none
+    (nothing is normed there): the attention's input, the MLP's input, and each sublayer's output before its residual
+    add. The native names are ``input_norm``, ``post_norm``, ``attention_out_norm`` and ``mlp_out_norm``; a GGUF file
+    calls them ``attn_norm``, ``ffn_norm``, ``post_attention_norm`` and ``post_ffw_norm``."""
+
+    attention_input: str | None = "input_layernorm"
+    mlp_input: str | None = "post_attention_layernorm"
+    attention_output: str | None = None
+    mlp_output: str | None = None
+
+    def native_names(self) -> dict[str, str]:
+        """The family's norms: native name -> transformers name."""
+        roles = {"input_norm": self.attention_input, "post_norm": self.mlp_input,
+                 "attention_out_norm": self.attention_output, "mlp_out_norm": self.mlp_output}  # fmt: skip
+        return {native: name for native, name in roles.items() if name is not None}
+
+
+PRE_NORMS = LayerNorms()  # Llama's: each sublayer's input
+# Gemma 2 and 3: inputs and outputs, the attention output's norm called post_attention_layernorm
+SANDWICH_NORMS = LayerNorms("input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm",
+                            "post_feedforward_layernorm")  # fmt: skip
+POST_NORMS = LayerNorms(None, None, "post_attention_layernorm", "post_feedforward_layernorm")  # OLMo 2: outputs only
+
+
+@dataclass(frozen=True)
 class Architecture:
     model_type: str  # config.json's
     gguf_architecture: str  # general.architecture in its GGUF files
@@ -39,10 +65,10 @@ class Architecture:
     every_layer_slides_key: str | None = None
     # llama.cpp's converter interleaves the two rotary halves of each head's q and k rows: the loader undoes it
     gguf_interleaves_rotary: bool = False
-    qk_norm: bool = False  # each q and k head is RMSNorm'd before RoPE (Qwen3, Gemma 3)
-    # Gemma's sandwich: the attention's and the MLP's outputs are RMSNorm'd before their residual adds, and the
-    # MLP's input norm is called pre_feedforward_layernorm (post_attention_layernorm is the attention output's)
-    sandwich_norms: bool = False
+    # q and k are RMSNorm'd before RoPE: each head (Qwen3, Gemma 3) or all heads as one row (OLMo), as the norms'
+    # weights are wide
+    qk_norm: bool = False
+    norms: LayerNorms = PRE_NORMS
     norm_offset: float = 0.0  # a norm multiplies by (offset + weight): Gemma's 1 + w (GGUF files store 1 + w)
     scales_embedding: bool = False  # token embeddings times sqrt(hidden_size) (Gemma)
     activation: str = "silu"  # the gate's activation when config.json names none
@@ -90,6 +116,16 @@ ARCHITECTURES = {
                 "block_sparse_moe.gate", "block_sparse_moe.experts.{e}", ("w1", "w3", "w2"), "intermediate_size", None
             ),
         ),
+        # OLMo 2 and 3: norms of the sublayers' outputs only, q and k normed across all heads; OLMo 3's sliding
+        # windows by layer_types. OLMoE: Llama's norms with OLMo's q/k norms, and experts
+        Architecture("olmo2", "olmo2", qk_norm=True, norms=POST_NORMS),
+        Architecture("olmo3", "olmo2", qk_norm=True, norms=POST_NORMS),
+        Architecture(
+            "olmoe",
+            "olmoe",
+            qk_norm=True,
+            sparse_mlp=replace(QWEN_EXPERTS, width_key="intermediate_size"),
+        ),
         Architecture("smollm3", "smollm3", gguf_interleaves_rotary=True, no_rope_key="no_rope_layers"),
         # Granite: Llama's layers with four scalars, read from its config (config.DecoderConfig.from_hf)
         Architecture("granite", "granite", gguf_interleaves_rotary=True),
@@ -105,7 +141,7 @@ ARCHITECTURES = {
         Architecture(
             "gemma2",
             "gemma2",
-            sandwich_norms=True,
+            norms=SANDWICH_NORMS,
             norm_offset=1.0,
             scales_embedding=True,
             activation="gelu_pytorch_tanh",
@@ -115,7 +151,7 @@ ARCHITECTURES = {
             "gemma3_text",
             "gemma3",
             qk_norm=True,
-            sandwich_norms=True,
+            norms=SANDWICH_NORMS,
             norm_offset=1.0,
             scales_embedding=True,
             activation="gelu_pytorch_tanh",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from quickdraft.models.gguf_settings import FREQ_FACTORS_KEY
-from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES
+from quickdraft.runtime.native.architecture import ACTIVATIONS, ARCHITECTURES, PRE_NORMS, LayerNorms
 
 ROPE_SCALINGS = ("default", "linear", "llama3", "longrope", "yarn")
 # A pass of rows through the layers keeps its widest activation (a row's gate and up projections in float32) within
@@ -167,8 +167,8 @@ class DecoderConfig:
     layer_ropes: tuple[Rope | None, ...]  # per layer: its RoPE, None for a layer without
     layer_windows: tuple[int, ...]  # per layer: its sliding window (the last W positions), 0 for none
     attention_scale: float  # the scores' factor: 1/sqrt(head_dim), Gemma's 1/sqrt(query_pre_attn_scalar), Granite's own
-    qk_norm: bool = False
-    sandwich_norms: bool = False
+    qk_norm: bool = False  # q and k RMSNorm'd before RoPE, per head or across heads (the norms' widths say)
+    norms: LayerNorms = PRE_NORMS  # which of a layer's norms the family has
     fused_projections: bool = False  # q/k/v and gate/up each one tensor in the model's files
     norm_offset: float = 0.0
     embedding_scale: float = 1.0
@@ -228,6 +228,8 @@ class DecoderConfig:
         family = ARCHITECTURES[model_type]
         if config.get("mlp_bias"):
             raise ValueError("MLP biases are not supported")
+        if config.get("clip_qkv") is not None:  # OLMo's clamp of q, k and v (none in released OLMo 2, 3 and OLMoE)
+            raise ValueError(f"clip_qkv ({config['clip_qkv']}) is not supported")
         num_layers = int(config["num_hidden_layers"])
         num_heads = int(config["num_attention_heads"])
         hidden_size = int(config["hidden_size"])
@@ -271,7 +273,7 @@ class DecoderConfig:
             layer_windows=tuple(window if kind == "sliding_attention" else 0 for kind in layer_types),
             attention_scale=attention_scale(config, head_dim),
             qk_norm=family.qk_norm,
-            sandwich_norms=family.sandwich_norms,
+            norms=family.norms,
             fused_projections=family.fused_projections,
             norm_offset=family.norm_offset,
             embedding_scale=math.sqrt(hidden_size) if family.scales_embedding else multiplier("embedding_multiplier"),

@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from quickdraft.models.loaded import CONFIG_TENSORS
-from quickdraft.runtime.native.architecture import ARCHITECTURES, GGUF_INTERLEAVED_ROTARY, SparseMlp
+from quickdraft.runtime.native.architecture import (
+    ARCHITECTURES,
+    GGUF_INTERLEAVED_ROTARY,
+    PRE_NORMS,
+    LayerNorms,
+    SparseMlp,
+)
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
@@ -40,18 +46,14 @@ MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-LAYER_NORMS = {  # GGUF names of a layer's norms -> transformers names
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-}
-SANDWICH_NORMS = {  # a Gemma layer's (DecoderConfig.sandwich_norms): its MLP's input norm has another name
-    **LAYER_NORMS,
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
+QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # GGUF -> transformers names
+
+
+def layer_norms(norms: LayerNorms) -> dict[str, str]:
+    """GGUF names of a layer's norms -> transformers names, for a family's ``norms``."""
+    roles = {"attn_norm": norms.attention_input, "ffn_norm": norms.mlp_input,
+             "post_attention_norm": norms.attention_output, "post_ffw_norm": norms.mlp_output}  # fmt: skip
+    return {gguf_name: name for gguf_name, name in roles.items() if name is not None} | QK_NORMS
 
 
 EXPERT_TENSORS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}  # -> SparseMlp.projections' index
@@ -94,10 +96,11 @@ def shared_expert_weight(gguf_name: str) -> bool:
 
 
 def hf_tensor_name(
-    gguf_name: str, sandwich_norms: bool = False, fused: bool = False, sparse: SparseMlp | None = None
+    gguf_name: str, norms: LayerNorms = PRE_NORMS, fused: bool = False, sparse: SparseMlp | None = None
 ) -> str | None:
     """``blk.3.attn_q.bias`` -> ``model.layers.3.self_attn.q_proj.bias``, ``token_embd.weight`` ->
     ``model.embed_tokens.weight``; None for tensors transformers does not load (e.g. ``rope_freqs.weight``).
+    ``norms``: the family's layer norms (a norm it does not have is not read).
     ``fused``: a model with fused projections (Phi-3's ``attn_qkv``, and ``ffn_up`` holding gate and up).
     ``sparse``: a family's mixture of experts, whose router is ``ffn_gate_inp`` and whose experts are
     :class:`ExpertSlice` names (``blk.3.ffn_up_exps.5.weight`` -> Qwen3-MoE's
@@ -119,9 +122,9 @@ def hf_tensor_name(
             return f"model.layers.{parts[1]}.{sparse.shared_gate}.weight"
     if len(parts) != 4 or parts[0] != "blk":
         return None
-    norms = SANDWICH_NORMS if sandwich_norms else LAYER_NORMS
-    if parts[2] in norms and parts[3] == "weight":
-        return f"model.layers.{parts[1]}.{norms[parts[2]]}.weight"
+    norms_by_name = layer_norms(norms)
+    if parts[2] in norms_by_name and parts[3] == "weight":
+        return f"model.layers.{parts[1]}.{norms_by_name[parts[2]]}.weight"
     tensors = FUSED_LAYER_TENSORS if fused else LAYER_TENSORS
     if parts[2] in tensors and parts[3] in ("weight", "bias"):
         return f"model.layers.{parts[1]}.{tensors[parts[2]]}.{parts[3]}"
@@ -234,7 +237,7 @@ def read_gguf_weights(
     tensors = expert_slices(list(reader.tensors))
     linear = linear_names([tensor.name for tensor in tensors], config.fused_projections, config.tie_word_embeddings)
     sparse = ARCHITECTURES[config.model_type].sparse_mlp
-    names = {tensor.name: hf_tensor_name(tensor.name, config.sandwich_norms, config.fused_projections, sparse)
+    names = {tensor.name: hf_tensor_name(tensor.name, config.norms, config.fused_projections, sparse)
              for tensor in tensors}  # fmt: skip
     experts = [tensor.name for tensor in tensors
                if isinstance(tensor, ExpertSlice) or shared_expert_weight(tensor.name)]  # fmt: skip

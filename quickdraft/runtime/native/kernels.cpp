@@ -358,19 +358,22 @@ torch::Tensor sigmoid_gate(torch::Tensor x, torch::Tensor gate) {
   return out;
 }
 
-// RMSNorm's inputs as the kernels read them: x [M, H] and weight [H], float32 and contiguous.
-void norm_inputs(torch::Tensor& x, torch::Tensor& weight) {
+// RMSNorm's inputs as the kernels read them: x [M, H] and weight [H] (or empty: no norm), float32 and contiguous.
+// Returns the weight's data, nullptr for none.
+const float* norm_inputs(torch::Tensor& x, torch::Tensor& weight) {
   x = float_tensor(x, "x");
-  weight = float_tensor(weight, "weight");
-  TORCH_CHECK(x.dim() == 2 && weight.numel() == x.size(1), "RMSNorm needs x [M, H] and a weight [H]");
+  TORCH_CHECK(x.dim() == 2 && (weight.numel() == 0 || weight.numel() == x.size(1)),
+              "RMSNorm needs x [M, H] and a weight [H] (or none)");
+  return weight.numel() ? (weight = float_tensor(weight, "weight")).data_ptr<float>() : nullptr;
 }
 
-// x: [M, H]; weight: [H]. Returns [M, H].
+// x: [M, H]; weight: [H], or empty for none (x as it is). Returns [M, H].
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
-  norm_inputs(x, weight);
+  const float* w = norm_inputs(x, weight);
+  if (w == nullptr) return x;
   const int64_t rows = x.size(0), width = x.size(1);
   auto y = torch::empty({rows, width}, x.options());
-  const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
+  const float* x_data = x.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
@@ -379,11 +382,13 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return y;
 }
 
-// x: [M, H]; weight: [H]. Returns quantize_rows(rms_norm(x), passes): rows [P·M, H] int8, row_scale [P·M, 1].
+// x: [M, H]; weight: [H], or empty for none. Returns quantize_rows(rms_norm(x), passes): rows [P·M, H] int8,
+// row_scale [P·M, 1].
 std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps, int64_t passes) {
-  norm_inputs(x, weight);
+  const float* w = norm_inputs(x, weight);
+  if (w == nullptr) return quantize_rows(x, passes);
   const int64_t width = x.size(1);
-  const float *x_data = x.data_ptr<float>(), *w = weight.data_ptr<float>();
+  const float* x_data = x.data_ptr<float>();
   return quantized_rows(x.size(0), width, x.options(), passes, [&](int64_t r, float* normed) {
     rms_norm_row(x_data + r * width, w, normed, width, static_cast<float>(eps));
     return normed;
@@ -391,7 +396,8 @@ std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weig
 }
 
 // out: [P·R, (H + 2·KVH)·D] the GEMM output of the q/k/v projection (P passes); row_scale [P·R, 1]; bias [(H + 2·KVH)·D] or
-// empty; q_norm, k_norm: [D] RMSNorm weights of each q and k head, or empty (none); cos, sin: [C, R] RoPE tables of
+// empty; q_norm, k_norm: RMSNorm weights of q and k, both empty (none) or each normalizing spans of its own width:
+// [D] each head, or [H·D] and [KVH·D] all of q's and all of k's heads as one row (OLMo); cos, sin: [C, R] RoPE tables of
 // the first R dimensions of a head (R < D: partial rotary, the rest unchanged);
 // keys, values: the cache slots (see CachePlanes). Row r is position row_position[r] of slot row_slot[r]: its k and
 // v, rotated for that position, are written at index row_index[r] in layer `layer`. Returns q [R, H, D], normed and
@@ -415,8 +421,10 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
               "RoPE tables [C, R] for the first R (even) of a head's D dimensions");
   const int64_t dims = cos.size(1);
   for (const int64_t position : row_position) TORCH_CHECK(position < cos.size(0), "a position past the RoPE tables");
-  TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == head_dim),
-              "q and k norms are both [D] or both empty");
+  const int64_t q_span = q_norm.numel(), k_span = k_norm.numel();
+  TORCH_CHECK((q_span == 0) == (k_span == 0) && (q_span == 0 || q_span == head_dim || q_span == heads * head_dim) &&
+                  (k_span == 0 || k_span == head_dim || k_span == kv_heads * head_dim),
+              "q and k norms are both empty, or each [D] or as wide as all its heads");
   const float* qn = q_norm.numel() ? (q_norm = float_tensor(q_norm, "q_norm")).data_ptr<float>() : nullptr;
   const float* kn = k_norm.numel() ? (k_norm = float_tensor(k_norm, "k_norm")).data_ptr<float>() : nullptr;
   const float norm_eps = static_cast<float>(eps);
@@ -429,9 +437,11 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
     for (int64_t r = begin; r < end; ++r) {
       const int64_t position = row_position[r];
       for (int64_t n = 0; n < width; ++n) projected[n] = gemm.combined(r, n, b);
-      for (int64_t h = 0; qn != nullptr && h < heads + kv_heads; ++h) {  // in place: each element reads only itself
-        float* head = projected.data() + h * head_dim;
-        rms_norm_row(head, h < heads ? qn : kn, head, head_dim, norm_eps);
+      for (int64_t n = 0; qn != nullptr && n < heads * head_dim; n += q_span) {  // in place: a span reads only itself
+        rms_norm_row(projected.data() + n, qn, projected.data() + n, q_span, norm_eps);
+      }
+      for (int64_t n = heads * head_dim; kn != nullptr && n < (heads + kv_heads) * head_dim; n += k_span) {
+        rms_norm_row(projected.data() + n, kn, projected.data() + n, k_span, norm_eps);
       }
       const float* c = cos_data + position * dims;
       const float* si = sin_data + position * dims;

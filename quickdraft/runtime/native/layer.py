@@ -21,16 +21,16 @@ ACTIVATION_FUNCTIONS = {
 
 @dataclass
 class DecoderLayer:
-    """A layer's weights; the norms are (offset + w) already, and the optional ones empty where a family has none;
+    """A layer's weights; the norms are (offset + w) already, and empty where a family has none (no norm there);
     a layer with ``experts`` has no ``gate_up`` and ``down`` of its own."""
 
-    input_norm: torch.Tensor  # [H]
+    input_norm: torch.Tensor  # [H] or empty: the attention's input norm
     qkv: QuantizedLinear  # H -> (heads + 2·kv_heads)·head_dim
     out: QuantizedLinear  # heads·head_dim -> H (with a bias when the model has attention biases and o_proj has one)
-    post_norm: torch.Tensor  # [H], the MLP's input norm
+    post_norm: torch.Tensor  # [H] or empty: the MLP's input norm
     gate_up: QuantizedLinear | None  # H -> 2·intermediate
     down: QuantizedLinear | None  # intermediate -> H
-    q_norm: torch.Tensor  # [D] or empty: each q head's RMSNorm before RoPE (k_norm: each k head's)
+    q_norm: torch.Tensor  # [D], [heads·D] or empty: q's RMSNorm before RoPE, per head or across heads (k_norm: k's)
     k_norm: torch.Tensor
     attention_out_norm: torch.Tensor  # [H] or empty: the attention's output normed before its residual add
     mlp_out_norm: torch.Tensor  # [H] or empty: the MLP's output, the same
@@ -50,10 +50,10 @@ class DecoderLayer:
         sparse = bool(config.layer_experts) and config.layer_experts[i]
         top_k, normalize, passes = config.experts_per_token, config.normalize_expert_weights, config.activation_passes
         return cls(
-            input_norm=state[f"layers.{i}.input_norm"],
+            input_norm=optional("input_norm"),
             qkv=linear("qkv"),
             out=linear("out"),
-            post_norm=state[f"layers.{i}.post_norm"],
+            post_norm=optional("post_norm"),
             gate_up=None if sparse else linear("gate_up"),
             down=None if sparse else linear("down"),
             q_norm=optional("q_norm"),

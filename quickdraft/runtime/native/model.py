@@ -81,6 +81,11 @@ class Decoder:
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         return weight * (x * torch.rsqrt(variance + self.config.rms_norm_eps))
 
+    def _norm_heads(self, x: torch.Tensor, weight: torch.Tensor, heads: int) -> torch.Tensor:
+        """``x [R, heads·D]`` RMSNorm'd in spans of the weight's width (a head, or all heads) -> ``[R, heads, D]``."""
+        span = weight.numel() or x.shape[-1]
+        return self._rms_norm(x.reshape(x.shape[0], -1, span), weight).reshape(x.shape[0], heads, -1)
+
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE on the first R = cos.shape[-1] dimensions of ``x [..., D]``; the others pass unchanged."""
@@ -140,8 +145,8 @@ class Decoder:
         cos, sin = rope_cos[positions][:, None], rope_sin[positions][:, None]  # [R, 1, D]
         qkv = layer.qkv(self._rms_norm(x, layer.input_norm))  # [R, (heads + 2·kv_heads)·D]
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q = self._rotate(self._rms_norm(q.reshape(rows, heads, head_dim), layer.q_norm), cos, sin)  # [R, heads, D]
-        k = self._rotate(self._rms_norm(k.reshape(rows, kv_heads, head_dim), layer.k_norm), cos, sin)
+        q = self._rotate(self._norm_heads(q, layer.q_norm, heads), cos, sin)  # [R, heads, D]
+        k = self._rotate(self._norm_heads(k, layer.k_norm, kv_heads), cos, sin)
         v = v.reshape(rows, kv_heads, head_dim)
         for r, (slot, own) in enumerate(zip(row_slot, row_index, strict=True)):
             keys[slot][index, :, own // KEY_BLOCK, :, own % KEY_BLOCK] = k[r]

@@ -41,15 +41,7 @@ EXACT_TYPES = {  # the GGUF types each format keeps
 
 def layer_norm_names(config: DecoderConfig) -> dict[str, str]:
     """A layer's norms: native name -> transformers name (after ``model.layers.{i}.``), those the family has."""
-    names = {"input_norm": "input_layernorm"}
-    if config.sandwich_norms:  # Gemma: post_attention_layernorm norms the attention's output
-        names |= {
-            "post_norm": "pre_feedforward_layernorm",
-            "attention_out_norm": "post_attention_layernorm",
-            "mlp_out_norm": "post_feedforward_layernorm",
-        }
-    else:
-        names["post_norm"] = "post_attention_layernorm"
+    names = config.norms.native_names()
     if config.qk_norm:
         names |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
     return names

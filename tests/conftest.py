@@ -233,11 +233,12 @@ def random_draft_head(target: Runtime, path: Path, seed: int = 0) -> Path:
 
 
 def save_tiny_model_dir(path: Path, vocab_size: int, seed: int, prefix: str = "w") -> Path:
-    """A local model directory of another family (OLMo 2), whose AutoTokenizer is the generic one."""
-    from transformers import Olmo2Config, Olmo2ForCausalLM
+    """A local model directory of a family the native runtime does not run (OLMo 1: layer norms without weights),
+    whose AutoTokenizer is the generic one."""
+    from transformers import OlmoConfig, OlmoForCausalLM
 
     torch.manual_seed(seed)
-    Olmo2ForCausalLM(tiny_config(Olmo2Config, vocab_size, num_layers=2)).save_pretrained(path)
+    OlmoForCausalLM(tiny_config(OlmoConfig, vocab_size, num_layers=2)).save_pretrained(path)
     word_tokenizer(vocab_size, prefix).save_pretrained(path)
     return path
 

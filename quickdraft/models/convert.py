@@ -168,11 +168,10 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
 # model type quickdraft reads them as. Their values are the file's keys over transformers' defaults for that type,
 # which are llama.cpp's where it hardcodes one by architecture (SmolLM3: every 4th layer without RoPE).
 OWN_CONFIGS = {"gemma": "gemma", "smollm3": "smollm3", "granite": "granite", "olmo2": "olmo2", "olmoe": "olmoe"}
-# ... and those whose files with experts (``expert_count``) quickdraft reads as another model type: llama.cpp writes
-# Mixtral as ``llama`` with experts, which transformers' reader takes for a dense Llama
-SPARSE_OWN_CONFIGS = {"llama": "mixtral"}
-# ... or with sliding windows (``attention.sliding_window``): OLMo 3 is written as ``olmo2`` with windows
-WINDOWED_OWN_CONFIGS = {"olmo2": "olmo3"}
+# ... and (architecture, key) -> the model type quickdraft reads a file of that architecture holding that key as:
+# llama.cpp writes Mixtral as ``llama`` with experts (which transformers' reader takes for a dense Llama), and OLMo 3 as
+# ``olmo2`` with sliding windows
+OWN_CONFIG_VARIANTS = {("llama", "expert_count"): "mixtral", ("olmo2", "attention.sliding_window"): "olmo3"}
 OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
     "block_count": "num_hidden_layers",
     "embedding_length": "hidden_size",
@@ -194,18 +193,17 @@ OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
 
 
 def own_config(gguf_path: Path) -> Any:
-    """The transformers config of a GGUF file whose architecture is in :data:`OWN_CONFIGS` (or, with experts, in
-    :data:`SPARSE_OWN_CONFIGS`), None for the others."""
+    """The transformers config of a GGUF file whose architecture is in :data:`OWN_CONFIGS` (or, with the key that
+    makes it another model type, in :data:`OWN_CONFIG_VARIANTS`), None for the others."""
     from gguf import GGUFReader
     from transformers import AutoConfig
 
     reader = GGUFReader(gguf_path)
     architecture = reader.fields["general.architecture"].contents()
     model_type = OWN_CONFIGS.get(architecture)
-    if f"{architecture}.expert_count" in reader.fields and architecture in SPARSE_OWN_CONFIGS:
-        model_type = SPARSE_OWN_CONFIGS[architecture]
-    if f"{architecture}.attention.sliding_window" in reader.fields and architecture in WINDOWED_OWN_CONFIGS:
-        model_type = WINDOWED_OWN_CONFIGS[architecture]
+    for (variant_of, key), variant in OWN_CONFIG_VARIANTS.items():
+        if variant_of == architecture and f"{architecture}.{key}" in reader.fields:
+            model_type = variant
     if model_type is None:
         return None
     values = {

@@ -224,16 +224,17 @@ def test_nan_or_infinite_weights_are_refused(tmp_path: Path, tensor: str, value:
 def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() -> None:
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    from quickdraft.models.convert import OWN_CONFIGS, SPARSE_OWN_CONFIGS, WINDOWED_OWN_CONFIGS
+    from quickdraft.models.convert import OWN_CONFIG_VARIANTS, OWN_CONFIGS
     from quickdraft.runtime.native.architecture import ARCHITECTURES
 
+    variants = {model_type: architecture for (architecture, _), model_type in OWN_CONFIG_VARIANTS.items()}
     for family in ARCHITECTURES.values():
         architecture = family.gguf_architecture
-        if family.sparse_mlp is not None and architecture in SPARSE_OWN_CONFIGS:  # a dense family's, with experts
-            assert SPARSE_OWN_CONFIGS[architecture] == family.model_type
+        if family.model_type in variants:  # another family's files holding a key of its own (experts, windows)
+            assert variants[family.model_type] == architecture
             continue
-        if WINDOWED_OWN_CONFIGS.get(architecture) == family.model_type:  # a family's, with sliding windows
-            continue
+        # a family with experts whose architecture's files with experts are read as another family's: not read
+        assert family.sparse_mlp is None or (architecture, "expert_count") not in OWN_CONFIG_VARIANTS, architecture
         transformers_name = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}.get(
             architecture, architecture
         )  # its renaming

@@ -42,11 +42,14 @@ class LayerNorms:
     attention_output: str | None = None
     mlp_output: str | None = None
 
-    def native_names(self) -> dict[str, str]:
-        """The family's norms: native name -> transformers name."""
-        roles = {"input_norm": self.attention_input, "post_norm": self.mlp_input,
-                 "attention_out_norm": self.attention_output, "mlp_out_norm": self.mlp_output}  # fmt: skip
-        return {native: name for native, name in roles.items() if name is not None}
+    def named(self, role_names: tuple[str, str, str, str]) -> dict[str, str]:
+        """The family's norms: their names in another naming (``role_names``: the four roles' in the order above,
+        e.g. :data:`NATIVE_NORMS`) -> transformers names."""
+        names = (self.attention_input, self.mlp_input, self.attention_output, self.mlp_output)
+        return {role: name for role, name in zip(role_names, names, strict=True) if name is not None}
+
+
+NATIVE_NORMS = ("input_norm", "post_norm", "attention_out_norm", "mlp_out_norm")  # the native names of the roles
 
 
 PRE_NORMS = LayerNorms()  # Llama's: each sublayer's input

@@ -46,14 +46,8 @@ MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+GGUF_NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm")  # LayerNorms' roles, GGUF's names
 QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # GGUF -> transformers names
-
-
-def layer_norms(norms: LayerNorms) -> dict[str, str]:
-    """GGUF names of a layer's norms -> transformers names, for a family's ``norms``."""
-    roles = {"attn_norm": norms.attention_input, "ffn_norm": norms.mlp_input,
-             "post_attention_norm": norms.attention_output, "post_ffw_norm": norms.mlp_output}  # fmt: skip
-    return {gguf_name: name for gguf_name, name in roles.items() if name is not None} | QK_NORMS
 
 
 EXPERT_TENSORS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}  # -> SparseMlp.projections' index
@@ -122,7 +116,7 @@ def hf_tensor_name(
             return f"model.layers.{parts[1]}.{sparse.shared_gate}.weight"
     if len(parts) != 4 or parts[0] != "blk":
         return None
-    norms_by_name = layer_norms(norms)
+    norms_by_name = norms.named(GGUF_NORMS) | QK_NORMS
     if parts[2] in norms_by_name and parts[3] == "weight":
         return f"model.layers.{parts[1]}.{norms_by_name[parts[2]]}.weight"
     tensors = FUSED_LAYER_TENSORS if fused else LAYER_TENSORS

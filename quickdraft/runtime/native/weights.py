@@ -19,7 +19,7 @@ import torch
 from quickdraft.errors import ModelFilesError
 from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
-from quickdraft.runtime.native.architecture import ARCHITECTURES, SparseMlp
+from quickdraft.runtime.native.architecture import ARCHITECTURES, NATIVE_NORMS, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights
@@ -41,7 +41,7 @@ EXACT_TYPES = {  # the GGUF types each format keeps
 
 def layer_norm_names(config: DecoderConfig) -> dict[str, str]:
     """A layer's norms: native name -> transformers name (after ``model.layers.{i}.``), those the family has."""
-    names = config.norms.native_names()
+    names = config.norms.named(NATIVE_NORMS)
     if config.qk_norm:
         names |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
     return names

@@ -14,6 +14,7 @@ from quickdraft.api import Pipeline
 from quickdraft.costs import CostModel
 from quickdraft.costs.calibration import (
     CurveRole,
+    busier_problem,
     context_lengths,
     measure_context_costs,
     measure_cost_curve,
@@ -59,8 +60,8 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
     def no_measuring(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured although a saved calibration exists")
 
-    with monkeypatch.context() as patch:
-        patch.setattr("quickdraft.costs.calibration.measure_cost_curves", no_measuring)
+    with monkeypatch.context() as patch:  # loading times one forward (busier_check), not the whole model
+        patch.setattr("quickdraft.costs.store.measure_cost_model", no_measuring)
         loaded = with_paths("target", "draft").calibrate("draft-model", max_draft_tokens=4)
         assert (loaded.cost_model, loaded.source, loaded.describe()) == (
             measured,
@@ -152,6 +153,36 @@ def test_a_calibration_file_with_times_that_are_not_finite_is_measured_anew(
     assert all(math.isfinite(ms) for ms in calibration.cost_model.target_ms.values())
     assert located.drafter_records("draft-model").cost_model is calibration.cost_model
     assert calibration.saved and CostModel.from_dict(json.loads(path.read_text())["cost_model"]).target_ms[1] > 0
+
+
+@pytest.mark.parametrize("saved_ms, source", [(1e5, CalibrationSource.REMEASURED), (1e-6, CalibrationSource.LOADED)])
+def test_a_calibration_saved_on_busier_cores_is_measured_again(
+    saved_ms: float, source: CalibrationSource, pipeline: Pipeline, tmp_path: Path
+) -> None:
+    """A saved 1-token forward far slower than now's was timed while other work ran; one faster than now's is this
+    run's load, and stands."""
+    located = located_pipeline(pipeline, tmp_path)
+    path = located.calibrations.cost_model_file(DRAFTERS.get("draft-model"), max_draft_tokens=4)
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    target_ms = {"1": saved_ms, "2": saved_ms * 1.1, "4": saved_ms * 1.2, "5": saved_ms * 1.3}
+    cost_model = {"target_ms": target_ms, "draft_ms": saved_ms / 4, "draft_prefill_ms": {}}
+    path.write_text(json.dumps({"key": {}, "cost_model": cost_model}))
+    calibration = located.calibrate("draft-model", max_draft_tokens=4)
+    assert calibration.source is source
+    if source is CalibrationSource.REMEASURED:
+        assert f"{path} was timed on busier cores" in calibration.describe()
+        assert calibration.cost_model.target_ms[1] < saved_ms
+    else:
+        assert calibration.cost_model.target_ms[1] == saved_ms
+
+
+def test_busier_problem_only_for_a_saved_forward_slower_than_now() -> None:
+    assert busier_problem(saved_ms=20.0, now_ms=20.0) is None
+    assert busier_problem(saved_ms=25.0, now_ms=20.0) is None  # within STEADY_TOLERANCE
+    assert busier_problem(saved_ms=20.0, now_ms=40.0) is None  # busier now: the saved costs stand
+    problem = busier_problem(saved_ms=40.0, now_ms=20.0)
+    assert problem is not None and "40.0 ms then, 20.0 ms now" in problem
 
 
 def located_pipeline(pipeline: Pipeline, tmp_path: Path) -> Pipeline:

@@ -336,3 +336,14 @@ def steadiness_problem(first_ms: float, again_ms: float) -> str | None:
         f"the target's 1-token forward took {first_ms:.1f} ms, then {again_ms:.1f} ms: "
         "the machine's load changed while measuring"
     )
+
+
+def busier_problem(saved_ms: float, now_ms: float) -> str | None:
+    """Why a saved calibration is to be measured again when its target's 1-token forward took ``saved_ms`` and takes
+    ``now_ms`` now (each the fastest of its repeats), or None. Fastest runs only slow down while other work runs,
+    so a saved forward slower than now's by more than ``STEADY_TOLERANCE`` was timed on busier cores, and its
+    costs would make every later run draft too little or too much. A forward slower now than saved is this run's
+    load: the saved costs stand, and the engine's own step times correct them as it runs."""
+    if saved_ms - now_ms <= STEADY_TOLERANCE * now_ms:
+        return None
+    return f"was timed on busier cores (the target's 1-token forward took {saved_ms:.1f} ms then, {now_ms:.1f} ms now)"

@@ -4,8 +4,9 @@ A calibration is a JSON file in the calibrations directory named by the hash of 
 models and their builds, the runtime, the threads, the machine, quickdraft's version). Each is loaded when it
 is there and usable, else measured and saved, under one lock for the directory: two measurements at once would
 each time the other's load, and one that waited finds what the other saved. A file that cannot be used is
-measured anew and replaced, and the calibration says why; a measurement during which the machine's load changed
-is used, but not saved.
+measured anew and replaced, and the calibration says why; so is one whose target forward was slower when saved
+than it is now (it was timed on busier cores: :func:`busier_problem`, a few forwards to tell). A measurement during
+which the machine's load changed is used, but not saved.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from quickdraft.costs.calibration import (
     LONG_CONTEXT,
     Costs,
     Measurement,
+    busier_problem,
     measure_batch_cost_model,
     measure_cost_curve,
     measure_cost_model,
@@ -123,15 +125,21 @@ def load_or_measure(
     kind: CostKind[Costs],
     measure: Callable[[], Measurement[Costs]],
     use_saved: bool = True,
+    check: Callable[[Costs], str | None] = lambda costs: None,
 ) -> Calibration[Costs]:
-    """The costs saved at ``path`` if ``use_saved`` and usable, else ``measure()`` saved there when steady."""
+    """The costs saved at ``path`` if ``use_saved``, usable and passing ``check`` (what is wrong with them now, or
+    None), else ``measure()`` saved there when steady."""
     with calibration_lock(path):
         problem = None
         if use_saved and path is not None and path.exists():
             try:
-                return Calibration(load_calibration(path, kind), CalibrationSource.LOADED, path)
+                saved = load_calibration(path, kind)
             except ConfigError as error:
                 problem = str(error)
+            else:
+                problem = check(saved)
+                if problem is None:
+                    return Calibration(saved, CalibrationSource.LOADED, path)
         started = time.perf_counter()
         measured = measure()
         seconds = time.perf_counter() - started
@@ -161,7 +169,7 @@ class CalibrationStore:
         def measure() -> Measurement[CostModel]:
             return measure_cost_model(self.target, self.draft, drafter_cls, max_draft_tokens, context)
 
-        return load_or_measure(path, key, SINGLE, measure, use_saved)
+        return load_or_measure(path, key, SINGLE, measure, use_saved, self.busier_check(context))
 
     def batch_cost_model(self, max_rows: int, max_tokens: int, use_saved: bool = True) -> Calibration[BatchCostModel]:
         """The cost of a continuous-batching step (:func:`measure_batch_cost_model`, up to a minute on the default
@@ -176,7 +184,17 @@ class CalibrationStore:
             again_ms = measure_cost_curve(self.target, [1], BATCH_CONTEXT)[1]
             return Measurement(costs, steadiness_problem(costs.target_ms[1], again_ms))
 
-        return load_or_measure(path, key, BATCH, measure, use_saved)
+        return load_or_measure(path, key, BATCH, measure, use_saved, self.busier_check(BATCH_CONTEXT))
+
+    def busier_check(self, context: int) -> Callable[[CostModel | BatchCostModel], str | None]:
+        """A saved calibration's check: the target's 1-token forward after ``context`` cached tokens timed now
+        (four forwards) against the saved one (:func:`busier_problem`)."""
+
+        def check(costs: CostModel | BatchCostModel) -> str | None:
+            now_ms = measure_cost_curve(self.target, [1], context, repeats=3, warmup=1)[1]
+            return busier_problem(costs.target_ms[1], now_ms)
+
+        return check
 
     def cost_model_file(self, drafter_cls: type[Drafter], max_draft_tokens: int = 16, context: int = 64) -> Path | None:
         """Where :meth:`cost_model` keeps a ``drafter_cls`` drafter's costs (None: not kept)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import native_from_hf, tiny_model, write_tiny_gguf
+from test_families import build
 
 from quickdraft.models.loading import resolve_model
 from quickdraft.runtime import Runtime
@@ -46,6 +47,12 @@ def assert_the_same_bits_on_every_thread_count(runtime: Runtime) -> None:
 
 def test_int8_logits_are_the_same_bits_on_any_number_of_threads(threads: None) -> None:
     assert_the_same_bits_on_every_thread_count(native_from_hf(tiny_model(32, seed=0)))
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "qwen2-moe"])
+def test_a_mixtures_logits_are_the_same_bits_on_any_number_of_threads(threads: None, family: str) -> None:
+    """A layer's experts share out their GEMMs' blocks among the threads together (and a shared expert's)."""
+    assert_the_same_bits_on_every_thread_count(native_from_hf(build(family)))
 
 
 def test_q4_and_q6_logits_are_the_same_bits_on_any_number_of_threads(

@@ -402,8 +402,9 @@ def calibrations_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path
 @pytest.fixture
 def steady_timings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tiny model's forward takes a millisecond, and on a busy machine some take ten times that: for tests of
-    what is saved and loaded, take every calibration as measured on a steady machine (the check that refuses
-    to save an unsteady one is tested on a fake clock)."""
+    what is saved and loaded, take every calibration as measured on a steady machine, and a saved one as timed on
+    no busier cores than now's (the check that refuses to save an unsteady one is tested on a fake clock, the one
+    that measures a busier one again on saved times far from a tiny model's)."""
     monkeypatch.setattr("quickdraft.costs.calibration.STEADY_TOLERANCE", math.inf)
 
 

@@ -54,7 +54,9 @@ def write_sentencepiece_model(path: Path) -> None:
     "family",
     ["llama3", "qwen3", "qwen3-yarn", "phi3", "phi4", "smollm3", "gemma", "granite", "olmo2", "olmo3", *SPARSE_GGUF],
 )
-def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_path) -> None:
+def test_a_gguf_file_from_llama_cpps_converter_runs_natively(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     vocab = GEMMA_VOCAB if family == "gemma" else QWEN_VOCAB
     model = build(family, vocab=vocab)
     if family == "phi3":
@@ -74,6 +76,7 @@ def test_a_gguf_file_from_llama_cpps_converter_runs_natively(family: str, tmp_pa
     converter = llama_converter()
     command = [sys.executable, str(converter), str(tmp_path / "hf"), "--outfile", str(gguf_path), "--outtype", "f32"]
     subprocess.run(command, check=True, capture_output=True, cwd=converter.parent)
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))  # the file's packed weights: not the user's cache
     directory = resolve_model(gguf_path, progress=False)
     config = DecoderConfig.from_dir(directory)
     narrow_heads = ("phi3", "phi4", "smollm3", "granite", "mixtral", "qwen2-moe", "olmo2", "olmo3", "olmoe")

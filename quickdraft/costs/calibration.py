@@ -64,6 +64,12 @@ def measure_cost_curve(
     return measure_cost_curves({label: runtime}, {label: ks}, context, repeats, warmup, progress, placeholder)[label]
 
 
+def one_token_ms(target: Runtime, context: int) -> float:
+    """The target's 1-token forward after ``context`` cached tokens (fastest of 3 after a warm-up): what
+    :func:`steadiness_problem` and :func:`busier_problem` compare."""
+    return measure_cost_curve(target, [1], context, repeats=3, warmup=1)[1]
+
+
 def measure_cost_curves(
     runtimes: Mapping[str, Runtime],
     ks: Mapping[str, Iterable[int]],
@@ -261,7 +267,7 @@ def measure_cost_model(
     if draft is not None and CurveRole.DRAFT in curves:
         curves[CurveRole.DRAFT_PREFILL] = measure_prefill_curve(draft, prefill_lengths(draft, PREFILL_LENGTHS[:2]))
     curves |= context_costs(runtimes, context, ks[-1])
-    again_ms = measure_cost_curve(target, [1], context, repeats=3, warmup=1)[1]
+    again_ms = one_token_ms(target, context)
     unsteady = steadiness_problem(curves[CurveRole.TARGET][1], again_ms)
     return Measurement(cost_model_from_curves(curves, drafter_cls, context), unsteady)
 

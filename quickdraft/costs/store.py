@@ -29,8 +29,8 @@ from quickdraft.costs.calibration import (
     Measurement,
     busier_problem,
     measure_batch_cost_model,
-    measure_cost_curve,
     measure_cost_model,
+    one_token_ms,
     steadiness_problem,
 )
 from quickdraft.costs.model import BatchCostModel, CostModel
@@ -181,7 +181,7 @@ class CalibrationStore:
 
         def measure() -> Measurement[BatchCostModel]:
             costs = measure_batch_cost_model(self.target, draft, max_rows, max_tokens, BATCH_CONTEXT)
-            again_ms = measure_cost_curve(self.target, [1], BATCH_CONTEXT)[1]
+            again_ms = one_token_ms(self.target, BATCH_CONTEXT)
             return Measurement(costs, steadiness_problem(costs.target_ms[1], again_ms))
 
         return load_or_measure(path, key, BATCH, measure, use_saved, self.busier_check(BATCH_CONTEXT))
@@ -191,7 +191,7 @@ class CalibrationStore:
         (four forwards) against the saved one (:func:`busier_problem`)."""
 
         def check(costs: CostModel | BatchCostModel) -> str | None:
-            now_ms = measure_cost_curve(self.target, [1], context, repeats=3, warmup=1)[1]
+            now_ms = one_token_ms(self.target, context)
             return busier_problem(costs.target_ms[1], now_ms)
 
         return check

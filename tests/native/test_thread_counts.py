@@ -51,7 +51,7 @@ def test_int8_logits_are_the_same_bits_on_any_number_of_threads(threads: None) -
 
 @pytest.mark.parametrize("family", ["qwen3-moe", "qwen2-moe"])
 def test_a_mixtures_logits_are_the_same_bits_on_any_number_of_threads(threads: None, family: str) -> None:
-    """A layer's experts share out their GEMMs' blocks among the threads together (and a shared expert's)."""
+    """Each chosen expert's GEMMs (and a shared expert's) split their output columns among the threads."""
     assert_the_same_bits_on_every_thread_count(native_from_hf(build(family)))
 
 

@@ -31,6 +31,7 @@ from quickdraft.models.convert import (
     read_marker,
     save_configs,
 )
+from quickdraft.models.gguf_file import GGUFFile
 from quickdraft.models.gguf_settings import gguf_settings
 from quickdraft.models.loaded import check_every_tensor_read
 from quickdraft.models.pairing import vocabulary_mismatch
@@ -254,18 +255,9 @@ def test_a_gguf_chat_ends_where_llama_cpp_ends_it(tmp_path: Path, monkeypatch: p
     (directory / MARKER).write_text(json.dumps(marker | {"settings": SETTINGS_VERSION - 1}))
     assert eos_token_ids(resolve_model(gguf_path, progress=False), load_tokenizer(directory)) == ends
 
-    class Field:
-        def __init__(self, value: object) -> None:
-            self.value = value
-
-        def contents(self) -> object:
-            return self.value
-
-    reader = types.SimpleNamespace(fields={
-        "tokenizer.ggml.eos_token_id": Field(2), "tokenizer.ggml.eot_token_id": Field(7),
-        "tokenizer.ggml.eom_token_id": Field(5), "tokenizer.ggml.tokens": Field(["a", "<|im_end|>", "b"]),
-    })  # fmt: skip
-    assert end_tokens(reader) == [1, 2, 5, 7]
+    fields = {"tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.eot_token_id": 7, "tokenizer.ggml.eom_token_id": 5,
+              "tokenizer.ggml.tokens": ["a", "<|im_end|>", "b"]}  # fmt: skip
+    assert end_tokens(fields) == [1, 2, 5, 7]
 
 
 def test_auto_runs_a_gguf_file_of_tensor_types_the_native_runtime_does_not_read_on_transformers(
@@ -472,25 +464,14 @@ def test_a_local_path_named_like_a_packaged_model_gets_a_note(
     assert f"note: {name} is the packaged model; give ./{name} for the path" in capsys.readouterr().err
 
 
-class FakeField:
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def contents(self) -> object:
-        return self.value
-
-
 def test_a_gguf_files_yarn_keeps_its_original_context_and_refuses_what_is_not_read() -> None:
-    from types import SimpleNamespace
-
     scaling = {"type": "yarn", "factor": 4.0, "original_context_length": 32768, "yarn_beta_fast": 16.0}
     fields = {"general.architecture": "qwen3"} | {f"qwen3.rope.scaling.{key}": value for key, value in scaling.items()}
     config = {"hidden_size": 64, "num_attention_heads": 4, "rope_parameters": {"rope_theta": 1e6}}
 
     def settings(**more: object) -> dict:
         extra = {f"qwen3.rope.scaling.{key}": value for key, value in more.items()}
-        reader = SimpleNamespace(fields={k: FakeField(v) for k, v in (fields | extra).items()}, tensors=[])
-        return gguf_settings(reader, config)
+        return gguf_settings(GGUFFile(Path("model.gguf"), fields | extra, ()), config)
 
     rope = settings()["rope_parameters"]
     assert rope == {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,

@@ -22,6 +22,7 @@ from typing import Any
 
 from quickdraft.errors import ModelFilesError
 from quickdraft.models.gguf_check import check_gguf
+from quickdraft.models.gguf_file import GGUFFile, read_gguf
 from quickdraft.models.gguf_settings import FREQ_FACTORS_KEY, gguf_settings
 from quickdraft.models.loaded import check_every_tensor_read, check_loading_info
 
@@ -135,14 +136,14 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     if marker.get("sha256") == sha256 and marker.get("layout") == GGUF_LAYOUT:
         tensor_types = marker.get("tensor_types")
         if marker.get("settings") != SETTINGS_VERSION or not isinstance(tensor_types, list):  # made before these
-            tensor_types = add_gguf_settings(directory / "config.json", gguf_path)  # settings: complete it
+            tensor_types = add_gguf_settings(directory / "config.json", read_gguf(gguf_path))  # settings: complete it
         write_marker(directory, sha256, gguf_path, tensor_types)
         return
-    check_gguf(gguf_path)  # before gguf-py, which trusts the counts a file states
+    gguf = check_gguf(gguf_path)  # before gguf-py, which trusts the counts a file states
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        if (config := own_config(gguf_path)) is not None:
+        if (config := own_config(gguf)) is not None:
             tokenizer = PreTrainedTokenizerFast.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         else:
             config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -157,7 +158,7 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     save_configs(config, building)
-    tensor_types = add_gguf_settings(building / "config.json", gguf_path)
+    tensor_types = add_gguf_settings(building / "config.json", gguf)
     tokenizer.save_pretrained(building)
     write_marker(building, sha256, gguf_path, tensor_types)
     shutil.rmtree(directory, ignore_errors=True)
@@ -192,35 +193,27 @@ OWN_CONFIG_KEYS = {  # GGUF key after "<architecture>." -> config.json's
 }
 
 
-def own_config(gguf_path: Path) -> Any:
+def own_config(gguf: GGUFFile) -> Any:
     """The transformers config of a GGUF file whose architecture is in :data:`OWN_CONFIGS` (or, with the key that
     makes it another model type, in :data:`OWN_CONFIG_VARIANTS`), None for the others."""
-    from gguf import GGUFReader
     from transformers import AutoConfig
 
-    reader = GGUFReader(gguf_path)
-    architecture = reader.fields["general.architecture"].contents()
+    fields, architecture = gguf.fields, gguf.architecture
     model_type = OWN_CONFIGS.get(architecture)
     for (variant_of, key), variant in OWN_CONFIG_VARIANTS.items():
-        if variant_of == architecture and f"{architecture}.{key}" in reader.fields:
+        if variant_of == architecture and f"{architecture}.{key}" in fields:
             model_type = variant
     if model_type is None:
         return None
-    values = {
-        name: reader.fields[f"{architecture}.{key}"].contents()
-        for key, name in OWN_CONFIG_KEYS.items()
-        if f"{architecture}.{key}" in reader.fields
-    }
-    if (pattern := reader.fields.get(f"{architecture}.attention.sliding_window_pattern")) is not None:
-        values["layer_types"] = layer_types(pattern.contents(), int(values["num_hidden_layers"]))
-    special = {
-        f"{name}_token_id": reader.fields[f"tokenizer.ggml.{name}_token_id"].contents()
-        for name in ("bos", "eos", "padding")
-        if f"tokenizer.ggml.{name}_token_id" in reader.fields
-    }
+    values = {name: fields[f"{architecture}.{key}"] for key, name in OWN_CONFIG_KEYS.items()
+              if f"{architecture}.{key}" in fields}  # fmt: skip
+    if (pattern := fields.get(f"{architecture}.attention.sliding_window_pattern")) is not None:
+        values["layer_types"] = layer_types(pattern, int(values["num_hidden_layers"]))
+    special = {f"{name}_token_id": fields[f"tokenizer.ggml.{name}_token_id"] for name in ("bos", "eos", "padding")
+               if f"tokenizer.ggml.{name}_token_id" in fields}  # fmt: skip
     special["pad_token_id"] = special.pop("padding_token_id", None)
-    vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
-    tied = all(tensor.name != "output.weight" for tensor in reader.tensors)
+    vocab_size = len(fields["tokenizer.ggml.tokens"])
+    tied = all(tensor.name != "output.weight" for tensor in gguf.tensors)
     return AutoConfig.for_model(model_type, vocab_size=vocab_size, tie_word_embeddings=tied, **values, **special)
 
 
@@ -237,32 +230,27 @@ def layer_types(pattern: Any, layers: int) -> list[str]:
     return ["sliding_attention" if flag else "full_attention" for flag in sliding]
 
 
-def end_tokens(reader: Any) -> list[int]:
-    """The ids that end a generation as llama.cpp ends it for the file in ``reader``: its end-of-sequence,
+def end_tokens(fields: dict[str, Any]) -> list[int]:
+    """The ids that end a generation as llama.cpp ends it for a file of metadata ``fields``: its end-of-sequence,
     end-of-turn and end-of-message tokens, and every token spelled as one of :data:`END_TEXTS`."""
-    ends = {int(reader.fields[key].contents()) for key in END_KEYS if key in reader.fields}
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        ends |= {index for index, text in enumerate(tokens.contents()) if text in END_TEXTS}
+    ends = {int(fields[key]) for key in END_KEYS if key in fields}
+    ends |= {index for index, text in enumerate(fields.get("tokenizer.ggml.tokens", ())) if text in END_TEXTS}
     return sorted(ends)
 
 
-def add_gguf_settings(config_file: Path, gguf_path: Path) -> list[str]:
-    """Complete the config.json transformers wrote for ``gguf_path`` with :func:`gguf_settings`, and the
+def add_gguf_settings(config_file: Path, gguf: GGUFFile) -> list[str]:
+    """Complete the config.json transformers wrote for the file ``gguf`` with :func:`gguf_settings`, and the
     generation_config.json beside it with the file's :func:`end_tokens` (the end-of-sequence ids); returns the file's
     tensor types."""
-    from gguf import GGUFReader
-
     config = json.loads(config_file.read_text(encoding="utf-8"))
     generation_file = config_file.with_name("generation_config.json")
     generation = json.loads(generation_file.read_text(encoding="utf-8")) if generation_file.is_file() else {}
     try:
-        reader = GGUFReader(gguf_path)
-        config |= gguf_settings(reader, config)
-        ends = end_tokens(reader)
-        tensor_types = sorted({tensor.tensor_type.name for tensor in reader.tensors})
-    except Exception as error:  # gguf raises many types for damaged files
-        raise ModelFilesError(f"cannot read {gguf_path}'s settings: {type(error).__name__}: {error}") from error
+        config |= gguf_settings(gguf, config)
+        ends = end_tokens(gguf.fields)
+        tensor_types = sorted({tensor.tensor_type.name for tensor in gguf.tensors})
+    except (TypeError, ValueError, KeyError, AttributeError) as error:  # a value of the wrong kind
+        raise ModelFilesError(f"cannot read {gguf.path}'s settings: {type(error).__name__}: {error}") from error
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if ends:
         generation["eos_token_id"] = ends[0] if len(ends) == 1 else ends

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from quickdraft.errors import ModelFilesError
+from quickdraft.models.gguf_file import GGUFFile
 
 # YaRN keys of llama.cpp's files that change its RoPE and that quickdraft does not apply, with their neutral values
 YARN_UNREAD = {"rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_ext_factor": 1.0,
@@ -15,8 +16,8 @@ FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file'
 EXPERT_WEIGHTS_NORMALIZED = {"qwen3moe": True, "qwen2moe": False, "olmoe": False}
 
 
-def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """config.json keys for what the GGUF file in ``reader`` says beyond transformers' reading of it: the head width
+def gguf_settings(gguf: GGUFFile, config: dict[str, Any]) -> dict[str, Any]:
+    """config.json keys for what the GGUF file ``gguf`` says beyond transformers' reading of it: the head width
     (``attention.key_length``; without it, the embedding width over the heads, as llama.cpp takes it, not a
     family's default such as Gemma's 256), RoPE scaling (``rope.scaling.*``: the global layers' where RoPE
     differs by layer type; YaRN's original context and blend bounds, and ``ModelFilesError`` for a YaRN key of
@@ -28,11 +29,10 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     of experts' width of an expert (``expert_feed_forward_length``) and of its shared expert
     (``expert_shared_feed_forward_length``), and whether the chosen experts' weights are renormalized
     (``expert_weights_norm``, else :data:`EXPERT_WEIGHTS_NORMALIZED`)."""
-    architecture = reader.fields["general.architecture"].contents()
+    architecture = gguf.architecture
 
     def field(key: str) -> Any:
-        found = reader.fields.get(f"{architecture}.{key}")
-        return None if found is None else found.contents()
+        return gguf.fields.get(f"{architecture}.{key}")
 
     settings: dict[str, Any] = {}
     if (key_length := field("attention.key_length")) is not None:
@@ -56,9 +56,7 @@ def gguf_settings(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
         else:
             parameters |= scaled
         settings["rope_parameters"] = parameters
-    tensors = {
-        tensor.name: [float(value) for value in tensor.data] for tensor in reader.tensors if "rope" in tensor.name
-    }
+    tensors = {tensor.name: [float(value) for value in tensor.data] for tensor in gguf.tensors if "rope" in tensor.name}
     if "rope_freqs.weight" in tensors:
         settings[FREQ_FACTORS_KEY] = tensors["rope_freqs.weight"]
     if (expert_width := field("expert_feed_forward_length")) is not None:

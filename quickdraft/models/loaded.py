@@ -28,9 +28,10 @@ def check_every_tensor_read(model: Any, source: Path) -> None:
     the counts agree exactly when every tensor was read. A tied model's output layer that the file stores again as a
     copy of the embedding (older converters' Bloom files) is read: it is the embedding."""
     import numpy as np
-    from gguf import GGUFReader
 
-    tensors = {tensor.name: tensor for tensor in GGUFReader(source).tensors if tensor.name not in CONFIG_TENSORS}
+    from quickdraft.models.gguf_file import read_gguf
+
+    tensors = {tensor.name: tensor for tensor in read_gguf(source).tensors if tensor.name not in CONFIG_TENSORS}
     stored = sum(int(tensor.n_elements) for tensor in tensors.values())
     output, embedding = tensors.get("output.weight"), tensors.get("token_embd.weight")
     if getattr(model.config, "tie_word_embeddings", False) and output is not None and embedding is not None:

@@ -284,11 +284,10 @@ def exact_weights(
     :func:`transformers_name`; ``tied``: the model ties its LM head to its embeddings, see :func:`linear_names`),
     those whose values equal ``float_weights``' (the model converted from this file) within float32 rounding,
     checked on 64 rows spread over each tensor."""
-    from gguf import GGUFReader
-
+    from quickdraft.models.gguf_file import read_gguf
     from quickdraft.runtime.native.formats import PART_KINDS
 
-    tensors = GGUFReader(gguf_path).tensors
+    tensors = read_gguf(gguf_path).tensors
     names = linear_names([tensor.name for tensor in tensors], fused, tied)
     found: dict[str, ExactWeight] = {}
     for tensor in tensors:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from quickdraft.models.gguf_file import read_gguf
 from quickdraft.models.loaded import CONFIG_TENSORS
 from quickdraft.runtime.native.architecture import (
     ARCHITECTURES,
@@ -58,8 +59,8 @@ SHARED_GATE_TENSOR = "ffn_gate_inp_shexp"
 
 @dataclass(frozen=True)
 class ExpertSlice:
-    """One expert's ``[rows, width]`` of a GGUF tensor holding every expert's (``blk.N.ffn_*_exps``), read as a gguf
-    ReaderTensor of its own; its name is the file's with the expert's number: ``blk.N.ffn_up_exps.E.weight``."""
+    """One expert's ``[rows, width]`` of a GGUF tensor holding every expert's (``blk.N.ffn_*_exps``), read as a
+    GGUFTensor of its own; its name is the file's with the expert's number: ``blk.N.ffn_up_exps.E.weight``."""
 
     name: str
     tensor_type: Any
@@ -143,7 +144,7 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
     replaces the file's."""
 
     def __init__(self, sources: dict[str, Any], row_heads: dict[str, int]) -> None:
-        self.sources = sources  # transformers name -> gguf ReaderTensor
+        self.sources = sources  # transformers name -> GGUFTensor
         self.row_heads = row_heads  # transformers name -> heads, for q/k rows to reorder
         self.assigned: dict[str, torch.Tensor] = {}
 
@@ -180,7 +181,7 @@ class ExactTensors(Mapping[str, ExactWeight]):
     """Weights kept as the file stores them, by transformers name, decoded into a part's fields when read."""
 
     def __init__(self, sources: dict[str, Any]) -> None:
-        self.sources = sources  # transformers name -> gguf ReaderTensor of a type in EXACT_DECODERS
+        self.sources = sources  # transformers name -> GGUFTensor of a type in EXACT_DECODERS
 
     def __getitem__(self, name: str) -> ExactWeight:
         tensor = self.sources[name]
@@ -215,20 +216,18 @@ def read_gguf_weights(
 
     Such a weight is kept as stored when transformers keeps its rows in the file's order, and read as floats
     otherwise. Raises ValueError naming the first tensor of a type outside READ_TYPES."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    for tensor in reader.tensors:
+    gguf = read_gguf(path)
+    for tensor in gguf.tensors:
         if tensor.tensor_type.name not in READ_TYPES:
             raise ValueError(
                 f"tensor {tensor.name} is stored as {tensor.tensor_type.name}, which the native runtime does not "
                 f"read (it reads {', '.join(READ_TYPES)}), nor does transformers"
             )
-    interleaved = reader.fields["general.architecture"].contents() in GGUF_INTERLEAVED_ROTARY
+    interleaved = gguf.architecture in GGUF_INTERLEAVED_ROTARY
     floats: dict[str, Any] = {}
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
-    tensors = expert_slices(list(reader.tensors))
+    tensors = expert_slices(list(gguf.tensors))
     linear = linear_names([tensor.name for tensor in tensors], config.fused_projections, config.tie_word_embeddings)
     sparse = ARCHITECTURES[config.model_type].sparse_mlp
     names = {tensor.name: hf_tensor_name(tensor.name, config.norms, config.fused_projections, sparse)

@@ -44,6 +44,7 @@ from quickdraft.lossless.rules import check_prompt
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.machine import cpu_description
 from quickdraft.progress import progress_bar
+from quickdraft.runtime import AUTO, RUNTIMES
 from quickdraft.runtime.options import draft_load_defaults
 
 WARMUP_TOKENS = 16
@@ -179,6 +180,9 @@ def measure(
     pending_methods = list(dict.fromkeys(method for _, _, method in todo))
     for method in pending_methods:
         method.check()  # e.g. a peer whose package is missing: before any model is loaded
+    chosen = None if settings.runtime == AUTO else RUNTIMES.get(settings.runtime).name  # auto: known once loaded
+    if chosen is not None and any(RUNTIMES.get(m.runtime).name == chosen for m in pending_methods if m.runtime):
+        raise ConfigError(f"the models already run on the {chosen} runtime")  # as Pipeline.on_runtime says after
     draft_flags = {"--draft": settings.draft, "--draft-weights": settings.draft_weights,
                    "--draft-vocabulary": settings.draft_vocabulary}  # fmt: skip
     unused = [flag for flag, value in draft_flags.items() if value is not None and not store.config["draft"]]

@@ -212,7 +212,11 @@ def test_seeded_runs_sample_with_seeds_one_apart() -> None:
 def test_bench_refuses_a_method_on_its_own_runtime(
     native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Before any model is loaded."""
+    import quickdraft.api
+
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(quickdraft.api.Pipeline, "load", lambda *args, **kwargs: pytest.fail("loaded the models"))
     questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
     args = bench_args(native_model_dirs, questions, tmp_path / "out", "--methods", "draft-model:2@native")
     assert main([*args, "--runtime", "native"]) == 1

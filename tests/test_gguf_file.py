@@ -8,9 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import write_tiny_gguf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from quickdraft.errors import ModelFilesError
 from quickdraft.models import DEFAULT_DRAFT, resolve_model
 from quickdraft.models.convert import gguf_source
+from quickdraft.models.gguf_check import check_gguf
 from quickdraft.models.gguf_file import read_gguf
 
 
@@ -60,3 +64,36 @@ def test_the_default_drafts_file_reads_as_gguf_py_reads_it() -> None:
     source = gguf_source(resolve_model(DEFAULT_DRAFT, progress=False))
     assert source is not None
     assert_same_as_gguf_py(source)
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A tiny file, and where its weights start."""
+    from gguf import GGUFReader
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    return path, min(int(tensor.data_offset) for tensor in GGUFReader(path).tensors)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    changes=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.one_of(st.none(), st.floats(0, 1)),
+)
+def test_a_damaged_file_reads_or_is_a_clear_error(
+    tiny_file: tuple[Path, int], tmp_path: Path, changes: list[tuple[float, int]], cut: float | None
+) -> None:
+    """Bytes changed in the header, the metadata or the tensor infos (where gguf-py trusted what it read), or the
+    file cut short: the file reads, or one ModelFilesError says what is wrong; nothing else is raised."""
+    good, header = tiny_file
+    data = bytearray(good.read_bytes())
+    for where, value in changes:
+        data[int(where * header)] = value
+    if cut is not None:
+        data = data[: int(cut * len(data))]
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(bytes(data))
+    try:
+        check_gguf(path)
+    except ModelFilesError as error:
+        assert str(error)

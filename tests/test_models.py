@@ -25,6 +25,7 @@ from quickdraft.models.convert import (
     GGUF_LAYOUT,
     MARKER,
     SETTINGS_VERSION,
+    add_gguf_settings,
     end_tokens,
     has_fp32_weights,
     layer_types,
@@ -462,6 +463,14 @@ def test_a_local_path_named_like_a_packaged_model_gets_a_note(
     monkeypatch.setattr(loading, "unpack", lambda model, progress: tmp_path / "packaged")
     assert resolve_model(name, progress=False) == tmp_path / "packaged"  # the name wins
     assert f"note: {name} is the packaged model; give ./{name} for the path" in capsys.readouterr().err
+
+
+def test_a_setting_of_a_size_no_model_has_is_a_clear_error(tmp_path: Path) -> None:
+    """An expert's width of inf (a float where a count belongs): one ModelFilesError, not an OverflowError."""
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    fields = {"general.architecture": "qwen3moe", "qwen3moe.expert_feed_forward_length": float("inf")}
+    with pytest.raises(ModelFilesError, match=r"cannot read model\.gguf's settings: OverflowError"):
+        add_gguf_settings(tmp_path / "config.json", GGUFFile(Path("model.gguf"), fields, ()))
 
 
 def test_a_gguf_files_yarn_keeps_its_original_context_and_refuses_what_is_not_read() -> None:

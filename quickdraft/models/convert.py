@@ -249,7 +249,7 @@ def add_gguf_settings(config_file: Path, gguf: GGUFFile) -> list[str]:
         config |= gguf_settings(gguf, config)
         ends = end_tokens(gguf.fields)
         tensor_types = sorted({tensor.tensor_type.name for tensor in gguf.tensors})
-    except (TypeError, ValueError, KeyError, AttributeError) as error:  # a value of the wrong kind
+    except Exception as error:  # a value of a kind or size the settings cannot take (an int of inf: OverflowError)
         raise ModelFilesError(f"cannot read {gguf.path}'s settings: {type(error).__name__}: {error}") from error
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if ends:

@@ -57,18 +57,14 @@ class Reader:
         return value
 
     def string(self, what: str) -> str:
-        length = self.scalar("Q", what)
-        self.need(length, what)
-        text = self.data[self.at : self.at + length].decode("utf-8", errors="replace")
-        self.at += length
-        return text
+        return self.strings(1, what)[0]
 
     def strings(self, count: int, what: str) -> list[str]:
-        """``count`` strings one after another (a vocabulary's tokens): :meth:`string`'s checks in one loop."""
+        """``count`` strings one after another (a vocabulary's tokens), each a length and its UTF-8 bytes, in one
+        loop."""
         data, at, end, texts = self.data, self.at, len(self.data), []
         for _ in range(count):
             if at + 8 > end or at + 8 + (length := struct.unpack_from("<Q", data, at)[0]) > end:
-                self.at = at
                 raise Corrupt(f"{what} at byte {at} runs past the file's end ({end} bytes): cut short or corrupt")
             texts.append(data[at + 8 : at + 8 + length].decode("utf-8", errors="replace"))
             at += 8 + length

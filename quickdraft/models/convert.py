@@ -24,6 +24,7 @@ from quickdraft.errors import ModelFilesError
 from quickdraft.models.gguf_check import check_gguf
 from quickdraft.models.gguf_file import GGUFFile, read_gguf
 from quickdraft.models.gguf_settings import FREQ_FACTORS_KEY, gguf_settings
+from quickdraft.models.gguf_transformers import config_of, tokenizer_class_of
 from quickdraft.models.loaded import check_every_tensor_read, check_loading_info
 
 MARKER = "quickdraft-source.json"
@@ -145,9 +146,11 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     try:
         if (config := own_config(gguf)) is not None:
             tokenizer = PreTrainedTokenizerFast.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        else:
-            config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        else:  # transformers' reading, from quickdraft's own where it gives the same (gguf_transformers)
+            if (config := config_of(gguf)) is None:
+                config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            tokenizer_class = tokenizer_class_of(config, gguf_path) or AutoTokenizer
+            tokenizer = tokenizer_class.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except ImportError as error:
         raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error
     except Exception as error:  # transformers and gguf raise many types for unreadable files

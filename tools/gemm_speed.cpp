@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
             else if (shape.format == kQ8)
               qd::q8_gemm(q8[i % copies].weights(), x.data(), rows, offsets.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kIq4)
-              qd::iq4_gemm(iq4[i % copies].weights(), x.data(), rows, out.data(), shape.n, begin, end);
+              qd::iq4_gemm(iq4[i % copies].weights(), x.data(), rows, offsets.data(), out.data(), shape.n, begin, end);
             else
               qd::int8_gemm(int8[i % copies].weights(), x.data(), rows, sums.data(), out.data(), shape.n, begin, end);
           });

@@ -91,8 +91,8 @@ struct Q4Weights {
 namespace qd {
 
 // Per-row sums the kernels need besides the rows themselves: int8 wants sum_k x, q4 the sums of each group as int16
-// pairs packed in 32 bits (the second of a pair in the high half) for one multiply-add per pair, and q6 its
-// sub-blocks' offsets (gemm_q6.h).
+// pairs packed in 32 bits (the second of a pair in the high half) for one multiply-add per pair, q6 its
+// sub-blocks' offsets (gemm_q6.h), and q8 and iq4 their groups' offsets (group_offsets).
 inline int32_t row_sum(const int8_t* x, int64_t k) {
   int32_t total = 0;
   for (int64_t i = 0; i < k; ++i) total += x[i];
@@ -106,6 +106,15 @@ inline void group_sum_pairs(const int8_t* x, int64_t k, int32_t* pairs) {
     pairs[p] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(low)) |
                                     (static_cast<uint32_t>(static_cast<uint16_t>(high)) << 16));
   }
+}
+
+// What makes a signed byte's value + 128 an unsigned byte: the paths whose byte multiply-adds take unsigned codes
+// (q8's codes, iq4's values on VNNI) multiply code + 128 and start each group's sum at -128 * X[g].
+constexpr int32_t kByteOffset = 128;
+
+// offsets[g] = -128 * X[g] for each of the k / 32 groups, X[g] = sum_{k in g} x[k].
+inline void group_offsets(const int8_t* x, int64_t k, int32_t* offsets) {
+  for (int64_t g = 0; g < k / kGroup; ++g) offsets[g] = -kByteOffset * row_sum(x + g * kGroup, kGroup);
 }
 
 inline int32_t load4(const int8_t* p) {

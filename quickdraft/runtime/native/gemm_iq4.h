@@ -52,20 +52,70 @@ inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
   return acc;
 }
 
-// ---- the fast path: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ----------------------
+// ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
 //
-// One path for every CPU with AVX2 (AVX-512 builds run it too): each vector of a group's nibbles becomes its values
-// by one byte shuffle, and the tile's rows take turns on it while their superblock totals stay in registers. The
-// values are signed, so each row multiplies |value| by x carrying the value's sign (no value is 0; a pair of
-// products is at most 2 * 127 * 127 = 32258: exact in int16), and one word multiply-add per pair of products adds
+// Each vector of a group's nibbles becomes its values by one byte shuffle, and the tile's rows take turns on it while
+// their superblock totals stay in integer registers; a superblock's total goes into the row's float sum by one fused
+// multiply-add, as in the definition.
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+// AVX-512 VNNI: the shuffle gives value + 128 (value XOR 0x80, an unsigned byte), and a group's 8 byte multiply-adds
+// per row (two chains of 4, added) start from its offset -128 * X[g] (group_offsets), so they end at the exact sum of
+// value * x (|.| <= 32 * 241 * 128 during the sum, far inside int32). One 32-bit multiply by the lane's sub-scale and an
+// addition take it into the row's superblock total.
+template <int R>
+inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
+                     int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
+  const int64_t groups = w.groups(), supers = w.supers();
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  const __m512i table = _mm512_xor_si512(
+      _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values))), _mm512_set1_epi8(-128));
+  __m512 acc[R];
+  QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < supers; ++s) {
+    const int64_t begin = s * kGroupsPerSuper;
+    const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+    __m512i totals[R];
+    QD_UNROLL for (int r = 0; r < R; ++r) totals[r] = _mm512_setzero_si512();
+    for (int64_t g = begin; g < end; ++g) {
+      const uint8_t* packed = w.codes + (block * groups + g) * 256;
+      const __m512i scale = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes)));
+      __m512i c[8];  // code vector j: k = 32g + 4j + i of lane l in bytes (l, i)
+      QD_UNROLL for (int j = 0; j < 4; ++j) {
+        prefetch(packed + j * 64);
+        const __m512i bytes = _mm512_loadu_si512(packed + j * 64);
+        c[j] = _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_nibbles));
+        c[j + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles));
+      }
+      QD_UNROLL for (int r = 0; r < R; ++r) {
+        const int8_t* row = x + r * x_stride + g * kGroup;
+        __m512i dot_a = _mm512_set1_epi32(offsets[r * offset_stride + g]), dot_b = _mm512_setzero_si512();
+        QD_UNROLL for (int j = 0; j < 4; ++j) {
+          dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
+          dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
+        }
+        totals[r] = _mm512_add_epi32(totals[r], _mm512_mullo_epi32(_mm512_add_epi32(dot_a, dot_b), scale));
+      }
+    }
+    const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
+    QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(totals[r]), acc[r]);
+  }
+  QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
+}
+
+constexpr int kIq4Rows = 8;
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// AVX2: the values are signed, so each row multiplies |value| by x carrying the value's sign (no value is 0; a pair
+// of products is at most 2 * 127 * 127 = 32258: exact in int16), and one word multiply-add per pair of products adds
 // the lane's sub-scale times their sum to the row's total. That sign is one more operation per 32 products than the
 // int8 format's AVX2 path takes, and without VNNI a tile's rows are bound by such operations, not by memory.
-
-#if defined(__AVX2__) && defined(__FMA__)
-
 template <int R>
-inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int64_t block, float* out,
-                     int64_t out_stride) {
+inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
+                     float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
@@ -107,8 +157,8 @@ constexpr int kIq4Rows = 8;
 #else
 
 template <int R>
-inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int64_t block, float* out,
-                     int64_t out_stride) {
+inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
+                     float* out, int64_t out_stride) {
   reference_tile<R>([&](const int8_t* row, int64_t n) { return iq4_reference(w, row, n); }, x, x_stride, block, out,
                     out_stride);
 }
@@ -116,10 +166,13 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, int
 constexpr int kIq4Rows = 1;
 #endif
 
-inline void iq4_gemm(const Iq4Weights& w, const int8_t* x, int64_t rows, float* out, int64_t out_stride,
-                     int64_t block_begin, int64_t block_end) {
+// offsets [rows, K/32] from group_offsets (read by the VNNI path only).
+inline void iq4_gemm(const Iq4Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
+                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
+  const int64_t offset_stride = w.groups();
   for_each_block_tile<kIq4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
-    iq4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, block, out + row * out_stride, out_stride);
+    iq4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block,
+                                         out + row * out_stride, out_stride);
   });
 }
 

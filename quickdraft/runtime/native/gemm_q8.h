@@ -20,7 +20,7 @@
 
 namespace qd {
 
-constexpr int32_t kQ8Offset = 128;  // q8: codes hold q + 128
+constexpr int32_t kQ8Offset = kByteOffset;  // q8: codes hold q + 128 (group_offsets: where a group's sum starts)
 
 struct Q8Weights {
   const uint8_t* codes;  // [N/16][G][8][16][4]
@@ -29,12 +29,6 @@ struct Q8Weights {
   const uint16_t* mins = nullptr;  // q8m: [N/16][G][16] float16 bits; null for q8
   int64_t groups() const { return k / kGroup; }
 };
-
-// offsets [K/32]: -128 * X[g] for each group g, where a group's sum of code * x starts on the paths that multiply
-// the unsigned codes.
-inline void group_offsets(const int8_t* x, int64_t k, int32_t* offsets) {
-  for (int64_t g = 0; g < k / kGroup; ++g) offsets[g] = -kQ8Offset * row_sum(x + g * kGroup, kGroup);
-}
 
 // A float16's value as a float (exact: every float16 is a float).
 inline float half_to_float(uint16_t h) {

@@ -657,8 +657,9 @@ void iq4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, t
                                checked(d, torch::kFloat32, "d").data_ptr<float>(), n, k};
   TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers());
   const int8_t* x_data = x.data_ptr<int8_t>();
+  const auto offsets = per_row(x_data, rows, k, weights.groups(), qd::group_offsets);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
-    qd::iq4_gemm(weights, x_data, rows, destination, out.size(1), begin, end);
+    qd::iq4_gemm(weights, x_data, rows, offsets.data(), destination, out.size(1), begin, end);
   });
 }
 

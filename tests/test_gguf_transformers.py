@@ -97,6 +97,19 @@ def test_a_folder_with_tokenizer_files_leaves_the_class_to_transformers(tmp_path
     assert tokenizer_class_of(config, gguf_path) is None
 
 
+def test_a_folder_that_cannot_be_listed_leaves_the_class_to_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gguf_path = write_tiny_gguf(tmp_path / "model.gguf")
+    config = config_of(read_gguf(gguf_path))
+
+    def unlisted(self: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", unlisted)
+    assert tokenizer_class_of(config, gguf_path) is None
+
+
 def test_a_model_directory_is_written_without_gguf_pys_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader that took about ten seconds a file is not used for a generic architecture."""
     import gguf

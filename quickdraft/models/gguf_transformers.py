@@ -104,7 +104,10 @@ def tokenizer_class_of(config: Any, gguf_path: Path) -> Any:
     from transformers import TokenizersBackend
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
-    if any(path.name.endswith(TOKENIZER_SUFFIXES) for path in gguf_path.parent.iterdir() if path.is_file()):
+    try:
+        if any(path.name.endswith(TOKENIZER_SUFFIXES) for path in gguf_path.parent.iterdir() if path.is_file()):
+            return None
+    except OSError:  # a folder that cannot be listed: transformers never lists it
         return None
     if getattr(config, "tokenizer_class", None):
         return None

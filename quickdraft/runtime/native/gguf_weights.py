@@ -160,7 +160,8 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
             raise ValueError(non_finite(tensor.name))
         if name in self.row_heads:
             values = unpermute_rows(values, self.row_heads[name])
-        return torch.from_numpy(np.copy(values)).float()
+        values = np.ascontiguousarray(values)  # dequantized types are new arrays; F32 ones are views of the file
+        return torch.from_numpy(values if values.flags.writeable else values.copy()).float()
 
     def __setitem__(self, name: str, value: torch.Tensor) -> None:
         self.assigned[name] = value

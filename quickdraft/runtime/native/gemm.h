@@ -292,6 +292,18 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
   }
 }
 
+// A group's exact sum of code * x for one row of 32 activations: 8 byte multiply-adds over its code vectors c[0..7]
+// (vector j's byte (l, i) times x[4j + i], in lane l), two chains of 4 added, the first from `start` (the group's
+// offset where the codes are values + 128). The q8 and iq4 tiles take it.
+inline __m512i group_dot(__m512i start, const __m512i* c, const int8_t* row) {
+  __m512i dot_a = start, dot_b = _mm512_setzero_si512();
+  QD_UNROLL for (int j = 0; j < 4; ++j) {
+    dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
+    dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
+  }
+  return _mm512_add_epi32(dot_a, dot_b);
+}
+
 // q5: code vector j's fifth bits (bit j of each byte of the plane) moved to bit 4 of each byte and added to the
 // nibbles; the 16-bit shifts carry other bits across bytes, which the mask drops.
 inline __m512i with_fifth_bits(__m512i nibbles, __m512i plane, int j) {

@@ -61,7 +61,7 @@ inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
 // AVX-512 VNNI: the shuffle gives value + 128 (value XOR 0x80, an unsigned byte), and a group's 8 byte multiply-adds
-// per row (two chains of 4, added) start from its offset -128 * X[g] (group_offsets), so they end at the exact sum of
+// per row (group_dot) start from its offset -128 * X[g] (group_offsets), so they end at the exact sum of
 // value * x (|.| <= 32 * 241 * 128 during the sum, far inside int32). One 32-bit multiply by the lane's sub-scale and an
 // addition take it into the row's superblock total.
 template <int R>
@@ -90,13 +90,8 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
         c[j + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles));
       }
       QD_UNROLL for (int r = 0; r < R; ++r) {
-        const int8_t* row = x + r * x_stride + g * kGroup;
-        __m512i dot_a = _mm512_set1_epi32(offsets[r * offset_stride + g]), dot_b = _mm512_setzero_si512();
-        QD_UNROLL for (int j = 0; j < 4; ++j) {
-          dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
-          dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
-        }
-        totals[r] = _mm512_add_epi32(totals[r], _mm512_mullo_epi32(_mm512_add_epi32(dot_a, dot_b), scale));
+        const __m512i dot = group_dot(_mm512_set1_epi32(offsets[r * offset_stride + g]), c, x + r * x_stride + g * kGroup);
+        totals[r] = _mm512_add_epi32(totals[r], _mm512_mullo_epi32(dot, scale));
       }
     }
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);

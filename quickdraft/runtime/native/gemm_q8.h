@@ -94,13 +94,8 @@ inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const
     __m512 m = _mm512_setzero_ps();
     if constexpr (Min) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + (block * groups + g) * kLanes)));
     QD_UNROLL for (int r = 0; r < R; ++r) {
-      const int8_t* row = x + r * x_stride + g * kGroup;
-      __m512i dot_a = _mm512_set1_epi32(offsets[r * offset_stride + g]), dot_b = _mm512_setzero_si512();
-      QD_UNROLL for (int j = 0; j < 4; ++j) {
-        dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
-        dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
-      }
-      acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_add_epi32(dot_a, dot_b)), acc[r]);
+      const __m512i dot = group_dot(_mm512_set1_epi32(offsets[r * offset_stride + g]), c, x + r * x_stride + g * kGroup);
+      acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r]);
       if constexpr (Min) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(offsets[r * offset_stride + g] / -128.0f), acc[r]);
     }
   }

@@ -262,7 +262,8 @@ def write_plots(results: dict[str, Any], out: Path) -> bool:
             axes.plot(sizes, [counts.get(s, 0) / total for s in sizes], marker="o", label=name)
     axes.set_xlabel("tokens appended per target step (accepted drafts + 1)")
     axes.set_ylabel("share of steps")
-    axes.legend(fontsize="small")
+    if axes.get_legend_handles_labels()[0]:  # no line where no method appended more than a token a step
+        axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(out / "accept_hist.png", dpi=120)
     plt.close(figure)

@@ -49,6 +49,11 @@ constexpr int64_t kGroup = 32;          // q4: weights per group (a sub-scale an
 constexpr int64_t kGroupsPerSuper = 8;  // q4: groups per superblock (a d and a dmin each)
 constexpr int32_t kInt8Offset = 64;     // int8: codes hold w + 64
 
+// The end of superblock s's groups: 8 groups after its first, or fewer in a row's last, short superblock.
+inline int64_t super_end(int64_t s, int64_t groups) {
+  return (s + 1) * kGroupsPerSuper < groups ? (s + 1) * kGroupsPerSuper : groups;
+}
+
 // A call streams its weights from memory once. The hardware prefetchers stop at 4 KiB pages, so the vector paths
 // ask for the codes this far ahead of the ones they multiply into L1 (tools/gemm_speed.cpp: on the Xeon, 8 rows of
 // the 1536 -> 17920 q4 GEMM went from 1.05 to 0.74 ms, 16 rows of the LM head from 18.2 to 11.8 ms), and further
@@ -328,8 +333,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
   }
   for (int64_t s = 0; s < supers; ++s) {
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
-    const int64_t begin = s * kGroupsPerSuper;
-    const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+    const int64_t begin = s * kGroupsPerSuper, end = super_end(s, groups);
     __m512i total[R];
     QD_UNROLL for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
     for (int64_t g = begin; g < end; ++g) {
@@ -453,8 +457,7 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
     HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
     for (int64_t s = 0; s < supers; ++s) {
       const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
-      const int64_t begin = s * kGroupsPerSuper;
-      const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+      const int64_t begin = s * kGroupsPerSuper, end = super_end(s, groups);
       HalfTotals<R> totals;
       for (int64_t g = begin; g < end; ++g) {
         const uint8_t* packed = w.codes + (block * groups + g) * 256;

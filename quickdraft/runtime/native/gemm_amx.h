@@ -141,7 +141,7 @@ inline void q4_amx_tiles(const Q4Weights& w, const int8_t* x, int64_t rows, cons
   alignas(64) int32_t sums[4][16 * 16];
   const int64_t groups = w.groups(), supers = w.supers();
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t g0 = s * kGroupsPerSuper, g1 = g0 + kGroupsPerSuper < groups ? g0 + kGroupsPerSuper : groups;
+    const int64_t g0 = s * kGroupsPerSuper, g1 = super_end(s, groups);
     _tile_zero(0);
     _tile_zero(1);
     if (Pair) {

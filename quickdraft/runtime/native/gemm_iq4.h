@@ -74,8 +74,7 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
   __m512 acc[R];
   QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {
-    const int64_t begin = s * kGroupsPerSuper;
-    const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+    const int64_t begin = s * kGroupsPerSuper, end = super_end(s, groups);
     __m512i totals[R];
     QD_UNROLL for (int r = 0; r < R; ++r) totals[r] = _mm512_setzero_si512();
     for (int64_t g = begin; g < end; ++g) {
@@ -118,8 +117,7 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
     HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
     for (int64_t s = 0; s < supers; ++s) {
       const __m256 d = _mm256_loadu_ps(w.d + (block * supers + s) * kLanes + 8 * h);
-      const int64_t begin = s * kGroupsPerSuper;
-      const int64_t end = begin + kGroupsPerSuper < groups ? begin + kGroupsPerSuper : groups;
+      const int64_t begin = s * kGroupsPerSuper, end = super_end(s, groups);
       __m256i totals[R];
       QD_UNROLL for (int r = 0; r < R; ++r) totals[r] = _mm256_setzero_si256();
       for (int64_t g = begin; g < end; ++g) {

@@ -1,13 +1,53 @@
-"""quickdraft: lossless speculative decoding for large language models."""
+"""quickdraft: lossless speculative decoding for large language models.
 
-from quickdraft.api import Pipeline
-from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
-from quickdraft.drafters import DRAFTERS, DrafterOptions
-from quickdraft.engine import Engine, GenerationResult, Request
-from quickdraft.errors import QuickdraftError
-from quickdraft.runtime import RUNTIMES
-from quickdraft.stats import GenerationStats
+The names below are imported on first use (PEP 562), so importing the package, or a light module of it such as the
+command line's entry, does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from quickdraft.version import __version__
+
+if TYPE_CHECKING:
+    from quickdraft.api import Pipeline
+    from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
+    from quickdraft.drafters import DRAFTERS, DrafterOptions
+    from quickdraft.engine import Engine, GenerationResult, Request
+    from quickdraft.errors import QuickdraftError
+    from quickdraft.runtime import RUNTIMES
+    from quickdraft.stats import GenerationStats
+
+# exported name -> the module that defines it
+EXPORTS = {
+    "DRAFTERS": "quickdraft.drafters",
+    "RUNTIMES": "quickdraft.runtime",
+    "DrafterOptions": "quickdraft.drafters",
+    "Engine": "quickdraft.engine",
+    "GenerationConfig": "quickdraft.config",
+    "GenerationResult": "quickdraft.engine",
+    "GenerationStats": "quickdraft.stats",
+    "LogitAdjustments": "quickdraft.config",
+    "Pipeline": "quickdraft.api",
+    "QuickdraftError": "quickdraft.errors",
+    "Request": "quickdraft.engine",
+    "SamplingParams": "quickdraft.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in EXPORTS:
+        raise AttributeError(f"module 'quickdraft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(EXPORTS[name]), name)
+    globals()[name] = value  # later lookups find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *EXPORTS])
+
 
 __all__ = [
     "DRAFTERS",

@@ -5,13 +5,15 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from quickdraft.api import Pipeline
-from quickdraft.cli import main
+from quickdraft.cli import COMMANDS, build_parser, main
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 
@@ -337,6 +339,31 @@ def test_help_explains_the_commands(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     for option in ["--drafter", "--num-draft-tokens", "--json", "--chat", "--target", "--draft", "--seed"]:
         assert option in out
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_explains_itself(command: str, capsys: pytest.CaptureFixture) -> None:
+    """Each command's help, built from the command's own module alone, and the same command in the full parser."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    alone = capsys.readouterr().out
+    assert exit_info.value.code == 0 and alone.startswith(f"usage: quickdraft {command} ")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    assert capsys.readouterr().out == alone
+
+
+def test_the_command_list_imports_neither_torch_nor_transformers() -> None:
+    """``quickdraft --help``, ``--version`` and a mistyped command answer without importing the models' libraries:
+    a command's module is imported only for that command."""
+    code = (
+        "import sys\nfrom quickdraft.cli import main\n"
+        "for argv in (['--help'], ['--version'], ['generat']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print(sorted(name for name in ('torch', 'transformers', 'numpy') if name in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "[]" and "invalid choice: 'generat'" in done.stderr
 
 
 def test_compare_reports_speedup_and_identity(model_args: list[str], capsys: pytest.CaptureFixture) -> None:

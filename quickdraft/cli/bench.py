@@ -16,10 +16,10 @@ from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 from quickdraft.errors import ConfigError
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     bench = commands.add_parser(
-        "bench",
-        help="benchmark methods and peers (transformers, llama.cpp, OpenVINO) on Spec-Bench/MT-Bench, HumanEval, GSM8K",
+        name,
+        help=summary,
         description=BENCH_DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

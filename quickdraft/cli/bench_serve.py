@@ -68,10 +68,10 @@ puts quickdraft's default (hybrid-suffix+goodput) beside the best llama-server a
 report.md and latency.png to --out."""
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     bench = commands.add_parser(
-        "bench-serve",
-        help="load-test the server (openai client, Poisson arrivals, Spec-Bench)",
+        name,
+        help=summary,
         description=BENCH_SERVE_DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -11,10 +11,10 @@ from quickdraft.files import cache_root
 from quickdraft.models.usage import cache_usage
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     cache = commands.add_parser(
-        "cache",
-        help="show what $QUICKDRAFT_CACHE holds",
+        name,
+        help=summary,
         description="Show the size of each entry of $QUICKDRAFT_CACHE (default ~/.cache/quickdraft): the packaged "
         "models (GGUF file and its directory), .gguf files given on the command line, the native runtime's "
         "packed weights, calibrations, ... and the fp32 copies made only for the transformers runtime.",

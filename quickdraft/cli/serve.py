@@ -32,10 +32,10 @@ drafts per step from the measured cost of the whole batch, falling to plain deco
 on 127.0.0.1 unless --host says otherwise."""
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     serve = commands.add_parser(
-        "serve",
-        help="an OpenAI-compatible server",
+        name,
+        help=summary,
         description=SERVE_DOC,
         formatter_class=argparse.RawTextHelpFormatter,
     )

@@ -15,10 +15,10 @@ from quickdraft.policies.acceptance_head import WEIGHT_DECAYS
 from quickdraft.policies.train_acceptance import TRAIN_DOC, check_training_settings, train_acceptance_head
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     train = commands.add_parser(
-        "train-acceptance-head",
-        help="fit the SpecDec++ acceptance head (for --policy specdec++) from target/draft rollouts",
+        name,
+        help=summary,
         description=TRAIN_DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -35,10 +35,10 @@ target's top-k at every position (--epochs 1, --learning-rate 2e-4 by default), 
 """
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, name: str, summary: str) -> None:
     parser = commands.add_parser(
-        "train-draft",
-        help="train a draft head (the eagle drafter) on the target's own conversations and hidden states",
+        name,
+        help=summary,
         description=DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -353,16 +354,19 @@ def test_every_command_explains_itself(command: str, capsys: pytest.CaptureFixtu
     assert capsys.readouterr().out == alone
 
 
-def test_the_command_list_imports_neither_torch_nor_transformers() -> None:
-    """``quickdraft --help``, ``--version`` and a mistyped command answer without importing the models' libraries:
-    a command's module is imported only for that command."""
+def test_the_command_list_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
+    """``quickdraft --help``, ``--version``, a mistyped command and ``cache`` answer without importing the models'
+    libraries: a command's module is imported only for that command."""
     code = (
         "import sys\nfrom quickdraft.cli import main\n"
-        "for argv in (['--help'], ['--version'], ['generat']):\n"
+        "for argv in (['--help'], ['--version'], ['generat'], ['cache', '--json']):\n"
         "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-        "print(sorted(name for name in ('torch', 'transformers', 'numpy') if name in sys.modules))"
+        "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    environment = {**os.environ, "QUICKDRAFT_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, env=environment
+    )
     assert done.stdout.splitlines()[-1] == "[]" and "invalid choice: 'generat'" in done.stderr
 
 

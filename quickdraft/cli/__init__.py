@@ -76,9 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser(argv).parse_args(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # loading a converted model takes seconds; conversion has its own bar
+    quiet_progress_bars()
     try:
         args.handler(args)
     except QuickdraftError as error:
@@ -91,6 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()  # the reader went away (e.g. `| head`): nothing left to say
         return 0
     return 0
+
+
+def quiet_progress_bars() -> None:
+    """transformers' and the Hub's progress bars off (loading a converted model takes seconds; conversion has its
+    own bar): at once where they are imported, else through the variable the Hub reads when it is imported."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules or "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def flag_of(error: QuickdraftError, args: argparse.Namespace) -> str:

@@ -204,7 +204,7 @@ inline bool q4_amx(const Q4Weights& w, const int8_t* x, int64_t rows, const int3
   };
   for (int64_t s0 = 0; s0 < supers; s0 += range) {
     const int64_t s1 = s0 + range < supers ? s0 + range : supers;
-    const int64_t g1 = s1 * kGroupsPerSuper < groups ? s1 * kGroupsPerSuper : groups;
+    const int64_t g1 = super_end(s1 - 1, groups);  // the end of superblocks [s0, s1)'s groups
     for (int64_t block = block_begin; block < block_end; ++block) {
       q4_amx_halves(w, block, s0 * kGroupsPerSuper, g1, high, low);
       configure(16);

@@ -46,10 +46,10 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *EXPORTS])
+    return sorted({*globals(), *EXPORTS})  # an export already looked up is in both
 
 
-__all__ = [
+__all__ = [  # a literal list, so that type checkers and linters see the imports above as the package's exports
     "DRAFTERS",
     "RUNTIMES",
     "DrafterOptions",

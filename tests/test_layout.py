@@ -4,6 +4,7 @@ modules stay small, and so does the README, a user's page."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,15 @@ def test_quickdraft_modules_import_each_other_in_no_circle() -> None:
     assert "quickdraft.api" in graph["quickdraft.cli.generate"]  # the graph sees real imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_package_exports_each_name_it_lists() -> None:
+    """``__all__`` (literal, for type checkers) and the lazy exports (``EXPORTS``) name the same things, and each is
+    the object its module defines."""
+    assert set(quickdraft.__all__) == {*quickdraft.EXPORTS, "__version__"}
+    for name, module in quickdraft.EXPORTS.items():
+        assert getattr(quickdraft, name) is getattr(importlib.import_module(module), name)
+    assert len(dir(quickdraft)) == len(set(dir(quickdraft)))
 
 
 def test_the_cycle_finder_finds_a_circle() -> None:

@@ -303,3 +303,19 @@ def test_expert_slices_take_their_names_and_rows() -> None:
     assert (first.name, second.name) == ("blk.0.ffn_up_exps.0.weight", "blk.0.ffn_up_exps.1.weight")
     assert second.shape == (8, 3)
     assert np.array_equal(second.data, Tensor.data[1])
+
+
+def test_each_tensor_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packing reads each kept tensor's blocks once: asking whether a weight is kept does not decode it."""
+    from quickdraft.runtime.native import gguf_blocks
+
+    decoded: list[int] = []
+    for name, decode in list(gguf_blocks.EXACT_DECODERS.items()):
+
+        def counted(raw: np.ndarray, rows: int, width: int, decode=decode):
+            decoded.append(raw.__array_interface__["data"][0])
+            return decode(raw, rows, width)
+
+        monkeypatch.setitem(gguf_blocks.EXACT_DECODERS, name, counted)
+    NativeRuntime.load(gguf_dir(tmp_path))
+    assert decoded and len(decoded) == len(set(decoded))

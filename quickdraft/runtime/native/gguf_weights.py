@@ -163,6 +163,9 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
         values = np.ascontiguousarray(values)  # dequantized types are new arrays; F32 ones are views of the file
         return torch.from_numpy(values if values.flags.writeable else values.copy()).float()
 
+    def __contains__(self, name: object) -> bool:  # Mapping's would read (dequantize) the tensor
+        return name in self.assigned or name in self.sources
+
     def __setitem__(self, name: str, value: torch.Tensor) -> None:
         self.assigned[name] = value
 
@@ -191,6 +194,9 @@ class ExactTensors(Mapping[str, ExactWeight]):
         if not all(torch.isfinite(part).all() for part in fields if part.is_floating_point()):  # the scales
             raise ValueError(non_finite(tensor.name))
         return kind, fields
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would decode the tensor, and its caller again
+        return name in self.sources
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.sources)

@@ -15,7 +15,7 @@ import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.kquants import GROUPS_PER_SUPER, lanes_last, pack_nibbles, rows_first, unpack_nibbles
-from quickdraft.runtime.native.parts import GROUP, LANES, BlockPart, pad_rows, padded
+from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad_rows, padded
 
 IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # kvalues_iq4nl
 
@@ -96,8 +96,8 @@ class IQ4Part(BlockPart):
             acc = fused_multiply_add(d[:, first // GROUPS_PER_SUPER], total.float(), acc)
         return acc
 
-    def dequantize(self) -> torch.Tensor:
-        codes, sub_scale, d = self.blocks()
-        groups = self.in_features // GROUP
-        scale = (d[:, torch.arange(groups) // GROUPS_PER_SUPER] * sub_scale.float())[..., None]  # [rows, G, 1]
-        return (scale * IQ4_VALUES[codes.long()].float().reshape(self.rows, groups, GROUP)).reshape(self.rows, -1)
+    @staticmethod
+    def affine(codes: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> Affine:
+        rows, groups = sub_scale.shape
+        scale = d[:, torch.arange(groups) // GROUPS_PER_SUPER].float() * sub_scale.float()  # [rows, G]
+        return Affine(IQ4_VALUES[codes.long()].to(torch.int8).reshape(rows, groups, GROUP), scale, None)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
-from quickdraft.runtime.native.parts import GROUP, LANES, BlockPart, pad_rows, padded
+from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad_rows, padded
 
 GROUPS_PER_SUPER = 8  # q4, q5 and q6: groups per superblock
 SUB_BLOCK = 16  # q6: weights per sub-scale
@@ -169,13 +169,15 @@ class Q4Part(BlockPart):
             acc = fused_multiply_add(dmin[:, s], offset.float(), acc)
         return acc
 
-    def dequantize(self) -> torch.Tensor:
-        codes, sub_scale, sub_min, d, dmin = self.blocks()
-        groups = self.in_features // GROUP
+    @staticmethod
+    def affine(
+        codes: torch.Tensor, sub_scale: torch.Tensor, sub_min: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
+    ) -> Affine:
+        rows, groups = sub_scale.shape
         index = torch.arange(groups) // GROUPS_PER_SUPER
-        scale = (d[:, index] * sub_scale.float())[..., None]  # [rows, G, 1]
-        offset = (dmin[:, index] * sub_min.float())[..., None]
-        return (scale * codes.reshape(self.rows, groups, GROUP).float() + offset).reshape(self.rows, -1)
+        scale = d[:, index].float() * sub_scale.float()  # [rows, G]
+        offset = dmin[:, index].float() * sub_min.float()
+        return Affine(codes.to(torch.int8).reshape(rows, groups, GROUP), scale, offset)
 
 
 class Q5Part(Q4Part):
@@ -274,9 +276,10 @@ class Q6Part(BlockPart):
             acc = fused_multiply_add(scale, terms[:, :, j], acc)
         return acc
 
-    def dequantize(self) -> torch.Tensor:
-        codes, sub_scale, d = self.blocks()
-        index = torch.arange(self.in_features // SUB_BLOCK) // (2 * GROUPS_PER_SUPER)
-        scale = (d[:, index] * sub_scale.float())[..., None]  # [rows, J, 1]
-        values = codes.reshape(self.rows, -1, SUB_BLOCK).float() - Q6_OFFSET
-        return (scale * values).reshape(self.rows, -1)
+    @staticmethod
+    def affine(codes: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> Affine:
+        rows, sub_blocks = sub_scale.shape
+        index = torch.arange(sub_blocks) // (2 * GROUPS_PER_SUPER)
+        scale = d[:, index].float() * sub_scale.float()  # [rows, J]
+        values = (codes.to(torch.int16) - Q6_OFFSET).to(torch.int8).reshape(rows, sub_blocks, SUB_BLOCK)
+        return Affine(values, scale, None)

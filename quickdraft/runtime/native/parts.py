@@ -17,7 +17,7 @@ The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -99,9 +99,31 @@ class WeightPart(ABC):
         """A part of the rows ``index`` (in that order), with the same weights."""
 
 
+class Affine(NamedTuple):
+    """Block weights as integer ``values [N, G, S]`` (int8) times a float32 ``scale [N, G]`` per group of S, plus a
+    float32 ``offset [N, G]`` where the format has one: w = value · scale (+ offset), in float32, the float operations
+    llama.cpp's and gguf-py's dequantization perform."""
+
+    values: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor | None
+
+    def select(self, index: torch.Tensor) -> Affine:
+        """The rows ``index`` (any order, repeats allowed)."""
+        return Affine(self.values[index], self.scale[index], None if self.offset is None else self.offset[index])
+
+    def dequantize(self) -> torch.Tensor:
+        """The float weights ``[N, G·S]``."""
+        weights = self.values.float() * self.scale[..., None]  # [N, G, S]
+        if self.offset is not None:
+            weights = weights + self.offset[..., None]
+        return weights.reshape(len(weights), -1)
+
+
 class BlockPart(WeightPart):
     """A format whose weights are plain per-row fields (codes and their scales) before packing: :meth:`blocks` gives
-    them, :meth:`from_blocks` packs them, so picking rows is unpacking a part's 16-row panels and packing again."""
+    them, :meth:`from_blocks` packs them, so picking rows is unpacking a part's 16-row panels and packing again.
+    :meth:`affine` is the one place a format's dequantization arithmetic lives."""
 
     @classmethod
     @abstractmethod
@@ -111,6 +133,14 @@ class BlockPart(WeightPart):
     @abstractmethod
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """The plain fields of :meth:`from_blocks`."""
+
+    @staticmethod
+    @abstractmethod
+    def affine(*fields: torch.Tensor) -> Affine:
+        """Plain fields (as :meth:`from_blocks` takes them) as values, scales and offsets per group."""
+
+    def dequantize(self) -> torch.Tensor:
+        return self.affine(*self.blocks()).dequantize()
 
     def select_rows(self, index: torch.Tensor) -> BlockPart:
         panel_ids, local = panels_of(index)
@@ -236,12 +266,10 @@ class Q8Part(BlockPart):
                 acc = fused_multiply_add(values[:, g], sums[:, g, None].expand_as(acc), acc)
         return acc
 
-    def dequantize(self) -> torch.Tensor:
-        codes, d, *mins = self.blocks()
-        groups = codes.float().reshape(self.rows, -1, GROUP) * d[..., None]
-        for values in mins:
-            groups = groups + values[..., None]
-        return groups.reshape(self.rows, -1)
+    @staticmethod
+    def affine(codes: torch.Tensor, d: torch.Tensor, *mins: torch.Tensor) -> Affine:
+        values = codes.to(torch.int8).reshape(len(codes), -1, GROUP)  # [N, G, 32]
+        return Affine(values, d.float(), mins[0].float() if mins else None)
 
 
 class Q8MinPart(Q8Part):

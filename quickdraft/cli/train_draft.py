@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
         data, train_shards, train_settings.vocabulary_size, pipeline.target.vocab_size
     )
     decoder_config = pipeline.target.decoder.config  # type: ignore[attr-defined]
-    embedding = pipeline.target.token_embeddings()
+    embedding = pipeline.target.embed_tokens(torch.arange(pipeline.target.vocab_size))  # [V, H]
     head = build_head(data, decoder_config, pipeline.target.lm_head_rows, vocabulary, train_settings)
     out = Path(args.out) if args.out else default_head_path(name)
     checkpoint = checkpoint_path(out, data_dir, train)

@@ -50,7 +50,7 @@ class EagleDrafter(Drafter):
         super().__init__(records)
         self.head = head
         self.feature_layers = feature_layers
-        self.embedding = target.token_embeddings()  # [V, H]
+        self.embed_tokens = target.embed_tokens  # token ids [n] -> [n, H]
         self.vocab_size = target.vocab_size
         self.vocabulary = head.vocabulary  # [Vd] target ids
         self.token_ms = self.measure_token_ms()  # a drafting step's cost: what its offers say a drafted token costs
@@ -105,7 +105,7 @@ class EagleDrafter(Drafter):
             raise RuntimeError(f"the eagle drafter has features of {known} positions; the context needs {needed}")
         state.unread = []
         # 1. Read the new positions p: their features and the token at p + 1.
-        embeds = self.embedding[torch.tensor(context[read + 1 :])]  # [n, H]
+        embeds = self.embed_tokens(torch.tensor(context[read + 1 :]))  # [n, H]
         output = self.head.decode(embeds[None], self.head.fuse(features)[None], state.cache)[:, -1:]  # [1, 1, H]
         # 2. Draft: each token from the last output; the next row reads that output and the drafted token.
         token_ids, probs = [], []
@@ -125,7 +125,7 @@ class EagleDrafter(Drafter):
             drafted = len(token_ids)
             if drafted >= task.num_tokens or not task.keep_drafting(DraftStep(head_logits, None, drafted)):
                 break
-            output = self.head.decode(self.embedding[token][None, None], output, state.cache)
+            output = self.head.decode(self.embed_tokens(torch.tensor([token]))[None], output, state.cache)
         # 3. Drop the drafted rows: the target's features take their positions once they are verified.
         state.cache.truncate(len(context) - 1)
         return DraftProposal(torch.tensor([token_ids], dtype=torch.long), torch.stack(probs, dim=1) if probs else None)

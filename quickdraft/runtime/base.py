@@ -180,8 +180,8 @@ class Runtime(ABC):
         :attr:`provides_features`."""
         raise NotImplementedError(f"the {self.name} runtime does not expose its layers' hidden states")
 
-    def token_embeddings(self) -> torch.Tensor:
-        """The input embedding ``[V, H]`` (float32, not a copy: read it, never write it), for a draft head that
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The input embedding's rows of ``token_ids [n]``, ``[n, H]`` float32 (a new tensor), for a draft head that
         embeds tokens as the target does. For runtimes that :attr:`provides_features`."""
         raise NotImplementedError(f"the {self.name} runtime does not expose its embedding")
 

@@ -61,7 +61,7 @@ def train_tiny_head(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline,
                              intermediate_size=32, vocabulary_size=48, bf16=False)  # fmt: skip
     vocabulary, coverage = choose_vocabulary(data, sorted({c.shard for c in train}), 48, VOCAB)
     assert 0.5 < coverage <= 1.0
-    embedding = pipeline.target.token_embeddings()
+    embedding = pipeline.target.embed_tokens(torch.arange(VOCAB))
     head = build_head(data, pipeline.target.decoder.config, pipeline.target.lm_head_rows, vocabulary, settings)
     before = evaluate(head, data, held_out, embedding, settings)
     history = train_head(head, data, train, held_out, embedding, settings, progress=False, on_eval=lambda r: None)
@@ -141,7 +141,7 @@ def test_the_drafter_reads_the_features_of_the_positions_it_drafts_after(
         [BatchRow(pipeline.target.new_cache(1), sequence)], drafter.feature_layers
     )
     head = drafter.head
-    next_embeds = pipeline.target.token_embeddings()[torch.tensor([*sequence[1:], 0])]
+    next_embeds = pipeline.target.embed_tokens(torch.tensor([*sequence[1:], 0]))
     with torch.no_grad():
         logits = head.train_forward(
             features[0][None], next_embeds[None], torch.ones(1, len(sequence), dtype=torch.bool), 1
@@ -194,7 +194,7 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         conversations, held_out = data.split(1)
         settings = TrainSettings(epochs=1, steps=1, tokens_per_batch=64, intermediate_size=16, vocabulary_size=48)
         vocabulary, _ = choose_vocabulary(data, [0], 48, VOCAB)
-        embedding = pipeline.target.token_embeddings()
+        embedding = pipeline.target.embed_tokens(torch.arange(VOCAB))
 
         def run(run_settings: TrainSettings) -> list[dict]:
             head = build_head(data, pipeline.target.decoder.config, pipeline.target.lm_head_rows, vocabulary, settings)

@@ -21,6 +21,7 @@ from quickdraft.runtime import LoadOptions, runtime_for
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.architecture import POST_NORMS, SANDWICH_NORMS
 from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.embedding import TokenEmbedding
 from quickdraft.runtime.native.gguf_weights import READ_TYPES, hf_tensor_name, unpermute_rows
 from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state, native_cache_dir
 
@@ -90,8 +91,13 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     assert {fmt: native_cache_dir(directory, fmt) for fmt in WEIGHT_FORMATS} == keys  # the fp32 copy changes no key
     for fmt in WEIGHT_FORMATS:
         from_fp32 = load_native_state(old, config, fmt)
-        assert from_fp32.keys() == from_gguf[fmt].keys()
-        assert all(torch.equal(from_fp32[name], from_gguf[fmt][name]) for name in from_fp32), fmt
+        assert "embedding" in from_fp32 and "embedding.values" in from_gguf[fmt]  # floats / kept as stored (Q8_0, Q6_K)
+        embeddings = [TokenEmbedding.from_state("embedding", state).table() for state in (from_fp32, from_gguf[fmt])]
+        assert torch.equal(*embeddings), fmt  # the same rows, bit for bit
+        linear = [{name: t for name, t in state.items() if not name.startswith("embedding")}
+                  for state in (from_fp32, from_gguf[fmt])]  # fmt: skip
+        assert linear[0].keys() == linear[1].keys()
+        assert all(torch.equal(linear[0][name], linear[1][name]) for name in linear[0]), fmt
     kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.") and name.endswith(".rows")}
     written = {kind for layers in conftest.GGUF_LAYER_TYPES for kind in layers.values()}
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q8", "Q5_1": "q8m",
@@ -305,8 +311,10 @@ def test_expert_slices_take_their_names_and_rows() -> None:
     assert np.array_equal(second.data, Tensor.data[1])
 
 
-def test_each_tensor_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Packing reads each kept tensor's blocks once: asking whether a weight is kept does not decode it."""
+@pytest.mark.parametrize("tied", [False, True])
+def test_each_tensor_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: bool) -> None:
+    """Packing reads each kept tensor's blocks once: asking whether a weight is kept does not decode it, and a tied
+    LM head takes the blocks its embedding just decoded."""
     from quickdraft.runtime.native import gguf_blocks
 
     decoded: list[int] = []
@@ -317,5 +325,5 @@ def test_each_tensor_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
             return decode(raw, rows, width)
 
         monkeypatch.setitem(gguf_blocks.EXACT_DECODERS, name, counted)
-    NativeRuntime.load(gguf_dir(tmp_path))
+    NativeRuntime.load(gguf_dir(tmp_path, tied=tied))
     assert decoded and len(decoded) == len(set(decoded))

@@ -199,8 +199,7 @@ def decode_q4_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 
 def fifth_bits(blocks: np.ndarray, at: int) -> np.ndarray:
     """The 32-bit ``qh`` at byte ``at`` of each Q5_0/Q5_1 block -> each weight's fifth bit ``[rows, B, 32]``."""
-    high = blocks[..., at : at + 4].copy().view("<u4")  # [rows, B, 1]: bit l is weight l's fifth bit
-    return ((high >> np.arange(LEGACY_WEIGHTS, dtype=np.uint32)) & 1).astype(np.uint8)
+    return np.unpackbits(blocks[..., at : at + 4], axis=-1, bitorder="little")  # little-endian: bit l, weight l
 
 
 def decode_q5_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:

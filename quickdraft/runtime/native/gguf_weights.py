@@ -34,6 +34,7 @@ from quickdraft.runtime.native.architecture import (
     SparseMlp,
 )
 from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
     FUSED_LAYER_TENSORS,
@@ -41,9 +42,11 @@ from quickdraft.runtime.native.gguf_blocks import (
     ExactWeight,
     linear_names,
 )
+from quickdraft.runtime.native.parts import BlockPart
 
+EMBEDDING = "model.embed_tokens.weight"
 MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
-    "token_embd.weight": "model.embed_tokens.weight",
+    "token_embd.weight": EMBEDDING,
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
@@ -138,6 +141,21 @@ def unpermute_rows(values: np.ndarray, heads: int) -> np.ndarray:
     return values.reshape(heads, dim, 2, *values.shape[1:]).swapaxes(2, 1).reshape(values.shape)
 
 
+def float_values(tensor: Any) -> np.ndarray:
+    """A GGUF tensor's float32 values: a block part's rows expanded by its own arithmetic (``Affine``, the values
+    gguf-py gives, several times faster) for the types ``gguf_blocks`` decodes, else gguf-py's dequantization."""
+    decode = EXACT_DECODERS.get(tensor.tensor_type.name)
+    if decode is not None and len(tensor.shape) == 2:
+        width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
+        kind, fields = decode(tensor.data, rows, width)
+        part = PART_KINDS[kind]
+        assert issubclass(part, BlockPart)  # every decoder gives a block format's fields
+        return part.affine(*fields).dequantize().numpy()
+    from gguf.quants import dequantize
+
+    return dequantize(tensor.data, tensor.tensor_type)
+
+
 class GGUFTensors(MutableMapping[str, torch.Tensor]):
     """float32 tensors by transformers name, dequantized when read: ``quantize_state_dict`` pops them one by
     one, so memory holds one float tensor at a time, not the model. An assigned tensor (the tied LM head)
@@ -151,11 +169,9 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name in self.assigned:
             return self.assigned[name]
-        from gguf.quants import dequantize
-
         tensor = self.sources[name]
         with np.errstate(invalid="ignore", over="ignore"):  # a damaged file's inf and NaN: refused just below
-            values = dequantize(tensor.data, tensor.tensor_type)  # [rows, width] or [width]
+            values = float_values(tensor)  # [rows, width] or [width]
         if not np.isfinite(values).all():
             raise ValueError(non_finite(tensor.name))
         if name in self.row_heads:
@@ -186,13 +202,17 @@ class ExactTensors(Mapping[str, ExactWeight]):
 
     def __init__(self, sources: dict[str, Any]) -> None:
         self.sources = sources  # transformers name -> GGUFTensor of a type in EXACT_DECODERS
+        self.last: tuple[str, ExactWeight] | None = None  # the last tensor decoded (a tied head follows its embedding)
 
     def __getitem__(self, name: str) -> ExactWeight:
         tensor = self.sources[name]
+        if self.last is not None and self.last[0] == tensor.name:
+            return self.last[1]
         width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
         kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
         if not all(torch.isfinite(part).all() for part in fields if part.is_floating_point()):  # the scales
             raise ValueError(non_finite(tensor.name))
+        self.last = tensor.name, (kind, fields)
         return kind, fields
 
     def __contains__(self, name: object) -> bool:  # Mapping's would decode the tensor, and its caller again
@@ -219,7 +239,8 @@ def read_gguf_weights(
     path: Path, config: DecoderConfig, exact_types: tuple[str, ...] = ("Q4_K",)
 ) -> tuple[GGUFTensors, ExactTensors]:
     """The tensors of the GGUF file ``path``: floats, and the linear weights of ``exact_types`` (keys of
-    EXACT_DECODERS) as they are stored (the LM head too where it is the embedding: ``gguf_blocks.linear_names``).
+    EXACT_DECODERS) as they are stored (the LM head too where it is the embedding: ``gguf_blocks.linear_names``), as is
+    the embedding of any type in EXACT_DECODERS.
 
     Such a weight is kept as stored when transformers keeps its rows in the file's order, and read as floats
     otherwise. Raises ValueError naming the first tensor of a type outside READ_TYPES."""
@@ -256,6 +277,9 @@ def read_gguf_weights(
         if tensor.tensor_type.name in exact_types and kept_as is not None and kept_as not in row_heads:
             blocks[kept_as] = tensor
             if kept_as == name:
-                continue  # else it is the tied LM head, and the embedding is read as floats too
+                continue  # else it is the tied LM head, and the embedding is read below
+        if name == EMBEDDING and tensor.tensor_type.name in EXACT_DECODERS:
+            blocks[name] = tensor  # rows kept as stored whatever the format: looking them up rounds nothing
+            continue
         floats[name] = tensor
     return GGUFTensors(floats, row_heads), ExactTensors(blocks)

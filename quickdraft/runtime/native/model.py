@@ -29,6 +29,7 @@ import torch
 from quickdraft.runtime.native.architecture import ACTIVATIONS
 from quickdraft.runtime.native.cache import KEY_BLOCK, Slots, StaticKVCache, key_rows
 from quickdraft.runtime.native.config import DecoderConfig, rope_tables
+from quickdraft.runtime.native.embedding import TokenEmbedding
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.layer import ACTIVATION_FUNCTIONS, DecoderLayer
 from quickdraft.runtime.native.linear import QuantizedLinear
@@ -40,14 +41,14 @@ class Decoder:
     def __init__(
         self,
         config: DecoderConfig,
-        embedding: torch.Tensor,
+        embedding: TokenEmbedding,
         layers: list[DecoderLayer],
         final_norm: torch.Tensor,
         lm_head: QuantizedLinear,
         capacity: int,
     ) -> None:
         self.config = config
-        self.embedding = embedding  # [V, H] float32
+        self.embedding = embedding  # token ids [R] -> [R, H] float32
         self.layers = layers
         self.final_norm = final_norm
         self.lm_head = lm_head
@@ -69,7 +70,8 @@ class Decoder:
         # The LM head reads its input in one pass: it is a large share of a small model's step, and its rows are the
         # last error a logit takes (docs/families.md has what a second pass costs and gains)
         lm_head = QuantizedLinear.from_state("lm_head", state)
-        return cls(config, state["embedding"], layers, state["final_norm"], lm_head, capacity)
+        embedding = TokenEmbedding.from_state("embedding", state)
+        return cls(config, embedding, layers, state["final_norm"], lm_head, capacity)
 
     def new_cache(self, batch_size: int) -> StaticKVCache:
         return StaticKVCache(self.config, batch_size, self.capacity)
@@ -191,7 +193,7 @@ class Decoder:
                 for s in cuts
             ]
             return [torch.cat(outputs) for outputs in zip(*passes, strict=True)]
-        x = self.embedding[token_ids]  # [R, H]
+        x = self.embedding(token_ids)  # [R, H]
         if self.config.embedding_scale != 1.0:
             x = x * self.config.embedding_scale
         if self.use_kernel and (kernels := native_kernels()) is not None:  # the same operations, in one call

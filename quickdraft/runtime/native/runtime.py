@@ -172,8 +172,8 @@ class NativeRuntime(Runtime):
         logits, _, features = self.decoder.forward_rows(self._requests(rows), layers)
         return logits, features
 
-    def token_embeddings(self) -> torch.Tensor:
-        return self.decoder.embedding
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embedding(token_ids)
 
     def lm_head_rows(self, token_ids: torch.Tensor) -> torch.Tensor:  # over Granite's divisor: its logits' scale
         return self.decoder.all_rows_head.select_rows(token_ids).dequantize() / self.decoder.config.logits_divisor

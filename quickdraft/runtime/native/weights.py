@@ -21,13 +21,14 @@ from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
 from quickdraft.runtime.native.architecture import ARCHITECTURES, NATIVE_NORMS, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.embedding import TokenEmbedding
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights
-from quickdraft.runtime.native.gguf_weights import read_gguf_weights
+from quickdraft.runtime.native.gguf_weights import EMBEDDING, read_gguf_weights
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v10"  # bump when the cached layout changes (v9: IQ4_XS kept; v10: Q3_K kept as q6)
+NATIVE_FORMAT = "parts-v11"  # bump when the cached layout changes (v10: Q3_K kept as q6; v11: embedding kept)
 # How float weights are stored: "auto" keeps a GGUF source's tensors of the types gguf_blocks decodes exactly (q4,
 # q5, q6, q8, q8m, iq4) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to
 # 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
@@ -77,7 +78,8 @@ def quantize_state_dict(
     Linear layers become weight parts (:meth:`QuantizedLinear.state`); q/k/v and gate/up are fused. ``weights``
     is the format float weights are quantized to: ``int8`` (7-bit per channel) or ``q4`` (4-bit in Q4_K's
     structure, round to nearest; ``int8`` where the width is not a multiple of 64). ``exact`` holds weights kept as
-    a GGUF file stores them, by name (``gguf_blocks.ExactWeight``): those become parts of their kind as they are.
+    a GGUF file stores them, by name (``gguf_blocks.ExactWeight``): those become parts of their kind as they are, and
+    the embedding affine rows (``embedding.py``).
     Norm weights are stored as (offset + w), the offset being the family's (``norm_offset`` None) or the one given
     (0 for GGUF files, which store 1 + w already). ``tensors`` is consumed to keep peak memory low.
     """
@@ -141,9 +143,14 @@ def quantize_state_dict(
         gate_up = ["gate_up_proj"] if config.fused_projections else ["gate_proj", "up_proj"]
         linear(f"layers.{i}.gate_up", [f"{prefix}mlp.{name}.weight" for name in gate_up])
         linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
-    state["embedding"] = take("model.embed_tokens.weight")
-    if config.tie_word_embeddings:
-        tensors["lm_head.weight"] = state["embedding"]
+    if EMBEDDING in exact:
+        tensors.pop(EMBEDDING, None)
+        embedding = TokenEmbedding.from_blocks(*exact[EMBEDDING])
+    else:
+        embedding = TokenEmbedding(take(EMBEDDING))
+    state.update(embedding.state("embedding"))
+    if config.tie_word_embeddings and "lm_head.weight" not in exact:
+        tensors["lm_head.weight"] = embedding.table()
     linear("lm_head", ["lm_head.weight"])
     state["final_norm"] = norm("model.norm.weight")
     return state

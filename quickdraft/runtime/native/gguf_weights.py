@@ -1,8 +1,9 @@
 """A GGUF file's tensors under transformers' names, read one at a time: the input of ``quantize_state_dict``.
 
 The float tensors are the values transformers' GGUF loader gives (``modeling_gguf_pytorch_utils``, the loader
-of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor, float16 and bfloat16 widened to
-float32, and for a file of an architecture whose converter interleaves the two rotary halves of each head
+of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor (for the types ``gguf_blocks`` decodes,
+the same values from their parts' own arithmetic, faster), float16 and bfloat16 widened to float32, and for a file
+of an architecture whose converter interleaves the two rotary halves of each head
 (``Architecture.gguf_interleaves_rotary``: Llama's, and so Mistral's) the q and k projections' rows put back in
 transformers' order, as transformers undoes it. Qwen2 files need no reordering. So the weights quantized from here
 are those quantized from the fp32 directory transformers would save, value for value, but for Gemma's norm weights:
@@ -10,8 +11,8 @@ they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers 
 packed without adding it again (``quantize_state_dict``'s ``norm_offset``).
 
 Linear weights of the types ``gguf_blocks`` decodes (K-quants, Q8_0, Q5_0, Q4_0) whose rows are not reordered can
-be offered as blocks instead (``gguf_blocks``), to
-be kept bit for bit; the rest of the file's tensors are read as floats.
+be offered as blocks instead (``gguf_blocks``), to be kept bit for bit, and so is the embedding of those types
+(``embedding.py``); the rest of the file's tensors are read as floats.
 """
 
 from __future__ import annotations

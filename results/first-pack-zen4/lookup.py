@@ -24,5 +24,14 @@ for name, weights in (("qwen2.5-coder-1.5b-instruct", "auto"), ("qwen2.5-coder-0
             indexed = floats[token_ids]
             kept.append(middle - start)
             table.append(time.perf_counter() - middle)
-        print(json.dumps({"model": name, "rows": rows, "kept_us": round(min(kept) * 1e6, 1),
-                          "float_table_us": round(min(table) * 1e6, 1), "equal": torch.equal(looked_up, indexed)}))
+        print(
+            json.dumps(
+                {
+                    "model": name,
+                    "rows": rows,
+                    "kept_us": round(min(kept) * 1e6, 1),
+                    "float_table_us": round(min(table) * 1e6, 1),
+                    "equal": torch.equal(looked_up, indexed),
+                }
+            )
+        )

@@ -117,8 +117,9 @@ class Pipeline:
             mismatch = vocabulary_mismatch(tokenizer, draft_tokenizer)
             draft_class = runtime_for(runtime, draft_path, where)
             options = draft_load_options(draft_class, draft_tokenizer, draft_weights, draft_vocabulary, where)
-            draft_runtime = draft_class.load(draft_path, options)
-        target_runtime = runtime_for(runtime, target_path, where).load(target_path, LoadOptions(device=where))
+            draft_runtime = draft_class.load(draft_path, replace(options, progress=progress))
+        target_options = LoadOptions(device=where, progress=progress)
+        target_runtime = runtime_for(runtime, target_path, where).load(target_path, target_options)
         if mismatch is not None:
             turn_ends = eos_token_ids(draft_path, draft_tokenizer)
             bridge = VocabularyBridge(

@@ -53,6 +53,7 @@ class LoadOptions:
     weights: str = "auto"  # the native runtime's weight format: auto, q4 or int8 (native/weights.py)
     vocabulary: tuple[int, ...] | None = None  # the token ids the LM head computes, the rest get logit −inf (None: all)
     device: torch.device = CPU  # where the model runs (runtime/device.py); the native runtime: CPU
+    progress: bool = False  # bars on stderr for a first load's long work (packing the weights, building kernels)
 
 
 class Runtime(ABC):

@@ -44,3 +44,24 @@ def test_no_avx512_is_an_avx2_build_of_its_own(fresh_flags: pytest.MonkeyPatch) 
     fresh_flags.setenv(kernels.NO_AVX512_VARIABLE, "1")
     assert kernels.build_flags() == kernels.FLAGS + kernels.NO_AVX512_FLAGS
     assert "-mno-avx512f" in kernels.build_flags() and "-mno-amx-tile" in kernels.build_flags()
+
+
+@pytest.mark.parametrize(("seconds", "progress", "said"), [(0.3, True, True), (0.0, True, False), (0.3, False, False)])
+def test_a_long_kernel_load_is_said_to_be_a_build(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], seconds: float, progress: bool, said: bool
+) -> None:
+    """A first build takes a minute: with progress on, stderr says so while it runs and when it is done."""
+    import functools
+    import time
+
+    @functools.cache
+    def slow_build() -> str:
+        time.sleep(seconds)
+        return "kernels"
+
+    monkeypatch.setattr(kernels, "native_kernels", slow_build)
+    monkeypatch.setattr(kernels, "BUILD_NOTICE_S", 0.1)
+    assert kernels.load_kernels(progress) == "kernels"
+    err = capsys.readouterr().err
+    assert ("building the native kernels" in err and "ready in" in err) == said
+    assert kernels.load_kernels(progress) == "kernels" and capsys.readouterr().err == ""  # loaded: nothing to say

@@ -327,3 +327,14 @@ def test_each_tensor_is_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
         monkeypatch.setitem(gguf_blocks.EXACT_DECODERS, name, counted)
     NativeRuntime.load(gguf_dir(tmp_path, tied=tied))
     assert decoded and len(decoded) == len(set(decoded))
+
+
+def test_packing_shows_a_bar_only_when_it_packs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = gguf_dir(tmp_path)
+    NativeRuntime.load(directory, LoadOptions(progress=True))
+    assert "pack qwen2.gguf" in capsys.readouterr().err
+    NativeRuntime.load(directory, LoadOptions(progress=True))  # from the cache
+    assert "pack" not in capsys.readouterr().err
+    (tmp_path / "quiet").mkdir()
+    NativeRuntime.load(gguf_dir(tmp_path / "quiet"), LoadOptions())
+    assert "pack" not in capsys.readouterr().err

@@ -11,6 +11,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -84,3 +87,27 @@ def native_kernels() -> Any | None:
             stacklevel=2,
         )
         return None
+
+
+BUILD_NOTICE_S = 3.0  # a load of the kernels longer than this is a build, and is said to be one
+
+
+def load_kernels(progress: bool = False) -> Any | None:
+    """:func:`native_kernels`, saying on stderr (``progress``) when getting them takes long: a build, once per
+    processor kind and kernel source, takes a minute or more on a small machine."""
+    if not progress or native_kernels.cache_info().currsize:
+        return native_kernels()
+
+    def notice() -> None:
+        print("quickdraft: building the native kernels for this processor (once; a minute or more)", file=sys.stderr)
+
+    timer = threading.Timer(BUILD_NOTICE_S, notice)
+    start = time.perf_counter()
+    timer.start()
+    try:
+        kernels = native_kernels()
+    finally:
+        timer.cancel()
+    if (seconds := time.perf_counter() - start) > BUILD_NOTICE_S:
+        print(f"quickdraft: native kernels ready in {seconds:.0f} s", file=sys.stderr)
+    return kernels

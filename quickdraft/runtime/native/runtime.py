@@ -16,7 +16,7 @@ from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.native.cache import KEY_BLOCK, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_weights import READ_TYPES
-from quickdraft.runtime.native.kernels import sources_digest
+from quickdraft.runtime.native.kernels import load_kernels, sources_digest
 from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
 
@@ -91,7 +91,8 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        state = load_native_state(path, config, options.weights)
+        state = load_native_state(path, config, options.weights, options.progress)
+        load_kernels(options.progress)  # a first build takes a minute: said here, not inside the first forward
         # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
         # only touched where tokens are written, so it grows with what a request uses, not with the capacity.
         positions = (

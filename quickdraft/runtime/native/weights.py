@@ -19,6 +19,7 @@ import torch
 from quickdraft.errors import ModelFilesError
 from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
+from quickdraft.progress import progress_bar
 from quickdraft.runtime.native.architecture import ARCHITECTURES, NATIVE_NORMS, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.embedding import TokenEmbedding
@@ -72,6 +73,7 @@ def quantize_state_dict(
     weights: str = "int8",
     exact: Mapping[str, ExactWeight] | None = None,
     norm_offset: float | None = None,
+    progress: Any = None,
 ) -> dict[str, torch.Tensor]:
     """transformers-named float weights -> the native layout, ready to save or build a :class:`Decoder`.
 
@@ -81,7 +83,8 @@ def quantize_state_dict(
     a GGUF file stores them, by name (``gguf_blocks.ExactWeight``): those become parts of their kind as they are, and
     the embedding affine rows (``embedding.py``).
     Norm weights are stored as (offset + w), the offset being the family's (``norm_offset`` None) or the one given
-    (0 for GGUF files, which store 1 + w already). ``tensors`` is consumed to keep peak memory low.
+    (0 for GGUF files, which store 1 + w already). ``tensors`` is consumed to keep peak memory low. ``progress``: a
+    bar (``progress.progress_bar``) advanced a layer at a time and once for the embedding and LM head, or None.
     """
     exact = {} if exact is None else exact
     offset = config.norm_offset if norm_offset is None else norm_offset
@@ -139,10 +142,12 @@ def quantize_state_dict(
                 gate, up, down = (f"{prefix}{sparse.shared_expert}.{name}.weight" for name in sparse.projections)
                 linear(f"layers.{i}.experts.shared.gate_up", [gate, up])
                 linear(f"layers.{i}.experts.shared.down", [down])
-            continue
-        gate_up = ["gate_up_proj"] if config.fused_projections else ["gate_proj", "up_proj"]
-        linear(f"layers.{i}.gate_up", [f"{prefix}mlp.{name}.weight" for name in gate_up])
-        linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
+        else:
+            gate_up = ["gate_up_proj"] if config.fused_projections else ["gate_proj", "up_proj"]
+            linear(f"layers.{i}.gate_up", [f"{prefix}mlp.{name}.weight" for name in gate_up])
+            linear(f"layers.{i}.down", [f"{prefix}mlp.down_proj.weight"])
+        if progress is not None:
+            progress.update()
     if EMBEDDING in exact:
         tensors.pop(EMBEDDING, None)
         embedding = TokenEmbedding.from_blocks(*exact[EMBEDDING])
@@ -152,6 +157,8 @@ def quantize_state_dict(
     if config.tie_word_embeddings and "lm_head.weight" not in exact:
         tensors["lm_head.weight"] = embedding.table()
     linear("lm_head", ["lm_head.weight"])
+    if progress is not None:
+        progress.update()  # the embedding and the LM head, a step of their own
     state["final_norm"] = norm("model.norm.weight")
     return state
 
@@ -194,14 +201,17 @@ def missing_weights(path: Path) -> ModelFilesError:
     return ModelFilesError(f"{path} has no .safetensors weights for the native runtime")
 
 
-def quantize_gguf(gguf: Path, config: DecoderConfig, weights: str) -> dict[str, torch.Tensor]:
+def quantize_gguf(gguf: Path, config: DecoderConfig, weights: str, progress: Any = None) -> dict[str, torch.Tensor]:
     """The native state of a GGUF file: its tensors of the types ``weights`` keeps (EXACT_TYPES) as they are, the
     rest quantized from the float values transformers' loader gives them."""
     tensors, exact = read_gguf_weights(gguf, config, EXACT_TYPES[weights])
-    return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact, norm_offset=0.0)
+    quantized = "q4" if weights == "q4" else "int8"
+    return quantize_state_dict(config, tensors, quantized, exact, norm_offset=0.0, progress=progress)
 
 
-def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dict[str, torch.Tensor]:
+def quantize_safetensors(
+    path: Path, config: DecoderConfig, weights: str, progress: Any = None
+) -> dict[str, torch.Tensor]:
     """The native state of the fp32 weights in ``path`` (and, for a directory converted from a GGUF file before
     the ``gguf`` layout, that file's tensors of the types ``weights`` keeps, where they match)."""
     from safetensors.torch import load_file
@@ -213,11 +223,14 @@ def quantize_safetensors(path: Path, config: DecoderConfig, weights: str) -> dic
         tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
     gguf, tied, kept = converted_from(path), config.tie_word_embeddings, EXACT_TYPES[weights]
     exact = {} if gguf is None or not kept else exact_weights(gguf, tensors, config.fused_projections, kept, tied)
-    return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact)
+    return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact, progress=progress)
 
 
-def load_native_state(path: Path, config: DecoderConfig, weights: str = "auto") -> dict[str, torch.Tensor]:
-    """The quantized weights: from the cache, or quantized from the GGUF file or the float weights and cached."""
+def load_native_state(
+    path: Path, config: DecoderConfig, weights: str = "auto", progress: bool = False
+) -> dict[str, torch.Tensor]:
+    """The quantized weights: from the cache, or quantized from the GGUF file or the float weights and cached
+    (``progress``: with a bar on stderr while packing)."""
     from safetensors.torch import load_file, save_file
 
     if not has_native_weights(path):
@@ -230,8 +243,12 @@ def load_native_state(path: Path, config: DecoderConfig, weights: str = "auto") 
             cached.unlink()
     gguf = gguf_source(path)
     source = path if gguf is None else gguf
+    quantize = quantize_safetensors if gguf is None else quantize_gguf
     try:
-        state = quantize_safetensors(path, config, weights) if gguf is None else quantize_gguf(gguf, config, weights)
+        with progress_bar(
+            total=config.num_layers + 1, desc=f"pack {source.name}", unit="layer", disable=not progress
+        ) as bar:
+            state = quantize(source, config, weights, bar)
     except KeyError as error:
         raise ModelFilesError(f"{source}: weight {error} is missing") from None
     except Exception as error:  # safetensors and gguf raise several types for damaged files

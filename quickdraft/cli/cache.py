@@ -17,9 +17,16 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         help=summary,
         description="Show the size of each entry of $QUICKDRAFT_CACHE (default ~/.cache/quickdraft): the packaged "
         "models (GGUF file and its directory), .gguf files given on the command line, the native runtime's "
-        "packed weights, calibrations, ... and the fp32 copies made only for the transformers runtime.",
+        "packed weights, calibrations, ... and the fp32 copies made only for the transformers runtime. --prune deletes "
+        "packed weights no load would read again.",
     )
-    cache.add_argument("--json", action="store_true", help="print a JSON list")
+    cache.add_argument(
+        "--prune",
+        action="store_true",
+        help="delete the native runtime's packed weights that no load would read again (packed by an older version, "
+        "or for a model no longer there) and say what was freed",
+    )
+    cache.add_argument("--json", action="store_true", help="print a JSON list (with --prune: what was deleted)")
     cache.set_defaults(handler=run)
 
 
@@ -27,7 +34,30 @@ def gigabytes(size_bytes: int) -> str:
     return f"{size_bytes / 1e9:.2f} GB" if size_bytes >= 100_000_000 else f"{size_bytes / 1e6:.1f} MB"
 
 
+def prune(args: argparse.Namespace) -> None:
+    """Delete the stale packed weights (``weights.stale_native_entries``), each reported with its size."""
+    import shutil
+
+    from quickdraft.models.usage import entry
+    from quickdraft.runtime.native.weights import stale_native_entries
+
+    removed = []
+    for path in stale_native_entries():
+        size = entry(path).size_bytes
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append({"path": str(path), "bytes": size})
+    if args.json:
+        print(json.dumps(removed, indent=2))
+        return
+    for row in removed:
+        print(f"{gigabytes(row['bytes']):>10}  deleted {row['path']}")
+    print(f"freed {gigabytes(sum(row['bytes'] for row in removed))}: {len(removed)} stale packed weights")
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.prune:
+        prune(args)
+        return
     root, entries = cache_root(), cache_usage()
     if args.json:
         rows = [{"path": str(e.path), "bytes": e.size_bytes, "fp32_bytes": e.fp32_bytes} for e in entries]

@@ -112,3 +112,36 @@ def test_a_focus_adds_tokens_to_a_vocabulary_subset_bitwise(tmp_path, monkeypatc
         assert bool((got[..., others] == -torch.inf).all())
     full.focus_vocabulary([3])
     assert torch.equal(full.forward(tokens, full.new_cache()), expected)
+
+
+def test_prune_deletes_only_packed_weights_no_load_reads(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Kept: a model in the cache (in any format) and a directory outside it that its entry's note names. Deleted:
+    an entry without a note (an older version's), one whose note names a removed model, one of an older format."""
+    import json
+    import shutil
+
+    from quickdraft.cli import main
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(cache))
+    inside, outside, removed = cache / "models" / "tiny" / "hf", tmp_path / "outside", tmp_path / "removed"
+    for seed, directory in enumerate((inside, outside, removed)):
+        tiny_model(64, seed=seed).save_pretrained(directory)
+        NativeRuntime.load(directory, LoadOptions("int8" if directory is inside else "auto"))
+    shutil.rmtree(removed)
+    native = cache / "native"
+    noteless = native / "0123456789abcdef"
+    noteless.mkdir()
+    (noteless / "weights.safetensors").write_bytes(b"x" * 10)
+    older = native / "fedcba9876543210"
+    older.mkdir()
+    (older / weights.ENTRY_SOURCE).write_text(
+        json.dumps({"format": "parts-v1", "weights": "auto", "model": str(outside)})
+    )
+    kept = {weights.native_cache_dir(inside, "int8"), weights.native_cache_dir(outside)}
+    stale = set(weights.stale_native_entries())
+    assert stale == set(native.iterdir()) - kept and len(stale) == 3  # removed's, the noteless and the older one
+    assert main(["cache", "--prune", "--json"]) == 0
+    assert {row["path"] for row in json.loads(capsys.readouterr().out)} == {str(path) for path in stale}
+    assert set(native.iterdir()) == kept
+    assert main(["cache", "--prune"]) == 0 and "freed 0.0 MB: 0 stale packed weights" in capsys.readouterr().out

@@ -8,8 +8,10 @@ so later loads read it back in seconds. A directory quickdraft made from a GGUF 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+import json
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import torch
 from quickdraft.errors import ModelFilesError
 from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
+from quickdraft.models.usage import MODEL_FOLDERS
 from quickdraft.progress import progress_bar
 from quickdraft.runtime.native.architecture import ARCHITECTURES, NATIVE_NORMS, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
@@ -34,6 +37,7 @@ NATIVE_FORMAT = "parts-v11"  # bump when the cached layout changes (v10: Q3_K ke
 # q5, q6, q8, q8m, iq4) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to
 # 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
+ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 EXACT_TYPES = {  # the GGUF types each format keeps
     "auto": ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS"),
     "q4": ("Q4_K",),
@@ -257,7 +261,40 @@ def load_native_state(
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(".partial")
         save_file(state, partial)
+        source_note = {"format": NATIVE_FORMAT, "weights": weights, "model": str(path.resolve())}
+        (cached.parent / ENTRY_SOURCE).write_text(json.dumps(source_note))  # what `quickdraft cache --prune` reads
         partial.replace(cached)  # atomic: a killed run never leaves a half-written cache entry
     except OSError:
         pass  # a read-only cache only costs the quantization next time
     return state
+
+
+def cached_models() -> list[Path]:
+    """The model directories in the cache: packaged models and ``.gguf`` files given on the command line."""
+    configs = [config for folder in MODEL_FOLDERS for config in cache_root().glob(f"{folder}/*/hf/config.json")]
+    return sorted(config.parent for config in configs)
+
+
+def stale_native_entries() -> list[Path]:
+    """Entries of ``$QUICKDRAFT_CACHE/native`` no load would read again: not the entry of a model in the cache in
+    any weight format, nor of the model directory its source note names (an older format's, a removed model's; an
+    entry packed before notes were written, for a directory outside the cache, is packed again on its next load)."""
+    native = cache_root() / "native"
+    if not native.is_dir():
+        return []
+    live = set()
+    for model in cached_models():
+        with contextlib.suppress(OSError):  # a directory being written, or damaged: its entries are judged by notes
+            live.update(native_cache_dir(model, weights) for weights in WEIGHT_FORMATS)
+    for entry in native.iterdir():
+        if any(entry.glob("*.partial")):  # being written by a load running now
+            live.add(entry)
+            continue
+        try:
+            note = json.loads((entry / ENTRY_SOURCE).read_text())
+            model, weights = Path(note["model"]), str(note["weights"])
+            if weights in WEIGHT_FORMATS and native_cache_dir(model, weights) == entry:
+                live.add(entry)
+        except (OSError, ValueError, KeyError, TypeError):  # no note, a damaged one, or its model gone
+            continue
+    return sorted(entry for entry in native.iterdir() if entry not in live)

@@ -145,3 +145,6 @@ def test_prune_deletes_only_packed_weights_no_load_reads(tmp_path, monkeypatch: 
     assert {row["path"] for row in json.loads(capsys.readouterr().out)} == {str(path) for path in stale}
     assert set(native.iterdir()) == kept
     assert main(["cache", "--prune"]) == 0 and "freed 0.0 MB: 0 stale packed weights" in capsys.readouterr().out
+    (weights.native_cache_dir(outside) / weights.ENTRY_SOURCE).unlink()  # as packed before notes: written on a load
+    NativeRuntime.load(outside)
+    assert weights.stale_native_entries() == []

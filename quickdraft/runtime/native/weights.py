@@ -242,9 +242,13 @@ def load_native_state(
     cached = native_cache_dir(path, weights) / "weights.safetensors"
     if cached.is_file():
         try:
-            return load_file(cached)
+            state = load_file(cached)
         except Exception:  # a damaged cache entry is rebuilt below
             cached.unlink()
+        else:
+            if not (cached.parent / ENTRY_SOURCE).is_file():  # packed before entries had notes
+                note_source(cached.parent, path, weights)
+            return state
     gguf = gguf_source(path)
     source = path if gguf is None else gguf
     quantize = quantize_safetensors if gguf is None else quantize_gguf
@@ -261,12 +265,19 @@ def load_native_state(
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(".partial")
         save_file(state, partial)
-        source_note = {"format": NATIVE_FORMAT, "weights": weights, "model": str(path.resolve())}
-        (cached.parent / ENTRY_SOURCE).write_text(json.dumps(source_note))  # what `quickdraft cache --prune` reads
+        note_source(cached.parent, path, weights)
         partial.replace(cached)  # atomic: a killed run never leaves a half-written cache entry
     except OSError:
         pass  # a read-only cache only costs the quantization next time
     return state
+
+
+def note_source(entry: Path, path: Path, weights: str) -> None:
+    """Write what the packed ``entry`` was packed from (what ``quickdraft cache --prune`` reads); a read-only cache
+    keeps no note."""
+    note = {"format": NATIVE_FORMAT, "weights": weights, "model": str(path.resolve())}
+    with contextlib.suppress(OSError):
+        (entry / ENTRY_SOURCE).write_text(json.dumps(note))
 
 
 def cached_models() -> list[Path]:

@@ -288,8 +288,8 @@ def cached_models() -> list[Path]:
 
 def stale_native_entries() -> list[Path]:
     """Entries of ``$QUICKDRAFT_CACHE/native`` no load would read again: not the entry of a model in the cache in
-    any weight format, nor of the model directory its source note names (an older format's, a removed model's; an
-    entry packed before notes were written, for a directory outside the cache, is packed again on its next load)."""
+    any weight format, nor of the model directory its source note names (an older format's, a removed model's). An
+    entry packed before notes, of a directory outside the cache, counts as stale until a load writes its note."""
     native = cache_root() / "native"
     if not native.is_dir():
         return []

@@ -6,16 +6,14 @@ import pytest
 import torch
 
 from quickdraft.runtime.native.embedding import TokenEmbedding
-from quickdraft.runtime.native.formats import PART_KINDS
+from quickdraft.runtime.native.formats import BLOCK_PARTS
 from quickdraft.runtime.native.parts import BlockPart
 
-BLOCK_KINDS = [kind for kind, part in PART_KINDS.items() if issubclass(part, BlockPart)]
 
-
-@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize("kind", sorted(BLOCK_PARTS))
 def test_looked_up_rows_are_the_parts_dequantized_rows(kind: str) -> None:
     weight = torch.randn(40, 512, generator=torch.Generator().manual_seed(0))
-    part = PART_KINDS[kind].from_float(weight)
+    part = BLOCK_PARTS[kind].from_float(weight)
     assert isinstance(part, BlockPart)
     embedding = TokenEmbedding.from_blocks(kind, part.blocks())
     table = part.dequantize()  # [40, 512]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.runtime.native.formats import PART_KINDS
-from quickdraft.runtime.native.parts import Affine, BlockPart
+from quickdraft.runtime.native.formats import BLOCK_PARTS
+from quickdraft.runtime.native.parts import Affine
 
 AFFINE_TENSORS = ("values", "scale", "offset")  # an affine embedding's tensors in the weight cache
 
@@ -29,10 +29,9 @@ class TokenEmbedding:
     @classmethod
     def from_blocks(cls, kind: str, fields: tuple[torch.Tensor, ...]) -> TokenEmbedding:
         """A block format's plain fields (``gguf_blocks.ExactWeight``) as affine rows."""
-        part = PART_KINDS[kind]
-        if not issubclass(part, BlockPart):
+        if kind not in BLOCK_PARTS:
             raise ValueError(f"{kind} parts have no plain block fields")
-        return cls(affine=part.affine(*fields))
+        return cls(affine=BLOCK_PARTS[kind].affine(*fields))
 
     def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
         """``token_ids [R]`` -> ``[R, H]`` float32 (a new tensor)."""

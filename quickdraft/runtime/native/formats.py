@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
-from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, WeightPart
+from quickdraft.runtime.native.parts import BlockPart, Int8Part, Q8MinPart, Q8Part, WeightPart
 
 FORMATS: tuple[type[WeightPart], ...] = (Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part, IQ4Part)
 PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in FORMATS}
+# those with plain block fields, whose dequantization is ``BlockPart.affine``: every kind but int8
+BLOCK_PARTS: dict[str, type[BlockPart]] = {part.kind: part for part in FORMATS if issubclass(part, BlockPart)}

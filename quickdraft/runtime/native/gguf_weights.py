@@ -35,7 +35,7 @@ from quickdraft.runtime.native.architecture import (
     SparseMlp,
 )
 from quickdraft.runtime.native.config import DecoderConfig
-from quickdraft.runtime.native.formats import PART_KINDS
+from quickdraft.runtime.native.formats import BLOCK_PARTS
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
     FUSED_LAYER_TENSORS,
@@ -43,7 +43,6 @@ from quickdraft.runtime.native.gguf_blocks import (
     ExactWeight,
     linear_names,
 )
-from quickdraft.runtime.native.parts import BlockPart
 
 EMBEDDING = "model.embed_tokens.weight"
 MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
@@ -148,10 +147,8 @@ def float_values(tensor: Any) -> np.ndarray:
     decode = EXACT_DECODERS.get(tensor.tensor_type.name)
     if decode is not None and len(tensor.shape) == 2:
         width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
-        kind, fields = decode(tensor.data, rows, width)
-        part = PART_KINDS[kind]
-        assert issubclass(part, BlockPart)  # every decoder gives a block format's fields
-        return part.affine(*fields).dequantize().numpy()
+        kind, fields = decode(tensor.data, rows, width)  # every decoder gives a block format's fields
+        return BLOCK_PARTS[kind].affine(*fields).dequantize().numpy()
     from gguf.quants import dequantize
 
     return dequantize(tensor.data, tensor.tensor_type)

@@ -42,3 +42,7 @@ class UnknownNameError(QuickdraftError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class CacheError(QuickdraftError):
+    """Files in quickdraft's cache could not be deleted or written (permissions, a full disk)."""

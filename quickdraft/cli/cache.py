@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
+from quickdraft.errors import CacheError
 from quickdraft.files import cache_root
 from quickdraft.models.usage import cache_usage
 
@@ -34,24 +36,38 @@ def gigabytes(size_bytes: int) -> str:
     return f"{size_bytes / 1e9:.2f} GB" if size_bytes >= 100_000_000 else f"{size_bytes / 1e6:.1f} MB"
 
 
-def prune(args: argparse.Namespace) -> None:
-    """Delete the stale packed weights (``weights.stale_native_entries``), each reported with its size."""
+def remove(path: Path) -> str | None:
+    """Delete the directory ``path``; None, or why part of it is still there (the first file that could not go)."""
     import shutil
 
+    failures: list[str] = []
+    shutil.rmtree(path, onerror=lambda _function, name, info: failures.append(f"{name}: {info[1]}"))
+    return failures[0] if failures else None
+
+
+def prune(args: argparse.Namespace) -> None:
+    """Delete the stale packed weights (``weights.stale_native_entries``), each reported with the bytes it freed; an
+    entry that could not be deleted (whole) is reported with why, and the command then fails."""
     from quickdraft.models.usage import entry
     from quickdraft.runtime.native.weights import stale_native_entries
 
-    removed = []
+    rows = []
     for path in stale_native_entries():
         size = entry(path).size_bytes
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append({"path": str(path), "bytes": size})
+        error = remove(path)
+        left = entry(path).size_bytes if path.exists() else 0
+        rows.append({"path": str(path), "bytes": size - left} | ({"error": error} if error else {}))
+    failed = [row for row in rows if "error" in row]
     if args.json:
-        print(json.dumps(removed, indent=2))
-        return
-    for row in removed:
-        print(f"{gigabytes(row['bytes']):>10}  deleted {row['path']}")
-    print(f"freed {gigabytes(sum(row['bytes'] for row in removed))}: {len(removed)} stale packed weights")
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            done = f"not deleted: {row['error']}" if "error" in row else "deleted"
+            print(f"{gigabytes(row['bytes']):>10}  {done} {row['path']}")
+        freed = sum(row["bytes"] for row in rows)
+        print(f"freed {gigabytes(freed)}: {len(rows) - len(failed)} stale packed weights")
+    if failed:
+        raise CacheError(f"{len(failed)} stale packed weights could not be deleted (above); check their permissions")
 
 
 def run(args: argparse.Namespace) -> None:

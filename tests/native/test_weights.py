@@ -148,3 +148,29 @@ def test_prune_deletes_only_packed_weights_no_load_reads(tmp_path, monkeypatch: 
     (weights.native_cache_dir(outside) / weights.ENTRY_SOURCE).unlink()  # as packed before notes: written on a load
     NativeRuntime.load(outside)
     assert weights.stale_native_entries() == []
+
+
+def test_prune_says_which_entries_it_could_not_delete(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """An entry rmtree cannot delete is reported with why, counts only the bytes that went, and fails the command."""
+    import json
+    import shutil
+
+    from quickdraft.cli import main
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    stale = tmp_path / "cache" / "native" / "0123456789abcdef"
+    stale.mkdir(parents=True)
+    (stale / "weights.safetensors").write_bytes(b"x" * 10)
+    real_rmtree = shutil.rmtree
+
+    def refuse(path, ignore_errors=False, onerror=None):
+        onerror(real_rmtree, str(path), (PermissionError, PermissionError(13, "Permission denied"), None))
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    assert main(["cache", "--prune", "--json"]) == 1
+    out, err = capsys.readouterr()
+    (row,) = json.loads(out)
+    assert row["bytes"] == 0 and "Permission denied" in row["error"] and stale.exists()
+    assert "1 stale packed weights could not be deleted" in err
+    assert main(["cache", "--prune"]) == 1
+    assert "not deleted: " in capsys.readouterr().out

@@ -8,6 +8,20 @@
 
 #include <vector>
 
+namespace {
+
+// q8, q8m, q4t and q4tm: the weights `w` against int8 rows `x`.
+void q8_family_gemm(const qd::Q8Weights& w, const int8_t* x, int64_t rows, float* out, int which) {
+  const int64_t n = w.n, k = w.k;
+  std::vector<int32_t> offsets(rows * k / qd::kGroup);
+  for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x + r * k, k, offsets.data() + r * k / qd::kGroup);
+  if (which == 0) return qd::q8_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q8_reference(w, x + r * k, j);
+}
+
+}  // namespace
+
 extern "C" {
 
 const char* isa() { return qd::kIsa; }
@@ -67,20 +81,24 @@ void iq4_gemm(const uint8_t* codes, const int8_t* sub_scale, const float* d, int
 void q8_gemm(const uint8_t* codes, const uint16_t* d, int64_t n, int64_t k, const int8_t* x, int64_t rows, float* out,
              int which) {
   const qd::Q8Weights w{codes, d, n, k};
-  std::vector<int32_t> offsets(rows * k / qd::kGroup);
-  for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x + r * k, k, offsets.data() + r * k / qd::kGroup);
-  if (which == 0) return qd::q8_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q8_reference(w, x + r * k, j);
+  q8_family_gemm(w, x, rows, out, which);
 }
 
 void q8m_gemm(const uint8_t* codes, const uint16_t* d, const uint16_t* mins, int64_t n, int64_t k, const int8_t* x,
               int64_t rows, float* out, int which) {
   const qd::Q8Weights w{codes, d, n, k, mins};
-  std::vector<int32_t> offsets(rows * k / qd::kGroup);
-  for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x + r * k, k, offsets.data() + r * k / qd::kGroup);
-  if (which == 0) return qd::q8_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q8_reference(w, x + r * k, j);
+  q8_family_gemm(w, x, rows, out, which);
+}
+
+void q4t_gemm(const uint8_t* codes, const int8_t* table, const uint16_t* d, int64_t n, int64_t k, const int8_t* x,
+              int64_t rows, float* out, int which) {
+  const qd::Q8Weights w{codes, d, n, k, nullptr, table};
+  q8_family_gemm(w, x, rows, out, which);
+}
+
+void q4tm_gemm(const uint8_t* codes, const int8_t* table, const uint16_t* d, const uint16_t* mins, int64_t n, int64_t k,
+               const int8_t* x, int64_t rows, float* out, int which) {
+  const qd::Q8Weights w{codes, d, n, k, mins, table};
+  q8_family_gemm(w, x, rows, out, which);
 }
 }

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from quickdraft.machine import cpu_description
+from quickdraft.runtime.native.formats import FORMATS
 from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
-from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part
+from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, WeightPart
+from quickdraft.runtime.native.q4tables import Q4TableMinPart, Q4TablePart
 
 HERE = Path(__file__).parent
 HEADER_DIR = Path(__file__).parents[2] / "quickdraft" / "runtime" / "native"
@@ -63,21 +65,19 @@ def pointer(tensor: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(tensor.data_ptr())
 
 
-def run(
-    library: ctypes.CDLL, part: Int8Part | Q8Part | Q4Part | Q6Part | IQ4Part, x: torch.Tensor, which: int
-) -> torch.Tensor:
+def run(library: ctypes.CDLL, part: WeightPart, x: torch.Tensor, which: int) -> torch.Tensor:
     """which: 0 the fast path, 1 the element-by-element definition."""
     rows, n, k = x.shape[0], part.padded_rows, part.in_features
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
     gemms = {Int8Part: "int8_gemm", Q8Part: "q8_gemm", Q8MinPart: "q8m_gemm", Q4Part: "q4_gemm", Q5Part: "q5_gemm",
-             Q6Part: "q6_gemm", IQ4Part: "iq4_gemm"}  # fmt: skip
+             Q6Part: "q6_gemm", IQ4Part: "iq4_gemm", Q4TablePart: "q4t_gemm", Q4TableMinPart: "q4tm_gemm"}  # fmt: skip
     gemm = getattr(library, gemms[type(part)])
     gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
 
 
-@pytest.mark.parametrize("kind", [Int8Part, Q8Part, Q8MinPart, Q4Part, Q5Part, Q6Part, IQ4Part])
+@pytest.mark.parametrize("kind", FORMATS)
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
     part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4-q6: two full superblocks, a short one

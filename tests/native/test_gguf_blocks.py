@@ -1,5 +1,5 @@
-"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_XS tensors as q4, q5, q6, q8,
-q8m and iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL and IQ4_XS tensors as q4, q5,
+q6, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -71,17 +71,17 @@ def test_decoded_q5_k_blocks_are_ggufs_own_dequantization() -> None:
     assert kind == "q5" and int(fields[0].max()) == 31 and int(fields[0].min()) == 0
 
 
-@pytest.mark.parametrize(("name", "block_bytes", "low", "high"), [("Q8_0", 34, -128, 127), ("Q5_0", 22, -16, 15),
-                                                                ("Q4_0", 18, -8, 7), ("Q5_1", 24, 0, 31),
-                                                                ("Q4_1", 20, 0, 15)])  # fmt: skip
-def test_decoded_legacy_blocks_are_ggufs_own_dequantization(name: str, block_bytes: int, low: int, high: int) -> None:
+@pytest.mark.parametrize(("name", "block_bytes", "kind", "low", "high"), [
+    ("Q8_0", 34, "q8", -128, 127), ("Q5_0", 22, "q8", -16, 15), ("Q4_0", 18, "q4t", 0, 15), ("Q5_1", 24, "q8m", 0, 31),
+    ("Q4_1", 20, "q4tm", 0, 15), ("IQ4_NL", 18, "q4t", 0, 15),
+])  # fmt: skip
+def test_decoded_legacy_blocks_are_ggufs_own_dequantization(
+    name: str, block_bytes: int, kind: str, low: int, high: int
+) -> None:
     scales = slice(0, 4 if name.endswith("_1") else 2)  # d, and Q4_1's and Q5_1's min
     raw = random_blocks(32, 256, block_bytes, scales, weights=32)
-    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, name)).astype(np.float32)
-    kind, (codes, *scaling) = EXACT_DECODERS[name](raw, 32, 256)
-    assert kind == ("q8m" if name.endswith("_1") else "q8") and (int(codes.min()), int(codes.max())) == (low, high)
-    part = PART_KINDS[kind].from_blocks(codes, *scaling)
-    assert torch.equal(part.dequantize(), torch.from_numpy(expected))
+    decoded, (codes, *_) = decoded_as_gguf_reads_it(raw, name, 32, 256)
+    assert decoded == kind and (int(codes.min()), int(codes.max())) == (low, high)
 
 
 def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:

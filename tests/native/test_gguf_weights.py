@@ -75,7 +75,8 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
-    Q5_K, Q6_K, Q3_K, IQ4_XS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1 and Q4_1 for auto, Q4_K for q4) as they are,
+    Q5_K, Q6_K, Q3_K, IQ4_XS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_NL for auto, Q4_K for q4) as
+    they are,
     the rest (every other type of READ_TYPES; Llama's q/k rows reordered) quantized from the float values
     transformers' loader gives them."""
     import conftest
@@ -100,8 +101,8 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
         assert all(torch.equal(linear[0][name], linear[1][name]) for name in linear[0]), fmt
     kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.") and name.endswith(".rows")}
     written = {kind for layers in conftest.GGUF_LAYER_TYPES for kind in layers.values()}
-    kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q8", "Q5_1": "q8m",
-            "Q4_1": "q8m", "IQ4_XS": "iq4", "Q3_K": "q6"}  # the rest: int8  # fmt: skip
+    kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4t", "Q5_1": "q8m",
+            "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     if more == 1 and architecture == "qwen2":  # attn_k is Q3_K (Llama's converter would reorder its rows)
@@ -110,7 +111,8 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
 
 
 def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file with Q4_K, Q5_K, Q6_K, Q4_0 and IQ4_XS tensors beside requantized ones: the layers in one native call
+    """A file with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_1, IQ4_NL and IQ4_XS tensors beside a requantized one: the layers
+    in one native call
     (layers.cpp's parts of every kind) give the logits of the PyTorch reference path, up to float rounding (its
     attention sums in another order); a part of one kind computed as another would be far off."""
     import conftest
@@ -119,8 +121,9 @@ def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monk
     runtime = NativeRuntime.load(gguf_dir(tmp_path))
     kinds = [[type(part).kind for part in layer.out.parts] for layer in runtime.decoder.layers]
     assert kinds == [["q5"], ["q4"]]  # attn_output: Q5_K in layer 0, Q4_K in layer 1
-    assert type(runtime.decoder.layers[0].qkv.parts[0]).kind == "q8"  # attn_q: Q4_0
-    assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["int8", "iq4"]  # IQ4_NL, IQ4_XS
+    qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
+    assert qkv == ["q4t", "q4tm", "q8m"]  # attn_q Q4_0, attn_k Q4_1, attn_v Q5_1
+    assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["q4t", "iq4"]  # IQ4_NL, IQ4_XS
     token_ids = torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
     compiled = runtime.forward(token_ids, runtime.new_cache())
     runtime.decoder.use_kernel = False

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
 from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, quantize_weight
+from quickdraft.runtime.native.q4tables import Q4TableMinPart, Q4TablePart
 
 
 def with_kernels(linear: QuantizedLinear, use_kernel: bool) -> QuantizedLinear:
@@ -22,7 +24,7 @@ def in_passes(linear: QuantizedLinear, passes: int) -> QuantizedLinear:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
+@pytest.mark.parametrize("kind", list(PART_KINDS))
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernels", "torch-ops"])
 def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: bool, passes: int) -> None:
     generator = torch.Generator().manual_seed(0)
@@ -121,7 +123,7 @@ def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
+@pytest.mark.parametrize("kind", list(PART_KINDS))
 def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str, passes: int) -> None:
     generator = torch.Generator().manual_seed(5)
     linear = QuantizedLinear.from_float(
@@ -198,6 +200,34 @@ def test_q8_blocks_round_trip_through_the_packed_layout() -> None:
         assert torch.equal(got, expected)
 
 
+def test_q4t_blocks_round_trip_through_the_packed_layout() -> None:
+    """Codes, a table shared by every row, scales (and q4tm's mins) come back as given; a table that differs between
+    rows, values outside int8 and codes outside 4 bits are refused."""
+    generator = torch.Generator().manual_seed(4)
+    rows, width = 24, 96
+    table = torch.randint(-128, 128, (16,), generator=generator, dtype=torch.int8)
+    blocks = (
+        torch.randint(0, 16, (rows, width), generator=generator, dtype=torch.uint8),
+        table.expand(rows, 16),
+        torch.rand(rows, width // 32, generator=generator).to(torch.float16).float(),
+    )
+    mins = -torch.rand(rows, width // 32, generator=generator).to(torch.float16).float()
+    for part, fields in (
+        (Q4TablePart.from_blocks(*blocks), blocks),
+        (Q4TableMinPart.from_blocks(*blocks, mins), (*blocks, mins)),
+    ):
+        for got, expected in zip(part.blocks(), fields, strict=True):
+            assert torch.equal(got, expected)
+    other = blocks[1].clone()
+    other[5, 3] += 1
+    with pytest.raises(ValueError, match="one table"):
+        Q4TablePart.from_blocks(blocks[0], other, blocks[2])
+    with pytest.raises(ValueError, match=r"codes are in \[0, 15\]"):
+        Q4TablePart.from_blocks(blocks[0] + 16, *blocks[1:])
+    with pytest.raises(ValueError, match="int8"):
+        Q4TablePart.from_blocks(blocks[0], torch.full((rows, 16), 200), blocks[2])
+
+
 def test_q6_blocks_round_trip_through_the_packed_layout() -> None:
     generator = torch.Generator().manual_seed(4)
     rows, width = 24, 640
@@ -237,13 +267,13 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
         IQ4Part.from_blocks(torch.full((4, 64), 16, dtype=torch.uint8), scales, torch.ones(4, 1))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
+@pytest.mark.parametrize("kind", list(PART_KINDS))
 def test_zero_rows_give_the_bias(kind: str) -> None:
     linear = QuantizedLinear.from_float(torch.randn(8, 64), torch.ones(8), kind)
     assert torch.equal(linear(torch.zeros(2, 64)), torch.ones(2, 8))
 
 
-@pytest.mark.parametrize("kind", ["int8", "q8", "q8m", "q4", "q5", "q6", "iq4"])
+@pytest.mark.parametrize("kind", list(PART_KINDS))
 def test_selected_rows_keep_their_weights_and_their_results(kind: str) -> None:
     """Rows picked from a few 16-row panels of a larger layer (an LM head's focus): each keeps its weights, so
     its output is bitwise the whole layer's at that row."""

@@ -14,6 +14,11 @@
 // Format "q8m": q8 with a float16 min per group, w[n][k] = d[n][g] * q[n][k] + m[n][g]; after each group's
 //   d term, acc = fma(float(m[n][g]), float(X[m][g]), acc), X the group's sum of x (exact: |X| <= 32 * 127).
 //   mins: [N/16][G][16] float16 bits, as d.
+// Formats "q4t" and "q4tm": q8 and q8m whose codes are 4-bit indices into a table of 16 int8 values,
+//   q[n][k] = table[code[n][k]]; the same sums. A GGUF file's Q4_0 (table -8..7), IQ4_NL (kvalues_iq4nl) and Q4_1
+//   (0..15, with mins) tensors load into them exactly, at 4.5 and 5 bits a weight instead of 8.5 and 9.
+//   codes: q4's layout and nibbles ([N/16][G][4][16][4]: the low nibble of vector j's byte (l, i) is q8's vector j,
+//   k = 32g + 4j + i of lane n0 + l; the high nibble q8's vector j + 4); table: [N/16][16] int8, a panel's values.
 #pragma once
 
 #include "gemm.h"
@@ -27,7 +32,9 @@ struct Q8Weights {
   const uint16_t* d;     // [N/16][G][16] float16 bits
   int64_t n, k;
   const uint16_t* mins = nullptr;  // q8m: [N/16][G][16] float16 bits; null for q8
+  const int8_t* table = nullptr;   // q4t/q4tm: [N/16][16], the values each panel's 4-bit codes index; null: 8-bit codes
   int64_t groups() const { return k / kGroup; }
+  int64_t group_bytes() const { return table == nullptr ? 512 : 256; }  // a 16-lane group's codes
 };
 
 // A float16's value as a float (exact: every float16 is a float).
@@ -52,6 +59,10 @@ inline float half_to_float(uint16_t h) {
 
 inline int32_t q8_code(const Q8Weights& w, int64_t n, int64_t k) {
   const int64_t g = k / kGroup, j = (k % kGroup) / 4, i = k % 4;
+  if (w.table != nullptr) {  // vector j's code in nibble j / 4 of vector j % 4's byte
+    const uint8_t byte = w.codes[(((n / kLanes) * w.groups() + g) * 4 + j % 4) * 64 + (n % kLanes) * 4 + i];
+    return w.table[(n / kLanes) * 16 + (j < 4 ? byte & 0x0F : byte >> 4)];
+  }
   return static_cast<int32_t>(w.codes[(((n / kLanes) * w.groups() + g) * 8 + j) * 64 + (n % kLanes) * 4 + i]) - kQ8Offset;
 }
 
@@ -73,22 +84,38 @@ inline float q8_reference(const Q8Weights& w, const int8_t* x, int64_t n) {
 // starts from the row's -128 * X offset and multiplies the unsigned codes; AVX2 without VNNI multiplies |q| by x
 // carrying q's sign (pairs of products at most 2 * 128 * 127 = 32512 in size: exact in int16; x = -128, outside
 // the activations' range, would not survive the sign). Without F16C the AVX2 build runs the plain definition. The sum goes into
-// the row's float sum with one fused multiply-add by the group's scale.
+// the row's float sum with one fused multiply-add by the group's scale. 4-bit codes (q4t) become q8's code vectors
+// by one byte shuffle of the table per vector (q + 128 on the way: the table is stored XOR 0x80), as iq4's do.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
-template <int R, bool Min>
+template <int R, bool Min, bool Nibbles>
 inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                     int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups();
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  __m512i table = _mm512_setzero_si512();
+  if constexpr (Nibbles)
+    table = _mm512_xor_si512(
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.table + block * 16))),
+        _mm512_set1_epi8(-128));
   __m512 acc[R];
   QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* codes = w.codes + (block * groups + g) * 512;
+    const uint8_t* codes = w.codes + (block * groups + g) * w.group_bytes();
     __m512i c[8];
-    QD_UNROLL for (int j = 0; j < 8; ++j) {
-      prefetch(codes + j * 64);
-      c[j] = _mm512_loadu_si512(codes + j * 64);
+    if constexpr (Nibbles) {
+      QD_UNROLL for (int j = 0; j < 4; ++j) {
+        prefetch(codes + j * 64);
+        const __m512i bytes = _mm512_loadu_si512(codes + j * 64);
+        c[j] = _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_nibbles));
+        c[j + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles));
+      }
+    } else {
+      QD_UNROLL for (int j = 0; j < 8; ++j) {
+        prefetch(codes + j * 64);
+        c[j] = _mm512_loadu_si512(codes + j * 64);
+      }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + (block * groups + g) * kLanes)));
     __m512 m = _mm512_setzero_ps();
@@ -119,18 +146,33 @@ inline __m256i q8_dot(__m256i acc, __m256i codes, __m256i x) {
 #endif
 
 // Two halves of 8 lanes each, as q4's (HalfSums keeps the rows' float sums).
-template <int R, bool Min>
+template <int R, bool Min, bool Nibbles>
 inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                     int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups();
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  __m256i table = _mm256_setzero_si256();
+  if constexpr (Nibbles)
+    table = _mm256_xor_si256(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.table + block * 16))),
+        _mm256_set1_epi8(static_cast<char>(0x80)));
   for (int h = 0; h < 2; ++h) {
     HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* codes = w.codes + (block * groups + g) * 512 + 32 * h;
+      const uint8_t* codes = w.codes + (block * groups + g) * w.group_bytes() + 32 * h;
       __m256i c[8];
-      QD_UNROLL for (int j = 0; j < 8; ++j) {
-        if (h == 0) prefetch(codes + j * 64);
-        c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+      if constexpr (Nibbles) {
+        QD_UNROLL for (int j = 0; j < 4; ++j) {
+          if (h == 0) prefetch(codes + j * 64);
+          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+          c[j] = _mm256_shuffle_epi8(table, _mm256_and_si256(bytes, low_nibbles));
+          c[j + 4] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibbles));
+        }
+      } else {
+        QD_UNROLL for (int j = 0; j < 8; ++j) {
+          if (h == 0) prefetch(codes + j * 64);
+          c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64));
+        }
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + (block * groups + g) * kLanes + 8 * h)));
       __m256 m = _mm256_setzero_ps();
@@ -151,7 +193,7 @@ constexpr int kQ8Rows = 8;
 
 #else
 
-template <int R, bool Min>
+template <int R, bool Min, bool Nibbles>
 inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                     float* out, int64_t out_stride) {
   reference_tile<R>([&](const int8_t* row, int64_t n) { return q8_reference(w, row, n); }, x, x_stride, block, out,
@@ -166,9 +208,12 @@ inline void q8_gemm(const Q8Weights& w, const int8_t* x, int64_t rows, const int
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t offset_stride = w.k / kGroup;
   with_flag(w.mins != nullptr, [&](auto with_min) {
-    for_each_block_tile<kQ8Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
-      q8_tile<decltype(tile_rows)::value, decltype(with_min)::value>(
-          w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block, out + row * out_stride, out_stride);
+    with_flag(w.table != nullptr, [&](auto nibbles) {
+      for_each_block_tile<kQ8Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+        q8_tile<decltype(tile_rows)::value, decltype(with_min)::value, decltype(nibbles)::value>(
+            w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block, out + row * out_stride,
+            out_stride);
+      });
     });
   });
 }

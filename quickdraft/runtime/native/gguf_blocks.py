@@ -1,5 +1,5 @@
-"""A GGUF file's K-quant (Q3_K, Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) and IQ4_XS tensors as the
-native runtime's q4, q5, q6, q8, q8m and iq4 parts, bit for bit (no second quantization).
+"""A GGUF file's K-quant (Q3_K, Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL) and IQ4_XS
+tensors as the native runtime's q4, q5, q6, q8, q8m, q4t, q4tm and iq4 parts, bit for bit (no second quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
@@ -15,8 +15,10 @@ bits, sixteen int8 sub-scales and a float16 ``d``; weight = d · sub_scale · (c
 Q8_0 (``block_q8_0``, 34 bytes per 32 weights): a float16 ``d`` and 32 int8 codes; weight = d · q: the q8 format.
 Q4_0 (18 bytes) and Q5_0 (22 bytes) are the same with codes of 4 and 5 bits and an offset: weight = d · (code − 8)
 and d · (code − 16), where a byte of nibbles holds weight l (low) and l + 16 (high) and Q5_0's 32-bit ``qh`` the
-fifth bit of weight l at bit l. So their codes minus the offset are q8 codes in [−8, 7] and [−16, 15]. Q4_1 (20
-bytes) and Q5_1 (24 bytes) hold a float16 min ``m`` after ``d`` and no offset: weight = d · code + m, the q8m format.
+fifth bit of weight l at bit l. So Q5_0's codes minus 16 are q8 codes in [−16, 15], and Q4_0's codes index the
+q4t table −8..7. IQ4_NL (18 bytes) is Q4_0's block with codes indexing ``kvalues_iq4nl``: q4t with that table.
+Q4_1 (20 bytes) and Q5_1 (24 bytes) hold a float16 min ``m`` after ``d`` and no offset: weight = d · code + m, the
+q4tm (table 0..15) and q8m formats.
 
 Q3_K (``block_q3_K``, 110 bytes per 256 weights): 32 bytes ``hmask``, 64 bytes ``qs``, 12 bytes packing sixteen
 6-bit sub-scales and a float16 ``d``. Weight 128·h + 32·j + l (h < 2, j < 4, l < 32) has the 2-bit code at bits
@@ -30,7 +32,7 @@ in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes
 nibble of byte g/2 for even g, the high one for odd g), then 128 bytes of 4-bit indices into llama.cpp's
 ``kvalues_iq4nl``, 16 bytes a group of 32 as Q4_0's; weight = d · (sub_scale − 32) · value: the iq4 format.
 
-Other tensor types (Q2_K, IQ4_NL, other IQ…, ...) are not read here: the runtime quantizes their float
+Other tensor types (Q2_K, other IQ…, ...) are not read here: the runtime quantizes their float
 values as usual.
 
 Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
@@ -46,12 +48,13 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.native.kquants import Q6_OFFSET
+from quickdraft.runtime.native.q4tables import IQ4_NL_TABLE, Q4_0_TABLE, Q4_1_TABLE
 
 Q4_K_BLOCK_BYTES = 144
 Q4_K_WEIGHTS = 256
 Q5_K_BLOCK_BYTES = 176
 Q5_K_FIFTH_BITS = slice(16, 48)  # the bytes of a Q5_K block that Q4_K's lacks
-LEGACY_WEIGHTS = 32  # weights per Q8_0, Q5_0 or Q4_0 block
+LEGACY_WEIGHTS = 32  # weights per Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 or IQ4_NL block
 Q6_K_BLOCK_BYTES = 210
 Q3_K_BLOCK_BYTES = 110
 Q3_K_SCALE_OFFSET = 32  # Q3_K's 6-bit sub-scales hold sub_scale + 32
@@ -172,8 +175,8 @@ def decode_q3_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 
 
 def legacy_blocks(raw: np.ndarray, rows: int, width: int, block_bytes: int) -> tuple[np.ndarray, torch.Tensor]:
-    """A tensor of 32-weight blocks' (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1) blocks ``[rows, width/32, block_bytes]`` and its
-    scales ``d [rows, width/32]`` (float16 values as float32; every such block starts with its float16 ``d``)."""
+    """A tensor of 32-weight blocks (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL) as ``[rows, width/32, block_bytes]``, and
+    its scales ``d [rows, width/32]`` (float16 values as float32; every such block starts with its float16 ``d``)."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, block_bytes)
     return blocks, torch.from_numpy(float16_at(blocks, 0))
 
@@ -190,11 +193,22 @@ def decode_q8_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return "q8", (torch.from_numpy(blocks[..., 2:].copy().view(np.int8).reshape(rows, width)), d)
 
 
-def decode_q4_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw Q4_0 bytes -> ("q8", (codes − 8 [rows, width] int8 in [−8, 7], d))."""
+def table_codes(raw: np.ndarray, rows: int, width: int, table: torch.Tensor) -> ExactWeight:
+    """Raw bytes of Q4_0's block structure (a float16 d, 16 bytes of nibbles) whose codes index ``table`` ->
+    ("q4t", (codes [rows, width] uint8 in [0, 15], table [rows, 16], d))."""
     blocks, d = legacy_blocks(raw, rows, width, 18)
-    codes = nibbles_of(blocks[..., 2:]).astype(np.int8) - 8
-    return "q8", (torch.from_numpy(codes.reshape(rows, width)), d)
+    codes = nibbles_of(blocks[..., 2:])
+    return "q4t", (torch.from_numpy(codes.reshape(rows, width)), table.expand(rows, 16), d)
+
+
+def decode_q4_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q4_0 bytes -> q4t with the table −8..7 (weight = d · (code − 8))."""
+    return table_codes(raw, rows, width, Q4_0_TABLE)
+
+
+def decode_iq4_nl(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ4_NL bytes -> q4t with llama.cpp's ``kvalues_iq4nl`` (weight = d · value[code])."""
+    return table_codes(raw, rows, width, IQ4_NL_TABLE)
 
 
 def fifth_bits(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -215,10 +229,10 @@ def minimums(blocks: np.ndarray) -> torch.Tensor:
 
 
 def decode_q4_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw Q4_1 bytes -> ("q8m", (codes [rows, width] int8 in [0, 15], d, mins))."""
+    """Raw Q4_1 bytes -> ("q4tm", (codes [rows, width] uint8 in [0, 15], the table 0..15 [rows, 16], d, mins))."""
     blocks, d = legacy_blocks(raw, rows, width, 20)
-    codes = nibbles_of(blocks[..., 4:]).astype(np.int8)
-    return "q8m", (torch.from_numpy(codes.reshape(rows, width)), d, minimums(blocks))
+    codes = nibbles_of(blocks[..., 4:])
+    return "q4tm", (torch.from_numpy(codes.reshape(rows, width)), Q4_1_TABLE.expand(rows, 16), d, minimums(blocks))
 
 
 def decode_q5_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
@@ -257,8 +271,9 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "Q5_1": decode_q5_1,
     "Q4_1": decode_q4_1,
     "IQ4_XS": decode_iq4_xs,
+    "IQ4_NL": decode_iq4_nl,
 }
-BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1"), LEGACY_WEIGHTS)  # the rest: 256
+BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL"), LEGACY_WEIGHTS)  # the rest: 256
 
 
 def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:

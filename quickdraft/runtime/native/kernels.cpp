@@ -12,7 +12,9 @@
 // q4_matmul:          the integer GEMM against 4-bit weights in llama.cpp's Q4_K structure (gemm.h).
 // q5_matmul:          the same against 5-bit weights in llama.cpp's Q5_K structure (gemm.h).
 // q8_matmul:          the integer GEMM against 8-bit weights in llama.cpp's Q8_0 structure (gemm_q8.h).
-// q8m_matmul:         the same with a min per group (Q4_1, Q5_1).
+// q8m_matmul:         the same with a min per group (Q5_1).
+// q4t_matmul:         q8's sums with 4-bit codes into a table of 16 values (Q4_0, IQ4_NL; gemm_q8.h).
+// q4tm_matmul:        the same with a min per group (Q4_1).
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
 // iq4_matmul:         the integer GEMM against 4-bit table indices in llama.cpp's IQ4_XS structure (gemm_iq4.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
@@ -665,12 +667,19 @@ void iq4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, t
 
 namespace {
 
-// q8_matmul, and q8m_matmul with `mins` ([N/16, K/32, 16] float16; undefined for q8).
-void q8_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor mins, torch::Tensor out,
-                      int64_t column) {
+// q8_matmul, and q8m_matmul with `mins` ([N/16, K/32, 16] float16; undefined for q8); with a `table` ([N/16, 16]
+// int8; undefined for 8-bit codes) q4t_matmul and q4tm_matmul.
+void q8_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor mins,
+                      torch::Tensor out, int64_t column) {
   checked(x, torch::kInt8, "x");
   const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
-  TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() == n * k, "q8 weights need K a multiple of 32");
+  const int64_t codes_per_byte = table.defined() ? 2 : 1;
+  TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * codes_per_byte == n * k, "q8 weights need K a multiple of 32");
+  const int8_t* values = nullptr;
+  if (table.defined()) {
+    TORCH_CHECK(checked(table, torch::kInt8, "table").numel() == n, "q4t: a table of 16 values a panel of 16 rows");
+    values = table.data_ptr<int8_t>();
+  }
   TORCH_CHECK(checked(d, torch::kFloat16, "d").numel() * qd::kGroup == n * k, "q8: one scale a group of 32");
   const uint16_t* min_bits = nullptr;
   if (mins.defined()) {
@@ -678,7 +687,7 @@ void q8_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, tor
     min_bits = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
   }
   const qd::Q8Weights weights{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()), n,
-                              k, min_bits};
+                              k, min_bits, values};
   const int8_t* x_data = x.data_ptr<int8_t>();
   const auto offsets = per_row(x_data, rows, k, k / qd::kGroup, qd::group_offsets);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
@@ -691,14 +700,29 @@ void q8_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, tor
 // x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 8, 16, 4] uint8 (q + 128); d [N/16, K/32, 16]
 // float16 (gemm_q8.h). Writes out[:, column : column + N].
 void q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor out, int64_t column) {
-  q8_family_matmul(x, codes, d, torch::Tensor(), out, column);
+  q8_family_matmul(x, codes, torch::Tensor(), d, torch::Tensor(), out, column);
 }
 
 // q8_matmul's arguments and mins [N/16, K/32, 16] float16, a min per group (gemm_q8.h's q8m).
 void q8m_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor mins, torch::Tensor out,
                 int64_t column) {
   TORCH_CHECK(mins.defined(), "q8m weights need their mins");
-  q8_family_matmul(x, codes, d, mins, out, column);
+  q8_family_matmul(x, codes, torch::Tensor(), d, mins, out, column);
+}
+
+// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8 (q4's nibbles); table [N/16, 16] int8,
+// the values each panel's codes index; d [N/16, K/32, 16] float16 (gemm_q8.h's q4t). Writes out[:, column : column + N].
+void q4t_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor out,
+                int64_t column) {
+  TORCH_CHECK(table.defined(), "q4t weights need their table");
+  q8_family_matmul(x, codes, table, d, torch::Tensor(), out, column);
+}
+
+// q4t_matmul's arguments and mins [N/16, K/32, 16] float16, a min per group (gemm_q8.h's q4tm).
+void q4tm_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor mins,
+                 torch::Tensor out, int64_t column) {
+  TORCH_CHECK(table.defined() && mins.defined(), "q4tm weights need their table and mins");
+  q8_family_matmul(x, codes, table, d, mins, out, column);
 }
 
 std::string isa() { return std::string(qd::kIsa) + ", attention " + qd::kAttentionIsa; }
@@ -709,7 +733,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)", nogil);
   m.def("q5_matmul", &q5_matmul, "int8 rows x 5-bit Q5_K-structured weights (exact integer group sums)", nogil);
   m.def("q8_matmul", &q8_matmul, "int8 rows x 8-bit Q8_0-structured weights (exact integer group sums)", nogil);
-  m.def("q8m_matmul", &q8m_matmul, "int8 rows x Q4_1/Q5_1-structured weights (q8 with a min per group)", nogil);
+  m.def("q8m_matmul", &q8m_matmul, "int8 rows x Q5_1-structured weights (q8 with a min per group)", nogil);
+  m.def("q4t_matmul", &q4t_matmul, "int8 rows x Q4_0/IQ4_NL-structured weights (q8 with 4-bit table codes)", nogil);
+  m.def("q4tm_matmul", &q4tm_matmul, "int8 rows x Q4_1-structured weights (q4t with a min per group)", nogil);
   m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
   m.def("iq4_matmul", &iq4_matmul, "int8 rows x IQ4_XS-structured weights (exact integer superblock sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");

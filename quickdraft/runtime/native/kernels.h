@@ -33,6 +33,10 @@ void q8m_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Te
                 int64_t column);
 void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor d,
                torch::Tensor out, int64_t column);
+void q4t_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor out,
+                int64_t column);
+void q4tm_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor mins,
+                 torch::Tensor out, int64_t column);
 void iq4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor d, torch::Tensor out,
                 int64_t column);
 

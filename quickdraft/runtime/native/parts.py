@@ -7,11 +7,13 @@ This module holds the parts' interface, their shared packing helpers and two for
 - ``int8``: 7-bit weights per output channel (symmetric, scale = row max / 63): out = float(Σ x·w) · scale.
   7 bits keep AVX2's u8 × s8 pair sums below 2^15, so the same weights serve every instruction set.
 - ``q8``: llama.cpp's Q8_0 structure, codes in [−128, 127] under a float16 scale per group of 32: out = the groups'
-  exact integer sums, each into a float sum by one fused multiply-add with its scale. A GGUF file's Q8_0, Q5_0 and
-  Q4_0 tensors load into it exactly; ``q8m`` adds a float16 min per group (w = d · q + m: Q4_1, Q5_1).
+  exact integer sums, each into a float sum by one fused multiply-add with its scale. A GGUF file's Q8_0 and Q5_0
+  tensors load into it exactly; ``q8m`` adds a float16 min per group (w = d · q + m: Q5_1). The 4-bit ones (Q4_0,
+  Q4_1, IQ4_NL) load into ``q4tables.py``'s q4t and q4tm: the same sums, half the bytes.
 
 The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``, its i-quant one (iq4) in
-``iquants.py``; ``formats.py`` names every format (``PART_KINDS``).
+``iquants.py``, q8's with 4-bit table codes (q4t, q4tm) in ``q4tables.py``; ``formats.py`` names every format
+(``PART_KINDS``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,30 @@ def panels_of(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     panels' rows). Selecting rows unpacks only their panels, so a few rows of a large LM head come quickly."""
     panel_ids, which = torch.unique(index // LANES, return_inverse=True)
     return panel_ids, which * LANES + index % LANES
+
+
+def check_float16(kind: str, values: torch.Tensor) -> None:
+    """Raise unless every one of a ``kind`` part's ``values`` (its per-group scales) is a float16 value."""
+    if not torch.allclose(values.to(torch.float16).float(), values.float(), rtol=0.0, atol=0.0, equal_nan=True):
+        raise ValueError(f"{kind} scales must be float16 values")
+
+
+def group_sums_reference(
+    rows: torch.Tensor, values: torch.Tensor, d: torch.Tensor, mins: torch.Tensor | None
+) -> torch.Tensor:
+    """q8's arithmetic (``gemm_q8.h``) in PyTorch operations: integer-valued float ``rows [M, K]``, integer weight
+    ``values [N, K]``, float ``d`` (and ``mins``) ``[N, K/32]`` -> ``[M, N]``: over the groups in order, the group's
+    exact integer sum times d into the float sum by one fused multiply-add (then the min times the row's group sum)."""
+    groups = values.shape[1] // GROUP
+    x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
+    dots = torch.einsum("mgk,ngk->mng", x, values.double().reshape(len(values), groups, GROUP)).float()  # exact
+    sums = x.sum(-1).float()  # [M, G] exact
+    acc = torch.zeros(rows.shape[0], len(values))
+    for g in range(groups):
+        acc = fused_multiply_add(d[:, g], dots[:, :, g], acc)
+        if mins is not None:  # the group's min times the row's sum over the group
+            acc = fused_multiply_add(mins[:, g], sums[:, g, None].expand_as(acc), acc)
+    return acc
 
 
 class WeightPart(ABC):
@@ -199,8 +225,8 @@ class Int8Part(WeightPart):
 
 
 class Q8Part(BlockPart):
-    """8-bit codes in groups of 32 with a float16 scale each (llama.cpp's Q8_0 structure; Q4_0 and Q5_0 blocks are
-    the same with smaller codes): w = d · q, q in [−128, 127]. Packed as ``gemm_q8.h`` describes: int8's layout
+    """8-bit codes in groups of 32 with a float16 scale each (llama.cpp's Q8_0 structure; Q5_0 blocks are the same
+    with smaller codes): w = d · q, q in [−128, 127]. Packed as ``gemm_q8.h`` describes: int8's layout
     holding q + 128, and the scales ``[N/16, K/32, 16]``."""
 
     kind = "q8"
@@ -223,8 +249,7 @@ class Q8Part(BlockPart):
         if len(groups) != len(cls.tensor_names) - 1:
             raise ValueError(f"{cls.kind} weights take {', '.join(cls.tensor_names[1:])} per group")
         for values in groups:
-            if not torch.allclose(values.to(torch.float16).float(), values.float(), rtol=0.0, atol=0.0, equal_nan=True):
-                raise ValueError(f"{cls.kind} scales must be float16 values")
+            check_float16(cls.kind, values)
         unsigned = (pad_rows(codes.to(torch.int16), padded(rows)) + Q8_OFFSET).to(torch.uint8)
         packed = unsigned.reshape(-1, LANES, width // 4, 4).permute(0, 2, 1, 3)  # [N/16, K/4, 16, 4]
         lanes = [pad_rows(values.to(torch.float16), padded(rows)).reshape(-1, LANES, width // GROUP).permute(0, 2, 1)
@@ -255,16 +280,7 @@ class Q8Part(BlockPart):
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
         codes, d, *mins = self.blocks()
-        groups = self.in_features // GROUP
-        x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
-        dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP)).float()  # exact
-        sums = x.sum(-1).float()  # [M, G] exact
-        acc = torch.zeros(rows.shape[0], self.rows)
-        for g in range(groups):
-            acc = fused_multiply_add(d[:, g], dots[:, :, g], acc)
-            for values in mins:  # q8m: the group's min times the row's sum over the group
-                acc = fused_multiply_add(values[:, g], sums[:, g, None].expand_as(acc), acc)
-        return acc
+        return group_sums_reference(rows, codes, d, mins[0] if mins else None)
 
     @staticmethod
     def affine(codes: torch.Tensor, d: torch.Tensor, *mins: torch.Tensor) -> Affine:
@@ -273,7 +289,7 @@ class Q8Part(BlockPart):
 
 
 class Q8MinPart(Q8Part):
-    """q8 with a float16 min per group (llama.cpp's Q4_1 and Q5_1 structures): w = d · q + m. Packed as q8, and the
+    """q8 with a float16 min per group (llama.cpp's Q5_1 structure): w = d · q + m. Packed as q8, and the
     mins ``[N/16, K/32, 16]`` as its scales (``gemm_q8.h``'s q8m)."""
 
     kind = "q8m"

@@ -32,14 +32,15 @@ from quickdraft.runtime.native.gguf_weights import EMBEDDING, read_gguf_weights
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v11"  # bump when the cached layout changes (v10: Q3_K kept as q6; v11: embedding kept)
+NATIVE_FORMAT = "parts-v12"  # bump when the cached layout changes (v11: embedding kept; v12: Q4_0/Q4_1/IQ4_NL as q4t)
 # How float weights are stored: "auto" keeps a GGUF source's tensors of the types gguf_blocks decodes exactly (q4,
-# q5, q6, q8, q8m, iq4) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to
-# 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
+# q5, q6, q8, q8m, iq4, q4t, q4tm) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the
+# rest to 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from
+# the floats.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 EXACT_TYPES = {  # the GGUF types each format keeps
-    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS"),
+    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS", "IQ4_NL"),
     "q4": ("Q4_K",),
     "int8": (),
 }

@@ -1,5 +1,5 @@
 // How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, ...) run for few rows: GMAC/s of
-// the q4, q5, q6, q8, iq4 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
+// the q4, q5, q6, q8, q4t, iq4 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
 // 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K, a Q5_K_M file most
 // of the rest as Q5_K, a Q3_K_M file its gate+up as Q3_K, which loads as q6) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
 // random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
@@ -49,15 +49,18 @@ Q6Copy make_q6(int64_t n, int64_t k, std::mt19937& rng) {
 struct Q8Copy {
   std::vector<uint8_t> codes;
   std::vector<uint16_t> d;
+  std::vector<int8_t> table;  // q4t: a panel's 16 values; empty for q8
   int64_t n = 0, k = 0;
-  qd::Q8Weights weights() const { return {codes.data(), d.data(), n, k}; }
+  qd::Q8Weights weights() const { return {codes.data(), d.data(), n, k, nullptr, table.empty() ? nullptr : table.data()}; }
 };
 
-Q8Copy make_q8(int64_t n, int64_t k, std::mt19937& rng) {
+// q8, or with `nibbles` q4t (4-bit codes into Q4_0's table -8..7).
+Q8Copy make_q8(int64_t n, int64_t k, std::mt19937& rng, bool nibbles = false) {
   Q8Copy c;
   c.n = n;
   c.k = k;
-  c.codes = random_bytes(n * k, rng);
+  c.codes = random_bytes(nibbles ? n * k / 2 : n * k, rng);
+  for (int64_t i = 0; nibbles && i < n; ++i) c.table.push_back(static_cast<int8_t>(i % 16 - 8));  // n/16 panels' tables
   c.d.assign(n * k / qd::kGroup, 0x1400);  // float16 2^-10
   return c;
 }
@@ -106,7 +109,7 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(7);
   constexpr int64_t kStreamBytes = int64_t{1} << 30;  // more than any last-level cache: weights come from memory
-  enum Format { kQ4, kQ5, kQ6, kInt8, kQ8, kIq4 };
+  enum Format { kQ4, kQ5, kQ6, kInt8, kQ8, kIq4, kQ4t };
   struct Shape {
     const char* name;
     int64_t n, k;
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
                           {"int8 gate+up 1536->17920", 17920, 1536, kInt8},
                           {"q8   gate+up 1536->17920", 17920, 1536, kQ8},
                           {"iq4  gate+up 1536->17920", 17920, 1536, kIq4},
+                          {"q4t  gate+up 1536->17920", 17920, 1536, kQ4t},
                           {"q6   gate+up 1536->17920", 17920, 1536, kQ6},
                           {"q4   down    8960->1536 ", 1536, 8960, kQ4},
                           {"q5   down    8960->1536 ", 1536, 8960, kQ5},
@@ -124,6 +128,7 @@ int main(int argc, char** argv) {
                           {"int8 down    8960->1536 ", 1536, 8960, kInt8},
                           {"q8   down    8960->1536 ", 1536, 8960, kQ8},
                           {"iq4  down    8960->1536 ", 1536, 8960, kIq4},
+                          {"q4t  down    8960->1536 ", 1536, 8960, kQ4t},
                           {"q6   lm-head 1536->151936", 151936, 1536, kQ6},
                           {"int8 lm-head 1536->151936", 151936, 1536, kInt8}};
   std::printf("isa %s; best of 8 calls, weights rotating through 1 GiB; GMAC/s\n", qd::kIsa);
@@ -134,14 +139,14 @@ int main(int argc, char** argv) {
     std::vector<Int8Copy> int8;
     std::vector<Q8Copy> q8;
     std::vector<Iq4Copy> iq4;
-    const int sixteenths[] = {9, 11, 13, 16, 17, 9};  // bytes a weight, in 16ths, by format
+    const int sixteenths[] = {9, 11, 13, 16, 17, 9, 9};  // bytes a weight, in 16ths, by format
     const int64_t bytes = shape.n * shape.k * sixteenths[shape.format] / 16;
     const int copies = static_cast<int>((kStreamBytes + bytes - 1) / bytes);
     for (int c = 0; c < copies; ++c) {
       if (shape.format == kQ4) q4.push_back(make_q4(shape.n, shape.k, rng));
       else if (shape.format == kQ5) q4.push_back(make_q5(shape.n, shape.k, rng));
       else if (shape.format == kQ6) q6.push_back(make_q6(shape.n, shape.k, rng));
-      else if (shape.format == kQ8) q8.push_back(make_q8(shape.n, shape.k, rng));
+      else if (shape.format == kQ8 || shape.format == kQ4t) q8.push_back(make_q8(shape.n, shape.k, rng, shape.format == kQ4t));
       else if (shape.format == kIq4) iq4.push_back(make_iq4(shape.n, shape.k, rng));
       else int8.push_back(make_int8(shape.n, shape.k, rng));
     }
@@ -166,7 +171,7 @@ int main(int argc, char** argv) {
               qd::q4_gemm(q4[i % copies].weights(), x.data(), rows, pairs.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kQ6)
               qd::q6_gemm(q6[i % copies].weights(), x.data(), rows, sub_offsets.data(), out.data(), shape.n, begin, end);
-            else if (shape.format == kQ8)
+            else if (shape.format == kQ8 || shape.format == kQ4t)
               qd::q8_gemm(q8[i % copies].weights(), x.data(), rows, offsets.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kIq4)
               qd::iq4_gemm(iq4[i % copies].weights(), x.data(), rows, offsets.data(), out.data(), shape.n, begin, end);

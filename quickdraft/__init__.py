@@ -6,9 +6,9 @@ command line's entry, does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from quickdraft.lazy import lazy_exports
 from quickdraft.version import __version__
 
 if TYPE_CHECKING:
@@ -37,16 +37,7 @@ EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in EXPORTS:
-        raise AttributeError(f"module 'quickdraft' has no attribute {name!r}")
-    value = getattr(importlib.import_module(EXPORTS[name]), name)
-    globals()[name] = value  # later lookups find it without this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *EXPORTS})  # an export already looked up is in both
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
 
 
 __all__ = [  # a literal list, so that type checkers and linters see the imports above as the package's exports

@@ -7,7 +7,8 @@ clear message instead of a KeyError traceback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 from quickdraft.errors import UnknownNameError
@@ -16,13 +17,17 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    """Entries registered (``register``) or named by where they are defined (``lazy``: name -> "module:attribute",
+    imported by ``get``), so that listing the names imports nothing."""
+
+    def __init__(self, kind: str, lazy: Mapping[str, str] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._lazy = dict(lazy or {})
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(entry: T) -> T:
-            if name in self._entries:
+            if name in self._entries or name in self._lazy:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._entries[name] = entry
             return entry
@@ -30,6 +35,9 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
+        if name in self._lazy:
+            module, attribute = self._lazy[name].split(":")
+            return getattr(importlib.import_module(module), attribute)
         try:
             return self._entries[name]
         except KeyError:
@@ -37,4 +45,4 @@ class Registry(Generic[T]):
             raise UnknownNameError(f"unknown {self.kind} {name!r}; choose one of: {known}") from None
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted({*self._entries, *self._lazy})

@@ -305,7 +305,7 @@ def test_output_paths_are_checked_before_any_measuring(
     def no_measuring(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured although the result could not be saved")
 
-    monkeypatch.setattr("quickdraft.cli.profile.measure_cost_curve", no_measuring)
+    monkeypatch.setattr("quickdraft.costs.calibration.measure_cost_curve", no_measuring)
     for out, message in (("/proc/profile.json", "cannot be written"), ("/", "is a directory")):
         status, _, err = run(["profile", "--model", str(tiny_model_dirs["target"]), "--out", out], capsys)
         assert status == 1 and message in err and "Traceback" not in err
@@ -355,11 +355,13 @@ def test_every_command_explains_itself(command: str, capsys: pytest.CaptureFixtu
 
 
 def test_the_command_list_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
-    """``quickdraft --help``, ``--version``, a mistyped command and ``cache`` answer without importing the models'
-    libraries: a command's module is imported only for that command."""
+    """``quickdraft --help``, ``--version``, a mistyped command, ``cache`` and the help of the commands people run
+    most answer without importing the models' libraries: a command's module is imported only for that command, and
+    what it needs to run (the engine, the runtimes, the server) only when it runs."""
+    helps = [[command, "--help"] for command in ("generate", "serve", "profile", "models", "train-draft")]
     code = (
         "import sys\nfrom quickdraft.cli import main\n"
-        "for argv in (['--help'], ['--version'], ['generat'], ['cache', '--json']):\n"
+        f"for argv in (['--help'], ['--version'], ['generat'], ['cache', '--json'], ['generate', '--bad'], *{helps}):\n"
         "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
         "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))"
     )

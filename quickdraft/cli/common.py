@@ -17,10 +17,15 @@ from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from quickdraft.runtime import RUNTIMES
-from quickdraft.runtime.device import AUTO_DEVICE, DEVICE_FORMS
+from quickdraft.runtime.names import (
+    AUTO_DEVICE,
+    DEVICE_FORMS,
+    DRAFT_VOCABULARY,
+    DRAFT_WEIGHTS,
+    EXACT_TYPES,
+    WEIGHT_FORMATS,
+)
 from quickdraft.runtime.native.architecture import ARCHITECTURES
-from quickdraft.runtime.native.weights import EXACT_TYPES, WEIGHT_FORMATS
-from quickdraft.runtime.options import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

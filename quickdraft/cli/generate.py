@@ -20,16 +20,16 @@ from quickdraft.cli.common import (
     read_prompt,
     read_text,
 )
-from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
-from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS, DrafterOptions, HybridDrafter
-from quickdraft.engine import GenerationResult, Request
+from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.errors import ConfigError
-from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.progress import progress_bar
 from quickdraft.prompts import thinking_of
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the rest imports torch: imported where a command runs, so that --help does not
     from quickdraft.api import PolicySetup
+    from quickdraft.config import GenerationConfig
+    from quickdraft.engine import GenerationResult
+    from quickdraft.grammar import GrammarSpec
 
 
 def add_command(commands: Any, name: str, summary: str) -> None:
@@ -178,6 +178,9 @@ def prompt_progress(engine: Any, prompt_tokens: int, show: bool) -> Iterator[Non
 
 
 def run(args: argparse.Namespace) -> None:
+    from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
+    from quickdraft.drafters import DrafterOptions
+    from quickdraft.engine import Request
 
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
@@ -301,6 +304,8 @@ def logit_bias_of(pairs: list[str]) -> list[tuple[int, float]]:
 def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
     """Refuse options that contradict each other or name a missing file; note those the drafter and policy do not
     use (the output is the same with or without them)."""
+    from quickdraft.drafters import HybridDrafter
+
     spec, drafter = config.policy_spec, DRAFTERS.get(args.drafter)
     if args.num_draft_tokens is not None and spec.kind.uses_num_draft_tokens and not spec.reads_num_draft_tokens:
         raise ConfigError(
@@ -347,6 +352,8 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
 
 def grammar_of(args: argparse.Namespace) -> GrammarSpec | None:
     """The structured-output flag given, if any (they exclude each other)."""
+    from quickdraft.grammar import GrammarKind, GrammarSpec
+
     if args.json_object:
         return GrammarSpec(GrammarKind.JSON)
     if args.json_schema:

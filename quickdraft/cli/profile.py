@@ -19,10 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from quickdraft.cli.common import add_draft_load_arguments, add_runtime_argument, check_output_file
-from quickdraft.costs.calibration import curve_to_json, measure_cost_curve
 from quickdraft.errors import ConfigError
 
 MAX_K, CONTEXT = 16, 512  # the curve's defaults: up to 16 new tokens after 512 cached
@@ -75,6 +72,9 @@ def add_command(commands: Any, name: str, summary: str) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    import torch
+
+    from quickdraft.costs.calibration import curve_to_json, measure_cost_curve
     from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
     from quickdraft.runtime import AUTO, RUNTIMES, runtime_for
     from quickdraft.runtime.device import resolve_device
@@ -148,6 +148,8 @@ def measure_prefill(runtime: Any, tokens: int, repeats: int, warmup: int, reader
     """Milliseconds (fastest of ``repeats`` after ``warmup``) of reading ``tokens`` random prompt tokens into an
     empty cache, ours and, with ``reader`` (:func:`quickdraft.bench.llama_cpp.prompt_reader`), llama.cpp's on the
     same ids, taking turns."""
+    import torch
+
     if tokens > runtime.max_context:
         raise ConfigError(f"--prefill {tokens} exceeds the model's {runtime.max_context} positions")
     generator = torch.Generator().manual_seed(0)

@@ -1,29 +1,51 @@
-"""Drafters by name: ``DRAFTERS.get(name).create(target, draft, options)``."""
+"""Drafters by name: ``DRAFTERS.get(name).create(target, draft, options)``.
 
-from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
-from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import EagleDrafter
-from quickdraft.drafters.early_exit import EarlyExitDrafter
-from quickdraft.drafters.hybrid import HybridDrafter, HybridEagleDrafter, HybridSuffixDrafter
-from quickdraft.drafters.none import NoDrafter
-from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
-from quickdraft.drafters.records import DrafterRecords
-from quickdraft.drafters.suffix import SuffixDrafter
+The registry names each drafter by the module defining it, and the classes below are imported on first use, so a
+command's parser lists the drafters without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from quickdraft.lazy import lazy_exports
 from quickdraft.registry import Registry
 
-DRAFTERS: Registry[type[Drafter]] = Registry("drafter")
-DRAFTERS.register("draft-model")(DraftModelDrafter)
-DRAFTERS.register("prompt-lookup")(PromptLookupDrafter)
-DRAFTERS.register("suffix")(SuffixDrafter)
-DRAFTERS.register("early-exit")(EarlyExitDrafter)
-DRAFTERS.register("eagle")(EagleDrafter)
-DRAFTERS.register("hybrid")(HybridDrafter)
-DRAFTERS.register("hybrid-eagle")(HybridEagleDrafter)
-DRAFTERS.register("hybrid-suffix")(HybridSuffixDrafter)
-DRAFTERS.register("none")(NoDrafter)
+if TYPE_CHECKING:
+    from quickdraft.drafters.base import Drafter, DrafterOptions, DraftProposal, DraftState, DraftTask
+    from quickdraft.drafters.hybrid import HybridDrafter
+    from quickdraft.drafters.records import DrafterRecords
+
+DRAFTERS: Registry[type[Drafter]] = Registry(
+    "drafter",
+    lazy={
+        "draft-model": "quickdraft.drafters.draft_model:DraftModelDrafter",
+        "prompt-lookup": "quickdraft.drafters.prompt_lookup:PromptLookupDrafter",
+        "suffix": "quickdraft.drafters.suffix:SuffixDrafter",
+        "early-exit": "quickdraft.drafters.early_exit:EarlyExitDrafter",
+        "eagle": "quickdraft.drafters.eagle:EagleDrafter",
+        "hybrid": "quickdraft.drafters.hybrid:HybridDrafter",
+        "hybrid-eagle": "quickdraft.drafters.hybrid:HybridEagleDrafter",
+        "hybrid-suffix": "quickdraft.drafters.hybrid:HybridSuffixDrafter",
+        "none": "quickdraft.drafters.none:NoDrafter",
+    },
+)
 
 # what `generate`, the library and the server draft with unless told otherwise (docs/benchmarks.md has the runs)
 DEFAULT_DRAFTER = "hybrid-suffix"
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "DraftProposal": "quickdraft.drafters.base",
+        "DraftState": "quickdraft.drafters.base",
+        "DraftTask": "quickdraft.drafters.base",
+        "Drafter": "quickdraft.drafters.base",
+        "DrafterOptions": "quickdraft.drafters.base",
+        "DrafterRecords": "quickdraft.drafters.records",
+        "HybridDrafter": "quickdraft.drafters.hybrid",
+    },
+)
 
 __all__ = [
     "DEFAULT_DRAFTER",
@@ -34,4 +56,5 @@ __all__ = [
     "Drafter",
     "DrafterOptions",
     "DrafterRecords",
+    "HybridDrafter",
 ]

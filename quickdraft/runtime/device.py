@@ -16,10 +16,9 @@ import re
 import torch
 
 from quickdraft.errors import ConfigError
+from quickdraft.runtime.names import AUTO_DEVICE, DEVICE_FORMS
 
 CPU = torch.device("cpu")
-AUTO_DEVICE = "auto"
-DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 CUDA_PATTERN = re.compile(r"cuda(?::(\d+))?")
 
 

@@ -10,11 +10,8 @@ from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import is_int
 from quickdraft.runtime.base import LoadOptions, Runtime
 from quickdraft.runtime.device import CPU
+from quickdraft.runtime.names import DRAFT_VOCABULARY, DRAFT_WEIGHTS
 from quickdraft.tokens import frequent_tokens
-
-# The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
-DRAFT_WEIGHTS = "q4"
-DRAFT_VOCABULARY = 49152  # the most frequent tokens, plus each request's prompt tokens (0: all tokens)
 
 
 def draft_load_defaults(weights: str | None, vocabulary: int | None) -> tuple[str, int]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from quickdraft.engine import FailureCause, RequestFailed
+if TYPE_CHECKING:
+    from quickdraft.engine import RequestFailed
 
 
 class ApiError(Exception):
@@ -28,6 +29,8 @@ class ApiError(Exception):
 def failure(event: RequestFailed) -> ApiError:
     """The error of a request the engine could not finish: the request's own fault is a 400, a server that stopped
     before it finished a 503 (send it again), anything else the server's fault (500)."""
+    from quickdraft.engine import FailureCause  # the engine imports torch; serve --help reads this module
+
     if event.cause is FailureCause.REQUEST:
         return ApiError(400, event.message)
     if event.cause is FailureCause.STOPPING:

@@ -23,6 +23,7 @@ from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
 from quickdraft.models.usage import MODEL_FOLDERS
 from quickdraft.progress import progress_bar
+from quickdraft.runtime.names import EXACT_TYPES, WEIGHT_FORMATS
 from quickdraft.runtime.native.architecture import ARCHITECTURES, NATIVE_NORMS, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.embedding import TokenEmbedding
@@ -33,17 +34,7 @@ from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
 NATIVE_FORMAT = "parts-v12"  # bump when the cached layout changes (v11: embedding kept; v12: Q4_0/Q4_1/IQ4_NL as q4t)
-# How float weights are stored: "auto" keeps a GGUF source's tensors of the types gguf_blocks decodes exactly (q4,
-# q5, q6, q8, q8m, iq4, q4t, q4tm) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the
-# rest to 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from
-# the floats.
-WEIGHT_FORMATS = ("auto", "q4", "int8")
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
-EXACT_TYPES = {  # the GGUF types each format keeps
-    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS", "IQ4_NL"),
-    "q4": ("Q4_K",),
-    "int8": (),
-}
 
 
 def layer_norm_names(config: DecoderConfig) -> dict[str, str]:

@@ -1,0 +1,23 @@
+"""The runtime layer's names and defaults that a command's parser shows (devices, weight formats, the draft model's
+storage), kept free of torch so that ``--help`` does not import it. The modules that act on them import them here."""
+
+from __future__ import annotations
+
+AUTO = "auto"  # --runtime auto: the native runtime for the families it runs, transformers for the rest
+AUTO_DEVICE = "auto"
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+
+# How float weights are stored: "auto" keeps a GGUF source's tensors of the types gguf_blocks decodes exactly (q4,
+# q5, q6, q8, q8m, iq4, q4t, q4tm) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the
+# rest to 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to 7-bit int8 from
+# the floats.
+WEIGHT_FORMATS = ("auto", "q4", "int8")
+EXACT_TYPES = {  # the GGUF types each format keeps
+    "auto": ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_XS", "IQ4_NL"),
+    "q4": ("Q4_K",),
+    "int8": (),
+}
+
+# The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
+DRAFT_WEIGHTS = "q4"
+DRAFT_VOCABULARY = 49152  # the most frequent tokens, plus each request's prompt tokens (0: all tokens)

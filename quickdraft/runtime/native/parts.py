@@ -62,6 +62,19 @@ def check_float16(kind: str, values: torch.Tensor) -> None:
         raise ValueError(f"{kind} scales must be float16 values")
 
 
+def codes_above_minimum(kind: str, weight: torch.Tensor, top: int) -> tuple[torch.Tensor, ...]:
+    """Float ``weight [N, K]`` -> round-to-nearest ``codes [N, K]`` in [0, top] above each group of 32's minimum,
+    ``d`` and ``low [N, K/32]`` float16 (w ≈ d · code + low: llama.cpp's Q4_1 and Q5_1 rule)."""
+    if weight.shape[1] % GROUP:
+        raise ValueError(f"{kind} weights need a multiple of {GROUP} input features, got {weight.shape[1]}")
+    groups = weight.float().reshape(weight.shape[0], -1, GROUP)  # [N, G, 32]
+    low = groups.amin(dim=-1).to(torch.float16)  # [N, G]
+    d = ((groups.amax(dim=-1) - low.float()) / top).to(torch.float16)
+    safe = torch.where(d == 0, torch.ones_like(d), d).float()[..., None]
+    codes = torch.round((groups - low.float()[..., None]) / safe).clamp_(0, top)
+    return codes.reshape(weight.shape), d, low
+
+
 def group_sums_reference(
     rows: torch.Tensor, values: torch.Tensor, d: torch.Tensor, mins: torch.Tensor | None
 ) -> torch.Tensor:
@@ -299,14 +312,8 @@ class Q8MinPart(Q8Part):
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Q8Part:
         """Round-to-nearest codes in [0, 31] above each group's minimum (llama.cpp's Q5_1 rule)."""
-        if weight.shape[1] % GROUP:
-            raise ValueError(f"q8m weights need a multiple of {GROUP} input features, got {weight.shape[1]}")
-        groups = weight.float().reshape(weight.shape[0], -1, GROUP)  # [N, G, 32]
-        low = groups.amin(dim=-1).to(torch.float16)  # [N, G]
-        d = ((groups.amax(dim=-1) - low.float()) / 31).to(torch.float16)
-        safe = torch.where(d == 0, torch.ones_like(d), d).float()[..., None]
-        codes = torch.round((groups - low.float()[..., None]) / safe).clamp_(0, 31).to(torch.int8)
-        return cls.from_blocks(codes.reshape(weight.shape), d, low)
+        codes, d, low = codes_above_minimum(cls.kind, weight, 31)
+        return cls.from_blocks(codes.to(torch.int8), d, low)
 
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
         kernels.q8m_matmul(rows, self.codes, self.d, self.mins, out, column)

@@ -23,6 +23,7 @@ from quickdraft.runtime.native.parts import (
     Affine,
     BlockPart,
     check_float16,
+    codes_above_minimum,
     group_sums_reference,
     pad_rows,
     padded,
@@ -115,14 +116,8 @@ class Q4TableMinPart(Q4TablePart):
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Q4TablePart:
         """llama.cpp's Q4_1 rule: codes in [0, 15] above each group's minimum, rounded to the nearest step."""
-        if weight.shape[1] % GROUP:
-            raise ValueError(f"{cls.kind} weights need a multiple of {GROUP} input features, got {weight.shape[1]}")
-        groups = weight.float().reshape(weight.shape[0], -1, GROUP)  # [N, G, 32]
-        low = groups.amin(dim=-1).to(torch.float16)  # [N, G]
-        d = ((groups.amax(dim=-1) - low.float()) / 15).to(torch.float16)
-        safe = torch.where(d == 0, torch.ones_like(d), d).float()[..., None]
-        codes = torch.round((groups - low.float()[..., None]) / safe).clamp_(0, 15).to(torch.uint8)
-        return cls.from_blocks(codes.reshape(weight.shape), Q4_1_TABLE.expand(len(codes), 16), d, low)
+        codes, d, low = codes_above_minimum(cls.kind, weight, 15)
+        return cls.from_blocks(codes.to(torch.uint8), Q4_1_TABLE.expand(len(codes), 16), d, low)
 
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
         kernels.q4tm_matmul(rows, self.codes, self.table, self.d, self.mins, out, column)

@@ -1,7 +1,7 @@
 // The integer GEMM against weights in llama.cpp's Q8_0 structure, kept as the file stores them (gemm.h's rules:
 // every output element depends on its own row and column alone, with the same bits on every instruction set).
-// A Q4_0 or Q5_0 block is the same structure with smaller codes, so those types use it too; Q4_1 and Q5_1 add a
-// float16 min per group (format "q8m").
+// A Q5_0 block is the same structure with smaller codes, so it uses it too; Q5_1 adds a float16 min per group
+// (format "q8m"). Q4_0, IQ4_NL and Q4_1 keep their 4-bit codes (formats "q4t" and "q4tm", below).
 //
 // Format "q8" (8-bit codes in groups of 32 along k, each group with a float16 scale):
 //   w[n][k] = d[n][g] * q[n][k]   for k in group g = k / 32; q in [-128, 127].

@@ -101,7 +101,8 @@ class Q4TablePart(BlockPart):
 
     @staticmethod
     def affine(codes: torch.Tensor, table: torch.Tensor, d: torch.Tensor, *mins: torch.Tensor) -> Affine:
-        values = table.to(torch.int8).gather(1, codes.long()).reshape(len(codes), -1, GROUP)  # [N, G, 32]
+        lookup = table[0].to(torch.int8) if len(table) else torch.zeros(16, dtype=torch.int8)  # one for all rows
+        values = lookup[codes.to(torch.int32)].reshape(len(codes), -1, GROUP)  # [N, G, 32]; int32 indices: 4 bytes
         return Affine(values, d.float(), mins[0].float() if mins else None)
 
 

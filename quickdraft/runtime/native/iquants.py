@@ -17,7 +17,9 @@ from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.kquants import GROUPS_PER_SUPER, lanes_last, pack_nibbles, rows_first, unpack_nibbles
 from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad_rows, padded
 
-IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # kvalues_iq4nl
+IQ4_VALUES = torch.tensor(  # kvalues_iq4nl
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8
+)
 
 
 class IQ4Part(BlockPart):
@@ -100,5 +102,5 @@ class IQ4Part(BlockPart):
     def affine(codes: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> Affine:
         rows, groups = sub_scale.shape
         scale = d[:, torch.arange(groups) // GROUPS_PER_SUPER].float() * sub_scale.float()  # [rows, G]
-        values = IQ4_VALUES.to(torch.int8)[codes.to(torch.int32)]  # int32 indices: a quarter of int64's bytes
+        values = IQ4_VALUES[codes.to(torch.int32)]  # int32 indices: half int64's bytes
         return Affine(values.reshape(rows, groups, GROUP), scale, None)

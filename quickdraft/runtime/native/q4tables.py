@@ -31,7 +31,7 @@ from quickdraft.runtime.native.parts import (
 
 Q4_0_TABLE = torch.arange(-8, 8, dtype=torch.int8)  # Q4_0: w = d · (code − 8)
 Q4_1_TABLE = torch.arange(16, dtype=torch.int8)  # Q4_1: w = d · code + m
-IQ4_NL_TABLE = IQ4_VALUES.to(torch.int8)  # IQ4_NL: w = d · kvalues_iq4nl[code]
+IQ4_NL_TABLE = IQ4_VALUES  # IQ4_NL: w = d · kvalues_iq4nl[code]
 
 
 class Q4TablePart(BlockPart):
@@ -96,8 +96,10 @@ class Q4TablePart(BlockPart):
         kernels.q4t_matmul(rows, self.codes, self.table, self.d, out, column)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
-        codes, table, d, *mins = self.blocks()
-        return group_sums_reference(rows, table.gather(1, codes.long()), d, mins[0] if mins else None)
+        fields = self.blocks()
+        values = self.affine(*fields).values.reshape(self.rows, -1)  # [N, K]: table[code]
+        d, *mins = fields[2:]
+        return group_sums_reference(rows, values, d, mins[0] if mins else None)
 
     @staticmethod
     def affine(codes: torch.Tensor, table: torch.Tensor, d: torch.Tensor, *mins: torch.Tensor) -> Affine:

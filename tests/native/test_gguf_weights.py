@@ -18,12 +18,13 @@ from quickdraft.models import load_hf_model
 from quickdraft.models.convert import MARKER, ensure_fp32_weights, has_fp32_weights, write_model_dir
 from quickdraft.models.loading import resolve_model
 from quickdraft.runtime import LoadOptions, runtime_for
+from quickdraft.runtime.names import WEIGHT_FORMATS
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.architecture import POST_NORMS, SANDWICH_NORMS
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.embedding import TokenEmbedding
 from quickdraft.runtime.native.gguf_weights import READ_TYPES, hf_tensor_name, unpermute_rows
-from quickdraft.runtime.native.weights import WEIGHT_FORMATS, load_native_state, native_cache_dir
+from quickdraft.runtime.native.weights import load_native_state, native_cache_dir
 
 pytest.importorskip("gguf")
 

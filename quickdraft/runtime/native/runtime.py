@@ -13,12 +13,13 @@ import torch
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.models.convert import read_marker
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
+from quickdraft.runtime.names import WEIGHT_FORMATS
 from quickdraft.runtime.native.cache import KEY_BLOCK, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_weights import READ_TYPES
 from quickdraft.runtime.native.kernels import load_kernels, sources_digest
 from quickdraft.runtime.native.model import Decoder
-from quickdraft.runtime.native.weights import NATIVE_FORMAT, WEIGHT_FORMATS, has_native_weights, load_native_state
+from quickdraft.runtime.native.weights import NATIVE_FORMAT, has_native_weights, load_native_state
 
 
 class NativeCache(KVCache):

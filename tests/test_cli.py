@@ -355,10 +355,10 @@ def test_every_command_explains_itself(command: str, capsys: pytest.CaptureFixtu
 
 
 def test_the_command_list_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
-    """``quickdraft --help``, ``--version``, a mistyped command, ``cache`` and the help of the commands people run
-    most answer without importing the models' libraries: a command's module is imported only for that command, and
+    """``quickdraft --help``, ``--version``, a mistyped command, ``cache`` and every command's help answer without
+    importing the models' libraries: a command's module is imported only for that command, and
     what it needs to run (the engine, the runtimes, the server) only when it runs."""
-    helps = [[command, "--help"] for command in ("generate", "serve", "profile", "models", "train-draft")]
+    helps = [[command, "--help"] for command in COMMANDS]
     code = (
         "import sys\nfrom quickdraft.cli import main\n"
         f"for argv in (['--help'], ['--version'], ['generat'], ['cache', '--json'], ['generate', '--bad'], *{helps}):\n"
@@ -627,3 +627,16 @@ def test_a_suffix_needs_fill_in_the_middle_tokens_and_no_chat(
     assert status == 1 and "no fill-in-the-middle tokens" in err
     status, _, err = run(["generate", "w1 w2", *model_args, "--suffix", str(suffix), "--chat"], capsys)
     assert status == 1 and "--suffix asks for the text between the prompt and a suffix" in err
+
+
+@pytest.mark.parametrize(("command", "says"), [("generate", "(default {})"), ("bench", "drafters default to γ={}")])
+def test_help_states_the_default_number_of_draft_tokens(
+    command: str, says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The help, built without importing the config, says the config's default γ."""
+    from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
+
+    monkeypatch.setenv("COLUMNS", "10000")  # one line per option: no phrase broken across lines
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert says.format(DEFAULT_NUM_DRAFT_TOKENS) in capsys.readouterr().out

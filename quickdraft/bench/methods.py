@@ -173,7 +173,7 @@ METHODS.register("control")(_control)
 for _drafter in DRAFTERS.names():
     if _drafter != "none":
         METHODS.register(_drafter)(_drafter_method(_drafter))
-PEERS: dict[str, Callable[[], Method]] = {
+PEERS: dict[str, Callable[[], Method]] = {  # the builders of bench/names.py's PEER_NAMES
     **{name: partial(PeerMethod, name) for name in PEER_SETTINGS},
     "llama-cpp": partial(LlamaCppMethod, "llama-cpp"),
     "llama-cpp-prompt-lookup": partial(LlamaCppMethod, "llama-cpp-prompt-lookup", prompt_lookup=True),

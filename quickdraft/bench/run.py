@@ -18,6 +18,7 @@ from quickdraft.bench.base import Method, TurnResult
 from quickdraft.bench.long_context import bench_questions
 from quickdraft.bench.methods import parse_methods
 from quickdraft.bench.metrics import Entry, aggregate, held_out_oracle, mixed_sessions, oracle, token_latencies
+from quickdraft.bench.names import WARMUP_TOKENS
 from quickdraft.bench.peers import package_version
 from quickdraft.bench.questions import (
     Question,
@@ -47,7 +48,6 @@ from quickdraft.progress import progress_bar
 from quickdraft.runtime import AUTO, RUNTIMES
 from quickdraft.runtime.options import draft_load_defaults
 
-WARMUP_TOKENS = 16
 WARMUP_PROMPT_TOKENS = 512  # the warm-up reads at most this much of the first prompt (a long-context one took 65 s)
 # What a resumed run must share with the entries already in OUT (methods and runs may grow).
 PROFILE_REPEATS, PROFILE_WARMUP = 5, 1  # the cost curves goodput trades on: fastest of 5, target and draft in turn

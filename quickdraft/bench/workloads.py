@@ -22,13 +22,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from quickdraft.bench.names import WORKLOADS
 from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
 from quickdraft.bench.serve_load import Prompt
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import SamplingParams
 
-WORKLOADS = ("spec-bench", "agent")
 DEFAULT_NUM_PROMPTS = 24  # spec-bench
 DEFAULT_MAX_TOKENS = 96  # spec-bench, and an agent call recorded without max_tokens
 

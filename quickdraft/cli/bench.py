@@ -8,11 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quickdraft.bench.methods import METHODS
-from quickdraft.bench.run import WARMUP_TOKENS, run_bench
-from quickdraft.bench.settings import BENCH_DOC, DEFAULT_METHODS, BenchSettings
+from quickdraft.bench.names import BENCH_DOC, DEFAULT_METHODS, WARMUP_TOKENS, method_names
 from quickdraft.cli.common import add_model_arguments, add_sampling_arguments, check_output_dir
-from quickdraft.config import DEFAULT_NUM_DRAFT_TOKENS
 from quickdraft.errors import ConfigError
 
 
@@ -48,8 +45,8 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         "--methods",
         default=DEFAULT_METHODS,
         metavar="A,B,C",
-        help=f"comma-separated NAME or NAME:γ among {', '.join(METHODS.names())}, or DRAFTER+POLICY "
-        f"(draft-model+goodput); drafters default to γ={DEFAULT_NUM_DRAFT_TOKENS}; our methods take @RUNTIME "
+        help=f"comma-separated NAME or NAME:γ among {', '.join(method_names())}, or DRAFTER+POLICY "
+        f"(draft-model+goodput); drafters default to γ=4; our methods take @RUNTIME "
         f"to run on another runtime (draft-model:2@transformers, compared with baseline@RUNTIME); "
         f"baseline is always included (default {DEFAULT_METHODS})",
     )
@@ -87,6 +84,9 @@ def add_command(commands: Any, name: str, summary: str) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from quickdraft.bench.run import run_bench
+    from quickdraft.bench.settings import BenchSettings
+
     settings = BenchSettings(
         out=Path(args.out),
         questions=Path(args.questions) if args.questions else None,

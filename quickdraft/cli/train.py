@@ -11,8 +11,16 @@ from typing import Any
 
 from quickdraft.cli.common import add_model_arguments, check_output_file, load_models
 from quickdraft.errors import ConfigError
-from quickdraft.policies.acceptance_head import WEIGHT_DECAYS
-from quickdraft.policies.train_acceptance import TRAIN_DOC, check_training_settings, train_acceptance_head
+
+TRAIN_DOC = """``quickdraft train-acceptance-head``: fit SpecDec++'s acceptance head from target/draft rollouts.
+
+Each question's first turn is decoded greedily with the draft model proposing ``--block`` tokens
+per step. Every drafted token up to and including the first rejection of its block becomes an
+example: the draft's hidden state and distribution summaries, labelled accepted or rejected
+(tokens after a rejection are conditioned on a wrong prefix and are dropped). Questions are split
+(seeded) into training and held-out sets; a logistic head is fitted on the first and its
+calibration (Brier score, expected calibration error, reliability bins) reported on the second.
+"""
 
 
 def add_command(commands: Any, name: str, summary: str) -> None:
@@ -42,6 +50,8 @@ def add_command(commands: Any, name: str, summary: str) -> None:
 def run(args: argparse.Namespace) -> None:
     from quickdraft.bench.questions import default_questions_path, load_questions, sample_questions
     from quickdraft.models import DEFAULT_DRAFT
+    from quickdraft.policies.acceptance_head import WEIGHT_DECAYS
+    from quickdraft.policies.train_acceptance import check_training_settings, train_acceptance_head
 
     check_training_settings(args.block, args.holdout)  # before any model is loaded
     if args.draft_head is not None:

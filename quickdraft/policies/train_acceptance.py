@@ -1,6 +1,6 @@
 """Fit SpecDec++'s acceptance head from target/draft rollouts (``quickdraft train-acceptance-head``).
 
-TRAIN_DOC (below) states the procedure.
+The procedure is TRAIN_DOC's, what the command's ``--help`` shows (:mod:`quickdraft.cli.train`).
 """
 
 from __future__ import annotations
@@ -16,16 +16,6 @@ from quickdraft.errors import ConfigError
 from quickdraft.policies import UNKNOWN_STATE, DraftStep, Policy, StepOutcome, StepState
 from quickdraft.policies.acceptance_head import calibration, default_head_path, fit_head, head_features
 from quickdraft.progress import progress_bar
-
-TRAIN_DOC = """``quickdraft train-acceptance-head``: fit SpecDec++'s acceptance head from target/draft rollouts.
-
-Each question's first turn is decoded greedily with the draft model proposing ``--block`` tokens
-per step. Every drafted token up to and including the first rejection of its block becomes an
-example: the draft's hidden state and distribution summaries, labelled accepted or rejected
-(tokens after a rejection are conditioned on a wrong prefix and are dropped). Questions are split
-(seeded) into training and held-out sets; a logistic head is fitted on the first and its
-calibration (Brier score, expected calibration error, reliability bins) reported on the second.
-"""
 
 
 class RecordingPolicy(Policy):

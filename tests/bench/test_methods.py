@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from quickdraft.bench.methods import make_method, parse_methods
+from quickdraft.bench.methods import METHODS, PEERS, make_method, parse_methods
+from quickdraft.bench.names import PEER_NAMES, method_names
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.errors import QuickdraftError
 
@@ -34,6 +35,12 @@ def test_method_specs() -> None:
     ):
         with pytest.raises(QuickdraftError):
             parse_methods(bad)
+
+
+def test_the_torch_free_names_are_the_methods() -> None:
+    """What ``bench --help`` lists (bench/names.py, no torch) is what the method registry builds."""
+    assert sorted(PEERS) == sorted(PEER_NAMES)
+    assert METHODS.names() == method_names()
 
 
 def test_no_methods_is_an_error_not_a_baseline_run() -> None:

@@ -174,7 +174,7 @@ def test_bench_serve_starts_a_server_per_peer_and_reports_them_side_by_side(
     process, slots for every request of a run, no quickdraft extras, no lossless check, and a column beside ours."""
     import sys
 
-    import quickdraft.cli.bench_serve as bench_serve
+    import quickdraft.cli.bench_serve_run as bench_serve
 
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     started = []

@@ -80,6 +80,7 @@ class Pipeline:
         draft_vocabulary: int | None = None,
         device: str = AUTO_DEVICE,
         chat_template: str | None = None,
+        kv_cache_dtype: str | None = None,
     ) -> Pipeline:
         """Resolve and load models: packaged names, transformers directories or GGUF files.
 
@@ -97,7 +98,8 @@ class Pipeline:
         computes; 0: all) trade the draft model's precision for speed on the native runtime; they change how
         often drafts are accepted, never the output. None takes the defaults, ``DRAFT_WEIGHTS`` and
         ``DRAFT_VOCABULARY`` of :mod:`quickdraft.runtime.options`. ``chat_template``: Jinja text used in place of
-        the target's chat template (checked before any model loads).
+        the target's chat template (checked before any model loads). ``kv_cache_dtype`` (``float16``, ``float32``;
+        None: ``KV_CACHE_DEFAULT`` of :mod:`quickdraft.runtime.names`) is what both models' native KV caches hold.
         """
         if runtime != AUTO:
             RUNTIMES.get(runtime)  # an unknown name fails before any model work
@@ -117,8 +119,9 @@ class Pipeline:
             mismatch = vocabulary_mismatch(tokenizer, draft_tokenizer)
             draft_class = runtime_for(runtime, draft_path, where)
             options = draft_load_options(draft_class, draft_tokenizer, draft_weights, draft_vocabulary, where)
-            draft_runtime = draft_class.load(draft_path, replace(options, progress=progress))
-        target_options = LoadOptions(device=where, progress=progress)
+            options = replace(options, progress=progress, kv_cache_dtype=kv_cache_dtype)
+            draft_runtime = draft_class.load(draft_path, options)
+        target_options = LoadOptions(device=where, progress=progress, kv_cache_dtype=kv_cache_dtype)
         target_runtime = runtime_for(runtime, target_path, where).load(target_path, target_options)
         if mismatch is not None:
             turn_ends = eos_token_ids(draft_path, draft_tokenizer)

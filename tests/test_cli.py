@@ -258,6 +258,10 @@ BAD_INPUTS = {
     "bench-serve with a negative timeout": (["bench-serve", "--timeout", "-5"], "--timeout must be > 0 seconds"),
     "bench-serve unknown drafter": (["bench-serve", "--configs", "x=nodrafter"], "unknown drafter 'nodrafter'"),
     "bench-serve unknown policy": (["bench-serve", "--configs", "x=none+foo"], "unknown speculation policy 'foo'"),
+    "kv cache dtype on transformers": (
+        ["generate", "w1", "--runtime", "transformers", "--kv-cache-dtype", "float16"],
+        "a KV cache dtype need the native runtime",
+    ),
 } | (
     {}
     if torch.cuda.is_available()

@@ -18,10 +18,16 @@ from quickdraft.runtime.native.linear import combine_passes
 from quickdraft.runtime.native.model import ACTIVATION_FUNCTIONS
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["kernels", "torch-ops"])
+@pytest.fixture(
+    scope="module",
+    params=[(True, torch.float16), (False, torch.float16), (True, torch.float32)],
+    ids=["kernels", "torch-ops", "kernels-float32-cache"],
+)
 def runtime(request: pytest.FixtureRequest) -> NativeRuntime:
+    """The tiny model on the compiled kernels or the PyTorch reference operations, with a float16 KV cache (the
+    default) or a float32 one."""
     runtime = native_from_hf(tiny_model(64, seed=3))
-    use_kernel = request.param
+    use_kernel, runtime.decoder.kv_dtype = request.param
     runtime.decoder.use_kernel = use_kernel
     for layer in runtime.decoder.layers:
         for linear in (layer.qkv, layer.out, layer.gate_up, layer.down):
@@ -180,9 +186,11 @@ def test_cache_capacity_is_enforced() -> None:
         runtime.forward(torch.zeros(1, 9, dtype=torch.long), runtime.new_cache())
 
 
-def test_native_kernels_matches_the_pytorch_path() -> None:
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_native_kernels_matches_the_pytorch_path(kv_dtype: torch.dtype) -> None:
     runtime = native_from_hf(tiny_model(64, seed=3))
     decoder = runtime.decoder
+    decoder.kv_dtype = kv_dtype
     assert native_kernels() is not None, "the C++ kernel should build on the test machines"
     generator = torch.Generator().manual_seed(2)
     cache = decoder.new_cache(2)
@@ -199,12 +207,14 @@ def test_native_kernels_matches_the_pytorch_path() -> None:
     assert torch.allclose(compiled, reference, atol=1e-6, rtol=1e-5)
 
 
-def test_rows_attended_together_equal_each_row_attended_alone() -> None:
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_rows_attended_together_equal_each_row_attended_alone(kv_dtype: torch.dtype) -> None:
     """attend_rows: the rows of a slot (a verify block, a prompt chunk) take turns on each tile of keys and values;
     every row's result is bitwise what it gets alone, across the tiles of 256 keys and 64 values, the runs of 16
     rows, and rows of other slots between them."""
     runtime = native_from_hf(tiny_model(64, seed=3), capacity=512)
     decoder = runtime.decoder
+    decoder.kv_dtype = kv_dtype
     generator = torch.Generator().manual_seed(5)
     cache = decoder.new_cache(2)
     cache.keys.normal_(generator=generator)
@@ -221,14 +231,21 @@ def test_rows_attended_together_equal_each_row_attended_alone() -> None:
         assert torch.equal(together[r : r + 1], alone), r
 
 
-@pytest.mark.parametrize("passes", [1, 2])
-def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
+def cached(values: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
+    """What a cache of ``kv_dtype`` holds of float ``values``, as floats: themselves, or their nearest halves."""
+    return values.to(kv_dtype).float()
+
+
+@pytest.mark.parametrize(("passes", "kv_dtype"), [(1, torch.float32), (2, torch.float32), (1, torch.float16)])
+def test_layer_kernels_equal_the_reference_operations(passes: int, kv_dtype: torch.dtype) -> None:
     """Each fused kernel against the PyTorch operations of ``Decoder._layer`` on the same inputs: bitwise where
-    both sides do the same float operations (RoPE, cache writes, residual adds), to float error for RMSNorm's
-    sum and the activations' exp; GEMM outputs of one or two activation passes."""
+    both sides do the same float operations (RoPE, cache writes, residual adds; a float16 cache holds the halves
+    PyTorch rounds them to), to float error for RMSNorm's sum and the activations' exp; GEMM outputs of one or two
+    activation passes."""
     kernels = native_kernels()
     assert kernels is not None
     decoder = native_from_hf(tiny_model(64, seed=3)).decoder
+    decoder.kv_dtype = kv_dtype
     config, generator = decoder.config, torch.Generator().manual_seed(6)
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     layer, starts, num_new = decoder.layers[0], [3, 11], 4
@@ -270,10 +287,10 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     )  # fmt: skip
     expected_q = decoder._rotate(decoder._rms_norm(q_heads, q_norm), cos, sin).reshape(rows, heads, head_dim)
     assert torch.allclose(normed_q, expected_q, rtol=1e-5, atol=1e-5)  # Qwen3's and Gemma's q/k norms
-    written = key_rows(cache.keys[0, 0], cache.capacity)[:, starts[0]]  # [kv_heads, D]: normed k, rotated
+    written = key_rows(cache.keys[0, 0], cache.capacity)[:, starts[0]].float()  # [kv_heads, D]: normed k, rotated
     k_heads = k_ref.reshape(len(starts), num_new, kv_heads, head_dim)
     expected_k = decoder._rotate(decoder._rms_norm(k_heads, k_norm), cos, sin)[0, 0]
-    assert torch.allclose(written, expected_k, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(written, cached(expected_k, kv_dtype), rtol=1e-3, atol=1e-5)
     q_norm, k_norm = (torch.rand(n * head_dim, generator=generator) + 0.5 for n in (heads, kv_heads))  # OLMo's
     normed_q = kernels.qkv_rope_cache(
         gemm_out, row_scale, layer.qkv.kernel_bias, q_norm, k_norm, config.rms_norm_eps,
@@ -283,9 +300,9 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     assert torch.allclose(normed_q, expected_q.reshape(rows, heads, head_dim), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(normed_q, decoder._rotate(decoder._rms_norm(q_heads, q_norm[:head_dim]), cos, sin)
                               .reshape(rows, heads, head_dim), rtol=1e-3, atol=1e-3)  # fmt: skip
-    written = key_rows(cache.keys[0, 0], cache.capacity)[:, starts[0]]
+    written = key_rows(cache.keys[0, 0], cache.capacity)[:, starts[0]].float()
     expected_k = decoder._rotate(decoder._rms_norm(k_ref, k_norm).reshape(k_heads.shape), cos, sin)[0, 0]
-    assert torch.allclose(written, expected_k, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(written, cached(expected_k, kv_dtype), rtol=1e-3, atol=1e-5)
     with pytest.raises(RuntimeError, match="as wide as all its heads"):  # neither one head nor all of them
         kernels.qkv_rope_cache(
             gemm_out, row_scale, layer.qkv.kernel_bias, q_norm[: 2 * head_dim], k_norm, config.rms_norm_eps,
@@ -298,9 +315,9 @@ def test_layer_kernels_equal_the_reference_operations(passes: int) -> None:
     k_ref = decoder._rotate(k_ref.reshape(len(starts), num_new, kv_heads, head_dim), cos, sin)
     for row, start in enumerate(starts):
         written_keys = key_rows(cache.keys[0, row], cache.capacity)
-        assert torch.equal(written_keys[:, start : start + num_new], k_ref[row].transpose(0, 1))
+        assert torch.equal(written_keys[:, start : start + num_new], k_ref[row].transpose(0, 1).to(kv_dtype))
         expected_values = v_ref[row].reshape(num_new, kv_heads, head_dim).transpose(0, 1)
-        assert torch.equal(cache.values[0, row, :, start : start + num_new], expected_values)
+        assert torch.equal(cache.values[0, row, :, start : start + num_new], expected_values.to(kv_dtype))
         assert not written_keys[:, start + num_new :].any()  # nothing written past the block
 
     gemm_out = torch.randn(passes * rows, config.hidden_size, generator=generator) * 50

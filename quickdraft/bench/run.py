@@ -46,6 +46,7 @@ from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.machine import cpu_description
 from quickdraft.progress import progress_bar
 from quickdraft.runtime import AUTO, RUNTIMES
+from quickdraft.runtime.names import KV_CACHE_DEFAULT
 from quickdraft.runtime.options import draft_load_defaults
 
 WARMUP_PROMPT_TOKENS = 512  # the warm-up reads at most this much of the first prompt (a long-context one took 65 s)
@@ -94,6 +95,7 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "draft": model_name(settings.draft or DEFAULT_DRAFT) if needs_draft else None,
         "draft_load": {"weights": weights, "vocabulary": vocabulary} if needs_draft else None,
         "runtime": settings.runtime,
+        "kv_cache": settings.kv_cache_dtype or KV_CACHE_DEFAULT,
         "device": settings.device,
         "profile_context": settings.profile_context,
         "greedy": settings.sampling.is_greedy,
@@ -202,6 +204,7 @@ def measure(
         draft_weights=settings.draft_weights if store.config["draft"] else None,  # else noted unused
         draft_vocabulary=settings.draft_vocabulary if store.config["draft"] else None,
         device=settings.device,
+        kv_cache_dtype=settings.kv_cache_dtype,
     )
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     if pipeline.bridge is not None:  # a draft of another vocabulary: say how it drafts

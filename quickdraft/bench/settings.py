@@ -38,6 +38,7 @@ class BenchSettings:
     draft_weights: str | None = None  # None: quickdraft.runtime.options.DRAFT_WEIGHTS (native runtime)
     draft_vocabulary: int | None = None  # None: quickdraft.runtime.options.DRAFT_VOCABULARY (native runtime)
     draft_head: str | None = None  # the eagle drafters' head (None: the target's default)
+    kv_cache_dtype: str | None = None  # what the native KV caches hold (None: KV_CACHE_DEFAULT)
     runtime: str = AUTO
     device: str = AUTO  # where our models run (runtime/device.py); peers run where they run
     report_only: bool = False

@@ -17,7 +17,7 @@ from quickdraft.models.catalog import KNOWN_MODELS
 
 FINGERPRINT_KEYS = (  # what entries are measured with: a folder's entries all share these
     "questions", "question_ids", "questions_sha256", "max_new_tokens", "target", "draft", "draft_load", "runtime",
-    "device", "greedy", "temperature", "sampling_seed", "warmup", "profile_context",
+    "device", "greedy", "temperature", "sampling_seed", "warmup", "profile_context", "kv_cache",
 )  # fmt: skip
 NEWER_KEYS = ("questions_sha256", "device", "warmup", "profile_context")  # not compared where a folder lacks them
 MACHINE_KEYS = ("cpu", "cpu_family_model", "isa", "threads", "torch", "transformers", "llama_cpp_python")
@@ -43,7 +43,7 @@ class ResultStore:
             )
         if saved is not None:
             saved.setdefault("draft_load", LEGACY_DRAFT_LOAD if saved.get("draft") else None)
-            saved = LEGACY_SAMPLING | saved
+            saved = LEGACY_SAMPLING | {"kv_cache": "float32"} | saved  # folders from before float16 caches
             different = [key for key in FINGERPRINT_KEYS if self._differs(saved, key)]
             if different:
                 flags = "--questions, --per-category, --seed, --categories"

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> None:
         draft_weights=args.draft_weights,
         draft_vocabulary=args.draft_vocabulary,
         draft_head=args.draft_head,
+        kv_cache_dtype=args.kv_cache_dtype,
         runtime=args.runtime,
         device=args.device,
         report_only=args.report_only,

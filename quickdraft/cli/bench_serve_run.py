@@ -169,6 +169,7 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
     from quickdraft.api import Pipeline
 
     key = {"target": args.target, "runtime": args.runtime, "device": args.device, "max_tokens": args.max_tokens}
+    key |= {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}
     if args.workload != "spec-bench":  # recorded requests: which ones, with their own limits
         key |= {"workload": args.workload, "requests": requests_digest(prompts)}
     if not args.sampling.is_greedy:
@@ -178,7 +179,9 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
         saved = {"key": key, "outputs": {}}
     missing = [prompt for prompt in prompts if prompt.question_id not in saved["outputs"]]
     if missing:
-        pipeline = Pipeline.load(target=args.target, draft=None, runtime=args.runtime, device=args.device)
+        pipeline = Pipeline.load(
+            target=args.target, draft=None, runtime=args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype
+        )
         for i, prompt in enumerate(missing, start=1):
             prompt_ids, config = served_input(pipeline, prompt, args.max_tokens, args.sampling)
             result = pipeline.generate(prompt_ids, config, drafter="none")
@@ -221,6 +224,7 @@ def quickdraft_command(args: argparse.Namespace, port: int) -> list[str]:
     command += ["--draft-weights", args.draft_weights] if args.draft_weights else []
     command += ["--draft-vocabulary", str(args.draft_vocabulary)] if args.draft_vocabulary is not None else []
     command += ["--draft-head", args.draft_head] if args.draft_head else []
+    command += ["--kv-cache-dtype", args.kv_cache_dtype] if args.kv_cache_dtype else []
     return command
 
 

@@ -23,6 +23,8 @@ from quickdraft.runtime.names import (
     DRAFT_VOCABULARY,
     DRAFT_WEIGHTS,
     EXACT_TYPES,
+    KV_CACHE_DEFAULT,
+    KV_CACHE_DTYPES,
     WEIGHT_FORMATS,
 )
 from quickdraft.runtime.native.architecture import ARCHITECTURES
@@ -53,7 +55,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "the target, $QUICKDRAFT_CACHE/draft-heads/<target>.safetensors)",
     )
     add_runtime_argument(parser)
+    add_kv_cache_argument(parser)
     add_draft_load_arguments(parser)
+
+
+def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=None,
+        help=f"what the native runtime's KV caches hold keys and values as (default {KV_CACHE_DEFAULT}: half the "
+        "memory and reading of float32; the transformers runtime keeps its model's dtype)",
+    )
 
 
 def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--draft-") -> None:
@@ -164,6 +177,7 @@ def load_models(args: argparse.Namespace, draft: str | None) -> Any:
         draft_vocabulary=args.draft_vocabulary if draft else None,
         device=args.device,
         chat_template=chat_template_of(args),
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     if pipeline.bridge is not None:  # the user asked for this draft: say how it drafts
         print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)

@@ -16,10 +16,16 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import add_draft_load_arguments, add_runtime_argument, check_output_file
+from quickdraft.cli.common import (
+    add_draft_load_arguments,
+    add_kv_cache_argument,
+    add_runtime_argument,
+    check_output_file,
+)
 from quickdraft.errors import ConfigError
 
 MAX_K, CONTEXT = 16, 512  # the curve's defaults: up to 16 new tokens after 512 cached
@@ -41,6 +47,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         "(default target)",
     )
     add_runtime_argument(profile)
+    add_kv_cache_argument(profile)
     add_draft_load_arguments(profile, prefix="--")  # --weights, --vocabulary: as a draft model loads for "draft"
     profile.add_argument(
         "--max-k", type=int, default=MAX_K, metavar="K", help=f"largest number of new tokens (default {MAX_K})"
@@ -108,6 +115,7 @@ def run(args: argparse.Namespace) -> None:
     draft = args.model == "draft"  # loaded as the pipeline loads the default draft model
     weights, vocabulary = (args.weights, args.vocabulary) if draft else (args.weights or "auto", args.vocabulary or 0)
     options = draft_load_options(runtime_cls, load_tokenizer(path), weights, vocabulary, device)
+    options = replace(options, kv_cache_dtype=args.kv_cache_dtype)
     reader = None
     if args.against:  # before loading ours: a missing or unusable binding is a clear error, at once
         from quickdraft.bench.llama_cpp import prompt_reader, verified_gguf
@@ -116,6 +124,7 @@ def run(args: argparse.Namespace) -> None:
     runtime = runtime_cls.load(path, options)
     runtime_name = runtime_cls.name
     report = {"model": str(model), "path": str(path), "runtime": runtime_name, "weights": options.weights}
+    report |= {"kv_cache_dtype": runtime.kv_cache_dtype}
     report |= {"vocabulary": len(options.vocabulary or ()) or None, "threads": torch.get_num_threads()}
     if args.prefill is not None:
         report |= measure_prefill(runtime, args.prefill, args.repeats, args.warmup, reader)

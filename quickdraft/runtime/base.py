@@ -54,6 +54,7 @@ class LoadOptions:
     vocabulary: tuple[int, ...] | None = None  # the token ids the LM head computes, the rest get logit −inf (None: all)
     device: torch.device = CPU  # where the model runs (runtime/device.py); the native runtime: CPU
     progress: bool = False  # bars on stderr for a first load's long work (packing the weights, building kernels)
+    kv_cache_dtype: str | None = None  # the native runtime's KV cache: float16 or float32 (None: KV_CACHE_DEFAULT)
 
 
 class Runtime(ABC):
@@ -65,6 +66,7 @@ class Runtime(ABC):
     max_context: int  # positions the model supports
     device: torch.device
     build: str = ""  # what the speed and logits depend on besides the model files (weight format, kernels, versions)
+    kv_cache_dtype: str = "float32"  # what its KV caches hold keys and values as
 
     @classmethod
     @abstractmethod

@@ -57,6 +57,7 @@ class HFRuntime(Runtime):
             self.kv_bytes_per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
         self.device = model.device
         self.build = f"transformers {transformers_version()} {model.dtype} {device_name(self.device)}".rstrip()
+        self.kv_cache_dtype = str(model.dtype).removeprefix("torch.")
         # transformers 5 renamed ``past_key_values`` to ``cache`` (the old name warns, then goes); 4.x has the old one
         self.cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -121,8 +122,8 @@ def transformers_version() -> str:
 def check_default(options: LoadOptions) -> None:
     if replace(options, device=LoadOptions().device, progress=False) != LoadOptions():  # what it may not trade
         raise ConfigError(
-            "the transformers runtime runs a model's own float weights: other weight formats and a vocabulary "
-            "subset need the native runtime"
+            "the transformers runtime runs a model's own float weights and cache: other weight formats, a vocabulary "
+            "subset and a KV cache dtype need the native runtime"
         )
 
 

@@ -18,6 +18,12 @@ EXACT_TYPES = {  # the GGUF types each format keeps
     "int8": (),
 }
 
+# What the native runtime's KV caches hold keys and values as: float16 by default (half the memory and half the
+# reading of long contexts; a half keeps 11 significant bits, more than the 8-bit activation rows every GEMM reads),
+# or float32. The transformers runtime keeps its model's dtype.
+KV_CACHE_DTYPES = ("float16", "float32")
+KV_CACHE_DEFAULT = "float16"
+
 # The draft model's defaults on runtimes that take load options (docs/design.md has the measurements).
 DRAFT_WEIGHTS = "q4"
 DRAFT_VOCABULARY = 49152  # the most frequent tokens, plus each request's prompt tokens (0: all tokens)

@@ -18,6 +18,7 @@ CONFIG = {
     "questions": "/q.jsonl", "question_ids": ["1", "2"], "questions_sha256": questions_digest(QUESTIONS),
     "max_new_tokens": 8, "target": "/models/t", "draft": None, "draft_load": None, "runtime": "auto", "device": "auto",
     "greedy": True, "temperature": 0.0, "sampling_seed": None, "warmup": 1, "profile_context": 512,
+    "kv_cache": "float16",
 }  # fmt: skip
 MACHINE = {"cpu": "AMD EPYC", "cpu_family_model": "26/2", "isa": "avx512-vnni", "threads": 2, "torch": "2.13.0",
            "transformers": "5.24.0", "llama_cpp_python": None}  # fmt: skip
@@ -37,6 +38,7 @@ def test_a_folder_keeps_one_configuration(tmp_path: Path) -> None:
         {"warmup": 0},
         {"device": "cuda"},
         {"target": "/models/other"},
+        {"kv_cache": "float32"},
     ):
         with pytest.raises(ConfigError, match=f"different {', '.join(change)}"):
             ResultStore(tmp_path / "out", CONFIG | change)
@@ -44,10 +46,13 @@ def test_a_folder_keeps_one_configuration(tmp_path: Path) -> None:
         ResultStore(tmp_path / "out", CONFIG | {"question_ids": ["1"]})
     with_draft = CONFIG | {"draft": "/models/d", "draft_load": {"weights": "q4", "vocabulary": 0}}
     ResultStore(tmp_path / "out", with_draft)  # a method with a draft model joins a folder that measured none
-    older = {key: value for key, value in CONFIG.items() if key not in ("questions_sha256", "warmup", "device")}
+    newer = ("questions_sha256", "warmup", "device", "kv_cache")
+    older = {key: value for key, value in CONFIG.items() if key not in newer}
     (tmp_path / "older").mkdir()
     (tmp_path / "older" / "config.json").write_text(json.dumps(older))
-    ResultStore(tmp_path / "older", CONFIG)  # a folder from before those keys: nothing to compare them with
+    with pytest.raises(ConfigError, match="different kv_cache"):  # a folder from before float16 caches
+        ResultStore(tmp_path / "older", CONFIG)
+    ResultStore(tmp_path / "older", CONFIG | {"kv_cache": "float32"})  # and before those keys: nothing to compare
 
 
 def test_no_record_before_anything_is_measured_and_no_foreign_folder(tmp_path: Path) -> None:

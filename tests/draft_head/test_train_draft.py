@@ -65,7 +65,8 @@ def train_tiny_head(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline,
     head = build_head(data, pipeline.target.decoder.config, pipeline.target.lm_head_rows, vocabulary, settings)
     before = evaluate(head, data, held_out, embedding, settings)
     history = train_head(head, data, train, held_out, embedding, settings, progress=False, on_eval=lambda r: None)
-    assert len(history) >= 6  # an evaluation after each pass (batches per pass vary with the shuffle)
+    assert len(history) >= 5  # an evaluation after each pass (batches per pass vary with the shuffle, so a
+    # pass may reach the batch budget of 6 epochs early)
     after = history[-1]["eval"]
     assert after["loss"] < before.loss and after["agreement_all"] > before.agreement_all + 0.05
     path = tmp_path_factory.mktemp("head") / "head.safetensors"

@@ -1,8 +1,9 @@
 """attention.h on every instruction set this machine runs (AVX-512, AVX2, plain C++): each build's result is softmax
 attention to float error, rows attended together have the bits of each row alone, positions past a row's length
 or before its sliding window are never used, whatever they hold (NaN included), a tree's leaf, its key and value
-kept past the block, has the bits of a chain row holding its token at its position, and weights too small for a
-normal float count as zero, in the call alone."""
+kept past the block, has the bits of a chain row holding its token at its position, weights too small for a
+normal float count as zero, in the call alone, and a float16 cache gives the bits of a float32 one holding the same
+values."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def attend(library: ctypes.CDLL, together: bool, q: torch.Tensor, lengths: list[
     length_array = (ctypes.c_int64 * rows)(*lengths)
     skip_array = (ctypes.c_int64 * rows)(*(skips or [0] * rows))
     own_array = (ctypes.c_int64 * rows)(*(owns or [-1] * rows))
-    function = library.attend_together if together else library.attend_alone
+    half = "_half" if keys.dtype == torch.float16 else ""  # a float16 cache's entry points
+    function = getattr(library, f"attend_together{half}" if together else f"attend_alone{half}")
     blocked = blocked_keys(keys)  # held while the call reads it
     function(pointer(q), skip_array, length_array, own_array, ctypes.c_int64(rows), ctypes.c_int64(heads),
              pointer(blocked), pointer(values), ctypes.c_int64(head_dim), ctypes.c_float(scale), ctypes.c_float(cap),
@@ -147,3 +149,25 @@ def test_a_leaf_has_the_bits_of_a_chain_row_holding_its_token(libraries, head_di
                 )
                 assert torch.equal(alone, chain), (name, r)
                 chain_keys[length - 1], chain_values[length - 1] = keys[length - 1], values[length - 1]
+
+
+@pytest.mark.parametrize("head_dim", [128, 12])
+def test_a_float16_cache_gives_the_bits_of_a_float32_one_holding_its_values(libraries, head_dim: int) -> None:
+    """Every build widens each half exactly and then does the float cache's arithmetic: the same bits alone and
+    together, in chain rows and leaves, with a window and a softcap, for halves of every kind (subnormal, the
+    largest, zeros of both signs)."""
+    generator = torch.Generator().manual_seed(12)
+    positions, heads, scale = 640, 9, head_dim**-0.5
+    keys, values = (torch.randn(positions, head_dim, generator=generator) * 4 for _ in range(2))
+    keys[3, :4] = torch.tensor([6.0e-8, -3.0e-6, 65504.0 / 1024, -0.0])  # subnormal halves; large ones stay finite
+    values[5, :4] = torch.tensor([6.0e-8, -3.0e-6, 65504.0, -0.0])
+    half_keys, half_values = keys.half(), values.half()
+    wide_keys, wide_values = half_keys.float(), half_values.float()
+    lengths, skips, owns = [300, 301, 316, 17, 1, 600], [0, 5, 15, 16, 0, 3], [-1, 600, -1, 400, 20, -1]
+    q = torch.randn(len(lengths), heads, head_dim, generator=generator)
+    for cap in (0.0, 4.0):
+        for name, library in libraries.items():
+            for together in (False, True):
+                half = attend(library, together, q, lengths, half_keys, half_values, scale, skips, cap, owns)
+                wide = attend(library, together, q, lengths, wide_keys, wide_values, scale, skips, cap, owns)
+                assert torch.equal(half, wide) and not half.isnan().any(), (name, together, cap)

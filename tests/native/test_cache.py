@@ -1,11 +1,17 @@
-"""The native KV cache's memory: no transparent huge pages, where every (layer, head) span would take 2 MB."""
+"""The native KV cache: float16 by default or float32 as a load option, and its memory: no transparent huge pages,
+where every (layer, head) span would take 2 MB."""
 
 from __future__ import annotations
 
 import sys
 
 import pytest
+import torch
 from conftest import native_from_hf, tiny_model
+
+from quickdraft.errors import ConfigError
+from quickdraft.runtime import HFRuntime, NativeRuntime
+from quickdraft.runtime.base import LoadOptions
 
 
 def vm_flags(address: int) -> list[str]:
@@ -42,3 +48,22 @@ def test_a_cache_counts_the_whole_pages_its_positions_reach() -> None:
     assert runtime.cache_bytes(1) > 1 * runtime.kv_bytes_per_token
     positions = 100 * page // (config.head_dim * 4)  # a hundred pages of values in each span
     assert runtime.cache_bytes(positions) <= positions * runtime.kv_bytes_per_token + spans * 2 * page
+
+
+def test_the_kv_cache_holds_float16_unless_float32_is_asked_for(native_model_dirs: dict) -> None:
+    """Half the bytes a position, another build (what calibrations are keyed by), and logits close to a float32
+    cache's; a dtype it does not hold, or any on the transformers runtime, is a clear error."""
+    path = native_model_dirs["target"]
+    half, wide = NativeRuntime.load(path), NativeRuntime.load(path, LoadOptions(kv_cache_dtype="float32"))
+    caches = half.new_cache(1), wide.new_cache(1)
+    assert [cache.static.keys.dtype for cache in caches] == [torch.float16, torch.float32]
+    assert [cache.static.values.dtype for cache in caches] == [torch.float16, torch.float32]
+    assert (half.kv_cache_dtype, wide.kv_cache_dtype) == ("float16", "float32") and half.build != wide.build
+    assert wide.kv_bytes_per_token == 2 * half.kv_bytes_per_token
+    token_ids = torch.randint(0, half.vocab_size, (1, 24), generator=torch.Generator().manual_seed(3))
+    logits = [runtime.forward(token_ids, cache) for runtime, cache in zip((half, wide), caches, strict=True)]
+    assert (logits[0] - logits[1]).abs().max() < 0.02 * logits[1].abs().max()
+    with pytest.raises(ConfigError, match="unknown KV cache dtype 'bfloat16'; choose one of: float16, float32"):
+        NativeRuntime.load(path, LoadOptions(kv_cache_dtype="bfloat16"))
+    with pytest.raises(ConfigError, match="a KV cache dtype need the native runtime"):
+        HFRuntime.load(path, LoadOptions(kv_cache_dtype="float16"))

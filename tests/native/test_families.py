@@ -276,7 +276,7 @@ def test_greedy_choices_are_transformers_but_at_near_ties_over_64_steps(family: 
     best = reference.max(-1).values
     gap = best - reference.gather(1, chosen[:, None])[:, 0]  # 0 where the choices agree
     span = best - reference.min(-1).values
-    assert (gap <= 0.01 * span).all(), (family, gap.max())
+    assert (gap <= 0.02 * span).all(), (family, gap.max())  # 8-bit activations, float16 keys and values
     assert (gap == 0).float().mean() >= 0.85, family
 
 

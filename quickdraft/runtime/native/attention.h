@@ -13,6 +13,8 @@
 //
 // Keys are stored in blocks of 16 positions, transposed: [C/16][D][16] per KV head, so one vector load gives a
 // dimension of 16 consecutive keys (8 with AVX2) and a query's scores need no horizontal sums. Values are [C][D].
+// The cache holds float32 or IEEE half (float16) elements, the template argument Kv (float or uint16_t, a half's
+// bits): a half widens to a float exactly, so once read every path does the same float operations on the same values.
 //
 // Subnormal floats are zero inside attention (FlushSubnormals): a weight below 2^-126 of the largest, or a product
 // that small, adds nothing a float sum of order 1 keeps, and left subnormal each operation on it takes a microcode
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #if defined(__SSE__) || defined(__x86_64__)
@@ -53,6 +56,23 @@ class FlushSubnormals {
 
 constexpr int64_t kKeyBlock = 16;
 
+// The float a cache element holds: itself, or a half's value (exact: every half is a float).
+inline float kv_float(float value) { return value; }
+inline float kv_float(uint16_t half) {
+  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16, exponent = (half >> 10) & 0x1Fu, mantissa = half & 0x3FFu;
+  uint32_t bits = sign;
+  if (exponent == 0x1Fu) bits |= 0x7F800000u | (mantissa << 13);  // infinity, NaN
+  else if (exponent != 0) bits |= ((exponent + 112u) << 23) | (mantissa << 13);
+  else if (mantissa != 0) {  // subnormal: mantissa · 2^-24, a normal float (a product of exact factors)
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &magnitude, 4);
+    bits |= sign;
+  }
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
 inline int64_t key_offset(int64_t position, int64_t d, int64_t head_dim) {
   return (position / kKeyBlock) * head_dim * kKeyBlock + d * kKeyBlock + position % kKeyBlock;
 }
@@ -70,16 +90,31 @@ inline void softcap_scores(float* scores, int64_t from, int64_t to, float cap) {
 constexpr const char* kAttentionIsa = "avx512";
 #define QD_VECTOR_ATTENTION 1
 
+// 16 cache elements as floats; the masked forms read only the lanes of `mask` and give 0 in the others.
+inline __m512 load_kv(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_kv(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load_kv(__mmask16 mask, const float* p) { return _mm512_maskz_loadu_ps(mask, p); }
+inline __m512 load_kv(__mmask16 mask, const uint16_t* p) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+#else
+  alignas(32) uint16_t lanes[16] = {};
+  for (int i = 0; i < 16; ++i)
+    if ((mask >> i) & 1) lanes[i] = p[i];
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)));
+#endif
+}
+
 // Scores of H query heads (q: [H][D]) against `blocks` blocks of 16 keys, times scale: scores [H][blocks·16].
-template <int H>
-inline void block_scores(const float* q, const float* keys, int64_t blocks, int64_t head_dim, float scale,
+template <int H, typename Kv>
+inline void block_scores(const float* q, const Kv* keys, int64_t blocks, int64_t head_dim, float scale,
                          float* scores, int64_t stride) {
   for (int64_t b = 0; b < blocks; ++b) {
     __m512 acc[H];
     for (int h = 0; h < H; ++h) acc[h] = _mm512_setzero_ps();
-    const float* block = keys + b * head_dim * kKeyBlock;
+    const Kv* block = keys + b * head_dim * kKeyBlock;
     for (int64_t d = 0; d < head_dim; ++d) {
-      const __m512 k = _mm512_loadu_ps(block + d * kKeyBlock);
+      const __m512 k = load_kv(block + d * kKeyBlock);
       for (int h = 0; h < H; ++h) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * head_dim + d]), k, acc[h]);
     }
     for (int h = 0; h < H; ++h) _mm512_storeu_ps(scores + h * stride + b * kKeyBlock, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
@@ -105,7 +140,8 @@ inline float softmax_weights(float* scores, int64_t length) {
 }
 
 // acc [D] += Σ_{j in [from, to)} weights[j] · values[j] (j in order: the same sums, in one call or in several).
-inline void add_values(const float* weights, int64_t from, int64_t to, const float* values, int64_t head_dim,
+template <typename Kv>
+inline void add_values(const float* weights, int64_t from, int64_t to, const Kv* values, int64_t head_dim,
                        float* acc_out) {
   for (int64_t first = 0; first < head_dim; first += 8 * 16) {  // 8 vectors of the output at a time
     const int64_t vectors = std::min<int64_t>(8, (head_dim - first + 15) / 16);
@@ -115,9 +151,9 @@ inline void add_values(const float* weights, int64_t from, int64_t to, const flo
       if (i < vectors) acc[i] = _mm512_maskz_loadu_ps(i + 1 < vectors ? 0xFFFF : tail, acc_out + first + 16 * i);
     for (int64_t j = from; j < to; ++j) {
       const __m512 w = _mm512_set1_ps(weights[j]);
-      const float* v = values + j * head_dim + first;
+      const Kv* v = values + j * head_dim + first;
       for (int i = 0; i < 8; ++i)
-        if (i < vectors) acc[i] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(i + 1 < vectors ? 0xFFFF : tail, v + 16 * i), acc[i]);
+        if (i < vectors) acc[i] = _mm512_fmadd_ps(w, i + 1 < vectors ? load_kv(v + 16 * i) : load_kv(tail, v + 16 * i), acc[i]);
     }
     for (int i = 0; i < 8; ++i)
       if (i < vectors) _mm512_mask_storeu_ps(acc_out + first + 16 * i, i + 1 < vectors ? 0xFFFF : tail, acc[i]);
@@ -131,7 +167,7 @@ inline void scale_values(float* out, int64_t head_dim, float inverse) {
   }
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 constexpr const char* kAttentionIsa = "avx2";
 #define QD_VECTOR_ATTENTION 1
 
@@ -141,17 +177,30 @@ inline __m256i lanes_below(int64_t count) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(count, 8))), index);
 }
 
+// 8 cache elements as floats; the masked forms read only the lanes of `mask` and give 0 in the others.
+inline __m256 load_kv(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load_kv(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load_kv(__m256i mask, const float* p) { return _mm256_maskload_ps(p, mask); }
+inline __m256 load_kv(__m256i mask, const uint16_t* p) {
+  alignas(32) int32_t lanes_on[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes_on), mask);
+  alignas(16) uint16_t lanes[8] = {};
+  for (int i = 0; i < 8; ++i)
+    if (lanes_on[i]) lanes[i] = p[i];
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(lanes)));
+}
+
 // As the AVX-512 block_scores, each block of 16 keys in two halves of 8: every score's sum runs over d in order.
-template <int H>
-inline void block_scores(const float* q, const float* keys, int64_t blocks, int64_t head_dim, float scale,
+template <int H, typename Kv>
+inline void block_scores(const float* q, const Kv* keys, int64_t blocks, int64_t head_dim, float scale,
                          float* scores, int64_t stride) {
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t half = 0; half < kKeyBlock; half += 8) {
       __m256 acc[H];
       for (int h = 0; h < H; ++h) acc[h] = _mm256_setzero_ps();
-      const float* block = keys + b * head_dim * kKeyBlock + half;
+      const Kv* block = keys + b * head_dim * kKeyBlock + half;
       for (int64_t d = 0; d < head_dim; ++d) {
-        const __m256 k = _mm256_loadu_ps(block + d * kKeyBlock);
+        const __m256 k = load_kv(block + d * kKeyBlock);
         for (int h = 0; h < H; ++h) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * head_dim + d]), k, acc[h]);
       }
       for (int h = 0; h < H; ++h)
@@ -193,7 +242,8 @@ inline float softmax_weights(float* scores, int64_t length) {
 }
 
 // acc [D] += Σ_{j in [from, to)} weights[j] · values[j] (j in order: the same sums, in one call or in several).
-inline void add_values(const float* weights, int64_t from, int64_t to, const float* values, int64_t head_dim,
+template <typename Kv>
+inline void add_values(const float* weights, int64_t from, int64_t to, const Kv* values, int64_t head_dim,
                        float* acc_out) {
   for (int64_t first = 0; first < head_dim; first += 8 * 8) {  // 8 vectors of the output at a time
     const int64_t vectors = std::min<int64_t>(8, (head_dim - first + 7) / 8);
@@ -204,9 +254,9 @@ inline void add_values(const float* weights, int64_t from, int64_t to, const flo
       if (i < vectors) acc[i] = _mm256_maskload_ps(acc_out + first + 8 * i, i + 1 < vectors ? full : tail);
     for (int64_t j = from; j < to; ++j) {
       const __m256 w = _mm256_set1_ps(weights[j]);
-      const float* v = values + j * head_dim + first;
+      const Kv* v = values + j * head_dim + first;
       for (int i = 0; i < 8; ++i)
-        if (i < vectors) acc[i] = _mm256_fmadd_ps(w, _mm256_maskload_ps(v + 8 * i, i + 1 < vectors ? full : tail), acc[i]);
+        if (i < vectors) acc[i] = _mm256_fmadd_ps(w, i + 1 < vectors ? load_kv(v + 8 * i) : load_kv(tail, v + 8 * i), acc[i]);
     }
     for (int i = 0; i < 8; ++i)
       if (i < vectors) _mm256_maskstore_ps(acc_out + first + 8 * i, i + 1 < vectors ? full : tail, acc[i]);
@@ -231,23 +281,26 @@ inline void skip_scores(float* scores, int64_t skip) {
 
 // The score of the key at index `own` as either build's block_scores computes a lane: fused multiply-adds over d in
 // order, times scale.
-inline float key_score(const float* q, const float* keys, int64_t own, int64_t head_dim, float scale) {
+template <typename Kv>
+inline float key_score(const float* q, const Kv* keys, int64_t own, int64_t head_dim, float scale) {
   float acc = 0.0f;
-  for (int64_t d = 0; d < head_dim; ++d) acc = std::fma(q[d], keys[key_offset(own, d, head_dim)], acc);
+  for (int64_t d = 0; d < head_dim; ++d) acc = std::fma(q[d], kv_float(keys[key_offset(own, d, head_dim)]), acc);
   return acc * scale;
 }
 
 // add_values over [from, to) of a row of this length whose last position's value is row `own` (own < 0: its own
 // place): the same multiply-adds in the same order, the last one reading the leaf's value.
+template <typename Kv>
 inline void add_row_values(const float* weights, int64_t from, int64_t to, int64_t length, int64_t own,
-                           const float* values, int64_t head_dim, float* acc_out) {
+                           const Kv* values, int64_t head_dim, float* acc_out) {
   if (own < 0 || to < length) return add_values(weights, from, to, values, head_dim, acc_out);
   add_values(weights, from, length - 1, values, head_dim, acc_out);
   add_values(weights + length - 1, 0, 1, values + own * head_dim, head_dim, acc_out);
 }
 
 // softmax(softcap(scores[skip..length))) · values -> out [D]; scores are overwritten with the weights.
-inline void softmax_values(float* scores, int64_t skip, int64_t length, int64_t own, float cap, const float* values,
+template <typename Kv>
+inline void softmax_values(float* scores, int64_t skip, int64_t length, int64_t own, float cap, const Kv* values,
                            int64_t head_dim, float* out) {
   softcap_scores(scores, skip, length, cap);
   skip_scores(scores, skip);
@@ -257,8 +310,8 @@ inline void softmax_values(float* scores, int64_t skip, int64_t length, int64_t 
   scale_values(out, head_dim, inverse);
 }
 
-template <int H>
-inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
+template <int H, typename Kv>
+inline void attend_heads(const float* q, const Kv* keys, const Kv* values, int64_t skip, int64_t length,
                          int64_t own, int64_t head_dim, float scale, float cap, float* out, float* scores) {
   const int64_t stride = key_blocks(length) * kKeyBlock;
   block_scores<H>(q, keys, key_blocks(length), head_dim, scale, scores, stride);
@@ -271,15 +324,15 @@ inline void attend_heads(const float* q, const float* keys, const float* values,
 #else
 constexpr const char* kAttentionIsa = "scalar";
 
-template <int H>
-inline void attend_heads(const float* q, const float* keys, const float* values, int64_t skip, int64_t length,
+template <int H, typename Kv>
+inline void attend_heads(const float* q, const Kv* keys, const Kv* values, int64_t skip, int64_t length,
                          int64_t own, int64_t head_dim, float scale, float cap, float* out, float* scores) {
   for (int h = 0; h < H; ++h) {
     float max_score = -std::numeric_limits<float>::infinity();
     for (int64_t j = skip; j < length; ++j) {
       const int64_t index = own >= 0 && j == length - 1 ? own : j;
       float total = 0.0f;
-      for (int64_t d = 0; d < head_dim; ++d) total += q[h * head_dim + d] * keys[key_offset(index, d, head_dim)];
+      for (int64_t d = 0; d < head_dim; ++d) total += q[h * head_dim + d] * kv_float(keys[key_offset(index, d, head_dim)]);
       scores[j] = total * scale;
       softcap_scores(scores, j, j + 1, cap);
       max_score = std::max(max_score, scores[j]);
@@ -289,8 +342,8 @@ inline void attend_heads(const float* q, const float* keys, const float* values,
     float* o = out + h * head_dim;
     std::fill(o, o + head_dim, 0.0f);
     for (int64_t j = skip; j < length; ++j) {
-      const float* value = values + (own >= 0 && j == length - 1 ? own : j) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) o[d] += scores[j] * value[d];
+      const Kv* value = values + (own >= 0 && j == length - 1 ? own : j) * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] += scores[j] * kv_float(value[d]);
     }
     for (int64_t d = 0; d < head_dim; ++d) o[d] /= sum;
   }
@@ -301,7 +354,8 @@ inline void attend_heads(const float* q, const float* keys, const float* values,
 // tree's leaf, else at length - 1), seeing positions skip..length - 1, their
 // scores softcapped by `cap` (0: none): out [heads][D]. scores is scratch of at least 8 · key_blocks(length) · 16 floats. Heads go 8 at a time; each
 // head's arithmetic is its own.
-inline void attend_group(const float* q, int64_t heads, const float* keys, const float* values, int64_t skip,
+template <typename Kv>
+inline void attend_group(const float* q, int64_t heads, const Kv* keys, const Kv* values, int64_t skip,
                          int64_t length, int64_t own, int64_t head_dim, float scale, float cap, float* out, float* scores) {
   const FlushSubnormals flush;
   for (int64_t first = 0; first < heads; first += 8) {
@@ -338,9 +392,10 @@ inline int64_t rows_scratch(const int64_t* lengths, int64_t rows, int64_t heads)
 // out[r] [heads][D]. Every row's arithmetic is attend_group's, in the same order (so the same bits); the rows take
 // turns on each tile of keys and then of values while it is in cache, so a verify block of k rows reads the cache
 // about once rather than k times. scores: scratch of rows_scratch(lengths, rows, heads) floats.
+template <typename Kv>
 inline void attend_rows(const float* const* q, const int64_t* skips, const int64_t* lengths, const int64_t* owns,
                         int64_t rows, int64_t heads,
-                        const float* keys, const float* values, int64_t head_dim, float scale, float cap,
+                        const Kv* keys, const Kv* values, int64_t head_dim, float scale, float cap,
                         float* const* out, float* scores) {
   const FlushSubnormals flush;
 #if defined(QD_VECTOR_ATTENTION)
@@ -363,7 +418,7 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
   }
   // 1. Scores: each tile of key blocks, for every row that reaches it.
   for (int64_t tile = 0; tile < most_blocks; tile += kKeyTile) {
-    const float* tile_keys = keys + tile * head_dim * kKeyBlock;
+    const Kv* tile_keys = keys + tile * head_dim * kKeyBlock;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t blocks = std::min(kKeyTile, key_blocks(lengths[r]) - tile);
       for (int64_t first = 0; blocks > 0 && first < heads; first += 8) {

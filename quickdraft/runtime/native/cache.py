@@ -9,18 +9,21 @@ import sys
 
 import torch
 
+from quickdraft.runtime.names import KV_CACHE_DTYPES
 from quickdraft.runtime.native.config import DecoderConfig
 
 Slots = list[torch.Tensor]  # per cache slot (a request's row), its keys or values (StaticKVCache.slots)
 
 KEY_BLOCK = 16  # keys are kept in blocks of 16 positions, transposed (attention.h)
+KV_DTYPES = {name: getattr(torch, name) for name in KV_CACHE_DTYPES}  # what a cache may hold keys and values as
 NO_HUGE_PAGES = getattr(mmap, "MADV_NOHUGEPAGE", None)  # Linux's
 LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 class StaticKVCache:
     """Preallocated keys ``[layers, B, kv_heads, C/16, head_dim, 16]`` (blocks of 16 positions, transposed) and values
-    ``[layers, B, kv_heads, C, head_dim]``; rollback moves a length.
+    ``[layers, B, kv_heads, C, head_dim]``, float32 or float16 (``dtype``: a written key or value is rounded to the
+    nearest half, and read back as that half's float); rollback moves a length.
 
     A row's positions at or past its length are never read (a query at position p attends to 0..p, all written
     before it), so the tensors start uninitialized: the memory of positions no token reaches is never touched, nor
@@ -28,11 +31,15 @@ class StaticKVCache:
     own span, and where the system gives huge pages to all memory, a few tokens would take 2 MB in each.
     """
 
-    def __init__(self, config: DecoderConfig, batch_size: int, capacity: int) -> None:
+    def __init__(
+        self, config: DecoderConfig, batch_size: int, capacity: int, dtype: torch.dtype = torch.float32
+    ) -> None:
+        if dtype not in KV_DTYPES.values():
+            raise ValueError(f"a KV cache holds float32 or float16, not {dtype}")
         blocks = -(-capacity // KEY_BLOCK)
         prefix = (config.num_layers, batch_size, config.num_kv_heads)
-        self.keys = torch.empty(*prefix, blocks, config.head_dim, KEY_BLOCK)
-        self.values = torch.empty(*prefix, blocks * KEY_BLOCK, config.head_dim)
+        self.keys = torch.empty(*prefix, blocks, config.head_dim, KEY_BLOCK, dtype=dtype)
+        self.values = torch.empty(*prefix, blocks * KEY_BLOCK, config.head_dim, dtype=dtype)
         for tensor in (self.keys, self.values):
             no_huge_pages(tensor)
         self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]

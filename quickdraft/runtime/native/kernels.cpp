@@ -4,8 +4,9 @@
 // share the call. That makes a token's result bitwise identical whether it is decoded alone or
 // inside a verify block at any offset.
 //
-// attend:             causal attention over static KV caches (attention.h), one row and KV head's group of query
-//                     heads at a time; rows may belong to different caches (requests) at different positions.
+// attend:             causal attention over static KV caches, float32 or float16 (attention.h), one row and KV
+//                     head's group of query heads at a time; rows may belong to different caches (requests) at
+//                     different positions.
 // quantize_rows:      per-row 8-bit activation scales and the int8 rows the GEMMs take, in one pass or two (the
 //                     second quantizes what the first left: a model's DecoderConfig.activation_passes).
 // int8_matmul:        the integer GEMM against 7-bit weights with per-channel scales (gemm.h).
@@ -23,7 +24,7 @@
 // rms_norm:           RMSNorm of each row.
 // rms_norm_quantize:  RMSNorm, then quantize_rows.
 // qkv_rope_cache:     combine_rows of the q/k/v projection, RMSNorm of each q and k head (if the model has it),
-//                     RoPE on q and k, k and v written into the cache.
+//                     RoPE on q and k, k and v written into the cache (rounded to halves in a float16 one).
 // combine_residual:   residual + combine_rows, RMSNorm'd first (if the model norms a sublayer's output), times a
 //                     scale (Granite's residual multiplier; 1 leaves the bits as they are).
 // gated_quantize:     combine_rows of gate/up, act(gate) * up (act: SiLU or tanh-approximated GELU), quantize_rows.
@@ -43,6 +44,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -166,19 +168,23 @@ void blocked_matmul(const torch::Tensor& x, torch::Tensor& out, int64_t column, 
 }
 
 // One layer's keys or values of every cache slot a call touches: slot s's plane for layer l and KV head g starts at
-// base[s] + l * layer_stride[s] + g * head_stride[s]. Values are [layers, kv_heads, C, D] per slot; keys are
-// [layers, kv_heads, C/16, D, 16] (attention.h's blocks). The dimensions after the layer's must be contiguous.
+// base[s] + l * layer_stride[s] + g * head_stride[s] elements, float32 or float16 (`half`: a half's bits) alike in
+// every slot. Values are [layers, kv_heads, C, D] per slot; keys are [layers, kv_heads, C/16, D, 16] (attention.h's
+// blocks). The dimensions after the layer's must be contiguous.
 struct CachePlanes {
-  std::vector<float*> base;
+  std::vector<void*> base;
   std::vector<int64_t> layer_stride, head_stride;
   int64_t kv_heads = 0, capacity = 0, head_dim = 0;
+  bool half = false;
 
   CachePlanes(const std::vector<torch::Tensor>& slots, bool blocked, int64_t layer) {
     TORCH_CHECK(!slots.empty() && layer >= 0 && layer < slots[0].size(0), "no cache slots, or no such layer");
+    half = slots[0].scalar_type() == torch::kFloat16;
     for (const auto& t : slots) {
-      TORCH_CHECK(t.dtype() == torch::kFloat32 && t.dim() == (blocked ? 5 : 4), "a cache slot has the wrong shape");
+      TORCH_CHECK(t.scalar_type() == (half ? torch::kFloat16 : torch::kFloat32) && t.dim() == (blocked ? 5 : 4),
+                  "cache slots are all float32 or all float16, of the cache's shape");
       TORCH_CHECK(t[0].is_contiguous() && t.sizes() == slots[0].sizes(), "cache slots must match and be contiguous");
-      base.push_back(t.data_ptr<float>());
+      base.push_back(t.data_ptr());
       layer_stride.push_back(t.stride(0));
       head_stride.push_back(t.stride(1));
     }
@@ -186,10 +192,26 @@ struct CachePlanes {
     capacity = blocked ? slots[0].size(2) * qd::kKeyBlock : slots[0].size(2);
     head_dim = slots[0].size(3);
   }
-  float* plane(int64_t slot, int64_t layer, int64_t g) const {
-    return base[slot] + layer * layer_stride[slot] + g * head_stride[slot];
+  // Kv: float for a float32 cache, uint16_t for a float16 one.
+  template <typename Kv>
+  Kv* plane(int64_t slot, int64_t layer, int64_t g) const {
+    return static_cast<Kv*>(base[slot]) + layer * layer_stride[slot] + g * head_stride[slot];
   }
 };
+
+// run(float{}) for a float32 cache, run(uint16_t{}) for a float16 one: the element type chosen once per call.
+template <typename Run>
+void with_cache_type(const CachePlanes& planes, Run run) {
+  if (planes.half) run(uint16_t{});
+  else run(float{});
+}
+
+// A float as a cache element: itself, or the half nearest to it (ties to even, as PyTorch's conversion).
+template <typename Kv>
+Kv cache_element(float value) {
+  if constexpr (std::is_same_v<Kv, float>) return value;
+  else return c10::Half(value).x;
+}
 
 // Row r: slot row_slot[r], position row_position[r], its key and value at index row_index[r] (its position, or for a
 // tree's leaf a place past the verify block: attention.h).
@@ -221,7 +243,8 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
   const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = key_planes.kv_heads;
   const int64_t group = heads / kv_heads;
   TORCH_CHECK(head_dim == key_planes.head_dim && heads % kv_heads == 0);
-  TORCH_CHECK(value_planes.kv_heads == kv_heads && value_planes.head_dim == head_dim, "keys and values differ");
+  TORCH_CHECK(value_planes.kv_heads == kv_heads && value_planes.head_dim == head_dim &&
+                  value_planes.half == key_planes.half, "keys and values differ");
   check_rows(row_slot, row_position, row_index, rows, key_planes);
   check_rows(row_slot, row_position, row_index, rows, value_planes);
   auto out = torch::empty({rows, heads * head_dim}, q.options());
@@ -243,6 +266,8 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
     runs.emplace_back(r, e);
     r = e;
   }
+  with_cache_type(key_planes, [&](auto element) {
+  using Kv = decltype(element);
   at::parallel_for(0, static_cast<int64_t>(runs.size()) * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     const float* qs[kRunRows];
@@ -261,10 +286,11 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
       }
       scores.resize(qd::rows_scratch(lengths, last - first, group));
       qd::attend_rows(qs, skips, lengths, owns, last - first, group,
-                      key_planes.plane(row_slot[first], layer, g) + from * head_dim,
-                      value_planes.plane(row_slot[first], layer, g) + from * head_dim, head_dim,
+                      key_planes.plane<Kv>(row_slot[first], layer, g) + from * head_dim,
+                      value_planes.plane<Kv>(row_slot[first], layer, g) + from * head_dim, head_dim,
                       static_cast<float>(scale), static_cast<float>(softcap), outs, scores.data());
     }
+  });
   });
   return out;
 }
@@ -414,6 +440,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   cos = float_tensor(cos, "cos");
   sin = float_tensor(sin, "sin");
   const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
+  TORCH_CHECK(value_planes.half == key_planes.half, "keys and values differ");
   const int64_t kv_heads = key_planes.kv_heads, head_dim = key_planes.head_dim;
   const int64_t rows = static_cast<int64_t>(row_slot.size()), width = out.size(1);
   TORCH_CHECK(width == (heads + 2 * kv_heads) * head_dim);
@@ -453,10 +480,15 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
       const float* v = k + kv_heads * head_dim;
       for (int64_t g = 0; g < kv_heads; ++g) {
         rope_row(k + g * head_dim, c, si, rotated.data(), dims, head_dim);
-        float* key_plane = key_planes.plane(row_slot[r], layer, g);
-        for (int64_t d = 0; d < head_dim; ++d) key_plane[qd::key_offset(row_index[r], d, head_dim)] = rotated[d];
-        std::copy(v + g * head_dim, v + (g + 1) * head_dim,
-                  value_planes.plane(row_slot[r], layer, g) + row_index[r] * head_dim);
+        with_cache_type(key_planes, [&](auto element) {
+          using Kv = decltype(element);
+          Kv* key_plane = key_planes.plane<Kv>(row_slot[r], layer, g);
+          Kv* value_row = value_planes.plane<Kv>(row_slot[r], layer, g) + row_index[r] * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) {
+            key_plane[qd::key_offset(row_index[r], d, head_dim)] = cache_element<Kv>(rotated[d]);
+            value_row[d] = cache_element<Kv>(v[g * head_dim + d]);
+          }
+        });
       }
     }
   });

@@ -57,6 +57,7 @@ class Decoder:
         self.layer_rope = [tables[rope] for rope in config.layer_ropes]  # per layer: cos, sin [C, D] (shared)
         self.attention_scale = config.attention_scale
         self.use_kernel = True  # the compiled kernels when they build (False: the PyTorch reference path)
+        self.kv_dtype = torch.float16  # what new caches hold keys and values as (float32 or float16)
         self.vocabulary: torch.Tensor | None = None  # the token ids the LM head computes (None: all)
         self.all_rows_head = lm_head  # the LM head over every token (a restricted one selects from it)
         self.focus: torch.Tensor = torch.empty(0, dtype=torch.long)  # tokens computed beside the vocabulary
@@ -74,7 +75,7 @@ class Decoder:
         return cls(config, embedding, layers, state["final_norm"], lm_head, capacity)
 
     def new_cache(self, batch_size: int) -> StaticKVCache:
-        return StaticKVCache(self.config, batch_size, self.capacity)
+        return StaticKVCache(self.config, batch_size, self.capacity, self.kv_dtype)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm over the last dimension; an empty weight means no norm (x as it is)."""
@@ -113,11 +114,12 @@ class Decoder:
         attended = torch.empty(rows, heads * head_dim)
         for r, (slot, position, own) in enumerate(zip(row_slot, row_position, row_index, strict=True)):
             first = max(0, position + 1 - window) if window else 0
-            all_keys = key_rows(keys[slot][index], own + 1)  # [kv, own + 1, D]
-            slot_keys, slot_values = all_keys[:, first : position + 1], values[slot][index, :, first : position + 1]
+            all_keys = key_rows(keys[slot][index], own + 1).float()  # [kv, own + 1, D] (a half widens exactly)
+            all_values = values[slot][index, :, : own + 1].float()  # [kv, own + 1, D]
+            slot_keys, slot_values = all_keys[:, first : position + 1], all_values[:, first : position + 1]
             if own != position:  # a tree's leaf: its own key and value in the place of its position
                 slot_keys = torch.cat([slot_keys[:, :-1], all_keys[:, own : own + 1]], dim=1)
-                slot_values = torch.cat([slot_values[:, :-1], values[slot][index, :, own : own + 1]], dim=1)
+                slot_values = torch.cat([slot_values[:, :-1], all_values[:, own : own + 1]], dim=1)
             kv_heads = slot_keys.shape[0]
             query = q[r].reshape(kv_heads, heads // kv_heads, head_dim) * self.attention_scale
             scores = torch.matmul(query, slot_keys.transpose(-1, -2))  # [kv, G, position + 1]

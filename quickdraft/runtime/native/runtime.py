@@ -13,8 +13,8 @@ import torch
 from quickdraft.errors import ConfigError, ModelFilesError
 from quickdraft.models.convert import read_marker
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
-from quickdraft.runtime.names import WEIGHT_FORMATS
-from quickdraft.runtime.native.cache import KEY_BLOCK, StaticKVCache
+from quickdraft.runtime.names import KV_CACHE_DEFAULT, WEIGHT_FORMATS
+from quickdraft.runtime.native.cache import KEY_BLOCK, KV_DTYPES, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_weights import READ_TYPES
 from quickdraft.runtime.native.kernels import load_kernels, sources_digest
@@ -51,14 +51,17 @@ class NativeRuntime(Runtime):
     def __init__(self, decoder: Decoder, weights: str = "auto") -> None:
         self.decoder = decoder
         config = decoder.config
-        self.kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4  # float32 k, v
+        element = decoder.kv_dtype.itemsize  # of a key's or a value's element in the cache
+        self.kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * element
         self.vocab_size = decoder.config.vocab_size
         self.hidden_size = decoder.config.hidden_size
         self.max_context = decoder.capacity
         self.num_layers = decoder.config.num_layers
         self.device = torch.device("cpu")
         vocabulary = "all" if decoder.vocabulary is None else len(decoder.vocabulary)
-        self.build = f"native {NATIVE_FORMAT} {weights} vocabulary {vocabulary} kernels {sources_digest()}"
+        self.kv_cache_dtype = str(decoder.kv_dtype).removeprefix("torch.")
+        kv = self.kv_cache_dtype
+        self.build = f"native {NATIVE_FORMAT} {weights} vocabulary {vocabulary} kv {kv} kernels {sources_digest()}"
 
     @staticmethod
     def supports(path: Path) -> bool:
@@ -84,6 +87,9 @@ class NativeRuntime(Runtime):
             raise ConfigError(f"the native runtime runs on the CPU only, not on {options.device}")
         if options.weights not in WEIGHT_FORMATS:
             raise ConfigError(f"unknown weight format {options.weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
+        kv_cache = options.kv_cache_dtype or KV_CACHE_DEFAULT
+        if kv_cache not in KV_DTYPES:
+            raise ConfigError(f"unknown KV cache dtype {kv_cache!r}; choose one of: {', '.join(KV_DTYPES)}")
         try:
             config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError) as error:
@@ -100,6 +106,7 @@ class NativeRuntime(Runtime):
             config.max_position_embeddings if capacity is None else min(capacity, config.max_position_embeddings)
         )
         decoder = Decoder.from_native_state(config, state, positions)
+        decoder.kv_dtype = KV_DTYPES[kv_cache]
         if options.vocabulary is not None:  # tokens past the model's rows (a tokenizer's added ones) cannot be drawn
             vocabulary = [token for token in options.vocabulary if token < config.vocab_size]
             if not vocabulary or min(vocabulary) < 0:
@@ -119,8 +126,9 @@ class NativeRuntime(Runtime):
         config, page = self.decoder.config, mmap.PAGESIZE
         if positions == 0:
             return 0
-        keys = -(-positions // KEY_BLOCK) * KEY_BLOCK * config.head_dim * 4  # whole blocks: a position's lanes
-        values = positions * config.head_dim * 4
+        element = self.decoder.kv_dtype.itemsize
+        keys = -(-positions // KEY_BLOCK) * KEY_BLOCK * config.head_dim * element  # whole blocks: a position's lanes
+        values = positions * config.head_dim * element
         pages = sum(-(-size // page) + 1 for size in (keys, values))
         return config.num_layers * config.num_kv_heads * pages * page
 

@@ -1,11 +1,14 @@
 """How far is each native weight format from the transformers fp32 model, by the perplexity guard's measure?
 
-    .venv/bin/python tools/perplexity.py [--models NAME,...] [--formats auto,int8,q4] [--against-llama-cpp]
+    .venv/bin/python tools/perplexity.py [--models NAME,...] [--formats auto,int8,q4]
+        [--kv-cache-dtypes float16,float32] [--source-tokens N] [--against-llama-cpp]
 
 The guard (tests/test_real_models.py) asks the native target's perplexity on its fixed text to stay within 3 %
 of the fp32 model's (which computes with the GGUF file's dequantized weights). This prints that perplexity for
-each model (default: the default target and draft) in every weight format, beside fp32's, and with
---against-llama-cpp llama.cpp's on the same GGUF file and the same token ids (needs llama-cpp-python).
+each model (default: the default target and draft) in every weight format and KV cache dtype, beside fp32's, and
+with --against-llama-cpp llama.cpp's on the same GGUF file and the same token ids (needs llama-cpp-python).
+--source-tokens N reads instead the first N tokens of this Python's standard-library source (the bench's long
+contexts), where the cache's precision counts over many positions.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.bench.llama_cpp import all_logits
+from quickdraft.bench.long_context import source_lines
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
 from quickdraft.models.convert import gguf_source
 from quickdraft.models.loading import load_hf_model
@@ -38,11 +42,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
     parser.add_argument("--formats", default="auto,int8,q4")
+    parser.add_argument("--kv-cache-dtypes", default="float16,float32")
+    parser.add_argument("--source-tokens", type=int, default=None)
     parser.add_argument("--against-llama-cpp", action="store_true")
     args = parser.parse_args()
     for name in args.models.split(","):
         path = resolve_model(name)
-        token_ids = torch.tensor([load_tokenizer(path)(GUARD_TEXT).input_ids])  # [1, T]
+        text = GUARD_TEXT if args.source_tokens is None else "".join(source_lines())
+        token_ids = torch.tensor([load_tokenizer(path)(text).input_ids[: args.source_tokens]])  # [1, T]
 
         with torch.no_grad():
             reference = perplexity(load_hf_model(path)(token_ids).logits, token_ids)
@@ -51,9 +58,10 @@ def main() -> None:
             peer = llama_cpp_perplexity(gguf, token_ids)
             line += f", llama.cpp {peer:.3f} ({100 * (peer / reference - 1):+.1f} %)"
         for weights in args.formats.split(","):
-            runtime = NativeRuntime.load(path, LoadOptions(weights))
-            native = perplexity(runtime.forward(token_ids, runtime.new_cache()), token_ids)
-            line += f", native {weights} {native:.3f} ({100 * (native / reference - 1):+.1f} %)"
+            for kv in args.kv_cache_dtypes.split(","):
+                runtime = NativeRuntime.load(path, LoadOptions(weights, kv_cache_dtype=kv))
+                native = perplexity(runtime.forward(token_ids, runtime.new_cache()), token_ids)
+                line += f", native {weights} kv {kv} {native:.3f} ({100 * (native / reference - 1):+.1f} %)"
         print(line, flush=True)
 
 

@@ -23,6 +23,7 @@ NEWER_KEYS = ("questions_sha256", "device", "warmup", "profile_context")  # not 
 MACHINE_KEYS = ("cpu", "cpu_family_model", "isa", "threads", "torch", "transformers", "llama_cpp_python")
 LEGACY_SAMPLING = {"greedy": True, "temperature": 0.0, "sampling_seed": None}  # folders from before sampled benches
 LEGACY_DRAFT_LOAD = {"weights": "int8", "vocabulary": 0}  # what results folders from before draft_load measured
+LEGACY_KV_CACHE = {"kv_cache": "float32"}  # folders from before float16 caches
 
 
 class ResultStore:
@@ -43,7 +44,7 @@ class ResultStore:
             )
         if saved is not None:
             saved.setdefault("draft_load", LEGACY_DRAFT_LOAD if saved.get("draft") else None)
-            saved = LEGACY_SAMPLING | {"kv_cache": "float32"} | saved  # folders from before float16 caches
+            saved = LEGACY_SAMPLING | LEGACY_KV_CACHE | saved
             different = [key for key in FINGERPRINT_KEYS if self._differs(saved, key)]
             if different:
                 flags = "--questions, --per-category, --seed, --categories"

@@ -31,9 +31,7 @@ class StaticKVCache:
     own span, and where the system gives huge pages to all memory, a few tokens would take 2 MB in each.
     """
 
-    def __init__(
-        self, config: DecoderConfig, batch_size: int, capacity: int, dtype: torch.dtype = torch.float32
-    ) -> None:
+    def __init__(self, config: DecoderConfig, batch_size: int, capacity: int, dtype: torch.dtype) -> None:
         if dtype not in KV_DTYPES.values():
             raise ValueError(f"a KV cache holds float32 or float16, not {dtype}")
         blocks = -(-capacity // KEY_BLOCK)

@@ -267,30 +267,30 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
     r = e;
   }
   with_cache_type(key_planes, [&](auto element) {
-  using Kv = decltype(element);
-  at::parallel_for(0, static_cast<int64_t>(runs.size()) * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    const float* qs[kRunRows];
-    float* outs[kRunRows];
-    int64_t skips[kRunRows], lengths[kRunRows], owns[kRunRows];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t g = task % kv_heads;
-      const auto [first, last] = runs[task / kv_heads];
-      const int64_t from = start[first];
-      for (int64_t r = first; r < last; ++r) {
-        qs[r - first] = q_data + (r * heads + g * group) * head_dim;
-        outs[r - first] = out_data + (r * heads + g * group) * head_dim;
-        lengths[r - first] = row_position[r] + 1 - from;
-        skips[r - first] = window > 0 ? std::max<int64_t>(0, row_position[r] + 1 - window) - from : 0;
-        owns[r - first] = row_index[r] != row_position[r] ? row_index[r] - from : -1;
+    using Kv = decltype(element);
+    at::parallel_for(0, static_cast<int64_t>(runs.size()) * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      const float* qs[kRunRows];
+      float* outs[kRunRows];
+      int64_t skips[kRunRows], lengths[kRunRows], owns[kRunRows];
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t g = task % kv_heads;
+        const auto [first, last] = runs[task / kv_heads];
+        const int64_t from = start[first];
+        for (int64_t r = first; r < last; ++r) {
+          qs[r - first] = q_data + (r * heads + g * group) * head_dim;
+          outs[r - first] = out_data + (r * heads + g * group) * head_dim;
+          lengths[r - first] = row_position[r] + 1 - from;
+          skips[r - first] = window > 0 ? std::max<int64_t>(0, row_position[r] + 1 - window) - from : 0;
+          owns[r - first] = row_index[r] != row_position[r] ? row_index[r] - from : -1;
+        }
+        scores.resize(qd::rows_scratch(lengths, last - first, group));
+        qd::attend_rows(qs, skips, lengths, owns, last - first, group,
+                        key_planes.plane<Kv>(row_slot[first], layer, g) + from * head_dim,
+                        value_planes.plane<Kv>(row_slot[first], layer, g) + from * head_dim, head_dim,
+                        static_cast<float>(scale), static_cast<float>(softcap), outs, scores.data());
       }
-      scores.resize(qd::rows_scratch(lengths, last - first, group));
-      qd::attend_rows(qs, skips, lengths, owns, last - first, group,
-                      key_planes.plane<Kv>(row_slot[first], layer, g) + from * head_dim,
-                      value_planes.plane<Kv>(row_slot[first], layer, g) + from * head_dim, head_dim,
-                      static_cast<float>(scale), static_cast<float>(softcap), outs, scores.data());
-    }
-  });
+    });
   });
   return out;
 }
@@ -461,36 +461,36 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   auto q = torch::empty({rows, heads, head_dim}, out.options());
   const float *cos_data = cos.data_ptr<float>(), *sin_data = sin.data_ptr<float>();
   float* q_data = q.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> projected(width), rotated(head_dim);
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t position = row_position[r];
-      for (int64_t n = 0; n < width; ++n) projected[n] = gemm.combined(r, n, b);
-      for (int64_t n = 0; qn != nullptr && n < heads * head_dim; n += q_span) {  // in place: a span reads only itself
-        rms_norm_row(projected.data() + n, qn, projected.data() + n, q_span, norm_eps);
-      }
-      for (int64_t n = heads * head_dim; kn != nullptr && n < (heads + kv_heads) * head_dim; n += k_span) {
-        rms_norm_row(projected.data() + n, kn, projected.data() + n, k_span, norm_eps);
-      }
-      const float* c = cos_data + position * dims;
-      const float* si = sin_data + position * dims;
-      for (int64_t h = 0; h < heads; ++h)
-        rope_row(projected.data() + h * head_dim, c, si, q_data + (r * heads + h) * head_dim, dims, head_dim);
-      const float* k = projected.data() + heads * head_dim;
-      const float* v = k + kv_heads * head_dim;
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        rope_row(k + g * head_dim, c, si, rotated.data(), dims, head_dim);
-        with_cache_type(key_planes, [&](auto element) {
-          using Kv = decltype(element);
+  with_cache_type(key_planes, [&](auto element) {
+    using Kv = decltype(element);
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> projected(width), rotated(head_dim);
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t position = row_position[r];
+        for (int64_t n = 0; n < width; ++n) projected[n] = gemm.combined(r, n, b);
+        for (int64_t n = 0; qn != nullptr && n < heads * head_dim; n += q_span) {  // in place: a span reads only itself
+          rms_norm_row(projected.data() + n, qn, projected.data() + n, q_span, norm_eps);
+        }
+        for (int64_t n = heads * head_dim; kn != nullptr && n < (heads + kv_heads) * head_dim; n += k_span) {
+          rms_norm_row(projected.data() + n, kn, projected.data() + n, k_span, norm_eps);
+        }
+        const float* c = cos_data + position * dims;
+        const float* si = sin_data + position * dims;
+        for (int64_t h = 0; h < heads; ++h)
+          rope_row(projected.data() + h * head_dim, c, si, q_data + (r * heads + h) * head_dim, dims, head_dim);
+        const float* k = projected.data() + heads * head_dim;
+        const float* v = k + kv_heads * head_dim;
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          rope_row(k + g * head_dim, c, si, rotated.data(), dims, head_dim);
           Kv* key_plane = key_planes.plane<Kv>(row_slot[r], layer, g);
           Kv* value_row = value_planes.plane<Kv>(row_slot[r], layer, g) + row_index[r] * head_dim;
           for (int64_t d = 0; d < head_dim; ++d) {
             key_plane[qd::key_offset(row_index[r], d, head_dim)] = cache_element<Kv>(rotated[d]);
             value_row[d] = cache_element<Kv>(v[g * head_dim + d]);
           }
-        });
+        }
       }
-    }
+    });
   });
   return q;
 }

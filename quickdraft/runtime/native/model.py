@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from quickdraft.runtime.names import KV_CACHE_DEFAULT
 from quickdraft.runtime.native.architecture import ACTIVATIONS
-from quickdraft.runtime.native.cache import KEY_BLOCK, Slots, StaticKVCache, key_rows
+from quickdraft.runtime.native.cache import KEY_BLOCK, KV_DTYPES, Slots, StaticKVCache, key_rows
 from quickdraft.runtime.native.config import DecoderConfig, rope_tables
 from quickdraft.runtime.native.embedding import TokenEmbedding
 from quickdraft.runtime.native.kernels import native_kernels
@@ -57,7 +58,7 @@ class Decoder:
         self.layer_rope = [tables[rope] for rope in config.layer_ropes]  # per layer: cos, sin [C, D] (shared)
         self.attention_scale = config.attention_scale
         self.use_kernel = True  # the compiled kernels when they build (False: the PyTorch reference path)
-        self.kv_dtype = torch.float16  # what new caches hold keys and values as (float32 or float16)
+        self.kv_dtype = KV_DTYPES[KV_CACHE_DEFAULT]  # what new caches hold keys and values as (KV_DTYPES)
         self.vocabulary: torch.Tensor | None = None  # the token ids the LM head computes (None: all)
         self.all_rows_head = lm_head  # the LM head over every token (a restricted one selects from it)
         self.focus: torch.Tensor = torch.empty(0, dtype=torch.long)  # tokens computed beside the vocabulary

@@ -160,6 +160,38 @@ inline void add_values(const float* weights, int64_t from, int64_t to, const Kv*
   }
 }
 
+// add_values for H heads at once: acc[h] [D] (at acc_out + h·D) += Σ_{j in [from, to)} weights[h·stride + j] ·
+// values[j]. Each output element gets add_values' multiply-adds in add_values' order (so the same bits); a value
+// vector is read and widened once for the H heads instead of once for each. The heads' accumulators fill the
+// registers for a few vectors of D at a time.
+template <int H, typename Kv>
+inline void add_heads_values(const float* weights, int64_t stride, int64_t from, int64_t to, const Kv* values,
+                             int64_t head_dim, float* acc_out) {
+  constexpr int kVectors = std::max(1, std::min(8, 16 / H));  // H · kVectors accumulators of the 32 registers
+  for (int64_t first = 0; first < head_dim; first += kVectors * 16) {
+    const int64_t vectors = std::min<int64_t>(kVectors, (head_dim - first + 15) / 16);
+    const __mmask16 tail = static_cast<__mmask16>(head_dim - first >= 16 * vectors ? 0xFFFF : (1u << ((head_dim - first) % 16)) - 1u);
+    __m512 acc[H][kVectors];
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < kVectors; ++i)
+        if (i < vectors) acc[h][i] = _mm512_maskz_loadu_ps(i + 1 < vectors ? 0xFFFF : tail, acc_out + h * head_dim + first + 16 * i);
+    for (int64_t j = from; j < to; ++j) {
+      const Kv* v = values + j * head_dim + first;
+      __m512 value[kVectors];
+      for (int i = 0; i < kVectors; ++i)
+        if (i < vectors) value[i] = i + 1 < vectors ? load_kv(v + 16 * i) : load_kv(tail, v + 16 * i);
+      for (int h = 0; h < H; ++h) {
+        const __m512 w = _mm512_set1_ps(weights[h * stride + j]);
+        for (int i = 0; i < kVectors; ++i)
+          if (i < vectors) acc[h][i] = _mm512_fmadd_ps(w, value[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < kVectors; ++i)
+        if (i < vectors) _mm512_mask_storeu_ps(acc_out + h * head_dim + first + 16 * i, i + 1 < vectors ? 0xFFFF : tail, acc[h][i]);
+  }
+}
+
 inline void scale_values(float* out, int64_t head_dim, float inverse) {
   for (int64_t d = 0; d < head_dim; d += 16) {
     const __mmask16 mask = static_cast<__mmask16>(head_dim - d >= 16 ? 0xFFFF : (1u << (head_dim - d)) - 1u);
@@ -263,6 +295,36 @@ inline void add_values(const float* weights, int64_t from, int64_t to, const Kv*
   }
 }
 
+// As the AVX-512 add_heads_values, with 8-lane vectors and the 16 registers.
+template <int H, typename Kv>
+inline void add_heads_values(const float* weights, int64_t stride, int64_t from, int64_t to, const Kv* values,
+                             int64_t head_dim, float* acc_out) {
+  constexpr int kVectors = std::max(1, std::min(8, 12 / H));
+  for (int64_t first = 0; first < head_dim; first += kVectors * 8) {
+    const int64_t vectors = std::min<int64_t>(kVectors, (head_dim - first + 7) / 8);
+    const __m256i tail = lanes_below(head_dim - first - 8 * (vectors - 1));
+    const __m256i full = lanes_below(8);
+    __m256 acc[H][kVectors];
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < kVectors; ++i)
+        if (i < vectors) acc[h][i] = _mm256_maskload_ps(acc_out + h * head_dim + first + 8 * i, i + 1 < vectors ? full : tail);
+    for (int64_t j = from; j < to; ++j) {
+      const Kv* v = values + j * head_dim + first;
+      __m256 value[kVectors];
+      for (int i = 0; i < kVectors; ++i)
+        if (i < vectors) value[i] = i + 1 < vectors ? load_kv(v + 8 * i) : load_kv(tail, v + 8 * i);
+      for (int h = 0; h < H; ++h) {
+        const __m256 w = _mm256_set1_ps(weights[h * stride + j]);
+        for (int i = 0; i < kVectors; ++i)
+          if (i < vectors) acc[h][i] = _mm256_fmadd_ps(w, value[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < kVectors; ++i)
+        if (i < vectors) _mm256_maskstore_ps(acc_out + h * head_dim + first + 8 * i, i + 1 < vectors ? full : tail, acc[h][i]);
+  }
+}
+
 inline void scale_values(float* out, int64_t head_dim, float inverse) {
   for (int64_t d = 0; d < head_dim; d += 8) {
     const __m256i mask = lanes_below(head_dim - d);
@@ -296,6 +358,33 @@ inline void add_row_values(const float* weights, int64_t from, int64_t to, int64
   if (own < 0 || to < length) return add_values(weights, from, to, values, head_dim, acc_out);
   add_values(weights, from, length - 1, values, head_dim, acc_out);
   add_values(weights + length - 1, 0, 1, values + own * head_dim, head_dim, acc_out);
+}
+
+// add_row_values for `heads` heads of one row (head h's weights at weights + h·stride, its output at acc_out + h·D),
+// 8 heads at a time through add_heads_values: each head's sums are add_row_values' own.
+template <typename Kv>
+inline void add_group_values(const float* weights, int64_t stride, int64_t heads, int64_t from, int64_t to,
+                             int64_t length, int64_t own, const Kv* values, int64_t head_dim, float* acc_out) {
+  if (from >= to) return;
+  if (own >= 0 && to == length) {
+    add_group_values(weights, stride, heads, from, length - 1, length, -1, values, head_dim, acc_out);
+    add_group_values(weights + length - 1, stride, heads, 0, 1, 1, -1, values + own * head_dim, head_dim, acc_out);
+    return;
+  }
+  for (int64_t first = 0; first < heads; first += 8) {
+    const float* w = weights + first * stride;
+    float* o = acc_out + first * head_dim;
+    switch (std::min<int64_t>(8, heads - first)) {
+      case 1: add_heads_values<1>(w, stride, from, to, values, head_dim, o); break;
+      case 2: add_heads_values<2>(w, stride, from, to, values, head_dim, o); break;
+      case 3: add_heads_values<3>(w, stride, from, to, values, head_dim, o); break;
+      case 4: add_heads_values<4>(w, stride, from, to, values, head_dim, o); break;
+      case 5: add_heads_values<5>(w, stride, from, to, values, head_dim, o); break;
+      case 6: add_heads_values<6>(w, stride, from, to, values, head_dim, o); break;
+      case 7: add_heads_values<7>(w, stride, from, to, values, head_dim, o); break;
+      default: add_heads_values<8>(w, stride, from, to, values, head_dim, o); break;
+    }
+  }
 }
 
 // softmax(softcap(scores[skip..length))) · values -> out [D]; scores are overwritten with the weights.
@@ -447,10 +536,15 @@ inline void attend_rows(const float* const* q, const int64_t* skips, const int64
       inverse[r * heads + h] = softmax_weights(row_scores[r] + h * stride[r], lengths[r]);
       std::fill(out[r] + h * head_dim, out[r] + (h + 1) * head_dim, 0.0f);
     }
-  // 3. Values: each tile of positions, for every row that reaches it.
+  // 3. Values: each tile of positions, for every row that reaches it. Several rows take all of a row's heads at
+  //    once (a value vector widened once for them); a single row goes head by head, reading each value row whole.
   for (int64_t from = 0; from < longest; from += kValueTile)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t start = std::max(from, skips[r]), to = std::min(from + kValueTile, lengths[r]);
+      if (rows > 1) {
+        add_group_values(row_scores[r], stride[r], heads, start, to, lengths[r], owns[r], values, head_dim, out[r]);
+        continue;
+      }
       for (int64_t h = 0; start < to && h < heads; ++h)
         add_row_values(row_scores[r] + h * stride[r], start, to, lengths[r], owns[r], values, head_dim, out[r] + h * head_dim);
     }

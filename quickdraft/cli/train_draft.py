@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import add_runtime_argument, check_output_dir, check_output_file
+from quickdraft.cli.common import add_kv_cache_argument, add_runtime_argument, check_output_dir, check_output_file
 from quickdraft.errors import ConfigError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -53,6 +53,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     )
     parser.add_argument("--draft", metavar="PATH", help=f"draft model for --model draft (default {DEFAULT_DRAFT})")
     add_runtime_argument(parser)
+    add_kv_cache_argument(parser)
     parser.add_argument("--data", metavar="DIR", help="collected data (default $QUICKDRAFT_CACHE/draft-data/<target>)")
     parser.add_argument(
         "--out",
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> None:
     train_settings = TrainSettings(
         steps=args.unroll, intermediate_size=args.intermediate_size, vocabulary_size=args.vocabulary, **shared
     )
-    pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device)
+    pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype)
     name = model_key(Path(pipeline.target_path))
     data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name
     collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, name, collect_settings)

@@ -8,7 +8,7 @@ import torch
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
+from quickdraft.runtime.native.kquants import CODE_ROWS, Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
 from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, quantize_weight
 from quickdraft.runtime.native.q4tables import Q4TableMinPart, Q4TablePart
@@ -105,6 +105,16 @@ def test_q4_parts_hold_fewer_levels_as_stretched_codes() -> None:
     assert bool(((values - groups).abs() <= 0.51 * step[..., None] + 1e-3).all())
     with pytest.raises(ValueError, match="1 to 15 levels"):
         Q4Part.from_groups(weight, low, step, levels=16)
+
+
+def test_q4_rounding_keeps_each_row_to_itself_across_its_slices() -> None:
+    """from_groups rounds CODE_ROWS rows at a time: a matrix a slice and a bit longer is quantized as its rows
+    would be on their own (the last rows alone)."""
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(CODE_ROWS + 21, 64, generator=generator)
+    whole, tail = Q4Part.from_float(weight), Q4Part.from_float(weight[-21:])
+    for mine, alone in zip(whole.blocks(), tail.blocks(), strict=True):
+        assert torch.equal(mine[-21:], alone)
 
 
 def test_q6_parts_are_exact_integer_sub_block_sums() -> None:

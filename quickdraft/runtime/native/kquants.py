@@ -20,6 +20,7 @@ from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad_rows, padded
 
 GROUPS_PER_SUPER = 8  # q4, q5 and q6: groups per superblock
+CODE_ROWS = 1024  # rows rounded to codes at a time
 SUB_BLOCK = 16  # q6: weights per sub-scale
 Q6_OFFSET = 32  # q6 codes hold w / (d · sub_scale) + 32
 
@@ -136,8 +137,11 @@ class Q4Part(BlockPart):
         dmin_magnitude, sub_min = split(-low)
         scale = (d[:, index] * sub_scale.float() * stretch).clamp_min(1e-30)[..., None]  # after rounding [N, G, 1]
         offset = (-dmin_magnitude[:, index] * sub_min.float())[..., None]
-        codes = torch.round((groups - offset) / scale).clamp_(0, levels) * stretch
-        return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale, sub_min, d, -dmin_magnitude)
+        codes = torch.empty(rows, width // GROUP, GROUP, dtype=torch.uint8)  # [N, G, 32]
+        for first in range(0, rows, CODE_ROWS):  # a few MB at a time, in place: the operations stay in the cache
+            rest = slice(first, first + CODE_ROWS)
+            codes[rest] = (groups[rest] - offset[rest]).div_(scale[rest]).round_().clamp_(0, levels).mul_(stretch)
+        return cls.from_blocks(codes.reshape(rows, width), sub_scale, sub_min, d, -dmin_magnitude)
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """The plain ``(codes, sub_scale, sub_min, d, dmin)`` of :meth:`from_blocks`."""

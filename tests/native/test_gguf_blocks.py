@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from quickdraft.runtime.native import gguf_blocks
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
@@ -87,6 +88,26 @@ def test_decoded_legacy_blocks_are_ggufs_own_dequantization(
 def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
     kind, (codes, sub_scale, _) = decoded_as_gguf_reads_it(random_q6_k(32, 768), "Q6_K", 32, 768)
     assert kind == "q6" and int(codes.max()) == 63 and int(sub_scale.min()) == -128
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
+def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The K-quant and 5-bit decoders work CODE_ROWS rows at a time: with 16 at a time, 37 rows decode as all 37
+    at once (and as gguf-py dequantizes them)."""
+    raw = {
+        "Q4_K": random_q4_k,
+        "Q5_K": random_q5_k,
+        "Q6_K": random_q6_k,
+        "Q5_0": lambda rows, width: random_blocks(rows, width, 22, slice(0, 2), weights=32),
+        "Q5_1": lambda rows, width: random_blocks(rows, width, 24, slice(0, 4), weights=32),
+    }[name](37, 512)
+    kind, whole = decoded_as_gguf_reads_it(raw, name, 37, 512)
+    monkeypatch.setattr(gguf_blocks, "CODE_ROWS", 16)
+    chunked_kind, chunked = EXACT_DECODERS[name](raw, 37, 512)
+    assert chunked_kind == kind
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(chunked, whole, strict=True))
 
 
 def test_decoded_q3_k_blocks_are_ggufs_own_dequantization() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quickdraft.runtime.native import parts
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kernels import native_kernels
-from quickdraft.runtime.native.kquants import CODE_ROWS, Q4Part, Q5Part, Q6Part
+from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
-from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, quantize_weight
+from quickdraft.runtime.native.parts import CODE_ROWS, BlockPart, Int8Part, Q8MinPart, Q8Part, quantize_weight
 from quickdraft.runtime.native.q4tables import Q4TableMinPart, Q4TablePart
 
 
@@ -190,6 +191,46 @@ def test_q4_and_q5_blocks_round_trip_through_the_packed_layout(part: type[Q4Part
     if part is Q5Part:
         with pytest.raises(ValueError, match="at most 15"):
             Q4Part.from_blocks(*blocks)
+
+
+def random_fields(part: type[BlockPart], rows: int, width: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Plain fields of ``part`` (q4, q5, q6, q8 or q8m) with every code and sub-scale random."""
+
+    def ints(low: int, high: int, columns: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        return torch.randint(low, high, (rows, columns), generator=generator, dtype=dtype)
+
+    def floats(columns: int) -> torch.Tensor:
+        return torch.rand(rows, columns, generator=generator).to(torch.float16).float()
+
+    supers = -(-width // 256)
+    if part is Q6Part:
+        return ints(0, 64, width), ints(-128, 128, width // 16, torch.int8), floats(supers)
+    if part in (Q8Part, Q8MinPart):
+        return ints(-128, 128, width, torch.int8), *(floats(width // 32) for _ in part.tensor_names[1:])
+    max_code = part.max_code  # type: ignore[attr-defined]
+    return (
+        ints(0, max_code + 1, width),
+        ints(0, 256, width // 32),
+        ints(0, 256, width // 32),
+        floats(supers),
+        -floats(supers),
+    )
+
+
+@pytest.mark.parametrize("part", [Q4Part, Q5Part, Q6Part, Q8Part, Q8MinPart])
+def test_packing_a_few_rows_at_a_time_gives_the_panels_of_packing_all_at_once(
+    part: type[BlockPart], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """from_blocks packs CODE_ROWS rows at a time: with 16 at a time, 37 rows (two whole chunks and a last one of 5
+    rows, zero-padded to a panel) pack into the same tensors as all 37 at once."""
+    blocks = random_fields(part, 37, 512, torch.Generator().manual_seed(6))
+    whole = part.from_blocks(*blocks)
+    monkeypatch.setattr(parts, "CODE_ROWS", 16)
+    chunked = part.from_blocks(*blocks)
+    for name, tensor in whole.tensors().items():
+        assert torch.equal(chunked.tensors()[name], tensor), name
+    for got, expected in zip(chunked.blocks(), blocks, strict=True):
+        assert torch.equal(got, expected)
 
 
 def test_q8_blocks_round_trip_through_the_packed_layout() -> None:

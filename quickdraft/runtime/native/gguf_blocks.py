@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.native.kquants import Q6_OFFSET
+from quickdraft.runtime.native.parts import CODE_ROWS
 from quickdraft.runtime.native.q4tables import IQ4_NL_TABLE, Q4_0_TABLE, Q4_1_TABLE
 
 Q4_K_BLOCK_BYTES = 144
@@ -85,6 +86,11 @@ def float16_at(blocks: np.ndarray, at: int) -> np.ndarray:
     return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
+def row_chunks(rows: int) -> list[slice]:
+    """The rows ``[0, rows)`` CODE_ROWS at a time."""
+    return [slice(first, first + CODE_ROWS) for first in range(0, rows, CODE_ROWS)]
+
+
 def transformers_name(gguf_name: str, fused: bool = False) -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``, ``output.weight`` -> ``lm_head.weight``
     (None for names without a transformers linear weight); ``fused``: the names of a model with fused projections
@@ -108,8 +114,11 @@ def decode_q4_k(raw: np.ndarray, rows: int, width: int) -> Blocks:
     low, high, top = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     sub_scale = np.concatenate([low & 63, (top & 0x0F) | ((low >> 6) << 4)], axis=-1)  # [rows, S, 8]
     sub_min = np.concatenate([high & 63, (top >> 4) | ((high >> 6) << 4)], axis=-1)
-    quants = blocks[..., 16:].reshape(rows, width // Q4_K_WEIGHTS, 4, 32)  # 4 chunks of 64 weights
-    codes = np.stack([quants & 0x0F, quants >> 4], axis=3)  # [rows, S, 4, 2, 32]: sub-blocks 2c and 2c + 1
+    quants = blocks[..., 16:].reshape(rows, width // Q4_K_WEIGHTS, 4, 1, 32)  # 4 chunks of 64 weights
+    codes = np.empty((rows, width // Q4_K_WEIGHTS, 4, 2, 32), np.uint8)  # sub-blocks 2c and 2c + 1 of chunk c
+    for chunk in row_chunks(rows):  # a few MB at a time: the temporaries stay in the cache
+        codes[chunk] = quants[chunk] >> np.array([0, 4], np.uint8).reshape(2, 1)
+        codes[chunk] &= 0x0F
     return (
         torch.from_numpy(codes.reshape(rows, width)),
         torch.from_numpy(sub_scale.reshape(rows, -1)),
@@ -142,12 +151,17 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     [rows, width/16] int8, d [rows, width/256] float32)), where weight = d · sub_scale · (code − 32)."""
     supers = width // Q4_K_WEIGHTS
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, Q6_K_BLOCK_BYTES)
-    low = blocks[..., :128].reshape(rows, supers, 2, 2, 32)  # [.., half, part, l]: byte l + 32·part of a half
-    top = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32)  # [.., half, 1, l]
-    # weight 128·half + 32·m + l: low nibble of part m % 2 (m < 2) or high nibble (m >= 2); top bits 2m of qh[l]
-    nibbles = np.stack([low & 0x0F, low >> 4], axis=3).reshape(rows, supers, 2, 4, 32)  # [.., half, m, l]
-    tops = (top >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3  # [.., half, m, l]
-    codes = (nibbles | (tops << 4)).reshape(rows, width)
+    low = blocks[..., :128].reshape(rows, supers, 2, 1, 2, 32)  # [.., half, 1, part, l]: byte l + 32·part of a half
+    top = blocks[..., 128:192].reshape(rows, supers, 2, 1, 1, 32)  # [.., half, 1, 1, l]
+    # weight 128·half + 32·m + l (m = 2·nibble + part): low nibble of part m % 2 (m < 2) or high nibble (m >= 2); top
+    # bits 2m of qh[l]
+    nibble_shift = np.array([0, 4], np.uint8).reshape(2, 1, 1)  # [nibble, 1, 1]
+    top_shift = (2 * np.arange(4, dtype=np.uint8)).reshape(2, 2, 1)  # [nibble, part, 1]: bits 2m
+    codes = np.empty((rows, supers, 2, 2, 2, 32), np.uint8)  # [.., half, nibble, part, l]
+    for chunk in row_chunks(rows):  # a few MB at a time: the temporaries stay in the cache
+        nibbles = (low[chunk] >> nibble_shift) & 0x0F
+        codes[chunk] = nibbles | (((top[chunk] >> top_shift) & 3) << 4)
+    codes = codes.reshape(rows, width)
     sub_scale = blocks[..., 192:208].copy().view(np.int8).reshape(rows, width // 16)
     d = float16_at(blocks, 208)  # [rows, S]
     return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d))
@@ -211,16 +225,20 @@ def decode_iq4_nl(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return table_codes(raw, rows, width, IQ4_NL_TABLE)
 
 
-def fifth_bits(blocks: np.ndarray, at: int) -> np.ndarray:
-    """The 32-bit ``qh`` at byte ``at`` of each Q5_0/Q5_1 block -> each weight's fifth bit ``[rows, B, 32]``."""
-    return np.unpackbits(blocks[..., at : at + 4], axis=-1, bitorder="little")  # little-endian: bit l, weight l
+def five_bit_codes(blocks: np.ndarray, at: int, offset: int = 0) -> np.ndarray:
+    """Q5_0/Q5_1 blocks ``[rows, B, bytes]`` whose 32-bit ``qh`` is at byte ``at``, their nibbles after it -> the
+    codes minus ``offset`` ``[rows, B, 32]`` int8, CODE_ROWS rows at a time (the temporaries stay in the cache)."""
+    codes = np.empty((*blocks.shape[:2], LEGACY_WEIGHTS), np.uint8)
+    for chunk in row_chunks(len(blocks)):
+        fifth = np.unpackbits(blocks[chunk, :, at : at + 4], axis=-1, bitorder="little")  # little-endian: bit l
+        codes[chunk] = (nibbles_of(blocks[chunk, :, at + 4 :]) | (fifth << 4)) - np.uint8(offset)  # wraps below 0
+    return codes.view(np.int8)
 
 
 def decode_q5_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw Q5_0 bytes -> ("q8", (codes − 16 [rows, width] int8 in [−16, 15], d))."""
     blocks, d = legacy_blocks(raw, rows, width, 22)
-    codes = (nibbles_of(blocks[..., 6:]) | (fifth_bits(blocks, 2) << 4)).astype(np.int8) - 16
-    return "q8", (torch.from_numpy(codes.reshape(rows, width)), d)
+    return "q8", (torch.from_numpy(five_bit_codes(blocks, 2, offset=16).reshape(rows, width)), d)
 
 
 def minimums(blocks: np.ndarray) -> torch.Tensor:
@@ -238,8 +256,7 @@ def decode_q4_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 def decode_q5_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw Q5_1 bytes -> ("q8m", (codes [rows, width] int8 in [0, 31], d, mins))."""
     blocks, d = legacy_blocks(raw, rows, width, 24)
-    codes = (nibbles_of(blocks[..., 8:]) | (fifth_bits(blocks, 4) << 4)).astype(np.int8)
-    return "q8m", (torch.from_numpy(codes.reshape(rows, width)), d, minimums(blocks))
+    return "q8m", (torch.from_numpy(five_bit_codes(blocks, 4).reshape(rows, width)), d, minimums(blocks))
 
 
 def decode_iq4_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:

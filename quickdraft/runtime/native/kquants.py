@@ -17,10 +17,18 @@ from typing import Any, ClassVar
 import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
-from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad_rows, padded
+from quickdraft.runtime.native.parts import (
+    CODE_ROWS,
+    GROUP,
+    LANES,
+    Affine,
+    BlockPart,
+    packed_by_chunks,
+    pad_rows,
+    padded,
+)
 
 GROUPS_PER_SUPER = 8  # q4, q5 and q6: groups per superblock
-CODE_ROWS = 1024  # rows rounded to codes at a time
 SUB_BLOCK = 16  # q6: weights per sub-scale
 Q6_OFFSET = 32  # q6 codes hold w / (d · sub_scale) + 32
 
@@ -46,6 +54,13 @@ def lane_pairs(values: torch.Tensor) -> torch.Tensor:
 def rows_from_pairs(values: torch.Tensor, rows: int) -> torch.Tensor:
     """:func:`lane_pairs`' inverse: ``[N/16, P, 16, 2]`` -> ``[rows, 2P]``."""
     return values.transpose(1, 2).reshape(values.shape[0] * LANES, -1)[:rows]
+
+
+def code_panels(codes: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Plain codes ``[N, K]``' ``rows`` as ``[n/16, 16, K/32, 8, 4]`` uint8 (lane, group, code vector, byte), zero
+    rows appended up to a whole panel."""
+    chunk = codes[rows].to(torch.uint8)
+    return pad_rows(chunk, padded(len(chunk))).reshape(-1, LANES, codes.shape[1] // GROUP, 8, 4)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -92,11 +107,14 @@ class Q4Part(BlockPart):
             raise ValueError(f"{cls.kind} weights need a multiple of {2 * GROUP} input features, got {width}")
         if codes.numel() and int(codes.max()) > cls.max_code:
             raise ValueError(f"{cls.kind} codes are at most {cls.max_code}, got {int(codes.max())}")
-        codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, width // GROUP, 8, 4)
+
+        def pack(chunk: slice) -> dict[str, torch.Tensor]:
+            panels = code_panels(codes, chunk)
+            return {"codes": pack_nibbles(panels & 0x0F), **cls.packed_fifth_bits(panels)}  # [n/16, G, 4, 16, 4]
+
         return cls(
             rows,
-            codes=pack_nibbles(codes & 0x0F),  # [N/16, G, 4, 16, 4]
-            **cls.packed_fifth_bits(codes),
+            **packed_by_chunks(rows, pack),
             sub_scale=lanes_last(sub_scale.to(torch.uint8)),
             sub_min=lane_pairs(sub_min.to(torch.uint8)),
             d=lanes_last(d.float()),
@@ -229,14 +247,19 @@ class Q6Part(BlockPart):
         rows, width = codes.shape
         if width % GROUP:
             raise ValueError(f"q6 weights need a multiple of {GROUP} input features, got {width}")
-        groups = width // GROUP
-        codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, groups, 8, 4)  # [.., j, i]
-        top = (codes >> 4).reshape(-1, LANES, groups, 2, 4, 4)  # code vector 4h + c: [.., h, c, i]
-        high = top[:, :, :, :, 0] | (top[:, :, :, :, 1] << 2) | (top[:, :, :, :, 2] << 4) | (top[:, :, :, :, 3] << 6)
+
+        def pack(chunk: slice) -> dict[str, torch.Tensor]:
+            panels = code_panels(codes, chunk)  # [n/16, 16, G, j, i]
+            top = (panels >> 4).reshape(*panels.shape[:3], 2, 4, 4)  # code vector 4h + c: [.., h, c, i]
+            high = top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4) | (top[..., 3, :] << 6)
+            return {
+                "codes": pack_nibbles(panels & 0x0F),  # [n/16, G, 4, 16, 4]
+                "high": high.permute(0, 2, 3, 1, 4),  # [n/16, G, 2, 16, 4]
+            }
+
         return cls(
             rows,
-            codes=pack_nibbles(codes & 0x0F),  # [N/16, G, 4, 16, 4]
-            high=high.permute(0, 2, 3, 1, 4),  # [N/16, G, 2, 16, 4]
+            **packed_by_chunks(rows, pack),
             sub_scale=lane_pairs(sub_scale.to(torch.int8)),  # [N/16, G, 16, 2]
             d=lanes_last(d.float()),  # [N/16, S, 16]
         )

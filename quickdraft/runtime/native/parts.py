@@ -19,6 +19,7 @@ The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -30,6 +31,7 @@ LANES = 16  # outputs per block of the packed layouts (one 512-bit vector)
 INT8_OFFSET = 64  # int8 codes hold w + 64
 GROUP = 32  # q8 (and the K-quant formats): weights per group
 Q8_OFFSET = 128  # q8 codes hold q + 128
+CODE_ROWS = 1024  # rows rounded to codes or packed at a time
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,6 +49,19 @@ def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     """``tensor`` with zero rows appended up to ``rows`` (the packed layouts hold whole blocks of 16 outputs)."""
     extra = rows - tensor.shape[0]
     return tensor if extra == 0 else torch.cat([tensor, tensor.new_zeros(extra, *tensor.shape[1:])])
+
+
+def packed_by_chunks(rows: int, pack: Callable[[slice], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Packed tensors ``[N/16, ...]`` by name, written CODE_ROWS rows at a time: ``pack(rows)`` gives the panels of
+    those rows (the last zero-padded to a whole panel), so a part's temporaries stay a few MB, in the cache."""
+    packed: dict[str, torch.Tensor] = {}
+    for first in range(0, max(rows, 1), CODE_ROWS):  # one empty chunk for no rows: empty tensors of the right shape
+        panels = pack(slice(first, first + CODE_ROWS))
+        for name, piece in panels.items():
+            if name not in packed:
+                packed[name] = piece.new_empty(padded(rows) // LANES, *piece.shape[1:])
+            packed[name][first // LANES : first // LANES + len(piece)] = piece
+    return packed
 
 
 def panels_of(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,11 +278,15 @@ class Q8Part(BlockPart):
             raise ValueError(f"{cls.kind} weights take {', '.join(cls.tensor_names[1:])} per group")
         for values in groups:
             check_float16(cls.kind, values)
-        unsigned = (pad_rows(codes.to(torch.int16), padded(rows)) + Q8_OFFSET).to(torch.uint8)
-        packed = unsigned.reshape(-1, LANES, width // 4, 4).permute(0, 2, 1, 3)  # [N/16, K/4, 16, 4]
+
+        def pack(chunk: slice) -> dict[str, torch.Tensor]:
+            unsigned = codes[chunk].to(torch.int8).view(torch.uint8) ^ Q8_OFFSET  # q + 128, as a byte
+            unsigned = pad_rows(unsigned, padded(len(unsigned)))
+            return {"codes": unsigned.reshape(-1, LANES, width // 4, 4).permute(0, 2, 1, 3)}  # [n/16, K/4, 16, 4]
+
         lanes = [pad_rows(values.to(torch.float16), padded(rows)).reshape(-1, LANES, width // GROUP).permute(0, 2, 1)
                  for values in groups]  # each [N/16, K/32, 16]  # fmt: skip
-        return cls(rows, **dict(zip(cls.tensor_names, (packed, *lanes), strict=True)))
+        return cls(rows, **packed_by_chunks(rows, pack), **dict(zip(cls.tensor_names[1:], lanes, strict=True)))
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> Q8Part:

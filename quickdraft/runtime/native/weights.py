@@ -100,11 +100,14 @@ def quantize_state_dict(
         weight = take(name)
         return ("q4" if weights == "q4" and weight.shape[1] % 64 == 0 else "int8", False), weight
 
+    def joined(tensors: list[torch.Tensor]) -> torch.Tensor:  # rows concatenated (one tensor is not copied)
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
     def part(key: tuple[str, bool], items: list[Any]) -> WeightPart:  # consecutive weights of one kind, concatenated
         kind, stored = key
         if stored:
-            return PART_KINDS[kind].from_blocks(*(torch.cat(field) for field in zip(*items, strict=True)))
-        return PART_KINDS[kind].from_float(torch.cat(items))
+            return PART_KINDS[kind].from_blocks(*(joined(list(field)) for field in zip(*items, strict=True)))
+        return PART_KINDS[kind].from_float(joined(items))
 
     def linear(name: str, weight_names: list[str], biases: list[str] | None = None) -> None:
         sources = [source(weight) for weight in weight_names]

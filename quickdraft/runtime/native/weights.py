@@ -100,8 +100,8 @@ def quantize_state_dict(
         weight = take(name)
         return ("q4" if weights == "q4" and weight.shape[1] % 64 == 0 else "int8", False), weight
 
-    def joined(tensors: list[torch.Tensor]) -> torch.Tensor:  # rows concatenated (one tensor is not copied)
-        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+    def joined(pieces: list[torch.Tensor]) -> torch.Tensor:  # rows concatenated (one piece is not copied)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def part(key: tuple[str, bool], items: list[Any]) -> WeightPart:  # consecutive weights of one kind, concatenated
         kind, stored = key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import time
 import types
 from collections.abc import Callable
@@ -199,6 +200,29 @@ def test_pipeline_loads_local_directories(tiny_model_dirs: dict[str, Path]) -> N
     foreign = Pipeline.load(tiny_model_dirs["target"], tiny_model_dirs["other"], progress=False)
     assert foreign.bridge is not None and "across vocabularies" in foreign.pairing()
     assert pipeline.bridge is None and "shares the target's vocabulary" in pipeline.pairing()
+
+
+def test_two_directories_share_a_tokenizer_only_with_the_same_tokenizer_files(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The draft reuses the target's tokenizer only when every file that may define one is the same, byte for
+    byte: a chat template or the weights may differ, a tokenizer file may not, and a missing file means unsure."""
+    target, draft = tiny_model_dirs["target"], tiny_model_dirs["draft"]
+    assert loading.same_tokenizer_files(target, draft)
+    assert not loading.same_tokenizer_files(target, tiny_model_dirs["other"])  # another vocabulary
+    copy = tmp_path / "copy"
+    shutil.copytree(draft, copy)
+    (copy / "chat_template.jinja").write_text("{{ messages }}", encoding="utf-8")
+    assert loading.same_tokenizer_files(target, copy)
+    (copy / "special_tokens_map.json").write_text("{}", encoding="utf-8")  # a tokenizer file only one side has
+    assert not loading.same_tokenizer_files(target, copy)
+    (copy / "special_tokens_map.json").unlink()
+    (copy / "tokenizer_config.json").write_text("{}", encoding="utf-8")
+    assert not loading.same_tokenizer_files(target, copy)
+    (copy / "tokenizer_config.json").write_bytes((target / "tokenizer_config.json").read_bytes())
+    assert loading.same_tokenizer_files(target, copy)
+    (copy / "config.json").unlink()
+    assert not loading.same_tokenizer_files(target, copy)
 
 
 def test_converted_config_names_its_architecture(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import filecmp
+import json
 import os
 import re
 import socket
@@ -15,6 +17,7 @@ from quickdraft.errors import ModelFilesError, QuickdraftError
 from quickdraft.files import cache_root, make_once
 from quickdraft.models.catalog import KNOWN_MODELS, file_sha256, unpack
 from quickdraft.models.convert import (
+    MARKER,
     apply_freq_factors,
     ensure_fp32_weights,
     is_model_dir,
@@ -22,6 +25,11 @@ from quickdraft.models.convert import (
 )
 from quickdraft.models.loaded import check_loading_info
 
+# A model directory's files that do not define its tokenizer (same_tokenizer_files compares all the others)
+MODEL_ONLY_FILES = frozenset(
+    {"config.json", "generation_config.json", "chat_template.jinja", "chat_template.json", MARKER}
+)
+WEIGHT_MARKS = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".msgpack", ".h5")
 HUB_PREFIX = "hf:"  # hf:OWNER/REPO/FILE.gguf: a GGUF file on the Hugging Face Hub (or $HF_ENDPOINT)
 
 
@@ -128,6 +136,31 @@ def verified_download(path: Path, spec: str) -> Path:
     checked.parent.mkdir(parents=True, exist_ok=True)
     checked.touch()
     return path
+
+
+def tokenizer_files(directory: Path) -> dict[str, Path]:
+    """The files of a model directory that may define its tokenizer: all but the weights and MODEL_ONLY_FILES."""
+    return {
+        path.name: path
+        for path in directory.iterdir()
+        if path.is_file() and path.name not in MODEL_ONLY_FILES and not any(m in path.name for m in WEIGHT_MARKS)
+    }
+
+
+def same_tokenizer_files(first: Path, second: Path) -> bool:
+    """Whether two model directories load the same tokenizer but for its chat template: the same tokenizer files
+    (:func:`tokenizer_files`), byte for byte, and the same ``model_type`` (AutoTokenizer may pick a class by it).
+    False when unsure (a file missing or unreadable)."""
+    try:
+        files, others = tokenizer_files(first), tokenizer_files(second)
+        types = [json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type") for d in (first, second)]
+        return (
+            files.keys() == others.keys()
+            and types[0] == types[1]
+            and all(filecmp.cmp(files[name], others[name], shallow=False) for name in files)
+        )
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, or a config that is not an object
+        return False
 
 
 def load_tokenizer(path: Path) -> Any:

@@ -26,7 +26,10 @@ MAX_DRAFT_SHARE = 0.5  # --draft auto takes drafts at most this share of the tar
 
 
 def vocabulary_mismatch(target_tokenizer: Any, draft_tokenizer: Any) -> str | None:
-    """Why ``draft_tokenizer`` cannot draft for ``target_tokenizer`` by llama.cpp's rule, or None when it can."""
+    """Why ``draft_tokenizer`` cannot draft for ``target_tokenizer`` by llama.cpp's rule, or None when it can (as
+    a tokenizer always can for itself)."""
+    if draft_tokenizer is target_tokenizer:
+        return None
     target_size, draft_size = len(target_tokenizer), len(draft_tokenizer)
     if abs(target_size - draft_size) > MAX_SIZE_DIFFERENCE:
         return (
@@ -95,7 +98,7 @@ def model_size(path: Path) -> int:
 def find_draft(target_path: Path, target_tokenizer: Any, progress: bool = True) -> str:
     """``--draft auto``: the largest model at hand that may draft for the target (:func:`vocabulary_mismatch`) and
     is at most :data:`MAX_DRAFT_SHARE` of its size; a ``ModelFilesError`` listing what was considered otherwise."""
-    from quickdraft.models.loading import load_tokenizer, resolve_model
+    from quickdraft.models.loading import load_tokenizer, resolve_model, same_tokenizer_files
 
     limit = MAX_DRAFT_SHARE * model_size(target_path)
     considered = []
@@ -110,7 +113,8 @@ def find_draft(target_path: Path, target_tokenizer: Any, progress: bool = True) 
         except ModelFilesError as error:
             considered.append(f"{candidate.spec} ({error})")
             continue
-        reason = vocabulary_mismatch(target_tokenizer, load_tokenizer(path))
+        same = same_tokenizer_files(target_path, path)  # no tokenizer to load
+        reason = None if same else vocabulary_mismatch(target_tokenizer, load_tokenizer(path))
         if reason is None:
             return candidate.spec
         considered.append(f"{candidate.spec} ({reason})")

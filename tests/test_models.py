@@ -221,6 +221,9 @@ def test_two_directories_share_a_tokenizer_only_with_the_same_tokenizer_files(
     assert not loading.same_tokenizer_files(target, copy)
     (copy / "tokenizer_config.json").write_bytes((target / "tokenizer_config.json").read_bytes())
     assert loading.same_tokenizer_files(target, copy)
+    config = json.loads((copy / "config.json").read_text(encoding="utf-8"))
+    (copy / "config.json").write_text(json.dumps(config | {"tokenizer_class": "LlamaTokenizerFast"}), encoding="utf-8")
+    assert not loading.same_tokenizer_files(target, copy)  # a class named where the target names none
     (copy / "config.json").unlink()
     assert not loading.same_tokenizer_files(target, copy)
 

@@ -149,14 +149,15 @@ def tokenizer_files(directory: Path) -> dict[str, Path]:
 
 def same_tokenizer_files(first: Path, second: Path) -> bool:
     """Whether two model directories load the same tokenizer but for its chat template: the same tokenizer files
-    (:func:`tokenizer_files`), byte for byte, and the same ``model_type`` (AutoTokenizer may pick a class by it).
-    False when unsure (a file missing or unreadable)."""
+    (:func:`tokenizer_files`), byte for byte, and the same config ``model_type`` and ``tokenizer_class`` (AutoTokenizer
+    may pick a class by them). False when unsure (a file missing or unreadable)."""
     try:
         files, others = tokenizer_files(first), tokenizer_files(second)
-        types = [json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type") for d in (first, second)]
+        configs = [json.loads((d / "config.json").read_text(encoding="utf-8")) for d in (first, second)]
+        classes = [(config.get("model_type"), config.get("tokenizer_class")) for config in configs]
         return (
             files.keys() == others.keys()
-            and types[0] == types[1]
+            and classes[0] == classes[1]
             and all(filecmp.cmp(files[name], others[name], shallow=False) for name in files)
         )
     except (OSError, ValueError, AttributeError):  # unreadable, not JSON, or a config that is not an object

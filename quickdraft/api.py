@@ -24,7 +24,7 @@ from quickdraft.models import (
     load_tokenizer,
     resolve_model,
 )
-from quickdraft.models.loading import load_hf_model, same_tokenizer_files
+from quickdraft.models.loading import draft_tokenizer_for, load_hf_model
 from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.policies import Policy
@@ -115,8 +115,7 @@ class Pipeline:
             draft = find_draft(target_path, tokenizer, progress)
         if draft is not None:
             draft_path = resolve_model(draft, progress)
-            same = same_tokenizer_files(target_path, draft_path)  # the draft's chat template is never used
-            draft_tokenizer = tokenizer if same else load_tokenizer(draft_path)
+            draft_tokenizer = draft_tokenizer_for(target_path, tokenizer, draft_path)
             mismatch = vocabulary_mismatch(tokenizer, draft_tokenizer)
             draft_class = runtime_for(runtime, draft_path, where)
             options = draft_load_options(draft_class, draft_tokenizer, draft_weights, draft_vocabulary, where)

@@ -164,6 +164,12 @@ def same_tokenizer_files(first: Path, second: Path) -> bool:
         return False
 
 
+def draft_tokenizer_for(target_path: Path, target_tokenizer: Any, draft_path: Path) -> Any:
+    """The tokenizer of the draft model at ``draft_path``: the target's own where the two directories hold the same
+    tokenizer files (:func:`same_tokenizer_files`; a draft's chat template is never used), else loaded."""
+    return target_tokenizer if same_tokenizer_files(target_path, draft_path) else load_tokenizer(draft_path)
+
+
 def load_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 

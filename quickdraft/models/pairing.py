@@ -98,7 +98,7 @@ def model_size(path: Path) -> int:
 def find_draft(target_path: Path, target_tokenizer: Any, progress: bool = True) -> str:
     """``--draft auto``: the largest model at hand that may draft for the target (:func:`vocabulary_mismatch`) and
     is at most :data:`MAX_DRAFT_SHARE` of its size; a ``ModelFilesError`` listing what was considered otherwise."""
-    from quickdraft.models.loading import load_tokenizer, resolve_model, same_tokenizer_files
+    from quickdraft.models.loading import draft_tokenizer_for, resolve_model
 
     limit = MAX_DRAFT_SHARE * model_size(target_path)
     considered = []
@@ -113,8 +113,7 @@ def find_draft(target_path: Path, target_tokenizer: Any, progress: bool = True) 
         except ModelFilesError as error:
             considered.append(f"{candidate.spec} ({error})")
             continue
-        same = same_tokenizer_files(target_path, path)  # no tokenizer to load
-        reason = None if same else vocabulary_mismatch(target_tokenizer, load_tokenizer(path))
+        reason = vocabulary_mismatch(target_tokenizer, draft_tokenizer_for(target_path, target_tokenizer, path))
         if reason is None:
             return candidate.spec
         considered.append(f"{candidate.spec} ({reason})")

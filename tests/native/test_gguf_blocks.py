@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from quickdraft.runtime.native import gguf_blocks
+from quickdraft.runtime.native import parts
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import (
     EXACT_DECODERS,
@@ -104,7 +104,7 @@ def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
         "Q5_1": lambda rows, width: random_blocks(rows, width, 24, slice(0, 4), weights=32),
     }[name](37, 512)
     kind, whole = decoded_as_gguf_reads_it(raw, name, 37, 512)
-    monkeypatch.setattr(gguf_blocks, "CODE_ROWS", 16)
+    monkeypatch.setattr(parts, "CODE_ROWS", 16)
     chunked_kind, chunked = EXACT_DECODERS[name](raw, 37, 512)
     assert chunked_kind == kind
     assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(chunked, whole, strict=True))

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.native.kquants import Q6_OFFSET
-from quickdraft.runtime.native.parts import CODE_ROWS
+from quickdraft.runtime.native.parts import row_chunks
 from quickdraft.runtime.native.q4tables import IQ4_NL_TABLE, Q4_0_TABLE, Q4_1_TABLE
 
 Q4_K_BLOCK_BYTES = 144
@@ -86,11 +86,6 @@ def float16_at(blocks: np.ndarray, at: int) -> np.ndarray:
     return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
-def row_chunks(rows: int) -> list[slice]:
-    """The rows ``[0, rows)`` CODE_ROWS at a time."""
-    return [slice(first, first + CODE_ROWS) for first in range(0, rows, CODE_ROWS)]
-
-
 def transformers_name(gguf_name: str, fused: bool = False) -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``, ``output.weight`` -> ``lm_head.weight``
     (None for names without a transformers linear weight); ``fused``: the names of a model with fused projections
@@ -115,10 +110,10 @@ def decode_q4_k(raw: np.ndarray, rows: int, width: int) -> Blocks:
     sub_scale = np.concatenate([low & 63, (top & 0x0F) | ((low >> 6) << 4)], axis=-1)  # [rows, S, 8]
     sub_min = np.concatenate([high & 63, (top >> 4) | ((high >> 6) << 4)], axis=-1)
     quants = blocks[..., 16:].reshape(rows, width // Q4_K_WEIGHTS, 4, 1, 32)  # 4 chunks of 64 weights
+    nibble_shift = np.array([0, 4], np.uint8).reshape(2, 1)  # [nibble, 1]
     codes = np.empty((rows, width // Q4_K_WEIGHTS, 4, 2, 32), np.uint8)  # sub-blocks 2c and 2c + 1 of chunk c
     for chunk in row_chunks(rows):  # a few MB at a time: the temporaries stay in the cache
-        codes[chunk] = quants[chunk] >> np.array([0, 4], np.uint8).reshape(2, 1)
-        codes[chunk] &= 0x0F
+        codes[chunk] = (quants[chunk] >> nibble_shift) & 0x0F
     return (
         torch.from_numpy(codes.reshape(rows, width)),
         torch.from_numpy(sub_scale.reshape(rows, -1)),

@@ -18,7 +18,6 @@ import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.parts import (
-    CODE_ROWS,
     GROUP,
     LANES,
     Affine,
@@ -26,6 +25,7 @@ from quickdraft.runtime.native.parts import (
     packed_by_chunks,
     pad_rows,
     padded,
+    row_chunks,
 )
 
 GROUPS_PER_SUPER = 8  # q4, q5 and q6: groups per superblock
@@ -156,8 +156,7 @@ class Q4Part(BlockPart):
         scale = (d[:, index] * sub_scale.float() * stretch).clamp_min(1e-30)[..., None]  # after rounding [N, G, 1]
         offset = (-dmin_magnitude[:, index] * sub_min.float())[..., None]
         codes = torch.empty(rows, width // GROUP, GROUP, dtype=torch.uint8)  # [N, G, 32]
-        for first in range(0, rows, CODE_ROWS):  # a few MB at a time, in place: the operations stay in the cache
-            rest = slice(first, first + CODE_ROWS)
+        for rest in row_chunks(rows):  # a few MB at a time, in place: the operations stay in the cache
             codes[rest] = (groups[rest] - offset[rest]).div_(scale[rest]).round_().clamp_(0, levels).mul_(stretch)
         return cls.from_blocks(codes.reshape(rows, width), sub_scale, sub_min, d, -dmin_magnitude)
 

@@ -51,16 +51,21 @@ def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return tensor if extra == 0 else torch.cat([tensor, tensor.new_zeros(extra, *tensor.shape[1:])])
 
 
+def row_chunks(rows: int) -> list[slice]:
+    """The rows ``[0, rows)`` CODE_ROWS at a time."""
+    return [slice(first, first + CODE_ROWS) for first in range(0, rows, CODE_ROWS)]
+
+
 def packed_by_chunks(rows: int, pack: Callable[[slice], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Packed tensors ``[N/16, ...]`` by name, written CODE_ROWS rows at a time: ``pack(rows)`` gives the panels of
     those rows (the last zero-padded to a whole panel), so a part's temporaries stay a few MB, in the cache."""
     packed: dict[str, torch.Tensor] = {}
-    for first in range(0, max(rows, 1), CODE_ROWS):  # one empty chunk for no rows: empty tensors of the right shape
-        panels = pack(slice(first, first + CODE_ROWS))
-        for name, piece in panels.items():
+    for chunk in row_chunks(max(rows, 1)):  # one empty chunk for no rows: empty tensors of the right shape
+        first = chunk.start // LANES  # CODE_ROWS is a whole number of panels
+        for name, piece in pack(chunk).items():
             if name not in packed:
                 packed[name] = piece.new_empty(padded(rows) // LANES, *piece.shape[1:])
-            packed[name][first // LANES : first // LANES + len(piece)] = piece
+            packed[name][first : first + len(piece)] = piece
     return packed
 
 

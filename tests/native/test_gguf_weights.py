@@ -114,7 +114,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
 def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_1, IQ4_NL and IQ4_XS tensors beside a requantized one: the layers
     in one native call
-    (layers.cpp's parts of every kind) give the logits of the PyTorch reference path, up to float rounding (its
+    (layers.h's parts of every kind) give the logits of the PyTorch reference path, up to float rounding (its
     attention sums in another order, which now and then moves an activation across an 8-bit rounding edge: one
     quantization step in a position's logits); a part of one kind computed as another would be far off."""
     import conftest

@@ -1,7 +1,7 @@
 """The decoder families the native runtime runs, each described once: what marks it in ``config.json`` and in a
 GGUF file, its defaults, its layer's parts, and what llama.cpp stores differently. The config reader
 (``config.DecoderConfig``) and the weight loaders (``weights``, ``gguf_weights``) read these descriptions, and the
-layers (the PyTorch reference and ``layers.cpp``) take every difference from the weights and the config they make;
+layers (the PyTorch reference and ``layers.h``) take every difference from the weights and the config they make;
 no module tests a family's name. A family is added by describing it here, with whatever its layers need that this
 description does not yet say.
 """

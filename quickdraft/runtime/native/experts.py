@@ -11,7 +11,7 @@ Rules, each keeping a row's bits independent of the other rows of the call:
   number, one multiply and one add each.
 - **A shared expert** (where the family has one) takes every row after the routed experts, weighted by the sigmoid
   of the row's dot product with its float32 gate (a fixed order, as the router's).
-The compiled path (``layers.cpp``'s ``Experts``) does these steps in this order; the PyTorch path here is its
+The compiled path (``layers.h``'s ``Experts``) does these steps in this order; the PyTorch path here is its
 readable reference (bits may differ in the router's dot products and the activation, as elsewhere).
 """
 
@@ -78,7 +78,7 @@ class Experts:
         return out
 
     def kernel_spec(self, kernels: Any) -> Any:
-        """The mixture as ``layers.cpp`` takes it: the shared expert, if any, after the routed ones, and its gate
+        """The mixture as ``layers.h`` takes it: the shared expert, if any, after the routed ones, and its gate
         (empty: none)."""
         shared = list(self.shared or ())
         gate_up = [linear.kernel_spec(kernels) for linear in [*self.gate_up, *shared[:1]]]

@@ -19,7 +19,7 @@
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
 // iq4_matmul:         the integer GEMM against 4-bit table indices in llama.cpp's IQ4_XS structure (gemm_iq4.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
-// The fused steps of a decoder layer (layers.cpp runs a model's layers with them in one call; on a 1-token step
+// The fused steps of a decoder layer (layers.h runs a model's layers with them in one call; on a 1-token step
 // dispatching many small operations, not their arithmetic, is what costs):
 // rms_norm:           RMSNorm of each row.
 // rms_norm_quantize:  RMSNorm, then quantize_rows.
@@ -30,7 +30,6 @@
 // gated_quantize:     combine_rows of gate/up, act(gate) * up (act: SiLU or tanh-approximated GELU), quantize_rows.
 // route:              a mixture of experts' router: each row's top k experts and their weights.
 // sigmoid_gate:       a shared expert's weight per row: the sigmoid of the row's dot product with its gate.
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include "kernels.h"
@@ -91,13 +90,13 @@ inline void rope_row(const float* x, const float* cos, const float* sin, float* 
   for (int64_t d = dims; d < head_dim; ++d) dst[d] = x[d];
 }
 
-torch::Tensor float_tensor(torch::Tensor t, const char* name) {
-  TORCH_CHECK(t.dtype() == torch::kFloat32, name, " must be float32");
+at::Tensor float_tensor(at::Tensor t, const char* name) {
+  TORCH_CHECK(t.dtype() == at::kFloat, name, " must be float32");
   return t.contiguous();
 }
 
 // An optional bias's data, nullptr when it is empty; bias is made contiguous in place so the pointer stays valid.
-inline const float* bias_data(torch::Tensor& bias) {
+inline const float* bias_data(at::Tensor& bias) {
   if (bias.numel() == 0) return nullptr;
   bias = float_tensor(bias, "bias");
   return bias.data_ptr<float>();
@@ -107,11 +106,11 @@ inline const float* bias_data(torch::Tensor& bias) {
 // each row x; pass 2 (P = 2) quantizes what pass 1 left, x − q·s (a multiply, then a subtraction), the same way.
 // activations(r, buffer) returns row r's floats: computed into buffer (width floats), or found elsewhere.
 template <typename Activations>
-std::vector<torch::Tensor> quantized_rows(int64_t rows, int64_t width, const torch::TensorOptions& options,
-                                          int64_t passes, Activations activations) {
+std::vector<at::Tensor> quantized_rows(int64_t rows, int64_t width, const at::TensorOptions& options,
+                                       int64_t passes, Activations activations) {
   TORCH_CHECK(passes == 1 || passes == 2, "activations are quantized in 1 or 2 passes");
-  auto out = torch::empty({passes * rows, width}, options.dtype(torch::kInt8));
-  auto scale = torch::empty({passes * rows, 1}, options);
+  auto out = at::empty({passes * rows, width}, options.dtype(at::kChar));
+  auto scale = at::empty({passes * rows, 1}, options);
   int8_t* out_data = out.data_ptr<int8_t>();
   float* scale_data = scale.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
@@ -144,7 +143,7 @@ struct GemmOutput {
 };
 
 // out [P·M, N] and row_scale [P·M, 1] (float32, contiguous) for M = rows; bias [N] or empty.
-GemmOutput gemm_output(const torch::Tensor& out, const torch::Tensor& row_scale, const torch::Tensor& bias,
+GemmOutput gemm_output(const at::Tensor& out, const at::Tensor& row_scale, const at::Tensor& bias,
                        int64_t rows) {
   TORCH_CHECK(out.dim() == 2 && row_scale.numel() == out.size(0), "a GEMM output needs one row scale per row");
   TORCH_CHECK(bias.numel() == 0 || bias.numel() == out.size(1), "a bias needs one value per output column");
@@ -153,15 +152,15 @@ GemmOutput gemm_output(const torch::Tensor& out, const torch::Tensor& row_scale,
   return {out.data_ptr<float>(), row_scale.data_ptr<float>(), rows, out.size(1), passes};
 }
 
-torch::Tensor checked(torch::Tensor t, torch::ScalarType type, const char* name) {
+at::Tensor checked(at::Tensor t, at::ScalarType type, const char* name) {
   TORCH_CHECK(t.scalar_type() == type && t.is_contiguous(), name, " has the wrong type or is not contiguous");
   return t;
 }
 
 // The GEMMs write columns [column, column + N) of out [M, width]; their n-blocks are shared among the threads.
 template <typename Gemm>
-void blocked_matmul(const torch::Tensor& x, torch::Tensor& out, int64_t column, int64_t n, Gemm gemm) {
-  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.size(0) == x.size(0));
+void blocked_matmul(const at::Tensor& x, at::Tensor& out, int64_t column, int64_t n, Gemm gemm) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == x.size(0));
   TORCH_CHECK(column % qd::kLanes == 0 && column + n <= out.size(1) && n % qd::kLanes == 0);
   float* destination = out.data_ptr<float>() + column;
   at::parallel_for(0, n / qd::kLanes, 1, [&](int64_t begin, int64_t end) { gemm(destination, begin, end); });
@@ -177,11 +176,11 @@ struct CachePlanes {
   int64_t kv_heads = 0, capacity = 0, head_dim = 0;
   bool half = false;
 
-  CachePlanes(const std::vector<torch::Tensor>& slots, bool blocked, int64_t layer) {
+  CachePlanes(const std::vector<at::Tensor>& slots, bool blocked, int64_t layer) {
     TORCH_CHECK(!slots.empty() && layer >= 0 && layer < slots[0].size(0), "no cache slots, or no such layer");
-    half = slots[0].scalar_type() == torch::kFloat16;
+    half = slots[0].scalar_type() == at::kHalf;
     for (const auto& t : slots) {
-      TORCH_CHECK(t.scalar_type() == (half ? torch::kFloat16 : torch::kFloat32) && t.dim() == (blocked ? 5 : 4),
+      TORCH_CHECK(t.scalar_type() == (half ? at::kHalf : at::kFloat) && t.dim() == (blocked ? 5 : 4),
                   "cache slots are all float32 or all float16, of the cache's shape");
       TORCH_CHECK(t[0].is_contiguous() && t.sizes() == slots[0].sizes(), "cache slots must match and be contiguous");
       base.push_back(t.data_ptr());
@@ -234,10 +233,10 @@ void check_rows(const std::vector<int64_t>& row_slot, const std::vector<int64_t>
 // and value at index row_index[r], and attends to that slot's positions 0..row_position[r] of layer `layer`, its own
 // key in the place of its position (attention.h), or with a sliding `window`
 // (0: none) to the last `window` of them; scores are softcapped by `softcap` (0: none). Returns [R, H * D].
-torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                     int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
-                     std::vector<int64_t> row_index, double scale, int64_t window, double softcap) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3 && window >= 0 && softcap >= 0);
+at::Tensor attend(at::Tensor q, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                  int64_t layer, std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
+                  std::vector<int64_t> row_index, double scale, int64_t window, double softcap) {
+  TORCH_CHECK(q.dtype() == at::kFloat && q.dim() == 3 && window >= 0 && softcap >= 0);
   q = q.contiguous();
   const CachePlanes key_planes(keys, true, layer), value_planes(values, false, layer);
   const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = key_planes.kv_heads;
@@ -247,7 +246,7 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
                   value_planes.half == key_planes.half, "keys and values differ");
   check_rows(row_slot, row_position, row_index, rows, key_planes);
   check_rows(row_slot, row_position, row_index, rows, value_planes);
-  auto out = torch::empty({rows, heads * head_dim}, q.options());
+  auto out = at::empty({rows, heads * head_dim}, q.options());
   const float* q_data = q.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
   // Row r reads the cache from the block holding its window's first position: start[r] (a multiple of 16).
@@ -298,8 +297,8 @@ torch::Tensor attend(torch::Tensor q, std::vector<torch::Tensor> keys, std::vect
 // x: [M, K] float32; passes 1 or 2. Returns (rows, row_scale): rows [P·M, K] int8 holds round(x / s) in
 // [-127, 127] (then, pass 2, round(x' / s') of x' = x − round(x / s)·s); row_scale [P·M, 1] = max(max|x|, 1e-30) /
 // 127 (then s' of x'). The same arithmetic as the PyTorch path in linear.py.
-std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t passes) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2);
+std::vector<at::Tensor> quantize_rows(at::Tensor x, int64_t passes) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2);
   x = x.contiguous();
   const int64_t width = x.size(1);
   const float* x_data = x.data_ptr<float>();
@@ -308,13 +307,13 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x, int64_t passes) {
 
 // out: [P·M, N] a GEMM's output over `passes` passes of M rows; row_scale [P·M, 1]; bias [N] or empty.
 // Returns y [M, N] = out * s (summed over the passes) + bias, operation by operation as in the PyTorch path.
-torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, int64_t passes) {
+at::Tensor combine_rows(at::Tensor out, at::Tensor row_scale, at::Tensor bias, int64_t passes) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   TORCH_CHECK(passes == 1 || passes == 2, "activations are quantized in 1 or 2 passes");
   const GemmOutput gemm = gemm_output(out, row_scale, bias, out.size(0) / passes);
   const int64_t rows = gemm.rows, width = gemm.width;
-  auto y = torch::empty({rows, width}, out.options());
+  auto y = at::empty({rows, width}, out.options());
   const float* b = bias_data(bias);
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
@@ -329,14 +328,14 @@ torch::Tensor combine_rows(torch::Tensor out, torch::Tensor row_scale, torch::Te
 // [R, k] float32): per row, logits = dot(x, router[e]) for each expert, their softmax p (exp(l − max), summed in
 // expert order, each divided by the sum), the k largest p in descending order (ties to the lower expert), and their
 // p, divided by their sum (added in rank order) when `normalize` (experts.py's rules).
-std::vector<torch::Tensor> route(torch::Tensor x, torch::Tensor router, int64_t top_k, bool normalize) {
+std::vector<at::Tensor> route(at::Tensor x, at::Tensor router, int64_t top_k, bool normalize) {
   x = float_tensor(x, "x");
   router = float_tensor(router, "router");
   const int64_t rows = x.size(0), width = x.size(1), experts = router.size(0);
   TORCH_CHECK(x.dim() == 2 && router.dim() == 2 && router.size(1) == width, "routing needs x [R, H] and a router [E, H]");
   TORCH_CHECK(top_k >= 1 && top_k <= experts, "1 to E experts a row");
-  auto chosen = torch::empty({rows, top_k}, x.options().dtype(torch::kInt64));
-  auto weights = torch::empty({rows, top_k}, x.options());
+  auto chosen = at::empty({rows, top_k}, x.options().dtype(at::kLong));
+  auto weights = at::empty({rows, top_k}, x.options());
   const float* x_data = x.data_ptr<float>();
   const float* w = router.data_ptr<float>();
   int64_t* chosen_data = chosen.data_ptr<int64_t>();
@@ -373,12 +372,12 @@ std::vector<torch::Tensor> route(torch::Tensor x, torch::Tensor router, int64_t 
 
 // x: [R, H] float32 rows; gate: [H] float32. Returns [R] float32: 1 / (1 + exp(−dot(x[r], gate))), the dot product in
 // route's fixed order (experts.py's shared expert).
-torch::Tensor sigmoid_gate(torch::Tensor x, torch::Tensor gate) {
+at::Tensor sigmoid_gate(at::Tensor x, at::Tensor gate) {
   x = float_tensor(x, "x");
   gate = float_tensor(gate, "gate");
   TORCH_CHECK(x.dim() == 2 && gate.numel() == x.size(1), "a shared expert's gate needs x [R, H] and a gate [H]");
   const int64_t rows = x.size(0), width = x.size(1);
-  auto out = torch::empty({rows}, x.options());
+  auto out = at::empty({rows}, x.options());
   const float* x_data = x.data_ptr<float>();
   const float* g = gate.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
@@ -388,7 +387,7 @@ torch::Tensor sigmoid_gate(torch::Tensor x, torch::Tensor gate) {
 
 // RMSNorm's inputs as the kernels read them: x [M, H] and weight [H] (or empty: no norm), float32 and contiguous.
 // Returns the weight's data, nullptr for none.
-const float* norm_inputs(torch::Tensor& x, torch::Tensor& weight) {
+const float* norm_inputs(at::Tensor& x, at::Tensor& weight) {
   x = float_tensor(x, "x");
   TORCH_CHECK(x.dim() == 2 && (weight.numel() == 0 || weight.numel() == x.size(1)),
               "RMSNorm needs x [M, H] and a weight [H] (or none)");
@@ -396,11 +395,11 @@ const float* norm_inputs(torch::Tensor& x, torch::Tensor& weight) {
 }
 
 // x: [M, H]; weight: [H], or empty for none (x as it is). Returns [M, H].
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   const float* w = norm_inputs(x, weight);
   if (w == nullptr) return x;
   const int64_t rows = x.size(0), width = x.size(1);
-  auto y = torch::empty({rows, width}, x.options());
+  auto y = at::empty({rows, width}, x.options());
   const float* x_data = x.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
@@ -412,7 +411,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 
 // x: [M, H]; weight: [H], or empty for none. Returns quantize_rows(rms_norm(x), passes): rows [P·M, H] int8,
 // row_scale [P·M, 1].
-std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weight, double eps, int64_t passes) {
+std::vector<at::Tensor> rms_norm_quantize(at::Tensor x, at::Tensor weight, double eps, int64_t passes) {
   const float* w = norm_inputs(x, weight);
   if (w == nullptr) return quantize_rows(x, passes);
   const int64_t width = x.size(1);
@@ -430,11 +429,11 @@ std::vector<torch::Tensor> rms_norm_quantize(torch::Tensor x, torch::Tensor weig
 // keys, values: the cache slots (see CachePlanes). Row r is position row_position[r] of slot row_slot[r]: its k and
 // v, rotated for that position, are written at index row_index[r] in layer `layer`. Returns q [R, H, D], normed and
 // rotated.
-torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor q_norm,
-                             torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,
-                             std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values, int64_t layer,
-                             std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
-                             std::vector<int64_t> row_index, int64_t heads) {
+at::Tensor qkv_rope_cache(at::Tensor out, at::Tensor row_scale, at::Tensor bias, at::Tensor q_norm,
+                          at::Tensor k_norm, double eps, at::Tensor cos, at::Tensor sin,
+                          std::vector<at::Tensor> keys, std::vector<at::Tensor> values, int64_t layer,
+                          std::vector<int64_t> row_slot, std::vector<int64_t> row_position,
+                          std::vector<int64_t> row_index, int64_t heads) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   cos = float_tensor(cos, "cos");
@@ -458,7 +457,7 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
   const float* kn = k_norm.numel() ? (k_norm = float_tensor(k_norm, "k_norm")).data_ptr<float>() : nullptr;
   const float norm_eps = static_cast<float>(eps);
   const float* b = bias_data(bias);
-  auto q = torch::empty({rows, heads, head_dim}, out.options());
+  auto q = at::empty({rows, heads, head_dim}, out.options());
   const float *cos_data = cos.data_ptr<float>(), *sin_data = sin.data_ptr<float>();
   float* q_data = q.data_ptr<float>();
   with_cache_type(key_planes, [&](auto element) {
@@ -498,8 +497,8 @@ torch::Tensor qkv_rope_cache(torch::Tensor out, torch::Tensor row_scale, torch::
 // out: [P·M, N] a GEMM's output (P passes); row_scale [P·M, 1]; bias [N] or empty; norm [N] or empty; residual [M, N].
 // Returns residual + scale · combine_rows(out, row_scale, bias), the combined rows RMSNorm'd by `norm` first if it is
 // given.
-torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch::Tensor bias, torch::Tensor norm,
-                               double eps, double scale, torch::Tensor residual) {
+at::Tensor combine_residual(at::Tensor out, at::Tensor row_scale, at::Tensor bias, at::Tensor norm,
+                            double eps, double scale, at::Tensor residual) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   residual = float_tensor(residual, "residual");
@@ -509,7 +508,7 @@ torch::Tensor combine_residual(torch::Tensor out, torch::Tensor row_scale, torch
   TORCH_CHECK(norm.numel() == 0 || norm.numel() == width, "a norm needs one weight per column");
   const float* w = norm.numel() ? (norm = float_tensor(norm, "norm")).data_ptr<float>() : nullptr;
   const float* b = bias_data(bias);
-  auto y = torch::empty({rows, width}, out.options());
+  auto y = at::empty({rows, width}, out.options());
   const float* x = residual.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   const float s = static_cast<float>(scale);
@@ -541,12 +540,12 @@ constexpr float kInverseSqrt2 = 0.7071067811865476f;
 // (gate and up are combine_rows' values). SiLU is g / (1 + exp(−g)); the GELU is
 // tanh-approximated, 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) with tanh(y) = 2 / (1 + exp(−2y)) − 1, or exact,
 // 0.5·g·(1 + erf(g / √2)) (std::erf, one element at a time).
-std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_scale, int64_t activation,
-                                          int64_t passes) {
+std::vector<at::Tensor> gated_quantize(at::Tensor out, at::Tensor row_scale, int64_t activation,
+                                       int64_t passes) {
   out = float_tensor(out, "out");
   row_scale = float_tensor(row_scale, "row_scale");
   TORCH_CHECK(passes == 1 || passes == 2, "activations are quantized in 1 or 2 passes");
-  const GemmOutput gemm = gemm_output(out, row_scale, torch::Tensor(), out.size(0) / passes);
+  const GemmOutput gemm = gemm_output(out, row_scale, at::Tensor(), out.size(0) / passes);
   TORCH_CHECK(out.size(1) % 2 == 0, "gate and up need the same width");
   TORCH_CHECK(activation == kSilu || activation == kGeluTanh || activation == kGelu, "an unknown activation");
   const int64_t width = out.size(1) / 2;
@@ -598,10 +597,10 @@ std::vector<torch::Tensor> gated_quantize(torch::Tensor out, torch::Tensor row_s
 }
 
 // x: [M, K] int8 rows; codes [N/16, K/4, 16, 4] uint8 (w + 64); scale [N]. Writes out[:, column : column + N].
-void int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor out, int64_t column) {
-  checked(x, torch::kInt8, "x");
-  const int64_t rows = x.size(0), k = x.size(1), n = checked(scale, torch::kFloat32, "scale").size(0);
-  TORCH_CHECK(checked(codes, torch::kUInt8, "codes").numel() == n * k && k % 4 == 0);
+void int8_matmul(at::Tensor x, at::Tensor codes, at::Tensor scale, at::Tensor out, int64_t column) {
+  checked(x, at::kChar, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(scale, at::kFloat, "scale").size(0);
+  TORCH_CHECK(checked(codes, at::kByte, "codes").numel() == n * k && k % 4 == 0);
   const qd::Int8Weights weights{codes.data_ptr<uint8_t>(), scale.data_ptr<float>(), n, k};
   const int8_t* x_data = x.data_ptr<int8_t>();
   std::vector<int32_t> sums(rows);
@@ -622,20 +621,20 @@ std::vector<int32_t> per_row(const int8_t* x, int64_t rows, int64_t k, int64_t c
 }
 
 // q4_matmul, and q5_matmul with `high` (the codes' fifth bits [N/16, K/32, 16, 4] uint8; undefined for q4).
-void q4_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale,
-                      torch::Tensor sub_min, torch::Tensor d, torch::Tensor dmin, torch::Tensor out, int64_t column) {
-  checked(x, torch::kInt8, "x");
-  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+void q4_family_matmul(at::Tensor x, at::Tensor codes, at::Tensor high, at::Tensor sub_scale,
+                      at::Tensor sub_min, at::Tensor d, at::Tensor dmin, at::Tensor out, int64_t column) {
+  checked(x, at::kChar, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, at::kByte, "codes").size(0) * qd::kLanes;
   TORCH_CHECK(k % (2 * qd::kGroup) == 0 && codes.numel() * 2 == n * k, "q4/q5 weights need K a multiple of 64");
   const uint8_t* fifth = nullptr;
   if (high.defined()) {
-    TORCH_CHECK(checked(high, torch::kUInt8, "high").numel() * 8 == n * k, "q5's fifth bits: one bit a weight");
+    TORCH_CHECK(checked(high, at::kByte, "high").numel() * 8 == n * k, "q5's fifth bits: one bit a weight");
     fifth = high.data_ptr<uint8_t>();
   }
-  const qd::Q4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, torch::kUInt8, "sub_scale").data_ptr<uint8_t>(),
-                              checked(sub_min, torch::kUInt8, "sub_min").data_ptr<uint8_t>(),
-                              checked(d, torch::kFloat32, "d").data_ptr<float>(),
-                              checked(dmin, torch::kFloat32, "dmin").data_ptr<float>(), n, k, fifth};
+  const qd::Q4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, at::kByte, "sub_scale").data_ptr<uint8_t>(),
+                              checked(sub_min, at::kByte, "sub_min").data_ptr<uint8_t>(),
+                              checked(d, at::kFloat, "d").data_ptr<float>(),
+                              checked(dmin, at::kFloat, "dmin").data_ptr<float>(), n, k, fifth};
   TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers() && dmin.numel() == d.numel() &&
               sub_min.numel() == sub_scale.numel());
   const int8_t* x_data = x.data_ptr<int8_t>();
@@ -649,28 +648,28 @@ void q4_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, 
 
 // x: [M, K] int8 rows (K a multiple of 64); codes [N/16, K/32, 4, 16, 4] uint8; sub_scale [N/16, K/32, 16] and
 // sub_min [N/16, K/64, 16, 2] uint8; d, dmin [N/16, S, 16] float (gemm.h). Writes out[:, column : column + N].
-void q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor sub_min, torch::Tensor d,
-               torch::Tensor dmin, torch::Tensor out, int64_t column) {
-  q4_family_matmul(x, codes, torch::Tensor(), sub_scale, sub_min, d, dmin, out, column);
+void q4_matmul(at::Tensor x, at::Tensor codes, at::Tensor sub_scale, at::Tensor sub_min, at::Tensor d,
+               at::Tensor dmin, at::Tensor out, int64_t column) {
+  q4_family_matmul(x, codes, at::Tensor(), sub_scale, sub_min, d, dmin, out, column);
 }
 
 // q4_matmul's arguments and high [N/16, K/32, 16, 4] uint8, the codes' fifth bits (gemm.h's q5).
-void q5_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor sub_min,
-               torch::Tensor d, torch::Tensor dmin, torch::Tensor out, int64_t column) {
+void q5_matmul(at::Tensor x, at::Tensor codes, at::Tensor high, at::Tensor sub_scale, at::Tensor sub_min,
+               at::Tensor d, at::Tensor dmin, at::Tensor out, int64_t column) {
   TORCH_CHECK(high.defined(), "q5 weights need their fifth bits");
   q4_family_matmul(x, codes, high, sub_scale, sub_min, d, dmin, out, column);
 }
 
 // x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] and high [N/16, K/32, 2, 16, 4] uint8;
 // sub_scale [N/16, K/32, 16, 2] int8; d [N/16, S, 16] float (gemm_q6.h). Writes out[:, column : column + N].
-void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::Tensor sub_scale, torch::Tensor d,
-               torch::Tensor out, int64_t column) {
-  checked(x, torch::kInt8, "x");
-  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+void q6_matmul(at::Tensor x, at::Tensor codes, at::Tensor high, at::Tensor sub_scale, at::Tensor d,
+               at::Tensor out, int64_t column) {
+  checked(x, at::kChar, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, at::kByte, "codes").size(0) * qd::kLanes;
   TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * 2 == n * k, "q6 weights need K a multiple of 32");
-  const qd::Q6Weights weights{codes.data_ptr<uint8_t>(), checked(high, torch::kUInt8, "high").data_ptr<uint8_t>(),
-                              checked(sub_scale, torch::kInt8, "sub_scale").data_ptr<int8_t>(),
-                              checked(d, torch::kFloat32, "d").data_ptr<float>(), n, k};
+  const qd::Q6Weights weights{codes.data_ptr<uint8_t>(), checked(high, at::kByte, "high").data_ptr<uint8_t>(),
+                              checked(sub_scale, at::kChar, "sub_scale").data_ptr<int8_t>(),
+                              checked(d, at::kFloat, "d").data_ptr<float>(), n, k};
   TORCH_CHECK(high.numel() * 4 == n * k && sub_scale.numel() * qd::kSubBlock == n * k &&
               d.numel() == n * weights.supers());
   const int8_t* x_data = x.data_ptr<int8_t>();
@@ -682,13 +681,13 @@ void q6_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor high, torch::
 
 // x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8; sub_scale [N/16, K/32, 16] int8;
 // d [N/16, S, 16] float (gemm_iq4.h). Writes out[:, column : column + N].
-void iq4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor sub_scale, torch::Tensor d, torch::Tensor out,
+void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
                 int64_t column) {
-  checked(x, torch::kInt8, "x");
-  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+  checked(x, at::kChar, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, at::kByte, "codes").size(0) * qd::kLanes;
   TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * 2 == n * k, "iq4 weights need K a multiple of 32");
-  const qd::Iq4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, torch::kInt8, "sub_scale").data_ptr<int8_t>(),
-                               checked(d, torch::kFloat32, "d").data_ptr<float>(), n, k};
+  const qd::Iq4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, at::kChar, "sub_scale").data_ptr<int8_t>(),
+                               checked(d, at::kFloat, "d").data_ptr<float>(), n, k};
   TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers());
   const int8_t* x_data = x.data_ptr<int8_t>();
   const auto offsets = per_row(x_data, rows, k, weights.groups(), qd::group_offsets);
@@ -701,21 +700,21 @@ namespace {
 
 // q8_matmul, and q8m_matmul with `mins` ([N/16, K/32, 16] float16; undefined for q8); with a `table` ([N/16, 16]
 // int8; undefined for 8-bit codes) q4t_matmul and q4tm_matmul.
-void q8_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor mins,
-                      torch::Tensor out, int64_t column) {
-  checked(x, torch::kInt8, "x");
-  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, torch::kUInt8, "codes").size(0) * qd::kLanes;
+void q8_family_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor d, at::Tensor mins,
+                      at::Tensor out, int64_t column) {
+  checked(x, at::kChar, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, at::kByte, "codes").size(0) * qd::kLanes;
   const int64_t codes_per_byte = table.defined() ? 2 : 1;
   TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * codes_per_byte == n * k, "q8 weights need K a multiple of 32");
   const int8_t* values = nullptr;
   if (table.defined()) {
-    TORCH_CHECK(checked(table, torch::kInt8, "table").numel() == n, "q4t: a table of 16 values a panel of 16 rows");
+    TORCH_CHECK(checked(table, at::kChar, "table").numel() == n, "q4t: a table of 16 values a panel of 16 rows");
     values = table.data_ptr<int8_t>();
   }
-  TORCH_CHECK(checked(d, torch::kFloat16, "d").numel() * qd::kGroup == n * k, "q8: one scale a group of 32");
+  TORCH_CHECK(checked(d, at::kHalf, "d").numel() * qd::kGroup == n * k, "q8: one scale a group of 32");
   const uint16_t* min_bits = nullptr;
   if (mins.defined()) {
-    TORCH_CHECK(checked(mins, torch::kFloat16, "mins").numel() == d.numel(), "q8m: one min a group of 32");
+    TORCH_CHECK(checked(mins, at::kHalf, "mins").numel() == d.numel(), "q8m: one min a group of 32");
     min_bits = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
   }
   const qd::Q8Weights weights{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()), n,
@@ -731,55 +730,30 @@ void q8_family_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table,
 
 // x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 8, 16, 4] uint8 (q + 128); d [N/16, K/32, 16]
 // float16 (gemm_q8.h). Writes out[:, column : column + N].
-void q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor out, int64_t column) {
-  q8_family_matmul(x, codes, torch::Tensor(), d, torch::Tensor(), out, column);
+void q8_matmul(at::Tensor x, at::Tensor codes, at::Tensor d, at::Tensor out, int64_t column) {
+  q8_family_matmul(x, codes, at::Tensor(), d, at::Tensor(), out, column);
 }
 
 // q8_matmul's arguments and mins [N/16, K/32, 16] float16, a min per group (gemm_q8.h's q8m).
-void q8m_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor mins, torch::Tensor out,
+void q8m_matmul(at::Tensor x, at::Tensor codes, at::Tensor d, at::Tensor mins, at::Tensor out,
                 int64_t column) {
   TORCH_CHECK(mins.defined(), "q8m weights need their mins");
-  q8_family_matmul(x, codes, torch::Tensor(), d, mins, out, column);
+  q8_family_matmul(x, codes, at::Tensor(), d, mins, out, column);
 }
 
 // x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8 (q4's nibbles); table [N/16, 16] int8,
 // the values each panel's codes index; d [N/16, K/32, 16] float16 (gemm_q8.h's q4t). Writes out[:, column : column + N].
-void q4t_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor out,
+void q4t_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor d, at::Tensor out,
                 int64_t column) {
   TORCH_CHECK(table.defined(), "q4t weights need their table");
-  q8_family_matmul(x, codes, table, d, torch::Tensor(), out, column);
+  q8_family_matmul(x, codes, table, d, at::Tensor(), out, column);
 }
 
 // q4t_matmul's arguments and mins [N/16, K/32, 16] float16, a min per group (gemm_q8.h's q4tm).
-void q4tm_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor table, torch::Tensor d, torch::Tensor mins,
-                 torch::Tensor out, int64_t column) {
+void q4tm_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor d, at::Tensor mins,
+                 at::Tensor out, int64_t column) {
   TORCH_CHECK(table.defined() && mins.defined(), "q4tm weights need their table and mins");
   q8_family_matmul(x, codes, table, d, mins, out, column);
 }
 
 std::string isa() { return std::string(qd::kIsa) + ", attention " + qd::kAttentionIsa; }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();  // a drafter's thread runs meanwhile
-  m.def("int8_matmul", &int8_matmul, "int8 rows x 7-bit per-channel weights (exact integer sums)", nogil);
-  m.def("q4_matmul", &q4_matmul, "int8 rows x 4-bit Q4_K-structured weights (exact integer group sums)", nogil);
-  m.def("q5_matmul", &q5_matmul, "int8 rows x 5-bit Q5_K-structured weights (exact integer group sums)", nogil);
-  m.def("q8_matmul", &q8_matmul, "int8 rows x 8-bit Q8_0-structured weights (exact integer group sums)", nogil);
-  m.def("q8m_matmul", &q8m_matmul, "int8 rows x Q5_1-structured weights (q8 with a min per group)", nogil);
-  m.def("q4t_matmul", &q4t_matmul, "int8 rows x Q4_0/IQ4_NL-structured weights (q8 with 4-bit table codes)", nogil);
-  m.def("q4tm_matmul", &q4tm_matmul, "int8 rows x Q4_1-structured weights (q4t with a min per group)", nogil);
-  m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
-  m.def("iq4_matmul", &iq4_matmul, "int8 rows x IQ4_XS-structured weights (exact integer superblock sums)", nogil);
-  m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
-  m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);
-  m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs", nogil);
-  m.def("combine_rows", &combine_rows, "an integer GEMM's output back to floats", nogil);
-  m.def("rms_norm", &rms_norm, "RMSNorm per row", nogil);
-  m.def("rms_norm_quantize", &rms_norm_quantize, "RMSNorm, then per-row quantization", nogil);
-  m.def("qkv_rope_cache", &qkv_rope_cache, "q/k/v projection output: q/k norms, RoPE, keys and values cached", nogil);
-  m.def("combine_residual", &combine_residual, "residual + an integer GEMM's output (optionally normed)", nogil);
-  m.def("gated_quantize", &gated_quantize, "act(gate) * up, then per-row quantization", nogil);
-  m.def("route", &route, "a mixture of experts' choice per row: the top k of the router's softmax", nogil);
-  m.def("sigmoid_gate", &sigmoid_gate, "a shared expert's weight per row: sigmoid(x · gate)", nogil);
-  register_layers(m);
-}

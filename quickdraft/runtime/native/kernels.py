@@ -29,10 +29,11 @@ NO_AMX_FLAGS = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
 NO_AMX_VARIABLE = "QUICKDRAFT_NATIVE_NO_AMX"
 NO_AVX512_FLAGS = ["-mno-avx512f", "-mno-avxvnni", *NO_AMX_FLAGS]  # -mno-avx512f turns every AVX-512 subset off
 NO_AVX512_VARIABLE = "QUICKDRAFT_NATIVE_NO_AVX512"
+COMPILED = ("kernels.cpp", "module.cpp")  # two sources, compiled side by side (module.cpp: the Python bindings)
 SOURCES = (
-    "kernels.cpp",
-    "layers.cpp",
+    *COMPILED,
     "kernels.h",
+    "layers.h",
     "gemm.h",
     "gemm_iq4.h",
     "gemm_q6.h",
@@ -58,8 +59,8 @@ def build_flags() -> list[str]:
 
 @functools.cache
 def sources_digest() -> str:
-    """A digest of the kernels' sources and flags: torch rebuilds when kernels.cpp changes, not when a header it
-    includes does, so the module's name carries it; measured costs are keyed by it too."""
+    """A digest of the kernels' sources and flags: torch rebuilds when a compiled source changes, not when a header
+    it includes does, so the module's name carries it; measured costs are keyed by it too."""
     here = Path(__file__).parent
     digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(build_flags()).encode())
     return digest.hexdigest()[:8]
@@ -75,7 +76,7 @@ def native_kernels() -> Any | None:
 
         return load(  # -march=native: a build per processor kind, never one compiled for another CPU
             name=f"quickdraft_native_{cpu_fingerprint()}_{sources}",
-            sources=[str(here / "kernels.cpp"), str(here / "layers.cpp")],
+            sources=[str(here / name) for name in COMPILED],
             extra_cflags=build_flags(),
             extra_ldflags=["-fopenmp"],
             verbose=False,

@@ -1,4 +1,4 @@
-"""A decoder layer's weights, as the native weight cache holds them and as ``layers.cpp`` takes them."""
+"""A decoder layer's weights, as the native weight cache holds them and as ``layers.h`` takes them."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class DecoderLayer:
         )
 
     def kernel_spec(self, kernels: Any, cos: torch.Tensor, sin: torch.Tensor) -> Any:
-        """This layer as ``layers.cpp``'s Layer, with its RoPE tables ``[C, D]``; a layer of experts passes empty
+        """This layer as ``layers.h``'s Layer, with its RoPE tables ``[C, D]``; a layer of experts passes empty
         gate/up and down layers."""
         empty = torch.empty(0)
         gate_up, down = (

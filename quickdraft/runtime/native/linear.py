@@ -98,7 +98,7 @@ class QuantizedLinear:
         return torch.cat([part.dequantize() for part in self.parts])
 
     def kernel_spec(self, kernels: Any) -> Any:
-        """This layer as the compiled layer loop takes it (``layers.cpp``'s Linear; parts by kind number)."""
+        """This layer as the compiled layer loop takes it (``layers.h``'s Linear; parts by kind number)."""
         parts = [
             kernels.Part(part.kernel_kind, column, list(part.tensors().values()))
             for part, column in zip(self.parts, self.columns, strict=True)

@@ -13,7 +13,7 @@ So a position's logits are bitwise identical in a 1-token step and in a k-token 
 makes greedy speculative decoding equal to greedy decoding by construction. So a prompt's rows can go through the
 layers in passes of ``DecoderConfig.rows_per_pass`` rows, one after another (a pass reads the earlier ones' keys).
 
-The layers run as one call of the compiled kernels (``layers.cpp``: a layer's steps between its GEMMs
+The layers run as one call of the compiled kernels (``layers.h``: a layer's steps between its GEMMs
 fused into 8 kernels) or, when they cannot be built, as PyTorch operations (:meth:`Decoder._layer`, the
 readable reference the tests compare the kernels with). Both are row-wise; their bits differ only in
 RMSNorm's sum, attention's dot products, sums and exp, and the activation's exp.
@@ -210,7 +210,7 @@ class Decoder:
         return [*captured, x]
 
     def _compiled_layers(self, kernels: Any) -> Any:
-        """The layers as ``layers.cpp`` runs them: :meth:`_layer`'s steps as fused kernels, in one call."""
+        """The layers as ``layers.h`` runs them: :meth:`_layer`'s steps as fused kernels, in one call."""
         if self._layers_spec is None:
             specs = [layer.kernel_spec(kernels, *self.layer_rope[index]) for index, layer in enumerate(self.layers)]
             config = self.config

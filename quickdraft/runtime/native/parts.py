@@ -117,7 +117,7 @@ class WeightPart(ABC):
     """A range of a linear layer's output rows in one packed format."""
 
     kind: ClassVar[str]
-    kernel_kind: ClassVar[int]  # its number in layers.cpp's Part
+    kernel_kind: ClassVar[int]  # its number in layers.h's Part
     tensor_names: ClassVar[tuple[str, ...]]
     rows: int  # output rows this part holds (its packed tensors hold them padded to a multiple of 16)
     in_features: int
@@ -128,7 +128,7 @@ class WeightPart(ABC):
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The packed tensors by name, in ``tensor_names``' order (what the native weight cache stores, and the order
-        layers.cpp's Part takes them in)."""
+        layers.h's Part takes them in)."""
         return {name: getattr(self, name) for name in self.tensor_names}
 
     @classmethod

@@ -1,10 +1,13 @@
 // A decoder's layers in one call: what Decoder._layer does with PyTorch operations, kernel by kernel (kernels.cpp),
 // without going back to Python between them (the same kernels, so the same bits, as calling each from Python).
+// module.cpp binds these structs; the kernels they call are kernels.cpp's.
+#pragma once
+
 #include "kernels.h"
 
 #include <utility>
 
-namespace {
+namespace qd {
 
 // A range of a linear layer's output rows in one packed format (parts.py's WeightPart): kind 0 int8
 // (codes, scale), 1 q4 (codes, sub_scale, sub_min, d, dmin), 2 q6 (codes, high, sub_scale, d), 3 q5 (codes, high,
@@ -12,9 +15,9 @@ namespace {
 // table, d), 8 q4tm (codes, table, d, mins); its outputs start at `column` of the padded output.
 struct Part {
   int64_t kind, column;
-  std::vector<torch::Tensor> tensors;
+  std::vector<at::Tensor> tensors;
 
-  Part(int64_t kind, int64_t column, std::vector<torch::Tensor> tensors)
+  Part(int64_t kind, int64_t column, std::vector<at::Tensor> tensors)
       : kind(kind), column(column), tensors(std::move(tensors)) {
     TORCH_CHECK((kind == 0 && this->tensors.size() == 2) || (kind == 1 && this->tensors.size() == 5) ||
                     (kind == 2 && this->tensors.size() == 4) || (kind == 3 && this->tensors.size() == 6) ||
@@ -32,11 +35,11 @@ struct Part {
 struct Linear {
   std::vector<Part> parts;
   int64_t padded_width = 0;
-  torch::Tensor real_columns, bias;  // real_columns empty: no padding; bias empty: none
+  at::Tensor real_columns, bias;  // real_columns empty: no padding; bias empty: none
 
   // int8 rows [M, K] -> [M, N] before the row scale and the bias (QuantizedLinear.matmul_rows).
-  torch::Tensor matmul(const torch::Tensor& rows) const {
-    auto out = torch::empty({rows.size(0), padded_width}, torch::kFloat32);
+  at::Tensor matmul(const at::Tensor& rows) const {
+    auto out = at::empty({rows.size(0), padded_width}, at::kFloat);
     for (const auto& part : parts) {
       const auto& t = part.tensors;
       if (part.kind == 0) int8_matmul(rows, t[0], t[1], out, part.column);
@@ -56,24 +59,24 @@ struct Linear {
 // experts.py's Experts: a router [E, H] float32 and each expert's gate/up and down layers (none: a dense layer); with
 // a shared expert's gate [H] (empty: none), the shared expert's layers follow the E routed experts'.
 struct Experts {
-  torch::Tensor router;
+  at::Tensor router;
   std::vector<Linear> gate_up, down;
   int64_t top_k = 0;
   bool normalize = false;
-  torch::Tensor shared_gate;
+  at::Tensor shared_gate;
 
   bool empty() const { return gate_up.empty(); }
 
   // normed [R, H] float32 (the MLP's input) -> the mixture's output [R, H] (experts.py's rules): each expert's rows
   // gathered in row order through its gated MLP, each row's output weight × expert output added in expert order,
   // then the shared expert's over every row.
-  torch::Tensor forward(const torch::Tensor& normed, int64_t activation, int64_t passes) const {
+  at::Tensor forward(const at::Tensor& normed, int64_t activation, int64_t passes) const {
     const int64_t rows = normed.size(0), width = normed.size(1), experts = router.size(0);
     const auto routed = route(normed, router, top_k, normalize);  // chosen [R, k] int64, weights [R, k]
     const auto quantized = quantize_rows(normed, passes);  // rows [P·R, H] int8, row_scale [P·R, 1]
     const int64_t* chosen = routed[0].data_ptr<int64_t>();
     const float* weights = routed[1].data_ptr<float>();
-    auto out = torch::zeros({rows, width}, normed.options());
+    auto out = at::zeros({rows, width}, normed.options());
     float* out_data = out.data_ptr<float>();
     std::vector<int64_t> members;  // the expert's rows, ascending
     std::vector<float> member_weights;
@@ -83,7 +86,7 @@ struct Experts {
       for (int64_t p = 0; p < passes; ++p) {
         for (int64_t r : members) gather.push_back(p * rows + r);
       }
-      const auto index = torch::tensor(gather, torch::kInt64);
+      const auto index = at::tensor(gather, at::kLong);
       const auto activated = gated_quantize(gate_up[expert].matmul(quantized[0].index_select(0, index)),
                                             quantized[1].index_select(0, index), activation, passes);
       const auto y = combine_rows(down[expert].matmul(activated[0]), activated[1], down[expert].bias, passes);
@@ -120,9 +123,9 @@ struct Experts {
 // model.py's DecoderLayer: norms (q_norm, k_norm, attention_out_norm, mlp_out_norm empty where the model has none),
 // linear layers, its RoPE tables [C, D] and its sliding window (0: none).
 struct Layer {
-  torch::Tensor input_norm, post_norm, q_norm, k_norm, attention_out_norm, mlp_out_norm;
+  at::Tensor input_norm, post_norm, q_norm, k_norm, attention_out_norm, mlp_out_norm;
   Linear qkv, out, gate_up, down;
-  torch::Tensor cos, sin;
+  at::Tensor cos, sin;
   int64_t window;
   Experts experts;  // empty: the gated MLP of gate_up and down
 };
@@ -137,13 +140,13 @@ class Layers {
   // x [R, H] through the first `count` layers (model.py's _decode_rows; the same arguments). Returns the hidden
   // states [R, H] after each layer count in `capture` (ascending, 1..count), then after the last layer: keeping a
   // reference to a tensor each layer makes anyway, so capturing costs nothing.
-  std::vector<torch::Tensor> forward(torch::Tensor x, const std::vector<torch::Tensor>& keys,
-                                     const std::vector<torch::Tensor>& values, const std::vector<int64_t>& row_slot,
-                                     const std::vector<int64_t>& row_position, const std::vector<int64_t>& row_index,
-                                     int64_t count,
-                                     const std::vector<int64_t>& capture) const {
+  std::vector<at::Tensor> forward(at::Tensor x, const std::vector<at::Tensor>& keys,
+                                  const std::vector<at::Tensor>& values, const std::vector<int64_t>& row_slot,
+                                  const std::vector<int64_t>& row_position, const std::vector<int64_t>& row_index,
+                                  int64_t count,
+                                  const std::vector<int64_t>& capture) const {
     TORCH_CHECK(count >= 0 && count <= static_cast<int64_t>(layers_.size()));
-    std::vector<torch::Tensor> captured;
+    std::vector<at::Tensor> captured;
     size_t next = 0;
     for (int64_t index = 0; index < count; ++index) {
       const Layer& layer = layers_[index];
@@ -158,7 +161,7 @@ class Layers {
                            residual_scale_, x);  // [R, H]
       if (!layer.experts.empty()) {
         const auto mixture = layer.experts.forward(rms_norm(x, layer.post_norm, eps_), activation_, passes_);
-        x = combine_residual(mixture, torch::ones({mixture.size(0), 1}), torch::empty({0}), layer.mlp_out_norm, eps_,
+        x = combine_residual(mixture, at::ones({mixture.size(0), 1}), at::empty({0}), layer.mlp_out_norm, eps_,
                              residual_scale_, x);  // a scale of 1 keeps the mixture's bits
       } else {
         normed = rms_norm_quantize(x, layer.post_norm, eps_, passes_);
@@ -183,21 +186,4 @@ class Layers {
   int64_t activation_, passes_;  // passes: DecoderConfig.activation_passes
 };
 
-}  // namespace
-
-void register_layers(pybind11::module& m) {
-  namespace py = pybind11;
-  py::class_<Part>(m, "Part").def(py::init<int64_t, int64_t, std::vector<torch::Tensor>>());
-  py::class_<Linear>(m, "Linear")
-      .def(py::init<std::vector<Part>, int64_t, torch::Tensor, torch::Tensor>());
-  py::class_<Experts>(m, "Experts")
-      .def(py::init<>())
-      .def(py::init<torch::Tensor, std::vector<Linear>, std::vector<Linear>, int64_t, bool, torch::Tensor>());
-  py::class_<Layer>(m, "Layer")
-      .def(py::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, Linear,
-                    Linear, Linear, Linear, torch::Tensor, torch::Tensor, int64_t, Experts>());
-  py::class_<Layers>(m, "Layers")
-      .def(py::init<std::vector<Layer>, int64_t, double, double, double, double, int64_t, int64_t>())
-      .def("forward", &Layers::forward, "x [R, H] through the first `count` layers: [captured..., last]",
-           py::call_guard<py::gil_scoped_release>());
-}
+}  // namespace qd

@@ -95,12 +95,12 @@ BUILD_NOTICE_S = 3.0  # a load of the kernels longer than this is a build, and i
 
 def load_kernels(progress: bool = False) -> Any | None:
     """:func:`native_kernels`, saying on stderr (``progress``) when getting them takes long: a build, once per
-    processor kind and kernel source, takes a minute or more on a small machine."""
+    processor kind and kernel source, takes up to a minute on a small machine."""
     if not progress or native_kernels.cache_info().currsize:
         return native_kernels()
 
     def notice() -> None:
-        print("quickdraft: building the native kernels for this processor (once; a minute or more)", file=sys.stderr)
+        print("quickdraft: building the native kernels for this processor (once; up to a minute)", file=sys.stderr)
 
     timer = threading.Timer(BUILD_NOTICE_S, notice)
     start = time.perf_counter()

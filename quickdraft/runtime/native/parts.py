@@ -173,9 +173,9 @@ class Affine(NamedTuple):
 
     def dequantize(self) -> torch.Tensor:
         """The float weights ``[N, G·S]``."""
-        weights = self.values.float() * self.scale[..., None]  # [N, G, S]
+        weights = self.values.to(torch.float32, copy=True).mul_(self.scale[..., None])  # [N, G, S], one new tensor
         if self.offset is not None:
-            weights = weights + self.offset[..., None]
+            weights.add_(self.offset[..., None])
         return weights.reshape(len(weights), -1)
 
 

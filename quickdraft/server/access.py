@@ -5,7 +5,7 @@ Rules:
   constant time, and a missing or wrong one gets 401. ``/metrics`` is open only with ``metrics_public``.
 - A key is never printed: not in a log line, an error or this object's repr.
 - A body over ``max_body_bytes`` gets 413 before it is parsed (by its declared length, else while it arrives);
-  JSON nested more than ``MAX_NESTING`` levels deep gets 400.
+  JSON nested more than ``MAX_NESTING`` levels deep gets 400, and so does a body its client stopped sending.
 - A request still running ``request_timeout_s`` after it arrived is cancelled: 504, or an error event on a stream.
   A replica's request arrived when the ingress took it: the time it waited in Ray's queue counts.
 """
@@ -50,8 +50,8 @@ class Access:
     @classmethod
     def from_args(cls, api_key: str | None, metrics_public: bool, max_body_mb: float, timeout_s: float) -> Access:
         """The server's flags: ``api_key`` None takes ``$QUICKDRAFT_API_KEY``; ``timeout_s`` 0 means none."""
-        if max_body_mb <= 0:
-            raise ConfigError(f"--max-body-mb must be > 0, got {max_body_mb}")
+        if not (math.isfinite(max_body_mb) and max_body_mb > 0):
+            raise ConfigError(f"--max-body-mb must be > 0 (megabytes), got {max_body_mb}")
         if timeout_s < 0:
             raise ConfigError(f"--request-timeout must be >= 0 seconds (0: none), got {timeout_s}")
         key = api_key if api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
@@ -72,14 +72,19 @@ OPEN = Access()  # no key; the default limits
 
 async def read_body(request: Any, limit: int) -> bytes:
     """The request's body, read up to ``limit`` bytes: 413 beyond, by its declared length or as it arrives."""
+    from starlette.requests import ClientDisconnect  # the serve extra's: this module's rules import without it
+
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {int(declared)} bytes; this server takes at most {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
+    except ClientDisconnect:  # the client left: an answer reaches no one, and the server did nothing wrong
+        raise ApiError(400, "the client closed the connection before its request body arrived") from None
     return bytes(body)
 
 

@@ -260,6 +260,9 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
         known = ", ".join(known.name for known in TOOL_FORMATS)
         message = f"this model's chat template has no tool-call format quickdraft reads ({known})"
         raise ApiError(400, message, "tools" if tools else "messages")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
     if not tools:
         if choice not in (None, "none", "auto"):
             raise ApiError(400, "tool_choice needs tools", "tool_choice")
@@ -273,11 +276,9 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     names = frozenset(tool["function"]["name"] for tool in tools)
     if len(names) < len(tools):
         raise ApiError(400, "two tools have the same function name", "tools")
+    _check_parameters(tools)
     if found.body is CallBody.PYTHONIC:
         _check_python_names(tools)
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
     if choice in (None, "auto", "required", "none"):
         return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names, found, parallel)
     function = choice.get("function") if isinstance(choice, Mapping) else None
@@ -285,6 +286,21 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     if not isinstance(name, str) or name not in names:
         raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
     return ToolRequest(tuple(tools), name, names, found, parallel)
+
+
+def _check_parameters(tools: list[Any]) -> None:
+    """Each function's parameters must be a valid JSON schema (checked against its meta-schema, as OpenAI checks
+    them), whatever ``tool_choice`` says: a schema the call grammar cannot follow is refused only where a grammar
+    is made (``required``, a named function)."""
+    from jsonschema import Draft202012Validator, SchemaError, validators
+
+    for tool in tools:
+        parameters = tool["function"].get("parameters")
+        try:
+            validators.validator_for(parameters or {}, default=Draft202012Validator).check_schema(parameters or {})
+        except SchemaError as error:
+            message = f"a tool's parameters are not a JSON schema ({tool['function']['name']!r}): {error.message}"
+            raise ApiError(400, message, "tools") from None
 
 
 def _check_python_names(tools: list[Any]) -> None:

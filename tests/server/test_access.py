@@ -102,6 +102,19 @@ def test_a_body_without_a_declared_length_is_cut_off_at_the_limit() -> None:
     assert asyncio.run(read_json(Streamed([b'{"a":', b" 1}"]), 1000)) == {"a": 1}
 
 
+def test_a_client_that_leaves_mid_body_gets_a_400_not_a_server_failure() -> None:
+    from starlette.requests import ClientDisconnect
+
+    class Leaving(Streamed):
+        async def stream(self) -> AsyncIterator[bytes]:
+            yield b'{"model":'
+            raise ClientDisconnect
+
+    with pytest.raises(ApiError, match="closed the connection") as error:
+        asyncio.run(read_json(Leaving([]), 1000))
+    assert error.value.status == 400
+
+
 def test_json_nested_too_deeply_is_a_400_not_a_500(native: Pipeline) -> None:
     with serving(native) as running:
         deep = b"[" * 100_000 + b"]" * 100_000
@@ -143,6 +156,8 @@ def test_a_developer_message_is_a_system_message(locked: Server) -> None:
     ("arguments", "message"),
     [
         ((None, False, 0, 600), "--max-body-mb must be > 0"),
+        ((None, False, float("nan"), 600), "--max-body-mb must be > 0"),
+        ((None, False, float("inf"), 600), "--max-body-mb must be > 0"),
         ((None, False, 8, -1), "--request-timeout must be >= 0"),
         (("  ", False, 8, 600), "printable text"),
     ],

@@ -82,10 +82,10 @@ def test_parameters_that_are_no_schema_are_400s_not_500s() -> None:
     for parameters in ({"properties": ["q"]}, {"properties": {"q": {}}, "required": True}):
         bad = {"type": "function", "function": {"name": "f", "parameters": parameters}}
         for found in (PYTHONIC, QWEN_XML):
-            request = parse_tools({"tools": [bad], "tool_choice": "required"}, found)
-            with pytest.raises(ApiError, match="properties must be an object"):
-                request.grammar()  # type: ignore[union-attr]
-            assert request.split_calls("[f()]") is not None  # type: ignore[union-attr]  # read all the same
+            for choice in ("auto", "required"):  # refused before any grammar is made
+                with pytest.raises(ApiError, match="not a JSON schema") as error:
+                    parse_tools({"tools": [bad], "tool_choice": choice}, found)
+                assert error.value.status == 400 and error.value.param == "tools"
 
 
 def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:

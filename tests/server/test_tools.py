@@ -39,6 +39,9 @@ WEATHER = {
     },
 }
 BAD_SCHEMA = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
+# a valid JSON schema no value satisfies: xgrammar cannot make a grammar of it
+UNFOLLOWABLE = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}}}}  # fmt: skip
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -170,8 +173,10 @@ def test_bad_tools_are_clear_400s(server: Server) -> None:
         {"tool_choice": "required"},
         {"tools": [WEATHER] * 129},
         {"tools": [WEATHER, WEATHER]},
-        {"tools": [BAD_SCHEMA], "tool_choice": "required"},  # xgrammar cannot follow it: 400, not a 500
-        {"tools": [BAD_SCHEMA], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+        {"tools": [BAD_SCHEMA]},  # no JSON schema: 400 whatever tool_choice says
+        {"tools": [UNFOLLOWABLE], "tool_choice": "required"},  # xgrammar cannot follow it: 400, not a 500
+        {"tools": [UNFOLLOWABLE], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+        {"parallel_tool_calls": "yes"},  # checked without tools too
     ]
     for extra in bad:
         with pytest.raises(openai.BadRequestError, match="tool"):
@@ -256,10 +261,17 @@ def test_tool_requests_are_checked() -> None:
         template_message({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}, "")
     with pytest.raises(ApiError, match="same function name"):
         parse_tools({"tools": [WEATHER, WEATHER]}, tool_format(HERMES_TEMPLATE))
-    required = parse_tools({"tools": [BAD_SCHEMA], "tool_choice": "required"}, tool_format(HERMES_TEMPLATE))
-    with pytest.raises(ApiError, match="not a JSON schema") as bad:
+    for choice in ("auto", "required", "none"):
+        with pytest.raises(ApiError, match=r"a tool's parameters are not a JSON schema \('f'\): 'nonsense'") as bad:
+            parse_tools({"tools": [BAD_SCHEMA], "tool_choice": choice}, tool_format(HERMES_TEMPLATE))
+        assert bad.value.status == 400 and bad.value.param == "tools"
+    assert parse_tools({"tools": [UNFOLLOWABLE]}, tool_format(HERMES_TEMPLATE)) is not None  # auto makes no grammar
+    required = parse_tools({"tools": [UNFOLLOWABLE], "tool_choice": "required"}, tool_format(HERMES_TEMPLATE))
+    with pytest.raises(ApiError, match="not a JSON schema a call can follow") as bad:
         required.grammar()  # type: ignore[union-attr]
     assert bad.value.status == 400 and bad.value.param == "tools"
+    with pytest.raises(ApiError, match="parallel_tool_calls must be true or false"):
+        parse_tools({"parallel_tool_calls": "yes"}, tool_format(HERMES_TEMPLATE))
 
 
 # Templates of the other formats, as their families render calls and results (the format's marker included; tools by

@@ -1,5 +1,5 @@
 """Files in quickdraft's cache that runs share: named by what their content depends on, written atomically,
-made one run at a time under a lock."""
+made one run at a time under a lock; and a file a user names to be read, checked to be one."""
 
 from __future__ import annotations
 
@@ -19,6 +19,15 @@ try:
     import fcntl
 except ImportError:  # Windows: files are still written atomically, but not locked
     fcntl = None  # type: ignore[assignment]
+
+
+def input_file(flag: str, path: str | Path) -> Path:
+    """``path`` as a file to read for ``flag``: a ``ConfigError`` saying what it is instead (missing, a directory)."""
+    path = Path(path)
+    if not path.is_file():
+        what = f"{path} is a directory; give a file" if path.is_dir() else f"no such file: {path}"
+        raise ConfigError(f"{flag}: {what}")
+    return path
 
 
 def cache_root() -> Path:

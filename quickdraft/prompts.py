@@ -273,7 +273,9 @@ def require_utf8(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise PromptError(
-            f"{what} is not UTF-8 text: character {error.start} is an undecodable byte "
-            f"(0x{ord(text[error.start]) & 0xFF:02x}); convert it first (e.g. iconv -t UTF-8)"
-        ) from None
+        code = ord(text[error.start])
+        if 0xDC80 <= code <= 0xDCFF:  # Python's escape of the byte code - 0xDC00
+            found = f"an undecodable byte (0x{code & 0xFF:02x}); convert it first (e.g. iconv -t UTF-8)"
+        else:  # a JSON body's "\ud800", say
+            found = f"a lone surrogate (U+{code:04X}), which no UTF-8 text holds"
+        raise PromptError(f"{what} is not UTF-8 text: character {error.start} is {found}") from None

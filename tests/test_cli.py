@@ -122,6 +122,8 @@ def test_generate_with_a_chat_template_of_ones_own(model_args: list[str], tmp_pa
     assert status == 1 and "the chat template cannot be read" in err and "(--chat-template)" in err
     status, _, err = run([*args[:-1], "--chat-template", str(tmp_path / "template.jinja")], capsys)
     assert status == 0 and "--chat-template is not used without --chat" in err
+    status, _, err = run([*args[:-1], "--chat-template", str(tmp_path / "broken.jinja")], capsys)
+    assert status == 0 and "--chat-template is not used without --chat" in err  # unused, so not read either
     (tmp_path / "thinking.jinja").write_text("{% for m in messages %}w9 {{ m.content }} w8 {% endfor %}"
                                              "{% if enable_thinking is false %}w6 {% endif %}w7")  # fmt: skip
     thinking = [*args, "--chat-template", str(tmp_path / "thinking.jinja")]
@@ -226,6 +228,7 @@ BAD_INPUTS = {
         "context holds 512; shorten the prompt or lower max_new_tokens (--max-new-tokens)",
     ),
     "prompt not UTF-8": (["generate", "w1 \udcff"], "the prompt is not UTF-8 text: character 3"),  # argv's byte 0xff
+    "prompt with a lone surrogate": (["generate", "w1 \ud800"], "character 3 is a lone surrogate (U+D800)"),
     "train --out unwritable": (["train-acceptance-head", "--out", "/proc/head.safetensors"], "cannot be written"),
     "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),
     "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "draft vocabulary is a number"),

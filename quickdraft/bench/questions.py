@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from quickdraft.errors import ConfigError
+from quickdraft.files import input_file
 
 MT_BENCH_CATEGORIES = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -44,9 +45,7 @@ def default_questions_path() -> Path | None:
 
 def load_questions(path: str | Path) -> list[Question]:
     """Read a question file; the format is recognised per line (``turns``, ``question`` or ``prompt``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--questions: no such file: {path}")
+    path = input_file("--questions", path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as lines:

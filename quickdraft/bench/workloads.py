@@ -27,6 +27,7 @@ from quickdraft.bench.questions import default_questions_path, load_questions, s
 from quickdraft.bench.serve_load import Prompt
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
+from quickdraft.files import input_file
 from quickdraft.lossless.sampling import SamplingParams
 
 DEFAULT_NUM_PROMPTS = 24  # spec-bench
@@ -63,9 +64,7 @@ def spec_bench_prompts(path: str | None, count: int, seed: int) -> list[Prompt]:
 def agent_prompts(path: str | Path, max_tokens: int | None = None) -> list[Prompt]:
     """Every answered model call of the recorded conversations in ``path``: ``TASK#TURN`` is its id, the task its
     category; ``max_tokens`` (if given) replaces each call's own."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--conversations: no such file: {path}")
+    path = input_file("--conversations", path)
     prompts = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

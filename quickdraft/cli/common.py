@@ -129,9 +129,10 @@ def template_variables(text: str) -> dict[str, Any]:
 
 
 def chat_template_of(args: argparse.Namespace) -> str | None:
-    """The text of ``--chat-template FILE`` where the command has the option and it was given."""
+    """The text of ``--chat-template FILE`` where the command has the option, it was given and is used: a command
+    with ``--chat`` uses it only with ``--chat`` (and notes it unused without)."""
     path = getattr(args, "chat_template", None)
-    return None if path is None else read_text("--chat-template", path)
+    return None if path is None or not getattr(args, "chat", True) else read_text("--chat-template", path)
 
 
 def read_text(flag: str, path: str) -> str:

@@ -76,6 +76,8 @@ def test_bad_question_files_give_clear_errors(tmp_path: Path, content: str, mess
 def test_missing_question_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         load_questions(tmp_path / "absent.jsonl")
+    with pytest.raises(ConfigError, match="is a directory; give a file"):
+        load_questions(tmp_path)
 
 
 def test_stratified_sample_is_seeded_and_per_category(tmp_path: Path) -> None:

@@ -81,7 +81,8 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
 
     def compile(self, spec: GrammarSpec) -> Any:
-        """The compiled grammar; a grammar xgrammar cannot compile raises ``ConfigError`` saying why."""
+        """The compiled grammar; a grammar xgrammar cannot compile raises ``ConfigError`` saying why, its setting the
+        constraint's kind."""
         try:
             if spec.kind is GrammarKind.JSON:  # an object, as OpenAI's json_object promises (the builtin: any value)
                 return self._compiler.compile_json_schema(ANY_OBJECT, max_whitespace_cnt=JSON_WHITESPACE_RUN)
@@ -91,7 +92,8 @@ class GrammarCompiler:
                 return self._compiler.compile_regex(spec.text)
             return self._compiler.compile_grammar(spec.text)
         except (RuntimeError, ValueError) as error:
-            raise ConfigError(f"the {spec.kind.value} constraint does not compile: {xgrammar_reason(error)}") from None
+            message = f"the {spec.kind.value} constraint does not compile: {xgrammar_reason(error)}"
+            raise ConfigError(message, spec.kind.value) from None
 
     def constraint(self, spec: GrammarSpec) -> Constraint:
         """A new request's place at the grammar's start; ``ConfigError`` if no token of the vocabulary can begin it."""

@@ -237,7 +237,11 @@ def error_param(error: QuickdraftError, chat: bool) -> str | None:
     """The request field behind a library error: a prompt's, or the setting a ``ConfigError`` names."""
     if isinstance(error, PromptError):
         return "messages" if chat else "prompt"
-    api_names = {"max_new_tokens": "max_tokens", "grammar": "response_format", "logprobs": "top_logprobs"}
+    api_names = {
+        "max_new_tokens": "max_tokens",
+        "logprobs": "top_logprobs",
+        **{kind.value: "response_format" for kind in (GrammarKind.JSON, GrammarKind.JSON_SCHEMA)},
+    }
     setting = getattr(error, "setting", None)
     return api_names.get(setting, setting) if chat or setting != "logprobs" else setting
 

@@ -228,6 +228,7 @@ def test_structured_output_is_constrained_plain_decoding(native: Pipeline) -> No
         bad = {"model": MODEL, "prompt": "w1", "regex": "(w1", "max_tokens": 3}
         response = httpx.post(f"{constrained.url}/v1/completions", json=bad, timeout=TIMEOUT)
         assert response.status_code == 400 and "does not compile" in response.json()["error"]["message"]
+        assert response.json()["error"]["param"] == "regex"  # the field to mend
         dead_end = {"prompt": "w1", "regex": "w1zzz", "max_tokens": 6}  # w1 begins it; no word spells zzz
         response = httpx.post(f"{constrained.url}/v1/completions", json=dead_end, timeout=TIMEOUT)
         error = response.json()["error"]  # the request's own fault: a 400, not the server's 500

@@ -289,17 +289,19 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
 
 
 def _check_parameters(tools: list[Any]) -> None:
-    """Each function's parameters must be a valid JSON schema (checked against its meta-schema, as OpenAI checks
-    them), whatever ``tool_choice`` says: a schema the call grammar cannot follow is refused only where a grammar
-    is made (``required``, a named function)."""
+    """Each function's parameters must be a valid JSON schema (checked against the meta-schema its ``$schema`` names,
+    2020-12 without one, as OpenAI checks them), whatever ``tool_choice`` says: a schema the call grammar cannot
+    follow is refused only where a grammar is made (``required``, a named function)."""
     from jsonschema import Draft202012Validator, SchemaError, validators
 
     for tool in tools:
-        parameters = tool["function"].get("parameters")
+        parameters, name = tool["function"].get("parameters") or {}, tool["function"]["name"]
+        if not isinstance(parameters.get("$schema", ""), str):  # jsonschema would fail on it, not say why
+            raise ApiError(400, f"a tool's parameters' $schema must be a URI ({name!r})", "tools")
         try:
-            validators.validator_for(parameters or {}, default=Draft202012Validator).check_schema(parameters or {})
+            validators.validator_for(parameters, default=Draft202012Validator).check_schema(parameters)
         except SchemaError as error:
-            message = f"a tool's parameters are not a JSON schema ({tool['function']['name']!r}): {error.message}"
+            message = f"a tool's parameters are not a JSON schema ({name!r}): {error.message}"
             raise ApiError(400, message, "tools") from None
 
 

@@ -265,6 +265,9 @@ def test_tool_requests_are_checked() -> None:
         with pytest.raises(ApiError, match=r"a tool's parameters are not a JSON schema \('f'\): 'nonsense'") as bad:
             parse_tools({"tools": [BAD_SCHEMA], "tool_choice": choice}, tool_format(HERMES_TEMPLATE))
         assert bad.value.status == 400 and bad.value.param == "tools"
+    odd_schema = {"type": "function", "function": {"name": "f", "parameters": {"$schema": 5}}}
+    with pytest.raises(ApiError, match=r"\$schema must be a URI"):  # jsonschema itself fails on it: a 500 before
+        parse_tools({"tools": [odd_schema]}, tool_format(HERMES_TEMPLATE))
     assert parse_tools({"tools": [UNFOLLOWABLE]}, tool_format(HERMES_TEMPLATE)) is not None  # auto makes no grammar
     required = parse_tools({"tools": [UNFOLLOWABLE], "tool_choice": "required"}, tool_format(HERMES_TEMPLATE))
     with pytest.raises(ApiError, match="not a JSON schema a call can follow") as bad:

@@ -361,6 +361,17 @@ def test_every_command_explains_itself(command: str, capsys: pytest.CaptureFixtu
     assert capsys.readouterr().out == alone
 
 
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_unknown_option_shows_the_commands_usage(command: str, capsys: pytest.CaptureFixture) -> None:
+    """``quickdraft cache --bogus`` names ``quickdraft cache`` and shows its usage, not the top-level one."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--bogus-option"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith(f"usage: quickdraft {command} ")
+    assert f"quickdraft {command}: error: unrecognized arguments: --bogus-option" in err
+
+
 def test_the_command_list_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
     """``quickdraft --help``, ``--version``, a mistyped command, ``cache`` and every command's help answer without
     importing the models' libraries: a command's module is imported only for that command, and

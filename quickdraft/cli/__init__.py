@@ -50,6 +50,17 @@ COMMANDS = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: it rejects arguments it does not know itself, so the error shows the command's usage
+    (``quickdraft cache [-h] [--prune] ...``) rather than the top-level one."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def command_of(argv: Sequence[str]) -> str | None:
     """The command ``argv`` names: its first word that is not an option (None if it names none)."""
     return next((word for word in argv if not word.startswith("-")), None)
@@ -62,7 +73,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"quickdraft {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     chosen = None if argv is None else command_of(argv)
     for name, (module, summary) in COMMANDS.items():
         if argv is None or name == chosen:

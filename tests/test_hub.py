@@ -103,15 +103,16 @@ def hub(tmp_path: Path) -> Iterator[Hub]:
 
 
 def resolve_in_a_process(
-    spec: str, hub: Hub, cache: Path, call: str = "resolve_model"
+    spec: str, hub: Hub, cache: Path, call: str = "resolve_model", progress: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """``resolve_model(spec)`` (or ``download_gguf``) in a fresh process whose environment points at the hub."""
+    """``resolve_model(spec)`` (or ``download_gguf``) in a fresh process whose environment points at the hub and
+    quiets huggingface_hub's bars as the CLI does."""
     script = (
         "import json, sys\n"
         "from quickdraft.errors import QuickdraftError\n"
         f"from quickdraft.models.loading import {call}\n"
         "try:\n"
-        f"    print(json.dumps(str({call}({spec!r}, progress=False))))\n"
+        f"    print(json.dumps(str({call}({spec!r}, progress={progress}))))\n"
         "except QuickdraftError as error:\n"
         "    sys.exit(str(error))\n"
     )
@@ -121,6 +122,7 @@ def resolve_in_a_process(
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "HF_HUB_ETAG_TIMEOUT": "5",
         "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     }
     return subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120)
 
@@ -134,6 +136,16 @@ def test_a_gguf_file_on_the_hub_is_downloaded_once(hub: Hub, tmp_path: Path) -> 
     second = resolve_in_a_process(spec, hub, tmp_path / "cache")
     assert second.returncode == 0 and json.loads(second.stdout) == str(directory)
     assert hub.ranges == [None]  # one download; the second run found it in the cache
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_download_shows_its_bar_when_asked(progress: bool, hub: Hub, tmp_path: Path) -> None:
+    """The bar is the caller's choice, not $HF_HUB_DISABLE_PROGRESS_BARS's (which the CLI sets for transformers'
+    bars), and asking for it draws no warning from huggingface_hub."""
+    done = resolve_in_a_process("hf:someone/tiny-GGUF/quant/tiny-Q8_0.gguf", hub, tmp_path, "download_gguf", progress)
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr
+    assert ("tiny-Q8_0.gguf" in done.stderr and "100%" in done.stderr) is progress
 
 
 def test_an_interrupted_download_resumes_where_it_stopped(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from quickdraft.models.convert import (
     write_model_dir,
 )
 from quickdraft.models.loaded import check_loading_info
+from quickdraft.progress import progress_bar
 
 # A model directory's files that do not define its tokenizer (same_tokenizer_files compares all the others)
 MODEL_ONLY_FILES = frozenset(
@@ -79,12 +80,16 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
     )
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
-    (enable_progress_bars if progress else disable_progress_bars)()
     offline = None if HF_HUB_OFFLINE else unreachable(ENDPOINT)  # huggingface_hub retries an unreachable hub 5 times
     try:
-        path = hf_hub_download(repo, filename, cache_dir=cache_root() / "hub", local_files_only=offline is not None)
+        path = hf_hub_download(
+            repo,
+            filename,
+            cache_dir=cache_root() / "hub",
+            local_files_only=offline is not None,
+            tqdm_class=download_bar(progress),  # type: ignore[arg-type]
+        )
         if offline is not None:
             print(f"quickdraft: note: the hub at {ENDPOINT} cannot be reached ({offline}): using {filename} as "
                   "downloaded before", file=sys.stderr)  # fmt: skip
@@ -177,6 +182,17 @@ def load_tokenizer(path: Path) -> Any:
         return AutoTokenizer.from_pretrained(path)
     except Exception as error:  # tokenizers and transformers raise many types here
         raise _unreadable(path, error) from error
+
+
+def download_bar(progress: bool) -> Any:
+    """huggingface_hub's ``tqdm_class`` for a download: quickdraft's own bar (a line every half minute in a log), or
+    none. It is the caller's choice alone: the CLI's ``$HF_HUB_DISABLE_PROGRESS_BARS``, which keeps transformers'
+    loading bars quiet, would otherwise hide it (and make huggingface_hub warn when asked to show it)."""
+
+    def bar(*args: Any, name: str | None = None, disable: bool | None = None, **options: Any) -> Any:
+        return progress_bar(*args, disable=not progress, **options)
+
+    return bar
 
 
 def load_hf_model(path: Path, progress: bool = True, dtype: Any = None) -> Any:

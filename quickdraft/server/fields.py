@@ -2,7 +2,8 @@
 
 - The fields this server reads (:data:`CHAT_FIELDS`, :data:`COMPLETION_FIELDS`): validated by
   :mod:`quickdraft.server.protocol`.
-- Fields that change nothing here (:data:`HARMLESS`: ``user``, ``metadata``, ``store``, ...): accepted.
+- Fields that change nothing here (:data:`HARMLESS`: ``user``, ``metadata``, ``store``, ...): accepted when they
+  hold OpenAI's type for them (:func:`check_harmless`).
 - Fields that would change the answer and that this server does not implement (:data:`UNSUPPORTED`: OpenAI's
   legacy functions, ``best_of``, a reasoning model's effort, ...):
   400 ``unsupported_parameter`` unless they hold the value that changes nothing.
@@ -31,7 +32,11 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "chat_template_kwargs",
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
-HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+# fields that change nothing here, with the type OpenAI gives each (checked: a wrong type is a client's bug)
+HARMLESS: dict[str, str] = {
+    "user": "a string", "metadata": "an object of strings", "store": "true or false", "service_tier": "a string",
+    "prompt_cache_key": "a string", "safety_identifier": "a string",
+}  # fmt: skip
 # fields that change the answer and this server does not implement, with the values that change nothing
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []), "function_call": (None, "none"),
@@ -62,6 +67,7 @@ def check_fields(body: Mapping[str, Any], chat: bool) -> None:
     answer (the rules above)."""
     known = CHAT_FIELDS if chat else COMPLETION_FIELDS
     other = OTHER_ENDPOINT["chat" if chat else "completions"]
+    check_harmless(body)
     for name, value in body.items():
         if name in known or name in HARMLESS or (value is None and name not in UNSUPPORTED):
             continue  # a null field asks for nothing
@@ -74,6 +80,20 @@ def check_fields(body: Mapping[str, Any], chat: bool) -> None:
                 raise ApiError(400, message, name, code="unsupported_parameter")
         else:
             raise ApiError(400, f"unrecognized request argument: {name}", name, code="unrecognized_parameter")
+
+
+def check_harmless(body: Mapping[str, Any]) -> None:
+    """Raise :class:`ApiError` for a field of :data:`HARMLESS` that is not null and not of its type."""
+    for name, kind in HARMLESS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if name == "metadata":
+            fits = isinstance(value, Mapping) and all(isinstance(item, str) for item in value.values())
+        else:
+            fits = isinstance(value, bool if name == "store" else str)
+        if not fits:
+            raise ApiError(400, f"{name} must be {kind}, got {value!r}", name)
 
 
 def _same(value: Any, allowed: Any) -> bool:

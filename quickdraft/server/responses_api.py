@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quickdraft.server.errors import ApiError
-from quickdraft.server.fields import HARMLESS, flag
+from quickdraft.server.fields import HARMLESS, check_harmless, flag
 
 LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this server answers
 PASSED = frozenset({
@@ -41,7 +41,7 @@ PASSED = frozenset({
 })  # fmt: skip
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip
-ACCEPTED = HARMLESS | {"prompt_cache_retention"}  # fields that change nothing here
+ACCEPTED = HARMLESS.keys() | {"prompt_cache_retention"}  # fields that change nothing here
 # what this server cannot do (it keeps no responses, runs no hosted tools, no reasoning), why, and the values that ask
 # for none of it
 KEEPS_NONE = "this server keeps no responses: send the whole conversation as input"
@@ -96,9 +96,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "instructions must be text", "instructions")
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise ApiError(400, "metadata must be an object of strings", "metadata")
+    check_harmless(body)
     chat = {name: body[name] for name in PASSED if body.get(name) is not None}
     chat["messages"] = [{"role": "system", "content": instructions}] if instructions else []  # "": none
     chat["messages"] += _messages(body.get("input"))
@@ -129,7 +127,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
         chat["logprobs"] = True
     echo = Echo(
         instructions, body.get("max_output_tokens"), list(body.get("tools") or []), body.get("tool_choice") or "auto",
-        flag(body, "parallel_tool_calls", True), text, body.get("top_logprobs"), dict(metadata or {}),
+        flag(body, "parallel_tool_calls", True), text, body.get("top_logprobs"), dict(body.get("metadata") or {}),
     )  # fmt: skip
     return chat, echo
 

@@ -28,7 +28,7 @@ def served() -> Iterator[tuple[Server, Pipeline]]:
 
 
 def test_known_harmless_unsupported_and_unknown_fields() -> None:
-    check_fields({name: None for name in CHAT_FIELDS | HARMLESS}, chat=True)
+    check_fields({name: None for name in CHAT_FIELDS | HARMLESS.keys()}, chat=True)
     check_fields({"tools": [], "tool_choice": "none", "parallel_tool_calls": False}, chat=False)  # change nothing
     check_fields({"user": "u1", "metadata": {"a": "b"}, "repetition_penalty": 1.0, "min_p": 0, "x": None}, chat=True)
     for name, harmless in UNSUPPORTED.items():
@@ -41,6 +41,10 @@ def test_known_harmless_unsupported_and_unknown_fields() -> None:
         ({"top_logprobs": 2}, False, "takes logprobs"),
         ({"tools": [{"type": "function"}]}, False, "need /v1/chat/completions"),
         ({"prompt": "w1"}, True, "takes messages"),
+        ({"user": 5}, True, "user must be a string, got 5"),  # harmless fields hold OpenAI's types
+        ({"metadata": {"a": 1}}, False, "metadata must be an object of strings"),
+        ({"store": "yes"}, True, "store must be true or false"),
+        ({"safety_identifier": ["x"]}, True, "safety_identifier must be a string"),
     ]
     for body, chat, words in refused:
         with pytest.raises(ApiError, match=words) as error:

@@ -5,13 +5,15 @@ Rules:
   constant time, and a missing or wrong one gets 401. ``/metrics`` is open only with ``metrics_public``.
 - A key is never printed: not in a log line, an error or this object's repr.
 - A body over ``max_body_bytes`` gets 413 before it is parsed (by its declared length, else while it arrives);
-  JSON nested more than ``MAX_NESTING`` levels deep gets 400, and so does a body its client stopped sending.
+  JSON nested more than ``MAX_NESTING`` levels deep gets 400, and so does a body its client stopped sending. A
+  body that has not all arrived ``request_timeout_s`` after it began gets 408.
 - A request still running ``request_timeout_s`` after it arrived is cancelled: 504, or an error event on a stream.
   A replica's request arrived when the ingress took it: the time it waited in Ray's queue counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
@@ -70,8 +72,9 @@ class Access:
 OPEN = Access()  # no key; the default limits
 
 
-async def read_body(request: Any, limit: int) -> bytes:
-    """The request's body, read up to ``limit`` bytes: 413 beyond, by its declared length or as it arrives."""
+async def read_body(request: Any, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request's body, read up to ``limit`` bytes: 413 beyond, by its declared length or as it arrives; 408 if
+    it has not all arrived after ``timeout_s`` (None: no limit)."""
     from starlette.requests import ClientDisconnect  # the serve extra's: this module's rules import without it
 
     declared = request.headers.get("content-length", "")
@@ -79,18 +82,23 @@ async def read_body(request: Any, limit: int) -> bytes:
         raise ApiError(413, f"the request body is {int(declared)} bytes; this server takes at most {limit}")
     body = bytearray()
     try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
     except ClientDisconnect:  # the client left: an answer reaches no one, and the server did nothing wrong
         raise ApiError(400, "the client closed the connection before its request body arrived") from None
+    except TimeoutError:  # a client that stalls mid-body holds a connection: not for longer than a request may run
+        message = f"the request body had not all arrived after {timeout_s:g} s ({len(body)} bytes came)"
+        raise ApiError(408, message, code="timeout") from None
     return bytes(body)
 
 
-async def read_json(request: Any, limit: int) -> Any:
-    """The request's JSON body, read up to ``limit`` bytes (413 beyond), or 400 if it is not JSON."""
-    body = await read_body(request, limit)
+async def read_json(request: Any, limit: int, timeout_s: float | None = None) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (413 beyond) within ``timeout_s`` (408 after), or 400 if
+    it is not JSON."""
+    body = await read_body(request, limit, timeout_s)
     too_deep = f"the request body nests JSON too deeply (at most {MAX_NESTING} levels)"
     try:
         parsed = json.loads(body)

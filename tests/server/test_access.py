@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -113,6 +114,25 @@ def test_a_client_that_leaves_mid_body_gets_a_400_not_a_server_failure() -> None
     with pytest.raises(ApiError, match="closed the connection") as error:
         asyncio.run(read_json(Leaving([]), 1000))
     assert error.value.status == 400
+
+
+def test_a_body_that_stalls_gets_a_408_after_the_request_timeout(native: Pipeline) -> None:
+    class Stalling(Streamed):
+        async def stream(self) -> AsyncIterator[bytes]:
+            yield b'{"model":'
+            await asyncio.sleep(60)
+            yield b' "m"}'
+
+    with pytest.raises(ApiError, match=r"had not all arrived after 0\.2 s") as error:
+        asyncio.run(read_json(Stalling([]), 1000, timeout_s=0.2))
+    assert error.value.status == 408 and error.value.code == "timeout"
+    with serving(native, access=Access(request_timeout_s=0.5)) as running:  # a client that sends half its body
+        host, port = running.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as client:
+            head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            client.sendall(f"{head}Content-Length: 100\r\n\r\n".encode() + b'{"model":')
+            answer = client.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 408") and '"code":"timeout"' in answer.replace(" ", "")
 
 
 def test_json_nested_too_deeply_is_a_400_not_a_500(native: Pipeline) -> None:

@@ -1,9 +1,12 @@
 """QUICKDRAFT_NATIVE_NO_AMX and _NO_AVX512 build the kernels without AMX or AVX-512, as their own builds; other values
-are refused."""
+are refused. A build runs beside its caller, and builds of one module take turns."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +68,44 @@ def test_a_long_kernel_load_is_said_to_be_a_build(
     err = capsys.readouterr().err
     assert ("building the native kernels" in err and "ready in" in err) == said
     assert kernels.load_kernels(progress) == "kernels" and capsys.readouterr().err == ""  # loaded: nothing to say
+
+
+def test_a_build_runs_beside_its_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """start_building returns while the build goes on in a thread of its own (the caller packs weights meanwhile)."""
+    started, finish = threading.Event(), threading.Event()
+
+    def slow_build() -> str:
+        started.set()
+        finish.wait(10)
+        return "kernels"
+
+    monkeypatch.setattr(kernels, "native_kernels", slow_build)
+    kernels.start_building.__wrapped__()  # the uncached call: the process's own start has happened or will
+    assert started.wait(10) and not finish.is_set()
+    finish.set()
+
+
+def test_a_build_waits_for_another_and_clears_a_lock_a_killed_build_left(tmp_path: Path) -> None:
+    """Builds of one module take turns (a lock the system frees when its holder ends); the holder removes torch's
+    own lock file, which a build killed midway leaves and on which torch would wait forever."""
+    directory = tmp_path / "quickdraft_native_x"
+    directory.mkdir()
+    (directory / "lock").touch()  # left by a killed build
+    order: list[str] = []
+    inside = threading.Event()
+
+    def first() -> None:
+        with kernels.held_build(directory):
+            order.append("first in")
+            inside.set()
+            time.sleep(0.3)
+            order.append("first out")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with kernels.held_build(directory):
+        order.append("second in")
+        assert not (directory / "lock").exists()
+    thread.join()
+    assert order == ["first in", "first out", "second in"]

@@ -1,4 +1,5 @@
-"""C++ kernels of the native runtime, compiled once on first use (needs a C++ compiler and ninja).
+"""C++ kernels of the native runtime, compiled once on first use (needs a C++ compiler and ninja), in a thread of
+their own while the first model's weights are packed. One process builds a module; another waits for it.
 
 If compilation fails the runtime falls back to the same algorithm in PyTorch operations: still
 bit-stable, only slower. A warning says so. ``QUICKDRAFT_NATIVE_NO_AMX=1`` builds them without AMX on a
@@ -8,6 +9,8 @@ processor that has it: what a CPU with the same AVX-512 VNNI and no AMX runs (it
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -15,6 +18,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,21 +70,35 @@ def sources_digest() -> str:
     return digest.hexdigest()[:8]
 
 
+BUILD_LOCK = threading.Lock()  # one build in this process, whichever thread asks first
+
+
 @functools.cache
 def native_kernels() -> Any | None:
-    """The compiled module (the GEMMs, ``attend``, ``quantize_rows``, ...), or None when it cannot be built."""
+    """The compiled module (the GEMMs, ``attend``, ``quantize_rows``, ...), or None when it cannot be built. A
+    thread that asks while another builds it waits for that build."""
+    with BUILD_LOCK:
+        return built_kernels()
+
+
+@functools.cache
+def built_kernels() -> Any | None:
+    """:func:`native_kernels`, built (or loaded from an earlier build) by one thread at a time."""
     here = Path(__file__).parent
-    sources = sources_digest()
+    name = f"quickdraft_native_{cpu_fingerprint()}_{sources_digest()}"
     try:
         from torch.utils.cpp_extension import load
 
-        return load(  # -march=native: a build per processor kind, never one compiled for another CPU
-            name=f"quickdraft_native_{cpu_fingerprint()}_{sources}",
-            sources=[str(here / name) for name in COMPILED],
-            extra_cflags=build_flags(),
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        directory = build_directory(name)
+        with held_build(directory):
+            return load(  # -march=native: a build per processor kind, never one compiled for another CPU
+                name=name,
+                sources=[str(here / source) for source in COMPILED],
+                extra_cflags=build_flags(),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                verbose=False,
+            )
     except Exception as error:  # a missing compiler or ninja surfaces as many exception types
         warnings.warn(
             f"quickdraft: the native runtime's kernels could not be compiled ({type(error).__name__}: {error}); "
@@ -88,6 +106,36 @@ def native_kernels() -> Any | None:
             stacklevel=2,
         )
         return None
+
+
+def build_directory(name: str) -> Path:
+    """Where the module ``name`` is built: under ``$TORCH_EXTENSIONS_DIR`` (default: torch's extensions cache), in a
+    folder per Python and torch version, since a module built against another torch may not load."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    return root / f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}" / name
+
+
+@contextlib.contextmanager
+def held_build(directory: Path) -> Iterator[None]:
+    """Hold the build in ``directory`` against other processes: a lock on a file beside it, which the system frees
+    when its holder ends, however it ends. While it is held, torch's own lock file in ``directory`` can only be one
+    that a killed build left behind, on which torch would wait forever: it is removed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory.with_name(f"{directory.name}.lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process building the same module: wait for it, then load its build
+        (directory / "lock").unlink(missing_ok=True)
+        yield
+
+
+@functools.cache
+def start_building() -> None:
+    """Get the kernels in a thread of their own, once, so that the caller's work (packing weights) overlaps a first
+    build; :func:`load_kernels` and :func:`native_kernels` then wait for it. Bad build settings are raised here."""
+    sources_digest()  # reads $QUICKDRAFT_NATIVE_NO_AMX / _NO_AVX512: a ConfigError for the caller, not the thread
+    threading.Thread(target=native_kernels, name="quickdraft-kernels").start()
 
 
 BUILD_NOTICE_S = 3.0  # a load of the kernels longer than this is a build, and is said to be one

@@ -1,5 +1,5 @@
 """QUICKDRAFT_NATIVE_NO_AMX and _NO_AVX512 build the kernels without AMX or AVX-512, as their own builds; other values
-are refused. A build runs beside its caller, and builds of one module take turns."""
+are refused. Builds of one module take turns."""
 
 from __future__ import annotations
 
@@ -68,21 +68,6 @@ def test_a_long_kernel_load_is_said_to_be_a_build(
     err = capsys.readouterr().err
     assert ("building the native kernels" in err and "ready in" in err) == said
     assert kernels.load_kernels(progress) == "kernels" and capsys.readouterr().err == ""  # loaded: nothing to say
-
-
-def test_a_build_runs_beside_its_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    """start_building returns while the build goes on in a thread of its own (the caller packs weights meanwhile)."""
-    started, finish = threading.Event(), threading.Event()
-
-    def slow_build() -> str:
-        started.set()
-        finish.wait(10)
-        return "kernels"
-
-    monkeypatch.setattr(kernels, "native_kernels", slow_build)
-    kernels.start_building.__wrapped__()  # the uncached call: the process's own start has happened or will
-    assert started.wait(10) and not finish.is_set()
-    finish.set()
 
 
 def test_a_build_waits_for_another_and_clears_a_lock_a_killed_build_left(tmp_path: Path) -> None:

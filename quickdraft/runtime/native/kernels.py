@@ -1,5 +1,5 @@
-"""C++ kernels of the native runtime, compiled once on first use (needs a C++ compiler and ninja), in a thread of
-their own while the first model's weights are packed. One process builds a module; another waits for it.
+"""C++ kernels of the native runtime, compiled once on first use (needs a C++ compiler and ninja). One process or
+thread builds a module; another waits for it.
 
 If compilation fails the runtime falls back to the same algorithm in PyTorch operations: still
 bit-stable, only slower. A warning says so. ``QUICKDRAFT_NATIVE_NO_AMX=1`` builds them without AMX on a
@@ -128,14 +128,6 @@ def held_build(directory: Path) -> Iterator[None]:
         fcntl.flock(held, fcntl.LOCK_EX)  # another process building the same module: wait for it, then load its build
         (directory / "lock").unlink(missing_ok=True)
         yield
-
-
-@functools.cache
-def start_building() -> None:
-    """Get the kernels in a thread of their own, once, so that the caller's work (packing weights) overlaps a first
-    build; :func:`load_kernels` and :func:`native_kernels` then wait for it. Bad build settings are raised here."""
-    sources_digest()  # reads $QUICKDRAFT_NATIVE_NO_AMX / _NO_AVX512: a ConfigError for the caller, not the thread
-    threading.Thread(target=native_kernels, name="quickdraft-kernels").start()
 
 
 BUILD_NOTICE_S = 3.0  # a load of the kernels longer than this is a build, and is said to be one

@@ -17,7 +17,7 @@ from quickdraft.runtime.names import KV_CACHE_DEFAULT, WEIGHT_FORMATS
 from quickdraft.runtime.native.cache import KEY_BLOCK, KV_DTYPES, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.gguf_weights import READ_TYPES
-from quickdraft.runtime.native.kernels import load_kernels, sources_digest, start_building
+from quickdraft.runtime.native.kernels import load_kernels, sources_digest
 from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, has_native_weights, load_native_state
 
@@ -98,9 +98,8 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        start_building()  # a first build of the kernels overlaps the packing of the weights
         state = load_native_state(path, config, options.weights, options.progress)
-        load_kernels(options.progress)  # the rest of a first build is said here, not inside the first forward
+        load_kernels(options.progress)  # a first build takes a minute: said here, not inside the first forward
         # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
         # only touched where tokens are written, so it grows with what a request uses, not with the capacity.
         positions = (

@@ -19,7 +19,7 @@ import pytest
 from conftest import write_tiny_gguf
 
 from quickdraft.errors import ModelFilesError
-from quickdraft.models.loading import download_gguf
+from quickdraft.models.loading import download_bar, download_gguf
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -146,6 +146,23 @@ def test_a_download_shows_its_bar_when_asked(progress: bool, hub: Hub, tmp_path:
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr
     assert ("tiny-Q8_0.gguf" in done.stderr and "100%" in done.stderr) is progress
+
+
+def test_a_hub_without_bars_of_anothers_draws_its_own() -> None:
+    """huggingface_hub before 1.0 takes no ``tqdm_class``: nothing is passed, and its own bars follow ``progress``."""
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+
+    def old_download(repo_id: str, filename: str, cache_dir: str | None = None) -> str:
+        return ""
+
+    def new_download(repo_id: str, filename: str, tqdm_class: object = None) -> str:
+        return ""
+
+    disabled_before = are_progress_bars_disabled()
+    assert download_bar(old_download, progress=False) == {} and are_progress_bars_disabled()
+    if not disabled_before:
+        enable_progress_bars()
+    assert callable(download_bar(new_download, progress=True)["tqdm_class"])
 
 
 def test_an_interrupted_download_resumes_where_it_stopped(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import inspect
 import json
 import os
 import re
@@ -88,7 +89,7 @@ def download_gguf(spec: str, progress: bool = True) -> Path:
             filename,
             cache_dir=cache_root() / "hub",
             local_files_only=offline is not None,
-            tqdm_class=download_bar(progress),  # type: ignore[arg-type]
+            **download_bar(hf_hub_download, progress),
         )
         if offline is not None:
             print(f"quickdraft: note: the hub at {ENDPOINT} cannot be reached ({offline}): using {filename} as "
@@ -184,15 +185,23 @@ def load_tokenizer(path: Path) -> Any:
         raise _unreadable(path, error) from error
 
 
-def download_bar(progress: bool) -> Any:
-    """huggingface_hub's ``tqdm_class`` for a download: quickdraft's own bar (a line every half minute in a log), or
-    none. It is the caller's choice alone: the CLI's ``$HF_HUB_DISABLE_PROGRESS_BARS``, which keeps transformers'
-    loading bars quiet, would otherwise hide it (and make huggingface_hub warn when asked to show it)."""
+def download_bar(download: Any, progress: bool) -> dict[str, Any]:
+    """The bar of a download (``download``: huggingface_hub's ``hf_hub_download``), as its arguments: quickdraft's own
+    bar (a line every half minute in a log), or none. It is the caller's choice alone: the CLI's
+    ``$HF_HUB_DISABLE_PROGRESS_BARS``, which keeps transformers' loading bars quiet, would otherwise hide it (and make
+    huggingface_hub warn when asked to show it). huggingface_hub before 1.0 takes no bar of another's: it draws its
+    own unless that variable is set."""
+    from huggingface_hub.constants import HF_HUB_DISABLE_PROGRESS_BARS
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    if "tqdm_class" not in inspect.signature(download).parameters:
+        (enable_progress_bars if progress and not HF_HUB_DISABLE_PROGRESS_BARS else disable_progress_bars)()
+        return {}
 
     def bar(*args: Any, name: str | None = None, disable: bool | None = None, **options: Any) -> Any:
         return progress_bar(*args, disable=not progress, **options)
 
-    return bar
+    return {"tqdm_class": bar}
 
 
 def load_hf_model(path: Path, progress: bool = True, dtype: Any = None) -> Any:

@@ -32,11 +32,9 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "chat_template_kwargs",
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
-# fields that change nothing here, with the type OpenAI gives each (checked: a wrong type is a client's bug)
-HARMLESS: dict[str, str] = {
-    "user": "a string", "metadata": "an object of strings", "store": "true or false", "service_tier": "a string",
-    "prompt_cache_key": "a string", "safety_identifier": "a string",
-}  # fmt: skip
+# fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
+HARMLESS_TEXT = ("user", "service_tier", "prompt_cache_key", "safety_identifier")  # strings
+HARMLESS = frozenset({*HARMLESS_TEXT, "metadata", "store"})
 # fields that change the answer and this server does not implement, with the values that change nothing
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []), "function_call": (None, "none"),
@@ -83,17 +81,16 @@ def check_fields(body: Mapping[str, Any], chat: bool) -> None:
 
 
 def check_harmless(body: Mapping[str, Any]) -> None:
-    """Raise :class:`ApiError` for a field of :data:`HARMLESS` that is not null and not of its type."""
-    for name, kind in HARMLESS.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if name == "metadata":
-            fits = isinstance(value, Mapping) and all(isinstance(item, str) for item in value.values())
-        else:
-            fits = isinstance(value, bool if name == "store" else str)
-        if not fits:
-            raise ApiError(400, f"{name} must be {kind}, got {value!r}", name)
+    """Raise :class:`ApiError` for a field of :data:`HARMLESS` that is not null and not of its type: text, ``store``
+    true or false, ``metadata`` an object of strings."""
+    for name in HARMLESS_TEXT:
+        optional_text(body, name)
+    flag(body, "store", False)
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, Mapping) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise ApiError(400, f"metadata must be an object of strings, got {metadata!r}", "metadata")
 
 
 def _same(value: Any, allowed: Any) -> bool:

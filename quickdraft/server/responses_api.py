@@ -41,7 +41,7 @@ PASSED = frozenset({
 })  # fmt: skip
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip
-ACCEPTED = HARMLESS.keys() | {"prompt_cache_retention"}  # fields that change nothing here
+ACCEPTED = HARMLESS | {"prompt_cache_retention"}  # fields that change nothing here
 # what this server cannot do (it keeps no responses, runs no hosted tools, no reasoning), why, and the values that ask
 # for none of it
 KEEPS_NONE = "this server keeps no responses: send the whole conversation as input"

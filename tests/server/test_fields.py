@@ -28,7 +28,7 @@ def served() -> Iterator[tuple[Server, Pipeline]]:
 
 
 def test_known_harmless_unsupported_and_unknown_fields() -> None:
-    check_fields({name: None for name in CHAT_FIELDS | HARMLESS.keys()}, chat=True)
+    check_fields({name: None for name in CHAT_FIELDS | HARMLESS}, chat=True)
     check_fields({"tools": [], "tool_choice": "none", "parallel_tool_calls": False}, chat=False)  # change nothing
     check_fields({"user": "u1", "metadata": {"a": "b"}, "repetition_penalty": 1.0, "min_p": 0, "x": None}, chat=True)
     for name, harmless in UNSUPPORTED.items():

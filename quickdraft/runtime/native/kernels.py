@@ -1,5 +1,5 @@
-"""C++ kernels of the native runtime, compiled once on first use (needs a C++ compiler and ninja). One process or
-thread builds a module; another waits for it.
+"""C++ kernels of the native runtime, compiled once on first use (needs a C++ compiler and ninja). One process
+builds a module; another waits for it.
 
 If compilation fails the runtime falls back to the same algorithm in PyTorch operations: still
 bit-stable, only slower. A warning says so. ``QUICKDRAFT_NATIVE_NO_AMX=1`` builds them without AMX on a
@@ -70,20 +70,9 @@ def sources_digest() -> str:
     return digest.hexdigest()[:8]
 
 
-BUILD_LOCK = threading.Lock()  # one build in this process, whichever thread asks first
-
-
 @functools.cache
 def native_kernels() -> Any | None:
-    """The compiled module (the GEMMs, ``attend``, ``quantize_rows``, ...), or None when it cannot be built. A
-    thread that asks while another builds it waits for that build."""
-    with BUILD_LOCK:
-        return built_kernels()
-
-
-@functools.cache
-def built_kernels() -> Any | None:
-    """:func:`native_kernels`, built (or loaded from an earlier build) by one thread at a time."""
+    """The compiled module (the GEMMs, ``attend``, ``quantize_rows``, ...), or None when it cannot be built."""
     here = Path(__file__).parent
     name = f"quickdraft_native_{cpu_fingerprint()}_{sources_digest()}"
     try:

@@ -82,8 +82,8 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     )  # fmt: skip
     access.add_argument(
         "--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
-        help=f"a request still running S seconds after it arrived is cancelled: 504, or an error event on a stream; "
-        f"a body still arriving after S seconds gets 408 (default {REQUEST_TIMEOUT_S:g}; 0: none)",
+        help=f"a request still running S seconds after it arrived is cancelled: 504, or an error event on a stream "
+        f"(default {REQUEST_TIMEOUT_S:g}; 0: none)",
     )  # fmt: skip
     replicas = serve.add_argument_group("replicas on Ray Serve (pip install 'quickdraft[ray]')")
     replicas.add_argument(

@@ -6,7 +6,8 @@ Rules:
 - A key is never printed: not in a log line, an error or this object's repr.
 - A body over ``max_body_bytes`` gets 413 before it is parsed (by its declared length, else while it arrives);
   JSON nested more than ``MAX_NESTING`` levels deep gets 400, and so does a body its client stopped sending. A
-  body that has not all arrived ``request_timeout_s`` after it began gets 408.
+  body that has not all arrived ``body_timeout_s`` after its reading began gets 408: a client that stalls mid-body
+  holds a connection no longer (a timeout of its own, so that a short request timeout still times the answer).
 - A request still running ``request_timeout_s`` after it arrived is cancelled: 504, or an error event on a stream.
   A replica's request arrived when the ingress took it: the time it waited in Ray's queue counts.
 """
@@ -28,6 +29,7 @@ API_KEY_VARIABLE = "QUICKDRAFT_API_KEY"
 MAX_BODY_MB = 8  # a prompt that fills the default pair's 32,768 positions is well under 1 MB of JSON
 MAX_NESTING = 64  # JSON levels a body may nest: chat templates and schema compilers recurse through them
 REQUEST_TIMEOUT_S = 600.0  # llama-server's default
+BODY_TIMEOUT_S = 60.0  # nginx's client_body_timeout default
 WAITED = "quickdraft.waited_s"  # ASGI scope key: seconds a request waited before it reached the app (a replica's)
 
 
@@ -39,6 +41,7 @@ class Access:
     metrics_public: bool = False
     max_body_bytes: int = MAX_BODY_MB * 2**20
     request_timeout_s: float | None = REQUEST_TIMEOUT_S  # None: none
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isprintable()):
@@ -48,6 +51,8 @@ class Access:
         timeout = self.request_timeout_s
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
             raise ConfigError(f"--request-timeout must be a number of seconds > 0 (0: none), got {timeout}")
+        if not (math.isfinite(self.body_timeout_s) and self.body_timeout_s > 0):
+            raise ConfigError(f"the body timeout must be a number of seconds > 0, got {self.body_timeout_s}")
 
     @classmethod
     def from_args(cls, api_key: str | None, metrics_public: bool, max_body_mb: float, timeout_s: float) -> Access:
@@ -89,7 +94,7 @@ async def read_body(request: Any, limit: int, timeout_s: float | None = None) ->
                     raise ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
     except ClientDisconnect:  # the client left: an answer reaches no one, and the server did nothing wrong
         raise ApiError(400, "the client closed the connection before its request body arrived") from None
-    except TimeoutError:  # a client that stalls mid-body holds a connection: not for longer than a request may run
+    except TimeoutError:  # a client that stalled mid-body
         message = f"the request body had not all arrived after {timeout_s:g} s ({len(body)} bytes came)"
         raise ApiError(408, message, code="timeout") from None
     return bytes(body)

@@ -152,7 +152,7 @@ def create_app(
         answer needs."""
         arrival = time.perf_counter() - request.scope.get(WAITED, 0.0)  # a replica's request waited in Ray's queue
         access.authorize(request.headers.get("authorization"))
-        body = await read_json(request, access.max_body_bytes, access.request_timeout_s)
+        body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
         translated, extra = translate(body) if translate is not None else (body, None)
         try:
             api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
@@ -240,7 +240,7 @@ def create_app(
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> JSONResponse:
         access.authorize(request.headers.get("authorization"))
-        body = await read_json(request, access.max_body_bytes, access.request_timeout_s)
+        body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
         names = defaults.model_names
         return JSONResponse(
             await asyncio.to_thread(tokenize, body, pipeline, names, tool_format, spell, defaults.template_kwargs)
@@ -249,7 +249,7 @@ def create_app(
     @app.post("/detokenize")
     async def detokenize_route(request: Request) -> JSONResponse:
         access.authorize(request.headers.get("authorization"))
-        body = await read_json(request, access.max_body_bytes, access.request_timeout_s)
+        body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
         return JSONResponse(await asyncio.to_thread(detokenize, body, pipeline, defaults.model_names))
 
     @app.post("/v1/responses")

@@ -116,7 +116,7 @@ def test_a_client_that_leaves_mid_body_gets_a_400_not_a_server_failure() -> None
     assert error.value.status == 400
 
 
-def test_a_body_that_stalls_gets_a_408_after_the_request_timeout(native: Pipeline) -> None:
+def test_a_body_that_stalls_gets_a_408_after_the_body_timeout(native: Pipeline) -> None:
     class Stalling(Streamed):
         async def stream(self) -> AsyncIterator[bytes]:
             yield b'{"model":'
@@ -126,7 +126,9 @@ def test_a_body_that_stalls_gets_a_408_after_the_request_timeout(native: Pipelin
     with pytest.raises(ApiError, match=r"had not all arrived after 0\.2 s") as error:
         asyncio.run(read_json(Stalling([]), 1000, timeout_s=0.2))
     assert error.value.status == 408 and error.value.code == "timeout"
-    with serving(native, access=Access(request_timeout_s=0.5)) as running:  # a client that sends half its body
+    with pytest.raises(ConfigError, match="body timeout"):
+        Access(body_timeout_s=0)
+    with serving(native, access=Access(body_timeout_s=0.5)) as running:  # a client that sends half its body
         host, port = running.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=TIMEOUT) as client:
             head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"

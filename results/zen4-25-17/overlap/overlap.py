@@ -47,22 +47,27 @@ def median(values):
 target_cache, draft_cache = cache_of(target), cache_of(draft)
 for threads in (2, 1):
     torch.set_num_threads(threads)
-    print(f"alone, {threads} thread(s): target t(1) {median(timed(target, target_cache, 30))}, "
-          f"t(5) {median(timed(target, target_cache, 20, 5))}; draft 1 row {median(timed(draft, draft_cache, 40))}, "
-          f"128 rows {median(timed(draft, draft_cache, 5, 128))}", flush=True)
+    print(
+        f"alone, {threads} thread(s): target t(1) {median(timed(target, target_cache, 30))}, "
+        f"t(5) {median(timed(target, target_cache, 20, 5))}; draft 1 row {median(timed(draft, draft_cache, 40))}, "
+        f"128 rows {median(timed(draft, draft_cache, 5, 128))}",
+        flush=True,
+    )
 
 torch.set_num_threads(2)
 for label, draft_rows, draft_count in (("1 row", 1, 150), ("128 rows", 128, 12)):
     for target_rows, target_count in ((1, 40), (5, 20)):
         target_times, draft_times = [], []
         start = threading.Barrier(2)
-        workers = [
-            threading.Thread(target=timed, args=(target, target_cache, target_count, target_rows, 1, target_times, start)),
-            threading.Thread(target=timed, args=(draft, draft_cache, draft_count, draft_rows, 1, draft_times, start)),
-        ]
+        target_args = (target, target_cache, target_count, target_rows, 1, target_times, start)
+        draft_args = (draft, draft_cache, draft_count, draft_rows, 1, draft_times, start)
+        workers = [threading.Thread(target=timed, args=target_args), threading.Thread(target=timed, args=draft_args)]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
-        print(f"side by side, 1 thread each: target t({target_rows}) {median(target_times)}, "
-              f"draft {label} {median(draft_times)}", flush=True)
+        print(
+            f"side by side, 1 thread each: target t({target_rows}) {median(target_times)}, "
+            f"draft {label} {median(draft_times)}",
+            flush=True,
+        )

@@ -8,6 +8,7 @@ from typing import Any
 
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import text_parts
+from quickdraft.server.tool_formats import ToolFormat
 from quickdraft.server.tools import template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
@@ -25,8 +26,9 @@ def prompt_of(body: Mapping[str, Any]) -> str | list[int]:
     raise ApiError(400, "prompt must be one non-empty string (or one list of token ids)", "prompt")
 
 
-def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A chat body's messages, checked, as the chat template takes them."""
+def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> list[dict[str, Any]]:
+    """A chat body's messages, checked, as the chat template takes them (its tool-call format ``found`` renders
+    earlier tool turns: :func:`template_message`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
@@ -45,9 +47,9 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
         role = "system" if message["role"] == "developer" else message["role"]
-        parsed.append(template_message({**message, "role": role}, content, called))
-        for call in parsed[-1].get("tool_calls", ()):
-            if isinstance(call["id"], str):
+        parsed.append(template_message({**message, "role": role}, content, called, found))
+        for call in (message.get("tool_calls") if role == "assistant" else None) or ():  # checked by template_message
+            if isinstance(call.get("id"), str):
                 called[call["id"]] = call["function"]["name"]
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")

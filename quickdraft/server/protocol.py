@@ -143,7 +143,7 @@ def parse_request(
     try:
         variables = template_kwargs(body, defaults.template_kwargs)
         prompt_ids = (
-            encode(chat_messages(body), True, None if tools is None else tools.tools, variables)
+            encode(chat_messages(body, tool_format), True, None if tools is None else tools.tools, variables)
             if chat
             else encode(prompt, False, suffix=suffix)
         )

@@ -57,7 +57,8 @@ def tokenize(
         if body.get("messages") is not None:
             tools = parse_tools(body, tool_format)
             tools_list = None if tools is None else list(tools.tools)
-            ids = pipeline.encode_chat(chat_messages(body), tools_list, template_kwargs(body, template_defaults))
+            messages = chat_messages(body, tool_format)
+            ids = pipeline.encode_chat(messages, tools_list, template_kwargs(body, template_defaults))
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):

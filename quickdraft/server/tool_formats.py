@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 import re
 import uuid
 from dataclasses import dataclass
@@ -42,6 +43,13 @@ class ToolFormat:
     id_marker: str = ""  # what comes between a named call's name and the id the model gives it ("": no id)
     bare: str = ""  # what opens a call its model writes without its tags at times (Qwen3-Coder's <function=)
     kept: tuple[str, ...] = ()  # special tokens a tool request's answer keeps as text: its calls are read from them
+    tool_role: str = "tool"  # the role its templates render a tool's result under
+    spells_calls: bool = False  # its templates render no assistant tool_calls: an earlier turn's calls are written
+    # into the turn's content as the model writes them (:meth:`spelled`)
+
+    def __post_init__(self) -> None:
+        if self.spells_calls and not (self.tags is None and self.listed and self.body is CallBody.JSON):
+            raise ValueError(f"{self.name}: only a whole answer's JSON list of calls is spelled into content")
 
     def written_by(self, template: str) -> bool:
         """Whether a chat template's text has its model write calls in this format."""
@@ -53,6 +61,12 @@ class ToolFormat:
     def valid_id(self, given: str) -> bool:
         """Whether an id the model wrote has the shape its templates check."""
         return len(given) == self.id_length and given.isascii() and given.isalnum()
+
+    def spelled(self, calls: list[dict[str, Any]]) -> str:
+        """Earlier calls (a template's ``tool_calls``: each function's name and arguments object) as the model
+        writes them: the opener, then their JSON list."""
+        entries = [{"name": call["function"]["name"], self.arguments: call["function"]["arguments"]} for call in calls]
+        return self.opener + json.dumps(entries, ensure_ascii=False)
 
     @property
     def opening(self) -> str:
@@ -99,7 +113,19 @@ PYTHONIC = ToolFormat("pythonic [name(key=value)]", "[func_name1(", None, "", "a
                       parallel=True, body=CallBody.PYTHONIC)  # fmt: skip
 PHI4_MINI = ToolFormat("Phi-4-mini's functools[...]", "functools[", None, "functools", "arguments", listed=True,
                        parallel=True)  # fmt: skip
-TOOL_FORMATS = (HERMES, QWEN_XML, MISTRAL, MISTRAL_NAMED, MISTRAL_CALL_ID, LLAMA3_JSON, PYTHONIC, PHI4_MINI)  # in order
+GRANITE = ToolFormat("Granite 3's <|tool_call|>[...]", "available_tools<|end_of_role|>", None, "<|tool_call|>",
+                     "arguments", listed=True, parallel=True, tool_role="tool_response", spells_calls=True)  # fmt: skip
+TOOL_FORMATS = (
+    HERMES,
+    QWEN_XML,
+    MISTRAL,
+    MISTRAL_NAMED,
+    MISTRAL_CALL_ID,
+    LLAMA3_JSON,
+    PYTHONIC,
+    PHI4_MINI,
+    GRANITE,
+)  # in order: the first a template holds is its format
 
 
 def tool_format(template: str) -> ToolFormat | None:

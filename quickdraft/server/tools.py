@@ -8,8 +8,9 @@ Rules:
   (``[TOOL_CALLS]name[ARGS]{arguments}``, one after another, as Mistral Small 3.2, Ministral 3 and Devstral write them;
   ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one), Llama 3's JSON (``{"name",
   "parameters"}``, the whole answer) and pythonic lists (``[name(key=value, ...), ...]``, the whole answer, as Llama 3.2
-  and 4 write them with their pythonic templates) and Phi-4-mini's (``functools`` and a JSON list of calls, the whole
-  answer). A template with none of them cannot take tools (400).
+  and 4 write them with their pythonic templates), Phi-4-mini's (``functools`` and a JSON list of calls, the whole
+  answer) and Granite 3's (``<|tool_call|>`` and a JSON list of calls, the whole answer). A template with none of them
+  cannot take tools (400).
 - A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer, as
   vLLM keeps them, so its calls can be read (and stop strings can match them); other special tokens have none but
   a thinking template's tags (:mod:`quickdraft.server.reasoning`).
@@ -32,8 +33,10 @@ Rules:
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole answer
   of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
 - Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the template
-  as it expects them (arguments as objects). A call's id is OpenAI's ``call_…``, or the length of alphanumerics the
-  format's templates check (Mistral's 9), or the model's own where it writes one of that shape.
+  as it expects them (arguments as objects; for a format whose templates render no calls, Granite 3's, the calls
+  written after the turn's content as the model writes them, and results under the format's role). A call's id is
+  OpenAI's ``call_…``, or the length of alphanumerics the format's templates check (Mistral's 9), or the model's own
+  where it writes one of that shape.
 """
 
 from __future__ import annotations
@@ -337,11 +340,13 @@ def _is_function(tool: Any) -> bool:
 
 
 def template_message(
-    message: Mapping[str, Any], content: str, called: Mapping[str, str] | None = None
+    message: Mapping[str, Any], content: str, called: Mapping[str, str] | None = None, found: ToolFormat | None = None
 ) -> dict[str, Any]:
     """An earlier turn as chat templates take it: an assistant's calls with their arguments as objects; a tool
     message's result as its content, with its ``tool_call_id`` and the called function's ``name`` (the client's, or
-    the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages lack it)."""
+    the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages lack it). In the
+    template's format ``found``: a tool message under the format's role, and an assistant's calls written after its
+    content, as the model writes them, where the format's templates render no ``tool_calls`` (Granite 3's)."""
     rendered: dict[str, Any] = {"role": message["role"], "content": content}
     if message["role"] == "assistant" and isinstance(message.get("reasoning_content"), str):
         rendered["reasoning_content"] = message["reasoning_content"]  # Qwen3's template renders it in tool loops
@@ -362,6 +367,9 @@ def template_message(
             name = (called or {}).get(call_id) if isinstance(call_id, str) else None
         if name is not None:
             rendered["name"] = name
+        rendered["role"] = found.tool_role if found is not None else "tool"
+    if found is not None and found.spells_calls and "tool_calls" in rendered:
+        rendered["content"] = content + found.spelled(rendered.pop("tool_calls"))
     return rendered
 
 

@@ -20,7 +20,9 @@ class CallBody(enum.Enum):
     JSON = "a JSON object of its name and arguments"
     NAMED = "the function's name, then its arguments' JSON object (Mistral's)"
     XML = "<function=name>, then a <parameter=key> block for each argument (Qwen3-Coder's, Qwen3.5's)"
-    PYTHONIC = "a Python list of calls with keyword arguments, [name(key=value, ...), ...] (Llama 3.2's and 4's)"
+    PYTHONIC = (
+        "Python calls with keyword arguments: a list, [name(key=value, ...), ...] (Llama 3.2's and 4's), or lines"
+    )
 
 
 @dataclass(frozen=True)
@@ -44,12 +46,14 @@ class ToolFormat:
     bare: str = ""  # what opens a call its model writes without its tags at times (Qwen3-Coder's <function=)
     kept: tuple[str, ...] = ()  # special tokens a tool request's answer keeps as text: its calls are read from them
     tool_role: str = "tool"  # the role its templates render a tool's result under
-    spells_calls: bool = False  # its templates render no assistant tool_calls: an earlier turn's calls are written
-    # into the turn's content as the model writes them (:meth:`spelled`)
+    spelled_into: str = ""  # where its templates read an earlier turn's calls as the model writes them
+    # (:meth:`spelled`): "content" (after the turn's text: they render no tool_calls) or a field of the message;
+    # "": they render tool_calls
 
     def __post_init__(self) -> None:
-        if self.spells_calls and not (self.tags is None and self.listed and self.body is CallBody.JSON):
-            raise ValueError(f"{self.name}: only a whole answer's JSON list of calls is spelled into content")
+        spellable = self.body is CallBody.PYTHONIC or (self.tags is None and self.listed and self.body is CallBody.JSON)
+        if self.spelled_into and not spellable:
+            raise ValueError(f"{self.name}: only a JSON list of calls or Python calls are spelled for its templates")
 
     def written_by(self, template: str) -> bool:
         """Whether a chat template's text has its model write calls in this format."""
@@ -64,8 +68,14 @@ class ToolFormat:
 
     def spelled(self, calls: list[dict[str, Any]]) -> str:
         """Earlier calls (a template's ``tool_calls``: each function's name and arguments object) as the model
-        writes them: the opener, then their JSON list."""
-        entries = [{"name": call["function"]["name"], self.arguments: call["function"]["arguments"]} for call in calls]
+        writes them: the opener, then their JSON list; Python calls one a line, each value in JSON (as OLMo 3's
+        templates write them)."""
+        functions = [(call["function"]["name"], call["function"]["arguments"]) for call in calls]
+        if self.body is CallBody.PYTHONIC:
+            spell = functools.partial(json.dumps, ensure_ascii=False)
+            return "\n".join(f"{name}({', '.join(f'{key}={spell(value)}' for key, value in arguments.items())})"
+                             for name, arguments in functions)  # fmt: skip
+        entries = [{"name": name, self.arguments: arguments} for name, arguments in functions]
         return self.opener + json.dumps(entries, ensure_ascii=False)
 
     @property
@@ -114,7 +124,11 @@ PYTHONIC = ToolFormat("pythonic [name(key=value)]", "[func_name1(", None, "", "a
 PHI4_MINI = ToolFormat("Phi-4-mini's functools[...]", "functools[", None, "functools", "arguments", listed=True,
                        parallel=True)  # fmt: skip
 GRANITE = ToolFormat("Granite 3's <|tool_call|>[...]", "available_tools<|end_of_role|>", None, "<|tool_call|>",
-                     "arguments", listed=True, parallel=True, tool_role="tool_response", spells_calls=True)  # fmt: skip
+                     "arguments", listed=True, parallel=True, tool_role="tool_response",
+                     spelled_into="content")  # fmt: skip
+OLMO3 = ToolFormat("OLMo 3's <function_calls> lines", "<function_calls></function_calls>",
+                   ("<function_calls>", "</function_calls>"), "", "arguments", listed=False, parallel=True,
+                   body=CallBody.PYTHONIC, tool_role="environment", spelled_into="function_calls")  # fmt: skip
 TOOL_FORMATS = (
     HERMES,
     QWEN_XML,
@@ -125,6 +139,7 @@ TOOL_FORMATS = (
     PYTHONIC,
     PHI4_MINI,
     GRANITE,
+    OLMO3,
 )  # in order: the first a template holds is its format
 
 

@@ -9,8 +9,8 @@ Rules:
   ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one), Llama 3's JSON (``{"name",
   "parameters"}``, the whole answer) and pythonic lists (``[name(key=value, ...), ...]``, the whole answer, as Llama 3.2
   and 4 write them with their pythonic templates), Phi-4-mini's (``functools`` and a JSON list of calls, the whole
-  answer) and Granite 3's (``<|tool_call|>`` and a JSON list of calls, the whole answer). A template with none of them
-  cannot take tools (400).
+  answer), Granite 3's (``<|tool_call|>`` and a JSON list of calls, the whole answer) and OLMo 3's (``<function_calls>``
+  blocks of Python calls, one a line). A template with none of them cannot take tools (400).
 - A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer, as
   vLLM keeps them, so its calls can be read (and stop strings can match them); other special tokens have none but
   a thinking template's tags (:mod:`quickdraft.server.reasoning`).
@@ -25,23 +25,23 @@ Rules:
   value less one newline at each end, text for a string property, else JSON where it reads as JSON. Named calls: the
   text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an offered function (its id the
   model's, where it wrote one of the right shape, unused before). Pythonic: an answer that is only a Python list of
-  calls by plain names with literal keyword arguments (Python's parser reads it, nothing is evaluated). Every other
-  format: an answer that is nothing but one call
-  (Mistral's: a JSON list of calls), bare or in a json fence, after the format's opening token where the text spells it,
-  is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a call whose arguments JSON cannot carry
-  (1e999, NaN). An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
+  calls by plain names with literal keyword arguments (Python's parser reads it, nothing is evaluated); OLMo 3's: each
+  block whose every statement is such a call, the text before the first block being content. Every other format: an
+  answer that is nothing but one call (Mistral's: a JSON list of calls), bare or in a json fence, after the format's
+  opening token where the text spells it, is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a
+  call whose arguments JSON cannot carry (1e999, NaN). An answer with calls finishes as
+  :meth:`ToolRequest.finish_reason` says.
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole answer
   of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
 - Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the template
-  as it expects them (arguments as objects; for a format whose templates render no calls, Granite 3's, the calls
-  written after the turn's content as the model writes them, and results under the format's role). A call's id is
-  OpenAI's ``call_…``, or the length of alphanumerics the format's templates check (Mistral's 9), or the model's own
-  where it writes one of that shape.
+  as it expects them (arguments as objects; where a format's templates read calls as the model writes them, so written:
+  after the turn's content for Granite 3's, in a ``function_calls`` field for OLMo 3's; results under the format's
+  role). A call's id is OpenAI's ``call_…``, or the length of alphanumerics the format's templates check (Mistral's 9),
+  or the model's own where it writes one of that shape.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import keyword
@@ -55,6 +55,7 @@ from quickdraft.grammar import GrammarSpec
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import TOOL_FORMATS, CallBody, ToolFormat
 from quickdraft.server.tool_grammar import calls_grammar, is_text, value_kinds
+from quickdraft.server.tool_python import python_calls
 from quickdraft.server.tool_stream import CallFilter
 
 FENCE = "```json"
@@ -62,7 +63,6 @@ MAX_TOOLS = 128  # OpenAI's limit of functions per request
 ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, in the order looked at
 XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)  # key, value
 PYTHON_LITERALS = {"True": True, "False": False, "None": None}
-NAMED_LITERALS = PYTHON_LITERALS | {"true": True, "false": False, "null": None}  # a pythonic call's, JSON's too
 WHOLE = re.compile(r"\s*(?:```json\s*([\[{].*[\]}])\s*```|([\[{].*[\]}]))\s*", re.DOTALL)  # one JSON value
 
 
@@ -100,15 +100,14 @@ class ToolRequest:
                 return text[: text.find(self.format.opening)].rstrip(), named
         elif self.format.tags is not None:
             calls, first = [], None
-            read = self._xml_call if self.format.body is CallBody.XML else self._json_call
             for match in self.format.block.finditer(text):
-                if (call := read(match)) is not None:
+                if block := self._block_calls(match):
                     first = match.start() if first is None else first
-                    calls.append(call)
+                    calls.extend(block)
             if calls:
                 return text[:first].rstrip(), calls
         if self.format.body is CallBody.PYTHONIC:
-            pythonic = self._pythonic_calls(text)
+            pythonic = self._pythonic_calls(text) if self.format.tags is None else []
             return ("", pythonic) if pythonic else (text, [])
         answer = text.lstrip().removeprefix(self.format.opener)  # its opener, where the text spells it
         whole = WHOLE.fullmatch(answer)
@@ -148,28 +147,19 @@ class ToolRequest:
             at = text.find(self.format.opening, start)
         return calls
 
-    def _pythonic_calls(self, text: str) -> list[dict[str, Any]]:
-        """A whole answer that is a Python list of calls, each of an offered function by its plain name with keyword
-        arguments whose values are literals (Python's, or JSON's true, false and null); none if anything else is."""
-        try:
-            tree = ast.parse(text.strip(), mode="eval").body
-        except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python, or nested past the parser's depth
-            return []
-        if not isinstance(tree, ast.List) or not tree.elts:
-            return []
-        calls = []
-        for node in tree.elts:
-            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
-                return []
-            try:
-                arguments = {keyword.arg: _python_value(keyword.value) for keyword in node.keywords if keyword.arg}
-            except (ValueError, RecursionError):
-                return []
-            call = self._call({"name": node.func.id, "arguments": arguments}, needs_arguments=True)
-            if call is None or len(arguments) < len(node.keywords):  # **spread arguments are not literals
-                return []
-            calls.append(call)
-        return calls
+    def _block_calls(self, match: re.Match[str]) -> list[dict[str, Any]]:
+        """A tagged block's calls: its one JSON or XML call, or its lines of Python calls (all of them, or none)."""
+        if self.format.body is CallBody.PYTHONIC:
+            return self._pythonic_calls(match.group(1), lines=True)
+        call = self._xml_call(match) if self.format.body is CallBody.XML else self._json_call(match)
+        return [] if call is None else [call]
+
+    def _pythonic_calls(self, text: str, lines: bool = False) -> list[dict[str, Any]]:
+        """A whole answer that is a Python list of calls (``lines``: Python calls, one a statement) of offered
+        functions (:func:`~quickdraft.server.tool_python.python_calls`); none if anything else is."""
+        parsed = python_calls(text, lines)
+        calls = [self._call({"name": name, "arguments": arguments}, needs_arguments=True) for name, arguments in parsed]
+        return [call for call in calls if call is not None] if parsed and None not in calls else []
 
     @functools.cached_property
     def properties(self) -> dict[str, Mapping[str, Any]]:
@@ -222,28 +212,6 @@ def _typed(value: str, schema: Any) -> Any:
     if parsed is not None or value.strip() == "null":
         return parsed
     return PYTHON_LITERALS.get(value.strip(), value)
-
-
-def _python_value(node: ast.expr) -> Any:
-    """A pythonic call's argument: a literal string, number, True/False/None (or JSON's true/false/null), or a list,
-    tuple or dict of them (a dict's keys strings); anything else, a name or an expression, raises ValueError."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # "\\ud83d\\ude00" as JSON reads it, one emoji
-        return node.value.encode("utf-16", "surrogatepass").decode("utf-16")  # a lone surrogate raises ValueError
-    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (int, float))):
-        return node.value  # True and False are ints
-    if isinstance(node, ast.Name) and node.id in NAMED_LITERALS:
-        return NAMED_LITERALS[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _python_value(node.operand)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_python_value(element) for element in node.elts]
-    if isinstance(node, ast.Dict) and all(key is not None for key in node.keys):
-        keys = [_python_value(key) for key in node.keys]  # type: ignore[arg-type]
-        if all(isinstance(key, str) for key in keys):
-            return dict(zip(keys, (_python_value(value) for value in node.values), strict=True))
-    raise ValueError("not a literal")
 
 
 def _json(text: str) -> Any:
@@ -368,8 +336,14 @@ def template_message(
         if name is not None:
             rendered["name"] = name
         rendered["role"] = found.tool_role if found is not None else "tool"
-    if found is not None and found.spells_calls and "tool_calls" in rendered:
-        rendered["content"] = content + found.spelled(rendered.pop("tool_calls"))
+    if found is not None and found.spelled_into and "tool_calls" in rendered:
+        if not all(isinstance(call["function"]["arguments"], dict) for call in rendered["tool_calls"]):
+            raise ApiError(400, "a tool call's arguments must be a JSON object", "messages")
+        spelled = found.spelled(rendered.pop("tool_calls"))
+        if found.spelled_into == "content":
+            rendered["content"] = content + spelled
+        else:
+            rendered[found.spelled_into] = spelled
     return rendered
 
 

@@ -79,12 +79,12 @@ def test_earlier_calls_and_results_are_rendered_as_granite_reads_them() -> None:
     assert plain[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"} and plain[2]["role"] == "tool"
 
 
-def test_only_a_whole_answers_list_is_spelled_into_content() -> None:
-    with pytest.raises(ValueError, match="only a whole answer's JSON list"):
-        ToolFormat("tagged", "<x>", ("<x>", "</x>"), "", "arguments", listed=False, parallel=True, spells_calls=True)
-    with pytest.raises(ValueError, match="only a whole answer's JSON list"):
-        ToolFormat("pythonic", "[f(", None, "", "arguments", listed=True, parallel=True, body=CallBody.PYTHONIC,
-                   spells_calls=True)  # fmt: skip
+def test_only_json_lists_and_python_calls_are_spelled() -> None:
+    for body, tags in ((CallBody.JSON, ("<x>", "</x>")), (CallBody.XML, ("<x>", "</x>")), (CallBody.NAMED, None)):
+        with pytest.raises(ValueError, match="only a JSON list of calls or Python calls"):
+            ToolFormat(
+                "f", "<x>", tags, "", "arguments", listed=False, parallel=True, body=body, spelled_into="content"
+            )
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,8 @@ def calls_grammar(found: ToolFormat, chosen: list[dict[str, Any]], several: bool
         raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
     if found.body is CallBody.PYTHONIC:  # a Python list of calls, or a block of them one a line
         calls = xgrammar.Grammar.union(*(_pythonic_call(tool["function"]) for tool in chosen))
-        return _repeated(calls, several, *((", ", ("[", "]")) if found.tags is None else ("\n", found.tags)))
+        separator, around = (", ", ("[", "]")) if found.tags is None else ("\n", found.tags)  # a list, or lines
+        return _repeated(calls, several, separator, around)
     if found.body is not CallBody.JSON:  # named calls one after another, XML calls a newline between them
         build, separator = (_named_call, "") if found.body is CallBody.NAMED else (_xml_call, "\n")
         calls = xgrammar.Grammar.union(*(build(found, tool["function"]) for tool in chosen))

@@ -157,9 +157,9 @@ class ToolRequest:
     def _pythonic_calls(self, text: str, lines: bool = False) -> list[dict[str, Any]]:
         """A whole answer that is a Python list of calls (``lines``: Python calls, one a statement) of offered
         functions (:func:`~quickdraft.server.tool_python.python_calls`); none if anything else is."""
-        parsed = python_calls(text, lines)
-        calls = [self._call({"name": name, "arguments": arguments}, needs_arguments=True) for name, arguments in parsed]
-        return [call for call in calls if call is not None] if parsed and None not in calls else []
+        calls = [self._call({"name": name, "arguments": arguments}, needs_arguments=True)
+                 for name, arguments in python_calls(text, lines)]  # fmt: skip
+        return [] if None in calls else calls  # type: ignore[return-value]
 
     @functools.cached_property
     def properties(self) -> dict[str, Mapping[str, Any]]:
@@ -313,8 +313,9 @@ def template_message(
     """An earlier turn as chat templates take it: an assistant's calls with their arguments as objects; a tool
     message's result as its content, with its ``tool_call_id`` and the called function's ``name`` (the client's, or
     the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages lack it). In the
-    template's format ``found``: a tool message under the format's role, and an assistant's calls written after its
-    content, as the model writes them, where the format's templates render no ``tool_calls`` (Granite 3's)."""
+    template's format ``found``: a tool message under the format's role, and an assistant's calls as the model writes
+    them where the format's templates read them so (:attr:`ToolFormat.spelled_into`: after its content for Granite
+    3's, a ``function_calls`` field for OLMo 3's)."""
     rendered: dict[str, Any] = {"role": message["role"], "content": content}
     if message["role"] == "assistant" and isinstance(message.get("reasoning_content"), str):
         rendered["reasoning_content"] = message["reasoning_content"]  # Qwen3's template renders it in tool loops
@@ -335,7 +336,8 @@ def template_message(
             name = (called or {}).get(call_id) if isinstance(call_id, str) else None
         if name is not None:
             rendered["name"] = name
-        rendered["role"] = found.tool_role if found is not None else "tool"
+        if found is not None:
+            rendered["role"] = found.tool_role
     if found is not None and found.spelled_into and "tool_calls" in rendered:
         if not all(isinstance(call["function"]["arguments"], dict) for call in rendered["tool_calls"]):
             raise ApiError(400, "a tool call's arguments must be a JSON object", "messages")

@@ -20,13 +20,14 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         description="Show the size of each entry of $QUICKDRAFT_CACHE (default ~/.cache/quickdraft): the packaged "
         "models (GGUF file and its directory), .gguf files given on the command line, the native runtime's "
         "packed weights, calibrations, ... and the fp32 copies made only for the transformers runtime. --prune deletes "
-        "packed weights no load would read again.",
+        "packed weights no load would read again. The native kernels' builds, in torch's extensions cache, are listed "
+        "after the cache's entries.",
     )
     cache.add_argument(
         "--prune",
         action="store_true",
         help="delete the native runtime's packed weights that no load would read again (packed by an older version, "
-        "or for a model no longer there) and say what was freed",
+        "or for a model no longer there) and the kernel builds of other versions' sources, and say what was freed",
     )
     cache.add_argument("--json", action="store_true", help="print a JSON list (with --prune: what was deleted)")
     cache.set_defaults(handler=run)
@@ -46,9 +47,11 @@ def remove(path: Path) -> str | None:
 
 
 def prune(args: argparse.Namespace) -> None:
-    """Delete the stale packed weights (``weights.stale_native_entries``), each reported with the bytes it freed; an
-    entry that could not be deleted (whole) is reported with why, and the command then fails."""
+    """Delete the stale packed weights (``weights.stale_native_entries``) and kernel builds (not ``current``; one being
+    built now is left), each reported with the bytes it freed; an entry that could not be deleted (whole) is reported
+    with why, and the command then fails."""
     from quickdraft.models.usage import entry
+    from quickdraft.runtime.native.kernels import kernel_builds, unused_build
     from quickdraft.runtime.native.weights import stale_native_entries
 
     rows = []
@@ -57,6 +60,15 @@ def prune(args: argparse.Namespace) -> None:
         error = remove(path)
         left = entry(path).size_bytes if path.exists() else 0
         rows.append({"path": str(path), "bytes": size - left} | ({"error": error} if error else {}))
+    builds = 0
+    for build in (build for build in kernel_builds() if not build.current):
+        with unused_build(build.path) as unused:
+            if not unused:  # another version is building it now
+                continue
+            error = remove(build.path)
+        left = entry(build.path).size_bytes if build.path.exists() else 0
+        rows.append({"path": str(build.path), "bytes": build.size_bytes - left} | ({"error": error} if error else {}))
+        builds += 1
     failed = [row for row in rows if "error" in row]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -65,18 +77,21 @@ def prune(args: argparse.Namespace) -> None:
             done = f"not deleted: {row['error']}" if "error" in row else "deleted"
             print(f"{gigabytes(row['bytes']):>10}  {done} {row['path']}")
         freed = sum(row["bytes"] for row in rows)
-        print(f"freed {gigabytes(freed)}: {len(rows) - len(failed)} stale packed weights")
+        print(f"freed {gigabytes(freed)}: {len(rows) - builds} stale packed weights, {builds} stale kernel builds")
     if failed:
-        raise CacheError(f"{len(failed)} stale packed weights could not be deleted (above); check their permissions")
+        raise CacheError(f"{len(failed)} stale entries could not be deleted (above); check their permissions")
 
 
 def run(args: argparse.Namespace) -> None:
+    from quickdraft.runtime.native.kernels import extensions_root, kernel_builds
+
     if args.prune:
         prune(args)
         return
-    root, entries = cache_root(), cache_usage()
+    root, entries, builds = cache_root(), cache_usage(), kernel_builds()
     if args.json:
         rows = [{"path": str(e.path), "bytes": e.size_bytes, "fp32_bytes": e.fp32_bytes} for e in entries]
+        rows += [{"path": str(b.path), "bytes": b.size_bytes, "kernels": True, "stale": not b.current} for b in builds]
         print(json.dumps(rows, indent=2))
         return
     print(f"{root}: {gigabytes(sum(e.size_bytes for e in entries))}")
@@ -89,3 +104,9 @@ def run(args: argparse.Namespace) -> None:
             f"fp32 copies, made only for the transformers runtime and remade when needed: {gigabytes(fp32_total)}; "
             f"delete them with rm {shlex.quote(str(root))}/*/*/hf/model.safetensors"
         )
+    if builds:
+        extensions = extensions_root()
+        print(f"native kernel builds in {extensions}: {gigabytes(sum(b.size_bytes for b in builds))}")
+        for b in builds:
+            stale = "" if b.current else " (stale: another version's sources; --prune deletes it)"
+            print(f"{gigabytes(b.size_bytes):>10}  {b.path.relative_to(extensions)}{stale}")

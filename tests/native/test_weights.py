@@ -138,6 +138,7 @@ def test_prune_deletes_only_packed_weights_no_load_reads(tmp_path, monkeypatch: 
     (older / weights.ENTRY_SOURCE).write_text(
         json.dumps({"format": "parts-v1", "weights": "auto", "model": str(outside)})
     )
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "no-builds"))  # the kernels loaded: prune none of theirs
     kept = {weights.native_cache_dir(inside, "int8"), weights.native_cache_dir(outside)}
     stale = set(weights.stale_native_entries())
     assert stale == set(native.iterdir()) - kept and len(stale) == 3  # removed's, the noteless and the older one
@@ -158,6 +159,7 @@ def test_prune_says_which_entries_it_could_not_delete(tmp_path, monkeypatch: pyt
     from quickdraft.cli import main
 
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "no-builds"))
     stale = tmp_path / "cache" / "native" / "0123456789abcdef"
     stale.mkdir(parents=True)
     (stale / "weights.safetensors").write_bytes(b"x" * 10)
@@ -171,6 +173,6 @@ def test_prune_says_which_entries_it_could_not_delete(tmp_path, monkeypatch: pyt
     out, err = capsys.readouterr()
     (row,) = json.loads(out)
     assert row["bytes"] == 0 and "Permission denied" in row["error"] and stale.exists()
-    assert "1 stale packed weights could not be deleted" in err
+    assert "1 stale entries could not be deleted" in err
     assert main(["cache", "--prune"]) == 1
     assert "not deleted: " in capsys.readouterr().out

@@ -19,11 +19,13 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quickdraft.errors import ConfigError
 from quickdraft.machine import cpu_fingerprint
+from quickdraft.models.usage import files_size
 
 # -ffp-contract=off: no fused multiply-adds but those written out (attention.h's, the same on every path it runs), so
 # the compiler cannot make one path's bits differ from another's; -fopenmp: at::parallel_for runs the work
@@ -33,6 +35,8 @@ NO_AMX_FLAGS = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
 NO_AMX_VARIABLE = "QUICKDRAFT_NATIVE_NO_AMX"
 NO_AVX512_FLAGS = ["-mno-avx512f", "-mno-avxvnni", *NO_AMX_FLAGS]  # -mno-avx512f turns every AVX-512 subset off
 NO_AVX512_VARIABLE = "QUICKDRAFT_NATIVE_NO_AVX512"
+FLAG_SETS = (FLAGS, FLAGS + NO_AMX_FLAGS, FLAGS + NO_AVX512_FLAGS)  # every set build_flags may give
+MODULE_PREFIX = "quickdraft_native_"  # a build's module: the prefix, the processor's fingerprint, the sources' digest
 COMPILED = ("kernels.cpp", "module.cpp")  # two sources, compiled side by side (module.cpp: the Python bindings)
 SOURCES = (
     *COMPILED,
@@ -61,12 +65,17 @@ def build_flags() -> list[str]:
     return FLAGS + NO_AMX_FLAGS if values[NO_AMX_VARIABLE] == "1" else list(FLAGS)
 
 
-@functools.cache
 def sources_digest() -> str:
     """A digest of the kernels' sources and flags: torch rebuilds when a compiled source changes, not when a header
     it includes does, so the module's name carries it; measured costs are keyed by it too."""
+    return flags_digest(tuple(build_flags()))
+
+
+@functools.cache
+def flags_digest(flags: tuple[str, ...]) -> str:
+    """:func:`sources_digest` for the flags ``flags``."""
     here = Path(__file__).parent
-    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(build_flags()).encode())
+    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in SOURCES) + str(list(flags)).encode())
     return digest.hexdigest()[:8]
 
 
@@ -74,7 +83,7 @@ def sources_digest() -> str:
 def native_kernels() -> Any | None:
     """The compiled module (the GEMMs, ``attend``, ``quantize_rows``, ...), or None when it cannot be built."""
     here = Path(__file__).parent
-    name = f"quickdraft_native_{cpu_fingerprint()}_{sources_digest()}"
+    name = f"{MODULE_PREFIX}{cpu_fingerprint()}_{sources_digest()}"
     try:
         from torch.utils.cpp_extension import load
 
@@ -98,13 +107,60 @@ def native_kernels() -> Any | None:
 
 
 def build_directory(name: str) -> Path:
-    """Where the module ``name`` is built: under ``$TORCH_EXTENSIONS_DIR`` (default: torch's extensions cache), in a
-    folder per Python and torch version, since a module built against another torch may not load."""
+    """Where the module ``name`` is built: under :func:`extensions_root`, in a folder per Python and torch version,
+    since a module built against another torch may not load."""
     import torch
-    from torch.utils.cpp_extension import get_default_build_root
 
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    return root / f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}" / name
+    return extensions_root() / f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}" / name
+
+
+def extensions_root() -> Path:
+    """``$TORCH_EXTENSIONS_DIR``, else torch's extensions cache on Linux (``$XDG_CACHE_HOME``, else ``~/.cache``, then
+    ``torch_extensions``), found without importing torch (``quickdraft cache`` does not)."""
+    if chosen := os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(chosen)
+    return Path(
+        os.path.realpath(os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "torch_extensions"))
+    )
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    path: Path  # the build's folder: its module, objects and build files
+    size_bytes: int
+    current: bool  # built from these sources, with one of FLAG_SETS (for any processor): a load may read it again
+
+
+def kernel_builds() -> list[KernelBuild]:
+    """Every build of the kernels under :func:`extensions_root`, for any Python and torch version, in path order."""
+    current = {flags_digest(tuple(flags)) for flags in FLAG_SETS}
+    return [
+        KernelBuild(path, files_size(list(path.rglob("*"))), path.name.rsplit("_", 1)[-1] in current)
+        for path in sorted(extensions_root().glob(f"*/{MODULE_PREFIX}*"))
+        if path.is_dir()
+    ]
+
+
+@contextlib.contextmanager
+def unused_build(directory: Path) -> Iterator[bool]:
+    """Whether no process is building ``directory`` now (its lock beside it taken without waiting), held so until the
+    block ends, when the lock file goes too: a stale build is deleted inside it. Only for a build of other sources:
+    a build this version loads may have a process waiting on that lock file, and unlinking it would let a later one
+    lock a new file and build beside it."""
+    lock = directory.with_name(f"{directory.name}.lock")
+    try:
+        held = open(lock, "a")  # noqa: SIM115 - closed below, after the lock file is unlinked
+    except OSError:
+        yield False
+        return
+    with held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+        lock.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

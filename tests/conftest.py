@@ -36,6 +36,7 @@ from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import quantize_state_dict
 from quickdraft.server.access import OPEN, Access
 from quickdraft.server.app import create_app
+from quickdraft.server.http_server import uvicorn_config
 from quickdraft.server.loop import ServingLoop
 from quickdraft.server.protocol import ServerDefaults
 from quickdraft.server.setup import serving_engine
@@ -544,7 +545,7 @@ def serving(
     engine, _ = serving_engine(pipeline, scheduler, batch_costs=CHEAP_BATCH, prefix_cache_mb=prefix_cache_mb)
     loop = ServingLoop(engine)
     app = create_app(pipeline, loop, ServerDefaults(names, max_tokens=12, split_reasoning=split_reasoning), access)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", 0))  # as quickdraft serve runs it
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT

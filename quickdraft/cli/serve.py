@@ -157,6 +157,7 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
 def run(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from quickdraft.server.http_server import uvicorn_config
     from quickdraft.server.setup import ServerOptions, build_server
 
     options = dataclasses.replace(ServerOptions.from_args(args), chat_template=chat_template_of(args))
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
     for note in [*server.notes, *([gpu_note(device)] if device.type != "cpu" else [])]:
         print(f"quickdraft: {note}", file=sys.stderr)
     loop = server.loop
-    http_server = uvicorn.Server(uvicorn.Config(server.app, host=args.host, port=args.port, log_level="warning"))
+    http_server = uvicorn.Server(uvicorn_config(server.app, args.host, args.port))
     http = threading.Thread(target=http_server.run, name="quickdraft-http", daemon=True)
     http.start()
 

@@ -1,11 +1,13 @@
 """The HTTP API under random bodies: OpenAI's fields and quickdraft's, each any JSON value, over a valid request or
-none. Whatever comes, the answer is a 2xx or an OpenAI-style 4xx: never a 500, never a traceback, and the server
-goes on."""
+none; and requests that are not HTTP at all. Whatever comes, the answer is a 2xx or an OpenAI-style 4xx: never a 500,
+never a traceback, never plain text, and the server goes on."""
 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -55,3 +57,31 @@ def test_random_bodies_get_answers_or_openai_errors(
     elif response.headers["content-type"].startswith("text/event-stream"):
         events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and all("error" not in json.loads(event) for event in events[:-1])
+
+
+MALFORMED = {
+    "request line": b"GARBAGE\r\n\r\n",
+    "header without a colon": b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    "header name with a space": b"GET /health HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n",
+    "two lengths": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    "length not a number": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_http_gets_a_json_400_and_the_server_goes_on(server: Server, request_bytes: bytes) -> None:
+    """A request uvicorn cannot parse never reaches the app: its 400 is still OpenAI's error body, and it closes."""
+    address = urlsplit(server.url)
+    with socket.create_connection((address.hostname, address.port), timeout=TIMEOUT) as connection:
+        connection.sendall(request_bytes)
+        answer = b""
+        while chunk := connection.recv(65536):  # read until the server closes the connection
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    assert lines[0] == "HTTP/1.1 400 Bad Request" and headers["content-type"] == "application/json"
+    assert int(headers["content-length"]) == len(body) and headers["connection"] == "close"
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("malformed HTTP request")
+    assert httpx.get(f"{server.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}

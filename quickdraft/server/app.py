@@ -76,7 +76,8 @@ def create_app(
         yield
         loop.stop()
 
-    app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)  # fmt: skip  # a path with a slash added is unknown: a 404, not a redirect
     app.add_middleware(ServerFailures)
 
     @app.exception_handler(ApiError)

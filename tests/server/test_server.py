@@ -314,6 +314,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1", "grammar": "root ::= 'w1'"}, 400, "one of"),
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1+"}, 400, "end-of-sequence"),
     ("nowhere", {}, 404, "Not Found"),
+    ("completions/", {"model": MODEL, "prompt": "w1"}, 404, "Not Found"),  # no redirect to the path
     ("chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "w1"}]}, 400, "role 'wizard'"),
     (
         "chat/completions",

@@ -174,7 +174,8 @@ def choice_body(
     reasoning, text = api.thinking.split(result.text) if api.thinking else (None, result.text)
     content, calls = api.tools.split_calls(text) if api.tools else (text, [])
     if api.chat:
-        choice["message"] = {"role": "assistant", "content": (content or None) if calls or reasoning else content}
+        no_text = calls or reasoning or (api.tools and api.tools.only_calls)
+        choice["message"] = {"role": "assistant", "content": (content or None) if no_text else content}
         if reasoning is not None:
             choice["message"]["reasoning_content"] = reasoning
         if calls:

@@ -5,7 +5,8 @@ Rules:
 - An answer cut by ``max_output_tokens`` is ``incomplete`` (reason ``max_output_tokens``); any other is
   ``completed``. Its output: a thinking model's reasoning as a ``reasoning`` item (its text one ``reasoning_text``
   part; split as chat's ``reasoning_content``, :mod:`quickdraft.server.reasoning`), then a message with the answer's
-  text (left out when the answer is only calls, or only reasoning), then each call, as the chat answer's content and
+  text (left out when the answer is only calls, or only reasoning, or constrained to calls and cut before its
+  first), then each call, as the chat answer's content and
   ``tool_calls``. The message's log-probabilities are those of the tokens that spell its text, not of the reasoning
   before it nor of the calls after it; ``usage`` counts the tokens that spell the reasoning as reasoning tokens.
 - Streamed: ``response.created`` and ``response.in_progress``; a reasoning item's ``output_item.added`` and
@@ -155,14 +156,14 @@ def spelling(entries: list[dict[str, Any]], limit: int, size: Callable[[dict[str
 
 
 def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> list[Any]:
-    """A whole answer's output: its reasoning (if it thought), its message (unless it is only calls or only
-    reasoning), then its calls."""
+    """A whole answer's output: its reasoning (if it thought), its message (unless it is only calls, only
+    reasoning, or constrained to calls), then its calls."""
     reasoning, text, before = reasoning_split(api.thinking, result.text)
     content, calls = api.tools.split_calls(text) if api.tools else (text, [])
     status = answer_status(result)
     left = "completed" if content or calls else status  # the reasoning, once the answer went on past it
     items = [reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning, left)] if reasoning else []
-    if not content and (calls or reasoning):
+    if not content and (calls or reasoning or (api.tools and api.tools.only_calls)):
         return [*items, *(call_item(call) for call in calls)]
     entries = logprob_entries(api, result.logprobs or [], spell)
     if before:  # the message's tokens: after the reasoning's
@@ -311,7 +312,8 @@ async def stream_events(
         for sent in thought.closing(event, "completed" if found else status):  # the answer went on past it, or not
             yield sent
         output: list[dict[str, Any]] = [*thought.items(status)]
-        if opened or not (found or thought.opened):  # an answer with no text still has its message
+        only_calls = api.tools is not None and api.tools.only_calls  # a cut call is no message
+        if opened or not (found or thought.opened or only_calls):  # an answer with no text still has its message
             entries = message.sent + message.pending + message_entries()
             logprobs = spelling(entries, len(message.text)) if found else entries
             for sent in closing(status, logprobs):

@@ -7,13 +7,15 @@ from __future__ import annotations
 class CallFilter:
     """A streamed answer's text with what may open a call held back: :meth:`feed` gives the content to send now;
     the held text is parsed for calls at the end (:meth:`ToolRequest.split_calls`). ``openers``: what a whole
-    answer of calls may open with; ``tags``: what may open a call inside an answer (Hermes' tag), if anything."""
+    answer of calls may open with; ``tags``: what may open a call inside an answer (Hermes' tag), if anything;
+    ``only_calls``: the answer is all calls (a constrained one), held whole."""
 
-    def __init__(self, openers: tuple[str, ...], tags: tuple[str, ...] = ()) -> None:
+    def __init__(self, openers: tuple[str, ...], tags: tuple[str, ...] = (), only_calls: bool = False) -> None:
         self.openers, self.tags = openers, tags
         self.text = ""  # all of the answer so far
         self.sent = 0  # characters of it sent as content
-        self.whole: bool | None = None  # the answer opens as a whole answer of calls would (None: not known yet)
+        self.whole: bool | None = True if only_calls else None  # the answer opens as a whole answer of calls would
+        # (None: not known yet)
 
     def feed(self, delta: str) -> str:
         self.text += delta

@@ -92,9 +92,20 @@ class ToolRequest:
         chosen = [tool for tool in self.tools if self.choice == "required" or tool["function"]["name"] == self.choice]
         return calls_grammar(self.format, chosen, self.parallel and self.format.parallel)
 
+    @property
+    def only_calls(self) -> bool:
+        """Whether the answer is constrained to calls (``required`` or a named function): all its text is calls', a
+        call cut off by the budget included, and none of it is content."""
+        return self.choice != "auto"
+
     def split_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        """An answer's content (Hermes: the text before its first call; all of it without calls) and its calls,
-        OpenAI's ``tool_calls`` entries. What is not a JSON object naming an offered function is not a call."""
+        """An answer's content (Hermes: the text before its first call; all of it without calls; none where
+        :attr:`only_calls`) and its calls, OpenAI's ``tool_calls`` entries. What is not a JSON object naming an
+        offered function is not a call."""
+        content, calls = self._split_calls(text)
+        return ("" if self.only_calls else content), calls
+
+    def _split_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         if self.format.body is CallBody.NAMED:
             if named := self._named_calls(text):
                 return text[: text.find(self.format.opening)].rstrip(), named
@@ -122,7 +133,8 @@ class ToolRequest:
         """A streamed answer's filter, holding back what may open a call of this format."""
         extra = (("[",) if self.format.listed else ()) + ((self.format.opener,) if self.format.opener else ())
         openers = ("{", FENCE, *extra)
-        return CallFilter(openers, tuple(tag for tag in (self.format.opening, self.format.bare) if tag))
+        tags = tuple(tag for tag in (self.format.opening, self.format.bare) if tag)
+        return CallFilter(openers, tags, self.only_calls)
 
     def _named_calls(self, text: str) -> list[dict[str, Any]]:
         """The named calls after each opening tag, in order: a name (an offered function's), an id where the format

@@ -121,6 +121,16 @@ def test_a_required_call_is_a_function_call_item_whole_and_streamed(tool_server:
     assert after.usage.input_tokens == chat.usage.prompt_tokens and after.output_text == (text or "")
 
 
+def test_a_required_call_cut_before_it_ends_is_no_message(tool_server: Server) -> None:
+    options: dict[str, Any] = dict(model=MODEL, input=ASK, tools=[TOOL], tool_choice="required", temperature=0,
+                                   max_output_tokens=6)  # fmt: skip
+    whole = tool_server.client().responses.create(**options)
+    assert (whole.status, whole.output, whole.output_text) == ("incomplete", [], "")
+    events = list(tool_server.client().responses.create(**options, stream=True))
+    assert not [event for event in events if event.type.startswith(("response.output", "response.content"))]
+    assert events[-1].type == "response.incomplete" and events[-1].response.output == []
+
+
 def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> None:
     """openai-agents' default model speaks the Responses API, whole and streamed."""
     agents = pytest.importorskip("agents")

@@ -151,6 +151,18 @@ def test_a_streamed_call_arrives_as_tool_call_deltas(server: Server) -> None:
     assert "<tool_call>" not in content and chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_required_call_cut_before_it_ends_is_no_content_whole_or_streamed(server: Server, choice: Any) -> None:
+    options: dict[str, Any] = dict(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice=choice, temperature=0)
+    for max_tokens in (1, 5, 12):  # inside the tag, the name, the arguments: never a whole call
+        whole = server.client().chat.completions.create(**options, max_tokens=max_tokens).choices[0]
+        assert (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (None, None, "length")
+        chunks = list(server.client().chat.completions.create(**options, max_tokens=max_tokens, stream=True))
+        deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+        assert not any(delta.content or delta.tool_calls for delta in deltas), max_tokens
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_a_conversation_goes_on_after_a_tool_result(server: Server) -> None:
     arguments = json.dumps({"city": "Paris"})
     messages = [

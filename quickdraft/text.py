@@ -76,7 +76,7 @@ class IncrementalDecoder:
         if len(window_now) <= len(window_before) or window_now.endswith(_INCOMPLETE):
             return
         searched_from = max(0, len(self.text) - self._hold)
-        self._read(window_now[len(window_before) :])
+        self._read(window_before, window_now)
         # The earliest occurrence wins, whatever the order of self.stop: one multi-character
         # token can complete several stop strings, and cutting at a later one leaks text.
         stops = self.stop if len(self._ids) - self._first >= self.min_tokens else ()
@@ -91,7 +91,7 @@ class IncrementalDecoder:
         trailing partial UTF-8 character is released as the tokenizer decodes it (U+FFFD)."""
         if final and not self._final and not self.stopped and self._read_offset < len(self._ids):
             window_before = self._decode(self._ids[self._prefix_offset : self._read_offset])
-            self._read(self._decode(self._ids[self._prefix_offset :])[len(window_before) :])
+            self._read(window_before, self._decode(self._ids[self._prefix_offset :]))
         self._final = self._final or final
         end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._hold)
         delta = self.text[self._released : end]
@@ -106,11 +106,17 @@ class IncrementalDecoder:
             return bisect.bisect_left(self._starts, len(self.text))
         return bisect.bisect_right(self._ends, self._released)
 
-    def _read(self, text: str) -> None:
-        """The tokens since the last read become ``text``, appended (each spans all of it: a character may take
-        several tokens)."""
-        read = len(self._ids) - self._read_offset
-        self._starts += [len(self.text)] * read
+    def _read(self, window_before: str, window_now: str) -> None:
+        """The tokens since the last read add the text ``window_now`` has past ``window_before`` (the window's text
+        before them): appended. Each of them ends with all of it (a character may take several tokens) and begins
+        where the complete characters of the tokens before it end: a token holding only bytes of a character that
+        a stop string begins with begins inside the stop."""
+        read, known = len(self._ids) - self._read_offset, len(window_before)
+        text, starts = window_now[known:], [len(self.text)]
+        for count in range(1, read):
+            spelled = self._decode(self._ids[self._prefix_offset : self._read_offset + count]).rstrip(_INCOMPLETE)
+            starts.append(max(starts[-1], len(self.text) + min(len(text), max(0, len(spelled) - known))))
+        self._starts += starts
         self._ends += [len(self.text) + len(text)] * read
         self.text += text
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)

@@ -124,6 +124,37 @@ def test_visible_tokens_are_those_whose_text_is_released() -> None:
     assert ended.release(final=True) == "ab" and ended.visible_tokens() == 1
 
 
+class BytePieceTokenizer:
+    """Token i is the bytes pieces[i], as byte-level BPE's tokens are: one may end inside a character."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: bool) -> str:
+        return b"".join(self.pieces[i] for i in token_ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("pieces", "visible"),
+    [
+        ([b"ab", b" \xf0\x9f", b"\x8d", b"\x95", b"c"], 2),  # a space, then the stop's first bytes: the space shows
+        ([b"ab", b" ", b"\xf0", b"\x9f\x8d", b"\x95c"], 2),  # the stop's bytes alone: none shows
+        ([b"ab \xf0\x9f\x8d", b"\x95"], 1),  # a token holding text before the stop shows
+    ],
+)
+def test_tokens_wholly_inside_a_stop_string_that_starts_inside_a_token_are_not_visible(
+    pieces: list[bytes], visible: int
+) -> None:
+    """A multi-byte character's tokens are read together with the token that began it; those holding only the
+    stop's bytes begin inside the stop, so their log-probabilities are not shown."""
+    decoder = IncrementalDecoder(BytePieceTokenizer(pieces), stop=("\U0001f355",))
+    for token in range(len(pieces)):
+        decoder.add(token)
+        if decoder.stopped:
+            break
+    assert decoder.stopped and decoder.text == "ab " and decoder.visible_tokens() == visible
+
+
 class StrippingTokenizer(PieceTokenizer):
     """SentencePiece's decoder: a text's leading space (a first word's ``▁``) is dropped."""
 

@@ -81,8 +81,8 @@ def logprobs_body(
     offsets: TextOffsets | None = None,
 ) -> dict[str, Any] | None:
     """A choice's ``logprobs`` in OpenAI's shape for chat (``content``: token, logprob, bytes, top_logprobs) or
-    completions (tokens, token_logprobs, top_logprobs, text_offset by ``offsets``: from 0 without); None when not
-    asked for.
+    completions (tokens, token_logprobs, top_logprobs with the sampled token among them, text_offset by ``offsets``:
+    from 0 without); None when not asked for.
     ``spell(id)``: a token's text and its bytes (a token that is part of a UTF-8 character reads as U+FFFD, its
     bytes are its own). Alternatives with probability 0 (excluded by top-k or top-p) are left out: JSON has no
     -inf."""
@@ -106,11 +106,20 @@ def logprobs_body(
     return {
         "tokens": [text for text, _ in spelled],
         "token_logprobs": [entry.logprob for entry in logprobs],
-        "top_logprobs": [{text: value for (text, _), value in top} for top in tops],
+        "top_logprobs": [
+            {text: value for (text, _), value in top} | _sampled(text, entry.logprob, top)
+            for (text, _), entry, top in zip(spelled, logprobs, tops, strict=True)
+        ],
         "text_offset": (offsets or TextOffsets()).of(
             [(entry.token_id, data) for entry, (_, data) in zip(logprobs, spelled, strict=True)]
         ),
     }
+
+
+def _sampled(text: str, logprob: float, top: list[tuple[tuple[str, bytes], float]]) -> dict[str, float]:
+    """A completion's sampled token among its alternatives, where they leave it out (OpenAI always shows it: up to
+    ``logprobs`` + 1 of them)."""
+    return {} if not math.isfinite(logprob) or any(spelled == text for (spelled, _), _ in top) else {text: logprob}
 
 
 def prompt_logprobs_body(

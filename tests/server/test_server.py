@@ -189,6 +189,17 @@ def test_logprobs_whole_and_streamed_with_and_without_speculation(server: Server
     assert logprobs is not None and len(logprobs.tokens) == len(logprobs.token_logprobs) == 6  # type: ignore[arg-type]
     assert all(len(top) == 2 for top in logprobs.top_logprobs) and logprobs.text_offset[0] == 0  # type: ignore[union-attr]
     assert client.completions.create(model=MODEL, prompt="w1", max_tokens=2).choices[0].logprobs is None
+    sampled = (
+        client.completions.create(
+            model=MODEL, prompt="w3 w1 w4 w1 w5", max_tokens=16, temperature=1.5, seed=3, logprobs=1
+        )
+        .choices[0]
+        .logprobs
+    )
+    assert sampled is not None and sampled.top_logprobs is not None and sampled.token_logprobs is not None
+    for token, value, top in zip(sampled.tokens, sampled.token_logprobs, sampled.top_logprobs, strict=True):
+        assert top[token] == value and len(top) in (1, 2)  # OpenAI's: the likeliest, and the sampled token
+    assert any(len(top) == 2 for top in sampled.top_logprobs)  # a sampled token that was not the likeliest
 
 
 def test_a_chats_later_turns_reuse_the_cached_conversation(native: Pipeline) -> None:

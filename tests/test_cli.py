@@ -213,7 +213,7 @@ BAD_INPUTS = {
     "max_new_tokens 0": (["generate", "w1", "--max-new-tokens", "0"], "a positive integer, got 0 (--max-new-tokens)"),
     "no running slot": (["serve", "--max-running", "0"], "max_running must be an integer >= 1, got 0 (--max-running)"),
     "negative temperature": (["generate", "w1", "--temperature", "-0.1"], "temperature must be"),
-    "top_p 0": (["generate", "w1", "--top-p", "0"], "top_p must be in"),
+    "negative top_p": (["generate", "w1", "--top-p", "-0.1"], "top_p must be in"),
     "top_p above 1": (["generate", "w1", "--top-p", "1.5"], "top_p must be in"),
     "negative top_k": (["generate", "w1", "--top-k", "-2"], "top_k must be"),
     "seed beyond 64 bits": (["generate", "w1", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),

@@ -103,7 +103,7 @@ def test_top_k_keeps_the_k_likeliest() -> None:
 
 
 @pytest.mark.parametrize(
-    ("top_p", "kept"), [(0.4, [1]), (0.5, [1, 3]), (0.7, [1, 3]), (0.75, [1, 3, 2]), (1.0, [0, 1, 2, 3])]
+    ("top_p", "kept"), [(0.0, [1]), (0.4, [1]), (0.5, [1, 3]), (0.7, [1, 3]), (0.75, [1, 3, 2]), (1.0, [0, 1, 2, 3])]
 )
 def test_top_p_keeps_smallest_prefix_reaching_the_mass(top_p: float, kept: list[int]) -> None:
     probs = logits_to_probs(LOGITS, SamplingParams(temperature=1.0, top_p=top_p))[0]
@@ -217,7 +217,7 @@ def test_seeded_generator_reproduces_samples() -> None:
     [
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
-        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": -0.01}, "top_p"),
         ({"top_p": 1.01}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"seed": -1}, "seed"),

@@ -43,7 +43,8 @@ class SamplingParams:
     """How a token is chosen from logits; applied identically to target and draft.
 
     ``temperature == 0`` means greedy decoding (argmax); ``top_k == 0``, ``top_p == 1`` and ``min_p == 0``
-    switch those filters off (``min_p``: a token less likely than ``min_p`` times the likeliest is never drawn).
+    switch those filters off (``min_p``: a token less likely than ``min_p`` times the likeliest is never drawn;
+    ``top_p == 0`` keeps the likeliest token alone, as the smallest set of mass at least 0).
     ``seed`` (an integer in [0, 2**64 - 1]) makes a sampled run reproducible: the same tokens whatever γ the
     policy chooses.
     """
@@ -61,8 +62,8 @@ class SamplingParams:
             )
         if not is_int(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
-        if not (is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
+        if not (is_number(self.top_p) and 0 <= self.top_p <= 1):
+            raise ConfigError(f"top_p must be in [0, 1] (0 = the likeliest token only), got {self.top_p!r}", "top_p")
         if not (is_number(self.min_p) and 0 <= self.min_p <= 1):
             raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}", "min_p")
         if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed <= MAX_SEED):

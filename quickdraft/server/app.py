@@ -89,7 +89,7 @@ def create_app(
         body = ApiError(error.status_code, str(error.detail)).body()  # its headers kept: a 405's Allow
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: the checks of load balancers that read no body
     async def health() -> JSONResponse:
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")

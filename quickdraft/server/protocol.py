@@ -41,7 +41,7 @@ from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import Request
 from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
-from quickdraft.lossless.sampling import is_int, is_number
+from quickdraft.lossless.sampling import MAX_SEED, is_int, is_number
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, optional_text, text_parts
 from quickdraft.server.messages import chat_messages, prompt_of
@@ -151,7 +151,7 @@ def parse_request(
             temperature=_number(body, "temperature", 1.0),
             top_k=_field(body, "top_k", 0),
             top_p=_number(body, "top_p", 1.0),
-            seed=_field(body, "seed", None),
+            seed=_seed(body),
             min_p=_number(body, "min_p", 0.0),
         )
         scores_only = echo and body.get("max_tokens") == 0 and is_int(body["max_tokens"])  # scored, one token dropped
@@ -289,6 +289,15 @@ def _number(body: Mapping[str, Any], name: str, default: float) -> Any:
     if not is_number(value) or not math.isfinite(value):
         raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
     return value
+
+
+def _seed(body: Mapping[str, Any]) -> Any:
+    """The request's seed: OpenAI's is a signed 64-bit integer, the library's unsigned; a negative one is taken as
+    its two's complement (-1 is 2**64 - 1)."""
+    seed = _field(body, "seed", None)
+    if is_int(seed) and not -(2**63) <= seed <= MAX_SEED:
+        raise ApiError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {seed!r}", "seed")
+    return seed % (MAX_SEED + 1) if is_int(seed) else seed
 
 
 def _token_list(body: Mapping[str, Any], name: str) -> tuple[Any, ...]:

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -42,6 +43,8 @@ def text_of(native: Pipeline, token_ids: list[int], prompt_ids: list[int] | None
 def test_models_health_and_metrics(server: Server) -> None:
     assert [model.id for model in server.client().models.list()] == [MODEL]
     assert httpx.get(f"{server.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}
+    head = httpx.head(f"{server.url}/health", timeout=TIMEOUT)
+    assert head.status_code == 200 and head.content == b""  # a load balancer's check that reads no body
     server.client().completions.create(model=MODEL, prompt="w1 w2", max_tokens=3, temperature=0)
     metrics = httpx.get(f"{server.url}/metrics", timeout=TIMEOUT).text
     for name in (
@@ -277,16 +280,27 @@ def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, nat
         assert text == text_of(native, greedy(native, native.encode(prompts[i]), 6 + i), native.encode(prompts[i])), i
 
 
+def test_openai_ranges_a_negative_seed_and_top_p_zero(server: Server) -> None:
+    """OpenAI's seed is a signed 64-bit integer: -1 is taken as 2**64 - 1. Its top_p may be 0: the likeliest token
+    alone, so the answer is the greedy one."""
+
+    def text(**fields: Any) -> str:
+        return server.client().completions.create(model=MODEL, prompt="w3 w1", max_tokens=8, **fields).choices[0].text
+
+    assert text(temperature=1.0, seed=-1) == text(temperature=1.0, seed=2**64 - 1)
+    assert text(temperature=1.0, top_p=0, seed=5) == text(temperature=0)
+
+
 BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": "gpt-4", "prompt": "w1"}, 404, "does not exist"),
     ("completions", {"model": MODEL, "prompt": "   "}, 400, "empty"),
     ("completions", {"model": MODEL, "prompt": "w1 " * 250, "max_tokens": 10}, 400, "context holds 256"),
     ("completions", {"model": MODEL, "prompt": "w1", "temperature": -1}, 400, "temperature"),
     ("completions", {"model": MODEL, "prompt": "w1", "temperature": "hot"}, 400, "temperature"),
-    ("completions", {"model": MODEL, "prompt": "w1", "top_p": 0}, 400, "top_p"),
+    ("completions", {"model": MODEL, "prompt": "w1", "top_p": 1.5}, 400, "top_p"),
     ("completions", {"model": MODEL, "prompt": "w1", "max_tokens": 0}, 400, "max_tokens must be"),
     ("completions", {"model": MODEL, "prompt": "w1", "max_tokens": "many"}, 400, "max_tokens must be"),
-    ("completions", {"model": MODEL, "prompt": "w1", "seed": -3}, 400, "seed"),
+    ("completions", {"model": MODEL, "prompt": "w1", "seed": -(2**63) - 1}, 400, "seed"),
     ("completions", {"model": MODEL, "prompt": "w1", "stop": [""]}, 400, "stop"),
     ("completions", {"model": MODEL, "prompt": "w1", "cache_prompt": "no"}, 400, "cache_prompt must be true or false"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": 17}, 400, "n must be a whole number in [1, 16]"),
@@ -366,9 +380,9 @@ FIELDS_AT_FAULT = [  # (path, body, the error's param)
     ("completions", {"prompt": "   "}, "prompt"),
     ("chat/completions", {"messages": [{"role": "user", "content": " "}]}, "messages"),
     ("completions", {"prompt": "w1", "temperature": -1}, "temperature"),
-    ("completions", {"prompt": "w1", "top_p": 0}, "top_p"),
+    ("completions", {"prompt": "w1", "top_p": -0.5}, "top_p"),
     ("completions", {"prompt": "w1", "top_k": -1}, "top_k"),
-    ("completions", {"prompt": "w1", "seed": -3}, "seed"),
+    ("completions", {"prompt": "w1", "seed": 2**64}, "seed"),
     ("completions", {"prompt": "w1", "stop": [""]}, "stop"),
     ("completions", {"prompt": "w1", "policy": "fixed:x"}, "policy"),
     ("completions", {"prompt": "w1", "drafter": "magic"}, "drafter"),

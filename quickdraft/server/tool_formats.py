@@ -49,6 +49,8 @@ class ToolFormat:
     spelled_into: str = ""  # where its templates read an earlier turn's calls as the model writes them
     # (:meth:`spelled`): "content" (after the turn's text: they render no tool_calls) or a field of the message;
     # "": they render tool_calls
+    also_opened_by: tuple[str, ...] = ()  # what later models of the family open a whole answer of calls with instead
+    # (Granite 3.1-3.3's plain <tool_call>); read, never spelled
 
     def __post_init__(self) -> None:
         spellable = self.body is CallBody.PYTHONIC or (self.tags is None and self.listed and self.body is CallBody.JSON)
@@ -77,6 +79,11 @@ class ToolFormat:
                              for name, arguments in functions)  # fmt: skip
         entries = [{"name": name, self.arguments: arguments} for name, arguments in functions]
         return self.opener + json.dumps(entries, ensure_ascii=False)
+
+    @property
+    def openers(self) -> tuple[str, ...]:
+        """What a whole answer of calls may start with where the text spells it: the opener, then the others."""
+        return tuple(opener for opener in (self.opener, *self.also_opened_by) if opener)
 
     @property
     def opening(self) -> str:
@@ -125,7 +132,7 @@ PHI4_MINI = ToolFormat("Phi-4-mini's functools[...]", "functools[", None, "funct
                        parallel=True)  # fmt: skip
 GRANITE = ToolFormat("Granite 3's <|tool_call|>[...]", "available_tools<|end_of_role|>", None, "<|tool_call|>",
                      "arguments", listed=True, parallel=True, tool_role="tool_response",
-                     spelled_into="content")  # fmt: skip
+                     spelled_into="content", also_opened_by=("<tool_call>",))  # fmt: skip
 OLMO3 = ToolFormat("OLMo 3's <function_calls> lines", "<function_calls></function_calls>",
                    ("<function_calls>", "</function_calls>"), "", "arguments", listed=False, parallel=True,
                    body=CallBody.PYTHONIC, tool_role="environment", spelled_into="function_calls")  # fmt: skip

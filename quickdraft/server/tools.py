@@ -9,8 +9,9 @@ Rules:
   ``[CALL_ID]`` and the model's id before ``[ARGS]`` where the template renders one), Llama 3's JSON (``{"name",
   "parameters"}``, the whole answer) and pythonic lists (``[name(key=value, ...), ...]``, the whole answer, as Llama 3.2
   and 4 write them with their pythonic templates), Phi-4-mini's (``functools`` and a JSON list of calls, the whole
-  answer), Granite 3's (``<|tool_call|>`` and a JSON list of calls, the whole answer) and OLMo 3's (``<function_calls>``
-  blocks of Python calls, one a line). A template with none of them cannot take tools (400).
+  answer), Granite 3's (``<|tool_call|>``, or 3.1-3.3's plain ``<tool_call>``, and a JSON list of calls, the whole
+  answer) and OLMo 3's (``<function_calls>`` blocks of Python calls, one a line). A template with none of them
+  cannot take tools (400).
 - A format's markers that are special tokens (Mistral's named calls') keep their text in a tool request's answer, as
   vLLM keeps them, so its calls can be read (and stop strings can match them); other special tokens have none but
   a thinking template's tags (:mod:`quickdraft.server.reasoning`).
@@ -120,7 +121,9 @@ class ToolRequest:
         if self.format.body is CallBody.PYTHONIC:
             pythonic = self._pythonic_calls(text) if self.format.tags is None else []
             return ("", pythonic) if pythonic else (text, [])
-        answer = text.lstrip().removeprefix(self.format.opener)  # its opener, where the text spells it
+        answer = text.lstrip()
+        opener = next((opener for opener in self.format.openers if answer.startswith(opener)), "")
+        answer = answer.removeprefix(opener)  # its opener, where the text spells it
         whole = WHOLE.fullmatch(answer)
         value = _json(whole.group(1) or whole.group(2)) if whole is not None else None
         entries = value if isinstance(value, list) and self.format.listed else [value]
@@ -131,7 +134,7 @@ class ToolRequest:
 
     def call_filter(self) -> CallFilter:
         """A streamed answer's filter, holding back what may open a call of this format."""
-        extra = (("[",) if self.format.listed else ()) + ((self.format.opener,) if self.format.opener else ())
+        extra = (("[",) if self.format.listed else ()) + self.format.openers
         openers = ("{", FENCE, *extra)
         tags = tuple(tag for tag in (self.format.opening, self.format.bare) if tag)
         return CallFilter(openers, tags, self.only_calls)

@@ -1,4 +1,5 @@
-"""Command line: ``quickdraft generate | models | bench | profile | train-acceptance-head | serve | bench-serve``.
+"""Command line: ``quickdraft generate | models | cache | bench | profile | train-acceptance-head | train-draft |
+serve | bench-serve``.
 
 Bad input exits with status 1 (2 for malformed arguments) and one line on stderr.
 Machine-readable output (``--json``) goes to stdout alone; progress and statistics of

@@ -67,7 +67,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         metavar="NAME",
         help="how γ is chosen before each step: goodput (the default: the γ, 0 included, with the most expected "
         "tokens per second from measured costs and the observed acceptance; it measures the costs the first time, "
-        "a few seconds, and saves them), fixed[:K], heuristic (+2 after a fully accepted block, -1 otherwise), "
+        "up to two minutes, and saves them), fixed[:K], heuristic (+2 after a fully accepted block, -1 otherwise), "
         "confidence[:T] (stop drafting when the draft's top probability < T), specdec++[:T] (stop when a trained "
         "head puts P(a rejection in the block) above T)",
     )

@@ -269,8 +269,8 @@ class Pipeline:
     def calibrate(
         self, drafter: str, max_draft_tokens: int = 16, context: int = 64, use_saved: bool = True
     ) -> Calibration[CostModel]:
-        """The step costs goodput needs (a few seconds to measure), saved or loaded (:class:`CalibrationStore`),
-        and kept in ``drafter``'s records."""
+        """The step costs goodput needs (measured once per machine and models), saved or loaded
+        (:class:`CalibrationStore`), and kept in ``drafter``'s records."""
         for name, value, least in (("max_draft_tokens", max_draft_tokens, 1), ("context", context, 0)):
             if not is_int(value) or value < least:
                 raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}", name)

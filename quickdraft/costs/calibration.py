@@ -242,14 +242,14 @@ class Measurement(Generic[Costs]):
 def measure_cost_model(
     target: Runtime, draft: Runtime | None, drafter_cls: type[Drafter], max_draft_tokens: int, context: int = 64
 ) -> Measurement[CostModel]:
-    """Measure the step costs the goodput policy needs (a few forwards, a few seconds).
+    """Measure the step costs the goodput policy needs (a few forwards of each model).
 
     Target: one timed forward of k ∈ {1, 2, 4, 8, …, max + 1} new tokens after ``context`` cached tokens
     (the fastest of 3, after a warm-up); the draft model's 1-token forward and what reading 128 and 512
     tokens costs it if the drafter uses one; the drafter's share of a target step if the target drafts
     itself; else 0. What a longer context adds to the target's forward of 1, 8 and max + 1 tokens and to the
-    draft model's of 1 (:func:`measure_context_costs`, up to ``LONG_CONTEXT``: under a second on the default
-    pair). Last, the target's 1-token forward is timed again, to tell whether the machine's load held steady
+    draft model's of 1 (:func:`measure_context_costs`, up to ``LONG_CONTEXT``, with placeholder keys and
+    values). Last, the target's 1-token forward is timed again, to tell whether the machine's load held steady
     throughout (:func:`steadiness_problem`).
     """
     ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= max_draft_tokens} | {max_draft_tokens + 1})

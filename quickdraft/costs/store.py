@@ -161,8 +161,8 @@ class CalibrationStore:
     def cost_model(
         self, drafter_cls: type[Drafter], max_draft_tokens: int = 16, context: int = 64, use_saved: bool = True
     ) -> Calibration[CostModel]:
-        """The step costs goodput plans the requests of a ``drafter_cls`` drafter with (:func:`measure_cost_model`, a
-        few seconds to measure)."""
+        """The step costs goodput plans the requests of a ``drafter_cls`` drafter with (:func:`measure_cost_model`,
+        measured once and saved)."""
         key = self.single_key(drafter_cls, max_draft_tokens, context)
         path = self.file(key, drafter_cls.needs_draft_model, SINGLE)
 
@@ -172,9 +172,9 @@ class CalibrationStore:
         return load_or_measure(path, key, SINGLE, measure, use_saved, self.busier_check(context))
 
     def batch_cost_model(self, max_rows: int, max_tokens: int, use_saved: bool = True) -> Calibration[BatchCostModel]:
-        """The cost of a continuous-batching step (:func:`measure_batch_cost_model`, up to a minute on the default
-        pair), up to ``max_rows`` requests and ``max_tokens`` tokens in all; the draft model's batched forward too,
-        if one is loaded."""
+        """The cost of a continuous-batching step (:func:`measure_batch_cost_model`, measured once and saved), up to
+        ``max_rows`` requests and ``max_tokens`` tokens in all; the draft model's batched forward too, if one is
+        loaded."""
         draft = self.draft  # the draft model's batched forward is timed too, where there is one
         key = self.key(draft is not None, None, 0, BATCH_CONTEXT) | {"batch": [max_rows, max_tokens]}
         path = self.file(key, draft is not None, BATCH)

@@ -2,7 +2,7 @@
 
 ``write_model_dir`` writes config.json, generation_config.json, the tokenizer and a marker naming the
 source GGUF: seconds, and a few MB. The native runtime reads its weights straight from that GGUF. The
-fp32 ``model.safetensors`` (4 bytes a weight: 9.6 GB for the default pair) is written into the same
+fp32 ``model.safetensors`` (4 bytes a weight) is written into the same
 directory only when transformers itself has to load the model (``ensure_fp32_weights``), once.
 
 The marker is written last: a directory without it is an interrupted build. Its ``layout`` is
@@ -129,7 +129,7 @@ def write_marker(directory: Path, sha256: str, gguf_path: Path, tensor_types: li
 
 
 def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
-    """Write ``directory`` for ``gguf_path``: configs, tokenizer and marker, no weights (a few seconds).
+    """Write ``directory`` for ``gguf_path``: configs, tokenizer and marker, no weights.
 
     A directory already made from the same digest (the file moved) only gets a new marker, keeping an fp32
     copy made meanwhile. Others are built beside it and renamed into place when complete."""
@@ -263,7 +263,7 @@ def add_gguf_settings(config_file: Path, gguf: GGUFFile) -> list[str]:
 
 def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
     """Give a ``gguf``-layout directory the fp32 weights transformers loads (``model.safetensors``), made once
-    from its GGUF file: a minute or two, 4 bytes a weight. Other directories are left as they are (loading
+    from its GGUF file, 4 bytes a weight. Other directories are left as they are (loading
     them says what is missing)."""
     if not is_gguf_layout(directory) or has_fp32_weights(directory):
         return

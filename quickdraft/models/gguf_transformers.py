@@ -1,7 +1,7 @@
 """What transformers reads from a GGUF file's metadata, taken from quickdraft's own reading of the file.
 
 For most architectures transformers 5 reads a GGUF file's config with gguf-py's ``GGUFReader``, which makes numpy
-views of every string of the vocabulary (about ten seconds for a 150,000-token file on two cores), and
+views of every string of the vocabulary (slow for a vocabulary of 150,000 tokens), and
 ``AutoTokenizer`` reads the file that way once more to choose its tokenizer's class. These two functions give the
 same results from :func:`quickdraft.models.gguf_file.read_gguf`'s values, or None where they cannot promise that, and
 the caller then takes transformers' own path.

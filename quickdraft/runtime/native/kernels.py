@@ -179,8 +179,8 @@ BUILD_NOTICE_S = 3.0  # a load of the kernels longer than this is a build, and i
 
 
 def load_kernels(progress: bool = False) -> Any | None:
-    """:func:`native_kernels`, saying on stderr (``progress``) when getting them takes long: a build, once per
-    processor kind and kernel source, takes up to a minute on a small machine."""
+    """:func:`native_kernels`, saying on stderr (``progress``) when getting them takes long: a build happens once per
+    processor kind and kernel source."""
     if not progress or native_kernels.cache_info().currsize:
         return native_kernels()
 

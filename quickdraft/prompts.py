@@ -166,6 +166,7 @@ def encode_chat(
     except RENDER_ERRORS as error:  # a value it cannot use (a call's id None)
         reason = f"{type(error).__name__}: {error}"
         raise PromptError(f"this model's chat template cannot render the conversation ({reason})") from None
+    require_utf8(text, "the conversation as rendered with its tools and earlier calls")
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 

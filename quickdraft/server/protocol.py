@@ -42,6 +42,7 @@ from quickdraft.engine import Request
 from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.lossless.sampling import MAX_SEED, is_int, is_number
+from quickdraft.prompts import require_utf8
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_fields, count, flag, optional_text, text_parts
 from quickdraft.server.messages import chat_messages, prompt_of
@@ -378,7 +379,16 @@ def _prediction(body: Mapping[str, Any]) -> str:
         raise ApiError(400, "prediction.content must be text or a list of text parts", "prediction")
     if len(content) > MAX_PREDICTION_CHARS:  # matching the answer against it costs its length times the answer's
         raise ApiError(400, f"prediction.content is at most {MAX_PREDICTION_CHARS} characters", "prediction")
+    _require_utf8(content, "prediction.content", "prediction")
     return content
+
+
+def _require_utf8(text: str, what: str, param: str) -> None:
+    """Text that is UTF-8 (a JSON body's lone surrogate "\\ud800" is not), else a 400 on ``param``."""
+    try:
+        require_utf8(text, what)
+    except PromptError as error:
+        raise ApiError(400, str(error), param) from None
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -389,6 +399,9 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     if len(stops) > MAX_STOPS or any(isinstance(text, str) and len(text) > MAX_STOP_CHARS for text in stops):
         message = f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters (each is looked for "
         raise ApiError(400, message + "after every token)", "stop")
+    for text in stops:
+        if isinstance(text, str):
+            _require_utf8(text, "a stop string", "stop")
     return stops
 
 

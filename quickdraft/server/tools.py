@@ -259,6 +259,12 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
         raise ApiError(400, message, "tools")
     if len(tools) > MAX_TOOLS:
         raise ApiError(400, f"a request may offer at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
+    try:
+        json.dumps(tools, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a JSON body's lone surrogate ("\\ud800"), which no chat template's text can hold
+        raise ApiError(400, "tools hold text that is not UTF-8 (a lone surrogate)", "tools") from None
+    except (TypeError, ValueError):  # not JSON's values at all: the template would fail on them
+        raise ApiError(400, "tools must be JSON values", "tools") from None
     names = frozenset(tool["function"]["name"] for tool in tools)
     if len(names) < len(tools):
         raise ApiError(400, "two tools have the same function name", "tools")

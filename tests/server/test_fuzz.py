@@ -23,7 +23,9 @@ FIELDS = (
     "repetition_penalty", "max_tokenz",
 )  # fmt: skip
 KEYS = st.sampled_from(["role", "content", "type", "name", "function", "schema", "x"])
-LEAVES = st.none() | st.booleans() | st.integers(-5, 40) | st.floats(-2, 2) | st.sampled_from(["w1", "", "auto"])
+LEAVES = (
+    st.none() | st.booleans() | st.integers(-5, 40) | st.floats(-2, 2) | st.sampled_from(["w1", "", "auto", "\ud800"])
+)  # "\ud800": no UTF-8 text
 VALUES = st.recursive(
     LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3), max_leaves=6
 )
@@ -49,7 +51,9 @@ def test_random_bodies_get_answers_or_openai_errors(
     server: Server, path: str, start_valid: bool, changes: dict[str, object]
 ) -> None:
     body = (BASES[path] if start_valid else {}) | changes
-    response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=TIMEOUT)
+    raw = json.dumps(body)  # ensure_ascii: a lone surrogate goes out as its escape, valid JSON
+    headers = {"content-type": "application/json"}
+    response = httpx.post(f"{server.url}/v1/{path}", content=raw, headers=headers, timeout=TIMEOUT)
     assert response.status_code < 500, (body, response.text)
     if response.status_code >= 400:
         error = response.json()["error"]

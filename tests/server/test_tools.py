@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from conftest import MODEL, Server, native_from_hf, serving, tiny_model
@@ -193,6 +194,33 @@ def test_bad_tools_are_clear_400s(server: Server) -> None:
     for extra in bad:
         with pytest.raises(openai.BadRequestError, match="tool"):
             client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, extra_body=extra)
+
+
+LONE = "\ud800"  # valid JSON as an escape, no UTF-8 text: the tokenizer failed on it (a 500 before)
+LONE_TOOL = {"name": "f", "description": LONE}
+LONE_CALL = {"name": "get_weather", "arguments": json.dumps({"city": LONE})}
+CALLED_WITH = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": LONE_CALL}]}, {"role": "tool", "tool_call_id": "call_1",
+    "content": "sunny"}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"messages": ASK, "tools": [WEATHER | {"function": {"name": "f" + LONE}}]}, "tools"),
+        ("/v1/chat/completions", {"messages": ASK, "tools": [{"type": "function", "function": LONE_TOOL}]}, "tools"),
+        ("/v1/chat/completions", {"messages": CALLED_WITH, "tools": [WEATHER]}, "messages"),
+        ("/v1/chat/completions", {"messages": ASK, "stop": ["x" + LONE]}, "stop"),
+        ("/v1/chat/completions", {"messages": ASK, "prediction": {"type": "content", "content": LONE}}, "prediction"),
+        ("/tokenize", {"messages": ASK, "tools": [WEATHER | {"function": {"name": LONE}}]}, "tools"),
+        ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f" + LONE}]}, "tools"),
+    ],
+)
+def test_text_that_is_not_utf8_anywhere_is_a_400(server: Server, path: str, body: dict[str, Any], param: str) -> None:
+    raw = json.dumps({"model": MODEL} | body)  # ensure_ascii: the surrogate goes out as its escape
+    response = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and "UTF-8" in error["message"], error
 
 
 def splitter(names: frozenset[str], found: ToolFormat = HERMES) -> Callable[[str], tuple[str, list[Any]]]:

@@ -26,7 +26,7 @@ import asyncio
 import itertools
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from quickdraft.engine import Event, GenerationResult, RequestFailed, RequestFinished, TokenDelta
@@ -134,21 +134,21 @@ def call_item(call: Mapping[str, Any], arguments: str | None = None, status: str
     }  # fmt: skip
 
 
-def chars(entry: dict[str, Any]) -> int:
-    return len(entry["token"])
-
-
 def byte_count(entry: dict[str, Any]) -> int:
     return len(entry["bytes"])
 
 
-def spelling(entries: list[dict[str, Any]], limit: int, size: Callable[[dict[str, Any]], int] = chars) -> list[Any]:
-    """The first log-probability entries whose tokens spell at most ``limit`` (characters of their text, or with
-    ``size=byte_count`` their bytes): those of a message's text where calls follow it, or of the reasoning before
-    it. The reasoning is measured in bytes: a token holding part of a character reads as a whole U+FFFD."""
+def utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def spelling(entries: list[dict[str, Any]], limit: int) -> list[Any]:
+    """The first log-probability entries whose tokens spell at most ``limit`` bytes: those of a message's text where
+    calls follow it, or a delta's, or of the reasoning before it. Measured in bytes, not characters: a token holding
+    part of a character reads as a whole U+FFFD."""
     taken, spelled = [], 0
     for entry in entries:
-        spelled += size(entry)
+        spelled += byte_count(entry)
         if spelled > limit:
             break
         taken.append(entry)
@@ -167,8 +167,8 @@ def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> lis
         return [*items, *(call_item(call) for call in calls)]
     entries = logprob_entries(api, result.logprobs or [], spell)
     if before:  # the message's tokens: after the reasoning's
-        entries = entries[len(spelling(entries, before, byte_count)) :]
-    logprobs = spelling(entries, len(content)) if calls else entries
+        entries = entries[len(spelling(entries, before)) :]
+    logprobs = spelling(entries, utf8_size(content)) if calls else entries
     message = message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, status)
     return [*items, message, *(call_item(call) for call in calls)]
 
@@ -179,15 +179,15 @@ class StreamedMessage:
 
     def __init__(self) -> None:
         self.text, self.pending, self.sent = "", [], []  # entries not yet sent; those sent
-        self.spelled = 0  # characters the sent entries spell
+        self.spelled = 0  # bytes the sent entries spell
 
     def add(self, delta: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The entries to send with ``delta``."""
         self.text += delta
         self.pending += entries
-        released = spelling(self.pending, len(self.text) - self.spelled)
+        released = spelling(self.pending, utf8_size(self.text) - self.spelled)
         self.pending = self.pending[len(released) :]
-        self.spelled += sum(chars(entry) for entry in released)
+        self.spelled += sum(map(byte_count, released))
         self.sent += released
         return released
 
@@ -230,7 +230,7 @@ async def stream_events(
         """The message's text starts after ``before`` bytes of the answer: the entries spelling them are the
         reasoning's (all of them have come: an entry comes with the delta of its text)."""
         nonlocal started, handed
-        skipped = spelling(entries_seen, before, byte_count) if before else []
+        skipped = spelling(entries_seen, before) if before else []
         started, handed = True, len(skipped)
         message.spelled = sum(map(byte_count, skipped)) - before  # a token across the boundary spells that much first
 
@@ -315,7 +315,7 @@ async def stream_events(
         only_calls = api.tools is not None and api.tools.only_calls  # a cut call is no message
         if opened or not (found or thought.opened or only_calls):  # an answer with no text still has its message
             entries = message.sent + message.pending + message_entries()
-            logprobs = spelling(entries, len(message.text)) if found else entries
+            logprobs = spelling(entries, utf8_size(message.text)) if found else entries
             for sent in closing(status, logprobs):
                 yield sent
             output.append(message_item(message_id, message.text, logprobs, status))

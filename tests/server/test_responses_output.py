@@ -134,3 +134,24 @@ def test_a_character_split_into_tokens_stays_in_the_reasoning() -> None:
         assert [entry["token"] for entry in output[1]["content"][0]["logprobs"]] == ["ok"]
     usage = responses_output.usage(api, result, vocabulary.spell)
     assert usage["output_tokens_details"]["reasoning_tokens"] == 5
+
+
+def test_a_character_split_into_tokens_goes_out_with_the_delta_that_spells_it() -> None:
+    """🍕 as a token of a space and its first two bytes, then two one-byte tokens (each reading U+FFFD): each delta
+    carries the entries of the tokens it spells, measured in bytes (counting a U+FFFD as one character held the
+    last entries back to the end), and a call after the text leaves the text's entries whole."""
+    vocabulary = Vocabulary({"p1": b" \xf0\x9f", "p2": b"\x8d", "p3": b"\x95"})
+    tokens = ["Hi", "p1", "p2", "p3", " ok"]
+    deltas = [("Hi", ["Hi"]), ("", ["p1"]), ("", ["p2"]), (" \U0001f355", ["p3"]), (" ok", [" ok"])]
+    events = answer(vocabulary, tokens, deltas, "eos")
+    sent = streamed(api_for(None, False), events, vocabulary)
+    per_delta = [[entry["bytes"] for entry in event["logprobs"]] for event in sent
+                 if event["type"] == "response.output_text.delta"]  # fmt: skip
+    assert per_delta == [[list(b"Hi")], [list(b" \xf0\x9f"), [0x8D], [0x95]], [list(b" ok")]]
+    call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    events = answer(vocabulary, [*tokens, call], [*deltas, (call, [call])], "eos")
+    api = api_for(None, True)
+    for output in (responses_output.output_items(api, events[-1].result, vocabulary.spell),
+                   streamed(api, events, vocabulary)[-1]["response"]["output"]):  # fmt: skip
+        assert [item["type"] for item in output] == ["message", "function_call"]
+        assert len(output[0]["content"][0]["logprobs"]) == 5  # all of the text's tokens, none of the call's

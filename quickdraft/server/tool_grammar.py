@@ -11,7 +11,8 @@ Rules:
   ``const``, where it gives one), any other the JSON its schema allows.
 - Pythonic calls: a Python list of ``name(key=value, ...)``, the function's properties as keyword arguments in the
   schema's order, the required ones always, each value the JSON its schema allows, ``, `` between calls.
-- One call, unless ``several``. A schema xgrammar cannot follow is a 400 on ``tools``.
+- One call, unless ``several``. A function without ``parameters`` takes none: its arguments are ``{}``, as OpenAI
+  defines it. A schema xgrammar cannot follow is a 400 on ``tools``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import CallBody, ToolFormat
 
 PARAMETER_END = "</parameter>"
+NO_PARAMETERS = {"type": "object", "properties": {}}  # a function without parameters takes none (OpenAI's rule),
+# not any object
 
 
 def calls_grammar(found: ToolFormat, chosen: list[dict[str, Any]], several: bool) -> GrammarSpec:
@@ -55,7 +58,7 @@ def calls_grammar(found: ToolFormat, chosen: list[dict[str, Any]], several: bool
 
 def call_schema(function: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
     """The JSON schema of one call of ``function``: its name and its arguments (under ``arguments_key``)."""
-    arguments = function.get("parameters") or {"type": "object"}
+    arguments = function.get("parameters") or NO_PARAMETERS
     properties = {"name": {"const": function["name"]}, arguments_key: arguments}
     return {"type": "object", "properties": properties, "required": ["name", arguments_key]}
 
@@ -90,7 +93,7 @@ def _named_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
 
     alphanumerics = xgrammar.Grammar.from_ebnf(f"root ::= [a-zA-Z0-9]{{{found.id_length}}}")
     given_id = [_literal(found.id_marker), alphanumerics] if found.id_marker else []
-    arguments = _schema(function.get("parameters") or {"type": "object"})
+    arguments = _schema(function.get("parameters") or NO_PARAMETERS)
     return xgrammar.Grammar.concat(
         _literal(found.opening + function["name"]), *given_id, _literal(found.separator), arguments
     )

@@ -408,6 +408,16 @@ def assert_grammar_accepts(request: ToolRequest, accepted: dict[str, bool], labe
         assert not expected or request.split_calls(text)[1], f"what the grammar allows is read as calls: {text}"
 
 
+def test_a_function_without_parameters_is_called_with_none() -> None:
+    """OpenAI: omitting parameters defines a function with an empty parameter list (the model made some up)."""
+    for parameters in ({}, {"parameters": None}):
+        bare = {"type": "function", "function": {"name": "now"} | parameters}
+        request = parse_tools({"tools": [bare], "tool_choice": "required"}, HERMES)
+        assert request is not None
+        call = '<tool_call>\n{{"name": "now", "arguments": {}}}\n</tool_call>'
+        assert_grammar_accepts(request, {call.format("{}"): True, call.format('{"location": "Tokyo"}'): False})
+
+
 def test_malformed_answers_and_choices_are_content_or_400s() -> None:
     request = ToolRequest((), "auto", frozenset({"f"}), MISTRAL)
     for answer in ("[" * 100_000 + "]" * 100_000, '[{"name": "f", "arguments": {"x": NaN}}]',

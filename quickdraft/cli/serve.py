@@ -124,7 +124,12 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
     parser.add_argument("--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ (default 16)")
     parser.add_argument("--max-running", type=int, default=32, metavar="N", help="requests decoded at once (32)")
     parser.add_argument(
-        "--max-waiting", type=int, default=256, metavar="N", help="queued requests; one more gets 429 (256)"
+        "--max-waiting",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests queued beyond the free slots; one more gets 429, a request of more choices (n) than "
+        "--max-running + N can ever hold a 400 (256)",
     )
     parser.add_argument(
         "--prefill-tokens-per-step",

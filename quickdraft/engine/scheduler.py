@@ -23,7 +23,7 @@ SCORED_PROMPT_TOKENS = 256  # ... and of a prompt whose every position's logits 
 @dataclass(frozen=True)
 class SchedulerSettings:
     max_running: int = 32  # requests decoding (and reading their prompts) at once
-    max_waiting: int = 256  # requests queued for a free slot; one more is refused (QueueFull)
+    max_waiting: int = 256  # requests queued for a slot beyond the free ones; one more is refused (QueueFull)
     prefill_tokens_per_step: int = 128  # prompt tokens the target reads per step beside decoding requests
     max_positions: int | None = None  # positions the running requests may reserve in all (None: no bound)
 
@@ -69,12 +69,17 @@ class Scheduler:
         with self._lock:
             if request_id in self._live:
                 raise ConfigError(f"request {request_id!r} is already queued or running: give each request its own id")
-            if len(self.waiting) >= self.settings.max_waiting:
+            if len(self.waiting) - self.free_slots() >= self.settings.max_waiting:
                 raise QueueFull(
                     f"the server's queue is full ({self.settings.max_waiting} requests waiting); retry later"
                 )
             self.waiting.append(state)
             self._live.add(request_id)
+
+    def free_slots(self) -> int:
+        """Slots no request runs in or is starting in: the oldest waiting requests take them at the next step
+        boundary, so they are not counted against ``max_waiting`` (the n choices of one request queue together)."""
+        return max(0, self.settings.max_running - len(self.running) - len(self.admitting))
 
     def cancel(self, request_id: str) -> None:
         """Cancel a waiting, starting or running request at the next step boundary (unknown ids are ignored)."""

@@ -60,6 +60,7 @@ def create_app(
     metrics = ServerMetrics(loop.engine)
     loop.engine.on_step = metrics.observe_step
     positions = loop.engine.scheduler.settings.max_positions
+    capacity = loop.engine.scheduler.settings.max_running + loop.engine.scheduler.settings.max_waiting  # requests
     defaults = dataclasses.replace(defaults, max_context=pipeline.target.max_context, max_positions=positions)
     tool_format = tool_format_of(pipeline.tokenizer)  # the chat template's, which tools need
     infill_ends = pipeline.infill_end_ids()  # where a fill-in-the-middle answer ends besides the model's end tokens
@@ -174,6 +175,9 @@ def create_app(
             api = dataclasses.replace(api, silent=dropped_ids(pipeline.tokenizer, api.serve.config.kept_special_tokens))
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
+        if api.n > capacity:  # never fits, however long the client waits: no "retry later"
+            message = f"n is at most {capacity} on this server: it runs and queues that many requests at once"
+            raise ApiError(400, message + " (--max-running and --max-waiting)", "n")
         events: asyncio.Queue[Tagged] = asyncio.Queue()
         event_loop = asyncio.get_running_loop()
         track = Tracker(arrival, metrics, access.request_timeout_s, api.n)

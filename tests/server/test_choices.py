@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -68,11 +70,21 @@ def test_completions_choices_count_their_own_offsets(server: Server) -> None:
         assert offsets[-1] + spelled[-1] == len(choice["text"])
 
 
-def test_choices_past_the_queue_are_refused_whole_and_leave_nothing_behind() -> None:
+def test_choices_past_the_queue_are_refused_whole_and_leave_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     with serving(native_chat_pipeline(), max_running=1, max_waiting=2) as running:
-        body = {"model": MODEL, "messages": ASK, "max_tokens": 200, "n": 8}
-        answer = httpx.post(f"{running.url}/v1/chat/completions", json=body, timeout=TIMEOUT)
-        assert answer.status_code == 429 and answer.json()["error"]["code"] == "queue_full"
+        url, body = f"{running.url}/v1/chat/completions", {"model": MODEL, "messages": ASK, "max_tokens": 200}
+        never = httpx.post(url, json=body | {"n": 4}, timeout=TIMEOUT)  # one slot and two queued: it never fits
+        assert never.status_code == 400 and never.json()["error"]["param"] == "n"
+        gate, step = threading.Event(), running.engine.step
+        monkeypatch.setattr(running.engine, "step", lambda: gate.wait(TIMEOUT) and step())  # no step until opened
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = [pool.submit(httpx.post, url, json=body | {"max_tokens": 4}, timeout=TIMEOUT) for _ in range(2)]
+            while running.engine.scheduler.num_waiting < 2:
+                time.sleep(0.01)
+            answer = httpx.post(url, json=body | {"n": 3}, timeout=TIMEOUT)  # its first choice fits, its second not
+            assert answer.status_code == 429 and answer.json()["error"]["code"] == "queue_full"
+            gate.set()
+            assert [response.result().status_code for response in first] == [200, 200]
         deadline = time.monotonic() + TIMEOUT
         while not running.engine.idle and time.monotonic() < deadline:  # the submitted ones are cancelled
             time.sleep(0.01)

@@ -416,16 +416,20 @@ def test_a_full_queue_answers_429(native: Pipeline, monkeypatch: pytest.MonkeyPa
 
         async def burst() -> list[object]:
             async with running.async_client() as client:
-                calls = [client.completions.create(model=MODEL, prompt="w1 w2", max_tokens=4) for _ in range(3)]
-                first_two = [asyncio.ensure_future(call) for call in calls[:2]]
-                while running.engine.scheduler.num_waiting < 2:
+                calls = [client.completions.create(model=MODEL, prompt="w1 w2", max_tokens=4) for _ in range(4)]
+                first_three = [asyncio.ensure_future(call) for call in calls[:3]]  # the free slot's and two queued
+                while running.engine.scheduler.num_waiting < 3:
                     await asyncio.sleep(0.01)
                 with pytest.raises(openai.RateLimitError, match="queue is full"):
-                    await calls[2]
+                    await calls[3]
+                with pytest.raises(openai.BadRequestError, match="n is at most 3"):  # could never fit
+                    await client.completions.create(model=MODEL, prompt="w1 w2", max_tokens=4, n=4)
                 gate.set()
-                return await asyncio.gather(*first_two)
+                return await asyncio.gather(*first_three)
 
-        assert len(asyncio.run(burst())) == 2
+        assert len(asyncio.run(burst())) == 3
+        choices = running.client().completions.create(model=MODEL, prompt="w1 w2", max_tokens=4, n=3).choices
+        assert len(choices) == 3  # an idle server's free slot and queue take all three at once
 
 
 def test_a_client_that_disconnects_frees_its_slot(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,14 +10,20 @@
 - A field of the other endpoint (:data:`OTHER_ENDPOINT`) gets a 400 that says where it belongs; any other name a
   400 ``unrecognized_parameter``, as OpenAI answers an unrecognized argument (a typo such as ``max_tokenz`` would
   otherwise fall back to the default silently).
+
+The readers below (:func:`flag`, :func:`count`, :func:`stop_strings`, ...) check one field's value each and raise a
+400 that names it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
-from quickdraft.lossless.sampling import is_int
+from quickdraft.errors import PromptError
+from quickdraft.lossless.sampling import MAX_SEED, is_int, is_number
+from quickdraft.prompts import require_utf8
 from quickdraft.server.errors import ApiError
 
 COMMON_FIELDS = frozenset({
@@ -33,6 +39,7 @@ CHAT_FIELDS = COMMON_FIELDS | {
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
 # fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
+MAX_STOPS, MAX_STOP_CHARS = 16, 1_024  # every stop string is looked for after every token
 HARMLESS_TEXT = ("user", "service_tier", "prompt_cache_key", "safety_identifier")  # strings
 HARMLESS = frozenset({*HARMLESS_TEXT, "metadata", "store"})
 # fields that change the answer and this server does not implement, with the values that change nothing
@@ -146,3 +153,74 @@ def text_parts(content: list[Any], where: str, param: str) -> str:
             raise ApiError(400, f"{where}: a text part's text must be a string", param)
         texts.append(part["text"])
     return "".join(texts)
+
+
+def field(body: Mapping[str, Any], name: str, default: Any) -> Any:
+    value = body.get(name)
+    return default if value is None else value
+
+
+def finite_number(body: Mapping[str, Any], name: str, default: float) -> Any:
+    value = field(body, name, default)
+    if not is_number(value) or not math.isfinite(value):
+        raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
+    return value
+
+
+def request_seed(body: Mapping[str, Any]) -> Any:
+    """The request's seed: OpenAI's is a signed 64-bit integer, the library's unsigned; a negative one is taken as
+    its two's complement (-1 is 2**64 - 1)."""
+    seed = field(body, "seed", None)
+    if seed is not None and not (is_int(seed) and -(2**63) <= seed <= MAX_SEED):
+        raise ApiError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {seed!r}", "seed")
+    return None if seed is None else seed % (MAX_SEED + 1)
+
+
+def request_top_k(body: Mapping[str, Any]) -> Any:
+    """The request's top_k: 0 is off, and so is -1 (vLLM's off, which its clients send)."""
+    top_k = field(body, "top_k", 0)
+    return 0 if is_int(top_k) and top_k == -1 else top_k
+
+
+def token_list(body: Mapping[str, Any], name: str) -> tuple[Any, ...]:
+    """A list of token ids (each checked by the library)."""
+    value = field(body, name, [])
+    if not isinstance(value, list):
+        raise ApiError(400, f"{name} must be a list of token ids, got {value!r}", name)
+    return tuple(value)
+
+
+def logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:
+    """``logit_bias`` as token ids and biases: JSON's keys are strings, OpenAI's are token ids written in decimal."""
+    bias = field(body, "logit_bias", {})
+    if not isinstance(bias, Mapping):
+        raise ApiError(400, f"logit_bias must be an object mapping token ids to biases, got {bias!r}", "logit_bias")
+    for key in bias:
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise ApiError(400, f'logit_bias\'s keys must be token ids such as "50256", got {key!r}', "logit_bias")
+    ids = {int(key): value for key, value in bias.items()}
+    if len(ids) < len(bias):  # "7" and "07" name one token
+        raise ApiError(400, 'logit_bias names a token twice (as "7" and "07"): give each once', "logit_bias")
+    return ids
+
+
+def require_utf8_text(text: str, what: str, param: str) -> None:
+    """Text that is UTF-8 (a JSON body's lone surrogate "\\ud800" is not), else a 400 on ``param``."""
+    try:
+        require_utf8(text, what)
+    except PromptError as error:
+        raise ApiError(400, str(error), param) from None
+
+
+def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = field(body, "stop", [])
+    if not isinstance(stop, (str, list)):
+        raise ApiError(400, "stop must be a string or a list of strings", "stop")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > MAX_STOPS or any(isinstance(text, str) and len(text) > MAX_STOP_CHARS for text in stops):
+        message = f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters (each is looked for "
+        raise ApiError(400, message + "after every token)", "stop")
+    for text in stops:
+        if isinstance(text, str):
+            require_utf8_text(text, "a stop string", "stop")
+    return stops

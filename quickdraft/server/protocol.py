@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,20 +40,31 @@ from quickdraft.drafters import DEFAULT_DRAFTER, Drafter
 from quickdraft.engine import Request
 from quickdraft.errors import PromptError, QuickdraftError
 from quickdraft.grammar import GrammarKind, GrammarSpec
-from quickdraft.lossless.sampling import MAX_SEED, is_int, is_number
-from quickdraft.prompts import require_utf8
+from quickdraft.lossless.sampling import is_int
 from quickdraft.server.errors import ApiError
-from quickdraft.server.fields import check_fields, count, flag, optional_text, text_parts
+from quickdraft.server.fields import (
+    check_fields,
+    count,
+    field,
+    finite_number,
+    flag,
+    logit_bias,
+    optional_text,
+    request_seed,
+    request_top_k,
+    require_utf8_text,
+    stop_strings,
+    text_parts,
+    token_list,
+)
 from quickdraft.server.messages import chat_messages, prompt_of
 from quickdraft.server.reasoning import Thinking
 from quickdraft.server.tool_formats import ToolFormat
 from quickdraft.server.tools import ToolRequest, parse_tools
 
 # What one request may ask of the server's time (an attacker holding the key included): grammars compile in time that
-# grows faster than their text, every stop string is looked for after every token, and a prediction is matched
-# against the whole answer
+# grows faster than their text, and a prediction is matched against the whole answer (stop strings: fields.py)
 MAX_GRAMMAR_CHARS = 65_536
-MAX_STOPS, MAX_STOP_CHARS = 16, 1_024
 MAX_PREDICTION_CHARS = 262_144
 MAX_CHOICES = 16  # n: each choice is a request of its own
 
@@ -149,35 +159,35 @@ def parse_request(
             else encode(prompt, False, suffix=suffix)
         )
         sampling = SamplingParams(
-            temperature=_number(body, "temperature", 1.0),
-            top_k=_field(body, "top_k", 0),
-            top_p=_number(body, "top_p", 1.0),
-            seed=_seed(body),
-            min_p=_number(body, "min_p", 0.0),
+            temperature=finite_number(body, "temperature", 1.0),
+            top_k=request_top_k(body),
+            top_p=finite_number(body, "top_p", 1.0),
+            seed=request_seed(body),
+            min_p=finite_number(body, "min_p", 0.0),
         )
         scores_only = echo and body.get("max_tokens") == 0 and is_int(body["max_tokens"])  # scored, one token dropped
-        if scores_only and _field(body, "min_tokens", 0) not in (0, None):
+        if scores_only and field(body, "min_tokens", 0) not in (0, None):
             raise ApiError(400, "max_tokens 0 scores the prompt alone: no new tokens for min_tokens", "min_tokens")
         config = GenerationConfig(
             max_new_tokens=_max_tokens(
                 {**body, "max_tokens": 1} if scores_only else body, chat, len(prompt_ids), defaults
             ),
-            num_draft_tokens=_field(body, "num_draft_tokens", None),
+            num_draft_tokens=field(body, "num_draft_tokens", None),
             sampling=sampling,
-            stop=_stop(body),
-            policy=_field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
-            max_draft_tokens=_field(body, "max_draft_tokens", defaults.max_draft_tokens),
+            stop=stop_strings(body),
+            policy=field(body, "policy", None) or (None if "num_draft_tokens" in body else defaults.policy),
+            max_draft_tokens=field(body, "max_draft_tokens", defaults.max_draft_tokens),
             logprobs=(logprobs := _logprobs(body, chat)),
             prompt_logprobs=logprobs if echo else None,  # echoed, the prompt's tokens carry theirs
             grammar=_grammar(body, tools),
-            min_tokens=_field(body, "min_tokens", 0),
+            min_tokens=field(body, "min_tokens", 0),
             ignore_eos=flag(body, "ignore_eos", False),
-            stop_token_ids=_token_list(body, "stop_token_ids") + (() if suffix is None else tuple(sorted(infill_ends))),
+            stop_token_ids=token_list(body, "stop_token_ids") + (() if suffix is None else tuple(sorted(infill_ends))),
             kept_special_tokens=() if tools is None else tools.format.kept,
             adjustments=LogitAdjustments(
-                _logit_bias(body),
-                *(_number(body, name, 0.0) for name in ("presence_penalty", "frequency_penalty")),
-                repetition_penalty=_number(body, "repetition_penalty", 1.0),
+                logit_bias(body),
+                *(finite_number(body, name, 0.0) for name in ("presence_penalty", "frequency_penalty")),
+                repetition_penalty=finite_number(body, "repetition_penalty", 1.0),
             ),
         )
         if config.max_draft_tokens > defaults.max_draft_tokens:
@@ -189,7 +199,7 @@ def parse_request(
         if given and not spec.reads_num_draft_tokens:  # its own argument gives γ, or it reads none
             message = f"num_draft_tokens is not used by the {spec} policy: give the drafts per step once"
             raise ApiError(400, message, "num_draft_tokens")
-        drafter = _field(body, "drafter", defaults.drafter)
+        drafter = field(body, "drafter", defaults.drafter)
         if not isinstance(drafter, str):
             raise ApiError(400, f"drafter must be a drafter's name, got {drafter!r}", "drafter")
         try:
@@ -280,49 +290,6 @@ def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, default
     return min([max(defaults.max_tokens, at_least), *rooms])
 
 
-def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
-    value = body.get(name)
-    return default if value is None else value
-
-
-def _number(body: Mapping[str, Any], name: str, default: float) -> Any:
-    value = _field(body, name, default)
-    if not is_number(value) or not math.isfinite(value):
-        raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
-    return value
-
-
-def _seed(body: Mapping[str, Any]) -> Any:
-    """The request's seed: OpenAI's is a signed 64-bit integer, the library's unsigned; a negative one is taken as
-    its two's complement (-1 is 2**64 - 1)."""
-    seed = _field(body, "seed", None)
-    if is_int(seed) and not -(2**63) <= seed <= MAX_SEED:
-        raise ApiError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {seed!r}", "seed")
-    return seed % (MAX_SEED + 1) if is_int(seed) else seed
-
-
-def _token_list(body: Mapping[str, Any], name: str) -> tuple[Any, ...]:
-    """A list of token ids (each checked by the library)."""
-    value = _field(body, name, [])
-    if not isinstance(value, list):
-        raise ApiError(400, f"{name} must be a list of token ids, got {value!r}", name)
-    return tuple(value)
-
-
-def _logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:
-    """``logit_bias`` as token ids and biases: JSON's keys are strings, OpenAI's are token ids written in decimal."""
-    bias = _field(body, "logit_bias", {})
-    if not isinstance(bias, Mapping):
-        raise ApiError(400, f"logit_bias must be an object mapping token ids to biases, got {bias!r}", "logit_bias")
-    for key in bias:
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise ApiError(400, f'logit_bias\'s keys must be token ids such as "50256", got {key!r}', "logit_bias")
-    ids = {int(key): value for key, value in bias.items()}
-    if len(ids) < len(bias):  # "7" and "07" name one token
-        raise ApiError(400, 'logit_bias names a token twice (as "7" and "07"): give each once', "logit_bias")
-    return ids
-
-
 def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec | None:
     """The grammar the output must follow: ``response_format`` (``json_object``, ``json_schema`` with its
     ``schema``; ``text``: none), quickdraft's ``regex`` or ``grammar`` (xgrammar's EBNF), or the one call that
@@ -379,30 +346,8 @@ def _prediction(body: Mapping[str, Any]) -> str:
         raise ApiError(400, "prediction.content must be text or a list of text parts", "prediction")
     if len(content) > MAX_PREDICTION_CHARS:  # matching the answer against it costs its length times the answer's
         raise ApiError(400, f"prediction.content is at most {MAX_PREDICTION_CHARS} characters", "prediction")
-    _require_utf8(content, "prediction.content", "prediction")
+    require_utf8_text(content, "prediction.content", "prediction")
     return content
-
-
-def _require_utf8(text: str, what: str, param: str) -> None:
-    """Text that is UTF-8 (a JSON body's lone surrogate "\\ud800" is not), else a 400 on ``param``."""
-    try:
-        require_utf8(text, what)
-    except PromptError as error:
-        raise ApiError(400, str(error), param) from None
-
-
-def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
-    stop = _field(body, "stop", [])
-    if not isinstance(stop, (str, list)):
-        raise ApiError(400, "stop must be a string or a list of strings", "stop")
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if len(stops) > MAX_STOPS or any(isinstance(text, str) and len(text) > MAX_STOP_CHARS for text in stops):
-        message = f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters (each is looked for "
-        raise ApiError(400, message + "after every token)", "stop")
-    for text in stops:
-        if isinstance(text, str):
-            _require_utf8(text, "a stop string", "stop")
-    return stops
 
 
 # -- responses --------------------------------------------------------------------------------------------

@@ -282,13 +282,14 @@ def test_concurrent_streams_each_get_their_own_greedy_output(server: Server, nat
 
 def test_openai_ranges_a_negative_seed_and_top_p_zero(server: Server) -> None:
     """OpenAI's seed is a signed 64-bit integer: -1 is taken as 2**64 - 1. Its top_p may be 0: the likeliest token
-    alone, so the answer is the greedy one."""
+    alone, so the answer is the greedy one. vLLM's top_k -1 is off, as 0 is."""
 
     def text(**fields: Any) -> str:
         return server.client().completions.create(model=MODEL, prompt="w3 w1", max_tokens=8, **fields).choices[0].text
 
     assert text(temperature=1.0, seed=-1) == text(temperature=1.0, seed=2**64 - 1)
     assert text(temperature=1.0, top_p=0, seed=5) == text(temperature=0)
+    assert text(temperature=1.0, seed=5, extra_body={"top_k": -1}) == text(temperature=1.0, seed=5)  # vLLM's off
 
 
 BAD_REQUESTS = [  # (path, body, status, words in the message)
@@ -313,7 +314,8 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "drafter": "magic"}, 400, "unknown drafter"),
     ("completions", {"model": MODEL, "prompt": "w1", "policy": "specdec++"}, 400, "acceptance head"),
     ("completions", {"model": MODEL, "prompt": "w1", "policy": "fixed:x"}, 400, "fixed:K"),
-    ("completions", {"model": MODEL, "prompt": "w1", "top_k": -1}, 400, "top_k"),
+    ("completions", {"model": MODEL, "prompt": "w1", "top_k": -2}, 400, "top_k"),
+    ("completions", {"model": MODEL, "prompt": "w1", "seed": 1.5}, 400, "[-2**63, 2**64 - 1]"),
     ("completions", [1, 2], 400, "JSON object"),
     ("chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": " "}]}, 400, "empty"),
@@ -381,7 +383,7 @@ FIELDS_AT_FAULT = [  # (path, body, the error's param)
     ("chat/completions", {"messages": [{"role": "user", "content": " "}]}, "messages"),
     ("completions", {"prompt": "w1", "temperature": -1}, "temperature"),
     ("completions", {"prompt": "w1", "top_p": -0.5}, "top_p"),
-    ("completions", {"prompt": "w1", "top_k": -1}, "top_k"),
+    ("completions", {"prompt": "w1", "top_k": -2}, "top_k"),
     ("completions", {"prompt": "w1", "seed": 2**64}, "seed"),
     ("completions", {"prompt": "w1", "stop": [""]}, "stop"),
     ("completions", {"prompt": "w1", "policy": "fixed:x"}, "policy"),

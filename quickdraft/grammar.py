@@ -55,11 +55,13 @@ class GrammarSpec:
             try:
                 json.loads(self.text)
             except ValueError:
-                raise ConfigError("a JSON schema must be valid JSON") from None
+                raise ConfigError("a JSON schema must be valid JSON", self.kind.value) from None
         elif self.kind is not GrammarKind.JSON and not self.text:
-            raise ConfigError(f"a {self.kind.value} constraint needs its text")
+            raise ConfigError(f"a {self.kind.value} constraint needs its text", self.kind.value)
         elif self.kind is GrammarKind.JSON and self.text:
-            raise ConfigError("a json_object constraint takes no text: a schema goes with GrammarKind.JSON_SCHEMA")
+            raise ConfigError(
+                "a json_object constraint takes no text: a schema goes with GrammarKind.JSON_SCHEMA", self.kind.value
+            )
 
 
 class GrammarCompiler:
@@ -99,7 +101,9 @@ class GrammarCompiler:
         """A new request's place at the grammar's start; ``ConfigError`` if no token of the vocabulary can begin it."""
         constraint = Constraint(self._xgr, self.compile(spec), self.vocab_size)
         if not bool(constraint.masks([])[0].any()):
-            raise ConfigError(f"no token of this model's vocabulary can begin the {spec.kind.value} constraint")
+            raise ConfigError(
+                f"no token of this model's vocabulary can begin the {spec.kind.value} constraint", spec.kind.value
+            )
         return constraint
 
 

@@ -125,7 +125,7 @@ class Engine:
         check_token_ids(request.prediction_ids, self.target.vocab_size, "prediction")
         if request.prediction_ids and not request.drafter.follows_predictions:
             copiers = ", ".join(name for name in DRAFTERS.names() if DRAFTERS.get(name).follows_predictions)
-            raise ConfigError(f"a predicted output needs a drafter that copies it: {copiers}")
+            raise ConfigError(f"a predicted output needs a drafter that copies it: {copiers}", "prediction")
 
     @functools.cached_property
     def _grammars(self) -> GrammarCompiler:  # made on the first request with a grammar

@@ -19,6 +19,7 @@ import hmac
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,8 +110,12 @@ async def read_json(request: Any, limit: int, timeout_s: float | None = None) ->
         parsed = json.loads(body)
     except RecursionError:
         raise ApiError(400, too_deep) from None
-    except ValueError:
-        raise ApiError(400, "the request body is not valid JSON") from None
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno}, column {error.colno}"
+        raise ApiError(400, f"the request body is not valid JSON: {error.msg} ({where})") from None
+    except ValueError:  # Python's bound on an integer's digits (a 5000-digit number is valid JSON)
+        message = f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits"
+        raise ApiError(400, message) from None
     if nesting(parsed) > MAX_NESTING:
         raise ApiError(400, too_deep)
     return parsed

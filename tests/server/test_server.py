@@ -390,6 +390,13 @@ FIELDS_AT_FAULT = [  # (path, body, the error's param)
     ("completions", {"prompt": "w1", "drafter": "magic"}, "drafter"),
     ("completions", {"prompt": "w1", "num_draft_tokens": 5000}, "num_draft_tokens"),
     ("completions", {"prompt": "w1", "max_draft_tokens": 0}, "max_draft_tokens"),
+    ("completions", {"prompt": "w1", "regex": ""}, "regex"),
+    ("completions", {"prompt": "w1", "grammar": ""}, "grammar"),
+    (
+        "completions",
+        {"prompt": "w1", "prediction": {"type": "content", "content": "w2"}, "drafter": "none"},
+        "prediction",
+    ),
 ]
 
 
@@ -402,6 +409,10 @@ def test_errors_of_library_settings_name_the_field_at_fault(server: Server) -> N
 def test_malformed_json_and_the_openai_clients_exceptions(server: Server) -> None:
     response = httpx.post(f"{server.url}/v1/completions", content=b"{not json", timeout=TIMEOUT)
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    assert "(line 1, column 2)" in response.json()["error"]["message"]
+    huge = b'{"prompt": "w1", "seed": ' + b"9" * 5000 + b"}"  # valid JSON past Python's bound on an integer's digits
+    response = httpx.post(f"{server.url}/v1/completions", content=huge, timeout=TIMEOUT)
+    assert response.status_code == 400 and "integer of more than 4300 digits" in response.json()["error"]["message"]
     client = server.client()
     with pytest.raises(openai.NotFoundError) as not_found:
         client.completions.create(model="gpt-4", prompt="w1")

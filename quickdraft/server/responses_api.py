@@ -6,8 +6,9 @@ Rules:
 - ``input`` is a string (one user message) or a list of items: messages (role user, system, developer or assistant;
   content text or ``input_text`` / ``output_text`` parts; ``type`` message or null), ``function_call`` items (the
   assistant's calls; consecutive ones, and those after an assistant message, are one assistant turn),
-  ``function_call_output`` items (tool messages) and ``reasoning`` items (a thinking model's reasoning, as its answers
-  give it: the ``reasoning_content`` of the assistant turn that follows; one with no ``reasoning_text`` is left out).
+  ``function_call_output`` items (tool messages, each after the function_call with its call_id) and ``reasoning``
+  items (a thinking model's reasoning, as its answers give it: the ``reasoning_content`` of the assistant turn that
+  follows; one with no ``reasoning_text`` is left out).
   ``instructions`` is a system message before them (``""``: none).
 - ``max_output_tokens`` is chat's ``max_tokens``; ``text.format`` (text, json_object, json_schema) its
   ``response_format``; function ``tools`` (flat: name, description, parameters, strict) and ``tool_choice`` (auto,
@@ -31,6 +32,7 @@ from typing import Any
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import HARMLESS, check_harmless, flag
 
+MESSAGE_ROLES = ("user", "system", "developer", "assistant")  # a tool's result is a function_call_output item
 LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this server answers
 PASSED = frozenset({
     "model", "temperature", "top_p", "stream", "stream_options", "parallel_tool_calls", "top_logprobs",
@@ -154,10 +156,14 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise ApiError(400, "input must be a string or a non-empty list of items", "input")
     messages: list[dict[str, Any]] = []
+    call_ids: set[str] = set()
     for item in value:
         kind = (item.get("type") or "message") if isinstance(item, Mapping) else None  # the SDK sends type null
-        if kind == "message" and not isinstance(item.get("role"), str):
-            raise ApiError(400, "a message item needs a role and a content", "input")
+        if kind == "message" and item.get("role") not in MESSAGE_ROLES:
+            message = f"a message item's role is {', '.join(MESSAGE_ROLES)}, got {item.get('role')!r}"
+            if item.get("role") == "tool":
+                message += "; a tool's result is a function_call_output item"
+            raise ApiError(400, message, "input")
         if kind == "message":
             content = item.get("content")
             if isinstance(content, list):
@@ -171,6 +177,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             call["function"] = {"name": item.get("name"), "arguments": item.get("arguments")}
             if not all(isinstance(value, str) for value in (call["id"], *call["function"].values())):
                 raise ApiError(400, "a function_call item needs call_id, name and arguments as strings", "input")
+            call_ids.add(call["id"])
             if messages and messages[-1]["role"] == "assistant":  # one assistant turn: its text, then its calls
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -184,6 +191,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise ApiError(400, "a function_call_output item needs the call_id of its call", "input")
+            if item["call_id"] not in call_ids:  # this server keeps no responses: the call is in input or nowhere
+                message = f"no function_call item before the function_call_output with call_id {item['call_id']!r}"
+                raise ApiError(400, message, "input")
             output = item.get("output")
             if isinstance(output, list):
                 output = [_text_part(part) for part in output]

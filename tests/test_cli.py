@@ -78,6 +78,9 @@ def test_generate_with_a_predicted_output(model_args: list[str], tmp_path: Path,
     assert json.loads(out)["stats"]["predicted_tokens_accepted"] > 0
     status, _, err = run([*args, "--prediction", str(tmp_path / "missing.txt")], capsys)
     assert status == 1 and "--prediction" in err and "cannot read it" in err
+    (tmp_path / "blank.txt").write_text(" \n", encoding="utf-8")
+    status, _, err = run([*args, "--prediction", str(tmp_path / "blank.txt")], capsys)
+    assert status == 1 and "--prediction" in err and "holds no text" in err  # not "the prompt is empty"
     status, _, err = run([*args, "--prediction", str(tmp_path / "expected.txt"), "--drafter", "none"], capsys)
     assert status == 1 and "drafter that copies" in err
 
@@ -659,3 +662,25 @@ def test_help_states_the_default_number_of_draft_tokens(
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert says.format(DEFAULT_NUM_DRAFT_TOKENS) in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    ("args", "redirect", "words"),
+    [
+        (["--version"], "> /dev/full", "cannot write the output: No space left on device"),
+        (["cache", "--help"], "> /dev/full", "cannot write the output: No space left on device"),
+        (["cache", "--json"], "> /dev/full", "cannot write the output: No space left on device"),
+        (["cache"], ">&-", "standard output is closed"),
+        (["generate", "--max-new-tokens", "2", "-"], "<&-", "standard input is closed"),
+    ],
+)
+def test_output_that_cannot_be_written_and_closed_streams_are_one_line_errors(
+    tmp_path: Path, args: list[str], redirect: str, words: str
+) -> None:
+    """A full disk or a closed stream is said in one line with status 1, never a traceback nor a silent 0."""
+    command = " ".join([sys.executable, "-m", "quickdraft", *args, redirect])
+    environment = {**os.environ, "QUICKDRAFT_CACHE": str(tmp_path)}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120, env=environment)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"quickdraft: error: {words}"), done.stderr

@@ -47,7 +47,7 @@ class ResultStore:
             saved = LEGACY_SAMPLING | LEGACY_KV_CACHE | saved
             different = [key for key in FINGERPRINT_KEYS if self._differs(saved, key)]
             if different:
-                flags = "--questions, --per-category, --seed, --categories"
+                flags = "--questions, --per-category, --question-seed, --categories"
                 sample = f" (the sample: {flags})" if "question_ids" in different else ""
                 raise ConfigError(
                     f"--out {out} holds results measured with a different {', '.join(different)}{sample}; give the "

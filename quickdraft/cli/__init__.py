@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.version import __version__
@@ -51,7 +52,15 @@ COMMANDS = {
 }
 
 
-class CommandParser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, except that text it cannot print (``--help`` to a full disk) is an error, not lost."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
+class CommandParser(Parser):
     """A command's parser: it rejects arguments it does not know itself, so the error shows the command's usage
     (``quickdraft cache [-h] [--prune] ...``) rather than the top-level one."""
 
@@ -70,9 +79,7 @@ def command_of(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv``: every command with its arguments (``argv`` None), or only the command ``argv``
     names with its arguments and the others by name and summary (enough to list them or reject a typo)."""
-    parser = argparse.ArgumentParser(
-        prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog="quickdraft", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"quickdraft {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     chosen = None if argv is None else command_of(argv)
@@ -85,21 +92,35 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure is one line on stderr and a non-zero status, never a traceback."""
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    args = build_parser(argv).parse_args(argv)
-    quiet_progress_bars()
-    try:
-        args.handler(args)
-    except QuickdraftError as error:
-        print(f"quickdraft: error: {error}{flag_of(error, args)}", file=sys.stderr)
+    if sys.stdout is None:  # started with standard output closed (`>&-`): nowhere to answer
+        print("quickdraft: error: standard output is closed", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("quickdraft: interrupted", file=sys.stderr)
-        return 130
+    try:
+        try:
+            args = build_parser(argv).parse_args(argv)
+        except SystemExit:  # --help and --version printed: their text must reach the output too
+            sys.stdout.flush()
+            raise
+        quiet_progress_bars()
+        try:
+            args.handler(args)
+        except QuickdraftError as error:
+            print(f"quickdraft: error: {error}{flag_of(error, args)}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("quickdraft: interrupted", file=sys.stderr)
+            return 130
+        sys.stdout.flush()
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (e.g. `| head`): nothing left to say
         return 0
+    except OSError as error:  # the output cannot be written (a full disk): say so once
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
+        print(f"quickdraft: error: cannot write the output: {error.strerror or error}", file=sys.stderr)
+        return 1
     return 0
 
 

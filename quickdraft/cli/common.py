@@ -211,6 +211,8 @@ def draft_for(args: argparse.Namespace, drafters: Sequence[str]) -> str | None:
 
 def read_stdin() -> str:
     """Standard input as UTF-8 text; bytes that are not UTF-8 raise ``PromptError`` (never a guess)."""
+    if sys.stdin is None:  # started with standard input closed (`<&-`)
+        raise PromptError("standard input is closed: give the prompt as an argument or pipe it in")
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stream (tests, embedding): already decoded
         return sys.stdin.read()

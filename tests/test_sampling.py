@@ -265,6 +265,11 @@ def test_a_stop_string_is_one_stop_string_not_one_per_character() -> None:
     assert GenerationConfig(stop="Hi").stop == ("Hi",)
     assert GenerationConfig(stop=["a", "bc"]).stop == ("a", "bc")  # a list is kept, as a tuple: hashable
     assert hash(GenerationConfig(stop=["a"])) == hash(GenerationConfig(stop=("a",)))
+    assert GenerationConfig(stop="é🙂").stop == ("é🙂",)
+    for never_written in ("\udcff", "a\ud800"):  # an undecodable argument's byte, a lone surrogate: never matched
+        with pytest.raises(ConfigError, match="stop strings must be UTF-8 text") as error:
+            GenerationConfig(stop=never_written)
+        assert error.value.setting == "stop"
 
 
 def test_seeds_span_64_bits() -> None:

@@ -234,7 +234,7 @@ BAD_INPUTS = {
     "prompt with a lone surrogate": (["generate", "w1 \ud800"], "character 3 is a lone surrogate (U+D800)"),
     "train --out unwritable": (["train-acceptance-head", "--out", "/proc/head.safetensors"], "cannot be written"),
     "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),
-    "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "draft vocabulary is a number"),
+    "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "got -1 (--draft-vocabulary)"),
     "draft format off native": (["generate", "w1", "--draft-weights", "q4"], "need the native runtime"),
     "unknown device": (["generate", "w1", "--device", "tpu"], "unknown device 'tpu': give auto, cpu, cuda or cuda:N"),
     "serve without a body limit": (["serve", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
@@ -256,6 +256,9 @@ BAD_INPUTS = {
     "logit bias twice": (["generate", "w1", "--logit-bias", "5=3", "--logit-bias", "5=-3"], "gives token 5 twice"),
     "logit bias past the vocabulary": (["generate", "w1", "--logit-bias", "999=3"], "below the vocabulary's size"),
     "presence penalty too large": (["generate", "w1", "--presence-penalty", "3"], "(--presence-penalty)"),
+    "negative stop token": (["generate", "w1", "--stop-token-id", "-1"], "got (-1,) (--stop-token-id)"),
+    "no n-gram to copy": (["generate", "w1", "--prompt-lookup-max-ngram", "0"], "(--prompt-lookup-max-ngram)"),
+    "hybrid n-gram 0": (["generate", "w1", "--hybrid-min-ngram", "0"], "got 0 (--hybrid-min-ngram)"),
     "draft vocabulary beyond the draft's": (
         ["generate", "w1", "--draft-vocabulary", "99999999"],
         "the draft vocabulary of 99999999 tokens is larger than the draft model's vocabulary of",

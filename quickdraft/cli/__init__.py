@@ -138,6 +138,7 @@ def flag_of(error: QuickdraftError, args: argparse.Namespace) -> str:
     """`` (--max-new-tokens)`` for an error about a library setting this command sets with a flag of that name,
     where the message does not name the flag already; else ""."""
     setting = getattr(error, "setting", None)
+    setting = {"stop_token_ids": "stop_token_id"}.get(setting, setting)  # a list the CLI takes one flag at a time
     flag = f"--{setting.replace('_', '-')}" if setting else ""
     return f" ({flag})" if setting and hasattr(args, setting) and flag not in str(error) else ""
 

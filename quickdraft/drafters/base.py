@@ -93,12 +93,15 @@ class DrafterOptions:
         if self.vocabulary_bridge is not None and not isinstance(self.vocabulary_bridge, VocabularyBridge):
             raise ConfigError(f"vocabulary_bridge must be a VocabularyBridge, got {self.vocabulary_bridge!r}")
         if not 1 <= self.prompt_lookup_min_ngram <= self.prompt_lookup_max_ngram:
+            wrong = "prompt_lookup_min_ngram" if self.prompt_lookup_min_ngram < 1 else "prompt_lookup_max_ngram"
             raise ConfigError(
                 "prompt lookup n-gram sizes need 1 <= min <= max, got "
-                f"min {self.prompt_lookup_min_ngram}, max {self.prompt_lookup_max_ngram}"
+                f"min {self.prompt_lookup_min_ngram}, max {self.prompt_lookup_max_ngram}",
+                wrong,
             )
         if self.hybrid_min_ngram < 1:
-            raise ConfigError(f"the hybrid's n-gram size must be >= 1, got {self.hybrid_min_ngram}")
+            message = f"the hybrid's n-gram size must be >= 1, got {self.hybrid_min_ngram}"
+            raise ConfigError(message, "hybrid_min_ngram")
 
 
 class Drafter(ABC):

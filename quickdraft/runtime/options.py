@@ -35,7 +35,8 @@ def draft_load_options(
     asked = vocabulary
     weights, vocabulary = draft_load_defaults(weights, vocabulary)
     if not is_int(vocabulary) or vocabulary < 0:
-        raise ConfigError(f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}")
+        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}"
+        raise ConfigError(message, "draft_vocabulary")
     if asked is not None and asked > len(tokenizer):  # the default is what the model has, at most
         raise ConfigError(
             f"the draft vocabulary of {asked} tokens is larger than the draft model's vocabulary of {len(tokenizer)} "

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from quickdraft.errors import ConfigError
+from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import GrammarSpec
 from quickdraft.lossless.adjustments import LogitAdjustments
 from quickdraft.lossless.sampling import SamplingParams, is_int
 from quickdraft.policies import MAX_DRAFT_TOKENS, PolicySpec, parse_policy
+from quickdraft.prompts import require_utf8
 
 __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "LogitAdjustments", "SamplingParams"]
 
@@ -73,9 +74,12 @@ class GenerationConfig:
             raise ConfigError(message, "num_draft_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}", "stop")
-        if not all(_is_utf8(s) for s in self.stop):
-            message = "stop strings must be UTF-8 text (an answer never holds a lone surrogate or an undecodable byte)"
-            raise ConfigError(f"{message}, got {self.stop!r}", "stop")
+        for text in self.stop:  # an answer is UTF-8 text: a stop string that is not could never match
+            try:
+                require_utf8(text, "a stop string")
+            except PromptError:
+                never = "an answer never holds a lone surrogate or an undecodable byte"
+                raise ConfigError(f"stop strings must be UTF-8 text ({never}), got {self.stop!r}", "stop") from None
         if not is_int(self.max_draft_tokens) or self.max_draft_tokens < 1:
             raise ConfigError(
                 f"max_draft_tokens must be an integer >= 1, got {self.max_draft_tokens!r}", "max_draft_tokens"
@@ -126,12 +130,3 @@ class GenerationConfig:
         """The parsed policy (``policy`` after construction, typed)."""
         assert isinstance(self.policy, PolicySpec)
         return self.policy
-
-
-def _is_utf8(text: str) -> bool:
-    """Whether ``text`` can be written in UTF-8 (a lone surrogate, such as an undecodable argument's byte, cannot)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -50,6 +50,8 @@ COMMANDS = {
     "serve": ("serve", "an OpenAI-compatible server"),
     "bench-serve": ("bench_serve", "load-test the server (openai client, Poisson arrivals, Spec-Bench)"),
 }
+# library settings whose flag is named otherwise: a list the CLI takes one flag at a time
+CLI_SETTINGS = {"stop_token_ids": "stop_token_id"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -138,7 +140,7 @@ def flag_of(error: QuickdraftError, args: argparse.Namespace) -> str:
     """`` (--max-new-tokens)`` for an error about a library setting this command sets with a flag of that name,
     where the message does not name the flag already; else ""."""
     setting = getattr(error, "setting", None)
-    setting = {"stop_token_ids": "stop_token_id"}.get(setting, setting)  # a list the CLI takes one flag at a time
+    setting = CLI_SETTINGS.get(setting, setting)
     flag = f"--{setting.replace('_', '-')}" if setting else ""
     return f" ({flag})" if setting and hasattr(args, setting) and flag not in str(error) else ""
 

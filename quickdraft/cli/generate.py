@@ -220,10 +220,13 @@ def run(args: argparse.Namespace) -> None:
     else:  # ends at the model's end tokens and its format's too, as llama.cpp ends an infill
         prompt_ids = pipeline.encode_infill(prompt, suffix)
         config = replace(config, stop_token_ids=config.stop_token_ids + tuple(sorted(pipeline.infill_end_ids())))
-    prediction = read_text("--prediction", args.prediction) if args.prediction else ""
-    if args.prediction and not prediction.strip():
-        raise ConfigError(f"--prediction {args.prediction} holds no text: give the text the answer is likely to repeat")
-    prediction_ids = pipeline.encode(prediction) if prediction else []
+    prediction_ids: list[int] = []
+    if args.prediction:
+        prediction = read_text("--prediction", args.prediction)
+        if not prediction.strip():
+            message = f"--prediction {args.prediction} holds no text: give the text the answer is likely to repeat"
+            raise ConfigError(message)
+        prediction_ids = pipeline.encode(prediction)
     drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
     pipeline.engine.check_request(Request(tuple(prompt_ids), config, drafter, prediction_ids=tuple(prediction_ids)))
     setup = pipeline.setup_policy(

@@ -38,8 +38,8 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "chat_template_kwargs",
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
-# fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
 MAX_STOPS, MAX_STOP_CHARS = 16, 1_024  # every stop string is looked for after every token
+# fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
 HARMLESS_TEXT = ("user", "service_tier", "prompt_cache_key", "safety_identifier")  # strings
 HARMLESS = frozenset({*HARMLESS_TEXT, "metadata", "store"})
 # fields that change the answer and this server does not implement, with the values that change nothing

@@ -184,8 +184,9 @@ def run(args: argparse.Namespace) -> None:
     http.start()
 
     def shut_down(*_: object) -> None:  # the first signal drains (--shutdown-timeout), a second stops at once
-        if loop.draining:
-            loop.stop(timeout=0)
+        if loop.draining:  # what is left ends as at the end of the grace: a 503, or an error event then [DONE]
+            print("quickdraft: stopping now: the requests in flight are cut", file=sys.stderr)
+            loop.drain(0)
             return
         print("quickdraft: shutting down: finishing the requests in flight", file=sys.stderr)
         loop.drain(args.shutdown_timeout)

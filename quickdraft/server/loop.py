@@ -61,10 +61,12 @@ class ServingLoop:
 
     def drain(self, grace_s: float) -> None:
         """Take no more requests; those running and waiting go on for up to ``grace_s`` seconds, then any left fail
-        (``FailureCause.STOPPING``) and :meth:`run` returns."""
+        (``FailureCause.STOPPING``) and :meth:`run` returns. A later drain may shorten the grace, never lengthen it:
+        ``drain(0)`` fails what is left at the end of the step under way."""
         with self._admission:
-            if self._drain_deadline is None:
-                self._drain_deadline = time.monotonic() + grace_s
+            deadline = time.monotonic() + grace_s
+            if self._drain_deadline is None or deadline < self._drain_deadline:
+                self._drain_deadline = deadline
         self._wake.set()
 
     @property

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,8 +27,8 @@ def native() -> Pipeline:
     return native_chat_pipeline()
 
 
-async def in_flight(server: Server, grace_s: float, max_tokens: int) -> list[httpx.Response | list[str]]:
-    """Four requests (two streamed) and, once they all are in, a drain of ``grace_s``; then a fifth request."""
+async def in_flight(server: Server, graces_s: list[float], max_tokens: int) -> list[httpx.Response | list[str]]:
+    """Four requests (two streamed) and, once they all are in, a drain of each grace in turn; then a fifth request."""
 
     async def whole(client: httpx.AsyncClient) -> httpx.Response:
         body = {"model": MODEL, "prompt": "w1 w2", "max_tokens": max_tokens}
@@ -40,7 +43,8 @@ async def in_flight(server: Server, grace_s: float, max_tokens: int) -> list[htt
         calls = [asyncio.ensure_future(call(client)) for call in (whole, streamed, whole, streamed)]
         while len(server.engine.scheduler.running) + server.engine.scheduler.num_waiting < 4:
             await asyncio.sleep(0.01)
-        server.loop.drain(grace_s)
+        for grace_s in graces_s:
+            server.loop.drain(grace_s)
         late = await whole(client)
         health = await client.get(f"{server.url}/health")
         return [*(await asyncio.gather(*calls)), late, health]
@@ -52,7 +56,7 @@ def test_a_drain_finishes_the_requests_in_flight_and_refuses_new_ones(
     with serving(native, max_running=2) as server:  # two run, two wait: all four finish within the grace
         forward_batch = native.target.forward_batch
         monkeypatch.setattr(native.target, "forward_batch", lambda rows: time.sleep(0.01) or forward_batch(rows))
-        first, second, third, fourth, late, health = asyncio.run(in_flight(server, TIMEOUT, 20))
+        first, second, third, fourth, late, health = asyncio.run(in_flight(server, [TIMEOUT], 20))
         for response in (first, third):
             assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 20
         for events in (second, fourth):
@@ -69,7 +73,7 @@ def test_requests_left_at_the_end_of_the_grace_get_a_503(native: Pipeline, monke
     with serving(native, max_running=2) as server:
         forward_batch = native.target.forward_batch
         monkeypatch.setattr(native.target, "forward_batch", lambda rows: time.sleep(0.02) or forward_batch(rows))
-        first, second, third, fourth, late, _ = asyncio.run(in_flight(server, 0.2, 240))
+        first, second, third, fourth, late, _ = asyncio.run(in_flight(server, [0.2], 240))
         for response in (first, third, late):
             assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
         for events in (second, fourth):
@@ -77,23 +81,54 @@ def test_requests_left_at_the_end_of_the_grace_get_a_503(native: Pipeline, monke
         assert server.engine.idle and not server.engine.scheduler.running
 
 
-def test_sigterm_lets_quickdraft_serve_answer_what_it_was_doing(
-    native_model_dirs: dict[str, Path], tmp_path: Path
-) -> None:
-    """The signal wiring of ``quickdraft serve``: a stream that is running when SIGTERM comes ends properly, and
-    the process exits 0."""
+def test_a_second_drain_may_cut_the_grace_short(native: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second Ctrl-C (``drain(0)``) ends what is left at once, each request with its 503 or error event."""
+    with serving(native, max_running=2) as server:
+        forward_batch = native.target.forward_batch
+        monkeypatch.setattr(native.target, "forward_batch", lambda rows: time.sleep(0.02) or forward_batch(rows))
+        drains = [TIMEOUT, 0, 2 * TIMEOUT]  # the last one does not lengthen the grace again
+        first, second, third, fourth, late, _ = asyncio.run(in_flight(server, drains, 240))
+        for response in (first, third, late):
+            assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
+        for events in (second, fourth):
+            assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
+
+
+@contextlib.contextmanager
+def quickdraft_serve(model_dirs: dict[str, Path], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, list]]:
+    """``quickdraft serve`` in a process of its own, once it answers, with the lines it prints as they come; on the
+    way out, they are checked."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "quickdraft", "serve", "--target", str(native_model_dirs["target"])]
+    command = [sys.executable, "-m", "quickdraft", "serve", "--target", str(model_dirs["target"])]
     command += ["--drafter", "none", "--port", str(port)]
     env = os.environ | {"QUICKDRAFT_CACHE": str(tmp_path / "cache")}
-    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(server.stdout or ()), daemon=True)
+    reader.start()
     try:
         url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
         while not healthy(url):
             assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.2)
+        yield server, url, printed
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+        reader.join(TIMEOUT)
+    output = "".join(printed)
+    assert "shutting down: finishing the requests in flight" in output and "Traceback" not in output
+
+
+def test_sigterm_lets_quickdraft_serve_answer_what_it_was_doing(
+    native_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The signal wiring of ``quickdraft serve``: a stream that is running when SIGTERM comes ends properly, and
+    the process exits 0."""
+    with quickdraft_serve(native_model_dirs, tmp_path) as (server, url, _):
         body = {"model": "target", "prompt": "w3 w1", "max_tokens": 400, "stream": True, "temperature": 0}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
             lines = response.iter_lines()
@@ -102,11 +137,24 @@ def test_sigterm_lets_quickdraft_serve_answer_what_it_was_doing(
             events = [line[6:] for line in lines if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
         assert server.wait(TIMEOUT) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
-        output = server.communicate()[0].decode()
-    assert "shutting down: finishing the requests in flight" in output and "Traceback" not in output
+
+
+def test_a_second_ctrl_c_ends_the_streams_at_once(native_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A second SIGINT ends a stream the first left running with an error event then ``[DONE]``, and the process
+    exits 0 at once, not when its HTTP thread's wait runs out."""
+    with quickdraft_serve(native_model_dirs, tmp_path) as (server, url, printed):
+        body = {"model": "target", "prompt": "w3 w1", "max_tokens": 480, "stream": True, "temperature": 0}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it is running
+            server.send_signal(signal.SIGINT)
+            while not any("shutting down" in line for line in printed):  # two signals at once are one
+                time.sleep(0.001)
+            server.send_signal(signal.SIGINT)
+            signalled = time.monotonic()
+            events = [line[6:] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
+        assert server.wait(TIMEOUT) == 0 and time.monotonic() - signalled < 5
 
 
 def healthy(url: str) -> bool:

@@ -265,6 +265,10 @@ BAD_INPUTS = {
     ),
     "bench-serve without a timeout": (["bench-serve", "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
     "bench-serve with a negative timeout": (["bench-serve", "--timeout", "-5"], "--timeout must be > 0 seconds"),
+    "bench-serve --url with a server flag": (
+        ["bench-serve", "--url", "http://127.0.0.1:1", "--max-running", "4", "--recalibrate"],
+        "--max-running, --recalibrate set up the server bench-serve starts, and --url names one already running",
+    ),
     "bench-serve unknown drafter": (["bench-serve", "--configs", "x=nodrafter"], "unknown drafter 'nodrafter'"),
     "bench-serve unknown policy": (["bench-serve", "--configs", "x=none+foo"], "unknown speculation policy 'foo'"),
     "kv cache dtype on transformers": (

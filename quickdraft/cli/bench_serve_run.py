@@ -30,6 +30,7 @@ from quickdraft.bench.serve_load import (
 from quickdraft.bench.serve_report import write_report
 from quickdraft.bench.workloads import DEFAULT_MAX_TOKENS, requests_digest, served_input, workload_prompts
 from quickdraft.cli.common import check_output_dir, draft_for, load_models
+from quickdraft.cli.serve import given_serving_arguments
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
 
@@ -50,6 +51,11 @@ def run_bench_serve(args: argparse.Namespace) -> None:
         raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.url is not None and (ignored := given_serving_arguments(args)):
+        raise ConfigError(
+            f"{', '.join(ignored)} set{'s' if len(ignored) == 1 else ''} up the server bench-serve starts, and --url "
+            "names one already running: give them to that server's `quickdraft serve`, or leave out --url"
+        )
     args.sampling = run_sampling(args.temperature, args.seed)
     if not (args.sampling.is_greedy or args.sampling.is_seeded):
         args.no_reference = True  # unseeded samples have nothing to equal

@@ -107,6 +107,13 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     serve.set_defaults(handler=run)
 
 
+def given_serving_arguments(args: argparse.Namespace) -> list[str]:
+    """The flags of :func:`add_serving_arguments` that ``args`` holds with a value other than their default."""
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_serving_arguments(defaults)
+    return [action.option_strings[0] for action in defaults._actions if getattr(args, action.dest) != action.default]
+
+
 def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int = 1024) -> None:
     """The engine's settings, shared with ``bench-serve`` (which starts servers with them)."""
     parser.add_argument(

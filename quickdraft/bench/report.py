@@ -109,6 +109,13 @@ def runs_on(machine: dict[str, Any]) -> str:
     return f" ({', '.join(chosen)})" if chosen else ""
 
 
+def sample_note(config: dict[str, Any]) -> str:
+    """How the questions were drawn: a seeded sample of a question file, or one per context length."""
+    if config["seed"] is None:
+        return "one per context length"
+    return f"{config['per_category'] or 'all'} per category, seed {config['seed']}{only_categories(config)}"
+
+
 def only_categories(config: dict[str, Any]) -> str:
     """The report's note of ``--categories`` (empty when every category of the sample ran)."""
     kept = config.get("only_categories")
@@ -123,7 +130,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "# quickdraft bench",
         "",
         f"Questions: `{config['questions']}`, {config['n_questions']} questions "
-        f"({config['per_category'] or 'all'} per category, seed {config['seed']}{only_categories(config)}); "
+        f"({sample_note(config)}); "
         f"max_new_tokens {config['max_new_tokens']}; {decoding(config)}; runs {config['runs']}, "
         f"warm-up {config['warmup']}.",
         f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}{runs_on(machine)}.",

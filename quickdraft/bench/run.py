@@ -84,9 +84,9 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "questions_sha256": questions_digest(questions),  # their text: an edited file is another sample
         "n_questions": len(questions),
         "categories": categories,
-        "per_category": settings.per_category,
+        "per_category": None if settings.context_lengths else settings.per_category,  # None: all, or one a length
         "only_categories": list(settings.categories),  # --categories: the sample's questions in these (empty: all)
-        "seed": settings.seed,
+        "seed": None if settings.context_lengths else settings.seed,  # None: no sample was drawn
         "max_new_tokens": settings.max_new_tokens,
         "methods": [method.name for method in methods],
         "runs": settings.runs,

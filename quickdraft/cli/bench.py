@@ -87,6 +87,12 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.bench.run import run_bench
     from quickdraft.bench.settings import BenchSettings
 
+    sample_flags = {"--per-category": args.per_category != 5, "--all-questions": args.all_questions,
+                    "--question-seed": args.question_seed != 0}  # fmt: skip
+    if args.context_lengths is not None and any(sample_flags.values()):
+        named = ", ".join(flag for flag, given in sample_flags.items() if given)
+        raise ConfigError(f"{named} draw{'s' if ',' not in named else ''} a sample of a question file; "
+                          "--context-lengths asks one question per length")  # fmt: skip
     settings = BenchSettings(
         out=Path(args.out),
         questions=Path(args.questions) if args.questions else None,

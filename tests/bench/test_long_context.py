@@ -52,6 +52,7 @@ def test_bench_asks_long_context_questions_and_times_the_answer_apart(
 ) -> None:
     args = bench_args(chat_model_dirs, tmp_path / "unused", tmp_path / "out", "--methods", "prompt-lookup:2", "--json")
     args[1:3] = ["--context-lengths", "200,120"]  # instead of --questions
+    del args[args.index("--per-category") : args.index("--per-category") + 2]  # a question file's sample
     assert main(args) == 0
     results = json.loads(capsys.readouterr().out)
     assert results["config"]["categories"] == ["context-120", "context-200"]
@@ -63,7 +64,10 @@ def test_bench_asks_long_context_questions_and_times_the_answer_apart(
         entry = json.loads(line)  # which rate is higher depends on the machine: a timed test would only guess
         assert 0 < entry["prefill_s"] < entry["wall_time_s"]
     assert results["methods"]["prompt-lookup:2"]["overall"]["decode_speedup"] > 0
-    assert "speedup after the prompt" in (tmp_path / "out" / "report.md").read_text()
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "speedup after the prompt" in report and "(one per context length)" in report and "seed" not in report
+    assert main([*args, "--question-seed", "3", "--per-category", "2"]) == 1
+    assert "--per-category, --question-seed draw a sample of a question file" in capsys.readouterr().err
     args[2] = "120,9999"
     assert main(args) == 1  # longer than the tiny model's 512 positions: a clear error before anything runs
     assert "exceed the model's 512 positions" in capsys.readouterr().err

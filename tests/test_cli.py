@@ -232,6 +232,14 @@ BAD_INPUTS = {
     ),
     "prompt not UTF-8": (["generate", "w1 \udcff"], "the prompt is not UTF-8 text: character 3"),  # argv's byte 0xff
     "prompt with a lone surrogate": (["generate", "w1 \ud800"], "character 3 is a lone surrogate (U+D800)"),
+    "bench without a run": (["bench", "--runs", "0"], "--runs must be >= 1, got 0"),
+    "bench with a negative warm-up": (["bench", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    "bench-serve disconnecting all": (["bench-serve", "--disconnect-fraction", "1"], "--disconnect-fraction must be"),
+    "train without a held-out share": (
+        ["train-acceptance-head", "--holdout", "0"],
+        "--holdout must be in (0, 1), got 0",
+    ),
+    "train with an empty block": (["train-acceptance-head", "--block", "0"], "--block must be >= 1, got 0"),
     "train --out unwritable": (["train-acceptance-head", "--out", "/proc/head.safetensors"], "cannot be written"),
     "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),
     "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "got -1 (--draft-vocabulary)"),

@@ -45,8 +45,10 @@ class BenchSettings:
 
     def __post_init__(self) -> None:
         GenerationConfig(max_new_tokens=self.max_new_tokens)  # the same check as a request's
-        if self.runs < 1 or self.warmup < 0 or self.profile_context < 1:
-            raise ConfigError("--runs and --profile-context must be >= 1 and --warmup >= 0")
+        for flag, value, least in (("--runs", self.runs, 1), ("--warmup", self.warmup, 0),
+                                   ("--profile-context", self.profile_context, 1)):  # fmt: skip
+            if value < least:
+                raise ConfigError(f"{flag} must be >= {least}, got {value}")
         if self.per_category is not None and self.per_category < 1:
             raise ConfigError(f"--per-category must be >= 1, got {self.per_category}")
         if self.context_lengths and self.questions is not None:

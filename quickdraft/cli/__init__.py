@@ -51,7 +51,7 @@ COMMANDS = {
     "bench-serve": ("bench_serve", "load-test the server (openai client, Poisson arrivals, Spec-Bench)"),
 }
 # library settings whose flag is named otherwise: a list the CLI takes one flag at a time
-CLI_SETTINGS = {"stop_token_ids": "stop_token_id"}
+CLI_SETTINGS = {"stop_token_ids": "stop_token_id", "steps": "unroll", "vocabulary_size": "vocabulary"}
 
 
 class Parser(argparse.ArgumentParser):

@@ -44,9 +44,11 @@ def run_bench_serve(args: argparse.Namespace) -> None:
     rates = args.rates.split(",")
     for rate in rates:
         parse_rate(rate)
-    counts = (args.num_prompts, args.max_tokens)
-    if any(count is not None and count < 1 for count in counts) or not 0 <= args.disconnect_fraction < 1:
-        raise ConfigError("--num-prompts and --max-tokens must be >= 1, --disconnect-fraction in [0, 1)")
+    for flag, count in (("--num-prompts", args.num_prompts), ("--max-tokens", args.max_tokens)):
+        if count is not None and count < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {count}")
+    if not 0 <= args.disconnect_fraction < 1:  # NaN too
+        raise ConfigError(f"--disconnect-fraction must be in [0, 1), got {args.disconnect_fraction:g}")
     if args.url is not None and not re.match(r"^https?://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?/?$", args.url):
         raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
     if not args.timeout > 0:

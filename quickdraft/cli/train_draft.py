@@ -111,6 +111,23 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--held-out-shards must be >= 0 and fewer than --shards {args.shards}, got {held_out}")
     if args.data is not None:
         check_output_dir(Path(args.data), "--data")
+    # both trainers' settings; --epochs and --learning-rate default to each trainer's own
+    shared = {"tokens_per_batch": args.tokens_per_batch, "held_out_shards": args.held_out_shards, "seed": args.seed}
+    shared |= {name: value for name in ("epochs", "learning_rate") if (value := getattr(args, name)) is not None}
+    if args.model == "draft":
+        from quickdraft.draft_head.distill import DistillSettings
+
+        distill_settings = DistillSettings(**shared, **({"rank": args.rank} if args.rank is not None else {}))
+    collect_settings = CollectSettings(
+        sequences_per_shard=args.sequences_per_shard,
+        batch_size=args.batch_size,
+        max_answer_tokens=args.max_answer_tokens,
+        seed=args.seed,
+    )
+    train_settings = TrainSettings(
+        steps=args.unroll, intermediate_size=args.intermediate_size, vocabulary_size=args.vocabulary, **shared
+    )
+    # notes once every setting is known to be valid: an error is then the one line printed
     for option, value in (("--rank", args.rank), ("--draft", args.draft)):
         if value is not None and args.model != "draft":
             note = f"{option} applies to the draft model's distillation (--model draft)"
@@ -128,22 +145,6 @@ def run(args: argparse.Namespace) -> None:
     if unused:
         why = "--collect-only trains nothing" if args.collect_only else "--model draft trains no head"
         print(f"quickdraft: note: {', '.join(unused)} not used: {why}", file=sys.stderr)
-    # both trainers' settings; --epochs and --learning-rate default to each trainer's own
-    shared = {"tokens_per_batch": args.tokens_per_batch, "held_out_shards": args.held_out_shards, "seed": args.seed}
-    shared |= {name: value for name in ("epochs", "learning_rate") if (value := getattr(args, name)) is not None}
-    if args.model == "draft":
-        from quickdraft.draft_head.distill import DistillSettings
-
-        distill_settings = DistillSettings(**shared, **({"rank": args.rank} if args.rank is not None else {}))
-    collect_settings = CollectSettings(
-        sequences_per_shard=args.sequences_per_shard,
-        batch_size=args.batch_size,
-        max_answer_tokens=args.max_answer_tokens,
-        seed=args.seed,
-    )
-    train_settings = TrainSettings(
-        steps=args.unroll, intermediate_size=args.intermediate_size, vocabulary_size=args.vocabulary, **shared
-    )
     pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype)
     name = model_key(Path(pipeline.target_path))
     data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name

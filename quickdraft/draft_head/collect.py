@@ -63,7 +63,7 @@ class CollectSettings:
     def __post_init__(self) -> None:
         for name in ("sequences_per_shard", "batch_size", "max_user_tokens", "max_answer_tokens", "label_top_k"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}", name)
         if self.user_temperature <= 0:
             raise ConfigError("the user turn's temperature must be > 0, or every conversation is the same")
         SamplingParams(self.answer_temperature, top_p=self.top_p)  # validates

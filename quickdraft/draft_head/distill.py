@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from quickdraft.draft_head.data import FeatureData, StoredConversation, TokenBatch, groups
-from quickdraft.draft_head.passes import train_passes
+from quickdraft.draft_head.passes import check_positive, train_passes
 from quickdraft.errors import ConfigError
 from quickdraft.models.catalog import file_sha256
 
@@ -43,8 +43,7 @@ class DistillSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.epochs <= 0 or self.learning_rate <= 0 or self.rank < 1 or self.tokens_per_batch < 1:
-            raise ConfigError("epochs and the learning rate must be > 0; the rank and tokens per batch >= 1")
+        check_positive(self, ("epochs", "learning_rate"), ("rank", "tokens_per_batch"))
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,22 @@ import torch
 from torch import nn
 
 from quickdraft.draft_head.data import StoredConversation, groups
+from quickdraft.errors import ConfigError
 from quickdraft.files import save_atomically
 from quickdraft.progress import progress_bar
 
 History = list[dict[str, Any]]
+
+
+def check_positive(settings: Any, numbers: tuple[str, ...], counts: tuple[str, ...]) -> None:
+    """A trainer's settings: each of ``numbers`` a finite number > 0 and each of ``counts`` >= 1, else a
+    ``ConfigError`` naming the one at fault."""
+    for name in numbers:
+        if not (math.isfinite(value := getattr(settings, name)) and value > 0):
+            raise ConfigError(f"{name} must be a finite number > 0, got {value}", name)
+    for name in counts:
+        if (value := getattr(settings, name)) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}", name)
 
 
 def train_passes(

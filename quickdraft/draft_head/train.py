@@ -16,8 +16,7 @@ import torch
 
 from quickdraft.draft_head.data import Batch, FeatureData, StoredConversation, groups
 from quickdraft.draft_head.model import DraftHead, HeadConfig
-from quickdraft.draft_head.passes import train_passes
-from quickdraft.errors import ConfigError
+from quickdraft.draft_head.passes import check_positive, train_passes
 
 STEP_WEIGHT = 0.8
 
@@ -37,10 +36,8 @@ class TrainSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.epochs <= 0 or self.steps < 1 or self.tokens_per_batch < 1 or self.learning_rate <= 0:
-            raise ConfigError("epochs and the learning rate must be > 0; steps and tokens per batch >= 1")
-        if self.vocabulary_size < 1 or self.intermediate_size < 1:
-            raise ConfigError("the head's vocabulary and intermediate size must be >= 1")
+        check_positive(self, ("epochs", "learning_rate"), ("steps", "tokens_per_batch", "intermediate_size",
+                                                           "vocabulary_size"))  # fmt: skip
 
 
 @dataclass(frozen=True)

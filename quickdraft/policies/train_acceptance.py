@@ -46,8 +46,10 @@ class RecordingPolicy(Policy):
 
 
 def check_training_settings(block: int, holdout: float) -> None:
-    if not 0 < holdout < 1 or block < 1:
-        raise ConfigError("--holdout must be in (0, 1) and --block >= 1")
+    if not 0 < holdout < 1:  # NaN too
+        raise ConfigError(f"--holdout must be in (0, 1), got {holdout:g}")
+    if block < 1:
+        raise ConfigError(f"--block must be >= 1, got {block}")
 
 
 def train_acceptance_head(

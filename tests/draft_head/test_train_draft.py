@@ -218,7 +218,7 @@ def test_collection_refuses_what_it_cannot_synthesize_from() -> None:
     transformers = HFRuntime(tiny_model(VOCAB, seed=3))
     with pytest.raises(ConfigError, match="--runtime native"):
         Collector(transformers, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", SETTINGS)
-    with pytest.raises(ConfigError, match="batch size must be >= 1"):
+    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
         CollectSettings(batch_size=0)
 
 
@@ -240,6 +240,11 @@ def test_train_draft_rejects_bad_counts(capsys: pytest.CaptureFixture) -> None:
         (["--epochs", "nan"], "--epochs must be a finite number > 0, got nan"),
         (["--out", "/"], "--out / is a directory; give a file path"),
         (["--model", "draft", "--out", __file__], f"--out {__file__} is a file; give a directory"),
+        (["--unroll", "0"], "steps must be >= 1, got 0 (--unroll)"),
+        (["--vocabulary", "0"], "vocabulary_size must be >= 1, got 0 (--vocabulary)"),
+        (["--tokens-per-batch", "0"], "tokens_per_batch must be >= 1, got 0 (--tokens-per-batch)"),
+        (["--model", "draft", "--rank", "0"], "rank must be >= 1, got 0 (--rank)"),
+        (["--sequences-per-shard", "0"], "sequences_per_shard must be >= 1, got 0 (--sequences-per-shard)"),
     ],
 )
 def test_train_draft_checks_its_arguments_before_loading_the_target(

@@ -50,7 +50,7 @@ def test_on_a_gpu_the_transformers_runtime_runs(tmp_path):
 def test_the_transformers_runtime_takes_a_device_but_no_other_option(tiny_model_dirs):
     runtime = HFRuntime.load(tiny_model_dirs["target"], LoadOptions(device=CPU))
     assert runtime.device == CPU and runtime.model.dtype == torch.float32
-    with pytest.raises(ConfigError, match="need the native runtime"):
+    with pytest.raises(ConfigError, match="needs the native runtime"):
         HFRuntime.load(tiny_model_dirs["target"], LoadOptions(weights="q4", device=CPU))
 
 

@@ -35,7 +35,7 @@ def test_the_transformers_runtime_refuses_load_options_it_cannot_honour(tmp_path
 
     tiny_model(32, seed=0).save_pretrained(tmp_path)
     for options in (LoadOptions(weights="q4"), LoadOptions(vocabulary=(0, 1, 2))):
-        with pytest.raises(ConfigError, match="need the native runtime"):
+        with pytest.raises(ConfigError, match="needs the native runtime"):
             HFRuntime.load(tmp_path, options)
     assert HFRuntime.load(tmp_path, LoadOptions()).vocab_size == 32
 

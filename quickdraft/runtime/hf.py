@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +119,20 @@ def transformers_version() -> str:
 
 
 def check_default(options: LoadOptions) -> None:
-    if replace(options, device=LoadOptions().device, progress=False) != LoadOptions():  # what it may not trade
-        raise ConfigError(
-            "the transformers runtime runs a model's own float weights and cache: other weight formats, a vocabulary "
-            "subset and a KV cache dtype need the native runtime"
-        )
+    """The transformers runtime runs a model's own float weights and cache: each trade of the native runtime is an
+    error naming its setting."""
+    asked = {
+        "weights": (options.weights != LoadOptions().weights, f"the weight format {options.weights}"),
+        "vocabulary": (options.vocabulary is not None, "a vocabulary subset"),
+        "kv_cache_dtype": (options.kv_cache_dtype is not None, f"a KV cache of {options.kv_cache_dtype}"),
+    }
+    for setting, (is_asked, what) in asked.items():
+        if is_asked:
+            raise ConfigError(
+                f"{what} needs the native runtime: the transformers runtime runs a model's own float weights, and "
+                "its cache holds their dtype",
+                setting,
+            )
 
 
 def kv_shape(config: Any) -> tuple[int, int]:

@@ -65,5 +65,5 @@ def test_the_kv_cache_holds_float16_unless_float32_is_asked_for(native_model_dir
     assert (logits[0] - logits[1]).abs().max() < 0.02 * logits[1].abs().max()
     with pytest.raises(ConfigError, match="unknown KV cache dtype 'bfloat16'; choose one of: float16, float32"):
         NativeRuntime.load(path, LoadOptions(kv_cache_dtype="bfloat16"))
-    with pytest.raises(ConfigError, match="a KV cache dtype need the native runtime"):
+    with pytest.raises(ConfigError, match="a KV cache of float16 needs the native runtime"):
         HFRuntime.load(path, LoadOptions(kv_cache_dtype="float16"))

@@ -30,7 +30,7 @@ from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.policies import Policy
 from quickdraft.policies.acceptance_head import AcceptanceHead, default_head_path
 from quickdraft.prompts import chat_prefix, encode, encode_chat, encode_infill, infill_of, use_chat_template
-from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, runtime_for
+from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, check_runtime, runtime_for
 from quickdraft.runtime.device import AUTO_DEVICE, resolve_device
 from quickdraft.runtime.options import draft_load_options
 from quickdraft.vocabularies import VocabularyBridge
@@ -101,8 +101,7 @@ class Pipeline:
         the target's chat template (checked before any model loads). ``kv_cache_dtype`` (``float16``, ``float32``;
         None: ``KV_CACHE_DEFAULT`` of :mod:`quickdraft.runtime.names`) is what both models' native KV caches hold.
         """
-        if runtime != AUTO:
-            RUNTIMES.get(runtime)  # an unknown name fails before any model work
+        check_runtime(runtime)  # an unknown name fails before any model work
         if draft is None and (draft_weights is not None or draft_vocabulary is not None):
             raise ConfigError("draft_weights and draft_vocabulary set how the draft model loads; draft=None loads none")
         where = resolve_device(device)

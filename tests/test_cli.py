@@ -224,7 +224,10 @@ BAD_INPUTS = {
     "unknown drafter": (["generate", "w1", "--drafter", "magic"], "unknown drafter 'magic'"),
     "serve's unknown drafter": (["serve", "--drafter", "magic"], "unknown drafter 'magic'"),  # 1, as generate's
     "bench-serve's unknown drafter": (["bench-serve", "--drafter", "magic"], "unknown drafter 'magic'"),
-    "unknown runtime": (["generate", "w1", "--runtime", "magic"], "unknown runtime 'magic'"),
+    "unknown runtime": (
+        ["generate", "w1", "--runtime", "magic"],
+        "unknown runtime 'magic'; choose one of: auto, native, transformers",
+    ),
     "bad n-gram sizes": (["generate", "w1", "--prompt-lookup-min-ngram", "4"], "n-gram sizes"),
     "prompt too long": (
         ["generate", " ".join(["w1"] * 600)],
@@ -335,6 +338,9 @@ def test_output_paths_are_checked_before_any_measuring(
     for out, message in (("/proc/profile.json", "cannot be written"), ("/", "is a directory")):
         status, _, err = run(["profile", "--model", str(tiny_model_dirs["target"]), "--out", out], capsys)
         assert status == 1 and message in err and "Traceback" not in err
+    for flag, value, message in (("--repeats", "0", "must be >= 1, got 0"), ("--warmup", "-1", "must be >= 0, got -1")):
+        status, _, err = run(["profile", "--model", str(tiny_model_dirs["target"]), flag, value], capsys)
+        assert status == 1 and err == f"quickdraft: error: {flag} {message}\n"
 
 
 def test_missing_and_corrupt_models(tmp_path: Path, tiny_model_dirs: dict[str, Path], capsys) -> None:

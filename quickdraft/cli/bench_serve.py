@@ -84,7 +84,9 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         help="first decode every prompt alone with the engine in this process (no server), under each configuration, "
         "one after another: the latencies the server's one-user run is compared with",
     )
-    bench.add_argument("--out", default="bench-serve-results", metavar="DIR", help="output directory")
+    bench.add_argument(
+        "--out", default="bench-serve-results", metavar="DIR", help="output directory (default bench-serve-results)"
+    )
     add_model_arguments(bench)
     add_serving_arguments(bench)  # the prefix cache is on; only :cache configurations' requests use it
     bench.set_defaults(handler=run)

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
 
     from quickdraft.costs.calibration import curve_to_json, measure_cost_curve
     from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer, resolve_model
-    from quickdraft.runtime import AUTO, RUNTIMES, runtime_for
+    from quickdraft.runtime import check_runtime, runtime_for
     from quickdraft.runtime.device import resolve_device
     from quickdraft.runtime.options import draft_load_options
 
@@ -102,12 +102,13 @@ def run(args: argparse.Namespace) -> None:
             f"quickdraft: note: not used with --prefill (it times a prompt, not the k-token curve): {flags}",
             file=sys.stderr,
         )
-    if args.repeats < 1 or args.warmup < 0:
-        raise ConfigError("--repeats must be >= 1 and --warmup >= 0")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     if args.out:
         check_output_file(Path(args.out))  # before measuring, so a measurement is never lost
-    if args.runtime != AUTO:
-        RUNTIMES.get(args.runtime)
+    check_runtime(args.runtime)
     model = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}.get(args.model, args.model)
     path = resolve_model(model, progress=not args.json)
     device = resolve_device(args.device)

@@ -62,8 +62,12 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         "distilled model's directory",
     )
     parser.add_argument("--shards", type=int, default=8, metavar="N", help="collect until N shards exist (default 8)")
-    parser.add_argument("--sequences-per-shard", type=int, default=128, metavar="N", help="conversations per shard")
-    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="conversations written side by side")
+    parser.add_argument(
+        "--sequences-per-shard", type=int, default=128, metavar="N", help="conversations per shard (128)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, metavar="N", help="conversations written side by side (32)"
+    )
     parser.add_argument("--max-answer-tokens", type=int, default=320, metavar="N", help="answer length cap (320)")
     parser.add_argument("--collect-only", action="store_true", help="collect, do not train")
     parser.add_argument(
@@ -75,7 +79,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     parser.add_argument(
         "--tokens-per-batch", type=int, default=1024, metavar="N", help="positions per training batch (1024)"
     )
-    parser.add_argument("--intermediate-size", type=int, default=4096, metavar="N", help="the head's MLP width")
+    parser.add_argument("--intermediate-size", type=int, default=4096, metavar="N", help="the head's MLP width (4096)")
     parser.add_argument("--vocabulary", type=int, default=32768, metavar="N", help="tokens the head drafts (32768)")
     parser.add_argument("--held-out-shards", type=int, default=1, metavar="N", help="shards kept for measuring (1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthesis and the training (default 0)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quickdraft.errors import ConfigError
+from quickdraft.errors import ConfigError, UnknownNameError
 from quickdraft.lazy import lazy_exports
 from quickdraft.registry import Registry
 from quickdraft.runtime.names import AUTO
@@ -30,12 +30,19 @@ RUNTIMES: Registry[type[Runtime]] = Registry(
 )
 
 
+def check_runtime(name: str) -> None:
+    """``name`` is ``auto`` or a registered runtime; else an error that lists them all."""
+    if name != AUTO and name not in RUNTIMES.names():
+        raise UnknownNameError(f"unknown runtime {name!r}; choose one of: {AUTO}, {', '.join(RUNTIMES.names())}")
+
+
 def runtime_for(name: str, path: Path, device: torch.device | None = None) -> type[Runtime]:
     """The runtime class called ``name``; ``auto`` = on the CPU (the default ``device``) native for the families it
     implements, else transformers; on a GPU transformers, the one runtime that runs there."""
     from quickdraft.runtime.hf import HFRuntime
     from quickdraft.runtime.native import NativeRuntime
 
+    check_runtime(name)
     runtime = RUNTIMES.get(name) if name != AUTO else None
     if device is not None and device.type != "cpu":
         if runtime is not None and runtime is not HFRuntime:

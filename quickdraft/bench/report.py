@@ -133,7 +133,9 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"({sample_note(config)}); "
         f"max_new_tokens {config['max_new_tokens']}; {decoding(config)}; runs {config['runs']}, "
         f"warm-up {config['warmup']}.",
-        f"Target `{config['target']}`, draft `{config['draft']}`, runtime {config['runtime']}{runs_on(machine)}.",
+        f"Target `{config['target']}`, "
+        + (f"draft `{config['draft']}`" if config["draft"] else "no draft model")
+        + f", runtime {config['runtime']}{runs_on(machine)}.",
         f"Machine: {machine.get('platform')}, {machine.get('cpu')}, torch {machine.get('torch')}, "
         f"transformers {machine.get('transformers')}"
         + (f", llama-cpp-python {machine['llama_cpp_python']}" if machine.get("llama_cpp_python") else "")

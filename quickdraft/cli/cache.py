@@ -33,8 +33,11 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     cache.set_defaults(handler=run)
 
 
-def gigabytes(size_bytes: int) -> str:
-    return f"{size_bytes / 1e9:.2f} GB" if size_bytes >= 100_000_000 else f"{size_bytes / 1e6:.1f} MB"
+def size_text(size_bytes: int) -> str:
+    """A size in GB from 0.1 GB, in MB from 0.1 MB, else in kB (so a small entry never reads 0.0)."""
+    if size_bytes >= 100_000_000:
+        return f"{size_bytes / 1e9:.2f} GB"
+    return f"{size_bytes / 1e6:.1f} MB" if size_bytes >= 100_000 else f"{size_bytes / 1e3:.1f} kB"
 
 
 def remove(path: Path) -> str | None:
@@ -75,9 +78,9 @@ def prune(args: argparse.Namespace) -> None:
     else:
         for row in rows:
             done = f"not deleted: {row['error']}" if "error" in row else "deleted"
-            print(f"{gigabytes(row['bytes']):>10}  {done} {row['path']}")
+            print(f"{size_text(row['bytes']):>10}  {done} {row['path']}")
         freed = sum(row["bytes"] for row in rows)
-        print(f"freed {gigabytes(freed)}: {len(rows) - builds} stale packed weights, {builds} stale kernel builds")
+        print(f"freed {size_text(freed)}: {len(rows) - builds} stale packed weights, {builds} stale kernel builds")
     if failed:
         raise CacheError(f"{len(failed)} stale entries could not be deleted (above); check their permissions")
 
@@ -94,19 +97,19 @@ def run(args: argparse.Namespace) -> None:
         rows += [{"path": str(b.path), "bytes": b.size_bytes, "kernels": True, "stale": not b.current} for b in builds]
         print(json.dumps(rows, indent=2))
         return
-    print(f"{root}: {gigabytes(sum(e.size_bytes for e in entries))}")
+    print(f"{root}: {size_text(sum(e.size_bytes for e in entries))}")
     for e in entries:
-        fp32 = f" (fp32 copy for transformers {gigabytes(e.fp32_bytes)})" if e.fp32_bytes else ""
-        print(f"{gigabytes(e.size_bytes):>10}  {e.path.relative_to(root)}{fp32}")
+        fp32 = f" (fp32 copy for transformers {size_text(e.fp32_bytes)})" if e.fp32_bytes else ""
+        print(f"{size_text(e.size_bytes):>10}  {e.path.relative_to(root)}{fp32}")
     fp32_total = sum(e.fp32_bytes for e in entries)
     if fp32_total:
         print(
-            f"fp32 copies, made only for the transformers runtime and remade when needed: {gigabytes(fp32_total)}; "
+            f"fp32 copies, made only for the transformers runtime and remade when needed: {size_text(fp32_total)}; "
             f"delete them with rm {shlex.quote(str(root))}/*/*/hf/model.safetensors"
         )
     if builds:
         extensions = extensions_root()
-        print(f"native kernel builds in {extensions}: {gigabytes(sum(b.size_bytes for b in builds))}")
+        print(f"native kernel builds in {extensions}: {size_text(sum(b.size_bytes for b in builds))}")
         for b in builds:
             stale = "" if b.current else " (stale: another version's sources; --prune deletes it)"
-            print(f"{gigabytes(b.size_bytes):>10}  {b.path.relative_to(extensions)}{stale}")
+            print(f"{size_text(b.size_bytes):>10}  {b.path.relative_to(extensions)}{stale}")

@@ -258,11 +258,12 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         max_ongoing_requests=server.scheduler.max_running, max_waiting=server.scheduler.max_waiting,
     )  # fmt: skip
     stop = threading.Event()
-    print(f"quickdraft: starting {args.replicas} replicas of {threads} thread(s) on Ray Serve ...", file=sys.stderr)
+    replicas = f"{args.replicas} replica{'s' if args.replicas > 1 else ''}"
+    print(f"quickdraft: starting {replicas} of {threads} thread(s) on Ray Serve ...", file=sys.stderr)
     try:
         ray_serve.deploy(server, deployment, note=lambda message: print(message, file=sys.stderr))
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's start, which sets a handler that aborts
-        print(f"quickdraft: serving on http://{args.host}:{args.port}/v1 ({args.replicas} replicas)", file=sys.stderr)
+        print(f"quickdraft: serving on http://{args.host}:{args.port}/v1 ({replicas})", file=sys.stderr)
         stop.wait()
         drain(ray_serve, args.shutdown_timeout)
     except KeyboardInterrupt:  # Ctrl-C drains as SIGTERM does; a second one stops at once

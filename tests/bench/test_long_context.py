@@ -66,6 +66,7 @@ def test_bench_asks_long_context_questions_and_times_the_answer_apart(
     assert results["methods"]["prompt-lookup:2"]["overall"]["decode_speedup"] > 0
     report = (tmp_path / "out" / "report.md").read_text()
     assert "speedup after the prompt" in report and "(one per context length)" in report and "seed" not in report
+    assert "no draft model" in report  # prompt lookup loads none
     assert main([*args, "--question-seed", "3", "--per-category", "2"]) == 1
     assert "--per-category, --question-seed draw a sample of a question file" in capsys.readouterr().err
     args[2] = "120,9999"

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -123,18 +123,23 @@ def quickdraft_serve(model_dirs: dict[str, Path], tmp_path: Path) -> Iterator[tu
     assert "shutting down: finishing the requests in flight" in output and "Traceback" not in output
 
 
+def stream_while(url: str, max_tokens: int, interrupt: Callable[[], object]) -> list[str]:
+    """The data events of a streamed greedy completion during which, once it runs, ``interrupt()`` is called."""
+    body = {"model": "target", "prompt": "w3 w1", "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # it is running
+        interrupt()
+        return [line[6:] for line in lines if line.startswith("data: ")]
+
+
 def test_sigterm_lets_quickdraft_serve_answer_what_it_was_doing(
     native_model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     """The signal wiring of ``quickdraft serve``: a stream that is running when SIGTERM comes ends properly, and
     the process exits 0."""
     with quickdraft_serve(native_model_dirs, tmp_path) as (server, url, _):
-        body = {"model": "target", "prompt": "w3 w1", "max_tokens": 400, "stream": True, "temperature": 0}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))  # it is running
-            server.send_signal(signal.SIGTERM)
-            events = [line[6:] for line in lines if line.startswith("data: ")]
+        events = stream_while(url, 400, lambda: server.send_signal(signal.SIGTERM))
         assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
         assert server.wait(TIMEOUT) == 0
 
@@ -143,18 +148,17 @@ def test_a_second_ctrl_c_ends_the_streams_at_once(native_model_dirs: dict[str, P
     """A second SIGINT ends a stream the first left running with an error event then ``[DONE]``, and the process
     exits 0 at once, not when its HTTP thread's wait runs out."""
     with quickdraft_serve(native_model_dirs, tmp_path) as (server, url, printed):
-        body = {"model": "target", "prompt": "w3 w1", "max_tokens": 480, "stream": True, "temperature": 0}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as response:
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))  # it is running
+
+        def ctrl_c_twice() -> None:
             server.send_signal(signal.SIGINT)
             while not any("shutting down" in line for line in printed):  # two signals at once are one
                 time.sleep(0.001)
             server.send_signal(signal.SIGINT)
-            signalled = time.monotonic()
-            events = [line[6:] for line in lines if line.startswith("data: ")]
+
+        events = stream_while(url, 480, ctrl_c_twice)
+        ended = time.monotonic()
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
-        assert server.wait(TIMEOUT) == 0 and time.monotonic() - signalled < 5
+        assert server.wait(TIMEOUT) == 0 and time.monotonic() - ended < 5
 
 
 def healthy(url: str) -> bool:

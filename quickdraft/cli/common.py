@@ -43,9 +43,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--draft",
         default=None,
         metavar="PATH",
-        help=f"draft model for the draft-model drafter, same forms as --target, or auto: the largest model at hand "
-        f"(packaged or a GGUF file used before) that shares the target's vocabulary and is at most half its size "
-        f"(default {DEFAULT_DRAFT})",
+        help=f"draft model of the drafters that run one (hybrid-suffix, hybrid, draft-model), same forms as "
+        f"--target, or auto: the largest model at hand (packaged or a GGUF file used before) that shares the "
+        f"target's vocabulary and is at most half its size (default {DEFAULT_DRAFT})",
     )
     parser.add_argument(
         "--draft-head",
@@ -72,11 +72,12 @@ def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
 def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--draft-") -> None:
     """How the draft model is stored (native runtime): it changes how often drafts are accepted, never the output.
     ``prefix`` "--" gives the same options for the one model a command loads (``profile``)."""
+    which = "draft model" if prefix == "--draft-" else "model"
     parser.add_argument(
         f"{prefix}weights",
         choices=WEIGHT_FORMATS,
         default=None,
-        help=f"draft model weight format on the native runtime: auto keeps a GGUF file's "
+        help=f"{which} weight format on the native runtime: auto keeps a GGUF file's "
         f"{', '.join(EXACT_TYPES['auto'])} tensors as stored and the rest in 7-bit int8, q4 keeps its Q4_K tensors "
         f"and stores the rest in 4 bits, int8 stores everything in 7 bits (draft model default "
         f"{DRAFT_WEIGHTS}, other models auto)",
@@ -86,7 +87,7 @@ def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--d
         type=int,
         default=None,
         metavar="N",
-        help=f"compute the draft model's logits for its N most frequent tokens and each request's prompt tokens only "
+        help=f"compute the {which}'s logits for its N most frequent tokens and each request's prompt tokens only "
         f"(FR-Spec: the rest are never drafted); 0 = all (draft model default {DRAFT_VOCABULARY}, other models 0)",
     )
 

@@ -88,7 +88,11 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token budget (default 128)")
     generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     generate.add_argument(
-        "--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in [0, 1] (0: the top token)"
+        "--top-p",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="nucleus mass in [0, 1] (default 1 = off; 0: the top token)",
     )
     generate.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest (0 = off)")
     generate.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (reproducible runs)")
@@ -102,11 +106,11 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     )  # fmt: skip
     generate.add_argument(
         "--presence-penalty", type=float, default=0.0, metavar="X", help="OpenAI's: subtract X in [-2, 2] from the "
-        "logit of every token the answer already holds",
+        "logit of every token the answer already holds (default 0)",
     )  # fmt: skip
     generate.add_argument(
         "--frequency-penalty", type=float, default=0.0, metavar="X", help="OpenAI's: subtract X in [-2, 2] times "
-        "the number of times the answer holds a token from its logit",
+        "the number of times the answer holds a token from its logit (default 0)",
     )  # fmt: skip
     generate.add_argument(
         "--repetition-penalty", type=float, default=1.0, metavar="R", help="transformers' and vLLM's: a token of the "
@@ -119,7 +123,8 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     )  # fmt: skip
     generate.add_argument(
         "--min-tokens", type=int, default=0, metavar="N",
-        help="the answer cannot end before N new tokens: its end tokens are masked and stop strings not looked for",
+        help="the answer cannot end before N new tokens: its end tokens are masked and stop strings not looked for "
+        "(default 0)",
     )  # fmt: skip
     generate.add_argument(
         "--ignore-eos", action="store_true", help="the end-of-sequence tokens do not end the answer (benchmarks)"

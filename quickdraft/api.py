@@ -204,8 +204,8 @@ class Pipeline:
         prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else token_ids(prompt, "the prompt")
         if isinstance(prediction, str):  # empty text predicts nothing, as the server's empty prediction
             prediction_ids = self.encode(prediction) if prediction.strip() else ()
-        else:
-            prediction_ids = prediction or ()
+        else:  # token ids: a sequence, tensor or array, checked by the Request as the prompt's are
+            prediction_ids = () if prediction is None else prediction
         drafter_object = self.drafter(drafter, options)
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
         if policy is None:  # its costs and head ready now (the engine would get costs ready at the first need)

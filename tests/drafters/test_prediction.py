@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 from conftest import draft_task
 
 from quickdraft.api import Pipeline
@@ -10,7 +12,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS, DrafterOptions
 from quickdraft.drafters.hybrid import HybridDrafter, HybridState
 from quickdraft.drafters.prediction import PredictionCopies
-from quickdraft.errors import ConfigError
+from quickdraft.errors import ConfigError, PromptError
 
 PREDICTION = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
 
@@ -80,6 +82,8 @@ def test_with_a_prediction_the_output_is_the_plain_one(pipeline: Pipeline) -> No
     assert exact.stats.predicted_tokens_accepted >= len(plain.token_ids) // 2  # most of it drafted and accepted
     edited = [*plain.token_ids[:5], 7, 7, 7, *plain.token_ids[8:]]
     assert pipeline.generate(prompt, config, drafter="hybrid", prediction=edited).token_ids == plain.token_ids
+    as_tensor = pipeline.generate(prompt, config, drafter="hybrid", prediction=torch.tensor(plain.token_ids))
+    assert as_tensor.token_ids == plain.token_ids and as_tensor.stats.predicted_tokens_accepted > 0
     seeded = GenerationConfig(max_new_tokens=24, sampling=SamplingParams(temperature=0.8, seed=3), policy="fixed:4")
     sampled = pipeline.generate(prompt, seeded, drafter="none")
     assert pipeline.generate(prompt, seeded, drafter="hybrid", prediction=edited).token_ids == sampled.token_ids
@@ -88,3 +92,8 @@ def test_with_a_prediction_the_output_is_the_plain_one(pipeline: Pipeline) -> No
 def test_a_drafter_that_cannot_copy_refuses_a_prediction(pipeline: Pipeline) -> None:
     with pytest.raises(ConfigError, match=r"needs a drafter that copies it: hybrid, hybrid-eagle, hybrid-suffix$"):
         pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="none", prediction=[1, 2])
+    with pytest.raises(ConfigError, match="needs a drafter that copies it"):  # a one-token array is not dropped
+        pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="none", prediction=np.array([0]))
+    for wrong in (0, False, {}):
+        with pytest.raises(PromptError, match="prediction_ids must be a sequence of token ids"):
+            pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="hybrid", prediction=wrong)

@@ -8,6 +8,7 @@ logits have the same bits whatever the drafts beside it, so the log-probabilitie
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,8 @@ def token_logprobs(
     logits: torch.Tensor, token_ids: Sequence[int], sampling: SamplingParams, top: int
 ) -> list[TokenLogprob]:
     """``logits [n, V]`` at the positions of ``token_ids [n]``: each token's log-probability and the ``top``
-    likeliest tokens'."""
+    likeliest tokens', fewer where the sampling (top-k, top-p, min-p) leaves fewer a probability above 0: an excluded
+    token is no alternative."""
     if not token_ids:
         return []
     logits = logits[: len(token_ids)].float()  # [n, V]
@@ -37,7 +39,9 @@ def token_logprobs(
     chosen = logprobs[torch.arange(len(token_ids)), torch.tensor(list(token_ids))].tolist()  # [n]
     values, indices = logprobs.topk(top, dim=-1)  # [n, top]
     return [
-        TokenLogprob(token, value, tuple(zip(row_indices, row_values, strict=True)))
+        TokenLogprob(
+            token, value, tuple(top for top in zip(row_indices, row_values, strict=True) if top[1] > -math.inf)
+        )
         for token, value, row_indices, row_values in zip(
             token_ids, chosen, indices.tolist(), values.tolist(), strict=True
         )

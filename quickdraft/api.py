@@ -270,7 +270,7 @@ class Pipeline:
     ) -> Calibration[CostModel]:
         """The step costs goodput needs (measured once per machine and models), saved or loaded
         (:class:`CalibrationStore`), and kept in ``drafter``'s records."""
-        for name, value, least in (("max_draft_tokens", max_draft_tokens, 1), ("context", context, 0)):
+        for name, value, least in (("max_draft_tokens", max_draft_tokens, 1), ("context", context, 1)):
             if not is_int(value) or value < least:
                 raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}", name)
         calibration = self.calibrations.cost_model(DRAFTERS.get(drafter), max_draft_tokens, context, use_saved)

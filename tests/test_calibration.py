@@ -86,6 +86,9 @@ def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
     assert model.at_context(500).target(5) >= model.target(5)
     assert fresh.calibrate("prompt-lookup", max_draft_tokens=4).cost_model.draft_ms == 0.0
     assert fresh.drafter("draft-model").records.cost_model is model
+    for wrong in ({"context": 0}, {"max_draft_tokens": 0}, {"context": 2.5}):
+        with pytest.raises(ConfigError, match=rf"{next(iter(wrong))} must be an integer >= 1"):
+            fresh.calibrate("draft-model", **wrong)  # type: ignore[arg-type]
 
 
 def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:

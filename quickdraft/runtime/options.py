@@ -35,7 +35,7 @@ def draft_load_options(
     asked = vocabulary
     weights, vocabulary = draft_load_defaults(weights, vocabulary)
     if not is_int(vocabulary) or vocabulary < 0:
-        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary}"
+        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary!r}"
         raise ConfigError(message, "draft_vocabulary")
     if asked is not None and asked > len(tokenizer):  # the default is what the model has, at most
         raise ConfigError(

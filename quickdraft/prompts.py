@@ -139,7 +139,8 @@ def encode_chat(
     ``template_kwargs``: more variables the template reads (vLLM's ``chat_template_kwargs``, e.g. Qwen3's
     ``enable_thinking``), none of them a name the rendering reserves (:func:`reserved_template_names`)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise PromptError("this model has no chat template; run without --chat")
+        message = "this model has no chat template: give it one, or send the prompt as text to complete"
+        raise PromptError(message, "chat")
     extra = check_template_kwargs(tokenizer, template_kwargs)
     if tools is not None and (
         isinstance(tools, str) or not isinstance(tools, Sequence) or not all(isinstance(t, Mapping) for t in tools)

@@ -224,6 +224,10 @@ BAD_INPUTS = {
     "unknown drafter": (["generate", "w1", "--drafter", "magic"], "unknown drafter 'magic'"),
     "serve's unknown drafter": (["serve", "--drafter", "magic"], "unknown drafter 'magic'"),  # 1, as generate's
     "bench-serve's unknown drafter": (["bench-serve", "--drafter", "magic"], "unknown drafter 'magic'"),
+    "chat without a template": (
+        ["generate", "w1", "--chat"],
+        "this model has no chat template: give it one, or send the prompt as text to complete (--chat)",
+    ),
     "unknown runtime": (
         ["generate", "w1", "--runtime", "magic"],
         "unknown runtime 'magic'; choose one of: auto, native, transformers",

@@ -103,7 +103,12 @@ async def read_body(request: Any, limit: int, timeout_s: float | None = None) ->
 
 async def read_json(request: Any, limit: int, timeout_s: float | None = None) -> Any:
     """The request's JSON body, read up to ``limit`` bytes (413 beyond) within ``timeout_s`` (408 after), or 400 if
-    it is not JSON."""
+    it is not JSON. A body sent as another media type (a form, text/plain: what a web page may post to a server on
+    loopback without asking) is a 415 before it is read."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type and media_type != "application/json" and not media_type.endswith("+json"):
+        message = f"the request body must be sent as application/json, not {media_type}"
+        raise ApiError(415, message, kind="invalid_request_error", code="unsupported_media_type")
     body = await read_body(request, limit, timeout_s)
     too_deep = f"the request body nests JSON too deeply (at most {MAX_NESTING} levels)"
     try:
@@ -113,6 +118,9 @@ async def read_json(request: Any, limit: int, timeout_s: float | None = None) ->
     except json.JSONDecodeError as error:
         where = f"line {error.lineno}, column {error.colno}"
         raise ApiError(400, f"the request body is not valid JSON: {error.msg} ({where})") from None
+    except UnicodeDecodeError as error:
+        byte = error.object[error.start]
+        raise ApiError(400, f"the request body is not UTF-8 text: byte 0x{byte:02x} at offset {error.start}") from None
     except ValueError:  # Python's bound on an integer's digits (a 5000-digit number is valid JSON)
         message = f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits"
         raise ApiError(400, message) from None

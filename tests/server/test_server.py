@@ -413,6 +413,15 @@ def test_malformed_json_and_the_openai_clients_exceptions(server: Server) -> Non
     huge = b'{"prompt": "w1", "seed": ' + b"9" * 5000 + b"}"  # valid JSON past Python's bound on an integer's digits
     response = httpx.post(f"{server.url}/v1/completions", content=huge, timeout=TIMEOUT)
     assert response.status_code == 400 and "integer of more than 4300 digits" in response.json()["error"]["message"]
+    response = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": "w1 \xff"}', timeout=TIMEOUT)
+    assert response.json()["error"]["message"] == "the request body is not UTF-8 text: byte 0xff at offset 15"
+    body = json.dumps({"model": MODEL, "prompt": "w1", "max_tokens": 1})  # a web page may post a form cross-site
+    for media_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        response = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": media_type})
+        assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
+    for media_type in ("application/json; charset=utf-8", "application/merge-patch+json"):
+        response = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": media_type})
+        assert response.status_code == 200
     client = server.client()
     with pytest.raises(openai.NotFoundError) as not_found:
         client.completions.create(model="gpt-4", prompt="w1")

@@ -250,7 +250,11 @@ BAD_INPUTS = {
     "train --out unwritable": (["train-acceptance-head", "--out", "/proc/head.safetensors"], "cannot be written"),
     "bench --out a file": (["bench", "--out", __file__], "is a file; give a directory"),
     "negative draft vocabulary": (["generate", "w1", "--draft-vocabulary", "-1"], "got -1 (--draft-vocabulary)"),
-    "draft format off native": (["generate", "w1", "--draft-weights", "q4"], "weight format q4 needs the native"),
+    "draft format off native": (
+        ["generate", "w1", "--draft-weights", "q4"],
+        "draft_weights 'q4' needs the native runtime: the transformers runtime runs the draft model's own weights over "
+        "its whole vocabulary (--draft-weights)",
+    ),
     "unknown device": (["generate", "w1", "--device", "tpu"], "unknown device 'tpu': give auto, cpu, cuda or cuda:N"),
     "serve without a body limit": (["serve", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
     "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "--request-timeout must be >= 0"),
@@ -288,8 +292,8 @@ BAD_INPUTS = {
     "bench-serve unknown policy": (["bench-serve", "--configs", "x=none+foo"], "unknown speculation policy 'foo'"),
     "kv cache dtype on transformers": (
         ["generate", "w1", "--runtime", "transformers", "--kv-cache-dtype", "float16"],
-        "a KV cache of float16 needs the native runtime: the transformers runtime runs a model's own float weights, "
-        "and its cache holds their dtype (--kv-cache-dtype)",
+        "a KV cache of float16 needs the native runtime: the transformers runtime runs a model's own weights, here in "
+        "float32, and its cache holds that dtype (--kv-cache-dtype)",
     ),
 } | (
     {}

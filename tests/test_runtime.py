@@ -7,6 +7,7 @@ import torch
 from conftest import BigramTableRuntime, native_from_hf, tiny_model
 
 from quickdraft.runtime import BatchRow, HFRuntime
+from quickdraft.runtime.options import draft_load_options
 
 
 def test_a_batched_forward_runs_each_request_on_its_own_cache() -> None:
@@ -38,6 +39,12 @@ def test_the_transformers_runtime_refuses_load_options_it_cannot_honour(tmp_path
         with pytest.raises(ConfigError, match="needs the native runtime"):
             HFRuntime.load(tmp_path, options)
     assert HFRuntime.load(tmp_path, LoadOptions()).vocab_size == 32
+    tokenizer = type("Tokenizer", (), {"__len__": lambda self: 32})()
+    for weights, vocabulary, setting in (("q4", None, "draft_weights"), (None, 16, "draft_vocabulary")):
+        with pytest.raises(ConfigError, match=f"^{setting} .* needs the native runtime") as refused:
+            draft_load_options(HFRuntime, tokenizer, weights, vocabulary)  # what was asked, not a default
+        assert refused.value.setting == setting
+    assert draft_load_options(HFRuntime, tokenizer, "auto", 0) == LoadOptions()  # as stored, all of it: what it does
 
 
 @pytest.mark.parametrize("kind", ["transformers", "native", "reading"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -119,20 +120,24 @@ def transformers_version() -> str:
 
 
 def check_default(options: LoadOptions) -> None:
-    """The transformers runtime runs a model's own float weights and cache: each trade of the native runtime is an
-    error naming its setting."""
+    """The transformers runtime runs a model's float weights in :func:`model_dtype`, its cache in that dtype too: a
+    KV cache dtype other than that one, and every other trade of the native runtime, is an error naming its
+    setting."""
+    held = str(model_dtype(options.device)).removeprefix("torch.")
     asked = {
         "weights": (options.weights != LoadOptions().weights, f"the weight format {options.weights}"),
         "vocabulary": (options.vocabulary is not None, "a vocabulary subset"),
-        "kv_cache_dtype": (options.kv_cache_dtype is not None, f"a KV cache of {options.kv_cache_dtype}"),
+        "kv_cache_dtype": (options.kv_cache_dtype not in (None, held), f"a KV cache of {options.kv_cache_dtype}"),
     }
     for setting, (is_asked, what) in asked.items():
         if is_asked:
             raise ConfigError(
-                f"{what} needs the native runtime: the transformers runtime runs a model's own float weights, and "
-                "its cache holds their dtype",
+                f"{what} needs the native runtime: the transformers runtime runs a model's own weights, here in "
+                f"{held}, and its cache holds that dtype",
                 setting,
             )
+    if replace(options, device=LoadOptions().device, progress=False, kv_cache_dtype=None) != LoadOptions():
+        raise ConfigError(f"the transformers runtime takes no load options but the device, got {options}")
 
 
 def kv_shape(config: Any) -> tuple[int, int]:

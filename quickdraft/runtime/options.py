@@ -30,16 +30,22 @@ def draft_load_options(
     """The draft model's load options on ``device``: what was asked for, else :data:`DRAFT_WEIGHTS` and
     :data:`DRAFT_VOCABULARY` where the runtime takes load options (a runtime that does not refuses what was asked
     for explicitly)."""
-    if not runtime_class.takes_load_options and weights is None and vocabulary is None:
-        return LoadOptions(device=device)
     asked = vocabulary
-    weights, vocabulary = draft_load_defaults(weights, vocabulary)
-    if not is_int(vocabulary) or vocabulary < 0:
-        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary!r}"
+    if asked is not None and (not is_int(asked) or asked < 0):
+        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {asked!r}"
         raise ConfigError(message, "draft_vocabulary")
     if asked is not None and asked > len(tokenizer):  # the default is what the model has, at most
         raise ConfigError(
             f"the draft vocabulary of {asked} tokens is larger than the draft model's vocabulary of {len(tokenizer)} "
-            "tokens: give at most that many (0: all)"
+            "tokens: give at most that many (0: all)",
+            "draft_vocabulary",
         )
+    if not runtime_class.takes_load_options:  # what was asked for explicitly is refused, by its own name
+        kept = {"draft_weights": LoadOptions().weights, "draft_vocabulary": 0}  # what such a runtime does anyway
+        for setting, value in (("draft_weights", weights), ("draft_vocabulary", vocabulary)):
+            if value is not None and value != kept[setting]:
+                message = f"{setting} {value!r} needs the native runtime: the {runtime_class.name} runtime runs the "
+                raise ConfigError(message + "draft model's own weights over its whole vocabulary", setting)
+        return LoadOptions(device=device)
+    weights, vocabulary = draft_load_defaults(weights, vocabulary)
     return LoadOptions(weights, frequent_tokens(tokenizer, vocabulary) if vocabulary else None, device)

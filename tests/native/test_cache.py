@@ -67,3 +67,4 @@ def test_the_kv_cache_holds_float16_unless_float32_is_asked_for(native_model_dir
         NativeRuntime.load(path, LoadOptions(kv_cache_dtype="bfloat16"))
     with pytest.raises(ConfigError, match="a KV cache of float16 needs the native runtime"):
         HFRuntime.load(path, LoadOptions(kv_cache_dtype="float16"))
+    assert HFRuntime.load(path, LoadOptions(kv_cache_dtype="float32")).kv_cache_dtype == "float32"  # what it holds

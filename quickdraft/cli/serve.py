@@ -78,7 +78,8 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     access.add_argument(
         "--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S, metavar="S",
         help="on SIGTERM or Ctrl-C, new requests get 503 and those running or waiting have up to S seconds to "
-        f"finish; any left then end with a 503 (default {SHUTDOWN_TIMEOUT_S:g}; a second Ctrl-C stops at once)",
+        f"finish; any left then end with a 503, or on a stream an error event (default {SHUTDOWN_TIMEOUT_S:g}; a "
+        "second Ctrl-C or SIGTERM ends them at once)",
     )  # fmt: skip
     access.add_argument(
         "--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
@@ -192,11 +193,11 @@ def run(args: argparse.Namespace) -> None:
 
     def shut_down(*_: object) -> None:  # the first signal drains (--shutdown-timeout), a second stops at once
         if loop.draining:  # what is left ends as at the end of the grace: a 503, or an error event then [DONE]
-            print("quickdraft: stopping now: the requests in flight are cut", file=sys.stderr)
             loop.drain(0)
+            print("quickdraft: stopping now: the requests in flight end with an error", file=sys.stderr)
             return
+        loop.drain(args.shutdown_timeout)  # before the line, so a signal that comes after it finds the drain begun
         print("quickdraft: shutting down: finishing the requests in flight", file=sys.stderr)
-        loop.drain(args.shutdown_timeout)
 
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)

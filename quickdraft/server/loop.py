@@ -31,7 +31,9 @@ class ServingLoop:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.run, name="quickdraft-engine", daemon=True) if own_thread else None
         self._running = False
-        self._admission = threading.Lock()  # a request is queued before a drain begins, or refused
+        # a request is queued before a drain begins, or refused; reentrant, since a second signal's drain may run in
+        # the main thread inside the first one's
+        self._admission = threading.RLock()
         self._drain_deadline: float | None = None
 
     def start(self) -> None:

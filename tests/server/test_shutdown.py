@@ -151,7 +151,9 @@ def test_a_second_ctrl_c_ends_the_streams_at_once(native_model_dirs: dict[str, P
 
         def ctrl_c_twice() -> None:
             server.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + TIMEOUT
             while not any("shutting down" in line for line in printed):  # two signals at once are one
+                assert server.poll() is None and time.monotonic() < deadline
                 time.sleep(0.001)
             server.send_signal(signal.SIGINT)
 
@@ -159,6 +161,7 @@ def test_a_second_ctrl_c_ends_the_streams_at_once(native_model_dirs: dict[str, P
         ended = time.monotonic()
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
         assert server.wait(TIMEOUT) == 0 and time.monotonic() - ended < 5
+    assert any("stopping now" in line for line in printed)
 
 
 def healthy(url: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
@@ -34,6 +34,10 @@ from quickdraft.runtime import AUTO, RUNTIMES, LoadOptions, Runtime, check_runti
 from quickdraft.runtime.device import AUTO_DEVICE, resolve_device
 from quickdraft.runtime.options import draft_load_options
 from quickdraft.vocabularies import VocabularyBridge
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,7 @@ class Pipeline:
         chat: bool = False,
         options: DrafterOptions | None = None,
         policy: Policy | None = None,
-        prediction: str | Sequence[int] | None = None,
+        prediction: str | Sequence[int] | torch.Tensor | np.ndarray | None = None,
     ) -> GenerationStream:
         """Decode ``prompt`` (text, or token ids) through :attr:`engine`, yielding text deltas. The policy is
         ``config.policy``, made ready first (:meth:`setup_policy`: goodput loads or measures its drafter's costs on

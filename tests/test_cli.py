@@ -485,7 +485,7 @@ def test_profile_times_reading_a_prompt(native_model_dirs: dict[str, Path], caps
 def test_cache_shows_its_entries_and_the_fp32_copies(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "my cache"))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "no-builds"))  # the kernels' builds: listed after these
-    assert run(["cache"], capsys) == (0, f"{tmp_path / 'my cache'}: 0.0 kB\n", "")
+    assert run(["cache"], capsys) == (0, f"{tmp_path / 'my cache'}: 0 B\n", "")
     files = {"models/m/m.gguf": 5_000_000, "models/m/hf/config.json": 1000, "native/k/weights.safetensors": 3_000_000}
     files["models/m/hf/model.safetensors"] = 200_000_000
     files["converted/0123/hf.lock"] = 0  # what a file that was not a model leaves: not listed

@@ -12,7 +12,7 @@ from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.models.catalog import DEFAULT_TARGET
-from quickdraft.runtime import AUTO
+from quickdraft.runtime import AUTO, check_runtime
 from quickdraft.runtime.device import resolve_device
 
 
@@ -58,6 +58,7 @@ class BenchSettings:
         if self.context_lengths:  # before any model is resolved or loaded
             check_lengths(self.context_lengths, self.max_new_tokens)
         self.sampling  # noqa: B018 - validates the temperature and seed
+        check_runtime(self.runtime)
         resolve_device(self.device)  # a GPU that is not there fails before anything is written
 
     @property

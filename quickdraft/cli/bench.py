@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -87,11 +88,15 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.bench.run import run_bench
     from quickdraft.bench.settings import BenchSettings
 
-    sample_flags = {"--per-category": args.per_category != 5, "--all-questions": args.all_questions,
-                    "--question-seed": args.question_seed != 0}  # fmt: skip
+    defaults = {field.name: field.default for field in dataclasses.fields(BenchSettings)}
+    sample_flags = {
+        "--per-category": args.per_category != defaults["per_category"],
+        "--all-questions": args.all_questions,
+        "--question-seed": args.question_seed != defaults["seed"],
+    }
     if args.context_lengths is not None and any(sample_flags.values()):
-        named = ", ".join(flag for flag, given in sample_flags.items() if given)
-        raise ConfigError(f"{named} draw{'s' if ',' not in named else ''} a sample of a question file; "
+        named = [flag for flag, given in sample_flags.items() if given]
+        raise ConfigError(f"{', '.join(named)} draw{'s' if len(named) == 1 else ''} a sample of a question file; "
                           "--context-lengths asks one question per length")  # fmt: skip
     settings = BenchSettings(
         out=Path(args.out),

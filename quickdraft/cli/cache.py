@@ -34,10 +34,12 @@ def add_command(commands: Any, name: str, summary: str) -> None:
 
 
 def size_text(size_bytes: int) -> str:
-    """A size in GB from 0.1 GB, in MB from 0.1 MB, else in kB (so a small entry never reads 0.0)."""
+    """A size in GB from 0.1 GB, in MB from 0.1 MB, in kB from 1 kB, else in bytes."""
     if size_bytes >= 100_000_000:
         return f"{size_bytes / 1e9:.2f} GB"
-    return f"{size_bytes / 1e6:.1f} MB" if size_bytes >= 100_000 else f"{size_bytes / 1e3:.1f} kB"
+    if size_bytes >= 100_000:
+        return f"{size_bytes / 1e6:.1f} MB"
+    return f"{size_bytes / 1e3:.1f} kB" if size_bytes >= 1000 else f"{size_bytes} B"
 
 
 def remove(path: Path) -> str | None:

@@ -88,11 +88,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token budget (default 128)")
     generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     generate.add_argument(
-        "--top-p",
-        type=float,
-        default=1.0,
-        metavar="P",
-        help="nucleus mass in [0, 1] (default 1 = off; 0: the top token)",
+        "--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in [0, 1] (default 1 = off; 0: top token)"
     )
     generate.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest (0 = off)")
     generate.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (reproducible runs)")

@@ -40,7 +40,7 @@ def token_logprobs(
     values, indices = logprobs.topk(top, dim=-1)  # [n, top]
     return [
         TokenLogprob(
-            token, value, tuple(top for top in zip(row_indices, row_values, strict=True) if top[1] > -math.inf)
+            token, value, tuple(pair for pair in zip(row_indices, row_values, strict=True) if pair[1] > -math.inf)
         )
         for token, value, row_indices, row_values in zip(
             token_ids, chosen, indices.tolist(), values.tolist(), strict=True

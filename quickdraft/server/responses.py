@@ -84,8 +84,8 @@ def logprobs_body(
     completions (tokens, token_logprobs, top_logprobs with the sampled token among them, text_offset by ``offsets``:
     from 0 without); None when not asked for.
     ``spell(id)``: a token's text and its bytes (a token that is part of a UTF-8 character reads as U+FFFD, its
-    bytes are its own). Alternatives with probability 0 (excluded by top-k or top-p) are not among them
-    (``token_logprobs``)."""
+    bytes are its own). Alternatives with probability 0 (excluded by top-k or top-p) are not among them: the
+    engine's ``token_logprobs`` leaves them out."""
     if api.serve.config.logprobs is None:
         return None
     spelled = [spell(entry.token_id) for entry in logprobs]

@@ -145,7 +145,7 @@ def test_prune_deletes_only_packed_weights_no_load_reads(tmp_path, monkeypatch: 
     assert main(["cache", "--prune", "--json"]) == 0
     assert {row["path"] for row in json.loads(capsys.readouterr().out)} == {str(path) for path in stale}
     assert set(native.iterdir()) == kept
-    assert main(["cache", "--prune"]) == 0 and "freed 0.0 kB: 0 stale packed weights" in capsys.readouterr().out
+    assert main(["cache", "--prune"]) == 0 and "freed 0 B: 0 stale packed weights" in capsys.readouterr().out
     (weights.native_cache_dir(outside) / weights.ENTRY_SOURCE).unlink()  # as packed before notes: written on a load
     NativeRuntime.load(outside)
     assert weights.stale_native_entries() == []

@@ -31,6 +31,56 @@ GRAMMAR_CACHE_BYTES = 256 << 20  # the compiler keeps at most this much of compi
 JSON_WHITESPACE_RUN = 24
 
 
+# JSON Schema keywords xgrammar's converter reads past without enforcing them (``tests/test_grammar.py`` holds each to
+# that): a schema asking for one is refused, never half-kept
+UNENFORCED_KEYWORDS = frozenset({
+    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired",
+    "dependentSchemas", "dependencies",
+})  # fmt: skip
+# where a schema holds the schemas looked in: maps of them, lists of them, and single ones (old ``items``: a list)
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SCHEMA_VALUES = ("items", "additionalItems", "additionalProperties", "propertyNames", "unevaluatedItems",
+                 "unevaluatedProperties")  # fmt: skip
+
+
+def unenforced_part(schema: Any) -> str | None:
+    """Where ``schema`` (a parsed JSON Schema) asks for what the compiler would not enforce, as ``path: what``: a
+    keyword of :data:`UNENFORCED_KEYWORDS`, an ``allOf`` of more than one schema, a ``multipleOf`` on values that may
+    be other than integers; None where it asks for none. Data (``enum``, ``const``, ``default``) is not looked in."""
+    pending: list[tuple[Any, str]] = [(schema, "#")]
+    while pending:
+        node, path = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        if unenforced := sorted(UNENFORCED_KEYWORDS & node.keys()):
+            return f"{path}: {unenforced[0]}"
+        if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+            return f"{path}: allOf of {len(node['allOf'])} schemas"
+        if "multipleOf" in node and node.get("type") != "integer":
+            return f"{path}: multipleOf on values that may be other than integers"
+        for name in SCHEMA_MAPS:
+            if isinstance(node.get(name), dict):
+                pending += [(value, f"{path}/{name}/{key}") for key, value in node[name].items()]
+        for name in (*SCHEMA_LISTS, *SCHEMA_VALUES):
+            value = node.get(name)
+            pending += (
+                [(item, f"{path}/{name}/{i}") for i, item in enumerate(value)]
+                if isinstance(value, list)
+                else [(value, f"{path}/{name}")]
+            )
+    return None
+
+
+def check_enforced(schema: Any, setting: str) -> None:
+    """``ConfigError`` (on ``setting``) for a schema :func:`unenforced_part` finds a part of."""
+    if (part := unenforced_part(schema)) is not None:
+        raise ConfigError(
+            f"the JSON schema asks for what structured output cannot enforce ({part}): an answer could break it",
+            setting,
+        )
+
+
 class GrammarDeadEnd(ConfigError):
     """The answer so far leaves the grammar no token of the vocabulary (a tokenizer that cannot spell what it needs
     next): that request cannot go on, the others can."""
@@ -53,9 +103,10 @@ class GrammarSpec:
             raise ConfigError("a grammar is a GrammarKind and its text")
         if self.kind is GrammarKind.JSON_SCHEMA:
             try:
-                json.loads(self.text)
+                schema = json.loads(self.text)
             except ValueError:
                 raise ConfigError("a JSON schema must be valid JSON", self.kind.value) from None
+            check_enforced(schema, self.kind.value)
         elif self.kind is not GrammarKind.JSON and not self.text:
             raise ConfigError(f"a {self.kind.value} constraint needs its text", self.kind.value)
         elif self.kind is GrammarKind.JSON and self.text:

@@ -4,6 +4,7 @@ is constrained plain decoding's, whatever drafts the drafter proposed."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -185,3 +186,44 @@ def test_a_drafters_cursor_follows_its_drafts_and_leaves_the_committed_place(nat
     again = constraint.cursor()  # the committed place never moved
     assert again.draft_mask().nonzero().flatten().tolist() == [5]  # type: ignore[union-attr]
     assert constraint.masks([5, 9])[1] == 2 and not constraint.finished
+
+
+UNENFORCED = {  # a schema with a part xgrammar reads past, and an instance that breaks it
+    "not": ({"type": "integer", "not": {"const": 3}}, "3"),
+    "if": ({"type": "integer", "if": {"minimum": 5}, "then": {"maximum": 6}}, "9"),
+    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+    "contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[1]"),
+    "dependentRequired": (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
+        '{"a": 1}',
+    ),
+    "dependentSchemas": (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"required": ["b"]}}},
+        '{"a": 1}',
+    ),
+    "dependencies": ({"type": "object", "properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}}, '{"a": 1}'),
+    "allOf of 2 schemas": ({"allOf": [{"type": "integer", "minimum": 2}, {"maximum": 3}]}, "9"),
+    "multipleOf on values": ({"type": "number", "multipleOf": 0.5}, "0.3"),
+}
+
+
+@pytest.mark.parametrize("part", UNENFORCED)
+def test_a_schema_part_the_compiler_does_not_enforce_is_refused(part: str) -> None:
+    """Each part is one xgrammar lets an instance break (were it enforced now, its refusal could go), and a schema
+    asking for it, however deep, is a ConfigError naming where."""
+    import xgrammar
+
+    schema, breaking = UNENFORCED[part]
+    compiled = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=True)
+    assert xgrammar.testing._is_grammar_accept_string(compiled, breaking)
+    deep = {"type": "object", "properties": {"x": {"type": "array", "items": schema}}}
+    with pytest.raises(ConfigError, match=rf"cannot enforce \(#/properties/x/items: {part}") as refused:
+        GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(deep))
+    assert refused.value.setting == "json_schema"
+
+
+def test_data_and_property_names_are_not_read_as_schema_keywords() -> None:
+    properties = {"not": {"enum": [{"if": 1}]}, "contains": {"const": {"not": 2}}}
+    schema = {"type": "integer", "multipleOf": 2, "properties": properties, "allOf": [{"required": ["not"]}]}
+    assert grammar.unenforced_part(schema) is None
+    GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema))

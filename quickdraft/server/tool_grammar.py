@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from quickdraft.grammar import GrammarKind, GrammarSpec, xgrammar_reason
+from quickdraft.grammar import GrammarKind, GrammarSpec, unenforced_part, xgrammar_reason
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import CallBody, ToolFormat
 
@@ -38,6 +38,11 @@ def calls_grammar(found: ToolFormat, chosen: list[dict[str, Any]], several: bool
         import xgrammar
     except ImportError:
         raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
+    for tool in chosen:  # their arguments are constrained to their parameters' schemas: wholly, or not at all
+        if (part := unenforced_part(tool["function"].get("parameters"))) is not None:
+            name = tool["function"]["name"]
+            message = f"the parameters of {name} ask for what a constrained call cannot enforce ({part})"
+            raise ApiError(400, message + ": leave tool_choice auto for this tool", "tools")
     if found.body is CallBody.PYTHONIC:  # a Python list of calls, or a block of them one a line
         calls = xgrammar.Grammar.union(*(_pythonic_call(tool["function"]) for tool in chosen))
         separator, around = (", ", ("[", "]")) if found.tags is None else ("\n", found.tags)  # a list, or lines

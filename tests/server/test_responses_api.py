@@ -184,6 +184,11 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
         ({"tools": [{"type": "web_search"}]}, "tools", "function tools only"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
         ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "integer", "not": {}}}}},
+            "text.format",
+            "cannot enforce (#: not)",
+        ),
         ({"tool_choice": {"type": "mcp"}}, "tool_choice", "tool_choice must be"),
     ],
 )

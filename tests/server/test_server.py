@@ -393,6 +393,20 @@ FIELDS_AT_FAULT = [  # (path, body, the error's param)
     ("completions", {"prompt": "w1", "regex": ""}, "regex"),
     ("completions", {"prompt": "w1", "grammar": ""}, "grammar"),
     (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "w1"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                },
+            },
+        },
+        "response_format",
+    ),
+    (
         "completions",
         {"prompt": "w1", "prediction": {"type": "content", "content": "w2"}, "drafter": "none"},
         "prediction",

@@ -100,6 +100,17 @@ def test_without_parallel_calls_a_required_answer_is_one_call(server: Server) ->
     assert len(response.choices[0].message.tool_calls) == 1
 
 
+def test_a_required_call_of_parameters_it_cannot_enforce_is_refused(server: Server) -> None:
+    unique = {"type": "object", "properties": {"ids": {"type": "array", "uniqueItems": True}}}
+    tool = {"type": "function", "function": {"name": "pick", "parameters": unique}}
+    body = {"model": MODEL, "messages": ASK, "tools": [tool], "max_tokens": 4}
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json=body | {"tool_choice": "required"}, timeout=60)
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == "tools"
+    assert "pick ask for what a constrained call cannot enforce (#/properties/ids: uniqueItems)" in error["message"]
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).status_code == 200  # auto: free
+
+
 def test_a_required_answer_may_hold_several_calls_unless_parallel_calls_are_off() -> None:
     import xgrammar
 

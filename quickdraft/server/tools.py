@@ -238,10 +238,12 @@ def _json(text: str) -> Any:
 
 def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolRequest | None:
     """The request's tools, checked; None without tools or with ``tool_choice`` none. ``found``: the chat
-    template's tool-call format (:func:`tool_format`); tools and earlier tool turns need one."""
+    template's tool-call format (:func:`tool_format`); tools that may be called and earlier tool turns need one."""
     tools, choice = body.get("tools") or [], body.get("tool_choice")
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     tool_turns = any(isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
+    if choice == "none" and not tool_turns and found is None:  # nothing to render or read: as OpenAI, no error
+        return None
     if (tools or tool_turns) and found is None:
         known = ", ".join(known.name for known in TOOL_FORMATS)
         message = f"this model's chat template has no tool-call format quickdraft reads ({known})"
@@ -250,9 +252,11 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     if not isinstance(parallel, bool):
         raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
     if not tools:
-        if choice not in (None, "none", "auto"):
+        if choice in (None, "none", "auto"):
+            return None
+        if choice == "required" or isinstance(choice, Mapping):
             raise ApiError(400, "tool_choice needs tools", "tool_choice")
-        return None
+        raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
     assert found is not None
     if not isinstance(tools, list) or not all(_is_function(tool) for tool in tools):
         message = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'

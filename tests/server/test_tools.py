@@ -294,6 +294,11 @@ def test_tool_requests_are_checked() -> None:
     with pytest.raises(ApiError, match="no tool-call format"):
         parse_tools({"messages": [{"role": "tool", "content": "x"}]}, tool_format("{{ messages }}"))
     assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}, tool_format(HERMES_TEMPLATE)) is None
+    assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}, tool_format("{{ messages }}")) is None  # unused
+    with pytest.raises(ApiError, match="tool_choice must be none, auto, required or one of the tools' functions"):
+        parse_tools({"tool_choice": "bogus"}, tool_format(HERMES_TEMPLATE))
+    with pytest.raises(ApiError, match="tool_choice needs tools"):
+        parse_tools({"tool_choice": "required"}, tool_format(HERMES_TEMPLATE))
     request = parse_tools({"tools": [WEATHER]}, tool_format(HERMES_TEMPLATE))
     assert request is not None and request.choice == "auto" and request.grammar() is None
     called = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}

@@ -49,7 +49,8 @@ def tokenize(
     if body.get("messages") is not None:
         if not flag(body, "add_generation_prompt", True) or flag(body, "continue_final_message", False):
             message = "this server reads a conversation as the assistant's next turn: add_generation_prompt true only"
-            raise ApiError(400, message, "add_generation_prompt", code="unsupported_parameter")
+            field = "continue_final_message" if flag(body, "continue_final_message", False) else "add_generation_prompt"
+            raise ApiError(400, message + ", continue_final_message false", field, code="unsupported_parameter")
         if body.get("add_special_tokens") is not None:
             message = "add_special_tokens applies to a prompt: a conversation's are its chat template's"
             raise ApiError(400, message, "add_special_tokens", code="unsupported_parameter")

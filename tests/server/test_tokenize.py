@@ -55,6 +55,12 @@ def test_the_ids_are_those_the_server_reads_and_their_text_comes_back(server: Se
             400,
             "add_generation_prompt true only",
         ),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "w1"}], "continue_final_message": True},
+            400,
+            "continue_final_message false",
+        ),
         ("/tokenize", {"messages": [{"role": "wizard", "content": "w1"}]}, 400, "unknown message role"),
         ("/tokenize", {"model": "other", "prompt": "w1"}, 404, "does not exist"),
         ("/detokenize", {"tokens": [10**6]}, 400, "token ids in [0,"),
@@ -64,6 +70,8 @@ def test_the_ids_are_those_the_server_reads_and_their_text_comes_back(server: Se
 def test_bad_input_is_a_clear_error(server: Server, path: str, body: dict[str, Any], status: int, words: str) -> None:
     answer = post(server, path, body)
     assert answer.status_code == status and words in answer.json()["error"]["message"], answer.text
+    for field in ("add_generation_prompt", "continue_final_message"):  # the field at fault
+        assert field not in body or answer.json()["error"]["param"] == field
 
 
 def test_a_chat_template_given_to_the_server_renders_its_conversations(tiny_model_dirs: dict[str, Path]) -> None:

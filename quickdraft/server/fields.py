@@ -18,6 +18,7 @@ The readers below (:func:`flag`, :func:`count`, :func:`stop_strings`, ...) check
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -224,3 +225,24 @@ def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...]:
         if isinstance(text, str):
             require_utf8_text(text, "a stop string", "stop")
     return stops
+
+
+def json_schema(described: Any) -> Mapping[str, Any]:
+    """The schema of ``response_format.json_schema`` (OpenAI's: a ``name`` of up to 64 letters, digits, ``_`` and
+    ``-``, the ``schema``, ``strict`` and a ``description``), each part checked."""
+    where = "response_format.json_schema"
+    if not isinstance(described, Mapping):
+        raise ApiError(400, f"{where} must be an object with a name and a schema", "response_format")
+    if unknown := sorted(set(described) - {"name", "schema", "strict", "description"}):
+        raise ApiError(400, f"{where} takes name, schema, strict and description, not {', '.join(unknown)}",
+                       "response_format")  # fmt: skip
+    if not (isinstance(described.get("name"), str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", described["name"])):
+        message = f"{where}.name must be 1 to 64 letters, digits, _ or -, got {described.get('name')!r}"
+        raise ApiError(400, message, "response_format")
+    if not isinstance(described.get("strict"), bool | None):
+        raise ApiError(400, f"{where}.strict must be true or false, got {described['strict']!r}", "response_format")
+    if not isinstance(described.get("description"), str | None):
+        raise ApiError(400, f"{where}.description must be text", "response_format")
+    if not isinstance(described.get("schema"), Mapping):
+        raise ApiError(400, f"{where}.schema must be a JSON schema object", "response_format")
+    return described["schema"]

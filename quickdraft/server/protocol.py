@@ -48,6 +48,7 @@ from quickdraft.server.fields import (
     field,
     finite_number,
     flag,
+    json_schema,
     logit_bias,
     optional_text,
     request_seed,
@@ -298,14 +299,14 @@ def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec 
     kinds = ("text", "json_object", "json_schema")
     if not isinstance(response_format, Mapping) or response_format.get("type") not in kinds:
         raise ApiError(400, "response_format.type must be text, json_object or json_schema", "response_format")
+    kind = response_format["type"]
+    if unknown := sorted(set(response_format) - {"type", *(("json_schema",) if kind == "json_schema" else ())}):
+        raise ApiError(400, f"response_format of type {kind} takes no {', '.join(unknown)}", "response_format")
     specs = []
     if response_format["type"] == "json_object":
         specs.append(GrammarSpec(GrammarKind.JSON))
     elif response_format["type"] == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if not isinstance(schema, Mapping):
-            raise ApiError(400, "response_format.json_schema.schema must be a JSON schema object", "response_format")
-        specs.append(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema)))
+        specs.append(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(json_schema(response_format.get("json_schema")))))
     for name, kind in (("regex", GrammarKind.REGEX), ("grammar", GrammarKind.EBNF)):
         if body.get(name) is not None:
             if not isinstance(body[name], str):

@@ -58,7 +58,8 @@ REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
 }  # fmt: skip
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 CHAT_NAMES = (  # chat's names in its messages -> this API's
-    (r"response_format\.json_schema\.schema", "text.format.schema"), (r"\bresponse_format \(json\)", "text.format"),
+    (r"response_format\.json_schema\.", "text.format."), (r"response_format\.json_schema\b", "text.format"),
+    (r"\bresponse_format \(json\)", "text.format"),
     (r"\bresponse_format\b", "text.format"), (r"\bmax_tokens\b", "max_output_tokens"),
 )  # fmt: skip
 
@@ -107,7 +108,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
     text = _text(body.get("text"))
     text_format = text["format"]
     if text_format["type"] != "text":
-        schema = {key: text_format.get(key) for key in ("name", "schema", "strict", "description")}
+        schema = {key: value for key, value in text_format.items() if key != "type"}  # each checked as chat's
         chat["response_format"] = {"type": text_format["type"]} | (
             {"json_schema": schema} if text_format["type"] == "json_schema" else {}
         )

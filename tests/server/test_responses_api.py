@@ -175,6 +175,12 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
         ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input", "no function_call"),
         ({"tools": [{"type": "function", "parameters": {}}]}, "tools", "needs a name"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "text.format.schema must be"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format", "text.format.name must be"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "bogus": 1}}},
+            "text.format",
+            "text.format takes name, schema, strict and description, not bogus",
+        ),
         ({"metadata": "x"}, "metadata", "an object"),
         ({"max_output_tokenz": 3}, "max_output_tokenz", "unrecognized request argument"),
         ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be a whole number"),

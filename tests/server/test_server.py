@@ -338,6 +338,16 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "logprobs": 21}, 400, "logprobs"),
     ("completions", {"model": MODEL, "prompt": "w1", "response_format": {"type": "xml"}}, 400, "response_format"),
     ("completions", {"model": MODEL, "prompt": "w1", "response_format": {"type": "json_schema"}}, 400, "schema"),
+    *(
+        ("completions", {"model": MODEL, "prompt": "w1", "response_format": response_format}, 400, words)
+        for response_format, words in (
+            ({"type": "json_schema", "json_schema": {"schema": {}}}, "json_schema.name must be 1 to 64 letters"),
+            ({"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}, "got 'a b'"),
+            ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "yes"}}, "strict must be"),
+            ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "bogus": 1}}, "not bogus"),
+            ({"type": "json_object", "json_schema": {"name": "x", "schema": {}}}, "json_object takes no json_schema"),
+        )
+    ),
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1", "grammar": "root ::= 'w1'"}, 400, "one of"),
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1+"}, 400, "end-of-sequence"),
     ("nowhere", {}, 404, "Not Found"),

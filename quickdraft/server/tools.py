@@ -242,6 +242,9 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     tools, choice = body.get("tools") or [], body.get("tool_choice")
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     tool_turns = any(isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
+    if not isinstance(tools, list) or not all(_is_function(tool) for tool in tools):
+        message = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
+        raise ApiError(400, message, "tools")
     if choice == "none" and not tool_turns and found is None:  # nothing to render or read: as OpenAI, no error
         return None
     if (tools or tool_turns) and found is None:
@@ -258,9 +261,6 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
             raise ApiError(400, "tool_choice needs tools", "tool_choice")
         raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
     assert found is not None
-    if not isinstance(tools, list) or not all(_is_function(tool) for tool in tools):
-        message = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
-        raise ApiError(400, message, "tools")
     if len(tools) > MAX_TOOLS:
         raise ApiError(400, f"a request may offer at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
     try:

@@ -295,6 +295,8 @@ def test_tool_requests_are_checked() -> None:
         parse_tools({"messages": [{"role": "tool", "content": "x"}]}, tool_format("{{ messages }}"))
     assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}, tool_format(HERMES_TEMPLATE)) is None
     assert parse_tools({"tools": [WEATHER], "tool_choice": "none"}, tool_format("{{ messages }}")) is None  # unused
+    with pytest.raises(ApiError, match="tools must be a list of"):  # the type first, whatever the template
+        parse_tools({"tools": "x"}, tool_format("{{ messages }}"))
     with pytest.raises(ApiError, match="tool_choice must be none, auto, required or one of the tools' functions"):
         parse_tools({"tool_choice": "bogus"}, tool_format(HERMES_TEMPLATE))
     with pytest.raises(ApiError, match="tool_choice needs tools"):

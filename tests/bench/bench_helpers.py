@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,15 +30,18 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def chat_model_dirs(tiny_model_dirs: dict[str, Path]) -> dict[str, Path]:
-    """The tiny target/draft directories with a chat template (multi-turn questions need one)."""
+def chat_model_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Copies of the tiny target/draft directories with a chat template (multi-turn questions need one); the
+    session's own directories keep having none."""
     from transformers import AutoTokenizer
 
+    root, copies = tmp_path_factory.mktemp("chat-models"), dict(tiny_model_dirs)
     for role in ("target", "draft"):
-        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dirs[role])
+        copies[role] = Path(shutil.copytree(tiny_model_dirs[role], root / role))
+        tokenizer = AutoTokenizer.from_pretrained(copies[role])
         tokenizer.chat_template = CHAT_TEMPLATE
-        tokenizer.save_pretrained(tiny_model_dirs[role])
-    return tiny_model_dirs
+        tokenizer.save_pretrained(copies[role])
+    return copies
 
 
 def bench_args(dirs: dict[str, Path], questions: Path, out: Path, *extra: str) -> list[str]:

@@ -125,17 +125,21 @@ class GrammarCompiler:
         except ImportError:
             raise ConfigError("structured output needs xgrammar: pip install 'quickdraft[serve]'") from None
         self._xgr = xgrammar
-        if not stop_token_ids:
-            raise ConfigError("structured output needs end-of-sequence tokens: they end a completed answer")
-        info = xgrammar.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
-        )
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self.vocab_size = vocab_size
+        self._compiler = None  # without end tokens every grammar is refused (:meth:`compile`), each on its field
+        if stop_token_ids:
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
+            )
+            self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
 
     def compile(self, spec: GrammarSpec) -> Any:
         """The compiled grammar; a grammar xgrammar cannot compile raises ``ConfigError`` saying why, its setting the
         constraint's kind."""
+        if self._compiler is None:
+            raise ConfigError(
+                "structured output needs end-of-sequence tokens: they end a completed answer", spec.kind.value
+            )
         try:
             if spec.kind is GrammarKind.JSON:  # an object, as OpenAI's json_object promises (the builtin: any value)
                 return self._compiler.compile_json_schema(ANY_OBJECT, max_whitespace_cnt=JSON_WHITESPACE_RUN)

@@ -69,8 +69,9 @@ def test_bad_grammars_are_clear_errors(native: Pipeline) -> None:
         GrammarSpec(GrammarKind.REGEX, "")
     with pytest.raises(ConfigError, match="does not compile"):
         native.generate([1, 2], GenerationConfig(4, grammar=GrammarSpec(GrammarKind.REGEX, "(w1")), drafter="none")
-    with pytest.raises(ConfigError, match="end-of-sequence"):
-        GrammarCompiler(native.tokenizer, native.target.vocab_size, frozenset())
+    with pytest.raises(ConfigError, match="end-of-sequence") as refused:
+        GrammarCompiler(native.tokenizer, native.target.vocab_size, frozenset()).compile(GrammarSpec(GrammarKind.JSON))
+    assert refused.value.setting == "json_object"
     with pytest.raises(ConfigError, match="takes no text"):
         GrammarSpec(GrammarKind.JSON, "garbage")
     with pytest.raises(ConfigError, match="can begin"):  # the word tokenizer cannot write "zzz": a clear error

@@ -402,6 +402,7 @@ FIELDS_AT_FAULT = [  # (path, body, the error's param)
     ("completions", {"prompt": "w1", "max_draft_tokens": 0}, "max_draft_tokens"),
     ("completions", {"prompt": "w1", "regex": ""}, "regex"),
     ("completions", {"prompt": "w1", "grammar": ""}, "grammar"),
+    ("completions", {"prompt": "w1", "regex": "w1+"}, "regex"),  # a model without end tokens: no constraint ends
     (
         "chat/completions",
         {

@@ -250,10 +250,7 @@ class Pipeline:
         if not drafter_cls.proposes_drafts:
             return PolicySetup()
         calibration = None
-        measured = records.cost_model
-        if kind.needs_cost_model and (  # none yet, or one measured for fewer drafts than this request may verify
-            measured is None or recalibrate or max(measured.target_ms) < config.max_draft_tokens + 1
-        ):
+        if kind.needs_cost_model and (records.cost_model is None or recalibrate):
             calibration = self.calibrate(drafter, config.max_draft_tokens, use_saved=not recalibrate)
         if kind.needs_acceptance_head and (records.acceptance_head is None or acceptance_head is not None):
             self.load_acceptance_head(drafter, acceptance_head)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from quickdraft.api import Pipeline
-from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
 from quickdraft.costs.calibration import (
     CurveRole,
@@ -90,20 +89,6 @@ def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
     for wrong in ({"context": 0}, {"max_draft_tokens": 0}, {"context": 2.5}):
         with pytest.raises(ConfigError, match=rf"{next(iter(wrong))} must be an integer >= 1"):
             fresh.calibrate("draft-model", **wrong)  # type: ignore[arg-type]
-
-
-def test_a_request_that_may_verify_more_drafts_than_were_measured_measures_them(pipeline: Pipeline) -> None:
-    """goodput's costs hold for the requests that follow whatever came first: a wider one is measured anew, a
-    narrower one uses what is there."""
-    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
-    records = fresh.drafter("draft-model").records
-    fresh.setup_policy("draft-model", GenerationConfig(max_draft_tokens=2))
-    assert max(records.cost_model.target_ms) == 3  # type: ignore[union-attr]
-    fresh.setup_policy("draft-model", GenerationConfig(max_draft_tokens=4))
-    wider = records.cost_model
-    assert max(wider.target_ms) == 5  # type: ignore[union-attr]
-    fresh.setup_policy("draft-model", GenerationConfig(max_draft_tokens=3))
-    assert records.cost_model is wider
 
 
 def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:

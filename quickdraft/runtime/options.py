@@ -30,14 +30,13 @@ def draft_load_options(
     """The draft model's load options on ``device``: what was asked for, else :data:`DRAFT_WEIGHTS` and
     :data:`DRAFT_VOCABULARY` where the runtime takes load options (a runtime that does not refuses what was asked
     for explicitly)."""
-    asked = vocabulary
-    if asked is not None and (not is_int(asked) or asked < 0):
-        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {asked!r}"
+    if vocabulary is not None and (not is_int(vocabulary) or vocabulary < 0):
+        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary!r}"
         raise ConfigError(message, "draft_vocabulary")
-    if asked is not None and asked > len(tokenizer):  # the default is what the model has, at most
+    if vocabulary is not None and vocabulary > len(tokenizer):  # the default is what the model has, at most
         raise ConfigError(
-            f"the draft vocabulary of {asked} tokens is larger than the draft model's vocabulary of {len(tokenizer)} "
-            "tokens: give at most that many (0: all)",
+            f"the draft vocabulary of {vocabulary} tokens is larger than the draft model's vocabulary of "
+            f"{len(tokenizer)} tokens: give at most that many (0: all)",
             "draft_vocabulary",
         )
     if not runtime_class.takes_load_options:  # what was asked for explicitly is refused, by its own name

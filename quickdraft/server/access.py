@@ -108,7 +108,7 @@ async def read_json(request: Any, limit: int, timeout_s: float | None = None) ->
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type and media_type != "application/json" and not media_type.endswith("+json"):
         message = f"the request body must be sent as application/json, not {media_type}"
-        raise ApiError(415, message, kind="invalid_request_error", code="unsupported_media_type")
+        raise ApiError(415, message, code="unsupported_media_type")
     body = await read_body(request, limit, timeout_s)
     too_deep = f"the request body nests JSON too deeply (at most {MAX_NESTING} levels)"
     try:

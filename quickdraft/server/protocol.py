@@ -299,13 +299,14 @@ def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec 
     kinds = ("text", "json_object", "json_schema")
     if not isinstance(response_format, Mapping) or response_format.get("type") not in kinds:
         raise ApiError(400, "response_format.type must be text, json_object or json_schema", "response_format")
-    kind = response_format["type"]
-    if unknown := sorted(set(response_format) - {"type", *(("json_schema",) if kind == "json_schema" else ())}):
-        raise ApiError(400, f"response_format of type {kind} takes no {', '.join(unknown)}", "response_format")
+    format_type = response_format["type"]
+    allowed = {"type", "json_schema"} if format_type == "json_schema" else {"type"}
+    if unknown := sorted(set(response_format) - allowed):
+        raise ApiError(400, f"response_format of type {format_type} takes no {', '.join(unknown)}", "response_format")
     specs = []
-    if response_format["type"] == "json_object":
+    if format_type == "json_object":
         specs.append(GrammarSpec(GrammarKind.JSON))
-    elif response_format["type"] == "json_schema":
+    elif format_type == "json_schema":
         specs.append(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(json_schema(response_format.get("json_schema")))))
     for name, kind in (("regex", GrammarKind.REGEX), ("grammar", GrammarKind.EBNF)):
         if body.get(name) is not None:

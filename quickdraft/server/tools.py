@@ -61,6 +61,7 @@ from quickdraft.server.tool_stream import CallFilter
 
 FENCE = "```json"
 MAX_TOOLS = 128  # OpenAI's limit of functions per request
+BAD_CHOICE = "tool_choice must be none, auto, required or one of the tools' functions"
 ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, in the order looked at
 XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)  # key, value
 PYTHON_LITERALS = {"True": True, "False": False, "None": None}
@@ -259,7 +260,7 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
             return None
         if choice == "required" or isinstance(choice, Mapping):
             raise ApiError(400, "tool_choice needs tools", "tool_choice")
-        raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
+        raise ApiError(400, BAD_CHOICE, "tool_choice")
     assert found is not None
     if len(tools) > MAX_TOOLS:
         raise ApiError(400, f"a request may offer at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
@@ -280,7 +281,7 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     function = choice.get("function") if isinstance(choice, Mapping) else None
     name = function.get("name") if isinstance(function, Mapping) else None
     if not isinstance(name, str) or name not in names:
-        raise ApiError(400, "tool_choice must be none, auto, required or one of the tools' functions", "tool_choice")
+        raise ApiError(400, BAD_CHOICE, "tool_choice")
     return ToolRequest(tuple(tools), name, names, found, parallel)
 
 

@@ -92,10 +92,10 @@ def create_app(
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: the checks of load balancers that read no body
     async def health() -> JSONResponse:
+        if loop.draining:  # a load balancer sends no more requests here (the loop may have ended already)
+            raise shutting_down()
         if not loop.alive:
             raise ApiError(503, "the engine is not running", kind="server_error")
-        if loop.draining:  # a load balancer sends no more requests here
-            raise shutting_down()
         return JSONResponse({"status": "ok"})
 
     started = int(time.time())
@@ -173,8 +173,8 @@ def create_app(
                 api = dataclasses.replace(api, thinking=Thinking(opened, tags))
         if not chat and api.serve.config.logprobs is not None:  # completions' offsets skip what the text leaves out
             api = dataclasses.replace(api, silent=dropped_ids(pipeline.tokenizer, api.serve.config.kept_special_tokens))
-        if not loop.alive:
-            raise ApiError(503, "the engine is not running", kind="server_error")
+        if not loop.alive:  # after a drain ended the loop, still a shutdown's 503
+            raise shutting_down() if loop.draining else ApiError(503, "the engine is not running", kind="server_error")
         if api.n > capacity:  # never fits, however long the client waits: no "retry later"
             message = f"n is at most {capacity} on this server: it runs and queues that many requests at once"
             raise ApiError(400, message + " (--max-running and --max-waiting)", "n")

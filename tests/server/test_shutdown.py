@@ -92,6 +92,14 @@ def test_a_second_drain_may_cut_the_grace_short(native: Pipeline, monkeypatch: p
             assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
         for events in (second, fourth):
             assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
+        deadline = time.monotonic() + TIMEOUT
+        while server.loop.alive:  # the drain ended the loop: what comes now is still a shutdown's 503
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        after = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "w1"}, timeout=TIMEOUT)
+        health = httpx.get(f"{server.url}/health", timeout=TIMEOUT)
+        for response in (after, health):
+            assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
 
 
 @contextlib.contextmanager

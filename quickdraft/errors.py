@@ -9,24 +9,22 @@ from __future__ import annotations
 
 
 class QuickdraftError(Exception):
-    """Base class: the message is complete and says how to fix the problem."""
+    """Base class: the message is complete and says how to fix the problem; ``setting`` names the library setting
+    (``runtime``, ``max_new_tokens``, ...) at fault or that would fix it, where there is one, so that the CLI can add
+    its flag and a server its request field."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class ConfigError(QuickdraftError, ValueError):
     """An invalid generation or drafter setting (max_new_tokens, temperature, ...); ``setting`` names the one that is
     wrong where there is one (a server reports it as the request's field)."""
 
-    def __init__(self, message: str, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.setting = setting
-
 
 class PromptError(QuickdraftError, ValueError):
     """The prompt is empty or does not fit into the model's context; ``setting``: the one that would make room."""
-
-    def __init__(self, message: str, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.setting = setting
 
 
 class ModelFilesError(QuickdraftError):

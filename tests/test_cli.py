@@ -299,7 +299,10 @@ BAD_INPUTS = {
     {}
     if torch.cuda.is_available()
     else {
-        "generate on a missing GPU": (["generate", "w1", "--device", "cuda"], "sees no CUDA GPU"),
+        "generate on a missing GPU": (
+            ["generate", "w1", "--device", "cuda"],
+            "on a machine with an NVIDIA GPU (--device)",
+        ),
         "serve on a missing GPU": (["serve", "--device", "cuda:1"], "sees no CUDA GPU"),
         "bench on a missing GPU": (["bench", "--device", "cuda", "--out", "/tmp/qd-no-gpu-bench"], "sees no CUDA GPU"),
     }
@@ -443,7 +446,7 @@ def test_auto_runtime_picks_native_for_llama_family(native_model_dirs, capsys, m
     assert main([*args, "--runtime", "auto", "--max-new-tokens", "6", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["runtime"] == "native"
     assert main([*args, "--runtime", "transformers", "--max-new-tokens", "6"]) == 1
-    assert "--runtime native" in capsys.readouterr().err
+    assert "cannot exit early: use the native runtime (--runtime)" in capsys.readouterr().err
 
 
 def test_profile_command_prints_json(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:

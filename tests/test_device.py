@@ -28,7 +28,7 @@ def test_auto_is_the_cpu_without_a_gpu():
 @no_gpu
 @pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:3"])
 def test_a_gpu_that_is_not_there_is_a_clear_error(spec):
-    with pytest.raises(ConfigError, match="sees no CUDA GPU here; use --device cpu"):
+    with pytest.raises(ConfigError, match="sees no CUDA GPU here; use device cpu"):
         resolve_device(spec)
 
 

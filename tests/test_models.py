@@ -189,8 +189,9 @@ def test_draft_auto_takes_the_largest_compatible_model_at_most_half_the_targets_
     tokenizer = load_tokenizer(target)
     assert pairing.find_draft(target, tokenizer, progress=False) == str(tiny_model_dirs["draft"])
     monkeypatch.setattr(pairing, "models_at_hand", lambda: at_hand[2:])  # the incompatible one, one too large
-    with pytest.raises(ModelFilesError, match=r"too large\).*token ids mean different text"):
+    with pytest.raises(ModelFilesError, match=r"too large\).*token ids mean different text") as error:
         pairing.find_draft(target, tokenizer, progress=False)
+    assert error.value.setting == "draft" and "--" not in str(error.value)  # the CLI adds its flag
 
 
 def test_pipeline_loads_local_directories(tiny_model_dirs: dict[str, Path]) -> None:

@@ -129,7 +129,8 @@ class Collector:
     ) -> None:
         if not target.provides_features:
             raise ConfigError(
-                f"the {target.name} runtime does not expose its layers' hidden states: use --runtime native"
+                f"the {target.name} runtime does not expose its layers' hidden states: use the native runtime",
+                "runtime",
             )
         self.target, self.tokenizer, self.settings = target, tokenizer, settings
         self.layers = settings.feature_layers or default_feature_layers(target.num_layers)

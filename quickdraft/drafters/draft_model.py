@@ -115,7 +115,7 @@ class DraftModelDrafter(Drafter):
         cls, target: Runtime, draft: Runtime | None, options: DrafterOptions, records: DrafterRecords | None = None
     ) -> DraftModelDrafter:
         if draft is None:
-            raise ConfigError("the draft-model drafter needs a draft model (--draft)")
+            raise ConfigError("the draft-model drafter needs a draft model", "draft")
         return cls(draft, target.vocab_size, records, options.vocabulary_bridge)
 
     def start(self, prompt_ids: Sequence[int], target_cache: KVCache) -> DraftModelState:

@@ -56,7 +56,8 @@ class EarlyExitDrafter(Drafter):
         if not target.supports_early_exit:
             raise ConfigError(
                 f"the early-exit drafter drafts with the target's own first layers; the {target.name} runtime "
-                f"cannot exit early (use --runtime native)"
+                f"cannot exit early: use the native runtime",
+                "runtime",
             )
         layers = sorted({max(1, min(target.num_layers - 1, round(f * target.num_layers))) for f in CANDIDATE_FRACTIONS})
         return cls(target, layers, records)

@@ -322,7 +322,7 @@ def apply_freq_factors(model: Any, where: Path) -> None:
     frequencies = getattr(rotary, "inv_freq", None)
     if not isinstance(frequencies, torch.Tensor) or frequencies.shape != (len(factors),):
         message = f"the model in {where} has RoPE frequency factors (rope_freqs) that transformers' model cannot take"
-        raise ModelFilesError(f"{message}: run it with --runtime native")
+        raise ModelFilesError(f"{message}: run it with the native runtime", "runtime")
     scaled = frequencies / torch.tensor(factors, dtype=frequencies.dtype)
     rotary.inv_freq = scaled  # a registered buffer: assigning replaces it
     rotary.original_inv_freq = scaled

@@ -118,7 +118,8 @@ def find_draft(target_path: Path, target_tokenizer: Any, progress: bool = True) 
             return candidate.spec
         considered.append(f"{candidate.spec} ({reason})")
     raise ModelFilesError(
-        f"--draft auto found no model at most {MAX_DRAFT_SHARE:.0%} of the target's size that shares its vocabulary "
-        f"(considered: {'; '.join(considered) or 'none'}); pass --draft PATH, or use a drafter without a draft model "
-        f"(--drafter prompt-lookup)"
+        f"draft {AUTO!r} found no model at most {MAX_DRAFT_SHARE:.0%} of the target's size that shares its vocabulary "
+        f"(considered: {'; '.join(considered) or 'none'}); name a draft model's path, or use a drafter without one "
+        f"(prompt-lookup)",
+        "draft",
     )

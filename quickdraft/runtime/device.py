@@ -35,8 +35,9 @@ def resolve_device(spec: str | torch.device) -> torch.device:
         raise ConfigError(f"unknown device {str(spec)!r}: give {DEVICE_FORMS}")
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"device {str(spec)!r}: torch {torch.__version__} sees no CUDA GPU here; use --device cpu (or auto), "
-            f"or install a CUDA build of torch on a machine with an NVIDIA GPU"
+            f"device {str(spec)!r}: torch {torch.__version__} sees no CUDA GPU here; use device cpu (or auto), "
+            f"or install a CUDA build of torch on a machine with an NVIDIA GPU",
+            "device",
         )
     index = int(match.group(1) or 0)
     if index >= torch.cuda.device_count():

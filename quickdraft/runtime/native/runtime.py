@@ -94,7 +94,7 @@ class NativeRuntime(Runtime):
             config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError) as error:
             raise ModelFilesError(
-                f"the native runtime cannot run {path}: {error} (use --runtime transformers)"
+                f"the native runtime cannot run {path}: {error}; the transformers runtime may", "runtime"
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None

@@ -250,7 +250,7 @@ class Pipeline:
         if not drafter_cls.proposes_drafts:
             return PolicySetup()
         calibration = None
-        if kind.needs_cost_model and (records.cost_model is None or recalibrate):
+        if kind.needs_cost_model and (records.costs_needed(config.max_draft_tokens) or recalibrate):
             calibration = self.calibrate(drafter, config.max_draft_tokens, use_saved=not recalibrate)
         if kind.needs_acceptance_head and (records.acceptance_head is None or acceptance_head is not None):
             self.load_acceptance_head(drafter, acceptance_head)
@@ -278,7 +278,7 @@ class Pipeline:
             if not is_int(value) or value < least:
                 raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}", name)
         calibration = self.calibrations.cost_model(DRAFTERS.get(drafter), max_draft_tokens, context, use_saved)
-        self.drafter_records(drafter).cost_model = calibration.cost_model
+        self.drafter_records(drafter).use_measured_costs(calibration.cost_model)
         return calibration
 
     def load_acceptance_head(self, drafter: str, path: Path | None = None) -> AcceptanceHead:

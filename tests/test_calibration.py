@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig
 from quickdraft.costs import CostModel
 from quickdraft.costs.calibration import (
     CurveRole,
@@ -24,6 +25,8 @@ from quickdraft.costs.calibration import (
 )
 from quickdraft.costs.store import Calibration, CalibrationSource
 from quickdraft.drafters import DRAFTERS
+from quickdraft.engine.request import Request
+from quickdraft.engine.stream import stream
 from quickdraft.errors import ConfigError
 
 
@@ -89,6 +92,29 @@ def test_calibration_measures_a_cost_model(pipeline: Pipeline) -> None:
     for wrong in ({"context": 0}, {"max_draft_tokens": 0}, {"context": 2.5}):
         with pytest.raises(ConfigError, match=rf"{next(iter(wrong))} must be an integer >= 1"):
             fresh.calibrate("draft-model", **wrong)  # type: ignore[arg-type]
+
+
+def test_a_request_that_may_verify_more_drafts_than_were_measured_measures_them(pipeline: Pipeline) -> None:
+    """goodput's measured costs hold for the requests that follow whatever came first: a wider request measures
+    them anew, through setup_policy or the engine; a narrower one uses them; a cost model a caller set is kept."""
+    fresh = Pipeline(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, draft=pipeline.draft)
+    records = fresh.drafter("draft-model").records
+    fresh.setup_policy("draft-model", GenerationConfig(max_draft_tokens=2))
+    assert max(records.cost_model.target_ms) == 3  # type: ignore[union-attr]
+    fresh.setup_policy("draft-model", GenerationConfig(max_draft_tokens=4))
+    wider = records.cost_model
+    assert max(wider.target_ms) == 5  # type: ignore[union-attr]
+    fresh.setup_policy("draft-model", GenerationConfig(max_draft_tokens=3))
+    assert records.cost_model is wider
+    wide = GenerationConfig(max_new_tokens=4, max_draft_tokens=6)
+    request = Request(tuple(fresh.encode("w1 w2")), wide, fresh.drafter("draft-model"))
+    stream(fresh.engine, request).finish()  # the engine's own path, without setup_policy
+    assert max(records.cost_model.target_ms) == 7  # type: ignore[union-attr]
+    given = CostModel({1: 10.0, 2: 11.0}, draft_ms=1.0)
+    records.cost_model = given
+    fresh.setup_policy("draft-model", wide)
+    fresh.generate("w1 w2", wide, drafter="draft-model")
+    assert records.cost_model is given
 
 
 def test_cost_curve_rolls_back_to_the_context(pipeline) -> None:

@@ -46,11 +46,24 @@ class DrafterRecords:
     # How the costs are measured or loaded when first needed (γ up to the given most), set by whoever made the
     # drafter for its models (Pipeline.drafter); None: they are only what was given.
     measure_costs: Callable[[int], CostModel] | None = field(default=None, repr=False, compare=False)
+    # the cost model last measured or loaded for these records; one a caller set instead is kept as given
+    measured_costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
+
+    def costs_needed(self, max_draft_tokens: int) -> bool:
+        """Whether costs must be measured for a request that may verify ``max_draft_tokens`` drafts: there are none,
+        or the measured ones stop short of its widest step (a cost model a caller set is used as it is)."""
+        model = self.cost_model
+        return model is None or (model is self.measured_costs and max(model.target_ms) < max_draft_tokens + 1)
+
+    def use_measured_costs(self, cost_model: CostModel) -> None:
+        """Plan with ``cost_model``, measured or loaded for these models."""
+        self.cost_model = self.measured_costs = cost_model
 
     def ready_costs(self, max_draft_tokens: int) -> CostModel | None:
-        """The cost model, measured or loaded on first need (once: later requests share it)."""
-        if self.cost_model is None and self.measure_costs is not None:
-            self.cost_model = self.measure_costs(max_draft_tokens)
+        """The cost model, measured or loaded on first need (later requests share it), and again for a request that
+        may verify more drafts than it was measured for."""
+        if self.measure_costs is not None and self.costs_needed(max_draft_tokens):
+            self.use_measured_costs(self.measure_costs(max_draft_tokens))
         return self.cost_model
 
     def policy_context(self, config: GenerationConfig) -> PolicyContext:

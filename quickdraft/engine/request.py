@@ -269,7 +269,7 @@ def request_policy(request: Request, step_lock: threading.Lock) -> Policy:
     if not drafter.proposes_drafts:
         return FixedPolicy(0)
     spec = request.config.policy_spec
-    if spec.kind.needs_cost_model and drafter.records.cost_model is None:  # the first request that needs them
+    if spec.kind.needs_cost_model and drafter.records.costs_needed(request.config.max_draft_tokens):
         with step_lock:
             drafter.records.ready_costs(request.config.max_draft_tokens)
     return spec.build(drafter.records.policy_context(request.config))

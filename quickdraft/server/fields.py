@@ -41,8 +41,10 @@ CHAT_FIELDS = COMMON_FIELDS | {
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
 MAX_STOPS, MAX_STOP_CHARS = 16, 1_024  # every stop string is looked for after every token
 # fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
-HARMLESS_TEXT = ("user", "service_tier", "prompt_cache_key", "safety_identifier")  # strings
-HARMLESS = frozenset({*HARMLESS_TEXT, "metadata", "store"})
+HARMLESS_TEXT = ("user", "prompt_cache_key", "safety_identifier")  # strings
+HARMLESS = frozenset({*HARMLESS_TEXT, "service_tier", "metadata", "store"})
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")  # OpenAI's; one tier here
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 # fields that change the answer and this server does not implement, with the values that change nothing
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []), "function_call": (None, "none"),
@@ -89,16 +91,27 @@ def check_fields(body: Mapping[str, Any], chat: bool) -> None:
 
 
 def check_harmless(body: Mapping[str, Any]) -> None:
-    """Raise :class:`ApiError` for a field of :data:`HARMLESS` that is not null and not of its type: text, ``store``
-    true or false, ``metadata`` an object of strings."""
+    """Raise :class:`ApiError` for a field of :data:`HARMLESS` that is not null and not what OpenAI takes: text,
+    ``service_tier`` one of :data:`SERVICE_TIERS`, ``store`` true or false, ``metadata`` an object of at most 16
+    strings under keys of at most 64 characters, each at most 512."""
     for name in HARMLESS_TEXT:
         optional_text(body, name)
+    tier = optional_text(body, "service_tier")
+    if tier is not None and tier not in SERVICE_TIERS:
+        raise ApiError(400, f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got {tier!r}", "service_tier")
     flag(body, "store", False)
     metadata = body.get("metadata")
-    if metadata is not None and not (
-        isinstance(metadata, Mapping) and all(isinstance(v, str) for v in metadata.values())
-    ):
+    if metadata is None:
+        return
+    if not (isinstance(metadata, Mapping) and all(isinstance(v, str) for v in metadata.values())):
         raise ApiError(400, f"metadata must be an object of strings, got {metadata!r}", "metadata")
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise ApiError(400, f"metadata holds at most {MAX_METADATA_KEYS} keys, got {len(metadata)}", "metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS:
+            limits = f"{MAX_METADATA_KEY_CHARS} characters a key, {MAX_METADATA_VALUE_CHARS} a value"
+            entry = key[:MAX_METADATA_KEY_CHARS] + ("..." if len(key) > MAX_METADATA_KEY_CHARS else "")
+            raise ApiError(400, f"metadata holds at most {limits}: the entry {entry!r} is longer", "metadata")
 
 
 def _same(value: Any, allowed: Any) -> bool:

@@ -31,6 +31,7 @@ def test_known_harmless_unsupported_and_unknown_fields() -> None:
     check_fields({name: None for name in CHAT_FIELDS | HARMLESS}, chat=True)
     check_fields({"tools": [], "tool_choice": "none", "parallel_tool_calls": False}, chat=False)  # change nothing
     check_fields({"user": "u1", "metadata": {"a": "b"}, "repetition_penalty": 1.0, "min_p": 0, "x": None}, chat=True)
+    check_fields({"service_tier": "flex", "metadata": {f"k{i:062}": "v" * 512 for i in range(16)}}, chat=True)
     for name, harmless in UNSUPPORTED.items():
         check_fields({name: harmless[-1]}, chat=False)
     refused = [
@@ -45,6 +46,10 @@ def test_known_harmless_unsupported_and_unknown_fields() -> None:
         ({"metadata": {"a": 1}}, False, "metadata must be an object of strings"),
         ({"store": "yes"}, True, "store must be true or false"),
         ({"safety_identifier": ["x"]}, True, "safety_identifier must be a string"),
+        ({"service_tier": "fastest"}, True, "service_tier must be one of auto, default, flex, scale, priority"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, True, "metadata holds at most 16 keys, got 17"),
+        ({"metadata": {"k" * 65: "v"}}, False, "at most 64 characters a key, 512 a value"),
+        ({"metadata": {"k": "v" * 513}}, True, "at most 64 characters a key, 512 a value: the entry 'k' is longer"),
     ]
     for body, chat, words in refused:
         with pytest.raises(ApiError, match=words) as error:

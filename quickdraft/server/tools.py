@@ -246,6 +246,8 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     if not isinstance(tools, list) or not all(_is_function(tool) for tool in tools):
         message = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
         raise ApiError(400, message, "tools")
+    if any(not isinstance(tool["function"].get("strict"), bool | None) for tool in tools):
+        raise ApiError(400, "a function's strict must be true or false", "tools")
     if choice == "none" and not tool_turns and found is None:  # nothing to render or read: as OpenAI, no error
         return None
     if (tools or tool_turns) and found is None:

@@ -319,6 +319,10 @@ def test_tool_requests_are_checked() -> None:
         template_message({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}, "")
     with pytest.raises(ApiError, match="same function name"):
         parse_tools({"tools": [WEATHER, WEATHER]}, tool_format(HERMES_TEMPLATE))
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    assert parse_tools({"tools": [strict]}, tool_format(HERMES_TEMPLATE)) is not None
+    with pytest.raises(ApiError, match="a function's strict must be true or false"):
+        parse_tools({"tools": [{**strict, "function": {**strict["function"], "strict": "yes"}}]}, None)
     for choice in ("auto", "required", "none"):
         with pytest.raises(ApiError, match=r"a tool's parameters are not a JSON schema \('f'\): 'nonsense'") as bad:
             parse_tools({"tools": [BAD_SCHEMA], "tool_choice": choice}, tool_format(HERMES_TEMPLATE))

@@ -140,14 +140,9 @@ class GrammarCompiler:
             raise ConfigError(
                 "structured output needs end-of-sequence tokens: they end a completed answer", spec.kind.value
             )
+        grammar = grammar_of(spec)
         try:
-            if spec.kind is GrammarKind.JSON:  # an object, as OpenAI's json_object promises (the builtin: any value)
-                return self._compiler.compile_json_schema(ANY_OBJECT, max_whitespace_cnt=JSON_WHITESPACE_RUN)
-            if spec.kind is GrammarKind.JSON_SCHEMA:
-                return self._compiler.compile_json_schema(spec.text, max_whitespace_cnt=JSON_WHITESPACE_RUN)
-            if spec.kind is GrammarKind.REGEX:
-                return self._compiler.compile_regex(spec.text)
-            return self._compiler.compile_grammar(spec.text)
+            return self._compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError) as error:
             message = f"the {spec.kind.value} constraint does not compile: {xgrammar_reason(error)}"
             raise ConfigError(message, spec.kind.value) from None
@@ -223,6 +218,23 @@ class DraftCursor:
         """Move past a draft chosen under :meth:`draft_mask`."""
         if not self._matcher.accept_token(int(token)):
             raise RuntimeError(f"draft {token} was chosen against the grammar")
+
+
+def grammar_of(spec: GrammarSpec) -> Any:
+    """``spec`` as an xgrammar ``Grammar`` (one to compile, or to join to others); ``ConfigError`` saying why where
+    xgrammar cannot read it, its setting the constraint's kind."""
+    import xgrammar
+
+    try:
+        if spec.kind in (GrammarKind.JSON, GrammarKind.JSON_SCHEMA):  # json_object: an object, as OpenAI promises
+            schema = ANY_OBJECT if spec.kind is GrammarKind.JSON else spec.text
+            return xgrammar.Grammar.from_json_schema(schema, max_whitespace_cnt=JSON_WHITESPACE_RUN)
+        if spec.kind is GrammarKind.REGEX:
+            return xgrammar.Grammar.from_regex(spec.text)
+        return xgrammar.Grammar.from_ebnf(spec.text)
+    except (RuntimeError, ValueError) as error:
+        message = f"the {spec.kind.value} constraint does not compile: {xgrammar_reason(error)}"
+        raise ConfigError(message, spec.kind.value) from None
 
 
 def xgrammar_reason(error: Exception) -> str:

@@ -293,8 +293,8 @@ def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, default
 
 def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec | None:
     """The grammar the output must follow: ``response_format`` (``json_object``, ``json_schema`` with its
-    ``schema``; ``text``: none), quickdraft's ``regex`` or ``grammar`` (xgrammar's EBNF), or the one call that
-    ``tool_choice`` requires, at most one of them."""
+    ``schema``; ``text``: none), quickdraft's ``regex`` or ``grammar`` (xgrammar's EBNF), at most one of them, and
+    the tools' (:meth:`ToolRequest.grammar`): a required call's, the content or calls, calls of strict functions."""
     response_format = body.get("response_format") or {"type": "text"}
     kinds = ("text", "json_object", "json_schema")
     if not isinstance(response_format, Mapping) or response_format.get("type") not in kinds:
@@ -317,12 +317,14 @@ def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec 
         if len(spec.text) > MAX_GRAMMAR_CHARS:
             message = f"a {spec.kind.value} constraint is at most {MAX_GRAMMAR_CHARS} characters, got {len(spec.text)}"
             raise ApiError(400, message, "response_format" if spec.kind is GrammarKind.JSON_SCHEMA else spec.kind.value)
-    if tools is not None and (call := tools.grammar()) is not None:
-        specs.append(call)
     if len(specs) > 1:
-        message = "give one of response_format (json), regex, grammar and a required tool call"
-        raise ApiError(400, message, "response_format")
-    return specs[0] if specs else None
+        raise ApiError(400, "give one of response_format (json), regex and grammar", "response_format")
+    content = specs[0] if specs and format_type != "text" else None
+    call = None if tools is None else tools.grammar(content)  # a response_format shapes content, not calls
+    if call is not None and specs and content is None:  # a regex or grammar: the whole answer, calls included
+        message = f"{specs[0].kind.value} constrains the whole answer: not beside a required call or strict functions"
+        raise ApiError(400, message, specs[0].kind.value)
+    return call or (specs[0] if specs else None)
 
 
 def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:

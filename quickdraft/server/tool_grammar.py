@@ -1,5 +1,7 @@
-"""The constraint of ``tool_choice`` required or a named function: calls of the chosen functions in their format's
-shape (:mod:`quickdraft.server.tool_formats`), each call's arguments by its function's JSON schema.
+"""The constraints of tool calls: of ``tool_choice`` required or a named function, an answer of calls of the chosen
+functions in their format's shape (:mod:`quickdraft.server.tool_formats`), each call's arguments by its function's
+JSON schema; of ``auto`` beside a ``response_format``, that content or such calls; of ``auto`` with a strict
+function, any text, and such a call from each text that opens one.
 
 Rules:
 - Hermes: each call in its own tags, a newline between calls. A whole answer of calls (Mistral's list, Llama 3's
@@ -22,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from quickdraft.grammar import GrammarKind, GrammarSpec, unenforced_part, xgrammar_reason
+from quickdraft.grammar import GrammarKind, GrammarSpec, grammar_of, unenforced_part, xgrammar_reason
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import CallBody, ToolFormat
 
@@ -34,31 +36,78 @@ NO_PARAMETERS = {"type": "object", "properties": {}}  # a function without param
 def calls_grammar(found: ToolFormat, chosen: list[dict[str, Any]], several: bool) -> GrammarSpec:
     """The grammar of an answer of calls of the ``chosen`` tools (OpenAI's ``tools`` entries) in ``found``'s
     format; one call unless ``several``."""
+    _check_enforced(chosen, "leave tool_choice auto for this tool")
+    return GrammarSpec(GrammarKind.EBNF, _calls(found, chosen, several, found.opening))
+
+
+def content_or_calls(
+    found: ToolFormat, tools: list[dict[str, Any]], several: bool, content: GrammarSpec
+) -> GrammarSpec:
+    """``tool_choice`` auto with its content constrained (``response_format``): that content, or an answer of calls
+    of the offered ``tools`` as :func:`calls_grammar` has them."""
+    import xgrammar
+
+    _check_enforced(tools, "offered beside a response_format, its calls are constrained")
+    calls = xgrammar.Grammar.from_ebnf(_calls(found, tools, several, found.opening))
+    return GrammarSpec(GrammarKind.EBNF, str(xgrammar.Grammar.union(grammar_of(content), calls)))
+
+
+def lazy_calls_grammar(found: ToolFormat, tools: list[dict[str, Any]], several: bool) -> GrammarSpec | None:
+    """``tool_choice`` auto with a strict function: any text, and from each opening of a call (a tagged call's
+    opening tag; a whole answer's opener) a call of an offered function by its schema, one unless ``several``. Calls
+    that open with no text of their own (pythonic lists, Llama 3's JSON without ``<|python_tag|>``) cannot be told
+    from text as it is written: None for a format whose calls always do."""
+    import xgrammar
+
+    _check_enforced(tools, "set strict false for this tool")
+    if found.tags is not None:  # each tagged call dispatched alone (OLMo 3's block holds its lines)
+        block = found.body is CallBody.PYTHONIC and several
+        triggers, content, stop = [found.opening], _calls(found, tools, block, ""), not several
+    else:  # the calls after the opener are the whole answer
+        triggers, content, stop = list(found.openers), _calls(found, tools, several, ""), True
+    if not triggers:
+        return None
+    tags = [{"begin": trigger, "content": {"type": "grammar", "grammar": content}, "end": ""} for trigger in triggers]
+    dispatch = {"type": "triggered_tags", "triggers": triggers, "tags": tags, "stop_after_first": stop}
+    grammar = xgrammar.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": dispatch}))
+    return GrammarSpec(GrammarKind.EBNF, str(grammar))
+
+
+def _check_enforced(tools: list[dict[str, Any]], remedy: str) -> None:
+    """A 400 on ``tools`` where a function's parameters ask for what its constrained calls could not enforce: they
+    are constrained wholly or not at all; ``remedy`` says how to leave them free."""
     try:
-        import xgrammar
+        import xgrammar  # noqa: F401
     except ImportError:
-        raise ApiError(400, "tool_choice required needs xgrammar: pip install 'quickdraft[serve]'") from None
-    for tool in chosen:  # their arguments are constrained to their parameters' schemas: wholly, or not at all
+        raise ApiError(400, "constrained tool calls need xgrammar: pip install 'quickdraft[serve]'", "tools") from None
+    for tool in tools:
         if (part := unenforced_part(tool["function"].get("parameters"))) is not None:
             name = tool["function"]["name"]
             message = f"the parameters of {name} ask for what a constrained call cannot enforce ({part})"
-            raise ApiError(400, message + ": leave tool_choice auto for this tool", "tools")
+            raise ApiError(400, f"{message}: {remedy}", "tools")
+
+
+def _calls(found: ToolFormat, chosen: list[dict[str, Any]], several: bool, opening: str) -> str:
+    """The EBNF of calls of the ``chosen`` tools in ``found``'s format, a tagged call opened by ``opening`` (its tag,
+    or "" where a dispatch has read it); one call unless ``several``."""
+    import xgrammar
+
     if found.body is CallBody.PYTHONIC:  # a Python list of calls, or a block of them one a line
         calls = xgrammar.Grammar.union(*(_pythonic_call(tool["function"]) for tool in chosen))
-        separator, around = (", ", ("[", "]")) if found.tags is None else ("\n", found.tags)  # a list, or lines
+        separator, around = (", ", ("[", "]")) if found.tags is None else ("\n", (opening, found.tags[1]))
         return _repeated(calls, several, separator, around)
     if found.body is not CallBody.JSON:  # named calls one after another, XML calls a newline between them
         build, separator = (_named_call, "") if found.body is CallBody.NAMED else (_xml_call, "\n")
-        calls = xgrammar.Grammar.union(*(build(found, tool["function"]) for tool in chosen))
+        calls = xgrammar.Grammar.union(*(build(found, tool["function"], opening) for tool in chosen))
         return _repeated(calls, several, separator)
     call: dict[str, Any] = {"anyOf": [call_schema(tool["function"], found.arguments) for tool in chosen]}
     if found.tags is None and found.listed:  # a whole answer of calls: their list
         call = {"type": "array", "items": call, "minItems": 1} | ({} if several else {"maxItems": 1})
     shaped = _schema(call)
     if found.tags is None:  # a whole answer of calls: the one call, or their list
-        return GrammarSpec(GrammarKind.EBNF, str(shaped))
-    opening, closing = found.tags
-    return _repeated(xgrammar.Grammar.concat(_literal(opening + "\n"), shaped, _literal("\n" + closing)), several, "\n")
+        return str(shaped)
+    tagged = xgrammar.Grammar.concat(_literal(opening + "\n"), shaped, _literal("\n" + found.tags[1]))
+    return _repeated(tagged, several, "\n")
 
 
 def call_schema(function: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
@@ -93,22 +142,22 @@ def enum_values(schema: Mapping[str, Any]) -> list[Any] | None:
     return values if isinstance(values, list) and values else None
 
 
-def _named_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
+def _named_call(found: ToolFormat, function: Mapping[str, Any], opening: str) -> Any:
     import xgrammar
 
     alphanumerics = xgrammar.Grammar.from_ebnf(f"root ::= [a-zA-Z0-9]{{{found.id_length}}}")
     given_id = [_literal(found.id_marker), alphanumerics] if found.id_marker else []
     arguments = _schema(function.get("parameters") or NO_PARAMETERS)
     return xgrammar.Grammar.concat(
-        _literal(found.opening + function["name"]), *given_id, _literal(found.separator), arguments
+        _literal(opening + function["name"]), *given_id, _literal(found.separator), arguments
     )
 
 
-def _xml_call(found: ToolFormat, function: Mapping[str, Any]) -> Any:
+def _xml_call(found: ToolFormat, function: Mapping[str, Any], opening: str) -> Any:
     import xgrammar
 
     properties, required = _properties(function)
-    parts = [_literal(f"{found.opening}\n<function={function['name']}>\n")]
+    parts = [_literal(f"{opening}\n<function={function['name']}>\n")]
     for key, schema in properties.items():
         value = _text_value(schema) if isinstance(schema, Mapping) and is_text(schema) else _schema(schema)
         block = xgrammar.Grammar.concat(_literal(f"<parameter={key}>\n"), value, _literal(f"\n{PARAMETER_END}\n"))
@@ -168,15 +217,16 @@ def _text_value(schema: Mapping[str, Any]) -> Any:
     return xgrammar.Grammar.from_ebnf("\n".join(rules))
 
 
-def _repeated(call: Any, several: bool, separator: str = "", around: tuple[str, str] = ("", "")) -> GrammarSpec:
-    """``call`` once, or one or more times ``separator`` between them where ``several``; ``around`` the whole."""
+def _repeated(call: Any, several: bool, separator: str = "", around: tuple[str, str] = ("", "")) -> str:
+    """The EBNF of ``call`` once, or one or more times ``separator`` between them where ``several``; ``around`` the
+    whole."""
     text = str(call)
     if not several and around == ("", ""):
-        return GrammarSpec(GrammarKind.EBNF, text)
+        return text
     renamed = re.sub(r"^root ::=", "one_call ::=", text, count=1, flags=re.MULTILINE)
     more = "" if not several else f"({json.dumps(separator)} one_call)*" if separator else "one_call*"
     opening, closing = (f" {json.dumps(tag)} " if tag else " " for tag in around)
-    return GrammarSpec(GrammarKind.EBNF, f"{renamed}\nroot ::={opening}one_call {more}{closing}\n")
+    return f"{renamed}\nroot ::={opening}one_call {more}{closing}\n"
 
 
 def _literal(text: str) -> Any:

@@ -55,7 +55,7 @@ from typing import Any
 from quickdraft.grammar import GrammarSpec
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import TOOL_FORMATS, CallBody, ToolFormat
-from quickdraft.server.tool_grammar import calls_grammar, is_text, value_kinds
+from quickdraft.server.tool_grammar import calls_grammar, content_or_calls, is_text, lazy_calls_grammar, value_kinds
 from quickdraft.server.tool_python import python_calls
 from quickdraft.server.tool_stream import CallFilter
 
@@ -86,13 +86,19 @@ class ToolRequest:
             return reason
         return "stop" if self.choice not in ("auto", "required") else "tool_calls"
 
-    def grammar(self) -> GrammarSpec | None:
-        """The constraint of ``required`` or a named function (:func:`~quickdraft.server.tool_grammar.calls_grammar`):
-        calls of the offered functions (of that function), one unless ``parallel`` and the format allow more."""
-        if self.choice == "auto":
-            return None
-        chosen = [tool for tool in self.tools if self.choice == "required" or tool["function"]["name"] == self.choice]
-        return calls_grammar(self.format, chosen, self.parallel and self.format.parallel)
+    def grammar(self, content: GrammarSpec | None = None) -> GrammarSpec | None:
+        """What the answer follows (:mod:`~quickdraft.server.tool_grammar`), several calls where ``parallel`` and
+        the format allow them: ``required`` or a named function, calls of the offered functions (of that one);
+        ``auto``, the ``content`` constraint (``response_format``) or calls, else with a strict function any text
+        and calls by their schemas once one opens, else nothing."""
+        several, offered = self.parallel and self.format.parallel, list(self.tools)
+        if self.choice != "auto":
+            chosen = [tool for tool in offered if self.choice == "required" or tool["function"]["name"] == self.choice]
+            return calls_grammar(self.format, chosen, several)
+        if content is not None:
+            return content_or_calls(self.format, offered, several, content)
+        strict = any(tool["function"].get("strict") is True for tool in offered)
+        return lazy_calls_grammar(self.format, offered, several) if strict else None
 
     @property
     def only_calls(self) -> bool:

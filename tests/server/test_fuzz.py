@@ -89,3 +89,27 @@ def test_malformed_http_gets_a_json_400_and_the_server_goes_on(server: Server, r
     error = json.loads(body)["error"]
     assert error["type"] == "invalid_request_error" and error["message"].startswith("malformed HTTP request")
     assert httpx.get(f"{server.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one write", "many writes"])
+def test_a_head_over_its_limit_gets_a_json_431_before_it_ends(server: Server, split: bool) -> None:
+    """An endless header is refused once it passes MAX_HEAD_BYTES, before any key is checked, whether it comes in
+    one piece or many; a body as long as that is no head."""
+    from quickdraft.server.http_server import MAX_HEAD_BYTES
+
+    address = urlsplit(server.url)
+    with socket.create_connection((address.hostname, address.port), timeout=TIMEOUT) as connection:
+        connection.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        filler = b"a" * (MAX_HEAD_BYTES + 1)  # just past the limit: the server reads it all before it closes
+        for start in range(0, len(filler), 4096 if split else len(filler)):
+            connection.sendall(filler[start : start + (4096 if split else len(filler))])
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 Request Header Fields Too Large"), answer[:200]
+    limit = f"a request's line and headers are at most {MAX_HEAD_BYTES // 1024} kB"
+    assert json.loads(body)["error"]["message"] == limit
+    long_body = {"model": MODEL, "prompt": "w1 " * MAX_HEAD_BYTES, "max_tokens": 1}  # read as a body, not a head
+    answer = httpx.post(f"{server.url}/v1/completions", json=long_body, timeout=TIMEOUT)
+    assert answer.json()["error"]["code"] == "context_length_exceeded"

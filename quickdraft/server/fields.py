@@ -151,9 +151,9 @@ def count(body: Mapping[str, Any], name: str, low: int, high: int | None = None)
     return value
 
 
-def text_parts(content: list[Any], where: str, param: str) -> str:
-    """The text of OpenAI's content parts, joined; a part that is not ``{"type": "text", "text": ...}`` (an image, an
-    audio clip, a bare string) is refused: the model would answer without it."""
+def text_parts(content: list[Any], where: str, param: str, separator: str = "") -> str:
+    """The text of OpenAI's content parts, ``separator`` between them; a part that is not ``{"type": "text", "text":
+    ...}`` (an image, an audio clip, a bare string) is refused: the model would answer without it."""
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, Mapping) else None
@@ -166,7 +166,7 @@ def text_parts(content: list[Any], where: str, param: str) -> str:
         if not isinstance(part.get("text"), str):
             raise ApiError(400, f"{where}: a text part's text must be a string", param)
         texts.append(part["text"])
-    return "".join(texts)
+    return separator.join(texts)
 
 
 def field(body: Mapping[str, Any], name: str, default: Any) -> Any:

@@ -41,9 +41,9 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
         content = message.get("content")
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             content = ""  # an assistant turn that only called tools
-        if isinstance(content, list):  # content parts: text only, joined
+        if isinstance(content, list):  # content parts: text only, a line each (as vLLM joins them)
             article = "an" if message["role"] == "assistant" else "a"
-            content = text_parts(content, f"{article} {message['role']} message", "messages")
+            content = text_parts(content, f"{article} {message['role']} message", "messages", "\n")
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
         role = "system" if message["role"] == "developer" else message["role"]

@@ -14,6 +14,7 @@ from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, LogitAdjustments, SamplingParams
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import CHAT_FIELDS, HARMLESS, UNSUPPORTED, check_fields, count, flag, text_parts
+from quickdraft.server.messages import chat_messages
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
 COMPLETION = {"model": MODEL, "prompt": "w1", "max_tokens": 2}
@@ -70,6 +71,9 @@ def test_flags_counts_and_text_parts_take_only_their_own_types() -> None:
         with pytest.raises(ApiError, match="whole number"):
             count({"n": value}, "n", 1, 20)
     assert text_parts([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "m", "messages") == "ab"
+    assert chat_messages({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 2}]}) == [
+        {"role": "user", "content": "a\na"}
+    ]  # a message's parts are lines, as vLLM joins them: "Hello." and "How" are not "Hello.How"
     image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     for parts, words in (([image], "type 'image_url'"), (["a"], "must be objects"), ([{"text": "a"}], "objects")):
         with pytest.raises(ApiError, match=words):

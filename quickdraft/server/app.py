@@ -47,6 +47,7 @@ from quickdraft.text import dropped_ids
 from quickdraft.vocabularies import token_pieces
 
 LOG = logging.getLogger("quickdraft.server")
+READ = ["GET", "HEAD"]  # what reads a resource: HEAD as HTTP has it (its head alone), for checks that read no body
 
 
 def create_app(
@@ -90,7 +91,7 @@ def create_app(
         body = ApiError(error.status_code, str(error.detail)).body()  # its headers kept: a 405's Allow
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: the checks of load balancers that read no body
+    @app.api_route("/health", methods=READ)
     async def health() -> JSONResponse:
         if loop.draining:  # a load balancer sends no more requests here (the loop may have ended already)
             raise shutting_down()
@@ -102,19 +103,19 @@ def create_app(
     entries = {name: {"id": name, "object": "model", "created": started, "owned_by": "quickdraft"} for name in
                defaults.model_names}  # fmt: skip
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=READ)
     async def models(request: Request) -> dict[str, Any]:
         access.authorize(request.headers.get("authorization"))
         return {"object": "list", "data": list(entries.values())}
 
-    @app.get("/v1/models/{name:path}")
+    @app.api_route("/v1/models/{name:path}", methods=READ)
     async def one_model(request: Request, name: str) -> dict[str, Any]:
         access.authorize(request.headers.get("authorization"))
         if name not in entries:
             raise ApiError(404, f"the model {name!r} does not exist", "model", code="model_not_found")
         return entries[name]
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=READ)
     async def prometheus(request: Request) -> Response:
         access.authorize(request.headers.get("authorization"), metrics=True)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -45,6 +45,10 @@ def test_models_health_and_metrics(server: Server) -> None:
     assert httpx.get(f"{server.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}
     head = httpx.head(f"{server.url}/health", timeout=TIMEOUT)
     assert head.status_code == 200 and head.content == b""  # a load balancer's check that reads no body
+    for path in ("/v1/models", f"/v1/models/{MODEL}", "/metrics"):  # every GET answers HEAD, as HTTP has it
+        got, head = (httpx.request(method, f"{server.url}{path}", timeout=TIMEOUT) for method in ("GET", "HEAD"))
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
     server.client().completions.create(model=MODEL, prompt="w1 w2", max_tokens=3, temperature=0)
     metrics = httpx.get(f"{server.url}/metrics", timeout=TIMEOUT).text
     for name in (

@@ -124,7 +124,7 @@ ingress_app = FastAPI(title="quickdraft (Ray Serve)")
 
 @ingress_app.exception_handler(ApiError)
 async def api_error(_: Request, error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 @ingress_app.exception_handler(HTTPException)

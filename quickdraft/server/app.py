@@ -47,6 +47,7 @@ from quickdraft.text import dropped_ids
 from quickdraft.vocabularies import token_pieces
 
 LOG = logging.getLogger("quickdraft.server")
+RETRY = {"retry-after": "1"}  # a full queue's 429: when to send again (the openai client waits that long, not blind)
 READ = ["GET", "HEAD"]  # what reads a resource: HEAD as HTTP has it (its head alone), for checks that read no body
 
 
@@ -84,7 +85,7 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
@@ -201,7 +202,7 @@ def create_app(
         except BaseException as error:
             cancel_unfinished(api, track)  # the choices submitted before one was refused go too
             if isinstance(error, QueueFull):
-                raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
+                raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full", headers=RETRY) from None
             if isinstance(error, ServerStopping):
                 raise shutting_down(str(error)) from None
             if isinstance(error, QuickdraftError):  # the prompt does not fit, a policy the server cannot run, ...

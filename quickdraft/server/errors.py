@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -9,7 +10,8 @@ if TYPE_CHECKING:
 
 
 class ApiError(Exception):
-    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
+    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body, and ``headers`` of its own (a
+    429's ``retry-after``)."""
 
     def __init__(
         self,
@@ -18,9 +20,11 @@ class ApiError(Exception):
         param: str | None = None,
         kind: str = "invalid_request_error",
         code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

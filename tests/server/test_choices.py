@@ -83,6 +83,7 @@ def test_choices_past_the_queue_are_refused_whole_and_leave_nothing_behind(monke
                 time.sleep(0.01)
             answer = httpx.post(url, json=body | {"n": 3}, timeout=TIMEOUT)  # its first choice fits, its second not
             assert answer.status_code == 429 and answer.json()["error"]["code"] == "queue_full"
+            assert answer.headers["retry-after"] == "1"  # the openai client waits that long before it sends again
             gate.set()
             assert [response.result().status_code for response in first] == [200, 200]
         deadline = time.monotonic() + TIMEOUT

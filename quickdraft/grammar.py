@@ -97,6 +97,7 @@ class GrammarKind(enum.Enum):
 class GrammarSpec:
     kind: GrammarKind
     text: str = ""
+    opens_free: bool = False  # any text may open the answer: the grammar constrains it only from a trigger on (lazy)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, GrammarKind) or not isinstance(self.text, str):

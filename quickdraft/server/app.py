@@ -169,7 +169,7 @@ def create_app(
             kept = dataclasses.replace(config, kept_special_tokens=(*config.kept_special_tokens, tags.open, tags.close))
             api = dataclasses.replace(api, serve=dataclasses.replace(api.serve, config=kept))
             if defaults.split_reasoning:  # whether the template's opening of the answer opens a think block
-                free = config.grammar is None  # a grammar holds from the first token: no </think> can come
+                free = config.grammar is None or config.grammar.opens_free  # else no </think> can come
                 variables = template_kwargs(translated, defaults.template_kwargs)
                 opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
                 api = dataclasses.replace(api, thinking=Thinking(opened, tags))
@@ -206,7 +206,8 @@ def create_app(
             if isinstance(error, ServerStopping):
                 raise shutting_down(str(error)) from None
             if isinstance(error, QuickdraftError):  # the prompt does not fit, a policy the server cannot run, ...
-                raise ApiError(400, str(error), error_param(error, api.chat)) from None
+                refused = ApiError(400, str(error), error_param(error, api.chat))
+                raise refused if translate is None else renamed(refused) from None
             raise
         return extra, api, events, track
 

@@ -70,7 +70,7 @@ def lazy_calls_grammar(found: ToolFormat, tools: list[dict[str, Any]], several: 
     tags = [{"begin": trigger, "content": {"type": "grammar", "grammar": content}, "end": ""} for trigger in triggers]
     dispatch = {"type": "triggered_tags", "triggers": triggers, "tags": tags, "stop_after_first": stop}
     grammar = xgrammar.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": dispatch}))
-    return GrammarSpec(GrammarKind.EBNF, str(grammar))
+    return GrammarSpec(GrammarKind.EBNF, str(grammar), opens_free=True)
 
 
 def _check_enforced(tools: list[dict[str, Any]], remedy: str) -> None:

@@ -110,6 +110,11 @@ def test_an_answer_thinks_from_a_block_its_template_opened_unless_a_grammar_hold
         held.choices[0].message.content == '{"a": 7}'
         and getattr(held.choices[0].message, "reasoning_content", None) is None
     )
+    strict = {**TIME, "function": {**TIME["function"], "strict": True}}  # a lazy grammar: any text until a call
+    lazy = client.chat.completions.create(
+        messages=[{"role": "user", "content": "hi"}], tools=[strict], extra_body=opened, **ask
+    )
+    assert lazy.choices[0].message.reasoning_content and lazy.choices[0].message.content is None
     mention = client.chat.completions.create(messages=[{"role": "user", "content": "what is <think>"}], **ask)
     assert getattr(mention.choices[0].message, "reasoning_content", None) is None and mention.choices[0].message.content
 

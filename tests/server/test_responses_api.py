@@ -196,6 +196,11 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
             "cannot enforce (#: not)",
         ),
         ({"tool_choice": {"type": "mcp"}}, "tool_choice", "tool_choice must be"),
+        (  # refused by the engine, after the request was read (this model has no end-of-sequence tokens)
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}},
+            "text.format",
+            "structured output needs end-of-sequence tokens",
+        ),
     ],
 )
 def test_what_it_cannot_do_is_refused(server: Server, fields: dict[str, Any], param: str, words: str) -> None:

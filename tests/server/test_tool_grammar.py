@@ -60,7 +60,7 @@ def tools_of(found: ToolFormat, *tools: dict[str, Any], choice: str = "auto", pa
 def test_a_strict_function_is_called_by_its_schema_once_a_call_opens(case: str) -> None:
     found, call = CALLS[case]
     spec = tools_of(found, WEATHER).grammar()
-    assert spec is not None
+    assert spec is not None and spec.opens_free  # a template's think block may open it
     assert accepts(spec, "It is sunny in Paris.") and accepts(spec, "") and accepts(spec, "<tool")
     assert accepts(spec, call) and accepts(spec, f"Let me look. {call}")
     assert not accepts(spec, call.replace("Paris", "Rome"))  # the schema's enum
@@ -94,7 +94,7 @@ def test_beside_a_response_format_the_answer_is_that_content_or_calls(case: str)
     schema = GrammarSpec(GrammarKind.JSON_SCHEMA, '{"type": "object", "properties": {"answer": {"type": "string"}}}')
     loose = {"type": "function", "function": {**WEATHER["function"], "strict": False}}
     spec = tools_of(found, loose).grammar(schema)
-    assert spec is not None and accepts(spec, '{"answer": "sunny"}')
+    assert spec is not None and not spec.opens_free and accepts(spec, '{"answer": "sunny"}')
     whole_call = call.removeprefix(found.opener) if found.tags is None else call  # as a required call writes it
     assert accepts(spec, whole_call) and not accepts(spec, whole_call.replace("Paris", "Rome"))
     assert not accepts(spec, "It is sunny.")

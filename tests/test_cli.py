@@ -280,7 +280,7 @@ BAD_INPUTS = {
     "hybrid n-gram 0": (["generate", "w1", "--hybrid-min-ngram", "0"], "got 0 (--hybrid-min-ngram)"),
     "draft vocabulary beyond the draft's": (
         ["generate", "w1", "--draft-vocabulary", "99999999"],
-        "the draft vocabulary of 99999999 tokens is larger than the draft model's vocabulary of",
+        "draft_vocabulary 99999999 is larger than the draft model's vocabulary of",
     ),
     "bench-serve without a timeout": (["bench-serve", "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
     "bench-serve with a negative timeout": (["bench-serve", "--timeout", "-5"], "--timeout must be > 0 seconds"),
@@ -458,6 +458,16 @@ def test_profile_command_prints_json(tiny_model_dirs: dict[str, Path], capsys: p
     assert main([*args[:-2], "400", "--placeholder-context", "--json", "--repeats", "1"]) == 0  # not read: filled
     report = json.loads(capsys.readouterr().out)
     assert (report["context"], report["placeholder_context"], sorted(report["t_ms"])) == (400, True, ["1", "2", "3"])
+    model = ["profile", "--model", str(tiny_model_dirs["target"]), "--runtime", "transformers"]
+    for flags, words in (  # the model's own options, named by profile's flags (not generate's draft options)
+        (["--weights", "q4"], "weights 'q4' needs the native runtime: the transformers runtime runs the model's own "),
+        (["--vocabulary", "99999"], "vocabulary 99999 is larger than the model's vocabulary of 32 tokens"),
+        (["--context", "0"], "--context must be >= 1, got 0"),
+    ):
+        assert main([*model, *flags]) == 1
+        err = capsys.readouterr().err
+        assert words in err and "draft_" not in err, err
+        assert flags[0] in words or err.rstrip().endswith(f"({flags[0]})"), err  # the flag, named once
 
 
 def test_profile_command_on_the_native_runtime(native_model_dirs: dict[str, Path], capsys, monkeypatch) -> None:

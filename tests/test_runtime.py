@@ -82,7 +82,7 @@ def test_a_draft_vocabulary_larger_than_the_drafts_is_refused() -> None:
     assert draft_load_options(NativeRuntime, tokenizer, None, len(tokenizer)).vocabulary is not None
     assert draft_load_options(NativeRuntime, tokenizer, None, None).vocabulary is not None  # the default: all it has
     with pytest.raises(
-        ConfigError, match=f"of 99999999 tokens is larger than the draft model's vocabulary of {len(tokenizer)}"
+        ConfigError, match=f"draft_vocabulary 99999999 is larger than the draft model's vocabulary of {len(tokenizer)}"
     ):
         draft_load_options(NativeRuntime, tokenizer, None, 99999999)
 

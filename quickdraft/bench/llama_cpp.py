@@ -222,9 +222,9 @@ class LlamaCppMethod(Method):
 
 def one_batch_context(gguf: Path, threads: int, n_ctx: int, logits_all: bool = False) -> Any:
     """A llama.cpp context on ``gguf`` on the CPU that reads up to ``n_ctx`` tokens in one batch."""
+    require_llama_cpp("llama-cpp")  # before the import: a missing binding is a clear error
     from llama_cpp import Llama
 
-    require_llama_cpp("llama-cpp")
     sizes = {"n_ctx": n_ctx, "n_batch": n_ctx, "n_ubatch": n_ctx, "n_threads": threads, "n_threads_batch": threads}
     return Llama(model_path=str(gguf), n_gpu_layers=0, verbose=False, logits_all=logits_all, **sizes)
 

@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> None:
             f"quickdraft: note: not used with --prefill (it times a prompt, not the k-token curve): {flags}",
             file=sys.stderr,
         )
+    if args.context < 1:
+        raise ConfigError(f"--context must be >= 1, got {args.context}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     if args.warmup < 0:
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> None:
     runtime_cls = runtime_for(args.runtime, path, device)
     draft = args.model == "draft"  # loaded as the pipeline loads the default draft model
     weights, vocabulary = (args.weights, args.vocabulary) if draft else (args.weights or "auto", args.vocabulary or 0)
-    options = draft_load_options(runtime_cls, load_tokenizer(path), weights, vocabulary, device)
+    options = draft_load_options(runtime_cls, load_tokenizer(path), weights, vocabulary, device, "")
     options = replace(options, kv_cache_dtype=args.kv_cache_dtype)
     reader = None
     if args.against:  # before loading ours: a missing or unusable binding is a clear error, at once

@@ -26,25 +26,28 @@ def draft_load_options(
     weights: str | None,
     vocabulary: int | None,
     device: torch.device = CPU,
+    role: str = "draft",
 ) -> LoadOptions:
     """The draft model's load options on ``device``: what was asked for, else :data:`DRAFT_WEIGHTS` and
     :data:`DRAFT_VOCABULARY` where the runtime takes load options (a runtime that does not refuses what was asked
-    for explicitly)."""
+    for explicitly). ``role`` "": a model loaded as a draft model is, on its own (``profile``), its settings named
+    ``weights`` and ``vocabulary``."""
+    prefix, model = (f"{role}_", f"the {role} model") if role else ("", "the model")
     if vocabulary is not None and (not is_int(vocabulary) or vocabulary < 0):
-        message = f"the draft vocabulary is a number of tokens >= 0 (0: all), got {vocabulary!r}"
-        raise ConfigError(message, "draft_vocabulary")
+        message = f"{prefix}vocabulary is a number of tokens >= 0 (0: all), got {vocabulary!r}"
+        raise ConfigError(message, f"{prefix}vocabulary")
     if vocabulary is not None and vocabulary > len(tokenizer):  # the default is what the model has, at most
         raise ConfigError(
-            f"the draft vocabulary of {vocabulary} tokens is larger than the draft model's vocabulary of "
-            f"{len(tokenizer)} tokens: give at most that many (0: all)",
-            "draft_vocabulary",
+            f"{prefix}vocabulary {vocabulary} is larger than {model}'s vocabulary of {len(tokenizer)} tokens: give "
+            f"at most that many (0: all)",
+            f"{prefix}vocabulary",
         )
     if not runtime_class.takes_load_options:  # what was asked for explicitly is refused, by its own name
-        kept = {"draft_weights": LoadOptions().weights, "draft_vocabulary": 0}  # what such a runtime does anyway
-        for setting, value in (("draft_weights", weights), ("draft_vocabulary", vocabulary)):
-            if value is not None and value != kept[setting]:
-                message = f"{setting} {value!r} needs the native runtime: the {runtime_class.name} runtime runs the "
-                raise ConfigError(message + "draft model's own weights over its whole vocabulary", setting)
+        kept = {"weights": LoadOptions().weights, "vocabulary": 0}  # what such a runtime does anyway
+        for name, value in (("weights", weights), ("vocabulary", vocabulary)):
+            if value is not None and value != kept[name]:
+                message = f"{prefix}{name} {value!r} needs the native runtime: the {runtime_class.name} runtime runs "
+                raise ConfigError(message + f"{model}'s own weights over its whole vocabulary", f"{prefix}{name}")
         return LoadOptions(device=device)
     weights, vocabulary = draft_load_defaults(weights, vocabulary)
     return LoadOptions(weights, frequent_tokens(tokenizer, vocabulary) if vocabulary else None, device)

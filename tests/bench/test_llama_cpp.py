@@ -40,6 +40,10 @@ def test_llama_cpp_missing_says_how_to_install_before_loading_models(
         make_method("llama-cpp").check()
     err = bench_error_before_loading(chat_model_dirs, tmp_path, capsys, monkeypatch, "llama-cpp-prompt-lookup")
     assert "'llama-cpp-prompt-lookup' needs llama-cpp-python" in err and "pip install 'quickdraft[peers]'" in err
+    from quickdraft.bench.llama_cpp import one_batch_context  # profile --against llama-cpp's context
+
+    with pytest.raises(ConfigError, match=r"needs llama-cpp-python"):
+        one_batch_context(tmp_path / "any.gguf", 1, 8)
 
 
 class FakeLlama:

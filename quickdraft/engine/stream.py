@@ -24,7 +24,7 @@ class GenerationStream:
     The request is checked (and its policy built) when the stream is made, and queued at the first delta asked
     for. Each delta asked for steps the engine, and so every request it runs, until this one commits text; streams
     on several threads step in turn. A stream is read once: one left before its end cancels its request, and
-    reading it again is an error.
+    reading it again is an error; :meth:`finish` goes on with one read partway whose reading is still held.
     """
 
     def __init__(self, engine: Engine, request: Request) -> None:
@@ -40,12 +40,21 @@ class GenerationStream:
                 self._reader.close()  # a reading left midway but still held: its request is cancelled now
                 raise ConfigError("this stream was already read: left before its end, its request was cancelled")
             self._reader = self._run()
-            self.result = yield from self._reader
+            result = yield from self._reader
+            if self.result is None:  # else finish() drove the reading to its end
+                self.result = result
 
     def finish(self) -> GenerationResult:
-        """Run to the end (reading no further deltas) and return the result."""
-        for _ in self:
-            pass
+        """Run to the end and return the result, dropping the deltas not read yet: a stream read partway whose
+        iterator is still held goes on from where it stopped; one left before its end (its request cancelled) is an
+        error."""
+        if self.result is None and self._reader is None:
+            for _ in self:
+                pass
+        elif self.result is None:
+            if self._reader is None or self._reader.gi_frame is None:  # closed: cancelled, or it failed
+                raise ConfigError("this stream was left before its end: its request was cancelled")
+            self.result = _drain(self._reader)
         assert self.result is not None
         return self.result
 
@@ -70,6 +79,15 @@ class GenerationStream:
         finally:
             if not finished:  # left before its end: its caches are freed now, or by the step running now
                 engine.cancel(request_id, now=True)
+
+
+def _drain(reader: Generator[str, None, GenerationResult]) -> GenerationResult:
+    """``reader``'s result, its deltas dropped."""
+    try:
+        while True:
+            next(reader)
+    except StopIteration as done:
+        return done.value
 
 
 def stream(engine: Engine, request: Request) -> GenerationStream:

@@ -57,7 +57,7 @@ def test_a_stream_is_read_once(native: Pipeline) -> None:
     stream = native.stream(PROMPTS[0], CONFIGS[0], "draft-model")
     for _ in stream:
         break  # left before its end: its request is cancelled
-    with pytest.raises(ConfigError, match="already read"):
+    with pytest.raises(ConfigError, match="left before its end: its request was cancelled"):
         stream.finish()
     with pytest.raises(ConfigError, match="already read"):
         list(stream)
@@ -67,16 +67,23 @@ def test_a_stream_is_read_once(native: Pipeline) -> None:
     assert done.finish().token_ids == expected.token_ids and list(done) == [] and done.finish() is done.result
 
 
-def test_a_reading_left_midway_but_held_is_cancelled_when_the_stream_is_read_again(native: Pipeline) -> None:
-    """A held reader is a suspended generator that Python closes only when it is collected: until then the engine
-    stepped its request along with every later one; reading the stream again now cancels it, as the error says."""
+def test_a_stream_read_partway_finishes_from_where_it_stopped(native: Pipeline) -> None:
+    """finish() after some deltas, the reading still held, goes on from there: the tokens of the request read whole,
+    and the reading is then at its end. Reading the stream again instead cancels the request, as its error says."""
+    expected = native.generate(PROMPTS[0], CONFIGS[0], "draft-model")
     stream = native.stream(PROMPTS[0], CONFIGS[0], "draft-model")
     reader = iter(stream)
-    next(reader)
+    first = next(reader)
+    result = stream.finish()
+    assert result.token_ids == expected.token_ids and result.text.startswith(first) and native.engine.idle
+    assert list(reader) == [] and stream.result is result and stream.finish() is result
+    again = native.stream(PROMPTS[0], CONFIGS[0], "draft-model")
+    held = iter(again)
+    next(held)
     with pytest.raises(ConfigError, match="already read"):
-        stream.finish()
+        list(again)
     assert native.engine.idle and not native.engine.scheduler.running
-    assert reader is not None  # still held
+    assert held is not None  # still held
 
 
 def test_a_stream_left_before_its_end_frees_its_caches_at_once(native: Pipeline) -> None:

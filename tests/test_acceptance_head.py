@@ -164,3 +164,15 @@ def test_the_default_head_of_a_local_draft_is_named_by_its_files(tmp_path: Path)
     second = save_tiny_model_dir(tmp_path / "b" / "draft", 32, seed=1)
     assert default_head_path(first) != default_head_path(second)
     assert default_head_path(first).name.startswith("draft-") and default_head_path(first) == default_head_path(first)
+
+
+def test_specdec_needs_drafts_with_the_draft_models_hidden_states(pipeline: Pipeline) -> None:
+    """A drafter whose drafts carry none would be drafted to the maximum unjudged: refused, before any head loads."""
+    config = GenerationConfig(max_new_tokens=4, policy="specdec++")
+    for drafter in ("prompt-lookup", "suffix"):
+        with pytest.raises(
+            ConfigError, match=r"hidden states: use a drafter that has them \(draft-model, hybrid,"
+        ) as bad:
+            pipeline.generate([1, 2, 3], config, drafter=drafter)
+        assert bad.value.setting == "policy"
+    assert pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="none").token_ids  # no drafts

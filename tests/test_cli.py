@@ -594,7 +594,8 @@ def test_options_that_are_used_get_no_note(capsys: pytest.CaptureFixture) -> Non
         ["--policy", "heuristic", "--num-draft-tokens", "3", "--max-draft-tokens", "8"],
         ["--drafter", "hybrid", "--recalibrate", "--prompt-lookup-max-ngram", "4", "--hybrid-min-ngram", "3"],
         ["--prediction", __file__, "--prompt-lookup-max-ngram", "4", "--hybrid-min-ngram", "3"],  # its n-grams
-        ["--drafter", "eagle", "--draft-head", __file__, "--policy", "specdec++", "--acceptance-head", __file__],
+        ["--drafter", "eagle", "--draft-head", __file__],
+        ["--drafter", "draft-model", "--policy", "specdec++", "--acceptance-head", __file__],
         ["--temperature", "0.7", "--seed", "3", "--top-k", "5"],
     ):
         args = build_parser().parse_args(["generate", "w1", *options])

@@ -121,6 +121,8 @@ class Drafter(ABC):
     proposes_drafts: ClassVar[bool] = True  # False: plain decoding, so no policy has a γ to choose
     follows_predictions: ClassVar[bool] = False  # True: it drafts from a request's predicted output (expect)
     copies_context: ClassVar[bool] = False  # True: it copies the context's n-grams (the n-gram sizes apply)
+    drafts_hidden_states: ClassVar[bool] = False  # True: its draft steps carry the draft model's hidden states
+    # (DraftStep.hidden), which SpecDec++'s acceptance head reads
     # A drafted token's cost as a fraction of a 1-token target step when the target drafts itself
     # (self-speculation); None: a draft model's measured step, or ~0 for model-free drafters.
     target_cost_fraction: ClassVar[float | None] = None

@@ -96,6 +96,7 @@ class DraftingRow:
 
 class DraftModelDrafter(Drafter):
     needs_draft_model = True
+    drafts_hidden_states = True
 
     def __init__(
         self,

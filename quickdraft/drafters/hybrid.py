@@ -107,6 +107,7 @@ class HybridState(DraftState):
 
 class HybridDrafter(Drafter):
     needs_draft_model = True
+    drafts_hidden_states = True
     follows_predictions = True
     copies_context = True
     copy_source = COPIES  # the source its copies are offered under
@@ -179,6 +180,7 @@ class HybridEagleDrafter(HybridDrafter):
     where the context offers none."""
 
     needs_draft_model = False
+    drafts_hidden_states = False  # the head drafts: no draft model's states
     needs_draft_head = True
 
     @classmethod

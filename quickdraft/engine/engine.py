@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from quickdraft.costs import BatchCostModel
-from quickdraft.drafters import DRAFTERS, Drafter, DraftProposal, DraftTask
+from quickdraft.drafters import Drafter, DraftProposal, DraftTask
 from quickdraft.engine.features import target_forward
 from quickdraft.engine.logprobs import token_logprobs
 from quickdraft.engine.prefix_cache import PrefixCache
@@ -30,7 +30,7 @@ from quickdraft.engine.request import (
     RequestState,
     RunningRequest,
     Sink,
-    check_made_for,
+    check_drafter,
     hear_confidence,
     request_policy,
 )
@@ -120,12 +120,9 @@ class Engine:
 
     def check_request(self, request: Request) -> None:
         """Raise for a request that cannot run: its prompt's fit and ids, its prediction's ids and drafter."""
-        check_made_for(request, self.target)
+        check_drafter(request, self.target)
         check_prompt(request.prompt_ids, request.config, self.target.max_context, self.target.vocab_size)
         check_token_ids(request.prediction_ids, self.target.vocab_size, "prediction")
-        if request.prediction_ids and not request.drafter.follows_predictions:
-            copiers = ", ".join(name for name in DRAFTERS.names() if DRAFTERS.get(name).follows_predictions)
-            raise ConfigError(f"a predicted output needs a drafter that copies it: {copiers}", "prediction")
 
     @functools.cached_property
     def _grammars(self) -> GrammarCompiler:  # made on the first request with a grammar

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from quickdraft.config import GenerationConfig, SamplingParams
-from quickdraft.drafters import Drafter, DraftState
+from quickdraft.drafters import DRAFTERS, Drafter, DraftState
 from quickdraft.engine.logprobs import TokenLogprob, token_logprobs
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import Constraint, constrain_step
@@ -64,13 +64,23 @@ class Request:
         return self.cache_prompt and not self.scores_prompt
 
 
-def check_made_for(request: Any, target: Any) -> None:
-    """Raise ``ConfigError`` for what is not a :class:`Request`, or one whose drafter a pipeline made for another
-    target than ``target`` (its drafts would index another vocabulary, or caches of another model)."""
+def check_drafter(request: Any, target: Any) -> None:
+    """Raise ``ConfigError`` for what is not a :class:`Request`, or one whose drafter cannot do what it asks: a
+    drafter a pipeline made for another target than ``target`` (its drafts would index another vocabulary, or caches
+    of another model), a prediction for a drafter that does not copy it, SpecDec++'s head for drafts without the
+    draft model's hidden states (it would judge none)."""
     if not isinstance(request, Request):
         raise ConfigError(f"an engine takes a Request (prompt token ids, a config, a drafter), got {request!r}")
-    if request.drafter.made_for not in (None, target):
+    drafter, spec = request.drafter, request.config.policy_spec
+    if drafter.made_for not in (None, target):
         raise ConfigError("the request's drafter was made for another target model: take this pipeline's drafter")
+    if request.prediction_ids and not drafter.follows_predictions:
+        copiers = ", ".join(name for name in DRAFTERS.names() if DRAFTERS.get(name).follows_predictions)
+        raise ConfigError(f"a predicted output needs a drafter that copies it: {copiers}", "prediction")
+    if spec.kind.needs_acceptance_head and drafter.proposes_drafts and not drafter.drafts_hidden_states:
+        judged = ", ".join(name for name in DRAFTERS.names() if DRAFTERS.get(name).drafts_hidden_states)
+        message = f"the {spec} policy judges drafts by the draft model's hidden states: use a drafter that has them"
+        raise ConfigError(f"{message} ({judged})", "policy")
 
 
 def token_ids(ids: Any, what: str = "prompt_ids") -> tuple[int, ...]:

@@ -114,7 +114,7 @@ def test_a_requests_flags_and_the_pipelines_arguments_take_their_own_types(nativ
         Request((1, 2), CONFIG, drafter, request_id=None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="max_draft_tokens must be an integer >= 1"):
         native.calibrate("draft-model", max_draft_tokens="4")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="draft vocabulary is a number of tokens >= 0 \\(0: all\\), got '16'"):
+    with pytest.raises(ConfigError, match="draft_vocabulary is a number of tokens >= 0 \\(0: all\\), got '16'"):
         draft_load_options(NativeRuntime, native.tokenizer, None, "16")  # type: ignore[arg-type]
     for tools in ("abc", 5, [5]):
         with pytest.raises(PromptError, match="tools must be a list of OpenAI function tools"):

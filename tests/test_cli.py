@@ -40,6 +40,9 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
         "finish_reason",
         "stop_reason",
         "stats",
+        "drafter",
+        "policy",
+        "calibration",
         "target",
         "draft",
         "pairing",
@@ -47,6 +50,8 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
         "device",
     }
     assert len(result["token_ids"]) == result["stats"]["new_tokens"] == 6
+    assert (result["drafter"], result["policy"]) == ("hybrid-suffix", "goodput")  # as the text output's header says
+    assert "target" in result["calibration"] and "ms per drafted token" in result["calibration"]
     assert result["target"] == str(tiny_model_dirs["target"].resolve())
     assert result["draft"] == str(tiny_model_dirs["draft"].resolve())
     assert set(result["stats"]) == {

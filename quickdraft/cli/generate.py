@@ -271,6 +271,9 @@ def run(args: argparse.Namespace) -> None:
             "finish_reason": result.finish_reason,
             "stop_reason": result.stop_reason,  # the stop string or stop token id that ended it
             "stats": result.stats.to_dict(),
+            "drafter": args.drafter,
+            "policy": str(config.policy_spec),
+            "calibration": None if setup.calibration is None else describe(setup, config),  # the costs' source
             "target": str(pipeline.target_path),
             "draft": None if pipeline.draft_path is None else str(pipeline.draft_path),
             "pairing": pipeline.pairing(),  # how the draft drafts: in the target's vocabulary or across

@@ -617,6 +617,8 @@ def test_unused_options_are_noted_and_the_answer_is_the_same(
     assert status == 0 and json.loads(out)["token_ids"] == json.loads(plain[1])["token_ids"]
     assert "quickdraft: note: --draft-weights is not used by the none drafter" in err
     assert "quickdraft: note: --num-draft-tokens is not used by the none drafter (plain decoding)" in err
+    status, _, err = run([*args, "--drafter", "none", "--compare", "--max-new-tokens", "2"], capsys)
+    assert status == 0 and "note: the none drafter is plain decoding: --compare times it against itself" in err
 
 
 def test_bench_serve_says_when_its_server_cannot_be_reached(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

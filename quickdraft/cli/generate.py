@@ -200,13 +200,8 @@ def run(args: argparse.Namespace) -> None:
         ),
         **given(max_draft_tokens=args.max_draft_tokens),
     )
-    options = DrafterOptions(
-        **given(
-            prompt_lookup_max_ngram=args.prompt_lookup_max_ngram,
-            prompt_lookup_min_ngram=args.prompt_lookup_min_ngram,
-            hybrid_min_ngram=args.hybrid_min_ngram,
-        )
-    )
+    ngram_sizes = ("prompt_lookup_max_ngram", "prompt_lookup_min_ngram", "hybrid_min_ngram")
+    options = DrafterOptions(**given(**{name: getattr(args, name) for name in ngram_sizes}))
     check_options(args, config)
     suffix = None if args.suffix is None else read_text("--suffix", args.suffix)
     prompt = read_prompt(args, empty_ok=suffix is not None)
@@ -357,6 +352,11 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
     for option in ("--chat-template", "--chat-template-kwargs"):
         if getattr(args, option[2:].replace("-", "_")) is not None and not args.chat:
             print(f"quickdraft: note: {option} is not used without --chat (the prompt is plain text)", file=sys.stderr)
+    if args.compare and not drafts:
+        print(
+            f"quickdraft: note: the {args.drafter} drafter is plain decoding: --compare times it against itself",
+            file=sys.stderr,
+        )
     for unused, by in ((by_policy, policy), (by_drafter, f"the {args.drafter} drafter")):
         for option in (option for option, is_unused in unused.items() if is_unused):
             print(f"quickdraft: note: {option} is not used by {by}", file=sys.stderr)

@@ -507,16 +507,22 @@ def test_cache_shows_its_entries_and_the_fp32_copies(tmp_path: Path, capsys, mon
     files = {"models/m/m.gguf": 5_000_000, "models/m/hf/config.json": 1000, "native/k/weights.safetensors": 3_000_000}
     files["models/m/hf/model.safetensors"] = 200_000_000
     files["converted/0123/hf.lock"] = 0  # what a file that was not a model leaves: not listed
+    files["converted/4567/hf/config.json"] = 100
     for name, size in files.items():
         (tmp_path / "my cache" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "my cache" / name).write_bytes(b"\0" * size)
+    marker = {"sha256": "4567", "source": "/models/tiny.gguf"}  # what the conversion wrote: named in the listing
+    (tmp_path / "my cache/converted/4567/hf/quickdraft-source.json").write_text(json.dumps(marker))
     status, out, _ = run(["cache", "--json"], capsys)
+    converted = str(tmp_path / "my cache/converted/4567")
     assert status == 0 and json.loads(out) == [
+        {"path": converted, "bytes": 100 + len(json.dumps(marker)), "fp32_bytes": 0, "source": "/models/tiny.gguf"},
         {"path": str(tmp_path / "my cache/models/m"), "bytes": 205_001_000, "fp32_bytes": 200_000_000},
         {"path": str(tmp_path / "my cache/native"), "bytes": 3_000_000, "fp32_bytes": 0},
     ]
     status, out, _ = run(["cache"], capsys)
     assert "0.21 GB  models/m (fp32 copy for transformers 0.20 GB)" in out and "3.0 MB  native" in out
+    assert "converted/4567 (from /models/tiny.gguf)\n" in out
     assert f"delete them with rm '{tmp_path / 'my cache'}'/*/*/hf/model.safetensors" in out  # a shell's words
 
 

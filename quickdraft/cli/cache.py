@@ -72,7 +72,8 @@ def prune(args: argparse.Namespace) -> None:
                 continue
             error = remove(build.path)
         left = entry(build.path).size_bytes if build.path.exists() else 0
-        rows.append({"path": str(build.path), "bytes": build.size_bytes - left} | ({"error": error} if error else {}))
+        freed = {"path": str(build.path), "bytes": build.size_bytes - left, "kernels": True}
+        rows.append(freed | ({"error": error} if error else {}))
         builds += 1
     failed = [row for row in rows if "error" in row]
     if args.json:
@@ -95,14 +96,15 @@ def run(args: argparse.Namespace) -> None:
         return
     root, entries, builds = cache_root(), cache_usage(), kernel_builds()
     if args.json:
-        rows = [{"path": str(e.path), "bytes": e.size_bytes, "fp32_bytes": e.fp32_bytes} for e in entries]
+        rows = [{"path": str(e.path), "bytes": e.size_bytes, "fp32_bytes": e.fp32_bytes} | source(e) for e in entries]
         rows += [{"path": str(b.path), "bytes": b.size_bytes, "kernels": True, "stale": not b.current} for b in builds]
         print(json.dumps(rows, indent=2))
         return
     print(f"{root}: {size_text(sum(e.size_bytes for e in entries))}")
     for e in entries:
         fp32 = f" (fp32 copy for transformers {size_text(e.fp32_bytes)})" if e.fp32_bytes else ""
-        print(f"{size_text(e.size_bytes):>10}  {e.path.relative_to(root)}{fp32}")
+        origin = f" (from {e.source})" if e.source else ""
+        print(f"{size_text(e.size_bytes):>10}  {e.path.relative_to(root)}{origin}{fp32}")
     fp32_total = sum(e.fp32_bytes for e in entries)
     if fp32_total:
         print(
@@ -115,3 +117,8 @@ def run(args: argparse.Namespace) -> None:
         for b in builds:
             stale = "" if b.current else " (stale: another version's sources; --prune deletes it)"
             print(f"{size_text(b.size_bytes):>10}  {b.path.relative_to(extensions)}{stale}")
+
+
+def source(entry: Any) -> dict[str, str]:
+    """A converted entry's ``source`` (the .gguf file it was made from) for its JSON row; nothing for others."""
+    return {"source": entry.source} if entry.source else {}

@@ -9,6 +9,7 @@ deleting (transformers' runtime makes them again, once, when it needs them).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ class CacheEntry:
     path: Path
     size_bytes: int  # all its files
     fp32_bytes: int  # of which fp32 weights made for transformers (``hf/*.safetensors``)
+    source: str | None = None  # the .gguf file a converted entry was made from, as its conversion marker says
 
 
 def files_size(paths: list[Path]) -> int:
@@ -31,7 +33,21 @@ def files_size(paths: list[Path]) -> int:
 def entry(path: Path) -> CacheEntry:
     files = list(path.rglob("*")) if path.is_dir() else [path]
     fp32 = list(path.glob("hf/*.safetensors")) if path.parent.name in MODEL_FOLDERS else []
-    return CacheEntry(path, files_size(files), files_size(fp32))
+    return CacheEntry(path, files_size(files), files_size(fp32), converted_from(path))
+
+
+def converted_from(path: Path) -> str | None:
+    """The source its conversion marker names, for an entry of ``converted/``; None for others, or a marker that
+    cannot be read."""
+    from quickdraft.models.convert import MARKER
+
+    if path.parent.name != "converted":
+        return None
+    try:
+        source = json.loads((path / "hf" / MARKER).read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) else None
 
 
 def cache_usage(root: Path | None = None) -> list[CacheEntry]:

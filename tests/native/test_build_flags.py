@@ -148,7 +148,7 @@ def test_cache_lists_the_builds_and_prunes_other_sources(
     with open(builds[3].with_name(f"{builds[3].name}.lock"), "a") as building:
         fcntl.flock(building, fcntl.LOCK_EX)  # another version building it now
         assert main(["cache", "--prune", "--json"]) == 0
-        assert json.loads(capsys.readouterr().out) == [{"path": str(builds[2]), "bytes": 3_000_000}]
+        assert json.loads(capsys.readouterr().out) == [{"path": str(builds[2]), "bytes": 3_000_000, "kernels": True}]
         assert not builds[2].exists() and not builds[2].with_name(f"{builds[2].name}.lock").exists()
     assert main(["cache", "--prune"]) == 0
     assert "freed 4.0 MB: 0 stale packed weights, 1 stale kernel builds" in capsys.readouterr().out

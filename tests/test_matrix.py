@@ -8,14 +8,16 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import asdict
 
+import httpx
 import pytest
 import torch
-from conftest import MODEL, Server, native_pipeline, random_draft_head, serving
+from conftest import MODEL, TIMEOUT, Server, native_pipeline, random_draft_head, serving
 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import GenerationResult
+from quickdraft.errors import ConfigError
 from quickdraft.policies.acceptance_head import AcceptanceHead
 
 POLICIES = ["goodput", "fixed:3", "heuristic", "confidence:0.4", "specdec++"]
@@ -23,7 +25,17 @@ TIMED = {"goodput"}  # choices that follow measured step times: the same tokens,
 SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.8, top_p=0.95, seed=11)}
 PROMPT = "w5 w9 w5 w9 w3 w1 w4 w1 w5 w9"
 MAX_TOKENS = 14
-COMBINATIONS = list(itertools.product(DRAFTERS.names(), POLICIES))
+
+
+def runs(drafter: str, policy: str) -> bool:
+    """Whether a drafter runs under a policy: SpecDec++'s head judges drafts by the draft model's hidden states, and
+    a drafter whose drafts carry none is refused with it (below)."""
+    drafter_cls = DRAFTERS.get(drafter)
+    return policy != "specdec++" or drafter_cls.drafts_hidden_states or not drafter_cls.proposes_drafts
+
+
+COMBINATIONS = [pair for pair in itertools.product(DRAFTERS.names(), POLICIES) if runs(*pair)]
+REFUSED = [pair for pair in itertools.product(DRAFTERS.names(), POLICIES) if not runs(*pair)]
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +113,15 @@ def test_the_server_gives_what_generate_gives(
     if policy not in TIMED and drafter != "early-exit":  # early exit's layer choice follows what it learned so far
         proposed, accepted = expected.stats.draft_tokens_proposed, expected.stats.draft_tokens_accepted
         assert (speculation["drafts_proposed"], speculation["drafts_accepted"]) == (proposed, accepted)
+
+
+@pytest.mark.parametrize(("drafter", "policy"), REFUSED)
+def test_a_drafter_a_policy_cannot_judge_is_refused_by_both(
+    native: Pipeline, server: Server, drafter: str, policy: str
+) -> None:
+    config = GenerationConfig(max_new_tokens=MAX_TOKENS, policy=policy)
+    with pytest.raises(ConfigError, match="judges drafts by the draft model's hidden states"):
+        native.generate(PROMPT, config, drafter)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "drafter": drafter, "policy": policy}
+    answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "policy", answer.text

@@ -216,7 +216,7 @@ def test_collection_refuses_what_it_cannot_synthesize_from() -> None:
     with pytest.raises(ConfigError, match="chat template"):
         Collector(pipeline.target, no_template, pipeline.eos_token_ids, "tiny", SETTINGS)
     transformers = HFRuntime(tiny_model(VOCAB, seed=3))
-    with pytest.raises(ConfigError, match="--runtime native"):
+    with pytest.raises(ConfigError, match=r"hidden states: use the native runtime$"):
         Collector(transformers, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", SETTINGS)
     with pytest.raises(ConfigError, match="batch_size must be >= 1"):
         CollectSettings(batch_size=0)

@@ -31,7 +31,6 @@ def json_errors_protocol() -> type:
     itself), its answers to a request it will not read written as error bodies; the connection then closes, as
     uvicorn's own 400 closes it."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class JsonErrors(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         def send_400_response(self, msg: str) -> None:
@@ -50,6 +49,10 @@ def json_errors_protocol() -> type:
             self.transport.write(f"HTTP/1.1 {status} {reason}\r\n{head}\r\n".encode("latin-1") + body)
             self.transport.close()
 
+    try:  # uvicorn imports httptools only where it is installed (uvicorn[standard]); h11 is used without it
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return JsonErrors
     if not issubclass(JsonErrors, HttpToolsProtocol):
         return JsonErrors
 

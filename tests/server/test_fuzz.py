@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -113,3 +114,19 @@ def test_a_head_over_its_limit_gets_a_json_431_before_it_ends(server: Server, sp
     long_body = {"model": MODEL, "prompt": "w1 " * MAX_HEAD_BYTES, "max_tokens": 1}  # read as a body, not a head
     answer = httpx.post(f"{server.url}/v1/completions", json=long_body, timeout=TIMEOUT)
     assert answer.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_without_httptools_the_protocol_is_h11s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn without its [standard] extra parses with h11, which bounds a head itself: the server still starts."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from quickdraft.server.http_server import json_errors_protocol
+
+    monkeypatch.setitem(sys.modules, "httptools", None)  # import httptools raises ImportError
+    for module in ("uvicorn.protocols.http.auto", "uvicorn.protocols.http.httptools_impl"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    json_errors_protocol.cache_clear()
+    try:
+        assert issubclass(json_errors_protocol(), H11Protocol)
+    finally:
+        json_errors_protocol.cache_clear()

@@ -167,11 +167,13 @@ def create_app(
         if tags is not None and chat:  # the tags' text, where they are special tokens
             config = api.serve.config
             kept = dataclasses.replace(config, kept_special_tokens=(*config.kept_special_tokens, tags.open, tags.close))
+            free = config.grammar is None or config.grammar.opens_free  # else no </think> can come
+            variables = template_kwargs(translated, defaults.template_kwargs)
+            opened = free and opens_thinking(json.dumps(variables, sort_keys=True))  # the template opens a block
+            if config.grammar is not None and config.grammar.opens_free and api.tools is not None:
+                kept = dataclasses.replace(kept, grammar=api.tools.grammar(think=(tags.open, tags.close, opened)))
             api = dataclasses.replace(api, serve=dataclasses.replace(api.serve, config=kept))
-            if defaults.split_reasoning:  # whether the template's opening of the answer opens a think block
-                free = config.grammar is None or config.grammar.opens_free  # else no </think> can come
-                variables = template_kwargs(translated, defaults.template_kwargs)
-                opened = free and opens_thinking(json.dumps(variables, sort_keys=True))
+            if defaults.split_reasoning:
                 api = dataclasses.replace(api, thinking=Thinking(opened, tags))
         if not chat and api.serve.config.logprobs is not None:  # completions' offsets skip what the text leaves out
             api = dataclasses.replace(api, silent=dropped_ids(pipeline.tokenizer, api.serve.config.kept_special_tokens))

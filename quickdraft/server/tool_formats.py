@@ -51,6 +51,8 @@ class ToolFormat:
     # "": they render tool_calls
     also_opened_by: tuple[str, ...] = ()  # what later models of the family open a whole answer of calls with instead
     # (Granite 3.1-3.3's plain <tool_call>); read, never spelled
+    opener_in_prose: bool = False  # its opener is a word prose may hold too (Phi-4-mini's functools), not a token of
+    # its own: it cannot open a constrained call
 
     def __post_init__(self) -> None:
         spellable = self.body is CallBody.PYTHONIC or (self.tags is None and self.listed and self.body is CallBody.JSON)
@@ -129,7 +131,7 @@ LLAMA3_JSON = ToolFormat("Llama 3's JSON", '"parameters": dictionary of argument
 PYTHONIC = ToolFormat("pythonic [name(key=value)]", "[func_name1(", None, "", "arguments", listed=True,
                       parallel=True, body=CallBody.PYTHONIC)  # fmt: skip
 PHI4_MINI = ToolFormat("Phi-4-mini's functools[...]", "functools[", None, "functools", "arguments", listed=True,
-                       parallel=True)  # fmt: skip
+                       parallel=True, opener_in_prose=True)  # fmt: skip
 GRANITE = ToolFormat("Granite 3's <|tool_call|>[...]", "available_tools<|end_of_role|>", None, "<|tool_call|>",
                      "arguments", listed=True, parallel=True, tool_role="tool_response",
                      spelled_into="content", also_opened_by=("<tool_call>",))  # fmt: skip

@@ -44,32 +44,48 @@ def content_or_calls(
     found: ToolFormat, tools: list[dict[str, Any]], several: bool, content: GrammarSpec
 ) -> GrammarSpec:
     """``tool_choice`` auto with its content constrained (``response_format``): that content, or an answer of calls
-    of the offered ``tools`` as :func:`calls_grammar` has them."""
+    of the offered ``tools`` as :func:`calls_grammar` has them, after the format's opener where it has one."""
     import xgrammar
 
-    _check_enforced(tools, "offered beside a response_format, its calls are constrained")
+    _check_enforced(tools, "beside a response_format every call is constrained: simplify it, or offer no tools")
     calls = xgrammar.Grammar.from_ebnf(_calls(found, tools, several, found.opening))
+    if found.tags is None and found.opener:  # the model's own first token opens its calls: not masked away
+        calls = xgrammar.Grammar.union(calls, xgrammar.Grammar.concat(_literal(found.opener), calls))
     return GrammarSpec(GrammarKind.EBNF, str(xgrammar.Grammar.union(grammar_of(content), calls)))
 
 
-def lazy_calls_grammar(found: ToolFormat, tools: list[dict[str, Any]], several: bool) -> GrammarSpec | None:
+def lazy_calls_grammar(
+    found: ToolFormat, tools: list[dict[str, Any]], several: bool, think: tuple[str, str, bool] | None = None
+) -> GrammarSpec | None:
     """``tool_choice`` auto with a strict function: any text, and from each opening of a call (a tagged call's
-    opening tag; a whole answer's opener) a call of an offered function by its schema, one unless ``several``. Calls
-    that open with no text of their own (pythonic lists, Llama 3's JSON without ``<|python_tag|>``) cannot be told
-    from text as it is written: None for a format whose calls always do."""
+    opening tag; the opener of a whole answer of calls, a token of its own) calls of the offered functions, each by
+    its function's schema, one unless ``several``. Calls that open with no text of their own (pythonic lists, Llama
+    3's JSON without ``<|python_tag|>``), or with a word prose may hold (Phi-4-mini's ``functools``), cannot be told
+    from text as it is written: None for a format whose calls always do. ``think``: a template's reasoning tags and
+    whether its answers open inside them; a reasoning block is free text, its mention of a call's opening too."""
     import xgrammar
 
-    _check_enforced(tools, "set strict false for this tool")
+    remedy = "with a strict function offered every call is constrained: simplify it, or leave strict off every tool"
+    _check_enforced(tools, remedy)
     if found.tags is not None:  # each tagged call dispatched alone (OLMo 3's block holds its lines)
         block = found.body is CallBody.PYTHONIC and several
-        triggers, content, stop = [found.opening], _calls(found, tools, block, ""), not several
+        trigger, content, stop = found.opening, _calls(found, tools, block, ""), not several
     else:  # the calls after the opener are the whole answer
-        triggers, content, stop = list(found.openers), _calls(found, tools, several, ""), True
-    if not triggers:
+        trigger, content, stop = found.opener, _calls(found, tools, several, ""), True
+    if not trigger or (found.tags is None and found.opener_in_prose):
         return None
-    tags = [{"begin": trigger, "content": {"type": "grammar", "grammar": content}, "end": ""} for trigger in triggers]
-    dispatch = {"type": "triggered_tags", "triggers": triggers, "tags": tags, "stop_after_first": stop}
-    grammar = xgrammar.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": dispatch}))
+    tag = {"begin": trigger, "content": {"type": "grammar", "grammar": content}, "end": ""}
+    answer: dict[str, Any] = {"type": "triggered_tags", "triggers": [trigger], "tags": [tag], "stop_after_first": stop}
+    if think is not None:
+        opening, closing, opened = think
+        reasoning = {"type": "any_text", "excludes": [closing]}
+        thought = {"type": "tag", "begin": "" if opened else opening, "content": reasoning, "end": closing}
+        answer = (  # opened: an answer may also end within its reasoning
+            {"type": "or", "elements": [{"type": "sequence", "elements": [thought, answer]}, reasoning]}
+            if opened
+            else {"type": "sequence", "elements": [{"type": "optional", "content": thought}, answer]}
+        )
+    grammar = xgrammar.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": answer}))
     return GrammarSpec(GrammarKind.EBNF, str(grammar), opens_free=True)
 
 

@@ -86,11 +86,13 @@ class ToolRequest:
             return reason
         return "stop" if self.choice not in ("auto", "required") else "tool_calls"
 
-    def grammar(self, content: GrammarSpec | None = None) -> GrammarSpec | None:
+    def grammar(
+        self, content: GrammarSpec | None = None, think: tuple[str, str, bool] | None = None
+    ) -> GrammarSpec | None:
         """What the answer follows (:mod:`~quickdraft.server.tool_grammar`), several calls where ``parallel`` and
         the format allow them: ``required`` or a named function, calls of the offered functions (of that one);
         ``auto``, the ``content`` constraint (``response_format``) or calls, else with a strict function any text
-        and calls by their schemas once one opens, else nothing."""
+        (``think``'s reasoning block free) and calls by their schemas once one opens, else nothing."""
         several, offered = self.parallel and self.format.parallel, list(self.tools)
         if self.choice != "auto":
             chosen = [tool for tool in offered if self.choice == "required" or tool["function"]["name"] == self.choice]
@@ -98,7 +100,7 @@ class ToolRequest:
         if content is not None:
             return content_or_calls(self.format, offered, several, content)
         strict = any(tool["function"].get("strict") is True for tool in offered)
-        return lazy_calls_grammar(self.format, offered, several) if strict else None
+        return lazy_calls_grammar(self.format, offered, several, think) if strict else None
 
     @property
     def only_calls(self) -> bool:
@@ -296,7 +298,7 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
 def _check_parameters(tools: list[Any]) -> None:
     """Each function's parameters must be a valid JSON schema (checked against the meta-schema its ``$schema`` names,
     2020-12 without one, as OpenAI checks them), whatever ``tool_choice`` says: a schema the call grammar cannot
-    follow is refused only where a grammar is made (``required``, a named function)."""
+    follow is refused only where calls are constrained (:meth:`ToolRequest.grammar`)."""
     from jsonschema import Draft202012Validator, SchemaError, validators
 
     for tool in tools:

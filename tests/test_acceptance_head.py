@@ -174,5 +174,5 @@ def test_specdec_needs_drafts_with_the_draft_models_hidden_states(pipeline: Pipe
             ConfigError, match=r"hidden states: use a drafter that has them \(draft-model, hybrid,"
         ) as bad:
             pipeline.generate([1, 2, 3], config, drafter=drafter)
-        assert bad.value.setting == "policy"
+        assert bad.value.setting == "drafter"  # what the message asks to change
     assert pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="none").token_ids  # no drafts

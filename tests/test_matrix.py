@@ -124,4 +124,4 @@ def test_a_drafter_a_policy_cannot_judge_is_refused_by_both(
         native.generate(PROMPT, config, drafter)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "drafter": drafter, "policy": policy}
     answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT)
-    assert answer.status_code == 400 and answer.json()["error"]["param"] == "policy", answer.text
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "drafter", answer.text

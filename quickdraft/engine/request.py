@@ -80,7 +80,7 @@ def check_drafter(request: Any, target: Any) -> None:
     if spec.kind.needs_acceptance_head and drafter.proposes_drafts and not drafter.drafts_hidden_states:
         judged = ", ".join(name for name in DRAFTERS.names() if DRAFTERS.get(name).drafts_hidden_states)
         message = f"the {spec} policy judges drafts by the draft model's hidden states: use a drafter that has them"
-        raise ConfigError(f"{message} ({judged})", "policy")
+        raise ConfigError(f"{message} ({judged})", "drafter")
 
 
 def token_ids(ids: Any, what: str = "prompt_ids") -> tuple[int, ...]:

@@ -52,8 +52,10 @@ class GenerationStream:
             for _ in self:
                 pass
         elif self.result is None:
-            if self._reader is None or self._reader.gi_frame is None:  # closed: cancelled, or it failed
-                raise ConfigError("this stream was left before its end: its request was cancelled")
+            if self._reader is None or self._reader.gi_frame is None:  # closed: left (cancelled), or it failed
+                raise ConfigError(
+                    "this stream's reading ended before its result: it was left (its request cancelled) or failed"
+                )
             self.result = _drain(self._reader)
         assert self.result is not None
         return self.result

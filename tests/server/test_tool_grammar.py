@@ -10,6 +10,7 @@ import httpx
 import pytest
 from conftest import MODEL, serving
 
+from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.grammar import GrammarKind, GrammarSpec
 from quickdraft.server.errors import ApiError
 from quickdraft.server.protocol import _grammar
@@ -28,6 +29,7 @@ from quickdraft.server.tool_formats import (
 )
 from quickdraft.server.tools import ToolRequest
 
+DRAFTERS_TRIED = ("none", "draft-model", "prompt-lookup", "hybrid")
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY, "strict": True}}
 XML_END = "</parameter>\n</function>\n</tool_call>"
@@ -154,3 +156,25 @@ def _same_calls(answers: list[dict[str, Any]]) -> bool:
     """The same calls whatever their ids (each answer names its own)."""
     stripped = [[{**call, "id": ""} for call in answer.get("tool_calls") or []] for answer in answers]
     return answers[0]["content"] == answers[1]["content"] and stripped[0] == stripped[1]
+
+
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=5)], ids=["greedy", "seeded"]
+)
+def test_a_lazy_grammar_under_speculation_is_constrained_plain_decoding(sampling: SamplingParams) -> None:
+    """A call's opening that the answer writes at once (the trigger is the model's own first character): every
+    drafter gives constrained plain decoding's tokens, through free text, the dispatched call and free text again."""
+    from test_tools import char_pipeline
+
+    pipeline = char_pipeline()
+    prompt = pipeline.encode("user: weather?\nassistant: ")
+    first = pipeline.generate(prompt, GenerationConfig(max_new_tokens=1, sampling=sampling), drafter="none").text
+    found = ToolFormat("a test's", "-", (first, "</t>"), "", "arguments", listed=False, parallel=True)
+    spec = tools_of(found, WEATHER).grammar()
+    assert spec is not None
+    config = GenerationConfig(max_new_tokens=70, grammar=spec, sampling=sampling, policy="fixed:4")
+    answers = {drafter: pipeline.generate(prompt, config, drafter=drafter) for drafter in DRAFTERS_TRIED}
+    plain = answers["none"]
+    assert all(answer.token_ids == plain.token_ids for answer in answers.values()), answers
+    assert plain.text.startswith(f'{first}\n{{"name": "get_weather", "arguments": {{"city": "')  # dispatched
+    assert answers["draft-model"].stats.draft_tokens_proposed > 0

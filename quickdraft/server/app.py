@@ -34,11 +34,13 @@ from quickdraft.prompts import generation_prompt, thinking_of
 from quickdraft.server.access import OPEN, WAITED, Access, read_json
 from quickdraft.server.answers import Tagged, Tracker, collect, scores_only, stream_chunks
 from quickdraft.server.errors import shutting_down
+from quickdraft.server.fields import count, flag
 from quickdraft.server.loop import ServerStopping, ServingLoop
+from quickdraft.server.messages import prompt_batch
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request, template_kwargs
 from quickdraft.server.reasoning import Thinking, opened_by
-from quickdraft.server.responses import new_id, response_body
+from quickdraft.server.responses import batch_body, new_id, response_body
 from quickdraft.server.responses_api import chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tokenize import detokenize, tokenize
@@ -150,13 +152,16 @@ def create_app(
             return pipeline.encode_infill(prompt, suffix)
         return list(prompt) if isinstance(prompt, list) else pipeline.encode(prompt)
 
-    async def start(request: Request, chat: bool, translate: Any = None) -> tuple[Any, ApiRequest, Queue, Tracker]:
-        """Read, check and submit a request's choices: (what ``translate`` adds, the parsed request, its choices'
-        events, its tracker). ``translate``: the body (of another API) -> the chat body it means, and what else its
-        answer needs."""
+    async def start(
+        request: Request, chat: bool, translate: Any = None, body: Any = None
+    ) -> tuple[Any, ApiRequest, Queue, Tracker]:
+        """Read (unless ``body`` was read), check and submit a request's choices: (what ``translate`` adds, the parsed
+        request, its choices' events, its tracker). ``translate``: the body (of another API) -> the chat body it
+        means, and what else its answer needs."""
         arrival = time.perf_counter() - request.scope.get(WAITED, 0.0)  # a replica's request waited in Ray's queue
         access.authorize(request.headers.get("authorization"))
-        body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
+        if body is None:
+            body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
         translated, extra = translate(body) if translate is not None else (body, None)
         try:
             api = await asyncio.to_thread(  # tokenizing a long prompt takes seconds: not on the event loop
@@ -218,8 +223,8 @@ def create_app(
         for index in track.unfinished:
             loop.cancel(api.choices[index].request_id)
 
-    async def generate(request: Request, chat: bool) -> Response:
-        _, api, events, track = await start(request, chat)
+    async def generate(request: Request, chat: bool, body: Any = None) -> Response:
+        _, api, events, track = await start(request, chat, body=body)
         if api.stream:
             chunks = cancelled_when_left(stream_chunks(api, events, track, spell), api, track)
             return StreamingResponse(chunks, media_type="text/event-stream")
@@ -241,7 +246,32 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
+        access.authorize(request.headers.get("authorization"))
+        body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
+        prompts = prompt_batch(body)
+        return await generate(request, False, body) if prompts is None else await batch(request, body, prompts)
+
+    async def batch(request: Request, body: dict[str, Any], prompts: list[Any]) -> Response:
+        """OpenAI's completion of several prompts: a request each, answered whole together, choice j of prompt i at
+        index i·n + j; one that is refused refuses them all."""
+        if flag(body, "stream", False):
+            raise ApiError(400, "a list of prompts is answered whole: stream one prompt a request", "stream")
+        if len(prompts) * (count(body, "n", 1) or 1) > capacity:
+            message = f"a list of prompts runs a request per prompt and choice: at most {capacity} on this server"
+            raise ApiError(400, message, "prompt")
+        started: list[tuple[Any, ApiRequest, Queue, Tracker]] = []
+        try:
+            for prompt in prompts:
+                started.append(await start(request, False, body=body | {"prompt": prompt}))
+            parts = await asyncio.gather(*(whole(request, api, events, track) for _, api, events, track in started))
+        finally:  # the prompts submitted before one was refused, or whose answers were left, go too
+            for _, api, _, track in started:
+                cancel_unfinished(api, track)
+        response_id = new_id(False)
+        bodies = [
+            response_body(api, response_id, part, spell) for (_, api, _, _), part in zip(started, parts, strict=True)
+        ]
+        return JSONResponse(batch_body(bodies, started[0][1].n))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -14,8 +14,17 @@ from quickdraft.server.tools import template_message
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
 
 
+def prompt_batch(body: Any) -> list[Any] | None:
+    """A completion body's prompts where it gives several (a list of texts or of token-id lists, each checked as one
+    prompt when its request is read); None for one prompt, or a body that is not an object (refused when read)."""
+    prompt = body.get("prompt") if isinstance(body, Mapping) else None
+    several = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(item, str | list) for item in prompt)
+    return prompt if several else None
+
+
 def prompt_of(body: Mapping[str, Any]) -> str | list[int]:
-    """A completion body's one prompt: text, or token ids."""
+    """A completion body's one prompt: text, or token ids (a list of several is answered prompt by prompt:
+    :func:`prompt_batch`)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # one prompt in a list
@@ -23,7 +32,7 @@ def prompt_of(body: Mapping[str, Any]) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt  # token ids
-    raise ApiError(400, "prompt must be one non-empty string (or one list of token ids)", "prompt")
+    raise ApiError(400, "prompt must be a non-empty string or a list of token ids, or a list of such prompts", "prompt")
 
 
 def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> list[dict[str, Any]]:

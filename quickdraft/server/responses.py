@@ -172,6 +172,26 @@ def response_body(
     }
 
 
+def batch_body(bodies: Sequence[dict[str, Any]], n: int) -> dict[str, Any]:
+    """One answer of a completion of several prompts from each prompt's (``response_body``): their choices in order,
+    choice j of prompt i at index i·n + j; usage and speculation summed over the prompts."""
+    choices = [
+        {**choice, "index": i * n + choice["index"]} for i, body in enumerate(bodies) for choice in body["choices"]
+    ]
+    return {**bodies[0], "choices": choices} | {key: _summed([body[key] for body in bodies]) for key in SUMMED}
+
+
+SUMMED = ("usage", "speculation")  # an answer's counts
+
+
+def _summed(counts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts (nested: ``prompt_tokens_details``) added up key by key."""
+    return {
+        key: _summed([part[key] for part in counts]) if isinstance(value, dict) else sum(part[key] for part in counts)
+        for key, value in counts[0].items()
+    }
+
+
 def choice_body(
     api: ApiRequest, index: int, result: GenerationResult, spell: Callable[[int], tuple[str, bytes]]
 ) -> dict[str, Any]:

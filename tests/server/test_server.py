@@ -67,6 +67,34 @@ def test_models_health_and_metrics(server: Server) -> None:
     assert 'quickdraft_requests_total{finish_reason="length"}' in metrics
 
 
+def test_a_list_of_prompts_is_a_choice_each_as_openai_answers_it(server: Server, native: Pipeline) -> None:
+    """Prompts in a list (texts or token ids) each get their n choices, choice j of prompt i at index i·n + j, each
+    the answer its prompt gets alone; the usage adds them up. Streamed, or one prompt refused, refuses the list."""
+    prompts = ["w5 w9 w5 w9", "w1 w2 w3"]
+    body = {"model": MODEL, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+    for given in (prompts, [native.encode(prompt) for prompt in prompts]):
+        answer = httpx.post(f"{server.url}/v1/completions", json=body | {"prompt": given, "n": 2}, timeout=TIMEOUT)
+        assert answer.status_code == 200, answer.text
+        choices, usage = answer.json()["choices"], answer.json()["usage"]
+        assert [choice["index"] for choice in choices] == [0, 1, 2, 3]
+        expected = [greedy(native, native.encode(prompt), 4) for prompt in prompts]
+        assert [choice["token_ids"] for choice in choices] == [expected[0], expected[0], expected[1], expected[1]]
+        prompt_tokens = sum(len(native.encode(prompt)) for prompt in prompts)
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt_tokens, 16)
+        assert usage["total_tokens"] == prompt_tokens + 16
+    for extra, param in (
+        ({"stream": True}, "stream"),
+        ({"prompt": ["w1", ""]}, "prompt"),
+        ({"prompt": ["w1"] * 20, "n": 16}, "prompt"),
+    ):
+        answer = httpx.post(f"{server.url}/v1/completions", json=body | {"prompt": prompts} | extra, timeout=TIMEOUT)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (extra, answer.text)
+    deadline = time.monotonic() + TIMEOUT
+    while not server.engine.idle and time.monotonic() < deadline:  # the refused list's first prompt is gone too
+        time.sleep(0.01)
+    assert server.engine.idle
+
+
 def test_completions_whole_and_streamed_are_single_request_greedy(server: Server, native: Pipeline) -> None:
     client, prompt = server.client(), "w5 w9 w5 w9 w5 w9"
     expected = greedy(native, native.encode(prompt), 10)
@@ -312,7 +340,8 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "n": True}, 400, "n must be a whole number"),
     ("completions", {"model": MODEL, "prompt": "w1", "max_draft_tokens": 17}, 400, "max_draft_tokens is at most 16"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": 1.0}, 400, "n must be a whole number"),
-    ("completions", {"model": MODEL, "prompt": [[1], [2]]}, 400, "one non-empty string"),
+    ("completions", {"model": MODEL, "prompt": [1, "w1"]}, 400, "a non-empty string or a list of token ids, or a"),
+    ("completions", {"model": MODEL, "prompt": [[1], [2, 999]]}, 400, "token ids"),  # the batch's prompts checked
     ("completions", {"model": MODEL, "prompt": [999]}, 400, "token ids"),
     ("completions", {"model": MODEL}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": "w1", "drafter": "magic"}, 400, "unknown drafter"),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from quickdraft.server.errors import ApiError
@@ -44,6 +44,7 @@ PASSED = frozenset({
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip
 ACCEPTED = HARMLESS | {"prompt_cache_retention"}  # fields that change nothing here
+ECHOED = ("user", "safety_identifier", "prompt_cache_key", "service_tier")  # repeated in the Response, as OpenAI does
 # what this server cannot do (it keeps no responses, runs no hosted tools, no reasoning), why, and the values that ask
 # for none of it
 KEEPS_NONE = "this server keeps no responses: send the whole conversation as input"
@@ -76,6 +77,7 @@ class Echo:
     text: dict[str, Any]  # its format and verbosity
     top_logprobs: int | None
     metadata: dict[str, Any]
+    given: dict[str, Any] = field(default_factory=dict)  # the fields that change nothing here, as sent (user, ...)
 
 
 def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
@@ -131,6 +133,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
     echo = Echo(
         instructions, body.get("max_output_tokens"), list(body.get("tools") or []), body.get("tool_choice") or "auto",
         flag(body, "parallel_tool_calls", True), text, body.get("top_logprobs"), dict(body.get("metadata") or {}),
+        {name: body[name] for name in ECHOED if body.get(name) is not None},
     )  # fmt: skip
     return chat, echo
 

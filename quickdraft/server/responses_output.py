@@ -69,7 +69,7 @@ def response_object(
         "tools": echo.tools, "top_logprobs": echo.top_logprobs, "top_p": sampling.top_p, "truncation": "disabled",
         "usage": None if result is None else usage(api, result, spell), "metadata": echo.metadata,
     }  # fmt: skip
-    return body | ({} if result is None else {"speculation": speculation([result])})
+    return body | echo.given | ({} if result is None else {"speculation": speculation([result])})
 
 
 def answer_status(result: GenerationResult) -> str:

@@ -64,10 +64,12 @@ def test_an_answer_that_ends_is_completed_and_instructions_are_a_system_message(
     expected, chat = chat_text(server, messages, max_tokens=12, stop=["w2"])
     parts = [{"role": "user", "content": [{"type": "input_text", "text": "w1 w2"}]}]
     whole = server.client().responses.create(model=MODEL, instructions="w4", input=parts, max_output_tokens=12,
-                                             temperature=0, extra_body={"stop": ["w2"]})  # fmt: skip
+                                             temperature=0, extra_body={"stop": ["w2"]}, user="u7",
+                                             safety_identifier="s1", service_tier="flex")  # fmt: skip
     assert whole.output_text == expected and whole.usage.input_tokens == chat.usage.prompt_tokens
     assert whole.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
     assert whole.instructions == "w4"
+    assert (whole.user, whole.safety_identifier, whole.service_tier) == ("u7", "s1", "flex")  # repeated as sent
 
 
 def test_log_probabilities_and_seeded_samples_are_the_chat_ones(server: Server) -> None:

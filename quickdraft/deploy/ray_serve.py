@@ -120,6 +120,7 @@ def key_of(body: bytes, chat: bool, responses: bool = False) -> str | None:
 
 
 ingress_app = FastAPI(title="quickdraft (Ray Serve)")
+READ = ["GET", "HEAD"]  # as a single server's routes: HEAD is GET's head alone
 
 
 @ingress_app.exception_handler(ApiError)
@@ -177,7 +178,7 @@ class Ingress:
             self.running.set(running)
         return running
 
-    @ingress_app.get("/health")
+    @ingress_app.api_route("/health", methods=READ)
     async def health(self) -> JSONResponse:
         running = await asyncio.to_thread(self.running_replicas)
         if running < 1:
@@ -187,16 +188,16 @@ class Ingress:
         low, high = self.sizes
         return JSONResponse({"status": "ok", "replicas": running, "min_replicas": low, "max_replicas": high})
 
-    @ingress_app.get("/metrics")
+    @ingress_app.api_route("/metrics", methods=READ)
     async def metrics(self) -> Response:
         await asyncio.to_thread(self.running_replicas)
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @ingress_app.get("/v1/models")
+    @ingress_app.api_route("/v1/models", methods=READ)
     async def models(self) -> Response:
         return await self.forward("GET", "/v1/models", b"", None, time.time())
 
-    @ingress_app.get("/v1/models/{name:path}")
+    @ingress_app.api_route("/v1/models/{name:path}", methods=READ)
     async def one_model(self, name: str) -> Response:
         return await self.forward("GET", f"/v1/models/{name}", b"", None, time.time())
 

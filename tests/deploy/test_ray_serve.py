@@ -73,6 +73,9 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(url, 2, 240)
+        for path in ("/health", "/v1/models", "/metrics"):  # a load balancer's check that reads no body
+            head = httpx.head(f"{url}{path}", timeout=30)
+            assert head.status_code == 200 and head.content == b"", path
         pipeline = Pipeline.load(str(native_model_dirs["target"]), None, "native")
         config = GenerationConfig(max_new_tokens=LONG)
         expected = {}

@@ -40,6 +40,7 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
         "finish_reason",
         "stop_reason",
         "stats",
+        "logprobs",
         "drafter",
         "policy",
         "calibration",
@@ -51,6 +52,20 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
     }
     assert len(result["token_ids"]) == result["stats"]["new_tokens"] == 6
     assert (result["drafter"], result["policy"]) == ("hybrid-suffix", "goodput")  # as the text output's header says
+    assert result["logprobs"] is None  # not asked for
+    status, out, _ = run(
+        ["generate", "w1 w2 w3", *model_args, "--max-new-tokens", "6", "--json", "--logprobs", "2"], capsys
+    )
+    scored = json.loads(out)
+    assert status == 0 and scored["token_ids"] == result["token_ids"]  # the same answer, with its log-probabilities
+    assert [entry["token_id"] for entry in scored["logprobs"]] == result["token_ids"]
+    for entry in scored["logprobs"]:
+        assert entry["logprob"] <= 0 and len(entry["top"]) == 2 and entry["top"][0]["logprob"] >= entry["logprob"]
+        assert entry["text"] and set(entry["top"][0]) == {"token_id", "text", "logprob"}
+    status, _, err = run(["generate", "w1", *model_args, "--max-new-tokens", "2", "--logprobs", "21"], capsys)
+    assert status == 1 and err.rstrip().endswith("got 21 (--logprobs)"), err
+    status, _, err = run(["generate", "w1", *model_args, "--max-new-tokens", "2", "--logprobs", "1"], capsys)
+    assert status == 0 and "note: --logprobs is shown in --json's output only" in err
     assert "target" in result["calibration"] and "ms per drafted token" in result["calibration"]
     assert result["target"] == str(tiny_model_dirs["target"].resolve())
     assert result["draft"] == str(tiny_model_dirs["draft"].resolve())
@@ -585,7 +600,7 @@ UNUSED_OPTIONS = {
 @pytest.mark.parametrize("case", UNUSED_OPTIONS)
 def test_options_the_drafter_and_policy_do_not_use_get_a_note(case: str, capsys: pytest.CaptureFixture) -> None:
     from quickdraft.cli import build_parser
-    from quickdraft.cli.generate import check_options
+    from quickdraft.cli.generate_options import check_options
     from quickdraft.config import GenerationConfig
 
     options, option, user = UNUSED_OPTIONS[case]
@@ -597,7 +612,7 @@ def test_options_the_drafter_and_policy_do_not_use_get_a_note(case: str, capsys:
 
 def test_options_that_are_used_get_no_note(capsys: pytest.CaptureFixture) -> None:
     from quickdraft.cli import build_parser
-    from quickdraft.cli.generate import check_options
+    from quickdraft.cli.generate_options import check_options
     from quickdraft.config import GenerationConfig
 
     for options in (

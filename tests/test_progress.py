@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import quickdraft.progress as progress
@@ -20,3 +22,17 @@ def test_a_bar_that_is_off_writes_nothing(capsys: pytest.CaptureFixture) -> None
     with progress.progress_bar(total=2, desc="work", disable=True) as bar:
         bar.update(2)
     assert capsys.readouterr().err == ""
+
+
+def test_a_bar_in_a_log_keeps_its_interval_as_its_postfix_changes(capsys: pytest.CaptureFixture) -> None:
+    """A postfix set without a refresh waits for the log's interval; one that refreshes writes a line each time (the
+    bench wrote a line per question and run). Every postfix quickdraft sets is of the first kind."""
+    with progress.progress_bar(total=50, desc="work") as bar:
+        for step in range(50):
+            bar.set_postfix_str(f"step {step}", refresh=False)
+            bar.update(1)
+    assert len(capsys.readouterr().err.splitlines()) <= 2  # the first line and the last
+    sources = (Path(progress.__file__).parent).rglob("*.py")
+    calls = [(path.name, line) for path in sources for line in path.read_text().splitlines() if "set_postfix" in line]
+    refreshing = [name for name, line in calls if "refresh=False" not in line]
+    assert refreshing == []

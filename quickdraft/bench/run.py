@@ -234,7 +234,7 @@ def measure(
                 current_run = run
                 for runtime_pipeline in pipelines.values():
                     runtime_pipeline.forget_answers()
-            bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}")
+            bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}", refresh=False)
             entry = run_question(
                 pipelines[method.runtime], method, question, run, settings.max_new_tokens, settings.sampling_of_run(run)
             )

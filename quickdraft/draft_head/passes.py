@@ -93,7 +93,7 @@ def train_passes(
                 done, tokens = done + 1, tokens + num_tokens
                 bar.update(1)
                 speed = tokens / (time.perf_counter() - started)
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", tok_s=f"{speed:.0f}")
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", tok_s=f"{speed:.0f}", refresh=False)
             record = {"batches": done, "seconds": round(time.perf_counter() - started, 1), "eval": evaluate()}
             history.append(record)
             on_eval(record)

@@ -203,6 +203,8 @@ def write_report(out: Path, results: dict[str, Any]) -> bool:
             f"{fmt(cut['rss_idle_before_mb'], 0)} MB idle before, {fmt(cut['rss_idle_after_mb'], 0)} MB idle after; "
             f"running after: {cut['running_after']}.",
         ]
+        if not s["disconnected"]:  # each client leaves at random: a run of few may test nothing
+            lines.append("No client disconnected, so nothing was tested: raise --disconnect-fraction or --num-prompts.")
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return plot(out, results)
 

@@ -65,6 +65,9 @@ def run_bench_serve(args: argparse.Namespace) -> None:
         check_tool(SERVER_TOOL, "a llama-server configuration")
     prompts = workload_prompts(args.workload, args.questions, args.conversations, args.num_prompts,
                                args.question_seed, args.max_tokens)  # fmt: skip
+    if args.num_prompts is not None and len(prompts) < args.num_prompts:
+        note = f"--num-prompts {args.num_prompts}: the workload holds {len(prompts)} prompts; each run sends them all"
+        print(f"quickdraft: note: {note}", file=sys.stderr)
     if args.max_tokens is None:  # at most: the largest of the requests' own limits
         args.max_tokens = max(prompt.max_tokens or DEFAULT_MAX_TOKENS for prompt in prompts)
     check_output_dir(out)

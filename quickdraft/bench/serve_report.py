@@ -205,6 +205,10 @@ def write_report(out: Path, results: dict[str, Any]) -> bool:
         ]
         if not s["disconnected"]:  # each client leaves at random: a run of few may test nothing
             lines.append("No client disconnected, so nothing was tested: raise --disconnect-fraction or --num-prompts.")
+    planned = results.get("planned", {})
+    missing = planned.get("runs", 0) - len(results["runs"]) + (planned.get("disconnects", False) and not cut)
+    if missing > 0:  # saved after each run: a bench stopped part-way says so
+        lines[1:1] = ["", f"**Incomplete:** {missing} of the planned runs are missing (stopped before they ran)."]
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return plot(out, results)
 

@@ -139,6 +139,8 @@ async def drive(
         url: openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
         for url in set(urls.values())
     }
+    ours = [config for config in configs if not config.is_peer]
+    results["planned"] = {"runs": len(rates) * len(configs), "disconnects": bool(args.disconnect_fraction > 0 and ours)}
     try:
         models = {config.name: await warm_up(clients[urls[config.name]], config, prompts[0]) for config in configs}
         for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
@@ -161,8 +163,7 @@ async def drive(
                 print(f"{config.name} @ {rate}: {summary['throughput_tok_s']:.1f} tok/s, mean e2e {mean_s:.2f} s, "
                       f"lossless {lossless}", file=sys.stderr)  # fmt: skip
                 save(out, results)
-        ours = [config for config in configs if not config.is_peer]
-        if args.disconnect_fraction > 0 and ours:
+        if results["planned"]["disconnects"]:
             url = urls[ours[0].name]
             results["disconnects"] = await disconnect_run(
                 args, clients[url], models[ours[0].name], url, prompts, ours, rates, references

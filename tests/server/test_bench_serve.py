@@ -116,6 +116,10 @@ def test_bench_serve_against_a_server_it_starts(
     results["disconnects"]["summary"]["disconnected"] = 0  # each client leaves at random: a run may test nothing
     write_report(out, results)
     assert "No client disconnected, so nothing was tested" in (out / "report.md").read_text(encoding="utf-8")
+    assert "Incomplete" not in report
+    del results["runs"][-1], results["disconnects"]  # as a bench stopped before its last runs saves them
+    write_report(out, results)
+    assert "**Incomplete:** 2 of the planned runs are missing" in (out / "report.md").read_text(encoding="utf-8")
 
 
 def test_bench_serve_samples_seeded_requests(

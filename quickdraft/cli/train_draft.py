@@ -219,8 +219,19 @@ def on_eval(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
     if args.json:
         return lambda record: None
     return lambda record: print(
-        f"after {record['batches']} batches ({record['seconds']} s): {record['eval']}", file=sys.stderr
+        f"after {record['batches']} batches ({record['seconds']} s): {eval_text(record['eval'])}", file=sys.stderr
     )
+
+
+def eval_text(values: dict[str, Any]) -> str:
+    """An evaluation's numbers as a line: ``tokens 204, loss 3.073, agreement 0.020 / 0.078``."""
+
+    def text(value: Any) -> str:
+        if isinstance(value, tuple | list):
+            return " / ".join(text(part) for part in value)
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    return ", ".join(f"{name.replace('_', ' ')} {text(value)}" for name, value in values.items())
 
 
 def distill_draft(args: argparse.Namespace, pipeline: Any, target: str) -> tuple[Path, Any, Path]:

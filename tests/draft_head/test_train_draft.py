@@ -347,3 +347,10 @@ def test_damaged_collections_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "collection.json").write_text('{"key": {}, "shards": {"0": {}}}')
     with pytest.raises(ConfigError, match=r"shard-00000\.pt is damaged"):
         FeatureData(tmp_path)
+
+
+def test_an_evaluation_is_a_line_of_numbers() -> None:
+    from quickdraft.cli.train_draft import eval_text
+
+    evaluation = {"tokens": 204, "loss": 3.07251, "agreement": (0.0196, 0.0784), "agreement_all": 0.0245}
+    assert eval_text(evaluation) == "tokens 204, loss 3.073, agreement 0.020 / 0.078, agreement all 0.025"

@@ -223,8 +223,11 @@ def on_eval(args: argparse.Namespace) -> Callable[[dict[str, Any]], None]:
     )
 
 
-def eval_text(values: dict[str, Any]) -> str:
-    """An evaluation's numbers as a line: ``tokens 204, loss 3.073, agreement 0.020 / 0.078``."""
+def eval_text(values: dict[str, Any] | None) -> str:
+    """An evaluation's numbers as a line: ``tokens 204, loss 3.073, agreement 0.020 / 0.078``; with no held-out
+    shards (``--held-out-shards 0``) there is none, and the line says so."""
+    if values is None:
+        return "not measured (--held-out-shards 0)"
 
     def text(value: Any) -> str:
         if isinstance(value, tuple | list):

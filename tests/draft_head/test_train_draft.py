@@ -354,3 +354,4 @@ def test_an_evaluation_is_a_line_of_numbers() -> None:
 
     evaluation = {"tokens": 204, "loss": 3.07251, "agreement": (0.0196, 0.0784), "agreement_all": 0.0245}
     assert eval_text(evaluation) == "tokens 204, loss 3.073, agreement 0.020 / 0.078, agreement all 0.025"
+    assert eval_text(None) == "not measured (--held-out-shards 0)"  # it raised on None

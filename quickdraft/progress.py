@@ -28,3 +28,9 @@ def progress_bar(iterable: Any = None, **options: Any) -> Any:
     if sys.stderr.isatty():
         return tqdm(iterable, file=sys.stderr, **options)
     return tqdm(iterable, file=LogLines(), mininterval=LOG_INTERVAL_S, ncols=100, **options)
+
+
+def show_postfix(bar: Any, text: str) -> None:
+    """Says what ``bar`` works on now: redrawn at once on a terminal, so the bar never names the previous item while
+    this one runs; in a log it waits for the next line, as a refresh would write a line per item."""
+    bar.set_postfix_str(text, refresh=sys.stderr.isatty())

@@ -32,7 +32,28 @@ def test_a_bar_in_a_log_keeps_its_interval_as_its_postfix_changes(capsys: pytest
             bar.set_postfix_str(f"step {step}", refresh=False)
             bar.update(1)
     assert len(capsys.readouterr().err.splitlines()) <= 2  # the first line and the last
+    with progress.progress_bar(total=50, desc="work") as bar:
+        for step in range(50):
+            progress.show_postfix(bar, f"step {step}")
+            bar.update(1)
+    assert len(capsys.readouterr().err.splitlines()) <= 2
     sources = (Path(progress.__file__).parent).rglob("*.py")
     calls = [(path.name, line) for path in sources for line in path.read_text().splitlines() if "set_postfix" in line]
-    refreshing = [name for name, line in calls if "refresh=False" not in line]
+    refreshing = [
+        name for name, line in calls if "refresh=False" not in line and "refresh=sys.stderr.isatty()" not in line
+    ]
     assert refreshing == []
+
+
+def test_a_postfix_on_a_terminal_is_drawn_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the bar names the item it works on now, not the one before (it redrew only on the update)."""
+    drawn: list[bool] = []
+
+    class Bar:
+        def set_postfix_str(self, text: str, refresh: bool) -> None:
+            drawn.append(refresh)
+
+    for on_terminal in (True, False):
+        monkeypatch.setattr(progress.sys.stderr, "isatty", lambda on_terminal=on_terminal: on_terminal)
+        progress.show_postfix(Bar(), "now")
+    assert drawn == [True, False]

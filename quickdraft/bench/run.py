@@ -44,7 +44,7 @@ from quickdraft.errors import ConfigError, PromptError
 from quickdraft.lossless.rules import check_prompt
 from quickdraft.lossless.sampling import SamplingParams
 from quickdraft.machine import cpu_description
-from quickdraft.progress import progress_bar
+from quickdraft.progress import progress_bar, show_postfix
 from quickdraft.runtime import AUTO, RUNTIMES
 from quickdraft.runtime.names import KV_CACHE_DEFAULT
 from quickdraft.runtime.options import draft_load_defaults
@@ -234,7 +234,7 @@ def measure(
                 current_run = run
                 for runtime_pipeline in pipelines.values():
                     runtime_pipeline.forget_answers()
-            bar.set_postfix_str(f"{method.name} on {question.category} {question.question_id}", refresh=False)
+            show_postfix(bar, f"{method.name} on {question.category} {question.question_id}")
             entry = run_question(
                 pipelines[method.runtime], method, question, run, settings.max_new_tokens, settings.sampling_of_run(run)
             )

@@ -59,6 +59,16 @@ def decoder_steps(tokenizer: Any) -> list[dict[str, Any]]:
     return state.get("decoders", [state]) if state.get("type") == "Sequence" else [state]
 
 
+def spelled(tokenizer: Any, pieces: Sequence[bytes], token_id: int) -> tuple[str, bytes]:
+    """A token's text and its own bytes (a byte token's are not its text's U+FFFD), ``pieces`` being
+    :func:`token_pieces`. The text is the token's as it reads after other text: a SentencePiece or WordPiece word
+    keeps the space before it, which a tokenizer drops from a text that starts with it."""
+    text = tokenizer.decode([token_id], clean_up_tokenization_spaces=False)  # as answers are decoded
+    piece = pieces[token_id] if token_id < len(pieces) else b""
+    spaced = piece.decode(errors="replace") == f" {text}"
+    return f" {text}" if spaced else text, piece or text.encode()
+
+
 def token_pieces(tokenizer: Any) -> list[bytes]:
     """``[V]`` each id's bytes as the tokenizer's decoder writes them: byte-level BPE's alphabet, SentencePiece's ▁
     and ``<0xHH>`` byte tokens, WordPiece's ``##``; an added token's own text; b"" for an id without a token."""

@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.deploy.router import affinity_key
 from quickdraft.errors import ConfigError
-from quickdraft.server.access import read_body
+from quickdraft.server.access import READ, read_body
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.protocol import ApiError
 from quickdraft.server.responses_api import chat_request
@@ -120,7 +120,6 @@ def key_of(body: bytes, chat: bool, responses: bool = False) -> str | None:
 
 
 ingress_app = FastAPI(title="quickdraft (Ray Serve)")
-READ = ["GET", "HEAD"]  # as a single server's routes: HEAD is GET's head alone
 
 
 @ingress_app.exception_handler(ApiError)
@@ -178,7 +177,7 @@ class Ingress:
             self.running.set(running)
         return running
 
-    @ingress_app.api_route("/health", methods=READ)
+    @ingress_app.api_route("/health", methods=list(READ))
     async def health(self) -> JSONResponse:
         running = await asyncio.to_thread(self.running_replicas)
         if running < 1:
@@ -188,16 +187,16 @@ class Ingress:
         low, high = self.sizes
         return JSONResponse({"status": "ok", "replicas": running, "min_replicas": low, "max_replicas": high})
 
-    @ingress_app.api_route("/metrics", methods=READ)
+    @ingress_app.api_route("/metrics", methods=list(READ))
     async def metrics(self) -> Response:
         await asyncio.to_thread(self.running_replicas)
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @ingress_app.api_route("/v1/models", methods=READ)
+    @ingress_app.api_route("/v1/models", methods=list(READ))
     async def models(self) -> Response:
         return await self.forward("GET", "/v1/models", b"", None, time.time())
 
-    @ingress_app.api_route("/v1/models/{name:path}", methods=READ)
+    @ingress_app.api_route("/v1/models/{name:path}", methods=list(READ))
     async def one_model(self, name: str) -> Response:
         return await self.forward("GET", f"/v1/models/{name}", b"", None, time.time())
 

@@ -31,6 +31,7 @@ MAX_BODY_MB = 8  # a prompt that fills the default pair's 32,768 positions is we
 MAX_NESTING = 64  # JSON levels a body may nest: chat templates and schema compilers recurse through them
 REQUEST_TIMEOUT_S = 600.0  # llama-server's default
 BODY_TIMEOUT_S = 60.0  # nginx's client_body_timeout default
+READ = ("GET", "HEAD")  # the methods of a route that reads a resource: HEAD as HTTP has it, GET's head alone
 WAITED = "quickdraft.waited_s"  # ASGI scope key: seconds a request waited before it reached the app (a replica's)
 
 

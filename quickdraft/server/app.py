@@ -31,7 +31,7 @@ from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull
 from quickdraft.errors import QuickdraftError
 from quickdraft.prompts import generation_prompt, thinking_of
-from quickdraft.server.access import OPEN, WAITED, Access, read_json
+from quickdraft.server.access import OPEN, READ, WAITED, Access, read_json
 from quickdraft.server.answers import Tagged, Tracker, collect, scores_only, stream_chunks
 from quickdraft.server.errors import shutting_down
 from quickdraft.server.fields import count, flag
@@ -46,11 +46,10 @@ from quickdraft.server.responses_output import new_response_id, output_items, re
 from quickdraft.server.tokenize import detokenize, tokenize
 from quickdraft.server.tool_formats import tool_format_of
 from quickdraft.text import dropped_ids
-from quickdraft.vocabularies import token_pieces
+from quickdraft.vocabularies import spelled, token_pieces
 
 LOG = logging.getLogger("quickdraft.server")
 RETRY = {"retry-after": "1"}  # a full queue's 429: when to send again (the openai client waits that long, not blind)
-READ = ["GET", "HEAD"]  # what reads a resource: HEAD as HTTP has it (its head alone), for checks that read no body
 
 
 def create_app(
@@ -94,7 +93,7 @@ def create_app(
         body = ApiError(error.status_code, str(error.detail)).body()  # its headers kept: a 405's Allow
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
-    @app.api_route("/health", methods=READ)
+    @app.api_route("/health", methods=list(READ))
     async def health() -> JSONResponse:
         if loop.draining:  # a load balancer sends no more requests here (the loop may have ended already)
             raise shutting_down()
@@ -106,33 +105,27 @@ def create_app(
     entries = {name: {"id": name, "object": "model", "created": started, "owned_by": "quickdraft"} for name in
                defaults.model_names}  # fmt: skip
 
-    @app.api_route("/v1/models", methods=READ)
+    @app.api_route("/v1/models", methods=list(READ))
     async def models(request: Request) -> dict[str, Any]:
         access.authorize(request.headers.get("authorization"))
         return {"object": "list", "data": list(entries.values())}
 
-    @app.api_route("/v1/models/{name:path}", methods=READ)
+    @app.api_route("/v1/models/{name:path}", methods=list(READ))
     async def one_model(request: Request, name: str) -> dict[str, Any]:
         access.authorize(request.headers.get("authorization"))
         if name not in entries:
             raise ApiError(404, f"the model {name!r} does not exist", "model", code="model_not_found")
         return entries[name]
 
-    @app.api_route("/metrics", methods=READ)
+    @app.api_route("/metrics", methods=list(READ))
     async def prometheus(request: Request) -> Response:
         access.authorize(request.headers.get("authorization"), metrics=True)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @functools.cache
     def spell(token_id: int) -> tuple[str, bytes]:
-        """A token's text and its own bytes (logprobs' ``bytes``: a byte token's is not its text's U+FFFD). The text
-        is the token's as it reads after other text: a SentencePiece or WordPiece word keeps the space before it,
-        which a tokenizer drops from a text that starts with it."""
-        pieces = vocabulary_pieces()
-        text = pipeline.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)  # as answers are decoded
-        piece = pieces[token_id] if token_id < len(pieces) else b""
-        spaced = piece.decode(errors="replace") == f" {text}"
-        return f" {text}" if spaced else text, piece or text.encode()
+        """A token's text and its own bytes (logprobs' ``bytes``): :func:`spelled`."""
+        return spelled(pipeline.tokenizer, vocabulary_pieces(), token_id)
 
     @functools.cache
     def vocabulary_pieces() -> list[bytes]:  # [V], made on the first request for logprobs
@@ -152,13 +145,17 @@ def create_app(
             return pipeline.encode_infill(prompt, suffix)
         return list(prompt) if isinstance(prompt, list) else pipeline.encode(prompt)
 
+    def arrived(request: Request) -> float:
+        """When ``request`` arrived: a replica's request waited in Ray's queue before it came here."""
+        return time.perf_counter() - request.scope.get(WAITED, 0.0)
+
     async def start(
-        request: Request, chat: bool, translate: Any = None, body: Any = None
+        request: Request, chat: bool, translate: Any = None, body: Any = None, arrival: float | None = None
     ) -> tuple[Any, ApiRequest, Queue, Tracker]:
-        """Read (unless ``body`` was read), check and submit a request's choices: (what ``translate`` adds, the parsed
-        request, its choices' events, its tracker). ``translate``: the body (of another API) -> the chat body it
-        means, and what else its answer needs."""
-        arrival = time.perf_counter() - request.scope.get(WAITED, 0.0)  # a replica's request waited in Ray's queue
+        """Read (unless ``body`` was read, the request having arrived at ``arrival``), check and submit a request's
+        choices: (what ``translate`` adds, the parsed request, its choices' events, its tracker). ``translate``: the
+        body (of another API) -> the chat body it means, and what else its answer needs."""
+        arrival = arrived(request) if arrival is None else arrival
         access.authorize(request.headers.get("authorization"))
         if body is None:
             body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
@@ -223,8 +220,8 @@ def create_app(
         for index in track.unfinished:
             loop.cancel(api.choices[index].request_id)
 
-    async def generate(request: Request, chat: bool, body: Any = None) -> Response:
-        _, api, events, track = await start(request, chat, body=body)
+    async def generate(request: Request, chat: bool, body: Any = None, arrival: float | None = None) -> Response:
+        _, api, events, track = await start(request, chat, body=body, arrival=arrival)
         if api.stream:
             chunks = cancelled_when_left(stream_chunks(api, events, track, spell), api, track)
             return StreamingResponse(chunks, media_type="text/event-stream")
@@ -246,23 +243,32 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
+        arrival = arrived(request)  # its time to first token counts the reading of its body, as every request's
         access.authorize(request.headers.get("authorization"))
         body = await read_json(request, access.max_body_bytes, access.body_timeout_s)
         prompts = prompt_batch(body)
-        return await generate(request, False, body) if prompts is None else await batch(request, body, prompts)
+        if prompts is None:
+            return await generate(request, False, body, arrival)
+        return await batch(request, body, prompts, arrival)
 
-    async def batch(request: Request, body: dict[str, Any], prompts: list[Any]) -> Response:
+    async def batch(request: Request, body: dict[str, Any], prompts: list[Any], arrival: float) -> Response:
         """OpenAI's completion of several prompts: a request each, answered whole together, choice j of prompt i at
-        index i·n + j; one that is refused refuses them all."""
+        index i·n + j; one that is refused refuses them all, its error naming it (``prompt[2]: ...``)."""
         if flag(body, "stream", False):
             raise ApiError(400, "a list of prompts is answered whole: stream one prompt a request", "stream")
-        if len(prompts) * (count(body, "n", 1) or 1) > capacity:
-            message = f"a list of prompts runs a request per prompt and choice: at most {capacity} on this server"
+        n = count(body, "n", 1) or 1
+        if len(prompts) * n > capacity:
+            message = f"a list of prompts runs a request per prompt and choice: {len(prompts)} prompts × n {n} = "
+            message += f"{len(prompts) * n}, at most {capacity} on this server (--max-running and --max-waiting)"
             raise ApiError(400, message, "prompt")
         started: list[tuple[Any, ApiRequest, Queue, Tracker]] = []
         try:
-            for prompt in prompts:
-                started.append(await start(request, False, body=body | {"prompt": prompt}))
+            for position, prompt in enumerate(prompts):
+                try:
+                    started.append(await start(request, False, body=body | {"prompt": prompt}, arrival=arrival))
+                except ApiError as error:
+                    error.message = f"prompt[{position}]: {error.message}"
+                    raise
             parts = await asyncio.gather(*(whole(request, api, events, track) for _, api, events, track in started))
         finally:  # the prompts submitted before one was refused, or whose answers were left, go too
             for _, api, _, track in started:

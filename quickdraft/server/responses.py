@@ -172,6 +172,9 @@ def response_body(
     }
 
 
+SUMMED = ("usage", "speculation")  # an answer's counts
+
+
 def batch_body(bodies: Sequence[dict[str, Any]], n: int) -> dict[str, Any]:
     """One answer of a completion of several prompts from each prompt's (``response_body``): their choices in order,
     choice j of prompt i at index i·n + j; usage and speculation summed over the prompts."""
@@ -179,9 +182,6 @@ def batch_body(bodies: Sequence[dict[str, Any]], n: int) -> dict[str, Any]:
         {**choice, "index": i * n + choice["index"]} for i, body in enumerate(bodies) for choice in body["choices"]
     ]
     return {**bodies[0], "choices": choices} | {key: _summed([body[key] for body in bodies]) for key in SUMMED}
-
-
-SUMMED = ("usage", "speculation")  # an answer's counts
 
 
 def _summed(counts: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -82,13 +82,14 @@ def test_a_list_of_prompts_is_a_choice_each_as_openai_answers_it(server: Server,
         prompt_tokens = sum(len(native.encode(prompt)) for prompt in prompts)
         assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt_tokens, 16)
         assert usage["total_tokens"] == prompt_tokens + 16
-    for extra, param in (
-        ({"stream": True}, "stream"),
-        ({"prompt": ["w1", ""]}, "prompt"),
-        ({"prompt": ["w1"] * 20, "n": 16}, "prompt"),
+    for extra, param, words in (
+        ({"stream": True}, "stream", "stream one prompt a request"),
+        ({"prompt": ["w1", ""]}, "prompt", "prompt[1]: "),
+        ({"prompt": ["w1"] * 20, "n": 16}, "prompt", "20 prompts × n 16 = 320"),
     ):
         answer = httpx.post(f"{server.url}/v1/completions", json=body | {"prompt": prompts} | extra, timeout=TIMEOUT)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (extra, answer.text)
+        assert words in answer.json()["error"]["message"], (extra, answer.text)
     deadline = time.monotonic() + TIMEOUT
     while not server.engine.idle and time.monotonic() < deadline:  # the refused list's first prompt is gone too
         time.sleep(0.01)
@@ -341,7 +342,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "max_draft_tokens": 17}, 400, "max_draft_tokens is at most 16"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": 1.0}, 400, "n must be a whole number"),
     ("completions", {"model": MODEL, "prompt": [1, "w1"]}, 400, "a non-empty string or a list of token ids, or a"),
-    ("completions", {"model": MODEL, "prompt": [[1], [2, 999]]}, 400, "token ids"),  # the batch's prompts checked
+    ("completions", {"model": MODEL, "prompt": [[1], [2, 999]]}, 400, "prompt[1]: token ids"),  # each checked
     ("completions", {"model": MODEL, "prompt": [999]}, 400, "token ids"),
     ("completions", {"model": MODEL}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": "w1", "drafter": "magic"}, 400, "unknown drafter"),

@@ -59,13 +59,14 @@ def test_generate_json(model_args: list[str], tiny_model_dirs: dict[str, Path], 
     scored = json.loads(out)
     assert status == 0 and scored["token_ids"] == result["token_ids"]  # the same answer, with its log-probabilities
     assert [entry["token_id"] for entry in scored["logprobs"]] == result["token_ids"]
+    assert "".join(entry["text"] for entry in scored["logprobs"]) == scored["text"]  # a word keeps its space
     for entry in scored["logprobs"]:
         assert entry["logprob"] <= 0 and len(entry["top"]) == 2 and entry["top"][0]["logprob"] >= entry["logprob"]
         assert entry["text"] and set(entry["top"][0]) == {"token_id", "text", "logprob"}
     status, _, err = run(["generate", "w1", *model_args, "--max-new-tokens", "2", "--logprobs", "21"], capsys)
     assert status == 1 and err.rstrip().endswith("got 21 (--logprobs)"), err
     status, _, err = run(["generate", "w1", *model_args, "--max-new-tokens", "2", "--logprobs", "1"], capsys)
-    assert status == 0 and "note: --logprobs is shown in --json's output only" in err
+    assert status == 0 and "note: --logprobs is shown in --json's output only: ignored" in err
     assert "target" in result["calibration"] and "ms per drafted token" in result["calibration"]
     assert result["target"] == str(tiny_model_dirs["target"].resolve())
     assert result["draft"] == str(tiny_model_dirs["draft"].resolve())

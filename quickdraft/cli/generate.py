@@ -211,6 +211,8 @@ def run(args: argparse.Namespace) -> None:
     ngram_sizes = ("prompt_lookup_max_ngram", "prompt_lookup_min_ngram", "hybrid_min_ngram")
     options = DrafterOptions(**given(**{name: getattr(args, name) for name in ngram_sizes}))
     check_options(args, config)
+    if not args.json:  # log-probabilities are shown in --json's output only: checked, not computed
+        config = replace(config, logprobs=None)
     suffix = None if args.suffix is None else read_text("--suffix", args.suffix)
     prompt = read_prompt(args, empty_ok=suffix is not None)
     draft = draft_for(args, [args.drafter])
@@ -268,13 +270,19 @@ def run(args: argparse.Namespace) -> None:
             "identical_tokens": result.token_ids == plain.token_ids,
         }
     if args.json:
+        logprobs = None
+        if result.logprobs is not None:
+            from quickdraft.vocabularies import token_pieces
+
+            pieces = token_pieces(pipeline.tokenizer)
+            logprobs = [logprob_json(pipeline, pieces, entry) for entry in result.logprobs]
         output: dict[str, Any] = {
             "text": result.text,
             "token_ids": result.token_ids,
             "finish_reason": result.finish_reason,
             "stop_reason": result.stop_reason,  # the stop string or stop token id that ended it
             "stats": result.stats.to_dict(),
-            "logprobs": None if result.logprobs is None else [logprob_json(pipeline, e) for e in result.logprobs],
+            "logprobs": logprobs,
             "drafter": args.drafter,
             "policy": str(config.policy_spec),
             "calibration": None if setup.calibration is None else describe(setup, config),  # the costs' source
@@ -298,11 +306,13 @@ def run(args: argparse.Namespace) -> None:
         print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
 
 
-def logprob_json(pipeline: Any, entry: Any) -> dict[str, Any]:
-    """A new token's log-probability and its alternatives', each with its text."""
+def logprob_json(pipeline: Any, pieces: list[bytes], entry: Any) -> dict[str, Any]:
+    """A new token's log-probability and its alternatives', each with its text as the server spells it (a word
+    keeps its space: :func:`~quickdraft.vocabularies.spelled`)."""
+    from quickdraft.vocabularies import spelled
 
     def token(token_id: int, logprob: float) -> dict[str, Any]:
-        return {"token_id": token_id, "text": pipeline.tokenizer.decode([token_id]), "logprob": logprob}
+        return {"token_id": token_id, "text": spelled(pipeline.tokenizer, pieces, token_id)[0], "logprob": logprob}
 
     return token(entry.token_id, entry.logprob) | {"top": [token(*alternative) for alternative in entry.top]}
 

@@ -78,7 +78,7 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
         "--hybrid-min-ngram": args.hybrid_min_ngram is not None and not (copies and issubclass(drafter, HybridDrafter)),
     }
     if args.logprobs is not None and not args.json:
-        print("quickdraft: note: --logprobs is shown in --json's output only", file=sys.stderr)
+        print("quickdraft: note: --logprobs is shown in --json's output only: ignored", file=sys.stderr)
     for option in ("--chat-template", "--chat-template-kwargs"):
         if getattr(args, option[2:].replace("-", "_")) is not None and not args.chat:
             print(f"quickdraft: note: {option} is not used without --chat (the prompt is plain text)", file=sys.stderr)

@@ -44,7 +44,8 @@ PASSED = frozenset({
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip
 ACCEPTED = HARMLESS | {"prompt_cache_retention"}  # fields that change nothing here
-ECHOED = ("user", "safety_identifier", "prompt_cache_key", "service_tier")  # repeated in the Response, as OpenAI does
+ECHOED = ("user", "safety_identifier", "prompt_cache_key")  # repeated in the Response as sent, as OpenAI does
+RAN_AT = "default"  # the service_tier a Response says it ran at, as OpenAI's says the tier it used: this server has one
 # what this server cannot do (it keeps no responses, runs no hosted tools, no reasoning), why, and the values that ask
 # for none of it
 KEEPS_NONE = "this server keeps no responses: send the whole conversation as input"
@@ -133,7 +134,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
     echo = Echo(
         instructions, body.get("max_output_tokens"), list(body.get("tools") or []), body.get("tool_choice") or "auto",
         flag(body, "parallel_tool_calls", True), text, body.get("top_logprobs"), dict(body.get("metadata") or {}),
-        {name: body[name] for name in ECHOED if body.get(name) is not None},
+        {name: body[name] for name in ECHOED if body.get(name) is not None} | {"service_tier": RAN_AT},
     )  # fmt: skip
     return chat, echo
 

@@ -204,7 +204,8 @@ def write_report(out: Path, results: dict[str, Any]) -> bool:
             f"running after: {cut['running_after']}.",
         ]
         if not s["disconnected"]:  # each client leaves at random: a run of few may test nothing
-            lines.append("No client disconnected, so nothing was tested: raise --disconnect-fraction or --num-prompts.")
+            advice = "raise --disconnect-fraction or --num-prompts"
+            lines += ["", f"No client disconnected, so nothing was tested: {advice}."]
     planned = results.get("planned", {})
     missing = planned.get("runs", 0) - len(results["runs"]) + (planned.get("disconnects", False) and not cut)
     if missing > 0:  # saved after each run: a bench stopped part-way says so

@@ -12,6 +12,8 @@ Rules:
   log-probabilities) before its first delta; each delta is a chunk of its choice's index (what may open a
   tool call held back, per choice); each choice ends with its finish reason; after the last, the usage chunk when
   asked for, then ``[DONE]``. A failure or the request's timeout is an error event, then ``[DONE]``.
+- A completion of several prompts streams as one request of their choices, choice j of prompt i as index i·n + j,
+  its usage summed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Request
@@ -122,27 +124,29 @@ async def collect(request: Request, events: asyncio.Queue[Tagged], track: Tracke
 
 
 async def stream_chunks(
-    api: ApiRequest, events: asyncio.Queue[Tagged], track: Tracker, spell: Spell
+    parts: Sequence[ApiRequest], events: asyncio.Queue[Tagged], track: Tracker, spell: Spell
 ) -> AsyncIterator[str]:
-    """The answer's chunks as server-sent events (the rules above)."""
-    response_id, results = new_id(api.chat), {}
-    offsets = [TextOffsets(0, api.silent) for _ in range(api.n)]  # completions' text_offset: each choice's next token
-    calls = [api.tools.call_filter() if api.tools else None for _ in range(api.n)]  # hold back what may open a call
-    thoughts = [api.thinking.stream() if api.thinking else None for _ in range(api.n)]  # reasoning apart
-    echoed = [api.echo is None] * api.n  # a completion's echoed prompt goes out before its first delta
-    echo_logprobs = api.echo is not None and api.serve.config.logprobs is not None
-    if api.chat:
-        for index in range(api.n):
+    """The answer's chunks as server-sent events (the rules above). ``parts``: the request, or a completion's one
+    request per prompt of a list, whose choice j of prompt i is tagged and sent as index i·n + j."""
+    response_id, results, n = new_id(parts[0].chat), {}, parts[0].n
+    apis = [api for api in parts for _ in range(n)]  # each choice's request
+    offsets = [TextOffsets(0, api.silent) for api in apis]  # completions' text_offset: each choice's next token
+    calls = [api.tools.call_filter() if api.tools else None for api in apis]  # hold back what may open a call
+    thoughts = [api.thinking.stream() if api.thinking else None for api in apis]  # reasoning apart
+    echoed = [api.echo is None for api in apis]  # a completion's echoed prompt goes out before its first delta
+    if parts[0].chat:
+        for index, api in enumerate(apis):
             yield sse(chunk_body(api, response_id, None, index=index))
-    while len(results) < api.n:
+    while len(results) < len(apis):
         try:
             index, event = await asyncio.wait_for(events.get(), track.seconds_left())
         except TimeoutError:
             yield sse(track.timeout().body())
             break
-        held, thought = calls[index], thoughts[index]
+        api, held, thought = apis[index], calls[index], thoughts[index]
         if isinstance(event, TokenDelta) and not echoed[index]:
             echoed[index] = True
+            echo_logprobs = api.serve.config.logprobs is not None
             prompt = prompt_logprobs_body(api, event.prompt_logprobs, spell) if echo_logprobs else None
             yield sse(chunk_body(api, response_id, api.echo, logprobs=prompt, index=index))
             offsets[index] = TextOffsets(len(api.echo or ""), api.silent)
@@ -173,6 +177,7 @@ async def stream_chunks(
             yield sse(failure(event).body())
             break
     else:
-        if api.include_usage:
-            yield sse(usage_chunk(api, response_id, [results[index] for index in range(api.n)]))
+        if parts[0].include_usage:
+            answered = [(api, [results[i * n + j] for j in range(n)]) for i, api in enumerate(parts)]
+            yield sse(usage_chunk(answered, response_id))
     yield "data: [DONE]\n\n"

@@ -150,11 +150,18 @@ def create_app(
         return time.perf_counter() - request.scope.get(WAITED, 0.0)
 
     async def start(
-        request: Request, chat: bool, translate: Any = None, body: Any = None, arrival: float | None = None
+        request: Request,
+        chat: bool,
+        translate: Any = None,
+        body: Any = None,
+        arrival: float | None = None,
+        events: Queue | None = None,
+        first_index: int = 0,
     ) -> tuple[Any, ApiRequest, Queue, Tracker]:
         """Read (unless ``body`` was read, the request having arrived at ``arrival``), check and submit a request's
         choices: (what ``translate`` adds, the parsed request, its choices' events, its tracker). ``translate``: the
-        body (of another API) -> the chat body it means, and what else its answer needs."""
+        body (of another API) -> the chat body it means, and what else its answer needs. ``events``: a queue shared
+        by a list's prompts, where choice j is tagged ``first_index`` + j."""
         arrival = arrived(request) if arrival is None else arrival
         access.authorize(request.headers.get("authorization"))
         if body is None:
@@ -184,14 +191,14 @@ def create_app(
         if api.n > capacity:  # never fits, however long the client waits: no "retry later"
             message = f"n is at most {capacity} on this server: it runs and queues that many requests at once"
             raise ApiError(400, message + " (--max-running and --max-waiting)", "n")
-        events: asyncio.Queue[Tagged] = asyncio.Queue()
+        events: asyncio.Queue[Tagged] = asyncio.Queue() if events is None else events
         event_loop = asyncio.get_running_loop()
         track = Tracker(arrival, metrics, access.request_timeout_s, api.n)
 
         def deliver(index: int, event: Event) -> None:  # on the event loop; timed even after a client went away
             event = scores_only(event) if api.scores_only else event  # the metrics count what the answer says
             track.see(index, event)
-            events.put_nowait((index, event))
+            events.put_nowait((first_index + index, event))
 
         def sink(index: int) -> Callable[[Event], None]:
             def tell(event: Event) -> None:  # on the engine's thread
@@ -223,7 +230,7 @@ def create_app(
     async def generate(request: Request, chat: bool, body: Any = None, arrival: float | None = None) -> Response:
         _, api, events, track = await start(request, chat, body=body, arrival=arrival)
         if api.stream:
-            chunks = cancelled_when_left(stream_chunks(api, events, track, spell), api, track)
+            chunks = cancelled_when_left(stream_chunks([api], events, track, spell), [(api, track)])
             return StreamingResponse(chunks, media_type="text/event-stream")
         results = await whole(request, api, events, track)
         return JSONResponse(response_body(api, new_id(chat), results, spell))
@@ -234,12 +241,15 @@ def create_app(
         finally:
             cancel_unfinished(api, track)
 
-    async def cancelled_when_left(texts: AsyncIterator[str], api: ApiRequest, track: Tracker) -> AsyncIterator[str]:
+    async def cancelled_when_left(
+        texts: AsyncIterator[str], parts: list[tuple[ApiRequest, Tracker]]
+    ) -> AsyncIterator[str]:
         try:
             async for text in texts:
                 yield text
         finally:  # ended, failed, or the client went away: the choices still running free their slots
-            cancel_unfinished(api, track)
+            for api, track in parts:
+                cancel_unfinished(api, track)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -252,32 +262,43 @@ def create_app(
         return await batch(request, body, prompts, arrival)
 
     async def batch(request: Request, body: dict[str, Any], prompts: list[Any], arrival: float) -> Response:
-        """OpenAI's completion of several prompts: a request each, answered whole together, choice j of prompt i at
-        index i·n + j; one that is refused refuses them all, its error naming it (``prompt[2]: ...``)."""
-        if flag(body, "stream", False):
-            raise ApiError(400, "a list of prompts is answered whole: stream one prompt a request", "stream")
+        """OpenAI's completion of several prompts: a request each, choice j of prompt i at index i·n + j, answered
+        whole together or streamed as one stream of their chunks; one that is refused refuses them all, its error
+        naming it (``prompt[2]: ...``)."""
         n = count(body, "n", 1) or 1
         if len(prompts) * n > capacity:
             message = f"a list of prompts runs a request per prompt and choice: {len(prompts)} prompts × n {n} = "
             message += f"{len(prompts) * n}, at most {capacity} on this server (--max-running and --max-waiting)"
             raise ApiError(400, message, "prompt")
+        streamed = flag(body, "stream", False)
+        shared: asyncio.Queue[Tagged] | None = asyncio.Queue() if streamed else None  # every prompt's events
         started: list[tuple[Any, ApiRequest, Queue, Tracker]] = []
         try:
             for position, prompt in enumerate(prompts):
+                part = body | {"prompt": prompt}
                 try:
-                    started.append(await start(request, False, body=body | {"prompt": prompt}, arrival=arrival))
+                    started.append(await start(request, False, None, part, arrival, shared, position * n * streamed))
                 except ApiError as error:
                     error.message = f"prompt[{position}]: {error.message}"
                     raise
+        except BaseException:  # the prompts submitted before one was refused go too
+            for _, api, _, track in started:
+                cancel_unfinished(api, track)
+            raise
+        if shared is not None:
+            chunks = stream_chunks([api for _, api, _, _ in started], shared, started[0][3], spell)
+            texts = cancelled_when_left(chunks, [(api, track) for _, api, _, track in started])
+            return StreamingResponse(texts, media_type="text/event-stream")
+        try:
             parts = await asyncio.gather(*(whole(request, api, events, track) for _, api, events, track in started))
-        finally:  # the prompts submitted before one was refused, or whose answers were left, go too
+        finally:  # the answers of all are left when one fails
             for _, api, _, track in started:
                 cancel_unfinished(api, track)
         response_id = new_id(False)
         bodies = [
             response_body(api, response_id, part, spell) for (_, api, _, _), part in zip(started, parts, strict=True)
         ]
-        return JSONResponse(batch_body(bodies, started[0][1].n))
+        return JSONResponse(batch_body(bodies, n))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -302,7 +323,7 @@ def create_app(
     async def responses(request: Request) -> Response:
         echo, api, events, track = await start(request, True, chat_request)
         if api.stream:
-            texts = cancelled_when_left(stream_events(api, echo, events, track, spell), api, track)
+            texts = cancelled_when_left(stream_events(api, echo, events, track, spell), [(api, track)])
             return StreamingResponse(texts, media_type="text/event-stream")
         (result,) = await whole(request, api, events, track)
         output = output_items(api, result, spell)

@@ -259,10 +259,9 @@ def chunk_body(
     return body | {"choices": [choice]} | ({"usage": None} if api.include_usage else {})  # usage: on the last chunk
 
 
-def usage_chunk(api: ApiRequest, response_id: str, results: Sequence[GenerationResult]) -> dict[str, Any]:
-    """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage and the speculation."""
-    return chunk_body(api, response_id, "") | {
-        "choices": [],
-        "usage": usage(api, results),
-        "speculation": speculation(results),
-    }
+def usage_chunk(parts: Sequence[tuple[ApiRequest, Sequence[GenerationResult]]], response_id: str) -> dict[str, Any]:
+    """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage and the speculation of
+    ``parts`` (the request and its results, or each prompt's of a completion of several), summed."""
+    counts = [{"usage": usage(api, results), "speculation": speculation(results)} for api, results in parts]
+    summed = {key: _summed([part[key] for part in counts]) for key in SUMMED}
+    return chunk_body(parts[0][0], response_id, "") | {"choices": []} | summed

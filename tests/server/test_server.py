@@ -69,7 +69,8 @@ def test_models_health_and_metrics(server: Server) -> None:
 
 def test_a_list_of_prompts_is_a_choice_each_as_openai_answers_it(server: Server, native: Pipeline) -> None:
     """Prompts in a list (texts or token ids) each get their n choices, choice j of prompt i at index i·n + j, each
-    the answer its prompt gets alone; the usage adds them up. Streamed, or one prompt refused, refuses the list."""
+    the answer its prompt gets alone; the usage adds them up, whole or streamed. One prompt refused refuses the
+    list."""
     prompts = ["w5 w9 w5 w9", "w1 w2 w3"]
     body = {"model": MODEL, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
     for given in (prompts, [native.encode(prompt) for prompt in prompts]):
@@ -82,9 +83,26 @@ def test_a_list_of_prompts_is_a_choice_each_as_openai_answers_it(server: Server,
         prompt_tokens = sum(len(native.encode(prompt)) for prompt in prompts)
         assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt_tokens, 16)
         assert usage["total_tokens"] == prompt_tokens + 16
+    stream = server.client().completions.create(  # streamed: one stream of their chunks, each with its index
+        model=MODEL, prompt=prompts, max_tokens=4, temperature=0, n=2, echo=True, stream=True,
+        stream_options={"include_usage": True}, extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    texts, token_ids = ["", "", "", ""], [[], [], [], []]
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.text
+        token_ids[choice.index] += getattr(choice, "token_ids", None) or []
+    assert token_ids == [expected[0], expected[0], expected[1], expected[1]]
+    whole = httpx.post(
+        f"{server.url}/v1/completions", json=body | {"prompt": prompts, "n": 2, "echo": True}, timeout=TIMEOUT
+    )
+    assert texts == [choice["text"] for choice in whole.json()["choices"]]  # the echoed prompts, then the answers
+    assert len({chunk.id for chunk in chunks}) == 1 and not chunks[-1].choices
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (prompt_tokens, 16)
     for extra, param, words in (
-        ({"stream": True}, "stream", "stream one prompt a request"),
         ({"prompt": ["w1", ""]}, "prompt", "prompt[1]: "),
+        ({"prompt": ["w1", ""], "stream": True}, "prompt", "prompt[1]: "),
         ({"prompt": ["w1"] * 20, "n": 16}, "prompt", "20 prompts × n 16 = 320"),
     ):
         answer = httpx.post(f"{server.url}/v1/completions", json=body | {"prompt": prompts} | extra, timeout=TIMEOUT)

@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> None:
         named = [flag for flag, given in sample_flags.items() if given]
         raise ConfigError(f"{', '.join(named)} draw{'s' if len(named) == 1 else ''} a sample of a question file; "
                           "--context-lengths asks one question per length")  # fmt: skip
+    unused = [flag for flag in ("--per-category", "--question-seed") if args.all_questions and sample_flags[flag]]
+    if unused:  # nothing is drawn: every question runs
+        verb = "is" if len(unused) == 1 else "are"
+        print(f"quickdraft: note: {', '.join(unused)} {verb} not used with --all-questions", file=sys.stderr)
     settings = BenchSettings(
         out=Path(args.out),
         questions=Path(args.questions) if args.questions else None,

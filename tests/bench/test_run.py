@@ -119,6 +119,9 @@ def test_bench_bad_questions_exit_cleanly(tmp_path: Path, capsys: pytest.Capture
         assert main(["bench", "--questions", str(path), "--out", str(tmp_path / "o")]) == 1
         err = capsys.readouterr().err
         assert err.startswith("quickdraft: error: --questions") and message in err
+    args = ["bench", "--questions", str(bad), "--out", str(tmp_path / "o"), "--all-questions", "--question-seed", "3"]
+    assert main(args) == 1  # the seed draws nothing when every question runs
+    assert "note: --question-seed is not used with --all-questions" in capsys.readouterr().err
 
 
 def test_bench_categories_are_checked_before_any_model_is_loaded(

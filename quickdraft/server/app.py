@@ -271,13 +271,16 @@ def create_app(
             message += f"{len(prompts) * n}, at most {capacity} on this server (--max-running and --max-waiting)"
             raise ApiError(400, message, "prompt")
         streamed = flag(body, "stream", False)
-        shared: asyncio.Queue[Tagged] | None = asyncio.Queue() if streamed else None  # every prompt's events
+        shared: Queue | None = asyncio.Queue() if streamed else None  # [Tagged]: every prompt's events, streamed
         started: list[tuple[Any, ApiRequest, Queue, Tracker]] = []
         try:
             for position, prompt in enumerate(prompts):
                 part = body | {"prompt": prompt}
                 try:
-                    started.append(await start(request, False, None, part, arrival, shared, position * n * streamed))
+                    first_index = position * n if streamed else 0  # a shared queue tags the list's choices
+                    started.append(
+                        await start(request, False, body=part, arrival=arrival, events=shared, first_index=first_index)
+                    )
                 except ApiError as error:
                     error.message = f"prompt[{position}]: {error.message}"
                     raise
@@ -286,7 +289,9 @@ def create_app(
                 cancel_unfinished(api, track)
             raise
         if shared is not None:
-            chunks = stream_chunks([api for _, api, _, _ in started], shared, started[0][3], spell)
+            created = started[0][1].created  # one stream, one time, as a whole answer has
+            apis = [dataclasses.replace(api, created=created) for _, api, _, _ in started]
+            chunks = stream_chunks(apis, shared, started[0][3], spell)  # its prompts' time limits are one: one arrival
             texts = cancelled_when_left(chunks, [(api, track) for _, api, _, track in started])
             return StreamingResponse(texts, media_type="text/event-stream")
         try:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import threading
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ from conftest import MODEL, TIMEOUT, Server, answer_text, native_chat_pipeline, 
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
 from quickdraft.grammar import GrammarKind, GrammarSpec
+from quickdraft.server import protocol
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +115,19 @@ def test_a_list_of_prompts_is_a_choice_each_as_openai_answers_it(server: Server,
     while not server.engine.idle and time.monotonic() < deadline:  # the refused list's first prompt is gone too
         time.sleep(0.01)
     assert server.engine.idle
+
+
+def test_a_streamed_list_of_prompts_is_one_answer_of_one_time(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its chunks share one id and one ``created``, though its prompts are read one after the other (each read took
+    its own second: each prompt's chunks carried its own)."""
+    clock = itertools.count(1_800_000_000)
+    monkeypatch.setattr(protocol, "time", types.SimpleNamespace(time=lambda: next(clock)))
+    stream = server.client().completions.create(
+        model=MODEL, prompt=["w1", "w2", "w3"], max_tokens=2, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert sorted({choice.index for chunk in chunks for choice in chunk.choices}) == [0, 1, 2]
+    assert len({chunk.created for chunk in chunks}) == 1 and len({chunk.id for chunk in chunks}) == 1
 
 
 def test_completions_whole_and_streamed_are_single_request_greedy(server: Server, native: Pipeline) -> None:

@@ -11,10 +11,10 @@ Rules:
   follows; one with no ``reasoning_text`` is left out).
   ``instructions`` is a system message before them (``""``: none).
 - ``max_output_tokens`` is chat's ``max_tokens``; ``text.format`` (text, json_object, json_schema) its
-  ``response_format``; function ``tools`` (flat: name, description, parameters, strict) and ``tool_choice`` (auto,
-  none, required, ``{"type": "function", "name"}``) its tools; ``include: ["message.output_text.logprobs"]`` or
-  ``top_logprobs`` its log-probabilities. quickdraft's extras, ``seed``, ``stop`` and ``chat_template_kwargs`` pass
-  as in chat.
+  ``response_format``; function ``tools`` (flat: name, description, parameters, strict: true unless false) and
+  ``tool_choice`` (auto, none, required, ``{"type": "function", "name"}``) its tools;
+  ``include: ["message.output_text.logprobs"]`` or ``top_logprobs`` its log-probabilities. quickdraft's extras,
+  ``seed``, ``stop`` and ``chat_template_kwargs`` pass as in chat.
 - This server keeps no responses: ``store`` true, ``previous_response_id``, ``conversation`` and ``background`` are
   refused (send the whole conversation as ``input``), as are reasoning settings (effort, summaries), prompt
   templates, ``max_tool_calls``, ``truncation`` auto, context management, hosted tools, other ``include`` values and
@@ -45,6 +45,7 @@ READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools",
                   "metadata", "reasoning"})  # fmt: skip
 ACCEPTED = HARMLESS | {"prompt_cache_retention"}  # fields that change nothing here
 ECHOED = ("user", "safety_identifier", "prompt_cache_key")  # repeated in the Response as sent, as OpenAI does
+STRICT = True  # a function tool's strict when not given: the Responses API's default, unlike chat's
 RAN_AT = "default"  # the service_tier a Response says it ran at, as OpenAI's says the tier it used: this server has one
 # what this server cannot do (it keeps no responses, runs no hosted tools, no reasoning), why, and the values that ask
 # for none of it
@@ -115,8 +116,9 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
         chat["response_format"] = {"type": text_format["type"]} | (
             {"json_schema": schema} if text_format["type"] == "json_schema" else {}
         )
+    tools = _list(body["tools"], "tools") if body.get("tools") is not None else []
     if body.get("tools") is not None:
-        chat["tools"] = [_tool(tool) for tool in _list(body["tools"], "tools")]
+        chat["tools"] = [_tool(tool) for tool in tools]
     choice = body.get("tool_choice")
     if isinstance(choice, Mapping):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
@@ -131,8 +133,10 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
         raise ApiError(400, f"include may hold only {LOGPROBS!r} here", "include", code="unsupported_parameter")
     if include or body.get("top_logprobs") is not None:  # top_logprobs alone asks for them too
         chat["logprobs"] = True
+    echoed_tools = [dict(tool) | {"strict": chat_tool["function"]["strict"]}  # as it ran: its default filled in
+                    for tool, chat_tool in zip(tools, chat.get("tools", []), strict=True)]  # fmt: skip
     echo = Echo(
-        instructions, body.get("max_output_tokens"), list(body.get("tools") or []), body.get("tool_choice") or "auto",
+        instructions, body.get("max_output_tokens"), echoed_tools, body.get("tool_choice") or "auto",
         flag(body, "parallel_tool_calls", True), text, body.get("top_logprobs"), dict(body.get("metadata") or {}),
         {name: body[name] for name in ECHOED if body.get(name) is not None} | {"service_tier": RAN_AT},
     )  # fmt: skip
@@ -258,4 +262,5 @@ def _tool(tool: Any) -> dict[str, Any]:
     if not isinstance(tool.get("name"), str) or not tool["name"]:
         raise ApiError(400, 'a function tool needs a name: {"type": "function", "name", "parameters"}', "tools")
     keys = ("name", "description", "parameters", "strict")
-    return {"type": "function", "function": {key: tool[key] for key in keys if tool.get(key) is not None}}
+    function = {key: tool[key] for key in keys if tool.get(key) is not None}
+    return {"type": "function", "function": {"strict": STRICT} | function}

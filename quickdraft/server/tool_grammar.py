@@ -65,7 +65,7 @@ def lazy_calls_grammar(
     whether its answers open inside them; a reasoning block is free text, its mention of a call's opening too."""
     import xgrammar
 
-    remedy = "with a strict function offered every call is constrained: simplify it, or leave strict off every tool"
+    remedy = "with a strict function offered every call is constrained: simplify it, or make every tool not strict"
     _check_enforced(tools, remedy)
     if found.tags is not None:  # each tagged call dispatched alone (OLMo 3's block holds its lines)
         block = found.body is CallBody.PYTHONIC and several

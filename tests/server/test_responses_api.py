@@ -15,6 +15,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from test_tools import WEATHER, char_pipeline
 
+from quickdraft.server.responses_api import chat_request
+
 ASK = "What is the weather in Paris?"
 TOOL = {"type": "function", "name": "get_weather", "description": "the weather in a city"} | {
     "parameters": WEATHER["function"]["parameters"]
@@ -287,3 +289,10 @@ def test_a_request_past_its_time_ends_with_response_failed() -> None:
         failed = strictly(events[-1]["response"])
         assert events[-1]["type"] == "response.failed" and failed["error"]["code"] == "server_error"
         assert all(item["status"] == "incomplete" for item in failed["output"])
+
+
+def test_a_function_tool_is_strict_unless_it_says_not_as_openai_has_it() -> None:
+    """The Responses API's function tools default to strict (chat's to not strict); the Response shows it."""
+    for given, strict in (({}, True), ({"strict": None}, True), ({"strict": False}, False), ({"strict": True}, True)):
+        chat, echo = chat_request({"model": MODEL, "input": "w1", "tools": [TOOL | given]})
+        assert chat["tools"][0]["function"]["strict"] is strict and echo.tools == [TOOL | {"strict": strict}]

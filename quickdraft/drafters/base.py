@@ -72,9 +72,13 @@ class DraftTask:
     # only what it allows)
 
 
+MAX_NGRAM = 16  # the largest n-gram size an option may give (prompt lookup's index holds each size up to it)
+
+
 @dataclass(frozen=True)
 class DrafterOptions:
-    """Settings of the drafters; each drafter reads the ones it uses."""
+    """Settings of the drafters; each drafter reads the ones it uses. N-gram sizes are at most ``MAX_NGRAM``: an
+    index keeps every size's n-grams of the context."""
 
     prompt_lookup_max_ngram: int = 3
     prompt_lookup_min_ngram: int = 1
@@ -88,6 +92,8 @@ class DrafterOptions:
         for name in ("prompt_lookup_max_ngram", "prompt_lookup_min_ngram", "hybrid_min_ngram"):
             if not is_int(getattr(self, name)):
                 raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}", name)
+            if getattr(self, name) > MAX_NGRAM:
+                raise ConfigError(f"{name} is at most {MAX_NGRAM}, got {getattr(self, name)}", name)
         if self.draft_head is not None and not isinstance(self.draft_head, str | Path):
             raise ConfigError(f"draft_head must be a file's path, got {self.draft_head!r}", "draft_head")
         if self.vocabulary_bridge is not None and not isinstance(self.vocabulary_bridge, VocabularyBridge):

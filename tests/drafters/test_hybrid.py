@@ -83,7 +83,9 @@ def test_hybrid_ngram_size_is_checked() -> None:
         DrafterOptions(hybrid_min_ngram=0)
     bad = [({"prompt_lookup_max_ngram": "3"}, "must be an integer"), ({"hybrid_min_ngram": 1.5}, "must be an integer"),
            ({"prompt_lookup_min_ngram": True}, "must be an integer"), ({"draft_head": 5}, "a file's path"),
-           ({"vocabulary_bridge": "x"}, "VocabularyBridge")]  # fmt: skip
+           ({"vocabulary_bridge": "x"}, "VocabularyBridge"),
+           ({"prompt_lookup_max_ngram": 10**9}, "at most 16"),  # its index held every size: out of memory
+           ({"hybrid_min_ngram": 17}, "at most 16")]  # fmt: skip
     for options, words in bad:
         with pytest.raises(ConfigError, match=words):
             DrafterOptions(**options)

@@ -24,7 +24,9 @@ class GenerationStream:
     The request is checked (and its policy built) when the stream is made, and queued at the first delta asked
     for. Each delta asked for steps the engine, and so every request it runs, until this one commits text; streams
     on several threads step in turn. A stream is read once: one left before its end cancels its request, and
-    reading it again is an error; :meth:`finish` goes on with one read partway whose reading is still held.
+    reading it again is an error, for the new reading and, its request cancelled, for the one held; reading it on a
+    second thread while the first reads is an error for the second alone. :meth:`finish` goes on with one read
+    partway whose reading is still held.
     """
 
     def __init__(self, engine: Engine, request: Request) -> None:
@@ -37,10 +39,15 @@ class GenerationStream:
     def __iter__(self) -> Iterator[str]:
         if self.result is None:  # a finished stream yields nothing more and keeps its result
             if self._reader is not None:
-                self._reader.close()  # a reading left midway but still held: its request is cancelled now
+                try:
+                    self._reader.close()  # a reading left midway but still held: its request is cancelled now
+                except ValueError:  # "generator already executing": it runs on another thread, and goes on
+                    raise ConfigError("this stream is being read on another thread: a stream is read once") from None
                 raise ConfigError("this stream was already read: left before its end, its request was cancelled")
             self._reader = self._run()
             result = yield from self._reader
+            if result is None and self.result is None:  # a second reading closed this one (its request cancelled)
+                raise ConfigError("this stream was read again, which cancelled its request: a stream is read once")
             if self.result is None:  # else finish() drove the reading to its end
                 self.result = result
 

@@ -83,7 +83,40 @@ def test_a_stream_read_partway_finishes_from_where_it_stopped(native: Pipeline) 
     with pytest.raises(ConfigError, match="already read"):
         list(again)
     assert native.engine.idle and not native.engine.scheduler.running
-    assert held is not None  # still held
+    with pytest.raises(ConfigError, match="read again, which cancelled its request"):
+        list(held)  # the first reading ended as if the answer were whole
+    assert again.result is None
+
+
+def test_a_stream_read_on_two_threads_at_once_is_refused_on_the_second(
+    native: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second reading is refused clearly (it raised "generator already executing"); the first goes on whole."""
+    expected = native.generate(PROMPTS[0], CONFIGS[0], "draft-model")
+    stream = native.stream(PROMPTS[0], CONFIGS[0], "draft-model")
+    reader, started, second = iter(stream), threading.Event(), []
+
+    def read_elsewhere() -> None:
+        started.wait(10)
+        try:
+            list(stream)
+        except ConfigError as error:
+            second.append(str(error))
+
+    thread = threading.Thread(target=read_elsewhere)
+    thread.start()
+    forward_batch = native.target.forward_batch
+
+    def slow(rows: object) -> object:  # the first reading is inside a step while the second asks
+        started.set()
+        time.sleep(0.05)
+        return forward_batch(rows)
+
+    monkeypatch.setattr(native.target, "forward_batch", slow)
+    text = "".join(reader)
+    thread.join(10)
+    assert second and "being read on another thread" in second[0], second
+    assert text == expected.text and stream.result is not None and stream.result.token_ids == expected.token_ids
 
 
 def test_a_stream_left_before_its_end_frees_its_caches_at_once(native: Pipeline) -> None:

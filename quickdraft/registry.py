@@ -20,8 +20,9 @@ class Registry(Generic[T]):
     """Entries registered (``register``) or named by where they are defined (``lazy``: name -> "module:attribute",
     imported by ``get``), so that listing the names imports nothing."""
 
-    def __init__(self, kind: str, lazy: Mapping[str, str] | None = None) -> None:
+    def __init__(self, kind: str, lazy: Mapping[str, str] | None = None, setting: str | None = None) -> None:
         self.kind = kind
+        self.setting = setting  # the library setting that names an entry: an unknown name's error names it
         self._entries: dict[str, T] = {}
         self._lazy = dict(lazy or {})
 
@@ -42,7 +43,7 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             known = ", ".join(self.names())
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; choose one of: {known}") from None
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; choose one of: {known}", self.setting) from None
 
     def names(self) -> list[str]:
         return sorted({*self._entries, *self._lazy})

@@ -33,3 +33,15 @@ def test_the_drafter_and_runtime_names_import_no_drafter_and_no_runtime() -> Non
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.splitlines() == ["False False True", "SuffixDrafter True"]
+
+
+def test_an_unknown_name_names_the_setting_it_was_given_for() -> None:
+    """So the CLI and the server can point at the flag or field (``setting`` was None)."""
+    from quickdraft.drafters import DRAFTERS
+    from quickdraft.policies.base import POLICIES
+    from quickdraft.runtime import RUNTIMES
+
+    for registry, setting in ((DRAFTERS, "drafter"), (POLICIES, "policy"), (RUNTIMES, "runtime")):
+        with pytest.raises(UnknownNameError) as raised:
+            registry.get("bogus")
+        assert raised.value.setting == setting

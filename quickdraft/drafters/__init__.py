@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 DRAFTERS: Registry[type[Drafter]] = Registry(
     "drafter",
+    setting="drafter",
     lazy={
         "draft-model": "quickdraft.drafters.draft_model:DraftModelDrafter",
         "prompt-lookup": "quickdraft.drafters.prompt_lookup:PromptLookupDrafter",

@@ -244,7 +244,7 @@ class PolicyKind:
     uses_max_draft_tokens: bool = True  # it chooses γ up to the request's max_draft_tokens
 
 
-POLICIES: Registry[PolicyKind] = Registry("speculation policy")
+POLICIES: Registry[PolicyKind] = Registry("speculation policy", setting="policy")
 MAX_DRAFT_TOKENS = 1024  # the most drafts a step may ask for: fixed:K's bound and num_draft_tokens'
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 RUNTIMES: Registry[type[Runtime]] = Registry(
     "runtime",
+    setting="runtime",
     lazy={
         "transformers": "quickdraft.runtime.hf:HFRuntime",
         "native": "quickdraft.runtime.native.runtime:NativeRuntime",

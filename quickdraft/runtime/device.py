@@ -32,7 +32,7 @@ def resolve_device(spec: str | torch.device) -> torch.device:
         return CPU
     match = CUDA_PATTERN.fullmatch(text)
     if match is None:
-        raise ConfigError(f"unknown device {str(spec)!r}: give {DEVICE_FORMS}")
+        raise ConfigError(f"unknown device {str(spec)!r}: give {DEVICE_FORMS}", "device")
     if not torch.cuda.is_available():
         raise ConfigError(
             f"device {str(spec)!r}: torch {torch.__version__} sees no CUDA GPU here; use device cpu (or auto), "
@@ -41,7 +41,9 @@ def resolve_device(spec: str | torch.device) -> torch.device:
         )
     index = int(match.group(1) or 0)
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"device {str(spec)!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s), cuda:0 and up")
+        raise ConfigError(
+            f"device {str(spec)!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s), cuda:0 and up", "device"
+        )
     return torch.device("cuda", index)
 
 

@@ -10,7 +10,7 @@ from quickdraft.errors import ConfigError
 from quickdraft.lossless.sampling import is_int
 from quickdraft.runtime.base import LoadOptions, Runtime
 from quickdraft.runtime.device import CPU
-from quickdraft.runtime.names import DRAFT_VOCABULARY, DRAFT_WEIGHTS
+from quickdraft.runtime.names import DRAFT_VOCABULARY, DRAFT_WEIGHTS, WEIGHT_FORMATS
 from quickdraft.tokens import frequent_tokens
 
 
@@ -33,6 +33,9 @@ def draft_load_options(
     for explicitly). ``role`` "": a model loaded as a draft model is, on its own (``profile``), its settings named
     ``weights`` and ``vocabulary``."""
     prefix, model = (f"{role}_", f"the {role} model") if role else ("", "the model")
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        message = f"unknown {prefix}weights {weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}"
+        raise ConfigError(message, f"{prefix}weights")
     if vocabulary is not None and (not is_int(vocabulary) or vocabulary < 0):
         message = f"{prefix}vocabulary is a number of tokens >= 0 (0: all), got {vocabulary!r}"
         raise ConfigError(message, f"{prefix}vocabulary")

@@ -116,6 +116,9 @@ def test_a_requests_flags_and_the_pipelines_arguments_take_their_own_types(nativ
         native.calibrate("draft-model", max_draft_tokens="4")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="draft_vocabulary is a number of tokens >= 0 \\(0: all\\), got '16'"):
         draft_load_options(NativeRuntime, native.tokenizer, None, "16")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown draft_weights 'q2'; choose one of: auto, q4, int8") as bad:
+        draft_load_options(NativeRuntime, native.tokenizer, "q2", None)  # named by the library's setting
+    assert bad.value.setting == "draft_weights"
     for tools in ("abc", 5, [5]):
         with pytest.raises(PromptError, match="tools must be a list of OpenAI function tools"):
             native.encode_chat([{"role": "user", "content": "w1"}], tools=tools)  # type: ignore[arg-type]

@@ -63,8 +63,9 @@ def test_the_kv_cache_holds_float16_unless_float32_is_asked_for(native_model_dir
     token_ids = torch.randint(0, half.vocab_size, (1, 24), generator=torch.Generator().manual_seed(3))
     logits = [runtime.forward(token_ids, cache) for runtime, cache in zip((half, wide), caches, strict=True)]
     assert (logits[0] - logits[1]).abs().max() < 0.02 * logits[1].abs().max()
-    with pytest.raises(ConfigError, match="unknown KV cache dtype 'bfloat16'; choose one of: float16, float32"):
+    with pytest.raises(ConfigError, match="unknown KV cache dtype 'bfloat16'; choose one of: float16, float32") as bad:
         NativeRuntime.load(path, LoadOptions(kv_cache_dtype="bfloat16"))
+    assert bad.value.setting == "kv_cache_dtype"
     with pytest.raises(ConfigError, match="a KV cache of float16 needs the native runtime"):
         HFRuntime.load(path, LoadOptions(kv_cache_dtype="float16"))
     assert HFRuntime.load(path, LoadOptions(kv_cache_dtype="float32")).kv_cache_dtype == "float32"  # what it holds

@@ -89,7 +89,8 @@ class NativeRuntime(Runtime):
             raise ConfigError(f"unknown weight format {options.weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
         kv_cache = options.kv_cache_dtype or KV_CACHE_DEFAULT
         if kv_cache not in KV_DTYPES:
-            raise ConfigError(f"unknown KV cache dtype {kv_cache!r}; choose one of: {', '.join(KV_DTYPES)}")
+            message = f"unknown KV cache dtype {kv_cache!r}; choose one of: {', '.join(KV_DTYPES)}"
+            raise ConfigError(message, "kv_cache_dtype")
         try:
             config = DecoderConfig.from_dir(path)
         except (ValueError, KeyError) as error:

@@ -23,16 +23,21 @@ def uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
 
 
 MAX_HEAD_BYTES = 64 << 10  # a request's line and headers together (nginx holds 32 kB, h11 16 kB)
+LINGER_SECONDS = 2.0  # how long a refused connection's further bytes are read and dropped before it closes
 
 
 @functools.cache
 def json_errors_protocol() -> type:
     """The HTTP/1.1 protocol uvicorn would pick (httptools where installed, else h11, which bounds a request's head
     itself), its answers to a request it will not read written as error bodies; the connection then closes, as
-    uvicorn's own 400 closes it."""
+    uvicorn's own 400 closes it, but lingering: the server's side is shut and what the client still sends is dropped
+    until it closes or :data:`LINGER_SECONDS` pass, so the client reads the answer (a socket closed with unread
+    bytes is reset, and a reset can discard the answer before the client reads it)."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class JsonErrors(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        lingering = False  # the error is written; what comes in is dropped until the connection closes
+
         def send_400_response(self, msg: str) -> None:
             self.send_error(400, "Bad Request", f"malformed HTTP request: {msg}")
 
@@ -47,7 +52,19 @@ def json_errors_protocol() -> type:
             ]
             head = "".join(f"{name}: {value}\r\n" for name, value in headers)
             self.transport.write(f"HTTP/1.1 {status} {reason}\r\n{head}\r\n".encode("latin-1") + body)
-            self.transport.close()
+            if not self.transport.can_write_eof():
+                self.transport.close()
+                return
+            self.transport.write_eof()
+            self.lingering = True
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.lingering:
+                super().data_received(data)
+
+        def eof_received(self) -> bool | None:
+            return None if self.lingering else super().eof_received()  # None: the transport closes
 
     try:  # uvicorn imports httptools only where it is installed (uvicorn[standard]); h11 is used without it
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -71,7 +88,7 @@ def json_errors_protocol() -> type:
         def data_received(self, data: bytes) -> None:
             in_head = self.in_head
             super().data_received(data)
-            if in_head and self.in_head and not self.transport.is_closing():
+            if in_head and self.in_head and not self.lingering and not self.transport.is_closing():
                 self.head_bytes += len(data)
                 if self.head_bytes > MAX_HEAD_BYTES:
                     message = f"a request's line and headers are at most {MAX_HEAD_BYTES // 1024} kB"

@@ -222,7 +222,7 @@ def generation_prompt(tokenizer: Any, template_kwargs: Mapping[str, Any] | None 
 def use_chat_template(tokenizer: Any, template: str) -> None:
     """Make ``template`` (Jinja, as transformers' ``apply_chat_template`` reads it) the tokenizer's chat template in
     place of the model's; ``ConfigError`` naming ``chat_template`` for one that renders neither a user turn nor a
-    system and a user turn, or renders them as nothing (the model's is kept then)."""
+    system and a user turn, renders them as nothing or without the user's text (the model's is kept then)."""
     import jinja2
 
     if not isinstance(template, str):
@@ -233,9 +233,15 @@ def use_chat_template(tokenizer: Any, template: str) -> None:
     user, system = {"role": "user", "content": "0"}, {"role": "system", "content": "1"}
     try:
         try:
-            rendered = encode_chat(tokenizer, [user])
+            turns = [user]
+            rendered = encode_chat(tokenizer, turns)
         except PromptError:  # a template may ask for a system turn first
-            rendered = encode_chat(tokenizer, [system, user])
+            turns = [system, user]
+            rendered = encode_chat(tokenizer, turns)
+        as_text = [  # the user's text changed: so must the text
+            tokenizer.apply_chat_template([*turns[:-1], {"role": "user", "content": text}], tokenize=False)
+            for text in ("0", "2")
+        ]
     except (ModelFilesError, PromptError, jinja2.TemplateError) as error:
         tokenizer.chat_template = previous
         message = str(error).replace("this model's chat template", "the chat template")
@@ -243,6 +249,13 @@ def use_chat_template(tokenizer: Any, template: str) -> None:
     if not rendered:
         tokenizer.chat_template = previous
         raise ConfigError("the chat template renders a conversation as no text at all", "chat_template")
+    if as_text[0] == as_text[1]:
+        tokenizer.chat_template = previous
+        raise ConfigError(
+            "the chat template renders every conversation alike: a user turn's text is not in it (it must write "
+            "each message's content, looping over `messages`)",
+            "chat_template",
+        )
 
 
 def chat_prefix(tokenizer: Any) -> list[int]:

@@ -60,7 +60,12 @@ def test_a_chat_template_of_ones_own_is_checked_on_a_user_turn_or_a_system_and_a
     )
     use_chat_template(tokenizer, system_first)
     assert encode_chat(tokenizer, [{"role": "system", "content": "w1"}, {"role": "user", "content": "w2"}]) == [1, 2]
-    bad = (("{% if false %}w1{% endif %}", "as no text at all"), ("{{ x.y }}", "'x' is undefined"), ("", "empty"))
+    bad = (
+        ("{% if false %}w1{% endif %}", "as no text at all"),
+        ("{{ x.y }}", "'x' is undefined"),
+        ("", "empty"),
+        ("w1 {% for m in messages %}{{ m.role }} {% endfor %}", "every conversation alike"),  # it drops the turns
+    )
     for template, words in bad:
         with pytest.raises(ConfigError, match=words):
             use_chat_template(tokenizer, template)

@@ -109,6 +109,9 @@ def position_budget(
         how = f"{AUTO_SHARE:.0%} of the {available // MB} MB available" + (f", {share:.2g} of it" if share < 1 else "")
     else:
         budget, how = kv_cache_mb * MB, "--kv-cache-mb"
+        available = available_bytes() if on_host else None
+        if available is not None and budget > available:  # allowed (the caches fill as requests come), but said
+            how += f", more than the {available // MB} MB available: a full cache would run out of memory"
     positions = budget // bytes_per_position
     if positions < 1:
         raise ConfigError(f"--kv-cache-mb {kv_cache_mb} holds no cache position (one costs {bytes_per_position} bytes)",

@@ -64,6 +64,8 @@ def test_the_budget_in_positions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert position_budget(None, MB, 0, on_host=False) == (None, "request caches: no bound (they are the GPU's: give "
                                                                   "--kv-cache-mb)")  # fmt: skip
     assert position_budget(10, MB, 0, on_host=False)[0] == 10
+    assert "more than the 8000 MB available" in position_budget(9000, MB, 0)[1]  # allowed, but said
+    assert "available" not in position_budget(9000, MB, 0, on_host=False)[1]  # a GPU's memory is not read here
     with pytest.raises(ConfigError, match="--kv-cache-mb 1 holds no cache position"):
         position_budget(1, 2 * MB, 0)
     monkeypatch.setattr(memory, "available_bytes", lambda: None)

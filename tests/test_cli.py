@@ -277,10 +277,11 @@ BAD_INPUTS = {
         "its whole vocabulary (--draft-weights)",
     ),
     "unknown device": (["generate", "w1", "--device", "tpu"], "unknown device 'tpu': give auto, cpu, cuda or cuda:N"),
-    "serve without a body limit": (["serve", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
+    "serve without a body limit": (["serve", "--max-body-mb", "0"], "--max-body-mb must be a number of megabytes > 0"),
     "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "--request-timeout must be >= 0"),
     "an API key with replicas": (["serve", "--replicas", "2", "--api-key", "k3y"], "not supported with --replicas"),
     "serve under no name": (["serve", "--served-model-name", " "], "--served-model-name must not be empty"),
+    "serve with a missing draft head": (["serve", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),
     "bench-serve with a name twice": (["bench-serve", "--configs", "x=none,x=none"], "names a configuration twice"),
     "γ given twice": (["generate", "w1", "--policy", "fixed:3", "--num-draft-tokens", "5"], "give the number once"),
     "missing acceptance head": (["generate", "w1", "--acceptance-head", "/nope.st"], "/nope.st: no such file"),
@@ -404,6 +405,16 @@ def test_help_explains_the_commands(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     for option in ["--drafter", "--num-draft-tokens", "--json", "--chat", "--target", "--draft", "--seed"]:
         assert option in out
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench-serve"])
+def test_the_policy_option_names_every_policy(command: str, capsys: pytest.CaptureFixture) -> None:
+    from quickdraft.policies import POLICIES
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    policy_help = capsys.readouterr().out.split("\n  --policy NAME", 1)[1].split("\n  --", 1)[0]
+    assert all(name in policy_help for name in POLICIES.names()), policy_help
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -757,3 +768,15 @@ def test_output_that_cannot_be_written_and_closed_streams_are_one_line_errors(
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120, env=environment)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"quickdraft: error: {words}"), done.stderr
+
+
+def test_an_ipv6_host_is_bracketed_in_the_url_and_errors() -> None:
+    from quickdraft.cli.serve import endpoint, url_of
+
+    assert url_of("::1", 8000) == "http://[::1]:8000/v1" and url_of("127.0.0.1", 80) == "http://127.0.0.1:80/v1"
+    assert endpoint("fe80::1", 9) == "[fe80::1]:9"
+
+
+def test_serve_notes_that_metrics_public_changes_nothing_without_a_key(capsys: pytest.CaptureFixture) -> None:
+    assert main(["serve", "--metrics-public", "--max-replicas", "2"]) == 1  # refused after the note, before loading
+    assert "--metrics-public changes nothing without an API key" in capsys.readouterr().err

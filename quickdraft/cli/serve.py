@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quickdraft.cli.common import add_chat_template_argument, add_model_arguments, chat_template_of, gpu_note
@@ -127,7 +128,8 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
         "--policy",
         default=None,
         metavar="NAME",
-        help="the default policy of a request: goodput (default), fixed[:K], …",
+        help="the default policy of a request: goodput (default), fixed[:K], heuristic, confidence[:T] or "
+        "specdec++[:T] (each explained in `quickdraft generate --help`)",
     )
     parser.add_argument("--max-draft-tokens", type=int, default=16, metavar="K", help="largest γ (default 16)")
     parser.add_argument("--max-running", type=int, default=32, metavar="N", help="requests decoded at once (32)")
@@ -178,7 +180,13 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
-    if args.replicas or args.max_replicas or args.ray_address or args.threads_per_replica:
+    if args.draft_head is not None and not Path(args.draft_head).is_file():  # else found at the first eagle request
+        raise ConfigError(f"--draft-head {args.draft_head}: no such file")
+    if args.metrics_public and options.access.api_key is None:
+        print(
+            "quickdraft: note: --metrics-public changes nothing without an API key: every path is open", file=sys.stderr
+        )
+    if args.replicas or args.max_replicas or args.ray_address or args.threads_per_replica is not None:
         run_replicas(args, options)
         return
     check_address(args.host, args.port)  # before the models load, which takes minutes
@@ -206,7 +214,7 @@ def run(args: argparse.Namespace) -> None:
         while http.is_alive() and not http_server.started:
             time.sleep(0.05)
         if http_server.started:
-            print(f"quickdraft: serving {server.model_names[0]} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+            print(f"quickdraft: serving {server.model_names[0]} on {url_of(args.host, args.port)}", file=sys.stderr)
         http.join()
         loop.stop(timeout=0)
 
@@ -217,7 +225,17 @@ def run(args: argparse.Namespace) -> None:
         http_server.should_exit = True  # every request has had its answer: its connection closes
         http.join(timeout=10)
     if not http_server.started:  # uvicorn could not listen (its message is above): not a clean exit
-        raise ConfigError(f"could not serve on {args.host}:{args.port}: the address is in use or not allowed")
+        raise ConfigError(f"could not serve on {endpoint(args.host, args.port)}: the address is in use or not allowed")
+
+
+def url_of(host: str, port: int) -> str:
+    """The API's base URL on ``host:port``."""
+    return f"http://{endpoint(host, port)}/v1"
+
+
+def endpoint(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address bracketed as URLs write it (``[::1]:8000``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def check_address(host: str, port: int) -> None:
@@ -229,7 +247,7 @@ def check_address(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             probe.bind(address)
     except OSError as error:  # socket.gaierror for a host name too
-        raise ConfigError(f"cannot serve on {host}:{port}: {error.strerror or error}") from None
+        raise ConfigError(f"cannot serve on {endpoint(host, port)}: {error.strerror or error}") from None
 
 
 def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
@@ -243,7 +261,9 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         )
     if args.max_replicas is not None and args.max_replicas < args.replicas:
         raise ConfigError(f"--max-replicas ({args.max_replicas}) must be >= --replicas ({args.replicas})")
-    threads = args.threads_per_replica or max(1, len(os.sched_getaffinity(0)) // args.replicas)
+    threads = args.threads_per_replica
+    if threads is None:
+        threads = max(1, len(os.sched_getaffinity(0)) // args.replicas)
     if threads < 1:
         raise ConfigError(f"--threads-per-replica must be >= 1, got {threads}")
     try:
@@ -252,8 +272,9 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         raise ConfigError(
             f"--replicas needs Ray Serve ({error.name} is missing): pip install 'quickdraft[ray]'"
         ) from None
-    if args.ray_address is None:  # the replicas share this machine's memory
+    if args.ray_address is None:  # the replicas share this machine's memory, and Ray's proxy listens here
         server = dataclasses.replace(server, memory_share=1 / max(args.replicas, args.max_replicas or 0))
+        check_address(args.host, args.port)
     deployment = ray_serve.DeploymentOptions(
         args.replicas, threads, args.host, args.port, args.ray_address, args.max_replicas,
         max_ongoing_requests=server.scheduler.max_running, max_waiting=server.scheduler.max_waiting,
@@ -264,7 +285,8 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
     try:
         ray_serve.deploy(server, deployment, note=lambda message: print(message, file=sys.stderr))
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's start, which sets a handler that aborts
-        print(f"quickdraft: serving on http://{args.host}:{args.port}/v1 ({replicas})", file=sys.stderr)
+        served = print_startup(ray_serve)
+        print(f"quickdraft: serving {served}on {url_of(args.host, args.port)} ({replicas})", file=sys.stderr)
         stop.wait()
         drain(ray_serve, args.shutdown_timeout)
     except KeyboardInterrupt:  # Ctrl-C drains as SIGTERM does; a second one stops at once
@@ -272,6 +294,18 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
             drain(ray_serve, args.shutdown_timeout)
     finally:
         ray_serve.shutdown(joined=args.ray_address is not None)
+
+
+def print_startup(ray_serve: Any) -> str:
+    """Print a replica's startup notes, as a single server prints its own; returns ``"NAME "``, the model served."""
+    try:
+        names, notes = ray_serve.startup()
+    except Exception as error:  # Ray's errors: the replicas run, only their notes are lost
+        print(f"quickdraft: the replicas' startup notes could not be read ({type(error).__name__})", file=sys.stderr)
+        return ""
+    for note in notes:
+        print(f"quickdraft: {note}", file=sys.stderr)
+    return f"{names[0]} "
 
 
 def drain(ray_serve: Any, timeout_s: float) -> None:

@@ -35,6 +35,7 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
+from quickdraft.deploy import ray_cluster
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.deploy.router import affinity_key
 from quickdraft.errors import ConfigError
@@ -99,6 +100,10 @@ class EngineReplica:
         waited_s = 0.0 if received is None else time.time() - received
         async for part in call_app(self.server.app, method, path, body, waited_s):
             yield part
+
+    def startup(self) -> tuple[list[str], list[str]]:
+        """The model names it serves and what was done to get it ready (pairing, calibration, caches)."""
+        return self.server.model_names, self.server.notes
 
     def check_health(self) -> None:
         if not self.server.loop.alive:
@@ -282,7 +287,7 @@ def deploy(server: ServerOptions, options: DeploymentOptions, note: Callable[[st
     ``ConfigError`` with their reason, as does a cluster whose Serve listens elsewhere than asked."""
     from ray.serve.config import RequestRouterConfig
 
-    ray.init(address=options.ray_address, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray_cluster.join(options.ray_address)
     cpus = ray.cluster_resources().get("CPU", 0.0)
     if options.ray_address is None and options.replicas * options.threads > cpus:  # our own Ray: nothing adds CPUs
         raise ConfigError(
@@ -350,6 +355,12 @@ def failure_reason(message: str) -> str:
     if not raised:
         return lines[-1] if lines else "Ray gave no reason (see its logs under /tmp/ray/session_latest/logs)"
     return re.sub(r"^[\w.]*\.(\w+):", r"\1:", raised[-1])
+
+
+def startup() -> tuple[list[str], list[str]]:
+    """A running replica's model names and startup notes (the replicas are alike: one speaks for all)."""
+    replica = serve.get_deployment_handle(REPLICA, APP_NAME)
+    return replica.startup.remote().result(timeout_s=60)
 
 
 def drain(timeout_s: float, note: Callable[[str], None] = print) -> int | None:

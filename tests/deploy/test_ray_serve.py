@@ -73,6 +73,15 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(url, 2, 240)
+        serving = f"quickdraft: serving tiny on http://127.0.0.1:{port}/v1 (2 replicas)"
+        for _ in range(100):  # the line follows the replicas' start
+            lines = (tmp_path / "serve.log").read_text().splitlines()
+            if serving in lines:
+                break
+            time.sleep(0.1)
+        started = next(i for i, line in enumerate(lines) if line.startswith("quickdraft: starting 2 replicas"))
+        notes = [line for line in lines[started + 1 : lines.index(serving)] if line.startswith("quickdraft: ")]
+        assert any("batch costs" in note for note in notes), lines  # a replica's startup notes, as one server's
         for path in ("/health", "/v1/models", "/metrics"):  # a load balancer's check that reads no body
             head = httpx.head(f"{url}{path}", timeout=30)
             assert head.status_code == 200 and head.content == b"", path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -93,3 +94,56 @@ def test_a_clusters_serve_on_another_port_is_refused(monkeypatch: pytest.MonkeyP
     ray_serve.check_http(ray_serve.DeploymentOptions(2, 1, "127.0.0.1", 8000))  # as asked: fine
     with pytest.raises(ConfigError, match=r"already listens on 127\.0\.0\.1:8000.*--port 8000"):
         ray_serve.check_http(ray_serve.DeploymentOptions(2, 1, "127.0.0.1", 9000))
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--threads-per-replica", "0"], "--replicas must be >= 1"),  # it was taken for no replica option at all
+        (["--replicas", "2", "--threads-per-replica", "0"], "--threads-per-replica must be >= 1, got 0"),
+    ],
+)
+def test_zero_threads_per_replica_is_an_error_not_the_default(
+    args: list[str], words: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["serve", *args]) == 1
+    assert words in capsys.readouterr().err
+
+
+def test_replicas_on_a_port_in_use_are_refused_before_ray_starts(capsys: pytest.CaptureFixture) -> None:
+    ray_serve = pytest.importorskip("quickdraft.deploy.ray_serve", reason="the ray extra is not installed")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--replicas", "1", "--threads-per-replica", "1", "--port", str(port)]) == 1
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
+    assert not ray_serve.ray.is_initialized()
+
+
+def test_a_ray_address_that_is_none_or_unreachable_is_a_clear_error(capsys: pytest.CaptureFixture) -> None:
+    ray_serve = pytest.importorskip("quickdraft.deploy.ray_serve", reason="the ray extra is not installed")
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert main(["serve", "--replicas", "1", "--threads-per-replica", "1", "--ray-address", "bogus"]) == 1
+    assert "a Ray cluster's address is host:port" in (err := capsys.readouterr().err) and "(--ray-address)" in err
+    assert main(["serve", "--replicas", "1", "--threads-per-replica", "1", "--ray-address", f"127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}: Connection refused (--ray-address)" in err
+    assert "Traceback" not in err and not ray_serve.ray.is_initialized()
+
+
+def test_rays_own_refusal_to_join_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` with no cluster running, or Ray Client's timeout: Ray raises ConnectionError."""
+    pytest.importorskip("quickdraft.deploy.ray_serve", reason="the ray extra is not installed")
+    from quickdraft.deploy import ray_cluster
+    from quickdraft.errors import ConfigError
+
+    def no_cluster(**_: object) -> None:
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray_cluster.ray, "init", no_cluster)
+    with pytest.raises(ConfigError, match="cannot join a Ray cluster at 'auto': Could not find") as raised:
+        ray_cluster.join("auto")
+    assert raised.value.setting == "ray_address"

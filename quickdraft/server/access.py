@@ -60,7 +60,7 @@ class Access:
     def from_args(cls, api_key: str | None, metrics_public: bool, max_body_mb: float, timeout_s: float) -> Access:
         """The server's flags: ``api_key`` None takes ``$QUICKDRAFT_API_KEY``; ``timeout_s`` 0 means none."""
         if not (math.isfinite(max_body_mb) and max_body_mb > 0):
-            raise ConfigError(f"--max-body-mb must be > 0 (megabytes), got {max_body_mb}")
+            raise ConfigError(f"--max-body-mb must be a number of megabytes > 0, got {max_body_mb}")
         if timeout_s < 0:
             raise ConfigError(f"--request-timeout must be >= 0 seconds (0: none), got {timeout_s}")
         key = api_key if api_key is not None else os.environ.get(API_KEY_VARIABLE) or None

@@ -177,9 +177,9 @@ def test_a_developer_message_is_a_system_message(locked: Server) -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ((None, False, 0, 600), "--max-body-mb must be > 0"),
-        ((None, False, float("nan"), 600), "--max-body-mb must be > 0"),
-        ((None, False, float("inf"), 600), "--max-body-mb must be > 0"),
+        ((None, False, 0, 600), "--max-body-mb must be a number of megabytes > 0"),
+        ((None, False, float("nan"), 600), "--max-body-mb must be a number of megabytes > 0"),
+        ((None, False, float("inf"), 600), "--max-body-mb must be a number of megabytes > 0"),
         ((None, False, 8, -1), "--request-timeout must be >= 0"),
         (("  ", False, 8, 600), "printable text"),
     ],

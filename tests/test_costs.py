@@ -148,3 +148,15 @@ def test_goodput_on_a_model_too_short_for_its_measurements_says_so() -> None:
     with pytest.raises(ConfigError, match=r"holds 64 positions: give a fixed number of drafts") as error:
         measure_cost_model(target, None, DRAFTERS.get("prompt-lookup"), 16)
     assert error.value.setting == "policy"
+
+
+def test_goodput_with_more_drafts_than_the_model_holds_names_max_draft_tokens() -> None:
+    from conftest import native_from_hf, tiny_model
+
+    from quickdraft.costs.calibration import measure_cost_model
+    from quickdraft.drafters import DRAFTERS
+
+    target = native_from_hf(tiny_model(32, seed=0), capacity=80)  # 64 cached + 16 drafts + 1 is one too many
+    with pytest.raises(ConfigError, match=r"lower max_draft_tokens to at most 15, or give a fixed") as error:
+        measure_cost_model(target, None, DRAFTERS.get("prompt-lookup"), 16)
+    assert error.value.setting == "max_draft_tokens"

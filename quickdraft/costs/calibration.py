@@ -30,6 +30,7 @@ LONG_CONTEXT = 4096  # cached tokens at which what the context adds to a forward
 # Blocks of k new tokens whose context cost is timed (and the longest, max + 1): the native runtime attends to the
 # cache in runs of 16 rows, so a block of 17 costs a second reading, and a line from 1 to 17 would overprice the rest.
 CONTEXT_KS = (1, 8)
+COST_CONTEXT = 64  # cached tokens after which goodput's step costs are timed
 STEADY_TOLERANCE = 0.3  # how far the target's 1-token forward timed again may differ from the curve's (a fraction)
 Costs = TypeVar("Costs", CostModel, BatchCostModel)
 
@@ -239,8 +240,18 @@ class Measurement(Generic[Costs]):
     unsteady: str | None = None  # the machine's load changed while measuring (:func:`steadiness_problem`)
 
 
+def most_measured_drafts(max_context: int, context: int = COST_CONTEXT) -> int:
+    """The largest max_draft_tokens whose costs a target of ``max_context`` positions can be timed at (a step of
+    max + 1 tokens after ``context`` cached ones)."""
+    return max_context - context - 1
+
+
 def measure_cost_model(
-    target: Runtime, draft: Runtime | None, drafter_cls: type[Drafter], max_draft_tokens: int, context: int = 64
+    target: Runtime,
+    draft: Runtime | None,
+    drafter_cls: type[Drafter],
+    max_draft_tokens: int,
+    context: int = COST_CONTEXT,
 ) -> Measurement[CostModel]:
     """Measure the step costs the goodput policy needs (a few forwards of each model).
 
@@ -258,10 +269,14 @@ def measure_cost_model(
         runtimes[CurveRole.DRAFT], wanted[CurveRole.DRAFT] = draft, [1]
     for role, runtime in runtimes.items():
         if context + wanted[role][-1] > runtime.max_context:
+            most = most_measured_drafts(runtime.max_context, context)
+            too_many = role is CurveRole.TARGET and most >= 1  # fewer drafts would fit
+            fix = f"lower max_draft_tokens to at most {most}, or " if too_many else ""
             raise ConfigError(
                 f"goodput measures its costs after {context} cached tokens and {wanted[role][-1]} more, but the "
-                f"{role.value} model holds {runtime.max_context} positions: give a fixed number of drafts (fixed:K)",
-                "policy",
+                f"{role.value} model holds {runtime.max_context} positions: {fix}give a fixed number of drafts "
+                "(fixed:K)",
+                "max_draft_tokens" if too_many else "policy",
             )
     curves: dict[str, dict[int, float]] = measure_cost_curves(runtimes, wanted, context, repeats=3, warmup=1)
     if draft is not None and CurveRole.DRAFT in curves:

@@ -12,6 +12,7 @@ from typing import Any
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import BatchCostModel
+from quickdraft.costs.calibration import COST_CONTEXT, most_measured_drafts
 from quickdraft.costs.store import Calibration
 from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import Engine, SchedulerSettings
@@ -171,6 +172,13 @@ def serving_engine(
     (where the runtime's cached prefixes are exact). The running requests reserve their caches' positions within
     ``kv_cache_mb`` (:func:`position_budget`), unless ``settings`` bounds them already."""
     notes = []
+    if max_draft_tokens > (most := most_measured_drafts(pipeline.target.max_context)):  # any request may ask goodput
+        raise ConfigError(
+            f"max_draft_tokens is at most {most} for this target: goodput's costs are measured that far, a step of "
+            f"{max_draft_tokens + 1} tokens after {COST_CONTEXT} cached ones, and it holds "
+            f"{pipeline.target.max_context} positions",
+            "max_draft_tokens",
+        )
     goodput = GenerationConfig(policy="goodput", max_draft_tokens=max_draft_tokens)
     for name in servable_drafters(pipeline):
         setup = pipeline.setup_policy(name, goodput, recalibrate=recalibrate)

@@ -55,6 +55,10 @@ def json_errors_protocol() -> type:
             if not self.transport.can_write_eof():
                 self.transport.close()
                 return
+            cycle = getattr(self, "cycle", None)  # a request read before this one, still running: its client is gone
+            if cycle is not None and not cycle.response_complete:  # as uvicorn's connection_lost tells it
+                cycle.disconnected = True
+                cycle.message_event.set()
             self.transport.write_eof()
             self.lingering = True
             self.loop.call_later(LINGER_SECONDS, self.transport.close)

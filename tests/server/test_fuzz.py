@@ -5,6 +5,7 @@ never a traceback, never plain text, and the server goes on."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sys
 import time
@@ -118,6 +119,24 @@ def test_a_head_over_its_limit_gets_a_json_431_before_it_ends(server: Server, sp
     long_body = {"model": MODEL, "prompt": "w1 " * MAX_HEAD_BYTES, "max_tokens": 1}  # read as a body, not a head
     answer = httpx.post(f"{server.url}/v1/completions", json=long_body, timeout=TIMEOUT)
     assert answer.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_malformed_request_after_one_in_flight_leaves_no_error_in_the_log(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The answer to a request read before the malformed one is dropped, as for a client that left (it raised
+    writing after the connection's end was shut)."""
+    address = urlsplit(server.url)
+    with socket.create_connection((address.hostname, address.port), timeout=TIMEOUT) as connection:
+        connection.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\x00\r\n\r\n")
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+        time.sleep(0.5)  # the client holds the connection while the first request's answer is written
+    assert b"400 Bad Request" in answer
+    time.sleep(0.5)
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert httpx.get(f"{server.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}
 
 
 def test_without_httptools_the_protocol_is_h11s(monkeypatch: pytest.MonkeyPatch) -> None:

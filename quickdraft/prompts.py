@@ -238,11 +238,13 @@ def use_chat_template(tokenizer: Any, template: str) -> None:
         except PromptError:  # a template may ask for a system turn first
             turns = [system, user]
             rendered = encode_chat(tokenizer, turns)
-        as_text = [  # the user's text changed: so must the text
-            tokenizer.apply_chat_template([*turns[:-1], {"role": "user", "content": text}], tokenize=False)
+        as_text = [  # the user's text changed: so must the text (as text: a tiny vocabulary may spell both alike)
+            tokenizer.apply_chat_template(
+                [*turns[:-1], {"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
             for text in ("0", "2")
         ]
-    except (ModelFilesError, PromptError, jinja2.TemplateError) as error:
+    except (ModelFilesError, PromptError, jinja2.TemplateError, *RENDER_ERRORS) as error:
         tokenizer.chat_template = previous
         message = str(error).replace("this model's chat template", "the chat template")
         raise ConfigError(f"{message} (a user turn, with and without a system turn)", "chat_template") from None

@@ -58,6 +58,11 @@ def test_a_chat_template_of_ones_own_is_checked_on_a_user_turn_or_a_system_and_a
         "{% if messages[0].role != 'system' %}{{ raise_exception('the first turn must be the system') }}{% endif %}"
         "{% for m in messages %}{{ m.content }} {% endfor %}"
     )
+    opened_only = (  # renders only with the assistant's turn opened, as the server asks for it
+        "{% if not add_generation_prompt %}{{ raise_exception('open the turn') }}{% endif %}"
+        "{% for m in messages %}{{ m.content }} {% endfor %}"
+    )
+    use_chat_template(tokenizer, opened_only)
     use_chat_template(tokenizer, system_first)
     assert encode_chat(tokenizer, [{"role": "system", "content": "w1"}, {"role": "user", "content": "w2"}]) == [1, 2]
     bad = (

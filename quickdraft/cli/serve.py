@@ -272,11 +272,14 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         raise ConfigError(
             f"--replicas needs Ray Serve ({error.name} is missing): pip install 'quickdraft[ray]'"
         ) from None
-    if args.ray_address is None:  # the replicas share this machine's memory, and Ray's proxy listens here
+    ray_address = None if args.ray_address is None else args.ray_address.strip()
+    if ray_address == "local":  # Ray's name for a Ray of this process's own, as without the flag
+        ray_address = None
+    if ray_address is None:  # the replicas share this machine's memory, and Ray's proxy listens here
         server = dataclasses.replace(server, memory_share=1 / max(args.replicas, args.max_replicas or 0))
         check_address(args.host, args.port)
     deployment = ray_serve.DeploymentOptions(
-        args.replicas, threads, args.host, args.port, args.ray_address, args.max_replicas,
+        args.replicas, threads, args.host, args.port, ray_address, args.max_replicas,
         max_ongoing_requests=server.scheduler.max_running, max_waiting=server.scheduler.max_waiting,
     )  # fmt: skip
     stop = threading.Event()
@@ -293,7 +296,7 @@ def run_replicas(args: argparse.Namespace, server: ServerOptions) -> None:
         with contextlib.suppress(KeyboardInterrupt):
             drain(ray_serve, args.shutdown_timeout)
     finally:
-        ray_serve.shutdown(joined=args.ray_address is not None)
+        ray_serve.shutdown(joined=ray_address is not None)
 
 
 def print_startup(ray_serve: Any) -> str:

@@ -10,7 +10,7 @@ import ray
 from quickdraft.errors import ConfigError
 
 REACH_TIMEOUT_S = 5.0  # how long a cluster's address may take to accept a connection
-PASSED_THROUGH = ("auto", "local")  # addresses Ray resolves itself: the running local cluster, a new one
+PASSED_THROUGH = ("auto",)  # addresses Ray resolves itself: the running local cluster
 
 
 def join(address: str | None) -> None:
@@ -26,8 +26,7 @@ def join(address: str | None) -> None:
 
 def check_reachable(address: str) -> None:
     """A cluster's ``host:port`` (its GCS, as ``ray start --head`` prints it) accepts a connection within
-    ``REACH_TIMEOUT_S``; Ray would retry it for minutes. ``ray://`` (Ray Client) and ``auto``/``local`` are Ray's to
-    check."""
+    ``REACH_TIMEOUT_S``; Ray would retry it for minutes. ``ray://`` (Ray Client) and ``auto`` are Ray's to check."""
     if address in PASSED_THROUGH or "://" in address:
         return
     host, colon, port = address.rpartition(":")

@@ -110,8 +110,13 @@ def position_budget(
     else:
         budget, how = kv_cache_mb * MB, "--kv-cache-mb"
         available = available_bytes() if on_host else None
-        if available is not None and budget > available:  # allowed (the caches fill as requests come), but said
-            how += f", more than the {available // MB} MB available: a full cache would run out of memory"
+        if available is not None and budget + prefix_cache_mb * MB > available * share:  # allowed, but said
+            whose = " to each replica" if share < 1 else ""
+            prefixes = " with --prefix-cache-mb" if prefix_cache_mb else ""
+            how += (
+                f"{prefixes}, more than the {int(available * share) // MB} MB available{whose}: full caches would run "
+                "out of memory"
+            )
     positions = budget // bytes_per_position
     if positions < 1:
         raise ConfigError(f"--kv-cache-mb {kv_cache_mb} holds no cache position (one costs {bytes_per_position} bytes)",

@@ -173,11 +173,11 @@ def serving_engine(
     ``kv_cache_mb`` (:func:`position_budget`), unless ``settings`` bounds them already."""
     notes = []
     if max_draft_tokens > (most := most_measured_drafts(pipeline.target.max_context)):  # any request may ask goodput
+        bound = f"max_draft_tokens is at most {most} for this target" if most >= 1 else "this target is too short"
         raise ConfigError(
-            f"max_draft_tokens is at most {most} for this target: goodput's costs are measured that far, a step of "
-            f"{max_draft_tokens + 1} tokens after {COST_CONTEXT} cached ones, and it holds "
-            f"{pipeline.target.max_context} positions",
-            "max_draft_tokens",
+            f"{bound}: goodput's costs are measured that far, a step of {max_draft_tokens + 1} tokens after "
+            f"{COST_CONTEXT} cached ones, and it holds {pipeline.target.max_context} positions",
+            "max_draft_tokens" if most >= 1 else None,
         )
     goodput = GenerationConfig(policy="goodput", max_draft_tokens=max_draft_tokens)
     for name in servable_drafters(pipeline):

@@ -117,7 +117,10 @@ def test_replicas_on_a_port_in_use_are_refused_before_ray_starts(capsys: pytest.
         taken.listen()
         port = taken.getsockname()[1]
         assert main(["serve", "--replicas", "1", "--threads-per-replica", "1", "--port", str(port)]) == 1
-    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
+        local = ["--ray-address", " local "]  # Ray's name for a Ray of this process's own, spaces as Ray takes them
+        assert main(["serve", "--replicas", "1", "--threads-per-replica", "1", "--port", str(port), *local]) == 1
+    err = capsys.readouterr().err
+    assert err.count(f"cannot serve on 127.0.0.1:{port}: Address already in use") == 2
     assert not ray_serve.ray.is_initialized()
 
 

@@ -65,6 +65,9 @@ def test_the_budget_in_positions(monkeypatch: pytest.MonkeyPatch) -> None:
                                                                   "--kv-cache-mb)")  # fmt: skip
     assert position_budget(10, MB, 0, on_host=False)[0] == 10
     assert "more than the 8000 MB available" in position_budget(9000, MB, 0)[1]  # allowed, but said
+    assert "with --prefix-cache-mb, more than the 8000 MB" in position_budget(7500, MB, 1000)[1]
+    assert "more than the 4000 MB available to each replica" in position_budget(5000, MB, 0, share=0.5)[1]
+    assert "available" not in position_budget(3000, MB, 0, share=0.5)[1]
     assert "available" not in position_budget(9000, MB, 0, on_host=False)[1]  # a GPU's memory is not read here
     with pytest.raises(ConfigError, match="--kv-cache-mb 1 holds no cache position"):
         position_budget(1, 2 * MB, 0)

@@ -780,3 +780,18 @@ def test_an_ipv6_host_is_bracketed_in_the_url_and_errors() -> None:
 def test_serve_notes_that_metrics_public_changes_nothing_without_a_key(capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", "--metrics-public", "--max-replicas", "2"]) == 1  # refused after the note, before loading
     assert "--metrics-public changes nothing without an API key" in capsys.readouterr().err
+
+
+def test_a_file_the_command_cannot_use_is_named_not_taken_for_the_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A cache or model file that cannot be read or written is an error naming it ('cannot write the output' was
+    said of it)."""
+    from quickdraft.cli import models
+
+    def denied(_: object) -> None:
+        raise PermissionError(13, "Permission denied", "/cache/models/x")
+
+    monkeypatch.setattr(models, "run", denied)
+    assert main(["models"]) == 1
+    assert capsys.readouterr().err == "quickdraft: error: /cache/models/x: Permission denied\n"

@@ -119,7 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (e.g. `| head`): nothing left to say
         return 0
-    except OSError as error:  # the output cannot be written (a full disk): say so once
+    except OSError as error:
+        if error.filename is not None:  # a file the command read or wrote (the cache's, a model's): name it
+            path = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else error.filename
+            print(f"quickdraft: error: {path}: {error.strerror or error}", file=sys.stderr)
+            return 1
+        # the output cannot be written (a full disk): say so once
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
         print(f"quickdraft: error: cannot write the output: {error.strerror or error}", file=sys.stderr)
         return 1

@@ -67,6 +67,8 @@ class CollectSettings:
         if self.user_temperature <= 0:
             raise ConfigError("the user turn's temperature must be > 0, or every conversation is the same")
         SamplingParams(self.answer_temperature, top_p=self.top_p)  # validates
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}", "seed")
 
 
 class Phase(Enum):
@@ -203,7 +205,7 @@ class Collector:
         return reports
 
     def _start(self, number: int) -> Conversation:
-        generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + number)
+        generator = torch.Generator().manual_seed((self.settings.seed * 1_000_003 + number) % 2**64)
         opener = self.openers[int(torch.randint(len(self.openers), (1,), generator=generator))]
         return Conversation(self.target.new_cache(1), [*self.opening, *opener], generator)
 

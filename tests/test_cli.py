@@ -796,3 +796,14 @@ def test_a_file_the_command_cannot_use_is_named_not_taken_for_the_output(
     monkeypatch.setattr(models, "run", denied)
     assert main(["models"]) == 1
     assert capsys.readouterr().err == "quickdraft: error: /cache/models/x: Permission denied\n"
+
+
+def test_a_file_name_that_is_not_utf8_is_printed_escaped(tmp_path: Path) -> None:
+    """``PYTHONIOENCODING=utf-8`` (Docker's, CI's) makes printing such a name raise: it is escaped instead."""
+    os.makedirs(os.fsencode(tmp_path / "models") + b"/bad\xff/hf")
+    (Path(os.fsdecode(os.fsencode(tmp_path / "models") + b"/bad\xff/hf")) / "config.json").write_text("{}")
+    environment = {**os.environ, "QUICKDRAFT_CACHE": str(tmp_path), "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run(
+        [sys.executable, "-m", "quickdraft", "cache"], capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert done.returncode == 0 and "models/bad\\udcff" in done.stdout, done.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -100,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None:  # started with standard output closed (`>&-`): nowhere to answer
         print("quickdraft: error: standard output is closed", file=sys.stderr)
         return 1
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed escaped, not a traceback
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
     try:
         try:
             args = build_parser(argv).parse_args(argv)

@@ -305,6 +305,8 @@ BAD_INPUTS = {
         ["generate", "w1", "--draft-vocabulary", "99999999"],
         "draft_vocabulary 99999999 is larger than the draft model's vocabulary of",
     ),
+    "bench-serve's server policy": (["bench-serve", "--policy", "bogus"], "unknown speculation policy 'bogus'"),
+    "bench-serve's server batch": (["bench-serve", "--max-running", "0"], "max_running must be an integer >= 1"),
     "bench-serve without a timeout": (["bench-serve", "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
     "bench-serve with a negative timeout": (["bench-serve", "--timeout", "-5"], "--timeout must be > 0 seconds"),
     "bench-serve --url with a server flag": (

@@ -41,6 +41,10 @@ def run_bench_serve(args: argparse.Namespace) -> None:
     if len({config.name for config in configs}) < len(configs):
         raise ConfigError(f"--configs {args.configs} names a configuration twice: give each its own name")
     DRAFTERS.get(args.drafter)  # an unknown name fails here, not in the servers it starts later
+    if args.url is None:  # the settings of the server it will start, checked before references are decoded
+        from quickdraft.server.setup import ServerOptions
+
+        ServerOptions.from_args(args)
     rates = args.rates.split(",")
     for rate in rates:
         parse_rate(rate)
@@ -251,8 +255,9 @@ def start_server(command: list[str], port: int, log: Path, servers: list[tuple[s
     servers.append((server, log))
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 1200
     while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise ConfigError(f"the server exited with status {server.returncode}; see {log}")
+        if server.poll() is not None:  # said here, so no longer one to stop
+            servers.remove((server, log))
+            raise ConfigError(f"the server exited with status {server.returncode}{last_error(log)}; see {log}")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 return url
@@ -262,8 +267,18 @@ def start_server(command: list[str], port: int, log: Path, servers: list[tuple[s
     raise ConfigError(f"the server did not become healthy in 20 minutes; see {log}")
 
 
+def last_error(log: Path) -> str:
+    """``: <its error>``, the last error line a server that stopped wrote to ``log`` (empty if none)."""
+    errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("quickdraft: error: ")]
+    return f": {errors[-1].removeprefix('quickdraft: error: ')}" if errors else ""
+
+
 def stop_server(server: subprocess.Popen[bytes], log: Path) -> None:
     """Stop the server as a service manager does, with SIGTERM; say so if it does not exit cleanly."""
+    if server.poll() is not None:  # it stopped of itself while the runs went on
+        print(f"quickdraft: the server had stopped, status {server.returncode}{last_error(log)}; see {log}",
+              file=sys.stderr)  # fmt: skip
+        return
     server.terminate()
     try:
         status = server.wait(30)

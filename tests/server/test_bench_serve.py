@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,3 +280,20 @@ def test_a_run_with_failed_requests_is_not_compared() -> None:
     assert "- 1 req/s: not comparable, requests failed (plain 0, fixed 0, goodput 2)" in lines
     assert not any("holds" in line or "FAILS" in line for line in lines)
     assert any("not comparable: 2 requests failed" in line for line in against_peers(results))
+
+
+def test_a_server_that_fails_to_start_is_said_with_its_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Its error line from the log, once, and no 'exited on SIGTERM' about a server that had stopped of itself."""
+    from quickdraft.cli.bench_serve_run import start_server, stop_server
+
+    failing = "print('quickdraft: note: loading'); print('quickdraft: error: max_running 0'); raise SystemExit(1)"
+    servers: list = []
+    with pytest.raises(ConfigError, match=r"exited with status 1: max_running 0; see .*server.log"):
+        start_server([sys.executable, "-c", failing], 1, tmp_path / "server.log", servers)
+    assert servers == []  # said once: not stopped again
+    with (tmp_path / "late.log").open("wb") as log:
+        late = "print('quickdraft: error: lost'); raise SystemExit(3)"
+        stopped = subprocess.Popen([sys.executable, "-c", late], stdout=log, stderr=subprocess.STDOUT)
+    stopped.wait()
+    stop_server(stopped, tmp_path / "late.log")
+    assert "the server had stopped, status 3: lost; see" in capsys.readouterr().err

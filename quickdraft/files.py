@@ -4,6 +4,7 @@ made one run at a time under a lock; and a file a user names to be read, checked
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -108,11 +109,20 @@ def save_atomically(path: Path, save: Callable[[Path], None]) -> None:
     os.close(handle)
     try:
         save(Path(temporary))
+        os.chmod(temporary, 0o666 & ~process_umask())  # as open() makes a file (mkstemp's are the owner's alone)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+@functools.cache
+def process_umask() -> int:
+    """The process's umask (read once: setting it is the only way to read it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def model_key(target_path: Path) -> str:

@@ -9,7 +9,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> None:
     )
     # notes once every setting is known to be valid: an error is then the one line printed
     for option, value in (("--rank", args.rank), ("--draft", args.draft)):
-        if value is not None and args.model != "draft":
+        if value is not None and args.model != "draft" and not args.collect_only:
             note = f"{option} applies to the draft model's distillation (--model draft)"
             print(f"quickdraft: note: {note}", file=sys.stderr)
     head_only = {"--unroll": args.unroll != 2, "--intermediate-size": args.intermediate_size != 4096,
@@ -143,6 +143,9 @@ def run(args: argparse.Namespace) -> None:
         "--epochs": args.epochs is not None,
         "--learning-rate": args.learning_rate is not None,
         "--tokens-per-batch": args.tokens_per_batch != 1024,
+        "--held-out-shards": args.held_out_shards != 1,
+        "--rank": args.rank is not None,
+        "--draft": args.draft is not None,
     }
     unused = [flag for flag, given in (training | head_only).items() if given and args.collect_only]
     unused += [flag for flag, given in head_only.items() if given and args.model == "draft" and not args.collect_only]
@@ -151,6 +154,11 @@ def run(args: argparse.Namespace) -> None:
         print(f"quickdraft: note: {', '.join(unused)} not used: {why}", file=sys.stderr)
     pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype)
     name = model_key(Path(pipeline.target_path))
+    vocabulary_size = pipeline.target.vocab_size
+    if args.model == "head" and not args.collect_only and train_settings.vocabulary_size > vocabulary_size:
+        note = f"--vocabulary {train_settings.vocabulary_size} is more than the target's {vocabulary_size} tokens"
+        print(f"quickdraft: note: {note}: the head predicts them all", file=sys.stderr)
+        train_settings = replace(train_settings, vocabulary_size=vocabulary_size)
     data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name
     collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, name, collect_settings)
     # the draft model and where it goes are checked before the hours of collecting
@@ -191,7 +199,7 @@ def run(args: argparse.Namespace) -> None:
             "conversations": len(data.conversations),
             "train_tokens": sum(c.length for c in train),
             "held_out_tokens": sum(c.length for c in held_out),
-            "collect_settings": asdict(collect_settings),
+            "collect_settings": asdict(collect_settings) | {"feature_layers": list(collector.layers)},
             "vocabulary_coverage": round(coverage, 4),
         },
         "train_settings": asdict(train_settings),

@@ -288,10 +288,15 @@ def test_the_rank_without_distilling_gets_a_note(
 
     monkeypatch.setattr(Pipeline, "load", stop_at_loading)
     with pytest.raises(Loaded):
-        main(["train-draft", "--rank", "4", "--collect-only", "--shards", "1", "--epochs", "2", "--unroll", "3"])
+        main(["train-draft", "--rank", "4", "--collect-only", "--shards", "1", "--epochs", "2", "--unroll", "3",
+              "--held-out-shards", "3", "--model", "draft"])  # fmt: skip
     err = capsys.readouterr().err
-    assert "quickdraft: note: --rank applies to the draft model's distillation (--model draft)" in err
-    assert "quickdraft: note: --epochs, --unroll not used: --collect-only trains nothing" in err
+    assert "quickdraft: note: --epochs, --held-out-shards, --rank, --unroll not used: --collect-only trains" in err
+    with pytest.raises(Loaded):
+        main(["train-draft", "--rank", "4", "--shards", "2"])
+    assert (
+        "quickdraft: note: --rank applies to the draft model's distillation (--model draft)" in capsys.readouterr().err
+    )
     with pytest.raises(Loaded):
         main(["train-draft", "--model", "draft", "--vocabulary", "100"])
     assert "note: --vocabulary not used: --model draft trains no head" in capsys.readouterr().err
@@ -355,3 +360,29 @@ def test_an_evaluation_is_a_line_of_numbers() -> None:
     evaluation = {"tokens": 204, "loss": 3.07251, "agreement": (0.0196, 0.0784), "agreement_all": 0.0245}
     assert eval_text(evaluation) == "tokens 204, loss 3.073, agreement 0.020 / 0.078, agreement all 0.025"
     assert eval_text(None) == "not measured (--held-out-shards 0)"  # it raised on None
+
+
+def test_a_vocabulary_past_the_targets_is_noted_before_collecting(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from quickdraft.draft_head import collect
+
+    class Collecting(Exception):
+        pass
+
+    def loaded(*args: object, **kwargs: object) -> SimpleNamespace:
+        return SimpleNamespace(target=SimpleNamespace(vocab_size=64), target_path="/m/tiny/hf", tokenizer=None,
+                               eos_token_ids=[])  # fmt: skip
+
+    def collecting(*args: object) -> None:
+        raise Collecting
+
+    monkeypatch.setattr(Pipeline, "load", loaded)
+    monkeypatch.setattr(collect, "Collector", collecting)
+    with pytest.raises(Collecting):
+        main(["train-draft", "--vocabulary", "100", "--shards", "2"])
+    assert "note: --vocabulary 100 is more than the target's 64 tokens: the head predicts them all" in (
+        capsys.readouterr().err
+    )

@@ -43,9 +43,16 @@ def size_text(size_bytes: int) -> str:
 
 
 def remove(path: Path) -> str | None:
-    """Delete the directory ``path``; None, or why part of it is still there (the first file that could not go)."""
+    """Delete the directory ``path`` (or a stray file or link in its place); None, or why part of it is still there
+    (the first file that could not go)."""
     import shutil
 
+    if path.is_symlink() or not path.is_dir():
+        try:
+            path.unlink()
+        except OSError as error:
+            return f"{path}: {error.strerror or error}"
+        return None
     failures: list[str] = []
     shutil.rmtree(path, onerror=lambda _function, name, info: failures.append(f"{name}: {info[1]}"))
     return failures[0] if failures else None
@@ -65,7 +72,6 @@ def prune(args: argparse.Namespace) -> None:
         error = remove(path)
         left = entry(path).size_bytes if path.exists() else 0
         rows.append({"path": str(path), "bytes": size - left} | ({"error": error} if error else {}))
-    builds = 0
     for build in (build for build in kernel_builds() if not build.current):
         with unused_build(build.path) as unused:
             if not unused:  # another version is building it now
@@ -74,7 +80,6 @@ def prune(args: argparse.Namespace) -> None:
         left = entry(build.path).size_bytes if build.path.exists() else 0
         freed = {"path": str(build.path), "bytes": build.size_bytes - left, "kernels": True}
         rows.append(freed | ({"error": error} if error else {}))
-        builds += 1
     failed = [row for row in rows if "error" in row]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -83,9 +88,11 @@ def prune(args: argparse.Namespace) -> None:
             done = f"not deleted: {row['error']}" if "error" in row else "deleted"
             print(f"{size_text(row['bytes']):>10}  {done} {row['path']}")
         freed = sum(row["bytes"] for row in rows)
-        print(f"freed {size_text(freed)}: {len(rows) - builds} stale packed weights, {builds} stale kernel builds")
+        deleted_builds = sum(1 for row in rows if "kernels" in row and "error" not in row)
+        deleted = len(rows) - len(failed) - deleted_builds
+        print(f"freed {size_text(freed)}: {deleted} stale packed weights, {deleted_builds} stale kernel builds")
     if failed:
-        raise CacheError(f"{len(failed)} stale entries could not be deleted (above); check their permissions")
+        raise CacheError(f"{len(failed)} stale entries could not be deleted: the reason is beside each above")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -175,4 +175,10 @@ def test_prune_says_which_entries_it_could_not_delete(tmp_path, monkeypatch: pyt
     assert row["bytes"] == 0 and "Permission denied" in row["error"] and stale.exists()
     assert "1 stale entries could not be deleted" in err
     assert main(["cache", "--prune"]) == 1
-    assert "not deleted: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not deleted: " in out and "freed 0 B: 0 stale packed weights" in out  # counts what went, not what was met
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    stray = tmp_path / "cache" / "native" / "stray.txt"  # a file where an entry would be: deleted as one
+    stray.write_bytes(b"y" * 5)
+    assert main(["cache", "--prune"]) == 0 and not stray.exists() and not stale.exists()
+    assert "freed 15 B: 2 stale packed weights" in capsys.readouterr().out

@@ -281,6 +281,10 @@ BAD_INPUTS = {
     "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "--request-timeout must be >= 0"),
     "an API key with replicas": (["serve", "--replicas", "2", "--api-key", "k3y"], "not supported with --replicas"),
     "serve under no name": (["serve", "--served-model-name", " "], "--served-model-name must not be empty"),
+    "train-acceptance-head without tokens": (
+        ["train-acceptance-head", "--max-new-tokens", "-5"],
+        "max_new_tokens must be >= 1, got -5 (--max-new-tokens)",
+    ),
     "train-draft past the seeds": (["train-draft", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),
     "serve with a missing draft head": (["serve", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),
     "bench-serve with a name twice": (["bench-serve", "--configs", "x=none,x=none"], "names a configuration twice"),

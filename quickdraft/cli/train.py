@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> None:
     from quickdraft.policies.acceptance_head import WEIGHT_DECAYS
     from quickdraft.policies.train_acceptance import check_training_settings, train_acceptance_head
 
-    check_training_settings(args.block, args.holdout)  # before any model is loaded
+    check_training_settings(args.block, args.holdout, args.max_new_tokens)  # before any model is loaded
     if args.draft_head is not None:
         print("quickdraft: note: --draft-head is not used: the rollouts draft with the draft model", file=sys.stderr)
     if args.out:

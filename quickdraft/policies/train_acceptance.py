@@ -45,7 +45,9 @@ class RecordingPolicy(Policy):
         self.labels += [1] * accepted + [0] * (known - accepted)
 
 
-def check_training_settings(block: int, holdout: float) -> None:
+def check_training_settings(block: int, holdout: float, max_new_tokens: int = 1) -> None:
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}", "max_new_tokens")
     if not 0 < holdout < 1:  # NaN too
         raise ConfigError(f"--holdout must be in (0, 1), got {holdout:g}")
     if block < 1:

@@ -93,6 +93,13 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--prefill must be >= 1, got {args.prefill}")
     if args.against and args.prefill is None:
         raise ConfigError("--against compares prompt reading: give --prefill N too")
+    if args.context < 1:
+        raise ConfigError(f"--context must be >= 1, got {args.context}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    # notes once every setting is known to be valid: an error is then the one line printed
     curve_only = {"--max-k": args.max_k != MAX_K, "--context": args.context != CONTEXT,
                   "--placeholder-context": args.placeholder_context}  # fmt: skip
     unused = [flag for flag, given in curve_only.items() if given and args.prefill is not None]
@@ -102,12 +109,6 @@ def run(args: argparse.Namespace) -> None:
             f"quickdraft: note: not used with --prefill (it times a prompt, not the k-token curve): {flags}",
             file=sys.stderr,
         )
-    if args.context < 1:
-        raise ConfigError(f"--context must be >= 1, got {args.context}")
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     if args.out:
         check_output_file(Path(args.out))  # before measuring, so a measurement is never lost
     check_runtime(args.runtime)

@@ -285,6 +285,7 @@ BAD_INPUTS = {
         ["train-acceptance-head", "--max-new-tokens", "-5"],
         "max_new_tokens must be >= 1, got -5 (--max-new-tokens)",
     ),
+    "an empty target": (["generate", "w1", "--target", ""], "a model is a packaged name or a path, got an empty one"),
     "train-draft past the seeds": (["train-draft", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),
     "serve with a missing draft head": (["serve", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),
     "bench-serve with a name twice": (["bench-serve", "--configs", "x=none,x=none"], "names a configuration twice"),

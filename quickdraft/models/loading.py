@@ -41,6 +41,8 @@ def resolve_model(spec: str | Path, progress: bool = True) -> Path:
     names the file, which the native runtime reads its weights from."""
     if not isinstance(spec, str | os.PathLike):
         raise ModelFilesError(f"a model is a packaged name or a path, got {spec!r}")
+    if not str(spec).strip():  # Path("") is the working directory
+        raise ModelFilesError("a model is a packaged name or a path, got an empty one")
     if str(spec) in KNOWN_MODELS:
         if Path(spec).exists():  # the name wins: say which one is used
             print(f"quickdraft: note: {spec} is the packaged model; give ./{spec} for the path", file=sys.stderr)

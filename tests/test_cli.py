@@ -285,7 +285,6 @@ BAD_INPUTS = {
         ["train-acceptance-head", "--max-new-tokens", "-5"],
         "max_new_tokens must be >= 1, got -5 (--max-new-tokens)",
     ),
-    "an empty target": (["generate", "w1", "--target", ""], "a model is a packaged name or a path, got an empty one"),
     "train-draft past the seeds": (["train-draft", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),
     "serve with a missing draft head": (["serve", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),
     "bench-serve with a name twice": (["bench-serve", "--configs", "x=none,x=none"], "names a configuration twice"),
@@ -346,6 +345,11 @@ def test_bad_input_gives_one_clear_line(case: str, model_args: list[str], capsys
     assert status == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("quickdraft: error:") and message in err
     assert "Traceback" not in err
+
+
+def test_an_empty_model_name_is_refused(capsys: pytest.CaptureFixture) -> None:
+    status, _, err = run(["generate", "w1", "--target", ""], capsys)
+    assert status == 1 and err == "quickdraft: error: a model is a packaged name or a path, got an empty one\n"
 
 
 def test_draft_options_without_a_draft_model(tiny_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:

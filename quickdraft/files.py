@@ -4,12 +4,11 @@ made one run at a time under a lock; and a file a user names to be read, checked
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
+import secrets
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -105,11 +104,9 @@ def save_atomically(path: Path, save: Callable[[Path], None]) -> None:
     """Make ``path`` by ``save``-ing into a temporary file beside it and moving that into place, so a reader (or
     a process stopped mid-write) sees the old file or the new one, never a cut one; raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
+    temporary = new_temporary(path)
     try:
         save(Path(temporary))
-        os.chmod(temporary, 0o666 & ~process_umask())  # as open() makes a file (mkstemp's are the owner's alone)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -117,12 +114,17 @@ def save_atomically(path: Path, save: Callable[[Path], None]) -> None:
         raise
 
 
-@functools.cache
-def process_umask() -> int:
-    """The process's umask (read once: setting it is the only way to read it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def new_temporary(path: Path) -> str:
+    """A new empty file beside ``path``, named after it, with the mode ``open()`` gives under the umask (mkstemp's
+    is the owner's alone, unreadable to a group sharing the directory)."""
+    for _ in range(100):
+        temporary = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return temporary
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def model_key(target_path: Path) -> str:

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -807,6 +808,26 @@ def test_a_file_the_command_cannot_use_is_named_not_taken_for_the_output(
     monkeypatch.setattr(models, "run", denied)
     assert main(["models"]) == 1
     assert capsys.readouterr().err == "quickdraft: error: /cache/models/x: Permission denied\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_file_error_after_output_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    script = (
+        "import sys\nfrom quickdraft.cli import main, models\n"
+        "def denied(_):\n    print('listed' * 100)\n    raise PermissionError(13, 'Permission denied', '/c/x')\n"
+        "models.run = denied\nsys.exit(main(['models']))\n"
+    )
+    command = f"{sys.executable} -c {shlex.quote(script)} > /dev/full"
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120, env=environment)
+    assert done.returncode == 1 and done.stderr == "quickdraft: error: /c/x: Permission denied\n", done.stderr
+
+
+def test_bench_serve_of_peers_alone_checks_no_quickdraft_server_setting(capsys: pytest.CaptureFixture) -> None:
+    """--draft-weights without a draft model is a quickdraft server's error: no such server is started here."""
+    assert main(["bench-serve", "--configs", "peer=llama-server", "--drafter", "none", "--draft-weights", "q4",
+                 "--questions", "/nonexistent.jsonl"]) == 1  # fmt: skip
+    assert "--draft-weights" not in capsys.readouterr().err
 
 
 def test_a_file_name_that_is_not_utf8_is_printed_escaped(tmp_path: Path) -> None:

@@ -31,9 +31,18 @@ def test_a_process_that_waits_for_the_lock_says_so(tmp_path: Path, capsys: pytes
     assert capsys.readouterr().err == ""
 
 
-def test_a_file_written_atomically_has_the_mode_open_gives(tmp_path: Path) -> None:
-    """Readable by the group and others where the umask allows, as open() makes a file; mkstemp's are 0600."""
-    from quickdraft.files import process_umask, write_atomically
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_a_file_written_atomically_has_the_mode_open_gives(tmp_path: Path, umask: int) -> None:
+    """Readable by the group and others as far as the umask allows, as a file open() makes; mkstemp's are 0600."""
+    import os
 
-    write_atomically(tmp_path / "head.json", "{}")
-    assert (tmp_path / "head.json").stat().st_mode & 0o777 == 0o666 & ~process_umask()
+    from quickdraft.files import write_atomically
+
+    previous = os.umask(umask)
+    try:
+        write_atomically(tmp_path / "head.json", "{}")
+        (tmp_path / "opened.json").write_text("{}")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "head.json").stat().st_mode == (tmp_path / "opened.json").stat().st_mode
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]

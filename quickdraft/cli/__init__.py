@@ -127,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if error.filename is not None:  # a file the command read or wrote (the cache's, a model's): name it
             path = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else error.filename
             print(f"quickdraft: error: {path}: {error.strerror or error}", file=sys.stderr)
+            try:  # what the command printed before still goes out
+                sys.stdout.flush()
+            except OSError:  # that cannot be written either (a full disk): the exit's own flush must not fail again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1
         # the output cannot be written (a full disk): say so once
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again

@@ -41,7 +41,7 @@ def run_bench_serve(args: argparse.Namespace) -> None:
     if len({config.name for config in configs}) < len(configs):
         raise ConfigError(f"--configs {args.configs} names a configuration twice: give each its own name")
     DRAFTERS.get(args.drafter)  # an unknown name fails here, not in the servers it starts later
-    if args.url is None:  # the settings of the server it will start, checked before references are decoded
+    if args.url is None and any(not config.is_peer for config in configs):  # the server it will start: checked now
         from quickdraft.server.setup import ServerOptions
 
         ServerOptions.from_args(args)

@@ -68,9 +68,9 @@ def prune(args: argparse.Namespace) -> None:
 
     rows = []
     for path in stale_native_entries():
-        size = entry(path).size_bytes
+        size = 0 if path.is_symlink() else entry(path).size_bytes  # a link's target is not the cache's to free
         error = remove(path)
-        left = entry(path).size_bytes if path.exists() else 0
+        left = entry(path).size_bytes if path.exists() and not path.is_symlink() else 0
         rows.append({"path": str(path), "bytes": size - left} | ({"error": error} if error else {}))
     for build in (build for build in kernel_builds() if not build.current):
         with unused_build(build.path) as unused:

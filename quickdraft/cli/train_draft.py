@@ -9,13 +9,15 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from quickdraft.cli.common import add_kv_cache_argument, add_runtime_argument, check_output_dir, check_output_file
 from quickdraft.errors import ConfigError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+DEFAULT_VOCABULARY = 32768  # tokens the head drafts unless --vocabulary says otherwise
 
 DOC = """\
 Train a draft head for the eagle drafter on the target's own text (nothing from any benchmark).
@@ -80,7 +82,10 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         "--tokens-per-batch", type=int, default=1024, metavar="N", help="positions per training batch (1024)"
     )
     parser.add_argument("--intermediate-size", type=int, default=4096, metavar="N", help="the head's MLP width (4096)")
-    parser.add_argument("--vocabulary", type=int, default=32768, metavar="N", help="tokens the head drafts (32768)")
+    parser.add_argument(
+        "--vocabulary", type=int, default=DEFAULT_VOCABULARY, metavar="N",
+        help=f"tokens the head drafts ({DEFAULT_VOCABULARY})",
+    )  # fmt: skip
     parser.add_argument("--held-out-shards", type=int, default=1, metavar="N", help="shards kept for measuring (1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthesis and the training (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> None:
             note = f"{option} applies to the draft model's distillation (--model draft)"
             print(f"quickdraft: note: {note}", file=sys.stderr)
     head_only = {"--unroll": args.unroll != 2, "--intermediate-size": args.intermediate_size != 4096,
-                 "--vocabulary": args.vocabulary != 32768}  # fmt: skip
+                 "--vocabulary": args.vocabulary != DEFAULT_VOCABULARY}  # fmt: skip
     training = {
         "--out": args.out is not None,
         "--epochs": args.epochs is not None,
@@ -154,11 +159,10 @@ def run(args: argparse.Namespace) -> None:
         print(f"quickdraft: note: {', '.join(unused)} not used: {why}", file=sys.stderr)
     pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype)
     name = model_key(Path(pipeline.target_path))
-    vocabulary_size = pipeline.target.vocab_size
-    if args.model == "head" and not args.collect_only and train_settings.vocabulary_size > vocabulary_size:
-        note = f"--vocabulary {train_settings.vocabulary_size} is more than the target's {vocabulary_size} tokens"
-        print(f"quickdraft: note: {note}: the head predicts them all", file=sys.stderr)
-        train_settings = replace(train_settings, vocabulary_size=vocabulary_size)
+    asked, held = args.vocabulary, pipeline.target.vocab_size
+    if args.model == "head" and not args.collect_only and asked != DEFAULT_VOCABULARY and asked > held:
+        note = f"--vocabulary {asked} is more than the target's {held} tokens: the head predicts them all"
+        print(f"quickdraft: note: {note}", file=sys.stderr)  # the settings keep it: a checkpoint of them resumes
     data_dir = Path(args.data) if args.data else cache_root() / "draft-data" / name
     collector = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, name, collect_settings)
     # the draft model and where it goes are checked before the hours of collecting
@@ -201,6 +205,7 @@ def run(args: argparse.Namespace) -> None:
             "held_out_tokens": sum(c.length for c in held_out),
             "collect_settings": asdict(collect_settings) | {"feature_layers": list(collector.layers)},
             "vocabulary_coverage": round(coverage, 4),
+            "vocabulary_size": len(vocabulary),  # at most the target's, whatever train_settings asked for
         },
         "train_settings": asdict(train_settings),
         "history": history,

@@ -386,3 +386,6 @@ def test_a_vocabulary_past_the_targets_is_noted_before_collecting(
     assert "note: --vocabulary 100 is more than the target's 64 tokens: the head predicts them all" in (
         capsys.readouterr().err
     )
+    with pytest.raises(Collecting):
+        main(["train-draft", "--shards", "2"])  # the default, not asked for: nothing to say
+    assert "--vocabulary" not in capsys.readouterr().err

@@ -182,3 +182,10 @@ def test_prune_says_which_entries_it_could_not_delete(tmp_path, monkeypatch: pyt
     stray.write_bytes(b"y" * 5)
     assert main(["cache", "--prune"]) == 0 and not stray.exists() and not stale.exists()
     assert "freed 15 B: 2 stale packed weights" in capsys.readouterr().out
+    elsewhere = tmp_path / "elsewhere"  # a link to a directory: the link goes; what it points at stays, uncounted
+    elsewhere.mkdir()
+    (elsewhere / "kept.bin").write_bytes(b"z" * 7)
+    (tmp_path / "cache" / "native" / "linked").symlink_to(elsewhere)
+    assert main(["cache", "--prune"]) == 0 and (elsewhere / "kept.bin").exists()
+    assert "freed 0 B: 1 stale packed weights" in capsys.readouterr().out
+    assert not (tmp_path / "cache" / "native" / "linked").is_symlink()

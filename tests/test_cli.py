@@ -286,6 +286,10 @@ BAD_INPUTS = {
         ["train-acceptance-head", "--max-new-tokens", "-5"],
         "max_new_tokens must be >= 1, got -5 (--max-new-tokens)",
     ),
+    "train-acceptance-head's missing template": (
+        ["train-acceptance-head", "--chat-template", "/nope.jinja"],
+        "--chat-template /nope.jinja: cannot read it as text",
+    ),
     "train-draft past the seeds": (["train-draft", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),
     "serve with a missing draft head": (["serve", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),
     "bench-serve with a name twice": (["bench-serve", "--configs", "x=none,x=none"], "names a configuration twice"),

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import add_model_arguments, check_output_file, load_models
+from quickdraft.cli.common import add_chat_template_argument, add_model_arguments, check_output_file, load_models
 from quickdraft.errors import ConfigError
 
 TRAIN_DOC = """``quickdraft train-acceptance-head``: fit SpecDec++'s acceptance head from target/draft rollouts.
@@ -43,6 +43,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     train.add_argument("--holdout", type=float, default=0.25, metavar="F", help="held-out share of questions (0.25)")
     train.add_argument("--seed", type=int, default=0, help="seed of the sample and the split (default 0)")
     add_model_arguments(train)
+    add_chat_template_argument(train)  # the rollouts answer the questions as chats
     train.add_argument("--json", action="store_true", help="print the report as JSON")
     train.set_defaults(handler=run)
 
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> None:
     questions = sample_questions(load_questions(path), args.per_category, args.seed)
     draft = args.draft or DEFAULT_DRAFT
     pipeline = load_models(args, draft)
-    prompts = [pipeline.encode(question.turns[0], chat=question.chat) for question in questions]
+    kwargs = args.chat_template_kwargs
+    prompts = [pipeline.encode(question.turns[0], question.chat, kwargs) for question in questions]
     report = train_acceptance_head(
         pipeline,
         prompts,

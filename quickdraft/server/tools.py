@@ -45,15 +45,14 @@ from __future__ import annotations
 
 import functools
 import json
-import keyword
 import re
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from quickdraft.grammar import GrammarSpec
 from quickdraft.server.errors import ApiError
+from quickdraft.server.tool_checks import check_definitions, check_shapes, properties
 from quickdraft.server.tool_formats import TOOL_FORMATS, CallBody, ToolFormat
 from quickdraft.server.tool_grammar import calls_grammar, content_or_calls, is_text, lazy_calls_grammar, value_kinds
 from quickdraft.server.tool_python import python_calls
@@ -189,7 +188,7 @@ class ToolRequest:
     def properties(self) -> dict[str, Mapping[str, Any]]:
         """Each offered function's parameters' properties, by the function's name: an XML call's values are typed
         by them."""
-        return {tool["function"]["name"]: _properties(tool["function"]) for tool in self.tools}
+        return {tool["function"]["name"]: properties(tool["function"]) for tool in self.tools}
 
     def _json_call(self, block: re.Match[str]) -> dict[str, Any] | None:
         """A tagged call's JSON object (without arguments, a call of none)."""
@@ -251,9 +250,7 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     tools, choice = body.get("tools") or [], body.get("tool_choice")
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     tool_turns = any(isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
-    if not isinstance(tools, list) or not all(_is_function(tool) for tool in tools):
-        message = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
-        raise ApiError(400, message, "tools")
+    check_shapes(tools)
     if any(not isinstance(tool["function"].get("strict"), bool | None) for tool in tools):
         raise ApiError(400, "a function's strict must be true or false", "tools")
     if choice == "none" and not tool_turns and found is None:  # nothing to render or read: as OpenAI, no error
@@ -280,12 +277,7 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
         raise ApiError(400, "tools hold text that is not UTF-8 (a lone surrogate)", "tools") from None
     except (TypeError, ValueError):  # not JSON's values at all: the template would fail on them
         raise ApiError(400, "tools must be JSON values", "tools") from None
-    names = frozenset(tool["function"]["name"] for tool in tools)
-    if len(names) < len(tools):
-        raise ApiError(400, "two tools have the same function name", "tools")
-    _check_parameters(tools)
-    if found.body is CallBody.PYTHONIC:
-        _check_python_names(tools)
+    names = check_definitions(tools, python_names=found.body is CallBody.PYTHONIC)
     if choice in (None, "auto", "required", "none"):
         return None if choice == "none" else ToolRequest(tuple(tools), choice or "auto", names, found, parallel)
     function = choice.get("function") if isinstance(choice, Mapping) else None
@@ -293,54 +285,6 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     if not isinstance(name, str) or name not in names:
         raise ApiError(400, BAD_CHOICE, "tool_choice")
     return ToolRequest(tuple(tools), name, names, found, parallel)
-
-
-def _check_parameters(tools: list[Any]) -> None:
-    """Each function's parameters must be a valid JSON schema (checked against the meta-schema its ``$schema`` names,
-    2020-12 without one, as OpenAI checks them), whatever ``tool_choice`` says: a schema the call grammar cannot
-    follow is refused only where calls are constrained (:meth:`ToolRequest.grammar`)."""
-    from jsonschema import Draft202012Validator, SchemaError, validators
-
-    for tool in tools:
-        parameters, name = tool["function"].get("parameters") or {}, tool["function"]["name"]
-        if not isinstance(parameters.get("$schema", ""), str):  # jsonschema would fail on it, not say why
-            raise ApiError(400, f"a tool's parameters' $schema must be a URI ({name!r})", "tools")
-        try:
-            validators.validator_for(parameters, default=Draft202012Validator).check_schema(parameters)
-        except SchemaError as error:
-            message = f"a tool's parameters are not a JSON schema ({name!r}): {error.message}"
-            raise ApiError(400, message, "tools") from None
-
-
-def _check_python_names(tools: list[Any]) -> None:
-    """A pythonic call spells its function's name and its arguments' keys as Python names: each must be one (not a
-    keyword, and as Python reads it, which folds some characters into others), or its calls could not be read."""
-    for tool in tools:
-        for name in (tool["function"]["name"], *_properties(tool["function"])):
-            if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)) or (
-                unicodedata.normalize("NFKC", name) != name
-            ):
-                message = f"{name!r} is not a Python name, as this model's pythonic calls spell names and keys"
-                raise ApiError(400, message, "tools")
-
-
-def _properties(function: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A function's parameters' properties; none where they are not an object (a constraint of them is a 400)."""
-    properties = (function.get("parameters") or {}).get("properties")
-    return properties if isinstance(properties, Mapping) else {}
-
-
-def _is_function(tool: Any) -> bool:
-    if not isinstance(tool, Mapping) or tool.get("type") != "function":
-        return False
-    function = tool.get("function")
-    parameters = function.get("parameters") if isinstance(function, Mapping) else None
-    return (
-        isinstance(function, Mapping)
-        and isinstance(function.get("name"), str)
-        and bool(function["name"])
-        and (parameters is None or isinstance(parameters, Mapping))
-    )
 
 
 def template_message(

@@ -71,7 +71,7 @@ def test_names_a_pythonic_call_cannot_spell_are_400s() -> None:
     def tool(name: str, key: str = "q") -> dict[str, Any]:
         return {"type": "function", "function": {"name": name, "parameters": {"properties": {key: {}}}}}
 
-    for bad in (tool("get-weather"), tool("f", "from"), tool("f", "user id"), tool("\ufb01nd"), tool("class")):
+    for bad in (tool("get-weather"), tool("f", "from"), tool("f", "user id"), tool("f", "\ufb01nd"), tool("class")):
         with pytest.raises(ApiError, match="not a Python name"):
             parse_tools({"tools": [bad]}, PYTHONIC)
     assert parse_tools({"tools": [tool("get_weather", "city")]}, PYTHONIC) is not None

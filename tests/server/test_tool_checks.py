@@ -1,0 +1,37 @@
+"""``server/tool_checks.py``: a hosted tool is refused by its type; a function's name follows OpenAI's rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quickdraft.server.errors import ApiError
+from quickdraft.server.tool_checks import check_definitions, check_shapes
+
+
+def function(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("kind", ["web_search", "file_search", "custom"])
+def test_a_hosted_tool_is_refused_by_its_type(kind: str) -> None:
+    with pytest.raises(ApiError, match=f"this server runs function tools only, got '{kind}'") as error:
+        check_shapes([function("f"), {"type": kind}])
+    assert (error.value.param, error.value.code) == ("tools", "unsupported_parameter")
+    with pytest.raises(ApiError, match="tools must be a list of"):
+        check_shapes([{"function": {"name": "f"}}])  # no type at all: the shape is wrong
+
+
+@pytest.mark.parametrize("name", ["a b!", "x" * 65, "get.weather", "ﬁnd"])
+def test_a_name_openai_would_refuse_is_a_400(name: str) -> None:
+    with pytest.raises(ApiError, match="a function's name is 1 to 64 letters, digits") as error:
+        check_definitions([function(name)], python_names=False)
+    assert error.value.param == "tools"
+
+
+def test_names_openai_allows_pass_once_each() -> None:
+    names = check_definitions([function("get_weather"), function("Get-Weather2"), function("x" * 64)], False)
+    assert names == {"get_weather", "Get-Weather2", "x" * 64}
+    with pytest.raises(ApiError, match="two tools have the same function name"):
+        check_definitions([function("f"), function("f")], python_names=False)

@@ -44,6 +44,7 @@ PASSED = frozenset({
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip
 ACCEPTED = HARMLESS | {"prompt_cache_retention"}  # fields that change nothing here
+CHOICES = {"truncation": ("auto", "disabled"), "prompt_cache_retention": ("in_memory", "24h")}  # OpenAI's values
 ECHOED = ("user", "safety_identifier", "prompt_cache_key")  # repeated in the Response as sent, as OpenAI does
 STRICT = True  # a function tool's strict when not given: the Responses API's default, unlike chat's
 RAN_AT = "default"  # the service_tier a Response says it ran at, as OpenAI's says the tier it used: this server has one
@@ -87,6 +88,11 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
     for what it cannot mean here (the rules above)."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "the request body must be a JSON object")
+    check_harmless(body)  # a mistyped value is wrong before it is unsupported: store "false" is no boolean
+    flag(body, "background", False)
+    for name, allowed in CHOICES.items():
+        if body.get(name) is not None and body[name] not in allowed:
+            raise ApiError(400, f"{name} must be {' or '.join(allowed)}, got {body[name]!r}", name)
     for name, value in body.items():
         if value is None:  # a null field asks for nothing
             continue
@@ -103,7 +109,6 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "instructions must be text", "instructions")
-    check_harmless(body)
     chat = {name: body[name] for name in PASSED if body.get(name) is not None}
     chat["messages"] = [{"role": "system", "content": instructions}] if instructions else []  # "": none
     chat["messages"] += _messages(body.get("input"))
@@ -206,6 +211,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             output = item.get("output")
             if isinstance(output, list):
                 output = [_text_part(part) for part in output]
+            elif not isinstance(output, str):
+                message = f"a function_call_output's output must be text or a list of text parts, got {output!r}"
+                raise ApiError(400, message, "input")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         else:
             what = f"an item of type {kind!r}" if isinstance(kind, str) else "an item that is not a message"

@@ -42,6 +42,7 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     parsed, called = [], {}  # called: each earlier call's id -> its function's name
+    answered: set[str] | None = None  # the ids of the calls tool messages may answer now (None: no call to answer)
     for message in messages:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
@@ -56,10 +57,27 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
         if not isinstance(content, str):
             raise ApiError(400, "a message's content must be text", "messages")
         role = "system" if message["role"] == "developer" else message["role"]
+        if role == "tool":
+            check_answer(message.get("tool_call_id"), answered)
         parsed.append(template_message({**message, "role": role}, content, called, found))
-        for call in (message.get("tool_calls") if role == "assistant" else None) or ():  # checked by template_message
+        calls = (message.get("tool_calls") if role == "assistant" else None) or []  # checked by template_message
+        if role != "tool":
+            answered = {call.get("id") for call in calls} if calls else None
+        for call in calls:
             if isinstance(call.get("id"), str):
                 called[call["id"]] = call["function"]["name"]
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
     return parsed
+
+
+def check_answer(call_id: Any, answered: set[Any] | None) -> None:
+    """A tool message answers a call of the assistant message before it (other tool messages between), by its
+    ``tool_call_id`` where that message's calls have ids, as OpenAI requires."""
+    if answered is None:
+        raise ApiError(400, "a tool message must answer a call in the assistant message's tool_calls before it",
+                       "messages")  # fmt: skip
+    ids = {known for known in answered if isinstance(known, str)}
+    if ids and isinstance(call_id, str) and call_id not in ids:
+        message = f"a tool message's tool_call_id {call_id!r} answers no call of the assistant message before it"
+        raise ApiError(400, message, "messages")

@@ -177,11 +177,15 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
         ({"background": "no"}, "background", "background must be true or false"),
         ({"prompt_cache_retention": 5}, "prompt_cache_retention", "must be in_memory or 24h"),
         (
-            {"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-                       {"type": "function_call_output", "call_id": "c1", "output": 5}]},
+            {
+                "input": [
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": 5},
+                ]
+            },
             "input",
             "a function_call_output's output must be text",
-        ),  # fmt: skip
+        ),
         ({"max_tool_calls": 2}, "max_tool_calls", "does not count"),
         ({"instructions": 5}, "instructions", "instructions must be text"),
         ({"input": [{"content": "w1"}]}, "input", "role is user, system, developer, assistant, got None"),

@@ -42,7 +42,7 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     parsed, called = [], {}  # called: each earlier call's id -> its function's name
-    answered: set[str] | None = None  # the ids of the calls tool messages may answer now (None: no call to answer)
+    made_calls = False  # an earlier assistant message called tools: a tool message has something to answer
     for message in messages:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
@@ -58,11 +58,10 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
             raise ApiError(400, "a message's content must be text", "messages")
         role = "system" if message["role"] == "developer" else message["role"]
         if role == "tool":
-            check_answer(message.get("tool_call_id"), answered)
+            check_answer(message.get("tool_call_id"), made_calls, called)
         parsed.append(template_message({**message, "role": role}, content, called, found))
         calls = (message.get("tool_calls") if role == "assistant" else None) or []  # checked by template_message
-        if role != "tool":
-            answered = {call.get("id") for call in calls} if calls else None
+        made_calls = made_calls or bool(calls)
         for call in calls:
             if isinstance(call.get("id"), str):
                 called[call["id"]] = call["function"]["name"]
@@ -71,13 +70,13 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
     return parsed
 
 
-def check_answer(call_id: Any, answered: set[Any] | None) -> None:
-    """A tool message answers a call of the assistant message before it (other tool messages between), by its
-    ``tool_call_id`` where that message's calls have ids, as OpenAI requires."""
-    if answered is None:
-        raise ApiError(400, "a tool message must answer a call in the assistant message's tool_calls before it",
-                       "messages")  # fmt: skip
-    ids = {known for known in answered if isinstance(known, str)}
-    if ids and isinstance(call_id, str) and call_id not in ids:
-        message = f"a tool message's tool_call_id {call_id!r} answers no call of the assistant message before it"
+def check_answer(call_id: Any, made_calls: bool, called: Mapping[str, str]) -> None:
+    """A tool message answers a call an earlier assistant message made, by its ``tool_call_id`` where the calls have
+    ids. Not necessarily the message just before: a Responses API conversation may put an assistant's text or
+    reasoning between a call and its output."""
+    if not made_calls:
+        message = "a tool message must answer a call in an earlier assistant message's tool_calls"
+        raise ApiError(400, message, "messages")
+    if called and isinstance(call_id, str) and call_id not in called:
+        message = f"a tool message's tool_call_id {call_id!r} answers no call of an earlier assistant message"
         raise ApiError(400, message, "messages")

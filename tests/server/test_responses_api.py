@@ -310,3 +310,18 @@ def test_a_function_tool_is_strict_unless_it_says_not_as_openai_has_it() -> None
     for given, strict in (({}, True), ({"strict": None}, True), ({"strict": False}, False), ({"strict": True}, True)):
         chat, echo = chat_request({"model": MODEL, "input": "w1", "tools": [TOOL | given]})
         assert chat["tools"][0]["function"]["strict"] is strict and echo.tools == [TOOL | {"strict": strict}]
+
+
+def test_a_calls_output_may_come_after_text_reasoning_or_a_later_turn() -> None:
+    """Orders the openai-agents SDK writes (a streamed turn's calls before its text) are read, not refused."""
+    from quickdraft.server.messages import chat_messages
+    from quickdraft.server.responses_api import chat_request
+
+    user = {"role": "user", "content": "w1"}
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "w2"}
+    text = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "w3"}]}
+    thought = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "w4"}]}
+    for items in ([user, call, text, output], [user, thought, call, thought, output], [call, user, output]):
+        body, _ = chat_request({"model": MODEL, "input": items})
+        assert chat_messages(body)[-1]["role"] == "tool", items

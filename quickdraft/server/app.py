@@ -41,7 +41,7 @@ from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request, template_kwargs
 from quickdraft.server.reasoning import Thinking, opened_by
 from quickdraft.server.responses import batch_body, new_id, response_body
-from quickdraft.server.responses_api import chat_request, renamed
+from quickdraft.server.responses_api import KEEPS_NONE, chat_request, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tokenize import detokenize, tokenize
 from quickdraft.server.tool_formats import tool_format_of
@@ -333,6 +333,11 @@ def create_app(
         (result,) = await whole(request, api, events, track)
         output = output_items(api, result, spell)
         return JSONResponse(response_object(api, echo, new_response_id(), output, result, spell=spell))
+
+    @app.api_route("/v1/responses/{response_id:path}", methods=["GET", "HEAD", "POST", "DELETE"])
+    async def a_kept_response(request: Request, response_id: str) -> Response:  # retrieve, delete, cancel, items
+        access.authorize(request.headers.get("authorization"))
+        raise ApiError(404, f"no response {response_id.split('/')[0]!r}: {KEEPS_NONE}", "response_id")
 
     return app
 

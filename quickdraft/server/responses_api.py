@@ -191,6 +191,8 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             call["function"] = {"name": item.get("name"), "arguments": item.get("arguments")}
             if not all(isinstance(value, str) for value in (call["id"], *call["function"].values())):
                 raise ApiError(400, "a function_call item needs call_id, name and arguments as strings", "input")
+            if call["id"] in call_ids:  # its output could not say which call it answers
+                raise ApiError(400, f"two function_call items have the call_id {call['id']!r}", "input")
             call_ids.add(call["id"])
             if messages and messages[-1]["role"] == "assistant":  # one assistant turn: its text, then its calls
                 messages[-1].setdefault("tool_calls", []).append(call)

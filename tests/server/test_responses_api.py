@@ -325,3 +325,25 @@ def test_a_calls_output_may_come_after_text_reasoning_or_a_later_turn() -> None:
     for items in ([user, call, text, output], [user, thought, call, thought, output], [call, user, output]):
         body, _ = chat_request({"model": MODEL, "input": items})
         assert chat_messages(body)[-1]["role"] == "tool", items
+
+
+def test_a_kept_response_is_asked_for_in_vain_and_told_why(server: Server) -> None:
+    """Retrieving, deleting or cancelling a response, or listing its input items: this server keeps none."""
+    for method, path in (
+        ("GET", "resp_1"),
+        ("DELETE", "resp_1"),
+        ("POST", "resp_1/cancel"),
+        ("GET", "resp_1/input_items"),
+    ):
+        answer = httpx.request(method, f"{server.url}/v1/responses/{path}", timeout=TIMEOUT)
+        error = answer.json()["error"]
+        assert answer.status_code == 404 and error["message"].startswith("no response 'resp_1': this server keeps no")
+
+
+def test_two_function_calls_of_one_call_id_are_refused() -> None:
+    from quickdraft.server.errors import ApiError
+    from quickdraft.server.responses_api import chat_request
+
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    with pytest.raises(ApiError, match="two function_call items have the call_id 'c1'"):
+        chat_request({"model": MODEL, "input": [{"role": "user", "content": "w1"}, call, call]})

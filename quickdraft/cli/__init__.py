@@ -129,14 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"quickdraft: error: {path}: {error.strerror or error}", file=sys.stderr)
             try:  # what the command printed before still goes out
                 sys.stdout.flush()
-            except OSError:  # that cannot be written either (a full disk): the exit's own flush must not fail again
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except OSError:  # that cannot be written either (a full disk)
+                silence_stdout()
             return 1
-        # the output cannot be written (a full disk): say so once
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
+        silence_stdout()  # the output cannot be written (a full disk): say so once
         print(f"quickdraft: error: cannot write the output: {error.strerror or error}", file=sys.stderr)
         return 1
     return 0
+
+
+def silence_stdout() -> None:
+    """Standard output to /dev/null, so that the exit's own flush of what could not be written does not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def quiet_progress_bars() -> None:

@@ -66,9 +66,7 @@ class CollectSettings:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}", name)
         if self.user_temperature <= 0:
             raise ConfigError("the user turn's temperature must be > 0, or every conversation is the same")
-        SamplingParams(self.answer_temperature, top_p=self.top_p)  # validates
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}", "seed")
+        SamplingParams(self.answer_temperature, top_p=self.top_p, seed=self.seed)  # validates, the seed's range too
 
 
 class Phase(Enum):

@@ -31,6 +31,7 @@ from typing import Any
 
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import HARMLESS, check_harmless, flag
+from quickdraft.server.tool_checks import FUNCTION_KEYS, check_keys
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")  # a tool's result is a function_call_output item
 LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this server answers
@@ -90,6 +91,10 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
         raise ApiError(400, "the request body must be a JSON object")
     check_harmless(body)  # a mistyped value is wrong before it is unsupported: store "false" is no boolean
     flag(body, "background", False)
+    options = body.get("stream_options")
+    if isinstance(options, Mapping) and "include_usage" in options:  # chat's option; usage is always given here
+        message = "unrecognized stream option 'include_usage': a response's usage is in its response.completed event"
+        raise ApiError(400, message, "stream_options.include_usage", code="unrecognized_parameter")
     for name, allowed in CHOICES.items():
         if body.get(name) is not None and body[name] not in allowed:
             raise ApiError(400, f"{name} must be {' or '.join(allowed)}, got {body[name]!r}", name)
@@ -123,7 +128,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
         )
     tools = _list(body["tools"], "tools") if body.get("tools") is not None else []
     if body.get("tools") is not None:
-        chat["tools"] = [_tool(tool) for tool in tools]
+        chat["tools"] = [_tool(tool, index) for index, tool in enumerate(tools)]
     choice = body.get("tool_choice")
     if isinstance(choice, Mapping):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
@@ -264,13 +269,13 @@ def _text(text: Any) -> dict[str, Any]:
     return {"format": dict(text_format)} | ({"verbosity": text["verbosity"]} if text.get("verbosity") else {})
 
 
-def _tool(tool: Any) -> dict[str, Any]:
+def _tool(tool: Any, index: int) -> dict[str, Any]:
     if not isinstance(tool, Mapping) or tool.get("type") != "function":
         kind = tool.get("type") if isinstance(tool, Mapping) else None
         message = f"this server runs function tools only, got {kind!r}"
         raise ApiError(400, message, "tools", code="unsupported_parameter" if isinstance(kind, str) else None)
     if not isinstance(tool.get("name"), str) or not tool["name"]:
         raise ApiError(400, 'a function tool needs a name: {"type": "function", "name", "parameters"}', "tools")
-    keys = ("name", "description", "parameters", "strict")
-    function = {key: tool[key] for key in keys if tool.get(key) is not None}
+    check_keys(tool, ("type", *FUNCTION_KEYS), f"tools[{index}]")
+    function = {key: tool[key] for key in FUNCTION_KEYS if tool.get(key) is not None}
     return {"type": "function", "function": {"strict": STRICT} | function}

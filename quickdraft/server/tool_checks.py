@@ -14,6 +14,8 @@ from quickdraft.server.errors import ApiError
 
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 SHAPE = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
+TOOL_KEYS = ("type", "function")
+FUNCTION_KEYS = ("name", "description", "parameters", "strict")  # in the order a function is written
 
 
 def check_shapes(tools: Any) -> None:
@@ -21,13 +23,24 @@ def check_shapes(tools: Any) -> None:
     search, file search, ...) is refused by its type."""
     if not isinstance(tools, list):
         raise ApiError(400, SHAPE, "tools")
-    for tool in tools:
+    for index, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, Mapping) else None
         if isinstance(kind, str) and kind != "function":
             message = f"this server runs function tools only, got {kind!r}"
             raise ApiError(400, message, "tools", code="unsupported_parameter")
         if not is_function(tool):
             raise ApiError(400, SHAPE, "tools")
+        check_keys(tool, TOOL_KEYS, f"tools[{index}]")
+        check_keys(tool["function"], FUNCTION_KEYS, f"tools[{index}].function")
+
+
+def check_keys(value: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+    """A key this server does not know is refused, as OpenAI refuses one (``unknown_parameter``): it would be dropped
+    silently, and a misspelt ``parameters`` would leave a function's arguments free."""
+    unknown = [name for name in value if name not in known]
+    if unknown:
+        param = f"{where}.{unknown[0]}"
+        raise ApiError(400, f"unknown parameter: '{param}'", param, code="unknown_parameter")
 
 
 def check_definitions(tools: list[Any], python_names: bool) -> frozenset[str]:

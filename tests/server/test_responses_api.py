@@ -207,6 +207,8 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
         ({"input": [{"type": "input_image", "image_url": "x"}]}, "input", "'input_image'"),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input", "'input_file'"),
         ({"tools": [{"type": "web_search"}]}, "tools", "function tools only"),
+        ({"tools": [{"type": "function", "name": "f", "paramters": {}}]}, "tools[0].paramters", "unknown parameter"),
+        ({"stream": True, "stream_options": {"include_usage": True}}, "stream_options.include_usage", "completed"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
         ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
         (

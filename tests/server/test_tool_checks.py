@@ -1,7 +1,9 @@
-"""``server/tool_checks.py``: a hosted tool is refused by its type; a function's name follows OpenAI's rule."""
+"""``server/tool_checks.py``: a hosted tool is refused by its type, an unknown key by its name; a function's name
+follows OpenAI's rule."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -21,6 +23,21 @@ def test_a_hosted_tool_is_refused_by_its_type(kind: str) -> None:
     assert (error.value.param, error.value.code) == ("tools", "unsupported_parameter")
     with pytest.raises(ApiError, match="tools must be a list of"):
         check_shapes([{"function": {"name": "f"}}])  # no type at all: the shape is wrong
+
+
+@pytest.mark.parametrize(
+    ("tool", "param"),
+    [
+        ({"type": "function", "function": {"name": "f", "paramters": {}}}, "tools[1].function.paramters"),
+        ({"type": "function", "function": {"name": "f"}, "strict": True}, "tools[1].strict"),
+    ],
+)
+def test_an_unknown_key_is_refused_not_dropped(tool: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError, match=f"unknown parameter: '{re.escape(param)}'") as error:
+        check_shapes([function("g"), tool])
+    assert (error.value.param, error.value.code) == (param, "unknown_parameter")
+    described = {"name": "f", "description": "d", "parameters": {"type": "object"}, "strict": False}
+    check_shapes([{"type": "function", "function": described}])  # every key OpenAI defines passes
 
 
 @pytest.mark.parametrize("name", ["a b!", "x" * 65, "get.weather", "ﬁnd"])

@@ -42,12 +42,37 @@ SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 SCHEMA_VALUES = ("items", "additionalItems", "additionalProperties", "propertyNames", "unevaluatedItems",
                  "unevaluatedProperties")  # fmt: skip
+# a node holding one of these is that alone to the converter: each validation keyword beside it goes unread
+SELECTORS = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
+STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+# keywords whose type the converter infers where a node names none (only from the first of each pair)
+INFERRED = {
+    ("properties", "additionalProperties", "patternProperties"): ("required", "minProperties", "maxProperties"),
+    ("items", "prefixItems"): ("minItems", "maxItems"),
+}
+VALIDATION_KEYWORDS = frozenset({
+    "type", *SELECTORS, *STRING_KEYWORDS, *NUMBER_KEYWORDS, *SCHEMA_VALUES, "properties", "patternProperties",
+    "prefixItems", *(keyword for pair in INFERRED.values() for keyword in pair),
+})  # fmt: skip
+JSON_TYPES = {
+    "string": lambda value: isinstance(value, str),
+    "integer": lambda value: (
+        (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    ),
+    "number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
+    "boolean": lambda value: isinstance(value, bool),
+    "null": lambda value: value is None,
+    "object": lambda value: isinstance(value, dict),
+    "array": lambda value: isinstance(value, list),
+}
 
 
 def unenforced_part(schema: Any) -> str | None:
     """Where ``schema`` (a parsed JSON Schema) asks for what the compiler would not enforce, as ``path: what``: a
     keyword of :data:`UNENFORCED_KEYWORDS`, an ``allOf`` of more than one schema, a ``multipleOf`` on values that may
-    be other than integers; None where it asks for none. Data (``enum``, ``const``, ``default``) is not looked in."""
+    be other than integers, or a keyword the converter reads past where it stands (:func:`_unread_beside`); None
+    where it asks for none. Data (``enum``, ``const``, ``default``) is not looked in."""
     pending: list[tuple[Any, str]] = [(schema, "#")]
     while pending:
         node, path = pending.pop()
@@ -59,17 +84,69 @@ def unenforced_part(schema: Any) -> str | None:
             return f"{path}: allOf of {len(node['allOf'])} schemas"
         if "multipleOf" in node and node.get("type") != "integer":
             return f"{path}: multipleOf on values that may be other than integers"
-        for name in SCHEMA_MAPS:
-            if isinstance(node.get(name), dict):
-                pending += [(value, f"{path}/{name}/{key}") for key, value in node[name].items()]
-        for name in (*SCHEMA_LISTS, *SCHEMA_VALUES):
-            value = node.get(name)
-            pending += (
-                [(item, f"{path}/{name}/{i}") for i, item in enumerate(value)]
-                if isinstance(value, list)
-                else [(value, f"{path}/{name}")]
-            )
+        if (unread := _unread_beside(node)) is not None:
+            return f"{path}: {unread}"
+        pending += _subschemas(node, path)
     return None
+
+
+def _subschemas(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
+    """The schemas ``node`` holds, each with its path; ``propertyNames``' as a string's (it constrains names)."""
+    found: list[tuple[Any, str]] = []
+    for name in SCHEMA_MAPS:
+        if isinstance(node.get(name), dict):
+            found += [(value, f"{path}/{name}/{key}") for key, value in node[name].items()]
+    for name in (*SCHEMA_LISTS, *SCHEMA_VALUES):
+        value = node.get(name)
+        if name == "propertyNames" and isinstance(value, dict):
+            value = {"type": "string"} | value
+        found += (
+            [(item, f"{path}/{name}/{i}") for i, item in enumerate(value)]
+            if isinstance(value, list)
+            else [(value, f"{path}/{name}")]
+        )
+    return found
+
+
+def _unread_beside(node: dict[str, Any]) -> str | None:
+    """A keyword of ``node`` the converter reads past because of another: any beside a selector (:data:`SELECTORS`;
+    a ``type`` beside ``enum`` or ``const`` only where a value is not of it), a string's length beside its
+    ``pattern`` or ``format``, a string's or number's bound on a node of no type, an object's or array's count
+    without the keyword that makes it one, and a ``required`` name ``properties`` does not define."""
+    keys = node.keys() & VALIDATION_KEYWORDS
+    if selector := next((name for name in SELECTORS if name in node), None):
+        values = [node["const"]] if selector == "const" else node.get("enum")
+        if selector in ("const", "enum") and isinstance(values, list) and _all_of_type(values, node.get("type")):
+            keys -= {"type"}
+        if beside := sorted(keys - {selector}):
+            return f"{beside[0]} beside {selector}"
+        return None
+    for leader, followers in (
+        ("pattern", ("minLength", "maxLength")),
+        ("format", ("pattern", "minLength", "maxLength")),
+    ):
+        if leader in node and (beside := [name for name in followers if name in node]):
+            return f"{beside[0]} beside {leader}"
+    if "type" not in node:
+        if typed := [name for name in (*STRING_KEYWORDS, *NUMBER_KEYWORDS) if name in node]:
+            return f"{typed[0]} on a schema of no type"
+        for makers, counts in INFERRED.items():
+            if not any(name in node for name in makers) and (counted := [name for name in counts if name in node]):
+                return f"{counted[0]} on a schema of no type"
+    required, defined = node.get("required"), node.get("properties")
+    if isinstance(required, list) and (missing := [name for name in required if name not in (defined or {})]):
+        return f"required {missing[0]!r}, which properties does not define"
+    return None
+
+
+def _all_of_type(values: list[Any], type_name: Any) -> bool:
+    """Whether each value is of ``type_name`` (a JSON type's name or a list of them; none: any)."""
+    names = [type_name] if isinstance(type_name, str) else type_name
+    if type_name is None:
+        return True
+    if not isinstance(names, list) or not all(name in JSON_TYPES for name in names):
+        return False
+    return all(any(JSON_TYPES[name](value) for name in names) for value in values)
 
 
 def check_enforced(schema: Any, setting: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from typing import Any
 
 import pytest
 from conftest import native_pipeline
@@ -205,6 +206,16 @@ UNENFORCED = {  # a schema with a part xgrammar reads past, and an instance that
     "dependencies": ({"type": "object", "properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}}, '{"a": 1}'),
     "allOf of 2 schemas": ({"allOf": [{"type": "integer", "minimum": 2}, {"maximum": 3}]}, "9"),
     "multipleOf on values": ({"type": "number", "multipleOf": 0.5}, "0.3"),
+    # a keyword the converter reads past because of where it stands
+    "type beside anyOf": ({"anyOf": [{"type": "integer"}, {"type": "string"}], "type": "integer"}, '""'),
+    "maxLength beside enum": ({"enum": ["aaaa", "b"], "maxLength": 2}, '"aaaa"'),
+    "type beside const": ({"type": "string", "const": 1}, "1"),
+    "minimum beside allOf": ({"allOf": [{"type": "integer"}], "minimum": 3}, "1"),
+    "maxLength beside pattern": ({"type": "string", "pattern": "^a+$", "maxLength": 2}, '"aaaa"'),
+    "pattern beside format": ({"type": "string", "format": "date", "pattern": "^1"}, '"2020-01-01"'),
+    "minLength on a schema of no type": ({"minLength": 3}, '"a"'),
+    "minItems on a schema of no type": ({"minItems": 2}, "[1]"),
+    "required 'b', which properties does not define": ({"type": "object", "required": ["b"]}, "{}"),
 }
 
 
@@ -225,6 +236,26 @@ def test_a_schema_part_the_compiler_does_not_enforce_is_refused(part: str) -> No
 
 def test_data_and_property_names_are_not_read_as_schema_keywords() -> None:
     properties = {"not": {"enum": [{"if": 1}]}, "contains": {"const": {"not": 2}}}
-    schema = {"type": "integer", "multipleOf": 2, "properties": properties, "allOf": [{"required": ["not"]}]}
+    schema = {"type": "object", "properties": properties, "required": ["not", "contains"]}
     assert grammar.unenforced_part(schema) is None
     GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema))
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [  # the shapes pydantic, zod and OpenAI's guide write: annotations beside a selector, a type its values have
+        {"type": "string", "enum": ["a", "b"], "title": "Color", "description": "d"},
+        {"type": ["string", "null"], "enum": ["a", None]},
+        {"const": "x", "type": "string"},
+        {"type": "integer", "enum": [1, 2.0]},
+        {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}], "default": None, "title": "X"},
+        {"$defs": {"C": {"type": "string"}}, "$ref": "#/$defs/C", "description": "d", "default": "c"},
+        {"allOf": [{"type": "integer"}], "title": "wrapped"},
+        {"properties": {"a": {}}, "required": ["a"]},
+        {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"maxLength": 3}},
+        {"type": "integer", "multipleOf": 2, "minimum": 0},
+        {"type": "string", "pattern": "^a+$"},
+    ],
+)
+def test_what_the_converter_enforces_passes(schema: dict[str, Any]) -> None:
+    assert grammar.unenforced_part(schema) is None

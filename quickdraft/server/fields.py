@@ -42,7 +42,9 @@ COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
 MAX_STOPS, MAX_STOP_CHARS = 16, 1_024  # every stop string is looked for after every token
 # fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
 HARMLESS_TEXT = ("user", "prompt_cache_key", "safety_identifier")  # strings
-HARMLESS = frozenset({*HARMLESS_TEXT, "service_tier", "metadata", "store"})
+HARMLESS = frozenset({*HARMLESS_TEXT, "service_tier", "metadata", "store", "prompt_cache_retention"})
+MAX_ID_DIGITS = 18  # a token id has fewer digits than this
+CACHE_RETENTIONS = ("in_memory", "24h")  # OpenAI's prompt_cache_retention: how long its cache keeps a prefix
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")  # OpenAI's; one tier here
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 # fields that change the answer and this server does not implement, with the values that change nothing
@@ -93,13 +95,18 @@ def check_fields(body: Mapping[str, Any], chat: bool) -> None:
 def check_harmless(body: Mapping[str, Any]) -> None:
     """Raise :class:`ApiError` for a field of :data:`HARMLESS` that is not null and not what OpenAI takes: text,
     ``service_tier`` one of :data:`SERVICE_TIERS`, ``store`` true or false, ``metadata`` an object of at most 16
-    strings under keys of at most 64 characters, each at most 512."""
+    strings under keys of at most 64 characters, each at most 512, ``prompt_cache_retention`` one of
+    :data:`CACHE_RETENTIONS`."""
     for name in HARMLESS_TEXT:
         optional_text(body, name)
     tier = optional_text(body, "service_tier")
     if tier is not None and tier not in SERVICE_TIERS:
         raise ApiError(400, f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got {tier!r}", "service_tier")
     flag(body, "store", False)
+    retention = body.get("prompt_cache_retention")
+    if retention is not None and retention not in CACHE_RETENTIONS:
+        message = f"prompt_cache_retention must be {' or '.join(CACHE_RETENTIONS)}, got {retention!r}"
+        raise ApiError(400, message, "prompt_cache_retention")
     metadata = body.get("metadata")
     if metadata is None:
         return
@@ -212,6 +219,8 @@ def logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:
     for key in bias:
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
             raise ApiError(400, f'logit_bias\'s keys must be token ids such as "50256", got {key!r}', "logit_bias")
+        if len(key.lstrip("0")) > MAX_ID_DIGITS:  # no vocabulary is that large (and Python reads at most 4300)
+            raise ApiError(400, f"logit_bias names no token: a key has {len(key)} digits", "logit_bias")
     ids = {int(key): value for key, value in bias.items()}
     if len(ids) < len(bias):  # "7" and "07" name one token
         raise ApiError(400, 'logit_bias names a token twice (as "7" and "07"): give each once', "logit_bias")

@@ -8,10 +8,20 @@ from typing import Any
 
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import text_parts
+from quickdraft.server.tool_checks import check_keys
 from quickdraft.server.tool_formats import ToolFormat
 from quickdraft.server.tools import template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
+# the keys a message of each role may have (OpenAI's, and the reasoning_content a thinking model's answer gave)
+ROLE_KEYS = {
+    "assistant": ("tool_calls", "reasoning_content", "refusal", "annotations", "audio", "function_call"),
+    "tool": ("tool_call_id",),
+}
+UNSUPPORTED = {  # an assistant message's fields this server cannot render, with what to send instead
+    "audio": "this server reads text only: give the audio's transcript as content",
+    "function_call": "give the call in tool_calls, as OpenAI's tools do",
+}
 
 
 def prompt_batch(body: Any) -> list[Any] | None:
@@ -43,12 +53,12 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     parsed, called = [], {}  # called: each earlier call's id -> its function's name
     made_calls = False  # an earlier assistant message called tools: a tool message has something to answer
-    for message in messages:
+    for index, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
         if message["role"] not in ROLES:
             raise ApiError(400, f"unknown message role {message['role']!r}; roles: {', '.join(ROLES)}", "messages")
-        content = message.get("content")
+        content = check_fields(message, f"messages[{index}]")
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             content = ""  # an assistant turn that only called tools
         if isinstance(content, list):  # content parts: text only, a line each (as vLLM joins them)
@@ -68,6 +78,23 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
     return parsed
+
+
+def check_fields(message: Mapping[str, Any], where: str) -> Any:
+    """The message's content, its other fields checked: each one its role may have (an unknown one is refused, not
+    dropped), ``name`` text, nothing in the fields this server cannot render (:data:`UNSUPPORTED`), and an
+    assistant's ``refusal`` its content where it has none (what it said, as the model reads it)."""
+    check_keys(message, ("role", "content", "name", *ROLE_KEYS.get(message["role"], ())), where)
+    if message.get("name") is not None and not isinstance(message["name"], str):
+        raise ApiError(400, "a message's name must be text", f"{where}.name")
+    for name, instead in UNSUPPORTED.items():
+        if message.get(name) is not None:
+            message_text = f"an assistant message's {name} is not supported: {instead}"
+            raise ApiError(400, message_text, f"{where}.{name}", code="unsupported_parameter")
+    content, refusal = message.get("content"), message.get("refusal")
+    if refusal is not None and (not isinstance(refusal, str) or content not in (None, "")):
+        raise ApiError(400, "an assistant message's refusal is text, given in place of content", f"{where}.refusal")
+    return refusal if refusal is not None else content
 
 
 def check_answer(call_id: Any, made_calls: bool, called: Mapping[str, str]) -> None:

@@ -147,6 +147,7 @@ def parse_request(
         message, code = f"unrecognized stream option {name!r}", "unrecognized_parameter"
         raise ApiError(400, message, f"stream_options.{name}", code=code)
     include_usage = flag(options or {}, "include_usage", False, "stream_options.")
+    flag(options or {}, "include_obfuscation", True, "stream_options.")  # none is added: the stream is not padded
     return_token_ids = flag(body, "return_token_ids", False)
     suffix = None if chat else optional_text(body, "suffix")  # fill-in-the-middle: the text the answer goes before
     prompt, echo = (None, False) if chat else (prompt_of(body), flag(body, "echo", False))

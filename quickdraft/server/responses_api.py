@@ -44,8 +44,7 @@ PASSED = frozenset({
 })  # fmt: skip
 READ = frozenset({"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "include",
                   "metadata", "reasoning"})  # fmt: skip
-ACCEPTED = HARMLESS | {"prompt_cache_retention"}  # fields that change nothing here
-CHOICES = {"truncation": ("auto", "disabled"), "prompt_cache_retention": ("in_memory", "24h")}  # OpenAI's values
+CHOICES = {"truncation": ("auto", "disabled")}  # OpenAI's values
 ECHOED = ("user", "safety_identifier", "prompt_cache_key")  # repeated in the Response as sent, as OpenAI does
 STRICT = True  # a function tool's strict when not given: the Responses API's default, unlike chat's
 RAN_AT = "default"  # the service_tier a Response says it ran at, as OpenAI's says the tier it used: this server has one
@@ -105,7 +104,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
             value == allowed and type(value) is type(allowed) for allowed in REFUSED[name][1]
         ):
             raise ApiError(400, f"{name} is not supported: {REFUSED[name][0]}", name, code="unsupported_parameter")
-        if name not in PASSED | READ | REFUSED.keys() | ACCEPTED:
+        if name not in PASSED | READ | REFUSED.keys() | HARMLESS:
             raise ApiError(400, f"unrecognized request argument: {name}", name, code="unrecognized_parameter")
     reasoning = body.get("reasoning")
     if reasoning is not None and not (isinstance(reasoning, Mapping) and all(v is None for v in reasoning.values())):

@@ -290,13 +290,16 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
 def template_message(
     message: Mapping[str, Any], content: str, called: Mapping[str, str] | None = None, found: ToolFormat | None = None
 ) -> dict[str, Any]:
-    """An earlier turn as chat templates take it: an assistant's calls with their arguments as objects; a tool
-    message's result as its content, with its ``tool_call_id`` and the called function's ``name`` (the client's, or
-    the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages lack it). In the
+    """An earlier turn as chat templates take it: its ``name`` where given; an assistant's calls with their arguments
+    as objects; a tool message's result as its content, with its ``tool_call_id`` and the called function's ``name``
+    (the client's, or the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages
+    lack it). In the
     template's format ``found``: a tool message under the format's role, and an assistant's calls as the model writes
     them where the format's templates read them so (:attr:`ToolFormat.spelled_into`: after its content for Granite
     3's, a ``function_calls`` field for OLMo 3's)."""
     rendered: dict[str, Any] = {"role": message["role"], "content": content}
+    if isinstance(message.get("name"), str):
+        rendered["name"] = message["name"]  # the participant's: a template may render it
     if message["role"] == "assistant" and isinstance(message.get("reasoning_content"), str):
         rendered["reasoning_content"] = message["reasoning_content"]  # Qwen3's template renders it in tool loops
     calls = message.get("tool_calls")

@@ -74,6 +74,11 @@ def test_flags_counts_and_text_parts_take_only_their_own_types() -> None:
     assert chat_messages({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 2}]}) == [
         {"role": "user", "content": "a\na"}
     ]  # a message's parts are lines, as vLLM joins them: "Hello." and "How" are not "Hello.How"
+    named = [{"role": "user", "content": "a", "name": "ann"}, {"role": "assistant", "content": None, "refusal": "no"}]
+    assert chat_messages({"messages": named}) == [
+        {"role": "user", "content": "a", "name": "ann"},  # the template may render the participant's name
+        {"role": "assistant", "content": "no"},  # what the model said was its refusal
+    ]
     image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     for parts, words in (([image], "type 'image_url'"), (["a"], "must be objects"), ([{"text": "a"}], "objects")):
         with pytest.raises(ApiError, match=words):
@@ -125,6 +130,46 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     ("chat/completions", CHAT | {"logit_bias": [3, 5]}, "logit_bias must be an object", "logit_bias"),
     ("chat/completions", CHAT | {"logit_bias": {"3": 1, "03": -1}}, "names a token twice", "logit_bias"),
     ("completions", COMPLETION | {"logit_bias": {"100000": 1}}, "below the vocabulary's size", "logit_bias"),
+    ("completions", COMPLETION | {"logit_bias": {"9" * 4301: 1}}, "names no token", "logit_bias"),
+    ("chat/completions", CHAT | {"prompt_cache_retention": 5}, "must be in_memory or 24h", "prompt_cache_retention"),
+    (
+        "chat/completions",
+        CHAT | {"stream": True, "stream_options": {"include_obfuscation": "yes"}},
+        "include_obfuscation must be true or false",
+        "stream_options",
+    ),
+    (
+        "chat/completions",
+        CHAT
+        | {"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2", "prefix": True}]},
+        "unknown parameter: 'messages[1].prefix'",
+        "messages[1].prefix",
+    ),
+    (
+        "chat/completions",
+        CHAT | {"messages": [{"role": "user", "content": "w1", "name": 5}]},
+        "name",
+        "messages[0].name",
+    ),
+    (
+        "chat/completions",
+        CHAT | {"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "audio": {"id": "a1"}}]},
+        "audio is not supported",
+        "messages[1].audio",
+    ),
+    (
+        "chat/completions",
+        CHAT
+        | {"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2", "refusal": "no"}]},
+        "in place of content",
+        "messages[1].refusal",
+    ),
+    (
+        "chat/completions",
+        CHAT | {"messages": [{"role": "user", "content": "w1", "tool_call_id": "c1"}]},
+        "unknown parameter",
+        "messages[0].tool_call_id",
+    ),
     ("chat/completions", CHAT | {"max_tokenz": 2}, "unrecognized request argument", "max_tokenz"),
     (
         "chat/completions",
@@ -163,6 +208,19 @@ def test_harmless_fields_pass_and_the_default_length_fits_the_context(served: tu
     body = CHAT | {"user": "u1", "metadata": {"k": "v"}, "repetition_penalty": 1, "max_completion_tokens": 2}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=TIMEOUT).status_code == 200
     nulls = CHAT | {"n": None, "seed": None, "stop": None, "temperature": None}  # null: the default, as OpenAI's
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=nulls, timeout=TIMEOUT).status_code == 200
+    kept = CHAT | {"prompt_cache_retention": "24h", "stream": True, "stream_options": {"include_obfuscation": False}}
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=kept, timeout=TIMEOUT).status_code == 200
+    echoed = {
+        "role": "assistant",
+        "content": "w3",
+        "refusal": None,
+        "annotations": [],
+        "audio": None,
+        "function_call": None,
+        "tool_calls": None,
+    }  # an answer's message as the openai client dumps it
+    nulls = CHAT | {"messages": [{"role": "user", "content": "w1"}, echoed, {"role": "user", "content": "w2"}]}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=nulls, timeout=TIMEOUT).status_code == 200
     prompt = "w1 " * 249  # the server's default is 12 new tokens; the context of 256 leaves fewer
     room = 256 - len(native.encode(prompt))

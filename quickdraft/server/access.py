@@ -104,16 +104,20 @@ async def read_body(request: Any, limit: int, timeout_s: float | None = None) ->
 
 async def read_json(request: Any, limit: int, timeout_s: float | None = None) -> Any:
     """The request's JSON body, read up to ``limit`` bytes (413 beyond) within ``timeout_s`` (408 after), or 400 if
-    it is not JSON. A body sent as another media type (a form, text/plain: what a web page may post to a server on
-    loopback without asking) is a 415 before it is read."""
+    it is not JSON in UTF-8. A body sent as another media type (a form, text/plain: what a web page may post to a
+    server on loopback without asking) or compressed is a 415 before it is read."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type and media_type != "application/json" and not media_type.endswith("+json"):
         message = f"the request body must be sent as application/json, not {media_type}"
         raise ApiError(415, message, code="unsupported_media_type")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        message = f"the request body must be sent uncompressed, not with Content-Encoding {encoding}"
+        raise ApiError(415, message, code="unsupported_media_type")
     body = await read_body(request, limit, timeout_s)
     too_deep = f"the request body nests JSON too deeply (at most {MAX_NESTING} levels)"
     try:
-        parsed = json.loads(body)
+        parsed = json.loads(body.decode("utf-8-sig"))  # UTF-8 only (json reads UTF-16 and -32 too), a BOM allowed
     except RecursionError:
         raise ApiError(400, too_deep) from None
     except json.JSONDecodeError as error:

@@ -49,6 +49,8 @@ from quickdraft.text import dropped_ids
 from quickdraft.vocabularies import spelled, token_pieces
 
 LOG = logging.getLogger("quickdraft.server")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize",
+             "/health", "/metrics")  # fmt: skip  # named in the 404 of any other path
 RETRY = {"retry-after": "1"}  # a full queue's 429: when to send again (the openai client waits that long, not blind)
 
 
@@ -89,8 +91,11 @@ def create_app(
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
-        body = ApiError(error.status_code, str(error.detail)).body()  # its headers kept: a 405's Allow
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        message = str(error.detail)
+        if error.status_code == 404 and message == "Not Found":  # a path no route has (embeddings, a typo)
+            message = f"this server has no endpoint {request.url.path}; it serves {', '.join(ENDPOINTS)}"
+        body = ApiError(error.status_code, message).body()  # its headers kept: a 405's Allow
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     @app.api_route("/health", methods=list(READ))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import itertools
 import json
 import threading
@@ -418,8 +419,8 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ),
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1", "grammar": "root ::= 'w1'"}, 400, "one of"),
     ("completions", {"model": MODEL, "prompt": "w1", "regex": "w1+"}, 400, "end-of-sequence"),
-    ("nowhere", {}, 404, "Not Found"),
-    ("completions/", {"model": MODEL, "prompt": "w1"}, 404, "Not Found"),  # no redirect to the path
+    ("nowhere", {}, 404, "no endpoint /v1/nowhere"),
+    ("completions/", {"model": MODEL, "prompt": "w1"}, 404, "no endpoint /v1/completions/"),  # no redirect to the path
     ("chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "w1"}]}, 400, "role 'wizard'"),
     (
         "chat/completions",
@@ -515,6 +516,13 @@ def test_malformed_json_and_the_openai_clients_exceptions(server: Server) -> Non
     for media_type in ("application/json; charset=utf-8", "application/merge-patch+json"):
         response = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": media_type})
         assert response.status_code == 200
+    for encoded, status in ((body.encode("utf-16"), 400), (body.encode("utf-8-sig"), 200)):  # json reads UTF-16 too
+        assert httpx.post(f"{server.url}/v1/completions", content=encoded, timeout=TIMEOUT).status_code == status
+    response = httpx.post(f"{server.url}/v1/completions", content=gzip.compress(body.encode()),
+                          headers={"content-encoding": "gzip"}, timeout=TIMEOUT)  # fmt: skip
+    assert response.status_code == 415 and "Content-Encoding gzip" in response.json()["error"]["message"]
+    response = httpx.post(f"{server.url}/v1/embeddings", json={"model": MODEL, "input": "w1"}, timeout=TIMEOUT)
+    assert response.status_code == 404 and "no endpoint /v1/embeddings; it serves" in response.text
     client = server.client()
     with pytest.raises(openai.NotFoundError) as not_found:
         client.completions.create(model="gpt-4", prompt="w1")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quickdraft.config import GenerationConfig
+from quickdraft.config import GenerationConfig, require_bool
 from quickdraft.costs import CostModel
 from quickdraft.costs.store import Calibration, CalibrationStore
 from quickdraft.draft_head.file import default_head_path as default_draft_head_path
@@ -24,7 +24,7 @@ from quickdraft.models import (
     load_tokenizer,
     resolve_model,
 )
-from quickdraft.models.loading import draft_tokenizer_for, load_hf_model
+from quickdraft.models.loading import draft_tokenizer_for, eos_token_ids, load_hf_model
 from quickdraft.models.pairing import AUTO as AUTO_DRAFT
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.policies import Policy
@@ -106,6 +106,7 @@ class Pipeline:
         None: ``KV_CACHE_DEFAULT`` of :mod:`quickdraft.runtime.names`) is what both models' native KV caches hold.
         """
         check_runtime(runtime)  # an unknown name fails before any model work
+        require_bool(progress, "progress")
         if draft is None and (draft_weights is not None or draft_vocabulary is not None):
             raise ConfigError("draft_weights and draft_vocabulary set how the draft model loads; draft=None loads none")
         where = resolve_device(device)
@@ -172,7 +173,8 @@ class Pipeline:
         drafter = self._drafters.get((name, options))
         if drafter is None:
             if drafter_cls.needs_draft_model and self.draft is None:
-                raise ConfigError(f"the {name} drafter needs a draft model, and none is loaded")
+                others = "pick drafter='suffix', 'prompt-lookup' or 'none'"
+                raise ConfigError(f"the {name} drafter needs a draft model, and none is loaded: load one, or {others}")
             records = self.drafter_records(name)
             drafter = drafter_cls.create(self.target, self.draft, options, records)
             drafter.made_for = self.target
@@ -207,7 +209,7 @@ class Pipeline:
             raise PromptError("chat=True wraps prompt text in the chat template: give text, not token ids")
         prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else token_ids(prompt, "the prompt")
         if isinstance(prediction, str):  # empty text predicts nothing, as the server's empty prediction
-            prediction_ids = self.encode(prediction) if prediction.strip() else ()
+            prediction_ids = encode(self.tokenizer, prediction, what="the prediction") if prediction.strip() else ()
         else:  # token ids: a sequence, tensor or array, checked by the Request as the prompt's are
             prediction_ids = () if prediction is None else prediction
         drafter_object = self.drafter(drafter, options)
@@ -230,7 +232,7 @@ class Pipeline:
         config: GenerationConfig,
         *,
         recalibrate: bool = False,
-        acceptance_head: Path | None = None,
+        acceptance_head: str | Path | None = None,
         keep_learning: bool = False,
         chat: bool = False,
     ) -> PolicySetup:
@@ -244,6 +246,8 @@ class Pipeline:
         """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"setup_policy takes a GenerationConfig, got {config!r}")
+        for name, value in (("recalibrate", recalibrate), ("keep_learning", keep_learning), ("chat", chat)):
+            require_bool(value, name)
         kind = config.policy_spec.kind
         records = self.drafter_records(drafter)
         drafter_cls = DRAFTERS.get(drafter)
@@ -277,11 +281,12 @@ class Pipeline:
         for name, value, least in (("max_draft_tokens", max_draft_tokens, 1), ("context", context, 1)):
             if not is_int(value) or value < least:
                 raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}", name)
+        require_bool(use_saved, "use_saved")
         calibration = self.calibrations.cost_model(DRAFTERS.get(drafter), max_draft_tokens, context, use_saved)
         self.drafter_records(drafter).use_measured_costs(calibration.cost_model)
         return calibration
 
-    def load_acceptance_head(self, drafter: str, path: Path | None = None) -> AcceptanceHead:
+    def load_acceptance_head(self, drafter: str, path: str | Path | None = None) -> AcceptanceHead:
         """The SpecDec++ head for ``drafter`` (from ``path``, else the draft model's default location); one
         trained for a draft model of another hidden size raises ``ModelFilesError``."""
         if self.draft_path is None and path is None:
@@ -293,6 +298,8 @@ class Pipeline:
 
     def save_learned(self, drafter: str, setup: PolicySetup) -> None:
         """Write what ``drafter``'s policy learned back to the learned file :meth:`setup_policy` read, if any."""
+        if not isinstance(setup, PolicySetup):
+            raise ConfigError(f"setup must be the PolicySetup setup_policy returned, got {setup!r}", "setup")
         if setup.learned_file is not None:
             self.drafter_records(drafter).save_learned(setup.learned_file)
 
@@ -333,6 +340,8 @@ class Pipeline:
     def transformers_model(self, role: str) -> Any:
         """The transformers model of the target or draft (for peers and references): the runtime's own
         when it is the transformers runtime, else loaded once in fp32 from the model's directory."""
+        if role not in ("target", "draft"):
+            raise ConfigError(f"role must be 'target' or 'draft', got {role!r}", "role")
         runtime, path = (self.target, self.target_path) if role == "target" else (self.draft, self.draft_path)
         if runtime is None:
             raise ConfigError(f"a {role} model is needed, and none is loaded")
@@ -376,17 +385,3 @@ class Pipeline:
     def chat_prefix(self) -> list[int]:
         """The tokens every chat request starts with: what a draft model keeps cached between conversations."""
         return chat_prefix(self.tokenizer)
-
-
-def eos_token_ids(model_path: Path, tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's end-of-sequence token and those of the model's generation config."""
-    from transformers import GenerationConfig as HFGenerationConfig
-
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    try:
-        configured = HFGenerationConfig.from_pretrained(model_path).eos_token_id
-    except OSError:  # no generation_config.json
-        configured = None
-    if configured is not None:
-        ids.update(configured if isinstance(configured, list) else [configured])
-    return frozenset(ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import GrammarSpec
@@ -91,8 +92,7 @@ class GenerationConfig:
             limit = f"[0, {self.max_new_tokens}]: at most the answer's token limit"
             message = f"min_tokens must be an integer in {limit}, got {self.min_tokens!r}"
             raise ConfigError(message, "min_tokens")
-        if not isinstance(self.ignore_eos, bool):
-            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}", "ignore_eos")
+        require_bool(self.ignore_eos, "ignore_eos")
         if isinstance(self.stop_token_ids, list):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
@@ -130,3 +130,9 @@ class GenerationConfig:
         """The parsed policy (``policy`` after construction, typed)."""
         assert isinstance(self.policy, PolicySpec)
         return self.policy
+
+
+def require_bool(value: Any, name: str) -> None:
+    """``value`` is True or False: a string such as "no" would read as true, an int is no flag."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}", name)

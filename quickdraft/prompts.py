@@ -16,15 +16,21 @@ RENDER_ERRORS = (TypeError, ValueError, LookupError, AttributeError)
 
 
 def encode(
-    tokenizer: Any, prompt: str, chat: bool = False, template_kwargs: Mapping[str, Any] | None = None
+    tokenizer: Any,
+    prompt: str,
+    chat: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
+    what: str = "the prompt",
 ) -> list[int]:
     """Prompt text -> token ids; ``chat`` wraps it as a user turn of the chat template (with ``template_kwargs``:
-    :func:`encode_chat`'s)."""
+    :func:`encode_chat`'s). ``what`` the text is (a prediction's too), for errors."""
     if not isinstance(prompt, str):
-        raise PromptError(f"the prompt must be text, got {type(prompt).__name__}")
+        raise PromptError(f"{what} must be text, got {type(prompt).__name__}")
     if not prompt.strip():
-        raise PromptError("the prompt is empty: give some text to continue")
-    require_utf8(prompt, "the prompt")
+        raise PromptError(f"{what} is empty: give some text to continue")
+    if not isinstance(chat, bool):
+        raise PromptError(f"chat must be true or false, got {chat!r}")
+    require_utf8(prompt, what)
     if chat:
         return encode_chat(tokenizer, [{"role": "user", "content": prompt}], template_kwargs=template_kwargs)
     return list(tokenizer(prompt).input_ids)

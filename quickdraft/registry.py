@@ -36,6 +36,11 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
+        if not isinstance(name, str):  # a list or dict is no name (and could not be looked up)
+            known = ", ".join(self.names())
+            raise UnknownNameError(
+                f"a {self.kind} is named by text, got {name!r}; choose one of: {known}", self.setting
+            )
         if name in self._lazy:
             module, attribute = self._lazy[name].split(":")
             return getattr(importlib.import_module(module), attribute)

@@ -18,7 +18,7 @@ from conftest import EOS, save_tiny_model_dir, tiny_model, word_tokenizer, write
 
 import quickdraft.models.catalog as catalog
 import quickdraft.models.loading as loading
-from quickdraft.api import Pipeline, eos_token_ids
+from quickdraft.api import Pipeline
 from quickdraft.errors import ModelFilesError, TokenizerMismatchError
 from quickdraft.models import check_same_tokenizer, load_hf_model, load_tokenizer, pairing, resolve_model
 from quickdraft.models.catalog import KNOWN_MODELS, PackagedModel, assemble, unpack
@@ -36,6 +36,7 @@ from quickdraft.models.convert import (
 from quickdraft.models.gguf_file import GGUFFile
 from quickdraft.models.gguf_settings import gguf_settings
 from quickdraft.models.loaded import check_every_tensor_read
+from quickdraft.models.loading import eos_token_ids
 from quickdraft.models.pairing import vocabulary_mismatch
 from quickdraft.runtime import HFRuntime, NativeRuntime, runtime_for
 

@@ -227,3 +227,17 @@ def _unreadable(path: Path, error: Exception) -> ModelFilesError:
         f"cannot load the model in {path}: {type(error).__name__}: {error}. If it is in quickdraft's cache, "
         f"delete that directory and run `quickdraft models` to rebuild it"
     )
+
+
+def eos_token_ids(model_path: Path, tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's end-of-sequence token and those of the model's generation config."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        configured = HFGenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        configured = None
+    if configured is not None:
+        ids.update(configured if isinstance(configured, list) else [configured])
+    return frozenset(ids)

@@ -61,11 +61,12 @@ class AcceptanceHead:
         save_file({k: v.contiguous() for k, v in tensors.items()}, path, {"quickdraft": json.dumps(self.metadata)})
 
     @classmethod
-    def load(cls, path: Path, hidden_size: int | None = None) -> AcceptanceHead:
+    def load(cls, path: str | Path, hidden_size: int | None = None) -> AcceptanceHead:
         """The head saved at ``path``; with ``hidden_size`` (the draft model's), one that reads hidden states
         of another width (a head trained for another draft model) raises ``ModelFilesError``."""
         from safetensors import safe_open
 
+        path = Path(path)
         if not path.is_file():
             raise ModelFilesError(
                 f"no acceptance head at {path}: train one with `quickdraft train-acceptance-head --out {path}`"

@@ -308,7 +308,9 @@ def number_argument(kind: type, what: str, low: float, high: float) -> Callable[
     def parse(argument: str | None) -> Any:
         if argument is None:
             return None
-        try:
+        try:  # ASCII as written ("3_0" and " 3" are typos int() would read)
+            if not argument.isascii() or "_" in argument or argument != argument.strip():
+                raise ValueError(argument)
             value = kind(argument)
         except ValueError:
             noun = "an integer" if kind is int else "a number"

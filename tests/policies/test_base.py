@@ -54,6 +54,9 @@ def test_a_bad_policy_argument_names_what_it_must_be() -> None:
         parse_policy("fixed:abc")
     with pytest.raises(ConfigError, match=r"^confidence:T must be a number, got 'high'$"):
         parse_policy("confidence:high")
+    for typo in ("3_0", " 3", "3 ", "\u0663"):  # int() reads each: "3_0" as 30, an Arabic-Indic digit as 3
+        with pytest.raises(ConfigError, match="fixed:K must be an integer"):
+            parse_policy(f"fixed:{typo}")
 
 
 def test_each_policy_says_which_gamma_settings_it_reads() -> None:

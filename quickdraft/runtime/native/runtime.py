@@ -88,7 +88,7 @@ class NativeRuntime(Runtime):
         if options.weights not in WEIGHT_FORMATS:
             raise ConfigError(f"unknown weight format {options.weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
         kv_cache = options.kv_cache_dtype or KV_CACHE_DEFAULT
-        if kv_cache not in KV_DTYPES:
+        if not isinstance(kv_cache, str) or kv_cache not in KV_DTYPES:
             message = f"unknown KV cache dtype {kv_cache!r}; choose one of: {', '.join(KV_DTYPES)}"
             raise ConfigError(message, "kv_cache_dtype")
         try:
@@ -100,6 +100,9 @@ class NativeRuntime(Runtime):
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
         state = load_native_state(path, config, options.weights, options.progress)
+        if state["final_norm"].shape[0] != config.hidden_size:  # shapes come from the weights: the config would lie
+            width = state["final_norm"].shape[0]
+            raise ModelFilesError(f"{path}: config.json says hidden_size {config.hidden_size}, the weights are {width}")
         load_kernels(options.progress)  # a first build takes a minute: said here, not inside the first forward
         # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
         # only touched where tokens are written, so it grows with what a request uses, not with the capacity.

@@ -1,0 +1,69 @@
+"""``api.py``'s arguments: a wrong one is an error naming it, never a traceback from deep inside or a silent
+misreading ("no" read as true, a typo of a role read as the draft)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import native_pipeline
+
+from quickdraft.api import Pipeline
+from quickdraft.config import GenerationConfig
+from quickdraft.errors import ConfigError, ModelFilesError, PromptError, QuickdraftError, UnknownNameError
+
+
+@pytest.fixture(scope="module")
+def native() -> Pipeline:
+    return native_pipeline()
+
+
+CASES: list[tuple[str, Callable[[Pipeline], Any], type[QuickdraftError], str]] = [  # (id, call, error, words)
+    ("head path as text", lambda p: p.load_acceptance_head("draft-model", "/nowhere/h.safetensors"),
+     ModelFilesError, "no acceptance head at /nowhere/h.safetensors"),
+    ("drafter as a list", lambda p: p.generate("w1", GenerationConfig(max_new_tokens=2), drafter=["draft-model"]),
+     UnknownNameError, "a drafter is named by text, got ['draft-model']"),
+    ("prediction not UTF-8", lambda p: p.generate("w1 w2", GenerationConfig(max_new_tokens=2), prediction="w3 \ud800"),
+     PromptError, "the prediction is not UTF-8 text"),
+    ("chat as text", lambda p: p.encode("w1", chat="no"), PromptError, "chat must be true or false, got 'no'"),
+    ("use_saved as text", lambda p: p.calibrate("draft-model", use_saved="no"), ConfigError, "use_saved must be"),
+    ("recalibrate as text", lambda p: p.setup_policy("draft-model", GenerationConfig(), recalibrate="no"),
+     ConfigError, "recalibrate must be"),
+    ("a role's typo", lambda p: p.transformers_model("targte"), ConfigError, "role must be 'target' or 'draft'"),
+    ("no setup", lambda p: p.save_learned("draft-model", None), ConfigError, "must be the PolicySetup"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "error", "words"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_a_wrong_argument_is_an_error_naming_it(
+    native: Pipeline, call: Callable[[Pipeline], Any], error: type[QuickdraftError], words: str
+) -> None:
+    with pytest.raises(error) as raised:
+        call(native)
+    assert words in str(raised.value)
+
+
+def test_loading_checks_its_flags_and_names(native_model_dirs: dict[str, Path]) -> None:
+    target = native_model_dirs["target"]
+    with pytest.raises(ConfigError, match="progress must be true or false"):
+        Pipeline.load(target, None, progress="no")
+    with pytest.raises(ConfigError, match=r"unknown KV cache dtype \['float16'\]"):
+        Pipeline.load(target, None, kv_cache_dtype=["float16"], progress=False)
+    alone = Pipeline.load(target, None, progress=False)
+    with pytest.raises(ConfigError, match="load one, or pick drafter='suffix'"):
+        alone.generate("w1 w2", GenerationConfig(max_new_tokens=2))  # the default drafter needs a draft model
+
+
+def test_a_config_whose_width_is_not_the_weights_is_refused(native_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """The native runtime takes its shapes from the weights: a config.json that says otherwise would make the
+    runtime report a hidden size its model does not have (an acceptance head is checked against it)."""
+    wrong = shutil.copytree(native_model_dirs["target"], tmp_path / "wrong")
+    config = json.loads((wrong / "config.json").read_text())
+    width = config["hidden_size"]
+    (wrong / "config.json").write_text(json.dumps(config | {"hidden_size": 2 * width}))
+    with pytest.raises(ModelFilesError, match=f"says hidden_size {2 * width}, the weights are {width}"):
+        Pipeline.load(wrong, None, runtime="native", progress=False)

@@ -33,16 +33,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from ray import serve
 from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
-from starlette.exceptions import HTTPException
 
 from quickdraft.deploy import ray_cluster
 from quickdraft.deploy.asgi import ResponseStart, call_app
 from quickdraft.deploy.router import affinity_key
 from quickdraft.errors import ConfigError
-from quickdraft.server.access import READ, read_body
-from quickdraft.server.errors import shutting_down
+from quickdraft.server.access import READ, check_media, read_body
+from quickdraft.server.errors import add_error_handlers, shutting_down
 from quickdraft.server.protocol import ApiError
-from quickdraft.server.responses_api import chat_request
+from quickdraft.server.responses_api import KEPT_RESPONSE, chat_request, no_kept_response
 from quickdraft.server.setup import ServerOptions, build_server
 
 APP_NAME = "quickdraft"
@@ -127,15 +126,7 @@ def key_of(body: bytes, chat: bool, responses: bool = False) -> str | None:
 ingress_app = FastAPI(title="quickdraft (Ray Serve)")
 
 
-@ingress_app.exception_handler(ApiError)
-async def api_error(_: Request, error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-@ingress_app.exception_handler(HTTPException)
-async def http_error(_: Request, error: HTTPException) -> JSONResponse:  # an unknown path or method, as a replica's
-    body = ApiError(error.status_code, str(error.detail)).body()
-    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+add_error_handlers(ingress_app)  # an unknown path or method answered as a replica answers it
 
 
 @serve.deployment(
@@ -207,28 +198,37 @@ class Ingress:
 
     @ingress_app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        received, body = await self.read(request)
         return await self.forward("POST", "/v1/completions", body, key_of(body, chat=False), received)
 
     @ingress_app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
-        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        received, body = await self.read(request)
         return await self.forward("POST", "/v1/chat/completions", body, key_of(body, chat=True), received)
 
     @ingress_app.post("/tokenize")
     async def tokenize(self, request: Request) -> Response:
-        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        received, body = await self.read(request)
         return await self.forward("POST", "/tokenize", body, None, received)
 
     @ingress_app.post("/detokenize")
     async def detokenize(self, request: Request) -> Response:
-        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        received, body = await self.read(request)
         return await self.forward("POST", "/detokenize", body, None, received)
+
+    @ingress_app.api_route(KEPT_RESPONSE, methods=["GET", "HEAD", "POST", "DELETE"])
+    async def a_kept_response(self, response_id: str) -> Response:
+        raise no_kept_response(response_id)
 
     @ingress_app.post("/v1/responses")
     async def responses(self, request: Request) -> Response:
-        received, body = time.time(), await read_body(request, self.max_body_bytes)
+        received, body = await self.read(request)
         return await self.forward("POST", "/v1/responses", body, key_of(body, chat=True, responses=True), received)
+
+    async def read(self, request: Request) -> tuple[float, bytes]:
+        """When the request arrived and its body, checked as a replica checks it first (its media type, its size)."""
+        check_media(request)
+        return time.time(), await read_body(request, self.max_body_bytes)
 
     async def forward(self, method: str, path: str, body: bytes, key: str | None, received: float) -> Response:
         """Send to a replica; once more to another if it is lost before it answers; relay what it sends.

@@ -102,10 +102,9 @@ async def read_body(request: Any, limit: int, timeout_s: float | None = None) ->
     return bytes(body)
 
 
-async def read_json(request: Any, limit: int, timeout_s: float | None = None) -> Any:
-    """The request's JSON body, read up to ``limit`` bytes (413 beyond) within ``timeout_s`` (408 after), or 400 if
-    it is not JSON in UTF-8. A body sent as another media type (a form, text/plain: what a web page may post to a
-    server on loopback without asking) or compressed is a 415 before it is read."""
+def check_media(request: Any) -> None:
+    """A 415 for a body sent as a media type other than JSON (a form, text/plain: what a web page may post to a
+    server on loopback without asking) or compressed; one sent with no ``Content-Type`` is read as JSON."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type and media_type != "application/json" and not media_type.endswith("+json"):
         message = f"the request body must be sent as application/json, not {media_type}"
@@ -114,6 +113,12 @@ async def read_json(request: Any, limit: int, timeout_s: float | None = None) ->
     if encoding != "identity":
         message = f"the request body must be sent uncompressed, not with Content-Encoding {encoding}"
         raise ApiError(415, message, code="unsupported_media_type")
+
+
+async def read_json(request: Any, limit: int, timeout_s: float | None = None) -> Any:
+    """The request's JSON body, read up to ``limit`` bytes (413 beyond) within ``timeout_s`` (408 after), or 400 if
+    it is not JSON in UTF-8; :func:`check_media` first."""
+    check_media(request)
     body = await read_body(request, limit, timeout_s)
     too_deep = f"the request body nests JSON too deeply (at most {MAX_NESTING} levels)"
     try:

@@ -25,7 +25,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException
 
 from quickdraft.api import Pipeline
 from quickdraft.engine import Event, GenerationResult, QueueFull
@@ -33,7 +32,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.prompts import generation_prompt, thinking_of
 from quickdraft.server.access import OPEN, READ, WAITED, Access, read_json
 from quickdraft.server.answers import Tagged, Tracker, collect, scores_only, stream_chunks
-from quickdraft.server.errors import shutting_down
+from quickdraft.server.errors import add_error_handlers, shutting_down
 from quickdraft.server.fields import count, flag
 from quickdraft.server.loop import ServerStopping, ServingLoop
 from quickdraft.server.messages import prompt_batch
@@ -41,7 +40,7 @@ from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import ApiError, ApiRequest, ServerDefaults, error_param, parse_request, template_kwargs
 from quickdraft.server.reasoning import Thinking, opened_by
 from quickdraft.server.responses import batch_body, new_id, response_body
-from quickdraft.server.responses_api import KEEPS_NONE, chat_request, renamed
+from quickdraft.server.responses_api import KEPT_RESPONSE, chat_request, no_kept_response, renamed
 from quickdraft.server.responses_output import new_response_id, output_items, response_object, stream_events
 from quickdraft.server.tokenize import detokenize, tokenize
 from quickdraft.server.tool_formats import tool_format_of
@@ -49,8 +48,6 @@ from quickdraft.text import dropped_ids
 from quickdraft.vocabularies import spelled, token_pieces
 
 LOG = logging.getLogger("quickdraft.server")
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize",
-             "/health", "/metrics")  # fmt: skip  # named in the 404 of any other path
 RETRY = {"retry-after": "1"}  # a full queue's 429: when to send again (the openai client waits that long, not blind)
 
 
@@ -86,17 +83,7 @@ def create_app(
                   redirect_slashes=False)  # fmt: skip  # a path with a slash added is unknown: a 404, not a redirect
     app.add_middleware(ServerFailures)
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        message = str(error.detail)
-        if error.status_code == 404 and message == "Not Found":  # a path no route has (embeddings, a typo)
-            message = f"this server has no endpoint {request.url.path}; it serves {', '.join(ENDPOINTS)}"
-        body = ApiError(error.status_code, message).body()  # its headers kept: a 405's Allow
-        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+    add_error_handlers(app)
 
     @app.api_route("/health", methods=list(READ))
     async def health() -> JSONResponse:
@@ -339,10 +326,10 @@ def create_app(
         output = output_items(api, result, spell)
         return JSONResponse(response_object(api, echo, new_response_id(), output, result, spell=spell))
 
-    @app.api_route("/v1/responses/{response_id:path}", methods=["GET", "HEAD", "POST", "DELETE"])
+    @app.api_route(KEPT_RESPONSE, methods=["GET", "HEAD", "POST", "DELETE"])
     async def a_kept_response(request: Request, response_id: str) -> Response:  # retrieve, delete, cancel, items
         access.authorize(request.headers.get("authorization"))
-        raise ApiError(404, f"no response {response_id.split('/')[0]!r}: {KEEPS_NONE}", "response_id")
+        raise no_kept_response(response_id)
 
     return app
 

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from quickdraft.engine import RequestFailed
 
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize",
+             "/health", "/metrics")  # fmt: skip  # named in the 404 of any other path
+
 
 class ApiError(Exception):
     """A request the server refuses: HTTP ``status`` with an OpenAI-style error body, and ``headers`` of its own (a
@@ -45,3 +48,23 @@ def failure(event: RequestFailed) -> ApiError:
 def shutting_down(message: str = "the server is shutting down") -> ApiError:
     """The 503 of a server that drains: it takes no more requests (a load balancer sends them elsewhere)."""
     return ApiError(503, message, kind="server_error", code="shutting_down")
+
+
+def add_error_handlers(app: Any) -> None:
+    """OpenAI's error body for an :class:`ApiError` and for one Starlette raises itself: a path no route has (an
+    embeddings request, a typo) is a 404 naming :data:`ENDPOINTS`, and a 405 keeps its ``Allow``."""
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+
+    async def api_error(_: Any, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    async def http_error(request: Any, error: HTTPException) -> JSONResponse:
+        message = str(error.detail)
+        if error.status_code == 404 and message == "Not Found":
+            message = f"this server has no endpoint {request.url.path}; it serves {', '.join(ENDPOINTS)}"
+        body = ApiError(error.status_code, message).body()
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(HTTPException, http_error)

@@ -51,6 +51,7 @@ RAN_AT = "default"  # the service_tier a Response says it ran at, as OpenAI's sa
 # what this server cannot do (it keeps no responses, runs no hosted tools, no reasoning), why, and the values that ask
 # for none of it
 KEEPS_NONE = "this server keeps no responses: send the whole conversation as input"
+KEPT_RESPONSE = "/v1/responses/{response_id:path}"  # retrieving, deleting or cancelling one: a 404 here
 REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "store": (KEEPS_NONE, (False,)), "previous_response_id": (KEEPS_NONE, ()), "conversation": (KEEPS_NONE, ()),
     "background": ("this server answers while the client waits", (False,)),
@@ -278,3 +279,8 @@ def _tool(tool: Any, index: int) -> dict[str, Any]:
     check_keys(tool, ("type", *FUNCTION_KEYS), f"tools[{index}]")
     function = {key: tool[key] for key in FUNCTION_KEYS if tool.get(key) is not None}
     return {"type": "function", "function": {"strict": STRICT} | function}
+
+
+def no_kept_response(response_id: str) -> ApiError:
+    """The 404 of a request for a kept response (``/v1/responses/{id}...``): this server keeps none."""
+    return ApiError(404, f"no response {response_id.split('/')[0]!r}: {KEEPS_NONE}", "response_id")

@@ -122,7 +122,11 @@ def test_two_replicas_serve_greedy_outputs_and_survive_a_killed_one(
         big = httpx.post(f"{url}/v1/completions", content=b" " * (2 << 20), timeout=30)  # over --max-body-mb 1
         assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
         nowhere = httpx.get(f"{url}/v1/nowhere", timeout=30)
-        assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "invalid_request_error"
+        assert nowhere.status_code == 404 and "no endpoint /v1/nowhere; it serves" in nowhere.json()["error"]["message"]
+        kept = httpx.get(f"{url}/v1/responses/resp_1", timeout=30)  # as a single server answers each
+        assert kept.status_code == 404 and "keeps no responses" in kept.json()["error"]["message"]
+        form = httpx.post(f"{url}/v1/completions", content=body, headers={"content-type": "text/plain"}, timeout=30)
+        assert form.status_code == 415 and form.json()["error"]["code"] == "unsupported_media_type"
         assert client.models.retrieve("tiny").id == "tiny"
         asked = {"model": "tiny", "input": prompts[0], "max_output_tokens": LONG, "temperature": 0}
         events = list(client.responses.create(**asked, stream=True))  # /v1/responses through the ingress too

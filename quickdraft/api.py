@@ -205,6 +205,7 @@ class Pipeline:
         config = GenerationConfig() if config is None else config
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config must be a GenerationConfig, got {config!r}")
+        require_bool(chat, "chat")
         if chat and not isinstance(prompt, str):
             raise PromptError("chat=True wraps prompt text in the chat template: give text, not token ids")
         prompt_ids = self.encode(prompt, chat) if isinstance(prompt, str) else token_ids(prompt, "the prompt")

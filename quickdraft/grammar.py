@@ -46,11 +46,20 @@ SCHEMA_VALUES = ("items", "additionalItems", "additionalProperties", "propertyNa
 SELECTORS = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
 STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
 NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-# keywords whose type the converter infers where a node names none (only from the first of each pair)
+# on a node of no type: the keywords from which the converter infers an object or an array, and the keywords of
+# one it reads only where it inferred it
 INFERRED = {
-    ("properties", "additionalProperties", "patternProperties"): ("required", "minProperties", "maxProperties"),
+    ("properties", "additionalProperties"): (
+        "required", "minProperties", "maxProperties", "patternProperties", "propertyNames"),
     ("items", "prefixItems"): ("minItems", "maxItems"),
-}
+}  # fmt: skip
+# the string formats the converter enforces (others are annotations to it, as JSON Schema 2020-12 has them by
+# default: a length or pattern beside one of those is enforced), and those of them an empty string may have
+FORMATS = frozenset({
+    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri", "uri-reference",
+    "uri-template", "json-pointer", "relative-json-pointer",
+})  # fmt: skip
+EMPTY_FORMATS = frozenset({"uri-reference", "uri-template", "json-pointer"})
 VALIDATION_KEYWORDS = frozenset({
     "type", *SELECTORS, *STRING_KEYWORDS, *NUMBER_KEYWORDS, *SCHEMA_VALUES, "properties", "patternProperties",
     "prefixItems", *(keyword for pair in INFERRED.values() for keyword in pair),
@@ -84,6 +93,8 @@ def unenforced_part(schema: Any) -> str | None:
             return f"{path}: allOf of {len(node['allOf'])} schemas"
         if "multipleOf" in node and node.get("type") != "integer":
             return f"{path}: multipleOf on values that may be other than integers"
+        if "multipleOf" in node and not _all_of_type([node["multipleOf"]], "integer"):
+            return f"{path}: multipleOf {node['multipleOf']!r}, not a whole number"
         if (unread := _unread_beside(node)) is not None:
             return f"{path}: {unread}"
         pending += _subschemas(node, path)
@@ -98,7 +109,7 @@ def _subschemas(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
             found += [(value, f"{path}/{name}/{key}") for key, value in node[name].items()]
     for name in (*SCHEMA_LISTS, *SCHEMA_VALUES):
         value = node.get(name)
-        if name == "propertyNames" and isinstance(value, dict):
+        if name == "propertyNames" and isinstance(value, dict) and not any(key in value for key in SELECTORS):
             value = {"type": "string"} | value
         found += (
             [(item, f"{path}/{name}/{i}") for i, item in enumerate(value)]
@@ -110,33 +121,60 @@ def _subschemas(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
 
 def _unread_beside(node: dict[str, Any]) -> str | None:
     """A keyword of ``node`` the converter reads past because of another: any beside a selector (:data:`SELECTORS`;
-    a ``type`` beside ``enum`` or ``const`` only where a value is not of it), a string's length beside its
-    ``pattern`` or ``format``, a string's or number's bound on a node of no type, an object's or array's count
-    without the keyword that makes it one, and a ``required`` name ``properties`` does not define."""
+    a ``type`` beside ``enum`` or ``const`` only where a value is not of it, an ``enum`` beside a ``const`` only
+    where it lacks it), a string's length beside its ``pattern`` or a format of :data:`FORMATS` (and a pattern
+    beside such a format; a redundant ``minLength`` passes), a string's or number's bound on a node of no type, an
+    object's or array's keyword without the one that makes it one (:data:`INFERRED`), a ``patternProperties``
+    pattern or ``propertyNames`` that a listed property would have to follow, and a ``required`` name
+    ``properties`` does not define."""
     keys = node.keys() & VALIDATION_KEYWORDS
     if selector := next((name for name in SELECTORS if name in node), None):
         values = [node["const"]] if selector == "const" else node.get("enum")
         if selector in ("const", "enum") and isinstance(values, list) and _all_of_type(values, node.get("type")):
             keys -= {"type"}
-        if beside := sorted(keys - {selector}):
-            return f"{beside[0]} beside {selector}"
-        return None
-    for leader, followers in (
-        ("pattern", ("minLength", "maxLength")),
-        ("format", ("pattern", "minLength", "maxLength")),
-    ):
-        if leader in node and (beside := [name for name in followers if name in node]):
-            return f"{beside[0]} beside {leader}"
+        if selector == "const" and isinstance(node.get("enum"), list) and node["const"] in node["enum"]:
+            keys -= {"enum"}  # pydantic's Literal["x"]: {"const": "x", "enum": ["x"]}
+        beside = sorted(keys - {selector})
+        return f"{beside[0]} beside {selector}" if beside else None
+    if node.get("format") in FORMATS and _redundant_length(node):
+        keys -= {"minLength"}
+    if "pattern" in node and (beside := [name for name in ("minLength", "maxLength") if name in keys]):
+        return f"{beside[0]} beside pattern"
+    if node.get("format") in FORMATS and (beside := [name for name in STRING_KEYWORDS[:3] if name in keys]):
+        return f"{beside[0]} beside format"
     if "type" not in node:
         if typed := [name for name in (*STRING_KEYWORDS, *NUMBER_KEYWORDS) if name in node]:
             return f"{typed[0]} on a schema of no type"
         for makers, counts in INFERRED.items():
             if not any(name in node for name in makers) and (counted := [name for name in counts if name in node]):
                 return f"{counted[0]} on a schema of no type"
-    required, defined = node.get("required"), node.get("properties")
-    if isinstance(required, list) and (missing := [name for name in required if name not in (defined or {})]):
+    listed = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    if listed and "propertyNames" in node:
+        return "propertyNames beside properties"
+    for pattern in node.get("patternProperties") or {}:
+        if isinstance(pattern, str) and (named := [name for name in listed if _matches(pattern, name)]):
+            return f"patternProperties {pattern!r}, which the listed property {named[0]!r} matches"
+    required = node.get("required")
+    if isinstance(required, list) and (missing := [name for name in required if name not in listed]):
         return f"required {missing[0]!r}, which properties does not define"
     return None
+
+
+def _redundant_length(node: dict[str, Any]) -> bool:
+    """Whether a string's ``minLength`` beside its ``format`` asks for nothing the format does not (at most 1, of
+    a format no empty string has: pydantic's URLs write ``minLength: 1``)."""
+    least = node.get("minLength")
+    if not isinstance(least, int | float) or isinstance(least, bool):
+        return False
+    return least <= 0 or (least <= 1 and node["format"] not in EMPTY_FORMATS)
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Whether ``name`` matches the ECMA-262 ``pattern`` as Python reads it (one it cannot read: as if it did)."""
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True
 
 
 def _all_of_type(values: list[Any], type_name: Any) -> bool:

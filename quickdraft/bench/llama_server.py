@@ -46,9 +46,11 @@ def gguf_files(target: str, draft: str | None) -> tuple[Path, Path | None]:
 
 
 def server_command(
-    config: ServedConfig, target: Path, draft: Path | None, slots: int, threads: int, port: int
-) -> list[str]:
-    """The command line of ``config``'s llama-server (the binary is built on first use)."""
+    config: ServedConfig, target: Path, draft: Path | None, slots: int, threads: int, port: int,
+    chat_template: Path | None = None,
+) -> list[str]:  # fmt: skip
+    """The command line of ``config``'s llama-server (the binary is built on first use); ``chat_template``: a Jinja
+    file in place of the GGUF's template (read with llama.cpp's Jinja engine, as transformers reads it)."""
     if not config.is_peer:
         raise ValueError(f"{config.name} is not a llama-server configuration")
     if config.drafter != "none" and draft is None:
@@ -63,4 +65,6 @@ def server_command(
         command += ["-td", str(threads), "-tbd", str(threads)]
     if not config.prompt_cache:
         command += ["--cache-ram", "0"]
+    if chat_template is not None:
+        command += ["--jinja", "--chat-template-file", str(chat_template)]
     return command

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from quickdraft.bench.names import WORKLOADS
-from quickdraft.cli.common import add_model_arguments, add_sampling_arguments
+from quickdraft.cli.common import add_chat_template_argument, add_model_arguments, add_sampling_arguments
 from quickdraft.cli.serve import add_serving_arguments
 
 DEFAULT_CONFIGS = (
@@ -88,6 +88,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         "--out", default="bench-serve-results", metavar="DIR", help="output directory (default bench-serve-results)"
     )
     add_model_arguments(bench)
+    add_chat_template_argument(bench, variables=False)  # the servers' and the references' (llama-server: with --jinja)
     add_serving_arguments(bench)  # the prefix cache is on; only :cache configurations' requests use it
     bench.set_defaults(handler=run)
 

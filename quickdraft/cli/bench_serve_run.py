@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import re
@@ -29,7 +30,7 @@ from quickdraft.bench.serve_load import (
 )
 from quickdraft.bench.serve_report import write_report
 from quickdraft.bench.workloads import DEFAULT_MAX_TOKENS, requests_digest, served_input, workload_prompts
-from quickdraft.cli.common import check_output_dir, draft_for, load_models
+from quickdraft.cli.common import chat_template_of, check_output_dir, draft_for, load_models
 from quickdraft.cli.serve import given_serving_arguments
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
@@ -57,6 +58,7 @@ def run_bench_serve(args: argparse.Namespace) -> None:
         raise ConfigError(f"--url must be a loopback address (http://127.0.0.1:PORT), got {args.url!r}")
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    chat_template_of(args)  # a file that cannot be read fails before any server starts
     if args.url is not None and (ignored := given_serving_arguments(args)):
         raise ConfigError(
             f"{', '.join(ignored)} set{'s' if len(ignored) == 1 else ''} up the server bench-serve starts, and --url "
@@ -124,8 +126,9 @@ def start_servers(
         target_gguf, draft_gguf = gguf_files(args.target, draft)
         for config in peers:
             command = server_command(
-                config, target_gguf, draft_gguf, slots, torch.get_num_threads(), port := free_port()
-            )
+                config, target_gguf, draft_gguf, slots, torch.get_num_threads(), port := free_port(),
+                chat_template=Path(args.chat_template) if args.chat_template else None,
+            )  # fmt: skip
             urls[config.name] = start_server(command, port, out / f"{config.name}.log", servers)
             described[config.name] = " ".join([Path(command[0]).name, *command[1:]])
     return urls, described
@@ -186,6 +189,8 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
 
     key = {"target": args.target, "runtime": args.runtime, "device": args.device, "max_tokens": args.max_tokens}
     key |= {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}
+    template = chat_template_of(args)
+    key |= {"chat_template": hashlib.sha256(template.encode()).hexdigest()} if template is not None else {}
     if args.workload != "spec-bench":  # recorded requests: which ones, with their own limits
         key |= {"workload": args.workload, "requests": requests_digest(prompts)}
     if not args.sampling.is_greedy:
@@ -196,8 +201,9 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
     missing = [prompt for prompt in prompts if prompt.question_id not in saved["outputs"]]
     if missing:
         pipeline = Pipeline.load(
-            target=args.target, draft=None, runtime=args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype
-        )
+            target=args.target, draft=None, runtime=args.runtime, device=args.device,
+            kv_cache_dtype=args.kv_cache_dtype, chat_template=template,
+        )  # fmt: skip
         for i, prompt in enumerate(missing, start=1):
             prompt_ids, config = served_input(pipeline, prompt, args.max_tokens, args.sampling)
             result = pipeline.generate(prompt_ids, config, drafter="none")
@@ -241,6 +247,7 @@ def quickdraft_command(args: argparse.Namespace, port: int) -> list[str]:
     command += ["--draft-vocabulary", str(args.draft_vocabulary)] if args.draft_vocabulary is not None else []
     command += ["--draft-head", args.draft_head] if args.draft_head else []
     command += ["--kv-cache-dtype", args.kv_cache_dtype] if args.kv_cache_dtype else []
+    command += ["--chat-template", args.chat_template] if args.chat_template else []
     return command
 
 

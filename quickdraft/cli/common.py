@@ -99,13 +99,16 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, sampled: str, temper
     parser.add_argument("--seed", type=int, default=None, metavar="S", help=seed)
 
 
-def add_chat_template_argument(parser: argparse.ArgumentParser) -> None:
+def add_chat_template_argument(parser: argparse.ArgumentParser, variables: bool = True) -> None:
+    """``--chat-template FILE`` and, with ``variables``, ``--chat-template-kwargs JSON``."""
     parser.add_argument(
         "--chat-template",
         metavar="FILE",
         help="a Jinja chat template (as transformers' apply_chat_template reads it) to use in place of the model's: "
         "for a model without one, or to change its turns and system prompt",
     )
+    if not variables:
+        return
     parser.add_argument(
         "--chat-template-kwargs",
         metavar="JSON",

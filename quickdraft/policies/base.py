@@ -303,7 +303,8 @@ def no_argument(name: str) -> Callable[[str | None], None]:
 
 
 def number_argument(kind: type, what: str, low: float, high: float) -> Callable[[str | None], Any]:
-    """The argument parser of a policy that takes an optional ``kind`` in [low, high]."""
+    """The argument parser of a policy that takes an optional ``kind`` in [low, high], written in ASCII without
+    ``_`` or spaces around it (``int()`` would read "3_0" as 30)."""
 
     def parse(argument: str | None) -> Any:
         if argument is None:

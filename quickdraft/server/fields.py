@@ -43,7 +43,7 @@ MAX_STOPS, MAX_STOP_CHARS = 16, 1_024  # every stop string is looked for after e
 # fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
 HARMLESS_TEXT = ("user", "prompt_cache_key", "safety_identifier")  # strings
 HARMLESS = frozenset({*HARMLESS_TEXT, "service_tier", "metadata", "store", "prompt_cache_retention"})
-MAX_ID_DIGITS = 18  # a token id has fewer digits than this
+MAX_ID_DIGITS = 18  # a token id is written in fewer digits than this
 CACHE_RETENTIONS = ("in_memory", "24h")  # OpenAI's prompt_cache_retention: how long its cache keeps a prefix
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")  # OpenAI's; one tier here
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
@@ -219,7 +219,7 @@ def logit_bias(body: Mapping[str, Any]) -> dict[int, Any]:
     for key in bias:
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
             raise ApiError(400, f'logit_bias\'s keys must be token ids such as "50256", got {key!r}', "logit_bias")
-        if len(key.lstrip("0")) > MAX_ID_DIGITS:  # no vocabulary is that large (and Python reads at most 4300)
+        if len(key) > MAX_ID_DIGITS:  # no vocabulary is that large (and Python reads at most 4300)
             raise ApiError(400, f"logit_bias names no token: a key has {len(key)} digits", "logit_bias")
     ids = {int(key): value for key, value in bias.items()}
     if len(ids) < len(bias):  # "7" and "07" name one token
@@ -268,3 +268,13 @@ def json_schema(described: Any) -> Mapping[str, Any]:
     if not isinstance(described.get("schema"), Mapping):
         raise ApiError(400, f"{where}.schema must be a JSON schema object", "response_format")
     return described["schema"]
+
+
+def check_keys(value: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+    """A key of ``value`` (an object inside a request: a tool, a message) this server does not read is refused, as
+    OpenAI refuses one (``unknown_parameter``), unless null (which asks for nothing): it would be dropped silently,
+    and a misspelt ``parameters`` would leave a function's arguments free."""
+    unknown = [name for name, item in value.items() if name not in known and item is not None]
+    if unknown:
+        param = f"{where}.{unknown[0]}"
+        raise ApiError(400, f"unknown parameter: '{param}'", param, code="unknown_parameter")

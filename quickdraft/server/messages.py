@@ -7,15 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from quickdraft.server.errors import ApiError
-from quickdraft.server.fields import text_parts
-from quickdraft.server.tool_checks import check_keys
+from quickdraft.server.fields import check_keys, text_parts
 from quickdraft.server.tool_formats import ToolFormat
 from quickdraft.server.tools import template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
-# the keys a message of each role may have (OpenAI's, and the reasoning_content a thinking model's answer gave)
+# the keys a message of each role may have: OpenAI's, the reasoning_content a thinking model's answer gave, and the
+# parsed answer the openai client's parse() adds to a message (its content, as an object: read from content here)
 ROLE_KEYS = {
-    "assistant": ("tool_calls", "reasoning_content", "refusal", "annotations", "audio", "function_call"),
+    "assistant": ("tool_calls", "reasoning_content", "refusal", "annotations", "audio", "function_call", "parsed"),
     "tool": ("tool_call_id",),
 }
 UNSUPPORTED = {  # an assistant message's fields this server cannot render, with what to send instead
@@ -58,7 +58,7 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
             raise ApiError(400, "every message needs a role and a content", "messages")
         if message["role"] not in ROLES:
             raise ApiError(400, f"unknown message role {message['role']!r}; roles: {', '.join(ROLES)}", "messages")
-        content = check_fields(message, f"messages[{index}]")
+        content = check_message(message, f"messages[{index}]")
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             content = ""  # an assistant turn that only called tools
         if isinstance(content, list):  # content parts: text only, a line each (as vLLM joins them)
@@ -80,7 +80,7 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
     return parsed
 
 
-def check_fields(message: Mapping[str, Any], where: str) -> Any:
+def check_message(message: Mapping[str, Any], where: str) -> Any:
     """The message's content, its other fields checked: each one its role may have (an unknown one is refused, not
     dropped), ``name`` text, nothing in the fields this server cannot render (:data:`UNSUPPORTED`), and an
     assistant's ``refusal`` its content where it has none (what it said, as the model reads it)."""

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quickdraft.server.errors import ApiError
-from quickdraft.server.fields import HARMLESS, check_harmless, flag
-from quickdraft.server.tool_checks import FUNCTION_KEYS, check_keys
+from quickdraft.server.fields import HARMLESS, check_harmless, check_keys, flag
+from quickdraft.server.tool_checks import FUNCTION_KEYS
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")  # a tool's result is a function_call_output item
 LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this server answers
@@ -92,7 +92,7 @@ def chat_request(body: Any) -> tuple[dict[str, Any], Echo]:
     check_harmless(body)  # a mistyped value is wrong before it is unsupported: store "false" is no boolean
     flag(body, "background", False)
     options = body.get("stream_options")
-    if isinstance(options, Mapping) and "include_usage" in options:  # chat's option; usage is always given here
+    if isinstance(options, Mapping) and options.get("include_usage") is not None:  # chat's; usage is always here
         message = "unrecognized stream option 'include_usage': a response's usage is in its response.completed event"
         raise ApiError(400, message, "stream_options.include_usage", code="unrecognized_parameter")
     for name, allowed in CHOICES.items():

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from quickdraft.server.errors import ApiError
+from quickdraft.server.fields import check_keys
 
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 SHAPE = 'tools must be a list of {"type": "function", "function": {"name", "parameters"}}'
@@ -32,15 +33,6 @@ def check_shapes(tools: Any) -> None:
             raise ApiError(400, SHAPE, "tools")
         check_keys(tool, TOOL_KEYS, f"tools[{index}]")
         check_keys(tool["function"], FUNCTION_KEYS, f"tools[{index}].function")
-
-
-def check_keys(value: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
-    """A key this server does not know is refused, as OpenAI refuses one (``unknown_parameter``): it would be dropped
-    silently, and a misspelt ``parameters`` would leave a function's arguments free."""
-    unknown = [name for name in value if name not in known]
-    if unknown:
-        param = f"{where}.{unknown[0]}"
-        raise ApiError(400, f"unknown parameter: '{param}'", param, code="unknown_parameter")
 
 
 def check_definitions(tools: list[Any], python_names: bool) -> frozenset[str]:

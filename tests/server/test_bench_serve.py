@@ -172,7 +172,9 @@ def test_llama_server_configurations_parse_into_their_own_servers(monkeypatch: p
     assert command[command.index("--parallel") + 1] == "12" and "--kv-unified" in command
     assert command[command.index("-c") + 1] == str(12 * llama_server.CONTEXT_PER_SLOT)
     assert command[command.index("--cache-ram") + 1] == "0" and "-md" not in command  # cache off: not kept
-    command = llama_server.server_command(draft, Path("t.gguf"), Path("d.gguf"), slots=1, threads=2, port=8123)
+    assert "--jinja" not in command  # the GGUF's own template, as llama-server reads it by default
+    command = llama_server.server_command(draft, Path("t.gguf"), Path("d.gguf"), 1, 2, 8123, Path("chat.jinja"))
+    assert command[-3:] == ["--jinja", "--chat-template-file", "chat.jinja"]
     assert command[command.index("-md") + 1] == "d.gguf" and command[command.index("-td") + 1] == "2"
     assert command[command.index("--spec-type") + 1] == "draft-simple" and "--cache-ram" not in command
     with pytest.raises(ConfigError, match="draft model"):
@@ -191,8 +193,8 @@ def test_bench_serve_starts_a_server_per_peer_and_reports_them_side_by_side(
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     started = []
 
-    def stand_in(config, target, draft, slots, threads, port):
-        started.append((config.name, slots, draft))
+    def stand_in(config, target, draft, slots, threads, port, chat_template=None):
+        started.append((config.name, slots, draft, chat_template))
         return [sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--target", str(native_model_dirs["target"]), "--drafter", "none"]  # fmt: skip
 
@@ -204,13 +206,17 @@ def test_bench_serve_starts_a_server_per_peer_and_reports_them_side_by_side(
     args += ["--max-tokens", "5", "--rates", "seq,inf", "--disconnect-fraction", "0", "--out", str(out)]
     args += ["--configs", "goodput=hybrid+goodput,llama=llama-server,llama-draft=llama-server:draft"]
     args += ["--target", str(native_model_dirs["target"]), "--draft", str(native_model_dirs["draft"])]
-    assert main(args) == 0, capsys.readouterr().err
-    assert started == [("llama", 3, Path("d.gguf")), ("llama-draft", 3, Path("d.gguf"))]
+    template = tmp_path / "template.jinja"  # every server and the references read the same one
+    template.write_text("{% for m in messages %}w3 {{ m['content'] }} {% endfor %}", encoding="utf-8")
+    assert main([*args, "--chat-template", str(template)]) == 0, capsys.readouterr().err
+    assert started == [("llama", 3, Path("d.gguf"), template), ("llama-draft", 3, Path("d.gguf"), template)]
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert set(results["settings"]["peer_servers"]) == {"llama", "llama-draft"}
+    assert f"--chat-template {template}" in results["settings"]["server"]
     for run in results["runs"]:
         assert run["summary"]["completed"] == 3 and not run["summary"]["errors"]
         assert ("lossless" in run["summary"]) == (run["config"] == "goodput")  # llama.cpp's kernels differ
+        assert run["summary"].get("lossless", 3) == 3
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "## quickdraft against llama.cpp's server" in report and "Lower mean latency at every rate:" in report
     assert "| 1 user |" in report and "| all at once |" in report

@@ -219,8 +219,10 @@ def test_harmless_fields_pass_and_the_default_length_fits_the_context(served: tu
         "audio": None,
         "function_call": None,
         "tool_calls": None,
+        "parsed": {"w": 3},  # as the openai client echoes parse()'s answer
     }  # an answer's message as the openai client dumps it
-    nulls = CHAT | {"messages": [{"role": "user", "content": "w1"}, echoed, {"role": "user", "content": "w2"}]}
+    asked = {"role": "user", "content": "w2", "tool_calls": None}  # another role's key, null: it asks for nothing
+    nulls = CHAT | {"messages": [{"role": "user", "content": "w1"}, echoed, asked]}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=nulls, timeout=TIMEOUT).status_code == 200
     prompt = "w1 " * 249  # the server's default is 12 new tokens; the context of 256 leaves fewer
     room = 256 - len(native.encode(prompt))

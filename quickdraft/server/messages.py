@@ -62,6 +62,8 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             content = ""  # an assistant turn that only called tools
         if isinstance(content, list):  # content parts: text only, a line each (as vLLM joins them)
+            if message["role"] == "assistant":  # a refusal part is what the model said, as a message's refusal is
+                content = [refusal_as_text(part) for part in content]
             article = "an" if message["role"] == "assistant" else "a"
             content = text_parts(content, f"{article} {message['role']} message", "messages", "\n")
         if not isinstance(content, str):
@@ -95,6 +97,13 @@ def check_message(message: Mapping[str, Any], where: str) -> Any:
     if refusal is not None and (not isinstance(refusal, str) or content not in (None, "")):
         raise ApiError(400, "an assistant message's refusal is text, given in place of content", f"{where}.refusal")
     return refusal if refusal is not None else content
+
+
+def refusal_as_text(part: Any) -> Any:
+    """An assistant's ``{"type": "refusal", "refusal": ...}`` part as a text part; any other part as it is."""
+    if isinstance(part, Mapping) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+        return {"type": "text", "text": part["refusal"]}
+    return part
 
 
 def check_answer(call_id: Any, made_calls: bool, called: Mapping[str, str]) -> None:

@@ -79,6 +79,10 @@ def test_flags_counts_and_text_parts_take_only_their_own_types() -> None:
         {"role": "user", "content": "a", "name": "ann"},  # the template may render the participant's name
         {"role": "assistant", "content": "no"},  # what the model said was its refusal
     ]
+    parts = [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "no"}]
+    assert chat_messages({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": parts}]})[
+        1
+    ] == {"role": "assistant", "content": "a\nno"}
     image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     for parts, words in (([image], "type 'image_url'"), (["a"], "must be objects"), ([{"text": "a"}], "objects")):
         with pytest.raises(ApiError, match=words):

@@ -8,7 +8,7 @@ from typing import Any
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.grammar import GrammarSpec
 from quickdraft.lossless.adjustments import LogitAdjustments
-from quickdraft.lossless.sampling import SamplingParams, is_int
+from quickdraft.lossless.sampling import SamplingParams, as_python, is_int
 from quickdraft.policies import MAX_DRAFT_TOKENS, PolicySpec, parse_policy
 from quickdraft.prompts import require_utf8
 
@@ -18,6 +18,9 @@ __all__ = ["DEFAULT_NUM_DRAFT_TOKENS", "DEFAULT_POLICY", "GenerationConfig", "Lo
 DEFAULT_POLICY = "goodput"
 DEFAULT_NUM_DRAFT_TOKENS = 4
 MAX_LOGPROBS = 20  # the most likeliest tokens listed beside each new token (OpenAI's limit)
+
+
+COUNTS = ("max_new_tokens", "num_draft_tokens", "max_draft_tokens", "logprobs", "min_tokens", "prompt_logprobs")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class GenerationConfig:
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.stop, tuple):
             raise ConfigError(f"stop must be a string or a tuple of strings, got {self.stop!r}", "stop")
+        for name in COUNTS:  # a NumPy count as the int it holds
+            object.__setattr__(self, name, as_python(getattr(self, name)))
         if not isinstance(self.sampling, SamplingParams):
             raise ConfigError(f"sampling must be a SamplingParams, got {self.sampling!r}", "sampling")
         if self.policy is None:
@@ -93,8 +98,8 @@ class GenerationConfig:
             message = f"min_tokens must be an integer in {limit}, got {self.min_tokens!r}"
             raise ConfigError(message, "min_tokens")
         require_bool(self.ignore_eos, "ignore_eos")
-        if isinstance(self.stop_token_ids, list):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.stop_token_ids, tuple | list):
+            object.__setattr__(self, "stop_token_ids", tuple(as_python(token) for token in self.stop_token_ids))
         if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             message = f"stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
             raise ConfigError(message, "stop_token_ids")

@@ -15,6 +15,8 @@ from conftest import native_pipeline
 from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
 from quickdraft.errors import ConfigError, ModelFilesError, PromptError, QuickdraftError, UnknownNameError
+from quickdraft.lossless.adjustments import LogitAdjustments
+from quickdraft.lossless.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +69,17 @@ def test_a_config_whose_width_is_not_the_weights_is_refused(native_model_dirs: d
     (wrong / "config.json").write_text(json.dumps(config | {"hidden_size": 2 * width}))
     with pytest.raises(ModelFilesError, match=f"says hidden_size {2 * width}, the weights are {width}"):
         Pipeline.load(wrong, None, runtime="native", progress=False)
+
+
+def test_numpy_scalars_are_the_numbers_they_hold() -> None:
+    """Counts, ids and seeds read from arrays (``np.int64``, ``np.float32``) are held as Python numbers, whose
+    arithmetic does not wrap; a NumPy bool is no count, as a Python bool is none."""
+    import numpy as np
+
+    sampling = SamplingParams(temperature=np.float32(0.5), top_k=np.int32(5), seed=np.uint64(2**64 - 1))
+    config = GenerationConfig(max_new_tokens=np.int64(5), stop_token_ids=[np.int64(3)], sampling=sampling,
+                              adjustments=LogitAdjustments(logit_bias={np.int64(1): np.float32(1.0)}))  # fmt: skip
+    assert (config.max_new_tokens, config.stop_token_ids, config.adjustments.logit_bias) == (5, (3,), ((1, 1.0),))
+    assert type(config.sampling.seed) is int and config.sampling.seed + 1 == 2**64  # no wrap
+    with pytest.raises(ConfigError, match="top_k must be an integer"):
+        SamplingParams(top_k=np.bool_(True))

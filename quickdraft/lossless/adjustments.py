@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.errors import ConfigError
-from quickdraft.lossless.sampling import is_int, is_number
+from quickdraft.lossless.sampling import as_python, is_int, is_number
 
 MAX_BIAS = 100.0  # OpenAI's range for a logit bias: [-100, 100]
 MAX_PENALTY = 2.0  # OpenAI's range for the presence and frequency penalties: [-2, 2]
@@ -53,6 +53,7 @@ class LogitAdjustments:
         checked: dict[int, float] = {}
         for pair in pairs:
             token, value = pair if isinstance(pair, tuple | list) and len(pair) == 2 else (None, None)
+            token, value = as_python(token), as_python(value)
             if not is_int(token) or token < 0:
                 raise ConfigError(f"logit_bias's keys must be token ids (ints >= 0), got {token!r}", "logit_bias")
             if token in checked:

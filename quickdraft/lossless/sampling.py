@@ -15,7 +15,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +33,14 @@ NOISE_CACHE_POSITIONS = 40
 def is_int(value: object) -> bool:
     """An integer, and not a bool (``True`` is an int to Python, never a count or a seed to a user)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def as_python(value: Any) -> Any:
+    """A NumPy scalar (``np.int64(5)``, ``np.float32(0.5)``) as the Python number it holds; any other value as it is:
+    settings hold Python numbers, whose arithmetic does not wrap (a seed plus a choice's index)."""
+    if isinstance(value, numbers.Number) and not isinstance(value, int | float) and hasattr(value, "item"):
+        return value.item()
+    return value
 
 
 def is_number(value: object) -> bool:
@@ -56,6 +66,8 @@ class SamplingParams:
     min_p: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_k", "top_p", "seed", "min_p"):
+            object.__setattr__(self, name, as_python(getattr(self, name)))
         if not (is_number(self.temperature) and math.isfinite(self.temperature)) or self.temperature < 0:
             raise ConfigError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}", "temperature"

@@ -23,177 +23,13 @@ from typing import Any
 import torch
 
 from quickdraft.errors import ConfigError
+from quickdraft.grammar_schema import check_enforced, compiled_schema
 
 ANY_OBJECT = '{"type": "object"}'  # a json_object answer: any JSON object
 GRAMMAR_CACHE_BYTES = 256 << 20  # the compiler keeps at most this much of compiled grammars (xgrammar: no bound)
 # JSON may put at most this many whitespace characters in a row between its tokens: room for a newline and the
 # indentation of pretty-printed JSON ten levels deep, never an answer padded with whitespace until max_tokens
 JSON_WHITESPACE_RUN = 24
-
-
-# JSON Schema keywords xgrammar's converter reads past without enforcing them (``tests/test_grammar.py`` holds each to
-# that): a schema asking for one is refused, never half-kept
-UNENFORCED_KEYWORDS = frozenset({
-    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired",
-    "dependentSchemas", "dependencies",
-})  # fmt: skip
-# where a schema holds the schemas looked in: maps of them, lists of them, and single ones (old ``items``: a list)
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SCHEMA_VALUES = ("items", "additionalItems", "additionalProperties", "propertyNames", "unevaluatedItems",
-                 "unevaluatedProperties")  # fmt: skip
-# a node holding one of these is that alone to the converter: each validation keyword beside it goes unread
-SELECTORS = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
-STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
-NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-# on a node of no type: the keywords from which the converter infers an object or an array, and the keywords of
-# one it reads only where it inferred it
-INFERRED = {
-    ("properties", "additionalProperties"): (
-        "required", "minProperties", "maxProperties", "patternProperties", "propertyNames"),
-    ("items", "prefixItems"): ("minItems", "maxItems"),
-}  # fmt: skip
-# the string formats the converter enforces (others are annotations to it, as JSON Schema 2020-12 has them by
-# default: a length or pattern beside one of those is enforced), and those of them an empty string may have
-FORMATS = frozenset({
-    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri", "uri-reference",
-    "uri-template", "json-pointer", "relative-json-pointer",
-})  # fmt: skip
-EMPTY_FORMATS = frozenset({"uri-reference", "uri-template", "json-pointer"})
-VALIDATION_KEYWORDS = frozenset({
-    "type", *SELECTORS, *STRING_KEYWORDS, *NUMBER_KEYWORDS, *SCHEMA_VALUES, "properties", "patternProperties",
-    "prefixItems", *(keyword for pair in INFERRED.values() for keyword in pair),
-})  # fmt: skip
-JSON_TYPES = {
-    "string": lambda value: isinstance(value, str),
-    "integer": lambda value: (
-        (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
-    ),
-    "number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
-    "boolean": lambda value: isinstance(value, bool),
-    "null": lambda value: value is None,
-    "object": lambda value: isinstance(value, dict),
-    "array": lambda value: isinstance(value, list),
-}
-
-
-def unenforced_part(schema: Any) -> str | None:
-    """Where ``schema`` (a parsed JSON Schema) asks for what the compiler would not enforce, as ``path: what``: a
-    keyword of :data:`UNENFORCED_KEYWORDS`, an ``allOf`` of more than one schema, a ``multipleOf`` on values that may
-    be other than integers, or a keyword the converter reads past where it stands (:func:`_unread_beside`); None
-    where it asks for none. Data (``enum``, ``const``, ``default``) is not looked in."""
-    pending: list[tuple[Any, str]] = [(schema, "#")]
-    while pending:
-        node, path = pending.pop()
-        if not isinstance(node, dict):
-            continue
-        if unenforced := sorted(UNENFORCED_KEYWORDS & node.keys()):
-            return f"{path}: {unenforced[0]}"
-        if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
-            return f"{path}: allOf of {len(node['allOf'])} schemas"
-        if "multipleOf" in node and node.get("type") != "integer":
-            return f"{path}: multipleOf on values that may be other than integers"
-        if "multipleOf" in node and not _all_of_type([node["multipleOf"]], "integer"):
-            return f"{path}: multipleOf {node['multipleOf']!r}, not a whole number"
-        if (unread := _unread_beside(node)) is not None:
-            return f"{path}: {unread}"
-        pending += _subschemas(node, path)
-    return None
-
-
-def _subschemas(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
-    """The schemas ``node`` holds, each with its path; ``propertyNames``' as a string's (it constrains names)."""
-    found: list[tuple[Any, str]] = []
-    for name in SCHEMA_MAPS:
-        if isinstance(node.get(name), dict):
-            found += [(value, f"{path}/{name}/{key}") for key, value in node[name].items()]
-    for name in (*SCHEMA_LISTS, *SCHEMA_VALUES):
-        value = node.get(name)
-        if name == "propertyNames" and isinstance(value, dict) and not any(key in value for key in SELECTORS):
-            value = {"type": "string"} | value
-        found += (
-            [(item, f"{path}/{name}/{i}") for i, item in enumerate(value)]
-            if isinstance(value, list)
-            else [(value, f"{path}/{name}")]
-        )
-    return found
-
-
-def _unread_beside(node: dict[str, Any]) -> str | None:
-    """A keyword of ``node`` the converter reads past because of another: any beside a selector (:data:`SELECTORS`;
-    a ``type`` beside ``enum`` or ``const`` only where a value is not of it, an ``enum`` beside a ``const`` only
-    where it lacks it), a string's length beside its ``pattern`` or a format of :data:`FORMATS` (and a pattern
-    beside such a format; a redundant ``minLength`` passes), a string's or number's bound on a node of no type, an
-    object's or array's keyword without the one that makes it one (:data:`INFERRED`), a ``patternProperties``
-    pattern or ``propertyNames`` that a listed property would have to follow, and a ``required`` name
-    ``properties`` does not define."""
-    keys = node.keys() & VALIDATION_KEYWORDS
-    if selector := next((name for name in SELECTORS if name in node), None):
-        values = [node["const"]] if selector == "const" else node.get("enum")
-        if selector in ("const", "enum") and isinstance(values, list) and _all_of_type(values, node.get("type")):
-            keys -= {"type"}
-        if selector == "const" and isinstance(node.get("enum"), list) and node["const"] in node["enum"]:
-            keys -= {"enum"}  # pydantic's Literal["x"]: {"const": "x", "enum": ["x"]}
-        beside = sorted(keys - {selector})
-        return f"{beside[0]} beside {selector}" if beside else None
-    if node.get("format") in FORMATS and _redundant_length(node):
-        keys -= {"minLength"}
-    if "pattern" in node and (beside := [name for name in ("minLength", "maxLength") if name in keys]):
-        return f"{beside[0]} beside pattern"
-    if node.get("format") in FORMATS and (beside := [name for name in STRING_KEYWORDS[:3] if name in keys]):
-        return f"{beside[0]} beside format"
-    if "type" not in node:
-        if typed := [name for name in (*STRING_KEYWORDS, *NUMBER_KEYWORDS) if name in node]:
-            return f"{typed[0]} on a schema of no type"
-        for makers, counts in INFERRED.items():
-            if not any(name in node for name in makers) and (counted := [name for name in counts if name in node]):
-                return f"{counted[0]} on a schema of no type"
-    listed = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    if listed and "propertyNames" in node:
-        return "propertyNames beside properties"
-    for pattern in node.get("patternProperties") or {}:
-        if isinstance(pattern, str) and (named := [name for name in listed if _matches(pattern, name)]):
-            return f"patternProperties {pattern!r}, which the listed property {named[0]!r} matches"
-    required = node.get("required")
-    if isinstance(required, list) and (missing := [name for name in required if name not in listed]):
-        return f"required {missing[0]!r}, which properties does not define"
-    return None
-
-
-def _redundant_length(node: dict[str, Any]) -> bool:
-    """Whether a string's ``minLength`` beside its ``format`` asks for nothing the format does not (at most 1, of
-    a format no empty string has: pydantic's URLs write ``minLength: 1``)."""
-    least = node.get("minLength")
-    if not isinstance(least, int | float) or isinstance(least, bool):
-        return False
-    return least <= 0 or (least <= 1 and node["format"] not in EMPTY_FORMATS)
-
-
-def _matches(pattern: str, name: str) -> bool:
-    """Whether ``name`` matches the ECMA-262 ``pattern`` as Python reads it (one it cannot read: as if it did)."""
-    try:
-        return re.search(pattern, name) is not None
-    except re.error:
-        return True
-
-
-def _all_of_type(values: list[Any], type_name: Any) -> bool:
-    """Whether each value is of ``type_name`` (a JSON type's name or a list of them; none: any)."""
-    names = [type_name] if isinstance(type_name, str) else type_name
-    if type_name is None:
-        return True
-    if not isinstance(names, list) or not all(name in JSON_TYPES for name in names):
-        return False
-    return all(any(JSON_TYPES[name](value) for name in names) for value in values)
-
-
-def check_enforced(schema: Any, setting: str) -> None:
-    """``ConfigError`` (on ``setting``) for a schema :func:`unenforced_part` finds a part of."""
-    if (part := unenforced_part(schema)) is not None:
-        raise ConfigError(
-            f"the JSON schema asks for what structured output cannot enforce ({part}): an answer could break it",
-            setting,
-        )
 
 
 class GrammarDeadEnd(ConfigError):
@@ -343,7 +179,7 @@ def grammar_of(spec: GrammarSpec) -> Any:
 
     try:
         if spec.kind in (GrammarKind.JSON, GrammarKind.JSON_SCHEMA):  # json_object: an object, as OpenAI promises
-            schema = ANY_OBJECT if spec.kind is GrammarKind.JSON else spec.text
+            schema = ANY_OBJECT if spec.kind is GrammarKind.JSON else json.dumps(compiled_schema(json.loads(spec.text)))
             return xgrammar.Grammar.from_json_schema(schema, max_whitespace_cnt=JSON_WHITESPACE_RUN)
         if spec.kind is GrammarKind.REGEX:
             return xgrammar.Grammar.from_regex(spec.text)

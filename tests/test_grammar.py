@@ -4,9 +4,7 @@ is constrained plain decoding's, whatever drafts the drafter proposed."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-from typing import Any
 
 import pytest
 from conftest import native_pipeline
@@ -188,88 +186,3 @@ def test_a_drafters_cursor_follows_its_drafts_and_leaves_the_committed_place(nat
     again = constraint.cursor()  # the committed place never moved
     assert again.draft_mask().nonzero().flatten().tolist() == [5]  # type: ignore[union-attr]
     assert constraint.masks([5, 9])[1] == 2 and not constraint.finished
-
-
-UNENFORCED = {  # a schema with a part xgrammar reads past, and an instance that breaks it
-    "not": ({"type": "integer", "not": {"const": 3}}, "3"),
-    "if": ({"type": "integer", "if": {"minimum": 5}, "then": {"maximum": 6}}, "9"),
-    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
-    "contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[1]"),
-    "dependentRequired": (
-        {"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
-        '{"a": 1}',
-    ),
-    "dependentSchemas": (
-        {"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"required": ["b"]}}},
-        '{"a": 1}',
-    ),
-    "dependencies": ({"type": "object", "properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}}, '{"a": 1}'),
-    "allOf of 2 schemas": ({"allOf": [{"type": "integer", "minimum": 2}, {"maximum": 3}]}, "9"),
-    "multipleOf on values": ({"type": "number", "multipleOf": 0.5}, "0.3"),
-    # a keyword the converter reads past because of where it stands
-    "type beside anyOf": ({"anyOf": [{"type": "integer"}, {"type": "string"}], "type": "integer"}, '""'),
-    "maxLength beside enum": ({"enum": ["aaaa", "b"], "maxLength": 2}, '"aaaa"'),
-    "type beside const": ({"type": "string", "const": 1}, "1"),
-    "minimum beside allOf": ({"allOf": [{"type": "integer"}], "minimum": 3}, "1"),
-    "maxLength beside pattern": ({"type": "string", "pattern": "^a+$", "maxLength": 2}, '"aaaa"'),
-    "pattern beside format": ({"type": "string", "format": "date", "pattern": "^1"}, '"2020-01-01"'),
-    "minLength on a schema of no type": ({"minLength": 3}, '"a"'),
-    "minItems on a schema of no type": ({"minItems": 2}, "[1]"),
-    "required 'b', which properties does not define": ({"type": "object", "required": ["b"]}, "{}"),
-    "multipleOf 2.5, not a whole number": ({"type": "integer", "multipleOf": 2.5}, "2"),
-    "patternProperties on a schema of no type": ({"patternProperties": {"^a": {"type": "integer"}}}, '{"a": "x"}'),
-    "propertyNames beside properties": (
-        {"type": "object", "properties": {"abc": {"type": "integer"}}, "propertyNames": {"maxLength": 2}},
-        '{"abc": 1}',
-    ),
-    "patternProperties '^a', which the listed property 'ab' matches": (
-        {"type": "object", "properties": {"ab": {"type": "string"}}, "patternProperties": {"^a": {"type": "integer"}}},
-        '{"ab": "x"}',
-    ),
-}
-
-
-@pytest.mark.parametrize("part", UNENFORCED)
-def test_a_schema_part_the_compiler_does_not_enforce_is_refused(part: str) -> None:
-    """Each part is one xgrammar lets an instance break (were it enforced now, its refusal could go), and a schema
-    asking for it, however deep, is a ConfigError naming where."""
-    import xgrammar
-
-    schema, breaking = UNENFORCED[part]
-    compiled = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=True)
-    assert xgrammar.testing._is_grammar_accept_string(compiled, breaking)
-    deep = {"type": "object", "properties": {"x": {"type": "array", "items": schema}}}
-    with pytest.raises(ConfigError, match=rf"cannot enforce \(#/properties/x/items: {re.escape(part)}") as refused:
-        GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(deep))
-    assert refused.value.setting == "json_schema"
-
-
-def test_data_and_property_names_are_not_read_as_schema_keywords() -> None:
-    properties = {"not": {"enum": [{"if": 1}]}, "contains": {"const": {"not": 2}}}
-    schema = {"type": "object", "properties": properties, "required": ["not", "contains"]}
-    assert grammar.unenforced_part(schema) is None
-    GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema))
-
-
-@pytest.mark.parametrize(
-    "schema",
-    [  # the shapes pydantic, zod and OpenAI's guide write: annotations beside a selector, a type its values have
-        {"type": "string", "enum": ["a", "b"], "title": "Color", "description": "d"},
-        {"type": ["string", "null"], "enum": ["a", None]},
-        {"const": "x", "type": "string"},
-        {"type": "integer", "enum": [1, 2.0]},
-        {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}], "default": None, "title": "X"},
-        {"$defs": {"C": {"type": "string"}}, "$ref": "#/$defs/C", "description": "d", "default": "c"},
-        {"allOf": [{"type": "integer"}], "title": "wrapped"},
-        {"properties": {"a": {}}, "required": ["a"]},
-        {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"maxLength": 3}},
-        {"type": "integer", "multipleOf": 2, "minimum": 0},
-        {"type": "string", "pattern": "^a+$"},
-        {"const": "cat", "enum": ["cat"], "type": "string"},  # pydantic 2.9's Literal["cat"]
-        {"type": "string", "format": "uri", "minLength": 1},  # a URL is never empty
-        {"type": "string", "format": "x-unknown", "maxLength": 3},  # an annotation to xgrammar: the length is kept
-        {"type": "object", "propertyNames": {"$ref": "#/$defs/C"}, "$defs": {"C": {"enum": ["red", "blue"]}}},
-    ],
-)
-def test_what_the_converter_enforces_passes(schema: dict[str, Any]) -> None:
-    assert grammar.unenforced_part(schema) is None

@@ -24,7 +24,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from quickdraft.grammar import GrammarKind, GrammarSpec, grammar_of, unenforced_part, xgrammar_reason
+from quickdraft.grammar import GrammarKind, GrammarSpec, grammar_of, xgrammar_reason
+from quickdraft.grammar_schema import compiled_schema, unenforced_part
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import CallBody, ToolFormat
 
@@ -255,7 +256,7 @@ def _schema(schema: Any) -> Any:
     import xgrammar
 
     try:
-        return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        return xgrammar.Grammar.from_json_schema(json.dumps(compiled_schema(schema)), any_whitespace=False)
     except (RuntimeError, ValueError, TypeError) as error:  # xgrammar's word on a schema it cannot follow
         message = f"a tool's parameters are not a JSON schema a call can follow: {xgrammar_reason(error)}"
         raise ApiError(400, message, "tools") from None

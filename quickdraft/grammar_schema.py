@@ -1,0 +1,293 @@
+"""A JSON schema as the grammar compiler (xgrammar's converter) gets it: refused where the converter would read
+past a part of it (:func:`unenforced_part`: an answer could break it), and rewritten where the converter would write
+what is no JSON (:func:`compiled_form`). ``tests/test_grammar_schema.py`` holds each rule to an instance xgrammar lets
+through without it."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from quickdraft.errors import ConfigError
+
+# JSON Schema keywords xgrammar's converter reads past without enforcing them: a schema asking for one is refused,
+# never half-kept (but for the value of each that asks for nothing)
+UNENFORCED_KEYWORDS = frozenset({
+    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired",
+    "dependentSchemas", "dependencies", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
+})  # fmt: skip
+ASKS_NOTHING = {"uniqueItems": False, "dependentRequired": {}, "dependentSchemas": {}, "dependencies": {}}
+# the string formats the converter writes as no JSON (a raw quote or control character), and a pattern's parts it
+# reads past or writes so (lookarounds, \S, which lets a line separator through unescaped)
+BROKEN_FORMATS = frozenset({"json-pointer", "relative-json-pointer"})
+UNREAD_PATTERN = re.compile(r"\(\?<?[=!]|\\S")
+RAW_CHARACTERS = (0, 0x1F, 0x22, 0x5C)  # what a JSON string escapes: the control characters, '"' and '\\'
+MAX_EXACT_INTEGER = 2**53  # a larger enum or const integer is written as the double nearest it
+# an integer's multipleOf the converter enforces: at most this, and beside no bound or a range of at most so many
+MULTIPLE_MAX, MULTIPLE_RANGE = 1024, 10_000
+MAX_COUNT = 128  # the largest count of a pattern's repeat xgrammar compiles (one of 129 fails to)
+# where a schema holds the schemas looked in: maps of them, lists of them, and single ones (old ``items``: a list)
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SCHEMA_VALUES = ("items", "additionalItems", "additionalProperties", "propertyNames", "unevaluatedItems",
+                 "unevaluatedProperties")  # fmt: skip
+# a node holding one of these is that alone to the converter: each validation keyword beside it goes unread
+SELECTORS = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
+STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+# on a node of no type: the keywords from which the converter infers an object or an array, and the keywords of
+# one it reads only where it inferred it
+INFERRED = {
+    ("properties", "additionalProperties"): (
+        "required", "minProperties", "maxProperties", "patternProperties", "propertyNames"),
+    ("items", "prefixItems"): ("minItems", "maxItems"),
+}  # fmt: skip
+# the string formats the converter enforces (others are annotations to it, as JSON Schema 2020-12 has them by
+# default: a length or pattern beside one of those is enforced), and those of them an empty string may have
+FORMATS = frozenset({
+    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri", "uri-reference",
+    "uri-template", "json-pointer", "relative-json-pointer",
+})  # fmt: skip
+EMPTY_FORMATS = frozenset({"uri-reference", "uri-template", "json-pointer"})
+VALIDATION_KEYWORDS = frozenset({
+    "type", *SELECTORS, *STRING_KEYWORDS, *NUMBER_KEYWORDS, *SCHEMA_VALUES, "properties", "patternProperties",
+    "prefixItems", *(keyword for pair in INFERRED.values() for keyword in pair),
+})  # fmt: skip
+JSON_TYPES = {
+    "string": lambda value: isinstance(value, str),
+    "integer": lambda value: (
+        (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    ),
+    "number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
+    "boolean": lambda value: isinstance(value, bool),
+    "null": lambda value: value is None,
+    "object": lambda value: isinstance(value, dict),
+    "array": lambda value: isinstance(value, list),
+}
+
+
+def unenforced_part(schema: Any) -> str | None:
+    """Where ``schema`` (a parsed JSON Schema) asks for what the compiler would not enforce, as ``path: what``: a
+    keyword of :data:`UNENFORCED_KEYWORDS`, an ``allOf`` of more than one schema, a ``multipleOf`` on values that may
+    be other than integers, or a keyword the converter reads past where it stands (:func:`_unread_beside`); None
+    where it asks for none. Data (``enum``, ``const``, ``default``) is not looked in."""
+    pending: list[tuple[Any, str]] = [(schema, "#")]
+    while pending:
+        node, path = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        asked = [name for name in UNENFORCED_KEYWORDS & node.keys() if not _asks_nothing(name, node[name])]
+        if unenforced := sorted(asked):
+            return f"{path}: {unenforced[0]}"
+        if (unwritten := _unwritten(node, path)) is not None:
+            return f"{path}: {unwritten}"
+        if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+            return f"{path}: allOf of {len(node['allOf'])} schemas"
+        if "multipleOf" in node and node.get("type") != "integer":
+            return f"{path}: multipleOf on values that may be other than integers"
+        if "multipleOf" in node and not JSON_TYPES["integer"](node["multipleOf"]):
+            return f"{path}: multipleOf {node['multipleOf']!r}, not a whole number"
+        if "multipleOf" in node and node["multipleOf"] != 1 and not _multiple_kept(node):
+            return f"{path}: multipleOf beside bounds it is not kept with (none, or both within {MULTIPLE_RANGE})"
+        if (unread := _unread_beside(node)) is not None:
+            return f"{path}: {unread}"
+        pending += _subschemas(node, path)
+    return None
+
+
+def _asks_nothing(name: str, value: Any) -> bool:
+    return name in ASKS_NOTHING and value == ASKS_NOTHING[name] and type(value) is type(ASKS_NOTHING[name])
+
+
+def _unwritten(node: dict[str, Any], path: str) -> str | None:
+    """What of ``node`` the converter would write as no JSON or would not find: a format of :data:`BROKEN_FORMATS`, a
+    pattern with a part :data:`UNREAD_PATTERN` finds or a character a JSON string escapes, an enum or const integer
+    past :data:`MAX_EXACT_INTEGER`, a ``$ref`` other than a JSON pointer into this document, an ``$id`` below
+    the root."""
+    if node.get("format") in BROKEN_FORMATS:
+        return f"format {node['format']}"
+    patterns = [node.get("pattern"), *(node.get("patternProperties") or {})]
+    for pattern in (pattern for pattern in patterns if isinstance(pattern, str)):
+        if (found := UNREAD_PATTERN.search(pattern)) is not None or _spells_raw(pattern):
+            return f"pattern {pattern!r}" + (f" ({found.group()})" if found else ", which may write a raw character")
+    values = [node["const"]] if "const" in node else node.get("enum") if isinstance(node.get("enum"), list) else []
+    if any(isinstance(value, int) and abs(value) > MAX_EXACT_INTEGER for value in values):
+        return "an integer of the enum or const past 2**53"
+    reference = node.get("$ref")
+    if reference is not None and not (isinstance(reference, str) and (reference == "#" or reference.startswith("#/"))):
+        return f"$ref {reference!r}, not a JSON pointer into this schema"
+    return "$id below the root" if "$id" in node and path != "#" else None
+
+
+def _spells_raw(pattern: str) -> bool:
+    """Whether ``pattern`` names a character a JSON string escapes (a literal or a range holding one: the converter
+    writes those raw), as Python's parser reads it; one it cannot read: as if it did."""
+    try:
+        parsed = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    except (re.error, RecursionError):
+        return True
+    low, high, quote, backslash = RAW_CHARACTERS
+    pending = list(parsed)
+    while pending:
+        op, argument = pending.pop()
+        name = str(op)
+        if name == "LITERAL" and (low <= argument <= high or argument in (quote, backslash)):
+            return True
+        if name == "RANGE" and (argument[0] <= high or argument[0] <= quote <= argument[1]
+                                or argument[0] <= backslash <= argument[1]):  # fmt: skip
+            return True
+        if name == "IN" and not any(str(item[0]) == "NEGATE" for item in argument):
+            pending += argument
+        elif name in ("SUBPATTERN", "MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT", "ATOMIC_GROUP", "BRANCH"):
+            pending += _parts(argument)
+    return False
+
+
+def _parts(argument: Any) -> list[Any]:
+    """The parsed items inside a group's, a repeat's or a branch's argument (its sub-patterns, however nested)."""
+    found, pending = [], [argument]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, re._parser.SubPattern):  # type: ignore[attr-defined]
+            found += list(value)
+        elif isinstance(value, list | tuple):
+            pending += list(value)
+    return found
+
+
+def _subschemas(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
+    """The schemas ``node`` holds, each with its path; ``propertyNames``' as a string's (it constrains names)."""
+    found: list[tuple[Any, str]] = []
+    for name in SCHEMA_MAPS:
+        if isinstance(node.get(name), dict):
+            found += [(value, f"{path}/{name}/{key}") for key, value in node[name].items()]
+    for name in (*SCHEMA_LISTS, *SCHEMA_VALUES):
+        value = node.get(name)
+        if name == "propertyNames" and isinstance(value, dict) and not any(key in value for key in SELECTORS):
+            value = {"type": "string"} | value
+        found += (
+            [(item, f"{path}/{name}/{i}") for i, item in enumerate(value)]
+            if isinstance(value, list)
+            else [(value, f"{path}/{name}")]
+        )
+    return found
+
+
+def _unread_beside(node: dict[str, Any]) -> str | None:
+    """A keyword of ``node`` the converter reads past because of another: any beside a selector (:data:`SELECTORS`;
+    a ``type`` beside ``enum`` or ``const`` only where a value is not of it, an ``enum`` beside a ``const`` only
+    where it lacks it), a string's length beside its ``pattern`` or a format of :data:`FORMATS` (and a pattern
+    beside such a format; a redundant ``minLength`` passes), a string's or number's bound on a node of no type, an
+    object's or array's keyword without the one that makes it one (:data:`INFERRED`), a ``patternProperties``
+    pattern or ``propertyNames`` that a listed property would have to follow, and a ``required`` name
+    ``properties`` does not define."""
+    keys = node.keys() & VALIDATION_KEYWORDS
+    if selector := next((name for name in SELECTORS if name in node), None):
+        beside = sorted(keys - {selector})
+        values = [node["const"]] if selector == "const" else node.get("enum")
+        if beside and selector in ("const", "enum") and isinstance(values, list) and "$ref" not in beside:
+            beside = [] if _values_follow(values, {name: node[name] for name in beside}) else beside
+        return f"{beside[0]} beside {selector}" if beside else None
+    if node.get("format") in FORMATS and _redundant_length(node):
+        keys -= {"minLength"}
+    if "pattern" in node and (beside := [name for name in ("minLength", "maxLength") if name in keys]):
+        return f"{beside[0]} beside pattern"
+    if node.get("format") in FORMATS and (beside := [name for name in STRING_KEYWORDS[:3] if name in keys]):
+        return f"{beside[0]} beside format"
+    if "type" not in node:
+        if typed := [name for name in (*STRING_KEYWORDS, *NUMBER_KEYWORDS) if name in node]:
+            return f"{typed[0]} on a schema of no type"
+        for makers, counts in INFERRED.items():
+            if not any(name in node for name in makers) and (counted := [name for name in counts if name in node]):
+                return f"{counted[0]} on a schema of no type"
+    listed = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    more = [name for name in ("additionalProperties", "unevaluatedProperties") if node.get(name, False) is not False]
+    if listed and more:  # a listed name spelt with escapes ("\\u0061") would be another key to the converter
+        return f"{more[0]} beside properties"
+    if "propertyNames" in node and (listed or "patternProperties" in node):
+        return "propertyNames beside " + ("properties" if listed else "patternProperties")
+    least, required = node.get("minProperties"), node.get("required")
+    if isinstance(least, int) and least > len(required or []) and (more or "patternProperties" in node):
+        return "minProperties beside keys a name may repeat"
+    for pattern in node.get("patternProperties") or {}:
+        if isinstance(pattern, str) and (named := [name for name in listed if _matches(pattern, name)]):
+            return f"patternProperties {pattern!r}, which the listed property {named[0]!r} matches"
+    required = node.get("required")
+    if isinstance(required, list) and (missing := [name for name in required if name not in listed]):
+        return f"required {missing[0]!r}, which properties does not define"
+    return None
+
+
+def _values_follow(values: list[Any], siblings: dict[str, Any]) -> bool:
+    """Whether every value of an ``enum`` or ``const`` is valid under the keywords beside it (which the converter
+    reads past: they then ask for nothing more)."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        validator = Draft202012Validator(siblings, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        return all(validator.is_valid(value) for value in values)
+    except (SchemaError, RecursionError, ValueError, TypeError):
+        return False
+
+
+def _multiple_kept(node: dict[str, Any]) -> bool:
+    """Whether the converter keeps an integer's ``multipleOf``: one of at most :data:`MULTIPLE_MAX`, beside no
+    bound, or a lower and an upper one at most :data:`MULTIPLE_RANGE` apart."""
+    lows = [node[name] for name in ("minimum", "exclusiveMinimum") if name in node]
+    highs = [node[name] for name in ("maximum", "exclusiveMaximum") if name in node]
+    if node["multipleOf"] > MULTIPLE_MAX:
+        return False
+    if not lows and not highs:
+        return True
+    numbers = [*lows, *highs]
+    if not (lows and highs) or not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
+        return False
+    return max(highs) - min(lows) <= MULTIPLE_RANGE
+
+
+def _redundant_length(node: dict[str, Any]) -> bool:
+    """Whether a string's ``minLength`` beside its ``format`` asks for nothing the format does not (at most 1, of
+    a format no empty string has: pydantic's URLs write ``minLength: 1``)."""
+    least = node.get("minLength")
+    if not isinstance(least, int | float) or isinstance(least, bool):
+        return False
+    return least <= 0 or (least <= 1 and node["format"] not in EMPTY_FORMATS)
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Whether ``name`` matches the ECMA-262 ``pattern`` as Python reads it (one it cannot read: as if it did)."""
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True
+
+
+def check_enforced(schema: Any, setting: str) -> None:
+    """``ConfigError`` (on ``setting``) for a schema :func:`unenforced_part` finds a part of."""
+    if (part := unenforced_part(schema)) is not None:
+        raise ConfigError(
+            f"the JSON schema asks for what structured output cannot enforce ({part}): an answer could break it",
+            setting,
+        )
+
+
+def compiled_schema(schema: Any) -> Any:
+    """``schema`` as the converter is given it: a string's ``minLength``/``maxLength`` (each at most
+    :data:`MAX_COUNT`) with no pattern or format becomes a pattern of that many characters no JSON string escapes
+    (the converter writes a control character raw under a length alone, which no JSON reader takes: the answers it
+    allows are the same less those with escapes)."""
+    schema = copy.deepcopy(schema)
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        lengths = [node.get("minLength", 0), node.get("maxLength")]
+        counts = all(value is None or (JSON_TYPES["integer"](value) and 0 <= value <= MAX_COUNT) for value in lengths)
+        if node.get("type") == "string" and not {"pattern", "format"} & node.keys() and lengths != [0, None] and counts:
+            least, most = (None if value is None else int(value) for value in lengths)
+            node.pop("minLength", None), node.pop("maxLength", None)
+            node["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{least},{"" if most is None else most}}}$'
+        pending += [child for child, _ in _subschemas(node, "#") if child is not node]
+    return schema

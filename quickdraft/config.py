@@ -20,7 +20,8 @@ DEFAULT_NUM_DRAFT_TOKENS = 4
 MAX_LOGPROBS = 20  # the most likeliest tokens listed beside each new token (OpenAI's limit)
 
 
-COUNTS = ("max_new_tokens", "num_draft_tokens", "max_draft_tokens", "logprobs", "min_tokens", "prompt_logprobs")
+SCALARS = ("max_new_tokens", "num_draft_tokens", "max_draft_tokens", "logprobs", "min_tokens", "prompt_logprobs",
+           "ignore_eos")  # fmt: skip  # fields a NumPy scalar may be given for
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class GenerationConfig:
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.stop, tuple):
             raise ConfigError(f"stop must be a string or a tuple of strings, got {self.stop!r}", "stop")
-        for name in COUNTS:  # a NumPy count as the int it holds
+        for name in SCALARS:  # a NumPy scalar as the Python value it holds
             object.__setattr__(self, name, as_python(getattr(self, name)))
         if not isinstance(self.sampling, SamplingParams):
             raise ConfigError(f"sampling must be a SamplingParams, got {self.sampling!r}", "sampling")

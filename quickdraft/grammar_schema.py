@@ -1,11 +1,12 @@
 """A JSON schema as the grammar compiler (xgrammar's converter) gets it: refused where the converter would read
 past a part of it (:func:`unenforced_part`: an answer could break it), and rewritten where the converter would write
-what is no JSON (:func:`compiled_form`). ``tests/test_grammar_schema.py`` holds each rule to an instance xgrammar lets
+what is no JSON (:func:`compiled_schema`). ``tests/test_grammar_schema.py`` holds each rule to an instance xgrammar lets
 through without it."""
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -19,9 +20,9 @@ UNENFORCED_KEYWORDS = frozenset({
 })  # fmt: skip
 ASKS_NOTHING = {"uniqueItems": False, "dependentRequired": {}, "dependentSchemas": {}, "dependencies": {}}
 # the string formats the converter writes as no JSON (a raw quote or control character), and a pattern's parts it
-# reads past or writes so (lookarounds, \S, which lets a line separator through unescaped)
+# reads past (lookarounds)
 BROKEN_FORMATS = frozenset({"json-pointer", "relative-json-pointer"})
-UNREAD_PATTERN = re.compile(r"\(\?<?[=!]|\\S")
+UNREAD_PATTERN = re.compile(r"\(\?<?[=!]")
 RAW_CHARACTERS = (0, 0x1F, 0x22, 0x5C)  # what a JSON string escapes: the control characters, '"' and '\\'
 MAX_EXACT_INTEGER = 2**53  # a larger enum or const integer is written as the double nearest it
 # an integer's multipleOf the converter enforces: at most this, and beside no bound or a range of at most so many
@@ -109,7 +110,7 @@ def _unwritten(node: dict[str, Any], path: str) -> str | None:
         return f"format {node['format']}"
     patterns = [node.get("pattern"), *(node.get("patternProperties") or {})]
     for pattern in (pattern for pattern in patterns if isinstance(pattern, str)):
-        if (found := UNREAD_PATTERN.search(pattern)) is not None or _spells_raw(pattern):
+        if (found := UNREAD_PATTERN.search(pattern)) is not None or _writes_raw(pattern):
             return f"pattern {pattern!r}" + (f" ({found.group()})" if found else ", which may write a raw character")
     values = [node["const"]] if "const" in node else node.get("enum") if isinstance(node.get("enum"), list) else []
     if any(isinstance(value, int) and abs(value) > MAX_EXACT_INTEGER for value in values):
@@ -120,11 +121,24 @@ def _unwritten(node: dict[str, Any], path: str) -> str | None:
     return "$id below the root" if "$id" in node and path != "#" else None
 
 
+def _writes_raw(pattern: str) -> bool:
+    """Whether the converter would write a character of ``pattern`` raw: where it keeps the pattern as a regex of a
+    JSON string (it then escapes what it writes) never; where it spells the pattern out, one :func:`_spells_raw`
+    finds. A pattern it cannot compile is left to the compiler's own error."""
+    import xgrammar
+
+    try:
+        grammar = xgrammar.Grammar.from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
+    except (RuntimeError, ValueError):
+        return False
+    return "json_string=true" not in str(grammar) and _spells_raw(pattern)
+
+
 def _spells_raw(pattern: str) -> bool:
     """Whether ``pattern`` names a character a JSON string escapes (a literal or a range holding one: the converter
     writes those raw), as Python's parser reads it; one it cannot read: as if it did."""
-    try:
-        parsed = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    try:  # ECMA's named groups as Python spells them
+        parsed = re._parser.parse(re.sub(r"\(\?<(?![=!])", "(?P<", pattern))  # type: ignore[attr-defined]
     except (re.error, RecursionError):
         return True
     low, high, quote, backslash = RAW_CHARACTERS
@@ -204,7 +218,7 @@ def _unread_beside(node: dict[str, Any]) -> str | None:
     listed = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     more = [name for name in ("additionalProperties", "unevaluatedProperties") if node.get(name, False) is not False]
     if listed and more:  # a listed name spelt with escapes ("\\u0061") would be another key to the converter
-        return f"{more[0]} beside properties"
+        return f"{more[0]} beside properties (leave it out or set it false)"
     if "propertyNames" in node and (listed or "patternProperties" in node):
         return "propertyNames beside " + ("properties" if listed else "patternProperties")
     least, required = node.get("minProperties"), node.get("required")
@@ -273,21 +287,45 @@ def check_enforced(schema: Any, setting: str) -> None:
 
 
 def compiled_schema(schema: Any) -> Any:
-    """``schema`` as the converter is given it: a string's ``minLength``/``maxLength`` (each at most
-    :data:`MAX_COUNT`) with no pattern or format becomes a pattern of that many characters no JSON string escapes
-    (the converter writes a control character raw under a length alone, which no JSON reader takes: the answers it
-    allows are the same less those with escapes)."""
+    """``schema`` as the converter is given it: a string's ``minLength``/``maxLength`` with no pattern or format
+    (a string's by its type, among others too, or a ``propertyNames``' of none) becomes a pattern of that many
+    characters no JSON string escapes (:func:`length_pattern`; the converter writes a control character raw under a
+    length alone, which no JSON reader takes, and it already wrote no escape under one)."""
     schema = copy.deepcopy(schema)
-    pending = [schema]
+    pending: list[tuple[Any, bool]] = [(schema, False)]  # (node, a name: a string whatever its type says)
     while pending:
-        node = pending.pop()
+        node, named = pending.pop()
         if not isinstance(node, dict):
             continue
+        kind = node.get("type", "string" if named else None)
+        stringy = kind == "string" or (isinstance(kind, list) and "string" in kind)
         lengths = [node.get("minLength", 0), node.get("maxLength")]
-        counts = all(value is None or (JSON_TYPES["integer"](value) and 0 <= value <= MAX_COUNT) for value in lengths)
-        if node.get("type") == "string" and not {"pattern", "format"} & node.keys() and lengths != [0, None] and counts:
-            least, most = (None if value is None else int(value) for value in lengths)
-            node.pop("minLength", None), node.pop("maxLength", None)
-            node["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{least},{"" if most is None else most}}}$'
-        pending += [child for child, _ in _subschemas(node, "#") if child is not node]
+        counts = all(value is None or (JSON_TYPES["integer"](value) and value >= 0) for value in lengths)
+        if stringy and not {"pattern", "format"} & node.keys() and lengths != [0, None] and counts:
+            pattern = length_pattern(*(None if value is None else int(value) for value in lengths))
+            if pattern is not None:
+                node.pop("minLength", None), node.pop("maxLength", None)
+                node["pattern"] = pattern
+        names = node.get("propertyNames")
+        pending += [(child, child is names) for child, _ in _subschemas(node, "#") if child is not node]
+        pending += [(names, not any(key in names for key in SELECTORS))] if isinstance(names, dict) else []
     return schema
+
+
+def length_pattern(least: int, most: int | None) -> str | None:
+    """A pattern of ``least`` to ``most`` (None: any more) characters no JSON string escapes, no repeat counting past
+    :data:`MAX_COUNT` (xgrammar compiles none that does); None past what two levels of repeats reach."""
+    unit = '[^\\x00-\\x1f"\\\\]'
+    whole, part = divmod(least, MAX_COUNT)
+    extra = None if most is None else most - least
+    if whole > MAX_COUNT or (extra is not None and (extra < 0 or extra // MAX_COUNT > MAX_COUNT)):
+        return None
+    pieces = [f"(?:{unit}{{{MAX_COUNT}}}){{{whole}}}"] if whole else []
+    pieces += [f"{unit}{{{part}}}"] if part else []
+    if extra is None:
+        pieces.append(f"{unit}*")
+    else:
+        blocks, rest = divmod(extra, MAX_COUNT)
+        pieces += [f"(?:{unit}{{0,{MAX_COUNT}}}){{0,{blocks}}}"] if blocks else []
+        pieces += [f"{unit}{{0,{rest}}}"] if rest else []
+    return "^" + "".join(pieces) + "$"

@@ -83,3 +83,5 @@ def test_numpy_scalars_are_the_numbers_they_hold() -> None:
     assert type(config.sampling.seed) is int and config.sampling.seed + 1 == 2**64  # no wrap
     with pytest.raises(ConfigError, match="top_k must be an integer"):
         SamplingParams(top_k=np.bool_(True))
+    assert LogitAdjustments(presence_penalty=np.float32(0.5)).presence_penalty == 0.5
+    assert GenerationConfig(ignore_eos=np.True_).ignore_eos is True

@@ -115,6 +115,9 @@ def test_data_and_property_names_are_not_read_as_schema_keywords() -> None:
         {"type": "array", "items": {"type": "integer"}, "uniqueItems": False},  # asks for nothing
         {"type": "object", "properties": {"a": {}}, "dependentRequired": {}},
         {"type": "string", "pattern": "^[^\\x00-\\x1f]+$"},  # a class that leaves the escaped ones out
+        {"type": "string", "pattern": "^[ -~]+$"},  # kept as a JSON string's regex: xgrammar escapes what it writes
+        {"type": "string", "pattern": "^(?<year>\\d{4})-(?<month>\\d{2})$"},  # ECMA's named groups
+        {"type": "string", "pattern": "^\\S+$"},
         {"type": "string", "pattern": "^a+$"},
         {"const": "cat", "enum": ["cat"], "type": "string"},  # pydantic 2.9's Literal["cat"]
         {"type": "string", "format": "uri", "minLength": 1},  # a URL is never empty
@@ -143,3 +146,24 @@ def test_a_strings_length_alone_is_compiled_as_a_pattern_no_json_string_escapes(
     ):
         assert xgrammar.testing._is_grammar_accept_string(compiled, text) is allowed, text
     assert compiled_schema(schema) != schema and schema["properties"]["a"]["maxLength"] == 3  # a copy is changed
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad"),
+    [
+        ({"type": "string", "maxLength": 200}, '"' + "a" * 200 + '"', '"' + "a" * 201 + '"'),  # past one repeat's 128
+        ({"type": "string", "minLength": 300, "maxLength": 300}, '"' + "é" * 300 + '"', '"' + "a" * 299 + '"'),
+        ({"type": ["string", "null"], "maxLength": 3}, "null", '"abcd"'),
+        ({"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"maxLength": 3}},
+         '{"ab": 1}', '{"abcd": 1}'),
+    ],
+)  # fmt: skip
+def test_every_strings_length_is_compiled_so(schema: dict[str, Any], good: str, bad: str) -> None:
+    """Past 128 characters, beside another type, or a property name's: the length holds and no tab comes raw."""
+    import xgrammar
+
+    compiled = grammar_of(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema)))
+    tab = '{"a\tb": 1}' if "propertyNames" in schema else '"a\tb"'
+    assert xgrammar.testing._is_grammar_accept_string(compiled, good)
+    assert not xgrammar.testing._is_grammar_accept_string(compiled, bad)
+    assert not xgrammar.testing._is_grammar_accept_string(compiled, tab)

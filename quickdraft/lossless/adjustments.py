@@ -63,6 +63,8 @@ class LogitAdjustments:
                 raise ConfigError(message, "logit_bias")
             checked[int(token)] = float(value)
         object.__setattr__(self, "logit_bias", tuple(sorted(checked.items())))
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+            object.__setattr__(self, name, as_python(getattr(self, name)))
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not (is_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):

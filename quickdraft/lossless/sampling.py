@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +35,9 @@ def is_int(value: object) -> bool:
 
 
 def as_python(value: Any) -> Any:
-    """A NumPy scalar (``np.int64(5)``, ``np.float32(0.5)``) as the Python number it holds; any other value as it is:
-    settings hold Python numbers, whose arithmetic does not wrap (a seed plus a choice's index)."""
-    if isinstance(value, numbers.Number) and not isinstance(value, int | float) and hasattr(value, "item"):
-        return value.item()
-    return value
+    """A NumPy scalar (``np.int64(5)``, ``np.float32(0.5)``, ``np.True_``) as the Python value it holds; any other
+    value as it is: settings hold Python numbers, whose arithmetic does not wrap (a seed plus a choice's index)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def is_number(value: object) -> bool:

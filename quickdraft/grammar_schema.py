@@ -93,8 +93,66 @@ def unenforced_part(schema: Any) -> str | None:
             return f"{path}: multipleOf beside bounds it is not kept with (none, or both within {MULTIPLE_RANGE})"
         if (unread := _unread_beside(node)) is not None:
             return f"{path}: {unread}"
+        branches = node.get("oneOf")
+        if isinstance(branches, list) and not _disjoint(branches, schema):
+            return f"{path}: oneOf of schemas an answer could match two of (the converter keeps it as anyOf)"
         pending += _subschemas(node, path)
     return None
+
+
+def _disjoint(branches: list[Any], root: Any) -> bool:
+    """Whether no value could match two of ``branches`` (``$ref``s into ``root`` resolved), as far as their types,
+    their ``const`` or ``enum`` values, or such values of a property each requires tell (a discriminated union's)."""
+    resolved = [_resolved(branch, root) for branch in branches]
+    return all(_apart(a, b, root) for i, a in enumerate(resolved) for b in resolved[i + 1 :])
+
+
+def _apart(a: Any, b: Any, root: Any) -> bool:
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    kinds = [{k} if isinstance(k := s.get("type"), str) else set(k) if isinstance(k, list) else set() for s in (a, b)]
+    for kind in kinds:
+        kind |= {"number"} if "integer" in kind else set()  # an integer is a number
+    if all(kinds) and not kinds[0] & kinds[1]:
+        return True
+    if _values_apart(a, b):
+        return True
+    required = [set(s["required"]) if isinstance(s.get("required"), list) else set() for s in (a, b)]
+    shared = required[0] & required[1]
+    properties = [s.get("properties") if isinstance(s.get("properties"), dict) else {} for s in (a, b)]
+    return any(
+        _values_apart(_resolved(properties[0].get(name), root), _resolved(properties[1].get(name), root))
+        for name in shared
+    )
+
+
+def _values_apart(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` both list their values (``const``, ``enum``) and share none (as JSON compares them)."""
+    lists = [([s["const"]] if "const" in s else s.get("enum")) if isinstance(s, dict) else None for s in (a, b)]
+    lists = [values if isinstance(values, list) else None for values in lists]
+    if lists[0] is None or lists[1] is None:
+        return False
+    return not {_json_key(v) for v in lists[0]} & {_json_key(v) for v in lists[1]}
+
+
+def _json_key(value: Any) -> tuple[str, Any]:
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, int | float):
+        return ("number", float(value))
+    return ("json", json.dumps(value, sort_keys=True))
+
+
+def _resolved(branch: Any, root: Any) -> Any:
+    """``branch``, or the schema its ``$ref`` points at in ``root`` (a JSON pointer such as ``#/$defs/Cat``)."""
+    reference = branch.get("$ref") if isinstance(branch, dict) else None
+    if not (isinstance(reference, str) and reference.startswith("#/")):
+        return branch
+    target = root
+    for part in reference[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        target = target.get(part) if isinstance(target, dict) else None
+    return target if isinstance(target, dict) else branch
 
 
 def _asks_nothing(name: str, value: Any) -> bool:

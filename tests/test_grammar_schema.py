@@ -71,6 +71,7 @@ UNENFORCED = {  # a schema with a part xgrammar reads past, and an instance that
         '"x"',
     ),
     "an integer of the enum or const past 2**53": ({"enum": [12345678901234567890]}, "1.2345678901234567e+19"),
+    "oneOf of schemas an answer could match two of": ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1"),
 }
 
 
@@ -118,6 +119,19 @@ def test_data_and_property_names_are_not_read_as_schema_keywords() -> None:
         {"type": "string", "pattern": "^[ -~]+$"},  # kept as a JSON string's regex: xgrammar escapes what it writes
         {"type": "string", "pattern": "^(?<year>\\d{4})-(?<month>\\d{2})$"},  # ECMA's named groups
         {"type": "string", "pattern": "^\\S+$"},
+        {"oneOf": [{"type": "string"}, {"type": "integer"}]},  # types no value shares
+        {  # pydantic's discriminated union: each branch requires its own const of pet_type
+            "$defs": {
+                kind: {
+                    "type": "object",
+                    "properties": {"pet_type": {"const": kind, "type": "string"}},
+                    "required": ["pet_type"],
+                }
+                for kind in ("cat", "dog")
+            },
+            "oneOf": [{"$ref": "#/$defs/cat"}, {"$ref": "#/$defs/dog"}],
+            "discriminator": {"propertyName": "pet_type"},
+        },
         {"type": "string", "pattern": "^a+$"},
         {"const": "cat", "enum": ["cat"], "type": "string"},  # pydantic 2.9's Literal["cat"]
         {"type": "string", "format": "uri", "minLength": 1},  # a URL is never empty

@@ -6,11 +6,13 @@ through without it."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from typing import Any
 
 from quickdraft.errors import ConfigError
+from quickdraft.lossless.sampling import is_int, is_number
 
 # JSON Schema keywords xgrammar's converter reads past without enforcing them: a schema asking for one is refused,
 # never half-kept (but for the value of each that asks for nothing)
@@ -55,17 +57,6 @@ VALIDATION_KEYWORDS = frozenset({
     "type", *SELECTORS, *STRING_KEYWORDS, *NUMBER_KEYWORDS, *SCHEMA_VALUES, "properties", "patternProperties",
     "prefixItems", *(keyword for pair in INFERRED.values() for keyword in pair),
 })  # fmt: skip
-JSON_TYPES = {
-    "string": lambda value: isinstance(value, str),
-    "integer": lambda value: (
-        (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
-    ),
-    "number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
-    "boolean": lambda value: isinstance(value, bool),
-    "null": lambda value: value is None,
-    "object": lambda value: isinstance(value, dict),
-    "array": lambda value: isinstance(value, list),
-}
 
 
 def unenforced_part(schema: Any) -> str | None:
@@ -87,7 +78,7 @@ def unenforced_part(schema: Any) -> str | None:
             return f"{path}: allOf of {len(node['allOf'])} schemas"
         if "multipleOf" in node and node.get("type") != "integer":
             return f"{path}: multipleOf on values that may be other than integers"
-        if "multipleOf" in node and not JSON_TYPES["integer"](node["multipleOf"]):
+        if "multipleOf" in node and not _whole(node["multipleOf"]):
             return f"{path}: multipleOf {node['multipleOf']!r}, not a whole number"
         if "multipleOf" in node and node["multipleOf"] != 1 and not _multiple_kept(node):
             return f"{path}: multipleOf beside bounds it is not kept with (none, or both within {MULTIPLE_RANGE})"
@@ -96,7 +87,9 @@ def unenforced_part(schema: Any) -> str | None:
         branches = node.get("oneOf")
         if isinstance(branches, list) and not _disjoint(branches, schema):
             return f"{path}: oneOf of schemas an answer could match two of (the converter keeps it as anyOf)"
-        pending += _subschemas(node, path)
+        pending += [
+            ({"type": "string"} | child if named else child, at) for child, at, named in _subschemas(node, path)
+        ]
     return None
 
 
@@ -128,11 +121,10 @@ def _apart(a: Any, b: Any, root: Any) -> bool:
 
 def _values_apart(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` both list their values (``const``, ``enum``) and share none (as JSON compares them)."""
-    lists = [([s["const"]] if "const" in s else s.get("enum")) if isinstance(s, dict) else None for s in (a, b)]
-    lists = [values if isinstance(values, list) else None for values in lists]
-    if lists[0] is None or lists[1] is None:
+    first, second = _listed_values(a), _listed_values(b)
+    if first is None or second is None:
         return False
-    return not {_json_key(v) for v in lists[0]} & {_json_key(v) for v in lists[1]}
+    return not {_json_key(value) for value in first} & {_json_key(value) for value in second}
 
 
 def _json_key(value: Any) -> tuple[str, Any]:
@@ -170,8 +162,7 @@ def _unwritten(node: dict[str, Any], path: str) -> str | None:
     for pattern in (pattern for pattern in patterns if isinstance(pattern, str)):
         if (found := UNREAD_PATTERN.search(pattern)) is not None or _writes_raw(pattern):
             return f"pattern {pattern!r}" + (f" ({found.group()})" if found else ", which may write a raw character")
-    values = [node["const"]] if "const" in node else node.get("enum") if isinstance(node.get("enum"), list) else []
-    if any(isinstance(value, int) and abs(value) > MAX_EXACT_INTEGER for value in values):
+    if any(isinstance(value, int) and abs(value) > MAX_EXACT_INTEGER for value in _listed_values(node) or ()):
         return "an integer of the enum or const past 2**53"
     reference = node.get("$ref")
     if reference is not None and not (isinstance(reference, str) and (reference == "#" or reference.startswith("#/"))):
@@ -179,6 +170,7 @@ def _unwritten(node: dict[str, Any], path: str) -> str | None:
     return "$id below the root" if "$id" in node and path != "#" else None
 
 
+@functools.lru_cache(maxsize=1024)  # a request's schema is checked each time it comes: its patterns compile once
 def _writes_raw(pattern: str) -> bool:
     """Whether the converter would write a character of ``pattern`` raw: where it keeps the pattern as a regex of a
     JSON string (it then escapes what it writes) never; where it spells the pattern out, one :func:`_spells_raw`
@@ -228,20 +220,20 @@ def _parts(argument: Any) -> list[Any]:
     return found
 
 
-def _subschemas(node: dict[str, Any], path: str) -> list[tuple[Any, str]]:
-    """The schemas ``node`` holds, each with its path; ``propertyNames``' as a string's (it constrains names)."""
-    found: list[tuple[Any, str]] = []
+def _subschemas(node: dict[str, Any], path: str) -> list[tuple[Any, str, bool]]:
+    """The schemas ``node`` holds, each with its path and whether it is a name's: ``propertyNames``' (but for a
+    selector's), which constrains strings whatever its type says."""
+    found: list[tuple[Any, str, bool]] = []
     for name in SCHEMA_MAPS:
         if isinstance(node.get(name), dict):
-            found += [(value, f"{path}/{name}/{key}") for key, value in node[name].items()]
+            found += [(value, f"{path}/{name}/{key}", False) for key, value in node[name].items()]
     for name in (*SCHEMA_LISTS, *SCHEMA_VALUES):
         value = node.get(name)
-        if name == "propertyNames" and isinstance(value, dict) and not any(key in value for key in SELECTORS):
-            value = {"type": "string"} | value
+        named = name == "propertyNames" and isinstance(value, dict) and not any(key in value for key in SELECTORS)
         found += (
-            [(item, f"{path}/{name}/{i}") for i, item in enumerate(value)]
+            [(item, f"{path}/{name}/{i}", False) for i, item in enumerate(value)]
             if isinstance(value, list)
-            else [(value, f"{path}/{name}")]
+            else [(value, f"{path}/{name}", named)]
         )
     return found
 
@@ -257,8 +249,8 @@ def _unread_beside(node: dict[str, Any]) -> str | None:
     keys = node.keys() & VALIDATION_KEYWORDS
     if selector := next((name for name in SELECTORS if name in node), None):
         beside = sorted(keys - {selector})
-        values = [node["const"]] if selector == "const" else node.get("enum")
-        if beside and selector in ("const", "enum") and isinstance(values, list) and "$ref" not in beside:
+        values = _listed_values(node)
+        if beside and selector in ("const", "enum") and values is not None and "$ref" not in beside:
             beside = [] if _values_follow(values, {name: node[name] for name in beside}) else beside
         return f"{beside[0]} beside {selector}" if beside else None
     if node.get("format") in FORMATS and _redundant_length(node):
@@ -279,14 +271,14 @@ def _unread_beside(node: dict[str, Any]) -> str | None:
         return f"{more[0]} beside properties (leave it out or set it false)"
     if "propertyNames" in node and (listed or "patternProperties" in node):
         return "propertyNames beside " + ("properties" if listed else "patternProperties")
-    least, required = node.get("minProperties"), node.get("required")
-    if isinstance(least, int) and least > len(required or []) and (more or "patternProperties" in node):
+    required = node["required"] if isinstance(node.get("required"), list) else []
+    least = node.get("minProperties")
+    if isinstance(least, int) and least > len(required) and (more or "patternProperties" in node):
         return "minProperties beside keys a name may repeat"
     for pattern in node.get("patternProperties") or {}:
         if isinstance(pattern, str) and (named := [name for name in listed if _matches(pattern, name)]):
             return f"patternProperties {pattern!r}, which the listed property {named[0]!r} matches"
-    required = node.get("required")
-    if isinstance(required, list) and (missing := [name for name in required if name not in listed]):
+    if missing := [name for name in required if name not in listed]:
         return f"required {missing[0]!r}, which properties does not define"
     return None
 
@@ -312,8 +304,7 @@ def _multiple_kept(node: dict[str, Any]) -> bool:
         return False
     if not lows and not highs:
         return True
-    numbers = [*lows, *highs]
-    if not (lows and highs) or not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
+    if not (lows and highs) or not all(is_number(bound) for bound in (*lows, *highs)):
         return False
     return max(highs) - min(lows) <= MULTIPLE_RANGE
 
@@ -322,9 +313,7 @@ def _redundant_length(node: dict[str, Any]) -> bool:
     """Whether a string's ``minLength`` beside its ``format`` asks for nothing the format does not (at most 1, of
     a format no empty string has: pydantic's URLs write ``minLength: 1``)."""
     least = node.get("minLength")
-    if not isinstance(least, int | float) or isinstance(least, bool):
-        return False
-    return least <= 0 or (least <= 1 and node["format"] not in EMPTY_FORMATS)
+    return is_number(least) and (least <= 0 or (least <= 1 and node["format"] not in EMPTY_FORMATS))
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -333,6 +322,20 @@ def _matches(pattern: str, name: str) -> bool:
         return re.search(pattern, name) is not None
     except re.error:
         return True
+
+
+def _whole(value: Any) -> bool:
+    """A JSON integer: an int, or a float with no fraction (``2.0``), never a bool."""
+    return is_int(value) or (isinstance(value, float) and value.is_integer())
+
+
+def _listed_values(schema: Any) -> list[Any] | None:
+    """The values a schema lists: its ``const`` as one, else its ``enum``; None where it lists none."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    return schema["enum"] if isinstance(schema.get("enum"), list) else None
 
 
 def check_enforced(schema: Any, setting: str) -> None:
@@ -355,18 +358,16 @@ def compiled_schema(schema: Any) -> Any:
         node, named = pending.pop()
         if not isinstance(node, dict):
             continue
-        kind = node.get("type", "string" if named else None)
+        kind = node.get("type", "string" if named else None)  # a name is a string
         stringy = kind == "string" or (isinstance(kind, list) and "string" in kind)
         lengths = [node.get("minLength", 0), node.get("maxLength")]
-        counts = all(value is None or (JSON_TYPES["integer"](value) and value >= 0) for value in lengths)
+        counts = all(value is None or (_whole(value) and value >= 0) for value in lengths)
         if stringy and not {"pattern", "format"} & node.keys() and lengths != [0, None] and counts:
             pattern = length_pattern(*(None if value is None else int(value) for value in lengths))
             if pattern is not None:
                 node.pop("minLength", None), node.pop("maxLength", None)
                 node["pattern"] = pattern
-        names = node.get("propertyNames")
-        pending += [(child, child is names) for child, _ in _subschemas(node, "#") if child is not node]
-        pending += [(names, not any(key in names for key in SELECTORS))] if isinstance(names, dict) else []
+        pending += [(child, named) for child, _, named in _subschemas(node, "#")]
     return schema
 
 

@@ -1,15 +1,21 @@
 """What a request body asks the model to read: a completion's prompt, or a chat's messages as chat templates take
-them (roles of :data:`ROLES`, text content or text parts, earlier tool calls and results)."""
+them (roles of :data:`ROLES`, text content or text parts, earlier tool calls and results).
+
+Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the template
+as it expects them (arguments as objects; where a format's templates read calls as the model writes them, so
+written: after the turn's content for Granite 3's, in a ``function_calls`` field for OLMo 3's; results under the
+format's role).
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_keys, text_parts
 from quickdraft.server.tool_formats import ToolFormat
-from quickdraft.server.tools import template_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # as chat templates render them; developer = system
 # the keys a message of each role may have: OpenAI's, the reasoning_content a thinking model's answer gave, and the
@@ -116,3 +122,62 @@ def check_answer(call_id: Any, made_calls: bool, called: Mapping[str, str]) -> N
     if called and isinstance(call_id, str) and call_id not in called:
         message = f"a tool message's tool_call_id {call_id!r} answers no call of an earlier assistant message"
         raise ApiError(400, message, "messages")
+
+
+def template_message(
+    message: Mapping[str, Any], content: str, called: Mapping[str, str] | None = None, found: ToolFormat | None = None
+) -> dict[str, Any]:
+    """An earlier turn as chat templates take it: its ``name`` where given; an assistant's calls with their arguments
+    as objects; a tool message's result as its content, with its ``tool_call_id`` and the called function's ``name``
+    (the client's, or the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages
+    lack it). In the
+    template's format ``found``: a tool message under the format's role, and an assistant's calls as the model writes
+    them where the format's templates read them so (:attr:`ToolFormat.spelled_into`: after its content for Granite
+    3's, a ``function_calls`` field for OLMo 3's)."""
+    rendered: dict[str, Any] = {"role": message["role"], "content": content}
+    if isinstance(message.get("name"), str):
+        rendered["name"] = message["name"]  # the participant's: a template may render it
+    if message["role"] == "assistant" and isinstance(message.get("reasoning_content"), str):
+        rendered["reasoning_content"] = message["reasoning_content"]  # Qwen3's template renders it in tool loops
+    calls = message.get("tool_calls")
+    if message["role"] == "assistant" and calls:
+        if not isinstance(calls, list) or not all(_is_call(call) for call in calls):
+            raise ApiError(400, "an assistant's tool_calls must be OpenAI's function calls", "messages")
+        rendered["tool_calls"] = [
+            {"type": "function", "id": call.get("id"), "function": {
+                "name": call["function"]["name"], "arguments": _arguments(call["function"].get("arguments"))}}
+            for call in calls
+        ]  # fmt: skip
+    if message["role"] == "tool":
+        call_id, name = message.get("tool_call_id"), message.get("name")
+        if call_id is not None:
+            rendered["tool_call_id"] = call_id
+        if not isinstance(name, str):
+            name = (called or {}).get(call_id) if isinstance(call_id, str) else None
+        if name is not None:
+            rendered["name"] = name
+        if found is not None:
+            rendered["role"] = found.tool_role
+    if found is not None and found.spelled_into and "tool_calls" in rendered:
+        if not all(isinstance(call["function"]["arguments"], dict) for call in rendered["tool_calls"]):
+            raise ApiError(400, "a tool call's arguments must be a JSON object", "messages")
+        spelled = found.spelled(rendered.pop("tool_calls"))
+        if found.spelled_into == "content":
+            rendered["content"] = content + spelled
+        else:
+            rendered[found.spelled_into] = spelled
+    return rendered
+
+
+def _is_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    return isinstance(function, Mapping) and isinstance(function.get("name"), str)
+
+
+def _arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise ApiError(400, "a tool call's arguments must be JSON text", "messages") from None
+    return arguments if arguments is not None else {}

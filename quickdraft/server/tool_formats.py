@@ -94,11 +94,9 @@ class ToolFormat:
 
     @functools.cached_property
     def block(self) -> re.Pattern[str]:
-        """A tagged call (group 1 its JSON; an XML call's group 1 its name, group 2 its parameter blocks, its tags
-        optional where the model may leave them out). Values run to their closing tags: a value cannot end a call."""
+        """An XML call: group 1 its name, group 2 its parameter blocks, its tags optional where the model may leave
+        them out. Values run to their closing tags: a value cannot end a call."""
         opening, closing = (re.escape(tag) for tag in self.tags or ("", ""))
-        if self.body is not CallBody.XML:
-            return re.compile(opening + r"\s*(.*?)\s*" + closing, re.DOTALL)
         parameters = r"((?:<parameter=[^>\n]+>.*?</parameter>\s*)*)"
         return re.compile(
             rf"(?:{opening}\s*)?<function=([^>\n]+)>\s*{parameters}</function>(?:\s*{closing})?", re.DOTALL

@@ -22,23 +22,22 @@ Rules:
   (structured output).
 - A call is a JSON object with a known ``name`` and an object of arguments (``arguments``, or ``parameters`` as Llama 3
   writes them). Hermes: each ``<tool_call>`` block holding one, the text before the first block being the message's
-  content. XML calls: the same blocks, each a ``<function=name>`` of ``<parameter=key>`` blocks and nothing else, a
-  value less one newline at each end, text for a string property, else JSON where it reads as JSON. Named calls: the
-  text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an offered function (its id the
-  model's, where it wrote one of the right shape, unused before). Pythonic: an answer that is only a Python list of
-  calls by plain names with literal keyword arguments (Python's parser reads it, nothing is evaluated); OLMo 3's: each
-  block whose every statement is such a call, the text before the first block being content. Every other format: an
-  answer that is nothing but one call (Mistral's: a JSON list of calls), bare or in a json fence, after the format's
-  opening token where the text spells it, is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a
-  call whose arguments JSON cannot carry (1e999, NaN). An answer with calls finishes as
-  :meth:`ToolRequest.finish_reason` says.
+  content; a block runs to its object's end and its closing tag (a tag inside a string is text), and a tag no call
+  follows is text. XML calls: the same blocks, each a ``<function=name>`` of ``<parameter=key>`` blocks and nothing
+  else, a value less one newline at each end, text for a string property, else JSON where it reads as JSON (to the first
+  ``</parameter>`` at which it does). Named calls: the text before the first ``[TOOL_CALLS]`` is content, then each
+  tag's call that names an offered function (its id the model's, where it wrote one of the right shape, unused before).
+  Pythonic: an answer that is only a Python list of calls by plain names with literal keyword arguments (Python's parser
+  reads it, nothing is evaluated); OLMo 3's: each block whose every statement is such a call (to the first closing tag
+  before which they parse), the text before the first block being content. Every other format: an answer that is nothing
+  but one call (Mistral's: a JSON list of calls), bare or in a json fence, after the format's opening token where the
+  text spells it, is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a call whose arguments JSON
+  cannot carry (1e999, NaN). An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole answer
   of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
-- Earlier turns: an assistant message's ``tool_calls`` (arguments as JSON text) and ``tool`` messages go to the template
-  as it expects them (arguments as objects; where a format's templates read calls as the model writes them, so written:
-  after the turn's content for Granite 3's, in a ``function_calls`` field for OLMo 3's; results under the format's
-  role). A call's id is OpenAI's ``call_…``, or the length of alphanumerics the format's templates check (Mistral's 9),
-  or the model's own where it writes one of that shape.
+- A call's id is OpenAI's ``call_…``, or the length of alphanumerics the format's templates check (Mistral's 9), or the
+  model's own where it writes one of that shape. Earlier turns go to the template as
+  :func:`~quickdraft.server.messages.template_message` says.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +53,14 @@ from quickdraft.grammar import GrammarSpec
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_checks import check_definitions, check_shapes, properties
 from quickdraft.server.tool_formats import TOOL_FORMATS, CallBody, ToolFormat
-from quickdraft.server.tool_grammar import calls_grammar, content_or_calls, is_text, lazy_calls_grammar, value_kinds
+from quickdraft.server.tool_grammar import (
+    PARAMETER_END,
+    calls_grammar,
+    content_or_calls,
+    is_text,
+    lazy_calls_grammar,
+    value_kinds,
+)
 from quickdraft.server.tool_python import python_calls
 from quickdraft.server.tool_stream import CallFilter
 
@@ -62,8 +68,11 @@ FENCE = "```json"
 MAX_TOOLS = 128  # OpenAI's limit of functions per request
 BAD_CHOICE = "tool_choice must be none, auto, required or one of the tools' functions"
 ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, in the order looked at
-XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)  # key, value
+XML_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?")  # a parameter block's head: its key
+XML_NEXT = re.compile(r"\s*(?:<parameter=|\Z)")  # what follows a parameter block's end: another, or the call's end
 PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+SPACE = re.compile(r"\s*")
+MAX_CLOSINGS = 16  # closing tags a block of Python calls is tried up to (a tag inside a string is text)
 WHOLE = re.compile(r"\s*(?:```json\s*([\[{].*[\]}])\s*```|([\[{].*[\]}]))\s*", re.DOTALL)  # one JSON value
 
 
@@ -120,10 +129,9 @@ class ToolRequest:
                 return text[: text.find(self.format.opening)].rstrip(), named
         elif self.format.tags is not None:
             calls, first = [], None
-            for match in self.format.block.finditer(text):
-                if block := self._block_calls(match):
-                    first = match.start() if first is None else first
-                    calls.extend(block)
+            for start, block in self._blocks(text):
+                first = start if first is None else first
+                calls.extend(block)
             if calls:
                 return text[:first].rstrip(), calls
         if self.format.body is CallBody.PYTHONIC:
@@ -170,12 +178,43 @@ class ToolRequest:
             at = text.find(self.format.opening, start)
         return calls
 
-    def _block_calls(self, match: re.Match[str]) -> list[dict[str, Any]]:
-        """A tagged block's calls: its one JSON or XML call, or its lines of Python calls (all of them, or none)."""
-        if self.format.body is CallBody.PYTHONIC:
-            return self._pythonic_calls(match.group(1), lines=True)
-        call = self._xml_call(match) if self.format.body is CallBody.XML else self._json_call(match)
-        return [] if call is None else [call]
+    def _blocks(self, text: str) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """Each tagged block's start and calls, in order: an XML call (:attr:`ToolFormat.block`), or from an opening
+        tag to the closing tag at which the block first reads as calls (:meth:`_block_at`), the search going on
+        after it; an opening tag that opens none (prose naming the tag) is passed over."""
+        if self.format.body is CallBody.XML:
+            for match in self.format.block.finditer(text):
+                if (call := self._xml_call(match)) is not None:
+                    yield match.start(), [call]
+            return
+        opening, closing = self.format.tags or ("", "")
+        at = text.find(opening)
+        while at >= 0:
+            calls, end = self._block_at(text, at + len(opening), closing)
+            if calls:
+                yield at, calls
+            at = text.find(opening, end if calls else at + len(opening))
+
+    def _block_at(self, text: str, start: int, closing: str) -> tuple[list[dict[str, Any]], int]:
+        """The calls of a block whose text starts at ``start``, and where its closing tag ends: its one JSON call, read
+        to the object's end (a tag inside its strings is text), then its closing tag; or its lines of Python calls,
+        all of them, up to the first of the next :data:`MAX_CLOSINGS` closing tags before which they parse."""
+        if self.format.body is not CallBody.PYTHONIC:
+            try:
+                parsed, end = json.JSONDecoder().raw_decode(text, SPACE.match(text, start).end())  # type: ignore[union-attr]
+            except (ValueError, RecursionError):  # RecursionError: lists nested past the parser's depth
+                return [], start
+            end = SPACE.match(text, end).end()  # type: ignore[union-attr]
+            call = self._call(parsed, needs_arguments=False) if text.startswith(closing, end) else None
+            return ([], start) if call is None else ([call], end + len(closing))
+        end = text.find(closing, start)
+        for _ in range(MAX_CLOSINGS):
+            if end < 0:
+                break
+            if calls := self._pythonic_calls(text[start:end], lines=True):
+                return calls, end + len(closing)
+            end = text.find(closing, end + 1)
+        return [], start
 
     def _pythonic_calls(self, text: str, lines: bool = False) -> list[dict[str, Any]]:
         """A whole answer that is a Python list of calls (``lines``: Python calls, one a statement) of offered
@@ -190,19 +229,13 @@ class ToolRequest:
         by them."""
         return {tool["function"]["name"]: properties(tool["function"]) for tool in self.tools}
 
-    def _json_call(self, block: re.Match[str]) -> dict[str, Any] | None:
-        """A tagged call's JSON object (without arguments, a call of none)."""
-        return self._call(_json(block.group(1)), needs_arguments=False)
-
     def _xml_call(self, block: re.Match[str]) -> dict[str, Any] | None:
         """An XML call: ``<function=name>`` and its ``<parameter=key>`` blocks, in its tags or not; each value less
         one newline at each end, kept as text for a property that may be a string (or one the function does not
         have), else read as JSON (or as the ``True``, ``False``, ``None`` a template's ``| string`` writes), else
         kept as text."""
         name = block.group(1).strip()
-        properties = self.properties.get(name, {})
-        parameters = XML_PARAMETER.findall(block.group(2))
-        arguments = {key.strip(): _typed(value, properties.get(key.strip())) for key, value in parameters}
+        arguments = _xml_arguments(block.group(2), self.properties.get(name, {}))
         return self._call({"name": name, "arguments": arguments}, needs_arguments=True)
 
     def _call(self, parsed: Any, needs_arguments: bool) -> dict[str, Any] | None:
@@ -224,6 +257,30 @@ class ToolRequest:
             "type": "function",
             "function": {"name": parsed["name"], "arguments": text},
         }
+
+
+def _xml_arguments(body: str, properties: Mapping[str, Any]) -> dict[str, Any]:
+    """An XML call's ``<parameter=key>`` blocks as arguments. A value runs to a ``</parameter>`` that the next block or
+    the end follows: the first one, except that a value to be read as JSON runs to the first at which it reads as
+    JSON, if any (a tag inside a JSON string is text; a string's constrained value never holds one)."""
+    arguments, at = {}, 0
+    while (head := XML_PARAMETER.match(body, at)) is not None:
+        key, values, end = head.group(1).strip(), [], body.find(PARAMETER_END, head.end())
+        while end >= 0:
+            if XML_NEXT.match(body, end + len(PARAMETER_END)):
+                values.append((end, body[head.end() : end].removesuffix("\n")))
+            end = body.find(PARAMETER_END, end + 1)
+        if not values:
+            break
+        schema = properties.get(key)
+        end, value = next((found for found in values if _reads_as_typed(found[1], schema)), values[0])
+        arguments[key], at = _typed(value, schema), end + len(PARAMETER_END)
+    return arguments
+
+
+def _reads_as_typed(value: str, schema: Any) -> bool:
+    """Whether an XML call's value is read as its schema asks: as text, or as JSON where it is to be JSON."""
+    return not isinstance(schema, Mapping) or is_text(schema) or _json(value) is not None or value.strip() == "null"
 
 
 def _typed(value: str, schema: Any) -> Any:
@@ -285,62 +342,3 @@ def parse_tools(body: Mapping[str, Any], found: ToolFormat | None) -> ToolReques
     if not isinstance(name, str) or name not in names:
         raise ApiError(400, BAD_CHOICE, "tool_choice")
     return ToolRequest(tuple(tools), name, names, found, parallel)
-
-
-def template_message(
-    message: Mapping[str, Any], content: str, called: Mapping[str, str] | None = None, found: ToolFormat | None = None
-) -> dict[str, Any]:
-    """An earlier turn as chat templates take it: its ``name`` where given; an assistant's calls with their arguments
-    as objects; a tool message's result as its content, with its ``tool_call_id`` and the called function's ``name``
-    (the client's, or the one ``called`` maps its ``tool_call_id`` to: Hermes' templates need it, OpenAI's messages
-    lack it). In the
-    template's format ``found``: a tool message under the format's role, and an assistant's calls as the model writes
-    them where the format's templates read them so (:attr:`ToolFormat.spelled_into`: after its content for Granite
-    3's, a ``function_calls`` field for OLMo 3's)."""
-    rendered: dict[str, Any] = {"role": message["role"], "content": content}
-    if isinstance(message.get("name"), str):
-        rendered["name"] = message["name"]  # the participant's: a template may render it
-    if message["role"] == "assistant" and isinstance(message.get("reasoning_content"), str):
-        rendered["reasoning_content"] = message["reasoning_content"]  # Qwen3's template renders it in tool loops
-    calls = message.get("tool_calls")
-    if message["role"] == "assistant" and calls:
-        if not isinstance(calls, list) or not all(_is_call(call) for call in calls):
-            raise ApiError(400, "an assistant's tool_calls must be OpenAI's function calls", "messages")
-        rendered["tool_calls"] = [
-            {"type": "function", "id": call.get("id"), "function": {
-                "name": call["function"]["name"], "arguments": _arguments(call["function"].get("arguments"))}}
-            for call in calls
-        ]  # fmt: skip
-    if message["role"] == "tool":
-        call_id, name = message.get("tool_call_id"), message.get("name")
-        if call_id is not None:
-            rendered["tool_call_id"] = call_id
-        if not isinstance(name, str):
-            name = (called or {}).get(call_id) if isinstance(call_id, str) else None
-        if name is not None:
-            rendered["name"] = name
-        if found is not None:
-            rendered["role"] = found.tool_role
-    if found is not None and found.spelled_into and "tool_calls" in rendered:
-        if not all(isinstance(call["function"]["arguments"], dict) for call in rendered["tool_calls"]):
-            raise ApiError(400, "a tool call's arguments must be a JSON object", "messages")
-        spelled = found.spelled(rendered.pop("tool_calls"))
-        if found.spelled_into == "content":
-            rendered["content"] = content + spelled
-        else:
-            rendered[found.spelled_into] = spelled
-    return rendered
-
-
-def _is_call(call: Any) -> bool:
-    function = call.get("function") if isinstance(call, Mapping) else None
-    return isinstance(function, Mapping) and isinstance(function.get("name"), str)
-
-
-def _arguments(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            raise ApiError(400, "a tool call's arguments must be JSON text", "messages") from None
-    return arguments if arguments is not None else {}

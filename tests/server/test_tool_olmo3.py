@@ -53,6 +53,10 @@ def test_a_block_of_calls_is_read_line_by_line() -> None:
         }
     spread = '<function_calls>search(\n    query="x",\n    limit=2,\n)</function_calls>'  # a call over several lines
     assert json.loads(request.split_calls(spread)[1][0]["function"]["arguments"]) == {"query": "x", "limit": 2}
+    tagged = 'See <function_calls> below.\n<function_calls>search(query="a </function_calls> b")</function_calls>'
+    content, calls = request.split_calls(tagged)  # a tag inside a string is text, and one no call follows too
+    assert content == "See <function_calls> below." and json.loads(calls[0]["function"]["arguments"]) == {
+        "query": "a </function_calls> b"}  # fmt: skip
     for not_calls in ('search(query="x")', '[search(query="x")]', "<function_calls>get_time(</function_calls>",
                       "<function_calls>nope()</function_calls>", "<function_calls>get_time()\nnope()</function_calls>",
                       "<function_calls>x = get_time()</function_calls>", "<function_calls></function_calls>",

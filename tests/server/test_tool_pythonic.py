@@ -63,6 +63,10 @@ def test_strings_read_as_json_reads_them_and_lone_surrogates_are_no_call() -> No
     request = ToolRequest((SEARCH,), "auto", frozenset({"search"}), PYTHONIC)
     emoji = request.split_calls('[search(query="\\ud83d\\ude00")]')[1]  # a pair, as JSON escapes an emoji
     assert json.loads(emoji[0]["function"]["arguments"]) == {"query": "\U0001f600"}
+    url = request.split_calls('[search(query="http:\\/\\/x.org", filters={"a\\/b": ["\\/"]})]')[1]  # JSON's \/
+    assert json.loads(url[0]["function"]["arguments"]) == {"query": "http://x.org", "filters": {"a/b": ["/"]}}
+    python = request.split_calls("[search(query='\\x41' \"b\")]")[1]  # Python's strings stay Python's
+    assert json.loads(python[0]["function"]["arguments"]) == {"query": "Ab"}
     for lone in ('[search(query="\\ud800")]', '[search(query=["\\udfff"])]'):
         assert request.split_calls(lone) == (lone, []), lone  # no UTF-8 text a client could read
 

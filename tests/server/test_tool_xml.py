@@ -73,6 +73,16 @@ def test_xml_calls_are_split_and_typed_by_their_properties() -> None:
         assert request.split_calls(not_a_call) == (not_a_call, []), not_a_call
 
 
+def test_a_json_value_runs_to_the_closing_tag_at_which_it_reads_as_json() -> None:
+    request = ToolRequest((SEARCH,), "auto", frozenset({"search"}), QWEN_XML)
+    text = xml("query>\nhi\n", 'filters>\n{"html": "</parameter>", "n": 1}\n', "limit>\n2\n")
+    assert json.loads(request.split_calls(text)[1][0]["function"]["arguments"]) == {
+        "query": "hi", "filters": {"html": "</parameter>", "n": 1}, "limit": 2}  # fmt: skip
+    kept = xml("query>\nhi\n", "filters>\n{oops</parameter> x\n")  # no end reads as JSON: the first, as text
+    assert json.loads(request.split_calls(kept)[1][0]["function"]["arguments"]) == {
+        "query": "hi", "filters": "{oops</parameter> x"}  # fmt: skip
+
+
 def test_a_streamed_answer_is_split_as_the_whole_answer_is() -> None:
     request = ToolRequest((SEARCH,), "auto", frozenset({"search"}), QWEN_XML)
     query, limit = xml("query>\nx\n"), xml("limit>\n2\n")

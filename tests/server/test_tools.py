@@ -16,9 +16,9 @@ from conftest import MODEL, Server, native_from_hf, serving, tiny_model
 
 from quickdraft.api import Pipeline
 from quickdraft.server.errors import ApiError
-from quickdraft.server.messages import chat_messages
+from quickdraft.server.messages import chat_messages, template_message
 from quickdraft.server.tool_formats import HERMES, LLAMA3_JSON, MISTRAL, ToolFormat, tool_format
-from quickdraft.server.tools import ToolRequest, parse_tools, template_message
+from quickdraft.server.tools import ToolRequest, parse_tools
 
 CHARS = [chr(code) for code in range(32, 127)] + ["\n"]
 HERMES_TEMPLATE = (
@@ -253,6 +253,22 @@ def test_calls_are_split_from_the_answer() -> None:
     assert content == "" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     for not_a_call in ('{"name": "f"}', 'See: ```json\n{"name": "f", "arguments": {}}\n```', '{"name": "h"}'):
         assert split_calls(not_a_call) == (not_a_call, [])
+
+
+def test_a_block_runs_to_its_objects_end_and_a_tag_no_call_follows_is_text() -> None:
+    split_calls = splitter(frozenset({"f"}))
+    call = '<tool_call>\n{"name": "f", "arguments": {"q": "see </tool_call> or <tool_call> docs"}}\n</tool_call>'
+    content, calls = split_calls("Sure.\n" + call)
+    assert content == "Sure." and json.loads(calls[0]["function"]["arguments"]) == {
+        "q": "see </tool_call> or <tool_call> docs"
+    }
+    mention = "I will wrap it in <tool_call> tags.\n"  # prose naming the tag before the call
+    content, calls = split_calls(mention + call + "\n" + call)
+    assert content == mention.rstrip() and len(calls) == 2
+    thought = "<think>I should write <tool_call> now</think>\n"  # a reasoning block left in the content
+    assert split_calls(thought + call)[0] == thought.rstrip() and len(split_calls(thought + call)[1]) == 1
+    for not_a_call in ('<tool_call>{"name": "f", "arguments": {}} x</tool_call>', '<tool_call>{"name": "f"}'):
+        assert split_calls(not_a_call) == (not_a_call, []), not_a_call
 
 
 def test_the_stream_holds_back_only_what_may_open_a_call() -> None:

@@ -348,8 +348,9 @@ def check_enforced(schema: Any, setting: str) -> None:
 
 
 def compiled_schema(schema: Any) -> Any:
-    """``schema`` as the converter is given it: a string's ``minLength``/``maxLength`` with no pattern or format
-    (a string's by its type, among others too, or a ``propertyNames``' of none) becomes a pattern of that many
+    """``schema`` as the converter is given it: a string's ``minLength``/``maxLength`` with no pattern or format it
+    enforces (:data:`FORMATS`; another is an annotation to it) (a string's by its type, among others too, or a
+    ``propertyNames``' of none) becomes a pattern of that many
     characters no JSON string escapes (:func:`length_pattern`; the converter writes a control character raw under a
     length alone, which no JSON reader takes, and it already wrote no escape under one)."""
     schema = copy.deepcopy(schema)
@@ -362,7 +363,8 @@ def compiled_schema(schema: Any) -> Any:
         stringy = kind == "string" or (isinstance(kind, list) and "string" in kind)
         lengths = [node.get("minLength", 0), node.get("maxLength")]
         counts = all(value is None or (_whole(value) and value >= 0) for value in lengths)
-        if stringy and not {"pattern", "format"} & node.keys() and lengths != [0, None] and counts:
+        enforced = "pattern" in node or (isinstance(node.get("format"), str) and node["format"] in FORMATS)
+        if stringy and not enforced and lengths != [0, None] and counts:
             pattern = length_pattern(*(None if value is None else int(value) for value in lengths))
             if pattern is not None:
                 node.pop("minLength", None), node.pop("maxLength", None)

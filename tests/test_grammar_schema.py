@@ -168,6 +168,7 @@ def test_a_strings_length_alone_is_compiled_as_a_pattern_no_json_string_escapes(
         ({"type": "string", "maxLength": 200}, '"' + "a" * 200 + '"', '"' + "a" * 201 + '"'),  # past one repeat's 128
         ({"type": "string", "minLength": 300, "maxLength": 300}, '"' + "é" * 300 + '"', '"' + "a" * 299 + '"'),
         ({"type": ["string", "null"], "maxLength": 3}, "null", '"abcd"'),
+        ({"type": "string", "format": "password", "minLength": 1}, '"a"', '""'),  # pydantic's SecretStr: an annotation
         ({"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"maxLength": 3}},
          '{"ab": 1}', '{"abcd": 1}'),
     ],

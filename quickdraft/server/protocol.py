@@ -304,20 +304,22 @@ def _grammar(body: Mapping[str, Any], tools: ToolRequest | None) -> GrammarSpec 
     allowed = {"type", "json_schema"} if format_type == "json_schema" else {"type"}
     if unknown := sorted(set(response_format) - allowed):
         raise ApiError(400, f"response_format of type {format_type} takes no {', '.join(unknown)}", "response_format")
-    specs = []
+    asked: list[tuple[GrammarKind, str, str]] = []  # (kind, text, the field that asks for it)
     if format_type == "json_object":
-        specs.append(GrammarSpec(GrammarKind.JSON))
+        asked.append((GrammarKind.JSON, "", "response_format"))
     elif format_type == "json_schema":
-        specs.append(GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(json_schema(response_format.get("json_schema")))))
+        schema = json.dumps(json_schema(response_format.get("json_schema")))
+        asked.append((GrammarKind.JSON_SCHEMA, schema, "response_format"))
     for name, kind in (("regex", GrammarKind.REGEX), ("grammar", GrammarKind.EBNF)):
         if body.get(name) is not None:
             if not isinstance(body[name], str):
                 raise ApiError(400, f"{name} must be a string", name)
-            specs.append(GrammarSpec(kind, body[name]))
-    for spec in specs:  # compiling takes time that grows faster than the text: one request must not hold the server
-        if len(spec.text) > MAX_GRAMMAR_CHARS:
-            message = f"a {spec.kind.value} constraint is at most {MAX_GRAMMAR_CHARS} characters, got {len(spec.text)}"
-            raise ApiError(400, message, "response_format" if spec.kind is GrammarKind.JSON_SCHEMA else spec.kind.value)
+            asked.append((kind, body[name], name))
+    for kind, text, name in asked:  # before a spec is made: checking a schema compiles its patterns
+        if len(text) > MAX_GRAMMAR_CHARS:  # compiling takes time that grows faster than the text
+            message = f"a {kind.value} constraint is at most {MAX_GRAMMAR_CHARS} characters, got {len(text)}"
+            raise ApiError(400, message, name)
+    specs = [GrammarSpec(kind, text) for kind, text, _ in asked]
     if len(specs) > 1:
         raise ApiError(400, "give one of response_format (json), regex and grammar", "response_format")
     content = specs[0] if specs and format_type != "text" else None

@@ -66,15 +66,15 @@ def lazy_calls_grammar(
     whether its answers open inside them; a reasoning block is free text, its mention of a call's opening too."""
     import xgrammar
 
+    trigger = found.opening if found.tags is not None else found.opener
+    if not trigger or (found.tags is None and found.opener_in_prose):
+        return None  # nothing is constrained, so nothing need be enforceable
     remedy = "with a strict function offered every call is constrained: simplify it, or make every tool not strict"
     _check_enforced(tools, remedy)
     if found.tags is not None:  # each tagged call dispatched alone (OLMo 3's block holds its lines)
-        block = found.body is CallBody.PYTHONIC and several
-        trigger, content, stop = found.opening, _calls(found, tools, block, ""), not several
+        content, stop = _calls(found, tools, found.body is CallBody.PYTHONIC and several, ""), not several
     else:  # the calls after the opener are the whole answer
-        trigger, content, stop = found.opener, _calls(found, tools, several, ""), True
-    if not trigger or (found.tags is None and found.opener_in_prose):
-        return None
+        content, stop = _calls(found, tools, several, ""), True
     tag = {"begin": trigger, "content": {"type": "grammar", "grammar": content}, "end": ""}
     answer: dict[str, Any] = {"type": "triggered_tags", "triggers": [trigger], "tags": [tag], "stop_after_first": stop}
     if think is not None:

@@ -197,6 +197,9 @@ def test_the_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert Access.from_args(None, False, 8, 0).api_key is None
 
 
+LONG_SCHEMA = {"type": "string", "pattern": "(?=w)" + "w" * 70_000}
+
+
 @pytest.mark.parametrize(
     ("field", "message"),
     [
@@ -204,9 +207,13 @@ def test_the_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
         ({"stop": "w" * 1025}, "of at most 1024 characters"),
         ({"regex": "(w1|w2)" * 10_000}, "a regex constraint is at most 65536 characters"),
         ({"grammar": "root ::= " + '"w1" ' * 14_000}, "a grammar constraint is at most 65536 characters"),
+        (  # measured before the schema is checked (a lookaround refused), which compiles its patterns
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": LONG_SCHEMA}}},
+            "a json_schema constraint is at most 65536 characters",
+        ),
         ({"prompt": [[[[1]]]] * 1, "nested": json.loads("[" * 65 + "]" * 65)}, "nests JSON too deeply (at most 64"),
     ],
-    ids=["stops", "a long stop", "a regex", "a grammar", "deep JSON"],
+    ids=["stops", "a long stop", "a regex", "a grammar", "a schema", "deep JSON"],
 )
 def test_what_one_request_may_ask_of_the_servers_time_is_bounded(
     keyed: Server, field: dict[str, object], message: str

@@ -20,7 +20,7 @@ from test_tools import (
 )
 
 from quickdraft.server.errors import ApiError
-from quickdraft.server.tool_formats import LLAMA3_JSON, PYTHONIC, QWEN_XML, tool_format
+from quickdraft.server.tool_formats import HERMES, LLAMA3_JSON, PYTHONIC, QWEN_XML, tool_format
 from quickdraft.server.tools import ToolRequest, parse_tools
 
 # Tells the model the format as the pythonic templates do, and renders earlier calls the same way
@@ -110,6 +110,16 @@ def test_pythonic_grammars_follow_each_property() -> None:
                     '[search(query="x",)]': False, '[search(query="x", limit="3")]': False, "get_time()": False,
                     "[]": False, f"{one}x": False}  # fmt: skip
         assert_grammar_accepts(request, accepted, parallel)  # type: ignore[arg-type]
+
+
+def test_a_strict_function_it_cannot_constrain_asks_nothing_it_cannot_enforce() -> None:
+    """Pythonic calls open with no text of their own, so strict constrains none: a schema no constrained call could
+    enforce is no 400 then (the Responses API makes every function strict by default)."""
+    unique = {"type": "object", "properties": {"ids": {"type": "array", "uniqueItems": True}}}
+    tool = {"type": "function", "function": {"name": "pick", "parameters": unique, "strict": True}}
+    assert parse_tools({"tools": [tool]}, PYTHONIC).grammar() is None  # type: ignore[union-attr]
+    with pytest.raises(ApiError, match="cannot enforce"):
+        parse_tools({"tools": [tool]}, HERMES).grammar()  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")

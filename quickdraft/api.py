@@ -217,7 +217,7 @@ class Pipeline:
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
         if policy is None:  # its costs and head ready now (the engine would get costs ready at the first need)
             self.engine.check_request(request)  # before any measuring
-            with self.engine.step_lock:  # measuring runs forwards: not beside another thread's step
+            with self.engine.step_lock.between_steps():  # measuring runs forwards: not beside another thread's step
                 self.setup_policy(drafter, config)
         return stream(self.engine, request)
 

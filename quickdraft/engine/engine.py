@@ -11,7 +11,6 @@ step boundaries. Goodput requests' γ are chosen together for the whole step (:f
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from typing import Any
 
@@ -35,7 +34,7 @@ from quickdraft.engine.request import (
     request_policy,
 )
 from quickdraft.engine.scheduler import Scheduler, SchedulerSettings
-from quickdraft.engine.step import StepPlan, StepReport, plan_requests
+from quickdraft.engine.step import StepLock, StepPlan, StepReport, plan_requests
 from quickdraft.errors import ConfigError
 from quickdraft.grammar import GrammarCompiler, GrammarDeadEnd
 from quickdraft.lossless.rules import (
@@ -74,7 +73,7 @@ class Engine:
         self.batch_costs = batch_costs  # the measured batch curve goodput plans shared steps with (None: bids stand)
         self.scheduler = Scheduler(settings or SchedulerSettings())
         self.on_step: Any = None  # called with every StepReport
-        self.step_lock = threading.Lock()  # held by the thread that steps, and by one that measures costs meanwhile
+        self.step_lock = StepLock()  # held by the thread that steps, and by one that measures costs meanwhile
         self.steps = 0  # steps taken
 
     def submit(self, request: Request, sink: Sink) -> None:
@@ -90,7 +89,7 @@ class Engine:
             constraint=None if (grammar := config.grammar) is None else self._grammars.constraint(grammar),
             request=request,
             sink=sink,
-            policy=request_policy(request, self.step_lock) if request.policy is None else request.policy,
+            policy=request_policy(request, self.step_lock.between_steps) if request.policy is None else request.policy,
             generator=make_generator(config.sampling.seed, self.target.device),
             decoder=IncrementalDecoder(
                 self.tokenizer, config.stop, config.min_tokens, config.kept_special_tokens, request.prompt_ids
@@ -156,7 +155,7 @@ class Engine:
         """One step for every running request; None when there is nothing to do. One thread steps at a time (others
         wait their turn). A step that raises fails the requests it ran, whose caches may be half-written: each
         hears ``RequestFailed``, the others wait on, and the exception goes on to the caller."""
-        with self.step_lock:
+        with self.step_lock.stepping():
             try:
                 return self._step()
             except BaseException as error:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import enum
 import functools
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,16 +271,16 @@ class RunningRequest(RequestState):
         return self.prefilled == self.prompt_length and bool(self.new_token_ids)
 
 
-def request_policy(request: Request, step_lock: threading.Lock) -> Policy:
+def request_policy(request: Request, between_steps: Callable[[], AbstractContextManager[None]]) -> Policy:
     """The request's policy by its config; a drafter that never drafts gets plain steps whatever the policy. A policy
-    that plans with measured costs gets them ready first, measured under the engine's ``step_lock`` (no step runs
-    forwards meanwhile; a policy whose drafter has no costs raises ``ConfigError``)."""
+    that plans with measured costs gets them ready first, measured within the engine's ``between_steps`` (no step
+    runs forwards meanwhile; a policy whose drafter has no costs raises ``ConfigError``)."""
     drafter = request.drafter
     if not drafter.proposes_drafts:
         return FixedPolicy(0)
     spec = request.config.policy_spec
     if spec.kind.needs_cost_model and drafter.records.costs_needed(request.config.max_draft_tokens):
-        with step_lock:
+        with between_steps():
             drafter.records.ready_costs(request.config.max_draft_tokens)
     return spec.build(drafter.records.policy_context(request.config))
 

@@ -1,7 +1,10 @@
-"""What a step of the engine plans and what it reports."""
+"""What a step of the engine plans and what it reports, and the lock one thread steps under."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from quickdraft.costs import BatchCostModel
@@ -62,3 +65,37 @@ def plan_requests(
     plan.gammas = dict(zip(decoding, gammas, strict=True))
     plan.reach = dict(zip(decoding, step_reach(bids, gammas, other_tokens), strict=True))
     return plan
+
+
+class StepLock:
+    """One thread steps an engine at a time. :meth:`stepping` holds the lock for a step; :meth:`between_steps` holds it
+    for work no step may run beside (measuring costs runs forwards), and on the stepping thread itself (a sink that
+    submits the next turn) lets the work run there, between the step's forwards; :meth:`acquire` without blocking
+    holds it only if it is free (freeing a cancelled request's caches at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stepper: int | None = None  # the thread inside stepping()
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        with self._lock:
+            self._stepper = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._stepper = None
+
+    @contextlib.contextmanager
+    def between_steps(self) -> Iterator[None]:
+        if self._stepper == threading.get_ident():
+            yield
+            return
+        with self._lock:
+            yield
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return self._lock.acquire(blocking)
+
+    def release(self) -> None:
+        self._lock.release()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,7 @@ from quickdraft.config import GenerationConfig, SamplingParams
 from quickdraft.costs import CostModel
 from quickdraft.drafters import DRAFTERS, DrafterRecords
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.engine import Request, RequestFailed, generate
+from quickdraft.engine import Request, RequestFailed, RequestFinished, generate
 from quickdraft.errors import ConfigError, PromptError
 from quickdraft.policies import UNKNOWN_STATE, AnswerLength, FixedPolicy, Policy, StepOutcome, StepState
 
@@ -307,6 +308,28 @@ def test_a_drafters_costs_are_ready_when_a_policy_first_needs_them() -> None:
     bare = DraftModelDrafter(pipeline.draft, pipeline.target.vocab_size)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cost model"):
         generate(pipeline.engine, Request((3, 1, 4), config, bare))
+
+
+def test_a_sink_may_submit_the_next_turn_before_its_drafters_costs_are_measured() -> None:
+    """A sink runs on the stepping thread, which holds the step lock: the next turn's costs are measured there,
+    between the step's forwards (taking the lock again deadlocked the step), and its answer is plain decoding's."""
+    pipeline = native_pipeline()
+    config = GenerationConfig(max_new_tokens=4, policy="goodput")
+    follow_up = Request((1, 2, 3), config, pipeline.drafter("prompt-lookup"), request_id="next")
+    heard: list[object] = []
+
+    def sink(event: object) -> None:
+        if isinstance(event, RequestFinished):
+            pipeline.engine.submit(follow_up, heard.append)
+
+    first = Request((4, 5, 6), GenerationConfig(max_new_tokens=2), pipeline.drafter("none"), request_id="first")
+    pipeline.engine.submit(first, sink)
+    stepping = threading.Thread(target=pipeline.engine.run_until_idle, daemon=True)
+    stepping.start()
+    stepping.join(120)
+    assert not stepping.is_alive() and isinstance(heard[-1], RequestFinished)
+    plain = pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="none")
+    assert heard[-1].result.token_ids == plain.token_ids
 
 
 def test_a_request_whose_start_fails_is_answered_by_the_failure_path_not_lost() -> None:

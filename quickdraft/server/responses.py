@@ -203,7 +203,7 @@ def choice_body(
     reasoning, text = api.thinking.split(result.text) if api.thinking else (None, result.text)
     content, calls = api.tools.split_calls(text) if api.tools else (text, [])
     if api.chat:
-        no_text = calls or reasoning or (api.tools and api.tools.only_calls)
+        no_text = calls or reasoning is not None or (api.tools and api.tools.only_calls)  # it thought: null, as vLLM
         choice["message"] = {"role": "assistant", "content": (content or None) if no_text else content}
         if reasoning is not None:
             choice["message"]["reasoning_content"] = reasoning

@@ -119,6 +119,20 @@ def test_an_answer_thinks_from_a_block_its_template_opened_unless_a_grammar_hold
     assert getattr(mention.choices[0].message, "reasoning_content", None) is None and mention.choices[0].message.content
 
 
+def test_an_answer_that_thought_and_wrote_nothing_after_has_null_content(servers: tuple[Server, Server]) -> None:
+    """Cut short while thinking, or ended right after it, even with nothing inside the block: content is null."""
+    client = servers[0].client()
+    for regex, reasoning in (("\\<think\\>", ""), ("\\<think\\>\\</think\\>", ""), ("\\<think\\>a", "a")):
+        message = (
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=20, extra_body={"regex": regex}
+            )
+            .choices[0]
+            .message
+        )
+        assert message.content is None and message.reasoning_content == reasoning, regex
+
+
 def test_the_template_says_where_an_answer_starts() -> None:
     pipeline = char_pipeline(THINKING)
     assert generation_prompt(pipeline.tokenizer) == "assistant: "

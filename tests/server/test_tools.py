@@ -246,7 +246,10 @@ def test_calls_are_split_from_the_answer() -> None:
     content, calls = split_calls(text)
     assert content == "Let me look." and [call["function"]["name"] for call in calls] == ["f", "g"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"x": 1} and calls[1]["function"]["arguments"] == "{}"
-    for not_a_call in ('<tool_call>{"name": "h"}</tool_call>', "<tool_call>{oops</tool_call>", "<tool_call>"):
+    texted = split_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')[1]  # OpenAI's JSON text
+    assert json.loads(texted[0]["function"]["arguments"]) == {"x": 1}
+    for not_a_call in ('<tool_call>{"name": "h"}</tool_call>', "<tool_call>{oops</tool_call>", "<tool_call>",
+                       '<tool_call>{"name": "f", "arguments": "[1]"}</tool_call>'):  # fmt: skip
         assert split_calls(not_a_call) == (not_a_call, [])
     fenced = '```json\n{\n  "name": "f",\n  "arguments": {"city": "Paris"}\n}\n```'  # Qwen2.5-Coder's answer
     content, calls = split_calls(fenced)

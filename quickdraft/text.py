@@ -18,7 +18,8 @@ class IncrementalDecoder:
 
     Text is decoded over a short window of recent tokens (so the cost per token stays
     constant) and released only when it cannot change any more: not while it ends in a
-    partial UTF-8 sequence, and not while its tail could still start a stop string.
+    partial UTF-8 sequence, and not while its tail could still start a stop string. A stop string is
+    found once its text is whole, though the token that ends it begins a character that is not yet.
     Special tokens have no text, except those named in ``kept_special`` (a tool format's
     markers): their text stays where they are.
 
@@ -73,18 +74,28 @@ class IncrementalDecoder:
             del self._ids[: self._first]  # the context's text changes with what follows it: the answer stands alone
             self._first = self._read_offset = 0
             window_before, window_now = "", self._decode(self._ids)
-        if len(window_now) <= len(window_before) or window_now.endswith(_INCOMPLETE):
+        if len(window_now) <= len(window_before):
             return
         searched_from = max(0, len(self.text) - self._hold)
+        if window_now.endswith(_INCOMPLETE):  # held until its last character is whole, unless a stop ends before it
+            whole = self.text + window_now[len(window_before) :].rstrip(_INCOMPLETE)
+            if self._first_stop(whole, searched_from) is None:
+                return
         self._read(window_before, window_now)
-        # The earliest occurrence wins, whatever the order of self.stop: one multi-character
-        # token can complete several stop strings, and cutting at a later one leaks text.
-        stops = self.stop if len(self._ids) - self._first >= self.min_tokens else ()
-        found = [(index, stop) for stop in stops if (index := self.text.find(stop, searched_from)) >= 0]
-        if found:
-            cut = min(index for index, _ in found)
+        if (found := self._first_stop(self.text, searched_from)) is not None:
+            cut, self.stopped_by = found
             self.text = self.text[:cut]
-            self.stopped_by = next(stop for index, stop in found if index == cut)
+
+    def _first_stop(self, text: str, searched_from: int) -> tuple[int, str] | None:
+        """Where the first stop string in ``text`` from ``searched_from`` on begins, and which it is (the first of
+        those that begin there). The earliest occurrence wins, whatever the order of the stop strings: one
+        multi-character token can complete several, and cutting at a later one leaks text."""
+        stops = self.stop if len(self._ids) - self._first >= self.min_tokens else ()
+        found = [(index, stop) for stop in stops if (index := text.find(stop, searched_from)) >= 0]
+        if not found:
+            return None
+        cut = min(index for index, _ in found)
+        return cut, next(stop for index, stop in found if index == cut)
 
     def release(self, final: bool = False) -> str:
         """Text that is safe to show now and was not released before. ``final``: the answer has ended, so a

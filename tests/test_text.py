@@ -22,6 +22,16 @@ class PieceTokenizer:
         return "".join(self.pieces[i] for i in token_ids)
 
 
+class ChunkTokenizer:
+    """Token i is the bytes chunks[i]: one token may end a character and begin the next."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: bool) -> str:
+        return b"".join(self.chunks[i] for i in token_ids).decode("utf-8", errors="replace")
+
+
 def feed(decoder: IncrementalDecoder, text: str) -> list[str]:
     return feed_tokens(decoder, list(text.encode()))
 
@@ -85,6 +95,17 @@ def test_earliest_stop_spanning_tokens_keeps_all_text_before_it(stop: tuple[str,
     assert decoder.stopped and decoder.text == "say hel"
     assert "".join(deltas) == "say hel"
     assert len(decoder.token_ids) == 3
+
+
+def test_a_stop_string_is_found_when_its_text_is_whole_before_a_partial_character() -> None:
+    """A token may end a stop string and begin the next character (byte-level BPE's b"a\\xc3"): the stop is found at
+    that token, not when (if ever: the answer may end first) the character is whole."""
+    decoder = IncrementalDecoder(ChunkTokenizer([b"x", b"a\xc3", b"\xa9"]), stop=("a",))
+    deltas = feed_tokens(decoder, [0, 1, 2])
+    assert decoder.stopped and decoder.text == "".join(deltas) == "x" and decoder.token_ids == [0, 1]
+    assert decoder.visible_tokens() == 1  # the stop's token is not shown
+    held = IncrementalDecoder(ChunkTokenizer([b"x", b"b\xc3", b"\xa9"]), stop=("a",))
+    assert "".join(feed_tokens(held, [0, 1, 2])) == "xb\u00e9" and not held.stopped  # no stop: held until whole
 
 
 def test_possible_start_of_a_stop_is_held_back_until_the_end() -> None:

@@ -25,11 +25,11 @@ Rules:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quickdraft.server.errors import ApiError
+from quickdraft.server.errors import ENDPOINTS, ApiError
 from quickdraft.server.fields import HARMLESS, check_harmless, check_keys, flag
 from quickdraft.server.tool_checks import FUNCTION_KEYS
 
@@ -52,6 +52,7 @@ RAN_AT = "default"  # the service_tier a Response says it ran at, as OpenAI's sa
 # for none of it
 KEEPS_NONE = "this server keeps no responses: send the whole conversation as input"
 KEPT_RESPONSE = "/v1/responses/{response_id:path}"  # retrieving, deleting or cancelling one: a 404 here
+OTHER_ENDPOINTS = ("input_tokens", "compact")  # the Responses API's endpoints under that path (counting, compacting)
 REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "store": (KEEPS_NONE, (False,)), "previous_response_id": (KEEPS_NONE, ()), "conversation": (KEEPS_NONE, ()),
     "background": ("this server answers while the client waits", (False,)),
@@ -60,6 +61,15 @@ REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "truncation": ("this server does not cut a conversation to fit: a prompt that does not fit is refused",
                    ("disabled",)),
     "context_management": ("this server does not compact a conversation", ()),
+}  # fmt: skip
+TOOL_EXTRAS: dict[str, tuple[Callable[[Any], bool], str, str | None]] = {  # a function tool's keys beyond chat's:
+    # which values ask for nothing here, why others cannot be, and their code. output_schema describes what the tool
+    # returns, for which chat templates have no place: a model here never sees it
+    "defer_loading": (lambda value: value is False, "this server does not search tools: send each tool loaded",
+                      "unsupported_parameter"),
+    "allowed_callers": (lambda value: isinstance(value, list) and "direct" in value,
+                        "this server's model calls a tool directly, or not at all", "unsupported_parameter"),
+    "output_schema": (lambda value: isinstance(value, Mapping), "must be a JSON schema object", None),
 }  # fmt: skip
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 CHAT_NAMES = (  # chat's names in its messages -> this API's
@@ -276,11 +286,19 @@ def _tool(tool: Any, index: int) -> dict[str, Any]:
         raise ApiError(400, message, "tools", code="unsupported_parameter" if isinstance(kind, str) else None)
     if not isinstance(tool.get("name"), str) or not tool["name"]:
         raise ApiError(400, 'a function tool needs a name: {"type": "function", "name", "parameters"}', "tools")
-    check_keys(tool, ("type", *FUNCTION_KEYS), f"tools[{index}]")
+    check_keys(tool, ("type", *FUNCTION_KEYS, *TOOL_EXTRAS), f"tools[{index}]")
+    for key, (asks_nothing, reason, code) in TOOL_EXTRAS.items():
+        if tool.get(key) is not None and not asks_nothing(tool[key]):
+            raise ApiError(400, f"tools[{index}].{key}: {reason}", f"tools[{index}].{key}", code=code)
     function = {key: tool[key] for key in FUNCTION_KEYS if tool.get(key) is not None}
     return {"type": "function", "function": {"strict": STRICT} | function}
 
 
 def no_kept_response(response_id: str) -> ApiError:
-    """The 404 of a request for a kept response (``/v1/responses/{id}...``): this server keeps none."""
-    return ApiError(404, f"no response {response_id.split('/')[0]!r}: {KEEPS_NONE}", "response_id")
+    """The 404 of a request for a kept response (``/v1/responses/{id}...``): this server keeps none. The Responses
+    API's own endpoints under that path (:data:`OTHER_ENDPOINTS`) are not served here, and their 404 says so."""
+    name = response_id.split("/")[0]
+    if name in OTHER_ENDPOINTS:
+        message = f"this server has no endpoint /v1/responses/{name}; it serves {', '.join(ENDPOINTS)}"
+        return ApiError(404, message)
+    return ApiError(404, f"no response {name!r}: {KEEPS_NONE}", "response_id")

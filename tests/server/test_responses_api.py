@@ -208,6 +208,13 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input", "'input_file'"),
         ({"tools": [{"type": "web_search"}]}, "tools", "function tools only"),
         ({"tools": [{"type": "function", "name": "f", "paramters": {}}]}, "tools[0].paramters", "unknown parameter"),
+        ({"tools": [{"type": "function", "name": "f", "defer_loading": True}]}, "tools[0].defer_loading", "search"),
+        (
+            {"tools": [{"type": "function", "name": "f", "allowed_callers": ["programmatic"]}]},
+            "tools[0].allowed_callers",
+            "directly",
+        ),
+        ({"tools": [{"type": "function", "name": "f", "output_schema": "x"}]}, "tools[0].output_schema", "schema"),
         ({"stream": True, "stream_options": {"include_usage": True}}, "stream_options.include_usage", "completed"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
         ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
@@ -228,6 +235,19 @@ def test_what_it_cannot_do_is_refused(server: Server, fields: dict[str, Any], pa
     answer = httpx.post(f"{server.url}/v1/responses", json={"model": MODEL, "input": "w1"} | fields, timeout=TIMEOUT)
     error = answer.json()["error"]
     assert answer.status_code == 400 and error["param"] == param and words in error["message"], error
+
+
+def test_a_function_tools_keys_that_ask_for_nothing_here_pass() -> None:
+    """What openai-agents sends for a function tool: an output_schema (for which templates have no place), and
+    defer_loading false or allowed_callers with direct, which ask for nothing more than a plain tool."""
+    from quickdraft.server.responses_api import chat_request
+
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}, "defer_loading": False,
+            "allowed_callers": ["direct"], "output_schema": {"type": "object"}}  # fmt: skip
+    chat, _ = chat_request({"model": MODEL, "input": "w1", "tools": [tool]})
+    assert chat["tools"] == [
+        {"type": "function", "function": {"strict": True, "name": "f", "parameters": {"type": "object"}}}
+    ]
 
 
 def test_a_json_schema_format_is_the_chat_response_format(tool_server: Server) -> None:
@@ -340,6 +360,12 @@ def test_a_kept_response_is_asked_for_in_vain_and_told_why(server: Server) -> No
         answer = httpx.request(method, f"{server.url}/v1/responses/{path}", timeout=TIMEOUT)
         error = answer.json()["error"]
         assert answer.status_code == 404 and error["message"].startswith("no response 'resp_1': this server keeps no")
+    for endpoint in ("input_tokens", "compact"):  # the SDK's counting and compacting: endpoints, not responses
+        answer = httpx.post(f"{server.url}/v1/responses/{endpoint}", json={"model": MODEL, "input": "hi"})
+        error = answer.json()["error"]
+        assert answer.status_code == 404 and error["message"].startswith(
+            f"this server has no endpoint /v1/responses/{endpoint}"
+        )
 
 
 def test_two_function_calls_of_one_call_id_are_refused() -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from quickdraft.server.errors import ENDPOINTS, ApiError
 from quickdraft.server.fields import HARMLESS, check_harmless, check_keys, flag
-from quickdraft.server.tool_checks import FUNCTION_KEYS
+from quickdraft.server.tool_checks import FUNCTION_KEYS, SHAPE
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")  # a tool's result is a function_call_output item
 LOGPROBS = "message.output_text.logprobs"  # the one ``include`` value this server answers
@@ -76,6 +76,9 @@ CHAT_NAMES = (  # chat's names in its messages -> this API's
     (r"response_format\.json_schema\.", "text.format."), (r"response_format\.json_schema\b", "text.format"),
     (r"\bresponse_format \(json\)", "text.format"),
     (r"\bresponse_format\b", "text.format"), (r"\bmax_tokens\b", "max_output_tokens"),
+    (r"^messages must be a non-empty list of \{role, content\} objects$", "input holds no message to answer"),
+    (r"\bthe messages hold\b", "input holds"), (r"^a tool message\b", "a function_call_output"),
+    (re.escape(SHAPE), 'tools must be a list of {"type": "function", "name", "parameters"}'),
 )  # fmt: skip
 
 

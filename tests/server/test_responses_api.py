@@ -215,6 +215,12 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
             "directly",
         ),
         ({"tools": [{"type": "function", "name": "f", "output_schema": "x"}]}, "tools[0].output_schema", "schema"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools", '{"type": "function", "name", "'),
+        (
+            {"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"}]},
+            "input",
+            "input holds no message",
+        ),
         ({"stream": True, "stream_options": {"include_usage": True}}, "stream_options.include_usage", "completed"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
         ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),

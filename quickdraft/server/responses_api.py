@@ -71,6 +71,14 @@ TOOL_EXTRAS: dict[str, tuple[Callable[[Any], bool], str, str | None]] = {  # a f
                         "this server's model calls a tool directly, or not at all", "unsupported_parameter"),
     "output_schema": (lambda value: isinstance(value, Mapping), "must be a JSON schema object", None),
 }  # fmt: skip
+ITEM_KEYS = {  # the keys of each input item this server reads (OpenAI's; what describes a past turn passes)
+    "message": ("type", "role", "content", "id", "status", "phase"),
+    "function_call": ("type", "call_id", "name", "arguments", "id", "status", "namespace", "caller", "async"),
+    "function_call_output": ("type", "call_id", "output", "id", "status", "name", "namespace", "caller"),
+    "reasoning": ("type", "id", "summary", "content", "encrypted_content", "status"),
+}
+PART_KEYS = {"input_text": ("type", "text", "prompt_cache_breakpoint"), "output_text": ("type", "text", "annotations",
+                                                                                          "logprobs")}  # fmt: skip
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 CHAT_NAMES = (  # chat's names in its messages -> this API's
     (r"response_format\.json_schema\.", "text.format."), (r"response_format\.json_schema\b", "text.format"),
@@ -189,8 +197,10 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         raise ApiError(400, "input must be a string or a non-empty list of items", "input")
     messages: list[dict[str, Any]] = []
     call_ids: set[str] = set()
-    for item in value:
+    for index, item in enumerate(value):
         kind = (item.get("type") or "message") if isinstance(item, Mapping) else None  # the SDK sends type null
+        if kind in ITEM_KEYS:
+            check_keys(item, ITEM_KEYS[kind], f"input[{index}]")
         if kind == "message" and item.get("role") not in MESSAGE_ROLES:
             message = f"a message item's role is {', '.join(MESSAGE_ROLES)}, got {item.get('role')!r}"
             if item.get("role") == "tool":
@@ -199,7 +209,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         if kind == "message":
             content = item.get("content")
             if isinstance(content, list):
-                content = [_text_part(part) for part in content]
+                content = [_text_part(part, f"input[{index}].content[{at}]") for at, part in enumerate(content)]
             if item["role"] == "assistant" and _reasoning_only(messages):  # the reasoning's turn gets its text
                 messages[-1]["content"] = content
             else:
@@ -230,7 +240,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                 raise ApiError(400, message, "input")
             output = item.get("output")
             if isinstance(output, list):
-                output = [_text_part(part) for part in output]
+                output = [_text_part(part, f"input[{index}].output[{at}]") for at, part in enumerate(output)]
             elif not isinstance(output, str):
                 message = f"a function_call_output's output must be text or a list of text parts, got {output!r}"
                 raise ApiError(400, message, "input")
@@ -261,9 +271,10 @@ def _reasoning_text(content: Any) -> str:
     return "".join(part["text"] for part in parts if part.get("type") == "reasoning_text")
 
 
-def _text_part(part: Any) -> Any:
-    """A Responses text part as chat's; any other is left for chat's check to refuse by its type."""
-    if isinstance(part, Mapping) and part.get("type") in ("input_text", "output_text"):
+def _text_part(part: Any, where: str) -> Any:
+    """A Responses text part as chat's (its keys checked); any other is left for chat's check to refuse by its type."""
+    if isinstance(part, Mapping) and part.get("type") in PART_KEYS:
+        check_keys(part, PART_KEYS[part["type"]], where)
         return {"type": "text", "text": part.get("text")}
     return part
 

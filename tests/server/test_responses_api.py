@@ -221,6 +221,12 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
             "input",
             "input holds no message",
         ),
+        ({"input": [{"role": "user", "content": "w1", "bogus": 1}]}, "input[0].bogus", "unknown parameter"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "w1", "txet": "w2"}]}]},
+            "input[0].content[0].txet",
+            "unknown parameter",
+        ),
         ({"stream": True, "stream_options": {"include_usage": True}}, "stream_options.include_usage", "completed"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
         ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
@@ -254,6 +260,36 @@ def test_a_function_tools_keys_that_ask_for_nothing_here_pass() -> None:
     assert chat["tools"] == [
         {"type": "function", "function": {"strict": True, "name": "f", "parameters": {"type": "object"}}}
     ]
+
+
+def test_every_key_the_sdks_input_items_have_is_read() -> None:
+    """An unknown key in an input item is a 400, so each key the openai SDK's item and part types have is known."""
+    from openai.types.responses import (
+        easy_input_message_param,
+        response_function_tool_call_param,
+        response_input_item_param,
+        response_input_text_param,
+        response_output_message_param,
+        response_output_text_param,
+        response_reasoning_item_param,
+    )
+
+    from quickdraft.server.responses_api import ITEM_KEYS, PART_KEYS
+
+    def keys(kind: type) -> set[str]:
+        return {key for cls in kind.__mro__ for key in getattr(cls, "__annotations__", {})}
+
+    for known, kinds in (
+        (ITEM_KEYS["message"], (easy_input_message_param.EasyInputMessageParam, response_input_item_param.Message,
+                                response_output_message_param.ResponseOutputMessageParam)),
+        (ITEM_KEYS["function_call"], (response_function_tool_call_param.ResponseFunctionToolCallParam,)),
+        (ITEM_KEYS["function_call_output"], (response_input_item_param.FunctionCallOutput,)),
+        (ITEM_KEYS["reasoning"], (response_reasoning_item_param.ResponseReasoningItemParam,)),
+        (PART_KEYS["input_text"], (response_input_text_param.ResponseInputTextParam,)),
+        (PART_KEYS["output_text"], (response_output_text_param.ResponseOutputTextParam,)),
+    ):  # fmt: skip
+        for kind in kinds:
+            assert keys(kind) <= set(known), (kind.__name__, keys(kind) - set(known))
 
 
 def test_a_json_schema_format_is_the_chat_response_format(tool_server: Server) -> None:

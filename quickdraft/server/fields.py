@@ -42,9 +42,11 @@ COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "echo"}
 MAX_STOPS, MAX_STOP_CHARS = 16, 1_024  # every stop string is looked for after every token
 # fields that change nothing here (checked against OpenAI's types: a wrong type is a client's bug)
 HARMLESS_TEXT = ("user", "prompt_cache_key", "safety_identifier")  # strings
-HARMLESS = frozenset({*HARMLESS_TEXT, "service_tier", "metadata", "store", "prompt_cache_retention"})
+HARMLESS = frozenset({*HARMLESS_TEXT, "service_tier", "metadata", "store", "prompt_cache_retention",
+                      "prompt_cache_options"})  # fmt: skip
 MAX_ID_DIGITS = 18  # a token id is written in fewer digits than this
 CACHE_RETENTIONS = ("in_memory", "24h")  # OpenAI's prompt_cache_retention: how long its cache keeps a prefix
+CACHE_OPTIONS = {"mode": ("implicit", "explicit"), "ttl": ("30m", "12h")}  # prompt_cache_options' own values
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")  # OpenAI's; one tier here
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 # fields that change the answer and this server does not implement, with the values that change nothing
@@ -107,6 +109,7 @@ def check_harmless(body: Mapping[str, Any]) -> None:
     if retention is not None and retention not in CACHE_RETENTIONS:
         message = f"prompt_cache_retention must be {' or '.join(CACHE_RETENTIONS)}, got {retention!r}"
         raise ApiError(400, message, "prompt_cache_retention")
+    _cache_options(body.get("prompt_cache_options"))
     metadata = body.get("metadata")
     if metadata is None:
         return
@@ -119,6 +122,27 @@ def check_harmless(body: Mapping[str, Any]) -> None:
             limits = f"{MAX_METADATA_KEY_CHARS} characters a key, {MAX_METADATA_VALUE_CHARS} a value"
             entry = key[:MAX_METADATA_KEY_CHARS] + ("..." if len(key) > MAX_METADATA_KEY_CHARS else "")
             raise ApiError(400, f"metadata holds at most {limits}: the entry {entry!r} is longer", "metadata")
+
+
+def _cache_options(options: Any) -> None:
+    """``prompt_cache_options``: its ``mode`` and ``ttl`` (how OpenAI's cache keeps a prefix) are OpenAI's values and
+    change nothing here; ``prewarm`` (read the prompt, write no answer) and ``comparison_response_id`` (a kept
+    response's diagnostics) ask for what this server does not do."""
+    if options is None:
+        return
+    if not isinstance(options, Mapping):
+        raise ApiError(400, f"prompt_cache_options must be an object, got {options!r}", "prompt_cache_options")
+    check_keys(options, ("comparison_response_id", "mode", "prewarm", "ttl"), "prompt_cache_options")
+    for name, values in CACHE_OPTIONS.items():
+        if options.get(name) is not None and options[name] not in values:
+            message = f"prompt_cache_options.{name} must be {' or '.join(values)}, got {options[name]!r}"
+            raise ApiError(400, message, f"prompt_cache_options.{name}")
+    if flag(options, "prewarm", False, "prompt_cache_options."):
+        message = "this server does not read a prompt without answering it: send the request itself"
+        raise ApiError(400, message, "prompt_cache_options.prewarm", code="unsupported_parameter")
+    if options.get("comparison_response_id") is not None:
+        message = "this server keeps no responses to compare a cache with"
+        raise ApiError(400, message, "prompt_cache_options.comparison_response_id", code="unsupported_parameter")
 
 
 def _same(value: Any, allowed: Any) -> bool:

@@ -136,6 +136,19 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     ("completions", COMPLETION | {"logit_bias": {"100000": 1}}, "below the vocabulary's size", "logit_bias"),
     ("completions", COMPLETION | {"logit_bias": {"9" * 4301: 1}}, "names no token", "logit_bias"),
     ("chat/completions", CHAT | {"prompt_cache_retention": 5}, "must be in_memory or 24h", "prompt_cache_retention"),
+    ("chat/completions", CHAT | {"prompt_cache_options": {"ttl": "1h"}}, "30m or 12h", "prompt_cache_options.ttl"),
+    (
+        "chat/completions",
+        CHAT | {"prompt_cache_options": {"prewarm": True}},
+        "without answering",
+        "prompt_cache_options.prewarm",
+    ),
+    (
+        "chat/completions",
+        CHAT | {"prompt_cache_options": {"tll": "12h"}},
+        "unknown parameter",
+        "prompt_cache_options.tll",
+    ),
     (
         "chat/completions",
         CHAT | {"stream": True, "stream_options": {"include_obfuscation": "yes"}},
@@ -214,6 +227,7 @@ def test_harmless_fields_pass_and_the_default_length_fits_the_context(served: tu
     nulls = CHAT | {"n": None, "seed": None, "stop": None, "temperature": None}  # null: the default, as OpenAI's
     assert httpx.post(f"{server.url}/v1/chat/completions", json=nulls, timeout=TIMEOUT).status_code == 200
     kept = CHAT | {"prompt_cache_retention": "24h", "stream": True, "stream_options": {"include_obfuscation": False}}
+    kept |= {"prompt_cache_options": {"mode": "explicit", "ttl": "12h", "prewarm": False}}  # openai-agents' settings
     assert httpx.post(f"{server.url}/v1/chat/completions", json=kept, timeout=TIMEOUT).status_code == 200
     echoed = {
         "role": "assistant",

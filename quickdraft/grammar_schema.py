@@ -348,11 +348,11 @@ def check_enforced(schema: Any, setting: str) -> None:
 
 
 def compiled_schema(schema: Any) -> Any:
-    """``schema`` as the converter is given it: a string's ``minLength``/``maxLength`` with no pattern or format it
-    enforces (:data:`FORMATS`; another is an annotation to it) (a string's by its type, among others too, or a
-    ``propertyNames``' of none) becomes a pattern of that many
-    characters no JSON string escapes (:func:`length_pattern`; the converter writes a control character raw under a
-    length alone, which no JSON reader takes, and it already wrote no escape under one)."""
+    """``schema`` as the converter is given it: a string's ``minLength``/``maxLength`` with no pattern, and no format
+    it enforces (:data:`FORMATS`; another is an annotation to it), becomes a pattern of that many characters no JSON
+    string escapes (:func:`length_pattern`): a string's by its type, among others too, or a ``propertyNames``' of
+    none. The converter writes a control character raw under a length alone, which no JSON reader takes, and it
+    already wrote no escape under one."""
     schema = copy.deepcopy(schema)
     pending: list[tuple[Any, bool]] = [(schema, False)]  # (node, a name: a string whatever its type says)
     while pending:

@@ -76,13 +76,14 @@ class IncrementalDecoder:
             window_before, window_now = "", self._decode(self._ids)
         if len(window_now) <= len(window_before):
             return
-        searched_from = max(0, len(self.text) - self._hold)
+        searched_from, found = max(0, len(self.text) - self._hold), None
         if window_now.endswith(_INCOMPLETE):  # held until its last character is whole, unless a stop ends before it
             whole = self.text + window_now[len(window_before) :].rstrip(_INCOMPLETE)
-            if self._first_stop(whole, searched_from) is None:
+            if (found := self._first_stop(whole, searched_from)) is None:
                 return
         self._read(window_before, window_now)
-        if (found := self._first_stop(self.text, searched_from)) is not None:
+        # one found before a partial character stands: the text now holds its U+FFFD, which a stop string could hold
+        if (found := found or self._first_stop(self.text, searched_from)) is not None:
             cut, self.stopped_by = found
             self.text = self.text[:cut]
 

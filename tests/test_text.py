@@ -104,6 +104,9 @@ def test_a_stop_string_is_found_when_its_text_is_whole_before_a_partial_characte
     deltas = feed_tokens(decoder, [0, 1, 2])
     assert decoder.stopped and decoder.text == "".join(deltas) == "x" and decoder.token_ids == [0, 1]
     assert decoder.visible_tokens() == 1  # the stop's token is not shown
+    replaced = IncrementalDecoder(ChunkTokenizer([b"x", b"a", b"b\xc3", b"\xa9"]), stop=("b", "ab\ufffd"))
+    feed_tokens(replaced, [0, 1, 2, 3])  # the partial character's U+FFFD is no text a stop string can match
+    assert replaced.text == "xa" and replaced.stopped_by == "b"
     held = IncrementalDecoder(ChunkTokenizer([b"x", b"b\xc3", b"\xa9"]), stop=("a",))
     assert "".join(feed_tokens(held, [0, 1, 2])) == "xb\u00e9" and not held.stopped  # no stop: held until whole
 

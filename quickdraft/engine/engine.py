@@ -106,11 +106,10 @@ class Engine:
         """Stop a request at the next step boundary; it ends with reason "cancelled". ``now``: free its caches on the
         caller's thread, unless a step is running (whose end frees them)."""
         self.scheduler.cancel(request_id)
-        if now and self.step_lock.acquire(blocking=False):
-            try:
-                self._drop_cancelled()
-            finally:
-                self.step_lock.release()
+        if now:
+            with self.step_lock.stepping(blocking=False) as held:
+                if held:
+                    self._drop_cancelled()
 
     def _drop_cancelled(self) -> None:
         """End the cancelled requests, freeing their caches; the caller holds :attr:`step_lock`."""

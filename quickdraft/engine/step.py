@@ -68,23 +68,27 @@ def plan_requests(
 
 
 class StepLock:
-    """One thread steps an engine at a time. :meth:`stepping` holds the lock for a step; :meth:`between_steps` holds it
-    for work no step may run beside (measuring costs runs forwards), and on the stepping thread itself (a sink that
-    submits the next turn) lets the work run there, between the step's forwards; :meth:`acquire` without blocking
-    holds it only if it is free (freeing a cancelled request's caches at once)."""
+    """One thread steps an engine at a time. :meth:`stepping` holds the lock as the thread that steps (a step, or
+    freeing a cancelled request's caches at once, which without ``blocking`` happens only if no step runs);
+    :meth:`between_steps` holds it for work no step may run beside (measuring costs runs forwards), and on the thread
+    that holds it (a sink that submits the next turn) lets the work run there, between that thread's forwards."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stepper: int | None = None  # the thread inside stepping()
 
     @contextlib.contextmanager
-    def stepping(self) -> Iterator[None]:
-        with self._lock:
-            self._stepper = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._stepper = None
+    def stepping(self, blocking: bool = True) -> Iterator[bool]:
+        """Hold the lock as the stepping thread; yields whether it is held (without ``blocking``, not if taken)."""
+        if not self._lock.acquire(blocking):
+            yield False
+            return
+        self._stepper = threading.get_ident()
+        try:
+            yield True
+        finally:
+            self._stepper = None
+            self._lock.release()
 
     @contextlib.contextmanager
     def between_steps(self) -> Iterator[None]:
@@ -93,9 +97,3 @@ class StepLock:
             return
         with self._lock:
             yield
-
-    def acquire(self, blocking: bool = True) -> bool:
-        return self._lock.acquire(blocking)
-
-    def release(self) -> None:
-        self._lock.release()

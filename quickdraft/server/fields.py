@@ -137,7 +137,11 @@ def _cache_options(options: Any) -> None:
         if options.get(name) is not None and options[name] not in values:
             message = f"prompt_cache_options.{name} must be {' or '.join(values)}, got {options[name]!r}"
             raise ApiError(400, message, f"prompt_cache_options.{name}")
-    if flag(options, "prewarm", False, "prompt_cache_options."):
+    prewarm = options.get("prewarm")
+    if prewarm is not None and not isinstance(prewarm, bool):
+        message = f"prompt_cache_options.prewarm must be true or false, got {prewarm!r}"
+        raise ApiError(400, message, "prompt_cache_options.prewarm")
+    if prewarm:
         message = "this server does not read a prompt without answering it: send the request itself"
         raise ApiError(400, message, "prompt_cache_options.prewarm", code="unsupported_parameter")
     if options.get("comparison_response_id") is not None:

@@ -62,7 +62,8 @@ def lazy_calls_grammar(
     opening tag; the opener of a whole answer of calls, a token of its own) calls of the offered functions, each by
     its function's schema, one unless ``several``. Calls that open with no text of their own (pythonic lists, Llama
     3's JSON without ``<|python_tag|>``), or with a word prose may hold (Phi-4-mini's ``functools``), cannot be told
-    from text as it is written: None for a format whose calls always do. ``think``: a template's reasoning tags and
+    from text as it is written: None for a format whose calls always do (nothing is constrained, so no schema is
+    checked). ``think``: a template's reasoning tags and
     whether its answers open inside them; a reasoning block is free text, its mention of a call's opening too."""
     import xgrammar
 

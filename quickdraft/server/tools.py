@@ -44,6 +44,7 @@ Rules:
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -73,7 +74,8 @@ XML_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?")  # a parameter block'
 XML_NEXT = re.compile(r"\s*(?:<parameter=|\Z)")  # what follows a parameter block's end: another, or the call's end
 PYTHON_LITERALS = {"True": True, "False": False, "None": None}
 SPACE = re.compile(r"\s*")
-MAX_CLOSINGS = 16  # closing tags a block of Python calls is tried up to (a tag inside a string is text)
+DECODER = json.JSONDecoder()  # reads one JSON value from a position: a call that runs on past it
+MAX_CLOSINGS = 4  # closing tags a block of Python calls or a JSON value is tried up to (a tag inside a string is text)
 WHOLE = re.compile(r"\s*(?:```json\s*([\[{].*[\]}])\s*```|([\[{].*[\]}]))\s*", re.DOTALL)  # one JSON value
 
 
@@ -167,7 +169,7 @@ class ToolRequest:
             start, call = at + len(self.format.opening), None
             if (head := self.format.named_head.match(text, start)) is not None:
                 try:
-                    arguments, start = json.JSONDecoder().raw_decode(text, head.end())
+                    arguments, start = DECODER.raw_decode(text, head.end())
                 except (ValueError, RecursionError):  # RecursionError: lists nested past the parser's depth
                     arguments = None
                 call = self._call({"name": head.group(1), "arguments": arguments}, needs_arguments=True)
@@ -202,7 +204,7 @@ class ToolRequest:
         all of them, up to the first of the next :data:`MAX_CLOSINGS` closing tags before which they parse."""
         if self.format.body is not CallBody.PYTHONIC:
             try:
-                parsed, end = json.JSONDecoder().raw_decode(text, SPACE.match(text, start).end())  # type: ignore[union-attr]
+                parsed, end = DECODER.raw_decode(text, SPACE.match(text, start).end())  # type: ignore[union-attr]
             except (ValueError, RecursionError):  # RecursionError: lists nested past the parser's depth
                 return [], start
             end = SPACE.match(text, end).end()  # type: ignore[union-attr]
@@ -247,7 +249,8 @@ class ToolRequest:
             return None
         key = next((key for key in ARGUMENT_KEYS if key in parsed), None)
         arguments = parsed[key] if key is not None else (None if needs_arguments else {})
-        arguments = _json(arguments) if isinstance(arguments, str) else arguments
+        if isinstance(arguments, str):  # "" is none, as an earlier turn's
+            arguments = _json(arguments) if arguments.strip() else {}
         if not isinstance(arguments, dict):
             return None
         try:
@@ -264,26 +267,37 @@ class ToolRequest:
 
 def _xml_arguments(body: str, properties: Mapping[str, Any]) -> dict[str, Any]:
     """An XML call's ``<parameter=key>`` blocks as arguments. A value runs to a ``</parameter>`` that the next block or
-    the end follows: the first one, except that a value to be read as JSON runs to the first at which it reads as
-    JSON, if any (a tag inside a JSON string is text; a string's constrained value never holds one)."""
+    the end follows: the first one, except that a value to be read as JSON runs to the first of the next
+    :data:`MAX_CLOSINGS` at which it reads as JSON, if any (a tag inside a JSON string is text; a string's constrained
+    value never holds one)."""
     arguments, at = {}, 0
     while (head := XML_PARAMETER.match(body, at)) is not None:
-        key, values, end = head.group(1).strip(), [], body.find(PARAMETER_END, head.end())
-        while end >= 0:
-            if XML_NEXT.match(body, end + len(PARAMETER_END)):
-                values.append((end, body[head.end() : end].removesuffix("\n")))
-            end = body.find(PARAMETER_END, end + 1)
-        if not values:
+        key, start = head.group(1).strip(), head.end()
+        ends = list(itertools.islice(_parameter_ends(body, start), MAX_CLOSINGS))
+        if not ends:
             break
         schema = properties.get(key)
-        end, value = next((found for found in values if _reads_as_typed(found[1], schema)), values[0])
-        arguments[key], at = _typed(value, schema), end + len(PARAMETER_END)
+        end = next((end for end in ends if _reads_as_typed(body[start:end].removesuffix("\n"), schema)), ends[0])
+        arguments[key], at = _typed(body[start:end].removesuffix("\n"), schema), end + len(PARAMETER_END)
     return arguments
 
 
+def _parameter_ends(body: str, start: int) -> Iterator[int]:
+    """Where a parameter value starting at ``start`` may end: each ``</parameter>`` that the next block or the end
+    follows, in order."""
+    end = body.find(PARAMETER_END, start)
+    while end >= 0:
+        if XML_NEXT.match(body, end + len(PARAMETER_END)):
+            yield end
+        end = body.find(PARAMETER_END, end + 1)
+
+
 def _reads_as_typed(value: str, schema: Any) -> bool:
-    """Whether an XML call's value is read as its schema asks: as text, or as JSON where it is to be JSON."""
-    return not isinstance(schema, Mapping) or is_text(schema) or _json(value) is not None or value.strip() == "null"
+    """Whether an XML call's value is read as its schema asks: as text, or as JSON (or a template's ``True``, ``False``,
+    ``None``) where it is to be JSON."""
+    if not isinstance(schema, Mapping) or is_text(schema) or value.strip() in ("null", *PYTHON_LITERALS):
+        return True
+    return _json(value) is not None
 
 
 def _typed(value: str, schema: Any) -> Any:

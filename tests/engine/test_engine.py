@@ -330,6 +330,13 @@ def test_a_sink_may_submit_the_next_turn_before_its_drafters_costs_are_measured(
     assert not stepping.is_alive() and isinstance(heard[-1], RequestFinished)
     plain = pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="none")
     assert heard[-1].result.token_ids == plain.token_ids
+    cancelled = Request((4, 5, 6), GenerationConfig(max_new_tokens=2), pipeline.drafter("none"), request_id="gone")
+    again = Request((1, 2, 3), config, pipeline.drafter("draft-model"), request_id="again")  # costs not measured yet
+    pipeline.engine.submit(cancelled, lambda event: pipeline.engine.submit(again, heard.append))
+    cancelling = threading.Thread(target=pipeline.engine.cancel, args=("gone", True), daemon=True)
+    cancelling.start()  # frees its caches at once, on this thread, whose sink submits a turn of unmeasured costs
+    cancelling.join(120)
+    assert not cancelling.is_alive()
 
 
 def test_a_request_whose_start_fails_is_answered_by_the_failure_path_not_lost() -> None:

@@ -145,6 +145,12 @@ REFUSED: list[tuple[str, dict, str, str]] = [  # (path, body, words in the messa
     ),
     (
         "chat/completions",
+        CHAT | {"prompt_cache_options": {"prewarm": "yes"}},
+        "true or false",
+        "prompt_cache_options.prewarm",
+    ),
+    (
+        "chat/completions",
         CHAT | {"prompt_cache_options": {"tll": "12h"}},
         "unknown parameter",
         "prompt_cache_options.tll",

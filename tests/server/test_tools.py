@@ -248,6 +248,8 @@ def test_calls_are_split_from_the_answer() -> None:
     assert json.loads(calls[0]["function"]["arguments"]) == {"x": 1} and calls[1]["function"]["arguments"] == "{}"
     texted = split_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')[1]  # OpenAI's JSON text
     assert json.loads(texted[0]["function"]["arguments"]) == {"x": 1}
+    empty = split_calls('<tool_call>{"name": "f", "arguments": ""}</tool_call>')[1]  # none, as an earlier turn's ""
+    assert empty[0]["function"]["arguments"] == "{}"
     for not_a_call in ('<tool_call>{"name": "h"}</tool_call>', "<tool_call>{oops</tool_call>", "<tool_call>",
                        '<tool_call>{"name": "f", "arguments": "[1]"}</tool_call>'):  # fmt: skip
         assert split_calls(not_a_call) == (not_a_call, [])

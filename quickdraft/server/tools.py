@@ -25,15 +25,15 @@ Rules:
   the text before the first block being the message's content; a block runs to its object's end and its closing tag (a
   tag inside a string is text), and a tag no call follows is text. XML calls: the same blocks, each a
   ``<function=name>`` of ``<parameter=key>`` blocks and nothing else, a value less one newline at each end, text for a
-  string property, else JSON where it reads as JSON (to the first ``</parameter>`` at which it does). Named calls: the
-  text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an offered function (its id the
-  model's, where it wrote one of the right shape, unused before). Pythonic: an answer that is only a Python list of
-  calls by plain names with literal keyword arguments (Python's parser reads it, nothing is evaluated); OLMo 3's: each
-  block whose every statement is such a call (to the first closing tag before which they parse), the text before the
-  first block being content. Every other format: an answer that is nothing but one call (Mistral's: a JSON list of
-  calls), bare or in a json fence, after the format's opening token where the text spells it, is calls; Qwen2.5-Coder
-  answers so. Anything else is content, and so is a call whose arguments JSON cannot carry (1e999, NaN). An answer with
-  calls finishes as :meth:`ToolRequest.finish_reason` says.
+  string property, else JSON where it reads as JSON (to the first of the next :data:`MAX_CLOSINGS` ``</parameter>`` at
+  which it does). Named calls: the text before the first ``[TOOL_CALLS]`` is content, then each tag's call that names an
+  offered function (its id the model's, where it wrote one of the right shape, unused before). Pythonic: an answer that
+  is only a Python list of calls by plain names with literal keyword arguments (Python's parser reads it, nothing is
+  evaluated); OLMo 3's: each block whose every statement is such a call (to the first of the next :data:`MAX_CLOSINGS`
+  closing tags before which they parse), the text before the first block being content. Every other format: an answer
+  that is nothing but one call (Mistral's: a JSON list of calls), bare or in a json fence, after the format's opening
+  token where the text spells it, is calls; Qwen2.5-Coder answers so. Anything else is content, and so is a call whose
+  arguments JSON cannot carry (1e999, NaN). An answer with calls finishes as :meth:`ToolRequest.finish_reason` says.
 - Streamed, the content goes out as it comes except what may open a call (all of an answer that opens as a whole answer
   of calls would; Hermes' blocks and named calls from their tag on); the calls go out whole at the end.
 - A call's id is OpenAI's ``call_…``, or the length of alphanumerics the format's templates check (Mistral's 9), or the

@@ -58,6 +58,8 @@ class GrammarSpec:
                 schema = json.loads(self.text)
             except ValueError:
                 raise ConfigError("a JSON schema must be valid JSON", self.kind.value) from None
+            if (error := schema_error(schema)) is not None:
+                raise ConfigError(f"the JSON schema is not a valid JSON schema: {error}", self.kind.value)
             check_enforced(schema, self.kind.value)
         elif self.kind is not GrammarKind.JSON and not self.text:
             raise ConfigError(f"a {self.kind.value} constraint needs its text", self.kind.value)
@@ -65,6 +67,22 @@ class GrammarSpec:
             raise ConfigError(
                 "a json_object constraint takes no text: a schema goes with GrammarKind.JSON_SCHEMA", self.kind.value
             )
+
+
+def schema_error(schema: Any) -> str | None:
+    """Why ``schema`` is no JSON schema, checked against the meta-schema its ``$schema`` names (2020-12 without one),
+    as OpenAI checks a schema; None for a valid one."""
+    from jsonschema import Draft202012Validator, SchemaError, validators
+
+    if not isinstance(schema, dict | bool):
+        return f"a schema is an object or a boolean, got {type(schema).__name__}"
+    if isinstance(schema, dict) and not isinstance(schema.get("$schema", ""), str):  # jsonschema fails on it unsaid
+        return "its $schema must be a URI"
+    try:
+        validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as error:
+        return error.message
+    return None
 
 
 class GrammarCompiler:

@@ -182,3 +182,19 @@ def test_every_strings_length_is_compiled_so(schema: dict[str, Any], good: str, 
     assert xgrammar.testing._is_grammar_accept_string(compiled, good)
     assert not xgrammar.testing._is_grammar_accept_string(compiled, bad)
     assert not xgrammar.testing._is_grammar_accept_string(compiled, tab)
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"type": "string", "format": ["x"]}, "['x'] is not of type 'string'"),
+        ({"type": "object", "patternProperties": 5}, "5 is not of type 'object'"),
+        ({"type": "nonsense"}, "'nonsense' is not valid"),
+        ({"$schema": 5}, "its $schema must be a URI"),
+    ],
+)
+def test_a_schema_that_is_no_json_schema_is_refused_saying_why(schema: dict[str, Any], why: str) -> None:
+    """Checked against its meta-schema first, as a tool's parameters are: a format or patternProperties of the wrong
+    type was a TypeError (a 500 through the server), and the converter's own errors do not say where."""
+    with pytest.raises(ConfigError, match=re.escape(f"the JSON schema is not a valid JSON schema: {why}")):
+        GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema))

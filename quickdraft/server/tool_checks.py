@@ -10,6 +10,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from quickdraft.grammar import schema_error
 from quickdraft.server.errors import ApiError
 from quickdraft.server.fields import check_keys
 
@@ -55,17 +56,10 @@ def check_parameters(tools: list[Any]) -> None:
     """Each function's parameters must be a valid JSON schema (checked against the meta-schema its ``$schema`` names,
     2020-12 without one, as OpenAI checks them), whatever ``tool_choice`` says: a schema the call grammar cannot
     follow is refused only where calls are constrained (:meth:`ToolRequest.grammar`)."""
-    from jsonschema import Draft202012Validator, SchemaError, validators
-
     for tool in tools:
         parameters, name = tool["function"].get("parameters") or {}, tool["function"]["name"]
-        if not isinstance(parameters.get("$schema", ""), str):  # jsonschema would fail on it, not say why
-            raise ApiError(400, f"a tool's parameters' $schema must be a URI ({name!r})", "tools")
-        try:
-            validators.validator_for(parameters, default=Draft202012Validator).check_schema(parameters)
-        except SchemaError as error:
-            message = f"a tool's parameters are not a JSON schema ({name!r}): {error.message}"
-            raise ApiError(400, message, "tools") from None
+        if (error := schema_error(parameters)) is not None:
+            raise ApiError(400, f"a tool's parameters are not a JSON schema ({name!r}): {error}", "tools")
 
 
 def check_python_names(tools: list[Any]) -> None:

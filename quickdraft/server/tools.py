@@ -73,6 +73,7 @@ ARGUMENT_KEYS = ("arguments", "parameters")  # where a call's arguments may be, 
 XML_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?")  # a parameter block's head: its key
 XML_NEXT = re.compile(r"\s*(?:<parameter=|\Z)")  # what follows a parameter block's end: another, or the call's end
 PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+UNREAD = object()  # an XML value to be read as JSON that is none (kept as text, where no later end reads)
 SPACE = re.compile(r"\s*")
 DECODER = json.JSONDecoder()  # reads one JSON value from a position: a call that runs on past it
 MAX_CLOSINGS = 4  # closing tags a block of Python calls or a JSON value is tried up to (a tag inside a string is text)
@@ -276,9 +277,12 @@ def _xml_arguments(body: str, properties: Mapping[str, Any]) -> dict[str, Any]:
         ends = list(itertools.islice(_parameter_ends(body, start), MAX_CLOSINGS))
         if not ends:
             break
-        schema = properties.get(key)
-        end = next((end for end in ends if _reads_as_typed(body[start:end].removesuffix("\n"), schema)), ends[0])
-        arguments[key], at = _typed(body[start:end].removesuffix("\n"), schema), end + len(PARAMETER_END)
+        schema, end, value = properties.get(key), ends[0], body[start : ends[0]].removesuffix("\n")  # else: as text
+        for candidate in ends:
+            if (typed := _typed(body[start:candidate].removesuffix("\n"), schema)) is not UNREAD:
+                end, value = candidate, typed
+                break
+        arguments[key], at = value, end + len(PARAMETER_END)
     return arguments
 
 
@@ -292,15 +296,10 @@ def _parameter_ends(body: str, start: int) -> Iterator[int]:
         end = body.find(PARAMETER_END, end + 1)
 
 
-def _reads_as_typed(value: str, schema: Any) -> bool:
-    """Whether an XML call's value is read as its schema asks: as text, or as JSON (or a template's ``True``, ``False``,
-    ``None``) where it is to be JSON."""
-    if not isinstance(schema, Mapping) or is_text(schema) or value.strip() in ("null", *PYTHON_LITERALS):
-        return True
-    return _json(value) is not None
-
-
 def _typed(value: str, schema: Any) -> Any:
+    """An XML call's value as its schema asks: text for a property that may be a string (or one the function does not
+    have), else JSON (or a template's ``True``, ``False``, ``None``); :data:`UNREAD` where it is to be JSON and is
+    not."""
     if not isinstance(schema, Mapping):
         return value
     if is_text(schema):
@@ -308,7 +307,7 @@ def _typed(value: str, schema: Any) -> Any:
     parsed = _json(value)
     if parsed is not None or value.strip() == "null":
         return parsed
-    return PYTHON_LITERALS.get(value.strip(), value)
+    return PYTHON_LITERALS.get(value.strip(), UNREAD)
 
 
 def _json(text: str) -> Any:

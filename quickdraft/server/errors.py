@@ -50,6 +50,11 @@ def shutting_down(message: str = "the server is shutting down") -> ApiError:
     return ApiError(503, message, kind="server_error", code="shutting_down")
 
 
+def no_endpoint(path: str) -> ApiError:
+    """The 404 of a path this server does not serve, naming those it does (:data:`ENDPOINTS`)."""
+    return ApiError(404, f"this server has no endpoint {path}; it serves {', '.join(ENDPOINTS)}")
+
+
 def add_error_handlers(app: Any) -> None:
     """OpenAI's error body for an :class:`ApiError` and for one Starlette raises itself: a path no route has (an
     embeddings request, a typo) is a 404 naming :data:`ENDPOINTS`, and a 405 keeps its ``Allow``."""
@@ -62,7 +67,7 @@ def add_error_handlers(app: Any) -> None:
     async def http_error(request: Any, error: HTTPException) -> JSONResponse:
         message = str(error.detail)
         if error.status_code == 404 and message == "Not Found":
-            message = f"this server has no endpoint {request.url.path}; it serves {', '.join(ENDPOINTS)}"
+            message = no_endpoint(request.url.path).message
         body = ApiError(error.status_code, message).body()
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quickdraft.server.errors import ENDPOINTS, ApiError
+from quickdraft.server.errors import ApiError, no_endpoint
 from quickdraft.server.fields import HARMLESS, check_harmless, check_keys, flag
 from quickdraft.server.tool_checks import FUNCTION_KEYS, SHAPE
 
@@ -313,6 +313,5 @@ def no_kept_response(response_id: str) -> ApiError:
     API's own endpoints under that path (:data:`OTHER_ENDPOINTS`) are not served here, and their 404 says so."""
     name = response_id.split("/")[0]
     if name in OTHER_ENDPOINTS:
-        message = f"this server has no endpoint /v1/responses/{name}; it serves {', '.join(ENDPOINTS)}"
-        return ApiError(404, message)
+        return no_endpoint(f"/v1/responses/{name}")
     return ApiError(404, f"no response {name!r}: {KEEPS_NONE}", "response_id")

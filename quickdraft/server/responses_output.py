@@ -23,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import codecs
 import itertools
 import json
 import uuid
@@ -84,22 +85,21 @@ def logprob_entries(api: ApiRequest, logprobs: Sequence[TokenLogprob], spell: Sp
 
 
 def reasoning_split(thinking: Thinking | None, text: str) -> tuple[str | None, str, int]:
-    """An answer's reasoning (None: it did not think), the rest, and how many bytes of ``text`` come before the
-    rest (the reasoning with its tags; the rest is a suffix of ``text``). Bytes, not characters: a token that holds
-    part of a character reads as one U+FFFD, but its bytes are its own."""
+    """An answer's reasoning (None: it did not think), the rest, and how many characters of ``text`` come before
+    the rest (the reasoning with its tags; the rest is a suffix of ``text``)."""
     reasoning, rest = thinking.split(text) if thinking else (None, text)
-    return reasoning, rest, len(text[: len(text) - len(rest)].encode())
+    return reasoning, rest, len(text) - len(rest)
 
 
 def usage(api: ApiRequest, result: GenerationResult, spell: Spell | None = None) -> dict[str, Any]:
     input_tokens, output_tokens = len(api.serve.prompt_ids), len(result.token_ids)
     reasoning, _, before = reasoning_split(api.thinking, result.text)
-    spelled = itertools.accumulate(len(spell(token)[1]) for token in result.token_ids) if spell and reasoning else ()
+    pieces = [spell(token)[1] for token in result.token_ids] if spell and reasoning else []
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": sum(1 for size in spelled if size <= before)},
+        "output_tokens_details": {"reasoning_tokens": Spelling().take(pieces, before)},
         "total_tokens": input_tokens + output_tokens,
     }
 
@@ -134,25 +134,34 @@ def call_item(call: Mapping[str, Any], arguments: str | None = None, status: str
     }  # fmt: skip
 
 
-def byte_count(entry: dict[str, Any]) -> int:
-    return len(entry["bytes"])
+class Spelling:
+    """Reads tokens' bytes as UTF-8 one after another, as the answer's text was decoded: ``chars`` is how many
+    characters of the text the tokens read so far spell. A character's first bytes count once it is whole, or once
+    broken off (as the one U+FFFD the text holds for them), so a token inside a character and the one completing it
+    spell it together, and bytes that are no UTF-8 count as the text's U+FFFD, not as their own number."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds a character's first bytes
+
+    def take(self, pieces: Sequence[bytes], limit: int) -> int:
+        """How many of the next tokens (by their bytes) spell at most ``limit`` characters of the text in all:
+        those of a message's text where calls follow it, or of a delta, or of the reasoning before it. They are
+        read; the first one past ``limit`` is not."""
+        taken = 0
+        for piece in pieces:
+            state = self._utf8.getstate()
+            chars = self.chars + len(self._utf8.decode(piece))
+            if chars > limit:
+                self._utf8.setstate(state)
+                break
+            self.chars, taken = chars, taken + 1
+        return taken
 
 
-def utf8_size(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def spelling(entries: list[dict[str, Any]], limit: int) -> list[Any]:
-    """The first log-probability entries whose tokens spell at most ``limit`` bytes: those of a message's text where
-    calls follow it, or a delta's, or of the reasoning before it. Measured in bytes, not characters: a token holding
-    part of a character reads as a whole U+FFFD."""
-    taken, spelled = [], 0
-    for entry in entries:
-        spelled += byte_count(entry)
-        if spelled > limit:
-            break
-        taken.append(entry)
-    return taken
+def entry_bytes(entries: Sequence[dict[str, Any]]) -> list[bytes]:
+    """Log-probability entries' tokens, by their bytes."""
+    return [bytes(entry["bytes"]) for entry in entries]
 
 
 def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> list[Any]:
@@ -165,10 +174,10 @@ def output_items(api: ApiRequest, result: GenerationResult, spell: Spell) -> lis
     items = [reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning, left)] if reasoning else []
     if not content and (calls or reasoning or (api.tools and api.tools.only_calls)):
         return [*items, *(call_item(call) for call in calls)]
-    entries = logprob_entries(api, result.logprobs or [], spell)
+    entries, spelling = logprob_entries(api, result.logprobs or [], spell), Spelling()
     if before:  # the message's tokens: after the reasoning's
-        entries = entries[len(spelling(entries, before)) :]
-    logprobs = spelling(entries, utf8_size(content)) if calls else entries
+        entries = entries[spelling.take(entry_bytes(entries), before) :]
+    logprobs = entries[: spelling.take(entry_bytes(entries), before + len(content))] if calls else entries
     message = message_item(f"msg_{uuid.uuid4().hex}", content, logprobs, status)
     return [*items, message, *(call_item(call) for call in calls)]
 
@@ -179,17 +188,20 @@ class StreamedMessage:
 
     def __init__(self) -> None:
         self.text, self.pending, self.sent = "", [], []  # entries not yet sent; those sent
-        self.spelled = 0  # bytes the sent entries spell
+        self.spelling, self.start = Spelling(), 0  # the answer's tokens read; its characters before the text
 
     def add(self, delta: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The entries to send with ``delta``."""
         self.text += delta
         self.pending += entries
-        released = spelling(self.pending, utf8_size(self.text) - self.spelled)
+        released = self.pending[: self.spelling.take(entry_bytes(self.pending), self.start + len(self.text))]
         self.pending = self.pending[len(released) :]
-        self.spelled += sum(map(byte_count, released))
         self.sent += released
         return released
+
+    def spelled(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The entries sent, then those of ``entries`` (the ones not sent) that spell the rest of the text."""
+        return self.sent + entries[: self.spelling.take(entry_bytes(entries), self.start + len(self.text))]
 
 
 async def stream_events(
@@ -227,12 +239,11 @@ async def stream_events(
         ]
 
     def start(before: int) -> None:
-        """The message's text starts after ``before`` bytes of the answer: the entries spelling them are the
+        """The message's text starts after ``before`` characters of the answer: the entries spelling them are the
         reasoning's (all of them have come: an entry comes with the delta of its text)."""
         nonlocal started, handed
-        skipped = spelling(entries_seen, before) if before else []
-        started, handed = True, len(skipped)
-        message.spelled = sum(map(byte_count, skipped)) - before  # a token across the boundary spells that much first
+        started, handed = True, message.spelling.take(entry_bytes(entries_seen), before) if before else 0
+        message.start = before
 
     def message_entries() -> list[dict[str, Any]]:
         """The entries not yet given to the message, once its text has started."""
@@ -254,7 +265,7 @@ async def stream_events(
         """The answer's next reasoning and content (``held``: the text the split still holds): the reasoning's
         events, then the content's (calls held back)."""
         if content and not started:  # the message's text starts here
-            start(len(raw[: len(raw) - len(held) - len(content)].encode()))
+            start(len(raw) - len(held) - len(content))
         return [*thought.add(event, reasoning), *text_events(content if calls is None else calls.feed(content))]
 
     def closing(status: str, logprobs: list[Any]) -> list[str]:
@@ -314,8 +325,8 @@ async def stream_events(
         output: list[dict[str, Any]] = [*thought.items(status)]
         only_calls = api.tools is not None and api.tools.only_calls  # a cut call is no message
         if opened or not (found or thought.opened or only_calls):  # an answer with no text still has its message
-            entries = message.sent + message.pending + message_entries()
-            logprobs = spelling(entries, utf8_size(message.text)) if found else entries
+            unsent = message.pending + message_entries()
+            logprobs = message.spelled(unsent) if found else message.sent + unsent
             for sent in closing(status, logprobs):
                 yield sent
             output.append(message_item(message_id, message.text, logprobs, status))

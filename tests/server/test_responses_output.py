@@ -155,3 +155,30 @@ def test_a_character_split_into_tokens_goes_out_with_the_delta_that_spells_it() 
                    streamed(api, events, vocabulary)[-1]["response"]["output"]):  # fmt: skip
         assert [item["type"] for item in output] == ["message", "function_call"]
         assert len(output[0]["content"][0]["logprobs"]) == 5  # all of the text's tokens, none of the call's
+
+
+def test_bytes_that_are_no_utf8_count_as_the_texts_u_fffd() -> None:
+    """A lone first byte of a character, then an ASCII token: the text holds one U+FFFD (three bytes in UTF-8) for
+    the token's one byte. The reasoning's tokens stay the reasoning's and the calls' stay out of the message,
+    whole and streamed."""
+    vocabulary = Vocabulary({"x1": b"\xc3"})
+    tokens = ["<think>", "x1", "a", "</think>", "\n\n", "ok"]
+    deltas = [("<think>", ["<think>"]), ("", ["x1"]), ("\ufffda", ["a"]), ("</think>\n\nok", tokens[3:])]
+    events = answer(vocabulary, tokens, deltas, "eos")
+    api = api_for(Thinking(False, THINK_TAGS[0]), False)
+    for output in (responses_output.output_items(api, events[-1].result, vocabulary.spell),
+                   streamed(api, events, vocabulary)[-1]["response"]["output"]):  # fmt: skip
+        assert output[0]["content"][0]["text"] == "\ufffda"
+        assert [entry["token"] for entry in output[1]["content"][0]["logprobs"]] == ["ok"]
+    assert responses_output.usage(api, events[-1].result, vocabulary.spell)["output_tokens_details"] == {
+        "reasoning_tokens": 5
+    }
+    call = ["<", 'tool_call>{"name": "f", "arguments": {}}', "</tool_call>"]
+    tokens = ["Hi", "x1", "a", *call]
+    deltas = [("Hi", ["Hi"]), ("", ["x1"]), ("\ufffda", ["a"]), *((token, [token]) for token in call)]
+    events = answer(vocabulary, tokens, deltas, "eos")
+    api = api_for(None, True)
+    for output in (responses_output.output_items(api, events[-1].result, vocabulary.spell),
+                   streamed(api, events, vocabulary)[-1]["response"]["output"]):  # fmt: skip
+        assert [item["type"] for item in output] == ["message", "function_call"]
+        assert [entry["bytes"] for entry in output[0]["content"][0]["logprobs"]] == [list(b"Hi"), [0xC3], [0x61]]

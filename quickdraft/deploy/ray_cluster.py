@@ -3,7 +3,9 @@ checked first, so that a wrong one is an error naming it rather than Ray's trace
 
 from __future__ import annotations
 
+import queue
 import socket
+import threading
 
 import ray
 
@@ -37,7 +39,28 @@ def check_reachable(address: str) -> None:
             setting="ray_address",
         )
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+        socket.create_connection((resolved(host.strip("[]")), int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as error:  # refused, unreachable, timed out, or a host name that does not resolve
         reason = error.strerror or str(error) or type(error).__name__
         raise ConfigError(f"cannot reach a Ray cluster at {address}: {reason}", setting="ray_address") from None
+
+
+def resolved(host: str) -> str:
+    """``host``'s first address, looked up within ``REACH_TIMEOUT_S``: a lookup has no timeout of its own, so it runs
+    in a thread of its own, left to finish if it hangs."""
+    answers: queue.Queue[str | OSError] = queue.Queue(maxsize=1)
+
+    def look_up() -> None:
+        try:
+            answers.put(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+        except OSError as error:
+            answers.put(error)
+
+    threading.Thread(target=look_up, name="ray-address-lookup", daemon=True).start()
+    try:
+        answer = answers.get(timeout=REACH_TIMEOUT_S)
+    except queue.Empty:
+        raise TimeoutError(f"looking up {host!r} took more than {REACH_TIMEOUT_S:g} s") from None
+    if isinstance(answer, OSError):
+        raise answer
+    return answer

@@ -150,3 +150,29 @@ def test_rays_own_refusal_to_join_is_a_config_error(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ConfigError, match="cannot join a Ray cluster at 'auto': Could not find") as raised:
         ray_cluster.join("auto")
     assert raised.value.setting == "ray_address"
+
+
+def test_a_ray_address_whose_lookup_hangs_is_a_clear_error_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host name lookup has no timeout of its own: it is bounded by the address's reach timeout."""
+    pytest.importorskip("quickdraft.deploy.ray_serve", reason="the ray extra is not installed")
+    import threading
+    import time
+
+    from quickdraft.deploy import ray_cluster
+    from quickdraft.errors import ConfigError
+
+    released = threading.Event()
+
+    def hanging(*_: object, **__: object) -> list[object]:
+        released.wait(10)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(ray_cluster.socket, "getaddrinfo", hanging)
+    monkeypatch.setattr(ray_cluster, "REACH_TIMEOUT_S", 0.2)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot reach a Ray cluster at head:6379: looking up 'head' took more"):
+        ray_cluster.check_reachable("head:6379")
+    assert time.monotonic() - started < 5
+    released.set()
+    with pytest.raises(ConfigError, match="at head:6379: Name or service not known"):
+        ray_cluster.check_reachable("head:6379")

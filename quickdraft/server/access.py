@@ -117,7 +117,7 @@ def check_media(request: Any) -> None:
 
 async def read_json(request: Any, limit: int, timeout_s: float | None = None) -> Any:
     """The request's JSON body, read up to ``limit`` bytes (413 beyond) within ``timeout_s`` (408 after), or 400 if
-    it is not JSON in UTF-8; :func:`check_media` first."""
+    it is not a JSON object in UTF-8 (every endpoint's body is one); :func:`check_media` first."""
     check_media(request)
     body = await read_body(request, limit, timeout_s)
     too_deep = f"the request body nests JSON too deeply (at most {MAX_NESTING} levels)"
@@ -134,6 +134,8 @@ async def read_json(request: Any, limit: int, timeout_s: float | None = None) ->
     except ValueError:  # Python's bound on an integer's digits (a 5000-digit number is valid JSON)
         message = f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits"
         raise ApiError(400, message) from None
+    if not isinstance(parsed, dict):
+        raise ApiError(400, "the request body must be a JSON object")
     if nesting(parsed) > MAX_NESTING:
         raise ApiError(400, too_deep)
     return parsed

@@ -131,8 +131,6 @@ def parse_request(
     ``infill_ends``) and ``drafter_named(name)`` the drafter (raising ``QuickdraftError`` for one the server cannot
     run); ``tool_format``: the chat template's (``tools.tool_format``), which ``tools`` need; ``decode(ids)``: the
     text an echoed prompt of token ids repeats (None: such a prompt cannot be echoed)."""
-    if not isinstance(body, Mapping):
-        raise ApiError(400, "the request body must be a JSON object")
     model = served_model(body, defaults.model_names)
     n = count(body, "n", 1, MAX_CHOICES) or 1  # null: the default, as OpenAI's
     check_fields(body, chat)

@@ -15,7 +15,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from quickdraft.api import Pipeline
@@ -84,8 +84,6 @@ def detokenize(body: Any, pipeline: Pipeline, model_names: tuple[str, ...]) -> d
 
 
 def _check(body: Any, fields: frozenset[str], model_names: tuple[str, ...]) -> None:
-    if not isinstance(body, Mapping):
-        raise ApiError(400, "the request body must be a JSON object")
     for name in body:
         if name not in fields and body[name] is not None:
             raise ApiError(400, f"unrecognized request argument: {name}", name, code="unrecognized_parameter")

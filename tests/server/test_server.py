@@ -385,7 +385,11 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "policy": "fixed:x"}, 400, "fixed:K"),
     ("completions", {"model": MODEL, "prompt": "w1", "top_k": -2}, 400, "top_k"),
     ("completions", {"model": MODEL, "prompt": "w1", "seed": 1.5}, 400, "[-2**63, 2**64 - 1]"),
-    ("completions", [1, 2], 400, "JSON object"),
+    *(
+        (path, body, 400, "the request body must be a JSON object")
+        for path in ("completions", "chat/completions", "responses", "tokenize")
+        for body in ([1, 2], None, "w1", 3)
+    ),
     ("chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": " "}]}, 400, "empty"),
     ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 3}]}, 400, "text"),
@@ -449,7 +453,9 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
 def test_bad_requests_get_openai_errors_and_the_server_goes_on(
     server: Server, path: str, body: object, status: int, words: str
 ) -> None:
-    response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=TIMEOUT)
+    sent = {"content": json.dumps(body), "headers": {"content-type": "application/json"}}  # null too
+    response = httpx.post(f"{server.url}/v1/{path}" if path != "tokenize" else f"{server.url}/tokenize", **sent,
+                          timeout=TIMEOUT)  # fmt: skip
     assert response.status_code == status
     error = response.json()["error"]
     assert words in error["message"] and set(error) == {"message", "type", "param", "code"}

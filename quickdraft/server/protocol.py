@@ -170,7 +170,7 @@ def parse_request(
             raise ApiError(400, "max_tokens 0 scores the prompt alone: no new tokens for min_tokens", "min_tokens")
         config = GenerationConfig(
             max_new_tokens=_max_tokens(
-                {**body, "max_tokens": 1} if scores_only else body, chat, len(prompt_ids), defaults
+                {**body, "max_tokens": 1} if scores_only else body, chat, len(prompt_ids), defaults, scores_only
             ),
             num_draft_tokens=field(body, "num_draft_tokens", None),
             sampling=sampling,
@@ -257,10 +257,12 @@ def error_param(error: QuickdraftError, chat: bool) -> str | None:
     return api_names.get(setting, setting) if chat or setting != "logprobs" else setting
 
 
-def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, defaults: ServerDefaults) -> int:
+def _max_tokens(
+    body: Mapping[str, Any], chat: bool, prompt_tokens: int, defaults: ServerDefaults, scores_only: bool = False
+) -> int:
     """The answer's length limit: ``max_tokens`` (chat: or ``max_completion_tokens``, the same if both), else the
     server's default (raised to ``min_tokens``) cut to what the context and the server's caches leave; a request that
-    cannot fit is refused."""
+    cannot fit is refused. ``scores_only``: an echo with max_tokens 0, which decodes one token it does not show."""
     given = {name: count(body, name, 1) for name in ("max_tokens", "max_completion_tokens")[: 2 if chat else 1]}
     values = {value for value in given.values() if value is not None}
     if len(values) > 1:
@@ -275,9 +277,12 @@ def _max_tokens(body: Mapping[str, Any], chat: bool, prompt_tokens: int, default
         if size is None:
             continue
         if limit is not None and prompt_tokens + limit > size:
+            asks = f"up to {limit} new ones; shorten the prompt or lower {name}"
+            if scores_only:
+                asks = "the one that echo with max_tokens 0 decodes and does not show; shorten the prompt"
             message = (
                 f"{holds.format(size)}, but the request asks for {prompt_tokens + limit}: {prompt_tokens} in the "
-                f"prompt and up to {limit} new ones; shorten the prompt or lower {name}"
+                f"prompt and {asks}"
             )
             raise ApiError(400, message, "messages" if chat else "prompt", code="context_length_exceeded")
         if prompt_tokens >= size:

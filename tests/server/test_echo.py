@@ -88,6 +88,9 @@ def test_max_tokens_0_scores_the_prompt_alone(server: Server, stream: bool) -> N
         complete(server, max_tokens=0)  # without echo there is nothing to answer
     with pytest.raises(openai.BadRequestError, match="no new tokens for min_tokens"):
         complete(server, max_tokens=0, echo=True, extra_body={"min_tokens": 1})
+    full = server.client().completions  # a prompt that fills the context: the hidden token has no room, said so
+    with pytest.raises(openai.BadRequestError, match="1024 in the prompt and the one that echo with max_tokens 0"):
+        full.create(model=MODEL, prompt=[1] * 1024, max_tokens=0, echo=True)
 
 
 def test_a_streamed_echo_is_the_whole_answers(server: Server) -> None:

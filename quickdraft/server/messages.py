@@ -30,12 +30,13 @@ UNSUPPORTED = {  # an assistant message's fields this server cannot render, with
 }
 
 
-def prompt_batch(body: Any) -> list[Any] | None:
-    """A completion body's prompts where it gives several (a list of texts or of token-id lists, each checked as one
-    prompt when its request is read); None for one prompt, or a body that is not an object (refused when read)."""
-    prompt = body.get("prompt") if isinstance(body, Mapping) else None
-    several = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(item, str | list) for item in prompt)
-    return prompt if several else None
+def prompt_batch(body: Mapping[str, Any]) -> list[Any] | None:
+    """A completion body's prompts where it gives several (a list of texts or one of token-id lists, as OpenAI's, each
+    checked as one prompt when its request is read); None for one prompt, or for a list that mixes texts and lists
+    (refused as no prompt when read)."""
+    prompt = body.get("prompt")
+    several = isinstance(prompt, list) and len(prompt) > 1
+    return prompt if several and {type(item) for item in prompt} in ({str}, {list}) else None
 
 
 def prompt_of(body: Mapping[str, Any]) -> str | list[int]:

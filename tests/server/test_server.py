@@ -377,6 +377,7 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("completions", {"model": MODEL, "prompt": "w1", "max_draft_tokens": 17}, 400, "max_draft_tokens is at most 16"),
     ("completions", {"model": MODEL, "prompt": "w1", "n": 1.0}, 400, "n must be a whole number"),
     ("completions", {"model": MODEL, "prompt": [1, "w1"]}, 400, "a non-empty string or a list of token ids, or a"),
+    ("completions", {"model": MODEL, "prompt": ["w1", [1, 2]]}, 400, "a non-empty string or a list of token ids, or"),
     ("completions", {"model": MODEL, "prompt": [[1], [2, 999]]}, 400, "prompt[1]: token ids"),  # each checked
     ("completions", {"model": MODEL, "prompt": [999]}, 400, "token ids"),
     ("completions", {"model": MODEL}, 400, "prompt"),

@@ -528,3 +528,25 @@ def test_a_gguf_files_sliding_window_pattern_gives_the_layer_types() -> None:
     assert layer_types(0, 2) == [sliding, sliding]  # 0: every layer slides
     with pytest.raises(ModelFilesError, match="names 2 layers, not 3"):
         layer_types([True, False], 3)
+
+
+def test_gemma_files_get_llamacpps_attention_scale_and_gemma_2s_softcaps() -> None:
+    """No Gemma GGUF says its attention scale: llama.cpp takes the head width, or the embedding width over the heads
+    for the 27B model (known by its layer count); transformers' default of 256 is neither for Gemma 3 27B (168).
+    The softcaps are the file's, llama.cpp's defaults where it has none."""
+
+    def settings(architecture: str, layers: int, hidden: int, heads: int, head_width: int, **keys: float) -> dict:
+        fields = {"general.architecture": architecture, f"{architecture}.attention.key_length": head_width}
+        fields |= {f"{architecture}.{key}": value for key, value in keys.items()}
+        config = {"hidden_size": hidden, "num_attention_heads": heads, "num_hidden_layers": layers}
+        return gguf_settings(GGUFFile(Path("model.gguf"), fields, ()), config)
+
+    assert settings("gemma3", 62, 5376, 32, 128)["query_pre_attn_scalar"] == 168  # Gemma 3 27B
+    assert settings("gemma3", 18, 640, 4, 256)["query_pre_attn_scalar"] == 256  # Gemma 3 270m
+    assert settings("gemma3", 18, 640, 4, 256)["final_logit_softcapping"] is None  # none unless the file has one
+    assert settings("gemma3", 18, 640, 4, 256, final_logit_softcapping=30.0)["final_logit_softcapping"] == 30.0
+    assert "attn_logit_softcapping" not in settings("gemma3", 18, 640, 4, 256)
+    assert settings("gemma2", 46, 4608, 32, 128)["query_pre_attn_scalar"] == 144  # Gemma 2 27B
+    small = settings("gemma2", 2, 64, 4, 16, attn_logit_softcapping=2.0)
+    assert small == {"head_dim": 16, "query_pre_attn_scalar": 16, "attn_logit_softcapping": 2.0,
+                     "final_logit_softcapping": 30.0}  # fmt: skip

@@ -34,7 +34,7 @@ GGUF_LAYOUT = "gguf"  # the marker's ``layout`` for a directory whose weights ar
 # without attention.key_length is llama.cpp's; 6: generation_config.json ends where llama.cpp ends (end_tokens);
 # 7: YaRN's original context (and blend bounds) from rope.scaling.*; 8: an expert's width and whether the chosen
 # experts' weights are renormalized; 9: a shared expert's width
-SETTINGS_VERSION = 9
+SETTINGS_VERSION = 10
 # Tokens that end a generation in llama.cpp by their text (llama-vocab.cpp's end-of-generation list), besides the
 # file's own end-of-sequence, end-of-turn and end-of-message tokens: many files name only one of a chat's endings
 END_TEXTS = frozenset({

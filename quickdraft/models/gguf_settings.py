@@ -11,6 +11,13 @@ from quickdraft.models.gguf_file import GGUFFile
 YARN_UNREAD = {"rope.scaling.yarn_attn_factor": 1.0, "rope.scaling.yarn_ext_factor": 1.0,
                "rope.scaling.yarn_log_multiplier": 0.0}  # fmt: skip
 FREQ_FACTORS_KEY = "quickdraft_rope_freq_factors"  # config key for a GGUF file's rope_freqs (no transformers name)
+# llama.cpp's Gemma attention scale: its 27B model, known by its layer count, scales the scores by 1/sqrt(the embedding
+# width over the heads), every other size by 1/sqrt(the head width); no file says which (transformers' 256 is neither)
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+GEMMA_SOFTCAPS = {  # the softcaps llama.cpp reads by architecture, and its values where a file has none (None: no cap)
+    "gemma2": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    "gemma3": {"final_logit_softcapping": None},
+}
 # llama.cpp's rule by architecture where a file with experts does not say whether their weights are renormalized
 # (``expert_weights_norm``): its graph builder's
 EXPERT_WEIGHTS_NORMALIZED = {"qwen3moe": True, "qwen2moe": False, "olmoe": False}
@@ -28,7 +35,9 @@ def gguf_settings(gguf: GGUFFile, config: dict[str, Any]) -> dict[str, Any]:
     ``rope.scaling.attn_factor``) and partial rotary (``rope.dimension_count`` below the head width); and a mixture
     of experts' width of an expert (``expert_feed_forward_length``) and of its shared expert
     (``expert_shared_feed_forward_length``), and whether the chosen experts' weights are renormalized
-    (``expert_weights_norm``, else :data:`EXPERT_WEIGHTS_NORMALIZED`)."""
+    (``expert_weights_norm``, else :data:`EXPERT_WEIGHTS_NORMALIZED`); Gemma 2's and 3's attention scale
+    (:data:`GEMMA_27B_LAYERS`) and softcaps (:data:`GEMMA_SOFTCAPS`), which transformers' reader leaves at its own
+    defaults."""
     architecture = gguf.architecture
 
     def field(key: str) -> Any:
@@ -68,6 +77,19 @@ def gguf_settings(gguf: GGUFFile, config: dict[str, Any]) -> dict[str, Any]:
         settings["norm_topk_prob"] = bool(normalized)
     if architecture == "phi3":
         settings |= phi3_settings(field, tensors, settings.get("head_dim") or config.get("head_dim"), config)
+    if architecture in GEMMA_27B_LAYERS:
+        settings |= gemma_settings(architecture, field, settings.get("head_dim") or config.get("head_dim"), config)
+    return settings
+
+
+def gemma_settings(architecture: str, field: Any, head_dim: int | None, config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2's and 3's attention scale (``query_pre_attn_scalar``) and softcaps as llama.cpp takes them."""
+    per_head = int(config["hidden_size"]) // int(config["num_attention_heads"])
+    big = int(config["num_hidden_layers"]) == GEMMA_27B_LAYERS[architecture]
+    settings: dict[str, Any] = {"query_pre_attn_scalar": per_head if big else int(head_dim or per_head)}
+    for name, default in GEMMA_SOFTCAPS[architecture].items():
+        value = default if (value := field(name)) is None else value
+        settings[name] = float(value) if value else None  # 0: none, as llama.cpp reads it
     return settings
 
 

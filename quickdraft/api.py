@@ -365,7 +365,9 @@ class Pipeline:
     def encode_infill(self, prefix: str | list[int], suffix: str) -> list[int]:
         """The prompt asking a code model for the text between ``prefix`` (text or token ids) and ``suffix``, in its
         tokenizer's fill-in-the-middle format; the answer ends at :meth:`infill_end_ids` too."""
-        return encode_infill(self.tokenizer, prefix, suffix)
+        return encode_infill(
+            self.tokenizer, prefix if isinstance(prefix, str) else token_ids(prefix, "the prefix"), suffix
+        )
 
     def infill_end_ids(self) -> frozenset[int]:
         """The tokens an infill ends at besides the model's end tokens."""

@@ -6,7 +6,7 @@ import pytest
 from conftest import EOS, listed_tokenizer, word_tokenizer
 
 from quickdraft.api import Pipeline
-from quickdraft.errors import ConfigError
+from quickdraft.errors import ConfigError, PromptError
 from quickdraft.prompts import INFILL_FORMATS, encode_infill, infill_of, start_ids
 
 
@@ -107,6 +107,11 @@ def test_an_infill_prompt_is_the_tokenizers_fill_in_the_middle_format() -> None:
     assert encode_infill(tokenizer, [b, a], "c c") == [pre, b, a, suf, c, c, mid]  # a prefix of token ids
     assert encode_infill(tokenizer, "", "c") == [pre, suf, c, mid]  # filling at the very start
     assert encode_infill(tokenizer, "a", "") == [pre, a, suf, mid]  # and at the very end
+    pipeline = Pipeline(target=None, tokenizer=tokenizer, eos_token_ids=frozenset())
+    assert pipeline.encode_infill((b, a), "c") == [pre, b, a, suf, c, mid]
+    for bad in (b"ab", None, 5, [1.5], [-7], [True]):  # bytes would have been their byte values as token ids
+        with pytest.raises(PromptError, match="the prefix must"):
+            pipeline.encode_infill(bad, "c")  # type: ignore[arg-type]
     plain = listed_tokenizer(["<unk>", "a", EOS])
     assert infill_of(plain) is None
     with pytest.raises(ConfigError, match="no fill-in-the-middle tokens") as missing:

@@ -37,7 +37,7 @@ def token_logprobs(
     greedy = sampling.is_greedy
     logprobs = torch.log_softmax(logits, dim=-1) if greedy else logits_to_probs(logits, sampling).log()  # [n, V]
     chosen = logprobs[torch.arange(len(token_ids)), torch.tensor(list(token_ids))].tolist()  # [n]
-    values, indices = logprobs.topk(top, dim=-1)  # [n, top]
+    values, indices = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # [n, top]: a vocabulary may hold fewer
     return [
         TokenLogprob(
             token, value, tuple(pair for pair in zip(row_indices, row_values, strict=True) if pair[1] > -math.inf)

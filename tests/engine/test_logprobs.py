@@ -52,6 +52,8 @@ def test_sampled_logprobs_come_from_the_distribution_drawn_from() -> None:
     (entry,) = token_logprobs(logits, [1], SamplingParams(temperature=0.5, top_k=2), top=3)
     assert entry.logprob == pytest.approx(float(torch.log_softmax(torch.tensor([4.0, 2.0]), 0)[1]))
     assert [token for token, _ in entry.top] == [0, 1]  # the third is outside top-k: probability 0, no alternative
+    (entry,) = token_logprobs(logits, [1], SamplingParams(), top=20)  # more asked for than the vocabulary holds
+    assert [token for token, _ in entry.top] == [0, 1, 2, 3]
 
 
 def test_logprobs_are_off_unless_asked_and_checked() -> None:

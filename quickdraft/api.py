@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,11 @@ class Pipeline:
     _drafters: dict[tuple[str, DrafterOptions], Drafter] = field(init=False, repr=False)  # made for these models
 
     def __post_init__(self) -> None:
+        given = self.eos_token_ids  # any iterable of token ids
+        ends = tuple(given) if isinstance(given, Iterable) and not isinstance(given, str | bytes) else (None,)
+        if not all(is_int(token) and token >= 0 for token in ends):
+            raise ConfigError(f"eos_token_ids must be token ids (ints >= 0), got {given!r}", "eos_token_ids")
+        self.eos_token_ids = frozenset(ends)
         self.engine = Engine(self.target, self.tokenizer, self.eos_token_ids)
         self._drafters = {}
 

@@ -217,7 +217,7 @@ class Pipeline:
         if isinstance(prediction, str):  # empty text predicts nothing, as the server's empty prediction
             prediction_ids = encode(self.tokenizer, prediction, what="the prediction") if prediction.strip() else ()
         else:  # token ids: a sequence, tensor or array, checked by the Request as the prompt's are
-            prediction_ids = () if prediction is None else prediction
+            prediction_ids = () if prediction is None else token_ids(prediction, "the prediction")
         drafter_object = self.drafter(drafter, options)
         request = Request(tuple(prompt_ids), config, drafter_object, policy=policy, prediction_ids=prediction_ids)
         if policy is None:  # its costs and head ready now (the engine would get costs ready at the first need)

@@ -64,14 +64,33 @@ def test_loading_checks_its_flags_and_names(native_model_dirs: dict[str, Path]) 
         alone.generate("w1 w2", GenerationConfig(max_new_tokens=2))  # the default drafter needs a draft model
 
 
-def test_a_config_whose_width_is_not_the_weights_is_refused(native_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_config_that_is_not_the_weights_is_refused(native_model_dirs: dict[str, Path], tmp_path: Path) -> None:
     """The native runtime takes its shapes from the weights: a config.json that says otherwise would make the
-    runtime report a hidden size its model does not have (an acceptance head is checked against it)."""
+    runtime report a hidden size its model does not have (an acceptance head is checked against it), leave layers
+    out, or draw tokens past the vocabulary it reports; weights that are not finite are damaged, as in a GGUF file."""
     wrong = shutil.copytree(native_model_dirs["target"], tmp_path / "wrong")
     config = json.loads((wrong / "config.json").read_text())
     width = config["hidden_size"]
     (wrong / "config.json").write_text(json.dumps(config | {"hidden_size": 2 * width}))
     with pytest.raises(ModelFilesError, match=f"says hidden_size {2 * width}, the weights are {width}"):
+        Pipeline.load(wrong, None, runtime="native", progress=False)
+    layers, vocabulary = config["num_hidden_layers"], config["vocab_size"]
+    for changed, words in (  # what the weights hold beyond the config would be left out, or drawn past its rows
+        ({"num_hidden_layers": layers - 1}, f"says {layers - 1} layers, the weights hold {layers}"),
+        ({"vocab_size": vocabulary // 2}, f"says vocab_size {vocabulary // 2}, the embedding has {vocabulary} rows"),
+    ):
+        (wrong / "config.json").write_text(json.dumps(config | changed))
+        with pytest.raises(ModelFilesError, match=words):
+            Pipeline.load(wrong, None, runtime="native", progress=False)
+    (wrong / "config.json").write_text(json.dumps(config))
+    from safetensors.torch import load_file, save_file
+
+    (weights,) = wrong.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = next(name for name in tensors if "up_proj" in name)
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, weights)
+    with pytest.raises(ModelFilesError, match=f"weight {name} holds NaN or infinite values"):
         Pipeline.load(wrong, None, runtime="native", progress=False)
 
 

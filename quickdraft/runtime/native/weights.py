@@ -220,9 +220,28 @@ def quantize_safetensors(
         tensors.update(load_file(file))
     if config.tie_word_embeddings and "model.embed_tokens.weight" not in tensors and "lm_head.weight" in tensors:
         tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
+    check_float_weights(path, tensors, config)
     gguf, tied, kept = converted_from(path), config.tie_word_embeddings, EXACT_TYPES[weights]
     exact = {} if gguf is None or not kept else exact_weights(gguf, tensors, config.fused_projections, kept, tied)
     return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact, progress=progress)
+
+
+def check_float_weights(path: Path, tensors: dict[str, torch.Tensor], config: DecoderConfig) -> None:
+    """A directory's weights say what its config says: no layer past ``num_hidden_layers`` (they would be left out),
+    as many embedding rows as ``vocab_size`` (a token past them could be drawn, or one never), finite values (as a
+    GGUF file's must be); else ``ModelFilesError``."""
+    numbers = (name.split(".")[2] for name in tensors if name.startswith("model.layers."))
+    layers = {int(number) for number in numbers if number.isdigit()}
+    if layers and max(layers) >= config.num_layers:
+        message = f"{path}: config.json says {config.num_layers} layers, the weights hold {max(layers) + 1}"
+        raise ModelFilesError(message)
+    embedding = tensors.get("model.embed_tokens.weight")
+    if embedding is not None and embedding.shape[0] != config.vocab_size:
+        rows = embedding.shape[0]
+        raise ModelFilesError(f"{path}: config.json says vocab_size {config.vocab_size}, the embedding has {rows} rows")
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ModelFilesError(f"{path}: weight {name} holds NaN or infinite values: the file is damaged")
 
 
 def load_native_state(

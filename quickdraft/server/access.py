@@ -46,24 +46,27 @@ class Access:
     body_timeout_s: float = BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isprintable()):
-            raise ConfigError("the API key must be printable text, not empty")
+        if self.api_key is not None:
+            check_key(self.api_key, "the API key")
         if self.max_body_bytes < 1:
             raise ConfigError(f"the body limit must be >= 1 byte, got {self.max_body_bytes}")
         timeout = self.request_timeout_s
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-            raise ConfigError(f"--request-timeout must be a number of seconds > 0 (0: none), got {timeout}")
+            raise ConfigError(f"--request-timeout must be a number of seconds >= 0 (0: none), got {timeout}")
         if not (math.isfinite(self.body_timeout_s) and self.body_timeout_s > 0):
             raise ConfigError(f"the body timeout must be a number of seconds > 0, got {self.body_timeout_s}")
 
     @classmethod
     def from_args(cls, api_key: str | None, metrics_public: bool, max_body_mb: float, timeout_s: float) -> Access:
-        """The server's flags: ``api_key`` None takes ``$QUICKDRAFT_API_KEY``; ``timeout_s`` 0 means none."""
+        """The server's flags: ``api_key`` None takes ``$QUICKDRAFT_API_KEY`` (set but blank: refused, as the flag
+        is, rather than an open server); ``timeout_s`` 0 means none."""
         if not (math.isfinite(max_body_mb) and max_body_mb > 0):
             raise ConfigError(f"--max-body-mb must be a number of megabytes > 0, got {max_body_mb}")
-        if timeout_s < 0:
-            raise ConfigError(f"--request-timeout must be >= 0 seconds (0: none), got {timeout_s}")
-        key = api_key if api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+        if not (timeout_s >= 0 and math.isfinite(timeout_s)):
+            raise ConfigError(f"--request-timeout must be a number of seconds >= 0 (0: none), got {timeout_s}")
+        key = api_key if api_key is not None else os.environ.get(API_KEY_VARIABLE)
+        if api_key is None and key is not None:
+            check_key(key, f"${API_KEY_VARIABLE} (unset it to serve without a key)")
         return cls(key, metrics_public, int(max_body_mb * 2**20), timeout_s or None)
 
     def authorize(self, authorization: str | None, metrics: bool = False) -> None:
@@ -74,6 +77,12 @@ class Access:
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
             raise ApiError(401, "a valid API key is needed: Authorization: Bearer <key>", code="invalid_api_key")
+
+
+def check_key(key: str, named: str) -> None:
+    """An API key is printable text, not blank: ``ConfigError`` naming where it came from otherwise."""
+    if not key.strip() or not key.isprintable():
+        raise ConfigError(f"{named}: an API key must be printable text, not blank")
 
 
 OPEN = Access()  # no key; the default limits

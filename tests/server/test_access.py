@@ -180,8 +180,9 @@ def test_a_developer_message_is_a_system_message(locked: Server) -> None:
         ((None, False, 0, 600), "--max-body-mb must be a number of megabytes > 0"),
         ((None, False, float("nan"), 600), "--max-body-mb must be a number of megabytes > 0"),
         ((None, False, float("inf"), 600), "--max-body-mb must be a number of megabytes > 0"),
-        ((None, False, 8, -1), "--request-timeout must be >= 0"),
-        (("  ", False, 8, 600), "printable text"),
+        ((None, False, 8, -1), "--request-timeout must be a number of seconds >= 0"),
+        ((None, False, 8, float("nan")), "--request-timeout must be a number of seconds >= 0"),
+        (("  ", False, 8, 600), "the API key: an API key must be printable text"),
     ],
 )
 def test_bad_access_settings_are_clear_errors(arguments: tuple, message: str) -> None:
@@ -195,6 +196,11 @@ def test_the_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert Access.from_args("other", False, 8, 0).api_key == "other"
     monkeypatch.delenv(API_KEY_VARIABLE)
     assert Access.from_args(None, False, 8, 0).api_key is None
+    for blank in ("", " ", "\n"):  # set but blank, as `QUICKDRAFT_API_KEY=$SECRET` with no secret: not an open server
+        monkeypatch.setenv(API_KEY_VARIABLE, blank)
+        with pytest.raises(ConfigError, match=r"\$QUICKDRAFT_API_KEY \(unset it to serve without a key\)"):
+            Access.from_args(None, False, 8, 0)
+        assert Access.from_args(KEY, False, 8, 0).api_key == KEY  # the flag goes first
 
 
 LONG_SCHEMA = {"type": "string", "pattern": "(?=w)" + "w" * 70_000}

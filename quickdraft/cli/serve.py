@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> None:
         print(
             "quickdraft: note: --metrics-public changes nothing without an API key: every path is open", file=sys.stderr
         )
-    if args.replicas or args.max_replicas or args.ray_address or args.threads_per_replica is not None:
+    replica_options = (args.max_replicas, args.ray_address, args.threads_per_replica)  # 0 and "" given too
+    if args.replicas or any(option is not None for option in replica_options):
         run_replicas(args, options)
         return
     check_address(args.host, args.port)  # before the models load, which takes minutes

@@ -100,6 +100,8 @@ def test_a_clusters_serve_on_another_port_is_refused(monkeypatch: pytest.MonkeyP
     ("args", "words"),
     [
         (["--threads-per-replica", "0"], "--replicas must be >= 1"),  # it was taken for no replica option at all
+        (["--max-replicas", "0"], "--replicas must be >= 1"),  # so was this, and an empty address
+        (["--ray-address", ""], "--replicas must be >= 1"),
         (["--replicas", "2", "--threads-per-replica", "0"], "--threads-per-replica must be >= 1, got 0"),
     ],
 )

@@ -68,12 +68,7 @@ class IncrementalDecoder:
     def add(self, token_id: int) -> None:
         """Append one committed token; sets ``stopped`` when a stop string is complete."""
         self._ids.append(token_id)
-        window_before = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        window_now = self._decode(self._ids[self._prefix_offset :])
-        if self._prefix_offset < self._first and not window_now.startswith(window_before):
-            del self._ids[: self._first]  # the context's text changes with what follows it: the answer stands alone
-            self._first = self._read_offset = 0
-            window_before, window_now = "", self._decode(self._ids)
+        window_before, window_now = self._windows()
         if len(window_now) <= len(window_before):
             return
         searched_from, found = max(0, len(self.text) - self._hold), None
@@ -102,8 +97,7 @@ class IncrementalDecoder:
         """Text that is safe to show now and was not released before. ``final``: the answer has ended, so a
         trailing partial UTF-8 character is released as the tokenizer decodes it (U+FFFD)."""
         if final and not self._final and not self.stopped and self._read_offset < len(self._ids):
-            window_before = self._decode(self._ids[self._prefix_offset : self._read_offset])
-            self._read(window_before, self._decode(self._ids[self._prefix_offset :]))
+            self._read(*self._windows())
         self._final = self._final or final
         end = len(self.text) if (final or self.stopped) else max(self._released, len(self.text) - self._hold)
         delta = self.text[self._released : end]
@@ -117,6 +111,21 @@ class IncrementalDecoder:
         if self.stopped or self._final:
             return bisect.bisect_left(self._starts, len(self.text))
         return bisect.bisect_right(self._ends, self._released)
+
+    def _windows(self) -> tuple[str, str]:
+        """The window's text without the tokens not yet read, and with them. Where the window's text changes with
+        what follows it: the context's (the answer then stands alone), or characters a tokenizer spells anew when a
+        broken one follows (SentencePiece's byte fallback reads a run of byte tokens that holds a broken character
+        as one U+FFFD per byte, the whole ones too), the window starts at the tokens not yet read."""
+        window_before = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        window_now = self._decode(self._ids[self._prefix_offset :])
+        if window_now.startswith(window_before):
+            return window_before, window_now
+        if self._prefix_offset < self._first:
+            del self._ids[: self._first]
+            self._first = self._read_offset = 0
+        self._prefix_offset = self._read_offset
+        return "", self._decode(self._ids[self._read_offset :])
 
     def _read(self, window_before: str, window_now: str) -> None:
         """The tokens since the last read add the text ``window_now`` has past ``window_before`` (the window's text

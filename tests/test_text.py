@@ -32,6 +32,17 @@ class ChunkTokenizer:
         return b"".join(self.chunks[i] for i in token_ids).decode("utf-8", errors="replace")
 
 
+class ByteFallbackTokenizer:
+    """SentencePiece's byte fallback, as tokenizers' ``ByteFallback`` decoder reads it: token i is byte i, and a run
+    of them that is no UTF-8 reads as one U+FFFD per token, its whole characters too."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True, **_: bool) -> str:
+        try:
+            return bytes(token_ids).decode("utf-8")
+        except UnicodeDecodeError:
+            return "\ufffd" * len(token_ids)
+
+
 def feed(decoder: IncrementalDecoder, text: str) -> list[str]:
     return feed_tokens(decoder, list(text.encode()))
 
@@ -122,6 +133,22 @@ def test_a_cut_partial_character_ends_the_text_as_the_tokenizer_decodes_it() -> 
     decoder = IncrementalDecoder(ByteTokenizer())
     deltas = feed_tokens(decoder, [*b"ab", *"é".encode()[:1]])  # the answer was cut inside "é"
     assert "".join(deltas) == decoder.text == "ab\ufffd" == ByteTokenizer().decode([*b"ab", 0xC3])
+
+
+def test_a_character_spelled_anew_by_the_broken_one_after_it_keeps_its_text() -> None:
+    """Cut inside its second character, a run of byte tokens reads as U+FFFD per token, the first character too: the
+    text keeps that character, then the cut tokens as the tokenizer decodes them, streamed or not; a stop string
+    before the cut is found as with any tokenizer."""
+    runes = list("ᚠᚢ".encode())  # two characters of three byte tokens each
+    for cut in range(1, len(runes)):
+        decoder = IncrementalDecoder(ByteFallbackTokenizer())
+        deltas = feed_tokens(decoder, runes[:cut])
+        whole, broken = divmod(cut, 3)
+        assert "".join(deltas) == decoder.text == "ᚠ" * whole + "\ufffd" * broken, cut
+        assert decoder.visible_tokens() == cut
+    stopped = IncrementalDecoder(ByteFallbackTokenizer(), stop=("ᚠ",))
+    feed_tokens(stopped, [*b"a", *runes[:4]])
+    assert stopped.stopped and stopped.text == "a"
 
 
 def test_visible_tokens_are_those_whose_text_is_released() -> None:

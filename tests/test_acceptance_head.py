@@ -66,6 +66,9 @@ def test_fit_and_load_errors(tmp_path: Path) -> None:
     save_file(mismatched, tmp_path / "mismatched.safetensors")
     with pytest.raises(ModelFilesError, match=r"mismatched\.safetensors is not a quickdraft acceptance head"):
         AcceptanceHead.load(tmp_path / "mismatched.safetensors")
+    save_file({"fc.weight": torch.zeros(2, 2)}, tmp_path / "draft_head.safetensors")  # another model's file
+    with pytest.raises(ModelFilesError, match="holds no weight, bias, mean, scale tensor \\(a draft head from"):
+        AcceptanceHead.load(tmp_path / "draft_head.safetensors")
 
 
 def constant_head(probability: float, width: int) -> AcceptanceHead:

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +277,8 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    (hf_logging.enable_progress_bar if progress else hf_logging.disable_progress_bar)()
+    shown = hf_logging.is_progress_bar_enabled()
+    progress_bars(progress)  # the reading's own bars, then as they were (the CLI keeps them off)
     started = time.perf_counter()
     if progress:
         print(f"converting {source.name} once into {directory} (takes a few minutes) ...", file=sys.stderr, flush=True)
@@ -293,6 +295,8 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
         raise ModelFilesError(f"cannot read GGUF files: {error}; install the `gguf` package") from error
     except Exception as error:  # transformers raises many types for unreadable files
         raise ModelFilesError(f"cannot convert {source}: {type(error).__name__}: {error}") from error
+    finally:
+        progress_bars(shown)
     check_loading_info(info, source)  # before anything is saved that later runs would trust
     check_every_tensor_read(model, source)
     damaged = next((name for name, weight in model.state_dict().items() if not torch.isfinite(weight).all()), None)
@@ -307,6 +311,16 @@ def ensure_fp32_weights(directory: Path, progress: bool = True) -> None:
         raise ModelFilesError(f"cannot write the fp32 weights into {directory}: {error}") from error
     if progress:
         print(f"converted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
+
+def progress_bars(shown: bool) -> None:
+    """transformers' progress bars on or off; on without the Hub's warning that its variable, which the CLI sets,
+    keeps its own off."""
+    from transformers.utils import logging as hf_logging
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Cannot enable progress bars")
+        (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
 
 
 def apply_freq_factors(model: Any, where: Path) -> None:

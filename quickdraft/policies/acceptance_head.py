@@ -75,6 +75,9 @@ class AcceptanceHead:
             with safe_open(str(path), "pt") as file:
                 tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 - not a dict
                 metadata = json.loads((file.metadata() or {}).get("quickdraft", "{}"))
+            missing = [name for name in ("weight", "bias", "mean", "scale") if name not in tensors]
+            if missing:  # another model's file: a draft head from train-draft, say
+                raise ValueError(f"it holds no {', '.join(missing)} tensor (a draft head from train-draft?)")
             head = cls(tensors["weight"], tensors["bias"][0], tensors["mean"], tensors["scale"], metadata)
         except Exception as error:  # safetensors raises its own error type for damaged files
             raise ModelFilesError(f"{path} is not a quickdraft acceptance head: {error}") from None

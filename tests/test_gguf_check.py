@@ -93,7 +93,8 @@ def test_an_up_projection_without_a_gate_may_hold_both() -> None:
     from quickdraft.models.gguf_check import Corrupt, _check_sizes
 
     metadata = {"general.architecture": "phi3", "phi3.block_count": 1, "phi3.embedding_length": 8,
-                "phi3.attention.head_count": 2, "phi3.feed_forward_length": 16}  # fmt: skip
+                "phi3.attention.head_count": 2, "phi3.feed_forward_length": 16,
+                "tokenizer.ggml.tokens": ["a"]}  # fmt: skip
     down = ("blk.0.ffn_down.weight", [16, 8])
     _check_sizes(metadata, [down, ("blk.0.ffn_up.weight", [8, 32])])
     _check_sizes(metadata, [down, ("blk.0.ffn_up.weight", [8, 16])])  # an up projection alone
@@ -102,3 +103,24 @@ def test_an_up_projection_without_a_gate_may_hold_both() -> None:
         _check_sizes(metadata, [down, gate, ("blk.0.ffn_up.weight", [8, 32])])
     with pytest.raises(Corrupt, match=r"tensor blk\.0\.ffn_up\.weight has 24 rows, but the model's sizes make it 16"):
         _check_sizes(metadata, [down, ("blk.0.ffn_up.weight", [8, 24])])
+
+
+def test_a_file_without_its_tokenizer_is_a_clear_error() -> None:
+    """Read by transformers, such a file was a KeyError ('tokens', or 'scores' for missing merges), an IndexError
+    (an end token past the vocabulary) or a TypeError (token ids for texts)."""
+    from quickdraft.models.gguf_check import Corrupt, _check_sizes
+
+    metadata = {"general.architecture": "qwen2", "qwen2.block_count": 1, "qwen2.embedding_length": 8,
+                "qwen2.attention.head_count": 2, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"],
+                "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.eos_token_id": 1}  # fmt: skip
+    infos = [("blk.0.attn_norm.weight", [8])]
+    _check_sizes(metadata, infos)
+    for changed, words in (
+        ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens, the tokenizer's token texts, is missing"),
+        ({"tokenizer.ggml.tokens": [1, 2]}, "not a list of texts"),
+        ({"tokenizer.ggml.merges": None}, "tokenizer.ggml.merges is missing: a BPE tokenizer"),
+        ({"tokenizer.ggml.eos_token_id": 2}, r"tokenizer.ggml.eos_token_id is 2: a token id in 0\.\.1"),
+        ({"tokenizer.ggml.bos_token_id": "a"}, "tokenizer.ggml.bos_token_id is 'a'"),
+    ):
+        with pytest.raises(Corrupt, match=words):
+            _check_sizes({key: value for key, value in (metadata | changed).items() if value is not None}, infos)

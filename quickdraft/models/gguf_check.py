@@ -10,6 +10,7 @@ Rules (:func:`check_gguf`, a ``ModelFilesError`` saying what is wrong):
   attention, feed-forward, norms) are as wide and have as many rows as those sizes make them (a layer's ``ffn_up``
   without an ``ffn_gate`` beside it may hold both, twice the rows, as Phi-3's does); the embedding and the output
   layer have a row per token of the vocabulary, as llama.cpp requires.
+- The tokenizer is in the file: its token texts, a BPE tokenizer's merges, special token ids among the tokens.
 """
 
 from __future__ import annotations
@@ -66,10 +67,27 @@ def _check_sizes(metadata: dict[str, Any], infos: list[Info]) -> None:
         raise Corrupt(f"{architecture}.block_count says {stated} layers, but it holds {held}")
     _check_widths(metadata, architecture, infos)
     tokens = metadata.get("tokenizer.ggml.tokens")
+    _check_tokenizer(metadata, tokens)
     count = len(tokens) if isinstance(tokens, list) else None
     for name, shape in infos:
         if name in ("token_embd.weight", "output.weight") and count is not None and shape[-1] != count:
             raise Corrupt(f"tensor {name} has {shape[-1]} rows, but the vocabulary has {count} tokens")
+
+
+def _check_tokenizer(metadata: dict[str, Any], tokens: Any) -> None:
+    """The file holds its tokenizer, as every model quickdraft runs needs: a list of token texts, the merges of a BPE
+    one (``gpt2``), and special tokens among them."""
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(token, str) for token in tokens):
+        raise Corrupt("tokenizer.ggml.tokens, the tokenizer's token texts, is missing or not a list of texts")
+    if metadata.get("tokenizer.ggml.model") == "gpt2" and not isinstance(metadata.get("tokenizer.ggml.merges"), list):
+        raise Corrupt("tokenizer.ggml.merges is missing: a BPE tokenizer (gpt2) needs its merges")
+    for key, value in metadata.items():
+        if (
+            key.startswith("tokenizer.ggml.")
+            and key.endswith("_token_id")
+            and not (isinstance(value, int) and 0 <= value < len(tokens))
+        ):
+            raise Corrupt(f"{key} is {value!r}: a token id in 0..{len(tokens) - 1}")
 
 
 def _check_widths(metadata: dict[str, Any], architecture: str, infos: list[Info]) -> None:

@@ -75,8 +75,17 @@ def test_a_config_that_is_not_the_weights_is_refused(native_model_dirs: dict[str
     with pytest.raises(ModelFilesError, match=f"says hidden_size {2 * width}, the weights are {width}"):
         Pipeline.load(wrong, None, runtime="native", progress=False)
     layers, vocabulary = config["num_hidden_layers"], config["vocab_size"]
+    heads = config["num_key_value_heads"]
     for changed, words in (  # what the weights hold beyond the config would be left out, or drawn past its rows
         ({"num_hidden_layers": layers - 1}, f"says {layers - 1} layers, the weights hold {layers}"),
+        (
+            {
+                "num_key_value_heads": heads * 2,
+                "num_attention_heads": config["num_attention_heads"] * 2,
+                "head_dim": width // config["num_attention_heads"],
+            },  # shapes a first forward failed on
+            r"weight model\.layers\.0\.self_attn\.[qk]_proj\.weight is \[\d+, \d+\], but the config's sizes make",
+        ),
         ({"vocab_size": vocabulary // 2}, f"says vocab_size {vocabulary // 2}, the embedding has {vocabulary} rows"),
     ):
         (wrong / "config.json").write_text(json.dumps(config | changed))

@@ -279,7 +279,7 @@ BAD_INPUTS = {
     ),
     "unknown device": (["generate", "w1", "--device", "tpu"], "unknown device 'tpu': give auto, cpu, cuda or cuda:N"),
     "serve without a body limit": (["serve", "--max-body-mb", "0"], "--max-body-mb must be a number of megabytes > 0"),
-    "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "--request-timeout must be a number of seconds >= 0"),
+    "serve with a negative timeout": (["serve", "--request-timeout", "-5"], "must be a number of seconds >= 0"),
     "an API key with replicas": (["serve", "--replicas", "2", "--api-key", "k3y"], "not supported with --replicas"),
     "serve under no name": (["serve", "--served-model-name", " "], "--served-model-name must not be empty"),
     "train-acceptance-head without tokens": (

@@ -228,20 +228,43 @@ def quantize_safetensors(
 
 def check_float_weights(path: Path, tensors: dict[str, torch.Tensor], config: DecoderConfig) -> None:
     """A directory's weights say what its config says: no layer past ``num_hidden_layers`` (they would be left out),
-    as many embedding rows as ``vocab_size`` (a token past them could be drawn, or one never), finite values (as a
-    GGUF file's must be); else ``ModelFilesError``."""
+    as many embedding rows as ``vocab_size`` (a token past them could be drawn, or one never), the attention's and
+    MLP's shapes (:func:`expected_shapes`; else a traceback at the first forward), finite values (as a GGUF file's
+    must be); else ``ModelFilesError``."""
     numbers = (name.split(".")[2] for name in tensors if name.startswith("model.layers."))
     layers = {int(number) for number in numbers if number.isdigit()}
     if layers and max(layers) >= config.num_layers:
         message = f"{path}: config.json says {config.num_layers} layers, the weights hold {max(layers) + 1}"
         raise ModelFilesError(message)
     embedding = tensors.get("model.embed_tokens.weight")
+    if embedding is not None and embedding.shape[-1] != config.hidden_size:  # the width every other shape follows
+        width = embedding.shape[-1]
+        raise ModelFilesError(f"{path}: config.json says hidden_size {config.hidden_size}, the weights are {width}")
     if embedding is not None and embedding.shape[0] != config.vocab_size:
         rows = embedding.shape[0]
         raise ModelFilesError(f"{path}: config.json says vocab_size {config.vocab_size}, the embedding has {rows} rows")
+    shapes = expected_shapes(config)
     for name, tensor in tensors.items():
+        part = name.split(".", 3)[-1] if name.startswith("model.layers.") else ""
+        if part in shapes and tuple(tensor.shape) != shapes[part]:
+            made = f"the config's sizes make it {list(shapes[part])}"
+            raise ModelFilesError(f"{path}: weight {name} is {list(tensor.shape)}, but {made}")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise ModelFilesError(f"{path}: weight {name} holds NaN or infinite values: the file is damaged")
+
+
+def expected_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """A layer's attention and dense MLP weights' shapes ``[out, in]`` by their names after ``model.layers.N.``, as
+    the config's sizes make them (fused projections and experts aside)."""
+    hidden, query = config.hidden_size, config.num_heads * config.head_dim
+    key_value = config.num_kv_heads * config.head_dim
+    shapes = {"self_attn.q_proj.weight": (query, hidden), "self_attn.k_proj.weight": (key_value, hidden),
+              "self_attn.v_proj.weight": (key_value, hidden), "self_attn.o_proj.weight": (hidden, query)}  # fmt: skip
+    if not any(config.layer_experts):
+        width = config.intermediate_size
+        shapes |= {"mlp.gate_proj.weight": (width, hidden), "mlp.up_proj.weight": (width, hidden),
+                   "mlp.down_proj.weight": (hidden, width)}  # fmt: skip
+    return shapes
 
 
 def load_native_state(
@@ -273,6 +296,8 @@ def load_native_state(
             state = quantize(source, config, weights, bar)
     except KeyError as error:
         raise ModelFilesError(f"{source}: weight {error} is missing") from None
+    except ModelFilesError:
+        raise
     except Exception as error:  # safetensors and gguf raise several types for damaged files
         raise ModelFilesError(f"cannot load the weights in {source}: {type(error).__name__}: {error}") from error
     try:

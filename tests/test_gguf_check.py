@@ -124,3 +124,18 @@ def test_a_file_without_its_tokenizer_is_a_clear_error() -> None:
     ):
         with pytest.raises(Corrupt, match=words):
             _check_sizes({key: value for key, value in (metadata | changed).items() if value is not None}, infos)
+
+
+def test_biases_and_rope_factors_have_their_layers_sizes() -> None:
+    """A q bias of the wrong length or a rope_freqs of the wrong count was a traceback at the first forward."""
+    from quickdraft.models.gguf_check import Corrupt, _check_sizes
+
+    metadata = {"general.architecture": "qwen2", "qwen2.block_count": 1, "qwen2.embedding_length": 8,
+                "qwen2.attention.head_count": 2, "qwen2.attention.head_count_kv": 1,
+                "tokenizer.ggml.tokens": ["a"]}  # fmt: skip
+    good = [("blk.0.attn_q.bias", [8]), ("blk.0.attn_k.bias", [4]), ("rope_freqs.weight", [2])]
+    _check_sizes(metadata, good)
+    with pytest.raises(Corrupt, match=r"tensor blk\.0\.attn_q\.bias holds 7 values, but the model's sizes make its"):
+        _check_sizes(metadata, [("blk.0.attn_q.bias", [7])])
+    with pytest.raises(Corrupt, match=r"tensor rope_freqs\.weight holds 7 factors, but RoPE turns 2 frequencies"):
+        _check_sizes(metadata, [("rope_freqs.weight", [7])])

@@ -10,6 +10,7 @@ Rules (:func:`check_gguf`, a ``ModelFilesError`` saying what is wrong):
   attention, feed-forward, norms) are as wide and have as many rows as those sizes make them (a layer's ``ffn_up``
   without an ``ffn_gate`` beside it may hold both, twice the rows, as Phi-3's does); the embedding and the output
   layer have a row per token of the vocabulary, as llama.cpp requires.
+- A bias has a value per row of its layer, and ``rope_freqs`` a factor per frequency RoPE turns.
 - The tokenizer is in the file: its token texts, a BPE tokenizer's merges, special token ids among the tokens.
 """
 
@@ -119,7 +120,13 @@ def _check_widths(metadata: dict[str, Any], architecture: str, infos: list[Info]
         if isinstance(kv_heads, int) and isinstance(value, int):
             rows |= {"attn_k": kv_heads * key, "attn_v": kv_heads * value}
     names = {name for name, _ in infos}
+    rotary = metadata.get(f"{architecture}.rope.dimension_count") or key
     for name, shape in infos:
+        if name == "rope_freqs.weight" and isinstance(rotary, int) and shape[0] != rotary // 2:
+            raise Corrupt(f"tensor {name} holds {shape[0]} factors, but RoPE turns {rotary // 2} frequencies")
+        bias = rows.get(name.removesuffix(".bias").rsplit(".", 1)[-1]) if name.endswith(".bias") else None
+        if bias is not None and shape[0] != bias:
+            raise Corrupt(f"tensor {name} holds {shape[0]} values, but the model's sizes make its layer {bias}")
         if not name.endswith(".weight"):
             continue
         part = name.removesuffix(".weight").rsplit(".", 1)[-1]

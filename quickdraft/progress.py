@@ -34,3 +34,10 @@ def show_postfix(bar: Any, text: str) -> None:
     """Says what ``bar`` works on now: redrawn at once on a terminal, so the bar never names the previous item while
     this one runs; in a log it waits for the next line, as a refresh would write a line per item."""
     bar.set_postfix_str(text, refresh=sys.stderr.isatty())
+
+
+def redraw(bar: Any) -> None:
+    """Shows ``bar``'s new total or state at once on a terminal; in a log it waits for the next line, as a redraw
+    would write a line of its own each time."""
+    if sys.stderr.isatty():
+        bar.refresh()

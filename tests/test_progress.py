@@ -57,3 +57,17 @@ def test_a_postfix_on_a_terminal_is_drawn_at_once(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(progress.sys.stderr, "isatty", lambda on_terminal=on_terminal: on_terminal)
         progress.show_postfix(Bar(), "now")
     assert drawn == [True, False]
+
+
+def test_a_bar_in_a_log_keeps_its_interval_as_its_total_changes(capsys: pytest.CaptureFixture) -> None:
+    """A total measured again (collect's shards) is drawn at once only on a terminal: in a log a redraw wrote a line
+    per shard, and the last one twice. No other module redraws a bar itself."""
+    with progress.progress_bar(total=50, desc="work") as bar:
+        for step in range(50):
+            bar.update(1)
+            bar.total = 60 - step // 10
+            progress.redraw(bar)
+    assert len(capsys.readouterr().err.splitlines()) <= 2  # the first line and the last
+    sources = (Path(progress.__file__).parent).rglob("*.py")
+    redrawing = [path.name for path in sources for line in path.read_text().splitlines() if "refresh()" in line]
+    assert redrawing == ["progress.py"]

@@ -30,7 +30,7 @@ from quickdraft.draft_head.starters import OPENERS
 from quickdraft.errors import ConfigError
 from quickdraft.files import save_atomically, write_atomically
 from quickdraft.lossless.sampling import SamplingParams, logits_to_probs, sample
-from quickdraft.progress import progress_bar
+from quickdraft.progress import progress_bar, redraw
 from quickdraft.prompts import chat_closing, chat_prefix
 from quickdraft.runtime.base import BatchRow, KVCache, Runtime
 
@@ -199,7 +199,7 @@ class Collector:
                     reports.append(report)
                     on_shard(report)
                     bar.total = bar.n + len(todo) * bar.n // len(reports)  # the shards' measured size, not the bound
-                    bar.refresh()
+                    redraw(bar)
         return reports
 
     def _start(self, number: int) -> Conversation:

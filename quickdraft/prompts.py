@@ -145,7 +145,7 @@ def encode_chat(
     ``template_kwargs``: more variables the template reads (vLLM's ``chat_template_kwargs``, e.g. Qwen3's
     ``enable_thinking``), none of them a name the rendering reserves (:func:`reserved_template_names`)."""
     if not getattr(tokenizer, "chat_template", None):
-        message = "this model has no chat template: give it one, or send the prompt as text to complete"
+        message = "this model has no chat template: give it one (--chat-template FILE), or send the prompt as text"
         raise PromptError(message, "chat")
     extra = check_template_kwargs(tokenizer, template_kwargs)
     if tools is not None and (

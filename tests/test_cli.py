@@ -248,7 +248,7 @@ BAD_INPUTS = {
     "bench-serve's unknown drafter": (["bench-serve", "--drafter", "magic"], "unknown drafter 'magic'"),
     "chat without a template": (
         ["generate", "w1", "--chat"],
-        "this model has no chat template: give it one, or send the prompt as text to complete (--chat)",
+        "this model has no chat template: give it one (--chat-template FILE), or send the prompt as text",
     ),
     "unknown runtime": (
         ["generate", "w1", "--runtime", "magic"],

@@ -42,8 +42,10 @@ def workload_prompts(
     if workload not in WORKLOADS:
         raise ConfigError(f"--workload is one of {', '.join(WORKLOADS)}, got {workload!r}")
     if workload == "agent":
-        if conversations is None or questions is not None:
-            raise ConfigError("--workload agent replays --conversations FILE (from tools/agent_run.py), no --questions")
+        if conversations is None:
+            raise ConfigError("--workload agent replays --conversations FILE (from tools/agent_run.py): give one")
+        if questions is not None:
+            raise ConfigError("--workload agent replays --conversations FILE, not --questions: give one of them")
         return agent_prompts(conversations, max_tokens)[:count]
     if conversations is not None:
         raise ConfigError("--conversations needs --workload agent")

@@ -39,20 +39,34 @@ def check_reachable(address: str) -> None:
             setting="ray_address",
         )
     try:
-        socket.create_connection((resolved(host.strip("[]")), int(port)), timeout=REACH_TIMEOUT_S).close()
+        connected(resolved(host.strip("[]")), int(port))
     except OSError as error:  # refused, unreachable, timed out, or a host name that does not resolve
         reason = error.strerror or str(error) or type(error).__name__
         raise ConfigError(f"cannot reach a Ray cluster at {address}: {reason}", setting="ray_address") from None
 
 
-def resolved(host: str) -> str:
-    """``host``'s first address, looked up within ``REACH_TIMEOUT_S``: a lookup has no timeout of its own, so it runs
+def connected(addresses: list[str], port: int) -> None:
+    """A connection to the first of ``addresses`` that accepts one (as ``socket.create_connection`` tries a host's
+    addresses in turn: ``localhost`` may be ::1 first, and Ray listen on 127.0.0.1), closed; the last error else."""
+    failure: OSError = OSError("no address")
+    for address in addresses:
+        try:
+            socket.create_connection((address, port), timeout=REACH_TIMEOUT_S).close()
+            return
+        except OSError as error:
+            failure = error
+    raise failure
+
+
+def resolved(host: str) -> list[str]:
+    """``host``'s addresses, looked up within ``REACH_TIMEOUT_S``: a lookup has no timeout of its own, so it runs
     in a thread of its own, left to finish if it hangs."""
-    answers: queue.Queue[str | OSError] = queue.Queue(maxsize=1)
+    answers: queue.Queue[list[str] | OSError] = queue.Queue(maxsize=1)
 
     def look_up() -> None:
         try:
-            answers.put(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+            found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            answers.put(list(dict.fromkeys(str(info[4][0]) for info in found)))
         except OSError as error:
             answers.put(error)
 

@@ -178,3 +178,18 @@ def test_a_ray_address_whose_lookup_hangs_is_a_clear_error_in_time(monkeypatch: 
     released.set()
     with pytest.raises(ConfigError, match="at head:6379: Name or service not known"):
         ray_cluster.check_reachable("head:6379")
+
+
+def test_a_ray_address_is_reached_at_any_of_its_hosts_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``localhost`` may be ::1 first where Ray listens on 127.0.0.1: each address is tried, as a connection would."""
+    pytest.importorskip("quickdraft.deploy.ray_serve", reason="the ray extra is not installed")
+    from quickdraft.deploy import ray_cluster
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        found = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+                 (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]  # fmt: skip
+        monkeypatch.setattr(ray_cluster.socket, "getaddrinfo", lambda *_, **__: found)
+        ray_cluster.check_reachable(f"head:{port}")  # ::1 refuses (nothing listens there), 127.0.0.1 accepts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,9 +73,9 @@ class Pipeline:
     def __post_init__(self) -> None:
         given = self.eos_token_ids  # any iterable of token ids
         ends = tuple(given) if isinstance(given, Iterable) and not isinstance(given, str | bytes) else (None,)
-        if not all(is_int(token) and token >= 0 for token in ends):
+        if not all(isinstance(token, Integral) and not isinstance(token, bool) and token >= 0 for token in ends):
             raise ConfigError(f"eos_token_ids must be token ids (ints >= 0), got {given!r}", "eos_token_ids")
-        self.eos_token_ids = frozenset(ends)
+        self.eos_token_ids = frozenset(int(token) for token in ends)
         self.engine = Engine(self.target, self.tokenizer, self.eos_token_ids)
         self._drafters = {}
 

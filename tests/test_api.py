@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import native_pipeline
 
@@ -122,7 +123,7 @@ def test_numpy_scalars_are_the_numbers_they_hold() -> None:
 def test_a_pipelines_end_tokens_are_any_iterable_of_token_ids() -> None:
     """Built directly (not by ``load``): a list, a tuple or a generator of ids works; anything else is an error naming
     the field, not a TypeError at the first request."""
-    for ends in ([47], (47,), (token for token in [47]), frozenset({47})):
+    for ends in ([47], (47,), (token for token in [47]), frozenset({47}), np.array([47]), [np.int64(47)]):
         assert Pipeline(target=None, tokenizer=None, eos_token_ids=ends).eos_token_ids == frozenset({47})  # type: ignore[arg-type]
     for bad in (None, 47, "47", [47, -1], [1.5], [True]):
         with pytest.raises(ConfigError, match="eos_token_ids must be token ids") as refused:

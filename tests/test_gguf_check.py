@@ -115,6 +115,7 @@ def test_a_file_without_its_tokenizer_is_a_clear_error() -> None:
                 "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.eos_token_id": 1}  # fmt: skip
     infos = [("blk.0.attn_norm.weight", [8])]
     _check_sizes(metadata, infos)
+    _check_sizes(metadata | {"tokenizer.ggml.eot_token_id": 7}, infos)  # one transformers does not read: llama.cpp's
     for changed, words in (
         ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens, the tokenizer's token texts, is missing"),
         ({"tokenizer.ggml.tokens": [1, 2]}, "not a list of texts"),

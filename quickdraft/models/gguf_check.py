@@ -11,7 +11,8 @@ Rules (:func:`check_gguf`, a ``ModelFilesError`` saying what is wrong):
   without an ``ffn_gate`` beside it may hold both, twice the rows, as Phi-3's does); the embedding and the output
   layer have a row per token of the vocabulary, as llama.cpp requires.
 - A bias has a value per row of its layer, and ``rope_freqs`` a factor per frequency RoPE turns.
-- The tokenizer is in the file: its token texts, a BPE tokenizer's merges, special token ids among the tokens.
+- The tokenizer is in the file: its token texts, a BPE tokenizer's merges, the special token ids transformers reads
+  (:data:`READ_SPECIAL_TOKENS`) among the tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ SIZES = ("block_count", "embedding_length", "feed_forward_length", "attention.he
 REQUIRED = ("block_count", "embedding_length", "attention.head_count")  # every architecture llama.cpp runs has them
 POSITIVE = ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base")
 LAYER = re.compile(r"blk\.(\d+)\.")
+# the special tokens transformers' reader looks up among the tokens (llama.cpp warns of any other out of range, and
+# end_tokens leaves such an end token out)
+READ_SPECIAL_TOKENS = ("bos", "eos", "unknown", "padding")
 Info = tuple[str, tuple[int, ...]]  # a tensor's name and shape (GGUF's order)
 
 
@@ -82,13 +86,10 @@ def _check_tokenizer(metadata: dict[str, Any], tokens: Any) -> None:
         raise Corrupt("tokenizer.ggml.tokens, the tokenizer's token texts, is missing or not a list of texts")
     if metadata.get("tokenizer.ggml.model") == "gpt2" and not isinstance(metadata.get("tokenizer.ggml.merges"), list):
         raise Corrupt("tokenizer.ggml.merges is missing: a BPE tokenizer (gpt2) needs its merges")
-    for key, value in metadata.items():
-        if (
-            key.startswith("tokenizer.ggml.")
-            and key.endswith("_token_id")
-            and not (isinstance(value, int) and 0 <= value < len(tokens))
-        ):
-            raise Corrupt(f"{key} is {value!r}: a token id in 0..{len(tokens) - 1}")
+    for name in READ_SPECIAL_TOKENS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        if key in metadata and not (isinstance(metadata[key], int) and 0 <= metadata[key] < len(tokens)):
+            raise Corrupt(f"{key} is {metadata[key]!r}: a token id in 0..{len(tokens) - 1}")
 
 
 def _check_widths(metadata: dict[str, Any], architecture: str, infos: list[Info]) -> None:

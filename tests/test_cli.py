@@ -293,7 +293,7 @@ BAD_INPUTS = {
     "train-draft past the seeds": (["train-draft", "--seed", str(2**64)], "seed must be an integer in [0, 2**64 - 1]"),
     "serve with a missing draft head": (["serve", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),
     "bench-serve with a name twice": (["bench-serve", "--configs", "x=none,x=none"], "names a configuration twice"),
-    "bench-serve with a rate twice": (["bench-serve", "--rates", "seq,seq"], "names a rate twice"),
+    "bench-serve with a rate twice": (["bench-serve", "--rates", "seq,1,1.0"], "names a rate twice"),
     "γ given twice": (["generate", "w1", "--policy", "fixed:3", "--num-draft-tokens", "5"], "give the number once"),
     "missing acceptance head": (["generate", "w1", "--acceptance-head", "/nope.st"], "/nope.st: no such file"),
     "missing draft head": (["generate", "w1", "--draft-head", "/nope.st"], "--draft-head /nope.st: no such file"),

@@ -47,9 +47,7 @@ def run_bench_serve(args: argparse.Namespace) -> None:
 
         ServerOptions.from_args(args)
     rates = args.rates.split(",")
-    for rate in rates:
-        parse_rate(rate)
-    if len(set(rates)) < len(rates):  # one load measured twice, as two rows of the report
+    if len({parse_rate(rate) for rate in rates}) < len(rates):  # one load measured twice, as two rows of the report
         raise ConfigError(f"--rates {args.rates} names a rate twice: give each once")
     for flag, count in (("--num-prompts", args.num_prompts), ("--max-tokens", args.max_tokens)):
         if count is not None and count < 1:

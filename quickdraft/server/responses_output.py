@@ -135,10 +135,11 @@ def call_item(call: Mapping[str, Any], arguments: str | None = None, status: str
 
 
 class Spelling:
-    """Reads tokens' bytes as UTF-8 one after another, as the answer's text was decoded: ``chars`` is how many
-    characters of the text the tokens read so far spell. A character's first bytes count once it is whole, or once
-    broken off (as the one U+FFFD the text holds for them), so a token inside a character and the one completing it
-    spell it together, and bytes that are no UTF-8 count as the text's U+FFFD, not as their own number."""
+    """Reads tokens' bytes as UTF-8 one after another, as a byte-level BPE tokenizer decodes an answer: ``chars`` is
+    how many characters of the text the tokens read so far spell. A character's first bytes count once it is whole,
+    or once broken off (as the one U+FFFD the text holds for them), so a token inside a character and the one
+    completing it spell it together, and bytes that are no UTF-8 count as the text's U+FFFD, not as their own number
+    (SentencePiece's byte fallback writes one per byte token: there the count can fall short by a run's extra ones)."""
 
     def __init__(self) -> None:
         self.chars = 0

@@ -129,3 +129,19 @@ def test_a_pipelines_end_tokens_are_any_iterable_of_token_ids() -> None:
         with pytest.raises(ConfigError, match="eos_token_ids must be token ids") as refused:
             Pipeline(target=None, tokenizer=None, eos_token_ids=bad)  # type: ignore[arg-type]
         assert refused.value.setting == "eos_token_ids"
+
+
+def test_a_config_no_model_can_have_is_refused_by_every_runtime(
+    native_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The native runtime's refusal of such a config is not left to the transformers runtime, which ran a negative
+    RoPE base as garbage tokens and failed a negative layer count with a traceback."""
+    wrong = shutil.copytree(native_model_dirs["target"], tmp_path / "wrong")
+    config = json.loads((wrong / "config.json").read_text())
+    for changed, words in (
+        ({"rope_parameters": config["rope_parameters"] | {"rope_theta": -10000.0}}, "RoPE needs a positive base"),
+        ({"num_hidden_layers": -1}, "num_hidden_layers is -1: a whole number of at least 1"),
+    ):
+        (wrong / "config.json").write_text(json.dumps(config | changed))
+        with pytest.raises(ModelFilesError, match=f"config.json is no model's config: {words}"):
+            Pipeline.load(wrong, None, runtime="auto", progress=False)

@@ -25,6 +25,15 @@ PASS_ACTIVATION_BYTES = 16 * 2**20
 MIN_ROWS_PER_PASS = 64
 
 
+class InvalidConfig(ValueError):
+    """A config no model can have (a size below 1, a RoPE base that is not positive): no runtime runs it, unlike a
+    family or feature this runtime does not implement."""
+
+
+SIZES = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size",
+         "vocab_size", "head_dim")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Rope:
     """One RoPE table's parameters: base ``theta`` and a scaling of its frequencies (``linear``: all divided by
@@ -54,12 +63,12 @@ class Rope:
     def __post_init__(self) -> None:
         if self.scaling not in ROPE_SCALINGS:
             raise ValueError(f"RoPE scaling {self.scaling!r} is not supported (only {', '.join(ROPE_SCALINGS)})")
-        if self.theta <= 0 or self.factor <= 0:
-            raise ValueError("RoPE needs a positive base and factor")
+        if not (self.theta > 0 and self.factor > 0):
+            raise InvalidConfig("RoPE needs a positive base and factor")
         if self.scaling == "longrope" and (self.short_factor is None or self.long_factor is None):
             raise ValueError("longrope needs short_factor and long_factor")
         if not 0 < self.partial_rotary_factor <= 1:
-            raise ValueError("partial_rotary_factor must be in (0, 1]")
+            raise InvalidConfig("partial_rotary_factor must be in (0, 1]")
 
     @classmethod
     def from_hf(cls, parameters: dict[str, Any], theta: float, config: dict[str, Any] | None = None) -> Rope:
@@ -230,6 +239,9 @@ class DecoderConfig:
             raise ValueError("MLP biases are not supported")
         if config.get("clip_qkv") is not None:  # OLMo's clamp of q, k and v (none in released OLMo 2, 3 and OLMoE)
             raise ValueError(f"clip_qkv ({config['clip_qkv']}) is not supported")
+        for size in SIZES:
+            if config.get(size) is not None and not (isinstance(config[size], int) and config[size] >= 1):
+                raise InvalidConfig(f"{size} is {config[size]!r}: a whole number of at least 1")
         num_layers = int(config["num_hidden_layers"])
         num_heads = int(config["num_attention_heads"])
         hidden_size = int(config["hidden_size"])

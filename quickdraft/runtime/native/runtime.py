@@ -15,7 +15,7 @@ from quickdraft.models.convert import read_marker
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.names import KV_CACHE_DEFAULT, WEIGHT_FORMATS
 from quickdraft.runtime.native.cache import KEY_BLOCK, KV_DTYPES, StaticKVCache
-from quickdraft.runtime.native.config import DecoderConfig
+from quickdraft.runtime.native.config import DecoderConfig, InvalidConfig
 from quickdraft.runtime.native.gguf_weights import READ_TYPES
 from quickdraft.runtime.native.kernels import load_kernels, sources_digest
 from quickdraft.runtime.native.model import Decoder
@@ -66,9 +66,12 @@ class NativeRuntime(Runtime):
     @staticmethod
     def supports(path: Path) -> bool:
         """Whether the model in ``path`` is a family this runtime implements, with weights it can read (a GGUF
-        file's tensor types, as its directory's marker records them)."""
+        file's tensor types, as its directory's marker records them); ``ModelFilesError`` for a config no model can
+        have, which no runtime should run."""
         try:
             DecoderConfig.from_dir(path)
+        except InvalidConfig as error:  # no runtime runs it: said, not left to another runtime to run
+            raise ModelFilesError(f"{path / 'config.json'} is no model's config: {error}") from None
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
         tensor_types = (read_marker(path) or {}).get("tensor_types") or []  # a GGUF file's; none for other models
@@ -93,6 +96,8 @@ class NativeRuntime(Runtime):
             raise ConfigError(message, "kv_cache_dtype")
         try:
             config = DecoderConfig.from_dir(path)
+        except InvalidConfig as error:
+            raise ModelFilesError(f"{path / 'config.json'} is no model's config: {error}") from None
         except (ValueError, KeyError) as error:
             raise ModelFilesError(
                 f"the native runtime cannot run {path}: {error}; the transformers runtime may", "runtime"

@@ -95,5 +95,5 @@ def test_a_drafter_that_cannot_copy_refuses_a_prediction(pipeline: Pipeline) -> 
     with pytest.raises(ConfigError, match="needs a drafter that copies it"):  # a one-token array is not dropped
         pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="none", prediction=np.array([0]))
     for wrong in (0, False, {}):
-        with pytest.raises(PromptError, match="prediction_ids must be a sequence of token ids"):
+        with pytest.raises(PromptError, match="the prediction must be a sequence of token ids"):
             pipeline.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), drafter="hybrid", prediction=wrong)

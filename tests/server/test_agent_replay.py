@@ -98,7 +98,7 @@ def test_bad_conversation_files_are_clear_errors(tmp_path: Path, text: str, word
         (["--workload", "agent"], "--conversations FILE"),
         (["--conversations", "agent.jsonl"], "needs --workload agent"),
         (["--workload", "agent", "--conversations", "missing.jsonl"], "no such file"),
-        (["--workload", "agent", "--conversations", "a.jsonl", "--questions", "q.jsonl"], "no --questions"),
+        (["--workload", "agent", "--conversations", "a.jsonl", "--questions", "q.jsonl"], "not --questions"),
         (["--max-tokens", "0"], "--max-tokens must be >= 1"),
     ],
 )

@@ -62,3 +62,11 @@ def cpu_fingerprint() -> str:
         "flags": sorted(set(fields.get("flags", "").split())),
     }
     return hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

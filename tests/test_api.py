@@ -145,3 +145,6 @@ def test_a_config_no_model_can_have_is_refused_by_every_runtime(
         (wrong / "config.json").write_text(json.dumps(config | changed))
         with pytest.raises(ModelFilesError, match=f"config.json is no model's config: {words}"):
             Pipeline.load(wrong, None, runtime="auto", progress=False)
+    (wrong / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 2**40}))
+    with pytest.raises(ModelFilesError, match=r"1,099,511,627,776 positions .* GiB of RoPE tables, more than"):
+        Pipeline.load(wrong, None, runtime="native", progress=False)  # not an allocator's traceback

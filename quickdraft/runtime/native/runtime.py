@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import ConfigError, ModelFilesError
+from quickdraft.machine import memory_bytes
 from quickdraft.models.convert import read_marker
 from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.names import KV_CACHE_DEFAULT, WEIGHT_FORMATS
@@ -20,6 +21,8 @@ from quickdraft.runtime.native.gguf_weights import READ_TYPES
 from quickdraft.runtime.native.kernels import load_kernels, sources_digest
 from quickdraft.runtime.native.model import Decoder
 from quickdraft.runtime.native.weights import NATIVE_FORMAT, has_native_weights, load_native_state
+
+ROPE_TABLE_BYTES = 8  # cos and sin in float32: a RoPE table's bytes per position and head dimension
 
 
 class NativeCache(KVCache):
@@ -104,16 +107,17 @@ class NativeRuntime(Runtime):
             ) from None
         except (OSError, json.JSONDecodeError) as error:
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
-        state = load_native_state(path, config, options.weights, options.progress)
-        if state["final_norm"].shape[0] != config.hidden_size:  # shapes come from the weights: the config would lie
-            width = state["final_norm"].shape[0]
-            raise ModelFilesError(f"{path}: config.json says hidden_size {config.hidden_size}, the weights are {width}")
-        load_kernels(options.progress)  # a first build takes a minute: said here, not inside the first forward
         # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
         # only touched where tokens are written, so it grows with what a request uses, not with the capacity.
         positions = (
             config.max_position_embeddings if capacity is None else min(capacity, config.max_position_embeddings)
         )
+        check_rope_tables(path, config, positions)
+        state = load_native_state(path, config, options.weights, options.progress)
+        if state["final_norm"].shape[0] != config.hidden_size:  # shapes come from the weights: the config would lie
+            width = state["final_norm"].shape[0]
+            raise ModelFilesError(f"{path}: config.json says hidden_size {config.hidden_size}, the weights are {width}")
+        load_kernels(options.progress)  # a first build takes a minute: said here, not inside the first forward
         decoder = Decoder.from_native_state(config, state, positions)
         decoder.kv_dtype = KV_DTYPES[kv_cache]
         if options.vocabulary is not None:  # tokens past the model's rows (a tokenizer's added ones) cannot be drawn
@@ -210,3 +214,15 @@ class NativeRuntime(Runtime):
         if not 1 <= exit_layer < self.num_layers:
             raise ValueError(f"the exit layer must be in 1..{self.num_layers - 1}, got {exit_layer}")
         return self.decoder.forward(token_ids.cpu(), cache.static, exit_layer=exit_layer, starts=[start])
+
+
+def check_rope_tables(path: Path, config: DecoderConfig, positions: int) -> None:
+    """The RoPE tables (cos and sin, float32, of every position and head dimension, per distinct RoPE) fit in this
+    machine's memory: a context of millions of positions is a clear error, not an allocator's traceback."""
+    needed = positions * config.head_dim * ROPE_TABLE_BYTES * len(set(config.layer_ropes))
+    memory = memory_bytes()
+    if memory is not None and needed > memory:
+        raise ModelFilesError(
+            f"{path}: its context of {positions:,} positions (max_position_embeddings) needs {needed / 2**30:,.1f} GiB "
+            f"of RoPE tables, more than this machine's {memory / 2**30:,.1f} GiB of memory"
+        )

@@ -72,9 +72,7 @@ class NativeRuntime(Runtime):
         file's tensor types, as its directory's marker records them); ``ModelFilesError`` for a config no model can
         have, which no runtime should run."""
         try:
-            DecoderConfig.from_dir(path)
-        except InvalidConfig as error:  # no runtime runs it: said, not left to another runtime to run
-            raise ModelFilesError(f"{path / 'config.json'} is no model's config: {error}") from None
+            read_config(path)
         except (ValueError, KeyError, OSError, json.JSONDecodeError):
             return False
         tensor_types = (read_marker(path) or {}).get("tensor_types") or []  # a GGUF file's; none for other models
@@ -98,9 +96,7 @@ class NativeRuntime(Runtime):
             message = f"unknown KV cache dtype {kv_cache!r}; choose one of: {', '.join(KV_DTYPES)}"
             raise ConfigError(message, "kv_cache_dtype")
         try:
-            config = DecoderConfig.from_dir(path)
-        except InvalidConfig as error:
-            raise ModelFilesError(f"{path / 'config.json'} is no model's config: {error}") from None
+            config = read_config(path)
         except (ValueError, KeyError) as error:
             raise ModelFilesError(
                 f"the native runtime cannot run {path}: {error}; the transformers runtime may", "runtime"
@@ -214,6 +210,15 @@ class NativeRuntime(Runtime):
         if not 1 <= exit_layer < self.num_layers:
             raise ValueError(f"the exit layer must be in 1..{self.num_layers - 1}, got {exit_layer}")
         return self.decoder.forward(token_ids.cpu(), cache.static, exit_layer=exit_layer, starts=[start])
+
+
+def read_config(path: Path) -> DecoderConfig:
+    """The model's config as this runtime reads it: ``ModelFilesError`` for one no model can have, which no runtime
+    should run; a ValueError or KeyError for one this runtime does not implement (another runtime may)."""
+    try:
+        return DecoderConfig.from_dir(path)
+    except InvalidConfig as error:
+        raise ModelFilesError(f"{path / 'config.json'} is no model's config: {error}") from None
 
 
 def check_rope_tables(path: Path, config: DecoderConfig, positions: int) -> None:

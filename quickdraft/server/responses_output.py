@@ -195,14 +195,18 @@ class StreamedMessage:
         """The entries to send with ``delta``."""
         self.text += delta
         self.pending += entries
-        released = self.pending[: self.spelling.take(entry_bytes(self.pending), self.start + len(self.text))]
+        released = self._within_text(self.pending)
         self.pending = self.pending[len(released) :]
         self.sent += released
         return released
 
     def spelled(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The entries sent, then those of ``entries`` (the ones not sent) that spell the rest of the text."""
-        return self.sent + entries[: self.spelling.take(entry_bytes(entries), self.start + len(self.text))]
+        return self.sent + self._within_text(entries)
+
+    def _within_text(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The first of ``entries`` (after those read) whose tokens spell no more than the text so far; read."""
+        return entries[: self.spelling.take(entry_bytes(entries), self.start + len(self.text))]
 
 
 async def stream_events(

@@ -91,6 +91,7 @@ class Pipeline:
         device: str = AUTO_DEVICE,
         chat_template: str | None = None,
         kv_cache_dtype: str | None = None,
+        max_context: int | None = None,
     ) -> Pipeline:
         """Resolve and load models: packaged names, transformers directories or GGUF files.
 
@@ -103,19 +104,22 @@ class Pipeline:
         largest model at hand that shares the target's vocabulary and is at most half its size
         (:func:`quickdraft.models.find_draft`). Any other draft model drafts too: one whose vocabulary is not the
         target's by llama.cpp's rule drafts across vocabularies (:mod:`quickdraft.vocabularies`; :meth:`pairing`
-        says which). ``draft_weights``
-        (``auto``, ``q4``, ``int8``) and ``draft_vocabulary`` (the number of most frequent tokens its LM head
-        computes; 0: all) trade the draft model's precision for speed on the native runtime; they change how
-        often drafts are accepted, never the output. None takes the defaults, ``DRAFT_WEIGHTS`` and
-        ``DRAFT_VOCABULARY`` of :mod:`quickdraft.runtime.options`. ``chat_template``: Jinja text used in place of
-        the target's chat template (checked before any model loads). ``kv_cache_dtype`` (``float16``, ``float32``;
-        None: ``KV_CACHE_DEFAULT`` of :mod:`quickdraft.runtime.names`) is what both models' native KV caches hold.
+        says which). ``draft_weights`` (``auto``, ``q4``, ``int8``) and ``draft_vocabulary`` (the number of most
+        frequent tokens its LM head computes; 0: all) trade the draft model's precision for speed on the native
+        runtime; they change how often drafts are accepted, never the output. None takes the defaults,
+        ``DRAFT_WEIGHTS`` and ``DRAFT_VOCABULARY`` of :mod:`quickdraft.runtime.options`. ``chat_template``: Jinja
+        text used in place of the target's chat template (checked before any model loads). ``kv_cache_dtype``
+        (``float16``, ``float32``; None: ``KV_CACHE_DEFAULT`` of :mod:`quickdraft.runtime.names`) is what both
+        models' native KV caches hold. ``max_context`` caps the positions a request holds, prompt and answer, and
+        the memory the models keep for them (None: the target's declared context; more than that is an error).
         """
         check_runtime(runtime)  # an unknown name fails before any model work
         require_bool(progress, "progress")
         if draft is None and (draft_weights is not None or draft_vocabulary is not None):
             raise ConfigError("draft_weights and draft_vocabulary set how the draft model loads; draft=None loads none")
         where = resolve_device(device)
+        shared = {"progress": progress, "kv_cache_dtype": kv_cache_dtype, "max_context": max_context}  # both models'
+        target_options = LoadOptions(device=where, **shared)  # a bad max_context fails here, before any model work
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)
         if chat_template is not None:
@@ -129,10 +133,9 @@ class Pipeline:
             mismatch = vocabulary_mismatch(tokenizer, draft_tokenizer)
             draft_class = runtime_for(runtime, draft_path, where)
             options = draft_load_options(draft_class, draft_tokenizer, draft_weights, draft_vocabulary, where)
-            options = replace(options, progress=progress, kv_cache_dtype=kv_cache_dtype)
-            draft_runtime = draft_class.load(draft_path, options)
-        target_options = LoadOptions(device=where, progress=progress, kv_cache_dtype=kv_cache_dtype)
+            draft_runtime = draft_class.load(draft_path, replace(options, **shared))
         target_runtime = runtime_for(runtime, target_path, where).load(target_path, target_options)
+        target_options.check_capped(target_runtime, "the target")
         if mismatch is not None:
             turn_ends = eos_token_ids(draft_path, draft_tokenizer)
             bridge = VocabularyBridge(
@@ -331,7 +334,8 @@ class Pipeline:
         def load(role: str, path: Path | None) -> Runtime:
             if path is None:
                 raise ConfigError(f"the {runtime} runtime needs the {role} model's directory")
-            options = LoadOptions(device=self.target.device)
+            held = (self.target if role == "target" else self.draft).max_context  # a cap carries over
+            options = LoadOptions(device=self.target.device, max_context=held)
             return runtime_cls.load_sharing(path, lambda: self.transformers_model(role), options)
 
         return Pipeline(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,28 @@ def test_loading_checks_its_flags_and_names(native_model_dirs: dict[str, Path]) 
     alone = Pipeline.load(target, None, progress=False)
     with pytest.raises(ConfigError, match="load one, or pick drafter='suffix'"):
         alone.generate("w1 w2", GenerationConfig(max_new_tokens=2))  # the default drafter needs a draft model
+
+
+def test_a_context_cap_reaches_both_models_and_every_runtime(native_model_dirs: dict[str, Path]) -> None:
+    """``max_context`` caps what the target and the draft hold (their configs declare 512 positions): a request
+    past it is refused naming max_new_tokens, the transformers copy keeps it, and a cap past the target's own
+    context is refused, since the model was never meant to hold more."""
+    target, draft = native_model_dirs["target"], native_model_dirs["draft"]
+    capped = Pipeline.load(target, draft, runtime="native", progress=False, max_context=96)
+    assert (capped.target.max_context, capped.draft.max_context) == (96, 96)
+    prompt = capped.encode("w1 w2 w3")
+    config = GenerationConfig(max_new_tokens=96 - len(prompt))
+    whole = Pipeline.load(target, draft, runtime="native", progress=False)
+    assert capped.generate(prompt, config).token_ids == whole.generate(prompt, config, drafter="none").token_ids
+    with pytest.raises(PromptError, match="but the model's context holds 96") as raised:
+        capped.generate(prompt, replace(config, max_new_tokens=config.max_new_tokens + 1))
+    assert raised.value.setting == "max_new_tokens"
+    on_transformers = capped.on_runtime("transformers")
+    assert (on_transformers.target.max_context, on_transformers.draft.max_context) == (96, 96)
+    with pytest.raises(ConfigError, match="max_context 513 is more than the target's context of 512 positions"):
+        Pipeline.load(target, None, runtime="native", progress=False, max_context=513)
+    with pytest.raises(ConfigError, match=r"max_context is a number of positions >= 1 \(None: .*\), got 0"):
+        Pipeline.load(target, None, progress=False, max_context=0)
 
 
 def test_a_config_that_is_not_the_weights_is_refused(native_model_dirs: dict[str, Path], tmp_path: Path) -> None:

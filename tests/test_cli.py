@@ -325,6 +325,10 @@ BAD_INPUTS = {
     ),
     "bench-serve unknown drafter": (["bench-serve", "--configs", "x=nodrafter"], "unknown drafter 'nodrafter'"),
     "bench-serve unknown policy": (["bench-serve", "--configs", "x=none+foo"], "unknown speculation policy 'foo'"),
+    "a context cap past the target's": (
+        ["generate", "w1", "--max-context", "100000"],
+        "max_context 100000 is more than the target's context of 512 positions: give at most that (--max-context)",
+    ),
     "kv cache dtype on transformers": (
         ["generate", "w1", "--runtime", "transformers", "--kv-cache-dtype", "float16"],
         "a KV cache of float16 needs the native runtime: the transformers runtime runs a model's own weights, here in "
@@ -392,6 +396,34 @@ def test_output_paths_are_checked_before_any_measuring(
     for flag, value, message in (("--repeats", "0", "must be >= 1, got 0"), ("--warmup", "-1", "must be >= 0, got -1")):
         status, _, err = run(["profile", "--model", str(tiny_model_dirs["target"]), flag, value], capsys)
         assert status == 1 and err == f"quickdraft: error: {flag} {message}\n"
+
+
+def test_a_context_cap_reaches_every_command_that_loads_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """--max-context is handed to the loading of every command that takes it; one that is no number of positions
+    is a usage error naming the flag, before anything loads."""
+
+    class Loaded(Exception):
+        pass
+
+    asked: list[object] = []
+
+    def stop_at_loading(*args: object, **kwargs: object) -> None:
+        asked.append(kwargs.get("max_context"))
+        raise Loaded
+
+    monkeypatch.setattr(Pipeline, "load", stop_at_loading)
+    commands = (["generate", "w1"], ["serve"], ["train-acceptance-head", "--out", str(tmp_path / "head.safetensors")],
+                ["bench", "--out", str(tmp_path / "bench")], ["train-draft", "--collect-only"])  # fmt: skip
+    for command in commands:
+        with pytest.raises(Loaded):
+            main([*command, "--max-context", "64"])
+        assert asked.pop() == 64, command
+    for value, words in (("0", "a number of positions >= 1, got 0"), ("many", "a number of positions, got 'many'")):
+        with pytest.raises(SystemExit):
+            main(["generate", "w1", "--max-context", value])
+        assert f"argument --max-context: {words}" in capsys.readouterr().err
 
 
 def test_missing_and_corrupt_models(tmp_path: Path, tiny_model_dirs: dict[str, Path], capsys) -> None:

@@ -102,6 +102,8 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
         "temperature": settings.temperature,
         "sampling_seed": settings.sampling_seed,
     }
+    if settings.max_context is not None:  # given: part of what was measured (absent, results stay comparable)
+        config["max_context"] = settings.max_context
     store = ResultStore(settings.out, config, keep_config=settings.report_only)
     shifts = turn_shifts(questions)
     todo = [
@@ -205,6 +207,7 @@ def measure(
         draft_vocabulary=settings.draft_vocabulary if store.config["draft"] else None,
         device=settings.device,
         kv_cache_dtype=settings.kv_cache_dtype,
+        max_context=settings.max_context,
     )
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
     if pipeline.bridge is not None:  # a draft of another vocabulary: say how it drafts

@@ -39,6 +39,7 @@ class BenchSettings:
     draft_vocabulary: int | None = None  # None: quickdraft.runtime.options.DRAFT_VOCABULARY (native runtime)
     draft_head: str | None = None  # the eagle drafters' head (None: the target's default)
     kv_cache_dtype: str | None = None  # what the native KV caches hold (None: KV_CACHE_DEFAULT)
+    max_context: int | None = None  # the most positions a request holds (None: the target's declared context)
     runtime: str = AUTO
     device: str = AUTO  # where our models run (runtime/device.py); peers run where they run
     report_only: bool = False

@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> None:
         draft_vocabulary=args.draft_vocabulary,
         draft_head=args.draft_head,
         kv_cache_dtype=args.kv_cache_dtype,
+        max_context=args.max_context,
         runtime=args.runtime,
         device=args.device,
         report_only=args.report_only,

@@ -189,6 +189,7 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
 
     key = {"target": args.target, "runtime": args.runtime, "device": args.device, "max_tokens": args.max_tokens}
     key |= {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}
+    key |= {"max_context": args.max_context} if args.max_context else {}
     template = chat_template_of(args)
     key |= {"chat_template": hashlib.sha256(template.encode()).hexdigest()} if template is not None else {}
     if args.workload != "spec-bench":  # recorded requests: which ones, with their own limits
@@ -202,7 +203,7 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
     if missing:
         pipeline = Pipeline.load(
             target=args.target, draft=None, runtime=args.runtime, device=args.device,
-            kv_cache_dtype=args.kv_cache_dtype, chat_template=template,
+            kv_cache_dtype=args.kv_cache_dtype, max_context=args.max_context, chat_template=template,
         )  # fmt: skip
         for i, prompt in enumerate(missing, start=1):
             prompt_ids, config = served_input(pipeline, prompt, args.max_tokens, args.sampling)
@@ -247,6 +248,7 @@ def quickdraft_command(args: argparse.Namespace, port: int) -> list[str]:
     command += ["--draft-vocabulary", str(args.draft_vocabulary)] if args.draft_vocabulary is not None else []
     command += ["--draft-head", args.draft_head] if args.draft_head else []
     command += ["--kv-cache-dtype", args.kv_cache_dtype] if args.kv_cache_dtype else []
+    command += ["--max-context", str(args.max_context)] if args.max_context else []
     command += ["--chat-template", args.chat_template] if args.chat_template else []
     return command
 

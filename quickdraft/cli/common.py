@@ -55,11 +55,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "the target, $QUICKDRAFT_CACHE/draft-heads/<target>.safetensors)",
     )
     add_runtime_argument(parser)
-    add_kv_cache_argument(parser)
+    add_cache_arguments(parser)
     add_draft_load_arguments(parser)
 
 
-def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the models keep for a request's positions: how keys and values are held, and how many positions."""
     parser.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
@@ -67,6 +68,26 @@ def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
         help=f"what the native runtime's KV caches hold keys and values as (default {KV_CACHE_DEFAULT}: half the "
         "memory and reading of float32; the transformers runtime keeps its model's dtype)",
     )
+    parser.add_argument(
+        "--max-context",
+        type=positions,
+        default=None,
+        metavar="N",
+        help="the most positions a request holds, prompt and answer together (llama.cpp's --ctx-size, vLLM's "
+        "--max-model-len): a cap on the target's declared context, which also bounds the memory the models keep "
+        "for positions, such as their RoPE tables (default: the whole declared context)",
+    )
+
+
+def positions(text: str) -> int:
+    """A number of positions, >= 1 (argparse's type: a bad one is a usage error naming the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of positions, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a number of positions >= 1, got {value}")
+    return value
 
 
 def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--draft-") -> None:
@@ -183,6 +204,7 @@ def load_models(args: argparse.Namespace, draft: str | None) -> Any:
         device=args.device,
         chat_template=chat_template_of(args),
         kv_cache_dtype=args.kv_cache_dtype,
+        max_context=args.max_context,
     )
     if pipeline.bridge is not None:  # the user asked for this draft: say how it drafts
         print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)

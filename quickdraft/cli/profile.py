@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.cli.common import (
+    add_cache_arguments,
     add_draft_load_arguments,
-    add_kv_cache_argument,
     add_runtime_argument,
     check_output_file,
 )
@@ -47,7 +47,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         "(default target)",
     )
     add_runtime_argument(profile)
-    add_kv_cache_argument(profile)
+    add_cache_arguments(profile)
     add_draft_load_arguments(profile, prefix="--")  # --weights, --vocabulary: as a draft model loads for "draft"
     profile.add_argument(
         "--max-k", type=int, default=MAX_K, metavar="K", help=f"largest number of new tokens (default {MAX_K})"
@@ -119,16 +119,17 @@ def run(args: argparse.Namespace) -> None:
     draft = args.model == "draft"  # loaded as the pipeline loads the default draft model
     weights, vocabulary = (args.weights, args.vocabulary) if draft else (args.weights or "auto", args.vocabulary or 0)
     options = draft_load_options(runtime_cls, load_tokenizer(path), weights, vocabulary, device, "")
-    options = replace(options, kv_cache_dtype=args.kv_cache_dtype)
+    options = replace(options, kv_cache_dtype=args.kv_cache_dtype, max_context=args.max_context)
     reader = None
     if args.against:  # before loading ours: a missing or unusable binding is a clear error, at once
         from quickdraft.bench.llama_cpp import prompt_reader, verified_gguf
 
         reader = prompt_reader(verified_gguf(path), torch.get_num_threads(), args.prefill)
     runtime = runtime_cls.load(path, options)
+    options.check_capped(runtime, "the model")
     runtime_name = runtime_cls.name
     report = {"model": str(model), "path": str(path), "runtime": runtime_name, "weights": options.weights}
-    report |= {"kv_cache_dtype": runtime.kv_cache_dtype}
+    report |= {"kv_cache_dtype": runtime.kv_cache_dtype, "max_context": runtime.max_context}
     report |= {"vocabulary": len(options.vocabulary or ()) or None, "threads": torch.get_num_threads()}
     if args.prefill is not None:
         report |= measure_prefill(runtime, args.prefill, args.repeats, args.warmup, reader)

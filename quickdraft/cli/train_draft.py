@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import add_kv_cache_argument, add_runtime_argument, check_output_dir, check_output_file
+from quickdraft.cli.common import add_cache_arguments, add_runtime_argument, check_output_dir, check_output_file
 from quickdraft.errors import ConfigError
 from quickdraft.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -55,7 +55,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     )
     parser.add_argument("--draft", metavar="PATH", help=f"draft model for --model draft (default {DEFAULT_DRAFT})")
     add_runtime_argument(parser)
-    add_kv_cache_argument(parser)
+    add_cache_arguments(parser)
     parser.add_argument("--data", metavar="DIR", help="collected data (default $QUICKDRAFT_CACHE/draft-data/<target>)")
     parser.add_argument(
         "--out",
@@ -157,7 +157,10 @@ def run(args: argparse.Namespace) -> None:
     if unused:
         why = "--collect-only trains nothing" if args.collect_only else "--model draft trains no head"
         print(f"quickdraft: note: {', '.join(unused)} not used: {why}", file=sys.stderr)
-    pipeline = Pipeline.load(args.target, None, args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype)
+    pipeline = Pipeline.load(
+        args.target, None, args.runtime, device=args.device, kv_cache_dtype=args.kv_cache_dtype,
+        max_context=args.max_context,
+    )  # fmt: skip
     name = model_key(Path(pipeline.target_path))
     asked, held = args.vocabulary, pipeline.target.vocab_size
     if args.model == "head" and not args.collect_only and asked != DEFAULT_VOCABULARY and asked > held:

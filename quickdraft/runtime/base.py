@@ -13,11 +13,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from quickdraft.errors import ConfigError
 from quickdraft.runtime.device import CPU, synchronize
 
 PLACEHOLDER_CHUNK = 512  # tokens per forward when a runtime fills a cache by reading (Runtime.fill_placeholder)
@@ -55,6 +57,23 @@ class LoadOptions:
     device: torch.device = CPU  # where the model runs (runtime/device.py); the native runtime: CPU
     progress: bool = False  # bars on stderr for a first load's long work (packing the weights, building kernels)
     kv_cache_dtype: str | None = None  # the native runtime's KV cache: float16 or float32 (None: KV_CACHE_DEFAULT)
+    max_context: int | None = None  # positions a request may hold at most, a cap on the model's own (None: no cap)
+
+    def __post_init__(self) -> None:
+        given = self.max_context
+        if given is not None and (not isinstance(given, Integral) or isinstance(given, bool) or given < 1):
+            message = f"max_context is a number of positions >= 1 (None: the model's whole context), got {given!r}"
+            raise ConfigError(message, "max_context")
+
+    def context(self, declared: int) -> int:
+        """The positions a model whose config declares ``declared`` holds when loaded with these options."""
+        return declared if self.max_context is None else min(declared, int(self.max_context))
+
+    def check_capped(self, runtime: Runtime, model: str) -> None:
+        """A cap is a cap: more positions than the loaded ``model`` declares is an error, not a context it holds."""
+        if self.max_context is not None and self.max_context > runtime.max_context:
+            message = f"max_context {self.max_context} is more than {model}'s context of {runtime.max_context}"
+            raise ConfigError(f"{message} positions: give at most that", "max_context")
 
 
 class Runtime(ABC):

@@ -46,12 +46,12 @@ class HFRuntime(Runtime):
     name = "transformers"
     provides_hidden = True
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, options: LoadOptions = LoadOptions()) -> None:  # noqa: B008 - frozen, shared
         self.model = model.eval()
         config = model.config.get_text_config()  # a multimodal model's positions are its text model's
         lm_head = model.get_output_embeddings().weight  # [V, H]: it reads the last hidden state
         self.vocab_size, self.hidden_size = int(lm_head.shape[0]), int(lm_head.shape[1])
-        self.max_context = int(getattr(config, "max_position_embeddings", None) or 2048)
+        self.max_context = options.context(int(getattr(config, "max_position_embeddings", None) or 2048))
         with contextlib.suppress(AttributeError):  # a config without the usual names: the cost stays unknown (0)
             kv_heads, head_dim = kv_shape(config)
             self.kv_bytes_per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
@@ -64,7 +64,7 @@ class HFRuntime(Runtime):
     @classmethod
     def load(cls, path: Path, options: LoadOptions = LoadOptions()) -> HFRuntime:  # noqa: B008 - frozen, shared
         check_default(options)
-        return cls(load_hf_model(path, dtype=model_dtype(options.device)).to(options.device))
+        return cls(load_hf_model(path, dtype=model_dtype(options.device)).to(options.device), options)
 
     @classmethod
     def load_sharing(
@@ -74,7 +74,7 @@ class HFRuntime(Runtime):
         options: LoadOptions = LoadOptions(),  # noqa: B008 - frozen, shared
     ) -> HFRuntime:
         check_default(options)
-        return cls(transformers_model().to(options.device, model_dtype(options.device)))
+        return cls(transformers_model().to(options.device, model_dtype(options.device)), options)
 
     def new_cache(self, batch_size: int = 1) -> HFCache:
         return HFCache(batch_size)
@@ -136,7 +136,8 @@ def check_default(options: LoadOptions) -> None:
                 f"{held}, and its cache holds that dtype",
                 setting,
             )
-    if replace(options, device=LoadOptions().device, progress=False, kv_cache_dtype=None) != LoadOptions():
+    settings = replace(options, device=LoadOptions().device, progress=False, kv_cache_dtype=None, max_context=None)
+    if settings != LoadOptions():
         raise ConfigError(f"the transformers runtime takes no load options but the device, got {options}")
 
 

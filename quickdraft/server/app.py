@@ -94,8 +94,8 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     started = int(time.time())
-    entries = {name: {"id": name, "object": "model", "created": started, "owned_by": "quickdraft"} for name in
-               defaults.model_names}  # fmt: skip
+    card = {"object": "model", "created": started, "owned_by": "quickdraft", "max_model_len": defaults.max_context}
+    entries = {name: {"id": name} | card for name in defaults.model_names}  # max_model_len: vLLM's, for clients
 
     @app.api_route("/v1/models", methods=list(READ))
     async def models(request: Request) -> dict[str, Any]:

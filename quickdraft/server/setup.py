@@ -53,6 +53,7 @@ class ServerOptions:
     split_reasoning: bool = True  # a thinking model's reasoning to reasoning_content (--reasoning-format auto)
     chat_template_kwargs: dict[str, Any] | None = None  # every conversation's template variables (a request's win)
     kv_cache_dtype: str | None = None  # what the native KV caches hold (None: KV_CACHE_DEFAULT)
+    max_context: int | None = None  # the most positions a request holds (None: the target's declared context)
 
     def __post_init__(self) -> None:
         GenerationConfig(policy=self.policy, max_draft_tokens=self.max_draft_tokens)  # a bad policy fails here
@@ -87,7 +88,7 @@ class ServerOptions:
             getattr(args, "kv_cache_mb", None),
             split_reasoning=getattr(args, "reasoning_format", "auto") == "auto",
             chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
-            kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
+            kv_cache_dtype=getattr(args, "kv_cache_dtype", None), max_context=getattr(args, "max_context", None),
         )  # fmt: skip
 
 
@@ -109,7 +110,7 @@ def build_server(options: ServerOptions, own_thread: bool) -> Server:
     pipeline = Pipeline.load(
         options.target, draft, options.runtime,
         draft_weights=options.draft_weights, draft_vocabulary=options.draft_vocabulary, device=options.device,
-        chat_template=options.chat_template, kv_cache_dtype=options.kv_cache_dtype,
+        chat_template=options.chat_template, kv_cache_dtype=options.kv_cache_dtype, max_context=options.max_context,
     )  # fmt: skip
     pipeline.draft_head = Path(options.draft_head) if options.draft_head else None
     pipeline.drafter(options.drafter)  # a default drafter these models cannot run fails here

@@ -1,5 +1,5 @@
-"""The native KV cache: float16 by default or float32 as a load option, and its memory: no transparent huge pages,
-where every (layer, head) span would take 2 MB."""
+"""The native KV cache: float16 by default or float32 as a load option, its positions capped as another, and its
+memory: no transparent huge pages, where every (layer, head) span would take 2 MB."""
 
 from __future__ import annotations
 
@@ -69,3 +69,24 @@ def test_the_kv_cache_holds_float16_unless_float32_is_asked_for(native_model_dir
     with pytest.raises(ConfigError, match="a KV cache of float16 needs the native runtime"):
         HFRuntime.load(path, LoadOptions(kv_cache_dtype="float16"))
     assert HFRuntime.load(path, LoadOptions(kv_cache_dtype="float32")).kv_cache_dtype == "float32"  # what it holds
+
+
+def test_a_context_cap_bounds_what_either_runtime_holds(native_model_dirs: dict) -> None:
+    """``max_context`` caps the model's declared context (512 positions here): its RoPE tables and caches hold no
+    more, and a request is checked against it; a cap past the declared context leaves the declared one (the
+    pipeline refuses it for the target); anything but a whole number >= 1 is refused by name."""
+    path = native_model_dirs["target"]
+    capped = NativeRuntime.load(path, LoadOptions(max_context=40))
+    assert capped.max_context == 40 and capped.new_cache(1).static.capacity == 40
+    assert all(cos.shape[0] == 40 for cos, _ in capped.decoder.layer_rope)
+    whole = NativeRuntime.load(path)
+    token_ids = torch.randint(0, whole.vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(capped.forward(token_ids, capped.new_cache(1)), whole.forward(token_ids, whole.new_cache(1)))
+    with pytest.raises(ValueError, match="the cache holds 40 positions"):
+        capped.forward(torch.cat([token_ids, token_ids[:, :1]], dim=1), capped.new_cache(1))
+    assert NativeRuntime.load(path, LoadOptions(max_context=10**6)).max_context == whole.max_context == 512
+    assert HFRuntime.load(path, LoadOptions(max_context=40)).max_context == 40
+    for bad in (0, -1, True, 1.5, "40"):
+        with pytest.raises(ConfigError, match="max_context is a number of positions >= 1") as raised:
+            LoadOptions(max_context=bad)
+        assert raised.value.setting == "max_context"

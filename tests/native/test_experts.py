@@ -11,6 +11,7 @@ import torch
 from conftest import native_from_hf
 from test_families import build
 
+from quickdraft.runtime.base import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.experts import Experts
 from quickdraft.runtime.native.kernels import native_kernels
@@ -82,7 +83,7 @@ def test_a_saved_directory_gives_the_bits_of_the_model_in_memory(family: str, tm
     Qwen2-MoE's shared expert and its gate too."""
     model = build(family)
     model.save_pretrained(tmp_path)
-    loaded = NativeRuntime.load(tmp_path, capacity=256)
+    loaded = NativeRuntime.load(tmp_path, LoadOptions(max_context=256))
     token_ids = torch.randint(0, 60, (1, 16), generator=torch.Generator().manual_seed(0))
     in_memory = native_from_hf(model)
     expected = in_memory.forward(token_ids, in_memory.new_cache())

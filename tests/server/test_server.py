@@ -46,6 +46,8 @@ def text_of(native: Pipeline, token_ids: list[int], prompt_ids: list[int] | None
 
 def test_models_health_and_metrics(server: Server) -> None:
     assert [model.id for model in server.client().models.list()] == [MODEL]
+    card = httpx.get(f"{server.url}/v1/models/{MODEL}", timeout=TIMEOUT).json()
+    assert card["max_model_len"] == server.engine.target.max_context  # vLLM's field: what a prompt and answer hold
     assert httpx.get(f"{server.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}
     head = httpx.head(f"{server.url}/health", timeout=TIMEOUT)
     assert head.status_code == 200 and head.content == b""  # a load balancer's check that reads no body

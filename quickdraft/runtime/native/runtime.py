@@ -83,7 +83,6 @@ class NativeRuntime(Runtime):
         cls,
         path: Path,
         options: LoadOptions = LoadOptions(),  # noqa: B008 - frozen, shared
-        capacity: int | None = None,
     ) -> NativeRuntime:
         """Load a model directory; its quantized form (``options.weights``: one of WEIGHT_FORMATS) is
         cached so later loads skip quantization. ``options.vocabulary`` restricts the LM head to those tokens."""
@@ -105,9 +104,7 @@ class NativeRuntime(Runtime):
             raise ModelFilesError(f"cannot read {path / 'config.json'}: {error}") from None
         # A cache holds the model's whole context (32,768 positions for the default pair) by default: its memory is
         # only touched where tokens are written, so it grows with what a request uses, not with the capacity.
-        positions = (
-            config.max_position_embeddings if capacity is None else min(capacity, config.max_position_embeddings)
-        )
+        positions = options.context(config.max_position_embeddings)
         check_rope_tables(path, config, positions)
         state = load_native_state(path, config, options.weights, options.progress)
         if state["final_norm"].shape[0] != config.hidden_size:  # shapes come from the weights: the config would lie
@@ -229,5 +226,6 @@ def check_rope_tables(path: Path, config: DecoderConfig, positions: int) -> None
     if memory is not None and needed > memory:
         raise ModelFilesError(
             f"{path}: its context of {positions:,} positions (max_position_embeddings) needs {needed / 2**30:,.1f} GiB "
-            f"of RoPE tables, more than this machine's {memory / 2**30:,.1f} GiB of memory"
+            f"of RoPE tables, more than this machine's {memory / 2**30:,.1f} GiB of memory: cap the context "
+            "(--max-context, or Pipeline.load's max_context)"
         )

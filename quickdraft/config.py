@@ -108,9 +108,11 @@ class GenerationConfig:
         if prompt_top is not None and (not is_int(prompt_top) or not 0 <= prompt_top <= MAX_LOGPROBS):
             message = f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] (the likeliest tokens to list)"
             raise ConfigError(f"{message}, got {prompt_top!r}", "prompt_logprobs")
+        if isinstance(self.kept_special_tokens, list):  # kept as a tuple, as stop is: a config is hashable
+            object.__setattr__(self, "kept_special_tokens", tuple(self.kept_special_tokens))
         kept = self.kept_special_tokens
         if not isinstance(kept, tuple) or not all(isinstance(text, str) and text for text in kept):
-            message = f"kept_special_tokens must be a tuple of token texts, got {kept!r}"
+            message = f"kept_special_tokens must be a list of token texts, got {kept!r}"
             raise ConfigError(message, "kept_special_tokens")
         if self.ignore_eos and self.grammar is not None:
             message = "a grammar's answer ends at the end-of-sequence token: ignore_eos cannot go with one"

@@ -265,6 +265,10 @@ def test_a_stop_string_is_one_stop_string_not_one_per_character() -> None:
     assert GenerationConfig(stop="Hi").stop == ("Hi",)
     assert GenerationConfig(stop=["a", "bc"]).stop == ("a", "bc")  # a list is kept, as a tuple: hashable
     assert hash(GenerationConfig(stop=["a"])) == hash(GenerationConfig(stop=("a",)))
+    assert GenerationConfig(kept_special_tokens=["<a>"]) == GenerationConfig(kept_special_tokens=("<a>",))
+    for bad in ("<a>", [""], [5]):  # text is not one token's name per character
+        with pytest.raises(ConfigError, match="kept_special_tokens must be a list of token texts"):
+            GenerationConfig(kept_special_tokens=bad)
     assert GenerationConfig(stop="é🙂").stop == ("é🙂",)
     for never_written in ("\udcff", "a\ud800"):  # an undecodable argument's byte, a lone surrogate: never matched
         with pytest.raises(ConfigError, match="stop strings must be UTF-8 text") as error:

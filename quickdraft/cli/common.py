@@ -116,7 +116,7 @@ def add_draft_load_arguments(parser: argparse.ArgumentParser, prefix: str = "--d
 def add_sampling_arguments(parser: argparse.ArgumentParser, sampled: str, temperature: str, seed: str) -> None:
     """The benchmarks' --question-seed (of what is ``sampled``), --temperature and --seed, with their help texts."""
     parser.add_argument("--question-seed", type=int, default=0, metavar="N", help=f"seed of {sampled} (default 0)")
-    parser.add_argument("--temperature", type=float, default=0.0, help=temperature)
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help=temperature)
     parser.add_argument("--seed", type=int, default=None, metavar="S", help=seed)
 
 

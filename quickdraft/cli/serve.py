@@ -163,8 +163,8 @@ def add_serving_arguments(parser: argparse.ArgumentParser, prefix_cache_mb: int 
         metavar="MB",
         help="memory for the running requests' keys and values: each reserves its prompt and max_tokens, requests "
         "wait while it is full, and one that can never fit is refused (0 = no bound; default: 3/4 of the memory "
-        "available once the models are loaded, 1/N of that for each of N local replicas, less --prefix-cache-mb; on a "
-        "GPU, no bound unless given)",
+        "available once the models are loaded, 1/N of that for each of N local replicas (N the larger of "
+        "--replicas and --max-replicas), less --prefix-cache-mb; on a GPU, no bound unless given)",
     )
     parser.add_argument("--recalibrate", action="store_true", help="measure the costs again instead of loading them")
 

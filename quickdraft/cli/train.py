@@ -41,7 +41,7 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     train.add_argument("--max-new-tokens", type=int, default=96, metavar="N", help="tokens per rollout (default 96)")
     train.add_argument("--block", type=int, default=8, metavar="K", help="drafts per step in rollouts (default 8)")
     train.add_argument("--holdout", type=float, default=0.25, metavar="F", help="held-out share of questions (0.25)")
-    train.add_argument("--seed", type=int, default=0, help="seed of the sample and the split (default 0)")
+    train.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the sample and the split (default 0)")
     add_model_arguments(train)
     add_chat_template_argument(train)  # the rollouts answer the questions as chats
     train.add_argument("--json", action="store_true", help="print the report as JSON")

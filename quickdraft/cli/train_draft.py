@@ -73,10 +73,12 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     parser.add_argument("--max-answer-tokens", type=int, default=320, metavar="N", help="answer length cap (320)")
     parser.add_argument("--collect-only", action="store_true", help="collect, do not train")
     parser.add_argument(
-        "--epochs", type=float, help="passes over the training shards (default 2.5; 1 for --model draft)"
+        "--epochs", type=float, metavar="E", help="passes over the training shards (default 2.5; 1 for --model draft)"
     )
     parser.add_argument("--unroll", type=int, default=2, metavar="J", help="drafting depths trained (default 2)")
-    parser.add_argument("--learning-rate", type=float, help="peak learning rate (1e-3; 2e-4 for --model draft)")
+    parser.add_argument(
+        "--learning-rate", type=float, metavar="LR", help="peak learning rate (1e-3; 2e-4 for --model draft)"
+    )
     parser.add_argument("--rank", type=int, metavar="R", help="adapter rank for --model draft (16)")
     parser.add_argument(
         "--tokens-per-batch", type=int, default=1024, metavar="N", help="positions per training batch (1024)"
@@ -87,7 +89,9 @@ def add_command(commands: Any, name: str, summary: str) -> None:
         help=f"tokens the head drafts ({DEFAULT_VOCABULARY})",
     )  # fmt: skip
     parser.add_argument("--held-out-shards", type=int, default=1, metavar="N", help="shards kept for measuring (1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthesis and the training (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of the synthesis and the training (default 0)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
 

@@ -119,7 +119,7 @@ class Pipeline:
             raise ConfigError("draft_weights and draft_vocabulary set how the draft model loads; draft=None loads none")
         where = resolve_device(device)
         shared = {"progress": progress, "kv_cache_dtype": kv_cache_dtype, "max_context": max_context}  # both models'
-        target_options = LoadOptions(device=where, **shared)  # a bad max_context fails here, before any model work
+        target_options = LoadOptions(device=where, **shared)  # a max_context of no positions fails here, at once
         target_path = resolve_model(target, progress)
         tokenizer = load_tokenizer(target_path)
         if chat_template is not None:

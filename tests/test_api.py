@@ -169,5 +169,9 @@ def test_a_config_no_model_can_have_is_refused_by_every_runtime(
         with pytest.raises(ModelFilesError, match=f"config.json is no model's config: {words}"):
             Pipeline.load(wrong, None, runtime="auto", progress=False)
     (wrong / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 2**40}))
-    with pytest.raises(ModelFilesError, match=r"1,099,511,627,776 positions .* GiB of RoPE tables, more than"):
+    with pytest.raises(ModelFilesError, match=r"its context of 1,099,511,627,776 \(max_.*\) needs .* GiB of RoPE"):
         Pipeline.load(wrong, None, runtime="native", progress=False)  # not an allocator's traceback
+    with pytest.raises(ModelFilesError, match=r"a context capped at 1,099,511,627,775 positions needs .* GiB of RoPE"):
+        Pipeline.load(wrong, None, runtime="native", progress=False, max_context=2**40 - 1)
+    capped = Pipeline.load(wrong, None, runtime="native", progress=False, max_context=64)  # what the cap is for
+    assert capped.target.max_context == 64

@@ -59,6 +59,11 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
         patch.setattr(first.draft, "build", "the same draft model in another weight format")
         assert first.calibrations.cost_model_file(DRAFTERS.get("draft-model"), 4) != saved
         assert first.calibrations.learned_file("draft-model") != learned
+    for runtime in (first.target, first.draft):  # per positions held: a cap (max_context) leaves contexts untimed
+        with monkeypatch.context() as patch:
+            patch.setattr(runtime, "max_context", runtime.max_context // 2)
+            assert first.calibrations.cost_model_file(DRAFTERS.get("draft-model"), 4) != saved
+            assert first.calibrations.learned_file("draft-model") == learned  # what answers teach does not change
 
     def no_measuring(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured although a saved calibration exists")

@@ -17,7 +17,7 @@ from quickdraft.models.catalog import KNOWN_MODELS
 
 FINGERPRINT_KEYS = (  # what entries are measured with: a folder's entries all share these
     "questions", "question_ids", "questions_sha256", "max_new_tokens", "target", "draft", "draft_load", "runtime",
-    "device", "greedy", "temperature", "sampling_seed", "warmup", "profile_context", "kv_cache",
+    "device", "greedy", "temperature", "sampling_seed", "warmup", "profile_context", "kv_cache", "max_context",
 )  # fmt: skip
 NEWER_KEYS = ("questions_sha256", "device", "warmup", "profile_context")  # not compared where a folder lacks them
 MACHINE_KEYS = ("cpu", "cpu_family_model", "isa", "threads", "torch", "transformers", "llama_cpp_python")

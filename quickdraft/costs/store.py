@@ -218,12 +218,15 @@ class CalibrationStore:
     ) -> dict[str, Any]:
         """What measured costs depend on: the models, whether a draft model drafts and what fraction of a target
         step a drafted token costs when the target drafts itself, so drafters that cost alike (the hybrid drafts
-        with the draft model) share one calibration."""
+        with the draft model) share one calibration; the positions the models hold, which bound the contexts and
+        prompts timed (a cap, ``max_context``, may leave some untimed)."""
+        draft_positions = self.draft.max_context if uses_draft and self.draft is not None else None
         return {
             "target": str(self.target_path),
             "draft": str(self.draft_path) if uses_draft else None,
             "runtime": self.target.name,
             "builds": self.builds(uses_draft),
+            "positions": [self.target.max_context, draft_positions],
             "drafter_costs": [uses_draft, target_cost_fraction],
             "max_draft_tokens": max_draft_tokens,
             "context": context,

@@ -13,7 +13,7 @@ from quickdraft.api import Pipeline
 from quickdraft.config import GenerationConfig
 from quickdraft.costs import BatchCostModel
 from quickdraft.costs.calibration import COST_CONTEXT, most_measured_drafts
-from quickdraft.costs.store import Calibration
+from quickdraft.costs.store import BATCH_CONTEXT, Calibration
 from quickdraft.drafters import DRAFTERS
 from quickdraft.engine import Engine, SchedulerSettings
 from quickdraft.engine.prefix_cache import PrefixCache
@@ -174,11 +174,13 @@ def serving_engine(
     ``kv_cache_mb`` (:func:`position_budget`), unless ``settings`` bounds them already."""
     notes = []
     if max_draft_tokens > (most := most_measured_drafts(pipeline.target.max_context)):  # any request may ask goodput
+        held = pipeline.target.max_context
         bound = f"max_draft_tokens is at most {most} for this target" if most >= 1 else "this target is too short"
+        fix = "" if most >= 1 else f": a server needs {COST_CONTEXT + 2} at least, for max_draft_tokens 1"
         raise ConfigError(
             f"{bound}: goodput's costs are measured that far, a step of {max_draft_tokens + 1} tokens after "
-            f"{COST_CONTEXT} cached ones, and it holds {pipeline.target.max_context} positions",
-            "max_draft_tokens" if most >= 1 else None,
+            f"{COST_CONTEXT} cached ones, and it holds {held} positions{fix}",
+            "max_draft_tokens" if most >= 1 else "max_context",
         )
     goodput = GenerationConfig(policy="goodput", max_draft_tokens=max_draft_tokens)
     for name in servable_drafters(pipeline):
@@ -189,7 +191,8 @@ def serving_engine(
             with contextlib.suppress(QuickdraftError):  # none trained: specdec++ requests are refused, saying so
                 pipeline.load_acceptance_head(name)
     if batch_costs is None:
-        max_tokens = settings.max_running + settings.prefill_tokens_per_step
+        room = pipeline.target.max_context - BATCH_CONTEXT  # a request's tokens in a step: at most its context's
+        max_tokens = min(settings.max_running + settings.prefill_tokens_per_step, settings.max_running * room)
         calibration = pipeline.calibrations.batch_cost_model(settings.max_running, max_tokens, not recalibrate)
         batch_costs = calibration.cost_model
         notes.append(f"batch costs {calibration.describe()}: {describe_curve(calibration)}")

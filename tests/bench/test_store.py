@@ -39,6 +39,7 @@ def test_a_folder_keeps_one_configuration(tmp_path: Path) -> None:
         {"device": "cuda"},
         {"target": "/models/other"},
         {"kv_cache": "float32"},
+        {"max_context": 4096},  # a cap, where the folder measured the whole context (config.json without the key)
     ):
         with pytest.raises(ConfigError, match=f"different {', '.join(change)}"):
             ResultStore(tmp_path / "out", CONFIG | change)

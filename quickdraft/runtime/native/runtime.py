@@ -224,8 +224,10 @@ def check_rope_tables(path: Path, config: DecoderConfig, positions: int) -> None
     needed = positions * config.head_dim * ROPE_TABLE_BYTES * len(set(config.layer_ropes))
     memory = memory_bytes()
     if memory is not None and needed > memory:
+        capped = positions < config.max_position_embeddings
+        context = "a context capped at {:,} positions" if capped else "its context of {:,} (max_position_embeddings)"
         raise ModelFilesError(
-            f"{path}: its context of {positions:,} positions (max_position_embeddings) needs {needed / 2**30:,.1f} GiB "
-            f"of RoPE tables, more than this machine's {memory / 2**30:,.1f} GiB of memory: cap the context "
-            "(--max-context, or Pipeline.load's max_context)"
+            f"{path}: {context.format(positions)} needs {needed / 2**30:,.1f} GiB of RoPE tables, more than this "
+            f"machine's {memory / 2**30:,.1f} GiB of memory: cap the context lower (--max-context, or Pipeline.load's "
+            "max_context)"
         )

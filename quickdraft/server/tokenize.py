@@ -66,7 +66,7 @@ def tokenize(
                 raise ApiError(400, "prompt must be a string", "prompt")
             require_utf8(prompt, "the prompt")
             special = flag(body, "add_special_tokens", True)
-            ids = list(pipeline.tokenizer(prompt, add_special_tokens=special).input_ids) if prompt else []
+            ids = list(pipeline.tokenizer(prompt, add_special_tokens=special).input_ids)  # "": [bos] where it has one
     except QuickdraftError as error:  # a template that cannot render them, text that is not UTF-8
         field = getattr(error, "setting", None) or ("messages" if body.get("messages") is not None else "prompt")
         raise ApiError(400, str(error), field) from None

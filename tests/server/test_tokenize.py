@@ -44,6 +44,27 @@ def test_the_ids_are_those_the_server_reads_and_their_text_comes_back(server: Se
     assert post(server, "/detokenize", {"tokens": of_prompt["tokens"]}).json() == {"prompt": "w1 w2 w3"}
 
 
+def test_an_empty_prompt_is_what_the_tokenizer_makes_of_it() -> None:
+    """As vLLM answers: a tokenizer that begins every text with its BOS token gives ``[bos]`` for "" (with special
+    tokens), and one without gives none."""
+    import types
+
+    from conftest import word_tokenizer
+    from tokenizers import processors
+
+    from quickdraft.server.tokenize import tokenize
+
+    tokenizer = word_tokenizer(8)
+    begins = word_tokenizer(8)
+    begins._tokenizer.post_processor = processors.TemplateProcessing(single="w0 $A", special_tokens=[("w0", 0)])
+    for made, words in ((tokenizer, []), (begins, [0])):
+        pipeline = types.SimpleNamespace(tokenizer=made, target=types.SimpleNamespace(max_context=64))
+        answer = tokenize({"prompt": ""}, pipeline, (MODEL,), None, lambda token: ("", b""))
+        assert answer == {"count": len(words), "max_model_len": 64, "tokens": words}
+        plain = tokenize({"prompt": "", "add_special_tokens": False}, pipeline, (MODEL,), None, lambda t: ("", b""))
+        assert plain["tokens"] == []
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "words"),
     [

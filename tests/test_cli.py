@@ -177,10 +177,15 @@ def test_goodput_reports_its_calibration(model_args: list[str], capsys: pytest.C
     assert status == 0 and out.strip()
     assert re.search(r"\[goodput\] calibrated in [0-9.]+ s, saved to", err) and "prompt tokens costs the draft" in err
     assert "learned from 0 earlier answers" in err
+    timing = "[goodput] timing this machine's costs, once for these models ..."  # said before the wait, not after
+    assert err.index(timing) < err.index("[goodput] calibrated in")
     status, _, err = run(args, capsys)  # the next run loads what the first one measured and learned
     assert status == 0 and "[goodput] loaded from" in err and "learned from 1 earlier answer" in err
+    assert timing not in err
     status, _, err = run([*args, "--recalibrate"], capsys)
-    assert status == 0 and "[goodput] calibrated in" in err and "learned from 0 earlier answers" in err
+    assert (
+        status == 0 and "[goodput] calibrated in" in err and "learned from 0 earlier answers" in err and timing in err
+    )
     status, _, err = run(args, capsys)  # --recalibrate started the record afresh: its run is the one answer
     assert "learned from 1 earlier answer" in err
 
@@ -487,7 +492,17 @@ def test_an_unknown_option_shows_the_commands_usage(command: str, capsys: pytest
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert err.startswith(f"usage: quickdraft {command} ")
-    assert f"quickdraft {command}: error: unrecognized arguments: --bogus-option" in err
+    assert f"quickdraft {command}: error: unrecognized arguments: --bogus-option\n" in err  # nothing close to it
+
+
+def test_a_mistyped_option_is_named_with_the_one_meant(capsys: pytest.CaptureFixture) -> None:
+    for argv, meant in (
+        (["generate", "--temprature", "0.5", "hi"], "--temperature"),
+        (["serve", "--prot=8000"], "--port"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and f"(did you mean {meant}?)" in capsys.readouterr().err
 
 
 def test_the_command_list_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ neither.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import io
 import os
@@ -70,8 +71,15 @@ class CommandParser(Parser):
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self.suggestion(extras)}")
         return namespace, extras
+
+    def suggestion(self, extras: Sequence[str]) -> str:
+        """`` (did you mean --temperature?)`` for a mistyped option close to one of this command's, else ""."""
+        known = [option for action in self._actions for option in action.option_strings if option.startswith("--")]
+        typed = [word.split("=", 1)[0] for word in extras if word.startswith("--")]
+        close = [match for word in typed for match in difflib.get_close_matches(word, known, n=1, cutoff=0.75)]
+        return f" (did you mean {', '.join(dict.fromkeys(close))}?)" if close else ""
 
 
 def command_of(argv: Sequence[str]) -> str | None:

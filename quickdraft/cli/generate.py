@@ -235,6 +235,8 @@ def run(args: argparse.Namespace) -> None:
         prediction_ids = pipeline.encode(prediction)
     drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
     pipeline.engine.check_request(Request(tuple(prompt_ids), config, drafter, prediction_ids=tuple(prediction_ids)))
+    if not args.json and measures_costs(pipeline, args.drafter, config, args.recalibrate):  # else a silent wait
+        print(f"[{config.policy}] timing this machine's costs, once for these models ...", file=sys.stderr)
     setup = pipeline.setup_policy(
         args.drafter,
         config,
@@ -315,6 +317,15 @@ def logprob_json(pipeline: Any, pieces: list[bytes], entry: Any) -> dict[str, An
         return {"token_id": token_id, "text": spelled(pipeline.tokenizer, pieces, token_id)[0], "logprob": logprob}
 
     return token(entry.token_id, entry.logprob) | {"top": [token(*alternative) for alternative in entry.top]}
+
+
+def measures_costs(pipeline: Any, drafter: str, config: GenerationConfig, recalibrate: bool) -> bool:
+    """Whether setting up ``config``'s policy for ``drafter`` will time costs: none saved for them, or asked to."""
+    drafter_cls = DRAFTERS.get(drafter)
+    if not drafter_cls.proposes_drafts or not config.policy_spec.kind.needs_cost_model:
+        return False
+    saved = pipeline.calibrations.cost_model_file(drafter_cls, config.max_draft_tokens)
+    return recalibrate or (saved is not None and not saved.exists())
 
 
 def describe(setup: PolicySetup, config: GenerationConfig) -> str:

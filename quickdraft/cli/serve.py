@@ -191,6 +191,8 @@ def run(args: argparse.Namespace) -> None:
         run_replicas(args, options)
         return
     check_address(args.host, args.port)  # before the models load, which takes minutes
+    print("quickdraft: loading the models and getting every drafter's costs ready (timed the first time on a machine: "
+          "minutes)", file=sys.stderr)  # fmt: skip
     server = build_server(options, own_thread=False)  # steps on this, the main thread; HTTP in another
     device = server.loop.engine.target.device
     for note in [*server.notes, *([gpu_note(device)] if device.type != "cpu" else [])]:

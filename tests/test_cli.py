@@ -403,28 +403,32 @@ def test_output_paths_are_checked_before_any_measuring(
         assert status == 1 and err == f"quickdraft: error: {flag} {message}\n"
 
 
-def test_a_context_cap_reaches_every_command_that_loads_models(
+def test_the_cache_flags_reach_every_command_that_loads_models(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """--max-context is handed to the loading of every command that takes it; one that is no number of positions
-    is a usage error naming the flag, before anything loads."""
+    """--max-context and --kv-cache-dtype are handed to the loading of every command that takes them (None where
+    not given); a context that is no number of positions is a usage error naming the flag, before anything loads."""
 
     class Loaded(Exception):
         pass
 
-    asked: list[object] = []
+    asked: list[tuple[object, object]] = []
 
     def stop_at_loading(*args: object, **kwargs: object) -> None:
-        asked.append(kwargs.get("max_context"))
+        asked.append((kwargs.get("max_context"), kwargs.get("kv_cache_dtype")))
         raise Loaded
 
     monkeypatch.setattr(Pipeline, "load", stop_at_loading)
     commands = (["generate", "w1"], ["serve"], ["train-acceptance-head", "--out", str(tmp_path / "head.safetensors")],
                 ["bench", "--out", str(tmp_path / "bench")], ["train-draft", "--collect-only"])  # fmt: skip
     for command in commands:
-        with pytest.raises(Loaded):
-            main([*command, "--max-context", "64"])
-        assert asked.pop() == 64, command
+        for extra, expected in (
+            ([], (None, None)),
+            (["--max-context", "64", "--kv-cache-dtype", "float32"], (64, "float32")),
+        ):
+            with pytest.raises(Loaded):
+                main([*command, *extra])
+            assert asked.pop() == expected, command
     for value, words in (("0", "a number of positions >= 1, got 0"), ("many", "a number of positions, got 'many'")):
         with pytest.raises(SystemExit):
             main(["generate", "w1", "--max-context", value])

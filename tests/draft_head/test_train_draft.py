@@ -308,23 +308,6 @@ def test_the_rank_without_distilling_gets_a_note(
     assert "note" not in capsys.readouterr().err
 
 
-def test_the_kv_cache_dtype_reaches_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Loaded(Exception):
-        pass
-
-    asked: list[object] = []
-
-    def stop_at_loading(*args: object, **kwargs: object) -> None:
-        asked.append(kwargs.get("kv_cache_dtype"))
-        raise Loaded
-
-    monkeypatch.setattr(Pipeline, "load", stop_at_loading)
-    for extra, dtype in (([], None), (["--kv-cache-dtype", "float32"], "float32")):
-        with pytest.raises(Loaded):
-            main(["train-draft", "--collect-only", *extra])
-        assert asked.pop() == dtype
-
-
 def test_a_local_models_name_tells_it_from_another_of_the_same_name(tmp_path: Path) -> None:
     """Its data, head and checkpoints are found by this name: another model in a directory of the same name, or
     new weights in place, must not find them."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.runtime import HFRuntime
+from quickdraft.runtime.base import LoadOptions
 from quickdraft.runtime.native import NativeRuntime
 
 SHAPES = {  # released models' shapes: (transformers config class, its fields)
@@ -78,7 +79,7 @@ def main() -> None:
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
         with tempfile.TemporaryDirectory() as scratch:
             model.save_pretrained(scratch)
-            native = NativeRuntime.load(Path(scratch), capacity=256)
+            native = NativeRuntime.load(Path(scratch), LoadOptions(max_context=256))
         runtimes = {"native": native, "transformers": HFRuntime(model)}
         times: dict[str, list[float]] = {name: [] for name in runtimes}
         for _ in range(6):  # turns; the first is a warm-up

@@ -150,6 +150,15 @@ class Collector:
         special = {token for token, added in getattr(tokenizer, "added_tokens_decoder", {}).items() if added.special}
         self.stop_ids |= {token for token in self.opening if token in special}
         self.openers = [list(tokenizer(text, add_special_tokens=False).input_ids) if text else [] for text in OPENERS]
+        longest = len(self.opening) + max(map(len, self.openers)) + settings.max_user_tokens + len(self.closing)
+        longest += settings.max_answer_tokens
+        if longest > target.max_context:  # checked before any forward: a conversation never outgrows its cache
+            raise ConfigError(
+                f"a conversation may run to {longest} positions (its template, {settings.max_user_tokens} user and "
+                f"{settings.max_answer_tokens} answer tokens), and the target holds {target.max_context}: lower "
+                "--max-answer-tokens or raise the context",
+                "max_context",
+            )
         self.key = {
             "version": DATA_VERSION,
             "target": target_name,

@@ -161,6 +161,7 @@ def main() -> None:
     from llama_cpp import Llama
 
     from quickdraft.models.loading import resolve_model
+    from quickdraft.runtime.base import LoadOptions
     from quickdraft.runtime.native import NativeRuntime
     from quickdraft.runtime.native.kernels import native_kernels
 
@@ -169,7 +170,7 @@ def main() -> None:
     if not gguf_path.is_file():
         write_gguf(gguf_path, SHAPES[args.model], args.layers)
     torch.set_num_threads(2)
-    runtime = NativeRuntime.load(resolve_model(gguf_path, progress=False), capacity=args.context + 64)
+    runtime = NativeRuntime.load(resolve_model(gguf_path, progress=False), LoadOptions(max_context=args.context + 64))
     llama = Llama(model_path=str(gguf_path), n_ctx=args.context + 64, n_threads=2, n_batch=512, verbose=False)
     generator = torch.Generator().manual_seed(0)
     vocab = SHAPES[args.model].vocab

@@ -32,6 +32,7 @@ from quickdraft.bench.llama_cpp import all_logits  # noqa: E402
 from quickdraft.bench.llama_tools import llama_converter  # noqa: E402
 from quickdraft.models import DEFAULT_DRAFT  # noqa: E402
 from quickdraft.models.loading import resolve_model  # noqa: E402
+from quickdraft.runtime.base import LoadOptions  # noqa: E402
 from quickdraft.runtime.native import NativeRuntime  # noqa: E402
 
 VOCAB = 151936  # the default pair's tokenizer, which the converter knows
@@ -68,7 +69,7 @@ def main() -> None:
         command = [sys.executable, str(converter), str(work / "hf"), "--outfile", str(gguf), "--outtype", "f32"]
         subprocess.run(command, check=True, capture_output=True, cwd=converter.parent)
         ids = torch.randint(0, VOCAB - 1, (1, 24), generator=torch.Generator().manual_seed(1))
-        runtime = NativeRuntime.load(resolve_model(gguf, progress=False), capacity=64)
+        runtime = NativeRuntime.load(resolve_model(gguf, progress=False), LoadOptions(max_context=64))
         decoder = runtime.decoder
         ours = runtime.forward(ids, runtime.new_cache())[0]  # [T, V]
         llama = torch.from_numpy(all_logits(gguf, ids[0].tolist(), 2))

@@ -90,9 +90,13 @@ def test_collection_holds_features_and_labels_of_every_position(trained: tuple[P
     assert torch.equal(shard["label_ids"][: len(first), 0].long(), logits.argmax(-1))
     # resuming keeps finished shards and refuses other settings
     assert collector.collect(tmp_path, 1, progress=False) == []
-    other = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", CollectSettings(seed=1))
+    other = Collector(pipeline.target, pipeline.tokenizer, pipeline.eos_token_ids, "tiny", replace(SETTINGS, seed=1))
     with pytest.raises(ConfigError, match="other settings"):
         other.collect(tmp_path, 2, progress=False)
+    longest = pipeline.target.max_context - SETTINGS.max_user_tokens  # less the answer: the template's tokens too
+    with pytest.raises(ConfigError, match=r"may run to \d+ positions .*, and the target holds") as error:
+        Collector(pipeline.target, pipeline.tokenizer, [], "tiny", replace(SETTINGS, max_answer_tokens=longest))
+    assert error.value.setting == "max_context"  # the cap (--max-context) or the model: never a cache's ValueError
     assert read_manifest(tmp_path)["next_conversation"] >= 6
 
 
@@ -273,6 +277,7 @@ def test_the_draft_to_distill_is_checked_before_collecting(
     tokenizer.chat_template = CHAT_TEMPLATE  # turns the collector can open
     tokenizer.save_pretrained(target)
     args = ["train-draft", "--target", str(target), "--model", "draft", "--draft", str(tmp_path / "nowhere")]
+    args += ["--max-answer-tokens", "64"]  # conversations that fit the tiny target's 512 positions
     assert main(args) == 1
     assert "nowhere" in capsys.readouterr().err
 

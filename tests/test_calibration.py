@@ -64,6 +64,13 @@ def test_a_calibration_is_saved_and_loaded_for_the_same_models(
             patch.setattr(runtime, "max_context", runtime.max_context // 2)
             assert first.calibrations.cost_model_file(DRAFTERS.get("draft-model"), 4) != saved
             assert first.calibrations.learned_file("draft-model") == learned  # what answers teach does not change
+    files = set()
+    for positions in (10_000, 32_768):  # past what is timed (LONG_CONTEXT and a block): one calibration serves both
+        with monkeypatch.context() as patch:
+            for runtime in (first.target, first.draft):
+                patch.setattr(runtime, "max_context", positions)
+            files.add(first.calibrations.cost_model_file(DRAFTERS.get("draft-model"), 4))
+    assert len(files) == 1
 
     def no_measuring(*args: object, **kwargs: object) -> None:
         raise AssertionError("measured although a saved calibration exists")

@@ -78,7 +78,8 @@ def long_context_questions(
     answer within N tokens. ``max_context``: the model's positions, which no length may pass."""
     check_lengths(lengths, answer_tokens)
     if max_context is not None and max(lengths) > max_context:
-        raise ConfigError(f"--context-lengths: {max(lengths)} tokens exceed the model's {max_context} positions")
+        message = f"--context-lengths: {max(lengths)} tokens exceed the {max_context} positions the model holds"
+        raise ConfigError(f"{message} (its context, or --max-context)")
     lines = source_lines()
     return [
         Question(f"context-{n}", f"context-{n}", (fitting_question(lines, count_tokens, n - answer_tokens),))
@@ -93,9 +94,11 @@ def chat_token_counter(tokenizer: object) -> CountTokens:
     return lambda text: len(encode_chat(tokenizer, [{"role": "user", "content": text}]))
 
 
-def bench_questions(target: str, lengths: Sequence[int], answer_tokens: int) -> tuple[list[Question], str]:
+def bench_questions(
+    target: str, lengths: Sequence[int], answer_tokens: int, cap: int | None = None
+) -> tuple[list[Question], str]:
     """The questions of ``bench --context-lengths`` for the target model ``target`` (its tokenizer counts the
-    tokens), and what to call them in the results."""
+    tokens), within its context or the ``cap`` on it (``--max-context``), and what to call them in the results."""
     from quickdraft.models.loading import load_tokenizer, resolve_model
 
     path = resolve_model(target)
@@ -103,6 +106,7 @@ def bench_questions(target: str, lengths: Sequence[int], answer_tokens: int) -> 
         max_context = json.loads((path / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):
         max_context = None  # the model's loading says what is wrong with its files
+    max_context = min(n for n in (max_context, cap) if n is not None) if (max_context or cap) else None
     counter = chat_token_counter(load_tokenizer(path))
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     return long_context_questions(lengths, answer_tokens, counter, max_context), f"python {version} standard library"

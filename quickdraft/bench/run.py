@@ -60,7 +60,9 @@ def run_bench(settings: BenchSettings) -> tuple[dict[str, Any], bool]:
     from quickdraft.models import DEFAULT_DRAFT
 
     if settings.context_lengths:
-        questions, questions_name = bench_questions(settings.target, settings.context_lengths, settings.max_new_tokens)
+        questions, questions_name = bench_questions(
+            settings.target, settings.context_lengths, settings.max_new_tokens, settings.max_context
+        )
     else:
         questions_path = settings.questions or default_questions_path()
         if questions_path is None:

@@ -203,9 +203,15 @@ class CalibrationStore:
 
     def single_key(self, drafter_cls: type[Drafter], max_draft_tokens: int, context: int) -> dict[str, Any]:
         """:meth:`key` of a single request's cost model, which also says what a longer context adds (measured up
-        to ``LONG_CONTEXT``: files saved before that was measured are measured again)."""
+        to ``LONG_CONTEXT``: files saved before that was measured are measured again), and as far as the models
+        hold positions (a cap, ``max_context``, may stop the timing short of it; past its reach, a cap changes
+        nothing timed)."""
         costs = (drafter_cls.needs_draft_model, drafter_cls.target_cost_fraction)
-        return self.key(*costs, max_draft_tokens, context) | {"long_context": [LONG_CONTEXT, *CONTEXT_KS]}
+        reach = LONG_CONTEXT + max_draft_tokens + 1
+        draft = self.draft if drafter_cls.needs_draft_model else None
+        positions = [None if model is None else min(model.max_context, reach) for model in (self.target, draft)]
+        key = self.key(*costs, max_draft_tokens, context) | {"long_context": [LONG_CONTEXT, *CONTEXT_KS]}
+        return key | {"positions": positions}
 
     def file(self, key: Mapping[str, Any], uses_draft: bool, kind: CostKind) -> Path | None:
         """The calibration file of ``key``; None for models without a path."""
@@ -218,15 +224,12 @@ class CalibrationStore:
     ) -> dict[str, Any]:
         """What measured costs depend on: the models, whether a draft model drafts and what fraction of a target
         step a drafted token costs when the target drafts itself, so drafters that cost alike (the hybrid drafts
-        with the draft model) share one calibration; the positions the models hold, which bound the contexts and
-        prompts timed (a cap, ``max_context``, may leave some untimed)."""
-        draft_positions = self.draft.max_context if uses_draft and self.draft is not None else None
+        with the draft model) share one calibration."""
         return {
             "target": str(self.target_path),
             "draft": str(self.draft_path) if uses_draft else None,
             "runtime": self.target.name,
             "builds": self.builds(uses_draft),
-            "positions": [self.target.max_context, draft_positions],
             "drafter_costs": [uses_draft, target_cost_fraction],
             "max_draft_tokens": max_draft_tokens,
             "context": context,

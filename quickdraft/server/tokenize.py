@@ -2,10 +2,11 @@
 as, and the text of token ids.
 
 Rules:
-- ``/tokenize`` takes ``prompt`` (a string, read as ``/v1/completions`` reads one; ``add_special_tokens`` false:
-  without the tokenizer's special tokens) or ``messages`` (as ``/v1/chat/completions`` reads them, through the chat
-  template, with ``tools`` unless ``tool_choice`` is none, and ``chat_template_kwargs`` over the server's), and
-  answers ``count``, ``max_model_len`` and ``tokens``, and ``token_strs`` with ``return_token_strs``.
+- ``/tokenize`` takes ``prompt`` (a string, read as ``/v1/completions`` reads one, and ``""`` too, which completions
+  refuse; ``add_special_tokens`` false: without the tokenizer's special tokens) or ``messages`` (as
+  ``/v1/chat/completions`` reads them, through the chat template, with ``tools`` unless ``tool_choice`` is none, and
+  ``chat_template_kwargs`` over the server's), and answers ``count``, ``max_model_len`` and ``tokens``, and
+  ``token_strs`` with ``return_token_strs``.
 - ``/detokenize`` takes ``tokens`` (ids of the vocabulary) and answers ``prompt``: their text, special tokens
   included.
 - ``model`` is checked as on the other endpoints. Any other field is a 400, and so is a chat template option this

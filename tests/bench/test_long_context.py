@@ -38,7 +38,7 @@ def test_each_question_fills_its_length_less_the_answer_and_asks_about_its_last_
     [
         ([100], "at least 64 tokens beyond"),  # no room for a context beside a 128-token answer
         ([1024, 1024], "distinct"),
-        ([65_536], "exceed the model's 32768 positions"),
+        ([65_536], "exceed the 32768 positions the model holds"),
         ([10**8], "fills fewer than"),
     ],
 )
@@ -71,7 +71,12 @@ def test_bench_asks_long_context_questions_and_times_the_answer_apart(
     assert "--per-category, --question-seed draw a sample of a question file" in capsys.readouterr().err
     args[2] = "120,9999"
     assert main(args) == 1  # longer than the tiny model's 512 positions: a clear error before anything runs
-    assert "exceed the model's 512 positions" in capsys.readouterr().err
+    assert "exceed the 512 positions the model holds" in capsys.readouterr().err
+    args[2] = "120,300"
+    assert main([*args, "--max-context", "256"]) == 1  # or than the cap on them
+    assert (
+        "300 tokens exceed the 256 positions the model holds (its context, or --max-context)" in capsys.readouterr().err
+    )
     args[1:3] = ["--context-lengths", "1024,x"]
     assert main(args) == 1 and "comma-separated token counts" in capsys.readouterr().err
     args[1:3] = ["--context-lengths", "50"]

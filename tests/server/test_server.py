@@ -35,6 +35,22 @@ def server(native: Pipeline) -> Iterator[Server]:
         yield running
 
 
+def test_a_capped_context_is_what_the_server_holds_and_says() -> None:
+    """A target loaded with a cap (``--max-context``, here 100 positions) is served as a model of that context: its
+    ``max_model_len``, and a prompt and answer past it refused as ``context_length_exceeded``."""
+    from conftest import native_from_hf, noisy_copy, tiny_model, word_tokenizer
+
+    target, draft = (native_from_hf(model, capacity=100) for model in (tiny_model(48, 0), noisy_copy(48)))
+    capped = Pipeline(target=target, tokenizer=word_tokenizer(48), eos_token_ids=frozenset(), draft=draft)
+    with serving(capped) as running:
+        assert httpx.get(f"{running.url}/v1/models/{MODEL}", timeout=TIMEOUT).json()["max_model_len"] == 100
+        body = {"model": MODEL, "prompt": "w1 w2 w3 w4", "temperature": 0}
+        fits = httpx.post(f"{running.url}/v1/completions", json=body | {"max_tokens": 96}, timeout=TIMEOUT)
+        assert fits.status_code == 200 and fits.json()["usage"]["total_tokens"] == 100
+        past = httpx.post(f"{running.url}/v1/completions", json=body | {"max_tokens": 97}, timeout=TIMEOUT)
+        assert past.status_code == 400 and past.json()["error"]["code"] == "context_length_exceeded"
+
+
 def greedy(native: Pipeline, prompt_ids: list[int], max_tokens: int) -> list[int]:
     return native.generate(prompt_ids, GenerationConfig(max_new_tokens=max_tokens), drafter="none").token_ids
 

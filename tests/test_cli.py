@@ -435,6 +435,42 @@ def test_the_cache_flags_reach_every_command_that_loads_models(
         assert f"argument --max-context: {words}" in capsys.readouterr().err
 
 
+def test_an_interactive_conversation_answers_each_turn_after_those_before(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``generate -i``: each line of standard input a user turn, answered as plain decoding answers the conversation
+    so far (the earlier turns read from the prefix cache); blank lines ask nothing, /reset starts anew, /exit ends,
+    and a turn the context cannot hold is refused and left out."""
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}w9 {{ m['content'] }} w8 {% endfor %}w7")
+    target, draft = str(tiny_model_dirs["target"]), str(tiny_model_dirs["draft"])
+    args = ["generate", "-i", "w1 w2", "--target", target, "--draft", draft, "--chat-template", str(template)]
+    args += ["--drafter", "draft-model", "--policy", "fixed:3", "--max-new-tokens", "6"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("w4 w5\n\n/reset\nw6\n/exit\nw7\n"))
+    status, out, err = run(args, capsys)
+    assert status == 0 and "a new conversation" in err and err.count("[draft-model, finish:") == 3
+    plain = Pipeline.load(target, None, progress=False, chat_template=template.read_text())
+    config, expected, messages = GenerationConfig(max_new_tokens=6), [], []
+    for turn in ("w1 w2", "w4 w5", None, "w6"):
+        if turn is None:
+            messages = []
+            continue
+        messages.append({"role": "user", "content": turn})
+        answer = plain.generate(plain.encode_chat(messages), config, drafter="none").text
+        messages.append({"role": "assistant", "content": answer})
+        expected.append(answer)
+    assert out.split("\n")[:-1] == expected
+    monkeypatch.setattr("sys.stdin", io.StringIO("w3\n"))
+    status, out, err = run([*args[:-1], "510"], capsys)  # no turn fits the tiny model's 512 positions with 510 more
+    assert status == 0 and out == "" and err.count("/reset starts a new conversation") == 2
+    for extra in (["--compare"], ["--json"], ["--suffix", str(template)]):
+        status, _, err = run([*args, *extra], capsys)
+        assert (
+            status == 1
+            and f"--interactive reads its turns from standard input and streams their answers: {extra[0]}" in err
+        )
+
+
 def test_missing_and_corrupt_models(tmp_path: Path, tiny_model_dirs: dict[str, Path], capsys) -> None:
     status, _, err = run(["generate", "w1", "--target", str(tmp_path / "nope")], capsys)
     assert status == 1 and "not found" in err

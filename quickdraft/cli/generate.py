@@ -36,11 +36,16 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     generate = commands.add_parser(
         name,
         help=summary,
-        description="Generate a continuation of PROMPT (or of standard input with -). Streams the text "
-        "to stdout and the statistics to stderr; --json prints one JSON object instead.",
+        description="Generate a continuation of PROMPT (or of standard input with -), a chat reply (--chat) or a "
+        "conversation (-i). Streams the text to stdout and the statistics to stderr; --json prints one JSON object "
+        "instead.",
     )
     generate.add_argument("prompt", nargs="?", help="the prompt text, or - to read it from standard input")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
+    generate.add_argument(
+        "-i", "--interactive", action="store_true", help="a conversation: each line of standard input is a user "
+        "turn (the prompt, if given, the first), answered after the turns before it; /reset starts anew, /exit ends",
+    )  # fmt: skip
     generate.add_argument(
         "--suffix", metavar="FILE", help="fill in the middle: the answer is the text between the prompt and the text "
         "in FILE, asked in the tokenizer's fill-in-the-middle format (code models: Qwen2.5-Coder, StarCoder, ...)",
@@ -208,21 +213,30 @@ def run(args: argparse.Namespace) -> None:
         ),
         **given(max_draft_tokens=args.max_draft_tokens),
     )
+    args.chat = args.chat or args.interactive  # a conversation's turns go through the chat template
     ngram_sizes = ("prompt_lookup_max_ngram", "prompt_lookup_min_ngram", "hybrid_min_ngram")
     options = DrafterOptions(**given(**{name: getattr(args, name) for name in ngram_sizes}))
     check_options(args, config)
     if not args.json:  # log-probabilities are shown in --json's output only: checked, not computed
         config = replace(config, logprobs=None)
     suffix = None if args.suffix is None else read_text("--suffix", args.suffix)
-    prompt = read_prompt(args, empty_ok=suffix is not None)
+    prompt = None if args.interactive else read_prompt(args, empty_ok=suffix is not None)
     draft = draft_for(args, [args.drafter])
     pipeline = load_models(args, draft)
     pipeline.draft_head = Path(args.draft_head) if args.draft_head else None
+    tags = thinking_of(str(pipeline.tokenizer.chat_template)) if args.chat else None
+    if tags is not None:  # a thinking template's tags keep their text where they are special tokens (Magistral's)
+        config = replace(config, kept_special_tokens=(tags.open, tags.close))
+    if args.interactive:
+        from quickdraft.cli.conversation import converse
+
+        pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
+        setup = ready_policy(pipeline, args, config)
+        converse(pipeline, args, config, options)
+        pipeline.save_learned(args.drafter, setup)
+        return
     if suffix is None:
         prompt_ids = pipeline.encode(prompt, chat=args.chat, template_kwargs=args.chat_template_kwargs)
-        tags = thinking_of(str(pipeline.tokenizer.chat_template)) if args.chat else None
-        if tags is not None:  # a thinking template's tags keep their text where they are special tokens (Magistral's)
-            config = replace(config, kept_special_tokens=(tags.open, tags.close))
     else:  # ends at the model's end tokens and its format's too, as llama.cpp ends an infill
         prompt_ids = pipeline.encode_infill(prompt, suffix)
         config = replace(config, stop_token_ids=config.stop_token_ids + tuple(sorted(pipeline.infill_end_ids())))
@@ -235,20 +249,7 @@ def run(args: argparse.Namespace) -> None:
         prediction_ids = pipeline.encode(prediction)
     drafter = pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
     pipeline.engine.check_request(Request(tuple(prompt_ids), config, drafter, prediction_ids=tuple(prediction_ids)))
-    if not args.json and measures_costs(pipeline, args.drafter, config, args.recalibrate):  # else a silent wait
-        print(f"[{config.policy}] timing this machine's costs, once for these models ...", file=sys.stderr)
-    setup = pipeline.setup_policy(
-        args.drafter,
-        config,
-        recalibrate=args.recalibrate,
-        acceptance_head=Path(args.acceptance_head) if args.acceptance_head else None,
-        keep_learning=True,
-        chat=args.chat,
-    )
-    if setup.calibration is not None and not args.json:
-        print(f"[{config.policy}] {describe(setup, config)}", file=sys.stderr)
-    if pipeline.target.device.type != "cpu" and not args.json:
-        print(f"quickdraft: note: {gpu_note(pipeline.target.device)}", file=sys.stderr)
+    setup = ready_policy(pipeline, args, config)
     if args.compare:  # warm both paths up so neither run pays first-call costs
         warm_up = GenerationConfig(max_new_tokens=2, num_draft_tokens=1, sampling=config.sampling)  # drafts once
         for drafter in (args.drafter, "none"):
@@ -306,6 +307,25 @@ def run(args: argparse.Namespace) -> None:
         elif config.sampling.is_seeded and not comparison["identical_tokens"]:
             same += " (seeded: equal tokens are guaranteed, please report this)"
         print(f"speedup over plain decoding: {comparison['speedup']:.2f}x | identical tokens: {same}", file=sys.stderr)
+
+
+def ready_policy(pipeline: Any, args: argparse.Namespace, config: GenerationConfig) -> PolicySetup:
+    """The drafter's policy set up, its costs' source said on stderr (and before timing them, a wait of minutes)."""
+    if not args.json and measures_costs(pipeline, args.drafter, config, args.recalibrate):  # else a silent wait
+        print(f"[{config.policy}] timing this machine's costs, once for these models ...", file=sys.stderr)
+    setup = pipeline.setup_policy(
+        args.drafter,
+        config,
+        recalibrate=args.recalibrate,
+        acceptance_head=Path(args.acceptance_head) if args.acceptance_head else None,
+        keep_learning=True,
+        chat=args.chat,
+    )
+    if setup.calibration is not None and not args.json:
+        print(f"[{config.policy}] {describe(setup, config)}", file=sys.stderr)
+    if pipeline.target.device.type != "cpu" and not args.json:
+        print(f"quickdraft: note: {gpu_note(pipeline.target.device)}", file=sys.stderr)
+    return setup
 
 
 def logprob_json(pipeline: Any, pieces: list[bytes], entry: Any) -> dict[str, Any]:

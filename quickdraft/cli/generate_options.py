@@ -47,6 +47,13 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
             f"--policy {spec} and --num-draft-tokens {args.num_draft_tokens} both give the drafts per step: "
             "give the number once"
         )
+    if args.interactive:  # a conversation on the terminal: turns from standard input, text out as it comes
+        alone = {"--suffix": args.suffix is not None, "--compare": args.compare, "--prediction": bool(args.prediction),
+                 "--json": args.json, "a prompt of -": args.prompt == "-"}  # fmt: skip
+        if any(alone.values()):
+            named = ", ".join(option for option, is_given in alone.items() if is_given)
+            raise ConfigError(f"--interactive reads its turns from standard input and streams their answers: {named} "
+                              "goes with one prompt; drop it, or --interactive")  # fmt: skip
     if args.suffix is not None and args.chat:
         raise ConfigError("--suffix asks for the text between the prompt and a suffix, --chat for a reply: give one")
     for option, path in (("--acceptance-head", args.acceptance_head), ("--draft-head", args.draft_head)):

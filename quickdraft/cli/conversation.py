@@ -1,0 +1,77 @@
+"""``generate --interactive``: a conversation on the terminal, each line a user turn answered through the chat
+template after the turns before it, streamed as ``generate`` streams one answer.
+
+Rules:
+- The prompt argument, where given, is the first turn; then every line of standard input is one (read after a
+  ``>>>`` on stderr where the input is a terminal). ``/reset`` starts a new conversation, ``/exit`` or ``/bye`` (or the
+  end of the input) ends it, and a blank line asks nothing.
+- A turn the context cannot hold with ``--max-new-tokens`` is refused with the error and left out of the conversation,
+  which goes on.
+- Where the runtime's cached prefixes are exact (the native runtime), a turn reads its earlier turns from a prefix cache
+  of :data:`PREFIX_CACHE_MB`: it costs its new tokens, not the whole conversation's.
+- Each answer's statistics follow it on stderr, as ``generate``'s do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+EXIT_WORDS = frozenset({"/exit", "/bye"})
+RESET_WORD = "/reset"
+PREFIX_CACHE_MB = 512  # the conversation's keys and values, kept between its turns
+
+
+def turns(first: str | None) -> Iterator[str]:
+    """The user's turns: ``first`` where given, then standard input's lines, until it ends."""
+    if first is not None:
+        yield first
+    asking = sys.stdin.isatty()
+    while True:
+        if asking:
+            sys.stderr.write(">>> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            return
+        yield line.rstrip("\n")
+
+
+def converse(pipeline: Any, args: argparse.Namespace, config: Any, options: Any) -> None:
+    """Answer every turn of :func:`turns` (the rules above) with ``config`` and ``args.drafter``."""
+    from quickdraft.engine import Engine
+    from quickdraft.engine.prefix_cache import PrefixCache
+    from quickdraft.errors import PromptError
+
+    target = pipeline.target
+    if target.reusable_prefixes:  # later turns start with the earlier ones: read once, not at every turn
+        cache = PrefixCache(PREFIX_CACHE_MB * 2**20, target.cache_bytes, target.copy_prefix)
+        pipeline.engine = Engine(target, pipeline.tokenizer, pipeline.eos_token_ids, prefix_cache=cache)
+    messages: list[dict[str, str]] = []
+    for text in turns(args.prompt):
+        word = text.strip()
+        if word in EXIT_WORDS:
+            return
+        if word == RESET_WORD:
+            messages.clear()
+            print("quickdraft: a new conversation", file=sys.stderr)
+            continue
+        if not word:
+            continue
+        messages.append({"role": "user", "content": text})
+        prompt_ids = pipeline.encode_chat(messages, None, args.chat_template_kwargs)
+        try:
+            stream = pipeline.stream(prompt_ids, config, args.drafter, options=options)
+        except PromptError as error:  # the conversation outgrew the context: this turn is left out
+            messages.pop()
+            print(f"quickdraft: error: {error} ({RESET_WORD} starts a new conversation)", file=sys.stderr)
+            continue
+        for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        result = stream.finish()
+        messages.append({"role": "assistant", "content": result.text})
+        print(f"[{args.drafter}, finish: {result.finish_reason}] {result.stats.summary()}", file=sys.stderr)

@@ -7,9 +7,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -469,6 +471,52 @@ def test_an_interactive_conversation_answers_each_turn_after_those_before(
             status == 1
             and f"--interactive reads its turns from standard input and streams their answers: {extra[0]}" in err
         )
+
+
+class Interrupting:
+    """Standard output that sends this process Ctrl-C (SIGINT) ``times`` times as the first text is written."""
+
+    def __init__(self, out: Any, times: int) -> None:
+        self.out, self.times = out, times
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            while self.times:
+                self.times -= 1
+                signal.raise_signal(signal.SIGINT)
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def test_ctrl_c_stops_an_interactive_answer_and_the_conversation_goes_on(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``generate -i``: Ctrl-C while an answer streams stops it after the text shown (its request cancelled), which
+    stays as the assistant's turn: the next turn is answered as plain decoding answers that conversation. A second
+    Ctrl-C in the same answer ends the program."""
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}w9 {{ m['content'] }} w8 {% endfor %}w7")
+    target, draft = str(tiny_model_dirs["target"]), str(tiny_model_dirs["draft"])
+    args = ["generate", "-i", "w1 w2", "--target", target, "--draft", draft, "--chat-template", str(template)]
+    args += ["--drafter", "draft-model", "--policy", "fixed:3", "--max-new-tokens", "12"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("w4 w5\n"))
+    monkeypatch.setattr("sys.stdout", Interrupting(sys.stdout, 1))
+    status, out, err = run(args, capsys)
+    assert status == 0 and err.count("interrupted: the text shown stays") == 1 and err.count("finish:") == 1
+    shown, second = out.split("\n")[:2]
+    plain = Pipeline.load(target, None, progress=False, chat_template=template.read_text())
+    config = GenerationConfig(max_new_tokens=12)
+    messages = [{"role": "user", "content": "w1 w2"}]
+    whole = plain.generate(plain.encode_chat(messages), config, drafter="none").text
+    assert shown and whole.startswith(shown) and shown != whole
+    messages += [{"role": "assistant", "content": shown}, {"role": "user", "content": "w4 w5"}]
+    assert second == plain.generate(plain.encode_chat(messages), config, drafter="none").text
+    monkeypatch.setattr("sys.stdin", io.StringIO("w4 w5\n"))
+    monkeypatch.setattr("sys.stdout", Interrupting(sys.stdout.out, 2))
+    status, out, err = run(args, capsys)
+    assert status == 130 and "quickdraft: interrupted" in err and "finish:" not in err
 
 
 def test_missing_and_corrupt_models(tmp_path: Path, tiny_model_dirs: dict[str, Path], capsys) -> None:

@@ -10,12 +10,18 @@ Rules:
 - Where the runtime's cached prefixes are exact (the native runtime), a turn reads its earlier turns from a prefix cache
   of :data:`PREFIX_CACHE_MB`: it costs its new tokens, not the whole conversation's.
 - Each answer's statistics follow it on stderr, as ``generate``'s do.
+- Ctrl-C while an answer streams stops that answer at its next piece of text (its request cancelled, its caches
+  freed); what was shown of it stays in the conversation as the assistant's turn. A second Ctrl-C in the same answer,
+  or one at the prompt, ends the program.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +43,27 @@ def turns(first: str | None) -> Iterator[str]:
         if not line:
             return
         yield line.rstrip("\n")
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[threading.Event]:
+    """Within it, a first Ctrl-C (SIGINT) sets the event the caller polls instead of raising; a second raises
+    KeyboardInterrupt as usual. Off the main thread, where no handler can be set, Ctrl-C keeps its default."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def converse(pipeline: Any, args: argparse.Namespace, config: Any, options: Any) -> None:
@@ -68,10 +95,23 @@ def converse(pipeline: Any, args: argparse.Namespace, config: Any, options: Any)
             messages.pop()
             print(f"quickdraft: error: {error} ({RESET_WORD} starts a new conversation)", file=sys.stderr)
             continue
-        for delta in stream:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
+        shown: list[str] = []
+        deltas = iter(stream)
+        with interruptible() as stop:
+            for delta in deltas:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+                shown.append(delta)
+                if stop.is_set():
+                    break
+            else:
+                stop.clear()  # the answer ended on its own: nothing left to stop
         sys.stdout.write("\n")
+        if stop.is_set():  # Ctrl-C: the request is cancelled, what was shown of the answer is kept
+            deltas.close()
+            messages.append({"role": "assistant", "content": "".join(shown)})
+            print(f"[{args.drafter}, interrupted: the text shown stays in the conversation]", file=sys.stderr)
+            continue
         result = stream.finish()
         messages.append({"role": "assistant", "content": result.text})
         print(f"[{args.drafter}, finish: {result.finish_reason}] {result.stats.summary()}", file=sys.stderr)

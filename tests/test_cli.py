@@ -473,6 +473,39 @@ def test_an_interactive_conversation_answers_each_turn_after_those_before(
         )
 
 
+def test_a_system_message_opens_the_chat_and_every_conversation(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``--system TEXT`` is the system message before the user's turn (it implies --chat), and with -i it opens the
+    conversation again after /reset; an empty one, or one with --suffix, is refused."""
+    template = tmp_path / "chat.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m['role'] == 'system' %}w3 {% else %}w9 {% endif %}{{ m['content'] }} w8 "
+        "{% endfor %}w7"
+    )
+    target = str(tiny_model_dirs["target"])
+    args = ["generate", "--target", target, "--chat-template", str(template), "--drafter", "none"]
+    args += ["--max-new-tokens", "6", "--system", "w5 w6"]
+    plain = Pipeline.load(target, None, progress=False, chat_template=template.read_text())
+    config, system = GenerationConfig(max_new_tokens=6), {"role": "system", "content": "w5 w6"}
+
+    def answer(*turns: str) -> str:
+        roles = ["user", "assistant"] * len(turns)
+        messages = [system, *({"role": role, "content": turn} for role, turn in zip(roles, turns, strict=False))]
+        return plain.generate(plain.encode_chat(messages), config, drafter="none").text
+
+    status, out, _ = run([*args, "w1 w2", "--json"], capsys)
+    assert status == 0 and json.loads(out)["text"] == answer("w1 w2")
+    monkeypatch.setattr("sys.stdin", io.StringIO("w4\n/reset\nw4\n"))
+    status, out, _ = run([*args, "-i", "w1 w2"], capsys)
+    first = answer("w1 w2")
+    assert status == 0 and out.split("\n")[:-1] == [first, answer("w1 w2", first, "w4"), answer("w4")]
+    refused = ((["--system", " "], "--system is empty"), (["--suffix", str(template)], "--system for a chat"))
+    for extra, words in refused:
+        status, _, err = run([*args, "w1", *extra], capsys)
+        assert status == 1 and words in err
+
+
 class Interrupting:
     """Standard output that sends this process Ctrl-C (SIGINT) ``times`` times as the first text is written."""
 

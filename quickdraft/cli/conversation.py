@@ -2,6 +2,7 @@
 template after the turns before it, streamed as ``generate`` streams one answer.
 
 Rules:
+- The conversation opens with ``--system``'s message, where given, after every ``/reset`` too.
 - The prompt argument, where given, is the first turn; then every line of standard input is one (read after a
   ``>>>`` on stderr where the input is a terminal). ``/reset`` starts a new conversation, ``/exit`` or ``/bye`` (or the
   end of the input) ends it, and a blank line asks nothing.
@@ -24,6 +25,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from quickdraft.cli.generate_options import opening
 
 EXIT_WORDS = frozenset({"/exit", "/bye"})
 RESET_WORD = "/reset"
@@ -76,13 +79,13 @@ def converse(pipeline: Any, args: argparse.Namespace, config: Any, options: Any)
     if target.reusable_prefixes:  # later turns start with the earlier ones: read once, not at every turn
         cache = PrefixCache(PREFIX_CACHE_MB * 2**20, target.cache_bytes, target.copy_prefix)
         pipeline.engine = Engine(target, pipeline.tokenizer, pipeline.eos_token_ids, prefix_cache=cache)
-    messages: list[dict[str, str]] = []
+    messages = opening(args)
     for text in turns(args.prompt):
         word = text.strip()
         if word in EXIT_WORDS:
             return
         if word == RESET_WORD:
-            messages.clear()
+            messages = opening(args)
             print("quickdraft: a new conversation", file=sys.stderr)
             continue
         if not word:

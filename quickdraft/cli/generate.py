@@ -20,7 +20,7 @@ from quickdraft.cli.common import (
     read_prompt,
     read_text,
 )
-from quickdraft.cli.generate_options import check_options, given, grammar_of, logit_bias_of
+from quickdraft.cli.generate_options import check_options, given, grammar_of, logit_bias_of, opening
 from quickdraft.drafters import DEFAULT_DRAFTER, DRAFTERS
 from quickdraft.errors import ConfigError
 from quickdraft.progress import progress_bar
@@ -45,6 +45,10 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     generate.add_argument(
         "-i", "--interactive", action="store_true", help="a conversation: each line of standard input is a user "
         "turn (the prompt, if given, the first), answered after the turns before it; /reset starts anew, /exit ends",
+    )  # fmt: skip
+    generate.add_argument(
+        "--system", metavar="TEXT", help="a system message before the user's turn, in place of the template's own "
+        "(implies --chat; with -i it opens every conversation, /reset included)",
     )  # fmt: skip
     generate.add_argument(
         "--suffix", metavar="FILE", help="fill in the middle: the answer is the text between the prompt and the text "
@@ -213,7 +217,7 @@ def run(args: argparse.Namespace) -> None:
         ),
         **given(max_draft_tokens=args.max_draft_tokens),
     )
-    args.chat = args.chat or args.interactive  # a conversation's turns go through the chat template
+    args.chat = args.chat or args.interactive or args.system is not None  # turns go through the chat template
     ngram_sizes = ("prompt_lookup_max_ngram", "prompt_lookup_min_ngram", "hybrid_min_ngram")
     options = DrafterOptions(**given(**{name: getattr(args, name) for name in ngram_sizes}))
     check_options(args, config)
@@ -236,7 +240,11 @@ def run(args: argparse.Namespace) -> None:
         pipeline.save_learned(args.drafter, setup)
         return
     if suffix is None:
-        prompt_ids = pipeline.encode(prompt, chat=args.chat, template_kwargs=args.chat_template_kwargs)
+        prompt_ids = (
+            pipeline.encode_chat([*opening(args), {"role": "user", "content": prompt}], None, args.chat_template_kwargs)
+            if args.chat
+            else pipeline.encode(prompt, template_kwargs=args.chat_template_kwargs)
+        )
     else:  # ends at the model's end tokens and its format's too, as llama.cpp ends an infill
         prompt_ids = pipeline.encode_infill(prompt, suffix)
         config = replace(config, stop_token_ids=config.stop_token_ids + tuple(sorted(pipeline.infill_end_ids())))

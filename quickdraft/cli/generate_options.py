@@ -22,6 +22,11 @@ def given(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def opening(args: argparse.Namespace) -> list[dict[str, str]]:
+    """The messages a conversation starts with: ``--system``'s, where given."""
+    return [] if args.system is None else [{"role": "system", "content": args.system}]
+
+
 def logit_bias_of(pairs: list[str]) -> list[tuple[int, float]]:
     """``--logit-bias ID=BIAS`` options as (token id, bias) pairs, in order: ``LogitAdjustments`` checks their range
     and refuses a token given twice."""
@@ -54,6 +59,11 @@ def check_options(args: argparse.Namespace, config: GenerationConfig) -> None:
             named = ", ".join(option for option, is_given in alone.items() if is_given)
             raise ConfigError(f"--interactive reads its turns from standard input and streams their answers: {named} "
                               "goes with one prompt; drop it, or --interactive")  # fmt: skip
+    if args.system is not None and not args.system.strip():
+        raise ConfigError("--system is empty: give the system message's text, or leave --system out")
+    if args.suffix is not None and args.system is not None:
+        raise ConfigError("--suffix asks for the text between the prompt and a suffix, --system for a chat reply: "
+                          "give one")  # fmt: skip
     if args.suffix is not None and args.chat:
         raise ConfigError("--suffix asks for the text between the prompt and a suffix, --chat for a reply: give one")
     for option, path in (("--acceptance-head", args.acceptance_head), ("--draft-head", args.draft_head)):

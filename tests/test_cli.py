@@ -506,6 +506,16 @@ def test_a_system_message_opens_the_chat_and_every_conversation(
         assert status == 1 and words in err
 
 
+def test_a_turn_of_several_lines_opens_and_closes_with_three_quotes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``generate -i``'s turns: a line each, or the lines from one opening with three double quotes to one closing
+    with them (one line may do both), the input's end closing an open block."""
+    from quickdraft.cli.conversation import turns
+
+    lines = ["a", '"""', "x = 1", "", "y = 2", '"""', '  """one"""', '"""first', 'last"""', "b", '"""open', "never"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert list(turns("p")) == ["p", "a", "x = 1\n\ny = 2", "one", "first\nlast", "b", "open\nnever"]
+
+
 class Interrupting:
     """Standard output that sends this process Ctrl-C (SIGINT) ``times`` times as the first text is written."""
 

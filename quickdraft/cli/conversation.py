@@ -4,8 +4,9 @@ template after the turns before it, streamed as ``generate`` streams one answer.
 Rules:
 - The conversation opens with ``--system``'s message, where given, after every ``/reset`` too.
 - The prompt argument, where given, is the first turn; then every line of standard input is one (read after a
-  ``>>>`` on stderr where the input is a terminal). ``/reset`` starts a new conversation, ``/exit`` or ``/bye`` (or the
-  end of the input) ends it, and a blank line asks nothing.
+  ``>>>`` on stderr where the input is a terminal), or every block of lines from one opening with three double quotes
+  (:data:`BLOCK`) to one closing with them (``...`` on a terminal). ``/reset`` starts a new conversation, ``/exit``
+  or ``/bye`` (or the end of the input) ends it, and a blank line asks nothing.
 - A turn the context cannot hold with ``--max-new-tokens`` is refused with the error and left out of the conversation,
   which goes on.
 - Where the runtime's cached prefixes are exact (the native runtime), a turn reads its earlier turns from a prefix cache
@@ -30,22 +31,38 @@ from quickdraft.cli.generate_options import opening
 
 EXIT_WORDS = frozenset({"/exit", "/bye"})
 RESET_WORD = "/reset"
+BLOCK = '"""'  # opens and closes a turn of several lines, as in ollama
 PREFIX_CACHE_MB = 512  # the conversation's keys and values, kept between its turns
 
 
 def turns(first: str | None) -> Iterator[str]:
-    """The user's turns: ``first`` where given, then standard input's lines, until it ends."""
+    """The user's turns: ``first`` where given, then standard input's lines, until it ends; a line opening with
+    :data:`BLOCK` starts a turn of several lines, which ends on the line that closes with it (or with the input)."""
     if first is not None:
         yield first
     asking = sys.stdin.isatty()
-    while True:
+
+    def read(prompt: str) -> str | None:
         if asking:
-            sys.stderr.write(">>> ")
+            sys.stderr.write(prompt)
             sys.stderr.flush()
         line = sys.stdin.readline()
-        if not line:
+        return line.removesuffix("\n") if line else None
+
+    while (line := read(">>> ")) is not None:
+        if not line.lstrip().startswith(BLOCK):
+            yield line
+            continue
+        text: str | None = line.lstrip().removeprefix(BLOCK)
+        lines = []
+        while text is not None and not text.rstrip().endswith(BLOCK):
+            lines.append(text)
+            text = read("... ")
+        if text is not None:
+            lines.append(text.rstrip().removesuffix(BLOCK))
+        yield "\n".join(lines).strip("\n")
+        if text is None:
             return
-        yield line.rstrip("\n")
 
 
 @contextlib.contextmanager

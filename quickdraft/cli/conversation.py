@@ -7,8 +7,8 @@ Rules:
   ``>>>`` on stderr where the input is a terminal), or every block of lines from one opening with three double quotes
   (:data:`BLOCK`) to one closing with them (``...`` on a terminal). ``/reset`` starts a new conversation, ``/exit``
   or ``/bye`` (or the end of the input) ends it, and a blank line asks nothing.
-- A turn the context cannot hold with ``--max-new-tokens`` is refused with the error and left out of the conversation,
-  which goes on.
+- A turn that is not text, or that the context cannot hold with ``--max-new-tokens``, is refused with the error and
+  left out of the conversation, which goes on.
 - Where the runtime's cached prefixes are exact (the native runtime), a turn reads its earlier turns from a prefix cache
   of :data:`PREFIX_CACHE_MB`: it costs its new tokens, not the whole conversation's.
 - Each answer's statistics follow it on stderr, as ``generate``'s do.
@@ -108,12 +108,13 @@ def converse(pipeline: Any, args: argparse.Namespace, config: Any, options: Any)
         if not word:
             continue
         messages.append({"role": "user", "content": text})
-        prompt_ids = pipeline.encode_chat(messages, None, args.chat_template_kwargs)
         try:
+            prompt_ids = pipeline.encode_chat(messages, None, args.chat_template_kwargs)
             stream = pipeline.stream(prompt_ids, config, args.drafter, options=options)
-        except PromptError as error:  # the conversation outgrew the context: this turn is left out
+        except PromptError as error:  # not text, or the conversation outgrew the context: this turn is left out
             messages.pop()
-            print(f"quickdraft: error: {error} ({RESET_WORD} starts a new conversation)", file=sys.stderr)
+            hint = f"; {RESET_WORD} starts a new conversation" if error.setting == "max_new_tokens" else ""
+            print(f"quickdraft: error: {error} (this turn is left out{hint})", file=sys.stderr)
             continue
         shown: list[str] = []
         deltas = iter(stream)

@@ -515,6 +515,19 @@ def test_a_turn_of_several_lines_opens_and_closes_with_three_quotes(monkeypatch:
     lines = ["a", '"""', "x = 1", "", "y = 2", '"""', '  """one"""', '"""first', 'last"""', "b", '"""open', "never"]
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
     assert list(turns("p")) == ["p", "a", "x = 1\n\ny = 2", "one", "first\nlast", "b", "open\nnever"]
+    asked, typing = [], iter(["a", '"""x', 'y"""'])
+
+    def typed(prompt: str) -> str:  # on a terminal, input() reads the lines: editing and history
+        asked.append(prompt)
+        line = next(typing, None)
+        if line is None:
+            raise EOFError
+        return line
+
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", typed)
+    assert list(turns(None)) == ["a", "x\ny"] and asked == [">>> ", ">>> ", "... ", ">>> "]
 
 
 class Interrupting:

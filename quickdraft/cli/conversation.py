@@ -3,10 +3,11 @@ template after the turns before it, streamed as ``generate`` streams one answer.
 
 Rules:
 - The conversation opens with ``--system``'s message, where given, after every ``/reset`` too.
-- The prompt argument, where given, is the first turn; then every line of standard input is one (read after a
-  ``>>>`` on stderr where the input is a terminal), or every block of lines from one opening with three double quotes
-  (:data:`BLOCK`) to one closing with them (``...`` on a terminal). ``/reset`` starts a new conversation, ``/exit``
-  or ``/bye`` (or the end of the input) ends it, and a blank line asks nothing.
+- The prompt argument, where given, is the first turn; then every line of standard input is one, or every block of
+  lines from one opening with three double quotes (:data:`BLOCK`) to one closing with them. Where the input is a
+  terminal they are read after ``>>>`` (``...`` within a block), with line editing and a history where the output is
+  one too. ``/reset`` starts a new conversation, ``/exit`` or ``/bye`` (or the end of the input) ends it, and a blank
+  line asks nothing.
 - A turn that is not text, or that the context cannot hold with ``--max-new-tokens``, is refused with the error and
   left out of the conversation, which goes on.
 - Where the runtime's cached prefixes are exact (the native runtime), a turn reads its earlier turns from a prefix cache
@@ -41,8 +42,14 @@ def turns(first: str | None) -> Iterator[str]:
     if first is not None:
         yield first
     asking = sys.stdin.isatty()
+    editing = asking and sys.stdout.isatty() and line_editing()
 
     def read(prompt: str) -> str | None:
+        if editing:  # the prompt goes where the answers go: the terminal
+            try:
+                return input(prompt)
+            except EOFError:
+                return None
         if asking:
             sys.stderr.write(prompt)
             sys.stderr.flush()
@@ -63,6 +70,15 @@ def turns(first: str | None) -> Iterator[str]:
         yield "\n".join(lines).strip("\n")
         if text is None:
             return
+
+
+def line_editing() -> bool:
+    """Whether ``input`` edits lines and keeps a history (Python's readline module, where the platform has it)."""
+    try:
+        import readline  # noqa: F401  (importing it is what turns editing on for input())
+    except ImportError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

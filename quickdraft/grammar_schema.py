@@ -96,8 +96,8 @@ def unenforced_part(schema: Any) -> str | None:
 def _disjoint(branches: list[Any], root: Any) -> bool:
     """Whether no value could match two of ``branches`` (``$ref``s into ``root`` resolved), as far as their types,
     their ``const`` or ``enum`` values, or such values of a property each requires tell (a discriminated union's)."""
-    resolved = [_resolved(branch, root) for branch in branches]
-    return all(_apart(a, b, root) for i, a in enumerate(resolved) for b in resolved[i + 1 :])
+    schemas = [resolved(branch, root) for branch in branches]
+    return all(_apart(a, b, root) for i, a in enumerate(schemas) for b in schemas[i + 1 :])
 
 
 def _apart(a: Any, b: Any, root: Any) -> bool:
@@ -114,7 +114,7 @@ def _apart(a: Any, b: Any, root: Any) -> bool:
     shared = required[0] & required[1]
     properties = [s.get("properties") if isinstance(s.get("properties"), dict) else {} for s in (a, b)]
     return any(
-        _values_apart(_resolved(properties[0].get(name), root), _resolved(properties[1].get(name), root))
+        _values_apart(resolved(properties[0].get(name), root), resolved(properties[1].get(name), root))
         for name in shared
     )
 
@@ -135,7 +135,7 @@ def _json_key(value: Any) -> tuple[str, Any]:
     return ("json", json.dumps(value, sort_keys=True))
 
 
-def _resolved(branch: Any, root: Any) -> Any:
+def resolved(branch: Any, root: Any) -> Any:
     """``branch``, or the schema its ``$ref`` points at in ``root`` (a JSON pointer such as ``#/$defs/Cat``)."""
     reference = branch.get("$ref") if isinstance(branch, dict) else None
     if not (isinstance(reference, str) and reference.startswith("#/")):

@@ -54,12 +54,19 @@ def check_definitions(tools: list[Any], python_names: bool) -> frozenset[str]:
 
 def check_parameters(tools: list[Any]) -> None:
     """Each function's parameters must be a valid JSON schema (checked against the meta-schema its ``$schema`` names,
-    2020-12 without one, as OpenAI checks them), whatever ``tool_choice`` says: a schema the call grammar cannot
-    follow is refused only where calls are constrained (:meth:`ToolRequest.grammar`)."""
+    2020-12 without one, as OpenAI checks them) of an object, where it names a type, and its description text,
+    whatever ``tool_choice`` says: a schema the call grammar cannot follow is refused only where calls are
+    constrained (:meth:`ToolRequest.grammar`)."""
     for tool in tools:
         parameters, name = tool["function"].get("parameters") or {}, tool["function"]["name"]
         if (error := schema_error(parameters)) is not None:
             raise ApiError(400, f"a tool's parameters are not a JSON schema ({name!r}): {error}", "tools")
+        if parameters.get("type", "object") != "object":  # a call's arguments are an object: OpenAI's rule too
+            message = f"a function's parameters must be a JSON schema of type object, got type {parameters['type']!r}"
+            raise ApiError(400, f"{message} ({name!r})", "tools")
+        description = tool["function"].get("description")
+        if description is not None and not isinstance(description, str):
+            raise ApiError(400, f"a function's description must be text ({name!r})", "tools")
 
 
 def check_python_names(tools: list[Any]) -> None:

@@ -15,6 +15,9 @@ Rules:
   schema's order, the required ones always, each value the JSON its schema allows, ``, `` between calls.
 - One call, unless ``several``. A function without ``parameters`` takes none: its arguments are ``{}``, as OpenAI
   defines it. A schema xgrammar cannot follow is a 400 on ``tools``.
+- A function's parameters are a JSON schema whose pointers (``$ref`` ``#/$defs/...``, ``#``) start at its own root.
+  Placed inside a call's schema, they move under its ``$defs`` with their pointers rebased (:func:`rebased`); a
+  property compiled alone (XML and pythonic calls) takes them along.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from quickdraft.grammar import GrammarKind, GrammarSpec, grammar_of, xgrammar_reason
-from quickdraft.grammar_schema import compiled_schema, unenforced_part
+from quickdraft.grammar_schema import SCHEMA_MAPS, compiled_schema, resolved, unenforced_part
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_formats import CallBody, ToolFormat
 
 PARAMETER_END = "</parameter>"
+ARGUMENTS_DEFINITION = "quickdraft_arguments"  # where a function's parameters that point into themselves move
+VALUE_KEYS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas
 NO_PARAMETERS = {"type": "object", "properties": {}}  # a function without parameters takes none (OpenAI's rule),
 # not any object
 
@@ -118,9 +123,19 @@ def _calls(found: ToolFormat, chosen: list[dict[str, Any]], several: bool, openi
         build, separator = (_named_call, "") if found.body is CallBody.NAMED else (_xml_call, "\n")
         calls = xgrammar.Grammar.union(*(build(found, tool["function"], opening) for tool in chosen))
         return _repeated(calls, several, separator)
-    call: dict[str, Any] = {"anyOf": [call_schema(tool["function"], found.arguments) for tool in chosen]}
+    branches, definitions = [], {}
+    for index, tool in enumerate(chosen):
+        arguments = tool["function"].get("parameters") or NO_PARAMETERS
+        if points_within(arguments):  # its pointers start at its own root: it moves under the call's $defs
+            key = f"{ARGUMENTS_DEFINITION}{index}"
+            definitions[key] = rebased(arguments, f"#/$defs/{key}")
+            arguments = {"$ref": f"#/$defs/{key}"}
+        branches.append(call_schema(tool["function"]["name"], arguments, found.arguments))
+    call: dict[str, Any] = {"anyOf": branches}
     if found.tags is None and found.listed:  # a whole answer of calls: their list
         call = {"type": "array", "items": call, "minItems": 1} | ({} if several else {"maxItems": 1})
+    if definitions:
+        call["$defs"] = definitions
     shaped = _schema(call)
     if found.tags is None:  # a whole answer of calls: the one call, or their list
         return str(shaped)
@@ -128,11 +143,43 @@ def _calls(found: ToolFormat, chosen: list[dict[str, Any]], several: bool, openi
     return _repeated(tagged, several, "\n")
 
 
-def call_schema(function: Mapping[str, Any], arguments_key: str) -> dict[str, Any]:
-    """The JSON schema of one call of ``function``: its name and its arguments (under ``arguments_key``)."""
-    arguments = function.get("parameters") or NO_PARAMETERS
-    properties = {"name": {"const": function["name"]}, arguments_key: arguments}
+def call_schema(name: str, arguments: Any, arguments_key: str) -> dict[str, Any]:
+    """The JSON schema of one call of the function ``name``: its name, and its ``arguments`` under ``arguments_key``."""
+    properties = {"name": {"const": name}, arguments_key: arguments}
     return {"type": "object", "properties": properties, "required": ["name", arguments_key]}
+
+
+def points_within(schema: Any) -> bool:
+    """Whether ``schema`` holds a ``$ref`` pointing into itself (``#`` or ``#/...``): placed elsewhere, it changes."""
+    return rebased(schema, "#/elsewhere") != schema
+
+
+def rebased(schema: Any, base: str) -> Any:
+    """``schema`` placed at ``base`` (a JSON pointer such as ``#/$defs/tool0``) of another document: a copy whose
+    pointers into itself point there. Listed values (``const``, ``enum``, ...) are data, not schemas, and are kept;
+    the names of a map of schemas (``properties``, ``$defs``, ...) are names, whatever they spell."""
+    if isinstance(schema, list):
+        return [rebased(item, base) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    copied: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            copied[key] = base + value[1:]
+        elif key in SCHEMA_MAPS and isinstance(value, Mapping):
+            copied[key] = {name: rebased(part, base) for name, part in value.items()}
+        else:
+            copied[key] = value if key in VALUE_KEYS else rebased(value, base)
+    return copied
+
+
+def _alone(schema: Any, parameters: Mapping[str, Any]) -> Any:
+    """A property's ``schema`` compiled on its own: the ``parameters`` it points into come along under ``$defs``."""
+    if not points_within(parameters) or not isinstance(schema, Mapping):
+        return schema
+    base = f"#/$defs/{ARGUMENTS_DEFINITION}"
+    own = rebased(schema, base)
+    return {**own, "$defs": {**(own.get("$defs") or {}), ARGUMENTS_DEFINITION: rebased(parameters, base)}}
 
 
 def is_text(schema: Mapping[str, Any]) -> bool:
@@ -175,9 +222,11 @@ def _xml_call(found: ToolFormat, function: Mapping[str, Any], opening: str) -> A
     import xgrammar
 
     properties, required = _properties(function)
+    parameters = function.get("parameters") or {}
     parts = [_literal(f"{opening}\n<function={function['name']}>\n")]
     for key, schema in properties.items():
-        value = _text_value(schema) if isinstance(schema, Mapping) and is_text(schema) else _schema(schema)
+        text = isinstance(schema, Mapping) and is_text(resolved(schema, parameters))
+        value = _text_value(resolved(schema, parameters)) if text else _schema(_alone(schema, parameters))
         block = xgrammar.Grammar.concat(_literal(f"<parameter={key}>\n"), value, _literal(f"\n{PARAMETER_END}\n"))
         parts.append(block if key in required else xgrammar.Grammar.union(block, _literal("")))
     parts.append(_literal(f"</function>\n{found.tags[1] if found.tags else ''}"))
@@ -190,7 +239,9 @@ def _pythonic_call(function: Mapping[str, Any]) -> Any:
     import xgrammar
 
     properties, required = _properties(function)
-    blocks = [(key in required, _literal(f"{key}="), _schema(schema)) for key, schema in properties.items()]
+    parameters = function.get("parameters") or {}
+    blocks = [(key in required, _literal(f"{key}="), _schema(_alone(schema, parameters)))
+              for key, schema in properties.items()]  # fmt: skip
 
     def after(start: int) -> Any:  # blocks[start:] after an argument: each one written is preceded by ", "
         parts = [xgrammar.Grammar.concat(_literal(", "), key, value) for _, key, value in blocks[start:]]

@@ -52,3 +52,24 @@ def test_names_openai_allows_pass_once_each() -> None:
     assert names == {"get_weather", "Get-Weather2", "x" * 64}
     with pytest.raises(ApiError, match="two tools have the same function name"):
         check_definitions([function("f"), function("f")], python_names=False)
+
+
+@pytest.mark.parametrize(
+    ("function_fields", "words"),
+    [
+        ({"parameters": {"type": "string"}}, "parameters must be a JSON schema of type object, got type 'string'"),
+        ({"parameters": {"type": "array"}}, "of type object, got type 'array'"),
+        ({"description": 5}, "a function's description must be text"),
+    ],
+)
+def test_parameters_that_are_no_object_and_a_description_that_is_no_text_are_a_400(
+    function_fields: dict[str, Any], words: str
+) -> None:
+    """A call's arguments are an object (a required call of a string's schema would be written, then dropped), as
+    OpenAI refuses such a function; a schema that names no type still describes one."""
+    tool = {"type": "function", "function": {"name": "f", **function_fields}}
+    with pytest.raises(ApiError, match=re.escape(words)) as error:
+        check_definitions([tool], python_names=False)
+    assert error.value.param == "tools"
+    untyped = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {}}}}}
+    assert check_definitions([untyped], python_names=False) == {"f"}

@@ -178,3 +178,28 @@ def test_a_lazy_grammar_under_speculation_is_constrained_plain_decoding(sampling
     assert all(answer.token_ids == plain.token_ids for answer in answers.values()), answers
     assert plain.text.startswith(f'{first}\n{{"name": "get_weather", "arguments": {{"city": "')  # dispatched
     assert answers["draft-model"].stats.draft_tokens_proposed > 0
+
+
+CITY_DEFINED = {"type": "object", "$defs": {"city": {"enum": ["Paris", "Oslo"]}},
+                "properties": {"city": {"$ref": "#/$defs/city"}}, "required": ["city"]}  # fmt: skip
+TREE = {"type": "object", "required": ["v", "child"], "additionalProperties": False,
+        "properties": {"v": {"type": "integer"}, "child": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CALLS)
+def test_a_function_s_pointers_into_its_own_parameters_hold_in_its_calls(case: str) -> None:
+    """``$ref``s start at the parameters' own root, wherever a call's grammar places them (a strict function's, as a
+    required one's): into their ``$defs`` in every format, and to the root itself (a recursive schema) where the
+    arguments are JSON."""
+    found, call = CALLS[case]
+    defined = {"type": "function", "function": {"name": "get_weather", "parameters": CITY_DEFINED, "strict": True}}
+    spec = tools_of(found, defined).grammar()
+    assert spec is not None and accepts(spec, call) and not accepts(spec, call.replace("Paris", "Rome"))
+    if '{"city": "Paris"}' not in call:  # XML and pythonic calls: no arguments object
+        return
+    tree = {"type": "function", "function": {"name": "get_weather", "parameters": TREE, "strict": True}}
+    spec = tools_of(found, tree).grammar()
+    nested = '{"v": 1, "child": {"v": 2, "child": null}}'
+    wrapped = '{"v": 1, "child": {"name": "get_weather", "arguments": {"v": 2, "child": null}}}'  # the call's root
+    assert spec is not None and accepts(spec, call.replace('{"city": "Paris"}', nested))
+    assert not accepts(spec, call.replace('{"city": "Paris"}', wrapped))

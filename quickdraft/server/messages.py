@@ -114,13 +114,15 @@ def refusal_as_text(part: Any) -> Any:
 
 
 def check_answer(call_id: Any, made_calls: bool, called: Mapping[str, str]) -> None:
-    """A tool message answers a call an earlier assistant message made, by its ``tool_call_id`` where the calls have
-    ids. Not necessarily the message just before: a Responses API conversation may put an assistant's text or
+    """A tool message answers a call an earlier assistant message made, by its ``tool_call_id`` (text) where the
+    calls have ids. Not necessarily the message just before: a Responses API conversation may put an assistant's text or
     reasoning between a call and its output."""
     if not made_calls:
         message = "a tool message must answer a call in an earlier assistant message's tool_calls"
         raise ApiError(400, message, "messages")
-    if called and isinstance(call_id, str) and call_id not in called:
+    if called and not isinstance(call_id, str):  # the calls have ids: OpenAI's tool message names the one it answers
+        raise ApiError(400, "a tool message needs the tool_call_id of the call it answers, as text", "messages")
+    if called and call_id not in called:
         message = f"a tool message's tool_call_id {call_id!r} answers no call of an earlier assistant message"
         raise ApiError(400, message, "messages")
 

@@ -60,6 +60,7 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     parsed, called = [], {}  # called: each earlier call's id -> its function's name
     made_calls = False  # an earlier assistant message called tools: a tool message has something to answer
+    answered: set[str] = set()  # the ids the tool messages answer
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
@@ -78,12 +79,17 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
         role = "system" if message["role"] == "developer" else message["role"]
         if role == "tool":
             check_answer(message.get("tool_call_id"), made_calls, called)
+            if isinstance(message.get("tool_call_id"), str):
+                answered.add(message["tool_call_id"])
         parsed.append(template_message({**message, "role": role}, content, called, found))
         calls = (message.get("tool_calls") if role == "assistant" else None) or []  # checked by template_message
         made_calls = made_calls or bool(calls)
         for call in calls:
             if isinstance(call.get("id"), str):
                 called[call["id"]] = call["function"]["name"]
+    if unanswered := [call_id for call_id in called if call_id not in answered]:  # OpenAI's rule too
+        message = f"the tool call {unanswered[0]!r} has no tool message with its result: give each call's result"
+        raise ApiError(400, message, "messages")
     if not any(message["content"].strip() for message in parsed):
         raise ApiError(400, "the prompt is empty: the messages hold no text", "messages")
     return parsed

@@ -197,6 +197,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         raise ApiError(400, "input must be a string or a non-empty list of items", "input")
     messages: list[dict[str, Any]] = []
     call_ids: set[str] = set()
+    answered: set[str] = set()
     for index, item in enumerate(value):
         kind = (item.get("type") or "message") if isinstance(item, Mapping) else None  # the SDK sends type null
         if kind in ITEM_KEYS:
@@ -245,11 +246,15 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                 message = f"a function_call_output's output must be text or a list of text parts, got {output!r}"
                 raise ApiError(400, message, "input")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+            answered.add(item["call_id"])
         else:
             what = f"an item of type {kind!r}" if isinstance(kind, str) else "an item that is not a message"
             readable = "message, function_call, function_call_output and reasoning items"
             message = f"input holds {what}; this server reads {readable}"
             raise ApiError(400, message, "input", code="unsupported_parameter" if isinstance(kind, str) else None)
+    if unanswered := sorted(call_ids - answered):  # as OpenAI: each call's output is in the input
+        message = f"no function_call_output item for the function_call with call_id {unanswered[0]!r}"
+        raise ApiError(400, f"{message}: give each call's output", "input")
     return messages
 
 

@@ -198,7 +198,8 @@ def test_a_reasoning_item_in_the_input_is_the_next_assistant_turns_reasoning() -
     said = {"role": "assistant", "content": "Paris."}
     chat, _ = chat_request({"input": [{"role": "user", "content": "hi"}, thought, said]})
     assert chat["messages"][1:] == [{"role": "assistant", "content": "Paris.", "reasoning_content": "t"}]
-    chat, _ = chat_request({"input": [{"role": "user", "content": "hi"}, thought, call]})
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "noon"}
+    chat, _ = chat_request({"input": [{"role": "user", "content": "hi"}, thought, call, output]})
     assert chat["messages"][1]["reasoning_content"] == "t" and chat["messages"][1]["tool_calls"][0]["id"] == "call_1"
     encrypted = {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "x"}
     chat, _ = chat_request({"input": [{"role": "user", "content": "hi"}, encrypted, said]})

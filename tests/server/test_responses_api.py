@@ -35,6 +35,9 @@ def tool_server() -> Iterator[Server]:
         yield running
 
 
+UNANSWERED = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}  # no output follows
+
+
 def chat_text(server: Server, messages: list[dict[str, Any]], **options: Any) -> tuple[str, Any]:
     answer = server.client().chat.completions.create(model=MODEL, messages=messages, temperature=0, **options)
     return answer.choices[0].message.content, answer
@@ -192,6 +195,11 @@ def test_an_agent_runs_its_tool_over_the_responses_api(tool_server: Server) -> N
         ({"input": [{"role": "tool", "content": "w1"}]}, "input", "a tool's result is a function_call_output item"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input", "call_id"),
         ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input", "no function_call"),
+        (
+            {"input": [{"role": "user", "content": "w1"}, UNANSWERED, {"role": "user", "content": "w2"}]},
+            "input",
+            "no function_call_output item for the function_call with call_id 'c1'",
+        ),
         ({"tools": [{"type": "function", "parameters": {}}]}, "tools", "needs a name"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "text.format.schema must be"),
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format", "text.format.name must be"),

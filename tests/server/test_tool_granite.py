@@ -35,6 +35,7 @@ CALLED = [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
 ]  # fmt: skip
 
 
@@ -71,11 +72,11 @@ def test_a_required_call_is_a_list_of_calls() -> None:
 
 
 def test_earlier_calls_and_results_are_rendered_as_granite_reads_them() -> None:
-    assistant, tool = chat_messages({"messages": CALLED}, GRANITE)[1:]
+    assistant, tool, _ = chat_messages({"messages": CALLED}, GRANITE)[1:]
     listed = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'
     assert assistant == {"role": "assistant", "content": "<|tool_call|>" + listed}
     assert tool == {"role": "tool_response", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"}
-    spoken = [{**CALLED[1], "content": "Let me look."}]
+    spoken = [{**CALLED[1], "content": "Let me look."}, *CALLED[2:]]
     assert chat_messages({"messages": spoken}, GRANITE)[0]["content"] == "Let me look.<|tool_call|>" + listed
     plain = chat_messages({"messages": CALLED}, HERMES)  # formats whose templates render calls get them as objects
     assert plain[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"} and plain[2]["role"] == "tool"

@@ -80,12 +80,12 @@ def test_a_required_call_is_a_block_of_calls() -> None:
 
 
 def test_earlier_calls_and_results_are_rendered_as_olmo3_reads_them() -> None:
-    assistant, tool = chat_messages({"messages": CALLED}, OLMO3)[1:]
+    assistant, tool, _ = chat_messages({"messages": CALLED}, OLMO3)[1:]
     assert assistant == {"role": "assistant", "content": "", "function_calls": 'get_weather(city="Paris")\nget_time()'}
     assert tool["role"] == "environment" and tool["content"] == "sunny"
     assert chat_messages({"messages": CALLED}, PYTHONIC)[1]["tool_calls"]  # Llama's templates render tool_calls
     listed = [CALLED[0], {**CALLED[1], "tool_calls": [{**CALLED[1]["tool_calls"][0], "function": {
-        "name": "get_weather", "arguments": "[1]"}}]}]  # fmt: skip
+        "name": "get_weather", "arguments": "[1]"}}]}, CALLED[2]]  # fmt: skip
     with pytest.raises(ApiError, match="arguments must be a JSON object"):
         chat_messages({"messages": listed}, OLMO3)
 

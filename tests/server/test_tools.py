@@ -543,7 +543,7 @@ def assert_a_required_call_goes_round(server: Server, max_tokens: int = 80) -> A
 
 def test_a_tool_message_must_answer_a_call_an_earlier_assistant_message_made() -> None:
     """A tool message after no call, naming a call no assistant message made, or naming none where the calls have
-    ids, is refused (as OpenAI refuses it)."""
+    ids, is refused, and so is a call no tool message answers (as OpenAI refuses them)."""
     calls = {"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
         {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}  # fmt: skip
@@ -557,6 +557,7 @@ def test_a_tool_message_must_answer_a_call_an_earlier_assistant_message_made() -
         ([*ASK, calls, {"role": "tool", "tool_call_id": "zz", "content": "x"}], "'zz' answers no call"),
         ([*ASK, calls, {"role": "tool", "content": "x"}], "needs the tool_call_id of the call it answers"),
         ([*ASK, calls, {"role": "tool", "tool_call_id": 1, "content": "x"}], "needs the tool_call_id"),
+        ([*ASK, calls, both[1], {"role": "user", "content": "w2"}], "the tool call 'c2' has no tool message"),
     ):
         with pytest.raises(ApiError, match=words) as error:
             chat_messages({"messages": bad})

@@ -530,6 +530,36 @@ def test_a_turn_of_several_lines_opens_and_closes_with_three_quotes(monkeypatch:
     assert list(turns(None)) == ["a", "x\ny"] and asked == [">>> ", ">>> ", "... ", ">>> "]
 
 
+def test_a_conversation_reads_bytes_that_are_not_utf8_and_keeps_what_it_learned_when_interrupted(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``generate -i`` on standard input decoded strictly (a locale's default): a turn that is not UTF-8 is refused
+    alone, the turns around it answered. Ctrl-C at the prompt ends the program and still saves what the policy
+    learned, as /exit does. A model with no chat template has no conversation: one error, before any turn."""
+    target, draft = str(tiny_model_dirs["target"]), str(tiny_model_dirs["draft"])
+    args = ["generate", "-i", "--target", target, "--draft", draft, "--max-new-tokens", "4", "--policy", "fixed:2"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("w1\n"))
+    status, _, err = run(args, capsys)  # no template, no conversation: said once, before any turn
+    assert status == 1 and err.count("this model has no chat template") == 1
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}w9 {{ m['content'] }} w8 {% endfor %}w7")
+    args += ["--chat-template", str(template)]
+    saved = []
+    monkeypatch.setattr(Pipeline, "save_learned", lambda self, *given: saved.append(given))
+    strict = io.TextIOWrapper(io.BytesIO(b"w1 w2\nw3 \xff\nw4\n"), encoding="utf-8", errors="strict")
+    monkeypatch.setattr("sys.stdin", strict)
+    status, _, err = run(args, capsys)
+    assert status == 0 and err.count("finish:") == 2 and "is not UTF-8 text" in err and len(saved) == 1
+
+    class Interrupted(io.StringIO):
+        def readline(self, *_: Any) -> str:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("sys.stdin", Interrupted())
+    status, _, err = run(args, capsys)
+    assert status == 130 and "quickdraft: interrupted" in err and len(saved) == 2
+
+
 class Interrupting:
     """Standard output that sends this process Ctrl-C (SIGINT) ``times`` times as the first text is written."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import signal
 import sys
 import threading
@@ -41,6 +42,8 @@ def turns(first: str | None) -> Iterator[str]:
     :data:`BLOCK` starts a turn of several lines, which ends on the line that closes with it (or with the input)."""
     if first is not None:
         yield first
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the turn, refused there alone
+        sys.stdin.reconfigure(errors="surrogateescape")
     asking = sys.stdin.isatty()
     editing = asking and sys.stdout.isatty() and line_editing()
 
@@ -48,12 +51,15 @@ def turns(first: str | None) -> Iterator[str]:
         if editing:  # the prompt goes where the answers go: the terminal
             try:
                 return input(prompt)
-            except EOFError:
+            except EOFError:  # Ctrl-D: the shell's prompt goes on a line of its own
+                sys.stdout.write("\n")
                 return None
         if asking:
             sys.stderr.write(prompt)
             sys.stderr.flush()
         line = sys.stdin.readline()
+        if not line and asking:
+            sys.stderr.write("\n")
         return line.removesuffix("\n") if line else None
 
     while (line := read(">>> ")) is not None:
@@ -113,6 +119,8 @@ def converse(pipeline: Any, args: argparse.Namespace, config: Any, options: Any)
         cache = PrefixCache(PREFIX_CACHE_MB * 2**20, target.cache_bytes, target.copy_prefix)
         pipeline.engine = Engine(target, pipeline.tokenizer, pipeline.eos_token_ids, prefix_cache=cache)
     messages = opening(args)
+    # a template that cannot render the conversation's first turn at all (none, or no system turn) ends it here
+    pipeline.encode_chat([*messages, {"role": "user", "content": "Hello"}], None, args.chat_template_kwargs)
     for text in turns(args.prompt):
         word = text.strip()
         if word in EXIT_WORDS:

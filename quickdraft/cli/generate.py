@@ -236,8 +236,10 @@ def run(args: argparse.Namespace) -> None:
 
         pipeline.drafter(args.drafter, options)  # a drafter these models cannot run fails before any measuring
         setup = ready_policy(pipeline, args, config)
-        converse(pipeline, args, config, options)
-        pipeline.save_learned(args.drafter, setup)
+        try:
+            converse(pipeline, args, config, options)
+        finally:  # Ctrl-C at the prompt ends a conversation too: what it taught the policy is kept
+            pipeline.save_learned(args.drafter, setup)
         return
     if suffix is None:
         prompt_ids = (

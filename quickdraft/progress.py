@@ -27,7 +27,8 @@ def progress_bar(iterable: Any = None, **options: Any) -> Any:
 
     if sys.stderr.isatty():
         return tqdm(iterable, file=sys.stderr, **options)
-    return tqdm(iterable, file=LogLines(), mininterval=LOG_INTERVAL_S, ncols=100, **options)
+    # maxinterval too: tqdm's monitor thread redraws a bar idle that long (10 s by default), a line each time here
+    return tqdm(iterable, file=LogLines(), mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, ncols=100, **options)
 
 
 def show_postfix(bar: Any, text: str) -> None:

@@ -71,3 +71,10 @@ def test_a_bar_in_a_log_keeps_its_interval_as_its_total_changes(capsys: pytest.C
     sources = (Path(progress.__file__).parent).rglob("*.py")
     redrawing = [path.name for path in sources for line in path.read_text().splitlines() if "refresh()" in line]
     assert redrawing == ["progress.py"]
+
+
+def test_a_bar_in_a_log_is_not_redrawn_sooner_by_tqdm_s_monitor() -> None:
+    """tqdm's monitor thread redraws a bar that has not been drawn for its ``maxinterval`` (10 s by default): in a
+    log that wrote a line every 10 s past the first 30 s, the same line twice at times."""
+    with progress.progress_bar(total=2, desc="work") as bar:
+        assert bar.mininterval == bar.maxinterval == progress.LOG_INTERVAL_S

@@ -24,6 +24,7 @@ MACHINE_KEYS = ("cpu", "cpu_family_model", "isa", "threads", "torch", "transform
 LEGACY_SAMPLING = {"greedy": True, "temperature": 0.0, "sampling_seed": None}  # folders from before sampled benches
 LEGACY_DRAFT_LOAD = {"weights": "int8", "vocabulary": 0}  # what results folders from before draft_load measured
 LEGACY_KV_CACHE = {"kv_cache": "float32"}  # folders from before float16 caches
+BENCH_FILES = ("config.json", "entries.jsonl")  # what marks a folder as a bench's results
 
 
 class ResultStore:

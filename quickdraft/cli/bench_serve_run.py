@@ -29,6 +29,7 @@ from quickdraft.bench.serve_load import (
     summarize_run,
 )
 from quickdraft.bench.serve_report import write_report
+from quickdraft.bench.store import BENCH_FILES
 from quickdraft.bench.workloads import DEFAULT_MAX_TOKENS, requests_digest, served_input, workload_prompts
 from quickdraft.cli.common import chat_template_of, check_output_dir, draft_for, load_models
 from quickdraft.cli.serve import given_serving_arguments
@@ -77,6 +78,9 @@ def run_bench_serve(args: argparse.Namespace) -> None:
     if args.max_tokens is None:  # at most: the largest of the requests' own limits
         args.max_tokens = max(prompt.max_tokens or DEFAULT_MAX_TOKENS for prompt in prompts)
     check_output_dir(out)
+    if held := [name for name in BENCH_FILES if (out / name).exists()]:  # its results.json would replace bench's
+        message = f"--out {out} holds a bench's results ({', '.join(held)})"
+        raise ConfigError(f"{message}: give bench-serve another directory")
     if args.url is not None:
         check_reachable(args.url)
     ours = [config for config in configs if not config.is_peer]

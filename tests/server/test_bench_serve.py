@@ -143,6 +143,17 @@ def test_bench_serve_samples_seeded_requests(
     assert "temperature 0.9, seed 11" in (out / "report.md").read_text(encoding="utf-8")
 
 
+def test_a_bench_s_results_folder_is_refused_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """bench-serve writes results.json and report.md: into a bench's folder they replaced the bench's own."""
+    out = tmp_path / "bench-results"
+    out.mkdir()
+    (out / "entries.jsonl").write_text("", encoding="utf-8")
+    args = ["bench-serve", "--questions", str(write_questions(tmp_path, 2)), "--out", str(out)]
+    assert main(args) == 1
+    assert "holds a bench's results (entries.jsonl): give bench-serve another directory" in capsys.readouterr().err
+    assert sorted(path.name for path in out.iterdir()) == ["entries.jsonl"]
+
+
 def test_a_llama_server_that_cannot_be_built_fails_before_any_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

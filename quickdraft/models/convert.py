@@ -54,6 +54,19 @@ def read_marker(directory: Path) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) and isinstance(marker.get("sha256"), str) else None
 
 
+def configs_readable(directory: Path) -> bool:
+    """Whether the model's and the tokenizer's configs in ``directory`` read as JSON objects (a damaged one is
+    written again, as a cut GGUF file is assembled again)."""
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            config = json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        if not isinstance(config, dict):
+            return False
+    return True
+
+
 def is_gguf_layout(directory: Path) -> bool:
     """Whether ``directory`` reads its weights from the GGUF file its marker names."""
     marker = read_marker(directory)
@@ -87,9 +100,9 @@ def missing_gguf(directory: Path) -> ModelFilesError:
 def is_model_dir(directory: Path, sha256: str, gguf_path: Path) -> bool:
     """Whether ``directory`` is ready for the GGUF file ``gguf_path`` with digest ``sha256``: a ``gguf``
     layout naming that file, which is still there, or an older full conversion of the same digest with its
-    fp32 weights (deleting them turns it into a ``gguf`` layout directory on the next run)."""
+    fp32 weights (deleting them turns it into a ``gguf`` layout directory on the next run), its configs readable."""
     marker = read_marker(directory)
-    if marker is None or marker["sha256"] != sha256:
+    if marker is None or marker["sha256"] != sha256 or not configs_readable(directory):
         return False
     if marker.get("layout") != GGUF_LAYOUT:
         return has_fp32_weights(directory)  # it loads as before, GGUF file or not
@@ -135,7 +148,7 @@ def write_model_dir(gguf_path: Path, directory: Path, sha256: str) -> None:
     A directory already made from the same digest (the file moved) only gets a new marker, keeping an fp32
     copy made meanwhile. Others are built beside it and renamed into place when complete."""
     marker = read_marker(directory) or {}
-    if marker.get("sha256") == sha256 and marker.get("layout") == GGUF_LAYOUT:
+    if marker.get("sha256") == sha256 and marker.get("layout") == GGUF_LAYOUT and configs_readable(directory):
         tensor_types = marker.get("tensor_types")
         if marker.get("settings") != SETTINGS_VERSION or not isinstance(tensor_types, list):  # made before these
             tensor_types = add_gguf_settings(directory / "config.json", read_gguf(gguf_path))  # settings: complete it

@@ -196,11 +196,11 @@ def measure(
         verb = "is" if len(unused) == 1 else "are"
         note = f"no method uses a draft model, so {', '.join(unused)} {verb} not used"
         print(f"quickdraft: note: {note}", file=sys.stderr)
-    if settings.draft_head is not None:
-        if not Path(settings.draft_head).is_file():
-            raise ConfigError(f"--draft-head {settings.draft_head}: no such file")
-        if not any(method.uses_draft_head for method in pending_methods):
-            print("quickdraft: note: no method drafts with a draft head, so --draft-head is not used", file=sys.stderr)
+    heads = [method for method in pending_methods if method.uses_draft_head]
+    if settings.draft_head is not None and not heads:
+        print("quickdraft: note: no method drafts with a draft head, so --draft-head is not used", file=sys.stderr)
+    elif settings.draft_head is not None and not Path(settings.draft_head).is_file():
+        raise ConfigError(f"--draft-head {settings.draft_head}: no such file")
     pipeline = Pipeline.load(
         settings.target,
         store.config["draft"],
@@ -212,6 +212,9 @@ def measure(
         max_context=settings.max_context,
     )
     pipeline.draft_head = Path(settings.draft_head) if settings.draft_head else None
+    for method in heads:  # the head is read now: a missing one (the target's default) fails before anything is written
+        if method.runtime is None:
+            pipeline.drafter(method.drafter)
     if pipeline.bridge is not None:  # a draft of another vocabulary: say how it drafts
         print(f"quickdraft: note: {pipeline.pairing()}", file=sys.stderr)
     runs_on = {"target": pipeline.target.name, "draft": None if pipeline.draft is None else pipeline.draft.name}

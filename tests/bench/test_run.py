@@ -150,6 +150,31 @@ def test_a_first_turn_the_context_cannot_hold_fails_before_anything_is_measured(
     assert "note: no method uses a draft model, so --draft is not used" in err  # bench_args gives one
 
 
+def test_a_missing_draft_head_fails_before_anything_is_written_and_an_unused_one_is_a_note(
+    chat_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eagle method reads the target's default head (none under this cache) before the folder is written to: a
+    folder a failed run wrote refused later runs of another sample. A --draft-head no method uses is noted, whether
+    its file exists or not."""
+    import quickdraft.bench.run as run
+
+    class Measured(Exception):
+        pass
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise Measured
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    questions = write_jsonl(tmp_path / "question.jsonl", SPEC_ROWS)
+    assert main(bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "eagle:2")) == 1
+    assert "no draft head at" in capsys.readouterr().err and not list((tmp_path / "out").glob("*.json"))
+    monkeypatch.setattr(run, "measure_cost_curves", measured)
+    args = bench_args(chat_model_dirs, questions, tmp_path / "out", "--methods", "prompt-lookup:2")
+    with pytest.raises(Measured):
+        main([*args, "--draft-head", str(tmp_path / "absent.safetensors")])
+    assert "no method drafts with a draft head, so --draft-head is not used" in capsys.readouterr().err
+
+
 def test_bench_on_the_native_runtime(
     native_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -126,10 +126,11 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     config, machine, methods = results["config"], results["machine"] or {}, results["methods"]
     revisions = results.get("revisions") or {}
     categories = config["categories"]
+    asked = f"{config['n_questions']} question{'' if config['n_questions'] == 1 else 's'}"
     lines = [
         "# quickdraft bench",
         "",
-        f"Questions: `{config['questions']}`, {config['n_questions']} questions "
+        f"Questions: `{config['questions']}`, {asked} "
         f"({sample_note(config)}); "
         f"max_new_tokens {config['max_new_tokens']}; {decoding(config)}; runs {config['runs']}, "
         f"warm-up {config['warmup']}.",

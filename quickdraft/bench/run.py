@@ -232,7 +232,8 @@ def measure(
         method.load(pipelines[method.runtime], curves, settings.profile_context)
     first_prompt = encode_turn(pipeline, questions[0], [])[-WARMUP_PROMPT_TOKENS:] if pending_methods else []
     warmup_tokens = min(WARMUP_TOKENS, settings.max_new_tokens)
-    for method in progress_bar(pending_methods * settings.warmup, desc="warm-up"):
+    warmups = pending_methods * settings.warmup
+    for method in progress_bar(warmups, desc="warm-up", disable=not warmups):  # none: no empty bar
         method.run(pipelines[method.runtime], first_prompt, warmup_tokens, settings.sampling)
     total = settings.runs * len(questions) * len(methods)
     with progress_bar(total=total, initial=total - len(todo), desc="bench", unit="run") as bar:

@@ -91,9 +91,11 @@ class ResultStore:
         were measured on another CPU, thread count or library version."""
         changed = [key for key in MACHINE_KEYS if self.machine is not None and self.machine.get(key) != current[key]]
         if changed:
+            assert self.machine is not None
+            was = ", ".join(f"{key} {self.machine.get(key)!r} (now {current[key]!r})" for key in changed)
             raise ConfigError(
-                f"--out {self.out} was measured with another {', '.join(changed)} (machine.json); resume it where "
-                "it was measured, or use another --out directory"
+                f"--out {self.out} was measured with {was} (machine.json); resume it where it was measured, or use "
+                "another --out directory"
             )
         self.machine = self.machine or current  # written with config.json
 

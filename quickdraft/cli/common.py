@@ -283,7 +283,8 @@ def _remove_if_empty(directories: list[Path]) -> None:
 
 def _check_can_create_in(directory: Path, what: str) -> None:
     if not directory.is_dir():
-        raise ConfigError(f"{what}: the directory {directory} does not exist")
+        state = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise ConfigError(f"{what}: {directory} {state}")
     try:
         tempfile.TemporaryFile(dir=directory).close()
     except OSError as error:

@@ -243,6 +243,8 @@ def test_train_draft_rejects_bad_counts(capsys: pytest.CaptureFixture) -> None:
         (["--learning-rate", "inf"], "--learning-rate must be a finite number > 0, got inf"),
         (["--epochs", "nan"], "--epochs must be a finite number > 0, got nan"),
         (["--out", "/"], "--out / is a directory; give a file path"),
+        (["--out", f"{__file__}/h.st"], f"--out {__file__}/h.st: {__file__} is a file, not a directory"),
+        (["--out", "/absent-dir/h.st"], "--out /absent-dir/h.st: /absent-dir does not exist"),
         (["--model", "draft", "--out", __file__], f"--out {__file__} is a file; give a directory"),
         (["--unroll", "0"], "steps must be >= 1, got 0 (--unroll)"),
         (["--vocabulary", "0"], "vocabulary_size must be >= 1, got 0 (--vocabulary)"),

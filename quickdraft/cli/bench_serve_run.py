@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -300,7 +301,7 @@ def stop_server(server: subprocess.Popen[bytes], log: Path) -> None:
         server.wait()
         print(f"quickdraft: the server did not stop within 30 s of SIGTERM and was killed; see {log}", file=sys.stderr)
         return
-    if status != 0:
+    if status not in (0, -signal.SIGTERM, -signal.SIGINT):  # ended by the signal itself: after a Ctrl-C it had too
         print(f"quickdraft: the server exited with status {status} on SIGTERM; see {log}", file=sys.stderr)
 
 

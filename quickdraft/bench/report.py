@@ -76,7 +76,10 @@ def incomplete(missing: dict[str, str]) -> list[str]:
     if not missing:
         return []
     listed = ", ".join(f"{method} ({entries} entries)" for method, entries in missing.items())
-    return [f"**Incomplete**: {listed}; their figures cover only what was measured (resume the run to finish them)."]
+    return [
+        f"**Incomplete**: {listed}; their figures cover only what was measured (resume the run to finish them): a "
+        "speedup the questions both methods answered, tokens/s and prompt times each method's own."
+    ]
 
 
 def sessions_apart(mixed: dict[str, list[int]]) -> list[str]:

@@ -89,7 +89,8 @@ def test_bench_end_to_end_and_resume(
     captured = capsys.readouterr()
     assert "Speedup per category" in captured.out and "5 runs missing" in captured.err
     assert (out / "config.json").read_text() == recorded
-    assert "**Incomplete**: draft-model:4 (0 of 5 entries)" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "**Incomplete**: draft-model:4 (0 of 5 entries)" in report and "tokens/s and prompt times each" in report
     assert len((out / "entries.jsonl").read_text().splitlines()) == 35
     assert main(bench_args(chat_model_dirs, questions, tmp_path / "empty", "--report-only")) == 1
     assert "holds no measured entries" in capsys.readouterr().err

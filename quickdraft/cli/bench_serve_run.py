@@ -36,6 +36,7 @@ from quickdraft.cli.common import chat_template_of, check_output_dir, draft_for,
 from quickdraft.cli.serve import given_serving_arguments
 from quickdraft.drafters import DRAFTERS
 from quickdraft.errors import ConfigError
+from quickdraft.progress import progress_bar, show_postfix
 
 
 def run_bench_serve(args: argparse.Namespace) -> None:
@@ -155,8 +156,10 @@ async def drive(
     results["planned"] = {"runs": len(rates) * len(configs), "disconnects": bool(args.disconnect_fraction > 0 and ours)}
     try:
         models = {config.name: await warm_up(clients[urls[config.name]], config, prompts[0]) for config in configs}
+        bar = progress_bar(total=len(rates) * len(configs), desc="runs", unit="run")
         for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
             for config in configs:
+                show_postfix(bar, f"{config.name} @ {rate}")
                 records, wall_s = await run_load(
                     clients[urls[config.name]],
                     models[config.name],
@@ -172,9 +175,11 @@ async def drive(
                 results["runs"].append({"config": config.name, "rate": rate, "summary": summary,
                                         "records": [record_json(record) for record in records]})  # fmt: skip
                 mean_s, lossless = summary["e2e_s"]["mean"] or math.nan, summary.get("lossless", "–")
-                print(f"{config.name} @ {rate}: {summary['throughput_tok_s']:.1f} tok/s, mean e2e {mean_s:.2f} s, "
-                      f"lossless {lossless}", file=sys.stderr)  # fmt: skip
+                bar.write(f"{config.name} @ {rate}: {summary['throughput_tok_s']:.1f} tok/s, mean e2e {mean_s:.2f} s, "
+                          f"lossless {lossless}", file=sys.stderr)  # fmt: skip
+                bar.update(1)
                 save(out, results)
+        bar.close()
         if results["planned"]["disconnects"]:
             url = urls[ours[0].name]
             results["disconnects"] = await disconnect_run(
@@ -210,11 +215,10 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
             target=args.target, draft=None, runtime=args.runtime, device=args.device,
             kv_cache_dtype=args.kv_cache_dtype, max_context=args.max_context, chat_template=template,
         )  # fmt: skip
-        for i, prompt in enumerate(missing, start=1):
+        for prompt in progress_bar(missing, desc="references (plain decoding)", unit="prompt"):
             prompt_ids, config = served_input(pipeline, prompt, args.max_tokens, args.sampling)
             result = pipeline.generate(prompt_ids, config, drafter="none")
             saved["outputs"][prompt.question_id] = result.token_ids
-            print(f"reference {i}/{len(missing)}: {len(result.token_ids)} tokens", file=sys.stderr)
         path.write_text(json.dumps(saved), encoding="utf-8")
     return saved["outputs"]
 
@@ -267,6 +271,8 @@ def start_server(command: list[str], port: int, log: Path, servers: list[tuple[s
     with log.open("wb") as log_file:
         server = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     servers.append((server, log))
+    print(f"starting a server on port {port} (a first start times its costs: minutes; it logs to {log})",
+          file=sys.stderr)  # fmt: skip
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 1200
     while time.monotonic() < deadline:
         if server.poll() is not None:  # said here, so no longer one to stop

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quickdraft.grammar import GrammarSpec
+from quickdraft.grammar_schema import resolved
 from quickdraft.server.errors import ApiError
 from quickdraft.server.tool_checks import check_definitions, check_shapes, properties
 from quickdraft.server.tool_formats import TOOL_FORMATS, CallBody, ToolFormat
@@ -229,9 +230,15 @@ class ToolRequest:
 
     @functools.cached_property
     def properties(self) -> dict[str, Mapping[str, Any]]:
-        """Each offered function's parameters' properties, by the function's name: an XML call's values are typed
-        by them."""
-        return {tool["function"]["name"]: properties(tool["function"]) for tool in self.tools}
+        """Each offered function's parameters' properties, by the function's name, each ``$ref`` into the parameters
+        resolved (as the call's grammar reads them): an XML call's values are typed by them."""
+        return {
+            tool["function"]["name"]: {
+                key: resolved(schema, tool["function"].get("parameters") or {})
+                for key, schema in properties(tool["function"]).items()
+            }
+            for tool in self.tools
+        }
 
     def _xml_call(self, block: re.Match[str]) -> dict[str, Any] | None:
         """An XML call: ``<function=name>`` and its ``<parameter=key>`` blocks, in its tags or not; each value less

@@ -105,6 +105,22 @@ def test_xml_grammars_follow_each_property() -> None:
         assert_grammar_accepts(request, accepted, parallel)  # type: ignore[arg-type]
 
 
+def test_a_property_that_points_into_the_parameters_is_typed_as_its_grammar_writes_it() -> None:
+    """A ``$ref`` property (pydantic's nested models) is read through the pointer by the call's grammar and by the
+    parser alike: an object's JSON is an object, not its text; a string stays text."""
+    parameters = {"type": "object", "$defs": {"Addr": {"type": "object", "properties": {"street": {"type": "string"}},
+                  "required": ["street"]}, "Name": {"type": "string"}},
+                  "properties": {"addr": {"$ref": "#/$defs/Addr"}, "name": {"$ref": "#/$defs/Name"}},
+                  "required": ["addr", "name"]}  # fmt: skip
+    tool = {"type": "function", "function": {"name": "post", "parameters": parameters}}
+    request = parse_tools({"tools": [tool], "tool_choice": "required"}, QWEN_XML)
+    assert request is not None
+    call = xml('addr>\n{"street": "x"}\n', "name>\n42\n", function="post")
+    assert_grammar_accepts(request, {call: True}, True)
+    arguments = json.loads(request.split_calls(call)[1][0]["function"]["arguments"])
+    assert arguments == {"addr": {"street": "x"}, "name": "42"}
+
+
 @pytest.fixture(scope="module")
 def xml_server() -> Iterator[Server]:
     with serving(char_pipeline(XML_TEMPLATE)) as running:

@@ -61,8 +61,9 @@ def check_parameters(tools: list[Any]) -> None:
         parameters, name = tool["function"].get("parameters") or {}, tool["function"]["name"]
         if (error := schema_error(parameters)) is not None:
             raise ApiError(400, f"a tool's parameters are not a JSON schema ({name!r}): {error}", "tools")
-        if parameters.get("type", "object") != "object":  # a call's arguments are an object: OpenAI's rule too
-            message = f"a function's parameters must be a JSON schema of type object, got type {parameters['type']!r}"
+        kind = parameters.get("type", "object") if isinstance(parameters, Mapping) else type(parameters).__name__
+        if kind not in ("object", ["object"]):  # a call's arguments are an object: OpenAI's rule too
+            message = f"a function's parameters must be a JSON schema of type object, got type {kind!r}"
             raise ApiError(400, f"{message} ({name!r})", "tools")
         description = tool["function"].get("description")
         if description is not None and not isinstance(description, str):

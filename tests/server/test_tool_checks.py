@@ -60,6 +60,7 @@ def test_names_openai_allows_pass_once_each() -> None:
         ({"parameters": {"type": "string"}}, "parameters must be a JSON schema of type object, got type 'string'"),
         ({"parameters": {"type": "array"}}, "of type object, got type 'array'"),
         ({"description": 5}, "a function's description must be text"),
+        ({"parameters": True}, "of type object, got type 'bool'"),
     ],
 )
 def test_parameters_that_are_no_object_and_a_description_that_is_no_text_are_a_400(
@@ -72,4 +73,5 @@ def test_parameters_that_are_no_object_and_a_description_that_is_no_text_are_a_4
         check_definitions([tool], python_names=False)
     assert error.value.param == "tools"
     untyped = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {}}}}}
-    assert check_definitions([untyped], python_names=False) == {"f"}
+    listed = {"type": "function", "function": {"name": "g", "parameters": {"type": ["object"]}}}
+    assert check_definitions([untyped, listed], python_names=False) == {"f", "g"}

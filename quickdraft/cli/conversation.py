@@ -42,25 +42,29 @@ def turns(first: str | None) -> Iterator[str]:
     :data:`BLOCK` starts a turn of several lines, which ends on the line that closes with it (or with the input)."""
     if first is not None:
         yield first
-    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the turn, refused there alone
-        sys.stdin.reconfigure(errors="surrogateescape")
+    if isinstance(sys.stdin, io.TextIOWrapper):  # read as UTF-8: other bytes reach the turn, refused there alone
+        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
     asking = sys.stdin.isatty()
     editing = asking and sys.stdout.isatty() and line_editing()
 
     def read(prompt: str) -> str | None:
-        if editing:  # the prompt goes where the answers go: the terminal
-            try:
+        """A line without its newline, None at the input's end; on a terminal, what follows Ctrl-D or Ctrl-C starts
+        a line of its own."""
+        try:
+            if editing:  # the prompt goes where the answers go: the terminal
                 return input(prompt)
-            except EOFError:  # Ctrl-D: the shell's prompt goes on a line of its own
-                sys.stdout.write("\n")
-                return None
-        if asking:
-            sys.stderr.write(prompt)
-            sys.stderr.flush()
-        line = sys.stdin.readline()
-        if not line and asking:
-            sys.stderr.write("\n")
-        return line.removesuffix("\n") if line else None
+            if asking:
+                sys.stderr.write(prompt)
+                sys.stderr.flush()
+            if line := sys.stdin.readline():
+                return line.removesuffix("\n")
+            raise EOFError
+        except (EOFError, KeyboardInterrupt) as ending:
+            if asking:
+                (sys.stdout if editing else sys.stderr).write("\n")
+            if isinstance(ending, KeyboardInterrupt):
+                raise
+            return None
 
     while (line := read(">>> ")) is not None:
         if not line.lstrip().startswith(BLOCK):
@@ -90,9 +94,12 @@ def line_editing() -> bool:
 @contextlib.contextmanager
 def interruptible() -> Iterator[threading.Event]:
     """Within it, a first Ctrl-C (SIGINT) sets the event the caller polls instead of raising; a second raises
-    KeyboardInterrupt as usual. Off the main thread, where no handler can be set, Ctrl-C keeps its default."""
+    KeyboardInterrupt as usual. Off the main thread, where no handler can be set, or where SIGINT is not Python's
+    default (ignored, as in a background job), it is left as it is."""
     stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # ignored (a background job), or the caller's
+    ):
         yield stop
         return
 

@@ -238,8 +238,11 @@ def run(args: argparse.Namespace) -> None:
         setup = ready_policy(pipeline, args, config)
         try:
             converse(pipeline, args, config, options)
-        finally:  # Ctrl-C at the prompt ends a conversation too: what it taught the policy is kept
-            pipeline.save_learned(args.drafter, setup)
+        except BaseException:  # Ctrl-C at the prompt ends a conversation too: what it taught the policy is kept,
+            with contextlib.suppress(Exception):  # and the error that ended it is the one reported
+                pipeline.save_learned(args.drafter, setup)
+            raise
+        pipeline.save_learned(args.drafter, setup)
         return
     if suffix is None:
         prompt_ids = (

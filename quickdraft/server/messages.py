@@ -52,15 +52,18 @@ def prompt_of(body: Mapping[str, Any]) -> str | list[int]:
     raise ApiError(400, "prompt must be a non-empty string or a list of token ids, or a list of such prompts", "prompt")
 
 
-def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> list[dict[str, Any]]:
+def chat_messages(
+    body: Mapping[str, Any], found: ToolFormat | None = None, answered: bool = True
+) -> list[dict[str, Any]]:
     """A chat body's messages, checked, as the chat template takes them (its tool-call format ``found`` renders
-    earlier tool turns: :func:`template_message`)."""
+    earlier tool turns: :func:`template_message`). ``answered``: every call has a tool message with its result, as a
+    request to answer the conversation needs (counting its tokens does not)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     parsed, called = [], {}  # called: each earlier call's id -> its function's name
     made_calls = False  # an earlier assistant message called tools: a tool message has something to answer
-    answered: set[str] = set()  # the ids the tool messages answer
+    answers: set[str] = set()  # the ids the tool messages answer
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ApiError(400, "every message needs a role and a content", "messages")
@@ -80,14 +83,14 @@ def chat_messages(body: Mapping[str, Any], found: ToolFormat | None = None) -> l
         if role == "tool":
             check_answer(message.get("tool_call_id"), made_calls, called)
             if isinstance(message.get("tool_call_id"), str):
-                answered.add(message["tool_call_id"])
+                answers.add(message["tool_call_id"])
         parsed.append(template_message({**message, "role": role}, content, called, found))
         calls = (message.get("tool_calls") if role == "assistant" else None) or []  # checked by template_message
         made_calls = made_calls or bool(calls)
         for call in calls:
             if isinstance(call.get("id"), str):
                 called[call["id"]] = call["function"]["name"]
-    if unanswered := [call_id for call_id in called if call_id not in answered]:  # OpenAI's rule too
+    if answered and (unanswered := [call_id for call_id in called if call_id not in answers]):  # OpenAI's rule
         message = f"the tool call {unanswered[0]!r} has no tool message with its result: give each call's result"
         raise ApiError(400, message, "messages")
     if not any(message["content"].strip() for message in parsed):

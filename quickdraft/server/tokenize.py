@@ -59,7 +59,7 @@ def tokenize(
         if body.get("messages") is not None:
             tools = parse_tools(body, tool_format)
             tools_list = None if tools is None else list(tools.tools)
-            messages = chat_messages(body, tool_format)
+            messages = chat_messages(body, tool_format, answered=False)  # a call's tokens counted before it runs
             ids = pipeline.encode_chat(messages, tools_list, template_kwargs(body, template_defaults))
         else:
             prompt = body["prompt"]

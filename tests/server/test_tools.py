@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import MODEL, Server, native_from_hf, serving, tiny_model
+from conftest import MODEL, TIMEOUT, Server, native_from_hf, serving, tiny_model
 
 from quickdraft.api import Pipeline
 from quickdraft.server.errors import ApiError
@@ -539,6 +539,19 @@ def assert_a_required_call_goes_round(server: Server, max_tokens: int = 80) -> A
     again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], max_tokens=8)
     assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
     return first[0]
+
+
+def test_a_conversation_ending_in_a_call_is_counted_but_not_answered(server: Server) -> None:
+    """/tokenize counts a conversation whose last call has no result yet (a client counts before it runs the tool);
+    a chat request with it is a 400, as OpenAI's."""
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    counted = httpx.post(f"{server.url}/tokenize", json={"messages": messages, "tools": [WEATHER]}, timeout=TIMEOUT)
+    assert counted.status_code == 200 and counted.json()["count"] > 0
+    body = {"model": MODEL, "messages": messages, "tools": [WEATHER], "max_tokens": 2}
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=TIMEOUT)
+    assert refused.status_code == 400
+    assert "'c1' has no tool message with its result" in refused.json()["error"]["message"]
 
 
 def test_a_tool_message_must_answer_a_call_an_earlier_assistant_message_made() -> None:

@@ -156,30 +156,29 @@ async def drive(
     results["planned"] = {"runs": len(rates) * len(configs), "disconnects": bool(args.disconnect_fraction > 0 and ours)}
     try:
         models = {config.name: await warm_up(clients[urls[config.name]], config, prompts[0]) for config in configs}
-        bar = progress_bar(total=len(rates) * len(configs), desc="runs", unit="run")
-        for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
-            for config in configs:
-                show_postfix(bar, f"{config.name} @ {rate}")
-                records, wall_s = await run_load(
-                    clients[urls[config.name]],
-                    models[config.name],
-                    prompts,
-                    config,
-                    parse_rate(rate),
-                    args.max_tokens,
-                    args.question_seed,
-                    args.timeout,
-                    sampling=args.sampling,
-                )
-                summary = summarize_run(records, wall_s, None if config.is_peer else references)
-                results["runs"].append({"config": config.name, "rate": rate, "summary": summary,
-                                        "records": [record_json(record) for record in records]})  # fmt: skip
-                mean_s, lossless = summary["e2e_s"]["mean"] or math.nan, summary.get("lossless", "–")
-                bar.write(f"{config.name} @ {rate}: {summary['throughput_tok_s']:.1f} tok/s, mean e2e {mean_s:.2f} s, "
-                          f"lossless {lossless}", file=sys.stderr)  # fmt: skip
-                bar.update(1)
-                save(out, results)
-        bar.close()
+        with progress_bar(total=len(rates) * len(configs), desc="runs", unit="run") as bar:
+            for rate in rates:  # configurations take turns at every rate, so drift of the machine hits all alike
+                for config in configs:
+                    show_postfix(bar, f"{config.name} @ {rate}")
+                    records, wall_s = await run_load(
+                        clients[urls[config.name]],
+                        models[config.name],
+                        prompts,
+                        config,
+                        parse_rate(rate),
+                        args.max_tokens,
+                        args.question_seed,
+                        args.timeout,
+                        sampling=args.sampling,
+                    )
+                    summary = summarize_run(records, wall_s, None if config.is_peer else references)
+                    results["runs"].append({"config": config.name, "rate": rate, "summary": summary,
+                                            "records": [record_json(record) for record in records]})  # fmt: skip
+                    mean_s, lossless = summary["e2e_s"]["mean"] or math.nan, summary.get("lossless", "–")
+                    said = f"{config.name} @ {rate}: {summary['throughput_tok_s']:.1f} tok/s, mean e2e {mean_s:.2f} s"
+                    bar.write(f"{said}, lossless {lossless}", file=sys.stderr)
+                    bar.update(1)
+                    save(out, results)
         if results["planned"]["disconnects"]:
             url = urls[ours[0].name]
             results["disconnects"] = await disconnect_run(
@@ -215,10 +214,11 @@ def reference_outputs(args: argparse.Namespace, prompts: list[Prompt], path: Pat
             target=args.target, draft=None, runtime=args.runtime, device=args.device,
             kv_cache_dtype=args.kv_cache_dtype, max_context=args.max_context, chat_template=template,
         )  # fmt: skip
-        for prompt in progress_bar(missing, desc="references (plain decoding)", unit="prompt"):
-            prompt_ids, config = served_input(pipeline, prompt, args.max_tokens, args.sampling)
-            result = pipeline.generate(prompt_ids, config, drafter="none")
-            saved["outputs"][prompt.question_id] = result.token_ids
+        with progress_bar(missing, desc="references (plain decoding)", unit="prompt") as bar:
+            for prompt in bar:
+                prompt_ids, config = served_input(pipeline, prompt, args.max_tokens, args.sampling)
+                result = pipeline.generate(prompt_ids, config, drafter="none")
+                saved["outputs"][prompt.question_id] = result.token_ids
         path.write_text(json.dumps(saved), encoding="utf-8")
     return saved["outputs"]
 

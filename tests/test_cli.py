@@ -442,15 +442,18 @@ def test_an_interactive_conversation_answers_each_turn_after_those_before(
 ) -> None:
     """``generate -i``: each line of standard input a user turn, answered as plain decoding answers the conversation
     so far (the earlier turns read from the prefix cache); blank lines ask nothing, /reset starts anew, /exit ends,
-    and a turn that is not text or that the context cannot hold is refused and left out."""
+    /help lists the commands and an unknown one is never sent, and a turn that is not text or that the context cannot
+    hold is refused and left out."""
     template = tmp_path / "chat.jinja"
     template.write_text("{% for m in messages %}w9 {{ m['content'] }} w8 {% endfor %}w7")
     target, draft = str(tiny_model_dirs["target"]), str(tiny_model_dirs["draft"])
     args = ["generate", "-i", "w1 w2", "--target", target, "--draft", draft, "--chat-template", str(template)]
     args += ["--drafter", "draft-model", "--policy", "fixed:3", "--max-new-tokens", "6"]
-    monkeypatch.setattr("sys.stdin", io.StringIO("w4 \udcff\nw4 w5\n\n/reset\nw6\n/exit\nw7\n"))  # a byte not UTF-8
+    turns = "w4 \udcff\nw4 w5\n\n/help\n/reste\n/reset\nw6\n/exit\nw7\n"  # a byte not UTF-8, a typo
+    monkeypatch.setattr("sys.stdin", io.StringIO(turns))
     status, out, err = run(args, capsys)
     assert status == 0 and "a new conversation" in err and err.count("[draft-model, finish:") == 3
+    assert "/reset starts a new conversation, /exit" in err and "unknown command /reste, not sent" in err
     assert "is not UTF-8 text" in err and "(this turn is left out)" in err
     plain = Pipeline.load(target, None, progress=False, chat_template=template.read_text())
     config, expected, messages = GenerationConfig(max_new_tokens=6), [], []

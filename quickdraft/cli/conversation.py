@@ -6,8 +6,9 @@ Rules:
 - The prompt argument, where given, is the first turn; then every line of standard input is one, or every block of
   lines from one opening with three double quotes (:data:`BLOCK`) to one closing with them. Where the input is a
   terminal they are read after ``>>>`` (``...`` within a block), with line editing and a history where the output is
-  one too. ``/reset`` starts a new conversation, ``/exit`` or ``/bye`` (or the end of the input) ends it, and a blank
-  line asks nothing.
+  one too. ``/reset`` starts a new conversation, ``/exit`` or ``/bye`` (or the end of the input) ends it, ``/help``
+  lists these, and a blank line asks nothing; any other line of one word like them (:data:`COMMAND`) is an unknown
+  command, said so and never sent.
 - A turn that is not text, or that the context cannot hold with ``--max-new-tokens``, is refused with the error and
   left out of the conversation, which goes on.
 - Where the runtime's cached prefixes are exact (the native runtime), a turn reads its earlier turns from a prefix cache
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import re
 import signal
 import sys
 import threading
@@ -33,6 +35,12 @@ from quickdraft.cli.generate_options import opening
 
 EXIT_WORDS = frozenset({"/exit", "/bye"})
 RESET_WORD = "/reset"
+HELP_WORDS = frozenset({"/help", "/?"})
+COMMAND = re.compile(r"/[A-Za-z?]+")  # a line of one such word is a command, never a turn
+HELP = (
+    "/reset starts a new conversation, /exit or /bye (or Ctrl-D) ends it, /help shows this; a line opening with "
+    '""" starts a turn of several lines, one ending with """ ends it; Ctrl-C stops an answer'
+)
 BLOCK = '"""'  # opens and closes a turn of several lines, as in ollama
 PREFIX_CACHE_MB = 512  # the conversation's keys and values, kept between its turns
 
@@ -135,6 +143,10 @@ def converse(pipeline: Any, args: argparse.Namespace, config: Any, options: Any)
         if word == RESET_WORD:
             messages = opening(args)
             print("quickdraft: a new conversation", file=sys.stderr)
+            continue
+        if word in HELP_WORDS or COMMAND.fullmatch(word):
+            said = HELP if word in HELP_WORDS else f"unknown command {word}, not sent (/help lists them)"
+            print(f"quickdraft: {said}", file=sys.stderr)
             continue
         if not word:
             continue

@@ -44,7 +44,8 @@ def add_command(commands: Any, name: str, summary: str) -> None:
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
     generate.add_argument(
         "-i", "--interactive", action="store_true", help="a conversation: each line of standard input is a user "
-        "turn (the prompt, if given, the first), answered after the turns before it; /reset starts anew, /exit ends",
+        "turn (the prompt, if given, the first), answered after the turns before it; /reset starts anew, /exit ends, "
+        "/help says more",
     )  # fmt: skip
     generate.add_argument(
         "--system", metavar="TEXT", help="a system message before the user's turn, in place of the template's own "

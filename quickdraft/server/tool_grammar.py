@@ -125,10 +125,9 @@ def _calls(found: ToolFormat, chosen: list[dict[str, Any]], several: bool, openi
         return _repeated(calls, several, separator)
     branches, definitions = [], {}
     for index, tool in enumerate(chosen):
-        arguments = tool["function"].get("parameters") or NO_PARAMETERS
-        if points_within(arguments):  # its pointers start at its own root: it moves under the call's $defs
-            key = f"{ARGUMENTS_DEFINITION}{index}"
-            definitions[key] = rebased(arguments, f"#/$defs/{key}")
+        arguments, key = tool["function"].get("parameters") or NO_PARAMETERS, f"{ARGUMENTS_DEFINITION}{index}"
+        if (moved := rebased(arguments, f"#/$defs/{key}")) != arguments:  # it points into itself: under the $defs
+            definitions[key] = moved
             arguments = {"$ref": f"#/$defs/{key}"}
         branches.append(call_schema(tool["function"]["name"], arguments, found.arguments))
     call: dict[str, Any] = {"anyOf": branches}
@@ -147,11 +146,6 @@ def call_schema(name: str, arguments: Any, arguments_key: str) -> dict[str, Any]
     """The JSON schema of one call of the function ``name``: its name, and its ``arguments`` under ``arguments_key``."""
     properties = {"name": {"const": name}, arguments_key: arguments}
     return {"type": "object", "properties": properties, "required": ["name", arguments_key]}
-
-
-def points_within(schema: Any) -> bool:
-    """Whether ``schema`` holds a ``$ref`` pointing into itself (``#`` or ``#/...``): placed elsewhere, it changes."""
-    return rebased(schema, "#/elsewhere") != schema
 
 
 def rebased(schema: Any, base: str) -> Any:
@@ -173,13 +167,19 @@ def rebased(schema: Any, base: str) -> Any:
     return copied
 
 
-def _alone(schema: Any, parameters: Mapping[str, Any]) -> Any:
-    """A property's ``schema`` compiled on its own: the ``parameters`` it points into come along under ``$defs``."""
-    if not points_within(parameters) or not isinstance(schema, Mapping):
+def _definitions(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a property of ``parameters`` compiled on its own takes along as ``$defs``: the parameters, rebased under
+    them; None where they point nowhere into themselves."""
+    moved = rebased(parameters, f"#/$defs/{ARGUMENTS_DEFINITION}")
+    return None if moved == parameters else {ARGUMENTS_DEFINITION: moved}
+
+
+def _alone(schema: Any, definitions: dict[str, Any] | None) -> Any:
+    """A property's ``schema`` compiled on its own, with its parameters' :func:`_definitions` beside it."""
+    if definitions is None or not isinstance(schema, Mapping):
         return schema
-    base = f"#/$defs/{ARGUMENTS_DEFINITION}"
-    own = rebased(schema, base)
-    return {**own, "$defs": {**(own.get("$defs") or {}), ARGUMENTS_DEFINITION: rebased(parameters, base)}}
+    own = rebased(schema, f"#/$defs/{ARGUMENTS_DEFINITION}")
+    return {**own, "$defs": {**(own.get("$defs") or {}), **definitions}}
 
 
 def is_text(schema: Mapping[str, Any]) -> bool:
@@ -223,10 +223,12 @@ def _xml_call(found: ToolFormat, function: Mapping[str, Any], opening: str) -> A
 
     properties, required = _properties(function)
     parameters = function.get("parameters") or {}
+    definitions = _definitions(parameters)
     parts = [_literal(f"{opening}\n<function={function['name']}>\n")]
     for key, schema in properties.items():
-        text = isinstance(schema, Mapping) and is_text(resolved(schema, parameters))
-        value = _text_value(resolved(schema, parameters)) if text else _schema(_alone(schema, parameters))
+        read = resolved(schema, parameters)  # what the call's parser types the value by too
+        text = isinstance(read, Mapping) and is_text(read)
+        value = _text_value(read) if text else _schema(_alone(schema, definitions))
         block = xgrammar.Grammar.concat(_literal(f"<parameter={key}>\n"), value, _literal(f"\n{PARAMETER_END}\n"))
         parts.append(block if key in required else xgrammar.Grammar.union(block, _literal("")))
     parts.append(_literal(f"</function>\n{found.tags[1] if found.tags else ''}"))
@@ -239,8 +241,8 @@ def _pythonic_call(function: Mapping[str, Any]) -> Any:
     import xgrammar
 
     properties, required = _properties(function)
-    parameters = function.get("parameters") or {}
-    blocks = [(key in required, _literal(f"{key}="), _schema(_alone(schema, parameters)))
+    definitions = _definitions(function.get("parameters") or {})
+    blocks = [(key in required, _literal(f"{key}="), _schema(_alone(schema, definitions)))
               for key, schema in properties.items()]  # fmt: skip
 
     def after(start: int) -> Any:  # blocks[start:] after an argument: each one written is preceded by ", "

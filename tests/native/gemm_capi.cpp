@@ -3,6 +3,7 @@
 // the element-by-element definitions.
 #include "gemm.h"
 #include "gemm_iq4.h"
+#include "gemm_q2.h"
 #include "gemm_q6.h"
 #include "gemm_q8.h"
 
@@ -66,6 +67,16 @@ void q6_gemm(const uint8_t* codes, const uint8_t* high, const int8_t* sub_scale,
   if (which == 0) return qd::q6_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q6_reference(w, x + r * k, j);
+}
+
+void q2_gemm(const uint8_t* codes, const uint8_t* scales, const float* d, const float* dmin, int64_t n, int64_t k,
+             const int8_t* x, int64_t rows, float* out, int which) {
+  const qd::Q2Weights w{codes, scales, d, dmin, n, k};
+  std::vector<int32_t> pairs(rows * w.groups());
+  for (int64_t r = 0; r < rows; ++r) qd::sub_block_sum_pairs(x + r * k, k, pairs.data() + r * w.groups());
+  if (which == 0) return qd::q2_gemm(w, x, rows, pairs.data(), out, n, 0, n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q2_reference(w, x + r * k, j);
 }
 
 void iq4_gemm(const uint8_t* codes, const int8_t* sub_scale, const float* d, int64_t n, int64_t k, const int8_t* x,

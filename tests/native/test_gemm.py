@@ -16,6 +16,7 @@ from quickdraft.runtime.native.formats import FORMATS
 from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, WeightPart
+from quickdraft.runtime.native.q2k import Q2Part
 from quickdraft.runtime.native.q4tables import Q4TableMinPart, Q4TablePart
 
 HERE = Path(__file__).parent
@@ -71,7 +72,8 @@ def run(library: ctypes.CDLL, part: WeightPart, x: torch.Tensor, which: int) -> 
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
     gemms = {Int8Part: "int8_gemm", Q8Part: "q8_gemm", Q8MinPart: "q8m_gemm", Q4Part: "q4_gemm", Q5Part: "q5_gemm",
-             Q6Part: "q6_gemm", IQ4Part: "iq4_gemm", Q4TablePart: "q4t_gemm", Q4TableMinPart: "q4tm_gemm"}  # fmt: skip
+             Q6Part: "q6_gemm", IQ4Part: "iq4_gemm", Q4TablePart: "q4t_gemm", Q4TableMinPart: "q4tm_gemm",
+             Q2Part: "q2_gemm"}  # fmt: skip
     gemm = getattr(library, gemms[type(part)])
     gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
@@ -126,6 +128,13 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
     q6_high = Q6Part.from_blocks(  # every weight -128 · (63 - 32): the largest code sums
         torch.full((16, width), 63, dtype=torch.uint8), torch.full((16, width // 16), -128, dtype=torch.int8), supers
     )
+    q2 = Q2Part.from_blocks(  # every weight d · 15 · 3 + dmin · 15: the largest totals and offsets
+        torch.full((16, width), 3, dtype=torch.uint8),
+        torch.full((16, width // 16), 15, dtype=torch.uint8),
+        torch.full((16, width // 16), 15, dtype=torch.uint8),
+        supers,
+        -supers,
+    )
     for value, rows in ((127, 17), (-127, 17), (127, 65), (-127, 65)):
         x = torch.full((rows, width), value, dtype=torch.int8)  # two vector tiles; 65: q4 on AMX
         for library in libraries.values():
@@ -139,6 +148,7 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
             assert torch.equal(run(library, q6_low, x, which=0), torch.full((rows, 16), 4096.0 * value * width))
             expected = torch.full((rows, 16), -128.0 * 31 * value * width)  # 256-weight totals and their sums: exact
             assert torch.equal(run(library, q6_high, x, which=0), expected)
+            assert torch.equal(run(library, q2, x, which=0), torch.full((rows, 16), 30.0 * value * width))
         for part, code in ((q4, 15), (q5, 31)):
             exact = (code * 255 + 255) * value * width  # every weight d·sc·code + dmin·m; floats round
             expected = torch.full((rows, 16), float(exact), dtype=torch.float64)

@@ -1,5 +1,5 @@
-"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL and IQ4_XS tensors as q4, q5,
-q6, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL and IQ4_XS tensors as
+q4, q5, q6, q2, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -83,6 +83,13 @@ def test_decoded_legacy_blocks_are_ggufs_own_dequantization(
     raw = random_blocks(32, 256, block_bytes, scales, weights=32)
     decoded, (codes, *_) = decoded_as_gguf_reads_it(raw, name, 32, 256)
     assert decoded == kind and (int(codes.min()), int(codes.max())) == (low, high)
+
+
+def test_decoded_q2_k_blocks_are_ggufs_own_dequantization() -> None:
+    raw = random_blocks(32, 768, 84, slice(80, 84))  # d and dmin last
+    kind, (codes, sub_scale, sub_min, d, dmin) = decoded_as_gguf_reads_it(raw, "Q2_K", 32, 768)
+    assert kind == "q2" and int(codes.max()) == 3 and int(sub_scale.max()) == 15 and int(sub_min.max()) == 15
+    assert bool((d > 0).all()) and bool((dmin < 0).all())  # q2 parts add dmin · m: the file's dmin negated
 
 
 def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:

@@ -76,8 +76,8 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
-    Q5_K, Q6_K, Q3_K, IQ4_XS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_NL for auto, Q4_K for q4) as
-    they are,
+    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_NL for auto, Q4_K for
+    q4) as they are,
     the rest (every other type of READ_TYPES; Llama's q/k rows reordered) quantized from the float values
     transformers' loader gives them."""
     import conftest
@@ -101,9 +101,10 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
         assert linear[0].keys() == linear[1].keys()
         assert all(torch.equal(linear[0][name], linear[1][name]) for name in linear[0]), fmt
     kinds = {name.split(".")[-2] for name in from_gguf["auto"] if name.startswith("layers.") and name.endswith(".rows")}
-    written = {kind for layers in conftest.GGUF_LAYER_TYPES for kind in layers.values()}
+    reordered = ("attn_q", "attn_k") if architecture == "llama" else ()  # Llama's converter reorders their rows
+    written = {kind for layers in conftest.GGUF_LAYER_TYPES for name, kind in layers.items() if name not in reordered}
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4t", "Q5_1": "q8m",
-            "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t"}  # the rest: int8  # fmt: skip
+            "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t", "Q2_K": "q2"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     if more == 1 and architecture == "qwen2":  # attn_k is Q3_K (Llama's converter would reorder its rows)
@@ -111,12 +112,21 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     assert not any(".q6." in name for name in from_gguf["q4"])  # a draft's Q6_K: 4 bits
 
 
-def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_1, IQ4_NL and IQ4_XS tensors beside a requantized one: the layers
-    in one native call
-    (layers.h's parts of every kind) give the logits of the PyTorch reference path, up to float rounding (its
+def compiled_against_reference(runtime: NativeRuntime) -> None:
+    """The layers in one native call give the logits of the PyTorch reference path, up to float rounding (its
     attention sums in another order, which now and then moves an activation across an 8-bit rounding edge: one
     quantization step in a position's logits); a part of one kind computed as another would be far off."""
+    token_ids = torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    compiled = runtime.forward(token_ids, runtime.new_cache())
+    runtime.decoder.use_kernel = False
+    reference = runtime.forward(token_ids, runtime.new_cache())
+    difference, largest = (compiled - reference).abs().amax(-1)[0], float(reference.abs().max())  # [positions]
+    assert (difference <= 1e-5 * largest).float().mean() >= 0.75 and float(difference.max()) <= 2e-2 * largest
+
+
+def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_1, IQ4_NL and IQ4_XS tensors beside a requantized one: the layers
+    in one native call (layers.h's parts of every kind) give the logits of the PyTorch reference path."""
     import conftest
 
     monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[0], conftest.GGUF_LAYER_TYPES[1]))
@@ -126,12 +136,18 @@ def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monk
     qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
     assert qkv == ["q4t", "q4tm", "q8m"]  # attn_q Q4_0, attn_k Q4_1, attn_v Q5_1
     assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["q4t", "iq4"]  # IQ4_NL, IQ4_XS
-    token_ids = torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
-    compiled = runtime.forward(token_ids, runtime.new_cache())
-    runtime.decoder.use_kernel = False
-    reference = runtime.forward(token_ids, runtime.new_cache())
-    difference, largest = (compiled - reference).abs().amax(-1)[0], float(reference.abs().max())  # [positions]
-    assert (difference <= 1e-5 * largest).float().mean() >= 0.75 and float(difference.max()) <= 2e-2 * largest
+    compiled_against_reference(runtime)
+
+
+def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file's Q2_K and Q3_K tensors (q2 and q6 parts) beside requantized i-quants, in one native call."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[1], conftest.GGUF_LAYER_TYPES[1]))
+    runtime = NativeRuntime.load(gguf_dir(tmp_path))
+    qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
+    assert qkv == ["q2", "q6", "int8"]  # attn_q Q2_K, attn_k Q3_K, attn_v IQ2_XXS
+    compiled_against_reference(runtime)
 
 
 def test_names_map_to_transformers_tensors() -> None:

@@ -12,6 +12,7 @@ from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
 from quickdraft.runtime.native.parts import CODE_ROWS, BlockPart, Int8Part, Q8MinPart, Q8Part, quantize_weight
+from quickdraft.runtime.native.q2k import Q2Part
 from quickdraft.runtime.native.q4tables import Q4TableMinPart, Q4TablePart
 
 
@@ -41,7 +42,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kind: str, use_kernel: 
         assert torch.equal(linear(torch.cat([torch.randn(3, 128), x[row : row + 1]]))[-1], full[row])
     # close to the float layer: the quantization error itself
     relative = (full - (x @ weight.T + bias)).norm() / (x @ weight.T).norm()
-    assert float(relative) < {"int8": 0.03, "q8": 0.03, "q8m": 0.08, "q5": 0.08}.get(kind, 0.15)
+    assert float(relative) < {"int8": 0.03, "q8": 0.03, "q8m": 0.08, "q5": 0.08, "q2": 0.35}.get(kind, 0.15)
 
 
 def test_int8_parts_are_exact_integer_arithmetic() -> None:
@@ -133,6 +134,45 @@ def test_q6_parts_are_exact_integer_sub_block_sums() -> None:
     assert torch.allclose(part.reference(rows).double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
 
 
+def test_q2_parts_are_exact_integer_superblock_sums() -> None:
+    """The q2 result against the float64 product of the rows and its weights (exact integer superblock totals,
+    scaled by d and dmin in float32); its weights lie within half a step of the float weights, or at the end of a
+    sub-block's four levels."""
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(32, 640, generator=generator)
+    part = Q2Part.from_float(weight)
+    codes, sub_scale, sub_min, d, _ = part.blocks()
+    assert int(codes.max()) == 3 and int(sub_scale.max()) == 15 and int(sub_min.max()) == 15
+    step = (d.repeat_interleave(16, dim=1)[:, :40] * sub_scale.float()).repeat_interleave(16, dim=1)  # [N, K]
+    error = (part.dequantize() - weight).abs()
+    assert bool(((error <= step / 2 + 1e-6) | (codes == 0) | (codes == 3)).all())
+    assert float(error.mean()) < 0.4 * float(weight.abs().mean())  # four levels: about a third
+    rows, _ = quantize_rows(torch.randn(5, 640, generator=generator))
+    exact = rows.double() @ part.dequantize().double().T
+    assert torch.allclose(part.reference(rows).double(), exact, rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
+
+
+def test_q2_blocks_round_trip_and_bad_fields_are_refused() -> None:
+    generator = torch.Generator().manual_seed(4)
+    rows, width = 24, 640
+    blocks = (
+        torch.randint(0, 4, (rows, width), generator=generator, dtype=torch.uint8),
+        torch.randint(0, 16, (rows, width // 16), generator=generator, dtype=torch.uint8),
+        torch.randint(0, 16, (rows, width // 16), generator=generator, dtype=torch.uint8),
+        torch.rand(rows, 3, generator=generator),
+        -torch.rand(rows, 3, generator=generator),
+    )
+    part = Q2Part.from_blocks(*blocks)
+    for got, expected in zip(part.blocks(), blocks, strict=True):
+        assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match="at most 3"):
+        Q2Part.from_blocks(blocks[0] + 1, *blocks[1:])
+    with pytest.raises(ValueError, match=r"sub-mins are in \[0, 15\]"):
+        Q2Part.from_blocks(*blocks[:2], blocks[2] + 16, *blocks[3:])
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q2Part.from_float(torch.randn(4, 48))
+
+
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("kind", list(PART_KINDS))
 def test_the_kernels_equal_the_pytorch_operations_bitwise(kind: str, passes: int) -> None:
@@ -194,7 +234,7 @@ def test_q4_and_q5_blocks_round_trip_through_the_packed_layout(part: type[Q4Part
 
 
 def random_fields(part: type[BlockPart], rows: int, width: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Plain fields of ``part`` (q4, q5, q6, q8 or q8m) with every code and sub-scale random."""
+    """Plain fields of ``part`` (q4, q5, q6, q2, q8 or q8m) with every code and sub-scale random."""
 
     def ints(low: int, high: int, columns: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         return torch.randint(low, high, (rows, columns), generator=generator, dtype=dtype)
@@ -205,6 +245,8 @@ def random_fields(part: type[BlockPart], rows: int, width: int, generator: torch
     supers = -(-width // 256)
     if part is Q6Part:
         return ints(0, 64, width), ints(-128, 128, width // 16, torch.int8), floats(supers)
+    if part is Q2Part:
+        return ints(0, 4, width), ints(0, 16, width // 16), ints(0, 16, width // 16), floats(supers), -floats(supers)
     if part in (Q8Part, Q8MinPart):
         return ints(-128, 128, width, torch.int8), *(floats(width // 32) for _ in part.tensor_names[1:])
     max_code = part.max_code  # type: ignore[attr-defined]
@@ -217,7 +259,7 @@ def random_fields(part: type[BlockPart], rows: int, width: int, generator: torch
     )
 
 
-@pytest.mark.parametrize("part", [Q4Part, Q5Part, Q6Part, Q8Part, Q8MinPart])
+@pytest.mark.parametrize("part", [Q4Part, Q5Part, Q6Part, Q2Part, Q8Part, Q8MinPart])
 def test_packing_a_few_rows_at_a_time_gives_the_panels_of_packing_all_at_once(
     part: type[BlockPart], monkeypatch: pytest.MonkeyPatch
 ) -> None:

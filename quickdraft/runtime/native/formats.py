@@ -1,11 +1,12 @@
 """Every weight part format of the native runtime, by name: ``parts.py``'s (int8, q8, q8m), ``kquants.py``'s (q4,
-q5, q6), ``iquants.py``'s (iq4) and ``q4tables.py``'s (q4t, q4tm)."""
+q5, q6), ``q2k.py``'s (q2), ``iquants.py``'s (iq4) and ``q4tables.py``'s (q4t, q4tm)."""
 
 from __future__ import annotations
 
 from quickdraft.runtime.native.iquants import IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.parts import BlockPart, Int8Part, Q8MinPart, Q8Part, WeightPart
+from quickdraft.runtime.native.q2k import Q2Part
 from quickdraft.runtime.native.q4tables import Q4TableMinPart, Q4TablePart
 
 FORMATS: tuple[type[WeightPart], ...] = (
@@ -18,6 +19,7 @@ FORMATS: tuple[type[WeightPart], ...] = (
     IQ4Part,
     Q4TablePart,
     Q4TableMinPart,
+    Q2Part,
 )
 PART_KINDS: dict[str, type[WeightPart]] = {part.kind: part for part in FORMATS}
 # those with plain block fields, whose dequantization is ``BlockPart.affine``: every kind but int8

@@ -1,5 +1,5 @@
-"""A GGUF file's K-quant (Q3_K, Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL) and IQ4_XS
-tensors as the native runtime's q4, q5, q6, q8, q8m, q4t, q4tm and iq4 parts, bit for bit (no second quantization).
+"""A GGUF file's K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL) and IQ4_XS
+tensors as the native runtime's q2, q4, q5, q6, q8, q8m, q4t, q4tm and iq4 parts, bit for bit (no second quantization).
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
@@ -32,7 +32,12 @@ in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes
 nibble of byte g/2 for even g, the high one for odd g), then 128 bytes of 4-bit indices into llama.cpp's
 ``kvalues_iq4nl``, 16 bytes a group of 32 as Q4_0's; weight = d · (sub_scale − 32) · value: the iq4 format.
 
-Other tensor types (Q2_K, other IQ…, ...) are not read here: the runtime quantizes their float
+Q2_K (``block_q2_K``, 84 bytes per 256 weights): sixteen bytes each holding a sub-block's 4-bit sub-scale (low
+nibble) and 4-bit sub-min (high nibble), 64 bytes ``qs``, a float16 ``d`` and a float16 ``dmin``. Weight 128·h +
+32·j + l (h < 2, j < 4, l < 32) has its 2-bit code at bits 2j of qs byte 32·h + l; weight = d · sub_scale · code −
+dmin · sub_min, sub-block (of 16) by sub-block: the q2 format, with dmin negated.
+
+Other tensor types (other IQ…, ...) are not read here: the runtime quantizes their float
 values as usual.
 
 Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
@@ -57,6 +62,7 @@ Q5_K_BLOCK_BYTES = 176
 Q5_K_FIFTH_BITS = slice(16, 48)  # the bytes of a Q5_K block that Q4_K's lacks
 LEGACY_WEIGHTS = 32  # weights per Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 or IQ4_NL block
 Q6_K_BLOCK_BYTES = 210
+Q2_K_BLOCK_BYTES = 84
 Q3_K_BLOCK_BYTES = 110
 Q3_K_SCALE_OFFSET = 32  # Q3_K's 6-bit sub-scales hold sub_scale + 32
 IQ4_XS_BLOCK_BYTES = 136
@@ -160,6 +166,23 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     sub_scale = blocks[..., 192:208].copy().view(np.int8).reshape(rows, width // 16)
     d = float16_at(blocks, 208)  # [rows, S]
     return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d))
+
+
+def decode_q2_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw Q2_K bytes of a ``[rows, width]`` tensor -> ("q2", (codes [rows, width] uint8 in [0, 3], sub_scale and
+    sub_min [rows, width/16] uint8 in [0, 15], d and −dmin [rows, width/256] float32))."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, Q2_K_BLOCK_BYTES)
+    quants = blocks[..., 16:80].reshape(rows, supers, 2, 1, 32)  # [rows, S, h, 1, l]
+    codes = (quants >> (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)) & 3  # [rows, S, h, j, l]
+    scales = blocks[..., :16].reshape(rows, width // 16)
+    return "q2", (
+        torch.from_numpy(codes.reshape(rows, width)),
+        torch.from_numpy(scales & 0x0F),
+        torch.from_numpy(scales >> 4),
+        torch.from_numpy(float16_at(blocks, 80)),
+        torch.from_numpy(-float16_at(blocks, 82)),
+    )
 
 
 def decode_q3_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
@@ -277,6 +300,7 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "Q5_K": decode_q5_k,
     "Q6_K": decode_q6_k,
     "Q3_K": decode_q3_k,
+    "Q2_K": decode_q2_k,
     "Q8_0": decode_q8_0,
     "Q5_0": decode_q5_0,
     "Q4_0": decode_q4_0,

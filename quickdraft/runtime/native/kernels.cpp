@@ -17,6 +17,7 @@
 // q4t_matmul:         q8's sums with 4-bit codes into a table of 16 values (Q4_0, IQ4_NL; gemm_q8.h).
 // q4tm_matmul:        the same with a min per group (Q4_1).
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
+// q2_matmul:          the integer GEMM against 2-bit weights in llama.cpp's Q2_K structure (gemm_q2.h).
 // iq4_matmul:         the integer GEMM against 4-bit table indices in llama.cpp's IQ4_XS structure (gemm_iq4.h).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer (layers.h runs a model's layers with them in one call; on a 1-token step
@@ -36,6 +37,7 @@
 #include "attention.h"
 #include "gemm.h"
 #include "gemm_iq4.h"
+#include "gemm_q2.h"
 #include "gemm_q6.h"
 #include "gemm_q8.h"
 #include "simd.h"
@@ -676,6 +678,25 @@ void q6_matmul(at::Tensor x, at::Tensor codes, at::Tensor high, at::Tensor sub_s
   const auto offsets = per_row(x_data, rows, k, k / qd::kSubBlock, qd::sub_block_offsets);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
     qd::q6_gemm(weights, x_data, rows, offsets.data(), destination, out.size(1), begin, end);
+  });
+}
+
+// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 2, 16, 4] and scales [N/16, K/32, 16, 2] uint8;
+// d, dmin [N/16, S, 16] float (gemm_q2.h). Writes out[:, column : column + N].
+void q2_matmul(at::Tensor x, at::Tensor codes, at::Tensor scales, at::Tensor d, at::Tensor dmin, at::Tensor out,
+               int64_t column) {
+  checked(x, at::kChar, "x");
+  const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, at::kByte, "codes").size(0) * qd::kLanes;
+  TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * 4 == n * k, "q2 weights need K a multiple of 32");
+  const qd::Q2Weights weights{codes.data_ptr<uint8_t>(), checked(scales, at::kByte, "scales").data_ptr<uint8_t>(),
+                              checked(d, at::kFloat, "d").data_ptr<float>(),
+                              checked(dmin, at::kFloat, "dmin").data_ptr<float>(), n, k};
+  TORCH_CHECK(scales.numel() * qd::kQ2SubBlock == n * k && d.numel() == n * weights.supers() &&
+              dmin.numel() == d.numel());
+  const int8_t* x_data = x.data_ptr<int8_t>();
+  const auto pairs = per_row(x_data, rows, k, weights.groups(), qd::sub_block_sum_pairs);
+  blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
+    qd::q2_gemm(weights, x_data, rows, pairs.data(), destination, out.size(1), begin, end);
   });
 }
 

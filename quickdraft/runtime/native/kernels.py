@@ -45,6 +45,7 @@ SOURCES = (
     "gemm.h",
     "gemm_iq4.h",
     "gemm_q6.h",
+    "gemm_q2.h",
     "gemm_q8.h",
     "gemm_amx.h",
     "attention.h",

@@ -1,0 +1,132 @@
+"""The ``q2`` weight part: llama.cpp's Q2_K structure (``gemm_q2.h``), 2-bit codes in sub-blocks of 16, each with a
+4-bit sub-scale and a 4-bit sub-min, under float superblock scales (d, dmin) per 256 weights:
+w = d · sub_scale · code + dmin · sub_min. A GGUF file's Q2_K tensors load into it exactly (``gguf_blocks.py``, with
+the file's dmin negated), so a step reads 2.75 bits a weight, where 7-bit int8 read 8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quickdraft.runtime.native.float_ops import fused_multiply_add
+from quickdraft.runtime.native.kquants import (
+    GROUPS_PER_SUPER,
+    code_panels,
+    lane_pairs,
+    lanes_last,
+    rows_first,
+    rows_from_pairs,
+)
+from quickdraft.runtime.native.parts import GROUP, Affine, BlockPart, packed_by_chunks
+
+SUB_BLOCK = 16  # weights per sub-scale and sub-min
+SUBS_PER_SUPER = 2 * GROUPS_PER_SUPER  # sub-blocks per superblock of 256
+LEVELS = 15  # sub-scales and sub-mins are 4 bits
+
+
+class Q2Part(BlockPart):
+    """2-bit codes in Q2_K's structure (see the module docstring). Packed as ``codes [N/16, G, 2, 16, 4]`` (byte
+    (h, l, i) holding code vector 4h + c at bits 2c), ``scales [N/16, G, 16, 2]`` uint8 (sub_scale | sub_min << 4, a
+    group's two sub-blocks side by side), ``d`` and ``dmin [N/16, S, 16]`` float."""
+
+    kind = "q2"
+    kernel_kind = 9
+    tensor_names = ("codes", "scales", "d", "dmin")
+
+    def __init__(self, rows: int, **tensors: torch.Tensor) -> None:
+        self.rows = rows
+        self.codes, self.scales = tensors["codes"].contiguous(), tensors["scales"].contiguous()
+        self.d, self.dmin = tensors["d"].float().contiguous(), tensors["dmin"].float().contiguous()
+        self.in_features = self.codes.shape[1] * GROUP
+
+    @classmethod
+    def from_blocks(
+        cls, codes: torch.Tensor, sub_scale: torch.Tensor, sub_min: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
+    ) -> Q2Part:
+        """Plain ``codes [N, K]`` in [0, 3], ``sub_scale``/``sub_min [N, K/16]`` in [0, 15] and float ``d``/``dmin
+        [N, ceil(K/256)]`` (w = d · sub_scale · code + dmin · sub_min) -> the packed part; K a multiple of 32."""
+        rows, width = codes.shape
+        if width % GROUP:
+            raise ValueError(f"q2 weights need a multiple of {GROUP} input features, got {width}")
+        if codes.numel() and int(codes.max()) > 3:
+            raise ValueError(f"q2 codes are at most 3, got {int(codes.max())}")
+        for name, values in (("sub-scales", sub_scale), ("sub-mins", sub_min)):
+            if values.numel() and not 0 <= int(values.min()) <= int(values.max()) <= LEVELS:
+                raise ValueError(f"q2 {name} are in [0, {LEVELS}]")
+
+        def pack(chunk: slice) -> dict[str, torch.Tensor]:
+            panels = code_panels(codes, chunk).reshape(-1, 16, width // GROUP, 2, 4, 4)  # [n/16, l, G, h, c, i]
+            packed = panels[..., 0, :] | (panels[..., 1, :] << 2) | (panels[..., 2, :] << 4) | (panels[..., 3, :] << 6)
+            return {"codes": packed.permute(0, 2, 3, 1, 4)}  # [n/16, G, 2, 16, 4]
+
+        scales = sub_scale.to(torch.uint8) | (sub_min.to(torch.uint8) << 4)  # [N, K/16]: the file's bytes
+        return cls(
+            rows,
+            **packed_by_chunks(rows, pack),
+            scales=lane_pairs(scales),  # [N/16, G, 16, 2]
+            d=lanes_last(d.float()),
+            dmin=lanes_last(dmin.float()),
+        )
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> Q2Part:
+        """Round-to-nearest quantization of float weights into Q2_K's structure (a GGUF file's own Q2_K blocks are
+        loaded exactly instead): per sub-block w ≈ step · code + low, low <= 0, both rounded to 4 bits under the
+        superblock's scales."""
+        rows, width = weight.shape
+        if width % GROUP:
+            raise ValueError(f"q2 weights need a multiple of {GROUP} input features, got {width}")
+        sub_blocks = weight.float().reshape(rows, width // SUB_BLOCK, SUB_BLOCK)  # [N, J, 16]
+        low = sub_blocks.amin(dim=-1).clamp(max=0.0)
+        step = (sub_blocks.amax(dim=-1) - low) / 3
+        supers = -(-width // (GROUP * GROUPS_PER_SUPER))
+        index = torch.arange(width // SUB_BLOCK) // SUBS_PER_SUPER  # each sub-block's superblock
+
+        def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N, J] -> ([N, S], [N, J] in 0..15)
+            padded = torch.nn.functional.pad(values, (0, supers * SUBS_PER_SUPER - values.shape[1]))
+            top = (padded.reshape(rows, supers, SUBS_PER_SUPER).amax(-1).clamp_min(1e-30) / LEVELS).half().float()
+            return top, torch.round(values / top[:, index]).clamp_(0, LEVELS).to(torch.uint8)
+
+        d, sub_scale = split(step)
+        dmin, sub_min = split(-low)
+        scale = (d[:, index] * sub_scale.float()).clamp_min(1e-30)[..., None]  # [N, J, 1]
+        codes = ((sub_blocks + (dmin[:, index] * sub_min.float())[..., None]) / scale).round_().clamp_(0, 3)
+        return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale, sub_min, d, -dmin)
+
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        """The plain ``(codes, sub_scale, sub_min, d, dmin)`` of :meth:`from_blocks`."""
+        shifts = (2 * torch.arange(4, dtype=torch.uint8)).reshape(4, 1)
+        packed = self.codes.permute(0, 3, 1, 2, 4)[..., None, :]  # [N/16, 16, G, 2, 1, 4]
+        codes = ((packed >> shifts) & 3).reshape(self.padded_rows, self.in_features)[: self.rows]
+        scales = rows_from_pairs(self.scales, self.rows)
+        return codes, scales & 0x0F, scales >> 4, rows_first(self.d, self.rows), rows_first(self.dmin, self.rows)
+
+    def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
+        kernels.q2_matmul(rows, self.codes, self.scales, self.d, self.dmin, out, column)
+
+    def reference(self, rows: torch.Tensor) -> torch.Tensor:
+        codes, sub_scale, sub_min, d, dmin = self.blocks()
+        sub_blocks = self.in_features // SUB_BLOCK
+        x = rows.double().reshape(rows.shape[0], sub_blocks, SUB_BLOCK)  # [M, J, 16]
+        dots = torch.einsum("mjk,njk->mnj", x, codes.double().reshape(self.rows, sub_blocks, SUB_BLOCK))  # exact
+        sums = x.sum(-1)  # [M, J] exact
+        acc = torch.zeros(rows.shape[0], self.rows)
+        for first in range(0, sub_blocks, SUBS_PER_SUPER):
+            s, span = first // SUBS_PER_SUPER, range(first, min(first + SUBS_PER_SUPER, sub_blocks))
+            total = sum(dots[:, :, j] * sub_scale[:, j].double() for j in span)  # integers: exact
+            acc = fused_multiply_add(d[:, s], total.float(), acc)
+            offset = sum(sums[:, j, None] * sub_min[:, j].double() for j in span)  # integers: exact
+            acc = fused_multiply_add(dmin[:, s], offset.float(), acc)
+        return acc
+
+    @staticmethod
+    def affine(
+        codes: torch.Tensor, sub_scale: torch.Tensor, sub_min: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
+    ) -> Affine:
+        rows, sub_blocks = sub_scale.shape
+        index = torch.arange(sub_blocks) // SUBS_PER_SUPER
+        scale = d[:, index].float() * sub_scale.float()  # [rows, J]
+        offset = dmin[:, index].float() * sub_min.float()
+        return Affine(codes.to(torch.int8).reshape(rows, sub_blocks, SUB_BLOCK), scale, offset)

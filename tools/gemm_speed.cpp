@@ -1,7 +1,7 @@
 // How fast the native runtime's GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, ...) run for few rows: GMAC/s of
-// the q4, q5, q6, q8, q4t, iq4 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
+// the q4, q5, q6, q2, q8, q4t, iq4 and int8 kernels at the target's shapes (Qwen2.5-1.5B: gate+up 1536 -> 17920, down 8960 -> 1536, the
 // 1536 -> 151936 LM head; a Q4_K_M file holds the head and half the down projections as Q6_K, a Q5_K_M file most
-// of the rest as Q5_K, a Q3_K_M file its gate+up as Q3_K, which loads as q6) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
+// of the rest as Q5_K, a Q3_K_M file its gate+up as Q3_K, which loads as q6, a Q2_K file most of the rest as Q2_K) for M = 1..32 rows, on 1 and 2 threads that share the output blocks as the runtime does. Weights are
 // random (speed does not depend on them) and copies filling 1 GiB rotate, so every call streams them from memory as a
 // decoding step does. Compare with tools/int8_peak.cpp's register-only VNNI rate.
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -Iquickdraft/runtime/native -Itools \
@@ -17,6 +17,7 @@
 
 #include "gemm.h"
 #include "gemm_iq4.h"
+#include "gemm_q2.h"
 #include "gemm_q6.h"
 #include "gemm_q8.h"
 #include "gemm_bench.h"
@@ -43,6 +44,25 @@ Q6Copy make_q6(int64_t n, int64_t k, std::mt19937& rng) {
   const auto scales = random_bytes(n * k / qd::kSubBlock, rng);
   c.sub_scale.assign(scales.begin(), scales.end());
   c.d.assign(n * ((k / qd::kGroup + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper), 1e-3f);
+  return c;
+}
+
+struct Q2Copy {
+  std::vector<uint8_t> codes, scales;
+  std::vector<float> d, dmin;
+  int64_t n = 0, k = 0;
+  qd::Q2Weights weights() const { return {codes.data(), scales.data(), d.data(), dmin.data(), n, k}; }
+};
+
+Q2Copy make_q2(int64_t n, int64_t k, std::mt19937& rng) {
+  Q2Copy c;
+  c.n = n;
+  c.k = k;
+  c.codes = random_bytes(n * k / 4, rng);
+  c.scales = random_bytes(n * k / qd::kQ2SubBlock, rng);
+  const int64_t supers = n * ((k / qd::kGroup + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper);
+  c.d.assign(supers, 1e-3f);
+  c.dmin.assign(supers, -1e-3f);
   return c;
 }
 
@@ -109,7 +129,7 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(7);
   constexpr int64_t kStreamBytes = int64_t{1} << 30;  // more than any last-level cache: weights come from memory
-  enum Format { kQ4, kQ5, kQ6, kInt8, kQ8, kIq4, kQ4t };
+  enum Format { kQ4, kQ5, kQ6, kInt8, kQ8, kIq4, kQ4t, kQ2 };
   struct Shape {
     const char* name;
     int64_t n, k;
@@ -122,9 +142,11 @@ int main(int argc, char** argv) {
                           {"iq4  gate+up 1536->17920", 17920, 1536, kIq4},
                           {"q4t  gate+up 1536->17920", 17920, 1536, kQ4t},
                           {"q6   gate+up 1536->17920", 17920, 1536, kQ6},
+                          {"q2   gate+up 1536->17920", 17920, 1536, kQ2},
                           {"q4   down    8960->1536 ", 1536, 8960, kQ4},
                           {"q5   down    8960->1536 ", 1536, 8960, kQ5},
                           {"q6   down    8960->1536 ", 1536, 8960, kQ6},
+                          {"q2   down    8960->1536 ", 1536, 8960, kQ2},
                           {"int8 down    8960->1536 ", 1536, 8960, kInt8},
                           {"q8   down    8960->1536 ", 1536, 8960, kQ8},
                           {"iq4  down    8960->1536 ", 1536, 8960, kIq4},
@@ -139,7 +161,8 @@ int main(int argc, char** argv) {
     std::vector<Int8Copy> int8;
     std::vector<Q8Copy> q8;
     std::vector<Iq4Copy> iq4;
-    const int sixteenths[] = {9, 11, 13, 16, 17, 9, 9};  // bytes a weight, in 16ths, by format
+    std::vector<Q2Copy> q2;
+    const int sixteenths[] = {9, 11, 13, 16, 17, 9, 9, 6};  // bytes a weight, in 16ths, by format
     const int64_t bytes = shape.n * shape.k * sixteenths[shape.format] / 16;
     const int copies = static_cast<int>((kStreamBytes + bytes - 1) / bytes);
     for (int c = 0; c < copies; ++c) {
@@ -148,17 +171,19 @@ int main(int argc, char** argv) {
       else if (shape.format == kQ6) q6.push_back(make_q6(shape.n, shape.k, rng));
       else if (shape.format == kQ8 || shape.format == kQ4t) q8.push_back(make_q8(shape.n, shape.k, rng, shape.format == kQ4t));
       else if (shape.format == kIq4) iq4.push_back(make_iq4(shape.n, shape.k, rng));
+      else if (shape.format == kQ2) q2.push_back(make_q2(shape.n, shape.k, rng));
       else int8.push_back(make_int8(shape.n, shape.k, rng));
     }
     for (int64_t rows : row_counts) {
       const std::vector<int8_t> x = random_activations(rows * shape.k, rng);
       std::vector<int32_t> sums(rows), pairs(rows * shape.k / (2 * qd::kGroup)), sub_offsets(rows * shape.k / qd::kSubBlock),
-          offsets(rows * shape.k / qd::kGroup);
+          offsets(rows * shape.k / qd::kGroup), sub_pairs(rows * shape.k / qd::kGroup);
       for (int64_t r = 0; r < rows; ++r) {
         sums[r] = qd::row_sum(x.data() + r * shape.k, shape.k);
         qd::group_sum_pairs(x.data() + r * shape.k, shape.k, pairs.data() + r * shape.k / (2 * qd::kGroup));
         qd::sub_block_offsets(x.data() + r * shape.k, shape.k, sub_offsets.data() + r * shape.k / qd::kSubBlock);
         qd::group_offsets(x.data() + r * shape.k, shape.k, offsets.data() + r * shape.k / qd::kGroup);
+        qd::sub_block_sum_pairs(x.data() + r * shape.k, shape.k, sub_pairs.data() + r * shape.k / qd::kGroup);
       }
       std::vector<float> out(rows * shape.n);
       double ms[2];
@@ -173,6 +198,8 @@ int main(int argc, char** argv) {
               qd::q6_gemm(q6[i % copies].weights(), x.data(), rows, sub_offsets.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kQ8 || shape.format == kQ4t)
               qd::q8_gemm(q8[i % copies].weights(), x.data(), rows, offsets.data(), out.data(), shape.n, begin, end);
+            else if (shape.format == kQ2)
+              qd::q2_gemm(q2[i % copies].weights(), x.data(), rows, sub_pairs.data(), out.data(), shape.n, begin, end);
             else if (shape.format == kIq4)
               qd::iq4_gemm(iq4[i % copies].weights(), x.data(), rows, offsets.data(), out.data(), shape.n, begin, end);
             else

@@ -71,12 +71,15 @@ inline float q2_reference(const Q2Weights& w, const int8_t* x, int64_t n) {
 
 // ---- the fast paths: out[m][n] for rows [0, m) and the n-blocks [block_begin, block_end) ---------------------
 //
-// A group's two 64-byte vectors hold its 8 code vectors, 2 bits each: shifted and masked, they are multiplied as
-// q4's nibbles are. Each sub-block's sum goes into the superblock's total times its sub-scale by one word
-// multiply-add, and the min term is summed at the end of each superblock, as q4's.
+// A group's two 64-byte vectors hold its 8 code vectors, 2 bits each, shifted and masked into bytes. The min term
+// is summed at the end of each superblock, as q4's.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
+// Each code byte times its sub-scale, once per group for all the tile's rows: code * sub_scale <= 45 fits in a
+// byte, so a 16-bit multiply by the sub-scale in both bytes' words carries nothing across them, and each row's byte
+// multiply-adds sum sub_scale * code * x straight into the superblock's total (the same integer as scaling each
+// sub-block's sum).
 template <int R>
 inline void q2_tile(const Q2Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
                     int64_t block, float* out, int64_t out_stride) {
@@ -105,16 +108,22 @@ inline void q2_tile(const Q2Weights& w, const int8_t* x, int64_t x_stride, const
       }
       const __m512i bytes = _mm512_cvtepu8_epi16(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + (block * groups + g) * 2 * kLanes)));
-      const __m512i scale_a = _mm512_and_si512(bytes, low_word_nibble);  // (sub_scale, 0) as int16 words
+      const __m512i scale_a = _mm512_and_si512(bytes, low_word_nibble);  // (sub_scale a, 0) as int16 words
       const __m512i scale_b = _mm512_and_si512(_mm512_srli_epi32(bytes, 16), low_word_nibble);
+      const __m512i words_a = _mm512_or_si512(scale_a, _mm512_slli_epi32(scale_a, 16));  // in both words
+      const __m512i words_b = _mm512_or_si512(scale_b, _mm512_slli_epi32(scale_b, 16));
+      QD_UNROLL for (int j = 0; j < 4; ++j) {
+        c[j] = _mm512_mullo_epi16(c[j], words_a);
+        c[j + 4] = _mm512_mullo_epi16(c[j + 4], words_b);
+      }
       QD_UNROLL for (int r = 0; r < R; ++r) {
         const int8_t* row = x + r * x_stride + g * kGroup;
-        __m512i dot_a = _mm512_setzero_si512(), dot_b = _mm512_setzero_si512();  // |.| <= 16 * 3 * 127 < 2^15
+        __m512i dot_b = _mm512_setzero_si512();  // two chains of 4 multiply-adds
         QD_UNROLL for (int j = 0; j < 4; ++j) {
-          dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
+          total[r] = _mm512_dpbusd_epi32(total[r], c[j], _mm512_set1_epi32(load4(row + 4 * j)));
           dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
         }
-        total[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(total[r], dot_a, scale_a), dot_b, scale_b);
+        total[r] = _mm512_add_epi32(total[r], dot_b);
       }
     }
     __m512i min_pairs[kGroupsPerSuper];  // 16 lanes of (sub-min of sub-block 2g, of 2g + 1) as int16

@@ -33,7 +33,7 @@ from quickdraft.runtime.native.gguf_weights import EMBEDDING, read_gguf_weights
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v12"  # bump when the cached layout changes (v11: embedding kept; v12: Q4_0/Q4_1/IQ4_NL as q4t)
+NATIVE_FORMAT = "parts-v13"  # bump when the cached layout changes (v12: Q4_0/Q4_1/IQ4_NL as q4t; v13: Q2_K as q2)
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 
 

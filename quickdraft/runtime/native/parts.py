@@ -11,9 +11,9 @@ This module holds the parts' interface, their shared packing helpers and two for
   tensors load into it exactly; ``q8m`` adds a float16 min per group (w = d · q + m: Q5_1). The 4-bit ones (Q4_0,
   Q4_1, IQ4_NL) load into ``q4tables.py``'s q4t and q4tm: the same sums, half the bytes.
 
-The formats in llama.cpp's K-quant structures (q4, q5, q6) are in ``kquants.py``, its i-quant one (iq4) in
-``iquants.py``, q8's with 4-bit table codes (q4t, q4tm) in ``q4tables.py``; ``formats.py`` names every format
-(``PART_KINDS``).
+The formats in llama.cpp's K-quant structures are in ``kquants.py`` (q4, q5, q6) and ``q2k.py`` (q2), its i-quant
+one (iq4) in ``iquants.py``, q8's with 4-bit table codes (q4t, q4tm) in ``q4tables.py``; ``formats.py`` names every
+format (``PART_KINDS``).
 """
 
 from __future__ import annotations

@@ -86,8 +86,9 @@ class Q2Part(BlockPart):
 
         def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N, J] -> ([N, S], [N, J] in 0..15)
             padded = torch.nn.functional.pad(values, (0, supers * SUBS_PER_SUPER - values.shape[1]))
-            top = (padded.reshape(rows, supers, SUBS_PER_SUPER).amax(-1).clamp_min(1e-30) / LEVELS).half().float()
-            return top, torch.round(values / top[:, index]).clamp_(0, LEVELS).to(torch.uint8)
+            top = (padded.reshape(rows, supers, SUBS_PER_SUPER).amax(-1) / LEVELS).half().float()  # [N, S]
+            safe = torch.where(top == 0, torch.ones_like(top), top)  # all zero (or below float16): codes 0
+            return top, torch.round(values / safe[:, index]).clamp_(0, LEVELS).to(torch.uint8)
 
         d, sub_scale = split(step)
         dmin, sub_min = split(-low)

@@ -112,16 +112,21 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     assert not any(".q6." in name for name in from_gguf["q4"])  # a draft's Q6_K: 4 bits
 
 
-def compiled_against_reference(runtime: NativeRuntime) -> None:
+def compiled_against_reference(runtime: NativeRuntime, token_ids: torch.Tensor) -> torch.Tensor:
     """The layers in one native call give the logits of the PyTorch reference path, up to float rounding (its
     attention sums in another order, which now and then moves an activation across an 8-bit rounding edge: one
-    quantization step in a position's logits); a part of one kind computed as another would be far off."""
-    token_ids = torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    quantization step in a position's logits); a part of one kind computed as another would be far off. Returns
+    the compiled logits."""
     compiled = runtime.forward(token_ids, runtime.new_cache())
     runtime.decoder.use_kernel = False
     reference = runtime.forward(token_ids, runtime.new_cache())
     difference, largest = (compiled - reference).abs().amax(-1)[0], float(reference.abs().max())  # [positions]
     assert (difference <= 1e-5 * largest).float().mean() >= 0.75 and float(difference.max()) <= 2e-2 * largest
+    return compiled
+
+
+def some_token_ids() -> torch.Tensor:
+    return torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
 
 
 def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,7 +141,7 @@ def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monk
     qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
     assert qkv == ["q4t", "q4tm", "q8m"]  # attn_q Q4_0, attn_k Q4_1, attn_v Q5_1
     assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["q4t", "iq4"]  # IQ4_NL, IQ4_XS
-    compiled_against_reference(runtime)
+    compiled_against_reference(runtime, some_token_ids())
 
 
 def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,7 +152,7 @@ def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeyp
     runtime = NativeRuntime.load(gguf_dir(tmp_path))
     qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
     assert qkv == ["q2", "q6", "int8"]  # attn_q Q2_K, attn_k Q3_K, attn_v IQ2_XXS
-    compiled_against_reference(runtime)
+    compiled_against_reference(runtime, some_token_ids())
 
 
 def test_names_map_to_transformers_tensors() -> None:
@@ -293,12 +298,8 @@ def test_a_mixture_of_experts_is_read_from_its_files_tensors_of_every_expert(tmp
     down = stored["blk.1.ffn_down_exps.weight"]
     assert torch.equal(experts.down[3].dequantize(), torch.from_numpy(dequantize(down.data[3], down.tensor_type)))
     assert torch.equal(experts.router, torch.from_numpy(np.copy(stored["blk.1.ffn_gate_inp.weight"].data)))
-    token_ids = torch.randint(0, 60, (1, 12), generator=torch.Generator().manual_seed(0))
-    compiled = runtime.forward(token_ids, runtime.new_cache())
-    runtime.decoder.use_kernel = False
-    reference = runtime.forward(token_ids, runtime.new_cache())
-    difference, largest = (compiled - reference).abs().amax(-1)[0], float(reference.abs().max())  # [positions]
-    assert (difference <= 1e-5 * largest).float().mean() >= 0.75 and float(difference.max()) <= 2e-2 * largest
+    token_ids = some_token_ids()
+    compiled = compiled_against_reference(runtime, token_ids)
     with torch.no_grad():
         transformers_logits = load_hf_model(tmp_path / "hf", progress=False)(token_ids).logits
     assert float((compiled - transformers_logits).abs().max()) <= 0.03 * float(transformers_logits.abs().max())

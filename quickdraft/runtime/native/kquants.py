@@ -63,6 +63,34 @@ def code_panels(codes: torch.Tensor, rows: slice) -> torch.Tensor:
     return pad_rows(chunk, padded(len(chunk))).reshape(-1, LANES, codes.shape[1] // GROUP, 8, 4)
 
 
+def superblock_reference(
+    rows: torch.Tensor,
+    codes: torch.Tensor,
+    sub_scale: torch.Tensor,
+    sub_min: torch.Tensor,
+    d: torch.Tensor,
+    dmin: torch.Tensor,
+    block: int,
+    per_super: int,
+) -> torch.Tensor:
+    """The float sequence of the formats with a sub-scale and a sub-min per block of ``block`` weights under d and dmin
+    per ``per_super`` blocks (``gemm.h``'s q4 and q5, ``gemm_q2.h``'s q2) in PyTorch operations: integer-valued float
+    ``rows [M, K]``, ``codes [N, K]``, ``sub_scale``/``sub_min [N, K/block]``, ``d``/``dmin [N, S]`` -> ``[M, N]``: per
+    superblock in order, fma(d, Σ sub_scale · Σ code·x), then fma(dmin, Σ sub_min · Σ x), each sum an exact integer."""
+    blocks = rows.shape[1] // block
+    x = rows.double().reshape(rows.shape[0], blocks, block)  # [M, B, block]
+    dots = torch.einsum("mbk,nbk->mnb", x, codes.double().reshape(len(codes), blocks, block))  # exact
+    sums = x.sum(-1)  # [M, B] exact
+    acc = torch.zeros(rows.shape[0], len(codes))
+    for first in range(0, blocks, per_super):
+        s, span = first // per_super, range(first, min(first + per_super, blocks))
+        total = sum(dots[:, :, b] * sub_scale[:, b].double() for b in span)  # integers: exact
+        acc = fused_multiply_add(d[:, s], total.float(), acc)
+        offset = sum(sums[:, b, None] * sub_min[:, b].double() for b in span)  # integers: exact
+        acc = fused_multiply_add(dmin[:, s], offset.float(), acc)
+    return acc
+
+
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """4-bit codes ``[N/16, 16, G, 8, 4]`` (lane, group, code vector j, byte i) -> bytes ``[N/16, G, 4, 16, 4]``
     holding vector j in the low nibble and vector j + 4 in the high one (``gemm.h``'s q4 codes)."""
@@ -175,20 +203,7 @@ class Q4Part(BlockPart):
         kernels.q4_matmul(rows, self.codes, self.sub_scale, self.sub_min, self.d, self.dmin, out, column)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
-        codes, sub_scale, sub_min, d, dmin = self.blocks()
-        groups = self.in_features // GROUP
-        x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
-        dots = torch.einsum("mgk,ngk->mng", x, codes.double().reshape(self.rows, groups, GROUP))  # exact
-        sums = x.sum(-1)  # [M, G] exact
-        acc = torch.zeros(rows.shape[0], self.rows)
-        for first in range(0, groups, GROUPS_PER_SUPER):
-            s = first // GROUPS_PER_SUPER
-            span = range(first, min(first + GROUPS_PER_SUPER, groups))
-            total = sum(dots[:, :, g] * sub_scale[:, g].double() for g in span)  # integers: exact
-            acc = fused_multiply_add(d[:, s], total.float(), acc)
-            offset = sum(sums[:, g, None] * sub_min[:, g].double() for g in span)  # integers: exact
-            acc = fused_multiply_add(dmin[:, s], offset.float(), acc)
-        return acc
+        return superblock_reference(rows, *self.blocks(), GROUP, GROUPS_PER_SUPER)
 
     @staticmethod
     def affine(

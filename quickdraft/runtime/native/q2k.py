@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.kquants import (
     GROUPS_PER_SUPER,
     code_panels,
@@ -18,6 +17,7 @@ from quickdraft.runtime.native.kquants import (
     lanes_last,
     rows_first,
     rows_from_pairs,
+    superblock_reference,
 )
 from quickdraft.runtime.native.parts import GROUP, Affine, BlockPart, packed_by_chunks
 
@@ -108,19 +108,7 @@ class Q2Part(BlockPart):
         kernels.q2_matmul(rows, self.codes, self.scales, self.d, self.dmin, out, column)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
-        codes, sub_scale, sub_min, d, dmin = self.blocks()
-        sub_blocks = self.in_features // SUB_BLOCK
-        x = rows.double().reshape(rows.shape[0], sub_blocks, SUB_BLOCK)  # [M, J, 16]
-        dots = torch.einsum("mjk,njk->mnj", x, codes.double().reshape(self.rows, sub_blocks, SUB_BLOCK))  # exact
-        sums = x.sum(-1)  # [M, J] exact
-        acc = torch.zeros(rows.shape[0], self.rows)
-        for first in range(0, sub_blocks, SUBS_PER_SUPER):
-            s, span = first // SUBS_PER_SUPER, range(first, min(first + SUBS_PER_SUPER, sub_blocks))
-            total = sum(dots[:, :, j] * sub_scale[:, j].double() for j in span)  # integers: exact
-            acc = fused_multiply_add(d[:, s], total.float(), acc)
-            offset = sum(sums[:, j, None] * sub_min[:, j].double() for j in span)  # integers: exact
-            acc = fused_multiply_add(dmin[:, s], offset.float(), acc)
-        return acc
+        return superblock_reference(rows, *self.blocks(), SUB_BLOCK, SUBS_PER_SUPER)
 
     @staticmethod
     def affine(

@@ -126,8 +126,8 @@ def _calls(found: ToolFormat, chosen: list[dict[str, Any]], several: bool, openi
     branches, definitions = [], {}
     for index, tool in enumerate(chosen):
         arguments, key = tool["function"].get("parameters") or NO_PARAMETERS, f"{ARGUMENTS_DEFINITION}{index}"
-        if (moved := rebased(arguments, f"#/$defs/{key}")) != arguments:  # it points into itself: under the $defs
-            definitions[key] = moved
+        if (moved := _definitions(arguments, key)) is not None:  # it points into itself: under the $defs
+            definitions.update(moved)
             arguments = {"$ref": f"#/$defs/{key}"}
         branches.append(call_schema(tool["function"]["name"], arguments, found.arguments))
     call: dict[str, Any] = {"anyOf": branches}
@@ -167,11 +167,11 @@ def rebased(schema: Any, base: str) -> Any:
     return copied
 
 
-def _definitions(parameters: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What a property of ``parameters`` compiled on its own takes along as ``$defs``: the parameters, rebased under
-    them; None where they point nowhere into themselves."""
-    moved = rebased(parameters, f"#/$defs/{ARGUMENTS_DEFINITION}")
-    return None if moved == parameters else {ARGUMENTS_DEFINITION: moved}
+def _definitions(parameters: Mapping[str, Any], key: str = ARGUMENTS_DEFINITION) -> dict[str, Any] | None:
+    """``$defs`` holding ``parameters`` as ``key``, rebased there (what a call's schema, or a property of them compiled
+    on its own, takes along); None where they point nowhere into themselves."""
+    moved = rebased(parameters, f"#/$defs/{key}")
+    return None if moved == parameters else {key: moved}
 
 
 def _alone(schema: Any, definitions: dict[str, Any] | None) -> Any:

@@ -91,6 +91,38 @@ def superblock_reference(
     return acc
 
 
+def superblock_affine(
+    codes: torch.Tensor,
+    sub_scale: torch.Tensor,
+    sub_min: torch.Tensor,
+    d: torch.Tensor,
+    dmin: torch.Tensor,
+    block: int,
+    per_super: int,
+) -> Affine:
+    """:func:`superblock_reference`'s fields as values, scales (d · sub_scale), offsets (dmin · sub_min) per block."""
+    rows, blocks = sub_scale.shape
+    index = torch.arange(blocks) // per_super
+    scale = d[:, index].float() * sub_scale.float()  # [rows, B]
+    offset = dmin[:, index].float() * sub_min.float()
+    return Affine(codes.to(torch.int8).reshape(rows, blocks, block), scale, offset)
+
+
+def pack_bit_pairs(values: torch.Tensor) -> torch.Tensor:
+    """2-bit values ``[N/16, 16, G, 8, 4]`` (lane, group, code vector j, byte i) -> bytes ``[N/16, G, 2, 16, 4]``,
+    byte (h, lane, i) holding vector 4h + c at bits 2c (q6's top bits, q2's codes)."""
+    quads = values.reshape(*values.shape[:3], 2, 4, 4)  # [.., h, c, i]
+    packed = quads[..., 0, :] | (quads[..., 1, :] << 2) | (quads[..., 2, :] << 4) | (quads[..., 3, :] << 6)
+    return packed.permute(0, 2, 3, 1, 4)
+
+
+def unpack_bit_pairs(packed: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_bit_pairs`' inverse: ``[N/16, G, 2, 16, 4]`` -> ``[N/16, 16, G, 8, 4]``."""
+    planes = packed.permute(0, 3, 1, 2, 4)  # [N/16, 16, G, 2, 4]
+    values = torch.stack([(planes >> (2 * c)) & 3 for c in range(4)], dim=4)  # [.., h, c, i]
+    return values.reshape(*planes.shape[:3], 8, 4)
+
+
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """4-bit codes ``[N/16, 16, G, 8, 4]`` (lane, group, code vector j, byte i) -> bytes ``[N/16, G, 4, 16, 4]``
     holding vector j in the low nibble and vector j + 4 in the high one (``gemm.h``'s q4 codes)."""
@@ -209,11 +241,7 @@ class Q4Part(BlockPart):
     def affine(
         codes: torch.Tensor, sub_scale: torch.Tensor, sub_min: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
     ) -> Affine:
-        rows, groups = sub_scale.shape
-        index = torch.arange(groups) // GROUPS_PER_SUPER
-        scale = d[:, index].float() * sub_scale.float()  # [rows, G]
-        offset = dmin[:, index].float() * sub_min.float()
-        return Affine(codes.to(torch.int8).reshape(rows, groups, GROUP), scale, offset)
+        return superblock_affine(codes, sub_scale, sub_min, d, dmin, GROUP, GROUPS_PER_SUPER)
 
 
 class Q5Part(Q4Part):
@@ -264,11 +292,9 @@ class Q6Part(BlockPart):
 
         def pack(chunk: slice) -> dict[str, torch.Tensor]:
             panels = code_panels(codes, chunk)  # [n/16, 16, G, j, i]
-            top = (panels >> 4).reshape(*panels.shape[:3], 2, 4, 4)  # code vector 4h + c: [.., h, c, i]
-            high = top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4) | (top[..., 3, :] << 6)
             return {
                 "codes": pack_nibbles(panels & 0x0F),  # [n/16, G, 4, 16, 4]
-                "high": high.permute(0, 2, 3, 1, 4),  # [n/16, G, 2, 16, 4]
+                "high": pack_bit_pairs(panels >> 4),  # [n/16, G, 2, 16, 4]
             }
 
         return cls(
@@ -297,9 +323,7 @@ class Q6Part(BlockPart):
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The plain ``(codes, sub_scale, d)`` of :meth:`from_blocks`."""
         low = unpack_nibbles(self.codes)  # [N/16, 16, G, 8, 4]
-        high = self.high.permute(0, 3, 1, 2, 4)  # [N/16, 16, G, 2, 4]
-        top = torch.stack([(high >> (2 * c)) & 3 for c in range(4)], dim=4).reshape(low.shape)  # [.., 2·4, 4]
-        codes = (low | (top << 4)).reshape(self.padded_rows, self.in_features)[: self.rows]
+        codes = (low | (unpack_bit_pairs(self.high) << 4)).reshape(self.padded_rows, self.in_features)[: self.rows]
         return codes, rows_from_pairs(self.sub_scale, self.rows), rows_first(self.d, self.rows)
 
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:

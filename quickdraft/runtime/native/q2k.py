@@ -15,9 +15,12 @@ from quickdraft.runtime.native.kquants import (
     code_panels,
     lane_pairs,
     lanes_last,
+    pack_bit_pairs,
     rows_first,
     rows_from_pairs,
+    superblock_affine,
     superblock_reference,
+    unpack_bit_pairs,
 )
 from quickdraft.runtime.native.parts import GROUP, Affine, BlockPart, packed_by_chunks
 
@@ -57,9 +60,7 @@ class Q2Part(BlockPart):
                 raise ValueError(f"q2 {name} are in [0, {LEVELS}]")
 
         def pack(chunk: slice) -> dict[str, torch.Tensor]:
-            panels = code_panels(codes, chunk).reshape(-1, 16, width // GROUP, 2, 4, 4)  # [n/16, l, G, h, c, i]
-            packed = panels[..., 0, :] | (panels[..., 1, :] << 2) | (panels[..., 2, :] << 4) | (panels[..., 3, :] << 6)
-            return {"codes": packed.permute(0, 2, 3, 1, 4)}  # [n/16, G, 2, 16, 4]
+            return {"codes": pack_bit_pairs(code_panels(codes, chunk))}  # [n/16, G, 2, 16, 4]
 
         scales = sub_scale.to(torch.uint8) | (sub_min.to(torch.uint8) << 4)  # [N, K/16]: the file's bytes
         return cls(
@@ -98,9 +99,7 @@ class Q2Part(BlockPart):
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         """The plain ``(codes, sub_scale, sub_min, d, dmin)`` of :meth:`from_blocks`."""
-        shifts = (2 * torch.arange(4, dtype=torch.uint8)).reshape(4, 1)
-        packed = self.codes.permute(0, 3, 1, 2, 4)[..., None, :]  # [N/16, 16, G, 2, 1, 4]
-        codes = ((packed >> shifts) & 3).reshape(self.padded_rows, self.in_features)[: self.rows]
+        codes = unpack_bit_pairs(self.codes).reshape(self.padded_rows, self.in_features)[: self.rows]
         scales = rows_from_pairs(self.scales, self.rows)
         return codes, scales & 0x0F, scales >> 4, rows_first(self.d, self.rows), rows_first(self.dmin, self.rows)
 
@@ -114,8 +113,4 @@ class Q2Part(BlockPart):
     def affine(
         codes: torch.Tensor, sub_scale: torch.Tensor, sub_min: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor
     ) -> Affine:
-        rows, sub_blocks = sub_scale.shape
-        index = torch.arange(sub_blocks) // SUBS_PER_SUPER
-        scale = d[:, index].float() * sub_scale.float()  # [rows, J]
-        offset = dmin[:, index].float() * sub_min.float()
-        return Affine(codes.to(torch.int8).reshape(rows, sub_blocks, SUB_BLOCK), scale, offset)
+        return superblock_affine(codes, sub_scale, sub_min, d, dmin, SUB_BLOCK, SUBS_PER_SUPER)

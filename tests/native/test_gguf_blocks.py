@@ -1,5 +1,6 @@
-"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL and IQ4_XS tensors as
-q4, q5, q6, q2, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own dequantization, bit for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL, IQ4_XS, IQ3_XXS and
+IQ3_S tensors as q4, q5, q6, q2, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own dequantization, bit
+for bit."""
 
 from __future__ import annotations
 
@@ -11,12 +12,9 @@ import torch
 
 from quickdraft.runtime.native import parts
 from quickdraft.runtime.native.formats import PART_KINDS
-from quickdraft.runtime.native.gguf_blocks import (
-    EXACT_DECODERS,
-    decode_q4_k,
-    exact_weights,
-    transformers_name,
-)
+from quickdraft.runtime.native.gguf_blocks import decode_q4_k, transformers_name
+from quickdraft.runtime.native.gguf_exact import EXACT_DECODERS, exact_weights
+from quickdraft.runtime.native.gguf_iquants import SIGNS
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
@@ -129,6 +127,20 @@ def test_decoded_iq4_xs_blocks_are_ggufs_own_dequantization() -> None:
     kind, (codes, sub_scale, _) = decoded_as_gguf_reads_it(raw, "IQ4_XS", 32, 768)
     assert kind == "iq4" and (int(codes.min()), int(codes.max())) == (0, 15)
     assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31)
+
+
+@pytest.mark.parametrize(("name", "block_bytes", "code_range"), [("IQ3_XXS", 98, (1, 63)), ("IQ3_S", 110, (17, 47))])
+def test_decoded_iq3_blocks_are_ggufs_own_dequantization(name: str, block_bytes: int, code_range: tuple) -> None:
+    """Every grid index, sign and sub-scale random: the q6 codes reach the grid's extremes (IQ3_XXS's ±62 as ±31
+    under d/2, IQ3_S's ±15), the sub-scales 2·ls + 1 cover 1..31."""
+    raw = random_blocks(32, 768, block_bytes, slice(0, 2))  # d first
+    kind, (codes, sub_scale, _) = decoded_as_gguf_reads_it(raw, name, 32, 768)
+    assert kind == "q6" and (int(codes.min()), int(codes.max())) == code_range
+    assert (int(sub_scale.min()), int(sub_scale.max())) == (1, 31)
+
+
+def test_iq3_xxs_signs_are_llama_cpps() -> None:
+    assert bytes(SIGNS) == gguf.quants.IQ2_XXS.ksigns  # ksigns_iq2xs: the eighth sign keeps the count of minus even
 
 
 def test_only_tensors_that_match_the_converted_weights_are_taken(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The native runtime's input embedding: token ids -> their rows ``[R, H]`` float32.
 
-Rows are kept as floats, or, for a GGUF file's embedding of a type a block part reads exactly (``gguf_blocks``), as
+Rows are kept as floats, or, for a GGUF file's embedding of a type a block part reads exactly (``gguf_exact``), as
 that part's :class:`Affine` form: int8 values and a float32 scale (and offset) per group, a quarter of the floats'
 bytes or less. A lookup expands only the rows asked for, by the same arithmetic as the part's ``dequantize``, so a
 row's bits are those of the float table either way.

@@ -1,5 +1,6 @@
-"""A GGUF file's K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL) and IQ4_XS
-tensors as the native runtime's q2, q4, q5, q6, q8, q8m, q4t, q4tm and iq4 parts, bit for bit (no second quantization).
+"""A GGUF file's K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL) tensors
+as the native runtime's q2, q4, q5, q6, q8, q8m, q4t and q4tm parts, bit for bit (no second quantization). The
+i-quants' own structures are read in ``gguf_iquants.py``; ``gguf_exact.py`` picks the tensors a model keeps.
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
@@ -27,27 +28,13 @@ third bit is clear, in [−4, 3]. Sub-scale s (of 16 weights) has its low 4 bits
 byte s mod 8 and its top 2 bits at bits 2·(s / 4) of byte 8 + s mod 4, and holds sub_scale + 32; weight = d ·
 sub_scale · value. That is the q6 format with codes value + 32 in [28, 35] and sub-scales in [−32, 31].
 
-IQ4_XS (``block_iq4_xs``, 136 bytes per 256 weights): a float16 ``d``, the high 2 bits of eight 6-bit sub-scales
-in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes ``scales_l`` (group g in the low
-nibble of byte g/2 for even g, the high one for odd g), then 128 bytes of 4-bit indices into llama.cpp's
-``kvalues_iq4nl``, 16 bytes a group of 32 as Q4_0's; weight = d · (sub_scale − 32) · value: the iq4 format.
-
 Q2_K (``block_q2_K``, 84 bytes per 256 weights): sixteen bytes each holding a sub-block's 4-bit sub-scale (low
 nibble) and 4-bit sub-min (high nibble), 64 bytes ``qs``, a float16 ``d`` and a float16 ``dmin``. Weight 128·h +
 32·j + l (h < 2, j < 4, l < 32) has its 2-bit code at bits 2j of qs byte 32·h + l; weight = d · sub_scale · code −
 dmin · sub_min, sub-block (of 16) by sub-block: the q2 format, with dmin negated.
-
-Other tensor types (other IQ…, ...) are not read here: the runtime quantizes their float
-values as usual.
-
-Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
-may reorder rows of some families' projections); a tensor that does not match is left to the usual path.
 """
 
 from __future__ import annotations
-
-from collections.abc import Collection
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -65,8 +52,6 @@ Q6_K_BLOCK_BYTES = 210
 Q2_K_BLOCK_BYTES = 84
 Q3_K_BLOCK_BYTES = 110
 Q3_K_SCALE_OFFSET = 32  # Q3_K's 6-bit sub-scales hold sub_scale + 32
-IQ4_XS_BLOCK_BYTES = 136
-IQ4_XS_SCALE_OFFSET = 32  # IQ4_XS's 6-bit sub-scales hold sub_scale + 32
 
 # GGUF tensor names of a Llama-family layer -> transformers names (``model.layers.{i}.`` + this)
 LAYER_TENSORS = {
@@ -275,84 +260,3 @@ def decode_q5_1(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw Q5_1 bytes -> ("q8m", (codes [rows, width] int8 in [0, 31], d, mins))."""
     blocks, d = legacy_blocks(raw, rows, width, 24)
     return "q8m", (torch.from_numpy(five_bit_codes(blocks, 4).reshape(rows, width)), d, minimums(blocks))
-
-
-def decode_iq4_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw IQ4_XS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 15], sub_scale [rows, width/32] int8 in
-    [−32, 31], d [rows, width/256] float32))."""
-    supers = width // Q4_K_WEIGHTS
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ4_XS_BLOCK_BYTES)
-    high = blocks[..., 2:4].copy().view("<u2")  # [rows, S, 1]
-    high_bits = (high >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [rows, S, 8]
-    low_bits = nibbles_of(blocks[..., 4:8]).reshape(rows, supers, 2, 4).transpose(0, 1, 3, 2)  # [rows, S, 4, 2]
-    scales = low_bits.reshape(rows, supers, 8).astype(np.int16) | (high_bits.astype(np.int16) << 4)
-    codes = nibbles_of(blocks[..., 8:].reshape(rows, supers, 8, 16))  # [rows, S, 8, 32]
-    sub_scale = (scales - IQ4_XS_SCALE_OFFSET).astype(np.int8).reshape(rows, -1)
-    return "iq4", (
-        torch.from_numpy(codes.reshape(rows, width)),
-        torch.from_numpy(sub_scale),
-        torch.from_numpy(float16_at(blocks, 0)),
-    )
-
-
-EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
-    "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
-    "Q5_K": decode_q5_k,
-    "Q6_K": decode_q6_k,
-    "Q3_K": decode_q3_k,
-    "Q2_K": decode_q2_k,
-    "Q8_0": decode_q8_0,
-    "Q5_0": decode_q5_0,
-    "Q4_0": decode_q4_0,
-    "Q5_1": decode_q5_1,
-    "Q4_1": decode_q4_1,
-    "IQ4_XS": decode_iq4_xs,
-    "IQ4_NL": decode_iq4_nl,
-}
-BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL"), LEGACY_WEIGHTS)  # the rest: 256
-
-
-def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:
-    """GGUF name -> transformers name of each linear weight among ``tensor_names`` (:func:`transformers_name`), and
-    ``token_embd.weight`` -> ``lm_head.weight`` where the embedding is the LM head: the model ties the two (``tied``:
-    ``tie_word_embeddings``) and the file stores no ``output.weight`` (llama.cpp's rule; a file may store one
-    anyway, and then that is the head)."""
-    names = {name: linear for name in tensor_names if (linear := transformers_name(name, fused)) is not None}
-    if tied and "output.weight" not in tensor_names and "token_embd.weight" in tensor_names:
-        names["token_embd.weight"] = "lm_head.weight"
-    return names
-
-
-def exact_weights(
-    gguf_path: Path,
-    float_weights: dict[str, torch.Tensor],
-    fused: bool = False,
-    types: tuple[str, ...] = ("Q4_K",),
-    tied: bool = False,
-) -> dict[str, ExactWeight]:
-    """The tensors of ``gguf_path`` of ``types`` (keys of EXACT_DECODERS) by transformers name (``fused``: see
-    :func:`transformers_name`; ``tied``: the model ties its LM head to its embeddings, see :func:`linear_names`),
-    those whose values equal ``float_weights``' (the model converted from this file) within float32 rounding,
-    checked on 64 rows spread over each tensor."""
-    from quickdraft.models.gguf_file import read_gguf
-    from quickdraft.runtime.native.formats import PART_KINDS
-
-    tensors = read_gguf(gguf_path).tensors
-    names = linear_names([tensor.name for tensor in tensors], fused, tied)
-    found: dict[str, ExactWeight] = {}
-    for tensor in tensors:
-        name = names.get(tensor.name)
-        source = "model.embed_tokens.weight" if tensor.name == "token_embd.weight" else name  # the float weight
-        if tensor.tensor_type.name not in types or name is None or source not in float_weights:
-            continue
-        rows, width = float_weights[source].shape
-        block = BLOCK_WEIGHTS.get(tensor.tensor_type.name, Q4_K_WEIGHTS)
-        if tuple(int(n) for n in tensor.shape) != (width, rows) or width % block:
-            continue
-        kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
-        sample = torch.arange(0, rows, max(1, rows // 64))  # rows spread over the tensor: any reordering shows
-        values = PART_KINDS[kind].from_blocks(*(field[sample] for field in fields)).dequantize()
-        reference = float_weights[source][sample].float()
-        if float((values - reference).abs().max()) <= 1e-6 * float(reference.abs().max()):
-            found[name] = kind, fields
-    return found

@@ -1,7 +1,7 @@
 """A GGUF file's tensors under transformers' names, read one at a time: the input of ``quantize_state_dict``.
 
 The float tensors are the values transformers' GGUF loader gives (``modeling_gguf_pytorch_utils``, the loader
-of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor (for the types ``gguf_blocks`` decodes,
+of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor (for the types ``gguf_exact`` decodes,
 the same values from their parts' own arithmetic, faster), float16 and bfloat16 widened to float32, and for a file
 of an architecture whose converter interleaves the two rotary halves of each head
 (``Architecture.gguf_interleaves_rotary``: Llama's, and so Mistral's) the q and k projections' rows put back in
@@ -10,8 +10,8 @@ are those quantized from the fp32 directory transformers would save, value for v
 they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers add back, which may round), and
 packed without adding it again (``quantize_state_dict``'s ``norm_offset``).
 
-Linear weights of the types ``gguf_blocks`` decodes (K-quants, Q8_0, Q5_0, Q4_0) whose rows are not reordered can
-be offered as blocks instead (``gguf_blocks``), to be kept bit for bit, and so is the embedding of those types
+Linear weights of the types ``gguf_exact`` decodes (K-quants, the 32-weight types, IQ4 and IQ3) whose rows are not
+reordered can be offered as blocks instead, to be kept bit for bit, and so is the embedding of those types
 (``embedding.py``); the rest of the file's tensors are read as floats.
 """
 
@@ -36,13 +36,8 @@ from quickdraft.runtime.native.architecture import (
 )
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.formats import BLOCK_PARTS
-from quickdraft.runtime.native.gguf_blocks import (
-    EXACT_DECODERS,
-    FUSED_LAYER_TENSORS,
-    LAYER_TENSORS,
-    ExactWeight,
-    linear_names,
-)
+from quickdraft.runtime.native.gguf_blocks import FUSED_LAYER_TENSORS, LAYER_TENSORS, ExactWeight
+from quickdraft.runtime.native.gguf_exact import EXACT_DECODERS, linear_names
 
 EMBEDDING = "model.embed_tokens.weight"
 MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
@@ -143,7 +138,7 @@ def unpermute_rows(values: np.ndarray, heads: int) -> np.ndarray:
 
 def float_values(tensor: Any) -> np.ndarray:
     """A GGUF tensor's float32 values: a block part's rows expanded by its own arithmetic (``Affine``, the values
-    gguf-py gives, several times faster) for the types ``gguf_blocks`` decodes, else gguf-py's dequantization."""
+    gguf-py gives, several times faster) for the types ``gguf_exact`` decodes, else gguf-py's dequantization."""
     decode = EXACT_DECODERS.get(tensor.tensor_type.name)
     if decode is not None and len(tensor.shape) == 2:
         width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
@@ -237,7 +232,7 @@ def read_gguf_weights(
     path: Path, config: DecoderConfig, exact_types: tuple[str, ...] = ("Q4_K",)
 ) -> tuple[GGUFTensors, ExactTensors]:
     """The tensors of the GGUF file ``path``: floats, and the linear weights of ``exact_types`` (keys of
-    EXACT_DECODERS) as they are stored (the LM head too where it is the embedding: ``gguf_blocks.linear_names``), as is
+    EXACT_DECODERS) as they are stored (the LM head too where it is the embedding: ``gguf_exact.linear_names``), as is
     the embedding of any type in EXACT_DECODERS.
 
     Such a weight is kept as stored when transformers keeps its rows in the file's order, and read as floats

@@ -4,7 +4,7 @@
   groups of 32, each group with a signed sub-scale, under a float d per superblock of 8 groups:
   w = d · sub_scale · IQ4_VALUES[code].
 
-A GGUF file's IQ4_XS tensors load into it exactly, with no second quantization (``gguf_blocks.py``).
+A GGUF file's IQ4_XS tensors load into it exactly, with no second quantization (``gguf_iquants.py``).
 """
 
 from __future__ import annotations

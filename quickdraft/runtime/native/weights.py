@@ -28,12 +28,13 @@ from quickdraft.runtime.native.architecture import ARCHITECTURES, NATIVE_NORMS, 
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.embedding import TokenEmbedding
 from quickdraft.runtime.native.formats import PART_KINDS
-from quickdraft.runtime.native.gguf_blocks import ExactWeight, exact_weights
+from quickdraft.runtime.native.gguf_blocks import ExactWeight
+from quickdraft.runtime.native.gguf_exact import exact_weights
 from quickdraft.runtime.native.gguf_weights import EMBEDDING, read_gguf_weights
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v13"  # bump when the cached layout changes (v12: Q4_0/Q4_1/IQ4_NL as q4t; v13: Q2_K as q2)
+NATIVE_FORMAT = "parts-v14"  # bump when the cached layout changes (v13: Q2_K as q2; v14: IQ3_XXS/IQ3_S as q6)
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 
 

@@ -1,0 +1,98 @@
+"""Which of a GGUF file's tensors a model keeps as stored: the linear weights (and the embedding) of the types
+whose decoders ``gguf_blocks.py`` and ``gguf_iquants.py`` hold, by transformers name.
+
+Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
+may reorder rows of some families' projections); a tensor that does not match is left to the usual path, where the
+runtime quantizes its float values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+import torch
+
+from quickdraft.runtime.native.gguf_blocks import (
+    LEGACY_WEIGHTS,
+    Q4_K_WEIGHTS,
+    ExactWeight,
+    decode_iq4_nl,
+    decode_q2_k,
+    decode_q3_k,
+    decode_q4_0,
+    decode_q4_1,
+    decode_q4_k,
+    decode_q5_0,
+    decode_q5_1,
+    decode_q5_k,
+    decode_q6_k,
+    decode_q8_0,
+    q4_weight,
+    transformers_name,
+)
+from quickdraft.runtime.native.gguf_iquants import decode_iq3_s, decode_iq3_xxs, decode_iq4_xs
+
+EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
+    "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
+    "Q5_K": decode_q5_k,
+    "Q6_K": decode_q6_k,
+    "Q3_K": decode_q3_k,
+    "Q2_K": decode_q2_k,
+    "Q8_0": decode_q8_0,
+    "Q5_0": decode_q5_0,
+    "Q4_0": decode_q4_0,
+    "Q5_1": decode_q5_1,
+    "Q4_1": decode_q4_1,
+    "IQ4_NL": decode_iq4_nl,
+    "IQ4_XS": decode_iq4_xs,
+    "IQ3_XXS": decode_iq3_xxs,
+    "IQ3_S": decode_iq3_s,
+}
+BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL"), LEGACY_WEIGHTS)  # the rest: 256
+
+
+def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:
+    """GGUF name -> transformers name of each linear weight among ``tensor_names`` (:func:`transformers_name`), and
+    ``token_embd.weight`` -> ``lm_head.weight`` where the embedding is the LM head: the model ties the two (``tied``:
+    ``tie_word_embeddings``) and the file stores no ``output.weight`` (llama.cpp's rule; a file may store one
+    anyway, and then that is the head)."""
+    names = {name: linear for name in tensor_names if (linear := transformers_name(name, fused)) is not None}
+    if tied and "output.weight" not in tensor_names and "token_embd.weight" in tensor_names:
+        names["token_embd.weight"] = "lm_head.weight"
+    return names
+
+
+def exact_weights(
+    gguf_path: Path,
+    float_weights: dict[str, torch.Tensor],
+    fused: bool = False,
+    types: tuple[str, ...] = ("Q4_K",),
+    tied: bool = False,
+) -> dict[str, ExactWeight]:
+    """The tensors of ``gguf_path`` of ``types`` (keys of EXACT_DECODERS) by transformers name (``fused``: see
+    :func:`transformers_name`; ``tied``: the model ties its LM head to its embeddings, see :func:`linear_names`),
+    those whose values equal ``float_weights``' (the model converted from this file) within float32 rounding,
+    checked on 64 rows spread over each tensor."""
+    from quickdraft.models.gguf_file import read_gguf
+    from quickdraft.runtime.native.formats import PART_KINDS
+
+    tensors = read_gguf(gguf_path).tensors
+    names = linear_names([tensor.name for tensor in tensors], fused, tied)
+    found: dict[str, ExactWeight] = {}
+    for tensor in tensors:
+        name = names.get(tensor.name)
+        source = "model.embed_tokens.weight" if tensor.name == "token_embd.weight" else name  # the float weight
+        if tensor.tensor_type.name not in types or name is None or source not in float_weights:
+            continue
+        rows, width = float_weights[source].shape
+        block = BLOCK_WEIGHTS.get(tensor.tensor_type.name, Q4_K_WEIGHTS)
+        if tuple(int(n) for n in tensor.shape) != (width, rows) or width % block:
+            continue
+        kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
+        sample = torch.arange(0, rows, max(1, rows // 64))  # rows spread over the tensor: any reordering shows
+        values = PART_KINDS[kind].from_blocks(*(field[sample] for field in fields)).dequantize()
+        reference = float_weights[source][sample].float()
+        if float((values - reference).abs().max()) <= 1e-6 * float(reference.abs().max()):
+            found[name] = kind, fields
+    return found

@@ -1,0 +1,117 @@
+"""A GGUF file's i-quant tensors (IQ4_XS, IQ3_XXS, IQ3_S) as the native runtime's iq4 and q6 parts, bit for bit (no
+second quantization). IQ4_NL has Q4_0's block structure and is read with it (``gguf_blocks.py``).
+
+IQ4_XS (``block_iq4_xs``, 136 bytes per 256 weights): a float16 ``d``, the high 2 bits of eight 6-bit sub-scales
+in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes ``scales_l`` (group g in the low
+nibble of byte g/2 for even g, the high one for odd g), then 128 bytes of 4-bit indices into llama.cpp's
+``kvalues_iq4nl``, 16 bytes a group of 32 as Q4_0's; weight = d · (sub_scale − 32) · value: the iq4 format.
+
+The IQ3 types hold each group of 32 weights as 8 grid indices, each naming 4 magnitudes in llama.cpp's grid of its
+type (gguf-py's copy: ``grid_values``), their signs and a 4-bit sub-scale ls, under a float16 ``d`` per 256:
+
+- IQ3_XXS (``block_iq3_xxs``, 98 bytes): ``d``, 64 bytes of 8-bit indices (grid entries of {4, 12, ..., 52, 62}),
+  then a little-endian uint32 per group: four 7-bit sign indices (bits 7k: weights 8k..8k + 7), each into
+  ``SIGNS`` (the eighth sign makes the count of minus signs even), and ls in its top 4 bits. weight =
+  d · (0.5 + ls) · 0.5 · sign · magnitude, which is exactly (d/2) · (2·ls + 1) · (sign · magnitude/2).
+- IQ3_S (``block_iq3_s``, 110 bytes): ``d``, 64 bytes of the indices' low 8 bits, 8 bytes of their ninth bits (bit
+  i mod 8 of byte i/8 for index i), 32 bytes of signs (bit b of byte k: weight 8k + b), 4 bytes of sub-scales (group
+  2k in the low nibble of byte k, 2k + 1 in the high one); magnitudes {1, 3, ..., 15}; weight =
+  d · (1 + 2·ls) · sign · magnitude.
+
+Both are the q6 format's w = d · sub_scale · (code − 32), with sub-scale 2·ls + 1 (each group's for its two
+sub-blocks of 16) and code − 32 the signed value in [−31, 31]; d/2 of a float16 is a float32 exactly.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import torch
+
+from quickdraft.runtime.native.gguf_blocks import Q4_K_WEIGHTS, ExactWeight, float16_at, nibbles_of
+from quickdraft.runtime.native.kquants import Q6_OFFSET
+
+IQ4_XS_BLOCK_BYTES = 136
+IQ4_XS_SCALE_OFFSET = 32  # IQ4_XS's 6-bit sub-scales hold sub_scale + 32
+IQ3_XXS_BLOCK_BYTES = 98
+IQ3_S_BLOCK_BYTES = 110
+GROUPS = Q4_K_WEIGHTS // 32  # groups of 32 weights per superblock
+# The sign bytes of a 7-bit index i: its bits, and an eighth bit that makes the count of set bits even (llama.cpp's
+# ksigns_iq2xs)
+SIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], dtype=np.uint8)
+
+
+@cache
+def grid_values(name: str) -> np.ndarray:
+    """llama.cpp's grid of the IQ type ``name`` as gguf-py builds it: ``[entries, 4]`` int8 magnitudes."""
+    from gguf import quants
+
+    kind = getattr(quants, name)
+    kind.init_grid()
+    return np.asarray(kind.grid).reshape(-1, 4).astype(np.int8)
+
+
+def decode_iq4_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ4_XS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 15], sub_scale [rows, width/32] int8 in
+    [−32, 31], d [rows, width/256] float32))."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ4_XS_BLOCK_BYTES)
+    high = blocks[..., 2:4].copy().view("<u2")  # [rows, S, 1]
+    high_bits = (high >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [rows, S, 8]
+    low_bits = nibbles_of(blocks[..., 4:8]).reshape(rows, supers, 2, 4).transpose(0, 1, 3, 2)  # [rows, S, 4, 2]
+    scales = low_bits.reshape(rows, supers, 8).astype(np.int16) | (high_bits.astype(np.int16) << 4)
+    codes = nibbles_of(blocks[..., 8:].reshape(rows, supers, 8, 16))  # [rows, S, 8, 32]
+    sub_scale = (scales - IQ4_XS_SCALE_OFFSET).astype(np.int8).reshape(rows, -1)
+    return "iq4", (
+        torch.from_numpy(codes.reshape(rows, width)),
+        torch.from_numpy(sub_scale),
+        torch.from_numpy(float16_at(blocks, 0)),
+    )
+
+
+def grid_q6(
+    values: np.ndarray, minus: np.ndarray, group_scale: np.ndarray, d: np.ndarray, rows: int, width: int
+) -> ExactWeight:
+    """Signed grid values as a q6 part's fields: ``values [rows, S, 256]`` magnitudes in [0, 31], ``minus`` the same
+    shape (1: negative), ``group_scale [rows, S, 8]`` in [1, 31] (each group's, for its two sub-blocks of 16) and
+    ``d [rows, S]``."""
+    codes = (Q6_OFFSET + np.where(minus == 1, -values.astype(np.int16), values)).astype(np.uint8)
+    sub_scale = np.repeat(group_scale.astype(np.int8), 2, axis=-1)  # [rows, S, 16]
+    return "q6", (
+        torch.from_numpy(codes.reshape(rows, width)),
+        torch.from_numpy(sub_scale.reshape(rows, width // 16)),
+        torch.from_numpy(d.astype(np.float32)),
+    )
+
+
+def sign_bits(signs: np.ndarray) -> np.ndarray:
+    """Sign bytes ``[..., n]`` -> their bits ``[..., 8n]``: bit b of byte k is weight 8k + b's (1: negative)."""
+    return np.unpackbits(signs, axis=-1, bitorder="little")
+
+
+def decode_iq3_xxs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ3_XXS bytes -> ("q6", (codes [rows, width] uint8 in [1, 63], sub_scale [rows, width/16] int8 in
+    [1, 31], d/2 [rows, width/256] float32))."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ3_XXS_BLOCK_BYTES)
+    magnitudes = grid_values("IQ3_XXS")[blocks[..., 2:66]] // 2  # [rows, S, 64, 4]: {2, 6, ..., 26, 31}
+    words = blocks[..., 66:98].copy().view("<u4")  # [rows, S, 8]
+    sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [rows, S, 8, 4]
+    minus = sign_bits(SIGNS[sign_index])  # [rows, S, 8, 32]
+    group_scale = 2 * (words >> 28) + 1  # [rows, S, 8]
+    values = magnitudes.reshape(rows, supers, Q4_K_WEIGHTS)
+    return grid_q6(values, minus.reshape(values.shape), group_scale, float16_at(blocks, 0) / 2, rows, width)
+
+
+def decode_iq3_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ3_S bytes -> ("q6", (codes [rows, width] uint8 in [17, 47], sub_scale [rows, width/16] int8 in
+    [1, 31], d [rows, width/256] float32))."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ3_S_BLOCK_BYTES)
+    ninth = sign_bits(blocks[..., 66:74]).astype(np.uint16) << 8  # [rows, S, 64]
+    magnitudes = grid_values("IQ3_S")[blocks[..., 2:66] | ninth]  # [rows, S, 64, 4]: {1, 3, ..., 15}
+    minus = sign_bits(blocks[..., 74:106])  # [rows, S, 256]
+    group_scale = 2 * nibbles_of(blocks[..., 106:110]).reshape(rows, supers, 2, 4).transpose(0, 1, 3, 2) + 1
+    values = magnitudes.reshape(rows, supers, Q4_K_WEIGHTS)
+    return grid_q6(values, minus, group_scale.reshape(rows, supers, GROUPS), float16_at(blocks, 0), rows, width)

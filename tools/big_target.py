@@ -27,6 +27,8 @@ SHAPES = {  # released models' shapes (Qwen2.5's vocabulary for all)
                        num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=151936, tie_word_embeddings=True),
     "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8, vocab_size=151936, tie_word_embeddings=False),
 }  # fmt: skip

@@ -95,11 +95,11 @@ def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
     assert kind == "q6" and int(codes.max()) == 63 and int(sub_scale.min()) == -128
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ3_XXS", "IQ3_S"])
 def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The K-quant and 5-bit decoders work CODE_ROWS rows at a time: with 16 at a time, 37 rows decode as all 37
+    """The K-quant, 5-bit and IQ3 decoders work CODE_ROWS rows at a time: with 16 at a time, 37 rows decode as all 37
     at once (and as gguf-py dequantizes them)."""
     raw = {
         "Q4_K": random_q4_k,
@@ -107,6 +107,8 @@ def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
         "Q6_K": random_q6_k,
         "Q5_0": lambda rows, width: random_blocks(rows, width, 22, slice(0, 2), weights=32),
         "Q5_1": lambda rows, width: random_blocks(rows, width, 24, slice(0, 4), weights=32),
+        "IQ3_XXS": lambda rows, width: random_blocks(rows, width, 98, slice(0, 2)),
+        "IQ3_S": lambda rows, width: random_blocks(rows, width, 110, slice(0, 2)),
     }[name](37, 512)
     kind, whole = decoded_as_gguf_reads_it(raw, name, 37, 512)
     monkeypatch.setattr(parts, "CODE_ROWS", 16)

@@ -1,18 +1,24 @@
 """Which of a GGUF file's tensors a model keeps as stored: the linear weights (and the embedding) of the types
 whose decoders ``gguf_blocks.py`` and ``gguf_iquants.py`` hold, by transformers name.
 
-Only tensors whose values match the float weights quickdraft converted from the same file are used (the converter
-may reorder rows of some families' projections); a tensor that does not match is left to the usual path, where the
-runtime quantizes its float values.
+A family whose converter interleaves each head's two rotary halves (``Architecture.gguf_interleaves_rotary``: Llama's,
+Mistral's, Mixtral's, SmolLM3's, Granite's) has its q and k rows put back in transformers' order, field by field: a
+block format's rows are independent, so that moves whole rows of codes and scales and rounds nothing.
+
+A directory converted from a GGUF file before the ``gguf`` layout offers its fp32 weights beside the file: only
+tensors whose values match those weights are used there, and a tensor that does not match is left to the usual path,
+where the runtime quantizes its float values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from quickdraft.runtime.native.architecture import GGUF_INTERLEAVED_ROTARY
 from quickdraft.runtime.native.gguf_blocks import (
     LEGACY_WEIGHTS,
     Q4_K_WEIGHTS,
@@ -63,21 +69,47 @@ def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool 
     return names
 
 
+def unpermute_rows(values: Any, heads: int) -> Any:
+    """llama.cpp's row order of a q or k projection ``[heads·head_dim, ...]`` -> transformers' (each head's rows
+    ``(i, half)`` -> ``(half, i)``), as transformers' ``LlamaTensorProcessor`` computes it: of a numpy array's or a
+    tensor's first axis."""
+    dim = values.shape[0] // heads // 2
+    return values.reshape(heads, dim, 2, *values.shape[1:]).swapaxes(2, 1).reshape(values.shape)
+
+
+def rotary_row_heads(gguf_name: str, architecture: str, heads: int, kv_heads: int) -> int | None:
+    """The heads whose rows the converter of ``architecture`` interleaved in the tensor ``gguf_name`` (``heads`` for
+    a q projection, ``kv_heads`` for a k one), or None where the file keeps transformers' row order."""
+    if architecture not in GGUF_INTERLEAVED_ROTARY:
+        return None
+    return heads if ".attn_q." in gguf_name else kv_heads if ".attn_k." in gguf_name else None
+
+
+def unpermuted(weight: ExactWeight, heads: int | None) -> ExactWeight:
+    """A decoded weight with its rows in transformers' order (``heads``: :func:`rotary_row_heads`; None: as it is).
+    Every field of a block format holds the rows first."""
+    kind, fields = weight
+    return weight if heads is None else (kind, tuple(unpermute_rows(field, heads) for field in fields))
+
+
 def exact_weights(
     gguf_path: Path,
     float_weights: dict[str, torch.Tensor],
     fused: bool = False,
     types: tuple[str, ...] = ("Q4_K",),
     tied: bool = False,
+    heads: tuple[int, int] | None = None,
 ) -> dict[str, ExactWeight]:
     """The tensors of ``gguf_path`` of ``types`` (keys of EXACT_DECODERS) by transformers name (``fused``: see
-    :func:`transformers_name`; ``tied``: the model ties its LM head to its embeddings, see :func:`linear_names`),
-    those whose values equal ``float_weights``' (the model converted from this file) within float32 rounding,
-    checked on 64 rows spread over each tensor."""
+    :func:`transformers_name`; ``tied``: the model ties its LM head to its embeddings, see :func:`linear_names`;
+    ``heads``: the model's query and key-value heads, for :func:`rotary_row_heads`; None: rows as stored), those
+    whose values equal ``float_weights``' (the model converted from this file) within float32 rounding, checked on 64
+    rows spread over each tensor."""
     from quickdraft.models.gguf_file import read_gguf
     from quickdraft.runtime.native.formats import PART_KINDS
 
-    tensors = read_gguf(gguf_path).tensors
+    gguf = read_gguf(gguf_path)
+    tensors = gguf.tensors
     names = linear_names([tensor.name for tensor in tensors], fused, tied)
     found: dict[str, ExactWeight] = {}
     for tensor in tensors:
@@ -89,7 +121,9 @@ def exact_weights(
         block = BLOCK_WEIGHTS.get(tensor.tensor_type.name, Q4_K_WEIGHTS)
         if tuple(int(n) for n in tensor.shape) != (width, rows) or width % block:
             continue
-        kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
+        decoded = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
+        row_heads = None if heads is None else rotary_row_heads(tensor.name, gguf.architecture, *heads)
+        kind, fields = unpermuted(decoded, row_heads)
         sample = torch.arange(0, rows, max(1, rows // 64))  # rows spread over the tensor: any reordering shows
         values = PART_KINDS[kind].from_blocks(*(field[sample] for field in fields)).dequantize()
         reference = float_weights[source][sample].float()

@@ -24,6 +24,7 @@ sub-blocks of 16) and code − 32 the signed value in [−31, 31]; d/2 of a floa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 import numpy as np
@@ -31,6 +32,7 @@ import torch
 
 from quickdraft.runtime.native.gguf_blocks import Q4_K_WEIGHTS, ExactWeight, float16_at, nibbles_of
 from quickdraft.runtime.native.kquants import Q6_OFFSET
+from quickdraft.runtime.native.parts import row_chunks
 
 IQ4_XS_BLOCK_BYTES = 136
 IQ4_XS_SCALE_OFFSET = 32  # IQ4_XS's 6-bit sub-scales hold sub_scale + 32
@@ -70,19 +72,9 @@ def decode_iq4_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     )
 
 
-def grid_q6(
-    values: np.ndarray, minus: np.ndarray, group_scale: np.ndarray, d: np.ndarray, rows: int, width: int
-) -> ExactWeight:
-    """Signed grid values as a q6 part's fields: ``values [rows, S, 256]`` magnitudes in [0, 31], ``minus`` the same
-    shape (1: negative), ``group_scale [rows, S, 8]`` in [1, 31] (each group's, for its two sub-blocks of 16) and
-    ``d [rows, S]``."""
-    codes = (Q6_OFFSET + np.where(minus == 1, -values.astype(np.int16), values)).astype(np.uint8)
-    sub_scale = np.repeat(group_scale.astype(np.int8), 2, axis=-1)  # [rows, S, 16]
-    return "q6", (
-        torch.from_numpy(codes.reshape(rows, width)),
-        torch.from_numpy(sub_scale.reshape(rows, width // 16)),
-        torch.from_numpy(d.astype(np.float32)),
-    )
+def signed_codes(magnitudes: np.ndarray, minus: np.ndarray) -> np.ndarray:
+    """Magnitudes in [0, 31] and their signs (``minus`` 1: negative), of one shape -> q6 codes (value + 32)."""
+    return (Q6_OFFSET + np.where(minus == 1, -magnitudes.astype(np.int16), magnitudes)).astype(np.uint8)
 
 
 def sign_bits(signs: np.ndarray) -> np.ndarray:
@@ -90,28 +82,48 @@ def sign_bits(signs: np.ndarray) -> np.ndarray:
     return np.unpackbits(signs, axis=-1, bitorder="little")
 
 
+def iq3_xxs_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ3_XXS blocks ``[n, S, 98]`` -> (q6 codes ``[n, S, 256]`` of value/2, group sub-scales ``[n, S, 8]``)."""
+    magnitudes = grid_values("IQ3_XXS")[blocks[..., 2:66]] // 2  # [n, S, 64, 4]: {2, 6, ..., 26, 31}
+    words = blocks[..., 66:98].copy().view("<u4")  # [n, S, 8]
+    sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [n, S, 8, 4]
+    minus = sign_bits(SIGNS[sign_index])  # [n, S, 8, 32]
+    shape = (*blocks.shape[:2], Q4_K_WEIGHTS)
+    return signed_codes(magnitudes.reshape(shape), minus.reshape(shape)), 2 * (words >> 28) + 1
+
+
+def iq3_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ3_S blocks ``[n, S, 110]`` -> (q6 codes ``[n, S, 256]``, group sub-scales ``[n, S, 8]``)."""
+    ninth = sign_bits(blocks[..., 66:74]).astype(np.uint16) << 8  # [n, S, 64]
+    magnitudes = grid_values("IQ3_S")[blocks[..., 2:66] | ninth]  # [n, S, 64, 4]: {1, 3, ..., 15}
+    minus = sign_bits(blocks[..., 74:106])  # [n, S, 256]
+    nibbles = nibbles_of(blocks[..., 106:110]).reshape(*blocks.shape[:2], 2, 4)  # [n, S, low/high, byte k]
+    group_scale = 2 * nibbles.swapaxes(-1, -2).reshape(*blocks.shape[:2], GROUPS) + 1  # group 2k: byte k's low one
+    return signed_codes(magnitudes.reshape(minus.shape), minus), group_scale
+
+
+def grid_q6(blocks: np.ndarray, codes_of: Callable, d: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """IQ3 blocks ``[rows, S, bytes]`` as a q6 part's fields, decoded CODE_ROWS rows at a time (the temporaries stay
+    a few MB): ``codes_of`` gives a chunk's codes and group sub-scales (each for its group's two sub-blocks of 16),
+    ``d [rows, S]`` the superblocks' scales."""
+    codes = np.empty((rows, width), np.uint8)
+    sub_scale = np.empty((rows, width // 16), np.int8)
+    for chunk in row_chunks(rows):
+        chunk_codes, group_scale = codes_of(blocks[chunk])
+        codes[chunk] = chunk_codes.reshape(len(chunk_codes), width)
+        sub_scale[chunk] = np.repeat(group_scale.astype(np.int8), 2, axis=-1).reshape(len(chunk_codes), -1)
+    return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d.astype(np.float32)))
+
+
 def decode_iq3_xxs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ3_XXS bytes -> ("q6", (codes [rows, width] uint8 in [1, 63], sub_scale [rows, width/16] int8 in
     [1, 31], d/2 [rows, width/256] float32))."""
-    supers = width // Q4_K_WEIGHTS
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ3_XXS_BLOCK_BYTES)
-    magnitudes = grid_values("IQ3_XXS")[blocks[..., 2:66]] // 2  # [rows, S, 64, 4]: {2, 6, ..., 26, 31}
-    words = blocks[..., 66:98].copy().view("<u4")  # [rows, S, 8]
-    sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [rows, S, 8, 4]
-    minus = sign_bits(SIGNS[sign_index])  # [rows, S, 8, 32]
-    group_scale = 2 * (words >> 28) + 1  # [rows, S, 8]
-    values = magnitudes.reshape(rows, supers, Q4_K_WEIGHTS)
-    return grid_q6(values, minus.reshape(values.shape), group_scale, float16_at(blocks, 0) / 2, rows, width)
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, IQ3_XXS_BLOCK_BYTES)
+    return grid_q6(blocks, iq3_xxs_codes, float16_at(blocks, 0) / 2, rows, width)
 
 
 def decode_iq3_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ3_S bytes -> ("q6", (codes [rows, width] uint8 in [17, 47], sub_scale [rows, width/16] int8 in
     [1, 31], d [rows, width/256] float32))."""
-    supers = width // Q4_K_WEIGHTS
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ3_S_BLOCK_BYTES)
-    ninth = sign_bits(blocks[..., 66:74]).astype(np.uint16) << 8  # [rows, S, 64]
-    magnitudes = grid_values("IQ3_S")[blocks[..., 2:66] | ninth]  # [rows, S, 64, 4]: {1, 3, ..., 15}
-    minus = sign_bits(blocks[..., 74:106])  # [rows, S, 256]
-    group_scale = 2 * nibbles_of(blocks[..., 106:110]).reshape(rows, supers, 2, 4).transpose(0, 1, 3, 2) + 1
-    values = magnitudes.reshape(rows, supers, Q4_K_WEIGHTS)
-    return grid_q6(values, minus, group_scale.reshape(rows, supers, GROUPS), float16_at(blocks, 0), rows, width)
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, IQ3_S_BLOCK_BYTES)
+    return grid_q6(blocks, iq3_s_codes, float16_at(blocks, 0), rows, width)

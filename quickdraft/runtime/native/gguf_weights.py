@@ -4,19 +4,20 @@ The float tensors are the values transformers' GGUF loader gives (``modeling_ggu
 of the Llama and Qwen2 families): ``gguf.quants.dequantize`` of each tensor (for the types ``gguf_exact`` decodes,
 the same values from their parts' own arithmetic, faster), float16 and bfloat16 widened to float32, and for a file
 of an architecture whose converter interleaves the two rotary halves of each head
-(``Architecture.gguf_interleaves_rotary``: Llama's, and so Mistral's) the q and k projections' rows put back in
-transformers' order, as transformers undoes it. Qwen2 files need no reordering. So the weights quantized from here
-are those quantized from the fp32 directory transformers would save, value for value, but for Gemma's norm weights:
-they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers add back, which may round), and
+(``Architecture.gguf_interleaves_rotary``: Llama's, Mistral's, Mixtral's, SmolLM3's, Granite's) the q and k rows
+put back in transformers' order, as transformers undoes it. Qwen2 files need no reordering. So the weights quantized
+from here are those quantized from the fp32 directory transformers would save, value for value, but for Gemma's norm
+weights: they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers add back, which may round), and
 packed without adding it again (``quantize_state_dict``'s ``norm_offset``).
 
-Linear weights of the types ``gguf_exact`` decodes (K-quants, the 32-weight types, IQ4 and IQ3) whose rows are not
-reordered can be offered as blocks instead, to be kept bit for bit, and so is the embedding of those types
-(``embedding.py``); the rest of the file's tensors are read as floats.
+Linear weights of the types ``gguf_exact`` decodes (K-quants, the 32-weight types, IQ4 and IQ3) can be offered as
+blocks instead, to be kept bit for bit (reordered q and k rows too: whole rows of blocks move), and so is the
+embedding of those types (``embedding.py``); the rest of the file's tensors are read as floats.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,6 @@ from quickdraft.models.gguf_file import read_gguf
 from quickdraft.models.loaded import CONFIG_TENSORS
 from quickdraft.runtime.native.architecture import (
     ARCHITECTURES,
-    GGUF_INTERLEAVED_ROTARY,
     PRE_NORMS,
     LayerNorms,
     SparseMlp,
@@ -37,7 +37,13 @@ from quickdraft.runtime.native.architecture import (
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.formats import BLOCK_PARTS
 from quickdraft.runtime.native.gguf_blocks import FUSED_LAYER_TENSORS, LAYER_TENSORS, ExactWeight
-from quickdraft.runtime.native.gguf_exact import EXACT_DECODERS, linear_names
+from quickdraft.runtime.native.gguf_exact import (
+    EXACT_DECODERS,
+    linear_names,
+    rotary_row_heads,
+    unpermute_rows,
+    unpermuted,
+)
 
 EMBEDDING = "model.embed_tokens.weight"
 MODEL_TENSORS = {  # GGUF names outside the layers -> transformers names
@@ -129,13 +135,6 @@ def non_finite(gguf_name: str) -> str:
     return f"tensor {gguf_name} holds NaN or infinite values: the file is damaged"
 
 
-def unpermute_rows(values: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's row order of a q or k projection ``[heads·head_dim, ...]`` -> transformers' (each head's rows
-    ``(i, half)`` -> ``(half, i)``), as transformers' ``LlamaTensorProcessor`` computes it."""
-    dim = values.shape[0] // heads // 2
-    return values.reshape(heads, dim, 2, *values.shape[1:]).swapaxes(2, 1).reshape(values.shape)
-
-
 def float_values(tensor: Any) -> np.ndarray:
     """A GGUF tensor's float32 values: a block part's rows expanded by its own arithmetic (``Affine``, the values
     gguf-py gives, several times faster) for the types ``gguf_exact`` decodes, else gguf-py's dequantization."""
@@ -154,9 +153,10 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
     one, so memory holds one float tensor at a time, not the model. An assigned tensor (the tied LM head)
     replaces the file's."""
 
-    def __init__(self, sources: dict[str, Any], row_heads: dict[str, int]) -> None:
+    def __init__(self, sources: dict[str, Any], row_heads: dict[str, int], requantized: dict[str, str]) -> None:
         self.sources = sources  # transformers name -> GGUFTensor
         self.row_heads = row_heads  # transformers name -> heads, for q/k rows to reorder
+        self.requantized = requantized  # transformers name -> GGUF type, of the linear weights read as floats
         self.assigned: dict[str, torch.Tensor] = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -190,11 +190,25 @@ class GGUFTensors(MutableMapping[str, torch.Tensor]):
         return len(self.sources.keys() | self.assigned.keys())
 
 
-class ExactTensors(Mapping[str, ExactWeight]):
-    """Weights kept as the file stores them, by transformers name, decoded into a part's fields when read."""
+def requantized_note(source: str, requantized: dict[str, str]) -> str:
+    """What packing the file ``source`` in the auto format says of its linear weights read as floats (``requantized``:
+    transformers name -> GGUF type): how many of each type are stored in 7 bits rather than as the file stores them."""
+    counts = collections.Counter(requantized.values()).most_common()
+    listed = ", ".join(f"{count} {kind}" for kind, count in counts)
+    types = "that type" if len(counts) == 1 else "those types"
+    return (
+        f"quickdraft: {source}: linear weights stored in 7 bits per output channel ({listed}): no native format "
+        f"computes {types} as the file stores {'it' if len(counts) == 1 else 'them'} (docs/families.md)"
+    )
 
-    def __init__(self, sources: dict[str, Any]) -> None:
+
+class ExactTensors(Mapping[str, ExactWeight]):
+    """Weights kept as the file stores them, by transformers name, decoded into a part's fields when read (their
+    rows in transformers' order)."""
+
+    def __init__(self, sources: dict[str, Any], row_heads: dict[str, int]) -> None:
         self.sources = sources  # transformers name -> GGUFTensor of a type in EXACT_DECODERS
+        self.row_heads = row_heads  # transformers name -> heads, for q/k rows to reorder
         self.last: tuple[str, ExactWeight] | None = None  # the last tensor decoded (a tied head follows its embedding)
 
     def __getitem__(self, name: str) -> ExactWeight:
@@ -202,7 +216,8 @@ class ExactTensors(Mapping[str, ExactWeight]):
         if self.last is not None and self.last[0] == tensor.name:
             return self.last[1]
         width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
-        kind, fields = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
+        decoded = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
+        kind, fields = unpermuted(decoded, self.row_heads.get(name))
         if not all(torch.isfinite(part).all() for part in fields if part.is_floating_point()):  # the scales
             raise ValueError(non_finite(tensor.name))
         self.last = tensor.name, (kind, fields)
@@ -235,8 +250,8 @@ def read_gguf_weights(
     EXACT_DECODERS) as they are stored (the LM head too where it is the embedding: ``gguf_exact.linear_names``), as is
     the embedding of any type in EXACT_DECODERS.
 
-    Such a weight is kept as stored when transformers keeps its rows in the file's order, and read as floats
-    otherwise. Raises ValueError naming the first tensor of a type outside READ_TYPES."""
+    A q or k projection whose rows the converter interleaved is kept too, its rows put back in transformers' order
+    (``gguf_exact.unpermuted``). Raises ValueError naming the first tensor of a type outside READ_TYPES."""
     gguf = read_gguf(path)
     for tensor in gguf.tensors:
         if tensor.tensor_type.name not in READ_TYPES:
@@ -244,10 +259,10 @@ def read_gguf_weights(
                 f"tensor {tensor.name} is stored as {tensor.tensor_type.name}, which the native runtime does not "
                 f"read (it reads {', '.join(READ_TYPES)}), nor does transformers"
             )
-    interleaved = gguf.architecture in GGUF_INTERLEAVED_ROTARY
     floats: dict[str, Any] = {}
     blocks: dict[str, Any] = {}
     row_heads: dict[str, int] = {}
+    requantized: dict[str, str] = {}
     tensors = expert_slices(list(gguf.tensors))
     linear = linear_names([tensor.name for tensor in tensors], config.fused_projections, config.tie_word_embeddings)
     sparse = ARCHITECTURES[config.model_type].sparse_mlp
@@ -264,15 +279,18 @@ def read_gguf_weights(
         name = names[tensor.name]
         if name is None:
             continue
-        if interleaved and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
-            row_heads[name] = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
+        heads = rotary_row_heads(tensor.name, gguf.architecture, config.num_heads, config.num_kv_heads)
+        if heads is not None:
+            row_heads[name] = heads
         kept_as = linear.get(tensor.name)  # the linear weight this tensor is, if any
-        if tensor.tensor_type.name in exact_types and kept_as is not None and kept_as not in row_heads:
+        if tensor.tensor_type.name in exact_types and kept_as is not None:
             blocks[kept_as] = tensor
             if kept_as == name:
                 continue  # else it is the tied LM head, and the embedding is read below
+        elif kept_as is not None:
+            requantized[kept_as] = tensor.tensor_type.name
         if name == EMBEDDING and tensor.tensor_type.name in EXACT_DECODERS:
             blocks[name] = tensor  # rows kept as stored whatever the format: looking them up rounds nothing
             continue
         floats[name] = tensor
-    return GGUFTensors(floats, row_heads), ExactTensors(blocks)
+    return GGUFTensors(floats, row_heads, requantized), ExactTensors(blocks, row_heads)

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,11 @@ from quickdraft.runtime.native.embedding import TokenEmbedding
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import ExactWeight
 from quickdraft.runtime.native.gguf_exact import exact_weights
-from quickdraft.runtime.native.gguf_weights import EMBEDDING, read_gguf_weights
+from quickdraft.runtime.native.gguf_weights import EMBEDDING, read_gguf_weights, requantized_note
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
 
-NATIVE_FORMAT = "parts-v14"  # bump when the cached layout changes (v13: Q2_K as q2; v14: IQ3_XXS/IQ3_S as q6)
+NATIVE_FORMAT = "parts-v15"  # bump when the cached layout changes (v14: IQ3 as q6; v15: Llama q/k as stored)
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 
 
@@ -203,8 +204,11 @@ def missing_weights(path: Path) -> ModelFilesError:
 
 def quantize_gguf(gguf: Path, config: DecoderConfig, weights: str, progress: Any = None) -> dict[str, torch.Tensor]:
     """The native state of a GGUF file: its tensors of the types ``weights`` keeps (EXACT_TYPES) as they are, the
-    rest quantized from the float values transformers' loader gives them."""
+    rest quantized from the float values transformers' loader gives them. In the auto format, a shown bar
+    (``progress``) is preceded by a line naming the linear weights' types stored in 7 bits, if any."""
     tensors, exact = read_gguf_weights(gguf, config, EXACT_TYPES[weights])
+    if weights == "auto" and tensors.requantized and progress is not None and not progress.disable:
+        progress.write(requantized_note(gguf.name, tensors.requantized), file=sys.stderr)
     quantized = "q4" if weights == "q4" else "int8"
     return quantize_state_dict(config, tensors, quantized, exact, norm_offset=0.0, progress=progress)
 
@@ -223,7 +227,8 @@ def quantize_safetensors(
         tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")  # safetensors kept one name of the two
     check_float_weights(path, tensors, config)
     gguf, tied, kept = converted_from(path), config.tie_word_embeddings, EXACT_TYPES[weights]
-    exact = {} if gguf is None or not kept else exact_weights(gguf, tensors, config.fused_projections, kept, tied)
+    heads, fused = (config.num_heads, config.num_kv_heads), config.fused_projections
+    exact = {} if gguf is None or not kept else exact_weights(gguf, tensors, fused, kept, tied, heads)
     return quantize_state_dict(config, tensors, "q4" if weights == "q4" else "int8", exact, progress=progress)
 
 

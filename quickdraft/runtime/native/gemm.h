@@ -316,21 +316,39 @@ inline __m512i with_fifth_bits(__m512i nibbles, __m512i plane, int j) {
   return _mm512_or_si512(nibbles, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)));
 }
 
+// A tile's float sums, one vector of 16 lanes a row: in registers for tiles of up to 8 rows, in the tile's own `out`
+// beyond (the same bits), so that the registers hold the rows' integer totals. Row r's sums are at first + r * stride.
+template <int R>
+struct RowSums {
+  static constexpr bool kInRegisters = R <= 8;
+  float* sums;
+  int64_t stride;
+  __m512 acc[kInRegisters ? R : 1];
+
+  RowSums(float* first, int64_t row_stride) : sums(first), stride(row_stride) {
+    QD_UNROLL for (int r = 0; r < R; ++r) set(r, _mm512_setzero_ps());
+  }
+  __m512 get(int r) const {
+    if constexpr (kInRegisters) return acc[r];
+    else return _mm512_loadu_ps(sums + r * stride);
+  }
+  void set(int r, __m512 value) {
+    if constexpr (kInRegisters) acc[r] = value;
+    else _mm512_storeu_ps(sums + r * stride, value);
+  }
+  void finish() {
+    if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(sums + r * stride, acc[r]);
+  }
+};
+
 // The min term's offset = sum_g sub_min[g] * X[g] is an exact integer, so it is summed at the end of each
-// superblock from its (at most 4) sub-min pairs. A row's float sum stays in a register for tiles of up to 8 rows and
-// in the tile's own `out` between superblocks beyond (the same bits), so the registers hold the rows' totals.
+// superblock from its (at most 4) sub-min pairs, into the row's float sum (RowSums).
 template <int R, bool Five>
 inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* pairs, int64_t pair_stride,
                     int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-  constexpr bool kInRegisters = R <= 8;
-  __m512 acc[kInRegisters ? R : 1];
-  const auto sum_of = [&](int r) -> float* { return out + r * out_stride + block * kLanes; };
-  QD_UNROLL for (int r = 0; r < R; ++r) {
-    if constexpr (kInRegisters) acc[r] = _mm512_setzero_ps();
-    else _mm512_storeu_ps(sum_of(r), _mm512_setzero_ps());
-  }
+  RowSums<R> sums(out + block * kLanes, out_stride);
   for (int64_t s = 0; s < supers; ++s) {
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
     const int64_t begin = s * kGroupsPerSuper, end = super_end(s, groups);
@@ -369,17 +387,16 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
         min_pairs[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.sub_min + (block * groups + begin + 2 * p) * kLanes)));
     const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * supers + s) * kLanes);
     QD_UNROLL for (int r = 0; r < R; ++r) {
-      __m512 sum = kInRegisters ? acc[kInRegisters ? r : 0] : _mm512_loadu_ps(sum_of(r));
+      __m512 sum = sums.get(r);
       sum = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total[r]), sum);
       __m512i offset = _mm512_setzero_si512();
       QD_UNROLL for (int p = 0; p < kGroupsPerSuper / 2; ++p)
         if (p < pair_count) offset = _mm512_dpwssd_epi32(offset, min_pairs[p], _mm512_set1_epi32(pairs[r * pair_stride + begin / 2 + p]));
       sum = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(offset), sum);
-      if constexpr (kInRegisters) acc[kInRegisters ? r : 0] = sum;
-      else _mm512_storeu_ps(sum_of(r), sum);
+      sums.set(r, sum);
     }
   }
-  if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(sum_of(r), acc[r]);
+  sums.finish();
 }
 
 constexpr int kInt8Rows = 16;

@@ -85,13 +85,7 @@ inline void q2_tile(const Q2Weights& w, const int8_t* x, int64_t x_stride, const
                     int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m512i two_bits = _mm512_set1_epi8(0x03), low_word_nibble = _mm512_set1_epi32(0x0F);
-  constexpr bool kInRegisters = R <= 8;
-  __m512 acc[kInRegisters ? R : 1];
-  const auto sum_of = [&](int r) -> float* { return out + r * out_stride + block * kLanes; };
-  QD_UNROLL for (int r = 0; r < R; ++r) {
-    if constexpr (kInRegisters) acc[r] = _mm512_setzero_ps();
-    else _mm512_storeu_ps(sum_of(r), _mm512_setzero_ps());
-  }
+  RowSums<R> sums(out + block * kLanes, out_stride);
   for (int64_t s = 0; s < supers; ++s) {
     const int64_t begin = s * kGroupsPerSuper, end = super_end(s, groups);
     __m512i total[R];
@@ -134,18 +128,17 @@ inline void q2_tile(const Q2Weights& w, const int8_t* x, int64_t x_stride, const
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
     const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * supers + s) * kLanes);
     QD_UNROLL for (int r = 0; r < R; ++r) {
-      __m512 sum = kInRegisters ? acc[kInRegisters ? r : 0] : _mm512_loadu_ps(sum_of(r));
+      __m512 sum = sums.get(r);
       sum = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total[r]), sum);
       __m512i offset = _mm512_setzero_si512();
       QD_UNROLL for (int p = 0; p < kGroupsPerSuper; ++p)
         if (begin + p < end)
           offset = _mm512_dpwssd_epi32(offset, min_pairs[p], _mm512_set1_epi32(pairs[r * pair_stride + begin + p]));
       sum = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(offset), sum);
-      if constexpr (kInRegisters) acc[kInRegisters ? r : 0] = sum;
-      else _mm512_storeu_ps(sum_of(r), sum);
+      sums.set(r, sum);
     }
   }
-  if constexpr (kInRegisters) QD_UNROLL for (int r = 0; r < R; ++r) _mm512_storeu_ps(sum_of(r), acc[r]);
+  sums.finish();
 }
 
 constexpr int kQ2Rows = 16;

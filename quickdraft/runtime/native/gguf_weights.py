@@ -195,10 +195,10 @@ def requantized_note(source: str, requantized: dict[str, str]) -> str:
     transformers name -> GGUF type): how many of each type are stored in 7 bits rather than as the file stores them."""
     counts = collections.Counter(requantized.values()).most_common()
     listed = ", ".join(f"{count} {kind}" for kind, count in counts)
-    types = "that type" if len(counts) == 1 else "those types"
+    types, them = ("that type", "it") if len(counts) == 1 else ("those types", "them")
     return (
         f"quickdraft: {source}: linear weights stored in 7 bits per output channel ({listed}): no native format "
-        f"computes {types} as the file stores {'it' if len(counts) == 1 else 'them'} (docs/families.md)"
+        f"computes {types} as the file stores {them} (docs/families.md)"
     )
 
 

@@ -59,12 +59,12 @@ def remove(path: Path) -> str | None:
 
 
 def prune(args: argparse.Namespace) -> None:
-    """Delete the stale packed weights (``weights.stale_native_entries``) and kernel builds (not ``current``; one being
+    """Delete the stale packed weights (``entries.stale_native_entries``) and kernel builds (not ``current``; one being
     built now is left), each reported with the bytes it freed; an entry that could not be deleted (whole) is reported
     with why, and the command then fails."""
     from quickdraft.models.usage import entry
+    from quickdraft.runtime.native.entries import stale_native_entries
     from quickdraft.runtime.native.kernels import kernel_builds, unused_build
-    from quickdraft.runtime.native.weights import stale_native_entries
 
     rows = []
     for path in stale_native_entries():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import quickdraft
 from quickdraft.runtime.native.config import DecoderConfig
-from quickdraft.runtime.native.weights import load_native_state, native_cache_dir
+from quickdraft.runtime.native.entries import native_cache_dir
+from quickdraft.runtime.native.weights import load_native_state
 
 out: dict[str, object] = {"code": quickdraft.__file__}
 for name, weights in (("qwen2.5-coder-1.5b-instruct", "auto"), ("qwen2.5-coder-0.5b-instruct", "q4")):

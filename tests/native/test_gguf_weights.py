@@ -23,9 +23,10 @@ from quickdraft.runtime.native import NativeRuntime
 from quickdraft.runtime.native.architecture import POST_NORMS, SANDWICH_NORMS
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.embedding import TokenEmbedding
+from quickdraft.runtime.native.entries import native_cache_dir
 from quickdraft.runtime.native.gguf_exact import unpermute_rows
 from quickdraft.runtime.native.gguf_weights import READ_TYPES, hf_tensor_name
-from quickdraft.runtime.native.weights import load_native_state, native_cache_dir
+from quickdraft.runtime.native.weights import load_native_state
 
 pytest.importorskip("gguf")
 

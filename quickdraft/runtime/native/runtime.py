@@ -17,10 +17,11 @@ from quickdraft.runtime.base import BatchRow, KVCache, LoadOptions, Runtime
 from quickdraft.runtime.names import KV_CACHE_DEFAULT, WEIGHT_FORMATS
 from quickdraft.runtime.native.cache import KEY_BLOCK, KV_DTYPES, StaticKVCache
 from quickdraft.runtime.native.config import DecoderConfig, InvalidConfig
+from quickdraft.runtime.native.entries import NATIVE_FORMAT
 from quickdraft.runtime.native.gguf_weights import READ_TYPES
 from quickdraft.runtime.native.kernels import load_kernels, sources_digest
 from quickdraft.runtime.native.model import Decoder
-from quickdraft.runtime.native.weights import NATIVE_FORMAT, has_native_weights, load_native_state
+from quickdraft.runtime.native.weights import has_native_weights, load_native_state
 
 ROPE_TABLE_BYTES = 8  # cos and sin in float32: a RoPE table's bytes per position and head dimension
 

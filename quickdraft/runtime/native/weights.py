@@ -8,10 +8,7 @@ so later loads read it back in seconds. A directory quickdraft made from a GGUF 
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import itertools
-import json
 import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -20,23 +17,19 @@ from typing import Any
 import torch
 
 from quickdraft.errors import ModelFilesError
-from quickdraft.files import cache_root
 from quickdraft.models.convert import gguf_source, has_fp32_weights, is_gguf_layout, missing_gguf, read_marker
-from quickdraft.models.usage import MODEL_FOLDERS
 from quickdraft.progress import progress_bar
-from quickdraft.runtime.names import EXACT_TYPES, WEIGHT_FORMATS
+from quickdraft.runtime.names import EXACT_TYPES
 from quickdraft.runtime.native.architecture import ARCHITECTURES, NATIVE_NORMS, SparseMlp
 from quickdraft.runtime.native.config import DecoderConfig
 from quickdraft.runtime.native.embedding import TokenEmbedding
+from quickdraft.runtime.native.entries import ENTRY_SOURCE, drop_superseded, native_cache_dir, note_source
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import ExactWeight
 from quickdraft.runtime.native.gguf_exact import exact_weights
 from quickdraft.runtime.native.gguf_weights import EMBEDDING, read_gguf_weights, requantized_note
 from quickdraft.runtime.native.linear import QuantizedLinear
 from quickdraft.runtime.native.parts import WeightPart
-
-NATIVE_FORMAT = "parts-v15"  # bump when the cached layout changes (v14: IQ3 as q6; v15: Llama q/k as stored)
-ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 
 
 def layer_norm_names(config: DecoderConfig) -> dict[str, str]:
@@ -162,23 +155,6 @@ def quantize_state_dict(
         progress.update()  # the embedding and the LM head, a step of their own
     state["final_norm"] = norm("model.norm.weight")
     return state
-
-
-def native_cache_dir(path: Path, weights: str = "auto") -> Path:
-    """Where the quantized form of the model in ``path`` is kept: keyed by its config, the format and its weights:
-    the GGUF file it reads them from (digest, size, modification time), else its path and safetensors files
-    (names, sizes, modification times)."""
-    source = gguf_source(path)
-    if source is None:
-        identity, files = str(path.resolve()), sorted(path.glob("*.safetensors"))
-    else:
-        identity, files = f"gguf {(read_marker(path) or {}).get('sha256')}", [source]
-    digest = hashlib.sha256(f"{NATIVE_FORMAT}|{weights}|{identity}".encode())
-    digest.update((path / "config.json").read_bytes())
-    for file in files:
-        stat = file.stat()
-        digest.update(f"|{file.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return cache_root() / "native" / digest.hexdigest()[:16]
 
 
 def has_native_weights(path: Path) -> bool:
@@ -314,44 +290,6 @@ def load_native_state(
         note_source(cached.parent, path, weights)
         partial.replace(cached)  # atomic: a killed run never leaves a half-written cache entry
     except OSError:
-        pass  # a read-only cache only costs the quantization next time
+        return state  # a read-only cache only costs the quantization next time
+    drop_superseded(cached.parent)
     return state
-
-
-def note_source(entry: Path, path: Path, weights: str) -> None:
-    """Write what the packed ``entry`` was packed from (what ``quickdraft cache --prune`` reads); a read-only cache
-    keeps no note."""
-    note = {"format": NATIVE_FORMAT, "weights": weights, "model": str(path.resolve())}
-    with contextlib.suppress(OSError):
-        (entry / ENTRY_SOURCE).write_text(json.dumps(note))
-
-
-def cached_models() -> list[Path]:
-    """The model directories in the cache: packaged models and ``.gguf`` files given on the command line."""
-    configs = [config for folder in MODEL_FOLDERS for config in cache_root().glob(f"{folder}/*/hf/config.json")]
-    return sorted(config.parent for config in configs)
-
-
-def stale_native_entries() -> list[Path]:
-    """Entries of ``$QUICKDRAFT_CACHE/native`` no load would read again: not the entry of a model in the cache in
-    any weight format, nor of the model directory its source note names (an older format's, a removed model's). An
-    entry packed before notes, of a directory outside the cache, counts as stale until a load writes its note."""
-    native = cache_root() / "native"
-    if not native.is_dir():
-        return []
-    live = set()
-    for model in cached_models():
-        with contextlib.suppress(OSError):  # a directory being written, or damaged: its entries are judged by notes
-            live.update(native_cache_dir(model, weights) for weights in WEIGHT_FORMATS)
-    for entry in native.iterdir():
-        if any(entry.glob("*.partial")):  # being written by a load running now
-            live.add(entry)
-            continue
-        try:
-            note = json.loads((entry / ENTRY_SOURCE).read_text())
-            model, weights = Path(note["model"]), str(note["weights"])
-            if weights in WEIGHT_FORMATS and native_cache_dir(model, weights) == entry:
-                live.add(entry)
-        except (OSError, ValueError, KeyError, TypeError):  # no note, a damaged one, or its model gone
-            continue
-    return sorted(entry for entry in native.iterdir() if entry not in live)

@@ -259,8 +259,9 @@ template <int R>
 constexpr int kPartials = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
 // A q4 group's 8 multiply-adds per row start from zero, so a chain of 8 would keep a tile's rows waiting on each
 // other's latency unless the core held most of the tile's rows in flight at once: two chains of 4 per row. A chain
-// sums at most 16 products code * x, |.| <= 16 * 15 * 127 < 2^15, so its low int16 word is exact and one word
-// multiply-add with (sub_scale, 0) adds sub_scale * chain to the superblock's total.
+// sums at most 16 products code * x, |.| <= 16 * 15 * 127 < 2^15, so its low int16 word is exact: two chains' low
+// words side by side in a lane and one word multiply-add with (sub_scale, sub_scale) add sub_scale * (chain + chain)
+// to the superblock's total (one multiply-add where a chain each took two: the tile's rows wait on that port).
 template <int R>
 constexpr int kQ4Partials = R <= 2 ? 4 : 2;
 // q5's codes reach 31, so its chains sum 8 products each (8 * 31 * 127 < 2^15): four chains whatever the tile.
@@ -370,14 +371,17 @@ inline void q4_tile(const Q4Weights& w, const int8_t* x, int64_t x_stride, const
         QD_UNROLL for (int j = 0; j < 8; ++j) c[j] = with_fifth_bits(c[j], plane, j);
       }
       const __m128i sub_scale = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes));
-      const __m512i scale = _mm512_cvtepu8_epi32(sub_scale);  // (sub_scale, 0) as int16 words
+      const __m512i scale = _mm512_cvtepu8_epi32(sub_scale);
+      const __m512i scales = _mm512_or_si512(scale, _mm512_slli_epi32(scale, 16));  // (sub_scale, sub_scale) words
       QD_UNROLL for (int r = 0; r < R; ++r) {
         const int8_t* row = x + r * x_stride + g * kGroup;
         constexpr int U = kGroupChains<R, Five>;
+        static_assert(U % 2 == 0, "chains are added in pairs");
         __m512i dot[U];
         QD_UNROLL for (int u = 0; u < U; ++u) dot[u] = _mm512_setzero_si512();
         QD_UNROLL for (int j = 0; j < 8; ++j) dot[j % U] = _mm512_dpbusd_epi32(dot[j % U], c[j], _mm512_set1_epi32(load4(row + 4 * j)));
-        QD_UNROLL for (int u = 0; u < U; ++u) total[r] = _mm512_dpwssd_epi32(total[r], dot[u], scale);
+        QD_UNROLL for (int u = 0; u < U; u += 2)  // chain u's low word and chain u + 1's in one int32 lane
+          total[r] = _mm512_dpwssd_epi32(total[r], _mm512_mask_blend_epi16(0xAAAAAAAA, dot[u], _mm512_slli_epi32(dot[u + 1], 16)), scales);
       }
     }
     __m512i min_pairs[kGroupsPerSuper / 2];  // 16 lanes of (min of group 2p, min of group 2p + 1) as int16

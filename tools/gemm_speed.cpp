@@ -87,10 +87,10 @@ Q8Copy make_q8(int64_t n, int64_t k, std::mt19937& rng, bool nibbles = false) {
 
 struct Iq4Copy {
   std::vector<uint8_t> codes;
-  std::vector<int8_t> sub_scale;
+  std::vector<int8_t> table, sub_scale;
   std::vector<float> d;
   int64_t n = 0, k = 0;
-  qd::Iq4Weights weights() const { return {codes.data(), sub_scale.data(), d.data(), n, k}; }
+  qd::Iq4Weights weights() const { return {codes.data(), table.data(), sub_scale.data(), d.data(), n, k}; }
 };
 
 Iq4Copy make_iq4(int64_t n, int64_t k, std::mt19937& rng) {
@@ -98,6 +98,8 @@ Iq4Copy make_iq4(int64_t n, int64_t k, std::mt19937& rng) {
   c.n = n;
   c.k = k;
   c.codes = random_bytes(n * k / 2, rng);
+  constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (int64_t panel = 0; panel < n / qd::kLanes; ++panel) c.table.insert(c.table.end(), kIq4Values, kIq4Values + 16);
   for (const uint8_t b : random_bytes(n * k / qd::kGroup, rng)) c.sub_scale.push_back(static_cast<int8_t>(b % 64 - 32));
   c.d.assign(n * ((k / qd::kGroup + qd::kGroupsPerSuper - 1) / qd::kGroupsPerSuper), 1e-3f);
   return c;

@@ -79,9 +79,9 @@ void q2_gemm(const uint8_t* codes, const uint8_t* scales, const float* d, const 
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q2_reference(w, x + r * k, j);
 }
 
-void iq4_gemm(const uint8_t* codes, const int8_t* sub_scale, const float* d, int64_t n, int64_t k, const int8_t* x,
-              int64_t rows, float* out, int which) {
-  const qd::Iq4Weights w{codes, sub_scale, d, n, k};
+void iq4_gemm(const uint8_t* codes, const int8_t* table, const int8_t* sub_scale, const float* d, int64_t n, int64_t k,
+              const int8_t* x, int64_t rows, float* out, int which) {
+  const qd::Iq4Weights w{codes, table, sub_scale, d, n, k};
   std::vector<int32_t> offsets(rows * w.groups());
   for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x + r * k, k, offsets.data() + r * w.groups());
   if (which == 0) return qd::iq4_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);

@@ -13,7 +13,7 @@ import torch
 
 from quickdraft.machine import cpu_description
 from quickdraft.runtime.native.formats import FORMATS
-from quickdraft.runtime.native.iquants import IQ4Part
+from quickdraft.runtime.native.iquants import IQ4_VALUES, IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, WeightPart
 from quickdraft.runtime.native.q2k import Q2Part
@@ -156,12 +156,17 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
 
 
 def test_iq4_extremes_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
-    """The table's ends (−127 and 113) under the largest sub-scales against the largest activations: no 16-bit pair
-    sum saturates and no superblock total overflows (8 · 128 · 32 · 127 · 127 < 2^31)."""
+    """IQ4_XS's table ends (−127 and 113) and any table's (−128 and 127) under the largest sub-scales against the
+    largest activations: no 16-bit pair sum saturates and no superblock total overflows (8 · 128 · 32 · 128 · 127 <
+    2^31)."""
     width = 8960
     supers = torch.ones(16, width // 256)
-    for code, sub_scale, weight in ((0, -128, 128 * 127), (15, 127, 127 * 113), (0, 127, -127 * 127)):
-        part = IQ4Part.from_blocks(torch.full((16, width), code, dtype=torch.uint8),
+    iq4 = IQ4_VALUES.expand(16, 16)
+    ends = torch.tensor([-128, 127] + [0] * 14, dtype=torch.int8).expand(16, 16)
+    cases = [(iq4, 0, -128, 128 * 127), (iq4, 15, 127, 127 * 113), (iq4, 0, 127, -127 * 127)]
+    cases += [(ends, 0, -128, 128 * 128), (ends, 1, -128, -128 * 127), (ends, 0, 127, -127 * 128)]
+    for table, code, sub_scale, weight in cases:
+        part = IQ4Part.from_blocks(torch.full((16, width), code, dtype=torch.uint8), table,
                                    torch.full((16, width // 32), sub_scale, dtype=torch.int8), supers)  # fmt: skip
         for value, rows in ((127, 17), (-127, 9)):
             x = torch.full((rows, width), value, dtype=torch.int8)
@@ -172,6 +177,23 @@ def test_iq4_extremes_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
             expected = torch.full((rows, 16), float(acc))
             for name, library in libraries.items():
                 assert torch.equal(run(library, part, x, which=0), expected), (name, code, sub_scale, value)
+
+
+def test_iq4_takes_any_table(libraries: dict[str, ctypes.CDLL]) -> None:
+    """A random table per part (as IQ2_XXS's replaces IQ4_XS's), with zeros and both int8 ends: every instruction
+    set gives the definition's bits, the PyTorch reference's too."""
+    generator = torch.Generator().manual_seed(5)
+    table = torch.randint(-128, 128, (16,), generator=generator, dtype=torch.int8)
+    table[:3] = torch.tensor([-128, 0, 127], dtype=torch.int8)
+    codes = torch.randint(0, 16, (48, 640), generator=generator, dtype=torch.uint8)
+    sub_scale = torch.randint(-128, 128, (48, 640 // 32), generator=generator, dtype=torch.int8)
+    part = IQ4Part.from_blocks(codes, table.expand(48, 16), sub_scale, torch.rand(48, 3, generator=generator) / 64)
+    x = torch.randint(-127, 128, (21, 640), generator=generator, dtype=torch.int8)
+    expected = run(libraries["scalar"], part, x, which=1)
+    assert torch.equal(expected, part.reference(x.float()))
+    for name, library in libraries.items():
+        for rows in (1, 2, 5, 8, 9, 21):
+            assert torch.equal(run(library, part, x[:rows].contiguous(), which=0), expected[:rows]), (name, rows)
 
 
 def test_q4_on_amx_continues_across_ranges_of_superblocks(libraries: dict[str, ctypes.CDLL]) -> None:

@@ -1,6 +1,6 @@
-"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL, IQ4_XS, IQ3_XXS and
-IQ3_S tensors as q4, q5, q6, q2, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own dequantization, bit
-for bit."""
+"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL, IQ4_XS, IQ3_XXS,
+IQ3_S and IQ2_XXS tensors as q4, q5, q6, q2, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own
+dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import decode_q4_k, transformers_name
 from quickdraft.runtime.native.gguf_exact import EXACT_DECODERS, exact_weights
 from quickdraft.runtime.native.gguf_iquants import SIGNS
+from quickdraft.runtime.native.iquants import IQ2_XXS_VALUES, IQ4_VALUES
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
@@ -95,11 +96,11 @@ def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
     assert kind == "q6" and int(codes.max()) == 63 and int(sub_scale.min()) == -128
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ3_XXS", "IQ3_S"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ3_XXS", "IQ3_S", "IQ2_XXS"])
 def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The K-quant, 5-bit and IQ3 decoders work CODE_ROWS rows at a time: with 16 at a time, 37 rows decode as all 37
+    """The K-quant, 5-bit and grid decoders work CODE_ROWS rows at a time: with 16 at a time, 37 rows decode as all 37
     at once (and as gguf-py dequantizes them)."""
     raw = {
         "Q4_K": random_q4_k,
@@ -109,6 +110,7 @@ def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
         "Q5_1": lambda rows, width: random_blocks(rows, width, 24, slice(0, 4), weights=32),
         "IQ3_XXS": lambda rows, width: random_blocks(rows, width, 98, slice(0, 2)),
         "IQ3_S": lambda rows, width: random_blocks(rows, width, 110, slice(0, 2)),
+        "IQ2_XXS": lambda rows, width: random_blocks(rows, width, 66, slice(0, 2)),
     }[name](37, 512)
     kind, whole = decoded_as_gguf_reads_it(raw, name, 37, 512)
     monkeypatch.setattr(parts, "CODE_ROWS", 16)
@@ -126,9 +128,18 @@ def test_decoded_q3_k_blocks_are_ggufs_own_dequantization() -> None:
 
 def test_decoded_iq4_xs_blocks_are_ggufs_own_dequantization() -> None:
     raw = random_blocks(32, 768, 136, slice(0, 2))  # d first; every sub-scale and index random
-    kind, (codes, sub_scale, _) = decoded_as_gguf_reads_it(raw, "IQ4_XS", 32, 768)
+    kind, (codes, table, sub_scale, _) = decoded_as_gguf_reads_it(raw, "IQ4_XS", 32, 768)
     assert kind == "iq4" and (int(codes.min()), int(codes.max())) == (0, 15)
-    assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31)
+    assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31) and torch.equal(table[0], IQ4_VALUES)
+
+
+def test_decoded_iq2_xxs_blocks_are_ggufs_own_dequantization() -> None:
+    """Every grid index, sign and sub-scale random: iq4 codes into the six signed magnitudes ±8, ±25, ±43 under d/8,
+    the sub-scales 2·ls + 1 cover 1..31."""
+    raw = random_blocks(32, 768, 66, slice(0, 2))  # d first
+    kind, (codes, table, sub_scale, _) = decoded_as_gguf_reads_it(raw, "IQ2_XXS", 32, 768)
+    assert kind == "iq4" and (int(codes.min()), int(codes.max())) == (0, 5)
+    assert (int(sub_scale.min()), int(sub_scale.max())) == (1, 31) and torch.equal(table[0], IQ2_XXS_VALUES)
 
 
 @pytest.mark.parametrize(("name", "block_bytes", "code_range"), [("IQ3_XXS", 98, (1, 63)), ("IQ3_S", 110, (17, 47))])

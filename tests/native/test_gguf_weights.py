@@ -78,9 +78,9 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
-    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and IQ4_NL
-    for auto, Q4_K for q4) as they are (Llama's q/k rows reordered as transformers reorders its floats), the rest
-    (every other type of READ_TYPES) quantized from the float values transformers' loader gives them."""
+    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and
+    IQ4_NL for auto, Q4_K for q4) as they are (Llama's q/k rows reordered as transformers reorders its floats), the
+    rest (every other type of READ_TYPES) quantized from the float values transformers' loader gives them."""
     import conftest
 
     if more is not None:
@@ -105,7 +105,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     written = {kind for layers in conftest.GGUF_LAYER_TYPES for kind in layers.values()}
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4t", "Q5_1": "q8m",
             "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t", "Q2_K": "q2", "IQ3_XXS": "q6",
-            "IQ3_S": "q6"}  # the rest: int8  # fmt: skip
+            "IQ3_S": "q6", "IQ2_XXS": "iq4"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     if more == 1:  # attn_q Q2_K and attn_k Q3_K, as stored (a Llama file's rows reordered)
@@ -146,13 +146,14 @@ def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monk
 
 
 def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file's Q2_K, Q3_K and IQ3_S tensors (q2 and q6 parts) beside requantized i-quants, in one native call."""
+    """A file's Q2_K, Q3_K, IQ2_XXS and IQ3_S tensors (q2, q6 and iq4 parts with IQ2_XXS's table) beside requantized
+    i-quants, in one native call."""
     import conftest
 
     monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[1], conftest.GGUF_LAYER_TYPES[1]))
     runtime = NativeRuntime.load(gguf_dir(tmp_path))
     qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
-    assert qkv == ["q2", "q6", "int8"]  # attn_q Q2_K, attn_k Q3_K, attn_v IQ2_XXS
+    assert qkv == ["q2", "q6", "iq4"]  # attn_q Q2_K, attn_k Q3_K, attn_v IQ2_XXS
     assert [type(part).kind for part in runtime.decoder.layers[0].out.parts] == ["q6"]  # attn_output IQ3_S
     compiled_against_reference(runtime, some_token_ids())
 

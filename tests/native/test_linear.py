@@ -7,7 +7,7 @@ import torch
 
 from quickdraft.runtime.native import parts
 from quickdraft.runtime.native.formats import PART_KINDS
-from quickdraft.runtime.native.iquants import IQ4Part
+from quickdraft.runtime.native.iquants import IQ4_VALUES, IQ4Part
 from quickdraft.runtime.native.kernels import native_kernels
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.linear import QuantizedLinear, quantize_rows
@@ -357,7 +357,12 @@ def test_widths_the_formats_cannot_pack_are_refused() -> None:
         IQ4Part.from_float(torch.randn(4, 48))
     scales = torch.zeros(4, 2, dtype=torch.int8)
     with pytest.raises(ValueError, match=r"iq4 codes are in \[0, 15\]"):
-        IQ4Part.from_blocks(torch.full((4, 64), 16, dtype=torch.uint8), scales, torch.ones(4, 1))
+        IQ4Part.from_blocks(
+            torch.full((4, 64), 16, dtype=torch.uint8), IQ4_VALUES.expand(4, 16), scales, torch.ones(4, 1)
+        )
+    tables = torch.stack([IQ4_VALUES, IQ4_VALUES.flip(0), IQ4_VALUES, IQ4_VALUES])
+    with pytest.raises(ValueError, match="one table of 16 values for all their rows"):
+        IQ4Part.from_blocks(torch.zeros(4, 64, dtype=torch.uint8), tables, scales, torch.ones(4, 1))
 
 
 @pytest.mark.parametrize("kind", list(PART_KINDS))

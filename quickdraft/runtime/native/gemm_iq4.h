@@ -1,27 +1,26 @@
 // The integer GEMM against weights in llama.cpp's IQ4_XS structure, kept as the file stores them (gemm.h's rules:
 // every output element depends on its own row and column alone, with the same bits on every instruction set).
+// IQ2_XXS tensors load into the same structure with a table of their own (iquants.py).
 //
 // Format "iq4" (4-bit indices into a table of 16 int8 values, in groups of 32 along k, each group with a signed
 // sub-scale, under a float d per superblock of 8 groups):
-//   w[n][k] = d[n][s] * sub_scale[n][g] * kIq4Values[code[n][k]]
-//   for k in group g = k / 32 of superblock s = g / 8; codes in [0, 15], sub-scales in [-128, 127].
+//   w[n][k] = d[n][s] * sub_scale[n][g] * table[n / 16][code[n][k]]
+//   for k in group g = k / 32 of superblock s = g / 8; codes in [0, 15], sub-scales and table values in [-128, 127].
 //   out[m][n] = over the superblocks s in order, acc = fma(d[n][s], float(T), acc) from acc = 0 (iq4_reference
 //   below), where T = sum_{g in s} sub_scale[n][g] * sum_{k in g} value * x is an exact int32
-//   (|T| <= 8 * 128 * 32 * 127 * 127 < 2^31).
+//   (|T| <= 8 * 128 * 32 * 128 * 127 < 2^31).
 //   codes: q4's layout and nibbles ([N/16][G][4][16][4]: the low nibble of vector j's byte (l, i) is k = 32g + 4j + i
-//   of lane n0 + l, the high nibble k = 32g + 4(j + 4) + i); sub_scale: [N/16][G][16] int8; d: [N/16][S][16] float.
-//   K must be a multiple of 32.
+//   of lane n0 + l, the high nibble k = 32g + 4(j + 4) + i); table: [N/16][16] int8, a panel's values (IQ4_XS:
+//   llama.cpp's kvalues_iq4nl); sub_scale: [N/16][G][16] int8; d: [N/16][S][16] float. K must be a multiple of 32.
 #pragma once
 
 #include "gemm.h"
 
 namespace qd {
 
-// llama.cpp's kvalues_iq4nl: the values IQ4_XS and IQ4_NL codes index, in increasing order.
-alignas(16) constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
 struct Iq4Weights {
   const uint8_t* codes;     // [N/16][G][4][16][4] nibbles
+  const int8_t* table;      // [N/16][16] the values a panel's codes index
   const int8_t* sub_scale;  // [N/16][G][16]
   const float* d;           // [N/16][S][16]
   int64_t n, k;
@@ -34,7 +33,7 @@ struct Iq4Weights {
 inline int32_t iq4_value(const Iq4Weights& w, int64_t n, int64_t k) {
   const int64_t g = k / kGroup, within = k % kGroup, j = (within / 4) % 4, i = within % 4;
   const uint8_t byte = w.codes[(((n / kLanes) * w.groups() + g) * 4 + j) * 64 + (n % kLanes) * 4 + i];
-  return kIq4Values[within < 16 ? byte & 0x0F : byte >> 4];
+  return w.table[(n / kLanes) * 16 + (within < 16 ? byte & 0x0F : byte >> 4)];
 }
 
 inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
@@ -62,7 +61,7 @@ inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
 
 // AVX-512 VNNI: the shuffle gives value + 128 (value XOR 0x80, an unsigned byte), and a group's 8 byte multiply-adds
 // per row (group_dot) start from its offset -128 * X[g] (group_offsets), so they end at the exact sum of
-// value * x (|.| <= 32 * 241 * 128 during the sum, far inside int32). One 32-bit multiply by the lane's sub-scale and an
+// value * x (|.| <= 32 * 255 * 128 during the sum, far inside int32). One 32-bit multiply by the lane's sub-scale and an
 // addition take it into the row's superblock total.
 template <int R>
 inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
@@ -70,7 +69,8 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
   const int64_t groups = w.groups(), supers = w.supers();
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   const __m512i table = _mm512_xor_si512(
-      _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values))), _mm512_set1_epi8(-128));
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.table + block * 16))),
+      _mm512_set1_epi8(-128));
   __m512 acc[R];
   QD_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t s = 0; s < supers; ++s) {
@@ -103,8 +103,8 @@ constexpr int kIq4Rows = 8;
 
 #elif defined(__AVX2__) && defined(__FMA__)
 
-// AVX2: the values are signed, so each row multiplies |value| by x carrying the value's sign (no value is 0; a pair
-// of products is at most 2 * 127 * 127 = 32258: exact in int16), and one word multiply-add per pair of products adds
+// AVX2: the values are signed, so each row multiplies |value| by x carrying the value's sign (0 for a value 0; a
+// pair of products is at most 2 * 128 * 127 = 32512: exact in int16), and one word multiply-add per pair of products adds
 // the lane's sub-scale times their sum to the row's total. That sign is one more operation per 32 products than the
 // int8 format's AVX2 path takes, and without VNNI a tile's rows are bound by such operations, not by memory.
 template <int R>
@@ -112,7 +112,7 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
                      float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.table + block * 16)));
   for (int h = 0; h < 2; ++h) {
     HalfSums<R> sums(out + block * kLanes + 8 * h, out_stride);
     for (int64_t s = 0; s < supers; ++s) {

@@ -1,5 +1,5 @@
-"""A GGUF file's i-quant tensors (IQ4_XS, IQ3_XXS, IQ3_S) as the native runtime's iq4 and q6 parts, bit for bit (no
-second quantization). IQ4_NL has Q4_0's block structure and is read with it (``gguf_blocks.py``).
+"""A GGUF file's i-quant tensors (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS) as the native runtime's iq4 and q6 parts, bit for
+bit (no second quantization). IQ4_NL has Q4_0's block structure and is read with it (``gguf_blocks.py``).
 
 IQ4_XS (``block_iq4_xs``, 136 bytes per 256 weights): a float16 ``d``, the high 2 bits of eight 6-bit sub-scales
 in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes ``scales_l`` (group g in the low
@@ -20,6 +20,12 @@ type (gguf-py's copy: ``grid_values``), their signs and a 4-bit sub-scale ls, un
 
 Both are the q6 format's w = d · sub_scale · (code − 32), with sub-scale 2·ls + 1 (each group's for its two
 sub-blocks of 16) and code − 32 the signed value in [−31, 31]; d/2 of a float16 is a float32 exactly.
+
+IQ2_XXS (``block_iq2_xxs``, 66 bytes per 256): ``d``, then per group of 32 two little-endian uint32: the first's four
+bytes are indices into llama.cpp's ``iq2xxs_grid`` (8 magnitudes of {8, 25, 43} each: weights 8k..8k + 7), the
+second IQ3_XXS's signs and ls. weight = d · (0.5 + ls) · 0.25 · sign · magnitude, which is exactly
+(d/8) · (2·ls + 1) · (sign · magnitude): the iq4 format with the six signed magnitudes as its table
+(``IQ2_XXS_VALUES``), sub-scale 2·ls + 1 and d/8, again a float32 exactly.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.native.gguf_blocks import Q4_K_WEIGHTS, ExactWeight, float16_at, nibbles_of
+from quickdraft.runtime.native.iquants import IQ2_XXS_VALUES, IQ4_VALUES
 from quickdraft.runtime.native.kquants import Q6_OFFSET
 from quickdraft.runtime.native.parts import row_chunks
 
@@ -38,6 +45,7 @@ IQ4_XS_BLOCK_BYTES = 136
 IQ4_XS_SCALE_OFFSET = 32  # IQ4_XS's 6-bit sub-scales hold sub_scale + 32
 IQ3_XXS_BLOCK_BYTES = 98
 IQ3_S_BLOCK_BYTES = 110
+IQ2_XXS_BLOCK_BYTES = 66
 GROUPS = Q4_K_WEIGHTS // 32  # groups of 32 weights per superblock
 # The sign bytes of a 7-bit index i: its bits, and an eighth bit that makes the count of set bits even (llama.cpp's
 # ksigns_iq2xs)
@@ -46,17 +54,18 @@ SIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], dtype=n
 
 @cache
 def grid_values(name: str) -> np.ndarray:
-    """llama.cpp's grid of the IQ type ``name`` as gguf-py builds it: ``[entries, 4]`` int8 magnitudes."""
+    """llama.cpp's grid of the IQ type ``name`` as gguf-py builds it: ``[entries, magnitudes]`` int8 (4 magnitudes an
+    entry for IQ3, 8 for IQ2)."""
     from gguf import quants
 
     kind = getattr(quants, name)
     kind.init_grid()
-    return np.asarray(kind.grid).reshape(-1, 4).astype(np.int8)
+    return np.asarray(kind.grid).reshape(kind.grid_shape).astype(np.int8)
 
 
 def decode_iq4_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw IQ4_XS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 15], sub_scale [rows, width/32] int8 in
-    [−32, 31], d [rows, width/256] float32))."""
+    """Raw IQ4_XS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 15], table [rows, 16] (``IQ4_VALUES``),
+    sub_scale [rows, width/32] int8 in [−32, 31], d [rows, width/256] float32))."""
     supers = width // Q4_K_WEIGHTS
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, IQ4_XS_BLOCK_BYTES)
     high = blocks[..., 2:4].copy().view("<u2")  # [rows, S, 1]
@@ -67,6 +76,7 @@ def decode_iq4_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     sub_scale = (scales - IQ4_XS_SCALE_OFFSET).astype(np.int8).reshape(rows, -1)
     return "iq4", (
         torch.from_numpy(codes.reshape(rows, width)),
+        IQ4_VALUES.expand(rows, 16),
         torch.from_numpy(sub_scale),
         torch.from_numpy(float16_at(blocks, 0)),
     )
@@ -127,3 +137,39 @@ def decode_iq3_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     [1, 31], d [rows, width/256] float32))."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, IQ3_S_BLOCK_BYTES)
     return grid_q6(blocks, iq3_s_codes, float16_at(blocks, 0), rows, width)
+
+
+# IQ2_XXS_VALUES's code of each signed magnitude: [minus][magnitude index in (8, 25, 43)]
+IQ2_XXS_CODES = np.array([[3, 4, 5], [2, 1, 0]], dtype=np.uint8)
+
+
+def iq2_xxs_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ2_XXS blocks ``[n, S, 66]`` -> (iq4 codes ``[n, S, 256]`` into ``IQ2_XXS_VALUES``, group sub-scales
+    ``[n, S, 8]``)."""
+    groups = blocks[..., 2:].reshape(*blocks.shape[:2], GROUPS, 8)  # [n, S, 8, 8]: index bytes, then a word
+    magnitudes = grid_values("IQ2_XXS")[groups[..., :4]]  # [n, S, 8, 4, 8]: {8, 25, 43}
+    words = groups[..., 4:].copy().view("<u4")[..., 0]  # [n, S, 8]
+    sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [n, S, 8, 4]
+    minus = sign_bits(SIGNS[sign_index])  # [n, S, 8, 32]
+    shape = (*blocks.shape[:2], Q4_K_WEIGHTS)
+    level = np.searchsorted(np.array([8, 25, 43]), magnitudes.reshape(shape))  # [n, S, 256]: 0, 1, 2
+    return IQ2_XXS_CODES[minus.reshape(shape), level], 2 * (words >> 28) + 1
+
+
+def decode_iq2_xxs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ2_XXS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 5], table [rows, 16] (``IQ2_XXS_VALUES``),
+    sub_scale [rows, width/32] int8 in [1, 31], d/8 [rows, width/256] float32)), decoded CODE_ROWS rows at a time."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, IQ2_XXS_BLOCK_BYTES)
+    codes = np.empty((rows, width), np.uint8)
+    sub_scale = np.empty((rows, width // 32), np.int8)
+    for chunk in row_chunks(rows):
+        chunk_codes, group_scale = iq2_xxs_codes(blocks[chunk])
+        codes[chunk] = chunk_codes.reshape(len(chunk_codes), width)
+        sub_scale[chunk] = group_scale.astype(np.int8).reshape(len(chunk_codes), -1)
+    d = float16_at(blocks, 0) / 8
+    return "iq4", (
+        torch.from_numpy(codes),
+        IQ2_XXS_VALUES.expand(rows, 16),
+        torch.from_numpy(sub_scale),
+        torch.from_numpy(d.astype(np.float32)),
+    )

@@ -1,10 +1,10 @@
 """Weight parts in llama.cpp's i-quant structures (``gemm_iq4.h``):
 
-- ``iq4``: llama.cpp's IQ4_XS structure: 4-bit indices into a fixed table of 16 int8 values (``IQ4_VALUES``), in
-  groups of 32, each group with a signed sub-scale, under a float d per superblock of 8 groups:
-  w = d · sub_scale · IQ4_VALUES[code].
+- ``iq4``: llama.cpp's IQ4_XS structure: 4-bit indices into a table of 16 int8 values, in groups of 32, each group
+  with a signed sub-scale, under a float d per superblock of 8 groups: w = d · sub_scale · table[code].
 
-A GGUF file's IQ4_XS tensors load into it exactly, with no second quantization (``gguf_iquants.py``).
+A GGUF file's IQ4_XS tensors load into it exactly with ``IQ4_VALUES`` as the table, and its IQ2_XXS tensors with
+``IQ2_XXS_VALUES`` (``gguf_iquants.py``), with no second quantization.
 """
 
 from __future__ import annotations
@@ -20,37 +20,47 @@ from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad
 IQ4_VALUES = torch.tensor(  # kvalues_iq4nl
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8
 )
+# IQ2_XXS's signed grid magnitudes (iq2xxs_grid's bytes 0x08, 0x19, 0x2b); the other codes are never stored
+IQ2_XXS_VALUES = torch.tensor([-43, -25, -8, 8, 25, 43] + [0] * 10, dtype=torch.int8)
 
 
 class IQ4Part(BlockPart):
-    """4-bit indices into :data:`IQ4_VALUES` in IQ4_XS's structure (see the module docstring); the codes packed as
-    q4's nibbles, ``sub_scale [N/16, G, 16]`` int8 and ``d [N/16, S, 16]`` float (``gemm_iq4.h``)."""
+    """4-bit indices into a table in IQ4_XS's structure (see the module docstring). Plain, each row has its table
+    (``[N, 16]``, one for all the rows of a part, as q4t's); packed as q4's nibbles, ``table [N/16, 16]`` int8 (a
+    panel's), ``sub_scale [N/16, G, 16]`` int8 and ``d [N/16, S, 16]`` float (``gemm_iq4.h``)."""
 
     kind = "iq4"
     kernel_kind = 6
-    tensor_names = ("codes", "sub_scale", "d")
+    tensor_names = ("codes", "table", "sub_scale", "d")
 
     def __init__(self, rows: int, **tensors: torch.Tensor) -> None:
         self.rows = rows
         self.codes, self.sub_scale = tensors["codes"].contiguous(), tensors["sub_scale"].contiguous()
+        self.table = tensors["table"].to(torch.int8).contiguous()
         self.d = tensors["d"].float().contiguous()
         self.in_features = self.codes.shape[1] * GROUP
 
     @classmethod
-    def from_blocks(cls, codes: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> IQ4Part:
-        """Plain ``codes [N, K]`` in [0, 15], ``sub_scale [N, K/32]`` in [−128, 127] and float ``d [N, ceil(K/256)]``
-        (w = d · sub_scale · IQ4_VALUES[code]) -> the packed part. K must be a multiple of 32."""
+    def from_blocks(cls, codes: torch.Tensor, table: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> IQ4Part:
+        """Plain ``codes [N, K]`` in [0, 15], each row's ``table [N, 16]`` of int8 values (the same for every row),
+        ``sub_scale [N, K/32]`` in [−128, 127] and float ``d [N, ceil(K/256)]`` (w = d · sub_scale · table[code]) ->
+        the packed part. K must be a multiple of 32."""
         rows, width = codes.shape
         if width % GROUP:
             raise ValueError(f"iq4 weights need a multiple of {GROUP} input features, got {width}")
         if codes.numel() and not 0 <= int(codes.min()) <= int(codes.max()) <= 15:
             raise ValueError("iq4 codes are in [0, 15]")
+        if table.shape != (rows, 16) or not bool((table == table[:1]).all()):
+            raise ValueError("iq4 weights take one table of 16 values for all their rows")
+        if table.numel() and not -128 <= int(table.min()) <= int(table.max()) <= 127:
+            raise ValueError("iq4 table values are int8")
         if sub_scale.numel() and not -128 <= int(sub_scale.min()) <= int(sub_scale.max()) <= 127:
             raise ValueError("iq4 sub-scales are in [-128, 127]")
         codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, width // GROUP, 8, 4)
         return cls(
             rows,
             codes=pack_nibbles(codes),  # [N/16, G, 4, 16, 4]
+            table=table[:1].to(torch.int8).expand(padded(rows) // LANES, 16),  # [N/16, 16]
             sub_scale=lanes_last(sub_scale.to(torch.int8)),  # [N/16, G, 16]
             d=lanes_last(d.float()),  # [N/16, S, 16]
         )
@@ -75,20 +85,22 @@ class IQ4Part(BlockPart):
         safe = torch.where(scale == 0, torch.ones_like(scale), scale)[..., None]  # [N, G, 1]
         values = IQ4_VALUES.float()
         codes = torch.bucketize(groups / safe, (values[1:] + values[:-1]) / 2)  # the nearest value's index
-        return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), sub_scale.to(torch.int8), d)
+        table = IQ4_VALUES.expand(rows, 16)
+        return cls.from_blocks(codes.to(torch.uint8).reshape(rows, width), table, sub_scale.to(torch.int8), d)
 
-    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The plain ``(codes, sub_scale, d)`` of :meth:`from_blocks`."""
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The plain ``(codes, table, sub_scale, d)`` of :meth:`from_blocks`."""
         codes = unpack_nibbles(self.codes).reshape(self.padded_rows, self.in_features)[: self.rows]
-        return codes, rows_first(self.sub_scale, self.rows), rows_first(self.d, self.rows)
+        table = self.table.repeat_interleave(LANES, dim=0)[: self.rows]  # [N, 16]
+        return codes, table, rows_first(self.sub_scale, self.rows), rows_first(self.d, self.rows)
 
     def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
-        kernels.iq4_matmul(rows, self.codes, self.sub_scale, self.d, out, column)
+        kernels.iq4_matmul(rows, self.codes, self.table, self.sub_scale, self.d, out, column)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
-        codes, sub_scale, d = self.blocks()
+        codes, table, sub_scale, d = self.blocks()
         groups = self.in_features // GROUP
-        values = IQ4_VALUES[codes.long()].double().reshape(self.rows, groups, GROUP)  # [N, G, 32]
+        values = table.long().gather(1, codes.long()).double().reshape(self.rows, groups, GROUP)  # [N, G, 32]
         x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
         dots = torch.einsum("mgk,ngk->mng", x, values)  # [M, N, G] exact
         acc = torch.zeros(rows.shape[0], self.rows)
@@ -99,8 +111,9 @@ class IQ4Part(BlockPart):
         return acc
 
     @staticmethod
-    def affine(codes: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> Affine:
+    def affine(codes: torch.Tensor, table: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> Affine:
         rows, groups = sub_scale.shape
         scale = d[:, torch.arange(groups) // GROUPS_PER_SUPER].float() * sub_scale.float()  # [rows, G]
-        values = IQ4_VALUES[codes.to(torch.int32)]  # int32 indices: half int64's bytes
+        lookup = table[0].to(torch.int8) if len(table) else torch.zeros(16, dtype=torch.int8)  # one for all rows
+        values = lookup[codes.to(torch.int32)]  # int32 indices: half int64's bytes
         return Affine(values.reshape(rows, groups, GROUP), scale, None)

@@ -700,16 +700,17 @@ void q2_matmul(at::Tensor x, at::Tensor codes, at::Tensor scales, at::Tensor d, 
   });
 }
 
-// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8; sub_scale [N/16, K/32, 16] int8;
-// d [N/16, S, 16] float (gemm_iq4.h). Writes out[:, column : column + N].
-void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
+// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8; table [N/16, 16] int8; sub_scale
+// [N/16, K/32, 16] int8; d [N/16, S, 16] float (gemm_iq4.h). Writes out[:, column : column + N].
+void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
                 int64_t column) {
   checked(x, at::kChar, "x");
   const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, at::kByte, "codes").size(0) * qd::kLanes;
   TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * 2 == n * k, "iq4 weights need K a multiple of 32");
-  const qd::Iq4Weights weights{codes.data_ptr<uint8_t>(), checked(sub_scale, at::kChar, "sub_scale").data_ptr<int8_t>(),
+  const qd::Iq4Weights weights{codes.data_ptr<uint8_t>(), checked(table, at::kChar, "table").data_ptr<int8_t>(),
+                               checked(sub_scale, at::kChar, "sub_scale").data_ptr<int8_t>(),
                                checked(d, at::kFloat, "d").data_ptr<float>(), n, k};
-  TORCH_CHECK(sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers());
+  TORCH_CHECK(table.numel() == n && sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers());
   const int8_t* x_data = x.data_ptr<int8_t>();
   const auto offsets = per_row(x_data, rows, k, weights.groups(), qd::group_offsets);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {

@@ -45,6 +45,6 @@ void q4tm_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor d,
                  at::Tensor out, int64_t column);
 void q2_matmul(at::Tensor x, at::Tensor codes, at::Tensor scales, at::Tensor d, at::Tensor dmin, at::Tensor out,
                int64_t column);
-void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
+void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
                 int64_t column);
 std::string isa();  // the instruction sets the GEMMs and attention were compiled for

@@ -11,7 +11,7 @@ namespace qd {
 
 // A range of a linear layer's output rows in one packed format (parts.py's WeightPart): kind 0 int8
 // (codes, scale), 1 q4 (codes, sub_scale, sub_min, d, dmin), 2 q6 (codes, high, sub_scale, d), 3 q5 (codes, high,
-// sub_scale, sub_min, d, dmin), 4 q8 (codes, d), 5 q8m (codes, d, mins), 6 iq4 (codes, sub_scale, d), 7 q4t (codes,
+// sub_scale, sub_min, d, dmin), 4 q8 (codes, d), 5 q8m (codes, d, mins), 6 iq4 (codes, table, sub_scale, d), 7 q4t (codes,
 // table, d), 8 q4tm (codes, table, d, mins), 9 q2 (codes, scales, d, dmin); its outputs start at `column` of the
 // padded output.
 struct Part {
@@ -23,11 +23,11 @@ struct Part {
     TORCH_CHECK((kind == 0 && this->tensors.size() == 2) || (kind == 1 && this->tensors.size() == 5) ||
                     (kind == 2 && this->tensors.size() == 4) || (kind == 3 && this->tensors.size() == 6) ||
                     (kind == 4 && this->tensors.size() == 2) || (kind == 5 && this->tensors.size() == 3) ||
-                    (kind == 6 && this->tensors.size() == 3) || (kind == 7 && this->tensors.size() == 3) ||
+                    (kind == 6 && this->tensors.size() == 4) || (kind == 7 && this->tensors.size() == 3) ||
                     (kind == 8 && this->tensors.size() == 4) || (kind == 9 && this->tensors.size() == 4),
                 "a weight part is kind 0 (int8: codes, scale), 1 (q4: codes, sub_scale, sub_min, d, dmin), 2 (q6: "
                 "codes, high, sub_scale, d), 3 (q5: codes, high, sub_scale, sub_min, d, dmin), 4 (q8: codes, d), 5 "
-                "(q8m: codes, d, mins), 6 (iq4: codes, sub_scale, d), 7 (q4t: codes, table, d), 8 (q4tm: codes, "
+                "(q8m: codes, d, mins), 6 (iq4: codes, table, sub_scale, d), 7 (q4t: codes, table, d), 8 (q4tm: codes, "
                 "table, d, mins) or 9 (q2: codes, scales, d, dmin)");
   }
 };
@@ -49,7 +49,7 @@ struct Linear {
       else if (part.kind == 3) q5_matmul(rows, t[0], t[1], t[2], t[3], t[4], t[5], out, part.column);
       else if (part.kind == 4) q8_matmul(rows, t[0], t[1], out, part.column);
       else if (part.kind == 5) q8m_matmul(rows, t[0], t[1], t[2], out, part.column);
-      else if (part.kind == 6) iq4_matmul(rows, t[0], t[1], t[2], out, part.column);
+      else if (part.kind == 6) iq4_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);
       else if (part.kind == 7) q4t_matmul(rows, t[0], t[1], t[2], out, part.column);
       else if (part.kind == 8) q4tm_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);
       else q2_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);

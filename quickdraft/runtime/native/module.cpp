@@ -17,7 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4tm_matmul", &q4tm_matmul, "int8 rows x Q4_1-structured weights (q4t with a min per group)", nogil);
   m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
   m.def("q2_matmul", &q2_matmul, "int8 rows x 2-bit Q2_K-structured weights (exact integer superblock sums)", nogil);
-  m.def("iq4_matmul", &iq4_matmul, "int8 rows x IQ4_XS-structured weights (exact integer superblock sums)", nogil);
+  m.def("iq4_matmul", &iq4_matmul, "int8 rows x IQ4_XS-structured weights, codes into a table (exact integer superblock sums)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);
   m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs", nogil);

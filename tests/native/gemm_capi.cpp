@@ -21,6 +21,17 @@ void q8_family_gemm(const qd::Q8Weights& w, const int8_t* x, int64_t rows, float
     for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::q8_reference(w, x + r * k, j);
 }
 
+// iq4 and iq4h: the weights `w` against int8 rows `x`.
+void iq4_family_gemm(const qd::Iq4Weights& w, const int8_t* x, int64_t rows, float* out, int which) {
+  const int64_t k = w.k, stride = w.sub_blocks();
+  std::vector<int32_t> offsets(rows * stride);
+  for (int64_t r = 0; r < rows; ++r)
+    (w.halves ? qd::half_group_offsets : qd::group_offsets)(x + r * k, k, offsets.data() + r * stride);
+  if (which == 0) return qd::iq4_gemm(w, x, rows, offsets.data(), out, w.n, 0, w.n / qd::kLanes);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < w.n; ++j) out[r * w.n + j] = qd::iq4_reference(w, x + r * k, j);
+}
+
 }  // namespace
 
 extern "C" {
@@ -81,12 +92,12 @@ void q2_gemm(const uint8_t* codes, const uint8_t* scales, const float* d, const 
 
 void iq4_gemm(const uint8_t* codes, const int8_t* table, const int8_t* sub_scale, const float* d, int64_t n, int64_t k,
               const int8_t* x, int64_t rows, float* out, int which) {
-  const qd::Iq4Weights w{codes, table, sub_scale, d, n, k};
-  std::vector<int32_t> offsets(rows * w.groups());
-  for (int64_t r = 0; r < rows; ++r) qd::group_offsets(x + r * k, k, offsets.data() + r * w.groups());
-  if (which == 0) return qd::iq4_gemm(w, x, rows, offsets.data(), out, n, 0, n / qd::kLanes);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) out[r * n + j] = qd::iq4_reference(w, x + r * k, j);
+  iq4_family_gemm({codes, table, sub_scale, d, n, k, false}, x, rows, out, which);
+}
+
+void iq4h_gemm(const uint8_t* codes, const int8_t* table, const int8_t* sub_scale, const float* d, int64_t n, int64_t k,
+               const int8_t* x, int64_t rows, float* out, int which) {
+  iq4_family_gemm({codes, table, sub_scale, d, n, k, true}, x, rows, out, which);
 }
 
 void q8_gemm(const uint8_t* codes, const uint16_t* d, int64_t n, int64_t k, const int8_t* x, int64_t rows, float* out,

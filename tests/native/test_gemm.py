@@ -13,7 +13,7 @@ import torch
 
 from quickdraft.machine import cpu_description
 from quickdraft.runtime.native.formats import FORMATS
-from quickdraft.runtime.native.iquants import IQ4_VALUES, IQ4Part
+from quickdraft.runtime.native.iquants import IQ4_VALUES, IQ4HalfPart, IQ4Part
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 from quickdraft.runtime.native.parts import Int8Part, Q8MinPart, Q8Part, WeightPart
 from quickdraft.runtime.native.q2k import Q2Part
@@ -72,8 +72,8 @@ def run(library: ctypes.CDLL, part: WeightPart, x: torch.Tensor, which: int) -> 
     out = torch.empty(rows, n)
     size = [ctypes.c_int64(n), ctypes.c_int64(k), pointer(x), ctypes.c_int64(rows), pointer(out), ctypes.c_int(which)]
     gemms = {Int8Part: "int8_gemm", Q8Part: "q8_gemm", Q8MinPart: "q8m_gemm", Q4Part: "q4_gemm", Q5Part: "q5_gemm",
-             Q6Part: "q6_gemm", IQ4Part: "iq4_gemm", Q4TablePart: "q4t_gemm", Q4TableMinPart: "q4tm_gemm",
-             Q2Part: "q2_gemm"}  # fmt: skip
+             Q6Part: "q6_gemm", IQ4Part: "iq4_gemm", IQ4HalfPart: "iq4h_gemm", Q4TablePart: "q4t_gemm",
+             Q4TableMinPart: "q4tm_gemm", Q2Part: "q2_gemm"}  # fmt: skip
     gemm = getattr(library, gemms[type(part)])
     gemm(*(pointer(tensor) for tensor in part.tensors().values()), *size)
     return out[:, : part.rows]
@@ -179,15 +179,17 @@ def test_iq4_extremes_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
                 assert torch.equal(run(library, part, x, which=0), expected), (name, code, sub_scale, value)
 
 
-def test_iq4_takes_any_table(libraries: dict[str, ctypes.CDLL]) -> None:
-    """A random table per part (as IQ2_XXS's replaces IQ4_XS's), with zeros and both int8 ends: every instruction
-    set gives the definition's bits, the PyTorch reference's too."""
+@pytest.mark.parametrize("kind", [IQ4Part, IQ4HalfPart])
+def test_iq4_takes_any_table(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
+    """A random table per part (as the IQ2 types' replaces IQ4_XS's), with zeros and both int8 ends, and random
+    sub-scales per 32 (iq4) or 16 (iq4h) weights: every instruction set gives the definition's bits, the PyTorch
+    reference's too."""
     generator = torch.Generator().manual_seed(5)
     table = torch.randint(-128, 128, (16,), generator=generator, dtype=torch.int8)
     table[:3] = torch.tensor([-128, 0, 127], dtype=torch.int8)
     codes = torch.randint(0, 16, (48, 640), generator=generator, dtype=torch.uint8)
-    sub_scale = torch.randint(-128, 128, (48, 640 // 32), generator=generator, dtype=torch.int8)
-    part = IQ4Part.from_blocks(codes, table.expand(48, 16), sub_scale, torch.rand(48, 3, generator=generator) / 64)
+    sub_scale = torch.randint(-128, 128, (48, 640 // kind.sub_block), generator=generator, dtype=torch.int8)
+    part = kind.from_blocks(codes, table.expand(48, 16), sub_scale, torch.rand(48, 3, generator=generator) / 64)
     x = torch.randint(-127, 128, (21, 640), generator=generator, dtype=torch.int8)
     expected = run(libraries["scalar"], part, x, which=1)
     assert torch.equal(expected, part.reference(x.float()))

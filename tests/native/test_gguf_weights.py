@@ -63,6 +63,8 @@ MORE_TYPES = (
      "ffn_up": "TQ2_0", "ffn_down": "NVFP4"},
     {"attn_q": "IQ2_XS", "attn_k": "IQ2_S", "attn_v": "IQ3_XXS", "attn_output": "IQ1_S", "ffn_gate": "TQ1_0",
      "ffn_up": "MXFP4", "ffn_down": "Q5_0"},
+    {"attn_q": "Q4_0", "attn_k": "IQ4_NL", "attn_v": "IQ4_XS", "attn_output": "Q4_K", "ffn_gate": "IQ4_XS",
+     "ffn_up": "IQ2_XXS", "ffn_down": "Q4_K"},  # formats of one kind side by side with different tables
 )  # fmt: skip
 
 
@@ -78,9 +80,10 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
-    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS and the 32-weight types Q8_0, Q5_0, Q4_0, Q5_1, Q4_1 and
-    IQ4_NL for auto, Q4_K for q4) as they are (Llama's q/k rows reordered as transformers reorders its floats), the
-    rest (every other type of READ_TYPES) quantized from the float values transformers' loader gives them."""
+    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S and the 32-weight types Q8_0, Q5_0,
+    Q4_0, Q5_1, Q4_1 and IQ4_NL for auto, Q4_K for q4) as they are (Llama's q/k rows reordered as transformers
+    reorders its floats), the rest (every other type of READ_TYPES) quantized from the float values transformers'
+    loader gives them."""
     import conftest
 
     if more is not None:
@@ -105,7 +108,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     written = {kind for layers in conftest.GGUF_LAYER_TYPES for kind in layers.values()}
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4t", "Q5_1": "q8m",
             "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t", "Q2_K": "q2", "IQ3_XXS": "q6",
-            "IQ3_S": "q6", "IQ2_XXS": "iq4"}  # the rest: int8  # fmt: skip
+            "IQ3_S": "q6", "IQ2_XXS": "iq4", "IQ2_XS": "iq4h", "IQ2_S": "iq4h"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     if more == 1:  # attn_q Q2_K and attn_k Q3_K, as stored (a Llama file's rows reordered)
@@ -155,6 +158,33 @@ def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeyp
     qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
     assert qkv == ["q2", "q6", "iq4"]  # attn_q Q2_K, attn_k Q3_K, attn_v IQ2_XXS
     assert [type(part).kind for part in runtime.decoder.layers[0].out.parts] == ["q6"]  # attn_output IQ3_S
+    compiled_against_reference(runtime, some_token_ids())
+
+
+def test_iq2_formats_run_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file's IQ2_XS and IQ2_S tensors (iq4h parts: a sub-scale per 16 weights) beside IQ3_XXS (q6), in one native
+    call."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[2], conftest.GGUF_LAYER_TYPES[1]))
+    runtime = NativeRuntime.load(gguf_dir(tmp_path))
+    qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
+    assert qkv == ["iq4h", "q6"]  # attn_q IQ2_XS and attn_k IQ2_S side by side in one part, attn_v IQ3_XXS
+    compiled_against_reference(runtime, some_token_ids())
+
+
+def test_one_kind_with_different_tables_stays_in_parts_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q4_0 beside IQ4_NL (q4t parts with the tables −8..7 and kvalues_iq4nl) and IQ4_XS beside IQ2_XXS (iq4 parts with
+    IQ4's and IQ2's tables): a part holds one table for all its rows, so each becomes a part of its own."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[3], conftest.GGUF_LAYER_TYPES[1]))
+    runtime = NativeRuntime.load(gguf_dir(tmp_path))
+    layer = runtime.decoder.layers[0]
+    assert [type(part).kind for part in layer.qkv.parts] == ["q4t", "q4t", "iq4"]
+    assert [type(part).kind for part in layer.gate_up.parts] == ["iq4", "iq4"]
     compiled_against_reference(runtime, some_token_ids())
 
 

@@ -12,6 +12,9 @@
 //   codes: q4's layout and nibbles ([N/16][G][4][16][4]: the low nibble of vector j's byte (l, i) is k = 32g + 4j + i
 //   of lane n0 + l, the high nibble k = 32g + 4(j + 4) + i); table: [N/16][16] int8, a panel's values (IQ4_XS:
 //   llama.cpp's kvalues_iq4nl); sub_scale: [N/16][G][16] int8; d: [N/16][S][16] float. K must be a multiple of 32.
+// Format "iq4h": iq4 with a sub-scale per half group (16 weights: IQ2_XS's and IQ2_S's structure), the same sums
+//   with sub-blocks of 16 for groups: T = sum_{j in s} sub_scale[n][j] * sum_{k in j} value * x. sub_scale:
+//   [N/16][G][2][16] int8, a group's two halves one after the other.
 #pragma once
 
 #include "gemm.h"
@@ -24,9 +27,18 @@ struct Iq4Weights {
   const int8_t* sub_scale;  // [N/16][G][16]
   const float* d;           // [N/16][S][16]
   int64_t n, k;
+  bool halves = false;  // iq4h: a sub-scale per 16 weights
   int64_t groups() const { return k / kGroup; }
   int64_t supers() const { return (groups() + kGroupsPerSuper - 1) / kGroupsPerSuper; }
+  int64_t sub_blocks() const { return halves ? 2 * groups() : groups(); }  // sub-scales per row
 };
+
+constexpr int64_t kIq4HalfBlock = 16;  // iq4h: weights per sub-scale
+
+// offsets [K/16]: -128 * X[j] for each half group j, where iq4h's sums of (value + 128) * x start on VNNI.
+inline void half_group_offsets(const int8_t* x, int64_t k, int32_t* offsets) {
+  for (int64_t j = 0; j < k / kIq4HalfBlock; ++j) offsets[j] = -kByteOffset * row_sum(x + j * kIq4HalfBlock, kIq4HalfBlock);
+}
 
 // ---- the definition, one element at a time (the oracle of the tests; also the path without AVX2) ------------
 
@@ -41,10 +53,11 @@ inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
   float acc = 0.0f;
   for (int64_t s = 0; s < w.supers(); ++s) {
     int32_t total = 0;
-    for (int64_t g = s * kGroupsPerSuper; g < groups && g < (s + 1) * kGroupsPerSuper; ++g) {
+    const int64_t per_group = w.halves ? 2 : 1, width = kGroup / per_group;
+    for (int64_t j = s * kGroupsPerSuper * per_group; j < super_end(s, groups) * per_group; ++j) {
       int32_t dot = 0;
-      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += iq4_value(w, n, k) * x[k];
-      total += static_cast<int32_t>(w.sub_scale[(block * groups + g) * kLanes + lane]) * dot;
+      for (int64_t k = j * width; k < (j + 1) * width; ++k) dot += iq4_value(w, n, k) * x[k];
+      total += static_cast<int32_t>(w.sub_scale[(block * w.sub_blocks() + j) * kLanes + lane]) * dot;
     }
     acc = std::fma(w.d[(block * w.supers() + s) * kLanes + lane], static_cast<float>(total), acc);
   }
@@ -62,8 +75,9 @@ inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
 // AVX-512 VNNI: the shuffle gives value + 128 (value XOR 0x80, an unsigned byte), and a group's 8 byte multiply-adds
 // per row (group_dot) start from its offset -128 * X[g] (group_offsets), so they end at the exact sum of
 // value * x (|.| <= 32 * 255 * 128 during the sum, far inside int32). One 32-bit multiply by the lane's sub-scale and an
-// addition take it into the row's superblock total.
-template <int R>
+// addition take it into the row's superblock total. iq4h's halves each start from their own offset (half_group_offsets)
+// and take their own sub-scale: two chains of 4, as group_dot's, multiplied apart.
+template <int R, bool Halves>
 inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                      int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
@@ -79,8 +93,10 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
     QD_UNROLL for (int r = 0; r < R; ++r) totals[r] = _mm512_setzero_si512();
     for (int64_t g = begin; g < end; ++g) {
       const uint8_t* packed = w.codes + (block * groups + g) * 256;
-      const __m512i scale = _mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes)));
+      const int8_t* scales = w.sub_scale + (block * groups + g) * (Halves ? 2 : 1) * kLanes;
+      const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+      const __m512i scale_b = Halves ? _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + kLanes)))
+                                     : scale;
       __m512i c[8];  // code vector j: k = 32g + 4j + i of lane l in bytes (l, i)
       QD_UNROLL for (int j = 0; j < 4; ++j) {
         prefetch(packed + j * 64);
@@ -89,8 +105,19 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
         c[j + 4] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles));
       }
       QD_UNROLL for (int r = 0; r < R; ++r) {
-        const __m512i dot = group_dot(_mm512_set1_epi32(offsets[r * offset_stride + g]), c, x + r * x_stride + g * kGroup);
-        totals[r] = _mm512_add_epi32(totals[r], _mm512_mullo_epi32(dot, scale));
+        const int8_t* row = x + r * x_stride + g * kGroup;
+        if constexpr (Halves) {
+          const int32_t* offset = offsets + r * offset_stride + 2 * g;
+          __m512i dot_a = _mm512_set1_epi32(offset[0]), dot_b = _mm512_set1_epi32(offset[1]);
+          QD_UNROLL for (int j = 0; j < 4; ++j) {
+            dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
+            dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
+          }
+          totals[r] = _mm512_add_epi32(totals[r], _mm512_add_epi32(_mm512_mullo_epi32(dot_a, scale), _mm512_mullo_epi32(dot_b, scale_b)));
+        } else {
+          const __m512i dot = group_dot(_mm512_set1_epi32(offsets[r * offset_stride + g]), c, row);
+          totals[r] = _mm512_add_epi32(totals[r], _mm512_mullo_epi32(dot, scale));
+        }
       }
     }
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
@@ -106,8 +133,9 @@ constexpr int kIq4Rows = 8;
 // AVX2: the values are signed, so each row multiplies |value| by x carrying the value's sign (0 for a value 0; a
 // pair of products is at most 2 * 128 * 127 = 32512: exact in int16), and one word multiply-add per pair of products adds
 // the lane's sub-scale times their sum to the row's total. That sign is one more operation per 32 products than the
-// int8 format's AVX2 path takes, and without VNNI a tile's rows are bound by such operations, not by memory.
-template <int R>
+// int8 format's AVX2 path takes, and without VNNI a tile's rows are bound by such operations, not by memory. iq4h's
+// code vectors 0-3 take the group's first sub-scale, 4-7 its second.
+template <int R, bool Halves>
 inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                      float* out, int64_t out_stride) {
   const int64_t groups = w.groups(), supers = w.supers();
@@ -122,11 +150,14 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
       QD_UNROLL for (int r = 0; r < R; ++r) totals[r] = _mm256_setzero_si256();
       for (int64_t g = begin; g < end; ++g) {
         const uint8_t* packed = w.codes + (block * groups + g) * 256;
-        // each lane's sub-scale in both int16 words of its int32
-        const __m256i scale32 = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sub_scale + (block * groups + g) * kLanes + 8 * h)));
-        const __m256i scale = _mm256_or_si256(_mm256_and_si256(scale32, _mm256_set1_epi32(0xFFFF)),
-                                              _mm256_slli_epi32(scale32, 16));
+        // each lane's sub-scale in both int16 words of its int32 (iq4h: the group's first half's, then its second's)
+        const int8_t* scales = w.sub_scale + (block * groups + g) * (Halves ? 2 : 1) * kLanes + 8 * h;
+        __m256i both[2];
+        QD_UNROLL for (int half = 0; half < 2; ++half) {
+          const __m256i scale32 = _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + (Halves ? half * kLanes : 0))));
+          both[half] = _mm256_or_si256(_mm256_and_si256(scale32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scale32, 16));
+        }
         QD_UNROLL for (int j = 0; j < 8; ++j) {  // vector j % 4's low (j < 4) or high nibbles: k = 32g + 4j + i
           if (j < 4) prefetch(packed + j * 64);
           const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + (j % 4) * 64 + 32 * h));
@@ -135,7 +166,7 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
           QD_UNROLL for (int r = 0; r < R; ++r) {
             const __m256i xs = _mm256_set1_epi32(load4(x + r * x_stride + g * kGroup + 4 * j));
             const __m256i pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xs, values));
-            totals[r] = _mm256_add_epi32(totals[r], _mm256_madd_epi16(pairs, scale));
+            totals[r] = _mm256_add_epi32(totals[r], _mm256_madd_epi16(pairs, both[j / 4]));
           }
         }
       }
@@ -149,7 +180,7 @@ constexpr int kIq4Rows = 8;
 
 #else
 
-template <int R>
+template <int R, bool Halves>
 inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t*, int64_t, int64_t block,
                      float* out, int64_t out_stride) {
   reference_tile<R>([&](const int8_t* row, int64_t n) { return iq4_reference(w, row, n); }, x, x_stride, block, out,
@@ -159,13 +190,16 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
 constexpr int kIq4Rows = 1;
 #endif
 
-// offsets [rows, K/32] from group_offsets (read by the VNNI path only).
+// offsets [rows, sub_blocks] from group_offsets (iq4) or half_group_offsets (iq4h), read by the VNNI path only.
 inline void iq4_gemm(const Iq4Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
                      int64_t out_stride, int64_t block_begin, int64_t block_end) {
-  const int64_t offset_stride = w.groups();
-  for_each_block_tile<kIq4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
-    iq4_tile<decltype(tile_rows)::value>(w, x + row * w.k, w.k, offsets + row * offset_stride, offset_stride, block,
-                                         out + row * out_stride, out_stride);
+  const int64_t offset_stride = w.sub_blocks();
+  with_flag(w.halves, [&](auto halves) {
+    for_each_block_tile<kIq4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
+      iq4_tile<decltype(tile_rows)::value, decltype(halves)::value>(w, x + row * w.k, w.k, offsets + row * offset_stride,
+                                                                    offset_stride, block, out + row * out_stride,
+                                                                    out_stride);
+    });
   });
 }
 

@@ -37,7 +37,14 @@ from quickdraft.runtime.native.gguf_blocks import (
     q4_weight,
     transformers_name,
 )
-from quickdraft.runtime.native.gguf_iquants import decode_iq2_xxs, decode_iq3_s, decode_iq3_xxs, decode_iq4_xs
+from quickdraft.runtime.native.gguf_iquants import (
+    decode_iq2_s,
+    decode_iq2_xs,
+    decode_iq2_xxs,
+    decode_iq3_s,
+    decode_iq3_xxs,
+    decode_iq4_xs,
+)
 
 EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw bytes, rows, width) -> ExactWeight
     "Q4_K": lambda raw, rows, width: q4_weight(decode_q4_k(raw, rows, width)),
@@ -55,6 +62,8 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "IQ3_XXS": decode_iq3_xxs,
     "IQ3_S": decode_iq3_s,
     "IQ2_XXS": decode_iq2_xxs,
+    "IQ2_XS": decode_iq2_xs,
+    "IQ2_S": decode_iq2_s,
 }
 BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL"), LEGACY_WEIGHTS)  # the rest: 256
 

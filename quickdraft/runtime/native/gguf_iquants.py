@@ -1,5 +1,6 @@
-"""A GGUF file's i-quant tensors (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS) as the native runtime's iq4 and q6 parts, bit for
-bit (no second quantization). IQ4_NL has Q4_0's block structure and is read with it (``gguf_blocks.py``).
+"""A GGUF file's i-quant tensors (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S) as the native runtime's iq4, iq4h
+and q6 parts, bit for bit (no second quantization). IQ4_NL has Q4_0's block structure and is read with it
+(``gguf_blocks.py``).
 
 IQ4_XS (``block_iq4_xs``, 136 bytes per 256 weights): a float16 ``d``, the high 2 bits of eight 6-bit sub-scales
 in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes ``scales_l`` (group g in the low
@@ -25,7 +26,10 @@ IQ2_XXS (``block_iq2_xxs``, 66 bytes per 256): ``d``, then per group of 32 two l
 bytes are indices into llama.cpp's ``iq2xxs_grid`` (8 magnitudes of {8, 25, 43} each: weights 8k..8k + 7), the
 second IQ3_XXS's signs and ls. weight = d · (0.5 + ls) · 0.25 · sign · magnitude, which is exactly
 (d/8) · (2·ls + 1) · (sign · magnitude): the iq4 format with the six signed magnitudes as its table
-(``IQ2_XXS_VALUES``), sub-scale 2·ls + 1 and d/8, again a float32 exactly.
+(``IQ2_VALUES``), sub-scale 2·ls + 1 and d/8, again a float32 exactly. IQ2_XS (``block_iq2_xs``, 74 bytes: a uint16
+per 8 weights, 9 bits of grid index and 7 of sign index, then 8 scale bytes) and IQ2_S (``block_iq2_s``, 82 bytes:
+10-bit indices into a grid of 1024, a sign bit per weight, 8 scale bytes) have the same magnitudes and weight formula
+with a 4-bit ls per 16 weights: the iq4h format.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.native.gguf_blocks import Q4_K_WEIGHTS, ExactWeight, float16_at, nibbles_of
-from quickdraft.runtime.native.iquants import IQ2_XXS_VALUES, IQ4_VALUES
+from quickdraft.runtime.native.iquants import IQ2_VALUES, IQ4_VALUES
 from quickdraft.runtime.native.kquants import Q6_OFFSET
 from quickdraft.runtime.native.parts import row_chunks
 
@@ -139,37 +143,81 @@ def decode_iq3_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return grid_q6(blocks, iq3_s_codes, float16_at(blocks, 0), rows, width)
 
 
-# IQ2_XXS_VALUES's code of each signed magnitude: [minus][magnitude index in (8, 25, 43)]
-IQ2_XXS_CODES = np.array([[3, 4, 5], [2, 1, 0]], dtype=np.uint8)
+# IQ2_VALUES's code of each signed magnitude: [minus][magnitude index in (8, 25, 43)]
+IQ2_CODES = np.array([[3, 4, 5], [2, 1, 0]], dtype=np.uint8)
+IQ2_XS_BLOCK_BYTES = 74
+IQ2_S_BLOCK_BYTES = 82
+
+
+def iq2_codes(grid: str, indices: np.ndarray, minus: np.ndarray) -> np.ndarray:
+    """Grid indices ``[n, S, 32]`` (each naming 8 magnitudes of the grid ``grid``) and their weights' signs
+    ``[n, S, 256]`` -> iq4 codes ``[n, S, 256]`` into ``IQ2_VALUES``."""
+    magnitudes = grid_values(grid)[indices].reshape(minus.shape)  # {8, 25, 43}
+    return IQ2_CODES[minus, np.searchsorted(np.array([8, 25, 43]), magnitudes)]
 
 
 def iq2_xxs_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """IQ2_XXS blocks ``[n, S, 66]`` -> (iq4 codes ``[n, S, 256]`` into ``IQ2_XXS_VALUES``, group sub-scales
-    ``[n, S, 8]``)."""
+    """IQ2_XXS blocks ``[n, S, 66]`` -> (iq4 codes ``[n, S, 256]``, group sub-scales ``[n, S, 8]``)."""
     groups = blocks[..., 2:].reshape(*blocks.shape[:2], GROUPS, 8)  # [n, S, 8, 8]: index bytes, then a word
-    magnitudes = grid_values("IQ2_XXS")[groups[..., :4]]  # [n, S, 8, 4, 8]: {8, 25, 43}
     words = groups[..., 4:].copy().view("<u4")[..., 0]  # [n, S, 8]
     sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [n, S, 8, 4]
-    minus = sign_bits(SIGNS[sign_index])  # [n, S, 8, 32]
-    shape = (*blocks.shape[:2], Q4_K_WEIGHTS)
-    level = np.searchsorted(np.array([8, 25, 43]), magnitudes.reshape(shape))  # [n, S, 256]: 0, 1, 2
-    return IQ2_XXS_CODES[minus.reshape(shape), level], 2 * (words >> 28) + 1
+    minus = sign_bits(SIGNS[sign_index]).reshape(*blocks.shape[:2], Q4_K_WEIGHTS)
+    indices = groups[..., :4].reshape(*blocks.shape[:2], 32)
+    return iq2_codes("IQ2_XXS", indices, minus), 2 * (words >> 28) + 1
+
+
+def half_scales(scales: np.ndarray) -> np.ndarray:
+    """IQ2_XS's and IQ2_S's 8 scale bytes ``[n, S, 8]`` -> sub-scales 2·ls + 1 per 16 weights ``[n, S, 16]`` (a
+    group's first half in the low nibble)."""
+    return 2 * nibbles_of(scales[..., None]).reshape(*scales.shape[:2], 16) + 1
+
+
+def iq2_xs_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ2_XS blocks ``[n, S, 74]`` -> (iq4 codes ``[n, S, 256]``, sub-scales per 16 ``[n, S, 16]``): a uint16 per 8
+    weights, a 9-bit grid index and a 7-bit sign index above it, then the scale bytes."""
+    words = blocks[..., 2:66].copy().view("<u2")  # [n, S, 32]
+    minus = sign_bits(SIGNS[words >> 9]).reshape(*blocks.shape[:2], Q4_K_WEIGHTS)
+    return iq2_codes("IQ2_XS", words & 511, minus), half_scales(blocks[..., 66:74])
+
+
+def iq2_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ2_S blocks ``[n, S, 82]`` -> (iq4 codes ``[n, S, 256]``, sub-scales per 16 ``[n, S, 16]``): 32 bytes of the
+    grid indices' low 8 bits, 32 sign bytes (bit b of byte k: weight 8k + b), 8 bytes of the indices' top 2 bits
+    (bits 2i of byte k: index 4k + i), then the scale bytes."""
+    top = (blocks[..., 66:74, None] >> (2 * np.arange(4, dtype=np.uint8))) & 3  # [n, S, 8, 4]
+    indices = blocks[..., 2:34].astype(np.uint16) | top.reshape(*blocks.shape[:2], 32).astype(np.uint16) << 8
+    return iq2_codes("IQ2_S", indices, sign_bits(blocks[..., 34:66])), half_scales(blocks[..., 74:82])
+
+
+def grid_iq4(
+    raw: np.ndarray, rows: int, width: int, block_bytes: int, codes_of: Callable, sub_block: int
+) -> ExactWeight:
+    """IQ2 blocks as an iq4 (``sub_block`` 32) or iq4h (16) part's fields, decoded CODE_ROWS rows at a time:
+    ``codes_of`` gives a chunk's codes and sub-scales; the table is ``IQ2_VALUES`` and the superblock scale d/8."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, block_bytes)
+    codes = np.empty((rows, width), np.uint8)
+    sub_scale = np.empty((rows, width // sub_block), np.int8)
+    for chunk in row_chunks(rows):
+        chunk_codes, scales = codes_of(blocks[chunk])
+        codes[chunk] = chunk_codes.reshape(len(chunk_codes), width)
+        sub_scale[chunk] = scales.astype(np.int8).reshape(len(chunk_codes), -1)
+    kind = "iq4" if sub_block == 32 else "iq4h"
+    d = float16_at(blocks, 0) / 8
+    table = IQ2_VALUES.expand(rows, 16)
+    return kind, (torch.from_numpy(codes), table, torch.from_numpy(sub_scale), torch.from_numpy(d))
 
 
 def decode_iq2_xxs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw IQ2_XXS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 5], table [rows, 16] (``IQ2_XXS_VALUES``),
-    sub_scale [rows, width/32] int8 in [1, 31], d/8 [rows, width/256] float32)), decoded CODE_ROWS rows at a time."""
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, IQ2_XXS_BLOCK_BYTES)
-    codes = np.empty((rows, width), np.uint8)
-    sub_scale = np.empty((rows, width // 32), np.int8)
-    for chunk in row_chunks(rows):
-        chunk_codes, group_scale = iq2_xxs_codes(blocks[chunk])
-        codes[chunk] = chunk_codes.reshape(len(chunk_codes), width)
-        sub_scale[chunk] = group_scale.astype(np.int8).reshape(len(chunk_codes), -1)
-    d = float16_at(blocks, 0) / 8
-    return "iq4", (
-        torch.from_numpy(codes),
-        IQ2_XXS_VALUES.expand(rows, 16),
-        torch.from_numpy(sub_scale),
-        torch.from_numpy(d.astype(np.float32)),
-    )
+    """Raw IQ2_XXS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 5], table [rows, 16] (``IQ2_VALUES``),
+    sub_scale [rows, width/32] int8 in [1, 31], d/8 [rows, width/256] float32))."""
+    return grid_iq4(raw, rows, width, IQ2_XXS_BLOCK_BYTES, iq2_xxs_codes, 32)
+
+
+def decode_iq2_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ2_XS bytes -> ("iq4h", (codes, table, sub_scale [rows, width/16] int8 in [1, 31], d/8)), as IQ2_XXS's."""
+    return grid_iq4(raw, rows, width, IQ2_XS_BLOCK_BYTES, iq2_xs_codes, 16)
+
+
+def decode_iq2_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ2_S bytes -> ("iq4h", (codes, table, sub_scale [rows, width/16] int8 in [1, 31], d/8)), as IQ2_XXS's."""
+    return grid_iq4(raw, rows, width, IQ2_S_BLOCK_BYTES, iq2_s_codes, 16)

@@ -3,25 +3,30 @@
 - ``iq4``: llama.cpp's IQ4_XS structure: 4-bit indices into a table of 16 int8 values, in groups of 32, each group
   with a signed sub-scale, under a float d per superblock of 8 groups: w = d · sub_scale · table[code].
 
-A GGUF file's IQ4_XS tensors load into it exactly with ``IQ4_VALUES`` as the table, and its IQ2_XXS tensors with
-``IQ2_XXS_VALUES`` (``gguf_iquants.py``), with no second quantization.
+- ``iq4h``: iq4 with a sub-scale per 16 weights.
+
+A GGUF file's IQ4_XS tensors load into iq4 exactly with ``IQ4_VALUES`` as the table, its IQ2_XXS tensors with
+``IQ2_VALUES``, and its IQ2_XS and IQ2_S tensors into iq4h with ``IQ2_VALUES`` (``gguf_iquants.py``), with no second
+quantization.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 
 from quickdraft.runtime.native.float_ops import fused_multiply_add
 from quickdraft.runtime.native.kquants import GROUPS_PER_SUPER, lanes_last, pack_nibbles, rows_first, unpack_nibbles
-from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad_rows, padded
+from quickdraft.runtime.native.parts import GROUP, LANES, Affine, BlockPart, pad_rows, padded, table_key
 
 IQ4_VALUES = torch.tensor(  # kvalues_iq4nl
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8
 )
-# IQ2_XXS's signed grid magnitudes (iq2xxs_grid's bytes 0x08, 0x19, 0x2b); the other codes are never stored
-IQ2_XXS_VALUES = torch.tensor([-43, -25, -8, 8, 25, 43] + [0] * 10, dtype=torch.int8)
+# The IQ2 types' signed grid magnitudes (their grids' bytes 0x08, 0x19, 0x2b); the other codes are never stored
+IQ2_VALUES = torch.tensor([-43, -25, -8, 8, 25, 43] + [0] * 10, dtype=torch.int8)
+HALF_GROUP = GROUP // 2  # iq4h: weights per sub-scale
 
 
 class IQ4Part(BlockPart):
@@ -32,6 +37,7 @@ class IQ4Part(BlockPart):
     kind = "iq4"
     kernel_kind = 6
     tensor_names = ("codes", "table", "sub_scale", "d")
+    sub_block = GROUP  # weights per sub-scale
 
     def __init__(self, rows: int, **tensors: torch.Tensor) -> None:
         self.rows = rows
@@ -43,8 +49,8 @@ class IQ4Part(BlockPart):
     @classmethod
     def from_blocks(cls, codes: torch.Tensor, table: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> IQ4Part:
         """Plain ``codes [N, K]`` in [0, 15], each row's ``table [N, 16]`` of int8 values (the same for every row),
-        ``sub_scale [N, K/32]`` in [−128, 127] and float ``d [N, ceil(K/256)]`` (w = d · sub_scale · table[code]) ->
-        the packed part. K must be a multiple of 32."""
+        ``sub_scale [N, K/32]`` (iq4h: ``[N, K/16]``) in [−128, 127] and float ``d [N, ceil(K/256)]``
+        (w = d · sub_scale · table[code]) -> the packed part. K must be a multiple of 32."""
         rows, width = codes.shape
         if width % GROUP:
             raise ValueError(f"iq4 weights need a multiple of {GROUP} input features, got {width}")
@@ -54,6 +60,8 @@ class IQ4Part(BlockPart):
             raise ValueError("iq4 weights take one table of 16 values for all their rows")
         if table.numel() and not -128 <= int(table.min()) <= int(table.max()) <= 127:
             raise ValueError("iq4 table values are int8")
+        if sub_scale.shape != (rows, width // cls.sub_block):
+            raise ValueError(f"{cls.kind} weights take a sub-scale per {cls.sub_block} weights")
         if sub_scale.numel() and not -128 <= int(sub_scale.min()) <= int(sub_scale.max()) <= 127:
             raise ValueError("iq4 sub-scales are in [-128, 127]")
         codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, width // GROUP, 8, 4)
@@ -61,7 +69,7 @@ class IQ4Part(BlockPart):
             rows,
             codes=pack_nibbles(codes),  # [N/16, G, 4, 16, 4]
             table=table[:1].to(torch.int8).expand(padded(rows) // LANES, 16),  # [N/16, 16]
-            sub_scale=lanes_last(sub_scale.to(torch.int8)),  # [N/16, G, 16]
+            sub_scale=lanes_last(sub_scale.to(torch.int8)),  # [N/16, G, 16] (iq4h: [N/16, 2G, 16])
             d=lanes_last(d.float()),  # [N/16, S, 16]
         )
 
@@ -99,21 +107,55 @@ class IQ4Part(BlockPart):
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
         codes, table, sub_scale, d = self.blocks()
-        groups = self.in_features // GROUP
-        values = table.long().gather(1, codes.long()).double().reshape(self.rows, groups, GROUP)  # [N, G, 32]
-        x = rows.double().reshape(rows.shape[0], groups, GROUP)  # [M, G, 32]
-        dots = torch.einsum("mgk,ngk->mng", x, values)  # [M, N, G] exact
+        blocks, per_super = self.in_features // self.sub_block, GROUPS_PER_SUPER * GROUP // self.sub_block
+        values = table.long().gather(1, codes.long()).double().reshape(self.rows, blocks, self.sub_block)  # [N, B, S]
+        x = rows.double().reshape(rows.shape[0], blocks, self.sub_block)  # [M, B, S]
+        dots = torch.einsum("mbk,nbk->mnb", x, values)  # [M, N, B] exact
         acc = torch.zeros(rows.shape[0], self.rows)
-        for first in range(0, groups, GROUPS_PER_SUPER):
-            span = range(first, min(first + GROUPS_PER_SUPER, groups))
-            total = sum(dots[:, :, g] * sub_scale[:, g].double() for g in span)  # integers below 2^31: exact
-            acc = fused_multiply_add(d[:, first // GROUPS_PER_SUPER], total.float(), acc)
+        for first in range(0, blocks, per_super):
+            span = range(first, min(first + per_super, blocks))
+            total = sum(dots[:, :, b] * sub_scale[:, b].double() for b in span)  # integers below 2^31: exact
+            acc = fused_multiply_add(d[:, first // per_super], total.float(), acc)
         return acc
 
     @staticmethod
+    def join_key(fields: tuple[torch.Tensor, ...]) -> Hashable:
+        return table_key(fields[1])
+
+    @staticmethod
     def affine(codes: torch.Tensor, table: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> Affine:
-        rows, groups = sub_scale.shape
-        scale = d[:, torch.arange(groups) // GROUPS_PER_SUPER].float() * sub_scale.float()  # [rows, G]
-        lookup = table[0].to(torch.int8) if len(table) else torch.zeros(16, dtype=torch.int8)  # one for all rows
-        values = lookup[codes.to(torch.int32)]  # int32 indices: half int64's bytes
-        return Affine(values.reshape(rows, groups, GROUP), scale, None)
+        return table_affine(codes, table, sub_scale, d, GROUP)
+
+
+class IQ4HalfPart(IQ4Part):
+    """iq4 with a sub-scale per 16 weights (llama.cpp's IQ2_XS and IQ2_S scales): plain ``sub_scale [N, K/16]``,
+    packed ``[N/16, 2G, 16]``, a group's two halves one after the other (``gemm_iq4.h``'s iq4h)."""
+
+    kind = "iq4h"
+    kernel_kind = 10
+    sub_block = HALF_GROUP
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> IQ4HalfPart:
+        """iq4's quantization, each group's sub-scale given to both its halves."""
+        codes, table, sub_scale, d = IQ4Part.from_float(weight).blocks()
+        return cls.from_blocks(codes, table, sub_scale.repeat_interleave(2, dim=1), d)
+
+    def matmul_into(self, kernels: Any, rows: torch.Tensor, out: torch.Tensor, column: int) -> None:
+        kernels.iq4h_matmul(rows, self.codes, self.table, self.sub_scale, self.d, out, column)
+
+    @staticmethod
+    def affine(codes: torch.Tensor, table: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor) -> Affine:
+        return table_affine(codes, table, sub_scale, d, HALF_GROUP)
+
+
+def table_affine(
+    codes: torch.Tensor, table: torch.Tensor, sub_scale: torch.Tensor, d: torch.Tensor, sub_block: int
+) -> Affine:
+    """iq4's and iq4h's plain fields as values and scales (d · sub_scale) per sub-block of ``sub_block`` weights."""
+    rows, blocks = sub_scale.shape
+    per_super = GROUPS_PER_SUPER * GROUP // sub_block
+    scale = d[:, torch.arange(blocks) // per_super].float() * sub_scale.float()  # [rows, B]
+    lookup = table[0].to(torch.int8) if len(table) else torch.zeros(16, dtype=torch.int8)  # one for all rows
+    values = lookup[codes.to(torch.int32)]  # int32 indices: half int64's bytes
+    return Affine(values.reshape(rows, blocks, sub_block), scale, None)

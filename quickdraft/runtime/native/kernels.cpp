@@ -19,6 +19,7 @@
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
 // q2_matmul:          the integer GEMM against 2-bit weights in llama.cpp's Q2_K structure (gemm_q2.h).
 // iq4_matmul:         the integer GEMM against 4-bit table indices in llama.cpp's IQ4_XS structure (gemm_iq4.h).
+// iq4h_matmul:        the same with a sub-scale per 16 weights (IQ2_XS's and IQ2_S's structure).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer (layers.h runs a model's layers with them in one call; on a 1-token step
 // dispatching many small operations, not their arithmetic, is what costs):
@@ -700,22 +701,39 @@ void q2_matmul(at::Tensor x, at::Tensor codes, at::Tensor scales, at::Tensor d, 
   });
 }
 
-// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8; table [N/16, 16] int8; sub_scale
-// [N/16, K/32, 16] int8; d [N/16, S, 16] float (gemm_iq4.h). Writes out[:, column : column + N].
-void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
-                int64_t column) {
+namespace {
+
+// iq4_matmul and iq4h_matmul: `halves` says whether sub_scale holds a sub-scale per 32 weights or per 16.
+void iq4_family_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d,
+                       at::Tensor out, int64_t column, bool halves) {
   checked(x, at::kChar, "x");
   const int64_t rows = x.size(0), k = x.size(1), n = checked(codes, at::kByte, "codes").size(0) * qd::kLanes;
   TORCH_CHECK(k % qd::kGroup == 0 && codes.numel() * 2 == n * k, "iq4 weights need K a multiple of 32");
   const qd::Iq4Weights weights{codes.data_ptr<uint8_t>(), checked(table, at::kChar, "table").data_ptr<int8_t>(),
                                checked(sub_scale, at::kChar, "sub_scale").data_ptr<int8_t>(),
-                               checked(d, at::kFloat, "d").data_ptr<float>(), n, k};
-  TORCH_CHECK(table.numel() == n && sub_scale.numel() == n * weights.groups() && d.numel() == n * weights.supers());
+                               checked(d, at::kFloat, "d").data_ptr<float>(), n, k, halves};
+  TORCH_CHECK(table.numel() == n && sub_scale.numel() == n * weights.sub_blocks() && d.numel() == n * weights.supers());
   const int8_t* x_data = x.data_ptr<int8_t>();
-  const auto offsets = per_row(x_data, rows, k, weights.groups(), qd::group_offsets);
+  const auto offsets = halves ? per_row(x_data, rows, k, weights.sub_blocks(), qd::half_group_offsets)
+                              : per_row(x_data, rows, k, weights.sub_blocks(), qd::group_offsets);
   blocked_matmul(x, out, column, n, [&](float* destination, int64_t begin, int64_t end) {
     qd::iq4_gemm(weights, x_data, rows, offsets.data(), destination, out.size(1), begin, end);
   });
+}
+
+}  // namespace
+
+// x: [M, K] int8 rows (K a multiple of 32); codes [N/16, K/32, 4, 16, 4] uint8; table [N/16, 16] int8; sub_scale
+// [N/16, K/32, 16] int8; d [N/16, S, 16] float (gemm_iq4.h). Writes out[:, column : column + N].
+void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
+                int64_t column) {
+  iq4_family_matmul(x, codes, table, sub_scale, d, out, column, false);
+}
+
+// iq4_matmul with a sub-scale per 16 weights: sub_scale [N/16, K/32, 2, 16] int8 (gemm_iq4.h's iq4h).
+void iq4h_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
+                 int64_t column) {
+  iq4_family_matmul(x, codes, table, sub_scale, d, out, column, true);
 }
 
 namespace {

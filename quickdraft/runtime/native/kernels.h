@@ -47,4 +47,6 @@ void q2_matmul(at::Tensor x, at::Tensor codes, at::Tensor scales, at::Tensor d, 
                int64_t column);
 void iq4_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
                 int64_t column);
+void iq4h_matmul(at::Tensor x, at::Tensor codes, at::Tensor table, at::Tensor sub_scale, at::Tensor d, at::Tensor out,
+                 int64_t column);
 std::string isa();  // the instruction sets the GEMMs and attention were compiled for

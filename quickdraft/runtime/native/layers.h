@@ -12,7 +12,7 @@ namespace qd {
 // A range of a linear layer's output rows in one packed format (parts.py's WeightPart): kind 0 int8
 // (codes, scale), 1 q4 (codes, sub_scale, sub_min, d, dmin), 2 q6 (codes, high, sub_scale, d), 3 q5 (codes, high,
 // sub_scale, sub_min, d, dmin), 4 q8 (codes, d), 5 q8m (codes, d, mins), 6 iq4 (codes, table, sub_scale, d), 7 q4t (codes,
-// table, d), 8 q4tm (codes, table, d, mins), 9 q2 (codes, scales, d, dmin); its outputs start at `column` of the
+// table, d), 8 q4tm (codes, table, d, mins), 9 q2 (codes, scales, d, dmin), 10 iq4h (codes, table, sub_scale, d); its outputs start at `column` of the
 // padded output.
 struct Part {
   int64_t kind, column;
@@ -24,11 +24,12 @@ struct Part {
                     (kind == 2 && this->tensors.size() == 4) || (kind == 3 && this->tensors.size() == 6) ||
                     (kind == 4 && this->tensors.size() == 2) || (kind == 5 && this->tensors.size() == 3) ||
                     (kind == 6 && this->tensors.size() == 4) || (kind == 7 && this->tensors.size() == 3) ||
-                    (kind == 8 && this->tensors.size() == 4) || (kind == 9 && this->tensors.size() == 4),
+                    (kind == 8 && this->tensors.size() == 4) || (kind == 9 && this->tensors.size() == 4) ||
+                    (kind == 10 && this->tensors.size() == 4),
                 "a weight part is kind 0 (int8: codes, scale), 1 (q4: codes, sub_scale, sub_min, d, dmin), 2 (q6: "
                 "codes, high, sub_scale, d), 3 (q5: codes, high, sub_scale, sub_min, d, dmin), 4 (q8: codes, d), 5 "
                 "(q8m: codes, d, mins), 6 (iq4: codes, table, sub_scale, d), 7 (q4t: codes, table, d), 8 (q4tm: codes, "
-                "table, d, mins) or 9 (q2: codes, scales, d, dmin)");
+                "table, d, mins), 9 (q2: codes, scales, d, dmin) or 10 (iq4h: codes, table, sub_scale, d)");
   }
 };
 
@@ -52,7 +53,8 @@ struct Linear {
       else if (part.kind == 6) iq4_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);
       else if (part.kind == 7) q4t_matmul(rows, t[0], t[1], t[2], out, part.column);
       else if (part.kind == 8) q4tm_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);
-      else q2_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);
+      else if (part.kind == 9) q2_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);
+      else iq4h_matmul(rows, t[0], t[1], t[2], t[3], out, part.column);
     }
     return real_columns.numel() == 0 ? out : out.index_select(1, real_columns).contiguous();
   }

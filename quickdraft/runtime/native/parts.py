@@ -19,7 +19,7 @@ format (``PART_KINDS``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -198,6 +198,12 @@ class BlockPart(WeightPart):
     def affine(*fields: torch.Tensor) -> Affine:
         """Plain fields (as :meth:`from_blocks` takes them) as values, scales and offsets per group."""
 
+    @staticmethod
+    def join_key(fields: tuple[torch.Tensor, ...]) -> Hashable:
+        """What weights of this kind must share for their plain fields to be joined into one part (rows
+        concatenated): nothing, but for formats with a table for all their rows (q4t, iq4), that table."""
+        return None
+
     def dequantize(self) -> torch.Tensor:
         return self.affine(*self.blocks()).dequantize()
 
@@ -205,6 +211,11 @@ class BlockPart(WeightPart):
         panel_ids, local = panels_of(index)
         panels = self.from_tensors(len(panel_ids) * LANES, {name: t[panel_ids] for name, t in self.tensors().items()})
         return self.from_blocks(*(field[local] for field in panels.blocks()))
+
+
+def table_key(table: torch.Tensor) -> tuple[int, ...]:
+    """A part's table of 16 values (plain ``[N, 16]``, one for all rows) as a join key (``BlockPart.join_key``)."""
+    return tuple(table[0].tolist()) if len(table) else ()
 
 
 class Int8Part(WeightPart):

@@ -11,6 +11,7 @@ reads 4.5 or 5 bits a weight, as llama.cpp does, instead of q8's 8.5 or 9.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any, ClassVar
 
 import torch
@@ -27,6 +28,7 @@ from quickdraft.runtime.native.parts import (
     group_sums_reference,
     pad_rows,
     padded,
+    table_key,
 )
 
 Q4_0_TABLE = torch.arange(-8, 8, dtype=torch.int8)  # Q4_0: w = d · (code − 8)
@@ -100,6 +102,10 @@ class Q4TablePart(BlockPart):
         values = self.affine(*fields).values.reshape(self.rows, -1)  # [N, K]: table[code]
         d, *mins = fields[2:]
         return group_sums_reference(rows, values, d, mins[0] if mins else None)
+
+    @staticmethod
+    def join_key(fields: tuple[torch.Tensor, ...]) -> Hashable:
+        return table_key(fields[1])
 
     @staticmethod
     def affine(codes: torch.Tensor, table: torch.Tensor, d: torch.Tensor, *mins: torch.Tensor) -> Affine:

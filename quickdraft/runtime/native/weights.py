@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Hashable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -87,19 +87,19 @@ def quantize_state_dict(
     def norm(name: str) -> torch.Tensor:
         return take(name) + offset if offset else take(name)  # float32, as transformers' (1.0 + w.float())
 
-    def source(name: str) -> tuple[tuple[str, bool], Any]:  # ((part kind, kept as stored), its data)
+    def source(name: str) -> tuple[tuple[str, bool, Hashable], Any]:  # ((part kind, kept as stored, join key), data)
         if name in exact:
             tensors.pop(name, None)
             kind, fields = exact[name]
-            return (kind, True), fields
+            return (kind, True, PART_KINDS[kind].join_key(fields)), fields
         weight = take(name)
-        return ("q4" if weights == "q4" and weight.shape[1] % 64 == 0 else "int8", False), weight
+        return ("q4" if weights == "q4" and weight.shape[1] % 64 == 0 else "int8", False, None), weight
 
     def joined(pieces: list[torch.Tensor]) -> torch.Tensor:  # rows concatenated (one piece is not copied)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
-    def part(key: tuple[str, bool], items: list[Any]) -> WeightPart:  # consecutive weights of one kind, concatenated
-        kind, stored = key
+    def part(key: tuple[str, bool, Hashable], items: list[Any]) -> WeightPart:  # consecutive weights of one key, joined
+        kind, stored, _ = key
         if stored:
             return PART_KINDS[kind].from_blocks(*(joined(list(field)) for field in zip(*items, strict=True)))
         return PART_KINDS[kind].from_float(joined(items))

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import gguf_tensor
 
 from quickdraft.runtime.native import parts
 from quickdraft.runtime.native.formats import PART_KINDS
 from quickdraft.runtime.native.gguf_blocks import decode_q4_k, transformers_name
 from quickdraft.runtime.native.gguf_exact import EXACT_DECODERS, exact_weights
 from quickdraft.runtime.native.gguf_iquants import SIGNS
-from quickdraft.runtime.native.iquants import IQ2_VALUES, IQ4_VALUES
+from quickdraft.runtime.native.iquants import IQ1_VALUES, IQ2_VALUES, IQ4_VALUES
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
 
 gguf = pytest.importorskip("gguf")
@@ -97,7 +98,7 @@ def test_decoded_q6_k_blocks_are_ggufs_own_dequantization() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S"]
+    "name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
 )
 def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
     name: str, monkeypatch: pytest.MonkeyPatch
@@ -115,6 +116,8 @@ def test_decoding_a_few_rows_at_a_time_gives_the_fields_of_decoding_all_at_once(
         "IQ2_XXS": lambda rows, width: random_blocks(rows, width, 66, slice(0, 2)),
         "IQ2_XS": lambda rows, width: random_blocks(rows, width, 74, slice(0, 2)),
         "IQ2_S": lambda rows, width: random_blocks(rows, width, 82, slice(0, 2)),
+        "IQ1_S": lambda rows, width: random_blocks(rows, width, 50, slice(0, 2)),
+        "IQ1_M": lambda rows, width: gguf_tensor(np.random.default_rng(0), "IQ1_M", rows, width)[0],
     }[name](37, 512)
     kind, whole = decoded_as_gguf_reads_it(raw, name, 37, 512)
     monkeypatch.setattr(parts, "CODE_ROWS", 16)
@@ -137,16 +140,24 @@ def test_decoded_iq4_xs_blocks_are_ggufs_own_dequantization() -> None:
     assert (int(sub_scale.min()), int(sub_scale.max())) == (-32, 31) and torch.equal(table[0], IQ4_VALUES)
 
 
-@pytest.mark.parametrize(("name", "block_bytes", "kind"), [("IQ2_XXS", 66, "iq4"), ("IQ2_XS", 74, "iq4h"),
-                                                          ("IQ2_S", 82, "iq4h")])  # fmt: skip
-def test_decoded_iq2_blocks_are_ggufs_own_dequantization(name: str, block_bytes: int, kind: str) -> None:
-    """Every grid index, sign and sub-scale random: codes into the six signed magnitudes ±8, ±25, ±43 under d/8, the
-    sub-scales 2·ls + 1 (per 32 weights for IQ2_XXS, per 16 for IQ2_XS and IQ2_S) cover 1..31."""
-    raw = random_blocks(32, 768, block_bytes, slice(0, 2))  # d first
+@pytest.mark.parametrize(("name", "block_bytes", "kind", "largest"), [
+    ("IQ2_XXS", 66, "iq4", 31), ("IQ2_XS", 74, "iq4h", 31), ("IQ2_S", 82, "iq4h", 31), ("IQ1_S", 50, "iq4", 15),
+    ("IQ1_M", 56, "iq4h", 15)])  # fmt: skip
+def test_decoded_iq2_and_iq1_blocks_are_ggufs_own_dequantization(
+    name: str, block_bytes: int, kind: str, largest: int
+) -> None:
+    """Every grid index, sign (IQ1: δ's sign) and sub-scale random: codes into six values (IQ2: ±8, ±25, ±43; IQ1:
+    ±1, ±7, ±9, eight times value ± 1/8) under d/8, the sub-scales 2·ls + 1 (per 32 weights for IQ2_XXS and IQ1_S, per
+    16 for the others) cover 1..31 (IQ1: 1..15)."""
+    if name == "IQ1_M":  # its float16 d lies in the top nibbles of its scale words
+        raw = gguf_tensor(np.random.default_rng(1), name, 32, 768)[0]
+    else:
+        raw = random_blocks(32, 768, block_bytes, slice(0, 2))  # d first
     decoded_kind, (codes, table, sub_scale, _) = decoded_as_gguf_reads_it(raw, name, 32, 768)
     assert decoded_kind == kind and (int(codes.min()), int(codes.max())) == (0, 5)
+    assert (int(sub_scale.min()), int(sub_scale.max())) == (1, largest)
     assert sub_scale.shape == (32, 768 // (32 if kind == "iq4" else 16))
-    assert (int(sub_scale.min()), int(sub_scale.max())) == (1, 31) and torch.equal(table[0], IQ2_VALUES)
+    assert torch.equal(table[0], IQ1_VALUES if name.startswith("IQ1") else IQ2_VALUES)
 
 
 @pytest.mark.parametrize(("name", "block_bytes", "code_range"), [("IQ3_XXS", 98, (1, 63)), ("IQ3_S", 110, (17, 47))])

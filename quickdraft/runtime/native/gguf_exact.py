@@ -38,6 +38,8 @@ from quickdraft.runtime.native.gguf_blocks import (
     transformers_name,
 )
 from quickdraft.runtime.native.gguf_iquants import (
+    decode_iq1_m,
+    decode_iq1_s,
     decode_iq2_s,
     decode_iq2_xs,
     decode_iq2_xxs,
@@ -64,6 +66,8 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "IQ2_XXS": decode_iq2_xxs,
     "IQ2_XS": decode_iq2_xs,
     "IQ2_S": decode_iq2_s,
+    "IQ1_S": decode_iq1_s,
+    "IQ1_M": decode_iq1_m,
 }
 BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL"), LEGACY_WEIGHTS)  # the rest: 256
 

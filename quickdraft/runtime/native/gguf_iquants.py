@@ -1,6 +1,6 @@
-"""A GGUF file's i-quant tensors (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S) as the native runtime's iq4, iq4h
-and q6 parts, bit for bit (no second quantization). IQ4_NL has Q4_0's block structure and is read with it
-(``gguf_blocks.py``).
+"""A GGUF file's i-quant tensors (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) as the native
+runtime's iq4, iq4h and q6 parts, bit for bit (no second quantization). IQ4_NL has Q4_0's block structure and is
+read with it (``gguf_blocks.py``).
 
 IQ4_XS (``block_iq4_xs``, 136 bytes per 256 weights): a float16 ``d``, the high 2 bits of eight 6-bit sub-scales
 in a uint16 ``scales_h`` (bits 2g, 2g + 1: group g), their low 4 bits in 4 bytes ``scales_l`` (group g in the low
@@ -30,6 +30,13 @@ second IQ3_XXS's signs and ls. weight = d · (0.5 + ls) · 0.25 · sign · magni
 per 8 weights, 9 bits of grid index and 7 of sign index, then 8 scale bytes) and IQ2_S (``block_iq2_s``, 82 bytes:
 10-bit indices into a grid of 1024, a sign bit per weight, 8 scale bytes) have the same magnitudes and weight formula
 with a 4-bit ls per 16 weights: the iq4h format.
+
+IQ1_S (``block_iq1_s``, 50 bytes: ``d``, 32 bytes of the low 8 bits of 11-bit indices into a grid of 2048 entries of
+eight values from {−1, 0, 1}, then a uint16 per group: the indices' top 3 bits, a 3-bit ls and a sign bit s) holds
+weight = d · (2·ls + 1) · (value + δ), δ = ±1/8 by s. That is exactly (d/8) · (2·ls + 1) · (8·value ± 1), six
+integers ±1, ±7, ±9 (``IQ1_VALUES``): the iq4 format. IQ1_M (``block_iq1_m``, 56 bytes: the indices' low bytes, a
+nibble per index with its top 3 bits and δ's sign, then four uint16 holding a 3-bit ls per 16 weights and, in their
+top nibbles, the float16 d) is the same with ls per 16 weights and δ per 8: the iq4h format.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import numpy as np
 import torch
 
 from quickdraft.runtime.native.gguf_blocks import Q4_K_WEIGHTS, ExactWeight, float16_at, nibbles_of
-from quickdraft.runtime.native.iquants import IQ2_VALUES, IQ4_VALUES
+from quickdraft.runtime.native.iquants import IQ1_VALUES, IQ2_VALUES, IQ4_VALUES
 from quickdraft.runtime.native.kquants import Q6_OFFSET
 from quickdraft.runtime.native.parts import row_chunks
 
@@ -147,6 +154,8 @@ def decode_iq3_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 IQ2_CODES = np.array([[3, 4, 5], [2, 1, 0]], dtype=np.uint8)
 IQ2_XS_BLOCK_BYTES = 74
 IQ2_S_BLOCK_BYTES = 82
+IQ1_S_BLOCK_BYTES = 50
+IQ1_M_BLOCK_BYTES = 56
 
 
 def iq2_codes(grid: str, indices: np.ndarray, minus: np.ndarray) -> np.ndarray:
@@ -189,35 +198,75 @@ def iq2_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return iq2_codes("IQ2_S", indices, sign_bits(blocks[..., 34:66])), half_scales(blocks[..., 74:82])
 
 
+def iq1_codes(indices: np.ndarray, plus: np.ndarray) -> np.ndarray:
+    """11-bit grid indices ``[n, S, 32]`` and δ's sign per index (1: +1/8) -> iq4 codes ``[n, S, 256]`` into
+    ``IQ1_VALUES``: 8·value + 1 or − 1 for value in {−1, 0, 1} is code 2·(value + 1) + plus."""
+    values = grid_values("IQ1_S")[indices].astype(np.uint8) + 1  # [n, S, 32, 8]: value + 1 in {0, 1, 2}
+    return (2 * values + plus[..., None].astype(np.uint8)).reshape(*indices.shape[:2], Q4_K_WEIGHTS)
+
+
+def iq1_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ1_S blocks ``[n, S, 50]`` -> (iq4 codes ``[n, S, 256]``, group sub-scales ``[n, S, 8]``, d ``[n, S]``)."""
+    words = blocks[..., 34:50].copy().view("<u2")  # [n, S, 8]: per group
+    top = (words[..., None] >> (3 * np.arange(4, dtype=np.uint16))) & 7  # [n, S, 8, 4]
+    indices = blocks[..., 2:34].astype(np.uint16) | top.reshape(*blocks.shape[:2], 32) << 8
+    plus = np.repeat((words >> 15) == 0, 4, axis=-1)  # [n, S, 32]: each group's sign for its 4 indices
+    return iq1_codes(indices, plus), 2 * ((words >> 12) & 7) + 1, float16_at(blocks, 0)
+
+
+def iq1_m_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ1_M blocks ``[n, S, 56]`` -> (iq4 codes ``[n, S, 256]``, sub-scales per 16 ``[n, S, 16]``, d ``[n, S]``)."""
+    nibbles = nibbles_of(blocks[..., 32:48, None]).reshape(*blocks.shape[:2], 32)  # index 2b: byte b's low nibble
+    indices = blocks[..., :32].astype(np.uint16) | (nibbles & 7).astype(np.uint16) << 8
+    words = blocks[..., 48:56].copy().view("<u2")  # [n, S, 4]
+    scales = (words[..., None] >> (3 * np.arange(4, dtype=np.uint16))) & 7  # [n, S, 4, 4]: 16 in k order
+    d_bits = (words & 0xF000) >> np.array([12, 8, 4, 0], dtype=np.uint16)
+    d = np.bitwise_or.reduce(d_bits, axis=-1).view(np.float16).astype(np.float32)  # [n, S]
+    return iq1_codes(indices, (nibbles & 8) == 0), 2 * scales.reshape(*blocks.shape[:2], 16) + 1, d
+
+
 def grid_iq4(
-    raw: np.ndarray, rows: int, width: int, block_bytes: int, codes_of: Callable, sub_block: int
+    raw: np.ndarray, rows: int, width: int, block_bytes: int, codes_of: Callable, sub_block: int, table: torch.Tensor
 ) -> ExactWeight:
-    """IQ2 blocks as an iq4 (``sub_block`` 32) or iq4h (16) part's fields, decoded CODE_ROWS rows at a time:
-    ``codes_of`` gives a chunk's codes and sub-scales; the table is ``IQ2_VALUES`` and the superblock scale d/8."""
+    """IQ2 and IQ1 blocks as an iq4 (``sub_block`` 32) or iq4h (16) part's fields with ``table``, decoded CODE_ROWS
+    rows at a time: ``codes_of`` gives a chunk's codes, sub-scales and (IQ1) d; the superblock scale is d/8."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, block_bytes)
     codes = np.empty((rows, width), np.uint8)
     sub_scale = np.empty((rows, width // sub_block), np.int8)
+    d = float16_at(blocks, 0)
     for chunk in row_chunks(rows):
-        chunk_codes, scales = codes_of(blocks[chunk])
+        chunk_codes, scales, *chunk_d = codes_of(blocks[chunk])
         codes[chunk] = chunk_codes.reshape(len(chunk_codes), width)
         sub_scale[chunk] = scales.astype(np.int8).reshape(len(chunk_codes), -1)
+        if chunk_d:
+            d[chunk] = chunk_d[0]
     kind = "iq4" if sub_block == 32 else "iq4h"
-    d = float16_at(blocks, 0) / 8
-    table = IQ2_VALUES.expand(rows, 16)
-    return kind, (torch.from_numpy(codes), table, torch.from_numpy(sub_scale), torch.from_numpy(d))
+    fields = (torch.from_numpy(codes), table.expand(rows, 16), torch.from_numpy(sub_scale), torch.from_numpy(d / 8))
+    return kind, fields
 
 
 def decode_iq2_xxs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ2_XXS bytes -> ("iq4", (codes [rows, width] uint8 in [0, 5], table [rows, 16] (``IQ2_VALUES``),
     sub_scale [rows, width/32] int8 in [1, 31], d/8 [rows, width/256] float32))."""
-    return grid_iq4(raw, rows, width, IQ2_XXS_BLOCK_BYTES, iq2_xxs_codes, 32)
+    return grid_iq4(raw, rows, width, IQ2_XXS_BLOCK_BYTES, iq2_xxs_codes, 32, IQ2_VALUES)
 
 
 def decode_iq2_xs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ2_XS bytes -> ("iq4h", (codes, table, sub_scale [rows, width/16] int8 in [1, 31], d/8)), as IQ2_XXS's."""
-    return grid_iq4(raw, rows, width, IQ2_XS_BLOCK_BYTES, iq2_xs_codes, 16)
+    return grid_iq4(raw, rows, width, IQ2_XS_BLOCK_BYTES, iq2_xs_codes, 16, IQ2_VALUES)
 
 
 def decode_iq2_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ2_S bytes -> ("iq4h", (codes, table, sub_scale [rows, width/16] int8 in [1, 31], d/8)), as IQ2_XXS's."""
-    return grid_iq4(raw, rows, width, IQ2_S_BLOCK_BYTES, iq2_s_codes, 16)
+    return grid_iq4(raw, rows, width, IQ2_S_BLOCK_BYTES, iq2_s_codes, 16, IQ2_VALUES)
+
+
+def decode_iq1_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ1_S bytes -> ("iq4", (codes [rows, width] uint8 in [0, 5], table [rows, 16] (``IQ1_VALUES``),
+    sub_scale [rows, width/32] int8 in [1, 15], d/8 [rows, width/256] float32))."""
+    return grid_iq4(raw, rows, width, IQ1_S_BLOCK_BYTES, iq1_s_codes, 32, IQ1_VALUES)
+
+
+def decode_iq1_m(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw IQ1_M bytes -> ("iq4h", (codes, table (``IQ1_VALUES``), sub_scale [rows, width/16] int8 in [1, 15], d/8))."""
+    return grid_iq4(raw, rows, width, IQ1_M_BLOCK_BYTES, iq1_m_codes, 16, IQ1_VALUES)

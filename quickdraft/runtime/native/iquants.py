@@ -5,9 +5,9 @@
 
 - ``iq4h``: iq4 with a sub-scale per 16 weights.
 
-A GGUF file's IQ4_XS tensors load into iq4 exactly with ``IQ4_VALUES`` as the table, its IQ2_XXS tensors with
-``IQ2_VALUES``, and its IQ2_XS and IQ2_S tensors into iq4h with ``IQ2_VALUES`` (``gguf_iquants.py``), with no second
-quantization.
+A GGUF file's IQ4_XS tensors load into iq4 exactly with ``IQ4_VALUES`` as the table, its IQ2_XXS and IQ1_S tensors
+with ``IQ2_VALUES`` and ``IQ1_VALUES``, and its IQ2_XS, IQ2_S and IQ1_M tensors into iq4h (``gguf_iquants.py``), with
+no second quantization.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ IQ4_VALUES = torch.tensor(  # kvalues_iq4nl
 )
 # The IQ2 types' signed grid magnitudes (their grids' bytes 0x08, 0x19, 0x2b); the other codes are never stored
 IQ2_VALUES = torch.tensor([-43, -25, -8, 8, 25, 43] + [0] * 10, dtype=torch.int8)
+# The IQ1 types' values times 8: 8·value ± 1 for a grid value in {−1, 0, 1} and δ = ±1/8
+IQ1_VALUES = torch.tensor([-9, -7, -1, 1, 7, 9] + [0] * 10, dtype=torch.int8)
 HALF_GROUP = GROUP // 2  # iq4h: weights per sub-scale
 
 

@@ -21,7 +21,7 @@ from quickdraft.models.convert import gguf_source, read_marker
 from quickdraft.models.usage import MODEL_FOLDERS
 from quickdraft.runtime.names import WEIGHT_FORMATS
 
-NATIVE_FORMAT = "parts-v17"  # bump when the cached layout changes (v16: iq4 tables; v17: IQ2_XS, IQ2_S as iq4h)
+NATIVE_FORMAT = "parts-v17"  # bump when the cached layout changes (v16: iq4 tables; v17: IQ2_XS, IQ2_S, IQ1 as iq4)
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 
 

@@ -1,7 +1,7 @@
 """A GGUF file with every linear weight of its layers replaced by random blocks of an IQ2 or IQ1 type (IQ2_XXS by
-default, IQ2_XS, IQ2_S or IQ1_S; the rest copied as it is): a file of that type's size and speed, for timing only (its text is
-noise). llama.cpp's quantizer makes these types only with an importance matrix, which these machines cannot compute
-without a model of their own.
+default, IQ2_XS, IQ2_S or IQ1_S; the rest copied as it is): a file of that type's size and speed, for timing only
+(its text is noise). llama.cpp's quantizer makes these types only with an importance matrix, which these machines
+cannot compute without a model of their own.
 
     .venv/bin/python results/iq2xxs-zen4/random_iq2xxs.py SOURCE.gguf OUT.gguf [IQ2_XXS|IQ2_XS|IQ2_S|IQ1_S]
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
 BLOCK_WEIGHTS = 256
-TYPES = {"IQ2_XXS": (66, 19), "IQ2_XS": (74, 20), "IQ2_S": (82, 28), "IQ1_S": (50, 24)}  # block bytes (d first), file type
+TYPES = {"IQ2_XXS": (66, 19), "IQ2_XS": (74, 20), "IQ2_S": (82, 28), "IQ1_S": (50, 24)}  # block bytes, file type
 
 
 def random_blocks(rows: int, width: int, block_bytes: int, generator: np.random.Generator) -> np.ndarray:

@@ -1,6 +1,6 @@
 // The integer GEMM against weights in llama.cpp's IQ4_XS structure, kept as the file stores them (gemm.h's rules:
 // every output element depends on its own row and column alone, with the same bits on every instruction set).
-// IQ2_XXS tensors load into the same structure with a table of their own (iquants.py).
+// The IQ2 and IQ1 types load into it, and into iq4h below, with tables of their own (iquants.py).
 //
 // Format "iq4" (4-bit indices into a table of 16 int8 values, in groups of 32 along k, each group with a signed
 // sub-scale, under a float d per superblock of 8 groups):
@@ -12,7 +12,7 @@
 //   codes: q4's layout and nibbles ([N/16][G][4][16][4]: the low nibble of vector j's byte (l, i) is k = 32g + 4j + i
 //   of lane n0 + l, the high nibble k = 32g + 4(j + 4) + i); table: [N/16][16] int8, a panel's values (IQ4_XS:
 //   llama.cpp's kvalues_iq4nl); sub_scale: [N/16][G][16] int8; d: [N/16][S][16] float. K must be a multiple of 32.
-// Format "iq4h": iq4 with a sub-scale per half group (16 weights: IQ2_XS's and IQ2_S's structure), the same sums
+// Format "iq4h": iq4 with a sub-scale per half group (16 weights: IQ2_XS's, IQ2_S's and IQ1_M's), the same sums
 //   with sub-blocks of 16 for groups: T = sum_{j in s} sub_scale[n][j] * sum_{k in j} value * x. sub_scale:
 //   [N/16][G][2][16] int8, a group's two halves one after the other.
 #pragma once

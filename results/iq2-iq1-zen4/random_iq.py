@@ -3,7 +3,7 @@ default, IQ2_XS, IQ2_S or IQ1_S; the rest copied as it is): a file of that type'
 (its text is noise). llama.cpp's quantizer makes these types only with an importance matrix, which these machines
 cannot compute without a model of their own.
 
-    .venv/bin/python results/iq2xxs-zen4/random_iq2xxs.py SOURCE.gguf OUT.gguf [IQ2_XXS|IQ2_XS|IQ2_S|IQ1_S]
+    .venv/bin/python results/iq2-iq1-zen4/random_iq.py SOURCE.gguf OUT.gguf [IQ2_XXS|IQ2_XS|IQ2_S|IQ1_S]
 """
 
 from __future__ import annotations

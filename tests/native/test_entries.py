@@ -4,6 +4,8 @@ deletes."""
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 from conftest import tiny_model
@@ -25,9 +27,10 @@ def fake_entry(native, name: str, model, weights: str, format: str, partial: boo
 
 
 def test_packing_deletes_the_entries_it_supersedes(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new entry deletes the same model's entries in the same weight format of its own or an older cache format
-    (the model's earlier file, an earlier version); it keeps other formats, newer versions' entries, entries being
-    written, entries without a note and other models'."""
+    """A new entry deletes the same model's entries in the same weight format of an older cache format (an earlier
+    version) or of its own written before it (the model's earlier file); it keeps other formats, newer versions'
+    entries, one of its own format written after it (a later pack), formats it cannot place, entries being written,
+    entries without a note and other models'."""
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     model, other = tmp_path / "tiny", tmp_path / "other"
     tiny_model(64, seed=1).save_pretrained(model)
@@ -35,19 +38,25 @@ def test_packing_deletes_the_entries_it_supersedes(tmp_path, monkeypatch: pytest
     first = entries.native_cache_dir(model)
     native = first.parent
     older = fake_entry(native, "a000000000000001", model.resolve(), "auto", "parts-v1")
-    before_parts = fake_entry(native, "a000000000000002", model.resolve(), "auto", "int7-per-channel-v3")
+    later = fake_entry(native, "b000000000000006", model.resolve(), "auto", entries.NATIVE_FORMAT)
+    os.utime(later / "weights.safetensors", (time.time() + 3600, time.time() + 3600))
     kept = {
+        later,
         fake_entry(native, "b000000000000001", model.resolve(), "int8", "parts-v1"),
         fake_entry(native, "b000000000000002", model.resolve(), "auto", "parts-v999"),
         fake_entry(native, "b000000000000003", model.resolve(), "auto", "parts-v1", partial=True),
         fake_entry(native, "b000000000000004", other.resolve(), "auto", "parts-v1"),
+        fake_entry(native, "b000000000000007", model.resolve(), "auto", "int7-per-channel-v3"),
+        fake_entry(native, "b000000000000008", model.resolve(), "auto", "parts-v18a"),
+        fake_entry(native, "b000000000000009", model.resolve(), "auto", "parts-v\u00b2"),  # a digit int() refuses
     }
     noteless = native / "b000000000000005"
     noteless.mkdir()
     kept.add(noteless)
-    assert entries.read_note(older).generation == 1 and entries.read_note(before_parts).generation == 0
+    assert entries.read_note(older).generation == 1 and entries.read_note(noteless) is None
+    assert [entries.read_note(entry).generation for entry in sorted(kept)[-3:]] == [None, None, None]
     NativeRuntime.load(model)  # read back: nothing packed, nothing deleted
-    assert older.exists() and before_parts.exists() and first.exists()
+    assert older.exists() and first.exists()
     tiny_model(64, seed=2).save_pretrained(model)  # the model's new weights: a new entry
     NativeRuntime.load(model)
     second = entries.native_cache_dir(model)

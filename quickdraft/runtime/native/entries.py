@@ -21,7 +21,7 @@ from quickdraft.models.convert import gguf_source, read_marker
 from quickdraft.models.usage import MODEL_FOLDERS
 from quickdraft.runtime.names import WEIGHT_FORMATS
 
-NATIVE_FORMAT = "parts-v17"  # bump when the cached layout changes (v16: iq4 tables; v17: IQ2_XS, IQ2_S, IQ1 as iq4)
+NATIVE_FORMAT = "parts-v17"  # bump when the cached layout changes (v16: iq4 tables; v17: iq4h, the IQ1 types)
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 
 
@@ -60,10 +60,11 @@ class Note(NamedTuple):
     format: str
 
     @property
-    def generation(self) -> int:
-        """The N of ``parts-vN``; 0 for the layouts before weight parts."""
+    def generation(self) -> int | None:
+        """The N of ``parts-vN``; None for a format this version cannot place (never deleted as older)."""
         number = self.format.removeprefix("parts-v")
-        return int(number) if self.format.startswith("parts-v") and number.isdigit() else 0
+        known = self.format.startswith("parts-v") and number.isascii() and number.isdecimal()
+        return int(number) if known else None
 
 
 def read_note(entry: Path) -> Note | None:
@@ -80,19 +81,37 @@ def being_written(entry: Path) -> bool:
     return any(entry.glob("*.partial"))
 
 
+def superseded(other: Note, own: Note, other_written: float, own_written: float) -> bool:
+    """Whether an entry noted ``other`` is superseded by one noted ``own``: the same model and weight format, and an
+    older cache format, or the same one written earlier (the model's earlier file; a pack of the earlier file that
+    finishes last leaves the current file's entry alone). A format either note cannot place is never superseded."""
+    if other[:2] != own[:2] or other.generation is None or own.generation is None:
+        return False
+    return other.generation < own.generation or (other.generation == own.generation and other_written < own_written)
+
+
+def written_at(entry: Path) -> float:
+    """When an entry's weights were written (0 if they are not there)."""
+    try:
+        return (entry / "weights.safetensors").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def drop_superseded(entry: Path) -> None:
-    """Delete the other entries whose notes name ``entry``'s model and weight format and whose cache format is
-    ``entry``'s or older: packed from the model's earlier file or by an earlier version, no load reads them again. A
-    newer version's entry stays, so a machine that runs two versions packs each once. What cannot be deleted
-    (permissions) is left for ``quickdraft cache --prune`` to report."""
+    """Delete the other entries that ``entry`` supersedes (:func:`superseded`): packed from the model's earlier file
+    or by an earlier version, no load reads them again. A newer version's entry stays, so a machine that runs two
+    versions packs each once. An entry being written is left, and what cannot be deleted (permissions) is left for
+    ``quickdraft cache --prune`` to report."""
     own = read_note(entry)
     if own is None:
         return
+    own_written = written_at(entry)
     for other in entry.parent.iterdir():
         if other == entry or other.is_symlink() or not other.is_dir() or being_written(other):
             continue
         note = read_note(other)
-        if note is not None and note[:2] == own[:2] and note.generation <= own.generation:
+        if note is not None and superseded(note, own, written_at(other), own_written):
             shutil.rmtree(other, ignore_errors=True)
 
 

@@ -55,17 +55,17 @@ class IQ4Part(BlockPart):
         (w = d · sub_scale · table[code]) -> the packed part. K must be a multiple of 32."""
         rows, width = codes.shape
         if width % GROUP:
-            raise ValueError(f"iq4 weights need a multiple of {GROUP} input features, got {width}")
+            raise ValueError(f"{cls.kind} weights need a multiple of {GROUP} input features, got {width}")
         if codes.numel() and not 0 <= int(codes.min()) <= int(codes.max()) <= 15:
-            raise ValueError("iq4 codes are in [0, 15]")
+            raise ValueError(f"{cls.kind} codes are in [0, 15]")
         if table.shape != (rows, 16) or not bool((table == table[:1]).all()):
-            raise ValueError("iq4 weights take one table of 16 values for all their rows")
+            raise ValueError(f"{cls.kind} weights take one table of 16 values for all their rows")
         if table.numel() and not -128 <= int(table.min()) <= int(table.max()) <= 127:
-            raise ValueError("iq4 table values are int8")
+            raise ValueError(f"{cls.kind} table values are int8")
         if sub_scale.shape != (rows, width // cls.sub_block):
             raise ValueError(f"{cls.kind} weights take a sub-scale per {cls.sub_block} weights")
         if sub_scale.numel() and not -128 <= int(sub_scale.min()) <= int(sub_scale.max()) <= 127:
-            raise ValueError("iq4 sub-scales are in [-128, 127]")
+            raise ValueError(f"{cls.kind} sub-scales are in [-128, 127]")
         codes = pad_rows(codes.to(torch.uint8), padded(rows)).reshape(-1, LANES, width // GROUP, 8, 4)
         return cls(
             rows,
@@ -130,7 +130,7 @@ class IQ4Part(BlockPart):
 
 
 class IQ4HalfPart(IQ4Part):
-    """iq4 with a sub-scale per 16 weights (llama.cpp's IQ2_XS and IQ2_S scales): plain ``sub_scale [N, K/16]``,
+    """iq4 with a sub-scale per 16 weights (llama.cpp's IQ2_XS, IQ2_S and IQ1_M scales): plain ``sub_scale [N, K/16]``,
     packed ``[N/16, 2G, 16]``, a group's two halves one after the other (``gemm_iq4.h``'s iq4h)."""
 
     kind = "iq4h"

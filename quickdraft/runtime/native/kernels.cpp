@@ -19,7 +19,7 @@
 // q6_matmul:          the integer GEMM against 6-bit weights in llama.cpp's Q6_K structure (gemm_q6.h).
 // q2_matmul:          the integer GEMM against 2-bit weights in llama.cpp's Q2_K structure (gemm_q2.h).
 // iq4_matmul:         the integer GEMM against 4-bit table indices in llama.cpp's IQ4_XS structure (gemm_iq4.h).
-// iq4h_matmul:        the same with a sub-scale per 16 weights (IQ2_XS's and IQ2_S's structure).
+// iq4h_matmul:        the same with a sub-scale per 16 weights (IQ2_XS's, IQ2_S's and IQ1_M's structure).
 // combine_rows:       a GEMM's output back to floats: row scale, bias.
 // The fused steps of a decoder layer (layers.h runs a model's layers with them in one call; on a 1-token step
 // dispatching many small operations, not their arithmetic, is what costs):

@@ -18,7 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q6_matmul", &q6_matmul, "int8 rows x 6-bit Q6_K-structured weights (exact integer sub-block sums)", nogil);
   m.def("q2_matmul", &q2_matmul, "int8 rows x 2-bit Q2_K-structured weights (exact integer superblock sums)", nogil);
   m.def("iq4_matmul", &iq4_matmul, "int8 rows x IQ4_XS-structured weights, codes into a table (exact integer superblock sums)", nogil);
-  m.def("iq4h_matmul", &iq4h_matmul, "iq4_matmul with a sub-scale per 16 weights (IQ2_XS, IQ2_S)", nogil);
+  m.def("iq4h_matmul", &iq4h_matmul, "iq4_matmul with a sub-scale per 16 weights (IQ2_XS, IQ2_S, IQ1_M)", nogil);
   m.def("isa", &isa, "the instruction sets the GEMMs and attention were compiled for");
   m.def("attend", &attend, "bit-stable causal attention over a static cache (optionally a sliding window)", nogil);
   m.def("quantize_rows", &quantize_rows, "per-row activation quantization for the integer GEMMs", nogil);

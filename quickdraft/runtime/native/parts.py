@@ -201,7 +201,7 @@ class BlockPart(WeightPart):
     @staticmethod
     def join_key(fields: tuple[torch.Tensor, ...]) -> Hashable:
         """What weights of this kind must share for their plain fields to be joined into one part (rows
-        concatenated): nothing, but for formats with a table for all their rows (q4t, iq4), that table."""
+        concatenated): nothing, but for formats with a table for all their rows (q4t, q4tm, iq4, iq4h), that table."""
         return None
 
     def dequantize(self) -> torch.Tensor:

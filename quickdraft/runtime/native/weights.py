@@ -263,8 +263,8 @@ def load_native_state(
     if cached.is_file():
         try:
             state = load_file(cached)
-        except Exception:  # a damaged cache entry is rebuilt below
-            cached.unlink()
+        except Exception:  # a damaged cache entry (or one another process just replaced) is rebuilt below
+            cached.unlink(missing_ok=True)
         else:
             if not (cached.parent / ENTRY_SOURCE).is_file():  # packed before entries had notes
                 note_source(cached.parent, path, weights)

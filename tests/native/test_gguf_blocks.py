@@ -170,6 +170,19 @@ def test_decoded_iq3_blocks_are_ggufs_own_dequantization(name: str, block_bytes:
     assert (int(sub_scale.min()), int(sub_scale.max())) == (1, 31)
 
 
+@pytest.mark.parametrize(("name", "block_bytes", "d_at"), [("TQ2_0", 66, slice(64, 66)), ("TQ1_0", 54, slice(52, 54))])
+def test_decoded_ternary_blocks_are_ggufs_own_dequantization(name: str, block_bytes: int, d_at: slice) -> None:
+    """Every trit byte random (TQ2_0's fourth code 3 too, which gguf-py reads as 2·d), and gguf-py's own quantization of
+    random floats: q2 parts with codes 0..3, sub-scales and sub-mins 1 and dmin = −d."""
+    raw = random_blocks(32, 768, block_bytes, d_at)
+    kind, (codes, sub_scale, sub_min, d, dmin) = decoded_as_gguf_reads_it(raw, name, 32, 768)
+    assert kind == "q2" and int(codes.max()) == (3 if name == "TQ2_0" else 2) and int(codes.min()) == 0
+    assert bool((sub_scale == 1).all()) and bool((sub_min == 1).all()) and torch.equal(dmin, -d)
+    floats = np.random.default_rng(2).normal(0, 0.05, size=(32, 768)).astype(np.float32)
+    quantized = gguf.quants.quantize(floats, getattr(gguf.GGMLQuantizationType, name))
+    decoded_as_gguf_reads_it(quantized, name, 32, 768)
+
+
 def test_iq3_xxs_signs_are_llama_cpps() -> None:
     assert bytes(SIGNS) == gguf.quants.IQ2_XXS.ksigns  # ksigns_iq2xs: the eighth sign keeps the count of minus even
 

@@ -80,7 +80,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
-    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, the IQ2 and IQ1 types and the 32-weight types Q8_0, Q5_0,
+    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, the IQ2, IQ1 and ternary types and the 32-weight types Q8_0, Q5_0,
     Q4_0, Q5_1, Q4_1 and IQ4_NL for auto, Q4_K for q4) as they are (Llama's q/k rows reordered as transformers
     reorders its floats), the rest (every other type of READ_TYPES) quantized from the float values transformers'
     loader gives them."""
@@ -109,7 +109,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4t", "Q5_1": "q8m",
             "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t", "Q2_K": "q2", "IQ3_XXS": "q6",
             "IQ3_S": "q6", "IQ2_XXS": "iq4", "IQ2_XS": "iq4h", "IQ2_S": "iq4h", "IQ1_S": "iq4",
-            "IQ1_M": "iq4h"}  # the rest: int8  # fmt: skip
+            "IQ1_M": "iq4h", "TQ2_0": "q2", "TQ1_0": "q2"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     if more == 1:  # attn_q Q2_K and attn_k Q3_K, as stored (a Llama file's rows reordered)
@@ -159,7 +159,7 @@ def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeyp
     qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
     assert qkv == ["q2", "q6", "iq4"]  # attn_q Q2_K, attn_k Q3_K, attn_v IQ2_XXS
     assert [type(part).kind for part in runtime.decoder.layers[0].out.parts] == ["q6"]  # attn_output IQ3_S
-    assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["iq4h", "int8"]  # IQ1_M, TQ2_0
+    assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["iq4h", "q2"]  # IQ1_M, TQ2_0
     compiled_against_reference(runtime, some_token_ids())
 
 

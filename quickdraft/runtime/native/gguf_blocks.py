@@ -1,6 +1,7 @@
-"""A GGUF file's K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL) tensors
-as the native runtime's q2, q4, q5, q6, q8, q8m, q4t and q4tm parts, bit for bit (no second quantization). The
-i-quants' own structures are read in ``gguf_iquants.py``; ``gguf_exact.py`` picks the tensors a model keeps.
+"""A GGUF file's K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), ternary (TQ1_0, TQ2_0) and 32-weight (Q8_0, Q5_0, Q4_0,
+Q5_1, Q4_1, IQ4_NL) tensors as the native runtime's q2, q4, q5, q6, q8, q8m, q4t and q4tm parts, bit for bit (no second
+quantization). The i-quants' own structures are read in ``gguf_iquants.py``; ``gguf_exact.py`` picks the tensors a
+model keeps.
 
 Q4_K (llama.cpp's ``block_q4_K``, 144 bytes per 256 weights): float16 ``d`` and ``dmin``, 12 bytes packing eight
 6-bit sub-scales and eight 6-bit sub-mins, and 128 bytes of 4-bit codes; weight = d · sub_scale · code − dmin ·
@@ -32,6 +33,12 @@ Q2_K (``block_q2_K``, 84 bytes per 256 weights): sixteen bytes each holding a su
 nibble) and 4-bit sub-min (high nibble), 64 bytes ``qs``, a float16 ``d`` and a float16 ``dmin``. Weight 128·h +
 32·j + l (h < 2, j < 4, l < 32) has its 2-bit code at bits 2j of qs byte 32·h + l; weight = d · sub_scale · code −
 dmin · sub_min, sub-block (of 16) by sub-block: the q2 format, with dmin negated.
+
+The ternary types hold trits t in {0, 1, 2} and a float16 ``d`` per 256 weights, weight = d · (t − 1): the q2 format
+with codes t, sub-scales and sub-mins 1, and dmin = −d. TQ2_0 (``block_tq2_0``, 66 bytes): 64 bytes of 2-bit trits
+(weight 128·h + 32·j + l at bits 2j of byte 32·h + l, as Q2_K's), then ``d``. TQ1_0 (``block_tq1_0``, 54 bytes):
+48 bytes of five trits each and 4 bytes of four, packed in base 3 as fixed-point fractions (trit p of byte b is
+(b · 3^p mod 256) · 3 / 256, rounded down), then ``d``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ Q6_K_BLOCK_BYTES = 210
 Q2_K_BLOCK_BYTES = 84
 Q3_K_BLOCK_BYTES = 110
 Q3_K_SCALE_OFFSET = 32  # Q3_K's 6-bit sub-scales hold sub_scale + 32
+TQ1_0_BLOCK_BYTES = 54
+TQ2_0_BLOCK_BYTES = 66
 
 # GGUF tensor names of a Llama-family layer -> transformers names (``model.layers.{i}.`` + this)
 LAYER_TENSORS = {
@@ -168,6 +177,43 @@ def decode_q2_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
         torch.from_numpy(float16_at(blocks, 80)),
         torch.from_numpy(-float16_at(blocks, 82)),
     )
+
+
+def ternary_q2(trits: np.ndarray, d: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Trits ``[rows, S, 256]`` in weight order and ``d [rows, S]`` -> ("q2", (codes, sub_scale 1, sub_min 1, d,
+    −d))."""
+    ones = torch.ones(rows, width // 16, dtype=torch.uint8)
+    return "q2", (
+        torch.from_numpy(trits.reshape(rows, width)),
+        ones,
+        ones.clone(),
+        torch.from_numpy(d),
+        torch.from_numpy(-d),
+    )
+
+
+def decode_tq2_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw TQ2_0 bytes -> q2 fields (:func:`ternary_q2`)."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, TQ2_0_BLOCK_BYTES)
+    quants = blocks[..., :64].reshape(rows, supers, 2, 1, 32)  # [rows, S, h, 1, l]
+    trits = (quants >> (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)) & 3  # [rows, S, h, j, l]
+    return ternary_q2(trits, float16_at(blocks, 64), rows, width)
+
+
+def decode_tq1_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
+    """Raw TQ1_0 bytes -> q2 fields (:func:`ternary_q2`): weights 0..159 from the first 32 bytes (trit p of byte l:
+    weight 32·p + l), 160..239 from the next 16, 240..255 from the 4 bytes of four."""
+    supers = width // Q4_K_WEIGHTS
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, TQ1_0_BLOCK_BYTES)
+    powers = np.array([1, 3, 9, 27, 81], dtype=np.uint8).reshape(5, 1)
+
+    def trits_of(packed: np.ndarray, count: int) -> np.ndarray:  # [rows, S, n] -> [rows, S, count · n]
+        shifted = packed[..., None, :] * powers[:count]  # uint8: mod 256
+        return ((shifted.astype(np.uint16) * 3) >> 8).astype(np.uint8).reshape(rows, supers, -1)
+
+    parts = (trits_of(blocks[..., :32], 5), trits_of(blocks[..., 32:48], 5), trits_of(blocks[..., 48:52], 4))
+    return ternary_q2(np.concatenate(parts, axis=-1), float16_at(blocks, 52), rows, width)
 
 
 def decode_q3_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:

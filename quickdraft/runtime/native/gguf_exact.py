@@ -34,6 +34,8 @@ from quickdraft.runtime.native.gguf_blocks import (
     decode_q5_k,
     decode_q6_k,
     decode_q8_0,
+    decode_tq1_0,
+    decode_tq2_0,
     q4_weight,
     transformers_name,
 )
@@ -68,6 +70,8 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "IQ2_S": decode_iq2_s,
     "IQ1_S": decode_iq1_s,
     "IQ1_M": decode_iq1_m,
+    "TQ2_0": decode_tq2_0,
+    "TQ1_0": decode_tq1_0,
 }
 BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL"), LEGACY_WEIGHTS)  # the rest: 256
 

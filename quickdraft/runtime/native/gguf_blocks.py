@@ -162,16 +162,21 @@ def decode_q6_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d))
 
 
+def two_bit_codes(quants: np.ndarray) -> np.ndarray:
+    """Q2_K's and TQ2_0's 64 code bytes per block ``[rows, S, 64]`` -> codes ``[rows, S, 256]`` in weight order:
+    weight 128·h + 32·j + l at bits 2j of byte 32·h + l."""
+    codes = (quants.reshape(*quants.shape[:2], 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)) & 3
+    return codes.reshape(*quants.shape[:2], Q4_K_WEIGHTS)  # from [rows, S, h, j, l]
+
+
 def decode_q2_k(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw Q2_K bytes of a ``[rows, width]`` tensor -> ("q2", (codes [rows, width] uint8 in [0, 3], sub_scale and
     sub_min [rows, width/16] uint8 in [0, 15], d and −dmin [rows, width/256] float32))."""
     supers = width // Q4_K_WEIGHTS
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, Q2_K_BLOCK_BYTES)
-    quants = blocks[..., 16:80].reshape(rows, supers, 2, 1, 32)  # [rows, S, h, 1, l]
-    codes = (quants >> (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)) & 3  # [rows, S, h, j, l]
     scales = blocks[..., :16].reshape(rows, width // 16)
     return "q2", (
-        torch.from_numpy(codes.reshape(rows, width)),
+        torch.from_numpy(two_bit_codes(blocks[..., 16:80]).reshape(rows, width)),
         torch.from_numpy(scales & 0x0F),
         torch.from_numpy(scales >> 4),
         torch.from_numpy(float16_at(blocks, 80)),
@@ -196,9 +201,7 @@ def decode_tq2_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw TQ2_0 bytes -> q2 fields (:func:`ternary_q2`)."""
     supers = width // Q4_K_WEIGHTS
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, supers, TQ2_0_BLOCK_BYTES)
-    quants = blocks[..., :64].reshape(rows, supers, 2, 1, 32)  # [rows, S, h, 1, l]
-    trits = (quants >> (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)) & 3  # [rows, S, h, j, l]
-    return ternary_q2(trits, float16_at(blocks, 64), rows, width)
+    return ternary_q2(two_bit_codes(blocks[..., :64]), float16_at(blocks, 64), rows, width)
 
 
 def decode_tq1_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:

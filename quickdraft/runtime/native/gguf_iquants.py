@@ -103,14 +103,19 @@ def sign_bits(signs: np.ndarray) -> np.ndarray:
     return np.unpackbits(signs, axis=-1, bitorder="little")
 
 
+def word_signs(words: np.ndarray) -> np.ndarray:
+    """IQ3_XXS's and IQ2_XXS's per-group uint32 ``[n, S, 8]`` -> its weights' signs ``[n, S, 256]`` (1: negative):
+    four 7-bit sign indices (bits 7k: weights 8k..8k + 7) into ``SIGNS``."""
+    sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [n, S, 8, 4]
+    return sign_bits(SIGNS[sign_index]).reshape(*words.shape[:2], Q4_K_WEIGHTS)
+
+
 def iq3_xxs_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """IQ3_XXS blocks ``[n, S, 98]`` -> (q6 codes ``[n, S, 256]`` of value/2, group sub-scales ``[n, S, 8]``)."""
     magnitudes = grid_values("IQ3_XXS")[blocks[..., 2:66]] // 2  # [n, S, 64, 4]: {2, 6, ..., 26, 31}
     words = blocks[..., 66:98].copy().view("<u4")  # [n, S, 8]
-    sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [n, S, 8, 4]
-    minus = sign_bits(SIGNS[sign_index])  # [n, S, 8, 32]
-    shape = (*blocks.shape[:2], Q4_K_WEIGHTS)
-    return signed_codes(magnitudes.reshape(shape), minus.reshape(shape)), 2 * (words >> 28) + 1
+    minus = word_signs(words)
+    return signed_codes(magnitudes.reshape(minus.shape), minus), 2 * (words >> 28) + 1
 
 
 def iq3_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -123,16 +128,26 @@ def iq3_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return signed_codes(magnitudes.reshape(minus.shape), minus), group_scale
 
 
-def grid_q6(blocks: np.ndarray, codes_of: Callable, d: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """IQ3 blocks ``[rows, S, bytes]`` as a q6 part's fields, decoded CODE_ROWS rows at a time (the temporaries stay
-    a few MB): ``codes_of`` gives a chunk's codes and group sub-scales (each for its group's two sub-blocks of 16),
-    ``d [rows, S]`` the superblocks' scales."""
+def grid_fields(
+    blocks: np.ndarray, codes_of: Callable, width: int, sub_block: int, repeat: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Grid blocks ``[rows, S, bytes]`` -> (codes ``[rows, width]`` uint8, sub_scale ``[rows, width / sub_block]``
+    int8), decoded CODE_ROWS rows at a time (the temporaries stay a few MB): ``codes_of`` gives a chunk's codes and
+    sub-scales, each sub-scale serving ``repeat`` sub-blocks of the part."""
+    rows = len(blocks)
     codes = np.empty((rows, width), np.uint8)
-    sub_scale = np.empty((rows, width // 16), np.int8)
+    sub_scale = np.empty((rows, width // sub_block), np.int8)
     for chunk in row_chunks(rows):
-        chunk_codes, group_scale = codes_of(blocks[chunk])
+        chunk_codes, scales = codes_of(blocks[chunk])
         codes[chunk] = chunk_codes.reshape(len(chunk_codes), width)
-        sub_scale[chunk] = np.repeat(group_scale.astype(np.int8), 2, axis=-1).reshape(len(chunk_codes), -1)
+        sub_scale[chunk] = np.repeat(scales.astype(np.int8), repeat, axis=-1).reshape(len(chunk_codes), -1)
+    return codes, sub_scale
+
+
+def grid_q6(blocks: np.ndarray, codes_of: Callable, d: np.ndarray, width: int) -> ExactWeight:
+    """IQ3 blocks ``[rows, S, bytes]`` as a q6 part's fields: ``codes_of`` gives a chunk's codes and group sub-scales
+    (each for its group's two sub-blocks of 16), ``d [rows, S]`` the superblocks' scales."""
+    codes, sub_scale = grid_fields(blocks, codes_of, width, 16, repeat=2)
     return "q6", (torch.from_numpy(codes), torch.from_numpy(sub_scale), torch.from_numpy(d.astype(np.float32)))
 
 
@@ -140,14 +155,14 @@ def decode_iq3_xxs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ3_XXS bytes -> ("q6", (codes [rows, width] uint8 in [1, 63], sub_scale [rows, width/16] int8 in
     [1, 31], d/2 [rows, width/256] float32))."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, IQ3_XXS_BLOCK_BYTES)
-    return grid_q6(blocks, iq3_xxs_codes, float16_at(blocks, 0) / 2, rows, width)
+    return grid_q6(blocks, iq3_xxs_codes, float16_at(blocks, 0) / 2, width)
 
 
 def decode_iq3_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ3_S bytes -> ("q6", (codes [rows, width] uint8 in [17, 47], sub_scale [rows, width/16] int8 in
     [1, 31], d [rows, width/256] float32))."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, IQ3_S_BLOCK_BYTES)
-    return grid_q6(blocks, iq3_s_codes, float16_at(blocks, 0), rows, width)
+    return grid_q6(blocks, iq3_s_codes, float16_at(blocks, 0), width)
 
 
 # IQ2_VALUES's code of each signed magnitude: [minus][magnitude index in (8, 25, 43)]
@@ -169,10 +184,8 @@ def iq2_xxs_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """IQ2_XXS blocks ``[n, S, 66]`` -> (iq4 codes ``[n, S, 256]``, group sub-scales ``[n, S, 8]``)."""
     groups = blocks[..., 2:].reshape(*blocks.shape[:2], GROUPS, 8)  # [n, S, 8, 8]: index bytes, then a word
     words = groups[..., 4:].copy().view("<u4")[..., 0]  # [n, S, 8]
-    sign_index = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F  # [n, S, 8, 4]
-    minus = sign_bits(SIGNS[sign_index]).reshape(*blocks.shape[:2], Q4_K_WEIGHTS)
     indices = groups[..., :4].reshape(*blocks.shape[:2], 32)
-    return iq2_codes("IQ2_XXS", indices, minus), 2 * (words >> 28) + 1
+    return iq2_codes("IQ2_XXS", indices, word_signs(words)), 2 * (words >> 28) + 1
 
 
 def half_scales(scales: np.ndarray) -> np.ndarray:
@@ -205,44 +218,53 @@ def iq1_codes(indices: np.ndarray, plus: np.ndarray) -> np.ndarray:
     return (2 * values + plus[..., None].astype(np.uint8)).reshape(*indices.shape[:2], Q4_K_WEIGHTS)
 
 
-def iq1_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """IQ1_S blocks ``[n, S, 50]`` -> (iq4 codes ``[n, S, 256]``, group sub-scales ``[n, S, 8]``, d ``[n, S]``)."""
+def iq1_s_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ1_S blocks ``[n, S, 50]`` -> (iq4 codes ``[n, S, 256]``, group sub-scales ``[n, S, 8]``)."""
     words = blocks[..., 34:50].copy().view("<u2")  # [n, S, 8]: per group
     top = (words[..., None] >> (3 * np.arange(4, dtype=np.uint16))) & 7  # [n, S, 8, 4]
     indices = blocks[..., 2:34].astype(np.uint16) | top.reshape(*blocks.shape[:2], 32) << 8
     plus = np.repeat((words >> 15) == 0, 4, axis=-1)  # [n, S, 32]: each group's sign for its 4 indices
-    return iq1_codes(indices, plus), 2 * ((words >> 12) & 7) + 1, float16_at(blocks, 0)
+    return iq1_codes(indices, plus), 2 * ((words >> 12) & 7) + 1
 
 
-def iq1_m_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """IQ1_M blocks ``[n, S, 56]`` -> (iq4 codes ``[n, S, 256]``, sub-scales per 16 ``[n, S, 16]``, d ``[n, S]``)."""
+def iq1_m_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ1_M blocks ``[n, S, 56]`` -> (iq4 codes ``[n, S, 256]``, sub-scales per 16 ``[n, S, 16]``)."""
     nibbles = nibbles_of(blocks[..., 32:48, None]).reshape(*blocks.shape[:2], 32)  # index 2b: byte b's low nibble
     indices = blocks[..., :32].astype(np.uint16) | (nibbles & 7).astype(np.uint16) << 8
     words = blocks[..., 48:56].copy().view("<u2")  # [n, S, 4]
     scales = (words[..., None] >> (3 * np.arange(4, dtype=np.uint16))) & 7  # [n, S, 4, 4]: 16 in k order
+    return iq1_codes(indices, (nibbles & 8) == 0), 2 * scales.reshape(*blocks.shape[:2], 16) + 1
+
+
+def iq1_m_d(blocks: np.ndarray) -> np.ndarray:
+    """IQ1_M blocks ``[n, S, 56]`` -> their float16 d ``[n, S]``, held in the top nibbles of the four scale words."""
+    words = blocks[..., 48:56].copy().view("<u2")  # [n, S, 4]
     d_bits = (words & 0xF000) >> np.array([12, 8, 4, 0], dtype=np.uint16)
-    d = np.bitwise_or.reduce(d_bits, axis=-1).view(np.float16).astype(np.float32)  # [n, S]
-    return iq1_codes(indices, (nibbles & 8) == 0), 2 * scales.reshape(*blocks.shape[:2], 16) + 1, d
+    return np.bitwise_or.reduce(d_bits, axis=-1).view(np.float16).astype(np.float32)
+
+
+def first_float16(blocks: np.ndarray) -> np.ndarray:
+    """The float16 d at the start of each block ``[n, S, bytes]`` (every grid type's but IQ1_M's)."""
+    return float16_at(blocks, 0)
 
 
 def grid_iq4(
-    raw: np.ndarray, rows: int, width: int, block_bytes: int, codes_of: Callable, sub_block: int, table: torch.Tensor
+    raw: np.ndarray,
+    rows: int,
+    width: int,
+    block_bytes: int,
+    codes_of: Callable,
+    sub_block: int,
+    table: torch.Tensor,
+    d_of: Callable = first_float16,
 ) -> ExactWeight:
-    """IQ2 and IQ1 blocks as an iq4 (``sub_block`` 32) or iq4h (16) part's fields with ``table``, decoded CODE_ROWS
-    rows at a time: ``codes_of`` gives a chunk's codes, sub-scales and (IQ1) d; the superblock scale is d/8."""
+    """IQ2 and IQ1 blocks as an iq4 (``sub_block`` 32) or iq4h (16) part's fields with ``table``: ``codes_of`` gives
+    a chunk's codes and sub-scales (:func:`grid_fields`), ``d_of`` the blocks' d; the superblock scale is d/8."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // Q4_K_WEIGHTS, block_bytes)
-    codes = np.empty((rows, width), np.uint8)
-    sub_scale = np.empty((rows, width // sub_block), np.int8)
-    d = float16_at(blocks, 0)
-    for chunk in row_chunks(rows):
-        chunk_codes, scales, *chunk_d = codes_of(blocks[chunk])
-        codes[chunk] = chunk_codes.reshape(len(chunk_codes), width)
-        sub_scale[chunk] = scales.astype(np.int8).reshape(len(chunk_codes), -1)
-        if chunk_d:
-            d[chunk] = chunk_d[0]
+    codes, sub_scale = grid_fields(blocks, codes_of, width, sub_block)
     kind = "iq4" if sub_block == 32 else "iq4h"
-    fields = (torch.from_numpy(codes), table.expand(rows, 16), torch.from_numpy(sub_scale), torch.from_numpy(d / 8))
-    return kind, fields
+    d = torch.from_numpy(d_of(blocks) / 8)
+    return kind, (torch.from_numpy(codes), table.expand(rows, 16), torch.from_numpy(sub_scale), d)
 
 
 def decode_iq2_xxs(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
@@ -269,4 +291,4 @@ def decode_iq1_s(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 
 def decode_iq1_m(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ1_M bytes -> ("iq4h", (codes, table (``IQ1_VALUES``), sub_scale [rows, width/16] int8 in [1, 15], d/8))."""
-    return grid_iq4(raw, rows, width, IQ1_M_BLOCK_BYTES, iq1_m_codes, 16, IQ1_VALUES)
+    return grid_iq4(raw, rows, width, IQ1_M_BLOCK_BYTES, iq1_m_codes, 16, IQ1_VALUES, iq1_m_d)

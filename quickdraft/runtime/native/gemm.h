@@ -298,15 +298,21 @@ inline void int8_tile(const Int8Weights& w, const int8_t* x, int64_t x_stride, c
   }
 }
 
-// A group's exact sum of code * x for one row of 32 activations: 8 byte multiply-adds over its code vectors c[0..7]
-// (vector j's byte (l, i) times x[4j + i], in lane l), two chains of 4 added, the first from `start` (the group's
-// offset where the codes are values + 128). The q8 and iq4 tiles take it.
-inline __m512i group_dot(__m512i start, const __m512i* c, const int8_t* row) {
-  __m512i dot_a = start, dot_b = _mm512_setzero_si512();
+// A group's two half sums of code * x for one row of 32 activations: 4 byte multiply-adds each over its code vectors
+// c[0..3] (into dot_a: x[0..15]) and c[4..7] (into dot_b: x[16..31]), vector j's byte (l, i) times x[4j + i] in lane
+// l, each continuing from the value it holds. The q6 and iq4h tiles scale the halves apart; group_dot adds them.
+inline void group_halves(__m512i& dot_a, __m512i& dot_b, const __m512i* c, const int8_t* row) {
   QD_UNROLL for (int j = 0; j < 4; ++j) {
     dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
     dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
   }
+}
+
+// A group's exact sum of code * x for one row: its two halves (group_halves), the first from `start` (the group's
+// offset where the codes are values + 128), added. The q8 and iq4 tiles take it.
+inline __m512i group_dot(__m512i start, const __m512i* c, const int8_t* row) {
+  __m512i dot_a = start, dot_b = _mm512_setzero_si512();
+  group_halves(dot_a, dot_b, c, row);
   return _mm512_add_epi32(dot_a, dot_b);
 }
 

@@ -76,7 +76,7 @@ inline float iq4_reference(const Iq4Weights& w, const int8_t* x, int64_t n) {
 // per row (group_dot) start from its offset -128 * X[g] (group_offsets), so they end at the exact sum of
 // value * x (|.| <= 32 * 255 * 128 during the sum, far inside int32). One 32-bit multiply by the lane's sub-scale and an
 // addition take it into the row's superblock total. iq4h's halves each start from their own offset (half_group_offsets)
-// and take their own sub-scale: two chains of 4, as group_dot's, multiplied apart.
+// and take their own sub-scale (group_halves), multiplied apart.
 template <int R, bool Halves>
 inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, const int32_t* offsets,
                      int64_t offset_stride, int64_t block, float* out, int64_t out_stride) {
@@ -109,10 +109,7 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
         if constexpr (Halves) {
           const int32_t* offset = offsets + r * offset_stride + 2 * g;
           __m512i dot_a = _mm512_set1_epi32(offset[0]), dot_b = _mm512_set1_epi32(offset[1]);
-          QD_UNROLL for (int j = 0; j < 4; ++j) {
-            dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
-            dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
-          }
+          group_halves(dot_a, dot_b, c, row);
           totals[r] = _mm512_add_epi32(totals[r], _mm512_add_epi32(_mm512_mullo_epi32(dot_a, scale), _mm512_mullo_epi32(dot_b, scale_b)));
         } else {
           const __m512i dot = group_dot(_mm512_set1_epi32(offsets[r * offset_stride + g]), c, row);

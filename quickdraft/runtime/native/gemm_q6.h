@@ -106,10 +106,7 @@ inline void q6_tile(const Q6Weights& w, const int8_t* x, int64_t x_stride, const
       const int8_t* row = x + r * x_stride + g * kGroup;
       const int32_t* offset = offsets + r * offset_stride + 2 * g;
       __m512i dot_a = _mm512_set1_epi32(offset[0]), dot_b = _mm512_set1_epi32(offset[1]);
-      QD_UNROLL for (int j = 0; j < 4; ++j) {
-        dot_a = _mm512_dpbusd_epi32(dot_a, c[j], _mm512_set1_epi32(load4(row + 4 * j)));
-        dot_b = _mm512_dpbusd_epi32(dot_b, c[j + 4], _mm512_set1_epi32(load4(row + 4 * (j + 4))));
-      }
+      group_halves(dot_a, dot_b, c, row);
       acc[r] = _mm512_fmadd_ps(scale_a, _mm512_cvtepi32_ps(dot_a), acc[r]);
       acc[r] = _mm512_fmadd_ps(scale_b, _mm512_cvtepi32_ps(dot_b), acc[r]);
     }

@@ -16,6 +16,7 @@ EXACT_TYPES = {  # the GGUF types each format keeps
     "auto": (
         *("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1"),
         *("IQ4_XS", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ2_0", "TQ1_0"),
+        "MXFP4",
     ),
     "q4": ("Q4_K",),
     "int8": (),

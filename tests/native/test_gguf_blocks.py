@@ -1,6 +1,6 @@
-"""Reading a GGUF file's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL, IQ4_XS, IQ3_XXS,
-IQ3_S and IQ2_XXS tensors as q4, q5, q6, q2, q8, q8m, q4t, q4tm and iq4 parts: the same weights as gguf's own
-dequantization, bit for bit."""
+"""Reading a GGUF file's K-quant, 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL, MXFP4), i-quant and ternary
+tensors as q4, q5, q6, q2, q8, q8m, q4t, q4tm, iq4 and iq4h parts: the same weights as gguf's own dequantization, bit
+for bit."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import gguf_tensor
 
 from quickdraft.runtime.native import parts
 from quickdraft.runtime.native.formats import PART_KINDS
-from quickdraft.runtime.native.gguf_blocks import decode_q4_k, transformers_name
+from quickdraft.runtime.native.gguf_blocks import MXFP4_EXPONENTS, decode_q4_k, mxfp4_fits, transformers_name
 from quickdraft.runtime.native.gguf_exact import EXACT_DECODERS, exact_weights
 from quickdraft.runtime.native.gguf_iquants import SIGNS
 from quickdraft.runtime.native.iquants import IQ1_VALUES, IQ2_VALUES, IQ4_VALUES
@@ -83,6 +83,34 @@ def test_decoded_legacy_blocks_are_ggufs_own_dequantization(
     raw = random_blocks(32, 256, block_bytes, scales, weights=32)
     decoded, (codes, *_) = decoded_as_gguf_reads_it(raw, name, 32, 256)
     assert decoded == kind and (int(codes.min()), int(codes.max())) == (low, high)
+
+
+def test_decoded_mxfp4_blocks_are_ggufs_own_dequantization() -> None:
+    """Every code and every exponent that float16 holds (2^(e − 128), e in 104..143), blocks of zeros under the
+    exponents float16 does not hold (0, as llama.cpp's quantizer writes them, and 255), and gguf-py's own quantization
+    of random floats: q4t with e2m1's values doubled; d 0 in the zero blocks."""
+    generator = np.random.default_rng(3)
+    blocks = generator.integers(0, 256, size=(32, 24, 17), dtype=np.uint8)
+    blocks[..., 0] = np.resize(np.arange(MXFP4_EXPONENTS[0], MXFP4_EXPONENTS[1] + 1, dtype=np.uint8), (32, 24))
+    blocks[0, :2, 1:] = [[0x00], [0x88]]  # codes 0 and 8: both name zero
+    blocks[0, :2, 0] = [0, 255]
+    raw = blocks.reshape(32, -1)
+    assert mxfp4_fits(raw, 32, 768)
+    kind, (codes, table, d) = decoded_as_gguf_reads_it(raw, "MXFP4", 32, 768)
+    assert kind == "q4t" and (int(codes.min()), int(codes.max())) == (0, 15) and table[0].tolist()[6:9] == [8, 12, 0]
+    assert float(d[0, 0]) == float(d[0, 1]) == 0.0 and float(d.max()) == 2.0**15
+    floats = generator.normal(0, 0.05, size=(32, 768)).astype(np.float32)
+    decoded_as_gguf_reads_it(gguf.quants.quantize(floats, gguf.GGMLQuantizationType.MXFP4), "MXFP4", 32, 768)
+
+
+@pytest.mark.parametrize("exponent", [MXFP4_EXPONENTS[0] - 1, MXFP4_EXPONENTS[1] + 1, 0, 255])
+def test_an_mxfp4_block_with_a_value_under_a_scale_float16_lacks_does_not_fit(exponent: int) -> None:
+    blocks = np.full((4, 8, 17), 0x11, dtype=np.uint8)  # every weight 1 · 2^(e − 128)
+    blocks[..., 0] = 120
+    blocks[3, 5, 0] = exponent
+    assert not mxfp4_fits(blocks.reshape(4, -1), 4, 256)
+    blocks[3, 5, 1:] = 0x80  # the block's values all zero: its exponent does not matter
+    assert mxfp4_fits(blocks.reshape(4, -1), 4, 256)
 
 
 def test_decoded_q2_k_blocks_are_ggufs_own_dequantization() -> None:

@@ -109,7 +109,7 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4t", "Q5_1": "q8m",
             "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t", "Q2_K": "q2", "IQ3_XXS": "q6",
             "IQ3_S": "q6", "IQ2_XXS": "iq4", "IQ2_XS": "iq4h", "IQ2_S": "iq4h", "IQ1_S": "iq4",
-            "IQ1_M": "iq4h", "TQ2_0": "q2", "TQ1_0": "q2"}  # the rest: int8  # fmt: skip
+            "IQ1_M": "iq4h", "TQ2_0": "q2", "TQ1_0": "q2", "MXFP4": "q4t"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     if more == 1:  # attn_q Q2_K and attn_k Q3_K, as stored (a Llama file's rows reordered)
@@ -164,8 +164,8 @@ def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeyp
 
 
 def test_iq2_and_iq1_formats_run_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file's IQ2_XS and IQ2_S tensors (iq4h parts: a sub-scale per 16 weights) beside IQ3_XXS (q6), and IQ1_S
-    (iq4 with IQ1's table), in one native call."""
+    """A file's IQ2_XS and IQ2_S tensors (iq4h parts: a sub-scale per 16 weights) beside IQ3_XXS (q6), IQ1_S (iq4 with
+    IQ1's table), and MXFP4 (q4t with e2m1's values) beside TQ1_0 (q2), in one native call."""
     import conftest
 
     monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[2], conftest.GGUF_LAYER_TYPES[1]))
@@ -173,7 +173,24 @@ def test_iq2_and_iq1_formats_run_through_the_compiled_layers(tmp_path: Path, mon
     qkv = [type(part).kind for part in runtime.decoder.layers[0].qkv.parts]
     assert qkv == ["iq4h", "q6"]  # attn_q IQ2_XS and attn_k IQ2_S side by side in one part, attn_v IQ3_XXS
     assert [type(part).kind for part in runtime.decoder.layers[0].out.parts] == ["iq4"]  # attn_output IQ1_S
+    assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["q2", "q4t"]  # TQ1_0, MXFP4
     compiled_against_reference(runtime, some_token_ids())
+
+
+def test_an_mxfp4_tensor_whose_scales_a_part_cannot_hold_is_read_as_floats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An MXFP4 tensor with a block scale outside float16's values (here: every scale, by narrowing the range) is
+    stored in 7 bits like a type without a decoder, and packing says so, rather than failing or rounding its scales."""
+    import conftest
+
+    from quickdraft.runtime.native import gguf_blocks
+
+    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[2], conftest.GGUF_LAYER_TYPES[1]))
+    monkeypatch.setattr(gguf_blocks, "MXFP4_EXPONENTS", (200, 201))
+    runtime = NativeRuntime.load(gguf_dir(tmp_path), LoadOptions(progress=True))
+    assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["q2", "int8"]  # TQ1_0, MXFP4
+    assert "stored in 7 bits per output channel (1 MXFP4, 1 F16, 1 BF16)" in capsys.readouterr().err
 
 
 def test_one_kind_with_different_tables_stays_in_parts_of_its_own(
@@ -312,14 +329,23 @@ def test_every_familys_gguf_config_is_read_by_transformers_or_by_quickdraft() ->
         assert OWN_CONFIGS.get(architecture, family.model_type) == family.model_type
 
 
-def test_a_mixture_of_experts_is_read_from_its_files_tensors_of_every_expert(tmp_path: Path) -> None:
-    """A Qwen3-MoE file: each expert's slice of ``ffn_*_exps`` kept as stored (its weights gguf-py's dequantization of
-    that slice), the router as float32; the compiled layers give the PyTorch path's logits, and both are
-    transformers' own reading of the file to the 8-bit activations' error."""
-    from conftest import GGUF_EXPERT_TYPES
+@pytest.mark.parametrize(
+    "expert_types", [None, dict.fromkeys(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), "MXFP4")]
+)
+def test_a_mixture_of_experts_is_read_from_its_files_tensors_of_every_expert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expert_types: dict[str, str] | None
+) -> None:
+    """A Qwen3-MoE file (experts of K-quants and Q8_0, or all MXFP4 as llama.cpp's MXFP4_MOE writes them): each
+    expert's slice of ``ffn_*_exps`` kept as stored (its weights gguf-py's dequantization of that slice), the router as
+    float32; the compiled layers give the PyTorch path's logits, and both are transformers' own reading of the file to
+    the 8-bit activations' error."""
+    import conftest
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
+    if expert_types is not None:
+        monkeypatch.setattr(conftest, "GGUF_EXPERT_TYPES", expert_types)
+    types = conftest.GGUF_EXPERT_TYPES
     gguf_path = write_tiny_gguf(tmp_path / "moe.gguf", "qwen3moe", experts=4)
     write_model_dir(gguf_path, tmp_path / "hf", "0" * 64)
     config = DecoderConfig.from_dir(tmp_path / "hf")
@@ -327,9 +353,9 @@ def test_a_mixture_of_experts_is_read_from_its_files_tensors_of_every_expert(tmp
     assert (config.expert_intermediate_size, config.normalize_expert_weights) == (256, True)  # llama.cpp's rule
     runtime = NativeRuntime.load(tmp_path / "hf")
     experts = runtime.decoder.layers[1].experts
-    kinds = {"Q4_K": "q4", "Q6_K": "q6", "Q8_0": "q8"}
-    expected = [kinds[GGUF_EXPERT_TYPES[name]] for name in ("ffn_gate_exps", "ffn_up_exps")]
-    assert [type(part).kind for part in experts.gate_up[3].parts] == expected
+    kinds = {"Q4_K": "q4", "Q6_K": "q6", "Q8_0": "q8", "MXFP4": "q4t"}
+    expected = [kinds[types[name]] for name in ("ffn_gate_exps", "ffn_up_exps")]
+    assert [type(part).kind for part in experts.gate_up[3].parts] == expected[: 1 + (expected[0] != expected[1])]
     stored = {tensor.name: tensor for tensor in GGUFReader(gguf_path).tensors}
     down = stored["blk.1.ffn_down_exps.weight"]
     assert torch.equal(experts.down[3].dequantize(), torch.from_numpy(dequantize(down.data[3], down.tensor_type)))

@@ -24,6 +24,7 @@ from quickdraft.runtime.native.gguf_blocks import (
     Q4_K_WEIGHTS,
     ExactWeight,
     decode_iq4_nl,
+    decode_mxfp4,
     decode_q2_k,
     decode_q3_k,
     decode_q4_0,
@@ -36,6 +37,7 @@ from quickdraft.runtime.native.gguf_blocks import (
     decode_q8_0,
     decode_tq1_0,
     decode_tq2_0,
+    mxfp4_fits,
     q4_weight,
     transformers_name,
 )
@@ -72,8 +74,20 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "IQ1_M": decode_iq1_m,
     "TQ2_0": decode_tq2_0,
     "TQ1_0": decode_tq1_0,
+    "MXFP4": decode_mxfp4,
 }
-BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL"), LEGACY_WEIGHTS)  # the rest: 256
+BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL", "MXFP4"), LEGACY_WEIGHTS)  # else 256
+# The types whose parts hold a tensor's blocks only while its scales lie in a range: (raw bytes, rows, width) ->
+# whether they do. A tensor outside it is read as floats (7 bits), as a type without a decoder is.
+DECODES_WHEN = {"MXFP4": mxfp4_fits}
+
+
+def decodes_exactly(tensor: Any) -> bool:
+    """Whether the GGUF tensor ``tensor`` (``[rows, width]`` of a type in EXACT_DECODERS) decodes into its part's
+    fields exactly (:data:`DECODES_WHEN`)."""
+    check = DECODES_WHEN.get(tensor.tensor_type.name)
+    width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
+    return check is None or check(tensor.data, rows, width)
 
 
 def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:
@@ -134,6 +148,8 @@ def exact_weights(
         name = names.get(tensor.name)
         source = "model.embed_tokens.weight" if tensor.name == "token_embd.weight" else name  # the float weight
         if tensor.tensor_type.name not in types or name is None or source not in float_weights:
+            continue
+        if not decodes_exactly(tensor):
             continue
         rows, width = float_weights[source].shape
         block = BLOCK_WEIGHTS.get(tensor.tensor_type.name, Q4_K_WEIGHTS)

@@ -39,6 +39,7 @@ from quickdraft.runtime.native.formats import BLOCK_PARTS
 from quickdraft.runtime.native.gguf_blocks import FUSED_LAYER_TENSORS, LAYER_TENSORS, ExactWeight
 from quickdraft.runtime.native.gguf_exact import (
     EXACT_DECODERS,
+    decodes_exactly,
     linear_names,
     rotary_row_heads,
     unpermute_rows,
@@ -283,13 +284,14 @@ def read_gguf_weights(
         if heads is not None:
             row_heads[name] = heads
         kept_as = linear.get(tensor.name)  # the linear weight this tensor is, if any
-        if tensor.tensor_type.name in exact_types and kept_as is not None:
+        exact = tensor.tensor_type.name in EXACT_DECODERS and decodes_exactly(tensor)
+        if exact and tensor.tensor_type.name in exact_types and kept_as is not None:
             blocks[kept_as] = tensor
             if kept_as == name:
                 continue  # else it is the tied LM head, and the embedding is read below
         elif kept_as is not None:
             requantized[kept_as] = tensor.tensor_type.name
-        if name == EMBEDDING and tensor.tensor_type.name in EXACT_DECODERS:
+        if name == EMBEDDING and exact:
             blocks[name] = tensor  # rows kept as stored whatever the format: looking them up rounds nothing
             continue
         floats[name] = tensor

@@ -1,8 +1,8 @@
 """Weight parts of 4-bit codes indexing a table of 16 int8 values, under q8's float16 scale per group of 32
 (``gemm_q8.h``'s q4t and q4tm):
 
-- ``q4t``: w = d · table[code]. A GGUF file's Q4_0 (table −8..7) and IQ4_NL (llama.cpp's ``kvalues_iq4nl``) tensors
-  load into it exactly.
+- ``q4t``: w = d · table[code]. A GGUF file's Q4_0 (table −8..7), IQ4_NL (llama.cpp's ``kvalues_iq4nl``) and MXFP4
+  (e2m1's values, doubled) tensors load into it exactly.
 - ``q4tm``: w = d · table[code] + m, a float16 min per group: Q4_1 (table 0..15).
 
 The sums are q8's and q8m's (the table's values are the codes); the codes are stored as q4's nibbles, so a step
@@ -34,6 +34,9 @@ from quickdraft.runtime.native.parts import (
 Q4_0_TABLE = torch.arange(-8, 8, dtype=torch.int8)  # Q4_0: w = d · (code − 8)
 Q4_1_TABLE = torch.arange(16, dtype=torch.int8)  # Q4_1: w = d · code + m
 IQ4_NL_TABLE = IQ4_VALUES  # IQ4_NL: w = d · kvalues_iq4nl[code]
+MXFP4_TABLE = torch.tensor(  # MXFP4: w = 2^(e − 128) · kvalues_mxfp4[code], e2m1's values doubled
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8
+)
 
 
 class Q4TablePart(BlockPart):

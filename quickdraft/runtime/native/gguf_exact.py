@@ -86,8 +86,10 @@ def decodes_exactly(tensor: Any) -> bool:
     """Whether the GGUF tensor ``tensor`` (``[rows, width]`` of a type in EXACT_DECODERS) decodes into its part's
     fields exactly (:data:`DECODES_WHEN`)."""
     check = DECODES_WHEN.get(tensor.tensor_type.name)
+    if check is None or len(tensor.shape) != 2:
+        return check is None  # a vector of such a type is read as floats
     width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
-    return check is None or check(tensor.data, rows, width)
+    return check(tensor.data, rows, width)
 
 
 def linear_names(tensor_names: Collection[str], fused: bool = False, tied: bool = False) -> dict[str, str]:

@@ -296,6 +296,10 @@ def gguf_tensor(generator: np.random.Generator, kind: str, rows: int, width: int
         nibbles = np.array([(scale >> shift) & 0xF for shift in (0, 4, 8, 12)], dtype=np.uint16)
         data[..., IQ1_M_SCALES] = ((words & 0x0FFF) | (nibbles << 12)).view(np.uint8)
         return data.reshape(rows, -1), qtype
+    if kind == "NVFP4":  # scale bytes of exponents 4 and 5: every superblock's scales share a power (gguf_fp4)
+        data = generator.integers(0, 256, size=(rows, width // block_weights, block_bytes), dtype=np.uint8)
+        data[..., :4] = generator.integers(0x20, 0x30, size=(rows, width // block_weights, 4), dtype=np.uint8)
+        return data.reshape(rows, -1), qtype
     if kind not in GGUF_BLOCK_SCALES:
         values = generator.normal(0.0, 0.05, size=(rows, width)).astype(np.float32)
         try:

@@ -8,15 +8,15 @@ AUTO_DEVICE = "auto"
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 
 # How float weights are stored: "auto" keeps a GGUF source's tensors of the types gguf_exact decodes exactly (q4,
-# q5, q6, q2, q8, q8m, iq4, iq4h, q4t, q4tm) and quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and
-# quantizes the rest to 4 bits (smaller and faster, less exact: for draft models); "int8" quantizes everything to
-# 7-bit int8 from the floats.
+# q5, q6, q2, q8, q8m, iq4, iq4h, q4t, q4tm; MXFP4 and NVFP4 tensors only where those formats hold their scales) and
+# quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to 4 bits (smaller and faster,
+# less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
 EXACT_TYPES = {  # the GGUF types each format keeps
     "auto": (
         *("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1"),
         *("IQ4_XS", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ2_0", "TQ1_0"),
-        "MXFP4",
+        *("MXFP4", "NVFP4"),
     ),
     "q4": ("Q4_K",),
     "int8": (),

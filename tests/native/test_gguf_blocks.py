@@ -1,6 +1,6 @@
-"""Reading a GGUF file's K-quant, 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL, MXFP4), i-quant and ternary
-tensors as q4, q5, q6, q2, q8, q8m, q4t, q4tm, iq4 and iq4h parts: the same weights as gguf's own dequantization, bit
-for bit."""
+"""Reading a GGUF file's K-quant, 32-weight (Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL), 4-bit float (MXFP4, NVFP4),
+i-quant and ternary tensors as q4, q5, q6, q2, q8, q8m, q4t, q4tm, iq4 and iq4h parts: the same weights as gguf's own
+dequantization, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from conftest import gguf_tensor
 
 from quickdraft.runtime.native import parts
 from quickdraft.runtime.native.formats import PART_KINDS
-from quickdraft.runtime.native.gguf_blocks import MXFP4_EXPONENTS, decode_q4_k, mxfp4_fits, transformers_name
+from quickdraft.runtime.native.gguf_blocks import decode_q4_k, transformers_name
 from quickdraft.runtime.native.gguf_exact import EXACT_DECODERS, exact_weights
+from quickdraft.runtime.native.gguf_fp4 import MXFP4_EXPONENTS, mxfp4_fits, nvfp4_fits, ue4m3_parts
 from quickdraft.runtime.native.gguf_iquants import SIGNS
 from quickdraft.runtime.native.iquants import IQ1_VALUES, IQ2_VALUES, IQ4_VALUES
 from quickdraft.runtime.native.kquants import Q4Part, Q5Part, Q6Part
@@ -111,6 +112,46 @@ def test_an_mxfp4_block_with_a_value_under_a_scale_float16_lacks_does_not_fit(ex
     assert not mxfp4_fits(blocks.reshape(4, -1), 4, 256)
     blocks[3, 5, 1:] = 0x80  # the block's values all zero: its exponent does not matter
     assert mxfp4_fits(blocks.reshape(4, -1), 4, 256)
+
+
+def test_ue4m3_scales_are_ggufs() -> None:
+    """Every scale byte's odd c · 2^k is gguf-py's ue4m3_to_fp32 (0x7F zero, 0xFF not)."""
+    odd, power = ue4m3_parts()
+    values = np.where(odd == 0, 0.0, np.ldexp(odd.astype(np.float64), np.minimum(power, 64)))
+    assert np.array_equal(values, gguf.quants.NVFP4.ue4m3_to_fp32(np.arange(256, dtype=np.uint8)).astype(np.float64))
+    assert bool((odd[odd > 0] % 2 == 1).all()) and int(odd.max()) <= 15
+
+
+def nvfp4_blocks(rows: int, width: int, scale_bytes: tuple[int, int], seed: int = 4) -> np.ndarray:
+    """Random NVFP4 bytes: every code random, scale bytes drawn from ``[scale_bytes[0], scale_bytes[1])``."""
+    generator = np.random.default_rng(seed)
+    blocks = generator.integers(0, 256, size=(rows, width // 64, 36), dtype=np.uint8)
+    blocks[..., :4] = generator.integers(*scale_bytes, size=(rows, width // 64, 4), dtype=np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize(("width", "scale_bytes"), [(768, (0x20, 0x30)), (832, (0x00, 0x20)), (768, (0x78, 0x80))])
+def test_decoded_nvfp4_blocks_are_ggufs_own_dequantization(width: int, scale_bytes: tuple[int, int]) -> None:
+    """Every code random under scales whose powers lie close (normal bytes of exponents 4 and 5, subnormal and small
+    ones, the largest with 0x7F's zero), a width whose last superblock is partial: iq4h with e2m1's values doubled,
+    sub-scales c · 2^(k − k0) up to 127 under d = 2^k0."""
+    raw = nvfp4_blocks(32, width, scale_bytes)
+    assert nvfp4_fits(raw, 32, width)
+    kind, (codes, table, sub_scale, d) = decoded_as_gguf_reads_it(raw, "NVFP4", 32, width)
+    assert kind == "iq4h" and (int(codes.min()), int(codes.max())) == (0, 15) and table[0].tolist()[6:9] == [8, 12, 0]
+    assert sub_scale.shape == (32, width // 16) and d.shape == (32, -(-width // 256)) and int(sub_scale.min()) >= 0
+
+
+def test_an_nvfp4_superblock_whose_scales_share_no_power_does_not_fit() -> None:
+    blocks = nvfp4_blocks(4, 512, (0x21, 0x22)).reshape(4, 8, 36)  # every scale 9 · 2^(4 − 11)
+    blocks[2, 5, 0] = 0x70  # 8 · 2^(14 − 11) = 2^6 beside them: a sub-scale of 2^13
+    assert not nvfp4_fits(blocks.reshape(4, -1), 4, 512)
+    blocks[2, 5, 0] = 0x40  # 8 · 2^(8 − 11) = 2^0: 2^7 = 128, one past int8
+    assert not nvfp4_fits(blocks.reshape(4, -1), 4, 512)
+    blocks[2, 5, 0] = 0x38  # 2^−1: 64
+    assert nvfp4_fits(blocks.reshape(4, -1), 4, 512)
+    blocks[2, 5, 0] = 0x7F  # a zero scale: nothing to hold
+    assert nvfp4_fits(blocks.reshape(4, -1), 4, 512)
 
 
 def test_decoded_q2_k_blocks_are_ggufs_own_dequantization() -> None:

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,7 +110,8 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     kept = {"Q4_K": "q4", "Q5_K": "q5", "Q6_K": "q6", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4t", "Q5_1": "q8m",
             "Q4_1": "q4tm", "IQ4_XS": "iq4", "Q3_K": "q6", "IQ4_NL": "q4t", "Q2_K": "q2", "IQ3_XXS": "q6",
             "IQ3_S": "q6", "IQ2_XXS": "iq4", "IQ2_XS": "iq4h", "IQ2_S": "iq4h", "IQ1_S": "iq4",
-            "IQ1_M": "iq4h", "TQ2_0": "q2", "TQ1_0": "q2", "MXFP4": "q4t"}  # the rest: int8  # fmt: skip
+            "IQ1_M": "iq4h", "TQ2_0": "q2", "TQ1_0": "q2", "MXFP4": "q4t",
+            "NVFP4": "iq4h"}  # the rest: int8  # fmt: skip
     assert kinds == {"int8"} | {kept[kind] for kind in written if kind in kept}
     assert "lm_head.0.q6.rows" in from_gguf["auto"]  # output.weight, or (tied) token_embd.weight, is Q6_K
     if more == 1:  # attn_q Q2_K and attn_k Q3_K, as stored (a Llama file's rows reordered)
@@ -150,8 +152,8 @@ def test_every_kept_format_runs_through_the_compiled_layers(tmp_path: Path, monk
 
 
 def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file's Q2_K, Q3_K, IQ2_XXS and IQ3_S tensors (q2, q6 and iq4 parts with IQ2_XXS's table) beside requantized
-    i-quants, in one native call."""
+    """A file's Q2_K, Q3_K, IQ2_XXS and IQ3_S tensors (q2, q6 and iq4 parts with IQ2_XXS's table), IQ1_M and TQ2_0
+    (iq4h, q2) and NVFP4 (iq4h with e2m1's values), in one native call."""
     import conftest
 
     monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[1], conftest.GGUF_LAYER_TYPES[1]))
@@ -160,6 +162,7 @@ def test_low_bit_formats_run_through_the_compiled_layers(tmp_path: Path, monkeyp
     assert qkv == ["q2", "q6", "iq4"]  # attn_q Q2_K, attn_k Q3_K, attn_v IQ2_XXS
     assert [type(part).kind for part in runtime.decoder.layers[0].out.parts] == ["q6"]  # attn_output IQ3_S
     assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["iq4h", "q2"]  # IQ1_M, TQ2_0
+    assert [type(part).kind for part in runtime.decoder.layers[0].down.parts] == ["iq4h"]  # ffn_down NVFP4
     compiled_against_reference(runtime, some_token_ids())
 
 
@@ -177,20 +180,33 @@ def test_iq2_and_iq1_formats_run_through_the_compiled_layers(tmp_path: Path, mon
     compiled_against_reference(runtime, some_token_ids())
 
 
-def test_an_mxfp4_tensor_whose_scales_a_part_cannot_hold_is_read_as_floats(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("more", "narrowed", "layer", "kinds", "note"),
+    [(2, ("MXFP4_EXPONENTS", (200, 201)), "gate_up", ["q2", "int8"], "1 MXFP4"),  # TQ1_0, MXFP4
+     (1, ("SUB_SCALE_LIMIT", 0), "down", ["int8"], "1 NVFP4")],
+)  # fmt: skip
+def test_a_4_bit_float_tensor_whose_scales_a_part_cannot_hold_is_read_as_floats(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    more: int,
+    narrowed: tuple[str, Any],
+    layer: str,
+    kinds: list[str],
+    note: str,
 ) -> None:
-    """An MXFP4 tensor with a block scale outside float16's values (here: every scale, by narrowing the range) is
-    stored in 7 bits like a type without a decoder, and packing says so, rather than failing or rounding its scales."""
+    """An MXFP4 tensor with a block scale outside float16's values, or an NVFP4 one whose superblock's scales share no
+    power of two within int8 (here: every block, by narrowing the range), is stored in 7 bits like a type without a
+    decoder, and packing says so, rather than failing or rounding its scales."""
     import conftest
 
-    from quickdraft.runtime.native import gguf_blocks
+    from quickdraft.runtime.native import gguf_fp4
 
-    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[2], conftest.GGUF_LAYER_TYPES[1]))
-    monkeypatch.setattr(gguf_blocks, "MXFP4_EXPONENTS", (200, 201))
+    monkeypatch.setattr(conftest, "GGUF_LAYER_TYPES", (MORE_TYPES[more], conftest.GGUF_LAYER_TYPES[1]))
+    monkeypatch.setattr(gguf_fp4, *narrowed)
     runtime = NativeRuntime.load(gguf_dir(tmp_path), LoadOptions(progress=True))
-    assert [type(part).kind for part in runtime.decoder.layers[0].gate_up.parts] == ["q2", "int8"]  # TQ1_0, MXFP4
-    assert "stored in 7 bits per output channel (1 MXFP4, 1 F16, 1 BF16)" in capsys.readouterr().err
+    assert [type(part).kind for part in getattr(runtime.decoder.layers[0], layer).parts] == kinds
+    assert f"stored in 7 bits per output channel ({note}, 1 F16, 1 BF16)" in capsys.readouterr().err
 
 
 def test_one_kind_with_different_tables_stays_in_parts_of_its_own(

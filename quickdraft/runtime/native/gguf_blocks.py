@@ -1,5 +1,5 @@
 """A GGUF file's K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), ternary (TQ1_0, TQ2_0) and 32-weight (Q8_0, Q5_0, Q4_0,
-Q5_1, Q4_1, IQ4_NL, MXFP4) tensors as the native runtime's q2, q4, q5, q6, q8, q8m, q4t and q4tm parts, bit for bit
+Q5_1, Q4_1, IQ4_NL) tensors as the native runtime's q2, q4, q5, q6, q8, q8m, q4t and q4tm parts, bit for bit
 (no second quantization). The i-quants' own structures are read in ``gguf_iquants.py``; ``gguf_exact.py`` picks the
 tensors a model keeps.
 
@@ -20,10 +20,7 @@ and d · (code − 16), where a byte of nibbles holds weight l (low) and l + 16 
 fifth bit of weight l at bit l. So Q5_0's codes minus 16 are q8 codes in [−16, 15], and Q4_0's codes index the
 q4t table −8..7. IQ4_NL (18 bytes) is Q4_0's block with codes indexing ``kvalues_iq4nl``: q4t with that table.
 Q4_1 (20 bytes) and Q5_1 (24 bytes) hold a float16 min ``m`` after ``d`` and no offset: weight = d · code + m, the
-q4tm (table 0..15) and q8m formats. MXFP4 (``block_mxfp4``, 17 bytes) holds an E8M0 exponent byte e in place of ``d``,
-then Q4_0's nibbles indexing e2m1's values doubled (``kvalues_mxfp4``); weight = 2^(e − 128) · value: q4t with that
-table, whose float16 d holds 2^(e − 128) exactly for e in [104, 143] (``mxfp4_fits``). A block whose codes all name
-zero takes d 0 whatever its e (llama.cpp's quantizer writes e = 0 there).
+q4tm (table 0..15) and q8m formats.
 
 Q3_K (``block_q3_K``, 110 bytes per 256 weights): 32 bytes ``hmask``, 64 bytes ``qs``, 12 bytes packing sixteen
 6-bit sub-scales and a float16 ``d``. Weight 128·h + 32·j + l (h < 2, j < 4, l < 32) has the 2-bit code at bits
@@ -51,15 +48,13 @@ import torch
 
 from quickdraft.runtime.native.kquants import Q6_OFFSET
 from quickdraft.runtime.native.parts import row_chunks
-from quickdraft.runtime.native.q4tables import IQ4_NL_TABLE, MXFP4_TABLE, Q4_0_TABLE, Q4_1_TABLE
+from quickdraft.runtime.native.q4tables import IQ4_NL_TABLE, Q4_0_TABLE, Q4_1_TABLE
 
 Q4_K_BLOCK_BYTES = 144
 Q4_K_WEIGHTS = 256
 Q5_K_BLOCK_BYTES = 176
 Q5_K_FIFTH_BITS = slice(16, 48)  # the bytes of a Q5_K block that Q4_K's lacks
 LEGACY_WEIGHTS = 32  # weights per Q8_0, Q5_0, Q4_0, Q5_1, Q4_1, IQ4_NL or MXFP4 block
-MXFP4_BLOCK_BYTES = 17
-MXFP4_EXPONENTS = (104, 143)  # the E8M0 bytes e whose 2^(e − 128) is a float16 value
 Q6_K_BLOCK_BYTES = 210
 Q2_K_BLOCK_BYTES = 84
 Q3_K_BLOCK_BYTES = 110
@@ -280,34 +275,6 @@ def decode_q4_0(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
 def decode_iq4_nl(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw IQ4_NL bytes -> q4t with llama.cpp's ``kvalues_iq4nl`` (weight = d · value[code])."""
     return table_codes(raw, rows, width, IQ4_NL_TABLE)
-
-
-def mxfp4_blocks(raw: np.ndarray, rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Raw MXFP4 bytes -> each block's codes ``[rows, B, 32]`` in [0, 15], its exponent byte e ``[rows, B]`` and
-    whether its codes all name zero (0 and 8) ``[rows, B]``."""
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, MXFP4_BLOCK_BYTES)
-    codes = nibbles_of(blocks[..., 1:])
-    return codes, blocks[..., 0], ~((codes & 7) != 0).any(axis=-1)
-
-
-def mxfp4_fits(raw: np.ndarray, rows: int, width: int) -> bool:
-    """Whether every block of a raw MXFP4 tensor that holds a nonzero value has a scale 2^(e − 128) that q4t's float16
-    d holds (e in ``MXFP4_EXPONENTS``); such a tensor is kept as stored, another read as floats."""
-    low, high = MXFP4_EXPONENTS
-    exponents = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, MXFP4_BLOCK_BYTES)[:, 0]
-    if low <= int(exponents.min()) and int(exponents.max()) <= high:  # the usual case, without decoding the codes
-        return True
-    _, exponents, zero = mxfp4_blocks(raw, rows, width)
-    return bool(((low <= exponents) & (exponents <= high) | zero).all())
-
-
-def decode_mxfp4(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw MXFP4 bytes (every scale within ``mxfp4_fits``) -> q4t with ``kvalues_mxfp4`` and d = 2^(e − 128), 0 in
-    the blocks whose codes all name zero."""
-    codes, exponents, zero = mxfp4_blocks(raw, rows, width)
-    scales = np.ldexp(np.float32(1), exponents.astype(np.int32) - 128).astype(np.float32)  # [rows, B]
-    d = np.where(zero, np.float32(0), scales)
-    return "q4t", (torch.from_numpy(codes.reshape(rows, width)), MXFP4_TABLE.expand(rows, 16), torch.from_numpy(d))
 
 
 def five_bit_codes(blocks: np.ndarray, at: int, offset: int = 0) -> np.ndarray:

@@ -24,7 +24,6 @@ from quickdraft.runtime.native.gguf_blocks import (
     Q4_K_WEIGHTS,
     ExactWeight,
     decode_iq4_nl,
-    decode_mxfp4,
     decode_q2_k,
     decode_q3_k,
     decode_q4_0,
@@ -37,10 +36,10 @@ from quickdraft.runtime.native.gguf_blocks import (
     decode_q8_0,
     decode_tq1_0,
     decode_tq2_0,
-    mxfp4_fits,
     q4_weight,
     transformers_name,
 )
+from quickdraft.runtime.native.gguf_fp4 import decode_mxfp4, decode_nvfp4, mxfp4_fits, nvfp4_fits
 from quickdraft.runtime.native.gguf_iquants import (
     decode_iq1_m,
     decode_iq1_s,
@@ -75,11 +74,12 @@ EXACT_DECODERS = {  # GGUF tensor types kept as stored -> their decoder (raw byt
     "TQ2_0": decode_tq2_0,
     "TQ1_0": decode_tq1_0,
     "MXFP4": decode_mxfp4,
+    "NVFP4": decode_nvfp4,
 }
 BLOCK_WEIGHTS = dict.fromkeys(("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1", "IQ4_NL", "MXFP4"), LEGACY_WEIGHTS)  # else 256
 # The types whose parts hold a tensor's blocks only while its scales lie in a range: (raw bytes, rows, width) ->
 # whether they do. A tensor outside it is read as floats (7 bits), as a type without a decoder is.
-DECODES_WHEN = {"MXFP4": mxfp4_fits}
+DECODES_WHEN = {"MXFP4": mxfp4_fits, "NVFP4": nvfp4_fits}
 
 
 def decodes_exactly(tensor: Any) -> bool:

@@ -34,7 +34,7 @@ from quickdraft.runtime.native.parts import (
 Q4_0_TABLE = torch.arange(-8, 8, dtype=torch.int8)  # Q4_0: w = d · (code − 8)
 Q4_1_TABLE = torch.arange(16, dtype=torch.int8)  # Q4_1: w = d · code + m
 IQ4_NL_TABLE = IQ4_VALUES  # IQ4_NL: w = d · kvalues_iq4nl[code]
-MXFP4_TABLE = torch.tensor(  # MXFP4: w = 2^(e − 128) · kvalues_mxfp4[code], e2m1's values doubled
+E2M1_TABLE = torch.tensor(  # MXFP4 (w = 2^(e − 128) · kvalues_mxfp4[code]) and NVFP4: e2m1's values doubled
     [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8
 )
 

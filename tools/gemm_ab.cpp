@@ -71,7 +71,7 @@ Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
 // Per-row sums the format's kernel wants: q4's group pairs, q6's sub-block offsets, iq4's group and iq4h's half-group
 // offsets (the same in both builds).
 std::vector<int32_t> row_sums(Format format, const std::vector<int8_t>& x, int64_t rows, int64_t k) {
-  const int64_t width = format == kQ4 ? k / 64 : format == kIq4 ? k / 32 : k / 16;
+  const int64_t width = format == kQ4 ? k / 64 : format == kIq4 ? k / 32 : format == kQ6 ? k / qd_a::kSubBlock : k / 16;
   std::vector<int32_t> sums(rows * width);
   for (int64_t r = 0; r < rows; ++r) {
     int32_t* row = sums.data() + r * width;
@@ -137,11 +137,11 @@ int main(int argc, char** argv) {
                 {"iq4h gate+up 1536->17920", 17920, 1536, kIq4h}};
   std::mt19937 rng(7);
   std::printf("isa %s; 2 threads; best of 40 calls each, A B B A; ms\n", qd_b::kIsa);
-  std::printf("%-23s %4s %8s %8s %6s\n", "shape", "rows", "A", "B", "B/A");
+  std::printf("%-24s %4s %8s %8s %6s\n", "shape", "rows", "A", "B", "B/A");
   const char* only = std::getenv("QD_SHAPES");
   for (const auto& shape : shapes) {
     if (only != nullptr && std::strstr(shape.name, only) == nullptr) continue;
-    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : 9) / 16;
+    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : shape.format == kIq4h ? 10 : 9) / 16;
     const int copies = static_cast<int>(((int64_t{1} << 30) + bytes - 1) / bytes);
     std::vector<Copy> weights;
     for (int c = 0; c < copies; ++c) weights.push_back(make_copy(shape.format, shape.n, shape.k, rng));
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
       call(0, shape.format, weights[0], shape.n, shape.k, x, rows, sums, out_a, 2);
       call(1, shape.format, weights[0], shape.n, shape.k, x, rows, sums, out_b, 2);
       const bool same = std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)) == 0;
-      std::printf("%-23s %4ld %8.3f %8.3f %6.3f %s\n", shape.name, static_cast<long>(rows), best[0] * 1e3,
+      std::printf("%-24s %4ld %8.3f %8.3f %6.3f %s\n", shape.name, static_cast<long>(rows), best[0] * 1e3,
                   best[1] * 1e3, best[1] / best[0], same ? "same bits" : "DIFFERENT BITS");
     }
   }

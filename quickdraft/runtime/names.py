@@ -12,7 +12,7 @@ DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 # quantizes the rest to 7-bit int8; "q4" keeps its Q4_K tensors and quantizes the rest to 4 bits (smaller and faster,
 # less exact: for draft models); "int8" quantizes everything to 7-bit int8 from the floats.
 WEIGHT_FORMATS = ("auto", "q4", "int8")
-EXACT_TYPES = {  # the GGUF types each format keeps
+EXACT_TYPES = {  # the GGUF types each format keeps (MXFP4 and NVFP4 where gguf_exact.DECODES_WHEN allows)
     "auto": (
         *("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1"),
         *("IQ4_XS", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ2_0", "TQ1_0"),

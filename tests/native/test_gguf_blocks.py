@@ -5,6 +5,7 @@ dequantization, bit for bit."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -101,7 +102,36 @@ def test_decoded_mxfp4_blocks_are_ggufs_own_dequantization() -> None:
     assert kind == "q4t" and (int(codes.min()), int(codes.max())) == (0, 15) and table[0].tolist()[6:9] == [8, 12, 0]
     assert float(d[0, 0]) == float(d[0, 1]) == 0.0 and float(d.max()) == 2.0**15
     floats = generator.normal(0, 0.05, size=(32, 768)).astype(np.float32)
-    decoded_as_gguf_reads_it(gguf.quants.quantize(floats, gguf.GGMLQuantizationType.MXFP4), "MXFP4", 32, 768)
+    quantized = gguf.quants.quantize(floats, gguf.GGMLQuantizationType.MXFP4)
+    assert mxfp4_fits(quantized, 32, 768)
+    decoded_as_gguf_reads_it(quantized, "MXFP4", 32, 768)
+
+
+def unfit_fp4(kind: str) -> np.ndarray:
+    """Random blocks no part holds: MXFP4 exponents float16 lacks (denormal 2^−128 and 2^−127, 2^−25, 2^16, 2^72)
+    under nonzero codes; NVFP4 superblocks whose scales span 2^−10 to 2^4."""
+    generator = np.random.default_rng(5)
+    if kind == "MXFP4":
+        blocks = generator.integers(0, 256, size=(4, 8, 17), dtype=np.uint8)
+        blocks[..., 0] = np.resize(np.array([0, 1, 103, 144, 200, 120], dtype=np.uint8), (4, 8))
+        return blocks.reshape(4, -1)
+    return nvfp4_blocks(4, 256, (0x01, 0x7F))
+
+
+@pytest.mark.parametrize(("kind", "fits"), [("MXFP4", mxfp4_fits), ("NVFP4", nvfp4_fits)])
+def test_an_unfit_4_bit_float_tensor_reads_as_ggufs_floats(kind: str, fits: Any) -> None:
+    """A tensor whose blocks no part holds reads as gguf-py's floats, bit for bit (``float_values``, the 7-bit path's
+    input), not as a part's decoding of them."""
+    from quickdraft.runtime.native.gguf_weights import ExpertSlice, float_values
+
+    raw, qtype = unfit_fp4(kind), gguf.GGMLQuantizationType[kind]
+    assert not fits(raw, 4, 256)
+    tensor = ExpertSlice("blk.0.ffn_up.weight", qtype, raw, (256, 4))
+    expected = gguf.quants.dequantize(raw, qtype).astype(np.float32)
+    assert np.array_equal(float_values(tensor).view(np.uint32), expected.view(np.uint32))
+    if kind == "NVFP4":
+        with pytest.raises(ValueError, match="read it as floats"):
+            EXACT_DECODERS[kind](raw, 4, 256)
 
 
 @pytest.mark.parametrize("exponent", [MXFP4_EXPONENTS[0] - 1, MXFP4_EXPONENTS[1] + 1, 0, 255])

@@ -81,10 +81,10 @@ def test_packed_weights_equal_those_from_the_fp32_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, architecture: str, tied: bool, more: int | None
 ) -> None:
     """Every packed tensor equal, in every weight format: the file's tensors of the types the format keeps (Q4_K,
-    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, the IQ2, IQ1 and ternary types and the 32-weight types Q8_0, Q5_0,
-    Q4_0, Q5_1, Q4_1 and IQ4_NL for auto, Q4_K for q4) as they are (Llama's q/k rows reordered as transformers
-    reorders its floats), the rest (every other type of READ_TYPES) quantized from the float values transformers'
-    loader gives them."""
+    Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, the IQ2, IQ1 and ternary types, the 32-weight types Q8_0, Q5_0,
+    Q4_0, Q5_1, Q4_1 and IQ4_NL, MXFP4 and NVFP4 for auto, Q4_K for q4) as they are (Llama's q/k rows reordered as
+    transformers reorders its floats), the rest (every other type of READ_TYPES) quantized from the float values
+    transformers' loader gives them."""
     import conftest
 
     if more is not None:

@@ -151,11 +151,9 @@ def exact_weights(
         source = "model.embed_tokens.weight" if tensor.name == "token_embd.weight" else name  # the float weight
         if tensor.tensor_type.name not in types or name is None or source not in float_weights:
             continue
-        if not decodes_exactly(tensor):
-            continue
         rows, width = float_weights[source].shape
         block = BLOCK_WEIGHTS.get(tensor.tensor_type.name, Q4_K_WEIGHTS)
-        if tuple(int(n) for n in tensor.shape) != (width, rows) or width % block:
+        if tuple(int(n) for n in tensor.shape) != (width, rows) or width % block or not decodes_exactly(tensor):
             continue
         decoded = EXACT_DECODERS[tensor.tensor_type.name](tensor.data, rows, width)
         row_heads = None if heads is None else rotary_row_heads(tensor.name, gguf.architecture, *heads)

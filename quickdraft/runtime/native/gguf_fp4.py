@@ -37,30 +37,28 @@ SUB_SCALE_LIMIT = 127  # iq4h's sub-scales are int8
 NO_POWER = 1 << 10  # a zero scale's power: above any other, so it never sets a superblock's 2^k0
 
 
-def mxfp4_blocks(raw: np.ndarray, rows: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Raw MXFP4 bytes -> each block's codes ``[rows, B, 32]`` in [0, 15], its exponent byte e ``[rows, B]`` and
-    whether its codes all name zero (0 and 8) ``[rows, B]``."""
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, MXFP4_BLOCK_BYTES)
-    codes = nibbles_of(blocks[..., 1:])
-    return codes, blocks[..., 0], ~((codes & 7) != 0).any(axis=-1)
+def zero_blocks(blocks: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks ``[..., 17]`` -> whether each one's codes all name zero (0 and 8: both nibbles of every byte)
+    ``[...]``."""
+    return ((blocks[..., 1:] & 0x77) == 0).all(axis=-1)
 
 
 def mxfp4_fits(raw: np.ndarray, rows: int, width: int) -> bool:
     """Whether every block of a raw MXFP4 tensor that holds a nonzero value has a scale 2^(e − 128) that q4t's float16
     d holds (e in ``MXFP4_EXPONENTS``); such a tensor is kept as stored, another read as floats."""
     low, high = MXFP4_EXPONENTS
-    exponents = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, MXFP4_BLOCK_BYTES)[:, 0]
-    if low <= int(exponents.min()) and int(exponents.max()) <= high:  # the usual case, without decoding the codes
-        return True
-    _, exponents, zero = mxfp4_blocks(raw, rows, width)
-    return bool(((low <= exponents) & (exponents <= high) | zero).all())
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, MXFP4_BLOCK_BYTES)
+    outside = (blocks[:, 0] < low) | (blocks[:, 0] > high)
+    return bool(zero_blocks(blocks[outside]).all())  # the blocks outside the range hold only zeros
 
 
 def decode_mxfp4(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw MXFP4 bytes (every scale within ``mxfp4_fits``) -> q4t with ``kvalues_mxfp4`` and d = 2^(e − 128), 0 in
-    the blocks whose codes all name zero."""
-    codes, exponents, zero = mxfp4_blocks(raw, rows, width)
-    scales = np.ldexp(np.float32(1), exponents.astype(np.int32) - 128).astype(np.float32)  # [rows, B]
+    """Raw MXFP4 bytes -> q4t with ``kvalues_mxfp4`` and d = 2^(e − 128) as float32 for any e (the values gguf-py
+    gives; ``float_values`` reads an unfit tensor so), 0 in the blocks whose codes all name zero. The part packs d as
+    float16, so it takes only tensors within ``mxfp4_fits``."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, MXFP4_BLOCK_BYTES)
+    codes, exponents, zero = nibbles_of(blocks[..., 1:]), blocks[..., 0], zero_blocks(blocks)
+    scales = np.ldexp(np.float32(1), exponents.astype(np.int32) - 128)  # [rows, B] float32
     d = np.where(zero, np.float32(0), scales)
     return "q4t", (torch.from_numpy(codes.reshape(rows, width)), E2M1_TABLE.expand(rows, 16), torch.from_numpy(d))
 
@@ -103,8 +101,11 @@ def nvfp4_fits(raw: np.ndarray, rows: int, width: int) -> bool:
 
 def decode_nvfp4(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
     """Raw NVFP4 bytes (every superblock within ``nvfp4_fits``) -> ("iq4h", (codes [rows, width] uint8 in [0, 15],
-    the e2m1 table, sub_scale [rows, width/16] int8 in [0, 127], d = 2^k0 [rows, ceil(width/256)] float32))."""
+    the e2m1 table, sub_scale [rows, width/16] int8 in [0, 127], d = 2^k0 [rows, ceil(width/256)] float32)). Raises
+    ValueError for a tensor beyond ``nvfp4_fits`` (its sub-scales would not be int8)."""
     sub_scale, k0 = nvfp4_scales(raw, rows, width)
+    if int(sub_scale.max(initial=0)) > SUB_SCALE_LIMIT:
+        raise ValueError("an NVFP4 superblock's scales share no power of two within int8 sub-scales: read it as floats")
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // NVFP4_WEIGHTS, NVFP4_BLOCK_BYTES)
     quants = blocks[..., 4:].reshape(rows, -1, 4, 8)  # [rows, B, 4 sub-blocks, 8 bytes]
     codes = np.concatenate([quants & 0x0F, quants >> 4], axis=-1).reshape(rows, width)

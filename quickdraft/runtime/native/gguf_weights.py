@@ -10,9 +10,10 @@ from here are those quantized from the fp32 directory transformers would save, v
 weights: they are read as stored, 1 + w (transformers' loader subtracts the 1 its layers add back, which may round), and
 packed without adding it again (``quantize_state_dict``'s ``norm_offset``).
 
-Linear weights of the types ``gguf_exact`` decodes (K-quants, the 32-weight types, IQ4 and IQ3) can be offered as
-blocks instead, to be kept bit for bit (reordered q and k rows too: whole rows of blocks move), and so is the
-embedding of those types (``embedding.py``); the rest of the file's tensors are read as floats.
+Linear weights of the types ``gguf_exact`` decodes (K-quants, the 32-weight types, the i-quants, the ternary and 4-bit
+float types; MXFP4 and NVFP4 tensors where ``gguf_exact.decodes_exactly`` says their parts hold their scales) can be
+offered as blocks instead, to be kept bit for bit (reordered q and k rows too: whole rows of blocks move), and so is
+the embedding of those types (``embedding.py``); the rest of the file's tensors are read as floats.
 """
 
 from __future__ import annotations
@@ -138,9 +139,10 @@ def non_finite(gguf_name: str) -> str:
 
 def float_values(tensor: Any) -> np.ndarray:
     """A GGUF tensor's float32 values: a block part's rows expanded by its own arithmetic (``Affine``, the values
-    gguf-py gives, several times faster) for the types ``gguf_exact`` decodes, else gguf-py's dequantization."""
+    gguf-py gives, several times faster) for the types ``gguf_exact`` decodes where the part holds the tensor's blocks
+    (``decodes_exactly``), else gguf-py's dequantization."""
     decode = EXACT_DECODERS.get(tensor.tensor_type.name)
-    if decode is not None and len(tensor.shape) == 2:
+    if decode is not None and len(tensor.shape) == 2 and decodes_exactly(tensor):
         width, rows = (int(n) for n in tensor.shape)  # GGUF lists the fastest dimension first
         kind, fields = decode(tensor.data, rows, width)  # every decoder gives a block format's fields
         return BLOCK_PARTS[kind].affine(*fields).dequantize().numpy()
@@ -196,10 +198,10 @@ def requantized_note(source: str, requantized: dict[str, str]) -> str:
     transformers name -> GGUF type): how many of each type are stored in 7 bits rather than as the file stores them."""
     counts = collections.Counter(requantized.values()).most_common()
     listed = ", ".join(f"{count} {kind}" for kind, count in counts)
-    types, them = ("that type", "it") if len(counts) == 1 else ("those types", "them")
+    types, them = ("that type is", "it") if len(counts) == 1 else ("those types are", "them")
     return (
-        f"quickdraft: {source}: linear weights stored in 7 bits per output channel ({listed}): no native format "
-        f"computes {types} as the file stores {them} (docs/families.md)"
+        f"quickdraft: {source}: linear weights stored in 7 bits per output channel ({listed}): {types} not computed "
+        f"as the file stores {them} (docs/families.md)"
     )
 
 
@@ -249,7 +251,8 @@ def read_gguf_weights(
 ) -> tuple[GGUFTensors, ExactTensors]:
     """The tensors of the GGUF file ``path``: floats, and the linear weights of ``exact_types`` (keys of
     EXACT_DECODERS) as they are stored (the LM head too where it is the embedding: ``gguf_exact.linear_names``), as is
-    the embedding of any type in EXACT_DECODERS.
+    the embedding of any type in EXACT_DECODERS; each only where its blocks decode exactly
+    (``gguf_exact.decodes_exactly``), else as floats.
 
     A q or k projection whose rows the converter interleaved is kept too, its rows put back in transformers' order
     (``gguf_exact.unpermuted``). Raises ValueError naming the first tensor of a type outside READ_TYPES."""
@@ -284,8 +287,10 @@ def read_gguf_weights(
         if heads is not None:
             row_heads[name] = heads
         kept_as = linear.get(tensor.name)  # the linear weight this tensor is, if any
-        exact = tensor.tensor_type.name in EXACT_DECODERS and decodes_exactly(tensor)
-        if exact and tensor.tensor_type.name in exact_types and kept_as is not None:
+        kept_type = tensor.tensor_type.name in exact_types and kept_as is not None
+        wanted = tensor.tensor_type.name in EXACT_DECODERS and (kept_type or name == EMBEDDING)
+        exact = wanted and decodes_exactly(tensor)  # checks the blocks of a type only where they would be kept
+        if exact and kept_type:
             blocks[kept_as] = tensor
             if kept_as == name:
                 continue  # else it is the tied LM head, and the embedding is read below

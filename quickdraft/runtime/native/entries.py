@@ -21,7 +21,7 @@ from quickdraft.models.convert import gguf_source, read_marker
 from quickdraft.models.usage import MODEL_FOLDERS
 from quickdraft.runtime.names import WEIGHT_FORMATS
 
-NATIVE_FORMAT = "parts-v19"  # bump when the cached layout changes (v18: MXFP4 as q4t; v19: NVFP4 as iq4h)
+NATIVE_FORMAT = "parts-v20"  # bump when the cached layout changes (v18: MXFP4 as q4t; v19, v20: NVFP4 as iq4h)
 ENTRY_SOURCE = "source.json"  # in each packed entry: the format, weights and model it was packed from
 
 

@@ -53,9 +53,9 @@ def mxfp4_fits(raw: np.ndarray, rows: int, width: int) -> bool:
 
 
 def decode_mxfp4(raw: np.ndarray, rows: int, width: int) -> ExactWeight:
-    """Raw MXFP4 bytes -> q4t with ``kvalues_mxfp4`` and d = 2^(e − 128) as float32 for any e (the values gguf-py
-    gives; ``float_values`` reads an unfit tensor so), 0 in the blocks whose codes all name zero. The part packs d as
-    float16, so it takes only tensors within ``mxfp4_fits``."""
+    """Raw MXFP4 bytes -> q4t with ``kvalues_mxfp4`` and d = 2^(e − 128) as float32, 0 in the blocks whose codes all
+    name zero. The part packs d as float16, so it takes only tensors within ``mxfp4_fits`` (another is refused there:
+    "q4t scales must be float16 values")."""
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, width // LEGACY_WEIGHTS, MXFP4_BLOCK_BYTES)
     codes, exponents, zero = nibbles_of(blocks[..., 1:]), blocks[..., 0], zero_blocks(blocks)
     scales = np.ldexp(np.float32(1), exponents.astype(np.int32) - 128)  # [rows, B] float32
@@ -72,7 +72,7 @@ def ue4m3_parts() -> tuple[np.ndarray, np.ndarray]:
     c = np.where(exponent == 0, mantissa, 8 + mantissa)
     k = np.maximum(exponent, 1) - 11
     c[0x7F] = 0  # E4M3's NaN reads as 0; 0xFF, its sign bit ignored, as 240 (gguf-py's ue4m3_to_fp32)
-    while bool(((c > 0) & (c % 2 == 0)).any()):  # odd c: the smallest power each scale can share
+    for _ in range(3):  # odd c (a c below 16 has at most 3 factors of 2): the smallest power each scale can share
         even = (c > 0) & (c % 2 == 0)
         c, k = np.where(even, c // 2, c), np.where(even, k + 1, k)
     return c, np.where(c == 0, NO_POWER, k)

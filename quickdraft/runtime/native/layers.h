@@ -11,9 +11,9 @@ namespace qd {
 
 // A range of a linear layer's output rows in one packed format (parts.py's WeightPart): kind 0 int8
 // (codes, scale), 1 q4 (codes, sub_scale, sub_min, d, dmin), 2 q6 (codes, high, sub_scale, d), 3 q5 (codes, high,
-// sub_scale, sub_min, d, dmin), 4 q8 (codes, d), 5 q8m (codes, d, mins), 6 iq4 (codes, table, sub_scale, d), 7 q4t (codes,
-// table, d), 8 q4tm (codes, table, d, mins), 9 q2 (codes, scales, d, dmin), 10 iq4h (codes, table, sub_scale, d); its outputs start at `column` of the
-// padded output.
+// sub_scale, sub_min, d, dmin), 4 q8 (codes, d), 5 q8m (codes, d, mins), 6 iq4 (codes, table, sub_scale, d), 7 q4t
+// (codes, table, d), 8 q4tm (codes, table, d, mins), 9 q2 (codes, scales, d, dmin), 10 iq4h (codes, table, sub_scale,
+// d); its outputs start at `column` of the padded output.
 struct Part {
   int64_t kind, column;
   std::vector<at::Tensor> tensors;

@@ -1,11 +1,11 @@
-// Two builds of the q4, q6, iq4 and iq4h GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, gemm_iq4.h) in one process, taking turns call by
+// Two builds of the q4, q6, iq4, iq4h, q8 and q4t GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, gemm_iq4.h, gemm_q8.h) in one process, taking turns call by
 // call in the order A B B A, so that a VM switching speed slows both alike: the best of 40 calls each, at the default
 // target's shapes (q4: the 1536 -> 17920 gate+up and the 8960 -> 1536 down projection; q6, as a Q4_K_M file stores
 // half the down projections and the LM head: 8960 -> 1536 and 1536 -> 151936; iq4 as an IQ4_XS file's gate+up and
-// down, iq4h as an IQ2_S file's gate+up), 2 threads sharing the n-blocks as
+// down, iq4h as an IQ2_S file's gate+up, q8 and q4t as a Q8_0's and a Q4_0's gate+up and down), 2 threads sharing the n-blocks as
 // the runtime does. Weights rotate through 1 GiB so that every timed call streams them from memory (copy 0, which
 // the check reads, is timed last if ever), and the two builds' outputs are compared bit for bit on the same
-// weights. A and B are directories holding gemm.h, gemm_q6.h, gemm_iq4.h and gemm_amx.h, e.g. a checkout's headers and those
+// weights. A and B are directories holding gemm.h, gemm_q6.h, gemm_iq4.h, gemm_q8.h and gemm_amx.h, e.g. a checkout's headers and those
 // of `git show REV:quickdraft/runtime/native/...` written to /tmp/old:
 //   g++ -std=c++17 -O3 -march=native -ffp-contract=off -fopenmp -I. -DQD_A=/tmp/old -DQD_B=quickdraft/runtime/native \
 //       tools/gemm_ab.cpp -o /tmp/gemm_ab && /tmp/gemm_ab [rows ...]
@@ -24,14 +24,17 @@
 #define QD_STRING(x) #x
 #define QD_HEADER(dir) QD_STRING(dir/gemm_q6.h)
 #define QD_IQ4_HEADER(dir) QD_STRING(dir/gemm_iq4.h)
+#define QD_Q8_HEADER(dir) QD_STRING(dir/gemm_q8.h)
 #define qd qd_a
 #include QD_HEADER(QD_A)
 #include QD_IQ4_HEADER(QD_A)
+#include QD_Q8_HEADER(QD_A)
 #undef qd
 #undef QD_UNROLL
 #define qd qd_b
 #include QD_HEADER(QD_B)
 #include QD_IQ4_HEADER(QD_B)
+#include QD_Q8_HEADER(QD_B)
 #undef qd
 
 namespace {
@@ -42,17 +45,23 @@ struct Copy {
   std::vector<uint8_t> codes, sub_scale, sub_min, high;
   std::vector<int8_t> table;
   std::vector<float> d, dmin;
+  std::vector<uint16_t> half_d;  // q8, q4t: a float16 scale per group
 };
 
-enum Format { kQ4, kQ6, kIq4, kIq4h };
+enum Format { kQ4, kQ6, kIq4, kIq4h, kQ8, kQ4t };
 
 Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
   const int64_t groups = k / 32, supers = (groups + 7) / 8;
   Copy c;
-  c.codes.resize(n * k / 2);
+  c.codes.resize(format == kQ8 ? n * k : n * k / 2);
   for (auto& b : c.codes) b = static_cast<uint8_t>(rng());
   c.sub_scale.resize(format == kQ4 || format == kIq4 ? n * groups : n * k / 16);
   for (auto& b : c.sub_scale) b = static_cast<uint8_t>(format == kQ4 ? rng() % 64 : format == kQ6 ? rng() : rng() % 64 - 32);
+  if (format == kQ8 || format == kQ4t) {
+    for (int64_t i = 0; format == kQ4t && i < n; ++i) c.table.push_back(static_cast<int8_t>(i % 16 - 8));  // Q4_0's
+    c.half_d.assign(n * groups, 0x1400);  // 2^-10
+    return c;
+  }
   if (format == kIq4 || format == kIq4h) {
     c.table.resize(n);  // 16 values per 16-row panel
     for (auto& v : c.table) v = static_cast<int8_t>(rng());
@@ -71,13 +80,13 @@ Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
 // Per-row sums the format's kernel wants: q4's group pairs, q6's sub-block offsets, iq4's group and iq4h's half-group
 // offsets (the same in both builds).
 std::vector<int32_t> row_sums(Format format, const std::vector<int8_t>& x, int64_t rows, int64_t k) {
-  const int64_t width = format == kQ4 ? k / 64 : format == kIq4 ? k / 32 : format == kQ6 ? k / qd_a::kSubBlock : k / 16;
+  const int64_t width = format == kQ4 ? k / 64 : format == kIq4 || format == kQ8 || format == kQ4t ? k / 32 : format == kQ6 ? k / qd_a::kSubBlock : k / 16;
   std::vector<int32_t> sums(rows * width);
   for (int64_t r = 0; r < rows; ++r) {
     int32_t* row = sums.data() + r * width;
     if (format == kQ4) qd_a::group_sum_pairs(x.data() + r * k, k, row);
     else if (format == kQ6) qd_a::sub_block_offsets(x.data() + r * k, k, row);
-    else if (format == kIq4) qd_a::group_offsets(x.data() + r * k, k, row);
+    else if (format == kIq4 || format == kQ8 || format == kQ4t) qd_a::group_offsets(x.data() + r * k, k, row);
     else qd_a::half_group_offsets(x.data() + r * k, k, row);
   }
   return sums;
@@ -87,6 +96,12 @@ std::vector<int32_t> row_sums(Format format, const std::vector<int8_t>& x, int64
 void gemm(int which, Format format, const Copy& c, int64_t n, int64_t k, const int8_t* x, int64_t rows,
           const int32_t* sums, float* out, int64_t begin, int64_t end) {
   const auto* scales = reinterpret_cast<const int8_t*>(c.sub_scale.data());
+  if (format == kQ8 || format == kQ4t) {
+    const int8_t* table = format == kQ4t ? c.table.data() : nullptr;
+    if (which == 0) qd_a::q8_gemm({c.codes.data(), c.half_d.data(), n, k, nullptr, table}, x, rows, sums, out, n, begin, end);
+    else qd_b::q8_gemm({c.codes.data(), c.half_d.data(), n, k, nullptr, table}, x, rows, sums, out, n, begin, end);
+    return;
+  }
   if (format == kIq4 || format == kIq4h) {
     const bool halves = format == kIq4h;
     if (which == 0)
@@ -134,14 +149,18 @@ int main(int argc, char** argv) {
                 {"q6 lm-head 1536->151936", 151936, 1536, kQ6},
                 {"iq4 gate+up 1536->17920", 17920, 1536, kIq4},
                 {"iq4 down   8960->1536 ", 1536, 8960, kIq4},
-                {"iq4h gate+up 1536->17920", 17920, 1536, kIq4h}};
+                {"iq4h gate+up 1536->17920", 17920, 1536, kIq4h},
+                {"q8 gate+up 1536->17920", 17920, 1536, kQ8},
+                {"q8 down   8960->1536 ", 1536, 8960, kQ8},
+                {"q4t gate+up 1536->17920", 17920, 1536, kQ4t},
+                {"q4t down  8960->1536 ", 1536, 8960, kQ4t}};
   std::mt19937 rng(7);
   std::printf("isa %s; 2 threads; best of 40 calls each, A B B A; ms\n", qd_b::kIsa);
   std::printf("%-24s %4s %8s %8s %6s\n", "shape", "rows", "A", "B", "B/A");
   const char* only = std::getenv("QD_SHAPES");
   for (const auto& shape : shapes) {
     if (only != nullptr && std::strstr(shape.name, only) == nullptr) continue;
-    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : shape.format == kIq4h ? 10 : 9) / 16;
+    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : shape.format == kIq4h ? 10 : shape.format == kQ8 ? 17 : 9) / 16;
     const int copies = static_cast<int>(((int64_t{1} << 30) + bytes - 1) / bytes);
     std::vector<Copy> weights;
     for (int c = 0; c < copies; ++c) weights.push_back(make_copy(shape.format, shape.n, shape.k, rng));

@@ -83,7 +83,8 @@ def run(library: ctypes.CDLL, part: WeightPart, x: torch.Tensor, which: int) -> 
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
     part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4-q6: two full superblocks, a short one
-    # int8 on AMX from 4 rows, q4 from 64 (pairs of 16-row tiles, one more, the rest): up to 4 · 16 + 16 + 5 rows
+    # int8 on AMX from 4 rows, q8's family from 48, q4 from 64 (pairs of 16-row tiles, one more, the rest): up to
+    # 4 · 16 + 16 + 5 rows
     x = torch.randint(-127, 128, (85, 640), generator=generator, dtype=torch.int8)
     expected = run(libraries["scalar"], part, x, which=1)
     assert torch.equal(expected, part.reference(x.float()))  # the C++ definition is the PyTorch one
@@ -136,7 +137,7 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
         -supers,
     )
     for value, rows in ((127, 17), (-127, 17), (127, 65), (-127, 65)):
-        x = torch.full((rows, width), value, dtype=torch.int8)  # two vector tiles; 65: q4 on AMX
+        x = torch.full((rows, width), value, dtype=torch.int8)  # two vector tiles; 65: q4 and q8 on AMX
         for library in libraries.values():
             assert torch.equal(run(library, int8, x, which=0), torch.full((rows, 16), 63.0 * value * width))
             assert torch.equal(run(library, q4, x, which=0), run(libraries["scalar"], q4, x, which=1))
@@ -168,7 +169,7 @@ def test_iq4_extremes_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
     for table, code, sub_scale, weight in cases:
         part = IQ4Part.from_blocks(torch.full((16, width), code, dtype=torch.uint8), table,
                                    torch.full((16, width // 32), sub_scale, dtype=torch.int8), supers)  # fmt: skip
-        for value, rows in ((127, 17), (-127, 9)):
+        for value, rows in ((127, 17), (-127, 9), (127, 33), (-127, 33)):  # 33: on AMX, w' = 256 · high + low
             x = torch.full((rows, width), value, dtype=torch.int8)
             total = torch.tensor(float(weight * value * 256), dtype=torch.float32)  # a superblock's: exact
             acc = torch.zeros((), dtype=torch.float32)
@@ -183,28 +184,34 @@ def test_iq4_extremes_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
 def test_iq4_takes_any_table(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     """A random table per part (as the IQ2 types' replaces IQ4_XS's), with zeros and both int8 ends, and random
     sub-scales per 32 (iq4) or 16 (iq4h) weights: every instruction set gives the definition's bits, the PyTorch
-    reference's too."""
+    reference's too, for few rows and for AMX's many, and for a width that is not a multiple of 64 (19 groups: the
+    vector path whatever the rows)."""
     generator = torch.Generator().manual_seed(5)
     table = torch.randint(-128, 128, (16,), generator=generator, dtype=torch.int8)
     table[:3] = torch.tensor([-128, 0, 127], dtype=torch.int8)
-    codes = torch.randint(0, 16, (48, 640), generator=generator, dtype=torch.uint8)
-    sub_scale = torch.randint(-128, 128, (48, 640 // kind.sub_block), generator=generator, dtype=torch.int8)
-    part = kind.from_blocks(codes, table.expand(48, 16), sub_scale, torch.rand(48, 3, generator=generator) / 64)
-    x = torch.randint(-127, 128, (21, 640), generator=generator, dtype=torch.int8)
-    expected = run(libraries["scalar"], part, x, which=1)
-    assert torch.equal(expected, part.reference(x.float()))
-    for name, library in libraries.items():
-        for rows in (1, 2, 5, 8, 9, 21):
-            assert torch.equal(run(library, part, x[:rows].contiguous(), which=0), expected[:rows]), (name, rows)
+    for width in (640, 608):
+        codes = torch.randint(0, 16, (48, width), generator=generator, dtype=torch.uint8)
+        sub_scale = torch.randint(-128, 128, (48, width // kind.sub_block), generator=generator, dtype=torch.int8)
+        d = torch.rand(48, 3, generator=generator) / 64
+        part = kind.from_blocks(codes, table.expand(48, 16), sub_scale, d)
+        x = torch.randint(-127, 128, (37, width), generator=generator, dtype=torch.int8)
+        expected = run(libraries["scalar"], part, x, which=1)
+        assert torch.equal(expected, part.reference(x.float()))
+        for name, library in libraries.items():
+            for rows in (1, 2, 5, 8, 9, 21, 32, 37):
+                result = run(library, part, x[:rows].contiguous(), which=0)
+                assert torch.equal(result, expected[:rows]), (name, width, rows)
 
 
-def test_q4_on_amx_continues_across_ranges_of_superblocks(libraries: dict[str, ctypes.CDLL]) -> None:
-    """Many rows of a wide input: the AMX path takes the superblocks in ranges whose rows fit its cache budget
-    (85 rows of 8,960: three ranges, the last short) and continues each output's float sum from range to range."""
+@pytest.mark.parametrize("kind", [Q4Part, Q8Part, Q8MinPart, Q4TablePart, Q4TableMinPart, IQ4Part, IQ4HalfPart])
+def test_amx_continues_across_ranges(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
+    """Many rows of a wide input: the AMX paths take the superblocks (q4, iq4) or groups (q8's family) in ranges
+    whose rows fit their cache budget (85 rows of 8,960: three ranges, the last short) and continue each output's
+    float sum from range to range."""
     generator = torch.Generator().manual_seed(3)
-    part = Q4Part.from_float(torch.randn(32, 8960, generator=generator))
+    part = kind.from_float(torch.randn(32, 8960, generator=generator))
     x = torch.randint(-127, 128, (85, 8960), generator=generator, dtype=torch.int8)
     expected = run(libraries["scalar"], part, x, which=1)
     for name, library in libraries.items():
-        for rows in (64, 65, 85):  # pairs of 16-row tiles; one more tile; a short last tile
+        for rows in (48, 64, 65, 85):  # 16-row tiles; one more tile; a short last tile
             assert torch.equal(run(library, part, x[:rows].contiguous(), which=0), expected[:rows]), (name, rows)

@@ -187,10 +187,134 @@ inline void iq4_tile(const Iq4Weights& w, const int8_t* x, int64_t x_stride, con
 constexpr int kIq4Rows = 1;
 #endif
 
+#if defined(QD_AMX)
+
+// AMX (gemm_amx.h), for many rows (a prompt), as q4's: a superblock's exact total T is one integer product of x with
+// w' = sub_scale * value (|w'| <= 128 * 128), which goes on tiles as two byte products, w' = 256 * high + low with
+// high signed (|high| <= 64) and low unsigned: an n-block's w' halves are written once per range of superblocks and
+// serve all its rows. T goes into the row's float sum as in the definition, so the bits are the vector path's. K must
+// be a multiple of 64 here (two groups a tile); other widths take the vector path.
+
+constexpr int64_t kIq4AmxMinRows = 32;  // fewer rows: the vector path is as fast (writing the w' halves costs)
+
+// The w' halves of n-block `block` for groups [group_begin, group_end) as B tiles, one per 64 k (two groups), in
+// q4_amx_halves' layout; iq4h's code vectors 0-3 take the group's first sub-scale, 4-7 its second.
+inline void iq4_amx_halves(const Iq4Weights& w, int64_t block, int64_t group_begin, int64_t group_end, uint8_t* high,
+                           uint8_t* low) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), low_byte = _mm512_set1_epi16(0x00FF);
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.table + block * 16)));
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    const int8_t* scales = w.sub_scale + (block * w.groups() + g) * (w.halves ? 2 : 1) * kLanes;
+    __m512i scale_words[2];  // each output's sub-scale in both words of its lane (iq4h: the first half's, the second's)
+    for (int half = 0; half < 2; ++half) {
+      const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + (w.halves ? half * kLanes : 0))));
+      scale_words[half] = _mm512_or_si512(_mm512_and_si512(scale, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(scale, 16));
+    }
+    const uint8_t* packed = w.codes + (block * w.groups() + g) * 256;
+    const int64_t tile = (g - group_begin) / 2, half = (g - group_begin) % 2;
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(packed + j * 64);
+      for (int nib = 0; nib < 2; ++nib) {
+        const __m512i values = _mm512_shuffle_epi8(table, _mm512_and_si512(nib == 0 ? v : _mm512_srli_epi16(v, 4), nibble));
+        const __m512i even = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(values, 8), 8), scale_words[nib]);
+        const __m512i odd = _mm512_mullo_epi16(_mm512_srai_epi16(values, 8), scale_words[nib]);
+        const int64_t at = (tile * 16 + half * 8 + nib * 4 + j) * 64;
+        _mm512_store_si512(high + at, _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(even, 8), low_byte),
+                                                      _mm512_slli_epi16(_mm512_srai_epi16(odd, 8), 8)));
+        _mm512_store_si512(low + at, _mm512_or_si512(_mm512_and_si512(even, low_byte), _mm512_slli_epi16(odd, 8)));
+      }
+    }
+  }
+}
+
+// One or two (Pair) tiles of `rows` rows, n-block `block`, superblocks [s_begin, s_end) whose halves start at
+// high/low (tiles as q4_configure_tiles sets them): per superblock, out = fma(d, float(256 * high + low), out), out
+// starting at 0 with the first superblock.
+template <bool Pair>
+inline void iq4_amx_tiles(const Iq4Weights& w, const int8_t* x, int64_t rows, int64_t block, int64_t s_begin,
+                          int64_t s_end, const uint8_t* high, const uint8_t* low, float* out, int64_t out_stride) {
+  alignas(64) int32_t sums[4][16 * 16];
+  const int64_t groups = w.groups(), supers = w.supers();
+  for (int64_t s = s_begin; s < s_end; ++s) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (Pair) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t c = s * kGroupsPerSuper / 2; c < super_end(s, groups) / 2; ++c) {
+      const int64_t at = (c - s_begin * kGroupsPerSuper / 2) * 1024;
+      _tile_loadd(4, x + c * 64, w.k);
+      _tile_loadd(6, high + at, 64);
+      _tile_loadd(7, low + at, 64);
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbsud(1, 4, 7);
+      if (Pair) {
+        _tile_loadd(5, x + 16 * w.k + c * 64, w.k);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    if (Pair) {
+      _tile_stored(2, sums[2], 64);
+      _tile_stored(3, sums[3], 64);
+    }
+    const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
+    for (int t = 0; t < (Pair ? 2 : 1); ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        float* o = out + (16 * t + r) * out_stride + block * kLanes;
+        const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[2 * t] + r * 16), 8),
+                                               _mm512_load_si512(sums[2 * t + 1] + r * 16));
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(total), s == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o)));
+      }
+  }
+}
+
+// Every row of n-blocks [block_begin, block_end), in q4_amx's order (ranges of superblocks, each n-block's halves once
+// a range, then its rows in pairs of 16-row tiles and a last shorter tile). False when AMX cannot run here, the rows
+// are too few or K is not a multiple of 64 (the caller takes the vector path).
+inline bool iq4_amx(const Iq4Weights& w, const int8_t* x, int64_t rows, float* out, int64_t out_stride,
+                    int64_t block_begin, int64_t block_end) {
+  if (rows < kIq4AmxMinRows || w.k % 64 != 0 || !amx_granted()) return false;
+  alignas(64) static thread_local uint8_t high[kQ4AmxMaxRange * 4 * 1024], low[kQ4AmxMaxRange * 4 * 1024];
+  const int64_t groups = w.groups(), supers = w.supers(), full = rows / 16, tail = rows - full * 16;
+  const int64_t fit = kQ4AmxRangeBytes / (rows * 256), range = fit < 1 ? 1 : (fit > kQ4AmxMaxRange ? kQ4AmxMaxRange : fit);
+  int64_t configured = 0;
+  const auto configure = [&](int64_t tile_rows) {
+    if (configured != tile_rows) q4_configure_tiles(tile_rows), configured = tile_rows;
+  };
+  for (int64_t s0 = 0; s0 < supers; s0 += range) {
+    const int64_t s1 = s0 + range < supers ? s0 + range : supers;
+    for (int64_t block = block_begin; block < block_end; ++block) {
+      iq4_amx_halves(w, block, s0 * kGroupsPerSuper, super_end(s1 - 1, groups), high, low);
+      configure(16);
+      int64_t t = 0;
+      for (; t + 2 <= full; t += 2)
+        iq4_amx_tiles<true>(w, x + t * 16 * w.k, 16, block, s0, s1, high, low, out + t * 16 * out_stride, out_stride);
+      if (t < full)
+        iq4_amx_tiles<false>(w, x + t * 16 * w.k, 16, block, s0, s1, high, low, out + t * 16 * out_stride, out_stride);
+      if (tail > 0) {
+        configure(tail);
+        iq4_amx_tiles<false>(w, x + full * 16 * w.k, tail, block, s0, s1, high, low, out + full * 16 * out_stride,
+                             out_stride);
+      }
+    }
+  }
+  _tile_release();
+  return true;
+}
+
+#endif
+
 // offsets [rows, sub_blocks] from group_offsets (iq4) or half_group_offsets (iq4h), read by the VNNI path only.
 inline void iq4_gemm(const Iq4Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
                      int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t offset_stride = w.sub_blocks();
+#if defined(QD_AMX)
+  if (iq4_amx(w, x, rows, out, out_stride, block_begin, block_end)) return;
+#endif
   with_flag(w.halves, [&](auto halves) {
     for_each_block_tile<kIq4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {
       iq4_tile<decltype(tile_rows)::value, decltype(halves)::value>(w, x + row * w.k, w.k, offsets + row * offset_stride,

@@ -21,6 +21,8 @@
 //   k = 32g + 4j + i of lane n0 + l; the high nibble q8's vector j + 4); table: [N/16][16] int8, a panel's values.
 #pragma once
 
+#include <vector>
+
 #include "gemm.h"
 
 namespace qd {
@@ -203,10 +205,182 @@ inline void q8_tile(const Q8Weights& w, const int8_t* x, int64_t x_stride, const
 constexpr int kQ8Rows = 1;
 #endif
 
+#if defined(QD_AMX)
+
+// AMX (gemm_amx.h), for many rows (a prompt): a group's exact I for a tile of 16 rows and an n-block's 16 outputs is
+// one tile product of the rows' 32 bytes of x with the group's signed codes q, whose layout is already an AMX B tile's
+// ([8 vectors][16 lanes][4 bytes]). An n-block's codes for a range of groups are written signed once (q8: the codes
+// XOR 0x80; q4t: the table's values by one shuffle) and serve all its row tiles. Each group's I goes into the row's
+// float sum (and q8m's min term after it) as in the definition, so the bits are the vector path's. Rows past the last
+// multiple of 16 go into one more tile, copied and padded with zero rows, whose extra rows are computed and dropped.
+
+constexpr int64_t kQ8AmxMinRows = 48;             // fewer rows: the vector path is as fast
+constexpr int64_t kQ8AmxRangeBytes = 512 * 1024;  // the rows' bytes of one range of groups, kept in L2
+constexpr int64_t kQ8AmxMaxRange = 128;           // groups a range holds at most (their signed codes: 64 KiB)
+
+// n-block `block`'s signed codes of groups [group_begin, group_end), 512 bytes (one B tile) a group.
+template <bool Nibbles>
+inline void q8_amx_codes(const Q8Weights& w, int64_t block, int64_t group_begin, int64_t group_end, int8_t* tiles) {
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  __m512i table = _mm512_setzero_si512();
+  if constexpr (Nibbles) table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.table + block * 16)));
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    const uint8_t* codes = w.codes + (block * w.groups() + g) * w.group_bytes();
+    int8_t* tile = tiles + (g - group_begin) * 512;
+    if constexpr (Nibbles) {
+      QD_UNROLL for (int j = 0; j < 4; ++j) {
+        const __m512i bytes = _mm512_loadu_si512(codes + j * 64);
+        _mm512_store_si512(tile + j * 64, _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_nibbles)));
+        _mm512_store_si512(tile + (j + 4) * 64,
+                           _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles)));
+      }
+    } else {
+      QD_UNROLL for (int j = 0; j < 8; ++j)
+        _mm512_store_si512(tile + j * 64, _mm512_xor_si512(_mm512_loadu_si512(codes + j * 64), _mm512_set1_epi8(-128)));
+    }
+  }
+}
+
+// Tiles: 0-3 four groups' I (16 rows x 16 int32), 4, 5 two groups' rows of x (16 rows x 32 bytes), 6, 7 their codes.
+inline void q8_configure_tiles() {
+  TileConfig config;
+  for (int t : {0, 1, 2, 3}) config.rows[t] = 16, config.colsb[t] = 64;
+  for (int t : {4, 5}) config.rows[t] = 16, config.colsb[t] = 32;
+  for (int t : {6, 7}) config.rows[t] = 8, config.colsb[t] = 64;
+  _tile_loadconfig(&config);
+}
+
+// Tile Slot's product of x and codes (through tiles 4 + Slot % 2 and 6 + Slot % 2), and storing it: the tile
+// intrinsics take their tile numbers as literals.
+#define QD_Q8_AMX_PRODUCT(c, a, b) \
+  {                                \
+    _tile_zero(c);                 \
+    _tile_loadd(a, x, x_stride);   \
+    _tile_loadd(b, codes, 64);     \
+    _tile_dpbssd(c, a, b);         \
+  }
+template <int Slot>
+inline void q8_amx_product(const int8_t* x, int64_t x_stride, const int8_t* codes) {
+  if constexpr (Slot == 0) QD_Q8_AMX_PRODUCT(0, 4, 6)
+  else if constexpr (Slot == 1) QD_Q8_AMX_PRODUCT(1, 5, 7)
+  else if constexpr (Slot == 2) QD_Q8_AMX_PRODUCT(2, 4, 6)
+  else QD_Q8_AMX_PRODUCT(3, 5, 7)
+}
+#undef QD_Q8_AMX_PRODUCT
+
+template <int Slot>
+inline void q8_amx_store(int32_t* dots) {
+  if constexpr (Slot == 0) _tile_stored(0, dots, 64);
+  else if constexpr (Slot == 1) _tile_stored(1, dots, 64);
+  else if constexpr (Slot == 2) _tile_stored(2, dots, 64);
+  else _tile_stored(3, dots, 64);
+}
+
+// A tile of 16 rows (the first `rows` of them kept) for n-block `block`, groups [group_begin, group_end) whose signed
+// codes start at `tiles`, continuing the float sums in `out` unless the range starts at group 0. Two groups' products
+// are under way while the two before them go into the float sums.
+template <bool Min>
+inline void q8_amx_tile(const Q8Weights& w, const int8_t* x, const int32_t* offsets, int64_t block,
+                        int64_t group_begin, int64_t group_end, const int8_t* tiles, float* out, int64_t out_stride,
+                        int64_t rows) {
+  alignas(64) int32_t dots[4][16 * 16];  // each slot's I, stored one step before it goes into the float sums
+  const int64_t groups = w.groups();
+  __m512 acc[16];
+  QD_UNROLL for (int r = 0; r < 16; ++r)
+    acc[r] = group_begin > 0 && r < rows ? _mm512_loadu_ps(out + r * out_stride + block * kLanes) : _mm512_setzero_ps();
+  const auto product = [&](auto slot, int64_t g) {
+    if (g < group_end) q8_amx_product<decltype(slot)::value>(x + g * kGroup, w.k, tiles + (g - group_begin) * 512);
+  };
+  const auto store = [&](auto slot, int64_t g) {
+    if (g < group_end) q8_amx_store<decltype(slot)::value>(dots[decltype(slot)::value]);
+  };
+  const auto add = [&](const int32_t* dot, int64_t g) {  // group g's I into the rows' float sums
+    if (g < group_begin || g >= group_end) return;
+    const int64_t at = (block * groups + g) * kLanes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + at)));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (Min) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + at)));
+    QD_UNROLL for (int r = 0; r < 16; ++r) {
+      acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(dot + r * 16)), acc[r]);
+      if constexpr (Min) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(offsets[r * groups + g] / -128.0f), acc[r]);
+    }
+  };
+  using S0 = std::integral_constant<int, 0>;
+  using S1 = std::integral_constant<int, 1>;
+  using S2 = std::integral_constant<int, 2>;
+  using S3 = std::integral_constant<int, 3>;
+  product(S0{}, group_begin);
+  product(S1{}, group_begin + 1);
+  for (int64_t g = group_begin; g < group_end; g += 4) {
+    product(S2{}, g + 2);
+    product(S3{}, g + 3);
+    store(S0{}, g);
+    store(S1{}, g + 1);
+    add(dots[2], g - 2);
+    add(dots[3], g - 1);
+    product(S0{}, g + 4);
+    product(S1{}, g + 5);
+    store(S2{}, g + 2);
+    store(S3{}, g + 3);
+    add(dots[0], g);
+    add(dots[1], g + 1);
+  }
+  const int64_t last = group_begin + (group_end - group_begin - 1) / 4 * 4;  // the last step's first group
+  add(dots[2], last + 2);
+  add(dots[3], last + 3);
+  QD_UNROLL for (int r = 0; r < 16; ++r)
+    if (r < rows) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
+}
+
+// Every row of n-blocks [block_begin, block_end): ranges of groups whose rows fit kQ8AmxRangeBytes, and within a range
+// each n-block's signed codes once, then its row tiles. False when AMX cannot run here or the rows are too few (the
+// caller takes the vector path).
+inline bool q8_amx(const Q8Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
+                   int64_t out_stride, int64_t block_begin, int64_t block_end) {
+  if (rows < kQ8AmxMinRows || !amx_granted()) return false;
+  alignas(64) static thread_local int8_t tiles[kQ8AmxMaxRange * 512];
+  static thread_local std::vector<int8_t> last_x;  // the rows past the last multiple of 16, padded to 16
+  static thread_local std::vector<int32_t> last_offsets;
+  const int64_t groups = w.groups(), full = rows / 16 * 16, last = rows - full;
+  if (last > 0) {
+    last_x.assign(16 * w.k, 0);
+    std::memcpy(last_x.data(), x + full * w.k, last * w.k);
+    last_offsets.assign(16 * groups, 0);
+    std::memcpy(last_offsets.data(), offsets + full * groups, last * groups * sizeof(int32_t));
+  }
+  const int64_t fit = kQ8AmxRangeBytes / (rows * kGroup);
+  const int64_t range = fit < 1 ? 1 : (fit > kQ8AmxMaxRange ? kQ8AmxMaxRange : fit);
+  q8_configure_tiles();
+  with_flag(w.mins != nullptr, [&](auto with_min) {
+    with_flag(w.table != nullptr, [&](auto nibbles) {
+      constexpr bool kMin = decltype(with_min)::value;
+      for (int64_t g0 = 0; g0 < groups; g0 += range) {
+        const int64_t g1 = g0 + range < groups ? g0 + range : groups;
+        for (int64_t block = block_begin; block < block_end; ++block) {
+          q8_amx_codes<decltype(nibbles)::value>(w, block, g0, g1, tiles);
+          for (int64_t r = 0; r < full; r += 16)
+            q8_amx_tile<kMin>(w, x + r * w.k, offsets + r * groups, block, g0, g1, tiles, out + r * out_stride,
+                              out_stride, 16);
+          if (last > 0)
+            q8_amx_tile<kMin>(w, last_x.data(), last_offsets.data(), block, g0, g1, tiles,
+                              out + full * out_stride, out_stride, last);
+        }
+      }
+    });
+  });
+  _tile_release();
+  return true;
+}
+
+#endif
+
 // offsets [rows, K/32] from group_offsets (q8m's min term reads each group's sum of x from them too).
 inline void q8_gemm(const Q8Weights& w, const int8_t* x, int64_t rows, const int32_t* offsets, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t offset_stride = w.k / kGroup;
+#if defined(QD_AMX)
+  if (q8_amx(w, x, rows, offsets, out, out_stride, block_begin, block_end)) return;
+#endif
   with_flag(w.mins != nullptr, [&](auto with_min) {
     with_flag(w.table != nullptr, [&](auto nibbles) {
       for_each_block_tile<kQ8Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {

@@ -1,6 +1,6 @@
-// Two builds of the q4, q6, iq4, iq4h, q8 and q4t GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, gemm_iq4.h, gemm_q8.h) in one process, taking turns call by
+// Two builds of the q4, q5, q6, iq4, iq4h, q8 and q4t GEMMs (quickdraft/runtime/native/gemm.h, gemm_q6.h, gemm_iq4.h, gemm_q8.h) in one process, taking turns call by
 // call in the order A B B A, so that a VM switching speed slows both alike: the best of 40 calls each, at the default
-// target's shapes (q4: the 1536 -> 17920 gate+up and the 8960 -> 1536 down projection; q6, as a Q4_K_M file stores
+// target's shapes (q4 and q5: the 1536 -> 17920 gate+up and the 8960 -> 1536 down projection; q6, as a Q4_K_M file stores
 // half the down projections and the LM head: 8960 -> 1536 and 1536 -> 151936; iq4 as an IQ4_XS file's gate+up and
 // down, iq4h as an IQ2_S file's gate+up, q8 and q4t as a Q8_0's and a Q4_0's gate+up and down), 2 threads sharing the n-blocks as
 // the runtime does. Weights rotate through 1 GiB so that every timed call streams them from memory (copy 0, which
@@ -48,15 +48,16 @@ struct Copy {
   std::vector<uint16_t> half_d;  // q8, q4t: a float16 scale per group
 };
 
-enum Format { kQ4, kQ6, kIq4, kIq4h, kQ8, kQ4t };
+enum Format { kQ4, kQ6, kIq4, kIq4h, kQ8, kQ4t, kQ5 };
 
 Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
   const int64_t groups = k / 32, supers = (groups + 7) / 8;
   Copy c;
   c.codes.resize(format == kQ8 ? n * k : n * k / 2);
   for (auto& b : c.codes) b = static_cast<uint8_t>(rng());
-  c.sub_scale.resize(format == kQ4 || format == kIq4 ? n * groups : n * k / 16);
-  for (auto& b : c.sub_scale) b = static_cast<uint8_t>(format == kQ4 ? rng() % 64 : format == kQ6 ? rng() : rng() % 64 - 32);
+  const bool q4 = format == kQ4 || format == kQ5;  // q5: q4 with a plane of fifth bits
+  c.sub_scale.resize(q4 || format == kIq4 ? n * groups : n * k / 16);
+  for (auto& b : c.sub_scale) b = static_cast<uint8_t>(q4 ? rng() % 64 : format == kQ6 ? rng() : rng() % 64 - 32);
   if (format == kQ8 || format == kQ4t) {
     for (int64_t i = 0; format == kQ4t && i < n; ++i) c.table.push_back(static_cast<int8_t>(i % 16 - 8));  // Q4_0's
     c.half_d.assign(n * groups, 0x1400);  // 2^-10
@@ -65,12 +66,13 @@ Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
   if (format == kIq4 || format == kIq4h) {
     c.table.resize(n);  // 16 values per 16-row panel
     for (auto& v : c.table) v = static_cast<int8_t>(rng());
-  } else if (format == kQ4) {
+  } else if (q4) {
     c.sub_min.resize(n * groups);
     for (auto& b : c.sub_min) b = static_cast<uint8_t>(rng() % 64);
     c.dmin.assign(n * supers, 1e-4f);
-  } else {
-    c.high.resize(n * k / 4);
+  }
+  if (format == kQ5 || format == kQ6) {
+    c.high.resize(format == kQ5 ? n * k / 8 : n * k / 4);
     for (auto& b : c.high) b = static_cast<uint8_t>(rng());
   }
   c.d.assign(n * supers, 1e-3f);
@@ -80,11 +82,11 @@ Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
 // Per-row sums the format's kernel wants: q4's group pairs, q6's sub-block offsets, iq4's group and iq4h's half-group
 // offsets (the same in both builds).
 std::vector<int32_t> row_sums(Format format, const std::vector<int8_t>& x, int64_t rows, int64_t k) {
-  const int64_t width = format == kQ4 ? k / 64 : format == kIq4 || format == kQ8 || format == kQ4t ? k / 32 : format == kQ6 ? k / qd_a::kSubBlock : k / 16;
+  const int64_t width = format == kQ4 || format == kQ5 ? k / 64 : format == kIq4 || format == kQ8 || format == kQ4t ? k / 32 : format == kQ6 ? k / qd_a::kSubBlock : k / 16;
   std::vector<int32_t> sums(rows * width);
   for (int64_t r = 0; r < rows; ++r) {
     int32_t* row = sums.data() + r * width;
-    if (format == kQ4) qd_a::group_sum_pairs(x.data() + r * k, k, row);
+    if (format == kQ4 || format == kQ5) qd_a::group_sum_pairs(x.data() + r * k, k, row);
     else if (format == kQ6) qd_a::sub_block_offsets(x.data() + r * k, k, row);
     else if (format == kIq4 || format == kQ8 || format == kQ4t) qd_a::group_offsets(x.data() + r * k, k, row);
     else qd_a::half_group_offsets(x.data() + r * k, k, row);
@@ -108,13 +110,15 @@ void gemm(int which, Format format, const Copy& c, int64_t n, int64_t k, const i
       qd_a::iq4_gemm({c.codes.data(), c.table.data(), scales, c.d.data(), n, k, halves}, x, rows, sums, out, n, begin, end);
     else
       qd_b::iq4_gemm({c.codes.data(), c.table.data(), scales, c.d.data(), n, k, halves}, x, rows, sums, out, n, begin, end);
-  } else if (format == kQ4 && which == 0)
-    qd_a::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x, rows,
-                  sums, out, n, begin, end);
-  else if (format == kQ4)
-    qd_b::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k}, x, rows,
-                  sums, out, n, begin, end);
-  else if (which == 0)
+  } else if (format == kQ4 || format == kQ5) {
+    const uint8_t* high = format == kQ5 ? c.high.data() : nullptr;
+    if (which == 0)
+      qd_a::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k, high}, x,
+                    rows, sums, out, n, begin, end);
+    else
+      qd_b::q4_gemm({c.codes.data(), c.sub_scale.data(), c.sub_min.data(), c.d.data(), c.dmin.data(), n, k, high}, x,
+                    rows, sums, out, n, begin, end);
+  } else if (which == 0)
     qd_a::q6_gemm({c.codes.data(), c.high.data(), scales, c.d.data(), n, k}, x, rows, sums, out, n, begin, end);
   else
     qd_b::q6_gemm({c.codes.data(), c.high.data(), scales, c.d.data(), n, k}, x, rows, sums, out, n, begin, end);
@@ -145,6 +149,8 @@ int main(int argc, char** argv) {
     Format format;
   } shapes[] = {{"q4 gate+up 1536->17920", 17920, 1536, kQ4},
                 {"q4 down    8960->1536 ", 1536, 8960, kQ4},
+                {"q5 gate+up 1536->17920", 17920, 1536, kQ5},
+                {"q5 down    8960->1536 ", 1536, 8960, kQ5},
                 {"q6 down    8960->1536 ", 1536, 8960, kQ6},
                 {"q6 lm-head 1536->151936", 151936, 1536, kQ6},
                 {"iq4 gate+up 1536->17920", 17920, 1536, kIq4},
@@ -160,7 +166,7 @@ int main(int argc, char** argv) {
   const char* only = std::getenv("QD_SHAPES");
   for (const auto& shape : shapes) {
     if (only != nullptr && std::strstr(shape.name, only) == nullptr) continue;
-    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : shape.format == kIq4h ? 10 : shape.format == kQ8 ? 17 : 9) / 16;
+    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : shape.format == kIq4h || shape.format == kQ5 ? 11 : shape.format == kQ8 ? 17 : 9) / 16;
     const int copies = static_cast<int>(((int64_t{1} << 30) + bytes - 1) / bytes);
     std::vector<Copy> weights;
     for (int c = 0; c < copies; ++c) weights.push_back(make_copy(shape.format, shape.n, shape.k, rng));

@@ -83,8 +83,8 @@ def run(library: ctypes.CDLL, part: WeightPart, x: torch.Tensor, which: int) -> 
 def test_every_instruction_set_gives_the_bits_of_the_definition(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     generator = torch.Generator().manual_seed(0)
     part = kind.from_float(torch.randn(48, 640, generator=generator))  # q4-q6: two full superblocks, a short one
-    # int8 on AMX from 4 rows, q8's family from 48, q4 from 64 (pairs of 16-row tiles, one more, the rest): up to
-    # 4 · 16 + 16 + 5 rows
+    # int8 on AMX from 4 rows, iq4 from 32, q4, q5 and q8's family from 48 (pairs of 16-row tiles, one more, the
+    # rest): up to 4 · 16 + 16 + 5 rows
     x = torch.randint(-127, 128, (85, 640), generator=generator, dtype=torch.int8)
     expected = run(libraries["scalar"], part, x, which=1)
     assert torch.equal(expected, part.reference(x.float()))  # the C++ definition is the PyTorch one
@@ -137,7 +137,7 @@ def test_extreme_values_stay_exact(libraries: dict[str, ctypes.CDLL]) -> None:
         -supers,
     )
     for value, rows in ((127, 17), (-127, 17), (127, 65), (-127, 65)):
-        x = torch.full((rows, width), value, dtype=torch.int8)  # two vector tiles; 65: q4 and q8 on AMX
+        x = torch.full((rows, width), value, dtype=torch.int8)  # two vector tiles; 65: q4, q5 and q8 on AMX
         for library in libraries.values():
             assert torch.equal(run(library, int8, x, which=0), torch.full((rows, 16), 63.0 * value * width))
             assert torch.equal(run(library, q4, x, which=0), run(libraries["scalar"], q4, x, which=1))
@@ -203,9 +203,9 @@ def test_iq4_takes_any_table(libraries: dict[str, ctypes.CDLL], kind: type) -> N
                 assert torch.equal(result, expected[:rows]), (name, width, rows)
 
 
-@pytest.mark.parametrize("kind", [Q4Part, Q8Part, Q8MinPart, Q4TablePart, Q4TableMinPart, IQ4Part, IQ4HalfPart])
+@pytest.mark.parametrize("kind", [Q4Part, Q5Part, Q8Part, Q8MinPart, Q4TablePart, Q4TableMinPart, IQ4Part, IQ4HalfPart])
 def test_amx_continues_across_ranges(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
-    """Many rows of a wide input: the AMX paths take the superblocks (q4, iq4) or groups (q8's family) in ranges
+    """Many rows of a wide input: the AMX paths take the superblocks (q4, q5, iq4) or groups (q8's family) in ranges
     whose rows fit their cache budget (85 rows of 8,960: three ranges, the last short) and continue each output's
     float sum from range to range."""
     generator = torch.Generator().manual_seed(3)

@@ -383,3 +383,16 @@ def test_selected_rows_keep_their_weights_and_their_results(kind: str) -> None:
         assert chosen.out_features == len(index)
         assert torch.equal(chosen.parts[0].dequantize(), layer.parts[0].dequantize()[index])
         assert torch.equal(chosen(x), layer(x)[:, index])
+
+
+@pytest.mark.parametrize("kind", list(PART_KINDS))
+def test_the_runtimes_build_gives_the_operations_bits_for_many_rows(kind: str) -> None:
+    """The kernels as the runtime compiles them (its own flags, not the GEMM tests'), at row counts on both sides of
+    every tile path's threshold, AMX's from 4 to 48 rows included: the PyTorch operations' bits."""
+    generator = torch.Generator().manual_seed(1)
+    linear = QuantizedLinear.from_float(torch.randn(48, 640, generator=generator), None, kind)
+    x = torch.randn(85, 640, generator=generator)
+    expected = with_kernels(linear, False)(x)
+    with_kernels(linear, True)
+    for rows in (1, 16, 17, 31, 32, 47, 48, 49, 63, 64, 65, 85):
+        assert torch.equal(linear(x[:rows]), expected[:rows]), rows

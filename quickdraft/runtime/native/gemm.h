@@ -612,12 +612,12 @@ inline void int8_gemm(const Int8Weights& w, const int8_t* x, int64_t rows, const
   });
 }
 
-// pairs [rows, K/64] from group_sum_pairs. q5 weights (w.high set) take the vector paths on AMX machines too.
+// pairs [rows, K/64] from group_sum_pairs.
 inline void q4_gemm(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, float* out,
                     int64_t out_stride, int64_t block_begin, int64_t block_end) {
   const int64_t pair_stride = w.k / (2 * kGroup);
 #if defined(QD_AMX)
-  if (w.high == nullptr && q4_amx(w, x, rows, pairs, pair_stride, out, out_stride, block_begin, block_end)) return;
+  if (q4_amx(w, x, rows, pairs, pair_stride, out, out_stride, block_begin, block_end)) return;
 #endif
   with_flag(w.high != nullptr, [&](auto five) {
     for_each_block_tile<kQ4Rows>(rows, w.k, block_begin, block_end, [&](int64_t block, int64_t row, auto tile_rows) {

@@ -1,9 +1,10 @@
 // gemm.h's GEMMs on AMX tiles (Intel's tile matrix multiply, Sapphire Rapids and later), for blocks of several
 // rows: the same exact int32 sums as gemm.h's vector paths and the same float epilogue, so the same bits.
 // - int8: the packed weights already have the layout of an AMX B tile: 16 rows of (16 outputs x 4 consecutive k).
-// - q4, for many rows (a prompt): a superblock's exact total sum_g sub_scale[g] * sum_{k in g} code * x is one
-//   integer product of x with w' = sub_scale * code (< 2^12), which goes on tiles as two byte products,
-//   w' = 64 * high + low: an n-block's w' halves are written once per range of superblocks and serve all its rows.
+// - q4 and q5, for many rows (a prompt): a superblock's exact total sum_g sub_scale[g] * sum_{k in g} code * x is one
+//   integer product of x with w' = sub_scale * code (< 2^12 for q4, 2^13 for q5's codes up to 31), which goes on
+//   tiles as two unsigned byte products, w' = 64 * high + low: an n-block's w' halves are written once per range of
+//   superblocks and serve all its rows.
 // The OS must grant the process AMX's tile state once (arch_prctl); where it does not, gemm.h's vector path runs.
 // Included by gemm.h after its weight formats (Q4Weights, kLanes, ...), which the q4 path reads.
 #pragma once
@@ -29,6 +30,14 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
+// Loads `config` into the tile registers. GCC's _tile_loadconfig (12) tells the compiler that it reads only the
+// config's first 8 bytes, so an optimizer may drop the stores of the rows and widths as dead and ldtilecfg fault on
+// what is left (seen in an -O3 build); the barrier keeps them.
+inline void load_tile_config(const TileConfig& config) {
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
 inline bool amx_granted() {
   static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return granted;
@@ -40,7 +49,7 @@ inline void configure_tiles(int64_t rows) {
   TileConfig config;
   for (int t : {0, 1, 2}) config.rows[t] = static_cast<uint8_t>(rows), config.colsb[t] = 64;
   for (int t : {3, 4}) config.rows[t] = 16, config.colsb[t] = 64;
-  _tile_loadconfig(&config);
+  load_tile_config(config);
 }
 
 // One or two n-blocks (block, block + 1 if pair) for `rows` rows (at most 16; tiles configured for them):
@@ -93,13 +102,14 @@ inline bool int8_amx(const uint8_t* codes, const float* scale, int64_t k, const 
 
 // ---- q4 ----------------------------------------------------------------------------------------------------------
 
-constexpr int64_t kQ4AmxMinRows = 64;  // fewer rows: the vector path is as fast (writing the w' halves costs)
+constexpr int64_t kQ4AmxMinRows = 48;  // fewer rows: the vector path is as fast (writing the w' halves costs)
 constexpr int64_t kQ4AmxRangeBytes = 512 * 1024;  // the rows' bytes of one range of superblocks, kept in L2
 constexpr int64_t kQ4AmxMaxRange = 16;    // superblocks a range holds at most (their w' halves: 128 KiB)
 
 // The w' halves of n-block `block` for groups [group_begin, group_end) as B tiles, one per 64 k (two groups):
 // [16 quads][16 outputs][4 bytes], quad q of the tile holding k = 64c + 4q .. 4q + 3. A group's code vector j holds
-// k = 32g + 4j + i in its low nibbles and k = 32g + 4(j + 4) + i in its high ones (gemm.h).
+// k = 32g + 4j + i in its low nibbles and k = 32g + 4(j + 4) + i in its high ones (gemm.h); q5 adds code vector j's
+// fifth bits, bit j of the plane's bytes, as bit 4 (the 16-bit shift carries bits across bytes, which the mask drops).
 inline void q4_amx_halves(const Q4Weights& w, int64_t block, int64_t group_begin, int64_t group_end, uint8_t* high,
                           uint8_t* low) {
   const __m512i nibble = _mm512_set1_epi8(0x0F), even_bytes = _mm512_set1_epi16(0x00FF), six_bits = _mm512_set1_epi16(63);
@@ -107,12 +117,17 @@ inline void q4_amx_halves(const Q4Weights& w, int64_t block, int64_t group_begin
     const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scale + (block * w.groups() + g) * kLanes)));
     const __m512i scale_words = _mm512_or_si512(scale, _mm512_slli_epi32(scale, 16));  // each output's scale in both words
     const uint8_t* packed = w.codes + (block * w.groups() + g) * 256;
+    const __m512i plane = w.high == nullptr ? _mm512_setzero_si512() : _mm512_loadu_si512(w.high + (block * w.groups() + g) * 64);
     const int64_t tile = (g - group_begin) / 2, half = (g - group_begin) % 2;
     for (int j = 0; j < 4; ++j) {
       const __m512i v = _mm512_loadu_si512(packed + j * 64);
       for (int nib = 0; nib < 2; ++nib) {
-        const __m512i codes = _mm512_and_si512(nib == 0 ? v : _mm512_srli_epi16(v, 4), nibble);
-        const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(codes, even_bytes), scale_words);  // w' < 2^12
+        __m512i codes = _mm512_and_si512(nib == 0 ? v : _mm512_srli_epi16(v, 4), nibble);
+        if (w.high != nullptr) {
+          const __m512i fifth = _mm512_srl_epi16(plane, _mm_cvtsi32_si128(j + 4 * nib));
+          codes = _mm512_or_si512(codes, _mm512_slli_epi16(_mm512_and_si512(fifth, _mm512_set1_epi8(1)), 4));
+        }
+        const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(codes, even_bytes), scale_words);  // w' < 2^13
         const __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(codes, 8), scale_words);
         const int64_t at = (tile * 16 + half * 8 + nib * 4 + j) * 64;
         _mm512_store_si512(high + at, _mm512_or_si512(_mm512_srli_epi16(even, 6), _mm512_slli_epi16(_mm512_srli_epi16(odd, 6), 8)));
@@ -128,7 +143,7 @@ inline void q4_configure_tiles(int64_t rows) {
   TileConfig config;
   for (int t = 0; t < 6; ++t) config.rows[t] = static_cast<uint8_t>(rows), config.colsb[t] = 64;
   for (int t : {6, 7}) config.rows[t] = 16, config.colsb[t] = 64;
-  _tile_loadconfig(&config);
+  load_tile_config(config);
 }
 
 // One or two (Pair) tiles of `rows` rows, n-block `block`, superblocks [s_begin, s_end) whose halves start at

@@ -241,93 +241,51 @@ inline void q8_amx_codes(const Q8Weights& w, int64_t block, int64_t group_begin,
   }
 }
 
-// Tiles: 0-3 four groups' I (16 rows x 16 int32), 4, 5 two groups' rows of x (16 rows x 32 bytes), 6, 7 their codes.
+// Tiles: 0, 1 two groups' I (16 rows x 16 int32), 2, 3 their rows' x (16 rows x 32 bytes), 4, 5 their codes.
 inline void q8_configure_tiles() {
   TileConfig config;
-  for (int t : {0, 1, 2, 3}) config.rows[t] = 16, config.colsb[t] = 64;
-  for (int t : {4, 5}) config.rows[t] = 16, config.colsb[t] = 32;
-  for (int t : {6, 7}) config.rows[t] = 8, config.colsb[t] = 64;
-  _tile_loadconfig(&config);
-}
-
-// Tile Slot's product of x and codes (through tiles 4 + Slot % 2 and 6 + Slot % 2), and storing it: the tile
-// intrinsics take their tile numbers as literals.
-#define QD_Q8_AMX_PRODUCT(c, a, b) \
-  {                                \
-    _tile_zero(c);                 \
-    _tile_loadd(a, x, x_stride);   \
-    _tile_loadd(b, codes, 64);     \
-    _tile_dpbssd(c, a, b);         \
-  }
-template <int Slot>
-inline void q8_amx_product(const int8_t* x, int64_t x_stride, const int8_t* codes) {
-  if constexpr (Slot == 0) QD_Q8_AMX_PRODUCT(0, 4, 6)
-  else if constexpr (Slot == 1) QD_Q8_AMX_PRODUCT(1, 5, 7)
-  else if constexpr (Slot == 2) QD_Q8_AMX_PRODUCT(2, 4, 6)
-  else QD_Q8_AMX_PRODUCT(3, 5, 7)
-}
-#undef QD_Q8_AMX_PRODUCT
-
-template <int Slot>
-inline void q8_amx_store(int32_t* dots) {
-  if constexpr (Slot == 0) _tile_stored(0, dots, 64);
-  else if constexpr (Slot == 1) _tile_stored(1, dots, 64);
-  else if constexpr (Slot == 2) _tile_stored(2, dots, 64);
-  else _tile_stored(3, dots, 64);
+  for (int t : {0, 1}) config.rows[t] = 16, config.colsb[t] = 64;
+  for (int t : {2, 3}) config.rows[t] = 16, config.colsb[t] = 32;
+  for (int t : {4, 5}) config.rows[t] = 8, config.colsb[t] = 64;
+  load_tile_config(config);
 }
 
 // A tile of 16 rows (the first `rows` of them kept) for n-block `block`, groups [group_begin, group_end) whose signed
-// codes start at `tiles`, continuing the float sums in `out` unless the range starts at group 0. Two groups' products
-// are under way while the two before them go into the float sums.
+// codes start at `tiles`, two groups at a time, continuing the float sums in `out` unless the range starts at group 0.
 template <bool Min>
 inline void q8_amx_tile(const Q8Weights& w, const int8_t* x, const int32_t* offsets, int64_t block,
                         int64_t group_begin, int64_t group_end, const int8_t* tiles, float* out, int64_t out_stride,
                         int64_t rows) {
-  alignas(64) int32_t dots[4][16 * 16];  // each slot's I, stored one step before it goes into the float sums
+  alignas(64) int32_t dots[2][16 * 16];
   const int64_t groups = w.groups();
   __m512 acc[16];
   QD_UNROLL for (int r = 0; r < 16; ++r)
     acc[r] = group_begin > 0 && r < rows ? _mm512_loadu_ps(out + r * out_stride + block * kLanes) : _mm512_setzero_ps();
-  const auto product = [&](auto slot, int64_t g) {
-    if (g < group_end) q8_amx_product<decltype(slot)::value>(x + g * kGroup, w.k, tiles + (g - group_begin) * 512);
-  };
-  const auto store = [&](auto slot, int64_t g) {
-    if (g < group_end) q8_amx_store<decltype(slot)::value>(dots[decltype(slot)::value]);
-  };
-  const auto add = [&](const int32_t* dot, int64_t g) {  // group g's I into the rows' float sums
-    if (g < group_begin || g >= group_end) return;
-    const int64_t at = (block * groups + g) * kLanes;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + at)));
-    __m512 m = _mm512_setzero_ps();
-    if constexpr (Min) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + at)));
-    QD_UNROLL for (int r = 0; r < 16; ++r) {
-      acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(dot + r * 16)), acc[r]);
-      if constexpr (Min) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(offsets[r * groups + g] / -128.0f), acc[r]);
+  for (int64_t g = group_begin; g < group_end; g += 2) {
+    const bool pair = g + 1 < group_end;
+    _tile_zero(0);
+    _tile_loadd(2, x + g * kGroup, w.k);
+    _tile_loadd(4, tiles + (g - group_begin) * 512, 64);
+    _tile_dpbssd(0, 2, 4);
+    if (pair) {
+      _tile_zero(1);
+      _tile_loadd(3, x + (g + 1) * kGroup, w.k);
+      _tile_loadd(5, tiles + (g + 1 - group_begin) * 512, 64);
+      _tile_dpbssd(1, 3, 5);
     }
-  };
-  using S0 = std::integral_constant<int, 0>;
-  using S1 = std::integral_constant<int, 1>;
-  using S2 = std::integral_constant<int, 2>;
-  using S3 = std::integral_constant<int, 3>;
-  product(S0{}, group_begin);
-  product(S1{}, group_begin + 1);
-  for (int64_t g = group_begin; g < group_end; g += 4) {
-    product(S2{}, g + 2);
-    product(S3{}, g + 3);
-    store(S0{}, g);
-    store(S1{}, g + 1);
-    add(dots[2], g - 2);
-    add(dots[3], g - 1);
-    product(S0{}, g + 4);
-    product(S1{}, g + 5);
-    store(S2{}, g + 2);
-    store(S3{}, g + 3);
-    add(dots[0], g);
-    add(dots[1], g + 1);
+    _tile_stored(0, dots[0], 64);
+    if (pair) _tile_stored(1, dots[1], 64);
+    for (int h = 0; h < (pair ? 2 : 1); ++h) {
+      const int64_t at = (block * groups + g + h) * kLanes;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + at)));
+      __m512 m = _mm512_setzero_ps();
+      if constexpr (Min) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + at)));
+      QD_UNROLL for (int r = 0; r < 16; ++r) {
+        acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_load_si512(dots[h] + r * 16)), acc[r]);
+        if constexpr (Min) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(offsets[r * groups + g + h] / -128.0f), acc[r]);
+      }
+    }
   }
-  const int64_t last = group_begin + (group_end - group_begin - 1) / 4 * 4;  // the last step's first group
-  add(dots[2], last + 2);
-  add(dots[3], last + 3);
   QD_UNROLL for (int r = 0; r < 16; ++r)
     if (r < rows) _mm512_storeu_ps(out + r * out_stride + block * kLanes, acc[r]);
 }

@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   const char* only = std::getenv("QD_SHAPES");
   for (const auto& shape : shapes) {
     if (only != nullptr && std::strstr(shape.name, only) == nullptr) continue;
-    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : shape.format == kIq4h || shape.format == kQ5 ? 11 : shape.format == kQ8 ? 17 : 9) / 16;
+    const int64_t bytes = shape.n * shape.k * (shape.format == kQ6 ? 13 : shape.format == kQ5 ? 11 : shape.format == kIq4h ? 10 : shape.format == kQ8 ? 17 : 9) / 16;
     const int copies = static_cast<int>(((int64_t{1} << 30) + bytes - 1) / bytes);
     std::vector<Copy> weights;
     for (int c = 0; c < copies; ++c) weights.push_back(make_copy(shape.format, shape.n, shape.k, rng));

@@ -206,12 +206,24 @@ def test_iq4_takes_any_table(libraries: dict[str, ctypes.CDLL], kind: type) -> N
 @pytest.mark.parametrize("kind", [Q4Part, Q5Part, Q8Part, Q8MinPart, Q4TablePart, Q4TableMinPart, IQ4Part, IQ4HalfPart])
 def test_amx_continues_across_ranges(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
     """Many rows of a wide input: the AMX paths take the superblocks (q4, q5, iq4) or groups (q8's family) in ranges
-    whose rows fit their cache budget (85 rows of 8,960: three ranges, the last short) and continue each output's
-    float sum from range to range."""
+    whose rows fit their cache budget (85 rows of 8,960: three ranges, the last short; 200 rows: four, and q8's of an
+    odd number of groups) and continue each output's float sum from range to range."""
     generator = torch.Generator().manual_seed(3)
     part = kind.from_float(torch.randn(32, 8960, generator=generator))
-    x = torch.randint(-127, 128, (85, 8960), generator=generator, dtype=torch.int8)
+    x = torch.randint(-127, 128, (200, 8960), generator=generator, dtype=torch.int8)
     expected = run(libraries["scalar"], part, x, which=1)
     for name, library in libraries.items():
-        for rows in (48, 64, 65, 85):  # 16-row tiles; one more tile; a short last tile
+        for rows in (48, 64, 65, 85, 200):  # 16-row tiles; one more tile; a short last tile; shorter ranges
+            assert torch.equal(run(library, part, x[:rows].contiguous(), which=0), expected[:rows]), (name, rows)
+
+
+@pytest.mark.parametrize("kind", [Q8Part, Q8MinPart, Q4TablePart, Q4TableMinPart])
+def test_q8_family_on_amx_takes_an_odd_number_of_groups(libraries: dict[str, ctypes.CDLL], kind: type) -> None:
+    """19 groups of 32: the AMX path's last group of a range has no partner in its pair of tiles."""
+    generator = torch.Generator().manual_seed(4)
+    part = kind.from_float(torch.randn(32, 608, generator=generator))
+    x = torch.randint(-127, 128, (65, 608), generator=generator, dtype=torch.int8)
+    expected = run(libraries["scalar"], part, x, which=1)
+    for name, library in libraries.items():
+        for rows in (48, 65):
             assert torch.equal(run(library, part, x[:rows].contiguous(), which=0), expected[:rows]), (name, rows)

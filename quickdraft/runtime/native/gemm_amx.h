@@ -9,7 +9,7 @@
 // Included by gemm.h after its weight formats (Q4Weights, kLanes, ...), which the q4 path reads.
 #pragma once
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__)
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define QD_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 namespace qd {
 
@@ -146,6 +147,74 @@ inline void q4_configure_tiles(int64_t rows) {
   load_tile_config(config);
 }
 
+// A superblock's high and low products for one or two (Pair) tiles of rows (tiles as q4_configure_tiles sets them):
+// its 64-k chunks [chunk_begin, chunk_end) of x (row stride k) against w' halves starting at high/low, stored into
+// sums (0, 1 the first tile's high and low products, 2, 3 the second's). SignedHigh: the high bytes are signed (iq4's
+// w' = 256 * high + low), else unsigned (q4's 64 * high + low); the low bytes are unsigned.
+template <bool Pair, bool SignedHigh>
+inline void superblock_products(const int8_t* x, int64_t k, int64_t chunk_begin, int64_t chunk_end, const uint8_t* high,
+                                const uint8_t* low, int32_t (&sums)[4][16 * 16]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (Pair) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+    const int64_t at = (c - chunk_begin) * 1024;
+    _tile_loadd(4, x + c * 64, k);
+    _tile_loadd(6, high + at, 64);
+    _tile_loadd(7, low + at, 64);
+    if constexpr (SignedHigh) _tile_dpbssd(0, 4, 6);
+    else _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    if (Pair) {
+      _tile_loadd(5, x + 16 * k + c * 64, k);
+      if constexpr (SignedHigh) _tile_dpbssd(2, 5, 6);
+      else _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+  }
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  if (Pair) {
+    _tile_stored(2, sums[2], 64);
+    _tile_stored(3, sums[3], 64);
+  }
+}
+
+// Every row of n-blocks [block_begin, block_end) of a superblock format (q4, q5, iq4, iq4h) with `groups` groups a
+// row: ranges of superblocks whose rows fit kQ4AmxRangeBytes, and within a range each n-block's w' halves once
+// (write_halves(block, group_begin, group_end, high, low)), then its rows in pairs of 16-row tiles and a last shorter
+// tile (tiles(pair, first_row, tile_rows, block, s_begin, s_end, high, low), pair a std::bool_constant). A range
+// continues the float sums of the one before, superblock by superblock, so any range gives the same bits.
+template <typename WriteHalves, typename Tiles>
+inline void superblock_amx(int64_t rows, int64_t groups, int64_t block_begin, int64_t block_end,
+                           WriteHalves write_halves, Tiles tiles) {
+  alignas(64) static thread_local uint8_t high[kQ4AmxMaxRange * 4 * 1024], low[kQ4AmxMaxRange * 4 * 1024];
+  const int64_t supers = (groups + kGroupsPerSuper - 1) / kGroupsPerSuper, full = rows / 16, tail = rows - full * 16;
+  const int64_t fit = kQ4AmxRangeBytes / (rows * 256), range = fit < 1 ? 1 : (fit > kQ4AmxMaxRange ? kQ4AmxMaxRange : fit);
+  int64_t configured = 0;
+  const auto configure = [&](int64_t tile_rows) {
+    if (configured != tile_rows) q4_configure_tiles(tile_rows), configured = tile_rows;
+  };
+  for (int64_t s0 = 0; s0 < supers; s0 += range) {
+    const int64_t s1 = s0 + range < supers ? s0 + range : supers;
+    for (int64_t block = block_begin; block < block_end; ++block) {
+      write_halves(block, s0 * kGroupsPerSuper, super_end(s1 - 1, groups), high, low);
+      configure(16);
+      int64_t t = 0;
+      for (; t + 2 <= full; t += 2) tiles(std::true_type{}, t * 16, int64_t{16}, block, s0, s1, high, low);
+      if (t < full) tiles(std::false_type{}, t * 16, int64_t{16}, block, s0, s1, high, low);
+      if (tail > 0) {
+        configure(tail);
+        tiles(std::false_type{}, full * 16, tail, block, s0, s1, high, low);
+      }
+    }
+  }
+  _tile_release();
+}
+
 // One or two (Pair) tiles of `rows` rows, n-block `block`, superblocks [s_begin, s_end) whose halves start at
 // high/low: per superblock, out = fma(d, float(total), out), then out = fma(dmin, float(sum_g sub_min[g] * X[g]), out)
 // (the sums of gemm.h's q4 tiles; out starts at 0 with the first superblock).
@@ -156,32 +225,8 @@ inline void q4_amx_tiles(const Q4Weights& w, const int8_t* x, int64_t rows, cons
   alignas(64) int32_t sums[4][16 * 16];
   const int64_t groups = w.groups(), supers = w.supers();
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t g0 = s * kGroupsPerSuper, g1 = super_end(s, groups);
-    _tile_zero(0);
-    _tile_zero(1);
-    if (Pair) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-    for (int64_t c = g0 / 2; c < g1 / 2; ++c) {
-      const int64_t at = (c - s_begin * kGroupsPerSuper / 2) * 1024;
-      _tile_loadd(4, x + c * 64, w.k);
-      _tile_loadd(6, high + at, 64);
-      _tile_loadd(7, low + at, 64);
-      _tile_dpbsud(0, 4, 6);
-      _tile_dpbsud(1, 4, 7);
-      if (Pair) {
-        _tile_loadd(5, x + 16 * w.k + c * 64, w.k);
-        _tile_dpbsud(2, 5, 6);
-        _tile_dpbsud(3, 5, 7);
-      }
-    }
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    if (Pair) {
-      _tile_stored(2, sums[2], 64);
-      _tile_stored(3, sums[3], 64);
-    }
+    const int64_t g0 = s * kGroupsPerSuper, g1 = super_end(s, groups), at = (g0 - s_begin * kGroupsPerSuper) / 2 * 1024;
+    superblock_products<Pair, false>(x, w.k, g0 / 2, g1 / 2, high + at, low + at, sums);
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
     const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * supers + s) * kLanes);
     const int64_t pair_count = (g1 - g0) / 2;
@@ -203,41 +248,21 @@ inline void q4_amx_tiles(const Q4Weights& w, const int8_t* x, int64_t rows, cons
   }
 }
 
-// Every row of n-blocks [block_begin, block_end): ranges of superblocks whose rows fit kQ4AmxRangeBytes, and within a
-// range each n-block's halves once, then its rows in pairs of 16-row tiles and a last shorter tile. A range continues
-// the float sums of the one before, superblock by superblock, so any range gives the same bits. False when AMX
-// cannot run here or the rows are too few (the caller takes the vector path).
+// Every row of n-blocks [block_begin, block_end) on tiles (superblock_amx). False when AMX cannot run here or the rows
+// are too few (the caller takes the vector path).
 inline bool q4_amx(const Q4Weights& w, const int8_t* x, int64_t rows, const int32_t* pairs, int64_t pair_stride,
                    float* out, int64_t out_stride, int64_t block_begin, int64_t block_end) {
   if (rows < kQ4AmxMinRows || !amx_granted()) return false;
-  alignas(64) static thread_local uint8_t high[kQ4AmxMaxRange * 4 * 1024], low[kQ4AmxMaxRange * 4 * 1024];
-  const int64_t groups = w.groups(), supers = w.supers(), full = rows / 16, tail = rows - full * 16;
-  const int64_t fit = kQ4AmxRangeBytes / (rows * 256), range = fit < 1 ? 1 : (fit > kQ4AmxMaxRange ? kQ4AmxMaxRange : fit);
-  int64_t configured = 0;
-  const auto configure = [&](int64_t tile_rows) {
-    if (configured != tile_rows) q4_configure_tiles(tile_rows), configured = tile_rows;
-  };
-  for (int64_t s0 = 0; s0 < supers; s0 += range) {
-    const int64_t s1 = s0 + range < supers ? s0 + range : supers;
-    const int64_t g1 = super_end(s1 - 1, groups);  // the end of superblocks [s0, s1)'s groups
-    for (int64_t block = block_begin; block < block_end; ++block) {
-      q4_amx_halves(w, block, s0 * kGroupsPerSuper, g1, high, low);
-      configure(16);
-      int64_t t = 0;
-      for (; t + 2 <= full; t += 2)
-        q4_amx_tiles<true>(w, x + t * 16 * w.k, 16, pairs + t * 16 * pair_stride, pair_stride, block, s0, s1, high,
-                           low, out + t * 16 * out_stride, out_stride);
-      if (t < full)
-        q4_amx_tiles<false>(w, x + t * 16 * w.k, 16, pairs + t * 16 * pair_stride, pair_stride, block, s0, s1, high,
-                            low, out + t * 16 * out_stride, out_stride);
-      if (tail > 0) {
-        configure(tail);
-        q4_amx_tiles<false>(w, x + full * 16 * w.k, tail, pairs + full * 16 * pair_stride, pair_stride, block, s0,
-                            s1, high, low, out + full * 16 * out_stride, out_stride);
-      }
-    }
-  }
-  _tile_release();
+  superblock_amx(
+      rows, w.groups(), block_begin, block_end,
+      [&](int64_t block, int64_t group_begin, int64_t group_end, uint8_t* high, uint8_t* low) {
+        q4_amx_halves(w, block, group_begin, group_end, high, low);
+      },
+      [&](auto pair, int64_t row, int64_t tile_rows, int64_t block, int64_t s0, int64_t s1, const uint8_t* high,
+          const uint8_t* low) {
+        q4_amx_tiles<decltype(pair)::value>(w, x + row * w.k, tile_rows, pairs + row * pair_stride, pair_stride, block,
+                                            s0, s1, high, low, out + row * out_stride, out_stride);
+      });
   return true;
 }
 

@@ -236,31 +236,8 @@ inline void iq4_amx_tiles(const Iq4Weights& w, const int8_t* x, int64_t rows, in
   alignas(64) int32_t sums[4][16 * 16];
   const int64_t groups = w.groups(), supers = w.supers();
   for (int64_t s = s_begin; s < s_end; ++s) {
-    _tile_zero(0);
-    _tile_zero(1);
-    if (Pair) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-    for (int64_t c = s * kGroupsPerSuper / 2; c < super_end(s, groups) / 2; ++c) {
-      const int64_t at = (c - s_begin * kGroupsPerSuper / 2) * 1024;
-      _tile_loadd(4, x + c * 64, w.k);
-      _tile_loadd(6, high + at, 64);
-      _tile_loadd(7, low + at, 64);
-      _tile_dpbssd(0, 4, 6);
-      _tile_dpbsud(1, 4, 7);
-      if (Pair) {
-        _tile_loadd(5, x + 16 * w.k + c * 64, w.k);
-        _tile_dpbssd(2, 5, 6);
-        _tile_dpbsud(3, 5, 7);
-      }
-    }
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    if (Pair) {
-      _tile_stored(2, sums[2], 64);
-      _tile_stored(3, sums[3], 64);
-    }
+    const int64_t g0 = s * kGroupsPerSuper, at = (g0 - s_begin * kGroupsPerSuper) / 2 * 1024;
+    superblock_products<Pair, true>(x, w.k, g0 / 2, super_end(s, groups) / 2, high + at, low + at, sums);
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
     for (int t = 0; t < (Pair ? 2 : 1); ++t)
       for (int64_t r = 0; r < rows; ++r) {
@@ -272,37 +249,21 @@ inline void iq4_amx_tiles(const Iq4Weights& w, const int8_t* x, int64_t rows, in
   }
 }
 
-// Every row of n-blocks [block_begin, block_end), in q4_amx's order (ranges of superblocks, each n-block's halves once
-// a range, then its rows in pairs of 16-row tiles and a last shorter tile). False when AMX cannot run here, the rows
+// Every row of n-blocks [block_begin, block_end) on tiles (superblock_amx). False when AMX cannot run here, the rows
 // are too few or K is not a multiple of 64 (the caller takes the vector path).
 inline bool iq4_amx(const Iq4Weights& w, const int8_t* x, int64_t rows, float* out, int64_t out_stride,
                     int64_t block_begin, int64_t block_end) {
   if (rows < kIq4AmxMinRows || w.k % 64 != 0 || !amx_granted()) return false;
-  alignas(64) static thread_local uint8_t high[kQ4AmxMaxRange * 4 * 1024], low[kQ4AmxMaxRange * 4 * 1024];
-  const int64_t groups = w.groups(), supers = w.supers(), full = rows / 16, tail = rows - full * 16;
-  const int64_t fit = kQ4AmxRangeBytes / (rows * 256), range = fit < 1 ? 1 : (fit > kQ4AmxMaxRange ? kQ4AmxMaxRange : fit);
-  int64_t configured = 0;
-  const auto configure = [&](int64_t tile_rows) {
-    if (configured != tile_rows) q4_configure_tiles(tile_rows), configured = tile_rows;
-  };
-  for (int64_t s0 = 0; s0 < supers; s0 += range) {
-    const int64_t s1 = s0 + range < supers ? s0 + range : supers;
-    for (int64_t block = block_begin; block < block_end; ++block) {
-      iq4_amx_halves(w, block, s0 * kGroupsPerSuper, super_end(s1 - 1, groups), high, low);
-      configure(16);
-      int64_t t = 0;
-      for (; t + 2 <= full; t += 2)
-        iq4_amx_tiles<true>(w, x + t * 16 * w.k, 16, block, s0, s1, high, low, out + t * 16 * out_stride, out_stride);
-      if (t < full)
-        iq4_amx_tiles<false>(w, x + t * 16 * w.k, 16, block, s0, s1, high, low, out + t * 16 * out_stride, out_stride);
-      if (tail > 0) {
-        configure(tail);
-        iq4_amx_tiles<false>(w, x + full * 16 * w.k, tail, block, s0, s1, high, low, out + full * 16 * out_stride,
-                             out_stride);
-      }
-    }
-  }
-  _tile_release();
+  superblock_amx(
+      rows, w.groups(), block_begin, block_end,
+      [&](int64_t block, int64_t group_begin, int64_t group_end, uint8_t* high, uint8_t* low) {
+        iq4_amx_halves(w, block, group_begin, group_end, high, low);
+      },
+      [&](auto pair, int64_t row, int64_t tile_rows, int64_t block, int64_t s0, int64_t s1, const uint8_t* high,
+          const uint8_t* low) {
+        iq4_amx_tiles<decltype(pair)::value>(w, x + row * w.k, tile_rows, block, s0, s1, high, low,
+                                             out + row * out_stride, out_stride);
+      });
   return true;
 }
 

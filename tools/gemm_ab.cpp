@@ -55,14 +55,14 @@ Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
   Copy c;
   c.codes.resize(format == kQ8 ? n * k : n * k / 2);
   for (auto& b : c.codes) b = static_cast<uint8_t>(rng());
-  const bool q4 = format == kQ4 || format == kQ5;  // q5: q4 with a plane of fifth bits
-  c.sub_scale.resize(q4 || format == kIq4 ? n * groups : n * k / 16);
-  for (auto& b : c.sub_scale) b = static_cast<uint8_t>(q4 ? rng() % 64 : format == kQ6 ? rng() : rng() % 64 - 32);
   if (format == kQ8 || format == kQ4t) {
     for (int64_t i = 0; format == kQ4t && i < n; ++i) c.table.push_back(static_cast<int8_t>(i % 16 - 8));  // Q4_0's
     c.half_d.assign(n * groups, 0x1400);  // 2^-10
     return c;
   }
+  const bool q4 = format == kQ4 || format == kQ5;  // q5: q4 with a plane of fifth bits
+  c.sub_scale.resize(q4 || format == kIq4 ? n * groups : n * k / 16);
+  for (auto& b : c.sub_scale) b = static_cast<uint8_t>(q4 ? rng() % 64 : format == kQ6 ? rng() : rng() % 64 - 32);
   if (format == kIq4 || format == kIq4h) {
     c.table.resize(n);  // 16 values per 16-row panel
     for (auto& v : c.table) v = static_cast<int8_t>(rng());
@@ -79,10 +79,10 @@ Copy make_copy(Format format, int64_t n, int64_t k, std::mt19937& rng) {
   return c;
 }
 
-// Per-row sums the format's kernel wants: q4's group pairs, q6's sub-block offsets, iq4's group and iq4h's half-group
-// offsets (the same in both builds).
+// Per-row sums the format's kernel wants: q4's and q5's group pairs, q6's sub-block offsets, iq4's, q8's and q4t's
+// group and iq4h's half-group offsets (the same in both builds).
 std::vector<int32_t> row_sums(Format format, const std::vector<int8_t>& x, int64_t rows, int64_t k) {
-  const int64_t width = format == kQ4 || format == kQ5 ? k / 64 : format == kIq4 || format == kQ8 || format == kQ4t ? k / 32 : format == kQ6 ? k / qd_a::kSubBlock : k / 16;
+  const int64_t width = format == kQ4 || format == kQ5 ? k / 64 : format == kIq4 || format == kQ8 || format == kQ4t ? k / 32 : k / 16;
   std::vector<int32_t> sums(rows * width);
   for (int64_t r = 0; r < rows; ++r) {
     int32_t* row = sums.data() + r * width;

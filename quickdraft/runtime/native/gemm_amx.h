@@ -147,21 +147,22 @@ inline void q4_configure_tiles(int64_t rows) {
   load_tile_config(config);
 }
 
-// A superblock's high and low products for one or two (Pair) tiles of rows (tiles as q4_configure_tiles sets them):
-// its 64-k chunks [chunk_begin, chunk_end) of x (row stride k) against w' halves starting at high/low, stored into
-// sums (0, 1 the first tile's high and low products, 2, 3 the second's). SignedHigh: the high bytes are signed (iq4's
-// w' = 256 * high + low), else unsigned (q4's 64 * high + low); the low bytes are unsigned.
+// Superblock s's high and low products for one or two (Pair) tiles of rows (tiles as q4_configure_tiles sets them):
+// its 64-k chunks of x (row stride k, `groups` groups a row) against the w' halves of a range of superblocks from
+// s_begin at high/low, stored into sums (0, 1 the first tile's high and low products, 2, 3 the second's). SignedHigh:
+// the high bytes are signed (iq4's w' = 256 * high + low), else unsigned (q4's 64 * high + low); the low bytes are
+// unsigned.
 template <bool Pair, bool SignedHigh>
-inline void superblock_products(const int8_t* x, int64_t k, int64_t chunk_begin, int64_t chunk_end, const uint8_t* high,
-                                const uint8_t* low, int32_t (&sums)[4][16 * 16]) {
+inline void superblock_products(const int8_t* x, int64_t k, int64_t groups, int64_t s, int64_t s_begin,
+                                const uint8_t* high, const uint8_t* low, int32_t (&sums)[4][16 * 16]) {
   _tile_zero(0);
   _tile_zero(1);
   if (Pair) {
     _tile_zero(2);
     _tile_zero(3);
   }
-  for (int64_t c = chunk_begin; c < chunk_end; ++c) {
-    const int64_t at = (c - chunk_begin) * 1024;
+  for (int64_t c = s * kGroupsPerSuper / 2; c < super_end(s, groups) / 2; ++c) {
+    const int64_t at = (c - s_begin * kGroupsPerSuper / 2) * 1024;
     _tile_loadd(4, x + c * 64, k);
     _tile_loadd(6, high + at, 64);
     _tile_loadd(7, low + at, 64);
@@ -225,8 +226,8 @@ inline void q4_amx_tiles(const Q4Weights& w, const int8_t* x, int64_t rows, cons
   alignas(64) int32_t sums[4][16 * 16];
   const int64_t groups = w.groups(), supers = w.supers();
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t g0 = s * kGroupsPerSuper, g1 = super_end(s, groups), at = (g0 - s_begin * kGroupsPerSuper) / 2 * 1024;
-    superblock_products<Pair, false>(x, w.k, g0 / 2, g1 / 2, high + at, low + at, sums);
+    const int64_t g0 = s * kGroupsPerSuper, g1 = super_end(s, groups);
+    superblock_products<Pair, false>(x, w.k, groups, s, s_begin, high, low, sums);
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
     const __m512 dmin = _mm512_loadu_ps(w.dmin + (block * supers + s) * kLanes);
     const int64_t pair_count = (g1 - g0) / 2;

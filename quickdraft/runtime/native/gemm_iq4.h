@@ -236,8 +236,7 @@ inline void iq4_amx_tiles(const Iq4Weights& w, const int8_t* x, int64_t rows, in
   alignas(64) int32_t sums[4][16 * 16];
   const int64_t groups = w.groups(), supers = w.supers();
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t g0 = s * kGroupsPerSuper, at = (g0 - s_begin * kGroupsPerSuper) / 2 * 1024;
-    superblock_products<Pair, true>(x, w.k, g0 / 2, super_end(s, groups) / 2, high + at, low + at, sums);
+    superblock_products<Pair, true>(x, w.k, groups, s, s_begin, high, low, sums);
     const __m512 d = _mm512_loadu_ps(w.d + (block * supers + s) * kLanes);
     for (int t = 0; t < (Pair ? 2 : 1); ++t)
       for (int64_t r = 0; r < rows; ++r) {
